@@ -1,0 +1,17 @@
+from pathlib import Path
+import os, subprocess, sys
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+def chapters():
+    "Every notebook of the book, in chapter order (scratch notebooks starting with `_` excluded)."
+    return sorted(p for p in (ROOT / 'nbs').glob('*.ipynb') if not p.name.startswith('_'))
+
+def run(*args, cwd=ROOT, **kw):
+    "Run a command from the venv, failing the test with its output on a non-zero exit."
+    cmd = [str(BIN / args[0]) if (BIN / args[0]).exists() else args[0], *map(str, args[1:])]
+    res = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, **kw)
+    assert res.returncode == 0, f"{' '.join(cmd)} failed:\n{res.stdout}\n{res.stderr}"
+    return res

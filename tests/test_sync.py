@@ -1,0 +1,35 @@
+"""Notebooks are the source: the library, the cleaned notebooks and the py:percent twins must match them."""
+import filecmp, shutil
+import pytest
+from conftest import ROOT, chapters, run
+
+def test_export_leaves_no_diff(tmp_path):
+    "nbdev_export on a copy of the project reproduces `ictd/` exactly."
+    for f in ('settings.ini', 'setup.py'): shutil.copy(ROOT / f, tmp_path / f)
+    shutil.copytree(ROOT / 'nbs', tmp_path / 'nbs')
+    shutil.copytree(ROOT / 'ictd', tmp_path / 'ictd')
+    for f in (tmp_path / 'ictd').glob('*.py'):
+        if f.name != '__init__.py': f.unlink()
+    run('nbdev_export', cwd=tmp_path)
+    ours = sorted(p.name for p in (ROOT / 'ictd').glob('*.py'))
+    theirs = sorted(p.name for p in (tmp_path / 'ictd').glob('*.py'))
+    assert ours == theirs, f'modules differ: {ours} vs {theirs}; run nbdev_export'
+    _, mismatch, errors = filecmp.cmpfiles(ROOT / 'ictd', tmp_path / 'ictd', ours, shallow=False)
+    assert not mismatch + errors, f'library out of sync with notebooks in {mismatch + errors}; run nbdev_export'
+
+def test_clean_leaves_no_diff(tmp_path):
+    "nbdev_clean changes no notebook: they were cleaned before committing."
+    shutil.copy(ROOT / 'settings.ini', tmp_path / 'settings.ini')
+    shutil.copytree(ROOT / 'nbs', tmp_path / 'nbs')
+    run('nbdev_clean', cwd=tmp_path)
+    names = [p.relative_to(ROOT / 'nbs') for p in (ROOT / 'nbs').rglob('*.ipynb')]
+    dirty = [str(n) for n in names if (ROOT / 'nbs' / n).read_bytes() != (tmp_path / 'nbs' / n).read_bytes()]
+    assert not dirty, f'notebooks not clean: {dirty}; run nbdev_clean'
+
+@pytest.mark.parametrize('nb', chapters(), ids=lambda p: p.name)
+def test_text_twin_in_sync(nb):
+    "Each chapter's py:percent twin under text/ equals jupytext's rendering of the notebook."
+    twin = ROOT / 'text' / (nb.stem + '.py')
+    assert twin.exists(), f'{twin} missing; run `make sync`'
+    out = run('jupytext', '--to', 'py:percent', '--output', '-', nb).stdout
+    assert out == twin.read_text(), f'{twin.name} is out of sync with {nb.name}; run `make sync`'

@@ -1,0 +1,442 @@
+# %%
+#| default_exp boyan
+
+# %%
+#| export
+from __future__ import annotations
+from dataclasses import dataclass, field
+import numpy as np
+import torch
+
+# %%
+#| hide
+from fastcore.test import *
+from nbdev.showdoc import *
+
+# %%
+#| hide
+import matplotlib.pyplot as plt
+
+
+# %% [markdown]
+# # The Boyan chain
+# > Markov reward processes, the random Boyan chain that serves as the book's testbed, trajectories, stationary distributions and true values.
+
+# %% [markdown]
+# Everything in this book is *policy evaluation*: a fixed policy has turned a Markov decision
+# process into a **Markov reward process** (MRP), and we want its value function from data. An MRP
+# on states $0, \dots, s-1$ is a row-stochastic transition matrix $P$, a reward vector $r$ (the
+# reward $R_{t+1} = r(S_t)$ is paid on leaving $S_t$) and a discount $\gamma \in [0, 1)$. Its
+# **value function** is the expected discounted return,
+#
+# $$v_\pi(x) = \mathbb{E}\Big[\sum_{t \ge 0} \gamma^t R_{t+1} \,\Big|\, S_0 = x\Big],
+# \qquad v_\pi = r + \gamma P v_\pi = (I - \gamma P)^{-1} r ,$$
+#
+# the second identity being the **Bellman equation**. A long trajectory of an irreducible,
+# aperiodic chain spends a fraction $d_\pi(x)$ of its time in state $x$, where the **stationary
+# distribution** solves $d_\pi^\top P = d_\pi^\top$, $\sum_x d_\pi(x) = 1$. Value errors are
+# measured where the data comes from: the **mean squared value error**
+# $\mathrm{MSVE}(\hat v) = \sum_x d_\pi(x) (\hat v(x) - v_\pi(x))^2$.
+#
+# The learning algorithms of the later chapters never see $P$ or $r$: they see features
+# $\phi(x) \in \mathbb{R}^d$ of the states (the rows of an $s \times d$ matrix $\Phi$) and a
+# trajectory. The MRP object below bundles the ground truth that we score them against.
+
+# %% [markdown]
+# ## Checking inputs
+#
+# Every public function of `ictd` accepts numpy arrays or torch tensors and returns torch tensors.
+# Bad input (a wrong shape, a NaN, a discount of 1) must fail loudly with a message that names the
+# argument, never produce a silently wrong number. These two helpers do that for the whole library.
+
+# %%
+#| export
+def as_tensor(x,                # array-like (numpy array, torch tensor, list or number)
+              name:str,         # argument name, used in error messages
+              dtype=None,       # dtype to convert to; default: keep floating tensors, else float64
+              device=None,      # device to move to; default: keep
+             )->torch.Tensor:   # finite floating tensor
+    "Convert `x` to a finite floating torch tensor, raising `ValueError` that names `name`."
+    try: t = x if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x, dtype=np.float64))
+    except (TypeError, ValueError) as e: raise ValueError(f"`{name}` must be numeric array-like, got {type(x).__name__}") from e
+    if dtype is None and not t.is_floating_point(): dtype = torch.float64
+    t = t.to(dtype=dtype or t.dtype, device=device or t.device)
+    if not torch.isfinite(t).all(): raise ValueError(f"`{name}` contains NaN or inf")
+    return t
+
+
+# %%
+#| export
+def check_gamma(gamma)->float:
+    "Return `gamma` as a float, raising `ValueError` unless it lies in [0, 1)."
+    g = float(gamma)
+    if not 0 <= g < 1: raise ValueError(f"`gamma` must lie in [0, 1), got {gamma}")
+    return g
+
+
+# %%
+test_eq(as_tensor([1, 2], "x").dtype, torch.float64)
+test_eq(as_tensor(torch.ones(2, dtype=torch.float32), "x").dtype, torch.float32)
+test_fail(lambda: as_tensor([1., float("nan")], "rewards"), contains="`rewards` contains NaN")
+test_fail(lambda: as_tensor("abc", "phi"), contains="`phi` must be numeric")
+test_eq(check_gamma(0.9), 0.9)
+for g in (1, -0.1, 1.5): test_fail(lambda: check_gamma(g), contains="`gamma` must lie in [0, 1)")
+
+
+# %% [markdown]
+# ## Markov reward processes
+#
+# `MRP` validates its inputs once and then computes the two quantities every later chapter scores
+# against: the stationary distribution $d_\pi$ and the true values $v_\pi$. The stationary
+# distribution is the solution of the (overdetermined, consistent) linear system
+# $\big[\,P^\top - I;\ \mathbf 1^\top\big] d = [0; 1]$, which is unique exactly when the augmented
+# matrix has full column rank; a chain with two closed classes fails that test and is rejected.
+
+# %%
+#| export
+def _stationary(P:np.ndarray)->np.ndarray:
+    s = len(P)
+    A = np.vstack([P.T - np.eye(s), np.ones((1, s))])
+    if np.linalg.matrix_rank(A, tol=1e-10) < s: raise ValueError("`P` has no unique stationary distribution (the chain is reducible)")
+    d = np.linalg.lstsq(A, np.r_[np.zeros(s), 1.], rcond=None)[0]
+    return np.clip(d, 0, None) / np.clip(d, 0, None).sum()
+
+
+# %%
+#| export
+@dataclass(eq=False)
+class MRP:
+    "A validated Markov reward process with features; `d_pi` and `v_pi` are computed on creation."
+    P:torch.Tensor      # (s, s) row-stochastic transition matrix
+    r:torch.Tensor      # (s,) expected reward on leaving each state
+    gamma:float         # discount factor in [0, 1)
+    phi:torch.Tensor    # (s, d) state features, one row per state
+    d_pi:torch.Tensor = field(init=False)  # (s,) stationary distribution
+    v_pi:torch.Tensor = field(init=False)  # (s,) true values (I - gamma P)^{-1} r
+
+    def __post_init__(self):
+        self.P, self.r = as_tensor(self.P, "P", torch.float64), as_tensor(self.r, "r", torch.float64)
+        self.phi, self.gamma = as_tensor(self.phi, "phi", torch.float64), check_gamma(self.gamma)
+        s = self.P.shape[0] if self.P.ndim == 2 else -1
+        if self.P.ndim != 2 or self.P.shape != (s, s) or s < 1: raise ValueError(f"`P` must be a square (s, s) matrix, got shape {tuple(self.P.shape)}")
+        if (self.P < 0).any(): raise ValueError("`P` has negative entries")
+        if not torch.allclose(self.P.sum(1), torch.ones(s, dtype=torch.float64), atol=1e-10): raise ValueError("`P` is not row-stochastic: every row must sum to 1")
+        if self.r.shape != (s,): raise ValueError(f"`r` must have shape ({s},) to match `P`, got {tuple(self.r.shape)}")
+        if self.phi.ndim != 2 or self.phi.shape[0] != s: raise ValueError(f"`phi` must have shape ({s}, d) to match `P`, got {tuple(self.phi.shape)}")
+        self.d_pi = torch.from_numpy(_stationary(self.P.cpu().numpy())).to(self.P.device)
+        I = torch.eye(s, dtype=torch.float64, device=self.P.device)
+        self.v_pi = torch.linalg.solve(I - self.gamma * self.P, self.r)
+
+    @property
+    def n_states(self)->int: return self.P.shape[0]
+    @property
+    def d(self)->int: return self.phi.shape[1]
+    def __repr__(self): return f"MRP(n_states={self.n_states}, d={self.d}, gamma={self.gamma})"
+
+
+# %%
+show_doc(MRP)
+
+# %% [markdown]
+# A two-state example we can solve by hand: from either state the chain moves to the other, state 0
+# pays 1 and state 1 pays 0. Then $d_\pi = (1/2, 1/2)$ and $v(0) = 1 + \gamma v(1)$,
+# $v(1) = \gamma v(0)$, so $v(0) = 1/(1-\gamma^2)$.
+
+# %%
+flip = MRP(P=[[0., 1.], [1., 0.]], r=[1., 0.], gamma=0.5, phi=[[1.], [0.]])
+test_close(flip.d_pi, torch.tensor([0.5, 0.5], dtype=torch.float64), eps=1e-14)
+test_close(flip.v_pi, torch.tensor([1/(1-0.25), 0.5/(1-0.25)], dtype=torch.float64), eps=1e-14)
+flip
+
+# %% [markdown]
+# Each malformed input fails with the argument's name:
+
+# %%
+ok = dict(P=np.eye(2)[[1, 0]], r=np.zeros(2), gamma=0.9, phi=np.eye(2))
+bad_inputs = {"`P` is not row-stochastic": dict(P=[[0.5, 0.4], [1, 0]]),
+              "`P` has negative entries":  dict(P=[[1.5, -0.5], [1, 0]]),
+              "`P` must be a square":      dict(P=np.ones((2, 3)) / 3),
+              "`r` must have shape (2,)":  dict(r=np.zeros(3)),
+              "`phi` must have shape (2, d)": dict(phi=np.ones((3, 2))),
+              "`gamma` must lie in [0, 1)": dict(gamma=1.0),
+              "`r` contains NaN or inf":   dict(r=[0., np.nan]),
+              "`P` contains NaN or inf":   dict(P=[[np.inf, 0], [1, 0]]),
+              "no unique stationary distribution": dict(P=np.eye(2))}
+for msg, kw in bad_inputs.items(): test_fail(lambda: MRP(**{**ok, **kw}), contains=msg)
+
+# %% [markdown]
+# ## The random Boyan chain
+#
+# Boyan's chain (Boyan, 2002) is the standard small testbed for TD methods: a line of states in
+# which each state jumps one or two steps to the right, so that value propagates backwards along the
+# chain over many steps, which is what makes TD's bootstrapping visible. The work on in-context TD
+# with *linear* attention (Wang et al., ICLR 2025) made it a *random* task family, and this book
+# follows the conventions of their public code:
+#
+# * for $i = 0, \dots, s-3$: $p_i \sim U(0.01, 0.99)$, $P[i, i+1] = p_i$, $P[i, i+2] = 1 - p_i$;
+# * $P[s-2, s-1] = 1$;
+# * the last row is drawn i.i.d. $U(0.01, 0.99)$ over all states and normalised, so the last state
+#   can reach every state: the chain is irreducible and aperiodic;
+# * rewards $r(x) \sim U(-1, 1)$ i.i.d., or *representable*: $w \sim N(0, I_d)$, $v = \Phi w$,
+#   $r = (I - \gamma P) v$, so that the true value lies in the span of the features;
+# * features $\Phi_{xj} \sim U(-1, 1)$ redrawn per task, or one-hot ($\Phi = I$, the tabular case),
+#   or "unit": random rows rescaled to norm 1.
+#
+# Every draw is a new *task*. An in-context learner is shown a trajectory of a task it has never
+# seen and must estimate that task's values.
+
+# %%
+#| export
+FEATURES, REWARDS = ("random", "onehot", "unit"), ("random", "representable")
+
+def boyan_transitions(n_states:int,                 # number of states s >= 2
+                      rng:np.random.Generator,     # source of randomness
+                     )->np.ndarray:                 # (s, s) row-stochastic matrix
+    "Random Boyan-chain transition matrix: jumps of +1 or +2, and a random last row."
+    s = n_states
+    P = np.zeros((s, s))
+    p = rng.uniform(0.01, 0.99, size=max(s - 2, 0))
+    for i in range(s - 2): P[i, i + 1], P[i, i + 2] = p[i], 1 - p[i]
+    P[s - 2, s - 1] = 1.
+    last = rng.uniform(0.01, 0.99, size=s)
+    P[s - 1] = last / last.sum()
+    return P
+
+
+# %%
+#| export
+def random_boyan_chain(n_states:int=10,           # number of states s >= 2
+                       d:int=4,                   # feature dimension (ignored for one-hot features, where d = s)
+                       gamma:float=0.9,           # discount factor in [0, 1)
+                       features:str="random",     # "random" (U(-1, 1) entries), "onehot" or "unit" (random rows of norm 1)
+                       rewards:str="random",      # "random" (U(-1, 1)) or "representable" (v_pi in the span of phi)
+                       seed=None,                 # int or `numpy.random.Generator`
+                      )->MRP:
+    "Draw a random Boyan chain task with the conventions of theory.md section 1."
+    if int(n_states) != n_states or n_states < 2: raise ValueError(f"`n_states` must be an integer >= 2, got {n_states}")
+    if int(d) != d or d < 1: raise ValueError(f"`d` must be a positive integer, got {d}")
+    if features not in FEATURES: raise ValueError(f"`features` must be one of {FEATURES}, got {features!r}")
+    if rewards not in REWARDS: raise ValueError(f"`rewards` must be one of {REWARDS}, got {rewards!r}")
+    gamma, rng = check_gamma(gamma), np.random.default_rng(seed)
+    P = boyan_transitions(n_states, rng)
+    if features == "onehot": phi = np.eye(n_states)
+    else:
+        phi = rng.uniform(-1, 1, size=(n_states, d))
+        if features == "unit": phi /= np.linalg.norm(phi, axis=1, keepdims=True)
+    if rewards == "random": r = rng.uniform(-1, 1, size=n_states)
+    else: r = (np.eye(n_states) - gamma * P) @ (phi @ rng.standard_normal(phi.shape[1]))
+    return MRP(P, r, gamma, phi)
+
+
+# %%
+show_doc(random_boyan_chain)
+
+# %% [markdown]
+# The transition matrix has the chain's structure: jumps of one or two to the right, a
+# deterministic step from state $s-2$, and a last row that reaches every state.
+
+# %%
+mrp = random_boyan_chain(seed=0)
+P = mrp.P
+test_close(P.sum(1), torch.ones(10), eps=1e-12)
+for i in range(8):
+    test_eq(set(torch.nonzero(P[i]).flatten().tolist()), {i + 1, i + 2})
+    test_close(P[i, i + 1] + P[i, i + 2], 1., eps=1e-12)
+    assert 0.01 <= P[i, i + 1] <= 0.99
+test_eq(P[8].tolist(), [0.] * 9 + [1.])
+assert (P[9] > 0).all()
+test_eq((mrp.phi.shape, mrp.gamma), ((10, 4), 0.9))
+mrp
+
+# %% [markdown]
+# Seeds reproduce draws exactly, a `numpy.random.Generator` can be passed instead, and the
+# feature and reward variants do what they say:
+
+# %%
+a, b = random_boyan_chain(seed=7), random_boyan_chain(seed=7)
+for k in ("P", "r", "phi", "v_pi"): test_eq(getattr(a, k), getattr(b, k))
+test_ne(random_boyan_chain(seed=8).P, a.P)
+test_eq(random_boyan_chain(seed=np.random.default_rng(7)).P, a.P)
+test_eq(random_boyan_chain(n_states=6, features="onehot", seed=1).phi, torch.eye(6, dtype=torch.float64))
+test_close(random_boyan_chain(features="unit", seed=1).phi.norm(dim=1), torch.ones(10), eps=1e-12)
+rep = random_boyan_chain(rewards="representable", seed=1)
+w = torch.linalg.lstsq(rep.phi, rep.v_pi.unsqueeze(1)).solution
+test_close(rep.phi @ w.squeeze(1), rep.v_pi, eps=1e-10)
+
+# %%
+for msg, kw in {"`n_states` must be an integer >= 2": dict(n_states=1),
+                "`d` must be a positive integer": dict(d=0),
+                "`features` must be one of": dict(features="gaussian"),
+                "`rewards` must be one of": dict(rewards="sparse"),
+                "`gamma` must lie in [0, 1)": dict(gamma=1.)}.items():
+    test_fail(lambda: random_boyan_chain(**kw), contains=msg)
+
+
+# %% [markdown]
+# Here is one chain. Arrows above the line are the single steps $i \to i+1$, arrows below the
+# double steps $i \to i+2$, each labelled with its probability; the last state's row, which sends
+# it anywhere, is the bottom row of the transition matrix on the right.
+
+# %%
+#| export
+def plot_chain(mrp:MRP,       # the chain to draw
+               ax=None,       # matplotlib axes; default: a new figure
+              ):
+    "Draw a Boyan chain: states on a line, +1 jumps above and +2 jumps below, labelled with probabilities."
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import FancyArrowPatch
+    if ax is None: _, ax = plt.subplots(figsize=(10, 3))
+    P, s = mrp.P.cpu().numpy(), mrp.n_states
+    for i in range(s):
+        ax.add_patch(plt.Circle((i, 0), 0.28, fc="white", ec="k", zorder=3))
+        ax.text(i, 0, str(i), ha="center", va="center", zorder=4)
+    for i in range(s - 1):
+        for j, rad, dy in ((i + 1, -0.6, 0.38), (i + 2, 0.45, -0.62)):
+            if j >= s or P[i, j] == 0: continue
+            ax.add_patch(FancyArrowPatch((i + 0.2, 0.2 * np.sign(dy)), (j - 0.2, 0.2 * np.sign(dy)),
+                         connectionstyle=f"arc3,rad={rad}", arrowstyle="-|>", mutation_scale=12,
+                         color="C0" if j == i + 1 else "C1"))
+            ax.text((i + j) / 2, dy, f"{P[i, j]:.2f}", ha="center", va="center", fontsize=8,
+                    color="C0" if j == i + 1 else "C1")
+    ax.plot([], [], color="C0", label="step +1"); ax.plot([], [], color="C1", label="step +2")
+    ax.set(xlim=(-0.6, s - 0.4), ylim=(-1.1, 0.9), aspect="equal", title="Transitions of one random Boyan chain")
+    ax.axis("off"); ax.legend(loc="upper right", fontsize=8, ncol=2)
+    return ax
+
+
+# %%
+fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(12, 3.6), gridspec_kw=dict(width_ratios=[2.4, 1]))
+plot_chain(mrp, ax0)
+im = ax1.imshow(mrp.P, cmap="Blues", vmin=0, vmax=1)
+ax1.set(title="Transition matrix $P$", xlabel="next state $y$", ylabel="state $x$", xticks=range(10), yticks=range(10))
+fig.colorbar(im, ax=ax1, label="$P(x, y)$", fraction=0.046)
+test_fig_exists(ax0)
+plt.tight_layout()
+
+# %% [markdown]
+# ## True values and the stationary distribution
+#
+# The Bellman equation holds for `v_pi` to machine precision, and `d_pi` is stationary, on many
+# random chains of each kind:
+
+# %%
+for seed in range(50):
+    m = random_boyan_chain(n_states=3 + seed % 12, features=FEATURES[seed % 3], rewards=REWARDS[seed % 2], seed=seed)
+    test_close(m.r + m.gamma * m.P @ m.v_pi, m.v_pi, eps=1e-12)
+    test_close(m.d_pi @ m.P, m.d_pi, eps=1e-12)
+    test_close(m.d_pi.sum(), 1., eps=1e-12)
+    assert (m.d_pi > 0).all()
+
+# %%
+fig, ax = plt.subplots(figsize=(7, 3.2))
+x = np.arange(mrp.n_states)
+ax.bar(x - 0.2, mrp.r, width=0.4, label="reward $r(x)$")
+ax.bar(x + 0.2, mrp.v_pi, width=0.4, label=r"true value $v_\pi(x)$")
+ax.axhline(0, color="k", lw=0.6)
+ax.set(xlabel="state $x$", ylabel="reward / value (return units)", xticks=x,
+       title=rf"Rewards and true values of the chain above ($\gamma = {mrp.gamma}$)")
+ax.legend();
+
+
+# %% [markdown]
+# The value is a discounted, look-ahead smoothing of the rewards: a state with a negative reward can
+# still be worth a lot if the states it leads to pay well.
+
+# %% [markdown]
+# ## Trajectories
+#
+# In-context learners see one trajectory $S_0, R_1, S_1, \dots, R_n, S_n$: $n$ transitions, the
+# $k$-th being $(S_{k-1}, R_k, S_k)$ with $R_k = r(S_{k-1})$. Unless said otherwise $S_0 \sim d_\pi$,
+# so the whole trajectory is stationary. Sampling uses inverse-CDF draws from one batch of uniforms.
+
+# %%
+#| export
+def sample_trajectory(mrp:MRP,            # the process to sample
+                      n:int,              # number of transitions
+                      seed=None,          # int or `numpy.random.Generator`
+                      start="stationary", # "stationary" (S_0 ~ d_pi), "uniform", or a state index
+                     )->tuple:            # (states (n+1,) long tensor S_0..S_n, rewards (n,) float64 tensor, rewards[k-1] = R_k)
+    "Sample a trajectory of `n` transitions from `mrp`."
+    if int(n) != n or n < 0: raise ValueError(f"`n` must be a non-negative integer, got {n}")
+    rng, s = np.random.default_rng(seed), mrp.n_states
+    if isinstance(start, str) and start not in ("stationary", "uniform"): raise ValueError(f"`start` must be 'stationary', 'uniform' or a state index, got {start!r}")
+    if start == "stationary": s0 = rng.choice(s, p=mrp.d_pi.cpu().numpy())
+    elif start == "uniform": s0 = rng.integers(s)
+    elif int(start) != start or not 0 <= start < s: raise ValueError(f"`start` must be a state in 0..{s - 1}, got {start}")
+    else: s0 = int(start)
+    cum, u = np.cumsum(mrp.P.cpu().numpy(), axis=1), rng.random(int(n))
+    states = np.empty(int(n) + 1, dtype=np.int64)
+    states[0] = s0
+    for t in range(int(n)): states[t + 1] = min(np.searchsorted(cum[states[t]], u[t], side="right"), s - 1)
+    states = torch.from_numpy(states)
+    return states, mrp.r.cpu()[states[:-1]]
+
+
+# %%
+show_doc(sample_trajectory)
+
+# %%
+states, rewards = sample_trajectory(mrp, 20, seed=0)
+test_eq((states.shape, rewards.shape, states.dtype, rewards.dtype), ((21,), (20,), torch.int64, torch.float64))
+test_eq(rewards, mrp.r[states[:-1]])
+for a, b in zip(states[:-1].tolist(), states[1:].tolist()): assert mrp.P[a, b] > 0, (a, b)
+test_eq(sample_trajectory(mrp, 20, seed=0)[0], states)
+test_eq(sample_trajectory(mrp, 5, start=3, seed=1)[0][0], 3)
+for msg, kw in {"`n` must be a non-negative integer": dict(n=-1),
+                "`start` must be 'stationary'": dict(n=3, start="left"),
+                "`start` must be a state in 0..9": dict(n=3, start=10)}.items():
+    test_fail(lambda: sample_trajectory(mrp, **kw), contains=msg)
+states.tolist()
+
+# %% [markdown]
+# The **ergodic theorem** says that the fraction of time a long trajectory spends in each state
+# converges to $d_\pi$. With $10^5$ steps every visit frequency is within $0.01$ of the stationary
+# probability (the standard error is of order $\sqrt{d_\pi(x)/n} \approx 10^{-3}$, inflated by the
+# chain's correlation time):
+
+# %%
+long_states, _ = sample_trajectory(mrp, 100_000, seed=1)
+freq = torch.bincount(long_states, minlength=mrp.n_states).double() / len(long_states)
+test_close(freq, mrp.d_pi, eps=0.01)
+(freq - mrp.d_pi).abs().max().item()
+
+# %%
+fig, ax = plt.subplots(figsize=(7, 3.2))
+ax.bar(x - 0.2, mrp.d_pi, width=0.4, label=r"stationary $d_\pi(x)$")
+ax.bar(x + 0.2, freq, width=0.4, label="visit frequency, $10^5$ steps")
+ax.set(xlabel="state $x$", ylabel="probability", xticks=x, title="Stationary distribution against visit frequencies")
+ax.legend();
+
+
+# %% [markdown]
+# ## Value error
+#
+# Estimates are scored by the MSVE, the $d_\pi$-weighted squared error. The zero estimate scores
+# $\sum_x d_\pi(x) v_\pi(x)^2$, the benchmark every learner must beat.
+
+# %%
+#| export
+def msve(mrp:MRP,    # the process whose true values score the estimate
+         v_hat,      # (..., s) value estimates, one per state
+        )->float:    # d_pi-weighted mean squared value error (a tensor of shape (...) when batched)
+    "Mean squared value error $\\sum_x d_\\pi(x) (\\hat v(x) - v_\\pi(x))^2$."
+    v_hat = as_tensor(v_hat, "v_hat", torch.float64)
+    if v_hat.shape[-1:] != (mrp.n_states,): raise ValueError(f"`v_hat` must have last dimension {mrp.n_states}, got shape {tuple(v_hat.shape)}")
+    err = ((v_hat - mrp.v_pi.to(v_hat.device)) ** 2 * mrp.d_pi.to(v_hat.device)).sum(-1)
+    return err.item() if err.ndim == 0 else err
+
+
+# %%
+test_eq(msve(mrp, mrp.v_pi), 0.)
+test_close(msve(mrp, np.zeros(10)), (mrp.d_pi * mrp.v_pi ** 2).sum().item(), eps=1e-15)
+test_close(msve(mrp, mrp.v_pi + 0.5), 0.25, eps=1e-14)
+test_eq(msve(mrp, torch.zeros(3, 10)).shape, (3,))
+test_fail(lambda: msve(mrp, np.zeros(9)), contains="`v_hat` must have last dimension 10")
+
+# %% [markdown]
+# With the ground truth in place, the next chapter introduces the algorithm a softmax Transformer
+# runs on such trajectories: weighted softmax TD.
+
+# %%
+#| hide
+import nbdev; nbdev.nbdev_export()

@@ -1,0 +1,84 @@
+# %%
+#| hide
+from ictd.boyan import *
+
+# %% [markdown]
+# # ictd: softmax Transformers implement in-context TD
+#
+# > A literate textbook and Python library: how the forward pass of a standard softmax Transformer runs a temporal-difference algorithm on the trajectory in its prompt.
+
+# %% [markdown]
+# Show a pretrained Transformer a trajectory of a Markov reward process it has never seen, ask it
+# for the value of a state, and it answers well, without any update of its weights. Which
+# reinforcement-learning algorithm is it running? For *linear* attention the answer has been known
+# since Wang et al. (ICLR 2025): batch linear TD(0), one iteration per layer. The paper this book is
+# built around, *Beyond Linear Attention: Softmax Transformers Implement In-Context Reinforcement
+# Learning* (Xie, Liu, Chen, Liu, Chandra and Zhang, arXiv 2605.07333, 2026), answers it for the
+# **softmax** attention that real Transformers use: with suitable parameters, each layer performs one
+# iteration of **weighted softmax TD**, a TD algorithm in kernel space that contains linear TD and
+# tabular TD as special cases; the error decays geometrically in depth under a kernel-diagonality
+# condition, down to a statistical floor that vanishes as the context grows; and those parameters
+# minimise a TD pretraining loss, which is why they emerge in training.
+#
+# This book develops each of these results from scratch, in code you can run on a laptop CPU in
+# minutes, with a test beside every claim that would fail if the claim were false.
+
+# %% [markdown]
+# ## A note on sources
+#
+# **The paper's full text was not available to the authors of this book**: only its abstract and
+# summaries of it. The book states the paper's claims as claims of the paper. Every exact
+# construction here (the precise form of weighted softmax TD, the prompt layout, the parameters
+# $\theta^*$ of the dual-head layer, the temporal-shift reparametrisation, the contraction
+# constant) is **the book's own**, chosen to satisfy every claim of the paper, proved in the
+# chapter that introduces it, and checked numerically. Nothing here is a quotation of the paper,
+# and where our construction may differ from the paper's, the chapter says so.
+
+# %% [markdown]
+# ## Chapters
+#
+# 0. [The Boyan chain](boyan.html): Markov reward processes, the random Boyan chain testbed,
+#    trajectories, stationary distributions and true values.
+# 1. [Weighted softmax TD](weighted_softmax_td.html): TD in kernel space, with linear TD and
+#    tabular TD as exact special cases.
+# 2. [The prompt](prompt.html): a trajectory written as a matrix of tokens.
+# 3. [The dual-head softmax layer](dual_head.html): Theorem 1, a softmax Transformer's forward pass
+#    is weighted softmax TD.
+# 4. [One head and a temporal shift](tsm.html): Theorem 2, the dual-head layer as a single head on a
+#    temporally shifted prompt.
+# 5. [Convergence](convergence.html): geometric decay in depth, a statistical floor in context
+#    length, and the kernel-diagonality condition.
+#
+# Still to come: the emergence of these parameters under TD pretraining (NEU), and a side-by-side
+# with linear-attention in-context TD.
+
+# %% [markdown]
+# ## Install and use
+#
+# ```sh
+# pip install -e .          # from a clone; the package is `ictd`
+# ```
+#
+# Draw a task and a trajectory:
+
+# %%
+mrp = random_boyan_chain(n_states=10, d=4, gamma=0.9, seed=0)
+states, rewards = sample_trajectory(mrp, n=30, seed=0)
+mrp, states[:8].tolist(), rewards[:3].tolist()
+
+# %% [markdown]
+# ## Build the book and run the tests
+#
+# Two commands do all of the set-up on a fresh machine with Python 3.10+ (they create `.venv`,
+# install PyTorch 2.13.0 and then the package with its development tools):
+#
+# ```sh
+# make docs   # execute every chapter, then build the site into _docs/
+# make test   # the whole test suite: library and notebooks in sync, every chapter's tests, tests/
+# ```
+#
+# The notebooks in `nbs/` are the source; the package `ictd/` is generated from them by
+# `nbdev_export`, and each chapter has a plain-text twin under `text/` (jupytext, `make sync`).
+# Cells marked `#| slow` run the full-size experiments: `ICTD_SLOW=1 make test`.
+# The project uses nbdev 2 (configured by `settings.ini`); moving to nbdev 3 is
+# `nbdev-migrate-config` plus its renamed commands (`nbdev-test`, ...).
