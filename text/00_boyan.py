@@ -307,7 +307,7 @@ def plot_chain(mrp:MRP,       # the chain to draw
 # %%
 fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(12, 3.6), gridspec_kw=dict(width_ratios=[2.4, 1]))
 plot_chain(mrp, ax0)
-im = ax1.imshow(mrp.P, cmap="Blues", vmin=0, vmax=1)
+im = ax1.imshow(mrp.P.numpy(), cmap="Blues", vmin=0, vmax=1)
 ax1.set(title="Transition matrix $P$", xlabel="next state $y$", ylabel="state $x$", xticks=range(10), yticks=range(10))
 fig.colorbar(im, ax=ax1, label="$P(x, y)$", fraction=0.046)
 test_fig_exists(ax0)
@@ -330,8 +330,8 @@ for seed in range(50):
 # %%
 fig, ax = plt.subplots(figsize=(7, 3.2))
 x = np.arange(mrp.n_states)
-ax.bar(x - 0.2, mrp.r, width=0.4, label="reward $r(x)$")
-ax.bar(x + 0.2, mrp.v_pi, width=0.4, label=r"true value $v_\pi(x)$")
+ax.bar(x - 0.2, mrp.r.numpy(), width=0.4, label="reward $r(x)$")
+ax.bar(x + 0.2, mrp.v_pi.numpy(), width=0.4, label=r"true value $v_\pi(x)$")
 ax.axhline(0, color="k", lw=0.6)
 ax.set(xlabel="state $x$", ylabel="reward / value (return units)", xticks=x,
        title=rf"Rewards and true values of the chain above ($\gamma = {mrp.gamma}$)")
@@ -402,8 +402,8 @@ test_close(freq, mrp.d_pi, eps=0.01)
 
 # %%
 fig, ax = plt.subplots(figsize=(7, 3.2))
-ax.bar(x - 0.2, mrp.d_pi, width=0.4, label=r"stationary $d_\pi(x)$")
-ax.bar(x + 0.2, freq, width=0.4, label="visit frequency, $10^5$ steps")
+ax.bar(x - 0.2, mrp.d_pi.numpy(), width=0.4, label=r"stationary $d_\pi(x)$")
+ax.bar(x + 0.2, freq.numpy(), width=0.4, label="visit frequency, $10^5$ steps")
 ax.set(xlabel="state $x$", ylabel="probability", xticks=x, title="Stationary distribution against visit frequencies")
 ax.legend();
 
