@@ -48,9 +48,10 @@ from ictd.boyan import *
 #    temporally shifted prompt.
 # 5. [Convergence](convergence.html): geometric decay in depth, a statistical floor in context
 #    length, and the kernel-diagonality condition.
+# 7. [Linear attention, side by side](linear.html): the prior linear-attention construction
+#    (batch linear TD), checked, and compared with the softmax construction.
 #
-# Still to come: the emergence of these parameters under TD pretraining (NEU), and a side-by-side
-# with linear-attention in-context TD.
+# Still to come: chapter 6, the emergence of these parameters under TD pretraining (NEU).
 
 # %% [markdown]
 # ## Install and use
