@@ -1,0 +1,933 @@
+# %%
+#| default_exp wstd
+
+# %%
+#| export
+from __future__ import annotations
+import math
+import numpy as np
+import torch
+from ictd.boyan import as_tensor, check_gamma
+
+# %%
+#| hide
+from fastcore.test import *
+from nbdev.showdoc import *
+
+# %%
+#| hide
+import time
+import matplotlib.pyplot as plt
+from ictd.boyan import random_boyan_chain, sample_trajectory, msve
+
+
+# %% [markdown]
+# # Weighted softmax TD
+# > Temporal-difference learning in kernel space: the algorithm a softmax Transformer runs in context, and its exact reductions to batch linear TD and batch tabular TD.
+
+# %% [markdown]
+# The paper this book follows (Xie et al., 2026) names an algorithm, **weighted softmax TD**, and
+# claims three things about it: that it is policy evaluation carried out in a kernel space, that
+# a softmax Transformer with suitable parameters runs it in its forward pass, and that linear TD and
+# tabular TD are special cases of it. The paper's full text is not available to this project, so
+# the exact update below, the choices of score and weight that produce each special case, and all
+# the proofs on this page are **the project's own construction**, built to satisfy those claims and
+# checked numerically here. Where the page says "the paper", it reports a claim; where it says
+# "we", the result and its proof are ours.
+#
+# The chapter defines the algorithm, shows what its softmax weights do, proves the two reductions
+# (exactly for linear TD, in the limit of a large score scale for tabular TD) and then watches it
+# estimate the values of a Boyan chain from a single trajectory.
+
+# %% [markdown]
+# ## TD learning in one page
+#
+# Chapter 0 set up a Markov reward process with values $v_\pi = r + \gamma P v_\pi$. We only see a
+# trajectory $S_0, R_1, S_1, \dots, R_n, S_n$: $n$ transitions, the $k$-th being
+# $(S_{k-1}, R_k, S_k)$. Temporal-difference learning replaces the unknown expectation in the
+# Bellman equation by the sampled transition. Given an estimate $v$, the **TD error** of transition
+# $k$ is
+#
+# $$\delta_k = R_k + \gamma\, v(S_k) - v(S_{k-1}),$$
+#
+# whose expectation given $S_{k-1} = x$ is $(r + \gamma P v - v)(x)$, zero for every $x$ exactly
+# when $v = v_\pi$. TD moves $v(S_{k-1})$ a step $\alpha$ in the direction of $\delta_k$.
+#
+# * **Tabular TD** keeps one number per state. The *batch* version we use sweeps the whole
+#   trajectory with $v$ frozen and then moves each state by the mean TD error of the transitions
+#   that leave it: with $N(x) = \#\{k : S_{k-1} = x\}$,
+#   $$v_{t+1}(x) = v_t(x) + \frac{\alpha}{N(x)} \sum_{k:\,S_{k-1} = x} \delta_k^{(t)} \qquad (N(x) > 0),$$
+#   and states never left keep their value. Its fixed point makes every mean TD error zero:
+#   $\hat v = \hat r + \gamma \hat P \hat v$ with the empirical rewards $\hat r(x)$ and transition
+#   frequencies $\hat P(x, y)$ of the trajectory, the **certainty-equivalence** value of the
+#   context's empirical MRP.
+# * **Linear TD** writes $v(x) = \phi(x)^\top w$ and moves $w$ along the semi-gradient
+#   $\delta_k \phi(S_{k-1})$. Batch linear TD(0) averages over the trajectory:
+#   $$w_{t+1} = w_t + \frac{\alpha}{n} \sum_{k=1}^{n} \delta_k^{(t)} \phi(S_{k-1}), \qquad w_0 = 0 .$$
+#
+# Both are *batch* algorithms: every iteration sees the same $n$ transitions. That is the form an
+# in-context learner can run, since a Transformer layer sees the whole prompt at once, and in the
+# constructions of the later chapters one iteration is one layer.
+
+# %% [markdown]
+# ## The kernel view
+#
+# Linear TD's update of the value at any state $x$ is, multiplying by $\phi(x)^\top$,
+# $$v_{t+1}(x) = v_t(x) + \frac{\alpha}{n} \sum_k \phi(S_{k-1})^\top \phi(x)\; \delta_k^{(t)} .$$
+# The weights $w$ have disappeared: the value at $x$ moves by a *kernel-weighted sum of TD errors*,
+# and the TD errors themselves only need $v$ at the trajectory states. Weighted softmax TD makes the
+# kernel a softmax. A score function $g(x, y)$ (the Transformer's $\phi(x)^\top W \phi(y)$) gives
+# each transition $k$ a weight for the target state $x$,
+#
+# $$K_k(x) = \frac{\exp g(S_{k-1}, x)}{\sum_{k'=1}^{n} \exp g(S_{k'-1}, x)},$$
+#
+# and, from $v_0 = 0$, for every target state $x$
+#
+# $$v_{t+1}(x) = v_t(x) + \alpha\, \rho(x) \sum_{k=1}^{n} K_k(x)\, \delta_k^{(t)},
+# \qquad \delta_k^{(t)} = R_k + \gamma v_t(S_k) - v_t(S_{k-1}),$$
+#
+# with an optional per-target weight $\rho(x) \ge 0$; $\rho = 1$ is what the softmax Transformer
+# runs. The update of $v(x)$ needs $v_t$ only at $S_0, \dots, S_n$, so the iterate is a vector over
+# the $n + 1$ trajectory states and any query states: $m = n + 1 + q$ numbers, whatever the size of
+# the state space. This is **policy evaluation in kernel space**. The keys of the softmax are the
+# $n$ transition start states $S_0, \dots, S_{n-1}$; the last state $S_n$ and the queries are
+# targets only.
+#
+# Note what is *not* assumed: the weights of a target need not have anything to do with its own
+# state. A target state that never starts a transition gets weights spread over other states. This
+# matters for the tabular reduction below.
+
+# %% [markdown]
+# ## Checking the context
+#
+# A context is the features of $S_0, \dots, S_n$, the rewards $R_1, \dots, R_n$ and optional query
+# features. Queries come as `(..., q, d)`, or as `(..., d)` for a single query per context: the rule
+# is that `phi_queries` has either as many dimensions as `phi_states` (several queries) or one
+# fewer (one query). Leading batch dimensions broadcast. Everything is converted to the dtype and
+# device of `phi_states`.
+
+# %%
+#| export
+def _broadcast(batch:tuple, shape:tuple, name:str)->tuple:
+    try: return tuple(torch.broadcast_shapes(batch, shape))
+    except RuntimeError: raise ValueError(f"`{name}` has batch dimensions {tuple(shape)} that do not broadcast with {tuple(batch)}") from None
+
+def _count(x, name:str)->int:
+    try: ok = int(x) == x and int(x) >= 0 and not isinstance(x, bool)
+    except (TypeError, ValueError): ok = False
+    if not ok: raise ValueError(f"`{name}` must be a non-negative integer, got {x!r}")
+    return int(x)
+
+def _scalar(x, name:str)->float:
+    try: x = float(x)
+    except (TypeError, ValueError, RuntimeError): raise ValueError(f"`{name}` must be a real number, got {x!r}") from None
+    if not math.isfinite(x): raise ValueError(f"`{name}` must be finite, got {x}")
+    return x
+
+
+# %%
+#| export
+def context_tensors(phi_states,        # (..., n+1, d) features of S_0..S_n
+                    rewards=None,      # (..., n) rewards, rewards[..., k-1] = R_k, or None
+                    phi_queries=None,  # (..., q, d) query features, (..., d) for one query, or None
+                   )->tuple:           # (keys (..., n, d), targets (..., m, d), rewards (..., n) or None), m = n+1+q
+    "Validate a context: its keys $S_0..S_{n-1}$, its targets $S_0..S_n$ then the queries, and its rewards."
+    phi = as_tensor(phi_states, "phi_states")
+    dt, dev = phi.dtype, phi.device
+    if phi.ndim < 2 or phi.shape[-2] < 2 or phi.shape[-1] < 1:
+        raise ValueError(f"`phi_states` must have shape (..., n+1, d) with n >= 1 and d >= 1, got {tuple(phi.shape)}")
+    n, d, batch, R = phi.shape[-2] - 1, phi.shape[-1], tuple(phi.shape[:-2]), None
+    if rewards is not None:
+        R = as_tensor(rewards, "rewards", dt, dev)
+        if R.ndim < 1 or R.shape[-1] != n: raise ValueError(f"`rewards` must have shape (..., {n}) to match `phi_states` (n = {n}), got {tuple(R.shape)}")
+        batch = _broadcast(batch, R.shape[:-1], "rewards")
+    Q = phi.new_zeros(batch + (0, d))
+    if phi_queries is not None:
+        Q = as_tensor(phi_queries, "phi_queries", dt, dev)
+        if Q.ndim == phi.ndim - 1: Q = Q.unsqueeze(-2)
+        if Q.ndim != phi.ndim or Q.shape[-1] != d:
+            raise ValueError(f"`phi_queries` must have shape (..., q, {d}) or (..., {d}) with the batch dimensions of `phi_states` {tuple(phi.shape)}, got {tuple(Q.shape)}")
+        batch = _broadcast(batch, Q.shape[:-2], "phi_queries")
+    phi, Q = phi.expand(batch + phi.shape[-2:]), Q.expand(batch + Q.shape[-2:])
+    return phi[..., :-1, :], torch.cat([phi, Q], -2), None if R is None else R.expand(batch + (n,))
+
+
+# %%
+show_doc(context_tensors)
+
+# %%
+keys, X, R = context_tensors(np.arange(8.).reshape(4, 2), [1., 2., 3.], phi_queries=[[9., 9.], [7., 7.]])
+test_eq((keys.shape, X.shape, R.shape, X.dtype), ((3, 2), (6, 2), (3,), torch.float64))
+test_eq(keys, X[:3])
+test_eq(X[4:], torch.tensor([[9., 9.], [7., 7.]], dtype=torch.float64))
+test_eq(context_tensors(torch.zeros(5, 4, 2), torch.zeros(5, 3), torch.ones(5, 2))[1].shape, (5, 5, 2))
+test_eq(context_tensors(torch.zeros(5, 4, 2), torch.zeros(3), torch.ones(1, 7, 2))[1].shape, (5, 11, 2))
+test_eq(context_tensors(torch.zeros(4, 2, dtype=torch.float32), np.zeros(3))[2].dtype, torch.float32)
+
+# %% [markdown]
+# Each malformed context fails with the name of the culprit:
+
+# %%
+bad_contexts = {"`phi_states` must have shape (..., n+1, d)": dict(phi_states=np.zeros(4)),
+                "`rewards` must have shape (..., 3)":          dict(rewards=np.zeros(4)),
+                "`rewards` has batch dimensions (2,)":          dict(rewards=np.zeros((2, 3)), phi_states=np.zeros((5, 4, 2))),
+                "`phi_queries` must have shape (..., q, 2)":    dict(phi_queries=np.zeros((1, 3))),
+                "`phi_queries` must have shape":                dict(phi_queries=np.zeros((1, 1, 1, 2))),
+                "`phi_states` contains NaN":                    dict(phi_states=np.full((4, 2), np.nan)),
+                "`rewards` contains NaN":                       dict(rewards=[0., np.inf, 0.])}
+for msg, kw in bad_contexts.items():
+    test_fail(lambda: context_tensors(**{**dict(phi_states=np.zeros((4, 2)), rewards=np.zeros(3)), **kw}), contains=msg)
+
+
+# %% [markdown]
+# ## Softmax weights
+#
+# The weights are a softmax over the keys, one column per target. A softmax is invariant to adding
+# a constant to all its inputs, so subtracting each column's maximum score before exponentiating
+# (what `torch.softmax` does) gives the same weights and never overflows: scores of $10^4$ are
+# fine. A custom `score` may return $-\infty$ for some keys (a kernel with compact support), but not
+# for all keys of a target, which would leave nothing to normalise.
+
+# %%
+#| export
+def _weights(keys, X, W, score):
+    n, m, d = keys.shape[-2], X.shape[-2], keys.shape[-1]
+    if score is None:
+        if W is None: raise ValueError("`W` must be given when `score` is None")
+        W = as_tensor(W, "W", keys.dtype, keys.device)
+        if W.ndim < 2 or W.shape[-2:] != (d, d): raise ValueError(f"`W` must have shape ({d}, {d}) or (..., {d}, {d}), got {tuple(W.shape)}")
+        _broadcast(keys.shape[:-2], W.shape[:-2], "W")
+        G = keys @ W @ X.mT
+    else:
+        if not callable(score): raise ValueError(f"`score` must be a callable or None, got {type(score).__name__}")
+        G = torch.as_tensor(score(keys, X), dtype=keys.dtype, device=keys.device)
+        try: G = G.expand(keys.shape[:-2] + (n, m))
+        except RuntimeError: raise ValueError(f"`score` must return shape (..., {n}, {m}), got {tuple(G.shape)}") from None
+        if torch.isnan(G).any() or (G == math.inf).any(): raise ValueError("`score` returned NaN or +inf")
+    if (G.amax(-2) == -math.inf).any(): raise ValueError("`score` is -inf on every key for some target")
+    return torch.softmax(G, dim=-2)
+
+def context_weights(phi_states,        # (..., n+1, d) features of S_0..S_n
+                    W=None,            # (d, d) or (..., d, d) score matrix, g(x, y) = phi(x)^T W phi(y)
+                    phi_queries=None,  # (..., q, d), (..., d) or None
+                    score=None,        # callable score(phi_keys (..., n, d), phi_targets (..., m, d)) -> (..., n, m); replaces W
+                   )->torch.Tensor:    # (..., n, m): K[..., k-1, j] is the weight of transition k for target j; columns sum to 1
+    "Softmax weights $K_k(x)$ of the $n$ transitions for each of the $m = n+1+q$ targets."
+    keys, X, _ = context_tensors(phi_states, None, phi_queries)
+    return _weights(keys, X, W, score)
+
+
+# %%
+show_doc(context_weights)
+
+# %% [markdown]
+# Columns are probability distributions over the $n$ keys, and the weights agree with a direct
+# transcription of the formula:
+
+# %%
+rng = np.random.default_rng(0)
+phi, W = rng.uniform(-1, 1, (7, 3)), rng.standard_normal((3, 3))
+K = context_weights(phi, W, phi_queries=rng.uniform(-1, 1, (2, 3)))
+test_eq(K.shape, (6, 9))
+test_close(K.sum(0), torch.ones(9, dtype=torch.float64), eps=1e-15)
+G = np.exp(phi[:-1] @ W @ phi.T)
+test_close(K[:, :7], torch.from_numpy(G / G.sum(0)), eps=1e-15)
+
+# %% [markdown]
+# Huge scores are harmless in both precisions, and a score that is $-\infty$ on every key is
+# refused:
+
+# %%
+onehot = np.eye(4)[[0, 1, 2, 1, 3]]
+for dt in (torch.float32, torch.float64):
+    K = context_weights(torch.tensor(onehot, dtype=dt), 1e4 * np.eye(4))
+    assert torch.isfinite(K).all()
+    test_close(K[:, 1], torch.tensor([0, .5, 0, .5], dtype=dt), eps=1e-7)
+    test_eq(K[:, 4], torch.full((4,), 0.25, dtype=dt))
+test_fail(lambda: context_weights(onehot, score=lambda k, x: torch.log(k @ x.mT)), contains="-inf on every key")
+test_fail(lambda: context_weights(onehot, score=lambda k, x: k @ x.mT / 0), contains="NaN or +inf")
+test_fail(lambda: context_weights(onehot, score=lambda k, x: torch.zeros(3, 3)), contains="`score` must return shape (..., 4, 5)")
+test_fail(lambda: context_weights(onehot, W=np.eye(3)), contains="`W` must have shape (4, 4)")
+test_fail(lambda: context_weights(onehot), contains="`W` must be given")
+
+
+# %% [markdown]
+# The last column above is instructive: the target $S_4 = 3$ never starts a transition, so even at a
+# score scale of $10^4$ it puts *uniform* weight on the context. Tabular scores can only pick out a
+# target's own state when that state occurs among the keys.
+
+# %% [markdown]
+# ### Normalised kernels: Nadaraya-Watson weighting of TD errors
+#
+# **Special case (normalised kernel TD).** If $g = \log k$ for a positive similarity kernel $k$,
+# then $\exp g = k$ and
+# $$K_k(x) = \frac{k(S_{k-1}, x)}{\sum_{k'} k(S_{k'-1}, x)},$$
+# so $\sum_k K_k(x) \delta_k$ is the **Nadaraya-Watson** kernel-regression estimate, at $x$, of
+# the TD error as a function of the state it starts from. Weighted softmax TD with $\rho = 1$
+# moves each value by the locally averaged TD error around it. The Transformer's bilinear score
+# $\phi(x)^\top W \phi(y)$ is the special case of the exponential kernel
+# $k(x, y) = \exp(\phi(x)^\top W \phi(y))$; a Gaussian kernel of bandwidth $h$ is
+# $g(x, y) = -\lVert \phi(x) - \phi(y) \rVert^2 / (2h^2)$. The check compares the weights with a
+# hand-computed Nadaraya-Watson estimator for both kernels:
+
+# %%
+def nadaraya_watson(kernel, xs, ys, x):
+    "Kernel regression estimate at `x` from samples `(xs[i], ys[i])`."
+    k = np.array([kernel(xi, x) for xi in xs])
+    return (k * ys).sum() / k.sum()
+
+h, deltas = 0.7, rng.standard_normal(6)
+kernels = {"gaussian": lambda a, b: np.exp(-np.sum((a - b) ** 2) / (2 * h * h)),
+           "exponential": lambda a, b: np.exp(a @ W @ b)}
+scores = {"gaussian": lambda k, x: -torch.cdist(k, x) ** 2 / (2 * h * h), "exponential": None}
+for name, kernel in kernels.items():
+    K = context_weights(phi, W, score=scores[name])
+    for j in range(7): test_close((K[:, j] * torch.from_numpy(deltas)).sum(), nadaraya_watson(kernel, phi[:-1], deltas, phi[j]), eps=1e-12)
+
+# %% [markdown]
+# ### From uniform to tabular
+#
+# With one-hot features and $W = \beta I$ the score is $g(x, y) = \beta\, \mathbf 1[x = y]$. At
+# $\beta = 0$ every target weighs all transitions equally; as $\beta$ grows the weight of target $x$
+# concentrates, equally, on the transitions that leave $x$. Below: a 30-transition trajectory of a
+# 10-state Boyan chain and three targets: the state it leaves most often, one it leaves twice, and
+# one it never reaches, posed as a query.
+
+# %%
+chain = random_boyan_chain(n_states=10, features="onehot", seed=0)
+states, rewards = sample_trajectory(chain, 30, seed=0)
+left = torch.bincount(states[:-1], minlength=10)
+targets = [int(left.argmax()), int(torch.nonzero(left == 2)[0]), int(torch.nonzero(left == 0)[0])]
+betas = [0, 1, 2, 4, 8, 16]
+fig, axs = plt.subplots(1, 3, figsize=(13, 3.4), sharey=True)
+for ax, x in zip(axs, targets):
+    for i, beta in enumerate(betas):
+        K = context_weights(chain.phi[states], beta * np.eye(10), phi_queries=chain.phi[x])[:, -1]
+        ax.plot(range(1, 31), K, "o-", ms=3, lw=1, color=plt.cm.viridis(i / (len(betas) - 1)), label=rf"$\beta = {beta}$")
+    hits = np.nonzero((states[:-1] == x).numpy())[0] + 1
+    ax.plot(hits, np.zeros_like(hits) - 0.02, "k^", ms=6, label="transitions leaving $x$")
+    note = " (same for every $\\beta$)" if left[x] == 0 else ""
+    ax.set(title=f"target state $x = {x}$, left {int(left[x])} times{note}", xlabel="transition $k$ (leaves $S_{k-1}$)")
+axs[0].set_ylabel("softmax weight $K_k(x)$")
+axs[-1].legend(fontsize=8, loc="upper right")
+fig.suptitle(r"Softmax weights over a 30-transition context with scores $\beta\,\mathbf{1}[x = y]$")
+plt.tight_layout()
+
+
+# %% [markdown]
+# For a state the context leaves $N(x)$ times the weights approach $1/N(x)$ on its own transitions
+# and $0$ elsewhere; for the state it never leaves they stay at $1/n$ for every $\beta$. Exactly,
+# for $N(x) \ge 1$,
+# $$K_k(x) = \frac{e^{\beta \mathbf 1[S_{k-1} = x]}}{N(x)\, e^\beta + n - N(x)}, \qquad
+# \sum_k \Big| K_k(x) - \frac{\mathbf 1[S_{k-1} = x]}{N(x)} \Big| = \frac{2 (n - N(x))}{N(x)\, e^\beta + n - N(x)}
+# \le \frac{2 (n - N(x))}{N(x)}\, e^{-\beta},$$
+# (the $N(x)$ own transitions each fall short of $1/N(x)$ by $\frac{n - N(x)}{N(x) (N(x) e^\beta + n - N(x))}$
+# and the others carry $\frac{1}{N(x) e^\beta + n - N(x)}$ each), which the next cell checks for
+# every visited state and many $\beta$:
+
+# %%
+def tabular_weights(states, n_states):
+    "The beta -> infinity limit: 1[S_{k-1} = x] / N(x), shape (n, len(states))."
+    E = torch.nn.functional.one_hot(states[:-1], n_states).double()
+    return E[:, states] / E.sum(0)[states]
+
+n, tab = len(states) - 1, tabular_weights(states, 10)
+N = left[states].double()
+for beta in (0., 0.5, 3., 10., 25.):
+    K = context_weights(chain.phi[states], beta * np.eye(10))
+    visited = N > 0
+    l1 = (K - tab).abs().sum(0)[visited]
+    test_close(l1, 2 * (n - N[visited]) / (N[visited] * math.exp(beta) + n - N[visited]), eps=1e-13)
+
+
+# %% [markdown]
+# ## The algorithm
+#
+# `weighted_softmax_td` folds $\alpha \rho(x)$ into the weights once, then iterates the update,
+# which is one matrix-vector product per iteration: the TD errors $\delta^{(t)}$ (length $n$) times
+# the weights $K$ ($n \times m$). `rho` may be a tensor, or a function of the key and target
+# features (the linear-TD reduction needs one).
+
+# %%
+#| export
+def _rho(rho, keys, X, shape):
+    "`rho` as a tensor broadcast with `shape` (..., m): from None (ones), a tensor, or a callable on the key and target features."
+    if rho is None: return X.new_ones(shape)
+    if callable(rho): rho = rho(keys, X)
+    rho = as_tensor(rho, "rho", X.dtype, X.device)
+    try: full = torch.broadcast_shapes(rho.shape, shape)
+    except RuntimeError: full = ()
+    if full[-1:] != shape[-1:]: raise ValueError(f"`rho` must broadcast to shape (..., m) = {tuple(shape)}, got {tuple(rho.shape)}")
+    return rho.expand(full)
+
+def _iterate(update, v0, R, gamma, n_iters, return_all):
+    "Run v <- v + update(delta(v)) from v0, with delta_k = R_k + gamma v[k] - v[k-1] on the first n+1 entries."
+    n, v, vs = R.shape[-1], v0, [v0]
+    for _ in range(n_iters):
+        v = v + update(R + gamma * v[..., 1:n + 1] - v[..., :n])
+        if return_all: vs.append(v)
+    return torch.stack(vs, -2) if return_all else v
+
+
+# %%
+#| export
+def weighted_softmax_td(phi_states,         # (..., n+1, d) features of S_0..S_n
+                        rewards,            # (..., n) rewards, rewards[..., k-1] = R_k
+                        W,                  # (d, d) or (..., d, d) score matrix (ignored, may be None, when `score` is given)
+                        alpha:float,        # step size
+                        gamma:float,        # discount factor in [0, 1)
+                        n_iters:int,        # number of iterations (layers)
+                        phi_queries=None,   # (..., q, d) query features, (..., d) for one query, or None
+                        rho=None,           # per-target weight: None (1), tensor broadcastable to (..., m), or callable rho(phi_keys, phi_targets) -> (..., m)
+                        score=None,         # callable score(phi_keys (..., n, d), phi_targets (..., m, d)) -> (..., n, m); default phi^T W phi
+                        return_all=False,   # return every iterate v_0..v_T instead of the last
+                       )->torch.Tensor:     # (..., m) values at S_0..S_n then the queries; (..., n_iters+1, m) with `return_all`
+    "Weighted softmax TD: $v_{t+1}(x) = v_t(x) + \\alpha \\rho(x) \\sum_k K_k(x) \\delta_k^{(t)}$ from $v_0 = 0$."
+    keys, X, R = context_tensors(phi_states, rewards, phi_queries)
+    alpha, gamma, n_iters = _scalar(alpha, "alpha"), check_gamma(gamma), _count(n_iters, "n_iters")
+    K = _weights(keys, X, W, score)
+    K = K * (alpha * _rho(rho, keys, X, K.shape[:-2] + K.shape[-1:])).unsqueeze(-2)
+    v0 = X.new_zeros(K.shape[:-2] + K.shape[-1:])
+    return _iterate(lambda delta: (delta.unsqueeze(-2) @ K).squeeze(-2), v0, R, gamma, n_iters, return_all)
+
+
+# %%
+show_doc(weighted_softmax_td)
+
+# %% [markdown]
+# A case we can solve by hand: one transition ($n = 1$). Every target puts weight 1 on it, so all
+# values stay equal, $v_t(x) = u_t$, and $u_{t+1} = u_t + \alpha (R_1 + \gamma u_t - u_t)$, whence
+# $$u_t = \frac{R_1}{1 - \gamma}\Big(1 - \big(1 - \alpha (1 - \gamma)\big)^t\Big).$$
+
+# %%
+alpha, gamma, R1 = 0.3, 0.8, 2.5
+v = weighted_softmax_td(rng.standard_normal((2, 3)), [R1], rng.standard_normal((3, 3)), alpha, gamma, 20,
+                        phi_queries=rng.standard_normal((4, 3)), return_all=True)
+u = R1 / (1 - gamma) * (1 - (1 - alpha * (1 - gamma)) ** torch.arange(21, dtype=torch.float64))
+test_eq(v.shape, (21, 6))
+test_close(v, u[:, None].expand(21, 6), eps=1e-13)
+
+
+# %% [markdown]
+# In general, the vectorised iteration agrees with a direct transcription of the definition as
+# three nested loops, on random contexts with queries, a random $\rho$ and random scores:
+
+# %%
+def wstd_loops(phi, R, W, alpha, gamma, T, Q, rho):
+    "Weighted softmax TD written as loops over iterations, targets and transitions."
+    n, X = len(R), np.concatenate([phi, Q])
+    v = np.zeros(len(X))
+    for t in range(T):
+        delta = [R[k - 1] + gamma * v[k] - v[k - 1] for k in range(1, n + 1)]
+        new = v.copy()
+        for j, x in enumerate(X):
+            e = [math.exp(phi[k - 1] @ W @ x) for k in range(1, n + 1)]
+            new[j] += alpha * rho[j] * sum(e[k] * delta[k] for k in range(n)) / sum(e)
+        v = new
+    return v
+
+for seed in range(10):
+    r = np.random.default_rng(seed)
+    n, d, q = r.integers(1, 12), r.integers(1, 5), r.integers(0, 3)
+    phi, R, W, Q = r.standard_normal((n + 1, d)), r.standard_normal(n), r.standard_normal((d, d)), r.standard_normal((q, d))
+    rho = r.uniform(0, 2, n + 1 + q)
+    test_close(weighted_softmax_td(phi, R, W, 0.4, 0.9, 15, Q, rho=rho), torch.from_numpy(wstd_loops(phi, R, W, 0.4, 0.9, 15, Q, rho)), eps=1e-12)
+
+
+# %% [markdown]
+# For the structural checks that follow we use real contexts: short trajectories of random Boyan
+# chains with unit-norm features and $W = \beta I$, on which the iterates stay of the order of the
+# values. (With an arbitrary $W$ nothing promises convergence: the iteration is a linear recursion
+# whose matrix $I - \alpha \operatorname{diag}(\rho) K^\top D$, with $D$ the TD-error map, can have
+# eigenvalues outside the unit disc, and values then grow geometrically.)
+
+# %%
+def boyan_context(n, seed, n_states=10):
+    "Unit-norm features of a trajectory of `n` transitions of a random Boyan chain, its rewards, and the features of every state."
+    chain = random_boyan_chain(n_states=n_states, features="unit", seed=seed)
+    S, R = sample_trajectory(chain, n, seed=seed)
+    return chain.phi[S], R, chain.phi
+
+phi, R, Q = boyan_context(8, seed=0)
+W = 3 * torch.eye(4, dtype=torch.float64)
+
+# %% [markdown]
+# Queries are targets only: nobody's TD error reads them. So appending queries never changes the
+# values at the trajectory states, and a query's value does not depend on the other queries.
+# `return_all` starts at $v_0 = 0$ and ends at the plain result.
+
+# %%
+base = weighted_softmax_td(phi, R, W, 0.5, 0.9, 25)
+with_q = weighted_softmax_td(phi, R, W, 0.5, 0.9, 25, phi_queries=Q)
+test_eq(with_q.shape, (9 + 10,))
+test_close(with_q[:9], base, eps=1e-14)
+for i in range(10): test_close(weighted_softmax_td(phi, R, W, 0.5, 0.9, 25, phi_queries=Q[i])[9], with_q[9 + i], eps=1e-14)
+allv = weighted_softmax_td(phi, R, W, 0.5, 0.9, 25, phi_queries=Q, return_all=True)
+test_eq(allv.shape, (26, 19))
+test_eq(allv[0], torch.zeros(19, dtype=torch.float64))
+test_eq(allv[-1], with_q)
+test_eq(weighted_softmax_td(phi, R, W, 0.5, 0.9, 0, phi_queries=Q), torch.zeros(19, dtype=torch.float64))
+
+# %% [markdown]
+# The three forms of `rho` agree (a constant, a tensor per target, a function of the features),
+# and a `rho` with batch dimensions of its own broadcasts like the rest (a constant $\rho = 1/2$ is
+# the same as halving $\alpha$):
+
+# %%
+rho_fn = lambda keys, X: 1 + X[..., 0]
+a = weighted_softmax_td(phi, R, W, 0.5, 0.9, 25, Q, rho=rho_fn)
+test_close(weighted_softmax_td(phi, R, W, 0.5, 0.9, 25, Q, rho=1 + torch.cat([phi, Q])[:, 0]), a, eps=1e-14)
+test_close(weighted_softmax_td(phi, R, W, 0.5, 0.9, 25, Q, rho=1.), with_q, eps=1e-14)
+two_rhos = weighted_softmax_td(phi, R, W, 0.5, 0.9, 25, Q, rho=torch.tensor([[1.], [0.5]], dtype=torch.float64))
+test_eq(two_rhos.shape, (2, 19))
+test_close(two_rhos[1], weighted_softmax_td(phi, R, W, 0.25, 0.9, 25, Q), eps=1e-14)
+
+# %% [markdown]
+# Batches: a call on a stack of contexts equals a loop of single calls, and batch dimensions
+# broadcast (one $W$ for all contexts, or one per context, or a grid of both):
+
+# %%
+B = 6
+phis, Rs, Qs = map(torch.stack, zip(*[boyan_context(12, seed) for seed in range(B)]))
+Ws = torch.stack([beta * torch.eye(4, dtype=torch.float64) for beta in range(1, B + 1)])
+batched = weighted_softmax_td(phis, Rs, Ws, 0.5, 0.9, 20, Qs, return_all=True)
+test_eq(batched.shape, (B, 21, 13 + 10))
+for b in range(B): test_close(batched[b], weighted_softmax_td(phis[b], Rs[b], Ws[b], 0.5, 0.9, 20, Qs[b], return_all=True), eps=1e-14)
+shared_W = weighted_softmax_td(phis, Rs, Ws[0], 0.5, 0.9, 20, Qs)
+for b in range(B): test_close(shared_W[b], weighted_softmax_td(phis[b], Rs[b], Ws[0], 0.5, 0.9, 20, Qs[b]), eps=1e-14)
+grid = weighted_softmax_td(phis[None], Rs[None], Ws[:3, None], 0.5, 0.9, 20, Qs[None])
+test_eq(grid.shape, (3, B, 23))
+test_close(grid[2, 4], weighted_softmax_td(phis[4], Rs[4], Ws[2], 0.5, 0.9, 20, Qs[4]), eps=1e-14)
+
+# %% [markdown]
+# Precision and devices: float64 in gives float64 out, float32 gives float32, on the input's
+# device, and the two precisions agree to float32 precision (relative $10^{-5}$ of the values'
+# scale after 50 iterations). Scores of $10^4$ (here $W = 2 \cdot 10^4 I$ on unit features) leave
+# every value finite in both precisions.
+
+# %%
+v64 = weighted_softmax_td(phis, Rs, Ws, 0.5, 0.9, 50, Qs)
+v32 = weighted_softmax_td(phis.float(), Rs.float(), Ws.float(), 0.5, 0.9, 50, Qs.float())
+test_eq((v64.dtype, v32.dtype, v32.device), (torch.float64, torch.float32, phis.device))
+rel32 = ((v32.double() - v64).abs().max() / v64.abs().max()).item()
+assert rel32 < 1e-5, rel32
+for dt in (torch.float32, torch.float64):
+    W_huge = 2e4 * torch.eye(4, dtype=dt)
+    assert (phis.to(dt) @ W_huge @ phis.to(dt).mT).abs().max() >= 1e4
+    assert torch.isfinite(weighted_softmax_td(phis.to(dt), Rs.to(dt), W_huge, 0.5, 0.9, 50, Qs.to(dt))).all()
+rel32
+
+# %% [markdown]
+# Bad arguments fail with their names:
+
+# %%
+good = dict(phi_states=np.zeros((9, 3)), rewards=np.zeros(8), W=np.eye(3), alpha=0.5, gamma=0.9, n_iters=5)
+bad_args = [("`gamma` must lie in [0, 1)",        dict(gamma=1.0)),
+            ("`gamma` must lie in [0, 1)",        dict(gamma=-0.5)),
+            ("`n_iters` must be a non-negative integer", dict(n_iters=-1)),
+            ("`n_iters` must be a non-negative integer", dict(n_iters=2.5)),
+            ("`alpha` must be finite",            dict(alpha=float("nan"))),
+            ("`alpha` must be a real number",     dict(alpha="fast")),
+            ("`W` must have shape (3, 3)",        dict(W=np.eye(4))),
+            ("`W` has batch dimensions (2,)",     dict(W=np.zeros((2, 3, 3)), phi_states=np.zeros((5, 9, 3)), rewards=np.zeros((5, 8)))),
+            ("`rewards` must have shape (..., 8)", dict(rewards=np.zeros(9))),
+            ("`phi_states` must have shape",      dict(phi_states=np.zeros((1, 3)))),
+            ("`phi_queries` must have shape",     dict(phi_queries=np.zeros((2, 4)))),
+            ("`rho` must broadcast to shape",     dict(rho=np.ones(4))),
+            ("`rho` contains NaN",                dict(rho=lambda k, x: torch.full(x.shape[:-1], math.nan, dtype=x.dtype))),
+            ("`score` must be a callable",        dict(score="dot"))]
+for msg, kw in bad_args: test_fail(lambda: weighted_softmax_td(**{**good, **kw}), contains=msg)
+
+
+# %% [markdown]
+# ## Linear TD is a special case (exactly)
+#
+# **Proposition 1 (ours).** Let the features be such that $\phi(x)^\top \phi(y) > 0$ for all pairs
+# in play (positive features suffice), and take
+# $$g(x, y) = \log\big(\phi(x)^\top \phi(y)\big), \qquad \rho(x) = \frac1n \sum_{k=1}^n \phi(S_{k-1})^\top \phi(x).$$
+# Then for every $t$ and every target $x$, $v_t(x) = \phi(x)^\top w_t$, where $w_t$ are the iterates of
+# batch linear TD(0) with the same $\alpha$, $\gamma$ and $w_0 = 0$.
+#
+# *Proof.* This is the normalised-kernel case with the linear kernel $k(x, y) = \phi(x)^\top\phi(y)$,
+# and $\rho$ undoes the normalisation:
+# $$\rho(x) K_k(x) = \frac1n \sum_{k'} \phi(S_{k'-1})^\top \phi(x) \cdot
+# \frac{\phi(S_{k-1})^\top \phi(x)}{\sum_{k'} \phi(S_{k'-1})^\top \phi(x)} = \frac1n\, \phi(S_{k-1})^\top \phi(x).$$
+# Induction on $t$: at $t = 0$ both sides are 0. If $v_t = \phi^\top w_t$ at all targets, then in
+# particular at $S_0, \dots, S_n$, so the two algorithms compute the same TD errors $\delta_k^{(t)}$, and
+# $$v_{t+1}(x) = \phi(x)^\top w_t + \frac{\alpha}{n} \sum_k \phi(S_{k-1})^\top \phi(x)\, \delta_k^{(t)}
+# = \phi(x)^\top \Big(w_t + \frac{\alpha}{n} \sum_k \delta_k^{(t)} \phi(S_{k-1})\Big) = \phi(x)^\top w_{t+1}. \qquad \square$$
+#
+# The positivity requirement is the price of writing a linear kernel as $\exp g$; the per-target
+# weight $\rho$ is what turns a *normalised* average of TD errors back into linear TD's *sum*.
+# `batch_linear_td` below is the classical algorithm, iterating $w$ itself and reading the values
+# out at the targets at the end, so that the comparison is between two different computations.
+
+# %%
+#| export
+def batch_linear_td(phi_states,         # (..., n+1, d) features of S_0..S_n
+                    rewards,            # (..., n) rewards, rewards[..., k-1] = R_k
+                    alpha:float,        # step size
+                    gamma:float,        # discount factor in [0, 1)
+                    n_iters:int,        # number of iterations
+                    phi_queries=None,   # (..., q, d) query features, (..., d) for one query, or None
+                    return_all=False,   # return every iterate instead of the last
+                   )->torch.Tensor:     # (..., m) values phi(x)^T w_T at S_0..S_n then the queries; (..., n_iters+1, m) with `return_all`
+    "Batch linear TD(0), $w_{t+1} = w_t + \\frac{\\alpha}{n} \\sum_k \\delta_k \\phi(S_{k-1})$ from $w_0 = 0$, read out in value space."
+    keys, X, R = context_tensors(phi_states, rewards, phi_queries)
+    alpha, gamma, n_iters = _scalar(alpha, "alpha"), check_gamma(gamma), _count(n_iters, "n_iters")
+    n, succ = R.shape[-1], X[..., 1:R.shape[-1] + 1, :]
+    w, ws = keys.new_zeros(keys.shape[:-2] + keys.shape[-1:]), []
+    for _ in range(n_iters + 1):
+        ws.append(w)
+        delta = R + gamma * (succ @ w.unsqueeze(-1)).squeeze(-1) - (keys @ w.unsqueeze(-1)).squeeze(-1)
+        w = w + alpha / n * (delta.unsqueeze(-2) @ keys).squeeze(-2)
+    if not return_all: return (X @ ws[-1].unsqueeze(-1)).squeeze(-1)
+    return torch.stack(ws, -2) @ X.mT
+
+
+# %%
+show_doc(batch_linear_td)
+
+# %% [markdown]
+# A sanity check of `batch_linear_td` on its own: when it converges, its limit is the TD fixed
+# point $w^\star = A^{-1} b$ with $A = \frac1n \sum_k \phi(S_{k-1}) (\phi(S_{k-1}) - \gamma \phi(S_k))^\top$
+# and $b = \frac1n \sum_k R_k \phi(S_{k-1})$ (the solution of $\sum_k \delta_k \phi(S_{k-1}) = 0$).
+
+# %%
+mrp = random_boyan_chain(seed=1)
+S, R = sample_trajectory(mrp, 400, seed=1)
+Phi = mrp.phi[S]
+A = Phi[:-1].T @ (Phi[:-1] - mrp.gamma * Phi[1:]) / 400
+b = Phi[:-1].T @ R / 400
+test_close(batch_linear_td(Phi, R, 0.5, mrp.gamma, 3000), Phi @ torch.linalg.solve(A, b), eps=1e-10)
+
+# %% [markdown]
+# Now Proposition 1, on 100 random contexts: positive features with entries $U(0.1, 1)$, random
+# sizes $n \le 40$, $d \le 5$, $q \le 3$ queries, $\gamma \in [0, 0.99)$, 60 iterations, every
+# iterate compared. The step is $\alpha = U(0.05, 1)/d$, small enough that the iterates stay
+# bounded (their largest magnitude is printed), so an *absolute* tolerance of $10^{-12}$ in float64
+# is meaningful.
+
+# %%
+linear_score = lambda keys, X: torch.log(keys @ X.mT)
+linear_rho = lambda keys, X: (keys @ X.mT).mean(-2)
+worst, largest = 0., 0.
+for seed in range(100):
+    r = np.random.default_rng(seed)
+    n, d, q = int(r.integers(1, 41)), int(r.integers(1, 6)), int(r.integers(0, 4))
+    phi, R, Q = r.uniform(0.1, 1, (n + 1, d)), r.uniform(-1, 1, n), r.uniform(0.1, 1, (q, d))
+    a, g = r.uniform(0.05, 1) / d, r.uniform(0, 0.99)
+    v_soft = weighted_softmax_td(phi, R, None, a, g, 60, Q, rho=linear_rho, score=linear_score, return_all=True)
+    v_lin = batch_linear_td(phi, R, a, g, 60, Q, return_all=True)
+    test_close(v_soft, v_lin, eps=1e-12)
+    worst, largest = max(worst, (v_soft - v_lin).abs().max().item()), max(largest, v_lin.abs().max().item())
+assert largest < 1e3
+print(f"largest |v| {largest:.1f}, largest difference {worst:.1e}")
+
+# %% [markdown]
+# The same holds batched: one call on a stack of 32 contexts matches one `batch_linear_td` call,
+# and both match the loop of single calls.
+
+# %%
+phis, Rs, Qs = rng.uniform(0.1, 1, (32, 21, 4)), rng.uniform(-1, 1, (32, 20)), rng.uniform(0.1, 1, (32, 2, 4))
+v_soft = weighted_softmax_td(phis, Rs, None, 0.1, 0.9, 80, Qs, rho=linear_rho, score=linear_score)
+v_lin = batch_linear_td(phis, Rs, 0.1, 0.9, 80, Qs)
+test_close(v_soft, v_lin, eps=1e-12)
+for b in range(0, 32, 8): test_close(v_lin[b], batch_linear_td(phis[b], Rs[b], 0.1, 0.9, 80, Qs[b]), eps=1e-14)
+
+# %% [markdown]
+# The reduction is specific to this $\rho$: with $\rho = 1$ the same score gives a different
+# algorithm (normalised rather than summed TD errors), and the check fails, as it should:
+
+# %%
+test_ne(weighted_softmax_td(phis, Rs, None, 0.1, 0.9, 80, Qs, score=linear_score), v_lin)
+assert (weighted_softmax_td(phis, Rs, None, 0.1, 0.9, 80, Qs, score=linear_score) - v_lin).abs().max() > 1e-3
+
+
+# %% [markdown]
+# ## Tabular TD is a limit
+#
+# Tabular TD needs integer states, not features. `batch_tabular_td` runs the per-state averaged batch
+# update of the first section and `certainty_equivalence` solves the empirical MRP directly. Both
+# give value 0 to states the context never leaves: batch tabular TD never moves them from $v_0 = 0$,
+# and the empirical MRP has no data on them (we give such states no reward and no successors).
+
+# %%
+#| export
+def _states(states, n_states:int)->torch.Tensor:
+    s = states if isinstance(states, torch.Tensor) else torch.as_tensor(np.asarray(states))
+    if s.is_floating_point():
+        if not (torch.isfinite(s).all() and (s == s.round()).all()): raise ValueError("`states` must hold integer state indices")
+        s = s.long()
+    if s.dtype == torch.bool or s.is_complex() or s.ndim < 1 or s.shape[-1] < 2:
+        raise ValueError(f"`states` must be an integer array of shape (..., n+1) with n >= 1, got {tuple(s.shape)} {s.dtype}")
+    if ((s < 0) | (s >= n_states)).any(): raise ValueError(f"`states` must lie in 0..{n_states - 1}")
+    return s.long()
+
+def _tabular_context(states, rewards, n_states):
+    n_states = _count(n_states, "n_states")
+    if n_states < 1: raise ValueError("`n_states` must be a positive integer, got 0")
+    S = _states(states, n_states)
+    R = as_tensor(rewards, "rewards", device=S.device)
+    if R.ndim < 1 or R.shape[-1] != S.shape[-1] - 1: raise ValueError(f"`rewards` must have shape (..., {S.shape[-1] - 1}) to match `states`, got {tuple(R.shape)}")
+    batch = _broadcast(S.shape[:-1], R.shape[:-1], "rewards")
+    S, R = S.expand(batch + S.shape[-1:]), R.expand(batch + R.shape[-1:])
+    E = torch.nn.functional.one_hot(S[..., :-1], n_states).to(R.dtype)    # (..., n, s): transition k leaves state S_{k-1}
+    return S, R, E, E.sum(-2)
+
+
+# %%
+#| export
+def batch_tabular_td(states,           # (..., n+1) integer states S_0..S_n
+                     rewards,          # (..., n) rewards, rewards[..., k-1] = R_k
+                     n_states:int,     # number of states s
+                     alpha:float,      # step size
+                     gamma:float,      # discount factor in [0, 1)
+                     n_iters:int,      # number of iterations
+                     return_all=False, # return every iterate instead of the last
+                    )->torch.Tensor:   # (..., s) values per state; (..., n_iters+1, s) with `return_all`
+    "Per-state averaged batch tabular TD: $v(x) \\mathrel{+}= \\alpha \\cdot$ (mean TD error of the transitions leaving $x$)."
+    S, R, E, N = _tabular_context(states, rewards, n_states)
+    alpha, gamma, n_iters = _scalar(alpha, "alpha"), check_gamma(gamma), _count(n_iters, "n_iters")
+    A = alpha * E / N.clamp(min=1).unsqueeze(-2)     # (..., n, s): alpha / N(x) on the transitions leaving x
+    v, vs = R.new_zeros(R.shape[:-1] + (n_states,)), []
+    for _ in range(n_iters + 1):
+        vs.append(v)
+        delta = R + gamma * v.gather(-1, S[..., 1:]) - v.gather(-1, S[..., :-1])
+        v = v + (delta.unsqueeze(-2) @ A).squeeze(-2)
+    return torch.stack(vs, -2) if return_all else vs[-1]
+
+
+# %%
+#| export
+def certainty_equivalence(states,         # (..., n+1) integer states S_0..S_n
+                          rewards,        # (..., n) rewards, rewards[..., k-1] = R_k
+                          n_states:int,   # number of states s
+                          gamma:float,    # discount factor in [0, 1)
+                         )->torch.Tensor: # (..., s) values of the empirical MRP; 0 at states never left
+    "Value of the context's empirical MRP: $\\hat v = \\hat r + \\gamma \\hat P \\hat v$ on the states the context leaves."
+    S, R, E, N = _tabular_context(states, rewards, n_states)
+    gamma = check_gamma(gamma)
+    F = torch.nn.functional.one_hot(S[..., 1:], n_states).to(R.dtype)
+    inv = 1 / N.clamp(min=1)
+    P_hat = (E.mT @ F) * inv.unsqueeze(-1)                          # (..., s, s): empirical transition frequencies
+    r_hat = (R.unsqueeze(-2) @ E).squeeze(-2) * inv                  # (..., s): mean reward on leaving x
+    I = torch.eye(n_states, dtype=R.dtype, device=R.device)
+    return torch.linalg.solve(I - gamma * P_hat, r_hat.unsqueeze(-1)).squeeze(-1)
+
+
+# %%
+show_doc(batch_tabular_td)
+
+# %%
+show_doc(certainty_equivalence)
+
+# %% [markdown]
+# A hand example: the trajectory $0 \to 1 \to 0 \to 2$ with rewards $1, 2, 3$ leaves state 0 twice
+# (to 1 and to 2, mean reward 2) and state 1 once (to 0, reward 2); it never leaves state 2. So
+# $\hat v(2) = 0$, $\hat v(1) = 2 + \gamma \hat v(0)$ and $\hat v(0) = 2 + \frac\gamma2 (\hat v(1) + \hat v(2))$,
+# whence $\hat v(0) = (2 + \gamma)/(1 - \gamma^2/2)$. Batch tabular TD reaches it, at a rate no worse
+# than $1 - \alpha(1 - \gamma)$ per iteration (its update is $v \leftarrow (1-\alpha) v + \alpha(\hat r + \gamma \hat P v)$
+# on the states left, a contraction in the max norm), and it never moves state 2:
+
+# %%
+g = 0.5
+v0_hand = (2 + g) / (1 - g * g / 2)
+ce = certainty_equivalence([0, 1, 0, 2], [1., 2., 3.], 3, g)
+test_close(ce, torch.tensor([v0_hand, 2 + g * v0_hand, 0.], dtype=torch.float64), eps=1e-14)
+tab = batch_tabular_td([0, 1, 0, 2], [1., 2., 3.], 3, alpha=0.7, gamma=g, n_iters=200, return_all=True)
+test_close(tab[-1], ce, eps=1e-14)
+test_eq(tab[:, 2], torch.zeros(201, dtype=torch.float64))
+err = (tab[:60] - ce).abs().max(1).values
+assert (err[1:] <= (1 - 0.7 * (1 - g)) * err[:-1] + 1e-15).all()
+
+# %% [markdown]
+# Batched calls equal loops, and bad input is refused:
+
+# %%
+Ss = torch.from_numpy(np.random.default_rng(2).integers(0, 6, (5, 16)))
+Rs = torch.from_numpy(np.random.default_rng(3).uniform(-1, 1, (5, 15)))
+test_eq(batch_tabular_td(Ss, Rs, 6, 0.5, 0.9, 30, return_all=True).shape, (5, 31, 6))
+for b in range(5):
+    test_close(batch_tabular_td(Ss, Rs, 6, 0.5, 0.9, 30)[b], batch_tabular_td(Ss[b], Rs[b], 6, 0.5, 0.9, 30), eps=1e-14)
+    test_close(certainty_equivalence(Ss, Rs, 6, 0.9)[b], certainty_equivalence(Ss[b], Rs[b], 6, 0.9), eps=1e-13)
+for msg, kw in {"`states` must lie in 0..5": dict(states=[0, 6, 1]),
+                "`states` must hold integer state indices": dict(states=[0., 1.5, 1.]),
+                "`states` must be an integer array of shape (..., n+1)": dict(states=[0]),
+                "`rewards` must have shape (..., 2)": dict(rewards=[1.]),
+                "`n_states` must be a non-negative integer": dict(n_states=2.5),
+                "`gamma` must lie in [0, 1)": dict(gamma=1.)}.items():
+    args = {**dict(states=[0, 1, 1], rewards=[1., 2.], n_states=6, gamma=0.9), **kw}
+    test_fail(lambda: certainty_equivalence(**args), contains=msg)
+    test_fail(lambda: batch_tabular_td(alpha=0.5, n_iters=3, **args), contains=msg)
+
+
+# %% [markdown]
+# **Proposition 2 (ours).** Take one-hot features and $W = \beta I$, so $g(x, y) = \beta\,\mathbf 1[x = y]$,
+# and $\rho = 1$. Suppose every target state is left at least once in the context: $S_n$ occurs among
+# $S_0, \dots, S_{n-1}$, and so does every query state. Then, for every fixed $t$, as $\beta \to \infty$
+# the iterate of weighted softmax TD at each target $x$ converges to $v^{\mathrm{tab}}_t(x)$ of per-state
+# averaged batch tabular TD, with $|v_t(x) - v^{\mathrm{tab}}_t(x)| = O(e^{-\beta})$.
+#
+# *Proof.* By the formula for $K$ above, each column differs from the tabular weights
+# $\mathbf 1[S_{k-1} = x]/N(x)$ by at most $\varepsilon_\beta = 2 (n/N_{\min} - 1) e^{-\beta}$ in $\ell_1$,
+# where $N_{\min}$ is the smallest visit count of a target state. With tabular weights the update of
+# target $x$ is $\frac{\alpha}{N(x)} \sum_{k: S_{k-1} = x} \delta_k$, exactly the tabular update of
+# $x$'s value, and targets of the same state carry equal values, so on the targets the two
+# iterations are the same map $F_\infty$; the softmax iteration is a map $F_\beta$ with
+# $\lVert F_\beta(v) - F_\infty(v) \rVert_\infty \le \alpha\, \varepsilon_\beta \max_k |\delta_k(v)|$.
+# Since the columns of $K$ sum to 1, $F_\beta$ is Lipschitz in the max norm with constant
+# $L = 1 + \alpha (1 + \gamma)$ for every $\beta$, so the gap $e_t$ between the iterates obeys
+# $e_{t+1} \le L\, e_t + \alpha\, \varepsilon_\beta \max_k |\delta_k(v^{\mathrm{tab}}_t)|$ with $e_0 = 0$:
+# $e_t \le C_t\, \varepsilon_\beta$ with $C_t$ independent of $\beta$. $\square$
+#
+# Why the hypothesis. A target whose state is never left has uniform weights $1/n$ for *every*
+# $\beta$ (the figure above): its value moves by the mean TD error of the whole context, whereas
+# tabular TD leaves it at 0. If that target is $S_n$, its value enters the TD error of the last
+# transition and the discrepancy spreads to every state upstream. A query at a state never left
+# is harmless to the others (nobody reads it) but is itself not tabular. So the reduction is a
+# statement about trajectories in which every target state starts a transition, and that is what
+# we test; the cell after the test shows the failure when the last state is new.
+#
+# **A sharper fact about the fixed point (ours).** Under the same hypothesis and for *every*
+# $\beta > 0$, not only in the limit, weighted softmax TD has the certainty-equivalence value as its
+# unique fixed point. A fixed point makes $\sum_k K_k(x) \delta_k = 0$ for each target state $x$.
+# Writing $m_x$ for the mean TD error of the transitions leaving $x$ and $T = \sum_k \delta_k$, the
+# formula for $K$ turns this into $(e^\beta - 1) N(x) m_x + T = 0$ for each of the $s'$ distinct
+# target states. Summing over them, $(e^\beta - 1) T + s' T = 0$ (every transition leaves some
+# target state), so $T = 0$ and then every $m_x = 0$: the tabular fixed-point equations, whose
+# solution is unique because $I - \gamma \hat P$ is invertible. The large-$\beta$ limit thus
+# changes the *path* of the iterates, not where they go (if they converge, which the step size
+# controls). That is why the decay over $\beta$ is measured at a fixed, moderate number of
+# iterations below.
+
+# %%
+def tabular_gap(states, rewards, n_states, betas, alpha, gamma, n_iters):
+    "For each beta, the largest distance over iterations 0..n_iters and targets between weighted softmax TD with scores beta 1[x=y] and batch tabular TD."
+    I = torch.eye(n_states, dtype=torch.float64)
+    Ws = torch.as_tensor(betas, dtype=torch.float64)[:, None, None] * I            # one W per beta: a batch of 1 context and len(betas) score matrices
+    soft = weighted_softmax_td(I[states], rewards, Ws, alpha, gamma, n_iters, return_all=True)
+    tab = batch_tabular_td(states, rewards, n_states, alpha, gamma, n_iters, return_all=True)
+    return (soft - tab[:, states]).abs().amax((-2, -1)).numpy()
+
+def context_leaving_every_target(mrp, n, seed):
+    "Sample trajectories until one also leaves its last state (the hypothesis of Proposition 2)."
+    rng = np.random.default_rng(seed)
+    while True:
+        S, R = sample_trajectory(mrp, n, seed=rng)
+        if (S[:-1] == S[-1]).any(): return S, R
+
+contexts = [context_leaving_every_target(random_boyan_chain(n_states=8, features="onehot", seed=s), 40, s) for s in range(8)]
+beta_grid = np.arange(0, 41, 2.)
+gaps = np.array([tabular_gap(S, R, 8, beta_grid, 0.8, 0.9, 30) for S, R in contexts])
+for gap in gaps: assert gap[beta_grid == 30][0] < 1e-10 and gap[-1] < 1e-12
+mid = (beta_grid >= 4) & (beta_grid <= 24)
+slopes = [np.polyfit(beta_grid[mid], np.log(gap[mid]), 1)[0] for gap in gaps]
+assert all(-1.1 < s < -0.9 for s in slopes), slopes
+print("fitted d log(gap) / d beta per context:", np.round(slopes, 3))
+
+# %%
+fig, ax = plt.subplots(figsize=(7, 3.8))
+for i, gap in enumerate(gaps): ax.semilogy(beta_grid, np.maximum(gap, 1e-17), "o-", ms=3, lw=1, color=plt.cm.tab10(i), label=f"context {i}" if i < 4 else None)
+ax.semilogy(beta_grid, 10 * np.exp(-beta_grid), "k--", label=r"$10\, e^{-\beta}$")
+ax.axhline(1e-10, color="grey", lw=0.8, ls=":", label="$10^{-10}$")
+ax.set(xlabel=r"score scale $\beta$", ylabel="max |softmax TD - tabular TD| (return units)", ylim=(1e-17, 10),
+       title="Distance to batch tabular TD over 30 iterations, 8 random contexts")
+ax.legend(fontsize=8, ncol=2);
+
+# %% [markdown]
+# The distance falls like $e^{-\beta}$ (fitted slopes of $\log$-distance against $\beta$ printed
+# above, all within $[-1.1, -0.9]$) until it reaches float64 round-off near $\beta = 35$.
+# When the hypothesis fails, when the last state of the trajectory is new, the gap stays
+# large however large $\beta$ is:
+
+# %%
+mrp8 = random_boyan_chain(n_states=8, features="onehot", seed=0)
+rng_new = np.random.default_rng(5)
+while True:
+    S_new, R_new = sample_trajectory(mrp8, 12, seed=rng_new)
+    if not (S_new[:-1] == S_new[-1]).any(): break
+gap_new = tabular_gap(S_new, R_new, 8, [10, 20, 40], 0.8, 0.9, 30)
+assert gap_new.min() > 1e-2, gap_new
+gap_new
+
+# %% [markdown]
+# And the fixed point: with many iterations, weighted softmax TD lands on the certainty-equivalence
+# value of each context's empirical MRP, at large $\beta$ and, as argued above, already at
+# moderate $\beta$:
+
+# %%
+for S, R in contexts:
+    ce = certainty_equivalence(S, R, 8, 0.9)
+    phi = torch.eye(8, dtype=torch.float64)[S]
+    Ws = torch.tensor([3., 40.], dtype=torch.float64)[:, None, None] * torch.eye(8, dtype=torch.float64)
+    test_close(weighted_softmax_td(phi, R, Ws, 0.8, 0.9, 600), ce[S].expand(2, -1), eps=1e-10)
+    test_close(batch_tabular_td(S, R, 8, 0.8, 0.9, 600)[S], ce[S], eps=1e-10)
+
+# %% [markdown]
+# Without the hypothesis the certainty-equivalence value is still a fixed point (the equation of a
+# target that is never left says $T = 0$, which the others imply), but no longer the only one: the
+# value $c$ at a never-left $S_n$ is free, each $c$ extends to a fixed point (the empirical Bellman
+# equations of the states left, with $v(S_n) = c$), and the iteration settles on the $c$ its path
+# reaches. For the context above, whose last state is new:
+
+# %%
+I8 = torch.eye(8, dtype=torch.float64)
+v_long = weighted_softmax_td(I8[S_new], R_new, 40 * I8, 0.8, 0.9, 1000)
+c = v_long[-1]
+E, F = (torch.nn.functional.one_hot(x, 8).double() for x in (S_new[:-1], S_new[1:]))
+N = E.sum(0).clamp(min=1)
+A, b = I8 - 0.9 * (E.T @ F) / N[:, None], (R_new @ E) / N       # empirical Bellman equations, states never left get v = 0 ...
+last = int(S_new[-1])
+A[last], b[last] = I8[last], c                                   # ... except S_n, pinned to the value the iteration reached
+test_close(v_long, torch.linalg.solve(A, b)[S_new], eps=1e-12)
+assert c.abs() > 1
+c.item()
+
+# %% [markdown]
+# ## Learning a Boyan chain in kernel space
+#
+# Putting it together: one 1000-transition trajectory of a 10-state Boyan chain with one-hot
+# features, scores $40\,\mathbf 1[x = y]$ (tabular to round-off), $\alpha = 1$ and $\gamma = 0.9$.
+# The iterate has 1001 entries, one per trajectory state; every entry of state $x$ carries the same
+# value, plotted against the true $v_\pi(x)$. With $\alpha = 1$ the update at the tabular limit is
+# value iteration on the empirical MRP, $v \leftarrow \hat r + \gamma \hat P v$, so the iterates
+# approach the certainty-equivalence value at rate $\gamma$ per iteration; that value differs from
+# $v_\pi$ only through sampling error.
+
+# %%
+t0 = time.time()
+boyan = random_boyan_chain(n_states=10, features="onehot", seed=0)
+S, R = sample_trajectory(boyan, 1000, seed=0)
+assert (S[:-1] == S[-1]).any()
+V = weighted_softmax_td(boyan.phi[S], R, 40 * torch.eye(10, dtype=torch.float64), 1.0, boyan.gamma, 150, return_all=True)
+first = torch.tensor([int(torch.nonzero(S == x)[0]) for x in range(10)])
+per_state = V[:, first]
+for x in range(10): test_close(V[:, S == x], per_state[:, x:x + 1].expand(-1, int((S == x).sum())), eps=1e-12)
+ce = certainty_equivalence(S, R, 10, boyan.gamma)
+errs = (per_state - ce).abs().max(1).values
+assert (errs[1:] <= boyan.gamma * errs[:-1] + 1e-12).all()
+test_close(per_state[-1], ce, eps=1e-6)
+print(f"MSVE: zero estimate {msve(boyan, torch.zeros(10)):.3f}, after 150 iterations {msve(boyan, per_state[-1]):.4f}, "
+      f"certainty equivalence {msve(boyan, ce):.4f}; {time.time() - t0:.2f}s")
+
+# %%
+fig, ax = plt.subplots(figsize=(8, 4.2))
+for x in range(10):
+    c = plt.cm.tab10(x)
+    ax.plot(per_state[:, x], color=c, lw=1.3, label=f"state {x}")
+    ax.axhline(boyan.v_pi[x], color=c, ls="--", lw=0.9)
+ax.set(xlabel="iteration $t$ (= layer)", ylabel="value estimate $v_t(x)$ (return units)",
+       title=r"Weighted softmax TD on one Boyan chain: $v_t$ (solid) against $v_\pi$ (dashed), $n = 1000$")
+ax.legend(fontsize=7, ncol=2, loc="lower right");
+
+# %% [markdown]
+# The curves rise geometrically and settle on the dashed true values up to the context's sampling
+# error (the MSVE line above). Everything here ran on 1001 numbers, the values at the trajectory
+# states; the chain's transition matrix was never formed. The next chapters build the prompt that
+# holds these numbers and the softmax Transformer layer whose forward pass is exactly this
+# iteration.
+
+# %%
+#| hide
+import nbdev; nbdev.nbdev_export()
