@@ -13,11 +13,16 @@ setup: $(STAMP)
 
 # torch 2.13.0 first: on the project's machines that release is a CPU build on local disk; a bare
 # `torch` requirement would pull a multi-GB CUDA build.
-$(STAMP): settings.ini setup.py
+# The site needs KaTeX from the npm registry (package-lock.json) and the browser test needs Debian's
+# chromium, installed with apt-get when we are root (elsewhere the test says how and is skipped).
+$(STAMP): settings.ini setup.py package.json package-lock.json
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -e ".[dev]"
+	if command -v npm >/dev/null; then npm ci --no-audit --no-fund --loglevel=error; else echo "npm not found: install Node.js to build the site (KaTeX)"; fi
+	if [ ! -x /usr/bin/chromium ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  apt-get update -q && apt-get install -y -q chromium; fi
 	touch $@
 
 # Execute every chapter in place so that each output and figure in the book comes from the code.
@@ -29,6 +34,8 @@ execute: setup
 
 docs: execute site
 
+# The website: nbdev_docs where Quarto is installed, else nbdev's processing + smalldocs (seconds),
+# from the outputs saved in the notebooks; also writes README.md and nbs/sidebar.yml.
 site: setup
 	$(BIN)/python tools/build_site.py
 
@@ -37,7 +44,7 @@ sync: setup
 	$(BIN)/jupytext --sync nbs/[0-9]*.ipynb
 
 test: setup
-	$(BIN)/python -m pytest -n auto
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n auto
 
 bench: setup
 	$(BIN)/python bench/bench_forward.py

@@ -1,9 +1,20 @@
 """Write README.md from nbs/index.ipynb without Quarto: markdown cells as they are, code cells and
-their text outputs as fenced blocks, `#| hide` cells left out (what `nbdev_readme` does with Quarto)."""
+their text outputs as fenced blocks, `#| hide` cells left out (what `nbdev_readme` does with Quarto).
+Links to the book's pages (`boyan.html`) point at their notebooks (`nbs/00_boyan.ipynb`), which
+GitHub renders, so that the README's links work in the repository as well as on the site."""
+import re
 from pathlib import Path
 from execnb.nbio import read_nb
 
 ROOT = Path(__file__).resolve().parents[1]
+
+def page_links(nbs=ROOT / 'nbs'):
+    "The page nbdev makes of each chapter, mapped to its notebook: `boyan.html` -> `nbs/00_boyan.ipynb`."
+    return {re.sub(r'^\d+_', '', p.stem) + '.html': f'nbs/{p.name}' for p in sorted(nbs.glob('[0-9]*.ipynb'))}
+
+def relink(md, links):
+    "Point Markdown links `](page.html...)` at the notebooks."
+    return re.sub(r'\]\(([\w-]+\.html)(#[^)]*)?\)', lambda m: f'](' + links.get(m.group(1), m.group(1)) + (m.group(2) or '') + ')', md)
 
 def cell_md(cell):
     src = cell.source.strip()
@@ -15,7 +26,8 @@ def cell_md(cell):
     return '\n\n'.join([f'```python\n{code}\n```'] + [f'```\n{o.rstrip()}\n```' for o in outs if o.strip()])
 
 def readme(nb_path=ROOT / 'nbs' / 'index.ipynb'):
-    return '\n\n'.join(filter(None, map(cell_md, read_nb(nb_path).cells))) + '\n'
+    md = '\n\n'.join(filter(None, map(cell_md, read_nb(nb_path).cells))) + '\n'
+    return relink(md, page_links(nb_path.parent))
 
 if __name__ == '__main__':
     (ROOT / 'README.md').write_text(readme())

@@ -1,0 +1,207 @@
+"""Build the book's website into `_docs/` (or `--out DIR`), with or without Quarto.
+
+Where Quarto is installed this is `nbdev_docs`. Elsewhere it runs nbdev's own notebook processing
+(as `nbdev.serve.proc_nbs` does, into `_proc/`) and renders the result with smalldocs, then makes the site
+work offline: KaTeX from the npm package in `node_modules/` instead of a CDN, links to the published
+site made relative, the search index readable from `file://`. Pages are named as nbdev links them
+(`00_boyan.ipynb` -> `boyan.html`). It also regenerates `README.md` from `nbs/index.ipynb` and
+`nbs/sidebar.yml` from the notebooks present (index first, then the chapters in order).
+Usage: python tools/build_site.py [--out DIR] [--quiet]
+"""
+import argparse, json, os, re, shutil, subprocess, sys, tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / 'tools'))
+KATEX_CDN = 'https://cdn.jsdelivr.net/npm/katex@0.16.11/dist'
+KATEX_DIST = ROOT / 'node_modules' / 'katex' / 'dist'
+# What smalldocs says about Quarto options it does not need here: nothing to act on.
+EXPECTED = ('format commonmark is not built', 'keep-md is ignored', 'output-file is not read', 'html-math-method is ignored')
+
+
+def say(msg, quiet=False):
+    if not quiet: print(msg, flush=True)
+
+
+def notebooks(nbs=ROOT / 'nbs'):
+    "The book's notebooks in order: `index.ipynb`, then the chapters `NN_name.ipynb` sorted by number."
+    chapters = sorted(p.name for p in nbs.glob('[0-9]*.ipynb'))
+    return (['index.ipynb'] if (nbs / 'index.ipynb').exists() else []) + chapters
+
+
+def sidebar_yml(names):
+    "Quarto's `website.sidebar.contents` listing `names` in order, as `nbdev_sidebar` writes it."
+    return 'website:\n  sidebar:\n    contents:\n' + ''.join(f'      - {n}\n' for n in names)
+
+
+def write_sidebar(nbs=ROOT / 'nbs'):
+    "Write `nbs/sidebar.yml` for the notebooks present, if it changed."
+    text = sidebar_yml(notebooks(nbs))
+    f = nbs / 'sidebar.yml'
+    if not f.exists() or f.read_text() != text: f.write_text(text)
+
+
+def site_url():
+    "The published site's address, from settings.ini, ending with `/`."
+    from nbdev.config import get_config
+    cfg = get_config(path=ROOT)
+    return cfg.doc_host.rstrip('/') + '/' + cfg.doc_baseurl.strip('/') + '/'
+
+
+def front_matter(nb):
+    "The YAML front matter nbdev's processing puts in a notebook's first raw cell."
+    import yaml
+    c = nb['cells'][0] if nb['cells'] else {}
+    if c.get('cell_type') != 'raw': return {}
+    m = re.match(r'\s*---\n(.*?)\n---', ''.join(c['source']), re.S)
+    return (yaml.safe_load(m.group(1)) or {}) if m else {}
+
+
+def rewrite(text, renames, base):
+    "Point links at the names pages get: `00_boyan.ipynb` -> `boyan.ipynb`, `<site-url>/boyan.html` -> `boyan.html`."
+    text = re.sub(re.escape(base) + r'(?=[\w.-]+\.html)', '', text)
+    return re.sub(r'(?<![\w/.-])(' + '|'.join(map(re.escape, renames)) + r')(?=[#)"\'\s]|$)',
+                  lambda m: renames[m.group(1)], text, flags=re.M) if renames else text
+
+
+def rewrite_cell(cell, renames, base):
+    "Rewrite the links in a cell's source and in its text and Markdown outputs."
+    fix = lambda s: rewrite(''.join(s) if isinstance(s, list) else s, renames, base)
+    cell['source'] = fix(cell['source'])
+    for o in cell.get('outputs', []):
+        if 'text' in o: o['text'] = fix(o['text'])
+        for k in ('text/markdown', 'text/html'):
+            if k in o.get('data', {}): o['data'][k] = fix(o['data'][k])
+
+
+FOLD = '#| code-fold: true\n#| code-summary: "Code for the figure"\n'
+
+
+def fold_plotting(cell):
+    "Fold the code of a cell that draws a figure (plumbing for a reader), unless the cell sets `code-fold` itself."
+    if cell['cell_type'] != 'code' or 'code-fold' in cell['source']: return
+    if any('image/png' in o.get('data', {}) or 'image/svg+xml' in o.get('data', {}) for o in cell.get('outputs', [])):
+        cell['source'] = FOLD + cell['source']
+
+
+def rename_pages(proc, base):
+    "Rename processed notebooks to the page names nbdev links (`output-file`), and rewrite the links to them."
+    renames = {}
+    for f in sorted(proc.glob('*.ipynb')):
+        out = front_matter(json.loads(f.read_text())).get('output-file')
+        if out and Path(out).stem != f.stem: renames[f.name] = Path(out).stem + '.ipynb'
+    for f in sorted(proc.glob('*.ipynb')):
+        nb = json.loads(f.read_text())
+        for c in nb['cells']:
+            rewrite_cell(c, renames, base)
+            fold_plotting(c)
+        (proc / renames.get(f.name, f.name)).write_text(json.dumps(nb))
+        if f.name in renames: f.unlink()
+    (proc / 'sidebar.yml').write_text(sidebar_yml([renames.get(n, n) for n in notebooks()]))
+    return renames
+
+
+SEARCH_SHIM = """// The search index, inlined so that search works from file:// where fetch() cannot read files.
+(() => {
+  const index = %s;
+  const fetch0 = window.fetch ? window.fetch.bind(window) : null;
+  window.fetch = (url, opts) => String(url).endsWith('search.json')
+    ? Promise.resolve(new Response(JSON.stringify(index), {headers: {'Content-Type': 'application/json'}}))
+    : fetch0(url, opts);
+})();
+"""
+
+
+HEADING = re.compile(r'<h([1-6])[^>]*data-anchor-id="([^"]+)"[^>]*>(.*?)</h\1>', re.S)
+TOC_LINK = re.compile(r'(<a href="#([^"]+)" id="toc-[^"]*"[^>]*>).*?</a>', re.S)
+
+
+def toc_maths(html):
+    "Give the table of contents the headings' maths (smalldocs writes their TeX as plain text there)."
+    heads = {h: inner for _, h, inner in HEADING.findall(html) if 'class="math' in inner}
+    return TOC_LINK.sub(lambda m: m.group(1) + heads[m.group(2)] + '</a>' if m.group(2) in heads else m.group(0), html) if heads else html
+
+
+def offline(site):
+    "Vendor KaTeX into `site_libs/katex`, inline the search index, and point every page at them."
+    if not KATEX_DIST.exists():
+        if not shutil.which('npm'): raise SystemExit(f'{KATEX_DIST} is missing and npm is not installed: run `npm ci` (package.json)')
+        subprocess.run(['npm', 'ci', '--no-audit', '--no-fund'], cwd=ROOT, check=True, capture_output=True)
+    libs = site / 'site_libs'
+    kx = libs / 'katex'
+    kx.mkdir(parents=True, exist_ok=True)
+    for f in ('katex.min.css', 'katex.min.js'): shutil.copy(KATEX_DIST / f, kx / f)
+    (kx / 'contrib').mkdir(exist_ok=True)
+    shutil.copy(KATEX_DIST / 'contrib' / 'auto-render.min.js', kx / 'contrib')
+    shutil.copytree(KATEX_DIST / 'fonts', kx / 'fonts', dirs_exist_ok=True)
+    shutil.copy(ROOT / 'node_modules' / 'katex' / 'LICENSE', kx / 'LICENSE')
+    for css in libs.rglob('*.css'):  # the theme's web fonts: the page falls back on the system's fonts
+        css.write_text(re.sub(r'@import url\(["\']?https?://[^)]*\);?', '', css.read_text()))
+    (libs / 'search-index.js').write_text(SEARCH_SHIM % (site / 'search.json').read_text())
+    for page in site.rglob('*.html'):
+        up = '../' * (len(page.relative_to(site).parts) - 1)
+        html = toc_maths(page.read_text()).replace(KATEX_CDN, f'{up}site_libs/katex')
+        html = html.replace(f'<script src="{up}site_libs/smalldocs.js"',
+                            f'<script src="{up}site_libs/search-index.js"></script>\n<script src="{up}site_libs/smalldocs.js"', 1)
+        page.write_text(html)
+
+
+def process(nbs, proc):
+    """nbdev's processing for the docs (what `nbdev.serve.proc_nbs` does, one file at a time): notebooks through
+    `FilterDefaults` (show_doc run, directives applied, front matter from the title), other files copied."""
+    import nbdev.serve_drv
+    from nbdev.processors import FilterDefaults
+    shutil.rmtree(proc, ignore_errors=True)
+    proc.mkdir(parents=True)
+    in_test = os.environ.get('IN_TEST')  # serve_drv sets and then deletes it
+    try:
+        for f in sorted(nbs.iterdir()):
+            if f.name.startswith(('.', '_')) and f.name != '_quarto.yml' or not f.is_file(): continue  # scratch notebooks too
+            if f.suffix == '.ipynb': nbdev.serve_drv.main((f, proc / f.name, FilterDefaults))
+            else: shutil.copy(f, proc / f.name)  # _quarto.yml: the file the symlink points at
+    finally:
+        if in_test is not None: os.environ['IN_TEST'] = in_test
+
+
+def build_smalldocs(out, quiet=False):
+    "Process the notebooks as nbdev does, render them with smalldocs, and move the site to `out`."
+    from fastcore.xtras import working_directory
+    from nbdev.quarto import refresh_quarto_yml
+    from smalldocs.site import build
+    out = Path(out).resolve()
+    # `_proc/` as nbdev_docs uses it for the book; a scratch folder for any other build (the test's)
+    proc = ROOT / '_proc' if out == (ROOT / '_docs').resolve() else Path(tempfile.mkdtemp(prefix='ictd-proc-'))
+    with working_directory(ROOT):
+        refresh_quarto_yml()  # nbdev.yml from settings.ini, as nbdev_docs does
+        process(ROOT / 'nbs', proc)
+        rename_pages(proc, site_url())
+    site = build(proc, quiet=True)
+    for w in site.warnings:
+        if not any(e in w for e in EXPECTED): print(f'warning: {w}', file=sys.stderr)
+    offline(proc / '_docs')
+    shutil.rmtree(out, ignore_errors=True)
+    shutil.move(proc / '_docs', out)
+    if proc != ROOT / '_proc': shutil.rmtree(proc, ignore_errors=True)
+    return out
+
+
+def main(out=ROOT / '_docs', quiet=False, repo_files=True):
+    "Build the site into `out`; with `repo_files`, also write README.md and nbs/sidebar.yml (the test builds without)."
+    if repo_files:
+        import make_readme
+        (ROOT / 'README.md').write_text(make_readme.readme())
+        write_sidebar()
+    if shutil.which('quarto') and Path(out).resolve() == (ROOT / '_docs').resolve():
+        subprocess.run([str(Path(sys.executable).parent / 'nbdev_docs')], cwd=ROOT, check=True)
+    else:
+        out = build_smalldocs(out, quiet)
+    say(f'site: {Path(out) / "index.html"}', quiet)
+    return Path(out)
+
+
+if __name__ == '__main__':
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument('--out', default=str(ROOT / '_docs'), help='where to write the site (default _docs)')
+    ap.add_argument('--quiet', action='store_true', help='print only warnings')
+    a = ap.parse_args()
+    main(Path(a.out), a.quiet)
