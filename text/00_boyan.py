@@ -275,7 +275,7 @@ for msg, kw in {"`n_states` must be an integer >= 2": dict(n_states=1),
 # %% [markdown]
 # Here is one chain. Arrows above the line are the single steps $i \to i+1$, arrows below the
 # double steps $i \to i+2$, each labelled with its probability; the last state's row, which sends
-# it anywhere, is the bottom row of the transition matrix on the right.
+# it anywhere, is the bottom row of the transition matrix below.
 
 # %%
 #| export
@@ -285,33 +285,34 @@ def plot_chain(mrp:MRP,       # the chain to draw
     "Draw a Boyan chain: states on a line, +1 jumps above and +2 jumps below, labelled with probabilities."
     import matplotlib.pyplot as plt
     from matplotlib.patches import FancyArrowPatch
-    if ax is None: _, ax = plt.subplots(figsize=(10, 3))
+    if ax is None: _, ax = plt.subplots(figsize=(8, 2.6))
     P, s = mrp.P.cpu().numpy(), mrp.n_states
     for i in range(s):
         ax.add_patch(plt.Circle((i, 0), 0.28, fc="white", ec="k", zorder=3))
         ax.text(i, 0, str(i), ha="center", va="center", zorder=4)
     for i in range(s - 1):
-        for j, rad, dy in ((i + 1, -0.6, 0.38), (i + 2, 0.45, -0.62)):
+        for j, rad, dy in ((i + 1, -0.8, 0.62), (i + 2, 0.45, -0.66)):
             if j >= s or P[i, j] == 0: continue
             ax.add_patch(FancyArrowPatch((i + 0.2, 0.2 * np.sign(dy)), (j - 0.2, 0.2 * np.sign(dy)),
                          connectionstyle=f"arc3,rad={rad}", arrowstyle="-|>", mutation_scale=12,
                          color="C0" if j == i + 1 else "C1"))
-            ax.text((i + j) / 2, dy, f"{P[i, j]:.2f}", ha="center", va="center", fontsize=8,
+            ax.text((i + j) / 2, dy, f"{P[i, j]:.2f}", ha="center", va="center", fontsize=9,
                     color="C0" if j == i + 1 else "C1")
     ax.plot([], [], color="C0", label="step +1"); ax.plot([], [], color="C1", label="step +2")
-    ax.set(xlim=(-0.6, s - 0.4), ylim=(-1.1, 0.9), aspect="equal", title="Transitions of one random Boyan chain")
-    ax.axis("off"); ax.legend(loc="upper right", fontsize=8, ncol=2)
+    ax.set(xlim=(-0.6, s - 0.4), ylim=(-1.0, 0.95), aspect="equal", title="Transitions of one random Boyan chain")
+    ax.axis("off"); ax.legend(loc="upper center", bbox_to_anchor=(0.5, 0.04), fontsize=9, ncol=2, frameon=False)
     return ax
 
 
 # %%
-fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(12, 3.6), gridspec_kw=dict(width_ratios=[2.4, 1]))
-plot_chain(mrp, ax0)
-im = ax1.imshow(mrp.P.numpy(), cmap="Blues", vmin=0, vmax=1)
-ax1.set(title="Transition matrix $P$", xlabel="next state $y$", ylabel="state $x$", xticks=range(10), yticks=range(10))
-fig.colorbar(im, ax=ax1, label="$P(x, y)$", fraction=0.046)
-test_fig_exists(ax0)
-plt.tight_layout()
+ax = plot_chain(mrp)
+test_fig_exists(ax)
+
+# %%
+fig, ax = plt.subplots(figsize=(5, 4))
+im = ax.imshow(mrp.P.numpy(), cmap="Blues", vmin=0, vmax=1)
+ax.set(title="Transition matrix $P$ of the same chain", xlabel="next state $y$", ylabel="state $x$", xticks=range(10), yticks=range(10))
+fig.colorbar(im, ax=ax, label="$P(x, y)$");
 
 # %% [markdown]
 # ## True values and the stationary distribution
