@@ -1,0 +1,224 @@
+# %%
+#| default_exp prompt
+
+# %%
+#| export
+from __future__ import annotations
+import torch
+from ictd.boyan import as_tensor
+
+# %%
+#| hide
+from fastcore.test import *
+from nbdev.showdoc import *
+
+# %%
+#| hide
+import matplotlib.pyplot as plt
+import numpy as np
+from ictd.boyan import random_boyan_chain, sample_trajectory
+
+
+# %% [markdown]
+# # The prompt
+# > How a trajectory and the states to evaluate become one matrix of tokens: features, reward and a value-memory slot per column.
+
+# %% [markdown]
+# A Transformer reads a matrix: one column per token, one row per embedding coordinate. To make it
+# evaluate a policy in context we must write the context trajectory
+# $S_0, R_1, S_1, \dots, R_n, S_n$ and the states we want values for into such a matrix. The paper
+# says what goes in (the features of the states, the rewards, and memory slots in which the layers
+# write their value estimates); the exact layout below is **the project's own choice**, made so that
+# the constructions of the next two chapters are exact. It is the layout of theory.md section 3.
+#
+# The prompt $Z_0$ has $d + 2$ rows and $n + 1 + q$ columns:
+#
+# | column $j$ | rows $0..d-1$ (features) | row $d$ (reward) | row $d+1$ (value memory) |
+# |---|---|---|---|
+# | $0 \le j < n$: transition $j+1$ | $\phi(S_j)$ | $R_{j+1}$ | $v_0(S_j) = 0$ |
+# | $j = n$: the last state | $\phi(S_n)$ | $0$ | $0$ |
+# | $n < j \le n + q$: query $j - n$ | $\phi(s_{q})$ | $0$ | $0$ |
+#
+# Column $j < n$ is the token of transition $j+1 = (S_j, R_{j+1}, S_{j+1})$, but it holds only the
+# first state and the reward: the successor state $S_{j+1}$ is the *next* column. This is why the
+# last state $S_n$, which starts no transition, still needs a column of its own: it is the successor
+# of the $n$-th transition. The $q$ query columns hold the states whose values we want; one query
+# column is the usual case, and several let one forward pass evaluate many states (every state of
+# a chain, say). The last row starts at zero everywhere: it is the memory in which the layers
+# accumulate their value estimates, and the readout of the model is that row at the query columns.
+#
+# The layout fixes which columns are *keys*: only the $n$ context columns carry a transition, so
+# only they are attended to. The last-state and query columns are read from (they are queries of the
+# attention) but never attended to, which the models implement with a $-\infty$ mask. A consequence
+# that the tests of the next chapter check: appending or removing query columns changes nothing in
+# the other columns.
+
+# %% [markdown]
+# ## Building the prompt
+#
+# `build_prompt` takes features rather than state indices, so that any feature map works: the
+# reader computes `mrp.phi[states]`. Inputs may carry leading batch dimensions (many contexts at
+# once), which broadcast against each other: one set of query features can serve a whole batch of
+# contexts. The query features are read by their number of dimensions: one dimension fewer than
+# `phi_states` means one query per prompt, shape (..., d); otherwise they are (..., q, d). So to
+# share q queries across a batch of shape (B,), pass them as (1, q, d), not (q, d).
+
+# %%
+#| export
+def _check_features(x:torch.Tensor, name:str, min_rows:int=0)->None:
+    if x.ndim < 2 or x.shape[-2] < min_rows or x.shape[-1] < 1:
+        raise ValueError(f"`{name}` must have shape (..., {'n + 1' if min_rows else 'q'}, d) with d >= 1"
+                         f"{' and n >= 1' if min_rows else ''}, got {tuple(x.shape)}")
+
+
+# %%
+#| export
+def build_prompt(phi_states,        # (..., n + 1, d) features of S_0..S_n (n >= 1 transitions)
+                 rewards,           # (..., n) rewards, rewards[k-1] = R_k
+                 phi_queries=None,  # (..., q, d) query features, or (..., d) for one query per prompt; None: no query column
+                )->torch.Tensor:    # (..., d + 2, n + 1 + q) prompt Z_0: features, reward and value-memory rows
+    "Write a trajectory and query states into the prompt matrix $Z_0$ of theory.md section 3."
+    phi_states = as_tensor(phi_states, "phi_states")
+    rewards = as_tensor(rewards, "rewards", device=phi_states.device)
+    _check_features(phi_states, "phi_states", min_rows=2)
+    n, d = phi_states.shape[-2] - 1, phi_states.shape[-1]
+    if rewards.ndim < 1 or rewards.shape[-1] != n:
+        raise ValueError(f"`rewards` must have shape (..., n) with n = {n} (one fewer than the states of `phi_states`), got {tuple(rewards.shape)}")
+    if phi_queries is None: phi_queries = phi_states.new_zeros(phi_states.shape[:-2] + (0, d))
+    phi_queries = as_tensor(phi_queries, "phi_queries", device=phi_states.device)
+    if phi_queries.ndim == phi_states.ndim - 1: phi_queries = phi_queries.unsqueeze(-2)
+    _check_features(phi_queries, "phi_queries")
+    if phi_queries.shape[-1] != d: raise ValueError(f"`phi_queries` must have last dimension d = {d} like `phi_states`, got {tuple(phi_queries.shape)}")
+    dtype = torch.promote_types(torch.promote_types(phi_states.dtype, rewards.dtype), phi_queries.dtype)
+    try: batch = torch.broadcast_shapes(phi_states.shape[:-2], rewards.shape[:-1], phi_queries.shape[:-2])
+    except RuntimeError as e: raise ValueError(f"batch dimensions of `phi_states` {tuple(phi_states.shape[:-2])}, `rewards` {tuple(rewards.shape[:-1])} and `phi_queries` {tuple(phi_queries.shape[:-2])} do not broadcast") from e
+    q = phi_queries.shape[-2]
+    Z = phi_states.new_zeros(batch + (d + 2, n + 1 + q), dtype=dtype)
+    Z[..., :d, :n + 1] = phi_states.transpose(-1, -2)
+    Z[..., :d, n + 1:] = phi_queries.transpose(-1, -2)
+    Z[..., d, :n] = rewards
+    return Z
+
+
+# %%
+show_doc(build_prompt)
+
+# %% [markdown]
+# A hand-sized example: $d = 2$, three transitions, two queries. Reading the matrix column by column
+# gives the trajectory back; the reward row is zero from column $n$ on, and the value row is zero.
+
+# %%
+phi = torch.tensor([[1., 0.], [0., 1.], [1., 1.], [2., 0.]], dtype=torch.float64)  # S_0..S_3
+R = torch.tensor([0.5, -1., 2.], dtype=torch.float64)                               # R_1..R_3
+Z = build_prompt(phi, R, torch.tensor([[3., 3.], [0., -1.]], dtype=torch.float64))
+test_eq(Z, torch.tensor([[1., 0., 1., 2., 3., 0.],
+                         [0., 1., 1., 0., 3., -1.],
+                         [.5, -1., 2., 0., 0., 0.],
+                         [0., 0., 0., 0., 0., 0.]], dtype=torch.float64))
+Z
+
+# %% [markdown]
+# A single query may be given as a vector, no query at all as `None`, and numpy input becomes a
+# float64 tensor while float32 stays float32:
+
+# %%
+test_eq(build_prompt(phi, R, torch.tensor([3., 3.], dtype=torch.float64)), Z[:, :5])
+test_eq(build_prompt(phi, R), Z[:, :4])
+test_eq(build_prompt(phi.numpy(), R.numpy(), [3., 3.]).dtype, torch.float64)
+test_eq(build_prompt(phi.float(), R.float(), torch.ones(2)).dtype, torch.float32)
+
+# %% [markdown]
+# On a sampled Boyan-chain trajectory, with every state of the chain as a query, the blocks land
+# where the table says:
+
+# %%
+mrp = random_boyan_chain(seed=0)
+states, rewards = sample_trajectory(mrp, 30, seed=0)
+Z = build_prompt(mrp.phi[states], rewards, mrp.phi)
+n, d, s = 30, mrp.d, mrp.n_states
+test_eq(Z.shape, (d + 2, n + 1 + s))
+test_eq(Z[:d, :n + 1], mrp.phi[states].T)
+test_eq(Z[:d, n + 1:], mrp.phi.T)
+test_eq(Z[d, :n], rewards)
+test_eq(Z[d, n:], torch.zeros(s + 1, dtype=torch.float64))
+test_eq(Z[d + 1], torch.zeros(n + 1 + s, dtype=torch.float64))
+
+# %% [markdown]
+# Batches: leading dimensions broadcast, so a batch of contexts can share one set of queries, and
+# each prompt of a batch is the prompt of its own context.
+
+# %%
+trajs = [sample_trajectory(mrp, n, seed=k) for k in range(5)]
+phis = torch.stack([mrp.phi[st] for st, _ in trajs]).reshape(5, 1, n + 1, d).expand(5, 3, n + 1, d)
+rews = torch.stack([r for _, r in trajs]).reshape(5, 1, n).expand(5, 3, n)
+Zb = build_prompt(phis, rews, mrp.phi[:2])
+test_eq(Zb.shape, (5, 3, d + 2, n + 3))
+for k, (st, r) in enumerate(trajs): test_eq(Zb[k, 2], build_prompt(mrp.phi[st], r, mrp.phi[:2]))
+one_each = build_prompt(phis[:, 0], rews[:, 0], mrp.phi[:5])   # (5, d): query k for context k
+test_eq(one_each.shape, (5, d + 2, n + 2))
+for k in range(5): test_eq(one_each[k, :d, -1], mrp.phi[k])
+
+# %% [markdown]
+# Malformed input fails with the argument's name and what was expected:
+
+# %%
+bad = {"`phi_states` must have shape (..., n + 1, d)": (phi[:1], R[:0], None),
+       "`rewards` must have shape (..., n) with n = 3": (phi, R[:2], None),
+       "`phi_queries` must have last dimension d = 2": (phi, R, torch.ones(3, dtype=torch.float64)),
+       "`rewards` contains NaN or inf": (phi, torch.tensor([0., float("nan"), 1.]), None),
+       "do not broadcast": (phi.expand(2, 4, 2), R.expand(3, 3), None),
+       "`phi_states` must be numeric": ("abc", R, None)}
+for msg, args in bad.items(): test_fail(lambda: build_prompt(*args), contains=msg)
+
+
+# %% [markdown]
+# ## What the prompt looks like
+#
+# The heat map below is the prompt of a short trajectory ($n = 12$ transitions, $d = 4$ random
+# features) with three query states. The three row blocks are the features, the reward and the
+# value memory; the three column blocks are the context (keys and queries of the attention), the
+# last state and the query states (queries only).
+
+# %%
+#| export
+def plot_prompt(Z:torch.Tensor,   # (d + 2, n + 1 + q) prompt
+                n:int,            # number of context transitions
+                ax=None,          # matplotlib axes; default: a new figure
+                title="The prompt $Z_0$",  # axes title
+               ):
+    "Heat map of a prompt with its row blocks (features, reward, value memory) and column blocks labelled."
+    import matplotlib.pyplot as plt
+    Z = as_tensor(Z, "Z").detach().cpu()
+    if Z.ndim != 2: raise ValueError(f"`Z` must be one prompt of shape (d + 2, n + 1 + q), got {tuple(Z.shape)}")
+    D, N = Z.shape
+    if ax is None: _, ax = plt.subplots(figsize=(max(6, 0.32 * N + 2), 0.45 * D + 2))
+    lim = float(Z.abs().max()) or 1.
+    im = ax.imshow(Z.numpy(), cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto")
+    ax.figure.colorbar(im, ax=ax, label="entry value", fraction=0.03)
+    ax.set_yticks(range(D), [rf"$\phi_{i}$" for i in range(D - 2)] + ["reward", "value memory"])
+    ax.set_xticks(range(N), [str(j) for j in range(N)], fontsize=7)
+    for x in (n - 0.5, n + 0.5): ax.axvline(x, color="k", lw=1.5)
+    for y in (D - 2.5, D - 1.5): ax.axhline(y, color="k", lw=1, ls="--")
+    top = ax.secondary_xaxis("top")
+    top.set_xticks([(n - 1) / 2, n, (n + N) / 2], ["context\n(transitions $1..n$)", "last\nstate", "queries"], fontsize=9)
+    top.tick_params(length=0)
+    ax.set_xlabel("token (column) $j$")
+    ax.set_title(title)
+    return ax
+
+
+# %%
+small = random_boyan_chain(seed=3)
+st, rw = sample_trajectory(small, 12, seed=3)
+Zs = build_prompt(small.phi[st], rw, small.phi[[0, 4, 9]])
+ax = plot_prompt(Zs, 12, title="Prompt of a 12-transition Boyan-chain context with queries $s = 0, 4, 9$")
+test_fig_exists(ax)
+test_fail(lambda: plot_prompt(Zb, n), contains="`Z` must be one prompt")
+
+# %% [markdown]
+# The reward row ends at column $n - 1$: the last state and the queries have no reward, and the
+# value-memory row is blank. The next chapter builds the layer that fills that row.
+
+# %%
+#| hide
+import nbdev; nbdev.nbdev_export()
