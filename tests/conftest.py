@@ -12,6 +12,7 @@ def chapters():
 def run(*args, cwd=ROOT, **kw):
     "Run a command from the venv, failing the test with its output on a non-zero exit."
     cmd = [str(BIN / args[0]) if (BIN / args[0]).exists() else args[0], *map(str, args[1:])]
-    res = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, **kw)
+    env = {k: v for k, v in os.environ.items() if k != 'IN_TEST'}  # nbdev commands do nothing under IN_TEST
+    res = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=env, **kw)
     assert res.returncode == 0, f"{' '.join(cmd)} failed:\n{res.stdout}\n{res.stderr}"
     return res

@@ -25,7 +25,7 @@ from ictd.wstd import weighted_softmax_td, context_weights, certainty_equivalenc
 
 # %% [markdown]
 # # Convergence in depth and context length
-# > The population attention matrix, the kernel-diagonality contraction condition, and the two terms of the error of an $L$-layer softmax Transformer: a depth term that decays geometrically and a statistical floor that falls like $1/\sqrt n$.
+# > The population attention matrix, the kernel-diagonality contraction condition, and the two terms of the error of an $L$-layer softmax Transformer: a depth term that decays geometrically and a statistical floor that falls like $n^{-1/2}$.
 
 # %% [markdown]
 # The earlier chapters showed that a softmax Transformer with the constructed parameters runs
