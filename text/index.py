@@ -48,10 +48,10 @@ from ictd.boyan import *
 #    temporally shifted prompt.
 # 5. [Convergence](convergence.html): geometric decay in depth, a statistical floor in context
 #    length, and the kernel-diagonality condition.
+# 6. [Pretraining and emergence](pretrain.html): TD pretraining, the norm of the expected update, why
+#    the constructed parameters minimise it in the limit, and what training finds.
 # 7. [Linear attention, side by side](linear.html): the prior linear-attention construction
 #    (batch linear TD), checked, and compared with the softmax construction.
-#
-# Still to come: chapter 6, the emergence of these parameters under TD pretraining (NEU).
 
 # %% [markdown]
 # ## Install and use
