@@ -479,34 +479,38 @@ h["value_weights"][-1], h["diagonality"][-1], h["msve"].flatten()[[0, -1]]
 
 
 # %%
-def plot_emergence(h, gamma, n, title):
+#| export
+def plot_emergence(result:PretrainResult,  # a finished run
+                   title:str=None,         # figure title; default: the run's main settings
+                  ):                       # the matplotlib figure
+    "The four panels of the emergence experiment: last layer's value weights and their ratio, diagonality, MSVE and NEU."
+    import matplotlib.pyplot as plt
+    h, c = result.history, result.config
     fig, axs = plt.subplots(2, 2, figsize=(8, 6.4), sharex=True)
-    steps = h["step"].flatten().numpy()
-    L = h["value_weights"].shape[1]
-    names = ("reward", "successor value", "current value")
-    for j, name in enumerate(names): axs[0, 0].plot(steps, h["value_weights"][:, L - 1, j], label=name)
+    steps, vw = h["step"].flatten().numpy(), h["value_weights"]
+    L = vw.shape[1]
+    for j, name in enumerate(("reward", "successor value", "current value")): axs[0, 0].plot(steps, vw[:, L - 1, j], label=name)
     axs[0, 0].axhline(0, color="k", lw=0.5)
     axs[0, 0].set(ylabel="weight", title=f"Value-update weights, last layer ({L})")
-    axs[0, 0].legend(fontsize=8)
-    cur = h["value_weights"][:, L - 1, 2]
-    ratio = torch.where(cur.abs() > 0.05, h["value_weights"][:, L - 1, 1] / cur, torch.nan)
-    axs[0, 1].plot(steps, ratio, "o-", label="successor / current (where |current| > 0.05)")
-    axs[0, 1].axhline(-gamma, color="k", ls="--", label=r"$-\gamma$")
+    cur = vw[:, L - 1, 2]
+    axs[0, 1].plot(steps, torch.where(cur.abs() > 0.05, vw[:, L - 1, 1] / cur, torch.nan), "o-", label="successor / current (where |current| > 0.05)")
+    axs[0, 1].axhline(-c.gamma, color="k", ls="--", label=r"$-\gamma$")
     axs[0, 1].set(ylim=(-3, 1), title="Ratio of the last layer's value weights", ylabel="ratio")
-    axs[0, 1].legend(fontsize=8)
     for l in range(L): axs[1, 0].plot(steps, h["diagonality"][:, l], label=f"layer {l + 1}")
     axs[1, 0].set(xlabel="training step", ylabel="attention share on own state", title="Mean kernel diagonality")
-    axs[1, 0].legend(fontsize=8)
-    axs[1, 1].plot(steps, h["msve"].flatten(), label="MSVE (held-out tasks)")
     est = h["neu"].flatten()
-    axs[1, 1].plot(steps[(est > 0).numpy()], est[est > 0], ".", label=f"NEU, n = {n} (positive estimates)")
+    axs[1, 1].plot(steps, h["msve"].flatten(), label="MSVE (held-out tasks)")
+    axs[1, 1].plot(steps[(est > 0).numpy()], est[est > 0], ".", label=f"NEU, n = {c.n} (positive estimates)")
     axs[1, 1].plot(steps, h["neu_population"].flatten(), label=r"NEU, $n = \infty$")
     axs[1, 1].set(yscale="log", xlabel="training step", title="Value error and NEU")
-    axs[1, 1].legend(fontsize=8)
-    fig.suptitle(title)
+    for ax in axs.flat: ax.legend(fontsize=8)
+    fig.suptitle(title or f"Pretraining: d = {c.d} {c.features} features, n = {c.n}, L = {c.n_layers}, lr = {c.lr:g}, seed {c.seed}")
     fig.tight_layout()
+    return fig
 
-plot_emergence(h, fast.gamma, fast.n, f"Pretraining, d = {fast.d} random features, n = {fast.n}, L = {fast.n_layers}, seed {fast.seed}")
+
+# %%
+plot_emergence(res);
 
 # %% [markdown]
 # What this run shows, measured on held-out tasks and asserted below:
@@ -549,7 +553,7 @@ h["cosine"][-1]
 # %%
 #| slow
 full = [pretrain(PretrainConfig(seed=s), cache_dir="../.cache") for s in range(3)]
-for r in full: plot_emergence(r.history, r.config.gamma, r.config.n, f"Specification settings, seed {r.config.seed}")
+for r in full: plot_emergence(r)
 torch.stack([r.history["value_weights"][-1, -1] for r in full])
 
 # %%

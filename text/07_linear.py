@@ -6,7 +6,8 @@
 from __future__ import annotations
 import torch
 from torch import nn
-from ictd.boyan import as_tensor, check_gamma, msve
+from ictd.boyan import as_tensor, check_gamma, msve, random_boyan_chain, sample_trajectory
+from ictd.wstd import batch_linear_td, weighted_softmax_td
 
 # %%
 #| hide
@@ -16,9 +17,6 @@ from nbdev.showdoc import *
 # %%
 #| hide
 import matplotlib.pyplot as plt
-import numpy as np
-from ictd.boyan import random_boyan_chain, sample_trajectory
-from ictd.wstd import batch_linear_td, weighted_softmax_td
 
 
 # %% [markdown]
@@ -274,31 +272,46 @@ def msve_against_depth(tasks:list,         # MRPs, all with the same number of s
 
 
 # %%
-depth, n_ctx = 60, 200
-def linear_curve(features, alpha=1.):
-    def values(phi_s, R, phi_q, gamma): return batch_linear_td(phi_s, R, alpha, gamma, depth, phi_queries=phi_q, return_all=True)[..., n_ctx + 1:]
-    tasks = [random_boyan_chain(features=features, seed=s) for s in range(100)]
-    return msve_against_depth(tasks, [sample_trajectory(m, n_ctx, seed=s) for s, m in enumerate(tasks)], values)
+#| export
+def side_by_side(n_tasks:int=100,    # random Boyan chains (task b has seed `seed + b`)
+                 n:int=200,          # context length
+                 depth:int=60,       # deepest model
+                 beta:float=20.,     # softmax score scale, W = beta I
+                 alpha:float=1.,     # step size of both constructions
+                 seed:int=0,         # first task seed (the context of task b has seed `seed + b` too)
+                )->dict:             # label -> (n_tasks, depth + 1) MSVE at every depth
+    "MSVE against depth of linear and softmax in-context TD, each on its own kind of features, on the same chains."
+    def linear(phi_s, R, phi_q, gamma): return batch_linear_td(phi_s, R, alpha, gamma, depth, phi_queries=phi_q, return_all=True)[..., n + 1:]
+    def softmax(phi_s, R, phi_q, gamma):
+        W = beta * torch.eye(phi_s.shape[-1], dtype=phi_s.dtype)
+        return weighted_softmax_td(phi_s, R, W, alpha, gamma, depth, phi_queries=phi_q, return_all=True)[..., n + 1:]
+    def curve(features, values_fn):
+        tasks = [random_boyan_chain(features=features, seed=seed + b) for b in range(n_tasks)]
+        return msve_against_depth(tasks, [sample_trajectory(m, n, seed=seed + b) for b, m in enumerate(tasks)], values_fn)
+    return {"linear attention, one-hot features": curve("onehot", linear),
+            "softmax attention, one-hot features": curve("onehot", softmax),
+            "linear attention, 4 random features": curve("random", linear)}
 
-def softmax_curve(features, beta=20., alpha=1.):
-    def values(phi_s, R, phi_q, gamma):
-        return weighted_softmax_td(phi_s, R, beta * torch.eye(phi_s.shape[-1], dtype=phi_s.dtype), alpha, gamma, depth, phi_queries=phi_q, return_all=True)[..., n_ctx + 1:]
-    tasks = [random_boyan_chain(features=features, seed=s) for s in range(100)]
-    return msve_against_depth(tasks, [sample_trajectory(m, n_ctx, seed=s) for s, m in enumerate(tasks)], values)
+def plot_side_by_side(curves:dict,   # the output of `side_by_side`
+                      n:int,         # the context length they were run with
+                     ):              # the matplotlib figure
+    "Median and quartiles of MSVE against depth for each construction."
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    for (label, c), ls in zip(curves.items(), ("-", "-", "--")):
+        med, lo, hi = (c.quantile(q, dim=0).numpy() for q in (0.5, 0.25, 0.75))
+        ax.plot(med, ls, label=label)
+        ax.fill_between(range(c.shape[1]), lo, hi, alpha=0.2)
+    ax.set(yscale="log", xlabel="depth $L$ (layers = TD iterations)", ylabel="MSVE (squared return units)",
+           title=f"Linear vs softmax in-context TD, {c.shape[0]} Boyan chains, $n = {n}$ (median, quartiles)")
+    ax.legend()
+    return fig
 
-curves = {"linear attention, one-hot features": linear_curve("onehot"),
-          "softmax attention, one-hot features": softmax_curve("onehot"),
-          "linear attention, 4 random features": linear_curve("random")}
 
 # %%
-fig, ax = plt.subplots(figsize=(7.5, 4.2))
-for (label, c), ls in zip(curves.items(), ("-", "-", "--")):
-    med, lo, hi = (c.quantile(q, dim=0).numpy() for q in (0.5, 0.25, 0.75))
-    ax.plot(med, ls, label=label)
-    ax.fill_between(np.arange(depth + 1), lo, hi, alpha=0.2)
-ax.set(yscale="log", xlabel="depth $L$ (layers = TD iterations)", ylabel="MSVE (squared return units)",
-       title=f"Linear vs softmax in-context TD, 100 Boyan chains, $n = {n_ctx}$ (median, quartiles)")
-ax.legend();
+n_ctx = 200
+curves = side_by_side(n=n_ctx)
+plot_side_by_side(curves, n_ctx);
 
 # %% [markdown]
 # What the figure shows, and the tests below pin down: with one-hot features, softmax attention
