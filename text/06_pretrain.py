@@ -214,7 +214,7 @@ exact, estimates.mean().item(), plug_in.mean().item()
 # to the $L$-th iterate of the population recursion of the [convergence chapter](convergence.html),
 # and under the kernel-diagonality condition that iterate tends to $v_\pi$ geometrically as
 # $L \to \infty$. The **order of limits matters**: at a finite $n$ the deep model's prediction is the
-# context's empirical value $\hat v$, and $\mathbb E[\delta \mid \cdot] = \gamma((P - \hat P)\hat v)(s_q)$
+# context's empirical value $\hat v$ (in the tabular regime), and $\mathbb E[\delta \mid \cdot] = \gamma((P - \hat P)\hat v)(s_q)$
 # is of order $1/\sqrt n$ however deep the model is.
 #
 # To see the limit $n \to \infty$ exactly we need the Transformer at an infinitely long stationary
