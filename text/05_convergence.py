@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass
 import numpy as np
 import torch
+from tqdm.auto import tqdm
 from ictd.boyan import MRP, as_tensor, check_gamma, random_boyan_chain
 
 # %%
@@ -637,6 +638,7 @@ def depth_sweep(tasks:TaskBatch,  # the tasks, B of them
 # %%
 show_doc(depth_sweep)
 
+
 # %% [markdown]
 # ## Experiment 1: error against depth, for several context lengths
 #
@@ -645,28 +647,67 @@ show_doc(depth_sweep)
 # the condition holds on every task (the smallest $M_\pi(x, x)$ is printed below), so the bound
 # applies. Context lengths $n \in \{30, 100, 300, 1000, 3000\}$, depths $L \le 100$.
 
+# %% [markdown]
+# Each experiment of this chapter is one exported function that computes its results and one that
+# draws its figure, so that the command line (`ictd convergence`, chapter 8) can rerun them at full
+# scale. Experiments 1 and 2 share one computation: `depth_sweep` on random one-hot chains, in
+# batches of tasks so that memory stays bounded at long contexts.
+
+# %%
+#| export
+def depth_experiment(n_tasks:int=200,        # random one-hot Boyan chains; task b has seed `seed + b`
+                     beta:float=15.,         # score scale, W = beta I
+                     alpha:float=1.,         # step size in (0, 1]
+                     ns=(30, 100, 300, 1000, 3000), # context lengths n (increasing)
+                     n_layers:int=100,       # maximal depth L
+                     seed:int=0,             # seed of the tasks; batch k of tasks samples its trajectories with seed `seed + k`
+                     chunk:int=200,          # tasks per batch (bounds memory: about 16 chunk max(ns) s bytes)
+                     progress:bool=False,    # show a tqdm progress bar over the batches
+                    )->dict:                 # `depth_sweep`'s tensors for all tasks, plus min_diag (B,), beta, alpha, gamma
+    "Experiments 1 and 2: `depth_sweep` on random one-hot Boyan chains with $W = \\beta I$, batch by batch."
+    for name, v in (("n_tasks", n_tasks), ("chunk", chunk)):
+        if int(v) != v or v < 1: raise ValueError(f"`{name}` must be a positive integer, got {v}")
+    parts = []
+    for k, start in enumerate(tqdm(range(0, int(n_tasks), int(chunk)), disable=not progress, desc="depth sweep")):
+        tasks = random_tasks(min(int(chunk), int(n_tasks) - start), seed=seed + start, features="onehot")
+        W = beta * torch.eye(tasks.phi.shape[-1], dtype=torch.float64)
+        part = depth_sweep(tasks, W, alpha, ns, n_layers, seed=seed + k)
+        part["min_diag"] = kernel_diagonality(kernel_attention(tasks.phi, W, tasks.d_pi))[1]
+        parts.append(part)
+    out = {k: torch.cat([p[k] for p in parts]) for k in ("errors", "floors", "population", "bound", "rho", "min_diag")}
+    return dict(out, ns=parts[0]["ns"], beta=beta, alpha=alpha, gamma=tasks.gamma)
+
+def plot_depth(sweep:dict,  # output of `depth_experiment`
+              ):            # the matplotlib figure
+    "Experiment 1: mean error against depth for each context length, with its floor, the population curve and the bound."
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(8, 4.8))
+    Ls = np.arange(sweep["errors"].shape[-1])
+    for i, n in enumerate(sweep["ns"]):
+        ax.plot(Ls, sweep["errors"][:, i].mean(0), color=f"C{i}", label=f"Transformer, $n = {n}$")
+        ax.axhline(sweep["floors"][:, i].mean(), color=f"C{i}", ls=":", lw=1)
+    ax.plot(Ls, sweep["population"].mean(0), color="k", label=r"population ($n = \infty$)")
+    ax.plot(Ls, sweep["bound"].mean(0), color="k", ls="--", label=r"bound $\rho^L \|v_\pi\|_\infty$")
+    ax.set(yscale="log", ylim=(1e-5, 10), xlabel="depth $L$ (layers)",
+           ylabel=rf"$\|v_L - v_\pi\|_\infty$ (return units), mean of {len(sweep['errors'])} tasks",
+           title=rf"Error against depth: geometric decay, then the floor (dotted); $\beta = {sweep['beta']:g}$, $\alpha = {sweep['alpha']:g}$")
+    ax.legend(fontsize=8, loc="lower left")
+    return fig
+
+
+# %%
+show_doc(depth_experiment)
+
 # %%
 t0 = time.time()
 BETA, ALPHA, NS, L = 15., 1., [30, 100, 300, 1000, 3000], 100
-tasks = random_tasks(200, seed=0, features="onehot")
-W1 = BETA * torch.eye(10, dtype=torch.float64)
-sweep = depth_sweep(tasks, W1, ALPHA, NS, L, seed=0)
-min_diag = kernel_diagonality(kernel_attention(tasks.phi, W1, tasks.d_pi))[1]
+sweep = depth_experiment(200, BETA, ALPHA, NS, L, seed=0)
 assert (sweep["rho"] < 1).all()
-print(f"sweep of {len(tasks)} tasks x {len(NS)} lengths x {L} layers in {time.time() - t0:.1f}s; "
-      f"smallest M(x, x) {min_diag.min():.4f}; rho in [{sweep['rho'].min():.4f}, {sweep['rho'].max():.4f}]")
+print(f"sweep of {len(sweep['rho'])} tasks x {len(NS)} lengths x {L} layers in {time.time() - t0:.1f}s; "
+      f"smallest M(x, x) {sweep['min_diag'].min():.4f}; rho in [{sweep['rho'].min():.4f}, {sweep['rho'].max():.4f}]")
 
 # %%
-fig, ax = plt.subplots(figsize=(8, 4.8))
-Ls = np.arange(L + 1)
-for i, n in enumerate(NS):
-    ax.plot(Ls, sweep["errors"][:, i].mean(0), color=f"C{i}", label=f"Transformer, $n = {n}$")
-    ax.axhline(sweep["floors"][:, i].mean(), color=f"C{i}", ls=":", lw=1)
-ax.plot(Ls, sweep["population"].mean(0), color="k", label=r"population ($n = \infty$)")
-ax.plot(Ls, sweep["bound"].mean(0), color="k", ls="--", label=r"bound $\rho^L \|v_\pi\|_\infty$")
-ax.set(yscale="log", ylim=(1e-5, 10), xlabel="depth $L$ (layers)", ylabel=r"$\|v_L - v_\pi\|_\infty$ (return units), mean of 200 tasks",
-       title=rf"Error against depth: geometric decay, then the floor (dotted); $\beta = {BETA:g}$, $\alpha = {ALPHA:g}$")
-ax.legend(fontsize=8, loc="lower left");
+plot_depth(sweep);
 
 # %% [markdown]
 # Each curve falls at the population rate until it meets its own dotted line, the error of the
@@ -709,18 +750,30 @@ def loglog_slope(x, # (k,) positive abscissae
 
 
 # %%
-ns_t = torch.tensor(NS, dtype=torch.float64)
-floor_mean, floor_se = sweep["floors"].mean(0), sweep["floors"].std(0) / math.sqrt(len(tasks))
-slope, intercept = loglog_slope(ns_t, floor_mean)
+#| export
+def plot_floor(sweep:dict,  # output of `depth_experiment`
+              ):            # the matplotlib figure
+    "Experiment 2: the floor against the context length on log-log axes, with its fitted slope and the slope $-1/2$."
+    import matplotlib.pyplot as plt
+    ns = torch.tensor(sweep["ns"], dtype=torch.float64)
+    floor_mean, floor_se = sweep["floors"].mean(0), sweep["floors"].std(0) / math.sqrt(len(sweep["floors"]))
+    slope, intercept = loglog_slope(ns, floor_mean)
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.errorbar(ns, floor_mean, yerr=2 * floor_se, fmt="o", capsize=4, label=r"floor $\|\hat v_\infty - v_\pi\|_\infty$ (mean $\pm$ 2 s.e.)")
+    ax.plot(ns, np.exp(intercept) * ns ** slope, "C0--", label=f"fitted slope {slope:.2f}")
+    ax.plot(ns, floor_mean[0] * (ns / ns[0]) ** -0.5, "k:", label=r"reference slope $-1/2$")
+    ax.set(xscale="log", yscale="log", xlabel="context length $n$ (transitions)", ylabel="floor (return units)",
+           title="The statistical floor falls like $n^{-1/2}$")
+    ax.legend()
+    return fig
+
+
+# %%
+floor_mean = sweep["floors"].mean(0)
+slope, intercept = loglog_slope(torch.tensor(NS, dtype=torch.float64), floor_mean)
 assert -0.8 < slope < -0.3, slope
 assert (floor_mean[1:] < floor_mean[:-1]).all()
-fig, ax = plt.subplots(figsize=(7, 4.5))
-ax.errorbar(NS, floor_mean, yerr=2 * floor_se, fmt="o", capsize=4, label=r"floor $\|\hat v_\infty - v_\pi\|_\infty$ (mean $\pm$ 2 s.e.)")
-ax.plot(NS, np.exp(intercept) * ns_t ** slope, "C0--", label=f"fitted slope {slope:.2f}")
-ax.plot(NS, floor_mean[0] * (ns_t / NS[0]) ** -0.5, "k:", label=r"reference slope $-1/2$")
-ax.set(xscale="log", yscale="log", xlabel="context length $n$ (transitions)", ylabel="floor (return units)",
-       title="The statistical floor falls like $n^{-1/2}$")
-ax.legend();
+plot_floor(sweep);
 slope
 
 # %% [markdown]
@@ -743,28 +796,54 @@ slope
 #   to another one. The mean diagonality caps well below 1 and the minimum tends to 0.
 
 # %%
-betas = torch.logspace(-1, 2.5, 22, dtype=torch.float64)
-diag_curves = {}
-for feat in ("onehot", "unit", "random"):
-    tb = random_tasks(200, seed=1000, features=feat)
-    I_d = torch.eye(tb.phi.shape[-1], dtype=torch.float64)
-    dg = [kernel_diagonality(kernel_attention(tb.phi, b * I_d, tb.d_pi)) for b in betas]
-    diag_curves[feat] = (torch.stack([m for m, _ in dg]), torch.stack([m for _, m in dg]))  # (len(betas), 200) each
+#| export
+FEATURE_LABELS = {"onehot": "one-hot", "unit": "unit-norm", "random": "raw U(-1, 1)"}
+
+def diagonality_sweep(n_tasks:int=200,  # random Boyan chains per feature kind; task b has seed `seed + b`
+                      seed:int=1000,    # seed of the first task
+                      betas=None,       # (k,) score scales; default: 22 log-spaced from 0.1 to 10^2.5
+                      features=("onehot", "unit", "random"), # feature kinds of `random_boyan_chain`
+                     )->dict:           # betas (k,), gamma, curves: feature -> (mean (k, B), min (k, B)) of M_pi(x, x)
+    "Experiment 3: mean and minimum kernel diagonality of $M_\\pi$ against the score scale $\\beta$ ($W = \\beta I$)."
+    betas = torch.logspace(-1, 2.5, 22, dtype=torch.float64) if betas is None else as_tensor(betas, "betas", torch.float64)
+    curves = {}
+    for feat in features:
+        tb = random_tasks(n_tasks, seed=seed, features=feat)
+        I_d = torch.eye(tb.phi.shape[-1], dtype=torch.float64)
+        dg = [kernel_diagonality(kernel_attention(tb.phi, b * I_d, tb.d_pi)) for b in betas]
+        curves[feat] = (torch.stack([m for m, _ in dg]), torch.stack([m for _, m in dg]))
+    return dict(betas=betas, gamma=tb.gamma, curves=curves)
+
+def plot_diagonality(result:dict,  # output of `diagonality_sweep`
+                    ):             # the matplotlib figure
+    "Experiment 3: mean and minimum diagonality against $\\beta$ per feature kind (mean, and 10-90% band), with the threshold."
+    import matplotlib.pyplot as plt
+    betas, curves = result["betas"], result["curves"]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.4), sharey=True)
+    for ax, (k, name) in zip(axes, enumerate(("mean", "minimum"))):
+        for i, (feat, c) in enumerate(curves.items()):
+            ax.plot(betas, c[k].mean(1), color=f"C{i}", label=FEATURE_LABELS.get(feat, feat))
+            ax.fill_between(betas, c[k].quantile(0.1, 1), c[k].quantile(0.9, 1), color=f"C{i}", alpha=0.2)
+        ax.axhline((1 + result["gamma"]) / 2, color="k", ls="--", lw=1, label=r"threshold $(1 + \gamma)/2$")
+        ax.set(xscale="log", xlabel=r"score scale $\beta$ ($W = \beta I$)", ylabel=f"{name} of $M_\\pi(x, x)$ over states",
+               title=f"{name.capitalize()} kernel diagonality")
+    axes[0].legend(fontsize=8)
+    n_tasks = next(iter(curves.values()))[0].shape[1]
+    fig.suptitle(f"Kernel diagonality against the score scale ({n_tasks} tasks per feature kind: mean, and 10-90% band)")
+    fig.tight_layout()
+    return fig
+
+
+# %%
+show_doc(diagonality_sweep)
+
+# %%
+diag = diagonality_sweep(200, seed=1000)
+diag_curves = diag["curves"]                                    # feature -> (mean, min), each (len(betas), 200)
 mean_cap = diag_curves["random"][0][-1].mean().item()
 assert diag_curves["onehot"][1][-1].min() > 0.999 and diag_curves["unit"][0][-1].mean() > 0.99
 assert mean_cap < 0.85 and diag_curves["random"][1][-1].median() < 0.1
-fig, axes = plt.subplots(1, 2, figsize=(12, 4.4), sharey=True)
-for ax, (k, name) in zip(axes, enumerate(("mean", "minimum"))):
-    for i, (feat, label) in enumerate((("onehot", "one-hot"), ("unit", "unit-norm"), ("random", "raw U(-1, 1)"))):
-        c = diag_curves[feat][k]
-        ax.plot(betas, c.mean(1), color=f"C{i}", label=label)
-        ax.fill_between(betas, c.quantile(0.1, 1), c.quantile(0.9, 1), color=f"C{i}", alpha=0.2)
-    ax.axhline((1 + 0.9) / 2, color="k", ls="--", lw=1, label=r"threshold $(1 + \gamma)/2$")
-    ax.set(xscale="log", xlabel=r"score scale $\beta$ ($W = \beta I$)", ylabel=f"{name} of $M_\\pi(x, x)$ over states",
-           title=f"{name.capitalize()} kernel diagonality")
-axes[0].legend(fontsize=8)
-fig.suptitle("Kernel diagonality against the score scale (200 tasks per feature kind: mean, and 10-90% band)")
-plt.tight_layout();
+plot_diagonality(diag);
 
 
 # %% [markdown]
@@ -867,24 +946,49 @@ def measured_rate(errors,     # (..., L+1) errors at depths 0..L
 
 
 # %%
-rng, rates, rhos, kinds = np.random.default_rng(1), [], [], []
-for i, feat in enumerate(("onehot", "unit")):
-    tb = random_tasks(150, seed=2000 + 150 * i, features=feat)
-    beta, a = torch.from_numpy(10 ** rng.uniform(0.7, 2.5, len(tb))), torch.from_numpy(rng.uniform(0.3, 1, len(tb)))
-    M = kernel_attention(tb.phi, beta[:, None, None] * torch.eye(tb.phi.shape[-1], dtype=torch.float64), tb.d_pi)
-    rho = rate_bound(M, tb.gamma, a)
-    err = sup_error(td_recursion(M, tb.P, tb.r, tb.gamma, a, 120), tb.v_pi.unsqueeze(1))
-    rates.append(measured_rate(err[rho < 1], 60)); rhos.append(rho[rho < 1]); kinds += [feat] * int((rho < 1).sum())
-rates, rhos, kinds = torch.cat(rates).numpy(), torch.cat(rhos).numpy(), np.array(kinds)
+#| export
+def rate_experiment(n_tasks:int=150,     # random Boyan chains per feature kind
+                    seed:int=2000,       # seed of the first task; kind i uses seeds seed + i n_tasks + b
+                    draw_seed:int=1,     # seed of the draws of beta and alpha
+                    features=("onehot", "unit"), # feature kinds
+                    n_layers:int=120,    # depth of the population recursion
+                    fit_start:int=60,    # first depth of the rate fit
+                   )->dict:              # numpy arrays over the tasks where the condition holds: rates, rhos, kinds
+    "Experiment 4: measured contraction rate and bound $\\rho$ of the population recursion, $\\beta$ log-uniform in $[5, 300]$, $\\alpha$ uniform in $[0.3, 1]$."
+    rng, rates, rhos, kinds = np.random.default_rng(draw_seed), [], [], []
+    for i, feat in enumerate(features):
+        tb = random_tasks(n_tasks, seed=seed + n_tasks * i, features=feat)
+        beta, a = torch.from_numpy(10 ** rng.uniform(0.7, 2.5, len(tb))), torch.from_numpy(rng.uniform(0.3, 1, len(tb)))
+        M = kernel_attention(tb.phi, beta[:, None, None] * torch.eye(tb.phi.shape[-1], dtype=torch.float64), tb.d_pi)
+        rho = rate_bound(M, tb.gamma, a)
+        err = sup_error(td_recursion(M, tb.P, tb.r, tb.gamma, a, n_layers), tb.v_pi.unsqueeze(1))
+        rates.append(measured_rate(err[rho < 1], fit_start)); rhos.append(rho[rho < 1]); kinds += [feat] * int((rho < 1).sum())
+    return dict(rates=torch.cat(rates).numpy(), rhos=torch.cat(rhos).numpy(), kinds=np.array(kinds))
+
+def plot_rates(result:dict,  # output of `rate_experiment`
+              ):             # the matplotlib figure
+    "Experiment 4: measured rate against the bound, one point per task, with the diagonal."
+    import matplotlib.pyplot as plt
+    rates, rhos, kinds = result["rates"], result["rhos"], result["kinds"]
+    fig, ax = plt.subplots(figsize=(6, 5.5))
+    for i, feat in enumerate(dict.fromkeys(kinds)):
+        ax.scatter(rhos[kinds == feat], rates[kinds == feat], s=12, color=f"C{i}", label=f"{feat} features ({(kinds == feat).sum()} tasks)")
+    lim = [min(rates.min(), rhos.min()) - 0.01, 1]
+    ax.plot(lim, lim, "k--", lw=1, label="$y = x$")
+    ax.set(xlim=lim, ylim=lim, aspect="equal", xlabel=r"bound $\rho = 1 - \alpha(2 \min_x M(x,x) - 1 - \gamma)$",
+           ylabel="measured rate (per layer)", title="Measured contraction rate against the bound")
+    ax.legend(fontsize=8)
+    return fig
+
+
+# %%
+show_doc(rate_experiment)
+
+# %%
+rate_res = rate_experiment(150, seed=2000)
+rates, rhos = rate_res["rates"], rate_res["rhos"]
 assert len(rates) >= 100 and (rates <= rhos + 1e-9).all()
-fig, ax = plt.subplots(figsize=(6, 5.5))
-for i, feat in enumerate(("onehot", "unit")):
-    ax.scatter(rhos[kinds == feat], rates[kinds == feat], s=12, color=f"C{i}", label=f"{feat} features ({(kinds == feat).sum()} tasks)")
-lim = [min(rates.min(), rhos.min()) - 0.01, 1]
-ax.plot(lim, lim, "k--", lw=1, label="$y = x$")
-ax.set(xlim=lim, ylim=lim, aspect="equal", xlabel=r"bound $\rho = 1 - \alpha(2 \min_x M(x,x) - 1 - \gamma)$",
-       ylabel="measured rate (per layer)", title="Measured contraction rate against the bound")
-ax.legend(fontsize=8);
+plot_rates(rate_res);
 len(rates), float((rhos - rates).max()), float(np.median(rhos - rates))
 
 # %% [markdown]
@@ -897,13 +1001,14 @@ len(rates), float((rhos - rates).max()), float(np.median(rhos - rates))
 # ## The larger sweep
 #
 # The default run above takes a few seconds. The cell below (flagged slow, skipped by the tests)
-# repeats experiments 1 and 2 with 1000 tasks and contexts up to $n = 30\,000$.
+# repeats experiments 1 and 2 with 1000 tasks and contexts up to $n = 30\,000$ (`ictd convergence`
+# on the command line runs all four experiments at this scale and saves their figures).
 
 # %%
 #| slow
 t0 = time.time()
 NS_BIG = [30, 100, 300, 1000, 3000, 10_000, 30_000]
-big = depth_sweep(random_tasks(1000, seed=5000, features="onehot"), W1, ALPHA, NS_BIG, 100, seed=1)
+big = depth_experiment(1000, BETA, ALPHA, NS_BIG, 100, seed=5000)
 slope_big, _ = loglog_slope(torch.tensor(NS_BIG, dtype=torch.float64), big["floors"].mean(0))
 assert -0.8 < slope_big < -0.3
 print(f"{time.time() - t0:.0f}s; floor slope {slope_big:.3f}; floors {big['floors'].mean(0).tolist()}")

@@ -1,0 +1,127 @@
+"""The `ictd` command line: help for every sub-command from the installed console script, each
+sub-command end to end at tiny sizes (files written, figures readable, numbers sane), and bad options
+rejected with a message naming the option."""
+import json, math, os, subprocess
+from dataclasses import fields
+import matplotlib.image
+import numpy as np
+import pytest
+import torch
+from conftest import BIN
+from ictd.cli import main
+from ictd.pretrain import PretrainConfig
+
+ICTD = str(BIN / 'ictd')
+OPTIONS = {None: ['chain', 'convergence', 'pretrain', 'linear', 'all'],
+           'chain': ['--n-states', '--features', '--gamma', '--seed', '--out', '--no-progress'],
+           'convergence': ['--n-tasks', '--ns', '--n-layers', '--beta', '--alpha', '--seed', '--chunk', '--diag-tasks',
+                           '--n-betas', '--rate-tasks', '--rate-layers', '--out'],
+           'pretrain': ['--' + f.name.replace('_', '-') for f in fields(PretrainConfig)] + ['--cache-dir', '--out'],
+           'linear': ['--n-tasks', '--n', '--depth', '--beta', '--alpha', '--seed', '--out'],
+           'all': ['--out', '--no-progress']}
+
+def run_ictd(*args):
+    env = dict(os.environ, OMP_NUM_THREADS='1')
+    return subprocess.Popen([ICTD, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+def test_help_of_every_command():
+    "`ictd --help` and `ictd CMD --help` exit 0 and list the options (the console scripts run in parallel)."
+    procs = {cmd: run_ictd(*([cmd] if cmd else []), '--help') for cmd in OPTIONS}
+    for cmd, proc in procs.items():
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        assert out.startswith('usage: ictd' + (f' {cmd}' if cmd else '')), out
+        for opt in OPTIONS[cmd]: assert opt in out, f'{opt} missing from `ictd {cmd or ""} --help`'
+
+def check_png(path):
+    "A non-empty PNG that matplotlib reads, of a reasonable size, not blank."
+    assert path.stat().st_size > 1000, path
+    img = matplotlib.image.imread(path)
+    assert img.ndim == 3 and min(img.shape[:2]) > 150 and img.std() > 0.01, (path, img.shape)
+
+def written(capsys):
+    "Paths printed as written by the last command."
+    return [line.split('wrote ', 1)[1] for line in capsys.readouterr().out.splitlines() if line.startswith('wrote ')]
+
+def test_chain(tmp_path, capsys):
+    main(['chain', '--n-states', '6', '--features', 'onehot', '--seed', '2', '--out', str(tmp_path)])
+    assert sorted(written(capsys)) == sorted(str(tmp_path / f) for f in ('chain.png', 'chain.json'))
+    check_png(tmp_path / 'chain.png')
+    info = json.loads((tmp_path / 'chain.json').read_text())
+    P = np.array(info['P'])
+    assert P.shape == (6, 6) and np.allclose(P.sum(1), 1) and info['seed'] == 2
+    d = np.array(info['d_pi'])
+    assert np.allclose(d @ P, d) and math.isclose(d.sum(), 1)
+
+def test_convergence(tmp_path, capsys):
+    main(['convergence', '--n-tasks', '6', '--ns', '20', '80', '--n-layers', '12', '--chunk', '4', '--diag-tasks', '5',
+          '--n-betas', '4', '--rate-tasks', '20', '--rate-layers', '30', '--no-progress', '--out', str(tmp_path)])
+    figs = [tmp_path / f'convergence-{k}.png' for k in ('depth', 'floor', 'diagonality', 'rates')]
+    assert set(written(capsys)) == {str(p) for p in figs + [tmp_path / 'convergence.pt', tmp_path / 'convergence.json']}
+    for f in figs: check_png(f)
+    res = torch.load(tmp_path / 'convergence.pt', weights_only=False)
+    assert res['depth']['errors'].shape == (6, 2, 13) and res['depth']['floors'].shape == (6, 2)   # 6 tasks in batches of 4 and 2
+    s = json.loads((tmp_path / 'convergence.json').read_text())
+    lo, hi = s['depth']['rho_range']
+    assert 0.89 < lo <= hi < 1 and s['depth']['min_diagonal'] > 0.95      # one-hot features, beta = 15: the condition holds
+    assert all(0 < f < 10 for f in s['depth']['mean_floor']) and math.isfinite(s['depth']['floor_slope'])
+    for curve in s['diagonality']['mean_of_mean'].values(): assert len(curve) == 4 and all(0 <= v <= 1 for v in curve)
+    assert s['rates']['n_tasks'] > 0 and s['rates']['all_under_bound'] and s['rates']['max_rho_minus_rate'] >= 0
+
+def test_linear(tmp_path, capsys):
+    main(['linear', '--n-tasks', '3', '--n', '20', '--depth', '6', '--out', str(tmp_path)])
+    assert len(written(capsys)) == 3
+    check_png(tmp_path / 'linear.png')
+    curves = torch.load(tmp_path / 'linear.pt', weights_only=False)
+    assert len(curves) == 3 and all(c.shape == (3, 7) for c in curves.values())
+    med = json.loads((tmp_path / 'linear.json').read_text())['median_msve']
+    soft = med['softmax attention, one-hot features']
+    assert all(math.isfinite(v) and v >= 0 for c in med.values() for v in c) and soft[-1] < soft[0]
+
+def test_pretrain_and_its_cache(tmp_path, capsys):
+    args = ['pretrain', '--n-steps', '4', '--eval-every', '2', '--n-tasks', '16', '--eval-tasks', '8', '--batch-size', '8',
+            '--n', '10', '--seed', '0', '1', '--no-progress', '--out', str(tmp_path)]
+    main(args)
+    assert len(written(capsys)) == 4
+    for seed in (0, 1):
+        check_png(tmp_path / f'pretrain-seed{seed}.png')
+        s = json.loads((tmp_path / f'pretrain-seed{seed}.json').read_text())
+        assert s['config']['seed'] == seed and s['config']['n_steps'] == 4 and s['step'] == [0, 2, 4]
+        assert all(0 < m < 100 for m in s['msve'])
+        assert (tmp_path / s['checkpoint'].split('/')[-1]).exists()
+    first = (tmp_path / 'pretrain-seed1.json').read_text()
+    main(args)
+    assert capsys.readouterr().out.count('loading the cached run') == 2
+    assert (tmp_path / 'pretrain-seed1.json').read_text() == first
+
+@pytest.mark.parametrize('argv, message', [
+    (['linear', '--alpha', '1.5'], 'argument --alpha: must be a step size in (0, 1]'),
+    (['linear', '--n-tasks', '0'], 'argument --n-tasks: must be a positive integer'),
+    (['convergence', '--ns', '100', '30'], 'argument --ns: must be increasing'),
+    (['convergence', '--beta', 'big'], 'argument --beta: must be a positive number'),
+    (['pretrain', '--gamma', '1'], 'argument --gamma: must be a discount factor in [0, 1)'),
+    (['pretrain', '--features', 'hexagonal'], 'argument --features: invalid choice'),
+    (['chain', '--n-states', '1'], 'argument --n-states: must be an integer >= 2'),
+    (['chain', '--colour', 'red'], 'unrecognized arguments: --colour'),
+    ([], 'the following arguments are required: COMMAND')])
+def test_bad_options(argv, message, capsys):
+    with pytest.raises(SystemExit) as e: main(argv)
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
+
+def test_bad_option_from_the_console_script():
+    proc = run_ictd('convergence', '--n-layers', '-5')
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2 and 'argument --n-layers: must be a positive integer' in err and not out
+
+def test_all_runs_every_command(tmp_path, monkeypatch):
+    "`ictd all` calls each command once, with its defaults, the shared --out and --no-progress."
+    import ictd.cli
+    calls = []
+    monkeypatch.setattr(ictd.cli, 'COMMANDS', {k: (lambda a, k=k: calls.append((k, a))) for k in ictd.cli.COMMANDS})
+    main(['all', '--out', str(tmp_path), '--no-progress'])
+    assert sorted(k for k, _ in calls) == ['chain', 'convergence', 'linear', 'pretrain']
+    assert all(a.out == tmp_path and a.no_progress for _, a in calls)
+    conv = dict(calls)['convergence']
+    assert conv.n_tasks == 1000 and conv.ns[-1] == 30_000                 # full scale by default
+    assert dict(calls)['pretrain'].seed == [0, 1, 2] and dict(calls)['pretrain'].n_steps == PretrainConfig().n_steps
