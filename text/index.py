@@ -52,6 +52,7 @@ from ictd.boyan import *
 #    the constructed parameters minimise it in the limit, and what training finds.
 # 7. [Linear attention, side by side](linear.html): the prior linear-attention construction
 #    (batch linear TD), checked, and compared with the softmax construction.
+# 8. [The command line](cli.html): `ictd` reproduces every experiment of the book at full scale.
 
 # %% [markdown]
 # ## Install and use
@@ -60,7 +61,9 @@ from ictd.boyan import *
 # pip install -e .          # from a clone; the package is `ictd`
 # ```
 #
-# Draw a task and a trajectory:
+# The `ictd` command reruns the book's experiments at full scale and writes figures and numbers
+# (`ictd --help`; for example `ictd pretrain --seed 0 --out results/`). In Python, draw a task and a
+# trajectory:
 
 # %%
 mrp = random_boyan_chain(n_states=10, d=4, gamma=0.9, seed=0)
@@ -80,6 +83,7 @@ mrp, states[:8].tolist(), rewards[:3].tolist()
 #
 # The notebooks in `nbs/` are the source; the package `ictd/` is generated from them by
 # `nbdev_export`, and each chapter has a plain-text twin under `text/` (jupytext, `make sync`).
-# Cells marked `#| slow` run the full-size experiments: `ICTD_SLOW=1 make test`.
+# Cells marked `#| slow` run the full-size experiments: `ICTD_SLOW=1 make test`. Speed is measured
+# by `make bench` (timings with ratios against baselines measured in the same run), not by tests.
 # The project uses nbdev 2 (configured by `settings.ini`); moving to nbdev 3 is
 # `nbdev-migrate-config` plus its renamed commands (`nbdev-test`, ...).
