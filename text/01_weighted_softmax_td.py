@@ -42,7 +42,7 @@ from ictd.boyan import random_boyan_chain, sample_trajectory, msve
 # %% [markdown]
 # ## TD learning in one page
 #
-# Chapter 0 set up a Markov reward process with values $v_\pi = r + \gamma P v_\pi$. We only see a
+# [Chapter 0](boyan.html) set up a Markov reward process with values $v_\pi = r + \gamma P v_\pi$. We only see a
 # trajectory $S_0, R_1, S_1, \dots, R_n, S_n$: $n$ transitions, the $k$-th being
 # $(S_{k-1}, R_k, S_k)$. Temporal-difference learning replaces the unknown expectation in the
 # Bellman equation by the sampled transition. Given an estimate $v$, the **TD error** of transition
@@ -76,8 +76,12 @@ from ictd.boyan import random_boyan_chain, sample_trajectory, msve
 # $$v_{t+1}(x) = v_t(x) + \frac{\alpha}{n} \sum_k \phi(S_{k-1})^\top \phi(x)\; \delta_k^{(t)} .$$
 # The weights $w$ have disappeared: the value at $x$ moves by a *kernel-weighted sum of TD errors*,
 # and the TD errors themselves only need $v$ at the trajectory states. Weighted softmax TD makes the
-# kernel a softmax. A score function $g(x, y)$ (the Transformer's $\phi(x)^\top W \phi(y)$) gives
-# each transition $k$ a weight for the target state $x$,
+# kernel a softmax.
+#
+# ::: {.definition}
+# **Definition (weighted softmax TD; the name is the paper's, this exact form is ours).** Given a
+# score function $g(x, y)$ (the Transformer's $\phi(x)^\top W \phi(y)$), each transition $k$ gets a
+# weight for the target state $x$,
 #
 # $$K_k(x) = \frac{\exp g(S_{k-1}, x)}{\sum_{k'=1}^{n} \exp g(S_{k'-1}, x)},$$
 #
@@ -86,10 +90,12 @@ from ictd.boyan import random_boyan_chain, sample_trajectory, msve
 # $$v_{t+1}(x) = v_t(x) + \alpha\, \rho(x) \sum_{k=1}^{n} K_k(x)\, \delta_k^{(t)},
 # \qquad \delta_k^{(t)} = R_k + \gamma v_t(S_k) - v_t(S_{k-1}),$$
 #
-# with an optional per-target weight $\rho(x) \ge 0$; $\rho = 1$ is what the softmax Transformer
-# runs. The update of $v(x)$ needs $v_t$ only at $S_0, \dots, S_n$, so the iterate is a vector over
-# the $n + 1$ trajectory states and any query states: $m = n + 1 + q$ numbers, whatever the size of
-# the state space. This is **policy evaluation in kernel space**. The keys of the softmax are the
+# with step size $\alpha$ and an optional per-target weight $\rho(x) \ge 0$.
+# :::
+#
+# The softmax Transformer runs $\rho = 1$. The update of $v(x)$ needs $v_t$ only at
+# $S_0, \dots, S_n$, so the iterate is a vector over the $n + 1$ trajectory states and any query
+# states: $m = n + 1 + q$ numbers, whatever the size of the state space. This is **policy evaluation in kernel space**. The keys of the softmax are the
 # $n$ transition start states $S_0, \dots, S_{n-1}$; the last state $S_n$ and the queries are
 # targets only.
 #
@@ -176,7 +182,8 @@ bad_contexts = {"`phi_states` must have shape (..., n+1, d)": dict(phi_states=np
                 "`phi_states` contains NaN":                    dict(phi_states=np.full((4, 2), np.nan)),
                 "`rewards` contains NaN":                       dict(rewards=[0., np.inf, 0.])}
 for msg, kw in bad_contexts.items():
-    test_fail(lambda: context_tensors(**{**dict(phi_states=np.zeros((4, 2)), rewards=np.zeros(3)), **kw}), contains=msg)
+    args = {**dict(phi_states=np.zeros((4, 2)), rewards=np.zeros(3)), **kw}
+    test_fail(lambda: context_tensors(**args), contains=msg)
 
 
 # %% [markdown]
@@ -246,7 +253,8 @@ for dt in (torch.float32, torch.float64):
     test_eq(K[:, 4], torch.full((4,), 0.25, dtype=dt))
 test_fail(lambda: context_weights(onehot, score=lambda k, x: torch.log(k @ x.mT)), contains="-inf on every key")
 test_fail(lambda: context_weights(onehot, score=lambda k, x: k @ x.mT / 0), contains="NaN or +inf")
-test_fail(lambda: context_weights(onehot, score=lambda k, x: torch.zeros(3, 3)), contains="`score` must return shape (..., 4, 5)")
+test_fail(lambda: context_weights(onehot, score=lambda k, x: torch.zeros(3, 3)),
+          contains="`score` must return shape (..., 4, 5)")
 test_fail(lambda: context_weights(onehot, W=np.eye(3)), contains="`W` must have shape (4, 4)")
 test_fail(lambda: context_weights(onehot), contains="`W` must be given")
 
@@ -259,12 +267,16 @@ test_fail(lambda: context_weights(onehot), contains="`W` must be given")
 # %% [markdown]
 # ### Normalised kernels: Nadaraya-Watson weighting of TD errors
 #
+# ::: {.remark}
 # **Special case (normalised kernel TD).** If $g = \log k$ for a positive similarity kernel $k$,
 # then $\exp g = k$ and
 # $$K_k(x) = \frac{k(S_{k-1}, x)}{\sum_{k'} k(S_{k'-1}, x)},$$
 # so $\sum_k K_k(x) \delta_k$ is the **Nadaraya-Watson** kernel-regression estimate, at $x$, of
 # the TD error as a function of the state it starts from. Weighted softmax TD with $\rho = 1$
-# moves each value by the locally averaged TD error around it. The Transformer's bilinear score
+# moves each value by the locally averaged TD error around it.
+# :::
+#
+# The Transformer's bilinear score
 # $\phi(x)^\top W \phi(y)$ is the special case of the exponential kernel
 # $k(x, y) = \exp(\phi(x)^\top W \phi(y))$; a Gaussian kernel of bandwidth $h$ is
 # $g(x, y) = -\lVert \phi(x) - \phi(y) \rVert^2 / (2h^2)$. The check compares the weights with a
@@ -282,7 +294,9 @@ kernels = {"gaussian": lambda a, b: np.exp(-np.sum((a - b) ** 2) / (2 * h * h)),
 scores = {"gaussian": lambda k, x: -torch.cdist(k, x) ** 2 / (2 * h * h), "exponential": None}
 for name, kernel in kernels.items():
     K = context_weights(phi, W, score=scores[name])
-    for j in range(7): test_close((K[:, j] * torch.from_numpy(deltas)).sum(), nadaraya_watson(kernel, phi[:-1], deltas, phi[j]), eps=1e-12)
+    for j in range(7):
+        test_close((K[:, j] * torch.from_numpy(deltas)).sum(), nadaraya_watson(kernel, phi[:-1], deltas, phi[j]),
+                   eps=1e-12)
 
 # %% [markdown]
 # ### From uniform to tabular
@@ -299,18 +313,20 @@ states, rewards = sample_trajectory(chain, 30, seed=0)
 left = torch.bincount(states[:-1], minlength=10)
 targets = [int(left.argmax()), int(torch.nonzero(left == 2)[0]), int(torch.nonzero(left == 0)[0])]
 betas = [0, 1, 2, 4, 8, 16]
-fig, axs = plt.subplots(1, 3, figsize=(13, 3.4), sharey=True)
+fig, axs = plt.subplots(3, 1, figsize=(8, 7.5), sharex=True)
 for ax, x in zip(axs, targets):
     for i, beta in enumerate(betas):
         K = context_weights(chain.phi[states], beta * np.eye(10), phi_queries=chain.phi[x])[:, -1]
-        ax.plot(range(1, 31), K, "o-", ms=3, lw=1, color=plt.cm.viridis(i / (len(betas) - 1)), label=rf"$\beta = {beta}$")
+        ax.plot(range(1, 31), K, "o-", ms=3, lw=1, color=plt.cm.viridis(i / (len(betas) - 1)),
+                label=rf"$\beta = {beta}$")
     hits = np.nonzero((states[:-1] == x).numpy())[0] + 1
-    ax.plot(hits, np.zeros_like(hits) - 0.02, "k^", ms=6, label="transitions leaving $x$")
-    note = " (same for every $\\beta$)" if left[x] == 0 else ""
-    ax.set(title=f"target state $x = {x}$, left {int(left[x])} times{note}", xlabel="transition $k$ (leaves $S_{k-1}$)")
-axs[0].set_ylabel("softmax weight $K_k(x)$")
-axs[-1].legend(fontsize=8, loc="upper right")
-fig.suptitle(r"Softmax weights over a 30-transition context with scores $\beta\,\mathbf{1}[x = y]$")
+    ax.plot(hits, np.zeros_like(hits) - 0.03, "k^", ms=6, label="transitions leaving $x$")
+    note = " (the same for every $\\beta$)" if left[x] == 0 else ""
+    ax.set_title(f"target state $x = {x}$, left {int(left[x])} times{note}", fontsize=10)
+    ax.set(ylabel="weight $K_k(x)$", ylim=(-0.07, 0.56))
+axs[-1].set_xlabel("transition $k$ (leaves $S_{k-1}$)")
+axs[-1].legend(fontsize=9, ncol=4, loc="upper center")
+fig.suptitle(r"Softmax weights over a 30-transition context, scores $\beta\,\mathbf{1}[x = y]$")
 plt.tight_layout()
 
 
@@ -429,9 +445,11 @@ def wstd_loops(phi, R, W, alpha, gamma, T, Q, rho):
 for seed in range(10):
     r = np.random.default_rng(seed)
     n, d, q = r.integers(1, 12), r.integers(1, 5), r.integers(0, 3)
-    phi, R, W, Q = r.standard_normal((n + 1, d)), r.standard_normal(n), r.standard_normal((d, d)), r.standard_normal((q, d))
+    phi, R = r.standard_normal((n + 1, d)), r.standard_normal(n)
+    W, Q = r.standard_normal((d, d)), r.standard_normal((q, d))
     rho = r.uniform(0, 2, n + 1 + q)
-    test_close(weighted_softmax_td(phi, R, W, 0.4, 0.9, 15, Q, rho=rho), torch.from_numpy(wstd_loops(phi, R, W, 0.4, 0.9, 15, Q, rho)), eps=1e-12)
+    test_close(weighted_softmax_td(phi, R, W, 0.4, 0.9, 15, Q, rho=rho),
+               torch.from_numpy(wstd_loops(phi, R, W, 0.4, 0.9, 15, Q, rho)), eps=1e-12)
 
 
 # %% [markdown]
@@ -461,7 +479,8 @@ base = weighted_softmax_td(phi, R, W, 0.5, 0.9, 25)
 with_q = weighted_softmax_td(phi, R, W, 0.5, 0.9, 25, phi_queries=Q)
 test_eq(with_q.shape, (9 + 10,))
 test_close(with_q[:9], base, eps=1e-14)
-for i in range(10): test_close(weighted_softmax_td(phi, R, W, 0.5, 0.9, 25, phi_queries=Q[i])[9], with_q[9 + i], eps=1e-14)
+for i in range(10):
+    test_close(weighted_softmax_td(phi, R, W, 0.5, 0.9, 25, phi_queries=Q[i])[9], with_q[9 + i], eps=1e-14)
 allv = weighted_softmax_td(phi, R, W, 0.5, 0.9, 25, phi_queries=Q, return_all=True)
 test_eq(allv.shape, (26, 19))
 test_eq(allv[0], torch.zeros(19, dtype=torch.float64))
@@ -492,9 +511,11 @@ phis, Rs, Qs = map(torch.stack, zip(*[boyan_context(12, seed) for seed in range(
 Ws = torch.stack([beta * torch.eye(4, dtype=torch.float64) for beta in range(1, B + 1)])
 batched = weighted_softmax_td(phis, Rs, Ws, 0.5, 0.9, 20, Qs, return_all=True)
 test_eq(batched.shape, (B, 21, 13 + 10))
-for b in range(B): test_close(batched[b], weighted_softmax_td(phis[b], Rs[b], Ws[b], 0.5, 0.9, 20, Qs[b], return_all=True), eps=1e-14)
+for b in range(B):
+    test_close(batched[b], weighted_softmax_td(phis[b], Rs[b], Ws[b], 0.5, 0.9, 20, Qs[b], return_all=True), eps=1e-14)
 shared_W = weighted_softmax_td(phis, Rs, Ws[0], 0.5, 0.9, 20, Qs)
-for b in range(B): test_close(shared_W[b], weighted_softmax_td(phis[b], Rs[b], Ws[0], 0.5, 0.9, 20, Qs[b]), eps=1e-14)
+for b in range(B):
+    test_close(shared_W[b], weighted_softmax_td(phis[b], Rs[b], Ws[0], 0.5, 0.9, 20, Qs[b]), eps=1e-14)
 grid = weighted_softmax_td(phis[None], Rs[None], Ws[:3, None], 0.5, 0.9, 20, Qs[None])
 test_eq(grid.shape, (3, B, 23))
 test_close(grid[2, 4], weighted_softmax_td(phis[4], Rs[4], Ws[2], 0.5, 0.9, 20, Qs[4]), eps=1e-14)
@@ -542,20 +563,27 @@ for msg, kw in bad_args: test_fail(lambda: weighted_softmax_td(**{**good, **kw})
 # %% [markdown]
 # ## Linear TD is a special case (exactly)
 #
-# **Proposition 1 (ours).** Let the features be such that $\phi(x)^\top \phi(y) > 0$ for all pairs
+# ::: {.proposition}
+# **Proposition 1 (ours; the paper states that linear TD is a special case).** Let the features
+# be such that $\phi(x)^\top \phi(y) > 0$ for all pairs
 # in play (positive features suffice), and take
 # $$g(x, y) = \log\big(\phi(x)^\top \phi(y)\big), \qquad \rho(x) = \frac1n \sum_{k=1}^n \phi(S_{k-1})^\top \phi(x).$$
 # Then for every $t$ and every target $x$, $v_t(x) = \phi(x)^\top w_t$, where $w_t$ are the iterates of
 # batch linear TD(0) with the same $\alpha$, $\gamma$ and $w_0 = 0$.
+# :::
 #
+# ::: {.proof}
 # *Proof.* This is the normalised-kernel case with the linear kernel $k(x, y) = \phi(x)^\top\phi(y)$,
 # and $\rho$ undoes the normalisation:
 # $$\rho(x) K_k(x) = \frac1n \sum_{k'} \phi(S_{k'-1})^\top \phi(x) \cdot
 # \frac{\phi(S_{k-1})^\top \phi(x)}{\sum_{k'} \phi(S_{k'-1})^\top \phi(x)} = \frac1n\, \phi(S_{k-1})^\top \phi(x).$$
 # Induction on $t$: at $t = 0$ both sides are 0. If $v_t = \phi^\top w_t$ at all targets, then in
 # particular at $S_0, \dots, S_n$, so the two algorithms compute the same TD errors $\delta_k^{(t)}$, and
-# $$v_{t+1}(x) = \phi(x)^\top w_t + \frac{\alpha}{n} \sum_k \phi(S_{k-1})^\top \phi(x)\, \delta_k^{(t)}
-# = \phi(x)^\top \Big(w_t + \frac{\alpha}{n} \sum_k \delta_k^{(t)} \phi(S_{k-1})\Big) = \phi(x)^\top w_{t+1}. \qquad \square$$
+# $$\begin{aligned} v_{t+1}(x) &= \phi(x)^\top w_t + \frac{\alpha}{n} \sum_k \phi(S_{k-1})^\top \phi(x)\, \delta_k^{(t)} \\
+# &= \phi(x)^\top \Big(w_t + \frac{\alpha}{n} \sum_k \delta_k^{(t)} \phi(S_{k-1})\Big) = \phi(x)^\top w_{t+1}. \end{aligned}$$
+#
+# That is the claim at $t + 1$.
+# :::
 #
 # The positivity requirement is the price of writing a linear kernel as $\exp g$; the per-target
 # weight $\rho$ is what turns a *normalised* average of TD errors back into linear TD's *sum*.
@@ -749,7 +777,8 @@ Ss = torch.from_numpy(np.random.default_rng(2).integers(0, 6, (5, 16)))
 Rs = torch.from_numpy(np.random.default_rng(3).uniform(-1, 1, (5, 15)))
 test_eq(batch_tabular_td(Ss, Rs, 6, 0.5, 0.9, 30, return_all=True).shape, (5, 31, 6))
 for b in range(5):
-    test_close(batch_tabular_td(Ss, Rs, 6, 0.5, 0.9, 30)[b], batch_tabular_td(Ss[b], Rs[b], 6, 0.5, 0.9, 30), eps=1e-14)
+    test_close(batch_tabular_td(Ss, Rs, 6, 0.5, 0.9, 30)[b], batch_tabular_td(Ss[b], Rs[b], 6, 0.5, 0.9, 30),
+               eps=1e-14)
     test_close(certainty_equivalence(Ss, Rs, 6, 0.9)[b], certainty_equivalence(Ss[b], Rs[b], 6, 0.9), eps=1e-13)
 for msg, kw in {"`states` must lie in 0..5": dict(states=[0, 6, 1]),
                 "`states` must hold integer state indices": dict(states=[0., 1.5, 1.]),
@@ -763,12 +792,16 @@ for msg, kw in {"`states` must lie in 0..5": dict(states=[0, 6, 1]),
 
 
 # %% [markdown]
-# **Proposition 2 (ours).** Take one-hot features and $W = \beta I$, so $g(x, y) = \beta\,\mathbf 1[x = y]$,
+# ::: {.proposition}
+# **Proposition 2 (ours; the paper states that tabular TD is a special case).** Take one-hot
+# features and $W = \beta I$, so $g(x, y) = \beta\,\mathbf 1[x = y]$,
 # and $\rho = 1$. Suppose every target state is left at least once in the context: $S_n$ occurs among
 # $S_0, \dots, S_{n-1}$, and so does every query state. Then, for every fixed $t$, as $\beta \to \infty$
 # the iterate of weighted softmax TD at each target $x$ converges to $v^{\mathrm{tab}}_t(x)$ of per-state
 # averaged batch tabular TD, with $|v_t(x) - v^{\mathrm{tab}}_t(x)| = O(e^{-\beta})$.
+# :::
 #
+# ::: {.proof}
 # *Proof.* By the formula for $K$ above, each column differs from the tabular weights
 # $\mathbf 1[S_{k-1} = x]/N(x)$ by at most $\varepsilon_\beta = 2 (n/N_{\min} - 1) e^{-\beta}$ in $\ell_1$,
 # where $N_{\min}$ is the smallest visit count of a target state. With tabular weights the update of
@@ -777,9 +810,10 @@ for msg, kw in {"`states` must lie in 0..5": dict(states=[0, 6, 1]),
 # iterations are the same map $F_\infty$; the softmax iteration is a map $F_\beta$ with
 # $\lVert F_\beta(v) - F_\infty(v) \rVert_\infty \le \alpha\, \varepsilon_\beta \max_k |\delta_k(v)|$.
 # Since the columns of $K$ sum to 1, $F_\beta$ is Lipschitz in the max norm with constant
-# $L = 1 + \alpha (1 + \gamma)$ for every $\beta$, so the gap $e_t$ between the iterates obeys
-# $e_{t+1} \le L\, e_t + \alpha\, \varepsilon_\beta \max_k |\delta_k(v^{\mathrm{tab}}_t)|$ with $e_0 = 0$:
-# $e_t \le C_t\, \varepsilon_\beta$ with $C_t$ independent of $\beta$. $\square$
+# $\Lambda = 1 + \alpha (1 + \gamma)$ for every $\beta$, so the gap $e_t$ between the iterates obeys
+# $e_{t+1} \le \Lambda\, e_t + \alpha\, \varepsilon_\beta \max_k |\delta_k(v^{\mathrm{tab}}_t)|$ with $e_0 = 0$:
+# $e_t \le C_t\, \varepsilon_\beta$ with $C_t$ independent of $\beta$.
+# :::
 #
 # Why the hypothesis. A target whose state is never left has uniform weights $1/n$ for *every*
 # $\beta$ (the figure above): its value moves by the mean TD error of the whole context, whereas
@@ -789,14 +823,22 @@ for msg, kw in {"`states` must lie in 0..5": dict(states=[0, 6, 1]),
 # statement about trajectories in which every target state starts a transition, and that is what
 # we test; the cell after the test shows the failure when the last state is new.
 #
-# **A sharper fact about the fixed point (ours).** Under the same hypothesis and for *every*
+# ::: {.proposition}
+# **Proposition 3 (ours: the fixed point).** Under the hypothesis of Proposition 2 and for *every*
 # $\beta > 0$, not only in the limit, weighted softmax TD has the certainty-equivalence value as its
-# unique fixed point. A fixed point makes $\sum_k K_k(x) \delta_k = 0$ for each target state $x$.
+# unique fixed point.
+# :::
+#
+# ::: {.proof}
+# *Proof.* A fixed point makes $\sum_k K_k(x) \delta_k = 0$ for each target state $x$.
 # Writing $m_x$ for the mean TD error of the transitions leaving $x$ and $T = \sum_k \delta_k$, the
 # formula for $K$ turns this into $(e^\beta - 1) N(x) m_x + T = 0$ for each of the $s'$ distinct
 # target states. Summing over them, $(e^\beta - 1) T + s' T = 0$ (every transition leaves some
 # target state), so $T = 0$ and then every $m_x = 0$: the tabular fixed-point equations, whose
-# solution is unique because $I - \gamma \hat P$ is invertible. The large-$\beta$ limit thus
+# solution is unique because $I - \gamma \hat P$ is invertible.
+# :::
+#
+# The large-$\beta$ limit thus
 # changes the *path* of the iterates, not where they go (if they converge, which the step size
 # controls). That is why the decay over $\beta$ is measured at a fixed, moderate number of
 # iterations below.
@@ -817,7 +859,8 @@ def context_leaving_every_target(mrp, n, seed):
         S, R = sample_trajectory(mrp, n, seed=rng)
         if (S[:-1] == S[-1]).any(): return S, R
 
-contexts = [context_leaving_every_target(random_boyan_chain(n_states=8, features="onehot", seed=s), 40, s) for s in range(8)]
+contexts = [context_leaving_every_target(random_boyan_chain(n_states=8, features="onehot", seed=s), 40, s)
+            for s in range(8)]
 beta_grid = np.arange(0, 41, 2.)
 gaps = np.array([tabular_gap(S, R, 8, beta_grid, 0.8, 0.9, 30) for S, R in contexts])
 for gap in gaps: assert gap[beta_grid == 30][0] < 1e-10 and gap[-1] < 1e-12
@@ -827,13 +870,16 @@ assert all(-1.1 < s < -0.9 for s in slopes), slopes
 print("fitted d log(gap) / d beta per context:", np.round(slopes, 3))
 
 # %%
+#| code-fold: true
 fig, ax = plt.subplots(figsize=(7, 3.8))
-for i, gap in enumerate(gaps): ax.semilogy(beta_grid, np.maximum(gap, 1e-17), "o-", ms=3, lw=1, color=plt.cm.tab10(i), label=f"context {i}" if i < 4 else None)
+for i, gap in enumerate(gaps):
+    ax.semilogy(beta_grid, np.maximum(gap, 1e-17), "o-", ms=3, lw=1, color=plt.cm.tab10(i),
+                label="8 contexts (one colour each)" if i == 0 else None)
 ax.semilogy(beta_grid, 10 * np.exp(-beta_grid), "k--", label=r"$10\, e^{-\beta}$")
 ax.axhline(1e-10, color="grey", lw=0.8, ls=":", label="$10^{-10}$")
-ax.set(xlabel=r"score scale $\beta$", ylabel="max |softmax TD - tabular TD| (return units)", ylim=(1e-17, 10),
-       title="Distance to batch tabular TD over 30 iterations, 8 random contexts")
-ax.legend(fontsize=8, ncol=2);
+ax.set(xlabel=r"score scale $\beta$", ylabel="max |softmax TD - tabular TD|\n(return units)",
+       ylim=(1e-17, 10), title="Distance to batch tabular TD over 30 iterations, 8 random contexts")
+ax.legend(fontsize=9);
 
 # %% [markdown]
 # The distance falls like $e^{-\beta}$ (fitted slopes of $\log$-distance against $\beta$ printed
@@ -900,7 +946,8 @@ t0 = time.time()
 boyan = random_boyan_chain(n_states=10, features="onehot", seed=0)
 S, R = sample_trajectory(boyan, 1000, seed=0)
 assert (S[:-1] == S[-1]).any()
-V = weighted_softmax_td(boyan.phi[S], R, 40 * torch.eye(10, dtype=torch.float64), 1.0, boyan.gamma, 150, return_all=True)
+W_tab = 40 * torch.eye(10, dtype=torch.float64)
+V = weighted_softmax_td(boyan.phi[S], R, W_tab, 1.0, boyan.gamma, 150, return_all=True)
 first = torch.tensor([int(torch.nonzero(S == x)[0]) for x in range(10)])
 per_state = V[:, first]
 for x in range(10): test_close(V[:, S == x], per_state[:, x:x + 1].expand(-1, int((S == x).sum())), eps=1e-12)
@@ -912,6 +959,7 @@ print(f"MSVE: zero estimate {msve(boyan, torch.zeros(10)):.3f}, after 150 iterat
       f"certainty equivalence {msve(boyan, ce):.4f}; {time.time() - t0:.2f}s")
 
 # %%
+#| code-fold: true
 fig, ax = plt.subplots(figsize=(8, 4.2))
 for x in range(10):
     c = plt.cm.tab10(x)
@@ -919,14 +967,14 @@ for x in range(10):
     ax.axhline(boyan.v_pi[x], color=c, ls="--", lw=0.9)
 ax.set(xlabel="iteration $t$ (= layer)", ylabel="value estimate $v_t(x)$ (return units)",
        title=r"Weighted softmax TD on one Boyan chain: $v_t$ (solid) against $v_\pi$ (dashed), $n = 1000$")
-ax.legend(fontsize=7, ncol=2, loc="lower right");
+ax.legend(fontsize=9, ncol=2, loc="lower right");
 
 # %% [markdown]
 # The curves rise geometrically and settle on the dashed true values up to the context's sampling
 # error (the MSVE line above). Everything here ran on 1001 numbers, the values at the trajectory
-# states; the chain's transition matrix was never formed. The next chapters build the prompt that
-# holds these numbers and the softmax Transformer layer whose forward pass is exactly this
-# iteration.
+# states; the chain's transition matrix was never formed. The next chapters build
+# [the prompt](prompt.html) that holds these numbers and [the softmax Transformer layer](dual_head.html)
+# whose forward pass is exactly this iteration.
 
 # %%
 #| hide

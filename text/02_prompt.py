@@ -29,15 +29,19 @@ from ictd.boyan import random_boyan_chain, sample_trajectory
 # $S_0, R_1, S_1, \dots, R_n, S_n$ and the states we want values for into such a matrix. The paper
 # says what goes in (the features of the states, the rewards, and memory slots in which the layers
 # write their value estimates); the exact layout below is **the project's own choice**, made so that
-# the constructions of the next two chapters are exact. It is the layout of theory.md section 3.
+# the constructions of the [next](dual_head.html) [two](tsm.html) chapters are exact.
 #
-# The prompt $Z_0$ has $d + 2$ rows and $n + 1 + q$ columns:
+# ::: {.definition}
+# **Definition (the prompt; our layout).** For a context of $n$ transitions with features
+# $\phi(\cdot) \in \mathbb{R}^d$ and $q$ query states $s_1, \dots, s_q$, the prompt $Z_0$ has $d + 2$
+# rows and $n + 1 + q$ columns:
 #
 # | column $j$ | rows $0..d-1$ (features) | row $d$ (reward) | row $d+1$ (value memory) |
 # |---|---|---|---|
 # | $0 \le j < n$: transition $j+1$ | $\phi(S_j)$ | $R_{j+1}$ | $v_0(S_j) = 0$ |
 # | $j = n$: the last state | $\phi(S_n)$ | $0$ | $0$ |
-# | $n < j \le n + q$: query $j - n$ | $\phi(s_{q})$ | $0$ | $0$ |
+# | $n < j \le n + q$: query $j - n$ | $\phi(s_{j-n})$ | $0$ | $0$ |
+# :::
 #
 # Column $j < n$ is the token of transition $j+1 = (S_j, R_{j+1}, S_{j+1})$, but it holds only the
 # first state and the reward: the successor state $S_{j+1}$ is the *next* column. This is why the
@@ -49,9 +53,9 @@ from ictd.boyan import random_boyan_chain, sample_trajectory
 #
 # The layout fixes which columns are *keys*: only the $n$ context columns carry a transition, so
 # only they are attended to. The last-state and query columns are read from (they are queries of the
-# attention) but never attended to, which the models implement with a $-\infty$ mask. A consequence
-# that the tests of the next chapter check: appending or removing query columns changes nothing in
-# the other columns.
+# attention) but never attended to, which the models implement with a $-\infty$ mask. A consequence,
+# checked in [the next chapter](dual_head.html): appending or removing query columns changes nothing
+# in the other columns.
 
 # %% [markdown]
 # ## Building the prompt
@@ -77,7 +81,7 @@ def build_prompt(phi_states,        # (..., n + 1, d) features of S_0..S_n (n >=
                  rewards,           # (..., n) rewards, rewards[k-1] = R_k
                  phi_queries=None,  # (..., q, d) query features, or (..., d) for one query per prompt; None: no query column
                 )->torch.Tensor:    # (..., d + 2, n + 1 + q) prompt Z_0: features, reward and value-memory rows
-    "Write a trajectory and query states into the prompt matrix $Z_0$ of theory.md section 3."
+    "Write a trajectory and query states into the prompt matrix $Z_0$: features, reward and value-memory rows."
     phi_states = as_tensor(phi_states, "phi_states")
     rewards = as_tensor(rewards, "rewards", device=phi_states.device)
     _check_features(phi_states, "phi_states", min_rows=2)
@@ -191,12 +195,13 @@ def plot_prompt(Z:torch.Tensor,   # (d + 2, n + 1 + q) prompt
     Z = as_tensor(Z, "Z").detach().cpu()
     if Z.ndim != 2: raise ValueError(f"`Z` must be one prompt of shape (d + 2, n + 1 + q), got {tuple(Z.shape)}")
     D, N = Z.shape
-    if ax is None: _, ax = plt.subplots(figsize=(max(6, 0.32 * N + 2), 0.45 * D + 2))
+    if ax is None: _, ax = plt.subplots(figsize=(min(8, max(6, 0.32 * N + 2)), 0.45 * D + 2))
     lim = float(Z.abs().max()) or 1.
     im = ax.imshow(Z.numpy(), cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto")
     ax.figure.colorbar(im, ax=ax, label="entry value", fraction=0.03)
     ax.set_yticks(range(D), [rf"$\phi_{i}$" for i in range(D - 2)] + ["reward", "value memory"])
-    ax.set_xticks(range(N), [str(j) for j in range(N)], fontsize=7)
+    step = 1 if N <= 24 else 5
+    ax.set_xticks(range(0, N, step), [str(j) for j in range(0, N, step)], fontsize=9)
     for x in (n - 0.5, n + 0.5): ax.axvline(x, color="k", lw=1.5)
     for y in (D - 2.5, D - 1.5): ax.axhline(y, color="k", lw=1, ls="--")
     top = ax.secondary_xaxis("top")
@@ -217,7 +222,7 @@ test_fail(lambda: plot_prompt(Zb, n), contains="`Z` must be one prompt")
 
 # %% [markdown]
 # The reward row ends at column $n - 1$: the last state and the queries have no reward, and the
-# value-memory row is blank. The next chapter builds the layer that fills that row.
+# value-memory row is blank. [The next chapter](dual_head.html) builds the layer that fills that row.
 
 # %%
 #| hide

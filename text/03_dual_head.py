@@ -35,14 +35,14 @@ from ictd.prompt import build_prompt
 # attention pattern, a *current-value* head and a *target-value* head, a shift $\Pi$ that routes the
 # token of each successor state to its predecessor, and the discount $\gamma$ in the target head.
 # The paper's full text is not available to this project, so **the exact parameters $\theta^*$
-# below, Theorem 1 and its proof are the project's own construction** (theory.md section 4), chosen
-# to satisfy every claim the paper makes; they are checked numerically to machine precision at the
-# end of the chapter.
+# below, Theorem 1 and its proof are the project's own construction**, chosen
+# to satisfy every claim the paper makes; they are checked numerically to machine precision after
+# the proof.
 #
 # ## The layer
 #
 # Let $Z_l$ be the $(d+2) \times N$ matrix entering layer $l$ ($N = n + 1 + q$ columns, the layout
-# of the previous chapter), with columns $z_0, \dots, z_{N-1}$. Only the $n$ context columns are keys.
+# of [the previous chapter](prompt.html)), with columns $z_0, \dots, z_{N-1}$. Only the $n$ context columns are keys.
 # The attention matrix, shared by both heads, is a softmax over keys $i$ for each query column $j$:
 #
 # $$S_l[i, j] = \frac{\exp\big(z_i^\top A_l z_j + m_i\big)}{\sum_{i'} \exp\big(z_{i'}^\top A_l z_j + m_{i'}\big)},
@@ -248,9 +248,12 @@ test_fail(lambda: DualHeadSoftmaxLayer.from_params(torch.eye(6), torch.eye(5), t
 # $\alpha$ and the discount $\gamma$, the construction is, with $e_k$ the $k$-th unit vector of
 # $\mathbb{R}^{d+2}$:
 #
+# ::: {.definition}
+# **Definition (the constructed parameters $\theta^*$; ours).**
 # $$A = \begin{pmatrix} W & 0 \\ 0 & 0_{2\times 2} \end{pmatrix}, \qquad
 # V^{\mathrm{cur}} = \alpha\, e_{d+1} (e_d - e_{d+1})^\top, \qquad
 # V^{\mathrm{tgt}} = \gamma\alpha\, e_{d+1} e_{d+1}^\top .$$
+# :::
 #
 # $A$ compares features only; both value matrices write only the value-memory row $d+1$. The
 # current head reads the reward with weight $+\alpha$ and the current value with weight $-\alpha$;
@@ -281,7 +284,8 @@ show_doc(theta_star)
 # %% [markdown]
 # The value-update weights read off the layer as (reward, successor value, current value) are
 # $(+\alpha, +\gamma\alpha, -\alpha)$: the sign pattern $(+, +, -)$ of the TD error
-# $R + \gamma v' - v$. The paper reports that pretraining finds this pattern; the pretraining chapter measures it.
+# $R + \gamma v' - v$. The paper reports that pretraining finds this pattern;
+# [chapter 6](pretrain.html) measures it.
 
 # %%
 alpha, gamma, d = 0.3, 0.9, 4
@@ -394,19 +398,22 @@ test_fail(lambda: m_free.predict(torch.zeros(6, 9), n=9), contains="`n` must be 
 #
 # Fix a context $S_0, R_1, \dots, R_n, S_n$ and query states $s_1, \dots, s_q$, and write
 # $x_j$ for the state of column $j$: $x_j = S_j$ for $j \le n$ and $x_{n+j} = s_j$. Let
-# $v_0 = 0, v_1, v_2, \dots$ be the iterates of weighted softmax TD (chapter 1) with score
+# $v_0 = 0, v_1, v_2, \dots$ be the iterates of weighted softmax TD ([chapter 1](weighted_softmax_td.html)) with score
 # $g(x, y) = \phi(x)^\top W \phi(y)$, step $\alpha$ and $\rho = 1$:
 #
 # $$v_{l+1}(x) = v_l(x) + \alpha \sum_{k=1}^{n} K_k(x)\, \delta^{(l)}_k, \qquad
 # \delta^{(l)}_k = R_k + \gamma v_l(S_k) - v_l(S_{k-1}), \qquad
 # K_k(x) = \frac{\exp g(S_{k-1}, x)}{\sum_{k'=1}^n \exp g(S_{k'-1}, x)} .$$
 #
-# **Theorem 1** (the project's construction; the paper claims that such a construction exists).
+# ::: {.theorem}
+# **Theorem 1 (our construction; the paper claims that such a construction exists).**
 # *Let every layer carry $\theta^*$. Then for every $l \ge 0$, rows $0..d$ of $Z_l$ equal those of
 # $Z_0$, and $Z_l[d+1, j] = v_l(x_j)$ at every column $j$. In particular
 # $\mathrm{TF}_L(Z_0) = Z_L[d+1, n+1] = v_L(s_1)$. This holds for every $W$, $\alpha$, $\gamma$,
 # context, and number of queries.*
+# :::
 #
+# ::: {.proof}
 # *Proof*, by induction on $l$. For $l = 0$ the value row of $Z_0$ is zero, which is $v_0$.
 # Assume the claim for $l$.
 #
@@ -425,7 +432,10 @@ test_fail(lambda: m_free.predict(torch.zeros(6, 9), n=9), contains="`n` must be 
 #    (The last-state and query columns have reward $0$ in this row, but they are not keys.)
 # 4. *The residual update is the TD update.* Row $d+1$ of $Z_{l+1}$ at column $j$ is therefore
 #    $$v_l(x_j) + \sum_{i<n} \alpha\, \delta^{(l)}_{i+1} S_l[i, j]
-#    = v_l(x_j) + \alpha \sum_{k=1}^n K_k(x_j)\, \delta^{(l)}_k = v_{l+1}(x_j). \qquad\blacksquare$$
+#    = v_l(x_j) + \alpha \sum_{k=1}^n K_k(x_j)\, \delta^{(l)}_k = v_{l+1}(x_j).$$
+#
+# This is the claim for $l + 1$.
+# :::
 #
 # Two consequences follow from the proof. The query columns are never keys, so the value at one
 # column depends on the context and on that column's own features only: appending or removing query
@@ -437,11 +447,12 @@ test_fail(lambda: m_free.predict(torch.zeros(6, 9), n=9), contains="`n` must be 
 #
 # The check runs the constructed model for $L = 50$ layers on random Boyan chains with random
 # features, random score matrices $W$, random step sizes and context lengths, and one to four query
-# columns holding random feature vectors, and compares every layer's value
-# row with the iterates of `weighted_softmax_td` from chapter 1, at every column, in float64.
+# columns holding random feature vectors, and compares every layer's value row with the iterates of
+# `weighted_softmax_td` of [chapter 1](weighted_softmax_td.html), at every column, in float64.
 # Nothing here is tuned to make the iteration converge, and on several of these tasks it does not:
-# weighted softmax TD with an arbitrary kernel and step size can diverge (chapter 5 says when it
-# cannot), and the Transformer then diverges with it, digit for digit. So the gap is measured
+# weighted softmax TD with an arbitrary kernel and step size can diverge
+# ([chapter 5](convergence.html) says when it cannot), and the Transformer then diverges with it,
+# digit for digit. So the gap is measured
 # relative to the size of the values, $\max|{\rm TF} - {\rm TD}| / \max(1, \max|{\rm TD}|)$,
 # which is the absolute gap wherever the values stay below 1 in magnitude. The constructed models
 # are fixed, not trained, so their parameters are frozen with `requires_grad_(False)` and their
@@ -480,7 +491,8 @@ print(f"largest relative gap {max(g_ for g_, _ in gaps):.1e}; "
 # %%
 mrp = random_boyan_chain(seed=1)
 states, rewards = sample_trajectory(mrp, 25, seed=1)
-model = SoftmaxICTD.from_theta_star(mrp.d, 20, torch.eye(mrp.d, dtype=torch.float64), 0.5, mrp.gamma).requires_grad_(False)
+W_id = torch.eye(mrp.d, dtype=torch.float64)
+model = SoftmaxICTD.from_theta_star(mrp.d, 20, W_id, 0.5, mrp.gamma).requires_grad_(False)
 Z4 = build_prompt(mrp.phi[states], rewards, mrp.phi[:4])
 out4 = model(Z4, n=25)
 test_eq(out4[:mrp.d + 1], Z4[:mrp.d + 1])   # feature and reward rows never change
@@ -500,7 +512,8 @@ trajs = [sample_trajectory(mrp, 25, seed=k) for k in range(8)]
 Zb = torch.stack([build_prompt(mrp.phi[st], r, mrp.phi[:3]) for st, r in trajs]).reshape(2, 4, mrp.d + 2, 29)
 vb = model.predict(Zb, n=25)
 test_eq(vb.shape, (2, 4, 3))
-for k, (st, r) in enumerate(trajs): test_close(vb[k // 4, k % 4], model.predict(build_prompt(mrp.phi[st], r, mrp.phi[:3]), n=25), eps=1e-14)
+for k, (st, r) in enumerate(trajs):
+    test_close(vb[k // 4, k % 4], model.predict(build_prompt(mrp.phi[st], r, mrp.phi[:3]), n=25), eps=1e-14)
 v32 = model.predict(Zb.float(), n=25)
 test_eq(v32.dtype, torch.float32)
 test_close(v32.double(), vb, eps=1e-4 * vb.abs().max().item())
@@ -517,16 +530,17 @@ test_eq(model.predict(Zb.numpy(), n=25), vb)
 # and $0$ otherwise, so each column spreads its attention over the transitions that start in its
 # own state, with a little mass ($e^{-\beta}$ relative) on every other transition. The heat map is
 # the attention of the constructed layer ($\beta = 3$) on a 16-transition context with two queries;
-# the last four rows (the last state and the queries) are masked and carry no weight.
+# the last three rows (the last state and the two queries) are masked and carry no weight.
 
 # %%
 tab = random_boyan_chain(n_states=6, features="onehot", seed=4)
 st6, rw6 = sample_trajectory(tab, 16, seed=4)
-tab_model = SoftmaxICTD.from_theta_star(6, 1, 3 * torch.eye(6, dtype=torch.float64), 0.5, tab.gamma).requires_grad_(False)
+W3 = 3 * torch.eye(6, dtype=torch.float64)
+tab_model = SoftmaxICTD.from_theta_star(6, 1, W3, 0.5, tab.gamma).requires_grad_(False)
 Z6 = build_prompt(tab.phi[st6], rw6, tab.phi[[0, 5]])
 S6 = tab_model.layer(0).attention(Z6, n=16)
 labels = [f"$S_{{{j}}}$={st6[j].item()}" for j in range(17)] + ["$s_q$=0", "$s_q$=5"]
-fig, ax = plt.subplots(figsize=(9, 7.5))
+fig, ax = plt.subplots(figsize=(8, 6.8))
 masked_rows = np.arange(19)[:, None] >= 16 * np.ones((1, 19))
 im = ax.imshow(np.ma.masked_where(masked_rows, S6.numpy()), cmap="viridis", vmin=0)
 ax.imshow(np.where(masked_rows, 1., np.nan), cmap="Greys", vmin=0, vmax=3)
@@ -550,24 +564,26 @@ test_close((S6[:16] * same).sum(0), c * math.e ** 3 / (c * math.e ** 3 + 16 - c)
 #
 # The figure below runs the constructed model on stationary contexts of five near-tabular tasks
 # (one-hot features, $W = 8 I$, $\alpha = 1$, $\gamma = 0.9$, $n = 400$, every state as a query).
-# The left panel is the gap between the Transformer and weighted softmax TD at every layer: rounding
-# error. The right panel is what the iteration achieves: the MSVE of the values at the query columns
+# The top panel is the gap between the Transformer and weighted softmax TD at every layer: rounding
+# error. The bottom panel is what the iteration achieves: the MSVE of the values at the query columns
 # against the true $v_\pi$ falls geometrically with depth, then settles at a floor. The context is
 # finite, so the iteration's fixed point is (close to) the value of the *empirical* chain of the
-# context, not $v_\pi$ (chapter 5); on its way there the iterate can pass closer to $v_\pi$ than
+# context, not $v_\pi$ ([chapter 5](convergence.html)); on its way there the iterate can pass closer to $v_\pi$ than
 # its limit, which is the dip in some curves.
 
 # %%
 def depth_curves(seeds, n:int=400, n_layers:int=80, beta:float=8., alpha:float=1.)->tuple:
-    "Per-layer max |Transformer - weighted softmax TD| and MSVE against v_pi, one near-tabular task per seed, as one batch."
+    "Per layer: max |Transformer - weighted softmax TD| and MSVE against v_pi, one near-tabular task per seed."
     mrps = [random_boyan_chain(features="onehot", seed=seed) for seed in seeds]
     trajs = [sample_trajectory(m, n, seed=seed) for m, seed in zip(mrps, seeds)]
-    phi, rewards = torch.stack([m.phi[st] for m, (st, _) in zip(mrps, trajs)]), torch.stack([r for _, r in trajs])
+    phi = torch.stack([m.phi[st] for m, (st, _) in zip(mrps, trajs)])
+    rewards = torch.stack([r for _, r in trajs])
     phi_q, s = torch.stack([m.phi for m in mrps]), mrps[0].n_states
     W, gamma = beta * torch.eye(s, dtype=torch.float64), mrps[0].gamma
     model = SoftmaxICTD.from_theta_star(s, n_layers, W, alpha, gamma).requires_grad_(False)
     tf = model(build_prompt(phi, rewards, phi_q), n=n, return_all=True)[..., s + 1, :]
-    td = weighted_softmax_td(phi, rewards, W, alpha, gamma, n_layers, phi_queries=phi_q, return_all=True)
+    td = weighted_softmax_td(phi, rewards, W, alpha, gamma, n_layers, phi_queries=phi_q,
+                             return_all=True)
     err = lambda v: torch.stack([msve(m, v[k, :, n + 1:]) for k, m in enumerate(mrps)])
     return (tf - td).abs().amax(-1), err(tf), err(td)
 
@@ -578,26 +594,28 @@ assert (err_tf[:, 40] < 1e-2 * err_tf[:, 0]).all()
 time.time() - t0, gap.max().item()
 
 # %%
-fig, (ax0, ax1) = plt.subplots(1, 2, figsize=(12, 4.2))
+#| code-fold: true
+fig, (ax0, ax1) = plt.subplots(2, 1, figsize=(8, 8), sharex=True)
 layers = np.arange(gap.shape[1])
 for k in range(len(gap)):
     ax0.semilogy(layers[1:], gap[k, 1:], lw=1, label=f"task {k}")
     ax1.semilogy(layers, err_tf[k], lw=1.8, color=f"C{k}", label=f"task {k}: Transformer")
-    ax1.semilogy(layers, err_td[k], lw=0, marker=".", ms=3, color="k", label="weighted softmax TD" if k == 0 else None)
+    ax1.semilogy(layers, err_td[k], lw=0, marker=".", ms=3, color="k",
+                 label="weighted softmax TD" if k == 0 else None)
 ax0.axhline(np.finfo(np.float64).eps, color="k", ls="--", lw=1, label="float64 machine epsilon")
-ax0.set(xlabel="layer $l$", ylabel=r"$\max_j |Z_l[d+1, j] - v_l(x_j)|$ (return units)",
-        title="Transformer vs weighted softmax TD, per layer")
-ax1.set(xlabel="layer $l$", ylabel=r"MSVE$(v_l)$ against $v_\pi$ (squared return units)",
+ax0.set(ylabel=r"$\max_j |Z_l[d+1, j] - v_l(x_j)|$" "\n(return units)",
+        ylim=(1e-17, 1e-13), title="Transformer vs weighted softmax TD, per layer")
+ax1.set(xlabel="layer $l$", ylabel="MSVE$(v_l)$ against $v_\\pi$\n(squared return units)",
         title=r"Value error per layer (one-hot, $W = 8I$, $\alpha = 1$, $n = 400$)")
-ax0.legend(fontsize=8); ax1.legend(fontsize=7, ncol=2)
+ax0.legend(fontsize=9, ncol=3, loc="upper right"); ax1.legend(fontsize=9, ncol=2, loc="upper right")
 plt.tight_layout()
 
 # %% [markdown]
 # The gap stays at the level of rounding error through all 80 layers while the values themselves
 # change by several units, and the value error of the Transformer and of the TD iteration are the
 # same curve. Whether and how fast the iteration converges is a property of the kernel, not of the
-# Transformer, and is the subject of chapter 5. The next chapter shows that the two heads are one
-# ordinary head in disguise.
+# Transformer, and is the subject of [chapter 5](convergence.html). [The next chapter](tsm.html)
+# shows that the two heads are one ordinary head in disguise.
 
 # %%
 #| hide

@@ -24,7 +24,7 @@ from ictd.model import _generator
 # single ordinary softmax head whose input has passed through a parameter-free *temporal shift*.
 # This chapter makes that statement exact, in a general form that holds for every parameter value,
 # not only for the constructed $\theta^*$. As in the previous chapter, **the exact form, Theorem 2
-# and its proof are the project's own** (theory.md section 5); the paper states the equivalence.
+# and its proof are the project's own**; the paper states the equivalence.
 #
 # The shift is the one used by the Temporal Shift Module of video models (Lin, Gan and Han, 2019),
 # which moves some channels of each frame's feature map one frame forward or backward in time, so
@@ -38,14 +38,16 @@ from ictd.model import _generator
 # %% [markdown]
 # ## The temporal shift
 #
-# For a set $C$ of channels (rows) of a prompt $Z$ with $n$ context transitions,
-# $\mathrm{TSM}_C(Z)$ appends to $Z$ the rows $C$ shifted one token to the left along the context:
+# ::: {.definition}
+# **Definition (temporal shift; our exact form).** For a set $C$ of channels (rows) of a prompt $Z$
+# with $n$ context transitions, $\mathrm{TSM}_C(Z)$ appends to $Z$ the rows $C$ shifted one token to the left along the context:
 #
 # $$\mathrm{TSM}_C(Z) = \begin{pmatrix} Z \\ Z[C, :]\, \Pi \end{pmatrix}, \qquad
 # \big(Z[C, :]\,\Pi\big)[:, j] = \begin{cases} Z[C, j+1] & j < n \\ 0 & j \ge n. \end{cases}$$
+# :::
 #
 # The general form shifts all $d+2$ channels ($C = \{0, \dots, d+1\}$, the default); the form that
-# the constructed parameters need shifts the value channel only, $C = \{d+1\}$. As in chapter 3,
+# the constructed parameters need shifts the value channel only, $C = \{d+1\}$. As in [chapter 3](dual_head.html),
 # $\Pi$ is never formed: the shift is a copy along the token axis.
 
 # %%
@@ -165,7 +167,9 @@ show_doc(SingleHeadTSMLayer.forward)
 # %% [markdown]
 # ## Theorem 2: two heads are one head on a shifted input
 #
-# **Theorem 2** (the project's form of the paper's claim). *For every $A$, $V^{\mathrm{cur}}$,
+# ::: {.theorem}
+# **Theorem 2 (our form of the paper's claim that the dual head is a single head plus a shift).**
+# *For every $A$, $V^{\mathrm{cur}}$,
 # $V^{\mathrm{tgt}}$ and every prompt $Z$ (any $n$, any number of query columns),*
 #
 # $$Z + V^{\mathrm{cur}} Z S + V^{\mathrm{tgt}} (Z\Pi) S = Z + V\, \mathrm{TSM}(Z)\, S,
@@ -176,7 +180,9 @@ show_doc(SingleHeadTSMLayer.forward)
 # shifting those channels suffices: $V = [\,V^{\mathrm{cur}} \mid V^{\mathrm{tgt}}[:, C]\,]$ on
 # $\mathrm{TSM}_C(Z)$. For $\theta^*$, $C = \{d+1\}$ and
 # $V = [\,V^{\mathrm{cur}} \mid \gamma\alpha\, e_{d+1}\,]$: one extra input channel, one weight.*
+# :::
 #
+# ::: {.proof}
 # *Proof.* Both layers compute the same attention $S$, since their scores read the same rows of $Z$
 # with the same $A$. Multiplying the block matrices,
 # $$V\,\mathrm{TSM}(Z) = \big[\, V^{\mathrm{cur}} \;\big|\; V^{\mathrm{tgt}} \,\big]
@@ -187,7 +193,8 @@ show_doc(SingleHeadTSMLayer.forward)
 # and $E_C^\top Z \Pi = Z[C, :]\, \Pi$ because selecting rows commutes with multiplying on the
 # right. So $V^{\mathrm{tgt}} Z\Pi = V^{\mathrm{tgt}}[:, C]\; Z[C, :]\,\Pi$, which is the block
 # product with $\mathrm{TSM}_C(Z)$. For $\theta^*$ the only non-zero column of $V^{\mathrm{tgt}}$
-# is column $d+1$, with entry $\gamma\alpha$ in row $d+1$. $\blacksquare$
+# is column $d+1$, with entry $\gamma\alpha$ in row $d+1$.
+# :::
 #
 # The theorem is an identity of linear algebra, so the checks use parameters that mean nothing:
 # random $A$, $V^{\mathrm{cur}}$, $V^{\mathrm{tgt}}$ at full scale and random prompts, not built
@@ -230,7 +237,8 @@ test_close(Zs, Zd, eps=1e-12)
 # %%
 d = 4
 dual = DualHeadSoftmaxLayer(d, init_gain=1., seed=7)
-test_fail(lambda: SingleHeadTSMLayer.from_dual_head(dual, channels=[d + 1]), contains="`layer.V_tgt` has non-zero columns")
+test_fail(lambda: SingleHeadTSMLayer.from_dual_head(dual, channels=[d + 1]),
+          contains="`layer.V_tgt` has non-zero columns")
 V_tgt = torch.zeros(d + 2, d + 2, dtype=torch.float64)
 V_tgt[:, d + 1] = torch.from_numpy(rng.normal(size=d + 2))
 one = DualHeadSoftmaxLayer.from_params(dual.A, dual.V_cur, V_tgt)
@@ -242,13 +250,14 @@ test_close(single(Zr, n=26), one(Zr, n=26), eps=1e-12)
 # %% [markdown]
 # For the constructed parameters the single head's value matrix is $[\,V^{\mathrm{cur}} \mid
 # \gamma\alpha e_{d+1}\,]$, and the whole constructed Transformer can be run as a stack of single
-# heads on shifted prompts, with the same outputs as chapter 3's model:
+# heads on shifted prompts, with the same outputs as the model of [chapter 3](dual_head.html):
 
 # %%
 alpha, gamma = 0.4, 0.9
 W = torch.from_numpy(rng.normal(size=(d, d)))
 A, V_cur, V_tgt = theta_star(d, W, alpha, gamma)
-single = SingleHeadTSMLayer.from_dual_head(DualHeadSoftmaxLayer.from_params(A, V_cur, V_tgt), channels=[d + 1])
+dual_star = DualHeadSoftmaxLayer.from_params(A, V_cur, V_tgt)
+single = SingleHeadTSMLayer.from_dual_head(dual_star, channels=[d + 1])
 e = torch.zeros(d + 2, 1, dtype=torch.float64); e[d + 1] = 1.
 test_eq(single.V.detach(), torch.cat([V_cur, gamma * alpha * e], dim=1))
 test_eq(single.A.detach(), A)
@@ -274,17 +283,20 @@ test_close(Zl, model(Z0, n=40), eps=1e-12)
 st12, rw12 = sample_trajectory(mrp, 12, seed=5)
 model3 = SoftmaxICTD.from_theta_star(d, 3, W, alpha, gamma).requires_grad_(False)
 T3 = temporal_shift(model3(build_prompt(mrp.phi[st12], rw12, mrp.phi[[0, 9]]), n=12), 12, channels=[d + 1])
-fig, ax = plt.subplots(figsize=(10, 4.2))
+fig, ax = plt.subplots(figsize=(8, 4.4))
 lim = T3.abs().max().item()
 im = ax.imshow(T3.numpy(), cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto")
-ax.set_yticks(range(d + 3), [rf"$\phi_{i}$" for i in range(d)] + ["reward", "value memory", "shifted value\n(TSM channel)"])
-ax.set_xticks(range(15), [f"{j}" for j in range(15)], fontsize=8)
+row_names = [rf"$\phi_{i}$" for i in range(d)] + ["reward", "value memory", "shifted value\n(TSM channel)"]
+ax.set_yticks(range(d + 3), row_names)
+ax.set_xticks(range(15), [f"{j}" for j in range(15)], fontsize=9)
 for x in (11.5, 12.5): ax.axvline(x, color="k", lw=1.5)
 ax.axhline(d + 1.5, color="k", lw=2)
 top = ax.secondary_xaxis("top")
 top.set_xticks([5.5, 12, 13.5], ["context", "last\nstate", "queries"], fontsize=9); top.tick_params(length=0)
-for j in range(12): ax.annotate("", xy=(j, d + 2), xytext=(j + 1, d + 1), arrowprops=dict(arrowstyle="->", color="k", lw=0.6))
-ax.set(xlabel="token (column) $j$", title=r"$\mathrm{TSM}_{\{d+1\}}(Z_3)$: the input of the fourth layer as one head reads it")
+for j in range(12):
+    ax.annotate("", xy=(j, d + 2), xytext=(j + 1, d + 1), arrowprops=dict(arrowstyle="->", color="k", lw=0.6))
+ax.set(xlabel="token (column) $j$",
+       title=r"$\mathrm{TSM}_{\{d+1\}}(Z_3)$: the input of layer 4 as one head reads it")
 fig.colorbar(im, ax=ax, label="entry value", fraction=0.03)
 test_fig_exists(ax)
 test_eq(T3[d + 2, :12], T3[d + 1, 1:13])
@@ -293,7 +305,7 @@ test_eq(T3[d + 2, 12:], torch.zeros(3, dtype=torch.float64))
 # %% [markdown]
 # The arrows show where each entry of the shifted channel comes from. The dual-head layer and the
 # single head with a shift are one layer written two ways; from here on the book uses whichever
-# reads better. The next chapter asks when the iteration they both run converges.
+# reads better. [The next chapter](convergence.html) asks when the iteration they both run converges.
 
 # %%
 #| hide
