@@ -212,7 +212,7 @@ def random_boyan_chain(n_states:int=10,           # number of states s >= 2
                        rewards:str="random",      # "random" (U(-1, 1)) or "representable" (v_pi in the span of phi)
                        seed=None,                 # int or `numpy.random.Generator`
                       )->MRP:
-    "Draw a random Boyan chain task with the conventions of theory.md section 1."
+    "Draw a random Boyan chain task (the conventions of Wang et al. 2025's public code, listed above)."
     if int(n_states) != n_states or n_states < 2: raise ValueError(f"`n_states` must be an integer >= 2, got {n_states}")
     if int(d) != d or d < 1: raise ValueError(f"`d` must be a positive integer, got {d}")
     if features not in FEATURES: raise ValueError(f"`features` must be one of {FEATURES}, got {features!r}")
@@ -435,8 +435,8 @@ test_eq(msve(mrp, torch.zeros(3, 10)).shape, (3,))
 test_fail(lambda: msve(mrp, np.zeros(9)), contains="`v_hat` must have last dimension 10")
 
 # %% [markdown]
-# With the ground truth in place, the next chapter introduces the algorithm a softmax Transformer
-# runs on such trajectories: weighted softmax TD.
+# With the ground truth in place, [the next chapter](weighted_softmax_td.html) introduces the
+# algorithm a softmax Transformer runs on such trajectories: weighted softmax TD.
 
 # %%
 #| hide

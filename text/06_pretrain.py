@@ -202,6 +202,13 @@ exact, estimates.mean().item(), plug_in.mean().item()
 # %% [markdown]
 # ## Why $\theta^*$ minimises NEU in the limit (our argument)
 #
+# ::: {.proposition}
+# **Proposition (ours).** Any parameters whose prediction equals the true value,
+# $\mathrm{TF}(Z_0;\theta) = v_\pi(s_q)$ for every task, context and query, are global minimisers of
+# NEU.
+# :::
+#
+# ::: {.proof}
 # $\mathrm{NEU} \ge 0$ everywhere. Suppose the prediction equals the true value,
 # $\mathrm{TF}(Z_0;\theta) = v_\pi(s_q)$ for every task, context and query. The gradient
 # $\nabla_\theta\mathrm{TF}(Z_0;\theta)$ depends on the task, the context and $s_q$, but not on
@@ -210,6 +217,8 @@ exact, estimates.mean().item(), plug_in.mean().item()
 # $$\mathbb E[\delta \mid \text{task}, \text{context}, s_q] = r(s_q) + \gamma \sum_y P(s_q, y) v_\pi(y) - v_\pi(s_q) = 0$$
 #
 # by the Bellman equation, and the expected update vanishes: such a $\theta$ is a global minimiser.
+# :::
+#
 # The constructed $\theta^*$ predicts $v_\pi$ only in a limit. As $n \to \infty$ its prediction tends
 # to the $L$-th iterate of the population recursion of the [convergence chapter](convergence.html),
 # and under the kernel-diagonality condition that iterate tends to $v_\pi$ geometrically as
@@ -280,7 +289,9 @@ gaps
 # %% [markdown]
 # Now NEU of $\theta^*$ (one-hot features, $W = 15 I$, $\alpha = 1$, shared across layers so that the
 # parameter vector does not grow with depth) at $n = \infty$, against depth, beside a randomly
-# initialised model of the same shape, and beside the finite-context estimate at $n = 30$:
+# initialised model of the same shape (up to $L = 32$; it keeps growing beyond), and beside the
+# finite-context estimate at $n = 30$ (at $L = 1, 2, 4$ and $64$ only: each estimate at depth $L$
+# costs $L$ forward and backward passes over many batches):
 
 # %%
 depths = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -323,7 +334,7 @@ assert (neu_random[3:] > 100 * neu_star[-1]).all(), neu_random
 # ## The emergence experiment
 #
 # Now train. `PretrainConfig` holds every setting; its defaults are those of the project's
-# specification (theory.md section 7): $s = 10$ states, $d = 4$ random features, $n = 30$, $L = 3$
+# specification of the experiment: $s = 10$ states, $d = 4$ random features, $n = 30$, $L = 3$
 # layers with their own parameters, $\gamma = 0.9$, Adam with learning rate $10^{-3}$ and weight decay
 # $10^{-6}$, a small Xavier-normal initialisation, a pool of 4096 tasks. During training we record,
 # on held-out tasks, the MSVE of the model's values at every state, NEU (estimated at the training
@@ -337,7 +348,7 @@ assert (neu_random[3:] > 100 * neu_star[-1]).all(), neu_random
 #| export
 @dataclass(frozen=True)
 class PretrainConfig:
-    "Every setting of a pretraining run (defaults: theory.md section 7)."
+    "Every setting of a pretraining run (defaults: the project's specification of the emergence experiment)."
     n_states:int = 10          # states per Boyan chain
     d:int = 4                  # feature dimension
     features:str = "random"    # "random", "unit" or "onehot" (then d = n_states)
@@ -503,7 +514,7 @@ def plot_emergence(result:PretrainResult,  # a finished run
     axs[1, 1].plot(steps[(est > 0).numpy()], est[est > 0], ".", label=f"NEU, n = {c.n} (positive estimates)")
     axs[1, 1].plot(steps, h["neu_population"].flatten(), label=r"NEU, $n = \infty$")
     axs[1, 1].set(yscale="log", xlabel="training step", title="Value error and NEU")
-    for ax in axs.flat: ax.legend(fontsize=8)
+    for ax in axs.flat: ax.legend(fontsize=9)
     fig.suptitle(title or f"Pretraining: d = {c.d} {c.features} features, n = {c.n}, L = {c.n_layers}, lr = {c.lr:g}, seed {c.seed}")
     fig.tight_layout()
     return fig

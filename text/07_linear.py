@@ -28,7 +28,7 @@ import matplotlib.pyplot as plt
 # softmax is replaced by the identity. Wang, Blaser, Daneshmand and Zhang (ICLR 2025,
 # arXiv 2405.13861) showed that a linear Transformer's forward pass can run batch linear TD(0), one
 # iteration per layer. This chapter rebuilds that construction in the form given in the project's
-# specification (theory.md section 8), proves the equivalence with a short argument of our own,
+# specification, proves the equivalence with a short argument of our own,
 # checks it to machine precision, and then puts the two constructions side by side.
 
 # %% [markdown]
@@ -131,22 +131,26 @@ class LinearAttentionLayer(nn.Module):
 #
 # $$z_i^\top Q z_j = \alpha\,\phi(S_i)^\top C\big(\gamma\,\phi'_j - \phi_j\big),$$
 #
-# where $\phi_j, \phi'_j$ are the first and middle blocks of column $j$ ($\phi'_j = \phi(S_{j+1})$
-# for a context column, $0$ for a query).
+# where $\phi_j$ is the first block of column $j$ and $\gamma\phi'_j$ its middle block
+# ($\phi'_j = \phi(S_{j+1})$ for a context column, $0$ for a query).
 #
-# **Claim** (proved here, our own argument for the form in theory.md section 8). Let $w_l$ be the
+# ::: {.proposition}
+# **Proposition (our argument for the construction of Wang et al. 2025 in the form above).** Let $w_l$ be the
 # iterates of preconditioned batch linear TD, $w_{l+1} = w_l + \frac{\alpha}{n} C^\top
 # \sum_{i<n} \delta_i^{(l)} \phi(S_i)$ from $w_0 = 0$, with $\delta_i^{(l)} = R_{i+1} +
 # \gamma \phi(S_{i+1})^\top w_l - \phi(S_i)^\top w_l$. Then the last row of $Z_l$ holds
 # $\delta^{(l)}_i$ at context column $i$ and $-\phi(s_q)^\top w_l$ at each query column.
+# :::
 #
+# ::: {.proof}
 # *Proof.* By induction on $l$. At $l=0$, $w_0 = 0$, the last row is $R_{i+1} = \delta_i^{(0)}$ on
 # the context and $0$ on the queries. The first $2d$ rows never change. Suppose the claim holds at
 # $l$; the last row gains $\frac1n\sum_{i<n} \delta_i^{(l)}\, z_i^\top Q z_j$. At a query this is
 # $-\frac{\alpha}{n}\sum_i \delta_i^{(l)} \phi(S_i)^\top C \phi(s_q) = -\phi(s_q)^\top(w_{l+1} - w_l)$.
 # At a context column $j$ it is $\frac{\alpha}{n}\sum_i \delta_i^{(l)} \phi(S_i)^\top C(\gamma
 # \phi(S_{j+1}) - \phi(S_j)) = \gamma\phi(S_{j+1})^\top(w_{l+1}-w_l) - \phi(S_j)^\top(w_{l+1}-w_l)
-# = \delta_j^{(l+1)} - \delta_j^{(l)}$. $\square$
+# = \delta_j^{(l+1)} - \delta_j^{(l)}$.
+# :::
 #
 # So the readout is $-Z_L[2d, \text{query}]$: the value estimate of $L$ iterations of batch linear TD.
 
@@ -242,7 +246,7 @@ test_eq(LinearICTD.from_td(4, 3, 0.1).predict(Zb.float(), n=30).dtype, torch.flo
 # |---|---|---|
 # | token | a transition $[\phi(S_i); \gamma\phi(S_{i+1}); R_{i+1}]$ | a state $[\phi(S_i); R_{i+1}; v(S_i)]$ |
 # | successor | copied into the token | reached by a shift of the token axis (second head, or TSM) |
-# | attention weight of key $i$ for target $x$ | $\alpha\,\phi(S_i)^\top C \phi(x)$, unnormalised | $\alpha\,\mathrm{softmax}_i\, \phi(S_i)^\top W \phi(x)$ |
+# | weight of key $i$'s TD error for target $x$ | $\frac{\alpha}{n}\phi(S_i)^\top C \phi(x)$, unnormalised (written to the negated value slot) | $\alpha\,\mathrm{softmax}_i\, \phi(S_i)^\top W \phi(x)$ |
 # | one layer | one step of batch linear TD on $w$ | one step of weighted softmax TD on $v$ |
 # | where the estimate lives | a weight vector in $\mathbb R^d$ | values at the context's states (kernel space) |
 # | limit in depth | the linear TD fixed point in the span of $\phi$ | the fixed point of the kernel-weighted Bellman equation (tabular: certainty equivalence) |
@@ -304,7 +308,8 @@ def plot_side_by_side(curves:dict,   # the output of `side_by_side`
         ax.fill_between(range(c.shape[1]), lo, hi, alpha=0.2)
     ax.set(yscale="log", xlabel="depth $L$ (layers = TD iterations)", ylabel="MSVE (squared return units)",
            title=f"Linear vs softmax in-context TD, {c.shape[0]} Boyan chains, $n = {n}$ (median, quartiles)")
-    ax.legend()
+    ax.set_ylim(bottom=1e-4)
+    ax.legend(loc="lower left", fontsize=9)
     return fig
 
 
@@ -336,7 +341,7 @@ onehot_lin[40].item(), onehot_soft[40].item(), rand_lin[-1].item()
 # needs the attention to concentrate on a state's own visits (kernel diagonality, the
 # [convergence chapter](convergence.html)), while linear TD's stability depends on the step size and
 # the features' covariance. Which of the two a pretrained Transformer ends up running is a question
-# about training, taken up by the pretraining chapter still to come.
+# about training, taken up in [chapter 6](pretrain.html).
 
 # %%
 #| hide

@@ -15,10 +15,11 @@ from ictd.boyan import *
 # built around, *Beyond Linear Attention: Softmax Transformers Implement In-Context Reinforcement
 # Learning* (Xie, Liu, Chen, Liu, Chandra and Zhang, arXiv 2605.07333, 2026), answers it for the
 # **softmax** attention that real Transformers use: with suitable parameters, each layer performs one
-# iteration of **weighted softmax TD**, a TD algorithm in kernel space that contains linear TD and
-# tabular TD as special cases; the error decays geometrically in depth under a kernel-diagonality
-# condition, down to a statistical floor that vanishes as the context grows; and those parameters
-# minimise a TD pretraining loss, which is why they emerge in training.
+# iteration of **weighted softmax TD**, a TD algorithm in kernel space that contains linear TD as an
+# exact special case and tabular TD as its sharp-kernel limit; the error decays geometrically in depth
+# under a kernel-diagonality condition, down to a statistical floor that vanishes as the context
+# grows; and, the paper argues, those parameters minimise a TD pretraining loss in the limit of long
+# contexts and then deep models, which would explain why they emerge in training.
 #
 # This book develops each of these results from scratch, in code you can run on a laptop CPU in
 # minutes, with a test beside every claim that would fail if the claim were false.
@@ -39,8 +40,8 @@ from ictd.boyan import *
 #
 # 0. [The Boyan chain](boyan.html): Markov reward processes, the random Boyan chain testbed,
 #    trajectories, stationary distributions and true values.
-# 1. [Weighted softmax TD](weighted_softmax_td.html): TD in kernel space, with linear TD and
-#    tabular TD as exact special cases.
+# 1. [Weighted softmax TD](weighted_softmax_td.html): TD in kernel space, with linear TD as an exact
+#    special case and tabular TD as its sharp-kernel limit.
 # 2. [The prompt](prompt.html): a trajectory written as a matrix of tokens.
 # 3. [The dual-head softmax layer](dual_head.html): Theorem 1, a softmax Transformer's forward pass
 #    is weighted softmax TD.
