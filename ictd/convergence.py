@@ -279,7 +279,7 @@ def plot_depth(sweep:dict,  # output of `depth_experiment`
     ax.set(yscale="log", ylim=(1e-5, 10), xlabel="depth $L$ (layers)",
            ylabel=rf"$\|v_L - v_\pi\|_\infty$ (return units), mean of {len(sweep['errors'])} tasks",
            title=rf"Error against depth: geometric decay, then the floor (dotted); $\beta = {sweep['beta']:g}$, $\alpha = {sweep['alpha']:g}$")
-    ax.legend(fontsize=8, loc="lower left")
+    ax.legend(fontsize=9, loc="lower left")
     return fig
 
 # %% ../nbs/05_convergence.ipynb #312da16f
@@ -333,17 +333,17 @@ def plot_diagonality(result:dict,  # output of `diagonality_sweep`
     "Experiment 3: mean and minimum diagonality against $\\beta$ per feature kind (mean, and 10-90% band), with the threshold."
     import matplotlib.pyplot as plt
     betas, curves = result["betas"], result["curves"]
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.4), sharey=True)
+    fig, axes = plt.subplots(2, 1, figsize=(8, 8), sharex=True)
     for ax, (k, name) in zip(axes, enumerate(("mean", "minimum"))):
         for i, (feat, c) in enumerate(curves.items()):
             ax.plot(betas, c[k].mean(1), color=f"C{i}", label=FEATURE_LABELS.get(feat, feat))
             ax.fill_between(betas, c[k].quantile(0.1, 1), c[k].quantile(0.9, 1), color=f"C{i}", alpha=0.2)
         ax.axhline((1 + result["gamma"]) / 2, color="k", ls="--", lw=1, label=r"threshold $(1 + \gamma)/2$")
-        ax.set(xscale="log", xlabel=r"score scale $\beta$ ($W = \beta I$)", ylabel=f"{name} of $M_\\pi(x, x)$ over states",
-               title=f"{name.capitalize()} kernel diagonality")
-    axes[0].legend(fontsize=8)
+        ax.set(xscale="log", ylabel=f"{name} of $M_\\pi(x, x)$ over states", title=f"{name.capitalize()} kernel diagonality")
+    axes[-1].set_xlabel(r"score scale $\beta$ ($W = \beta I$)")
+    axes[0].legend(fontsize=9)
     n_tasks = next(iter(curves.values()))[0].shape[1]
-    fig.suptitle(f"Kernel diagonality against the score scale ({n_tasks} tasks per feature kind: mean, and 10-90% band)")
+    fig.suptitle(f"Kernel diagonality against the score scale\n({n_tasks} tasks per feature kind: mean, and 10-90% band)")
     fig.tight_layout()
     return fig
 
@@ -397,10 +397,10 @@ def plot_rates(result:dict,  # output of `rate_experiment`
     rates, rhos, kinds = result["rates"], result["rhos"], result["kinds"]
     fig, ax = plt.subplots(figsize=(6, 5.5))
     for i, feat in enumerate(dict.fromkeys(kinds)):
-        ax.scatter(rhos[kinds == feat], rates[kinds == feat], s=12, color=f"C{i}", label=f"{feat} features ({(kinds == feat).sum()} tasks)")
+        ax.scatter(rhos[kinds == feat], rates[kinds == feat], s=12, color=f"C{i}", label=f"{FEATURE_LABELS.get(feat, feat)} features ({(kinds == feat).sum()} tasks)")
     lim = [min(rates.min(), rhos.min()) - 0.01, 1]
     ax.plot(lim, lim, "k--", lw=1, label="$y = x$")
     ax.set(xlim=lim, ylim=lim, aspect="equal", xlabel=r"bound $\rho = 1 - \alpha(2 \min_x M(x,x) - 1 - \gamma)$",
            ylabel="measured rate (per layer)", title="Measured contraction rate against the bound")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=9)
     return fig

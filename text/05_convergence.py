@@ -52,10 +52,12 @@ from ictd.wstd import weighted_softmax_td, context_weights, certainty_equivalenc
 # start state $S_{k-1}$. Grouping the $n$ keys by state, with $N(y)$ the number of keys in state
 # $y$, the total weight that $x$ puts on the keys in state $y$ is
 #
-# $$\hat M(x, y) = \sum_{k:\, S_{k-1} = y} K_k(x) = \frac{N(y)\, \kappa(y, x)}{\sum_z N(z)\, \kappa(z, x)} .$$
+# $$\hat M(x, y) = \sum_{k:\, S_{k-1} = y} K_k(x)
+#   = \frac{N(y)\, \kappa(y, x)}{\sum_z N(z)\, \kappa(z, x)} .$$
 #
-# Along a stationary trajectory $N(y)/n \to d_\pi(y)$ (the ergodic theorem of chapter 0), and
-# dividing numerator and denominator by $n$ gives the **population attention matrix**
+# Along a stationary trajectory $N(y)/n \to d_\pi(y)$ (the ergodic theorem of
+# [chapter 0](boyan.html)), and dividing numerator and denominator by $n$ gives the **population
+# attention matrix**
 #
 # $$M_\pi(x, y) = \frac{d_\pi(y)\, \kappa(y, x)}{\sum_z d_\pi(z)\, \kappa(z, x)} .$$
 #
@@ -148,9 +150,10 @@ population_attention(mrp, 5 * I_s).diagonal()
 
 # %% [markdown]
 # At $\beta = 0$ every row is $d_\pi$ (the attention ignores the query), checked above. The
-# hand-computable case: with one-hot features $M_\pi(x, x) = d_\pi(x) e^\beta / (d_\pi(x) e^\beta + 1 - d_\pi(x))$.
-# And the **tabular limit**: as $\beta \to \infty$ each state attends only to itself, $M_\pi \to I$;
-# the computation stays finite at scores far beyond where $e^\beta$ overflows.
+# hand-computable case: with one-hot features
+# $M_\pi(x, x) = d_\pi(x) e^\beta / (d_\pi(x) e^\beta + 1 - d_\pi(x))$. And the **tabular limit**:
+# as $\beta \to \infty$ each state attends only to itself, $M_\pi \to I$; the computation stays
+# finite at scores far beyond where $e^\beta$ overflows.
 
 # %%
 beta = 3.
@@ -162,9 +165,9 @@ test_close(population_attention(mrp, 1e4 * I_s), I_s, eps=1e-300)
 gaps
 
 # %% [markdown]
-# The aggregation by state is exact: summing the token-level softmax weights of chapter 1
-# (`context_weights`, one column per target) over the keys of each state gives $\hat M$, here for
-# random features and a random score matrix:
+# The aggregation by state is exact: summing the token-level softmax weights of
+# [chapter 1](weighted_softmax_td.html) (`context_weights`, one column per target) over the keys of
+# each state gives $\hat M$, here for random features and a random score matrix:
 
 # %%
 task = random_boyan_chain(seed=3)
@@ -208,8 +211,9 @@ for msg, f in {"`W` must have shape (4, 4)": lambda: population_attention(task, 
 # rows of states never left are zero). Because every key in state $y$ has the same weight
 # $\hat M(x, y)/N(y)$,
 #
-# $$\sum_{k=1}^n K_k(x)\, \delta_k = \sum_y \frac{\hat M(x, y)}{N(y)} \sum_{k:\, S_{k-1} = y} \big(R_k + \gamma v(S_k) - v(y)\big)
-#   = \sum_y \hat M(x, y) \big(\hat r(y) + \gamma (\hat P v)(y) - v(y)\big),$$
+# $$\begin{aligned}\sum_{k=1}^n K_k(x)\, \delta_k
+#   &= \sum_y \frac{\hat M(x, y)}{N(y)} \sum_{k:\, S_{k-1} = y} \big(R_k + \gamma v(S_k) - v(y)\big) \\
+#   &= \sum_y \hat M(x, y) \big(\hat r(y) + \gamma (\hat P v)(y) - v(y)\big),\end{aligned}$$
 #
 # so the $L$-layer Transformer computes exactly
 #
@@ -287,10 +291,10 @@ show_doc(td_recursion)
 
 # %% [markdown]
 # The identity with the Transformer, checked to machine precision: weighted softmax TD (which
-# chapter 3 proves equal, layer by layer, to the softmax Transformer with the constructed
-# parameters), read out at query columns holding every state's features, equals the recursion over
-# states, for random features and random scores, at every layer, and at the trajectory's own tokens
-# (to 13 significant digits; nothing here needs the iteration to converge).
+# [chapter 3](dual_head.html) proves equal, layer by layer, to the softmax Transformer with the
+# constructed parameters), read out at query columns holding every state's features, equals the
+# recursion over states, for random features and random scores, at every layer, and at the
+# trajectory's own tokens (to 13 significant digits; nothing here needs the iteration to converge).
 
 # %%
 alpha, L = 0.7, 25
@@ -317,31 +321,47 @@ for msg, f in {"`alpha` must lie in (0, 1]": lambda: td_recursion(M_pop, task.P,
 # %% [markdown]
 # ## The kernel-diagonality condition and the contraction bound
 #
-# When does $B = I - \alpha M (I - \gamma P)$ shrink errors? Write its row $x$ out. With $M$ and
-# $P$ row-stochastic and non-negative, $MP$ is too, and
+# When does $B = I - \alpha M (I - \gamma P)$ shrink errors? A condition on the diagonal of $M$
+# alone is enough.
 #
-# $$B(x, x) = 1 - \alpha M(x, x) + \alpha\gamma (MP)(x, x), \qquad
-#   B(x, y) = -\alpha M(x, y) + \alpha\gamma (MP)(x, y) \quad (y \ne x).$$
-#
-# For $\alpha \le 1$, $1 - \alpha M(x, x) \ge 0$, so by the triangle inequality the absolute row sum is
-#
-# $$\sum_y |B(x, y)| \le \big(1 - \alpha M(x, x)\big) + \alpha \sum_{y \ne x} M(x, y) + \alpha\gamma \sum_y (MP)(x, y)
-#  = 1 + \alpha\big(1 + \gamma - 2 M(x, x)\big).$$
-#
-# **Proposition [ours].** Let $\alpha \in (0, 1]$ and
+# ::: {.proposition}
+# **Proposition (ours; the paper's Assumption 5.1 in checkable form).** Let $M$ and $P$ be
+# non-negative and row-stochastic, $\alpha \in (0, 1]$, $\gamma \in [0, 1)$ and
 # $\rho = 1 - \alpha\big(2 \min_x M(x, x) - 1 - \gamma\big)$. Then $\|B\|_\infty \le \rho$, and
 # if the **kernel-diagonality condition** $\min_x M(x, x) > (1 + \gamma)/2$ holds, $\rho < 1$ and
 #
 # $$\|v_L - v_\pi\|_\infty = \|B^L e_0\|_\infty \le \rho^L \|v_\pi\|_\infty \qquad (e_0 = -v_\pi).$$
+# :::
 #
-# *Proof.* The row sums above bound the induced $\infty$-norm, which is submultiplicative. $\square$
+# Here $\rho$ is the contraction constant of the recursion (`contraction_bound` computes it); it is
+# unrelated to the per-target weight $\rho(x)$ of [chapter 1](weighted_softmax_td.html).
+#
+# ::: {.proof}
+# *Proof.* Write row $x$ of $B$ out. With $M$ and $P$ row-stochastic and non-negative, $MP$ is
+# too, and
+#
+# $$\begin{aligned}B(x, x) &= 1 - \alpha M(x, x) + \alpha\gamma (MP)(x, x), \\
+#   B(x, y) &= -\alpha M(x, y) + \alpha\gamma (MP)(x, y) \qquad (y \ne x).\end{aligned}$$
+#
+# For $\alpha \le 1$, $1 - \alpha M(x, x) \ge 0$, so by the triangle inequality the absolute row
+# sum is
+#
+# $$\begin{aligned}\sum_y |B(x, y)| &\le \big(1 - \alpha M(x, x)\big) + \alpha \sum_{y \ne x} M(x, y)
+#   + \alpha\gamma \sum_y (MP)(x, y) \\
+#   &= 1 + \alpha\big(1 + \gamma - 2 M(x, x)\big) \le \rho .\end{aligned}$$
+#
+# The largest absolute row sum is the induced $\infty$-norm, so $\|B\|_\infty \le \rho$; under the
+# condition $\rho < 1$. The norm is submultiplicative and $e_L = B^L e_0$, which gives the bound on
+# the error.
+# :::
 #
 # The condition is the project's checkable reading of the paper's Assumption 5.1: every state must
 # give itself more than $(1 + \gamma)/2$ of its attention ($0.95$ at $\gamma = 0.9$). In the
 # tabular limit $M = I$ and $\rho = 1 - \alpha(1 - \gamma)$, which is exactly the rate of tabular
 # TD: $B = (1 - \alpha) I + \alpha\gamma P$ has the eigenvalue $1 - \alpha(1 - \gamma)$ (for the
 # constant vector), so the bound cannot be improved there. The same argument applies verbatim to
-# the finite-context recursion with $\hat M$ and $\hat P$, whenever every state appears among the keys.
+# the finite-context recursion with $\hat M$ and $\hat P$, whenever every state appears among the
+# keys.
 
 # %%
 #| export
@@ -409,18 +429,26 @@ test_fail(lambda: kernel_diagonality(torch.ones(2, 3)), contains="`M` must have 
 # $$\hat v_\infty = C\, (R C)^{-1}\, \hat r_V ,$$
 #
 # the **empirical fixed point**. On the key states it solves the empirical Bellman equation
-# $\hat r + \gamma \hat P \hat v - \hat v = 0$ (when every state is a key, and the kernel matrix is
-# invertible, it is the certainty-equivalence value $(I - \gamma \hat P)^{-1} \hat r$ of chapter 1,
-# whatever the kernel); at states never seen as keys it is the kernel's extrapolation. In the
-# population case all states are keys, $M_\pi$ is invertible for the kernels used here, and the
-# fixed point is $v_\pi$. (At $\beta = 0$ every row of the attention is the same, $C$ has rank one,
-# and there is no unique fixed point: `fixed_point` says so.) The computation masks the non-key states with an identity block, which
+# $\hat r + \gamma \hat P \hat v - \hat v = 0$; at states never seen as keys it is the kernel's
+# extrapolation. When every state is a key, $C = \hat M$ and $R = I - \gamma \hat P$ (invertible,
+# since $\hat P$ is then row-stochastic), so for every kernel whose aggregated attention matrix
+# $\hat M$ is invertible
+#
+# $$\hat v_\infty = \hat M \big((I - \gamma \hat P) \hat M\big)^{-1} \hat r
+#   = (I - \gamma \hat P)^{-1} \hat r ,$$
+#
+# the certainty-equivalence value of [chapter 1](weighted_softmax_td.html): the kernel then decides
+# how fast the layers get there, not where they go. In the population case all states are keys,
+# $M_\pi$ is invertible for the kernels used here, and the fixed point is $v_\pi$. (At $\beta = 0$
+# every row of the attention is the same, $C$ has rank one, and there is no unique fixed point:
+# `fixed_point` says so.) The computation masks the non-key states with an identity block, which
 # keeps one batched solve for contexts with different key sets.
 #
 # The error at depth $L$ then splits by the triangle inequality into a **depth term** and a
 # **statistical floor**:
 #
-# $$\|v_L - v_\pi\|_\infty \le \underbrace{\|v_L - \hat v_\infty\|_\infty}_{\text{geometric in } L} + \underbrace{\|\hat v_\infty - v_\pi\|_\infty}_{\text{floor, falls with } n} .$$
+# $$\|v_L - v_\pi\|_\infty \le \underbrace{\|v_L - \hat v_\infty\|_\infty}_{\text{geometric in } L}
+#   + \underbrace{\|\hat v_\infty - v_\pi\|_\infty}_{\text{floor, falls with } n} .$$
 
 # %%
 #| export
@@ -472,7 +500,8 @@ test_fail(lambda: fixed_point(population_attention(mrp, 0 * W), mrp.P, mrp.r, mr
 
 # %% [markdown]
 # On a finite context whose keys cover every state, the same proposition (with $\hat M$, $\hat P$)
-# bounds the depth term: $\|v_L - \hat v_\infty\|_\infty \le \hat\rho^{\,L} \|\hat v_\infty\|_\infty$.
+# bounds the depth term:
+# $\|v_L - \hat v_\infty\|_\infty \le \hat\rho^{\,L} \|\hat v_\infty\|_\infty$.
 
 # %%
 states, rewards = sample_trajectory(mrp, 400, seed=400)
@@ -556,7 +585,8 @@ show_doc(sample_trajectories)
 
 # %% [markdown]
 # The batched sampler is reproducible, only takes allowed transitions, and the joint frequencies
-# of its transitions over $2 \times 10^4$ steps per task match $d_\pi(x) P(x, y)$ (up to sampling error):
+# of its transitions over $2 \times 10^4$ steps per task match $d_\pi(x) P(x, y)$ (up to sampling
+# error):
 
 # %%
 tasks = random_tasks(8, seed=10, features="onehot")
@@ -649,9 +679,9 @@ show_doc(depth_sweep)
 
 # %% [markdown]
 # Each experiment of this chapter is one exported function that computes its results and one that
-# draws its figure, so that the command line (`ictd convergence`, chapter 8) can rerun them at full
-# scale. Experiments 1 and 2 share one computation: `depth_sweep` on random one-hot chains, in
-# batches of tasks so that memory stays bounded at long contexts.
+# draws its figure, so that the command line (`ictd convergence`, [chapter 8](cli.html)) can rerun
+# them at full scale. Experiments 1 and 2 share one computation: `depth_sweep` on random one-hot
+# chains, in batches of tasks so that memory stays bounded at long contexts.
 
 # %%
 #| export
@@ -691,7 +721,7 @@ def plot_depth(sweep:dict,  # output of `depth_experiment`
     ax.set(yscale="log", ylim=(1e-5, 10), xlabel="depth $L$ (layers)",
            ylabel=rf"$\|v_L - v_\pi\|_\infty$ (return units), mean of {len(sweep['errors'])} tasks",
            title=rf"Error against depth: geometric decay, then the floor (dotted); $\beta = {sweep['beta']:g}$, $\alpha = {sweep['alpha']:g}$")
-    ax.legend(fontsize=8, loc="lower left")
+    ax.legend(fontsize=9, loc="lower left")
     return fig
 
 
@@ -819,17 +849,17 @@ def plot_diagonality(result:dict,  # output of `diagonality_sweep`
     "Experiment 3: mean and minimum diagonality against $\\beta$ per feature kind (mean, and 10-90% band), with the threshold."
     import matplotlib.pyplot as plt
     betas, curves = result["betas"], result["curves"]
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.4), sharey=True)
+    fig, axes = plt.subplots(2, 1, figsize=(8, 8), sharex=True)
     for ax, (k, name) in zip(axes, enumerate(("mean", "minimum"))):
         for i, (feat, c) in enumerate(curves.items()):
             ax.plot(betas, c[k].mean(1), color=f"C{i}", label=FEATURE_LABELS.get(feat, feat))
             ax.fill_between(betas, c[k].quantile(0.1, 1), c[k].quantile(0.9, 1), color=f"C{i}", alpha=0.2)
         ax.axhline((1 + result["gamma"]) / 2, color="k", ls="--", lw=1, label=r"threshold $(1 + \gamma)/2$")
-        ax.set(xscale="log", xlabel=r"score scale $\beta$ ($W = \beta I$)", ylabel=f"{name} of $M_\\pi(x, x)$ over states",
-               title=f"{name.capitalize()} kernel diagonality")
-    axes[0].legend(fontsize=8)
+        ax.set(xscale="log", ylabel=f"{name} of $M_\\pi(x, x)$ over states", title=f"{name.capitalize()} kernel diagonality")
+    axes[-1].set_xlabel(r"score scale $\beta$ ($W = \beta I$)")
+    axes[0].legend(fontsize=9)
     n_tasks = next(iter(curves.values()))[0].shape[1]
-    fig.suptitle(f"Kernel diagonality against the score scale ({n_tasks} tasks per feature kind: mean, and 10-90% band)")
+    fig.suptitle(f"Kernel diagonality against the score scale\n({n_tasks} tasks per feature kind: mean, and 10-90% band)")
     fig.tight_layout()
     return fig
 
@@ -885,9 +915,9 @@ counts
 
 # %% [markdown]
 # So at $\beta = 3$ the condition holds on no raw-feature task, yet every one converges; from
-# $\beta \approx 10$ on, some diverge and, at larger scales, most stall. Two of them, run through the actual Transformer iteration (weighted
-# softmax TD on a context of $n = 2000$ transitions, values read at query tokens for every state)
-# and the population recursion:
+# $\beta \approx 10$ on, some diverge and, at larger scales, most stall. Two of them, run through
+# the actual Transformer iteration (weighted softmax TD on a context of $n = 2000$ transitions,
+# values read at query tokens for every state) and the population recursion:
 
 # %%
 M10, M100 = kernel_attention(tb.phi, 10 * I4, tb.d_pi), kernel_attention(tb.phi, 100 * I4, tb.d_pi)
@@ -908,15 +938,19 @@ for i, (label, b_idx, b) in enumerate(examples):
     ax.plot(pop, color=f"C{i}", ls="--", label="population recursion, same task")
 ax.set(yscale="log", xlabel="depth $L$ (layers)", ylabel=r"$\|v_L - v_\pi\|_\infty$ (return units)",
        title="Raw features, condition violated: one task converges, one diverges")
-ax.legend(fontsize=8);
+ax.legend(fontsize=9);
 assert final[10.][-1] < 0.2 * final[10.][1] and final[100.][-1] > 1e6 * final[100.][1]
+assert sr10[ok] < 0.95 and min10[ok] < 0.1 and sr100[bad] > 1.5
+print(f"converging task {ok}: min M_pi(x, x) = {min10[ok]:.3f}, spectral radius {sr10[ok]:.3f}; "
+      f"diverging task {bad}: spectral radius {sr100[bad]:.3f}")
 
 
 # %% [markdown]
 # On the diverging task the Transformer and the population recursion coincide to the eye: the
 # error grows by a factor close to the spectral radius, $1.9$, per layer. On the converging one
 # the Transformer settles on its own floor while the population error keeps falling, at rate 0.94,
-# although the diagonal of $M_\pi$ is as low as 0.03.
+# although the smallest diagonal entry of its $M_\pi$ is only 0.03, far below the threshold 0.95
+# (the numbers are printed above the figure, and asserted: radius below 0.95, diagonal below 0.1).
 #
 # The honest summary: the kernel-diagonality condition guarantees geometric convergence with an
 # explicit rate; without it, convergence is a property of the task and the score scale, and large
@@ -972,12 +1006,12 @@ def plot_rates(result:dict,  # output of `rate_experiment`
     rates, rhos, kinds = result["rates"], result["rhos"], result["kinds"]
     fig, ax = plt.subplots(figsize=(6, 5.5))
     for i, feat in enumerate(dict.fromkeys(kinds)):
-        ax.scatter(rhos[kinds == feat], rates[kinds == feat], s=12, color=f"C{i}", label=f"{feat} features ({(kinds == feat).sum()} tasks)")
+        ax.scatter(rhos[kinds == feat], rates[kinds == feat], s=12, color=f"C{i}", label=f"{FEATURE_LABELS.get(feat, feat)} features ({(kinds == feat).sum()} tasks)")
     lim = [min(rates.min(), rhos.min()) - 0.01, 1]
     ax.plot(lim, lim, "k--", lw=1, label="$y = x$")
     ax.set(xlim=lim, ylim=lim, aspect="equal", xlabel=r"bound $\rho = 1 - \alpha(2 \min_x M(x,x) - 1 - \gamma)$",
            ylabel="measured rate (per layer)", title="Measured contraction rate against the bound")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=9)
     return fig
 
 

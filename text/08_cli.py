@@ -48,8 +48,8 @@ from fastcore.xtras import working_directory
 # Every command takes `--out DIR` (default `./ictd-results`) and prints the path of each file it
 # writes. The `.json` files hold summary numbers, readable by anything; the `.pt` files hold every
 # tensor, for `torch.load(path, weights_only=False)`. Pretraining is cached: a run is saved under
-# a hash of its whole configuration (`PretrainConfig.key()`), and running the same configuration
-# again loads it instead of training.
+# a hash of its whole configuration (`config.key()`, a method of `PretrainConfig`), and running the
+# same configuration again loads it instead of training.
 
 # %% [markdown]
 # ## Checking the options
