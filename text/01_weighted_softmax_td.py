@@ -16,7 +16,6 @@ from nbdev.showdoc import *
 
 # %%
 #| hide
-import time
 import matplotlib.pyplot as plt
 from ictd.boyan import random_boyan_chain, sample_trajectory, msve
 
@@ -942,7 +941,6 @@ c.item()
 # $v_\pi$ only through sampling error.
 
 # %%
-t0 = time.time()
 boyan = random_boyan_chain(n_states=10, features="onehot", seed=0)
 S, R = sample_trajectory(boyan, 1000, seed=0)
 assert (S[:-1] == S[-1]).any()
@@ -956,7 +954,7 @@ errs = (per_state - ce).abs().max(1).values
 assert (errs[1:] <= boyan.gamma * errs[:-1] + 1e-12).all()
 test_close(per_state[-1], ce, eps=1e-6)
 print(f"MSVE: zero estimate {msve(boyan, torch.zeros(10)):.3f}, after 150 iterations {msve(boyan, per_state[-1]):.4f}, "
-      f"certainty equivalence {msve(boyan, ce):.4f}; {time.time() - t0:.2f}s")
+      f"certainty equivalence {msve(boyan, ce):.4f}")
 
 # %%
 #| code-fold: true

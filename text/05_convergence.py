@@ -729,11 +729,10 @@ def plot_depth(sweep:dict,  # output of `depth_experiment`
 show_doc(depth_experiment)
 
 # %%
-t0 = time.time()
 BETA, ALPHA, NS, L = 15., 1., [30, 100, 300, 1000, 3000], 100
 sweep = depth_experiment(200, BETA, ALPHA, NS, L, seed=0)
 assert (sweep["rho"] < 1).all()
-print(f"sweep of {len(sweep['rho'])} tasks x {len(NS)} lengths x {L} layers in {time.time() - t0:.1f}s; "
+print(f"sweep of {len(sweep['rho'])} tasks x {len(NS)} lengths x {L} layers; "
       f"smallest M(x, x) {sweep['min_diag'].min():.4f}; rho in [{sweep['rho'].min():.4f}, {sweep['rho'].max():.4f}]")
 
 # %%
