@@ -16,3 +16,9 @@ def run(*args, cwd=ROOT, **kw):
     res = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, env=env, **kw)
     assert res.returncode == 0, f"{' '.join(cmd)} failed:\n{res.stdout}\n{res.stderr}"
     return res
+
+# Property tests are reproducible by default (a fixed search); ICTD_HYPOTHESIS=explore searches afresh each run.
+from hypothesis import settings
+settings.register_profile("reproducible", derandomize=True, deadline=None)
+settings.register_profile("explore", deadline=None)
+settings.load_profile(os.environ.get("ICTD_HYPOTHESIS", "reproducible"))
