@@ -162,6 +162,15 @@ def _generator(seed)->torch.Generator|None:
     if seed is None or isinstance(seed, torch.Generator): return seed
     return torch.Generator().manual_seed(int(seed))
 
+def _token_rows(d)->int:
+    "Validate the feature dimension `d` and return the number of token rows, d + 2."
+    if int(d) != d or d < 1: raise ValueError(f"`d` must be a positive integer, got {d}")
+    return int(d) + 2
+
+def _xavier(rows:int, cols:int, gain:float, g, dtype)->nn.Parameter:
+    "A (rows, cols) parameter with Xavier-normal entries drawn from generator `g`."
+    return nn.Parameter(nn.init.xavier_normal_(torch.empty(rows, cols, dtype=dtype), gain=gain, generator=g))
+
 def _param(t:torch.Tensor, name:str, D:int)->nn.Parameter:
     t = as_tensor(t, name)
     if t.shape != (D, D): raise ValueError(f"`{name}` must have shape ({D}, {D}), got {tuple(t.shape)}")
@@ -178,10 +187,9 @@ class DualHeadSoftmaxLayer(nn.Module):
                  dtype=torch.float64,    # dtype of the stored parameters
                 ):
         super().__init__()
-        if int(d) != d or d < 1: raise ValueError(f"`d` must be a positive integer, got {d}")
-        self.d, g, D = int(d), _generator(seed), int(d) + 2
-        init = lambda: nn.Parameter(nn.init.xavier_normal_(torch.empty(D, D, dtype=dtype), gain=init_gain, generator=g))
-        self.A, self.V_cur, self.V_tgt = init(), init(), init()
+        D, g = _token_rows(d), _generator(seed)
+        self.d = D - 2
+        self.A, self.V_cur, self.V_tgt = (_xavier(D, D, init_gain, g, dtype) for _ in range(3))
 
     @classmethod
     def from_params(cls, A, V_cur, V_tgt):
@@ -267,8 +275,7 @@ def theta_star(d:int,         # feature dimension
                gamma:float,   # discount factor in [0, 1)
               )->tuple:       # (A, V_cur, V_tgt), each (d + 2, d + 2), in the dtype of `W`
     "The constructed parameters $\\theta^*$ under which each dual-head layer is one weighted softmax TD step."
-    if int(d) != d or d < 1: raise ValueError(f"`d` must be a positive integer, got {d}")
-    W, gamma = as_tensor(W, "W"), check_gamma(gamma)
+    d, W, gamma = _token_rows(d) - 2, as_tensor(W, "W"), check_gamma(gamma)
     if W.shape != (d, d): raise ValueError(f"`W` must have shape ({d}, {d}), got {tuple(W.shape)}")
     alpha = float(alpha)
     if not math.isfinite(alpha): raise ValueError(f"`alpha` must be a finite number, got {alpha}")

@@ -12,7 +12,7 @@ from torch import nn
 from ictd.boyan import as_tensor, random_boyan_chain, sample_trajectory
 from ictd.prompt import build_prompt
 from ictd.model import *
-from ictd.model import _generator
+from ictd.model import _generator, _token_rows, _xavier
 
 
 # %% [markdown]
@@ -124,11 +124,10 @@ class SingleHeadTSMLayer(nn.Module):
                  dtype=torch.float64,    # dtype of the stored parameters
                 ):
         super().__init__()
-        if int(d) != d or d < 1: raise ValueError(f"`d` must be a positive integer, got {d}")
-        self.d, g, D = int(d), _generator(seed), int(d) + 2
-        self.channels = _channels(channels, D)
-        self.A = nn.Parameter(nn.init.xavier_normal_(torch.empty(D, D, dtype=dtype), gain=init_gain, generator=g))
-        self.V = nn.Parameter(nn.init.xavier_normal_(torch.empty(D, D + len(self.channels), dtype=dtype), gain=init_gain, generator=g))
+        D, g = _token_rows(d), _generator(seed)
+        self.d, self.channels = D - 2, _channels(channels, D)
+        self.A = _xavier(D, D, init_gain, g, dtype)
+        self.V = _xavier(D, D + len(self.channels), init_gain, g, dtype)
 
     @classmethod
     def from_dual_head(cls, layer:DualHeadSoftmaxLayer,  # the dual-head layer to rewrite
