@@ -28,7 +28,7 @@ $(STAMP): settings.ini setup.py package.json package-lock.json
 # Execute every chapter in place so that each output and figure in the book comes from the code.
 execute: setup
 	$(BIN)/nbdev_export
-	$(BIN)/python tools/execute_nbs.py nbs
+	OMP_NUM_THREADS=1 $(BIN)/python tools/execute_nbs.py nbs
 	$(BIN)/nbdev_clean
 	$(BIN)/jupytext --sync nbs/[0-9]*.ipynb >/dev/null
 

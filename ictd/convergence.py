@@ -5,18 +5,17 @@
 # %% ../nbs/05_convergence.ipynb #908e551b
 from __future__ import annotations
 import math
-from dataclasses import dataclass
 import numpy as np
 import torch
 from tqdm.auto import tqdm
 from .boyan import MRP, as_tensor, check_gamma, random_boyan_chain
+from .tasks import TaskBatch, stack_tasks, random_tasks, sample_trajectories
 
 # %% auto #0
 __all__ = ['FEATURE_LABELS', 'kernel_attention', 'population_attention', 'key_counts', 'empirical_attention', 'empirical_mrp',
            'td_recursion', 'kernel_diagonality', 'rate_bound', 'contraction_bound', 'fixed_point', 'sup_error',
-           'TaskBatch', 'stack_tasks', 'random_tasks', 'sample_trajectories', 'depth_sweep', 'depth_experiment',
-           'plot_depth', 'loglog_slope', 'plot_floor', 'diagonality_sweep', 'plot_diagonality', 'spectral_radius',
-           'measured_rate', 'rate_experiment', 'plot_rates']
+           'depth_sweep', 'depth_experiment', 'plot_depth', 'loglog_slope', 'plot_floor', 'diagonality_sweep',
+           'plot_diagonality', 'spectral_radius', 'measured_rate', 'rate_experiment', 'plot_rates']
 
 # %% ../nbs/05_convergence.ipynb #f9bdf515
 def kernel_attention(phi,        # (..., s, d) state features
@@ -166,56 +165,6 @@ def sup_error(v,     # (..., s) value estimates
     "Sup-norm value error, the norm of the contraction bound."
     v = as_tensor(v, "v")
     return (v - as_tensor(v_pi, "v_pi", v.dtype, v.device)).abs().amax(-1)
-
-# %% ../nbs/05_convergence.ipynb #64834846
-@dataclass(eq=False)
-class TaskBatch:
-    "Tasks stacked along a leading dimension (all with the same number of states, features and discount)."
-    P:torch.Tensor      # (B, s, s) transition matrices
-    r:torch.Tensor      # (B, s) rewards
-    phi:torch.Tensor    # (B, s, d) features
-    d_pi:torch.Tensor   # (B, s) stationary distributions
-    v_pi:torch.Tensor   # (B, s) true values
-    gamma:float         # the common discount factor
-
-    def __len__(self): return self.P.shape[0]
-
-def stack_tasks(mrps:list, # MRPs with equal shapes and discount
-               )->TaskBatch:
-    "Stack a list of MRPs into a `TaskBatch`."
-    mrps = list(mrps)
-    if not mrps or not all(isinstance(m, MRP) for m in mrps): raise ValueError("`mrps` must be a non-empty list of MRP")
-    if len({(m.n_states, m.d, m.gamma) for m in mrps}) > 1: raise ValueError("`mrps` must share n_states, d and gamma")
-    return TaskBatch(*(torch.stack([getattr(m, k) for m in mrps]) for k in ("P", "r", "phi", "d_pi", "v_pi")), mrps[0].gamma)
-
-def random_tasks(n_tasks:int,  # number of random Boyan chains B
-                 seed:int=0,   # task b is `random_boyan_chain(..., seed=seed + b)`
-                 **kwargs,     # passed to `random_boyan_chain` (n_states, d, gamma, features, rewards)
-                )->TaskBatch:
-    "A batch of random Boyan chains with consecutive seeds."
-    if int(n_tasks) != n_tasks or n_tasks < 1: raise ValueError(f"`n_tasks` must be a positive integer, got {n_tasks}")
-    return stack_tasks(random_boyan_chain(seed=seed + b, **kwargs) for b in range(int(n_tasks)))
-
-# %% ../nbs/05_convergence.ipynb #a2aee867
-def sample_trajectories(P,          # (B, s, s) transition matrices
-                        n:int,      # number of transitions
-                        d0,         # (B, s) distributions of S_0 (d_pi for stationary contexts)
-                        seed=None,  # int or `torch.Generator` (CPU)
-                       )->torch.Tensor: # (B, n+1) long tensor of states S_0..S_n, on P's device
-    "Sample one trajectory per task, all tasks stepping together."
-    P = as_tensor(P, "P", torch.float64)
-    if P.ndim != 3 or P.shape[-1] != P.shape[-2]: raise ValueError(f"`P` must have shape (B, s, s), got {tuple(P.shape)}")
-    d0 = as_tensor(d0, "d0", torch.float64, P.device)
-    if d0.shape != P.shape[:2]: raise ValueError(f"`d0` must have shape {tuple(P.shape[:2])}, got {tuple(d0.shape)}")
-    if int(n) != n or n < 0: raise ValueError(f"`n` must be a non-negative integer, got {n}")
-    gen = seed if isinstance(seed, torch.Generator) else torch.Generator().manual_seed(np.random.SeedSequence(seed).generate_state(1)[0].item())
-    (B, s), n = P.shape[:2], int(n)
-    u = torch.rand(n + 1, B, 1, generator=gen, dtype=torch.float64).to(P.device)
-    cum, rows = P.cumsum(-1).contiguous(), torch.arange(B, device=P.device)
-    S = torch.empty(n + 1, B, dtype=torch.long, device=P.device)
-    S[0] = torch.searchsorted(d0.cumsum(-1).contiguous(), u[0], right=True).squeeze(-1).clamp(max=s - 1)
-    for t in range(n): S[t + 1] = torch.searchsorted(cum[rows, S[t]], u[t + 1], right=True).squeeze(-1).clamp(max=s - 1)
-    return S.T.contiguous()
 
 # %% ../nbs/05_convergence.ipynb #a453fc8d
 def depth_sweep(tasks:TaskBatch,  # the tasks, B of them

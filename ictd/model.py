@@ -7,10 +7,11 @@ from __future__ import annotations
 import math
 import torch
 from torch import nn
+import torch.nn.functional as F
 from .boyan import as_tensor, check_gamma
 
 # %% auto #0
-__all__ = ['check_prompt', 'successor_shift', 'context_attention', 'DualHeadSoftmaxLayer', 'theta_star', 'SoftmaxICTD', 'temporal_shift', 'SingleHeadTSMLayer']
+__all__ = ['check_prompt', 'successor_shift', 'context_attention', 'attend_context', 'dual_head_update', 'DualHeadSoftmaxLayer', 'theta_star', 'SoftmaxICTD', 'temporal_shift', 'SingleHeadTSMLayer']
 
 # %% ../nbs/03_dual_head.ipynb #6c68ba05
 def check_prompt(Z,            # (..., d + 2, N) prompt
@@ -46,6 +47,28 @@ def context_attention(Z:torch.Tensor,  # (..., d + 2, N) prompt
     mask = torch.zeros(Z.shape[-1], dtype=Z.dtype, device=Z.device)
     mask[n:] = float("-inf")
     return torch.softmax(logits + mask[:, None], dim=-2)
+
+# %% ../nbs/03_dual_head.ipynb #8ee73ea9
+def attend_context(Z:torch.Tensor,  # (..., d + 2, N) prompt
+                   A:torch.Tensor,  # (..., d + 2, d + 2) attention (score) matrix
+                   X:torch.Tensor,  # (..., D, n) values of the n context columns
+                  )->torch.Tensor:  # (..., D, N) column j is sum_i S[i, j] X[:, i]
+    "$X S$ for the context attention $S$ of `A` on `Z`, by fused attention: $S$ is never built."
+    n = X.shape[-1]
+    Q, K = (A @ Z).mT, Z[..., :n].mT
+    shape = torch.broadcast_shapes(Q.shape[:-2], K.shape[:-2], X.shape[:-2])
+    Q, K, V = (t.expand(*shape, *t.shape[-2:]) for t in (Q, K, X.mT))
+    return F.scaled_dot_product_attention(Q, K, V, scale=1.).mT
+
+def dual_head_update(Z:torch.Tensor,      # (..., d + 2, N) prompt
+                     A:torch.Tensor,      # (..., d + 2, d + 2) attention matrix
+                     V_cur:torch.Tensor,  # (..., d + 2, d + 2) current-value head
+                     V_tgt:torch.Tensor,  # (..., d + 2, d + 2) target-value head
+                     n:int,               # number of context transitions
+                    )->torch.Tensor:      # (..., d + 2, N) next prompt
+    "One dual-head layer, $Z + (V^{cur} Z + V^{tgt} Z \Pi) S$, unvalidated, in $O(N)$ memory."
+    X = V_cur @ Z[..., :n] + V_tgt @ Z[..., 1:n + 1]
+    return Z + attend_context(Z, A, X)
 
 # %% ../nbs/03_dual_head.ipynb #f7e9c2d6
 def _generator(seed)->torch.Generator|None:
@@ -104,9 +127,7 @@ class DualHeadSoftmaxLayer(nn.Module):
                )->torch.Tensor:      # (..., d + 2, N) next prompt
         "$Z + V^{cur} Z S + V^{tgt} (Z \\Pi) S$, computed as $Z + (V^{cur} Z + V^{tgt} Z \\Pi) S$."
         Z, n = check_prompt(Z, self.d, n)
-        A, V_cur, V_tgt = self.params(Z)
-        S = context_attention(Z, A, n)
-        return Z + (V_cur @ Z + V_tgt @ successor_shift(Z, n)) @ S
+        return dual_head_update(Z, *self.params(Z), n)
 
     def value_weights(self)->torch.Tensor:
         "The value-row weights (reward, successor value, current value): V_cur[d+1, d], V_tgt[d+1, d+1], V_cur[d+1, d+1] (detached)."
@@ -168,9 +189,12 @@ class SoftmaxICTD(nn.Module):
                 return_all:bool=False,   # also return every intermediate prompt
                )->torch.Tensor:          # Z_L (..., d + 2, N), or Z_0..Z_L stacked as (..., L + 1, d + 2, N)
         "Run the prompt through the L layers."
-        Z, n = check_prompt(Z, self.d, n)
+        return self._forward(*check_prompt(Z, self.d, n), return_all)
+
+    def _forward(self, Z, n, return_all=False):
+        "The forward pass on a validated prompt: the layers' inner calls validate nothing."
         Zs = [Z]
-        for l in range(self.n_layers): Zs.append(self.layer(l)(Zs[-1], n))
+        for l in range(self.n_layers): Zs.append(dual_head_update(Zs[-1], *self.layer(l).params(Z), n))
         return torch.stack(Zs, dim=-3) if return_all else Zs[-1]
 
     def predict(self, Z,             # (..., d + 2, N) prompt Z_0
@@ -178,7 +202,7 @@ class SoftmaxICTD(nn.Module):
                )->torch.Tensor:      # (..., q) values at the q = N - n - 1 query columns
         "The model's value estimates: row d + 1 of Z_L at the query columns."
         Z, n = check_prompt(Z, self.d, n)
-        return self(Z, n)[..., self.d + 1, n + 1:]
+        return self._forward(Z, n)[..., self.d + 1, n + 1:]
 
     def value_weights(self)->torch.Tensor:
         "(L, 3) value-update weights (reward, successor value, current value) of every layer."
@@ -242,4 +266,4 @@ class SingleHeadTSMLayer(nn.Module):
         "$Z + V\\,\\mathrm{TSM}_C(Z)\\, S$ with the attention S of `A` on `Z`."
         Z, n = check_prompt(Z, self.d, n)
         A, V = self.A.to(Z), self.V.to(Z)
-        return Z + V @ temporal_shift(Z, n, self.channels) @ context_attention(Z, A, n)
+        return Z + attend_context(Z, A, (V @ temporal_shift(Z, n, self.channels))[..., :n])

@@ -12,7 +12,7 @@ from tqdm.auto import tqdm
 from .boyan import check_gamma
 from .prompt import build_prompt
 from .model import SoftmaxICTD, theta_star
-from .convergence import TaskBatch, random_tasks, sample_trajectories
+from .tasks import TaskBatch, random_tasks, sample_trajectories
 
 # %% auto #0
 __all__ = ['TDBatch', 'td_batch', 'expected_update', 'neu', 'exact_neu_small', 'population_predict', 'population_neu',

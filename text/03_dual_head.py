@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import torch
 from torch import nn
+import torch.nn.functional as F
 from ictd.boyan import as_tensor, check_gamma
 
 # %%
@@ -102,11 +103,48 @@ def context_attention(Z:torch.Tensor,  # (..., d + 2, N) prompt
     return torch.softmax(logits + mask[:, None], dim=-2)
 
 
+# %% [markdown]
+# The layer never needs $S$ itself, only the products $X S$ with $X = V^{\mathrm{cur}} Z + V^{\mathrm{tgt}} Z \Pi$,
+# and only the first $n$ columns of $X$ enter them (the other rows of $S$ are zero). That is exactly
+# what torch's fused `scaled_dot_product_attention` computes, with queries $A z_j$, keys $z_i$
+# and values $x_i$ for the $n$ context columns, and scale 1: no mask is needed, because the keys
+# *are* the context columns, and the $N \times N$ matrix is never built, so memory grows like $N$
+# rather than $N^2$. `attend_context` is that product; it does no validation (public methods
+# validate once, at the boundary) and broadcasts over leading dimensions of `A` and `X`, so
+# parameters stacked along a seed axis run in one call.
+
+# %%
+#| export
+def attend_context(Z:torch.Tensor,  # (..., d + 2, N) prompt
+                   A:torch.Tensor,  # (..., d + 2, d + 2) attention (score) matrix
+                   X:torch.Tensor,  # (..., D, n) values of the n context columns
+                  )->torch.Tensor:  # (..., D, N) column j is sum_i S[i, j] X[:, i]
+    "$X S$ for the context attention $S$ of `A` on `Z`, by fused attention: $S$ is never built."
+    n = X.shape[-1]
+    Q, K = (A @ Z).mT, Z[..., :n].mT
+    shape = torch.broadcast_shapes(Q.shape[:-2], K.shape[:-2], X.shape[:-2])
+    Q, K, V = (t.expand(*shape, *t.shape[-2:]) for t in (Q, K, X.mT))
+    return F.scaled_dot_product_attention(Q, K, V, scale=1.).mT
+
+def dual_head_update(Z:torch.Tensor,      # (..., d + 2, N) prompt
+                     A:torch.Tensor,      # (..., d + 2, d + 2) attention matrix
+                     V_cur:torch.Tensor,  # (..., d + 2, d + 2) current-value head
+                     V_tgt:torch.Tensor,  # (..., d + 2, d + 2) target-value head
+                     n:int,               # number of context transitions
+                    )->torch.Tensor:      # (..., d + 2, N) next prompt
+    "One dual-head layer, $Z + (V^{cur} Z + V^{tgt} Z \Pi) S$, unvalidated, in $O(N)$ memory."
+    X = V_cur @ Z[..., :n] + V_tgt @ Z[..., 1:n + 1]
+    return Z + attend_context(Z, A, X)
+
+
 # %%
 show_doc(successor_shift)
 
 # %%
 show_doc(context_attention)
+
+# %%
+show_doc(attend_context)
 
 # %% [markdown]
 # Both helpers are checked against their definitions: `successor_shift` against the explicit
@@ -123,6 +161,9 @@ S = context_attention(Zr, Ar, n_)
 test_close(S[..., :n_, :], torch.softmax((Zr.transpose(-1, -2) @ Ar @ Zr)[..., :n_, :], dim=-2), eps=1e-15)
 test_eq(S[..., n_:, :], torch.zeros(3, N_ - n_, N_, dtype=torch.float64))
 test_close(S.sum(-2), torch.ones(3, N_, dtype=torch.float64), eps=1e-14)
+Xr = torch.randn(3, 4, n_, generator=g, dtype=torch.float64)
+test_close(attend_context(Zr, Ar, Xr), Xr @ S[..., :n_, :], eps=1e-14)
+test_close(attend_context(Zr, torch.stack([Ar, 2 * Ar])[:, None], Xr), torch.stack([Xr @ S[..., :n_, :], Xr @ context_attention(Zr, 2 * Ar, n_)[..., :n_, :]]), eps=1e-14)
 
 # %% [markdown]
 # ## How the model knows $n$
@@ -216,9 +257,7 @@ class DualHeadSoftmaxLayer(nn.Module):
                )->torch.Tensor:      # (..., d + 2, N) next prompt
         "$Z + V^{cur} Z S + V^{tgt} (Z \\Pi) S$, computed as $Z + (V^{cur} Z + V^{tgt} Z \\Pi) S$."
         Z, n = check_prompt(Z, self.d, n)
-        A, V_cur, V_tgt = self.params(Z)
-        S = context_attention(Z, A, n)
-        return Z + (V_cur @ Z + V_tgt @ successor_shift(Z, n)) @ S
+        return dual_head_update(Z, *self.params(Z), n)
 
     def value_weights(self)->torch.Tensor:
         "The value-row weights (reward, successor value, current value): V_cur[d+1, d], V_tgt[d+1, d+1], V_cur[d+1, d+1] (detached)."
@@ -359,9 +398,12 @@ class SoftmaxICTD(nn.Module):
                 return_all:bool=False,   # also return every intermediate prompt
                )->torch.Tensor:          # Z_L (..., d + 2, N), or Z_0..Z_L stacked as (..., L + 1, d + 2, N)
         "Run the prompt through the L layers."
-        Z, n = check_prompt(Z, self.d, n)
+        return self._forward(*check_prompt(Z, self.d, n), return_all)
+
+    def _forward(self, Z, n, return_all=False):
+        "The forward pass on a validated prompt: the layers' inner calls validate nothing."
         Zs = [Z]
-        for l in range(self.n_layers): Zs.append(self.layer(l)(Zs[-1], n))
+        for l in range(self.n_layers): Zs.append(dual_head_update(Zs[-1], *self.layer(l).params(Z), n))
         return torch.stack(Zs, dim=-3) if return_all else Zs[-1]
 
     def predict(self, Z,             # (..., d + 2, N) prompt Z_0
@@ -369,7 +411,7 @@ class SoftmaxICTD(nn.Module):
                )->torch.Tensor:      # (..., q) values at the q = N - n - 1 query columns
         "The model's value estimates: row d + 1 of Z_L at the query columns."
         Z, n = check_prompt(Z, self.d, n)
-        return self(Z, n)[..., self.d + 1, n + 1:]
+        return self._forward(Z, n)[..., self.d + 1, n + 1:]
 
     def value_weights(self)->torch.Tensor:
         "(L, 3) value-update weights (reward, successor value, current value) of every layer."

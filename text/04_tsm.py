@@ -150,7 +150,7 @@ class SingleHeadTSMLayer(nn.Module):
         "$Z + V\\,\\mathrm{TSM}_C(Z)\\, S$ with the attention S of `A` on `Z`."
         Z, n = check_prompt(Z, self.d, n)
         A, V = self.A.to(Z), self.V.to(Z)
-        return Z + V @ temporal_shift(Z, n, self.channels) @ context_attention(Z, A, n)
+        return Z + attend_context(Z, A, (V @ temporal_shift(Z, n, self.channels))[..., :n])
 
 
 # %%

@@ -12,7 +12,7 @@ from tqdm.auto import tqdm
 from ictd.boyan import check_gamma
 from ictd.prompt import build_prompt
 from ictd.model import SoftmaxICTD, theta_star
-from ictd.convergence import TaskBatch, random_tasks, sample_trajectories
+from ictd.tasks import TaskBatch, random_tasks, sample_trajectories
 
 # %%
 #| hide
