@@ -22,8 +22,8 @@ SHOTS = ROOT / '_docs' / '_screenshots'
 
 
 def page_name(nb):
-    "The page nbdev links a notebook as: `00_boyan.ipynb` -> `boyan.html`."
-    return re.sub(r'^\d+_', '', Path(nb).stem) + '.html'
+    "The page nbdev links a notebook as (its `_nbpath2html`): `00_boyan.ipynb` -> `boyan.html`, `00a_tasks.ipynb` -> `tasks.html`."
+    return re.sub(r'^\d+[a-zA-Z0-9]*_', '', Path(nb).stem.lower()) + '.html'
 
 
 def test_config():
