@@ -14,7 +14,7 @@ from .wstd import batch_linear_td, weighted_softmax_td
 
 # %% auto #0
 __all__ = ['ContinuousProcess', 'NoisyRotation', 'gaussian_moment', 'gaussian_operator', 'polyval', 'GaussianAR1', 'mc_returns',
-           'mc_z_scores']
+           'mc_z_scores', 'kernel_td', 'von_mises_harmonics']
 
 # %% ../nbs/07a_continuous.ipynb #38b44d04
 def _positive(x, name:str)->float:
@@ -196,3 +196,66 @@ def mc_z_scores(process, states, v, **kwargs)->torch.Tensor:
     "|MC mean - v| / standard error at each state, for a candidate value `v` (m,)."
     mean, se = mc_returns(process, states, **kwargs)
     return (mean - as_tensor(v, "v")).abs() / se
+
+# %% ../nbs/07a_continuous.ipynb #2d9604b8
+def _rotation_score(self, beta:float)->torch.Tensor:
+    "W = beta I: the von Mises kernel of concentration beta on (cos s, sin s)."
+    return _positive(beta, "beta") * torch.eye(2, dtype=torch.float64)
+
+def _ar1_score(self, beta:float)->torch.Tensor:
+    "W_beta with (s, s^2, 1)^T W_beta (t, t^2, 1) = -beta (s - t)^2 / 2: the Gaussian kernel of bandwidth 1/sqrt(beta)."
+    b = _positive(beta, "beta")
+    return torch.tensor([[b, 0., 0.], [0., 0., -b / 2], [0., -b / 2, 0.]], dtype=torch.float64)
+
+NoisyRotation.score_matrix, GaussianAR1.score_matrix = _rotation_score, _ar1_score
+
+def kernel_td(process,              # a process of this chapter
+              states,               # (..., n + 1) states S_0..S_n
+              rewards,              # (..., n) rewards, rewards[..., k-1] = R_k
+              beta:float,           # kernel scale: W = process.score_matrix(beta)
+              alpha:float,          # step size
+              n_layers:int,         # depth L (number of TD iterations)
+              queries,              # (q,) or (..., q) query states
+              return_all:bool=False,  # return v_0..v_L instead of v_L
+             )->torch.Tensor:       # (..., q) estimates at the queries; (..., L + 1, q) with `return_all`
+    "Weighted softmax TD with the process's kernel, read out at the query states: what the constructed Transformer computes."
+    phi, R = process.features(states), as_tensor(rewards, "rewards")
+    Q = process.features(queries).to(phi)
+    if Q.ndim == 2 and phi.ndim > 2: Q = Q.expand(phi.shape[:-2] + Q.shape)
+    n = phi.shape[-2] - 1
+    W = process.score_matrix(beta).to(phi)
+    return weighted_softmax_td(phi, R, W, alpha, process.gamma, n_layers, phi_queries=Q, return_all=return_all)[..., n + 1:]
+
+# %% ../nbs/07a_continuous.ipynb #59f5b4d0
+def von_mises_harmonics(beta:float,    # concentration
+                        k_max:int,     # highest harmonic
+                       )->torch.Tensor:  # (k_max + 1,) lambda_k = I_k(beta) / I_0(beta), k = 0..k_max
+    "Fourier coefficients of the normalised von Mises density, by the FFT of $e^{\\beta(\\cos t - 1)}$ on a fine grid."
+    beta, k_max = _positive(beta, "beta"), _length(k_max, "k_max")
+    m = 2 ** math.ceil(math.log2(max(4 * k_max, 64 * math.sqrt(beta) + 64)))
+    t = torch.arange(m, dtype=torch.float64) * (2 * math.pi / m)
+    F = torch.fft.rfft(torch.exp(beta * (torch.cos(t) - 1))).real
+    return (F / F[0])[:k_max + 1].clamp(min=0.)
+
+def _rotation_population(self, beta:float, alpha:float, n_layers:int, states)->torch.Tensor:
+    "(L + 1, m) values v_0..v_L of the population recursion at `states` (harmonic by harmonic)."
+    s = _angles(states)
+    k_max = 1 if self.reward_kind == "cos" else max(1, math.ceil(math.sqrt(80 * _positive(beta, "beta"))) + 1)
+    k, c = self.reward_harmonics(k_max)
+    p, lam = self.transition_eigenvalues(k), von_mises_harmonics(beta, k_max)[1:]
+    f = 1 - alpha * lam * (1 - self.gamma * p)
+    learned = 1 - f ** torch.arange(n_layers + 1, dtype=torch.float64).unsqueeze(1)   # (L + 1, K)
+    return ((learned * c / (1 - self.gamma * p)) @ torch.exp(1j * k.unsqueeze(1) * s)).real
+
+def _ar1_population(self, beta:float, alpha:float, n_layers:int, states)->torch.Tensor:
+    "(L + 1, m) values v_0..v_L of the population recursion at `states` (on polynomial coefficients)."
+    b, s2 = _positive(beta, "beta"), self.std ** 2
+    T_M = gaussian_operator(b * s2 / (1 + b * s2), math.sqrt(s2 / (1 + b * s2)), self.degree)
+    I = torch.eye(self.degree + 1, dtype=torch.float64)
+    w, ws = torch.zeros(self.degree + 1, dtype=torch.float64), []
+    for _ in range(n_layers + 1):
+        ws.append(w)
+        w = w + alpha * T_M @ (self.reward_coef + (self.gamma * self.transition_matrix - I) @ w)
+    return torch.stack([polyval(x, states) for x in ws])
+
+NoisyRotation.population_values, GaussianAR1.population_values = _rotation_population, _ar1_population

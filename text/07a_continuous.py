@@ -375,6 +375,216 @@ for k, zk in z.items():
 # wrong ones. (`tests/test_continuous.py` repeats this on other parameters and seeds, and checks the
 # Bellman equation $v = r + \gamma P v$ by Gauss-Hermite quadrature of the noise.)
 
+# %% [markdown]
+# ## The kernels a Transformer computes
+#
+# The constructed Transformer of the [dual-head chapter](dual_head.html) scores key $S_{k-1}$ for a
+# target $x$ by $g(S_{k-1}, x) = \phi(S_{k-1})^\top W \phi(x)$ and weighs the TD error of transition
+# $k$ by $K_k(x) = e^{g(S_{k-1}, x)} / \sum_{k'} e^{g(S_{k'-1}, x)}$. Two choices of $W$ turn this
+# into a classical smoothing kernel.
+#
+# ::: {.proposition}
+# **Proposition 1 [ours].** (a) On the circle with $\phi(s) = (\cos s, \sin s)$ and $W = \beta I$,
+# $g(y, x) = \beta\cos(x - y)$, so $K_k(x) \propto e^{\beta\cos(x - S_{k-1})}$: the **von Mises
+# kernel** with concentration $\beta$ (close to a Gaussian in the angle with variance $1/\beta$
+# when $\beta$ is large). (b) On the line with $\phi(s) = (s, s^2, 1)$ and
+#
+# $$W_\beta = \beta\begin{bmatrix} 1 & 0 & 0\\ 0 & 0 & -\tfrac12\\ 0 & -\tfrac12 & 0\end{bmatrix},$$
+#
+# $g(y, x) = -\tfrac{\beta}{2}(x - y)^2$, so $K_k(x) \propto e^{-\beta (x - S_{k-1})^2/2}$: the
+# **Gaussian kernel** with bandwidth $1/\sqrt\beta$.
+# :::
+#
+# ::: {.proof}
+# *Proof.* (a) $\beta(\cos y\cos x + \sin y \sin x) = \beta\cos(x - y)$. (b)
+# $\phi(y)^\top W_\beta \phi(x) = \beta\,y x - \tfrac\beta2 y^2\cdot 1 - \tfrac\beta2\cdot 1\cdot x^2
+# = -\tfrac\beta2 (x - y)^2$. In both cases $K_k$ is the normalised kernel by definition of the
+# softmax. $\square$
+# :::
+#
+# So the Transformer, with its parameters $\theta^*(W, \alpha, \gamma)$ unchanged, runs **kernel TD**
+# (Nadaraya-Watson weighting of TD errors) with a bandwidth set by the scale $\beta$ of $W$. The
+# AR(1) case needs the constant feature: the score is bilinear in the features, and a squared
+# distance is bilinear only in $(s, s^2, 1)$. `score_matrix(beta)` returns each process's $W$.
+
+# %%
+#| export
+def _rotation_score(self, beta:float)->torch.Tensor:
+    "W = beta I: the von Mises kernel of concentration beta on (cos s, sin s)."
+    return _positive(beta, "beta") * torch.eye(2, dtype=torch.float64)
+
+def _ar1_score(self, beta:float)->torch.Tensor:
+    "W_beta with (s, s^2, 1)^T W_beta (t, t^2, 1) = -beta (s - t)^2 / 2: the Gaussian kernel of bandwidth 1/sqrt(beta)."
+    b = _positive(beta, "beta")
+    return torch.tensor([[b, 0., 0.], [0., 0., -b / 2], [0., -b / 2, 0.]], dtype=torch.float64)
+
+NoisyRotation.score_matrix, GaussianAR1.score_matrix = _rotation_score, _ar1_score
+
+def kernel_td(process,              # a process of this chapter
+              states,               # (..., n + 1) states S_0..S_n
+              rewards,              # (..., n) rewards, rewards[..., k-1] = R_k
+              beta:float,           # kernel scale: W = process.score_matrix(beta)
+              alpha:float,          # step size
+              n_layers:int,         # depth L (number of TD iterations)
+              queries,              # (q,) or (..., q) query states
+              return_all:bool=False,  # return v_0..v_L instead of v_L
+             )->torch.Tensor:       # (..., q) estimates at the queries; (..., L + 1, q) with `return_all`
+    "Weighted softmax TD with the process's kernel, read out at the query states: what the constructed Transformer computes."
+    phi, R = process.features(states), as_tensor(rewards, "rewards")
+    Q = process.features(queries).to(phi)
+    if Q.ndim == 2 and phi.ndim > 2: Q = Q.expand(phi.shape[:-2] + Q.shape)
+    n = phi.shape[-2] - 1
+    W = process.score_matrix(beta).to(phi)
+    return weighted_softmax_td(phi, R, W, alpha, process.gamma, n_layers, phi_queries=Q, return_all=return_all)[..., n + 1:]
+
+
+# %%
+show_doc(kernel_td)
+
+# %% [markdown]
+# The identities, checked to rounding error on sampled trajectories (the weights computed by the
+# library from features and $W$, against the kernels computed directly from the states); then the
+# Transformer itself, `SoftmaxICTD.from_theta_star` on the prompt of `build_prompt`, against
+# `kernel_td`, for several depths, on both processes, in float64. The experiments below use
+# `kernel_td`, which is faster and, by this check, the same function.
+
+# %%
+def direct_weights(kernel, keys, targets):
+    K = kernel(keys[:, None] - targets[None, :])
+    return K / K.sum(0)
+
+for proc, kernel in [(rot, lambda u: torch.exp(8. * torch.cos(u))), (ar, lambda u: torch.exp(-8. * u ** 2 / 2))]:
+    S, R = proc.sample_trajectory(300, seed=2)
+    queries = proc.grid(16)[0]
+    lib = context_weights(proc.features(S), proc.score_matrix(8.), proc.features(queries))
+    test_close(lib, direct_weights(kernel, S[:-1], torch.cat([S, queries])), eps=1e-12)
+    for L in (1, 7, 30):
+        tf = SoftmaxICTD.from_theta_star(proc.d, L, proc.score_matrix(8.), 0.8, proc.gamma)
+        Z = build_prompt(proc.features(S), R, proc.features(queries))
+        test_close(tf.predict(Z, n=300), kernel_td(proc, S, R, 8., 0.8, L, queries), eps=1e-11)
+test_fail(lambda: rot.score_matrix(0.), contains="`beta` must be a positive")
+(tf.predict(Z, n=300) - kernel_td(ar, S, R, 8., 0.8, 30, queries)).abs().max().item()
+
+# %% [markdown]
+# ## What the large-context limit predicts
+#
+# As $n \to \infty$ with a stationary context, the softmax average over keys becomes an average
+# over the stationary law $d$: $K_k(x)$ tends to the **population smoother**
+# $M(x, dy) = d(y)\kappa(y, x)\,dy / \int d(z)\kappa(z, x)\,dz$, and since
+# $E[\delta_k \mid S_{k-1} = y] = r(y) + \gamma (Pv)(y) - v(y)$, the layer recursion becomes
+#
+# $$v_{l+1} = v_l + \alpha M (r + \gamma P v_l - v_l),$$
+#
+# the continuous-state version of the recursion of the [convergence chapter](convergence.html)
+# (we argue the limit by the ergodic theorem, key by key, and check it by measurement below; a
+# uniform convergence proof is beyond this chapter). Both processes make $M$ and $P$ simple.
+#
+# - **Circle.** $d$ is uniform and the von Mises kernel depends on $x - y$ only, so $M$ is a
+#   convolution: $M e^{iks} = \lambda_k e^{iks}$ with $\lambda_k = I_k(\beta)/I_0(\beta)$ (modified
+#   Bessel functions), the Fourier coefficients of the normalised von Mises density; and
+#   $P e^{iks} = p_k e^{iks}$. The recursion acts harmonic by harmonic:
+#   $v_l = \mathrm{Re}\sum_k v_k\,(1 - f_k^{\,l})\,e^{iks}$ with $v_k = c_k/(1 - \gamma p_k)$ and
+#   $f_k = 1 - \alpha\lambda_k(1 - \gamma p_k)$.
+# - **AR(1).** The product of the normal stationary density $N(0, s_\infty^2)$ and the Gaussian
+#   kernel is normal in $y$: $M f(x) = E[f(c x + \tau\xi)]$ with $c = \beta s_\infty^2 / (1 + \beta
+#   s_\infty^2)$ and $\tau^2 = s_\infty^2 / (1 + \beta s_\infty^2)$. Like $P$, it is a triangular
+#   map on polynomial coefficients, with diagonal $c^j$; the recursion stays among polynomials of
+#   the reward's degree, and its eigenvalues are $f_j = 1 - \alpha c^j (1 - \gamma a^j)$.
+#
+# ::: {.proposition}
+# **Proposition 2 [ours].** For $0 < \alpha \le 1$ and every $\beta > 0$, the population recursion
+# converges to $v_\pi$ on both processes: there is **no smoothing bias** in the limit. Each harmonic
+# $k$ (each degree $j$) converges geometrically at rate $|f_k|$ ($|f_j|$). On the circle
+# $\lambda_k \to 0$ as $k \to \infty$, so the rates approach 1: there is no uniform rate, and a
+# value with high harmonics (the square wave) needs depth to resolve them.
+# :::
+#
+# ::: {.proof}
+# *Proof.* Circle: $0 < \lambda_k \le 1$ (the von Mises density is positive and has positive Fourier
+# coefficients $I_k(\beta) > 0$), so $|f_k| \le 1 - \alpha\lambda_k + \alpha\lambda_k\gamma|p_k| < 1$
+# and $v_l$'s coefficient $v_k(1 - f_k^l) \to v_k$, the coefficient of $v_\pi$. AR(1): the error
+# $w_l - w_\pi$ is multiplied by the triangular matrix $I - \alpha T_M(I - \gamma T_P)$ whose
+# eigenvalues are its diagonal entries $f_j$, with $0 < \alpha c^j(1 - \gamma a^j) < \alpha c^j (1 +
+# \gamma) < 2$, so $|f_j| < 1$ and the error vanishes geometrically. $\square$
+# :::
+#
+# `population_values` computes $v_0..v_L$ of this recursion at any states, in closed form.
+
+# %%
+#| export
+def von_mises_harmonics(beta:float,    # concentration
+                        k_max:int,     # highest harmonic
+                       )->torch.Tensor:  # (k_max + 1,) lambda_k = I_k(beta) / I_0(beta), k = 0..k_max
+    "Fourier coefficients of the normalised von Mises density, by the FFT of $e^{\\beta(\\cos t - 1)}$ on a fine grid."
+    beta, k_max = _positive(beta, "beta"), _length(k_max, "k_max")
+    m = 2 ** math.ceil(math.log2(max(4 * k_max, 64 * math.sqrt(beta) + 64)))
+    t = torch.arange(m, dtype=torch.float64) * (2 * math.pi / m)
+    F = torch.fft.rfft(torch.exp(beta * (torch.cos(t) - 1))).real
+    return (F / F[0])[:k_max + 1].clamp(min=0.)
+
+def _rotation_population(self, beta:float, alpha:float, n_layers:int, states)->torch.Tensor:
+    "(L + 1, m) values v_0..v_L of the population recursion at `states` (harmonic by harmonic)."
+    s = _angles(states)
+    k_max = 1 if self.reward_kind == "cos" else max(1, math.ceil(math.sqrt(80 * _positive(beta, "beta"))) + 1)
+    k, c = self.reward_harmonics(k_max)
+    p, lam = self.transition_eigenvalues(k), von_mises_harmonics(beta, k_max)[1:]
+    f = 1 - alpha * lam * (1 - self.gamma * p)
+    learned = 1 - f ** torch.arange(n_layers + 1, dtype=torch.float64).unsqueeze(1)   # (L + 1, K)
+    return ((learned * c / (1 - self.gamma * p)) @ torch.exp(1j * k.unsqueeze(1) * s)).real
+
+def _ar1_population(self, beta:float, alpha:float, n_layers:int, states)->torch.Tensor:
+    "(L + 1, m) values v_0..v_L of the population recursion at `states` (on polynomial coefficients)."
+    b, s2 = _positive(beta, "beta"), self.std ** 2
+    T_M = gaussian_operator(b * s2 / (1 + b * s2), math.sqrt(s2 / (1 + b * s2)), self.degree)
+    I = torch.eye(self.degree + 1, dtype=torch.float64)
+    w, ws = torch.zeros(self.degree + 1, dtype=torch.float64), []
+    for _ in range(n_layers + 1):
+        ws.append(w)
+        w = w + alpha * T_M @ (self.reward_coef + (self.gamma * self.transition_matrix - I) @ w)
+    return torch.stack([polyval(x, states) for x in ws])
+
+NoisyRotation.population_values, GaussianAR1.population_values = _rotation_population, _ar1_population
+
+
+# %%
+show_doc(von_mises_harmonics)
+
+# %% [markdown]
+# Checks: $\lambda_1 = I_1(\beta)/I_0(\beta)$ against torch's Bessel functions; the population
+# recursion at large depth equals $v_\pi$; its first step is $\alpha M r$, computed for the AR(1)
+# by quadrature of the Gaussian smoother; and the AR(1) rates are the diagonal entries above.
+
+# %%
+for b in (0.5, 3., 40.):
+    bt = torch.tensor(b, dtype=torch.float64)
+    test_close(von_mises_harmonics(b, 3)[1], (torch.special.i1e(bt) / torch.special.i0e(bt)).item(), eps=1e-12)
+for proc in (cosine, ar):
+    x, _ = proc.grid(64)
+    test_close(proc.population_values(10., 1., 2000, x)[-1], proc.v_pi(x), eps=1e-9)
+def grid_recursion(proc, beta, alpha, L, m=2048):
+    "The population recursion on the circle with P and M discretised as m x m matrices (no Fourier series)."
+    x = proc.grid(m)[0] + math.pi / m                                      # off the reward's jumps at 0 and pi
+    u = (x[None, :] - x[:, None] + math.pi) % (2 * math.pi) - math.pi      # y - x, wrapped
+    P = sum(torch.exp(-(u - proc.mu + 2 * math.pi * j) ** 2 / (2 * proc.sigma ** 2)) for j in (-1, 0, 1))
+    P, M = P / P.sum(1, keepdim=True), torch.softmax(beta * torch.cos(u), 1)
+    v = torch.zeros(m, dtype=torch.float64)
+    for _ in range(L): v = v + alpha * M @ (proc.reward(x) + proc.gamma * P @ v - v)
+    return x, v
+x, v_grid = grid_recursion(rot, 10., 0.8, 12)
+test_close(rot.population_values(10., 0.8, 12, x)[-1], v_grid, eps=2e-3)
+nodes, hw = np.polynomial.hermite_e.hermegauss(40)
+b, s2 = 2., ar.std ** 2
+c_m, tau = b * s2 / (1 + b * s2), math.sqrt(s2 / (1 + b * s2))
+x = torch.linspace(-2, 2, 5, dtype=torch.float64)
+Mr = (ar.reward(c_m * x[:, None] + tau * torch.from_numpy(nodes)) * torch.from_numpy(hw / hw.sum())).sum(1)
+test_close(ar.population_values(b, 0.7, 1, x)[1], 0.7 * Mr, eps=1e-12)
+f_rot = 1 - von_mises_harmonics(10., 3)[1:] * (1 - 0.9 * rot.transition_eigenvalues(torch.arange(1., 4.)))
+f_rot.abs()
+
+# %% [markdown]
+# With $\beta = 10$ and $\alpha = 1$ the first harmonic converges at rate $|f_1|$ per layer and the
+# third more slowly; the rate of harmonic $k$ tends to 1 as $k$ grows.
+
 # %%
 #| hide
 import nbdev; nbdev.nbdev_export()
