@@ -14,7 +14,8 @@ from .wstd import batch_linear_td, weighted_softmax_td
 
 # %% auto #0
 __all__ = ['ContinuousProcess', 'NoisyRotation', 'gaussian_moment', 'gaussian_operator', 'polyval', 'GaussianAR1', 'mc_returns',
-           'mc_z_scores', 'kernel_td', 'von_mises_harmonics']
+           'mc_z_scores', 'kernel_td', 'von_mises_harmonics', 'sample_contexts', 'error_sweep', 'population_msve',
+           'plot_depth', 'loglog_fit', 'bootstrap_slope', 'best_beta', 'plot_tradeoff']
 
 # %% ../nbs/07a_continuous.ipynb #38b44d04
 def _positive(x, name:str)->float:
@@ -259,3 +260,113 @@ def _ar1_population(self, beta:float, alpha:float, n_layers:int, states)->torch.
     return torch.stack([polyval(x, states) for x in ws])
 
 NoisyRotation.population_values, GaussianAR1.population_values = _rotation_population, _ar1_population
+
+# %% ../nbs/07a_continuous.ipynb #71c12bcf
+def sample_contexts(process,      # a process of this chapter
+                    n:int,        # transitions per context
+                    n_tasks:int,  # number of contexts B
+                    seed:int=0,   # context b has seed `seed + b`
+                   )->tuple:      # (states (B, n + 1), rewards (B, n))
+    "Independent stationary contexts stacked along a batch dimension."
+    S, R = zip(*(process.sample_trajectory(n, seed + b) for b in range(_length(n_tasks, "n_tasks"))))
+    return torch.stack(S), torch.stack(R)
+
+def error_sweep(process,              # a process of this chapter
+                ns:list,              # context lengths
+                betas:list,           # kernel scales
+                alpha:float,          # step size
+                n_layers:int,         # deepest layer L
+                n_tasks:int=10,       # contexts per length
+                seed:int=0,           # first context seed
+                m:int=128,            # grid points of the MSVE
+                dtype=torch.float64,  # dtype of the computation
+                progress:bool=False,  # show a progress bar
+               )->torch.Tensor:       # (len(ns), len(betas), n_tasks, L + 1) MSVE at every depth
+    "MSVE of kernel TD at every depth, for every context length and kernel scale."
+    x = process.grid(m)[0]
+    out = torch.zeros(len(ns), len(betas), n_tasks, n_layers + 1, dtype=torch.float64)
+    bar = tqdm(total=len(ns) * len(betas), disable=not progress, desc=type(process).__name__)
+    for i, n in enumerate(ns):
+        S, R = sample_contexts(process, n, n_tasks, seed)
+        S, R = S.to(dtype), R.to(dtype)
+        for j, b in enumerate(betas):
+            v = kernel_td(process, S, R, b, alpha, n_layers, x.to(dtype), return_all=True)
+            out[i, j] = process.msve(v.double())
+            bar.update()
+    bar.close()
+    return out
+
+# %% ../nbs/07a_continuous.ipynb #32be466e
+def population_msve(process, beta:float, alpha:float, n_layers:int, m:int=512)->torch.Tensor:
+    "(L + 1,) MSVE of the population recursion at depths 0..L."
+    return process.msve(process.population_values(beta, alpha, n_layers, process.grid(m)[0]))
+
+def plot_depth(curves:dict,      # title -> (errors (len(ns), n_tasks, L + 1), population (L + 1,))
+               ns:list,          # the context lengths of the rows
+              ):                 # the matplotlib figure
+    "MSVE against depth: mean over contexts (with 2 standard errors) for each n, and the population curve."
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(1, len(curves), figsize=(5.5 * len(curves), 4))
+    for ax, (title, (err, pop)) in zip(np.atleast_1d(axes), curves.items()):
+        L = np.arange(err.shape[-1])
+        for i, n in enumerate(ns):
+            mean, se = err[i].mean(0), err[i].std(0) / math.sqrt(err.shape[1])
+            ax.plot(L, mean, label=f"$n = {n}$")
+            ax.fill_between(L, (mean - 2 * se).clamp(min=1e-6), mean + 2 * se, alpha=0.2)
+        ax.plot(L, pop, "k--", label=r"population ($n \to \infty$)")
+        ax.set(yscale="log", xlabel="depth $L$ (layers)", ylabel="MSVE (squared return units)", title=title)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
+
+# %% ../nbs/07a_continuous.ipynb #0ac45943
+def loglog_fit(x, y)->tuple:
+    "(slope, intercept) of least squares on log y = slope log x + intercept."
+    lx, ly = np.log(np.asarray(x, dtype=float)), np.log(np.asarray(y, dtype=float))
+    slope, intercept = np.polyfit(lx, ly, 1)
+    return float(slope), float(intercept)
+
+def bootstrap_slope(x,                # (k,) abscissae
+                    samples,          # (k, ..., B) per-context values at each abscissa, contexts last
+                    statistic=None,   # callable on (..., B) samples -> positive value; default the mean over contexts
+                    n_boot:int=500,   # bootstrap replicates
+                    seed:int=0,       # seed of the resampling
+                   )->tuple:          # (slope, (2.5%, 97.5%) percentile interval)
+    "Log-log slope of a statistic of the per-context samples against x, with a percentile bootstrap interval over contexts."
+    stat = statistic or (lambda a: a.mean(-1))
+    samples = np.asarray(samples, dtype=float)
+    rng = np.random.default_rng(seed)
+    slope = loglog_fit(x, [stat(s) for s in samples])[0]
+    boots = [loglog_fit(x, [stat(s[..., rng.integers(0, s.shape[-1], s.shape[-1])]) for s in samples])[0] for _ in range(n_boot)]
+    return slope, tuple(np.percentile(boots, [2.5, 97.5]).tolist())
+
+# %% ../nbs/07a_continuous.ipynb #0a3716e8
+def best_beta(betas,          # (k,) kernel scales, increasing
+              errors,         # (k, B) MSVE per scale and context
+             )->float:        # the minimiser of the mean MSVE, refined by a parabola in log beta
+    "The kernel scale minimising the mean MSVE over contexts."
+    lb, e = np.log(np.asarray(betas, dtype=float)), np.log(np.asarray(errors, dtype=float).mean(-1))
+    i = int(np.clip(np.argmin(e), 1, len(e) - 2))
+    a, b, _ = np.polyfit(lb[i - 1:i + 2], e[i - 1:i + 2], 2)
+    x = -b / (2 * a) if a > 0 else lb[int(np.argmin(e))]
+    return float(np.exp(np.clip(x, lb[0], lb[-1])))
+
+# %% ../nbs/07a_continuous.ipynb #6c909714
+def plot_tradeoff(betas, ns, sweep, best, slope, ci):
+    "MSVE against beta for each n (best beta marked), and best beta against n with the fitted power law."
+    import matplotlib.pyplot as plt
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+    for i, n in enumerate(ns):
+        mean, se = sweep[i].mean(-1), sweep[i].std(-1) / math.sqrt(sweep.shape[-1])
+        a1.errorbar(betas, mean, yerr=2 * se, marker="o", ms=3, capsize=2, label=f"$n = {n}$")
+        a1.axvline(best[i], color=f"C{i}", ls=":", lw=1)
+    a1.set(xscale="log", yscale="log", xlabel=r"kernel scale $\beta$ (concentration; bandwidth $\approx 1/\sqrt{\beta}$ rad)",
+           ylabel="MSVE (squared return units)", title=r"Bias-variance trade-off of the bandwidth (dotted: best $\beta$)")
+    a1.legend(fontsize=8)
+    _, icpt = loglog_fit(ns, best)
+    a2.plot(ns, best, "o", label=r"best $\beta$ per $n$")
+    a2.plot(ns, np.exp(icpt) * np.asarray(ns, dtype=float) ** slope, "k--", label=f"fit: $n^{{{slope:.2f}}}$, 95% CI [{ci[0]:.2f}, {ci[1]:.2f}]")
+    a2.set(xscale="log", yscale="log", xlabel="context length $n$ (transitions)", ylabel=r"best $\beta$", title=r"The best kernel scale grows with $n$")
+    a2.legend(fontsize=8)
+    fig.tight_layout()
+    return fig
