@@ -15,7 +15,8 @@ from .wstd import batch_linear_td, weighted_softmax_td
 # %% auto #0
 __all__ = ['ContinuousProcess', 'NoisyRotation', 'gaussian_moment', 'gaussian_operator', 'polyval', 'GaussianAR1', 'mc_returns',
            'mc_z_scores', 'kernel_td', 'von_mises_harmonics', 'sample_contexts', 'error_sweep', 'population_msve',
-           'plot_depth', 'loglog_fit', 'bootstrap_slope', 'best_beta', 'plot_tradeoff']
+           'plot_depth', 'loglog_fit', 'bootstrap_slope', 'best_beta', 'plot_tradeoff', 'lstd', 'compare_methods',
+           'rows_markdown', 'plot_estimates', 'plot_long_depth']
 
 # %% ../nbs/07a_continuous.ipynb #38b44d04
 def _positive(x, name:str)->float:
@@ -369,4 +370,102 @@ def plot_tradeoff(betas, ns, sweep, best, slope, ci):
     a2.set(xscale="log", yscale="log", xlabel="context length $n$ (transitions)", ylabel=r"best $\beta$", title=r"The best kernel scale grows with $n$")
     a2.legend(fontsize=8)
     fig.tight_layout()
+    return fig
+
+# %% ../nbs/07a_continuous.ipynb #d51d2277
+def _fourier(self, states, size:int)->torch.Tensor:
+    "(..., 2 size + 1) features (1, cos ks, sin ks) for k = 1..size."
+    s = _angles(states).unsqueeze(-1)
+    k = torch.arange(1, _length(size, "size") + 1, dtype=s.dtype)
+    return torch.cat([torch.ones_like(s), torch.cos(k * s), torch.sin(k * s)], -1)
+
+def _hermite(self, states, size:int)->torch.Tensor:
+    "(..., size + 1) normalised probabilists' Hermite polynomials He_j(s / std) / sqrt(j!), j = 0..size."
+    x = as_tensor(states, "states") / self.std
+    H = [torch.ones_like(x), x]
+    for j in range(1, _length(size, "size")): H.append(x * H[j] - j * H[j - 1])
+    return torch.stack([h / math.sqrt(math.factorial(j)) for j, h in enumerate(H[:size + 1])], -1)
+
+NoisyRotation.basis, GaussianAR1.basis = _fourier, _hermite
+
+def lstd(phi_states, rewards, phi_queries, gamma:float, ridge:float=1e-8)->torch.Tensor:
+    "LSTD, the fixed point of batch linear TD: $w = (\\Phi^\\top(\\Phi - \\gamma\\Phi'))^{-1}\\Phi^\\top R$, read out at the queries."
+    X, Xn = phi_states[..., :-1, :], phi_states[..., 1:, :]
+    A = X.mT @ (X - gamma * Xn) / X.shape[-2] + ridge * torch.eye(X.shape[-1], dtype=X.dtype)
+    w = torch.linalg.solve(A, (X.mT @ rewards.unsqueeze(-1)).squeeze(-1) / X.shape[-2])
+    return (phi_queries @ w.unsqueeze(-1)).squeeze(-1)
+
+def compare_methods(process,           # a process of this chapter
+                    n:int,             # context length
+                    n_layers:int,      # depth of every method
+                    sizes:list,        # sizes of the richer bases (`process.basis(states, size)`)
+                    alphas:list,       # step sizes tried for linear TD
+                    kernel_alphas:list,  # step sizes tried for kernel TD
+                    betas:list,        # kernel scales tried for kernel TD
+                    n_tune:int=8,      # tuning contexts (seeds 300..)
+                    n_eval:int=24,     # evaluation contexts (seeds 400..)
+                    m:int=128,         # grid points of the MSVE
+                   )->list:            # rows: dict(method, d, tuned, msve, se)
+    "Kernel TD against linear TD (same features, richer bases) and LSTD, each tuned on its own grid, evaluated on fresh contexts."
+    x, g = process.grid(m)[0], process.gamma
+    tune, test = sample_contexts(process, n, n_tune, 300), sample_contexts(process, n, n_eval, 400)
+    def linear(feat):
+        return lambda S, R, a: batch_linear_td(feat(S), R, a, g, n_layers, phi_queries=feat(x).expand(S.shape[:-1] + (m, -1)))[..., n + 1:]
+    methods = [("kernel TD (softmax Transformer)", process.d, lambda S, R, ab: kernel_td(process, S, R, ab[1], ab[0], n_layers, x), [(a, b) for a in kernel_alphas for b in betas])]
+    methods.append(("linear TD, same features", process.d, linear(process.features), alphas))
+    for size in sizes:
+        feat = lambda s, size=size: process.basis(s, size)
+        methods.append((f"linear TD, basis size {size}", feat(x[:1]).shape[-1], linear(feat), alphas))
+    rows = []
+    for name, d, run, grid in methods:
+        scores = [process.msve(run(*tune, p)).mean().item() for p in grid]
+        best = grid[int(np.nanargmin(np.where(np.isfinite(scores), scores, np.nan)))]
+        e = process.msve(run(*test, best))
+        tuned = f"alpha = {best[0]:g}, beta = {best[1]:g}" if isinstance(best, tuple) else f"alpha = {best:g}"
+        rows.append(dict(method=name, d=d, tuned=tuned, msve=e.mean().item(), se=(e.std() / math.sqrt(len(e))).item()))
+    for name, feat in [("LSTD, same features", process.features)] + [(f"LSTD, basis size {s}", lambda s_, s=s: process.basis(s_, s)) for s in sizes]:
+        e = process.msve(lstd(feat(test[0]), test[1], feat(x), g))
+        rows.append(dict(method=name, d=feat(x[:1]).shape[-1], tuned="-", msve=e.mean().item(), se=(e.std() / math.sqrt(len(e))).item()))
+    return rows
+
+def rows_markdown(rows:list, title:str)->str:
+    "A markdown table of `compare_methods` rows."
+    head = f"**{title}**\n\n| method | features $d$ | tuned | MSVE (mean $\\pm$ s.e.) |\n|---|---|---|---|\n"
+    return head + "\n".join(f"| {r['method']} | {r['d']} | {r['tuned']} | {r['msve']:.4f} $\\pm$ {r['se']:.4f} |" for r in rows)
+
+# %% ../nbs/07a_continuous.ipynb #288f087e
+def plot_estimates(process,        # a process of this chapter
+                   beta:float,     # kernel scale
+                   alpha:float,    # step size
+                   ns:list,        # context lengths, one panel each
+                   depths:list,    # depths drawn in each panel
+                   seed:int=0,     # seed of the contexts
+                   m:int=256,      # grid points
+                   axes=None,      # matplotlib axes, one per n
+                  ):               # the axes
+    "The true value and the in-context estimates at several depths, across the state space, for one context per n."
+    import matplotlib.pyplot as plt
+    x = process.grid(m)[0]
+    if axes is None: _, axes = plt.subplots(1, len(ns), figsize=(5.5 * len(ns), 3.6))
+    for ax, n in zip(np.atleast_1d(axes), ns):
+        S, R = process.sample_trajectory(n, seed)
+        v = kernel_td(process, S, R, beta, alpha, max(depths), x, return_all=True)
+        ax.plot(x, process.v_pi(x), "k", lw=2, label=r"$v_\pi$ (closed form)")
+        for L in depths: ax.plot(x, v[L], lw=1.2, label=f"Transformer, $L = {L}$")
+        ax.plot(S, np.full(len(S), ax.get_ylim()[0]), "|", color="grey", alpha=0.3, ms=8)
+        name = "angle $s$ (radians)" if isinstance(process, NoisyRotation) else "state $s$"
+        ax.set(xlabel=name, ylabel="value (return units)", title=f"{type(process).__name__}, $n = {n}$, $\\beta = {beta:g}$")
+        ax.legend(fontsize=7)
+    return axes
+
+# %% ../nbs/07a_continuous.ipynb #b980619e
+def plot_long_depth(betas, errors, n):
+    "MSVE against depth far beyond the floor, one curve per kernel scale."
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for b, e in zip(betas, errors):
+        ax.plot(e.mean(0), label=rf"$\beta = {b:g}$")
+    ax.set(yscale="log", xlabel="depth $L$ (layers)", ylabel="MSVE (squared return units)",
+           title=f"Past its best depth the estimate drifts to the return chain ($n = {n}$)")
+    ax.legend()
     return fig
