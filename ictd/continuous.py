@@ -13,10 +13,11 @@ from .boyan import as_tensor, check_gamma
 from .wstd import batch_linear_td, weighted_softmax_td
 
 # %% auto #0
-__all__ = ['ContinuousProcess', 'NoisyRotation', 'gaussian_moment', 'gaussian_operator', 'polyval', 'GaussianAR1', 'mc_returns',
-           'mc_z_scores', 'kernel_td', 'von_mises_harmonics', 'sample_contexts', 'error_sweep', 'population_msve',
-           'plot_depth', 'loglog_fit', 'bootstrap_slope', 'best_beta', 'plot_tradeoff', 'lstd', 'compare_methods',
-           'rows_markdown', 'plot_estimates', 'plot_long_depth']
+__all__ = ['FULL', 'QUICK', 'ContinuousProcess', 'NoisyRotation', 'gaussian_moment', 'gaussian_operator', 'polyval',
+           'GaussianAR1', 'mc_returns', 'mc_z_scores', 'kernel_td', 'von_mises_harmonics', 'sample_contexts',
+           'error_sweep', 'population_msve', 'plot_depth', 'loglog_fit', 'bootstrap_slope', 'best_beta',
+           'plot_tradeoff', 'lstd', 'compare_methods', 'rows_markdown', 'plot_estimates', 'plot_long_depth',
+           'run_continuous']
 
 # %% ../nbs/07a_continuous.ipynb #38b44d04
 def _positive(x, name:str)->float:
@@ -402,13 +403,14 @@ def compare_methods(process,           # a process of this chapter
                     alphas:list,       # step sizes tried for linear TD
                     kernel_alphas:list,  # step sizes tried for kernel TD
                     betas:list,        # kernel scales tried for kernel TD
-                    n_tune:int=8,      # tuning contexts (seeds 300..)
-                    n_eval:int=24,     # evaluation contexts (seeds 400..)
+                    n_tune:int=8,      # tuning contexts (seeds 300 + seed..)
+                    n_eval:int=24,     # evaluation contexts (seeds 400 + seed..)
                     m:int=128,         # grid points of the MSVE
+                    seed:int=0,        # offset added to the tuning and evaluation seeds
                    )->list:            # rows: dict(method, d, tuned, msve, se)
     "Kernel TD against linear TD (same features, richer bases) and LSTD, each tuned on its own grid, evaluated on fresh contexts."
     x, g = process.grid(m)[0], process.gamma
-    tune, test = sample_contexts(process, n, n_tune, 300), sample_contexts(process, n, n_eval, 400)
+    tune, test = sample_contexts(process, n, n_tune, 300 + seed), sample_contexts(process, n, n_eval, 400 + seed)
     def linear(feat):
         return lambda S, R, a: batch_linear_td(feat(S), R, a, g, n_layers, phi_queries=feat(x).expand(S.shape[:-1] + (m, -1)))[..., n + 1:]
     methods = [("kernel TD (softmax Transformer)", process.d, lambda S, R, ab: kernel_td(process, S, R, ab[1], ab[0], n_layers, x), [(a, b) for a in kernel_alphas for b in betas])]
@@ -469,3 +471,49 @@ def plot_long_depth(betas, errors, n):
            title=f"Past its best depth the estimate drifts to the return chain ($n = {n}$)")
     ax.legend()
     return fig
+
+# %% ../nbs/07a_continuous.ipynb #e4a55bfa
+FULL = dict(ns_depth=[100, 300, 1000, 3000], depth=60, n_tasks=24, ns_beta=[100, 200, 400, 800, 1600, 3200],
+            betas=np.geomspace(1, 1000, 13).tolist(), l_beta=30, ns_cmp=[400, 1600], long_betas=[10., 100., 1000.], long_depth=400)
+QUICK = dict(ns_depth=[50, 100], depth=10, n_tasks=3, ns_beta=[50, 100], betas=[1., 10., 100.], l_beta=5, ns_cmp=[50],
+             long_betas=[10., 1000.], long_depth=20)
+
+def run_continuous(out,                 # folder for the figures and results.json (created)
+                   seed:int=0,          # offset added to every context seed
+                   progress:bool=True,  # show progress bars
+                   quick:bool=False,    # tiny sizes (for tests) instead of the full scale
+                  )->list:              # paths of the files written
+    "Run the chapter's experiments at full scale; write figures and a JSON of the numbers into `out`."
+    import matplotlib; import matplotlib.pyplot as plt
+    cfg, out = (QUICK if quick else FULL), Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    rot, ar, paths, res = NoisyRotation(), GaussianAR1(), [], {"config": cfg, "seed": seed}
+    def save(fig, name):
+        fig.savefig(out / name, dpi=120, bbox_inches="tight"); plt.close(fig); paths.append(out / name)
+    ROT_B, AR_B, A = 10., 1., 1.
+    errs = {name: error_sweep(p, cfg["ns_depth"], [b], A, cfg["depth"], cfg["n_tasks"], seed + 100, progress=progress)[:, 0]
+            for name, p, b in [("rotation", rot, ROT_B), ("ar1", ar, AR_B)]}
+    pops = {"rotation": population_msve(rot, ROT_B, A, cfg["depth"]), "ar1": population_msve(ar, AR_B, A, cfg["depth"])}
+    save(plot_depth({rf"noisy rotation, square reward, $\beta = {ROT_B:g}$": (errs["rotation"], pops["rotation"]),
+                     rf"Gaussian AR(1), cubic reward, $\beta = {AR_B:g}$": (errs["ar1"], pops["ar1"])}, cfg["ns_depth"]), "depth.png")
+    for k, e in errs.items():
+        slope, ci = bootstrap_slope(cfg["ns_depth"], e[:, :, -1])
+        res[f"depth_{k}"] = dict(ns=cfg["ns_depth"], floor_mean=e[:, :, -1].mean(1).tolist(), population=pops[k].tolist(), floor_slope=slope, floor_slope_ci=ci)
+    sweep = error_sweep(rot, cfg["ns_beta"], cfg["betas"], A, cfg["l_beta"], cfg["n_tasks"], seed + 200, dtype=torch.float32, progress=progress)[..., -1]
+    best = [best_beta(cfg["betas"], sweep[i]) for i in range(len(cfg["ns_beta"]))]
+    slope, ci = bootstrap_slope(cfg["ns_beta"], sweep.numpy(), statistic=lambda s: best_beta(cfg["betas"], s), seed=seed + 1)
+    save(plot_tradeoff(cfg["betas"], cfg["ns_beta"], sweep, best, slope, ci), "tradeoff.png")
+    res["bandwidth"] = dict(ns=cfg["ns_beta"], betas=cfg["betas"], mean_msve=sweep.mean(-1).tolist(), best_beta=best, exponent=slope, exponent_ci=ci)
+    alphas, kalphas = np.geomspace(1 / 16, 4, 7).tolist(), [0.125, 0.25, 0.5, 1.]
+    res["comparison"] = {f"{k}_n{n}": compare_methods(p, n, cfg["l_beta"], sizes, alphas, kalphas, bs, seed=seed)
+                         for n in cfg["ns_cmp"] for k, p, sizes, bs in [("rotation", rot, [1, 2, 4, 8, 16], [3., 10., 30., 100., 300.]),
+                                                                        ("ar1", ar, [1, 2, 3, 5, 8], [0.25, 0.5, 1., 2., 4.])]}
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7))
+    plot_estimates(rot, ROT_B, A, [cfg["ns_depth"][0], cfg["ns_depth"][-1]], [2, 10, 30], seed=seed + 5, axes=axes[0])
+    plot_estimates(ar, AR_B, A, [cfg["ns_depth"][0], cfg["ns_depth"][-1]], [2, 10, 30], seed=seed + 5, axes=axes[1])
+    fig.tight_layout(); save(fig, "estimates.png")
+    long = error_sweep(rot, [200], cfg["long_betas"], A, cfg["long_depth"], cfg["n_tasks"], seed + 500, progress=progress)[0]
+    save(plot_long_depth(cfg["long_betas"], long, 200), "long_depth.png")
+    res["long_depth"] = dict(betas=cfg["long_betas"], best_depth=long.mean(1).argmin(-1).tolist(), last_over_best=(long.mean(1)[:, -1] / long.mean(1).min(-1).values).tolist())
+    (out / "results.json").write_text(json.dumps(res, indent=1))
+    return paths + [out / "results.json"]

@@ -25,6 +25,7 @@ from ictd.model import SoftmaxICTD
 from ictd.prompt import build_prompt
 from ictd.wstd import context_weights
 
+
 # %% [markdown]
 # # Continuous states
 # > Weighted softmax TD on Markov reward processes with continuous states and exact values: the score $\phi^\top W \phi$ of two or three features is a von Mises or a Gaussian kernel, and the constructed Transformer runs kernel TD on the trajectory alone.
@@ -370,6 +371,7 @@ for k, zk in z.items():
     else: assert zk.max() < 4.5, (k, zk)
 {k: round(v.max().item(), 2) for k, v in z.items()}
 
+
 # %% [markdown]
 # The largest z-score over the start states is below 4.5 for each closed form, and far above it for the
 # wrong ones. (`tests/test_continuous.py` repeats this on other parameters and seeds, and checks the
@@ -441,6 +443,7 @@ def kernel_td(process,              # a process of this chapter
 # %%
 show_doc(kernel_td)
 
+
 # %% [markdown]
 # The identities, checked to rounding error on sampled trajectories (the weights computed by the
 # library from features and $W$, against the kernels computed directly from the states); then the
@@ -464,6 +467,7 @@ for proc, kernel in [(rot, lambda u: torch.exp(8. * torch.cos(u))), (ar, lambda 
         test_close(tf.predict(Z, n=300), kernel_td(proc, S, R, 8., 0.8, L, queries), eps=1e-11)
 test_fail(lambda: rot.score_matrix(0.), contains="`beta` must be a positive")
 (tf.predict(Z, n=300) - kernel_td(ar, S, R, 8., 0.8, 30, queries)).abs().max().item()
+
 
 # %% [markdown]
 # ## What the large-context limit predicts
@@ -545,7 +549,6 @@ def _ar1_population(self, beta:float, alpha:float, n_layers:int, states)->torch.
 
 NoisyRotation.population_values, GaussianAR1.population_values = _rotation_population, _ar1_population
 
-
 # %%
 show_doc(von_mises_harmonics)
 
@@ -580,6 +583,7 @@ Mr = (ar.reward(c_m * x[:, None] + tau * torch.from_numpy(nodes)) * torch.from_n
 test_close(ar.population_values(b, 0.7, 1, x)[1], 0.7 * Mr, eps=1e-12)
 f_rot = 1 - von_mises_harmonics(10., 3)[1:] * (1 - 0.9 * rot.transition_eigenvalues(torch.arange(1., 4.)))
 f_rot.abs()
+
 
 # %% [markdown]
 # With $\beta = 10$ and $\alpha = 1$ the first harmonic converges at rate $|f_1|$ per layer and the
@@ -644,6 +648,7 @@ NS_DEPTH = [100, 300, 1000]
 depth_rot = error_sweep(rot, NS_DEPTH, [ROT_BETA], ALPHA, DEPTH, n_tasks=8, seed=100)[:, 0]
 depth_ar = error_sweep(ar, NS_DEPTH, [AR_BETA], ALPHA, DEPTH, n_tasks=8, seed=100)[:, 0]
 
+
 # %%
 #| export
 def population_msve(process, beta:float, alpha:float, n_layers:int, m:int=512)->torch.Tensor:
@@ -675,6 +680,7 @@ pop_ar = population_msve(ar, AR_BETA, ALPHA, DEPTH)
 fig = plot_depth({rf"noisy rotation, square reward, $\beta = {ROT_BETA:g}$": (depth_rot, pop_rot),
                   rf"Gaussian AR(1), cubic reward, $\beta = {AR_BETA:g}$": (depth_ar, pop_ar)}, NS_DEPTH)
 
+
 # %% [markdown]
 # The checks: the longest context follows the population curve within 30% over the first layers,
 # where the depth term dominates; each curve then flattens (its last ten layers change by less than
@@ -700,6 +706,7 @@ test_close(ar_rate.item(), f_ar[1::2].abs().max().item(), eps=0.01)
 rot_rates = (pop_rot[1:] / pop_rot[:-1]) ** 0.5
 assert rot_rates[-1] > rot_rates[5] + 0.01
 {k: [round(x, 4) for x in v.tolist()] for k, v in floors.items()}, round(ar_rate.item(), 4), f_ar.tolist()
+
 
 # %% [markdown]
 # The AR(1) value is odd (an odd reward, and both $P$ and $M$ preserve parity), so its slowest
@@ -738,6 +745,7 @@ floor_slopes = {name: bootstrap_slope(NS_DEPTH, err[:, :, -1]) for name, err in 
 for name, (slope, (lo, hi)) in floor_slopes.items(): assert hi < 0, (name, slope, lo, hi)
 floor_slopes
 
+
 # %% [markdown]
 # Both floors fall with $n$: each bootstrap interval of the slope lies below zero. With eight
 # contexts per length the intervals are wide; the full-scale run (`run_continuous`, below) narrows them.
@@ -773,6 +781,7 @@ beta_sweep = error_sweep(rot, NS_BETA, BETAS, ALPHA, L_BETA, n_tasks=12, seed=20
 best = [best_beta(BETAS, beta_sweep[i]) for i in range(len(NS_BETA))]
 beta_slope, beta_ci = bootstrap_slope(NS_BETA, beta_sweep.numpy(), statistic=lambda s: best_beta(BETAS, s), seed=1)
 [round(b, 1) for b in best], round(beta_slope, 3), tuple(round(c, 3) for c in beta_ci)
+
 
 # %%
 #| export
@@ -810,6 +819,7 @@ assert ((mean_beta[:, 0] > 1.2 * mean_beta.min(1).values) & (mean_beta[:, -1] > 
 assert beta_ci[0] > 0, beta_ci
 Markdown(f"Best $\\beta$ at $L = {L_BETA}$: " + ", ".join(f"{b:.1f} ($n = {n}$)" for b, n in zip(best, NS_BETA))
          + f"; fitted exponent $b = {beta_slope:.2f}$, 95% bootstrap interval [{beta_ci[0]:.2f}, {beta_ci[1]:.2f}].")
+
 
 # %% [markdown]
 # The exponent's interval contains 1. A rough argument [ours] for why it should be near 1: at depth
@@ -860,13 +870,14 @@ def compare_methods(process,           # a process of this chapter
                     alphas:list,       # step sizes tried for linear TD
                     kernel_alphas:list,  # step sizes tried for kernel TD
                     betas:list,        # kernel scales tried for kernel TD
-                    n_tune:int=8,      # tuning contexts (seeds 300..)
-                    n_eval:int=24,     # evaluation contexts (seeds 400..)
+                    n_tune:int=8,      # tuning contexts (seeds 300 + seed..)
+                    n_eval:int=24,     # evaluation contexts (seeds 400 + seed..)
                     m:int=128,         # grid points of the MSVE
+                    seed:int=0,        # offset added to the tuning and evaluation seeds
                    )->list:            # rows: dict(method, d, tuned, msve, se)
     "Kernel TD against linear TD (same features, richer bases) and LSTD, each tuned on its own grid, evaluated on fresh contexts."
     x, g = process.grid(m)[0], process.gamma
-    tune, test = sample_contexts(process, n, n_tune, 300), sample_contexts(process, n, n_eval, 400)
+    tune, test = sample_contexts(process, n, n_tune, 300 + seed), sample_contexts(process, n, n_eval, 400 + seed)
     def linear(feat):
         return lambda S, R, a: batch_linear_td(feat(S), R, a, g, n_layers, phi_queries=feat(x).expand(S.shape[:-1] + (m, -1)))[..., n + 1:]
     methods = [("kernel TD (softmax Transformer)", process.d, lambda S, R, ab: kernel_td(process, S, R, ab[1], ab[0], n_layers, x), [(a, b) for a in kernel_alphas for b in betas])]
@@ -900,6 +911,7 @@ cmp_ar = compare_methods(ar, N_CMP, L_BETA, [1, 2, 3, 5, 8], ALPHAS, KERNEL_ALPH
 Markdown(rows_markdown(cmp_rot, f"Noisy rotation, square reward, n = {N_CMP}, depth {L_BETA}") + "\n\n"
          + rows_markdown(cmp_ar, f"Gaussian AR(1), cubic reward, n = {N_CMP}, depth {L_BETA}"))
 
+
 # %% [markdown]
 # What the table shows, and the checks below pin down:
 #
@@ -922,12 +934,15 @@ assert kernel_rot["msve"] < min(r["msve"] for r in cmp_rot if r is not kernel_ro
 assert row(cmp_ar, "linear TD, basis size 3")["msve"] < row(cmp_ar, "linear TD, basis size 2")["msve"] / 3
 kernel_rot["msve"], kernel_ar["msve"]
 
+
 # %% [markdown]
 # ## What the estimates look like
 #
 # One context each, the true value against the Transformer's estimate across the state space, for
 # three depths and two context lengths ($\alpha = 1$, the bandwidths of the depth experiment). The
-# rug marks the context's states.
+# rug marks the context's states. On the line, the grid reaches four stationary standard deviations,
+# where a context of 100 transitions has no states at all: the kernel estimate flattens there,
+# which is where most of the AR(1)'s MSVE comes from.
 
 # %%
 #| export
@@ -993,6 +1008,7 @@ fig.tight_layout()
 NS_LONG, BETAS_LONG, L_LONG = [200], [10., 100., 1000.], 300
 long_depth = error_sweep(rot, NS_LONG, BETAS_LONG, ALPHA, L_LONG, n_tasks=6, seed=500)[0]
 
+
 # %%
 #| export
 def plot_long_depth(betas, errors, n):
@@ -1019,6 +1035,85 @@ best_depth.tolist(), [round(r, 2) for r in ratio.tolist()]
 # ends several times above it, and the best depth comes earlier as $\beta$ grows. A Transformer with
 # the constructed parameters has a fixed depth: on continuous states, its depth and its bandwidth
 # are tuned together.
+
+# %% [markdown]
+# ## At full scale
+#
+# `run_continuous` runs every experiment of this chapter with more contexts, longer contexts and
+# wider grids, saves the figures and a JSON file of the numbers (floors, slopes with their
+# intervals, best $\beta$ per $n$ and the fitted exponent, the comparison tables), and returns the
+# paths. The command line runs it as `ictd continuous`. With `quick=True` it runs a tiny version, for
+# tests.
+
+# %%
+#| export
+FULL = dict(ns_depth=[100, 300, 1000, 3000], depth=60, n_tasks=24, ns_beta=[100, 200, 400, 800, 1600, 3200],
+            betas=np.geomspace(1, 1000, 13).tolist(), l_beta=30, ns_cmp=[400, 1600], long_betas=[10., 100., 1000.], long_depth=400)
+QUICK = dict(ns_depth=[50, 100], depth=10, n_tasks=3, ns_beta=[50, 100], betas=[1., 10., 100.], l_beta=5, ns_cmp=[50],
+             long_betas=[10., 1000.], long_depth=20)
+
+def run_continuous(out,                 # folder for the figures and results.json (created)
+                   seed:int=0,          # offset added to every context seed
+                   progress:bool=True,  # show progress bars
+                   quick:bool=False,    # tiny sizes (for tests) instead of the full scale
+                  )->list:              # paths of the files written
+    "Run the chapter's experiments at full scale; write figures and a JSON of the numbers into `out`."
+    import matplotlib; import matplotlib.pyplot as plt
+    cfg, out = (QUICK if quick else FULL), Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    rot, ar, paths, res = NoisyRotation(), GaussianAR1(), [], {"config": cfg, "seed": seed}
+    def save(fig, name):
+        fig.savefig(out / name, dpi=120, bbox_inches="tight"); plt.close(fig); paths.append(out / name)
+    ROT_B, AR_B, A = 10., 1., 1.
+    errs = {name: error_sweep(p, cfg["ns_depth"], [b], A, cfg["depth"], cfg["n_tasks"], seed + 100, progress=progress)[:, 0]
+            for name, p, b in [("rotation", rot, ROT_B), ("ar1", ar, AR_B)]}
+    pops = {"rotation": population_msve(rot, ROT_B, A, cfg["depth"]), "ar1": population_msve(ar, AR_B, A, cfg["depth"])}
+    save(plot_depth({rf"noisy rotation, square reward, $\beta = {ROT_B:g}$": (errs["rotation"], pops["rotation"]),
+                     rf"Gaussian AR(1), cubic reward, $\beta = {AR_B:g}$": (errs["ar1"], pops["ar1"])}, cfg["ns_depth"]), "depth.png")
+    for k, e in errs.items():
+        slope, ci = bootstrap_slope(cfg["ns_depth"], e[:, :, -1])
+        res[f"depth_{k}"] = dict(ns=cfg["ns_depth"], floor_mean=e[:, :, -1].mean(1).tolist(), population=pops[k].tolist(), floor_slope=slope, floor_slope_ci=ci)
+    sweep = error_sweep(rot, cfg["ns_beta"], cfg["betas"], A, cfg["l_beta"], cfg["n_tasks"], seed + 200, dtype=torch.float32, progress=progress)[..., -1]
+    best = [best_beta(cfg["betas"], sweep[i]) for i in range(len(cfg["ns_beta"]))]
+    slope, ci = bootstrap_slope(cfg["ns_beta"], sweep.numpy(), statistic=lambda s: best_beta(cfg["betas"], s), seed=seed + 1)
+    save(plot_tradeoff(cfg["betas"], cfg["ns_beta"], sweep, best, slope, ci), "tradeoff.png")
+    res["bandwidth"] = dict(ns=cfg["ns_beta"], betas=cfg["betas"], mean_msve=sweep.mean(-1).tolist(), best_beta=best, exponent=slope, exponent_ci=ci)
+    alphas, kalphas = np.geomspace(1 / 16, 4, 7).tolist(), [0.125, 0.25, 0.5, 1.]
+    res["comparison"] = {f"{k}_n{n}": compare_methods(p, n, cfg["l_beta"], sizes, alphas, kalphas, bs, seed=seed)
+                         for n in cfg["ns_cmp"] for k, p, sizes, bs in [("rotation", rot, [1, 2, 4, 8, 16], [3., 10., 30., 100., 300.]),
+                                                                        ("ar1", ar, [1, 2, 3, 5, 8], [0.25, 0.5, 1., 2., 4.])]}
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7))
+    plot_estimates(rot, ROT_B, A, [cfg["ns_depth"][0], cfg["ns_depth"][-1]], [2, 10, 30], seed=seed + 5, axes=axes[0])
+    plot_estimates(ar, AR_B, A, [cfg["ns_depth"][0], cfg["ns_depth"][-1]], [2, 10, 30], seed=seed + 5, axes=axes[1])
+    fig.tight_layout(); save(fig, "estimates.png")
+    long = error_sweep(rot, [200], cfg["long_betas"], A, cfg["long_depth"], cfg["n_tasks"], seed + 500, progress=progress)[0]
+    save(plot_long_depth(cfg["long_betas"], long, 200), "long_depth.png")
+    res["long_depth"] = dict(betas=cfg["long_betas"], best_depth=long.mean(1).argmin(-1).tolist(), last_over_best=(long.mean(1)[:, -1] / long.mean(1).min(-1).values).tolist())
+    (out / "results.json").write_text(json.dumps(res, indent=1))
+    return paths + [out / "results.json"]
+
+
+# %%
+show_doc(run_continuous)
+
+# %%
+import tempfile
+with tempfile.TemporaryDirectory() as tmp:
+    written = run_continuous(tmp, progress=False, quick=True)
+    test_eq(sorted(p.name for p in written), ["depth.png", "estimates.png", "long_depth.png", "results.json", "tradeoff.png"])
+    results = json.loads(Path(tmp, "results.json").read_text())
+    test_eq(sorted(results), ["bandwidth", "comparison", "config", "depth_ar1", "depth_rotation", "long_depth", "seed"])
+
+# %% [markdown]
+# The full-scale run (flagged slow, skipped by the tests; about ten minutes on one thread):
+
+# %%
+#| slow
+with tempfile.TemporaryDirectory() as tmp:
+    written = run_continuous(tmp, seed=1000, progress=False)
+    full = json.loads(Path(tmp, "results.json").read_text())
+assert full["bandwidth"]["exponent_ci"][0] > 0 and all(full[k]["floor_slope_ci"][1] < 0 for k in ("depth_rotation", "depth_ar1"))
+full["bandwidth"]["best_beta"], full["bandwidth"]["exponent"], full["bandwidth"]["exponent_ci"]
 
 # %%
 #| hide
