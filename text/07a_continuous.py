@@ -1105,7 +1105,7 @@ with tempfile.TemporaryDirectory() as tmp:
     test_eq(sorted(results), ["bandwidth", "comparison", "config", "depth_ar1", "depth_rotation", "long_depth", "seed"])
 
 # %% [markdown]
-# The full-scale run (flagged slow, skipped by the tests; about ten minutes on one thread):
+# The full-scale run (flagged slow, skipped by the tests; its wall time was not measured here, expect minutes):
 
 # %%
 #| slow
