@@ -16,17 +16,28 @@ __all__ = ['check_prompt', 'successor_shift', 'context_attention', 'attend_conte
 # %% ../nbs/03_dual_head.ipynb #6c68ba05
 def check_prompt(Z,            # (..., d + 2, N) prompt
                  d:int,        # feature dimension the model expects
-                 n=None,       # number of context transitions; default N - 2 (exactly one query column)
+                 n=None,       # number of context transitions; default: `Z.n_context`, set by `build_prompt`
                 )->tuple:      # (Z as a floating tensor, n as an int)
     "Validate a prompt for a model of feature dimension `d`, and resolve the number `n` of context transitions."
+    carried = getattr(Z, "n_context", None)
     Z = as_tensor(Z, "Z")
     if Z.ndim < 2 or Z.shape[-2] != d + 2:
         raise ValueError(f"`Z` must have shape (..., d + 2, n + 1 + q) with d + 2 = {d + 2} rows, got {tuple(Z.shape)}")
     N = Z.shape[-1]
-    if n is None: n = N - 2
+    if n is None and carried is None:
+        raise ValueError("`n` must be given: `Z` does not carry its number of context transitions "
+                         "(`build_prompt` attaches it as `Z.n_context`; slicing, stacking, `.to()` or numpy return a plain tensor)")
+    if n is None: n = carried
     if int(n) != n or not 1 <= n <= N - 1:
         raise ValueError(f"`n` must be an integer in 1..{N - 1} (the columns of `Z` minus the last-state column), got {n}")
+    if carried is not None and int(n) != carried:
+        raise ValueError(f"`n` = {n} contradicts the prompt, which was built with `Z.n_context` = {carried}")
     return Z, int(n)
+
+def _carry(Z:torch.Tensor, n:int)->torch.Tensor:
+    "Attach the number of context transitions to a model's output, so that it can be fed on without `n`."
+    Z.n_context = n
+    return Z
 
 # %% ../nbs/03_dual_head.ipynb #72c63c34
 def successor_shift(Z:torch.Tensor,  # (..., D, N) tokens as columns
@@ -116,18 +127,18 @@ class DualHeadSoftmaxLayer(nn.Module):
         return tuple(p.to(like) for p in (self.A, self.V_cur, self.V_tgt))
 
     def attention(self, Z,           # (..., d + 2, N) prompt
-                  n=None,            # number of context transitions; default N - 2
+                  n=None,            # number of context transitions; default `Z.n_context`
                  )->torch.Tensor:    # (..., N, N) attention S[i, j], zero rows at non-context keys
         "The attention matrix of this layer on prompt `Z`."
         Z, n = check_prompt(Z, self.d, n)
         return context_attention(Z, self.params(Z)[0], n)
 
     def forward(self, Z,             # (..., d + 2, N) prompt
-                n=None,              # number of context transitions; default N - 2
+                n=None,              # number of context transitions; default `Z.n_context`
                )->torch.Tensor:      # (..., d + 2, N) next prompt
         "$Z + V^{cur} Z S + V^{tgt} (Z \\Pi) S$, computed as $Z + (V^{cur} Z + V^{tgt} Z \\Pi) S$."
         Z, n = check_prompt(Z, self.d, n)
-        return dual_head_update(Z, *self.params(Z), n)
+        return _carry(dual_head_update(Z, *self.params(Z), n), n)
 
     def value_weights(self)->torch.Tensor:
         "The value-row weights (reward, successor value, current value): V_cur[d+1, d], V_tgt[d+1, d+1], V_cur[d+1, d+1] (detached)."
@@ -185,11 +196,12 @@ class SoftmaxICTD(nn.Module):
         return model
 
     def forward(self, Z,                 # (..., d + 2, N) prompt Z_0
-                n=None,                  # number of context transitions; default N - 2 (one query column)
+                n=None,                  # number of context transitions; default `Z.n_context` (set by `build_prompt`)
                 return_all:bool=False,   # also return every intermediate prompt
                )->torch.Tensor:          # Z_L (..., d + 2, N), or Z_0..Z_L stacked as (..., L + 1, d + 2, N)
         "Run the prompt through the L layers."
-        return self._forward(*check_prompt(Z, self.d, n), return_all)
+        Z, n = check_prompt(Z, self.d, n)
+        return _carry(self._forward(Z, n, return_all), n)
 
     def _forward(self, Z, n, return_all=False):
         "The forward pass on a validated prompt: the layers' inner calls validate nothing."
@@ -198,7 +210,7 @@ class SoftmaxICTD(nn.Module):
         return torch.stack(Zs, dim=-3) if return_all else Zs[-1]
 
     def predict(self, Z,             # (..., d + 2, N) prompt Z_0
-                n=None,              # number of context transitions; default N - 2 (one query column)
+                n=None,              # number of context transitions; default `Z.n_context` (set by `build_prompt`)
                )->torch.Tensor:      # (..., q) values at the q = N - n - 1 query columns
         "The model's value estimates: row d + 1 of Z_L at the query columns."
         Z, n = check_prompt(Z, self.d, n)
@@ -261,9 +273,9 @@ class SingleHeadTSMLayer(nn.Module):
         return out
 
     def forward(self, Z,             # (..., d + 2, N) prompt
-                n=None,              # number of context transitions; default N - 2
+                n=None,              # number of context transitions; default `Z.n_context`
                )->torch.Tensor:      # (..., d + 2, N) next prompt
         "$Z + V\\,\\mathrm{TSM}_C(Z)\\, S$ with the attention S of `A` on `Z`."
         Z, n = check_prompt(Z, self.d, n)
         A, V = self.A.to(Z), self.V.to(Z)
-        return Z + attend_context(Z, A, (V @ temporal_shift(Z, n, self.channels))[..., :n])
+        return _carry(Z + attend_context(Z, A, (V @ temporal_shift(Z, n, self.channels))[..., :n]), n)

@@ -66,17 +66,28 @@ from ictd.prompt import build_prompt
 #| export
 def check_prompt(Z,            # (..., d + 2, N) prompt
                  d:int,        # feature dimension the model expects
-                 n=None,       # number of context transitions; default N - 2 (exactly one query column)
+                 n=None,       # number of context transitions; default: `Z.n_context`, set by `build_prompt`
                 )->tuple:      # (Z as a floating tensor, n as an int)
     "Validate a prompt for a model of feature dimension `d`, and resolve the number `n` of context transitions."
+    carried = getattr(Z, "n_context", None)
     Z = as_tensor(Z, "Z")
     if Z.ndim < 2 or Z.shape[-2] != d + 2:
         raise ValueError(f"`Z` must have shape (..., d + 2, n + 1 + q) with d + 2 = {d + 2} rows, got {tuple(Z.shape)}")
     N = Z.shape[-1]
-    if n is None: n = N - 2
+    if n is None and carried is None:
+        raise ValueError("`n` must be given: `Z` does not carry its number of context transitions "
+                         "(`build_prompt` attaches it as `Z.n_context`; slicing, stacking, `.to()` or numpy return a plain tensor)")
+    if n is None: n = carried
     if int(n) != n or not 1 <= n <= N - 1:
         raise ValueError(f"`n` must be an integer in 1..{N - 1} (the columns of `Z` minus the last-state column), got {n}")
+    if carried is not None and int(n) != carried:
+        raise ValueError(f"`n` = {n} contradicts the prompt, which was built with `Z.n_context` = {carried}")
     return Z, int(n)
+
+def _carry(Z:torch.Tensor, n:int)->torch.Tensor:
+    "Attach the number of context transitions to a model's output, so that it can be fed on without `n`."
+    Z.n_context = n
+    return Z
 
 
 # %%
@@ -169,22 +180,29 @@ test_close(attend_context(Zr, torch.stack([Ar, 2 * Ar])[:, None], Xr), torch.sta
 # ## How the model knows $n$
 #
 # The prompt does not say where the context ends: a column of the last state and a query column
-# look alike. Every forward method therefore takes the number $n$ of context transitions as an
-# argument, `n`, which **defaults to `Z.shape[-1] - 2`, the layout with exactly one query column**.
-# With $q$ query columns pass `n = Z.shape[-1] - 1 - q`. `check_prompt` validates the prompt and
-# resolves `n` once for every model of the book:
+# look alike ([chapter 2](prompt.html)). So $n$ is never guessed: every forward method takes it as
+# the argument `n`, and when `n` is not given reads it from the prompt's attribute `Z.n_context`,
+# which `build_prompt` sets. A plain tensor without the attribute and without `n` is refused, and
+# so is an `n` that contradicts the attribute. `check_prompt` validates the prompt and resolves `n`
+# once for every model of the book, and the models attach `n_context` to their outputs, so that
+# an output can be fed to the next model as it is.
 
 # %%
 show_doc(check_prompt)
 
 # %%
-test_eq(check_prompt(torch.zeros(6, 12), 4)[1], 10)
+Zp = build_prompt(torch.zeros(11, 4), torch.zeros(10), torch.zeros(3, 4))      # n = 10, three queries
+test_eq(check_prompt(Zp, 4)[1], 10)
+test_eq(check_prompt(Zp, 4, n=10)[1], 10)
 test_eq(check_prompt(torch.zeros(6, 12), 4, n=7)[1], 7)
-test_eq(check_prompt(np.zeros((6, 12)), 4)[0].dtype, torch.float64)
-for msg, (Z_, n__) in {"`Z` must have shape (..., d + 2, n + 1 + q) with d + 2 = 6 rows": (torch.zeros(5, 12), None),
+test_eq(check_prompt(np.zeros((6, 12)), 4, n=10)[0].dtype, torch.float64)
+for msg, (Z_, n__) in {"`Z` must have shape (..., d + 2, n + 1 + q) with d + 2 = 6 rows": (torch.zeros(5, 12), 3),
+                       "`n` must be given: `Z` does not carry": (torch.zeros(6, 12), None),
+                       "`n` must be given": (Zp[..., :-1], None),
+                       "`n` = 11 contradicts the prompt, which was built with `Z.n_context` = 10": (Zp, 11),
                        "`n` must be an integer in 1..11": (torch.zeros(6, 12), 12),
                        "`n` must be an integer in 1..1": (torch.zeros(6, 2), 0),
-                       "`Z` contains NaN or inf": (torch.full((6, 3), float("nan")), None)}.items():
+                       "`Z` contains NaN or inf": (torch.full((6, 3), float("nan")), 1)}.items():
     test_fail(lambda: check_prompt(Z_, 4, n__), contains=msg)
 
 
@@ -246,18 +264,18 @@ class DualHeadSoftmaxLayer(nn.Module):
         return tuple(p.to(like) for p in (self.A, self.V_cur, self.V_tgt))
 
     def attention(self, Z,           # (..., d + 2, N) prompt
-                  n=None,            # number of context transitions; default N - 2
+                  n=None,            # number of context transitions; default `Z.n_context`
                  )->torch.Tensor:    # (..., N, N) attention S[i, j], zero rows at non-context keys
         "The attention matrix of this layer on prompt `Z`."
         Z, n = check_prompt(Z, self.d, n)
         return context_attention(Z, self.params(Z)[0], n)
 
     def forward(self, Z,             # (..., d + 2, N) prompt
-                n=None,              # number of context transitions; default N - 2
+                n=None,              # number of context transitions; default `Z.n_context`
                )->torch.Tensor:      # (..., d + 2, N) next prompt
         "$Z + V^{cur} Z S + V^{tgt} (Z \\Pi) S$, computed as $Z + (V^{cur} Z + V^{tgt} Z \\Pi) S$."
         Z, n = check_prompt(Z, self.d, n)
-        return dual_head_update(Z, *self.params(Z), n)
+        return _carry(dual_head_update(Z, *self.params(Z), n), n)
 
     def value_weights(self)->torch.Tensor:
         "The value-row weights (reward, successor value, current value): V_cur[d+1, d], V_tgt[d+1, d+1], V_cur[d+1, d+1] (detached)."
@@ -282,8 +300,8 @@ test_ne(lay.A.detach(), DualHeadSoftmaxLayer(4, seed=1).A.detach())
 test_eq(len(list(lay.parameters())), 3)
 Zr = torch.randn(2, 6, 11, generator=g, dtype=torch.float64)
 zero = DualHeadSoftmaxLayer.from_params(lay.A, torch.zeros(6, 6), torch.zeros(6, 6)).requires_grad_(False)
-test_eq(zero(Zr), Zr)
-test_close(lay.attention(Zr).sum(-2), torch.ones(2, 11, dtype=torch.float64), eps=1e-14)
+test_eq(zero(Zr, n=9), Zr)
+test_close(lay.attention(Zr, n=9).sum(-2), torch.ones(2, 11, dtype=torch.float64), eps=1e-14)
 test_fail(lambda: DualHeadSoftmaxLayer(0), contains="`d` must be a positive integer")
 test_fail(lambda: DualHeadSoftmaxLayer.from_params(torch.eye(6), torch.eye(5), torch.eye(6)), contains="`V_cur` must have shape (6, 6)")
 
@@ -394,11 +412,12 @@ class SoftmaxICTD(nn.Module):
         return model
 
     def forward(self, Z,                 # (..., d + 2, N) prompt Z_0
-                n=None,                  # number of context transitions; default N - 2 (one query column)
+                n=None,                  # number of context transitions; default `Z.n_context` (set by `build_prompt`)
                 return_all:bool=False,   # also return every intermediate prompt
                )->torch.Tensor:          # Z_L (..., d + 2, N), or Z_0..Z_L stacked as (..., L + 1, d + 2, N)
         "Run the prompt through the L layers."
-        return self._forward(*check_prompt(Z, self.d, n), return_all)
+        Z, n = check_prompt(Z, self.d, n)
+        return _carry(self._forward(Z, n, return_all), n)
 
     def _forward(self, Z, n, return_all=False):
         "The forward pass on a validated prompt: the layers' inner calls validate nothing."
@@ -407,7 +426,7 @@ class SoftmaxICTD(nn.Module):
         return torch.stack(Zs, dim=-3) if return_all else Zs[-1]
 
     def predict(self, Z,             # (..., d + 2, N) prompt Z_0
-                n=None,              # number of context transitions; default N - 2 (one query column)
+                n=None,              # number of context transitions; default `Z.n_context` (set by `build_prompt`)
                )->torch.Tensor:      # (..., q) values at the q = N - n - 1 query columns
         "The model's value estimates: row d + 1 of Z_L at the query columns."
         Z, n = check_prompt(Z, self.d, n)
@@ -549,8 +568,25 @@ for q in (0, 1, 3):
     out_q = model(build_prompt(mrp.phi[states], rewards, mrp.phi[:q]), n=25)
     test_close(out_q, out4[:, :26 + q], eps=1e-14)
 test_eq(model.predict(Z4, n=25), out4[mrp.d + 1, 26:])
-test_eq(model.predict(Z4, n=25).shape, (4,))
-test_eq(model.predict(Z4[:, :27]).shape, (1,))
+test_eq(model.predict(Z4), model.predict(Z4, n=25))
+test_eq(model.predict(Z4).shape, (4,))
+test_eq(model.predict(Z4[:, :27], n=25).shape, (1,))
+
+# %% [markdown]
+# Why $n$ is never guessed. The old default, $n = N - 2$, was right only for one query column. On
+# this four-query prompt it would make the first three queries context transitions (keys with
+# reward 0 and value 0): the answer at the last query is then simply wrong, with no error. Now a
+# plain copy of the prompt without `n` is refused, and the prompt as built answers correctly:
+
+# %%
+guessed, right = model.predict(Z4.clone(), n=Z4.shape[-1] - 2)[-1].item(), model.predict(Z4)[-1].item()
+td_last = weighted_softmax_td(mrp.phi[states], rewards, W_id, 0.5, mrp.gamma, 20, phi_queries=mrp.phi[:4])[-1].item()
+test_close(right, td_last, eps=1e-12)
+assert abs(guessed - right) > 1e-2
+test_fail(lambda: model.predict(Z4.clone()), contains="`n` must be given")
+test_fail(lambda: model(Z4, n=28), contains="contradicts the prompt")
+print(f"last query: with n guessed as N - 2 = {Z4.shape[-1] - 2}: {guessed:.4f}; with the prompt's n = {Z4.n_context}: {right:.4f}; "
+      f"weighted softmax TD: {td_last:.4f}")
 
 # %% [markdown]
 # Batched prompts give the prompt-by-prompt answers; float32 prompts run through the float64

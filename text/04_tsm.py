@@ -12,7 +12,7 @@ from torch import nn
 from ictd.boyan import as_tensor, random_boyan_chain, sample_trajectory
 from ictd.prompt import build_prompt
 from ictd.model import *
-from ictd.model import _generator, _token_rows, _xavier
+from ictd.model import _generator, _token_rows, _xavier, _carry
 
 
 # %% [markdown]
@@ -145,12 +145,12 @@ class SingleHeadTSMLayer(nn.Module):
         return out
 
     def forward(self, Z,             # (..., d + 2, N) prompt
-                n=None,              # number of context transitions; default N - 2
+                n=None,              # number of context transitions; default `Z.n_context`
                )->torch.Tensor:      # (..., d + 2, N) next prompt
         "$Z + V\\,\\mathrm{TSM}_C(Z)\\, S$ with the attention S of `A` on `Z`."
         Z, n = check_prompt(Z, self.d, n)
         A, V = self.A.to(Z), self.V.to(Z)
-        return Z + attend_context(Z, A, (V @ temporal_shift(Z, n, self.channels))[..., :n])
+        return _carry(Z + attend_context(Z, A, (V @ temporal_shift(Z, n, self.channels))[..., :n]), n)
 
 
 # %%
