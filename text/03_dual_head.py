@@ -349,7 +349,11 @@ show_doc(theta_star)
 # The value-update weights read off the layer as (reward, successor value, current value) are
 # $(+\alpha, +\gamma\alpha, -\alpha)$: the sign pattern $(+, +, -)$ of the TD error
 # $R + \gamma v' - v$. The paper reports that pretraining finds this pattern;
-# [chapter 6](pretrain.html) measures it.
+# [chapter 6](pretrain.html) measures it. Reading those entries back would only repeat the
+# definition, so the check below is about behaviour: the pattern is *necessary*. Run one layer six
+# times on a Boyan-chain context and compare its value row with weighted softmax TD: with
+# $\theta^*$ they agree to rounding error; flipping the sign of any one of the three weights
+# (the rest of $\theta^*$ untouched) breaks the agreement, by a margin printed below.
 
 # %%
 alpha, gamma, d = 0.3, 0.9, 4
@@ -357,7 +361,27 @@ W = torch.randn(d, d, generator=g, dtype=torch.float64)
 A, V_cur, V_tgt = theta_star(d, W, alpha, gamma)
 layer = DualHeadSoftmaxLayer.from_params(A, V_cur, V_tgt)
 test_close(layer.value_weights(), torch.tensor([alpha, gamma * alpha, -alpha], dtype=torch.float64), eps=1e-16)
-test_eq(torch.sign(layer.value_weights()), torch.tensor([1., 1., -1.], dtype=torch.float64))
+def layer_vs_td(A, V_cur, V_tgt, n_layers=6)->float:
+    "Largest gap, over layers and columns, between a layer applied `n_layers` times and weighted softmax TD with theta*'s W, alpha, gamma."
+    chain = random_boyan_chain(d=d, seed=11)
+    st, rw = sample_trajectory(chain, 20, seed=11)
+    Z, lay = build_prompt(chain.phi[st], rw, chain.phi), DualHeadSoftmaxLayer.from_params(A, V_cur, V_tgt).requires_grad_(False)
+    td = weighted_softmax_td(chain.phi[st], rw, W, alpha, gamma, n_layers, phi_queries=chain.phi, return_all=True)
+    gaps = []
+    for l in range(1, n_layers + 1):
+        Z = lay(Z)
+        gaps.append((Z[d + 1] - td[l]).abs().max().item())
+    return max(gaps)
+
+entries = {"reward (V_cur[d+1, d])": (1, d), "successor value (V_tgt[d+1, d+1])": (2, d + 1), "current value (V_cur[d+1, d+1])": (1, d + 1)}
+assert layer_vs_td(A, V_cur, V_tgt) < 1e-13
+flip_gaps = {}
+for name, (which, col) in entries.items():
+    params = [A, V_cur.clone(), V_tgt.clone()]
+    params[which][d + 1, col] *= -1
+    flip_gaps[name] = layer_vs_td(*params)
+    assert flip_gaps[name] > 1e-2, (name, flip_gaps[name])
+print(f"theta*: gap {layer_vs_td(A, V_cur, V_tgt):.1e}; " + "; ".join(f"{k} flipped: gap {v:.2f}" for k, v in flip_gaps.items()))
 test_eq(A[:d, :d], W)
 test_eq((A[d:] != 0).sum() + (A[:, d:] != 0).sum(), 0)
 test_eq((V_cur[:d + 1] != 0).sum() + (V_tgt[:d + 1] != 0).sum(), 0)
