@@ -35,12 +35,15 @@ from IPython.display import Markdown
 # The paper's central claim is that a softmax Transformer, given the prompt of the previous chapter,
 # can run temporal-difference learning in its forward pass: each layer performs one iteration of
 # weighted softmax TD. The paper names the ingredients: two attention heads that share one softmax
-# attention pattern, a *current-value* head and a *target-value* head, a shift $\Pi$ that routes the
-# token of each successor state to its predecessor, and the discount $\gamma$ in the target head.
+# attention pattern, a *current-value* head and a *target-value* head, a shift matrix $\Pi$ to the
+# predecessor columns, and the discount $\gamma$ in the target head.
 # The paper's full text is not available to this project, so **the exact parameters $\theta^*$
 # below, Theorem 1 and its proof are the project's own construction**, chosen
 # to satisfy every claim the paper makes; they are checked numerically to machine precision after
-# the proof.
+# the proof. One choice deserves a flag at once: in this chapter $\Pi$ shifts the layer's *input*
+# (the target head reads the successor's token, then attends), whereas the paper's summaries have
+# it route the *aggregated* quantities, after attention. [Chapter 4](tsm.html) builds that second
+# form as well, proves that it runs the same iteration, and compares the two.
 #
 # ## The layer
 #

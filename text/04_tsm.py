@@ -19,14 +19,17 @@ from ictd.model import _generator, _token_rows, _xavier, _carry
 
 # %% [markdown]
 # # One head and a temporal shift
-# > The dual-head layer is an ordinary single softmax head reading its input through a parameter-free shift of the token axis.
+# > The dual-head layer is an ordinary single softmax head reading its input through a parameter-free shift of the token axis; the summaries' form, a head followed by a shift of its output with a memory of TD errors, runs the same iteration.
 
 # %% [markdown]
 # The paper observes that its two heads are less exotic than they look: the dual-head layer is a
 # single ordinary softmax head whose input has passed through a parameter-free *temporal shift*.
 # This chapter makes that statement exact, in a general form that holds for every parameter value,
 # not only for the constructed $\theta^*$. As in the previous chapter, **the exact form, Theorem 2
-# and its proof are the project's own**; the paper states the equivalence.
+# and its proof are the project's own**; the paper states the equivalence. In this form the shift
+# comes *before* the head. The paper's summaries put it *after*; the second half of the chapter
+# builds that form (Theorem 3), which needs a memory of TD errors rather than of values, and
+# compares the two side by side.
 #
 # The shift is the one used by the Temporal Shift Module of video models (Lin, Gan and Han, 2019),
 # which moves some channels of each frame's feature map one frame forward or backward in time, so
