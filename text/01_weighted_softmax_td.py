@@ -34,9 +34,13 @@ from ictd.boyan import random_boyan_chain, sample_trajectory, msve
 # checked numerically here. Where the page says "the paper", it reports a claim; where it says
 # "we", the result and its proof are ours.
 #
-# The chapter defines the algorithm, shows what its softmax weights do, proves the two reductions
-# (exactly for linear TD, in the limit of a large score scale for tabular TD) and then watches it
-# estimate the values of a Boyan chain from a single trajectory.
+# The chapter defines the algorithm, shows what its softmax weights do and in what sense it is
+# policy evaluation in kernel space, proves the two reductions (exactly for linear TD, in the limit
+# of a large score scale for tabular TD) and then watches it estimate the values of a Boyan chain
+# from a single trajectory. It also marks a distinction the rest of the book depends on: the
+# Transformer of [chapter 3](dual_head.html) runs weighted softmax TD with a bilinear score and no
+# per-target weight, and that special case reaches tabular TD in the limit but linear TD only to
+# first order at small scores (Proposition 5); the exact linear-TD reduction needs another score.
 
 # %% [markdown]
 # ## TD learning in one page
