@@ -1246,10 +1246,11 @@ gap_new
 # $f = \hat r + \gamma \hat P f$ on the $s'$ target states: every state a transition reaches is a
 # target, and every target state is left (the hypothesis), so $\hat P$ is a stochastic matrix on
 # these states and $I - \gamma \hat P$ is invertible: $f = \hat v$ is the only solution. In the
-# whole space, the same $s'$ equations constrain only the $n+1$ trajectory entries, through
-# $m_x = \frac1{N(x)}\sum_{k: S_{k-1} = x} (R_k + \gamma v_k - v_{k-1})$; they are independent,
-# since they have the solution $\hat v + u$ for every $u$ with $u$ zero except at the positions of
-# one state, so their solution set has dimension $n + 1 - s'$, and the $q$ query entries are free.
+# whole space the same $s'$ equations are affine in the $n + 1 + q$ entries (the $q$ query entries
+# do not even appear). Their linear part has rank exactly $s'$: at most $s'$ because there are $s'$
+# equations, at least $s'$ because its restriction to the state-consistent vectors is the
+# invertible $s' \times s'$ system just solved. So the fixed points form an affine set of dimension
+# $n + 1 + q - s'$, which is positive unless $q = 0$ and every trajectory position has its own state.
 # :::
 #
 # The check below writes the fixed-point equations as a linear system in two ways: over the $s'$
