@@ -1250,7 +1250,7 @@ gap_new
 # do not even appear). Their linear part has rank exactly $s'$: at most $s'$ because there are $s'$
 # equations, at least $s'$ because its restriction to the state-consistent vectors is the
 # invertible $s' \times s'$ system just solved. So the fixed points form an affine set of dimension
-# $n + 1 + q - s'$, which is positive unless $q = 0$ and every trajectory position has its own state.
+# $n + 1 + q - s'$, always positive under the hypothesis ($S_n$ repeats a state of the context).
 # :::
 #
 # The check below writes the fixed-point equations as a linear system in two ways: over the $s'$
