@@ -126,7 +126,7 @@ def test_huge_scores_stay_finite(seed, n, d, scale):
 @SETTINGS
 @given(seed=seeds, n=st.integers(2, 30), d=st.integers(1, 5), eps=st.floats(1e-4, 1.))
 def test_small_score_remainder_bound(seed, n, d, eps):
-    "Proposition 5: |sum K delta - mean delta - first-order term| <= eps^2 range(g)^2 range(delta) / 8 at every target."
+    "Proposition 1b: |sum K delta - mean delta - first-order term| <= eps^2 range(g)^2 range(delta) / 8 at every target."
     rng = np.random.default_rng(seed)
     phi, W, delta = rng.standard_normal((n + 1, d)), rng.standard_normal((d, d)), torch.from_numpy(rng.standard_normal(n))
     K = context_weights(phi, eps * W)

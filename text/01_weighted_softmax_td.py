@@ -40,7 +40,7 @@ from ictd.boyan import random_boyan_chain, sample_trajectory, msve
 # from a single trajectory. It also marks a distinction the rest of the book depends on: the
 # Transformer of [chapter 3](dual_head.html) runs weighted softmax TD with a bilinear score and no
 # per-target weight, and that special case reaches tabular TD in the limit but linear TD only to
-# first order at small scores (Proposition 5); the exact linear-TD reduction needs another score.
+# first order at small scores (Proposition 1b); the exact linear-TD reduction needs another score.
 
 # %% [markdown]
 # ## TD learning in one page
@@ -849,7 +849,7 @@ assert (weighted_softmax_td(phis, Rs, None, 0.1, 0.9, 80, Qs, score=linear_score
 # and $\Delta_x = \max_k g_k - \min_k g_k$.
 #
 # ::: {.proposition}
-# **Proposition 5 (ours: small scores).** For every target $x$ and every vector $\delta \in \mathbb R^n$,
+# **Proposition 1b (ours: small scores).** For every target $x$ and every vector $\delta \in \mathbb R^n$,
 # $$\Big|\sum_k K_k(x)\, \delta_k - \frac1n \sum_k \delta_k
 #   - \frac{\varepsilon}{n} \sum_k \big(\phi(S_{k-1}) - \bar\phi\big)^\top W \phi(x)\; \delta_k\Big|
 #   \le \frac{\varepsilon^2 \Delta_x^2}{8} \big(\max_k \delta_k - \min_k \delta_k\big).$$
@@ -964,7 +964,7 @@ print(f"largest |remainder| / bound for eps <= 0.1: {max(ratios):.2f}")
 # $\gamma = 0.9$, $T = 10$ iterations, every state as a query) the cell measures, for
 # $\varepsilon$ from $10^{-3}$ to $10^{-1}$, the largest gap between centred softmax TD with score
 # matrix $\varepsilon W$ and centred linear TD with $C = \varepsilon W^\top$, and fits the slope of
-# $\log(\text{gap})$ against $\log \varepsilon$. Proposition 5 says 2; a wrong first-order term
+# $\log(\text{gap})$ against $\log \varepsilon$. Proposition 1b says 2; a wrong first-order term
 # (dropping the centring, or using $W$ instead of $W^\top$) would leave a gap of order $\varepsilon$,
 # slope 1, and without the uniform head the gap does not vanish at all (slope 0). All three are measured.
 
@@ -1002,7 +1002,7 @@ for v, sl in slopes_by_variant.items(): print(f"{v:>18}: fitted slopes {np.round
 # algorithms, it reaches batch *tabular* TD in a limit (one-hot features, $W = \beta I$,
 # $\beta \to \infty$, next section). It reaches linear TD only approximately: at small scores, with one more
 # uniform head, it is centred linear TD preconditioned by $\varepsilon W^\top$, up to $O(\varepsilon^2)$
-# (Proposition 5). The exact reduction to batch linear TD (Proposition 1) is a property of the
+# (Proposition 1b). The exact reduction to batch linear TD (Proposition 1) is a property of the
 # algorithm with another score and $\rho \ne 1$, which the Transformer of this book does not compute.
 # :::
 

@@ -849,7 +849,7 @@ plt.tight_layout()
 # %% [markdown]
 # ## One more head: the centred layer
 #
-# [Chapter 1](weighted_softmax_td.html) (Proposition 5) showed that at small scores, *centred*
+# [Chapter 1](weighted_softmax_td.html) (Proposition 1b) showed that at small scores, *centred*
 # weighted softmax TD, which subtracts the mean TD error, is centred, preconditioned linear TD up
 # to $O(\varepsilon^2)$. The centring is one more pair of heads: a score matrix of zero makes the
 # softmax uniform over the $n$ keys, and the value matrices $-V^{\mathrm{cur}}, -V^{\mathrm{tgt}}$ then
