@@ -11,22 +11,33 @@ import torch.nn.functional as F
 from .boyan import as_tensor, check_gamma
 
 # %% auto #0
-__all__ = ['check_prompt', 'successor_shift', 'context_attention', 'attend_context', 'dual_head_update', 'DualHeadSoftmaxLayer', 'theta_star', 'SoftmaxICTD', 'temporal_shift', 'SingleHeadTSMLayer']
+__all__ = ['check_prompt', 'successor_shift', 'context_attention', 'attend_context', 'dual_head_update', 'DualHeadSoftmaxLayer', 'theta_star', 'SoftmaxICTD', 'temporal_shift', 'SingleHeadTSMLayer', 'theta_td_memory', 'shift_after_update', 'ShiftAfterAttentionLayer', 'ShiftAfterAttentionICTD']
 
 # %% ../nbs/03_dual_head.ipynb #6c68ba05
 def check_prompt(Z,            # (..., d + 2, N) prompt
                  d:int,        # feature dimension the model expects
-                 n=None,       # number of context transitions; default N - 2 (exactly one query column)
+                 n=None,       # number of context transitions; default: `Z.n_context`, set by `build_prompt`
                 )->tuple:      # (Z as a floating tensor, n as an int)
     "Validate a prompt for a model of feature dimension `d`, and resolve the number `n` of context transitions."
+    carried = getattr(Z, "n_context", None)
     Z = as_tensor(Z, "Z")
     if Z.ndim < 2 or Z.shape[-2] != d + 2:
         raise ValueError(f"`Z` must have shape (..., d + 2, n + 1 + q) with d + 2 = {d + 2} rows, got {tuple(Z.shape)}")
     N = Z.shape[-1]
-    if n is None: n = N - 2
+    if n is None and carried is None:
+        raise ValueError("`n` must be given: `Z` does not carry its number of context transitions "
+                         "(`build_prompt` attaches it as `Z.n_context`; slicing, stacking, `.to()` or numpy return a plain tensor)")
+    if n is None: n = carried
     if int(n) != n or not 1 <= n <= N - 1:
         raise ValueError(f"`n` must be an integer in 1..{N - 1} (the columns of `Z` minus the last-state column), got {n}")
+    if carried is not None and int(n) != carried:
+        raise ValueError(f"`n` = {n} contradicts the prompt, which was built with `Z.n_context` = {carried}")
     return Z, int(n)
+
+def _carry(Z:torch.Tensor, n:int)->torch.Tensor:
+    "Attach the number of context transitions to a model's output, so that it can be fed on without `n`."
+    Z.n_context = n
+    return Z
 
 # %% ../nbs/03_dual_head.ipynb #72c63c34
 def successor_shift(Z:torch.Tensor,  # (..., D, N) tokens as columns
@@ -116,18 +127,18 @@ class DualHeadSoftmaxLayer(nn.Module):
         return tuple(p.to(like) for p in (self.A, self.V_cur, self.V_tgt))
 
     def attention(self, Z,           # (..., d + 2, N) prompt
-                  n=None,            # number of context transitions; default N - 2
+                  n=None,            # number of context transitions; default `Z.n_context`
                  )->torch.Tensor:    # (..., N, N) attention S[i, j], zero rows at non-context keys
         "The attention matrix of this layer on prompt `Z`."
         Z, n = check_prompt(Z, self.d, n)
         return context_attention(Z, self.params(Z)[0], n)
 
     def forward(self, Z,             # (..., d + 2, N) prompt
-                n=None,              # number of context transitions; default N - 2
+                n=None,              # number of context transitions; default `Z.n_context`
                )->torch.Tensor:      # (..., d + 2, N) next prompt
         "$Z + V^{cur} Z S + V^{tgt} (Z \\Pi) S$, computed as $Z + (V^{cur} Z + V^{tgt} Z \\Pi) S$."
         Z, n = check_prompt(Z, self.d, n)
-        return dual_head_update(Z, *self.params(Z), n)
+        return _carry(dual_head_update(Z, *self.params(Z), n), n)
 
     def value_weights(self)->torch.Tensor:
         "The value-row weights (reward, successor value, current value): V_cur[d+1, d], V_tgt[d+1, d+1], V_cur[d+1, d+1] (detached)."
@@ -185,11 +196,12 @@ class SoftmaxICTD(nn.Module):
         return model
 
     def forward(self, Z,                 # (..., d + 2, N) prompt Z_0
-                n=None,                  # number of context transitions; default N - 2 (one query column)
+                n=None,                  # number of context transitions; default `Z.n_context` (set by `build_prompt`)
                 return_all:bool=False,   # also return every intermediate prompt
                )->torch.Tensor:          # Z_L (..., d + 2, N), or Z_0..Z_L stacked as (..., L + 1, d + 2, N)
         "Run the prompt through the L layers."
-        return self._forward(*check_prompt(Z, self.d, n), return_all)
+        Z, n = check_prompt(Z, self.d, n)
+        return _carry(self._forward(Z, n, return_all), n)
 
     def _forward(self, Z, n, return_all=False):
         "The forward pass on a validated prompt: the layers' inner calls validate nothing."
@@ -198,7 +210,7 @@ class SoftmaxICTD(nn.Module):
         return torch.stack(Zs, dim=-3) if return_all else Zs[-1]
 
     def predict(self, Z,             # (..., d + 2, N) prompt Z_0
-                n=None,              # number of context transitions; default N - 2 (one query column)
+                n=None,              # number of context transitions; default `Z.n_context` (set by `build_prompt`)
                )->torch.Tensor:      # (..., q) values at the q = N - n - 1 query columns
         "The model's value estimates: row d + 1 of Z_L at the query columns."
         Z, n = check_prompt(Z, self.d, n)
@@ -261,9 +273,99 @@ class SingleHeadTSMLayer(nn.Module):
         return out
 
     def forward(self, Z,             # (..., d + 2, N) prompt
-                n=None,              # number of context transitions; default N - 2
+                n=None,              # number of context transitions; default `Z.n_context`
                )->torch.Tensor:      # (..., d + 2, N) next prompt
         "$Z + V\\,\\mathrm{TSM}_C(Z)\\, S$ with the attention S of `A` on `Z`."
         Z, n = check_prompt(Z, self.d, n)
         A, V = self.A.to(Z), self.V.to(Z)
-        return Z + attend_context(Z, A, (V @ temporal_shift(Z, n, self.channels))[..., :n])
+        return _carry(Z + attend_context(Z, A, (V @ temporal_shift(Z, n, self.channels))[..., :n]), n)
+
+# %% ../nbs/04_tsm.ipynb #472d55ef
+def theta_td_memory(d:int,         # feature dimension
+                    W,             # (d, d) score matrix of g(x, y) = phi(x)^T W phi(y)
+                    alpha:float,   # step size of the TD iteration
+                    gamma:float,   # discount factor in [0, 1)
+                   )->tuple:       # (A, V_cur, V_tgt), each (d + 2, d + 2), in the dtype of `W`
+    "Parameters under which each shift-after-attention layer is one weighted softmax TD step, with row d as TD-error memory."
+    A, V_cur, V_tgt = theta_star(d, W, alpha, gamma)
+    alpha, gamma, d = float(alpha), check_gamma(gamma), A.shape[0] - 2
+    V_cur.zero_(); V_tgt.zero_()
+    V_cur[d + 1, d], V_cur[d, d], V_tgt[d, d] = alpha, -alpha, gamma * alpha
+    return A, V_cur, V_tgt
+
+# %% ../nbs/04_tsm.ipynb #03a7b0a3
+def shift_after_update(Z:torch.Tensor,      # (..., d + 2, N) prompt
+                       A:torch.Tensor,      # (..., d + 2, d + 2) attention matrix
+                       V_cur:torch.Tensor,  # (..., d + 2, d + 2) value matrix of the head's own output
+                       V_tgt:torch.Tensor,  # (..., d + 2, d + 2) value matrix of the shifted output
+                       n:int,               # number of context transitions
+                      )->torch.Tensor:      # (..., d + 2, N) next prompt
+    "One layer with the shift after attention, $Z + V^{cur} (Z S) + V^{tgt} (Z S) \\Pi$, unvalidated, in $O(N)$ memory."
+    H = attend_context(Z, A, Z[..., :n])
+    return Z + V_cur @ H + V_tgt @ successor_shift(H, n)
+
+# %% ../nbs/04_tsm.ipynb #586c40fb
+class ShiftAfterAttentionLayer(DualHeadSoftmaxLayer):
+    "A softmax head followed by a parameter-free shift of its output: $Z + V^{cur} (Z S) + V^{tgt} (Z S) \\Pi$."
+    def forward(self, Z,             # (..., d + 2, N) prompt
+                n=None,              # number of context transitions; default `Z.n_context`
+               )->torch.Tensor:      # (..., d + 2, N) next prompt
+        "One layer with the shift after attention."
+        Z, n = check_prompt(Z, self.d, n)
+        return _carry(shift_after_update(Z, *self.params(Z), n), n)
+
+    def value_weights(self)->torch.Tensor:
+        "The TD-memory weights (value update, own change, successor change): V_cur[d+1, d], V_cur[d, d], V_tgt[d, d] (detached)."
+        d = self.d
+        return torch.stack([self.V_cur[d + 1, d], self.V_cur[d, d], self.V_tgt[d, d]]).detach()
+
+# %% ../nbs/04_tsm.ipynb #4dd1dd43
+class ShiftAfterAttentionICTD(nn.Module):
+    "A stack of shift-after-attention layers reading values from the last row of its prompt."
+    def __init__(self, d:int,              # feature dimension; prompts have d + 2 rows
+                 n_layers:int,             # number of layers L
+                 shared:bool=False,        # one parameter set for all layers
+                 init_gain:float=0.1,      # gain of the Xavier-normal initialisation
+                 seed=None,                # int or `torch.Generator` for the initialisation
+                 dtype=torch.float64,      # dtype of the stored parameters
+                ):
+        super().__init__()
+        if int(n_layers) != n_layers or n_layers < 1: raise ValueError(f"`n_layers` must be a positive integer, got {n_layers}")
+        g = _generator(seed)
+        self.d, self.n_layers, self.shared = int(d), int(n_layers), bool(shared)
+        self.layers = nn.ModuleList(ShiftAfterAttentionLayer(d, init_gain, g, dtype) for _ in range(1 if shared else n_layers))
+
+    def layer(self, l:int)->ShiftAfterAttentionLayer:
+        "The module applied at depth `l`."
+        return self.layers[0 if self.shared else l]
+
+    @classmethod
+    def from_theta_td_memory(cls, d:int,          # feature dimension
+                             n_layers:int,        # number of layers L
+                             W,                   # (d, d) score matrix of g(x, y) = phi(x)^T W phi(y)
+                             alpha:float,         # step size
+                             gamma:float,         # discount factor in [0, 1)
+                             shared:bool=False,   # store one parameter set instead of L copies
+                            ):
+        "The model whose every layer carries `theta_td_memory(d, W, alpha, gamma)`."
+        model = cls(d, n_layers, shared, seed=0)
+        params = theta_td_memory(d, W, alpha, gamma)
+        model.layers = nn.ModuleList(ShiftAfterAttentionLayer.from_params(*params) for _ in model.layers)
+        return model
+
+    def forward(self, Z,                 # (..., d + 2, N) prompt Z_0
+                n=None,                  # number of context transitions; default `Z.n_context`
+                return_all:bool=False,   # also return every intermediate prompt
+               )->torch.Tensor:          # Z_L, or Z_0..Z_L stacked as (..., L + 1, d + 2, N)
+        "Run the prompt through the L layers."
+        Z, n = check_prompt(Z, self.d, n)
+        Zs = [Z]
+        for l in range(self.n_layers): Zs.append(shift_after_update(Zs[-1], *self.layer(l).params(Z), n))
+        return _carry(torch.stack(Zs, dim=-3) if return_all else Zs[-1], n)
+
+    def predict(self, Z,             # (..., d + 2, N) prompt Z_0
+                n=None,              # number of context transitions; default `Z.n_context`
+               )->torch.Tensor:      # (..., q) values at the q = N - n - 1 query columns
+        "The value estimates: row d + 1 of Z_L at the query columns."
+        Z, n = check_prompt(Z, self.d, n)
+        return self.forward(Z, n)[..., self.d + 1, n + 1:]

@@ -20,7 +20,7 @@ def _check_features(x:torch.Tensor, name:str, min_rows:int=0)->None:
 def build_prompt(phi_states,        # (..., n + 1, d) features of S_0..S_n (n >= 1 transitions)
                  rewards,           # (..., n) rewards, rewards[k-1] = R_k
                  phi_queries=None,  # (..., q, d) query features, or (..., d) for one query per prompt; None: no query column
-                )->torch.Tensor:    # (..., d + 2, n + 1 + q) prompt Z_0: features, reward and value-memory rows
+                )->torch.Tensor:    # (..., d + 2, n + 1 + q) prompt Z_0: features, reward and value-memory rows; carries n as `Z.n_context`
     "Write a trajectory and query states into the prompt matrix $Z_0$: features, reward and value-memory rows."
     phi_states = as_tensor(phi_states, "phi_states")
     rewards = as_tensor(rewards, "rewards", device=phi_states.device)
@@ -41,6 +41,7 @@ def build_prompt(phi_states,        # (..., n + 1, d) features of S_0..S_n (n >=
     Z[..., :d, :n + 1] = phi_states.transpose(-1, -2)
     Z[..., :d, n + 1:] = phi_queries.transpose(-1, -2)
     Z[..., d, :n] = rewards
+    Z.n_context = n
     return Z
 
 # %% ../nbs/02_prompt.ipynb #e2a47d95

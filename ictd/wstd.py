@@ -10,8 +10,8 @@ import torch
 from .boyan import as_tensor, check_gamma
 
 # %% auto #0
-__all__ = ['context_tensors', 'context_weights', 'weighted_softmax_td', 'batch_linear_td', 'batch_tabular_td',
-           'certainty_equivalence']
+__all__ = ['context_tensors', 'context_weights', 'weighted_softmax_td', 'batch_linear_td', 'centred_softmax_td',
+           'centred_linear_td', 'batch_tabular_td', 'certainty_equivalence']
 
 # %% ../nbs/01_weighted_softmax_td.ipynb #b9c479fa
 def _broadcast(batch:tuple, shape:tuple, name:str)->tuple:
@@ -139,6 +139,49 @@ def batch_linear_td(phi_states,         # (..., n+1, d) features of S_0..S_n
         ws.append(w)
         delta = R + gamma * (succ @ w.unsqueeze(-1)).squeeze(-1) - (keys @ w.unsqueeze(-1)).squeeze(-1)
         w = w + alpha / n * (delta.unsqueeze(-2) @ keys).squeeze(-2)
+    if not return_all: return (X @ ws[-1].unsqueeze(-1)).squeeze(-1)
+    return torch.stack(ws, -2) @ X.mT
+
+# %% ../nbs/01_weighted_softmax_td.ipynb #6e9d0886
+def centred_softmax_td(phi_states,         # (..., n+1, d) features of S_0..S_n
+                       rewards,            # (..., n) rewards, rewards[..., k-1] = R_k
+                       W,                  # (d, d) or (..., d, d) score matrix, g(x, y) = phi(x)^T W phi(y)
+                       alpha:float,        # step size
+                       gamma:float,        # discount factor in [0, 1)
+                       n_iters:int,        # number of iterations (layers)
+                       phi_queries=None,   # (..., q, d) query features, (..., d) for one query, or None
+                       return_all=False,   # return every iterate v_0..v_T instead of the last
+                      )->torch.Tensor:     # (..., m) values at S_0..S_n then the queries; (..., n_iters+1, m) with `return_all`
+    "Weighted softmax TD minus a uniform head: $v_{t+1}(x) = v_t(x) + \\alpha \\sum_k (K_k(x) - 1/n) \\delta_k^{(t)}$."
+    keys, X, R = context_tensors(phi_states, rewards, phi_queries)
+    alpha, gamma, n_iters = _scalar(alpha, "alpha"), check_gamma(gamma), _count(n_iters, "n_iters")
+    K = alpha * (_weights(keys, X, W, None) - 1 / keys.shape[-2])
+    v0 = X.new_zeros(K.shape[:-2] + K.shape[-1:])
+    return _iterate(lambda delta: (delta.unsqueeze(-2) @ K).squeeze(-2), v0, R, gamma, n_iters, return_all)
+
+# %% ../nbs/01_weighted_softmax_td.ipynb #1c9a400e
+def centred_linear_td(phi_states,         # (..., n+1, d) features of S_0..S_n
+                      rewards,            # (..., n) rewards, rewards[..., k-1] = R_k
+                      C,                  # (d, d) or (..., d, d) preconditioner
+                      alpha:float,        # step size
+                      gamma:float,        # discount factor in [0, 1)
+                      n_iters:int,        # number of iterations
+                      phi_queries=None,   # (..., q, d) query features, (..., d) for one query, or None
+                      return_all=False,   # return every iterate instead of the last
+                     )->torch.Tensor:     # (..., m) values phi(x)^T w_T at S_0..S_n then the queries; (..., n_iters+1, m) with `return_all`
+    "Centred, preconditioned batch linear TD: $w_{t+1} = w_t + \\frac{\\alpha}{n} C \\sum_k \\delta_k (\\phi(S_{k-1}) - \\bar\\phi)$, read out in value space."
+    keys, X, R = context_tensors(phi_states, rewards, phi_queries)
+    alpha, gamma, n_iters = _scalar(alpha, "alpha"), check_gamma(gamma), _count(n_iters, "n_iters")
+    C = as_tensor(C, "C", keys.dtype, keys.device)
+    d = keys.shape[-1]
+    if C.ndim < 2 or C.shape[-2:] != (d, d): raise ValueError(f"`C` must have shape ({d}, {d}) or (..., {d}, {d}), got {tuple(C.shape)}")
+    n, succ, centred = R.shape[-1], X[..., 1:R.shape[-1] + 1, :], keys - keys.mean(-2, keepdim=True)
+    w = keys.new_zeros(torch.broadcast_shapes(keys.shape[:-2], C.shape[:-2]) + (d,))
+    ws = [w]
+    for _ in range(n_iters):
+        delta = R + gamma * (succ @ w.unsqueeze(-1)).squeeze(-1) - (keys @ w.unsqueeze(-1)).squeeze(-1)
+        w = w + alpha / n * (C @ (delta.unsqueeze(-2) @ centred).mT).squeeze(-1)
+        ws.append(w)
     if not return_all: return (X @ ws[-1].unsqueeze(-1)).squeeze(-1)
     return torch.stack(ws, -2) @ X.mT
 

@@ -1,11 +1,13 @@
 """Cross-module properties of `ictd.prompt` and `ictd.model` that the chapters cannot show: CUDA, gradients, shared parameters."""
+import os
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 import torch
 from ictd.boyan import random_boyan_chain, sample_trajectory
 from ictd.prompt import build_prompt
 from ictd.wstd import weighted_softmax_td
-from ictd.model import SoftmaxICTD, SingleHeadTSMLayer, DualHeadSoftmaxLayer
+from ictd.model import SoftmaxICTD, SingleHeadTSMLayer, DualHeadSoftmaxLayer, ShiftAfterAttentionICTD
 
 def context(seed, n=30, q=3):
     "Features of a sampled trajectory, its rewards and q query features, from a random Boyan chain."
@@ -29,6 +31,8 @@ def test_cuda_matches_cpu():
         assert (vc - td[..., 31:]).abs().max() < 1e-12
         single = SingleHeadTSMLayer.from_dual_head(model.layer(0), channels=[mrp.d + 1])
         assert (single(Zc, n=30) - model.layer(0)(Zc, n=30)).abs().max() < 1e-12
+        after = ShiftAfterAttentionICTD.from_theta_td_memory(mrp.d, 20, W, 0.5, mrp.gamma)
+        assert (after.predict(Zc, n=30).cpu() - v).abs().max() < 1e-12
         model.cuda()
         assert (model.predict(Zc.float(), n=30).cpu().double() - v).abs().max() < 1e-4 * v.abs().max()
 
@@ -68,3 +72,32 @@ def test_one_query_per_prompt_batch():
     assert v.shape == (6, 1)
     td = weighted_softmax_td(phi, rewards, torch.eye(mrp.d, dtype=torch.float64), 0.5, mrp.gamma, 5, phi_queries=mrp.phi[queries])
     assert (v[:, 0] - td[:, -1]).abs().max() < 1e-12
+
+@pytest.mark.parametrize('q', [0, 1, 2, 4])
+def test_prompt_carries_n(q):
+    "A built prompt gives its n to every model; a plain tensor without `n` and a contradicting `n` are refused."
+    mrp, phi, rewards, phi_q = context(4, n=12, q=q)
+    Z = build_prompt(phi, rewards, phi_q)
+    for model in (SoftmaxICTD.from_theta_star(mrp.d, 4, torch.eye(mrp.d, dtype=torch.float64), 0.5, mrp.gamma),
+                  ShiftAfterAttentionICTD.from_theta_td_memory(mrp.d, 4, torch.eye(mrp.d, dtype=torch.float64), 0.5, mrp.gamma)):
+        with torch.no_grad():
+            assert torch.equal(model.predict(Z), model.predict(Z.clone(), n=12))
+            assert model.predict(Z).shape == (q,)
+            assert model(Z).n_context == 12
+            with pytest.raises(ValueError, match="`n` must be given"): model.predict(Z.clone())
+            with pytest.raises(ValueError, match="contradicts the prompt"): model.predict(Z, n=11)
+
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 30), q=st.integers(0, 4), n_layers=st.integers(1, 30))
+@settings(max_examples=int(os.environ.get("ICTD_EXAMPLES", 30)), deadline=None)
+def test_both_forms_run_the_same_iteration(seed, n, q, n_layers):
+    "Theorem 3 against Theorem 1: the shift-after-attention model (theta_delta) and the dual-head model (theta*) give the same values at every column."
+    rng = np.random.default_rng(seed)
+    mrp = random_boyan_chain(n_states=int(rng.integers(2, 10)), d=int(rng.integers(1, 6)), seed=rng)
+    states, rewards = sample_trajectory(mrp, n, seed=rng)
+    W = torch.from_numpy(rng.normal(scale=1 / np.sqrt(mrp.d), size=(mrp.d, mrp.d)))
+    alpha = rng.uniform(0.05, 1)
+    Z = build_prompt(mrp.phi[states], rewards, torch.from_numpy(rng.uniform(-1, 1, (q, mrp.d))))
+    with torch.no_grad():
+        before = SoftmaxICTD.from_theta_star(mrp.d, n_layers, W, alpha, mrp.gamma)(Z)[mrp.d + 1]
+        after = ShiftAfterAttentionICTD.from_theta_td_memory(mrp.d, n_layers, W, alpha, mrp.gamma)(Z)[mrp.d + 1]
+    assert (before - after).abs().max() <= 1e-12 * max(1., before.abs().max().item())

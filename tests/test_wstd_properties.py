@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from hypothesis import given, settings, strategies as st
 from ictd.wstd import (weighted_softmax_td, batch_linear_td, batch_tabular_td, certainty_equivalence,
-                       context_weights)
+                       context_weights, centred_softmax_td, centred_linear_td)
 
 SETTINGS = settings(max_examples=int(os.environ.get("ICTD_EXAMPLES", 40)), deadline=None)   # ICTD_EXAMPLES=500 searches harder
 seeds, gammas = st.integers(0, 2**32 - 1), st.floats(0, 0.99)
@@ -122,3 +122,43 @@ def test_huge_scores_stay_finite(seed, n, d, scale):
     for dt in (torch.float32, torch.float64):
         v = weighted_softmax_td(torch.tensor(phi, dtype=dt), R, scale * W, 0.3, 0.9, 10, Q)
         assert v.dtype == dt and torch.isfinite(v).all()
+
+@SETTINGS
+@given(seed=seeds, n=st.integers(2, 30), d=st.integers(1, 5), eps=st.floats(1e-4, 1.))
+def test_small_score_remainder_bound(seed, n, d, eps):
+    "Proposition 1b: |sum K delta - mean delta - first-order term| <= eps^2 range(g)^2 range(delta) / 8 at every target."
+    rng = np.random.default_rng(seed)
+    phi, W, delta = rng.standard_normal((n + 1, d)), rng.standard_normal((d, d)), torch.from_numpy(rng.standard_normal(n))
+    K = context_weights(phi, eps * W)
+    g = torch.from_numpy(phi[:-1] @ W @ phi.T)
+    first = delta.mean() + eps * ((g - g.mean(0)) * delta[:, None]).mean(0)
+    bound = eps ** 2 * (g.amax(0) - g.amin(0)) ** 2 / 8 * (delta.max() - delta.min())
+    assert ((delta @ K - first).abs() <= bound * (1 + 1e-9) + 1e-14).all()
+
+@SETTINGS
+@given(seed=seeds, n=st.integers(2, 20), d=st.integers(1, 4), q=st.integers(0, 3), gamma=gammas)
+def test_centred_softmax_td_is_linear_to_first_order(seed, n, d, q, gamma):
+    "Halving eps divides the gap between centred softmax TD (eps W) and centred linear TD (C = eps W^T) by at least about 4 (O(eps^2); a first-order error would give 2)."
+    rng = np.random.default_rng(seed)
+    phi, R, Q, W = random_context(rng, n, d, q)
+    gap = lambda eps: (centred_softmax_td(phi, R, eps * W, 0.5, gamma, 5, Q, return_all=True)
+                       - centred_linear_td(phi, R, eps * W.T, 0.5, gamma, 5, Q, return_all=True)).abs().max().item()
+    g1, g2 = gap(2e-3), gap(1e-3)
+    assert g2 <= 1e-13 or g1 / g2 > 3.3, (g1, g2)
+
+@SETTINGS
+@given(seed=seeds, n_states=st.integers(1, 8), n=st.integers(1, 40), gamma=gammas, beta=st.floats(0.05, 30))
+def test_tabular_fixed_point_unique_on_state_consistent_vectors(seed, n_states, n, gamma, beta):
+    "Proposition 3: over functions of the state the fixed-point equations are nonsingular and solved by the CE value."
+    S, R = visiting_context(np.random.default_rng(seed), n_states, n)
+    I = torch.eye(n_states, dtype=torch.float64)
+    K = context_weights(I[S], beta * I)
+    D = torch.zeros(n, n + 1, dtype=torch.float64)
+    D[range(n), range(n)], D[range(n), range(1, n + 1)] = -1., gamma
+    states = torch.unique(S)
+    E = (S[:, None] == states[None]).double()
+    first = torch.tensor([int(torch.nonzero(S == x)[0]) for x in states])
+    M, b = (K.T @ D @ E)[first], (-K.T @ R)[first]
+    assert torch.linalg.matrix_rank(M) == len(states)
+    v = certainty_equivalence(S, R, n_states, gamma)[states]
+    assert (torch.linalg.solve(M, b) - v).abs().max() < 1e-9 * max(1., v.abs().max().item())

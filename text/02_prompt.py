@@ -80,7 +80,7 @@ def _check_features(x:torch.Tensor, name:str, min_rows:int=0)->None:
 def build_prompt(phi_states,        # (..., n + 1, d) features of S_0..S_n (n >= 1 transitions)
                  rewards,           # (..., n) rewards, rewards[k-1] = R_k
                  phi_queries=None,  # (..., q, d) query features, or (..., d) for one query per prompt; None: no query column
-                )->torch.Tensor:    # (..., d + 2, n + 1 + q) prompt Z_0: features, reward and value-memory rows
+                )->torch.Tensor:    # (..., d + 2, n + 1 + q) prompt Z_0: features, reward and value-memory rows; carries n as `Z.n_context`
     "Write a trajectory and query states into the prompt matrix $Z_0$: features, reward and value-memory rows."
     phi_states = as_tensor(phi_states, "phi_states")
     rewards = as_tensor(rewards, "rewards", device=phi_states.device)
@@ -101,11 +101,31 @@ def build_prompt(phi_states,        # (..., n + 1, d) features of S_0..S_n (n >=
     Z[..., :d, :n + 1] = phi_states.transpose(-1, -2)
     Z[..., :d, n + 1:] = phi_queries.transpose(-1, -2)
     Z[..., d, :n] = rewards
+    Z.n_context = n
     return Z
 
 
 # %%
 show_doc(build_prompt)
+
+# %% [markdown]
+# ### The prompt carries its $n$
+#
+# The matrix alone does not say where the context ends: the last-state column and a query column
+# look alike (features, reward 0, value 0), and a context column may have reward 0 too. So a
+# prompt with $q$ query columns and $N = n + 1 + q$ columns cannot tell a model its $n$. A model that
+# *guessed* $n = N - 2$ (one query) would silently treat the first $q - 1$ queries of a
+# several-query prompt as context transitions: it would attend to them as keys and read the wrong
+# values back ([the next chapter](dual_head.html) measures how wrong). The book's rule is that
+# $n$ is never guessed:
+#
+# * `build_prompt` attaches $n$ to the tensor it returns, as the attribute `Z.n_context`;
+# * every model reads $n$ from the argument `n` if given, else from `Z.n_context`, and raises a
+#   `ValueError` if neither is there, or if both are and disagree.
+#
+# The attribute lives on that tensor object only: slicing, stacking, `.to()` to another dtype or
+# device, or a round trip through numpy return a plain tensor without it, and then `n` must be
+# passed.
 
 # %% [markdown]
 # A hand-sized example: $d = 2$, three transitions, two queries. Reading the matrix column by column
@@ -146,6 +166,8 @@ test_eq(Z[:d, n + 1:], mrp.phi.T)
 test_eq(Z[d, :n], rewards)
 test_eq(Z[d, n:], torch.zeros(s + 1, dtype=torch.float64))
 test_eq(Z[d + 1], torch.zeros(n + 1 + s, dtype=torch.float64))
+test_eq(Z.n_context, n)
+assert not hasattr(Z[..., :-1], "n_context") and not hasattr(Z.float(), "n_context")
 
 # %% [markdown]
 # Batches: leading dimensions broadcast, so a batch of contexts can share one set of queries, and
@@ -156,7 +178,7 @@ trajs = [sample_trajectory(mrp, n, seed=k) for k in range(5)]
 phis = torch.stack([mrp.phi[st] for st, _ in trajs]).reshape(5, 1, n + 1, d).expand(5, 3, n + 1, d)
 rews = torch.stack([r for _, r in trajs]).reshape(5, 1, n).expand(5, 3, n)
 Zb = build_prompt(phis, rews, mrp.phi[:2])
-test_eq(Zb.shape, (5, 3, d + 2, n + 3))
+test_eq((Zb.shape, Zb.n_context), ((5, 3, d + 2, n + 3), n))
 for k, (st, r) in enumerate(trajs): test_eq(Zb[k, 2], build_prompt(mrp.phi[st], r, mrp.phi[:2]))
 one_each = build_prompt(phis[:, 0], rews[:, 0], mrp.phi[:5])   # (5, d): query k for context k
 test_eq(one_each.shape, (5, d + 2, n + 2))

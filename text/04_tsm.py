@@ -9,22 +9,27 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 from torch import nn
-from ictd.boyan import as_tensor, random_boyan_chain, sample_trajectory
+from ictd.boyan import as_tensor, check_gamma, random_boyan_chain, sample_trajectory
 from ictd.prompt import build_prompt
+from ictd.wstd import weighted_softmax_td
+from IPython.display import Markdown
 from ictd.model import *
-from ictd.model import _generator, _token_rows, _xavier
+from ictd.model import _generator, _token_rows, _xavier, _carry
 
 
 # %% [markdown]
 # # One head and a temporal shift
-# > The dual-head layer is an ordinary single softmax head reading its input through a parameter-free shift of the token axis.
+# > The dual-head layer is an ordinary single softmax head reading its input through a parameter-free shift of the token axis; the summaries' form, a head followed by a shift of its output with a memory of TD errors, runs the same iteration.
 
 # %% [markdown]
 # The paper observes that its two heads are less exotic than they look: the dual-head layer is a
 # single ordinary softmax head whose input has passed through a parameter-free *temporal shift*.
 # This chapter makes that statement exact, in a general form that holds for every parameter value,
 # not only for the constructed $\theta^*$. As in the previous chapter, **the exact form, Theorem 2
-# and its proof are the project's own**; the paper states the equivalence.
+# and its proof are the project's own**; the paper states the equivalence. In this form the shift
+# comes *before* the head. The paper's summaries put it *after*; the second half of the chapter
+# builds that form (Theorem 3), which needs a memory of TD errors rather than of values, and
+# compares the two side by side.
 #
 # The shift is the one used by the Temporal Shift Module of video models (Lin, Gan and Han, 2019),
 # which moves some channels of each frame's feature map one frame forward or backward in time, so
@@ -145,12 +150,12 @@ class SingleHeadTSMLayer(nn.Module):
         return out
 
     def forward(self, Z,             # (..., d + 2, N) prompt
-                n=None,              # number of context transitions; default N - 2
+                n=None,              # number of context transitions; default `Z.n_context`
                )->torch.Tensor:      # (..., d + 2, N) next prompt
         "$Z + V\\,\\mathrm{TSM}_C(Z)\\, S$ with the attention S of `A` on `Z`."
         Z, n = check_prompt(Z, self.d, n)
         A, V = self.A.to(Z), self.V.to(Z)
-        return Z + attend_context(Z, A, (V @ temporal_shift(Z, n, self.channels))[..., :n])
+        return _carry(Z + attend_context(Z, A, (V @ temporal_shift(Z, n, self.channels))[..., :n]), n)
 
 
 # %%
@@ -301,10 +306,308 @@ test_fig_exists(ax)
 test_eq(T3[d + 2, :12], T3[d + 1, 1:13])
 test_eq(T3[d + 2, 12:], torch.zeros(3, dtype=torch.float64))
 
+
 # %% [markdown]
 # The arrows show where each entry of the shifted channel comes from. The dual-head layer and the
-# single head with a shift are one layer written two ways; from here on the book uses whichever
-# reads better. [The next chapter](convergence.html) asks when the iteration they both run converges.
+# single head with a shift are one layer written two ways.
+#
+# ## The other form: the shift after attention, a memory of TD errors
+#
+# In the form above the shift acts on the layer's *input*: the target head reads $Z\Pi$, the
+# successor's token, before attention. That is why Theorem 2 is a block identity. The summaries of
+# the paper describe the target head differently. They are summaries, not the paper, and they are
+# quoted here as such (from the French and the German summaries in the project's files): the target
+# head "achemine les quantités agrégées vers les colonnes prédécesseurs via une matrice de décalage
+# $\Pi$ et les met à l'échelle par le facteur d'actualisation $\gamma$" ("leitet die aggregierten
+# Größen über eine Shift-Matrix $\Pi$ zu Vorgängerspalten weiter", routes the *aggregated*
+# quantities to the predecessor columns through $\Pi$ and scales them by $\gamma$), and the dual-head
+# block is a single-head attention layer "suivie d'un Module de Décalage Temporel (TSM) sans
+# paramètre" ("gefolgt von einem parameterfreien Temporal Shift Module", *followed by* a
+# parameter-free temporal shift). Aggregated quantities are outputs of the attention, so in that
+# description $\Pi$ acts *after* attention:
+#
+# $$Z_{l+1} = Z_l + V^{\mathrm{cur}}_l\, (Z_l S_l) + V^{\mathrm{tgt}}_l\, (Z_l S_l)\, \Pi
+#           = Z_l + \big[\, V^{\mathrm{cur}}_l \;\big|\; V^{\mathrm{tgt}}_l \,\big]\, \mathrm{TSM}(Z_l S_l),$$
+#
+# one softmax head ($Z_l S_l$), then a parameter-free shift of its output, then the value
+# projection. This section builds that form (it is **our construction** again: the exact
+# parameters and the proof are the project's), proves that it also runs weighted softmax TD, and
+# compares the two.
+#
+# What should the memory hold for this to work? Aggregating TD errors needs the TD errors at the
+# keys, and the shift after attention can no longer assemble them from neighbouring values before
+# the softmax. So the memory holds **the TD errors themselves**, updated from one layer to the next.
+# If layer $l$ moves every value by $\Delta_l(x) = \alpha \sum_k K_k(x) \delta^{(l)}_k$, then the TD
+# error of transition $j+1$ changes by
+#
+# $$\delta^{(l+1)}_{j+1} - \delta^{(l)}_{j+1} = \gamma\, \Delta_l(S_{j+1}) - \Delta_l(S_j),$$
+#
+# the change of its successor's value, discounted, minus the change of its own. Both are aggregated
+# quantities: $\Delta_l$ at column $j$ is what the head computes there, and $\Delta_l$ at column
+# $j+1$ is what the shift after attention brings to column $j$.
+#
+# ::: {.definition}
+# **Definition (the TD-memory parameters $\theta^{\delta}$; ours).** The prompt is the one of
+# [chapter 2](prompt.html), read differently: row $d$, which holds $R_{j+1}$ at context column $j$, is
+# the TD-error memory (with $v_0 = 0$, $\delta^{(0)}_{j+1} = R_{j+1}$), and row $d+1$ is the value memory.
+# With $A$ as in $\theta^*$,
+# $$V^{\mathrm{cur}} = \alpha\, (e_{d+1} - e_d)\, e_d^\top, \qquad V^{\mathrm{tgt}} = \gamma\alpha\, e_d e_d^\top .$$
+# :::
+#
+# The head reads row $d$ only. The current head adds the aggregate to the value row and subtracts
+# it from the TD row (the change of the transition's own state); the target head adds the
+# successor's aggregate, times $\gamma$, to the TD row.
+
+# %%
+#| export model
+def theta_td_memory(d:int,         # feature dimension
+                    W,             # (d, d) score matrix of g(x, y) = phi(x)^T W phi(y)
+                    alpha:float,   # step size of the TD iteration
+                    gamma:float,   # discount factor in [0, 1)
+                   )->tuple:       # (A, V_cur, V_tgt), each (d + 2, d + 2), in the dtype of `W`
+    "Parameters under which each shift-after-attention layer is one weighted softmax TD step, with row d as TD-error memory."
+    A, V_cur, V_tgt = theta_star(d, W, alpha, gamma)
+    alpha, gamma, d = float(alpha), check_gamma(gamma), A.shape[0] - 2
+    V_cur.zero_(); V_tgt.zero_()
+    V_cur[d + 1, d], V_cur[d, d], V_tgt[d, d] = alpha, -alpha, gamma * alpha
+    return A, V_cur, V_tgt
+
+
+# %%
+#| export model
+def shift_after_update(Z:torch.Tensor,      # (..., d + 2, N) prompt
+                       A:torch.Tensor,      # (..., d + 2, d + 2) attention matrix
+                       V_cur:torch.Tensor,  # (..., d + 2, d + 2) value matrix of the head's own output
+                       V_tgt:torch.Tensor,  # (..., d + 2, d + 2) value matrix of the shifted output
+                       n:int,               # number of context transitions
+                      )->torch.Tensor:      # (..., d + 2, N) next prompt
+    "One layer with the shift after attention, $Z + V^{cur} (Z S) + V^{tgt} (Z S) \\Pi$, unvalidated, in $O(N)$ memory."
+    H = attend_context(Z, A, Z[..., :n])
+    return Z + V_cur @ H + V_tgt @ successor_shift(H, n)
+
+
+# %%
+#| export model
+class ShiftAfterAttentionLayer(DualHeadSoftmaxLayer):
+    "A softmax head followed by a parameter-free shift of its output: $Z + V^{cur} (Z S) + V^{tgt} (Z S) \\Pi$."
+    def forward(self, Z,             # (..., d + 2, N) prompt
+                n=None,              # number of context transitions; default `Z.n_context`
+               )->torch.Tensor:      # (..., d + 2, N) next prompt
+        "One layer with the shift after attention."
+        Z, n = check_prompt(Z, self.d, n)
+        return _carry(shift_after_update(Z, *self.params(Z), n), n)
+
+    def value_weights(self)->torch.Tensor:
+        "The TD-memory weights (value update, own change, successor change): V_cur[d+1, d], V_cur[d, d], V_tgt[d, d] (detached)."
+        d = self.d
+        return torch.stack([self.V_cur[d + 1, d], self.V_cur[d, d], self.V_tgt[d, d]]).detach()
+
+
+# %%
+#| export model
+class ShiftAfterAttentionICTD(nn.Module):
+    "A stack of shift-after-attention layers reading values from the last row of its prompt."
+    def __init__(self, d:int,              # feature dimension; prompts have d + 2 rows
+                 n_layers:int,             # number of layers L
+                 shared:bool=False,        # one parameter set for all layers
+                 init_gain:float=0.1,      # gain of the Xavier-normal initialisation
+                 seed=None,                # int or `torch.Generator` for the initialisation
+                 dtype=torch.float64,      # dtype of the stored parameters
+                ):
+        super().__init__()
+        if int(n_layers) != n_layers or n_layers < 1: raise ValueError(f"`n_layers` must be a positive integer, got {n_layers}")
+        g = _generator(seed)
+        self.d, self.n_layers, self.shared = int(d), int(n_layers), bool(shared)
+        self.layers = nn.ModuleList(ShiftAfterAttentionLayer(d, init_gain, g, dtype) for _ in range(1 if shared else n_layers))
+
+    def layer(self, l:int)->ShiftAfterAttentionLayer:
+        "The module applied at depth `l`."
+        return self.layers[0 if self.shared else l]
+
+    @classmethod
+    def from_theta_td_memory(cls, d:int,          # feature dimension
+                             n_layers:int,        # number of layers L
+                             W,                   # (d, d) score matrix of g(x, y) = phi(x)^T W phi(y)
+                             alpha:float,         # step size
+                             gamma:float,         # discount factor in [0, 1)
+                             shared:bool=False,   # store one parameter set instead of L copies
+                            ):
+        "The model whose every layer carries `theta_td_memory(d, W, alpha, gamma)`."
+        model = cls(d, n_layers, shared, seed=0)
+        params = theta_td_memory(d, W, alpha, gamma)
+        model.layers = nn.ModuleList(ShiftAfterAttentionLayer.from_params(*params) for _ in model.layers)
+        return model
+
+    def forward(self, Z,                 # (..., d + 2, N) prompt Z_0
+                n=None,                  # number of context transitions; default `Z.n_context`
+                return_all:bool=False,   # also return every intermediate prompt
+               )->torch.Tensor:          # Z_L, or Z_0..Z_L stacked as (..., L + 1, d + 2, N)
+        "Run the prompt through the L layers."
+        Z, n = check_prompt(Z, self.d, n)
+        Zs = [Z]
+        for l in range(self.n_layers): Zs.append(shift_after_update(Zs[-1], *self.layer(l).params(Z), n))
+        return _carry(torch.stack(Zs, dim=-3) if return_all else Zs[-1], n)
+
+    def predict(self, Z,             # (..., d + 2, N) prompt Z_0
+                n=None,              # number of context transitions; default `Z.n_context`
+               )->torch.Tensor:      # (..., q) values at the q = N - n - 1 query columns
+        "The value estimates: row d + 1 of Z_L at the query columns."
+        Z, n = check_prompt(Z, self.d, n)
+        return self.forward(Z, n)[..., self.d + 1, n + 1:]
+
+
+# %%
+show_doc(theta_td_memory)
+
+# %%
+show_doc(ShiftAfterAttentionLayer)
+
+# %%
+show_doc(ShiftAfterAttentionICTD)
+
+# %%
+show_doc(ShiftAfterAttentionICTD.from_theta_td_memory)
+
+# %% [markdown]
+# The model reads $n$ from the prompt like every model of the book, shares parameters on request,
+# draws its random initialisation from a seed, and its constructed parameters carry the sign
+# pattern $(+, -, +)$ on (value update, own change, successor change):
+
+# %%
+m_after = ShiftAfterAttentionICTD(4, 3, seed=0)
+test_eq(len(list(m_after.parameters())), 9)
+test_eq(len(list(ShiftAfterAttentionICTD(4, 3, shared=True, seed=0).parameters())), 3)
+test_eq(m_after.layer(1).A.detach(), ShiftAfterAttentionICTD(4, 3, seed=0).layer(1).A.detach())
+test_eq(theta_td_memory(4, torch.eye(4, dtype=torch.float64), 0.5, 0.9)[0], theta_star(4, torch.eye(4, dtype=torch.float64), 0.5, 0.9)[0])
+test_eq(ShiftAfterAttentionLayer.from_params(*theta_td_memory(4, torch.eye(4, dtype=torch.float64), 0.5, 0.9)).value_weights(),
+        torch.tensor([0.5, -0.5, 0.45], dtype=torch.float64))
+Zq = build_prompt(torch.zeros(11, 4), torch.ones(10), torch.zeros(3, 4))
+test_eq(m_after.predict(Zq).shape, (3,))
+test_fail(lambda: m_after.predict(Zq.clone()), contains="`n` must be given")
+test_fail(lambda: ShiftAfterAttentionICTD(4, 0), contains="`n_layers` must be a positive integer")
+test_fail(lambda: theta_td_memory(4, torch.eye(4), 0.5, 1.), contains="`gamma` must lie in [0, 1)")
+
+
+# %% [markdown]
+# ::: {.theorem}
+# **Theorem 3 (ours: the shift after attention also runs weighted softmax TD).** *Let every layer
+# of the shift-after-attention model carry $\theta^{\delta}$, and let $v_l$ and $\delta^{(l)}$ be the iterates
+# and TD errors of weighted softmax TD ($g = \phi^\top W \phi$, $\rho = 1$). Then for every $l$: the
+# feature rows of $Z_l$ equal those of $Z_0$; row $d+1$ holds $v_l(x_j)$ at every column $j$; row $d$
+# holds $\delta^{(l)}_{j+1}$ at each context column $j < n$ and $-v_l(x_j)$ at the last-state and query
+# columns. In particular the readout $Z_L[d+1, n+1:]$ equals that of the model of [chapter 3](dual_head.html).*
+# :::
+#
+# ::: {.proof}
+# *Proof*, by induction on $l$. At $l = 0$: row $d$ of the prompt is $R_{j+1} = \delta^{(0)}_{j+1}$ at the
+# context columns and $0 = -v_0$ elsewhere; row $d+1$ is $0 = v_0$. Assume the claim at $l$.
+# Both value matrices write rows $d$ and $d+1$ only, so the feature rows never change and, since $A$
+# reads only them, $S_l[i, j] = K_{i+1}(x_j)$ at every layer, as in Theorem 1. Row $d$ of
+# $H = Z_l S_l$ at column $j$ is $\sum_{i<n} K_{i+1}(x_j)\, \delta^{(l)}_{i+1} = \Delta_l(x_j)/\alpha$ (only the
+# context columns are keys, and there row $d$ holds the TD errors). Then
+# $(V^{\mathrm{cur}} H)[d+1, j] = \Delta_l(x_j)$, so row $d+1$ becomes $v_l(x_j) + \Delta_l(x_j) = v_{l+1}(x_j)$;
+# $(V^{\mathrm{cur}} H)[d, j] = -\Delta_l(x_j)$ and $(V^{\mathrm{tgt}} H \Pi)[d, j] = \gamma \Delta_l(x_{j+1})$ for
+# $j < n$ and $0$ for $j \ge n$. At a context column row $d$ becomes
+# $\delta^{(l)}_{j+1} + \gamma \Delta_l(S_{j+1}) - \Delta_l(S_j) = \delta^{(l+1)}_{j+1}$, by the identity above
+# ($\delta_{j+1}$ is affine in $v$ with coefficients $+\gamma$ at $S_{j+1}$ and $-1$ at $S_j$); at the
+# other columns it becomes $-v_l(x_j) - \Delta_l(x_j) = -v_{l+1}(x_j)$.
+# :::
+#
+# The check mirrors Theorem 1's: random Boyan chains, random $W$, step sizes, context lengths and
+# one to four random queries, 50 layers, float64, every layer and every column, both rows, against
+# `weighted_softmax_td` of [chapter 1](weighted_softmax_td.html); the gap is measured relative to the size
+# of the values, since nothing makes these iterations converge.
+
+# %%
+def theorem3_gaps(seed:int, n_layers:int=50, n_contexts:int=4)->tuple:
+    "Max relative gaps (value row, TD row) between the TD-memory model and weighted softmax TD, and the same for chapter 3's model."
+    rng = np.random.default_rng(seed)
+    mrp_ = random_boyan_chain(n_states=int(rng.integers(3, 12)), d=int(rng.integers(1, 7)), seed=rng)
+    n, q, d_ = int(rng.integers(1, 40)), int(rng.integers(1, 5)), mrp_.d
+    W_ = torch.from_numpy(rng.normal(scale=2 / np.sqrt(d_), size=(d_, d_)))
+    a_ = rng.uniform(0.05, 1)
+    trajs = [sample_trajectory(mrp_, n, seed=rng) for _ in range(n_contexts)]
+    phi, rw = torch.stack([mrp_.phi[st] for st, _ in trajs]), torch.stack([r for _, r in trajs])
+    phi_q = torch.from_numpy(rng.uniform(-1, 1, size=(n_contexts, q, d_)))
+    Z0_ = build_prompt(phi, rw, phi_q)
+    td = weighted_softmax_td(phi, rw, W_, a_, mrp_.gamma, n_layers, phi_queries=phi_q, return_all=True)
+    delta = rw[:, None] + mrp_.gamma * td[..., 1:n + 1] - td[..., :n]                # delta^(l) at the keys
+    td_row = torch.cat([delta, -td[..., n:]], -1)                                   # what row d must hold
+    after = ShiftAfterAttentionICTD.from_theta_td_memory(d_, n_layers, W_, a_, mrp_.gamma).requires_grad_(False)(Z0_, return_all=True)
+    before = SoftmaxICTD.from_theta_star(d_, n_layers, W_, a_, mrp_.gamma).requires_grad_(False)(Z0_, return_all=True)
+    scale = td.abs().max().clamp(min=1)
+    return (((after[..., d_ + 1, :] - td).abs().max() / scale).item(), ((after[..., d_, :] - td_row).abs().max() / scale).item(),
+            ((before[..., d_ + 1, :] - td).abs().max() / scale).item())
+
+gaps3 = np.array([theorem3_gaps(seed) for seed in range(12)])
+assert gaps3.max() < 1e-12, gaps3.max(0)
+print(f"largest relative gap over 12 tasks x 4 contexts x 50 layers: shift after attention, value row {gaps3[:, 0].max():.1e}, "
+      f"TD row {gaps3[:, 1].max():.1e}; chapter 3's form, value row {gaps3[:, 2].max():.1e}")
+
+# %% [markdown]
+# It is literally "one head followed by a parameter-free shift": with $\mathrm{TSM}$ of the first part of
+# this chapter applied to the head's output, $Z + [\,V^{\mathrm{cur}} \mid V^{\mathrm{tgt}}\,]\,\mathrm{TSM}(Z S)$ is the
+# same layer, for random parameters too. And the two forms are different layers: for random
+# parameters they disagree, and each form's constructed parameters run TD only in their own form.
+
+# %%
+rng = np.random.default_rng(3)
+layer_after = ShiftAfterAttentionLayer(5, init_gain=1., seed=3)
+Zr3 = torch.from_numpy(rng.normal(size=(4, 7, 25)))
+A3, Vc3, Vt3 = layer_after.params(Zr3)
+H3 = attend_context(Zr3, A3, Zr3[..., :20])
+test_close(layer_after(Zr3, n=20), Zr3 + torch.cat([Vc3, Vt3], 1) @ temporal_shift(H3, 20), eps=1e-13)
+layer_before = DualHeadSoftmaxLayer.from_params(A3, Vc3, Vt3)
+form_gap = (layer_after(Zr3, n=20) - layer_before(Zr3, n=20)).abs().max().item()
+assert form_gap > 1e-2
+
+mrp5 = random_boyan_chain(seed=5)
+st5, rw5 = sample_trajectory(mrp5, 30, seed=5)
+W5 = torch.eye(4, dtype=torch.float64)
+td5 = weighted_softmax_td(mrp5.phi[st5], rw5, W5, 0.5, mrp5.gamma, 10, phi_queries=mrp5.phi)[-10:]
+Z5 = build_prompt(mrp5.phi[st5], rw5, mrp5.phi)
+cross = {}
+for name, params, layer_cls in (("theta* in the shift-after form", theta_star(4, W5, 0.5, mrp5.gamma), ShiftAfterAttentionLayer),
+                                ("theta_delta in chapter 3's form", theta_td_memory(4, W5, 0.5, mrp5.gamma), DualHeadSoftmaxLayer)):
+    lay, Zx = layer_cls.from_params(*params).requires_grad_(False), Z5
+    for _ in range(10): Zx = lay(Zx)
+    cross[name] = (Zx[5, -10:] - td5).abs().max().item()
+    assert cross[name] > 1e-2, (name, cross[name])
+print(f"random parameters, the two forms differ by {form_gap:.2f}; " + "; ".join(f"{k}: gap to TD {v:.2f}" for k, v in cross.items()))
+
+# %% [markdown]
+# Side by side (the numbers come from the cells above):
+
+# %%
+Markdown(f"""
+| | shift before attention ([chapter 3](dual_head.html), $\\theta^*$) | shift after attention (this section, $\\theta^{{\\delta}}$) |
+|---|---|---|
+| layer | $Z + V^{{cur}} Z S + V^{{tgt}} (Z\\Pi) S$ | $Z + V^{{cur}} (Z S) + V^{{tgt}} (Z S)\\Pi$ |
+| single-head form | one head on $\\mathrm{{TSM}}(Z)$: the shift *precedes* the head | one head, then $\\mathrm{{TSM}}$ of its output: the shift *follows* the head |
+| the target head routes | the successor's token (a value) to its predecessor | the successor's aggregate $\\Delta(S_{{j+1}})$ to its predecessor |
+| memory | row $d$: rewards (constant); row $d+1$: values | row $d$: TD errors $\\delta^{{(l)}}$ (updated each layer); row $d+1$: values |
+| TD errors | recomputed each layer from reward and two values | carried in memory, corrected by $\\gamma\\Delta(S_{{j+1}}) - \\Delta(S_j)$ |
+| value weights (nonzero entries) | $+\\alpha$ (reward), $+\\gamma\\alpha$ (successor value), $-\\alpha$ (current value) | $+\\alpha$ (value row), $-\\alpha$ (TD row), $+\\gamma\\alpha$ (TD row, shifted) |
+| causal? | no: attention to all keys; $Z\\Pi$ reads the next token's input | no: attention to all keys; $(ZS)\\Pi$ reads the next token's output |
+| largest relative gap to weighted softmax TD (12 tasks, 50 layers) | {gaps3[:, 2].max():.1e} | {gaps3[:, 0].max():.1e} (values), {gaps3[:, 1].max():.1e} (TD errors) |
+""")
+
+# %% [markdown]
+# **Which form do the summaries describe?** On the point the issue turns on, the shift after
+# attention: "routes the aggregated quantities to the predecessor columns" and "a single head
+# *followed by* a parameter-free TSM" both describe $\Pi$ acting on the output of the attention.
+# Two other phrases of the same summaries fit the first form better or equally: the prompt holds
+# "emplacements de mémoire pour les estimations de valeur" (memory slots for value estimates), true of
+# both forms (both keep the values in row $d+1$; only the second also overwrites the reward slot with
+# TD errors), and the current-value head "calcule l'erreur TD pour chaque transition" (computes the TD
+# error for each transition), which is what the current head does in the first form and not in the
+# second, where the TD errors sit in memory. So the summaries' *architecture* is the
+# shift-after-attention form; they do not settle what its memory holds, and the TD-error memory is
+# our way of making that architecture exact. Both forms run the same iteration, so every later chapter
+# holds for either; the book keeps [chapter 3](dual_head.html)'s form as its main one because the
+# pretraining chapters were built on it.
+#
+# [The next chapter](convergence.html) asks when the iteration they both run converges.
 
 # %%
 #| hide
