@@ -12,10 +12,11 @@ from .boyan import MRP, as_tensor, check_gamma, random_boyan_chain
 from .tasks import TaskBatch, stack_tasks, random_tasks, sample_trajectories
 
 # %% auto #0
-__all__ = ['FEATURE_LABELS', 'kernel_attention', 'population_attention', 'key_counts', 'empirical_attention', 'empirical_mrp',
-           'td_recursion', 'kernel_diagonality', 'rate_bound', 'contraction_bound', 'fixed_point', 'sup_error',
-           'depth_sweep', 'depth_experiment', 'plot_depth', 'loglog_slope', 'plot_floor', 'diagonality_sweep',
-           'plot_diagonality', 'spectral_radius', 'measured_rate', 'rate_experiment', 'plot_rates']
+__all__ = ['FEATURE_LABELS', 'kernel_attention', 'population_attention', 'key_counts', 'empirical_attention', 'count_deviation',
+           'empirical_mrp', 'td_recursion', 'kernel_diagonality', 'rate_bound', 'sup_error', 'contraction_bound',
+           'span_rate', 'spectral_radius', 'measured_rate', 'span_bound', 'fixed_point', 'floor_bound', 'depth_sweep',
+           'depth_experiment', 'plot_depth', 'loglog_slope', 'slope_interval', 'plot_floor', 'diagonality_sweep',
+           'plot_diagonality', 'rate_experiment', 'plot_rates']
 
 # %% ../nbs/05_convergence.ipynb #f9bdf515
 def kernel_attention(phi,        # (..., s, d) state features
@@ -66,6 +67,16 @@ def empirical_attention(phi,     # (..., s, d) state features
     phi = as_tensor(phi, "phi")
     if phi.ndim < 2: raise ValueError(f"`phi` must have shape (..., s, d), got {tuple(phi.shape)}")
     return kernel_attention(phi, W, key_counts(states, phi.shape[-2], phi.dtype).to(phi.device))
+
+# %% ../nbs/05_convergence.ipynb #4a040b41
+def count_deviation(counts,  # (..., s) key counts N of a context
+                    d_pi,    # (..., s) positive stationary distribution
+                   )->torch.Tensor: # (...) eps = max_y |N(y) / (n d_pi(y)) - 1|
+    "Largest relative deviation of the key counts of a context from their stationary expectation."
+    N = as_tensor(counts, "counts")
+    d = as_tensor(d_pi, "d_pi", N.dtype, N.device)
+    if d.shape[-1:] != N.shape[-1:] or (d <= 0).any(): raise ValueError(f"`d_pi` must be positive with {N.shape[-1]} entries")
+    return (N / (N.sum(-1, keepdim=True) * d) - 1).abs().amax(-1)
 
 # %% ../nbs/05_convergence.ipynb #19466dd1
 def empirical_mrp(states,        # (..., n+1) integer states S_0..S_n
@@ -136,12 +147,95 @@ def rate_bound(M,            # (..., s, s) attention matrix aggregated by state
     m = kernel_diagonality(M)[1]
     return 1 - _step(alpha, m) * (2 * m - 1 - check_gamma(gamma))
 
+def sup_error(v,     # (..., s) value estimates
+              v_pi,  # (..., s) reference values
+             )->torch.Tensor: # (...) max_x |v(x) - v_pi(x)|
+    "Sup-norm value error, the norm of the contraction bound."
+    v = as_tensor(v, "v")
+    return (v - as_tensor(v_pi, "v_pi", v.dtype, v.device)).abs().amax(-1)
+
 def contraction_bound(mrp:MRP,    # the process
                       W,          # (d, d) score matrix
                       alpha:float, # step size in (0, 1]
                      )->torch.Tensor: # scalar rho; ||v_L - v_pi||_inf <= rho^L ||v_pi||_inf; >= 1 where the condition fails
     "The bound $\\rho$ for the population recursion of `mrp` with scores `W` and step `alpha`."
     return rate_bound(population_attention(mrp, W), mrp.gamma, alpha)
+
+# %% ../nbs/05_convergence.ipynb #c7b6c3e5
+FEATURE_LABELS = {"onehot": "one-hot", "unit": "unit-norm", "random": "raw U(-1, 1)"}
+
+def _error_matrix(M, P, gamma, alpha):
+    "B = I - alpha M (I - gamma P), checked."
+    M, P, _, shape = _mrp_arrays(M, P, torch.zeros(as_tensor(M, "M").shape[-1]))
+    I = torch.eye(shape[-1], dtype=M.dtype, device=M.device)
+    return I - _step(alpha, M)[..., None, None] * M @ (I - check_gamma(gamma) * P)
+
+def _span_coefficient(A):
+    "delta(A): half the largest l1 distance between two rows of A."
+    return 0.5 * (A.unsqueeze(-2) - A.unsqueeze(-3)).abs().sum(-1).amax((-1, -2))
+
+def _positive_int(v, name):
+    if int(v) != v or v < 1: raise ValueError(f"`{name}` must be a positive integer, got {v}")
+    return int(v)
+
+def span_rate(M,            # (..., s, s) attention aggregated by state
+              P,            # (..., s, s) transitions
+              gamma:float,  # discount factor in [0, 1)
+              alpha,        # step size in (0, 1]: a number, or a tensor (...) of one per task
+              k:int=1,      # power of B whose span coefficient is taken
+             )->torch.Tensor: # (...) delta(B^k)^(1/k); the span condition is that it is below 1
+    "Per-layer span contraction $\\delta(B^k)^{1/k}$ of the error matrix $B = I - \\alpha M (I - \\gamma P)$."
+    k = _positive_int(k, "k")
+    return _span_coefficient(torch.linalg.matrix_power(_error_matrix(M, P, gamma, alpha), k)) ** (1 / k)
+
+def spectral_radius(M,            # (..., s, s) attention aggregated by state
+                    P,            # (..., s, s) transitions
+                    gamma:float,  # discount factor in [0, 1)
+                    alpha,        # step size in (0, 1]: a number, or a tensor (...) of one per task
+                   )->torch.Tensor: # (...) largest |eigenvalue| of B = I - alpha M (I - gamma P): the asymptotic rate
+    "Asymptotic rate of the recursion: the spectral radius of its error matrix $B$."
+    return torch.linalg.eigvals(_error_matrix(M, P, gamma, alpha)).abs().amax(-1)
+
+def measured_rate(errors,     # (..., L+1) errors at depths 0..L
+                  start:int,  # first depth used in the fit
+                 )->torch.Tensor: # (...) exp of the least-squares slope of log error over depths start..L
+    "Empirical per-layer contraction factor of an error curve."
+    e = as_tensor(errors, "errors")
+    if e.ndim < 1 or not 0 <= start < e.shape[-1] - 1: raise ValueError(f"`start` must lie in 0..{e.shape[-1] - 2}, got {start}")
+    if (e[..., start:] <= 0).any(): raise ValueError("`errors` must be positive over the fitted depths")
+    Ls = torch.arange(start, e.shape[-1], dtype=e.dtype, device=e.device)
+    Lc, y = Ls - Ls.mean(), e[..., start:].log()
+    return torch.exp((y * Lc).sum(-1) / (Lc ** 2).sum())
+
+def span_bound(M,             # (..., s, s) attention aggregated by state
+               P,             # (..., s, s) transitions
+               gamma:float,   # discount factor in [0, 1)
+               alpha,         # step size in (0, 1]: a number, or a tensor (...) of one per task
+               e0,            # (..., s) initial error v_0 - v_pi (= -v_pi from v_0 = 0)
+               n_layers:int,  # maximal depth L
+               k:int=1,       # the bound uses delta(B^k)
+              )->torch.Tensor: # (..., L+1) upper bounds on ||e_L||_inf, valid for every row-stochastic M and P
+    "Proposition 2's bound on the sup-norm error at each depth: the constant part decays at $\\lambda$, the span at $\\delta(B^k)$."
+    k = _positive_int(k, "k")
+    if int(n_layers) != n_layers or n_layers < 0: raise ValueError(f"`n_layers` must be a non-negative integer, got {n_layers}")
+    B = _error_matrix(M, P, gamma, alpha)
+    e = as_tensor(e0, "e0", B.dtype, B.device)
+    if e.shape[-1:] != B.shape[-1:]: raise ValueError(f"`e0` must have shape (..., {B.shape[-1]}), got {tuple(e.shape)}")
+    A = torch.linalg.matrix_power(B, k)
+    delta, norm = _span_coefficient(A), torch.linalg.matrix_norm(A, ord=math.inf)
+    lam = (1 - _step(alpha, delta) * (1 - check_gamma(gamma))) ** k
+    out = []
+    for j in range(min(k, int(n_layers) + 1)):                    # depths L = q k + j start from f = B^j e0
+        f = (torch.linalg.matrix_power(B, j) @ e.unsqueeze(-1)).squeeze(-1)
+        top, bot = f.amax(-1), f.amin(-1)
+        c, half, seq = ((top + bot) / 2).abs(), (top - bot) / 2, []
+        for _ in range(j, int(n_layers) + 1, k):
+            seq.append(c + half)
+            c, half = lam * c + norm * half, delta * half
+        out.append(torch.stack(seq, -1))
+    bound = torch.empty(out[0].shape[:-1] + (int(n_layers) + 1,), dtype=B.dtype, device=B.device)
+    for j, seq in enumerate(out): bound[..., j::k] = seq
+    return bound
 
 # %% ../nbs/05_convergence.ipynb #36ce7156
 def fixed_point(M,            # (..., s, s) attention aggregated by state
@@ -159,12 +253,18 @@ def fixed_point(M,            # (..., s, s) attention aggregated by state
         raise ValueError("no unique fixed point: the columns of `M` at key states are (nearly) linearly dependent, e.g. at a score scale of 0")
     return (M @ torch.linalg.solve(A, (r * keys).unsqueeze(-1))).squeeze(-1)
 
-def sup_error(v,     # (..., s) value estimates
-              v_pi,  # (..., s) reference values
-             )->torch.Tensor: # (...) max_x |v(x) - v_pi(x)|
-    "Sup-norm value error, the norm of the contraction bound."
-    v = as_tensor(v, "v")
-    return (v - as_tensor(v_pi, "v_pi", v.dtype, v.device)).abs().amax(-1)
+# %% ../nbs/05_convergence.ipynb #71dae5f7
+def floor_bound(P_hat,        # (..., s, s) empirical transitions of a context whose keys cover every state
+                P,            # (..., s, s) true transitions
+                v_pi,         # (..., s) true values
+                gamma:float,  # discount factor in [0, 1)
+               )->torch.Tensor: # (...) gamma / (1 - gamma) ||(P_hat - P) v_pi||_inf
+    "Proposition 3's bound on the statistical floor $\\|\\hat v_\\infty - v_\\pi\\|_\\infty$ (every state a key, deterministic rewards)."
+    P_hat = as_tensor(P_hat, "P_hat")
+    P, v = as_tensor(P, "P", P_hat.dtype, P_hat.device), as_tensor(v_pi, "v_pi", P_hat.dtype, P_hat.device)
+    if P_hat.shape[-2:] != P.shape[-2:] or v.shape[-1] != P.shape[-1]: raise ValueError(f"`P_hat` {tuple(P_hat.shape)}, `P` {tuple(P.shape)} and `v_pi` {tuple(v.shape)} must share the number of states")
+    gamma = check_gamma(gamma)
+    return gamma / (1 - gamma) * ((P_hat - P) @ v.unsqueeze(-1)).squeeze(-1).abs().amax(-1)
 
 # %% ../nbs/05_convergence.ipynb #a453fc8d
 def depth_sweep(tasks:TaskBatch,  # the tasks, B of them
@@ -173,23 +273,28 @@ def depth_sweep(tasks:TaskBatch,  # the tasks, B of them
                 ns,               # context lengths n (increasing)
                 n_layers:int,     # maximal depth L
                 seed=0,           # seed of the trajectories
-               )->dict:           # tensors: errors (B, len(ns), L+1), floors (B, len(ns)), population (B, L+1), bound (B, L+1), rho (B,)
-    "Sup-norm error of the $L$-layer Transformer for every task, context length and depth, with its floor and the population bound."
+               )->dict:           # tensors: errors, depth_terms (B, len(ns), L+1), floors, key_floors, floor_bounds, all_keys (B, len(ns)), population, bound (B, L+1), rho (B,)
+    "Sup-norm error of the $L$-layer Transformer for every task, context length and depth, with its floor, the floor's bound and the population bound."
     ns = [int(n) for n in ns]
     if not ns or min(ns) < 1 or ns != sorted(ns): raise ValueError(f"`ns` must be increasing positive integers, got {ns}")
     S = sample_trajectories(tasks.P, ns[-1], tasks.d_pi, seed)
-    errs, floors = [], []
+    cols = {k: [] for k in ("errors", "depth_terms", "floors", "key_floors", "floor_bounds", "all_keys")}
     for n in ns:
         states = S[:, :n + 1]
         N, P_hat, r_hat = empirical_mrp(states, tasks.r.gather(1, states[:, :-1]), tasks.P.shape[-1])
         M_hat = kernel_attention(tasks.phi, W, N)
-        errs.append(sup_error(td_recursion(M_hat, P_hat, r_hat, tasks.gamma, alpha, n_layers), tasks.v_pi.unsqueeze(1)))
-        floors.append(sup_error(fixed_point(M_hat, P_hat, r_hat, tasks.gamma, N), tasks.v_pi))
+        v = td_recursion(M_hat, P_hat, r_hat, tasks.gamma, alpha, n_layers)
+        v_fix = fixed_point(M_hat, P_hat, r_hat, tasks.gamma, N)
+        gap, keys = (v_fix - tasks.v_pi).abs(), (N > 0).all(-1)
+        for k, x in (("errors", sup_error(v, tasks.v_pi.unsqueeze(1))), ("depth_terms", sup_error(v, v_fix.unsqueeze(1))),
+                     ("floors", gap.amax(-1)), ("key_floors", torch.where(N > 0, gap, 0.).amax(-1)), ("all_keys", keys),
+                     ("floor_bounds", torch.where(keys, floor_bound(P_hat, tasks.P, tasks.v_pi, tasks.gamma), math.nan))):
+            cols[k].append(x)
     M = kernel_attention(tasks.phi, W, tasks.d_pi)
     rho = rate_bound(M, tasks.gamma, alpha)
     pop = sup_error(td_recursion(M, tasks.P, tasks.r, tasks.gamma, alpha, n_layers), tasks.v_pi.unsqueeze(1))
     bound = rho.unsqueeze(-1) ** torch.arange(n_layers + 1, dtype=rho.dtype) * tasks.v_pi.abs().amax(-1, keepdim=True)
-    return dict(errors=torch.stack(errs, 1), floors=torch.stack(floors, 1), population=pop, bound=bound, rho=rho, ns=ns)
+    return dict({k: torch.stack(x, 1) for k, x in cols.items()}, population=pop, bound=bound, rho=rho, ns=ns)
 
 # %% ../nbs/05_convergence.ipynb #0cdd9466
 def depth_experiment(n_tasks:int=200,        # random one-hot Boyan chains; task b has seed `seed + b`
@@ -211,7 +316,7 @@ def depth_experiment(n_tasks:int=200,        # random one-hot Boyan chains; task
         part = depth_sweep(tasks, W, alpha, ns, n_layers, seed=seed + k)
         part["min_diag"] = kernel_diagonality(kernel_attention(tasks.phi, W, tasks.d_pi))[1]
         parts.append(part)
-    out = {k: torch.cat([p[k] for p in parts]) for k in ("errors", "floors", "population", "bound", "rho", "min_diag")}
+    out = {k: torch.cat([p[k] for p in parts]) for k in ("errors", "depth_terms", "floors", "key_floors", "floor_bounds", "all_keys", "population", "bound", "rho", "min_diag")}
     return dict(out, ns=parts[0]["ns"], beta=beta, alpha=alpha, gamma=tasks.gamma)
 
 def plot_depth(sweep:dict,  # output of `depth_experiment`
@@ -243,25 +348,50 @@ def loglog_slope(x, # (k,) positive abscissae
     return slope.item(), intercept.item()
 
 # %% ../nbs/05_convergence.ipynb #a7a112b6
+def slope_interval(x,                 # (k,) positive abscissae
+                   values,            # (B, k) positive values, one row per task
+                   n_boot:int=2000,   # bootstrap resamples of the tasks
+                   level:float=0.95,  # confidence level
+                   seed:int=0,        # seed of the resampling
+                  )->tuple:           # (slope of the task means, lower, upper): a percentile bootstrap interval
+    "Log-log slope of the mean over tasks against `x`, with a bootstrap confidence interval over tasks."
+    v = as_tensor(values, "values")
+    if v.ndim != 2 or v.shape[0] < 2: raise ValueError(f"`values` must have shape (B, k) with B >= 2, got {tuple(v.shape)}")
+    lx = as_tensor(x, "x", v.dtype).log()
+    idx = torch.from_numpy(np.random.default_rng(seed).integers(0, v.shape[0], (int(n_boot), v.shape[0])))
+    A = torch.stack([lx, torch.ones_like(lx)], 1)
+    boot = torch.linalg.lstsq(A.expand(int(n_boot), *A.shape), v[idx].mean(1).log().unsqueeze(-1)).solution[:, 0, 0]
+    q = boot.quantile(torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=v.dtype))
+    return loglog_slope(x, v.mean(0))[0], q[0].item(), q[1].item()
+
 def plot_floor(sweep:dict,  # output of `depth_experiment`
               ):            # the matplotlib figure
-    "Experiment 2: the floor against the context length on log-log axes, with its fitted slope and the slope $-1/2$."
+    "Experiment 2: the floor against the context length (mean, on key states, and Proposition 3's bound), and the floor against its bound per context."
     import matplotlib.pyplot as plt
     ns = torch.tensor(sweep["ns"], dtype=torch.float64)
-    floor_mean, floor_se = sweep["floors"].mean(0), sweep["floors"].std(0) / math.sqrt(len(sweep["floors"]))
-    slope, intercept = loglog_slope(ns, floor_mean)
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    ax.errorbar(ns, floor_mean, yerr=2 * floor_se, fmt="o", capsize=4, label=r"floor $\|\hat v_\infty - v_\pi\|_\infty$ (mean $\pm$ 2 s.e.)")
+    floors, keys = sweep["floors"], sweep["all_keys"]
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
+    slope, intercept = loglog_slope(ns, floors.mean(0))
+    ax.errorbar(ns, floors.mean(0), yerr=2 * floors.std(0) / math.sqrt(len(floors)), fmt="o", capsize=4, label=r"floor $\|\hat v_\infty - v_\pi\|_\infty$ (mean $\pm$ 2 s.e.)")
     ax.plot(ns, np.exp(intercept) * ns ** slope, "C0--", label=f"fitted slope {slope:.2f}")
-    ax.plot(ns, floor_mean[0] * (ns / ns[0]) ** -0.5, "k:", label=r"reference slope $-1/2$")
-    ax.set(xscale="log", yscale="log", xlabel="context length $n$ (transitions)", ylabel="floor (return units)",
-           title="The statistical floor falls like $n^{-1/2}$")
-    ax.legend()
+    ax.plot(ns, sweep["key_floors"].mean(0), "s-", color="C2", label="floor on key states only")
+    fb = torch.where(keys, sweep["floor_bounds"], 0.).sum(0) / keys.sum(0).clamp(min=1)
+    ax.plot(ns[keys.any(0)], fb[keys.any(0)], "^-", color="C3", label=r"bound $\frac{\gamma}{1-\gamma}\|(\hat P - P) v_\pi\|_\infty$ (contexts with all keys)")
+    ax.plot(ns, floors.mean(0)[0] * (ns / ns[0]) ** -0.5, "k:", label=r"reference slope $-1/2$")
+    ax.set(xscale="log", yscale="log", xlabel="context length $n$ (transitions)", ylabel="return units",
+           title=f"The floor and its bound, mean of {len(floors)} tasks")
+    ax.legend(fontsize=8)
+    for i, n in enumerate(sweep["ns"]):
+        ax2.scatter(sweep["floor_bounds"][keys[:, i], i], floors[keys[:, i], i], s=6, color=f"C{i}", label=f"$n = {n}$")
+    lim = [floors[keys].min().item() / 2, sweep["floor_bounds"][keys].max().item() * 2]
+    ax2.plot(lim, lim, "k--", lw=1, label="$y = x$")
+    ax2.set(xscale="log", yscale="log", xlim=lim, ylim=lim, xlabel="Proposition 3's bound (return units)", ylabel="measured floor (return units)",
+            title="Each context whose keys cover every state: floor against bound")
+    ax2.legend(fontsize=8)
+    fig.tight_layout()
     return fig
 
 # %% ../nbs/05_convergence.ipynb #ef2f9139
-FEATURE_LABELS = {"onehot": "one-hot", "unit": "unit-norm", "random": "raw U(-1, 1)"}
-
 def diagonality_sweep(n_tasks:int=200,  # random Boyan chains per feature kind; task b has seed `seed + b`
                       seed:int=1000,    # seed of the first task
                       betas=None,       # (k,) score scales; default: 22 log-spaced from 0.1 to 10^2.5
@@ -295,30 +425,6 @@ def plot_diagonality(result:dict,  # output of `diagonality_sweep`
     fig.suptitle(f"Kernel diagonality against the score scale\n({n_tasks} tasks per feature kind: mean, and 10-90% band)")
     fig.tight_layout()
     return fig
-
-# %% ../nbs/05_convergence.ipynb #6fb16e02
-def spectral_radius(M,            # (..., s, s) attention aggregated by state
-                    P,            # (..., s, s) transitions
-                    gamma:float,  # discount factor in [0, 1)
-                    alpha,        # step size in (0, 1]: a number, or a tensor (...) of one per task
-                   )->torch.Tensor: # (...) largest |eigenvalue| of B = I - alpha M (I - gamma P): the asymptotic rate
-    "Asymptotic rate of the recursion: the spectral radius of its error matrix $B$."
-    M, P, _, shape = _mrp_arrays(M, P, torch.zeros(M.shape[-1]))
-    I = torch.eye(shape[-1], dtype=M.dtype, device=M.device)
-    a = _step(alpha, M)[..., None, None]
-    return torch.linalg.eigvals(I - a * M @ (I - check_gamma(gamma) * P)).abs().amax(-1)
-
-# %% ../nbs/05_convergence.ipynb #ce3a53e5
-def measured_rate(errors,     # (..., L+1) errors at depths 0..L
-                  start:int,  # first depth used in the fit
-                 )->torch.Tensor: # (...) exp of the least-squares slope of log error over depths start..L
-    "Empirical per-layer contraction factor of an error curve."
-    e = as_tensor(errors, "errors")
-    if e.ndim < 1 or not 0 <= start < e.shape[-1] - 1: raise ValueError(f"`start` must lie in 0..{e.shape[-1] - 2}, got {start}")
-    if (e[..., start:] <= 0).any(): raise ValueError("`errors` must be positive over the fitted depths")
-    Ls = torch.arange(start, e.shape[-1], dtype=e.dtype, device=e.device)
-    Lc, y = Ls - Ls.mean(), e[..., start:].log()
-    return torch.exp((y * Lc).sum(-1) / (Lc ** 2).sum())
 
 # %% ../nbs/05_convergence.ipynb #52aee23a
 def rate_experiment(n_tasks:int=150,     # random Boyan chains per feature kind
