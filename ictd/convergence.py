@@ -4,6 +4,7 @@
 
 # %% ../nbs/05_convergence.ipynb #908e551b
 from __future__ import annotations
+import itertools
 import math
 import numpy as np
 import torch
@@ -12,11 +13,12 @@ from .boyan import MRP, as_tensor, check_gamma, random_boyan_chain
 from .tasks import TaskBatch, stack_tasks, random_tasks, sample_trajectories
 
 # %% auto #0
-__all__ = ['FEATURE_LABELS', 'kernel_attention', 'population_attention', 'key_counts', 'empirical_attention', 'count_deviation',
-           'empirical_mrp', 'td_recursion', 'kernel_diagonality', 'rate_bound', 'sup_error', 'contraction_bound',
-           'span_rate', 'spectral_radius', 'measured_rate', 'span_bound', 'fixed_point', 'floor_bound', 'depth_sweep',
-           'depth_experiment', 'plot_depth', 'loglog_slope', 'slope_interval', 'plot_floor', 'diagonality_sweep',
-           'plot_diagonality', 'rate_experiment', 'plot_rates']
+__all__ = ['FEATURE_LABELS', 'PHASES', 'CONDITIONS', 'kernel_attention', 'population_attention', 'key_counts',
+           'empirical_attention', 'count_deviation', 'empirical_mrp', 'td_recursion', 'kernel_diagonality',
+           'rate_bound', 'sup_error', 'contraction_bound', 'span_rate', 'spectral_radius', 'measured_rate',
+           'span_bound', 'fixed_point', 'floor_bound', 'depth_sweep', 'depth_experiment', 'plot_depth', 'loglog_slope',
+           'slope_interval', 'plot_floor', 'diagonality_sweep', 'plot_diagonality', 'interior_cap', 'best_diagonality',
+           'phase_diagram', 'plot_phase', 'rate_experiment', 'plot_rates']
 
 # %% ../nbs/05_convergence.ipynb #f9bdf515
 def kernel_attention(phi,        # (..., s, d) state features
@@ -424,6 +426,95 @@ def plot_diagonality(result:dict,  # output of `diagonality_sweep`
     n_tasks = next(iter(curves.values()))[0].shape[1]
     fig.suptitle(f"Kernel diagonality against the score scale\n({n_tasks} tasks per feature kind: mean, and 10-90% band)")
     fig.tight_layout()
+    return fig
+
+# %% ../nbs/05_convergence.ipynb #21d522ea
+def interior_cap(phi,      # (..., s, d) state features
+                 weights,  # (..., s) positive state weights (d_pi, or key counts)
+                )->torch.Tensor: # (..., s) cap on M(x, x) valid for every W; 1 where phi(x) is not in the hull of the others
+    "Proposition 4: the attention a state can put on itself, under any score matrix, when its features are a convex combination of the others'."
+    phi = as_tensor(phi, "phi")
+    if phi.ndim < 2 or phi.shape[-2] < 2: raise ValueError(f"`phi` must have shape (..., s, d) with s >= 2, got {tuple(phi.shape)}")
+    s, d = phi.shape[-2:]
+    w = as_tensor(weights, "weights", phi.dtype, phi.device).expand(phi.shape[:-1])
+    if (w <= 0).any(): raise ValueError("`weights` must be positive")
+    caps = []
+    for x in range(s):
+        subsets = torch.tensor(list(itertools.combinations([y for y in range(s) if y != x], min(d + 1, s - 1))), device=phi.device)
+        ones = torch.ones(phi.shape[:-2] + (len(subsets), 1, subsets.shape[1]), dtype=phi.dtype, device=phi.device)
+        A = torch.cat([phi[..., subsets, :].mT, ones], -2)                              # columns (phi(y), 1), y in the simplex
+        b = torch.cat([phi[..., x, :], torch.ones_like(phi[..., x, :1])], -1)[..., None, :, None]
+        if A.shape[-2] == A.shape[-1]:                                                    # s > d + 1: square systems
+            lam, info = torch.linalg.solve_ex(A, b.expand(A.shape[:-1] + (1,)))            # info > 0: a degenerate simplex
+            lam = torch.where((info == 0)[..., None, None], lam, -1.).squeeze(-1)
+        else: lam = torch.linalg.lstsq(A, b.expand(A.shape[:-1] + (1,))).solution.squeeze(-1)
+        inside = (lam >= 0).all(-1) & ((A @ lam.unsqueeze(-1) - b).abs().amax((-1, -2)) < 1e-9)
+        c = torch.where(lam > 0, w[..., subsets] / lam, torch.inf).amin(-1)
+        cap = w[..., x, None] / (w[..., x, None] + c)
+        caps.append(torch.where(inside, cap, torch.ones_like(cap)).amin(-1))
+    return torch.stack(caps, -1)
+
+def best_diagonality(phi,            # (..., s, d) state features
+                     weights,        # (..., s) positive state weights
+                     steps:int=500,  # Adam steps
+                     lr:float=1.,    # Adam learning rate
+                     init:float=5.,  # the search starts from W = init I
+                    )->tuple:        # (min_x M(x, x) reached (...), the score matrices W (..., d, d))
+    "Search for the score matrix that maximises $\\min_x M(x, x)$: a lower bound on the best diagonality any $W$ reaches."
+    phi = as_tensor(phi, "phi")
+    w = as_tensor(weights, "weights", phi.dtype, phi.device)
+    d = phi.shape[-1]
+    W = (init * torch.eye(d, dtype=phi.dtype, device=phi.device)).expand(phi.shape[:-2] + (d, d)).clone().requires_grad_()
+    opt = torch.optim.Adam([W], lr=lr)
+    for _ in range(int(steps)):
+        log_diag = kernel_attention(phi, W, w).diagonal(dim1=-2, dim2=-1).clamp_min(1e-300).log()
+        loss = (torch.logsumexp(-50 * log_diag, -1) / 50).sum()                           # a soft minimum over states
+        opt.zero_grad(); loss.backward(); opt.step()
+    W = W.detach()
+    return kernel_diagonality(kernel_attention(phi, W, w))[1], W
+
+# %% ../nbs/05_convergence.ipynb #bc740d3b
+PHASES = ("converges", "stalls", "diverges")
+CONDITIONS = ("diagonal", "span, k = 1", "span, k = 16")
+
+def phase_diagram(n_tasks:int=100,    # random Boyan chains per feature kind; the same tasks for every gamma and beta
+                  seed:int=4000,      # task b has seed `seed + b`
+                  betas=None,         # (K,) score scales; default: 13 log-spaced from 0.3 to 300
+                  gammas=(0.5, 0.9, 0.99), # discount factors
+                  features=("onehot", "unit", "random"), # feature kinds
+                  alpha:float=1.,     # step size in (0, 1]
+                 )->dict:             # betas, gammas, features, fractions (F, G, K, 6): the PHASES then the CONDITIONS
+    "Experiment 5: fraction of tasks that converge, stall or diverge, and that meet each condition, over (feature kind, $\\gamma$, $\\beta$)."
+    betas = torch.logspace(math.log10(0.3), math.log10(300), 13, dtype=torch.float64) if betas is None else as_tensor(betas, "betas", torch.float64)
+    fractions = torch.zeros(len(features), len(gammas), len(betas), len(PHASES) + len(CONDITIONS), dtype=torch.float64)
+    for i, feat in enumerate(features):
+        for j, gamma in enumerate(gammas):
+            tb = random_tasks(n_tasks, seed=seed, features=feat, gamma=gamma)
+            M = kernel_attention(tb.phi, betas[:, None, None, None] * torch.eye(tb.phi.shape[-1], dtype=torch.float64), tb.d_pi)  # (K, B, s, s)
+            sr = spectral_radius(M, tb.P, gamma, alpha)
+            conv, div = sr < 1 - 1e-9, sr > 1 + 1e-9
+            flags = (conv, ~conv & ~div, div, rate_bound(M, gamma, alpha) < 1, span_rate(M, tb.P, gamma, alpha) < 1, span_rate(M, tb.P, gamma, alpha, 16) < 1)
+            fractions[i, j] = torch.stack([f.double().mean(-1) for f in flags], -1)
+    return dict(betas=betas, gammas=tuple(gammas), features=tuple(features), fractions=fractions)
+
+def plot_phase(result:dict,  # output of `phase_diagram`
+              ):             # the matplotlib figure
+    "Experiment 5: stacked fractions converge / stall / diverge against $\\beta$, one panel per (feature kind, $\\gamma$), with the conditions' fractions as lines."
+    import matplotlib.pyplot as plt
+    feats, gammas, betas, fr = result["features"], result["gammas"], result["betas"], result["fractions"]
+    fig, axes = plt.subplots(len(feats), len(gammas), figsize=(4.2 * len(gammas), 3.2 * len(feats)), sharex=True, sharey=True, squeeze=False)
+    for i, feat in enumerate(feats):
+        for j, gamma in enumerate(gammas):
+            ax = axes[i, j]
+            ax.stackplot(betas, fr[i, j, :, :3].T, colors=("#9ecae1", "#fdd0a2", "#fc9272"), labels=PHASES)
+            for k, (name, ls) in enumerate(zip(CONDITIONS, ("-", "--", ":"))):
+                ax.plot(betas, fr[i, j, :, 3 + k], "k", ls=ls, lw=1.5, label=f"{name} condition holds")
+            ax.set(xscale="log", ylim=(0, 1), title=f"{FEATURE_LABELS.get(feat, feat)}, $\\gamma = {gamma}$")
+            if i == len(feats) - 1: ax.set_xlabel(r"score scale $\beta$ ($W = \beta I$)")
+            if j == 0: ax.set_ylabel("fraction of tasks")
+    fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="lower center", ncol=6, fontsize=9)
+    fig.suptitle(f"Where the iteration converges, and where each condition certifies it ({fr.shape[2]} scales, $\\alpha = 1$)")
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
     return fig
 
 # %% ../nbs/05_convergence.ipynb #52aee23a
