@@ -485,7 +485,7 @@ def phase_diagram(n_tasks:int=100,    # random Boyan chains per feature kind; th
                   features=("onehot", "unit", "random"), # feature kinds
                   alpha:float=1.,     # step size in (0, 1]
                  )->dict:             # betas, gammas, features, fractions (F, G, K, 6): the PHASES then the CONDITIONS
-    "Experiment 5: fraction of tasks that converge, stall or diverge, and that meet each condition, over (feature kind, $\\gamma$, $\\beta$)."
+    "Experiment 4: fraction of tasks that converge, stall or diverge, and that meet each condition, over (feature kind, $\\gamma$, $\\beta$)."
     betas = torch.logspace(math.log10(0.3), math.log10(300), 13, dtype=torch.float64) if betas is None else as_tensor(betas, "betas", torch.float64)
     fractions = torch.zeros(len(features), len(gammas), len(betas), len(PHASES) + len(CONDITIONS), dtype=torch.float64)
     for i, feat in enumerate(features):
@@ -500,7 +500,7 @@ def phase_diagram(n_tasks:int=100,    # random Boyan chains per feature kind; th
 
 def plot_phase(result:dict,  # output of `phase_diagram`
               ):             # the matplotlib figure
-    "Experiment 5: stacked fractions converge / stall / diverge against $\\beta$, one panel per (feature kind, $\\gamma$), with the conditions' fractions as lines."
+    "Experiment 4: stacked fractions converge / stall / diverge against $\\beta$, one panel per (feature kind, $\\gamma$), with the conditions' fractions as lines."
     import matplotlib.pyplot as plt
     feats, gammas, betas, fr = result["features"], result["gammas"], result["betas"], result["fractions"]
     fig, axes = plt.subplots(len(feats), len(gammas), figsize=(4.2 * len(gammas), 3.2 * len(feats)), sharex=True, sharey=True, squeeze=False)
@@ -526,7 +526,7 @@ def rate_experiment(n_tasks:int=150,     # random Boyan chains per feature kind
                     n_layers:int=120,    # depth of the population recursion
                     fit_start:int=60,    # first depth of the rate fit
                    )->dict:              # numpy arrays over the tasks where the condition holds: rates, rhos, kinds, min_diags, spectral, lams (1 - alpha (1 - gamma)), spans (delta(B))
-    "Experiment 4: measured contraction rate and bound $\\rho$ of the population recursion, $\\beta$ log-uniform in $[5, 300]$, $\\alpha$ uniform in $[0.3, 1]$."
+    "Experiment 5: measured contraction rate and bound $\\rho$ of the population recursion, $\\beta$ log-uniform in $[5, 300]$, $\\alpha$ uniform in $[0.3, 1]$."
     rng, cols, kinds = np.random.default_rng(draw_seed), {k: [] for k in ("rates", "rhos", "min_diags", "spectral", "lams", "spans")}, []
     for i, feat in enumerate(features):
         tb = random_tasks(n_tasks, seed=seed + n_tasks * i, features=feat)
@@ -544,7 +544,7 @@ def rate_experiment(n_tasks:int=150,     # random Boyan chains per feature kind
 
 def plot_rates(result:dict,  # output of `rate_experiment`
               ):             # the matplotlib figure
-    "Experiment 4: measured rate against the bound, one point per task (marker: feature kind, colour: $\\min_x M_\\pi(x, x)$), with the diagonal."
+    "Experiment 5: measured rate against the bound, one point per task (marker: feature kind, colour: $\\min_x M_\\pi(x, x)$), with the diagonal."
     import matplotlib.pyplot as plt
     rates, rhos, kinds, diag = result["rates"], result["rhos"], result["kinds"], result["min_diags"]
     fig, ax = plt.subplots(figsize=(7, 5.8))

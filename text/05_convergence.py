@@ -1089,13 +1089,14 @@ print("share of contexts with every state a key:", dict(zip(NS, keys.double().me
 
 # %% [markdown]
 # The interval excludes $-0.3$, and $-1/2$ too (both asserted): over this range the mean floor falls
-# faster than $n^{-1/2}$. The local slopes above say where: not at the short end alone, but between $n = 100$ and $1000$, exactly where the share of contexts that miss some state
-# falls from about a quarter to nearly zero. A state that is never a key gets a value by kernel
+# faster than $n^{-1/2}$. The local slopes above say where: not at the short end alone, but between
+# $n = 100$ and $1000$, where the share of contexts that miss some state falls from about a quarter to
+# nearly zero (printed). A state that is never a key gets a value by kernel
 # extrapolation, an error of the order of $\|v_\pi\|_\infty$ rather than $n^{-1/2}$, and the probability of
 # missing a state decays exponentially in $n$; this extra term steepens the mean floor through the
 # middle of the range. The floor measured on key states only (green) has no such term, and its
-# interval contains $-1/2$ (asserted). The larger sweep at the end of the chapter
-# extends the range to $n = 30\,000$.
+# interval contains $-1/2$ (asserted). The larger sweep at the end of the chapter extends the range to
+# $n = 30\,000$.
 
 # %% [markdown]
 # ## Experiment 3: when is the attention diagonal enough?
@@ -1298,9 +1299,9 @@ Markdown("| features | $d$ | share of tasks with a state in the hull of the othe
 # make attend mostly to itself: the diagonal condition, and Proposition 1 with it, cannot cover them,
 # whatever $W$ a trained Transformer learns (chapter 6 trains on such tasks). The share grows as $d$
 # shrinks; it is exactly zero for $d \ge s - 1$, where the points are affinely independent, and already
-# too small to show up in 200 tasks at $d = 6$. The cap is a
-# property of the *features*; the span condition of Proposition 2 is not subject to it, and the next
-# sections show where it, and convergence itself, hold.
+# too small to show up in 200 tasks at $d = 6$. The cap is a property of the *features*; the span
+# condition of Proposition 2 is not subject to it, and the next sections show where it, and
+# convergence itself, hold.
 #
 # What the three kinds of attention look like, for one task each at $\beta = 3$; the raw-feature task is
 # the first of the table's with a state inside the hull of the others (its cap is in the title):
@@ -1325,7 +1326,7 @@ for M in maps.values(): test_close(M.sum(1), torch.ones(10, dtype=torch.float64)
 # to the states with similar features; raw attention can put most of a row on another state.
 
 # %% [markdown]
-# ## Experiment 5: a phase diagram of convergence
+# ## Experiment 4: a phase diagram of convergence
 #
 # Propositions 1 and 2 are *sufficient* conditions. The iteration converges to $v_\pi$ from every
 # start exactly when the spectral radius of $B$ is below one, which asks much less than diagonal
@@ -1353,7 +1354,7 @@ def phase_diagram(n_tasks:int=100,    # random Boyan chains per feature kind; th
                   features=("onehot", "unit", "random"), # feature kinds
                   alpha:float=1.,     # step size in (0, 1]
                  )->dict:             # betas, gammas, features, fractions (F, G, K, 6): the PHASES then the CONDITIONS
-    "Experiment 5: fraction of tasks that converge, stall or diverge, and that meet each condition, over (feature kind, $\\gamma$, $\\beta$)."
+    "Experiment 4: fraction of tasks that converge, stall or diverge, and that meet each condition, over (feature kind, $\\gamma$, $\\beta$)."
     betas = torch.logspace(math.log10(0.3), math.log10(300), 13, dtype=torch.float64) if betas is None else as_tensor(betas, "betas", torch.float64)
     fractions = torch.zeros(len(features), len(gammas), len(betas), len(PHASES) + len(CONDITIONS), dtype=torch.float64)
     for i, feat in enumerate(features):
@@ -1368,7 +1369,7 @@ def phase_diagram(n_tasks:int=100,    # random Boyan chains per feature kind; th
 
 def plot_phase(result:dict,  # output of `phase_diagram`
               ):             # the matplotlib figure
-    "Experiment 5: stacked fractions converge / stall / diverge against $\\beta$, one panel per (feature kind, $\\gamma$), with the conditions' fractions as lines."
+    "Experiment 4: stacked fractions converge / stall / diverge against $\\beta$, one panel per (feature kind, $\\gamma$), with the conditions' fractions as lines."
     import matplotlib.pyplot as plt
     feats, gammas, betas, fr = result["features"], result["gammas"], result["betas"], result["fractions"]
     fig, axes = plt.subplots(len(feats), len(gammas), figsize=(4.2 * len(gammas), 3.2 * len(feats)), sharex=True, sharey=True, squeeze=False)
@@ -1412,8 +1413,8 @@ Markdown("Fractions at $\\gamma = 0.9$ (converges / stalls / diverges; diagonal,
 # condition covers only the large-$\beta$ end, and the span conditions recover the middle. On raw
 # features the $k = 16$ span condition certifies most tasks at moderate $\beta$ and the explicit ones
 # almost none (Proposition 4 rules the diagonal one out on a quarter of them); at large $\beta$
-# convergence itself is lost: first some tasks diverge, then most stall. Convergence without the contraction condition is the rule, not the
-# exception, at small and moderate $\beta$.
+# convergence itself is lost: first some tasks diverge, then most stall. Convergence without the
+# contraction condition is the rule, not the exception, at small and moderate $\beta$.
 #
 # Two raw-feature tasks from the earlier 200 of Experiment 3, run through the actual Transformer
 # iteration (weighted softmax TD on a context of $n = 2000$ transitions, values read at query tokens
@@ -1457,14 +1458,14 @@ print(f"converging task {ok}: min M_pi(x, x) = {min10[ok]:.3f}, spectral radius 
 # falling at the spectral radius, although the smallest diagonal entry of its $M_\pi$ is far below
 # the threshold $(1 + \gamma)/2$ (printed; asserted: radius below 0.95, diagonal below 0.1).
 #
-# The honest summary: the kernel-diagonality condition guarantees geometric convergence with an
-# explicit rate; without it, convergence is a property of the task and the score scale, and large
+# The honest summary: the diagonal and span conditions guarantee geometric convergence with an
+# explicit rate; outside them, convergence is a property of the task and the score scale, and large
 # score scales on unnormalised features can make the Transformer's forward pass blow up with depth.
 
 # %% [markdown]
-# ## Experiment 4: the measured rate against the bound
+# ## Experiment 5: the measured rate against the bound
 #
-# Last, how tight is $\rho$? For each task we measure the contraction rate of the population
+# How tight is $\rho$? For each task we measure the contraction rate of the population
 # recursion as $e^{\text{slope}}$ of $\log \|v_L - v_\pi\|_\infty$ against $L$ (least squares over
 # the second half of the depths), and plot it against $\rho$. Tasks: one-hot and unit-norm features,
 # $\beta$ log-uniform in $[5, 300]$, $\alpha$ uniform in $[0.3, 1]$, keeping those where the
@@ -1479,7 +1480,7 @@ def rate_experiment(n_tasks:int=150,     # random Boyan chains per feature kind
                     n_layers:int=120,    # depth of the population recursion
                     fit_start:int=60,    # first depth of the rate fit
                    )->dict:              # numpy arrays over the tasks where the condition holds: rates, rhos, kinds, min_diags, spectral, lams (1 - alpha (1 - gamma)), spans (delta(B))
-    "Experiment 4: measured contraction rate and bound $\\rho$ of the population recursion, $\\beta$ log-uniform in $[5, 300]$, $\\alpha$ uniform in $[0.3, 1]$."
+    "Experiment 5: measured contraction rate and bound $\\rho$ of the population recursion, $\\beta$ log-uniform in $[5, 300]$, $\\alpha$ uniform in $[0.3, 1]$."
     rng, cols, kinds = np.random.default_rng(draw_seed), {k: [] for k in ("rates", "rhos", "min_diags", "spectral", "lams", "spans")}, []
     for i, feat in enumerate(features):
         tb = random_tasks(n_tasks, seed=seed + n_tasks * i, features=feat)
@@ -1497,7 +1498,7 @@ def rate_experiment(n_tasks:int=150,     # random Boyan chains per feature kind
 
 def plot_rates(result:dict,  # output of `rate_experiment`
               ):             # the matplotlib figure
-    "Experiment 4: measured rate against the bound, one point per task (marker: feature kind, colour: $\\min_x M_\\pi(x, x)$), with the diagonal."
+    "Experiment 5: measured rate against the bound, one point per task (marker: feature kind, colour: $\\min_x M_\\pi(x, x)$), with the diagonal."
     import matplotlib.pyplot as plt
     rates, rhos, kinds, diag = result["rates"], result["rhos"], result["kinds"], result["min_diags"]
     fig, ax = plt.subplots(figsize=(7, 5.8))
@@ -1520,8 +1521,9 @@ show_doc(rate_experiment)
 # Three claims, each a two-sided or a strict statement that a wrong theory would fail: the measured
 # rate is the spectral radius of $B$ (to $10^{-3}$); near the tabular limit
 # ($\min_x M_\pi(x, x) > 0.999$) it is the bound $\rho$ itself (to $2 \cdot 10^{-3}$: the bound is attained);
-# and where the attention leaks ($\min_x M_\pi(x, x) < 0.99$) it is below $\rho$ by more than $0.01$,
-# and no slower than $\lambda = 1 - \alpha(1 - \gamma)$, the rate of the constant direction (Proposition 2).
+# and where the attention leaks ($\min_x M_\pi(x, x) < 0.99$) it is below $\rho$ by more than $0.01$
+# and equal (to $10^{-3}$) to $\lambda = 1 - \alpha(1 - \gamma)$, the rate of the constant direction
+# (Proposition 2).
 
 # %%
 rate_res = rate_experiment(150, seed=2000)
@@ -1675,7 +1677,7 @@ Markdown(f"Population: rates within {(leaky['rates'] - lam).abs().max():.1e} of 
 # Experiment 2 with narrower intervals: the overall slope excludes $-0.3$, while the floor on key states
 # ($n \ge 100$) and the whole floor over the last three lengths (where every context covers every state)
 # have intervals that contain $-1/2$ (about 1 minute on one thread) (`ictd convergence` on the command line runs
-# experiments 1 to 4 at this scale and saves their figures).
+# experiments 1, 2, 3 and 5 at this scale and saves their figures).
 
 # %%
 #| slow
@@ -1708,7 +1710,7 @@ print(f"floor slope {slope_big:.3f} [{lo_big:.3f}, {hi_big:.3f}]; on key states,
 #   for contexts whose keys cover every state; **Lemma 1** carries the population condition to such a
 #   context up to its count deviation $\varepsilon$.
 # * Not covered by any theorem here: raw features at large $\beta$, where the iteration stalls or
-#   diverges on a growing share of tasks (Experiment 5); and contexts that miss some state, whose
+#   diverges on a growing share of tasks (Experiment 4); and contexts that miss some state, whose
 #   extrapolated values are what makes the mean floor fall faster than $n^{-1/2}$ over $n \in [100, 1000]$.
 
 # %%
