@@ -225,8 +225,9 @@ show_doc(count_deviation)
 
 # %% [markdown]
 # Checked on one task, for three score matrices and contexts of $200$ to $20\,000$ transitions: both
-# inequalities hold, and the row error itself falls with $\varepsilon$ (an inequality that did not
-# hold would show up here as a row error above its bound):
+# inequalities hold, and the row error is of the order the lemma says, between $\varepsilon/10$ and
+# $2\varepsilon/(1 - \varepsilon)$ (asserted; an error that fell faster or slower than the counts' deviation
+# would leave this band):
 
 # %%
 M_pop = population_attention(task, W_rand)
@@ -237,10 +238,9 @@ for n in (200, 2000, 20_000):
     for Wk in (W_rand, 3 * W_rand, 10 * torch.eye(4, dtype=torch.float64)):
         M_n, M_p = empirical_attention(task.phi, Wk, long_states[:n + 1]), population_attention(task, Wk)
         row_err = (M_n - M_p).abs().sum(1).max().item()
-        assert eps < 1 and row_err <= 2 * eps / (1 - eps) + 1e-12
+        assert eps < 1 and 0.1 * eps < row_err <= 2 * eps / (1 - eps) + 1e-12
         assert (M_n.diagonal() >= (1 - eps) / (1 + eps) * M_p.diagonal() - 1e-12).all()
         lemma.append((n, round(eps, 4), round(row_err, 4), round(2 * eps / (1 - eps), 4)))
-assert lemma[-1][2] < 0.05
 lemma                       # (n, eps, largest row error, bound 2 eps / (1 - eps))
 
 # %%
