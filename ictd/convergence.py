@@ -4,6 +4,7 @@
 
 # %% ../nbs/05_convergence.ipynb #908e551b
 from __future__ import annotations
+import itertools
 import math
 import numpy as np
 import torch
@@ -12,10 +13,13 @@ from .boyan import MRP, as_tensor, check_gamma, random_boyan_chain
 from .tasks import TaskBatch, stack_tasks, random_tasks, sample_trajectories
 
 # %% auto #0
-__all__ = ['FEATURE_LABELS', 'kernel_attention', 'population_attention', 'key_counts', 'empirical_attention', 'empirical_mrp',
-           'td_recursion', 'kernel_diagonality', 'rate_bound', 'contraction_bound', 'fixed_point', 'sup_error',
-           'depth_sweep', 'depth_experiment', 'plot_depth', 'loglog_slope', 'plot_floor', 'diagonality_sweep',
-           'plot_diagonality', 'spectral_radius', 'measured_rate', 'rate_experiment', 'plot_rates']
+__all__ = ['FEATURE_LABELS', 'PHASES', 'CONDITIONS', 'kernel_attention', 'population_attention', 'key_counts',
+           'empirical_attention', 'count_deviation', 'empirical_mrp', 'td_recursion', 'kernel_diagonality',
+           'rate_bound', 'sup_error', 'contraction_bound', 'span_rate', 'spectral_radius', 'measured_rate',
+           'span_bound', 'fixed_point', 'floor_bound', 'depth_sweep', 'depth_experiment', 'plot_depth', 'loglog_slope',
+           'slope_interval', 'plot_floor', 'diagonality_sweep', 'plot_diagonality', 'interior_cap', 'best_diagonality',
+           'phase_diagram', 'plot_phase', 'rate_experiment', 'plot_rates', 'scale_for_diagonality', 'leaky_experiment',
+           'plot_leaky']
 
 # %% ../nbs/05_convergence.ipynb #f9bdf515
 def kernel_attention(phi,        # (..., s, d) state features
@@ -66,6 +70,16 @@ def empirical_attention(phi,     # (..., s, d) state features
     phi = as_tensor(phi, "phi")
     if phi.ndim < 2: raise ValueError(f"`phi` must have shape (..., s, d), got {tuple(phi.shape)}")
     return kernel_attention(phi, W, key_counts(states, phi.shape[-2], phi.dtype).to(phi.device))
+
+# %% ../nbs/05_convergence.ipynb #4a040b41
+def count_deviation(counts,  # (..., s) key counts N of a context
+                    d_pi,    # (..., s) positive stationary distribution
+                   )->torch.Tensor: # (...) eps = max_y |N(y) / (n d_pi(y)) - 1|
+    "Largest relative deviation of the key counts of a context from their stationary expectation."
+    N = as_tensor(counts, "counts")
+    d = as_tensor(d_pi, "d_pi", N.dtype, N.device)
+    if d.shape[-1:] != N.shape[-1:] or (d <= 0).any(): raise ValueError(f"`d_pi` must be positive with {N.shape[-1]} entries")
+    return (N / (N.sum(-1, keepdim=True) * d) - 1).abs().amax(-1)
 
 # %% ../nbs/05_convergence.ipynb #19466dd1
 def empirical_mrp(states,        # (..., n+1) integer states S_0..S_n
@@ -136,12 +150,95 @@ def rate_bound(M,            # (..., s, s) attention matrix aggregated by state
     m = kernel_diagonality(M)[1]
     return 1 - _step(alpha, m) * (2 * m - 1 - check_gamma(gamma))
 
+def sup_error(v,     # (..., s) value estimates
+              v_pi,  # (..., s) reference values
+             )->torch.Tensor: # (...) max_x |v(x) - v_pi(x)|
+    "Sup-norm value error, the norm of the contraction bound."
+    v = as_tensor(v, "v")
+    return (v - as_tensor(v_pi, "v_pi", v.dtype, v.device)).abs().amax(-1)
+
 def contraction_bound(mrp:MRP,    # the process
                       W,          # (d, d) score matrix
                       alpha:float, # step size in (0, 1]
                      )->torch.Tensor: # scalar rho; ||v_L - v_pi||_inf <= rho^L ||v_pi||_inf; >= 1 where the condition fails
     "The bound $\\rho$ for the population recursion of `mrp` with scores `W` and step `alpha`."
     return rate_bound(population_attention(mrp, W), mrp.gamma, alpha)
+
+# %% ../nbs/05_convergence.ipynb #c7b6c3e5
+FEATURE_LABELS = {"onehot": "one-hot", "unit": "unit-norm", "random": "raw U(-1, 1)"}
+
+def _error_matrix(M, P, gamma, alpha):
+    "B = I - alpha M (I - gamma P), checked."
+    M, P, _, shape = _mrp_arrays(M, P, torch.zeros(as_tensor(M, "M").shape[-1]))
+    I = torch.eye(shape[-1], dtype=M.dtype, device=M.device)
+    return I - _step(alpha, M)[..., None, None] * M @ (I - check_gamma(gamma) * P)
+
+def _span_coefficient(A):
+    "delta(A): half the largest l1 distance between two rows of A."
+    return 0.5 * (A.unsqueeze(-2) - A.unsqueeze(-3)).abs().sum(-1).amax((-1, -2))
+
+def _positive_int(v, name):
+    if int(v) != v or v < 1: raise ValueError(f"`{name}` must be a positive integer, got {v}")
+    return int(v)
+
+def span_rate(M,            # (..., s, s) attention aggregated by state
+              P,            # (..., s, s) transitions
+              gamma:float,  # discount factor in [0, 1)
+              alpha,        # step size in (0, 1]: a number, or a tensor (...) of one per task
+              k:int=1,      # power of B whose span coefficient is taken
+             )->torch.Tensor: # (...) delta(B^k)^(1/k); the span condition is that it is below 1
+    "Per-layer span contraction $\\delta(B^k)^{1/k}$ of the error matrix $B = I - \\alpha M (I - \\gamma P)$."
+    k = _positive_int(k, "k")
+    return _span_coefficient(torch.linalg.matrix_power(_error_matrix(M, P, gamma, alpha), k)) ** (1 / k)
+
+def spectral_radius(M,            # (..., s, s) attention aggregated by state
+                    P,            # (..., s, s) transitions
+                    gamma:float,  # discount factor in [0, 1)
+                    alpha,        # step size in (0, 1]: a number, or a tensor (...) of one per task
+                   )->torch.Tensor: # (...) largest |eigenvalue| of B = I - alpha M (I - gamma P): the asymptotic rate
+    "Asymptotic rate of the recursion: the spectral radius of its error matrix $B$."
+    return torch.linalg.eigvals(_error_matrix(M, P, gamma, alpha)).abs().amax(-1)
+
+def measured_rate(errors,     # (..., L+1) errors at depths 0..L
+                  start:int,  # first depth used in the fit
+                 )->torch.Tensor: # (...) exp of the least-squares slope of log error over depths start..L
+    "Empirical per-layer contraction factor of an error curve."
+    e = as_tensor(errors, "errors")
+    if e.ndim < 1 or not 0 <= start < e.shape[-1] - 1: raise ValueError(f"`start` must lie in 0..{e.shape[-1] - 2}, got {start}")
+    if (e[..., start:] <= 0).any(): raise ValueError("`errors` must be positive over the fitted depths")
+    Ls = torch.arange(start, e.shape[-1], dtype=e.dtype, device=e.device)
+    Lc, y = Ls - Ls.mean(), e[..., start:].log()
+    return torch.exp((y * Lc).sum(-1) / (Lc ** 2).sum())
+
+def span_bound(M,             # (..., s, s) attention aggregated by state
+               P,             # (..., s, s) transitions
+               gamma:float,   # discount factor in [0, 1)
+               alpha,         # step size in (0, 1]: a number, or a tensor (...) of one per task
+               e0,            # (..., s) initial error v_0 - v_pi (= -v_pi from v_0 = 0)
+               n_layers:int,  # maximal depth L
+               k:int=1,       # the bound uses delta(B^k)
+              )->torch.Tensor: # (..., L+1) upper bounds on ||e_L||_inf, valid for every row-stochastic M and P
+    "Proposition 2's bound on the sup-norm error at each depth: the constant part decays at $\\lambda$, the span at $\\delta(B^k)$."
+    k = _positive_int(k, "k")
+    if int(n_layers) != n_layers or n_layers < 0: raise ValueError(f"`n_layers` must be a non-negative integer, got {n_layers}")
+    B = _error_matrix(M, P, gamma, alpha)
+    e = as_tensor(e0, "e0", B.dtype, B.device)
+    if e.shape[-1:] != B.shape[-1:]: raise ValueError(f"`e0` must have shape (..., {B.shape[-1]}), got {tuple(e.shape)}")
+    A = torch.linalg.matrix_power(B, k)
+    delta, norm = _span_coefficient(A), torch.linalg.matrix_norm(A, ord=math.inf)
+    lam = (1 - _step(alpha, delta) * (1 - check_gamma(gamma))) ** k
+    out = []
+    for j in range(min(k, int(n_layers) + 1)):                    # depths L = q k + j start from f = B^j e0
+        f = (torch.linalg.matrix_power(B, j) @ e.unsqueeze(-1)).squeeze(-1)
+        top, bot = f.amax(-1), f.amin(-1)
+        c, half, seq = ((top + bot) / 2).abs(), (top - bot) / 2, []
+        for _ in range(j, int(n_layers) + 1, k):
+            seq.append(c + half)
+            c, half = lam * c + norm * half, delta * half
+        out.append(torch.stack(seq, -1))
+    bound = torch.empty(out[0].shape[:-1] + (int(n_layers) + 1,), dtype=B.dtype, device=B.device)
+    for j, seq in enumerate(out): bound[..., j::k] = seq
+    return bound
 
 # %% ../nbs/05_convergence.ipynb #36ce7156
 def fixed_point(M,            # (..., s, s) attention aggregated by state
@@ -159,12 +256,18 @@ def fixed_point(M,            # (..., s, s) attention aggregated by state
         raise ValueError("no unique fixed point: the columns of `M` at key states are (nearly) linearly dependent, e.g. at a score scale of 0")
     return (M @ torch.linalg.solve(A, (r * keys).unsqueeze(-1))).squeeze(-1)
 
-def sup_error(v,     # (..., s) value estimates
-              v_pi,  # (..., s) reference values
-             )->torch.Tensor: # (...) max_x |v(x) - v_pi(x)|
-    "Sup-norm value error, the norm of the contraction bound."
-    v = as_tensor(v, "v")
-    return (v - as_tensor(v_pi, "v_pi", v.dtype, v.device)).abs().amax(-1)
+# %% ../nbs/05_convergence.ipynb #71dae5f7
+def floor_bound(P_hat,        # (..., s, s) empirical transitions of a context whose keys cover every state
+                P,            # (..., s, s) true transitions
+                v_pi,         # (..., s) true values
+                gamma:float,  # discount factor in [0, 1)
+               )->torch.Tensor: # (...) gamma / (1 - gamma) ||(P_hat - P) v_pi||_inf
+    "Proposition 3's bound on the statistical floor $\\|\\hat v_\\infty - v_\\pi\\|_\\infty$ (every state a key, deterministic rewards)."
+    P_hat = as_tensor(P_hat, "P_hat")
+    P, v = as_tensor(P, "P", P_hat.dtype, P_hat.device), as_tensor(v_pi, "v_pi", P_hat.dtype, P_hat.device)
+    if P_hat.shape[-2:] != P.shape[-2:] or v.shape[-1] != P.shape[-1]: raise ValueError(f"`P_hat` {tuple(P_hat.shape)}, `P` {tuple(P.shape)} and `v_pi` {tuple(v.shape)} must share the number of states")
+    gamma = check_gamma(gamma)
+    return gamma / (1 - gamma) * ((P_hat - P) @ v.unsqueeze(-1)).squeeze(-1).abs().amax(-1)
 
 # %% ../nbs/05_convergence.ipynb #a453fc8d
 def depth_sweep(tasks:TaskBatch,  # the tasks, B of them
@@ -173,23 +276,28 @@ def depth_sweep(tasks:TaskBatch,  # the tasks, B of them
                 ns,               # context lengths n (increasing)
                 n_layers:int,     # maximal depth L
                 seed=0,           # seed of the trajectories
-               )->dict:           # tensors: errors (B, len(ns), L+1), floors (B, len(ns)), population (B, L+1), bound (B, L+1), rho (B,)
-    "Sup-norm error of the $L$-layer Transformer for every task, context length and depth, with its floor and the population bound."
+               )->dict:           # tensors: errors, depth_terms (B, len(ns), L+1), floors, key_floors, floor_bounds, all_keys (B, len(ns)), population, bound (B, L+1), rho (B,)
+    "Sup-norm error of the $L$-layer Transformer for every task, context length and depth, with its floor, the floor's bound and the population bound."
     ns = [int(n) for n in ns]
     if not ns or min(ns) < 1 or ns != sorted(ns): raise ValueError(f"`ns` must be increasing positive integers, got {ns}")
     S = sample_trajectories(tasks.P, ns[-1], tasks.d_pi, seed)
-    errs, floors = [], []
+    cols = {k: [] for k in ("errors", "depth_terms", "floors", "key_floors", "floor_bounds", "all_keys")}
     for n in ns:
         states = S[:, :n + 1]
         N, P_hat, r_hat = empirical_mrp(states, tasks.r.gather(1, states[:, :-1]), tasks.P.shape[-1])
         M_hat = kernel_attention(tasks.phi, W, N)
-        errs.append(sup_error(td_recursion(M_hat, P_hat, r_hat, tasks.gamma, alpha, n_layers), tasks.v_pi.unsqueeze(1)))
-        floors.append(sup_error(fixed_point(M_hat, P_hat, r_hat, tasks.gamma, N), tasks.v_pi))
+        v = td_recursion(M_hat, P_hat, r_hat, tasks.gamma, alpha, n_layers)
+        v_fix = fixed_point(M_hat, P_hat, r_hat, tasks.gamma, N)
+        gap, keys = (v_fix - tasks.v_pi).abs(), (N > 0).all(-1)
+        for k, x in (("errors", sup_error(v, tasks.v_pi.unsqueeze(1))), ("depth_terms", sup_error(v, v_fix.unsqueeze(1))),
+                     ("floors", gap.amax(-1)), ("key_floors", torch.where(N > 0, gap, 0.).amax(-1)), ("all_keys", keys),
+                     ("floor_bounds", torch.where(keys, floor_bound(P_hat, tasks.P, tasks.v_pi, tasks.gamma), math.nan))):
+            cols[k].append(x)
     M = kernel_attention(tasks.phi, W, tasks.d_pi)
     rho = rate_bound(M, tasks.gamma, alpha)
     pop = sup_error(td_recursion(M, tasks.P, tasks.r, tasks.gamma, alpha, n_layers), tasks.v_pi.unsqueeze(1))
     bound = rho.unsqueeze(-1) ** torch.arange(n_layers + 1, dtype=rho.dtype) * tasks.v_pi.abs().amax(-1, keepdim=True)
-    return dict(errors=torch.stack(errs, 1), floors=torch.stack(floors, 1), population=pop, bound=bound, rho=rho, ns=ns)
+    return dict({k: torch.stack(x, 1) for k, x in cols.items()}, population=pop, bound=bound, rho=rho, ns=ns)
 
 # %% ../nbs/05_convergence.ipynb #0cdd9466
 def depth_experiment(n_tasks:int=200,        # random one-hot Boyan chains; task b has seed `seed + b`
@@ -211,7 +319,7 @@ def depth_experiment(n_tasks:int=200,        # random one-hot Boyan chains; task
         part = depth_sweep(tasks, W, alpha, ns, n_layers, seed=seed + k)
         part["min_diag"] = kernel_diagonality(kernel_attention(tasks.phi, W, tasks.d_pi))[1]
         parts.append(part)
-    out = {k: torch.cat([p[k] for p in parts]) for k in ("errors", "floors", "population", "bound", "rho", "min_diag")}
+    out = {k: torch.cat([p[k] for p in parts]) for k in ("errors", "depth_terms", "floors", "key_floors", "floor_bounds", "all_keys", "population", "bound", "rho", "min_diag")}
     return dict(out, ns=parts[0]["ns"], beta=beta, alpha=alpha, gamma=tasks.gamma)
 
 def plot_depth(sweep:dict,  # output of `depth_experiment`
@@ -243,25 +351,50 @@ def loglog_slope(x, # (k,) positive abscissae
     return slope.item(), intercept.item()
 
 # %% ../nbs/05_convergence.ipynb #a7a112b6
+def slope_interval(x,                 # (k,) positive abscissae
+                   values,            # (B, k) positive values, one row per task
+                   n_boot:int=2000,   # bootstrap resamples of the tasks
+                   level:float=0.95,  # confidence level
+                   seed:int=0,        # seed of the resampling
+                  )->tuple:           # (slope of the task means, lower, upper): a percentile bootstrap interval
+    "Log-log slope of the mean over tasks against `x`, with a bootstrap confidence interval over tasks."
+    v = as_tensor(values, "values")
+    if v.ndim != 2 or v.shape[0] < 2: raise ValueError(f"`values` must have shape (B, k) with B >= 2, got {tuple(v.shape)}")
+    lx = as_tensor(x, "x", v.dtype).log()
+    idx = torch.from_numpy(np.random.default_rng(seed).integers(0, v.shape[0], (int(n_boot), v.shape[0])))
+    A = torch.stack([lx, torch.ones_like(lx)], 1)
+    boot = torch.linalg.lstsq(A.expand(int(n_boot), *A.shape), v[idx].mean(1).log().unsqueeze(-1)).solution[:, 0, 0]
+    q = boot.quantile(torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=v.dtype))
+    return loglog_slope(x, v.mean(0))[0], q[0].item(), q[1].item()
+
 def plot_floor(sweep:dict,  # output of `depth_experiment`
               ):            # the matplotlib figure
-    "Experiment 2: the floor against the context length on log-log axes, with its fitted slope and the slope $-1/2$."
+    "Experiment 2: the floor against the context length (mean, on key states, and Proposition 3's bound), and the floor against its bound per context."
     import matplotlib.pyplot as plt
     ns = torch.tensor(sweep["ns"], dtype=torch.float64)
-    floor_mean, floor_se = sweep["floors"].mean(0), sweep["floors"].std(0) / math.sqrt(len(sweep["floors"]))
-    slope, intercept = loglog_slope(ns, floor_mean)
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    ax.errorbar(ns, floor_mean, yerr=2 * floor_se, fmt="o", capsize=4, label=r"floor $\|\hat v_\infty - v_\pi\|_\infty$ (mean $\pm$ 2 s.e.)")
+    floors, keys = sweep["floors"], sweep["all_keys"]
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
+    slope, intercept = loglog_slope(ns, floors.mean(0))
+    ax.errorbar(ns, floors.mean(0), yerr=2 * floors.std(0) / math.sqrt(len(floors)), fmt="o", capsize=4, label=r"floor $\|\hat v_\infty - v_\pi\|_\infty$ (mean $\pm$ 2 s.e.)")
     ax.plot(ns, np.exp(intercept) * ns ** slope, "C0--", label=f"fitted slope {slope:.2f}")
-    ax.plot(ns, floor_mean[0] * (ns / ns[0]) ** -0.5, "k:", label=r"reference slope $-1/2$")
-    ax.set(xscale="log", yscale="log", xlabel="context length $n$ (transitions)", ylabel="floor (return units)",
-           title="The statistical floor falls like $n^{-1/2}$")
-    ax.legend()
+    ax.plot(ns, sweep["key_floors"].mean(0), "s-", color="C2", label="floor on key states only")
+    fb = torch.where(keys, sweep["floor_bounds"], 0.).sum(0) / keys.sum(0).clamp(min=1)
+    ax.plot(ns[keys.any(0)], fb[keys.any(0)], "^-", color="C3", label=r"bound $\frac{\gamma}{1-\gamma}\|(\hat P - P) v_\pi\|_\infty$ (contexts with all keys)")
+    ax.plot(ns, floors.mean(0)[0] * (ns / ns[0]) ** -0.5, "k:", label=r"reference slope $-1/2$")
+    ax.set(xscale="log", yscale="log", xlabel="context length $n$ (transitions)", ylabel="return units",
+           title=f"The floor and its bound, mean of {len(floors)} tasks")
+    ax.legend(fontsize=8)
+    for i, n in enumerate(sweep["ns"]):
+        ax2.scatter(sweep["floor_bounds"][keys[:, i], i], floors[keys[:, i], i], s=6, color=f"C{i}", label=f"$n = {n}$")
+    lim = [floors[keys].min().item() / 2, sweep["floor_bounds"][keys].max().item() * 2]
+    ax2.plot(lim, lim, "k--", lw=1, label="$y = x$")
+    ax2.set(xscale="log", yscale="log", xlim=lim, ylim=lim, xlabel="Proposition 3's bound (return units)", ylabel="measured floor (return units)",
+            title="Each context whose keys cover every state: floor against bound")
+    ax2.legend(fontsize=8)
+    fig.tight_layout()
     return fig
 
 # %% ../nbs/05_convergence.ipynb #ef2f9139
-FEATURE_LABELS = {"onehot": "one-hot", "unit": "unit-norm", "random": "raw U(-1, 1)"}
-
 def diagonality_sweep(n_tasks:int=200,  # random Boyan chains per feature kind; task b has seed `seed + b`
                       seed:int=1000,    # seed of the first task
                       betas=None,       # (k,) score scales; default: 22 log-spaced from 0.1 to 10^2.5
@@ -296,29 +429,94 @@ def plot_diagonality(result:dict,  # output of `diagonality_sweep`
     fig.tight_layout()
     return fig
 
-# %% ../nbs/05_convergence.ipynb #6fb16e02
-def spectral_radius(M,            # (..., s, s) attention aggregated by state
-                    P,            # (..., s, s) transitions
-                    gamma:float,  # discount factor in [0, 1)
-                    alpha,        # step size in (0, 1]: a number, or a tensor (...) of one per task
-                   )->torch.Tensor: # (...) largest |eigenvalue| of B = I - alpha M (I - gamma P): the asymptotic rate
-    "Asymptotic rate of the recursion: the spectral radius of its error matrix $B$."
-    M, P, _, shape = _mrp_arrays(M, P, torch.zeros(M.shape[-1]))
-    I = torch.eye(shape[-1], dtype=M.dtype, device=M.device)
-    a = _step(alpha, M)[..., None, None]
-    return torch.linalg.eigvals(I - a * M @ (I - check_gamma(gamma) * P)).abs().amax(-1)
+# %% ../nbs/05_convergence.ipynb #21d522ea
+def interior_cap(phi,      # (..., s, d) state features
+                 weights,  # (..., s) positive state weights (d_pi, or key counts)
+                )->torch.Tensor: # (..., s) cap on M(x, x) valid for every W; 1 where phi(x) is not in the hull of the others
+    "Proposition 4: the attention a state can put on itself, under any score matrix, when its features are a convex combination of the others'."
+    phi = as_tensor(phi, "phi")
+    if phi.ndim < 2 or phi.shape[-2] < 2: raise ValueError(f"`phi` must have shape (..., s, d) with s >= 2, got {tuple(phi.shape)}")
+    s, d = phi.shape[-2:]
+    w = as_tensor(weights, "weights", phi.dtype, phi.device).expand(phi.shape[:-1])
+    if (w <= 0).any(): raise ValueError("`weights` must be positive")
+    caps = []
+    for x in range(s):
+        subsets = torch.tensor(list(itertools.combinations([y for y in range(s) if y != x], min(d + 1, s - 1))), device=phi.device)
+        ones = torch.ones(phi.shape[:-2] + (len(subsets), 1, subsets.shape[1]), dtype=phi.dtype, device=phi.device)
+        A = torch.cat([phi[..., subsets, :].mT, ones], -2)                              # columns (phi(y), 1), y in the simplex
+        b = torch.cat([phi[..., x, :], torch.ones_like(phi[..., x, :1])], -1)[..., None, :, None]
+        if A.shape[-2] == A.shape[-1]:                                                    # s > d + 1: square systems
+            lam, info = torch.linalg.solve_ex(A, b.expand(A.shape[:-1] + (1,)))            # info > 0: a degenerate simplex
+            lam = torch.where((info == 0)[..., None, None], lam, -1.).squeeze(-1)
+        else: lam = torch.linalg.lstsq(A, b.expand(A.shape[:-1] + (1,))).solution.squeeze(-1)
+        inside = (lam >= 0).all(-1) & ((A @ lam.unsqueeze(-1) - b).abs().amax((-1, -2)) < 1e-9)
+        c = torch.where(lam > 0, w[..., subsets] / lam, torch.inf).amin(-1)
+        cap = w[..., x, None] / (w[..., x, None] + c)
+        caps.append(torch.where(inside, cap, torch.ones_like(cap)).amin(-1))
+    return torch.stack(caps, -1)
 
-# %% ../nbs/05_convergence.ipynb #ce3a53e5
-def measured_rate(errors,     # (..., L+1) errors at depths 0..L
-                  start:int,  # first depth used in the fit
-                 )->torch.Tensor: # (...) exp of the least-squares slope of log error over depths start..L
-    "Empirical per-layer contraction factor of an error curve."
-    e = as_tensor(errors, "errors")
-    if e.ndim < 1 or not 0 <= start < e.shape[-1] - 1: raise ValueError(f"`start` must lie in 0..{e.shape[-1] - 2}, got {start}")
-    if (e[..., start:] <= 0).any(): raise ValueError("`errors` must be positive over the fitted depths")
-    Ls = torch.arange(start, e.shape[-1], dtype=e.dtype, device=e.device)
-    Lc, y = Ls - Ls.mean(), e[..., start:].log()
-    return torch.exp((y * Lc).sum(-1) / (Lc ** 2).sum())
+def best_diagonality(phi,            # (..., s, d) state features
+                     weights,        # (..., s) positive state weights
+                     steps:int=500,  # Adam steps
+                     lr:float=1.,    # Adam learning rate
+                     init:float=5.,  # the search starts from W = init I
+                    )->tuple:        # (min_x M(x, x) reached (...), the score matrices W (..., d, d))
+    "Search for the score matrix that maximises $\\min_x M(x, x)$: a lower bound on the best diagonality any $W$ reaches."
+    phi = as_tensor(phi, "phi")
+    w = as_tensor(weights, "weights", phi.dtype, phi.device)
+    d = phi.shape[-1]
+    W = (init * torch.eye(d, dtype=phi.dtype, device=phi.device)).expand(phi.shape[:-2] + (d, d)).clone().requires_grad_()
+    opt = torch.optim.Adam([W], lr=lr)
+    for _ in range(int(steps)):
+        log_diag = kernel_attention(phi, W, w).diagonal(dim1=-2, dim2=-1).clamp_min(1e-300).log()
+        loss = (torch.logsumexp(-50 * log_diag, -1) / 50).sum()                           # a soft minimum over states
+        opt.zero_grad(); loss.backward(); opt.step()
+    W = W.detach()
+    return kernel_diagonality(kernel_attention(phi, W, w))[1], W
+
+# %% ../nbs/05_convergence.ipynb #bc740d3b
+PHASES = ("converges", "stalls", "diverges")
+CONDITIONS = ("diagonal", "span, k = 1", "span, k = 16")
+
+def phase_diagram(n_tasks:int=100,    # random Boyan chains per feature kind; the same tasks for every gamma and beta
+                  seed:int=4000,      # task b has seed `seed + b`
+                  betas=None,         # (K,) score scales; default: 13 log-spaced from 0.3 to 300
+                  gammas=(0.5, 0.9, 0.99), # discount factors
+                  features=("onehot", "unit", "random"), # feature kinds
+                  alpha:float=1.,     # step size in (0, 1]
+                 )->dict:             # betas, gammas, features, fractions (F, G, K, 6): the PHASES then the CONDITIONS
+    "Experiment 4: fraction of tasks that converge, stall or diverge, and that meet each condition, over (feature kind, $\\gamma$, $\\beta$)."
+    betas = torch.logspace(math.log10(0.3), math.log10(300), 13, dtype=torch.float64) if betas is None else as_tensor(betas, "betas", torch.float64)
+    fractions = torch.zeros(len(features), len(gammas), len(betas), len(PHASES) + len(CONDITIONS), dtype=torch.float64)
+    for i, feat in enumerate(features):
+        for j, gamma in enumerate(gammas):
+            tb = random_tasks(n_tasks, seed=seed, features=feat, gamma=gamma)
+            M = kernel_attention(tb.phi, betas[:, None, None, None] * torch.eye(tb.phi.shape[-1], dtype=torch.float64), tb.d_pi)  # (K, B, s, s)
+            sr = spectral_radius(M, tb.P, gamma, alpha)
+            conv, div = sr < 1 - 1e-9, sr > 1 + 1e-9
+            flags = (conv, ~conv & ~div, div, rate_bound(M, gamma, alpha) < 1, span_rate(M, tb.P, gamma, alpha) < 1, span_rate(M, tb.P, gamma, alpha, 16) < 1)
+            fractions[i, j] = torch.stack([f.double().mean(-1) for f in flags], -1)
+    return dict(betas=betas, gammas=tuple(gammas), features=tuple(features), fractions=fractions)
+
+def plot_phase(result:dict,  # output of `phase_diagram`
+              ):             # the matplotlib figure
+    "Experiment 4: stacked fractions converge / stall / diverge against $\\beta$, one panel per (feature kind, $\\gamma$), with the conditions' fractions as lines."
+    import matplotlib.pyplot as plt
+    feats, gammas, betas, fr = result["features"], result["gammas"], result["betas"], result["fractions"]
+    fig, axes = plt.subplots(len(feats), len(gammas), figsize=(4.2 * len(gammas), 3.2 * len(feats)), sharex=True, sharey=True, squeeze=False)
+    for i, feat in enumerate(feats):
+        for j, gamma in enumerate(gammas):
+            ax = axes[i, j]
+            ax.stackplot(betas, fr[i, j, :, :3].T, colors=("#9ecae1", "#fdd0a2", "#fc9272"), labels=PHASES)
+            for k, (name, ls) in enumerate(zip(CONDITIONS, ("-", "--", ":"))):
+                ax.plot(betas, fr[i, j, :, 3 + k], "k", ls=ls, lw=1.5, label=f"{name} condition holds")
+            ax.set(xscale="log", ylim=(0, 1), title=f"{FEATURE_LABELS.get(feat, feat)}, $\\gamma = {gamma}$")
+            if i == len(feats) - 1: ax.set_xlabel(r"score scale $\beta$ ($W = \beta I$)")
+            if j == 0: ax.set_ylabel("fraction of tasks")
+    fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="lower center", ncol=6, fontsize=9)
+    fig.suptitle(f"Where the iteration converges, and where each condition certifies it ({fr.shape[2]} scales, $\\alpha = 1$)")
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    return fig
 
 # %% ../nbs/05_convergence.ipynb #52aee23a
 def rate_experiment(n_tasks:int=150,     # random Boyan chains per feature kind
@@ -327,29 +525,111 @@ def rate_experiment(n_tasks:int=150,     # random Boyan chains per feature kind
                     features=("onehot", "unit"), # feature kinds
                     n_layers:int=120,    # depth of the population recursion
                     fit_start:int=60,    # first depth of the rate fit
-                   )->dict:              # numpy arrays over the tasks where the condition holds: rates, rhos, kinds
-    "Experiment 4: measured contraction rate and bound $\\rho$ of the population recursion, $\\beta$ log-uniform in $[5, 300]$, $\\alpha$ uniform in $[0.3, 1]$."
-    rng, rates, rhos, kinds = np.random.default_rng(draw_seed), [], [], []
+                   )->dict:              # numpy arrays over the tasks where the condition holds: rates, rhos, kinds, min_diags, spectral, lams (1 - alpha (1 - gamma)), spans (delta(B))
+    "Experiment 5: measured contraction rate and bound $\\rho$ of the population recursion, $\\beta$ log-uniform in $[5, 300]$, $\\alpha$ uniform in $[0.3, 1]$."
+    rng, cols, kinds = np.random.default_rng(draw_seed), {k: [] for k in ("rates", "rhos", "min_diags", "spectral", "lams", "spans")}, []
     for i, feat in enumerate(features):
         tb = random_tasks(n_tasks, seed=seed + n_tasks * i, features=feat)
         beta, a = torch.from_numpy(10 ** rng.uniform(0.7, 2.5, len(tb))), torch.from_numpy(rng.uniform(0.3, 1, len(tb)))
         M = kernel_attention(tb.phi, beta[:, None, None] * torch.eye(tb.phi.shape[-1], dtype=torch.float64), tb.d_pi)
         rho = rate_bound(M, tb.gamma, a)
         err = sup_error(td_recursion(M, tb.P, tb.r, tb.gamma, a, n_layers), tb.v_pi.unsqueeze(1))
-        rates.append(measured_rate(err[rho < 1], fit_start)); rhos.append(rho[rho < 1]); kinds += [feat] * int((rho < 1).sum())
-    return dict(rates=torch.cat(rates).numpy(), rhos=torch.cat(rhos).numpy(), kinds=np.array(kinds))
+        keep = rho < 1
+        for k, x in (("rates", measured_rate(err[keep], fit_start)), ("rhos", rho[keep]), ("min_diags", kernel_diagonality(M[keep])[1]),
+                     ("spectral", spectral_radius(M[keep], tb.P[keep], tb.gamma, a[keep])), ("lams", 1 - a[keep] * (1 - tb.gamma)),
+                     ("spans", span_rate(M[keep], tb.P[keep], tb.gamma, a[keep]))):
+            cols[k].append(x)
+        kinds += [feat] * int(keep.sum())
+    return dict({k: torch.cat(x).numpy() for k, x in cols.items()}, kinds=np.array(kinds))
 
 def plot_rates(result:dict,  # output of `rate_experiment`
               ):             # the matplotlib figure
-    "Experiment 4: measured rate against the bound, one point per task, with the diagonal."
+    "Experiment 5: measured rate against the bound, one point per task (marker: feature kind, colour: $\\min_x M_\\pi(x, x)$), with the diagonal."
     import matplotlib.pyplot as plt
-    rates, rhos, kinds = result["rates"], result["rhos"], result["kinds"]
-    fig, ax = plt.subplots(figsize=(6, 5.5))
-    for i, feat in enumerate(dict.fromkeys(kinds)):
-        ax.scatter(rhos[kinds == feat], rates[kinds == feat], s=12, color=f"C{i}", label=f"{FEATURE_LABELS.get(feat, feat)} features ({(kinds == feat).sum()} tasks)")
+    rates, rhos, kinds, diag = result["rates"], result["rhos"], result["kinds"], result["min_diags"]
+    fig, ax = plt.subplots(figsize=(7, 5.8))
+    for feat, marker in zip(dict.fromkeys(kinds), "os^"):
+        sc = ax.scatter(rhos[kinds == feat], rates[kinds == feat], s=16, marker=marker, c=diag[kinds == feat], cmap="viridis",
+                        vmin=diag.min(), vmax=1, label=f"{FEATURE_LABELS.get(feat, feat)} features ({(kinds == feat).sum()} tasks)")
     lim = [min(rates.min(), rhos.min()) - 0.01, 1]
     ax.plot(lim, lim, "k--", lw=1, label="$y = x$")
+    fig.colorbar(sc, ax=ax, label=r"$\min_x M_\pi(x, x)$")
     ax.set(xlim=lim, ylim=lim, aspect="equal", xlabel=r"bound $\rho = 1 - \alpha(2 \min_x M(x,x) - 1 - \gamma)$",
            ylabel="measured rate (per layer)", title="Measured contraction rate against the bound")
     ax.legend(fontsize=9)
+    return fig
+
+# %% ../nbs/05_convergence.ipynb #093d9d8a
+def scale_for_diagonality(phi,       # (B, s, d) state features, unit-norm
+                          d_pi,      # (B, s) stationary distributions
+                          target,    # (B,) targets for min_x M_pi(x, x), in (0, 1)
+                          lo:float=1e-2, hi:float=1e5, # bracket for beta
+                          n_iter:int=60,  # bisection steps (on log beta)
+                         )->torch.Tensor: # (B,) beta with min_x M_pi(x, x) = target for W = beta I
+    "Score scale $\\beta$ at which $\\min_x M_\\pi(x, x)$ reaches `target`, by bisection (it increases with $\\beta$ for unit-norm features)."
+    phi = as_tensor(phi, "phi")
+    target = as_tensor(target, "target", phi.dtype)
+    if ((target <= 0) | (target >= 1)).any(): raise ValueError("`target` must lie in (0, 1)")
+    I = torch.eye(phi.shape[-1], dtype=phi.dtype)
+    lo, hi = torch.full_like(target, lo), torch.full_like(target, hi)
+    for _ in range(int(n_iter)):
+        mid = (lo * hi).sqrt()
+        below = kernel_diagonality(kernel_attention(phi, mid[:, None, None] * I, d_pi))[1] < target
+        lo, hi = torch.where(below, mid, lo), torch.where(below, hi, mid)
+    return (lo * hi).sqrt()
+
+def leaky_experiment(n_tasks:int=100,       # random unit-norm Boyan chains
+                     seed:int=6000,         # task b has seed `seed + b`; trajectories use `seed`
+                     ns=(300, 1000, 3000),  # context lengths (increasing)
+                     targets=(0.955, 0.985), # range of the target min_x M_pi(x, x)
+                     alpha:float=1.,        # step size in (0, 1]
+                     n_layers:int=150,      # depth of the recursions
+                     fit_start:int=75,      # first depth of the rate fits
+                    )->dict:                # tensors: population (B,) rates, rho, spectral, span, min_diag, beta; per context (B, len(ns)) ctx_rates, rho_hat, span_hat, eps, all_keys, min_diag_hat
+    "Experiment 6: measured rates against the diagonal and span conditions, population and finite $n$, for unit-norm features with $\\min_x M_\\pi(x, x)$ in `targets`."
+    tasks = random_tasks(n_tasks, seed=seed, features="unit")
+    target = torch.from_numpy(np.random.default_rng(seed).uniform(*targets, len(tasks)))
+    beta = scale_for_diagonality(tasks.phi, tasks.d_pi, target)
+    W = beta[:, None, None] * torch.eye(tasks.phi.shape[-1], dtype=torch.float64)
+    M = kernel_attention(tasks.phi, W, tasks.d_pi)
+    err = sup_error(td_recursion(M, tasks.P, tasks.r, tasks.gamma, alpha, n_layers), tasks.v_pi.unsqueeze(1))
+    out = dict(beta=beta, min_diag=kernel_diagonality(M)[1], rates=measured_rate(err, fit_start), rho=rate_bound(M, tasks.gamma, alpha),
+               spectral=spectral_radius(M, tasks.P, tasks.gamma, alpha), span=span_rate(M, tasks.P, tasks.gamma, alpha),
+               lam=1 - alpha * (1 - tasks.gamma), gamma=tasks.gamma, ns=[int(n) for n in ns])
+    S = sample_trajectories(tasks.P, max(ns), tasks.d_pi, seed)
+    cols = {k: [] for k in ("ctx_rates", "rho_hat", "span_hat", "eps", "all_keys", "min_diag_hat")}
+    for n in out["ns"]:
+        states = S[:, :n + 1]
+        N, P_hat, r_hat = empirical_mrp(states, tasks.r.gather(1, states[:, :-1]), tasks.P.shape[-1])
+        M_hat, keys = kernel_attention(tasks.phi, W, N), (N > 0).all(-1)
+        v_fix = fixed_point(M_hat, P_hat, r_hat, tasks.gamma, N)
+        depth = sup_error(td_recursion(M_hat, P_hat, r_hat, tasks.gamma, alpha, n_layers), v_fix.unsqueeze(1))
+        for k, x in (("ctx_rates", measured_rate(depth.clamp(min=1e-300), fit_start)), ("rho_hat", rate_bound(M_hat, tasks.gamma, alpha)),
+                     ("span_hat", span_rate(M_hat, P_hat, tasks.gamma, alpha)), ("eps", count_deviation(N, tasks.d_pi)), ("all_keys", keys),
+                     ("min_diag_hat", kernel_diagonality(M_hat)[1])):
+            cols[k].append(x)
+    return dict(out, **{k: torch.stack(x, 1) for k, x in cols.items()})
+
+def plot_leaky(result:dict,  # output of `leaky_experiment`
+              ):             # the matplotlib figure
+    "Experiment 6: measured rates, the diagonal bound and the span rate against the diagonality, for the population (left) and for finite contexts (right)."
+    import matplotlib.pyplot as plt
+    lam, keys = result["lam"], result["all_keys"]
+    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 5), sharey=True)
+    x = result["min_diag"]
+    ax.scatter(x, result["rho"], s=14, color="C3", label=r"diagonal bound $\rho$")
+    ax.scatter(x, result["span"].clamp(min=lam), s=14, color="C1", marker="x", label=r"span rate $\max(\lambda, \delta(B))$")
+    ax.scatter(x, result["rates"], s=14, color="k", marker="_", label="measured rate")
+    ax.set(xlabel=r"$\min_x M_\pi(x, x)$", ylabel="per-layer rate", title=f"Population, {len(x)} unit-norm tasks")
+    xh = result["min_diag_hat"][keys]
+    ax2.scatter(xh, result["rho_hat"][keys], s=8, color="C3", label=r"diagonal bound $\hat\rho$")
+    ax2.scatter(xh, result["span_hat"][keys].clamp(min=lam), s=8, color="C1", marker="x", label=r"span rate $\max(\lambda, \hat\delta)$")
+    ax2.scatter(xh, result["ctx_rates"][keys], s=8, color="k", marker="_", label=r"measured rate of $\|v_L - \hat v_\infty\|_\infty$")
+    ax2.set(xlabel=r"$\min_x \hat M(x, x)$ of the context", title=f"Contexts of n = {', '.join(map(str, result['ns']))} covering every state")
+    for a in (ax, ax2):
+        a.axhline(1, color="grey", lw=0.8)
+        a.axvline((1 + result["gamma"]) / 2, color="grey", ls=":", lw=1, label=r"threshold $(1 + \gamma)/2$")
+        a.legend(fontsize=8)
+    fig.suptitle("The leaky regime: the rate is the constant direction's, whatever the diagonality")
+    fig.tight_layout()
     return fig

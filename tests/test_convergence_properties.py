@@ -5,8 +5,9 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 from ictd.boyan import random_boyan_chain, sample_trajectory
-from ictd.convergence import (empirical_attention, empirical_mrp, fixed_point, kernel_attention, population_attention,
-                              rate_bound, spectral_radius, td_recursion)
+from ictd.convergence import (count_deviation, empirical_attention, empirical_mrp, fixed_point, floor_bound, interior_cap,
+                              kernel_attention, population_attention, rate_bound, span_bound, span_rate,
+                              spectral_radius, sup_error, td_recursion)
 from ictd.wstd import weighted_softmax_td
 
 seeds = st.integers(0, 2**32 - 1)
@@ -79,3 +80,54 @@ def test_recursion_rejects_bad_arguments(bad, msg):
     mrp = random_boyan_chain(seed=0)
     kw = dict(M=torch.eye(10), P=mrp.P, r=mrp.r, gamma=0.9, alpha=0.5, n_iters=3) | bad
     with pytest.raises(ValueError, match=__import__("re").escape(msg)): td_recursion(**kw)
+
+@settings(max_examples=60, deadline=None)
+@given(seed=seeds, s=st.integers(2, 8), alpha=st.floats(0.01, 1.), gamma=st.floats(0., 0.99), zeros=st.floats(0., 0.8), k=st.integers(1, 6))
+def test_span_bound_holds_for_any_stochastic_pair(seed, s, alpha, gamma, zeros, k):
+    "Proposition 2: the error of the recursion stays under the span bound at every depth, for any M, P and start."
+    rng = np.random.default_rng(seed)
+    M, P = stochastic(rng, s, zeros), stochastic(rng, s, zeros)
+    v_pi = torch.from_numpy(rng.normal(size=s))
+    r = v_pi - gamma * P @ v_pi
+    err = sup_error(td_recursion(M, P, r, gamma, alpha, 40), v_pi)
+    bound = span_bound(M, P, gamma, alpha, -v_pi, 40, k)
+    assert (err <= bound * (1 + 1e-9) + 1e-12).all()
+    B = torch.eye(s, dtype=torch.float64) - alpha * M @ (torch.eye(s, dtype=torch.float64) - gamma * P)
+    assert span_rate(M, P, gamma, alpha) <= torch.linalg.matrix_norm(B, ord=float("inf")) + 1e-12
+    assert span_rate(M, P, gamma, alpha, 2 * k) <= span_rate(M, P, gamma, alpha, k) + 1e-12   # delta is submultiplicative
+
+@settings(max_examples=40, deadline=None)
+@given(seed=seeds, d=st.integers(2, 4), scale=st.sampled_from([0.3, 3., 30.]))
+def test_no_score_matrix_beats_the_interior_cap(seed, d, scale):
+    "Proposition 4: M(x, x) <= cap(x) for random score matrices, at every scale, for population and count weights."
+    rng = np.random.default_rng(seed)
+    phi, w = torch.from_numpy(rng.uniform(-1, 1, size=(8, d))), torch.from_numpy(rng.random(8) + 0.05)
+    cap = interior_cap(phi, w)
+    for _ in range(5):
+        M = kernel_attention(phi, scale * torch.from_numpy(rng.normal(size=(d, d))), w)
+        assert (M.diagonal() <= cap + 1e-12).all()
+
+def test_interior_cap_is_one_on_one_hot_and_unit_features():
+    "Linearly independent or unit-norm features have no state in the hull of the others."
+    for feat in ("onehot", "unit"):
+        mrp = random_boyan_chain(features=feat, seed=3)
+        assert (interior_cap(mrp.phi, mrp.d_pi) == 1).all()
+
+@settings(max_examples=30, deadline=None)
+@given(seed=seeds, n=st.integers(30, 400), beta=st.floats(0., 20.))
+def test_count_lemma_and_floor_identity(seed, n, beta):
+    "Lemma 1 for any kernel, and Proposition 3's floor identity on contexts whose keys cover every state."
+    mrp = random_boyan_chain(n_states=6, d=3, features="unit", seed=seed)
+    states, rewards = sample_trajectory(mrp, n, seed=seed)
+    N, P_hat, r_hat = empirical_mrp(states, rewards, 6)
+    W = beta * torch.from_numpy(np.random.default_rng(seed).normal(size=(3, 3)))
+    eps = count_deviation(N, mrp.d_pi)
+    if eps < 1:
+        M_hat, M = empirical_attention(mrp.phi, W, states), population_attention(mrp, W)
+        assert (M_hat - M).abs().sum(1).max() <= 2 * eps / (1 - eps) + 1e-12
+        assert (M_hat.diagonal() >= (1 - eps) / (1 + eps) * M.diagonal() - 1e-12).all()
+    if (N > 0).all():
+        v_hat = torch.linalg.solve(torch.eye(6, dtype=torch.float64) - mrp.gamma * P_hat, r_hat)
+        gap = mrp.gamma * torch.linalg.solve(torch.eye(6, dtype=torch.float64) - mrp.gamma * P_hat, (P_hat - mrp.P) @ mrp.v_pi)
+        torch.testing.assert_close(v_hat - mrp.v_pi, gap, rtol=0, atol=1e-10)
+        assert sup_error(v_hat, mrp.v_pi) <= floor_bound(P_hat, mrp.P, mrp.v_pi, mrp.gamma) + 1e-12
