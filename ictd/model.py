@@ -68,8 +68,8 @@ def attend_context(Z:torch.Tensor,  # (..., d + 2, N) prompt
     n = X.shape[-1]
     Q, K = (A @ Z).mT, Z[..., :n].mT
     shape = torch.broadcast_shapes(Q.shape[:-2], K.shape[:-2], X.shape[:-2])
-    Q, K, V = (t.expand(*shape, *t.shape[-2:]) for t in (Q, K, X.mT))
-    return F.scaled_dot_product_attention(Q, K, V, scale=1.).mT
+    Q, K, V = (t.expand(*shape, *t.shape[-2:]).reshape(-1, 1, *t.shape[-2:]).contiguous() for t in (Q, K, X.mT))
+    return F.scaled_dot_product_attention(Q, K, V, scale=1.).reshape(*shape, Q.shape[-2], V.shape[-1]).mT
 
 def dual_head_update(Z:torch.Tensor,      # (..., d + 2, N) prompt
                      A:torch.Tensor,      # (..., d + 2, d + 2) attention matrix

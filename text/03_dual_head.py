@@ -183,8 +183,8 @@ def attend_context(Z:torch.Tensor,  # (..., d + 2, N) prompt
     n = X.shape[-1]
     Q, K = (A @ Z).mT, Z[..., :n].mT
     shape = torch.broadcast_shapes(Q.shape[:-2], K.shape[:-2], X.shape[:-2])
-    Q, K, V = (t.expand(*shape, *t.shape[-2:]) for t in (Q, K, X.mT))
-    return F.scaled_dot_product_attention(Q, K, V, scale=1.).mT
+    Q, K, V = (t.expand(*shape, *t.shape[-2:]).reshape(-1, 1, *t.shape[-2:]).contiguous() for t in (Q, K, X.mT))
+    return F.scaled_dot_product_attention(Q, K, V, scale=1.).reshape(*shape, Q.shape[-2], V.shape[-1]).mT
 
 def dual_head_update(Z:torch.Tensor,      # (..., d + 2, N) prompt
                      A:torch.Tensor,      # (..., d + 2, d + 2) attention matrix
@@ -224,6 +224,27 @@ test_close(S.sum(-2), torch.ones(3, N_, dtype=torch.float64), eps=1e-14)
 Xr = torch.randn(3, 4, n_, generator=g, dtype=torch.float64)
 test_close(attend_context(Zr, Ar, Xr), Xr @ S[..., :n_, :], eps=1e-14)
 test_close(attend_context(Zr, torch.stack([Ar, 2 * Ar])[:, None], Xr), torch.stack([Xr @ S[..., :n_, :], Xr @ context_attention(Zr, 2 * Ar, n_)[..., :n_, :]]), eps=1e-14)
+
+
+# %% [markdown]
+# Which kernel torch picks matters for memory. On the CPU (torch 2.13, measured with the profiler)
+# the fused flash kernel `_scaled_dot_product_flash_attention_for_cpu` runs only on 4-D inputs
+# whose last dimension is contiguous, in float32 and float64, with or without autograd; anything
+# else silently falls back to the "math" kernel, which builds the $N \times N$ matrix.
+# `attend_context` therefore flattens the batch dimensions into a contiguous
+# (batch, 1, columns, rows) layout. The check below fails if a forward pass, with gradients, stops
+# using the fused kernel:
+
+# %%
+def sdpa_kernels(f):
+    "Names of the scaled-dot-product attention kernels torch runs inside `f()`."
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof: f()
+    return sorted({e.name for e in prof.events() if "scaled_dot_product" in e.name and e.name != "aten::scaled_dot_product_attention"})
+
+Ag = Ar.clone().requires_grad_()
+kernels = sdpa_kernels(lambda: attend_context(Zr, Ag, Xr).sum().backward())
+assert "aten::_scaled_dot_product_flash_attention_for_cpu" in kernels and not any("math" in k for k in kernels), kernels
+kernels
 
 # %% [markdown]
 # ## How the model knows $n$
