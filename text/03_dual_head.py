@@ -229,8 +229,9 @@ test_close(attend_context(Zr, torch.stack([Ar, 2 * Ar])[:, None], Xr), torch.sta
 # %% [markdown]
 # Which kernel torch picks matters for memory. On the CPU (torch 2.13, measured with the profiler)
 # the fused flash kernel `_scaled_dot_product_flash_attention_for_cpu` runs only on 4-D inputs
-# whose last dimension is contiguous, in float32 and float64, with or without autograd; anything
-# else silently falls back to the "math" kernel, which builds the $N \times N$ matrix.
+# whose last dimension is contiguous and whose values are as wide as the queries and keys (here
+# all three have the $d + 2$ rows of a token), in float32 and float64, with or without autograd;
+# anything else silently falls back to the "math" kernel, which builds the $N \times N$ matrix.
 # `attend_context` therefore flattens the batch dimensions into a contiguous
 # (batch, 1, columns, rows) layout. The check below fails if a forward pass, with gradients, stops
 # using the fused kernel:
@@ -242,7 +243,8 @@ def sdpa_kernels(f):
     return sorted({e.name for e in prof.events() if "scaled_dot_product" in e.name and e.name != "aten::scaled_dot_product_attention"})
 
 Ag = Ar.clone().requires_grad_()
-kernels = sdpa_kernels(lambda: attend_context(Zr, Ag, Xr).sum().backward())
+Xw = torch.randn(3, 6, n_, generator=g, dtype=torch.float64)   # values as wide as the tokens, as in every layer
+kernels = sdpa_kernels(lambda: attend_context(Zr, Ag, Xw).sum().backward())
 assert "aten::_scaled_dot_product_flash_attention_for_cpu" in kernels and not any("math" in k for k in kernels), kernels
 kernels
 
