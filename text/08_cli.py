@@ -473,7 +473,10 @@ def bench_report(b):
                    for k, v in b["protocol"].items() if "total" in v])
     one = b["protocol"]["unbatched one-seed loop (b), 30 seeds"]["train"]
     shapes = table(["forward and backward, 30 seeds x 64 prompts, n = 30", "CPU ms"], [(k, f"{v:.1f}") for k, v in b["training_shapes_ms"].items()])
-    f32 = b["float32"]
+    f32, rows = b["float32"], b["seconds_per_seed_step"]
+    two = next((v for k, v in rows.items() if k.endswith("threads")), None)
+    threads = (f"With {b['threads'] * 2} threads instead of {b['threads']}, a step of 30 seeds took {two['wall'] / rows['(c) engine, 30 seeds, float64']['wall']:.1f} times "
+               f"the wall-clock time." if two else "")
     fwd = table(["n", "dtype", "autograd", "seconds", "peak memory of the process (MB)", "attention kernel"],
                 [(f"{r['n']:,}", r["dtype"], r["grad"], f"{r['seconds']:.2f}", f"{r['peak_mb']:.0f}", ", ".join(k.replace("aten::_scaled_dot_product_", "") for k in r["kernels"]))
                  if "error" not in r else (f"{r['n']:,}", r["dtype"], r["grad"], "failed", "", r["error"][:80]) for r in b["forward"]])
@@ -484,6 +487,8 @@ def bench_report(b):
 The specification's protocol, extrapolated (CPU seconds, one thread); the one-seed loop would train for {one / 60:.0f} min:
 
 {proto}
+
+{threads}
 
 {shapes}
 
@@ -497,16 +502,17 @@ bench_report(bench) if bench else Markdown("No `bench/results.json` yet: run `ma
 
 # %% [markdown]
 # Three things the benchmark shows. The engine's speed comes from two sources, the seeds sharing
-# each operation and the state-token form of the forward pass (the fused attention kernel does not
-# help at $n = 30$: the dense and fused routes cost about the same, both several times the state
-# tokens). Evaluations stay a small fraction of the training time. And torch's fused attention
-# kernel (`flash_attention_for_cpu`) runs only on four-dimensional, contiguous queries, keys and
-# values, in float32 and float64 alike and with autograd too; on any other layout torch falls back
-# silently to the `math` kernel, which builds the $N \times N$ attention matrix, so the memory of the
-# forward pass grows like $n^2$ and $n = 10^5$ does not fit. The kernel column above says which one
-# ran. Threads: `ictd pretrain --threads` defaults to one, since on a machine shared with other jobs
-# torch's threads contend for the cores; on an idle machine two threads (or two processes, each with
-# half of the seeds) use both cores.
+# each operation and the state-token form of the forward pass: at $n = 30$ neither attention route
+# on full prompts comes near the state tokens. Evaluations stay a small fraction of the training
+# time. And torch's fused attention kernel (`flash_attention_for_cpu`) runs only on
+# four-dimensional queries, keys and values whose last dimension is contiguous, in float32 and
+# float64 alike and with autograd too (we checked with torch's profiler); on any other layout torch
+# falls back silently to the `math` kernel, which builds the $N \times N$ attention matrix, so that
+# memory grows like $n^2$ and $n = 10^5$ needs tens of gigabytes. The kernel column above says which
+# one ran; with the flash kernel the memory of the forward pass grows like $n$.
+# Threads: `ictd pretrain --threads` defaults to one, since on a machine shared with other jobs
+# torch's threads contend for the cores (the thread row above); on an idle machine two threads, or
+# two processes each with half of the seeds, use both cores.
 
 # %% [markdown]
 # ## Full scale
