@@ -81,8 +81,8 @@ def test_linear(tmp_path, capsys):
 
 def test_pretrain_and_its_cache(tmp_path, capsys):
     "One folder per configuration with every seed's files and a summary; a second run loads the cached seeds and trains only new ones."
-    args = ['pretrain', '--n-steps', '4', '--eval-every', '2', '--n-tasks', '16', '--eval-tasks', '8', '--batch-size', '8',
-            '--n', '10', '--seeds', '0-1', '--no-progress', '--out', str(tmp_path)]
+    args = ['pretrain', '--device', 'cpu', '--threads', '1', '--n-steps', '4', '--eval-every', '2', '--n-tasks', '16', '--eval-tasks', '8',
+            '--batch-size', '8', '--n', '10', '--seeds', '0-1', '--no-progress', '--out', str(tmp_path)]
     main(args)
     folder = tmp_path / PretrainConfig(n_steps=4, eval_every=2, n_tasks=16, eval_tasks=8, batch_size=8, n=10).key()
     assert sorted(written(capsys)) == sorted(str(folder / f) for f in ('seed-0.png', 'seed-0.json', 'seed-1.png', 'seed-1.json', 'summary.json', 'summary.png'))
