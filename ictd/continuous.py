@@ -731,7 +731,7 @@ def plot_family_training(run:dict, family:TaskFamily, lines:dict, title:str):
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     band(axes[0], run["msve"], color="C0", label=f"pretrained ({S} seeds)")
     for i, (name, y) in enumerate(lines.items()): axes[0].axhline(y, color=f"C{i + 1}", ls="--", label=name)
-    axes[0].set(yscale="log", xlabel="training step", ylabel="MSVE on held-out tasks (squared return units)", title=title)
+    axes[0].set(ylim=(0, None), xlabel="training step", ylabel="MSVE on held-out tasks (squared return units)", title=title)
     vw = value_weights(dict(V_cur=run["V_cur"], V_tgt=run["V_tgt"]))[:, :, -1]          # (K, S, 3), last layer
     for j, name in enumerate(("reward", "successor value", "current value")): band(axes[1], vw[..., j], color=f"C{j}", label=name)
     band(axes[1], -family.gamma * vw[..., 2], color="grey", ls=":", label=r"$-\gamma\,\times$ current ($\theta^*$'s successor)")
@@ -818,7 +818,7 @@ def rotation_claims(ex:dict, family:TaskFamily)->dict:
             "more than half of $A$'s norm in the feature block, layer 1": fit["share"][:, 0] > 0.5,
             "reward weight of layer 1 positive": vw[:, 0, 0] > 0,
             "successor weight positive in layers $2..L$": (vw[:, 1:, 1] > 0).all(-1),
-            "last layer: successor weight above $|$current$|$ (for $\\theta^*$ it is $\\gamma$ times it)": vw[:, -1, 1] > vw[:, -1, 2].abs(),
+            "last layer: successor weight above the magnitude of the current weight (for $\\theta^*$ it is $\\gamma$ times it)": vw[:, -1, 1] > vw[:, -1, 2].abs(),
             "pretrained MSVE below the baseline's": ex["trained"].mean(-1) < ex["baseline"].mean(),
             "pretrained MSVE below the tuned constructed Transformer's": ex["trained"].mean(-1) < ex["constructed"].mean()}
 
