@@ -1,0 +1,92 @@
+"""Claims of chapter 7a's pretraining section, on seeds the chapter does not show (100..109), and its helpers."""
+import math
+from types import SimpleNamespace
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+from ictd.continuous import (GaussianAR1Family, RotationFamily, ar1_claims, binomial_lower, family_experiment, kernel_fit,
+                             learned_scores, mc_z_scores, pretrain_family, rotation_claims, trajectory_tokens, value_weights)
+from ictd.model import SoftmaxICTD, theta_star
+from ictd.pretrain import model_params, token_predict
+from ictd.prompt import build_prompt
+
+ROT, AR = RotationFamily(), GaussianAR1Family()
+AT_LEAST = 8   # of 10 seeds: a statement true for each seed with probability 0.95 fails this with probability 0.012
+
+@pytest.fixture(scope="module")
+def rotation_experiment():
+    return family_experiment(ROT, range(100, 110), [1., 2., 4., 8.], [0.125, 0.25, 0.5, 1., 2., 4., 8.], n=30, n_layers=3, n_steps=500, lr=1e-2)
+
+@pytest.fixture(scope="module")
+def ar1_experiment():
+    return family_experiment(AR, range(100, 110), [1., 2., 4., 8.], [0.25, 0.5, 1., 2., 4., 8.], n=30, n_layers=3, n_steps=300, lr=1e-2)
+
+def test_rotation_claims_on_other_seeds(rotation_experiment):
+    for name, ok in rotation_claims(rotation_experiment, ROT).items(): assert ok.sum() >= AT_LEAST, (name, ok)
+
+def test_ar1_claims_on_other_seeds(ar1_experiment):
+    for name, ok in ar1_claims(ar1_experiment, AR).items(): assert ok.sum() >= AT_LEAST, (name, ok)
+
+@settings(max_examples=6, deadline=None)
+@given(seed=st.integers(0, 10**6), n=st.integers(1, 25), L=st.integers(1, 4), q=st.integers(1, 5), ar1=st.booleans())
+def test_trajectory_tokens_are_the_full_prompt(seed, n, L, q, ar1):
+    fam = AR if ar1 else ROT
+    t, S, _, _ = fam.sample(2, n, torch.Generator().manual_seed(seed))
+    R, x = fam.reward(t, S[:, :-1]), fam.base.grid(q)[0]
+    model = SoftmaxICTD(fam.d, L, init_gain=0.7, seed=seed)
+    Q = fam.features(x).expand(2, q, fam.d)
+    want = model.predict(build_prompt(fam.features(S), R, Q), n=n)
+    got = token_predict(model_params(model), L, trajectory_tokens(fam.features(S)[None], R[None], Q[None]))[0]
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+@given(beta=st.floats(0.05, 50), shift=st.lists(st.floats(-5, 5), min_size=3, max_size=3))
+def test_kernel_fit_recovers_the_scale_and_ignores_query_only_terms(beta, shift):
+    A = theta_star(3, AR.base.score_matrix(beta), 1., 0.9)[0]
+    A[2, :3] += torch.tensor(shift, dtype=torch.float64)      # the key's constant feature: the same for every key of a query
+    A[2, 3:] += 1.                                             # ... against the query's reward and value rows
+    fit = kernel_fit(AR, A)
+    torch.testing.assert_close(torch.stack([fit["beta"], fit["cosine"], fit["share"]]), torch.tensor([beta, 1., 1.], dtype=torch.float64))
+    rot = kernel_fit(ROT, theta_star(2, ROT.base.score_matrix(beta), 1., 0.9)[0])
+    torch.testing.assert_close(rot["beta"], torch.tensor(beta, dtype=torch.float64))
+
+def test_learned_scores_of_the_constructed_kernels():
+    u, x = torch.linspace(-2, 2, 9, dtype=torch.float64), torch.tensor([-1., 0., 0.7], dtype=torch.float64)
+    for fam, ref in [(ROT, 3. * (torch.cos(u) - 1)), (AR, -3. * u ** 2 / 2)]:
+        g = learned_scores(fam, theta_star(fam.d, fam.base.score_matrix(3.), 1., 0.9)[0], x, u)
+        torch.testing.assert_close(g, ref.expand(3, -1), rtol=0, atol=1e-12)
+
+def test_value_weights_read_theta_star():
+    A, Vc, Vt = theta_star(3, AR.base.score_matrix(1.), 0.7, 0.8)
+    torch.testing.assert_close(value_weights(dict(V_cur=Vc, V_tgt=Vt)), torch.tensor([0.7, 0.56, -0.7], dtype=torch.float64))
+
+@pytest.mark.parametrize("k,N", [(10, 10), (9, 10), (8, 10), (27, 30), (1, 5)])
+def test_binomial_lower_is_the_clopper_pearson_bound(k, N):
+    p = binomial_lower(k, N)
+    tail = lambda p: sum(math.comb(N, j) * p ** j * (1 - p) ** (N - j) for j in range(k, N + 1))
+    assert abs(tail(p) - 0.05) < 1e-9 and 0 < p < k / N
+    assert binomial_lower(0, N) == 0.
+
+def simulator(fam, task):
+    "A task of a family as an object `mc_returns` can simulate."
+    reward = lambda s: fam.reward(task, s.reshape(1, -1)).reshape(s.shape)
+    if isinstance(fam, RotationFamily):
+        mu, sg = task["mu"].item(), task["sigma"].item()
+        return SimpleNamespace(gamma=fam.gamma, reward=reward, step=lambda s, rng: np.mod(s + mu + sg * rng.standard_normal(s.shape), 2 * np.pi))
+    a = task["a"].item()
+    return SimpleNamespace(gamma=fam.gamma, reward=reward, step=lambda s, rng: a * s + math.sqrt(1 - a * a) * rng.standard_normal(s.shape))
+
+@pytest.mark.parametrize("fam,seed", [(ROT, 11), (ROT, 12), (AR, 11), (AR, 12)])
+def test_family_values_against_monte_carlo(fam, seed):
+    task = fam.draw(1, torch.Generator().manual_seed(seed))
+    x = torch.linspace(-1.5, 1.5, 5, dtype=torch.float64) + (math.pi if fam is ROT else 0.)
+    assert mc_z_scores(simulator(fam, task), x, fam.v_pi(task, x)[0], n_paths=2000, seed=seed).max() < 4.5
+    wrong = fam.v_pi(task, x)[0] * 1.05 + 0.2                  # a value 5% off plus a shift must be rejected
+    assert mc_z_scores(simulator(fam, task), x, wrong, n_paths=2000, seed=seed).max() > 4.5
+
+def test_bad_input():
+    with pytest.raises(ValueError, match="`sigma` must satisfy 0.01 <= low"): RotationFamily(sigma=(0., 0.5))
+    with pytest.raises(ValueError, match="`mu` must be a pair"): RotationFamily(mu=1.)
+    with pytest.raises(ValueError, match="`a` must lie inside"): GaussianAR1Family(a=(0.5, 1.))
+    with pytest.raises(ValueError, match="`seeds` must be a non-empty list"): pretrain_family(ROT, [1, 1], n_steps=1)
+    with pytest.raises(ValueError, match="`n_steps` must be a positive integer"): pretrain_family(ROT, [0], n_steps=0)
