@@ -77,7 +77,7 @@ def dual_head_update(Z:torch.Tensor,      # (..., d + 2, N) prompt
                      V_tgt:torch.Tensor,  # (..., d + 2, d + 2) target-value head
                      n:int,               # number of context transitions
                     )->torch.Tensor:      # (..., d + 2, N) next prompt
-    "One dual-head layer, $Z + (V^{cur} Z + V^{tgt} Z \Pi) S$, unvalidated, in $O(N)$ memory."
+    "One dual-head layer, $Z + (V^{cur} Z + V^{tgt} Z \\Pi) S$, unvalidated, in $O(N)$ memory."
     X = V_cur @ Z[..., :n] + V_tgt @ Z[..., 1:n + 1]
     return Z + attend_context(Z, A, X)
 

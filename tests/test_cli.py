@@ -12,13 +12,14 @@ from ictd.cli import main
 from ictd.pretrain import PretrainConfig
 
 ICTD = str(BIN / 'ictd')
-OPTIONS = {None: ['chain', 'convergence', 'pretrain', 'linear', 'all'],
+OPTIONS = {None: ['chain', 'convergence', 'pretrain', 'linear', 'continuous', 'all'],
            'chain': ['--n-states', '--features', '--gamma', '--seed', '--out', '--no-progress'],
            'convergence': ['--n-tasks', '--ns', '--n-layers', '--beta', '--alpha', '--seed', '--chunk', '--diag-tasks',
-                           '--n-betas', '--rate-tasks', '--rate-layers', '--out'],
+                           '--n-betas', '--rate-tasks', '--rate-layers', '--phase-tasks', '--leaky-tasks', '--out'],
            'pretrain': ['--' + f.name.replace('_', '-') for f in fields(PretrainConfig)] + ['--seeds', '--device', '--threads', '--force',
                                                                                            '--checkpoint-every', '--cache-dir', '--out'],
            'linear': ['--n-tasks', '--n', '--depth', '--beta', '--alpha', '--seed', '--out'],
+           'continuous': ['--seed', '--quick', '--out', '--no-progress'],
            'all': ['--out', '--no-progress']}
 
 def run_ictd(*args):
@@ -56,8 +57,9 @@ def test_chain(tmp_path, capsys):
 
 def test_convergence(tmp_path, capsys):
     main(['convergence', '--n-tasks', '6', '--ns', '20', '80', '--n-layers', '12', '--chunk', '4', '--diag-tasks', '5',
-          '--n-betas', '4', '--rate-tasks', '20', '--rate-layers', '30', '--no-progress', '--out', str(tmp_path)])
-    figs = [tmp_path / f'convergence-{k}.png' for k in ('depth', 'floor', 'diagonality', 'rates')]
+          '--n-betas', '4', '--rate-tasks', '20', '--rate-layers', '30', '--phase-tasks', '3', '--leaky-tasks', '4',
+          '--no-progress', '--out', str(tmp_path)])
+    figs = [tmp_path / f'convergence-{k}.png' for k in ('depth', 'floor', 'diagonality', 'phase', 'rates', 'leaky')]
     assert set(written(capsys)) == {str(p) for p in figs + [tmp_path / 'convergence.pt', tmp_path / 'convergence.json']}
     for f in figs: check_png(f)
     res = torch.load(tmp_path / 'convergence.pt', weights_only=False)
@@ -68,6 +70,17 @@ def test_convergence(tmp_path, capsys):
     assert all(0 < f < 10 for f in s['depth']['mean_floor']) and math.isfinite(s['depth']['floor_slope'])
     for curve in s['diagonality']['mean_of_mean'].values(): assert len(curve) == 4 and all(0 <= v <= 1 for v in curve)
     assert s['rates']['n_tasks'] > 0 and s['rates']['all_under_bound'] and s['rates']['max_rho_minus_rate'] >= 0
+    fr = np.array(s['phase']['fractions'])
+    assert fr.shape[:2] == (3, 3) and np.allclose(fr[..., :3].sum(-1), 1)   # converge + stall + diverge: every task in one phase
+    assert len(res['leaky']['rho']) == 4 and s['leaky']['n_tasks'] == 4
+
+def test_continuous_quick(tmp_path, capsys):
+    main(['continuous', '--quick', '--no-progress', '--out', str(tmp_path)])
+    paths = [p for p in written(capsys)]
+    assert paths and all(os.path.exists(p) and p.startswith(str(tmp_path)) for p in paths)
+    for p in paths:
+        if p.endswith('.png'): check_png(tmp_path / os.path.basename(p))
+    assert 'pretraining' in json.loads((tmp_path / 'results.json').read_text())
 
 def test_linear(tmp_path, capsys):
     main(['linear', '--n-tasks', '3', '--n', '20', '--depth', '6', '--out', str(tmp_path)])
@@ -135,7 +148,7 @@ def test_all_runs_every_command(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(ictd.cli, 'COMMANDS', {k: (lambda a, k=k: calls.append((k, a))) for k in ictd.cli.COMMANDS})
     main(['all', '--out', str(tmp_path), '--no-progress'])
-    assert sorted(k for k, _ in calls) == ['chain', 'convergence', 'linear', 'pretrain']
+    assert sorted(k for k, _ in calls) == ['chain', 'continuous', 'convergence', 'linear', 'pretrain']
     assert all(a.out == tmp_path and a.no_progress for _, a in calls)
     conv = dict(calls)['convergence']
     assert conv.n_tasks == 1000 and conv.ns[-1] == 30_000                 # full scale by default

@@ -11,8 +11,9 @@ from fastcore.docments import docments
 import numpy as np
 import torch
 from ictd.boyan import check_gamma, plot_chain, random_boyan_chain
-from ictd.convergence import (depth_experiment, diagonality_sweep, loglog_slope, plot_depth, plot_diagonality,
-                              plot_floor, plot_rates, rate_experiment)
+from ictd.convergence import (depth_experiment, diagonality_sweep, leaky_experiment, loglog_slope, phase_diagram, plot_depth,
+                              plot_diagonality, plot_floor, plot_leaky, plot_phase, plot_rates, rate_experiment)
+from ictd.continuous import run_continuous as continuous_experiments
 from ictd.linear import plot_side_by_side, side_by_side
 from ictd.pretrain import DTYPES, FAMILIES, PLUGIN_MODULES, PROTOCOLS, PretrainConfig, plot_emergence, pretrain_many, run_folder
 
@@ -41,9 +42,10 @@ from fastcore.xtras import working_directory
 # | command | what it reproduces | results |
 # |---|---|---|
 # | `ictd chain` | a random Boyan chain (chapter 0) | `chain.png`, `chain.json` |
-# | `ictd convergence` | the four experiments of chapter 5: error against depth, the floor against $n$, kernel diagonality against $\beta$, measured rate against the bound | `convergence-{depth,floor,diagonality,rates}.png`, `convergence.pt`, `convergence.json` |
+# | `ictd convergence` | the experiments of chapter 5: error against depth, the floor against $n$, kernel diagonality against $\beta$, the phase diagram, measured rate against the bound, the leaky regime | `convergence-{depth,floor,diagonality,phase,rates,leaky}.png`, `convergence.pt`, `convergence.json` |
 # | `ictd pretrain` | the emergence of the TD construction in pretraining (chapter 6): every seed in one batched run | in `{key}/`: `config.json`, `seed-{S}.pt`, `seed-{S}.png`, `seed-{S}.json`, `summary.json`, `summary.png` |
 # | `ictd linear` | linear against softmax attention, MSVE against depth (chapter 7) | `linear.png`, `linear.pt`, `linear.json` |
+# | `ictd continuous` | chapter 7a: kernel TD on continuous states (depth, context length, bandwidth, linear TD) and pretraining on continuous families | `depth.png`, `tradeoff.png`, `estimates.png`, `long_depth.png`, `pretrain_*.png`, `kernel_*.png`, `results.json` |
 # | `ictd all` | all of the above with their defaults | all of the above |
 #
 # Every command takes `--out DIR` (default `./ictd-results`) and prints the path of each file it
@@ -157,7 +159,7 @@ def make_parser()->argparse.ArgumentParser:
     p.add_argument("--features", choices=FEATURES, default="random", help="feature kind")
     p.add_argument("--gamma", type=discount, default=0.9, help="discount factor")
     p.add_argument("--seed", type=natural_int, default=0, help="seed of the chain")
-    p = sub.add_parser("convergence", parents=[common], formatter_class=fmt, help="the four experiments of chapter 5")
+    p = sub.add_parser("convergence", parents=[common], formatter_class=fmt, help="the experiments of chapter 5")
     p.add_argument("--n-tasks", type=positive_int, default=1000, help="tasks of experiments 1 and 2 (depth, floor)")
     p.add_argument("--ns", type=positive_int, nargs="+", default=[30, 100, 300, 1000, 3000, 10_000, 30_000], help="context lengths, increasing")
     p.add_argument("--n-layers", type=positive_int, default=100, help="maximal depth L of experiment 1")
@@ -167,8 +169,10 @@ def make_parser()->argparse.ArgumentParser:
     p.add_argument("--chunk", type=positive_int, default=200, help="tasks per batch (memory grows with chunk x max(ns))")
     p.add_argument("--diag-tasks", type=positive_int, default=200, help="tasks per feature kind of experiment 3")
     p.add_argument("--n-betas", type=_checked(int, lambda v: v >= 2, "an integer >= 2"), default=22, help="score scales of experiment 3")
-    p.add_argument("--rate-tasks", type=positive_int, default=150, help="tasks per feature kind of experiment 4")
-    p.add_argument("--rate-layers", type=_checked(int, lambda v: v >= 4, "an integer >= 4"), default=120, help="depth of experiment 4 (rate fitted on the second half)")
+    p.add_argument("--rate-tasks", type=positive_int, default=150, help="tasks per feature kind of experiment 5")
+    p.add_argument("--rate-layers", type=_checked(int, lambda v: v >= 4, "an integer >= 4"), default=120, help="depth of experiment 5 (rate fitted on the second half)")
+    p.add_argument("--phase-tasks", type=positive_int, default=100, help="tasks per feature kind of the phase diagram (experiment 4)")
+    p.add_argument("--leaky-tasks", type=positive_int, default=100, help="unit-norm tasks of the leaky regime (experiment 6)")
     p = sub.add_parser("pretrain", parents=[common], formatter_class=fmt, help="pretrain softmax Transformers on Boyan chains (chapter 6)")
     _add_pretrain_options(p)
     p = sub.add_parser("linear", parents=[common], formatter_class=fmt, help="linear against softmax in-context TD (chapter 7)")
@@ -178,6 +182,9 @@ def make_parser()->argparse.ArgumentParser:
     p.add_argument("--beta", type=positive_float, default=20., help="softmax score scale, W = beta I")
     p.add_argument("--alpha", type=step_size, default=1., help="step size of both constructions")
     p.add_argument("--seed", type=natural_int, default=0, help="first task seed")
+    p = sub.add_parser("continuous", parents=[common], formatter_class=fmt, help="kernel TD and pretraining on continuous states (chapter 7a)")
+    p.add_argument("--seed", type=natural_int, default=0, help="offset of every context and training seed")
+    p.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test) instead of the full scale")
     sub.add_parser("all", parents=[common], formatter_class=fmt, help="run every command above with its defaults")
     return parser
 
@@ -301,12 +308,13 @@ def run_chain(args)->list:
     return [_save(plot_chain(mrp).figure, args.out / "chain.png"), _save(info, args.out / "chain.json")]
 
 def run_convergence(args)->list:
-    "`ictd convergence`: the four experiments of chapter 5."
+    "`ictd convergence`: the experiments of chapter 5."
     if args.ns != sorted(set(args.ns)): raise ValueError(f"argument --ns: must be increasing, got {args.ns}")
     progress = not args.no_progress
     sweep = depth_experiment(args.n_tasks, args.beta, args.alpha, args.ns, args.n_layers, seed=args.seed, chunk=args.chunk, progress=progress)
     diag = diagonality_sweep(args.diag_tasks, betas=torch.logspace(-1, 2.5, args.n_betas, dtype=torch.float64))
     rates = rate_experiment(args.rate_tasks, n_layers=args.rate_layers, fit_start=args.rate_layers // 2)
+    phase, leaky = phase_diagram(args.phase_tasks), leaky_experiment(args.leaky_tasks)
     if not len(rates["rates"]): raise ValueError("argument --rate-tasks: no task met the condition; use more tasks")
     floors = sweep["floors"].mean(0)
     summary = dict(depth=dict(n_tasks=args.n_tasks, ns=args.ns, beta=args.beta, alpha=args.alpha, seed=args.seed,
@@ -322,8 +330,17 @@ def run_convergence(args)->list:
     o = args.out
     figs = [_save(plot_depth(sweep), o / "convergence-depth.png")]
     if len(args.ns) > 1: figs.append(_save(plot_floor(sweep), o / "convergence-floor.png"))
-    figs += [_save(plot_diagonality(diag), o / "convergence-diagonality.png"), _save(plot_rates(rates), o / "convergence-rates.png")]
-    return figs + [_save(dict(depth=sweep, diagonality=diag, rates=rates), o / "convergence.pt"), _save(summary, o / "convergence.json")]
+    figs += [_save(plot_diagonality(diag), o / "convergence-diagonality.png"), _save(plot_phase(phase), o / "convergence-phase.png"),
+             _save(plot_rates(rates), o / "convergence-rates.png"), _save(plot_leaky(leaky), o / "convergence-leaky.png")]
+    summary["phase"] = dict(n_tasks=args.phase_tasks, features=phase["features"], gammas=phase["gammas"], betas=phase["betas"], fractions=phase["fractions"])
+    summary["leaky"] = dict(n_tasks=args.leaky_tasks, rho_range=[leaky["rho"].min(), leaky["rho"].max()], rate_range=[leaky["rates"].min(), leaky["rates"].max()])
+    return figs + [_save(dict(depth=sweep, diagonality=diag, phase=phase, rates=rates, leaky=leaky), o / "convergence.pt"), _save(summary, o / "convergence.json")]
+
+def run_continuous(args)->list:
+    "`ictd continuous`: the experiments of chapter 7a (continuous states), full scale unless `--quick`."
+    paths = continuous_experiments(args.out, seed=args.seed, progress=not args.no_progress, quick=args.quick)
+    for path in paths: print(f"wrote {path}", flush=True)
+    return paths
 
 def run_linear(args)->list:
     "`ictd linear`: MSVE against depth of linear and softmax in-context TD (chapter 7)."
@@ -371,7 +388,7 @@ show_doc(run_pretrain)
 
 # %%
 #| export
-COMMANDS = dict(chain=run_chain, linear=run_linear, convergence=run_convergence, pretrain=run_pretrain)
+COMMANDS = dict(chain=run_chain, linear=run_linear, convergence=run_convergence, pretrain=run_pretrain, continuous=run_continuous)
 
 def main(argv:list=None, # arguments after `ictd` (default: `sys.argv[1:]`)
         ):
