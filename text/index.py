@@ -15,8 +15,9 @@ from ictd.boyan import *
 # built around, *Beyond Linear Attention: Softmax Transformers Implement In-Context Reinforcement
 # Learning* (Xie, Liu, Chen, Liu, Chandra and Zhang, arXiv 2605.07333, 2026), answers it for the
 # **softmax** attention that real Transformers use: with suitable parameters, each layer performs one
-# iteration of **weighted softmax TD**, a TD algorithm in kernel space that contains linear TD as an
-# exact special case and tabular TD as its sharp-kernel limit; the error decays geometrically in depth
+# iteration of **weighted softmax TD**, a TD algorithm in kernel space whose family contains linear TD
+# as an exact special case and tabular TD as its sharp-kernel limit (the constructed Transformer itself
+# reaches tabular TD in that limit and linear TD only to first order in small scores); the error decays geometrically in depth
 # under a kernel-diagonality condition, down to a statistical floor that vanishes as the context
 # grows; and, the paper argues, those parameters minimise a TD pretraining loss in the limit of long
 # contexts and then deep models, which would explain why they emerge in training.
@@ -40,19 +41,23 @@ from ictd.boyan import *
 #
 # 0. [The Boyan chain](boyan.html): Markov reward processes, the random Boyan chain testbed,
 #    trajectories, stationary distributions and true values.
+#    - 0a. [Many tasks at once](tasks.html): batches of random chains and their trajectories, sampled
+#      in lock-step (the data of every experiment).
 # 1. [Weighted softmax TD](weighted_softmax_td.html): TD in kernel space, with linear TD as an exact
-#    special case and tabular TD as its sharp-kernel limit.
+#    special case, tabular TD as its sharp-kernel limit, and centred linear TD as its small-score expansion.
 # 2. [The prompt](prompt.html): a trajectory written as a matrix of tokens.
 # 3. [The dual-head softmax layer](dual_head.html): Theorem 1, a softmax Transformer's forward pass
 #    is weighted softmax TD.
 # 4. [One head and a temporal shift](tsm.html): Theorem 2, the dual-head layer as a single head on a
-#    temporally shifted prompt.
+#    temporally shifted prompt; Theorem 3, a single head followed by a shift, with a memory of TD errors.
 # 5. [Convergence](convergence.html): geometric decay in depth, a statistical floor in context
-#    length, and the kernel-diagonality condition.
+#    length, the kernel-diagonality condition, what it cannot reach, and a weaker condition that does.
 # 6. [Pretraining and emergence](pretrain.html): TD pretraining, the norm of the expected update, why
 #    the constructed parameters minimise it in the limit, and what training finds.
 # 7. [Linear attention, side by side](linear.html): the prior linear-attention construction
 #    (batch linear TD), checked, and compared with the softmax construction.
+#    - 7a. [Continuous states](continuous.html): kernel TD on processes with continuous states and
+#      closed-form values; the bandwidth trade-off; what pretraining learns there.
 # 8. [The command line](cli.html): `ictd` reproduces every experiment of the book at full scale.
 
 # %% [markdown]
