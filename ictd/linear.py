@@ -4,13 +4,27 @@
 
 # %% ../nbs/07_linear.ipynb #faafb363
 from __future__ import annotations
+import dataclasses, functools, itertools, json, math
+from dataclasses import dataclass
+from pathlib import Path
 import torch
 from torch import nn
+import numpy as np
+from tqdm.auto import tqdm
 from .boyan import as_tensor, check_gamma, msve, random_boyan_chain, sample_trajectory
-from .wstd import batch_linear_td, weighted_softmax_td
+from .model import _generator, _token_rows, _xavier
+from .tasks import TaskBatch, random_tasks, sample_trajectories
+from .wstd import batch_linear_td, context_tensors, weighted_softmax_td
 
 # %% auto #0
-__all__ = ['build_linear_prompt', 'LinearAttentionLayer', 'LinearICTD', 'msve_against_depth', 'side_by_side', 'plot_side_by_side']
+__all__ = ['ICLR_LINEAR', 'ICLR_REFERENCE', 'TUNING_GRIDS', 'build_linear_prompt', 'linear_attention', 'LinearAttentionLayer',
+           'td_parameters', 'LinearICTD', 'moment_predict', 'query_each_state', 'values_and_gradients',
+           'value_difference', 'implicit_weight_similarity', 'sensitivity_similarity', 'pq_summary', 'align_signs',
+           'start_distributions', 'sliding_windows', 'sliding_td_loss', 'sliding_td_coefficients',
+           'td_semigradient_poly', 'fit_td_step', 'td_semigradient_chunks', 'fitted_td_step', 'LinearPretrainConfig',
+           'held_out_linear', 'linear_measures', 'pretrain_linear_many', 'aligned_history', 'summarise_linear',
+           'plot_linear_pretraining', 'plot_pq', 'reference_table', 'reproduce_iclr', 'msve_against_depth',
+           'side_by_side', 'plot_side_by_side', 'query_softmax_td', 'tuned_side_by_side', 'plot_tuned_side_by_side']
 
 # %% ../nbs/07_linear.ipynb #ecb1f41d
 def build_linear_prompt(phi_states,   # (..., n+1, d) features of S_0..S_n
@@ -39,35 +53,70 @@ def _context_length(Z:torch.Tensor, n)->int:
     if not 1 <= n <= Z.shape[-1]: raise ValueError(f"`n` must lie in 1..{Z.shape[-1]} (the number of context columns), got {n}")
     return int(n)
 
+def linear_attention(P:torch.Tensor,      # (..., 2d+1, 2d+1) output projection
+                     Q:torch.Tensor,      # (..., 2d+1, 2d+1) bilinear score matrix
+                     Z:torch.Tensor,      # (..., 2d+1, N) prompt; batch dimensions broadcast with P and Q
+                     n:int,               # number of context columns (the keys)
+                     softmax:bool=False,  # normalise each key's scores over the target columns (the predecessor's variant)
+                    )->torch.Tensor:      # (..., 2d+1, N) next prompt
+    "One layer $Z + \\frac1n P Z M (Z^\\top Q Z)$, unvalidated, with scores optionally softmax-normalised over targets."
+    C = Z[..., :n]
+    scores = C.mT @ (Q @ Z)
+    if softmax: scores = torch.softmax(scores, dim=-1)
+    return Z + (P @ C) @ scores / n
+
+# %% ../nbs/07_linear.ipynb #6a126ec6
 class LinearAttentionLayer(nn.Module):
     "One linear self-attention layer $Z + \\frac1n P Z M (Z^\\top Q Z)$ of Wang et al. (2025)."
-    def __init__(self, d:int,        # feature dimension; tokens have 2d+1 rows
-                 dtype=torch.float64):
+    def __init__(self, d:int,             # feature dimension; tokens have 2d+1 rows
+                 init_gain:float=0.1,     # gain of the Xavier-normal initialisation of P and Q
+                 seed=None,               # int or `torch.Generator` for the initialisation
+                 dtype=torch.float64,     # dtype of the stored parameters
+                 softmax:bool=False,      # the predecessor's softmax over target columns instead of raw scores
+                ):
         super().__init__()
-        self.d = d
-        self.P = nn.Parameter(torch.zeros(2 * d + 1, 2 * d + 1, dtype=dtype))
-        self.Q = nn.Parameter(torch.zeros(2 * d + 1, 2 * d + 1, dtype=dtype))
+        D, g = 2 * (_token_rows(d) - 2) + 1, _generator(seed)
+        self.d, self.softmax = D // 2, bool(softmax)
+        self.P, self.Q = _xavier(D, D, init_gain, g, dtype), _xavier(D, D, init_gain, g, dtype)
 
     def forward(self, Z:torch.Tensor,  # (..., 2d+1, n+q) prompt
                 n:int=None,            # number of context columns (default: all but the last)
                )->torch.Tensor:        # (..., 2d+1, n+q)
         if Z.shape[-2] != 2 * self.d + 1: raise ValueError(f"`Z` must have {2 * self.d + 1} rows (2d+1 with d = {self.d}), got {Z.shape[-2]}")
-        n = _context_length(Z, n)
-        P, Q = self.P.to(Z), self.Q.to(Z)
-        C = Z[..., :n]
-        return Z + (P @ C) @ (C.mT @ (Q @ Z)) / n
+        return linear_attention(self.P.to(Z), self.Q.to(Z), Z, _context_length(Z, n), self.softmax)
 
-# %% ../nbs/07_linear.ipynb #6a126ec6
+# %% ../nbs/07_linear.ipynb #7109a8a7
+def td_parameters(d:int,       # feature dimension
+                  alpha,       # step size: a number or a tensor of shape (...) (any real value, above 1 included)
+                  C=None,      # (d, d) preconditioner, default identity
+                  dtype=torch.float64,
+                 )->tuple:     # (P, Q), each (..., 2d+1, 2d+1), differentiable in `alpha`
+    "The parameters $(P, Q)$ under which a linear-attention layer is one step of batch linear TD with step `alpha`."
+    alpha = torch.as_tensor(alpha, dtype=dtype)
+    C = torch.eye(d, dtype=dtype) if C is None else as_tensor(C, "C", dtype)
+    if C.shape != (d, d): raise ValueError(f"`C` must have shape ({d}, {d}), got {tuple(C.shape)}")
+    D = 2 * d + 1
+    P, U = torch.zeros(D, D, dtype=dtype), torch.zeros(D, D, dtype=dtype)
+    P[-1, -1] = 1.
+    U[:d, :d], U[:d, d:2 * d] = -C, C
+    return P.expand(alpha.shape + (D, D)), alpha[..., None, None] * U
+
+# %% ../nbs/07_linear.ipynb #522f7d4b
 class LinearICTD(nn.Module):
     "A stack of linear-attention layers reading out the negated last row at the query columns."
     def __init__(self, d:int,          # feature dimension
                  n_layers:int,         # number of layers L
                  shared:bool=True,     # one (P, Q) pair for every layer, or one per layer
-                 dtype=torch.float64):
+                 init_gain:float=0.1,  # gain of the Xavier-normal initialisation
+                 seed=None,            # int or `torch.Generator` for the initialisation
+                 dtype=torch.float64,
+                 softmax:bool=False,   # the predecessor's softmax over target columns (an ablation)
+                ):
         super().__init__()
         if int(n_layers) != n_layers or n_layers < 0: raise ValueError(f"`n_layers` must be a non-negative integer, got {n_layers}")
+        g = _generator(seed)
         self.d, self.n_layers, self.shared = d, int(n_layers), shared
-        self.layers = nn.ModuleList([LinearAttentionLayer(d, dtype) for _ in range(1 if shared else self.n_layers)])
+        self.layers = nn.ModuleList([LinearAttentionLayer(d, init_gain, g, dtype, softmax) for _ in range(1 if shared else self.n_layers)])
 
     def forward(self, Z:torch.Tensor, n:int=None)->torch.Tensor:
         "Run all L layers on the prompt `Z` with `n` context columns (default: all but the last)."
@@ -81,21 +130,386 @@ class LinearICTD(nn.Module):
         n = _context_length(Z, n)
         return -self(Z, n)[..., -1, n:]
 
+    def stacked_params(self)->tuple:
+        "(P, Q), each (L', 2d+1, 2d+1) with L' = 1 when shared, else L."
+        return torch.stack([l.P for l in self.layers]), torch.stack([l.Q for l in self.layers])
+
     @classmethod
     def from_td(cls, d:int,            # feature dimension
                 n_layers:int,          # number of layers = TD iterations
-                alpha:float,           # TD step size
+                alpha:float,           # TD step size (any real value, above 1 included)
                 C=None,                # (d, d) preconditioner, default identity
                 dtype=torch.float64):
         "The construction whose forward pass is `n_layers` iterations of (preconditioned) batch linear TD."
-        C = torch.eye(d, dtype=dtype) if C is None else as_tensor(C, "C", dtype)
-        if C.shape != (d, d): raise ValueError(f"`C` must have shape ({d}, {d}), got {tuple(C.shape)}")
-        model = cls(d, n_layers, shared=True, dtype=dtype)
-        with torch.no_grad():
-            P, Q = model.layers[0].P, model.layers[0].Q
-            P[-1, -1] = 1.
-            Q[:d, :d], Q[:d, d:2 * d] = -alpha * C, alpha * C
+        P, Q = td_parameters(d, float(alpha), C, dtype)
+        model = cls(d, n_layers, shared=True, seed=0, dtype=dtype)
+        with torch.no_grad(): model.layers[0].P.copy_(P); model.layers[0].Q.copy_(Q)
         return model
+
+# %% ../nbs/07_linear.ipynb #94f3ea2c
+def moment_predict(P:torch.Tensor,  # (..., L', 2d+1, 2d+1), L' = 1 (shared) or n_layers; batch dims broadcast with Z's
+                   Q:torch.Tensor,  # (..., L', 2d+1, 2d+1)
+                   Z:torch.Tensor,  # (..., 2d+1, n+q) prompts
+                   n:int,           # number of context columns
+                   n_layers:int,    # depth L
+                  )->torch.Tensor:  # (..., q) values at the query columns
+    "The linear Transformer's values through $Z_{l+1} = (I + P \\Sigma_l Q / n) Z_l$: only the context's second moments and the queries are carried."
+    C, z = Z[..., :n], Z[..., n:]
+    Sigma, I = C @ C.mT, torch.eye(Z.shape[-2], dtype=Z.dtype, device=Z.device)
+    for l in range(n_layers):
+        k = 0 if P.shape[-3] == 1 else l
+        A = I + P[..., k, :, :] @ Sigma @ Q[..., k, :, :] / n
+        Sigma, z = A @ Sigma @ A.mT, A @ z
+    return -z[..., -1, :]
+
+# %% ../nbs/07_linear.ipynb #4802ed6a
+def query_each_state(Zc:torch.Tensor,   # (..., 2d+1, n) context columns
+                     phi:torch.Tensor,  # (..., s, d) features of the states to query
+                    )->torch.Tensor:    # (..., s, 2d+1, n+1): one prompt per state, its feature in the query column
+    "One prompt per state: the same context, with that state's feature as the single query."
+    D, d = Zc.shape[-2], phi.shape[-1]
+    if D != 2 * d + 1: raise ValueError(f"`Zc` must have 2d+1 = {2 * d + 1} rows for features of dimension {d}, got {D}")
+    s = phi.shape[-2]
+    q = torch.cat([phi, phi.new_zeros(phi.shape[:-1] + (d + 1,))], -1).unsqueeze(-1)   # (..., s, D, 1)
+    return torch.cat([Zc.unsqueeze(-3).expand(Zc.shape[:-2] + (s,) + Zc.shape[-2:]), q], -1)
+
+def values_and_gradients(predict,            # callable Z (..., 2d+1, n+1) -> (..., 1) values at the query
+                         Zc:torch.Tensor,    # (..., 2d+1, n) context columns
+                         phi:torch.Tensor,   # (..., s, d) state features
+                        )->tuple:            # (values (..., s), gradients wrt the query feature (..., s, d))
+    "Each state's value in context and the gradient of that value with respect to the query feature."
+    with torch.enable_grad():
+        x = phi.detach().clone().requires_grad_(True)
+        v = predict(query_each_state(Zc.detach(), x))[..., 0]
+        g, = torch.autograd.grad(v.sum(), x)
+    return v.detach(), g
+
+# %% ../nbs/07_linear.ipynb #9a93d9ba
+def _cos(a, b, dim=-1): return (a * b).sum(dim) / (a.norm(dim=dim) * b.norm(dim=dim)).clamp(min=1e-300)
+
+def value_difference(v_tf, v_td, d_pi)->torch.Tensor:
+    "VD: $\\sum_s d_\\pi(s) (v_{TF}(s) - v_{TD}(s))^2$ over the last axis."
+    return ((v_tf - v_td).square() * d_pi).sum(-1)
+
+def implicit_weight_similarity(v_tf:torch.Tensor,   # (..., s) the model's values
+                               phi:torch.Tensor,    # (..., s, d) features
+                               d_pi:torch.Tensor,   # (..., s) weights of the fit
+                               w_td:torch.Tensor,   # (..., d) TD weight vector
+                              )->torch.Tensor:      # (...) cosine of the fitted weight with w_td
+    "IWS: cosine between the $d_\\pi$-weighted least-squares weight of `v_tf` on `phi` and `w_td`."
+    A = phi.mT @ (d_pi.unsqueeze(-1) * phi)
+    w_tf = torch.linalg.solve(A, (phi.mT @ (d_pi * v_tf).unsqueeze(-1))).squeeze(-1)
+    return _cos(w_tf, w_td)
+
+def sensitivity_similarity(g_tf, g_td, d_pi)->torch.Tensor:
+    "SS: $\\sum_s d_\\pi(s) \\cos(g_{TF}(s), g_{TD}(s))$ for query gradients of shape (..., s, d)."
+    return (d_pi * _cos(g_tf, g_td)).sum(-1)
+
+def pq_summary(P:torch.Tensor,  # (..., 2d+1, 2d+1)
+               Q:torch.Tensor,  # (..., 2d+1, 2d+1)
+              )->dict:          # P_last, trQ11, trQ12, each (...)
+    "The entries the TD construction predicts: $P[-1,-1]$, $\\mathrm{tr}\\,Q_{11}$ and $\\mathrm{tr}\\,Q_{12}$."
+    d = P.shape[-1] // 2
+    return dict(P_last=P[..., -1, -1], trQ11=Q[..., :d, :d].diagonal(dim1=-2, dim2=-1).sum(-1),
+                trQ12=Q[..., :d, d:2 * d].diagonal(dim1=-2, dim2=-1).sum(-1))
+
+def align_signs(P:torch.Tensor, Q:torch.Tensor)->tuple:
+    "(P, Q) multiplied by the sign of P[-1, -1] (same output, comparable across runs)."
+    s = torch.where(P[..., -1:, -1:] < 0, -1., 1.).to(P)
+    return P * s, Q * s
+
+# %% ../nbs/07_linear.ipynb #1998ea6f
+def start_distributions(n_tasks:int,   # number of tasks
+                        n_states:int,  # states per task
+                        gen:torch.Generator, # source of randomness
+                       )->torch.Tensor:      # (n_tasks, n_states), rows sum to 1
+    "The predecessor's random start distributions: entries uniform on [0.01, 0.99], normalised."
+    mu = 0.01 + 0.98 * torch.rand(n_tasks, n_states, generator=gen, dtype=torch.float64)
+    return mu / mu.sum(-1, keepdim=True)
+
+def sliding_windows(phi:torch.Tensor,   # (..., s, d) features of each trajectory's task
+                    r:torch.Tensor,     # (..., s) rewards of each trajectory's task
+                    states:torch.Tensor,# (..., T) trajectories, T >= n + 3
+                    n:int,              # context length
+                    gamma:float,        # discount factor
+                   )->tuple:            # (Z (..., T-n-1, 2d+1, n+1) one prompt per window, rewards (..., T-n-2) r(query of window k))
+    "Cut trajectories into overlapping windows: window k has context states k..k+n and query state k+n+1."
+    T = states.shape[-1]
+    if T < n + 3: raise ValueError(f"`states` must hold at least n + 3 = {n + 3} states for two windows, got {T}")
+    phi_S = torch.gather(phi, -2, states.unsqueeze(-1).expand(states.shape + phi.shape[-1:]))
+    r_S = torch.gather(r, -1, states)
+    W = T - n - 1
+    ctx = phi_S.unfold(-2, n + 1, 1)[..., :W, :, :].transpose(-1, -2)   # (..., W, n+1, d)
+    Z = build_linear_prompt(ctx, r_S.unfold(-1, n, 1)[..., :W, :], phi_S[..., n + 1:, :], gamma)
+    return Z, r_S[..., n + 1:T - 1]
+
+def sliding_td_loss(v:torch.Tensor,       # (..., W) values of consecutive windows
+                    rewards:torch.Tensor, # (..., W-1) reward of each window's query state
+                    gamma:float,          # discount factor
+                   )->torch.Tensor:       # (...) mean squared TD error, successor's value held fixed
+    "The predecessor's loss: mean over windows of $(r + \\gamma\\,\\mathrm{TF}(Z^{(k+1)}) - \\mathrm{TF}(Z^{(k)}))^2$, the first term detached."
+    return (rewards + gamma * v[..., 1:].detach() - v[..., :-1]).square().mean(-1)
+
+# %% ../nbs/07_linear.ipynb #d18c7a12
+def sliding_td_coefficients(phi:torch.Tensor,    # (..., s, d) features of each trajectory's task
+                            r:torch.Tensor,      # (..., s) rewards
+                            states:torch.Tensor, # (..., T) trajectories
+                            n:int,               # context length
+                            gamma:float,         # discount factor
+                            n_layers:int,        # depth L
+                           )->tuple:             # (coefficients (..., T-n-1, L+1) of v_TD(alpha) at each window's query, rewards (..., T-n-2))
+    "Each sliding window's batch-TD value at its query as a polynomial in the step size (the windows of `sliding_windows`)."
+    phi_S = torch.gather(phi, -2, states.unsqueeze(-1).expand(states.shape + phi.shape[-1:]))
+    r_S = torch.gather(r, -1, states)
+    T, W = states.shape[-1], states.shape[-1] - n - 1
+    A = phi_S[..., :-1, :, None] * (phi_S[..., :-1, None, :] - gamma * phi_S[..., 1:, None, :])   # (..., T-1, d, d)
+    c = phi_S[..., :-1, :] * r_S[..., :-1, None]                                                 # (..., T-1, d)
+    cA = torch.cat([torch.zeros_like(A[..., :1, :, :]), A.cumsum(-3)], -3)
+    cc = torch.cat([torch.zeros_like(c[..., :1, :]), c.cumsum(-2)], -2)
+    M, u = (cA[..., n:n + W, :, :] - cA[..., :W, :, :]) / n, (cc[..., n:n + W, :] - cc[..., :W, :]) / n
+    q, coef = phi_S[..., n + 1:, :], [torch.zeros_like(r_S[..., n + 1:])]
+    for j in range(1, n_layers + 1):
+        coef.append(math.comb(n_layers, j) * (-1) ** (j - 1) * (q * u).sum(-1))
+        u = (M @ u.unsqueeze(-1)).squeeze(-1)
+    return torch.stack(coef, -1), r_S[..., n + 1:T - 1]
+
+# %% ../nbs/07_linear.ipynb #f34be74a
+def td_semigradient_poly(coef:torch.Tensor,     # (..., W, L+1) value coefficients of consecutive windows
+                         rewards:torch.Tensor,  # (..., W-1) reward of each window's query
+                         gamma:float,           # discount factor
+                        )->np.polynomial.Polynomial: # g(alpha) = mean of delta_k * dv_k/dalpha
+    "The expected semi-gradient of the sliding-window TD loss in alpha, as a polynomial (mean over all windows given)."
+    delta = gamma * coef[..., 1:, :] - coef[..., :-1, :]
+    delta[..., 0] += rewards
+    d_v = coef[..., :-1, 1:] * torch.arange(1, coef.shape[-1], dtype=coef.dtype)
+    prod = torch.stack([sum(delta[..., i] * d_v[..., k - i] for i in range(delta.shape[-1]) if 0 <= k - i < d_v.shape[-1])
+                        for k in range(delta.shape[-1] + d_v.shape[-1] - 1)], -1)
+    return np.polynomial.Polynomial(prod.flatten(0, -2).mean(0).numpy())
+
+def fit_td_step(g:np.polynomial.Polynomial,  # expected semi-gradient in alpha
+               )->float:                      # the stable step size reached from alpha = 1
+    "The sign change of `g` from + to - nearest to alpha = 1 in the direction `g(1)` points."
+    roots = sorted(r.real for r in g.roots() if abs(r.imag) < 1e-9 and r.real > 0 and g.deriv()(r.real) < 0)
+    pick = [r for r in roots if r >= 1] if g(1.) > 0 else [r for r in roots[::-1] if r <= 1]
+    if not pick: raise ValueError(f"no stable step size in the direction of the semi-gradient from alpha = 1 (g(1) = {g(1.):.3g})")
+    return float(pick[0])
+
+# %% ../nbs/07_linear.ipynb #19bc70f2
+@functools.lru_cache(maxsize=16)
+def td_semigradient_chunks(n:int, n_layers:int, gamma:float, n_states:int=10, d:int=4,
+                           n_tasks:int=1024,  # fresh tasks in chunks of 64, 5 trajectories of 64 windows each
+                          )->tuple:           # one semi-gradient polynomial per chunk of 64 tasks
+    "The sliding-window TD semi-gradient of the batch-TD Transformer in its step size, per chunk of fresh tasks (cached)."
+    polys, rep = [], lambda x: x.repeat_interleave(5, 0)
+    for first in range(0, n_tasks, 64):
+        tasks = random_tasks(min(64, n_tasks - first), seed=123_456 + first, n_states=n_states, d=d, gamma=gamma)
+        gen = torch.Generator().manual_seed(first)
+        states = sample_trajectories(rep(tasks.P), n + 65, rep(start_distributions(len(tasks), n_states, gen)), seed=gen)
+        polys.append(td_semigradient_poly(*sliding_td_coefficients(rep(tasks.phi), rep(tasks.r), states, n, gamma, n_layers), gamma))
+    return tuple(polys)
+
+def fitted_td_step(n:int, n_layers:int, gamma:float, n_states:int=10, d:int=4, n_tasks:int=1024)->float:
+    "The batch-TD Transformer's step size fitted by the sliding-window TD loss on `n_tasks` fresh tasks."
+    polys = td_semigradient_chunks(n, n_layers, gamma, n_states, d, n_tasks)
+    return fit_td_step(sum(polys[1:], polys[0]) / len(polys))
+
+# %% ../nbs/07_linear.ipynb #ea1bb141
+@dataclass(frozen=True)
+class LinearPretrainConfig:
+    "Every setting of a sliding-window pretraining run of the linear Transformer (defaults: Wang et al. 2025)."
+    n_states:int = 10          # states per Boyan chain
+    d:int = 4                  # random features per state
+    n:int = 30                 # context length
+    n_layers:int = 3           # depth L
+    shared:bool = True         # one (P, Q) for all layers
+    gamma:float = 0.9          # discount factor
+    lr:float = 1e-3            # Adam learning rate
+    weight_decay:float = 1e-6  # Adam weight decay
+    init_gain:float = 0.1      # gain of the Xavier-normal initialisation
+    n_tasks:int = 4000         # fresh tasks, one after the other
+    batches_per_task:int = 5   # mini-batches (trajectories, optimiser steps) per task
+    n_windows:int = 64         # windows (TD errors) per mini-batch
+    eval_every:int = 250       # tasks between evaluations
+    eval_tasks:int = 32        # held-out tasks per seed for the measures
+
+ICLR_LINEAR = LinearPretrainConfig()
+
+# %% ../nbs/07_linear.ipynb #0d1a5876
+def _tasks(config, n_tasks, seed): return random_tasks(n_tasks, seed=seed, n_states=config.n_states, d=config.d, gamma=config.gamma)
+
+def held_out_linear(config:LinearPretrainConfig, seeds:list)->tuple:
+    "Each seed's held-out tasks (stacked: (S, E, ...)) and one context per task from its random start distribution (S, E, 2d+1, n)."
+    out = []
+    for s in seeds:
+        tasks, gen = _tasks(config, config.eval_tasks, s * 1_000_003 + 900_000), torch.Generator().manual_seed(s + 17)
+        states = sample_trajectories(tasks.P, config.n, start_distributions(config.eval_tasks, config.n_states, gen), seed=gen)
+        rows = torch.arange(config.eval_tasks)[:, None]
+        Zc = build_linear_prompt(tasks.phi[rows, states], tasks.r[rows, states[:, :-1]], tasks.phi[:, 0], config.gamma)[..., :config.n]
+        out.append((tasks, Zc))
+    return TaskBatch(*(torch.stack([getattr(t, k) for t, _ in out]) for k in ("P", "r", "phi", "d_pi", "v_pi")), config.gamma), torch.stack([z for _, z in out])
+
+def linear_measures(P:torch.Tensor,   # (S, L', 2d+1, 2d+1) stacked parameters
+                    Q:torch.Tensor,   # (S, L', 2d+1, 2d+1)
+                    tasks:TaskBatch,  # held-out tasks with a seed axis (S, E, ...)
+                    Zc:torch.Tensor,  # (S, E, 2d+1, n) their contexts
+                    alpha:float,      # step size of the batch-TD Transformer
+                    n_layers:int,     # depth L
+                   )->dict:           # name -> (S,) mean over the held-out tasks (and P_last, trQ11, trQ12 of the last layer)
+    "The predecessor's measures of how close trained linear Transformers are to batch TD, one value per seed."
+    n, d = Zc.shape[-1], Zc.shape[-2] // 2
+    P, Q = P.detach(), Q.detach()
+    v_tf, g_tf = values_and_gradients(lambda Z: moment_predict(P[:, None, None], Q[:, None, None], Z, n, n_layers), Zc, tasks.phi)
+    P_td, Q_td = td_parameters(d, alpha)
+    v_td, g_td = values_and_gradients(lambda Z: moment_predict(P_td[None], Q_td[None], Z, n, n_layers), Zc, tasks.phi)
+    out = dict(iws=implicit_weight_similarity(v_tf, tasks.phi, tasks.d_pi, g_td[..., 0, :]), vd=value_difference(v_tf, v_td, tasks.d_pi),
+               ss=sensitivity_similarity(g_tf, g_td, tasks.d_pi), msve=value_difference(v_tf, tasks.v_pi, tasks.d_pi))
+    return {k: v.mean(-1) for k, v in out.items()} | pq_summary(P[:, -1], Q[:, -1])
+
+# %% ../nbs/07_linear.ipynb #2fd2ea86
+def _trajectories(config, seeds, gens, first_task, count):
+    "Each seed's next `count` tasks and `batches_per_task` trajectories of each: (features (S, count, s, d), rewards (S, count, s), states (S, count, k, T))."
+    k, T = config.batches_per_task, config.n + config.n_windows + 1
+    phi, r, states = [], [], []
+    for s, g in zip(seeds, gens):
+        tasks = _tasks(config, count, s * 1_000_003 + first_task)
+        mu = start_distributions(count, config.n_states, g).repeat_interleave(k, 0)
+        states.append(sample_trajectories(tasks.P.repeat_interleave(k, 0), T, mu, seed=g).unflatten(0, (count, k)))
+        phi.append(tasks.phi); r.append(tasks.r)
+    return torch.stack(phi), torch.stack(r), torch.stack(states)
+
+def pretrain_linear_many(config:LinearPretrainConfig=ICLR_LINEAR,  # every setting but the seed
+                         seeds=(0,),           # one run per seed, all trained together
+                         progress:bool=True,   # show a tqdm progress bar
+                         chunk:int=25,         # tasks drawn at a time
+                        )->dict:               # P, Q (S, L', 2d+1, 2d+1), alpha_td, history: name -> (S, E) with `tasks` (E,)
+    "Sliding-window TD pretraining of linear Transformers (the predecessor's protocol), one run per seed, stacked."
+    seeds, d, n, L = list(seeds), config.d, config.n, config.n_layers
+    models = [LinearICTD(d, L, config.shared, config.init_gain, seed=s) for s in seeds]
+    P = torch.stack([m.stacked_params()[0] for m in models]).detach().requires_grad_(True)
+    Q = torch.stack([m.stacked_params()[1] for m in models]).detach().requires_grad_(True)
+    opt = torch.optim.Adam([P, Q], lr=config.lr, weight_decay=config.weight_decay)
+    gens = [torch.Generator().manual_seed(s) for s in seeds]
+    alpha, (held, Zc) = fitted_td_step(n, L, config.gamma, config.n_states, d), held_out_linear(config, seeds)
+    history, rows = {}, torch.arange(len(seeds))[:, None]
+    def record(n_seen):
+        for k, v in dict(tasks=torch.full((len(seeds),), float(n_seen)), **linear_measures(P, Q, held, Zc, alpha, L)).items():
+            history.setdefault(k, []).append(v.clone())
+    record(0)
+    bar = tqdm(total=config.n_tasks, disable=not progress, desc="linear pretraining")
+    for first in range(0, config.n_tasks, chunk):
+        count = min(chunk, config.n_tasks - first)
+        phi, r, states = _trajectories(config, seeds, gens, first, count)
+        for t in range(count):
+            for b in range(config.batches_per_task):
+                Z, rw = sliding_windows(phi[:, t], r[:, t], states[:, t, b], n, config.gamma)
+                v = moment_predict(P[:, None], Q[:, None], Z, n, L)[..., 0]
+                loss = sliding_td_loss(v, rw, config.gamma).sum()
+                opt.zero_grad(); loss.backward(); opt.step()
+            bar.update(1)
+            if (first + t + 1) % config.eval_every == 0: record(first + t + 1)
+    bar.close()
+    return dict(P=P.detach(), Q=Q.detach(), alpha_td=alpha, history={k: torch.stack(v, -1) for k, v in history.items()})
+
+# %% ../nbs/07_linear.ipynb #680235dd
+ICLR_REFERENCE = dict(tasks=4000, iws=0.93, vd=(0.02, 0.03), P_last=1.6, trQ11=-4.3, trQ12=3.3)
+
+def aligned_history(result:dict)->dict:
+    "The history with P_last, trQ11 and trQ12 of each run multiplied by the sign of its final P[-1, -1]."
+    h = dict(result["history"])
+    sign = torch.where(h["P_last"][:, -1:] < 0, -1., 1.).to(h["P_last"])
+    for k in ("P_last", "trQ11", "trQ12"): h[k] = h[k] * sign
+    return h
+
+def summarise_linear(result:dict)->dict:
+    "Mean and standard error over seeds of every measure at the last evaluation (sign-aligned), as plain numbers."
+    h = aligned_history(result)
+    S = h["iws"].shape[0]
+    return {k: dict(mean=v[:, -1].mean().item(), se=(v[:, -1].std().item() / S ** 0.5 if S > 1 else math.nan))
+            for k, v in h.items() if k != "tasks"} | dict(tasks=int(h["tasks"][0, -1]), seeds=S, alpha_td=result["alpha_td"])
+
+# %% ../nbs/07_linear.ipynb #c4444c45
+def plot_linear_pretraining(result:dict,           # output of `pretrain_linear_many`
+                            reference:dict=ICLR_REFERENCE,  # published values to mark, or None
+                            title:str=None,
+                           ):                      # the matplotlib figure
+    "Bands (mean and 2 standard errors over seeds) of the measures against tasks seen, sign-aligned, with the published values."
+    import matplotlib.pyplot as plt
+    h = aligned_history(result)
+    x, S = h["tasks"][0].numpy(), h["iws"].shape[0]
+    fig, axs = plt.subplots(1, 3, figsize=(8, 3.2))
+    def band(ax, key, label):
+        m, se = h[key].mean(0).numpy(), (h[key].std(0) / S ** 0.5).numpy()
+        ax.plot(x, m, label=label)
+        ax.fill_between(x, m - 2 * se, m + 2 * se, alpha=0.25)
+    band(axs[0], "iws", "IWS (= SS here)")
+    band(axs[1], "vd", "VD")
+    for key, label in (("P_last", "$P[-1,-1]$"), ("trQ11", r"tr $Q_{11}$"), ("trQ12", r"tr $Q_{12}$")): band(axs[2], key, label)
+    if reference:
+        axs[0].plot(reference["tasks"], reference["iws"], "k*", label="published, 30 seeds")
+        axs[1].plot([reference["tasks"]] * 2, reference["vd"], "k-", lw=3, label="published range")
+        for key in ("P_last", "trQ11", "trQ12"): axs[2].plot(reference["tasks"], reference[key], "k*")
+    axs[0].set(ylabel="cosine", ylim=(-0.05, 1.05), title="implicit weight similarity")
+    axs[1].set(yscale="log", ylabel="squared return units", title="value difference to batch TD")
+    axs[2].set(ylabel="entry / trace", title="learned P and Q (sign-aligned)")
+    for ax in axs:
+        ax.set_xlabel("tasks seen")
+        ax.legend(fontsize=7.5)
+    fig.suptitle(title or f"Linear Transformer, sliding-window TD pretraining: mean and 2 s.e. over {S} seeds", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+def plot_pq(P:torch.Tensor,   # (S, 2d+1, 2d+1) one layer's P per seed
+            Q:torch.Tensor,   # (S, 2d+1, 2d+1)
+           ):                 # the matplotlib figure
+    "Heat maps of the sign-aligned mean P and Q over seeds."
+    import matplotlib.pyplot as plt
+    S = P.shape[0]
+    P, Q = (m.mean(0).numpy() for m in align_signs(P, Q))
+    fig, axs = plt.subplots(1, 2, figsize=(8, 3.6))
+    for ax, M, name in zip(axs, (P, Q), ("P", "Q")):
+        lim = abs(M).max()
+        im = ax.imshow(M, cmap="RdBu_r", vmin=-lim, vmax=lim)
+        ax.set(title=f"mean {name} over {S} seeds, sign-aligned", xlabel="column", ylabel="row")
+        fig.colorbar(im, ax=ax, shrink=0.85)
+    fig.tight_layout()
+    return fig
+
+# %% ../nbs/07_linear.ipynb #8cfd093d
+def reference_table(summaries:dict,             # label -> output of `summarise_linear`
+                    reference:dict=ICLR_REFERENCE,
+                   )->str:                      # a Markdown table
+    "Mean (standard error) over seeds of each measure per run, next to the published values."
+    keys = ("iws", "vd", "P_last", "trQ11", "trQ12")
+    fmt = lambda s, k: f"{s[k]['mean']:.3g} ({s[k]['se']:.2g})"
+    ref = lambda k: "-".join(f"{x:g}" for x in reference[k]) if isinstance(reference[k], tuple) else f"{reference[k]:g}"
+    rows = [f"| {label} | {s['seeds']} | {s['tasks']} | " + " | ".join(fmt(s, k) for k in keys) + " |" for label, s in summaries.items()]
+    rows.append(f"| published (Wang et al. 2025) | 30 | {reference['tasks']} | " + " | ".join(ref(k) for k in keys) + " |")
+    return ("| run | seeds | tasks | IWS | VD | $P[-1,-1]$ | tr $Q_{11}$ | tr $Q_{12}$ |\n|---|---|---|---|---|---|---|---|\n" + "\n".join(rows))
+
+# %% ../nbs/07_linear.ipynb #53b5fdc4
+def _jsonable(x):
+    if isinstance(x, torch.Tensor): return x.tolist()
+    if isinstance(x, dict): return {k: _jsonable(v) for k, v in x.items()}
+    return x
+
+def reproduce_iclr(config:LinearPretrainConfig=ICLR_LINEAR,  # the protocol
+                   seeds=range(30),     # one run per seed
+                   out=None,            # path of the JSON summary to write, or None
+                   progress:bool=True,  # show a progress bar
+                  )->dict:              # the output of `pretrain_linear_many`
+    "The predecessor's pretraining experiment over many seeds, with a small JSON summary of its results."
+    result = pretrain_linear_many(config, seeds, progress=progress)
+    if out is not None:
+        h, (P, Q) = aligned_history(result), align_signs(result["P"][:, -1], result["Q"][:, -1])
+        S = len(list(seeds))
+        summary = dict(produced_by="ictd.linear.reproduce_iclr (chapter 7's slow cell, or `ictd linear --reproduce`)",
+                       config=dataclasses.asdict(config), seeds=list(seeds), alpha_td=result["alpha_td"],
+                       tasks=h["tasks"][0], mean={k: v.mean(0) for k, v in h.items() if k != "tasks"},
+                       se={k: v.std(0) / S ** 0.5 for k, v in h.items() if k != "tasks"},
+                       final={k: v[:, -1] for k, v in h.items() if k != "tasks"}, P_mean=P.mean(0), Q_mean=Q.mean(0))
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(_jsonable(summary)))
+    return result
 
 # %% ../nbs/07_linear.ipynb #80b6b73d
 def msve_against_depth(tasks:list,         # MRPs, all with the same number of states
@@ -139,4 +553,96 @@ def plot_side_by_side(curves:dict,   # the output of `side_by_side`
            title=f"Linear vs softmax in-context TD, {c.shape[0]} Boyan chains, $n = {n}$ (median, quartiles)")
     ax.set_ylim(bottom=1e-4)
     ax.legend(loc="lower left", fontsize=9)
+    return fig
+
+# %% ../nbs/07_linear.ipynb #0144616c
+def query_softmax_td(phi_states,        # (..., n+1, d) features of S_0..S_n
+                     rewards,           # (..., n) rewards
+                     phi_queries,       # (..., q, d) query features (each gets its own prompt)
+                     alpha:float,       # the entry P[-1, -1]
+                     beta:float,        # the scale of Q's blocks -beta I, +beta I
+                     gamma:float,       # discount factor
+                     n_iters:int,       # number of layers
+                     return_all=False,  # every depth 0..n_iters instead of the last
+                    )->torch.Tensor:    # (..., q) values, or (..., n_iters+1, q)
+    "The predecessor's target-normalised softmax layer with TD-shaped parameters, one query per prompt, in closed form."
+    keys, X, R = context_tensors(phi_states, rewards, phi_queries)
+    n = R.shape[-1]
+    scores = beta * keys @ (gamma * X[..., 1:n + 1, :] - keys).mT          # (..., n, n): key i, context target j
+    s_q = -beta * keys @ X[..., n + 1:, :].mT                               # (..., n, q)
+    log_norm = torch.logaddexp(torch.logsumexp(scores, -1, keepdim=True), s_q)   # (..., n, q): per key, per query's prompt
+    K = torch.exp(scores.unsqueeze(-3) - log_norm.mT.unsqueeze(-1))        # (..., q, n, n)
+    k_q = torch.exp(s_q - log_norm).mT                                      # (..., q, n)
+    y, y_q = R.unsqueeze(-2).expand(k_q.shape), k_q.new_zeros(k_q.shape[:-1])
+    out = [y_q]
+    for _ in range(int(n_iters)):
+        y, y_q = y + alpha / n * (y.unsqueeze(-2) @ K).squeeze(-2), y_q + alpha / n * (y * k_q).sum(-1)
+        out.append(y_q)
+    return -(torch.stack(out, -2) if return_all else y_q)
+
+# %% ../nbs/07_linear.ipynb #17a20823
+TUNING_GRIDS = {
+    "linear attention": dict(alpha=(0.25, 0.5, 1., 2., 4., 8., 16., 32., 64.)),
+    "softmax attention": dict(alpha=(0.25, 0.5, 1., 1.5, 2.), beta=(0.5, 1., 2., 4., 8., 16., 32., 64.)),
+    "query-normalised softmax (ablation)": dict(alpha=(-16., -4., -1., 1., 4., 16.), beta=(-16., -4., -1., 1., 4., 16.)),
+}
+
+def _method_values(method:str, phi_s, R, phi_q, gamma, depth, alpha, beta=None):
+    "Values at the queries at every depth 0..depth for one method at one grid point."
+    n = R.shape[-1]
+    if method == "linear attention": return batch_linear_td(phi_s, R, alpha, gamma, depth, phi_queries=phi_q, return_all=True)[..., n + 1:]
+    if method == "softmax attention":
+        W = beta * torch.eye(phi_s.shape[-1], dtype=phi_s.dtype)
+        return weighted_softmax_td(phi_s, R, W, alpha, gamma, depth, phi_queries=phi_q, return_all=True)[..., n + 1:]
+    return query_softmax_td(phi_s, R, phi_q, alpha, beta, gamma, depth, return_all=True)
+
+def _msve_curves(method, tasks, states, depth, **params)->torch.Tensor:
+    "(B, depth+1) MSVE of each task's estimate at every depth (inf where it diverged)."
+    rows = torch.arange(len(tasks))[:, None]
+    v = _method_values(method, tasks.phi[rows, states], tasks.r[rows, states[:, :-1]], tasks.phi, tasks.gamma, depth, **params)
+    err = ((v - tasks.v_pi[:, None]).square() * tasks.d_pi[:, None]).sum(-1)
+    return torch.nan_to_num(err, nan=math.inf)
+
+def tuned_side_by_side(features:str="random",  # "random" (d = 4) or "onehot" features, shared by all methods
+                       n_tasks:int=100,        # test tasks (seeds `seed`, `seed + 1`, ...)
+                       n_tune:int=20,          # tuning tasks (seeds from `seed + 100_000`)
+                       n:int=100,              # context length
+                       depth:int=40,           # deepest model; tuning minimises the median MSVE there
+                       seed:int=0,             # first test task seed
+                       grids:dict=None,        # method -> dict of parameter grids; default `TUNING_GRIDS`
+                      )->dict:                 # method -> dict(params, tune_msve, curves (n_tasks, depth+1))
+    "MSVE against depth of each method with its own parameters tuned by a grid on separate tuning tasks, all on the same features and contexts."
+    if features not in ("random", "onehot"): raise ValueError(f"`features` must be 'random' or 'onehot', got {features!r}")
+    grids = TUNING_GRIDS if grids is None else grids
+    def draw(first, count):
+        tasks = random_tasks(count, seed=first, features=features)
+        return tasks, sample_trajectories(tasks.P, n, tasks.d_pi, seed=first)
+    tune, test = draw(seed + 100_000, n_tune), draw(seed, n_tasks)
+    out = {}
+    for method, grid in grids.items():
+        points = [dict(zip(grid, vals)) for vals in itertools.product(*grid.values())]
+        scores = [_msve_curves(method, *tune, depth, **p)[:, -1].median().item() for p in points]
+        best = points[min(range(len(points)), key=scores.__getitem__)]
+        out[method] = dict(params=best, tune_msve=min(scores), curves=_msve_curves(method, *test, depth, **best))
+    return out
+
+# %% ../nbs/07_linear.ipynb #b7d163bf
+def plot_tuned_side_by_side(results:dict,  # features label -> output of `tuned_side_by_side`
+                            n:int,         # context length used
+                           ):              # the matplotlib figure
+    "Median and quartiles of MSVE against depth of every tuned method, one panel per kind of features."
+    import matplotlib.pyplot as plt
+    fig, axs = plt.subplots(1, len(results), figsize=(8, 3.9), sharey=True, squeeze=False)
+    for ax, (label, res) in zip(axs[0], results.items()):
+        for (method, r), ls in zip(res.items(), ("-", "-", ":")):
+            c = r["curves"].clamp(max=1e6)
+            med, lo, hi = (c.quantile(q, dim=0).numpy() for q in (0.5, 0.25, 0.75))
+            tuned = ", ".join(f"{k} = {v:g}" for k, v in r["params"].items())
+            ax.plot(med, ls, label=f"{method} ({tuned})")
+            ax.fill_between(range(c.shape[1]), lo, hi, alpha=0.2)
+        ax.set(yscale="log", xlabel="depth $L$ (layers)", title=f"{label} features, $n = {n}$")
+        ax.legend(fontsize=7.5, loc="upper right")
+    axs[0, 0].set_ylabel("MSVE (squared return units)")
+    fig.suptitle(f"Tuned in-context TD, {c.shape[0]} test chains: median and quartiles", fontsize=11)
+    fig.tight_layout()
     return fig
