@@ -14,6 +14,7 @@ from tqdm.auto import tqdm
 from ictd.boyan import as_tensor, check_gamma, msve, random_boyan_chain, sample_trajectory
 from ictd.model import _generator, _token_rows, _xavier
 from ictd.tasks import TaskBatch, random_tasks, sample_trajectories
+from ictd.pretrain import Family, PretrainConfig, pretrain_many, register_family, register_protocol, stack_pools, task_features, task_pool
 from ictd.wstd import batch_linear_td, context_tensors, weighted_softmax_td
 
 # %%
@@ -698,60 +699,52 @@ assert g_mean(alpha_td - 0.02) > 0 > g_mean(alpha_td + 0.02)
 assert (chunk_fits - alpha_td).abs().max() < 0.5, chunk_fits
 alpha_td, (chunk_fits.std() / 8 ** 0.5).item()
 
-
 # %% [markdown]
 # ## Pretraining the linear Transformer
 #
+# The linear family plugs into the pretraining engine of [chapter 6](pretrain.html): its stacked
+# parameters $(P, Q)$ with a leading seed axis, its prompts, its forward pass (the matrix form
+# above) and its measures are registered under `PretrainConfig(attention="linear")`, so
+# `pretrain_many` trains linear Transformers on any data protocol the engine knows.
+#
 # `ICLR_LINEAR` holds the predecessor's settings: $d = 4$ random features, 10 states, $n = 30$,
 # $L = 3$ layers sharing one $(P, Q)$, $\gamma = 0.9$, Adam with learning rate $10^{-3}$ and weight
-# decay $10^{-6}$, Xavier-normal initialisation with gain $0.1$, 64 windows per mini-batch, 5
-# mini-batches per task, 4000 tasks (20000 optimiser steps). Every `eval_every` tasks we record, on
-# 32 held-out tasks per seed (contexts of $n$ transitions from the task's random start distribution,
-# as the predecessor evaluates), the measures defined above under the names `iws`, `vd`, `ss`,
-# `msve` (against the true values), and the entries `P_last`, `trQ11`, `trQ12`.
-#
-# All seeds train together: their parameters are stacked along a leading axis, each seed draws
-# its own tasks and trajectories from its own generator, the loss is the sum of the seeds' losses,
-# and Adam acts on every entry separately, so each seed's run is exactly what it would be alone.
+# decay $10^{-6}$, Xavier-normal initialisation with gain $0.1$, mini-batches of 64 windows, 5
+# mini-batches per task, 4000 tasks (`n_tasks`, so `n_steps` = 20000 optimiser steps), the
+# sliding-window protocol. Every `eval_every` steps we record, on 32 held-out tasks per seed
+# (contexts of $n$ transitions from the task's random start distribution, as the predecessor
+# evaluates), the measures defined above under the names `iws`, `vd`, `ss`, `msve` (against the
+# true values), and the entries `P_last`, `trQ11`, `trQ12` of the last layer.
 
 # %%
 #| export
-@dataclass(frozen=True)
-class LinearPretrainConfig:
-    "Every setting of a sliding-window pretraining run of the linear Transformer (defaults: Wang et al. 2025)."
-    n_states:int = 10          # states per Boyan chain
-    d:int = 4                  # random features per state
-    n:int = 30                 # context length
-    n_layers:int = 3           # depth L
-    shared:bool = True         # one (P, Q) for all layers
-    gamma:float = 0.9          # discount factor
-    lr:float = 1e-3            # Adam learning rate
-    weight_decay:float = 1e-6  # Adam weight decay
-    init_gain:float = 0.1      # gain of the Xavier-normal initialisation
-    n_tasks:int = 4000         # fresh tasks, one after the other
-    batches_per_task:int = 5   # mini-batches (trajectories, optimiser steps) per task
-    n_windows:int = 64         # windows (TD errors) per mini-batch
-    eval_every:int = 250       # tasks between evaluations
-    eval_tasks:int = 32        # held-out tasks per seed for the measures
+ICLR_LINEAR = PretrainConfig(attention="linear", protocol="sliding", shared=True, n_tasks=4000, n_steps=20_000,
+                             batch_size=64, eval_every=1250, eval_tasks=32, lr=1e-3, weight_decay=1e-6, init_gain=0.1)
 
-ICLR_LINEAR = LinearPretrainConfig()
+def linear_init(config:PretrainConfig, seeds:list, dtype=torch.float64)->dict:
+    "Each seed's `LinearICTD` initialisation, stacked: P and Q of shape (S, L or 1, 2d+1, 2d+1)."
+    models = [LinearICTD(config.feature_dim, config.n_layers, config.shared, config.init_gain, seed=int(s)) for s in seeds]
+    return {k: torch.stack([torch.stack([getattr(lay, k).detach() for lay in m.layers]) for m in models]).to(dtype) for k in ("P", "Q")}
+
+def linear_prompt(config:PretrainConfig, tasks:TaskBatch, task, states, queries)->torch.Tensor:
+    "The engine's examples as linear-attention prompts (S, B, 2d+1, n+q)."
+    phi, r = task_features(tasks, task, states)
+    return build_linear_prompt(phi, r[..., :-1], task_features(tasks, task, queries)[0], config.gamma)
+
+def linear_predict(config:PretrainConfig, params:dict, Z:torch.Tensor, n:int)->torch.Tensor:
+    "(S, B, q) values of every seed's linear Transformer, through the matrix form."
+    P = params["P"]
+    return moment_predict(P[:, None], params["Q"][:, None], Z.to(P.dtype), n, config.n_layers)
+
+def linear_module(config:PretrainConfig, params:dict)->LinearICTD:
+    "A `LinearICTD` carrying one seed's parameters (L or 1, 2d+1, 2d+1)."
+    model = LinearICTD(config.feature_dim, config.n_layers, config.shared, seed=0, dtype=params["P"].dtype)
+    model.load_state_dict({f"layers.{l}.{k}": params[k][l] for l in range(params["P"].shape[0]) for k in ("P", "Q")})
+    return model
 
 
 # %%
 #| export
-def _tasks(config, n_tasks, seed): return random_tasks(n_tasks, seed=seed, n_states=config.n_states, d=config.d, gamma=config.gamma)
-
-def held_out_linear(config:LinearPretrainConfig, seeds:list)->tuple:
-    "Each seed's held-out tasks (stacked: (S, E, ...)) and one context per task from its random start distribution (S, E, 2d+1, n)."
-    out = []
-    for s in seeds:
-        tasks, gen = _tasks(config, config.eval_tasks, s * 1_000_003 + 900_000), torch.Generator().manual_seed(s + 17)
-        states = sample_trajectories(tasks.P, config.n, start_distributions(config.eval_tasks, config.n_states, gen), seed=gen)
-        rows = torch.arange(config.eval_tasks)[:, None]
-        Zc = build_linear_prompt(tasks.phi[rows, states], tasks.r[rows, states[:, :-1]], tasks.phi[:, 0], config.gamma)[..., :config.n]
-        out.append((tasks, Zc))
-    return TaskBatch(*(torch.stack([getattr(t, k) for t, _ in out]) for k in ("P", "r", "phi", "d_pi", "v_pi")), config.gamma), torch.stack([z for _, z in out])
-
 def linear_measures(P:torch.Tensor,   # (S, L', 2d+1, 2d+1) stacked parameters
                     Q:torch.Tensor,   # (S, L', 2d+1, 2d+1)
                     tasks:TaskBatch,  # held-out tasks with a seed axis (S, E, ...)
@@ -769,53 +762,113 @@ def linear_measures(P:torch.Tensor,   # (S, L', 2d+1, 2d+1) stacked parameters
                ss=sensitivity_similarity(g_tf, g_td, tasks.d_pi), msve=value_difference(v_tf, tasks.v_pi, tasks.d_pi))
     return {k: v.mean(-1) for k, v in out.items()} | pq_summary(P[:, -1], Q[:, -1])
 
+def linear_metrics(config:PretrainConfig, params:dict, ev)->dict:
+    "The engine's hook: `linear_measures` on the engine's held-out contexts, each (S, 1)."
+    alpha = fitted_td_step(config.n, config.n_layers, config.gamma, config.n_states, config.feature_dim)
+    out = linear_measures(params["P"], params["Q"], ev.tasks, ev.x[..., :config.n], alpha, config.n_layers)
+    return {k: v[:, None] for k, v in out.items() if k != "msve"}
+
+register_family("linear", Family(init=linear_init, prompt=linear_prompt, predict=linear_predict, module=linear_module, metrics=linear_metrics))
+
+# %% [markdown]
+# The family on the engine's own (stationary) protocol, two seeds: each stacked run equals the
+# module built from its parameters, and its initialisation is the seed's own.
+
+# %%
+cfg_stat = PretrainConfig(attention="linear", shared=True, n_steps=20, eval_every=10, n_tasks=64, eval_tasks=8, batch_size=16)
+runs = pretrain_many(cfg_stat, [3, 4], progress=False)
+test_eq(linear_init(cfg_stat, [4])["P"][0, 0], LinearICTD(4, 3, seed=4).layers[0].P.detach())
+mrp_s = random_boyan_chain(seed=21)
+S_s, R_s = sample_trajectory(mrp_s, 25, seed=21)
+Zs = build_linear_prompt(mrp_s.phi[S_s], R_s, mrp_s.phi, mrp_s.gamma)
+for r in runs:
+    test_eq(type(r.model), LinearICTD)
+    p = {k: v.detach()[None] for k, v in zip(("P", "Q"), r.model.stacked_params())}
+    test_close(linear_predict(cfg_stat, p, Zs[None, None], 25)[0, 0], r.model.predict(Zs, n=25), eps=1e-12)
+test_eq(sorted(runs[0].history), sorted(["step", "loss", "msve", "neu", "iws", "vd", "ss", "P_last", "trQ11", "trQ12"]))
+assert not torch.equal(runs[0].model.layers[0].P, LinearICTD(4, 3, seed=3).layers[0].P)
+
+
+# %% [markdown]
+# The predecessor's sliding protocol pairs each window with the *next* window's context, which the
+# engine's examples (one context per example) cannot express yet, so `"sliding"` is registered with
+# a sampler that says so, and the sliding protocol is trained by the loop below. It follows the
+# engine's conventions: each seed's task pool is `task_pool(config, n_tasks, seed * 1_000_003)`, its
+# data stream comes from its own generator, the parameters are stacked along a seed axis, the
+# loss is the sum of the seeds' losses and Adam acts on every entry separately, so each seed's run
+# is exactly what it would be alone.
 
 # %%
 #| export
-def _trajectories(config, seeds, gens, first_task, count):
-    "Each seed's next `count` tasks and `batches_per_task` trajectories of each: (features (S, count, s, d), rewards (S, count, s), states (S, count, k, T))."
-    k, T = config.batches_per_task, config.n + config.n_windows + 1
+def sliding_sampler(config, pool, gens, step, state):
+    "Placeholder for the engine: the sliding protocol needs a successor context per example."
+    raise ValueError("the 'sliding' protocol pairs each window with the next window's context, which the engine's "
+                     "TDSample cannot express; train it with `ictd.linear.pretrain_linear_many`")
+
+register_protocol("sliding", sliding_sampler)
+
+def held_out_linear(config:PretrainConfig, seeds:list)->tuple:
+    "Each seed's held-out tasks (stacked: (S, E, ...)) and one context per task from its random start distribution (S, E, 2d+1, n)."
+    out = []
+    for s in seeds:
+        tasks, gen = task_pool(config, config.eval_tasks, s * 1_000_003 + config.n_tasks), torch.Generator().manual_seed(s + 17)
+        states = sample_trajectories(tasks.P, config.n, start_distributions(config.eval_tasks, config.n_states, gen), seed=gen)
+        Zc = linear_prompt(config, stack_pools([tasks]), torch.arange(config.eval_tasks)[None], states[None], states[None, :, :1])[0, ..., :config.n]
+        out.append((tasks, Zc))
+    return stack_pools([t for t, _ in out]), torch.stack([z for _, z in out])
+
+def _trajectories(config, seeds, gens, first_task, count, per_task):
+    "Each seed's next `count` tasks and `per_task` trajectories of each: (features (S, count, s, d), rewards (S, count, s), states (S, count, k, T))."
+    T = config.n + config.batch_size + 1
     phi, r, states = [], [], []
     for s, g in zip(seeds, gens):
-        tasks = _tasks(config, count, s * 1_000_003 + first_task)
-        mu = start_distributions(count, config.n_states, g).repeat_interleave(k, 0)
-        states.append(sample_trajectories(tasks.P.repeat_interleave(k, 0), T, mu, seed=g).unflatten(0, (count, k)))
+        tasks = task_pool(config, count, s * 1_000_003 + first_task)
+        mu = start_distributions(count, config.n_states, g).repeat_interleave(per_task, 0)
+        states.append(sample_trajectories(tasks.P.repeat_interleave(per_task, 0), T, mu, seed=g).unflatten(0, (count, per_task)))
         phi.append(tasks.phi); r.append(tasks.r)
     return torch.stack(phi), torch.stack(r), torch.stack(states)
 
-def pretrain_linear_many(config:LinearPretrainConfig=ICLR_LINEAR,  # every setting but the seed
+def pretrain_linear_many(config:PretrainConfig=ICLR_LINEAR,  # n_tasks tasks, n_steps / n_tasks mini-batches of batch_size windows each
                          seeds=(0,),           # one run per seed, all trained together
                          progress:bool=True,   # show a tqdm progress bar
                          chunk:int=25,         # tasks drawn at a time
-                        )->dict:               # P, Q (S, L', 2d+1, 2d+1), alpha_td, history: name -> (S, E) with `tasks` (E,)
+                        )->dict:               # P, Q (S, L', 2d+1, 2d+1), alpha_td, history: name -> (S, E) (with `step` and `tasks`)
     "Sliding-window TD pretraining of linear Transformers (the predecessor's protocol), one run per seed, stacked."
-    seeds, d, n, L = list(seeds), config.d, config.n, config.n_layers
-    models = [LinearICTD(d, L, config.shared, config.init_gain, seed=s) for s in seeds]
-    P = torch.stack([m.stacked_params()[0] for m in models]).detach().requires_grad_(True)
-    Q = torch.stack([m.stacked_params()[1] for m in models]).detach().requires_grad_(True)
-    opt = torch.optim.Adam([P, Q], lr=config.lr, weight_decay=config.weight_decay)
+    if config.attention != "linear" or config.protocol != "sliding": raise ValueError(f"`config` must have attention='linear' and protocol='sliding', got {config.attention!r}, {config.protocol!r}")
+    if config.n_steps % config.n_tasks: raise ValueError(f"`config.n_steps` must be a multiple of `n_tasks` (mini-batches per task), got {config.n_steps} and {config.n_tasks}")
+    seeds, n, L, per_task = [int(s) for s in seeds], config.n, config.n_layers, config.n_steps // config.n_tasks
+    params = {k: v.requires_grad_(True) for k, v in linear_init(config, seeds).items()}
+    opt = torch.optim.Adam(params.values(), lr=config.lr, weight_decay=config.weight_decay)
     gens = [torch.Generator().manual_seed(s) for s in seeds]
-    alpha, (held, Zc) = fitted_td_step(n, L, config.gamma, config.n_states, d), held_out_linear(config, seeds)
-    history, rows = {}, torch.arange(len(seeds))[:, None]
-    def record(n_seen):
-        for k, v in dict(tasks=torch.full((len(seeds),), float(n_seen)), **linear_measures(P, Q, held, Zc, alpha, L)).items():
+    alpha, (held, Zc) = fitted_td_step(n, L, config.gamma, config.n_states, config.feature_dim), held_out_linear(config, seeds)
+    history = {}
+    def record(step):
+        for k, v in dict(step=torch.full((len(seeds),), float(step)), tasks=torch.full((len(seeds),), step / per_task),
+                         **linear_measures(params["P"], params["Q"], held, Zc, alpha, L)).items():
             history.setdefault(k, []).append(v.clone())
     record(0)
-    bar = tqdm(total=config.n_tasks, disable=not progress, desc="linear pretraining")
+    bar, step = tqdm(total=config.n_steps, disable=not progress, desc=f"linear pretraining, {len(seeds)} seeds"), 0
     for first in range(0, config.n_tasks, chunk):
-        count = min(chunk, config.n_tasks - first)
-        phi, r, states = _trajectories(config, seeds, gens, first, count)
-        for t in range(count):
-            for b in range(config.batches_per_task):
+        phi, r, states = _trajectories(config, seeds, gens, first, min(chunk, config.n_tasks - first), per_task)
+        for t in range(phi.shape[1]):
+            for b in range(per_task):
                 Z, rw = sliding_windows(phi[:, t], r[:, t], states[:, t, b], n, config.gamma)
-                v = moment_predict(P[:, None], Q[:, None], Z, n, L)[..., 0]
-                loss = sliding_td_loss(v, rw, config.gamma).sum()
+                loss = sliding_td_loss(linear_predict(config, params, Z, n)[..., 0], rw, config.gamma).sum()
                 opt.zero_grad(); loss.backward(); opt.step()
-            bar.update(1)
-            if (first + t + 1) % config.eval_every == 0: record(first + t + 1)
+                step += 1; bar.update()
+                if step % config.eval_every == 0: record(step)
     bar.close()
-    return dict(P=P.detach(), Q=Q.detach(), alpha_td=alpha, history={k: torch.stack(v, -1) for k, v in history.items()})
+    return dict(P=params["P"].detach(), Q=params["Q"].detach(), alpha_td=alpha, history={k: torch.stack(v, -1) for k, v in history.items()})
 
+
+# %%
+test_fail(lambda: pretrain_many(ICLR_LINEAR, [0], progress=False), contains="train it with `ictd.linear.pretrain_linear_many`")
+test_fail(lambda: pretrain_linear_many(cfg_stat, [0]), contains="protocol='sliding'")
+tiny = pretrain_linear_many(dataclasses.replace(ICLR_LINEAR, n_tasks=4, n_steps=8, eval_every=4, eval_tasks=4), [1, 2], progress=False)
+tiny_alone = pretrain_linear_many(dataclasses.replace(ICLR_LINEAR, n_tasks=4, n_steps=8, eval_every=4, eval_tasks=4), [2], progress=False)
+test_close(tiny["P"][1], tiny_alone["P"][0], eps=1e-12)
+test_close(tiny["history"]["iws"][1], tiny_alone["history"]["iws"][0], eps=1e-12)
+test_eq(tiny["history"]["tasks"][0], torch.tensor([0., 2., 4.], dtype=torch.float64))
 
 # %% [markdown]
 # The published numbers we compare with (Wang et al. 2025, as reported in the issue that asked for
@@ -839,7 +892,7 @@ def summarise_linear(result:dict)->dict:
     h = aligned_history(result)
     S = h["iws"].shape[0]
     return {k: dict(mean=v[:, -1].mean().item(), se=(v[:, -1].std().item() / S ** 0.5 if S > 1 else math.nan))
-            for k, v in h.items() if k != "tasks"} | dict(tasks=int(h["tasks"][0, -1]), seeds=S, alpha_td=result["alpha_td"])
+            for k, v in h.items() if k not in ("tasks", "step")} | dict(tasks=int(h["tasks"][0, -1]), seeds=S, alpha_td=result["alpha_td"])
 
 
 # %%
@@ -899,7 +952,7 @@ def plot_pq(P:torch.Tensor,   # (S, 2d+1, 2d+1) one layer's P per seed
 # other setting as `ICLR_LINEAR`. The `#| slow` cell further down runs the full protocol for 30 seeds.
 
 # %%
-fast_linear = dataclasses.replace(ICLR_LINEAR, lr=3e-3, n_tasks=400, eval_every=50)
+fast_linear = dataclasses.replace(ICLR_LINEAR, lr=3e-3, n_tasks=400, n_steps=2000, eval_every=250)
 lin = pretrain_linear_many(fast_linear, range(10), progress=False)
 plot_linear_pretraining(lin, reference=None, title=f"Linear Transformer, sliding-window TD, lr = {fast_linear.lr:g}: mean and 2 s.e. over 10 seeds");
 
@@ -940,7 +993,7 @@ def _jsonable(x):
     if isinstance(x, dict): return {k: _jsonable(v) for k, v in x.items()}
     return x
 
-def reproduce_iclr(config:LinearPretrainConfig=ICLR_LINEAR,  # the protocol
+def reproduce_iclr(config:PretrainConfig=ICLR_LINEAR,  # the protocol
                    seeds=range(30),     # one run per seed
                    out=None,            # path of the JSON summary to write, or None
                    progress:bool=True,  # show a progress bar
@@ -952,9 +1005,9 @@ def reproduce_iclr(config:LinearPretrainConfig=ICLR_LINEAR,  # the protocol
         S = len(list(seeds))
         summary = dict(produced_by="ictd.linear.reproduce_iclr (chapter 7's slow cell, or `ictd linear --reproduce`)",
                        config=dataclasses.asdict(config), seeds=list(seeds), alpha_td=result["alpha_td"],
-                       tasks=h["tasks"][0], mean={k: v.mean(0) for k, v in h.items() if k != "tasks"},
-                       se={k: v.std(0) / S ** 0.5 for k, v in h.items() if k != "tasks"},
-                       final={k: v[:, -1] for k, v in h.items() if k != "tasks"}, P_mean=P.mean(0), Q_mean=Q.mean(0))
+                       tasks=h["tasks"][0], mean={k: v.mean(0) for k, v in h.items() if k not in ("tasks", "step")},
+                       se={k: v.std(0) / S ** 0.5 for k, v in h.items() if k not in ("tasks", "step")},
+                       final={k: v[:, -1] for k, v in h.items() if k not in ("tasks", "step")}, P_mean=P.mean(0), Q_mean=Q.mean(0))
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(json.dumps(_jsonable(summary)))
     return result
