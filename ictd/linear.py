@@ -654,12 +654,13 @@ def plot_tuned_side_by_side(results:dict,  # features label -> output of `tuned_
         for (method, r), ls in zip(res.items(), ("-", "-", ":")):
             c = r["curves"].clamp(max=1e6)
             med, lo, hi = (c.quantile(q, dim=0).numpy() for q in (0.5, 0.25, 0.75))
-            tuned = ", ".join(f"{k} = {v:g}" for k, v in r["params"].items())
-            ax.plot(med, ls, label=f"{method} ({tuned})")
+            ax.plot(med, ls, label=method)
             ax.fill_between(range(c.shape[1]), lo, hi, alpha=0.2)
+        ax.axhline(c[:, 0].median().item(), color="k", lw=0.8, ls="--", label="zero predictor (depth 0)")
         ax.set(yscale="log", xlabel="depth $L$ (layers)", title=f"{label} features, $n = {n}$")
-        ax.legend(fontsize=7.5, loc="upper right")
     axs[0, 0].set_ylabel("MSVE (squared return units)")
-    fig.suptitle(f"Tuned in-context TD, {c.shape[0]} test chains: median and quartiles", fontsize=11)
-    fig.tight_layout()
+    handles, labels = axs[0, 0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=8.5, frameon=False)
+    fig.suptitle(f"Tuned in-context TD (parameters in the table below), {c.shape[0]} test chains: median and quartiles", fontsize=10)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
     return fig

@@ -977,6 +977,36 @@ def reference_table(summaries:dict,             # label -> output of `summarise_
 # %%
 Markdown(reference_table({f"book run (lr {fast_linear.lr:g})": summarise_linear(lin)}))
 
+# %% [markdown]
+# What the run shows, as statements about seeds (each seed is one independent run, so the number of
+# seeds with a property is binomial; we print a one-sided 95% Clopper-Pearson lower bound on the
+# probability that a run has it):
+#
+# * the implicit weight similarity rises from near 0 to above $0.85$, and the value difference to
+#   batch TD falls below $0.05$, in most seeds;
+# * after sign alignment, every seed has the construction's sign pattern: $\mathrm{tr}\,Q_{11} < 0 <
+#   \mathrm{tr}\,Q_{12}$ (the mean heat maps show the two $-/+$ diagonal blocks of $Q$ and the
+#   bottom-right entry of $P$);
+# * the magnitudes are below the published ones, since this run has seen a tenth of the tasks; the
+#   seeds that lag are slow to leave the small initialisation rather than heading elsewhere (their
+#   entries have the same signs, smaller).
+
+# %%
+def lower_bound(k:int, n:int, level:float=0.95)->float:
+    "One-sided Clopper-Pearson lower confidence bound on a success probability after k successes in n trials."
+    tail = lambda p: sum(math.comb(n, j) * p ** j * (1 - p) ** (n - j) for j in range(k, n + 1))
+    lo, hi = 0., 1.
+    for _ in range(60): lo, hi = ((lo + hi) / 2, hi) if tail((lo + hi) / 2) < 1 - level else (lo, (lo + hi) / 2)
+    return lo if k else 0.
+
+h_lin = aligned_history(lin)
+claims = {"IWS > 0.85": h_lin["iws"][:, -1] > 0.85, "VD < 0.05": h_lin["vd"][:, -1] < 0.05,
+          "tr Q11 < 0 < tr Q12": (h_lin["trQ11"][:, -1] < 0) & (h_lin["trQ12"][:, -1] > 0), "IWS rose by > 0.5": h_lin["iws"][:, -1] > h_lin["iws"][:, 0] + 0.5}
+counts = {k: int(v.sum()) for k, v in claims.items()}
+assert counts["IWS > 0.85"] >= 7 and counts["VD < 0.05"] >= 7 and counts["IWS rose by > 0.5"] >= 8, counts
+assert counts["tr Q11 < 0 < tr Q12"] >= 9, counts
+{k: f"{c} of 10 seeds (p >= {lower_bound(c, 10):.2f})" for k, c in counts.items()}
+
 
 # %% [markdown]
 # ### The full protocol, 30 seeds
@@ -1246,14 +1276,15 @@ def plot_tuned_side_by_side(results:dict,  # features label -> output of `tuned_
         for (method, r), ls in zip(res.items(), ("-", "-", ":")):
             c = r["curves"].clamp(max=1e6)
             med, lo, hi = (c.quantile(q, dim=0).numpy() for q in (0.5, 0.25, 0.75))
-            tuned = ", ".join(f"{k} = {v:g}" for k, v in r["params"].items())
-            ax.plot(med, ls, label=f"{method} ({tuned})")
+            ax.plot(med, ls, label=method)
             ax.fill_between(range(c.shape[1]), lo, hi, alpha=0.2)
+        ax.axhline(c[:, 0].median().item(), color="k", lw=0.8, ls="--", label="zero predictor (depth 0)")
         ax.set(yscale="log", xlabel="depth $L$ (layers)", title=f"{label} features, $n = {n}$")
-        ax.legend(fontsize=7.5, loc="upper right")
     axs[0, 0].set_ylabel("MSVE (squared return units)")
-    fig.suptitle(f"Tuned in-context TD, {c.shape[0]} test chains: median and quartiles", fontsize=11)
-    fig.tight_layout()
+    handles, labels = axs[0, 0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=8.5, frameon=False)
+    fig.suptitle(f"Tuned in-context TD (parameters in the table below), {c.shape[0]} test chains: median and quartiles", fontsize=10)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
     return fig
 
 
@@ -1265,6 +1296,35 @@ plot_tuned_side_by_side(fair, n=100);
 rows = [f"| {feat} | {m} | {', '.join(f'{k} = {v:g}' for k, v in r['params'].items())} | {r['tune_msve']:.3g} | {r['curves'][:, -1].median():.3g} |"
         for feat, res in fair.items() for m, r in res.items()]
 Markdown("| features | method | tuned parameters | tuning MSVE at $L = 40$ (median) | test MSVE at $L = 40$ (median) |\n|---|---|---|---|---|\n" + "\n".join(rows))
+
+# %% [markdown]
+# With each method tuned, the picture is more even than at equal settings, and the asserts below
+# hold it to that:
+#
+# * on **one-hot** features the tuned linear construction takes a step size well above 1 and closes
+#   much of the gap, but softmax is still ahead at $L = 40$: lower median error and lower error on
+#   most of the 100 test chains. Both converge to the same fixed point, so this is a statement
+#   about speed in depth, which the normalisation (a per-state step size) buys;
+# * on the **same 4 random features**, linear attention is limited to the span of the features and
+#   stays an order of magnitude above tuned softmax on almost every chain;
+# * the predecessor's **query-normalised** variant, tuned over signed grids, is far worse than both
+#   (on one-hot features no better than predicting zero): normalising over the targets does not give
+#   a TD update. Its tuned values sit on the edge of its grid; the ablation shows the direction of
+#   normalisation matters, not the best such model.
+
+# %%
+def interior(value, grid): return min(grid) < value < max(grid)
+for res in fair.values():
+    for m in ("linear attention", "softmax attention"):
+        assert all(interior(v, TUNING_GRIDS[m][k]) for k, v in res[m]["params"].items()), (m, res[m]["params"])
+final = {feat: {m: r["curves"][:, -1] for m, r in res.items()} for feat, res in fair.items()}
+lin1, soft1, abl1 = final["one-hot"].values()
+lin4, soft4, abl4 = final["4 random"].values()
+assert fair["one-hot"]["linear attention"]["params"]["alpha"] > 1
+assert soft1.median() < lin1.median() / 2 and (soft1 < lin1).sum() >= 60, ((soft1 < lin1).sum(), soft1.median(), lin1.median())
+assert soft4.median() < lin4.median() / 10 and (soft4 < lin4).sum() >= 90, ((soft4 < lin4).sum(), soft4.median(), lin4.median())
+assert (soft1 < abl1).sum() >= 95 and (soft4 < abl4).sum() >= 95
+{feat: f"softmax below linear on {int((f['softmax attention'] < f['linear attention']).sum())} of 100 chains" for feat, f in final.items()}
 
 # %% [markdown]
 # The softmax construction pays for its speed and expressiveness with a condition: its contraction
