@@ -35,3 +35,13 @@ def test_stacked_predict_matches_modules():
         v = linear_predict(cfg, params, Z[None, None].expand(3, 1, *Z.shape), 20)
         for i, s in enumerate([1, 2, 3]):
             assert (v[i, 0] - LinearICTD(4, 3, shared, 0.7, seed=s).predict(Z, n=20)).abs().max() < 1e-12
+
+def test_softmax_measures_on_unseen_seeds():
+    "The book's softmax claims on 10 new seeds: VD a few percent of the values' size, SS between 0.45 and 0.9, near-uniform best fit."
+    from ictd.linear import softmax_measures
+    from ictd.pretrain import EMERGENCE, held_out_tasks, pretrain_many
+    runs = pretrain_many(dataclasses.replace(EMERGENCE, n_steps=400, eval_every=400, eval_tasks=32), UNSEEN, progress=False)
+    m = [softmax_measures(r.model, *held_out_tasks(r.config)) for r in runs]
+    ratio, ss, beta = (torch.tensor([x[k] for x in m]) for k in ("vd", "ss", "beta"))
+    ratio = ratio / torch.tensor([x["vd_zero"] for x in m])
+    assert (ratio < 0.1).sum() >= 9 and (ss > 0.45).sum() >= 9 and (ss < 0.9).sum() >= 9 and (beta <= 0.5).sum() >= 9, (ratio, ss, beta)
