@@ -883,14 +883,14 @@ test_close(tiny["history"]["iws"][1], tiny_alone["history"]["iws"][0], eps=1e-12
 test_eq(tiny["history"]["tasks"][0], torch.tensor([0., 2., 4.], dtype=torch.float64))
 
 # %% [markdown]
-# The published numbers we compare with (Wang et al. 2025, as reported in the issue that asked for
-# this reproduction; they are the predecessor's, not ours): after 4000 tasks, over 30 seeds, IWS
-# about $0.93$, VD about $0.02$-$0.03$, $P[-1,-1]$ about $1.6$, $\mathrm{tr}\,Q_{11}$ about $-4.3$
-# and $\mathrm{tr}\,Q_{12}$ about $+3.3$.
+# The published numbers we compare with are the predecessor's (Wang et al. 2025, as reported in
+# the issue that asked for this reproduction): the means over 30 seeds after 4000 tasks, and one
+# seed after 5000 tasks. They appear as the last rows of every table below.
 
 # %%
 #| export
-ICLR_REFERENCE = dict(tasks=4000, iws=0.93, vd=(0.02, 0.03), P_last=1.6, trQ11=-4.3, trQ12=3.3)
+ICLR_REFERENCE = dict(tasks=4000, iws=0.93, vd=(0.02, 0.03), P_last=1.6, trQ11=-4.3, trQ12=3.3)   # mean over 30 seeds
+ICLR_SEED0 = dict(tasks=5000, iws=0.990, vd=0.0053, P_last=2.06, trQ11=-6.31, trQ12=4.75)           # the predecessor's seed 0
 
 def aligned_history(result:dict)->dict:
     "The history with P_last, trQ11 and trQ12 of each run multiplied by the sign of its final P[-1, -1]."
@@ -983,6 +983,7 @@ def reference_table(summaries:dict,             # label -> output of `summarise_
     ref = lambda k: "-".join(f"{x:g}" for x in reference[k]) if isinstance(reference[k], tuple) else f"{reference[k]:g}"
     rows = [f"| {label} | {s['seeds']} | {s['tasks']} | " + " | ".join(fmt(s, k) for k in keys) + " |" for label, s in summaries.items()]
     rows.append(f"| published (Wang et al. 2025) | 30 | {reference['tasks']} | " + " | ".join(ref(k) for k in keys) + " |")
+    rows.append(f"| published, seed 0 | 1 | {ICLR_SEED0['tasks']} | " + " | ".join(f"{ICLR_SEED0[k]:g}" for k in keys) + " |")
     return ("| run | seeds | tasks | IWS | VD | $P[-1,-1]$ | tr $Q_{11}$ | tr $Q_{12}$ |\n|---|---|---|---|---|---|---|---|\n" + "\n".join(rows))
 
 
@@ -1022,12 +1023,14 @@ assert counts["tr Q11 < 0 < tr Q12"] >= 9, counts
 
 
 # %% [markdown]
-# ### The full protocol, 30 seeds
+# ### The full protocol
 #
-# `reproduce_iclr` runs `ICLR_LINEAR` for 30 seeds and writes a small JSON summary: the
-# sign-aligned mean and standard error of every measure at every evaluation, each seed's final
-# values and the sign-aligned mean $P$ and $Q$. The command line runs it too. It is `#| slow`
-# here; the cell after it shows its saved results when the file exists.
+# `reproduce_iclr` runs `ICLR_LINEAR` (by default for 30 seeds) and writes a small JSON summary:
+# the sign-aligned mean and standard error of every measure at every evaluation, each seed's final
+# values and the sign-aligned mean $P$ and $Q$. At full scale it takes minutes per seed on one CPU
+# thread, so it is `#| slow` here; the cell after it shows every summary saved in `nbs/data/`. The
+# file there was written by the same function for 10 seeds:
+# `python -c "from ictd.linear import *; reproduce_iclr(seeds=range(10), out='nbs/data/iclr_linear_10seeds.json')"`.
 
 # %%
 #| export
@@ -1046,7 +1049,7 @@ def reproduce_iclr(config:PretrainConfig=ICLR_LINEAR,  # the protocol
     if out is not None:
         h, (P, Q) = aligned_history(result), align_signs(result["P"][:, -1], result["Q"][:, -1])
         S = len(list(seeds))
-        summary = dict(produced_by="ictd.linear.reproduce_iclr (chapter 7's slow cell, or `ictd linear --reproduce`)",
+        summary = dict(produced_by="ictd.linear.reproduce_iclr",
                        config=dataclasses.asdict(config), seeds=list(seeds), alpha_td=result["alpha_td"],
                        tasks=h["tasks"][0], mean={k: v.mean(0) for k, v in h.items() if k not in ("tasks", "step")},
                        se={k: v.std(0) / S ** 0.5 for k, v in h.items() if k not in ("tasks", "step")},
@@ -1062,13 +1065,29 @@ full_linear = reproduce_iclr(out="data/iclr_linear_30seeds.json")
 plot_linear_pretraining(full_linear);
 
 # %%
-saved = Path("data/iclr_linear_30seeds.json")
-if saved.exists():
-    js = json.loads(saved.read_text())
-    S = len(js["seeds"])
-    summary = {k: dict(mean=v[-1], se=js["se"][k][-1]) for k, v in js["mean"].items()} | dict(seeds=S, tasks=int(js["tasks"][-1]))
-    display(Markdown(f"Saved by the slow run (`{js['produced_by']}`), learning rate {js['config']['lr']:g}:\n\n"
-                     + reference_table({"full protocol": summary})))
+saved = {}
+for f in sorted(Path("data").glob("iclr_linear_*seeds.json")):
+    js = json.loads(f.read_text())
+    saved[f"full protocol, lr {js['config']['lr']:g} (`{f.name}`)"] = js
+    summary = {k: dict(mean=v[-1], se=js["se"][k][-1]) for k, v in js["mean"].items()} | dict(seeds=len(js["seeds"]), tasks=int(js["tasks"][-1]))
+    display(Markdown(f"Saved by `{js['produced_by']}`:\n\n" + reference_table({f.name: summary})))
+
+# %% [markdown]
+# Against the published values, the saved full-protocol run (asserted below while its file is
+# there): the implicit weight similarity and the value difference fall in the published ranges, and
+# the $P$ and $Q$ entries have the construction's signs in every seed. Their magnitudes come out
+# larger than the published means: most of our seeds come near the magnitudes published for the
+# predecessor's seed 0 (the last row of the table), while a seed that is slow to leave the
+# initialisation stays small; a mean over seeds depends on how many such seeds there are. The
+# per-seed values:
+
+# %%
+for label, js in saved.items():
+    final = {k: torch.tensor(v) for k, v in js["final"].items()}
+    assert abs(torch.tensor(js["mean"]["iws"][-1]) - ICLR_REFERENCE["iws"]) < 0.05 and js["mean"]["vd"][-1] < 0.03, label
+    assert ((final["trQ11"] < 0) & (final["trQ12"] > 0) & (final["P_last"] > 0)).all(), label
+    display(Markdown(f"{label}:\n\n| seed | " + " | ".join(map(str, js["seeds"])) + " |\n" + "|---" * (len(js["seeds"]) + 1) + "|\n"
+                     + "\n".join(f"| {k} | " + " | ".join(f"{x:.3g}" for x in final[k].tolist()) + " |" for k in ("iws", "vd", "P_last", "trQ11", "trQ12"))))
 
 # %% [markdown]
 # ## The same measures for a pretrained softmax Transformer
