@@ -18,7 +18,7 @@ OPTIONS = {None: ['chain', 'convergence', 'pretrain', 'linear', 'continuous', 'a
                            '--n-betas', '--rate-tasks', '--rate-layers', '--phase-tasks', '--leaky-tasks', '--out'],
            'pretrain': ['--' + f.name.replace('_', '-') for f in fields(PretrainConfig)] + ['--seeds', '--device', '--threads', '--force',
                                                                                            '--checkpoint-every', '--cache-dir', '--out'],
-           'linear': ['--n-tasks', '--n', '--depth', '--beta', '--alpha', '--seed', '--out'],
+           'linear': ['--n-tasks', '--n', '--depth', '--beta', '--alpha', '--seed', '--features', '--n-tune', '--reproduce-seeds', '--out'],
            'continuous': ['--seed', '--quick', '--out', '--no-progress'],
            'all': ['--out', '--no-progress']}
 
@@ -83,14 +83,20 @@ def test_continuous_quick(tmp_path, capsys):
     assert 'pretraining' in json.loads((tmp_path / 'results.json').read_text())
 
 def test_linear(tmp_path, capsys):
-    main(['linear', '--n-tasks', '3', '--n', '20', '--depth', '6', '--out', str(tmp_path)])
-    assert len(written(capsys)) == 3
-    check_png(tmp_path / 'linear.png')
-    curves = torch.load(tmp_path / 'linear.pt', weights_only=False)
-    assert len(curves) == 3 and all(c.shape == (3, 7) for c in curves.values())
-    med = json.loads((tmp_path / 'linear.json').read_text())['median_msve']
-    soft = med['softmax attention, one-hot features']
-    assert all(math.isfinite(v) and v >= 0 for c in med.values() for v in c) and soft[-1] < soft[0]
+    main(['linear', '--n-tasks', '3', '--n', '20', '--depth', '6', '--alpha', '2.5', '--n-tune', '2', '--features', 'onehot',
+          '--out', str(tmp_path)])
+    assert sorted(written(capsys)) == sorted(str(tmp_path / f) for f in ('linear.png', 'linear-tuned.png', 'linear.pt', 'linear.json'))
+    check_png(tmp_path / 'linear.png'); check_png(tmp_path / 'linear-tuned.png')
+    res = torch.load(tmp_path / 'linear.pt', weights_only=False)
+    assert len(res['untuned']) == 3 and all(c.shape == (3, 7) for c in res['untuned'].values())
+    s = json.loads((tmp_path / 'linear.json').read_text())
+    assert s['settings']['alpha'] == 2.5                                   # step sizes above 1 are allowed
+    tuned = s['tuned']['onehot features']
+    from ictd.linear import TUNING_GRIDS
+    assert set(tuned) == set(TUNING_GRIDS)
+    for method, r in tuned.items():                                        # each method's tuned values come from its own grid
+        assert all(r['params'][k] in TUNING_GRIDS[method][k] for k in TUNING_GRIDS[method]), (method, r['params'])
+        assert len(r['median_msve']) == 7 and math.isfinite(r['tune_msve'])
 
 def test_pretrain_and_its_cache(tmp_path, capsys):
     "One folder per configuration with every seed's files and a summary; a second run loads the cached seeds and trains only new ones."
@@ -119,7 +125,9 @@ def test_pretrain_and_its_cache(tmp_path, capsys):
     assert len([p for p in tmp_path.iterdir() if p.is_dir()]) == 2                  # another configuration, another folder
 
 @pytest.mark.parametrize('argv, message', [
-    (['linear', '--alpha', '1.5'], 'argument --alpha: must be a step size in (0, 1]'),
+    (['linear', '--alpha', '0'], 'argument --alpha: must be a positive number'),
+    (['linear', '--reproduce-seeds', '3-1'], 'argument --reproduce-seeds: must be seeds like'),
+    (['convergence', '--alpha', '1.5'], 'argument --alpha: must be a step size in (0, 1]'),
     (['linear', '--n-tasks', '0'], 'argument --n-tasks: must be a positive integer'),
     (['convergence', '--ns', '100', '30'], 'argument --ns: must be increasing'),
     (['convergence', '--beta', 'big'], 'argument --beta: must be a positive number'),

@@ -14,7 +14,8 @@ from ictd.boyan import check_gamma, plot_chain, random_boyan_chain
 from ictd.convergence import (depth_experiment, diagonality_sweep, leaky_experiment, loglog_slope, phase_diagram, plot_depth,
                               plot_diagonality, plot_floor, plot_leaky, plot_phase, plot_rates, rate_experiment)
 from ictd.continuous import run_continuous as continuous_experiments
-from ictd.linear import plot_side_by_side, side_by_side
+from ictd.linear import (ICLR_LINEAR, plot_linear_pretraining, plot_side_by_side, plot_tuned_side_by_side, reproduce_iclr,
+                         side_by_side, tuned_side_by_side)
 from ictd.pretrain import DTYPES, FAMILIES, PLUGIN_MODULES, PROTOCOLS, PretrainConfig, plot_emergence, pretrain_many, run_folder
 
 # %%
@@ -44,7 +45,7 @@ from fastcore.xtras import working_directory
 # | `ictd chain` | a random Boyan chain (chapter 0) | `chain.png`, `chain.json` |
 # | `ictd convergence` | the experiments of chapter 5: error against depth, the floor against $n$, kernel diagonality against $\beta$, the phase diagram, measured rate against the bound, the leaky regime | `convergence-{depth,floor,diagonality,phase,rates,leaky}.png`, `convergence.pt`, `convergence.json` |
 # | `ictd pretrain` | the emergence of the TD construction in pretraining (chapter 6): every seed in one batched run | in `{key}/`: `config.json`, `seed-{S}.pt`, `seed-{S}.png`, `seed-{S}.json`, `summary.json`, `summary.png` |
-# | `ictd linear` | linear against softmax attention, MSVE against depth (chapter 7) | `linear.png`, `linear.pt`, `linear.json` |
+# | `ictd linear` | linear against softmax attention, MSVE against depth (chapter 7): untuned, and each method tuned on shared features; with `--reproduce-seeds 0-29`, the predecessor's pretraining experiment | `linear.png`, `linear-tuned.png`, `linear.pt`, `linear.json`, (`iclr-linear.json`, `iclr-linear.png`) |
 # | `ictd continuous` | chapter 7a: kernel TD on continuous states (depth, context length, bandwidth, linear TD) and pretraining on continuous families | `depth.png`, `tradeoff.png`, `estimates.png`, `long_depth.png`, `pretrain_*.png`, `kernel_*.png`, `results.json` |
 # | `ictd all` | all of the above with their defaults | all of the above |
 #
@@ -180,8 +181,13 @@ def make_parser()->argparse.ArgumentParser:
     p.add_argument("--n", type=positive_int, default=200, help="context length")
     p.add_argument("--depth", type=positive_int, default=60, help="deepest model")
     p.add_argument("--beta", type=positive_float, default=20., help="softmax score scale, W = beta I")
-    p.add_argument("--alpha", type=step_size, default=1., help="step size of both constructions")
+    p.add_argument("--alpha", type=positive_float, default=1., help="step size of both constructions in the untuned comparison")
     p.add_argument("--seed", type=natural_int, default=0, help="first task seed")
+    p.add_argument("--features", choices=["random", "onehot"], nargs="+", default=["random", "onehot"],
+                   help="features shared by every method in the tuned comparison")
+    p.add_argument("--n-tune", type=positive_int, default=20, help="tuning tasks of the tuned comparison (separate seeds)")
+    p.add_argument("--reproduce-seeds", type=seed_list, default=None,
+                   help="also pretrain linear Transformers with the predecessor's protocol (ICLR_LINEAR) on these seeds, e.g. 0-29 (minutes per seed)")
     p = sub.add_parser("continuous", parents=[common], formatter_class=fmt, help="kernel TD and pretraining on continuous states (chapter 7a)")
     p.add_argument("--seed", type=natural_int, default=0, help="offset of every context and training seed")
     p.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test) instead of the full scale")
@@ -343,12 +349,21 @@ def run_continuous(args)->list:
     return paths
 
 def run_linear(args)->list:
-    "`ictd linear`: MSVE against depth of linear and softmax in-context TD (chapter 7)."
+    "`ictd linear`: linear against softmax in-context TD (chapter 7): untuned, tuned per method on shared features, and optionally the predecessor's pretraining."
     curves = side_by_side(args.n_tasks, args.n, args.depth, args.beta, args.alpha, args.seed)
-    summary = dict(settings=dict(n_tasks=args.n_tasks, n=args.n, depth=args.depth, beta=args.beta, alpha=args.alpha, seed=args.seed),
-                   median_msve={k: c.median(0).values for k, c in curves.items()})
-    return [_save(plot_side_by_side(curves, args.n), args.out / "linear.png"), _save(curves, args.out / "linear.pt"),
-            _save(summary, args.out / "linear.json")]
+    tuned = {f"{f} features": tuned_side_by_side(f, args.n_tasks, args.n_tune, args.n, args.depth, args.seed) for f in args.features}
+    summary = dict(settings=dict(n_tasks=args.n_tasks, n=args.n, depth=args.depth, beta=args.beta, alpha=args.alpha, seed=args.seed,
+                                 features=args.features, n_tune=args.n_tune),
+                   median_msve={k: c.median(0).values for k, c in curves.items()},
+                   tuned={f: {m: dict(params=r["params"], tune_msve=r["tune_msve"], median_msve=r["curves"].median(0).values)
+                              for m, r in res.items()} for f, res in tuned.items()})
+    paths = [_save(plot_side_by_side(curves, args.n), args.out / "linear.png"), _save(plot_tuned_side_by_side(tuned, args.n), args.out / "linear-tuned.png"),
+             _save(dict(untuned=curves, tuned=tuned), args.out / "linear.pt")]
+    if args.reproduce_seeds:
+        result = reproduce_iclr(ICLR_LINEAR, args.reproduce_seeds, out=args.out / "iclr-linear.json", progress=not args.no_progress)
+        print(f"wrote {args.out / 'iclr-linear.json'}", flush=True)
+        paths += [args.out / "iclr-linear.json", _save(plot_linear_pretraining(result), args.out / "iclr-linear.png")]
+    return paths + [_save(summary, args.out / "linear.json")]
 
 def _seeds(args)->list:
     "The flat list of seeds of `--seeds` (given as one or more lists and ranges), checked to be distinct."
