@@ -455,7 +455,7 @@ def exit_message(argv):
         try: main(argv)
         except SystemExit as e: return e.code, err.getvalue().strip().splitlines()[-1]
 
-for argv, msg in ((["linear", "--alpha", "2"], "argument --alpha: must be a step size in (0, 1]"),
+for argv, msg in ((["linear", "--alpha", "0"], "argument --alpha: must be a positive number"),
                   (["convergence", "--ns", "300", "30"], "argument --ns: must be increasing"),
                   (["pretrain", "--n-steps", "-1"], "argument --n-steps: must be a non-negative integer"),
                   (["chain", "--features", "hexagonal"], "argument --features: invalid choice")):
