@@ -12,25 +12,18 @@ from .prompt import build_prompt
 from .model import SoftmaxICTD, theta_star
 from .tasks import TaskBatch, random_tasks, sample_trajectories
 from .convergence import empirical_mrp
-from .pretrain import PretrainConfig, PretrainResult, held_out_tasks, neu, population_neu, population_predict, pretrain
+from .pretrain import EMERGENCE, PretrainConfig, PretrainResult, held_out_tasks, population_neu, population_predict, pretrain_many
 
 # %% auto #0
-__all__ = ['ALPHAS', 'BETAS', 'train_seeds', 'stack_history', 'mean_se', 'binomial_tail', 'min_successes', 'held_out_prompts',
+__all__ = ['ALPHAS', 'BETAS', 'stack_history', 'mean_se', 'binomial_tail', 'min_successes', 'median_interval', 'held_out_prompts',
            'msve_of', 'context_mean_values', 'certainty_equivalence_values', 'best_constant_values', 'theta_star_model',
-           'best_theta_star', 'baseline_msve', 'model_msve', 'value_gap', 'sign_pattern', 'seed_summary', 'layer_table',
-           'plot_seed_bands', 'mean_blocks', 'plot_blocks', 'baseline_comparison', 'comparison_table',
-           'emergence_claims', 'population_factors', 'context_update', 'neu_jackknife']
+           'best_theta_star', 'baseline_msve', 'model_msve', 'value_gap', 'sign_pattern', 'ratio_interval',
+           'seed_summary', 'layer_table', 'plot_seed_bands', 'mean_blocks', 'plot_blocks', 'baseline_comparison',
+           'comparison_table', 'claim_counts', 'emergence_claims', 'ablation', 'ablation_rows', 'ablation_table',
+           'plot_ablation', 'ablation_claims', 'emergence_report', 'population_factors', 'context_update',
+           'neu_jackknife']
 
 # %% ../nbs/06a_emergence.ipynb #8b58a680
-def train_seeds(config:PretrainConfig,  # the settings shared by every run
-                seeds,                  # the seeds (an iterable of ints)
-                cache_dir=None,         # folder for cached results; None: no cache
-               )->list:                 # one `PretrainResult` per seed
-    "Pretrain one configuration for each of `seeds`."
-    seeds = [int(s) for s in seeds]
-    if not seeds: raise ValueError("`seeds` must hold at least one seed")
-    return [pretrain(dataclasses.replace(config, seed=s), progress=False, cache_dir=cache_dir) for s in seeds]
-
 def stack_history(results:list,  # runs of one configuration
                   key:str,       # a metric recorded in `history` (e.g. "value_weights")
                  )->torch.Tensor:# (seeds, evaluations, ...) the metric of every run
@@ -61,6 +54,17 @@ def min_successes(m:int,            # number of seeds
     if int(m) != m or m < 1: raise ValueError(f"`m` must be a positive integer, got {m}")
     if not 0 <= p0 < 1: raise ValueError(f"`p0` must lie in [0, 1), got {p0}")
     return next(k for k in range(int(m) + 2) if binomial_tail(k, int(m), p0) <= level)
+
+
+def median_interval(x:torch.Tensor,  # (seeds,) one value per seed
+                    level:float=0.95,# minimum coverage
+                   )->tuple:         # (low, median, high)
+    "The median over seeds with a distribution-free confidence interval from order statistics."
+    x = torch.as_tensor(x, dtype=torch.float64).flatten().sort().values
+    m = len(x)
+    j = max((j for j in range(1, m // 2 + 1) if 1 - 2 * (1 - binomial_tail(j, m, 0.5)) >= level), default=None)
+    if j is None: raise ValueError(f"`x` needs more seeds for a {level:.0%} interval for the median, got {m}")
+    return x[j - 1].item(), x.median().item() if m % 2 else x[m // 2 - 1:m // 2 + 1].mean().item(), x[m - j].item()
 
 # %% ../nbs/06a_emergence.ipynb #11fcae18
 def held_out_prompts(config:PretrainConfig,  # the run's settings
@@ -155,6 +159,13 @@ def sign_pattern(value_weights:torch.Tensor,  # (..., 3) weights (reward, succes
     w = value_weights
     return (w[..., 0] > 0) & (w[..., 1] > 0) & (w[..., 2] < 0)
 
+def ratio_interval(runs:list,  # runs of one configuration (>= 6 seeds)
+                   layer:int,  # layer index (0-based; -1: the last)
+                  )->tuple:    # (low, median, high) of the final successor/current ratio over seeds
+    "Median over seeds of one layer's final successor/current ratio, with its 95% order-statistic interval."
+    vw = stack_history(runs, "value_weights")[:, -1, layer]
+    return median_interval(vw[:, 1] / vw[:, 2])
+
 def seed_summary(results:list,  # runs of one configuration, one per seed
                 )->dict:        # plain numbers and lists, ready for JSON
     "Distributions over seeds of the final metrics of a set of runs, per layer."
@@ -181,7 +192,8 @@ def layer_table(summary:dict)->str:
     for l, (k, w, se, med, q1, q3, d0, d1, dse) in enumerate(zip(summary["pattern_count"], summary["weights_mean"], summary["weights_se"],
             summary["ratio_median"], summary["ratio_q1"], summary["ratio_q3"], summary["diagonality_start"], summary["diagonality_end"], summary["diagonality_end_se"])):
         ws = ", ".join(f"{a:+.2f} ± {b:.2f}" for a, b in zip(w, se))
-        rows.append(f"| {l + 1} | {k} / {m} | ({ws}) | {med:+.2f} [{q1:+.2f}, {q3:+.2f}] | {d0:.2f} → {d1:.2f} ± {dse:.2f} |")
+        k = "— (no gradient)" if l == 0 and not summary["config"]["shared"] else f"{k} / {m}"
+        rows.append(f"| {l + 1} | {k} | ({ws}) | {med:+.2f} [{q1:+.2f}, {q3:+.2f}] | {d0:.2f} → {d1:.2f} ± {dse:.2f} |")
     head = ("| layer | seeds with (+, +, −) | weights (reward, successor, current), mean ± s.e. | successor / current: median [quartiles] | diagonality start → end |\n"
             "|---|---|---|---|---|")
     return "\n".join([head] + rows)
@@ -274,26 +286,140 @@ def comparison_table(comparison:dict)->str:
     return "\n".join(["| predictor | MSVE, mean ± s.e. over seeds | range over seeds |", "|---|---|---|"] + rows)
 
 # %% ../nbs/06a_emergence.ipynb #ca97f116
+def claim_counts(results:list,     # runs of one configuration
+                 comparison:dict,  # `baseline_comparison(results)`
+                )->dict:           # the counts the claims of `emergence_claims` rest on
+    "The measured counts behind the chapter's claims, without asserting them."
+    m = len(results)
+    vw, diag = stack_history(results, "value_weights")[:, -1], stack_history(results, "diagonality")
+    rise = diag[:, -1, 1:] - diag[:, 0, 1:]
+    return dict(n_seeds=m, k_half=min_successes(m, 1 / 2), k_eighth=min_successes(m, 1 / 8),
+                beats_context_mean=int((comparison["trained"] < comparison["context mean"]).sum()),
+                beats_theta_star=int((comparison["trained"] < comparison["best theta*"]).sum()),
+                diagonality_rise_z=(mean_se(rise)[0] / mean_se(rise)[1]).tolist(),
+                last_layer_pattern=int(sign_pattern(vw[:, -1]).sum()),
+                reward_positive=int((vw[..., 0] > 0).all(-1).sum()))
+
 def emergence_claims(results:list,      # runs of one configuration (>= 10 seeds)
                      comparison:dict,   # `baseline_comparison(results)`
                     )->dict:            # the measured counts and thresholds
     "Assert the distributional claims of the headline experiment; return the counts they rest on."
-    m = len(results)
-    if m < 10: raise ValueError(f"`results` must hold at least 10 seeds, got {m}")
-    k_half, k_eighth = min_successes(m, 1 / 2), min_successes(m, 1 / 8)
-    vw, diag = stack_history(results, "value_weights")[:, -1], stack_history(results, "diagonality")
-    rise = diag[:, -1, 1:] - diag[:, 0, 1:]
-    out = dict(n_seeds=m, k_half=k_half, k_eighth=k_eighth,
-               beats_context_mean=int((comparison["trained"] < comparison["context mean"]).sum()),
-               beats_theta_star=int((comparison["trained"] < comparison["best theta*"]).sum()),
-               diagonality_rise_z=(mean_se(rise)[0] / mean_se(rise)[1]).tolist(),
-               last_layer_pattern=int(sign_pattern(vw[:, -1]).sum()),
-               reward_positive=int((vw[..., 0] > 0).all(-1).sum()))
-    assert out["beats_context_mean"] >= k_half and out["beats_theta_star"] >= k_half, out
+    if len(results) < 10: raise ValueError(f"`results` must hold at least 10 seeds, got {len(results)}")
+    out = claim_counts(results, comparison)
+    assert out["beats_context_mean"] >= out["k_half"], out
     assert min(out["diagonality_rise_z"]) > 2, out
-    assert out["last_layer_pattern"] >= k_eighth, out
-    assert out["reward_positive"] >= k_half, out
+    assert out["last_layer_pattern"] >= out["k_eighth"], out
+    assert out["reward_positive"] >= out["k_half"], out
     return out
+
+# %% ../nbs/06a_emergence.ipynb #9cde2532
+def ablation(config:PretrainConfig,  # the base configuration
+             field:str,              # the setting to vary (a field of `PretrainConfig`)
+             values,                 # the values it takes
+             seeds,                  # the seeds of every run
+             cache_dir=None,         # folder of cached runs (shared settings are trained once); None: none
+             **fixed,                # other settings to change with it (e.g. shared=True)
+            )->dict:                 # value -> list of `PretrainResult`
+    "Rerun `config` over `seeds` for each value of one setting."
+    if field not in {f.name for f in dataclasses.fields(PretrainConfig)}: raise ValueError(f"`field` must be a field of PretrainConfig, got {field!r}")
+    extra = lambda v: dict(d=10) if field == "features" and v == "onehot" else {}
+    return {v: pretrain_many(dataclasses.replace(config, **fixed, **{field: v}, **extra(v)), list(seeds), progress=False, cache_dir=cache_dir) for v in values}
+
+def ablation_rows(runs:dict,  # output of `ablation`
+                 )->dict:     # value -> `seed_summary` of its runs
+    "The seed summary of every value of an ablation."
+    return {v: seed_summary(r) for v, r in runs.items()}
+
+def ablation_table(runs:dict,    # output of `ablation`
+                   field:str,    # the setting varied
+                  )->str:        # markdown, one row per value
+    "Final MSVE, sign-pattern counts and median successor/current ratios of every layer, per value of the ablation."
+    out = [f"| {field} | MSVE, mean ± s.e. | seeds with (+, +, −), per layer | successor / current, median per layer | diagonality at the end, per layer |", "|---|---|---|---|---|"]
+    for v, sm in ablation_rows(runs).items():
+        L = 1 if sm["config"]["shared"] else len(sm["pattern_count"])
+        pat = ", ".join(f"{k}/{sm['n_seeds']}" for k in sm["pattern_count"][:L])
+        out.append(f"| {v} | {sm['msve']:.3f} ± {sm['msve_se']:.3f} | {pat} | {', '.join(f'{x:+.2f}' for x in sm['ratio_median'][:L])} | "
+                   f"{', '.join(f'{x:.2f}' for x in sm['diagonality_end'][:L])} |")
+    return "\n".join(out)
+
+def plot_ablation(runs:dict,  # output of `ablation`
+                  field:str,  # the setting varied
+                 ):           # the matplotlib figure
+    "Per value of the ablation: the successor/current ratio of layers 2..L (median and quartiles), the share of seeds with the pattern, and the MSVE."
+    import matplotlib.pyplot as plt
+    rows, values = ablation_rows(runs), list(runs)
+    numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+    x = torch.tensor(values, dtype=torch.float64) if numeric else torch.arange(len(values), dtype=torch.float64)
+    shared = rows[values[0]]["config"]["shared"]
+    L = min(len(sm["pattern_count"]) for sm in rows.values())
+    layers = [0] if shared else range(1, L)
+    fig, axs = plt.subplots(1, 3, figsize=(12, 3.8))
+    for l in layers:
+        name = "shared layer" if shared else f"layer {l + 1}"
+        med = torch.tensor([rows[v]["ratio_median"][l] for v in values])
+        lo, hi = med - torch.tensor([rows[v]["ratio_q1"][l] for v in values]), torch.tensor([rows[v]["ratio_q3"][l] for v in values]) - med
+        axs[0].errorbar(x + 0.01 * l * (x.max() - x.min() + 1), med, yerr=torch.stack([lo, hi]), fmt="o-", capsize=3, label=name)
+        axs[1].plot(x, [rows[v]["pattern_count"][l] / rows[v]["n_seeds"] for v in values], "o-", label=name)
+    gam = torch.tensor([rows[v]["config"]["gamma"] for v in values])
+    axs[0].plot(x, -gam, "k--", label=r"$-\gamma$")
+    axs[0].set(ylim=(-4, 3), ylabel="successor / current (median, quartiles)", title="Weight ratio")
+    axs[1].set(ylim=(-0.05, 1.05), ylabel="share of seeds with (+, +, −)", title="Sign pattern")
+    m = torch.tensor([rows[v]["msve"] for v in values]); se = torch.tensor([rows[v]["msve_se"] for v in values])
+    axs[2].errorbar(x, m, yerr=se, fmt="o-", capsize=3)
+    axs[2].set(ylabel="MSVE (mean ± s.e.)", title="Value error, held-out tasks")
+    for ax in axs:
+        ax.set_xlabel(field)
+        if not numeric: ax.set_xticks(x.tolist(), [str(v) for v in values])
+    for ax in axs[:2]: ax.legend(fontsize=7)
+    c = rows[values[0]]["config"]
+    fig.suptitle(f"Ablation over {field}: {rows[values[0]]['n_seeds']} seeds, {c['n_steps']} steps, lr = {c['lr']:g}")
+    fig.tight_layout()
+    return fig
+
+
+def ablation_claims(gamma_runs:dict,    # `ablation` over gamma, with 0.5 and 0.95
+                    feature_runs:dict,  # `ablation` over features, with "random" and "onehot"
+                    n_runs:dict,        # `ablation` over n (at least two values)
+                    shared_runs:dict,   # `ablation` over n_layers with shared parameters, with 8
+                   )->dict:             # the measured quantities the claims rest on
+    "Assert the distributional claims of the ablations; return what they rest on."
+    count = lambda runs: int(sign_pattern(stack_history(runs, "value_weights")[:, -1, -1]).sum())
+    m = len(gamma_runs[0.5]); k_half = min_successes(m, 1 / 2)
+    diag_end = lambda runs: stack_history(runs, "diagonality")[:, -1, -1]
+    msve_end = lambda runs: stack_history(runs, "msve")[:, -1, 0]
+    out = dict(k_half=k_half, pattern_gamma={g: count(r) for g, r in gamma_runs.items()},
+               ratio_gamma={g: ratio_interval(r, -1) for g, r in gamma_runs.items()},
+               pattern_shared={L: count(r) for L, r in shared_runs.items()}, ratio_shared={L: ratio_interval(r, 0) for L, r in shared_runs.items()},
+               pattern_features={f: count(r) for f, r in feature_runs.items()},
+               diagonality_onehot_minus_random=(diag_end(feature_runs["onehot"]).mean() - diag_end(feature_runs["random"]).mean()).item(),
+               diagonality_difference_se=math.hypot(mean_se(diag_end(feature_runs["onehot"]))[1], mean_se(diag_end(feature_runs["random"]))[1]),
+               msve_n={n: mean_se(msve_end(r))[0].item() for n, r in n_runs.items()},
+               msve_difference_se=math.hypot(mean_se(msve_end(n_runs[min(n_runs)]))[1], mean_se(msve_end(n_runs[max(n_runs)]))[1]))
+    lo, _, hi = out["ratio_gamma"][0.5]
+    assert out["pattern_gamma"][0.5] >= k_half and lo <= -0.5 <= hi, out
+    assert out["pattern_gamma"][0.95] <= out["pattern_gamma"][0.5] - 5, out
+    lo, _, hi = out["ratio_shared"][8]
+    assert out["pattern_shared"][8] >= k_half and lo <= -gamma_runs[0.9][0].config.gamma <= hi and hi < 0, out
+    assert out["pattern_features"]["onehot"] >= min_successes(m, 1 / 8), out
+    assert out["diagonality_onehot_minus_random"] > 2 * out["diagonality_difference_se"], out
+    assert out["msve_n"][min(n_runs)] - out["msve_n"][max(n_runs)] > 2 * out["msve_difference_se"], out
+    return out
+
+# %% ../nbs/06a_emergence.ipynb #5e371bfa
+def emergence_report(results:list,  # runs of one configuration (>= 2 seeds)
+                     out_dir,       # folder to write into (created if needed)
+                    )->dict:        # the summary written to `out_dir/summary.json`
+    "Write the band figure, the heat maps and a JSON summary (per-layer statistics, baselines, claim counts) of a set of runs."
+    import matplotlib.pyplot as plt
+    out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
+    comparison = baseline_comparison(results)
+    summary = dict(seed_summary(results), baselines={k: dict(mean=v.mean().item(), se=mean_se(v)[1].item(), per_seed=v.tolist()) for k, v in comparison.items()},
+                   claims=claim_counts(results, comparison))
+    for name, fig in (("bands.png", plot_seed_bands(results)), ("parameters.png", plot_blocks(results))):
+        fig.savefig(out / name, dpi=120); plt.close(fig)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    (out / "summary.md").write_text(layer_table(summary) + "\n\n" + comparison_table(comparison) + "\n")
+    return summary
 
 # %% ../nbs/06a_emergence.ipynb #467c6b97
 class _Population(torch.nn.Module):
