@@ -46,8 +46,10 @@ sync: setup
 test: setup
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n auto
 
+# Speed and memory of the pretraining engine and the forward pass, with ratios measured in one run; writes
+# bench/results.json, which the CLI chapter shows (commit it after running on a quiet machine).
 bench: setup
-	$(BIN)/python bench/bench_forward.py
+	OMP_NUM_THREADS=1 $(BIN)/python bench/bench_engine.py
 
 clean:
 	rm -rf _proc _docs .pytest_cache

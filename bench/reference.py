@@ -77,8 +77,8 @@ def evaluate(model, eval_tasks, eval_states, config, neu_seed=0):
                 neu_population=torch.tensor([population_neu(model, eval_tasks)], dtype=torch.float64),
                 diagonality=diag, value_weights=model.value_weights(), cosine=block_cosines(model, config.gamma))
 
-def one_seed_pretrain(config, n_steps=None):
-    "The pre-engine loop: returns (model, history); `n_steps` overrides the configuration's (for timing)."
+def one_seed_pretrain(config, n_steps=None, callback=None):
+    "The pre-engine loop: returns (model, history); `n_steps` overrides the configuration's, `callback(step)` follows each step (for timing)."
     n_steps = config.n_steps if n_steps is None else n_steps
     d = config.n_states if config.features == "onehot" else config.d
     model = SoftmaxICTD(d, config.n_layers, shared=config.shared, init_gain=config.init_gain, seed=config.seed)
@@ -98,4 +98,23 @@ def one_seed_pretrain(config, n_steps=None):
         loss = 0.5 * (target - v).square().mean()
         opt.zero_grad(); loss.backward(); opt.step()
         losses.append(loss.item())
+        if callback is not None: callback(step + 1)
     return model, {k: torch.stack(v) for k, v in history.items()}
+
+def predecessor_pretrain(config, n_steps, callback=None):
+    "The unbatched style of the predecessor's public code: one prompt per forward and backward pass, gradients summed over the batch."
+    d = config.n_states if config.features == "onehot" else config.d
+    model = SoftmaxICTD(d, config.n_layers, shared=config.shared, init_gain=config.init_gain, seed=config.seed)
+    train = random_tasks(min(config.n_tasks, 256), seed=config.seed * 1_000_003, **_task_kwargs(config))
+    opt = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
+    gen = torch.Generator().manual_seed(config.seed)
+    for step in range(n_steps):
+        opt.zero_grad()
+        for _ in range(config.batch_size):
+            b = td_batch(train, 1, config.n, gen)
+            v = model.predict(b.Z[0], n=config.n)
+            with torch.no_grad(): target = b.reward[0] + config.gamma * model.predict(b.Z_next[0], n=config.n)
+            (0.5 * (target - v).square().sum() / config.batch_size).backward()
+        opt.step()
+        if callback is not None: callback(step + 1)
+    return model

@@ -4,7 +4,7 @@
 
 # %% ../nbs/08_cli.ipynb #eef2cd57
 from __future__ import annotations
-import argparse, json, sys
+import argparse, json, math, sys
 from dataclasses import asdict, fields
 from pathlib import Path
 from fastcore.docments import docments
@@ -14,12 +14,12 @@ from .boyan import check_gamma, plot_chain, random_boyan_chain
 from .convergence import (depth_experiment, diagonality_sweep, loglog_slope, plot_depth, plot_diagonality,
                               plot_floor, plot_rates, rate_experiment)
 from .linear import plot_side_by_side, side_by_side
-from .pretrain import PretrainConfig, plot_emergence, pretrain
+from .pretrain import DTYPES, FAMILIES, PLUGIN_MODULES, PROTOCOLS, PretrainConfig, plot_emergence, pretrain_many, run_folder
 
 # %% auto #0
 __all__ = ['positive_int', 'natural_int', 'positive_float', 'natural_float', 'step_size', 'discount', 'n_states_arg', 'FEATURES',
-           'PRETRAIN_TYPES', 'COMMANDS', 'make_parser', 'run_chain', 'run_convergence', 'run_linear', 'run_pretrain',
-           'main']
+           'PRETRAIN_TYPES', 'COMMANDS', 'seed_list', 'make_parser', 'seed_ranges', 'summarize', 'plot_seeds',
+           'run_chain', 'run_convergence', 'run_linear', 'run_pretrain', 'main']
 
 # %% ../nbs/08_cli.ipynb #40d1952f
 def _checked(convert, ok, expected:str):
@@ -46,17 +46,35 @@ PRETRAIN_TYPES = dict(n_states=n_states_arg, d=positive_int, n=positive_int, n_l
                       lr=positive_float, weight_decay=natural_float, init_gain=positive_float, n_tasks=positive_int,
                       batch_size=positive_int, n_steps=natural_int, eval_every=positive_int, eval_tasks=positive_int)
 
+def seed_list(text:str)->list:
+    "Seeds from a comma-separated list of integers and ranges, e.g. '0-29' or '0,3,5' or '0-4,10'."
+    seeds = []
+    for part in text.split(","):
+        lo, sep, hi = part.strip().partition("-")
+        try: first, last = int(lo), int(hi if sep else lo)
+        except ValueError: raise argparse.ArgumentTypeError(f"must be seeds like 0-29 or 0,3,5, got {text!r}") from None
+        if first < 0 or last < first: raise argparse.ArgumentTypeError(f"must be seeds like 0-29 or 0,3,5 (non-negative, increasing ranges), got {text!r}")
+        seeds += range(first, last + 1)
+    return seeds
+
 def _option(name:str)->str: return "--" + name.replace("_", "-")
 
 def _add_pretrain_options(p:argparse.ArgumentParser):
-    "One option per field of `PretrainConfig`, with its default and documentation; `--seed` takes one or more seeds (one run each)."
+    "One option per field of `PretrainConfig`, with its default and documentation; `--seeds` takes lists and ranges (one run each)."
     docs = docments(PretrainConfig)
+    choices = dict(features=FEATURES, attention=sorted(set(FAMILIES) | set(PLUGIN_MODULES)),
+                   protocol=sorted(set(PROTOCOLS) | set(PLUGIN_MODULES)), dtype=tuple(DTYPES))
     for f in fields(PretrainConfig):
         default = getattr(PretrainConfig(), f.name)
         if f.name == "shared": p.add_argument(_option(f.name), action="store_true", help=docs[f.name])
-        elif f.name == "features": p.add_argument(_option(f.name), choices=FEATURES, default=default, help=docs[f.name])
-        elif f.name == "seed": p.add_argument("--seed", type=natural_int, nargs="+", default=[0, 1, 2], help="one run per seed; " + docs[f.name])
+        elif f.name in choices: p.add_argument(_option(f.name), choices=choices[f.name], default=default, help=docs[f.name])
+        elif f.name == "seed": p.add_argument("--seeds", "--seed", type=seed_list, nargs="+", default=[[0, 1, 2]], dest="seeds",
+                                              help="seeds, one run each, e.g. 0-29 or 0,3,5; " + docs[f.name])
         else: p.add_argument(_option(f.name), type=PRETRAIN_TYPES[f.name], default=default, help=docs[f.name])
+    p.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda (default: CUDA when available, else the CPU)")
+    p.add_argument("--threads", type=positive_int, default=1, help="torch intra-op threads of this process")
+    p.add_argument("--checkpoint-every", type=positive_int, default=500, help="steps between checkpoints of the whole run")
+    p.add_argument("--force", action="store_true", help="retrain even if the folder holds results of this configuration")
     p.add_argument("--cache-dir", type=Path, default=None, help="folder of cached runs (default: %(default)s, meaning the --out folder)")
 
 # %% ../nbs/08_cli.ipynb #520a7227
@@ -116,6 +134,58 @@ def _save(obj, path:Path)->Path:
     print(f"wrote {path}", flush=True)
     return path
 
+# %% ../nbs/08_cli.ipynb #de38a6e1
+def seed_ranges(seeds:list)->str:
+    "Seeds written compactly as ranges, e.g. [0, 1, 2, 5] -> '0-2,5'."
+    out, seeds = [], sorted(seeds)
+    for s in seeds:
+        if out and s == out[-1][1] + 1: out[-1][1] = s
+        else: out.append([s, s])
+    return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in out)
+
+def summarize(results:list)->dict:
+    "Mean and standard error over seeds of every metric at the last evaluation (standard error None for one seed)."
+    S, final = len(results), {}
+    for k in results[0].history:
+        if k == "step": continue
+        last = torch.stack([r.history[k][-1].double() for r in results])
+        final[k] = dict(mean=last.mean(0), se=last.std(0) / math.sqrt(S) if S > 1 else None)
+    return dict(config=asdict(results[0].config) | dict(seed=None), seeds=[r.config.seed for r in results],
+                step=int(results[0].history["step"][-1]), final=final)
+
+def _band(ax, steps, x, label, log=False):
+    "Mean over seeds (axis 0) with a band of one standard error."
+    m = x.mean(0)
+    se = x.std(0) / math.sqrt(len(x)) if len(x) > 1 else torch.zeros_like(m)
+    ax.plot(steps, m, label=label)
+    ax.fill_between(steps, (m - se).clamp(min=1e-12) if log else m - se, m + se, alpha=0.25)
+
+def plot_seeds(results:list,  # runs of one configuration with different seeds
+               title:str=None, # figure title; default: the configuration's main settings and the seeds
+              ):
+    "Metrics against training steps, mean over seeds with one standard error: MSVE and NEU, and the softmax family's diagonality and last-layer value weights."
+    import matplotlib.pyplot as plt
+    h = {k: torch.stack([r.history[k] for r in results]).double() for k in results[0].history}
+    steps, c = h["step"][0].flatten().numpy(), results[0].config
+    panels = 2 + 2 * ("value_weights" in h)
+    fig, axs = plt.subplots(1, panels, figsize=(4 * panels, 3.6))
+    _band(axs[0], steps, h["msve"][..., 0], "MSVE", log=True)
+    axs[0].set(yscale="log", xlabel="training step", ylabel="MSVE (held-out tasks)", title="Value error")
+    for k, label in (("neu", f"n = {c.n} (estimate)"), ("neu_population", r"$n = \infty$")):
+        if k in h: _band(axs[1], steps, h[k][..., 0], f"NEU, {label}")
+    axs[1].set(xlabel="training step", ylabel="NEU", title="Norm of the expected update")
+    if "value_weights" in h:
+        vw = h["value_weights"][:, :, -1]
+        for j, name in enumerate(("reward", "successor value", "current value")): _band(axs[2], steps, vw[..., j], name)
+        axs[2].axhline(0, color="k", lw=0.5)
+        axs[2].set(xlabel="training step", ylabel="weight", title=f"Value-update weights, layer {c.n_layers}")
+        for l in range(c.n_layers): _band(axs[3], steps, h["diagonality"][..., l], f"layer {l + 1}")
+        axs[3].set(xlabel="training step", ylabel="attention share on own state", title="Kernel diagonality")
+    for ax in axs: ax.legend(fontsize=8)
+    fig.suptitle(title or f"{c.attention} attention, n = {c.n}, L = {c.n_layers}, lr = {c.lr:g}, {c.dtype}: mean and standard error over seeds {seed_ranges([r.config.seed for r in results])}")
+    fig.tight_layout()
+    return fig
+
 # %% ../nbs/08_cli.ipynb #ccf18388
 def run_chain(args)->list:
     "`ictd chain`: draw a random Boyan chain and save its process."
@@ -157,20 +227,29 @@ def run_linear(args)->list:
     return [_save(plot_side_by_side(curves, args.n), args.out / "linear.png"), _save(curves, args.out / "linear.pt"),
             _save(summary, args.out / "linear.json")]
 
+def _seeds(args)->list:
+    "The flat list of seeds of `--seeds` (given as one or more lists and ranges), checked to be distinct."
+    seeds = [s for group in args.seeds for s in group]
+    if len(set(seeds)) != len(seeds): raise ValueError(f"argument --seeds: must be distinct, got {seeds}")
+    return seeds
+
 def run_pretrain(args)->list:
-    "`ictd pretrain`: one pretraining run per seed, cached by configuration, with its emergence figure."
-    cache, paths = args.cache_dir or args.out, []
-    for seed in args.seed:
-        config = PretrainConfig(**{f.name: seed if f.name == "seed" else getattr(args, f.name) for f in fields(PretrainConfig)})
-        checkpoint = Path(cache) / f"pretrain-{config.key()}.pt"
-        if checkpoint.exists(): print(f"seed {seed}: loading the cached run {checkpoint}", flush=True)
-        result = pretrain(config, progress=not args.no_progress, cache_dir=cache)
-        h = result.history
-        summary = dict(config=asdict(config), checkpoint=str(checkpoint), final={k: v[-1] for k, v in h.items()},
-                       msve=h["msve"].flatten(), step=h["step"].flatten())
-        paths += [_save(plot_emergence(result), args.out / f"pretrain-seed{seed}.png"), _save(summary, args.out / f"pretrain-seed{seed}.json")]
-        print(f"checkpoint {checkpoint}", flush=True)
-    return paths + [checkpoint]
+    "`ictd pretrain`: every seed in one batched run (cached per configuration and seed), each seed's figure and a summary across seeds."
+    torch.set_num_threads(args.threads)
+    seeds, cache = _seeds(args), args.cache_dir or args.out
+    config = PretrainConfig(**{f.name: getattr(args, f.name) for f in fields(PretrainConfig) if f.name != "seed"})
+    folder = run_folder(args.out, config)
+    cached = [s for s in seeds if (run_folder(cache, config) / f"seed-{s}.pt").exists()]
+    if cached and not args.force: print(f"seeds {seed_ranges(cached)}: loading the cached runs from {run_folder(cache, config)}", flush=True)
+    results = pretrain_many(config, seeds, progress=not args.no_progress, cache_dir=cache, device=args.device,
+                            checkpoint_every=args.checkpoint_every, force=args.force)
+    paths = []
+    for r in results:
+        h = r.history
+        summary = dict(config=asdict(r.config), final={k: v[-1] for k, v in h.items()}, msve=h["msve"].flatten(), step=h["step"].flatten())
+        if "value_weights" in h: paths.append(_save(plot_emergence(r), folder / f"seed-{r.config.seed}.png"))
+        paths.append(_save(summary, folder / f"seed-{r.config.seed}.json"))
+    return paths + [_save(summarize(results), folder / "summary.json"), _save(plot_seeds(results), folder / "summary.png")]
 
 # %% ../nbs/08_cli.ipynb #65bc7178
 COMMANDS = dict(chain=run_chain, linear=run_linear, convergence=run_convergence, pretrain=run_pretrain)

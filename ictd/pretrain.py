@@ -21,12 +21,12 @@ from .tasks import TaskBatch, random_tasks, sample_trajectories
 # %% auto #0
 __all__ = ['DTYPES', 'EMERGENCE', 'FAMILIES', 'PROTOCOLS', 'PLUGIN_MODULES', 'stack_pools', 'task_features', 'TDSample',
            'stationary_examples', 'TDBatch', 'td_batch', 'expected_update', 'neu', 'exact_neu_small', 'StateTokens',
-           'state_tokens', 'token_layer', 'token_layers', 'token_predict', 'model_params', 'population_tokens',
-           'population_predict', 'population_neu', 'PretrainConfig', 'PretrainResult', 'kernel_diagonality_per_layer',
-           'block_cosines', 'evaluate', 'task_pool', 'stationary_sampler', 'Family', 'register_family',
-           'register_protocol', 'get_family', 'get_protocol', 'softmax_init', 'softmax_module', 'softmax_metrics',
-           'population_neu_many', 'EvalSet', 'held_out_tasks', 'eval_set', 'td_values', 'sampled_neu', 'evaluate_many',
-           'run_folder', 'pretrain_many', 'pretrain', 'plot_emergence']
+           'state_tokens', 'seed_map', 'token_layer', 'token_layers', 'token_predict', 'model_params',
+           'population_tokens', 'population_predict', 'population_neu', 'PretrainConfig', 'PretrainResult',
+           'kernel_diagonality_per_layer', 'block_cosines', 'evaluate', 'task_pool', 'stationary_sampler', 'Family',
+           'register_family', 'register_protocol', 'get_family', 'get_protocol', 'softmax_init', 'softmax_module',
+           'softmax_metrics', 'population_neu_many', 'EvalSet', 'held_out_tasks', 'eval_set', 'td_values',
+           'sampled_neu', 'evaluate_many', 'run_folder', 'pretrain_many', 'pretrain', 'plot_emergence']
 
 # %% ../nbs/06_pretrain.ipynb #3487233b
 def _draw_cdf(cum:torch.Tensor, u:torch.Tensor)->torch.Tensor:
@@ -63,10 +63,12 @@ def stationary_examples(pool:TaskBatch,  # tasks with a leading seed axis: P (S,
                         u:torch.Tensor,  # (S, B, n + 4) uniforms: task, n + 1 context states, query, successor
                        )->TDSample:
     "Examples from uniforms: a task of the pool, a context started from d_pi, a query from d_pi and its successor."
-    T, n = pool.P.shape[1], u.shape[-1] - 4
+    (S, T, s), n = pool.P.shape[:3], u.shape[-1] - 4
     u = u.permute(2, 0, 1).contiguous()          # (n + 4, S, B): each draw's uniforms contiguous
     task = (u[0] * T).long().clamp(max=T - 1)
-    cum_P = lambda states: _rows(pool.P, task, states).cumsum(-1)
+    cum = _rows(pool.P, task, torch.arange(s, device=u.device).expand(*task.shape, s)).cumsum(-1).reshape(-1, s)  # rows of each example's task
+    first = torch.arange(task.numel(), device=u.device).reshape(task.shape) * s
+    cum_P = lambda states: cum.index_select(0, (first + states).flatten()).reshape(*states.shape, s)
     start = _rows(pool.d_pi[..., None, :], task, torch.zeros_like(task)).cumsum(-1)
     states = [_draw_cdf(start, u[1])]
     for t in range(n): states.append(_draw_cdf(cum_P(states[-1]), u[t + 2]))
@@ -174,37 +176,45 @@ def _cast(x:StateTokens, dtype)->StateTokens:
     return x if x.Z.dtype == dtype else StateTokens(x.Z.to(dtype), x.log_w.to(dtype), x.succ.to(dtype), x.q)
 
 # %% ../nbs/06_pretrain.ipynb #79b3eff1
-def _layer_params(params:dict, l:int, ndim:int)->tuple:
-    "Layer `l`'s (A, V_cur, V_tgt), each (S, 1, ..., D, D) to broadcast against inputs with `ndim` dimensions."
-    S, Lp = params["A"].shape[:2]
-    return tuple(params[k][:, l % Lp].reshape(S, *[1] * (ndim - 3), *params[k].shape[-2:]) for k in ("A", "V_cur", "V_tgt"))
+def _layer_params(params:dict, l:int)->tuple:
+    "Layer `l`'s (A, V_cur, V_tgt), each (S, D, D)."
+    Lp = params["A"].shape[1]
+    return tuple(params[k][:, l % Lp] for k in ("A", "V_cur", "V_tgt"))
 
-def token_layer(Z, A, V_cur, V_tgt,       # (..., D, s + m) tokens and one layer's parameters
+def seed_map(W:torch.Tensor,  # (S, D, E) one matrix per seed
+             Y:torch.Tensor,  # (S, ..., E, K) columns of every prompt of each seed
+            )->torch.Tensor:  # (S, ..., D, K): W[i] @ Y[i, ...]
+    "Apply each seed's matrix to every column of its prompts, as one matrix product per seed (not one per prompt)."
+    S, E, K = Y.shape[0], Y.shape[-2], Y.shape[-1]
+    out = W @ Y.movedim(-2, 1).reshape(S, E, -1)
+    return out.reshape(S, W.shape[-2], *Y.shape[1:-2], K).movedim(1, -2)
+
+def token_layer(Z, A, V_cur, V_tgt,       # (S, ..., D, s + m) tokens and one layer's parameters (S, D, D)
                 x:StateTokens,            # the weights and successors of the state tokens
                 columns=slice(None),      # the columns to update (default all)
                )->tuple:                  # the updated `columns` and their attention over the s state keys
     "One dual-head layer on state tokens: attention over the s states with bias log w, values $V^{cur} Z + V^{tgt}$ (mean successor)."
     s = x.log_w.shape[-1]
     keys, out = Z[..., :s], Z[..., columns]
-    X = V_cur @ keys + V_tgt @ (Z @ x.succ.mT)
-    att = torch.softmax(keys.mT @ (A @ out) + x.log_w[..., None], dim=-2)
+    X = seed_map(torch.cat([V_cur, V_tgt], -1), torch.cat([keys, Z @ x.succ.mT], -2))
+    att = torch.softmax(seed_map(A.mT, keys).mT @ out + x.log_w[..., None], dim=-2)
     return out + X @ att, att
 
 def token_layers(params:dict, n_layers:int, x:StateTokens)->tuple:
-    "Z_0..Z_L of stacked parameters (S, L or 1, D, D) on state tokens, and each layer's attention (..., s, s + m)."
+    "Z_0..Z_L of stacked parameters (S, L or 1, D, D) on state tokens (S, ...), and each layer's attention (S, ..., s, s + m)."
     x = _cast(x, params["A"].dtype)
     Zs, atts = [x.Z], []
     for l in range(n_layers):
-        Z, att = token_layer(Zs[-1], *_layer_params(params, l, x.Z.ndim), x)
+        Z, att = token_layer(Zs[-1], *_layer_params(params, l), x)
         Zs.append(Z); atts.append(att)
     return Zs, atts
 
 def token_predict(params:dict, n_layers:int, x:StateTokens)->torch.Tensor:
-    "(..., q) values at the queries of state tokens; the last layer updates the query columns only."
+    "(S, ..., q) values at the queries of state tokens (S, ...); the last layer updates the query columns only."
     x = _cast(x, params["A"].dtype)
     Z = x.Z
-    for l in range(n_layers - 1): Z = token_layer(Z, *_layer_params(params, l, Z.ndim), x)[0]
-    return token_layer(Z, *_layer_params(params, n_layers - 1, Z.ndim), x, slice(-x.q, None))[0][..., -1, :]
+    for l in range(n_layers - 1): Z = token_layer(Z, *_layer_params(params, l), x)[0]
+    return token_layer(Z, *_layer_params(params, n_layers - 1), x, slice(-x.q, None))[0][..., -1, :]
 
 def model_params(model:SoftmaxICTD)->dict:
     "A model's parameters stacked as the engine holds them, with a seed axis of one: (1, L or 1, D, D) each."
@@ -225,7 +235,8 @@ def population_predict(model:SoftmaxICTD,  # any parameters
     "The model's forward pass in the limit $n \\to \\infty$ of a stationary context: attention over state tokens weighted by $d_\\pi$."
     d = tasks.phi.shape[-1]
     if d != model.d: raise ValueError(f"`tasks` have d = {d} features but the model expects d = {model.d}")
-    return token_predict(model_params(model), model.n_layers, population_tokens(tasks))
+    one = TaskBatch(*(getattr(tasks, k)[None] for k in ("P", "r", "phi", "d_pi", "v_pi")), tasks.gamma)
+    return token_predict(model_params(model), model.n_layers, population_tokens(one))[0]
 
 def population_neu(model:SoftmaxICTD,  # any parameters
                    tasks:TaskBatch,    # tasks to average over
@@ -495,9 +506,9 @@ def _load(path:Path, expect:dict):
     "The dict saved at `path` if it exists and was written by this version for this run, else None (saying why)."
     if not path.exists(): return None
     saved = torch.load(path, weights_only=True)
-    found = {k: saved.get(k) for k in expect}
-    if found != expect:
-        print(f"recomputing: {path} was written for {found}, not {expect}", flush=True)
+    differ = [k for k in expect if saved.get(k) != expect[k]]
+    if differ:
+        print(f"recomputing {path}: its {' and '.join(differ)} {'differ' if len(differ) > 1 else 'differs'} from this run's", flush=True)
         return None
     return saved
 

@@ -16,7 +16,8 @@ OPTIONS = {None: ['chain', 'convergence', 'pretrain', 'linear', 'all'],
            'chain': ['--n-states', '--features', '--gamma', '--seed', '--out', '--no-progress'],
            'convergence': ['--n-tasks', '--ns', '--n-layers', '--beta', '--alpha', '--seed', '--chunk', '--diag-tasks',
                            '--n-betas', '--rate-tasks', '--rate-layers', '--out'],
-           'pretrain': ['--' + f.name.replace('_', '-') for f in fields(PretrainConfig)] + ['--cache-dir', '--out'],
+           'pretrain': ['--' + f.name.replace('_', '-') for f in fields(PretrainConfig)] + ['--seeds', '--device', '--threads', '--force',
+                                                                                           '--checkpoint-every', '--cache-dir', '--out'],
            'linear': ['--n-tasks', '--n', '--depth', '--beta', '--alpha', '--seed', '--out'],
            'all': ['--out', '--no-progress']}
 
@@ -79,20 +80,30 @@ def test_linear(tmp_path, capsys):
     assert all(math.isfinite(v) and v >= 0 for c in med.values() for v in c) and soft[-1] < soft[0]
 
 def test_pretrain_and_its_cache(tmp_path, capsys):
+    "One folder per configuration with every seed's files and a summary; a second run loads the cached seeds and trains only new ones."
     args = ['pretrain', '--n-steps', '4', '--eval-every', '2', '--n-tasks', '16', '--eval-tasks', '8', '--batch-size', '8',
-            '--n', '10', '--seed', '0', '1', '--no-progress', '--out', str(tmp_path)]
+            '--n', '10', '--seeds', '0-1', '--no-progress', '--out', str(tmp_path)]
     main(args)
-    assert len(written(capsys)) == 4
+    folder = tmp_path / PretrainConfig(n_steps=4, eval_every=2, n_tasks=16, eval_tasks=8, batch_size=8, n=10).key()
+    assert sorted(written(capsys)) == sorted(str(folder / f) for f in ('seed-0.png', 'seed-0.json', 'seed-1.png', 'seed-1.json', 'summary.json', 'summary.png'))
     for seed in (0, 1):
-        check_png(tmp_path / f'pretrain-seed{seed}.png')
-        s = json.loads((tmp_path / f'pretrain-seed{seed}.json').read_text())
+        check_png(folder / f'seed-{seed}.png')
+        s = json.loads((folder / f'seed-{seed}.json').read_text())
         assert s['config']['seed'] == seed and s['config']['n_steps'] == 4 and s['step'] == [0, 2, 4]
         assert all(0 < m < 100 for m in s['msve'])
-        assert (tmp_path / s['checkpoint'].split('/')[-1]).exists()
-    first = (tmp_path / 'pretrain-seed1.json').read_text()
-    main(args)
-    assert capsys.readouterr().out.count('loading the cached run') == 2
-    assert (tmp_path / 'pretrain-seed1.json').read_text() == first
+        assert torch.load(folder / f'seed-{seed}.pt', weights_only=True)['config']['seed'] == seed
+    check_png(folder / 'summary.png')
+    summary = json.loads((folder / 'summary.json').read_text())
+    runs = [json.loads((folder / f'seed-{s}.json').read_text())['final']['msve'][0] for s in (0, 1)]
+    assert summary['seeds'] == [0, 1] and math.isclose(summary['final']['msve']['mean'][0], np.mean(runs))
+    assert math.isclose(summary['final']['msve']['se'][0], np.std(runs, ddof=1) / math.sqrt(2))
+    assert json.loads((folder / 'config.json').read_text())['n_steps'] == 4
+    first = (folder / 'seed-1.json').read_text()
+    main(args[:-5] + ['--seeds', '0,1,2', '--no-progress', '--out', str(tmp_path)])
+    assert 'seeds 0-1: loading the cached runs' in capsys.readouterr().out
+    assert (folder / 'seed-1.json').read_text() == first and (folder / 'seed-2.pt').exists()
+    main(args[:-2] + ['--lr', '0.01', '--out', str(tmp_path)])
+    assert len([p for p in tmp_path.iterdir() if p.is_dir()]) == 2                  # another configuration, another folder
 
 @pytest.mark.parametrize('argv, message', [
     (['linear', '--alpha', '1.5'], 'argument --alpha: must be a step size in (0, 1]'),
@@ -101,6 +112,10 @@ def test_pretrain_and_its_cache(tmp_path, capsys):
     (['convergence', '--beta', 'big'], 'argument --beta: must be a positive number'),
     (['pretrain', '--gamma', '1'], 'argument --gamma: must be a discount factor in [0, 1)'),
     (['pretrain', '--features', 'hexagonal'], 'argument --features: invalid choice'),
+    (['pretrain', '--seeds', '3-1'], 'argument --seeds/--seed: must be seeds like 0-29 or 0,3,5'),
+    (['pretrain', '--seeds', '0-2', '1'], 'pretrain: argument --seeds: must be distinct'),
+    (['pretrain', '--dtype', 'float16'], 'argument --dtype: invalid choice'),
+    (['pretrain', '--threads', '0'], 'argument --threads: must be a positive integer'),
     (['chain', '--n-states', '1'], 'argument --n-states: must be an integer >= 2'),
     (['chain', '--colour', 'red'], 'unrecognized arguments: --colour'),
     ([], 'the following arguments are required: COMMAND')])
@@ -124,4 +139,4 @@ def test_all_runs_every_command(tmp_path, monkeypatch):
     assert all(a.out == tmp_path and a.no_progress for _, a in calls)
     conv = dict(calls)['convergence']
     assert conv.n_tasks == 1000 and conv.ns[-1] == 30_000                 # full scale by default
-    assert dict(calls)['pretrain'].seed == [0, 1, 2] and dict(calls)['pretrain'].n_steps == PretrainConfig().n_steps
+    assert dict(calls)['pretrain'].seeds == [[0, 1, 2]] and dict(calls)['pretrain'].n_steps == PretrainConfig().n_steps

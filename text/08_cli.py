@@ -4,7 +4,7 @@
 # %%
 #| export
 from __future__ import annotations
-import argparse, json, sys
+import argparse, json, math, sys
 from dataclasses import asdict, fields
 from pathlib import Path
 from fastcore.docments import docments
@@ -14,7 +14,7 @@ from ictd.boyan import check_gamma, plot_chain, random_boyan_chain
 from ictd.convergence import (depth_experiment, diagonality_sweep, loglog_slope, plot_depth, plot_diagonality,
                               plot_floor, plot_rates, rate_experiment)
 from ictd.linear import plot_side_by_side, side_by_side
-from ictd.pretrain import PretrainConfig, plot_emergence, pretrain
+from ictd.pretrain import DTYPES, FAMILIES, PLUGIN_MODULES, PROTOCOLS, PretrainConfig, plot_emergence, pretrain_many, run_folder
 
 # %%
 #| hide
@@ -25,6 +25,7 @@ from nbdev.showdoc import *
 #| hide
 import contextlib, io, tempfile
 import matplotlib.image
+from IPython.display import Image, Markdown
 from fastcore.xtras import working_directory
 
 
@@ -41,15 +42,18 @@ from fastcore.xtras import working_directory
 # |---|---|---|
 # | `ictd chain` | a random Boyan chain (chapter 0) | `chain.png`, `chain.json` |
 # | `ictd convergence` | the four experiments of chapter 5: error against depth, the floor against $n$, kernel diagonality against $\beta$, measured rate against the bound | `convergence-{depth,floor,diagonality,rates}.png`, `convergence.pt`, `convergence.json` |
-# | `ictd pretrain` | the emergence of the TD construction in pretraining (chapter 6), one run per seed | `pretrain-seed{S}.png`, `pretrain-seed{S}.json`, `pretrain-{key}.pt` |
+# | `ictd pretrain` | the emergence of the TD construction in pretraining (chapter 6): every seed in one batched run | in `{key}/`: `config.json`, `seed-{S}.pt`, `seed-{S}.png`, `seed-{S}.json`, `summary.json`, `summary.png` |
 # | `ictd linear` | linear against softmax attention, MSVE against depth (chapter 7) | `linear.png`, `linear.pt`, `linear.json` |
 # | `ictd all` | all of the above with their defaults | all of the above |
 #
 # Every command takes `--out DIR` (default `./ictd-results`) and prints the path of each file it
 # writes. The `.json` files hold summary numbers, readable by anything; the `.pt` files hold every
-# tensor, for `torch.load(path, weights_only=False)`. Pretraining is cached: a run is saved under
-# a hash of its whole configuration (`config.key()`, a method of `PretrainConfig`), and running the
-# same configuration again loads it instead of training.
+# tensor, for `torch.load(path, weights_only=False)`. Pretraining writes into one folder per
+# configuration, named by a hash of every setting but the seed and of the package version
+# (`config.key()`), with the configuration in `config.json`; it never touches another
+# configuration's files. Each seed's run is cached there (`seed-{S}.pt`, read back with
+# `weights_only=True`), so running the same configuration again loads the seeds it has and trains
+# only the others; `--force` retrains, and a run interrupted after a checkpoint resumes from it.
 
 # %% [markdown]
 # ## Checking the options
@@ -89,7 +93,9 @@ for f, bad in ((positive_int, "0"), (positive_int, "2.5"), (step_size, "1.5"), (
 #
 # One sub-command per experiment, each with the options of its compute function. The options of
 # `ictd pretrain` are generated from the fields of `PretrainConfig`, so that every setting of a
-# pretraining run can be given on the command line, and no option can drift out of step with it.
+# pretraining run can be given on the command line, and no option can drift out of step with it;
+# the seeds are given as lists and ranges (`--seeds 0-29`, `--seeds 0,3,5`), and a few options say
+# how to run rather than what (`--device`, `--threads`, `--checkpoint-every`, `--force`).
 
 # %%
 #| export
@@ -98,18 +104,42 @@ PRETRAIN_TYPES = dict(n_states=n_states_arg, d=positive_int, n=positive_int, n_l
                       lr=positive_float, weight_decay=natural_float, init_gain=positive_float, n_tasks=positive_int,
                       batch_size=positive_int, n_steps=natural_int, eval_every=positive_int, eval_tasks=positive_int)
 
+def seed_list(text:str)->list:
+    "Seeds from a comma-separated list of integers and ranges, e.g. '0-29' or '0,3,5' or '0-4,10'."
+    seeds = []
+    for part in text.split(","):
+        lo, sep, hi = part.strip().partition("-")
+        try: first, last = int(lo), int(hi if sep else lo)
+        except ValueError: raise argparse.ArgumentTypeError(f"must be seeds like 0-29 or 0,3,5, got {text!r}") from None
+        if first < 0 or last < first: raise argparse.ArgumentTypeError(f"must be seeds like 0-29 or 0,3,5 (non-negative, increasing ranges), got {text!r}")
+        seeds += range(first, last + 1)
+    return seeds
+
 def _option(name:str)->str: return "--" + name.replace("_", "-")
 
 def _add_pretrain_options(p:argparse.ArgumentParser):
-    "One option per field of `PretrainConfig`, with its default and documentation; `--seed` takes one or more seeds (one run each)."
+    "One option per field of `PretrainConfig`, with its default and documentation; `--seeds` takes lists and ranges (one run each)."
     docs = docments(PretrainConfig)
+    choices = dict(features=FEATURES, attention=sorted(set(FAMILIES) | set(PLUGIN_MODULES)),
+                   protocol=sorted(set(PROTOCOLS) | set(PLUGIN_MODULES)), dtype=tuple(DTYPES))
     for f in fields(PretrainConfig):
         default = getattr(PretrainConfig(), f.name)
         if f.name == "shared": p.add_argument(_option(f.name), action="store_true", help=docs[f.name])
-        elif f.name == "features": p.add_argument(_option(f.name), choices=FEATURES, default=default, help=docs[f.name])
-        elif f.name == "seed": p.add_argument("--seed", type=natural_int, nargs="+", default=[0, 1, 2], help="one run per seed; " + docs[f.name])
+        elif f.name in choices: p.add_argument(_option(f.name), choices=choices[f.name], default=default, help=docs[f.name])
+        elif f.name == "seed": p.add_argument("--seeds", "--seed", type=seed_list, nargs="+", default=[[0, 1, 2]], dest="seeds",
+                                              help="seeds, one run each, e.g. 0-29 or 0,3,5; " + docs[f.name])
         else: p.add_argument(_option(f.name), type=PRETRAIN_TYPES[f.name], default=default, help=docs[f.name])
+    p.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda (default: CUDA when available, else the CPU)")
+    p.add_argument("--threads", type=positive_int, default=1, help="torch intra-op threads of this process")
+    p.add_argument("--checkpoint-every", type=positive_int, default=500, help="steps between checkpoints of the whole run")
+    p.add_argument("--force", action="store_true", help="retrain even if the folder holds results of this configuration")
     p.add_argument("--cache-dir", type=Path, default=None, help="folder of cached runs (default: %(default)s, meaning the --out folder)")
+
+
+# %%
+test_eq(seed_list("0-4,7"), [0, 1, 2, 3, 4, 7])
+test_eq(seed_list("3"), [3])
+for bad in ("4-2", "a", "-1", "0-"): test_fail(lambda: seed_list(bad), contains="must be seeds like")
 
 
 # %%
@@ -165,7 +195,7 @@ print(make_parser().format_help())
 # %%
 def sub_parser(name): return make_parser()._subparsers._group_actions[0].choices[name]
 pre_help = sub_parser("pretrain").format_help()
-for f in fields(PretrainConfig): assert _option(f.name) in pre_help, f.name
+for f in fields(PretrainConfig): assert _option(f.name if f.name != "seed" else "seeds") in pre_help, f.name
 print(pre_help)
 
 
@@ -194,6 +224,65 @@ def _save(obj, path:Path)->Path:
     else: torch.save(obj, path)
     print(f"wrote {path}", flush=True)
     return path
+
+
+# %% [markdown]
+# A pretraining run over many seeds is summarised by the mean and the standard error over seeds of
+# every metric at the end of training, and by a figure of the metrics against training steps with
+# bands of one standard error:
+
+# %%
+#| export
+def seed_ranges(seeds:list)->str:
+    "Seeds written compactly as ranges, e.g. [0, 1, 2, 5] -> '0-2,5'."
+    out, seeds = [], sorted(seeds)
+    for s in seeds:
+        if out and s == out[-1][1] + 1: out[-1][1] = s
+        else: out.append([s, s])
+    return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in out)
+
+def summarize(results:list)->dict:
+    "Mean and standard error over seeds of every metric at the last evaluation (standard error None for one seed)."
+    S, final = len(results), {}
+    for k in results[0].history:
+        if k == "step": continue
+        last = torch.stack([r.history[k][-1].double() for r in results])
+        final[k] = dict(mean=last.mean(0), se=last.std(0) / math.sqrt(S) if S > 1 else None)
+    return dict(config=asdict(results[0].config) | dict(seed=None), seeds=[r.config.seed for r in results],
+                step=int(results[0].history["step"][-1]), final=final)
+
+def _band(ax, steps, x, label, log=False):
+    "Mean over seeds (axis 0) with a band of one standard error."
+    m = x.mean(0)
+    se = x.std(0) / math.sqrt(len(x)) if len(x) > 1 else torch.zeros_like(m)
+    ax.plot(steps, m, label=label)
+    ax.fill_between(steps, (m - se).clamp(min=1e-12) if log else m - se, m + se, alpha=0.25)
+
+def plot_seeds(results:list,  # runs of one configuration with different seeds
+               title:str=None, # figure title; default: the configuration's main settings and the seeds
+              ):
+    "Metrics against training steps, mean over seeds with one standard error: MSVE and NEU, and the softmax family's diagonality and last-layer value weights."
+    import matplotlib.pyplot as plt
+    h = {k: torch.stack([r.history[k] for r in results]).double() for k in results[0].history}
+    steps, c = h["step"][0].flatten().numpy(), results[0].config
+    panels = 2 + 2 * ("value_weights" in h)
+    fig, axs = plt.subplots(1, panels, figsize=(4 * panels, 3.6))
+    _band(axs[0], steps, h["msve"][..., 0], "MSVE", log=True)
+    axs[0].set(yscale="log", xlabel="training step", ylabel="MSVE (held-out tasks)", title="Value error")
+    for k, label in (("neu", f"n = {c.n} (estimate)"), ("neu_population", r"$n = \infty$")):
+        if k in h: _band(axs[1], steps, h[k][..., 0], f"NEU, {label}")
+    axs[1].set(xlabel="training step", ylabel="NEU", title="Norm of the expected update")
+    if "value_weights" in h:
+        vw = h["value_weights"][:, :, -1]
+        for j, name in enumerate(("reward", "successor value", "current value")): _band(axs[2], steps, vw[..., j], name)
+        axs[2].axhline(0, color="k", lw=0.5)
+        axs[2].set(xlabel="training step", ylabel="weight", title=f"Value-update weights, layer {c.n_layers}")
+        for l in range(c.n_layers): _band(axs[3], steps, h["diagonality"][..., l], f"layer {l + 1}")
+        axs[3].set(xlabel="training step", ylabel="attention share on own state", title="Kernel diagonality")
+    for ax in axs: ax.legend(fontsize=8)
+    fig.suptitle(title or f"{c.attention} attention, n = {c.n}, L = {c.n_layers}, lr = {c.lr:g}, {c.dtype}: mean and standard error over seeds {seed_ranges([r.config.seed for r in results])}")
+    fig.tight_layout()
+    return fig
 
 
 # %% [markdown]
@@ -244,20 +333,29 @@ def run_linear(args)->list:
     return [_save(plot_side_by_side(curves, args.n), args.out / "linear.png"), _save(curves, args.out / "linear.pt"),
             _save(summary, args.out / "linear.json")]
 
+def _seeds(args)->list:
+    "The flat list of seeds of `--seeds` (given as one or more lists and ranges), checked to be distinct."
+    seeds = [s for group in args.seeds for s in group]
+    if len(set(seeds)) != len(seeds): raise ValueError(f"argument --seeds: must be distinct, got {seeds}")
+    return seeds
+
 def run_pretrain(args)->list:
-    "`ictd pretrain`: one pretraining run per seed, cached by configuration, with its emergence figure."
-    cache, paths = args.cache_dir or args.out, []
-    for seed in args.seed:
-        config = PretrainConfig(**{f.name: seed if f.name == "seed" else getattr(args, f.name) for f in fields(PretrainConfig)})
-        checkpoint = Path(cache) / f"pretrain-{config.key()}.pt"
-        if checkpoint.exists(): print(f"seed {seed}: loading the cached run {checkpoint}", flush=True)
-        result = pretrain(config, progress=not args.no_progress, cache_dir=cache)
-        h = result.history
-        summary = dict(config=asdict(config), checkpoint=str(checkpoint), final={k: v[-1] for k, v in h.items()},
-                       msve=h["msve"].flatten(), step=h["step"].flatten())
-        paths += [_save(plot_emergence(result), args.out / f"pretrain-seed{seed}.png"), _save(summary, args.out / f"pretrain-seed{seed}.json")]
-        print(f"checkpoint {checkpoint}", flush=True)
-    return paths + [checkpoint]
+    "`ictd pretrain`: every seed in one batched run (cached per configuration and seed), each seed's figure and a summary across seeds."
+    torch.set_num_threads(args.threads)
+    seeds, cache = _seeds(args), args.cache_dir or args.out
+    config = PretrainConfig(**{f.name: getattr(args, f.name) for f in fields(PretrainConfig) if f.name != "seed"})
+    folder = run_folder(args.out, config)
+    cached = [s for s in seeds if (run_folder(cache, config) / f"seed-{s}.pt").exists()]
+    if cached and not args.force: print(f"seeds {seed_ranges(cached)}: loading the cached runs from {run_folder(cache, config)}", flush=True)
+    results = pretrain_many(config, seeds, progress=not args.no_progress, cache_dir=cache, device=args.device,
+                            checkpoint_every=args.checkpoint_every, force=args.force)
+    paths = []
+    for r in results:
+        h = r.history
+        summary = dict(config=asdict(r.config), final={k: v[-1] for k, v in h.items()}, msve=h["msve"].flatten(), step=h["step"].flatten())
+        if "value_weights" in h: paths.append(_save(plot_emergence(r), folder / f"seed-{r.config.seed}.png"))
+        paths.append(_save(summary, folder / f"seed-{r.config.seed}.json"))
+    return paths + [_save(summarize(results), folder / "summary.json"), _save(plot_seeds(results), folder / "summary.png")]
 
 
 # %%
@@ -335,18 +433,94 @@ for argv, msg in ((["linear", "--alpha", "2"], "argument --alpha: must be a step
 text
 
 # %% [markdown]
+# And pretraining at a tiny size: two seeds trained together, each with its figure, and the
+# summary across seeds in the configuration's folder:
+
+# %%
+tiny = ["pretrain", "--n-steps", "20", "--eval-every", "10", "--n-tasks", "32", "--eval-tasks", "8", "--seeds", "0-1",
+        "--no-progress", "--out", "results"]
+with working_directory(tmp): main(tiny)
+tiny_config = PretrainConfig(n_steps=20, eval_every=10, n_tasks=32, eval_tasks=8)
+folder = tmp / "results" / tiny_config.key()
+test_eq(sorted(p.name for p in folder.iterdir()), ["config.json", "seed-0.json", "seed-0.png", "seed-0.pt", "seed-1.json", "seed-1.png", "seed-1.pt", "summary.json", "summary.png"])
+summary = json.loads((folder / "summary.json").read_text())
+test_eq((summary["seeds"], summary["step"], len(summary["final"]["diagonality"]["mean"])), ([0, 1], 20, 3))
+{k: summary["final"][k] for k in ("msve", "neu_population")}
+
+# %%
+Image(filename=str(folder / "summary.png"))
+
+# %% [markdown]
+# ## Speed: the benchmark
+#
+# `make bench` (`bench/bench_engine.py`) measures the pretraining engine of chapter 6 against two
+# unbatched loops in one run and writes `bench/results.json`; the tables below are read from that
+# file. Times are CPU seconds of the benchmark's process on one thread: on a busy machine they are
+# what the same work takes on an idle core, while wall-clock times grow with the load (both are in
+# the file, with the load average). The specification's protocol (30 seeds of 6000 steps, an
+# evaluation of every metric every 250 steps on 256 held-out tasks) is extrapolated from the
+# measured seconds per step, per evaluation and for the set-up (task pools, held-out sets).
+
+# %%
+bench_file = Path("../bench/results.json")
+bench = json.loads(bench_file.read_text()) if bench_file.exists() else None
+def table(header, rows): return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(map(str, r)) + " |" for r in rows])
+def bench_report(b):
+    steps = table(["loop", "CPU ms per seed-step", "speed-up over (a), CPU", "wall ms per seed-step"],
+                  [(k, f"{v['cpu'] * 1e3:.3g}", f"{v['speed-up vs (a)']:.0f}x", f"{v['wall'] * 1e3:.3g}") for k, v in b["seconds_per_seed_step"].items()])
+    proto = table(["", "training (s)", "evaluations (s)", "set-up (s)", "total (s)", "evaluation / training"],
+                  [(k, f"{v['train']:.0f}", f"{v['evaluate']:.0f}", f"{v['setup']:.0f}", f"{v['total']:.0f}", f"{v['evaluate / train']:.2f}")
+                   for k, v in b["protocol"].items() if "total" in v])
+    one = b["protocol"]["unbatched one-seed loop (b), 30 seeds"]["train"]
+    shapes = table(["forward and backward, 30 seeds x 64 prompts, n = 30", "CPU ms"], [(k, f"{v:.1f}") for k, v in b["training_shapes_ms"].items()])
+    f32 = b["float32"]
+    fwd = table(["n", "dtype", "autograd", "seconds", "peak memory of the process (MB)", "attention kernel"],
+                [(f"{r['n']:,}", r["dtype"], r["grad"], f"{r['seconds']:.2f}", f"{r['peak_mb']:.0f}", ", ".join(k.replace("aten::_scaled_dot_product_", "") for k in r["kernels"]))
+                 if "error" not in r else (f"{r['n']:,}", r["dtype"], r["grad"], "failed", "", r["error"][:80]) for r in b["forward"]])
+    return Markdown(f"""Measured {b['date']} with ictd {b['ictd']}, torch {b['torch']}, {b['threads']} thread, {b['cpus']} CPUs, load average {b['load_before'][0]:.1f} before and {b['load_after'][0]:.1f} after.
+
+{steps}
+
+The specification's protocol, extrapolated (CPU seconds, one thread); the one-seed loop would train for {one / 60:.0f} min:
+
+{proto}
+
+{shapes}
+
+What float32 changes, on the headline configuration (`EMERGENCE`, {f32['seeds']} seeds, {f32['n_steps']} steps): the largest differences between the float64 and float32 runs at the end of training are {f32['max_abs_diff']['msve']:.1e} in MSVE, {f32['max_abs_diff']['diagonality']:.1e} in diagonality, {f32['max_abs_diff']['value_weights']:.1e} in the value weights and {f32['max_param_diff']:.1e} in any parameter (whose largest entry is {f32['max_param']:.2f}).
+
+The forward pass of `SoftmaxICTD.from_theta_star` (d = 10, L = 2, one query), each case in a fresh process:
+
+{fwd}
+""")
+bench_report(bench) if bench else Markdown("No `bench/results.json` yet: run `make bench`.")
+
+# %% [markdown]
+# Three things the benchmark shows. The engine's speed comes from two sources, the seeds sharing
+# each operation and the state-token form of the forward pass (the fused attention kernel does not
+# help at $n = 30$: the dense and fused routes cost about the same, both several times the state
+# tokens). Evaluations stay a small fraction of the training time. And torch's fused attention
+# kernel (`flash_attention_for_cpu`) runs only on four-dimensional, contiguous queries, keys and
+# values, in float32 and float64 alike and with autograd too; on any other layout torch falls back
+# silently to the `math` kernel, which builds the $N \times N$ attention matrix, so the memory of the
+# forward pass grows like $n^2$ and $n = 10^5$ does not fit. The kernel column above says which one
+# ran. Threads: `ictd pretrain --threads` defaults to one, since on a machine shared with other jobs
+# torch's threads contend for the cores; on an idle machine two threads (or two processes, each with
+# half of the seeds) use both cores.
+
+# %% [markdown]
 # ## Full scale
 #
 # In a terminal (these cells are not run when the book is built). On two CPU cores, `ictd chain`
 # takes a few seconds, `ictd linear` about ten, `ictd convergence` (1000 tasks, contexts up to
 # $n = 30\,000$, about 1 GB of memory per batch of 200 tasks) about a minute, and `ictd pretrain`
-# (three seeds of 6000 steps) the longest, a few minutes per seed; a second `ictd pretrain` with
-# the same options loads the cached runs. `ictd all` runs the four.
+# as the benchmark above says (all seeds train together); a second `ictd pretrain` with the same
+# options loads the cached runs. `ictd all` runs the four.
 
 # %%
 #| eval: false
 # !ictd convergence --out results
-# !ictd pretrain --seed 0 1 2 --out results
+# !ictd pretrain --seeds 0-29 --out results
 # !ictd linear --n-tasks 300 --out results
 
 # %% [markdown]

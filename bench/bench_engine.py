@@ -1,0 +1,188 @@
+"""Benchmark of the batched pretraining engine (`ictd.pretrain.pretrain_many`), with ratios measured in one run.
+
+Measures, in seconds per seed-step (one optimiser step of one seed, batch 64, the specification's shapes):
+  (a) an unbatched reference loop in the style of the linear-attention predecessor (one prompt per pass),
+  (b) the one-seed loop the book used before the engine (bench/reference.py),
+  (c) the engine at 1, 10 and 30 seeds, float64 and float32;
+the cost of one batched evaluation; the specification's protocol (30 seeds x 6000 steps, evaluations every
+250 steps on 256 held-out tasks) extrapolated from them; the forward and backward pass at the training
+shapes with fused (SDPA) attention, dense attention and state tokens; what float32 changes in the
+headline run; and the forward pass of `SoftmaxICTD.from_theta_star` (d = 10, L = 2, one query) at
+n = 1e3, 1e4, 1e5: wall time and the peak memory of a fresh process, with the attention kernel torch picks.
+
+Times are CPU seconds of this process (`time.process_time`): on a busy machine they are what the same
+work takes on an idle core, while wall times inflate with the load (both are recorded, with the load).
+Writes bench/results.json.  Usage: python bench/bench_engine.py [--quick] [--threads 1] [--out bench/results.json]
+"""
+import argparse, dataclasses, json, os, platform, subprocess, sys, time
+from pathlib import Path
+import torch
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import ictd
+import ictd.pretrain as pt
+from ictd.pretrain import EMERGENCE, PretrainConfig, pretrain_many
+from reference import one_seed_pretrain, predecessor_pretrain
+
+SPEC = PretrainConfig()
+
+def clock(fn):
+    "(cpu seconds, wall seconds) of one call."
+    c, w = time.process_time(), time.perf_counter()
+    fn()
+    return time.process_time() - c, time.perf_counter() - w
+
+def per_step(run, steps, seeds=1):
+    "Seconds per seed-step of `run(steps, callback)`, timed between the callbacks after step 1 and after the last step."
+    marks = {}
+    def mark(step):
+        if step in (1, steps): marks[step] = (time.process_time(), time.perf_counter())
+    run(steps, mark)
+    (c0, w0), (c1, w1) = marks[1], marks[steps]
+    return dict(cpu=(c1 - c0) / ((steps - 1) * seeds), wall=(w1 - w0) / ((steps - 1) * seeds))
+
+def engine(seeds, dtype):
+    cfg = dataclasses.replace(SPEC, dtype=dtype, eval_every=10**9)
+    return lambda steps, callback: pretrain_many(dataclasses.replace(cfg, n_steps=steps), list(range(seeds)), progress=False, callback=callback)
+
+def evaluation_seconds(seeds=30):
+    "CPU and wall seconds of one evaluation of every metric for `seeds` seeds (the specification's 256 held-out tasks)."
+    ev = pt.eval_set(SPEC, list(range(seeds)))
+    params = pt.get_family("softmax").init(SPEC, list(range(seeds)), torch.float64)
+    pt.evaluate_many(SPEC, params, ev)
+    c, w = clock(lambda: [pt.evaluate_many(SPEC, params, ev) for _ in range(3)])
+    return dict(cpu=c / 3, wall=w / 3)
+
+def setup_seconds(seeds=30):
+    "Task pools, held-out sets and initialisation of `seeds` seeds (a run of zero steps without its evaluation)."
+    c, w = clock(lambda: ([pt.task_pool(SPEC, SPEC.n_tasks, s * 1_000_003) for s in range(seeds)], pt.eval_set(SPEC, list(range(seeds)))))
+    return dict(cpu=c, wall=w)
+
+def training_shapes(S=30, B=64):
+    "Forward and backward at the training shapes (S seeds x B prompts, n = 30, two queries) by three routes, CPU ms."
+    from ictd.model import dual_head_update
+    cfg = SPEC
+    pool = pt.stack_pools([pt.task_pool(cfg, 256, s) for s in range(S)])
+    gens = [torch.Generator().manual_seed(s) for s in range(S)]
+    b = pt.stationary_sampler(cfg, pool, gens, 0, {})
+    pairs = torch.stack([b.query, b.successor], -1)
+    (phi_s, r_s), phi_q = pt.task_features(pool, b.task, b.states), pt.task_features(pool, b.task, pairs)[0]
+    Z = pt.build_prompt(phi_s, r_s[..., :-1], phi_q)
+    params = {k: v.requires_grad_() for k, v in pt.softmax_init(cfg, list(range(S)), torch.float64).items()}
+    def full(update):
+        def run():
+            Zl = Z
+            for l in range(3):
+                A, Vc, Vt = (params[k][:, l, None] for k in ("A", "V_cur", "V_tgt"))
+                Zl = update(Zl, A, Vc, Vt, 30)
+            Zl[..., -1, -2].sum().backward()
+        return run
+    def dense(Z, A, Vc, Vt, n):
+        X = Vc @ Z[..., :n] + Vt @ Z[..., 1:n + 1]
+        return Z + X @ torch.softmax(Z[..., :n].mT @ (A @ Z), dim=-2)
+    def tokens():
+        pt.token_predict(params, 3, pt.state_tokens(pool, b.task, b.states, pairs))[..., 0].sum().backward()
+    out = {}
+    for name, fn in (("fused attention (SDPA)", full(dual_head_update)), ("dense attention", full(dense)), ("state tokens", tokens)):
+        fn()
+        out[name] = 1e3 * clock(lambda: [fn() for _ in range(5)])[0] / 5
+    return out
+
+MEMORY_SCRIPT = r'''
+import json, resource, sys, time, torch
+def peak_mb():
+    "Peak resident memory of this process in MB: VmHWM (reset by exec, unlike ru_maxrss, which keeps the parent's)."
+    try: return int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1]) / 1024
+    except (OSError, StopIteration): return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+from ictd.boyan import random_boyan_chain
+from ictd.model import SoftmaxICTD
+from ictd.prompt import build_prompt
+from ictd.tasks import sample_trajectories
+n, dtype, grad = int(sys.argv[1]), getattr(torch, sys.argv[2]), sys.argv[3] == "grad"
+mrp = random_boyan_chain(10, features="onehot", seed=0)
+S = sample_trajectories(mrp.P[None], n, mrp.d_pi[None], seed=0)[0]
+Z = build_prompt(mrp.phi[S], mrp.r[S[:-1]], mrp.phi[0]).to(dtype)
+model = SoftmaxICTD.from_theta_star(10, 2, 15. * torch.eye(10, dtype=torch.float64), 1., 0.9).to(dtype)
+base = peak_mb()
+from torch.profiler import profile
+with profile() as prof:                     # the kernel torch picks depends on dtype, autograd and layout, not on n
+    with torch.set_grad_enabled(grad): model.predict(Z[..., -102:], n=100)
+kernels = sorted({e.key for e in prof.key_averages() if "attention" in e.key and e.key.startswith("aten::_")})
+t = time.perf_counter()
+with torch.set_grad_enabled(grad):
+    v = model.predict(Z, n=n)
+    if grad: v.sum().backward()
+seconds = time.perf_counter() - t
+print(json.dumps(dict(n=n, dtype=sys.argv[2], grad=grad, seconds=seconds, kernels=kernels,
+                      peak_mb=peak_mb(), before_mb=base)))
+'''
+
+def forward_memory(ns, cases):
+    "Each (n, dtype, grad) in a fresh process: the forward pass's wall time, the process's peak memory (VmHWM), the attention kernels used."
+    env = dict(os.environ, OMP_NUM_THREADS=str(torch.get_num_threads()))
+    out = []
+    for n in ns:
+        for dtype, grad in cases:
+            proc = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, str(n), dtype, "grad" if grad else "nograd"],
+                                  capture_output=True, text=True, env=env, timeout=1800)
+            if proc.returncode: out.append(dict(n=n, dtype=dtype, grad=grad, error=(proc.stderr.strip().splitlines() or ["killed"])[-1][:300]))
+            else: out.append(json.loads(proc.stdout.strip().splitlines()[-1]))
+            print(out[-1], flush=True)
+    return out
+
+def float32_effect(seeds, n_steps):
+    "The headline run in float64 and float32 on the same seeds: the largest differences in final metrics and parameters."
+    cfg = dataclasses.replace(EMERGENCE, n_steps=n_steps)
+    r64, r32 = (pretrain_many(dataclasses.replace(cfg, dtype=dt), seeds, progress=False) for dt in ("float64", "float32"))
+    gap = lambda k: max((a.history[k][-1] - b.history[k][-1]).abs().max().item() for a, b in zip(r64, r32))
+    params = max((p.double() - q.double()).abs().max().item() for a, b in zip(r64, r32) for p, q in zip(a.model.parameters(), b.model.parameters()))
+    scale = max(p.abs().max().item() for a in r64 for p in a.model.parameters())
+    return dict(seeds=len(seeds), n_steps=n_steps, max_abs_diff={k: gap(k) for k in ("msve", "diagonality", "value_weights", "cosine", "neu_population")},
+                max_param_diff=params, max_param=scale,
+                final_msve_mean={dt: sum(r.history["msve"][-1, 0].item() for r in rs) / len(rs) for dt, rs in (("float64", r64), ("float32", r32))})
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="fewer steps and no n = 1e5 (a smoke test)")
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results.json")
+    a = ap.parse_args(argv)
+    torch.set_num_threads(a.threads)
+    q = a.quick
+    res = dict(ictd=ictd.__version__, torch=torch.__version__, threads=a.threads, machine=platform.processor() or platform.machine(),
+               cpus=os.cpu_count(), load_before=os.getloadavg(), date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+    rows = {}
+    rows["(a) predecessor-style loop, one prompt per pass"] = per_step(lambda k, cb: predecessor_pretrain(SPEC, k, cb), 3 if q else 6)
+    rows["(b) one-seed loop before the engine"] = per_step(lambda k, cb: one_seed_pretrain(dataclasses.replace(SPEC, eval_every=10**9), k, cb), 10 if q else 100)
+    for dtype in ("float64", "float32"):
+        for S in (1, 10, 30):
+            rows[f"(c) engine, {S} seed{'s' * (S > 1)}, {dtype}"] = per_step(engine(S, dtype), (10 if q else 100) if S > 1 else (20 if q else 300), seeds=S)
+            print(list(rows.items())[-1], flush=True)
+    torch.set_num_threads(2 * a.threads)
+    rows[f"(c) engine, 30 seeds, float64, {2 * a.threads} threads"] = per_step(engine(30, "float64"), 10 if q else 100, seeds=30)
+    torch.set_num_threads(a.threads)
+    ref = rows["(a) predecessor-style loop, one prompt per pass"]["cpu"]
+    for r in rows.values(): r["speed-up vs (a)"] = ref / r["cpu"]
+    res["threads_note"] = "rows with more threads: compare wall times (their CPU time adds the threads up)"
+    res["seconds_per_seed_step"] = rows
+    ev, setup = evaluation_seconds(), setup_seconds()
+    res["evaluation_30_seeds"], res["setup_30_seeds"] = ev, setup
+    evals = SPEC.n_steps // SPEC.eval_every + 1
+    res["protocol"] = {dtype: dict(train=30 * SPEC.n_steps * rows[f"(c) engine, 30 seeds, {dtype}"]["cpu"], evaluate=evals * ev["cpu"], setup=setup["cpu"])
+                       for dtype in ("float64", "float32")}
+    for p in res["protocol"].values():
+        p["total"] = p["train"] + p["evaluate"] + p["setup"]
+        p["evaluate / train"] = p["evaluate"] / p["train"]
+    res["protocol"]["unbatched one-seed loop (b), 30 seeds"] = dict(train=30 * SPEC.n_steps * rows["(b) one-seed loop before the engine"]["cpu"])
+    print(res["protocol"], flush=True)
+    res["training_shapes_ms"] = training_shapes()
+    print(res["training_shapes_ms"], flush=True)
+    res["float32"] = float32_effect(list(range(3 if q else 10)), 200 if q else EMERGENCE.n_steps)
+    print(res["float32"], flush=True)
+    cases = [("float64", False), ("float32", False), ("float64", True)]
+    res["forward"] = forward_memory([1000, 10_000], cases) + ([] if q else forward_memory([100_000], cases[:2]))
+    res["load_after"] = os.getloadavg()
+    a.out.write_text(json.dumps(res, indent=1))
+    print(f"wrote {a.out}")
+
+if __name__ == "__main__":
+    main()
