@@ -15,7 +15,8 @@ def test_headline_claims_hold_on_fresh_seeds():
     assert counts["n_seeds"] == 10 and counts["k_eighth"] == min_successes(10, 1 / 8) == 4
 
 @pytest.mark.skipif(os.environ.get("ICTD_SLOW") != "1", reason="slow: set ICTD_SLOW=1")
-def test_ablation_claims_hold_on_fresh_seeds():
-    base = dataclasses.replace(EMERGENCE, n_steps=500, eval_every=100, eval_tasks=128)
-    ablation_claims(ablation(base, "gamma", (0.5, 0.9, 0.95), FRESH), ablation(base, "features", ("random", "onehot"), FRESH),
-                    ablation(base, "n", (30, 100), FRESH), ablation(base, "n_layers", (8,), FRESH, shared=True))
+def test_ablation_claims_hold_on_fresh_seeds(tmp_path):
+    base = dataclasses.replace(EMERGENCE, n_steps=500, eval_every=250, eval_tasks=128)
+    run = lambda field, values, **kw: ablation(base, field, values, FRESH, cache_dir=tmp_path, **kw)
+    ablation_claims(run("gamma", (0.5, 0.9, 0.95)), run("features", ("random", "onehot")), run("n", (10, 30)),
+                    run("n_layers", (8,), shared=True))

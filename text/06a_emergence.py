@@ -568,6 +568,13 @@ plot_blocks(runs);
 
 
 # %% [markdown]
+# In the averages, the feature block of $A$ is close to a multiple of the identity in every layer, as
+# in $\theta^*$. The value rows of the last layer carry $\theta^*$'s entries, $+$ on the reward and
+# $-$ on the current value in $V^{cur}$ and $+$ on the successor's value in $V^{tgt}$, and one that
+# $\theta^*$ does not have: the target head also reads the successor's *reward*. The middle layer
+# writes into the feature rows as well, which $\theta^*$ never does.
+
+# %% [markdown]
 # ## Ablations where the theory speaks
 #
 # Each ablation changes one setting of the headline configuration and reruns it on ten seeds. The
@@ -790,6 +797,7 @@ Markdown(ablation_table(shared_runs, "n_layers (shared)"))
 ablation_evidence = ablation_claims(gamma_runs, feature_runs, n_runs, shared_runs)
 ablation_evidence
 
+
 # %% [markdown]
 # ## The report of a set of runs
 #
@@ -824,6 +832,7 @@ with tempfile.TemporaryDirectory() as tmp:
     test_eq(sorted(p.name for p in Path(tmp).iterdir()), ["bands.png", "parameters.png", "summary.json", "summary.md"])
     test_eq(json.loads((Path(tmp) / "summary.json").read_text())["seeds"], [r.config.seed for r in runs[:2]])
 test_eq(report["claims"]["n_seeds"], 2)
+
 
 # %% [markdown]
 # ## The order of limits, made visible
