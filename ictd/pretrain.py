@@ -286,7 +286,7 @@ class PretrainConfig:
         settings = {k: v for k, v in asdict(self).items() if k != "seed"}
         return hashlib.sha1(json.dumps(dict(settings=settings, version=ictd.__version__), sort_keys=True).encode()).hexdigest()[:12]
 
-EMERGENCE = PretrainConfig(lr=1e-2, n_steps=2000, eval_every=200)   # the chapter's headline experiment
+EMERGENCE = PretrainConfig(lr=1e-2, n_steps=2000, eval_every=200)   # the headline experiment: the specification's model, a tuned learning rate
 
 # %% ../nbs/06_pretrain.ipynb #06f56bf5
 @dataclass(eq=False)

@@ -46,8 +46,15 @@ from ictd.convergence import td_recursion
 #
 # This chapter sets up that pretraining, defines the objective, checks the minimiser claim
 # numerically (the argument given here is ours; the paper's proof is not available to us), builds
-# an engine that trains many seeds in one batched pass [ours], and runs the emergence experiment,
-# reporting what it measures, including where a small run falls short of the full pattern.
+# an engine that trains many seeds in one batched pass [ours], and runs the emergence experiment
+# once, as an illustration. The evidence is in the [next chapter](emergence.html), over ten seeds
+# with baselines and ablations, and it supports less than the paper's wording: with the
+# specification's three separate layers at $\gamma = 0.9$, pretraining makes attention more diagonal
+# and beats state-blind prediction, but the sign pattern $(+, +, -)$ appears in the last layer in
+# most seeds, not all, with a weight ratio that is not pinned to $-\gamma$; the full TD update emerges
+# in every seed only where the theory forces it (a short horizon, or one shared layer iterated at
+# depth). The minimiser claim holds in its limit, $n \to \infty$ and then $L \to \infty$; at the
+# depths and context lengths where pretraining is run, $\theta^*$ is not a stationary point.
 
 # %% [markdown]
 # ## Multi-task TD pretraining
@@ -509,7 +516,11 @@ ax.legend();
 # order $1/\sqrt n$ never vanishes, and at $L = 64$, where the $n = \infty$ curve is already falling,
 # the growing gradients keep the finite-context NEU far above it: deep constructed models are
 # stationary points of pretraining only on long contexts. A randomly
-# initialised shared model's NEU grows without bound as its random layer is composed with itself.
+# initialised shared model's NEU grows without bound as its random layer is composed with itself;
+# but at depths up to about 16 it is *lower* than that of $\theta^*$. The
+# [emergence chapter](emergence.html#the-order-of-limits-made-visible) splits NEU into its two
+# factors, the Bellman residual and the gradient norm, and measures it on a grid of context lengths
+# and depths with error bars.
 
 # %%
 assert neu_star[-1] < neu_star.max() * 1e-4 and neu_star[-1] < neu_star[0] / 10, neu_star
@@ -573,7 +584,7 @@ class PretrainConfig:
         settings = {k: v for k, v in asdict(self).items() if k != "seed"}
         return hashlib.sha1(json.dumps(dict(settings=settings, version=ictd.__version__), sort_keys=True).encode()).hexdigest()[:12]
 
-EMERGENCE = PretrainConfig(lr=1e-2, n_steps=2000, eval_every=200)   # the chapter's headline experiment
+EMERGENCE = PretrainConfig(lr=1e-2, n_steps=2000, eval_every=200)   # the headline experiment: the specification's model, a tuned learning rate
 
 # %%
 test_eq(PretrainConfig().key(), PretrainConfig(seed=5).key())
@@ -1030,10 +1041,12 @@ test_fail(lambda: pretrain_many(tiny, [1], checkpoint_every=10), contains="`chec
 test_fail(lambda: pretrain_many(dataclasses.replace(tiny, attention="cubic"), [1]), contains="`attention` must be one of")
 
 # %% [markdown]
-# The book's headline run, `EMERGENCE`, is short enough for a laptop CPU: the specification's
-# settings, except a learning rate of $10^{-2}$ and 2000 steps, so that it gets far enough in its
-# budget. The engine trains three seeds of it at once; the figure shows seed 0. The `#| slow` cell
-# at the end runs the specification's exact settings (learning rate $10^{-3}$, 6000 steps).
+# The book's headline run, `EMERGENCE`, is the specification's model and data with a learning rate
+# of $10^{-2}$ and 2000 steps: at the specification's $10^{-3}$ the runs are still moving after 6000
+# steps (the `#| slow` cell at the end), and the larger rate gets there within a laptop's budget.
+# The engine trains three seeds of it at once here; the figure shows seed 0. Statements about what
+# pretraining finds are statements about seeds, and the [emergence chapter](emergence.html) makes
+# them over ten seeds (thirty with `ictd pretrain`).
 
 # %%
 runs = pretrain_many(EMERGENCE, [0, 1, 2], progress=False)
@@ -1092,42 +1105,38 @@ Markdown("\n".join(["| seed | MSVE start → end | diagonality, layers 1-3 | las
                     "|---|---|---|---|---|---|"] + [final_row(r) for r in runs]))
 
 # %% [markdown]
-# What these runs show, measured on held-out tasks and asserted below for each of the three seeds:
+# What these three runs show, measured on held-out tasks. Asserted for each seed, because they hold
+# by wide margins in every seed we have run (the [emergence chapter](emergence.html) checks them on
+# ten seeds and the test suite on ten more):
 #
 # * the value error falls far below the zero predictor's (to less than a fifth of it);
 # * attention grows diagonal: in some layer the share of each query's attention on visits of its
-#   own state rises from about $0.1$ (near-uniform attention) to above $0.4$; which layers do it
-#   varies between seeds;
-# * the **last layer's** value-update weights take the sign pattern $(+, +, -)$ of
-#   $R + \gamma v' - v$, its current-value weight falls by at least $0.2$, and the ratio of its
-#   successor to its current weight ends between $-1.1$ and $-0.5$ (against $-\gamma = -0.9$);
-# * the last layer's attention and current-value blocks end with a cosine similarity above $0.9$ to
-#   $\theta^*$, the target-value block above $0.7$.
+#   own state rises from about $0.1$ (near-uniform attention) to above $0.3$;
+# * every layer's reward weight is positive.
 #
-# Three seeds are a small sample; the emergence chapter's statistics need more of them, which the
-# engine makes cheap. Three qualifications, which the figure also shows. NEU does **not** fall in a
-# run this short: it starts small because the gradients are small near a small initialisation, and
-# as training moves the parameters to where gradients are larger, Adam's noise keeps the expected
-# update at about the same level (the $n = 30$ estimate is noisy and often negative; the
-# $n = \infty$ value is exact). The **first layer** cannot show the pattern: its input's value row is
-# all zeros, so its successor-value and current-value weights receive no gradient, and weight decay
-# takes them to zero. And the middle layer keeps a positive current-value weight: with three layers
-# a model can also fit values by accumulating rewards rather than iterating to a fixed point, and
-# only a shared-parameter, deep model is *forced* into the TD ratio (a shared layer
+# Not asserted per seed, because it does not hold in every seed: the **last layer's** value-update
+# weights take the sign pattern $(+, +, -)$ of $R + \gamma v' - v$ in most seeds but not all, and the
+# ratio of its successor to its current weight scatters around $-\gamma$ (the table above shows these
+# three seeds; the emergence chapter gives the distribution). Three qualifications, which the figure
+# also shows. NEU does **not** fall in a run this short: it starts small because the gradients are
+# small near a small initialisation, and as training moves the parameters to where gradients are
+# larger, Adam's noise keeps the expected update at about the same level (the $n = 30$ estimate is
+# noisy and often negative; the $n = \infty$ value is exact). The **first layer** cannot show the
+# pattern: its input's value row is all zeros, so its successor-value and current-value weights
+# receive no gradient, and weight decay takes them to zero. And with three layers a model can also
+# fit values by accumulating rewards rather than iterating to a fixed point; only a
+# shared-parameter, deep model is *forced* into the TD ratio (a shared layer
 # $v \leftarrow v + K(a r + b v' + c v)$ has the fixed point $v_\pi = (I - \gamma P)^{-1} r$ only if
-# $c = -a$ and $b = \gamma a$).
+# $c = -a$ and $b = \gamma a$), which the emergence chapter confirms.
 
 # %%
 for r in runs:
     h = r.history
-    vw, diag, cos = h["value_weights"], h["diagonality"], h["cosine"][-1, -1]
+    diag, vw = h["diagonality"], h["value_weights"][-1]
     zero_msve = (r.held_out.v_pi.square() * r.held_out.d_pi).sum(-1).mean()
     assert h["msve"][-1] < zero_msve / 5, (r.config.seed, h["msve"][-1], zero_msve)
-    assert diag[0].max() < 0.15 and diag[-1].max() > 0.4, (r.config.seed, diag[[0, -1]])
-    assert vw[-1, -1, 0] > 0 and vw[-1, -1, 1] > 0 and vw[-1, -1, 2] < 0, (r.config.seed, vw[-1, -1])
-    assert vw[0, -1, 2] > vw[-1, -1, 2] + 0.2, (r.config.seed, vw[0, -1], vw[-1, -1])
-    assert -1.1 < vw[-1, -1, 1] / vw[-1, -1, 2] < -0.5, (r.config.seed, vw[-1, -1])
-    assert cos[0] > 0.9 and cos[1] > 0.9 and cos[2] > 0.7, (r.config.seed, cos)
+    assert diag[0].max() < 0.15 and diag[-1].max() > 0.3, (r.config.seed, diag[[0, -1]])
+    assert (vw[:, 0] > 0).all(), (r.config.seed, vw)
 
 # %% [markdown]
 # The full-size runs: the specification's settings (learning rate $10^{-3}$, 6000 steps) for three
@@ -1144,7 +1153,7 @@ Markdown("\n".join(["| seed | MSVE start → end | diagonality, layers 1-3 | las
 # %% [markdown]
 # At these settings the pattern need not form in the last layer: at the smaller learning rate it can
 # form first where the gradient signal is strongest. Which layer carries the TD update is not fixed
-# by the objective; the emergence statistics over many seeds take this up.
+# by the objective; the [emergence chapter](emergence.html) takes this up over many seeds.
 
 # %%
 #| hide
