@@ -16,6 +16,7 @@ from .convergence import (depth_experiment, diagonality_sweep, leaky_experiment,
 from .continuous import run_continuous as continuous_experiments
 from .linear import (ICLR_LINEAR, plot_linear_pretraining, plot_side_by_side, plot_tuned_side_by_side, reproduce_iclr,
                          side_by_side, tuned_side_by_side)
+from .emergence import emergence_report
 from .pretrain import DTYPES, FAMILIES, PLUGIN_MODULES, PROTOCOLS, PretrainConfig, plot_emergence, pretrain_many, run_folder
 
 # %% auto #0
@@ -280,7 +281,13 @@ def run_pretrain(args)->list:
         summary = dict(config=asdict(r.config), final={k: v[-1] for k, v in h.items()}, msve=h["msve"].flatten(), step=h["step"].flatten())
         if "value_weights" in h: paths.append(_save(plot_emergence(r), folder / f"seed-{r.config.seed}.png"))
         paths.append(_save(summary, folder / f"seed-{r.config.seed}.json"))
-    return paths + [_save(summarize(results), folder / "summary.json"), _save(plot_seeds(results), folder / "summary.png")]
+    paths += [_save(summarize(results), folder / "summary.json"), _save(plot_seeds(results), folder / "summary.png")]
+    if config.attention == "softmax" and len(results) >= 2:
+        emergence_report(results, folder / "emergence")
+        for name in ("bands.png", "parameters.png", "summary.json", "summary.md"):
+            paths.append(folder / "emergence" / name)
+            print(f"wrote {paths[-1]}", flush=True)
+    return paths
 
 # %% ../nbs/08_cli.ipynb #65bc7178
 COMMANDS = dict(chain=run_chain, linear=run_linear, convergence=run_convergence, pretrain=run_pretrain, continuous=run_continuous)

@@ -104,7 +104,11 @@ def test_pretrain_and_its_cache(tmp_path, capsys):
             '--batch-size', '8', '--n', '10', '--seeds', '0-1', '--no-progress', '--out', str(tmp_path)]
     main(args)
     folder = tmp_path / PretrainConfig(n_steps=4, eval_every=2, n_tasks=16, eval_tasks=8, batch_size=8, n=10).key()
-    assert sorted(written(capsys)) == sorted(str(folder / f) for f in ('seed-0.png', 'seed-0.json', 'seed-1.png', 'seed-1.json', 'summary.json', 'summary.png'))
+    assert sorted(written(capsys)) == sorted(str(folder / f) for f in ('seed-0.png', 'seed-0.json', 'seed-1.png', 'seed-1.json', 'summary.json', 'summary.png',
+                                                                      'emergence/bands.png', 'emergence/parameters.png', 'emergence/summary.json', 'emergence/summary.md'))
+    for f in ('bands.png', 'parameters.png'): check_png(folder / 'emergence' / f)
+    report = json.loads((folder / 'emergence' / 'summary.json').read_text())
+    assert 'baselines' in report and 'claims' in report
     for seed in (0, 1):
         check_png(folder / f'seed-{seed}.png')
         s = json.loads((folder / f'seed-{seed}.json').read_text())

@@ -437,7 +437,7 @@ def plot_blocks(results:list,  # runs of one configuration
     for i, (row, name) in enumerate(zip(rows, names)):
         for j, (M, block) in enumerate(zip(row, ("A", "V_cur", "V_tgt"))):
             lim = M.abs().max().clamp(min=1e-12).item()
-            im = axs[i, j].imshow(M, cmap="RdBu_r", vmin=-lim, vmax=lim)
+            im = axs[i, j].imshow(M.numpy(), cmap="RdBu_r", vmin=-lim, vmax=lim)
             axs[i, j].set(title=f"{name}: ${block.replace('_', '^{') + '}' if '_' in block else block}$", xticks=range(d + 2), yticks=range(d + 2))
             axs[i, j].set_xticklabels(labels, fontsize=6); axs[i, j].set_yticklabels(labels, fontsize=6)
             fig.colorbar(im, ax=axs[i, j], fraction=0.046)

@@ -31,7 +31,7 @@ from ictd.wstd import context_weights
 
 # %% [markdown]
 # # Continuous states
-# > Weighted softmax TD on Markov reward processes with continuous states and exact values: the score $\phi^\top W \phi$ of two or three features is a von Mises or a Gaussian kernel, and the constructed Transformer runs kernel TD on the trajectory alone.
+# > Weighted softmax TD on Markov reward processes with continuous states and exact values: the bilinear score of two or three features is a von Mises or a Gaussian kernel, and the constructed Transformer runs kernel TD on the trajectory alone.
 
 # %% [markdown]
 # The paper calls weighted softmax TD *policy evaluation in kernel space* and lists richer settings

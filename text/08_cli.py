@@ -16,6 +16,7 @@ from ictd.convergence import (depth_experiment, diagonality_sweep, leaky_experim
 from ictd.continuous import run_continuous as continuous_experiments
 from ictd.linear import (ICLR_LINEAR, plot_linear_pretraining, plot_side_by_side, plot_tuned_side_by_side, reproduce_iclr,
                          side_by_side, tuned_side_by_side)
+from ictd.emergence import emergence_report
 from ictd.pretrain import DTYPES, FAMILIES, PLUGIN_MODULES, PROTOCOLS, PretrainConfig, plot_emergence, pretrain_many, run_folder
 
 # %%
@@ -44,7 +45,7 @@ from fastcore.xtras import working_directory
 # |---|---|---|
 # | `ictd chain` | a random Boyan chain (chapter 0) | `chain.png`, `chain.json` |
 # | `ictd convergence` | the experiments of chapter 5: error against depth, the floor against $n$, kernel diagonality against $\beta$, the phase diagram, measured rate against the bound, the leaky regime | `convergence-{depth,floor,diagonality,phase,rates,leaky}.png`, `convergence.pt`, `convergence.json` |
-# | `ictd pretrain` | the emergence of the TD construction in pretraining (chapter 6): every seed in one batched run | in `{key}/`: `config.json`, `seed-{S}.pt`, `seed-{S}.png`, `seed-{S}.json`, `summary.json`, `summary.png` |
+# | `ictd pretrain` | the emergence of the TD construction in pretraining (chapters 6 and 6a): every seed in one batched run, and chapter 6a's report over the seeds (`--seeds 0-29` for 30) | in `{key}/`: `config.json`, `seed-{S}.pt`, `seed-{S}.png`, `seed-{S}.json`, `summary.json`, `summary.png`; in `{key}/emergence/`: `bands.png`, `parameters.png`, `summary.json`, `summary.md` (per-layer statistics, baselines, claim counts) |
 # | `ictd linear` | linear against softmax attention, MSVE against depth (chapter 7): untuned, and each method tuned on shared features; with `--reproduce-seeds 0-29`, the predecessor's pretraining experiment | `linear.png`, `linear-tuned.png`, `linear.pt`, `linear.json`, (`iclr-linear.json`, `iclr-linear.png`) |
 # | `ictd continuous` | chapter 7a: kernel TD on continuous states (depth, context length, bandwidth, linear TD) and pretraining on continuous families | `depth.png`, `tradeoff.png`, `estimates.png`, `long_depth.png`, `pretrain_*.png`, `kernel_*.png`, `results.json` |
 # | `ictd all` | all of the above with their defaults | all of the above |
@@ -387,7 +388,13 @@ def run_pretrain(args)->list:
         summary = dict(config=asdict(r.config), final={k: v[-1] for k, v in h.items()}, msve=h["msve"].flatten(), step=h["step"].flatten())
         if "value_weights" in h: paths.append(_save(plot_emergence(r), folder / f"seed-{r.config.seed}.png"))
         paths.append(_save(summary, folder / f"seed-{r.config.seed}.json"))
-    return paths + [_save(summarize(results), folder / "summary.json"), _save(plot_seeds(results), folder / "summary.png")]
+    paths += [_save(summarize(results), folder / "summary.json"), _save(plot_seeds(results), folder / "summary.png")]
+    if config.attention == "softmax" and len(results) >= 2:
+        emergence_report(results, folder / "emergence")
+        for name in ("bands.png", "parameters.png", "summary.json", "summary.md"):
+            paths.append(folder / "emergence" / name)
+            print(f"wrote {paths[-1]}", flush=True)
+    return paths
 
 
 # %%
