@@ -850,8 +850,8 @@ assert (weighted_softmax_td(phis, Rs, None, 0.1, 0.9, 80, Qs, score=linear_score
 #
 # ::: {.proposition}
 # **Proposition 1b (ours: small scores).** For every target $x$ and every vector $\delta \in \mathbb R^n$,
-# $$\Big|\sum_k K_k(x)\, \delta_k - \frac1n \sum_k \delta_k
-#   - \frac{\varepsilon}{n} \sum_k \big(\phi(S_{k-1}) - \bar\phi\big)^\top W \phi(x)\; \delta_k\Big|
+# $$\Big|\sum_k K_k(x)\, \delta_k - \frac1n \sum_k \delta_k -
+#   \frac{\varepsilon}{n} \sum_k \big(\phi(S_{k-1}) - \bar\phi\big)^\top W \phi(x)\; \delta_k\Big|
 #   \le \frac{\varepsilon^2 \Delta_x^2}{8} \big(\max_k \delta_k - \min_k \delta_k\big).$$
 # Consequently, *centred* weighted softmax TD, $v_{t+1}(x) = v_t(x) + \alpha \sum_k \big(K_k(x) - \frac1n\big) \delta^{(t)}_k$,
 # differs after one step by at most $\alpha \varepsilon^2 \Delta_x^2 (\max \delta - \min \delta)/8$ from

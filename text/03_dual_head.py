@@ -540,6 +540,9 @@ show_doc(SoftmaxICTD)
 show_doc(SoftmaxICTD.from_theta_star)
 
 # %%
+show_doc(SoftmaxICTD.value_weights)
+
+# %%
 show_doc(SoftmaxICTD.forward)
 
 # %%

@@ -21,6 +21,7 @@ from nbdev.showdoc import *
 
 # %%
 #| hide
+import tempfile
 import matplotlib.pyplot as plt
 from IPython.display import Markdown
 from types import SimpleNamespace
@@ -1713,7 +1714,6 @@ def run_continuous(out,                 # folder for the figures and results.jso
 show_doc(run_continuous)
 
 # %%
-import tempfile
 with tempfile.TemporaryDirectory() as tmp:
     written = run_continuous(tmp, progress=False, quick=True)
     test_eq(sorted(p.name for p in written), ["depth.png", "estimates.png", "kernel_ar1.png", "kernel_rotation.png", "long_depth.png",

@@ -481,7 +481,7 @@ tiny = ["pretrain", "--n-steps", "20", "--eval-every", "10", "--n-tasks", "32", 
 with working_directory(tmp): main(tiny)
 tiny_config = PretrainConfig(n_steps=20, eval_every=10, n_tasks=32, eval_tasks=8)
 folder = tmp / "results" / tiny_config.key()
-test_eq(sorted(p.name for p in folder.iterdir()), ["config.json", "seed-0.json", "seed-0.png", "seed-0.pt", "seed-1.json", "seed-1.png", "seed-1.pt", "summary.json", "summary.png"])
+test_eq(sorted(p.name for p in folder.iterdir()), ["config.json", "emergence", "seed-0.json", "seed-0.png", "seed-0.pt", "seed-1.json", "seed-1.png", "seed-1.pt", "summary.json", "summary.png"])
 summary = json.loads((folder / "summary.json").read_text())
 test_eq((summary["seeds"], summary["step"], len(summary["final"]["diagonality"]["mean"])), ([0, 1], 20, 3))
 {k: summary["final"][k] for k in ("msve", "neu_population")}
