@@ -53,7 +53,9 @@ from ictd.boyan import *
 # 5. [Convergence](convergence.html): geometric decay in depth, a statistical floor in context
 #    length, the kernel-diagonality condition, what it cannot reach, and a weaker condition that does.
 # 6. [Pretraining and emergence](pretrain.html): TD pretraining, the norm of the expected update, why
-#    the constructed parameters minimise it in the limit, and what training finds.
+#    the constructed parameters minimise it in the limit, a batched engine that trains many seeds at once.
+#    - 6a. [Emergence over seeds](emergence.html): what pretraining finds as distributions over seeds,
+#      against baselines, with the ablations where the theory makes a prediction and the order of limits.
 # 7. [Linear attention, side by side](linear.html): the prior linear-attention construction
 #    (batch linear TD), checked, and compared with the softmax construction.
 #    - 7a. [Continuous states](continuous.html): kernel TD on processes with continuous states and

@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def page_links(nbs=ROOT / 'nbs'):
     "The page nbdev makes of each chapter, mapped to its notebook: `boyan.html` -> `nbs/00_boyan.ipynb`."
-    return {re.sub(r'^\d+_', '', p.stem) + '.html': f'nbs/{p.name}' for p in sorted(nbs.glob('[0-9]*.ipynb'))}
+    return {re.sub(r'^\d+[a-zA-Z0-9]*_', '', p.stem.lower()) + '.html': f'nbs/{p.name}' for p in sorted(nbs.glob('[0-9]*.ipynb'))}
 
 def relink(md, links):
     "Point Markdown links `](page.html...)` at the notebooks."
