@@ -164,6 +164,7 @@ def theta_star(d:int,         # feature dimension
 # %% ../nbs/03_dual_head.ipynb #2dbbef02
 class SoftmaxICTD(nn.Module):
     "A stack of `n_layers` dual-head softmax layers reading values from the last row of its prompt."
+    Layer, update = DualHeadSoftmaxLayer, staticmethod(dual_head_update)   # the layer module and its unvalidated update
     def __init__(self, d:int,              # feature dimension; prompts have d + 2 rows
                  n_layers:int,             # number of layers L
                  shared:bool=False,        # one parameter set for all layers
@@ -175,7 +176,7 @@ class SoftmaxICTD(nn.Module):
         if int(n_layers) != n_layers or n_layers < 1: raise ValueError(f"`n_layers` must be a positive integer, got {n_layers}")
         g = _generator(seed)
         self.d, self.n_layers, self.shared = int(d), int(n_layers), bool(shared)
-        self.layers = nn.ModuleList(DualHeadSoftmaxLayer(d, init_gain, g, dtype) for _ in range(1 if shared else n_layers))
+        self.layers = nn.ModuleList(self.Layer(d, init_gain, g, dtype) for _ in range(1 if shared else n_layers))
 
     def layer(self, l:int)->DualHeadSoftmaxLayer:
         "The module applied at depth `l` (the same one for all `l` when parameters are shared)."
@@ -190,9 +191,17 @@ class SoftmaxICTD(nn.Module):
                         shared:bool=False,   # store one parameter set instead of L copies
                        ):
         "The model whose every layer carries `theta_star(d, W, alpha, gamma)`."
-        model = cls(d, n_layers, shared, seed=0)
-        params = theta_star(d, W, alpha, gamma)
-        model.layers = nn.ModuleList(DualHeadSoftmaxLayer.from_params(*params) for _ in model.layers)
+        return cls.from_params(n_layers, *theta_star(d, W, alpha, gamma), shared=shared)
+
+    @classmethod
+    def from_params(cls, n_layers:int,       # number of layers L
+                    *params,                 # the layer's (d + 2, d + 2) matrices, e.g. (A, V_cur, V_tgt)
+                    shared:bool=False,       # store one parameter set instead of L copies
+                   ):
+        "The model whose every layer carries the same `params` (copied)."
+        first = cls.Layer.from_params(*params)               # validates the matrices
+        model = cls(first.d, n_layers, shared, seed=0)        # validates n_layers
+        model.layers = nn.ModuleList([first] + [cls.Layer.from_params(*params) for _ in model.layers[1:]])
         return model
 
     def forward(self, Z,                 # (..., d + 2, N) prompt Z_0
@@ -206,7 +215,7 @@ class SoftmaxICTD(nn.Module):
     def _forward(self, Z, n, return_all=False):
         "The forward pass on a validated prompt: the layers' inner calls validate nothing."
         Zs = [Z]
-        for l in range(self.n_layers): Zs.append(dual_head_update(Zs[-1], *self.layer(l).params(Z), n))
+        for l in range(self.n_layers): Zs.append(self.update(Zs[-1], *self.layer(l).params(Z), n))
         return torch.stack(Zs, dim=-3) if return_all else Zs[-1]
 
     def predict(self, Z,             # (..., d + 2, N) prompt Z_0
@@ -320,24 +329,9 @@ class ShiftAfterAttentionLayer(DualHeadSoftmaxLayer):
         return torch.stack([self.V_cur[d + 1, d], self.V_cur[d, d], self.V_tgt[d, d]]).detach()
 
 # %% ../nbs/04_tsm.ipynb #4dd1dd43
-class ShiftAfterAttentionICTD(nn.Module):
-    "A stack of shift-after-attention layers reading values from the last row of its prompt."
-    def __init__(self, d:int,              # feature dimension; prompts have d + 2 rows
-                 n_layers:int,             # number of layers L
-                 shared:bool=False,        # one parameter set for all layers
-                 init_gain:float=0.1,      # gain of the Xavier-normal initialisation
-                 seed=None,                # int or `torch.Generator` for the initialisation
-                 dtype=torch.float64,      # dtype of the stored parameters
-                ):
-        super().__init__()
-        if int(n_layers) != n_layers or n_layers < 1: raise ValueError(f"`n_layers` must be a positive integer, got {n_layers}")
-        g = _generator(seed)
-        self.d, self.n_layers, self.shared = int(d), int(n_layers), bool(shared)
-        self.layers = nn.ModuleList(ShiftAfterAttentionLayer(d, init_gain, g, dtype) for _ in range(1 if shared else n_layers))
-
-    def layer(self, l:int)->ShiftAfterAttentionLayer:
-        "The module applied at depth `l`."
-        return self.layers[0 if self.shared else l]
+class ShiftAfterAttentionICTD(SoftmaxICTD):
+    "A stack of shift-after-attention layers reading values from the last row of its prompt: `SoftmaxICTD` with another layer."
+    Layer, update = ShiftAfterAttentionLayer, staticmethod(shift_after_update)
 
     @classmethod
     def from_theta_td_memory(cls, d:int,          # feature dimension
@@ -348,24 +342,4 @@ class ShiftAfterAttentionICTD(nn.Module):
                              shared:bool=False,   # store one parameter set instead of L copies
                             ):
         "The model whose every layer carries `theta_td_memory(d, W, alpha, gamma)`."
-        model = cls(d, n_layers, shared, seed=0)
-        params = theta_td_memory(d, W, alpha, gamma)
-        model.layers = nn.ModuleList(ShiftAfterAttentionLayer.from_params(*params) for _ in model.layers)
-        return model
-
-    def forward(self, Z,                 # (..., d + 2, N) prompt Z_0
-                n=None,                  # number of context transitions; default `Z.n_context`
-                return_all:bool=False,   # also return every intermediate prompt
-               )->torch.Tensor:          # Z_L, or Z_0..Z_L stacked as (..., L + 1, d + 2, N)
-        "Run the prompt through the L layers."
-        Z, n = check_prompt(Z, self.d, n)
-        Zs = [Z]
-        for l in range(self.n_layers): Zs.append(shift_after_update(Zs[-1], *self.layer(l).params(Z), n))
-        return _carry(torch.stack(Zs, dim=-3) if return_all else Zs[-1], n)
-
-    def predict(self, Z,             # (..., d + 2, N) prompt Z_0
-                n=None,              # number of context transitions; default `Z.n_context`
-               )->torch.Tensor:      # (..., q) values at the q = N - n - 1 query columns
-        "The value estimates: row d + 1 of Z_L at the query columns."
-        Z, n = check_prompt(Z, self.d, n)
-        return self.forward(Z, n)[..., self.d + 1, n + 1:]
+        return cls.from_params(n_layers, *theta_td_memory(d, W, alpha, gamma), shared=shared)

@@ -476,6 +476,7 @@ for msg, args in {"`W` must have shape (4, 4)": (4, torch.eye(3), 0.1, 0.9),
 #| export
 class SoftmaxICTD(nn.Module):
     "A stack of `n_layers` dual-head softmax layers reading values from the last row of its prompt."
+    Layer, update = DualHeadSoftmaxLayer, staticmethod(dual_head_update)   # the layer module and its unvalidated update
     def __init__(self, d:int,              # feature dimension; prompts have d + 2 rows
                  n_layers:int,             # number of layers L
                  shared:bool=False,        # one parameter set for all layers
@@ -487,7 +488,7 @@ class SoftmaxICTD(nn.Module):
         if int(n_layers) != n_layers or n_layers < 1: raise ValueError(f"`n_layers` must be a positive integer, got {n_layers}")
         g = _generator(seed)
         self.d, self.n_layers, self.shared = int(d), int(n_layers), bool(shared)
-        self.layers = nn.ModuleList(DualHeadSoftmaxLayer(d, init_gain, g, dtype) for _ in range(1 if shared else n_layers))
+        self.layers = nn.ModuleList(self.Layer(d, init_gain, g, dtype) for _ in range(1 if shared else n_layers))
 
     def layer(self, l:int)->DualHeadSoftmaxLayer:
         "The module applied at depth `l` (the same one for all `l` when parameters are shared)."
@@ -502,9 +503,17 @@ class SoftmaxICTD(nn.Module):
                         shared:bool=False,   # store one parameter set instead of L copies
                        ):
         "The model whose every layer carries `theta_star(d, W, alpha, gamma)`."
-        model = cls(d, n_layers, shared, seed=0)
-        params = theta_star(d, W, alpha, gamma)
-        model.layers = nn.ModuleList(DualHeadSoftmaxLayer.from_params(*params) for _ in model.layers)
+        return cls.from_params(n_layers, *theta_star(d, W, alpha, gamma), shared=shared)
+
+    @classmethod
+    def from_params(cls, n_layers:int,       # number of layers L
+                    *params,                 # the layer's (d + 2, d + 2) matrices, e.g. (A, V_cur, V_tgt)
+                    shared:bool=False,       # store one parameter set instead of L copies
+                   ):
+        "The model whose every layer carries the same `params` (copied)."
+        first = cls.Layer.from_params(*params)               # validates the matrices
+        model = cls(first.d, n_layers, shared, seed=0)        # validates n_layers
+        model.layers = nn.ModuleList([first] + [cls.Layer.from_params(*params) for _ in model.layers[1:]])
         return model
 
     def forward(self, Z,                 # (..., d + 2, N) prompt Z_0
@@ -518,7 +527,7 @@ class SoftmaxICTD(nn.Module):
     def _forward(self, Z, n, return_all=False):
         "The forward pass on a validated prompt: the layers' inner calls validate nothing."
         Zs = [Z]
-        for l in range(self.n_layers): Zs.append(dual_head_update(Zs[-1], *self.layer(l).params(Z), n))
+        for l in range(self.n_layers): Zs.append(self.update(Zs[-1], *self.layer(l).params(Z), n))
         return torch.stack(Zs, dim=-3) if return_all else Zs[-1]
 
     def predict(self, Z,             # (..., d + 2, N) prompt Z_0
