@@ -1313,7 +1313,7 @@ for ax, feat in zip(axes, ("onehot", "unit", "random")):
     seed = raw_seed if feat == "random" else 3000
     task = random_boyan_chain(features=feat, seed=seed)
     maps[feat] = population_attention(task, 3 * torch.eye(task.d, dtype=torch.float64))
-    im = ax.imshow(maps[feat], vmin=0, vmax=1, cmap="viridis")
+    im = ax.imshow(torch.as_tensor(maps[feat]).numpy(), vmin=0, vmax=1, cmap="viridis")
     extra = f", cap {cap4[raw_seed - 3000]:.2f}" if feat == "random" else ""
     ax.set(title=f"{FEATURE_LABELS[feat]} (seed {seed})\nmin $M_\\pi(x, x)$ = {maps[feat].diagonal().min():.2f}{extra}",
            xlabel="key state $y$", ylabel="query state $x$")
