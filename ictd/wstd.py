@@ -133,12 +133,16 @@ def batch_linear_td(phi_states,         # (..., n+1, d) features of S_0..S_n
     "Batch linear TD(0), $w_{t+1} = w_t + \\frac{\\alpha}{n} \\sum_k \\delta_k \\phi(S_{k-1})$ from $w_0 = 0$, read out in value space."
     keys, X, R = context_tensors(phi_states, rewards, phi_queries)
     alpha, gamma, n_iters = _scalar(alpha, "alpha"), check_gamma(gamma), _count(n_iters, "n_iters")
-    n, succ = R.shape[-1], X[..., 1:R.shape[-1] + 1, :]
-    w, ws = keys.new_zeros(keys.shape[:-2] + keys.shape[-1:]), []
-    for _ in range(n_iters + 1):
-        ws.append(w)
+    step = lambda delta: alpha / R.shape[-1] * (delta.unsqueeze(-2) @ keys).squeeze(-2)
+    return _linear_td(keys, X, R, gamma, n_iters, keys.new_zeros(keys.shape[:-2] + keys.shape[-1:]), step, return_all)
+
+def _linear_td(keys, X, R, gamma, n_iters, w, step, return_all):
+    "Iterate $w_{t+1} = w_t + \\mathrm{step}(\\delta^{(t)})$ from `w` and read out $\\phi(x)^\\top w$ at the rows of `X`."
+    succ, ws = X[..., 1:R.shape[-1] + 1, :], [w]
+    for _ in range(n_iters):
         delta = R + gamma * (succ @ w.unsqueeze(-1)).squeeze(-1) - (keys @ w.unsqueeze(-1)).squeeze(-1)
-        w = w + alpha / n * (delta.unsqueeze(-2) @ keys).squeeze(-2)
+        w = w + step(delta)
+        ws.append(w)
     if not return_all: return (X @ ws[-1].unsqueeze(-1)).squeeze(-1)
     return torch.stack(ws, -2) @ X.mT
 
@@ -175,15 +179,9 @@ def centred_linear_td(phi_states,         # (..., n+1, d) features of S_0..S_n
     C = as_tensor(C, "C", keys.dtype, keys.device)
     d = keys.shape[-1]
     if C.ndim < 2 or C.shape[-2:] != (d, d): raise ValueError(f"`C` must have shape ({d}, {d}) or (..., {d}, {d}), got {tuple(C.shape)}")
-    n, succ, centred = R.shape[-1], X[..., 1:R.shape[-1] + 1, :], keys - keys.mean(-2, keepdim=True)
-    w = keys.new_zeros(torch.broadcast_shapes(keys.shape[:-2], C.shape[:-2]) + (d,))
-    ws = [w]
-    for _ in range(n_iters):
-        delta = R + gamma * (succ @ w.unsqueeze(-1)).squeeze(-1) - (keys @ w.unsqueeze(-1)).squeeze(-1)
-        w = w + alpha / n * (C @ (delta.unsqueeze(-2) @ centred).mT).squeeze(-1)
-        ws.append(w)
-    if not return_all: return (X @ ws[-1].unsqueeze(-1)).squeeze(-1)
-    return torch.stack(ws, -2) @ X.mT
+    centred = keys - keys.mean(-2, keepdim=True)
+    step = lambda delta: alpha / R.shape[-1] * (C @ (delta.unsqueeze(-2) @ centred).mT).squeeze(-1)
+    return _linear_td(keys, X, R, gamma, n_iters, keys.new_zeros(torch.broadcast_shapes(keys.shape[:-2], C.shape[:-2]) + (d,)), step, return_all)
 
 # %% ../nbs/01_weighted_softmax_td.ipynb #ce026d80
 def _states(states, n_states:int)->torch.Tensor:
