@@ -405,4 +405,5 @@ d = { 'settings': { 'branch': 'main',
                            'ictd.wstd.certainty_equivalence': ('weighted_softmax_td.html#certainty_equivalence', 'ictd/wstd.py'),
                            'ictd.wstd.context_tensors': ('weighted_softmax_td.html#context_tensors', 'ictd/wstd.py'),
                            'ictd.wstd.context_weights': ('weighted_softmax_td.html#context_weights', 'ictd/wstd.py'),
+                           'ictd.wstd.two_head_linear_td': ('weighted_softmax_td.html#two_head_linear_td', 'ictd/wstd.py'),
                            'ictd.wstd.weighted_softmax_td': ('weighted_softmax_td.html#weighted_softmax_td', 'ictd/wstd.py')}}}

@@ -10,8 +10,8 @@ import torch
 from .boyan import as_tensor, check_gamma
 
 # %% auto #0
-__all__ = ['context_tensors', 'context_weights', 'weighted_softmax_td', 'batch_linear_td', 'centred_softmax_td',
-           'centred_linear_td', 'batch_tabular_td', 'certainty_equivalence']
+__all__ = ['context_tensors', 'context_weights', 'weighted_softmax_td', 'batch_linear_td', 'two_head_linear_td',
+           'centred_softmax_td', 'centred_linear_td', 'batch_tabular_td', 'certainty_equivalence']
 
 # %% ../nbs/01_weighted_softmax_td.ipynb #b9c479fa
 def _broadcast(batch:tuple, shape:tuple, name:str)->tuple:
@@ -145,6 +145,25 @@ def _linear_td(keys, X, R, gamma, n_iters, w, step, return_all):
         ws.append(w)
     if not return_all: return (X @ ws[-1].unsqueeze(-1)).squeeze(-1)
     return torch.stack(ws, -2) @ X.mT
+
+# %% ../nbs/01_weighted_softmax_td.ipynb #dc52d3b2
+def two_head_linear_td(phi_states,         # (..., n+1, d) features of S_0..S_n, any signs
+                       rewards,            # (..., n) rewards, rewards[..., k-1] = R_k
+                       alpha:float,        # step size
+                       gamma:float,        # discount factor in [0, 1)
+                       n_iters:int,        # number of iterations (layers)
+                       phi_queries=None,   # (..., q, d) query features, (..., d) for one query, or None
+                       return_all=False,   # return every iterate v_0..v_T instead of the last
+                      )->torch.Tensor:     # (..., m) values at S_0..S_n then the queries; (..., n_iters+1, m) with `return_all`
+    "Batch linear TD as two heads: a softmax head with the shifted kernel $c + \\phi^\\top\\phi$ and $\\rho$ = its mean, minus a uniform head of weight $c$."
+    keys, X, R = context_tensors(phi_states, rewards, phi_queries)
+    alpha, gamma, n_iters = _scalar(alpha, "alpha"), check_gamma(gamma), _count(n_iters, "n_iters")
+    gram = keys @ X.mT                                                   # (..., n, m) linear kernel
+    c = 1 + gram.abs().amax(-2)                                          # (..., m) shift making the kernel positive
+    K = _weights(keys, X, None, lambda k, x: torch.log(c.unsqueeze(-2) + gram))
+    K = alpha * ((c + gram.mean(-2)).unsqueeze(-2) * K - c.unsqueeze(-2) / keys.shape[-2])
+    v0 = X.new_zeros(K.shape[:-2] + K.shape[-1:])
+    return _iterate(lambda delta: (delta.unsqueeze(-2) @ K).squeeze(-2), v0, R, gamma, n_iters, return_all)
 
 # %% ../nbs/01_weighted_softmax_td.ipynb #6e9d0886
 def centred_softmax_td(phi_states,         # (..., n+1, d) features of S_0..S_n
