@@ -275,6 +275,33 @@ for _ in range(30): Zl = single(Zl, n=40)
 test_close(Zl, model(Z0, n=40), eps=1e-12)
 
 # %% [markdown]
+# **Which head computes what.** Neither head of $\theta^*$ computes the TD error. At key $i$ the
+# current head's value vector $V^{\mathrm{cur}} z_i$ holds $\alpha R_{i+1} - \alpha v(S_i)$ in row $d+1$, and
+# the target head's $V^{\mathrm{tgt}} (Z\Pi)_i$ holds $\gamma\alpha\, v(S_{i+1})$; only their sum is
+# $\alpha\,\delta_{i+1}$, and only the sum is what the layer adds, since both heads share the attention
+# $S_l$. In the single-head form the one value vector $V\,\mathrm{TSM}(Z)_i$ *is* $\alpha\,\delta_{i+1}$, which is
+# a reason to prefer that form when one wants a head that "computes the TD error". The cell measures the
+# three value rows after three layers, where the values are not zero:
+
+# %%
+n40 = 40
+Z3c = SoftmaxICTD.from_theta_star(d, 3, W, alpha, gamma).requires_grad_(False)(Z0, n=n40)
+v3 = weighted_softmax_td(mrp.phi[states], rewards, W, alpha, gamma, 3, phi_queries=mrp.phi)
+delta3 = rewards + gamma * v3[1:n40 + 1] - v3[:n40]
+cur_value = (V_cur @ Z3c[:, :n40])[d + 1]                               # current head, at the keys
+tgt_value = (V_tgt @ Z3c[:, 1:n40 + 1])[d + 1]                          # target head: the successor's token
+one_value = (single.V.detach() @ temporal_shift(Z3c, n40, channels=[d + 1])[:, :n40])[d + 1]
+test_close(cur_value, alpha * (rewards - v3[:n40]), eps=1e-12)
+test_close(tgt_value, gamma * alpha * v3[1:n40 + 1], eps=1e-12)
+test_close(cur_value + tgt_value, alpha * delta3, eps=1e-12)
+test_close(one_value, alpha * delta3, eps=1e-12)
+head_gap = (cur_value - alpha * delta3).abs().max().item()
+assert head_gap > 0.1 * (alpha * delta3).abs().max().item()
+print(f"after 3 layers: largest |current head - alpha * TD error| = {head_gap:.2f} "
+      f"(largest |alpha * TD error| = {(alpha * delta3).abs().max().item():.2f}); current + target = alpha * TD error "
+      f"to {(cur_value + tgt_value - alpha * delta3).abs().max().item():.0e}")
+
+# %% [markdown]
 # ## What the single head sees
 #
 # The figure shows the input of the fourth constructed layer on a short context, as the single head
@@ -443,9 +470,6 @@ m_after = ShiftAfterAttentionICTD(4, 3, seed=0)
 test_eq(len(list(m_after.parameters())), 9)
 test_eq(len(list(ShiftAfterAttentionICTD(4, 3, shared=True, seed=0).parameters())), 3)
 test_eq(m_after.layer(1).A.detach(), ShiftAfterAttentionICTD(4, 3, seed=0).layer(1).A.detach())
-test_eq(theta_td_memory(4, torch.eye(4, dtype=torch.float64), 0.5, 0.9)[0], theta_star(4, torch.eye(4, dtype=torch.float64), 0.5, 0.9)[0])
-test_eq(ShiftAfterAttentionLayer.from_params(*theta_td_memory(4, torch.eye(4, dtype=torch.float64), 0.5, 0.9)).value_weights(),
-        torch.tensor([0.5, -0.5, 0.45], dtype=torch.float64))
 Zq = build_prompt(torch.zeros(11, 4), torch.ones(10), torch.zeros(3, 4))
 test_eq(m_after.predict(Zq).shape, (3,))
 test_fail(lambda: m_after.predict(Zq.clone()), contains="`n` must be given")
@@ -541,6 +565,32 @@ for name, params, layer_cls in (("theta* in the shift-after form", theta_star(4,
 print(f"random parameters, the two forms differ by {form_gap:.2f}; " + "; ".join(f"{k}: gap to TD {v:.2f}" for k, v in cross.items()))
 
 # %% [markdown]
+# Two behavioural checks of $\theta^{\delta}$ itself. Its attention is the softmax of weighted softmax TD:
+# feeding the layer prompts whose row $d$ is a one-hot vector over the keys reads the attention matrix
+# off the head's output, and it equals `context_weights`. And each of the three weights that
+# `value_weights` reports matters, with its sign: flipping any one of them leaves a model that no longer
+# runs weighted softmax TD, and `value_weights` reports the flip.
+
+# %%
+from ictd.wstd import context_weights
+A5, Vc5, Vt5 = theta_td_memory(4, W5, 0.5, mrp5.gamma)
+probe = Z5.clone().expand(30, -1, -1).clone()
+probe[:, 4, :30] = torch.eye(30, dtype=torch.float64)                         # row d of prompt b: e_b over the keys
+H5 = attend_context(probe, A5, probe[..., :30])[:, 4]                       # (key b, column j): attention S[b, j]
+test_close(H5, context_weights(mrp5.phi[st5], W5, phi_queries=mrp5.phi), eps=1e-13)
+flip_gaps = []
+for k, (V, i, j) in enumerate([(Vc5, 5, 4), (Vc5, 4, 4), (Vt5, 4, 4)]):
+    V[i, j] *= -1
+    flipped = ShiftAfterAttentionICTD.from_params(10, A5, Vc5, Vt5).requires_grad_(False)
+    test_eq(torch.sign(flipped.layer(0).value_weights()), torch.tensor([1., -1., 1.], dtype=torch.float64) * (1 - 2 * (torch.arange(3) == k)))
+    flip_gaps.append((flipped.predict(Z5, n=30) - td5).abs().max().item())
+    V[i, j] *= -1
+test_close(ShiftAfterAttentionICTD.from_params(10, A5, Vc5, Vt5).requires_grad_(False).predict(Z5, n=30), td5, eps=1e-12)
+assert min(flip_gaps) > 1e-2, flip_gaps
+print("gap to weighted softmax TD after flipping (value update, own change, successor change): "
+      + ", ".join(f"{g_:.2f}" for g_ in flip_gaps))
+
+# %% [markdown]
 # Side by side (the numbers come from the cells above):
 
 # %%
@@ -565,8 +615,10 @@ Markdown(f"""
 # "emplacements de mémoire pour les estimations de valeur" (memory slots for value estimates), true of
 # both forms (both keep the values in row $d+1$; only the second also overwrites the reward slot with
 # TD errors), and the current-value head "calcule l'erreur TD pour chaque transition" (computes the TD
-# error for each transition), which is what the current head does in the first form and not in the
-# second, where the TD errors sit in memory. So the summaries' *architecture* is the
+# error for each transition), which no head does by itself in either form: in the first form the current
+# head computes $\alpha R - \alpha v$ and only its sum with the target head is $\alpha\delta$ (measured in the
+# first part of this chapter), and in the second the TD errors sit in memory and the current head only
+# reads them. So the summaries' *architecture* is the
 # shift-after-attention form; they do not settle what its memory holds, and the TD-error memory is
 # our way of making that architecture exact. Both forms run the same iteration, so every later chapter
 # holds for either; the book keeps [chapter 3](dual_head.html)'s form as its main one because the
