@@ -884,6 +884,7 @@ assert abs_gap > 0.1 * v_lin_u.abs().max().item()
 print(f"negative inner products: {neg_share:.0%} of the {gram.numel()} pairs of states; "
       f"score log|phi^T phi|: largest gap to linear TD {abs_gap:.2f} (largest |v| {v_lin_u.abs().max().item():.2f})")
 
+
 # %% [markdown]
 # The condition goes away with one more head, the same kind of uniform head that Proposition 1b
 # below uses for centring. Shift the linear kernel by a constant that makes it positive, run
@@ -1502,6 +1503,7 @@ for S, R in contexts:
     rates.append((lam, (err[1:] / err[:-1]).max().item()))
 print("bound lambda vs largest measured one-step ratio of the error:", [(round(a_, 3), round(b_, 3)) for a_, b_ in rates])
 
+
 # %% [markdown]
 # ## Small scores over long horizons: where the iteration goes
 #
@@ -1566,6 +1568,7 @@ for seed, (ts, soft, lin, settled) in horizon.items():
     print(f"context {seed}: gap " + ", ".join(f"{v_:.2g} at T = {T:,}" for T, v_ in at.items())
           + f"; linear TD: time constant {tau:,.0f} iterations, "
           + (f"steps < 1e-12 from T = {settled:,}" if settled else "steps still >= 1e-12 at T = 200,000"))
+
 
 # %% [markdown]
 # The gap to linear TD is small for tens of iterations, then grows by orders of magnitude, also on
@@ -1658,7 +1661,6 @@ for i, r in enumerate(horizon.values()):
 ax.set(xlabel="iteration $T$ (= layer)", ylabel="largest gap over the targets\n(return units)",
        title=r"Centred softmax TD at $\varepsilon = 0.03$: close to linear TD for a while, then elsewhere")
 ax.legend(fontsize=8, loc="lower right");
-
 
 # %% [markdown]
 # ## Learning a Boyan chain in kernel space

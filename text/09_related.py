@@ -1,0 +1,195 @@
+# %% [markdown]
+# # Related work
+# > Where weighted softmax TD sits among kernel-based reinforcement learning and softmax in-context learning: what coincides, under which conditions, with a numerical check where one can be made.
+
+# %%
+#| hide
+from fastcore.test import *
+
+# %%
+#| hide
+import numpy as np
+import torch
+from ictd.boyan import random_boyan_chain, sample_trajectory
+from ictd.wstd import weighted_softmax_td, context_weights, certainty_equivalence
+
+# %% [markdown]
+# This page places the algorithm of [chapter 1](weighted_softmax_td.html) next to older and
+# neighbouring ideas. Every relation is stated as what coincides and under which conditions; where a
+# relation can be checked with the book's functions, a cell checks it. Descriptions of the cited
+# works are summaries in our words of their published abstracts, not quotations; the relations to
+# weighted softmax TD and their proofs are ours.
+#
+# ## The line of work this book follows
+#
+# * **Wang, Blaser, Daneshmand and Zhang (ICLR 2025), "Transformers Can Learn Temporal Difference
+#   Methods for In-Context Reinforcement Learning"** (arXiv:2405.13861). A linear-attention
+#   Transformer whose forward pass is batch linear TD, with parameters that emerge from multi-task TD
+#   pretraining. The book's [chapter 7](linear.html) reproduces it side by side with the softmax
+#   construction.
+# * **Wang, Chandra and Zhang (NeurIPS 2025), "Towards Provable Emergence of In-Context Reinforcement
+#   Learning"** (arXiv:2509.18389). Still a linear Transformer for policy evaluation; it proves that
+#   one of the global minimisers of the pretraining loss implements in-context TD.
+#
+# **Who is "Wang et al. 2025b".** The summaries of the paper in the project's files cite
+# "Wang et al. [2025a,b]" as the earlier analyses that rely on linear attention. The two 2025 papers
+# above are the ones of this line whose first author is Wang and that analyse linear attention for
+# in-context TD; the second shares two authors (Chandra, Zhang) with the paper this book follows. The
+# summaries do not say which letter is which; by publication order (May 2024 and September 2025 on
+# arXiv) the ICLR paper would be 2025a and the NeurIPS paper **2025b**. That assignment is our inference,
+# not something the project's sources state.
+#
+# The same group's **Xie, Liu, Chandra and Zhang (2026), "Convergence and Emergence of In-Context
+# Reinforcement Learning with Chain of Thought"** (arXiv:2605.07123) studies the linear-Transformer
+# setting with chain-of-thought generation, where each generated step is a TD update.
+
+# %% [markdown]
+# ## Kernel-based reinforcement learning (Ormoneit and Sen, 2002)
+#
+# Ormoneit and Sen ("Kernel-Based Reinforcement Learning", *Machine Learning* 49, 2002) assign a
+# value to each sampled state and iterate a Bellman operator in which the expectation over the next
+# state is replaced by a normalised kernel average over sampled transitions; the iteration converges
+# to the unique solution of that approximate Bellman equation from any start, and the estimate is
+# consistent as the sample grows. For policy evaluation on one context, with the softmax weights
+# $K_k(x)$ of chapter 1 as the normalised kernel, their iteration reads
+# $$u_{t+1}(x) = \sum_k K_k(x)\,\big(R_k + \gamma\, u_t(S_k)\big).$$
+# Weighted softmax TD with $\alpha = 1$, $\rho = 1$ is
+# $$v_{t+1}(x) = \sum_k K_k(x)\,\big(R_k + \gamma\, v_t(S_k)\big) + \Big(v_t(x) - \sum_k K_k(x)\, v_t(S_{k-1})\Big).$$
+#
+# **What coincides (ours).** The two iterations are the same map exactly when the bracket vanishes
+# along the iterates: the kernel average of the values at the keys must give back the target's own
+# value. That holds in the tabular limit (one-hot features, $W = \beta I$, $\beta \to \infty$), where
+# $K_k(x) = \mathbf 1[S_{k-1} = x]/N(x)$ and the iterates are state-consistent, provided every target
+# state is left (the hypothesis of Proposition 2): both are then value iteration on the context's
+# empirical MRP. Away from that limit they differ, and so do their fixed points: KBRL's is a
+# kernel-smoothed value that depends on the bandwidth, while weighted softmax TD's, by
+# [Proposition 5](weighted_softmax_td.html#small-scores-over-long-horizons-where-the-iteration-goes),
+# is the certainty-equivalence value at the trajectory states whatever the kernel (when the matrix $B$
+# there is nonsingular and the iteration converges). The kernel shapes the path and the values away
+# from the data, not the fixed point on the data.
+
+# %%
+chain = random_boyan_chain(n_states=13, seed=3)
+S, R = sample_trajectory(chain, 60, seed=3)
+assert set(S.tolist()) <= set(S[:-1].tolist())                     # every target state is left
+ce = certainty_equivalence(S, R, 13, chain.gamma)[S]
+
+def kbrl(phi, R, gamma, n_iters=None, **kw):
+    "Ormoneit-Sen kernel-based policy evaluation on the context: n_iters iterates from 0, or the fixed point if n_iters is None."
+    K = context_weights(phi, **kw)
+    n = K.shape[0]
+    shift = torch.zeros(n, n + 1, dtype=torch.float64)
+    shift[range(n), range(1, n + 1)] = 1.                             # picks u(S_k) for transition k
+    if n_iters is None: return torch.linalg.solve(torch.eye(n + 1, dtype=torch.float64) - gamma * K.T @ shift, K.T @ R)
+    u, us = torch.zeros(n + 1, dtype=torch.float64), []
+    for _ in range(n_iters): u = K.T @ (R + gamma * shift @ u); us.append(u)
+    return torch.stack(us)
+
+onehot = torch.eye(13, dtype=torch.float64)[S]
+tab_kbrl = kbrl(onehot, R, chain.gamma, 100, W=40 * torch.eye(13, dtype=torch.float64))
+tab_wstd = weighted_softmax_td(onehot, R, 40 * torch.eye(13, dtype=torch.float64), 1.0, chain.gamma, 100, return_all=True)[1:]
+test_close(tab_wstd, tab_kbrl, eps=1e-12)
+print(f"tabular limit (beta = 40, alpha = 1): largest gap over 100 iterations {(tab_wstd - tab_kbrl).abs().max().item():.0e}")
+
+pos = torch.linspace(0, 1, 13, dtype=torch.float64)[S][:, None]     # states on a line, Gaussian kernels
+for h in (0.03, 0.08):
+    gauss = lambda k, x: -torch.cdist(k, x) ** 2 / (2 * h * h)
+    v_far = weighted_softmax_td(pos, R, None, 0.5, chain.gamma, 6000, score=gauss)
+    u_fix = kbrl(pos, R, chain.gamma, score=gauss)
+    test_close(v_far, ce, eps=1e-10)
+    assert (u_fix - ce).abs().max() > 1e-2
+    print(f"Gaussian kernel h = {h}: weighted softmax TD after 6000 iterations - CE value: {(v_far - ce).abs().max().item():.0e}; "
+          f"KBRL fixed point - CE value: {(u_fix - ce).abs().max().item():.2f}")
+
+# %% [markdown]
+# ## Averagers (Gordon, 1995)
+#
+# Gordon ("Stable Function Approximation in Dynamic Programming", ICML 1995) proves that fitted value
+# iteration converges when the function approximator is a non-expansion in the max norm, a class that
+# includes $k$-nearest-neighbour and other fixed-weight averaging schemes ("averagers"), and that the
+# approximate algorithm is then exact dynamic programming on a modified MDP.
+#
+# **Relation (ours).** The softmax weights of a target are non-negative and sum to one, so
+# $v \mapsto \big(\sum_k K_k(x)\, v(S_k)\big)_x$ is an averager, and KBRL above is value iteration composed
+# with it: a $\gamma$-contraction, which is why it converges from any start. Weighted softmax TD does
+# not have that form: it averages TD errors and adds them to the target's own value, and its one-step
+# map can expand. Chapter 1 exhibits a $W$ whose iteration has spectral radius above one. It is an
+# averager-style contraction only where chapter 1's Proposition 4 or chapter 5's diagonality
+# condition holds, for example in the tabular limit, where the rate is $1 - \alpha(1 - \gamma)$.
+
+# %% [markdown]
+# ## Kernel LSTD and Gaussian-process TD
+#
+# * **Kernel LSTD** (Xu, Hu and Lu, "Kernel-Based Least Squares Policy Iteration for Reinforcement
+#   Learning", *IEEE Transactions on Neural Networks*, 2007; an earlier kernel LSTD by Xu et al., 2005)
+#   solves least-squares TD in the feature space of a kernel, with a sparsified dictionary of samples.
+# * **GPTD** (Engel, Mannor and Meir, "Bayes Meets Bellman: The Gaussian Process Approach to Temporal
+#   Difference Learning", ICML 2003; extended to stochastic transitions in ICML 2005) puts a Gaussian
+#   process prior on the value function and a Gaussian noise model on the rewards, and computes the
+#   posterior in closed form.
+# * Taylor and Parr ("Kernelized Value Function Approximation for Reinforcement Learning", ICML 2009)
+#   show that, up to regularisation, kernel LSTD equals a model-based method that regresses the reward
+#   and transition models with kernels, and that GPTD's posterior mean equals the same value function.
+#
+# **Relation (ours).** Both families write the value as an expansion over the samples,
+# $v(x) = \sum_y \beta_y\, k(y, x)$, as weighted softmax TD does (chapter 1's lemma: $v_t(x) = \rho(x) \sum_k c^{(t)}_k K_k(x)$),
+# but with an unnormalised kernel, solved in one linear system with ridge regularisation instead of
+# iterated. Their fixed points meet on the data: LSTD with kernel features $k(\cdot, y)$ over the
+# distinct states $y$ the context leaves, without regularisation, solves $\sum_k k(y, S_{k-1})\, \delta_k = 0$
+# for every $y$, that is $G\, (N \circ m) = 0$ with the Gram matrix $G$ of those states and the per-state
+# mean TD errors $m$. A nonsingular $G$ forces $m = 0$: the certainty-equivalence value at the
+# trajectory states, the same limit as weighted softmax TD's (Proposition 5(a), with $B$ replaced by
+# $G \operatorname{diag}(N)$). Ridge regularisation moves kernel LSTD off it; finite depth (early stopping)
+# is what keeps weighted softmax TD off it. Off the data the two interpolate differently (RKHS
+# expansion against normalised weights).
+
+# %%
+U = torch.unique(S[:-1])
+line = torch.linspace(0, 1, 13, dtype=torch.float64)
+for h in (0.08, 0.2):
+    k = lambda a, b: torch.exp(-(a[:, None] - b[None]) ** 2 / (2 * h * h))
+    F, F_next = k(line[S[:-1]], line[U]), k(line[S[1:]], line[U])      # kernel features of the keys and successors
+    A_lstd, b_lstd = F.T @ (F - chain.gamma * F_next), F.T @ R
+    gaps = {}
+    for lam in (0., 1e-3, 1e-1):
+        beta = torch.linalg.solve(A_lstd + lam * torch.eye(len(U), dtype=torch.float64), b_lstd)
+        gaps[lam] = (k(line[S], line[U]) @ beta - ce).abs().max().item()
+    cond = torch.linalg.cond(A_lstd).item()
+    if cond < 1e6: assert gaps[0.] < 1e-10 and gaps[1e-1] > 1e-2
+    print(f"kernel LSTD, h = {h} (condition number {cond:.0e}): gap to the CE value "
+          + ", ".join(f"{g:.0e} at ridge {lam:g}" for lam, g in gaps.items()))
+
+# %% [markdown]
+# At the wider bandwidth the system is ill-conditioned (printed), and the unregularised solution
+# carries the round-off that the condition number allows: the coincidence is exact in exact
+# arithmetic only, the same caveat as for Proposition 5 at small scores.
+#
+# ## Softmax in-context learning as kernel regression and functional gradient descent
+#
+# * **Han, Wang, Zhao and Ji** ("Explaining Emergent In-Context Learning as Kernel Regression",
+#   arXiv:2305.12766, 2023; TMLR 2025 as "Understanding Emergent In-Context Learning from a Kernel
+#   Regression Perspective") argue that in-context prediction behaves asymptotically like the
+#   Nadaraya-Watson estimator $\hat y = \sum_i y_i K(x, x_i) / \sum_i K(x, x_i)$ and find attention patterns
+#   consistent with it.
+# * **Cheng, Chen and Sra** ("Transformers Implement Functional Gradient Descent to Learn Non-Linear
+#   Functions In Context", ICML 2024) show that non-linear attention can implement gradient descent in
+#   function space, in the RKHS of a kernel set by the attention's non-linearity, and that the best
+#   non-linearity depends on the function class.
+#
+# **Relation (ours).** Chapter 1's softmax weights are exactly Nadaraya-Watson weights with the kernel
+# $\exp g$, so one step of weighted softmax TD moves each value by the Nadaraya-Watson estimate of the
+# TD error at that state. With $\gamma = 0$ the TD error is the residual $R_k - v(S_{k-1})$ and weighted
+# softmax TD is functional gradient descent on $\frac12 \sum_k (R_k - v(S_{k-1}))^2$ with the step direction
+# smoothed by the normalised kernel: the regression setting of Cheng et al. with a per-target
+# normalised kernel in place of an RKHS kernel. With $\gamma > 0$ the analogy stops at the update's
+# form: the TD error is not the gradient of any loss in $v$ (the successor term makes the update a
+# semi-gradient), which is why convergence needs a condition (chapter 5) rather than following from
+# descent on a loss.
+#
+# ## What the comparison says about the book's claims
+#
+# Weighted softmax TD is a *kernel-smoothed TD iteration*, not kernel-based value iteration: it
+# coincides with KBRL only in the tabular limit at $\alpha = 1$, its fixed point on the data is the
+# certainty-equivalence value like unregularised kernel LSTD's, and its stability is not inherited
+# from the averager property. What is new in the paper's construction is that a softmax Transformer
+# computes it layer by layer, with the depth playing the role of the number of iterations.
