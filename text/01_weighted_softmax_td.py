@@ -886,7 +886,11 @@ print(f"negative inner products: {neg_share:.0%} of the {gram.numel()} pairs of 
 
 
 # %% [markdown]
-# The condition goes away with one more head, the same kind of uniform head that Proposition 1b
+# The paper's abstract says that weighted softmax TD "adopts both linear TD and tabular TD as special
+# cases", and the project's summaries repeat it without a condition; the paper's full text, which may
+# state one, is not available to us. What this chapter can prove is the conditional form above, and
+# Proposition 1a shows that on the book's default features the condition fails. The condition goes
+# away with one more head, the same kind of uniform head that Proposition 1b
 # below uses for centring. Shift the linear kernel by a constant that makes it positive, run
 # weighted softmax TD with it, and subtract what the shift added with a head that attends uniformly.
 #
