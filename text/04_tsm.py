@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from ictd.boyan import as_tensor, check_gamma, random_boyan_chain, sample_trajectory
 from ictd.prompt import build_prompt
-from ictd.wstd import weighted_softmax_td
+from ictd.wstd import weighted_softmax_td, context_weights
 from IPython.display import Markdown
 from ictd.model import *
 from ictd.model import _generator, _token_rows, _xavier, _carry
@@ -572,7 +572,6 @@ print(f"random parameters, the two forms differ by {form_gap:.2f}; " + "; ".join
 # runs weighted softmax TD, and `value_weights` reports the flip.
 
 # %%
-from ictd.wstd import context_weights
 A5, Vc5, Vt5 = theta_td_memory(4, W5, 0.5, mrp5.gamma)
 probe = Z5.clone().expand(30, -1, -1).clone()
 probe[:, 4, :30] = torch.eye(30, dtype=torch.float64)                         # row d of prompt b: e_b over the keys

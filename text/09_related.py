@@ -279,6 +279,7 @@ Markdown("| rewards | $s$ | $n$ | unseen states | tuned $\\beta$, $\\alpha$ (sof
          + "\n".join(f"| {r['rewards']} | {r['s']} | {r['n']} | {r['unseen_share']:.0%} | {r['beta']:g}, {r['alpha_s']:g} | {r['alpha_l']:g} | "
                      + " | ".join(fmt(r["errs"][m][g]) for g in (0, 1) for m in ("softmax", "linear", "zero")) + " |" for r in mem_rows))
 
+
 # %% [markdown]
 # Mean squared errors against $v_\pi$ (return units squared), mean ± standard error over 150 tasks per
 # row; "unseen states" is the share of the chain's states that do not occur in the context. The
