@@ -1585,8 +1585,9 @@ for seed, (ts, soft, lin, settled) in horizon.items():
 #
 # ::: {.proposition}
 # **Proposition 5 (ours: the fixed points of weighted softmax TD for any score).** Suppose every
-# target state is left at least once (the hypothesis of Proposition 2), and restrict to
-# state-consistent vectors $f$ (the iteration preserves them), over the $s'$ distinct target states.
+# state of the trajectory $S_0, \dots, S_n$ is left at least once, and restrict to state-consistent
+# vectors $f$ over the $s'$ distinct states of the trajectory (the iteration preserves them; query
+# targets never enter a TD error, so they do not affect these values).
 # (a) If $\lambda = 0$ and $B$ is nonsingular, the only fixed point is the certainty-equivalence value
 # $\hat v$ of the context. (b) If $\lambda = 1$, then $B \mathbf 1 = 0$; if $B$ has rank $s' - 1$, the fixed
 # points are exactly $\hat v - \kappa \mathbf 1$, $\kappa \in \mathbb R$, and $\ell^\top f_t = 0$ for every $t$, where
