@@ -944,6 +944,9 @@ show_doc(two_head_linear_td)
 # without it (the first head alone) the gap is of the order of the values.
 
 # %%
+shift_c = lambda k, x: 1 + (k @ x.mT).abs().amax(-2)                          # c(x), as in two_head_linear_td
+first_head = dict(score=lambda k, x: torch.log(shift_c(k, x).unsqueeze(-2) + k @ x.mT),
+                  rho=lambda k, x: shift_c(k, x) + (k @ x.mT).mean(-2))
 worst2, largest2, without = 0., 0., []
 for seed in range(100):
     r = np.random.default_rng(1000 + seed)
@@ -954,9 +957,7 @@ for seed in range(100):
     v_lin = batch_linear_td(phi, R, a, g, 60, Q, return_all=True)
     test_close(v_two, v_lin, eps=1e-12)
     worst2, largest2 = max(worst2, (v_two - v_lin).abs().max().item()), max(largest2, v_lin.abs().max().item())
-    shifted = lambda k, x: torch.log(1 + (k @ x.mT).abs().amax(-2, keepdim=True) + k @ x.mT)
-    one_head = weighted_softmax_td(phi, R, None, a, g, 60, Q, score=shifted,
-                                   rho=lambda k, x: 1 + (k @ x.mT).abs().amax(-2) + (k @ x.mT).mean(-2))
+    one_head = weighted_softmax_td(phi, R, None, a, g, 60, Q, **first_head)
     without.append((one_head - v_lin[-1]).abs().max().item() / max(v_lin.abs().max().item(), 1e-12))
 assert largest2 < 1e3 and np.median(without) > 0.1
 print(f"largest |v| {largest2:.1f}, largest difference {worst2:.1e}; "
@@ -973,7 +974,8 @@ test_fail(lambda: two_head_linear_td(phis_s, Rs_s, 0.1, 1.0, 5), contains="`gamm
 # Proposition 1 is a statement about the *algorithm*. It needs the score
 # $\log(\phi(x)^\top\phi(y))$ and a per-target weight $\rho \ne 1$, and the Transformer of
 # [chapter 3](dual_head.html) has neither: its score is bilinear, $\phi(x)^\top W \phi(y)$, and its
-# $\rho$ is 1. So linear TD is a special case of weighted softmax TD, but not of the constructed
+# $\rho$ is 1. So linear TD is a special case of weighted softmax TD (with positive inner products, or
+# with the second head of Proposition 1c), but not of the constructed
 # Transformer. What the constructed Transformer does have is a link to linear TD at *small* scores,
 # which this section proves.
 #
