@@ -11,6 +11,7 @@ from fastcore.test import *
 import math
 import numpy as np
 import torch
+import matplotlib.pyplot as plt
 from IPython.display import Markdown
 from ictd.boyan import random_boyan_chain, sample_trajectory
 from ictd.wstd import weighted_softmax_td, batch_linear_td, context_weights, certainty_equivalence
@@ -188,7 +189,7 @@ for h in (0.08, 0.2):
 # semi-gradient), which is why convergence needs a condition (chapter 5) rather than following from
 # descent on a loss.
 #
-# ## What the comparison says about the book's claims
+# ## Summary of the relations
 #
 # Weighted softmax TD is a *kernel-smoothed TD iteration*, not kernel-based value iteration: it
 # coincides with KBRL only in the tabular limit at $\alpha = 1$, its fixed point on the data is the
@@ -267,6 +268,8 @@ for rewards in ("random", "representable"):
         mem_rows.append(dict(rewards=rewards, s=s_, n=n_, beta=beta_t, alpha_s=alpha_s, alpha_l=alpha_l, edge=edge, errs=errs,
                              unseen_share=(~seen_t).double().mean().item()))
 
+row = {(r["rewards"], r["s"], r["n"]): r for r in mem_rows}
+
 def mean_se(x):
     "Mean and standard error over the tasks where x is defined."
     x = x[~torch.isnan(x)]
@@ -278,6 +281,27 @@ Markdown("| rewards | $s$ | $n$ | unseen states | tuned $\\beta$, $\\alpha$ (sof
          "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
          + "\n".join(f"| {r['rewards']} | {r['s']} | {r['n']} | {r['unseen_share']:.0%} | {r['beta']:g}, {r['alpha_s']:g} | {r['alpha_l']:g} | "
                      + " | ".join(fmt(r["errs"][m][g]) for g in (0, 1) for m in ("softmax", "linear", "zero")) + " |" for r in mem_rows))
+
+# %% [markdown]
+# The figure draws the same numbers: for each reward model (rows) and group of states (columns),
+# the error of each method against the setting, with two-standard-error bars.
+
+# %%
+#| code-fold: true
+fig, axs = plt.subplots(2, 2, figsize=(9, 6.4), sharex=True)
+labels = [f"s={s_}\nn={n_}" for s_, n_ in SETTINGS_MEM]
+for i, rewards in enumerate(("random", "representable")):
+    for g, group in enumerate(("seen", "unseen")):
+        ax = axs[i, g]
+        for k, (m, style) in enumerate((("softmax", "o-"), ("linear", "s-"), ("zero", "^:"))):
+            stats = np.array([mean_se(row[rewards, s_, n_]["errs"][m][g]) for s_, n_ in SETTINGS_MEM])
+            ax.errorbar(np.arange(4) + (k - 1) * 0.08, stats[:, 0], yerr=2 * stats[:, 1], fmt=style, ms=5, capsize=3,
+                        color=f"C{k}", label={"softmax": r"weighted softmax TD ($W = \beta I$)", "linear": "batch linear TD",
+                                             "zero": "zero predictor"}[m])
+        ax.set(yscale="log", title=f"{rewards} rewards, {group} states", ylabel="MSE against $v_\\pi$\n(return units$^2$)")
+        ax.set_xticks(range(4), labels)
+axs[0, 0].legend(fontsize=8)
+plt.tight_layout()
 
 
 # %% [markdown]
@@ -295,7 +319,6 @@ def verdict(r, a, b, group):
     m, se = paired(r, a, b, group)
     return m + 2 * se < 0
 
-row = {(r["rewards"], r["s"], r["n"]): r for r in mem_rows}
 big = [(rw, s_, 30) for rw in ("random", "representable") for s_ in (50, 100)]
 lin_wins_unseen = all(verdict(row["representable", s_, 30], "linear", "softmax", 1) for s_ in (50, 100))
 lin_wins_seen = all(verdict(row["representable", s_, n_], "linear", "softmax", 0) for s_, n_ in SETTINGS_MEM)
