@@ -66,9 +66,22 @@ def rewrite(text, renames, base):
                   lambda m: renames[m.group(1)], text, flags=re.M) if renames else text
 
 
-def rewrite_cell(cell, renames, base):
-    "Rewrite the links in a cell's source and in its text and Markdown outputs."
+def strip_source_links(text, git_url):
+    "Drop `show_doc`'s `[source](<git_url>/blob/...)` links (used while the repository is not public)."
+    return re.sub(r'\[source\]\(' + re.escape(git_url.rstrip('/')) + r'/[^)]*\)(\{[^}]*\})?\n?', '', text)
+
+
+def repo_links():
+    "The repository's address when settings.ini says it is public (`repo_public`), else None."
+    from nbdev.config import get_config
+    cfg = get_config(path=ROOT)
+    return cfg.git_url if str(cfg.get('repo_public', 'False')).lower() in ('true', '1', 'yes') else None
+
+
+def rewrite_cell(cell, renames, base, git_url=None):
+    "Rewrite the links in a cell's source and in its text and Markdown outputs; drop source links to `git_url` if given."
     fix = lambda s: rewrite(''.join(s) if isinstance(s, list) else s, renames, base)
+    if git_url: fix = lambda s, f=fix: strip_source_links(f(s), git_url)
     cell['source'] = fix(cell['source'])
     for o in cell.get('outputs', []):
         if 'text' in o: o['text'] = fix(o['text'])
@@ -86,8 +99,9 @@ def fold_plotting(cell):
         cell['source'] = FOLD + cell['source']
 
 
-def rename_pages(proc, base):
-    "Rename processed notebooks to the page names nbdev links (`output-file`), and rewrite the links to them."
+def rename_pages(proc, base, hidden_repo=None):
+    """Rename processed notebooks to the page names nbdev links (`output-file`), and rewrite the links to them
+    (dropping source links into `hidden_repo`, a repository that is not public)."""
     renames = {}
     for f in sorted(proc.glob('*.ipynb')):
         out = front_matter(json.loads(f.read_text())).get('output-file')
@@ -95,7 +109,7 @@ def rename_pages(proc, base):
     for f in sorted(proc.glob('*.ipynb')):
         nb = json.loads(f.read_text())
         for c in nb['cells']:
-            rewrite_cell(c, renames, base)
+            rewrite_cell(c, renames, base, hidden_repo)
             fold_plotting(c)
         (proc / renames.get(f.name, f.name)).write_text(json.dumps(nb))
         if f.name in renames: f.unlink()
@@ -173,6 +187,7 @@ def process(nbs, proc):
 def build_smalldocs(out, quiet=False):
     "Process the notebooks as nbdev does, render them with smalldocs, and move the site to `out`."
     from fastcore.xtras import working_directory
+    from nbdev.config import get_config
     from nbdev.quarto import refresh_quarto_yml
     from smalldocs.site import build
     out = Path(out).resolve()
@@ -181,7 +196,7 @@ def build_smalldocs(out, quiet=False):
     with working_directory(ROOT):
         refresh_quarto_yml()  # nbdev.yml from settings.ini, as nbdev_docs does
         process(ROOT / 'nbs', proc)
-        rename_pages(proc, site_url())
+        rename_pages(proc, site_url(), None if repo_links() else get_config(path=ROOT).git_url)
     site = build(proc, quiet=True)
     for w in site.warnings:
         if not any(e in w for e in EXPECTED): print(f'warning: {w}', file=sys.stderr)
