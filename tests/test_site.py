@@ -12,6 +12,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlparse
 import numpy as np
 import pytest
+from execnb.nbio import read_nb
 import torch
 import yaml
 from conftest import ROOT
@@ -230,7 +231,10 @@ def test_explorable_controls(front):
     from ictd.convergence import empirical_attention
     p, err, panels = figure_state(front)
     assert set(panels) == {'values', 'error', 'attention'} and all('<svg' in h for h in panels.values())
+    assert p == dict(seed=0, kind='onehot', beta=5, alpha=0.5, depth=30, n=200), 'the starting point index.ipynb states'
     assert abs(err - library_msve(p)) <= 1e-9 * max(1, err)
+    printed = [o for c in read_nb(ROOT / 'nbs' / 'index.ipynb').cells for o in c.get('outputs', []) if 'MSVE after L = 30' in ''.join(o.get('text', ''))]
+    assert printed and f'MSVE after L = 30 layers: {err:.4g}' in ''.join(printed[0]['text']), 'index.ipynb prints the figure\'s starting error'
     for selector, value, changed in MOVES:
         (front.select_option if selector.startswith('select') else front.fill)(selector, value)
         q, err, new = figure_state(front)

@@ -30,7 +30,8 @@ from ictd.wstd import weighted_softmax_td
 # %% [markdown]
 # ## Weighted softmax TD in your browser
 #
-# Move the controls below to see how the algorithm of [chapter 1](weighted_softmax_td.html) behaves. The
+# On the book's website (`_docs/index.html` after `make docs`; README.md leaves the figure out) you can move
+# the controls of the figure below to see how the algorithm of [chapter 1](weighted_softmax_td.html) behaves. The
 # figure runs weighted softmax TD in the page, on a random Boyan chain with ten states
 # ([chapter 0](boyan.html)) and one trajectory of it, with scores $\phi(x)^\top W \phi(y)$ for $W = \beta I$
 # and step size $\alpha$. Each layer of the constructed Transformer is one iteration
@@ -43,9 +44,9 @@ from ictd.wstd import weighted_softmax_td
 #   kernel-diagonality condition of that chapter asks to exceed $(1 + \gamma)/2$.
 #
 # The feature kinds are those of `random_boyan_chain`: one-hot, random rows of unit norm, and random entries in
-# $U(-1, 1)$ ($d = 4$). With one-hot features a large $\beta$ gives batch tabular TD. Its error falls
-# geometrically in depth, down to a floor set by the context length $n$. With $\beta = 0$ every query weighs
-# all transitions equally. The chains and trajectories are exported from Python (`tools/explorable_data.py`), so
+# $U(-1, 1)$ ($d = 4$). With one-hot features a large $\beta$ gives batch tabular TD, whose error
+# [chapter 5](convergence.html) shows falling geometrically in depth down to a floor set by the context length
+# $n$. With $\beta = 0$ every query weighs all transitions equally. The chains and trajectories are exported from Python (`tools/explorable_data.py`), so
 # the page computes on the library's own numbers. The browser test checks the page's JavaScript port of
 # `weighted_softmax_td` against the library to $10^{-9}$.
 
