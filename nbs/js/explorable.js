@@ -73,11 +73,18 @@
     });
   }
 
+  // Labelled ticks for a log axis: the powers of ten in range, or a few round values when it spans less than a decade.
+  function logTicks([lo, hi]) {
+    const decades = d3.range(Math.ceil(Math.log10(lo)), Math.floor(Math.log10(hi)) + 1).map(k => 10 ** k);
+    return decades.length >= 2 ? decades : d3.ticks(lo, hi, 4).filter(t => t > 0);
+  }
+
   function errorPlot({msve}) {
-    const rows = msve.map((e, l) => ({l, e}));
+    const rows = msve.map((e, l) => ({l, e})), [min, max] = d3.extent(msve);
+    const [lo, hi] = min === max ? [min / 2, max * 2] : [min, max];  // depth 0: one point, in the middle of a wider axis
     return Plot.plot({
       width: 330, height: 250, marginLeft: 48,
-      x: {label: 'layer l', tickFormat: 'd'}, y: {type: 'log', label: 'MSVE (d_π-weighted)', grid: true, tickFormat: '~g'},
+      x: {label: 'layer l', tickFormat: 'd'}, y: {type: 'log', label: 'MSVE (d_π-weighted)', grid: true, domain: [lo, hi], ticks: logTicks([lo, hi]), tickFormat: d3.format('.3~g')},
       marks: [Plot.line(rows, {x: 'l', y: 'e', stroke: '#1f77b4'}),
               Plot.dot(rows.slice(-1), {x: 'l', y: 'e', fill: '#1f77b4', r: 3.5, title: r => `l = ${r.l}: MSVE ${fmt(r.e)}`})],
     });
