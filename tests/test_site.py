@@ -139,6 +139,7 @@ def test_site_in_browser(browser, site):
     pages = sorted(site.glob('*.html'))
     assert sorted(p.name for p in pages) == sorted(expected), 'a page per notebook, named as nbdev links it'
     assert 'cdn.jsdelivr' not in ''.join(p.read_text() for p in pages), 'KaTeX must come from site_libs'
+    if build_site.hidden_repo(): assert build_site.hidden_repo() not in ''.join(p.read_text() for p in pages), 'links to a repository that is not public'
     shutil.rmtree(SHOTS, ignore_errors=True)
     SHOTS.mkdir(parents=True)
     problems, links, ids, sidebars = {}, {}, {}, {}

@@ -71,11 +71,11 @@ def strip_source_links(text, git_url):
     return re.sub(r'\[source\]\(' + re.escape(git_url.rstrip('/')) + r'/[^)]*\)(\{[^}]*\})?\n?', '', text)
 
 
-def repo_links():
-    "The repository's address when settings.ini says it is public (`repo_public`), else None."
+def hidden_repo():
+    "settings.ini's `git_url` while it does not call the repository public (`repo_public`), else None."
     from nbdev.config import get_config
     cfg = get_config(path=ROOT)
-    return cfg.git_url if str(cfg.get('repo_public', 'False')).lower() in ('true', '1', 'yes') else None
+    return None if str(cfg.get('repo_public', 'False')).lower() in ('true', '1', 'yes') else cfg.git_url
 
 
 def rewrite_cell(cell, renames, base, git_url=None):
@@ -99,9 +99,9 @@ def fold_plotting(cell):
         cell['source'] = FOLD + cell['source']
 
 
-def rename_pages(proc, base, hidden_repo=None):
+def rename_pages(proc, base, hide_repo=None):
     """Rename processed notebooks to the page names nbdev links (`output-file`), and rewrite the links to them
-    (dropping source links into `hidden_repo`, a repository that is not public)."""
+    (dropping source links into `hide_repo`, a repository that is not public)."""
     renames = {}
     for f in sorted(proc.glob('*.ipynb')):
         out = front_matter(json.loads(f.read_text())).get('output-file')
@@ -109,7 +109,7 @@ def rename_pages(proc, base, hidden_repo=None):
     for f in sorted(proc.glob('*.ipynb')):
         nb = json.loads(f.read_text())
         for c in nb['cells']:
-            rewrite_cell(c, renames, base, hidden_repo)
+            rewrite_cell(c, renames, base, hide_repo)
             fold_plotting(c)
         (proc / renames.get(f.name, f.name)).write_text(json.dumps(nb))
         if f.name in renames: f.unlink()
@@ -187,7 +187,6 @@ def process(nbs, proc):
 def build_smalldocs(out, quiet=False):
     "Process the notebooks as nbdev does, render them with smalldocs, and move the site to `out`."
     from fastcore.xtras import working_directory
-    from nbdev.config import get_config
     from nbdev.quarto import refresh_quarto_yml
     from smalldocs.site import build
     out = Path(out).resolve()
@@ -196,7 +195,7 @@ def build_smalldocs(out, quiet=False):
     with working_directory(ROOT):
         refresh_quarto_yml()  # nbdev.yml from settings.ini, as nbdev_docs does
         process(ROOT / 'nbs', proc)
-        rename_pages(proc, site_url(), None if repo_links() else get_config(path=ROOT).git_url)
+        rename_pages(proc, site_url(), hidden_repo())
     site = build(proc, quiet=True)
     for w in site.warnings:
         if not any(e in w for e in EXPECTED): print(f'warning: {w}', file=sys.stderr)
