@@ -47,8 +47,11 @@ from ictd.wstd import weighted_softmax_td
 # $U(-1, 1)$ ($d = 4$). With one-hot features a large $\beta$ gives batch tabular TD, whose error
 # [chapter 5](convergence.html) shows falling geometrically in depth down to a floor set by the context length
 # $n$. With $\beta = 0$ every query weighs all transitions equally. The chains and trajectories are exported from Python (`tools/explorable_data.py`), so
-# the page computes on the library's own numbers. The browser test checks the page's JavaScript port of
-# `weighted_softmax_td` against the library to $10^{-9}$.
+# the page computes on the library's own numbers. The page's JavaScript port of `weighted_softmax_td` is
+# `window.ictd.weightedSoftmaxTD(phiStates, rewards, W, alpha, gamma, nIters, phiQueries)`: plain nested arrays
+# in, and out the values at the $n + 1$ trajectory states followed by the queries, as the library returns them
+# (with $\rho = 1$ and scores $\phi(x)^\top W \phi(y)$). The browser test checks it against the library to
+# $10^{-9}$ on random contexts.
 
 # %% [markdown]
 # <!-- site only: the interactive figure (js/explorable.js); README.md leaves this cell out -->
