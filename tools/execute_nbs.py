@@ -4,13 +4,14 @@ Cells flagged with one of `tst_flags` (e.g. `#| slow`) are skipped unless the fl
 `--flags`; `#| eval: false` cells are never run. Sources are left exactly as they are.
 
 So that executing the book twice writes the same notebooks, it runs with one thread for torch, MKL and OpenBLAS
-and a fixed hash seed (it restarts itself with them when the caller's environment differs), and a float that
+and a fixed hash seed (it restarts itself with them when the caller's environment differs), each notebook in a
+process of its own (what a chapter shows does not depend on which chapters ran before it), and a float that
 a cell returns as its value is shown with `DIGITS` significant digits (IPython's plain-text formatter: bare
 floats and floats in tuples, lists and dicts; the last digits of a float64 result vary between machines and
 BLAS builds). What a cell prints itself, it formats itself.
 Usage: python tools/execute_nbs.py nbs [--flags slow]
 """
-import argparse, os, sys, time
+import argparse, os, subprocess, sys, time
 from pathlib import Path
 from execnb.nbio import read_nb, write_nb
 from execnb.shell import CaptureShell
@@ -51,6 +52,9 @@ if __name__ == '__main__':
     flags = set(get_config().tst_flags.split()) - set(a.flags.split())
     # a folder's notebooks, scratch ones (`_name.ipynb`) left out; a notebook named explicitly always runs
     fns = sorted(q for p in map(Path, a.paths) for q in ([p] if p.is_file() else (q for q in p.glob('*.ipynb') if not q.name.startswith('_'))))
+    if len(fns) > 1:  # one process per notebook, so that no chapter sees the state (torch's RNG, defaults) another left
+        for fn in fns: subprocess.run([sys.executable, __file__, str(fn), '--flags', a.flags], check=True)
+        sys.exit()
     for fn in fns:
         t = time.time()
         execute(fn.resolve(), flags)
