@@ -239,7 +239,7 @@ def test_explorable_controls(front):
     for selector, value, changed in MOVES:
         (front.select_option if selector.startswith('select') else front.fill)(selector, value)
         q, err, new = figure_state(front)
-        name = selector.split("'")[0].split('=')[1].rstrip(']')
+        name = selector.split('=')[1].rstrip(']')
         assert str(q[name]) == value or q[name] == float(value), f'{name} is {q[name]} after setting it to {value}'
         assert {k for k in new if new[k] != panels[k]} == changed, f'after {name} = {value}'
         assert abs(err - library_msve(q)) <= 1e-9 * max(1, err), f'after {name} = {value}'
@@ -247,8 +247,8 @@ def test_explorable_controls(front):
     c = explorable_data.chain_record(p['kind'], p['seed'])
     W = (p['beta'] * np.eye(len(c['phi'][0]))).tolist()
     js = np.array(front.evaluate('a => window.ictd.empiricalAttention(...a)', [c['phi'], W, c['states'][:p['n'] + 1]]))
-    test = empirical_attention(torch.tensor(c['phi'], dtype=torch.float64), torch.tensor(W, dtype=torch.float64), torch.tensor(c['states'][:p['n'] + 1])).numpy()
-    assert np.abs(js - test).max() < 1e-12
+    py = empirical_attention(torch.tensor(c['phi'], dtype=torch.float64), torch.tensor(W, dtype=torch.float64), torch.tensor(c['states'][:p['n'] + 1])).numpy()
+    assert np.abs(js - py).max() < 1e-12, 'window.ictd.empiricalAttention differs from empirical_attention'
 
 
 @pytest.mark.book
