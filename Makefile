@@ -13,7 +13,7 @@ setup: $(STAMP)
 
 # torch 2.13.0 first: on the project's machines that release is a CPU build on local disk; a bare
 # `torch` requirement would pull a multi-GB CUDA build.
-# The site needs KaTeX from the npm registry (package-lock.json) and the browser test needs Debian's
+# The site needs KaTeX, Observable Plot and d3 from the npm registry (package-lock.json); the browser test needs Debian's
 # chromium, installed with apt-get when we are root (elsewhere the test says how and is skipped).
 $(STAMP): settings.ini setup.py package.json package-lock.json
 	$(PYTHON) -m venv $(VENV)
@@ -35,7 +35,8 @@ execute: setup
 docs: execute site
 
 # The website: nbdev_docs where Quarto is installed, else nbdev's processing + smalldocs (seconds),
-# from the outputs saved in the notebooks; also writes README.md and nbs/sidebar.yml.
+# from the outputs saved in the notebooks; also writes README.md, nbs/sidebar.yml and the front page's interactive
+# figure's data and charting library (nbs/js/, ignored by git; tools/explorable_data.py).
 site: setup
 	$(BIN)/python tools/build_site.py
 

@@ -6,10 +6,13 @@ config = ConfigParser(delimiters=['='])
 config.read('settings.ini', encoding='utf-8')
 cfg = config['DEFAULT']
 
-cfg_keys = 'version description keywords author author_email'.split()
+cfg_keys = 'version description keywords author'.split()
 expected = cfg_keys + "lib_name user branch license status min_python audience language".split()
 for o in expected: assert o in cfg, "missing expected setting: {}".format(o)
 setup_cfg = {o:cfg[o] for o in cfg_keys}
+if cfg.get('author_email'): setup_cfg['author_email'] = cfg['author_email']
+# A home page only once the repository is public (settings.ini: repo_public)
+if config.getboolean('DEFAULT', 'repo_public', fallback=False): setup_cfg['url'] = cfg['git_url']
 
 licenses = {
     'apache2': ('Apache Software License 2.0','OSI Approved :: Apache Software License'),
@@ -28,11 +31,10 @@ setuptools.setup(
     name = cfg['lib_name'],
     license = lic[0],
     classifiers = [
-        'Development Status :: ' + statuses[int(cfg['status'])],
+        'Development Status :: ' + statuses[int(cfg['status']) - 1],  # status = 3 is '3 - Alpha'
         'Intended Audience :: ' + cfg['audience'].title(),
         'Natural Language :: ' + cfg['language'].title(),
-    ] + ['Programming Language :: Python :: '+o for o in py_versions[py_versions.index(min_python):]],
-    url = cfg['git_url'],
+    ] + (['License :: ' + lic[1]] if lic[1] else []) + ['Programming Language :: Python :: '+o for o in py_versions[py_versions.index(min_python):]],
     packages = setuptools.find_packages(include=['ictd', 'ictd.*']),
     include_package_data = True,
     install_requires = requirements,

@@ -3,17 +3,22 @@
 For every page: the maths is typeset by the vendored KaTeX (no raw `$$`, `\\(`, `\\[` or KaTeX
 errors left), every image has loaded, the console holds no error, no request left `file://`, and
 every internal link (and its `#anchor`) resolves. A full-page screenshot (JPEG) of each page goes to
-`_docs/_screenshots/` for a person to look at. Needs Debian's `chromium` (installed by `make setup`
+`_docs/_screenshots/` for a person to look at. The front page's interactive figure: its JavaScript port of
+weighted softmax TD agrees with `ictd.wstd.weighted_softmax_td` on random contexts, and each control redraws
+the figure with the error the library computes for the new setting. Needs Debian's `chromium` (installed by `make setup`
 when run as root); skipped with a message where no browser can be had."""
 import json, os, re, shutil, subprocess, sys
 from pathlib import Path
 from urllib.parse import unquote, urlparse
+import numpy as np
 import pytest
+from execnb.nbio import read_nb
+import torch
 import yaml
 from conftest import ROOT
 
 sys.path.insert(0, str(ROOT / 'tools'))
-import build_site
+import build_site, explorable_data, make_readme
 
 CHROMIUM = Path('/usr/bin/chromium')
 ARGS = ['--no-sandbox', '--disable-gpu', '--disable-background-networking', '--disable-component-update',
@@ -122,13 +127,19 @@ def link_problems(site, links, ids, base):
     return out
 
 
-def test_site_in_browser(browser, tmp_path_factory):
-    "Build the site into a scratch folder; every page renders offline, complete, with working links and search."
-    site = build_site.main(tmp_path_factory.mktemp('site') / '_docs', quiet=True, repo_files=False)
+@pytest.fixture(scope='module')
+def site(tmp_path_factory):
+    "The site, built as `make site` builds it, into a scratch folder."
+    return build_site.main(tmp_path_factory.mktemp('site') / '_docs', quiet=True, repo_files=False)
+
+
+def test_site_in_browser(browser, site):
+    "Every page renders offline, complete, with working links and search."
     expected = ['index.html'] + [page_name(n) for n in build_site.notebooks()[1:]]
     pages = sorted(site.glob('*.html'))
     assert sorted(p.name for p in pages) == sorted(expected), 'a page per notebook, named as nbdev links it'
     assert 'cdn.jsdelivr' not in ''.join(p.read_text() for p in pages), 'KaTeX must come from site_libs'
+    if build_site.hidden_repo(): assert build_site.hidden_repo() not in ''.join(p.read_text() for p in pages), 'links to a repository that is not public'
     shutil.rmtree(SHOTS, ignore_errors=True)
     SHOTS.mkdir(parents=True)
     problems, links, ids, sidebars = {}, {}, {}, {}
@@ -141,3 +152,110 @@ def test_site_in_browser(browser, tmp_path_factory):
     for html in pages: problems[html.name] += link_problems(site, links[html], ids, base)
     bad = {k: v for k, v in problems.items() if v}
     assert not bad, '\n'.join(f'{k}:\n  ' + '\n  '.join(v) for k, v in bad.items())
+
+
+# The front page's interactive figure
+
+def offline_page(browser, html):
+    "A page opened from `file://` with every request off the machine refused; returns (page, context, problems)."
+    problems, ctx = [], browser.new_context(viewport={'width': 1280, 'height': 900})
+    def route(r):
+        if r.request.url.startswith(('file:', 'data:', 'blob:')): return r.continue_()
+        problems.append(f'request left the machine: {r.request.url}')
+        r.abort()
+    ctx.route('**/*', route)
+    page = ctx.new_page()
+    page.on('pageerror', lambda e: problems.append(f'page error: {e}'))
+    page.goto(html.as_uri(), wait_until='load')
+    return page, ctx, problems
+
+
+@pytest.fixture(scope='module')
+def front(browser, site):
+    page, ctx, problems = offline_page(browser, site / 'index.html')
+    yield page
+    ctx.close()
+    assert not problems, problems
+
+
+def random_context(rng):
+    "A random context for `weighted_softmax_td`: features, rewards, a score matrix, alpha, gamma, depth and queries."
+    n, d, q = int(rng.integers(1, 60)), int(rng.integers(1, 7)), int(rng.integers(0, 6))
+    scale = rng.choice([0.1, 1., 5.])
+    return (rng.normal(size=(n + 1, d)), rng.normal(size=n), scale * rng.normal(size=(d, d)), float(rng.uniform(0.05, 1.5)),
+            float(rng.uniform(0, 0.99)), int(rng.integers(0, 40)), rng.normal(size=(q, d)))
+
+
+@pytest.mark.book
+def test_wstd_js_matches_library(front):
+    "`window.ictd.weightedSoftmaxTD` returns what `weighted_softmax_td` does (values at S_0..S_n, then the queries), to 1e-9."
+    from ictd.wstd import weighted_softmax_td
+    rng, worst = np.random.default_rng(20261130), 0.
+    for _ in range(40):
+        phi, R, W, alpha, gamma, L, Q = random_context(rng)
+        py = weighted_softmax_td(torch.tensor(phi), torch.tensor(R), torch.tensor(W), alpha, gamma, L, torch.tensor(Q) if len(Q) else None).numpy()
+        js = np.array(front.evaluate('a => window.ictd.weightedSoftmaxTD(...a)', [phi.tolist(), R.tolist(), W.tolist(), alpha, gamma, L, Q.tolist()]))
+        assert js.shape == py.shape == (len(phi) + len(Q),)
+        worst = max(worst, np.abs(js - py).max() / max(1., np.abs(py).max()))
+    assert worst < 1e-9, f'largest relative difference {worst:.2e}'
+    with pytest.raises(Exception, match='`rewards` must hold 2 finite numbers'):
+        front.evaluate('() => window.ictd.weightedSoftmaxTD([[1], [0], [1]], [1], [[1]], 0.5, 0.9, 3)')
+
+
+def figure_state(page):
+    "What the figure shows now: its parameters, the error it prints (full precision), and each panel's SVG."
+    root = page.locator('#wstd-explorable')
+    return (json.loads(root.get_attribute('data-params')), float(root.get_attribute('data-msve')),
+            {p.get_attribute('data-panel'): p.inner_html() for p in page.locator('.wstd-panel').all()})
+
+
+def library_msve(p):
+    "The figure's error for the setting `p`, computed by the library on the chain and trajectory the page was given."
+    from ictd.boyan import random_boyan_chain, sample_trajectory, msve
+    from ictd.wstd import weighted_softmax_td
+    mrp = random_boyan_chain(n_states=explorable_data.N_STATES, d=explorable_data.D, gamma=explorable_data.GAMMA, features=p['kind'], seed=p['seed'])
+    states, rewards = sample_trajectory(mrp, n=explorable_data.N_MAX, seed=p['seed'])
+    n, W = p['n'], p['beta'] * torch.eye(mrp.d, dtype=torch.float64)
+    return msve(mrp, weighted_softmax_td(mrp.phi[states[:n + 1]], rewards[:n], W, p['alpha'], mrp.gamma, p['depth'], phi_queries=mrp.phi)[n + 1:])
+
+
+# Each control, a new value for it, and the panels that must change with it.
+MOVES = [('select[name=kind]', 'unit', {'values', 'error', 'attention'}), ('select[name=seed]', '3', {'values', 'error', 'attention'}),
+         ('input[name=beta]', '12', {'values', 'error', 'attention'}), ('input[name=alpha]', '0.2', {'values', 'error'}),
+         ('input[name=depth]', '75', {'values', 'error'}), ('input[name=n]', '60', {'values', 'error', 'attention'}),
+         ('select[name=kind]', 'random', {'values', 'error', 'attention'})]
+
+
+@pytest.mark.book
+def test_explorable_controls(front):
+    "Each control redraws the panels it affects, and the error the figure prints is the library's for the new setting (1e-9)."
+    from ictd.convergence import empirical_attention
+    p, err, panels = figure_state(front)
+    assert set(panels) == {'values', 'error', 'attention'} and all('<svg' in h for h in panels.values())
+    assert p == dict(seed=0, kind='onehot', beta=5, alpha=0.5, depth=30, n=200), 'the starting point index.ipynb states'
+    assert abs(err - library_msve(p)) <= 1e-9 * max(1, err)
+    printed = [o for c in read_nb(ROOT / 'nbs' / 'index.ipynb').cells for o in c.get('outputs', []) if 'MSVE after L = 30' in ''.join(o.get('text', ''))]
+    assert printed and f'MSVE after L = 30 layers: {err:.4g}' in ''.join(printed[0]['text']), 'index.ipynb prints the figure\'s starting error'
+    for selector, value, changed in MOVES:
+        (front.select_option if selector.startswith('select') else front.fill)(selector, value)
+        q, err, new = figure_state(front)
+        name = selector.split('=')[1].rstrip(']')
+        assert str(q[name]) == value or q[name] == float(value), f'{name} is {q[name]} after setting it to {value}'
+        assert {k for k in new if new[k] != panels[k]} == changed, f'after {name} = {value}'
+        assert abs(err - library_msve(q)) <= 1e-9 * max(1, err), f'after {name} = {value}'
+        p, panels = q, new
+    c = explorable_data.chain_record(p['kind'], p['seed'])
+    W = (p['beta'] * np.eye(len(c['phi'][0]))).tolist()
+    js = np.array(front.evaluate('a => window.ictd.empiricalAttention(...a)', [c['phi'], W, c['states'][:p['n'] + 1]]))
+    py = empirical_attention(torch.tensor(c['phi'], dtype=torch.float64), torch.tensor(W, dtype=torch.float64), torch.tensor(c['states'][:p['n'] + 1])).numpy()
+    assert np.abs(js - py).max() < 1e-12, 'window.ictd.empiricalAttention differs from empirical_attention'
+
+
+@pytest.mark.book
+def test_explorable_weight(site):
+    "The scripts the figure adds to the front page (library, data, port) stay under 600 kB; README.md leaves the figure out."
+    sizes = {f.name: f.stat().st_size for f in (site / 'js').glob('*.js')}
+    assert set(sizes) == {'d3.min.js', 'plot.umd.min.js', 'wstd.js', 'wstd-data.js', 'explorable.js'}
+    assert sum(sizes.values()) < 600_000, sizes
+    readme = make_readme.readme()
+    assert '<script' not in readme and 'wstd-explorable' not in readme and 'weighted_softmax_td(' in readme

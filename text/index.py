@@ -1,6 +1,8 @@
 # %%
 #| hide
+import torch
 from ictd.boyan import *
+from ictd.wstd import weighted_softmax_td
 
 # %% [markdown]
 # # ictd: softmax Transformers implement in-context TD
@@ -24,6 +26,53 @@ from ictd.boyan import *
 #
 # This book develops each of these results from scratch, in code you can run on a laptop CPU in
 # minutes, with a test beside every claim that would fail if the claim were false.
+
+# %% [markdown]
+# ## Weighted softmax TD in your browser
+#
+# On the book's website (`_docs/index.html` after `make docs`; README.md leaves the figure out) you can move
+# the controls of the figure below to see how the algorithm of [chapter 1](weighted_softmax_td.html) behaves. The
+# figure runs weighted softmax TD in the page, on a random Boyan chain with ten states
+# ([chapter 0](boyan.html)) and one trajectory of it, with scores $\phi(x)^\top W \phi(y)$ for $W = \beta I$
+# and step size $\alpha$. Each layer of the constructed Transformer is one iteration
+# ([chapter 3](dual_head.html)), so the depth $L$ is the number of iterations. The figure draws three things:
+#
+# - **Values by state**: the estimates $v_L(x)$ at the ten states, read out as queries, against the true values $v_\pi(x)$.
+# - **Error against depth**: the mean squared value error $\sum_x d_\pi(x) (v_l(x) - v_\pi(x))^2$ of every layer $l \le L$.
+# - **Attention**: the heat map $\hat M(x, y)$, the softmax weight that a query in state $x$ puts on the transitions
+#   leaving state $y$ (the aggregated attention of [chapter 5](convergence.html)). Its diagonal is what the
+#   kernel-diagonality condition of that chapter asks to exceed $(1 + \gamma)/2$.
+#
+# The feature kinds are those of `random_boyan_chain`: one-hot, random rows of unit norm, and random entries in
+# $U(-1, 1)$ ($d = 4$). With one-hot features a large $\beta$ gives batch tabular TD, whose error
+# [chapter 5](convergence.html) shows falling geometrically in depth down to a floor set by the context length
+# $n$. With $\beta = 0$ every query weighs all transitions equally. The chains and trajectories are exported from Python (`tools/explorable_data.py`), so
+# the page computes on the library's own numbers. The page's JavaScript port of `weighted_softmax_td` is
+# `window.ictd.weightedSoftmaxTD(phiStates, rewards, W, alpha, gamma, nIters, phiQueries)`: plain nested arrays
+# in, and out the values at the $n + 1$ trajectory states followed by the queries, as the library returns them
+# (with $\rho = 1$ and scores $\phi(x)^\top W \phi(y)$). The browser test checks it against the library to
+# $10^{-9}$ on random contexts.
+
+# %% [markdown]
+# <!-- site only: the interactive figure (js/explorable.js); README.md leaves this cell out -->
+# <div id="wstd-explorable" class="wstd-explorable">The interactive figure needs JavaScript.</div>
+# <script src="js/d3.min.js"></script>
+# <script src="js/plot.umd.min.js"></script>
+# <script src="js/wstd.js"></script>
+# <script src="js/wstd-data.js"></script>
+# <script src="js/explorable.js"></script>
+
+# %% [markdown]
+# The figure starts at seed 0, one-hot features, $\beta = 5$, $\alpha = 0.5$, $L = 30$ and $n = 200$. The
+# same computation in Python, with the library, gives the error that the figure prints below its plots:
+
+# %%
+chain = random_boyan_chain(n_states=10, d=4, gamma=0.9, features="onehot", seed=0)
+states, rewards = sample_trajectory(chain, n=400, seed=0)
+n, beta, alpha, L = 200, 5.0, 0.5, 30
+W = beta * torch.eye(chain.d, dtype=torch.float64)
+values = weighted_softmax_td(chain.phi[states[:n + 1]], rewards[:n], W, alpha, chain.gamma, L, phi_queries=chain.phi)
+print(f"MSVE after L = {L} layers: {msve(chain, values[n + 1:]):.4g}")
 
 # %% [markdown]
 # ## A note on sources

@@ -2,7 +2,8 @@
 
 Where Quarto is installed this is `nbdev_docs`. Elsewhere it runs nbdev's own notebook processing
 (as `nbdev.serve.proc_nbs` does, into `_proc/`) and renders the result with smalldocs, then makes the site
-work offline: KaTeX from the npm package in `node_modules/` instead of a CDN, links to the published
+work offline: KaTeX from the npm package in `node_modules/` instead of a CDN, the front page's interactive figure
+with its data and charting library in `js/` (written by `tools/explorable_data.py`), links to the published
 site made relative, the search index readable from `file://`. Pages are named as nbdev links them
 (`00_boyan.ipynb` -> `boyan.html`). It also regenerates `README.md` from `nbs/index.ipynb` and
 `nbs/sidebar.yml` from the notebooks present (index first, then the chapters in order).
@@ -15,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / 'tools'))
 KATEX_CDN = 'https://cdn.jsdelivr.net/npm/katex@0.16.11/dist'
 KATEX_DIST = ROOT / 'node_modules' / 'katex' / 'dist'
+ASSET_DIRS = ('js',)  # folders of nbs/ that pages load scripts from (`project.resources` in _quarto.yml)
 # What smalldocs says about Quarto options it does not need here: nothing to act on.
 EXPECTED = ('format commonmark is not built', 'keep-md is ignored', 'output-file is not read', 'html-math-method is ignored')
 
@@ -64,9 +66,22 @@ def rewrite(text, renames, base):
                   lambda m: renames[m.group(1)], text, flags=re.M) if renames else text
 
 
-def rewrite_cell(cell, renames, base):
-    "Rewrite the links in a cell's source and in its text and Markdown outputs."
+def strip_source_links(text, git_url):
+    "Drop `show_doc`'s `[source](<git_url>/blob/...)` links (used while the repository is not public)."
+    return re.sub(r'\[source\]\(' + re.escape(git_url.rstrip('/')) + r'/[^)]*\)(\{[^}]*\})?\n?', '', text)
+
+
+def hidden_repo():
+    "settings.ini's `git_url` while it does not call the repository public (`repo_public`), else None."
+    from nbdev.config import get_config
+    cfg = get_config(path=ROOT)
+    return None if str(cfg.get('repo_public', 'False')).lower() in ('true', '1', 'yes') else cfg.git_url
+
+
+def rewrite_cell(cell, renames, base, git_url=None):
+    "Rewrite the links in a cell's source and in its text and Markdown outputs; drop source links to `git_url` if given."
     fix = lambda s: rewrite(''.join(s) if isinstance(s, list) else s, renames, base)
+    if git_url: fix = lambda s, f=fix: strip_source_links(f(s), git_url)
     cell['source'] = fix(cell['source'])
     for o in cell.get('outputs', []):
         if 'text' in o: o['text'] = fix(o['text'])
@@ -84,8 +99,9 @@ def fold_plotting(cell):
         cell['source'] = FOLD + cell['source']
 
 
-def rename_pages(proc, base):
-    "Rename processed notebooks to the page names nbdev links (`output-file`), and rewrite the links to them."
+def rename_pages(proc, base, hide_repo=None):
+    """Rename processed notebooks to the page names nbdev links (`output-file`), and rewrite the links to them
+    (dropping source links into `hide_repo`, a repository that is not public)."""
     renames = {}
     for f in sorted(proc.glob('*.ipynb')):
         out = front_matter(json.loads(f.read_text())).get('output-file')
@@ -93,7 +109,7 @@ def rename_pages(proc, base):
     for f in sorted(proc.glob('*.ipynb')):
         nb = json.loads(f.read_text())
         for c in nb['cells']:
-            rewrite_cell(c, renames, base)
+            rewrite_cell(c, renames, base, hide_repo)
             fold_plotting(c)
         (proc / renames.get(f.name, f.name)).write_text(json.dumps(nb))
         if f.name in renames: f.unlink()
@@ -122,11 +138,15 @@ def toc_maths(html):
     return TOC_LINK.sub(lambda m: m.group(1) + heads[m.group(2)] + '</a>' if m.group(2) in heads else m.group(0), html) if heads else html
 
 
+def npm_packages():
+    "Install the npm packages of package-lock.json (KaTeX, Observable Plot, d3) unless they are in `node_modules/`."
+    if all((ROOT / 'node_modules' / p / 'package.json').exists() for p in json.loads((ROOT / 'package.json').read_text())['dependencies']): return
+    if not shutil.which('npm'): raise SystemExit('node_modules/ is incomplete and npm is not installed: install Node.js, then run `npm ci` (package.json)')
+    subprocess.run(['npm', 'ci', '--no-audit', '--no-fund'], cwd=ROOT, check=True, capture_output=True)
+
+
 def offline(site):
     "Vendor KaTeX into `site_libs/katex`, inline the search index, and point every page at them."
-    if not KATEX_DIST.exists():
-        if not shutil.which('npm'): raise SystemExit(f'{KATEX_DIST} is missing and npm is not installed: run `npm ci` (package.json)')
-        subprocess.run(['npm', 'ci', '--no-audit', '--no-fund'], cwd=ROOT, check=True, capture_output=True)
     libs = site / 'site_libs'
     kx = libs / 'katex'
     kx.mkdir(parents=True, exist_ok=True)
@@ -156,6 +176,7 @@ def process(nbs, proc):
     in_test = os.environ.get('IN_TEST')  # serve_drv sets and then deletes it
     try:
         for f in sorted(nbs.iterdir()):
+            if f.is_dir() and f.name in ASSET_DIRS: shutil.copytree(f, proc / f.name)
             if f.name.startswith(('.', '_')) and f.name != '_quarto.yml' or not f.is_file(): continue  # scratch notebooks too
             if f.suffix == '.ipynb': nbdev.serve_drv.main((f, proc / f.name, FilterDefaults))
             else: shutil.copy(f, proc / f.name)  # _quarto.yml: the file the symlink points at
@@ -174,7 +195,7 @@ def build_smalldocs(out, quiet=False):
     with working_directory(ROOT):
         refresh_quarto_yml()  # nbdev.yml from settings.ini, as nbdev_docs does
         process(ROOT / 'nbs', proc)
-        rename_pages(proc, site_url())
+        rename_pages(proc, site_url(), hidden_repo())
     site = build(proc, quiet=True)
     for w in site.warnings:
         if not any(e in w for e in EXPECTED): print(f'warning: {w}', file=sys.stderr)
@@ -187,6 +208,9 @@ def build_smalldocs(out, quiet=False):
 
 def main(out=ROOT / '_docs', quiet=False, repo_files=True):
     "Build the site into `out`; with `repo_files`, also write README.md and nbs/sidebar.yml (the test builds without)."
+    import explorable_data
+    npm_packages()
+    explorable_data.write(ROOT / 'nbs' / 'js')  # the interactive figure's data and charting library (ignored by git)
     if repo_files:
         import make_readme
         (ROOT / 'README.md').write_text(make_readme.readme())

@@ -2,9 +2,16 @@
 
 Cells flagged with one of `tst_flags` (e.g. `#| slow`) are skipped unless the flag is passed with
 `--flags`; `#| eval: false` cells are never run. Sources are left exactly as they are.
+
+So that executing the book twice writes the same notebooks, it runs with one thread for torch, MKL and OpenBLAS
+and a fixed hash seed (it restarts itself with them when the caller's environment differs), each notebook in a
+process of its own (what a chapter shows does not depend on which chapters ran before it), and a float that
+a cell returns as its value is shown with `DIGITS` significant digits (IPython's plain-text formatter: bare
+floats and floats in tuples, lists and dicts; the last digits of a float64 result vary between machines and
+BLAS builds). What a cell prints itself, it formats itself.
 Usage: python tools/execute_nbs.py nbs [--flags slow]
 """
-import argparse, time
+import argparse, os, subprocess, sys, time
 from pathlib import Path
 from execnb.nbio import read_nb, write_nb
 from execnb.shell import CaptureShell
@@ -21,18 +28,33 @@ def skip_cell(flags):
         return bool(flags & direc.keys())
     return _skip
 
+PINNED = {'PYTHONHASHSEED': '0', 'OMP_NUM_THREADS': '1', 'MKL_NUM_THREADS': '1', 'OPENBLAS_NUM_THREADS': '1'}
+DIGITS = 6
+
+def short_float(x, p, cycle):
+    "IPython pretty-printer: a float with `DIGITS` significant digits, keeping a `.0` on whole numbers."
+    s = f'{x:.{DIGITS}g}'
+    p.text(s + '.0' if s.lstrip('-').isdigit() else s)
+
 def execute(fn:Path, flags:set):
-    nb = read_nb(fn)
-    with working_directory(fn.parent): CaptureShell(fn).run_all(nb, exc_stop=True, preproc=skip_cell(flags))
+    nb, shell = read_nb(fn), CaptureShell(fn)
+    shell.display_formatter.formatters['text/plain'].for_type(float, short_float)
+    with working_directory(fn.parent): shell.run_all(nb, exc_stop=True, preproc=skip_cell(flags))
     write_nb(nb, fn)
 
 if __name__ == '__main__':
+    if any(os.environ.get(k) != v for k, v in PINNED.items()):
+        os.execve(sys.executable, [sys.executable, *sys.argv], {**os.environ, **PINNED})
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument('paths', nargs='+')
     ap.add_argument('--flags', default='', help='space-separated test flags to run (default: none)')
     a = ap.parse_args()
     flags = set(get_config().tst_flags.split()) - set(a.flags.split())
-    fns = sorted(q for p in map(Path, a.paths) for q in ([p] if p.is_file() else p.glob('*.ipynb')) if not q.name.startswith('_'))
+    # a folder's notebooks, scratch ones (`_name.ipynb`) left out; a notebook named explicitly always runs
+    fns = sorted(q for p in map(Path, a.paths) for q in ([p] if p.is_file() else (q for q in p.glob('*.ipynb') if not q.name.startswith('_'))))
+    if len(fns) > 1:  # one process per notebook, so that no chapter sees the state (torch's RNG, defaults) another left
+        for fn in fns: subprocess.run([sys.executable, __file__, str(fn), '--flags', a.flags], check=True)
+        sys.exit()
     for fn in fns:
         t = time.time()
         execute(fn.resolve(), flags)

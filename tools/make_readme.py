@@ -1,5 +1,6 @@
 """Write README.md from nbs/index.ipynb without Quarto: markdown cells as they are, code cells and
-their text outputs as fenced blocks, `#| hide` cells left out (what `nbdev_readme` does with Quarto).
+their text outputs as fenced blocks, `#| hide` cells left out (what `nbdev_readme` does with Quarto), and
+Markdown cells that start with `<!-- site only` left out too (the interactive figure, which needs the site's scripts).
 Links to the book's pages (`boyan.html`) point at their notebooks (`nbs/00_boyan.ipynb`), which
 GitHub renders, so that the README's links work in the repository as well as on the site."""
 import re
@@ -7,6 +8,7 @@ from pathlib import Path
 from execnb.nbio import read_nb
 
 ROOT = Path(__file__).resolve().parents[1]
+SITE_ONLY = '<!-- site only'
 
 def page_links(nbs=ROOT / 'nbs'):
     "The page nbdev makes of each chapter, mapped to its notebook: `boyan.html` -> `nbs/00_boyan.ipynb`."
@@ -18,7 +20,7 @@ def relink(md, links):
 
 def cell_md(cell):
     src = cell.source.strip()
-    if cell.cell_type == 'markdown': return src
+    if cell.cell_type == 'markdown': return '' if src.startswith(SITE_ONLY) else src
     lines = src.splitlines()
     if any(l.strip() in ('#| hide', '#|hide') for l in lines): return ''
     code = '\n'.join(l for l in lines if not l.startswith('#|'))
