@@ -6,10 +6,13 @@
 from __future__ import annotations
 import itertools
 import math
+from pathlib import Path
 import numpy as np
+import scipy.linalg
+import scipy.optimize
 import torch
 from tqdm.auto import tqdm
-from ictd.boyan import MRP, as_tensor, check_gamma, random_boyan_chain
+from ictd.boyan import MRP, as_tensor, boyan_transitions, check_gamma, random_boyan_chain
 from ictd.tasks import TaskBatch, stack_tasks, random_tasks, sample_trajectories
 
 # %%
@@ -1630,7 +1633,7 @@ def plot_leaky(result:dict,  # output of `leaky_experiment`
         a.axhline(1, color="grey", lw=0.8)
         a.axvline((1 + result["gamma"]) / 2, color="grey", ls=":", lw=1, label=r"threshold $(1 + \gamma)/2$")
         a.legend(fontsize=8)
-    fig.suptitle("The leaky regime: the rate is the constant direction's, whatever the diagonality")
+    fig.suptitle("The leaky regime on random Boyan chains: the rate is the constant direction's (fast-mixing chains only)")
     fig.tight_layout()
     return fig
 
@@ -1668,6 +1671,499 @@ Markdown(f"Population: rates within {(leaky['rates'] - lam).abs().max():.1e} of 
 # between the truth and $\rho$ (asserted). At finite $n$ the context's own diagonality is lower than the
 # population's by Lemma 1's factor, and on some contexts $\hat\rho \ge 1$: Proposition 1 then says nothing
 # about that context, yet its depth term still decays at $\lambda$ (the counts are printed above).
+
+# %% [markdown]
+# ## Slowly mixing chains: when the rate is not $\lambda$
+#
+# Experiments 5 and 6 found the rate $\lambda = 1 - \alpha(1 - \gamma)$ in the leaky regime. That was a finding about
+# random Boyan chains, which mix in a few steps; it is not a theorem. Proposition 2 says the rate is
+# $\max\big(\lambda, \text{the spectral radius of } B \text{ modulo constants}\big)$, and the second term can win. It wins
+# when $P$ has a slow mode: a non-constant vector $u$ with $Pu \approx u$, which $I - \gamma P$ shrinks to about
+# $(1 - \gamma) u$ like a constant, but which $M$ (unlike a constant) does not preserve.
+#
+# ::: {.proposition}
+# **Proposition 6 (ours: lazy chains).** Let $P_\eta = (1 - \eta) I + \eta P$, $\eta \in (0, 1]$, and let $M$ have real
+# eigenvalues with smallest $\mu_{\min} > 0$ (true for one-hot features and $W = \beta I$, $\beta > 0$: then
+# $M = Z^{-1} K D$ with $K = (e^\beta - 1) I + \mathbf 1 \mathbf 1^\top$ positive definite and $Z$, $D$ positive diagonal, so $M$
+# is similar to the positive definite $(D Z^{-1})^{1/2} K (D Z^{-1})^{1/2}$). The chain $P_\eta$ has the same $d_\pi$, hence the
+# same $M_\pi$, for every $\eta$, and as $\eta \to 0$
+#
+# $$\rho(B_\eta) \to 1 - \alpha (1 - \gamma)\, \mu_{\min} \ \ge\ \lambda ,$$
+#
+# with equality only if $\mu_{\min} = 1$, i.e. $M = I$.
+# :::
+#
+# ::: {.proof}
+# *Proof.* $d_\pi P_\eta = (1 - \eta) d_\pi + \eta d_\pi P = d_\pi$. $B_\eta = I - \alpha M (I - \gamma P_\eta) \to I - \alpha (1 - \gamma) M$,
+# whose eigenvalues are $1 - \alpha(1 - \gamma)\mu \in [0, 1)$ for the eigenvalues $\mu \in (0, 1]$ of $M$ (a row-stochastic
+# matrix has spectral radius one), the largest at $\mu_{\min}$; eigenvalues are continuous in the matrix.
+# :::
+#
+# So on a slowly mixing chain the depth needed grows by the factor $1/\mu_{\min}$, a property of the attention that
+# the diagonal condition does not see. Two families measure the whole range: lazy versions $P_\eta$ of random Boyan
+# chains, and two random 5-state Boyan blocks that jump to the other block's first state with probability $\eta$
+# (a nearly decomposable chain). For each chain, one-hot features and $W = \beta I$ with $\beta$ set (by bisection)
+# so that $\min_x M_\pi(x, x) = 0.96$: the diagonal condition holds on every chain. The mixing time is measured by the
+# relaxation time $1/(1 - |\lambda_2(P)|)$, $\lambda_2$ the second largest eigenvalue in modulus.
+
+# %%
+#| export
+def relaxation_time(P, # (..., s, s) stochastic matrices
+                   )->torch.Tensor: # (...) 1 / (1 - |lambda_2|), lambda_2 the eigenvalue of second largest modulus
+    "Relaxation time of a chain, a measure of how slowly it mixes."
+    P = as_tensor(P, "P")
+    if P.ndim < 2 or P.shape[-1] != P.shape[-2] or P.shape[-1] < 2: raise ValueError(f"`P` must have shape (..., s, s) with s >= 2, got {tuple(P.shape)}")
+    mods = torch.linalg.eigvals(P).abs().sort(-1, descending=True).values
+    return 1 / (1 - mods[..., 1])
+
+
+# %% [markdown]
+# The relaxation time of a lazy chain scales like $1/\eta$, exactly: its eigenvalues are $1 - \eta(1 - \lambda_i)$.
+
+# %%
+P_b = random_boyan_chain(features="onehot", seed=0).P
+eig_b = torch.linalg.eigvals(P_b)
+for eta in (1., 0.1, 0.01):
+    P_l = (1 - eta) * torch.eye(10, dtype=torch.float64) + eta * P_b
+    test_close(relaxation_time(P_l), 1 / (1 - (1 - eta * (1 - eig_b)).abs().sort(descending=True).values[1]), eps=1e-9)
+test_close(relaxation_time(0.99 * torch.eye(10, dtype=torch.float64) + 0.01 * P_b) / relaxation_time(0.999 * torch.eye(10, dtype=torch.float64) + 0.001 * P_b), 0.1, eps=5e-3)
+test_fail(lambda: relaxation_time(torch.ones(3)), contains="`P` must have shape")
+
+# %%
+#| export
+def _two_blocks(P1:np.ndarray, P2:np.ndarray, eta:float)->np.ndarray:
+    "Two chains joined: each state jumps to the other block's first state with probability eta."
+    s1, s2 = len(P1), len(P2)
+    P = np.zeros((s1 + s2, s1 + s2))
+    P[:s1, :s1], P[s1:, s1:] = (1 - eta) * P1, (1 - eta) * P2
+    P[:s1, s1] += eta
+    P[s1:, 0] += eta
+    return P
+
+def slow_mixing_experiment(n_tasks:int=20,      # chains per family and mixing parameter
+                           etas=None,           # (K,) laziness / cross-block probabilities (capped at 1/2 for the blocks); default 13 log-spaced in [1e-3, 1]
+                           target:float=0.96,   # min_x M_pi(x, x) of every chain
+                           alpha:float=1.,      # step size in (0, 1]
+                           seed:int=7000,       # chain b takes its features, rewards and first chain from seed + b
+                           n_layers:int=200,    # depth of the population recursion
+                           fit_start:int=100,   # first depth of the rate fit
+                          )->dict:              # etas, lam, gamma, and per family ("lazy", "two blocks") tensors (B, K): relax, rates, spectral, rho, min_diag; lazy_limit (B,)
+    "Rates of the population recursion on lazy Boyan chains and on two Boyan blocks joined by a rare jump (unit-norm features, $W = \\beta I$), against the relaxation time."
+    etas = np.logspace(-3, 0, 13) if etas is None else np.asarray(etas, dtype=float)
+    bases = [random_boyan_chain(features="unit", seed=seed + b) for b in range(int(n_tasks))]
+    blocks = [[boyan_transitions(5, np.random.default_rng(seed + k * int(n_tasks) + b)) for k in (1, 2)] for b in range(int(n_tasks))]
+    gamma = bases[0].gamma
+    out = dict(etas=etas, lam=1 - alpha * (1 - gamma), gamma=gamma, alpha=alpha, fit=f"{fit_start}-{n_layers}")
+    for family in ("lazy", "two blocks"):
+        tb = stack_tasks(MRP((1 - e) * np.eye(10) + e * base.P.numpy() if family == "lazy" else _two_blocks(*blk, min(e, 0.5)),
+                             base.r.numpy(), gamma, base.phi.numpy()) for base, blk in zip(bases, blocks) for e in etas)
+        beta = scale_for_diagonality(tb.phi, tb.d_pi, torch.full((len(tb),), target, dtype=torch.float64))
+        M = kernel_attention(tb.phi, beta[:, None, None] * torch.eye(tb.phi.shape[-1], dtype=torch.float64), tb.d_pi)
+        err = sup_error(td_recursion(M, tb.P, tb.r, gamma, alpha, n_layers), tb.v_pi.unsqueeze(1))
+        cols = dict(relax=relaxation_time(tb.P), rates=measured_rate(err, fit_start), spectral=spectral_radius(M, tb.P, gamma, alpha),
+                    rho=rate_bound(M, gamma, alpha), min_diag=kernel_diagonality(M)[1])
+        out[family] = {k: v.reshape(int(n_tasks), len(etas)) for k, v in cols.items()}
+        if family == "lazy":
+            mu_min = torch.linalg.eigvals(M).real.amin(-1).reshape(int(n_tasks), len(etas))[:, 0]
+            out["lazy_limit"] = 1 - alpha * (1 - gamma) * mu_min
+    return out
+
+def plot_slow_mixing(result:dict, # output of `slow_mixing_experiment`
+                    ):            # the matplotlib figure
+    "Spectral radius of $B$ (median and 10-90% band over chains) and measured rate against the relaxation time, with $\\lambda$ and the lazy-chain limit."
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for i, family in enumerate(("lazy", "two blocks")):
+        r = result[family]
+        x, y = r["relax"].median(0).values, r["spectral"]
+        ax.plot(x, y.median(0).values, "-", color=f"C{i}", label=f"spectral radius of $B$, {family} (median of {len(y)} chains)")
+        ax.fill_between(x, y.quantile(0.1, 0), y.quantile(0.9, 0), color=f"C{i}", alpha=0.2)
+        ax.plot(x, r["rates"].median(0).values, "o", color=f"C{i}", ms=4, mfc="none", label=f"measured rate, depths {result['fit']}, {family} (median)")
+    m = result["lazy"]["min_diag"].mean().item()
+    ax.axhline(result["lam"], color="k", lw=1, label=r"$\lambda = 1 - \alpha(1 - \gamma)$")
+    ax.axhline(result["lazy_limit"].median(), color="C0", ls=":", label=r"lazy limit $1 - \alpha(1-\gamma)\mu_{\min}(M_\pi)$ (median)")
+    ax.axhline(1 - result["alpha"] * (1 - result["gamma"]) * (2 * m - 1), color="C3", ls="--", label=r"its cap $1 - \alpha(1-\gamma)(2 \min_x M_\pi(x,x) - 1)$")
+    ax.set(xscale="log", xlabel="relaxation time $1/(1 - |\\lambda_2(P)|)$ (steps)", ylabel="per-layer rate of $\\|v_L - v_\\pi\\|_\\infty$",
+           title=f"Slow mixing slows the iteration (unit-norm features, $\\min_x M_\\pi(x, x) = {m:.2f}$; bound $\\rho = {result['lazy']['rho'].mean():.2f}$)")
+    ax.legend(fontsize=8, loc="upper right")
+    return fig
+
+
+# %% [markdown]
+# Claims, measured on these two families: on the fastest-mixing chains the rate is $\lambda$; it grows with the
+# relaxation time on both families; on the slowest lazy chains it is Proposition 6's limit; and it always equals the
+# spectral radius of $B$ and stays under $\rho$ (Proposition 1: a sanity check of the theorem).
+
+# %%
+slow = slow_mixing_experiment(20)
+lazy_r, block_r, lam = slow["lazy"], slow["two blocks"], slow["lam"]
+for r in (lazy_r, block_r):
+    assert (r["rates"] - r["spectral"]).abs().max() < 1e-3 and (r["spectral"] <= r["rho"] + 1e-12).all()
+    assert (r["min_diag"] - 0.96).abs().max() < 1e-9                                    # sanity check: beta was set for this
+assert (lazy_r["rates"][:, -1] - lam).abs().max() < 2e-3
+assert ((lazy_r["spectral"][:, 0] - slow["lazy_limit"]).abs() < 2e-3).all() and (slow["lazy_limit"] > lam + 5e-3).all()
+assert (block_r["spectral"][:, 0] > lam + 1e-3).float().mean() >= 0.9
+plot_slow_mixing(slow);
+Markdown(f"Fastest lazy chains ($\\eta = 1$, median relaxation time {lazy_r['relax'][:, -1].median():.2f}): rates within "
+         f"{(lazy_r['rates'][:, -1] - lam).abs().max():.1e} of $\\lambda = {lam:.2f}$. Slowest ($\\eta = 10^{{-3}}$): lazy chains "
+         f"(relaxation time {lazy_r['relax'][:, 0].median():.0f}) have rates in [{lazy_r['spectral'][:, 0].min():.4f}, {lazy_r['spectral'][:, 0].max():.4f}], "
+         f"within {(lazy_r['spectral'][:, 0] - slow['lazy_limit']).abs().max():.1e} of the limit; two blocks (relaxation time "
+         f"{block_r['relax'][:, 0].median():.0f}) in [{block_r['spectral'][:, 0].min():.4f}, {block_r['spectral'][:, 0].max():.4f}]. "
+         f"The bound $\\rho$ is {lazy_r['rho'].mean():.3f} on every chain.")
+
+# %% [markdown]
+# The leaky-regime finding, restated with its scope: *on random Boyan chains* (which relax in a few steps) the rate is
+# the constant direction's $\lambda$ whatever the diagonality; on slowly mixing chains it is slower, up to
+# $1 - \alpha(1 - \gamma)\mu_{\min}$ on lazy ones, while still below the diagonal bound $\rho$ when the condition holds.
+
+
+# %% [markdown]
+# ## How diagonal is diagonal enough? The true threshold
+#
+# Proposition 1 asks for $\min_x M(x, x) > (1 + \gamma)/2$; the paper's words, "self-attention dominates
+# cross-attention", read more like $\min_x M(x, x) > 1/2$. Neither is known to be the true dividing line.
+# For $B = I - \alpha M (I - \gamma P)$ define the **diagonality threshold**
+#
+# $$m^*(\gamma, \alpha, s) = \sup\big\{\min_x M(x, x) :\ M \text{ positive and row-stochastic},\ P \text{ irreducible
+#   and stochastic on } s \text{ states},\ \rho(B) \ge 1\big\},$$
+#
+# so that every pair with $\min_x M(x, x) > m^*$ converges, and below $m^*$ some pair does not. Every positive
+# row-stochastic $M$ is the population attention of one-hot features ($W_{xy} = \log(M(y, x) / d_\pi(y))$ up to a
+# constant per column), so this is a worst case over softmax attention. Proposition 1 says $m^* \le (1 + \gamma)/2$.
+# How much lower is it?
+#
+# The worst cases have a simple shape. Let $S$ be the cyclic shift of the states, $(S v)(x) = v(x + 1 \bmod s)$,
+# and take the **circulant pair** $M = m I + (1 - m) S^a$, $P = S^b$: each state gives $1 - m$ of its attention to
+# the state $a$ steps ahead and moves deterministically $b$ steps. Both are diagonal in the Fourier basis
+# $f_k(x) = \omega^{kx}$, $\omega = e^{2\pi i / s}$, so the spectrum of $B$ is explicit.
+#
+# ::: {.proposition}
+# **Proposition 5 (ours: the threshold).** Let $\alpha \in (0, 1]$, $\gamma \in [0, 1)$.
+#
+# 1. *(Circulant pairs.)* For the circulant pair, $B f_k = \big(1 - \alpha (m + (1 - m)\omega^{ak})(1 - \gamma \omega^{bk})\big) f_k$,
+#    $k = 0, \dots, s - 1$; $P$ is irreducible when $\gcd(b, s) = 1$.
+# 2. *(Monotonicity.)* $m^*$ is non-decreasing in $s$ and in $\alpha$.
+# 3. *(Two states.)* $m^*(\gamma, \alpha, 2) = 1/2$: with two states, $\min_x M(x, x) > 1/2$ is exactly enough.
+# 4. *(Lower bounds.)* $m^*(\gamma, \alpha, s) \ge m_c(\gamma, \alpha, s)$, the largest $m$ at which some circulant pair on
+#    $s' \le s$ states has an eigenvalue of modulus $\ge 1$ (a root of a quadratic, computed exactly by
+#    `circulant_threshold`). As $s \to \infty$ these tend to
+#    $m_\infty(\gamma, \alpha) = \sup\{m : \max_{\varphi, \psi} |1 - \alpha (m + (1 - m) e^{i\varphi})(1 - \gamma e^{i\psi})| \ge 1\}
+#    \ \ge\ 1 / \big(1 + \sqrt{1 - \gamma^2}\big)$ for every $\alpha$.
+# 5. *(Upper bound.)* $m^*(\gamma, \alpha, s) \le (1 + \gamma)/2$, with equality at $\gamma = 0$ for every $s$.
+# :::
+#
+# ::: {.proof}
+# *Proof.* (1) $S^a f_k = \omega^{ak} f_k$, so $M f_k = (m + (1 - m)\omega^{ak}) f_k$ and $P f_k = \omega^{bk} f_k$; the shift
+# by $b$ visits every state iff $\gcd(b, s) = 1$. (2) In $s$: from a pair on $s$ states with $\rho(B) > 1$, add a state
+# reached from state $0$ with probability $\varepsilon$, which returns to state $0$, and whose attention row is $(1 - \varepsilon)$
+# on itself and $\varepsilon/s$ on the others, taking the $\varepsilon$ of state $0$'s move and of the other rows' attention from
+# off-diagonal entries. As $\varepsilon \to 0$ the new $B$ tends to the old one bordered by the eigenvalue $1 - \alpha(1 - \gamma)$,
+# and the eigenvalues move continuously, so $\rho > 1$ survives with the same minimum diagonal; a pair with $\rho = 1$ is
+# a limit of pairs with $\rho > 1$ (take a slightly smaller $m$). In $\alpha$: an eigenvalue $\mu$ of $M (I - \gamma P)$ gives
+# $|1 - t\mu| < 1$ exactly for $0 < t < 2 \operatorname{Re}\mu / |\mu|^2$, an interval starting at 0, so a pair that fails at $\alpha$
+# fails at every larger step. (3) For $2 \times 2$ stochastic matrices with second eigenvalues $\mu_M = M(0,0) + M(1,1) - 1$ and
+# $\mu_P$, the trace gives the second eigenvalue of $M(I - \gamma P)$: $\mu_M (1 - \gamma \mu_P)$. If both diagonal entries
+# exceed $1/2$, $0 < \mu_M < 1$ and $|\mu_P| \le 1$, so it lies in $(0, 1 + \gamma)$ and $|1 - \alpha \mu_M (1 - \gamma \mu_P)| < 1$;
+# the constant direction gives $1 - \alpha(1 - \gamma)$. At $M(0,0) = M(1,1) = 1/2$, $\mu_M = 0$ and $\rho(B) = 1$.
+# (4) Item 1 with item 2. In each mode, $1 - \alpha(m + (1 - m)\omega^{ak})(1 - \gamma\omega^{bk}) = c_0 + c_1 m$ is affine in $m$,
+# so $|c_0 + c_1 m|^2 - 1$ is a convex quadratic, negative at $m = 1$ (there the modulus is at most $1 - \alpha + \alpha\gamma$):
+# its smaller root is the largest $m$ at which the mode does not contract. For $s$ prime, $k = 1$ and $a, b$ free, the
+# pairs $(\omega^{a}, \omega^{b})$ come within $2\pi/s$ of any pair of points on the circle, which gives the limit. For
+# $\alpha \to 0$ the mode fails iff $\operatorname{Re}\,\mu \le 0$ for $\mu = z w$, $z = m + (1 - m)e^{i\varphi}$ on the circle of centre
+# $m$ and radius $1 - m$ (arguments up to $\arcsin\frac{1 - m}{m}$) and $w = 1 - \gamma e^{i\psi}$ (arguments down to
+# $-\arcsin\gamma$): possible iff $\arcsin\frac{1 - m}{m} + \arcsin\gamma \ge \pi/2$, i.e. $m \le 1/(1 + \sqrt{1 - \gamma^2})$; by item 2
+# this bounds $m_\infty$ below for every $\alpha$. (5) Proposition 1. At $\gamma = 0$, item 3's pair with diagonal $1/2$ embeds
+# (item 2), so $m^* \ge 1/2 = (1 + \gamma)/2$.
+# :::
+#
+# Item 3 answers the two-state case; item 4 gives lower bounds in closed form; between them and item 5, what is the
+# true $m^*$ for $s \ge 3$? We search for it numerically: `worst_case_pair` maximises the spectral radius of $B$ over
+# positive pairs at a fixed minimum diagonal (multistart L-BFGS on the logits of $M$ and $P$, from random starts and
+# from the best circulant pair), and `threshold_search` ratchets $m$ upward along the pairs it finds. The search can only
+# certify *lower* bounds on $m^*$: each comes with an explicit positive pair whose spectral radius is checked to be
+# at least one.
+
+# %%
+#| export
+def _shift(n_states:int, k:int)->np.ndarray:
+    "The cyclic shift $S^k$: row $x$ has its one at column $(x + k) \\bmod s$."
+    return np.roll(np.eye(n_states), k, axis=1)
+
+def circulant_pair(m:float,      # the diagonal of M, in [0, 1]
+                   n_states:int, # number of states s >= 2
+                   a:int=1,      # M gives 1 - m of each row to the state a steps ahead
+                   b:int=-1,     # P moves b steps; irreducible when gcd(b, s) = 1
+                  )->tuple:      # (M, P) float64 (s, s): M = m I + (1 - m) S^a, P = S^b
+    "Proposition 5's circulant pair, whose error matrix $B$ is diagonal in the Fourier basis."
+    s = _positive_int(n_states, "n_states")
+    if s < 2: raise ValueError(f"`n_states` must be at least 2, got {n_states}")
+    if not 0 <= m <= 1: raise ValueError(f"`m` must lie in [0, 1], got {m}")
+    if math.gcd(int(b), s) != 1: raise ValueError(f"`b` must be coprime to `n_states` = {s} (else P is reducible), got {b}")
+    return torch.from_numpy(m * np.eye(s) + (1 - m) * _shift(s, a)), torch.from_numpy(_shift(s, b))
+
+
+# %% [markdown]
+# Item 1 checked: the spectrum of $B$ for a circulant pair is the predicted set of Fourier multipliers.
+
+# %%
+for s_c, a_c, b_c in ((3, 1, -1), (5, 2, 3), (7, 3, 1)):
+    M_c, P_c = circulant_pair(0.7, s_c, a_c, b_c)
+    w_c = np.exp(2j * np.pi * np.arange(s_c) / s_c)
+    predicted = 1 - 0.8 * (0.7 + 0.3 * w_c ** a_c) * (1 - 0.9 * w_c ** b_c)
+    eig = torch.linalg.eigvals(_error_matrix(M_c, P_c, 0.9, 0.8)).numpy()
+    test_close(np.sort_complex(eig), np.sort_complex(predicted), eps=1e-12)
+test_fail(lambda: circulant_pair(0.7, 4, 1, 2), contains="`b` must be coprime")
+
+# %%
+#| export
+def _circulant_roots(gamma:float, alpha:float, s:int)->tuple:
+    "Over shifts (a, b), gcd(b, s) = 1, and modes k: the largest m at which the mode does not contract, with (a, b)."
+    k = np.arange(1, s)
+    best = (-np.inf, 0, 1)
+    for a in range(s):
+        for b in (b for b in range(1, s) if math.gcd(b, s) == 1):
+            wa, W = np.exp(2j * np.pi * a * k / s), 1 - gamma * np.exp(2j * np.pi * b * k / s)
+            c0, c1 = 1 - alpha * wa * W, -alpha * (1 - wa) * W                  # eigenvalue c0 + c1 m
+            A, B, C = np.abs(c1) ** 2, 2 * np.real(c0 * np.conj(c1)), np.abs(c0) ** 2 - 1
+            disc = B * B - 4 * A * C
+            ok = (A > 1e-15) & (disc >= 0)
+            root = np.where(ok, (-B - np.sqrt(np.where(ok, disc, 0.))) / (2 * np.where(ok, A, 1.)), -np.inf)
+            if root.max() > best[0]: best = (float(root.max()), a, b)
+    return best
+
+def circulant_threshold(gamma:float,  # discount factor in [0, 1)
+                        alpha:float,  # step size in (0, 1]
+                        n_states:int, # number of states s >= 2
+                       )->dict:       # m (the lower bound m_c), and the circulant pair that attains it: n (states used), a, b
+    "Proposition 5's lower bound $m_c(\\gamma, \\alpha, s)$ on the diagonality threshold: the best circulant pair on $s' \\le s$ states."
+    s, gamma = _positive_int(n_states, "n_states"), check_gamma(gamma)
+    if s < 2: raise ValueError(f"`n_states` must be at least 2, got {n_states}")
+    if not 0 < alpha <= 1: raise ValueError(f"`alpha` must lie in (0, 1], got {alpha}")
+    best = dict(m=0.5, n=2, a=1, b=1)                                         # item 3
+    for sp in range(3, s + 1):
+        m, a, b = _circulant_roots(gamma, alpha, sp)
+        if m > best["m"]: best = dict(m=m, n=sp, a=a, b=b)
+    return best
+
+def circulant_limit(gamma:float,  # discount factor in [0, 1)
+                    alpha:float,  # step size in (0, 1]
+                    grid:int=361, # grid points per angle before a local refinement
+                   )->float:      # m_infinity(gamma, alpha)
+    "Proposition 5's limit $m_\\infty(\\gamma, \\alpha)$ of the circulant lower bounds as $s \\to \\infty$."
+    gamma = check_gamma(gamma)
+    def root(angles):
+        z, W = np.exp(1j * angles[0]), 1 - gamma * np.exp(1j * angles[1])
+        c0, c1 = 1 - alpha * z * W, -alpha * (1 - z) * W
+        A, B, C = np.abs(c1) ** 2, 2 * np.real(c0 * np.conj(c1)), np.abs(c0) ** 2 - 1
+        disc = B * B - 4 * A * C
+        ok = (A > 1e-15) & (disc >= 0)
+        return np.where(ok, (-B - np.sqrt(np.where(ok, disc, 0.))) / (2 * np.where(ok, A, 1.)), -np.inf)
+    th = np.linspace(0, 2 * np.pi, int(grid))
+    R = root(np.meshgrid(th, th))
+    i, j = np.unravel_index(np.argmax(R), R.shape)
+    res = scipy.optimize.minimize(lambda x: -float(root(x)), [th[j], th[i]], method="Nelder-Mead", options=dict(xatol=1e-10, fatol=1e-13))
+    return max(float(R.max()), -res.fun)
+
+
+# %% [markdown]
+# Items 3 to 5 checked. At two states and at $\gamma = 0$ the bound is $1/2$; the bounds grow with $s$ and with $\alpha$;
+# the $s \to \infty$ limit lies above the closed form for small steps and below $(1 + \gamma)/2$; and a circulant pair just
+# below $m_c$ has an eigenvalue outside the unit circle, just above it none.
+
+# %%
+test_eq(circulant_threshold(0.9, 1., 2)["m"], 0.5)
+test_close(circulant_threshold(0., 1., 8)["m"], 0.5, eps=1e-12)
+for g_c in (0.5, 0.9, 0.99):
+    for a_c in (0.5, 1.):
+        ms_c = [circulant_threshold(g_c, a_c, s_c)["m"] for s_c in range(2, 9)]
+        assert ms_c == sorted(ms_c) and circulant_threshold(g_c, 0.5 * a_c, 8)["m"] <= ms_c[-1]
+        assert 1 / (1 + math.sqrt(1 - g_c ** 2)) - 1e-9 <= circulant_limit(g_c, a_c) < (1 + g_c) / 2
+c = circulant_threshold(0.9, 1., 5)
+for dm, above in ((-1e-6, True), (1e-6, False)):
+    M_c, P_c = circulant_pair(c["m"] + dm, c["n"], c["a"], c["b"])
+    assert (spectral_radius(M_c, P_c, 0.9, 1.) > 1) == above
+c
+
+
+# %%
+#| export
+def _row_softmax(X:np.ndarray)->np.ndarray:
+    E = np.exp(X - X.max(1, keepdims=True))
+    return E / E.sum(1, keepdims=True)
+
+def _pair_from_logits(z:np.ndarray, m:float, s:int)->tuple:
+    "M = m I + (1 - m) softmax(X) and P = softmax(Y), both positive, from the logits z = (X, Y) flattened."
+    return m * np.eye(s) + (1 - m) * _row_softmax(z[:s * s].reshape(s, s)), _row_softmax(z[s * s:].reshape(s, s))
+
+def _quotient_radius(z:np.ndarray, m:float, s:int, gamma:float, alpha:float)->tuple:
+    "Spectral radius of B on vectors modulo constants (Proposition 2, item 3), and its gradient in the logits."
+    Q, P = _row_softmax(z[:s * s].reshape(s, s)), _row_softmax(z[s * s:].reshape(s, s))
+    M, I = m * np.eye(s) + (1 - m) * Q, np.eye(s)
+    L, R = np.hstack([-np.ones((s - 1, 1)), I[1:, 1:]]), I[:, 1:]             # coordinates modulo constants
+    w, vl, vr = scipy.linalg.eig(L @ (I - alpha * M @ (I - gamma * P)) @ R, left=True, right=True)
+    k = int(np.argmax(np.abs(w)))
+    C = np.outer(vl[:, k].conj(), vr[:, k]) / (vl[:, k].conj() @ vr[:, k])    # d lambda / d(L B R)
+    GB = L.T @ np.real(np.conj(w[k]) / abs(w[k]) * C) @ R.T
+    GM, GP = -alpha * GB @ (I - gamma * P).T, alpha * gamma * M.T @ GB
+    GQ = (1 - m) * GM
+    return abs(w[k]), np.concatenate([(Q * (GQ - (GQ * Q).sum(1, keepdims=True))).ravel(), (P * (GP - (GP * P).sum(1, keepdims=True))).ravel()])
+
+def _maximise_radius(z:np.ndarray, m:float, s:int, gamma:float, alpha:float)->tuple:
+    "Local maximum of the quotient radius from the logits z (L-BFGS-B, logits in [-25, 25])."
+    res = scipy.optimize.minimize(lambda x: tuple(-t for t in _quotient_radius(x, m, s, gamma, alpha)), z, jac=True,
+                                  method="L-BFGS-B", bounds=[(-25., 25.)] * len(z), options=dict(maxiter=300))
+    return res.x, -res.fun
+
+def _circulant_logits(gamma:float, alpha:float, s:int)->np.ndarray:
+    "Logits of a positive pair close to the best circulant pair, embedded in s states (Proposition 5, item 2)."
+    c, X, Y = circulant_threshold(gamma, alpha, s), np.full((s, s), -20.), np.full((s, s), -20.)
+    n, a, b = c["n"], c["a"], c["b"]
+    for x in range(s):
+        if x < n: X[x, (x + a) % n], Y[x, (x + b) % n] = 20., 20.
+        else: X[x, x], Y[x, (x + 1) % s] = 20., 20.
+    if n < s: Y[0, n] = 0.                                                      # a rare move into the added states
+    return np.concatenate([X.ravel(), Y.ravel()])
+
+def _check_search_args(m, gamma, alpha, n_states):
+    s = _positive_int(n_states, "n_states")
+    if s < 2: raise ValueError(f"`n_states` must be at least 2, got {n_states}")
+    if not 0 <= m < 1: raise ValueError(f"`m` must lie in [0, 1), got {m}")
+    if not 0 < alpha <= 1: raise ValueError(f"`alpha` must lie in (0, 1], got {alpha}")
+    return s, check_gamma(gamma)
+
+def worst_case_pair(m:float,       # the smallest allowed diagonal of M
+                    gamma:float,   # discount factor in [0, 1)
+                    alpha:float,   # step size in (0, 1]
+                    n_states:int,  # number of states s >= 2
+                    seed:int=0,    # seed of the random starts
+                    n_starts:int=20, # random starts, besides the circulant one
+                   )->tuple:       # (M, P) float64 (s, s): M positive, row-stochastic, diagonal >= m; P positive (so irreducible), stochastic
+    "The pair with the largest spectral radius of $B = I - \\alpha M (I - \\gamma P)$ found by a multistart search at minimum diagonal `m`."
+    s, gamma = _check_search_args(m, gamma, alpha, n_states)
+    rng = np.random.default_rng(seed)
+    starts = [_circulant_logits(gamma, alpha, s)] + [rng.normal(scale=3., size=2 * s * s) for _ in range(int(n_starts))]
+    best = max((_maximise_radius(z, m, s, gamma, alpha) for z in starts), key=lambda t: t[1])[0]
+    return tuple(torch.from_numpy(A) for A in _pair_from_logits(best, m, s))
+
+
+# %% [markdown]
+# `worst_case_pair` keeps its promises on a few sizes, and below the circulant bound it finds a diverging pair:
+
+# %%
+for s_c in (2, 3, 5):
+    M_w, P_w = worst_case_pair(0.6, 0.9, 1., s_c, seed=1, n_starts=3)
+    assert M_w.dtype == torch.float64 and (M_w > 0).all() and (P_w > 0).all() and M_w.diagonal().min() >= 0.6 - 1e-12
+    test_close(M_w.sum(1), torch.ones(s_c, dtype=torch.float64), eps=1e-12); test_close(P_w.sum(1), torch.ones(s_c, dtype=torch.float64), eps=1e-12)
+m_c5 = circulant_threshold(0.9, 1., 5)["m"]
+assert spectral_radius(*worst_case_pair(m_c5 - 1e-3, 0.9, 1., 6, n_starts=0), 0.9, 1.) > 1
+assert spectral_radius(*worst_case_pair(0.5, 0.9, 1., 2, n_starts=5), 0.9, 1.) < 1         # item 3: two states never fail above 1/2
+test_fail(lambda: worst_case_pair(1.2, 0.9, 1., 3), contains="`m` must lie in [0, 1)")
+
+# %%
+#| export
+def _family_max(z:np.ndarray, m:float, s:int, gamma:float, alpha:float, margin:float=1e-9)->float:
+    "Largest m' >= m with rho(B) >= 1 + margin along M = m' I + (1 - m') Q for the logits z (grid, then bisection); None if none."
+    f = lambda mm: spectral_radius(*map(torch.from_numpy, _pair_from_logits(z, mm, s)), gamma, alpha).item() >= 1 + margin
+    ms = np.linspace(m, (1 + gamma) / 2, 101)
+    ok = np.nonzero([f(mm) for mm in ms])[0]
+    if not len(ok): return None
+    lo, hi = ms[ok.max()], ms[min(ok.max() + 1, len(ms) - 1)]
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if f(mid) else (lo, mid)
+    return lo
+
+def threshold_search(gamma:float,     # discount factor in [0, 1)
+                     alpha:float,     # step size in (0, 1]
+                     n_states:int,    # number of states s >= 2
+                     seed:int=0,      # seed of the random starts
+                     n_starts:int=100, # random starts
+                     step:float=2e-3, # how far above the record each new search starts
+                    )->dict:          # m (a certified lower bound on m*), M, P (the certificate, float64), rho (its spectral radius >= 1)
+    "A certified lower bound on the diagonality threshold $m^*$: the largest minimum diagonal at which the search finds a pair with $\\rho(B) \\ge 1$."
+    s, gamma = _check_search_args(0., gamma, alpha, n_states)
+    rng = np.random.default_rng(seed)
+    c = circulant_threshold(gamma, alpha, s)
+    z0 = _circulant_logits(gamma, alpha, s)
+    best_m, best_z = c["m"] - 1e-4, None
+    for i in range(int(n_starts) + 1):
+        z, m = (z0, best_m) if i == 0 else (rng.normal(scale=3., size=2 * s * s), best_m + step)
+        for _ in range(100):                                        # ratchet: optimise at m, then slide m up along the pair found
+            z, r = _maximise_radius(z, m, s, gamma, alpha)
+            mm = _family_max(z, m, s, gamma, alpha) if r >= 1 + 1e-9 else None
+            if mm is None: break
+            if best_z is None or mm > best_m: best_m, best_z = mm, z.copy()
+            m = mm + step
+    if best_z is None: raise RuntimeError(f"no certificate found at gamma = {gamma}, alpha = {alpha}, s = {s}")
+    M, P = (torch.from_numpy(A) for A in _pair_from_logits(best_z, best_m, s))
+    return dict(m=best_m, M=M, P=P, rho=spectral_radius(M, P, gamma, alpha).item())
+
+
+# %% [markdown]
+# The certificates of the book come from one run of `save_threshold_certificates` (a few minutes, so its results are
+# stored in `nbs/data/convergence_threshold.json` with the command, commit and date that made them). The chapter loads
+# them and re-checks each certificate exactly: the pair is positive and stochastic, its minimum diagonal is the
+# certified value, and its spectral radius is at least one.
+
+# %%
+#| export
+THRESHOLD_FILE = Path(__file__).resolve().parent.parent / "nbs" / "data" / "convergence_threshold.json" if "__file__" in globals() else Path("data/convergence_threshold.json")
+
+def save_threshold_certificates(path=THRESHOLD_FILE,          # where to write the JSON file
+                                gammas=(0.5, 0.9, 0.99),      # discount factors
+                                alphas=(0.25, 0.5, 1.),       # step sizes
+                                sizes=tuple(range(2, 9)),     # numbers of states
+                                n_starts:int=100,             # random starts per search
+                                seed:int=0,                   # seed of the searches
+                                progress:bool=True,           # tqdm over the searches
+                                command:str=None,             # the command line to record (default: sys.argv)
+                               )->dict:                       # the records written
+    "Run `threshold_search` over a grid and save its certificates with the command, commit and date that made them."
+    import datetime, json, subprocess, sys
+    records = []
+    for g, a, s in tqdm(list(itertools.product(gammas, alphas, sizes)), disable=not progress, desc="threshold search"):
+        r = threshold_search(g, a, s, seed=seed, n_starts=n_starts)
+        records.append(dict(gamma=g, alpha=a, n_states=s, m=r["m"], rho=r["rho"], circulant=circulant_threshold(g, a, s)["m"],
+                            M=r["M"].tolist(), P=r["P"].tolist()))
+    try: commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(path).parent).stdout.strip()
+    except OSError: commit = "unknown"
+    out = dict(command=command or " ".join(sys.argv), commit=commit,
+               date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+               settings=dict(n_starts=n_starts, seed=seed), records=records)
+    Path(path).write_text(json.dumps(out))
+    return out
+
+def check_certificate(record:dict, # one record: gamma, alpha, n_states, m, M, P
+                     )->float:     # the spectral radius of B, >= 1
+    "Re-check a certificate: M positive, row-stochastic, with minimum diagonal m; P positive and stochastic; $\\rho(B) \\ge 1$."
+    M, P = (torch.tensor(record[k], dtype=torch.float64) for k in ("M", "P"))
+    s = record["n_states"]
+    ok = (M.shape == P.shape == (s, s) and (M > 0).all() and (P > 0).all() and (M.diagonal().min() >= record["m"] - 1e-12)
+          and ((M.sum(1) - 1).abs().max() < 1e-12) and ((P.sum(1) - 1).abs().max() < 1e-12))
+    rho = spectral_radius(M, P, record["gamma"], record["alpha"]).item()
+    if not ok or rho < 1: raise ValueError(f"invalid certificate at gamma = {record['gamma']}, alpha = {record['alpha']}, s = {s}: rho = {rho}")
+    return rho
+
+def load_threshold_certificates(path=THRESHOLD_FILE)->dict:
+    "The stored certificates (see `save_threshold_certificates`)."
+    import json
+    if not Path(path).exists(): raise ValueError(f"`path` must be a certificate file, got {path}")
+    return json.loads(Path(path).read_text())
+
+def diagonality_threshold(gamma:float,  # discount factor in [0, 1)
+                          alpha:float,  # step size in (0, 1]
+                          n_states:int, # number of states s >= 2
+                          certificates=None, # records of `load_threshold_certificates` (default: the book's file, if present)
+                         )->float:      # the certified lower bound on m*(gamma, alpha, s)
+    "The book's certified value of $m^*$: the best of the circulant bound and the stored search certificates (Proposition 5, item 2, for smaller s and alpha)."
+    m = circulant_threshold(gamma, alpha, n_states)["m"]
+    if certificates is None: certificates = load_threshold_certificates()["records"] if THRESHOLD_FILE.exists() else []
+    for r in certificates:
+        if r["gamma"] == gamma and r["alpha"] <= alpha and r["n_states"] <= n_states and r["m"] > m:
+            check_certificate(r)
+            m = r["m"]
+    return m
+
 
 # %% [markdown]
 # ## The larger sweep
