@@ -20,11 +20,12 @@ __all__ = ['FEATURE_LABELS', 'PHASES', 'CONDITIONS', 'THRESHOLD_FILE', 'kernel_a
            'empirical_attention', 'count_deviation', 'empirical_mrp', 'td_recursion', 'kernel_diagonality',
            'rate_bound', 'sup_error', 'contraction_bound', 'span_rate', 'spectral_radius', 'measured_rate',
            'span_bound', 'fixed_point', 'floor_bound', 'depth_sweep', 'depth_experiment', 'plot_depth', 'loglog_slope',
-           'slope_interval', 'plot_floor', 'diagonality_sweep', 'plot_diagonality', 'interior_cap', 'best_diagonality',
-           'phase_diagram', 'plot_phase', 'rate_experiment', 'plot_rates', 'scale_for_diagonality', 'leaky_experiment',
-           'plot_leaky', 'relaxation_time', 'slow_mixing_experiment', 'plot_slow_mixing', 'circulant_pair',
-           'circulant_threshold', 'circulant_limit', 'worst_case_pair', 'threshold_search',
-           'save_threshold_certificates', 'check_certificate', 'load_threshold_certificates', 'diagonality_threshold']
+           'slope_interval', 'plot_floor', 'hitting_times', 'missing_state_bound', 'floor_hp_bound',
+           'diagonality_sweep', 'plot_diagonality', 'interior_cap', 'best_diagonality', 'phase_diagram', 'plot_phase',
+           'rate_experiment', 'plot_rates', 'scale_for_diagonality', 'leaky_experiment', 'plot_leaky',
+           'relaxation_time', 'slow_mixing_experiment', 'plot_slow_mixing', 'circulant_pair', 'circulant_threshold',
+           'circulant_limit', 'worst_case_pair', 'threshold_search', 'save_threshold_certificates', 'check_certificate',
+           'load_threshold_certificates', 'diagonality_threshold']
 
 # %% ../nbs/05_convergence.ipynb #f9bdf515
 def kernel_attention(phi,        # (..., s, d) state features
@@ -281,12 +282,12 @@ def depth_sweep(tasks:TaskBatch,  # the tasks, B of them
                 ns,               # context lengths n (increasing)
                 n_layers:int,     # maximal depth L
                 seed=0,           # seed of the trajectories
-               )->dict:           # tensors: errors, depth_terms (B, len(ns), L+1), floors, key_floors, floor_bounds, all_keys (B, len(ns)), population, bound (B, L+1), rho (B,)
+               )->dict:           # tensors: errors, depth_terms (B, len(ns), L+1), floors, key_floors, floor_bounds, all_keys, min_counts (B, len(ns)), population, bound (B, L+1), rho (B,)
     "Sup-norm error of the $L$-layer Transformer for every task, context length and depth, with its floor, the floor's bound and the population bound."
     ns = [int(n) for n in ns]
     if not ns or min(ns) < 1 or ns != sorted(ns): raise ValueError(f"`ns` must be increasing positive integers, got {ns}")
     S = sample_trajectories(tasks.P, ns[-1], tasks.d_pi, seed)
-    cols = {k: [] for k in ("errors", "depth_terms", "floors", "key_floors", "floor_bounds", "all_keys")}
+    cols = {k: [] for k in ("errors", "depth_terms", "floors", "key_floors", "floor_bounds", "all_keys", "min_counts")}
     for n in ns:
         states = S[:, :n + 1]
         N, P_hat, r_hat = empirical_mrp(states, tasks.r.gather(1, states[:, :-1]), tasks.P.shape[-1])
@@ -296,7 +297,7 @@ def depth_sweep(tasks:TaskBatch,  # the tasks, B of them
         gap, keys = (v_fix - tasks.v_pi).abs(), (N > 0).all(-1)
         for k, x in (("errors", sup_error(v, tasks.v_pi.unsqueeze(1))), ("depth_terms", sup_error(v, v_fix.unsqueeze(1))),
                      ("floors", gap.amax(-1)), ("key_floors", torch.where(N > 0, gap, 0.).amax(-1)), ("all_keys", keys),
-                     ("floor_bounds", torch.where(keys, floor_bound(P_hat, tasks.P, tasks.v_pi, tasks.gamma), math.nan))):
+                     ("floor_bounds", torch.where(keys, floor_bound(P_hat, tasks.P, tasks.v_pi, tasks.gamma), math.nan)), ("min_counts", N.amin(-1))):
             cols[k].append(x)
     M = kernel_attention(tasks.phi, W, tasks.d_pi)
     rho = rate_bound(M, tasks.gamma, alpha)
@@ -324,7 +325,7 @@ def depth_experiment(n_tasks:int=200,        # random one-hot Boyan chains; task
         part = depth_sweep(tasks, W, alpha, ns, n_layers, seed=seed + k)
         part["min_diag"] = kernel_diagonality(kernel_attention(tasks.phi, W, tasks.d_pi))[1]
         parts.append(part)
-    out = {k: torch.cat([p[k] for p in parts]) for k in ("errors", "depth_terms", "floors", "key_floors", "floor_bounds", "all_keys", "population", "bound", "rho", "min_diag")}
+    out = {k: torch.cat([p[k] for p in parts]) for k in ("errors", "depth_terms", "floors", "key_floors", "floor_bounds", "all_keys", "min_counts", "population", "bound", "rho", "min_diag")}
     return dict(out, ns=parts[0]["ns"], beta=beta, alpha=alpha, gamma=tasks.gamma)
 
 def plot_depth(sweep:dict,  # output of `depth_experiment`
@@ -398,6 +399,40 @@ def plot_floor(sweep:dict,  # output of `depth_experiment`
     ax2.legend(fontsize=8)
     fig.tight_layout()
     return fig
+
+# %% ../nbs/05_convergence.ipynb #87dd1039
+def hitting_times(P, # (..., s, s) irreducible stochastic matrices
+                 )->torch.Tensor: # (..., s, s) H[y, x] = E_y[tau_x], tau_x = min{t >= 0: S_t = x}
+    "Expected hitting times of every state from every state."
+    P = as_tensor(P, "P")
+    if P.ndim < 2 or P.shape[-1] != P.shape[-2]: raise ValueError(f"`P` must have shape (..., s, s), got {tuple(P.shape)}")
+    s = P.shape[-1]
+    H = torch.zeros(P.shape, dtype=P.dtype, device=P.device)
+    for x in range(s):
+        keep = [y for y in range(s) if y != x]
+        A = torch.eye(s - 1, dtype=P.dtype, device=P.device) - P[..., keep, :][..., keep]
+        H[..., keep, x] = torch.linalg.solve(A, torch.ones(P.shape[:-2] + (s - 1,), dtype=P.dtype, device=P.device))
+    return H
+
+def missing_state_bound(P,      # (..., s, s) irreducible stochastic matrices
+                        n:int,  # number of keys S_0..S_{n-1}
+                       )->torch.Tensor: # (...) Proposition 7 item 1, capped at 1
+    "Bound on the probability that a context of $n$ transitions misses some state as a key, from the worst hitting times."
+    t = hitting_times(P).amax(-2)                                           # t_x = max_y E_y tau_x
+    return torch.exp(-torch.floor(int(n) / torch.ceil(math.e * t))).sum(-1).clamp(max=1.)
+
+def floor_hp_bound(min_counts,   # (...) smallest key count min_x N(x) of each context
+                   v_pi,         # (..., s) true values
+                   gamma:float,  # discount factor in [0, 1)
+                   n:int,        # context length
+                   delta:float=0.05, # failure probability
+                  )->torch.Tensor: # (...) Proposition 7 item 3; inf where some state is not a key
+    "High-probability bound on the statistical floor of a context whose keys cover every state."
+    v = as_tensor(v_pi, "v_pi")
+    if not 0 < delta < 1: raise ValueError(f"`delta` must lie in (0, 1), got {delta}")
+    N, gamma, s = as_tensor(min_counts, "min_counts", v.dtype, v.device), check_gamma(gamma), v.shape[-1]
+    span = v.amax(-1) - v.amin(-1)
+    return torch.where(N > 0, gamma / (1 - gamma) * span * torch.sqrt(math.log(2 * s * int(n) / delta) / (2 * N.clamp(min=1))), torch.inf)
 
 # %% ../nbs/05_convergence.ipynb #ef2f9139
 def diagonality_sweep(n_tasks:int=200,  # random Boyan chains per feature kind; task b has seed `seed + b`
@@ -690,7 +725,7 @@ def plot_slow_mixing(result:dict, # output of `slow_mixing_experiment`
                     ):            # the matplotlib figure
     "Spectral radius of $B$ (median and 10-90% band over chains) and measured rate against the relaxation time, with $\\lambda$ and the lazy-chain limit."
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = plt.subplots(figsize=(11, 5))
     for i, family in enumerate(("lazy", "two blocks")):
         r = result[family]
         x, y = r["relax"].median(0).values, r["spectral"]
@@ -703,7 +738,8 @@ def plot_slow_mixing(result:dict, # output of `slow_mixing_experiment`
     ax.axhline(1 - result["alpha"] * (1 - result["gamma"]) * (2 * m - 1), color="C3", ls="--", label=r"its cap $1 - \alpha(1-\gamma)(2 \min_x M_\pi(x,x) - 1)$")
     ax.set(xscale="log", xlabel="relaxation time $1/(1 - |\\lambda_2(P)|)$ (steps)", ylabel="per-layer rate of $\\|v_L - v_\\pi\\|_\\infty$",
            title=f"Slow mixing slows the iteration (unit-norm features, $\\min_x M_\\pi(x, x) = {m:.2f}$; bound $\\rho = {result['lazy']['rho'].mean():.2f}$)")
-    ax.legend(fontsize=8, loc="upper right")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    fig.tight_layout()
     return fig
 
 # %% ../nbs/05_convergence.ipynb #9cf84132
