@@ -54,8 +54,12 @@ def population_attention(mrp:MRP,  # the process, with features `mrp.phi` and st
 
 # %% ../nbs/05_convergence.ipynb #86b49bf7
 def _states(states, n_states:int, device=None)->torch.Tensor:
+    "States validated as `ictd.wstd` validates them: integers, or integer-valued floats, of shape (..., n+1), n >= 1."
     S = states if isinstance(states, torch.Tensor) else torch.as_tensor(np.asarray(states))
-    if S.is_floating_point() or S.dtype == torch.bool or S.ndim < 1 or S.shape[-1] < 2:
+    if S.is_floating_point():
+        if not (torch.isfinite(S).all() and (S == S.round()).all()): raise ValueError("`states` must hold integer state indices")
+        S = S.long()
+    if S.dtype == torch.bool or S.is_complex() or S.ndim < 1 or S.shape[-1] < 2:
         raise ValueError(f"`states` must be an integer array of shape (..., n+1) with n >= 1, got {tuple(S.shape)} {S.dtype}")
     if ((S < 0) | (S >= n_states)).any(): raise ValueError(f"`states` must lie in 0..{n_states - 1}")
     return S.long().to(device or S.device)

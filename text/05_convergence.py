@@ -110,8 +110,12 @@ def population_attention(mrp:MRP,  # the process, with features `mrp.phi` and st
 # %%
 #| export
 def _states(states, n_states:int, device=None)->torch.Tensor:
+    "States validated as `ictd.wstd` validates them: integers, or integer-valued floats, of shape (..., n+1), n >= 1."
     S = states if isinstance(states, torch.Tensor) else torch.as_tensor(np.asarray(states))
-    if S.is_floating_point() or S.dtype == torch.bool or S.ndim < 1 or S.shape[-1] < 2:
+    if S.is_floating_point():
+        if not (torch.isfinite(S).all() and (S == S.round()).all()): raise ValueError("`states` must hold integer state indices")
+        S = S.long()
+    if S.dtype == torch.bool or S.is_complex() or S.ndim < 1 or S.shape[-1] < 2:
         raise ValueError(f"`states` must be an integer array of shape (..., n+1) with n >= 1, got {tuple(S.shape)} {S.dtype}")
     if ((S < 0) | (S >= n_states)).any(): raise ValueError(f"`states` must lie in 0..{n_states - 1}")
     return S.long().to(device or S.device)
@@ -272,9 +276,11 @@ for msg, f in {"`W` must have shape (4, 4)": lambda: population_attention(task, 
                "`weights` must have shape (..., 10)": lambda: kernel_attention(task.phi, W_rand, task.d_pi[:5]),
                "`phi` must have shape (..., s, d)": lambda: kernel_attention(torch.ones(3), W_rand, task.d_pi),
                "`states` must lie in 0..9": lambda: empirical_attention(task.phi, W_rand, [0, 3, 12]),
-               "`states` must be an integer array": lambda: empirical_attention(task.phi, W_rand, [0.5, 1.]),
+               "`states` must hold integer state indices": lambda: empirical_attention(task.phi, W_rand, [0.5, 1.]),
+               "`states` must be an integer array": lambda: empirical_attention(task.phi, W_rand, [True, False]),
                "`d_pi` must be positive with 10 entries": lambda: count_deviation(key_counts(long_states, s), torch.zeros(10))}.items():
     test_fail(f, contains=msg)
+test_eq(empirical_attention(task.phi, W_rand, [0., 3., 1.]), empirical_attention(task.phi, W_rand, [0, 3, 1]))   # integer-valued floats, as in `ictd.wstd`
 
 
 # %% [markdown]
@@ -2351,11 +2357,12 @@ for g in gammas_t:
         assert row == sorted(row) and row[0] == 0.5 and row[-1] < (1 + g) / 2                 # items 2, 3, 5
         assert all(thr[g, a, s] >= thr[g, a2, s] for a2 in alphas_t if a2 < a for s in sizes_t)
 gain = {k: thr[k] - circulant_threshold(*k)["m"] for k in thr}
+limits = {(g, a): circulant_limit(g, a) for g in gammas_t for a in alphas_t}
 Markdown(f"Certificates: {len(records)} pairs, spectral radii in [{min(rhos_c):.9f}, {max(rhos_c):.6f}]; made by `{certs['command']}` "
          f"at commit `{certs['commit'][:10]}` on {certs['date'][:10]} ({certs['settings']['n_starts']} random starts per search). "
          f"The search beat the circulant bound at {sum(v > 1e-6 for v in gain.values())} of {len(gain)} grid points, by at most {max(gain.values()):.4f}.\n\n"
          "| $\\gamma$ | $\\alpha$ | " + " | ".join(f"$s = {s}$" for s in sizes_t) + " | $m_\\infty$ (circulant) | $(1 + \\gamma)/2$ |\n|---|---|" + "---|" * (len(sizes_t) + 2) + "\n"
-         + "\n".join(f"| {g} | {a} | " + " | ".join(f"{thr[g, a, s]:.4f}" for s in sizes_t) + f" | {circulant_limit(g, a):.4f} | {(1 + g) / 2:.3f} |"
+         + "\n".join(f"| {g} | {a} | " + " | ".join(f"{thr[g, a, s]:.4f}" for s in sizes_t) + f" | {limits[g, a]:.4f} | {(1 + g) / 2:.3f} |"
                      for g in gammas_t for a in alphas_t))
 
 # %% [markdown]
@@ -2371,7 +2378,7 @@ fig, axes = plt.subplots(1, len(gammas_t), figsize=(13, 4.2), sharey=True)
 for ax, g in zip(axes, gammas_t):
     for i, a in enumerate(alphas_t):
         ax.plot(sizes_t, [thr[g, a, s] for s in sizes_t], "o-", color=f"C{i}", label=rf"certified $m^*$, $\alpha = {a}$")
-        ax.axhline(circulant_limit(g, a), color=f"C{i}", ls=":", lw=1)
+        ax.axhline(limits[g, a], color=f"C{i}", ls=":", lw=1)
     ax.axhline((1 + g) / 2, color="k", ls="--", label=r"Proposition 1: $(1 + \gamma)/2$")
     ax.axhline(0.5, color="grey", lw=1, label=r"$1/2$ (self-attention dominates)")
     ax.axhline(1 / (1 + math.sqrt(1 - g ** 2)), color="C3", ls="-.", lw=1, label=r"$1/(1 + \sqrt{1 - \gamma^2})$, any $\alpha$, $s \to \infty$")
