@@ -1226,10 +1226,11 @@ Markdown("| $n$ | share missing a state | item 1 bound | share of covering conte
 
 # %% [markdown]
 # Item 3 holds on the covering contexts (as it must, up to $\delta$) and is loose by the median factor in the table: the
-# union bound, the worst state and Hoeffding's range each cost a constant. Item 1 is far from the measured share at short
-# contexts (it is a worst-start bound built on Markov's inequality) and becomes useful only once $n$ is many times the
-# hitting times. At $n \le 300$ the contexts that miss a state carry a large part of the mean floor (last column): there
-# the floor is set by extrapolation to unseen states, not by the $n^{-1/2}$ noise of the seen ones.
+# union bound, the worst state, Hoeffding's range and Proposition 3's $1/(1 - \gamma)$ each cost a factor. Item 1 is far
+# from the measured share at short contexts (it is a worst-start bound built on Markov's inequality) and becomes useful
+# only once $n$ is many times the hitting times. The last column says where the mean floor comes from: at the shortest
+# contexts mostly, and up to $n = 100$ largely, from contexts that miss a state, whose floor is set by extrapolation to
+# the unseen states rather than by the $n^{-1/2}$ noise of the seen ones; by $n = 300$ that share is small.
 
 # %% [markdown]
 # ## Experiment 3: when is the attention diagonal enough?
@@ -1847,9 +1848,11 @@ Markdown(f"Population: rates within {(leaky['rates'] - lam).abs().max():.1e} of 
 #
 # ::: {.proposition}
 # **Proposition 6 (ours: lazy chains).** Let $P_\eta = (1 - \eta) I + \eta P$, $\eta \in (0, 1]$, and let $M$ have real
-# eigenvalues with smallest $\mu_{\min} > 0$ (true for one-hot features and $W = \beta I$, $\beta > 0$: then
-# $M = Z^{-1} K D$ with $K = (e^\beta - 1) I + \mathbf 1 \mathbf 1^\top$ positive definite and $Z$, $D$ positive diagonal, so $M$
-# is similar to the positive definite $(D Z^{-1})^{1/2} K (D Z^{-1})^{1/2}$). The chain $P_\eta$ has the same $d_\pi$, hence the
+# eigenvalues with smallest $\mu_{\min} > 0$. This holds for $W = \beta I$, $\beta > 0$, and distinct feature vectors (one-hot,
+# or the unit-norm features below): $M_\pi = Z^{-1} K D$ with $Z$, $D$ positive diagonal and
+# $K(y, x) = e^{\beta \phi(y)^\top \phi(x)} = e^{\beta\|\phi(y)\|^2/2}\, e^{-\beta\|\phi(y) - \phi(x)\|^2/2}\, e^{\beta\|\phi(x)\|^2/2}$, a Gaussian kernel
+# scaled on both sides and so positive definite on distinct points; $M_\pi$ is similar to the positive definite
+# $(D Z^{-1})^{1/2} K (D Z^{-1})^{1/2}$. The chain $P_\eta$ has the same $d_\pi$, hence the
 # same $M_\pi$, for every $\eta$, and as $\eta \to 0$
 #
 # $$\rho(B_\eta) \to 1 - \alpha (1 - \gamma)\, \mu_{\min} \ \ge\ \lambda ,$$
@@ -2006,8 +2009,8 @@ Markdown(f"Fastest lazy chains ($\\eta = 1$, median relaxation time {lazy_r['rel
 #   and stochastic on } s \text{ states},\ \rho(B) \ge 1\big\},$$
 #
 # so that every pair with $\min_x M(x, x) > m^*$ converges, and below $m^*$ some pair does not. Every positive
-# row-stochastic $M$ is the population attention of one-hot features ($W_{xy} = \log(M(y, x) / d_\pi(y))$ up to a
-# constant per column), so this is a worst case over softmax attention. Proposition 1 says $m^* \le (1 + \gamma)/2$.
+# row-stochastic $M$ is the population attention of one-hot features (take $W_{yx} = \log(M(x, y) / d_\pi(y))$, so that
+# $g(y, x) = W_{yx}$), so this is a worst case over softmax attention. Proposition 1 says $m^* \le (1 + \gamma)/2$.
 # How much lower is it?
 #
 # The worst cases have a simple shape. Let $S$ be the cyclic shift of the states, $(S v)(x) = v(x + 1 \bmod s)$,
@@ -2349,6 +2352,9 @@ def diagonality_threshold(gamma:float,  # discount factor in [0, 1)
 certs = load_threshold_certificates("data/convergence_threshold.json")
 records = certs["records"]
 rhos_c = [check_certificate(r) for r in records]                                       # exact re-check of every certificate
+M0, P0 = (torch.tensor(records[-1][k], dtype=torch.float64) for k in ("M", "P"))        # a certificate is softmax attention:
+d0 = MRP(P0.numpy(), np.zeros(len(P0)), 0.9, np.eye(len(P0))).d_pi                    # one-hot features, W[y, x] = log(M[x, y] / d(y))
+test_close(kernel_attention(torch.eye(len(P0), dtype=torch.float64), (M0.log() - d0.log()[None, :]).T, d0), M0, eps=1e-12)
 thr = {(r["gamma"], r["alpha"], r["n_states"]): diagonality_threshold(r["gamma"], r["alpha"], r["n_states"], records) for r in records}
 gammas_t, alphas_t, sizes_t = sorted({k[0] for k in thr}), sorted({k[1] for k in thr}), sorted({k[2] for k in thr})
 for g in gammas_t:
@@ -2358,9 +2364,10 @@ for g in gammas_t:
         assert all(thr[g, a, s] >= thr[g, a2, s] for a2 in alphas_t if a2 < a for s in sizes_t)
 gain = {k: thr[k] - circulant_threshold(*k)["m"] for k in thr}
 limits = {(g, a): circulant_limit(g, a) for g in gammas_t for a in alphas_t}
-Markdown(f"Certificates: {len(records)} pairs, spectral radii in [{min(rhos_c):.9f}, {max(rhos_c):.6f}]; made by `{certs['command']}` "
+Markdown(f"Certificates: {len(records)} pairs, spectral radii in [{min(rhos_c):.9f}, {max(rhos_c):.9f}] (each at least one with a margin of $10^{{-9}}$, in float64); made by `{certs['command']}` "
          f"at commit `{certs['commit'][:10]}` on {certs['date'][:10]} ({certs['settings']['n_starts']} random starts per search). "
-         f"The search beat the circulant bound at {sum(v > 1e-6 for v in gain.values())} of {len(gain)} grid points, by at most {max(gain.values()):.4f}.\n\n"
+         f"The search beat the circulant bound at {sum(v > 1e-6 for v in gain.values())} of {len(gain)} grid points, by at most {max(gain.values()):.4f}. "
+         f"At $\\gamma = 0.9$, $\\alpha = 1$: a pair in which every state keeps at least {thr[0.9, 1., 8]:.3f} of its attention for itself can still diverge.\n\n"
          "| $\\gamma$ | $\\alpha$ | " + " | ".join(f"$s = {s}$" for s in sizes_t) + " | $m_\\infty$ (circulant) | $(1 + \\gamma)/2$ |\n|---|---|" + "---|" * (len(sizes_t) + 2) + "\n"
          + "\n".join(f"| {g} | {a} | " + " | ".join(f"{thr[g, a, s]:.4f}" for s in sizes_t) + f" | {limits[g, a]:.4f} | {(1 + g) / 2:.3f} |"
                      for g in gammas_t for a in alphas_t))
@@ -2388,8 +2395,7 @@ axes[0].legend(fontsize=8, loc="upper left")
 fig.tight_layout()
 
 # %% [markdown]
-# At $\gamma = 0.9$ and $\alpha = 1$ a pair with every state giving itself more than four fifths of its attention can
-# still diverge, on $s \ge 5$ states. As $\gamma \to 1$ the certified thresholds approach 1 (the dash-dotted closed form
+# The entries are far above $1/2$ (at $\gamma = 0.9$, $\alpha = 1$, see the sentence under the table). As $\gamma \to 1$ the certified thresholds approach 1 (the dash-dotted closed form
 # tends to 1 like $1 - \sqrt{2(1 - \gamma)}$), so no condition on the diagonal alone can stay near $1/2$; and the circulant
 # limits (dotted) stay below $(1 + \gamma)/2$, so Proposition 1's constant may or may not be the truth for large $s$:
 # that is open.
@@ -2441,8 +2447,8 @@ print(f"floor slope {slope_big:.3f} [{lo_big:.3f}, {hi_big:.3f}]; on key states,
 #   whole token (reward and value rows included), as a trained layer has, mostly escapes that cap (measured).
 # * **Proposition 5** says how much Proposition 1's constant could improve: the true threshold $m^*(\gamma, \alpha, s)$ is
 #   exactly $1/2$ at two states, at most $(1 + \gamma)/2$ always, and certified from below by explicit pairs that grow
-#   with $s$ and tend to 1 as $\gamma \to 1$; at $\gamma = 0.9$, $\alpha = 1$ attention that puts more than four fifths on
-#   itself can still diverge. "Self-attention dominates" ($> 1/2$) is not enough beyond two states.
+#   with $s$ and tend to 1 as $\gamma \to 1$ (table and figure). "Self-attention dominates" ($> 1/2$) is not enough beyond
+#   two states.
 # * **Proposition 2** (span condition, $\delta(B^k) < 1$) gives the rate $\max(\lambda, \delta(B^k)^{1/k})$. With
 #   $k = 1$ it covers every one-hot task at every scale measured and every leaky unit-norm task of
 #   Experiment 6; with $k = 16$ most unit-norm tasks from $\beta \approx 3$ and most raw-feature tasks at
