@@ -2038,7 +2038,7 @@ Markdown(f"Fastest lazy chains ($\\eta = 1$, median relaxation time {lazy_r['rel
 # by $b$ visits every state iff $\gcd(b, s) = 1$. (2) In $s$: from a pair on $s$ states with $\rho(B) > 1$, add a state
 # reached from state $0$ with probability $\varepsilon$, which returns to state $0$, and whose attention row is $(1 - \varepsilon)$
 # on itself and $\varepsilon/s$ on the others, taking the $\varepsilon$ of state $0$'s move and of the other rows' attention from
-# off-diagonal entries. As $\varepsilon \to 0$ the new $B$ tends to the old one bordered by the eigenvalue $1 - \alpha(1 - \gamma)$,
+# off-diagonal entries. At $\varepsilon = 0$ the new $B$ is block triangular, with the old $B$ and the new state's eigenvalue $1 - \alpha$,
 # and the eigenvalues move continuously, so $\rho > 1$ survives with the same minimum diagonal; a pair with $\rho = 1$ is
 # a limit of pairs with $\rho > 1$ (take a slightly smaller $m$). In $\alpha$: an eigenvalue $\mu$ of $M (I - \gamma P)$ gives
 # $|1 - t\mu| < 1$ exactly for $0 < t < 2 \operatorname{Re}\mu / |\mu|^2$, an interval starting at 0, so a pair that fails at $\alpha$
@@ -2046,7 +2046,8 @@ Markdown(f"Fastest lazy chains ($\\eta = 1$, median relaxation time {lazy_r['rel
 # $\mu_P$, the trace gives the second eigenvalue of $M(I - \gamma P)$: $\mu_M (1 - \gamma \mu_P)$. If both diagonal entries
 # exceed $1/2$, $0 < \mu_M < 1$ and $|\mu_P| \le 1$, so it lies in $(0, 1 + \gamma)$ and $|1 - \alpha \mu_M (1 - \gamma \mu_P)| < 1$;
 # the constant direction gives $1 - \alpha(1 - \gamma)$. At $M(0,0) = M(1,1) = 1/2$, $\mu_M = 0$ and $\rho(B) = 1$.
-# (4) Item 1 with item 2. In each mode, $1 - \alpha(m + (1 - m)\omega^{ak})(1 - \gamma\omega^{bk}) = c_0 + c_1 m$ is affine in $m$,
+# (4) Item 1 with item 2; a circulant pair is not positive, but below the root (next sentence) its eigenvalue has modulus
+# above 1, which survives mixing an $\varepsilon$ of positive off-diagonal mass into $M$ and $P$. In each mode, $1 - \alpha(m + (1 - m)\omega^{ak})(1 - \gamma\omega^{bk}) = c_0 + c_1 m$ is affine in $m$,
 # so $|c_0 + c_1 m|^2 - 1$ is a convex quadratic, negative at $m = 1$ (there the modulus is at most $1 - \alpha + \alpha\gamma$):
 # its smaller root is the largest $m$ at which the mode does not contract. For $s$ prime, $k = 1$ and $a, b$ free, the
 # pairs $(\omega^{a}, \omega^{b})$ come within $2\pi/s$ of any pair of points on the circle, which gives the limit. For
