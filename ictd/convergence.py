@@ -418,6 +418,7 @@ def hitting_times(P, # (..., s, s) irreducible stochastic matrices
         H[..., keep, x] = torch.linalg.solve(A, torch.ones(P.shape[:-2] + (s - 1,), dtype=P.dtype, device=P.device))
     return H
 
+# %% ../nbs/05_convergence.ipynb #ceabed7d
 def missing_state_bound(P,      # (..., s, s) irreducible stochastic matrices
                         n:int,  # number of keys S_0..S_{n-1}
                        )->torch.Tensor: # (...) Proposition 7 item 1, capped at 1
@@ -425,6 +426,7 @@ def missing_state_bound(P,      # (..., s, s) irreducible stochastic matrices
     t = hitting_times(P).amax(-2)                                           # t_x = max_y E_y tau_x
     return torch.exp(-torch.floor(int(n) / torch.ceil(math.e * t))).sum(-1).clamp(max=1.)
 
+# %% ../nbs/05_convergence.ipynb #ba52681d
 def floor_hp_bound(min_counts,   # (...) smallest key count min_x N(x) of each context
                    v_pi,         # (..., s) true values
                    gamma:float,  # discount factor in [0, 1)
@@ -793,6 +795,7 @@ def circulant_threshold(gamma:float,  # discount factor in [0, 1)
         if m > best["m"]: best = dict(m=m, n=sp, a=a, b=b)
     return best
 
+# %% ../nbs/05_convergence.ipynb #bb672ca5
 def circulant_limit(gamma:float,  # discount factor in [0, 1)
                     alpha:float,  # step size in (0, 1]
                     grid:int=361, # grid points per angle before a local refinement
@@ -912,6 +915,7 @@ def threshold_search(gamma:float,     # discount factor in [0, 1)
 # %% ../nbs/05_convergence.ipynb #f070caf5
 THRESHOLD_FILE = Path(__file__).resolve().parent.parent / "nbs" / "data" / "convergence_threshold.json" if "__file__" in globals() else Path("data/convergence_threshold.json")
 
+# %% ../nbs/05_convergence.ipynb #32245cbc
 def save_threshold_certificates(path=THRESHOLD_FILE,          # where to write the JSON file
                                 gammas=(0.5, 0.9, 0.99),      # discount factors
                                 alphas=(0.25, 0.5, 1.),       # step sizes
@@ -936,6 +940,7 @@ def save_threshold_certificates(path=THRESHOLD_FILE,          # where to write t
     Path(path).write_text(json.dumps(out))
     return out
 
+# %% ../nbs/05_convergence.ipynb #1c6b95e7
 def check_certificate(record:dict, # one record: gamma, alpha, n_states, m, M, P
                      )->float:     # the spectral radius of B, >= 1
     "Re-check a certificate: M positive, row-stochastic, with minimum diagonal m; P positive and stochastic; $\\rho(B) \\ge 1$."
@@ -947,12 +952,14 @@ def check_certificate(record:dict, # one record: gamma, alpha, n_states, m, M, P
     if not ok or rho < 1: raise ValueError(f"invalid certificate at gamma = {record['gamma']}, alpha = {record['alpha']}, s = {s}: rho = {rho}")
     return rho
 
+# %% ../nbs/05_convergence.ipynb #1df90cd7
 def load_threshold_certificates(path=THRESHOLD_FILE)->dict:
     "The stored certificates (see `save_threshold_certificates`)."
     import json
     if not Path(path).exists(): raise ValueError(f"`path` must be a certificate file, got {path}")
     return json.loads(Path(path).read_text())
 
+# %% ../nbs/05_convergence.ipynb #8a09a026
 def diagonality_threshold(gamma:float,  # discount factor in [0, 1)
                           alpha:float,  # step size in (0, 1]
                           n_states:int, # number of states s >= 2

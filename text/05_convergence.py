@@ -1176,6 +1176,13 @@ def hitting_times(P, # (..., s, s) irreducible stochastic matrices
         H[..., keep, x] = torch.linalg.solve(A, torch.ones(P.shape[:-2] + (s - 1,), dtype=P.dtype, device=P.device))
     return H
 
+
+# %%
+show_doc(hitting_times)
+
+
+# %%
+#| export
 def missing_state_bound(P,      # (..., s, s) irreducible stochastic matrices
                         n:int,  # number of keys S_0..S_{n-1}
                        )->torch.Tensor: # (...) Proposition 7 item 1, capped at 1
@@ -1183,6 +1190,13 @@ def missing_state_bound(P,      # (..., s, s) irreducible stochastic matrices
     t = hitting_times(P).amax(-2)                                           # t_x = max_y E_y tau_x
     return torch.exp(-torch.floor(int(n) / torch.ceil(math.e * t))).sum(-1).clamp(max=1.)
 
+
+# %%
+show_doc(missing_state_bound)
+
+
+# %%
+#| export
 def floor_hp_bound(min_counts,   # (...) smallest key count min_x N(x) of each context
                    v_pi,         # (..., s) true values
                    gamma:float,  # discount factor in [0, 1)
@@ -1196,6 +1210,9 @@ def floor_hp_bound(min_counts,   # (...) smallest key count min_x N(x) of each c
     span = v.amax(-1) - v.amin(-1)
     return torch.where(N > 0, gamma / (1 - gamma) * span * torch.sqrt(math.log(2 * s * int(n) / delta) / (2 * N.clamp(min=1))), torch.inf)
 
+
+# %%
+show_doc(floor_hp_bound)
 
 # %% [markdown]
 # Checks: hitting times solve their defining equations (a two-state chain by hand: from state 0, $\mathbb E[\tau_1] = 1/p$);
@@ -1884,6 +1901,9 @@ def relaxation_time(P, # (..., s, s) stochastic matrices
     return 1 / (1 - mods[..., 1])
 
 
+# %%
+show_doc(relaxation_time)
+
 # %% [markdown]
 # The relaxation time of a lazy chain scales like $1/\eta$, exactly: its eigenvalues are $1 - \eta(1 - \lambda_i)$.
 
@@ -2084,6 +2104,9 @@ def circulant_pair(m:float,      # the diagonal of M, in [0, 1]
     return torch.from_numpy(m * np.eye(s) + (1 - m) * _shift(s, a)), torch.from_numpy(_shift(s, b))
 
 
+# %%
+show_doc(circulant_pair)
+
 # %% [markdown]
 # Item 1 checked: the spectrum of $B$ for a circulant pair is the predicted set of Fourier multipliers.
 
@@ -2128,6 +2151,13 @@ def circulant_threshold(gamma:float,  # discount factor in [0, 1)
         if m > best["m"]: best = dict(m=m, n=sp, a=a, b=b)
     return best
 
+
+# %%
+show_doc(circulant_threshold)
+
+
+# %%
+#| export
 def circulant_limit(gamma:float,  # discount factor in [0, 1)
                     alpha:float,  # step size in (0, 1]
                     grid:int=361, # grid points per angle before a local refinement
@@ -2147,6 +2177,9 @@ def circulant_limit(gamma:float,  # discount factor in [0, 1)
     res = scipy.optimize.minimize(lambda x: -float(root(x)), [th[j], th[i]], method="Nelder-Mead", options=dict(xatol=1e-10, fatol=1e-13))
     return max(float(R.max()), -res.fun)
 
+
+# %%
+show_doc(circulant_limit)
 
 # %% [markdown]
 # Items 3 to 5 checked. At two states and at $\gamma = 0$ the bound is $1/2$; the bounds grow with $s$ and with $\alpha$;
@@ -2229,6 +2262,9 @@ def worst_case_pair(m:float,       # the smallest allowed diagonal of M
     return tuple(torch.from_numpy(A) for A in _pair_from_logits(best, m, s))
 
 
+# %%
+show_doc(worst_case_pair)
+
 # %% [markdown]
 # `worst_case_pair` keeps its promises on a few sizes, and below the circulant bound it finds a diverging pair:
 
@@ -2283,6 +2319,9 @@ def threshold_search(gamma:float,     # discount factor in [0, 1)
     return dict(m=best_m, M=M, P=P, rho=spectral_radius(M, P, gamma, alpha).item())
 
 
+# %%
+show_doc(threshold_search)
+
 # %% [markdown]
 # The certificates of the book come from one run of `save_threshold_certificates` (a few minutes, so its results are
 # stored in `nbs/data/convergence_threshold.json` with the command, commit and date that made them). The chapter loads
@@ -2293,6 +2332,9 @@ def threshold_search(gamma:float,     # discount factor in [0, 1)
 #| export
 THRESHOLD_FILE = Path(__file__).resolve().parent.parent / "nbs" / "data" / "convergence_threshold.json" if "__file__" in globals() else Path("data/convergence_threshold.json")
 
+
+# %%
+#| export
 def save_threshold_certificates(path=THRESHOLD_FILE,          # where to write the JSON file
                                 gammas=(0.5, 0.9, 0.99),      # discount factors
                                 alphas=(0.25, 0.5, 1.),       # step sizes
@@ -2317,6 +2359,13 @@ def save_threshold_certificates(path=THRESHOLD_FILE,          # where to write t
     Path(path).write_text(json.dumps(out))
     return out
 
+
+# %%
+show_doc(save_threshold_certificates)
+
+
+# %%
+#| export
 def check_certificate(record:dict, # one record: gamma, alpha, n_states, m, M, P
                      )->float:     # the spectral radius of B, >= 1
     "Re-check a certificate: M positive, row-stochastic, with minimum diagonal m; P positive and stochastic; $\\rho(B) \\ge 1$."
@@ -2328,12 +2377,26 @@ def check_certificate(record:dict, # one record: gamma, alpha, n_states, m, M, P
     if not ok or rho < 1: raise ValueError(f"invalid certificate at gamma = {record['gamma']}, alpha = {record['alpha']}, s = {s}: rho = {rho}")
     return rho
 
+
+# %%
+show_doc(check_certificate)
+
+
+# %%
+#| export
 def load_threshold_certificates(path=THRESHOLD_FILE)->dict:
     "The stored certificates (see `save_threshold_certificates`)."
     import json
     if not Path(path).exists(): raise ValueError(f"`path` must be a certificate file, got {path}")
     return json.loads(Path(path).read_text())
 
+
+# %%
+show_doc(load_threshold_certificates)
+
+
+# %%
+#| export
 def diagonality_threshold(gamma:float,  # discount factor in [0, 1)
                           alpha:float,  # step size in (0, 1]
                           n_states:int, # number of states s >= 2
@@ -2350,9 +2413,13 @@ def diagonality_threshold(gamma:float,  # discount factor in [0, 1)
 
 
 # %%
+show_doc(diagonality_threshold)
+
+# %%
 certs = load_threshold_certificates("data/convergence_threshold.json")
 records = certs["records"]
 rhos_c = [check_certificate(r) for r in records]                                       # exact re-check of every certificate
+test_fail(lambda: check_certificate(dict(records[-1], m=0.99)), contains="invalid certificate")      # a false minimum diagonal is caught
 M0, P0 = (torch.tensor(records[-1][k], dtype=torch.float64) for k in ("M", "P"))        # a certificate is softmax attention:
 d0 = MRP(P0.numpy(), np.zeros(len(P0)), 0.9, np.eye(len(P0))).d_pi                    # one-hot features, W[y, x] = log(M[x, y] / d(y))
 test_close(kernel_attention(torch.eye(len(P0), dtype=torch.float64), (M0.log() - d0.log()[None, :]).T, d0), M0, eps=1e-12)
