@@ -6,20 +6,26 @@
 from __future__ import annotations
 import itertools
 import math
+from pathlib import Path
 import numpy as np
+import scipy.linalg
+import scipy.optimize
 import torch
 from tqdm.auto import tqdm
-from .boyan import MRP, as_tensor, check_gamma, random_boyan_chain
+from .boyan import MRP, as_tensor, boyan_transitions, check_gamma, random_boyan_chain
 from .tasks import TaskBatch, stack_tasks, random_tasks, sample_trajectories
 
 # %% auto #0
-__all__ = ['FEATURE_LABELS', 'PHASES', 'CONDITIONS', 'kernel_attention', 'population_attention', 'key_counts',
+__all__ = ['FEATURE_LABELS', 'PHASES', 'CONDITIONS', 'THRESHOLD_FILE', 'kernel_attention', 'population_attention', 'key_counts',
            'empirical_attention', 'count_deviation', 'empirical_mrp', 'td_recursion', 'kernel_diagonality',
            'rate_bound', 'sup_error', 'contraction_bound', 'span_rate', 'spectral_radius', 'measured_rate',
            'span_bound', 'fixed_point', 'floor_bound', 'depth_sweep', 'depth_experiment', 'plot_depth', 'loglog_slope',
-           'slope_interval', 'plot_floor', 'diagonality_sweep', 'plot_diagonality', 'interior_cap', 'best_diagonality',
-           'phase_diagram', 'plot_phase', 'rate_experiment', 'plot_rates', 'scale_for_diagonality', 'leaky_experiment',
-           'plot_leaky']
+           'slope_interval', 'plot_floor', 'hitting_times', 'missing_state_bound', 'floor_hp_bound',
+           'diagonality_sweep', 'plot_diagonality', 'interior_cap', 'best_diagonality', 'phase_diagram', 'plot_phase',
+           'rate_experiment', 'plot_rates', 'scale_for_diagonality', 'leaky_experiment', 'plot_leaky',
+           'relaxation_time', 'slow_mixing_experiment', 'plot_slow_mixing', 'circulant_pair', 'circulant_threshold',
+           'circulant_limit', 'worst_case_pair', 'threshold_search', 'save_threshold_certificates', 'check_certificate',
+           'load_threshold_certificates', 'diagonality_threshold']
 
 # %% ../nbs/05_convergence.ipynb #f9bdf515
 def kernel_attention(phi,        # (..., s, d) state features
@@ -48,8 +54,12 @@ def population_attention(mrp:MRP,  # the process, with features `mrp.phi` and st
 
 # %% ../nbs/05_convergence.ipynb #86b49bf7
 def _states(states, n_states:int, device=None)->torch.Tensor:
+    "States validated as `ictd.wstd` validates them: integers, or integer-valued floats, of shape (..., n+1), n >= 1."
     S = states if isinstance(states, torch.Tensor) else torch.as_tensor(np.asarray(states))
-    if S.is_floating_point() or S.dtype == torch.bool or S.ndim < 1 or S.shape[-1] < 2:
+    if S.is_floating_point():
+        if not (torch.isfinite(S).all() and (S == S.round()).all()): raise ValueError("`states` must hold integer state indices")
+        S = S.long()
+    if S.dtype == torch.bool or S.is_complex() or S.ndim < 1 or S.shape[-1] < 2:
         raise ValueError(f"`states` must be an integer array of shape (..., n+1) with n >= 1, got {tuple(S.shape)} {S.dtype}")
     if ((S < 0) | (S >= n_states)).any(): raise ValueError(f"`states` must lie in 0..{n_states - 1}")
     return S.long().to(device or S.device)
@@ -276,12 +286,12 @@ def depth_sweep(tasks:TaskBatch,  # the tasks, B of them
                 ns,               # context lengths n (increasing)
                 n_layers:int,     # maximal depth L
                 seed=0,           # seed of the trajectories
-               )->dict:           # tensors: errors, depth_terms (B, len(ns), L+1), floors, key_floors, floor_bounds, all_keys (B, len(ns)), population, bound (B, L+1), rho (B,)
+               )->dict:           # tensors: errors, depth_terms (B, len(ns), L+1), floors, key_floors, floor_bounds, all_keys, min_counts (B, len(ns)), population, bound (B, L+1), rho (B,)
     "Sup-norm error of the $L$-layer Transformer for every task, context length and depth, with its floor, the floor's bound and the population bound."
     ns = [int(n) for n in ns]
     if not ns or min(ns) < 1 or ns != sorted(ns): raise ValueError(f"`ns` must be increasing positive integers, got {ns}")
     S = sample_trajectories(tasks.P, ns[-1], tasks.d_pi, seed)
-    cols = {k: [] for k in ("errors", "depth_terms", "floors", "key_floors", "floor_bounds", "all_keys")}
+    cols = {k: [] for k in ("errors", "depth_terms", "floors", "key_floors", "floor_bounds", "all_keys", "min_counts")}
     for n in ns:
         states = S[:, :n + 1]
         N, P_hat, r_hat = empirical_mrp(states, tasks.r.gather(1, states[:, :-1]), tasks.P.shape[-1])
@@ -291,7 +301,7 @@ def depth_sweep(tasks:TaskBatch,  # the tasks, B of them
         gap, keys = (v_fix - tasks.v_pi).abs(), (N > 0).all(-1)
         for k, x in (("errors", sup_error(v, tasks.v_pi.unsqueeze(1))), ("depth_terms", sup_error(v, v_fix.unsqueeze(1))),
                      ("floors", gap.amax(-1)), ("key_floors", torch.where(N > 0, gap, 0.).amax(-1)), ("all_keys", keys),
-                     ("floor_bounds", torch.where(keys, floor_bound(P_hat, tasks.P, tasks.v_pi, tasks.gamma), math.nan))):
+                     ("floor_bounds", torch.where(keys, floor_bound(P_hat, tasks.P, tasks.v_pi, tasks.gamma), math.nan)), ("min_counts", N.amin(-1))):
             cols[k].append(x)
     M = kernel_attention(tasks.phi, W, tasks.d_pi)
     rho = rate_bound(M, tasks.gamma, alpha)
@@ -319,7 +329,7 @@ def depth_experiment(n_tasks:int=200,        # random one-hot Boyan chains; task
         part = depth_sweep(tasks, W, alpha, ns, n_layers, seed=seed + k)
         part["min_diag"] = kernel_diagonality(kernel_attention(tasks.phi, W, tasks.d_pi))[1]
         parts.append(part)
-    out = {k: torch.cat([p[k] for p in parts]) for k in ("errors", "depth_terms", "floors", "key_floors", "floor_bounds", "all_keys", "population", "bound", "rho", "min_diag")}
+    out = {k: torch.cat([p[k] for p in parts]) for k in ("errors", "depth_terms", "floors", "key_floors", "floor_bounds", "all_keys", "min_counts", "population", "bound", "rho", "min_diag")}
     return dict(out, ns=parts[0]["ns"], beta=beta, alpha=alpha, gamma=tasks.gamma)
 
 def plot_depth(sweep:dict,  # output of `depth_experiment`
@@ -393,6 +403,42 @@ def plot_floor(sweep:dict,  # output of `depth_experiment`
     ax2.legend(fontsize=8)
     fig.tight_layout()
     return fig
+
+# %% ../nbs/05_convergence.ipynb #87dd1039
+def hitting_times(P, # (..., s, s) irreducible stochastic matrices
+                 )->torch.Tensor: # (..., s, s) H[y, x] = E_y[tau_x], tau_x = min{t >= 0: S_t = x}
+    "Expected hitting times of every state from every state."
+    P = as_tensor(P, "P")
+    if P.ndim < 2 or P.shape[-1] != P.shape[-2]: raise ValueError(f"`P` must have shape (..., s, s), got {tuple(P.shape)}")
+    s = P.shape[-1]
+    H = torch.zeros(P.shape, dtype=P.dtype, device=P.device)
+    for x in range(s):
+        keep = [y for y in range(s) if y != x]
+        A = torch.eye(s - 1, dtype=P.dtype, device=P.device) - P[..., keep, :][..., keep]
+        H[..., keep, x] = torch.linalg.solve(A, torch.ones(P.shape[:-2] + (s - 1,), dtype=P.dtype, device=P.device))
+    return H
+
+# %% ../nbs/05_convergence.ipynb #ceabed7d
+def missing_state_bound(P,      # (..., s, s) irreducible stochastic matrices
+                        n:int,  # number of keys S_0..S_{n-1}
+                       )->torch.Tensor: # (...) Proposition 7 item 1, capped at 1
+    "Bound on the probability that a context of $n$ transitions misses some state as a key, from the worst hitting times."
+    t = hitting_times(P).amax(-2)                                           # t_x = max_y E_y tau_x
+    return torch.exp(-torch.floor(int(n) / torch.ceil(math.e * t))).sum(-1).clamp(max=1.)
+
+# %% ../nbs/05_convergence.ipynb #ba52681d
+def floor_hp_bound(min_counts,   # (...) smallest key count min_x N(x) of each context
+                   v_pi,         # (..., s) true values
+                   gamma:float,  # discount factor in [0, 1)
+                   n:int,        # context length
+                   delta:float=0.05, # failure probability
+                  )->torch.Tensor: # (...) Proposition 7 item 3; inf where some state is not a key
+    "High-probability bound on the statistical floor of a context whose keys cover every state."
+    v = as_tensor(v_pi, "v_pi")
+    if not 0 < delta < 1: raise ValueError(f"`delta` must lie in (0, 1), got {delta}")
+    N, gamma, s = as_tensor(min_counts, "min_counts", v.dtype, v.device), check_gamma(gamma), v.shape[-1]
+    span = v.amax(-1) - v.amin(-1)
+    return torch.where(N > 0, gamma / (1 - gamma) * span * torch.sqrt(math.log(2 * s * int(n) / delta) / (2 * N.clamp(min=1))), torch.inf)
 
 # %% ../nbs/05_convergence.ipynb #ef2f9139
 def diagonality_sweep(n_tasks:int=200,  # random Boyan chains per feature kind; task b has seed `seed + b`
@@ -630,6 +676,300 @@ def plot_leaky(result:dict,  # output of `leaky_experiment`
         a.axhline(1, color="grey", lw=0.8)
         a.axvline((1 + result["gamma"]) / 2, color="grey", ls=":", lw=1, label=r"threshold $(1 + \gamma)/2$")
         a.legend(fontsize=8)
-    fig.suptitle("The leaky regime: the rate is the constant direction's, whatever the diagonality")
+    fig.suptitle("The leaky regime on random Boyan chains: the rate is the constant direction's (fast-mixing chains only)")
     fig.tight_layout()
     return fig
+
+# %% ../nbs/05_convergence.ipynb #00e43c4e
+def relaxation_time(P, # (..., s, s) stochastic matrices
+                   )->torch.Tensor: # (...) 1 / (1 - |lambda_2|), lambda_2 the eigenvalue of second largest modulus
+    "Relaxation time of a chain, a measure of how slowly it mixes."
+    P = as_tensor(P, "P")
+    if P.ndim < 2 or P.shape[-1] != P.shape[-2] or P.shape[-1] < 2: raise ValueError(f"`P` must have shape (..., s, s) with s >= 2, got {tuple(P.shape)}")
+    mods = torch.linalg.eigvals(P).abs().sort(-1, descending=True).values
+    return 1 / (1 - mods[..., 1])
+
+# %% ../nbs/05_convergence.ipynb #917e2d79
+def _two_blocks(P1:np.ndarray, P2:np.ndarray, eta:float)->np.ndarray:
+    "Two chains joined: each state jumps to the other block's first state with probability eta."
+    s1, s2 = len(P1), len(P2)
+    P = np.zeros((s1 + s2, s1 + s2))
+    P[:s1, :s1], P[s1:, s1:] = (1 - eta) * P1, (1 - eta) * P2
+    P[:s1, s1] += eta
+    P[s1:, 0] += eta
+    return P
+
+def slow_mixing_experiment(n_tasks:int=20,      # chains per family and mixing parameter
+                           etas=None,           # (K,) laziness / cross-block probabilities (capped at 1/2 for the blocks); default 13 log-spaced in [1e-3, 1]
+                           target:float=0.96,   # min_x M_pi(x, x) of every chain
+                           alpha:float=1.,      # step size in (0, 1]
+                           seed:int=7000,       # chain b takes its features, rewards and first chain from seed + b
+                           n_layers:int=200,    # depth of the population recursion
+                           fit_start:int=100,   # first depth of the rate fit
+                          )->dict:              # etas, lam, gamma, and per family ("lazy", "two blocks") tensors (B, K): relax, rates, spectral, rho, min_diag; lazy_limit (B,)
+    "Rates of the population recursion on lazy Boyan chains and on two Boyan blocks joined by a rare jump (unit-norm features, $W = \\beta I$), against the relaxation time."
+    etas = np.logspace(-3, 0, 13) if etas is None else np.asarray(etas, dtype=float)
+    bases = [random_boyan_chain(features="unit", seed=seed + b) for b in range(int(n_tasks))]
+    blocks = [[boyan_transitions(5, np.random.default_rng(seed + k * int(n_tasks) + b)) for k in (1, 2)] for b in range(int(n_tasks))]
+    gamma = bases[0].gamma
+    out = dict(etas=etas, lam=1 - alpha * (1 - gamma), gamma=gamma, alpha=alpha, fit=f"{fit_start}-{n_layers}")
+    for family in ("lazy", "two blocks"):
+        tb = stack_tasks(MRP((1 - e) * np.eye(10) + e * base.P.numpy() if family == "lazy" else _two_blocks(*blk, min(e, 0.5)),
+                             base.r.numpy(), gamma, base.phi.numpy()) for base, blk in zip(bases, blocks) for e in etas)
+        beta = scale_for_diagonality(tb.phi, tb.d_pi, torch.full((len(tb),), target, dtype=torch.float64))
+        M = kernel_attention(tb.phi, beta[:, None, None] * torch.eye(tb.phi.shape[-1], dtype=torch.float64), tb.d_pi)
+        err = sup_error(td_recursion(M, tb.P, tb.r, gamma, alpha, n_layers), tb.v_pi.unsqueeze(1))
+        cols = dict(relax=relaxation_time(tb.P), rates=measured_rate(err, fit_start), spectral=spectral_radius(M, tb.P, gamma, alpha),
+                    rho=rate_bound(M, gamma, alpha), min_diag=kernel_diagonality(M)[1])
+        out[family] = {k: v.reshape(int(n_tasks), len(etas)) for k, v in cols.items()}
+        if family == "lazy":
+            mu_min = torch.linalg.eigvals(M).real.amin(-1).reshape(int(n_tasks), len(etas))[:, 0]
+            out["lazy_limit"] = 1 - alpha * (1 - gamma) * mu_min
+    return out
+
+def plot_slow_mixing(result:dict, # output of `slow_mixing_experiment`
+                    ):            # the matplotlib figure
+    "Spectral radius of $B$ (median and 10-90% band over chains) and measured rate against the relaxation time, with $\\lambda$ and the lazy-chain limit."
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(11, 5))
+    for i, family in enumerate(("lazy", "two blocks")):
+        r = result[family]
+        x, y = r["relax"].median(0).values, r["spectral"]
+        ax.plot(x, y.median(0).values, "-", color=f"C{i}", label=f"spectral radius of $B$, {family} (median of {len(y)} chains)")
+        ax.fill_between(x, y.quantile(0.1, 0), y.quantile(0.9, 0), color=f"C{i}", alpha=0.2)
+        ax.plot(x, r["rates"].median(0).values, "o", color=f"C{i}", ms=4, mfc="none", label=f"measured rate, depths {result['fit']}, {family} (median)")
+    m = result["lazy"]["min_diag"].mean().item()
+    ax.axhline(result["lam"], color="k", lw=1, label=r"$\lambda = 1 - \alpha(1 - \gamma)$")
+    ax.axhline(result["lazy_limit"].median(), color="C0", ls=":", label=r"lazy limit $1 - \alpha(1-\gamma)\mu_{\min}(M_\pi)$ (median)")
+    ax.axhline(1 - result["alpha"] * (1 - result["gamma"]) * (2 * m - 1), color="C3", ls="--", label=r"its cap $1 - \alpha(1-\gamma)(2 \min_x M_\pi(x,x) - 1)$")
+    ax.set(xscale="log", xlabel="relaxation time $1/(1 - |\\lambda_2(P)|)$ (steps)", ylabel="per-layer rate of $\\|v_L - v_\\pi\\|_\\infty$",
+           title=f"Slow mixing slows the iteration (unit-norm features, $\\min_x M_\\pi(x, x) = {m:.2f}$; bound $\\rho = {result['lazy']['rho'].mean():.2f}$)")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    fig.tight_layout()
+    return fig
+
+# %% ../nbs/05_convergence.ipynb #9cf84132
+def _shift(n_states:int, k:int)->np.ndarray:
+    "The cyclic shift $S^k$: row $x$ has its one at column $(x + k) \\bmod s$."
+    return np.roll(np.eye(n_states), k, axis=1)
+
+def circulant_pair(m:float,      # the diagonal of M, in [0, 1]
+                   n_states:int, # number of states s >= 2
+                   a:int=1,      # M gives 1 - m of each row to the state a steps ahead
+                   b:int=-1,     # P moves b steps; irreducible when gcd(b, s) = 1
+                  )->tuple:      # (M, P) float64 (s, s): M = m I + (1 - m) S^a, P = S^b
+    "Proposition 5's circulant pair, whose error matrix $B$ is diagonal in the Fourier basis."
+    s = _positive_int(n_states, "n_states")
+    if s < 2: raise ValueError(f"`n_states` must be at least 2, got {n_states}")
+    if not 0 <= m <= 1: raise ValueError(f"`m` must lie in [0, 1], got {m}")
+    if math.gcd(int(b), s) != 1: raise ValueError(f"`b` must be coprime to `n_states` = {s} (else P is reducible), got {b}")
+    return torch.from_numpy(m * np.eye(s) + (1 - m) * _shift(s, a)), torch.from_numpy(_shift(s, b))
+
+# %% ../nbs/05_convergence.ipynb #accc21e7
+def _circulant_roots(gamma:float, alpha:float, s:int)->tuple:
+    "Over shifts (a, b), gcd(b, s) = 1, and modes k: the largest m at which the mode does not contract, with (a, b)."
+    k = np.arange(1, s)
+    best = (-np.inf, 0, 1)
+    for a in range(s):
+        for b in (b for b in range(1, s) if math.gcd(b, s) == 1):
+            wa, W = np.exp(2j * np.pi * a * k / s), 1 - gamma * np.exp(2j * np.pi * b * k / s)
+            c0, c1 = 1 - alpha * wa * W, -alpha * (1 - wa) * W                  # eigenvalue c0 + c1 m
+            A, B, C = np.abs(c1) ** 2, 2 * np.real(c0 * np.conj(c1)), np.abs(c0) ** 2 - 1
+            disc = B * B - 4 * A * C
+            ok = (A > 1e-15) & (disc >= 0)
+            root = np.where(ok, (-B - np.sqrt(np.where(ok, disc, 0.))) / (2 * np.where(ok, A, 1.)), -np.inf)
+            if root.max() > best[0]: best = (float(root.max()), a, b)
+    return best
+
+def circulant_threshold(gamma:float,  # discount factor in [0, 1)
+                        alpha:float,  # step size in (0, 1]
+                        n_states:int, # number of states s >= 2
+                       )->dict:       # m (the lower bound m_c), and the circulant pair that attains it: n (states used), a, b
+    "Proposition 5's lower bound $m_c(\\gamma, \\alpha, s)$ on the diagonality threshold: the best circulant pair on $s' \\le s$ states."
+    s, gamma = _positive_int(n_states, "n_states"), check_gamma(gamma)
+    if s < 2: raise ValueError(f"`n_states` must be at least 2, got {n_states}")
+    if not 0 < alpha <= 1: raise ValueError(f"`alpha` must lie in (0, 1], got {alpha}")
+    best = dict(m=0.5, n=2, a=1, b=1)                                         # item 3
+    for sp in range(3, s + 1):
+        m, a, b = _circulant_roots(gamma, alpha, sp)
+        if m > best["m"]: best = dict(m=m, n=sp, a=a, b=b)
+    return best
+
+# %% ../nbs/05_convergence.ipynb #bb672ca5
+def circulant_limit(gamma:float,  # discount factor in [0, 1)
+                    alpha:float,  # step size in (0, 1]
+                    grid:int=361, # grid points per angle before a local refinement
+                   )->float:      # m_infinity(gamma, alpha)
+    "Proposition 5's limit $m_\\infty(\\gamma, \\alpha)$ of the circulant lower bounds as $s \\to \\infty$."
+    gamma = check_gamma(gamma)
+    def root(angles):
+        z, W = np.exp(1j * angles[0]), 1 - gamma * np.exp(1j * angles[1])
+        c0, c1 = 1 - alpha * z * W, -alpha * (1 - z) * W
+        A, B, C = np.abs(c1) ** 2, 2 * np.real(c0 * np.conj(c1)), np.abs(c0) ** 2 - 1
+        disc = B * B - 4 * A * C
+        ok = (A > 1e-15) & (disc >= 0)
+        return np.where(ok, (-B - np.sqrt(np.where(ok, disc, 0.))) / (2 * np.where(ok, A, 1.)), -np.inf)
+    th = np.linspace(0, 2 * np.pi, int(grid))
+    R = root(np.meshgrid(th, th))
+    i, j = np.unravel_index(np.argmax(R), R.shape)
+    res = scipy.optimize.minimize(lambda x: -float(root(x)), [th[j], th[i]], method="Nelder-Mead", options=dict(xatol=1e-10, fatol=1e-13))
+    return max(float(R.max()), -res.fun)
+
+# %% ../nbs/05_convergence.ipynb #c2075ff2
+def _row_softmax(X:np.ndarray)->np.ndarray:
+    E = np.exp(X - X.max(1, keepdims=True))
+    return E / E.sum(1, keepdims=True)
+
+def _pair_from_logits(z:np.ndarray, m:float, s:int)->tuple:
+    "M = m I + (1 - m) softmax(X) and P = softmax(Y), both positive, from the logits z = (X, Y) flattened."
+    return m * np.eye(s) + (1 - m) * _row_softmax(z[:s * s].reshape(s, s)), _row_softmax(z[s * s:].reshape(s, s))
+
+def _quotient_radius(z:np.ndarray, m:float, s:int, gamma:float, alpha:float)->tuple:
+    "Spectral radius of B on vectors modulo constants (Proposition 2, item 3), and its gradient in the logits."
+    Q, P = _row_softmax(z[:s * s].reshape(s, s)), _row_softmax(z[s * s:].reshape(s, s))
+    M, I = m * np.eye(s) + (1 - m) * Q, np.eye(s)
+    L, R = np.hstack([-np.ones((s - 1, 1)), I[1:, 1:]]), I[:, 1:]             # coordinates modulo constants
+    w, vl, vr = scipy.linalg.eig(L @ (I - alpha * M @ (I - gamma * P)) @ R, left=True, right=True)
+    k = int(np.argmax(np.abs(w)))
+    C = np.outer(vl[:, k].conj(), vr[:, k]) / (vl[:, k].conj() @ vr[:, k])    # d lambda / d(L B R)
+    GB = L.T @ np.real(np.conj(w[k]) / abs(w[k]) * C) @ R.T
+    GM, GP = -alpha * GB @ (I - gamma * P).T, alpha * gamma * M.T @ GB
+    GQ = (1 - m) * GM
+    return abs(w[k]), np.concatenate([(Q * (GQ - (GQ * Q).sum(1, keepdims=True))).ravel(), (P * (GP - (GP * P).sum(1, keepdims=True))).ravel()])
+
+def _maximise_radius(z:np.ndarray, m:float, s:int, gamma:float, alpha:float)->tuple:
+    "Local maximum of the quotient radius from the logits z (L-BFGS-B, logits in [-25, 25])."
+    res = scipy.optimize.minimize(lambda x: tuple(-t for t in _quotient_radius(x, m, s, gamma, alpha)), z, jac=True,
+                                  method="L-BFGS-B", bounds=[(-25., 25.)] * len(z), options=dict(maxiter=300))
+    return res.x, -res.fun
+
+def _circulant_logits(gamma:float, alpha:float, s:int)->np.ndarray:
+    "Logits of a positive pair close to the best circulant pair, embedded in s states (Proposition 5, item 2)."
+    c, X, Y = circulant_threshold(gamma, alpha, s), np.full((s, s), -20.), np.full((s, s), -20.)
+    n, a, b = c["n"], c["a"], c["b"]
+    for x in range(s):
+        if x < n: X[x, (x + a) % n], Y[x, (x + b) % n] = 20., 20.
+        else: X[x, x], Y[x, (x + 1) % s] = 20., 20.
+    if n < s: Y[0, n] = 0.                                                      # a rare move into the added states
+    return np.concatenate([X.ravel(), Y.ravel()])
+
+def _check_search_args(m, gamma, alpha, n_states):
+    s = _positive_int(n_states, "n_states")
+    if s < 2: raise ValueError(f"`n_states` must be at least 2, got {n_states}")
+    if not 0 <= m < 1: raise ValueError(f"`m` must lie in [0, 1), got {m}")
+    if not 0 < alpha <= 1: raise ValueError(f"`alpha` must lie in (0, 1], got {alpha}")
+    return s, check_gamma(gamma)
+
+def worst_case_pair(m:float,       # the smallest allowed diagonal of M
+                    gamma:float,   # discount factor in [0, 1)
+                    alpha:float,   # step size in (0, 1]
+                    n_states:int,  # number of states s >= 2
+                    seed:int=0,    # seed of the random starts
+                    n_starts:int=20, # random starts, besides the circulant one
+                   )->tuple:       # (M, P) float64 (s, s): M positive, row-stochastic, diagonal >= m; P positive (so irreducible), stochastic
+    "The pair with the largest spectral radius of $B = I - \\alpha M (I - \\gamma P)$ found by a multistart search at minimum diagonal `m`."
+    s, gamma = _check_search_args(m, gamma, alpha, n_states)
+    rng = np.random.default_rng(seed)
+    starts = [_circulant_logits(gamma, alpha, s)] + [rng.normal(scale=3., size=2 * s * s) for _ in range(int(n_starts))]
+    best = max((_maximise_radius(z, m, s, gamma, alpha) for z in starts), key=lambda t: t[1])[0]
+    return tuple(torch.from_numpy(A) for A in _pair_from_logits(best, m, s))
+
+# %% ../nbs/05_convergence.ipynb #5fc96f49
+def _family_max(z:np.ndarray, m:float, s:int, gamma:float, alpha:float, margin:float=1e-9)->float:
+    "Largest m' >= m with rho(B) >= 1 + margin along M = m' I + (1 - m') Q for the logits z (grid, then bisection); None if none."
+    f = lambda mm: spectral_radius(*map(torch.from_numpy, _pair_from_logits(z, mm, s)), gamma, alpha).item() >= 1 + margin
+    ms = np.linspace(m, (1 + gamma) / 2, 101)
+    ok = np.nonzero([f(mm) for mm in ms])[0]
+    if not len(ok): return None
+    lo, hi = ms[ok.max()], ms[min(ok.max() + 1, len(ms) - 1)]
+    for _ in range(40):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if f(mid) else (lo, mid)
+    return lo
+
+def threshold_search(gamma:float,     # discount factor in [0, 1)
+                     alpha:float,     # step size in (0, 1]
+                     n_states:int,    # number of states s >= 2
+                     seed:int=0,      # seed of the random starts
+                     n_starts:int=100, # random starts
+                     step:float=2e-3, # how far above the record each new search starts
+                    )->dict:          # m (a certified lower bound on m*), M, P (the certificate, float64), rho (its spectral radius >= 1)
+    "A certified lower bound on the diagonality threshold $m^*$: the largest minimum diagonal at which the search finds a pair with $\\rho(B) \\ge 1$."
+    s, gamma = _check_search_args(0., gamma, alpha, n_states)
+    rng = np.random.default_rng(seed)
+    c = circulant_threshold(gamma, alpha, s)
+    z0 = _circulant_logits(gamma, alpha, s)
+    best_m, best_z = c["m"] - 1e-4, None
+    for i in range(int(n_starts) + 1):
+        z, m = (z0, best_m) if i == 0 else (rng.normal(scale=3., size=2 * s * s), best_m + step)
+        for _ in range(100):                                        # ratchet: optimise at m, then slide m up along the pair found
+            z, r = _maximise_radius(z, m, s, gamma, alpha)
+            mm = _family_max(z, m, s, gamma, alpha) if r >= 1 + 1e-9 else None
+            if mm is None: break
+            if best_z is None or mm > best_m: best_m, best_z = mm, z.copy()
+            m = mm + step
+    if best_z is None: raise RuntimeError(f"no certificate found at gamma = {gamma}, alpha = {alpha}, s = {s}")
+    M, P = (torch.from_numpy(A) for A in _pair_from_logits(best_z, best_m, s))
+    return dict(m=best_m, M=M, P=P, rho=spectral_radius(M, P, gamma, alpha).item())
+
+# %% ../nbs/05_convergence.ipynb #f070caf5
+THRESHOLD_FILE = Path(__file__).resolve().parent.parent / "nbs" / "data" / "convergence_threshold.json" if "__file__" in globals() else Path("data/convergence_threshold.json")
+
+# %% ../nbs/05_convergence.ipynb #32245cbc
+def save_threshold_certificates(path=THRESHOLD_FILE,          # where to write the JSON file
+                                gammas=(0.5, 0.9, 0.99),      # discount factors
+                                alphas=(0.25, 0.5, 1.),       # step sizes
+                                sizes=tuple(range(2, 9)),     # numbers of states
+                                n_starts:int=100,             # random starts per search
+                                seed:int=0,                   # seed of the searches
+                                progress:bool=True,           # tqdm over the searches
+                                command:str=None,             # the command line to record (default: sys.argv)
+                               )->dict:                       # the records written
+    "Run `threshold_search` over a grid and save its certificates with the command, commit and date that made them."
+    import datetime, json, subprocess, sys
+    records = []
+    for g, a, s in tqdm(list(itertools.product(gammas, alphas, sizes)), disable=not progress, desc="threshold search"):
+        r = threshold_search(g, a, s, seed=seed, n_starts=n_starts)
+        records.append(dict(gamma=g, alpha=a, n_states=s, m=r["m"], rho=r["rho"], circulant=circulant_threshold(g, a, s)["m"],
+                            M=r["M"].tolist(), P=r["P"].tolist()))
+    try: commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(path).parent).stdout.strip()
+    except OSError: commit = "unknown"
+    out = dict(command=command or " ".join(sys.argv), commit=commit,
+               date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+               settings=dict(n_starts=n_starts, seed=seed), records=records)
+    Path(path).write_text(json.dumps(out))
+    return out
+
+# %% ../nbs/05_convergence.ipynb #1c6b95e7
+def check_certificate(record:dict, # one record: gamma, alpha, n_states, m, M, P
+                     )->float:     # the spectral radius of B, >= 1
+    "Re-check a certificate: M positive, row-stochastic, with minimum diagonal m; P positive and stochastic; $\\rho(B) \\ge 1$."
+    M, P = (torch.tensor(record[k], dtype=torch.float64) for k in ("M", "P"))
+    s = record["n_states"]
+    ok = (M.shape == P.shape == (s, s) and (M > 0).all() and (P > 0).all() and (M.diagonal().min() >= record["m"] - 1e-12)
+          and ((M.sum(1) - 1).abs().max() < 1e-12) and ((P.sum(1) - 1).abs().max() < 1e-12))
+    rho = spectral_radius(M, P, record["gamma"], record["alpha"]).item()
+    if not ok or rho < 1: raise ValueError(f"invalid certificate at gamma = {record['gamma']}, alpha = {record['alpha']}, s = {s}: rho = {rho}")
+    return rho
+
+# %% ../nbs/05_convergence.ipynb #1df90cd7
+def load_threshold_certificates(path=THRESHOLD_FILE)->dict:
+    "The stored certificates (see `save_threshold_certificates`)."
+    import json
+    if not Path(path).exists(): raise ValueError(f"`path` must be a certificate file, got {path}")
+    return json.loads(Path(path).read_text())
+
+# %% ../nbs/05_convergence.ipynb #8a09a026
+def diagonality_threshold(gamma:float,  # discount factor in [0, 1)
+                          alpha:float,  # step size in (0, 1]
+                          n_states:int, # number of states s >= 2
+                          certificates=None, # records of `load_threshold_certificates` (default: the book's file, if present)
+                         )->float:      # the certified lower bound on m*(gamma, alpha, s)
+    "The book's certified value of $m^*$: the best of the circulant bound and the stored search certificates (Proposition 5, item 2, for smaller s and alpha)."
+    m = circulant_threshold(gamma, alpha, n_states)["m"]
+    if certificates is None: certificates = load_threshold_certificates()["records"] if THRESHOLD_FILE.exists() else []
+    for r in certificates:
+        if r["gamma"] == gamma and r["alpha"] <= alpha and r["n_states"] <= n_states and r["m"] > m:
+            check_certificate(r)
+            m = r["m"]
+    return m
