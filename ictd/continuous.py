@@ -13,8 +13,9 @@ from .boyan import as_tensor, check_gamma, weighted_error
 from .wstd import batch_linear_td, weighted_softmax_td
 from .prompt import build_prompt
 import dataclasses
-from .pretrain import (PROTOCOLS, Contexts, EvalSet, PretrainConfig, Protocol, TDExamples, get_family, get_protocol, pretrain_many, register_protocol,
-                           stack_results, token_predict, trajectory_tokens)
+from .tasks import Contexts, TDExamples
+from .model import token_predict, trajectory_tokens
+from .pretrain import PROTOCOLS, EvalSet, PretrainConfig, Protocol, get_family, get_protocol, pretrain_many, register_protocol, stack_results
 
 # %% auto #0
 __all__ = ['HERMITE', 'FULL', 'QUICK', 'PRETRAIN_PLOTS', 'ContinuousProcess', 'NoisyRotation', 'gaussian_moment',

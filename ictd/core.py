@@ -12,7 +12,7 @@ from .boyan import weighted_error
 from .tasks import TaskBatch
 
 # %% auto #0
-__all__ = ['TASK_FIELDS', 'check_int', 'check_number', 'check_choice', 'check_seeds', 'substream', 'stream_generator']
+__all__ = ['TASK_FIELDS', 'check_int', 'check_number', 'check_choice', 'check_seeds', 'substream', 'stream_generator', 'jsonable']
 
 # %% ../nbs/00b_core.ipynb #5c70a449
 def _is_number(x)->bool: return not isinstance(x, bool) and isinstance(x, (int, float, np.integer, np.floating))
@@ -73,3 +73,12 @@ def stack(cls:TaskBatch, batches:list, device=None)->TaskBatch:
     batches = list(batches)
     if not batches or len({b.gamma for b in batches}) > 1: raise ValueError("`batches` must be a non-empty list of TaskBatch with one discount")
     return TaskBatch(*(torch.stack([getattr(b, k) for b in batches]).to(device) for k in TASK_FIELDS), batches[0].gamma)
+
+# %% ../nbs/00b_core.ipynb #04f61ebd
+def jsonable(x):
+    "`x` with tensors and numpy arrays turned into (nested) lists and numpy scalars into numbers, for `json.dump`."
+    if isinstance(x, (torch.Tensor, np.ndarray)): return x.tolist()
+    if isinstance(x, np.generic): return x.item()
+    if isinstance(x, dict): return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)): return [jsonable(v) for v in x]
+    return x

@@ -16,9 +16,11 @@ from .model import token_rows, torch_generator, xavier_param
 from .tasks import TaskBatch, random_tasks, sample_trajectories
 from .model import SoftmaxICTD
 from .prompt import build_prompt
-from .pretrain import (EMERGENCE, Contexts, EvalSet, Family, PretrainConfig, Protocol, TDExamples, held_out_tasks, pretrain_many, register_family,
-                           register_protocol, stack_pools, stack_results, task_eval_set, task_features, task_pool)
+from .tasks import Contexts, TDExamples, task_features, task_pool
+from .pretrain import (EMERGENCE, EvalSet, Family, PretrainConfig, Protocol, held_out_tasks, pretrain_many, register_family, register_protocol,
+                           stack_pools, stack_results, task_eval_set)
 from .wstd import batch_linear_td, context_tensors, weighted_softmax_td
+from .core import jsonable
 
 # %% auto #0
 __all__ = ['ICLR_LINEAR', 'SLIDING_CHUNK', 'ICLR_REFERENCE', 'ICLR_SEED0', 'THETA_STAR_GRID', 'TUNING_GRIDS',
@@ -493,11 +495,6 @@ def reference_table(summaries:dict,             # label -> output of `summarise_
     return ("| run | seeds | tasks | IWS | VD | $P[-1,-1]$ | tr $Q_{11}$ | tr $Q_{12}$ |\n|---|---|---|---|---|---|---|---|\n" + "\n".join(rows))
 
 # %% ../nbs/07_linear.ipynb #53b5fdc4
-def _jsonable(x):
-    if isinstance(x, torch.Tensor): return x.tolist()
-    if isinstance(x, dict): return {k: _jsonable(v) for k, v in x.items()}
-    return x
-
 def reproduce_iclr(config:PretrainConfig=ICLR_LINEAR,  # the protocol
                    seeds=range(30),     # one run per seed
                    out=None,            # path of the JSON summary to write, or None
@@ -515,7 +512,7 @@ def reproduce_iclr(config:PretrainConfig=ICLR_LINEAR,  # the protocol
                        se={k: v.std(0) / S ** 0.5 for k, v in h.items() if k not in ("tasks", "step")},
                        final={k: v[:, -1] for k, v in h.items() if k not in ("tasks", "step")}, P_mean=P.mean(0), Q_mean=Q.mean(0))
         Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(_jsonable(summary)))
+        Path(out).write_text(json.dumps(jsonable(summary)))
     return results
 
 # %% ../nbs/07_linear.ipynb #84108992

@@ -13,98 +13,29 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 import ictd
-from .boyan import boyan_transitions, check_gamma
+from .boyan import boyan_transitions, check_gamma, weighted_error
+from .core import TaskBatch, check_choice, check_int, check_number, check_seeds, substream
 from .prompt import build_prompt
 from .model import SoftmaxICTD, theta_star
-from .tasks import TaskBatch, random_tasks, sample_trajectories
+from .tasks import (Contexts, TDExamples, TDSample, draw_cdf, gather_rows, random_tasks, sample_trajectories, stationary_examples,
+                        task_features, task_pool)
+from .model import (StateTokens, model_params, population_neu, population_predict, population_tokens, seed_map, state_tokens,
+                        token_layer, token_layers, token_predict, trajectory_tokens)
 
 # %% auto #0
-__all__ = ['DTYPES', 'FEATURES', 'OBJECTIVES', 'INITS', 'EMERGENCE', 'FAMILIES', 'PROTOCOLS', 'INIT_STREAM', 'OBJECTIVE_STREAM',
-           'DIVERGED', 'stack_pools', 'task_features', 'TDSample', 'stationary_examples', 'Contexts', 'TDExamples',
-           'TDBatch', 'td_batch', 'expected_update', 'neu', 'exact_neu_small', 'StateTokens', 'state_tokens',
-           'trajectory_tokens', 'seed_map', 'token_layer', 'token_layers', 'token_predict', 'model_params',
-           'population_tokens', 'population_predict', 'population_neu', 'source_hash', 'PretrainConfig',
-           'PretrainResult', 'stack_results', 'kernel_diagonality_per_layer', 'block_cosines', 'evaluate', 'task_pool',
-           'stationary_sampler', 'stationary_pools', 'Family', 'Protocol', 'register_family', 'register_protocol',
-           'get_family', 'get_protocol', 'softmax_init', 'softmax_module', 'softmax_prompt', 'softmax_metrics',
-           'population_neu_many', 'EvalSet', 'held_out_tasks', 'task_eval_set', 'stationary_eval_set', 'eval_set',
-           'td_values', 'mc_horizon', 'stationary_draws', 'rollout_returns', 'objective_values', 'sampled_neu',
-           'evaluate_many', 'run_folder', 'substream', 'perturb', 'DivergenceError', 'check_divergence',
-           'pretrain_many', 'pretrain', 'plot_emergence']
-
-# %% ../nbs/06_pretrain.ipynb #3487233b
-def _draw_cdf(cum:torch.Tensor, u:torch.Tensor)->torch.Tensor:
-    "Inverse-CDF draws: the index of the first entry of each row of `cum` (..., s) above `u` (...), clamped to s - 1."
-    return torch.searchsorted(cum, u[..., None], right=True)[..., 0].clamp(max=cum.shape[-1] - 1)
-
-def _rows(x:torch.Tensor, task:torch.Tensor, idx:torch.Tensor)->torch.Tensor:
-    "`x[i, task[i, b], idx[i, b, ...]]` for `x` (S, T, s, ...), `task` (S, B) and `idx` (S, B, ...), by one `index_select`."
-    S, T, s = x.shape[:3]
-    flat = ((torch.arange(S, device=x.device)[:, None] * T + task) * s).reshape(*task.shape, *[1] * (idx.ndim - 2)) + idx
-    return x.reshape(S * T * s, *x.shape[3:]).index_select(0, flat.flatten()).reshape(*idx.shape, *x.shape[3:])
-
-def stack_pools(pools:list,   # `TaskBatch`es of equal shapes and discount
-                device=None,  # torch device of the result; None: that of the pools
-               )->TaskBatch:
-    "Task batches stacked along a new leading (seed) axis."
-    return TaskBatch(*(torch.stack([getattr(p, k) for p in pools]).to(device) for k in ("P", "r", "phi", "d_pi", "v_pi")), pools[0].gamma)
-
-def task_features(tasks:TaskBatch,     # tasks with a leading seed axis: phi (S, T, s, d), r (S, T, s)
-                  task:torch.Tensor,   # (S, B) index of a task of each seed
-                  states:torch.Tensor, # (S, B, ...) states of those tasks
-                 )->tuple:             # features (S, B, ..., d) and rewards r(state) (S, B, ...)
-    "Features and rewards of states of the tasks `task` of every seed."
-    return _rows(tasks.phi, task, states), _rows(tasks.r, task, states)
-
-@dataclass(eq=False)
-class TDSample:
-    "Pretraining examples of every seed as state indices into its task pool (each model family builds its own prompts)."
-    task:torch.Tensor       # (S, B) index of each example's task in its seed's pool
-    states:torch.Tensor     # (S, B, n + 1) the context's states S_0..S_n
-    query:torch.Tensor      # (S, B) the query state s_q
-    successor:torch.Tensor  # (S, B) its successor s_q'
-
-def stationary_examples(pool:TaskBatch,  # tasks with a leading seed axis: P (S, T, s, s), d_pi (S, T, s)
-                        u:torch.Tensor,  # (S, B, n + 4) uniforms: task, n + 1 context states, query, successor
-                       )->TDSample:
-    "Examples from uniforms: a task of the pool, a context started from d_pi, a query from d_pi and its successor."
-    (S, T, s), n = pool.P.shape[:3], u.shape[-1] - 4
-    u = u.permute(2, 0, 1).contiguous()          # (n + 4, S, B): each draw's uniforms contiguous
-    task = (u[0] * T).long().clamp(max=T - 1)
-    cum = _rows(pool.P, task, torch.arange(s, device=u.device).expand(*task.shape, s)).cumsum(-1).reshape(-1, s)  # rows of each example's task
-    first = torch.arange(task.numel(), device=u.device).reshape(task.shape) * s
-    cum_P = lambda states: cum.index_select(0, (first + states).flatten()).reshape(*states.shape, s)
-    start = _rows(pool.d_pi[..., None, :], task, torch.zeros_like(task)).cumsum(-1)
-    states = [_draw_cdf(start, u[1])]
-    for t in range(n): states.append(_draw_cdf(cum_P(states[-1]), u[t + 2]))
-    query = _draw_cdf(start, u[n + 2])
-    return TDSample(task, torch.stack(states, -1), query, _draw_cdf(cum_P(query), u[n + 3]))
-
-@dataclass(eq=False)
-class Contexts:
-    "Prompts of every seed before a model family encodes them: state indices of discrete tasks, or features of continuous states."
-    tasks:TaskBatch = None        # discrete: tasks with a leading seed axis (S, T, ...)
-    task:torch.Tensor = None      # discrete: (S, B...) index of each prompt's task
-    states:torch.Tensor = None    # discrete: (S, B..., n + 1) the contexts' states S_0..S_n
-    queries:torch.Tensor = None   # discrete: (S, B..., q) the query states
-    phi:torch.Tensor = None       # continuous: (S, B..., n + 1, d) features of S_0..S_n
-    r:torch.Tensor = None         # continuous: (S, B..., n) rewards, r[..., k-1] = R_k
-    phi_q:torch.Tensor = None     # continuous: (S, B..., q, d) features of the queries
-
-    def features(self)->tuple:
-        "(phi (S, B..., n + 1, d), rewards (S, B..., n), query features (S, B..., q, d)), looked up in the tasks when discrete."
-        if self.tasks is None: return self.phi, self.r, self.phi_q
-        phi, r = task_features(self.tasks, self.task, self.states)
-        return phi, r[..., :-1], task_features(self.tasks, self.task, self.queries)[0]
-
-@dataclass(eq=False)
-class TDExamples:
-    "A batch of TD examples of every seed, as a protocol supplies it: prompts, rewards at the queries, and where each successor is."
-    x:Contexts               # the prompts
-    reward:torch.Tensor      # (S, B) r(s_q) of each example
-    successor:str = "query"  # "query": s_q' is query column 1 of the same prompt; "next": it is the query of the next prompt along axis 1
+__all__ = ['stack_pools', 'DTYPES', 'FEATURES', 'OBJECTIVES', 'INITS', 'EMERGENCE', 'FAMILIES', 'PROTOCOLS', 'INIT_STREAM',
+           'OBJECTIVE_STREAM', 'DIVERGED', 'TDBatch', 'td_batch', 'expected_update', 'neu', 'exact_neu_small',
+           'source_hash', 'PretrainConfig', 'PretrainResult', 'stack_results', 'kernel_diagonality_per_layer',
+           'block_cosines', 'evaluate', 'stationary_sampler', 'stationary_pools', 'Family', 'Protocol',
+           'register_family', 'register_protocol', 'get_family', 'get_protocol', 'softmax_init', 'softmax_module',
+           'softmax_prompt', 'softmax_metrics', 'population_neu_many', 'EvalSet', 'held_out_tasks', 'task_eval_set',
+           'stationary_eval_set', 'eval_set', 'td_values', 'mc_horizon', 'stationary_draws', 'rollout_returns',
+           'objective_values', 'sampled_neu', 'evaluate_many', 'run_folder', 'perturb', 'DivergenceError',
+           'check_divergence', 'pretrain_many', 'train_loop', 'pretrain', 'plot_emergence']
 
 # %% ../nbs/06_pretrain.ipynb #60eba8b6
+stack_pools = TaskBatch.stack   # task batches stacked along a new leading (seed) axis (`ictd.core`)
+
 @dataclass(eq=False)
 class TDBatch:
     "A batch of pretraining examples: prompts with query s_q and with its successor s_q', and the rewards r(s_q)."
@@ -175,117 +106,6 @@ def exact_neu_small(model:SoftmaxICTD,  # a model with d equal to the number of 
                     total = g if total is None else total + g
     return total.square().sum().item()
 
-# %% ../nbs/06_pretrain.ipynb #0a1891bf
-@dataclass(eq=False)
-class StateTokens:
-    "A prompt reduced to one token per state: exact for dual-head softmax layers, whose context columns depend on their state only."
-    Z:torch.Tensor       # (..., D, s + m) the s state tokens (the keys), then m columns that are not keys
-    log_w:torch.Tensor   # (..., s) log weight of each state among the keys (log count, or log d_pi; -inf where absent)
-    succ:torch.Tensor    # (..., s, s + m) row y: the mean successor of state y's keys, as weights over the s + m columns
-    q:int                # the last q columns are the queries
-
-def state_tokens(tasks:TaskBatch,      # tasks with a leading seed axis: P (S, T, s, s), r (S, T, s), phi (S, T, s, d)
-                 task:torch.Tensor,    # (S, B) index of each prompt's task
-                 states:torch.Tensor,  # (S, B, n + 1) the contexts' states S_0..S_n
-                 queries:torch.Tensor, # (S, B, q) query states
-                )->StateTokens:        # columns: the s state tokens, the last state S_n, the q queries
-    "The prompts of contexts `states` with `queries`, as state tokens with the counts and successors of the contexts."
-    s, n, q = tasks.P.shape[-1], states.shape[-1] - 1, queries.shape[-1]
-    every = torch.arange(s, device=states.device).expand(*task.shape, s)
-    phi, r = task_features(tasks, task, torch.cat([every, states[..., -1:], queries], -1))
-    Z = torch.cat([phi.mT, r[..., None, :], torch.zeros_like(r)[..., None, :]], -2)
-    Z[..., -2, s:] = 0                                                       # no reward slot outside the context
-    keys, ones = states[..., :n], torch.ones_like(states[..., :n], dtype=torch.float64)
-    counts = torch.zeros(*task.shape, s, dtype=torch.float64, device=states.device).scatter_add_(-1, keys, ones)
-    after = torch.cat([states[..., 1:n], torch.full_like(states[..., :1], s)], -1)   # the column after each key: a state, or S_n (column s)
-    succ = torch.zeros(*task.shape, s * (s + 1 + q), dtype=torch.float64, device=states.device).scatter_add_(-1, keys * (s + 1 + q) + after, ones)
-    return StateTokens(Z, counts.log(), succ.reshape(*task.shape, s, s + 1 + q) / counts.clamp(min=1)[..., None], q)
-
-def _cast(x:StateTokens, dtype)->StateTokens:
-    return x if x.Z.dtype == dtype else StateTokens(x.Z.to(dtype), x.log_w.to(dtype), x.succ.to(dtype), x.q)
-
-def trajectory_tokens(phi_states,    # (..., n + 1, d) features of S_0..S_n
-                      rewards,       # (..., n) rewards, rewards[..., k-1] = R_k
-                      phi_queries,   # (..., q, d) query features
-                     )->StateTokens: # the prompt of `build_prompt` with the n context states as keys
-    "A prompt of continuous states as state tokens: every context state its own key (log weight 0), its successor the next column."
-    Z = build_prompt(phi_states, rewards, phi_queries)
-    n = Z.shape[-1] - 1 - phi_queries.shape[-2]
-    succ = torch.eye(n, Z.shape[-1], dtype=Z.dtype, device=Z.device).roll(1, -1)
-    return StateTokens(Z, Z.new_zeros(n), succ, phi_queries.shape[-2])
-
-# %% ../nbs/06_pretrain.ipynb #79b3eff1
-def _layer_params(params:dict, l:int)->tuple:
-    "Layer `l`'s (A, V_cur, V_tgt), each (S, D, D)."
-    Lp = params["A"].shape[1]
-    return tuple(params[k][:, l % Lp] for k in ("A", "V_cur", "V_tgt"))
-
-def seed_map(W:torch.Tensor,  # (S, D, E) one matrix per seed
-             Y:torch.Tensor,  # (S, ..., E, K) columns of every prompt of each seed
-            )->torch.Tensor:  # (S, ..., D, K): W[i] @ Y[i, ...]
-    "Apply each seed's matrix to every column of its prompts, as one matrix product per seed (not one per prompt)."
-    S, E, K = Y.shape[0], Y.shape[-2], Y.shape[-1]
-    out = W @ Y.movedim(-2, 1).reshape(S, E, -1)
-    return out.reshape(S, W.shape[-2], *Y.shape[1:-2], K).movedim(1, -2)
-
-def token_layer(Z, A, V_cur, V_tgt,       # (S, ..., D, s + m) tokens and one layer's parameters (S, D, D)
-                x:StateTokens,            # the weights and successors of the state tokens
-                columns=slice(None),      # the columns to update (default all)
-               )->tuple:                  # the updated `columns` and their attention over the s state keys
-    "One dual-head layer on state tokens: attention over the s states with bias log w, values $V^{cur} Z + V^{tgt}$ (mean successor)."
-    s = x.log_w.shape[-1]
-    keys, out = Z[..., :s], Z[..., columns]
-    X = seed_map(torch.cat([V_cur, V_tgt], -1), torch.cat([keys, Z @ x.succ.mT], -2))
-    att = torch.softmax(seed_map(A.mT, keys).mT @ out + x.log_w[..., None], dim=-2)
-    return out + X @ att, att
-
-def token_layers(params:dict, n_layers:int, x:StateTokens)->tuple:
-    "Z_0..Z_L of stacked parameters (S, L or 1, D, D) on state tokens (S, ...), and each layer's attention (S, ..., s, s + m)."
-    x = _cast(x, params["A"].dtype)
-    Zs, atts = [x.Z], []
-    for l in range(n_layers):
-        Z, att = token_layer(Zs[-1], *_layer_params(params, l), x)
-        Zs.append(Z); atts.append(att)
-    return Zs, atts
-
-def token_predict(params:dict, n_layers:int, x:StateTokens)->torch.Tensor:
-    "(S, ..., q) values at the queries of state tokens (S, ...); the last layer updates the query columns only."
-    x = _cast(x, params["A"].dtype)
-    Z = x.Z
-    for l in range(n_layers - 1): Z = token_layer(Z, *_layer_params(params, l), x)[0]
-    return token_layer(Z, *_layer_params(params, n_layers - 1), x, slice(-x.q, None))[0][..., -1, :]
-
-def model_params(model:SoftmaxICTD)->dict:
-    "A model's parameters stacked as the engine holds them, with a seed axis of one: (1, L or 1, D, D) each."
-    return {k: torch.stack([getattr(lay, k) for lay in model.layers])[None] for k in ("A", "V_cur", "V_tgt")}
-
-# %% ../nbs/06_pretrain.ipynb #3870f521
-def population_tokens(tasks:TaskBatch)->StateTokens:
-    "The limit n -> infinity of stationary contexts as state tokens: weights d_pi, successors P, every state a query."
-    phi = tasks.phi.to(torch.float64)
-    s = phi.shape[-2]
-    zero = phi.new_zeros(*phi.shape[:-2], 1, s)
-    Z = torch.cat([torch.cat([phi.mT, tasks.r[..., None, :], zero], -2), torch.cat([phi.mT, zero, zero], -2)], -1)
-    return StateTokens(Z, tasks.d_pi.log(), torch.cat([tasks.P, torch.zeros_like(tasks.P)], -1), s)
-
-def population_predict(model:SoftmaxICTD,  # any parameters
-                       tasks:TaskBatch,    # tasks (B of them)
-                      )->torch.Tensor:     # (B, s) prediction at every query state for an infinitely long stationary context
-    "The model's forward pass in the limit $n \\to \\infty$ of a stationary context: attention over state tokens weighted by $d_\\pi$."
-    d = tasks.phi.shape[-1]
-    if d != model.d: raise ValueError(f"`tasks` have d = {d} features but the model expects d = {model.d}")
-    one = TaskBatch(*(getattr(tasks, k)[None] for k in ("P", "r", "phi", "d_pi", "v_pi")), tasks.gamma)
-    return token_predict(model_params(model), model.n_layers, population_tokens(one))[0]
-
-def population_neu(model:SoftmaxICTD,  # any parameters
-                   tasks:TaskBatch,    # tasks to average over
-                  )->float:            # NEU(theta) at n = infinity, exact given the tasks
-    "NEU in the limit of infinitely long contexts: exact over queries and successors, averaged over `tasks`."
-    v = population_predict(model, tasks)
-    with torch.no_grad(): delta = tasks.r + tasks.gamma * (tasks.P @ v.unsqueeze(-1)).squeeze(-1) - v
-    grads = torch.autograd.grad((tasks.d_pi * delta * v).sum(-1).mean(), list(model.parameters()), allow_unused=True)
-    return sum(g.square().sum() for g in grads if g is not None).item()
-
 # %% ../nbs/06_pretrain.ipynb #32f01d4d
 DTYPES = dict(float64=torch.float64, float32=torch.float32)
 FEATURES = ("random", "unit", "onehot")
@@ -301,9 +121,6 @@ def _hash_files(files:tuple)->str:
 def source_hash()->str:
     "A short hash of the package's source (every `ictd/*.py` file, names and contents), read once per process: a changed code never loads an old result."
     return _hash_files(tuple(sorted(Path(ictd.__file__).parent.glob("*.py"))))
-
-def _choice(x, allowed:tuple, name:str):
-    if x not in allowed: raise ValueError(f"`{name}` must be one of {allowed}, got {x!r}")
 
 @dataclass(frozen=True)
 class PretrainConfig:
@@ -336,30 +153,18 @@ class PretrainConfig:
 
     def __post_init__(self):
         "Validate every field (a `ValueError` naming it) and store integer-valued numbers as `int`."
-        for name in ("n_states", "d", "n", "n_layers", "n_tasks", "batch_size", "eval_every", "eval_tasks"): self._int(name, 1)
-        self._int("n_steps", 0); self._int("seed", 0)
+        ints = {name: 1 for name in ("n_states", "d", "n", "n_layers", "n_tasks", "batch_size", "eval_every", "eval_tasks")} | dict(n_steps=0, seed=0)
+        for name, low in ints.items(): object.__setattr__(self, name, check_int(getattr(self, name), name, low))
         if self.n_states < 2: raise ValueError(f"`n_states` must be an integer >= 2, got {self.n_states}")
-        _choice(self.features, FEATURES, "features"); _choice(self.dtype, tuple(DTYPES), "dtype")
-        _choice(self.objective, OBJECTIVES, "objective"); _choice(self.init, INITS, "init")
+        for name, allowed in dict(features=FEATURES, dtype=tuple(DTYPES), objective=OBJECTIVES, init=INITS).items(): check_choice(getattr(self, name), allowed, name)
         for name in ("shared", "record_params"):
             if not isinstance(getattr(self, name), bool): raise ValueError(f"`{name}` must be a bool, got {getattr(self, name)!r}")
         for name in ("attention", "protocol"):
             if not isinstance(getattr(self, name), str) or not getattr(self, name): raise ValueError(f"`{name}` must be a registered name (a non-empty str), got {getattr(self, name)!r}")
         check_gamma(self.gamma)
         for name, low, strict in (("lr", 0, True), ("init_gain", 0, True), ("weight_decay", 0, False), ("init_scale", 0, False),
-                                  ("init_beta", -math.inf, False), ("init_alpha", -math.inf, False)): self._float(name, low, strict)
-
-    def _int(self, name:str, low:int):
-        x = getattr(self, name)
-        if isinstance(x, bool) or not isinstance(x, (int, float, np.integer, np.floating)) or not math.isfinite(x) or int(x) != x or x < low:
-            raise ValueError(f"`{name}` must be an integer >= {low}, got {x!r}")
-        object.__setattr__(self, name, int(x))
-
-    def _float(self, name:str, low:float, strict:bool):
-        x = getattr(self, name)
-        if isinstance(x, bool) or not isinstance(x, (int, float, np.integer, np.floating)) or not math.isfinite(x) or x < low or (strict and x == low):
-            raise ValueError(f"`{name}` must be a finite number {'>' if strict else '>='} {low}, got {x!r}")
-        object.__setattr__(self, name, float(x))
+                                  ("init_beta", -math.inf, False), ("init_alpha", -math.inf, False)):
+            object.__setattr__(self, name, check_number(getattr(self, name), name, low, strict))
 
     @property
     def feature_dim(self)->int:
@@ -419,38 +224,13 @@ def evaluate(model:SoftmaxICTD,  # the model
     Z = build_prompt(phi[rows, eval_states], eval_tasks.r[rows, eval_states[:, :-1]], phi)
     with torch.no_grad():
         v = model.predict(Z, n=n)
-        msve = ((v - eval_tasks.v_pi).square() * eval_tasks.d_pi).sum(-1).mean()
+        msve = weighted_error(v, eval_tasks.v_pi, eval_tasks.d_pi).mean()
         diag = kernel_diagonality_per_layer(model, Z, eval_states, n)
     return dict(msve=msve.reshape(1), neu=torch.tensor([neu(model, eval_tasks, n, n_batches=4, batch_size=64, seed=neu_seed)], dtype=torch.float64),
                 neu_population=torch.tensor([population_neu(model, eval_tasks)], dtype=torch.float64),
                 diagonality=diag, value_weights=model.value_weights(), cosine=block_cosines(model, config.gamma))
 
-# %% ../nbs/06_pretrain.ipynb #9dec142a
-def task_pool(config:PretrainConfig,  # the task settings (n_states, d, features, gamma)
-              n_tasks:int,            # number of tasks T
-              seed:int,               # task b draws from `numpy.random.default_rng(seed + b)`
-             )->TaskBatch:            # P (T, s, s), r (T, s), phi (T, s, d), d_pi, v_pi
-    "`random_tasks(n_tasks, seed, ...)` for the configuration's tasks, vectorised: one draw per task, batched solves."
-    s, d, g, T = config.n_states, config.d, config.gamma, int(n_tasks)
-    k = d * (config.features != "onehot")
-    u = np.stack([np.random.default_rng(seed + b).random(2 * s - 2 + s * k + s) for b in range(T)])
-    p, last = 0.01 + (0.99 - 0.01) * u[:, :s - 2], 0.01 + (0.99 - 0.01) * u[:, s - 2:2 * s - 2]   # as `boyan_transitions`
-    P = np.zeros((T, s, s))
-    P[:, np.arange(s - 2), np.arange(1, s - 1)], P[:, np.arange(s - 2), np.arange(2, s)] = p, 1 - p
-    P[:, s - 2, s - 1] = 1.
-    P[:, s - 1] = last / last.sum(1, keepdims=True)
-    phi = -1 + (1 - -1) * u[:, 2 * s - 2:2 * s - 2 + s * k].reshape(T, s, k) if k else np.broadcast_to(np.eye(s), (T, s, s)).copy()
-    if config.features == "unit": phi /= np.linalg.norm(phi, axis=-1, keepdims=True)
-    P, phi, r = (torch.from_numpy(x) for x in (P, phi, -1 + (1 - -1) * u[:, -s:]))
-    I = torch.eye(s, dtype=torch.float64)
-    A = torch.cat([P.mT - I, torch.ones(T, 1, s, dtype=torch.float64)], 1)
-    e = torch.zeros(T, s + 1, 1, dtype=torch.float64); e[:, -1] = 1
-    d_pi = torch.linalg.lstsq(A, e, driver="gelsd").solution.squeeze(-1).clamp(min=0)
-    return TaskBatch(P, r, phi, d_pi / d_pi.sum(-1, keepdim=True), torch.linalg.solve(I - g * P, r), g)
-
-def _to(tasks:TaskBatch, device)->TaskBatch:
-    return TaskBatch(*(getattr(tasks, k).to(device) for k in ("P", "r", "phi", "d_pi", "v_pi")), tasks.gamma)
-
+# %% ../nbs/06_pretrain.ipynb #0d65e59d
 def stationary_sampler(config:PretrainConfig, pool:TaskBatch, gens:list, step:int, state:dict)->TDExamples:
     "The stationary protocol: seed i's examples are those of `td_batch(pool[i], batch_size, n, gens[i])`, drawn for all seeds at once."
     u = torch.stack([torch.rand(config.batch_size, config.n + 4, generator=g, dtype=torch.float64) for g in gens])
@@ -459,7 +239,7 @@ def stationary_sampler(config:PretrainConfig, pool:TaskBatch, gens:list, step:in
 
 def stationary_pools(config:PretrainConfig, seeds:list, device=None)->TaskBatch:
     "The training pools of the stationary protocol, stacked over seeds: seed s's pool is `task_pool(config, n_tasks, s * 1_000_003)`."
-    return _to(stack_pools([task_pool(config, config.n_tasks, s * 1_000_003) for s in seeds]), device)
+    return TaskBatch.stack([task_pool(config, config.n_tasks, s * 1_000_003) for s in seeds], device)
 
 # %% ../nbs/06_pretrain.ipynb #261ef323
 @dataclass(frozen=True)
@@ -577,7 +357,7 @@ def task_eval_set(config:PretrainConfig, tasks:TaskBatch, states:torch.Tensor)->
 def stationary_eval_set(config:PretrainConfig, seeds:list, device=None)->EvalSet:
     "The stationary protocol's evaluation set: every seed's `held_out_tasks`, stacked."
     held = [held_out_tasks(dataclasses.replace(config, seed=s)) for s in seeds]
-    return task_eval_set(config, _to(stack_pools([t for t, _ in held]), device), torch.stack([s for _, s in held]).to(device))
+    return task_eval_set(config, TaskBatch.stack([t for t, _ in held], device), torch.stack([s for _, s in held]).to(device))
 
 def eval_set(config:PretrainConfig, seeds:list, device=None)->EvalSet:
     "The evaluation set of `config.protocol` for `seeds`."
@@ -600,14 +380,14 @@ def mc_horizon(gamma:float, tol:float=1e-6)->int:
 
 def stationary_draws(tasks:TaskBatch, task:torch.Tensor, u:torch.Tensor)->torch.Tensor:
     "(S, B) states drawn from d_pi of the tasks `task` (S, B) of every seed, one per uniform of `u` (S, B)."
-    return _draw_cdf(_rows(tasks.d_pi[..., None, :], task, torch.zeros_like(task)).cumsum(-1), u)
+    return draw_cdf(gather_rows(tasks.d_pi[..., None, :], task, torch.zeros_like(task)).cumsum(-1), u)
 
 def rollout_returns(tasks:TaskBatch, task:torch.Tensor, start:torch.Tensor, u:torch.Tensor)->torch.Tensor:
     "(S, B) sampled returns sum_{t<H} gamma^t r(S_t) of chains started at `start` (S, B), with H - 1 = u.shape[-1] uniforms (S, B, H - 1)."
     s = tasks.P.shape[-1]
-    cum = _rows(tasks.P, task, torch.arange(s, device=u.device).expand(*task.shape, s)).cumsum(-1)   # (S, B, s, s) each example's task
+    cum = gather_rows(tasks.P, task, torch.arange(s, device=u.device).expand(*task.shape, s)).cumsum(-1)   # (S, B, s, s) each example's task
     states, u = [start], u.movedim(-1, 0).contiguous()
-    for u_t in u: states.append(_draw_cdf(cum.gather(-2, states[-1][..., None, None].expand(*task.shape, 1, s))[..., 0, :], u_t))
+    for u_t in u: states.append(draw_cdf(cum.gather(-2, states[-1][..., None, None].expand(*task.shape, 1, s))[..., 0, :], u_t))
     r = task_features(tasks, task, torch.stack(states, -1))[1]
     return (r * tasks.gamma ** torch.arange(len(states), dtype=torch.float64, device=u.device)).sum(-1)
 
@@ -623,7 +403,7 @@ def objective_values(config:PretrainConfig, params:dict, b:TDExamples, gens:list
         return td_values(config, params, dataclasses.replace(b, x=dataclasses.replace(x, queries=torch.stack([query, stationary_draws(x.tasks, x.task, uniforms())], -1))))
     family = get_family(config.attention)
     v = family.predict(config, params, family.prompt(config, dataclasses.replace(x, queries=x.queries[..., :1])), config.n)[..., 0]
-    if config.objective == "supervised": return v, _rows(x.tasks.v_pi, x.task, query).to(v.dtype)
+    if config.objective == "supervised": return v, gather_rows(x.tasks.v_pi, x.task, query).to(v.dtype)
     return v, rollout_returns(x.tasks, x.task, query, uniforms(mc_horizon(config.gamma) - 1)).to(v.dtype)
 
 # %% ../nbs/06_pretrain.ipynb #349eafcd
@@ -644,7 +424,7 @@ def evaluate_many(config:PretrainConfig, params:dict, ev:EvalSet)->dict:
     family = get_family(config.attention)
     p64 = {k: v.detach().double() for k, v in params.items()}
     with torch.no_grad(): v = family.predict(config, p64, ev.x, config.n)
-    out = dict(msve=((v - ev.v_pi).square() * ev.weights).sum(-1).mean(-1, keepdim=True))
+    out = dict(msve=weighted_error(v, ev.v_pi, ev.weights).mean(-1, keepdim=True))
     if ev.tasks is not None: out["neu"] = sampled_neu(config, p64, ev)[:, None]
     if family.metrics: out.update(family.metrics(config, p64, ev))
     return out
@@ -673,8 +453,7 @@ def _load(path:Path, expect:dict):
 def _result(config:PretrainConfig, params:dict, history:dict, held_out:TaskBatch)->PretrainResult:
     return PretrainResult(config, get_family(config.attention).module(config, params), history, held_out, params)
 
-def _seed_slice(tasks:TaskBatch, i:int)->TaskBatch:
-    return TaskBatch(*(getattr(tasks, k)[i].cpu() for k in ("P", "r", "phi", "d_pi", "v_pi")), tasks.gamma)
+def _seed_slice(tasks:TaskBatch, i:int)->TaskBatch: return tasks.map(lambda x: x[i].cpu())
 
 def _held_out(config:PretrainConfig)->TaskBatch:
     "The held-out tasks of one run (None where the protocol's states are continuous)."
@@ -683,10 +462,6 @@ def _held_out(config:PretrainConfig)->TaskBatch:
 
 # %% ../nbs/06_pretrain.ipynb #8b24ef52
 INIT_STREAM, OBJECTIVE_STREAM = 1, 2   # sub-streams of a run's seed (stream 0 is the data's own generator)
-
-def substream(seed:int, stream:int)->int:
-    "A 64-bit seed for sub-stream `stream` of `seed`: child `stream` of `numpy.random.SeedSequence(seed).spawn`."
-    return int(np.random.SeedSequence(int(seed), spawn_key=(int(stream),)).generate_state(1, np.uint64)[0])
 
 def perturb(params:dict, scale:float, seeds:list)->dict:
     "Stacked parameters (S, ...) plus `scale` times standard Gaussian noise drawn from each seed's `INIT_STREAM` (unchanged for scale 0)."
@@ -700,21 +475,15 @@ DIVERGED = 1e8   # a loss or parameter entry above this in absolute value (or no
 class DivergenceError(RuntimeError):
     "A training run whose loss or parameters became non-finite or exploded."
 
-def check_divergence(config:PretrainConfig, seeds:list, step:int, loss:torch.Tensor, params:dict, checkpoint=None):
-    "Raise `DivergenceError` naming the seeds, the step and the learning rate if a seed's loss (S,) or parameters (S, ...) are not finite or exceed `DIVERGED`."
+def check_divergence(config:PretrainConfig, seeds:list, step:int, loss:torch.Tensor, params:dict=None, checkpoint=None):
+    "Raise `DivergenceError` naming the seeds, the step and the learning rate if a seed's loss (S,) or parameters (S, ...; if given) are not finite or exceed `DIVERGED`."
     with torch.no_grad():
-        size = torch.stack([loss.detach().abs()] + [p.detach().abs().flatten(1).max(-1).values for p in params.values()]).max(0).values
+        size = torch.stack([loss.detach().abs()] + [p.detach().abs().flatten(1).max(-1).values for p in (params or {}).values()]).max(0).values
         bad = (~torch.isfinite(size) | (size > DIVERGED)).nonzero().flatten().tolist()
     if bad:
         kept = f"; the last checkpoint before it is kept at {checkpoint}" if checkpoint is not None and Path(checkpoint).exists() else ""
         raise DivergenceError(f"training diverged at step {step} with lr = {config.lr:g}: seed(s) {[seeds[i] for i in bad]} reached a loss or "
                               f"parameter of size {size[bad[0]].item():.3g} (limit {DIVERGED:g}){kept}")
-
-def _check_seeds(seeds)->list:
-    seeds = [seeds] if isinstance(seeds, int) else list(seeds)
-    if not seeds or any(int(s) != s or s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
-        raise ValueError(f"`seeds` must be a non-empty list of distinct non-negative integers, got {seeds}")
-    return [int(s) for s in seeds]
 
 def pretrain_many(config:PretrainConfig,     # every setting but the seed
                   seeds,                     # the seeds, one run each (distinct non-negative integers)
@@ -726,7 +495,7 @@ def pretrain_many(config:PretrainConfig,     # every setting but the seed
                   callback=None,             # called as `callback(step)` after each optimiser step
                  )->list:                    # one PretrainResult per seed, in the order of `seeds`
     "Pretrain one model per seed, all seeds in one batched forward and backward pass; run i equals `pretrain` with seed `seeds[i]`."
-    seeds = _check_seeds(seeds)
+    seeds = check_seeds(seeds)
     if checkpoint_every is not None and (int(checkpoint_every) != checkpoint_every or checkpoint_every < 1):
         raise ValueError(f"`checkpoint_every` must be a positive integer or None, got {checkpoint_every}")
     if checkpoint_every and cache_dir is None: raise ValueError("`checkpoint_every` needs a `cache_dir` to write checkpoints to")
@@ -738,51 +507,68 @@ def pretrain_many(config:PretrainConfig,     # every setting but the seed
         saved = None if folder is None or force else _load(folder / f"seed-{s}.pt", dict(version=ictd.__version__, source=source_hash(), config=asdict(c)))
         if saved is not None: done[s] = _result(c, saved["params"], saved["history"], _held_out(c))
     todo = [s for s in seeds if s not in done]
-    if todo: done.update(zip(todo, _train(config, todo, progress, folder, device, checkpoint_every, force, callback)))
+    if todo: done.update(zip(todo, train_loop(config, todo, progress, folder, device, checkpoint_every, force, callback)))
     return [done[s] for s in seeds]
 
-def _train(config, seeds, progress, folder, device, checkpoint_every, force, callback)->list:
-    "The batched training loop of `pretrain_many` for `seeds`, resumed from a checkpoint in `folder` if there is one."
+def _restore(saved:dict, params:dict, opt, gens:list)->dict:
+    "Load a checkpoint's parameters, optimiser state and generator states in place; its run record (step, history, losses, protocol state)."
+    with torch.no_grad():
+        for k, v in params.items(): v.copy_(saved["params"][k])
+    opt.load_state_dict(saved["optimizer"])
+    for g, st in zip(gens, saved["generators"]): g.set_state(st)
+    return {k: saved[k] for k in ("step", "history", "losses", "protocol")}
+
+def _record(config:PretrainConfig, run:dict, params:dict, ev:EvalSet, step:int):
+    "Append the evaluation at `step` to the run's history: the step, the mean training loss since the last one, every metric (and the parameters if asked)."
+    S = next(iter(params.values())).shape[0]
+    loss = torch.stack(run["losses"]).mean(0).double().cpu() if run["losses"] else torch.full((S,), math.nan, dtype=torch.float64)
+    metrics = dict(step=torch.full((S, 1), step), loss=loss[:, None],
+                   **{k: v.detach().cpu().clone() for k, v in evaluate_many(config, params, ev).items()},   # a copy: a metric may view a parameter
+                   **({f"param.{k}": v.detach().double().cpu().clone() for k, v in params.items()} if config.record_params else {}))
+    for k, v in metrics.items(): run["history"].setdefault(k, []).append(v)
+    run["losses"] = []
+
+def train_loop(config:PretrainConfig,     # every setting but the seed
+               seeds:list,                # the seeds trained together
+               progress:bool=False,       # show a progress bar
+               folder:Path=None,          # the configuration's folder for checkpoints and results (`run_folder`); None: none
+               device=None,               # torch device; default CUDA when available, else CPU
+               checkpoint_every:int=None, # steps between checkpoints (needs `folder`)
+               force:bool=False,          # ignore a checkpoint in `folder`
+               callback=None,             # called as `callback(step)` after each optimiser step
+              )->list:                    # one PretrainResult per seed
+    "The engine: train one model per seed, all seeds in one batched pass per step, resumed from a checkpoint in `folder` if there is one."
     device = torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
-    family, protocol, dtype = get_family(config.attention), get_protocol(config.protocol), DTYPES[config.dtype]
-    data = protocol.data(config, seeds, device) if protocol.data is not None else None
-    ev = protocol.eval_set(config, seeds, device)
-    params = {k: v.to(device).requires_grad_() for k, v in perturb(family.init(config, seeds, dtype), config.init_scale, seeds).items()}
+    family, protocol = get_family(config.attention), get_protocol(config.protocol)
+    data = protocol.data(config, seeds, device) if protocol.data is not None else None    # what the protocol draws from
+    ev = protocol.eval_set(config, seeds, device)                                          # the held-out prompts
+    init = perturb(family.init(config, seeds, DTYPES[config.dtype]), config.init_scale, seeds)
+    params = {k: v.to(device).requires_grad_() for k, v in init.items()}                   # (S, ...) each
     opt = torch.optim.Adam(params.values(), lr=config.lr, weight_decay=config.weight_decay)
-    gens = [torch.Generator().manual_seed(s) for s in seeds]
+    gens = [torch.Generator().manual_seed(s) for s in seeds]                               # each seed's data stream
     target_gens = [torch.Generator().manual_seed(substream(s, OBJECTIVE_STREAM)) for s in seeds]
     run = dict(step=0, history={}, losses=[], protocol={})
     expect = dict(version=ictd.__version__, source=source_hash(), config=asdict(config), seeds=seeds)
     checkpoint = folder / f"checkpoint-{hashlib.sha1(json.dumps(seeds).encode()).hexdigest()[:8]}.pt" if folder is not None else None
     saved = None if checkpoint is None or force else _load(checkpoint, expect)
-    if saved is not None:
-        with torch.no_grad():
-            for k, v in params.items(): v.copy_(saved["params"][k])
-        opt.load_state_dict(saved["optimizer"])
-        for g, st in zip(gens + target_gens, saved["generators"]): g.set_state(st)
-        run = {k: saved[k] for k in run}
-    bar = tqdm(total=config.n_steps, initial=run["step"], disable=not progress, desc=f"pretrain {config.key()}, {len(seeds)} seeds")
-    for step in range(run["step"], config.n_steps + 1):
+    if saved is not None: run = _restore(saved, params, opt, gens + target_gens)
+    kept = checkpoint if checkpoint_every else None
+    for step in tqdm(range(run["step"], config.n_steps + 1), initial=run["step"], total=config.n_steps + 1, disable=not progress, desc=f"pretrain {config.key()}, {len(seeds)} seeds"):
         if checkpoint_every and step % checkpoint_every == 0 and step > run["step"]:
             torch.save(dict(expect, params={k: v.detach() for k, v in params.items()}, optimizer=opt.state_dict(),
                             generators=[g.get_state() for g in gens + target_gens], **dict(run, step=step)), checkpoint)
         if step % config.eval_every == 0:
-            loss = torch.stack(run["losses"]).mean(0) if run["losses"] else torch.full((len(seeds),), math.nan, dtype=torch.float64, device=device)
-            metrics = dict(step=torch.full((len(seeds), 1), step), loss=loss.double().cpu()[:, None],
-                           **{k: v.detach().cpu().clone() for k, v in evaluate_many(config, params, ev).items()},   # a copy: a metric may view a parameter
-                           **({f"param.{k}": v.detach().double().cpu().clone() for k, v in params.items()} if config.record_params else {}))
-            for k, v in metrics.items(): run["history"].setdefault(k, []).append(v)
-            run["losses"] = []
+            check_divergence(config, seeds, step, torch.zeros(len(seeds), device=device), params, kept)   # the parameters, at each evaluation
+            _record(config, run, params, ev, step)
         if step == config.n_steps: break
-        v, target = objective_values(config, params, protocol.sample(config, data, gens, step, run["protocol"]), target_gens)
-        loss = protocol.loss_scale * (target - v).square().mean(-1)
-        check_divergence(config, seeds, step, loss, params, checkpoint if checkpoint_every else None)
-        opt.zero_grad(); loss.sum().backward(); opt.step()
+        batch = protocol.sample(config, data, gens, step, run["protocol"])                # TD examples of every seed
+        v, target = objective_values(config, params, batch, target_gens)                  # (S, B) each; the target detached
+        loss = protocol.loss_scale * (target - v).square().mean(-1)                        # (S,): one loss per seed
+        check_divergence(config, seeds, step, loss, checkpoint=kept)                      # the loss, at every step
+        opt.zero_grad(); loss.sum().backward(); opt.step()                                 # seeds do not interact: Adam is entry-wise
         run["losses"].append(loss.detach())
-        bar.update()
         if callback is not None: callback(step + 1)
-    bar.close()
-    check_divergence(config, seeds, config.n_steps, torch.zeros(len(seeds), device=device), params, checkpoint if checkpoint_every else None)
+    check_divergence(config, seeds, config.n_steps, torch.zeros(len(seeds), device=device), params, kept)
     history = {k: torch.stack(v, 1) for k, v in run["history"].items()}          # (S, evaluations, ...)
     results = []
     for i, s in enumerate(seeds):

@@ -13,7 +13,7 @@ from reference import one_seed_pretrain
 TINY = PretrainConfig(n_tasks=64, eval_tasks=8, n_steps=12, eval_every=6, lr=1e-2)
 
 def pool_and_batch(config, seeds=(4, 5)):
-    "Each seed's training pool (stacked) and one stationary batch of it."
+    "Each seed's training pool (stacked) and one stationary batch of it (its contexts)."
     pool = pt.stack_pools([pt.task_pool(config, config.n_tasks, 1000 + s) for s in seeds])
     gens = [torch.Generator().manual_seed(s) for s in seeds]
     return pool, pt.stationary_sampler(config, pool, gens, 0, {})
@@ -33,10 +33,11 @@ def test_supervised_targets_are_true_values():
     config = dataclasses.replace(TINY, objective='supervised', batch_size=32)
     pool, b = pool_and_batch(config)
     params = {k: v.requires_grad_() for k, v in pt.softmax_init(config, [4, 5], torch.float64).items()}
-    v, target = pt.objective_values(config, params, pool, b, [torch.Generator().manual_seed(0)] * 2)
-    P, r = pool.P[torch.arange(2)[:, None], b.task], pool.r[torch.arange(2)[:, None], b.task]     # (S, B, s, s), (S, B, s)
+    v, target = pt.objective_values(config, params, b, [torch.Generator().manual_seed(0)] * 2)
+    task, query = b.x.task, b.x.queries[..., 0]
+    P, r = pool.P[torch.arange(2)[:, None], task], pool.r[torch.arange(2)[:, None], task]     # (S, B, s, s), (S, B, s)
     v_pi = torch.linalg.solve(torch.eye(10, dtype=torch.float64) - config.gamma * P, r)
-    assert torch.allclose(target, v_pi.gather(-1, b.query[..., None])[..., 0], atol=1e-12, rtol=0)
+    assert torch.allclose(target, v_pi.gather(-1, query[..., None])[..., 0], atol=1e-12, rtol=0)
     assert v.shape == target.shape == (2, 32) and v.requires_grad and not target.requires_grad
 
 def joint_counts(query, successor, s=10):
@@ -49,18 +50,19 @@ def test_td_independent_successors_ignore_the_query(monkeypatch):
     config = dataclasses.replace(TINY, objective='td-independent', n_tasks=1, batch_size=20_000, n=2)
     pool, b = pool_and_batch(config, seeds=(3,))
     seen = []
-    monkeypatch.setattr(pt, 'td_values', lambda config, params, tasks, b: seen.append(b) or (None, None))
-    pt.objective_values(config, None, pool, b, [torch.Generator().manual_seed(1)])
-    ind = seen[0]
-    assert torch.equal(ind.query, b.query) and torch.equal(ind.states, b.states) and not torch.equal(ind.successor, b.successor)
+    monkeypatch.setattr(pt, 'td_values', lambda config, params, b: seen.append(b) or (None, None))
+    pt.objective_values(config, None, b, [torch.Generator().manual_seed(1)])
+    ind, b = seen[0].x, b.x
+    assert torch.equal(ind.queries[..., 0], b.queries[..., 0]) and torch.equal(ind.states, b.states) and not torch.equal(ind.queries[..., 1], b.queries[..., 1])
     def dependence(q, s1):
         "Largest gap between the joint frequencies and the product of the marginals."
         J = joint_counts(q, s1) / q.numel()
         return (J - J.sum(1, keepdim=True) * J.sum(0, keepdim=True)).abs().max().item()
-    assert dependence(ind.query, ind.successor) < 0.005 < 0.05 < dependence(b.query, b.successor)
-    freq = torch.bincount(ind.successor.flatten(), minlength=10) / ind.successor.numel()
+    (q, s1), (q0, s0) = ind.queries.unbind(-1), b.queries.unbind(-1)
+    assert dependence(q, s1) < 0.005 < 0.05 < dependence(q0, s0)
+    freq = torch.bincount(s1.flatten(), minlength=10) / s1.numel()
     assert (freq - pool.d_pi[0, 0]).abs().max() < 0.015                 # marginal: d_pi (standard error < 0.004)
-    assert (pool.P[0, 0][ind.query, ind.successor] == 0).double().mean() > 0.3   # many transitions the chain cannot make
+    assert (pool.P[0, 0][q, s1] == 0).double().mean() > 0.3               # many transitions the chain cannot make
 
 @pytest.mark.unit
 def test_mc_returns_are_unbiased_for_v_pi():

@@ -20,8 +20,8 @@ def test_changed_source_recomputes(tmp_path):
         from ictd.pretrain import PretrainConfig
         assert ictd.__file__.startswith({str(tmp_path)!r})
         trained = []
-        train = pt._train
-        pt._train = lambda *a, **k: trained.append(1) or train(*a, **k)
+        train = pt.train_loop
+        pt.train_loop = lambda *a, **k: trained.append(1) or train(*a, **k)
         config = {TINY!r}
         pt.pretrain_many(config, [0], progress=False, cache_dir={str(tmp_path / 'cache')!r})
         print(len(trained), config.key())

@@ -156,3 +156,23 @@ two = TaskBatch.stack([random_tasks(3, seed=0), random_tasks(3, seed=5)])
 test_eq(two.P.shape, (2, 3, 10, 10))
 test_eq(two.map(lambda x: x[1]).r, random_tasks(3, seed=5).r)
 test_fail(lambda: TaskBatch.stack([random_tasks(1, gamma=0.5), random_tasks(1)]), contains="one discount")
+
+
+# %% [markdown]
+# ## Results as JSON
+#
+# Summaries are written as JSON, readable by anything: tensors and numpy arrays become nested lists.
+
+# %%
+#| export
+def jsonable(x):
+    "`x` with tensors and numpy arrays turned into (nested) lists and numpy scalars into numbers, for `json.dump`."
+    if isinstance(x, (torch.Tensor, np.ndarray)): return x.tolist()
+    if isinstance(x, np.generic): return x.item()
+    if isinstance(x, dict): return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)): return [jsonable(v) for v in x]
+    return x
+
+
+# %%
+test_eq(jsonable(dict(a=torch.ones(2), b=(np.float64(0.5), np.arange(2)), c="x")), dict(a=[1., 1.], b=[0.5, [0, 1]], c="x"))

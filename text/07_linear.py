@@ -16,9 +16,11 @@ from ictd.model import token_rows, torch_generator, xavier_param
 from ictd.tasks import TaskBatch, random_tasks, sample_trajectories
 from ictd.model import SoftmaxICTD
 from ictd.prompt import build_prompt
-from ictd.pretrain import (EMERGENCE, Contexts, EvalSet, Family, PretrainConfig, Protocol, TDExamples, held_out_tasks, pretrain_many, register_family,
-                           register_protocol, stack_pools, stack_results, task_eval_set, task_features, task_pool)
+from ictd.tasks import Contexts, TDExamples, task_features, task_pool
+from ictd.pretrain import (EMERGENCE, EvalSet, Family, PretrainConfig, Protocol, held_out_tasks, pretrain_many, register_family, register_protocol,
+                           stack_pools, stack_results, task_eval_set)
 from ictd.wstd import batch_linear_td, context_tensors, weighted_softmax_td
+from ictd.core import jsonable
 
 # %%
 #| hide
@@ -802,7 +804,6 @@ for r in runs:
 test_eq(sorted(runs[0].history), sorted(["step", "loss", "msve", "neu", "iws", "vd", "ss", "P_last", "trQ11", "trQ12"]))
 assert not torch.equal(runs[0].model.layers[0].P, LinearICTD(4, 3, seed=3).layers[0].P)
 
-
 # %% [markdown]
 # The predecessor's **sliding protocol** is a protocol of the engine. Its tasks come in order: each
 # seed's task $k$ is task $k$ of its pool (`task_pool(config, ., seed * 1_000_003 + k)`), drawn
@@ -854,7 +855,6 @@ def sliding_eval_set(config:PretrainConfig, seeds:list, device=None)->EvalSet:
 
 register_protocol("sliding", Protocol(sample=sliding_sample, eval_set=sliding_eval_set, loss_scale=1.,
                                       data=lambda config, seeds, device: dict(seeds=seeds, device=device, per_task=_per_task(config))))
-
 
 # %%
 small_sliding = dataclasses.replace(ICLR_LINEAR, n_tasks=30, n_steps=60, eval_every=20, eval_tasks=4)
@@ -1021,11 +1021,6 @@ assert counts["tr Q11 < 0 < tr Q12"] >= 9, counts
 
 # %%
 #| export
-def _jsonable(x):
-    if isinstance(x, torch.Tensor): return x.tolist()
-    if isinstance(x, dict): return {k: _jsonable(v) for k, v in x.items()}
-    return x
-
 def reproduce_iclr(config:PretrainConfig=ICLR_LINEAR,  # the protocol
                    seeds=range(30),     # one run per seed
                    out=None,            # path of the JSON summary to write, or None
@@ -1043,7 +1038,7 @@ def reproduce_iclr(config:PretrainConfig=ICLR_LINEAR,  # the protocol
                        se={k: v.std(0) / S ** 0.5 for k, v in h.items() if k not in ("tasks", "step")},
                        final={k: v[:, -1] for k, v in h.items() if k not in ("tasks", "step")}, P_mean=P.mean(0), Q_mean=Q.mean(0))
         Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(_jsonable(summary)))
+        Path(out).write_text(json.dumps(jsonable(summary)))
     return results
 
 

@@ -13,8 +13,9 @@ from ictd.boyan import as_tensor, check_gamma, weighted_error
 from ictd.wstd import batch_linear_td, weighted_softmax_td
 from ictd.prompt import build_prompt
 import dataclasses
-from ictd.pretrain import (PROTOCOLS, Contexts, EvalSet, PretrainConfig, Protocol, TDExamples, get_family, get_protocol, pretrain_many, register_protocol,
-                           stack_results, token_predict, trajectory_tokens)
+from ictd.tasks import Contexts, TDExamples
+from ictd.model import token_predict, trajectory_tokens
+from ictd.pretrain import PROTOCOLS, EvalSet, PretrainConfig, Protocol, get_family, get_protocol, pretrain_many, register_protocol, stack_results
 
 # %%
 #| hide

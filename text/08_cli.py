@@ -17,6 +17,7 @@ from ictd.continuous import run_continuous as continuous_experiments
 from ictd.linear import (ICLR_LINEAR, plot_linear_pretraining, plot_side_by_side, plot_tuned_side_by_side, reproduce_iclr,
                          side_by_side, tuned_side_by_side)
 from ictd.emergence import emergence_report
+from ictd.core import jsonable
 from ictd.pretrain import DTYPES, FAMILIES, INITS, OBJECTIVES, PROTOCOLS, PretrainConfig, plot_emergence, pretrain_many, run_folder
 
 # %%
@@ -223,20 +224,12 @@ print(pre_help)
 
 # %%
 #| export
-def _jsonable(x):
-    "`x` with tensors and numpy arrays turned into (nested) lists, for `json.dump`."
-    if isinstance(x, (torch.Tensor, np.ndarray)): return x.tolist()
-    if isinstance(x, (np.generic,)): return x.item()
-    if isinstance(x, dict): return {str(k): _jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)): return [_jsonable(v) for v in x]
-    return x
-
 def _save(obj, path:Path)->Path:
     "Save a figure (PNG), a dict as JSON (`.json`) or with `torch.save` (`.pt`); print and return the path."
     import matplotlib.pyplot as plt
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.suffix == ".png": obj.savefig(path, dpi=120, bbox_inches="tight"); plt.close(obj)
-    elif path.suffix == ".json": path.write_text(json.dumps(_jsonable(obj), indent=1))
+    elif path.suffix == ".json": path.write_text(json.dumps(jsonable(obj), indent=1))
     else: torch.save(obj, path)
     print(f"wrote {path}", flush=True)
     return path
