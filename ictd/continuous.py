@@ -224,6 +224,7 @@ NoisyRotation.score_matrix, GaussianAR1.score_matrix = _rotation_score, _ar1_sco
 def kernel_td(process,              # a process of this chapter
               states,               # (..., n + 1) states S_0..S_n
               rewards,              # (..., n) rewards, rewards[..., k-1] = R_k
+              *,                    # the rest by keyword: beta and alpha are two floats easily swapped
               beta:float,           # kernel scale: W = process.score_matrix(beta)
               alpha:float,          # step size
               n_layers:int,         # depth L (number of TD iterations)
@@ -301,14 +302,14 @@ def error_sweep(process,              # a process of this chapter
         S, R = sample_contexts(process, n, n_tasks, seed)
         S, R = S.to(dtype), R.to(dtype)
         for j, b in enumerate(betas):
-            v = kernel_td(process, S, R, b, alpha, n_layers, x.to(dtype), return_all=True)
+            v = kernel_td(process, S, R, beta=b, alpha=alpha, n_layers=n_layers, queries=x.to(dtype), return_all=True)
             out[i, j] = process.msve(v.double())
             bar.update()
     bar.close()
     return out
 
 # %% ../nbs/07a_continuous.ipynb #32be466e
-def population_msve(process, beta:float, alpha:float, n_layers:int, m:int=512)->torch.Tensor:
+def population_msve(process, *, beta:float, alpha:float, n_layers:int, m:int=512)->torch.Tensor:
     "(L + 1,) MSVE of the population recursion at depths 0..L."
     return process.msve(process.population_values(beta, alpha, n_layers, process.grid(m)[0]))
 
@@ -422,7 +423,7 @@ def compare_methods(process,           # a process of this chapter
     tune, test = sample_contexts(process, n, n_tune, 300 + seed), sample_contexts(process, n, n_eval, 400 + seed)
     def linear(feat):
         return lambda S, R, a: batch_linear_td(feat(S), R, a, g, n_layers, phi_queries=feat(x).expand(S.shape[:-1] + (m, -1)))[..., n + 1:]
-    methods = [("kernel TD (softmax Transformer)", process.d, lambda S, R, ab: kernel_td(process, S, R, ab[1], ab[0], n_layers, x), [(a, b) for a in kernel_alphas for b in betas])]
+    methods = [("kernel TD (softmax Transformer)", process.d, lambda S, R, ab: kernel_td(process, S, R, beta=ab[1], alpha=ab[0], n_layers=n_layers, queries=x), [(a, b) for a in kernel_alphas for b in betas])]
     methods.append(("linear TD, same features", process.d, linear(process.features), alphas))
     for size in sizes:
         feat = lambda s, size=size: process.basis(s, size)
@@ -460,7 +461,7 @@ def plot_estimates(process,        # a process of this chapter
     if axes is None: _, axes = plt.subplots(1, len(ns), figsize=(5.5 * len(ns), 3.6))
     for ax, n in zip(np.atleast_1d(axes), ns):
         S, R = process.sample_trajectory(n, seed)
-        v = kernel_td(process, S, R, beta, alpha, max(depths), x, return_all=True)
+        v = kernel_td(process, S, R, beta=beta, alpha=alpha, n_layers=max(depths), queries=x, return_all=True)
         ax.plot(x, process.v_pi(x), "k", lw=2, label=r"$v_\pi$ (closed form)")
         for L in depths: ax.plot(x, v[L], lw=1.2, label=f"Transformer, $L = {L}$")
         ax.plot(S, np.full(len(S), ax.get_ylim()[0]), "|", color="grey", alpha=0.3, ms=8)
@@ -653,9 +654,9 @@ def kernel_fit(family:TaskFamily,  # the family (its base process gives the patt
     return dict(beta=inner / W1.square().sum(), cosine=inner / (K.flatten(-2).norm(dim=-1) * W1.norm()).clamp(min=1e-300),
                 share=K.flatten(-2).norm(dim=-1) / full.flatten(-2).norm(dim=-1).clamp(min=1e-300))
 
-def kernel_msve(family:TaskFamily, ctx:dict, beta:float, alpha:float, n_layers:int)->torch.Tensor:
+def kernel_msve(family:TaskFamily, ctx:dict, *, beta:float, alpha:float, n_layers:int)->torch.Tensor:
     "(E,) MSVE of the constructed Transformer (kernel TD with the process's kernel of scale beta) on held-out contexts."
-    v = kernel_td(family.base, ctx["states"], ctx["rewards"], beta, alpha, n_layers, ctx["x"])
+    v = kernel_td(family.base, ctx["states"], ctx["rewards"], beta=beta, alpha=alpha, n_layers=n_layers, queries=ctx["x"])
     return weighted_error(v, ctx["v"], ctx["w"])
 
 def mean_reward_msve(family:TaskFamily, ctx:dict)->torch.Tensor:
@@ -665,7 +666,7 @@ def mean_reward_msve(family:TaskFamily, ctx:dict)->torch.Tensor:
 
 def tune_kernel(family:TaskFamily, ctx:dict, n_layers:int, alphas:list, betas:list)->tuple:
     "(alpha, beta) of the constructed Transformer with the least mean MSVE on the tuning contexts `ctx`."
-    scores = {(a, b): kernel_msve(family, ctx, b, a, n_layers).mean().item() for a in alphas for b in betas}
+    scores = {(a, b): kernel_msve(family, ctx, beta=b, alpha=a, n_layers=n_layers).mean().item() for a in alphas for b in betas}
     return min(scores, key=scores.get)
 
 def binomial_lower(k:int, N:int, level:float=0.95)->float:
@@ -764,7 +765,7 @@ def family_experiment(family:TaskFamily,  # the task family
     tune, test = family.contexts(n_tune, n, seed=7), family.contexts(n_test, n, seed=8)
     best = tune_kernel(family, tune, L, alphas, betas)
     return dict(run=run, best=best, seconds=seconds, n_layers=L, trained=family_msve(run["params"], L, family, test),
-                constructed=kernel_msve(family, test, best[1], best[0], L), baseline=mean_reward_msve(family, test))
+                constructed=kernel_msve(family, test, beta=best[1], alpha=best[0], n_layers=L), baseline=mean_reward_msve(family, test))
 
 def error_table(ex:dict)->str:
     "Markdown: MSVE of the pretrained models (over seeds), the tuned constructed Transformer and the baseline (over tasks), and the paired difference."
@@ -788,7 +789,7 @@ def seed_claims(claims:dict,    # statement -> (S,) bool tensor, one entry per s
 def curve_lines(family:TaskFamily, ex:dict, n:int)->dict:
     "MSVE of the tuned constructed Transformer and of the baseline on the tasks the training curves use (`family_protocol`'s held-out tasks)."
     ctx, (a, b) = family.contexts(64, n, 10**6), ex["best"]
-    return {rf"constructed, tuned ($\alpha = {a:g}, \beta = {b:g}$)": kernel_msve(family, ctx, b, a, ex["n_layers"]).mean().item(),
+    return {rf"constructed, tuned ($\alpha = {a:g}, \beta = {b:g}$)": kernel_msve(family, ctx, beta=b, alpha=a, n_layers=ex["n_layers"]).mean().item(),
             r"context mean reward / $(1 - \gamma)$": mean_reward_msve(family, ctx).mean().item()}
 
 def rotation_claims(ex:dict, family:TaskFamily)->dict:
@@ -852,7 +853,7 @@ def run_continuous(out,                 # folder for the figures and results.jso
     ROT_B, AR_B, A = 10., 1., 1.
     errs = {name: error_sweep(p, cfg["ns_depth"], [b], A, cfg["depth"], cfg["n_tasks"], seed + 100, progress=progress)[:, 0]
             for name, p, b in [("rotation", rot, ROT_B), ("ar1", ar, AR_B)]}
-    pops = {"rotation": population_msve(rot, ROT_B, A, cfg["depth"]), "ar1": population_msve(ar, AR_B, A, cfg["depth"])}
+    pops = {"rotation": population_msve(rot, beta=ROT_B, alpha=A, n_layers=cfg["depth"]), "ar1": population_msve(ar, beta=AR_B, alpha=A, n_layers=cfg["depth"])}
     save(plot_depth({rf"noisy rotation, square reward, $\beta = {ROT_B:g}$": (errs["rotation"], pops["rotation"]),
                      rf"Gaussian AR(1), cubic reward, $\beta = {AR_B:g}$": (errs["ar1"], pops["ar1"])}, cfg["ns_depth"]), "depth.png")
     for k, e in errs.items():
