@@ -4,7 +4,7 @@
 
 # %% ../nbs/06_pretrain.ipynb #00195f1f
 from __future__ import annotations
-import dataclasses, hashlib, importlib, json, math
+import dataclasses, functools, hashlib, json, math
 from dataclasses import dataclass, asdict, field
 from pathlib import Path
 from typing import Callable
@@ -13,69 +13,29 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 import ictd
-from .boyan import boyan_transitions, check_gamma
+from .boyan import boyan_transitions, check_gamma, weighted_error
+from .core import TaskBatch, check_choice, check_int, check_number, check_seeds, substream
 from .prompt import build_prompt
 from .model import SoftmaxICTD, theta_star
-from .tasks import TaskBatch, random_tasks, sample_trajectories
+from .tasks import (Contexts, TDExamples, TDSample, draw_cdf, gather_rows, random_tasks, sample_trajectories, stationary_examples,
+                        task_features, task_pool)
+from .model import (StateTokens, model_params, population_neu, population_predict, population_tokens, seed_map, state_tokens,
+                        token_layer, token_layers, token_predict, trajectory_tokens)
 
 # %% auto #0
-__all__ = ['DTYPES', 'EMERGENCE', 'FAMILIES', 'PROTOCOLS', 'PLUGIN_MODULES', 'stack_pools', 'task_features', 'TDSample',
-           'stationary_examples', 'TDBatch', 'td_batch', 'expected_update', 'neu', 'exact_neu_small', 'StateTokens',
-           'state_tokens', 'seed_map', 'token_layer', 'token_layers', 'token_predict', 'model_params',
-           'population_tokens', 'population_predict', 'population_neu', 'PretrainConfig', 'PretrainResult',
-           'kernel_diagonality_per_layer', 'block_cosines', 'evaluate', 'task_pool', 'stationary_sampler', 'Family',
+__all__ = ['stack_pools', 'DTYPES', 'FEATURES', 'OBJECTIVES', 'INITS', 'EMERGENCE', 'FAMILIES', 'PROTOCOLS', 'INIT_STREAM',
+           'OBJECTIVE_STREAM', 'DIVERGED', 'TDBatch', 'td_batch', 'expected_update', 'neu', 'exact_neu_small',
+           'source_hash', 'PretrainConfig', 'PretrainResult', 'stack_results', 'kernel_diagonality_per_layer',
+           'block_cosines', 'evaluate', 'stationary_sampler', 'stationary_pools', 'Family', 'Protocol',
            'register_family', 'register_protocol', 'get_family', 'get_protocol', 'softmax_init', 'softmax_module',
-           'softmax_metrics', 'population_neu_many', 'EvalSet', 'held_out_tasks', 'eval_set', 'td_values',
-           'sampled_neu', 'evaluate_many', 'run_folder', 'pretrain_many', 'pretrain', 'plot_emergence']
-
-# %% ../nbs/06_pretrain.ipynb #3487233b
-def _draw_cdf(cum:torch.Tensor, u:torch.Tensor)->torch.Tensor:
-    "Inverse-CDF draws: the index of the first entry of each row of `cum` (..., s) above `u` (...), clamped to s - 1."
-    return torch.searchsorted(cum, u[..., None], right=True)[..., 0].clamp(max=cum.shape[-1] - 1)
-
-def _rows(x:torch.Tensor, task:torch.Tensor, idx:torch.Tensor)->torch.Tensor:
-    "`x[i, task[i, b], idx[i, b, ...]]` for `x` (S, T, s, ...), `task` (S, B) and `idx` (S, B, ...), by one `index_select`."
-    S, T, s = x.shape[:3]
-    flat = ((torch.arange(S, device=x.device)[:, None] * T + task) * s).reshape(*task.shape, *[1] * (idx.ndim - 2)) + idx
-    return x.reshape(S * T * s, *x.shape[3:]).index_select(0, flat.flatten()).reshape(*idx.shape, *x.shape[3:])
-
-def stack_pools(pools:list, # `TaskBatch`es of equal shapes and discount
-               )->TaskBatch:
-    "Task batches stacked along a new leading (seed) axis."
-    return TaskBatch(*(torch.stack([getattr(p, k) for p in pools]) for k in ("P", "r", "phi", "d_pi", "v_pi")), pools[0].gamma)
-
-def task_features(tasks:TaskBatch,     # tasks with a leading seed axis: phi (S, T, s, d), r (S, T, s)
-                  task:torch.Tensor,   # (S, B) index of a task of each seed
-                  states:torch.Tensor, # (S, B, ...) states of those tasks
-                 )->tuple:             # features (S, B, ..., d) and rewards r(state) (S, B, ...)
-    "Features and rewards of states of the tasks `task` of every seed."
-    return _rows(tasks.phi, task, states), _rows(tasks.r, task, states)
-
-@dataclass(eq=False)
-class TDSample:
-    "Pretraining examples of every seed as state indices into its task pool (each model family builds its own prompts)."
-    task:torch.Tensor       # (S, B) index of each example's task in its seed's pool
-    states:torch.Tensor     # (S, B, n + 1) the context's states S_0..S_n
-    query:torch.Tensor      # (S, B) the query state s_q
-    successor:torch.Tensor  # (S, B) its successor s_q'
-
-def stationary_examples(pool:TaskBatch,  # tasks with a leading seed axis: P (S, T, s, s), d_pi (S, T, s)
-                        u:torch.Tensor,  # (S, B, n + 4) uniforms: task, n + 1 context states, query, successor
-                       )->TDSample:
-    "Examples from uniforms: a task of the pool, a context started from d_pi, a query from d_pi and its successor."
-    (S, T, s), n = pool.P.shape[:3], u.shape[-1] - 4
-    u = u.permute(2, 0, 1).contiguous()          # (n + 4, S, B): each draw's uniforms contiguous
-    task = (u[0] * T).long().clamp(max=T - 1)
-    cum = _rows(pool.P, task, torch.arange(s, device=u.device).expand(*task.shape, s)).cumsum(-1).reshape(-1, s)  # rows of each example's task
-    first = torch.arange(task.numel(), device=u.device).reshape(task.shape) * s
-    cum_P = lambda states: cum.index_select(0, (first + states).flatten()).reshape(*states.shape, s)
-    start = _rows(pool.d_pi[..., None, :], task, torch.zeros_like(task)).cumsum(-1)
-    states = [_draw_cdf(start, u[1])]
-    for t in range(n): states.append(_draw_cdf(cum_P(states[-1]), u[t + 2]))
-    query = _draw_cdf(start, u[n + 2])
-    return TDSample(task, torch.stack(states, -1), query, _draw_cdf(cum_P(query), u[n + 3]))
+           'softmax_prompt', 'softmax_metrics', 'population_neu_many', 'EvalSet', 'held_out_tasks', 'task_eval_set',
+           'stationary_eval_set', 'eval_set', 'td_values', 'mc_horizon', 'stationary_draws', 'rollout_returns',
+           'objective_values', 'sampled_neu', 'evaluate_many', 'run_folder', 'perturb', 'DivergenceError',
+           'check_divergence', 'pretrain_many', 'train_loop', 'pretrain', 'plot_emergence']
 
 # %% ../nbs/06_pretrain.ipynb #60eba8b6
+stack_pools = TaskBatch.stack   # task batches stacked along a new leading (seed) axis (`ictd.core`)
+
 @dataclass(eq=False)
 class TDBatch:
     "A batch of pretraining examples: prompts with query s_q and with its successor s_q', and the rewards r(s_q)."
@@ -146,109 +106,21 @@ def exact_neu_small(model:SoftmaxICTD,  # a model with d equal to the number of 
                     total = g if total is None else total + g
     return total.square().sum().item()
 
-# %% ../nbs/06_pretrain.ipynb #0a1891bf
-@dataclass(eq=False)
-class StateTokens:
-    "A prompt reduced to one token per state: exact for dual-head softmax layers, whose context columns depend on their state only."
-    Z:torch.Tensor       # (..., D, s + m) the s state tokens (the keys), then m columns that are not keys
-    log_w:torch.Tensor   # (..., s) log weight of each state among the keys (log count, or log d_pi; -inf where absent)
-    succ:torch.Tensor    # (..., s, s + m) row y: the mean successor of state y's keys, as weights over the s + m columns
-    q:int                # the last q columns are the queries
-
-def state_tokens(tasks:TaskBatch,      # tasks with a leading seed axis: P (S, T, s, s), r (S, T, s), phi (S, T, s, d)
-                 task:torch.Tensor,    # (S, B) index of each prompt's task
-                 states:torch.Tensor,  # (S, B, n + 1) the contexts' states S_0..S_n
-                 queries:torch.Tensor, # (S, B, q) query states
-                )->StateTokens:        # columns: the s state tokens, the last state S_n, the q queries
-    "The prompts of contexts `states` with `queries`, as state tokens with the counts and successors of the contexts."
-    s, n, q = tasks.P.shape[-1], states.shape[-1] - 1, queries.shape[-1]
-    every = torch.arange(s, device=states.device).expand(*task.shape, s)
-    phi, r = task_features(tasks, task, torch.cat([every, states[..., -1:], queries], -1))
-    Z = torch.cat([phi.mT, r[..., None, :], torch.zeros_like(r)[..., None, :]], -2)
-    Z[..., -2, s:] = 0                                                       # no reward slot outside the context
-    keys, ones = states[..., :n], torch.ones_like(states[..., :n], dtype=torch.float64)
-    counts = torch.zeros(*task.shape, s, dtype=torch.float64, device=states.device).scatter_add_(-1, keys, ones)
-    after = torch.cat([states[..., 1:n], torch.full_like(states[..., :1], s)], -1)   # the column after each key: a state, or S_n (column s)
-    succ = torch.zeros(*task.shape, s * (s + 1 + q), dtype=torch.float64, device=states.device).scatter_add_(-1, keys * (s + 1 + q) + after, ones)
-    return StateTokens(Z, counts.log(), succ.reshape(*task.shape, s, s + 1 + q) / counts.clamp(min=1)[..., None], q)
-
-def _cast(x:StateTokens, dtype)->StateTokens:
-    return x if x.Z.dtype == dtype else StateTokens(x.Z.to(dtype), x.log_w.to(dtype), x.succ.to(dtype), x.q)
-
-# %% ../nbs/06_pretrain.ipynb #79b3eff1
-def _layer_params(params:dict, l:int)->tuple:
-    "Layer `l`'s (A, V_cur, V_tgt), each (S, D, D)."
-    Lp = params["A"].shape[1]
-    return tuple(params[k][:, l % Lp] for k in ("A", "V_cur", "V_tgt"))
-
-def seed_map(W:torch.Tensor,  # (S, D, E) one matrix per seed
-             Y:torch.Tensor,  # (S, ..., E, K) columns of every prompt of each seed
-            )->torch.Tensor:  # (S, ..., D, K): W[i] @ Y[i, ...]
-    "Apply each seed's matrix to every column of its prompts, as one matrix product per seed (not one per prompt)."
-    S, E, K = Y.shape[0], Y.shape[-2], Y.shape[-1]
-    out = W @ Y.movedim(-2, 1).reshape(S, E, -1)
-    return out.reshape(S, W.shape[-2], *Y.shape[1:-2], K).movedim(1, -2)
-
-def token_layer(Z, A, V_cur, V_tgt,       # (S, ..., D, s + m) tokens and one layer's parameters (S, D, D)
-                x:StateTokens,            # the weights and successors of the state tokens
-                columns=slice(None),      # the columns to update (default all)
-               )->tuple:                  # the updated `columns` and their attention over the s state keys
-    "One dual-head layer on state tokens: attention over the s states with bias log w, values $V^{cur} Z + V^{tgt}$ (mean successor)."
-    s = x.log_w.shape[-1]
-    keys, out = Z[..., :s], Z[..., columns]
-    X = seed_map(torch.cat([V_cur, V_tgt], -1), torch.cat([keys, Z @ x.succ.mT], -2))
-    att = torch.softmax(seed_map(A.mT, keys).mT @ out + x.log_w[..., None], dim=-2)
-    return out + X @ att, att
-
-def token_layers(params:dict, n_layers:int, x:StateTokens)->tuple:
-    "Z_0..Z_L of stacked parameters (S, L or 1, D, D) on state tokens (S, ...), and each layer's attention (S, ..., s, s + m)."
-    x = _cast(x, params["A"].dtype)
-    Zs, atts = [x.Z], []
-    for l in range(n_layers):
-        Z, att = token_layer(Zs[-1], *_layer_params(params, l), x)
-        Zs.append(Z); atts.append(att)
-    return Zs, atts
-
-def token_predict(params:dict, n_layers:int, x:StateTokens)->torch.Tensor:
-    "(S, ..., q) values at the queries of state tokens (S, ...); the last layer updates the query columns only."
-    x = _cast(x, params["A"].dtype)
-    Z = x.Z
-    for l in range(n_layers - 1): Z = token_layer(Z, *_layer_params(params, l), x)[0]
-    return token_layer(Z, *_layer_params(params, n_layers - 1), x, slice(-x.q, None))[0][..., -1, :]
-
-def model_params(model:SoftmaxICTD)->dict:
-    "A model's parameters stacked as the engine holds them, with a seed axis of one: (1, L or 1, D, D) each."
-    return {k: torch.stack([getattr(lay, k) for lay in model.layers])[None] for k in ("A", "V_cur", "V_tgt")}
-
-# %% ../nbs/06_pretrain.ipynb #3870f521
-def population_tokens(tasks:TaskBatch)->StateTokens:
-    "The limit n -> infinity of stationary contexts as state tokens: weights d_pi, successors P, every state a query."
-    phi = tasks.phi.to(torch.float64)
-    s = phi.shape[-2]
-    zero = phi.new_zeros(*phi.shape[:-2], 1, s)
-    Z = torch.cat([torch.cat([phi.mT, tasks.r[..., None, :], zero], -2), torch.cat([phi.mT, zero, zero], -2)], -1)
-    return StateTokens(Z, tasks.d_pi.log(), torch.cat([tasks.P, torch.zeros_like(tasks.P)], -1), s)
-
-def population_predict(model:SoftmaxICTD,  # any parameters
-                       tasks:TaskBatch,    # tasks (B of them)
-                      )->torch.Tensor:     # (B, s) prediction at every query state for an infinitely long stationary context
-    "The model's forward pass in the limit $n \\to \\infty$ of a stationary context: attention over state tokens weighted by $d_\\pi$."
-    d = tasks.phi.shape[-1]
-    if d != model.d: raise ValueError(f"`tasks` have d = {d} features but the model expects d = {model.d}")
-    one = TaskBatch(*(getattr(tasks, k)[None] for k in ("P", "r", "phi", "d_pi", "v_pi")), tasks.gamma)
-    return token_predict(model_params(model), model.n_layers, population_tokens(one))[0]
-
-def population_neu(model:SoftmaxICTD,  # any parameters
-                   tasks:TaskBatch,    # tasks to average over
-                  )->float:            # NEU(theta) at n = infinity, exact given the tasks
-    "NEU in the limit of infinitely long contexts: exact over queries and successors, averaged over `tasks`."
-    v = population_predict(model, tasks)
-    with torch.no_grad(): delta = tasks.r + tasks.gamma * (tasks.P @ v.unsqueeze(-1)).squeeze(-1) - v
-    grads = torch.autograd.grad((tasks.d_pi * delta * v).sum(-1).mean(), list(model.parameters()), allow_unused=True)
-    return sum(g.square().sum() for g in grads if g is not None).item()
-
 # %% ../nbs/06_pretrain.ipynb #32f01d4d
 DTYPES = dict(float64=torch.float64, float32=torch.float32)
+FEATURES = ("random", "unit", "onehot")
+OBJECTIVES = ("td", "mc", "supervised", "td-independent")   # the training targets (see "Four objectives" below)
+INITS = ("xavier", "theta_star")
+
+@functools.lru_cache(maxsize=None)
+def _hash_files(files:tuple)->str:
+    h = hashlib.sha1()
+    for f in files: h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:12]
+
+def source_hash()->str:
+    "A short hash of the package's source (every `ictd/*.py` file, names and contents), read once per process: a changed code never loads an old result."
+    return _hash_files(tuple(sorted(Path(ictd.__file__).parent.glob("*.py"))))
 
 @dataclass(frozen=True)
 class PretrainConfig:
@@ -272,9 +144,27 @@ class PretrainConfig:
     attention:str = "softmax"   # model family: a registered name ("softmax"; "linear" from chapter 7)
     protocol:str = "stationary" # data protocol: a registered name ("stationary"; "sliding" from chapter 7)
     dtype:str = "float64"       # "float64" or "float32" for the parameters and the training passes (metrics in float64)
+    objective:str = "td"        # training target at the query: one of `OBJECTIVES` ("td", "mc", "supervised", "td-independent")
+    init:str = "xavier"         # "xavier" (gain `init_gain`) or "theta_star" (every layer theta*(W = init_beta I, init_alpha))
+    init_scale:float = 0.       # std of a Gaussian perturbation added to every initial parameter (0: none)
+    init_beta:float = 1.        # theta_star initialisation: the score matrix W = init_beta I
+    init_alpha:float = 1.       # theta_star initialisation: the TD step size alpha
+    record_params:bool = False  # also record every parameter at each evaluation (history "param.<name>")
 
     def __post_init__(self):
-        if self.dtype not in DTYPES: raise ValueError(f"`dtype` must be one of {tuple(DTYPES)}, got {self.dtype!r}")
+        "Validate every field (a `ValueError` naming it) and store integer-valued numbers as `int`."
+        ints = {name: 1 for name in ("n_states", "d", "n", "n_layers", "n_tasks", "batch_size", "eval_every", "eval_tasks")} | dict(n_steps=0, seed=0)
+        for name, low in ints.items(): object.__setattr__(self, name, check_int(getattr(self, name), name, low))
+        if self.n_states < 2: raise ValueError(f"`n_states` must be an integer >= 2, got {self.n_states}")
+        for name, allowed in dict(features=FEATURES, dtype=tuple(DTYPES), objective=OBJECTIVES, init=INITS).items(): check_choice(getattr(self, name), allowed, name)
+        for name in ("shared", "record_params"):
+            if not isinstance(getattr(self, name), bool): raise ValueError(f"`{name}` must be a bool, got {getattr(self, name)!r}")
+        for name in ("attention", "protocol"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name): raise ValueError(f"`{name}` must be a registered name (a non-empty str), got {getattr(self, name)!r}")
+        check_gamma(self.gamma)
+        for name, low, strict in (("lr", 0, True), ("init_gain", 0, True), ("weight_decay", 0, False), ("init_scale", 0, False),
+                                  ("init_beta", -math.inf, False), ("init_alpha", -math.inf, False)):
+            object.__setattr__(self, name, check_number(getattr(self, name), name, low, strict))
 
     @property
     def feature_dim(self)->int:
@@ -282,9 +172,9 @@ class PretrainConfig:
         return self.n_states if self.features == "onehot" else self.d
 
     def key(self)->str:
-        "A short hash of every setting but the seed, and of the package version: the name of a configuration's folder."
+        "A short hash of every setting but the seed, of the package version and of its source: the name of a configuration's folder."
         settings = {k: v for k, v in asdict(self).items() if k != "seed"}
-        return hashlib.sha1(json.dumps(dict(settings=settings, version=ictd.__version__), sort_keys=True).encode()).hexdigest()[:12]
+        return hashlib.sha1(json.dumps(dict(settings=settings, version=ictd.__version__, source=source_hash()), sort_keys=True).encode()).hexdigest()[:12]
 
 EMERGENCE = PretrainConfig(lr=1e-2, n_steps=2000, eval_every=200)   # the headline experiment: the specification's model, a tuned learning rate
 
@@ -295,7 +185,13 @@ class PretrainResult:
     config:PretrainConfig
     model:nn.Module                             # built by the model family (a `SoftmaxICTD` for "softmax")
     history:dict = field(default_factory=dict)  # name -> tensor with one row per evaluation (see `evaluate`)
-    held_out:TaskBatch = None                   # the held-out tasks the metrics were measured on
+    held_out:TaskBatch = None                   # the held-out tasks the metrics were measured on (None for continuous states)
+    params:dict = None                          # the family's parameters as the engine holds them, without the seed axis
+
+def stack_results(results:list)->dict:
+    "Runs of one configuration stacked over seeds: params name -> (S, ...), history name -> (S, evaluations, ...)."
+    return dict(params={k: torch.stack([r.params[k] for r in results]) for k in results[0].params},
+                history={k: torch.stack([r.history[k] for r in results]) for k in results[0].history})
 
 # %% ../nbs/06_pretrain.ipynb #437c4dcc
 def kernel_diagonality_per_layer(model:SoftmaxICTD,  # the model
@@ -328,85 +224,73 @@ def evaluate(model:SoftmaxICTD,  # the model
     Z = build_prompt(phi[rows, eval_states], eval_tasks.r[rows, eval_states[:, :-1]], phi)
     with torch.no_grad():
         v = model.predict(Z, n=n)
-        msve = ((v - eval_tasks.v_pi).square() * eval_tasks.d_pi).sum(-1).mean()
+        msve = weighted_error(v, eval_tasks.v_pi, eval_tasks.d_pi).mean()
         diag = kernel_diagonality_per_layer(model, Z, eval_states, n)
     return dict(msve=msve.reshape(1), neu=torch.tensor([neu(model, eval_tasks, n, n_batches=4, batch_size=64, seed=neu_seed)], dtype=torch.float64),
                 neu_population=torch.tensor([population_neu(model, eval_tasks)], dtype=torch.float64),
                 diagonality=diag, value_weights=model.value_weights(), cosine=block_cosines(model, config.gamma))
 
-# %% ../nbs/06_pretrain.ipynb #9dec142a
-def task_pool(config:PretrainConfig,  # the task settings (n_states, d, features, gamma)
-              n_tasks:int,            # number of tasks T
-              seed:int,               # task b draws from `numpy.random.default_rng(seed + b)`
-             )->TaskBatch:            # P (T, s, s), r (T, s), phi (T, s, d), d_pi, v_pi
-    "`random_tasks(n_tasks, seed, ...)` for the configuration's tasks, vectorised: one draw per task, batched solves."
-    s, d, g, T = config.n_states, config.d, config.gamma, int(n_tasks)
-    k = d * (config.features != "onehot")
-    u = np.stack([np.random.default_rng(seed + b).random(2 * s - 2 + s * k + s) for b in range(T)])
-    p, last = 0.01 + (0.99 - 0.01) * u[:, :s - 2], 0.01 + (0.99 - 0.01) * u[:, s - 2:2 * s - 2]   # as `boyan_transitions`
-    P = np.zeros((T, s, s))
-    P[:, np.arange(s - 2), np.arange(1, s - 1)], P[:, np.arange(s - 2), np.arange(2, s)] = p, 1 - p
-    P[:, s - 2, s - 1] = 1.
-    P[:, s - 1] = last / last.sum(1, keepdims=True)
-    phi = -1 + (1 - -1) * u[:, 2 * s - 2:2 * s - 2 + s * k].reshape(T, s, k) if k else np.broadcast_to(np.eye(s), (T, s, s)).copy()
-    if config.features == "unit": phi /= np.linalg.norm(phi, axis=-1, keepdims=True)
-    P, phi, r = (torch.from_numpy(x) for x in (P, phi, -1 + (1 - -1) * u[:, -s:]))
-    I = torch.eye(s, dtype=torch.float64)
-    A = torch.cat([P.mT - I, torch.ones(T, 1, s, dtype=torch.float64)], 1)
-    e = torch.zeros(T, s + 1, 1, dtype=torch.float64); e[:, -1] = 1
-    d_pi = torch.linalg.lstsq(A, e, driver="gelsd").solution.squeeze(-1).clamp(min=0)
-    return TaskBatch(P, r, phi, d_pi / d_pi.sum(-1, keepdim=True), torch.linalg.solve(I - g * P, r), g)
-
-def _to(tasks:TaskBatch, device)->TaskBatch:
-    return TaskBatch(*(getattr(tasks, k).to(device) for k in ("P", "r", "phi", "d_pi", "v_pi")), tasks.gamma)
-
-def stationary_sampler(config:PretrainConfig, pool:TaskBatch, gens:list, step:int, state:dict)->TDSample:
+# %% ../nbs/06_pretrain.ipynb #0d65e59d
+def stationary_sampler(config:PretrainConfig, pool:TaskBatch, gens:list, step:int, state:dict)->TDExamples:
     "The stationary protocol: seed i's examples are those of `td_batch(pool[i], batch_size, n, gens[i])`, drawn for all seeds at once."
     u = torch.stack([torch.rand(config.batch_size, config.n + 4, generator=g, dtype=torch.float64) for g in gens])
-    return stationary_examples(pool, u.to(pool.P.device))
+    b = stationary_examples(pool, u.to(pool.P.device))
+    return TDExamples(Contexts(pool, b.task, b.states, torch.stack([b.query, b.successor], -1)), task_features(pool, b.task, b.query)[1])
+
+def stationary_pools(config:PretrainConfig, seeds:list, device=None)->TaskBatch:
+    "The training pools of the stationary protocol, stacked over seeds: seed s's pool is `task_pool(config, n_tasks, s * 1_000_003)`."
+    return TaskBatch.stack([task_pool(config, config.n_tasks, s * 1_000_003) for s in seeds], device)
 
 # %% ../nbs/06_pretrain.ipynb #261ef323
 @dataclass(frozen=True)
 class Family:
     "A model family for the engine: stacked parameters with a leading seed axis, inputs, predictions, modules and metrics."
     init:Callable           # (config, seeds, dtype) -> dict name -> (S, ...) tensor; seed i's slice is that seed's own initialisation
-    prompt:Callable         # (config, tasks (S, T, ...), task (S, B), states (S, B, n+1), queries (S, B, q)) -> the model's input (float64)
-    predict:Callable        # (config, params, input, n) -> (S, B, q) values at the queries, differentiable in params
+    prompt:Callable         # (config, Contexts) -> the model's input for every seed (float64)
+    predict:Callable        # (config, params, input, n) -> (S, B..., q) values at the queries, differentiable in params
     module:Callable         # (config, params of one seed, no seed axis) -> nn.Module with .predict(Z, n)
     metrics:Callable = None # (config, params (S, ...) in float64, EvalSet) -> dict name -> (S, ...) tensor
 
+@dataclass(frozen=True)
+class Protocol:
+    "A data protocol for the engine: every seed's training data, its batches of TD examples, and its held-out evaluation set."
+    sample:Callable          # (config, data, gens, step, state) -> TDExamples of every seed; seed i draws from gens[i]
+    eval_set:Callable        # (config, seeds, device) -> EvalSet of every seed, its input built by the configuration's family
+    data:Callable = None     # (config, seeds, device) -> what `sample` draws from (e.g. stacked task pools); None: nothing
+    loss_scale:float = 0.5   # the loss is loss_scale * mean squared TD error over a seed's batch
+
 FAMILIES, PROTOCOLS = {}, {}
-PLUGIN_MODULES = dict(linear="ictd.linear", sliding="ictd.linear")   # imported on first use of these names
 
 def register_family(name:str, family:Family):
-    "Make `family` available as `PretrainConfig(attention=name)`."
+    "Make `family` available as `PretrainConfig(attention=name)` (call it when the family's module is imported)."
     if not isinstance(family, Family): raise ValueError(f"`family` must be a Family, got {type(family).__name__}")
     FAMILIES[name] = family
 
-def register_protocol(name:str, sampler:Callable):
-    "Make `sampler(config, pool, gens, step, state) -> TDSample` available as `PretrainConfig(protocol=name)`."
-    if not callable(sampler): raise ValueError(f"`sampler` must be callable, got {type(sampler).__name__}")
-    PROTOCOLS[name] = sampler
+def register_protocol(name:str, protocol:Protocol):
+    "Make `protocol` available as `PretrainConfig(protocol=name)` (call it when the protocol's module is imported)."
+    if not isinstance(protocol, Protocol): raise ValueError(f"`protocol` must be a Protocol, got {type(protocol).__name__}")
+    PROTOCOLS[name] = protocol
 
 def _lookup(registry:dict, name:str, what:str):
-    if name not in registry and name in PLUGIN_MODULES: importlib.import_module(PLUGIN_MODULES[name])
-    if name not in registry: raise ValueError(f"`{what}` must be one of {sorted(set(registry) | set(PLUGIN_MODULES))}, got {name!r}")
+    if name not in registry: raise ValueError(f"`{what}` must be one of {sorted(registry)} (a plug-in registers its names when imported, e.g. `import ictd.linear`), got {name!r}")
     return registry[name]
 
 def get_family(name:str)->Family:
-    "The registered model family `name` (importing its plug-in module on first use)."
+    "The registered model family `name`."
     return _lookup(FAMILIES, name, "attention")
 
-def get_protocol(name:str)->Callable:
-    "The registered data protocol `name` (importing its plug-in module on first use)."
+def get_protocol(name:str)->Protocol:
+    "The registered data protocol `name`."
     return _lookup(PROTOCOLS, name, "protocol")
-
-register_protocol("stationary", stationary_sampler)
 
 # %% ../nbs/06_pretrain.ipynb #a18d805a
 def softmax_init(config:PretrainConfig, seeds:list, dtype)->dict:
-    "Each seed's `SoftmaxICTD` initialisation, stacked: A, V_cur, V_tgt of shape (S, L or 1, d + 2, d + 2)."
-    models = [SoftmaxICTD(config.feature_dim, config.n_layers, config.shared, config.init_gain, seed=int(s)) for s in seeds]
+    "Each seed's `SoftmaxICTD` initialisation (Xavier, or theta* for `init='theta_star'`), stacked: A, V_cur, V_tgt of shape (S, L or 1, d + 2, d + 2)."
+    d = config.feature_dim
+    if config.init == "theta_star":
+        W = config.init_beta * torch.eye(d, dtype=torch.float64)
+        models = [SoftmaxICTD.from_theta_star(d, config.n_layers, W, config.init_alpha, config.gamma, shared=config.shared)] * len(seeds)
+    else: models = [SoftmaxICTD(d, config.n_layers, config.shared, config.init_gain, seed=int(s)) for s in seeds]
     return {k: torch.stack([torch.stack([getattr(lay, k).detach() for lay in m.layers]) for m in models]).to(dtype) for k in ("A", "V_cur", "V_tgt")}
 
 def softmax_module(config:PretrainConfig, params:dict)->SoftmaxICTD:
@@ -415,18 +299,24 @@ def softmax_module(config:PretrainConfig, params:dict)->SoftmaxICTD:
     model.load_state_dict({f"layers.{l}.{k}": params[k][l] for l in range(params["A"].shape[0]) for k in ("A", "V_cur", "V_tgt")})
     return model
 
+def softmax_prompt(config:PretrainConfig, x:Contexts)->StateTokens:
+    "State tokens of every seed's prompts: one per state of a discrete task (exact), or one per context state of continuous ones."
+    return state_tokens(x.tasks, x.task, x.states, x.queries) if x.tasks is not None else trajectory_tokens(*x.features())
+
 def softmax_metrics(config:PretrainConfig, params:dict, ev)->dict:
-    "Population NEU (S, 1), diagonality (S, L), value weights (S, L, 3) and block cosines (S, L, 3) of every seed."
+    "Value weights (S, L, 3) and block cosines (S, L, 3) of every seed; on discrete tasks also population NEU (S, 1) and diagonality (S, L)."
     L, d, Lp = config.n_layers, config.feature_dim, params["A"].shape[1]
     with torch.no_grad():
-        s = ev.x.log_w.shape[-1]
-        atts = token_layers(params, L, ev.x)[1]          # the queries are the states 0..s-1, in order
-        diag = torch.stack([att[..., -s:].diagonal(dim1=-2, dim2=-1).mean((-2, -1)) for att in atts], -1)
         star = theta_star(d, torch.eye(d, dtype=torch.float64, device=params["A"].device), 1., config.gamma)
         blocks = [params[k][:, [l % Lp for l in range(L)]] for k in ("A", "V_cur", "V_tgt")]       # (S, L, D, D)
         cos = torch.stack([(b * t).sum((-2, -1)) / (b.flatten(-2).norm(dim=-1) * t.norm()).clamp(min=1e-300) for b, t in zip(blocks, star)], -1)
         V_cur, V_tgt = blocks[1], blocks[2]
         weights = torch.stack([V_cur[..., d + 1, d], V_tgt[..., d + 1, d + 1], V_cur[..., d + 1, d + 1]], -1)
+    if ev.tasks is None: return dict(value_weights=weights, cosine=cos)
+    with torch.no_grad():
+        s = ev.x.log_w.shape[-1]
+        atts = token_layers(params, L, ev.x)[1]          # the queries are the states 0..s-1, in order
+        diag = torch.stack([att[..., -s:].diagonal(dim1=-2, dim2=-1).mean((-2, -1)) for att in atts], -1)
     return dict(neu_population=population_neu_many(config, params, ev.tasks)[:, None], diagonality=diag, value_weights=weights, cosine=cos)
 
 def population_neu_many(config:PretrainConfig, params:dict, tasks:TaskBatch)->torch.Tensor:
@@ -437,17 +327,19 @@ def population_neu_many(config:PretrainConfig, params:dict, tasks:TaskBatch)->to
     grads = torch.autograd.grad((tasks.d_pi * delta * v).sum(-1).mean(-1).sum(), list(leaf.values()))
     return sum(g.flatten(1).square().sum(-1) for g in grads)
 
-register_family("softmax", Family(init=softmax_init, prompt=lambda config, *ex: state_tokens(*ex),
+register_family("softmax", Family(init=softmax_init, prompt=softmax_prompt,
                                   predict=lambda config, params, x, n: token_predict(params, config.n_layers, x),
                                   module=softmax_module, metrics=softmax_metrics))
 
 # %% ../nbs/06_pretrain.ipynb #764d3e88
 @dataclass(eq=False)
 class EvalSet:
-    "The held-out tasks of every seed, one context per task, and the family's input with every state as a query."
-    tasks:TaskBatch       # tensors with a leading seed axis: P (S, E, s, s), r (S, E, s), phi (S, E, s, d), ...
-    states:torch.Tensor   # (S, E, n + 1) one context per task
-    x:object              # family.prompt of context b of task b with the queries 0..s-1, in order
+    "Every seed's held-out prompts with every evaluation point as a query, their true values, and the weights of the MSVE."
+    x:object                  # the family's input: one context per held-out task, queries at the m evaluation points
+    v_pi:torch.Tensor         # (S, E, m) true values at the queries
+    weights:torch.Tensor      # (S, E, m) weights of the MSVE over the queries (d_pi, or a quadrature rule)
+    tasks:TaskBatch = None    # discrete tasks: the held-out tasks (S, E, ...), whose states 0..s-1 are the queries; None otherwise
+    states:torch.Tensor = None  # discrete tasks: (S, E, n + 1) the contexts
 
 def _task_kwargs(config): return dict(n_states=config.n_states, d=config.d, gamma=config.gamma, features=config.features)
 
@@ -456,27 +348,72 @@ def held_out_tasks(config:PretrainConfig)->tuple:
     tasks = task_pool(config, config.eval_tasks, config.seed * 1_000_003 + config.n_tasks)
     return tasks, sample_trajectories(tasks.P, config.n, tasks.d_pi, seed=config.seed + 17)
 
-def eval_set(config:PretrainConfig, seeds:list, device=None)->EvalSet:
-    "Every seed's held-out tasks and contexts, stacked, with the input of `config.attention`'s family."
-    held = [held_out_tasks(dataclasses.replace(config, seed=s)) for s in seeds]
-    tasks, states = _to(stack_pools([t for t, _ in held]), device), torch.stack([s for _, s in held]).to(device)
+def task_eval_set(config:PretrainConfig, tasks:TaskBatch, states:torch.Tensor)->EvalSet:
+    "The evaluation set of discrete held-out tasks (S, E, ...) with one context each (S, E, n + 1): every state a query, MSVE weights d_pi."
     S, E, s = tasks.r.shape
     task, queries = torch.arange(E, device=states.device).expand(S, E), torch.arange(s, device=states.device).expand(S, E, s)
-    return EvalSet(tasks, states, get_family(config.attention).prompt(config, tasks, task, states, queries))
+    return EvalSet(get_family(config.attention).prompt(config, Contexts(tasks, task, states, queries)), tasks.v_pi, tasks.d_pi, tasks, states)
 
-def td_values(config:PretrainConfig, params:dict, tasks:TaskBatch, b:TDSample)->tuple:
+def stationary_eval_set(config:PretrainConfig, seeds:list, device=None)->EvalSet:
+    "The stationary protocol's evaluation set: every seed's `held_out_tasks`, stacked."
+    held = [held_out_tasks(dataclasses.replace(config, seed=s)) for s in seeds]
+    return task_eval_set(config, TaskBatch.stack([t for t, _ in held], device), torch.stack([s for _, s in held]).to(device))
+
+def eval_set(config:PretrainConfig, seeds:list, device=None)->EvalSet:
+    "The evaluation set of `config.protocol` for `seeds`."
+    return get_protocol(config.protocol).eval_set(config, seeds, device)
+
+register_protocol("stationary", Protocol(sample=stationary_sampler, eval_set=stationary_eval_set, data=stationary_pools))
+
+def td_values(config:PretrainConfig, params:dict, b:TDExamples)->tuple:
     "v(s_q) (S, B) with its graph, and the TD target r(s_q) + gamma v(s_q') (S, B), detached, for every seed's examples."
     family = get_family(config.attention)
-    v = family.predict(config, params, family.prompt(config, tasks, b.task, b.states, torch.stack([b.query, b.successor], -1)), config.n)
-    return v[..., 0], task_features(tasks, b.task, b.query)[1].to(v.dtype) + config.gamma * v[..., 1].detach()
+    v = family.predict(config, params, family.prompt(config, b.x), config.n)
+    v, v_next = (v[..., 0], v[..., 1]) if b.successor == "query" else (v[:, :-1, 0], v[:, 1:, 0])
+    return v, b.reward.to(v.dtype) + config.gamma * v_next.detach()
 
+# %% ../nbs/06_pretrain.ipynb #22b10120
+def mc_horizon(gamma:float, tol:float=1e-6)->int:
+    "The length H of the Monte-Carlo objective's rollouts: the smallest H >= 1 with gamma^H <= tol."
+    gamma = check_gamma(gamma)
+    return 1 if gamma == 0 else max(1, math.ceil(math.log(tol) / math.log(gamma)))
+
+def stationary_draws(tasks:TaskBatch, task:torch.Tensor, u:torch.Tensor)->torch.Tensor:
+    "(S, B) states drawn from d_pi of the tasks `task` (S, B) of every seed, one per uniform of `u` (S, B)."
+    return draw_cdf(gather_rows(tasks.d_pi[..., None, :], task, torch.zeros_like(task)).cumsum(-1), u)
+
+def rollout_returns(tasks:TaskBatch, task:torch.Tensor, start:torch.Tensor, u:torch.Tensor)->torch.Tensor:
+    "(S, B) sampled returns sum_{t<H} gamma^t r(S_t) of chains started at `start` (S, B), with H - 1 = u.shape[-1] uniforms (S, B, H - 1)."
+    s = tasks.P.shape[-1]
+    cum = gather_rows(tasks.P, task, torch.arange(s, device=u.device).expand(*task.shape, s)).cumsum(-1)   # (S, B, s, s) each example's task
+    states, u = [start], u.movedim(-1, 0).contiguous()
+    for u_t in u: states.append(draw_cdf(cum.gather(-2, states[-1][..., None, None].expand(*task.shape, 1, s))[..., 0, :], u_t))
+    r = task_features(tasks, task, torch.stack(states, -1))[1]
+    return (r * tasks.gamma ** torch.arange(len(states), dtype=torch.float64, device=u.device)).sum(-1)
+
+def objective_values(config:PretrainConfig, params:dict, b:TDExamples, gens:list)->tuple:
+    "v(s_q) (S, B) with its graph and the target of `config.objective` (S, B), detached; `gens` (one per seed) draw what the objective adds to the data."
+    if config.objective == "td": return td_values(config, params, b)
+    x = b.x
+    if x.tasks is None or b.successor != "query": raise ValueError(f"`objective` {config.objective!r} needs a protocol of discrete tasks with the successor as a query (as 'stationary'), got protocol {config.protocol!r}")
+    S, B = x.task.shape
+    uniforms = lambda *shape: torch.stack([torch.rand(B, *shape, generator=g, dtype=torch.float64) for g in gens]).to(x.task.device)
+    query = x.queries[..., 0]
+    if config.objective == "td-independent":
+        return td_values(config, params, dataclasses.replace(b, x=dataclasses.replace(x, queries=torch.stack([query, stationary_draws(x.tasks, x.task, uniforms())], -1))))
+    family = get_family(config.attention)
+    v = family.predict(config, params, family.prompt(config, dataclasses.replace(x, queries=x.queries[..., :1])), config.n)[..., 0]
+    if config.objective == "supervised": return v, gather_rows(x.tasks.v_pi, x.task, query).to(v.dtype)
+    return v, rollout_returns(x.tasks, x.task, query, uniforms(mc_horizon(config.gamma) - 1)).to(v.dtype)
+
+# %% ../nbs/06_pretrain.ipynb #349eafcd
 def sampled_neu(config:PretrainConfig, params:dict, ev:EvalSet, n_batches:int=4, batch_size:int=64, seed:int=0)->torch.Tensor:
     "(S,) `neu` of every seed at once: `n_batches` stationary batches of its held-out tasks, drawn from a generator seeded `seed`."
     S, K = ev.states.shape[0], int(n_batches)
     gens, cfg = [torch.Generator().manual_seed(seed) for _ in range(S)], dataclasses.replace(config, batch_size=batch_size)
     leaf = {k: v.detach().requires_grad_() for k, v in params.items()}
     def update(b):
-        v, target = td_values(config, leaf, ev.tasks, b)
+        v, target = td_values(config, leaf, b)
         grads = torch.autograd.grad(((target - v.detach()) * v).mean(-1).sum(), list(leaf.values()), allow_unused=True)
         return torch.cat([(g if g is not None else torch.zeros_like(p)).flatten(1) for g, p in zip(grads, leaf.values())], -1)
     g = torch.stack([update(stationary_sampler(cfg, ev.tasks, gens, 0, {})) for _ in range(K)], 1)     # (S, K, n_params)
@@ -487,7 +424,8 @@ def evaluate_many(config:PretrainConfig, params:dict, ev:EvalSet)->dict:
     family = get_family(config.attention)
     p64 = {k: v.detach().double() for k, v in params.items()}
     with torch.no_grad(): v = family.predict(config, p64, ev.x, config.n)
-    out = dict(msve=((v - ev.tasks.v_pi).square() * ev.tasks.d_pi).sum(-1).mean(-1, keepdim=True), neu=sampled_neu(config, p64, ev)[:, None])
+    out = dict(msve=weighted_error(v, ev.v_pi, ev.weights).mean(-1, keepdim=True))
+    if ev.tasks is not None: out["neu"] = sampled_neu(config, p64, ev)[:, None]
     if family.metrics: out.update(family.metrics(config, p64, ev))
     return out
 
@@ -496,7 +434,7 @@ def run_folder(cache_dir, config:PretrainConfig)->Path:
     "`<cache_dir>/<config.key()>/`, with the configuration (every setting but the seed) and the version in `config.json`."
     folder = Path(cache_dir) / config.key()
     folder.mkdir(parents=True, exist_ok=True)
-    settings = dict({k: v for k, v in asdict(config).items() if k != "seed"}, version=ictd.__version__)
+    settings = dict({k: v for k, v in asdict(config).items() if k != "seed"}, version=ictd.__version__, source=source_hash())
     path = folder / "config.json"
     if path.exists() and json.loads(path.read_text()) != settings: raise ValueError(f"{path} holds another configuration")
     path.write_text(json.dumps(settings, indent=1))
@@ -513,17 +451,39 @@ def _load(path:Path, expect:dict):
     return saved
 
 def _result(config:PretrainConfig, params:dict, history:dict, held_out:TaskBatch)->PretrainResult:
-    return PretrainResult(config, get_family(config.attention).module(config, params), history, held_out)
+    return PretrainResult(config, get_family(config.attention).module(config, params), history, held_out, params)
 
-def _seed_slice(tasks:TaskBatch, i:int)->TaskBatch:
-    return TaskBatch(*(getattr(tasks, k)[i].cpu() for k in ("P", "r", "phi", "d_pi", "v_pi")), tasks.gamma)
+def _seed_slice(tasks:TaskBatch, i:int)->TaskBatch: return tasks.map(lambda x: x[i].cpu())
+
+def _held_out(config:PretrainConfig)->TaskBatch:
+    "The held-out tasks of one run (None where the protocol's states are continuous)."
+    tasks = eval_set(config, [config.seed]).tasks
+    return None if tasks is None else _seed_slice(tasks, 0)
 
 # %% ../nbs/06_pretrain.ipynb #8b24ef52
-def _check_seeds(seeds)->list:
-    seeds = [seeds] if isinstance(seeds, int) else list(seeds)
-    if not seeds or any(int(s) != s or s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
-        raise ValueError(f"`seeds` must be a non-empty list of distinct non-negative integers, got {seeds}")
-    return [int(s) for s in seeds]
+INIT_STREAM, OBJECTIVE_STREAM = 1, 2   # sub-streams of a run's seed (stream 0 is the data's own generator)
+
+def perturb(params:dict, scale:float, seeds:list)->dict:
+    "Stacked parameters (S, ...) plus `scale` times standard Gaussian noise drawn from each seed's `INIT_STREAM` (unchanged for scale 0)."
+    if scale == 0: return params
+    gens = [torch.Generator().manual_seed(substream(s, INIT_STREAM)) for s in seeds]
+    noise = {k: torch.stack([torch.randn(v.shape[1:], generator=g, dtype=torch.float64) for g in gens]) for k, v in params.items()}
+    return {k: (v.double() + scale * noise[k]).to(v.dtype) for k, v in params.items()}
+
+DIVERGED = 1e8   # a loss or parameter entry above this in absolute value (or not finite) stops a run
+
+class DivergenceError(RuntimeError):
+    "A training run whose loss or parameters became non-finite or exploded."
+
+def check_divergence(config:PretrainConfig, seeds:list, step:int, loss:torch.Tensor, params:dict=None, checkpoint=None):
+    "Raise `DivergenceError` naming the seeds, the step and the learning rate if a seed's loss (S,) or parameters (S, ...; if given) are not finite or exceed `DIVERGED`."
+    with torch.no_grad():
+        size = torch.stack([loss.detach().abs()] + [p.detach().abs().flatten(1).max(-1).values for p in (params or {}).values()]).max(0).values
+        bad = (~torch.isfinite(size) | (size > DIVERGED)).nonzero().flatten().tolist()
+    if bad:
+        kept = f"; the last checkpoint before it is kept at {checkpoint}" if checkpoint is not None and Path(checkpoint).exists() else ""
+        raise DivergenceError(f"training diverged at step {step} with lr = {config.lr:g}: seed(s) {[seeds[i] for i in bad]} reached a loss or "
+                              f"parameter of size {size[bad[0]].item():.3g} (limit {DIVERGED:g}){kept}")
 
 def pretrain_many(config:PretrainConfig,     # every setting but the seed
                   seeds,                     # the seeds, one run each (distinct non-negative integers)
@@ -535,7 +495,7 @@ def pretrain_many(config:PretrainConfig,     # every setting but the seed
                   callback=None,             # called as `callback(step)` after each optimiser step
                  )->list:                    # one PretrainResult per seed, in the order of `seeds`
     "Pretrain one model per seed, all seeds in one batched forward and backward pass; run i equals `pretrain` with seed `seeds[i]`."
-    seeds = _check_seeds(seeds)
+    seeds = check_seeds(seeds)
     if checkpoint_every is not None and (int(checkpoint_every) != checkpoint_every or checkpoint_every < 1):
         raise ValueError(f"`checkpoint_every` must be a positive integer or None, got {checkpoint_every}")
     if checkpoint_every and cache_dir is None: raise ValueError("`checkpoint_every` needs a `cache_dir` to write checkpoints to")
@@ -544,57 +504,78 @@ def pretrain_many(config:PretrainConfig,     # every setting but the seed
     done = {}
     for s in seeds:
         c = dataclasses.replace(config, seed=s)
-        saved = None if folder is None or force else _load(folder / f"seed-{s}.pt", dict(version=ictd.__version__, config=asdict(c)))
-        if saved is not None: done[s] = _result(c, saved["params"], saved["history"], held_out_tasks(c)[0])
+        saved = None if folder is None or force else _load(folder / f"seed-{s}.pt", dict(version=ictd.__version__, source=source_hash(), config=asdict(c)))
+        if saved is not None: done[s] = _result(c, saved["params"], saved["history"], _held_out(c))
     todo = [s for s in seeds if s not in done]
-    if todo: done.update(zip(todo, _train(config, todo, progress, folder, device, checkpoint_every, force, callback)))
+    if todo: done.update(zip(todo, train_loop(config, todo, progress, folder, device, checkpoint_every, force, callback)))
     return [done[s] for s in seeds]
 
-def _train(config, seeds, progress, folder, device, checkpoint_every, force, callback)->list:
-    "The batched training loop of `pretrain_many` for `seeds`, resumed from a checkpoint in `folder` if there is one."
+def _restore(saved:dict, params:dict, opt, gens:list)->dict:
+    "Load a checkpoint's parameters, optimiser state and generator states in place; its run record (step, history, losses, protocol state)."
+    with torch.no_grad():
+        for k, v in params.items(): v.copy_(saved["params"][k])
+    opt.load_state_dict(saved["optimizer"])
+    for g, st in zip(gens, saved["generators"]): g.set_state(st)
+    return {k: saved[k] for k in ("step", "history", "losses", "protocol")}
+
+def _record(config:PretrainConfig, run:dict, params:dict, ev:EvalSet, step:int):
+    "Append the evaluation at `step` to the run's history: the step, the mean training loss since the last one, every metric (and the parameters if asked)."
+    S = next(iter(params.values())).shape[0]
+    loss = torch.stack(run["losses"]).mean(0).double().cpu() if run["losses"] else torch.full((S,), math.nan, dtype=torch.float64)
+    metrics = dict(step=torch.full((S, 1), step), loss=loss[:, None],
+                   **{k: v.detach().cpu().clone() for k, v in evaluate_many(config, params, ev).items()},   # a copy: a metric may view a parameter
+                   **({f"param.{k}": v.detach().double().cpu().clone() for k, v in params.items()} if config.record_params else {}))
+    for k, v in metrics.items(): run["history"].setdefault(k, []).append(v)
+    run["losses"] = []
+
+def train_loop(config:PretrainConfig,     # every setting but the seed
+               seeds:list,                # the seeds trained together
+               progress:bool=False,       # show a progress bar
+               folder:Path=None,          # the configuration's folder for checkpoints and results (`run_folder`); None: none
+               device=None,               # torch device; default CUDA when available, else CPU
+               checkpoint_every:int=None, # steps between checkpoints (needs `folder`)
+               force:bool=False,          # ignore a checkpoint in `folder`
+               callback=None,             # called as `callback(step)` after each optimiser step
+              )->list:                    # one PretrainResult per seed
+    "The engine: train one model per seed, all seeds in one batched pass per step, resumed from a checkpoint in `folder` if there is one."
     device = torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
-    family, sampler, dtype = get_family(config.attention), get_protocol(config.protocol), DTYPES[config.dtype]
-    pool = _to(stack_pools([task_pool(config, config.n_tasks, s * 1_000_003) for s in seeds]), device)
-    ev = eval_set(config, seeds, device)
-    params = {k: v.to(device).requires_grad_() for k, v in family.init(config, seeds, dtype).items()}
+    family, protocol = get_family(config.attention), get_protocol(config.protocol)
+    data = protocol.data(config, seeds, device) if protocol.data is not None else None    # what the protocol draws from
+    ev = protocol.eval_set(config, seeds, device)                                          # the held-out prompts
+    init = perturb(family.init(config, seeds, DTYPES[config.dtype]), config.init_scale, seeds)
+    params = {k: v.to(device).requires_grad_() for k, v in init.items()}                   # (S, ...) each
     opt = torch.optim.Adam(params.values(), lr=config.lr, weight_decay=config.weight_decay)
-    gens = [torch.Generator().manual_seed(s) for s in seeds]
+    gens = [torch.Generator().manual_seed(s) for s in seeds]                               # each seed's data stream
+    target_gens = [torch.Generator().manual_seed(substream(s, OBJECTIVE_STREAM)) for s in seeds]
     run = dict(step=0, history={}, losses=[], protocol={})
-    expect = dict(version=ictd.__version__, config=asdict(config), seeds=seeds)
+    expect = dict(version=ictd.__version__, source=source_hash(), config=asdict(config), seeds=seeds)
     checkpoint = folder / f"checkpoint-{hashlib.sha1(json.dumps(seeds).encode()).hexdigest()[:8]}.pt" if folder is not None else None
     saved = None if checkpoint is None or force else _load(checkpoint, expect)
-    if saved is not None:
-        with torch.no_grad():
-            for k, v in params.items(): v.copy_(saved["params"][k])
-        opt.load_state_dict(saved["optimizer"])
-        for g, st in zip(gens, saved["generators"]): g.set_state(st)
-        run = {k: saved[k] for k in run}
-    bar = tqdm(total=config.n_steps, initial=run["step"], disable=not progress, desc=f"pretrain {config.key()}, {len(seeds)} seeds")
-    for step in range(run["step"], config.n_steps + 1):
+    if saved is not None: run = _restore(saved, params, opt, gens + target_gens)
+    kept = checkpoint if checkpoint_every else None
+    for step in tqdm(range(run["step"], config.n_steps + 1), initial=run["step"], total=config.n_steps + 1, disable=not progress, desc=f"pretrain {config.key()}, {len(seeds)} seeds"):
         if checkpoint_every and step % checkpoint_every == 0 and step > run["step"]:
             torch.save(dict(expect, params={k: v.detach() for k, v in params.items()}, optimizer=opt.state_dict(),
-                            generators=[g.get_state() for g in gens], **dict(run, step=step)), checkpoint)
+                            generators=[g.get_state() for g in gens + target_gens], **dict(run, step=step)), checkpoint)
         if step % config.eval_every == 0:
-            loss = torch.stack(run["losses"]).mean(0) if run["losses"] else torch.full((len(seeds),), math.nan, dtype=torch.float64, device=device)
-            metrics = dict(step=torch.full((len(seeds), 1), step), loss=loss.double().cpu()[:, None],
-                           **{k: v.detach().cpu() for k, v in evaluate_many(config, params, ev).items()})
-            for k, v in metrics.items(): run["history"].setdefault(k, []).append(v)
-            run["losses"] = []
+            check_divergence(config, seeds, step, torch.zeros(len(seeds), device=device), params, kept)   # the parameters, at each evaluation
+            _record(config, run, params, ev, step)
         if step == config.n_steps: break
-        v, target = td_values(config, params, pool, sampler(config, pool, gens, step, run["protocol"]))
-        loss = 0.5 * (target - v).square().mean(-1)
-        opt.zero_grad(); loss.sum().backward(); opt.step()
+        batch = protocol.sample(config, data, gens, step, run["protocol"])                # TD examples of every seed
+        v, target = objective_values(config, params, batch, target_gens)                  # (S, B) each; the target detached
+        loss = protocol.loss_scale * (target - v).square().mean(-1)                        # (S,): one loss per seed
+        check_divergence(config, seeds, step, loss, checkpoint=kept)                      # the loss, at every step
+        opt.zero_grad(); loss.sum().backward(); opt.step()                                 # seeds do not interact: Adam is entry-wise
         run["losses"].append(loss.detach())
-        bar.update()
         if callback is not None: callback(step + 1)
-    bar.close()
+    check_divergence(config, seeds, config.n_steps, torch.zeros(len(seeds), device=device), params, kept)
     history = {k: torch.stack(v, 1) for k, v in run["history"].items()}          # (S, evaluations, ...)
     results = []
     for i, s in enumerate(seeds):
         c = dataclasses.replace(config, seed=s)
         p, h = {k: v[i].detach().cpu() for k, v in params.items()}, {k: v[i] for k, v in history.items()}
-        if folder is not None: torch.save(dict(version=ictd.__version__, config=asdict(c), params=p, history=h), folder / f"seed-{s}.pt")
-        results.append(_result(c, p, h, _seed_slice(ev.tasks, i)))
+        if folder is not None: torch.save(dict(version=ictd.__version__, source=source_hash(), config=asdict(c), params=p, history=h), folder / f"seed-{s}.pt")
+        results.append(_result(c, p, h, _seed_slice(ev.tasks, i) if ev.tasks is not None else None))
     if checkpoint is not None and checkpoint.exists(): checkpoint.unlink()
     return results
 

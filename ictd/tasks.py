@@ -10,7 +10,7 @@ import torch
 from .boyan import MRP, as_tensor, random_boyan_chain
 
 # %% auto #0
-__all__ = ['TaskBatch', 'stack_tasks', 'random_tasks', 'sample_trajectories']
+__all__ = ['TaskBatch', 'stack_tasks', 'random_tasks', 'sample_trajectories', 'draw_cdf', 'gather_rows', 'task_features', 'TDSample', 'stationary_examples', 'Contexts', 'TDExamples', 'task_pool']
 
 # %% ../nbs/00a_tasks.ipynb #ce52f8a7
 @dataclass(eq=False)
@@ -52,6 +52,9 @@ def sample_trajectories(P,          # (B, s, s) transition matrices
     if P.ndim != 3 or P.shape[-1] != P.shape[-2]: raise ValueError(f"`P` must have shape (B, s, s), got {tuple(P.shape)}")
     d0 = as_tensor(d0, "d0", torch.float64, P.device)
     if d0.shape != P.shape[:2]: raise ValueError(f"`d0` must have shape {tuple(P.shape[:2])}, got {tuple(d0.shape)}")
+    if not torch.isfinite(d0).all() or (d0 < 0).any() or not torch.allclose(d0.sum(-1), torch.ones_like(d0[:, 0]), atol=1e-10):
+        raise ValueError("`d0` must hold probability distributions: non-negative rows summing to 1")
+    if (P < 0).any() or not torch.allclose(P.sum(-1), torch.ones_like(P[..., 0]), atol=1e-10): raise ValueError("`P` must be row-stochastic: non-negative rows summing to 1")
     if int(n) != n or n < 0: raise ValueError(f"`n` must be a non-negative integer, got {n}")
     gen = seed if isinstance(seed, torch.Generator) else torch.Generator().manual_seed(np.random.SeedSequence(seed).generate_state(1)[0].item())
     (B, s), n = P.shape[:2], int(n)
@@ -61,3 +64,92 @@ def sample_trajectories(P,          # (B, s, s) transition matrices
     S[0] = torch.searchsorted(d0.cumsum(-1).contiguous(), u[0], right=True).squeeze(-1).clamp(max=s - 1)
     for t in range(n): S[t + 1] = torch.searchsorted(cum[rows, S[t]], u[t + 1], right=True).squeeze(-1).clamp(max=s - 1)
     return S.T.contiguous()
+
+# %% ../nbs/06_pretrain.ipynb #3487233b
+def draw_cdf(cum:torch.Tensor, u:torch.Tensor)->torch.Tensor:
+    "Inverse-CDF draws: the index of the first entry of each row of `cum` (..., s) above `u` (...), clamped to s - 1."
+    return torch.searchsorted(cum, u[..., None], right=True)[..., 0].clamp(max=cum.shape[-1] - 1)
+
+def gather_rows(x:torch.Tensor, task:torch.Tensor, idx:torch.Tensor)->torch.Tensor:
+    "`x[i, task[i, b], idx[i, b, ...]]` for `x` (S, T, s, ...), `task` (S, B) and `idx` (S, B, ...), by one `index_select`."
+    S, T, s = x.shape[:3]
+    flat = ((torch.arange(S, device=x.device)[:, None] * T + task) * s).reshape(*task.shape, *[1] * (idx.ndim - 2)) + idx
+    return x.reshape(S * T * s, *x.shape[3:]).index_select(0, flat.flatten()).reshape(*idx.shape, *x.shape[3:])
+
+def task_features(tasks:TaskBatch,     # tasks with a leading seed axis: phi (S, T, s, d), r (S, T, s)
+                  task:torch.Tensor,   # (S, B) index of a task of each seed
+                  states:torch.Tensor, # (S, B, ...) states of those tasks
+                 )->tuple:             # features (S, B, ..., d) and rewards r(state) (S, B, ...)
+    "Features and rewards of states of the tasks `task` of every seed."
+    return gather_rows(tasks.phi, task, states), gather_rows(tasks.r, task, states)
+
+@dataclass(eq=False)
+class TDSample:
+    "Pretraining examples of every seed as state indices into its task pool (each model family builds its own prompts)."
+    task:torch.Tensor       # (S, B) index of each example's task in its seed's pool
+    states:torch.Tensor     # (S, B, n + 1) the context's states S_0..S_n
+    query:torch.Tensor      # (S, B) the query state s_q
+    successor:torch.Tensor  # (S, B) its successor s_q'
+
+def stationary_examples(pool:TaskBatch,  # tasks with a leading seed axis: P (S, T, s, s), d_pi (S, T, s)
+                        u:torch.Tensor,  # (S, B, n + 4) uniforms: task, n + 1 context states, query, successor
+                       )->TDSample:
+    "Examples from uniforms: a task of the pool, a context started from d_pi, a query from d_pi and its successor."
+    (S, T, s), n = pool.P.shape[:3], u.shape[-1] - 4
+    u = u.permute(2, 0, 1).contiguous()          # (n + 4, S, B): each draw's uniforms contiguous
+    task = (u[0] * T).long().clamp(max=T - 1)
+    cum = gather_rows(pool.P, task, torch.arange(s, device=u.device).expand(*task.shape, s)).cumsum(-1).reshape(-1, s)  # rows of each example's task
+    first = torch.arange(task.numel(), device=u.device).reshape(task.shape) * s
+    cum_P = lambda states: cum.index_select(0, (first + states).flatten()).reshape(*states.shape, s)
+    start = gather_rows(pool.d_pi[..., None, :], task, torch.zeros_like(task)).cumsum(-1)
+    states = [draw_cdf(start, u[1])]
+    for t in range(n): states.append(draw_cdf(cum_P(states[-1]), u[t + 2]))
+    query = draw_cdf(start, u[n + 2])
+    return TDSample(task, torch.stack(states, -1), query, draw_cdf(cum_P(query), u[n + 3]))
+
+@dataclass(eq=False)
+class Contexts:
+    "Prompts of every seed before a model family encodes them: state indices of discrete tasks, or features of continuous states."
+    tasks:TaskBatch = None        # discrete: tasks with a leading seed axis (S, T, ...)
+    task:torch.Tensor = None      # discrete: (S, B...) index of each prompt's task
+    states:torch.Tensor = None    # discrete: (S, B..., n + 1) the contexts' states S_0..S_n
+    queries:torch.Tensor = None   # discrete: (S, B..., q) the query states
+    phi:torch.Tensor = None       # continuous: (S, B..., n + 1, d) features of S_0..S_n
+    r:torch.Tensor = None         # continuous: (S, B..., n) rewards, r[..., k-1] = R_k
+    phi_q:torch.Tensor = None     # continuous: (S, B..., q, d) features of the queries
+
+    def features(self)->tuple:
+        "(phi (S, B..., n + 1, d), rewards (S, B..., n), query features (S, B..., q, d)), looked up in the tasks when discrete."
+        if self.tasks is None: return self.phi, self.r, self.phi_q
+        phi, r = task_features(self.tasks, self.task, self.states)
+        return phi, r[..., :-1], gather_rows(self.tasks.phi, self.task, self.queries)
+
+@dataclass(eq=False)
+class TDExamples:
+    "A batch of TD examples of every seed, as a protocol supplies it: prompts, rewards at the queries, and where each successor is."
+    x:Contexts               # the prompts
+    reward:torch.Tensor      # (S, B) r(s_q) of each example
+    successor:str = "query"  # "query": s_q' is query column 1 of the same prompt; "next": it is the query of the next prompt along axis 1
+
+# %% ../nbs/06_pretrain.ipynb #9dec142a
+def task_pool(config,                 # the task settings: n_states, d, features, gamma (e.g. a PretrainConfig)
+              n_tasks:int,            # number of tasks T
+              seed:int,               # task b draws from `numpy.random.default_rng(seed + b)`
+             )->TaskBatch:            # P (T, s, s), r (T, s), phi (T, s, d), d_pi, v_pi
+    "`random_tasks(n_tasks, seed, ...)` for the configuration's tasks, vectorised: one draw per task, batched solves."
+    s, d, g, T = config.n_states, config.d, config.gamma, int(n_tasks)
+    k = d * (config.features != "onehot")
+    u = np.stack([np.random.default_rng(seed + b).random(2 * s - 2 + s * k + s) for b in range(T)])
+    p, last = 0.01 + (0.99 - 0.01) * u[:, :s - 2], 0.01 + (0.99 - 0.01) * u[:, s - 2:2 * s - 2]   # as `boyan_transitions`
+    P = np.zeros((T, s, s))
+    P[:, np.arange(s - 2), np.arange(1, s - 1)], P[:, np.arange(s - 2), np.arange(2, s)] = p, 1 - p
+    P[:, s - 2, s - 1] = 1.
+    P[:, s - 1] = last / last.sum(1, keepdims=True)
+    phi = -1 + (1 - -1) * u[:, 2 * s - 2:2 * s - 2 + s * k].reshape(T, s, k) if k else np.broadcast_to(np.eye(s), (T, s, s)).copy()
+    if config.features == "unit": phi /= np.linalg.norm(phi, axis=-1, keepdims=True)
+    P, phi, r = (torch.from_numpy(x) for x in (P, phi, -1 + (1 - -1) * u[:, -s:]))
+    I = torch.eye(s, dtype=torch.float64)
+    A = torch.cat([P.mT - I, torch.ones(T, 1, s, dtype=torch.float64)], 1)
+    e = torch.zeros(T, s + 1, 1, dtype=torch.float64); e[:, -1] = 1
+    d_pi = torch.linalg.lstsq(A, e, driver="gelsd").solution.squeeze(-1).clamp(min=0)
+    return TaskBatch(P, r, phi, d_pi / d_pi.sum(-1, keepdim=True), torch.linalg.solve(I - g * P, r), g)

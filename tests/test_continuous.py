@@ -59,16 +59,16 @@ def test_transformer_runs_kernel_td(proc):
     for L in (2, 12):
         tf = SoftmaxICTD.from_theta_star(proc.d, L, proc.score_matrix(3.), 0.6, proc.gamma)
         got = tf.predict(build_prompt(proc.features(S), R, proc.features(q)), n=150)
-        assert torch.allclose(got, kernel_td(proc, S, R, 3., 0.6, L, q), atol=1e-11, rtol=0)
+        assert torch.allclose(got, kernel_td(proc, S, R, beta=3., alpha=0.6, n_layers=L, queries=q), atol=1e-11, rtol=0)
 
 def test_population_limit_and_rates():
     rot = NoisyRotation(reward="cos")
-    pop = population_msve(rot, 5., 1., 40)
+    pop = population_msve(rot, beta=5., alpha=1., n_layers=40)
     f1 = abs(1 - von_mises_harmonics(5., 1)[1].item() * (1 - rot.gamma * rot.transition_eigenvalues(1.).item()))
     assert math.isclose((pop[40] / pop[20]).item() ** (1 / 40), f1, rel_tol=1e-6)
     # large n follows the population curve at shallow depth; the floor falls with n (other seeds)
     err = error_sweep(NoisyRotation(), [100, 1500], [10.], 1., 25, n_tasks=5, seed=9000)[:, 0].mean(1)
-    pop_sq = population_msve(NoisyRotation(), 10., 1., 25)
+    pop_sq = population_msve(NoisyRotation(), beta=10., alpha=1., n_layers=25)
     assert ((err[1, :5] - pop_sq[:5]).abs() / pop_sq[:5]).max() < 0.3
     assert err[1, -1] < err[0, -1]
 

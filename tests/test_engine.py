@@ -22,6 +22,7 @@ def assert_same_run(result, model, history, tol):
         assert result.history[k].shape == v.shape, (k, result.history[k].shape, v.shape)
         assert (result.history[k].double() - v.double()).nan_to_num().abs().max() <= tol, k
 
+@pytest.mark.claims
 @pytest.mark.parametrize('config', [SMALL, dataclasses.replace(SMALL, shared=True, n_layers=4, features='onehot', n=12)],
                          ids=['spec-shapes', 'shared-onehot'])
 def test_batched_equals_the_pre_engine_loop(config):
@@ -33,6 +34,7 @@ def test_batched_equals_the_pre_engine_loop(config):
         model, history = one_seed_pretrain(r.config)
         assert_same_run(r, model, history, 1e-10)
 
+@pytest.mark.unit
 def test_float32_runs_and_stays_close():
     "float32 trains in float32 (metrics in float64) and stays near the float64 run over a short horizon."
     r64, r32 = pretrain(SMALL, progress=False), pretrain(dataclasses.replace(SMALL, dtype='float32'), progress=False)
@@ -42,6 +44,7 @@ def test_float32_runs_and_stays_close():
 
 class Interrupt(Exception): pass
 
+@pytest.mark.claims
 def test_resume_after_an_interruption_is_exact(tmp_path):
     "A run stopped at step 47 and started again resumes from its step-40 checkpoint and ends bit for bit where an uninterrupted run ends."
     config = dataclasses.replace(SMALL, n_steps=90, eval_every=30)
@@ -59,6 +62,7 @@ def test_resume_after_an_interruption_is_exact(tmp_path):
         for p, q in zip(a.model.parameters(), b.model.parameters()): assert torch.equal(p, q)
         for k in b.history: assert torch.equal(a.history[k].nan_to_num(), b.history[k].nan_to_num()), k
 
+@pytest.mark.claims
 def test_resume_after_a_killed_process_is_exact(tmp_path):
     "The same with the process killed (SIGKILL) in the middle of training."
     config = dataclasses.replace(SMALL, n_steps=400, eval_every=100)
@@ -77,6 +81,7 @@ def test_resume_after_a_killed_process_is_exact(tmp_path):
     for p, q in zip(resumed.model.parameters(), straight.model.parameters()): assert torch.equal(p, q)
     assert torch.equal(resumed.history['msve'], straight.history['msve'])
 
+@pytest.mark.unit
 def test_cache_one_folder_per_configuration_and_version(tmp_path, monkeypatch, capsys):
     "Results are read back from `<cache>/<key>/seed-<s>.pt`; another version's file, or `force`, recomputes."
     config = dataclasses.replace(SMALL, n_steps=10, eval_every=5)
@@ -84,8 +89,8 @@ def test_cache_one_folder_per_configuration_and_version(tmp_path, monkeypatch, c
     folder = tmp_path / config.key()
     settings = json.loads((folder / 'config.json').read_text())
     assert settings['version'] == ictd.__version__ and settings['lr'] == config.lr and 'seed' not in settings
-    calls, train = [], pt._train
-    monkeypatch.setattr(pt, '_train', lambda *a, **k: calls.append(a[1]) or train(*a, **k))
+    calls, train = [], pt.train_loop
+    monkeypatch.setattr(pt, 'train_loop', lambda *a, **k: calls.append(a[1]) or train(*a, **k))
     again = pretrain_many(config, [1, 0], progress=False, cache_dir=tmp_path)
     assert calls == [] and torch.equal(again[1].history['msve'], first[0].history['msve'])
     saved = torch.load(folder / 'seed-1.pt', weights_only=True)
@@ -97,18 +102,20 @@ def test_cache_one_folder_per_configuration_and_version(tmp_path, monkeypatch, c
     monkeypatch.setattr(ictd, '__version__', '99.0')
     assert config.key() != folder.name                                           # a new version, a new folder
 
+@pytest.mark.unit
 def test_a_registered_family_and_protocol_are_used():
-    "A family and a protocol registered from outside chapter 6 are trained by the engine (here: the softmax family, wrapped)."
+    "A family and a protocol registered from outside chapter 6 are trained by the engine (here: the softmax family and the stationary protocol, wrapped)."
     base, calls = pt.get_family('softmax'), []
     def predict(config, params, x, n):
         calls.append(x.Z.shape[:2])
         return base.predict(config, params, x, n)
     pt.register_family('softmax-copy', dataclasses.replace(base, predict=predict))
+    stationary = pt.get_protocol('stationary')
     def every_step_same_task(config, pool, gens, step, state):
-        b = pt.stationary_sampler(config, pool, gens, step, state)
+        b = stationary.sample(config, pool, gens, step, state)
         state['steps'] = state.get('steps', 0) + 1
-        return dataclasses.replace(b, task=torch.zeros_like(b.task))
-    pt.register_protocol('one-task', every_step_same_task)
+        return dataclasses.replace(b, x=dataclasses.replace(b.x, task=torch.zeros_like(b.x.task)))
+    pt.register_protocol('one-task', dataclasses.replace(stationary, sample=every_step_same_task))
     try:
         config = dataclasses.replace(SMALL, attention='softmax-copy', protocol='one-task', n_steps=4, eval_every=2)
         r = pretrain_many(config, [0, 1], progress=False)
@@ -116,3 +123,4 @@ def test_a_registered_family_and_protocol_are_used():
     finally:
         del pt.FAMILIES['softmax-copy'], pt.PROTOCOLS['one-task']
     with pytest.raises(ValueError, match='`protocol` must be one of'): pretrain_many(dataclasses.replace(SMALL, protocol='zigzag'), [0])
+    with pytest.raises(ValueError, match='`protocol` must be a Protocol'): pt.register_protocol('bare', lambda *a: None)
