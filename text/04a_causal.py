@@ -318,7 +318,9 @@ def causal_attention(Z, A, lam, n:int)->torch.Tensor:
     N = Z.shape[-1]
     pos = torch.arange(N, dtype=Z.dtype, device=Z.device).clamp(min=1).log()
     logits = torch.cat([Z, previous_token(Z)], -2).mT @ A @ Z + torch.as_tensor(lam, dtype=Z.dtype, device=Z.device)[..., None, None] * pos[:, None]
-    return torch.softmax(logits.masked_fill(~causal_keys(N, n, Z.device), -math.inf), dim=-2).nan_to_num(0.)
+    keys = causal_keys(N, n, Z.device)
+    has = keys.any(0)                                  # columns with at least one key (all but column 0)
+    return torch.softmax(logits.masked_fill(~keys, -math.inf).masked_fill(~has, 0.), dim=-2) * has
 
 def causal_update(Z:torch.Tensor,    # (..., D, N) prompt
                   A:torch.Tensor,    # (..., 2D, D) score matrix on (shifted tokens, tokens)
@@ -538,6 +540,507 @@ for j in range(16):
     test_eq(out_a[..., :j + 1], out_b[..., :j + 1])
     if j < 15: assert (out_a[..., j + 1:] - out_b[..., j + 1:]).abs().max() > 1e-3
 print("columns 0..j of every layer unchanged when columns j+1.. change, for every j")
+# %% [markdown]
+# ## Why $\theta^*$ under a causal mask diverges
+#
+# [Chapter 3](dual_head.html) added a causal mask to $\theta^*$ but kept its shift, which reads the
+# *next* token, so its model was not a decoder. Made truly causal (Theorem 4a.1, `current="key"`),
+# the iteration diverges at once, and for a reason that has nothing to do with the kernel.
+#
+# ::: {.theorem}
+# **Proposition 4a.2 (ours).** In forward order with `current="key"`, write the iteration on the
+# trajectory targets as $v_{t+1} = T v_t + b$. Target $j$ reads only $v[0..j]$, so $T$ is lower
+# triangular, and its diagonal is $T_{jj} = 1 + \alpha\gamma K_{jj} > 1$ for $j \ge 1$: in the
+# transitions a column sees, its own value appears only as a *successor* (transition $j$, with
+# $+\gamma$), never as a current state (that is transition $j + 1$, which it does not see). The
+# eigenvalues of a triangular matrix are its diagonal, so the spectral radius exceeds 1 for every
+# $W$, every feature map, every $\alpha > 0$ and $\gamma > 0$. Exactly: target 1 sees transition 1
+# alone ($K_{11} = 1$), so $v_{t+1}[1] = (1 + \alpha\gamma)\, v_t[1] + \alpha R_1$, and
+# $v_t[1] = R_1 \big((1 + \alpha\gamma)^t - 1\big)/\gamma$, which diverges whenever $R_1 \ne 0$.
+# :::
+#
+# The queries read $v[k]$ through the TD errors, so they inherit the growth. The check compares
+# $v_t[1]$ with the closed form, and measures the growth rate of the largest value against $1 + \alpha\gamma$.
+
+# %%
+v_div = prefix_softmax_td(phi_r, R_r, W2, 0.7, 0.9, 40, tasks_r.phi, return_all=True)
+t_ = torch.arange(41, dtype=torch.float64)
+test_close(v_div[..., 1], R_r[:, :1] * ((1 + 0.7 * 0.9) ** t_ - 1) / 0.9, eps=1e-9 * 1.63 ** 40)
+rate = (v_div[:, -1].abs().amax(-1) / v_div[:, -2].abs().amax(-1))
+test_close(rate, torch.full_like(rate, 1 + 0.7 * 0.9), eps=2e-3)
+print(f"growth per layer of the largest value: {rate.min():.6f} .. {rate.max():.6f}; 1 + alpha gamma = {1 + 0.7 * 0.9}")
+
+# %% [markdown]
+# Two ways out come to mind. **Reversed order** puts the future before each state: the token of
+# $S_j$ sees transitions $j + 1..n$, and the first of them, $j + 1$, has $S_j$ as its current state.
+# The same argument gives an (upper) triangular $T$ with diagonal $1 - \alpha K_{j+1, j} \in [1 - \alpha, 1)$:
+# every eigenvalue lies inside the unit circle for $\alpha \in (0, 1]$, and the trajectory targets
+# converge. But a query's own value never enters any TD error, so a query only accumulates
+# $\alpha\sum_k K_{kq}\delta_k$: at the fixed point of the trajectory targets this sum is zero only if
+# the query's kernel column equals some target's, and the query drifts linearly otherwise.
+#
+# The second way keeps forward order, which a decoder streaming its input needs, and reads the
+# current-state value of each TD error at the target itself (`current="self"`).
+#
+# ::: {.theorem}
+# **Proposition 4a.3 (ours).** With `current="self"`, in any order (forward, reversed or none), for
+# any weights $K$ whose columns sum to 1 or to 0 (any $W$, any positional bias), and
+# $\alpha \in (0, 1]$: the iteration $v_{t+1} = T v_t + b$ satisfies $\|T\|_\infty \le 1 - \alpha(1 - \gamma)$.
+# So it converges geometrically, at every target and every query, to the unique solution of
+# $v[j] = \sum_k K_{kj}(R_k + \gamma v[k])$ (targets that see transitions) and $v[j] = 0$ (those that see none).
+# :::
+#
+# *Proof.* Row $j$ of $T$ is $(1 - \alpha c_j) e_j^\top + \alpha\gamma \sum_k K_{kj} e_k^\top$, with
+# $c_j = \sum_k K_{kj} \in \{0, 1\}$. Its absolute sum is at most $|1 - \alpha c_j| + \alpha\gamma c_j$,
+# which is 1 if $c_j = 0$ — but then row $j$ is $e_j^\top$ and $b_j = 0$, so $v[j]$ stays 0 — and
+# $1 - \alpha + \alpha\gamma$ if $c_j = 1$. Restricted to the targets with $c_j = 1$ (the others are
+# constant zero and enter no one's update with a non-zero coefficient... except as successors,
+# where they contribute $\gamma \cdot 0$), $T$ is a contraction of ratio $1 - \alpha(1 - \gamma)$ in the
+# max norm, and Banach's theorem gives the rest. $\square$
+#
+# This is the contraction the non-causal construction needs a diagonality condition for
+# ([chapter 5](convergence.html)): here it holds for *every* kernel, because the column's own
+# value carries the $-1$ of the TD error. In the tabular limit the fixed point at a target whose
+# state has been left before is the mean of $R + \gamma v(\text{successor})$ over those departures,
+# the certainty-equivalence equation. The check: the measured contraction of the error to the
+# fixed point, on the three kinds of features, against $1 - \alpha(1 - \gamma)$.
+
+# %%
+def fixed_point_self(phi_states, rewards, W, gamma, phi_queries, order="forward", recency=0.):
+    "The fixed point of the `current='self'` iteration, by one triangular solve per context (Proposition 4a.3)."
+    K = prefix_weights(phi_states, W, phi_queries, order, recency)
+    n, m = K.shape[-2], K.shape[-1]
+    E = torch.zeros(n, m, dtype=K.dtype); E[torch.arange(n), torch.arange(1, n + 1)] = 1.   # transition k's successor is target k
+    R = rewards.unsqueeze(-2) @ K                                                             # (..., 1, m)
+    I = torch.eye(m, dtype=K.dtype)
+    return torch.linalg.solve(I - gamma * (E.mT @ K).mT, R.mT).squeeze(-1)
+
+for feats in ("onehot", "unit", "random"):
+    tk = random_tasks(6, seed=11, features=feats)
+    Sk = sample_trajectories(tk.P, 60, tk.d_pi, seed=11)
+    rk = torch.arange(6)[:, None]
+    Wk = 3 * torch.eye(tk.phi.shape[-1], dtype=torch.float64)
+    vs = prefix_softmax_td(tk.phi[rk, Sk], tk.r[rk, Sk[:, :-1]], Wk, 0.8, 0.9, 200, tk.phi, current="self", recency=2., return_all=True)
+    star = fixed_point_self(tk.phi[rk, Sk], tk.r[rk, Sk[:, :-1]], Wk, 0.9, tk.phi, recency=2.)
+    err = (vs - star[:, None]).abs().amax(-1)
+    test_close(vs[:, -1], star, eps=1e-5)
+    ratio = (err[:, 1:101] / err[:, :100]).max().item()
+    assert ratio <= (1 - 0.8 * 0.1) * (1 + 1e-9)
+    print(f"{feats:6s}: largest error ratio per layer {ratio:.6f}, bound 1 - alpha (1 - gamma) = {1 - 0.8 * 0.1:.2f}")
+# %% [markdown]
+# ## What causality costs: the error at the fixed point
+#
+# Convergence is not accuracy. The first measurement runs three constructions on the same
+# tasks: weighted softmax TD (the non-causal $\theta^*$), $\theta^*$ under the mask (`current="key"`,
+# forward), and the self-anchored decoder (`current="self"`, forward, $\lambda = 0$), on 20 random
+# Boyan chains with one-hot features and $W = 8I$, $\alpha = 1$ (the setting of
+# [chapter 3](dual_head.html)'s table), every state a query, for context lengths 30 and 400.
+
+# %%
+FEATURES = {"onehot": 8., "unit": 8., "random": 2.}      # kernel scale beta of W = beta I for the first look
+def eval_context(features, n, n_tasks=20, seed=100):
+    "Tasks, the features and rewards of one stationary context each, and the query features (every state)."
+    tk = random_tasks(n_tasks, seed=seed, features=features)
+    Sk = sample_trajectories(tk.P, n, tk.d_pi, seed=seed + 1)
+    rk = torch.arange(n_tasks)[:, None]
+    return tk, tk.phi[rk, Sk], tk.r[rk, Sk[:, :-1]]
+
+def query_msve(v, tasks):
+    "(..., ) mean over tasks of the MSVE at the queries (the last s targets) of iterates v (tasks, ..., m)."
+    s = tasks.v_pi.shape[-1]
+    shape = (len(tasks),) + (1,) * (v.ndim - 2) + (s,)
+    return ((v[..., -s:] - tasks.v_pi.reshape(shape)).square() * tasks.d_pi.reshape(shape)).sum(-1).mean(0)
+
+def depth_curves(features, n, runs, L=120, n_tasks=20, seed=100):
+    "MSVE at the queries after 0..L layers for each named run: name -> kwargs of `prefix_softmax_td` (W given as beta)."
+    tk, ph, rw_ = eval_context(features, n, n_tasks, seed)
+    I = torch.eye(tk.phi.shape[-1], dtype=torch.float64)
+    out = {}
+    for name, kw in runs.items():
+        kw = dict(kw); beta = kw.pop("beta")
+        out[name] = query_msve(prefix_softmax_td(ph, rw_, beta * I, gamma=tk.gamma, n_iters=L, phi_queries=tk.phi, return_all=True, **kw), tk)
+    return out
+
+first_look = {"non-causal TD (theta*)": dict(beta=8., alpha=1., order="none"),
+              "theta* under the mask": dict(beta=8., alpha=1.),
+              "self-anchored decoder": dict(beta=8., alpha=1., current="self")}
+look = {n: depth_curves("onehot", n, first_look) for n in (30, 400)}
+layers_show = [1, 5, 10, 20, 40, 80, 120]
+Markdown("| n | construction | " + " | ".join(f"L = {L}" for L in layers_show) + " |\n|---|---|" + "---|" * len(layers_show) + "\n" +
+         "\n".join(f"| {n} | {name} | " + " | ".join(f"{c[L]:.3g}" for L in layers_show) + " |" for n, curves in look.items() for name, c in curves.items()))
+
+# %% [markdown]
+# The masked $\theta^*$ explodes, as Proposition 4a.2 says. The self-anchored decoder converges, as
+# Proposition 4a.3 says, but to a poor answer: its error first falls with the non-causal one,
+# then rises to a fixed point far worse than the non-causal fixed point, and the gap does not close quickly with $n$.
+#
+# **Why (a mean-field argument, not a proof).** Column $k$'s value is an estimate of $v(S_k)$ made
+# from transitions $1..k$ only, and every later target that bootstraps on transition $k$ uses that
+# estimate, forever: no later layer can revise what column $k$ knows. The early columns, which have
+# seen almost nothing, are badly off (column 1 sees one transition, and its fixed point is
+# $R_1 / (1 - \gamma)$). Let $b_j$ be the error of column $j$ at the fixed point. In the tabular limit
+# it is $\gamma$ times the mean of its successors' errors, and in a fast-mixing chain those
+# successors are spread over the prefix: $b_j \approx \gamma \frac{1}{j}\sum_{k \le j} b_k$. The solution
+# of that recursion decays only like $j^{-(1-\gamma)}$: a power $0.1$ for $\gamma = 0.9$. With a
+# positional bias $\lambda \log k$ the average weights transition $k$ by $k^\lambda$, the recursion becomes
+# $b_j \approx \gamma \sum_{k\le j} k^\lambda b_k / \sum_{k\le j} k^\lambda$, and its solution decays like
+# $j^{-(\lambda + 1)(1 - \gamma)}$. The price is variance: weights $k^\lambda$ keep an effective sample size of
+# $j(2\lambda + 1)/(\lambda + 1)^2$. The bias then falls at least as fast as the statistical error
+# ($j^{-1/2}$) once $(\lambda + 1)(1 - \gamma) \ge 1/2$, that is $\lambda \ge 4$ for $\gamma = 0.9$.
+# The positional bias is what decoders have anyway (ALiBi's linear bias is the same thing
+# with $\log k$ replaced by $k$); here it is a fixed function of the key's position.
+#
+# The measurement: the fixed point's error (Proposition 4a.3's triangular solve, no depth involved)
+# against $n$, for several $\lambda$, on 20 one-hot tasks, beside the non-causal TD iteration run to convergence.
+
+# %%
+def floor_vs_n(features, ns, lams, beta, n_tasks=20, seed=300):
+    "MSVE of the self-anchored fixed point for each lambda, and of non-causal TD after 300 layers, per context length."
+    rows = {}
+    for n in ns:
+        tk, ph, rw_ = eval_context(features, n, n_tasks, seed)
+        W_ = beta * torch.eye(tk.phi.shape[-1], dtype=torch.float64)
+        for lam in lams: rows.setdefault(f"decoder, lambda = {lam:g}", []).append(query_msve(fixed_point_self(ph, rw_, W_, tk.gamma, tk.phi, recency=lam), tk).item())
+        rows.setdefault("non-causal TD", []).append(query_msve(weighted_softmax_td(ph, rw_, W_, 1., tk.gamma, 300, tk.phi), tk).item())
+    return {k: torch.tensor(v) for k, v in rows.items()}
+
+NS, LAMS = (25, 50, 100, 200, 400), (0., 2., 4., 9.)
+t0 = time.time()
+floors = floor_vs_n("onehot", NS, LAMS, 8.)
+slopes = {k: np.polyfit(np.log(NS[2:]), np.log(v[2:].numpy()), 1)[0] for k, v in floors.items()}
+print(f"{time.time() - t0:.1f} s")
+Markdown("| construction | " + " | ".join(f"n = {n}" for n in NS) + " | slope of log MSVE on log n (n >= 100) |\n|---|" + "---|" * (len(NS) + 1) + "\n" +
+         "\n".join(f"| {k} | " + " | ".join(f"{x:.3g}" for x in v) + f" | {slopes[k]:.2f} |" for k, v in floors.items()))
+# %% [markdown]
+# The measured slopes follow the mean-field prediction $-2(\lambda + 1)(1 - \gamma)$ for the squared
+# bias ($-0.2, -0.6, -1.0$ for $\lambda = 0, 2, 4$) until the variance takes over: with $\lambda = 9$ the
+# decay is faster than $n^{-1}$, and at $n = 400$ the decoder is within a small factor of the non-causal fixed point.
+#
+# ## The decoder against the non-causal construction, tuned
+#
+# A fair comparison tunes each construction on the same tuning tasks (disjoint from the evaluation
+# tasks), for each kind of features and each context length, at depth 80: the non-causal TD over
+# $\alpha \in \{0.5, 1\}$ and $\beta \in \{1, 3, 8\}$ ($W = \beta I$); the decoder (self-anchored, forward,
+# $\alpha = 1$, which Proposition 4a.3 makes the fastest) over $\beta \in \{1, 3, 8\}$ and
+# $\lambda \in \{4, 9, 16\}$. Then both run on 20 evaluation tasks per feature type at $n = 30, 100, 400$.
+
+# %%
+GRID_TD = [dict(alpha=a, beta=b, order="none") for a in (0.5, 1.) for b in (1., 3., 8.)]
+GRID_DEC = [dict(alpha=1., beta=b, current="self", recency=lam) for b in (1., 3., 8.) for lam in (4., 9., 16.)]
+
+def tune(features, grid, n, L=80):
+    "The settings of `grid` with the least MSVE at depth L on 10 tuning tasks (seed 500), and that MSVE."
+    errs = [depth_curves(features, n, {0: kw}, L=L, n_tasks=10, seed=500)[0][-1].item() for kw in grid]
+    return grid[int(np.argmin(errs))], min(errs)
+
+t0 = time.time()
+CTX = (30, 100, 400)
+tuned = {(f, n): dict(TD=tune(f, GRID_TD, n)[0], decoder=tune(f, GRID_DEC, n)[0]) for f in FEATURES for n in CTX}
+print(f"tuning: {time.time() - t0:.1f} s")
+Markdown("| features | n | non-causal TD: alpha, beta | decoder: beta, lambda |\n|---|---|---|---|\n" +
+         "\n".join(f"| {f} | {n} | {t['TD']['alpha']:g}, {t['TD']['beta']:g} | {t['decoder']['beta']:g}, {t['decoder']['recency']:g} |" for (f, n), t in tuned.items()))
+
+# %%
+t0 = time.time()
+curves = {(f, n): depth_curves(f, n, {"non-causal TD": tuned[(f, n)]["TD"], "decoder": tuned[(f, n)]["decoder"]}) for f in FEATURES for n in CTX}
+print(f"curves: {time.time() - t0:.1f} s")
+fig, axs = plt.subplots(1, 3, figsize=(12, 3.8), sharey=True)
+for ax, f in zip(axs, FEATURES):
+    for n, color in zip(CTX, ("C0", "C1", "C2")):
+        for name, ls in (("non-causal TD", "-"), ("decoder", "--")):
+            ax.plot(curves[(f, n)][name].numpy(), ls, color=color, label=f"{name}, n = {n}")
+    ax.set(yscale="log", xlabel="depth L (layers)", title=f"{f} features")
+axs[0].set_ylabel("MSVE at the queries (mean of 20 tasks)")
+fig.tight_layout(rect=(0, 0, 0.82, 1))
+fig.legend(*axs[0].get_legend_handles_labels(), loc="center right", fontsize=8)
+
+# %% [markdown]
+# *Figure: value error at the queries against depth, for the tuned non-causal construction (solid)
+# and the tuned decoder (dashed), three context lengths, three kinds of features, tuned values in
+# the table above.* Both fall geometrically with depth and then level off at their fixed point
+# (the decoder at rate $1 - \alpha(1-\gamma)$ or faster, as Proposition 4a.3 says). The decoder's
+# floor falls with $n$ too, but it is above the non-causal one, and on these lengths the gap
+# *widens* with $n$ (the table): the causal bias decays more slowly than the statistical error of
+# the non-causal fixed point, most of all with random features, whose kernel is far from tabular.
+
+# %%
+floor_rows = []
+for f in FEATURES:
+    for n in CTX:
+        c = curves[(f, n)]
+        floor_rows.append(f"| {f} | {n} | {c['non-causal TD'][-1]:.3g} | {c['decoder'][-1]:.3g} | {c['decoder'][-1] / c['non-causal TD'][-1]:.2f} |")
+Markdown("| features | n | non-causal TD, L = 120 | decoder, L = 120 | ratio |\n|---|---|---|---|---|\n" + "\n".join(floor_rows))
+
+# %%
+dec1 = curves[("onehot", 400)]["decoder"]
+assert dec1[120] < 0.05 * dec1[1] and dec1[120] < dec1[10]
+print(f"decoder, one-hot, n = 400: MSVE {dec1[1]:.3f} at L = 1, {dec1[10]:.3f} at L = 10, {dec1.min():.4f} at its lowest (L = {int(dec1.argmin())}), {dec1[120]:.4f} at L = 120")
+assert all(curves[(f, 400)]["decoder"][120] < curves[(f, 30)]["decoder"][120] for f in FEATURES)
+# %% [markdown]
+# ## Streaming with a KV cache
+#
+# A decoder's column $j$ depends only on columns $\le j$, and the causal prompt never rewrites a
+# token. So when transition $t$ arrives ($R_t$ and $S_t$, one new token), every earlier column of
+# every layer is unchanged: a model can keep, per layer, the keys $A^\top T_l[:, i]$ and values
+# $V T_l[:, i]$ of the tokens seen so far (a *KV cache*), compute the new token's column layer by
+# layer against the cache, and then run the query columns against the cache. That is online
+# in-context TD: the estimate at the query is refreshed at every transition, for $O(L\,t)$ work
+# (the new token and each query attend to $t$ cached keys per layer). A non-causal model has no
+# such shortcut: a new transition changes the weights of every column, so the estimate at length
+# $t$ needs a fresh forward pass, $O(L\,t^2)$.
+
+# %%
+#| export
+class CausalCache:
+    "Per-layer keys and values of the tokens a `CausalSoftmaxICTD` has read, for appending one token at a time."
+    def __init__(self, model, capacity:int, batch:tuple=(), dtype=torch.float64):
+        L, D = model.n_layers, model.d + 2
+        self.model, self.t, self.params = model, 0, [tuple(p.detach().to(dtype) for p in model.layer(l).params(torch.zeros((), dtype=dtype))) for l in range(L)]
+        self.keys = torch.zeros(L, *batch, capacity, D, dtype=dtype)     # A^T T[:, i] (the positional bias is added at use)
+        self.values = torch.zeros(L, *batch, capacity, D, dtype=dtype)   # V T[:, i]
+        self.last = torch.zeros(L, *batch, D, dtype=dtype)               # the previous token's column, per layer
+
+    def _attend(self, l:int, z:torch.Tensor, k:int)->torch.Tensor:
+        "Layer l's update of columns z (..., c, D) against the first k cached keys (the tokens 1..k)."
+        A, V, U, lam = self.params[l]
+        if k == 0: return z + z @ U.mT
+        K, X = self.keys[l, ..., :k, :], self.values[l, ..., :k, :]
+        logits = z @ K.mT + lam * torch.arange(1, k + 1, dtype=z.dtype).log()
+        return z + torch.softmax(logits, -1) @ X + z @ U.mT
+
+    def prefill(self, Z:torch.Tensor):  # (..., D, t) the first t columns of a causal prompt
+        "Read many tokens at once from one forward pass (what decoders do with a prompt before streaming)."
+        t = Z.shape[-1]
+        if self.t != 0 or not 2 <= t <= self.keys.shape[-2] + 1: raise ValueError(f"`prefill` needs an empty cache and 2..{self.keys.shape[-2] + 1} columns, got {t} columns after {self.t} tokens")
+        Zs = self.model(Z, n=t - 1, return_all=True)
+        for l in range(self.model.n_layers):
+            A, V, U, lam = self.params[l]
+            T = torch.cat([Zs[..., l, :, :], previous_token(Zs[..., l, :, :])], -2).mT[..., 1:, :]
+            self.keys[l, ..., :t - 1, :], self.values[l, ..., :t - 1, :] = T @ A, T @ V.mT
+            self.last[l] = Zs[..., l, :, -1]
+        self.t = t
+
+    def append(self, token:torch.Tensor):  # (..., D) the next column of the causal prompt
+        "Read one more token: run its column through every layer and cache its keys and values (from the second token on)."
+        z = token
+        for l in range(self.model.n_layers):
+            A, V, U, lam = self.params[l]
+            T = torch.cat([z, self.last[l]], -1)
+            if self.t >= 1: self.keys[l, ..., self.t - 1, :], self.values[l, ..., self.t - 1, :] = T @ A, T @ V.mT
+            self.last[l] = z
+            z = self._attend(l, z.unsqueeze(-2), self.t).squeeze(-2)
+        self.t += 1
+
+    def query(self, phi_queries:torch.Tensor)->torch.Tensor:  # (..., q, d) -> (..., q) values
+        "The model's values at query columns placed after the tokens read so far."
+        z = torch.cat([phi_queries, torch.zeros(*phi_queries.shape[:-1], 2, dtype=phi_queries.dtype)], -1)
+        for l in range(self.model.n_layers): z = self._attend(l, z, self.t - 1)
+        return z[..., -1]
+
+def stream_values(model,              # a `CausalSoftmaxICTD` (forward layout)
+                  phi_states,         # (..., n + 1, d) features of S_0..S_n
+                  rewards,            # (..., n) rewards
+                  phi_queries,        # (..., q, d) query features
+                 )->torch.Tensor:     # (..., n, q): row t - 1 is the estimate after transition t
+    "The query estimates of a decoder as the transitions of a context arrive one by one, with a KV cache."
+    Z = build_causal_prompt(phi_states, rewards, phi_queries)
+    n = Z.n_context
+    cache = CausalCache(model, n, Z.shape[:-2], Z.dtype)
+    out = []
+    for t in range(n + 1):
+        cache.append(Z[..., :, t])
+        if t >= 1: out.append(cache.query(Z[..., :-2, n + 1:].mT))
+    return torch.stack(out, -2)
+
+# %% [markdown]
+# The check: the streamed estimate after transition $t$ equals the model's forward pass on the
+# prompt of the first $t$ transitions, for every $t$, to $10^{-12}$ (here with random parameters and
+# a positional bias, not only the construction).
+
+# %%
+model_s = CausalSoftmaxICTD(4, 4, seed=5, init_gain=0.5).requires_grad_(False)
+for l in range(4): model_s.layer(l).lam.fill_(0.3 * l)
+tk_s, ph_s, rw_s = eval_context("random", 25, n_tasks=3, seed=9)
+streamed = stream_values(model_s, ph_s, rw_s, tk_s.phi)
+fresh = torch.stack([model_s.predict(build_causal_prompt(ph_s[:, :t + 1], rw_s[:, :t], tk_s.phi)) for t in range(1, 26)], -2)
+test_close(streamed, fresh, eps=1e-12)
+print(f"largest |streamed - fresh forward pass| over 25 lengths: {(streamed - fresh).abs().max():.1e}")
+
+# %% [markdown]
+# The query's estimate as transitions stream in, for the tuned one-hot decoder of the previous
+# section ($n = 400$ settings) on one task, beside the non-causal construction rerun from
+# scratch at every length, and the cost of each way, timed in the same run (one thread).
+
+# %%
+def models_for(d, L, gamma, kw_dec, kw_td):
+    "The tuned decoder and the tuned non-causal construction at depth L."
+    I = torch.eye(d, dtype=torch.float64)
+    return (CausalSoftmaxICTD.from_theta_star(d, L, kw_dec["beta"] * I, 1., gamma, "self", recency=kw_dec["recency"]).requires_grad_(False),
+            SoftmaxICTD.from_theta_star(d, L, kw_td["beta"] * I, kw_td["alpha"], gamma).requires_grad_(False))
+
+def cost_per_transition(t, L, kw_dec, kw_td, k=8, seed=31):
+    "Wall time (s) of one new transition at length t: k cached appends + queries, against one fresh forward pass of each model."
+    tk, ph, rw_ = eval_context("onehot", t + k, n_tasks=1, seed=seed)
+    dec, td = models_for(10, L, tk.gamma, kw_dec, kw_td)
+    Z = build_causal_prompt(ph, rw_, tk.phi)
+    cache = CausalCache(dec, t + k, (1,))
+    cache.prefill(Z[..., :t + 1])
+    t0 = time.perf_counter()
+    for i in range(t + 1, t + k + 1): cache.append(Z[..., :, i]); v_cached = cache.query(tk.phi)
+    t1 = time.perf_counter()
+    for _ in range(k): v_dec = dec.predict(build_causal_prompt(ph, rw_, tk.phi))
+    t2 = time.perf_counter()
+    for _ in range(k): td.predict(build_prompt(ph, rw_, tk.phi))
+    t3 = time.perf_counter()
+    test_close(v_cached, v_dec, eps=1e-10)
+    return (t1 - t0) / k, (t2 - t1) / k, (t3 - t2) / k
+
+rows_t = []
+for t_len in (100, 200, 400, 800):
+    c, s, nc = cost_per_transition(t_len, 10, tuned[("onehot", 400)]["decoder"], tuned[("onehot", 400)]["TD"])
+    rows_t.append(f"| {t_len} | {1e3 * c:.2f} | {1e3 * s:.2f} | {1e3 * nc:.2f} | {s / c:.1f} | {nc / c:.1f} |")
+Markdown("| transitions so far t | decoder, KV cache (ms) | decoder, fresh pass (ms) | non-causal, fresh pass (ms) | fresh decoder / cache | fresh non-causal / cache |\n|---|---|---|---|---|---|\n" + "\n".join(rows_t))
+
+# %% [markdown]
+# *Table: the cost of refreshing the estimates at all 10 queries when one more transition arrives, at
+# depth 10, one thread, mean of 8 transitions; the ratios are measured in the same run.* The cached
+# step attends to $t$ keys per layer; the fresh passes build $t \times t$ attentions. At these
+# lengths the cached step is dominated by fixed per-layer overhead, so its advantage grows with $t$.
+
+# %%
+tk_f, ph_f, rw_f = eval_context("onehot", 200, n_tasks=1, seed=31)
+dec_f, td_f = models_for(10, 20, tk_f.gamma, tuned[("onehot", 400)]["decoder"], tuned[("onehot", 400)]["TD"])
+online = stream_values(dec_f, ph_f, rw_f, tk_f.phi)[0]
+rerun = torch.stack([td_f.predict(build_prompt(ph_f[:, :t + 1], rw_f[:, :t], tk_f.phi))[0] for t in range(1, 201)])
+err_t = lambda v: ((v - tk_f.v_pi).square() * tk_f.d_pi).sum(-1)
+
+# %%
+fig, ax = plt.subplots(figsize=(6.5, 3.6))
+ax.plot(range(1, 201), err_t(online).numpy(), label="decoder, KV cache (online)")
+ax.plot(range(1, 201), err_t(rerun).numpy(), label="non-causal, rerun at every length")
+ax.set(yscale="log", xlabel="transitions seen t", ylabel="MSVE of the query estimates", title="One one-hot task, L = 20 layers")
+ax.legend(fontsize=9)
+fig.tight_layout()
+
+# %% [markdown]
+# *Figure: the value error of the query estimates (every state a query) as the context grows, for
+# one task.* The decoder's estimates come one transition at a time from the cache; the non-causal
+# ones from a fresh forward pass at each length. Both use the settings tuned above for one-hot
+# features at $n = 400$, at depth 20.
+# %% [markdown]
+# ## Pretraining a decoder
+#
+# The last question is what multi-task TD pretraining finds when the model is a decoder. The
+# model family below plugs `CausalSoftmaxICTD` into the engine of [chapter 6](pretrain.html)
+# (`pretrain_many` trains every seed in one batched pass): its parameters are stacked with a seed
+# axis, its prompts are causal prompts of the engine's examples, and its metrics are the value
+# weights and diagonality of every layer. The registration is one small function, so that it can
+# follow the engine's interface if that changes.
+
+# %%
+#| export
+def causal_init(config:PretrainConfig, seeds:list, dtype)->dict:
+    "Each seed's `CausalSoftmaxICTD` initialisation, stacked: A (S, L', 2D, D), V (S, L', D, 2D), U (S, L', D, D), lam (S, L')."
+    models = [CausalSoftmaxICTD(config.feature_dim, config.n_layers, config.shared, config.init_gain, seed=int(s)) for s in seeds]
+    return {k: torch.stack([torch.stack([getattr(lay, k).detach() for lay in m.layers]) for m in models]).to(dtype) for k in ("A", "V", "U", "lam")}
+
+def causal_prompt(config:PretrainConfig, tasks, task, states, queries)->torch.Tensor:
+    "The engine's examples as causal prompts (S, B, d + 2, n + 1 + q)."
+    phi, r = task_features(tasks, task, states)
+    return build_causal_prompt(phi, r[..., :-1], task_features(tasks, task, queries)[0])
+
+def _seed_layer(params:dict, l:int)->tuple:
+    "Layer l's (A, V, U, lam) of every seed, shaped to broadcast over the seed's examples."
+    Lp = params["A"].shape[1]
+    return tuple(params[k][:, l % Lp][:, None] for k in ("A", "V", "U", "lam"))
+
+def causal_layers(config:PretrainConfig, params:dict, Z:torch.Tensor, n:int)->list:
+    "Z_0..Z_L of every seed's decoder on its prompts (S, B, D, N)."
+    Zs = [Z.to(params["A"].dtype)]
+    for l in range(config.n_layers): Zs.append(causal_update(Zs[-1], *_seed_layer(params, l), n))
+    return Zs
+
+def causal_predict(config:PretrainConfig, params:dict, Z:torch.Tensor, n:int)->torch.Tensor:
+    "(S, B, q) values at the queries of every seed's decoder."
+    return causal_layers(config, params, Z, n)[-1][..., -1, n + 1:]
+
+def causal_module(config:PretrainConfig, params:dict)->CausalSoftmaxICTD:
+    "A `CausalSoftmaxICTD` carrying one seed's parameters."
+    model = CausalSoftmaxICTD(config.feature_dim, config.n_layers, config.shared, seed=0, dtype=params["A"].dtype)
+    model.load_state_dict({f"layers.{l}.{k}": params[k][l] for l in range(params["A"].shape[0]) for k in ("A", "V", "U", "lam")})
+    return model
+
+def causal_metrics(config:PretrainConfig, params:dict, ev)->dict:
+    "Per seed and layer: diagonality (S, L), value weights (S, L, 4) and positional bias (S, L)."
+    n, L, d = config.n, config.n_layers, config.feature_dim
+    with torch.no_grad():
+        Zs = causal_layers(config, params, ev.x, n)
+        s = ev.x.shape[-1] - n - 1                                                         # the queries are the states 0..s-1, in order
+        same = (ev.states[..., :n, None] == torch.arange(s, device=ev.states.device)).to(params["A"].dtype)   # key i + 1 leaves S_i
+        diag = torch.stack([(causal_attention(Zs[l], *_seed_layer(params, l)[::3], n)[..., 1:n + 1, n + 1:] * same).sum(-2).mean((-2, -1)) for l in range(L)], -1)
+        idx = [l % params["A"].shape[1] for l in range(L)]
+        V, U, D = params["V"][:, idx], params["U"][:, idx], d + 2
+        weights = torch.stack([V[..., d + 1, d], V[..., d + 1, d + 1], V[..., d + 1, D + d + 1], U[..., d + 1, d + 1]], -1)
+    return dict(diagonality=diag, value_weights=weights, recency=params["lam"][:, idx])
+
+def register_causal_family(name:str="causal"):
+    "Make the decoder available to the engine as `PretrainConfig(attention=name)`."
+    register_family(name, Family(init=causal_init, prompt=causal_prompt, predict=causal_predict, module=causal_module, metrics=causal_metrics))
+
+register_causal_family()
+
+# %% [markdown]
+# The comparison trains the decoder and the non-causal model of [chapter 6](pretrain.html) with
+# the same configuration (chapter 6's headline experiment: $d = 4$ random features, $n = 30$,
+# $L = 3$, Adam with learning rate $10^{-2}$, 2000 steps) on the same 10 seeds, and measures both on
+# each seed's held-out tasks beside the baselines of [chapter 6a](emergence.html) and the
+# decoder construction of this chapter (`current="self"`, tuned over $\alpha$, $\beta$ and $\lambda$ at
+# the same depth on tuning tasks). On one shared CPU thread this takes longer than the book's budget,
+# so `causal_pretrain_summary` writes its numbers to `nbs/data/causal_pretrain.json`, with the
+# command, the commit and the date, and the chapter reads them back.
+
+# %%
+#| export
+def best_decoder(config:PretrainConfig,                 # the run's settings (depth, features, gamma)
+                 alphas=(0.5, 1.), betas=(0.5, 1., 2., 4.), lams=(0., 4., 9.),  # the grid
+                )->tuple:                               # (alpha, beta, lambda) of least mean MSVE on tuning tasks
+    "Tune the self-anchored decoder construction on tasks disjoint from a run's held-out tasks."
+    import dataclasses
+    from ictd.emergence import held_out_prompts, msve_of
+    tune = dataclasses.replace(config, seed=config.seed + 7_919, n_tasks=config.n_tasks + 1)
+    tasks, states, _ = held_out_prompts(tune)
+    err = {g: msve_of(decoder_values(config, tasks, states, *g), tasks).mean().item() for g in ((a, b, l) for a in alphas for b in betas for l in lams)}
+    return min(err, key=err.get)
+
+def decoder_values(config:PretrainConfig, tasks, states, alpha:float, beta:float, lam:float)->torch.Tensor:
+    "(B, s) values of the decoder construction at every state of each task, from its context `states` (B, n + 1)."
+    rows, d = torch.arange(len(tasks))[:, None], tasks.phi.shape[-1]
+    Z = build_causal_prompt(tasks.phi[rows, states], tasks.r[rows, states[:, :-1]], tasks.phi)
+    model = CausalSoftmaxICTD.from_theta_star(d, config.n_layers, beta * torch.eye(d, dtype=torch.float64), alpha, config.gamma, "self", recency=lam)
+    with torch.no_grad(): return model.predict(Z)
+
+def causal_pretrain_summary(config:PretrainConfig,  # the decoder's configuration (`attention="causal"`)
+                            seeds,                  # the seeds
+                            progress:bool=False,
+                           )->dict:                 # plain numbers, ready for JSON
+    "Pretrain the decoder and the non-causal model on `seeds`; per seed: metrics, value weights, diagonality and baselines."
+    import dataclasses
+    from ictd.pretrain import pretrain_many
+    from ictd.emergence import baseline_msve, held_out_tasks, msve_of
+    causal = pretrain_many(config, seeds, progress)
+    softmax = pretrain_many(dataclasses.replace(config, attention="softmax"), seeds, progress)
+    out = dict(config=dataclasses.asdict(config), seeds=list(seeds), per_seed=[])
+    for c, s in zip(causal, softmax):
+        tasks, states = held_out_tasks(c.config)
+        base = {k.split(" (")[0]: v.mean().item() for k, v in baseline_msve(c.config).items()}
+        g = best_decoder(c.config)
+        h, hs = c.history, s.history
+        out["per_seed"].append(dict(seed=c.config.seed, msve_causal=h["msve"][:, 0].tolist(), msve_softmax=hs["msve"][:, 0].tolist(), step=h["step"][:, 0].tolist(),
+                                    weights_causal=h["value_weights"][-1].tolist(), weights_softmax=hs["value_weights"][-1].tolist(),
+                                    diagonality_causal=h["diagonality"].tolist(), diagonality_softmax=hs["diagonality"].tolist(),
+                                    recency=h["recency"][-1].tolist(), baselines=base, best_decoder=list(g),
+                                    msve_decoder_construction=msve_of(decoder_values(c.config, tasks, states, *g), tasks).mean().item()))
+    return out
 
 # %%
 #| hide
