@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: docs test setup execute sync check-sync export-check clean-check site bench clean
+.PHONY: docs test test-fast setup execute sync check-sync export-check clean-check site bench clean
 
 setup: $(STAMP)
 
@@ -43,11 +43,17 @@ site: setup
 sync: setup
 	$(BIN)/jupytext --sync nbs/[0-9]*.ipynb
 
+# The full suite (what CI runs): every tier, unit, claims (statistics over seeds) and book (notebooks, site, packaging).
 test: setup
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n auto
 
-# Speed and memory of the pretraining engine and the forward pass, with ratios measured in one run; writes
-# bench/results.json, which the CLI chapter shows (commit it after running on a quiet machine).
+# The edit loop's quick check: the `unit` tier only (under a minute).
+test-fast: setup
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n auto -q -m unit
+
+# Speed and memory of the pretraining engine and the forward pass, with ratios measured in one run (among them the
+# predecessor's linear protocol through the engine against its old side loop); writes bench/results.json, which the
+# CLI chapter shows (commit it after running on a quiet machine).
 bench: setup
 	OMP_NUM_THREADS=1 $(BIN)/python bench/bench_engine.py
 

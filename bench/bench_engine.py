@@ -22,6 +22,8 @@ import ictd
 import ictd.pretrain as pt
 from ictd.pretrain import EMERGENCE, PretrainConfig, pretrain_many
 from reference import one_seed_pretrain, predecessor_pretrain
+from reference_loops import pretrain_linear_many
+from ictd.linear import ICLR_LINEAR, fitted_td_step
 
 SPEC = PretrainConfig()
 
@@ -63,8 +65,8 @@ def training_shapes(S=30, B=64):
     cfg = SPEC
     pool = pt.stack_pools([pt.task_pool(cfg, 256, s) for s in range(S)])
     gens = [torch.Generator().manual_seed(s) for s in range(S)]
-    b = pt.stationary_sampler(cfg, pool, gens, 0, {})
-    pairs = torch.stack([b.query, b.successor], -1)
+    b = pt.stationary_sampler(cfg, pool, gens, 0, {}).x
+    pairs = b.queries
     (phi_s, r_s), phi_q = pt.task_features(pool, b.task, b.states), pt.task_features(pool, b.task, pairs)[0]
     Z = pt.build_prompt(phi_s, r_s[..., :-1], phi_q)
     params = {k: v.requires_grad_() for k, v in pt.softmax_init(cfg, list(range(S)), torch.float64).items()}
@@ -140,13 +142,35 @@ def float32_effect(seeds, n_steps):
                 max_param_diff=params, max_param=scale,
                 final_msve_mean={dt: sum(r.history["msve"][-1, 0].item() for r in rs) / len(rs) for dt, rs in (("float64", r64), ("float32", r32))})
 
+def linear_reproduction(seed_counts=(3, 30), steps=50):
+    "The predecessor's protocol (`ICLR_LINEAR`) through the engine against the side loop it replaced, seconds per seed-step, and the 30-seed reproduction extrapolated."
+    c = ICLR_LINEAR
+    fitted_td_step(c.n, c.n_layers, c.gamma, c.n_states, c.feature_dim)          # cached: neither loop pays for the fit
+    cfg = dataclasses.replace(c, n_tasks=steps // 5, n_steps=steps, eval_every=10**9)   # 5 mini-batches per task, as ICLR_LINEAR
+    out = {}
+    for S in seed_counts:
+        seeds = list(range(S))
+        old = per_step(lambda k, cb: pretrain_linear_many(cfg, seeds, callback=cb), steps, seeds=S)
+        new = per_step(lambda k, cb: pretrain_many(cfg, seeds, progress=False, callback=cb), steps, seeds=S)
+        out[f"{S} seeds"] = dict(old_loop=old, engine=new, speed_up_cpu=old["cpu"] / new["cpu"], speed_up_wall=old["wall"] / new["wall"])
+        print(S, out[f"{S} seeds"], flush=True)
+    top = out[f"{seed_counts[-1]} seeds"]
+    out["30 seeds x 20000 steps, training only (CPU s)"] = dict(old_loop=30 * c.n_steps * top["old_loop"]["cpu"], engine=30 * c.n_steps * top["engine"]["cpu"])
+    return out
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer steps and no n = 1e5 (a smoke test)")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results.json")
+    ap.add_argument("--linear-only", action="store_true", help="only the linear reproduction's speed-up (written to results-linear.json beside --out)")
     a = ap.parse_args(argv)
     torch.set_num_threads(a.threads)
+    if a.linear_only:
+        res = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), load_before=os.getloadavg(), linear_reproduction=linear_reproduction(), load_after=os.getloadavg())
+        path = a.out.with_name("results-linear.json")
+        path.write_text(json.dumps(res, indent=1))
+        return print(f"wrote {path}")
     q = a.quick
     res = dict(ictd=ictd.__version__, torch=torch.__version__, threads=a.threads, machine=platform.processor() or platform.machine(),
                cpus=os.cpu_count(), load_before=os.getloadavg(), date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
@@ -174,6 +198,7 @@ def main(argv=None):
         p["evaluate / train"] = p["evaluate"] / p["train"]
     res["protocol"]["unbatched one-seed loop (b), 30 seeds"] = dict(train=30 * SPEC.n_steps * rows["(b) one-seed loop before the engine"]["cpu"])
     print(res["protocol"], flush=True)
+    res["linear_reproduction"] = linear_reproduction((3,), 20) if q else linear_reproduction()
     res["training_shapes_ms"] = training_shapes()
     print(res["training_shapes_ms"], flush=True)
     res["float32"] = float32_effect(list(range(3 if q else 10)), 200 if q else EMERGENCE.n_steps)

@@ -10,7 +10,7 @@ import torch
 
 # %% auto #0
 __all__ = ['FEATURES', 'REWARDS', 'as_tensor', 'check_gamma', 'MRP', 'boyan_transitions', 'random_boyan_chain', 'plot_chain',
-           'sample_trajectory', 'msve']
+           'sample_trajectory', 'weighted_error', 'msve']
 
 # %% ../nbs/00_boyan.ipynb #2663e971
 def as_tensor(x,                # array-like (numpy array, torch tensor, list or number)
@@ -157,11 +157,18 @@ def sample_trajectory(mrp:MRP,            # the process to sample
     return states, mrp.r.cpu()[states[:-1]]
 
 # %% ../nbs/00_boyan.ipynb #e7172b7d
+def weighted_error(v_hat:torch.Tensor,   # (..., m) estimates
+                   v:torch.Tensor,       # (..., m) true values
+                   weights:torch.Tensor, # (..., m) weights (d_pi, or a quadrature rule for continuous states)
+                  )->torch.Tensor:       # (...) sum_x w(x) (v_hat(x) - v(x))^2
+    "The weighted squared error $\\sum_x w(x) (\\hat v(x) - v(x))^2$ over the last axis: the one definition of the book's MSVE."
+    return ((v_hat - v).square() * weights).sum(-1)
+
 def msve(mrp:MRP,    # the process whose true values score the estimate
          v_hat,      # (..., s) value estimates, one per state
         )->float:    # d_pi-weighted mean squared value error (a tensor of shape (...) when batched)
     "Mean squared value error $\\sum_x d_\\pi(x) (\\hat v(x) - v_\\pi(x))^2$."
     v_hat = as_tensor(v_hat, "v_hat", torch.float64)
     if v_hat.shape[-1:] != (mrp.n_states,): raise ValueError(f"`v_hat` must have last dimension {mrp.n_states}, got shape {tuple(v_hat.shape)}")
-    err = ((v_hat - mrp.v_pi.to(v_hat.device)) ** 2 * mrp.d_pi.to(v_hat.device)).sum(-1)
+    err = weighted_error(v_hat, mrp.v_pi.to(v_hat.device), mrp.d_pi.to(v_hat.device))
     return err.item() if err.ndim == 0 else err

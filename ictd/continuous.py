@@ -9,19 +9,21 @@ from pathlib import Path
 import numpy as np
 import torch
 from tqdm.auto import tqdm
-from .boyan import as_tensor, check_gamma
+from .boyan import as_tensor, check_gamma, weighted_error
 from .wstd import batch_linear_td, weighted_softmax_td
 from .prompt import build_prompt
-from .pretrain import PretrainConfig, StateTokens, softmax_init, token_predict
+import dataclasses
+from .pretrain import (PROTOCOLS, Contexts, EvalSet, PretrainConfig, Protocol, TDExamples, get_family, get_protocol, pretrain_many, register_protocol,
+                           stack_results, token_predict, trajectory_tokens)
 
 # %% auto #0
 __all__ = ['HERMITE', 'FULL', 'QUICK', 'PRETRAIN_PLOTS', 'ContinuousProcess', 'NoisyRotation', 'gaussian_moment',
            'gaussian_operator', 'polyval', 'GaussianAR1', 'mc_returns', 'mc_z_scores', 'kernel_td',
            'von_mises_harmonics', 'sample_contexts', 'error_sweep', 'population_msve', 'plot_depth', 'loglog_fit',
            'bootstrap_slope', 'best_beta', 'plot_tradeoff', 'lstd', 'compare_methods', 'rows_markdown',
-           'plot_estimates', 'plot_long_depth', 'TaskFamily', 'RotationFamily', 'GaussianAR1Family',
-           'trajectory_tokens', 'family_batch', 'family_msve', 'pretrain_family', 'value_weights', 'kernel_fit',
-           'kernel_msve', 'mean_reward_msve', 'tune_kernel', 'binomial_lower', 'learned_scores', 'pretraining_table',
+           'plot_estimates', 'plot_long_depth', 'TaskFamily', 'RotationFamily', 'GaussianAR1Family', 'family_protocol',
+           'family_config', 'family_msve', 'family_run', 'value_weights', 'kernel_fit', 'kernel_msve',
+           'mean_reward_msve', 'tune_kernel', 'binomial_lower', 'learned_scores', 'pretraining_table',
            'plot_family_training', 'plot_learned_kernel', 'family_experiment', 'error_table', 'seed_claims',
            'curve_lines', 'rotation_claims', 'ar1_claims', 'pretraining_summary', 'run_continuous']
 
@@ -57,7 +59,7 @@ class ContinuousProcess:
         "Mean squared value error under the stationary law, by the quadrature `grid(m)`."
         v_hat = as_tensor(v_hat, "v_hat")
         x, w = self.grid(v_hat.shape[-1])
-        return ((v_hat - self.v_pi(x).to(v_hat)) ** 2 * w.to(v_hat)).sum(-1)
+        return weighted_error(v_hat, self.v_pi(x).to(v_hat), w.to(v_hat))
 
 class NoisyRotation(ContinuousProcess):
     "A rotation of the circle by `mu` plus Gaussian noise, with reward sign(sin s) ('square') or cos s ('cos')."
@@ -516,6 +518,8 @@ class RotationFamily(TaskFamily):
         self.base, self.gamma = NoisyRotation(gamma=gamma), check_gamma(gamma)
         self.kernel_mask = torch.ones(2, 2, dtype=torch.float64)   # every entry of A[:2, :2] changes the weights
 
+    def __repr__(self): return f"RotationFamily(mu={self.mu}, sigma={self.sigma}, level={self.level}, gamma={self.gamma})"
+
     def draw(self, B:int, gen)->dict:
         "Parameters of B tasks: mu, sigma, phase, level, each (B,)."
         return dict(mu=_uniform(self.mu, B, gen), sigma=_uniform(self.sigma, B, gen), phase=_uniform((0, 2 * math.pi), B, gen), level=_uniform(self.level, B, gen))
@@ -553,6 +557,8 @@ class GaussianAR1Family(TaskFamily):
         self.base, self.gamma = GaussianAR1(a=0.8, sigma=0.6, gamma=gamma), check_gamma(gamma)
         self.kernel_mask = torch.tensor([[1.] * 3, [1.] * 3, [0.] * 3], dtype=torch.float64)   # the key's constant feature (row 2) only shifts all scores of a query
 
+    def __repr__(self): return f"GaussianAR1Family(a={self.a}, coef={self.coef}, gamma={self.gamma})"
+
     def draw(self, B:int, gen)->dict:
         "Parameters of B tasks: a (B,) and the reward's monomial coefficients c (B, 4)."
         return dict(a=_uniform(self.a, B, gen), c=(2 * torch.rand(B, 4, generator=gen, dtype=torch.float64) - 1) * self.coef @ HERMITE)
@@ -575,35 +581,37 @@ class GaussianAR1Family(TaskFamily):
         return torch.stack([GaussianAR1(a, math.sqrt(1 - a ** 2), self.gamma, tuple(c)).v_pi(x) for a, c in zip(tasks["a"].tolist(), tasks["c"].tolist())])
 
 # %% ../nbs/07a_continuous.ipynb #7faebec1
-def trajectory_tokens(phi_states,    # (..., n + 1, d) features of S_0..S_n
-                      rewards,       # (..., n) rewards, rewards[..., k-1] = R_k
-                      phi_queries,   # (..., q, d) query features
-                     )->StateTokens: # the prompt of `build_prompt` with the n context states as keys
-    "A continuous-state prompt as the engine's state tokens: every context state its own key (log weight 0), its successor the next column."
-    Z = build_prompt(phi_states, rewards, phi_queries)
-    n = Z.shape[-1] - 1 - phi_queries.shape[-2]
-    succ = torch.eye(n, Z.shape[-1], dtype=Z.dtype, device=Z.device).roll(1, -1)
-    return StateTokens(Z, Z.new_zeros(n), succ, phi_queries.shape[-2])
+def family_protocol(family:TaskFamily,   # the task family
+                    eval_seed:int=10**6, # seed of the held-out tasks (the same for every seed)
+                   )->Protocol:
+    "The engine's protocol for a continuous task family: fresh tasks every example, held-out tasks on the family's grid."
+    def check(config):
+        if config.d != family.d or config.gamma != family.gamma: raise ValueError(f"`config` must have d = {family.d} and gamma = {family.gamma} for this family, got d = {config.d}, gamma = {config.gamma}")
+    def sample(config, data, gens, step, state):
+        check(config)
+        out = []
+        for g in gens:
+            t, states, q, q1 = family.sample(config.batch_size, config.n, g)
+            out.append((family.features(states), family.reward(t, states[:, :-1]), family.features(torch.stack([q, q1], -1)), family.reward(t, q)))
+        phi, R, phi_q, r_q = (torch.stack(x).to(data["device"]) for x in zip(*out))
+        return TDExamples(Contexts(phi=phi, r=R, phi_q=phi_q), r_q)
+    def eval_set(config, seeds, device=None):
+        check(config)
+        ctx, S = family.contexts(config.eval_tasks, config.n, eval_seed), len(seeds)
+        ex = lambda x: x[None].expand(S, *x.shape).to(device)
+        phi, grid = family.features(ctx["states"]), family.features(ctx["x"])
+        x = Contexts(phi=ex(phi), r=ex(ctx["rewards"]), phi_q=ex(grid.expand(len(phi), -1, -1)))
+        return EvalSet(get_family(config.attention).prompt(config, x), ex(ctx["v"]), ex(ctx["w"].expand_as(ctx["v"])))
+    return Protocol(sample=sample, eval_set=eval_set, data=lambda config, seeds, device: dict(device=device))
 
-def family_batch(family:TaskFamily,  # the task family
-                 gens:list,          # one torch.Generator per seed
-                 batch_size:int,     # examples per seed
-                 n:int,              # context length
-                )->tuple:            # tokens (S, B) with queries [s_q, s_q'], and rewards r(s_q) (S, B)
-    "One pretraining batch per seed, each from its own generator: new tasks, contexts, queries and successors."
-    out = []
-    for g in gens:
-        t, states, q, q1 = family.sample(batch_size, n, g)
-        out.append((states, family.reward(t, states[:, :-1]), torch.stack([q, q1], -1), family.reward(t, q)))
-    states, R, Q, r_q = (torch.stack(x) for x in zip(*out))
-    return trajectory_tokens(family.features(states), R, family.features(Q)), r_q
-
-# %% ../nbs/07a_continuous.ipynb #4c6d79de
-def _check_seeds(seeds)->list:
-    seeds = list(seeds)
-    if not seeds or any(int(s) != s or s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
-        raise ValueError(f"`seeds` must be a non-empty list of distinct non-negative integers, got {seeds}")
-    return [int(s) for s in seeds]
+def family_config(family:TaskFamily,  # the task family (its protocol is registered under `repr(family)` on first use)
+                  **settings,         # `PretrainConfig` fields; defaults: n = 30, L = 3, 500 steps, lr 1e-2, float32, 64 held-out tasks
+                 )->PretrainConfig:
+    "The configuration of softmax pretraining on a continuous family: `pretrain_many(family_config(family), seeds)`."
+    name = repr(family)
+    if name not in PROTOCOLS: register_protocol(name, family_protocol(family))
+    defaults = dict(n=30, n_layers=3, n_steps=500, lr=1e-2, dtype="float32", eval_every=100, eval_tasks=64, record_params=True)
+    return PretrainConfig(**(defaults | settings | dict(d=family.d, gamma=family.gamma, protocol=name)))
 
 def family_msve(params:dict,     # stacked parameters (S, L or 1, D, D)
                 n_layers:int,    # depth L
@@ -615,42 +623,14 @@ def family_msve(params:dict,     # stacked parameters (S, L or 1, D, D)
     ex = lambda t: t[None].expand(S, *t.shape)
     tokens = trajectory_tokens(ex(phi), ex(ctx["rewards"]), ex(family.features(ctx["x"]).expand(len(phi), -1, -1)))
     with torch.no_grad(): v = token_predict({k: p.detach().double() for k, p in params.items()}, n_layers, tokens)
-    return ((v - ctx["v"]) ** 2 * ctx["w"]).sum(-1)
+    return weighted_error(v, ctx["v"], ctx["w"])
 
-def pretrain_family(family:TaskFamily,    # the task family
-                    seeds:list,           # one model per seed, trained together
-                    n:int=30,             # context length
-                    n_layers:int=3,       # depth L
-                    n_steps:int=500,      # optimiser steps
-                    lr:float=1e-2,        # Adam learning rate
-                    batch_size:int=64,    # examples per step and seed
-                    init_gain:float=0.1,  # Xavier gain of the initialisation (`softmax_init`)
-                    weight_decay:float=1e-6,
-                    dtype=torch.float32,  # dtype of the parameters and training passes (metrics in float64)
-                    eval_every:int=100,   # steps between evaluations
-                    eval_tasks:int=64,    # held-out tasks of the MSVE during training
-                    eval_seed:int=10**6,  # seed of the held-out tasks
-                    progress:bool=False,  # show a progress bar
-                   )->dict:               # params (S, L, D, D) float64; steps (K,); msve (K, S); A, V_cur, V_tgt (K, S, L, D, D)
-    "Multi-task semi-gradient TD pretraining of one softmax Transformer per seed on a continuous family, all seeds batched."
-    seeds, n_steps, eval_every = _check_seeds(seeds), _length(n_steps, "n_steps"), _length(eval_every, "eval_every")
-    cfg = PretrainConfig(d=family.d, n_layers=_length(n_layers, "n_layers"), init_gain=init_gain)
-    params = {k: v.requires_grad_() for k, v in softmax_init(cfg, seeds, dtype).items()}
-    opt = torch.optim.Adam(params.values(), lr=lr, weight_decay=weight_decay)
-    gens, ctx = [torch.Generator().manual_seed(s) for s in seeds], family.contexts(eval_tasks, n, eval_seed)
-    hist = {k: [] for k in ("steps", "msve", "A", "V_cur", "V_tgt")}
-    for step in tqdm(range(n_steps + 1), disable=not progress, desc=type(family).__name__):
-        if step % eval_every == 0 or step == n_steps:
-            hist["steps"].append(step); hist["msve"].append(family_msve(params, n_layers, family, ctx).mean(-1))
-            for k in ("A", "V_cur", "V_tgt"): hist[k].append(params[k].detach().double().clone())
-        if step == n_steps: break
-        tokens, r_q = family_batch(family, gens, batch_size, n)
-        v = token_predict(params, n_layers, tokens)
-        loss = 0.5 * (r_q.to(v) + family.gamma * v[..., 1].detach() - v[..., 0]).square().mean(-1)
-        opt.zero_grad(); loss.sum().backward(); opt.step()
-    out = {k: torch.stack(v) if k != "steps" else torch.tensor(v) for k, v in hist.items()}
-    out["params"] = {k: out[k][-1] for k in ("A", "V_cur", "V_tgt")}
-    return out
+def family_run(results:list)->dict:
+    "Runs of one `family_config`, as this chapter reads them: steps (K,), msve (K, S), A, V_cur, V_tgt (K, S, L, D, D), final params (S, L, D, D)."
+    st = stack_results(results)
+    h = st["history"]
+    return dict(steps=h["step"][0, :, 0], msve=h["msve"][..., 0].T, **{k: h[f"param.{k}"].transpose(0, 1) for k in ("A", "V_cur", "V_tgt")},
+                params={k: v.double() for k, v in st["params"].items()})
 
 # %% ../nbs/07a_continuous.ipynb #b15a632b
 def value_weights(params:dict,   # (…, L, D, D) tensors "V_cur", "V_tgt"
@@ -675,12 +655,12 @@ def kernel_fit(family:TaskFamily,  # the family (its base process gives the patt
 def kernel_msve(family:TaskFamily, ctx:dict, beta:float, alpha:float, n_layers:int)->torch.Tensor:
     "(E,) MSVE of the constructed Transformer (kernel TD with the process's kernel of scale beta) on held-out contexts."
     v = kernel_td(family.base, ctx["states"], ctx["rewards"], beta, alpha, n_layers, ctx["x"])
-    return ((v - ctx["v"]) ** 2 * ctx["w"]).sum(-1)
+    return weighted_error(v, ctx["v"], ctx["w"])
 
 def mean_reward_msve(family:TaskFamily, ctx:dict)->torch.Tensor:
     "(E,) MSVE of the baseline that predicts the context's mean reward / (1 - gamma) everywhere."
     v = ctx["rewards"].mean(-1, keepdim=True) / (1 - family.gamma)
-    return ((v - ctx["v"]) ** 2 * ctx["w"]).sum(-1)
+    return weighted_error(v, ctx["v"], ctx["w"])
 
 def tune_kernel(family:TaskFamily, ctx:dict, n_layers:int, alphas:list, betas:list)->tuple:
     "(alpha, beta) of the constructed Transformer with the least mean MSVE on the tuning contexts `ctx`."
@@ -708,7 +688,7 @@ def learned_scores(family:TaskFamily,  # the family (its features)
     g = lambda f: (f @ K @ fx[..., None]).squeeze(-1)
     return g(fy) - g(fx[:, None])
 
-def pretraining_table(run:dict,          # `pretrain_family`'s result
+def pretraining_table(run:dict,          # `family_run` of the runs
                       family:TaskFamily,
                      )->str:             # markdown table, one row per layer
     "Value weights (mean +- s.e. over seeds) and the fitted kernel (median and range over seeds) of each layer."
@@ -772,13 +752,14 @@ def family_experiment(family:TaskFamily,  # the task family
                       n_tune:int=256,     # tuning tasks (seed 7)
                       n_test:int=256,     # test tasks (seed 8)
                       progress:bool=False,
-                      **pretrain_kwargs,  # passed to `pretrain_family` (n, n_layers, n_steps, lr, ...)
+                      **pretrain_kwargs,  # passed to `family_config` (n, n_layers, n_steps, lr, ...)
                      )->dict:             # run, best (alpha, beta), msve of trained (S, E), constructed (E,), baseline (E,), seconds
     "Pretrain on a family over seeds, tune the constructed Transformer at the same depth, and measure all three on the same test tasks."
     t0 = time.time()
-    run = pretrain_family(family, seeds, progress=progress, **pretrain_kwargs)
+    config = family_config(family, **pretrain_kwargs)
+    run = family_run(pretrain_many(config, list(seeds), progress=progress))
     seconds = time.time() - t0
-    n, L = pretrain_kwargs.get("n", 30), pretrain_kwargs.get("n_layers", 3)
+    n, L = config.n, config.n_layers
     tune, test = family.contexts(n_tune, n, seed=7), family.contexts(n_test, n, seed=8)
     best = tune_kernel(family, tune, L, alphas, betas)
     return dict(run=run, best=best, seconds=seconds, n_layers=L, trained=family_msve(run["params"], L, family, test),
@@ -804,7 +785,7 @@ def seed_claims(claims:dict,    # statement -> (S,) bool tensor, one entry per s
     return "\n".join(rows)
 
 def curve_lines(family:TaskFamily, ex:dict, n:int)->dict:
-    "MSVE of the tuned constructed Transformer and of the baseline on the tasks the training curves use (`pretrain_family`'s eval tasks)."
+    "MSVE of the tuned constructed Transformer and of the baseline on the tasks the training curves use (`family_protocol`'s held-out tasks)."
     ctx, (a, b) = family.contexts(64, n, 10**6), ex["best"]
     return {rf"constructed, tuned ($\alpha = {a:g}, \beta = {b:g}$)": kernel_msve(family, ctx, b, a, ex["n_layers"]).mean().item(),
             r"context mean reward / $(1 - \gamma)$": mean_reward_msve(family, ctx).mean().item()}

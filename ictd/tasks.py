@@ -52,6 +52,9 @@ def sample_trajectories(P,          # (B, s, s) transition matrices
     if P.ndim != 3 or P.shape[-1] != P.shape[-2]: raise ValueError(f"`P` must have shape (B, s, s), got {tuple(P.shape)}")
     d0 = as_tensor(d0, "d0", torch.float64, P.device)
     if d0.shape != P.shape[:2]: raise ValueError(f"`d0` must have shape {tuple(P.shape[:2])}, got {tuple(d0.shape)}")
+    if not torch.isfinite(d0).all() or (d0 < 0).any() or not torch.allclose(d0.sum(-1), torch.ones_like(d0[:, 0]), atol=1e-10):
+        raise ValueError("`d0` must hold probability distributions: non-negative rows summing to 1")
+    if (P < 0).any() or not torch.allclose(P.sum(-1), torch.ones_like(P[..., 0]), atol=1e-10): raise ValueError("`P` must be row-stochastic: non-negative rows summing to 1")
     if int(n) != n or n < 0: raise ValueError(f"`n` must be a non-negative integer, got {n}")
     gen = seed if isinstance(seed, torch.Generator) else torch.Generator().manual_seed(np.random.SeedSequence(seed).generate_state(1)[0].item())
     (B, s), n = P.shape[:2], int(n)

@@ -22,3 +22,14 @@ from hypothesis import settings
 settings.register_profile("reproducible", derandomize=True, deadline=None)
 settings.register_profile("explore", deadline=None)
 settings.load_profile(os.environ.get("ICTD_HYPOTHESIS", "reproducible"))
+
+# Test tiers (markers registered in pytest.ini): a test marked in its file keeps its marks; an unmarked test gets its
+# file's tier below, or `unit`. `make test-fast` runs `-m unit`; `make test` runs everything.
+FILE_TIERS = dict(test_notebooks="book", test_site="book", test_packaging="book", test_sync="book", test_cli="book",
+                  test_emergence="claims", test_continuous_pretrain="claims", test_convergence_properties="claims")
+
+def pytest_collection_modifyitems(config, items):
+    tiers = {"unit", "claims", "book"}
+    for item in items:
+        if not tiers & {m.name for m in item.iter_markers()}:
+            item.add_marker(getattr(pytest.mark, FILE_TIERS.get(item.module.__name__.rsplit(".", 1)[-1], "unit")))

@@ -1,14 +1,14 @@
 """Claims of chapter 7a's pretraining section, on seeds the chapter does not show (100..109), and its helpers."""
-import math
+import dataclasses, math
 from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 from ictd.continuous import (GaussianAR1Family, RotationFamily, ar1_claims, binomial_lower, family_experiment, kernel_fit,
-                             learned_scores, mc_z_scores, pretrain_family, rotation_claims, trajectory_tokens, value_weights)
+                             family_config, learned_scores, mc_z_scores, rotation_claims, value_weights)
 from ictd.model import SoftmaxICTD, theta_star
-from ictd.pretrain import model_params, token_predict
+from ictd.pretrain import model_params, pretrain_many, token_predict, trajectory_tokens
 from ictd.prompt import build_prompt
 
 ROT, AR = RotationFamily(), GaussianAR1Family()
@@ -88,5 +88,6 @@ def test_bad_input():
     with pytest.raises(ValueError, match="`sigma` must satisfy 0.01 <= low"): RotationFamily(sigma=(0., 0.5))
     with pytest.raises(ValueError, match="`mu` must be a pair"): RotationFamily(mu=1.)
     with pytest.raises(ValueError, match="`a` must lie inside"): GaussianAR1Family(a=(0.5, 1.))
-    with pytest.raises(ValueError, match="`seeds` must be a non-empty list"): pretrain_family(ROT, [1, 1], n_steps=1)
-    with pytest.raises(ValueError, match="`n_steps` must be a positive integer"): pretrain_family(ROT, [0], n_steps=0)
+    with pytest.raises(ValueError, match="`seeds` must be a non-empty list"): pretrain_many(family_config(ROT, n_steps=1), [1, 1])
+    with pytest.raises(ValueError, match="`n_steps` must be an integer >= 0"): family_config(ROT, n_steps=-1)
+    with pytest.raises(ValueError, match="`config` must have d = 2"): pretrain_many(dataclasses.replace(family_config(ROT, n_steps=1), d=3), [0])

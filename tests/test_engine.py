@@ -98,17 +98,18 @@ def test_cache_one_folder_per_configuration_and_version(tmp_path, monkeypatch, c
     assert config.key() != folder.name                                           # a new version, a new folder
 
 def test_a_registered_family_and_protocol_are_used():
-    "A family and a protocol registered from outside chapter 6 are trained by the engine (here: the softmax family, wrapped)."
+    "A family and a protocol registered from outside chapter 6 are trained by the engine (here: the softmax family and the stationary protocol, wrapped)."
     base, calls = pt.get_family('softmax'), []
     def predict(config, params, x, n):
         calls.append(x.Z.shape[:2])
         return base.predict(config, params, x, n)
     pt.register_family('softmax-copy', dataclasses.replace(base, predict=predict))
+    stationary = pt.get_protocol('stationary')
     def every_step_same_task(config, pool, gens, step, state):
-        b = pt.stationary_sampler(config, pool, gens, step, state)
+        b = stationary.sample(config, pool, gens, step, state)
         state['steps'] = state.get('steps', 0) + 1
-        return dataclasses.replace(b, task=torch.zeros_like(b.task))
-    pt.register_protocol('one-task', every_step_same_task)
+        return dataclasses.replace(b, x=dataclasses.replace(b.x, task=torch.zeros_like(b.x.task)))
+    pt.register_protocol('one-task', dataclasses.replace(stationary, sample=every_step_same_task))
     try:
         config = dataclasses.replace(SMALL, attention='softmax-copy', protocol='one-task', n_steps=4, eval_every=2)
         r = pretrain_many(config, [0, 1], progress=False)
@@ -116,3 +117,4 @@ def test_a_registered_family_and_protocol_are_used():
     finally:
         del pt.FAMILIES['softmax-copy'], pt.PROTOCOLS['one-task']
     with pytest.raises(ValueError, match='`protocol` must be one of'): pretrain_many(dataclasses.replace(SMALL, protocol='zigzag'), [0])
+    with pytest.raises(ValueError, match='`protocol` must be a Protocol'): pt.register_protocol('bare', lambda *a: None)

@@ -1,29 +1,33 @@
 """Chapter 7's training claims on seeds the book does not show, and the linear family's engine plumbing."""
 import dataclasses
 import torch
-from ictd.linear import (ICLR_LINEAR, LinearICTD, aligned_history, linear_init, linear_predict, pretrain_linear_many,
-                         build_linear_prompt)
+import pytest
+from ictd.linear import ICLR_LINEAR, LinearICTD, aligned_history, linear_init, linear_predict, build_linear_prompt
+from ictd.pretrain import pretrain_many
 from ictd.boyan import random_boyan_chain, sample_trajectory
 
 BOOK_RUN = dataclasses.replace(ICLR_LINEAR, lr=3e-3, n_tasks=400, n_steps=2000, eval_every=2000)   # the book's fast run
 UNSEEN = list(range(100, 110))                                                                     # the book shows seeds 0-9
 
+@pytest.mark.claims
 def test_sliding_pretraining_finds_td_on_unseen_seeds():
     "The book's claims, as counts of seeds among 10 new ones: IWS > 0.85 and VD < 0.05 in >= 7, the sign pattern in >= 9."
-    h = aligned_history(pretrain_linear_many(BOOK_RUN, UNSEEN, progress=False))
+    h = aligned_history(pretrain_many(BOOK_RUN, UNSEEN, progress=False))
     iws, vd = h["iws"][:, -1], h["vd"][:, -1]
     sign = (h["trQ11"][:, -1] < 0) & (h["trQ12"][:, -1] > 0)
     rose = iws > h["iws"][:, 0] + 0.5
     assert (iws > 0.85).sum() >= 7 and (vd < 0.05).sum() >= 7 and rose.sum() >= 8, (iws, vd)
     assert sign.sum() >= 9, (h["trQ11"][:, -1], h["trQ12"][:, -1])
 
+@pytest.mark.unit
 def test_seed_axis_is_exact():
     "A seed trained among others equals the same seed trained alone (stacked Adam acts entry by entry)."
     cfg = dataclasses.replace(ICLR_LINEAR, n_tasks=3, n_steps=6, eval_every=3, eval_tasks=4)
-    both, alone = pretrain_linear_many(cfg, [5, 6], progress=False), pretrain_linear_many(cfg, [6], progress=False)
-    assert (both["P"][1] - alone["P"][0]).abs().max() < 1e-12 and (both["Q"][1] - alone["Q"][0]).abs().max() < 1e-12
-    assert not torch.equal(both["P"][0], both["P"][1])
+    both, alone = pretrain_many(cfg, [5, 6], progress=False), pretrain_many(cfg, [6], progress=False)
+    for k in ("P", "Q"): assert (both[1].params[k] - alone[0].params[k]).abs().max() < 1e-12
+    assert not torch.equal(both[0].params["P"], both[1].params["P"])
 
+@pytest.mark.unit
 def test_stacked_predict_matches_modules():
     "linear_predict on stacked initialisations equals each seed's LinearICTD, shared or not."
     mrp = random_boyan_chain(seed=9)
@@ -36,6 +40,7 @@ def test_stacked_predict_matches_modules():
         for i, s in enumerate([1, 2, 3]):
             assert (v[i, 0] - LinearICTD(4, 3, shared, 0.7, seed=s).predict(Z, n=20)).abs().max() < 1e-12
 
+@pytest.mark.claims
 def test_softmax_measures_on_unseen_seeds():
     "The book's softmax claims on 10 new seeds: VD a few percent of the values' size, SS between 0.45 and 0.9, near-uniform best fit."
     from ictd.linear import softmax_measures

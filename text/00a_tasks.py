@@ -100,6 +100,9 @@ def sample_trajectories(P,          # (B, s, s) transition matrices
     if P.ndim != 3 or P.shape[-1] != P.shape[-2]: raise ValueError(f"`P` must have shape (B, s, s), got {tuple(P.shape)}")
     d0 = as_tensor(d0, "d0", torch.float64, P.device)
     if d0.shape != P.shape[:2]: raise ValueError(f"`d0` must have shape {tuple(P.shape[:2])}, got {tuple(d0.shape)}")
+    if not torch.isfinite(d0).all() or (d0 < 0).any() or not torch.allclose(d0.sum(-1), torch.ones_like(d0[:, 0]), atol=1e-10):
+        raise ValueError("`d0` must hold probability distributions: non-negative rows summing to 1")
+    if (P < 0).any() or not torch.allclose(P.sum(-1), torch.ones_like(P[..., 0]), atol=1e-10): raise ValueError("`P` must be row-stochastic: non-negative rows summing to 1")
     if int(n) != n or n < 0: raise ValueError(f"`n` must be a non-negative integer, got {n}")
     gen = seed if isinstance(seed, torch.Generator) else torch.Generator().manual_seed(np.random.SeedSequence(seed).generate_state(1)[0].item())
     (B, s), n = P.shape[:2], int(n)
@@ -135,7 +138,9 @@ joint_gap
 # %%
 for msg, f in {"`d0` must have shape (8, 10)": lambda: sample_trajectories(tasks.P, 5, tasks.d_pi[0]),
                "`n` must be a non-negative integer": lambda: sample_trajectories(tasks.P, -2, tasks.d_pi),
-               "`P` must have shape (B, s, s)": lambda: sample_trajectories(tasks.P[0], 5, tasks.d_pi)}.items():
+               "`P` must have shape (B, s, s)": lambda: sample_trajectories(tasks.P[0], 5, tasks.d_pi),
+               "`d0` must hold probability distributions": lambda: sample_trajectories(tasks.P, 5, 2 * tasks.d_pi - tasks.d_pi.roll(1, -1)),
+               "`P` must be row-stochastic": lambda: sample_trajectories(-tasks.P, 5, tasks.d_pi)}.items():
     test_fail(f, contains=msg)
 
 # %%

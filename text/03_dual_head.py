@@ -289,18 +289,21 @@ for msg, (Z_, n__) in {"`Z` must have shape (..., d + 2, n + 1 + q) with d + 2 =
 
 # %%
 #| export
-def _generator(seed)->torch.Generator|None:
+def torch_generator(seed)->torch.Generator|None:
+    "A torch Generator seeded with the int `seed`; a Generator or None passes through."
     if seed is None or isinstance(seed, torch.Generator): return seed
     return torch.Generator().manual_seed(int(seed))
 
-def _token_rows(d)->int:
+def token_rows(d)->int:
     "Validate the feature dimension `d` and return the number of token rows, d + 2."
     if int(d) != d or d < 1: raise ValueError(f"`d` must be a positive integer, got {d}")
     return int(d) + 2
 
-def _xavier(rows:int, cols:int, gain:float, g, dtype)->nn.Parameter:
+def xavier_param(rows:int, cols:int, gain:float, g, dtype)->nn.Parameter:
     "A (rows, cols) parameter with Xavier-normal entries drawn from generator `g`."
     return nn.Parameter(nn.init.xavier_normal_(torch.empty(rows, cols, dtype=dtype), gain=gain, generator=g))
+
+_generator, _token_rows, _xavier = torch_generator, token_rows, xavier_param   # the old private names, until chapter 4 imports the public ones
 
 def _param(t:torch.Tensor, name:str, D:int)->nn.Parameter:
     t = as_tensor(t, name)
@@ -318,9 +321,9 @@ class DualHeadSoftmaxLayer(nn.Module):
                  dtype=torch.float64,    # dtype of the stored parameters
                 ):
         super().__init__()
-        D, g = _token_rows(d), _generator(seed)
+        D, g = token_rows(d), torch_generator(seed)
         self.d = D - 2
-        self.A, self.V_cur, self.V_tgt = (_xavier(D, D, init_gain, g, dtype) for _ in range(3))
+        self.A, self.V_cur, self.V_tgt = (xavier_param(D, D, init_gain, g, dtype) for _ in range(3))
 
     @classmethod
     def from_params(cls, A, V_cur, V_tgt):
@@ -404,7 +407,7 @@ def theta_star(d:int,         # feature dimension
                gamma:float,   # discount factor in [0, 1)
               )->tuple:       # (A, V_cur, V_tgt), each (d + 2, d + 2), in the dtype of `W`
     "The constructed parameters $\\theta^*$ under which each dual-head layer is one weighted softmax TD step."
-    d, W, gamma = _token_rows(d) - 2, as_tensor(W, "W"), check_gamma(gamma)
+    d, W, gamma = token_rows(d) - 2, as_tensor(W, "W"), check_gamma(gamma)
     if W.shape != (d, d): raise ValueError(f"`W` must have shape ({d}, {d}), got {tuple(W.shape)}")
     alpha = float(alpha)
     if not math.isfinite(alpha): raise ValueError(f"`alpha` must be a finite number, got {alpha}")
@@ -486,7 +489,7 @@ class SoftmaxICTD(nn.Module):
                 ):
         super().__init__()
         if int(n_layers) != n_layers or n_layers < 1: raise ValueError(f"`n_layers` must be a positive integer, got {n_layers}")
-        g = _generator(seed)
+        g = torch_generator(seed)
         self.d, self.n_layers, self.shared = int(d), int(n_layers), bool(shared)
         self.layers = nn.ModuleList(self.Layer(d, init_gain, g, dtype) for _ in range(1 if shared else n_layers))
 

@@ -11,7 +11,7 @@ from ictd.boyan import as_tensor, check_gamma
 from ictd.wstd import context_tensors
 from ictd.prompt import build_prompt
 from ictd.model import check_prompt, _generator, _token_rows, _xavier, _carry
-from ictd.pretrain import Family, PretrainConfig, register_family, task_features
+from ictd.pretrain import Contexts, Family, PretrainConfig, register_family
 
 # %%
 #| hide
@@ -20,7 +20,7 @@ from nbdev.showdoc import *
 
 # %%
 #| hide
-import time
+import json, time
 import matplotlib.pyplot as plt
 import numpy as np
 from IPython.display import Markdown
@@ -717,12 +717,14 @@ t0 = time.time()
 floors = floor_vs_n("onehot", NS, LAMS, 8.)
 slopes = {k: np.polyfit(np.log(NS[2:]), np.log(v[2:].numpy()), 1)[0] for k, v in floors.items()}
 print(f"{time.time() - t0:.1f} s")
-Markdown("| construction | " + " | ".join(f"n = {n}" for n in NS) + " | slope of log MSVE on log n (n >= 100) |\n|---|" + "---|" * (len(NS) + 1) + "\n" +
-         "\n".join(f"| {k} | " + " | ".join(f"{x:.3g}" for x in v) + f" | {slopes[k]:.2f} |" for k, v in floors.items()))
+predicted = {f"decoder, lambda = {lam:g}": f"{-2 * (lam + 1) * (1 - 0.9):.2f}" for lam in LAMS}
+Markdown("| construction | " + " | ".join(f"n = {n}" for n in NS) + " | slope of log MSVE on log n (n >= 100) | mean-field prediction |\n|---|" + "---|" * (len(NS) + 2) + "\n" +
+         "\n".join(f"| {k} | " + " | ".join(f"{x:.3g}" for x in v) + f" | {slopes[k]:.2f} | {predicted.get(k, '—')} |" for k, v in floors.items()))
 # %% [markdown]
 # The measured slopes follow the mean-field prediction $-2(\lambda + 1)(1 - \gamma)$ for the squared
-# bias ($-0.2, -0.6, -1.0$ for $\lambda = 0, 2, 4$) until the variance takes over: with $\lambda = 9$ the
-# decay is faster than $n^{-1}$, and at $n = 400$ the decoder is within a small factor of the non-causal fixed point.
+# bias (last column) for the smaller $\lambda$; for the largest the variance takes over and the
+# slope falls short of the prediction, though the decay is still faster than $n^{-1}$, and at the
+# longest context the decoder's fixed point is within a small factor of the non-causal one.
 #
 # ## The decoder against the non-causal construction, tuned
 #
@@ -759,8 +761,8 @@ for ax, f in zip(axs, FEATURES):
             ax.plot(curves[(f, n)][name].numpy(), ls, color=color, label=f"{name}, n = {n}")
     ax.set(yscale="log", xlabel="depth L (layers)", title=f"{f} features")
 axs[0].set_ylabel("MSVE at the queries (mean of 20 tasks)")
-fig.tight_layout(rect=(0, 0, 0.82, 1))
 fig.legend(*axs[0].get_legend_handles_labels(), loc="center right", fontsize=8)
+fig.tight_layout(rect=(0, 0, 0.82, 1))
 
 # %% [markdown]
 # *Figure: value error at the queries against depth, for the tuned non-causal construction (solid)
@@ -952,10 +954,9 @@ def causal_init(config:PretrainConfig, seeds:list, dtype)->dict:
     models = [CausalSoftmaxICTD(config.feature_dim, config.n_layers, config.shared, config.init_gain, seed=int(s)) for s in seeds]
     return {k: torch.stack([torch.stack([getattr(lay, k).detach() for lay in m.layers]) for m in models]).to(dtype) for k in ("A", "V", "U", "lam")}
 
-def causal_prompt(config:PretrainConfig, tasks, task, states, queries)->torch.Tensor:
-    "The engine's examples as causal prompts (S, B, d + 2, n + 1 + q)."
-    phi, r = task_features(tasks, task, states)
-    return build_causal_prompt(phi, r[..., :-1], task_features(tasks, task, queries)[0])
+def causal_prompt(config:PretrainConfig, x:Contexts)->torch.Tensor:
+    "The engine's contexts as causal prompts (S, B..., d + 2, n + 1 + q)."
+    return build_causal_prompt(*x.features())
 
 def _seed_layer(params:dict, l:int)->tuple:
     "Layer l's (A, V, U, lam) of every seed, shaped to broadcast over the seed's examples."
@@ -979,17 +980,19 @@ def causal_module(config:PretrainConfig, params:dict)->CausalSoftmaxICTD:
     return model
 
 def causal_metrics(config:PretrainConfig, params:dict, ev)->dict:
-    "Per seed and layer: diagonality (S, L), value weights (S, L, 4) and positional bias (S, L)."
+    "Per seed and layer: value weights (S, L, 4) and positional bias (S, L); on discrete tasks also diagonality (S, L)."
     n, L, d = config.n, config.n_layers, config.feature_dim
+    idx = [l % params["A"].shape[1] for l in range(L)]
+    V, U, D = params["V"][:, idx], params["U"][:, idx], d + 2
+    out = dict(value_weights=torch.stack([V[..., d + 1, d], V[..., d + 1, d + 1], V[..., d + 1, D + d + 1], U[..., d + 1, d + 1]], -1).detach(),
+               recency=params["lam"][:, idx].detach())
+    if ev.states is None: return out
     with torch.no_grad():
         Zs = causal_layers(config, params, ev.x, n)
         s = ev.x.shape[-1] - n - 1                                                         # the queries are the states 0..s-1, in order
         same = (ev.states[..., :n, None] == torch.arange(s, device=ev.states.device)).to(params["A"].dtype)   # key i + 1 leaves S_i
         diag = torch.stack([(causal_attention(Zs[l], *_seed_layer(params, l)[::3], n)[..., 1:n + 1, n + 1:] * same).sum(-2).mean((-2, -1)) for l in range(L)], -1)
-        idx = [l % params["A"].shape[1] for l in range(L)]
-        V, U, D = params["V"][:, idx], params["U"][:, idx], d + 2
-        weights = torch.stack([V[..., d + 1, d], V[..., d + 1, d + 1], V[..., d + 1, D + d + 1], U[..., d + 1, d + 1]], -1)
-    return dict(diagonality=diag, value_weights=weights, recency=params["lam"][:, idx])
+    return dict(out, diagonality=diag)
 
 def register_causal_family(name:str="causal"):
     "Make the decoder available to the engine as `PretrainConfig(attention=name)`."

@@ -4,7 +4,7 @@
 # %%
 #| export
 from __future__ import annotations
-import dataclasses, hashlib, importlib, json, math
+import dataclasses, functools, hashlib, json, math
 from dataclasses import dataclass, asdict, field
 from pathlib import Path
 from typing import Callable
@@ -91,10 +91,11 @@ def _rows(x:torch.Tensor, task:torch.Tensor, idx:torch.Tensor)->torch.Tensor:
     flat = ((torch.arange(S, device=x.device)[:, None] * T + task) * s).reshape(*task.shape, *[1] * (idx.ndim - 2)) + idx
     return x.reshape(S * T * s, *x.shape[3:]).index_select(0, flat.flatten()).reshape(*idx.shape, *x.shape[3:])
 
-def stack_pools(pools:list, # `TaskBatch`es of equal shapes and discount
+def stack_pools(pools:list,   # `TaskBatch`es of equal shapes and discount
+                device=None,  # torch device of the result; None: that of the pools
                )->TaskBatch:
     "Task batches stacked along a new leading (seed) axis."
-    return TaskBatch(*(torch.stack([getattr(p, k) for p in pools]) for k in ("P", "r", "phi", "d_pi", "v_pi")), pools[0].gamma)
+    return TaskBatch(*(torch.stack([getattr(p, k) for p in pools]).to(device) for k in ("P", "r", "phi", "d_pi", "v_pi")), pools[0].gamma)
 
 def task_features(tasks:TaskBatch,     # tasks with a leading seed axis: phi (S, T, s, d), r (S, T, s)
                   task:torch.Tensor,   # (S, B) index of a task of each seed
@@ -126,6 +127,30 @@ def stationary_examples(pool:TaskBatch,  # tasks with a leading seed axis: P (S,
     for t in range(n): states.append(_draw_cdf(cum_P(states[-1]), u[t + 2]))
     query = _draw_cdf(start, u[n + 2])
     return TDSample(task, torch.stack(states, -1), query, _draw_cdf(cum_P(query), u[n + 3]))
+
+@dataclass(eq=False)
+class Contexts:
+    "Prompts of every seed before a model family encodes them: state indices of discrete tasks, or features of continuous states."
+    tasks:TaskBatch = None        # discrete: tasks with a leading seed axis (S, T, ...)
+    task:torch.Tensor = None      # discrete: (S, B...) index of each prompt's task
+    states:torch.Tensor = None    # discrete: (S, B..., n + 1) the contexts' states S_0..S_n
+    queries:torch.Tensor = None   # discrete: (S, B..., q) the query states
+    phi:torch.Tensor = None       # continuous: (S, B..., n + 1, d) features of S_0..S_n
+    r:torch.Tensor = None         # continuous: (S, B..., n) rewards, r[..., k-1] = R_k
+    phi_q:torch.Tensor = None     # continuous: (S, B..., q, d) features of the queries
+
+    def features(self)->tuple:
+        "(phi (S, B..., n + 1, d), rewards (S, B..., n), query features (S, B..., q, d)), looked up in the tasks when discrete."
+        if self.tasks is None: return self.phi, self.r, self.phi_q
+        phi, r = task_features(self.tasks, self.task, self.states)
+        return phi, r[..., :-1], task_features(self.tasks, self.task, self.queries)[0]
+
+@dataclass(eq=False)
+class TDExamples:
+    "A batch of TD examples of every seed, as a protocol supplies it: prompts, rewards at the queries, and where each successor is."
+    x:Contexts               # the prompts
+    reward:torch.Tensor      # (S, B) r(s_q) of each example
+    successor:str = "query"  # "query": s_q' is query column 1 of the same prompt; "next": it is the query of the next prompt along axis 1
 
 
 # %% [markdown]
@@ -354,6 +379,16 @@ def state_tokens(tasks:TaskBatch,      # tasks with a leading seed axis: P (S, T
 def _cast(x:StateTokens, dtype)->StateTokens:
     return x if x.Z.dtype == dtype else StateTokens(x.Z.to(dtype), x.log_w.to(dtype), x.succ.to(dtype), x.q)
 
+def trajectory_tokens(phi_states,    # (..., n + 1, d) features of S_0..S_n
+                      rewards,       # (..., n) rewards, rewards[..., k-1] = R_k
+                      phi_queries,   # (..., q, d) query features
+                     )->StateTokens: # the prompt of `build_prompt` with the n context states as keys
+    "A prompt of continuous states as state tokens: every context state its own key (log weight 0), its successor the next column."
+    Z = build_prompt(phi_states, rewards, phi_queries)
+    n = Z.shape[-1] - 1 - phi_queries.shape[-2]
+    succ = torch.eye(n, Z.shape[-1], dtype=Z.dtype, device=Z.device).roll(1, -1)
+    return StateTokens(Z, Z.new_zeros(n), succ, phi_queries.shape[-2])
+
 
 # %% [markdown]
 # The layers act on state tokens exactly as on prompts. Parameters come as a dictionary of stacked
@@ -547,6 +582,22 @@ assert (neu_random[3:] > 100 * neu_star[-1]).all(), neu_random
 # %%
 #| export
 DTYPES = dict(float64=torch.float64, float32=torch.float32)
+FEATURES = ("random", "unit", "onehot")
+OBJECTIVES = ("td", "mc", "supervised", "td-independent")   # the training targets (see "Four objectives" below)
+INITS = ("xavier", "theta_star")
+
+@functools.lru_cache(maxsize=None)
+def _hash_files(files:tuple)->str:
+    h = hashlib.sha1()
+    for f in files: h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:12]
+
+def source_hash()->str:
+    "A short hash of the package's source (every `ictd/*.py` file, names and contents), read once per process: a changed code never loads an old result."
+    return _hash_files(tuple(sorted(Path(ictd.__file__).parent.glob("*.py"))))
+
+def _choice(x, allowed:tuple, name:str):
+    if x not in allowed: raise ValueError(f"`{name}` must be one of {allowed}, got {x!r}")
 
 @dataclass(frozen=True)
 class PretrainConfig:
@@ -570,9 +621,39 @@ class PretrainConfig:
     attention:str = "softmax"   # model family: a registered name ("softmax"; "linear" from chapter 7)
     protocol:str = "stationary" # data protocol: a registered name ("stationary"; "sliding" from chapter 7)
     dtype:str = "float64"       # "float64" or "float32" for the parameters and the training passes (metrics in float64)
+    objective:str = "td"        # training target at the query: one of `OBJECTIVES` ("td", "mc", "supervised", "td-independent")
+    init:str = "xavier"         # "xavier" (gain `init_gain`) or "theta_star" (every layer theta*(W = init_beta I, init_alpha))
+    init_scale:float = 0.       # std of a Gaussian perturbation added to every initial parameter (0: none)
+    init_beta:float = 1.        # theta_star initialisation: the score matrix W = init_beta I
+    init_alpha:float = 1.       # theta_star initialisation: the TD step size alpha
+    record_params:bool = False  # also record every parameter at each evaluation (history "param.<name>")
 
     def __post_init__(self):
-        if self.dtype not in DTYPES: raise ValueError(f"`dtype` must be one of {tuple(DTYPES)}, got {self.dtype!r}")
+        "Validate every field (a `ValueError` naming it) and store integer-valued numbers as `int`."
+        for name in ("n_states", "d", "n", "n_layers", "n_tasks", "batch_size", "eval_every", "eval_tasks"): self._int(name, 1)
+        self._int("n_steps", 0); self._int("seed", 0)
+        if self.n_states < 2: raise ValueError(f"`n_states` must be an integer >= 2, got {self.n_states}")
+        _choice(self.features, FEATURES, "features"); _choice(self.dtype, tuple(DTYPES), "dtype")
+        _choice(self.objective, OBJECTIVES, "objective"); _choice(self.init, INITS, "init")
+        for name in ("shared", "record_params"):
+            if not isinstance(getattr(self, name), bool): raise ValueError(f"`{name}` must be a bool, got {getattr(self, name)!r}")
+        for name in ("attention", "protocol"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name): raise ValueError(f"`{name}` must be a registered name (a non-empty str), got {getattr(self, name)!r}")
+        check_gamma(self.gamma)
+        for name, low, strict in (("lr", 0, True), ("init_gain", 0, True), ("weight_decay", 0, False), ("init_scale", 0, False),
+                                  ("init_beta", -math.inf, False), ("init_alpha", -math.inf, False)): self._float(name, low, strict)
+
+    def _int(self, name:str, low:int):
+        x = getattr(self, name)
+        if isinstance(x, bool) or not isinstance(x, (int, float, np.integer, np.floating)) or not math.isfinite(x) or int(x) != x or x < low:
+            raise ValueError(f"`{name}` must be an integer >= {low}, got {x!r}")
+        object.__setattr__(self, name, int(x))
+
+    def _float(self, name:str, low:float, strict:bool):
+        x = getattr(self, name)
+        if isinstance(x, bool) or not isinstance(x, (int, float, np.integer, np.floating)) or not math.isfinite(x) or x < low or (strict and x == low):
+            raise ValueError(f"`{name}` must be a finite number {'>' if strict else '>='} {low}, got {x!r}")
+        object.__setattr__(self, name, float(x))
 
     @property
     def feature_dim(self)->int:
@@ -580,9 +661,9 @@ class PretrainConfig:
         return self.n_states if self.features == "onehot" else self.d
 
     def key(self)->str:
-        "A short hash of every setting but the seed, and of the package version: the name of a configuration's folder."
+        "A short hash of every setting but the seed, of the package version and of its source: the name of a configuration's folder."
         settings = {k: v for k, v in asdict(self).items() if k != "seed"}
-        return hashlib.sha1(json.dumps(dict(settings=settings, version=ictd.__version__), sort_keys=True).encode()).hexdigest()[:12]
+        return hashlib.sha1(json.dumps(dict(settings=settings, version=ictd.__version__, source=source_hash()), sort_keys=True).encode()).hexdigest()[:12]
 
 EMERGENCE = PretrainConfig(lr=1e-2, n_steps=2000, eval_every=200)   # the headline experiment: the specification's model, a tuned learning rate
 
@@ -590,6 +671,10 @@ EMERGENCE = PretrainConfig(lr=1e-2, n_steps=2000, eval_every=200)   # the headli
 test_eq(PretrainConfig().key(), PretrainConfig(seed=5).key())
 assert PretrainConfig().key() != PretrainConfig(lr=1e-2).key() != PretrainConfig(dtype="float32").key()
 test_fail(lambda: PretrainConfig(dtype="float16"), contains="`dtype` must be one of")
+for bad in (dict(features="cubic"), dict(n=-3), dict(n_states=1), dict(gamma=1.), dict(lr=0.), dict(lr=math.nan), dict(batch_size=2.5),
+            dict(objective="q-learning"), dict(init="zeros"), dict(init_scale=-1.), dict(init_alpha=math.inf), dict(shared=1), dict(seed=-1)):
+    test_fail(lambda: PretrainConfig(**bad), contains=f"`{next(iter(bad))}`")
+test_eq(type(PretrainConfig(n=30.0).n), int)
 
 
 # %%
@@ -600,7 +685,13 @@ class PretrainResult:
     config:PretrainConfig
     model:nn.Module                             # built by the model family (a `SoftmaxICTD` for "softmax")
     history:dict = field(default_factory=dict)  # name -> tensor with one row per evaluation (see `evaluate`)
-    held_out:TaskBatch = None                   # the held-out tasks the metrics were measured on
+    held_out:TaskBatch = None                   # the held-out tasks the metrics were measured on (None for continuous states)
+    params:dict = None                          # the family's parameters as the engine holds them, without the seed axis
+
+def stack_results(results:list)->dict:
+    "Runs of one configuration stacked over seeds: params name -> (S, ...), history name -> (S, evaluations, ...)."
+    return dict(params={k: torch.stack([r.params[k] for r in results]) for k in results[0].params},
+                history={k: torch.stack([r.history[k] for r in results]) for k in results[0].history})
 
 
 # %% [markdown]
@@ -699,10 +790,15 @@ def task_pool(config:PretrainConfig,  # the task settings (n_states, d, features
 def _to(tasks:TaskBatch, device)->TaskBatch:
     return TaskBatch(*(getattr(tasks, k).to(device) for k in ("P", "r", "phi", "d_pi", "v_pi")), tasks.gamma)
 
-def stationary_sampler(config:PretrainConfig, pool:TaskBatch, gens:list, step:int, state:dict)->TDSample:
+def stationary_sampler(config:PretrainConfig, pool:TaskBatch, gens:list, step:int, state:dict)->TDExamples:
     "The stationary protocol: seed i's examples are those of `td_batch(pool[i], batch_size, n, gens[i])`, drawn for all seeds at once."
     u = torch.stack([torch.rand(config.batch_size, config.n + 4, generator=g, dtype=torch.float64) for g in gens])
-    return stationary_examples(pool, u.to(pool.P.device))
+    b = stationary_examples(pool, u.to(pool.P.device))
+    return TDExamples(Contexts(pool, b.task, b.states, torch.stack([b.query, b.successor], -1)), task_features(pool, b.task, b.query)[1])
+
+def stationary_pools(config:PretrainConfig, seeds:list, device=None)->TaskBatch:
+    "The training pools of the stationary protocol, stacked over seeds: seed s's pool is `task_pool(config, n_tasks, s * 1_000_003)`."
+    return _to(stack_pools([task_pool(config, config.n_tasks, s * 1_000_003) for s in seeds]), device)
 
 
 # %%
@@ -717,19 +813,25 @@ for _ in range(2):
     together = stationary_sampler(PretrainConfig(), stack_pools(pools), gens, 0, {})
     for i in range(3):
         alone = td_batch(pools[i], 64, 30, own[i])
-        test_eq((together.states[i], together.query[i], together.task[i]), (alone.states, alone.query, alone.task))
+        test_eq((together.x.states[i], together.x.queries[i, :, 0], together.x.task[i]), (alone.states, alone.query, alone.task))
 
 
 # %% [markdown]
 # **Families and protocols.** The engine knows a model family and a data protocol only through a
-# small interface, so that another chapter can add its own without editing this one
-# (chapter 7 registers linear attention and its predecessor's sliding-window protocol;
-# `PretrainConfig(attention="linear")` imports it on first use). A family initialises the stacked
-# parameters of a list of seeds (each seed's slice its own single-seed initialisation), builds its
-# input from state indices, predicts the values at the queries, turns one seed's parameters into a
-# module, and may add metrics of its own at each evaluation. A protocol draws a `TDSample` for
-# every seed, seed $i$ from generator $i$; a `state` dictionary carries anything it needs across
-# steps, and is saved in checkpoints.
+# small interface, so that another module can add its own without editing this one: chapter 7
+# registers linear attention and its predecessor's sliding-window protocol, chapter 7a the
+# continuous task families, and a decoder-only model can register itself from its own module. A
+# plug-in registers its names when it is imported (`import ictd.linear` makes
+# `attention="linear"` and `protocol="sliding"` available).
+#
+# A **family** initialises the stacked parameters of a list of seeds (each seed's slice its own
+# single-seed initialisation), encodes `Contexts` as its input, predicts the values at the queries
+# (differentiably, for every seed at once), turns one seed's parameters into a module, and may add
+# metrics of its own at each evaluation. A **protocol** supplies every seed's training data, a
+# batch of `TDExamples` per step (seed $i$ draws from generator $i$; a `state` dictionary of
+# tensors and numbers carries anything it needs across steps and is saved in checkpoints), and
+# the held-out `EvalSet`. Where the current and successor inputs share their context, as in the
+# stationary protocol, a batch holds both queries in one prompt and the context is encoded once.
 
 # %%
 #| export
@@ -737,38 +839,42 @@ for _ in range(2):
 class Family:
     "A model family for the engine: stacked parameters with a leading seed axis, inputs, predictions, modules and metrics."
     init:Callable           # (config, seeds, dtype) -> dict name -> (S, ...) tensor; seed i's slice is that seed's own initialisation
-    prompt:Callable         # (config, tasks (S, T, ...), task (S, B), states (S, B, n+1), queries (S, B, q)) -> the model's input (float64)
-    predict:Callable        # (config, params, input, n) -> (S, B, q) values at the queries, differentiable in params
+    prompt:Callable         # (config, Contexts) -> the model's input for every seed (float64)
+    predict:Callable        # (config, params, input, n) -> (S, B..., q) values at the queries, differentiable in params
     module:Callable         # (config, params of one seed, no seed axis) -> nn.Module with .predict(Z, n)
     metrics:Callable = None # (config, params (S, ...) in float64, EvalSet) -> dict name -> (S, ...) tensor
 
+@dataclass(frozen=True)
+class Protocol:
+    "A data protocol for the engine: every seed's training data, its batches of TD examples, and its held-out evaluation set."
+    sample:Callable          # (config, data, gens, step, state) -> TDExamples of every seed; seed i draws from gens[i]
+    eval_set:Callable        # (config, seeds, device) -> EvalSet of every seed, its input built by the configuration's family
+    data:Callable = None     # (config, seeds, device) -> what `sample` draws from (e.g. stacked task pools); None: nothing
+    loss_scale:float = 0.5   # the loss is loss_scale * mean squared TD error over a seed's batch
+
 FAMILIES, PROTOCOLS = {}, {}
-PLUGIN_MODULES = dict(linear="ictd.linear", sliding="ictd.linear")   # imported on first use of these names
 
 def register_family(name:str, family:Family):
-    "Make `family` available as `PretrainConfig(attention=name)`."
+    "Make `family` available as `PretrainConfig(attention=name)` (call it when the family's module is imported)."
     if not isinstance(family, Family): raise ValueError(f"`family` must be a Family, got {type(family).__name__}")
     FAMILIES[name] = family
 
-def register_protocol(name:str, sampler:Callable):
-    "Make `sampler(config, pool, gens, step, state) -> TDSample` available as `PretrainConfig(protocol=name)`."
-    if not callable(sampler): raise ValueError(f"`sampler` must be callable, got {type(sampler).__name__}")
-    PROTOCOLS[name] = sampler
+def register_protocol(name:str, protocol:Protocol):
+    "Make `protocol` available as `PretrainConfig(protocol=name)` (call it when the protocol's module is imported)."
+    if not isinstance(protocol, Protocol): raise ValueError(f"`protocol` must be a Protocol, got {type(protocol).__name__}")
+    PROTOCOLS[name] = protocol
 
 def _lookup(registry:dict, name:str, what:str):
-    if name not in registry and name in PLUGIN_MODULES: importlib.import_module(PLUGIN_MODULES[name])
-    if name not in registry: raise ValueError(f"`{what}` must be one of {sorted(set(registry) | set(PLUGIN_MODULES))}, got {name!r}")
+    if name not in registry: raise ValueError(f"`{what}` must be one of {sorted(registry)} (a plug-in registers its names when imported, e.g. `import ictd.linear`), got {name!r}")
     return registry[name]
 
 def get_family(name:str)->Family:
-    "The registered model family `name` (importing its plug-in module on first use)."
+    "The registered model family `name`."
     return _lookup(FAMILIES, name, "attention")
 
-def get_protocol(name:str)->Callable:
-    "The registered data protocol `name` (importing its plug-in module on first use)."
+def get_protocol(name:str)->Protocol:
+    "The registered data protocol `name`."
     return _lookup(PROTOCOLS, name, "protocol")
-
-register_protocol("stationary", stationary_sampler)
 
 
 # %% [markdown]
@@ -777,8 +883,12 @@ register_protocol("stationary", stationary_sampler)
 # %%
 #| export
 def softmax_init(config:PretrainConfig, seeds:list, dtype)->dict:
-    "Each seed's `SoftmaxICTD` initialisation, stacked: A, V_cur, V_tgt of shape (S, L or 1, d + 2, d + 2)."
-    models = [SoftmaxICTD(config.feature_dim, config.n_layers, config.shared, config.init_gain, seed=int(s)) for s in seeds]
+    "Each seed's `SoftmaxICTD` initialisation (Xavier, or theta* for `init='theta_star'`), stacked: A, V_cur, V_tgt of shape (S, L or 1, d + 2, d + 2)."
+    d = config.feature_dim
+    if config.init == "theta_star":
+        W = config.init_beta * torch.eye(d, dtype=torch.float64)
+        models = [SoftmaxICTD.from_theta_star(d, config.n_layers, W, config.init_alpha, config.gamma, shared=config.shared)] * len(seeds)
+    else: models = [SoftmaxICTD(d, config.n_layers, config.shared, config.init_gain, seed=int(s)) for s in seeds]
     return {k: torch.stack([torch.stack([getattr(lay, k).detach() for lay in m.layers]) for m in models]).to(dtype) for k in ("A", "V_cur", "V_tgt")}
 
 def softmax_module(config:PretrainConfig, params:dict)->SoftmaxICTD:
@@ -787,18 +897,24 @@ def softmax_module(config:PretrainConfig, params:dict)->SoftmaxICTD:
     model.load_state_dict({f"layers.{l}.{k}": params[k][l] for l in range(params["A"].shape[0]) for k in ("A", "V_cur", "V_tgt")})
     return model
 
+def softmax_prompt(config:PretrainConfig, x:Contexts)->StateTokens:
+    "State tokens of every seed's prompts: one per state of a discrete task (exact), or one per context state of continuous ones."
+    return state_tokens(x.tasks, x.task, x.states, x.queries) if x.tasks is not None else trajectory_tokens(*x.features())
+
 def softmax_metrics(config:PretrainConfig, params:dict, ev)->dict:
-    "Population NEU (S, 1), diagonality (S, L), value weights (S, L, 3) and block cosines (S, L, 3) of every seed."
+    "Value weights (S, L, 3) and block cosines (S, L, 3) of every seed; on discrete tasks also population NEU (S, 1) and diagonality (S, L)."
     L, d, Lp = config.n_layers, config.feature_dim, params["A"].shape[1]
     with torch.no_grad():
-        s = ev.x.log_w.shape[-1]
-        atts = token_layers(params, L, ev.x)[1]          # the queries are the states 0..s-1, in order
-        diag = torch.stack([att[..., -s:].diagonal(dim1=-2, dim2=-1).mean((-2, -1)) for att in atts], -1)
         star = theta_star(d, torch.eye(d, dtype=torch.float64, device=params["A"].device), 1., config.gamma)
         blocks = [params[k][:, [l % Lp for l in range(L)]] for k in ("A", "V_cur", "V_tgt")]       # (S, L, D, D)
         cos = torch.stack([(b * t).sum((-2, -1)) / (b.flatten(-2).norm(dim=-1) * t.norm()).clamp(min=1e-300) for b, t in zip(blocks, star)], -1)
         V_cur, V_tgt = blocks[1], blocks[2]
         weights = torch.stack([V_cur[..., d + 1, d], V_tgt[..., d + 1, d + 1], V_cur[..., d + 1, d + 1]], -1)
+    if ev.tasks is None: return dict(value_weights=weights, cosine=cos)
+    with torch.no_grad():
+        s = ev.x.log_w.shape[-1]
+        atts = token_layers(params, L, ev.x)[1]          # the queries are the states 0..s-1, in order
+        diag = torch.stack([att[..., -s:].diagonal(dim1=-2, dim2=-1).mean((-2, -1)) for att in atts], -1)
     return dict(neu_population=population_neu_many(config, params, ev.tasks)[:, None], diagonality=diag, value_weights=weights, cosine=cos)
 
 def population_neu_many(config:PretrainConfig, params:dict, tasks:TaskBatch)->torch.Tensor:
@@ -809,7 +925,7 @@ def population_neu_many(config:PretrainConfig, params:dict, tasks:TaskBatch)->to
     grads = torch.autograd.grad((tasks.d_pi * delta * v).sum(-1).mean(-1).sum(), list(leaf.values()))
     return sum(g.flatten(1).square().sum(-1) for g in grads)
 
-register_family("softmax", Family(init=softmax_init, prompt=lambda config, *ex: state_tokens(*ex),
+register_family("softmax", Family(init=softmax_init, prompt=softmax_prompt,
                                   predict=lambda config, params, x, n: token_predict(params, config.n_layers, x),
                                   module=softmax_module, metrics=softmax_metrics))
 
@@ -825,10 +941,12 @@ register_family("softmax", Family(init=softmax_init, prompt=lambda config, *ex: 
 #| export
 @dataclass(eq=False)
 class EvalSet:
-    "The held-out tasks of every seed, one context per task, and the family's input with every state as a query."
-    tasks:TaskBatch       # tensors with a leading seed axis: P (S, E, s, s), r (S, E, s), phi (S, E, s, d), ...
-    states:torch.Tensor   # (S, E, n + 1) one context per task
-    x:object              # family.prompt of context b of task b with the queries 0..s-1, in order
+    "Every seed's held-out prompts with every evaluation point as a query, their true values, and the weights of the MSVE."
+    x:object                  # the family's input: one context per held-out task, queries at the m evaluation points
+    v_pi:torch.Tensor         # (S, E, m) true values at the queries
+    weights:torch.Tensor      # (S, E, m) weights of the MSVE over the queries (d_pi, or a quadrature rule)
+    tasks:TaskBatch = None    # discrete tasks: the held-out tasks (S, E, ...), whose states 0..s-1 are the queries; None otherwise
+    states:torch.Tensor = None  # discrete tasks: (S, E, n + 1) the contexts
 
 def _task_kwargs(config): return dict(n_states=config.n_states, d=config.d, gamma=config.gamma, features=config.features)
 
@@ -837,27 +955,102 @@ def held_out_tasks(config:PretrainConfig)->tuple:
     tasks = task_pool(config, config.eval_tasks, config.seed * 1_000_003 + config.n_tasks)
     return tasks, sample_trajectories(tasks.P, config.n, tasks.d_pi, seed=config.seed + 17)
 
-def eval_set(config:PretrainConfig, seeds:list, device=None)->EvalSet:
-    "Every seed's held-out tasks and contexts, stacked, with the input of `config.attention`'s family."
-    held = [held_out_tasks(dataclasses.replace(config, seed=s)) for s in seeds]
-    tasks, states = _to(stack_pools([t for t, _ in held]), device), torch.stack([s for _, s in held]).to(device)
+def task_eval_set(config:PretrainConfig, tasks:TaskBatch, states:torch.Tensor)->EvalSet:
+    "The evaluation set of discrete held-out tasks (S, E, ...) with one context each (S, E, n + 1): every state a query, MSVE weights d_pi."
     S, E, s = tasks.r.shape
     task, queries = torch.arange(E, device=states.device).expand(S, E), torch.arange(s, device=states.device).expand(S, E, s)
-    return EvalSet(tasks, states, get_family(config.attention).prompt(config, tasks, task, states, queries))
+    return EvalSet(get_family(config.attention).prompt(config, Contexts(tasks, task, states, queries)), tasks.v_pi, tasks.d_pi, tasks, states)
 
-def td_values(config:PretrainConfig, params:dict, tasks:TaskBatch, b:TDSample)->tuple:
+def stationary_eval_set(config:PretrainConfig, seeds:list, device=None)->EvalSet:
+    "The stationary protocol's evaluation set: every seed's `held_out_tasks`, stacked."
+    held = [held_out_tasks(dataclasses.replace(config, seed=s)) for s in seeds]
+    return task_eval_set(config, _to(stack_pools([t for t, _ in held]), device), torch.stack([s for _, s in held]).to(device))
+
+def eval_set(config:PretrainConfig, seeds:list, device=None)->EvalSet:
+    "The evaluation set of `config.protocol` for `seeds`."
+    return get_protocol(config.protocol).eval_set(config, seeds, device)
+
+register_protocol("stationary", Protocol(sample=stationary_sampler, eval_set=stationary_eval_set, data=stationary_pools))
+
+def td_values(config:PretrainConfig, params:dict, b:TDExamples)->tuple:
     "v(s_q) (S, B) with its graph, and the TD target r(s_q) + gamma v(s_q') (S, B), detached, for every seed's examples."
     family = get_family(config.attention)
-    v = family.predict(config, params, family.prompt(config, tasks, b.task, b.states, torch.stack([b.query, b.successor], -1)), config.n)
-    return v[..., 0], task_features(tasks, b.task, b.query)[1].to(v.dtype) + config.gamma * v[..., 1].detach()
+    v = family.predict(config, params, family.prompt(config, b.x), config.n)
+    v, v_next = (v[..., 0], v[..., 1]) if b.successor == "query" else (v[:, :-1, 0], v[:, 1:, 0])
+    return v, b.reward.to(v.dtype) + config.gamma * v_next.detach()
 
+
+# %% [markdown]
+# **Four objectives.** The engine trains the same model on the same examples with one of four
+# targets at the query $s_q$ (`PretrainConfig.objective`), so that what TD's temporal structure adds
+# can be measured against controls: `"td"`, the semi-gradient TD target $r(s_q) + \gamma\,
+# \mathrm{TF}(Z'; \theta)$ used so far; `"mc"`, a Monte-Carlo return
+# $\sum_{t<H} \gamma^t r(S_t)$ of a rollout of the task's chain from $S_0 = s_q$, truncated at the
+# horizon $H$ where $\gamma^H \le 10^{-6}$ (its bias is at most $\gamma^H \max|r| / (1 - \gamma)$,
+# below $10^{-5}$ for $\gamma = 0.9$ and rewards in $[-1, 1]$); `"supervised"`, the true value
+# $v_\pi(s_q)$, known from $P$ and $r$; and `"td-independent"`, TD whose successor is drawn from
+# $d_\pi$ independently of $s_q$, which keeps the rewards and removes the temporal structure. The
+# draws an objective adds (rollouts, independent successors) come from a sub-stream of the run's
+# seed of their own, so the contexts and queries are the same for all four; the evaluation and the
+# recorded measures do not depend on the objective.
+
+# %%
+#| export
+def mc_horizon(gamma:float, tol:float=1e-6)->int:
+    "The length H of the Monte-Carlo objective's rollouts: the smallest H >= 1 with gamma^H <= tol."
+    gamma = check_gamma(gamma)
+    return 1 if gamma == 0 else max(1, math.ceil(math.log(tol) / math.log(gamma)))
+
+def stationary_draws(tasks:TaskBatch, task:torch.Tensor, u:torch.Tensor)->torch.Tensor:
+    "(S, B) states drawn from d_pi of the tasks `task` (S, B) of every seed, one per uniform of `u` (S, B)."
+    return _draw_cdf(_rows(tasks.d_pi[..., None, :], task, torch.zeros_like(task)).cumsum(-1), u)
+
+def rollout_returns(tasks:TaskBatch, task:torch.Tensor, start:torch.Tensor, u:torch.Tensor)->torch.Tensor:
+    "(S, B) sampled returns sum_{t<H} gamma^t r(S_t) of chains started at `start` (S, B), with H - 1 = u.shape[-1] uniforms (S, B, H - 1)."
+    s = tasks.P.shape[-1]
+    cum = _rows(tasks.P, task, torch.arange(s, device=u.device).expand(*task.shape, s)).cumsum(-1)   # (S, B, s, s) each example's task
+    states, u = [start], u.movedim(-1, 0).contiguous()
+    for u_t in u: states.append(_draw_cdf(cum.gather(-2, states[-1][..., None, None].expand(*task.shape, 1, s))[..., 0, :], u_t))
+    r = task_features(tasks, task, torch.stack(states, -1))[1]
+    return (r * tasks.gamma ** torch.arange(len(states), dtype=torch.float64, device=u.device)).sum(-1)
+
+def objective_values(config:PretrainConfig, params:dict, b:TDExamples, gens:list)->tuple:
+    "v(s_q) (S, B) with its graph and the target of `config.objective` (S, B), detached; `gens` (one per seed) draw what the objective adds to the data."
+    if config.objective == "td": return td_values(config, params, b)
+    x = b.x
+    if x.tasks is None or b.successor != "query": raise ValueError(f"`objective` {config.objective!r} needs a protocol of discrete tasks with the successor as a query (as 'stationary'), got protocol {config.protocol!r}")
+    S, B = x.task.shape
+    uniforms = lambda *shape: torch.stack([torch.rand(B, *shape, generator=g, dtype=torch.float64) for g in gens]).to(x.task.device)
+    query = x.queries[..., 0]
+    if config.objective == "td-independent":
+        return td_values(config, params, dataclasses.replace(b, x=dataclasses.replace(x, queries=torch.stack([query, stationary_draws(x.tasks, x.task, uniforms())], -1))))
+    family = get_family(config.attention)
+    v = family.predict(config, params, family.prompt(config, dataclasses.replace(x, queries=x.queries[..., :1])), config.n)[..., 0]
+    if config.objective == "supervised": return v, _rows(x.tasks.v_pi, x.task, query).to(v.dtype)
+    return v, rollout_returns(x.tasks, x.task, query, uniforms(mc_horizon(config.gamma) - 1)).to(v.dtype)
+
+
+# %%
+cfg = PretrainConfig(n_tasks=1, eval_tasks=4, objective="mc")
+one = stack_pools([task_pool(cfg, 1, 3)])
+test_eq(mc_horizon(0.9), 132); test_eq(mc_horizon(0.), 1)
+gen = torch.Generator().manual_seed(0)
+G = rollout_returns(one, torch.zeros(1, 20_000, dtype=torch.long), torch.full((1, 20_000), 4), torch.rand(1, 20_000, mc_horizon(0.9) - 1, generator=gen, dtype=torch.float64))
+print(f"MC mean {G.mean():.4f} +- {G.std() / 20_000 ** 0.5:.4f} (one standard error), v_pi(4) = {one.v_pi[0, 0, 4]:.4f}")
+assert abs(G.mean() - one.v_pi[0, 0, 4]) < 4 * G.std() / 20_000 ** 0.5
+draws = stationary_draws(one, torch.zeros(1, 20_000, dtype=torch.long), torch.rand(1, 20_000, generator=gen, dtype=torch.float64))
+test_close(torch.bincount(draws[0], minlength=10) / 20_000, one.d_pi[0, 0], eps=0.015)
+
+
+# %%
+#| export
 def sampled_neu(config:PretrainConfig, params:dict, ev:EvalSet, n_batches:int=4, batch_size:int=64, seed:int=0)->torch.Tensor:
     "(S,) `neu` of every seed at once: `n_batches` stationary batches of its held-out tasks, drawn from a generator seeded `seed`."
     S, K = ev.states.shape[0], int(n_batches)
     gens, cfg = [torch.Generator().manual_seed(seed) for _ in range(S)], dataclasses.replace(config, batch_size=batch_size)
     leaf = {k: v.detach().requires_grad_() for k, v in params.items()}
     def update(b):
-        v, target = td_values(config, leaf, ev.tasks, b)
+        v, target = td_values(config, leaf, b)
         grads = torch.autograd.grad(((target - v.detach()) * v).mean(-1).sum(), list(leaf.values()), allow_unused=True)
         return torch.cat([(g if g is not None else torch.zeros_like(p)).flatten(1) for g, p in zip(grads, leaf.values())], -1)
     g = torch.stack([update(stationary_sampler(cfg, ev.tasks, gens, 0, {})) for _ in range(K)], 1)     # (S, K, n_params)
@@ -868,7 +1061,8 @@ def evaluate_many(config:PretrainConfig, params:dict, ev:EvalSet)->dict:
     family = get_family(config.attention)
     p64 = {k: v.detach().double() for k, v in params.items()}
     with torch.no_grad(): v = family.predict(config, p64, ev.x, config.n)
-    out = dict(msve=((v - ev.tasks.v_pi).square() * ev.tasks.d_pi).sum(-1).mean(-1, keepdim=True), neu=sampled_neu(config, p64, ev)[:, None])
+    out = dict(msve=((v - ev.v_pi).square() * ev.weights).sum(-1).mean(-1, keepdim=True))
+    if ev.tasks is not None: out["neu"] = sampled_neu(config, p64, ev)[:, None]
     if family.metrics: out.update(family.metrics(config, p64, ev))
     return out
 
@@ -903,7 +1097,7 @@ def run_folder(cache_dir, config:PretrainConfig)->Path:
     "`<cache_dir>/<config.key()>/`, with the configuration (every setting but the seed) and the version in `config.json`."
     folder = Path(cache_dir) / config.key()
     folder.mkdir(parents=True, exist_ok=True)
-    settings = dict({k: v for k, v in asdict(config).items() if k != "seed"}, version=ictd.__version__)
+    settings = dict({k: v for k, v in asdict(config).items() if k != "seed"}, version=ictd.__version__, source=source_hash())
     path = folder / "config.json"
     if path.exists() and json.loads(path.read_text()) != settings: raise ValueError(f"{path} holds another configuration")
     path.write_text(json.dumps(settings, indent=1))
@@ -920,10 +1114,15 @@ def _load(path:Path, expect:dict):
     return saved
 
 def _result(config:PretrainConfig, params:dict, history:dict, held_out:TaskBatch)->PretrainResult:
-    return PretrainResult(config, get_family(config.attention).module(config, params), history, held_out)
+    return PretrainResult(config, get_family(config.attention).module(config, params), history, held_out, params)
 
 def _seed_slice(tasks:TaskBatch, i:int)->TaskBatch:
     return TaskBatch(*(getattr(tasks, k)[i].cpu() for k in ("P", "r", "phi", "d_pi", "v_pi")), tasks.gamma)
+
+def _held_out(config:PretrainConfig)->TaskBatch:
+    "The held-out tasks of one run (None where the protocol's states are continuous)."
+    tasks = eval_set(config, [config.seed]).tasks
+    return None if tasks is None else _seed_slice(tasks, 0)
 
 
 # %% [markdown]
@@ -931,6 +1130,34 @@ def _seed_slice(tasks:TaskBatch, i:int)->TaskBatch:
 
 # %%
 #| export
+INIT_STREAM, OBJECTIVE_STREAM = 1, 2   # sub-streams of a run's seed (stream 0 is the data's own generator)
+
+def substream(seed:int, stream:int)->int:
+    "A 64-bit seed for sub-stream `stream` of `seed`: child `stream` of `numpy.random.SeedSequence(seed).spawn`."
+    return int(np.random.SeedSequence(int(seed), spawn_key=(int(stream),)).generate_state(1, np.uint64)[0])
+
+def perturb(params:dict, scale:float, seeds:list)->dict:
+    "Stacked parameters (S, ...) plus `scale` times standard Gaussian noise drawn from each seed's `INIT_STREAM` (unchanged for scale 0)."
+    if scale == 0: return params
+    gens = [torch.Generator().manual_seed(substream(s, INIT_STREAM)) for s in seeds]
+    noise = {k: torch.stack([torch.randn(v.shape[1:], generator=g, dtype=torch.float64) for g in gens]) for k, v in params.items()}
+    return {k: (v.double() + scale * noise[k]).to(v.dtype) for k, v in params.items()}
+
+DIVERGED = 1e8   # a loss or parameter entry above this in absolute value (or not finite) stops a run
+
+class DivergenceError(RuntimeError):
+    "A training run whose loss or parameters became non-finite or exploded."
+
+def check_divergence(config:PretrainConfig, seeds:list, step:int, loss:torch.Tensor, params:dict, checkpoint=None):
+    "Raise `DivergenceError` naming the seeds, the step and the learning rate if a seed's loss (S,) or parameters (S, ...) are not finite or exceed `DIVERGED`."
+    with torch.no_grad():
+        size = torch.stack([loss.detach().abs()] + [p.detach().abs().flatten(1).max(-1).values for p in params.values()]).max(0).values
+        bad = (~torch.isfinite(size) | (size > DIVERGED)).nonzero().flatten().tolist()
+    if bad:
+        kept = f"; the last checkpoint before it is kept at {checkpoint}" if checkpoint is not None and Path(checkpoint).exists() else ""
+        raise DivergenceError(f"training diverged at step {step} with lr = {config.lr:g}: seed(s) {[seeds[i] for i in bad]} reached a loss or "
+                              f"parameter of size {size[bad[0]].item():.3g} (limit {DIVERGED:g}){kept}")
+
 def _check_seeds(seeds)->list:
     seeds = [seeds] if isinstance(seeds, int) else list(seeds)
     if not seeds or any(int(s) != s or s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
@@ -956,8 +1183,8 @@ def pretrain_many(config:PretrainConfig,     # every setting but the seed
     done = {}
     for s in seeds:
         c = dataclasses.replace(config, seed=s)
-        saved = None if folder is None or force else _load(folder / f"seed-{s}.pt", dict(version=ictd.__version__, config=asdict(c)))
-        if saved is not None: done[s] = _result(c, saved["params"], saved["history"], held_out_tasks(c)[0])
+        saved = None if folder is None or force else _load(folder / f"seed-{s}.pt", dict(version=ictd.__version__, source=source_hash(), config=asdict(c)))
+        if saved is not None: done[s] = _result(c, saved["params"], saved["history"], _held_out(c))
     todo = [s for s in seeds if s not in done]
     if todo: done.update(zip(todo, _train(config, todo, progress, folder, device, checkpoint_every, force, callback)))
     return [done[s] for s in seeds]
@@ -965,48 +1192,52 @@ def pretrain_many(config:PretrainConfig,     # every setting but the seed
 def _train(config, seeds, progress, folder, device, checkpoint_every, force, callback)->list:
     "The batched training loop of `pretrain_many` for `seeds`, resumed from a checkpoint in `folder` if there is one."
     device = torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
-    family, sampler, dtype = get_family(config.attention), get_protocol(config.protocol), DTYPES[config.dtype]
-    pool = _to(stack_pools([task_pool(config, config.n_tasks, s * 1_000_003) for s in seeds]), device)
-    ev = eval_set(config, seeds, device)
-    params = {k: v.to(device).requires_grad_() for k, v in family.init(config, seeds, dtype).items()}
+    family, protocol, dtype = get_family(config.attention), get_protocol(config.protocol), DTYPES[config.dtype]
+    data = protocol.data(config, seeds, device) if protocol.data is not None else None
+    ev = protocol.eval_set(config, seeds, device)
+    params = {k: v.to(device).requires_grad_() for k, v in perturb(family.init(config, seeds, dtype), config.init_scale, seeds).items()}
     opt = torch.optim.Adam(params.values(), lr=config.lr, weight_decay=config.weight_decay)
     gens = [torch.Generator().manual_seed(s) for s in seeds]
+    target_gens = [torch.Generator().manual_seed(substream(s, OBJECTIVE_STREAM)) for s in seeds]
     run = dict(step=0, history={}, losses=[], protocol={})
-    expect = dict(version=ictd.__version__, config=asdict(config), seeds=seeds)
+    expect = dict(version=ictd.__version__, source=source_hash(), config=asdict(config), seeds=seeds)
     checkpoint = folder / f"checkpoint-{hashlib.sha1(json.dumps(seeds).encode()).hexdigest()[:8]}.pt" if folder is not None else None
     saved = None if checkpoint is None or force else _load(checkpoint, expect)
     if saved is not None:
         with torch.no_grad():
             for k, v in params.items(): v.copy_(saved["params"][k])
         opt.load_state_dict(saved["optimizer"])
-        for g, st in zip(gens, saved["generators"]): g.set_state(st)
+        for g, st in zip(gens + target_gens, saved["generators"]): g.set_state(st)
         run = {k: saved[k] for k in run}
     bar = tqdm(total=config.n_steps, initial=run["step"], disable=not progress, desc=f"pretrain {config.key()}, {len(seeds)} seeds")
     for step in range(run["step"], config.n_steps + 1):
         if checkpoint_every and step % checkpoint_every == 0 and step > run["step"]:
             torch.save(dict(expect, params={k: v.detach() for k, v in params.items()}, optimizer=opt.state_dict(),
-                            generators=[g.get_state() for g in gens], **dict(run, step=step)), checkpoint)
+                            generators=[g.get_state() for g in gens + target_gens], **dict(run, step=step)), checkpoint)
         if step % config.eval_every == 0:
             loss = torch.stack(run["losses"]).mean(0) if run["losses"] else torch.full((len(seeds),), math.nan, dtype=torch.float64, device=device)
             metrics = dict(step=torch.full((len(seeds), 1), step), loss=loss.double().cpu()[:, None],
-                           **{k: v.detach().cpu() for k, v in evaluate_many(config, params, ev).items()})
+                           **{k: v.detach().cpu().clone() for k, v in evaluate_many(config, params, ev).items()},   # a copy: a metric may view a parameter
+                           **({f"param.{k}": v.detach().double().cpu().clone() for k, v in params.items()} if config.record_params else {}))
             for k, v in metrics.items(): run["history"].setdefault(k, []).append(v)
             run["losses"] = []
         if step == config.n_steps: break
-        v, target = td_values(config, params, pool, sampler(config, pool, gens, step, run["protocol"]))
-        loss = 0.5 * (target - v).square().mean(-1)
+        v, target = objective_values(config, params, protocol.sample(config, data, gens, step, run["protocol"]), target_gens)
+        loss = protocol.loss_scale * (target - v).square().mean(-1)
+        check_divergence(config, seeds, step, loss, params, checkpoint if checkpoint_every else None)
         opt.zero_grad(); loss.sum().backward(); opt.step()
         run["losses"].append(loss.detach())
         bar.update()
         if callback is not None: callback(step + 1)
     bar.close()
+    check_divergence(config, seeds, config.n_steps, torch.zeros(len(seeds), device=device), params, checkpoint if checkpoint_every else None)
     history = {k: torch.stack(v, 1) for k, v in run["history"].items()}          # (S, evaluations, ...)
     results = []
     for i, s in enumerate(seeds):
         c = dataclasses.replace(config, seed=s)
         p, h = {k: v[i].detach().cpu() for k, v in params.items()}, {k: v[i] for k, v in history.items()}
-        if folder is not None: torch.save(dict(version=ictd.__version__, config=asdict(c), params=p, history=h), folder / f"seed-{s}.pt")
-        results.append(_result(c, p, h, _seed_slice(ev.tasks, i)))
+        if folder is not None: torch.save(dict(version=ictd.__version__, source=source_hash(), config=asdict(c), params=p, history=h), folder / f"seed-{s}.pt")
+        results.append(_result(c, p, h, _seed_slice(ev.tasks, i) if ev.tasks is not None else None))
     if checkpoint is not None and checkpoint.exists(): checkpoint.unlink()
     return results
 
@@ -1039,6 +1270,20 @@ test_eq(both[0].history["value_weights"].shape, (4, 3, 3))
 test_fail(lambda: pretrain_many(tiny, [1, 1]), contains="`seeds` must be a non-empty list of distinct")
 test_fail(lambda: pretrain_many(tiny, [1], checkpoint_every=10), contains="`checkpoint_every` needs a `cache_dir`")
 test_fail(lambda: pretrain_many(dataclasses.replace(tiny, attention="cubic"), [1]), contains="`attention` must be one of")
+
+# %% [markdown]
+# **Initialisations.** `init="xavier"` (the default) draws each seed's parameters as `SoftmaxICTD`
+# does with that seed; `init="theta_star"` starts every layer at $\theta^*$ with $W = \beta I$ and
+# step size $\alpha$ taken from `init_beta` and `init_alpha` (`init_gain` is then unused). Either can
+# be perturbed: `init_scale` $= c$ adds independent $\mathcal N(0, c^2)$ noise to every entry, drawn
+# from sub-stream `INIT_STREAM` of the seed (`substream`, a child of `numpy.random.SeedSequence`).
+
+# %%
+at_star = dataclasses.replace(tiny, n_steps=0, init="theta_star", init_beta=2., init_alpha=0.5)
+star = SoftmaxICTD.from_theta_star(4, 3, 2 * torch.eye(4, dtype=torch.float64), 0.5, 0.9)
+r0, r1 = pretrain_many(at_star, [0], progress=False)[0], pretrain_many(dataclasses.replace(at_star, init_scale=0.01), [0], progress=False)[0]
+for p, q, p1 in zip(r0.model.parameters(), star.parameters(), r1.model.parameters()):
+    assert torch.equal(p, q) and 0.005 < (p1 - p).std() < 0.015
 
 # %% [markdown]
 # The book's headline run, `EMERGENCE`, is the specification's model and data with a learning rate

@@ -11,12 +11,13 @@ import torch
 from torch import nn
 import numpy as np
 from tqdm.auto import tqdm
-from ictd.boyan import as_tensor, check_gamma, msve, random_boyan_chain, sample_trajectory
-from ictd.model import _generator, _token_rows, _xavier
+from ictd.boyan import as_tensor, check_gamma, msve, random_boyan_chain, sample_trajectory, weighted_error
+from ictd.model import token_rows, torch_generator, xavier_param
 from ictd.tasks import TaskBatch, random_tasks, sample_trajectories
 from ictd.model import SoftmaxICTD
 from ictd.prompt import build_prompt
-from ictd.pretrain import EMERGENCE, Family, PretrainConfig, held_out_tasks, pretrain_many, register_family, register_protocol, stack_pools, task_features, task_pool
+from ictd.pretrain import (EMERGENCE, Contexts, EvalSet, Family, PretrainConfig, Protocol, TDExamples, held_out_tasks, pretrain_many, register_family,
+                           register_protocol, stack_pools, stack_results, task_eval_set, task_features, task_pool)
 from ictd.wstd import batch_linear_td, context_tensors, weighted_softmax_td
 
 # %%
@@ -162,9 +163,9 @@ class LinearAttentionLayer(nn.Module):
                  softmax:bool=False,      # the predecessor's softmax over target columns instead of raw scores
                 ):
         super().__init__()
-        D, g = 2 * (_token_rows(d) - 2) + 1, _generator(seed)
+        D, g = 2 * (token_rows(d) - 2) + 1, torch_generator(seed)
         self.d, self.softmax = D // 2, bool(softmax)
-        self.P, self.Q = _xavier(D, D, init_gain, g, dtype), _xavier(D, D, init_gain, g, dtype)
+        self.P, self.Q = xavier_param(D, D, init_gain, g, dtype), xavier_param(D, D, init_gain, g, dtype)
 
     def forward(self, Z:torch.Tensor,  # (..., 2d+1, n+q) prompt
                 n:int=None,            # number of context columns (default: all but the last)
@@ -247,8 +248,8 @@ class LinearICTD(nn.Module):
                  softmax:bool=False,   # the predecessor's softmax over target columns (an ablation)
                 ):
         super().__init__()
-        if int(n_layers) != n_layers or n_layers < 0: raise ValueError(f"`n_layers` must be a non-negative integer, got {n_layers}")
-        g = _generator(seed)
+        if int(n_layers) != n_layers or n_layers < 1: raise ValueError(f"`n_layers` must be a positive integer, got {n_layers}")
+        g = torch_generator(seed)
         self.d, self.n_layers, self.shared = d, int(n_layers), shared
         self.layers = nn.ModuleList([LinearAttentionLayer(d, init_gain, g, dtype, softmax) for _ in range(1 if shared else self.n_layers)])
 
@@ -275,6 +276,7 @@ class LinearICTD(nn.Module):
                 C=None,                # (d, d) preconditioner, default identity
                 dtype=torch.float64):
         "The construction whose forward pass is `n_layers` iterations of (preconditioned) batch linear TD."
+        if not math.isfinite(float(alpha)): raise ValueError(f"`alpha` must be a finite number, got {alpha}")
         P, Q = td_parameters(d, float(alpha), C, dtype)
         model = cls(d, n_layers, shared=True, seed=0, dtype=dtype)
         with torch.no_grad(): model.layers[0].P.copy_(P); model.layers[0].Q.copy_(Q)
@@ -447,7 +449,7 @@ def _cos(a, b, dim=-1): return (a * b).sum(dim) / (a.norm(dim=dim) * b.norm(dim=
 
 def value_difference(v_tf, v_td, d_pi)->torch.Tensor:
     "VD: $\\sum_s d_\\pi(s) (v_{TF}(s) - v_{TD}(s))^2$ over the last axis."
-    return ((v_tf - v_td).square() * d_pi).sum(-1)
+    return weighted_error(v_tf, v_td, d_pi)
 
 def implicit_weight_similarity(v_tf:torch.Tensor,   # (..., s) the model's values
                                phi:torch.Tensor,    # (..., s, d) features
@@ -735,13 +737,13 @@ ICLR_LINEAR = PretrainConfig(attention="linear", protocol="sliding", shared=True
 
 def linear_init(config:PretrainConfig, seeds:list, dtype=torch.float64)->dict:
     "Each seed's `LinearICTD` initialisation, stacked: P and Q of shape (S, L or 1, 2d+1, 2d+1)."
+    if config.init != "xavier": raise ValueError(f"`init` must be 'xavier' for the linear family, got {config.init!r}")
     models = [LinearICTD(config.feature_dim, config.n_layers, config.shared, config.init_gain, seed=int(s)) for s in seeds]
     return {k: torch.stack([torch.stack([getattr(lay, k).detach() for lay in m.layers]) for m in models]).to(dtype) for k in ("P", "Q")}
 
-def linear_prompt(config:PretrainConfig, tasks:TaskBatch, task, states, queries)->torch.Tensor:
-    "The engine's examples as linear-attention prompts (S, B, 2d+1, n+q)."
-    phi, r = task_features(tasks, task, states)
-    return build_linear_prompt(phi, r[..., :-1], task_features(tasks, task, queries)[0], config.gamma)
+def linear_prompt(config:PretrainConfig, x:Contexts)->torch.Tensor:
+    "The engine's prompts as linear-attention prompts (S, B..., 2d+1, n+q)."
+    return build_linear_prompt(*x.features(), config.gamma)
 
 def linear_predict(config:PretrainConfig, params:dict, Z:torch.Tensor, n:int)->torch.Tensor:
     "(S, B, q) values of every seed's linear Transformer, through the matrix form."
@@ -802,85 +804,65 @@ assert not torch.equal(runs[0].model.layers[0].P, LinearICTD(4, 3, seed=3).layer
 
 
 # %% [markdown]
-# The predecessor's sliding protocol pairs each window with the *next* window's context, which the
-# engine's examples (one context per example) cannot express yet, so `"sliding"` is registered with
-# a sampler that says so, and the sliding protocol is trained by the loop below. It follows the
-# engine's conventions: each seed's task pool is `task_pool(config, n_tasks, seed * 1_000_003)`, its
-# data stream comes from its own generator, the parameters are stacked along a seed axis, the
-# loss is the sum of the seeds' losses and Adam acts on every entry separately, so each seed's run
-# is exactly what it would be alone.
+# The predecessor's **sliding protocol** is a protocol of the engine. Its tasks come in order: each
+# seed's task $k$ is task $k$ of its pool (`task_pool(config, ., seed * 1_000_003 + k)`), drawn
+# `SLIDING_CHUNK` at a time with their random start distributions and trajectories from the seed's
+# own generator; the $n_\text{steps} / n_\text{tasks}$ steps on a task each take one trajectory of
+# $n + B + 2$ states and cut it into the $B + 1$ overlapping windows of `sliding_windows`, each
+# window's successor being the *next window* (`TDExamples(successor="next")`). Its loss is the
+# predecessor's mean squared TD error, without a factor $\frac12$ (`loss_scale=1`). The held-out
+# contexts start from random start distributions too.
 
 # %%
 #| export
-def sliding_sampler(config, pool, gens, step, state):
-    "Placeholder for the engine: the sliding protocol needs a successor context per example."
-    raise ValueError("the 'sliding' protocol pairs each window with the next window's context, which the engine's "
-                     "TDSample cannot express; train it with `ictd.linear.pretrain_linear_many`")
+SLIDING_CHUNK = 25   # tasks of a seed drawn together (with their trajectories) by the sliding protocol
 
-register_protocol("sliding", sliding_sampler)
+def _per_task(config:PretrainConfig)->int:
+    if config.n_steps % config.n_tasks: raise ValueError(f"`n_steps` must be a multiple of `n_tasks` for the sliding protocol (mini-batches per task), got {config.n_steps} and {config.n_tasks}")
+    return config.n_steps // config.n_tasks
 
-def held_out_linear(config:PretrainConfig, seeds:list)->tuple:
-    "Each seed's held-out tasks (stacked: (S, E, ...)) and one context per task from its random start distribution (S, E, 2d+1, n)."
-    out = []
-    for s in seeds:
-        tasks, gen = task_pool(config, config.eval_tasks, s * 1_000_003 + config.n_tasks), torch.Generator().manual_seed(s + 17)
-        states = sample_trajectories(tasks.P, config.n, start_distributions(config.eval_tasks, config.n_states, gen), seed=gen)
-        Zc = linear_prompt(config, stack_pools([tasks]), torch.arange(config.eval_tasks)[None], states[None], states[None, :, :1])[0, ..., :config.n]
-        out.append((tasks, Zc))
-    return stack_pools([t for t, _ in out]), torch.stack([z for _, z in out])
-
-def _trajectories(config, seeds, gens, first_task, count, per_task):
-    "Each seed's next `count` tasks and `per_task` trajectories of each: (features (S, count, s, d), rewards (S, count, s), states (S, count, k, T))."
-    T = config.n + config.batch_size + 1
-    phi, r, states = [], [], []
+def sliding_chunk(config:PretrainConfig, seeds:list, gens:list, first:int)->dict:
+    "Tasks first.. of every seed (up to SLIDING_CHUNK; TaskBatch tensors (S, count, ...)) and their trajectories `states` (S, count, per task, n + B + 2)."
+    count, per_task, T = min(SLIDING_CHUNK, config.n_tasks - first), _per_task(config), config.n + config.batch_size + 1
+    pools, states = [], []
     for s, g in zip(seeds, gens):
-        tasks = task_pool(config, count, s * 1_000_003 + first_task)
+        pools.append(task_pool(config, count, s * 1_000_003 + first))
         mu = start_distributions(count, config.n_states, g).repeat_interleave(per_task, 0)
-        states.append(sample_trajectories(tasks.P.repeat_interleave(per_task, 0), T, mu, seed=g).unflatten(0, (count, per_task)))
-        phi.append(tasks.phi); r.append(tasks.r)
-    return torch.stack(phi), torch.stack(r), torch.stack(states)
+        states.append(sample_trajectories(pools[-1].P.repeat_interleave(per_task, 0), T, mu, seed=g).unflatten(0, (count, per_task)))
+    pool = stack_pools(pools)
+    return dict(P=pool.P, r=pool.r, phi=pool.phi, d_pi=pool.d_pi, v_pi=pool.v_pi, states=torch.stack(states))
 
-def pretrain_linear_many(config:PretrainConfig=ICLR_LINEAR,  # n_tasks tasks, n_steps / n_tasks mini-batches of batch_size windows each
-                         seeds=(0,),           # one run per seed, all trained together
-                         progress:bool=True,   # show a tqdm progress bar
-                         chunk:int=25,         # tasks drawn at a time
-                        )->dict:               # P, Q (S, L', 2d+1, 2d+1), alpha_td, history: name -> (S, E) (with `step` and `tasks`)
-    "Sliding-window TD pretraining of linear Transformers (the predecessor's protocol), one run per seed, stacked."
-    if config.attention != "linear" or config.protocol != "sliding": raise ValueError(f"`config` must have attention='linear' and protocol='sliding', got {config.attention!r}, {config.protocol!r}")
-    if config.n_steps % config.n_tasks: raise ValueError(f"`config.n_steps` must be a multiple of `n_tasks` (mini-batches per task), got {config.n_steps} and {config.n_tasks}")
-    seeds, n, L, per_task = [int(s) for s in seeds], config.n, config.n_layers, config.n_steps // config.n_tasks
-    params = {k: v.requires_grad_(True) for k, v in linear_init(config, seeds).items()}
-    opt = torch.optim.Adam(params.values(), lr=config.lr, weight_decay=config.weight_decay)
-    gens = [torch.Generator().manual_seed(s) for s in seeds]
-    alpha, (held, Zc) = fitted_td_step(n, L, config.gamma, config.n_states, config.feature_dim), held_out_linear(config, seeds)
-    history = {}
-    def record(step):
-        for k, v in dict(step=torch.full((len(seeds),), float(step)), tasks=torch.full((len(seeds),), step / per_task),
-                         **linear_measures(params["P"], params["Q"], held, Zc, alpha, L)).items():
-            history.setdefault(k, []).append(v.clone())
-    record(0)
-    bar, step = tqdm(total=config.n_steps, disable=not progress, desc=f"linear pretraining, {len(seeds)} seeds"), 0
-    for first in range(0, config.n_tasks, chunk):
-        phi, r, states = _trajectories(config, seeds, gens, first, min(chunk, config.n_tasks - first), per_task)
-        for t in range(phi.shape[1]):
-            for b in range(per_task):
-                Z, rw = sliding_windows(phi[:, t], r[:, t], states[:, t, b], n, config.gamma)
-                loss = sliding_td_loss(linear_predict(config, params, Z, n)[..., 0], rw, config.gamma).sum()
-                opt.zero_grad(); loss.backward(); opt.step()
-                step += 1; bar.update()
-                if step % config.eval_every == 0: record(step)
-    bar.close()
-    return dict(P=params["P"].detach(), Q=params["Q"].detach(), alpha_td=alpha, history={k: torch.stack(v, -1) for k, v in history.items()})
+def sliding_sample(config:PretrainConfig, data:dict, gens:list, step:int, state:dict)->TDExamples:
+    "Step `step` of the sliding protocol: the B + 1 consecutive windows of one trajectory of every seed, each window's successor the next."
+    per_task, device = _per_task(config), data["device"]
+    task = step // per_task
+    if step % (SLIDING_CHUNK * per_task) == 0: state.update(sliding_chunk(config, data["seeds"], gens, task))
+    tasks = TaskBatch(*(state[k].to(device) for k in ("P", "r", "phi", "d_pi", "v_pi")), config.gamma)
+    windows = state["states"][:, task % SLIDING_CHUNK, step % per_task].to(device).unfold(-1, config.n + 2, 1)   # (S, B + 1, n + 2)
+    index = torch.full(windows.shape[:2], task % SLIDING_CHUNK, device=device)
+    x = Contexts(tasks, index, windows[..., :-1], windows[..., -1:])
+    return TDExamples(x, task_features(tasks, index[:, :-1], windows[:, :-1, -1])[1], successor="next")
+
+def sliding_eval_set(config:PretrainConfig, seeds:list, device=None)->EvalSet:
+    "Each seed's held-out tasks, with one context per task from a random start distribution (generator seeded seed + 17)."
+    pools, states = [], []
+    for s in seeds:
+        pools.append(task_pool(config, config.eval_tasks, s * 1_000_003 + config.n_tasks))
+        gen = torch.Generator().manual_seed(s + 17)
+        states.append(sample_trajectories(pools[-1].P, config.n, start_distributions(config.eval_tasks, config.n_states, gen), seed=gen))
+    return task_eval_set(config, stack_pools(pools, device), torch.stack(states).to(device))
+
+register_protocol("sliding", Protocol(sample=sliding_sample, eval_set=sliding_eval_set, loss_scale=1.,
+                                      data=lambda config, seeds, device: dict(seeds=seeds, device=device, per_task=_per_task(config))))
 
 
 # %%
-test_fail(lambda: pretrain_many(ICLR_LINEAR, [0], progress=False), contains="train it with `ictd.linear.pretrain_linear_many`")
-test_fail(lambda: pretrain_linear_many(cfg_stat, [0]), contains="protocol='sliding'")
-tiny = pretrain_linear_many(dataclasses.replace(ICLR_LINEAR, n_tasks=4, n_steps=8, eval_every=4, eval_tasks=4), [1, 2], progress=False)
-tiny_alone = pretrain_linear_many(dataclasses.replace(ICLR_LINEAR, n_tasks=4, n_steps=8, eval_every=4, eval_tasks=4), [2], progress=False)
-test_close(tiny["P"][1], tiny_alone["P"][0], eps=1e-12)
-test_close(tiny["history"]["iws"][1], tiny_alone["history"]["iws"][0], eps=1e-12)
-test_eq(tiny["history"]["tasks"][0], torch.tensor([0., 2., 4.], dtype=torch.float64))
+small_sliding = dataclasses.replace(ICLR_LINEAR, n_tasks=30, n_steps=60, eval_every=20, eval_tasks=4)
+tiny, tiny_alone = pretrain_many(small_sliding, [1, 2], progress=False), pretrain_many(small_sliding, [2], progress=False)
+test_close(tiny[1].params["P"], tiny_alone[0].params["P"], eps=1e-12)
+test_close(tiny[1].history["iws"], tiny_alone[0].history["iws"], eps=1e-12)
+test_eq(tiny[0].history["step"].flatten(), torch.tensor([0, 20, 40, 60]))
+test_fail(lambda: pretrain_many(dataclasses.replace(small_sliding, n_steps=61), [0]), contains="`n_steps` must be a multiple of `n_tasks`")
 
 # %% [markdown]
 # The published numbers we compare with are the predecessor's (Wang et al. 2025, as reported in
@@ -892,30 +874,32 @@ test_eq(tiny["history"]["tasks"][0], torch.tensor([0., 2., 4.], dtype=torch.floa
 ICLR_REFERENCE = dict(tasks=4000, iws=0.93, vd=(0.02, 0.03), P_last=1.6, trQ11=-4.3, trQ12=3.3)   # mean over 30 seeds
 ICLR_SEED0 = dict(tasks=5000, iws=0.990, vd=0.0053, P_last=2.06, trQ11=-6.31, trQ12=4.75)           # the predecessor's seed 0
 
-def aligned_history(result:dict)->dict:
-    "The history with P_last, trQ11 and trQ12 of each run multiplied by the sign of its final P[-1, -1]."
-    h = dict(result["history"])
+def aligned_history(results:list)->dict:
+    "Runs of one configuration: their history (S, evaluations), with `tasks` seen and P_last, trQ11, trQ12 multiplied by the sign of each run's final P[-1, -1]."
+    c = results[0].config
+    h = {k: v.squeeze(-1).double() for k, v in stack_results(results)["history"].items() if not k.startswith("param.")}
+    h["tasks"] = h["step"] * c.n_tasks / c.n_steps
     sign = torch.where(h["P_last"][:, -1:] < 0, -1., 1.).to(h["P_last"])
     for k in ("P_last", "trQ11", "trQ12"): h[k] = h[k] * sign
     return h
 
-def summarise_linear(result:dict)->dict:
+def summarise_linear(results:list)->dict:
     "Mean and standard error over seeds of every measure at the last evaluation (sign-aligned), as plain numbers."
-    h = aligned_history(result)
+    h, c = aligned_history(results), results[0].config
     S = h["iws"].shape[0]
     return {k: dict(mean=v[:, -1].mean().item(), se=(v[:, -1].std().item() / S ** 0.5 if S > 1 else math.nan))
-            for k, v in h.items() if k not in ("tasks", "step")} | dict(tasks=int(h["tasks"][0, -1]), seeds=S, alpha_td=result["alpha_td"])
+            for k, v in h.items() if k not in ("tasks", "step")} | dict(tasks=int(h["tasks"][0, -1]), seeds=S, alpha_td=fitted_td_step(c.n, c.n_layers, c.gamma, c.n_states, c.feature_dim))
 
 
 # %%
 #| export
-def plot_linear_pretraining(result:dict,           # output of `pretrain_linear_many`
+def plot_linear_pretraining(results:list,          # runs of the sliding protocol (`pretrain_many`), one per seed
                             reference:dict=ICLR_REFERENCE,  # published values to mark, or None
                             title:str=None,
                            ):                      # the matplotlib figure
     "Bands (mean and 2 standard errors over seeds) of the measures against tasks seen, sign-aligned, with the published values."
     import matplotlib.pyplot as plt
-    h = aligned_history(result)
+    h = aligned_history(results)
     x, S = h["tasks"][0].numpy(), h["iws"].shape[0]
     fig, axs = plt.subplots(1, 3, figsize=(8, 3.2))
     def band(ax, key, label):
@@ -965,11 +949,12 @@ def plot_pq(P:torch.Tensor,   # (S, 2d+1, 2d+1) one layer's P per seed
 
 # %%
 fast_linear = dataclasses.replace(ICLR_LINEAR, lr=3e-3, n_tasks=400, n_steps=2000, eval_every=250)
-lin = pretrain_linear_many(fast_linear, range(10), progress=False)
+lin = pretrain_many(fast_linear, range(10), progress=False)
 plot_linear_pretraining(lin, reference=None, title=f"Linear Transformer, sliding-window TD, lr = {fast_linear.lr:g}: mean and 2 s.e. over 10 seeds");
 
 # %%
-plot_pq(lin["P"][:, -1], lin["Q"][:, -1]);
+lin_params = stack_results(lin)["params"]
+plot_pq(lin_params["P"][:, -1], lin_params["Q"][:, -1]);
 
 
 # %%
@@ -1045,20 +1030,21 @@ def reproduce_iclr(config:PretrainConfig=ICLR_LINEAR,  # the protocol
                    seeds=range(30),     # one run per seed
                    out=None,            # path of the JSON summary to write, or None
                    progress:bool=True,  # show a progress bar
-                  )->dict:              # the output of `pretrain_linear_many`
-    "The predecessor's pretraining experiment over many seeds, with a small JSON summary of its results."
-    result = pretrain_linear_many(config, seeds, progress=progress)
+                  )->list:              # one PretrainResult per seed
+    "The predecessor's pretraining experiment over many seeds (`pretrain_many`), with a small JSON summary of its results."
+    results = pretrain_many(config, list(seeds), progress=progress)
     if out is not None:
-        h, (P, Q) = aligned_history(result), align_signs(result["P"][:, -1], result["Q"][:, -1])
+        params = stack_results(results)["params"]
+        h, (P, Q) = aligned_history(results), align_signs(params["P"][:, -1], params["Q"][:, -1])
         S = len(list(seeds))
         summary = dict(produced_by="ictd.linear.reproduce_iclr",
-                       config=dataclasses.asdict(config), seeds=list(seeds), alpha_td=result["alpha_td"],
+                       config=dataclasses.asdict(config), seeds=list(seeds), alpha_td=summarise_linear(results)["alpha_td"],
                        tasks=h["tasks"][0], mean={k: v.mean(0) for k, v in h.items() if k not in ("tasks", "step")},
                        se={k: v.std(0) / S ** 0.5 for k, v in h.items() if k not in ("tasks", "step")},
                        final={k: v[:, -1] for k, v in h.items() if k not in ("tasks", "step")}, P_mean=P.mean(0), Q_mean=Q.mean(0))
         Path(out).parent.mkdir(parents=True, exist_ok=True)
         Path(out).write_text(json.dumps(_jsonable(summary)))
-    return result
+    return results
 
 
 # %%
@@ -1359,7 +1345,7 @@ def _msve_curves(method, tasks, states, depth, **params)->torch.Tensor:
     "(B, depth+1) MSVE of each task's estimate at every depth (inf where it diverged)."
     rows = torch.arange(len(tasks))[:, None]
     v = _method_values(method, tasks.phi[rows, states], tasks.r[rows, states[:, :-1]], tasks.phi, tasks.gamma, depth, **params)
-    err = ((v - tasks.v_pi[:, None]).square() * tasks.d_pi[:, None]).sum(-1)
+    err = weighted_error(v, tasks.v_pi[:, None], tasks.d_pi[:, None])
     return torch.nan_to_num(err, nan=math.inf)
 
 def tuned_side_by_side(features:str="random",  # "random" (d = 4) or "onehot" features, shared by all methods

@@ -17,7 +17,7 @@ from ictd.continuous import run_continuous as continuous_experiments
 from ictd.linear import (ICLR_LINEAR, plot_linear_pretraining, plot_side_by_side, plot_tuned_side_by_side, reproduce_iclr,
                          side_by_side, tuned_side_by_side)
 from ictd.emergence import emergence_report
-from ictd.pretrain import DTYPES, FAMILIES, PLUGIN_MODULES, PROTOCOLS, PretrainConfig, plot_emergence, pretrain_many, run_folder
+from ictd.pretrain import DTYPES, FAMILIES, INITS, OBJECTIVES, PROTOCOLS, PretrainConfig, plot_emergence, pretrain_many, run_folder
 
 # %%
 #| hide
@@ -53,8 +53,8 @@ from fastcore.xtras import working_directory
 # Every command takes `--out DIR` (default `./ictd-results`) and prints the path of each file it
 # writes. The `.json` files hold summary numbers, readable by anything; the `.pt` files hold every
 # tensor, for `torch.load(path, weights_only=False)`. Pretraining writes into one folder per
-# configuration, named by a hash of every setting but the seed and of the package version
-# (`config.key()`), with the configuration in `config.json`; it never touches another
+# configuration, named by a hash of every setting but the seed, of the package version and of the
+# package's source code (`config.key()`), with the configuration in `config.json`; it never touches another
 # configuration's files. Each seed's run is cached there (`seed-{S}.pt`, read back with
 # `weights_only=True`), so running the same configuration again loads the seeds it has and trains
 # only the others; `--force` retrains, and a run interrupted after a checkpoint resumes from it.
@@ -106,7 +106,9 @@ for f, bad in ((positive_int, "0"), (positive_int, "2.5"), (step_size, "1.5"), (
 FEATURES = ("random", "unit", "onehot")
 PRETRAIN_TYPES = dict(n_states=n_states_arg, d=positive_int, n=positive_int, n_layers=positive_int, gamma=discount,
                       lr=positive_float, weight_decay=natural_float, init_gain=positive_float, n_tasks=positive_int,
-                      batch_size=positive_int, n_steps=natural_int, eval_every=positive_int, eval_tasks=positive_int)
+                      batch_size=positive_int, n_steps=natural_int, eval_every=positive_int, eval_tasks=positive_int,
+                      init_scale=natural_float, init_beta=_checked(float, math.isfinite, "a finite number"),
+                      init_alpha=_checked(float, math.isfinite, "a finite number"))
 
 def seed_list(text:str)->list:
     "Seeds from a comma-separated list of integers and ranges, e.g. '0-29' or '0,3,5' or '0-4,10'."
@@ -124,11 +126,11 @@ def _option(name:str)->str: return "--" + name.replace("_", "-")
 def _add_pretrain_options(p:argparse.ArgumentParser):
     "One option per field of `PretrainConfig`, with its default and documentation; `--seeds` takes lists and ranges (one run each)."
     docs = docments(PretrainConfig)
-    choices = dict(features=FEATURES, attention=sorted(set(FAMILIES) | set(PLUGIN_MODULES)),
-                   protocol=sorted(set(PROTOCOLS) | set(PLUGIN_MODULES)), dtype=tuple(DTYPES))
+    choices = dict(features=FEATURES, attention=sorted(FAMILIES), dtype=tuple(DTYPES), objective=OBJECTIVES, init=INITS,
+                   protocol=sorted(k for k in PROTOCOLS if "(" not in k))   # the continuous families' protocols take `ictd continuous`
     for f in fields(PretrainConfig):
         default = getattr(PretrainConfig(), f.name)
-        if f.name == "shared": p.add_argument(_option(f.name), action="store_true", help=docs[f.name])
+        if f.type in (bool, "bool"): p.add_argument(_option(f.name), action="store_true", help=docs[f.name])
         elif f.name in choices: p.add_argument(_option(f.name), choices=choices[f.name], default=default, help=docs[f.name])
         elif f.name == "seed": p.add_argument("--seeds", "--seed", type=seed_list, nargs="+", default=[[0, 1, 2]], dest="seeds",
                                               help="seeds, one run each, e.g. 0-29 or 0,3,5; " + docs[f.name])
@@ -361,9 +363,9 @@ def run_linear(args)->list:
     paths = [_save(plot_side_by_side(curves, args.n), args.out / "linear.png"), _save(plot_tuned_side_by_side(tuned, args.n), args.out / "linear-tuned.png"),
              _save(dict(untuned=curves, tuned=tuned), args.out / "linear.pt")]
     if args.reproduce_seeds:
-        result = reproduce_iclr(ICLR_LINEAR, args.reproduce_seeds, out=args.out / "iclr-linear.json", progress=not args.no_progress)
+        results = reproduce_iclr(ICLR_LINEAR, args.reproduce_seeds, out=args.out / "iclr-linear.json", progress=not args.no_progress)
         print(f"wrote {args.out / 'iclr-linear.json'}", flush=True)
-        paths += [args.out / "iclr-linear.json", _save(plot_linear_pretraining(result), args.out / "iclr-linear.png")]
+        paths += [args.out / "iclr-linear.json", _save(plot_linear_pretraining(results), args.out / "iclr-linear.png")]
     return paths + [_save(summary, args.out / "linear.json")]
 
 def _seeds(args)->list:

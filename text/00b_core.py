@@ -1,0 +1,158 @@
+# %%
+#| default_exp core
+
+# %%
+#| export
+from __future__ import annotations
+import math
+import numpy as np
+import torch
+from fastcore.basics import patch
+from ictd.boyan import weighted_error
+from ictd.tasks import TaskBatch
+
+# %%
+#| hide
+from fastcore.test import *
+from nbdev.showdoc import *
+from ictd.tasks import random_tasks
+
+
+# %% [markdown]
+# # A small shared core
+# > The checks, seed streams, weighted error and task-batch helpers that the engine and the experiments share, written once.
+
+# %% [markdown]
+# The later chapters validate their arguments, split one seed into independent random streams,
+# score value estimates by a weighted squared error and move batches of tasks around. Each of these
+# is written once here, so that it means the same thing everywhere. Nothing in this chapter is
+# about TD or attention.
+
+# %% [markdown]
+# ## Validators
+#
+# Bad input gets a `ValueError` that names the argument and says what was expected. Integer-valued
+# numbers are accepted where an integer is expected (`30.0` for `n`), booleans are not (they are
+# integers to Python, and never what a caller meant).
+
+# %%
+#| export
+def _is_number(x)->bool: return not isinstance(x, bool) and isinstance(x, (int, float, np.integer, np.floating))
+
+def check_int(x,               # the value
+              name:str,        # the argument's name, for the message
+              low:int=0,       # the smallest value allowed
+             )->int:           # `x` as an int
+    "`x` as an int, or a `ValueError` naming `name` unless `x` is an integer-valued number >= `low`."
+    if not _is_number(x) or not math.isfinite(x) or int(x) != x or x < low: raise ValueError(f"`{name}` must be an integer >= {low}, got {x!r}")
+    return int(x)
+
+
+# %%
+test_eq(check_int(30.0, "n", 1), 30)
+for bad in (0, -1, 2.5, True, "3", math.nan): test_fail(lambda: check_int(bad, "n", 1), contains="`n` must be an integer >= 1")
+
+
+# %%
+#| export
+def check_number(x,                 # the value
+                 name:str,          # the argument's name, for the message
+                 low:float=-math.inf, # the bound below
+                 strict:bool=False, # exclude `low` itself
+                )->float:           # `x` as a float
+    "`x` as a float, or a `ValueError` naming `name` unless `x` is a finite number >= `low` (> `low` when `strict`)."
+    if not _is_number(x) or not math.isfinite(x) or x < low or (strict and x == low):
+        raise ValueError(f"`{name}` must be a finite number {'>' if strict else '>='} {low}, got {x!r}")
+    return float(x)
+
+def check_choice(x, allowed:tuple, name:str):
+    "`x`, or a `ValueError` naming `name` unless `x` is one of `allowed`."
+    if x not in allowed: raise ValueError(f"`{name}` must be one of {tuple(allowed)}, got {x!r}")
+    return x
+
+def check_seeds(seeds)->list:
+    "A non-empty list of distinct non-negative integer seeds (one int is a list of one), or a `ValueError` naming `seeds`."
+    seeds = [seeds] if _is_number(seeds) else list(seeds)
+    if not seeds or any(not _is_number(s) or int(s) != s or s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
+        raise ValueError(f"`seeds` must be a non-empty list of distinct non-negative integers, got {seeds}")
+    return [int(s) for s in seeds]
+
+
+# %%
+test_eq(check_number(1, "lr", 0, strict=True), 1.)
+test_fail(lambda: check_number(0., "lr", 0, strict=True), contains="`lr` must be a finite number > 0")
+test_fail(lambda: check_number(math.inf, "alpha"), contains="`alpha` must be a finite number")
+test_fail(lambda: check_choice("cubic", ("random", "onehot"), "features"), contains="`features` must be one of")
+test_eq(check_seeds(range(3)), [0, 1, 2]); test_eq(check_seeds(4), [4])
+for bad in ([], [1, 1], [-1], [0.5]): test_fail(lambda: check_seeds(bad), contains="`seeds` must be a non-empty list")
+
+
+# %% [markdown]
+# ## One seed, many streams
+#
+# A run takes one seed. Where it needs independent random streams (the data, the initialisation's
+# perturbation, the draws an objective adds), stream $k$ is child $k$ of
+# `numpy.random.SeedSequence(seed)`, the child `SeedSequence.spawn` would make: no offsets added to
+# seeds by hand, so no two streams of two runs can collide by arithmetic.
+
+# %%
+#| export
+def substream(seed:int,    # the run's seed
+              stream:int,  # the stream's index k >= 0
+             )->int:       # a 64-bit seed for a torch or numpy generator
+    "A 64-bit seed for stream `stream` of `seed`: child `stream` of `numpy.random.SeedSequence(seed)`, as `spawn` makes it."
+    return int(np.random.SeedSequence(check_int(seed, "seed"), spawn_key=(check_int(stream, "stream"),)).generate_state(1, np.uint64)[0])
+
+def stream_generator(seed:int, stream:int)->torch.Generator:
+    "A CPU torch Generator for stream `stream` of `seed`."
+    return torch.Generator().manual_seed(substream(seed, stream))
+
+
+# %%
+children = np.random.SeedSequence(7).spawn(3)
+test_eq([substream(7, k) for k in range(3)], [int(c.generate_state(1, np.uint64)[0]) for c in children])
+assert len({substream(s, k) for s in range(20) for k in range(5)}) == 100
+test_eq(torch.rand(3, generator=stream_generator(7, 2)), torch.rand(3, generator=stream_generator(7, 2)))
+
+# %% [markdown]
+# ## The weighted squared error
+#
+# Value estimates are scored by the mean squared value error, weighted by the stationary
+# distribution $d_\pi$ (or, for continuous states, by a quadrature rule on a grid):
+# $\sum_x w(x) (\hat v(x) - v(x))^2$. It is defined once, in chapter 0 (`weighted_error`, which
+# `msve` uses), and every chapter imports it from there or from here.
+
+# %%
+tasks = random_tasks(4, seed=0)
+test_close(weighted_error(torch.zeros(4, 10, dtype=torch.float64), tasks.v_pi, tasks.d_pi), (tasks.v_pi ** 2 * tasks.d_pi).sum(-1))
+test_eq(weighted_error(tasks.v_pi, tasks.v_pi, tasks.d_pi), torch.zeros(4, dtype=torch.float64))
+
+# %% [markdown]
+# ## Task batches
+#
+# A `TaskBatch` is five tensors and a discount. `map` applies one function to each tensor (to move
+# a batch to a device, or take the tasks of one seed), and `TaskBatch.stack` stacks batches of equal
+# shapes along a new leading axis (the engine's seed axis).
+
+# %%
+#| export
+TASK_FIELDS = ("P", "r", "phi", "d_pi", "v_pi")
+
+@patch
+def map(self:TaskBatch, fn)->TaskBatch:
+    "The batch with `fn` applied to each of its tensors (P, r, phi, d_pi, v_pi)."
+    return TaskBatch(*(fn(getattr(self, k)) for k in TASK_FIELDS), self.gamma)
+
+@patch(cls_method=True)
+def stack(cls:TaskBatch, batches:list, device=None)->TaskBatch:
+    "Task batches of equal shapes and discount stacked along a new leading axis, on `device` (default: theirs)."
+    batches = list(batches)
+    if not batches or len({b.gamma for b in batches}) > 1: raise ValueError("`batches` must be a non-empty list of TaskBatch with one discount")
+    return TaskBatch(*(torch.stack([getattr(b, k) for b in batches]).to(device) for k in TASK_FIELDS), batches[0].gamma)
+
+
+# %%
+two = TaskBatch.stack([random_tasks(3, seed=0), random_tasks(3, seed=5)])
+test_eq(two.P.shape, (2, 3, 10, 10))
+test_eq(two.map(lambda x: x[1]).r, random_tasks(3, seed=5).r)
+test_fail(lambda: TaskBatch.stack([random_tasks(1, gamma=0.5), random_tasks(1)]), contains="one discount")
