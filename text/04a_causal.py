@@ -313,7 +313,11 @@ test_eq(causal_keys(5, 3).int().tolist(), [[0, 0, 0, 0, 0], [0, 1, 1, 1, 1], [0,
 
 # %%
 #| export
-def causal_attention(Z, A, lam, n:int)->torch.Tensor:
+def causal_attention(Z:torch.Tensor,  # (..., D, N) prompt
+                     A:torch.Tensor,  # (..., 2D, D) score matrix on (shifted tokens, tokens)
+                     lam,             # (...) positional bias lambda
+                     n:int,           # number of context transitions
+                    )->torch.Tensor:
     "(..., N, N) S[i, j]: softmax over the keys of column j of $T_i^\\top A Z_j + \\lambda \\log i$ (zero columns where there is no key)."
     N = Z.shape[-1]
     pos = torch.arange(N, dtype=Z.dtype, device=Z.device).clamp(min=1).log()
@@ -403,14 +407,18 @@ class CausalSoftmaxLayer(nn.Module):
         "(A, V, U, lam) cast to the dtype and device of `like`."
         return tuple(p.to(like) for p in (self.A, self.V, self.U, self.lam))
 
-    def attention(self, Z, n=None)->torch.Tensor:
-        "The (..., N, N) attention of this layer on prompt `Z`."
+    def attention(self, Z,           # (..., d + 2, N) prompt
+                  n=None,            # number of context transitions; default `Z.n_context`
+                 )->torch.Tensor:    # (..., N, N) S[i, j], zero rows at columns that are no key
+        "The attention matrix of this layer on prompt `Z`."
         Z, n = check_prompt(Z, self.d, n)
         A, _, _, lam = self.params(Z)
         return causal_attention(Z, A, lam, n)
 
-    def forward(self, Z, n=None)->torch.Tensor:
-        "One causal layer on prompt `Z` (n read from `Z.n_context` by default)."
+    def forward(self, Z,             # (..., d + 2, N) prompt
+                n=None,              # number of context transitions; default `Z.n_context`
+               )->torch.Tensor:      # (..., d + 2, N) next prompt
+        "One causal layer: $Z + V\\,\\overleftarrow{\\mathrm{TSM}}(Z)\\, S + U Z$."
         Z, n = check_prompt(Z, self.d, n)
         return _carry(causal_update(Z, *self.params(Z), n), n)
 
@@ -423,7 +431,13 @@ class CausalSoftmaxLayer(nn.Module):
 #| export
 class CausalSoftmaxICTD(nn.Module):
     "A decoder-only stack of causal softmax layers reading values from the last row of its prompt."
-    def __init__(self, d:int, n_layers:int, shared:bool=False, init_gain:float=0.1, seed=None, dtype=torch.float64):
+    def __init__(self, d:int,              # feature dimension; prompts have d + 2 rows
+                 n_layers:int,             # number of layers L
+                 shared:bool=False,        # one parameter set for all layers
+                 init_gain:float=0.1,      # gain of the Xavier-normal initialisation
+                 seed=None,                # int or `torch.Generator`
+                 dtype=torch.float64,      # dtype of the parameters
+                ):
         super().__init__()
         if int(n_layers) != n_layers or n_layers < 1: raise ValueError(f"`n_layers` must be a positive integer, got {n_layers}")
         g = _generator(seed)
@@ -435,7 +449,11 @@ class CausalSoftmaxICTD(nn.Module):
         return self.layers[0 if self.shared else l]
 
     @classmethod
-    def from_params(cls, n_layers:int, A, V, U, lam=0., shared:bool=False):
+    def from_params(cls, n_layers:int,  # number of layers L
+                    A, V, U,             # (2D, D), (D, 2D) and (D, D) matrices of every layer
+                    lam=0.,              # positional bias of every layer
+                    shared:bool=False,   # store one parameter set instead of L copies
+                   ):
         "The model whose every layer carries (A, V, U, lam) (copied)."
         first = CausalSoftmaxLayer.from_params(A, V, U, lam)
         model = cls(first.d, n_layers, shared, seed=0, dtype=first.A.dtype)
@@ -443,7 +461,11 @@ class CausalSoftmaxICTD(nn.Module):
         return model
 
     @classmethod
-    def from_theta_star(cls, d:int, n_layers:int, W, alpha:float, gamma:float,
+    def from_theta_star(cls, d:int,          # feature dimension
+                        n_layers:int,        # number of layers L
+                        W,                   # (d, d) score matrix
+                        alpha:float,         # step size
+                        gamma:float,         # discount factor in [0, 1)
                         current:str="key",    # "key": theta* under a causal mask (TD); "self": the contracting variant
                         order:str="forward",  # the layout of the prompts it will read
                         recency:float=0.,     # positional bias lambda
@@ -451,21 +473,32 @@ class CausalSoftmaxICTD(nn.Module):
         "The model whose every layer is one step of prefix softmax TD (`theta_causal`)."
         return cls.from_params(n_layers, *theta_causal(d, W, alpha, gamma, current, order), recency, shared=shared)
 
-    def forward(self, Z, n=None, return_all:bool=False)->torch.Tensor:
-        "Z_L (..., d + 2, N), or Z_0..Z_L stacked (..., L + 1, d + 2, N)."
+    def forward(self, Z,                 # (..., d + 2, N) prompt Z_0 (from `build_causal_prompt`)
+                n=None,                  # number of context transitions; default `Z.n_context`
+                return_all:bool=False,   # also return every intermediate prompt
+               )->torch.Tensor:          # Z_L (..., d + 2, N), or Z_0..Z_L stacked (..., L + 1, d + 2, N)
+        "Run the prompt through the L causal layers."
         Z, n = check_prompt(Z, self.d, n)
         Zs = [Z]
         for l in range(self.n_layers): Zs.append(causal_update(Zs[-1], *self.layer(l).params(Z), n))
         return _carry(torch.stack(Zs, -3) if return_all else Zs[-1], n)
 
-    def predict(self, Z, n=None)->torch.Tensor:
-        "(..., q) the values at the query columns (row d + 1 of Z_L)."
+    def predict(self, Z,             # (..., d + 2, N) prompt Z_0
+                n=None,              # number of context transitions; default `Z.n_context`
+               )->torch.Tensor:      # (..., q) values at the q = N - n - 1 query columns
+        "The model's value estimates: row d + 1 of Z_L at the query columns."
         Z, n = check_prompt(Z, self.d, n)
         return self.forward(Z, n)[..., self.d + 1, n + 1:]
 
     def value_weights(self)->torch.Tensor:
         "(L, 4) (reward, successor, current in the previous token, current of the column) per layer."
         return torch.stack([self.layer(l).value_weights() for l in range(self.n_layers)])
+
+# %%
+show_doc(CausalSoftmaxLayer)
+
+# %%
+show_doc(CausalSoftmaxICTD)
 
 # %%
 show_doc(CausalSoftmaxICTD.from_theta_star)
@@ -803,7 +836,10 @@ assert all(curves[(f, 400)]["decoder"][120] < curves[(f, 30)]["decoder"][120] fo
 #| export
 class CausalCache:
     "Per-layer keys and values of the tokens a `CausalSoftmaxICTD` has read, for appending one token at a time."
-    def __init__(self, model, capacity:int, batch:tuple=(), dtype=torch.float64):
+    def __init__(self, model,               # the `CausalSoftmaxICTD` whose layers the cache serves
+                 capacity:int,              # the most keys (transitions) it will hold
+                 batch:tuple=(),            # leading batch shape of the tokens
+                 dtype=torch.float64):
         L, D = model.n_layers, model.d + 2
         self.model, self.t, self.params = model, 0, [tuple(p.detach().to(dtype) for p in model.layer(l).params(torch.zeros((), dtype=dtype))) for l in range(L)]
         self.keys = torch.zeros(L, *batch, capacity, D, dtype=dtype)     # A^T T[:, i] (the positional bias is added at use)
@@ -861,6 +897,9 @@ def stream_values(model,              # a `CausalSoftmaxICTD` (forward layout)
         cache.append(Z[..., :, t])
         if t >= 1: out.append(cache.query(Z[..., :-2, n + 1:].mT))
     return torch.stack(out, -2)
+
+# %%
+show_doc(stream_values)
 
 # %% [markdown]
 # The check: the streamed estimate after transition $t$ equals the model's forward pass on the
