@@ -93,6 +93,7 @@ torch.set_num_threads(1)
 # transitions *after* it, $\mathcal V(j) = \{j + 1, \dots, n\}$; and `current="self"` reads the
 # current-state value of each TD error at the target itself instead of at the transition:
 # $v_{t+1}[j] = v_t[j] + \alpha \sum_k K_{kj} (R_k + \gamma v_t[k] - v_t[j])$.
+
 # %%
 #| export
 ORDERS = ("forward", "reversed", "none")   # how the trajectory sits in a decoder's prompt ("none": no causal mask)
@@ -113,6 +114,7 @@ def visible_transitions(n:int,                # number of transitions
     if order == "none": return torch.ones(n + 1 + q, n, dtype=torch.bool)
     return ((k <= j) if order == "forward" else (k >= j + 1)) | (j > n)
 
+
 # %% [markdown]
 # In forward order, $S_0$ sees nothing (its row is empty), $S_j$ sees $1..j$, and the queries see
 # all. In reversed order it is the other way round, and $S_n$ sees nothing.
@@ -125,6 +127,7 @@ test_eq(visible_transitions(3, 1).int().tolist(), [[0, 0, 0], [1, 0, 0], [1, 1, 
 test_eq(visible_transitions(3, 1, "reversed").int().tolist(), [[1, 1, 1], [0, 1, 1], [0, 0, 1], [0, 0, 0], [1, 1, 1]])
 test_eq(visible_transitions(3, 0, "none").all(), True)
 test_fail(lambda: visible_transitions(3, order="backward"), contains="`order` must be one of")
+
 
 # %%
 #| export
@@ -148,6 +151,7 @@ def prefix_weights(phi_states,         # (..., n + 1, d) features of S_0..S_n
     G = keys @ W @ X.mT + float(recency) * _positions(n, order, keys.dtype, keys.device).log()[:, None]
     return torch.softmax(G.masked_fill(~seen, -math.inf), dim=-2).nan_to_num(0.)
 
+
 # %%
 show_doc(prefix_weights)
 
@@ -167,6 +171,7 @@ from ictd.wstd import context_weights
 test_close(prefix_weights(phi, W2, mrp.phi, order="none"), context_weights(phi, W2, mrp.phi), eps=1e-14)
 kernel = torch.exp(phi[:-1] @ W2 @ mrp.phi[3]) * torch.arange(1., 13, dtype=torch.float64) ** 1.5
 test_close(prefix_weights(phi, W2, mrp.phi, recency=1.5)[:, 13 + 3], kernel / kernel.sum(), eps=1e-14)
+
 
 # %%
 #| export
@@ -199,6 +204,7 @@ def prefix_softmax_td(phi_states,          # (..., n + 1, d) features of S_0..S_
         vs.append(v)
     return torch.stack(vs, -2) if return_all else v
 
+
 # %%
 show_doc(prefix_softmax_td)
 
@@ -224,6 +230,8 @@ for cur in CURRENTS:
     test_eq(a[:, :13], b[:, :13])
     assert (a[:, 13:] - b[:, 13:]).abs().max() > 0.1
 test_fail(lambda: prefix_softmax_td(phi_r, R_r, W2, 0.7, 0.9, 3, current="target"), contains="`current` must be one of")
+
+
 # %% [markdown]
 # ## The causal prompt
 #
@@ -257,6 +265,7 @@ def build_causal_prompt(phi_states,          # (..., n + 1, d) features of S_0..
     out.n_context = n
     return out
 
+
 # %%
 show_doc(build_causal_prompt)
 
@@ -268,6 +277,7 @@ test_eq(Zc[:4, :4], phi[:4].T); test_eq(Zc[:4, 4], mrp.phi[7]); test_eq(Zc[5].ab
 Zr = build_causal_prompt(phi[:4], rw[:3], mrp.phi[7], order="reversed")
 test_eq(Zr[:4, :4], phi[:4].flip(0).T); test_eq(Zr[4].tolist(), [0.] + rw[:3].flip(0).tolist() + [0.])
 test_fail(lambda: build_causal_prompt(phi[:4], rw[:2]), contains="`rewards` must have shape")
+
 
 # %% [markdown]
 # ## The causal layer
@@ -307,9 +317,11 @@ def causal_keys(N:int,          # number of columns
     i, j = torch.arange(N, device=device)[:, None], torch.arange(N, device=device)[None]
     return (i >= 1) & (i <= n) & (i <= j)
 
+
 # %%
 test_eq(previous_token(torch.arange(6.).reshape(2, 3)).tolist(), [[0., 0., 1.], [0., 3., 4.]])
 test_eq(causal_keys(5, 3).int().tolist(), [[0, 0, 0, 0, 0], [0, 1, 1, 1, 1], [0, 0, 1, 1, 1], [0, 0, 0, 1, 1], [0, 0, 0, 0, 0]])
+
 
 # %%
 #| export
@@ -335,6 +347,7 @@ def causal_update(Z:torch.Tensor,    # (..., D, N) prompt
                  )->torch.Tensor:    # (..., D, N) next prompt
     "One causal layer, $Z + V\\,\\overleftarrow{\\mathrm{TSM}}(Z)\\, S + U Z$, unvalidated."
     return Z + V @ torch.cat([Z, previous_token(Z)], -2) @ causal_attention(Z, A, lam, n) + U @ Z
+
 
 # %% [markdown]
 # The parameters that make one layer one step of prefix softmax TD, in forward order with
@@ -372,8 +385,10 @@ def theta_causal(d:int,              # feature dimension
     else: U[d + 1, d + 1] = -alpha
     return A, V, U
 
+
 # %%
 show_doc(theta_causal)
+
 
 # %%
 #| export
@@ -426,6 +441,7 @@ class CausalSoftmaxLayer(nn.Module):
         "(reward, successor value, current value in the previous token, current value of the column itself), forward layout, detached."
         d, D = self.d, self.d + 2
         return torch.stack([self.V[d + 1, d], self.V[d + 1, d + 1], self.V[d + 1, D + d + 1], self.U[d + 1, d + 1]]).detach()
+
 
 # %%
 #| export
@@ -494,6 +510,7 @@ class CausalSoftmaxICTD(nn.Module):
         "(L, 4) (reward, successor, current in the previous token, current of the column) per layer."
         return torch.stack([self.layer(l).value_weights() for l in range(self.n_layers)])
 
+
 # %%
 show_doc(CausalSoftmaxLayer)
 
@@ -502,6 +519,7 @@ show_doc(CausalSoftmaxICTD)
 
 # %%
 show_doc(CausalSoftmaxICTD.from_theta_star)
+
 
 # %% [markdown]
 # ::: {.theorem}
@@ -573,6 +591,7 @@ for j in range(16):
     test_eq(out_a[..., :j + 1], out_b[..., :j + 1])
     if j < 15: assert (out_a[..., j + 1:] - out_b[..., j + 1:]).abs().max() > 1e-3
 print("columns 0..j of every layer unchanged when columns j+1.. change, for every j")
+
 # %% [markdown]
 # ## Why $\theta^*$ under a causal mask diverges
 #
@@ -621,6 +640,7 @@ returns = torch.zeros(21, dtype=torch.float64)
 for j in range(19, -1, -1): returns[j] = R_r[0, j] + 0.9 * returns[j + 1]
 test_close(v_rev, returns, eps=1e-8)
 
+
 # %% [markdown]
 # The second way keeps forward order, which a decoder streaming its input needs, and reads the
 # current-state value of each TD error at the target itself (`current="self"`).
@@ -668,6 +688,7 @@ for feats in ("onehot", "unit", "random"):
     ratio = (err[:, 1:101] / err[:, :100]).max().item()
     assert ratio <= (1 - 0.8 * 0.1) * (1 + 1e-9)
     print(f"{feats:6s}: largest error ratio per layer {ratio:.6f}, bound 1 - alpha (1 - gamma) = {1 - 0.8 * 0.1:.2f}")
+
 # %% [markdown]
 # ## What causality costs: the error at the fixed point
 #
@@ -709,6 +730,7 @@ look = {n: depth_curves("onehot", n, first_look) for n in (30, 400)}
 layers_show = [1, 5, 10, 20, 40, 80, 120]
 Markdown("| n | construction | " + " | ".join(f"L = {L}" for L in layers_show) + " |\n|---|---|" + "---|" * len(layers_show) + "\n" +
          "\n".join(f"| {n} | {name} | " + " | ".join(f"{c[L]:.3g}" for L in layers_show) + " |" for n, curves in look.items() for name, c in curves.items()))
+
 
 # %% [markdown]
 # The masked $\theta^*$ explodes, as Proposition 4a.2 says. The self-anchored decoder converges, as
@@ -753,6 +775,7 @@ print(f"{time.time() - t0:.1f} s")
 predicted = {f"decoder, lambda = {lam:g}": f"{-2 * (lam + 1) * (1 - 0.9):.2f}" for lam in LAMS}
 Markdown("| construction | " + " | ".join(f"n = {n}" for n in NS) + " | slope of log MSVE on log n (n >= 100) | mean-field prediction |\n|---|" + "---|" * (len(NS) + 2) + "\n" +
          "\n".join(f"| {k} | " + " | ".join(f"{x:.3g}" for x in v) + f" | {slopes[k]:.2f} | {predicted.get(k, '—')} |" for k, v in floors.items()))
+
 # %% [markdown]
 # The measured slopes follow the mean-field prediction $-2(\lambda + 1)(1 - \gamma)$ for the squared
 # bias (last column) for the smaller $\lambda$; for the largest the variance takes over and the
@@ -819,6 +842,8 @@ dec1 = curves[("onehot", 400)]["decoder"]
 assert dec1[120] < 0.05 * dec1[1] and dec1[120] < dec1[10]
 print(f"decoder, one-hot, n = 400: MSVE {dec1[1]:.3f} at L = 1, {dec1[10]:.3f} at L = 10, {dec1.min():.4f} at its lowest (L = {int(dec1.argmin())}), {dec1[120]:.4f} at L = 120")
 assert all(curves[(f, 400)]["decoder"][120] < curves[(f, 30)]["decoder"][120] for f in FEATURES)
+
+
 # %% [markdown]
 # ## Streaming with a KV cache
 #
@@ -898,6 +923,7 @@ def stream_values(model,              # a `CausalSoftmaxICTD` (forward layout)
         if t >= 1: out.append(cache.query(Z[..., :-2, n + 1:].mT))
     return torch.stack(out, -2)
 
+
 # %%
 show_doc(stream_values)
 
@@ -914,6 +940,7 @@ streamed = stream_values(model_s, ph_s, rw_s, tk_s.phi)
 fresh = torch.stack([model_s.predict(build_causal_prompt(ph_s[:, :t + 1], rw_s[:, :t], tk_s.phi)) for t in range(1, 26)], -2)
 test_close(streamed, fresh, eps=1e-12)
 print(f"largest |streamed - fresh forward pass| over 25 lengths: {(streamed - fresh).abs().max():.1e}")
+
 
 # %% [markdown]
 # The query's estimate as transitions stream in, for the tuned one-hot decoder of the previous
@@ -971,11 +998,13 @@ ax.set(yscale="log", xlabel="transitions seen t", ylabel="MSVE of the query esti
 ax.legend(fontsize=9)
 fig.tight_layout()
 
+
 # %% [markdown]
 # *Figure: the value error of the query estimates (every state a query) as the context grows, for
 # one task.* The decoder's estimates come one transition at a time from the cache; the non-causal
 # ones from a fresh forward pass at each length. Both use the settings tuned above for one-hot
 # features at $n = 400$, at depth 20.
+
 # %% [markdown]
 # ## Pretraining a decoder
 #
@@ -1039,6 +1068,7 @@ def register_causal_family(name:str="causal"):
 
 register_causal_family()
 
+
 # %% [markdown]
 # The comparison trains the decoder and the non-causal model of [chapter 6](pretrain.html) with
 # the same configuration (chapter 6's headline experiment: $d = 4$ random features, $n = 30$,
@@ -1092,6 +1122,7 @@ def causal_pretrain_summary(config:PretrainConfig,  # the decoder's configuratio
                                     msve_decoder_construction=msve_of(decoder_values(c.config, tasks, states, *g), tasks).mean().item()))
     return out
 
+
 # %% [markdown]
 # The cell that wrote the file (not run when the book is built; run from the repository root):
 
@@ -1099,11 +1130,10 @@ def causal_pretrain_summary(config:PretrainConfig,  # the decoder's configuratio
 #| eval: false
 import dataclasses, datetime, json, subprocess, time
 from ictd.pretrain import EMERGENCE
-t0 = time.time()
+t0, commit = time.time(), subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
 summary = causal_pretrain_summary(dataclasses.replace(EMERGENCE, attention="causal"), list(range(10)))
-summary["provenance"] = dict(command="this cell, run from the repository root with OMP_NUM_THREADS=1",
-                             commit=subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip(),
-                             date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), wall_s=round(time.time() - t0, 1), threads=1)
+summary["provenance"] = dict(command="the eval: false cell of nbs/04a_causal.ipynb, run from the repository root with OMP_NUM_THREADS=1",
+                             commit=commit, date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), wall_s=round(time.time() - t0, 1), threads=1)
 json.dump(summary, open("nbs/data/causal_pretrain.json", "w"), indent=1)
 
 # %%
@@ -1114,7 +1144,8 @@ prov, seeds_pre = pre["provenance"], pre["per_seed"]
 test_eq(len(seeds_pre), 10)
 Markdown(f"Read `nbs/data/causal_pretrain.json`: {len(seeds_pre)} seeds ({pre['seeds'][0]}..{pre['seeds'][-1]}), {pre['config']['n_steps']} steps, "
          f"learning rate {pre['config']['lr']:g}, made by commit `{prov['commit'][:10]}` on {prov['date']} in {prov['wall_s'] / 60:.0f} minutes "
-         f"on one thread, with the command `{prov['command']}`.")
+         f"on one thread (a shared machine), with {prov['command']}" + (f"; {prov['note']}." if "note" in prov else "."))
+
 
 # %% [markdown]
 # **Value error.** The trained decoder, the trained non-causal model, the decoder construction
@@ -1203,9 +1234,14 @@ Markdown(f"- Sign pattern: in the last layer, {td_dec} of 10 decoders and {td_so
          f"negative of the two slots in {own_more_negative} of 10 seeds; the previous token's value (the slot of $\\theta^*$ under the mask) in the other {10 - own_more_negative}.\n"
          f"- Diagonality of the last layer rises by {rise_dec.mean():+.3f} ± {mean_se(rise_dec)[1]:.3f} in the decoder and by {rise_soft.mean():+.3f} ± {mean_se(rise_soft)[1]:.3f} "
          f"in the non-causal model.\n"
+         f"- The learned positional bias $\\lambda$ is positive (favouring late, well-informed transitions, as the fix of this chapter does) in "
+         f"{', '.join(f'{int((rec[:, l] > 0).sum())} of 10 seeds in layer {l + 1}' for l in range(rec.shape[1]))}.\n"
          f"- Value error: the decoder ends at {msve_rows['trained decoder (causal mask)'].mean():.3f} ± {mean_se(msve_rows['trained decoder (causal mask)'])[1]:.3f}, "
          f"the non-causal model at {msve_rows['trained non-causal model'].mean():.3f} ± {mean_se(msve_rows['trained non-causal model'])[1]:.3f}; "
-         f"the decoder is better in {wins} of 10 seeds.")
+         f"the decoder is better in {wins} of 10 seeds. Mean MSVE over the context-mean predictor's: decoder "
+         f"{msve_rows['trained decoder (causal mask)'].mean() / msve_rows['context mean'].mean():.2f}, non-causal {msve_rows['trained non-causal model'].mean() / msve_rows['context mean'].mean():.2f}, "
+         f"certainty equivalence {msve_rows['certainty equivalence'].mean() / msve_rows['context mean'].mean():.2f}, and the decoder construction, limited to three layers "
+         f"of step at most 1, {msve_rows['decoder construction (self-anchored, tuned)'].mean() / msve_rows['context mean'].mean():.2f}.")
 
 # %% [markdown]
 # ## Summary
