@@ -824,7 +824,8 @@ fig.tight_layout(rect=(0, 0, 0.82, 1))
 # *Figure: value error at the queries against depth, for the tuned non-causal construction (solid)
 # and the tuned decoder (dashed), three context lengths, three kinds of features, tuned values in
 # the table above.* Both fall geometrically with depth and then level off at their fixed point
-# (the decoder at rate $1 - \alpha(1-\gamma)$ or faster, as Proposition 4a.3 says). The decoder's
+# (the decoder at rate $1 - \alpha(1-\gamma)$ or faster, as Proposition 4a.3 says); the decoder's error
+# passes through a minimum at moderate depth and settles a little higher, at its fixed point. The decoder's
 # floor falls with $n$ too, but it is above the non-causal one, and on these lengths the gap
 # *widens* with $n$ (the table): the causal bias decays more slowly than the statistical error of
 # the non-causal fixed point, most of all with random features, whose kernel is far from tabular.
