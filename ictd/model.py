@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from .boyan import as_tensor, check_gamma
 
 # %% auto #0
-__all__ = ['check_prompt', 'successor_shift', 'context_attention', 'attend_context', 'dual_head_update', 'torch_generator', 'token_rows', 'xavier_param', 'DualHeadSoftmaxLayer', 'theta_star', 'SoftmaxICTD', 'temporal_shift', 'SingleHeadTSMLayer', 'theta_td_memory', 'shift_after_update', 'ShiftAfterAttentionLayer', 'ShiftAfterAttentionICTD', 'StateTokens', 'state_tokens', 'trajectory_tokens', 'seed_map', 'token_layer', 'token_layers', 'token_predict', 'model_params', 'population_tokens', 'population_predict', 'population_neu']
+__all__ = ['check_prompt', 'carry_context', 'successor_shift', 'context_attention', 'attend_context', 'dual_head_update', 'torch_generator', 'token_rows', 'xavier_param', 'DualHeadSoftmaxLayer', 'theta_star', 'SoftmaxICTD', 'temporal_shift', 'SingleHeadTSMLayer', 'theta_td_memory', 'shift_after_update', 'ShiftAfterAttentionLayer', 'ShiftAfterAttentionICTD', 'StateTokens', 'state_tokens', 'trajectory_tokens', 'seed_map', 'token_layer', 'token_layers', 'token_predict', 'model_params', 'population_tokens', 'population_predict', 'population_neu']
 
 # %% ../nbs/03_dual_head.ipynb #6c68ba05
 def check_prompt(Z,            # (..., d + 2, N) prompt
@@ -34,7 +34,7 @@ def check_prompt(Z,            # (..., d + 2, N) prompt
         raise ValueError(f"`n` = {n} contradicts the prompt, which was built with `Z.n_context` = {carried}")
     return Z, int(n)
 
-def _carry(Z:torch.Tensor, n:int)->torch.Tensor:
+def carry_context(Z:torch.Tensor, n:int)->torch.Tensor:
     "Attach the number of context transitions to a model's output, so that it can be fed on without `n`."
     Z.n_context = n
     return Z
@@ -96,7 +96,6 @@ def xavier_param(rows:int, cols:int, gain:float, g, dtype)->nn.Parameter:
     "A (rows, cols) parameter with Xavier-normal entries drawn from generator `g`."
     return nn.Parameter(nn.init.xavier_normal_(torch.empty(rows, cols, dtype=dtype), gain=gain, generator=g))
 
-_generator, _token_rows, _xavier = torch_generator, token_rows, xavier_param   # the old private names, until chapter 4 imports the public ones
 
 def _param(t:torch.Tensor, name:str, D:int)->nn.Parameter:
     t = as_tensor(t, name)
@@ -141,7 +140,7 @@ class DualHeadSoftmaxLayer(nn.Module):
                )->torch.Tensor:      # (..., d + 2, N) next prompt
         "$Z + V^{cur} Z S + V^{tgt} (Z \\Pi) S$, computed as $Z + (V^{cur} Z + V^{tgt} Z \\Pi) S$."
         Z, n = check_prompt(Z, self.d, n)
-        return _carry(dual_head_update(Z, *self.params(Z), n), n)
+        return carry_context(dual_head_update(Z, *self.params(Z), n), n)
 
     def value_weights(self)->torch.Tensor:
         "The value-row weights (reward, successor value, current value): V_cur[d+1, d], V_tgt[d+1, d+1], V_cur[d+1, d+1] (detached)."
@@ -213,7 +212,7 @@ class SoftmaxICTD(nn.Module):
                )->torch.Tensor:          # Z_L (..., d + 2, N), or Z_0..Z_L stacked as (..., L + 1, d + 2, N)
         "Run the prompt through the L layers."
         Z, n = check_prompt(Z, self.d, n)
-        return _carry(self._forward(Z, n, return_all), n)
+        return carry_context(self._forward(Z, n, return_all), n)
 
     def _forward(self, Z, n, return_all=False):
         "The forward pass on a validated prompt: the layers' inner calls validate nothing."
@@ -264,10 +263,10 @@ class SingleHeadTSMLayer(nn.Module):
                  dtype=torch.float64,    # dtype of the stored parameters
                 ):
         super().__init__()
-        D, g = _token_rows(d), _generator(seed)
+        D, g = token_rows(d), torch_generator(seed)
         self.d, self.channels = D - 2, _channels(channels, D)
-        self.A = _xavier(D, D, init_gain, g, dtype)
-        self.V = _xavier(D, D + len(self.channels), init_gain, g, dtype)
+        self.A = xavier_param(D, D, init_gain, g, dtype)
+        self.V = xavier_param(D, D + len(self.channels), init_gain, g, dtype)
 
     @classmethod
     def from_dual_head(cls, layer:DualHeadSoftmaxLayer,  # the dual-head layer to rewrite
@@ -290,7 +289,7 @@ class SingleHeadTSMLayer(nn.Module):
         "$Z + V\\,\\mathrm{TSM}_C(Z)\\, S$ with the attention S of `A` on `Z`."
         Z, n = check_prompt(Z, self.d, n)
         A, V = self.A.to(Z), self.V.to(Z)
-        return _carry(Z + attend_context(Z, A, (V @ temporal_shift(Z, n, self.channels))[..., :n]), n)
+        return carry_context(Z + attend_context(Z, A, (V @ temporal_shift(Z, n, self.channels))[..., :n]), n)
 
 # %% ../nbs/04_tsm.ipynb #472d55ef
 def theta_td_memory(d:int,         # feature dimension
@@ -324,7 +323,7 @@ class ShiftAfterAttentionLayer(DualHeadSoftmaxLayer):
                )->torch.Tensor:      # (..., d + 2, N) next prompt
         "One layer with the shift after attention."
         Z, n = check_prompt(Z, self.d, n)
-        return _carry(shift_after_update(Z, *self.params(Z), n), n)
+        return carry_context(shift_after_update(Z, *self.params(Z), n), n)
 
     def value_weights(self)->torch.Tensor:
         "The TD-memory weights (value update, own change, successor change): V_cur[d+1, d], V_cur[d, d], V_tgt[d, d] (detached)."

@@ -133,7 +133,7 @@ def check_prompt(Z,            # (..., d + 2, N) prompt
         raise ValueError(f"`n` = {n} contradicts the prompt, which was built with `Z.n_context` = {carried}")
     return Z, int(n)
 
-def _carry(Z:torch.Tensor, n:int)->torch.Tensor:
+def carry_context(Z:torch.Tensor, n:int)->torch.Tensor:
     "Attach the number of context transitions to a model's output, so that it can be fed on without `n`."
     Z.n_context = n
     return Z
@@ -303,7 +303,6 @@ def xavier_param(rows:int, cols:int, gain:float, g, dtype)->nn.Parameter:
     "A (rows, cols) parameter with Xavier-normal entries drawn from generator `g`."
     return nn.Parameter(nn.init.xavier_normal_(torch.empty(rows, cols, dtype=dtype), gain=gain, generator=g))
 
-_generator, _token_rows, _xavier = torch_generator, token_rows, xavier_param   # the old private names, until chapter 4 imports the public ones
 
 def _param(t:torch.Tensor, name:str, D:int)->nn.Parameter:
     t = as_tensor(t, name)
@@ -350,7 +349,7 @@ class DualHeadSoftmaxLayer(nn.Module):
                )->torch.Tensor:      # (..., d + 2, N) next prompt
         "$Z + V^{cur} Z S + V^{tgt} (Z \\Pi) S$, computed as $Z + (V^{cur} Z + V^{tgt} Z \\Pi) S$."
         Z, n = check_prompt(Z, self.d, n)
-        return _carry(dual_head_update(Z, *self.params(Z), n), n)
+        return carry_context(dual_head_update(Z, *self.params(Z), n), n)
 
     def value_weights(self)->torch.Tensor:
         "The value-row weights (reward, successor value, current value): V_cur[d+1, d], V_tgt[d+1, d+1], V_cur[d+1, d+1] (detached)."
@@ -525,7 +524,7 @@ class SoftmaxICTD(nn.Module):
                )->torch.Tensor:          # Z_L (..., d + 2, N), or Z_0..Z_L stacked as (..., L + 1, d + 2, N)
         "Run the prompt through the L layers."
         Z, n = check_prompt(Z, self.d, n)
-        return _carry(self._forward(Z, n, return_all), n)
+        return carry_context(self._forward(Z, n, return_all), n)
 
     def _forward(self, Z, n, return_all=False):
         "The forward pass on a validated prompt: the layers' inner calls validate nothing."

@@ -14,7 +14,7 @@ from ictd.prompt import build_prompt
 from ictd.wstd import weighted_softmax_td, context_weights
 from IPython.display import Markdown
 from ictd.model import *
-from ictd.model import _generator, _token_rows, _xavier, _carry
+from ictd.model import torch_generator, token_rows, xavier_param, carry_context
 
 
 # %% [markdown]
@@ -129,10 +129,10 @@ class SingleHeadTSMLayer(nn.Module):
                  dtype=torch.float64,    # dtype of the stored parameters
                 ):
         super().__init__()
-        D, g = _token_rows(d), _generator(seed)
+        D, g = token_rows(d), torch_generator(seed)
         self.d, self.channels = D - 2, _channels(channels, D)
-        self.A = _xavier(D, D, init_gain, g, dtype)
-        self.V = _xavier(D, D + len(self.channels), init_gain, g, dtype)
+        self.A = xavier_param(D, D, init_gain, g, dtype)
+        self.V = xavier_param(D, D + len(self.channels), init_gain, g, dtype)
 
     @classmethod
     def from_dual_head(cls, layer:DualHeadSoftmaxLayer,  # the dual-head layer to rewrite
@@ -155,7 +155,7 @@ class SingleHeadTSMLayer(nn.Module):
         "$Z + V\\,\\mathrm{TSM}_C(Z)\\, S$ with the attention S of `A` on `Z`."
         Z, n = check_prompt(Z, self.d, n)
         A, V = self.A.to(Z), self.V.to(Z)
-        return _carry(Z + attend_context(Z, A, (V @ temporal_shift(Z, n, self.channels))[..., :n]), n)
+        return carry_context(Z + attend_context(Z, A, (V @ temporal_shift(Z, n, self.channels))[..., :n]), n)
 
 
 # %%
@@ -422,7 +422,7 @@ class ShiftAfterAttentionLayer(DualHeadSoftmaxLayer):
                )->torch.Tensor:      # (..., d + 2, N) next prompt
         "One layer with the shift after attention."
         Z, n = check_prompt(Z, self.d, n)
-        return _carry(shift_after_update(Z, *self.params(Z), n), n)
+        return carry_context(shift_after_update(Z, *self.params(Z), n), n)
 
     def value_weights(self)->torch.Tensor:
         "The TD-memory weights (value update, own change, successor change): V_cur[d+1, d], V_cur[d, d], V_tgt[d, d] (detached)."

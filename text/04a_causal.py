@@ -10,7 +10,7 @@ from torch import nn
 from ictd.boyan import as_tensor, check_gamma
 from ictd.wstd import context_tensors
 from ictd.prompt import build_prompt
-from ictd.model import check_prompt, _generator, _token_rows, _xavier, _carry
+from ictd.model import check_prompt, torch_generator, token_rows, xavier_param, carry_context
 from ictd.pretrain import Contexts, Family, PretrainConfig, register_family
 
 # %%
@@ -372,7 +372,7 @@ def theta_causal(d:int,              # feature dimension
                  order:str="forward",# "forward" or "reversed": the layout of `build_causal_prompt`
                 )->tuple:            # (A (2D, D), V (D, 2D), U (D, D)), D = d + 2, in the dtype of `W`
     "Parameters under which each causal layer is one step of prefix weighted softmax TD."
-    D, W, gamma = _token_rows(d), as_tensor(W, "W"), check_gamma(gamma)
+    D, W, gamma = token_rows(d), as_tensor(W, "W"), check_gamma(gamma)
     _choice(current, CURRENTS, "current"); _choice(order, ("forward", "reversed"), "order")
     if W.shape != (D - 2, D - 2): raise ValueError(f"`W` must have shape ({D - 2}, {D - 2}), got {tuple(W.shape)}")
     alpha, d = float(alpha), D - 2
@@ -400,9 +400,9 @@ class CausalSoftmaxLayer(nn.Module):
                  dtype=torch.float64,    # dtype of the parameters
                 ):
         super().__init__()
-        D, g = _token_rows(d), _generator(seed)
+        D, g = token_rows(d), torch_generator(seed)
         self.d = D - 2
-        self.A, self.V, self.U = _xavier(2 * D, D, init_gain, g, dtype), _xavier(D, 2 * D, init_gain, g, dtype), _xavier(D, D, init_gain, g, dtype)
+        self.A, self.V, self.U = xavier_param(2 * D, D, init_gain, g, dtype), xavier_param(D, 2 * D, init_gain, g, dtype), xavier_param(D, D, init_gain, g, dtype)
         self.lam = nn.Parameter(torch.zeros((), dtype=dtype))
 
     @classmethod
@@ -435,7 +435,7 @@ class CausalSoftmaxLayer(nn.Module):
                )->torch.Tensor:      # (..., d + 2, N) next prompt
         "One causal layer: $Z + V\\,\\overleftarrow{\\mathrm{TSM}}(Z)\\, S + U Z$."
         Z, n = check_prompt(Z, self.d, n)
-        return _carry(causal_update(Z, *self.params(Z), n), n)
+        return carry_context(causal_update(Z, *self.params(Z), n), n)
 
     def value_weights(self)->torch.Tensor:
         "(reward, successor value, current value in the previous token, current value of the column itself), forward layout, detached."
@@ -456,7 +456,7 @@ class CausalSoftmaxICTD(nn.Module):
                 ):
         super().__init__()
         if int(n_layers) != n_layers or n_layers < 1: raise ValueError(f"`n_layers` must be a positive integer, got {n_layers}")
-        g = _generator(seed)
+        g = torch_generator(seed)
         self.d, self.n_layers, self.shared = int(d), int(n_layers), bool(shared)
         self.layers = nn.ModuleList(CausalSoftmaxLayer(d, init_gain, g, dtype) for _ in range(1 if shared else n_layers))
 
@@ -497,7 +497,7 @@ class CausalSoftmaxICTD(nn.Module):
         Z, n = check_prompt(Z, self.d, n)
         Zs = [Z]
         for l in range(self.n_layers): Zs.append(causal_update(Zs[-1], *self.layer(l).params(Z), n))
-        return _carry(torch.stack(Zs, -3) if return_all else Zs[-1], n)
+        return carry_context(torch.stack(Zs, -3) if return_all else Zs[-1], n)
 
     def predict(self, Z,             # (..., d + 2, N) prompt Z_0
                 n=None,              # number of context transitions; default `Z.n_context`
