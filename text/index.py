@@ -92,6 +92,8 @@ print(f"MSVE after L = {L} layers: {msve(chain, values[n + 1:]):.4g}")
 #    trajectories, stationary distributions and true values.
 #    - 0a. [Many tasks at once](tasks.html): batches of random chains and their trajectories, sampled
 #      in lock-step (the data of every experiment).
+#    - 0b. [The shared core](core.html): input validation, one seed discipline (sub-streams of a
+#      `SeedSequence`), and the batch helpers every module uses.
 # 1. [Weighted softmax TD](weighted_softmax_td.html): TD in kernel space, with linear TD as an exact
 #    special case, tabular TD as its sharp-kernel limit, and centred linear TD as its small-score expansion.
 # 2. [The prompt](prompt.html): a trajectory written as a matrix of tokens.
@@ -99,17 +101,25 @@ print(f"MSVE after L = {L} layers: {msve(chain, values[n + 1:]):.4g}")
 #    is weighted softmax TD.
 # 4. [One head and a temporal shift](tsm.html): Theorem 2, the dual-head layer as a single head on a
 #    temporally shifted prompt; Theorem 3, a single head followed by a shift, with a memory of TD errors.
+#    - 4a. [Decoder-only](causal.html): a causal softmax Transformer whose forward pass is prefix TD, why a
+#      masked construction diverges, a causal variant that contracts, streaming with a KV cache, and what
+#      pretraining a causal model finds.
 # 5. [Convergence](convergence.html): geometric decay in depth, a statistical floor in context
 #    length, the kernel-diagonality condition, what it cannot reach, and a weaker condition that does.
 # 6. [Pretraining and emergence](pretrain.html): TD pretraining, the norm of the expected update, why
 #    the constructed parameters minimise it in the limit, a batched engine that trains many seeds at once.
 #    - 6a. [Emergence over seeds](emergence.html): what pretraining finds as distributions over seeds,
 #      against baselines, with the ablations where the theory makes a prediction and the order of limits.
+#    - 6b. [What the trained models compute](mechanism.html): probes, knockouts and the learned kernel of
+#      each layer, an explicit in-context estimator that predicts trained models on unseen seeds, controls
+#      trained on other objectives, and the dynamics of pretraining at the constructed parameters.
 # 7. [Linear attention, side by side](linear.html): the prior linear-attention construction
 #    (batch linear TD), checked, and compared with the softmax construction.
 #    - 7a. [Continuous states](continuous.html): kernel TD on processes with continuous states and
 #      closed-form values; the bandwidth trade-off; what pretraining learns there.
 # 8. [The command line](cli.html): `ictd` reproduces every experiment of the book at full scale.
+# 9. [Related work](related.html): kernel-based RL, averagers, kernel LSTD and GPTD, softmax in-context
+#    learning as kernel regression, and where linear TD's generalisation through features beats the kernel.
 
 # %% [markdown]
 # ## Install and use
