@@ -547,6 +547,12 @@ assert (neu_random[3:] > 100 * neu_star[-1]).all(), neu_random
 # %%
 #| export
 DTYPES = dict(float64=torch.float64, float32=torch.float32)
+FEATURES = ("random", "unit", "onehot")
+OBJECTIVES = ("td", "mc", "supervised", "td-independent")   # the training targets (see "Four objectives" below)
+INITS = ("xavier", "theta_star")
+
+def _choice(x, allowed:tuple, name:str):
+    if x not in allowed: raise ValueError(f"`{name}` must be one of {allowed}, got {x!r}")
 
 @dataclass(frozen=True)
 class PretrainConfig:
@@ -570,9 +576,37 @@ class PretrainConfig:
     attention:str = "softmax"   # model family: a registered name ("softmax"; "linear" from chapter 7)
     protocol:str = "stationary" # data protocol: a registered name ("stationary"; "sliding" from chapter 7)
     dtype:str = "float64"       # "float64" or "float32" for the parameters and the training passes (metrics in float64)
+    objective:str = "td"        # training target at the query: one of `OBJECTIVES` ("td", "mc", "supervised", "td-independent")
+    init:str = "xavier"         # "xavier" (gain `init_gain`) or "theta_star" (every layer theta*(W = init_beta I, init_alpha))
+    init_scale:float = 0.       # std of a Gaussian perturbation added to every initial parameter (0: none)
+    init_beta:float = 1.        # theta_star initialisation: the score matrix W = init_beta I
+    init_alpha:float = 1.       # theta_star initialisation: the TD step size alpha
 
     def __post_init__(self):
-        if self.dtype not in DTYPES: raise ValueError(f"`dtype` must be one of {tuple(DTYPES)}, got {self.dtype!r}")
+        "Validate every field (a `ValueError` naming it) and store integer-valued numbers as `int`."
+        for name in ("n_states", "d", "n", "n_layers", "n_tasks", "batch_size", "eval_every", "eval_tasks"): self._int(name, 1)
+        self._int("n_steps", 0); self._int("seed", 0)
+        if self.n_states < 2: raise ValueError(f"`n_states` must be an integer >= 2, got {self.n_states}")
+        _choice(self.features, FEATURES, "features"); _choice(self.dtype, tuple(DTYPES), "dtype")
+        _choice(self.objective, OBJECTIVES, "objective"); _choice(self.init, INITS, "init")
+        if not isinstance(self.shared, bool): raise ValueError(f"`shared` must be a bool, got {self.shared!r}")
+        for name in ("attention", "protocol"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name): raise ValueError(f"`{name}` must be a registered name (a non-empty str), got {getattr(self, name)!r}")
+        check_gamma(self.gamma)
+        for name, low, strict in (("lr", 0, True), ("init_gain", 0, True), ("weight_decay", 0, False), ("init_scale", 0, False),
+                                  ("init_beta", -math.inf, False), ("init_alpha", -math.inf, False)): self._float(name, low, strict)
+
+    def _int(self, name:str, low:int):
+        x = getattr(self, name)
+        if isinstance(x, bool) or not isinstance(x, (int, float, np.integer, np.floating)) or not math.isfinite(x) or int(x) != x or x < low:
+            raise ValueError(f"`{name}` must be an integer >= {low}, got {x!r}")
+        object.__setattr__(self, name, int(x))
+
+    def _float(self, name:str, low:float, strict:bool):
+        x = getattr(self, name)
+        if isinstance(x, bool) or not isinstance(x, (int, float, np.integer, np.floating)) or not math.isfinite(x) or x < low or (strict and x == low):
+            raise ValueError(f"`{name}` must be a finite number {'>' if strict else '>='} {low}, got {x!r}")
+        object.__setattr__(self, name, float(x))
 
     @property
     def feature_dim(self)->int:
@@ -590,6 +624,10 @@ EMERGENCE = PretrainConfig(lr=1e-2, n_steps=2000, eval_every=200)   # the headli
 test_eq(PretrainConfig().key(), PretrainConfig(seed=5).key())
 assert PretrainConfig().key() != PretrainConfig(lr=1e-2).key() != PretrainConfig(dtype="float32").key()
 test_fail(lambda: PretrainConfig(dtype="float16"), contains="`dtype` must be one of")
+for bad in (dict(features="cubic"), dict(n=-3), dict(n_states=1), dict(gamma=1.), dict(lr=0.), dict(lr=math.nan), dict(batch_size=2.5),
+            dict(objective="q-learning"), dict(init="zeros"), dict(init_scale=-1.), dict(init_alpha=math.inf), dict(shared=1), dict(seed=-1)):
+    test_fail(lambda: PretrainConfig(**bad), contains=f"`{next(iter(bad))}`")
+test_eq(type(PretrainConfig(n=30.0).n), int)
 
 
 # %%
@@ -777,8 +815,12 @@ register_protocol("stationary", stationary_sampler)
 # %%
 #| export
 def softmax_init(config:PretrainConfig, seeds:list, dtype)->dict:
-    "Each seed's `SoftmaxICTD` initialisation, stacked: A, V_cur, V_tgt of shape (S, L or 1, d + 2, d + 2)."
-    models = [SoftmaxICTD(config.feature_dim, config.n_layers, config.shared, config.init_gain, seed=int(s)) for s in seeds]
+    "Each seed's `SoftmaxICTD` initialisation (Xavier, or theta* for `init='theta_star'`), stacked: A, V_cur, V_tgt of shape (S, L or 1, d + 2, d + 2)."
+    d = config.feature_dim
+    if config.init == "theta_star":
+        W = config.init_beta * torch.eye(d, dtype=torch.float64)
+        models = [SoftmaxICTD.from_theta_star(d, config.n_layers, W, config.init_alpha, config.gamma, shared=config.shared)] * len(seeds)
+    else: models = [SoftmaxICTD(d, config.n_layers, config.shared, config.init_gain, seed=int(s)) for s in seeds]
     return {k: torch.stack([torch.stack([getattr(lay, k).detach() for lay in m.layers]) for m in models]).to(dtype) for k in ("A", "V_cur", "V_tgt")}
 
 def softmax_module(config:PretrainConfig, params:dict)->SoftmaxICTD:
@@ -851,6 +893,67 @@ def td_values(config:PretrainConfig, params:dict, tasks:TaskBatch, b:TDSample)->
     v = family.predict(config, params, family.prompt(config, tasks, b.task, b.states, torch.stack([b.query, b.successor], -1)), config.n)
     return v[..., 0], task_features(tasks, b.task, b.query)[1].to(v.dtype) + config.gamma * v[..., 1].detach()
 
+
+# %% [markdown]
+# **Four objectives.** The engine trains the same model on the same examples with one of four
+# targets at the query $s_q$ (`PretrainConfig.objective`), so that what TD's temporal structure adds
+# can be measured against controls: `"td"`, the semi-gradient TD target $r(s_q) + \gamma\,
+# \mathrm{TF}(Z'; \theta)$ used so far; `"mc"`, a Monte-Carlo return
+# $\sum_{t<H} \gamma^t r(S_t)$ of a rollout of the task's chain from $S_0 = s_q$, truncated at the
+# horizon $H$ where $\gamma^H \le 10^{-6}$ (its bias is at most $\gamma^H \max|r| / (1 - \gamma)$,
+# below $10^{-5}$ for $\gamma = 0.9$ and rewards in $[-1, 1]$); `"supervised"`, the true value
+# $v_\pi(s_q)$, known from $P$ and $r$; and `"td-independent"`, TD whose successor is drawn from
+# $d_\pi$ independently of $s_q$, which keeps the rewards and removes the temporal structure. The
+# draws an objective adds (rollouts, independent successors) come from a sub-stream of the run's
+# seed of their own, so the contexts and queries are the same for all four; the evaluation and the
+# recorded measures do not depend on the objective.
+
+# %%
+#| export
+def mc_horizon(gamma:float, tol:float=1e-6)->int:
+    "The length H of the Monte-Carlo objective's rollouts: the smallest H >= 1 with gamma^H <= tol."
+    gamma = check_gamma(gamma)
+    return 1 if gamma == 0 else max(1, math.ceil(math.log(tol) / math.log(gamma)))
+
+def stationary_draws(tasks:TaskBatch, task:torch.Tensor, u:torch.Tensor)->torch.Tensor:
+    "(S, B) states drawn from d_pi of the tasks `task` (S, B) of every seed, one per uniform of `u` (S, B)."
+    return _draw_cdf(_rows(tasks.d_pi[..., None, :], task, torch.zeros_like(task)).cumsum(-1), u)
+
+def rollout_returns(tasks:TaskBatch, task:torch.Tensor, start:torch.Tensor, u:torch.Tensor)->torch.Tensor:
+    "(S, B) sampled returns sum_{t<H} gamma^t r(S_t) of chains started at `start` (S, B), with H - 1 = u.shape[-1] uniforms (S, B, H - 1)."
+    s = tasks.P.shape[-1]
+    cum = _rows(tasks.P, task, torch.arange(s, device=u.device).expand(*task.shape, s)).cumsum(-1)   # (S, B, s, s) each example's task
+    states, u = [start], u.movedim(-1, 0).contiguous()
+    for u_t in u: states.append(_draw_cdf(cum.gather(-2, states[-1][..., None, None].expand(*task.shape, 1, s))[..., 0, :], u_t))
+    r = task_features(tasks, task, torch.stack(states, -1))[1]
+    return (r * tasks.gamma ** torch.arange(len(states), dtype=torch.float64, device=u.device)).sum(-1)
+
+def objective_values(config:PretrainConfig, params:dict, tasks:TaskBatch, b:TDSample, gens:list)->tuple:
+    "v(s_q) (S, B) with its graph and the target of `config.objective` (S, B), detached; `gens` (one per seed) draw what the objective adds to the data."
+    if config.objective == "td": return td_values(config, params, tasks, b)
+    S, B = b.query.shape
+    uniforms = lambda *shape: torch.stack([torch.rand(B, *shape, generator=g, dtype=torch.float64) for g in gens]).to(b.query.device)
+    if config.objective == "td-independent": return td_values(config, params, tasks, dataclasses.replace(b, successor=stationary_draws(tasks, b.task, uniforms())))
+    family = get_family(config.attention)
+    v = family.predict(config, params, family.prompt(config, tasks, b.task, b.states, b.query[..., None]), config.n)[..., 0]
+    if config.objective == "supervised": return v, _rows(tasks.v_pi, b.task, b.query).to(v.dtype)
+    return v, rollout_returns(tasks, b.task, b.query, uniforms(mc_horizon(config.gamma) - 1)).to(v.dtype)
+
+
+# %%
+cfg = PretrainConfig(n_tasks=1, eval_tasks=4, objective="mc")
+one = stack_pools([task_pool(cfg, 1, 3)])
+test_eq(mc_horizon(0.9), 132); test_eq(mc_horizon(0.), 1)
+gen = torch.Generator().manual_seed(0)
+G = rollout_returns(one, torch.zeros(1, 20_000, dtype=torch.long), torch.full((1, 20_000), 4), torch.rand(1, 20_000, mc_horizon(0.9) - 1, generator=gen, dtype=torch.float64))
+print(f"MC mean {G.mean():.4f} +- {G.std() / 20_000 ** 0.5:.4f} (one standard error), v_pi(4) = {one.v_pi[0, 0, 4]:.4f}")
+assert abs(G.mean() - one.v_pi[0, 0, 4]) < 4 * G.std() / 20_000 ** 0.5
+draws = stationary_draws(one, torch.zeros(1, 20_000, dtype=torch.long), torch.rand(1, 20_000, generator=gen, dtype=torch.float64))
+test_close(torch.bincount(draws[0], minlength=10) / 20_000, one.d_pi[0, 0], eps=0.015)
+
+
+# %%
+#| export
 def sampled_neu(config:PretrainConfig, params:dict, ev:EvalSet, n_batches:int=4, batch_size:int=64, seed:int=0)->torch.Tensor:
     "(S,) `neu` of every seed at once: `n_batches` stationary batches of its held-out tasks, drawn from a generator seeded `seed`."
     S, K = ev.states.shape[0], int(n_batches)
@@ -931,6 +1034,19 @@ def _seed_slice(tasks:TaskBatch, i:int)->TaskBatch:
 
 # %%
 #| export
+INIT_STREAM, OBJECTIVE_STREAM = 1, 2   # sub-streams of a run's seed (stream 0 is the data's own generator)
+
+def substream(seed:int, stream:int)->int:
+    "A 64-bit seed for sub-stream `stream` of `seed`: child `stream` of `numpy.random.SeedSequence(seed).spawn`."
+    return int(np.random.SeedSequence(int(seed), spawn_key=(int(stream),)).generate_state(1, np.uint64)[0])
+
+def perturb(params:dict, scale:float, seeds:list)->dict:
+    "Stacked parameters (S, ...) plus `scale` times standard Gaussian noise drawn from each seed's `INIT_STREAM` (unchanged for scale 0)."
+    if scale == 0: return params
+    gens = [torch.Generator().manual_seed(substream(s, INIT_STREAM)) for s in seeds]
+    noise = {k: torch.stack([torch.randn(v.shape[1:], generator=g, dtype=torch.float64) for g in gens]) for k, v in params.items()}
+    return {k: (v.double() + scale * noise[k]).to(v.dtype) for k, v in params.items()}
+
 def _check_seeds(seeds)->list:
     seeds = [seeds] if isinstance(seeds, int) else list(seeds)
     if not seeds or any(int(s) != s or s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
@@ -968,9 +1084,10 @@ def _train(config, seeds, progress, folder, device, checkpoint_every, force, cal
     family, sampler, dtype = get_family(config.attention), get_protocol(config.protocol), DTYPES[config.dtype]
     pool = _to(stack_pools([task_pool(config, config.n_tasks, s * 1_000_003) for s in seeds]), device)
     ev = eval_set(config, seeds, device)
-    params = {k: v.to(device).requires_grad_() for k, v in family.init(config, seeds, dtype).items()}
+    params = {k: v.to(device).requires_grad_() for k, v in perturb(family.init(config, seeds, dtype), config.init_scale, seeds).items()}
     opt = torch.optim.Adam(params.values(), lr=config.lr, weight_decay=config.weight_decay)
     gens = [torch.Generator().manual_seed(s) for s in seeds]
+    target_gens = [torch.Generator().manual_seed(substream(s, OBJECTIVE_STREAM)) for s in seeds]
     run = dict(step=0, history={}, losses=[], protocol={})
     expect = dict(version=ictd.__version__, config=asdict(config), seeds=seeds)
     checkpoint = folder / f"checkpoint-{hashlib.sha1(json.dumps(seeds).encode()).hexdigest()[:8]}.pt" if folder is not None else None
@@ -979,13 +1096,13 @@ def _train(config, seeds, progress, folder, device, checkpoint_every, force, cal
         with torch.no_grad():
             for k, v in params.items(): v.copy_(saved["params"][k])
         opt.load_state_dict(saved["optimizer"])
-        for g, st in zip(gens, saved["generators"]): g.set_state(st)
+        for g, st in zip(gens + target_gens, saved["generators"]): g.set_state(st)
         run = {k: saved[k] for k in run}
     bar = tqdm(total=config.n_steps, initial=run["step"], disable=not progress, desc=f"pretrain {config.key()}, {len(seeds)} seeds")
     for step in range(run["step"], config.n_steps + 1):
         if checkpoint_every and step % checkpoint_every == 0 and step > run["step"]:
             torch.save(dict(expect, params={k: v.detach() for k, v in params.items()}, optimizer=opt.state_dict(),
-                            generators=[g.get_state() for g in gens], **dict(run, step=step)), checkpoint)
+                            generators=[g.get_state() for g in gens + target_gens], **dict(run, step=step)), checkpoint)
         if step % config.eval_every == 0:
             loss = torch.stack(run["losses"]).mean(0) if run["losses"] else torch.full((len(seeds),), math.nan, dtype=torch.float64, device=device)
             metrics = dict(step=torch.full((len(seeds), 1), step), loss=loss.double().cpu()[:, None],
@@ -993,7 +1110,7 @@ def _train(config, seeds, progress, folder, device, checkpoint_every, force, cal
             for k, v in metrics.items(): run["history"].setdefault(k, []).append(v)
             run["losses"] = []
         if step == config.n_steps: break
-        v, target = td_values(config, params, pool, sampler(config, pool, gens, step, run["protocol"]))
+        v, target = objective_values(config, params, pool, sampler(config, pool, gens, step, run["protocol"]), target_gens)
         loss = 0.5 * (target - v).square().mean(-1)
         opt.zero_grad(); loss.sum().backward(); opt.step()
         run["losses"].append(loss.detach())
@@ -1039,6 +1156,20 @@ test_eq(both[0].history["value_weights"].shape, (4, 3, 3))
 test_fail(lambda: pretrain_many(tiny, [1, 1]), contains="`seeds` must be a non-empty list of distinct")
 test_fail(lambda: pretrain_many(tiny, [1], checkpoint_every=10), contains="`checkpoint_every` needs a `cache_dir`")
 test_fail(lambda: pretrain_many(dataclasses.replace(tiny, attention="cubic"), [1]), contains="`attention` must be one of")
+
+# %% [markdown]
+# **Initialisations.** `init="xavier"` (the default) draws each seed's parameters as `SoftmaxICTD`
+# does with that seed; `init="theta_star"` starts every layer at $\theta^*$ with $W = \beta I$ and
+# step size $\alpha$ taken from `init_beta` and `init_alpha` (`init_gain` is then unused). Either can
+# be perturbed: `init_scale` $= c$ adds independent $\mathcal N(0, c^2)$ noise to every entry, drawn
+# from sub-stream `INIT_STREAM` of the seed (`substream`, a child of `numpy.random.SeedSequence`).
+
+# %%
+at_star = dataclasses.replace(tiny, n_steps=0, init="theta_star", init_beta=2., init_alpha=0.5)
+star = SoftmaxICTD.from_theta_star(4, 3, 2 * torch.eye(4, dtype=torch.float64), 0.5, 0.9)
+r0, r1 = pretrain_many(at_star, [0], progress=False)[0], pretrain_many(dataclasses.replace(at_star, init_scale=0.01), [0], progress=False)[0]
+for p, q, p1 in zip(r0.model.parameters(), star.parameters(), r1.model.parameters()):
+    assert torch.equal(p, q) and 0.005 < (p1 - p).std() < 0.015
 
 # %% [markdown]
 # The book's headline run, `EMERGENCE`, is the specification's model and data with a learning rate
