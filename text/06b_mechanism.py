@@ -62,14 +62,18 @@ def provenance(command:str,  # the command that produced the file
     return dict(command=command, commit=commit, date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 python=sys.version.split()[0], torch=torch.__version__)
 
-def save_runs(results:list,  # `PretrainResult`s
-             )->list:        # one dict per run: config, seed, params (nested lists), final history metrics
+HISTORY_KEYS = ("step", "msve", "neu_population", "diagonality", "value_weights")  # the metrics a saved run keeps
+
+def save_runs(results:list,         # `PretrainResult`s
+              history:bool=False,   # also keep the metrics at every evaluation (else only the final ones)
+             )->list:               # one dict per run: config, params (nested lists), final metrics (and history)
     "Runs as plain JSON-ready dicts: configuration and final parameters."
     out = []
     for r in results:
         p = model_params(r.model)
         out.append(dict(config=dataclasses.asdict(r.config), params={k: v[0].tolist() for k, v in p.items()},
-                        final={k: r.history[k][-1].tolist() for k in ("msve", "neu_population", "diagonality", "value_weights")}))
+                        final={k: r.history[k][-1].tolist() for k in HISTORY_KEYS[1:]},
+                        **(dict(history={k: r.history[k].tolist() for k in HISTORY_KEYS}) if history else {})))
     return out
 
 def load_models(runs:list,  # output of `save_runs` (e.g. read from a JSON file)
@@ -718,6 +722,45 @@ def run_gap_map(out_dir="nbs/data",              # folder of the JSON file
                                                                               **gap_measures(r.config, r.model)) for r in runs]))
         path = _write(out_dir, "mechanism_gap_map.json", command, dict(cells=done))
     return path
+
+# %% [markdown]
+# The controls, the dynamics from $\theta^*$ and the depth sweep: each trains `EMERGENCE` with
+# one change over ten seeds and saves the runs with their gap measures.
+
+# %%
+#| export
+CONTROLS = ("mc", "supervised", "td-independent")   # objectives other than TD, on the same data and architecture
+DEPTHS = (2, 3, 4, 6, 8)                            # depths of the sweep with separate layers
+
+def _study(changes:dict, seeds, history:bool, base:PretrainConfig=EMERGENCE)->dict:
+    "name -> saved runs of `base` with each change, with their gap measures."
+    out = {}
+    for name, change in changes.items():
+        runs = pretrain_many(dataclasses.replace(base, **change), list(seeds), progress=False)
+        out[name] = dict(change=change, runs=[dict(saved, gap=gap_measures(r.config, r.model)) for saved, r in zip(save_runs(runs, history), runs)])
+    return out
+
+def run_control_study(out_dir="nbs/data", seeds=tuple(range(10)), command:str="run_control_study()")->Path:
+    "Train `EMERGENCE` with each objective of `CONTROLS` over `seeds`; write `mechanism_controls.json`."
+    return _write(out_dir, "mechanism_controls.json", command, dict(studies=_study({o: dict(objective=o) for o in CONTROLS}, seeds, False)))
+
+def theta_star_starts(config:PretrainConfig=EMERGENCE,  # the configuration (depth, gamma)
+                      scale:float=0.05,                 # std of the perturbation
+                     )->dict:                           # name -> changes to `config`
+    "The starting points of the dynamics study: theta*(W = I, alpha = 1), the best-fit theta* of the emergence grid, each exact and perturbed."
+    from ictd.emergence import best_theta_star
+    alpha, beta = best_theta_star(config)
+    starts = {"theta* (beta 1, alpha 1)": dict(init="theta_star", init_beta=1., init_alpha=1.),
+              f"best-fit theta* (beta {beta:g}, alpha {alpha:g})": dict(init="theta_star", init_beta=float(beta), init_alpha=float(alpha))}
+    return {**starts, **{f"{k} + N(0, {scale:g}^2)": dict(v, init_scale=scale) for k, v in starts.items()}}
+
+def run_theta_star_dynamics(out_dir="nbs/data", seeds=tuple(range(10)), command:str="run_theta_star_dynamics()")->Path:
+    "Train `EMERGENCE` from each of `theta_star_starts()` over `seeds`, keeping the histories; write `mechanism_dynamics.json`."
+    return _write(out_dir, "mechanism_dynamics.json", command, dict(studies=_study(theta_star_starts(), seeds, True)))
+
+def run_depth_sweep(out_dir="nbs/data", seeds=tuple(range(10)), depths=DEPTHS, command:str="run_depth_sweep()")->Path:
+    "Train `EMERGENCE` at each depth (separate layers) over `seeds`; write `mechanism_depth.json`."
+    return _write(out_dir, "mechanism_depth.json", command, dict(studies=_study({f"L = {L}": dict(n_layers=L) for L in depths}, seeds, False)))
 
 # %%
 #| hide
