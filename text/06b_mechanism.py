@@ -761,6 +761,41 @@ controls = {"td": study_summary(fit_runs)} | {k: study_summary(load_models(v["ru
 Markdown(f"Made by `{ctrl_saved['provenance']['command']}` at commit `{ctrl_saved['provenance']['commit'][:10]}` on {ctrl_saved['provenance']['date'][:10]}.\n\n" + summary_table(controls, "objective"))
 
 # %% [markdown]
+# "Specific to TD" is a comparison of counts between two sets of ten seeds. We test it with a
+# one-sided Fisher exact test (the count under TD is larger than under the control), one test per
+# control and measure, and correct the three controls of a measure for multiplicity with Holm's
+# step-down procedure.
+
+# %%
+#| export
+def fisher_greater(k1:int, m1:int,  # successes and seeds of the first group
+                   k2:int, m2:int,  # successes and seeds of the second group
+                  )->float:         # one-sided p-value of "the first group's rate is larger"
+    "Fisher's exact test, one-sided: P(X >= k1) for X hypergeometric with the observed margins."
+    K, N = k1 + k2, m1 + m2
+    return sum(math.comb(K, x) * math.comb(N - K, m1 - x) for x in range(k1, min(K, m1) + 1)) / math.comb(N, m1)
+
+def holm(pvalues:dict,  # name -> p-value
+        )->dict:        # name -> Holm-adjusted p-value
+    "Holm's step-down adjustment of a family of p-values."
+    order, out, running = sorted(pvalues, key=pvalues.get), {}, 0.
+    for i, k in enumerate(order):
+        running = max(running, min(1., (len(order) - i) * pvalues[k]))
+        out[k] = running
+    return out
+
+# %%
+test_close(fisher_greater(10, 10, 0, 10), 1 / math.comb(20, 10), eps=1e-15)
+test_eq(fisher_greater(0, 10, 5, 10), 1.)
+test_close(fisher_greater(7, 10, 2, 10), sum(math.comb(9, x) * math.comb(11, 10 - x) for x in range(7, 10)) / math.comb(20, 10), eps=1e-15)
+test_eq(holm({"a": 0.01, "b": 0.04, "c": 0.03}), {"a": 0.03, "c": 0.06, "b": 0.06})
+
+# %%
+ctrl_tests = {meas: holm({k: fisher_greater(int(controls["td"][meas].sum()), 10, int(sm[meas].sum()), 10) for k, sm in controls.items() if k != "td"})
+              for meas in ("pattern, last selective layer", "pattern, last layer", "one uniform layer")}
+ctrl_tests
+
+# %% [markdown]
 # ## Dynamics at $\theta^*$
 #
 # Is $\theta^*$ an attractor of pretraining, or only a point where NEU is small in a limit? Two
