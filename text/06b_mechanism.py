@@ -14,6 +14,13 @@ from ictd.pretrain import EMERGENCE, PretrainConfig, get_family, model_params, p
 from ictd.emergence import UNIFORM_BELOW, certainty_equivalence_values, context_mean_values, held_out_prompts, msve_of, sign_pattern
 
 # %%
+#| export mechanism_runs
+import dataclasses, json
+from pathlib import Path
+from ictd.pretrain import EMERGENCE, PretrainConfig, pretrain_many
+from ictd.mechanism import gap_measures, provenance, save_runs
+
+# %%
 #| hide
 from fastcore.test import *
 from nbdev.showdoc import *
@@ -134,6 +141,21 @@ test_close(centred_msve(torch.full_like(ct.v_pi, 3.), ct), floor, eps=1e-12)
 test_close(centred_msve(ct.v_pi + 7., ct), torch.zeros(32, dtype=torch.float64), eps=1e-12)
 test_close(centred_msve(2 * ct.v_pi, ct), floor, eps=1e-12)
 test_fail(lambda: centred_msve(ct.v_pi[:, :3], ct), contains="`v_hat` must have shape")
+
+# %%
+#| export
+def gap_measures(config:PretrainConfig,  # the run's settings
+                 model,                  # its trained model
+                )->dict:                 # mean over held-out tasks of each measure
+    "MSVE and centred MSVE of the model and of the baselines on a run's held-out tasks, with its final value weights."
+    tasks, states, Z = held_out_prompts(config)
+    with torch.no_grad(): v = model.predict(Z, n=config.n)
+    preds = {"trained": v, "context mean": context_mean_values(tasks, states), "certainty equivalence": certainty_equivalence_values(tasks, states),
+             "best constant": (tasks.d_pi * tasks.v_pi).sum(-1, keepdim=True).expand_as(tasks.v_pi)}
+    out = {f"msve {k}": msve_of(p, tasks).mean().item() for k, p in preds.items()}
+    out.update({f"cmsve {k}": centred_msve(p, tasks).mean().item() for k, p in preds.items()})
+    out["value_weights"] = model.value_weights().tolist()
+    return out
 
 # %% [markdown]
 # ## Looking inside: the value row after every layer
@@ -903,7 +925,7 @@ axs[2].legend(fontsize=7); fig.tight_layout()
 # ## Drivers of the slow experiments
 
 # %%
-#| export
+#| export mechanism_runs
 def _write(out_dir, name:str, command:str, payload:dict)->Path:
     path = Path(out_dir) / name
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -924,22 +946,9 @@ def run_mechanism_study(out_dir="nbs/data",            # folder of the JSON file
 # The gap map: where does a trained model know more than the value level?
 
 # %%
-#| export
+#| export mechanism_runs
 GAP_CELLS = (dict(n=30, gamma=0.5), dict(n=30, gamma=0.9), dict(n=300, gamma=0.5), dict(n=300, gamma=0.9),
              dict(features="onehot", d=10, gamma=0.5), dict(features="onehot", d=10, gamma=0.9), dict(n_states=20))  # changes to EMERGENCE
-
-def gap_measures(config:PretrainConfig,  # the run's settings
-                 model,                  # its trained model
-                )->dict:                 # mean over held-out tasks of each measure
-    "MSVE and centred MSVE of the model and of the baselines on a run's held-out tasks, with its final value weights."
-    tasks, states, Z = held_out_prompts(config)
-    with torch.no_grad(): v = model.predict(Z, n=config.n)
-    preds = {"trained": v, "context mean": context_mean_values(tasks, states), "certainty equivalence": certainty_equivalence_values(tasks, states),
-             "best constant": (tasks.d_pi * tasks.v_pi).sum(-1, keepdim=True).expand_as(tasks.v_pi)}
-    out = {f"msve {k}": msve_of(p, tasks).mean().item() for k, p in preds.items()}
-    out.update({f"cmsve {k}": centred_msve(p, tasks).mean().item() for k, p in preds.items()})
-    out["value_weights"] = model.value_weights().tolist()
-    return out
 
 def run_gap_map(out_dir="nbs/data",              # folder of the JSON file
                 seeds=tuple(range(10)),          # seeds of every cell
@@ -962,7 +971,7 @@ def run_gap_map(out_dir="nbs/data",              # folder of the JSON file
 # one change over ten seeds and saves the runs with their gap measures.
 
 # %%
-#| export
+#| export mechanism_runs
 CONTROLS = ("mc", "supervised", "td-independent")   # objectives other than TD, on the same data and architecture
 DEPTHS = (2, 3, 4, 6, 8)                            # depths of the sweep with separate layers
 
