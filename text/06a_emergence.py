@@ -505,7 +505,6 @@ def comparison_table(comparison:dict)->str:
 comparison = baseline_comparison(runs)
 Markdown(comparison_table(comparison))
 
-
 # %% [markdown]
 # The claims, as statements about the ten seeds, each a test that can fail:
 #
