@@ -64,7 +64,7 @@ def test_one_uniform_layer_computes_a_constant_baseline(fresh):
     a = anatomy_counts(rows)
     assert a["one_uniform_layer"] >= min_successes(10, 1 / 2), a
     assert a["uniform_constancy_min"] > 0.95 and a["swap_uniform_max"] < 0.02 < a["swap_selective_median"], a
-    assert a["identity_min"] > 1.3, a
+    assert a["identity_min"] > 1.1, a
 
 @pytest.mark.claims
 def test_no_trained_layer_meets_the_kernel_condition(fresh):
