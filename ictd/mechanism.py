@@ -443,7 +443,8 @@ def run_gap_map(out_dir="nbs/data",              # folder of the JSON file
                 cells=GAP_CELLS,                 # changes to `base`, one per cell
                 base:PretrainConfig=EMERGENCE,   # the settings every cell shares
                 command:str="run_gap_map()",     # recorded in the file
-               )->Path:                          # the file written, `mechanism_gap_map.json` (rewritten after every cell)
+                name:str="mechanism_gap_map.json", # the file's name
+               )->Path:                          # the file written (rewritten after every cell)
     "Train every cell of the gap map over `seeds` and save the measures of every run."
     done = []
     for change in cells:
@@ -451,7 +452,7 @@ def run_gap_map(out_dir="nbs/data",              # folder of the JSON file
         runs = pretrain_many(c, list(seeds), progress=False)
         done.append(dict(change=change, config=dataclasses.asdict(c), runs=[dict(seed=r.config.seed, diagonality=r.history["diagonality"][-1].tolist(),
                                                                               **gap_measures(r.config, r.model)) for r in runs]))
-        path = _write(out_dir, "mechanism_gap_map.json", command, dict(cells=done))
+        path = _write(out_dir, name, command, dict(cells=done))
     return path
 
 # %% ../nbs/06b_mechanism.ipynb #815b3028
