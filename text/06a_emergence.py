@@ -745,6 +745,10 @@ Markdown("After " + f"{ablation_base.n_steps} steps the last layer shows $(+, +,
          "longer horizon, with its larger values, simply trains more slowly. This page trains too briefly to tell them apart.")
 
 # %% [markdown]
+# The [mechanism chapter](mechanism.html) trains $\gamma = 0.7$ and $0.95$ for the full 2000 steps
+# of the headline run and reports the pattern there.
+
+# %% [markdown]
 # ### Features
 
 # %%
