@@ -216,7 +216,6 @@ def knockout(model:SoftmaxICTD,  # the model (not changed)
 show_doc(knockout)
 
 # %%
-from ictd.model import theta_star
 toy = SoftmaxICTD(4, 3, init_gain=1., seed=3)
 toy_tasks, toy_states, toy_Z = held_out_prompts(dataclasses.replace(EMERGENCE, eval_tasks=8))
 with torch.no_grad(): test_close(layer_values(toy, toy_Z, 30)[-1], toy.predict(toy_Z, n=30), eps=1e-12)
@@ -303,7 +302,6 @@ show_doc(learned_kernel)
 # `population_attention`); and a layer with $A = 0$ has the kernel $d_\pi$ in every row.
 
 # %%
-from ictd.convergence import kernel_attention
 kt = random_tasks(6, seed=11)
 K_star = learned_kernel(SoftmaxICTD.from_theta_star(4, 3, 2. * torch.eye(4, dtype=torch.float64), 1., 0.9), kt)
 test_eq(K_star.shape, (3, 6, 10, 10))
