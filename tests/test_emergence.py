@@ -9,11 +9,13 @@ from ictd.emergence import ablation, ablation_claims, baseline_comparison, emerg
 
 FRESH = list(range(100, 110))
 
+@pytest.mark.claims
 def test_headline_claims_hold_on_fresh_seeds():
     runs = pretrain_many(EMERGENCE, FRESH, progress=False)
     counts = emergence_claims(runs, baseline_comparison(runs))
-    assert counts["n_seeds"] == 10 and counts["k_eighth"] == min_successes(10, 1 / 8) == 4
+    assert counts["n_seeds"] == 10 and counts["k_half"] == min_successes(10, 1 / 2) == 9
 
+@pytest.mark.claims
 @pytest.mark.skipif(os.environ.get("ICTD_SLOW") != "1", reason="slow: set ICTD_SLOW=1")
 def test_ablation_claims_hold_on_fresh_seeds(tmp_path):
     base = dataclasses.replace(EMERGENCE, n_steps=500, eval_every=250, eval_tasks=128)
