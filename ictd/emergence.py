@@ -12,7 +12,9 @@ from .prompt import build_prompt
 from .model import SoftmaxICTD, theta_star
 from .tasks import TaskBatch, random_tasks, sample_trajectories
 from .convergence import empirical_mrp
-from .pretrain import EMERGENCE, PretrainConfig, PretrainResult, held_out_tasks, population_neu, population_predict, pretrain_many
+from .boyan import weighted_error
+from .model import population_neu, population_predict
+from .pretrain import EMERGENCE, PretrainConfig, PretrainResult, held_out_tasks, pretrain_many
 
 # %% auto #0
 __all__ = ['ALPHAS', 'BETAS', 'UNIFORM_BELOW', 'stack_history', 'mean_se', 'binomial_tail', 'min_successes', 'median_interval',
@@ -78,7 +80,7 @@ def msve_of(v:torch.Tensor,    # (B, s) value estimates of each task
             tasks:TaskBatch,   # the tasks
            )->torch.Tensor:    # (B,) MSVE of each task, sum_s d_pi(s) (v(s) - v_pi(s))^2
     "Value error of each task's estimate, weighted by the stationary distribution."
-    return ((v - tasks.v_pi).square() * tasks.d_pi).sum(-1)
+    return weighted_error(v, tasks.v_pi, tasks.d_pi)
 
 def context_mean_values(tasks:TaskBatch,      # the tasks
                         states:torch.Tensor,  # (B, n+1) one context per task
@@ -150,7 +152,7 @@ def value_gap(result:PretrainResult,  # a trained run
     tasks, _, Z = held_out_prompts(result.config)
     with torch.no_grad():
         v_tf, v_star = result.model.predict(Z, n=result.config.n), theta_star_model(result.config, alpha, beta).predict(Z, n=result.config.n)
-    return ((v_tf - v_star).square() * tasks.d_pi).sum(-1).mean().item()
+    return weighted_error(v_tf, v_star, tasks.d_pi).mean().item()
 
 # %% ../nbs/06a_emergence.ipynb #33c2352e
 def sign_pattern(value_weights:torch.Tensor,  # (..., 3) weights (reward, successor value, current value)

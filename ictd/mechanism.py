@@ -10,7 +10,9 @@ import torch
 from .model import SoftmaxICTD
 from .tasks import TaskBatch
 from .convergence import span_rate
-from .pretrain import EMERGENCE, PretrainConfig, get_family, model_params, population_tokens, pretrain_many, token_layers, token_predict
+from .boyan import weighted_error
+from .model import model_params, population_tokens, token_layers, token_predict
+from .pretrain import EMERGENCE, PretrainConfig, get_family, pretrain_many
 from .emergence import UNIFORM_BELOW, certainty_equivalence_values, context_mean_values, held_out_prompts, msve_of, sign_pattern
 
 # %% auto #0
@@ -61,7 +63,7 @@ def centred_msve(v_hat:torch.Tensor,  # (B, s) value estimates of each task
     "Value error after removing each task's $d_\\pi$-weighted mean from the estimate and from $v_\\pi$: the error in the value *shape*."
     if v_hat.shape != tasks.v_pi.shape: raise ValueError(f"`v_hat` must have shape {tuple(tasks.v_pi.shape)}, got {tuple(v_hat.shape)}")
     centre = lambda v: v - (tasks.d_pi * v).sum(-1, keepdim=True)
-    return (tasks.d_pi * (centre(v_hat) - centre(tasks.v_pi)).square()).sum(-1)
+    return weighted_error(centre(v_hat), centre(tasks.v_pi), tasks.d_pi)
 
 # %% ../nbs/06b_mechanism.ipynb #2467fb6a
 def gap_measures(config:PretrainConfig,  # the run's settings

@@ -12,7 +12,9 @@ from ictd.prompt import build_prompt
 from ictd.model import SoftmaxICTD, theta_star
 from ictd.tasks import TaskBatch, random_tasks, sample_trajectories
 from ictd.convergence import empirical_mrp
-from ictd.pretrain import EMERGENCE, PretrainConfig, PretrainResult, held_out_tasks, population_neu, population_predict, pretrain_many
+from ictd.boyan import weighted_error
+from ictd.model import population_neu, population_predict
+from ictd.pretrain import EMERGENCE, PretrainConfig, PretrainResult, held_out_tasks, pretrain_many
 
 # %%
 #| hide
@@ -182,7 +184,7 @@ def msve_of(v:torch.Tensor,    # (B, s) value estimates of each task
             tasks:TaskBatch,   # the tasks
            )->torch.Tensor:    # (B,) MSVE of each task, sum_s d_pi(s) (v(s) - v_pi(s))^2
     "Value error of each task's estimate, weighted by the stationary distribution."
-    return ((v - tasks.v_pi).square() * tasks.d_pi).sum(-1)
+    return weighted_error(v, tasks.v_pi, tasks.d_pi)
 
 def context_mean_values(tasks:TaskBatch,      # the tasks
                         states:torch.Tensor,  # (B, n+1) one context per task
@@ -283,7 +285,7 @@ def value_gap(result:PretrainResult,  # a trained run
     tasks, _, Z = held_out_prompts(result.config)
     with torch.no_grad():
         v_tf, v_star = result.model.predict(Z, n=result.config.n), theta_star_model(result.config, alpha, beta).predict(Z, n=result.config.n)
-    return ((v_tf - v_star).square() * tasks.d_pi).sum(-1).mean().item()
+    return weighted_error(v_tf, v_star, tasks.d_pi).mean().item()
 
 
 # %%

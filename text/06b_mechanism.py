@@ -10,7 +10,9 @@ import torch
 from ictd.model import SoftmaxICTD
 from ictd.tasks import TaskBatch
 from ictd.convergence import span_rate
-from ictd.pretrain import EMERGENCE, PretrainConfig, get_family, model_params, population_tokens, pretrain_many, token_layers, token_predict
+from ictd.boyan import weighted_error
+from ictd.model import model_params, population_tokens, token_layers, token_predict
+from ictd.pretrain import EMERGENCE, PretrainConfig, get_family, pretrain_many
 from ictd.emergence import UNIFORM_BELOW, certainty_equivalence_values, context_mean_values, held_out_prompts, msve_of, sign_pattern
 
 # %%
@@ -138,7 +140,7 @@ def centred_msve(v_hat:torch.Tensor,  # (B, s) value estimates of each task
     "Value error after removing each task's $d_\\pi$-weighted mean from the estimate and from $v_\\pi$: the error in the value *shape*."
     if v_hat.shape != tasks.v_pi.shape: raise ValueError(f"`v_hat` must have shape {tuple(tasks.v_pi.shape)}, got {tuple(v_hat.shape)}")
     centre = lambda v: v - (tasks.d_pi * v).sum(-1, keepdim=True)
-    return (tasks.d_pi * (centre(v_hat) - centre(tasks.v_pi)).square()).sum(-1)
+    return weighted_error(centre(v_hat), centre(tasks.v_pi), tasks.d_pi)
 
 
 # %%
@@ -927,7 +929,7 @@ show_doc(update_jacobian)
 # A check against central differences of $g$ itself, and $\|g\|^2$ against `population_neu`:
 
 # %%
-from ictd.pretrain import population_neu
+from ictd.model import population_neu
 jt = random_tasks(2, seed=2, d=2)
 jm = SoftmaxICTD(2, 2, init_gain=0.5, seed=6)
 g0, J0 = update_jacobian(jm, jt)
