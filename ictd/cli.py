@@ -17,13 +17,15 @@ from .continuous import run_continuous as continuous_experiments
 from .linear import (ICLR_LINEAR, plot_linear_pretraining, plot_side_by_side, plot_tuned_side_by_side, reproduce_iclr,
                          side_by_side, tuned_side_by_side)
 from .emergence import emergence_report
+from .mechanism import (run_control_study, run_depth_sweep, run_gap_map, run_mechanism_study, run_theta_star_dynamics)
 from .core import jsonable
 from .pretrain import DTYPES, FAMILIES, INITS, OBJECTIVES, PROTOCOLS, PretrainConfig, plot_emergence, pretrain_many, run_folder
 
 # %% auto #0
 __all__ = ['positive_int', 'natural_int', 'positive_float', 'natural_float', 'step_size', 'discount', 'n_states_arg', 'FEATURES',
-           'PRETRAIN_TYPES', 'COMMANDS', 'seed_list', 'make_parser', 'seed_ranges', 'summarize', 'plot_seeds',
-           'run_chain', 'run_convergence', 'run_continuous', 'run_linear', 'run_pretrain', 'main']
+           'PRETRAIN_TYPES', 'MECHANISM_STUDIES', 'COMMANDS', 'seed_list', 'make_parser', 'seed_ranges', 'summarize',
+           'plot_seeds', 'run_chain', 'run_convergence', 'run_continuous', 'run_linear', 'run_pretrain',
+           'run_mechanism', 'main']
 
 # %% ../nbs/08_cli.ipynb #40d1952f
 def _checked(convert, ok, expected:str):
@@ -84,6 +86,17 @@ def _add_pretrain_options(p:argparse.ArgumentParser):
     p.add_argument("--cache-dir", type=Path, default=None, help="folder of cached runs (default: %(default)s, meaning the --out folder)")
 
 # %% ../nbs/08_cli.ipynb #520a7227
+MECHANISM_STUDIES = dict(
+    runs=(lambda out, seeds, cmd: run_mechanism_study(out, seeds, tuple(range(max(seeds) + 1, max(seeds) + 1 + len(seeds))), command=cmd),
+          "the models the chapter probes and fits its estimator on, and as many fresh seeds it predicts (mechanism_runs.json)"),
+    gap=(lambda out, seeds, cmd: run_gap_map(out, seeds, command=cmd), "the gap map over n, states, features and gamma (mechanism_gap_map.json)"),
+    controls=(lambda out, seeds, cmd: run_control_study(out, seeds, command=cmd), "Monte-Carlo, supervised and independent-successor controls (mechanism_controls.json)"),
+    dynamics=(lambda out, seeds, cmd: run_theta_star_dynamics(out, seeds, command=cmd), "training from theta* and its perturbations (mechanism_dynamics.json)"),
+    gamma=(lambda out, seeds, cmd: run_gap_map(out, seeds, cells=(dict(gamma=0.95), dict(gamma=0.7)), command=cmd, name="mechanism_gamma.json"),
+           "the discount ablation at full length (mechanism_gamma.json)"),
+    depth=(lambda out, seeds, cmd: run_depth_sweep(out, seeds, command=cmd), "separate layers at several depths (mechanism_depth.json)"))
+
+# %% ../nbs/08_cli.ipynb #94cfabb9
 def make_parser()->argparse.ArgumentParser:
     "The `ictd` argument parser, with one sub-command per experiment."
     common = argparse.ArgumentParser(add_help=False)
@@ -128,7 +141,11 @@ def make_parser()->argparse.ArgumentParser:
     p = sub.add_parser("continuous", parents=[common], formatter_class=fmt, help="kernel TD and pretraining on continuous states (chapter 7a)")
     p.add_argument("--seed", type=natural_int, default=0, help="offset of every context and training seed")
     p.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test) instead of the full scale")
-    sub.add_parser("all", parents=[common], formatter_class=fmt, help="run every command above with its defaults")
+    p = sub.add_parser("mechanism", parents=[common], formatter_class=fmt,
+                       help="the slow studies of chapter 6b, each saved as JSON with the command, commit and date that made it")
+    p.add_argument("study", choices=list(MECHANISM_STUDIES), help="which study: " + "; ".join(f"{k}: {v[1]}" for k, v in MECHANISM_STUDIES.items()))
+    p.add_argument("--seeds", type=seed_list, default=list(range(10)), help="seeds, e.g. 0-9 (the chapter's); `runs` also trains 10 more after them")
+    sub.add_parser("all", parents=[common], formatter_class=fmt, help="run every command above but `mechanism` with its defaults")
     return parser
 
 # %% ../nbs/08_cli.ipynb #b87a2a32
@@ -285,14 +302,21 @@ def run_pretrain(args)->list:
     return paths
 
 # %% ../nbs/08_cli.ipynb #65bc7178
-COMMANDS = dict(chain=run_chain, linear=run_linear, convergence=run_convergence, pretrain=run_pretrain, continuous=run_continuous)
+def run_mechanism(args)->list:
+    "`ictd mechanism STUDY`: one slow study of chapter 6b, written to `--out` as JSON with its provenance."
+    command = f"ictd mechanism {args.study} --seeds {seed_ranges(args.seeds)} --out {args.out}"
+    path = MECHANISM_STUDIES[args.study][0](args.out, list(args.seeds), command)
+    print(f"wrote {path}", flush=True)
+    return [path]
+
+COMMANDS = dict(chain=run_chain, linear=run_linear, convergence=run_convergence, pretrain=run_pretrain, continuous=run_continuous, mechanism=run_mechanism)
 
 def main(argv:list=None, # arguments after `ictd` (default: `sys.argv[1:]`)
         ):
     "Entry point of the `ictd` console script."
     parser = make_parser()
     args = parser.parse_args(argv)
-    names = list(COMMANDS) if args.command == "all" else [args.command]
+    names = [c for c in COMMANDS if c != "mechanism"] if args.command == "all" else [args.command]
     for name in names:
         cmd_args = args if name == args.command else parser.parse_args([name, "--out", str(args.out)] + ["--no-progress"] * args.no_progress)
         try: COMMANDS[name](cmd_args)

@@ -165,3 +165,23 @@ def test_all_runs_every_command(tmp_path, monkeypatch):
     conv = dict(calls)['convergence']
     assert conv.n_tasks == 1000 and conv.ns[-1] == 30_000                 # full scale by default
     assert dict(calls)['pretrain'].seeds == [[0, 1, 2]] and dict(calls)['pretrain'].n_steps == PretrainConfig().n_steps
+
+
+@pytest.mark.unit
+def test_mechanism_dispatches_each_study(monkeypatch, tmp_path):
+    "`ictd mechanism STUDY` calls the study's driver with the seeds, the output folder and the command it records."
+    import ictd.cli as cli
+    calls = {}
+    for name in ("run_mechanism_study", "run_gap_map", "run_control_study", "run_theta_star_dynamics", "run_depth_sweep"):
+        monkeypatch.setattr(cli, name, lambda *a, _n=name, **k: calls.setdefault(_n, (a, k)) and tmp_path / f"{_n}.json")
+    cli.main(["mechanism", "runs", "--seeds", "0-2", "--out", str(tmp_path)])
+    a, k = calls["run_mechanism_study"]
+    assert a[1] == [0, 1, 2] and tuple(a[2]) == (3, 4, 5) and k["command"] == f"ictd mechanism runs --seeds 0-2 --out {tmp_path}"
+    cli.main(["mechanism", "gamma", "--seeds", "4", "--out", str(tmp_path)])
+    a, k = calls["run_gap_map"]
+    assert a[1] == [4] and k["name"] == "mechanism_gamma.json" and [c["gamma"] for c in k["cells"]] == [0.95, 0.7]
+    for study, fn in (("controls", "run_control_study"), ("dynamics", "run_theta_star_dynamics"), ("depth", "run_depth_sweep")):
+        cli.main(["mechanism", study, "--out", str(tmp_path)])
+        assert calls[fn][0][1] == list(range(10)), study
+    with pytest.raises(SystemExit) as e: cli.main(["mechanism", "nonsense"])
+    assert e.value.code == 2

@@ -17,6 +17,7 @@ from ictd.continuous import run_continuous as continuous_experiments
 from ictd.linear import (ICLR_LINEAR, plot_linear_pretraining, plot_side_by_side, plot_tuned_side_by_side, reproduce_iclr,
                          side_by_side, tuned_side_by_side)
 from ictd.emergence import emergence_report
+from ictd.mechanism import (run_control_study, run_depth_sweep, run_gap_map, run_mechanism_study, run_theta_star_dynamics)
 from ictd.core import jsonable
 from ictd.pretrain import DTYPES, FAMILIES, INITS, OBJECTIVES, PROTOCOLS, PretrainConfig, plot_emergence, pretrain_many, run_folder
 
@@ -49,6 +50,7 @@ from fastcore.xtras import working_directory
 # | `ictd pretrain` | the emergence of the TD construction in pretraining (chapters 6 and 6a): every seed in one batched run, and chapter 6a's report over the seeds (`--seeds 0-29` for 30) | in `{key}/`: `config.json`, `seed-{S}.pt`, `seed-{S}.png`, `seed-{S}.json`, `summary.json`, `summary.png`; in `{key}/emergence/`: `bands.png`, `parameters.png`, `summary.json`, `summary.md` (per-layer statistics, baselines, claim counts) |
 # | `ictd linear` | linear against softmax attention, MSVE against depth (chapter 7): untuned, and each method tuned on shared features; with `--reproduce-seeds 0-29`, the predecessor's pretraining experiment | `linear.png`, `linear-tuned.png`, `linear.pt`, `linear.json`, (`iclr-linear.json`, `iclr-linear.png`) |
 # | `ictd continuous` | chapter 7a: kernel TD on continuous states (depth, context length, bandwidth, linear TD) and pretraining on continuous families | `depth.png`, `tradeoff.png`, `estimates.png`, `long_depth.png`, `pretrain_*.png`, `kernel_*.png`, `results.json` |
+# | `ictd mechanism STUDY` | chapter 6b's slow studies (`runs`, `gap`, `controls`, `dynamics`, `gamma`, `depth`), trained through the engine | `mechanism_{study}.json` with the command, commit and date that made it (the chapter reads these from `nbs/data/`) |
 # | `ictd all` | all of the above with their defaults | all of the above |
 #
 # Every command takes `--out DIR` (default `./ictd-results`) and prints the path of each file it
@@ -149,6 +151,22 @@ test_eq(seed_list("3"), [3])
 for bad in ("4-2", "a", "-1", "0-"): test_fail(lambda: seed_list(bad), contains="must be seeds like")
 
 
+# %% [markdown]
+# The slow studies of chapter 6b, by name: what `ictd mechanism STUDY` runs, and what it writes.
+
+# %%
+#| export
+MECHANISM_STUDIES = dict(
+    runs=(lambda out, seeds, cmd: run_mechanism_study(out, seeds, tuple(range(max(seeds) + 1, max(seeds) + 1 + len(seeds))), command=cmd),
+          "the models the chapter probes and fits its estimator on, and as many fresh seeds it predicts (mechanism_runs.json)"),
+    gap=(lambda out, seeds, cmd: run_gap_map(out, seeds, command=cmd), "the gap map over n, states, features and gamma (mechanism_gap_map.json)"),
+    controls=(lambda out, seeds, cmd: run_control_study(out, seeds, command=cmd), "Monte-Carlo, supervised and independent-successor controls (mechanism_controls.json)"),
+    dynamics=(lambda out, seeds, cmd: run_theta_star_dynamics(out, seeds, command=cmd), "training from theta* and its perturbations (mechanism_dynamics.json)"),
+    gamma=(lambda out, seeds, cmd: run_gap_map(out, seeds, cells=(dict(gamma=0.95), dict(gamma=0.7)), command=cmd, name="mechanism_gamma.json"),
+           "the discount ablation at full length (mechanism_gamma.json)"),
+    depth=(lambda out, seeds, cmd: run_depth_sweep(out, seeds, command=cmd), "separate layers at several depths (mechanism_depth.json)"))
+
+
 # %%
 #| export
 def make_parser()->argparse.ArgumentParser:
@@ -195,7 +213,11 @@ def make_parser()->argparse.ArgumentParser:
     p = sub.add_parser("continuous", parents=[common], formatter_class=fmt, help="kernel TD and pretraining on continuous states (chapter 7a)")
     p.add_argument("--seed", type=natural_int, default=0, help="offset of every context and training seed")
     p.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test) instead of the full scale")
-    sub.add_parser("all", parents=[common], formatter_class=fmt, help="run every command above with its defaults")
+    p = sub.add_parser("mechanism", parents=[common], formatter_class=fmt,
+                       help="the slow studies of chapter 6b, each saved as JSON with the command, commit and date that made it")
+    p.add_argument("study", choices=list(MECHANISM_STUDIES), help="which study: " + "; ".join(f"{k}: {v[1]}" for k, v in MECHANISM_STUDIES.items()))
+    p.add_argument("--seeds", type=seed_list, default=list(range(10)), help="seeds, e.g. 0-9 (the chapter's); `runs` also trains 10 more after them")
+    sub.add_parser("all", parents=[common], formatter_class=fmt, help="run every command above but `mechanism` with its defaults")
     return parser
 
 
@@ -405,14 +427,21 @@ show_doc(run_pretrain)
 
 # %%
 #| export
-COMMANDS = dict(chain=run_chain, linear=run_linear, convergence=run_convergence, pretrain=run_pretrain, continuous=run_continuous)
+def run_mechanism(args)->list:
+    "`ictd mechanism STUDY`: one slow study of chapter 6b, written to `--out` as JSON with its provenance."
+    command = f"ictd mechanism {args.study} --seeds {seed_ranges(args.seeds)} --out {args.out}"
+    path = MECHANISM_STUDIES[args.study][0](args.out, list(args.seeds), command)
+    print(f"wrote {path}", flush=True)
+    return [path]
+
+COMMANDS = dict(chain=run_chain, linear=run_linear, convergence=run_convergence, pretrain=run_pretrain, continuous=run_continuous, mechanism=run_mechanism)
 
 def main(argv:list=None, # arguments after `ictd` (default: `sys.argv[1:]`)
         ):
     "Entry point of the `ictd` console script."
     parser = make_parser()
     args = parser.parse_args(argv)
-    names = list(COMMANDS) if args.command == "all" else [args.command]
+    names = [c for c in COMMANDS if c != "mechanism"] if args.command == "all" else [args.command]
     for name in names:
         cmd_args = args if name == args.command else parser.parse_args([name, "--out", str(args.out)] + ["--no-progress"] * args.no_progress)
         try: COMMANDS[name](cmd_args)
