@@ -698,7 +698,7 @@ def pretraining_table(run:dict,          # `family_run` of the runs
     S, L = vw.shape[:2]
     ms = lambda x: f"{x.mean():.3f} $\\pm$ {x.std() / math.sqrt(len(x)):.3f}"
     rng = lambda x: f"{x.median():.2f} [{x.min():.2f}, {x.max():.2f}]"
-    rows = ["| layer | reward | successor | current | successor / current | $\\hat\\beta$ | cosine to Prop. 1 | share of $A$ |", "|---|---|---|---|---|---|---|---|"]
+    rows = ["| layer | reward | successor | current | successor / current | $\\hat\\beta$ | cosine to Prop. 7a.1 | share of $A$ |", "|---|---|---|---|---|---|---|---|"]
     for l in range(L):
         vals = [ms(vw[:, l, j]) if l or j == 0 else "(no gradient)" for j in range(3)]
         ratio = f"{(vw[:, l, 1] / vw[:, l, 2]).median():.2f} (median)" if l else "-"
@@ -739,7 +739,7 @@ def plot_learned_kernel(family:TaskFamily, A, xs:list, u, xlabel:str):
             q = torch.quantile(g[:, l, i], torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64), dim=0)
             ax.plot(u, q[1], color=f"C{i}", label=f"learned, query $x = {x:.2f}$")
             ax.fill_between(u, q[0], q[2], color=f"C{i}", alpha=0.15)
-        ax.plot(u, beta[l] * ref, "k--", label=rf"Prop. 1, $\hat\beta = {beta[l]:.2f}$")
+        ax.plot(u, beta[l] * ref, "k--", label=rf"Prop. 7a.1, $\hat\beta = {beta[l]:.2f}$")
         ax.set(xlabel=xlabel, title=f"layer {l + 1}")
         ax.legend(fontsize=7)
     np.atleast_1d(axes)[0].set_ylabel(r"score $g(x + u, x) - g(x, x)$")

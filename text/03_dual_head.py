@@ -461,6 +461,7 @@ for msg, args in {"`W` must have shape (4, 4)": (4, torch.eye(3), 0.1, 0.9),
                   "`d` must be a positive integer": (0, torch.eye(4), 0.1, 0.9)}.items():
     test_fail(lambda: theta_star(*args), contains=msg)
 
+
 # %% [markdown]
 # What each block of $\theta^*$ does, checked on a prompt rather than read back from the matrices:
 # the attention is the softmax of $\phi(S_i)^\top W \phi(x_j)$ over the context keys and does not

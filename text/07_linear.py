@@ -680,7 +680,6 @@ test_close((coef * 2.7 ** torch.arange(4, dtype=torch.float64)).sum(-1), v.detac
 auto, = torch.autograd.grad(((rw + mrp.gamma * v[..., 1:] - v[..., :-1]).detach() * v[..., :-1]).mean(), a)
 test_close(td_semigradient_poly(coef, rw, mrp.gamma)(2.7), auto.item(), eps=1e-10)
 
-
 # %%
 #| export
 FIT_CHUNK, FIT_TRAJECTORIES, FIT_STEPS = 64, 5, 65   # tasks per chunk, trajectories per task, steps per trajectory beyond n
