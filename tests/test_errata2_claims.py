@@ -87,3 +87,13 @@ def test_kernel_parameters_keyword_only():
         params = inspect.signature(fn).parameters
         assert all(params[k].kind is inspect.Parameter.KEYWORD_ONLY for k in names), fn.__name__
         assert list(params).index(names[0]) < list(params).index(names[1]), fn.__name__
+
+
+@pytest.mark.unit
+def test_significant_hides_last_digit_roundoff():
+    "Chapter 5's floor figure changed by one pixel between rebuilds; plotted values are now rounded to 9 significant digits."
+    from ictd.convergence import significant
+    x = torch.tensor([0.23368605367166762, 3.1e-7, 12345.678901234, 0.], dtype=torch.float64)
+    torch.testing.assert_close(significant(x), significant(x * (1 + 4e-16)), rtol=0, atol=0)
+    torch.testing.assert_close(significant(x), x, rtol=1e-9, atol=0)
+    assert significant(x)[-1] == 0

@@ -1048,11 +1048,19 @@ def slope_interval(x,                 # (k,) positive abscissae
     q = boot.quantile(torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=v.dtype))
     return loglog_slope(x, v.mean(0))[0], q[0].item(), q[1].item()
 
+def significant(t:torch.Tensor,  # values to plot
+                digits:int=9,    # significant digits kept
+               )->torch.Tensor:  # `t` rounded to `digits` significant digits (zeros stay zero)
+    "Values rounded to `digits` significant digits, so that a figure does not change with round-off in their last digits."
+    step = 10 ** (torch.floor(torch.log10(t.abs().clamp(min=1e-300))) - digits + 1)
+    return torch.round(t / step) * step
+
 def plot_floor(sweep:dict,  # output of `depth_experiment`
               ):            # the matplotlib figure
     "Experiment 2: the floor against the context length (mean, on key states, and Proposition 3's bound), and the floor against its bound per context."
     import matplotlib.pyplot as plt
     ns = torch.tensor(sweep["ns"], dtype=torch.float64)
+    sweep = sweep | {k: significant(sweep[k]) for k in ("floors", "key_floors", "floor_bounds")}   # round-off cannot move a pixel
     floors, keys = sweep["floors"], sweep["all_keys"]
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
     slope, intercept = loglog_slope(ns, floors.mean(0))
