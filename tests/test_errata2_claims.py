@@ -95,5 +95,5 @@ def test_significant_hides_last_digit_roundoff():
     from ictd.convergence import significant
     x = torch.tensor([0.23368605367166762, 3.1e-7, 12345.678901234, 0.], dtype=torch.float64)
     torch.testing.assert_close(significant(x), significant(x * (1 + 4e-16)), rtol=0, atol=0)
-    torch.testing.assert_close(significant(x), x, rtol=1e-9, atol=0)
+    torch.testing.assert_close(significant(x), x, rtol=5e-9, atol=0)
     assert significant(x)[-1] == 0
