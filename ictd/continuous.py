@@ -224,9 +224,9 @@ NoisyRotation.score_matrix, GaussianAR1.score_matrix = _rotation_score, _ar1_sco
 def kernel_td(process,              # a process of this chapter
               states,               # (..., n + 1) states S_0..S_n
               rewards,              # (..., n) rewards, rewards[..., k-1] = R_k
-              *,                    # the rest by keyword: beta and alpha are two floats easily swapped
-              beta:float,           # kernel scale: W = process.score_matrix(beta)
+              *,                    # the rest by keyword: alpha and beta are two floats easily swapped
               alpha:float,          # step size
+              beta:float,           # kernel scale: W = process.score_matrix(beta)
               n_layers:int,         # depth L (number of TD iterations)
               queries,              # (q,) or (..., q) query states
               return_all:bool=False,  # return v_0..v_L instead of v_L
@@ -309,7 +309,7 @@ def error_sweep(process,              # a process of this chapter
     return out
 
 # %% ../nbs/07a_continuous.ipynb #32be466e
-def population_msve(process, *, beta:float, alpha:float, n_layers:int, m:int=512)->torch.Tensor:
+def population_msve(process, *, alpha:float, beta:float, n_layers:int, m:int=512)->torch.Tensor:
     "(L + 1,) MSVE of the population recursion at depths 0..L."
     return process.msve(process.population_values(beta, alpha, n_layers, process.grid(m)[0]))
 
@@ -645,7 +645,7 @@ def value_weights(params:dict,   # (…, L, D, D) tensors "V_cur", "V_tgt"
 def kernel_fit(family:TaskFamily,  # the family (its base process gives the pattern W_1)
                A,                  # (…, D, D) score matrices
               )->dict:             # beta, cosine, share: each (…,)
-    "Fit the kernel of Proposition 1 to the identifiable part of A[:d, :d]: best scale, cosine, and share of A's norm."
+    "Fit the kernel of Proposition 7a.1 to the identifiable part of A[:d, :d]: best scale, cosine, and share of A's norm."
     d, M = family.d, family.kernel_mask
     W1, K = family.base.score_matrix(1.) * M, A[..., :d, :d] * M
     full = A.clone(); full[..., :d, :d] = K
@@ -654,7 +654,7 @@ def kernel_fit(family:TaskFamily,  # the family (its base process gives the patt
     return dict(beta=inner / W1.square().sum(), cosine=inner / (K.flatten(-2).norm(dim=-1) * W1.norm()).clamp(min=1e-300),
                 share=K.flatten(-2).norm(dim=-1) / full.flatten(-2).norm(dim=-1).clamp(min=1e-300))
 
-def kernel_msve(family:TaskFamily, ctx:dict, *, beta:float, alpha:float, n_layers:int)->torch.Tensor:
+def kernel_msve(family:TaskFamily, ctx:dict, *, alpha:float, beta:float, n_layers:int)->torch.Tensor:
     "(E,) MSVE of the constructed Transformer (kernel TD with the process's kernel of scale beta) on held-out contexts."
     v = kernel_td(family.base, ctx["states"], ctx["rewards"], beta=beta, alpha=alpha, n_layers=n_layers, queries=ctx["x"])
     return weighted_error(v, ctx["v"], ctx["w"])
@@ -664,7 +664,7 @@ def mean_reward_msve(family:TaskFamily, ctx:dict)->torch.Tensor:
     v = ctx["rewards"].mean(-1, keepdim=True) / (1 - family.gamma)
     return weighted_error(v, ctx["v"], ctx["w"])
 
-def tune_kernel(family:TaskFamily, ctx:dict, n_layers:int, alphas:list, betas:list)->tuple:
+def tune_kernel(family:TaskFamily, ctx:dict, *, n_layers:int, alphas:list, betas:list)->tuple:
     "(alpha, beta) of the constructed Transformer with the least mean MSVE on the tuning contexts `ctx`."
     scores = {(a, b): kernel_msve(family, ctx, beta=b, alpha=a, n_layers=n_layers).mean().item() for a in alphas for b in betas}
     return min(scores, key=scores.get)
@@ -698,7 +698,7 @@ def pretraining_table(run:dict,          # `family_run` of the runs
     S, L = vw.shape[:2]
     ms = lambda x: f"{x.mean():.3f} $\\pm$ {x.std() / math.sqrt(len(x)):.3f}"
     rng = lambda x: f"{x.median():.2f} [{x.min():.2f}, {x.max():.2f}]"
-    rows = ["| layer | reward | successor | current | successor / current | $\\hat\\beta$ | cosine to Prop. 1 | share of $A$ |", "|---|---|---|---|---|---|---|---|"]
+    rows = ["| layer | reward | successor | current | successor / current | $\\hat\\beta$ | cosine to Prop. 7a.1 | share of $A$ |", "|---|---|---|---|---|---|---|---|"]
     for l in range(L):
         vals = [ms(vw[:, l, j]) if l or j == 0 else "(no gradient)" for j in range(3)]
         ratio = f"{(vw[:, l, 1] / vw[:, l, 2]).median():.2f} (median)" if l else "-"
@@ -721,25 +721,25 @@ def plot_family_training(run:dict, family:TaskFamily, lines:dict, title:str):
     axes[1].set(xlabel="training step", ylabel="weight", title=f"Value-row weights, last layer ({run['A'].shape[2]})")
     cos = kernel_fit(family, run["A"])["cosine"]
     for l in range(cos.shape[-1]): band(axes[2], cos[..., l], color=f"C{l}", label=f"layer {l + 1}")
-    axes[2].set(ylim=(-1.05, 1.05), xlabel="training step", ylabel="cosine", title="Score block against the kernel of Proposition 1")
+    axes[2].set(ylim=(-1.05, 1.05), xlabel="training step", ylabel="cosine", title="Score block against the kernel of Proposition 7a.1")
     for ax in axes: ax.legend(fontsize=8)
     fig.tight_layout()
     return fig
 
 def plot_learned_kernel(family:TaskFamily, A, xs:list, u, xlabel:str):
-    "The learned score against the offset y - x, per layer (median over seeds, 10-90% band), with Proposition 1's kernel at the median fitted scale."
+    "The learned score against the offset y - x, per layer (median over seeds, 10-90% band), with Proposition 7a.1's kernel at the median fitted scale."
     import matplotlib.pyplot as plt
     L = A.shape[1]
     g, beta = learned_scores(family, A, torch.tensor(xs, dtype=torch.float64), u), kernel_fit(family, A)["beta"].median(0).values
     f0, W1 = family.features(torch.zeros(1, dtype=torch.float64))[0], family.base.score_matrix(1.)
-    ref = family.features(u) @ W1 @ f0 - f0 @ W1 @ f0                        # Proposition 1's kernel at scale 1, relative to u = 0
+    ref = family.features(u) @ W1 @ f0 - f0 @ W1 @ f0                        # Proposition 7a.1's kernel at scale 1, relative to u = 0
     fig, axes = plt.subplots(1, L, figsize=(4.6 * L, 3.6), sharey=True)
     for l, ax in enumerate(np.atleast_1d(axes)):
         for i, x in enumerate(xs):
             q = torch.quantile(g[:, l, i], torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64), dim=0)
             ax.plot(u, q[1], color=f"C{i}", label=f"learned, query $x = {x:.2f}$")
             ax.fill_between(u, q[0], q[2], color=f"C{i}", alpha=0.15)
-        ax.plot(u, beta[l] * ref, "k--", label=rf"Prop. 1, $\hat\beta = {beta[l]:.2f}$")
+        ax.plot(u, beta[l] * ref, "k--", label=rf"Prop. 7a.1, $\hat\beta = {beta[l]:.2f}$")
         ax.set(xlabel=xlabel, title=f"layer {l + 1}")
         ax.legend(fontsize=7)
     np.atleast_1d(axes)[0].set_ylabel(r"score $g(x + u, x) - g(x, x)$")
@@ -763,7 +763,7 @@ def family_experiment(family:TaskFamily,  # the task family
     seconds = time.time() - t0
     n, L = config.n, config.n_layers
     tune, test = family.contexts(n_tune, n, seed=7), family.contexts(n_test, n, seed=8)
-    best = tune_kernel(family, tune, L, alphas, betas)
+    best = tune_kernel(family, tune, n_layers=L, alphas=alphas, betas=betas)
     return dict(run=run, best=best, seconds=seconds, n_layers=L, trained=family_msve(run["params"], L, family, test),
                 constructed=kernel_msve(family, test, beta=best[1], alpha=best[0], n_layers=L), baseline=mean_reward_msve(family, test))
 

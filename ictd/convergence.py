@@ -14,13 +14,14 @@ import torch
 from tqdm.auto import tqdm
 from .boyan import MRP, as_tensor, boyan_transitions, check_gamma, random_boyan_chain
 from .tasks import TaskBatch, stack_tasks, random_tasks, sample_trajectories
+from .wstd import check_states
 
 # %% auto #0
 __all__ = ['FEATURE_LABELS', 'PHASES', 'CONDITIONS', 'THRESHOLD_FILE', 'kernel_attention', 'population_attention', 'key_counts',
            'empirical_attention', 'count_deviation', 'empirical_mrp', 'td_recursion', 'kernel_diagonality',
            'rate_bound', 'sup_error', 'contraction_bound', 'span_rate', 'spectral_radius', 'measured_rate',
            'span_bound', 'fixed_point', 'floor_bound', 'depth_sweep', 'depth_experiment', 'plot_depth', 'loglog_slope',
-           'slope_interval', 'plot_floor', 'hitting_times', 'missing_state_bound', 'floor_hp_bound',
+           'slope_interval', 'significant', 'plot_floor', 'hitting_times', 'missing_state_bound', 'floor_hp_bound',
            'diagonality_sweep', 'plot_diagonality', 'interior_cap', 'best_diagonality', 'phase_diagram', 'plot_phase',
            'rate_experiment', 'plot_rates', 'scale_for_diagonality', 'leaky_experiment', 'plot_leaky',
            'relaxation_time', 'slow_mixing_experiment', 'plot_slow_mixing', 'circulant_pair', 'circulant_threshold',
@@ -53,23 +54,12 @@ def population_attention(mrp:MRP,  # the process, with features `mrp.phi` and st
     return kernel_attention(mrp.phi, W, mrp.d_pi)
 
 # %% ../nbs/05_convergence.ipynb #86b49bf7
-def _states(states, n_states:int, device=None)->torch.Tensor:
-    "States validated as `ictd.wstd` validates them: integers, or integer-valued floats, of shape (..., n+1), n >= 1."
-    S = states if isinstance(states, torch.Tensor) else torch.as_tensor(np.asarray(states))
-    if S.is_floating_point():
-        if not (torch.isfinite(S).all() and (S == S.round()).all()): raise ValueError("`states` must hold integer state indices")
-        S = S.long()
-    if S.dtype == torch.bool or S.is_complex() or S.ndim < 1 or S.shape[-1] < 2:
-        raise ValueError(f"`states` must be an integer array of shape (..., n+1) with n >= 1, got {tuple(S.shape)} {S.dtype}")
-    if ((S < 0) | (S >= n_states)).any(): raise ValueError(f"`states` must lie in 0..{n_states - 1}")
-    return S.long().to(device or S.device)
-
 def key_counts(states,        # (..., n+1) integer states S_0..S_n
                n_states:int,  # number of states s
                dtype=torch.float64,
               )->torch.Tensor: # (..., s) N(y): how many of the keys S_0..S_{n-1} are in state y
     "Number of keys (transition start states) of a context in each state."
-    S = _states(states, n_states)
+    S = check_states(states, n_states)
     return torch.nn.functional.one_hot(S[..., :-1], n_states).to(dtype).sum(-2)
 
 def empirical_attention(phi,     # (..., s, d) state features
@@ -97,7 +87,7 @@ def empirical_mrp(states,        # (..., n+1) integer states S_0..S_n
                   n_states:int,  # number of states s
                  )->tuple:       # (N (..., s) key counts, P_hat (..., s, s), r_hat (..., s)); zero rows for states never left
     "The empirical MRP of a context: key counts, transition frequencies and mean rewards per state."
-    S = _states(states, n_states)
+    S = check_states(states, n_states)
     R = as_tensor(rewards, "rewards", device=S.device)
     if R.shape != S.shape[:-1] + (S.shape[-1] - 1,): raise ValueError(f"`rewards` must have shape {tuple(S.shape[:-1]) + (S.shape[-1] - 1,)} to match `states`, got {tuple(R.shape)}")
     E = torch.nn.functional.one_hot(S[..., :-1], n_states).to(R.dtype)
@@ -377,11 +367,19 @@ def slope_interval(x,                 # (k,) positive abscissae
     q = boot.quantile(torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=v.dtype))
     return loglog_slope(x, v.mean(0))[0], q[0].item(), q[1].item()
 
+def significant(t:torch.Tensor,  # values to plot
+                digits:int=9,    # significant digits kept
+               )->torch.Tensor:  # `t` rounded to `digits` significant digits (zeros stay zero)
+    "Values rounded to `digits` significant digits, so that a figure does not change with round-off in their last digits."
+    step = 10 ** (torch.floor(torch.log10(t.abs().clamp(min=1e-300))) - digits + 1)
+    return torch.round(t / step) * step
+
 def plot_floor(sweep:dict,  # output of `depth_experiment`
               ):            # the matplotlib figure
     "Experiment 2: the floor against the context length (mean, on key states, and Proposition 3's bound), and the floor against its bound per context."
     import matplotlib.pyplot as plt
     ns = torch.tensor(sweep["ns"], dtype=torch.float64)
+    sweep = sweep | {k: significant(sweep[k]) for k in ("floors", "key_floors", "floor_bounds")}   # round-off cannot move a pixel
     floors, keys = sweep["floors"], sweep["all_keys"]
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
     slope, intercept = loglog_slope(ns, floors.mean(0))

@@ -4,7 +4,7 @@
 
 # %% ../nbs/07_linear.ipynb #faafb363
 from __future__ import annotations
-import dataclasses, functools, itertools, json, math
+import dataclasses, functools, inspect, itertools, json, math
 from dataclasses import dataclass
 from pathlib import Path
 import torch
@@ -23,16 +23,17 @@ from .wstd import batch_linear_td, context_tensors, weighted_softmax_td
 from .core import jsonable
 
 # %% auto #0
-__all__ = ['ICLR_LINEAR', 'SLIDING_CHUNK', 'ICLR_REFERENCE', 'ICLR_SEED0', 'THETA_STAR_GRID', 'TUNING_GRIDS',
-           'build_linear_prompt', 'linear_attention', 'LinearAttentionLayer', 'td_parameters', 'LinearICTD',
-           'moment_predict', 'query_each_state', 'values_and_gradients', 'value_difference',
-           'implicit_weight_similarity', 'sensitivity_similarity', 'pq_summary', 'align_signs', 'start_distributions',
-           'sliding_windows', 'sliding_td_loss', 'sliding_td_coefficients', 'td_semigradient_poly', 'fit_td_step',
-           'td_semigradient_chunks', 'fitted_td_step', 'linear_init', 'linear_prompt', 'linear_predict',
-           'linear_module', 'linear_measures', 'linear_metrics', 'sliding_chunk', 'sliding_sample', 'sliding_eval_set',
-           'aligned_history', 'summarise_linear', 'plot_linear_pretraining', 'plot_pq', 'reference_table',
-           'reproduce_iclr', 'softmax_in_context', 'softmax_measures', 'msve_against_depth', 'side_by_side',
-           'plot_side_by_side', 'query_softmax_td', 'tuned_side_by_side', 'plot_tuned_side_by_side']
+__all__ = ['FIT_CHUNK', 'FIT_TRAJECTORIES', 'FIT_STEPS', 'ICLR_LINEAR', 'SLIDING_CHUNK', 'ICLR_REFERENCE', 'ICLR_SEED0',
+           'THETA_STAR_GRID', 'TUNING_GRIDS', 'build_linear_prompt', 'linear_attention', 'LinearAttentionLayer',
+           'td_parameters', 'LinearICTD', 'moment_predict', 'query_each_state', 'values_and_gradients',
+           'value_difference', 'implicit_weight_similarity', 'sensitivity_similarity', 'pq_summary', 'align_signs',
+           'start_distributions', 'sliding_windows', 'sliding_td_loss', 'sliding_td_coefficients',
+           'td_semigradient_poly', 'fit_td_step', 'td_semigradient_chunks', 'fitted_td_step', 'linear_init',
+           'linear_prompt', 'linear_predict', 'linear_module', 'linear_measures', 'linear_metrics', 'sliding_chunk',
+           'sliding_sample', 'sliding_eval_set', 'aligned_history', 'summarise_linear', 'plot_linear_pretraining',
+           'plot_pq', 'reference_table', 'reproduce_iclr', 'softmax_in_context', 'softmax_measures',
+           'msve_against_depth', 'side_by_side', 'plot_side_by_side', 'query_softmax_td', 'tuned_side_by_side',
+           'plot_tuned_side_by_side']
 
 # %% ../nbs/07_linear.ipynb #ecb1f41d
 def build_linear_prompt(phi_states,   # (..., n+1, d) features of S_0..S_n
@@ -304,16 +305,18 @@ def fit_td_step(g:np.polynomial.Polynomial,  # expected semi-gradient in alpha
     return float(pick[0])
 
 # %% ../nbs/07_linear.ipynb #19bc70f2
+FIT_CHUNK, FIT_TRAJECTORIES, FIT_STEPS = 64, 5, 65   # tasks per chunk, trajectories per task, steps per trajectory beyond n
+
 @functools.lru_cache(maxsize=16)
 def td_semigradient_chunks(n:int, n_layers:int, gamma:float, n_states:int=10, d:int=4,
-                           n_tasks:int=1024,  # fresh tasks in chunks of 64, 5 trajectories of 64 windows each
-                          )->tuple:           # one semi-gradient polynomial per chunk of 64 tasks
+                           n_tasks:int=1024,  # fresh tasks, in chunks of FIT_CHUNK, FIT_TRAJECTORIES trajectories each
+                          )->tuple:           # one semi-gradient polynomial per chunk of FIT_CHUNK tasks
     "The sliding-window TD semi-gradient of the batch-TD Transformer in its step size, per chunk of fresh tasks (cached)."
-    polys, rep = [], lambda x: x.repeat_interleave(5, 0)
-    for first in range(0, n_tasks, 64):
-        tasks = random_tasks(min(64, n_tasks - first), seed=123_456 + first, n_states=n_states, d=d, gamma=gamma)
+    polys, rep = [], lambda x: x.repeat_interleave(FIT_TRAJECTORIES, 0)
+    for first in range(0, n_tasks, FIT_CHUNK):
+        tasks = random_tasks(min(FIT_CHUNK, n_tasks - first), seed=123_456 + first, n_states=n_states, d=d, gamma=gamma)
         gen = torch.Generator().manual_seed(first)
-        states = sample_trajectories(rep(tasks.P), n + 65, rep(start_distributions(len(tasks), n_states, gen)), seed=gen)
+        states = sample_trajectories(rep(tasks.P), n + FIT_STEPS, rep(start_distributions(len(tasks), n_states, gen)), seed=gen)
         polys.append(td_semigradient_poly(*sliding_td_coefficients(rep(tasks.phi), rep(tasks.r), states, n, gamma, n_layers), gamma))
     return tuple(polys)
 
@@ -618,7 +621,7 @@ def query_softmax_td(phi_states,        # (..., n+1, d) features of S_0..S_n
 TUNING_GRIDS = {
     "linear attention": dict(alpha=(0.25, 0.5, 1., 2., 4., 8., 16., 32., 64.)),
     "softmax attention": dict(alpha=(0.25, 0.5, 1., 1.5, 2.), beta=(0.5, 1., 2., 4., 8., 16., 32., 64.)),
-    "query-normalised softmax (ablation)": dict(alpha=(-16., -1., 1., 16.), beta=(-4., -1., 1., 4.)),
+    "query-normalised softmax (ablation)": dict(alpha=(-64., -16., -4., -1., 1., 4.), beta=(-16., -4., -1., -0.25, 0.25, 1., 4., 16.)),
 }
 
 def _method_values(method:str, phi_s, R, phi_q, gamma, depth, alpha, beta=None):

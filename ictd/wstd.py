@@ -8,10 +8,11 @@ import math
 import numpy as np
 import torch
 from .boyan import as_tensor, check_gamma
+from .core import check_int
 
 # %% auto #0
 __all__ = ['context_tensors', 'context_weights', 'weighted_softmax_td', 'batch_linear_td', 'two_head_linear_td',
-           'centred_softmax_td', 'centred_linear_td', 'batch_tabular_td', 'certainty_equivalence']
+           'centred_softmax_td', 'centred_linear_td', 'check_states', 'batch_tabular_td', 'certainty_equivalence']
 
 # %% ../nbs/01_weighted_softmax_td.ipynb #b9c479fa
 def _broadcast(batch:tuple, shape:tuple, name:str)->tuple:
@@ -203,7 +204,12 @@ def centred_linear_td(phi_states,         # (..., n+1, d) features of S_0..S_n
     return _linear_td(keys, X, R, gamma, n_iters, keys.new_zeros(torch.broadcast_shapes(keys.shape[:-2], C.shape[:-2]) + (d,)), step, return_all)
 
 # %% ../nbs/01_weighted_softmax_td.ipynb #ce026d80
-def _states(states, n_states:int)->torch.Tensor:
+def check_states(states,          # (..., n+1) state indices S_0..S_n: integers, or integer-valued floats
+                 n_states:int,    # number of states s; indices must lie in 0..s-1
+                 device=None,     # device of the result; default that of `states`
+                )->torch.Tensor:  # (..., n+1) int64 states
+    "Integer state indices of a trajectory, or a `ValueError` naming `states` (or `n_states`) and what was expected."
+    n_states = check_int(n_states, "n_states", low=1)
     s = states if isinstance(states, torch.Tensor) else torch.as_tensor(np.asarray(states))
     if s.is_floating_point():
         if not (torch.isfinite(s).all() and (s == s.round()).all()): raise ValueError("`states` must hold integer state indices")
@@ -211,12 +217,12 @@ def _states(states, n_states:int)->torch.Tensor:
     if s.dtype == torch.bool or s.is_complex() or s.ndim < 1 or s.shape[-1] < 2:
         raise ValueError(f"`states` must be an integer array of shape (..., n+1) with n >= 1, got {tuple(s.shape)} {s.dtype}")
     if ((s < 0) | (s >= n_states)).any(): raise ValueError(f"`states` must lie in 0..{n_states - 1}")
-    return s.long()
+    return s.long().to(device or s.device)
 
 def _tabular_context(states, rewards, n_states):
     n_states = _count(n_states, "n_states")
     if n_states < 1: raise ValueError("`n_states` must be a positive integer, got 0")
-    S = _states(states, n_states)
+    S = check_states(states, n_states)
     R = as_tensor(rewards, "rewards", device=S.device)
     if R.ndim < 1 or R.shape[-1] != S.shape[-1] - 1: raise ValueError(f"`rewards` must have shape (..., {S.shape[-1] - 1}) to match `states`, got {tuple(R.shape)}")
     batch = _broadcast(S.shape[:-1], R.shape[:-1], "rewards")

@@ -4,7 +4,7 @@
 # %%
 #| export
 from __future__ import annotations
-import dataclasses, functools, itertools, json, math
+import dataclasses, functools, inspect, itertools, json, math
 from dataclasses import dataclass
 from pathlib import Path
 import torch
@@ -310,7 +310,7 @@ test_close(worst, 0., eps=1e-12)
 P_td, Q_td = LinearICTD.from_td(4, 3, 2.5).stacked_params()
 test_eq(((P_td != 0).sum().item(), (Q_td != 0).sum().item()), (1, 8))
 test_close(LinearICTD.from_td(4, 3, 2.5).predict(Z, n=40), batch_linear_td(mrp.phi[S], R, 2.5, mrp.gamma, 3, phi_queries=mrp.phi)[..., 41:], eps=1e-9)
-worst
+print("largest relative gap to batch linear TD over the 20 tasks: below 1e-12")
 
 # %% [markdown]
 # Batched prompts run at once, each query's answer ignores the other queries, and malformed prompts
@@ -519,13 +519,13 @@ iws_p, vd_p, ss_p
 # The data protocol of Wang et al. (2025) differs from chapter 6's independent stationary prompts.
 # For each task (a random Boyan chain with its own random features) it runs **5 mini-batches**; each
 # mini-batch is **one trajectory** started from a random, not stationary, distribution $\mu$ of the
-# task (entries uniform on $[0.01, 0.99]$, normalised), cut into **64 consecutive overlapping
-# windows**: window $k$ has the context transitions $S_k \to S_{k+1}, \dots, S_{k+n-1} \to S_{k+n}$
+# task (entries uniform on $[0.01, 0.99]$, normalised), cut into **$B + 1$ consecutive overlapping
+# windows** for a mini-batch size $B$ (counted from the sampler after the configuration below): window $k$ has the context transitions $S_k \to S_{k+1}, \dots, S_{k+n-1} \to S_{k+n}$
 # and the query $S_{k+n+1}$. The TD error pairs window $k$'s query with window $k+1$'s, whose context
 # has slid by one transition:
 #
 # $$\delta_k = r(S_{k+n+1}) + \gamma\, \mathrm{TF}(Z^{(k+1)}) - \mathrm{TF}(Z^{(k)}), \qquad
-# \text{loss} = \frac1{64} \sum_{k<64} \delta_k^2 \text{ with } \mathrm{TF}(Z^{(k+1)}) \text{ held fixed}.$$
+# \text{loss} = \frac1{B} \sum_{k<B} \delta_k^2 \text{ with } \mathrm{TF}(Z^{(k+1)}) \text{ held fixed}.$$
 #
 # Here is the sampler: tasks with their start distributions, one trajectory per task, and its
 # windows as prompts.
@@ -601,7 +601,8 @@ test_close(v_demo.grad, torch.tensor([-0.5, 1.5, 0.]), eps=1e-12)
 # sliding-window loss, started at $\alpha = 1$. The fitted $\alpha$ does not depend on the trained
 # model, only on the task distribution, so we compute once the point where $g$ changes sign from
 # $+$ to $-$ nearest to 1 (the stable point of its flow from $\alpha = 1$). (The predecessor trains
-# $\alpha$ alongside the model with Adam; after thousands of tasks it sits at this point up to noise.)
+# $\alpha$ alongside the model with Adam; we do not train it, and have not checked where a trained
+# $\alpha$ ends; the spread of the single-chunk fits below shows how far a fit on few tasks can sit from it.)
 #
 # This is cheap and exact because $v_{TD}$ is a polynomial of degree $L$ in $\alpha$. Batch TD on
 # a window's context is $w \leftarrow w + \alpha(b - Mw)$ with $M = \frac1n\sum_i \phi(S_i)(\phi(S_i) -
@@ -679,19 +680,20 @@ test_close((coef * 2.7 ** torch.arange(4, dtype=torch.float64)).sum(-1), v.detac
 auto, = torch.autograd.grad(((rw + mrp.gamma * v[..., 1:] - v[..., :-1]).detach() * v[..., :-1]).mean(), a)
 test_close(td_semigradient_poly(coef, rw, mrp.gamma)(2.7), auto.item(), eps=1e-10)
 
-
 # %%
 #| export
+FIT_CHUNK, FIT_TRAJECTORIES, FIT_STEPS = 64, 5, 65   # tasks per chunk, trajectories per task, steps per trajectory beyond n
+
 @functools.lru_cache(maxsize=16)
 def td_semigradient_chunks(n:int, n_layers:int, gamma:float, n_states:int=10, d:int=4,
-                           n_tasks:int=1024,  # fresh tasks in chunks of 64, 5 trajectories of 64 windows each
-                          )->tuple:           # one semi-gradient polynomial per chunk of 64 tasks
+                           n_tasks:int=1024,  # fresh tasks, in chunks of FIT_CHUNK, FIT_TRAJECTORIES trajectories each
+                          )->tuple:           # one semi-gradient polynomial per chunk of FIT_CHUNK tasks
     "The sliding-window TD semi-gradient of the batch-TD Transformer in its step size, per chunk of fresh tasks (cached)."
-    polys, rep = [], lambda x: x.repeat_interleave(5, 0)
-    for first in range(0, n_tasks, 64):
-        tasks = random_tasks(min(64, n_tasks - first), seed=123_456 + first, n_states=n_states, d=d, gamma=gamma)
+    polys, rep = [], lambda x: x.repeat_interleave(FIT_TRAJECTORIES, 0)
+    for first in range(0, n_tasks, FIT_CHUNK):
+        tasks = random_tasks(min(FIT_CHUNK, n_tasks - first), seed=123_456 + first, n_states=n_states, d=d, gamma=gamma)
         gen = torch.Generator().manual_seed(first)
-        states = sample_trajectories(rep(tasks.P), n + 65, rep(start_distributions(len(tasks), n_states, gen)), seed=gen)
+        states = sample_trajectories(rep(tasks.P), n + FIT_STEPS, rep(start_distributions(len(tasks), n_states, gen)), seed=gen)
         polys.append(td_semigradient_poly(*sliding_td_coefficients(rep(tasks.phi), rep(tasks.r), states, n, gamma, n_layers), gamma))
     return tuple(polys)
 
@@ -702,18 +704,27 @@ def fitted_td_step(n:int, n_layers:int, gamma:float, n_states:int=10, d:int=4, n
 
 
 # %% [markdown]
-# For the predecessor's setting ($d = 4$, 10 states, $n = 30$, $L = 3$, $\gamma = 0.9$), on 512
-# fresh tasks with 5 trajectories each (163840 TD errors), with the standard error of the fit
-# estimated from its eight chunks of 64 tasks fitted separately:
+# For the predecessor's setting ($d = 4$, 10 states, $n = 30$, $L = 3$, $\gamma = 0.9$), on the
+# default number of fresh tasks, with the standard error of the fit estimated from its chunks of
+# tasks fitted separately (the counts below are read from the code's defaults and a sampled trajectory):
 
 # %%
 alpha_td = fitted_td_step(30, 3, 0.9)
 chunks = td_semigradient_chunks(30, 3, 0.9)
+n_fit_tasks = inspect.signature(td_semigradient_chunks).parameters["n_tasks"].default
+probe = sample_trajectories(mrp.P[None], 30 + FIT_STEPS, start_distributions(1, 10, gen), seed=gen)
+n_windows = sliding_windows(mrp.phi[None], mrp.r[None], probe, 30, mrp.gamma)[0].shape[-3]
+n_td_errors = n_fit_tasks * FIT_TRAJECTORIES * (n_windows - 1)
+test_eq(len(chunks), -(-n_fit_tasks // FIT_CHUNK))
 chunk_fits = torch.tensor([fit_td_step(p) for p in chunks])
-g_mean = sum(chunks[1:], chunks[0]) / 8
+g_mean = sum(chunks[1:], chunks[0]) / len(chunks)
 assert g_mean(alpha_td - 0.02) > 0 > g_mean(alpha_td + 0.02)
-assert (chunk_fits - alpha_td).abs().max() < 0.5, chunk_fits
-alpha_td, (chunk_fits.std() / 8 ** 0.5).item()
+se_td = (chunk_fits.std() / len(chunks) ** 0.5).item()
+assert abs(chunk_fits.mean().item() - alpha_td) < 3 * se_td, (chunk_fits, alpha_td)
+Markdown(f"{n_fit_tasks} tasks, {FIT_TRAJECTORIES} trajectories each, {n_windows} windows and {n_windows - 1} TD errors per "
+         f"trajectory: {n_td_errors} TD errors in {len(chunks)} chunks of {FIT_CHUNK} tasks. Fitted step size "
+         f"$\\alpha_{{TD}}$ = {alpha_td:.3f} $\\pm$ {se_td:.3f} (s.e. over the {len(chunks)} chunk fits, whose mean is within "
+         f"3 s.e. of the pooled fit); single-chunk fits range from {chunk_fits.min():.2f} to {chunk_fits.max():.2f}.")
 
 # %% [markdown]
 # ## Pretraining the linear Transformer
@@ -725,7 +736,8 @@ alpha_td, (chunk_fits.std() / 8 ** 0.5).item()
 #
 # `ICLR_LINEAR` holds the predecessor's settings: $d = 4$ random features, 10 states, $n = 30$,
 # $L = 3$ layers sharing one $(P, Q)$, $\gamma = 0.9$, Adam with learning rate $10^{-3}$ and weight
-# decay $10^{-6}$, Xavier-normal initialisation with gain $0.1$, mini-batches of 64 windows, 5
+# decay $10^{-6}$, Xavier-normal initialisation with gain $0.1$, mini-batches of `batch_size` TD
+# errors (one trajectory's $B + 1$ windows; the counts are printed after the protocol below), 5
 # mini-batches per task, 4000 tasks (`n_tasks`, so `n_steps` = 20000 optimiser steps), the
 # sliding-window protocol. Every `eval_every` steps we record, on 32 held-out tasks per seed
 # (contexts of $n$ transitions from the task's random start distribution, as the predecessor
@@ -863,6 +875,10 @@ test_close(tiny[1].params["P"], tiny_alone[0].params["P"], eps=1e-12)
 test_close(tiny[1].history["iws"], tiny_alone[0].history["iws"], eps=1e-12)
 test_eq(tiny[0].history["step"].flatten(), torch.tensor([0, 20, 40, 60]))
 test_fail(lambda: pretrain_many(dataclasses.replace(small_sliding, n_steps=61), [0]), contains="`n_steps` must be a multiple of `n_tasks`")
+batch = sliding_sample(ICLR_LINEAR, dict(seeds=[0], device="cpu"), [torch.Generator().manual_seed(0)], 0, {})
+n_win = batch.x.states.shape[-2]   # (seeds, windows, n + 1) context states
+test_eq(n_win, ICLR_LINEAR.batch_size + 1)
+print(f"one mini-batch of the predecessor's configuration: {n_win} windows, {n_win - 1} TD errors (batch_size = {ICLR_LINEAR.batch_size})")
 
 # %% [markdown]
 # The published numbers we compare with are the predecessor's (Wang et al. 2025, as reported in
@@ -1048,17 +1064,21 @@ full_linear = reproduce_iclr(out="data/iclr_linear_30seeds.json")
 plot_linear_pretraining(full_linear);
 
 # %%
-saved = {}
-for f in sorted(Path("data").glob("iclr_linear_*seeds.json")):
+saved, files = {}, sorted(Path("data").glob("iclr_linear_*seeds.json"))
+assert Path("data/iclr_linear_30seeds.json") in files, f"the 30-seed summary is missing from data/ (found {[f.name for f in files]})"
+for f in files:
     js = json.loads(f.read_text())
     saved[f"full protocol, lr {js['config']['lr']:g} (`{f.name}`)"] = js
     summary = {k: dict(mean=v[-1], se=js["se"][k][-1]) for k, v in js["mean"].items()} | dict(seeds=len(js["seeds"]), tasks=int(js["tasks"][-1]))
     display(Markdown(f"Saved by `{js['produced_by']}`:\n\n" + reference_table({f.name: summary})))
 
 # %% [markdown]
-# Against the published values, the saved full-protocol runs (asserted below while their files are
-# there): the implicit weight similarity and the value difference fall in the published ranges, and
-# the $P$ and $Q$ entries have the construction's signs in at least nine seeds in ten (the counts,
+# Against the published values, the saved full-protocol runs (asserted below; the 30-seed file must
+# be there): the value difference falls in the published range; the implicit weight similarity is
+# within 0.05 of the published 0.93 but above it by the number of standard errors printed below,
+# which for 30 seeds is more than noise. Two differences of protocol may explain a higher IWS: we
+# evaluate on held-out tasks, and we compare with batch TD at the step size $\alpha_{TD}$ fitted
+# once (the root above) instead of an $\alpha$ trained alongside the model. The $P$ and $Q$ entries have the construction's signs in at least nine seeds in ten (the counts,
 # with a 95% lower confidence bound on the share of seeds, are printed). Their magnitudes come out
 # larger than the published means: most of our seeds come near the magnitudes published for the
 # predecessor's seed 0 (the last row of the table), while a seed that is slow to leave the
@@ -1072,7 +1092,9 @@ for label, js in saved.items():
     signs = (final["trQ11"] < 0) & (final["trQ12"] > 0) & (final["P_last"] > 0)
     S = len(js["seeds"])
     assert signs.sum() >= 0.9 * S, (label, int(signs.sum()))
-    print(f"{label}: the construction's signs in {int(signs.sum())} of {S} seeds (share >= {lower_bound(int(signs.sum()), S):.2f} at 95%)")
+    z_iws = (js["mean"]["iws"][-1] - ICLR_REFERENCE["iws"]) / js["se"]["iws"][-1]
+    print(f"{label}: IWS {js['mean']['iws'][-1]:.3f} +- {js['se']['iws'][-1]:.3f}, {z_iws:.1f} s.e. from the published {ICLR_REFERENCE['iws']}; "
+          f"the construction's signs in {int(signs.sum())} of {S} seeds (share >= {lower_bound(int(signs.sum()), S):.2f} at 95%)")
     display(Markdown(f"{label}:\n\n| seed | " + " | ".join(map(str, js["seeds"])) + " |\n" + "|---" * (len(js["seeds"]) + 1) + "|\n"
                      + "\n".join(f"| {k} | " + " | ".join(f"{x:.3g}" for x in final[k].tolist()) + " |" for k in ("iws", "vd", "P_last", "trQ11", "trQ12"))))
 
@@ -1324,7 +1346,7 @@ assert (variant.predict(two_queries, n=25)[0] - variant.predict(one_query_each[0
 TUNING_GRIDS = {
     "linear attention": dict(alpha=(0.25, 0.5, 1., 2., 4., 8., 16., 32., 64.)),
     "softmax attention": dict(alpha=(0.25, 0.5, 1., 1.5, 2.), beta=(0.5, 1., 2., 4., 8., 16., 32., 64.)),
-    "query-normalised softmax (ablation)": dict(alpha=(-16., -1., 1., 16.), beta=(-4., -1., 1., 4.)),
+    "query-normalised softmax (ablation)": dict(alpha=(-64., -16., -4., -1., 1., 4.), beta=(-16., -4., -1., -0.25, 0.25, 1., 4., 16.)),
 }
 
 def _method_values(method:str, phi_s, R, phi_q, gamma, depth, alpha, beta=None):
@@ -1413,13 +1435,14 @@ Markdown("| features | method | tuned parameters | tuning MSVE at $L = 40$ (medi
 #   stays an order of magnitude above tuned softmax on almost every chain;
 # * the predecessor's **query-normalised** variant, tuned over signed grids, is far worse than both
 #   (on one-hot features no better than predicting zero): normalising over the targets does not give
-#   a TD update. Its tuned values sit on the edge of its grid; the ablation shows the direction of
-#   normalisation matters, not the best such model.
+#   a TD update. Its signed grids were widened until its tuned values sit inside them (asserted
+#   below, as for the other two methods); the ablation shows the direction of normalisation
+#   matters, not the best such model.
 
 # %%
 def interior(value, grid): return min(grid) < value < max(grid)
 for res in fair.values():
-    for m in ("linear attention", "softmax attention"):
+    for m in TUNING_GRIDS:
         assert all(interior(v, TUNING_GRIDS[m][k]) for k, v in res[m]["params"].items()), (m, res[m]["params"])
 final = {feat: {m: r["curves"][:, -1] for m, r in res.items()} for feat, res in fair.items()}
 lin1, soft1, abl1 = final["one-hot"].values()
