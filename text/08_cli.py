@@ -150,7 +150,6 @@ test_eq(seed_list("0-4,7"), [0, 1, 2, 3, 4, 7])
 test_eq(seed_list("3"), [3])
 for bad in ("4-2", "a", "-1", "0-"): test_fail(lambda: seed_list(bad), contains="must be seeds like")
 
-
 # %% [markdown]
 # The slow studies of chapter 6b, by name: what `ictd mechanism STUDY` runs, and what it writes.
 
@@ -419,6 +418,7 @@ show_doc(run_convergence)
 
 # %%
 show_doc(run_pretrain)
+
 
 # %% [markdown]
 # `main` parses the arguments and dispatches; `ictd all` runs each command with its defaults into
