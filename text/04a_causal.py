@@ -28,6 +28,14 @@ from ictd.boyan import random_boyan_chain, sample_trajectory, msve
 from ictd.tasks import random_tasks, sample_trajectories
 from ictd.wstd import weighted_softmax_td
 from ictd.model import SoftmaxICTD
+from ictd.wstd import context_weights
+import dataclasses, datetime, json, subprocess, time
+from ictd.pretrain import EMERGENCE
+from pathlib import Path
+from ictd.emergence import mean_se
+
+# %%
+#| hide
 torch.set_num_threads(1)
 
 # %% [markdown]
@@ -167,7 +175,6 @@ phi, W2 = mrp.phi[st], 2 * torch.eye(4, dtype=torch.float64)
 K = prefix_weights(phi, W2, mrp.phi)
 test_close(K.sum(0), torch.cat([torch.zeros(1), torch.ones(12 + 10)]).double(), eps=1e-14)
 test_eq((K != 0), visible_transitions(12, 10).T)
-from ictd.wstd import context_weights
 test_close(prefix_weights(phi, W2, mrp.phi, order="none"), context_weights(phi, W2, mrp.phi), eps=1e-14)
 kernel = torch.exp(phi[:-1] @ W2 @ mrp.phi[3]) * torch.arange(1., 13, dtype=torch.float64) ** 1.5
 test_close(prefix_weights(phi, W2, mrp.phi, recency=1.5)[:, 13 + 3], kernel / kernel.sum(), eps=1e-14)
@@ -1129,8 +1136,6 @@ def causal_pretrain_summary(config:PretrainConfig,  # the decoder's configuratio
 
 # %%
 #| eval: false
-import dataclasses, datetime, json, subprocess, time
-from ictd.pretrain import EMERGENCE
 t0, commit = time.time(), subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
 summary = causal_pretrain_summary(dataclasses.replace(EMERGENCE, attention="causal"), list(range(10)))
 summary["provenance"] = dict(command="the eval: false cell of nbs/04a_causal.ipynb, run from the repository root with OMP_NUM_THREADS=1",
@@ -1138,8 +1143,6 @@ summary["provenance"] = dict(command="the eval: false cell of nbs/04a_causal.ipy
 json.dump(summary, open("nbs/data/causal_pretrain.json", "w"), indent=1)
 
 # %%
-from pathlib import Path
-from ictd.emergence import mean_se
 pre = json.loads(next(p for p in (Path("data/causal_pretrain.json"), Path("nbs/data/causal_pretrain.json")) if p.exists()).read_text())
 prov, seeds_pre = pre["provenance"], pre["per_seed"]
 test_eq(len(seeds_pre), 10)

@@ -24,6 +24,10 @@ from nbdev.showdoc import *
 #| hide
 import matplotlib.pyplot as plt
 from IPython.display import Markdown
+from ictd.tasks import random_tasks
+from ictd.model import population_neu
+from ictd.emergence import best_theta_star, neu_jackknife
+from ictd.model import theta_star
 
 
 # %% [markdown]
@@ -147,7 +151,6 @@ def centred_msve(v_hat:torch.Tensor,  # (B, s) value estimates of each task
 show_doc(centred_msve)
 
 # %%
-from ictd.tasks import random_tasks
 ct = random_tasks(32, seed=5)
 floor = (ct.d_pi * (ct.v_pi - (ct.d_pi * ct.v_pi).sum(-1, keepdim=True)).square()).sum(-1)
 test_close(centred_msve(torch.full_like(ct.v_pi, 3.), ct), floor, eps=1e-12)
@@ -929,7 +932,6 @@ show_doc(update_jacobian)
 # A check against central differences of $g$ itself, and $\|g\|^2$ against `population_neu`:
 
 # %%
-from ictd.model import population_neu
 jt = random_tasks(2, seed=2, d=2)
 jm = SoftmaxICTD(2, 2, init_gain=0.5, seed=6)
 g0, J0 = update_jacobian(jm, jt)
@@ -953,7 +955,6 @@ for j in (20, 77):
 # specification's construction) and at the best-fit $\theta^*$ of the emergence chapter's grid:
 
 # %%
-from ictd.emergence import best_theta_star, neu_jackknife
 star_points = {"theta* (beta 1, alpha 1)": (1., 1.)} | {"best-fit theta* (beta {1:g}, alpha {0:g})".format(*best_theta_star(EMERGENCE)): best_theta_star(EMERGENCE)[::-1]}
 jac_tasks = held_out_prompts(dataclasses.replace(EMERGENCE, eval_tasks=8, seed=1000))[0]
 at_star = {}
@@ -994,6 +995,7 @@ axs[1].set(yscale="log", xlabel="training step", ylabel=r"NEU at $n = \infty$", 
 axs[2].set(xlabel="training step", ylabel="weight", title="Last layer's current-value weight")
 axs[2].legend(fontsize=7); fig.tight_layout()
 
+
 # %% [markdown]
 # Each curve is the mean over ten seeds with a band of one standard error; dashed: the perturbed
 # starts. Where does training go? The relative distance of the final parameters from the starting
@@ -1001,7 +1003,6 @@ axs[2].legend(fontsize=7); fig.tight_layout()
 # per seed:
 
 # %%
-from ictd.model import theta_star
 def _distance(run):
     c = PretrainConfig(**run["config"])
     star = torch.stack([torch.stack(theta_star(4, c.init_beta * torch.eye(4, dtype=torch.float64), c.init_alpha, c.gamma))] * c.n_layers)   # (L, 3, D, D)
