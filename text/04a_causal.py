@@ -775,10 +775,8 @@ def floor_vs_n(features, ns, lams, beta, n_tasks=20, seed=300):
     return {k: torch.tensor(v) for k, v in rows.items()}
 
 NS, LAMS = (25, 50, 100, 200, 400), (0., 2., 4., 9.)
-t0 = time.time()
 floors = floor_vs_n("onehot", NS, LAMS, 8.)
 slopes = {k: np.polyfit(np.log(NS[2:]), np.log(v[2:].numpy()), 1)[0] for k, v in floors.items()}
-print(f"{time.time() - t0:.1f} s")
 predicted = {f"decoder, lambda = {lam:g}": f"{-2 * (lam + 1) * (1 - 0.9):.2f}" for lam in LAMS}
 Markdown("| construction | " + " | ".join(f"n = {n}" for n in NS) + " | slope of log MSVE on log n (n >= 100) | mean-field prediction |\n|---|" + "---|" * (len(NS) + 2) + "\n" +
          "\n".join(f"| {k} | " + " | ".join(f"{x:.3g}" for x in v) + f" | {slopes[k]:.2f} | {predicted.get(k, '—')} |" for k, v in floors.items()))
@@ -806,17 +804,13 @@ def tune(features, grid, n, L=80):
     errs = [depth_curves(features, n, {0: kw}, L=L, n_tasks=10, seed=500)[0][-1].item() for kw in grid]
     return grid[int(np.argmin(errs))], min(errs)
 
-t0 = time.time()
 CTX = (30, 100, 400)
 tuned = {(f, n): dict(TD=tune(f, GRID_TD, n)[0], decoder=tune(f, GRID_DEC, n)[0]) for f in FEATURES for n in CTX}
-print(f"tuning: {time.time() - t0:.1f} s")
 Markdown("| features | n | non-causal TD: alpha, beta | decoder: beta, lambda |\n|---|---|---|---|\n" +
          "\n".join(f"| {f} | {n} | {t['TD']['alpha']:g}, {t['TD']['beta']:g} | {t['decoder']['beta']:g}, {t['decoder']['recency']:g} |" for (f, n), t in tuned.items()))
 
 # %%
-t0 = time.time()
 curves = {(f, n): depth_curves(f, n, {"non-causal TD": tuned[(f, n)]["TD"], "decoder": tuned[(f, n)]["decoder"]}) for f in FEATURES for n in CTX}
-print(f"curves: {time.time() - t0:.1f} s")
 fig, axs = plt.subplots(1, 3, figsize=(12, 3.8), sharey=True)
 for ax, f in zip(axs, FEATURES):
     for n, color in zip(CTX, ("C0", "C1", "C2")):
@@ -979,15 +973,28 @@ def cost_per_transition(t, L, kw_dec, kw_td, k=8, seed=31):
     test_close(v_cached, v_dec, eps=1e-10)
     return (t1 - t0) / k, (t2 - t1) / k, (t3 - t2) / k
 
-rows_t = []
-for t_len in (100, 200, 400, 800):
-    c, s, nc = cost_per_transition(t_len, 10, tuned[("onehot", 400)]["decoder"], tuned[("onehot", 400)]["TD"])
-    rows_t.append(f"| {t_len} | {1e3 * c:.2f} | {1e3 * s:.2f} | {1e3 * nc:.2f} | {s / c:.1f} | {nc / c:.1f} |")
+def save_stream_costs(path="data/causal_streaming.json"):
+    "Time `cost_per_transition` at t = 100..800 and save it with the commit and date (timings change from run to run, so the book shows a saved run)."
+    costs = {t_len: cost_per_transition(t_len, 10, tuned[("onehot", 400)]["decoder"], tuned[("onehot", 400)]["TD"]) for t_len in (100, 200, 400, 800)}
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    prov = dict(command="save_stream_costs() in nbs/04a_causal.ipynb, run from nbs/ with OMP_NUM_THREADS=1", commit=commit,
+                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), threads=torch.get_num_threads())
+    Path(path).write_text(json.dumps(dict(provenance=prov, seconds={str(t): list(c) for t, c in costs.items()}), indent=1))
+
+
+# %%
+#| eval: false
+save_stream_costs()
+
+# %%
+stream_costs = json.loads(next(p for p in (Path("data/causal_streaming.json"), Path("nbs/data/causal_streaming.json")) if p.exists()).read_text())
+rows_t = [f"| {t_len} | {1e3 * c:.2f} | {1e3 * s:.2f} | {1e3 * nc:.2f} | {s / c:.1f} | {nc / c:.1f} |" for t_len, (c, s, nc) in stream_costs["seconds"].items()]
+print(f"timed by commit {stream_costs['provenance']['commit'][:10]} on {stream_costs['provenance']['date']}, {stream_costs['provenance']['threads']} thread")
 Markdown("| transitions so far t | decoder, KV cache (ms) | decoder, fresh pass (ms) | non-causal, fresh pass (ms) | fresh decoder / cache | fresh non-causal / cache |\n|---|---|---|---|---|---|\n" + "\n".join(rows_t))
 
 # %% [markdown]
 # *Table: the cost of refreshing the estimates at all 10 queries when one more transition arrives, at
-# depth 10, one thread, mean of 8 transitions; the ratios are measured in the same run.* The cached
+# depth 10, one thread, mean of 8 transitions; the ratios are measured in the same run, saved in `nbs/data/causal_streaming.json` (timings change from run to run; `save_stream_costs()` remakes the file).* The cached
 # step attends to $t$ keys per layer; the fresh passes build $t \times t$ attentions. At these
 # lengths the cached step is dominated by fixed per-layer overhead, so its advantage grows with $t$.
 
