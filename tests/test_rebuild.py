@@ -1,12 +1,13 @@
 """Rebuilding the book leaves the repository as it was: re-executing a chapter as `make docs` does
 (`tools/execute_nbs.py`, then `nbdev_clean`) writes the committed notebook byte for byte. Run on the fast
-chapters (seconds each), on a copy beside the original so that relative paths resolve; a failure shows the
+that take under half a minute, on a copy beside the original so that relative paths resolve; a failure shows the
 outputs that changed, which usually means a cell shows digits that vary from run to run or machine to machine."""
 import difflib, json, os, shutil
 import pytest
 from conftest import ROOT, run
 
-FAST = ['index.ipynb', '00_boyan.ipynb', '00a_tasks.ipynb', '02_prompt.ipynb']
+FAST = ['index.ipynb', '00_boyan.ipynb', '00a_tasks.ipynb', '00b_core.ipynb', '01_weighted_softmax_td.ipynb', '02_prompt.ipynb',
+        '03_dual_head.ipynb', '04_tsm.ipynb', '04a_causal.ipynb', '05_convergence.ipynb']
 
 
 def outputs(nb):
