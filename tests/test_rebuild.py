@@ -1,5 +1,5 @@
 """Rebuilding the book leaves the repository as it was: re-executing a chapter as `make docs` does
-(`tools/execute_nbs.py`, then `nbdev_clean`) writes the committed notebook byte for byte. Run on the fast
+(`tools/execute_nbs.py`, then `nbdev_clean`) writes the committed notebook byte for byte. Run on the chapters
 that take under half a minute, on a copy beside the original so that relative paths resolve; a failure shows the
 outputs that changed, which usually means a cell shows digits that vary from run to run or machine to machine."""
 import difflib, json, os, shutil

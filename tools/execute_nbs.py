@@ -9,9 +9,10 @@ process of its own (what a chapter shows does not depend on which chapters ran b
 a cell returns as its value is shown with `DIGITS` significant digits (IPython's plain-text formatter: bare
 floats and floats in tuples, lists and dicts; the last digits of a float64 result vary between machines and
 BLAS builds). What a cell prints itself, it formats itself.
-Usage: python tools/execute_nbs.py nbs [--flags slow]
+Usage: python tools/execute_nbs.py nbs [--flags slow] [--jobs N]
 """
 import argparse, os, subprocess, sys, time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from execnb.nbio import read_nb, write_nb
 from execnb.shell import CaptureShell
@@ -48,13 +49,17 @@ if __name__ == '__main__':
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument('paths', nargs='+')
     ap.add_argument('--flags', default='', help='space-separated test flags to run (default: none)')
+    ap.add_argument('--jobs', type=int, default=os.cpu_count() or 1, help='notebooks executed at once, one process and one thread each (default: the number of cores)')
     a = ap.parse_args()
     flags = set(get_config().tst_flags.split()) - set(a.flags.split())
     # a folder's notebooks, scratch ones (`_name.ipynb`) left out; a notebook named explicitly always runs
     fns = sorted(q for p in map(Path, a.paths) for q in ([p] if p.is_file() else (q for q in p.glob('*.ipynb') if not q.name.startswith('_'))))
     if len(fns) > 1:  # one process per notebook, so that no chapter sees the state (torch's RNG, defaults) another left
-        for fn in fns: subprocess.run([sys.executable, __file__, str(fn), '--flags', a.flags], check=True)
-        sys.exit()
+        run_one = lambda fn: subprocess.run([sys.executable, __file__, str(fn), '--flags', a.flags]).returncode
+        by_size = sorted(fns, key=lambda f: -f.stat().st_size)  # the big chapters first, so that the last to finish is short
+        with ThreadPoolExecutor(a.jobs) as pool: codes = dict(zip(by_size, pool.map(run_one, by_size)))
+        failed = [str(f) for f, c in codes.items() if c]
+        sys.exit(f'failed: {" ".join(failed)}' if failed else 0)
     for fn in fns:
         t = time.time()
         execute(fn.resolve(), flags)
