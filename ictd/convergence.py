@@ -5,6 +5,7 @@
 # %% ../nbs/05_convergence.ipynb #908e551b
 from __future__ import annotations
 import itertools
+import warnings
 import math
 from pathlib import Path
 import numpy as np
@@ -965,6 +966,9 @@ def diagonality_threshold(gamma:float,  # discount factor in [0, 1)
                          )->float:      # the certified lower bound on m*(gamma, alpha, s)
     "The book's certified value of $m^*$: the best of the circulant bound and the stored search certificates (Proposition 5, item 2, for smaller s and alpha)."
     m = circulant_threshold(gamma, alpha, n_states)["m"]
+    if certificates is None and not THRESHOLD_FILE.exists():
+        warnings.warn(f"no certificate file at {THRESHOLD_FILE} (an installed package has no nbs/data/): returning the circulant bound alone, "
+                      "which can be lower than the book's certified value; pass `certificates=` to use a saved file")
     if certificates is None: certificates = load_threshold_certificates()["records"] if THRESHOLD_FILE.exists() else []
     for r in certificates:
         if r["gamma"] == gamma and r["alpha"] <= alpha and r["n_states"] <= n_states and r["m"] > m:

@@ -118,3 +118,12 @@ def test_high_probability_floor_bounds_hold():
     bound = floor_hp_bound(N.amin(-1), tb.v_pi, tb.gamma, n, delta=0.05)
     assert (floor[keys] > bound[keys]).double().mean() <= 0.05
     assert (1 - keys.double().mean()) <= missing_state_bound(tb.P, n).mean() + 0.05
+
+
+@pytest.mark.unit
+def test_threshold_without_certificates_says_so(monkeypatch, tmp_path):
+    "Without the certificate file (an installed package) the threshold falls back to the circulant bound, with a warning, not silently."
+    import ictd.convergence as conv
+    monkeypatch.setattr(conv, "THRESHOLD_FILE", tmp_path / "missing.json")
+    with pytest.warns(UserWarning, match="no certificate file"): m = conv.diagonality_threshold(0.9, 1., 3)
+    assert m == conv.circulant_threshold(0.9, 1., 3)["m"]
