@@ -406,6 +406,11 @@ def _iterate(update, v0, R, gamma, n_iters, return_all):
         if return_all: vs.append(v)
     return torch.stack(vs, -2) if return_all else v
 
+def _kernel_iterate(K, R, gamma, n_iters, return_all):
+    "`_iterate` from v = 0 with the kernel update v(x) <- v(x) + sum_k K_k(x) delta_k, K of shape (..., n, m)."
+    v0 = K.new_zeros(K.shape[:-2] + K.shape[-1:])
+    return _iterate(lambda delta: (delta.unsqueeze(-2) @ K).squeeze(-2), v0, R, gamma, n_iters, return_all)
+
 
 # %%
 #| export
@@ -425,8 +430,7 @@ def weighted_softmax_td(phi_states,         # (..., n+1, d) features of S_0..S_n
     alpha, gamma, n_iters = _scalar(alpha, "alpha"), check_gamma(gamma), _count(n_iters, "n_iters")
     K = _weights(keys, X, W, score)
     K = K * (alpha * _rho(rho, keys, X, K.shape[:-2] + K.shape[-1:])).unsqueeze(-2)
-    v0 = X.new_zeros(K.shape[:-2] + K.shape[-1:])
-    return _iterate(lambda delta: (delta.unsqueeze(-2) @ K).squeeze(-2), v0, R, gamma, n_iters, return_all)
+    return _kernel_iterate(K, R, gamma, n_iters, return_all)
 
 
 # %%
@@ -932,8 +936,7 @@ def two_head_linear_td(phi_states,         # (..., n+1, d) features of S_0..S_n,
     c = 1 + gram.abs().amax(-2)                                          # (..., m) shift making the kernel positive
     K = _weights(keys, X, None, lambda k, x: torch.log(c.unsqueeze(-2) + gram))
     K = alpha * ((c + gram.mean(-2)).unsqueeze(-2) * K - c.unsqueeze(-2) / keys.shape[-2])
-    v0 = X.new_zeros(K.shape[:-2] + K.shape[-1:])
-    return _iterate(lambda delta: (delta.unsqueeze(-2) @ K).squeeze(-2), v0, R, gamma, n_iters, return_all)
+    return _kernel_iterate(K, R, gamma, n_iters, return_all)
 
 
 # %%
@@ -1038,8 +1041,7 @@ def centred_softmax_td(phi_states,         # (..., n+1, d) features of S_0..S_n
     keys, X, R = context_tensors(phi_states, rewards, phi_queries)
     alpha, gamma, n_iters = _scalar(alpha, "alpha"), check_gamma(gamma), _count(n_iters, "n_iters")
     K = alpha * (_weights(keys, X, W, None) - 1 / keys.shape[-2])
-    v0 = X.new_zeros(K.shape[:-2] + K.shape[-1:])
-    return _iterate(lambda delta: (delta.unsqueeze(-2) @ K).squeeze(-2), v0, R, gamma, n_iters, return_all)
+    return _kernel_iterate(K, R, gamma, n_iters, return_all)
 
 
 # %%
