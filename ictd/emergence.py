@@ -11,7 +11,7 @@ from torch.func import functional_call, jacfwd
 from .prompt import build_prompt
 from .model import SoftmaxICTD, theta_star
 from .tasks import TaskBatch, random_tasks, sample_trajectories
-from .convergence import empirical_mrp
+from .wstd import certainty_equivalence
 from .boyan import weighted_error
 from .model import population_neu, population_predict
 from .pretrain import EMERGENCE, PretrainConfig, PretrainResult, held_out_tasks, pretrain_many
@@ -92,14 +92,9 @@ def context_mean_values(tasks:TaskBatch,      # the tasks
 def certainty_equivalence_values(tasks:TaskBatch,      # the tasks
                                  states:torch.Tensor,  # (B, n+1) one context per task
                                 )->torch.Tensor:       # (B, s) value of each context's empirical MRP
-    "$(I - \\gamma \\hat P)^{-1} \\hat r$ of each context, with the context mean at states never left."
-    s = tasks.r.shape[-1]
+    "`certainty_equivalence` of each context, a state never left taking the context mean reward (the state-blind guess)."
     R = tasks.r[torch.arange(len(tasks))[:, None], states[:, :-1]]
-    N, P_hat, r_hat = empirical_mrp(states, R, s)
-    unseen = (N == 0).unsqueeze(-1)
-    P_hat = torch.where(unseen, torch.eye(s, dtype=P_hat.dtype), P_hat)
-    r_hat = torch.where(N == 0, R.mean(-1, keepdim=True), r_hat)
-    return torch.linalg.solve(torch.eye(s, dtype=P_hat.dtype) - tasks.gamma * P_hat, r_hat)
+    return certainty_equivalence(states, R, tasks.r.shape[-1], tasks.gamma, unvisited_reward=R.mean(-1))
 
 def best_constant_values(tasks:TaskBatch)->torch.Tensor:
     "(B, s) the oracle constant of each task, $\\sum_s d_\\pi(s) v_\\pi(s)$, at every state."

@@ -253,17 +253,22 @@ def batch_tabular_td(states,           # (..., n+1) integer states S_0..S_n
     return torch.stack(vs, -2) if return_all else vs[-1]
 
 # %% ../nbs/01_weighted_softmax_td.ipynb #c0697a11
-def certainty_equivalence(states,         # (..., n+1) integer states S_0..S_n
-                          rewards,        # (..., n) rewards, rewards[..., k-1] = R_k
-                          n_states:int,   # number of states s
-                          gamma:float,    # discount factor in [0, 1)
-                         )->torch.Tensor: # (..., s) values of the empirical MRP; 0 at states never left
-    "Value of the context's empirical MRP: $\\hat v = \\hat r + \\gamma \\hat P \\hat v$ on the states the context leaves."
+def certainty_equivalence(states,           # (..., n+1) integer states S_0..S_n
+                          rewards,          # (..., n) rewards, rewards[..., k-1] = R_k
+                          n_states:int,     # number of states s
+                          gamma:float,      # discount factor in [0, 1)
+                          *,
+                          unvisited_reward=0., # reward of a state never left, which is made absorbing: a float or (...,)
+                         )->torch.Tensor:   # (..., s) values of the empirical MRP
+    "Value of the context's empirical MRP $\\hat v = \\hat r + \\gamma \\hat P \\hat v$; a state never left is absorbing with reward `unvisited_reward`."
     S, R, E, N = _tabular_context(states, rewards, n_states)
     gamma = check_gamma(gamma)
-    F = torch.nn.functional.one_hot(S[..., 1:], n_states).to(R.dtype)
-    inv = 1 / N.clamp(min=1)
-    P_hat = (E.mT @ F) * inv.unsqueeze(-1)                          # (..., s, s): empirical transition frequencies
-    r_hat = (R.unsqueeze(-2) @ E).squeeze(-2) * inv                  # (..., s): mean reward on leaving x
+    fill = as_tensor(unvisited_reward, "unvisited_reward", device=R.device).to(R.dtype)
+    if fill.ndim and fill.shape != R.shape[:-1]: raise ValueError(f"`unvisited_reward` must be a float or have shape {tuple(R.shape[:-1])}, got {tuple(fill.shape)}")
+    unseen = N == 0
     I = torch.eye(n_states, dtype=R.dtype, device=R.device)
+    inv = 1 / N.clamp(min=1)
+    F = torch.nn.functional.one_hot(S[..., 1:], n_states).to(R.dtype)
+    P_hat = torch.where(unseen.unsqueeze(-1), I, (E.mT @ F) * inv.unsqueeze(-1))           # empirical transitions; self-loop if never left
+    r_hat = torch.where(unseen, fill.unsqueeze(-1), (R.unsqueeze(-2) @ E).squeeze(-2) * inv)  # mean reward on leaving x
     return torch.linalg.solve(I - gamma * P_hat, r_hat.unsqueeze(-1)).squeeze(-1)

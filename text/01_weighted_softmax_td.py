@@ -1151,7 +1151,10 @@ for v, sl in slopes_by_variant.items(): print(f"{v:>18}: fitted slopes {np.round
 # Tabular TD needs integer states, not features. `batch_tabular_td` runs the per-state averaged batch
 # update of the first section and `certainty_equivalence` solves the empirical MRP directly. Both
 # give value 0 to states the context never leaves: batch tabular TD never moves them from $v_0 = 0$,
-# and the empirical MRP has no data on them (we give such states no reward and no successors).
+# and the empirical MRP has no data on them. The book's one convention for such a state: it is made
+# absorbing with a reward `unvisited_reward`, so its value is `unvisited_reward` $/(1-\gamma)$. The
+# default 0 is the limit of tabular TD started at $v_0 = 0$; chapter 6a's baseline passes the context's mean
+# reward instead, the state-blind guess.
 
 # %%
 #| export
@@ -1221,19 +1224,24 @@ def batch_tabular_td(states,           # (..., n+1) integer states S_0..S_n
 
 # %%
 #| export
-def certainty_equivalence(states,         # (..., n+1) integer states S_0..S_n
-                          rewards,        # (..., n) rewards, rewards[..., k-1] = R_k
-                          n_states:int,   # number of states s
-                          gamma:float,    # discount factor in [0, 1)
-                         )->torch.Tensor: # (..., s) values of the empirical MRP; 0 at states never left
-    "Value of the context's empirical MRP: $\\hat v = \\hat r + \\gamma \\hat P \\hat v$ on the states the context leaves."
+def certainty_equivalence(states,           # (..., n+1) integer states S_0..S_n
+                          rewards,          # (..., n) rewards, rewards[..., k-1] = R_k
+                          n_states:int,     # number of states s
+                          gamma:float,      # discount factor in [0, 1)
+                          *,
+                          unvisited_reward=0., # reward of a state never left, which is made absorbing: a float or (...,)
+                         )->torch.Tensor:   # (..., s) values of the empirical MRP
+    "Value of the context's empirical MRP $\\hat v = \\hat r + \\gamma \\hat P \\hat v$; a state never left is absorbing with reward `unvisited_reward`."
     S, R, E, N = _tabular_context(states, rewards, n_states)
     gamma = check_gamma(gamma)
-    F = torch.nn.functional.one_hot(S[..., 1:], n_states).to(R.dtype)
-    inv = 1 / N.clamp(min=1)
-    P_hat = (E.mT @ F) * inv.unsqueeze(-1)                          # (..., s, s): empirical transition frequencies
-    r_hat = (R.unsqueeze(-2) @ E).squeeze(-2) * inv                  # (..., s): mean reward on leaving x
+    fill = as_tensor(unvisited_reward, "unvisited_reward", device=R.device).to(R.dtype)
+    if fill.ndim and fill.shape != R.shape[:-1]: raise ValueError(f"`unvisited_reward` must be a float or have shape {tuple(R.shape[:-1])}, got {tuple(fill.shape)}")
+    unseen = N == 0
     I = torch.eye(n_states, dtype=R.dtype, device=R.device)
+    inv = 1 / N.clamp(min=1)
+    F = torch.nn.functional.one_hot(S[..., 1:], n_states).to(R.dtype)
+    P_hat = torch.where(unseen.unsqueeze(-1), I, (E.mT @ F) * inv.unsqueeze(-1))           # empirical transitions; self-loop if never left
+    r_hat = torch.where(unseen, fill.unsqueeze(-1), (R.unsqueeze(-2) @ E).squeeze(-2) * inv)  # mean reward on leaving x
     return torch.linalg.solve(I - gamma * P_hat, r_hat.unsqueeze(-1)).squeeze(-1)
 
 
@@ -1259,6 +1267,10 @@ test_close(ce, torch.tensor([v0_hand, 2 + g * v0_hand, 0.], dtype=torch.float64)
 tab = batch_tabular_td([0, 1, 0, 2], [1., 2., 3.], 3, alpha=0.7, gamma=g, n_iters=200, return_all=True)
 test_close(tab[-1], ce, eps=1e-14)
 test_eq(tab[:, 2], torch.zeros(201, dtype=torch.float64))
+absorbing = certainty_equivalence([0, 1, 0, 2], [1., 2., 3.], 3, g, unvisited_reward=1.)
+test_close(absorbing[2], 1 / (1 - g), eps=1e-14)
+test_close(absorbing[1], 2 + g * absorbing[0], eps=1e-14)
+test_fail(lambda: certainty_equivalence([0, 1, 0, 2], [1., 2., 3.], 3, g, unvisited_reward=[1., 2.]), contains="`unvisited_reward`")
 err = (tab[:60] - ce).abs().max(1).values
 assert (err[1:] <= (1 - 0.7 * (1 - g)) * err[:-1] + 1e-15).all()
 
