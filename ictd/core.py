@@ -4,7 +4,8 @@
 
 # %% ../nbs/00b_core.ipynb #380fdd1c
 from __future__ import annotations
-import math
+import json, math
+from pathlib import Path
 import numpy as np
 import torch
 from fastcore.basics import patch
@@ -12,7 +13,8 @@ from .boyan import weighted_error
 from .tasks import TaskBatch
 
 # %% auto #0
-__all__ = ['TASK_FIELDS', 'check_int', 'check_number', 'check_choice', 'check_seeds', 'substream', 'stream_generator', 'jsonable']
+__all__ = ['TASK_FIELDS', 'CLAIM_STATUSES', 'check_int', 'check_number', 'check_choice', 'check_seeds', 'substream',
+           'stream_generator', 'jsonable', 'record_claim', 'load_claims']
 
 # %% ../nbs/00b_core.ipynb #5c70a449
 def _is_number(x)->bool: return not isinstance(x, bool) and isinstance(x, (int, float, np.integer, np.floating))
@@ -82,3 +84,29 @@ def jsonable(x):
     if isinstance(x, dict): return {str(k): jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)): return [jsonable(v) for v in x]
     return x
+
+# %% ../nbs/00b_core.ipynb #153fd73e
+CLAIM_STATUSES = ("proved", "measured", "partial", "refuted")
+
+def record_claim(key:str,              # identifier, unique within the chapter, e.g. "floor-slope"
+                 claim:str,            # the statement, one sentence of markdown
+                 status:str,           # one of `CLAIM_STATUSES`
+                 chapter:str,          # the chapter's page name without `.html`, e.g. "convergence"
+                 evidence:str="",      # an anchor on that page that shows it, e.g. "#experiment-1-error-against-depth"
+                 folder="data/claims", # where the chapter's record file goes (relative to the notebook's folder)
+                )->dict:               # the record written
+    "Record a claim the chapter has just checked (call it after its asserts) in `folder/<chapter>.json`."
+    check_choice(status, CLAIM_STATUSES, "status")
+    for name, v in dict(key=key, claim=claim, chapter=chapter).items():
+        if not isinstance(v, str) or not v.strip(): raise ValueError(f"`{name}` must be a non-empty string, got {v!r}")
+    if evidence and not evidence.startswith("#"): raise ValueError(f"`evidence` must be an anchor starting with '#', got {evidence!r}")
+    f = Path(folder) / f"{chapter}.json"
+    f.parent.mkdir(parents=True, exist_ok=True)
+    records = json.loads(f.read_text()) if f.exists() else {}
+    records[key] = dict(claim=claim, status=status, chapter=chapter, evidence=evidence)
+    f.write_text(json.dumps(dict(sorted(records.items())), indent=1) + "\n")
+    return records[key]
+
+def load_claims(folder="data/claims")->list:
+    "Every recorded claim under `folder`, as dicts with a `key`, in file then key order."
+    return [dict(key=k, **r) for f in sorted(Path(folder).glob("*.json")) for k, r in json.loads(f.read_text()).items()]

@@ -4,7 +4,8 @@
 # %%
 #| export
 from __future__ import annotations
-import math
+import json, math
+from pathlib import Path
 import numpy as np
 import torch
 from fastcore.basics import patch
@@ -16,6 +17,7 @@ from ictd.tasks import TaskBatch
 from fastcore.test import *
 from nbdev.showdoc import *
 from ictd.tasks import random_tasks
+import tempfile
 
 
 # %% [markdown]
@@ -176,3 +178,55 @@ def jsonable(x):
 
 # %%
 test_eq(jsonable(dict(a=torch.ones(2), b=(np.float64(0.5), np.arange(2)), c="x")), dict(a=[1., 1.], b=[0.5, [0, 1]], c="x"))
+
+# %% [markdown]
+# ## Claim records
+#
+# The front page's results table lists every claim of the book with its status, its chapter and the
+# evidence for it. It is not typed: each chapter records a claim with `record_claim` in the cell that
+# checks it, after the asserts, so a claim whose check fails is never recorded. A status is one of
+# *proved* (a proof, and an exact check of it), *measured* (holds on the named testbed, with its statistics),
+# *partial* (holds in part; the record says which) and *refuted* (the book measured it false). Records of a
+# chapter go to one JSON file, rewritten in a fixed order, so executing a chapter twice leaves it unchanged.
+
+# %%
+#| export
+CLAIM_STATUSES = ("proved", "measured", "partial", "refuted")
+
+def record_claim(key:str,              # identifier, unique within the chapter, e.g. "floor-slope"
+                 claim:str,            # the statement, one sentence of markdown
+                 status:str,           # one of `CLAIM_STATUSES`
+                 chapter:str,          # the chapter's page name without `.html`, e.g. "convergence"
+                 evidence:str="",      # an anchor on that page that shows it, e.g. "#experiment-1-error-against-depth"
+                 folder="data/claims", # where the chapter's record file goes (relative to the notebook's folder)
+                )->dict:               # the record written
+    "Record a claim the chapter has just checked (call it after its asserts) in `folder/<chapter>.json`."
+    check_choice(status, CLAIM_STATUSES, "status")
+    for name, v in dict(key=key, claim=claim, chapter=chapter).items():
+        if not isinstance(v, str) or not v.strip(): raise ValueError(f"`{name}` must be a non-empty string, got {v!r}")
+    if evidence and not evidence.startswith("#"): raise ValueError(f"`evidence` must be an anchor starting with '#', got {evidence!r}")
+    f = Path(folder) / f"{chapter}.json"
+    f.parent.mkdir(parents=True, exist_ok=True)
+    records = json.loads(f.read_text()) if f.exists() else {}
+    records[key] = dict(claim=claim, status=status, chapter=chapter, evidence=evidence)
+    f.write_text(json.dumps(dict(sorted(records.items())), indent=1) + "\n")
+    return records[key]
+
+def load_claims(folder="data/claims")->list:
+    "Every recorded claim under `folder`, as dicts with a `key`, in file then key order."
+    return [dict(key=k, **r) for f in sorted(Path(folder).glob("*.json")) for k, r in json.loads(f.read_text()).items()]
+
+
+# %%
+show_doc(record_claim)
+
+# %%
+with tempfile.TemporaryDirectory() as tmp:
+    r = record_claim("sum", "Rows of $S$ sum to one.", "proved", "dual_head", "#the-layer", folder=tmp)
+    record_claim("sum", "Rows of $S$ sum to one.", "proved", "dual_head", "#the-layer", folder=tmp)
+    record_claim("a-rate", "The rate is $\\rho$.", "measured", "convergence", folder=tmp)
+    test_eq([c["key"] for c in load_claims(tmp)], ["a-rate", "sum"])
+    test_eq(load_claims(tmp)[1], dict(key="sum", **r))
+    test_fail(lambda: record_claim("x", "y", "true", "z", folder=tmp), contains="`status`")
+    test_fail(lambda: record_claim("", "y", "proved", "z", folder=tmp), contains="`key`")
+    test_fail(lambda: record_claim("x", "y", "proved", "z", "anchor", folder=tmp), contains="`evidence`")
