@@ -4,10 +4,7 @@ that take under half a minute, on a copy beside the original so that relative pa
 outputs that changed, which usually means a cell shows digits that vary from run to run or machine to machine."""
 import difflib, json, os, shutil
 import pytest
-from conftest import ROOT, run
-
-FAST = ['index.ipynb', '00_boyan.ipynb', '00a_tasks.ipynb', '00b_core.ipynb', '01_weighted_softmax_td.ipynb', '02_prompt.ipynb',
-        '03_dual_head.ipynb', '04_tsm.ipynb', '04a_causal.ipynb', '05_convergence.ipynb']
+from conftest import FAST, ROOT, run
 
 
 def outputs(nb):
