@@ -351,18 +351,22 @@ def circulant_pair(m:float,      # the diagonal of M, in [0, 1]
     return torch.from_numpy(m * np.eye(s) + (1 - m) * _shift(s, a)), torch.from_numpy(_shift(s, b))
 
 # %% ../nbs/05_convergence.ipynb #accc21e7
+def _mode_root(z, W, alpha):
+    "Smallest m at which the mode with multipliers z (of S^a) and W = 1 - gamma w (of I - gamma P) stops contracting; -inf if it never does."
+    c0, c1 = 1 - alpha * z * W, -alpha * (1 - z) * W                           # its eigenvalue of B is c0 + c1 m
+    A, B, C = np.abs(c1) ** 2, 2 * np.real(c0 * np.conj(c1)), np.abs(c0) ** 2 - 1
+    disc = B * B - 4 * A * C
+    ok = (A > 1e-15) & (disc >= 0)
+    return np.where(ok, (-B - np.sqrt(np.where(ok, disc, 0.))) / (2 * np.where(ok, A, 1.)), -np.inf)
+
+# %% ../nbs/05_convergence.ipynb #002e626f
 def _circulant_roots(gamma:float, alpha:float, s:int)->tuple:
     "Over shifts (a, b), gcd(b, s) = 1, and modes k: the largest m at which the mode does not contract, with (a, b)."
     k = np.arange(1, s)
     best = (-np.inf, 0, 1)
     for a in range(s):
         for b in (b for b in range(1, s) if math.gcd(b, s) == 1):
-            wa, W = np.exp(2j * np.pi * a * k / s), 1 - gamma * np.exp(2j * np.pi * b * k / s)
-            c0, c1 = 1 - alpha * wa * W, -alpha * (1 - wa) * W                  # eigenvalue c0 + c1 m
-            A, B, C = np.abs(c1) ** 2, 2 * np.real(c0 * np.conj(c1)), np.abs(c0) ** 2 - 1
-            disc = B * B - 4 * A * C
-            ok = (A > 1e-15) & (disc >= 0)
-            root = np.where(ok, (-B - np.sqrt(np.where(ok, disc, 0.))) / (2 * np.where(ok, A, 1.)), -np.inf)
+            root = _mode_root(np.exp(2j * np.pi * a * k / s), 1 - gamma * np.exp(2j * np.pi * b * k / s), alpha)
             if root.max() > best[0]: best = (float(root.max()), a, b)
     return best
 
@@ -388,13 +392,7 @@ def circulant_limit(gamma:float,  # discount factor in [0, 1)
                    )->float:      # m_infinity(gamma, alpha)
     "Proposition 5's limit $m_\\infty(\\gamma, \\alpha)$ of the circulant lower bounds as $s \\to \\infty$."
     gamma = check_gamma(gamma)
-    def root(angles):
-        z, W = np.exp(1j * angles[0]), 1 - gamma * np.exp(1j * angles[1])
-        c0, c1 = 1 - alpha * z * W, -alpha * (1 - z) * W
-        A, B, C = np.abs(c1) ** 2, 2 * np.real(c0 * np.conj(c1)), np.abs(c0) ** 2 - 1
-        disc = B * B - 4 * A * C
-        ok = (A > 1e-15) & (disc >= 0)
-        return np.where(ok, (-B - np.sqrt(np.where(ok, disc, 0.))) / (2 * np.where(ok, A, 1.)), -np.inf)
+    root = lambda angles: _mode_root(np.exp(1j * angles[0]), 1 - gamma * np.exp(1j * angles[1]), alpha)
     th = np.linspace(0, 2 * np.pi, int(grid))
     R = root(np.meshgrid(th, th))
     i, j = np.unravel_index(np.argmax(R), R.shape)
