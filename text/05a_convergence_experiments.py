@@ -158,9 +158,6 @@ def plot_depth(sweep:dict,  # output of `depth_experiment`
 
 
 # %%
-show_doc(plot_depth)
-
-# %%
 BETA, ALPHA, NS, L = 15., 1., [30, 100, 300, 1000, 3000], 100
 sweep = depth_experiment(200, BETA, ALPHA, NS, L, seed=0)
 assert (sweep["rho"] < 1).all()
