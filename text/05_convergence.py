@@ -39,7 +39,7 @@ from ictd.wstd import weighted_softmax_td, context_weights, certainty_equivalenc
 # proofs are not available to us, so everything below is the project's own **[ours]**: the
 # population operator, the precise form of the condition ($\min_x M_\pi(x, x) > (1 + \gamma)/2$,
 # our checkable version of the assumption, not a quotation), the constant $\rho$ of the bound and
-# its proof, and the measurements that test each claim.
+# its proof, and the measurements that test each claim (in chapter 5a).
 #
 # The plan: aggregate the softmax weights of a context by state (an *exact* rewrite of the
 # Transformer's iteration as a recursion over the $s$ states), let the context grow to get the
@@ -48,11 +48,10 @@ from ictd.wstd import weighted_softmax_td, context_weights, certainty_equivalenc
 # tabular corner: a weaker condition that uses the one direction leakage cannot slow, the constant
 # vector (Proposition 2); a finite-context statement with an explicit bound on the floor
 # (Lemma 1, Proposition 3) and a high-probability version of it (Proposition 7); a proof that for some
-# feature geometries no feature-bilinear score satisfies the diagonal condition (Proposition 4), and a
-# measurement of how full-token attention escapes it; a map of where the iteration converges, stalls or
-# diverges; the rate on slowly mixing chains (Proposition 6); and how diagonal the attention must really
-# be: the true threshold, bounded from below and from above (Proposition 5). All seven
-# propositions and the lemma are ours.
+# feature geometries no feature-bilinear score satisfies the diagonal condition (Proposition 4); the rate
+# on slowly mixing chains (Proposition 6); and how diagonal the attention must really be: the true
+# threshold, bounded from below and from above (Proposition 5). All seven propositions and the lemma are
+# ours.
 #
 # This chapter holds the definitions, the algorithms, the statements with their proofs, and checks of each
 # on small examples. The experiments that test the statements at scale (error against depth and context
