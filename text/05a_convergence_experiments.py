@@ -253,6 +253,10 @@ def loglog_slope(x, # (k,) positive abscissae
 # %%
 show_doc(loglog_slope)
 
+# %%
+test_close(loglog_slope([1., 10., 100.], [3., 0.3, 0.03])[0], -1., eps=1e-12)     # y = 3 / x
+test_fail(lambda: loglog_slope([1.], [2.]), contains="equal length >= 2")
+
 
 # %%
 #| export
@@ -289,6 +293,9 @@ def significant(t:torch.Tensor,  # values to plot
 
 # %%
 show_doc(significant)
+
+# %%
+test_close(significant(torch.tensor([1 / 3, 0.], dtype=torch.float64)), torch.tensor([0.333333333, 0.], dtype=torch.float64), eps=1e-15)
 
 
 # %%
@@ -1405,7 +1412,7 @@ Markdown(f"Certificates: {len(records)} pairs, spectral radii in [{min(rhos_c):.
 # The figure sets them beside the two candidate conditions:
 
 # %%
-#| fig-cap: "Figure 5a.10: the certified diagonality threshold grows with the number of states and the step size, far above one half and below (1 + gamma)/2."
+#| fig-cap: "Figure 5a.10: the certified diagonality threshold grows with the number of states and the step size, far above one half at large discounts, and stays below (1 + gamma)/2."
 #| fig-alt: "Three panels, one per discount, of the certified threshold against the number of states for three step sizes, with horizontal lines for (1 + gamma)/2, one half, and the small-step closed form."
 fig, axes = plt.subplots(1, len(gammas_t), figsize=(13, 4.2), sharey=True)
 for ax, g in zip(axes, gammas_t):
