@@ -5,29 +5,19 @@
 # %% ../nbs/05_convergence.ipynb #908e551b
 from __future__ import annotations
 import itertools
-import warnings
 import math
-from pathlib import Path
 import numpy as np
-import scipy.linalg
 import scipy.optimize
 import torch
-from tqdm.auto import tqdm
-from .boyan import MRP, as_tensor, boyan_transitions, check_gamma, random_boyan_chain
-from .tasks import TaskBatch, stack_tasks, random_tasks, sample_trajectories
+from .boyan import MRP, as_tensor, check_gamma
 from .wstd import check_states
 
 # %% auto #0
-__all__ = ['FEATURE_LABELS', 'PHASES', 'CONDITIONS', 'THRESHOLD_FILE', 'kernel_attention', 'population_attention', 'key_counts',
-           'empirical_attention', 'count_deviation', 'empirical_mrp', 'td_recursion', 'kernel_diagonality',
-           'rate_bound', 'sup_error', 'contraction_bound', 'span_rate', 'spectral_radius', 'measured_rate',
-           'span_bound', 'fixed_point', 'floor_bound', 'depth_sweep', 'depth_experiment', 'plot_depth', 'loglog_slope',
-           'slope_interval', 'significant', 'plot_floor', 'hitting_times', 'missing_state_bound', 'floor_hp_bound',
-           'diagonality_sweep', 'plot_diagonality', 'interior_cap', 'best_diagonality', 'phase_diagram', 'plot_phase',
-           'rate_experiment', 'plot_rates', 'scale_for_diagonality', 'leaky_experiment', 'plot_leaky',
-           'relaxation_time', 'slow_mixing_experiment', 'plot_slow_mixing', 'circulant_pair', 'circulant_threshold',
-           'circulant_limit', 'worst_case_pair', 'threshold_search', 'save_threshold_certificates', 'check_certificate',
-           'load_threshold_certificates', 'diagonality_threshold']
+__all__ = ['FEATURE_LABELS', 'kernel_attention', 'population_attention', 'key_counts', 'empirical_attention', 'count_deviation',
+           'empirical_mrp', 'td_recursion', 'kernel_diagonality', 'rate_bound', 'sup_error', 'contraction_bound',
+           'span_rate', 'spectral_radius', 'span_bound', 'fixed_point', 'floor_bound', 'hitting_times',
+           'missing_state_bound', 'floor_hp_bound', 'interior_cap', 'relaxation_time', 'circulant_pair',
+           'circulant_threshold', 'circulant_limit']
 
 # %% ../nbs/05_convergence.ipynb #f9bdf515
 def kernel_attention(phi,        # (..., s, d) state features
@@ -54,7 +44,7 @@ def population_attention(mrp:MRP,  # the process, with features `mrp.phi` and st
     if not isinstance(mrp, MRP): raise ValueError(f"`mrp` must be an MRP, got {type(mrp).__name__}")
     return kernel_attention(mrp.phi, W, mrp.d_pi)
 
-# %% ../nbs/05_convergence.ipynb #86b49bf7
+# %% ../nbs/05_convergence.ipynb #ca0ba712
 def key_counts(states,        # (..., n+1) integer states S_0..S_n
                n_states:int,  # number of states s
                dtype=torch.float64,
@@ -63,6 +53,7 @@ def key_counts(states,        # (..., n+1) integer states S_0..S_n
     S = check_states(states, n_states)
     return torch.nn.functional.one_hot(S[..., :-1], n_states).to(dtype).sum(-2)
 
+# %% ../nbs/05_convergence.ipynb #0a424f01
 def empirical_attention(phi,     # (..., s, d) state features
                         W,       # (d, d) or (..., d, d) score matrix
                         states,  # (..., n+1) integer states S_0..S_n of the context
@@ -97,13 +88,14 @@ def empirical_mrp(states,        # (..., n+1) integer states S_0..S_n
     inv = 1 / N.clamp(min=1)
     return N, (E.mT @ F) * inv.unsqueeze(-1), (R.unsqueeze(-2) @ E).squeeze(-2) * inv
 
-# %% ../nbs/05_convergence.ipynb #749a7e49
+# %% ../nbs/05_convergence.ipynb #b4f77bee
 def _step(alpha, like:torch.Tensor)->torch.Tensor:
     "`alpha` (a number, or one per task) as a tensor like `like`, checked to lie in (0, 1]."
     a = as_tensor(alpha, "alpha", like.dtype, like.device)
     if not ((a > 0) & (a <= 1)).all(): raise ValueError(f"`alpha` must lie in (0, 1], got {alpha}")
     return a
 
+# %% ../nbs/05_convergence.ipynb #c08d36d5
 def _mrp_arrays(M, P, r):
     M = as_tensor(M, "M")
     if M.ndim < 2 or M.shape[-1] != M.shape[-2]: raise ValueError(f"`M` must have shape (..., s, s), got {tuple(M.shape)}")
@@ -116,6 +108,7 @@ def _mrp_arrays(M, P, r):
     except RuntimeError: raise ValueError(f"batch dimensions of `M` {tuple(M.shape)}, `P` {tuple(P.shape)} and `r` {tuple(r.shape)} do not broadcast") from None
     return M, P, r, batch + (s,)
 
+# %% ../nbs/05_convergence.ipynb #e1e59964
 def td_recursion(M,             # (..., s, s) attention aggregated by state (M_hat, or M_pi)
                  P,             # (..., s, s) transitions (P_hat, or P)
                  r,             # (..., s) rewards (r_hat, or r)
@@ -143,6 +136,7 @@ def kernel_diagonality(M, # (..., s, s) attention matrix aggregated by state
     D = M.diagonal(dim1=-2, dim2=-1)
     return D.mean(-1), D.amin(-1)
 
+# %% ../nbs/05_convergence.ipynb #fb34e199
 def rate_bound(M,            # (..., s, s) attention matrix aggregated by state
                gamma:float,  # discount factor in [0, 1)
                alpha,        # step size in (0, 1]: a number, or a tensor (...) of one per task
@@ -151,6 +145,7 @@ def rate_bound(M,            # (..., s, s) attention matrix aggregated by state
     m = kernel_diagonality(M)[1]
     return 1 - _step(alpha, m) * (2 * m - 1 - check_gamma(gamma))
 
+# %% ../nbs/05_convergence.ipynb #e36d5ea7
 def sup_error(v,     # (..., s) value estimates
               v_pi,  # (..., s) reference values
              )->torch.Tensor: # (...) max_x |v(x) - v_pi(x)|
@@ -158,6 +153,7 @@ def sup_error(v,     # (..., s) value estimates
     v = as_tensor(v, "v")
     return (v - as_tensor(v_pi, "v_pi", v.dtype, v.device)).abs().amax(-1)
 
+# %% ../nbs/05_convergence.ipynb #e88aedc8
 def contraction_bound(mrp:MRP,    # the process
                       W,          # (d, d) score matrix
                       alpha:float, # step size in (0, 1]
@@ -168,20 +164,24 @@ def contraction_bound(mrp:MRP,    # the process
 # %% ../nbs/05_convergence.ipynb #c7b6c3e5
 FEATURE_LABELS = {"onehot": "one-hot", "unit": "unit-norm", "random": "raw U(-1, 1)"}
 
+# %% ../nbs/05_convergence.ipynb #e5f0abc7
 def _error_matrix(M, P, gamma, alpha):
     "B = I - alpha M (I - gamma P), checked."
     M, P, _, shape = _mrp_arrays(M, P, torch.zeros(as_tensor(M, "M").shape[-1]))
     I = torch.eye(shape[-1], dtype=M.dtype, device=M.device)
     return I - _step(alpha, M)[..., None, None] * M @ (I - check_gamma(gamma) * P)
 
+# %% ../nbs/05_convergence.ipynb #7615414d
 def _span_coefficient(A):
     "delta(A): half the largest l1 distance between two rows of A."
     return 0.5 * (A.unsqueeze(-2) - A.unsqueeze(-3)).abs().sum(-1).amax((-1, -2))
 
+# %% ../nbs/05_convergence.ipynb #ff2c3142
 def _positive_int(v, name):
     if int(v) != v or v < 1: raise ValueError(f"`{name}` must be a positive integer, got {v}")
     return int(v)
 
+# %% ../nbs/05_convergence.ipynb #095a6499
 def span_rate(M,            # (..., s, s) attention aggregated by state
               P,            # (..., s, s) transitions
               gamma:float,  # discount factor in [0, 1)
@@ -192,6 +192,7 @@ def span_rate(M,            # (..., s, s) attention aggregated by state
     k = _positive_int(k, "k")
     return _span_coefficient(torch.linalg.matrix_power(_error_matrix(M, P, gamma, alpha), k)) ** (1 / k)
 
+# %% ../nbs/05_convergence.ipynb #3f675ab6
 def spectral_radius(M,            # (..., s, s) attention aggregated by state
                     P,            # (..., s, s) transitions
                     gamma:float,  # discount factor in [0, 1)
@@ -200,17 +201,7 @@ def spectral_radius(M,            # (..., s, s) attention aggregated by state
     "Asymptotic rate of the recursion: the spectral radius of its error matrix $B$."
     return torch.linalg.eigvals(_error_matrix(M, P, gamma, alpha)).abs().amax(-1)
 
-def measured_rate(errors,     # (..., L+1) errors at depths 0..L
-                  start:int,  # first depth used in the fit
-                 )->torch.Tensor: # (...) exp of the least-squares slope of log error over depths start..L
-    "Empirical per-layer contraction factor of an error curve."
-    e = as_tensor(errors, "errors")
-    if e.ndim < 1 or not 0 <= start < e.shape[-1] - 1: raise ValueError(f"`start` must lie in 0..{e.shape[-1] - 2}, got {start}")
-    if (e[..., start:] <= 0).any(): raise ValueError("`errors` must be positive over the fitted depths")
-    Ls = torch.arange(start, e.shape[-1], dtype=e.dtype, device=e.device)
-    Lc, y = Ls - Ls.mean(), e[..., start:].log()
-    return torch.exp((y * Lc).sum(-1) / (Lc ** 2).sum())
-
+# %% ../nbs/05_convergence.ipynb #54bcb1b6
 def span_bound(M,             # (..., s, s) attention aggregated by state
                P,             # (..., s, s) transitions
                gamma:float,   # discount factor in [0, 1)
@@ -270,139 +261,6 @@ def floor_bound(P_hat,        # (..., s, s) empirical transitions of a context w
     gamma = check_gamma(gamma)
     return gamma / (1 - gamma) * ((P_hat - P) @ v.unsqueeze(-1)).squeeze(-1).abs().amax(-1)
 
-# %% ../nbs/05_convergence.ipynb #a453fc8d
-def depth_sweep(tasks:TaskBatch,  # the tasks, B of them
-                W,                # (d, d) score matrix
-                alpha:float,      # step size in (0, 1]
-                ns,               # context lengths n (increasing)
-                n_layers:int,     # maximal depth L
-                seed=0,           # seed of the trajectories
-               )->dict:           # tensors: errors, depth_terms (B, len(ns), L+1), floors, key_floors, floor_bounds, all_keys, min_counts (B, len(ns)), population, bound (B, L+1), rho (B,)
-    "Sup-norm error of the $L$-layer Transformer for every task, context length and depth, with its floor, the floor's bound and the population bound."
-    ns = [int(n) for n in ns]
-    if not ns or min(ns) < 1 or ns != sorted(ns): raise ValueError(f"`ns` must be increasing positive integers, got {ns}")
-    S = sample_trajectories(tasks.P, ns[-1], tasks.d_pi, seed)
-    cols = {k: [] for k in ("errors", "depth_terms", "floors", "key_floors", "floor_bounds", "all_keys", "min_counts")}
-    for n in ns:
-        states = S[:, :n + 1]
-        N, P_hat, r_hat = empirical_mrp(states, tasks.r.gather(1, states[:, :-1]), tasks.P.shape[-1])
-        M_hat = kernel_attention(tasks.phi, W, N)
-        v = td_recursion(M_hat, P_hat, r_hat, tasks.gamma, alpha, n_layers)
-        v_fix = fixed_point(M_hat, P_hat, r_hat, tasks.gamma, N)
-        gap, keys = (v_fix - tasks.v_pi).abs(), (N > 0).all(-1)
-        for k, x in (("errors", sup_error(v, tasks.v_pi.unsqueeze(1))), ("depth_terms", sup_error(v, v_fix.unsqueeze(1))),
-                     ("floors", gap.amax(-1)), ("key_floors", torch.where(N > 0, gap, 0.).amax(-1)), ("all_keys", keys),
-                     ("floor_bounds", torch.where(keys, floor_bound(P_hat, tasks.P, tasks.v_pi, tasks.gamma), math.nan)), ("min_counts", N.amin(-1))):
-            cols[k].append(x)
-    M = kernel_attention(tasks.phi, W, tasks.d_pi)
-    rho = rate_bound(M, tasks.gamma, alpha)
-    pop = sup_error(td_recursion(M, tasks.P, tasks.r, tasks.gamma, alpha, n_layers), tasks.v_pi.unsqueeze(1))
-    bound = rho.unsqueeze(-1) ** torch.arange(n_layers + 1, dtype=rho.dtype) * tasks.v_pi.abs().amax(-1, keepdim=True)
-    return dict({k: torch.stack(x, 1) for k, x in cols.items()}, population=pop, bound=bound, rho=rho, ns=ns)
-
-# %% ../nbs/05_convergence.ipynb #0cdd9466
-def depth_experiment(n_tasks:int=200,        # random one-hot Boyan chains; task b has seed `seed + b`
-                     beta:float=15.,         # score scale, W = beta I
-                     alpha:float=1.,         # step size in (0, 1]
-                     ns=(30, 100, 300, 1000, 3000), # context lengths n (increasing)
-                     n_layers:int=100,       # maximal depth L
-                     seed:int=0,             # seed of the tasks; batch k of tasks samples its trajectories with seed `seed + k`
-                     chunk:int=200,          # tasks per batch (bounds memory: about 16 chunk max(ns) s bytes)
-                     progress:bool=False,    # show a tqdm progress bar over the batches
-                    )->dict:                 # `depth_sweep`'s tensors for all tasks, plus min_diag (B,), beta, alpha, gamma
-    "Experiments 1 and 2: `depth_sweep` on random one-hot Boyan chains with $W = \\beta I$, batch by batch."
-    for name, v in (("n_tasks", n_tasks), ("chunk", chunk)):
-        if int(v) != v or v < 1: raise ValueError(f"`{name}` must be a positive integer, got {v}")
-    parts = []
-    for k, start in enumerate(tqdm(range(0, int(n_tasks), int(chunk)), disable=not progress, desc="depth sweep")):
-        tasks = random_tasks(min(int(chunk), int(n_tasks) - start), seed=seed + start, features="onehot")
-        W = beta * torch.eye(tasks.phi.shape[-1], dtype=torch.float64)
-        part = depth_sweep(tasks, W, alpha, ns, n_layers, seed=seed + k)
-        part["min_diag"] = kernel_diagonality(kernel_attention(tasks.phi, W, tasks.d_pi))[1]
-        parts.append(part)
-    out = {k: torch.cat([p[k] for p in parts]) for k in ("errors", "depth_terms", "floors", "key_floors", "floor_bounds", "all_keys", "min_counts", "population", "bound", "rho", "min_diag")}
-    return dict(out, ns=parts[0]["ns"], beta=beta, alpha=alpha, gamma=tasks.gamma)
-
-def plot_depth(sweep:dict,  # output of `depth_experiment`
-              ):            # the matplotlib figure
-    "Experiment 1: mean error against depth for each context length, with its floor, the population curve and the bound."
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(8, 4.8))
-    Ls = np.arange(sweep["errors"].shape[-1])
-    for i, n in enumerate(sweep["ns"]):
-        ax.plot(Ls, sweep["errors"][:, i].mean(0), color=f"C{i}", label=f"Transformer, $n = {n}$")
-        ax.axhline(sweep["floors"][:, i].mean(), color=f"C{i}", ls=":", lw=1)
-    ax.plot(Ls, sweep["population"].mean(0), color="k", label=r"population ($n = \infty$)")
-    ax.plot(Ls, sweep["bound"].mean(0), color="k", ls="--", label=r"bound $\rho^L \|v_\pi\|_\infty$")
-    ax.set(yscale="log", ylim=(1e-5, 10), xlabel="depth $L$ (layers)",
-           ylabel=rf"$\|v_L - v_\pi\|_\infty$ (return units), mean of {len(sweep['errors'])} tasks",
-           title=rf"Error against depth: geometric decay, then the floor (dotted); $\beta = {sweep['beta']:g}$, $\alpha = {sweep['alpha']:g}$")
-    ax.legend(fontsize=9, loc="lower left")
-    return fig
-
-# %% ../nbs/05_convergence.ipynb #312da16f
-def loglog_slope(x, # (k,) positive abscissae
-                 y, # (k,) positive ordinates
-                )->tuple: # (slope, intercept) of the least-squares line log y = slope log x + intercept
-    "Least-squares slope of `y` against `x` on log-log axes."
-    lx, ly = as_tensor(x, "x").log(), as_tensor(y, "y").log()
-    if lx.shape != ly.shape or lx.ndim != 1 or len(lx) < 2: raise ValueError("`x` and `y` must be 1-d of equal length >= 2")
-    A = torch.stack([lx, torch.ones_like(lx)], 1)
-    slope, intercept = torch.linalg.lstsq(A, ly.unsqueeze(1)).solution.squeeze(1)
-    return slope.item(), intercept.item()
-
-# %% ../nbs/05_convergence.ipynb #a7a112b6
-def slope_interval(x,                 # (k,) positive abscissae
-                   values,            # (B, k) positive values, one row per task
-                   n_boot:int=2000,   # bootstrap resamples of the tasks
-                   level:float=0.95,  # confidence level
-                   seed:int=0,        # seed of the resampling
-                  )->tuple:           # (slope of the task means, lower, upper): a percentile bootstrap interval
-    "Log-log slope of the mean over tasks against `x`, with a bootstrap confidence interval over tasks."
-    v = as_tensor(values, "values")
-    if v.ndim != 2 or v.shape[0] < 2: raise ValueError(f"`values` must have shape (B, k) with B >= 2, got {tuple(v.shape)}")
-    lx = as_tensor(x, "x", v.dtype).log()
-    idx = torch.from_numpy(np.random.default_rng(seed).integers(0, v.shape[0], (int(n_boot), v.shape[0])))
-    A = torch.stack([lx, torch.ones_like(lx)], 1)
-    boot = torch.linalg.lstsq(A.expand(int(n_boot), *A.shape), v[idx].mean(1).log().unsqueeze(-1)).solution[:, 0, 0]
-    q = boot.quantile(torch.tensor([(1 - level) / 2, (1 + level) / 2], dtype=v.dtype))
-    return loglog_slope(x, v.mean(0))[0], q[0].item(), q[1].item()
-
-def significant(t:torch.Tensor,  # values to plot
-                digits:int=9,    # significant digits kept
-               )->torch.Tensor:  # `t` rounded to `digits` significant digits (zeros stay zero)
-    "Values rounded to `digits` significant digits, so that a figure does not change with round-off in their last digits."
-    step = 10 ** (torch.floor(torch.log10(t.abs().clamp(min=1e-300))) - digits + 1)
-    return torch.round(t / step) * step
-
-def plot_floor(sweep:dict,  # output of `depth_experiment`
-              ):            # the matplotlib figure
-    "Experiment 2: the floor against the context length (mean, on key states, and Proposition 3's bound), and the floor against its bound per context."
-    import matplotlib.pyplot as plt
-    ns = torch.tensor(sweep["ns"], dtype=torch.float64)
-    sweep = sweep | {k: significant(sweep[k]) for k in ("floors", "key_floors", "floor_bounds")}   # round-off cannot move a pixel
-    floors, keys = sweep["floors"], sweep["all_keys"]
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
-    slope, intercept = loglog_slope(ns, floors.mean(0))
-    ax.errorbar(ns, floors.mean(0), yerr=2 * floors.std(0) / math.sqrt(len(floors)), fmt="o", capsize=4, label=r"floor $\|\hat v_\infty - v_\pi\|_\infty$ (mean $\pm$ 2 s.e.)")
-    ax.plot(ns, np.exp(intercept) * ns ** slope, "C0--", label=f"fitted slope {slope:.2f}")
-    ax.plot(ns, sweep["key_floors"].mean(0), "s-", color="C2", label="floor on key states only")
-    fb = torch.where(keys, sweep["floor_bounds"], 0.).sum(0) / keys.sum(0).clamp(min=1)
-    ax.plot(ns[keys.any(0)], fb[keys.any(0)], "^-", color="C3", label=r"bound $\frac{\gamma}{1-\gamma}\|(\hat P - P) v_\pi\|_\infty$ (contexts with all keys)")
-    ax.plot(ns, floors.mean(0)[0] * (ns / ns[0]) ** -0.5, "k:", label=r"reference slope $-1/2$")
-    ax.set(xscale="log", yscale="log", xlabel="context length $n$ (transitions)", ylabel="return units",
-           title=f"The floor and its bound, mean of {len(floors)} tasks")
-    ax.legend(fontsize=8)
-    for i, n in enumerate(sweep["ns"]):
-        ax2.scatter(sweep["floor_bounds"][keys[:, i], i], floors[keys[:, i], i], s=6, color=f"C{i}", label=f"$n = {n}$")
-    lim = [floors[keys].min().item() / 2, sweep["floor_bounds"][keys].max().item() * 2]
-    ax2.plot(lim, lim, "k--", lw=1, label="$y = x$")
-    ax2.set(xscale="log", yscale="log", xlim=lim, ylim=lim, xlabel="Proposition 3's bound (return units)", ylabel="measured floor (return units)",
-            title="Each context whose keys cover every state: floor against bound")
-    ax2.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
-
 # %% ../nbs/05_convergence.ipynb #87dd1039
 def hitting_times(P, # (..., s, s) irreducible stochastic matrices
                  )->torch.Tensor: # (..., s, s) H[y, x] = E_y[tau_x], tau_x = min{t >= 0: S_t = x}
@@ -439,42 +297,7 @@ def floor_hp_bound(min_counts,   # (...) smallest key count min_x N(x) of each c
     span = v.amax(-1) - v.amin(-1)
     return torch.where(N > 0, gamma / (1 - gamma) * span * torch.sqrt(math.log(2 * s * int(n) / delta) / (2 * N.clamp(min=1))), torch.inf)
 
-# %% ../nbs/05_convergence.ipynb #ef2f9139
-def diagonality_sweep(n_tasks:int=200,  # random Boyan chains per feature kind; task b has seed `seed + b`
-                      seed:int=1000,    # seed of the first task
-                      betas=None,       # (k,) score scales; default: 22 log-spaced from 0.1 to 10^2.5
-                      features=("onehot", "unit", "random"), # feature kinds of `random_boyan_chain`
-                     )->dict:           # betas (k,), gamma, curves: feature -> (mean (k, B), min (k, B)) of M_pi(x, x)
-    "Experiment 3: mean and minimum kernel diagonality of $M_\\pi$ against the score scale $\\beta$ ($W = \\beta I$)."
-    betas = torch.logspace(-1, 2.5, 22, dtype=torch.float64) if betas is None else as_tensor(betas, "betas", torch.float64)
-    curves = {}
-    for feat in features:
-        tb = random_tasks(n_tasks, seed=seed, features=feat)
-        I_d = torch.eye(tb.phi.shape[-1], dtype=torch.float64)
-        dg = [kernel_diagonality(kernel_attention(tb.phi, b * I_d, tb.d_pi)) for b in betas]
-        curves[feat] = (torch.stack([m for m, _ in dg]), torch.stack([m for _, m in dg]))
-    return dict(betas=betas, gamma=tb.gamma, curves=curves)
-
-def plot_diagonality(result:dict,  # output of `diagonality_sweep`
-                    ):             # the matplotlib figure
-    "Experiment 3: mean and minimum diagonality against $\\beta$ per feature kind (mean, and 10-90% band), with the threshold."
-    import matplotlib.pyplot as plt
-    betas, curves = result["betas"], result["curves"]
-    fig, axes = plt.subplots(2, 1, figsize=(8, 8), sharex=True)
-    for ax, (k, name) in zip(axes, enumerate(("mean", "minimum"))):
-        for i, (feat, c) in enumerate(curves.items()):
-            ax.plot(betas, c[k].mean(1), color=f"C{i}", label=FEATURE_LABELS.get(feat, feat))
-            ax.fill_between(betas, c[k].quantile(0.1, 1), c[k].quantile(0.9, 1), color=f"C{i}", alpha=0.2)
-        ax.axhline((1 + result["gamma"]) / 2, color="k", ls="--", lw=1, label=r"threshold $(1 + \gamma)/2$")
-        ax.set(xscale="log", ylabel=f"{name} of $M_\\pi(x, x)$ over states", title=f"{name.capitalize()} kernel diagonality")
-    axes[-1].set_xlabel(r"score scale $\beta$ ($W = \beta I$)")
-    axes[0].legend(fontsize=9)
-    n_tasks = next(iter(curves.values()))[0].shape[1]
-    fig.suptitle(f"Kernel diagonality against the score scale\n({n_tasks} tasks per feature kind: mean, and 10-90% band)")
-    fig.tight_layout()
-    return fig
-
-# %% ../nbs/05_convergence.ipynb #21d522ea
+# %% ../nbs/05_convergence.ipynb #c8b872d6
 def interior_cap(phi,      # (..., s, d) state features
                  weights,  # (..., s) positive state weights (d_pi, or key counts)
                 )->torch.Tensor: # (..., s) cap on M(x, x) valid for every W; 1 where phi(x) is not in the hull of the others
@@ -500,185 +323,6 @@ def interior_cap(phi,      # (..., s, d) state features
         caps.append(torch.where(inside, cap, torch.ones_like(cap)).amin(-1))
     return torch.stack(caps, -1)
 
-def best_diagonality(phi,            # (..., s, d) state features
-                     weights,        # (..., s) positive state weights
-                     steps:int=500,  # Adam steps
-                     lr:float=1.,    # Adam learning rate
-                     init:float=5.,  # the search starts from W = init I
-                    )->tuple:        # (min_x M(x, x) reached (...), the score matrices W (..., d, d))
-    "Search for the score matrix that maximises $\\min_x M(x, x)$: a lower bound on the best diagonality any $W$ reaches."
-    phi = as_tensor(phi, "phi")
-    w = as_tensor(weights, "weights", phi.dtype, phi.device)
-    d = phi.shape[-1]
-    W = (init * torch.eye(d, dtype=phi.dtype, device=phi.device)).expand(phi.shape[:-2] + (d, d)).clone().requires_grad_()
-    opt = torch.optim.Adam([W], lr=lr)
-    for _ in range(int(steps)):
-        log_diag = kernel_attention(phi, W, w).diagonal(dim1=-2, dim2=-1).clamp_min(1e-300).log()
-        loss = (torch.logsumexp(-50 * log_diag, -1) / 50).sum()                           # a soft minimum over states
-        opt.zero_grad(); loss.backward(); opt.step()
-    W = W.detach()
-    return kernel_diagonality(kernel_attention(phi, W, w))[1], W
-
-# %% ../nbs/05_convergence.ipynb #bc740d3b
-PHASES = ("converges", "stalls", "diverges")
-CONDITIONS = ("diagonal", "span, k = 1", "span, k = 16")
-
-def phase_diagram(n_tasks:int=100,    # random Boyan chains per feature kind; the same tasks for every gamma and beta
-                  seed:int=4000,      # task b has seed `seed + b`
-                  betas=None,         # (K,) score scales; default: 13 log-spaced from 0.3 to 300
-                  gammas=(0.5, 0.9, 0.99), # discount factors
-                  features=("onehot", "unit", "random"), # feature kinds
-                  alpha:float=1.,     # step size in (0, 1]
-                 )->dict:             # betas, gammas, features, fractions (F, G, K, 6): the PHASES then the CONDITIONS
-    "Experiment 4: fraction of tasks that converge, stall or diverge, and that meet each condition, over (feature kind, $\\gamma$, $\\beta$)."
-    betas = torch.logspace(math.log10(0.3), math.log10(300), 13, dtype=torch.float64) if betas is None else as_tensor(betas, "betas", torch.float64)
-    fractions = torch.zeros(len(features), len(gammas), len(betas), len(PHASES) + len(CONDITIONS), dtype=torch.float64)
-    for i, feat in enumerate(features):
-        for j, gamma in enumerate(gammas):
-            tb = random_tasks(n_tasks, seed=seed, features=feat, gamma=gamma)
-            M = kernel_attention(tb.phi, betas[:, None, None, None] * torch.eye(tb.phi.shape[-1], dtype=torch.float64), tb.d_pi)  # (K, B, s, s)
-            sr = spectral_radius(M, tb.P, gamma, alpha)
-            conv, div = sr < 1 - 1e-9, sr > 1 + 1e-9
-            flags = (conv, ~conv & ~div, div, rate_bound(M, gamma, alpha) < 1, span_rate(M, tb.P, gamma, alpha) < 1, span_rate(M, tb.P, gamma, alpha, 16) < 1)
-            fractions[i, j] = torch.stack([f.double().mean(-1) for f in flags], -1)
-    return dict(betas=betas, gammas=tuple(gammas), features=tuple(features), fractions=fractions)
-
-def plot_phase(result:dict,  # output of `phase_diagram`
-              ):             # the matplotlib figure
-    "Experiment 4: stacked fractions converge / stall / diverge against $\\beta$, one panel per (feature kind, $\\gamma$), with the conditions' fractions as lines."
-    import matplotlib.pyplot as plt
-    feats, gammas, betas, fr = result["features"], result["gammas"], result["betas"], result["fractions"]
-    fig, axes = plt.subplots(len(feats), len(gammas), figsize=(4.2 * len(gammas), 3.2 * len(feats)), sharex=True, sharey=True, squeeze=False)
-    for i, feat in enumerate(feats):
-        for j, gamma in enumerate(gammas):
-            ax = axes[i, j]
-            ax.stackplot(betas, fr[i, j, :, :3].T, colors=("#9ecae1", "#fdd0a2", "#fc9272"), labels=PHASES)
-            for k, (name, ls) in enumerate(zip(CONDITIONS, ("-", "--", ":"))):
-                ax.plot(betas, fr[i, j, :, 3 + k], "k", ls=ls, lw=1.5, label=f"{name} condition holds")
-            ax.set(xscale="log", ylim=(0, 1), title=f"{FEATURE_LABELS.get(feat, feat)}, $\\gamma = {gamma}$")
-            if i == len(feats) - 1: ax.set_xlabel(r"score scale $\beta$ ($W = \beta I$)")
-            if j == 0: ax.set_ylabel("fraction of tasks")
-    fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="lower center", ncol=6, fontsize=9)
-    fig.suptitle(f"Where the iteration converges, and where each condition certifies it ({fr.shape[2]} scales, $\\alpha = 1$)")
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
-    return fig
-
-# %% ../nbs/05_convergence.ipynb #52aee23a
-def rate_experiment(n_tasks:int=150,     # random Boyan chains per feature kind
-                    seed:int=2000,       # seed of the first task; kind i uses seeds seed + i n_tasks + b
-                    draw_seed:int=1,     # seed of the draws of beta and alpha
-                    features=("onehot", "unit"), # feature kinds
-                    n_layers:int=120,    # depth of the population recursion
-                    fit_start:int=60,    # first depth of the rate fit
-                   )->dict:              # numpy arrays over the tasks where the condition holds: rates, rhos, kinds, min_diags, spectral, lams (1 - alpha (1 - gamma)), spans (delta(B))
-    "Experiment 5: measured contraction rate and bound $\\rho$ of the population recursion, $\\beta$ log-uniform in $[5, 300]$, $\\alpha$ uniform in $[0.3, 1]$."
-    rng, cols, kinds = np.random.default_rng(draw_seed), {k: [] for k in ("rates", "rhos", "min_diags", "spectral", "lams", "spans")}, []
-    for i, feat in enumerate(features):
-        tb = random_tasks(n_tasks, seed=seed + n_tasks * i, features=feat)
-        beta, a = torch.from_numpy(10 ** rng.uniform(0.7, 2.5, len(tb))), torch.from_numpy(rng.uniform(0.3, 1, len(tb)))
-        M = kernel_attention(tb.phi, beta[:, None, None] * torch.eye(tb.phi.shape[-1], dtype=torch.float64), tb.d_pi)
-        rho = rate_bound(M, tb.gamma, a)
-        err = sup_error(td_recursion(M, tb.P, tb.r, tb.gamma, a, n_layers), tb.v_pi.unsqueeze(1))
-        keep = rho < 1
-        for k, x in (("rates", measured_rate(err[keep], fit_start)), ("rhos", rho[keep]), ("min_diags", kernel_diagonality(M[keep])[1]),
-                     ("spectral", spectral_radius(M[keep], tb.P[keep], tb.gamma, a[keep])), ("lams", 1 - a[keep] * (1 - tb.gamma)),
-                     ("spans", span_rate(M[keep], tb.P[keep], tb.gamma, a[keep]))):
-            cols[k].append(x)
-        kinds += [feat] * int(keep.sum())
-    return dict({k: torch.cat(x).numpy() for k, x in cols.items()}, kinds=np.array(kinds))
-
-def plot_rates(result:dict,  # output of `rate_experiment`
-              ):             # the matplotlib figure
-    "Experiment 5: measured rate against the bound, one point per task (marker: feature kind, colour: $\\min_x M_\\pi(x, x)$), with the diagonal."
-    import matplotlib.pyplot as plt
-    rates, rhos, kinds, diag = result["rates"], result["rhos"], result["kinds"], result["min_diags"]
-    fig, ax = plt.subplots(figsize=(7, 5.8))
-    for feat, marker in zip(dict.fromkeys(kinds), "os^"):
-        sc = ax.scatter(rhos[kinds == feat], rates[kinds == feat], s=16, marker=marker, c=diag[kinds == feat], cmap="viridis",
-                        vmin=diag.min(), vmax=1, label=f"{FEATURE_LABELS.get(feat, feat)} features ({(kinds == feat).sum()} tasks)")
-    lim = [min(rates.min(), rhos.min()) - 0.01, 1]
-    ax.plot(lim, lim, "k--", lw=1, label="$y = x$")
-    fig.colorbar(sc, ax=ax, label=r"$\min_x M_\pi(x, x)$")
-    ax.set(xlim=lim, ylim=lim, aspect="equal", xlabel=r"bound $\rho = 1 - \alpha(2 \min_x M(x,x) - 1 - \gamma)$",
-           ylabel="measured rate (per layer)", title="Measured contraction rate against the bound")
-    ax.legend(fontsize=9)
-    return fig
-
-# %% ../nbs/05_convergence.ipynb #093d9d8a
-def scale_for_diagonality(phi,       # (B, s, d) state features, unit-norm
-                          d_pi,      # (B, s) stationary distributions
-                          target,    # (B,) targets for min_x M_pi(x, x), in (0, 1)
-                          lo:float=1e-2, hi:float=1e5, # bracket for beta
-                          n_iter:int=60,  # bisection steps (on log beta)
-                         )->torch.Tensor: # (B,) beta with min_x M_pi(x, x) = target for W = beta I
-    "Score scale $\\beta$ at which $\\min_x M_\\pi(x, x)$ reaches `target`, by bisection (it increases with $\\beta$ for unit-norm features)."
-    phi = as_tensor(phi, "phi")
-    target = as_tensor(target, "target", phi.dtype)
-    if ((target <= 0) | (target >= 1)).any(): raise ValueError("`target` must lie in (0, 1)")
-    I = torch.eye(phi.shape[-1], dtype=phi.dtype)
-    lo, hi = torch.full_like(target, lo), torch.full_like(target, hi)
-    for _ in range(int(n_iter)):
-        mid = (lo * hi).sqrt()
-        below = kernel_diagonality(kernel_attention(phi, mid[:, None, None] * I, d_pi))[1] < target
-        lo, hi = torch.where(below, mid, lo), torch.where(below, hi, mid)
-    return (lo * hi).sqrt()
-
-def leaky_experiment(n_tasks:int=100,       # random unit-norm Boyan chains
-                     seed:int=6000,         # task b has seed `seed + b`; trajectories use `seed`
-                     ns=(300, 1000, 3000),  # context lengths (increasing)
-                     targets=(0.955, 0.985), # range of the target min_x M_pi(x, x)
-                     alpha:float=1.,        # step size in (0, 1]
-                     n_layers:int=150,      # depth of the recursions
-                     fit_start:int=75,      # first depth of the rate fits
-                    )->dict:                # tensors: population (B,) rates, rho, spectral, span, min_diag, beta; per context (B, len(ns)) ctx_rates, rho_hat, span_hat, eps, all_keys, min_diag_hat
-    "Experiment 6: measured rates against the diagonal and span conditions, population and finite $n$, for unit-norm features with $\\min_x M_\\pi(x, x)$ in `targets`."
-    tasks = random_tasks(n_tasks, seed=seed, features="unit")
-    target = torch.from_numpy(np.random.default_rng(seed).uniform(*targets, len(tasks)))
-    beta = scale_for_diagonality(tasks.phi, tasks.d_pi, target)
-    W = beta[:, None, None] * torch.eye(tasks.phi.shape[-1], dtype=torch.float64)
-    M = kernel_attention(tasks.phi, W, tasks.d_pi)
-    err = sup_error(td_recursion(M, tasks.P, tasks.r, tasks.gamma, alpha, n_layers), tasks.v_pi.unsqueeze(1))
-    out = dict(beta=beta, min_diag=kernel_diagonality(M)[1], rates=measured_rate(err, fit_start), rho=rate_bound(M, tasks.gamma, alpha),
-               spectral=spectral_radius(M, tasks.P, tasks.gamma, alpha), span=span_rate(M, tasks.P, tasks.gamma, alpha),
-               lam=1 - alpha * (1 - tasks.gamma), gamma=tasks.gamma, ns=[int(n) for n in ns])
-    S = sample_trajectories(tasks.P, max(ns), tasks.d_pi, seed)
-    cols = {k: [] for k in ("ctx_rates", "rho_hat", "span_hat", "eps", "all_keys", "min_diag_hat")}
-    for n in out["ns"]:
-        states = S[:, :n + 1]
-        N, P_hat, r_hat = empirical_mrp(states, tasks.r.gather(1, states[:, :-1]), tasks.P.shape[-1])
-        M_hat, keys = kernel_attention(tasks.phi, W, N), (N > 0).all(-1)
-        v_fix = fixed_point(M_hat, P_hat, r_hat, tasks.gamma, N)
-        depth = sup_error(td_recursion(M_hat, P_hat, r_hat, tasks.gamma, alpha, n_layers), v_fix.unsqueeze(1))
-        for k, x in (("ctx_rates", measured_rate(depth.clamp(min=1e-300), fit_start)), ("rho_hat", rate_bound(M_hat, tasks.gamma, alpha)),
-                     ("span_hat", span_rate(M_hat, P_hat, tasks.gamma, alpha)), ("eps", count_deviation(N, tasks.d_pi)), ("all_keys", keys),
-                     ("min_diag_hat", kernel_diagonality(M_hat)[1])):
-            cols[k].append(x)
-    return dict(out, **{k: torch.stack(x, 1) for k, x in cols.items()})
-
-def plot_leaky(result:dict,  # output of `leaky_experiment`
-              ):             # the matplotlib figure
-    "Experiment 6: measured rates, the diagonal bound and the span rate against the diagonality, for the population (left) and for finite contexts (right)."
-    import matplotlib.pyplot as plt
-    lam, keys = result["lam"], result["all_keys"]
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 5), sharey=True)
-    x = result["min_diag"]
-    ax.scatter(x, result["rho"], s=14, color="C3", label=r"diagonal bound $\rho$")
-    ax.scatter(x, result["span"].clamp(min=lam), s=14, color="C1", marker="x", label=r"span rate $\max(\lambda, \delta(B))$")
-    ax.scatter(x, result["rates"], s=14, color="k", marker="_", label="measured rate")
-    ax.set(xlabel=r"$\min_x M_\pi(x, x)$", ylabel="per-layer rate", title=f"Population, {len(x)} unit-norm tasks")
-    xh = result["min_diag_hat"][keys]
-    ax2.scatter(xh, result["rho_hat"][keys], s=8, color="C3", label=r"diagonal bound $\hat\rho$")
-    ax2.scatter(xh, result["span_hat"][keys].clamp(min=lam), s=8, color="C1", marker="x", label=r"span rate $\max(\lambda, \hat\delta)$")
-    ax2.scatter(xh, result["ctx_rates"][keys], s=8, color="k", marker="_", label=r"measured rate of $\|v_L - \hat v_\infty\|_\infty$")
-    ax2.set(xlabel=r"$\min_x \hat M(x, x)$ of the context", title=f"Contexts of n = {', '.join(map(str, result['ns']))} covering every state")
-    for a in (ax, ax2):
-        a.axhline(1, color="grey", lw=0.8)
-        a.axvline((1 + result["gamma"]) / 2, color="grey", ls=":", lw=1, label=r"threshold $(1 + \gamma)/2$")
-        a.legend(fontsize=8)
-    fig.suptitle("The leaky regime on random Boyan chains: the rate is the constant direction's (fast-mixing chains only)")
-    fig.tight_layout()
-    return fig
-
 # %% ../nbs/05_convergence.ipynb #00e43c4e
 def relaxation_time(P, # (..., s, s) stochastic matrices
                    )->torch.Tensor: # (...) 1 / (1 - |lambda_2|), lambda_2 the eigenvalue of second largest modulus
@@ -689,69 +333,11 @@ def relaxation_time(P, # (..., s, s) stochastic matrices
     return 1 / (1 - mods[..., 1])
 
 # %% ../nbs/05_convergence.ipynb #917e2d79
-def _two_blocks(P1:np.ndarray, P2:np.ndarray, eta:float)->np.ndarray:
-    "Two chains joined: each state jumps to the other block's first state with probability eta."
-    s1, s2 = len(P1), len(P2)
-    P = np.zeros((s1 + s2, s1 + s2))
-    P[:s1, :s1], P[s1:, s1:] = (1 - eta) * P1, (1 - eta) * P2
-    P[:s1, s1] += eta
-    P[s1:, 0] += eta
-    return P
-
-def slow_mixing_experiment(n_tasks:int=20,      # chains per family and mixing parameter
-                           etas=None,           # (K,) laziness / cross-block probabilities (capped at 1/2 for the blocks); default 13 log-spaced in [1e-3, 1]
-                           target:float=0.96,   # min_x M_pi(x, x) of every chain
-                           alpha:float=1.,      # step size in (0, 1]
-                           seed:int=7000,       # chain b takes its features, rewards and first chain from seed + b
-                           n_layers:int=200,    # depth of the population recursion
-                           fit_start:int=100,   # first depth of the rate fit
-                          )->dict:              # etas, lam, gamma, and per family ("lazy", "two blocks") tensors (B, K): relax, rates, spectral, rho, min_diag; lazy_limit (B,)
-    "Rates of the population recursion on lazy Boyan chains and on two Boyan blocks joined by a rare jump (unit-norm features, $W = \\beta I$), against the relaxation time."
-    etas = np.logspace(-3, 0, 13) if etas is None else np.asarray(etas, dtype=float)
-    bases = [random_boyan_chain(features="unit", seed=seed + b) for b in range(int(n_tasks))]
-    blocks = [[boyan_transitions(5, np.random.default_rng(seed + k * int(n_tasks) + b)) for k in (1, 2)] for b in range(int(n_tasks))]
-    gamma = bases[0].gamma
-    out = dict(etas=etas, lam=1 - alpha * (1 - gamma), gamma=gamma, alpha=alpha, fit=f"{fit_start}-{n_layers}")
-    for family in ("lazy", "two blocks"):
-        tb = stack_tasks(MRP((1 - e) * np.eye(10) + e * base.P.numpy() if family == "lazy" else _two_blocks(*blk, min(e, 0.5)),
-                             base.r.numpy(), gamma, base.phi.numpy()) for base, blk in zip(bases, blocks) for e in etas)
-        beta = scale_for_diagonality(tb.phi, tb.d_pi, torch.full((len(tb),), target, dtype=torch.float64))
-        M = kernel_attention(tb.phi, beta[:, None, None] * torch.eye(tb.phi.shape[-1], dtype=torch.float64), tb.d_pi)
-        err = sup_error(td_recursion(M, tb.P, tb.r, gamma, alpha, n_layers), tb.v_pi.unsqueeze(1))
-        cols = dict(relax=relaxation_time(tb.P), rates=measured_rate(err, fit_start), spectral=spectral_radius(M, tb.P, gamma, alpha),
-                    rho=rate_bound(M, gamma, alpha), min_diag=kernel_diagonality(M)[1])
-        out[family] = {k: v.reshape(int(n_tasks), len(etas)) for k, v in cols.items()}
-        if family == "lazy":
-            mu_min = torch.linalg.eigvals(M).real.amin(-1).reshape(int(n_tasks), len(etas))[:, 0]
-            out["lazy_limit"] = 1 - alpha * (1 - gamma) * mu_min
-    return out
-
-def plot_slow_mixing(result:dict, # output of `slow_mixing_experiment`
-                    ):            # the matplotlib figure
-    "Spectral radius of $B$ (median and 10-90% band over chains) and measured rate against the relaxation time, with $\\lambda$ and the lazy-chain limit."
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(11, 5))
-    for i, family in enumerate(("lazy", "two blocks")):
-        r = result[family]
-        x, y = r["relax"].median(0).values, r["spectral"]
-        ax.plot(x, y.median(0).values, "-", color=f"C{i}", label=f"spectral radius of $B$, {family} (median of {len(y)} chains)")
-        ax.fill_between(x, y.quantile(0.1, 0), y.quantile(0.9, 0), color=f"C{i}", alpha=0.2)
-        ax.plot(x, r["rates"].median(0).values, "o", color=f"C{i}", ms=4, mfc="none", label=f"measured rate, depths {result['fit']}, {family} (median)")
-    m = result["lazy"]["min_diag"].mean().item()
-    ax.axhline(result["lam"], color="k", lw=1, label=r"$\lambda = 1 - \alpha(1 - \gamma)$")
-    ax.axhline(result["lazy_limit"].median(), color="C0", ls=":", label=r"lazy limit $1 - \alpha(1-\gamma)\mu_{\min}(M_\pi)$ (median)")
-    ax.axhline(1 - result["alpha"] * (1 - result["gamma"]) * (2 * m - 1), color="C3", ls="--", label=r"its cap $1 - \alpha(1-\gamma)(2 \min_x M_\pi(x,x) - 1)$")
-    ax.set(xscale="log", xlabel="relaxation time $1/(1 - |\\lambda_2(P)|)$ (steps)", ylabel="per-layer rate of $\\|v_L - v_\\pi\\|_\\infty$",
-           title=f"Slow mixing slows the iteration (unit-norm features, $\\min_x M_\\pi(x, x) = {m:.2f}$; bound $\\rho = {result['lazy']['rho'].mean():.2f}$)")
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
-    fig.tight_layout()
-    return fig
-
-# %% ../nbs/05_convergence.ipynb #9cf84132
 def _shift(n_states:int, k:int)->np.ndarray:
     "The cyclic shift $S^k$: row $x$ has its one at column $(x + k) \\bmod s$."
     return np.roll(np.eye(n_states), k, axis=1)
 
+# %% ../nbs/05_convergence.ipynb #9937c7f5
 def circulant_pair(m:float,      # the diagonal of M, in [0, 1]
                    n_states:int, # number of states s >= 2
                    a:int=1,      # M gives 1 - m of each row to the state a steps ahead
@@ -765,21 +351,26 @@ def circulant_pair(m:float,      # the diagonal of M, in [0, 1]
     return torch.from_numpy(m * np.eye(s) + (1 - m) * _shift(s, a)), torch.from_numpy(_shift(s, b))
 
 # %% ../nbs/05_convergence.ipynb #accc21e7
+def _mode_root(z, W, alpha):
+    "Smallest m at which the mode with multipliers z (of S^a) and W = 1 - gamma w (of I - gamma P) stops contracting; -inf if it never does."
+    c0, c1 = 1 - alpha * z * W, -alpha * (1 - z) * W                           # its eigenvalue of B is c0 + c1 m
+    A, B, C = np.abs(c1) ** 2, 2 * np.real(c0 * np.conj(c1)), np.abs(c0) ** 2 - 1
+    disc = B * B - 4 * A * C
+    ok = (A > 1e-15) & (disc >= 0)
+    return np.where(ok, (-B - np.sqrt(np.where(ok, disc, 0.))) / (2 * np.where(ok, A, 1.)), -np.inf)
+
+# %% ../nbs/05_convergence.ipynb #002e626f
 def _circulant_roots(gamma:float, alpha:float, s:int)->tuple:
     "Over shifts (a, b), gcd(b, s) = 1, and modes k: the largest m at which the mode does not contract, with (a, b)."
     k = np.arange(1, s)
     best = (-np.inf, 0, 1)
     for a in range(s):
         for b in (b for b in range(1, s) if math.gcd(b, s) == 1):
-            wa, W = np.exp(2j * np.pi * a * k / s), 1 - gamma * np.exp(2j * np.pi * b * k / s)
-            c0, c1 = 1 - alpha * wa * W, -alpha * (1 - wa) * W                  # eigenvalue c0 + c1 m
-            A, B, C = np.abs(c1) ** 2, 2 * np.real(c0 * np.conj(c1)), np.abs(c0) ** 2 - 1
-            disc = B * B - 4 * A * C
-            ok = (A > 1e-15) & (disc >= 0)
-            root = np.where(ok, (-B - np.sqrt(np.where(ok, disc, 0.))) / (2 * np.where(ok, A, 1.)), -np.inf)
+            root = _mode_root(np.exp(2j * np.pi * a * k / s), 1 - gamma * np.exp(2j * np.pi * b * k / s), alpha)
             if root.max() > best[0]: best = (float(root.max()), a, b)
     return best
 
+# %% ../nbs/05_convergence.ipynb #86d6d531
 def circulant_threshold(gamma:float,  # discount factor in [0, 1)
                         alpha:float,  # step size in (0, 1]
                         n_states:int, # number of states s >= 2
@@ -801,177 +392,9 @@ def circulant_limit(gamma:float,  # discount factor in [0, 1)
                    )->float:      # m_infinity(gamma, alpha)
     "Proposition 5's limit $m_\\infty(\\gamma, \\alpha)$ of the circulant lower bounds as $s \\to \\infty$."
     gamma = check_gamma(gamma)
-    def root(angles):
-        z, W = np.exp(1j * angles[0]), 1 - gamma * np.exp(1j * angles[1])
-        c0, c1 = 1 - alpha * z * W, -alpha * (1 - z) * W
-        A, B, C = np.abs(c1) ** 2, 2 * np.real(c0 * np.conj(c1)), np.abs(c0) ** 2 - 1
-        disc = B * B - 4 * A * C
-        ok = (A > 1e-15) & (disc >= 0)
-        return np.where(ok, (-B - np.sqrt(np.where(ok, disc, 0.))) / (2 * np.where(ok, A, 1.)), -np.inf)
+    root = lambda angles: _mode_root(np.exp(1j * angles[0]), 1 - gamma * np.exp(1j * angles[1]), alpha)
     th = np.linspace(0, 2 * np.pi, int(grid))
     R = root(np.meshgrid(th, th))
     i, j = np.unravel_index(np.argmax(R), R.shape)
     res = scipy.optimize.minimize(lambda x: -float(root(x)), [th[j], th[i]], method="Nelder-Mead", options=dict(xatol=1e-10, fatol=1e-13))
     return max(float(R.max()), -res.fun)
-
-# %% ../nbs/05_convergence.ipynb #c2075ff2
-def _row_softmax(X:np.ndarray)->np.ndarray:
-    E = np.exp(X - X.max(1, keepdims=True))
-    return E / E.sum(1, keepdims=True)
-
-def _pair_from_logits(z:np.ndarray, m:float, s:int)->tuple:
-    "M = m I + (1 - m) softmax(X) and P = softmax(Y), both positive, from the logits z = (X, Y) flattened."
-    return m * np.eye(s) + (1 - m) * _row_softmax(z[:s * s].reshape(s, s)), _row_softmax(z[s * s:].reshape(s, s))
-
-def _quotient_radius(z:np.ndarray, m:float, s:int, gamma:float, alpha:float)->tuple:
-    "Spectral radius of B on vectors modulo constants (Proposition 2, item 3), and its gradient in the logits."
-    Q, P = _row_softmax(z[:s * s].reshape(s, s)), _row_softmax(z[s * s:].reshape(s, s))
-    M, I = m * np.eye(s) + (1 - m) * Q, np.eye(s)
-    L, R = np.hstack([-np.ones((s - 1, 1)), I[1:, 1:]]), I[:, 1:]             # coordinates modulo constants
-    w, vl, vr = scipy.linalg.eig(L @ (I - alpha * M @ (I - gamma * P)) @ R, left=True, right=True)
-    k = int(np.argmax(np.abs(w)))
-    C = np.outer(vl[:, k].conj(), vr[:, k]) / (vl[:, k].conj() @ vr[:, k])    # d lambda / d(L B R)
-    GB = L.T @ np.real(np.conj(w[k]) / abs(w[k]) * C) @ R.T
-    GM, GP = -alpha * GB @ (I - gamma * P).T, alpha * gamma * M.T @ GB
-    GQ = (1 - m) * GM
-    return abs(w[k]), np.concatenate([(Q * (GQ - (GQ * Q).sum(1, keepdims=True))).ravel(), (P * (GP - (GP * P).sum(1, keepdims=True))).ravel()])
-
-def _maximise_radius(z:np.ndarray, m:float, s:int, gamma:float, alpha:float)->tuple:
-    "Local maximum of the quotient radius from the logits z (L-BFGS-B, logits in [-25, 25])."
-    res = scipy.optimize.minimize(lambda x: tuple(-t for t in _quotient_radius(x, m, s, gamma, alpha)), z, jac=True,
-                                  method="L-BFGS-B", bounds=[(-25., 25.)] * len(z), options=dict(maxiter=300))
-    return res.x, -res.fun
-
-def _circulant_logits(gamma:float, alpha:float, s:int)->np.ndarray:
-    "Logits of a positive pair close to the best circulant pair, embedded in s states (Proposition 5, item 2)."
-    c, X, Y = circulant_threshold(gamma, alpha, s), np.full((s, s), -20.), np.full((s, s), -20.)
-    n, a, b = c["n"], c["a"], c["b"]
-    for x in range(s):
-        if x < n: X[x, (x + a) % n], Y[x, (x + b) % n] = 20., 20.
-        else: X[x, x], Y[x, (x + 1) % s] = 20., 20.
-    if n < s: Y[0, n] = 0.                                                      # a rare move into the added states
-    return np.concatenate([X.ravel(), Y.ravel()])
-
-def _check_search_args(m, gamma, alpha, n_states):
-    s = _positive_int(n_states, "n_states")
-    if s < 2: raise ValueError(f"`n_states` must be at least 2, got {n_states}")
-    if not 0 <= m < 1: raise ValueError(f"`m` must lie in [0, 1), got {m}")
-    if not 0 < alpha <= 1: raise ValueError(f"`alpha` must lie in (0, 1], got {alpha}")
-    return s, check_gamma(gamma)
-
-def worst_case_pair(m:float,       # the smallest allowed diagonal of M
-                    gamma:float,   # discount factor in [0, 1)
-                    alpha:float,   # step size in (0, 1]
-                    n_states:int,  # number of states s >= 2
-                    seed:int=0,    # seed of the random starts
-                    n_starts:int=20, # random starts, besides the circulant one
-                   )->tuple:       # (M, P) float64 (s, s): M positive, row-stochastic, diagonal >= m; P positive (so irreducible), stochastic
-    "The pair with the largest spectral radius of $B = I - \\alpha M (I - \\gamma P)$ found by a multistart search at minimum diagonal `m`."
-    s, gamma = _check_search_args(m, gamma, alpha, n_states)
-    rng = np.random.default_rng(seed)
-    starts = [_circulant_logits(gamma, alpha, s)] + [rng.normal(scale=3., size=2 * s * s) for _ in range(int(n_starts))]
-    best = max((_maximise_radius(z, m, s, gamma, alpha) for z in starts), key=lambda t: t[1])[0]
-    return tuple(torch.from_numpy(A) for A in _pair_from_logits(best, m, s))
-
-# %% ../nbs/05_convergence.ipynb #5fc96f49
-def _family_max(z:np.ndarray, m:float, s:int, gamma:float, alpha:float, margin:float=1e-9)->float:
-    "Largest m' >= m with rho(B) >= 1 + margin along M = m' I + (1 - m') Q for the logits z (grid, then bisection); None if none."
-    f = lambda mm: spectral_radius(*map(torch.from_numpy, _pair_from_logits(z, mm, s)), gamma, alpha).item() >= 1 + margin
-    ms = np.linspace(m, (1 + gamma) / 2, 101)
-    ok = np.nonzero([f(mm) for mm in ms])[0]
-    if not len(ok): return None
-    lo, hi = ms[ok.max()], ms[min(ok.max() + 1, len(ms) - 1)]
-    for _ in range(40):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if f(mid) else (lo, mid)
-    return lo
-
-def threshold_search(gamma:float,     # discount factor in [0, 1)
-                     alpha:float,     # step size in (0, 1]
-                     n_states:int,    # number of states s >= 2
-                     seed:int=0,      # seed of the random starts
-                     n_starts:int=100, # random starts
-                     step:float=2e-3, # how far above the record each new search starts
-                    )->dict:          # m (a certified lower bound on m*), M, P (the certificate, float64), rho (its spectral radius >= 1)
-    "A certified lower bound on the diagonality threshold $m^*$: the largest minimum diagonal at which the search finds a pair with $\\rho(B) \\ge 1$."
-    s, gamma = _check_search_args(0., gamma, alpha, n_states)
-    rng = np.random.default_rng(seed)
-    c = circulant_threshold(gamma, alpha, s)
-    z0 = _circulant_logits(gamma, alpha, s)
-    best_m, best_z = c["m"] - 1e-4, None
-    for i in range(int(n_starts) + 1):
-        z, m = (z0, best_m) if i == 0 else (rng.normal(scale=3., size=2 * s * s), best_m + step)
-        for _ in range(100):                                        # ratchet: optimise at m, then slide m up along the pair found
-            z, r = _maximise_radius(z, m, s, gamma, alpha)
-            mm = _family_max(z, m, s, gamma, alpha) if r >= 1 + 1e-9 else None
-            if mm is None: break
-            if best_z is None or mm > best_m: best_m, best_z = mm, z.copy()
-            m = mm + step
-    if best_z is None: raise RuntimeError(f"no certificate found at gamma = {gamma}, alpha = {alpha}, s = {s}")
-    M, P = (torch.from_numpy(A) for A in _pair_from_logits(best_z, best_m, s))
-    return dict(m=best_m, M=M, P=P, rho=spectral_radius(M, P, gamma, alpha).item())
-
-# %% ../nbs/05_convergence.ipynb #f070caf5
-THRESHOLD_FILE = Path(__file__).resolve().parent.parent / "nbs" / "data" / "convergence_threshold.json" if "__file__" in globals() else Path("data/convergence_threshold.json")
-
-# %% ../nbs/05_convergence.ipynb #32245cbc
-def save_threshold_certificates(path=THRESHOLD_FILE,          # where to write the JSON file
-                                gammas=(0.5, 0.9, 0.99),      # discount factors
-                                alphas=(0.25, 0.5, 1.),       # step sizes
-                                sizes=tuple(range(2, 9)),     # numbers of states
-                                n_starts:int=100,             # random starts per search
-                                seed:int=0,                   # seed of the searches
-                                progress:bool=True,           # tqdm over the searches
-                                command:str=None,             # the command line to record (default: sys.argv)
-                               )->dict:                       # the records written
-    "Run `threshold_search` over a grid and save its certificates with the command, commit and date that made them."
-    import datetime, json, subprocess, sys
-    records = []
-    for g, a, s in tqdm(list(itertools.product(gammas, alphas, sizes)), disable=not progress, desc="threshold search"):
-        r = threshold_search(g, a, s, seed=seed, n_starts=n_starts)
-        records.append(dict(gamma=g, alpha=a, n_states=s, m=r["m"], rho=r["rho"], circulant=circulant_threshold(g, a, s)["m"],
-                            M=r["M"].tolist(), P=r["P"].tolist()))
-    try: commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(path).parent).stdout.strip()
-    except OSError: commit = "unknown"
-    out = dict(command=command or " ".join(sys.argv), commit=commit,
-               date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-               settings=dict(n_starts=n_starts, seed=seed), records=records)
-    Path(path).write_text(json.dumps(out))
-    return out
-
-# %% ../nbs/05_convergence.ipynb #1c6b95e7
-def check_certificate(record:dict, # one record: gamma, alpha, n_states, m, M, P
-                     )->float:     # the spectral radius of B, >= 1
-    "Re-check a certificate: M positive, row-stochastic, with minimum diagonal m; P positive and stochastic; $\\rho(B) \\ge 1$."
-    M, P = (torch.tensor(record[k], dtype=torch.float64) for k in ("M", "P"))
-    s = record["n_states"]
-    ok = (M.shape == P.shape == (s, s) and (M > 0).all() and (P > 0).all() and (M.diagonal().min() >= record["m"] - 1e-12)
-          and ((M.sum(1) - 1).abs().max() < 1e-12) and ((P.sum(1) - 1).abs().max() < 1e-12))
-    rho = spectral_radius(M, P, record["gamma"], record["alpha"]).item()
-    if not ok or rho < 1: raise ValueError(f"invalid certificate at gamma = {record['gamma']}, alpha = {record['alpha']}, s = {s}: rho = {rho}")
-    return rho
-
-# %% ../nbs/05_convergence.ipynb #1df90cd7
-def load_threshold_certificates(path=THRESHOLD_FILE)->dict:
-    "The stored certificates (see `save_threshold_certificates`)."
-    import json
-    if not Path(path).exists(): raise ValueError(f"`path` must be a certificate file, got {path}")
-    return json.loads(Path(path).read_text())
-
-# %% ../nbs/05_convergence.ipynb #8a09a026
-def diagonality_threshold(gamma:float,  # discount factor in [0, 1)
-                          alpha:float,  # step size in (0, 1]
-                          n_states:int, # number of states s >= 2
-                          certificates=None, # records of `load_threshold_certificates` (default: the book's file, if present)
-                         )->float:      # the certified lower bound on m*(gamma, alpha, s)
-    "The book's certified value of $m^*$: the best of the circulant bound and the stored search certificates (Proposition 5, item 2, for smaller s and alpha)."
-    m = circulant_threshold(gamma, alpha, n_states)["m"]
-    if certificates is None and not THRESHOLD_FILE.exists():
-        warnings.warn(f"no certificate file at {THRESHOLD_FILE} (an installed package has no nbs/data/): returning the circulant bound alone, "
-                      "which can be lower than the book's certified value; pass `certificates=` to use a saved file")
-    if certificates is None: certificates = load_threshold_certificates()["records"] if THRESHOLD_FILE.exists() else []
-    for r in certificates:
-        if r["gamma"] == gamma and r["alpha"] <= alpha and r["n_states"] <= n_states and r["m"] > m:
-            check_certificate(r)
-            m = r["m"]
-    return m

@@ -131,3 +131,16 @@ def test_count_lemma_and_floor_identity(seed, n, beta):
         gap = mrp.gamma * torch.linalg.solve(torch.eye(6, dtype=torch.float64) - mrp.gamma * P_hat, (P_hat - mrp.P) @ mrp.v_pi)
         torch.testing.assert_close(v_hat - mrp.v_pi, gap, rtol=0, atol=1e-10)
         assert sup_error(v_hat, mrp.v_pi) <= floor_bound(P_hat, mrp.P, mrp.v_pi, mrp.gamma) + 1e-12
+
+
+@pytest.mark.unit
+def test_theory_stands_apart_from_experiments():
+    "Chapter 5's layering (issue 22): the theory module imports nothing from the experiments, the experiments import no private name from it, and no moved name is re-exported."
+    import ast
+    import ictd.convergence as theory, ictd.experiments.convergence as experiments
+    def imported(mod):
+        tree = ast.parse(open(mod.__file__).read())
+        return [(n.module or '', a.name) for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names]
+    assert not [m for m, _ in imported(theory) if 'experiments' in m]
+    assert not [a for m, a in imported(experiments) if m.endswith('convergence') and a.startswith('_')]
+    assert not set(experiments.__all__) & set(dir(theory))

@@ -6,15 +6,17 @@ import pytest
 import torch
 from hypothesis import given, settings, strategies as st
 from ictd.boyan import random_boyan_chain, sample_trajectory
-from ictd.convergence import (check_certificate, circulant_limit, circulant_pair, circulant_threshold, diagonality_threshold,
-                              empirical_mrp, floor_hp_bound, hitting_times, kernel_attention, load_threshold_certificates,
-                              missing_state_bound, relaxation_time, spectral_radius, worst_case_pair)
+from ictd.convergence import (circulant_limit, circulant_pair, circulant_threshold, empirical_mrp, fixed_point, floor_hp_bound,
+                              hitting_times, kernel_attention, missing_state_bound, relaxation_time, spectral_radius)
+from ictd.experiments.convergence import check_certificate, diagonality_threshold, load_threshold_certificates, worst_case_pair
 
 seeds = st.integers(0, 2**32 - 1)
 
-@pytest.mark.unit
-@settings(max_examples=40, deadline=None)
-@given(m=st.floats(0., 1.), s=st.integers(2, 9), a=st.integers(0, 8), b=st.integers(1, 8), gamma=st.floats(0., 0.99), alpha=st.floats(0.05, 1.))
+def unit_property(n_examples, **strategies):
+    "A fast hypothesis test: the `unit` marker, `n_examples` draws from `strategies`, no deadline."
+    return lambda f: pytest.mark.unit(settings(max_examples=n_examples, deadline=None)(given(**strategies)(f)))
+
+@unit_property(40, m=st.floats(0., 1.), s=st.integers(2, 9), a=st.integers(0, 8), b=st.integers(1, 8), gamma=st.floats(0., 0.99), alpha=st.floats(0.05, 1.))
 def test_circulant_spectrum(m, s, a, b, gamma, alpha):
     "Proposition 5 item 1: the spectrum of B for a circulant pair is the set of Fourier multipliers (a wrong formula fails)."
     if math.gcd(b, s) != 1: return
@@ -23,9 +25,7 @@ def test_circulant_spectrum(m, s, a, b, gamma, alpha):
     predicted = np.abs(1 - alpha * (m + (1 - m) * w ** a) * (1 - gamma * w ** b)).max()
     assert abs(spectral_radius(M, P, gamma, alpha).item() - predicted) < 1e-10
 
-@pytest.mark.unit
-@settings(max_examples=60, deadline=None)
-@given(seed=seeds, gamma=st.floats(0., 0.99), alpha=st.floats(0.01, 1.))
+@unit_property(60, seed=seeds, gamma=st.floats(0., 0.99), alpha=st.floats(0.01, 1.))
 def test_two_states_converge_above_one_half(seed, gamma, alpha):
     "Proposition 5 item 3: with two states, both diagonal entries above 1/2 imply rho(B) < 1, for every P."
     rng = np.random.default_rng(seed)
@@ -65,9 +65,7 @@ def test_circulant_limit_closed_form():
     for g in (0.5, 0.9):
         assert abs(circulant_limit(g, 1e-4) - 1 / (1 + math.sqrt(1 - g ** 2))) < 1e-3
 
-@pytest.mark.unit
-@settings(max_examples=60, deadline=None)
-@given(seed=seeds, s=st.integers(2, 7), eps=st.floats(0.01, 0.9))
+@unit_property(60, seed=seeds, s=st.integers(2, 7), eps=st.floats(0.01, 0.9))
 def test_lemma1_tight_bounds(seed, s, eps):
     "Lemma 1 (tightened): row error <= 2 eps / (1 + sqrt(1 - eps^2)) and the diagonal bound, for any kernel and counts within eps."
     rng = np.random.default_rng(seed)
@@ -107,7 +105,6 @@ def test_hitting_times_against_simulation():
 def test_high_probability_floor_bounds_hold():
     "Proposition 7 items 1 and 3: over 300 contexts (seeds the book does not use) the failure rates stay within delta and the missing-state bound."
     from ictd.tasks import random_tasks, sample_trajectories
-    from ictd.convergence import fixed_point, td_recursion  # noqa: F401  (the floor is the fixed point's error)
     tb = random_tasks(300, seed=9100, features="onehot")
     n = 150
     S = sample_trajectories(tb.P, n, tb.d_pi, seed=9100)
@@ -123,7 +120,7 @@ def test_high_probability_floor_bounds_hold():
 @pytest.mark.unit
 def test_threshold_without_certificates_says_so(monkeypatch, tmp_path):
     "Without the certificate file (an installed package) the threshold falls back to the circulant bound, with a warning, not silently."
-    import ictd.convergence as conv
+    import ictd.experiments.convergence as conv
     monkeypatch.setattr(conv, "THRESHOLD_FILE", tmp_path / "missing.json")
     with pytest.warns(UserWarning, match="no certificate file"): m = conv.diagonality_threshold(0.9, 1., 3)
     assert m == conv.circulant_threshold(0.9, 1., 3)["m"]
