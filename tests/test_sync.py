@@ -8,11 +8,11 @@ def test_export_leaves_no_diff(tmp_path):
     for f in ('settings.ini', 'setup.py'): shutil.copy(ROOT / f, tmp_path / f)
     shutil.copytree(ROOT / 'nbs', tmp_path / 'nbs')
     shutil.copytree(ROOT / 'ictd', tmp_path / 'ictd')
-    for f in (tmp_path / 'ictd').glob('*.py'):
+    for f in (tmp_path / 'ictd').rglob('*.py'):   # subpackages too (ictd/experiments/)
         if f.name != '__init__.py': f.unlink()
     run('nbdev_export', cwd=tmp_path)
-    ours = sorted(p.name for p in (ROOT / 'ictd').glob('*.py'))
-    theirs = sorted(p.name for p in (tmp_path / 'ictd').glob('*.py'))
+    ours = sorted(str(p.relative_to(ROOT / 'ictd')) for p in (ROOT / 'ictd').rglob('*.py'))
+    theirs = sorted(str(p.relative_to(tmp_path / 'ictd')) for p in (tmp_path / 'ictd').rglob('*.py'))
     assert ours == theirs, f'modules differ: {ours} vs {theirs}; run nbdev_export'
     _, mismatch, errors = filecmp.cmpfiles(ROOT / 'ictd', tmp_path / 'ictd', ours, shallow=False)
     assert not mismatch + errors, f'library out of sync with notebooks in {mismatch + errors}; run nbdev_export'
