@@ -5,6 +5,7 @@
 # %% ../nbs/07b_continuous.ipynb #21b3afcd
 from __future__ import annotations
 import math
+from types import SimpleNamespace
 import numpy as np
 import torch
 from fastcore.basics import patch
@@ -17,7 +18,7 @@ from .pretrain import PROTOCOLS, EvalSet, PretrainConfig, Protocol, get_family, 
 # %% auto #0
 __all__ = ['TASK_SETS', 'HERMITE', 'ContinuousProcess', 'NoisyRotation', 'gaussian_moment', 'gaussian_operator', 'polyval',
            'GaussianAR1', 'mc_returns', 'mc_z_scores', 'kernel_td', 'von_mises_harmonics', 'population_msve', 'lstd',
-           'TaskFamily', 'RotationFamily', 'GaussianAR1Family', 'family_protocol', 'family_config']
+           'TaskFamily', 'RotationFamily', 'GaussianAR1Family', 'task_process', 'family_protocol', 'family_config']
 
 # %% ../nbs/07b_continuous.ipynb #38b44d04
 def _positive(x, name:str)->float: return check_number(x, name, 0., strict=True)
@@ -393,6 +394,18 @@ class GaussianAR1Family(TaskFamily):
     def v_pi(self, tasks:dict, x)->torch.Tensor:
         "(B, m) true values of each task at the points x (m,)."
         return torch.stack([GaussianAR1(a, math.sqrt(1 - a ** 2), self.gamma, tuple(c)).v_pi(x) for a, c in zip(tasks["a"].tolist(), tasks["c"].tolist())])
+
+# %% ../nbs/07b_continuous.ipynb #c0a2a066
+def task_process(family:TaskFamily,  # the family the task was drawn from
+                 task:dict,          # one task, `family.draw(1, gen)`
+                )->SimpleNamespace:  # gamma, reward(states), step(states, rng)
+    "One task of a family as a process `mc_returns` can simulate."
+    reward = lambda s: family.reward(task, s.reshape(1, -1)).reshape(s.shape)
+    if isinstance(family, RotationFamily):
+        mu, sg = task["mu"].item(), task["sigma"].item()
+        return SimpleNamespace(gamma=family.gamma, reward=reward, step=lambda s, rng: np.mod(s + mu + sg * rng.standard_normal(s.shape), 2 * np.pi))
+    a = task["a"].item()
+    return SimpleNamespace(gamma=family.gamma, reward=reward, step=lambda s, rng: a * s + math.sqrt(1 - a * a) * rng.standard_normal(s.shape))
 
 # %% ../nbs/07b_continuous.ipynb #7faebec1
 def family_protocol(family:TaskFamily,   # the task family

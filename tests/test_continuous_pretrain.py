@@ -1,11 +1,9 @@
 """Claims of chapter 7c's pretraining section, on seeds the chapter does not show (100..109), and its helpers."""
 import dataclasses, math
-from types import SimpleNamespace
-import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
-from ictd.continuous import TASK_SETS, GaussianAR1Family, RotationFamily, family_config, mc_z_scores
+from ictd.continuous import TASK_SETS, GaussianAR1Family, RotationFamily, family_config, mc_z_scores, task_process
 from ictd.experiments.continuous import (ar1_claims, binomial_lower, family_experiment, kernel_fit, kernel_msve, family_msve,
                                          learned_scores, rotation_claims, value_weights)
 from ictd.model import SoftmaxICTD, theta_star, token_predict, trajectory_tokens
@@ -68,22 +66,13 @@ def test_binomial_lower_is_the_clopper_pearson_bound(k, N):
     assert abs(tail(p) - 0.05) < 1e-9 and 0 < p < k / N
     assert binomial_lower(0, N) == 0.
 
-def simulator(fam, task):
-    "A task of a family as an object `mc_returns` can simulate."
-    reward = lambda s: fam.reward(task, s.reshape(1, -1)).reshape(s.shape)
-    if isinstance(fam, RotationFamily):
-        mu, sg = task["mu"].item(), task["sigma"].item()
-        return SimpleNamespace(gamma=fam.gamma, reward=reward, step=lambda s, rng: np.mod(s + mu + sg * rng.standard_normal(s.shape), 2 * np.pi))
-    a = task["a"].item()
-    return SimpleNamespace(gamma=fam.gamma, reward=reward, step=lambda s, rng: a * s + math.sqrt(1 - a * a) * rng.standard_normal(s.shape))
-
 @pytest.mark.parametrize("fam,seed", [(ROT, 11), (ROT, 12), (AR, 11), (AR, 12)])
 def test_family_values_against_monte_carlo(fam, seed):
     task = fam.draw(1, torch.Generator().manual_seed(seed))
     x = torch.linspace(-1.5, 1.5, 5, dtype=torch.float64) + (math.pi if fam is ROT else 0.)
-    assert mc_z_scores(simulator(fam, task), x, fam.v_pi(task, x)[0], n_paths=2000, seed=seed).max() < 4.5
+    assert mc_z_scores(task_process(fam, task), x, fam.v_pi(task, x)[0], n_paths=2000, seed=seed).max() < 4.5
     wrong = fam.v_pi(task, x)[0] * 1.05 + 0.2                  # a value 5% off plus a shift must be rejected
-    assert mc_z_scores(simulator(fam, task), x, wrong, n_paths=2000, seed=seed).max() > 4.5
+    assert mc_z_scores(task_process(fam, task), x, wrong, n_paths=2000, seed=seed).max() > 4.5
 
 def test_bad_input():
     with pytest.raises(ValueError, match="`sigma` must satisfy 0.01 <= low"): RotationFamily(sigma=(0., 0.5))

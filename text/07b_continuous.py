@@ -5,6 +5,7 @@
 #| export
 from __future__ import annotations
 import math
+from types import SimpleNamespace
 import numpy as np
 import torch
 from fastcore.basics import patch
@@ -23,8 +24,7 @@ from nbdev.showdoc import *
 #| hide
 import dataclasses
 from IPython.display import Markdown
-from types import SimpleNamespace
-from ictd.core import substream
+from ictd.core import record_claim
 from ictd.model import SoftmaxICTD, token_predict, trajectory_tokens
 from ictd.pretrain import get_protocol, model_params, pretrain_many
 from ictd.prompt import build_prompt
@@ -369,6 +369,8 @@ z = {"rotation, square reward": mc_z_scores(rot, starts_rot, rot.v_pi(starts_rot
 for k, zk in z.items():
     if "WRONG" in k: assert zk.max() > 4.5, (k, zk)
     else: assert zk.max() < 4.5, (k, zk)
+record_claim("closed-forms", "The closed-form values of the noisy rotation and of the Gaussian AR(1) agree with Monte Carlo returns (every z-score below 4.5), and wrong formulas are rejected.",
+             "measured", "continuous", "#checking-the-closed-forms-against-monte-carlo")
 {k: round(v.max().item(), 2) for k, v in z.items()}
 
 
@@ -427,6 +429,7 @@ def score_matrix(self:GaussianAR1, beta:float)->torch.Tensor:
 test_eq(NoisyRotation().score_matrix(3.), 3 * torch.eye(2, dtype=torch.float64))
 test_fail(lambda: GaussianAR1().score_matrix(0.), contains="`beta` must be a finite number > 0")
 
+
 # %%
 #| export
 def kernel_td(process,              # a process of this chapter
@@ -456,7 +459,7 @@ show_doc(kernel_td)
 # The identities, checked to rounding error on sampled trajectories (the weights computed by the
 # library from features and $W$, against the kernels computed directly from the states); then the
 # Transformer itself, `SoftmaxICTD.from_theta_star` on the prompt of `build_prompt`, against
-# `kernel_td`, for several depths, on both processes, in float64. The experiments below use
+# `kernel_td`, for several depths, on both processes, in float64. The experiments of the next chapter use
 # `kernel_td`, which is faster and, by this check, the same function.
 
 # %%
@@ -476,6 +479,8 @@ for proc, kernel in [(rot, lambda u: torch.exp(8. * torch.cos(u))), (ar, lambda 
 test_fail(lambda: rot.score_matrix(0.), contains="`beta` must be a finite number > 0")
 gap = (tf.predict(Z, n=300) - kernel_td(ar, S, R, beta=8., alpha=0.8, n_layers=30, queries=queries)).abs().max().item()
 assert gap < 1e-11
+record_claim("kernel-td", "With $\\theta^*$ and the score matrices of Proposition 7b.1, the softmax Transformer runs kernel TD with a von Mises kernel on the circle and a Gaussian kernel on the line (checked to 1e-11 in float64).",
+             "proved", "continuous", "#the-kernels-a-transformer-computes")
 print("largest gap between the Transformer and kernel TD (AR(1), 30 layers): below 1e-11")
 
 
@@ -490,7 +495,8 @@ print("largest gap between the Transformer and kernel TD (AR(1), 30 layers): bel
 # $$v_{l+1} = v_l + \alpha M (r + \gamma P v_l - v_l),$$
 #
 # the continuous-state version of the recursion of the [convergence chapter](convergence.html)
-# (we argue the limit by the ergodic theorem, key by key, and check it by measurement below; a
+# (we argue the limit by the ergodic theorem, key by key, and check it by measurement in the [next
+# chapter](continuous_experiments.html#error-against-depth); a
 # uniform convergence proof is beyond this chapter). Both processes make $M$ and $P$ simple.
 #
 # - **Circle.** $d$ is uniform and the von Mises kernel depends on $x - y$ only, so $M$ is a
@@ -544,6 +550,7 @@ show_doc(von_mises_harmonics)
 for b in (0.5, 3., 40.):
     bt = torch.tensor(b, dtype=torch.float64)
     test_close(von_mises_harmonics(b, 3)[1], (torch.special.i1e(bt) / torch.special.i0e(bt)).item(), eps=1e-12)
+
 
 # %%
 #| export
@@ -600,6 +607,8 @@ test_close(ar.population_values(b, 0.7, 1, x)[1], 0.7 * Mr, eps=1e-12)
 f_rot = (1 - von_mises_harmonics(10., 3)[1:] * (1 - 0.9 * rot.transition_eigenvalues(torch.arange(1., 4.)))).abs()
 order = ["first", "second", "third"]
 fastest, slowest = order[f_rot.argmin()], order[f_rot.argmax()]
+record_claim("population-limit", "In the large-context limit, kernel TD with $0 < \\alpha \\le 1$ converges to $v_\\pi$ with no smoothing bias, each harmonic or polynomial degree at its own geometric rate (Proposition 7b.2).",
+             "proved", "continuous", "#what-the-large-context-limit-predicts")
 Markdown(f"$|f_k|$ for $k = 1, 2, 3$: {', '.join(f'{f:.3f}' for f in f_rot.tolist())}. With $\\beta = 10$ and "
          f"$\\alpha = 1$ the {fastest} harmonic converges fastest per layer and the {slowest} slowest: over these "
          "three, $|1 - \\gamma p_k|$ grows with $k$ faster than $\\lambda_k$ shrinks.")
@@ -619,6 +628,7 @@ Markdown(f"$|f_k|$ for $k = 1, 2, 3$: {', '.join(f'{f:.3f}' for f in f_rot.tolis
 def population_msve(process, *, alpha:float, beta:float, n_layers:int, m:int=512)->torch.Tensor:
     "(L + 1,) MSVE of the population recursion at depths 0..L."
     return process.msve(process.population_values(beta, alpha, n_layers, process.grid(m)[0]))
+
 
 # %%
 pop_cos = population_msve(cosine, beta=5., alpha=1., n_layers=40)
@@ -659,9 +669,12 @@ f_1.item()
 S_gram = rot.sample_trajectory(30, seed=3)[0][:-1]
 gram_cond = {b: torch.linalg.cond(torch.exp(b * (torch.cos(S_gram[:, None] - S_gram[None, :]) - 1))).item() for b in (1., 10., 100., 1000.)}
 assert gram_cond[1.] > 1e12 and gram_cond[1000.] < 1e6, gram_cond
+record_claim("return-chain", "On a context of distinct states, every fixed point of weighted softmax TD with a strictly positive definite kernel is the trajectory's own return chain (Proposition 7b.3).",
+             "proved", "continuous", "#a-fixed-point-that-is-the-return-chain")
 Markdown("Condition number of the Gram matrix at $n = 30$: " + "; ".join(
     rf"$\beta = {b:g}$: " + ("above $10^{12}$" if c > 1e12 else f"{c:.1e}")
     for b, c in gram_cond.items()) + ".")
+
 
 # %% [markdown]
 # ## Features for linear TD
@@ -691,11 +704,13 @@ def basis(self:GaussianAR1, states, size:int)->torch.Tensor:
     for j in range(1, _length(size, "size")): H.append(x * H[j] - j * H[j - 1])
     return torch.stack([h / math.sqrt(math.factorial(j)) for j, h in enumerate(H[:size + 1])], -1)
 
+
 # %%
 nodes, hw = np.polynomial.hermite_e.hermegauss(10)                      # exact for polynomials of degree < 20 under N(0, 1)
 H_ar, w_ar = ar.basis(torch.from_numpy(nodes) * ar.std, 4), torch.from_numpy(hw / hw.sum())
 test_close(H_ar.mT @ (w_ar[:, None] * H_ar), torch.eye(5, dtype=torch.float64), eps=1e-12)
 test_eq(rot.basis(torch.zeros(3, dtype=torch.float64), 2).shape, (3, 5))
+
 
 # %%
 #| export
@@ -711,6 +726,7 @@ def lstd(phi_states,          # (..., n + 1, d) features of S_0..S_n
     w = torch.linalg.solve(A, (X.mT @ rewards.unsqueeze(-1)).squeeze(-1) / X.shape[-2])
     return (phi_queries @ w.unsqueeze(-1)).squeeze(-1)
 
+
 # %% [markdown]
 # The check: batch linear TD run deep enough reaches LSTD, on the AR(1) with Hermite features up to degree 3.
 
@@ -719,6 +735,7 @@ S_l, R_l = ar.sample_trajectory(400, seed=6)
 phi_l, q_l = ar.basis(S_l, 3), ar.basis(ar.grid(11)[0], 3)
 deep = batch_linear_td(phi_l, R_l, 0.5, ar.gamma, 3000, phi_queries=q_l)[..., 401:]
 test_close(deep, lstd(phi_l, R_l, q_l, ar.gamma), eps=1e-6)
+
 
 # %% [markdown]
 # ## Continuous task families for pretraining
@@ -865,6 +882,25 @@ show_doc(RotationFamily)
 # %%
 show_doc(TaskFamily.contexts)
 
+
+# %% [markdown]
+# To check a family's values against Monte Carlo, `task_process` turns one drawn task into an
+# object `mc_returns` can simulate.
+
+# %%
+#| export
+def task_process(family:TaskFamily,  # the family the task was drawn from
+                 task:dict,          # one task, `family.draw(1, gen)`
+                )->SimpleNamespace:  # gamma, reward(states), step(states, rng)
+    "One task of a family as a process `mc_returns` can simulate."
+    reward = lambda s: family.reward(task, s.reshape(1, -1)).reshape(s.shape)
+    if isinstance(family, RotationFamily):
+        mu, sg = task["mu"].item(), task["sigma"].item()
+        return SimpleNamespace(gamma=family.gamma, reward=reward, step=lambda s, rng: np.mod(s + mu + sg * rng.standard_normal(s.shape), 2 * np.pi))
+    a = task["a"].item()
+    return SimpleNamespace(gamma=family.gamma, reward=reward, step=lambda s, rng: a * s + math.sqrt(1 - a * a) * rng.standard_normal(s.shape))
+
+
 # %% [markdown]
 # Checks: the sampled transitions have each task's drift and noise (rotation) or autoregression
 # (AR(1)); the values solve each task's Bellman equation, checked by Monte Carlo returns of single
@@ -879,17 +915,9 @@ t_ar, S_ar, _, _ = fam_ar.sample(4, 4000, torch.Generator().manual_seed(0))
 test_close(torch.stack([torch.corrcoef(torch.stack([s[:-1], s[1:]]))[0, 1] for s in S_ar]), t_ar["a"], eps=0.05)
 test_close(S_ar.std(1), torch.ones(4, dtype=torch.float64), eps=0.1)
 starts = torch.linspace(0.3, 6., 6, dtype=torch.float64)
-def one_task(fam, task):
-    "A task drawn from a family as an object `mc_returns` can simulate."
-    reward = lambda s: fam.reward(task, s.reshape(1, -1)).reshape(s.shape)
-    if isinstance(fam, RotationFamily):
-        mu, sg = task["mu"].item(), task["sigma"].item()
-        return SimpleNamespace(gamma=fam.gamma, reward=reward, step=lambda s, rng: np.mod(s + mu + sg * rng.standard_normal(s.shape), 2 * np.pi))
-    a = task["a"].item()
-    return SimpleNamespace(gamma=fam.gamma, reward=reward, step=lambda s, rng: a * s + math.sqrt(1 - a * a) * rng.standard_normal(s.shape))
 for fam, x0 in [(fam_rot, starts), (fam_ar, starts / 3 - 1)]:
     task = fam.draw(1, torch.Generator().manual_seed(3))
-    assert mc_z_scores(one_task(fam, task), x0, fam.v_pi(task, x0)[0], n_paths=2000, seed=4).max() < 4.5
+    assert mc_z_scores(task_process(fam, task), x0, fam.v_pi(task, x0)[0], n_paths=2000, seed=4).max() < 4.5
 test_fail(lambda: RotationFamily(sigma=(0., 0.5)), contains="`sigma` must satisfy 0.01 <= low")
 test_fail(lambda: GaussianAR1Family(a=(0.5, 1.)), contains="`a` must lie inside (-1, 1)")
 
