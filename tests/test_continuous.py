@@ -1,14 +1,15 @@
-"""Claims of chapter 7a (continuous states) on parameters and seeds the chapter does not show."""
+"""Claims of chapters 7b and 7c (continuous states) on parameters and seeds the chapters do not show."""
 import math
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, strategies as st
-from ictd.continuous import (GaussianAR1, NoisyRotation, best_beta, compare_methods, error_sweep, kernel_td,
-                             mc_z_scores, population_msve, von_mises_harmonics)
+from hypothesis import given, settings, strategies as st
+from ictd.continuous import GaussianAR1, NoisyRotation, kernel_td, lstd, mc_z_scores, population_msve, von_mises_harmonics
+from ictd.core import substream
+from ictd.experiments.continuous import STREAMS, best_beta, compare_methods, error_sweep, sample_contexts, stream_seed
 from ictd.model import SoftmaxICTD
 from ictd.prompt import build_prompt
-from ictd.wstd import context_weights
+from ictd.wstd import batch_linear_td, context_weights
 
 NODES, HW = np.polynomial.hermite_e.hermegauss(60)
 NODES, HW = torch.from_numpy(NODES), torch.from_numpy(HW / HW.sum())
@@ -61,6 +62,7 @@ def test_transformer_runs_kernel_td(proc):
         got = tf.predict(build_prompt(proc.features(S), R, proc.features(q)), n=150)
         assert torch.allclose(got, kernel_td(proc, S, R, beta=3., alpha=0.6, n_layers=L, queries=q), atol=1e-11, rtol=0)
 
+@pytest.mark.claims
 def test_population_limit_and_rates():
     rot = NoisyRotation(reward="cos")
     pop = population_msve(rot, beta=5., alpha=1., n_layers=40)
@@ -72,12 +74,14 @@ def test_population_limit_and_rates():
     assert ((err[1, :5] - pop_sq[:5]).abs() / pop_sq[:5]).max() < 0.3
     assert err[1, -1] < err[0, -1]
 
+@pytest.mark.claims
 def test_best_beta_grows_with_n():
     betas = np.geomspace(1, 300, 8).tolist()
     sweep = error_sweep(NoisyRotation(), [100, 800], betas, 1., 30, n_tasks=8, seed=7000, dtype=torch.float32)[..., -1]
     b100, b800 = best_beta(betas, sweep[0]), best_beta(betas, sweep[1])
     assert b800 > 2 * b100, (b100, b800)
 
+@pytest.mark.claims
 def test_kernel_beats_linear_on_same_features():
     rows = compare_methods(GaussianAR1(), 400, 30, [3], [0.0625, 0.25], [0.25], [1., 4.], n_tune=4, n_eval=12, seed=5000)
     by = {r["method"]: r for r in rows}
@@ -91,3 +95,28 @@ def test_bad_input():
                       (lambda: GaussianAR1(a=2), "`a`"), (lambda: GaussianAR1(reward=[[1.]]), "`reward`"),
                       (lambda: NoisyRotation().sample_trajectory(1.5), "`n`"), (lambda: GaussianAR1().score_matrix(-1), "`beta`")]:
         with pytest.raises(ValueError, match=msg): make()
+
+@pytest.mark.unit
+@settings(max_examples=10, deadline=None)
+@given(seed=st.integers(0, 2**32), n_tasks=st.integers(1, 4))
+def test_contexts_come_from_substreams(seed, n_tasks):
+    "Context b of a sweep is drawn from sub-stream b of its seed, not from an offset seed; no two contexts coincide."
+    S, R = sample_contexts(NoisyRotation(), 20, n_tasks, seed)
+    for b in range(n_tasks): assert torch.equal(S[b], NoisyRotation().sample_trajectory(20, substream(seed, b))[0])
+    assert len({tuple(s.tolist()) for s in S}) == n_tasks
+    assert not torch.equal(sample_contexts(NoisyRotation(), 20, 1, seed + 1)[0][0], S[0])
+
+@pytest.mark.unit
+def test_named_streams_are_distinct():
+    "Every named stream of every seed gives its own seed: no two experiments share random numbers."
+    seeds = {stream_seed(s, k) for s in range(50) for k in STREAMS}
+    assert len(seeds) == 50 * len(STREAMS)
+    with pytest.raises(ValueError, match="`name` must be one of"): stream_seed(0, "depth ")
+
+@pytest.mark.unit
+@pytest.mark.parametrize("proc,size", [(GaussianAR1(0.6, 0.5, 0.8), 3), (NoisyRotation(0.4, 0.5, 0.8), 2)])
+def test_lstd_is_the_limit_of_batch_linear_td(proc, size):
+    S, R = proc.sample_trajectory(300, seed=12)
+    phi, q = proc.basis(S, size), proc.basis(proc.grid(7)[0], size)
+    deep = batch_linear_td(phi, R, 0.5, proc.gamma, 4000, phi_queries=q)[..., 301:]
+    assert torch.allclose(deep, lstd(phi, R, q, proc.gamma), atol=1e-6, rtol=0)

@@ -1,14 +1,13 @@
-"""Claims of chapter 7a's pretraining section, on seeds the chapter does not show (100..109), and its helpers."""
+"""Claims of chapter 7c's pretraining section, on seeds the chapter does not show (100..109), and its helpers."""
 import dataclasses, math
-from types import SimpleNamespace
-import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
-from ictd.continuous import (GaussianAR1Family, RotationFamily, ar1_claims, binomial_lower, family_experiment, kernel_fit,
-                             family_config, learned_scores, mc_z_scores, rotation_claims, value_weights)
-from ictd.model import SoftmaxICTD, theta_star
-from ictd.pretrain import model_params, pretrain_many, token_predict, trajectory_tokens
+from ictd.continuous import TASK_SETS, GaussianAR1Family, RotationFamily, family_config, mc_z_scores, task_process
+from ictd.experiments.continuous import (ar1_claims, binomial_lower, family_experiment, kernel_fit, kernel_msve, family_msve,
+                                         learned_scores, rotation_claims, value_weights)
+from ictd.model import SoftmaxICTD, theta_star, token_predict, trajectory_tokens
+from ictd.pretrain import eval_set, model_params, pretrain_many
 from ictd.prompt import build_prompt
 
 ROT, AR = RotationFamily(), GaussianAR1Family()
@@ -67,22 +66,13 @@ def test_binomial_lower_is_the_clopper_pearson_bound(k, N):
     assert abs(tail(p) - 0.05) < 1e-9 and 0 < p < k / N
     assert binomial_lower(0, N) == 0.
 
-def simulator(fam, task):
-    "A task of a family as an object `mc_returns` can simulate."
-    reward = lambda s: fam.reward(task, s.reshape(1, -1)).reshape(s.shape)
-    if isinstance(fam, RotationFamily):
-        mu, sg = task["mu"].item(), task["sigma"].item()
-        return SimpleNamespace(gamma=fam.gamma, reward=reward, step=lambda s, rng: np.mod(s + mu + sg * rng.standard_normal(s.shape), 2 * np.pi))
-    a = task["a"].item()
-    return SimpleNamespace(gamma=fam.gamma, reward=reward, step=lambda s, rng: a * s + math.sqrt(1 - a * a) * rng.standard_normal(s.shape))
-
 @pytest.mark.parametrize("fam,seed", [(ROT, 11), (ROT, 12), (AR, 11), (AR, 12)])
 def test_family_values_against_monte_carlo(fam, seed):
     task = fam.draw(1, torch.Generator().manual_seed(seed))
     x = torch.linspace(-1.5, 1.5, 5, dtype=torch.float64) + (math.pi if fam is ROT else 0.)
-    assert mc_z_scores(simulator(fam, task), x, fam.v_pi(task, x)[0], n_paths=2000, seed=seed).max() < 4.5
+    assert mc_z_scores(task_process(fam, task), x, fam.v_pi(task, x)[0], n_paths=2000, seed=seed).max() < 4.5
     wrong = fam.v_pi(task, x)[0] * 1.05 + 0.2                  # a value 5% off plus a shift must be rejected
-    assert mc_z_scores(simulator(fam, task), x, wrong, n_paths=2000, seed=seed).max() > 4.5
+    assert mc_z_scores(task_process(fam, task), x, wrong, n_paths=2000, seed=seed).max() > 4.5
 
 def test_bad_input():
     with pytest.raises(ValueError, match="`sigma` must satisfy 0.01 <= low"): RotationFamily(sigma=(0., 0.5))
@@ -91,3 +81,25 @@ def test_bad_input():
     with pytest.raises(ValueError, match="`seeds` must be a non-empty list"): pretrain_many(family_config(ROT, n_steps=1), [1, 1])
     with pytest.raises(ValueError, match="`n_steps` must be an integer >= 0"): family_config(ROT, n_steps=-1)
     with pytest.raises(ValueError, match="`config` must have d = 2"): pretrain_many(dataclasses.replace(family_config(ROT, n_steps=1), d=3), [0])
+
+@pytest.mark.unit
+def test_task_sets_are_separate_substreams():
+    "The held-out, tuning and test task sets of a family are different tasks, each reproducible from its name."
+    v = {w: AR.contexts(8, 15, which=w)["v"] for w in TASK_SETS}
+    assert all(not torch.equal(v[a], v[b]) for a in TASK_SETS for b in TASK_SETS if a < b)
+    assert torch.equal(AR.contexts(8, 15, which="tune")["v"], v["tune"])
+    assert not torch.equal(AR.contexts(8, 15, seed=1)["v"], v["held_out"])
+
+@pytest.mark.unit
+def test_engine_held_out_set_is_the_family_held_out_tasks():
+    "The engine evaluates every training seed on the family's held-out task set (root seed 0), the set `curve_lines` reads."
+    cfg = family_config(ROT, n=12, eval_tasks=5)
+    ev = eval_set(cfg, [3, 4])
+    want = ROT.contexts(5, 12, 0, "held_out")["v"]
+    assert torch.equal(ev.v_pi[0], want) and torch.equal(ev.v_pi[1], want)
+
+@pytest.mark.unit
+def test_family_msve_of_theta_star_is_kernel_td():
+    ctx = AR.contexts(5, 20, which="test")
+    theta = {k: v[None, None] for k, v in zip(("A", "V_cur", "V_tgt"), theta_star(3, AR.base.score_matrix(2.), 0.6, 0.9))}
+    torch.testing.assert_close(family_msve(theta, 3, AR, ctx)[0], kernel_msve(AR, ctx, alpha=0.6, beta=2., n_layers=3), rtol=1e-9, atol=1e-12)
