@@ -132,6 +132,22 @@ def cell_options(src):
     except yaml.YAMLError: return {}
 
 
+def plain_text(md):
+    "Markdown as plain text for an alt attribute: no maths delimiters, backslashes, backticks or emphasis marks."
+    return re.sub(r'\\(?=[a-zA-Z])|[$`*]', '', md).replace('\\', '')
+
+
+def caption_html(text):
+    "A figure caption's Markdown (smalldocs leaves it as text; Quarto renders it): maths, code, bold and italics."
+    text = re.sub(r'(?<!\\)\$([^$]+)\$', r'<span class="math inline">\\(\1\\)</span>', text)
+    text = re.sub(r'`([^`]+)`', r'<code>\1</code>', text)
+    text = re.sub(r'\*\*([^*]+)\*\*', r'<strong>\1</strong>', text)
+    return re.sub(r'(?<![\w*])\*([^*\s][^*]*)\*(?!\w)', r'<em>\1</em>', text)
+
+
+FIGCAPTION = re.compile(r'<figcaption>(.*?)</figcaption>', re.S)
+
+
 def has_figure(cell):
     return any(m in o.get('data', {}) for o in cell.get('outputs', []) for m in ('image/png', 'image/svg+xml', 'image/jpeg'))
 
@@ -145,7 +161,7 @@ def figure_alt(cell):
     cap = opts.get('fig-cap')
     if isinstance(cap, list): cap = cap[0] if cap else None
     if not cap: return True
-    cell['source'] = f'#| fig-alt: {json.dumps(str(cap))}\n' + cell['source']
+    cell['source'] = f'#| fig-alt: {json.dumps(plain_text(str(cap)))}\n' + cell['source']
     return False
 
 
@@ -239,7 +255,8 @@ def offline(site):
     (libs / 'search-index.js').write_text(SEARCH_SHIM % (site / 'search.json').read_text())
     for page in site.rglob('*.html'):
         up = '../' * (len(page.relative_to(site).parts) - 1)
-        html = signature_links(toc_maths(page.read_text())).replace(KATEX_CDN, f'{up}site_libs/katex')
+        html = FIGCAPTION.sub(lambda m: '<figcaption>' + caption_html(m.group(1)) + '</figcaption>', page.read_text())
+        html = signature_links(toc_maths(html)).replace(KATEX_CDN, f'{up}site_libs/katex')
         html = html.replace(f'<script src="{up}site_libs/smalldocs.js"',
                             f'<script src="{up}site_libs/search-index.js"></script>\n<script src="{up}site_libs/smalldocs.js"', 1)
         page.write_text(html)
