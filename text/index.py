@@ -64,17 +64,20 @@ plt.show()
 #
 # On the left, one iteration of weighted softmax TD ([chapter 1](weighted_softmax_td.html)): the value of
 # every state $x$ moves by a step $\alpha$ along the TD errors
-# $\delta_k^{(l)} = R_k + \gamma v_l(S_k) - v_l(S_{k-1})$ of the context's transitions, each weighted by a
-# softmax over how similar the transition's start state is to $x$. On the right, one layer of a softmax
-# Transformer with two heads: a current-value head, and a target-value head that reads its input through
-# the shift $\Pi$ that brings each successor's token to its predecessor's column ([chapter 3](dual_head.html)).
+# $\delta_k^{(l)} = R_k + \gamma v_l(S_k) - v_l(S_{k-1})$ of the context's transitions, each weighted by its
+# softmax weight $K_k(x) = e^{g(S_{k-1}, x)} / \sum_{k'} e^{g(S_{k'-1}, x)}$, which is large when the
+# transition starts in a state similar to $x$ (score $g(y, x) = \phi(y)^\top W \phi(x)$). On the right, one
+# layer of a softmax Transformer with two heads: a current-value head, and a target-value head that reads its
+# input through the shift $\Pi$ that brings each successor's token to its predecessor's column
+# ([chapter 3](dual_head.html)); $S_l$ is the layer's attention matrix.
 #
-# $$
-# \underbrace{v_{l+1}(x) = v_l(x) + \alpha \sum_{k=1}^{n}
-#   \frac{e^{\phi(S_{k-1})^\top W \phi(x)}}{\sum_{k'} e^{\phi(S_{k'-1})^\top W \phi(x)}}\,\delta_k^{(l)}}_{\text{weighted softmax TD}}
-# \quad\Longleftrightarrow\quad
-# \underbrace{Z_{l+1} = Z_l + V^{\mathrm{cur}} Z_l S_l + V^{\mathrm{tgt}} (Z_l \Pi) S_l}_{\text{a dual-head softmax layer}}
-# $$
+# ::: {.one-equation}
+# $$\underbrace{v_{l+1}(x) = v_l(x) + \alpha \sum_{k=1}^{n} K_k(x)\, \delta_k^{(l)}}_{\text{weighted softmax TD}}$$
+#
+# $$\Longleftrightarrow$$
+#
+# $$\underbrace{Z_{l+1} = Z_l + V^{\mathrm{cur}} Z_l S_l + V^{\mathrm{tgt}} (Z_l \Pi) S_l}_{\text{a dual-head softmax layer}}$$
+# :::
 #
 # With the constructed parameters $\theta^*$ (scores $z_i^\top A z_j = \phi(S_i)^\top W \phi(x_j)$, and value
 # heads that write $\alpha R - \alpha v$ and $\gamma \alpha v'$ into the value row), the value row of $Z_l$ holds

@@ -10,6 +10,7 @@ from execnb.nbio import read_nb
 
 ROOT = Path(__file__).resolve().parents[1]
 SITE_ONLY = '<!-- site only'
+FENCED_DIV = re.compile(r'^:::+ *(\{[^}]*\})? *\n', re.M)  # a Quarto div's fences (`::: {.one-equation}`): the site's layout only
 
 def page_links(nbs=ROOT / 'nbs'):
     "The page nbdev makes of each chapter, mapped to its notebook: `boyan.html` -> `nbs/00_boyan.ipynb`."
@@ -21,7 +22,7 @@ def relink(md, links):
 
 def cell_md(cell):
     src = cell.source.strip()
-    if cell.cell_type == 'markdown': return '' if src.startswith(SITE_ONLY) else src
+    if cell.cell_type == 'markdown': return '' if src.startswith(SITE_ONLY) else FENCED_DIV.sub('', src)
     lines = src.splitlines()
     if any(l.strip() in ('#| hide', '#|hide') for l in lines): return ''
     code = '\n'.join(l for l in lines if not l.startswith('#|'))
