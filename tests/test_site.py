@@ -1,12 +1,17 @@
 """The book's website, built as `make site` builds it and checked page by page in headless Chromium.
 
-For every page: the maths is typeset by the vendored KaTeX (no raw `$$`, `\\(`, `\\[` or KaTeX
-errors left), every image has loaded, the console holds no error, no request left `file://`, and
-every internal link (and its `#anchor`) resolves. A full-page screenshot (JPEG) of each page goes to
-`_docs/_screenshots/` for a person to look at. The front page's interactive figure: its JavaScript port of
-weighted softmax TD agrees with `ictd.wstd.weighted_softmax_td` on random contexts, and each control redraws
-the figure with the error the library computes for the new setting. Needs Debian's `chromium` (installed by `make setup`
-when run as root); skipped with a message where no browser can be had."""
+For every page, at 1280 px (a laptop) and at 390 px (a phone): the page is no wider than the window; a formula,
+code block or table wider than its column scrolls inside its own box with a visible scrollbar (never clipped).
+Once per page: the maths is typeset by the vendored KaTeX (no raw `$$`, `\\(`, `\\[` or KaTeX errors left), no
+Markdown is left as text outside code (`](`, `**`, a backtick) nor in `show_doc` signatures, every image has loaded,
+the console holds no error, no request left `file://`, every internal link (and its `#anchor`) resolves, the
+sidebar lists the chapters in order with their numbers, and a click on a figure enlarges it. Images without alt
+text are listed by `test_images_have_alt_text` (an xfail until every chapter's figure cells carry `fig-alt` or
+`fig-cap`; `ALT_TEXT_REQUIRED` makes it a failure). Screenshots (JPEG, the first 8000 px of each page at each
+width) go to `_docs/_screenshots/<page>-<width>.jpg` for a person to look at. The front page's interactive
+figure: its JavaScript port of weighted softmax TD agrees with `ictd.wstd.weighted_softmax_td` on random contexts,
+and each control redraws the figure with the error the library computes for the new setting. Needs Debian's
+`chromium` (installed by `make setup` when run as root); skipped with a message where no browser can be had."""
 import json, os, re, shutil, subprocess, sys
 from pathlib import Path
 from urllib.parse import unquote, urlparse
@@ -71,7 +76,7 @@ RAW_MATH = re.compile(r'\$\$|\\\(|\\\)|\\\[|\\\]|\$[^$\n]*[\\^_{}][^$\n]*\$')
 # Markdown left as text outside code: a link `](`, bold `**`, or a backtick.
 RAW_MARKDOWN = re.compile(r'\]\(|\*\*|`')
 WIDTHS = (1280, 390)  # a laptop and a phone
-SHOT_HEIGHT = 16000   # screenshots show each page's first 16000 px (JPEG's limit is 65535; long pages take seconds)
+SHOT_HEIGHT = 8000    # screenshots show each page's first 8000 px (JPEG's limit is 65535; long pages take seconds)
 # Whether a figure without alt text fails the browser test; until every chapter's figure cells carry `fig-alt` (or
 # `fig-cap`), the pages that lack it are listed by `test_images_have_alt_text`, which xfails.
 ALT_TEXT_REQUIRED = False
