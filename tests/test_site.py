@@ -51,6 +51,24 @@ def test_config():
     assert [build_site.chapter_number(n) for n in ('000_notation.ipynb', '05a_x.ipynb', '10_y.ipynb', 'index.ipynb')] == ['', '5a', '10', '']
 
 
+def test_build_rewrites():
+    "What the build fixes in nbdev's output: docstring asterisks, signature links, figure captions and alt text."
+    doc = "### f\n\n```python\ndef f(\n    x, # passed to [`g`](boyan.html#g)\n)\n```\n\n*VD against theta*, the best fit.*"
+    assert build_site.is_show_doc(doc) and build_site.docstring_emphasis(doc).endswith(r'*VD against theta\*, the best fit.*')
+    assert build_site.docstring_emphasis('*A plain docstring.*') == '*A plain docstring.*'
+    sig = ('<pre class="sourceCode python"><code><span class="co"># passed to [`g`](boyan.html#g), see `h`</span></code></pre>'
+           '<pre class="sourceCode python cell-code"><code><span class="co"># [`g`](x.html) stays</span></code></pre>')
+    out = build_site.signature_links(sig)
+    assert '# passed to <a href="boyan.html#g"><code>g</code></a>, see <code>h</code>' in out and '# [`g`](x.html) stays' in out
+    assert build_site.caption_html('Figure 5.1: $\\rho^L$ and **bold**') == 'Figure 5.1: <span class="math inline">\\(\\rho^L\\)</span> and <strong>bold</strong>'
+    fig = lambda src: dict(cell_type='code', source=src, outputs=[dict(data={'image/png': 'x'})])
+    c = fig("#| fig-cap: 'Figure 1.2: the error of `v` falls as $\\gamma^L$'\nplt.plot()")  # YAML: single quotes keep backslashes
+    assert not build_site.figure_alt(c) and build_site.cell_options(c['source'])['fig-alt'] == 'Figure 1.2: the error of v falls as gamma^L'
+    c = fig('#| fig-alt: "a plot"\nplt.plot()')
+    assert not build_site.figure_alt(c) and c['source'].count('fig-alt') == 1
+    assert build_site.figure_alt(fig('plt.plot()')), 'a figure with neither caption nor alt text is reported'
+
+
 def chromium():
     "The browser's path, installing Debian's chromium when it is missing and we are root; None where that is impossible."
     if not CHROMIUM.exists() and hasattr(os, 'geteuid') and os.geteuid() == 0 and shutil.which('apt-get'):

@@ -129,7 +129,9 @@ def cell_options(src):
     import yaml
     lines = [l[3:] for l in src.splitlines() if l.startswith('#| ')]
     try: return yaml.safe_load('\n'.join(lines)) or {} if lines else {}
-    except yaml.YAMLError: return {}
+    except yaml.YAMLError as e:  # Quarto would stop here; e.g. a backslash in a double-quoted caption (use single quotes)
+        print(f'warning: cell options are not valid YAML ({e.problem}): {lines[0]!r}', file=sys.stderr)
+        return {}
 
 
 def plain_text(md):
