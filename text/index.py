@@ -107,7 +107,8 @@ def chapters(nbs=Path(".")):
 
 def claims_table(claims, labels):
     "The claim records as a Markdown table: claim, status, chapter, evidence."
-    rows = [f"| {c['claim']} | {c['status']} | [{labels.get(c['chapter'], c['chapter'])}]({c['chapter']}.html) | "
+    cell = lambda text: text.replace("|", "\\|")  # a pipe inside a claim (|v| in maths) does not end the cell
+    rows = [f"| {cell(c['claim'])} | {c['status']} | [{labels.get(c['chapter'], c['chapter'])}]({c['chapter']}.html) | "
             + (f"[see]({c['chapter']}.html{c['evidence']})" if c["evidence"] else "") + " |" for c in claims]
     return "\n".join(["| claim | status | chapter | evidence |", "|---|---|---|---|", *rows])
 
