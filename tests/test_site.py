@@ -172,6 +172,11 @@ def check_page(page, html, shot, width, query=None):
         zoomed = page.locator('.figure-zoom img').count()
         page.keyboard.press('Escape')
         if not zoomed or page.locator('.figure-zoom').count(): problems.append('figure zoom did not open and close')
+        page.locator('.cell-output-display img').first.focus()  # from the keyboard: Enter opens, Escape closes
+        page.keyboard.press('Enter')
+        zoomed = page.locator('.figure-zoom img').count()
+        page.keyboard.press('Escape')
+        if not zoomed or page.locator('.figure-zoom').count(): problems.append('figure zoom did not open with Enter and close with Escape')
     if query:
         page.fill('.smalldocs-search input', query)
         page.wait_for_timeout(300)
