@@ -49,7 +49,7 @@ def test_config():
     assert [c['href'] for c in contents] == nbs and [c['text'] for c in contents] == labels
     numbers = {'00_boyan.ipynb': '0 ', '00a_tasks.ipynb': '0a ', '05_convergence.ipynb': '5 ', '06b_mechanism.ipynb': '6b ', '09_related.ipynb': '9 '}
     assert all(labels[nbs.index(n)].startswith(k) for n, k in numbers.items() if n in nbs), labels
-    assert labels[nbs.index('00_boyan.ipynb')] == '0 The Boyan chain', 'number, then the title of the notebook
+    assert labels[nbs.index('00_boyan.ipynb')] == '0 The Boyan chain', 'number, then the title of the notebook'
     assert [build_site.chapter_number(n) for n in ('000_notation.ipynb', '05a_x.ipynb', '10_y.ipynb', 'index.ipynb')] == ['', '5a', '10', '']
 
 
