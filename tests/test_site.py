@@ -118,8 +118,9 @@ PAGE_JS = """() => {
 }"""
 # What does not fit: the page wider than the window; a formula, code block or table wider than its box that does not
 # scroll (clipped), or whose scrollbar takes no room (invisible: the test runs Chromium with its scrollbars shown);
-# a box that reaches past the window's right edge.
+# a box that reaches past the window's right edge. Folded blocks (`<details>`: proofs, figure code) are opened first.
 FIT_JS = """() => {
+  document.querySelectorAll('details').forEach(d => { d.open = true; });  // folded proofs and code are measured too
   const vw = document.documentElement.clientWidth, out = [];
   if (document.documentElement.scrollWidth > vw + 1) out.push(`page is ${document.documentElement.scrollWidth} px wide in a ${vw} px window`);
   const main = document.querySelector('main.content') || document.body;
