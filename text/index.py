@@ -1,7 +1,13 @@
 # %%
 #| hide
+import json, re
+from pathlib import Path
+import matplotlib.pyplot as plt
 import torch
+from IPython.display import Markdown
 from ictd.boyan import *
+from ictd.convergence import depth_experiment
+from ictd.core import load_claims
 from ictd.wstd import weighted_softmax_td
 
 # %% [markdown]
@@ -13,19 +19,124 @@ from ictd.wstd import weighted_softmax_td
 # Show a pretrained Transformer a trajectory of a Markov reward process it has never seen, ask it
 # for the value of a state, and it answers well, without any update of its weights. Which
 # reinforcement-learning algorithm is it running? For *linear* attention the answer has been known
-# since Wang et al. (ICLR 2025): batch linear TD(0), one iteration per layer. The paper this book is
-# built around, *Beyond Linear Attention: Softmax Transformers Implement In-Context Reinforcement
-# Learning* (Xie, Liu, Chen, Liu, Chandra and Zhang, arXiv 2605.07333, 2026), answers it for the
-# **softmax** attention that real Transformers use: with suitable parameters, each layer performs one
-# iteration of **weighted softmax TD**, a TD algorithm in kernel space whose family contains linear TD
-# as an exact special case and tabular TD as its sharp-kernel limit (the constructed Transformer itself
-# reaches tabular TD in that limit and linear TD only to first order in small scores); the error decays geometrically in depth
-# under a kernel-diagonality condition, down to a statistical floor that vanishes as the context
-# grows; and, the paper argues, those parameters minimise a TD pretraining loss in the limit of long
-# contexts and then deep models, which would explain why they emerge in training.
+# since [Wang et al. (ICLR 2025)](https://arxiv.org/abs/2405.13861): batch linear TD(0), one iteration
+# per layer. The paper this book is built around,
+# [*Beyond Linear Attention: Softmax Transformers Implement In-Context Reinforcement Learning*](https://arxiv.org/abs/2605.07333)
+# (Xie, Liu, Chen, Liu, Chandra and Zhang, 2026), answers it for the **softmax** attention that real
+# Transformers use: with suitable parameters each layer performs one iteration of **weighted softmax TD**,
+# a TD algorithm in kernel space; the error decays geometrically in depth under a kernel-diagonality
+# condition, down to a statistical floor that shrinks as the context grows; and those parameters minimise
+# a TD pretraining loss in the limit of long contexts and then deep models.
 #
 # This book develops each of these results from scratch, in code you can run on a laptop CPU in
 # minutes, with a test beside every claim that would fail if the claim were false.
+
+# %% [markdown]
+# ## The result in one figure
+#
+# Take random Boyan chains with one-hot features ([chapter 0](boyan.html)), write one trajectory of
+# each into a prompt ([chapter 2](prompt.html)), and run the constructed softmax Transformer
+# ([chapter 3](dual_head.html)) with more and more layers. Its error against the true values falls
+# geometrically with depth, as the population recursion does (black: an infinite context, under the
+# contraction bound of [chapter 5](convergence.html), dashed), until it reaches a **statistical floor**
+# (dotted): the error of the best answer the context itself supports. A longer context lowers the floor.
+
+# %%
+#| echo: false
+#| fig-cap: "Figure 1: the constructed softmax Transformer's error falls geometrically with depth, like the population recursion under its contraction bound, down to a statistical floor that a longer context lowers."
+#| fig-alt: "Log-scale plot of the sup-norm value error against the number of layers. One coloured curve per context length falls and then flattens at its dotted floor, lower for longer contexts; a black population curve keeps falling, below a dashed straight bound."
+hero = depth_experiment(n_tasks=100, ns=(30, 100, 300, 1000), n_layers=60)
+depths = torch.arange(hero["errors"].shape[-1])
+fig, ax = plt.subplots(figsize=(7, 4.2))
+for i, n in enumerate(hero["ns"]):
+    ax.plot(depths, hero["errors"][:, i].mean(0), color=plt.cm.tab10(i), label=f"context length $n = {n}$")
+    ax.axhline(hero["floors"][:, i].mean(), color=plt.cm.tab10(i), ls=":", lw=1.2)
+ax.plot(depths, hero["population"].mean(0), color="k", label=r"population ($n = \infty$)")
+ax.plot(depths, hero["bound"].mean(0), color="k", ls="--", lw=1, label=r"bound $\rho^L \|v_\pi\|_\infty$")
+ax.set(yscale="log", xlabel="depth $L$ (layers)", ylabel=r"error $\|v_L - v_\pi\|_\infty$ (return units)",
+       title=f"Mean over {len(hero['errors'])} random one-hot Boyan chains ($\\beta = {hero['beta']:g}$, $\\alpha = {hero['alpha']:g}$)")
+ax.legend(fontsize=9, loc="lower left")
+plt.show()
+
+
+# %% [markdown]
+# ## The book in one equation
+#
+# On the left, one iteration of weighted softmax TD ([chapter 1](weighted_softmax_td.html)): the value of
+# every state $x$ moves by a step $\alpha$ along the TD errors
+# $\delta_k^{(l)} = R_k + \gamma v_l(S_k) - v_l(S_{k-1})$ of the context's transitions, each weighted by its
+# softmax weight $K_k(x) = e^{g(S_{k-1}, x)} / \sum_{k'} e^{g(S_{k'-1}, x)}$, which is large when the
+# transition starts in a state similar to $x$ (score $g(y, x) = \phi(y)^\top W \phi(x)$). On the right, one
+# layer of a softmax Transformer with two heads: a current-value head, and a target-value head that reads its
+# input through the shift $\Pi$ that brings each successor's token to its predecessor's column
+# ([chapter 3](dual_head.html)); $S_l$ is the layer's attention matrix.
+#
+# ::: {.one-equation}
+# $$\underbrace{v_{l+1}(x) = v_l(x) + \alpha \sum_{k=1}^{n} K_k(x)\, \delta_k^{(l)}}_{\text{weighted softmax TD}}$$
+#
+# $$\Longleftrightarrow$$
+#
+# $$\underbrace{Z_{l+1} = Z_l + V^{\mathrm{cur}} Z_l S_l + V^{\mathrm{tgt}} (Z_l \Pi) S_l}_{\text{a dual-head softmax layer}}$$
+# :::
+#
+# With the constructed parameters $\theta^*$ (scores $z_i^\top A z_j = \phi(S_i)^\top W \phi(x_j)$, and value
+# heads that write $\alpha R - \alpha v$ and $\gamma \alpha v'$ into the value row), the value row of $Z_l$ holds
+# $v_l$ at every token and every layer: the forward pass *is* the algorithm. The rest of the book asks when
+# the iteration converges ([chapter 5](convergence.html)) and whether pretraining finds $\theta^*$
+# ([chapter 6](pretrain.html)).
+
+# %% [markdown]
+# ## What the book establishes
+#
+# Each chapter records the claims it checks, with their status, as it executes: **proved** (a proof on the
+# page and a check to machine precision), **measured** (a statistic over tasks or seeds, with its
+# uncertainty), **partial** (holds only in a regime the chapter names) or **refuted** (the check fails, and
+# the chapter says what holds instead). The table is read from those records (`nbs/data/claims/`), not typed.
+
+# %%
+#| echo: false
+def chapters(nbs=Path(".")):
+    "Each chapter's page name (`convergence`), mapped to its label: number and title (`5 Convergence ...`)."
+    out = {}
+    for f in sorted(nbs.glob("[0-9]*.ipynb")):
+        m = re.match(r"(\d{1,2})([a-z]?)_", f.name)
+        src = next("".join(c["source"]) for c in json.loads(f.read_text())["cells"] if c["cell_type"] == "markdown")
+        title = re.search(r"^#\s+(.+)$", src, re.M).group(1)
+        out[re.sub(r"^\d+[a-z0-9]*_", "", f.stem)] = f"{int(m.group(1))}{m.group(2)} {title}" if m else title
+    return out
+
+def claims_table(claims, labels):
+    "The claim records as a Markdown table: claim, status, chapter, evidence."
+    cell = lambda text: text.replace("|", "\\|")  # a pipe inside a claim (|v| in maths) does not end the cell
+    rows = [f"| {cell(c['claim'])} | {c['status']} | [{labels.get(c['chapter'], c['chapter'])}]({c['chapter']}.html) | "
+            + (f"[see]({c['chapter']}.html{c['evidence']})" if c["evidence"] else "") + " |" for c in claims]
+    return "\n".join(["| claim | status | chapter | evidence |", "|---|---|---|---|", *rows])
+
+labels, claims = chapters(), load_claims("data/claims")
+Markdown(claims_table(claims, labels) if claims else
+         "No chapter has recorded a claim yet: the table fills in as the chapters execute.")
+
+# %% [markdown]
+# ## Reading paths
+#
+# The chapters build on one another in the order of the sidebar, but not every reader needs all of them.
+# Each path below assumes the one before it; the first assumes only TD(0) and what attention computes.
+
+# %%
+#| echo: false
+PATHS = {"**The core** (the thesis and its proof): the testbed, the algorithm, the prompt, the layer, convergence. Prerequisites: TD(0) and attention.": ("0", "1", "2", "3", "5"),
+         "**Training** (does pretraining find the construction?). Prerequisite: the core.": ("6", "6a", "6b"),
+         "**Extensions** (one head with a shift, decoder-only models, linear attention, continuous states). Prerequisite: the core; chapter 7 also uses chapter 6.": ("4", "4a", "7", "7a"),
+         "**Reproducing the experiments** at full scale from the command line. Prerequisite: none.": ("8",)}
+
+def reading_paths(paths, labels):
+    "Each reading path as a Markdown list item linking its chapters (found by number) in order."
+    by_number = {label.split(" ", 1)[0]: (page, label) for page, label in labels.items()}
+    first = [f"[{label}]({page}.html)" for page, label in labels.items() if not label[0].isdigit()]  # the notation page
+    return (f"- **Before you start**: " + ", ".join(first) + "\n" if first else "") + "\n".join(f"- {text}\n  " + " &rarr; ".join(f"[{by_number[n][1]}]({by_number[n][0]}.html)" for n in nums if n in by_number)
+                     for text, nums in paths.items())
+
+Markdown(reading_paths(PATHS, labels))
 
 # %% [markdown]
 # ## Weighted softmax TD in your browser
@@ -84,42 +195,6 @@ print(f"MSVE after L = {L} layers: {msve(chain, values[n + 1:]):.4g}")
 # constant) is **the book's own**, chosen to satisfy every claim of the paper, proved in the
 # chapter that introduces it, and checked numerically. Nothing here is a quotation of the paper,
 # and where our construction may differ from the paper's, the chapter says so.
-
-# %% [markdown]
-# ## Chapters
-#
-# 0. [The Boyan chain](boyan.html): Markov reward processes, the random Boyan chain testbed,
-#    trajectories, stationary distributions and true values.
-#    - 0a. [Many tasks at once](tasks.html): batches of random chains and their trajectories, sampled
-#      in lock-step (the data of every experiment).
-#    - 0b. [The shared core](core.html): input validation, one seed discipline (sub-streams of a
-#      `SeedSequence`), and the batch helpers every module uses.
-# 1. [Weighted softmax TD](weighted_softmax_td.html): TD in kernel space, with linear TD as an exact
-#    special case, tabular TD as its sharp-kernel limit, and centred linear TD as its small-score expansion.
-# 2. [The prompt](prompt.html): a trajectory written as a matrix of tokens.
-# 3. [The dual-head softmax layer](dual_head.html): Theorem 1, a softmax Transformer's forward pass
-#    is weighted softmax TD.
-# 4. [One head and a temporal shift](tsm.html): Theorem 2, the dual-head layer as a single head on a
-#    temporally shifted prompt; Theorem 3, a single head followed by a shift, with a memory of TD errors.
-#    - 4a. [Decoder-only](causal.html): a causal softmax Transformer whose forward pass is prefix TD, why a
-#      masked construction diverges, a causal variant that contracts, streaming with a KV cache, and what
-#      pretraining a causal model finds.
-# 5. [Convergence](convergence.html): geometric decay in depth, a statistical floor in context
-#    length, the kernel-diagonality condition, what it cannot reach, and a weaker condition that does.
-# 6. [Pretraining and emergence](pretrain.html): TD pretraining, the norm of the expected update, why
-#    the constructed parameters minimise it in the limit, a batched engine that trains many seeds at once.
-#    - 6a. [Emergence over seeds](emergence.html): what pretraining finds as distributions over seeds,
-#      against baselines, with the ablations where the theory makes a prediction and the order of limits.
-#    - 6b. [What the trained models compute](mechanism.html): probes, knockouts and the learned kernel of
-#      each layer, an explicit in-context estimator that predicts trained models on unseen seeds, controls
-#      trained on other objectives, and the dynamics of pretraining at the constructed parameters.
-# 7. [Linear attention, side by side](linear.html): the prior linear-attention construction
-#    (batch linear TD), checked, and compared with the softmax construction.
-#    - 7a. [Continuous states](continuous.html): kernel TD on processes with continuous states and
-#      closed-form values; the bandwidth trade-off; what pretraining learns there.
-# 8. [The command line](cli.html): `ictd` reproduces every experiment of the book at full scale.
-# 9. [Related work](related.html): kernel-based RL, averagers, kernel LSTD and GPTD, softmax in-context
-#    learning as kernel regression, and where linear TD's generalisation through features beats the kernel.
 
 # %% [markdown]
 # ## Install and use

@@ -31,14 +31,37 @@ def notebooks(nbs=ROOT / 'nbs'):
     return (['index.ipynb'] if (nbs / 'index.ipynb').exists() else []) + chapters
 
 
-def sidebar_yml(names):
-    "Quarto's `website.sidebar.contents` listing `names` in order, as `nbdev_sidebar` writes it."
-    return 'website:\n  sidebar:\n    contents:\n' + ''.join(f'      - {n}\n' for n in names)
+def chapter_number(name):
+    "The chapter number a notebook's file name gives: `00_boyan.ipynb` -> '0', `05a_x.ipynb` -> '5a'; '' for the front page and for front matter (`000_notation.ipynb`)."
+    m = re.match(r'(\d{1,2})([a-z]?)_', name)
+    return f'{int(m.group(1))}{m.group(2)}' if m else ''
+
+
+def nb_title(path):
+    "A notebook's title: its first Markdown `# ` heading (nbdev's title), else its file name."
+    for c in json.loads(Path(path).read_text())['cells']:
+        if c['cell_type'] != 'markdown': continue
+        m = re.search(r'^#\s+(.+?)\s*$', ''.join(c['source']), re.M)
+        if m: return m.group(1)
+    return Path(path).stem
+
+
+def sidebar_label(name, nbs=ROOT / 'nbs'):
+    "The sidebar's text for a notebook: its chapter number, then its title ('5a Convergence experiments')."
+    num, title = chapter_number(name), nb_title(nbs / name)
+    return f'{num} {title}' if num else title
+
+
+def sidebar_yml(names, labels=None):
+    "Quarto's `website.sidebar.contents` listing `names` in order, each with its label (chapter number and title) when given."
+    item = lambda i, n: f'      - href: {n}\n        text: {json.dumps(labels[i])}\n' if labels else f'      - {n}\n'
+    return 'website:\n  sidebar:\n    contents:\n' + ''.join(item(i, n) for i, n in enumerate(names))
 
 
 def write_sidebar(nbs=ROOT / 'nbs'):
-    "Write `nbs/sidebar.yml` for the notebooks present, if it changed."
-    text = sidebar_yml(notebooks(nbs))
+    "Write `nbs/sidebar.yml` for the notebooks present (numbered as their file names say), if it changed."
+    names = notebooks(nbs)
+    text = sidebar_yml(names, [sidebar_label(n, nbs) for n in names])
     f = nbs / 'sidebar.yml'
     if not f.exists() or f.read_text() != text: f.write_text(text)
 
@@ -87,6 +110,61 @@ def rewrite_cell(cell, renames, base, git_url=None):
         if 'text' in o: o['text'] = fix(o['text'])
         for k in ('text/markdown', 'text/html'):
             if k in o.get('data', {}): o['data'][k] = fix(o['data'][k])
+        md = o.get('data', {}).get('text/markdown')
+        if md and is_show_doc(md): o['data']['text/markdown'] = docstring_emphasis(md)
+
+
+def docstring_emphasis(md):
+    "Escape the asterisks inside a `show_doc` docstring (`*... theta* ...*`) so that they do not end its italics early."
+    return re.sub(r'^\*(.*\*.*)\*$', lambda m: '*' + m.group(1).replace('*', r'\*') + '*', md, flags=re.M)
+
+
+def is_show_doc(md):
+    "Whether a Markdown output is a `show_doc` entry (a heading, a signature block, then the docstring)."
+    return bool(re.search(r'^#{2,4} \S+\n\n```python\n', md, re.M))
+
+
+def cell_options(src):
+    "A code cell's Quarto options (`#| key: value` lines at its top), as a dict."
+    import yaml
+    lines = [l[3:] for l in src.splitlines() if l.startswith('#| ')]
+    try: return yaml.safe_load('\n'.join(lines)) or {} if lines else {}
+    except yaml.YAMLError as e:  # Quarto would stop here; e.g. a backslash in a double-quoted caption (use single quotes)
+        print(f'warning: cell options are not valid YAML ({e.problem}): {lines[0]!r}', file=sys.stderr)
+        return {}
+
+
+def plain_text(md):
+    "Markdown as plain text for an alt attribute: no maths delimiters, backslashes, backticks or emphasis marks."
+    return re.sub(r'\\(?=[a-zA-Z])|[$`*]', '', md).replace('\\', '')
+
+
+def caption_html(text):
+    "A figure caption's Markdown (smalldocs leaves it as text; Quarto renders it): maths, code, bold and italics."
+    text = re.sub(r'(?<!\\)\$([^$]+)\$', r'<span class="math inline">\\(\1\\)</span>', text)
+    text = re.sub(r'`([^`]+)`', r'<code>\1</code>', text)
+    text = re.sub(r'\*\*([^*]+)\*\*', r'<strong>\1</strong>', text)
+    return re.sub(r'(?<![\w*])\*([^*\s][^*]*)\*(?!\w)', r'<em>\1</em>', text)
+
+
+FIGCAPTION = re.compile(r'<figcaption>(.*?)</figcaption>', re.S)
+
+
+def has_figure(cell):
+    return any(m in o.get('data', {}) for o in cell.get('outputs', []) for m in ('image/png', 'image/svg+xml', 'image/jpeg'))
+
+
+def figure_alt(cell):
+    """Give a figure cell that has a `fig-cap` but no `fig-alt` its caption as alt text, as Quarto does; return
+    whether the figure still has no text for a screen reader (no caption and no alt)."""
+    if cell['cell_type'] != 'code' or not has_figure(cell): return False
+    opts = cell_options(cell['source'])
+    if opts.get('fig-alt'): return False
+    cap = opts.get('fig-cap')
+    if isinstance(cap, list): cap = cap[0] if cap else None
+    if not cap: return True
+    cell['source'] = f'#| fig-alt: {json.dumps(plain_text(str(cap)))}\n' + cell['source']
+    return False
 
 
 FOLD = '#| code-fold: true\n#| code-summary: "Code for the figure"\n'
@@ -102,7 +180,7 @@ def fold_plotting(cell):
 def rename_pages(proc, base, hide_repo=None):
     """Rename processed notebooks to the page names nbdev links (`output-file`), and rewrite the links to them
     (dropping source links into `hide_repo`, a repository that is not public)."""
-    renames = {}
+    renames, no_alt = {}, {}
     for f in sorted(proc.glob('*.ipynb')):
         out = front_matter(json.loads(f.read_text())).get('output-file')
         if out and Path(out).stem != f.stem: renames[f.name] = Path(out).stem + '.ipynb'
@@ -110,10 +188,14 @@ def rename_pages(proc, base, hide_repo=None):
         nb = json.loads(f.read_text())
         for c in nb['cells']:
             rewrite_cell(c, renames, base, hide_repo)
+            if figure_alt(c): no_alt[f.name] = no_alt.get(f.name, 0) + 1
             fold_plotting(c)
         (proc / renames.get(f.name, f.name)).write_text(json.dumps(nb))
         if f.name in renames: f.unlink()
-    (proc / 'sidebar.yml').write_text(sidebar_yml([renames.get(n, n) for n in notebooks()]))
+    if no_alt: print('warning: figures with neither fig-cap nor fig-alt (no text for a screen reader): '
+                     + ', '.join(f'{k} ({v})' for k, v in no_alt.items()), file=sys.stderr)
+    names = notebooks()
+    (proc / 'sidebar.yml').write_text(sidebar_yml([renames.get(n, n) for n in names], [sidebar_label(n) for n in names]))
     return renames
 
 
@@ -138,6 +220,21 @@ def toc_maths(html):
     return TOC_LINK.sub(lambda m: m.group(1) + heads[m.group(2)] + '</a>' if m.group(2) in heads else m.group(0), html) if heads else html
 
 
+SIG_PRE = re.compile(r'<pre class="sourceCode(?![^"]*cell-code)[^"]*">.*?</pre>', re.S)
+COMMENT = re.compile(r'<span class="co">(.*?)</span>', re.S)
+
+
+def comment_markdown(text):
+    "A signature comment's Markdown as HTML: ``[`f`](page.html#f)`` -> a link, `` `x` `` -> code."
+    text = re.sub(r'\[`([^`]+)`\]\(([^)\s]+)\)', r'<a href="\2"><code>\1</code></a>', text)
+    return re.sub(r'(?<![\w>])`([^`]+)`', r'<code>\1</code>', text)
+
+
+def signature_links(html):
+    "Render the Markdown that nbdev's doc links leave in the comments of `show_doc` signatures (code blocks, not cells)."
+    return SIG_PRE.sub(lambda m: COMMENT.sub(lambda c: '<span class="co">' + comment_markdown(c.group(1)) + '</span>', m.group(0)), html)
+
+
 def npm_packages():
     "Install the npm packages of package-lock.json (KaTeX, Observable Plot, d3) unless they are in `node_modules/`."
     if all((ROOT / 'node_modules' / p / 'package.json').exists() for p in json.loads((ROOT / 'package.json').read_text())['dependencies']): return
@@ -160,7 +257,8 @@ def offline(site):
     (libs / 'search-index.js').write_text(SEARCH_SHIM % (site / 'search.json').read_text())
     for page in site.rglob('*.html'):
         up = '../' * (len(page.relative_to(site).parts) - 1)
-        html = toc_maths(page.read_text()).replace(KATEX_CDN, f'{up}site_libs/katex')
+        html = FIGCAPTION.sub(lambda m: '<figcaption>' + caption_html(m.group(1)) + '</figcaption>', page.read_text())
+        html = signature_links(toc_maths(html)).replace(KATEX_CDN, f'{up}site_libs/katex')
         html = html.replace(f'<script src="{up}site_libs/smalldocs.js"',
                             f'<script src="{up}site_libs/search-index.js"></script>\n<script src="{up}site_libs/smalldocs.js"', 1)
         page.write_text(html)
