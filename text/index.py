@@ -6,7 +6,7 @@ import matplotlib.pyplot as plt
 import torch
 from IPython.display import Markdown
 from ictd.boyan import *
-from ictd.convergence import depth_experiment
+from ictd.experiments.convergence import depth_experiment
 from ictd.core import load_claims
 from ictd.wstd import weighted_softmax_td
 
