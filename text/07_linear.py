@@ -28,6 +28,7 @@ from nbdev.showdoc import *
 # %%
 #| hide
 from IPython.display import Markdown
+from ictd.core import record_claim
 
 
 # %% [markdown]
@@ -312,6 +313,7 @@ test_close(worst, 0., eps=1e-12)
 P_td, Q_td = LinearICTD.from_td(4, 3, 2.5).stacked_params()
 test_eq(((P_td != 0).sum().item(), (Q_td != 0).sum().item()), (1, 8))
 test_close(LinearICTD.from_td(4, 3, 2.5).predict(Z, n=40), batch_linear_td(mrp.phi[S], R, 2.5, mrp.gamma, 3, phi_queries=mrp.phi)[..., 41:], eps=1e-9)
+record_claim("construction", "L layers of the constructed linear Transformer are L iterations of batch linear TD (preconditioned by C) at every query.", "proved", "linear", "#the-batch-td-construction")
 print("largest relative gap to batch linear TD over the 20 tasks: below 1e-12")
 
 # %% [markdown]
@@ -351,7 +353,7 @@ output_gradient_norm(LinearICTD(4, 3, seed=0))
 
 
 # %% [markdown]
-# ## The layer as a $(2d+1) \times (2d+1)$ matrix
+# ## The layer as one small matrix
 #
 # One more fact makes training cheap. The score matrix and the product with $P$ associate:
 # $(P Z M)(Z^\top Q Z) = P\,(Z M Z^\top)\,Q\,Z$, and $Z M Z^\top = \Sigma$ is the
@@ -393,6 +395,7 @@ Q_stack = torch.stack([m.stacked_params()[1] for m in shared_models])
 stacked = moment_predict(P_stack[:, None], Q_stack[:, None], Zb, 30, 3)
 test_eq(stacked.shape, (2, 6, 10))
 for i, m in enumerate(shared_models): test_close(stacked[i], m.predict(Zb, n=30), eps=1e-12)
+record_claim("matrix-form", "An L-layer linear Transformer touches its context only through the (2d+1) x (2d+1) second-moment matrix: its layers are Z -> (I + P Sigma Q / n) Z.", "proved", "linear", "#the-layer-as-one-small-matrix");
 
 
 # %% [markdown]

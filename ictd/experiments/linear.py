@@ -411,7 +411,7 @@ def plot_head_to_head(data:dict, # output of `head_to_head`
     for a, b in zip(lin, soft): ax.plot([0, 1], [a, b], color="0.6", lw=0.8)
     for x, v, f, c in ((0, lin, "linear", "tab:blue"), (1, soft, "softmax", "tab:orange")):
         ax.plot([x] * len(v), v, "o", color=c, label=f"pretrained {f} (lr {data['families'][f]['lr']:g})")
-    styles = dict(zip(data["baselines"], ("-", "--", "-.", ":", (0, (1, 3)))))
+    styles = dict(zip(data["baselines"], ("-", "--", "-.", ":", (0, (6, 2, 1, 2, 1, 2)))))
     for k, v in data["baselines"].items(): ax.axhline(torch.tensor(v).mean(), color="k", ls=styles[k], lw=1, label=f"{k} (mean)")
     ax.set(xticks=[0, 1], xticklabels=["linear attention", "softmax attention"], xlim=(-0.4, 1.4), yscale="log",
            ylabel="held-out MSVE (squared return units)", title=f"Same tasks, seeds and budget: {len(lin)} seeds")
