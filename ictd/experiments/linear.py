@@ -121,7 +121,7 @@ def reproduce_iclr(config:PretrainConfig=ICLR_LINEAR,  # the protocol
         params = stack_results(results)["params"]
         h, (P, Q) = aligned_history(results), align_signs(params["P"][:, -1], params["Q"][:, -1])
         S = len(list(seeds))
-        summary = dict(produced_by="ictd.linear.reproduce_iclr",
+        summary = dict(produced_by="ictd.experiments.linear.reproduce_iclr",
                        config=dataclasses.asdict(config), seeds=list(seeds), alpha_td=summarise_linear(results)["alpha_td"],
                        tasks=h["tasks"][0], mean={k: v.mean(0) for k, v in h.items() if k not in ("tasks", "step")},
                        se={k: v.std(0) / S ** 0.5 for k, v in h.items() if k not in ("tasks", "step")},
