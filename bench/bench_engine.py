@@ -16,7 +16,7 @@ With --device cuda the engine's rows run on the GPU (compare their wall times: C
 frozen old loops and the forward-pass memory runs stay on the CPU.
 Writes bench/results.json.  Usage: python bench/bench_engine.py [--quick] [--linear-only] [--device cpu|cuda] [--threads 1] [--out bench/results.json]
 """
-import argparse, dataclasses, json, os, platform, subprocess, sys, time
+import argparse, dataclasses, json, os, platform, subprocess, sys, tempfile, time
 from pathlib import Path
 import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -174,19 +174,20 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer steps and no n = 1e5 (a smoke test)")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
-    ap.add_argument("--out", type=Path, default=None, help="default bench/results.json (bench/results-quick.json with --quick)")
+    ap.add_argument("--out", type=Path, default=None, help="default bench/results.json (with --quick, a file in the system's temporary folder: a smoke test is not a result)")
     ap.add_argument("--linear-only", action="store_true", help="only the linear reproduction's speed-up (written to results-linear.json beside --out)")
     ap.add_argument("--device", default="cpu", help="torch device of the engine's runs: cpu (default) or cuda")
     a = ap.parse_args(argv)
     global DEVICE
-    if a.out is None: a.out = Path(__file__).resolve().parent / ("results-quick.json" if a.quick else "results.json")
+    if a.out is None: a.out = Path(tempfile.gettempdir()) / "ictd-bench-quick" / "results.json" if a.quick else Path(__file__).resolve().parent / "results.json"
+    a.out.parent.mkdir(parents=True, exist_ok=True)
     DEVICE = a.device
     if torch.device(DEVICE).type == "cuda" and not torch.cuda.is_available(): ap.error("--device cuda: no CUDA device is available")
     torch.set_num_threads(a.threads)
     if a.linear_only:
         res = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), device=DEVICE, quick=a.quick, load_before=os.getloadavg(),
                    linear_reproduction=linear_reproduction((3,), 20) if a.quick else linear_reproduction(), load_after=os.getloadavg())
-        path = a.out.with_name("results-linear-quick.json" if a.quick else "results-linear.json")
+        path = a.out.with_name("results-linear.json")
         path.write_text(json.dumps(res, indent=1))
         return print(f"wrote {path}")
     q = a.quick

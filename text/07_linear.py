@@ -848,7 +848,6 @@ def linear_metrics(config:PretrainConfig, params:dict, ev)->dict:
 
 register_family("linear", Family(init=linear_init, prompt=linear_prompt, predict=linear_predict, module=linear_module, metrics=linear_metrics))
 
-
 # %% [markdown]
 # The family on the engine's own (stationary) protocol, two seeds: each stacked run equals the
 # module built from its parameters, and its initialisation is the seed's own.
@@ -927,7 +926,6 @@ def sliding_eval_set(config:PretrainConfig, seeds:list, device=None)->EvalSet:
 
 register_protocol("sliding", Protocol(sample=sliding_sample, eval_set=sliding_eval_set, loss_scale=1.,
                                       data=lambda config, seeds, device: dict(seeds=seeds, device=device, per_task=_per_task(config))))
-
 
 # %%
 small_sliding = dataclasses.replace(ICLR_LINEAR, n_tasks=30, n_steps=60, eval_every=20, eval_tasks=4)
