@@ -240,6 +240,9 @@ def td_parameters(d:int,       # feature dimension
     return P.expand(alpha.shape + (D, D)), alpha[..., None, None] * U
 
 
+# %% [markdown]
+# A stack of $L$ such layers, sharing one $(P, Q)$ or each with its own, reads its answer from the negated last row at the query columns; `from_td` loads the construction.
+
 # %%
 #| export
 class LinearICTD(nn.Module):
@@ -439,6 +442,9 @@ def query_each_state(Zc:torch.Tensor,   # (..., 2d+1, n) context columns
     return torch.cat([Zc.unsqueeze(-3).expand(Zc.shape[:-2] + (s,) + Zc.shape[-2:]), q], -1)
 
 
+# %% [markdown]
+# With one query per prompt, autograd gives each state's value in context and its gradient with respect to the query feature:
+
 # %%
 #| export
 def values_and_gradients(predict,            # callable Z (..., 2d+1, n+1) -> (..., 1) values at the query
@@ -453,6 +459,9 @@ def values_and_gradients(predict,            # callable Z (..., 2d+1, n+1) -> (.
     return v.detach(), g
 
 
+# %% [markdown]
+# The value difference is the $d_\pi$-weighted squared error (`weighted_error`) between the two value functions:
+
 # %%
 #| export
 def _cos(a, b, dim=-1): return (a * b).sum(dim) / (a.norm(dim=dim) * b.norm(dim=dim)).clamp(min=1e-300)
@@ -461,6 +470,9 @@ def value_difference(v_tf, v_td, d_pi)->torch.Tensor:
     "VD: $\\sum_s d_\\pi(s) (v_{TF}(s) - v_{TD}(s))^2$ over the last axis."
     return weighted_error(v_tf, v_td, d_pi)
 
+
+# %% [markdown]
+# The implicit weight similarity fits a weight vector to the model's values by $d_\pi$-weighted least squares and compares its direction with TD's:
 
 # %%
 #| export
@@ -475,12 +487,18 @@ def implicit_weight_similarity(v_tf:torch.Tensor,   # (..., s) the model's value
     return _cos(w_tf, w_td)
 
 
+# %% [markdown]
+# The sensitivity similarity compares the two models' query gradients state by state:
+
 # %%
 #| export
 def sensitivity_similarity(g_tf, g_td, d_pi)->torch.Tensor:
     "SS: $\\sum_s d_\\pi(s) \\cos(g_{TF}(s), g_{TD}(s))$ for query gradients of shape (..., s, d)."
     return (d_pi * _cos(g_tf, g_td)).sum(-1)
 
+
+# %% [markdown]
+# The three numbers the construction predicts about the parameters:
 
 # %%
 #| export
@@ -492,6 +510,9 @@ def pq_summary(P:torch.Tensor,  # (..., 2d+1, 2d+1)
     return dict(P_last=P[..., -1, -1], trQ11=Q[..., :d, :d].diagonal(dim1=-2, dim2=-1).sum(-1),
                 trQ12=Q[..., :d, d:2 * d].diagonal(dim1=-2, dim2=-1).sum(-1))
 
+
+# %% [markdown]
+# And the sign alignment that makes runs comparable:
 
 # %%
 #| export
@@ -561,6 +582,9 @@ def start_distributions(n_tasks:int,   # number of tasks
     return mu / mu.sum(-1, keepdim=True)
 
 
+# %% [markdown]
+# One trajectory becomes $T - n - 1$ overlapping windows, each a prompt with one query:
+
 # %%
 #| export
 def sliding_windows(phi:torch.Tensor,   # (..., s, d) features of each trajectory's task
@@ -579,6 +603,9 @@ def sliding_windows(phi:torch.Tensor,   # (..., s, d) features of each trajector
     Z = build_linear_prompt(ctx, r_S.unfold(-1, n, 1)[..., :W, :], phi_S[..., n + 1:, :], gamma)
     return Z, r_S[..., n + 1:T - 1]
 
+
+# %% [markdown]
+# The loss pairs each window with the next, the successor's value held fixed:
 
 # %%
 #| export
@@ -664,6 +691,9 @@ def sliding_td_coefficients(phi:torch.Tensor,    # (..., s, d) features of each 
     return torch.stack(coef, -1), r_S[..., n + 1:T - 1]
 
 
+# %% [markdown]
+# The expected semi-gradient is then a product of polynomials, averaged over windows:
+
 # %%
 #| export
 def td_semigradient_poly(coef:torch.Tensor,     # (..., W, L+1) value coefficients of consecutive windows
@@ -678,6 +708,9 @@ def td_semigradient_poly(coef:torch.Tensor,     # (..., W, L+1) value coefficien
                         for k in range(delta.shape[-1] + d_v.shape[-1] - 1)], -1)
     return np.polynomial.Polynomial(prod.flatten(0, -2).mean(0).numpy())
 
+
+# %% [markdown]
+# The fitted step size is the stable root of that polynomial reached from $\alpha = 1$:
 
 # %%
 #| export
@@ -714,6 +747,9 @@ test_close(td_semigradient_poly(coef, rw, mrp.gamma)(2.7), auto.item(), eps=1e-1
 FIT_CHUNK, FIT_TRAJECTORIES, FIT_STEPS = 64, 5, 65   # tasks per chunk, trajectories per task, steps per trajectory beyond n
 
 
+# %% [markdown]
+# The fit averages the semi-gradient over chunks of fresh tasks (cached, since it depends only on the task distribution):
+
 # %%
 #| export
 @functools.lru_cache(maxsize=16)
@@ -729,6 +765,9 @@ def td_semigradient_chunks(n:int, n_layers:int, gamma:float, n_states:int=10, d:
         polys.append(td_semigradient_poly(*sliding_td_coefficients(rep(tasks.phi), rep(tasks.r), states, n, gamma, n_layers), gamma))
     return tuple(polys)
 
+
+# %% [markdown]
+# The step size fitted on all chunks together:
 
 # %%
 #| export
@@ -785,6 +824,9 @@ ICLR_LINEAR = PretrainConfig(attention="linear", protocol="sliding", shared=True
                              batch_size=64, eval_every=1250, eval_tasks=32, lr=1e-3, weight_decay=1e-6, init_gain=0.1)
 
 
+# %% [markdown]
+# The family's pieces: each seed's initialisation, stacked,
+
 # %%
 #| export
 def linear_init(config:PretrainConfig, seeds:list, dtype=torch.float64)->dict:
@@ -794,12 +836,18 @@ def linear_init(config:PretrainConfig, seeds:list, dtype=torch.float64)->dict:
     return {k: torch.stack([torch.stack([getattr(lay, k).detach() for lay in m.layers]) for m in models]).to(dtype) for k in ("P", "Q")}
 
 
+# %% [markdown]
+# its prompts,
+
 # %%
 #| export
 def linear_prompt(config:PretrainConfig, x:Contexts)->torch.Tensor:
     "The engine's prompts as linear-attention prompts (S, B..., 2d+1, n+q)."
     return build_linear_prompt(*x.features(), config.gamma)
 
+
+# %% [markdown]
+# its forward pass, through the matrix form,
 
 # %%
 #| export
@@ -809,6 +857,9 @@ def linear_predict(config:PretrainConfig, params:dict, Z:torch.Tensor, n:int)->t
     return moment_predict(P[:, None], params["Q"][:, None], Z.to(P.dtype), n, config.n_layers)
 
 
+# %% [markdown]
+# and a module carrying one seed's trained parameters.
+
 # %%
 #| export
 def linear_module(config:PretrainConfig, params:dict)->LinearICTD:
@@ -817,6 +868,9 @@ def linear_module(config:PretrainConfig, params:dict)->LinearICTD:
     model.load_state_dict({f"layers.{l}.{k}": params[k][l] for l in range(params["P"].shape[0]) for k in ("P", "Q")})
     return model
 
+
+# %% [markdown]
+# The measures defined above, for many seeds at once,
 
 # %%
 #| export
@@ -837,6 +891,9 @@ def linear_measures(P:torch.Tensor,   # (S, L', 2d+1, 2d+1) stacked parameters
                ss=sensitivity_similarity(g_tf, g_td, tasks.d_pi), msve=value_difference(v_tf, tasks.v_pi, tasks.d_pi))
     return {k: v.mean(-1) for k, v in out.items()} | pq_summary(P[:, -1], Q[:, -1])
 
+
+# %% [markdown]
+# and the hook that the engine calls at every evaluation:
 
 # %%
 #| export
@@ -881,6 +938,9 @@ assert not torch.equal(runs[0].model.layers[0].P, LinearICTD(4, 3, seed=3).layer
 SLIDING_CHUNK = 25   # tasks of a seed drawn together (with their trajectories) by the sliding protocol
 
 
+# %% [markdown]
+# The protocol draws its tasks in chunks, each seed from its own pool and generator,
+
 # %%
 #| export
 def _per_task(config:PretrainConfig)->int:
@@ -899,6 +959,9 @@ def sliding_chunk(config:PretrainConfig, seeds:list, gens:list, first:int)->dict
     return dict(P=pool.P, r=pool.r, phi=pool.phi, d_pi=pool.d_pi, v_pi=pool.v_pi, states=torch.stack(states))
 
 
+# %% [markdown]
+# cuts one trajectory per step into its windows,
+
 # %%
 #| export
 def sliding_sample(config:PretrainConfig, data:dict, gens:list, step:int, state:dict)->TDExamples:
@@ -912,6 +975,9 @@ def sliding_sample(config:PretrainConfig, data:dict, gens:list, step:int, state:
     x = Contexts(tasks, index, windows[..., :-1], windows[..., -1:])
     return TDExamples(x, task_features(tasks, index[:, :-1], windows[:, :-1, -1])[1], successor="next")
 
+
+# %% [markdown]
+# and holds out tasks of its own, with contexts from random start distributions:
 
 # %%
 #| export

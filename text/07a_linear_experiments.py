@@ -64,6 +64,9 @@ ICLR_REFERENCE = dict(tasks=4000, iws=0.93, vd=(0.02, 0.03), P_last=1.6, trQ11=-
 ICLR_SEED0 = dict(tasks=5000, iws=0.990, vd=0.0053, P_last=2.06, trQ11=-6.31, trQ12=4.75)           # the predecessor's seed 0
 
 
+# %% [markdown]
+# Runs are compared after sign alignment, against the number of tasks seen,
+
 # %%
 #| export
 def aligned_history(results:list)->dict:
@@ -76,6 +79,9 @@ def aligned_history(results:list)->dict:
     return h
 
 
+# %% [markdown]
+# and summarised by the mean and standard error over seeds at the last evaluation.
+
 # %%
 #| export
 def summarise_linear(results:list)->dict:
@@ -85,6 +91,9 @@ def summarise_linear(results:list)->dict:
     return {k: dict(mean=v[:, -1].mean().item(), se=(v[:, -1].std().item() / S ** 0.5 if S > 1 else math.nan))
             for k, v in h.items() if k not in ("tasks", "step")} | dict(tasks=int(h["tasks"][0, -1]), seeds=S, alpha_td=fitted_td_step(c.n, c.n_layers, c.gamma, c.n_states, c.feature_dim))
 
+
+# %% [markdown]
+# The measures against tasks seen, as bands over seeds:
 
 # %%
 #| export
@@ -118,6 +127,9 @@ def plot_linear_pretraining(results:list,          # runs of the sliding protoco
     fig.tight_layout()
     return fig
 
+
+# %% [markdown]
+# and the mean trained matrices:
 
 # %%
 #| export
@@ -301,6 +313,9 @@ record_claim("iclr-reproduction", "The predecessor's full protocol over 30 seeds
 THETA_STAR_GRID = dict(alpha=(0.5, 1., 2., 4., 8., 16.), beta=(0., 0.25, 0.5, 1., 2., 4., 8.))
 
 
+# %% [markdown]
+# Values and query gradients of a softmax model, in the softmax prompt of chapter 2:
+
 # %%
 #| export
 def softmax_in_context(predict,          # callable Z (..., d+2, n+1+s) -> (..., s) values at the query columns
@@ -313,6 +328,9 @@ def softmax_in_context(predict,          # callable Z (..., d+2, n+1+s) -> (...,
         g, = torch.autograd.grad(v.sum(), x)
     return v.detach(), g
 
+
+# %% [markdown]
+# VD and SS against the best-fitting constructed model on a grid:
 
 # %%
 #| export
@@ -411,6 +429,9 @@ def msve_against_depth(tasks:list,         # MRPs, all with the same number of s
     return torch.stack([msve(m, values_fn(m.phi[S], R, m.phi, m.gamma)) for m, (S, R) in zip(tasks, contexts)])
 
 
+# %% [markdown]
+# The experiment, one curve per construction and kind of features:
+
 # %%
 #| export
 def side_by_side(n_tasks:int=100,    # random Boyan chains (task b has seed `seed + b`)
@@ -432,6 +453,9 @@ def side_by_side(n_tasks:int=100,    # random Boyan chains (task b has seed `see
             "softmax attention, one-hot features": curve("onehot", softmax),
             "linear attention, 4 random features": curve("random", linear)}
 
+
+# %% [markdown]
+# and its figure:
 
 # %%
 #| export
@@ -549,6 +573,9 @@ TUNING_GRIDS = {
 }
 
 
+# %% [markdown]
+# Each method's MSVE curve at one grid point, and the tuning on separate tasks:
+
 # %%
 #| export
 def _method_values(method:str, phi_s, R, phi_q, gamma, depth, alpha, beta=None):
@@ -590,6 +617,9 @@ def tuned_side_by_side(features:str="random",  # "random" (d = 4) or "onehot" fe
         out[method] = dict(params=best, tune_msve=min(scores), curves=_msve_curves(method, *test, depth, **best))
     return out
 
+
+# %% [markdown]
+# The tuned curves, one panel per kind of features:
 
 # %%
 #| export
@@ -682,6 +712,9 @@ H2H_CONFIG = dataclasses.replace(EMERGENCE, eval_every=EMERGENCE.n_steps)   # th
 H2H_TUNE_SEEDS = (100, 101, 102)             # seeds of the learning-rate tuning, disjoint from the compared ones
 
 
+# %% [markdown]
+# Every run's values on its held-out tasks come from its family's own forward pass, on the engine's evaluation set:
+
 # %%
 #| export
 def held_out_values(results:list, # runs of one configuration (`pretrain_many`)
@@ -692,6 +725,9 @@ def held_out_values(results:list, # runs of one configuration (`pretrain_many`)
     params = {k: v.double() for k, v in stack_results(results)["params"].items()}
     with torch.no_grad(): return get_family(config.attention).predict(config, params, ev.x, config.n), ev
 
+
+# %% [markdown]
+# and give each seed's held-out MSVE and centred MSVE:
 
 # %%
 #| export
@@ -729,6 +765,9 @@ def tune_lr(config:PretrainConfig,   # every setting but the learning rate
     return out
 
 
+# %% [markdown]
+# The baselines, on the same held-out tasks of every seed:
+
 # %%
 #| export
 def baseline_scores(config:PretrainConfig, # the shared settings
@@ -739,6 +778,9 @@ def baseline_scores(config:PretrainConfig, # the shared settings
     name = lambda k: "best theta* (tuned per seed)" if k.startswith("best theta*") else k
     return {name(k): torch.stack([r[k].mean() for r in rows]) for k in rows[0]}
 
+
+# %% [markdown]
+# Two methods on the same seeds are compared by the paired differences:
 
 # %%
 #| export
@@ -787,6 +829,9 @@ def head_to_head(config:PretrainConfig=H2H_CONFIG, # shared settings (`attention
     return out
 
 
+# %% [markdown]
+# The driver that saves the comparison with its provenance, independent of the command line:
+
 # %%
 #| export
 def run_head_to_head(out="nbs/data/head_to_head.json", # the JSON file to write
@@ -799,6 +844,9 @@ def run_head_to_head(out="nbs/data/head_to_head.json", # the JSON file to write
     Path(out).write_text(json.dumps(jsonable(data), indent=1))
     return Path(out)
 
+
+# %% [markdown]
+# The table and the figure that show it:
 
 # %%
 #| export
