@@ -12,9 +12,11 @@ n = 1e3, 1e4, 1e5: wall time and the peak memory of a fresh process, with the at
 
 Times are CPU seconds of this process (`time.process_time`): on a busy machine they are what the same
 work takes on an idle core, while wall times inflate with the load (both are recorded, with the load).
-Writes bench/results.json.  Usage: python bench/bench_engine.py [--quick] [--threads 1] [--out bench/results.json]
+With --device cuda the engine's rows run on the GPU (compare their wall times: CPU time does not count the GPU's work); the
+frozen old loops and the forward-pass memory runs stay on the CPU.
+Writes bench/results.json.  Usage: python bench/bench_engine.py [--quick] [--linear-only] [--device cpu|cuda] [--threads 1] [--out bench/results.json]
 """
-import argparse, dataclasses, json, os, platform, subprocess, sys, time
+import argparse, dataclasses, json, os, platform, subprocess, sys, tempfile, time
 from pathlib import Path
 import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -26,6 +28,11 @@ from reference_loops import pretrain_linear_many
 from ictd.linear import ICLR_LINEAR, fitted_td_step
 
 SPEC = PretrainConfig()
+DEVICE = "cpu"   # where the engine's runs go (--device)
+
+def sync():
+    "Wait for the GPU's queued work, so that a clock read after it counts it."
+    if torch.device(DEVICE).type == "cuda": torch.cuda.synchronize()
 
 def clock(fn):
     "(cpu seconds, wall seconds) of one call."
@@ -37,14 +44,16 @@ def per_step(run, steps, seeds=1):
     "Seconds per seed-step of `run(steps, callback)`, timed between the callbacks after step 1 and after the last step."
     marks = {}
     def mark(step):
-        if step in (1, steps): marks[step] = (time.process_time(), time.perf_counter())
+        if step in (1, steps):
+            sync()
+            marks[step] = (time.process_time(), time.perf_counter())
     run(steps, mark)
     (c0, w0), (c1, w1) = marks[1], marks[steps]
     return dict(cpu=(c1 - c0) / ((steps - 1) * seeds), wall=(w1 - w0) / ((steps - 1) * seeds))
 
 def engine(seeds, dtype):
     cfg = dataclasses.replace(SPEC, dtype=dtype, eval_every=10**9)
-    return lambda steps, callback: pretrain_many(dataclasses.replace(cfg, n_steps=steps), list(range(seeds)), progress=False, callback=callback)
+    return lambda steps, callback: pretrain_many(dataclasses.replace(cfg, n_steps=steps), list(range(seeds)), progress=False, callback=callback, device=DEVICE)
 
 def evaluation_seconds(seeds=30):
     "CPU and wall seconds of one evaluation of every metric for `seeds` seeds (the specification's 256 held-out tasks)."
@@ -134,7 +143,7 @@ def forward_memory(ns, cases):
 def float32_effect(seeds, n_steps):
     "The headline run in float64 and float32 on the same seeds: the largest differences in final metrics and parameters."
     cfg = dataclasses.replace(EMERGENCE, n_steps=n_steps)
-    r64, r32 = (pretrain_many(dataclasses.replace(cfg, dtype=dt), seeds, progress=False) for dt in ("float64", "float32"))
+    r64, r32 = (pretrain_many(dataclasses.replace(cfg, dtype=dt), seeds, progress=False, device=DEVICE) for dt in ("float64", "float32"))
     gap = lambda k: max((a.history[k][-1] - b.history[k][-1]).abs().max().item() for a, b in zip(r64, r32))
     params = max((p.double() - q.double()).abs().max().item() for a, b in zip(r64, r32) for p, q in zip(a.model.parameters(), b.model.parameters()))
     scale = max(p.abs().max().item() for a in r64 for p in a.model.parameters())
@@ -151,29 +160,39 @@ def linear_reproduction(seed_counts=(3, 30), steps=50):
     for S in seed_counts:
         seeds = list(range(S))
         old = per_step(lambda k, cb: pretrain_linear_many(cfg, seeds, callback=cb), steps, seeds=S)
-        new = per_step(lambda k, cb: pretrain_many(cfg, seeds, progress=False, callback=cb), steps, seeds=S)
-        out[f"{S} seeds"] = dict(old_loop=old, engine=new, speed_up_cpu=old["cpu"] / new["cpu"], speed_up_wall=old["wall"] / new["wall"])
+        new = per_step(lambda k, cb: pretrain_many(cfg, seeds, progress=False, callback=cb, device=DEVICE), steps, seeds=S)
+        out[f"{S} seeds"] = dict(old_loop=old, engine=new, engine_device=DEVICE, speed_up_cpu=old["cpu"] / new["cpu"], speed_up_wall=old["wall"] / new["wall"])
         print(S, out[f"{S} seeds"], flush=True)
     top = out[f"{seed_counts[-1]} seeds"]
-    out["30 seeds x 20000 steps, training only (CPU s)"] = dict(old_loop=30 * c.n_steps * top["old_loop"]["cpu"], engine=30 * c.n_steps * top["engine"]["cpu"])
+    clock_kind = "cpu" if DEVICE == "cpu" else "wall"
+    out[f"30 seeds x {c.n_steps} steps, training only ({clock_kind} s, extrapolated)"] = dict(old_loop=30 * c.n_steps * top["old_loop"][clock_kind], engine=30 * c.n_steps * top["engine"][clock_kind])
+    out["speed_up"] = top["old_loop"][clock_kind] / top["engine"][clock_kind]
+    print(f"linear reproduction ({seed_counts[-1]} seeds): the engine is {out['speed_up']:.2f}x the old loop ({clock_kind} time per seed-step)", flush=True)
     return out
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer steps and no n = 1e5 (a smoke test)")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (default 1)")
-    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results.json")
+    ap.add_argument("--out", type=Path, default=None, help="default bench/results.json (with --quick, a file in the system's temporary folder: a smoke test is not a result)")
     ap.add_argument("--linear-only", action="store_true", help="only the linear reproduction's speed-up (written to results-linear.json beside --out)")
+    ap.add_argument("--device", default="cpu", help="torch device of the engine's runs: cpu (default) or cuda")
     a = ap.parse_args(argv)
+    global DEVICE
+    if a.out is None: a.out = Path(tempfile.gettempdir()) / "ictd-bench-quick" / "results.json" if a.quick else Path(__file__).resolve().parent / "results.json"
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    DEVICE = a.device
+    if torch.device(DEVICE).type == "cuda" and not torch.cuda.is_available(): ap.error("--device cuda: no CUDA device is available")
     torch.set_num_threads(a.threads)
     if a.linear_only:
-        res = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), load_before=os.getloadavg(), linear_reproduction=linear_reproduction(), load_after=os.getloadavg())
+        res = dict(date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), device=DEVICE, quick=a.quick, load_before=os.getloadavg(),
+                   linear_reproduction=linear_reproduction((3,), 20) if a.quick else linear_reproduction(), load_after=os.getloadavg())
         path = a.out.with_name("results-linear.json")
         path.write_text(json.dumps(res, indent=1))
         return print(f"wrote {path}")
     q = a.quick
     res = dict(ictd=ictd.__version__, torch=torch.__version__, threads=a.threads, machine=platform.processor() or platform.machine(),
-               cpus=os.cpu_count(), load_before=os.getloadavg(), date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
+               cpus=os.cpu_count(), device=DEVICE, quick=q, load_before=os.getloadavg(), date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()))
     rows = {}
     rows["(a) predecessor-style loop, one prompt per pass"] = per_step(lambda k, cb: predecessor_pretrain(SPEC, k, cb), 3 if q else 6)
     rows["(b) one-seed loop before the engine"] = per_step(lambda k, cb: one_seed_pretrain(dataclasses.replace(SPEC, eval_every=10**9), k, cb), 10 if q else 100)

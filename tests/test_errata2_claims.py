@@ -5,7 +5,7 @@ import pytest, torch
 from conftest import ROOT
 
 OWNED = ['01_weighted_softmax_td.ipynb', '03_dual_head.ipynb', '04_tsm.ipynb', '05_convergence.ipynb',
-         '07_linear.ipynb', '07a_continuous.ipynb']
+         '07_linear.ipynb', '07a_linear_experiments.ipynb', '07a_continuous.ipynb']
 # a printed number of round-off size (< 1e-12), unless it is a bound ("below 1e-13", "< 1e-13")
 ROUNDOFF = re.compile(r'(?<![\w.])(?<!below )(?<!< )\d(?:\.\d+)?e-(?:1[3-9]|[2-9]\d)\b')
 
@@ -60,7 +60,7 @@ def test_step_size_fit_counts_come_from_the_defaults():
 @pytest.mark.claims
 def test_reproduced_iws_is_above_the_published_value():
     "Chapter 7 once said the reproduced IWS is 'in range'; it is more than 2 standard errors above the published 0.93."
-    from ictd.linear import ICLR_REFERENCE
+    from ictd.experiments.linear import ICLR_REFERENCE
     js = json.loads((ROOT / 'nbs' / 'data' / 'iclr_linear_30seeds.json').read_text())
     z = (js['mean']['iws'][-1] - ICLR_REFERENCE['iws']) / js['se']['iws'][-1]
     assert z > 2, z

@@ -2,7 +2,8 @@
 import dataclasses
 import torch
 import pytest
-from ictd.linear import ICLR_LINEAR, LinearICTD, aligned_history, linear_init, linear_predict, build_linear_prompt
+from ictd.linear import ICLR_LINEAR, LinearICTD, linear_init, linear_predict, build_linear_prompt
+from ictd.experiments.linear import aligned_history
 from ictd.pretrain import pretrain_many
 from ictd.boyan import random_boyan_chain, sample_trajectory
 
@@ -43,7 +44,7 @@ def test_stacked_predict_matches_modules():
 @pytest.mark.claims
 def test_softmax_measures_on_unseen_seeds():
     "The book's softmax claims on 10 new seeds: VD a few percent of the values' size, SS between 0.45 and 0.9, near-uniform best fit."
-    from ictd.linear import softmax_measures
+    from ictd.experiments.linear import softmax_measures
     from ictd.pretrain import EMERGENCE, held_out_tasks, pretrain_many
     runs = pretrain_many(dataclasses.replace(EMERGENCE, n_steps=400, eval_every=400, eval_tasks=32), UNSEEN, progress=False)
     m = [softmax_measures(r.model, *held_out_tasks(r.config)) for r in runs]

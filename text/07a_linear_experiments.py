@@ -1,0 +1,960 @@
+# %%
+#| default_exp experiments.linear
+
+# %%
+#| export
+from __future__ import annotations
+import dataclasses, itertools, json, math
+from pathlib import Path
+import torch
+from ictd.boyan import msve, random_boyan_chain, sample_trajectory, weighted_error
+from ictd.tasks import TaskBatch, random_tasks, sample_trajectories
+from ictd.prompt import build_prompt
+from tqdm.auto import tqdm
+from ictd.pretrain import EMERGENCE, DivergenceError, PretrainConfig, eval_set, get_family, pretrain_many, stack_results
+from ictd.emergence import baseline_msve
+from ictd.mechanism import centred_msve, provenance
+from ictd.wstd import batch_linear_td, context_tensors, weighted_softmax_td
+from ictd.core import jsonable
+from ictd.linear import (ICLR_LINEAR, align_signs, fitted_td_step, sensitivity_similarity, value_difference)
+
+# %%
+#| hide
+from fastcore.test import *
+from nbdev.showdoc import *
+
+# %%
+#| hide
+import matplotlib.pyplot as plt
+from IPython.display import Markdown
+from ictd.linear import LinearICTD, build_linear_prompt, td_parameters
+from ictd.model import SoftmaxICTD
+from ictd.pretrain import held_out_tasks
+from ictd.tasks import task_pool
+from ictd.core import record_claim
+
+# %% [markdown]
+# # Linear attention: experiments
+# > The predecessor's pretraining experiment for linear Transformers reproduced over many seeds, its measures applied to pretrained softmax Transformers, linear and softmax in-context TD side by side with each method tuned, and pretrained linear against pretrained softmax, head to head.
+
+# %% [markdown]
+# The [previous chapter](linear.html) built the linear-attention construction of Wang et al. (2025),
+# their measures and their data protocol, and plugged the linear family into the pretraining engine.
+# This chapter runs the experiments:
+#
+# 1. the predecessor's pretraining experiment, over many seeds, against their published numbers;
+# 2. the same measures for a pretrained softmax Transformer;
+# 3. linear and softmax in-context TD on the same tasks and features, first at equal settings, then
+#    each with its own step size (and score scale) tuned, with the predecessor's "softmax" variant
+#    as an ablation;
+# 4. pretrained linear against pretrained softmax Transformers, head to head: same tasks, seeds and
+#    budget, each with its own tuned learning rate.
+
+# %% [markdown]
+# ## The predecessor's pretraining experiment
+#
+# `ICLR_LINEAR` ([chapter 7](linear.html)) holds the predecessor's settings and its sliding-window
+# protocol; `pretrain_many` trains many seeds of it at once. The published numbers we compare with are the predecessor's (Wang et al. 2025, as reported in
+# the issue that asked for this reproduction): the means over 30 seeds after 4000 tasks, and one
+# seed after 5000 tasks. They appear as the last rows of every table below.
+
+# %%
+#| export
+ICLR_REFERENCE = dict(tasks=4000, iws=0.93, vd=(0.02, 0.03), P_last=1.6, trQ11=-4.3, trQ12=3.3)   # mean over 30 seeds
+ICLR_SEED0 = dict(tasks=5000, iws=0.990, vd=0.0053, P_last=2.06, trQ11=-6.31, trQ12=4.75)           # the predecessor's seed 0
+
+
+# %% [markdown]
+# Runs are compared after sign alignment, against the number of tasks seen,
+
+# %%
+#| export
+def aligned_history(results:list)->dict:
+    "Runs of one configuration: their history (S, evaluations), with `tasks` seen and P_last, trQ11, trQ12 multiplied by the sign of each run's final P[-1, -1]."
+    c = results[0].config
+    h = {k: v.squeeze(-1).double() for k, v in stack_results(results)["history"].items() if not k.startswith("param.")}
+    h["tasks"] = h["step"] * c.n_tasks / c.n_steps
+    sign = torch.where(h["P_last"][:, -1:] < 0, -1., 1.).to(h["P_last"])
+    for k in ("P_last", "trQ11", "trQ12"): h[k] = h[k] * sign
+    return h
+
+
+# %% [markdown]
+# and summarised by the mean and standard error over seeds at the last evaluation.
+
+# %%
+#| export
+def summarise_linear(results:list)->dict:
+    "Mean and standard error over seeds of every measure at the last evaluation (sign-aligned), as plain numbers."
+    h, c = aligned_history(results), results[0].config
+    S = h["iws"].shape[0]
+    return {k: dict(mean=v[:, -1].mean().item(), se=(v[:, -1].std().item() / S ** 0.5 if S > 1 else math.nan))
+            for k, v in h.items() if k not in ("tasks", "step")} | dict(tasks=int(h["tasks"][0, -1]), seeds=S, alpha_td=fitted_td_step(c.n, c.n_layers, c.gamma, c.n_states, c.feature_dim))
+
+
+# %% [markdown]
+# The measures against tasks seen, as bands over seeds:
+
+# %%
+#| export
+def plot_linear_pretraining(results:list,          # runs of the sliding protocol (`pretrain_many`), one per seed
+                            reference:dict=ICLR_REFERENCE,  # published values to mark, or None
+                            title:str=None,
+                           ):                      # the matplotlib figure
+    "Bands (mean and 2 standard errors over seeds) of the measures against tasks seen, sign-aligned, with the published values."
+    import matplotlib.pyplot as plt
+    h = aligned_history(results)
+    x, S = h["tasks"][0].numpy(), h["iws"].shape[0]
+    fig, axs = plt.subplots(1, 3, figsize=(8, 3.2))
+    def band(ax, key, label):
+        m, se = h[key].mean(0).numpy(), (h[key].std(0) / S ** 0.5).numpy()
+        ax.plot(x, m, label=label)
+        ax.fill_between(x, m - 2 * se, m + 2 * se, alpha=0.25)
+    band(axs[0], "iws", "IWS (= SS here)")
+    band(axs[1], "vd", "VD")
+    for key, label in (("P_last", "$P[-1,-1]$"), ("trQ11", r"tr $Q_{11}$"), ("trQ12", r"tr $Q_{12}$")): band(axs[2], key, label)
+    if reference:
+        axs[0].plot(reference["tasks"], reference["iws"], "k*", label="published, 30 seeds")
+        axs[1].plot([reference["tasks"]] * 2, reference["vd"], "k-", lw=3, label="published range")
+        for key in ("P_last", "trQ11", "trQ12"): axs[2].plot(reference["tasks"], reference[key], "k*")
+    axs[0].set(ylabel="cosine", ylim=(-0.05, 1.05), title="implicit weight similarity")
+    axs[1].set(yscale="log", ylabel="squared return units", title="value difference to batch TD")
+    axs[2].set(ylabel="entry / trace", title="learned P and Q (sign-aligned)")
+    for ax in axs:
+        ax.set_xlabel("tasks seen")
+        ax.legend(fontsize=7.5)
+    fig.suptitle(title or f"Linear Transformer, sliding-window TD pretraining: mean and 2 s.e. over {S} seeds", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+# %% [markdown]
+# and the mean trained matrices:
+
+# %%
+#| export
+def plot_pq(P:torch.Tensor,   # (S, 2d+1, 2d+1) one layer's P per seed
+            Q:torch.Tensor,   # (S, 2d+1, 2d+1)
+           ):                 # the matplotlib figure
+    "Heat maps of the sign-aligned mean P and Q over seeds."
+    import matplotlib.pyplot as plt
+    S = P.shape[0]
+    P, Q = (m.mean(0).numpy() for m in align_signs(P, Q))
+    fig, axs = plt.subplots(1, 2, figsize=(8, 3.6))
+    for ax, M, name in zip(axs, (P, Q), ("P", "Q")):
+        lim = abs(M).max()
+        im = ax.imshow(M, cmap="RdBu_r", vmin=-lim, vmax=lim)
+        ax.set(title=f"mean {name} over {S} seeds, sign-aligned", xlabel="column", ylabel="row")
+        fig.colorbar(im, ax=ax, shrink=0.85)
+    fig.tight_layout()
+    return fig
+
+
+# %% [markdown]
+# ### The book's run
+#
+# The full protocol (20000 optimiser steps) takes minutes per seed on a CPU, so the book runs a
+# shorter version: 10 seeds, 400 tasks (2000 steps), learning rate $3 \cdot 10^{-3}$ instead of $10^{-3}$, every
+# other setting as `ICLR_LINEAR`. The `#| slow` cell further down runs the full protocol for 30 seeds.
+
+# %%
+#| fig-cap: "Figure 7a.1: Pretrained with the predecessor's sliding-window TD loss, linear Transformers move towards batch TD: the implicit weight similarity rises and the value difference falls as tasks are seen."
+#| fig-alt: "Three panels against tasks seen, mean and two standard-error bands over 10 seeds: implicit weight similarity rising from near 0 towards 1; value difference to batch TD falling on a log scale; the sign-aligned entries P[-1,-1], trace Q11 and trace Q12 moving away from 0 with the construction's signs."
+fast_linear = dataclasses.replace(ICLR_LINEAR, lr=3e-3, n_tasks=400, n_steps=2000, eval_every=250)
+lin = pretrain_many(fast_linear, range(10), progress=False)
+plot_linear_pretraining(lin, reference=None, title=f"Linear Transformer, sliding-window TD, lr = {fast_linear.lr:g}: mean and 2 s.e. over 10 seeds");
+
+# %%
+#| fig-cap: "Figure 7a.2: The trained P and Q, averaged over seeds after sign alignment, have the construction's pattern: the bottom-right entry of P, and the -/+ diagonal blocks of Q."
+#| fig-alt: "Two heat maps, 9 by 9, in a red-blue diverging colour map: the mean sign-aligned P, dominated by its bottom-right entry, and the mean Q, with a negative diagonal in its top-left 4 by 4 block and a positive diagonal in the block to its right."
+lin_params = stack_results(lin)["params"]
+plot_pq(lin_params["P"][:, -1], lin_params["Q"][:, -1]);
+
+
+# %%
+#| export
+def reference_table(summaries:dict,             # label -> output of `summarise_linear`
+                    reference:dict=ICLR_REFERENCE,
+                   )->str:                      # a Markdown table
+    "Mean (standard error) over seeds of each measure per run, next to the published values."
+    keys = ("iws", "vd", "P_last", "trQ11", "trQ12")
+    fmt = lambda s, k: f"{s[k]['mean']:.3g} ({s[k]['se']:.2g})"
+    ref = lambda k: "-".join(f"{x:g}" for x in reference[k]) if isinstance(reference[k], tuple) else f"{reference[k]:g}"
+    rows = [f"| {label} | {s['seeds']} | {s['tasks']} | " + " | ".join(fmt(s, k) for k in keys) + " |" for label, s in summaries.items()]
+    rows.append(f"| published (Wang et al. 2025) | 30 | {reference['tasks']} | " + " | ".join(ref(k) for k in keys) + " |")
+    rows.append(f"| published, seed 0 | 1 | {ICLR_SEED0['tasks']} | " + " | ".join(f"{ICLR_SEED0[k]:g}" for k in keys) + " |")
+    return ("| run | seeds | tasks | IWS | VD | $P[-1,-1]$ | tr $Q_{11}$ | tr $Q_{12}$ |\n|---|---|---|---|---|---|---|---|\n" + "\n".join(rows))
+
+
+# %%
+Markdown(reference_table({f"book run (lr {fast_linear.lr:g})": summarise_linear(lin)}))
+
+
+# %% [markdown]
+# What the run shows, as statements about seeds (each seed is one independent run, so the number of
+# seeds with a property is binomial; we print a one-sided 95% Clopper-Pearson lower bound on the
+# probability that a run has it):
+#
+# * the implicit weight similarity rises from near 0 to above $0.85$, and the value difference to
+#   batch TD falls below $0.05$, in most seeds;
+# * after sign alignment, every seed has the construction's sign pattern: $\mathrm{tr}\,Q_{11} < 0 <
+#   \mathrm{tr}\,Q_{12}$ (the mean heat maps show the two $-/+$ diagonal blocks of $Q$ and the
+#   bottom-right entry of $P$);
+# * the magnitudes are below the published ones, since this run has seen a tenth of the tasks; the
+#   seeds that lag are slow to leave the small initialisation rather than heading elsewhere (their
+#   entries have the same signs, smaller).
+
+# %%
+def lower_bound(k:int, n:int, level:float=0.95)->float:
+    "One-sided Clopper-Pearson lower confidence bound on a success probability after k successes in n trials."
+    tail = lambda p: sum(math.comb(n, j) * p ** j * (1 - p) ** (n - j) for j in range(k, n + 1))
+    lo, hi = 0., 1.
+    for _ in range(60): lo, hi = ((lo + hi) / 2, hi) if tail((lo + hi) / 2) < 1 - level else (lo, (lo + hi) / 2)
+    return lo if k else 0.
+
+h_lin = aligned_history(lin)
+claims = {"IWS > 0.85": h_lin["iws"][:, -1] > 0.85, "VD < 0.05": h_lin["vd"][:, -1] < 0.05,
+          "tr Q11 < 0 < tr Q12": (h_lin["trQ11"][:, -1] < 0) & (h_lin["trQ12"][:, -1] > 0), "IWS rose by > 0.5": h_lin["iws"][:, -1] > h_lin["iws"][:, 0] + 0.5}
+counts = {k: int(v.sum()) for k, v in claims.items()}
+assert counts["IWS > 0.85"] >= 7 and counts["VD < 0.05"] >= 7 and counts["IWS rose by > 0.5"] >= 8, counts
+assert counts["tr Q11 < 0 < tr Q12"] >= 9, counts
+record_claim("short-run-finds-td", "In the shortened sliding-window run (10 seeds, 400 tasks), most linear Transformers end near batch TD (IWS > 0.85, VD < 0.05) with the construction's sign pattern in P and Q.", "measured", "linear_experiments", "#the-books-run")
+{k: f"{c} of 10 seeds (p >= {lower_bound(c, 10):.2f})" for k, c in counts.items()}
+
+
+# %% [markdown]
+# ### The full protocol
+#
+# `reproduce_iclr` runs `ICLR_LINEAR` (by default for 30 seeds) and writes a small JSON summary:
+# the sign-aligned mean and standard error of every measure at every evaluation, each seed's final
+# values and the sign-aligned mean $P$ and $Q$. At full scale it takes minutes per seed on one CPU
+# thread, so it is `#| slow` here; the cell after it shows every summary saved in `nbs/data/`. The
+# files there were written by the same function (then in `ictd.linear`, as the files record), for 10 seeds
+# (`python -c "from ictd.experiments.linear import *; reproduce_iclr(seeds=range(10), out='nbs/data/iclr_linear_10seeds.json')"`)
+# and for the published 30 seeds (the slow cell below, or `ictd linear --reproduce-seeds 0-29`).
+
+# %%
+#| export
+def reproduce_iclr(config:PretrainConfig=ICLR_LINEAR,  # the protocol
+                   seeds=range(30),     # one run per seed
+                   out=None,            # path of the JSON summary to write, or None
+                   progress:bool=True,  # show a progress bar
+                  )->list:              # one PretrainResult per seed
+    "The predecessor's pretraining experiment over many seeds (`pretrain_many`), with a small JSON summary of its results."
+    results = pretrain_many(config, list(seeds), progress=progress)
+    if out is not None:
+        params = stack_results(results)["params"]
+        h, (P, Q) = aligned_history(results), align_signs(params["P"][:, -1], params["Q"][:, -1])
+        S = len(list(seeds))
+        summary = dict(produced_by="ictd.experiments.linear.reproduce_iclr",
+                       config=dataclasses.asdict(config), seeds=list(seeds), alpha_td=summarise_linear(results)["alpha_td"],
+                       tasks=h["tasks"][0], mean={k: v.mean(0) for k, v in h.items() if k not in ("tasks", "step")},
+                       se={k: v.std(0) / S ** 0.5 for k, v in h.items() if k not in ("tasks", "step")},
+                       final={k: v[:, -1] for k, v in h.items() if k not in ("tasks", "step")}, P_mean=P.mean(0), Q_mean=Q.mean(0))
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(json.dumps(jsonable(summary)))
+    return results
+
+
+# %%
+#| slow
+full_linear = reproduce_iclr(out="data/iclr_linear_30seeds.json")
+
+# %%
+saved, files = {}, sorted(Path("data").glob("iclr_linear_*seeds.json"))
+assert Path("data/iclr_linear_30seeds.json") in files, f"the 30-seed summary is missing from data/ (found {[f.name for f in files]})"
+for f in files:
+    js = json.loads(f.read_text())
+    saved[f"full protocol, lr {js['config']['lr']:g} (`{f.name}`)"] = js
+    summary = {k: dict(mean=v[-1], se=js["se"][k][-1]) for k, v in js["mean"].items()} | dict(seeds=len(js["seeds"]), tasks=int(js["tasks"][-1]))
+    display(Markdown(f"Saved by `{js['produced_by']}`:\n\n" + reference_table({f.name: summary})))
+
+# %% [markdown]
+# Against the published values, the saved full-protocol runs (asserted below; the 30-seed file must
+# be there): the value difference falls in the published range; the implicit weight similarity is
+# within 0.05 of the published 0.93 but above it by the number of standard errors printed below,
+# which for 30 seeds is more than noise. Two differences of protocol may explain a higher IWS: we
+# evaluate on held-out tasks, and we compare with batch TD at the step size $\alpha_{TD}$ fitted
+# once (the root above) instead of an $\alpha$ trained alongside the model. The $P$ and $Q$ entries have the construction's signs in at least nine seeds in ten (the counts,
+# with a 95% lower confidence bound on the share of seeds, are printed). Their magnitudes come out
+# larger than the published means: most of our seeds come near the magnitudes published for the
+# predecessor's seed 0 (the last row of the table), while a seed that is slow to leave the
+# initialisation stays small; a mean over seeds depends on how many such seeds there are. The
+# per-seed values:
+
+# %%
+for label, js in saved.items():
+    final = {k: torch.tensor(v) for k, v in js["final"].items()}
+    assert abs(torch.tensor(js["mean"]["iws"][-1]) - ICLR_REFERENCE["iws"]) < 0.05 and js["mean"]["vd"][-1] < 0.03, label
+    signs = (final["trQ11"] < 0) & (final["trQ12"] > 0) & (final["P_last"] > 0)
+    S = len(js["seeds"])
+    assert signs.sum() >= 0.9 * S, (label, int(signs.sum()))
+    z_iws = (js["mean"]["iws"][-1] - ICLR_REFERENCE["iws"]) / js["se"]["iws"][-1]
+    print(f"{label}: IWS {js['mean']['iws'][-1]:.3f} +- {js['se']['iws'][-1]:.3f}, {z_iws:.1f} s.e. from the published {ICLR_REFERENCE['iws']}; "
+          f"the construction's signs in {int(signs.sum())} of {S} seeds (share >= {lower_bound(int(signs.sum()), S):.2f} at 95%)")
+    display(Markdown(f"{label}:\n\n| seed | " + " | ".join(map(str, js["seeds"])) + " |\n" + "|---" * (len(js["seeds"]) + 1) + "|\n"
+                     + "\n".join(f"| {k} | " + " | ".join(f"{x:.3g}" for x in final[k].tolist()) + " |" for k in ("iws", "vd", "P_last", "trQ11", "trQ12"))))
+record_claim("iclr-reproduction", "The predecessor's full protocol over 30 seeds reproduces the published value difference and the construction's signs; the implicit weight similarity comes out above the published 0.93 by more than noise.", "partial", "linear_experiments", "#the-full-protocol");
+
+# %% [markdown]
+# ## The same measures for a pretrained softmax Transformer
+#
+# Which of the predecessor's measures carry over to the softmax model of [chapter 6](pretrain.html)?
+# The value difference does, against the constructed softmax model $\theta^*(W = \beta I, \alpha)$
+# whose $(\alpha, \beta)$ fit the trained model best (smallest VD on a grid). So does the
+# sensitivity similarity, the $d_\pi$-weighted cosine between the two models' gradients with
+# respect to the query feature. The implicit weight similarity does not: $\theta^*$'s values are
+# not linear in the query feature, so there is no weight vector to compare with. The $P$ and $Q$
+# entries have no counterpart either (chapter 6 reports the value-update weights and the attention's
+# diagonality instead).
+
+# %%
+#| export
+THETA_STAR_GRID = dict(alpha=(0.5, 1., 2., 4., 8., 16.), beta=(0., 0.25, 0.5, 1., 2., 4., 8.))
+
+
+# %% [markdown]
+# Values and query gradients of a softmax model, in the softmax prompt of chapter 2:
+
+# %%
+#| export
+def softmax_in_context(predict,          # callable Z (..., d+2, n+1+s) -> (..., s) values at the query columns
+                       phi_S, R, phi,    # context features (..., n+1, d), rewards (..., n), state features (..., s, d)
+                      )->tuple:          # (values (..., s), gradients wrt the query feature (..., s, d))
+    "Every state's value in context in the softmax prompt of chapter 2, and its gradient with respect to the query feature."
+    with torch.enable_grad():
+        x = phi.detach().clone().requires_grad_(True)
+        v = predict(build_prompt(phi_S, R, x))
+        g, = torch.autograd.grad(v.sum(), x)
+    return v.detach(), g
+
+
+# %% [markdown]
+# VD and SS against the best-fitting constructed model on a grid:
+
+# %%
+#| export
+def softmax_measures(model,             # a `SoftmaxICTD`
+                     tasks:TaskBatch,   # held-out tasks (E of them)
+                     states:torch.Tensor, # (E, n+1) one context per task
+                     grid:dict=THETA_STAR_GRID, # (alpha, beta) grid of theta*(beta I, alpha)
+                    )->dict:            # vd, ss, the best-fit alpha and beta, and vd_zero (VD against the zero function, for scale)
+    "VD against the best-fit constructed softmax model theta*, and the sensitivity similarity to it, averaged over tasks."
+    rows, n, gamma, L = torch.arange(len(tasks))[:, None], states.shape[-1] - 1, tasks.gamma, model.n_layers
+    phi_S, R, I = tasks.phi[rows, states], tasks.r[rows, states[:, :-1]], torch.eye(tasks.phi.shape[-1], dtype=torch.float64)
+    v_tf, g_tf = softmax_in_context(lambda Z: model.predict(Z, n=n), phi_S, R, tasks.phi)
+    def star(alpha, beta):
+        return softmax_in_context(lambda Z: weighted_softmax_td(Z[..., :-2, :n + 1].mT, Z[..., -2, :n], beta * I, alpha, gamma, L,
+                                                                phi_queries=Z[..., :-2, n + 1:].mT)[..., n + 1:], phi_S, R, tasks.phi)
+    fits = {(a, b): star(a, b) for a in grid["alpha"] for b in grid["beta"]}
+    (a, b), (v_st, g_st) = min(fits.items(), key=lambda kv: value_difference(v_tf, kv[1][0], tasks.d_pi).mean().item())
+    return dict(vd=value_difference(v_tf, v_st, tasks.d_pi).mean().item(), ss=sensitivity_similarity(g_tf, g_st, tasks.d_pi).mean().item(),
+                alpha=a, beta=b, vd_zero=value_difference(v_tf, 0 * v_tf, tasks.d_pi).mean().item())
+
+
+# %% [markdown]
+# The check: a constructed model scores $\mathrm{VD} = 0$ and $\mathrm{SS} = 1$ against itself,
+# with its own parameters recovered from the grid.
+
+# %%
+held_tasks = task_pool(PretrainConfig(), 16, 777)
+held_states = sample_trajectories(held_tasks.P, 30, held_tasks.d_pi, seed=777)
+star_model = SoftmaxICTD.from_theta_star(4, 3, 4. * torch.eye(4, dtype=torch.float64), 0.5, 0.9)
+m = softmax_measures(star_model, held_tasks, held_states)
+test_close((m["vd"], m["ss"]), (0., 1.), eps=1e-10)
+test_eq((m["alpha"], m["beta"]), (0.5, 4.))
+
+# %% [markdown]
+# Applied to softmax Transformers pretrained by the engine on chapter 6's protocol (its
+# `EMERGENCE` settings shortened to 400 steps, 10 seeds; $L = 3$ layers of their own, $d = 4$ random
+# features, $n = 30$), on each seed's 32 held-out tasks:
+
+# %%
+soft_cfg = dataclasses.replace(EMERGENCE, n_steps=400, eval_every=400, eval_tasks=32)
+soft_runs = pretrain_many(soft_cfg, range(10), progress=False)
+soft_m = [softmax_measures(r.model, *held_out_tasks(r.config)) for r in soft_runs]
+soft_tab = {k: torch.tensor([m[k] for m in soft_m]) for k in soft_m[0]}
+soft_tab["vd / vd_zero"] = soft_tab["vd"] / soft_tab["vd_zero"]
+{k: f"{v.mean():.3g} ({v.std() / 10 ** 0.5:.2g})" for k, v in soft_tab.items()}
+
+# %% [markdown]
+# Mean (standard error) over the 10 seeds. What it says, asserted below as counts of seeds: the
+# trained softmax model is close to *some* constructed model in value (VD a few percent of the
+# squared size of its values, `vd_zero`), but the best fit has nearly uniform attention (small
+# $\beta$) and a large step, and the sensitivity similarity is well below 1: the short run
+# has learned TD-like value updates on attention that is still far from the diagonal, selective
+# attention of the tabular regime, as chapter 6's diagonality measure shows for its runs.
+
+# %%
+assert (soft_tab["vd / vd_zero"] < 0.1).sum() >= 9, soft_tab["vd / vd_zero"]
+assert (soft_tab["ss"] > 0.45).sum() >= 9 and (soft_tab["ss"] < 0.9).sum() >= 9, soft_tab["ss"]
+assert (soft_tab["beta"] <= 0.5).sum() >= 9, soft_tab["beta"]
+record_claim("softmax-measures", "Short softmax pretraining (400 steps) ends close in value to a constructed model with near-uniform attention, with a sensitivity similarity well below 1.", "measured", "linear_experiments", "#the-same-measures-for-a-pretrained-softmax-transformer");
+
+
+# %% [markdown]
+# ## Side by side
+#
+# | | linear attention (Wang et al. 2025) | softmax attention (this book) |
+# |---|---|---|
+# | token | a transition $[\phi(S_i); \gamma\phi(S_{i+1}); R_{i+1}]$ | a state $[\phi(S_i); R_{i+1}; v(S_i)]$ |
+# | successor | copied into the token | reached by a shift of the token axis (second head, or TSM) |
+# | weight of key $i$'s TD error for target $x$ | $\frac{\alpha}{n}\phi(S_i)^\top C \phi(x)$, unnormalised (written to the negated value slot) | $\alpha\,\mathrm{softmax}_i\, \phi(S_i)^\top W \phi(x)$ |
+# | one layer | one step of batch linear TD on $w$ | one step of weighted softmax TD on $v$ |
+# | where the estimate lives | a weight vector in $\mathbb R^d$ | values at the context's states (kernel space) |
+# | limit in depth | the linear TD fixed point in the span of $\phi$ | the fixed point of the kernel-weighted Bellman equation (tabular: certainty equivalence) |
+#
+# Two consequences can be measured. First, **normalisation is a per-state step size**: with one-hot
+# features both algorithms have the same fixed point (the certainty-equivalence value of the
+# context), but linear TD moves state $x$ by $\alpha N(x)/n$ of its average TD error per layer while
+# tabular softmax TD moves it by $\alpha$, so rarely visited states hold linear attention back.
+# Second, **linear attention is limited by its features**: with $d = 4$ random features on 10 states
+# its fixed point is a projection, with a floor no depth removes.
+#
+# The experiment: 100 random Boyan chains ($s = 10$, $\gamma = 0.9$), one stationary context of
+# $n = 200$ transitions each, MSVE of the value estimate at every state (all 10 states as queries)
+# against depth. Softmax attention uses the constructed parameters with $W = \beta I$, $\beta = 20$
+# (the tabular regime, see the [convergence chapter](convergence.html)); the softmax Transformer's
+# output is computed with `weighted_softmax_td`, which equals it layer by layer (Theorem 1 in the
+# [dual-head chapter](dual_head.html)). Both use step $\alpha = 1$: equal settings, not tuned ones
+# (the next section tunes them).
+
+# %%
+#| export
+def msve_against_depth(tasks:list,         # MRPs, all with the same number of states
+                       contexts:list,      # one (states, rewards) trajectory per task
+                       values_fn,          # callable(phi_states, rewards, phi_queries, gamma) -> (n_iters+1, s) estimates per depth
+                      )->torch.Tensor:     # (n_tasks, n_iters+1) MSVE of each task's estimate at each depth
+    "MSVE at every depth of an in-context estimator run on each task's own context, all states as queries."
+    return torch.stack([msve(m, values_fn(m.phi[S], R, m.phi, m.gamma)) for m, (S, R) in zip(tasks, contexts)])
+
+
+# %% [markdown]
+# The experiment, one curve per construction and kind of features:
+
+# %%
+#| export
+def side_by_side(n_tasks:int=100,    # random Boyan chains (task b has seed `seed + b`)
+                 n:int=200,          # context length
+                 depth:int=60,       # deepest model
+                 beta:float=20.,     # softmax score scale, W = beta I
+                 alpha:float=1.,     # step size of both constructions
+                 seed:int=0,         # first task seed (the context of task b has seed `seed + b` too)
+                )->dict:             # label -> (n_tasks, depth + 1) MSVE at every depth
+    "MSVE against depth of linear and softmax in-context TD, each on its own kind of features, on the same chains."
+    def linear(phi_s, R, phi_q, gamma): return batch_linear_td(phi_s, R, alpha, gamma, depth, phi_queries=phi_q, return_all=True)[..., n + 1:]
+    def softmax(phi_s, R, phi_q, gamma):
+        W = beta * torch.eye(phi_s.shape[-1], dtype=phi_s.dtype)
+        return weighted_softmax_td(phi_s, R, W, alpha, gamma, depth, phi_queries=phi_q, return_all=True)[..., n + 1:]
+    def curve(features, values_fn):
+        tasks = [random_boyan_chain(features=features, seed=seed + b) for b in range(n_tasks)]
+        return msve_against_depth(tasks, [sample_trajectory(m, n, seed=seed + b) for b, m in enumerate(tasks)], values_fn)
+    return {"linear attention, one-hot features": curve("onehot", linear),
+            "softmax attention, one-hot features": curve("onehot", softmax),
+            "linear attention, 4 random features": curve("random", linear)}
+
+
+# %% [markdown]
+# and its figure:
+
+# %%
+#| export
+def plot_side_by_side(curves:dict,   # the output of `side_by_side`
+                      n:int,         # the context length they were run with
+                     ):              # the matplotlib figure
+    "Median and quartiles of MSVE against depth for each construction."
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    for (label, c), ls in zip(curves.items(), ("-", "-", "--")):
+        med, lo, hi = (c.quantile(q, dim=0).numpy() for q in (0.5, 0.25, 0.75))
+        ax.plot(med, ls, label=label)
+        ax.fill_between(range(c.shape[1]), lo, hi, alpha=0.2)
+    ax.set(yscale="log", xlabel="depth $L$ (layers = TD iterations)", ylabel="MSVE (squared return units)",
+           title=f"Linear vs softmax in-context TD, {c.shape[0]} Boyan chains, $n = {n}$ (median, quartiles)")
+    ax.set_ylim(bottom=1e-4)
+    ax.legend(loc="lower left", fontsize=9)
+    return fig
+
+
+# %%
+#| fig-cap: "Figure 7a.3: At equal step size, softmax attention on one-hot features reaches its floor in a few dozen layers while linear attention is still far above it; on 4 random features linear attention stalls at its projected fixed point."
+#| fig-alt: "MSVE against depth from 0 to 60 on a log scale, median and quartile bands over 100 Boyan chains, for linear attention with one-hot features, softmax attention with one-hot features, and linear attention with 4 random features (dashed)."
+n_ctx = 200
+curves = side_by_side(n=n_ctx)
+plot_side_by_side(curves, n_ctx);
+
+# %% [markdown]
+# What the figure shows, and the tests below pin down: with one-hot features, softmax attention
+# reaches its floor within a few dozen layers while linear attention, at the same step size, is
+# still far above it after 60 layers, because its slowest state moves at rate $\alpha N(x)/n$.
+# Given enough depth they meet: both fixed points are the certainty-equivalence value. With four
+# random features, linear attention stalls at the error of its projected fixed point. How much of
+# the first gap is the shared step size is the question of the next section.
+
+# %%
+onehot_lin, onehot_soft, rand_lin = (c.median(0).values for c in curves.values())
+assert onehot_soft[40] < onehot_lin[40] / 3, (onehot_soft[40], onehot_lin[40])
+assert rand_lin[-1] > 3 * onehot_soft[-1], (rand_lin[-1], onehot_soft[-1])
+mrp = random_boyan_chain(features="onehot", seed=0)
+S, R = sample_trajectory(mrp, n_ctx, seed=0)
+far_lin = batch_linear_td(mrp.phi[S], R, 1., mrp.gamma, 3000, phi_queries=mrp.phi)[n_ctx + 1:]
+far_soft = weighted_softmax_td(mrp.phi[S], R, 20. * torch.eye(10, dtype=torch.float64), 1., mrp.gamma, 300, phi_queries=mrp.phi)[n_ctx + 1:]
+test_close(far_lin, far_soft, eps=1e-6)
+record_claim("equal-settings", "At equal step size on one-hot features softmax in-context TD converges in depth much faster than linear, to the same fixed point; on 4 random features linear TD stalls at its projection.", "measured", "linear_experiments", "#side-by-side")
+onehot_lin[40].item(), onehot_soft[40].item(), rand_lin[-1].item()
+
+
+# %% [markdown]
+# ## A fair side-by-side
+#
+# The comparison above gives both constructions the same step $\alpha = 1$ and softmax a score
+# scale $\beta = 20$ picked for it, so it partly measures the settings. Here each method gets its
+# own parameters, tuned by a grid on the same tuning tasks (seeds the test tasks do not use), and
+# both run on the **same features**: one-hot features (where both have the same fixed point), and
+# $d = 4$ random features (where linear TD is limited to the span of the features). A third
+# method is the ablation: the predecessor's "softmax" variant of the linear-attention layer,
+# which normalises each key's scores over the *target* columns instead of over the keys, with the
+# TD-shaped parameters $P = \alpha\, e e^\top$ and $Q = \beta [-I, I]$ blocks.
+#
+# For that variant the attention weights do not change across layers (only the last row changes,
+# and the scores read only the first $2d$ rows), so its forward pass reduces to an iteration on the
+# last row with a fixed weight matrix per query, computed below and checked against the layer.
+
+# %%
+#| export
+def query_softmax_td(phi_states,        # (..., n+1, d) features of S_0..S_n
+                     rewards,           # (..., n) rewards
+                     phi_queries,       # (..., q, d) query features (each gets its own prompt)
+                     alpha:float,       # the entry P[-1, -1]
+                     beta:float,        # the scale of Q's blocks -beta I, +beta I
+                     gamma:float,       # discount factor
+                     n_iters:int,       # number of layers
+                     return_all=False,  # every depth 0..n_iters instead of the last
+                    )->torch.Tensor:    # (..., q) values, or (..., n_iters+1, q)
+    "The predecessor's target-normalised softmax layer with TD-shaped parameters, one query per prompt, in closed form."
+    keys, X, R = context_tensors(phi_states, rewards, phi_queries)
+    n = R.shape[-1]
+    scores = beta * keys @ (gamma * X[..., 1:n + 1, :] - keys).mT          # (..., n, n): key i, context target j
+    s_q = -beta * keys @ X[..., n + 1:, :].mT                               # (..., n, q)
+    log_norm = torch.logaddexp(torch.logsumexp(scores, -1, keepdim=True), s_q)   # (..., n, q): per key, per query's prompt
+    K = torch.exp(scores.unsqueeze(-3) - log_norm.mT.unsqueeze(-1))        # (..., q, n, n)
+    k_q = torch.exp(s_q - log_norm).mT                                      # (..., q, n)
+    y, y_q = R.unsqueeze(-2).expand(k_q.shape), k_q.new_zeros(k_q.shape[:-1])
+    out = [y_q]
+    for _ in range(int(n_iters)):
+        y, y_q = y + alpha / n * (y.unsqueeze(-2) @ K).squeeze(-2), y_q + alpha / n * (y * k_q).sum(-1)
+        out.append(y_q)
+    return -(torch.stack(out, -2) if return_all else y_q)
+
+
+# %%
+mrp = random_boyan_chain(seed=7)
+S, R = sample_trajectory(mrp, 25, seed=7)
+variant = LinearICTD(4, 6, softmax=True, seed=0)
+P_v, Q_v = td_parameters(4, 3.)
+with torch.no_grad(): variant.layers[0].P.copy_(2. * P_v); variant.layers[0].Q.copy_(Q_v)
+one_query_each = torch.stack([build_linear_prompt(mrp.phi[S], R, mrp.phi[x], mrp.gamma) for x in range(10)])
+test_close(query_softmax_td(mrp.phi[S], R, mrp.phi, 2., 3., mrp.gamma, 6), variant.predict(one_query_each, n=25)[:, 0], eps=1e-12)
+test_eq(query_softmax_td(mrp.phi[S], R, mrp.phi, 2., 3., mrp.gamma, 6, return_all=True)[-1], query_softmax_td(mrp.phi[S], R, mrp.phi, 2., 3., mrp.gamma, 6))
+two_queries = build_linear_prompt(mrp.phi[S], R, mrp.phi[:2], mrp.gamma)
+assert (variant.predict(two_queries, n=25)[0] - variant.predict(one_query_each[0], n=25)[0]).abs() > 1e-6
+
+# %% [markdown]
+# The tuning: for each method and grid point, the median MSVE over 20 tuning tasks at the deepest
+# layer; the best grid point is then run on the test tasks. The grids are wide enough that the
+# tuned values sit inside them (asserted below), and step sizes above 1 are included.
+
+# %%
+#| export
+TUNING_GRIDS = {
+    "linear attention": dict(alpha=(0.25, 0.5, 1., 2., 4., 8., 16., 32., 64.)),
+    "softmax attention": dict(alpha=(0.25, 0.5, 1., 1.5, 2.), beta=(0.5, 1., 2., 4., 8., 16., 32., 64.)),
+    "query-normalised softmax (ablation)": dict(alpha=(-64., -16., -4., -1., 1., 4.), beta=(-16., -4., -1., -0.25, 0.25, 1., 4., 16.)),
+}
+
+
+# %% [markdown]
+# Each method's MSVE curve at one grid point, and the tuning on separate tasks:
+
+# %%
+#| export
+def _method_values(method:str, phi_s, R, phi_q, gamma, depth, alpha, beta=None):
+    "Values at the queries at every depth 0..depth for one method at one grid point."
+    n = R.shape[-1]
+    if method == "linear attention": return batch_linear_td(phi_s, R, alpha, gamma, depth, phi_queries=phi_q, return_all=True)[..., n + 1:]
+    if method == "softmax attention":
+        W = beta * torch.eye(phi_s.shape[-1], dtype=phi_s.dtype)
+        return weighted_softmax_td(phi_s, R, W, alpha, gamma, depth, phi_queries=phi_q, return_all=True)[..., n + 1:]
+    return query_softmax_td(phi_s, R, phi_q, alpha, beta, gamma, depth, return_all=True)
+
+def _msve_curves(method, tasks, states, depth, **params)->torch.Tensor:
+    "(B, depth+1) MSVE of each task's estimate at every depth (inf where it diverged)."
+    rows = torch.arange(len(tasks))[:, None]
+    v = _method_values(method, tasks.phi[rows, states], tasks.r[rows, states[:, :-1]], tasks.phi, tasks.gamma, depth, **params)
+    err = weighted_error(v, tasks.v_pi[:, None], tasks.d_pi[:, None])
+    return torch.nan_to_num(err, nan=math.inf)
+
+def tuned_side_by_side(features:str="random",  # "random" (d = 4) or "onehot" features, shared by all methods
+                       n_tasks:int=100,        # test tasks (seeds `seed`, `seed + 1`, ...)
+                       n_tune:int=20,          # tuning tasks (seeds from `seed + 100_000`)
+                       n:int=100,              # context length
+                       depth:int=40,           # deepest model; tuning minimises the median MSVE there
+                       seed:int=0,             # first test task seed
+                       grids:dict=None,        # method -> dict of parameter grids; default `TUNING_GRIDS`
+                      )->dict:                 # method -> dict(params, tune_msve, curves (n_tasks, depth+1))
+    "MSVE against depth of each method with its own parameters tuned by a grid on separate tuning tasks, all on the same features and contexts."
+    if features not in ("random", "onehot"): raise ValueError(f"`features` must be 'random' or 'onehot', got {features!r}")
+    grids = TUNING_GRIDS if grids is None else grids
+    def draw(first, count):
+        tasks = random_tasks(count, seed=first, features=features)
+        return tasks, sample_trajectories(tasks.P, n, tasks.d_pi, seed=first)
+    tune, test = draw(seed + 100_000, n_tune), draw(seed, n_tasks)
+    out = {}
+    for method, grid in grids.items():
+        points = [dict(zip(grid, vals)) for vals in itertools.product(*grid.values())]
+        scores = [_msve_curves(method, *tune, depth, **p)[:, -1].median().item() for p in points]
+        best = points[min(range(len(points)), key=scores.__getitem__)]
+        out[method] = dict(params=best, tune_msve=min(scores), curves=_msve_curves(method, *test, depth, **best))
+    return out
+
+
+# %% [markdown]
+# The tuned curves, one panel per kind of features:
+
+# %%
+#| export
+def plot_tuned_side_by_side(results:dict,  # features label -> output of `tuned_side_by_side`
+                            n:int,         # context length used
+                           ):              # the matplotlib figure
+    "Median and quartiles of MSVE against depth of every tuned method, one panel per kind of features."
+    import matplotlib.pyplot as plt
+    fig, axs = plt.subplots(1, len(results), figsize=(8, 3.9), sharey=True, squeeze=False)
+    for ax, (label, res) in zip(axs[0], results.items()):
+        for (method, r), ls in zip(res.items(), ("-", "-", ":")):
+            c = r["curves"].clamp(max=1e6)
+            med, lo, hi = (c.quantile(q, dim=0).numpy() for q in (0.5, 0.25, 0.75))
+            ax.plot(med, ls, label=method)
+            ax.fill_between(range(c.shape[1]), lo, hi, alpha=0.2)
+        ax.axhline(c[:, 0].median().item(), color="k", lw=0.8, ls="--", label="zero predictor (depth 0)")
+        ax.set(yscale="log", xlabel="depth $L$ (layers)", title=f"{label} features, $n = {n}$")
+    axs[0, 0].set_ylabel("MSVE (squared return units)")
+    handles, labels = axs[0, 0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=8.5, frameon=False)
+    fig.suptitle(f"Tuned in-context TD (parameters in the table below), {c.shape[0]} test chains: median and quartiles", fontsize=10)
+    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    return fig
+
+
+# %%
+#| fig-cap: "Figure 7a.4: With each method's parameters tuned, softmax attention stays ahead of linear attention at depth 40 on one-hot features and by an order of magnitude on the same 4 random features; the query-normalised ablation is far worse than both."
+#| fig-alt: "Two panels, one-hot features and 4 random features: MSVE against depth from 0 to 40 on a log scale, median and quartile bands over 100 test chains, for tuned linear attention, tuned softmax attention and the tuned query-normalised ablation (dotted), with the zero predictor as a dashed black line."
+fair = {"one-hot": tuned_side_by_side("onehot"), "4 random": tuned_side_by_side("random")}
+plot_tuned_side_by_side(fair, n=100);
+
+# %%
+rows = [f"| {feat} | {m} | {', '.join(f'{k} = {v:g}' for k, v in r['params'].items())} | {r['tune_msve']:.3g} | {r['curves'][:, -1].median():.3g} |"
+        for feat, res in fair.items() for m, r in res.items()]
+Markdown("| features | method | tuned parameters | tuning MSVE at $L = 40$ (median) | test MSVE at $L = 40$ (median) |\n|---|---|---|---|---|\n" + "\n".join(rows))
+
+
+# %% [markdown]
+# With each method tuned, the picture is more even than at equal settings, and the asserts below
+# hold it to that:
+#
+# * on **one-hot** features the tuned linear construction takes a step size well above 1 and closes
+#   much of the gap, but softmax is still ahead at $L = 40$: lower median error and lower error on
+#   most of the 100 test chains. Both converge to the same fixed point, so this is a statement
+#   about speed in depth, which the normalisation (a per-state step size) buys;
+# * on the **same 4 random features**, linear attention is limited to the span of the features and
+#   stays an order of magnitude above tuned softmax on almost every chain;
+# * the predecessor's **query-normalised** variant, tuned over signed grids, is far worse than both
+#   (on one-hot features no better than predicting zero): normalising over the targets does not give
+#   a TD update. Its signed grids were widened until its tuned values sit inside them (asserted
+#   below, as for the other two methods); the ablation shows the direction of normalisation
+#   matters, not the best such model.
+
+# %%
+def interior(value, grid): return min(grid) < value < max(grid)
+for res in fair.values():
+    for m in TUNING_GRIDS:
+        assert all(interior(v, TUNING_GRIDS[m][k]) for k, v in res[m]["params"].items()), (m, res[m]["params"])
+final = {feat: {m: r["curves"][:, -1] for m, r in res.items()} for feat, res in fair.items()}
+lin1, soft1, abl1 = final["one-hot"].values()
+lin4, soft4, abl4 = final["4 random"].values()
+assert fair["one-hot"]["linear attention"]["params"]["alpha"] > 1
+assert soft1.median() < lin1.median() / 2 and (soft1 < lin1).sum() >= 60, ((soft1 < lin1).sum(), soft1.median(), lin1.median())
+assert soft4.median() < lin4.median() / 10 and (soft4 < lin4).sum() >= 90, ((soft4 < lin4).sum(), soft4.median(), lin4.median())
+assert (soft1 < abl1).sum() >= 95 and (soft4 < abl4).sum() >= 95
+record_claim("tuned-side-by-side", "With each construction's parameters tuned, softmax stays ahead of linear in-context TD at depth 40 on one-hot features and by 10x on 4 random features; the query-normalised variant is worse than both.", "measured", "linear_experiments", "#a-fair-side-by-side")
+{feat: f"softmax below linear on {int((f['softmax attention'] < f['linear attention']).sum())} of 100 chains" for feat, f in final.items()}
+
+# %% [markdown]
+# ## Pretrained linear against pretrained softmax, head to head
+#
+# The side-by-sides above compare *constructions*. The question a reader asks next is about
+# *training*: given the same tasks, the same seeds and the same budget, which pretrained
+# Transformer predicts values better, a linear one or a softmax one? Both families train through
+# the engine (`pretrain_many`) on chapter 6's stationary protocol with the settings of its headline
+# run (`EMERGENCE`: $d = 4$ random features, 10 states, $n = 30$, $L = 3$ layers each with its own
+# parameters, $\gamma = 0.9$, the same number of Adam steps of 64 TD examples). Only `attention`
+# differs, so seed $k$ of either family trains on the same task pool and is scored on the same
+# held-out tasks and contexts. Each family gets its own learning rate, tuned on a grid by the mean
+# final held-out MSVE over three tuning seeds the comparison does not use (a run that diverges
+# scores infinity). The held-out scores are the MSVE and the **centred** MSVE of
+# [chapter 6b](mechanism.html) (the error in the value *shape*, each task's $d_\pi$-mean removed),
+# next to the baselines of [chapter 6a](emergence.html), the strongest simple ones among them:
+# the context mean, certainty equivalence on the context and the oracle best constant.
+
+# %%
+#| export
+H2H_LRS = (1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1)   # Adam learning rates tried for each family
+H2H_CONFIG = dataclasses.replace(EMERGENCE, eval_every=EMERGENCE.n_steps)   # the shared budget: chapter 6's headline run
+H2H_TUNE_SEEDS = (100, 101, 102)             # seeds of the learning-rate tuning, disjoint from the compared ones
+
+
+# %% [markdown]
+# Every run's values on its held-out tasks come from its family's own forward pass, on the engine's evaluation set:
+
+# %%
+#| export
+def held_out_values(results:list, # runs of one configuration (`pretrain_many`)
+                   )->tuple:      # (values (S, E, s) at every state of every held-out task, the `EvalSet`)
+    "Every run's values on its held-out tasks, through its family's own forward pass."
+    config = results[0].config
+    ev = eval_set(config, [r.config.seed for r in results])
+    params = {k: v.double() for k, v in stack_results(results)["params"].items()}
+    with torch.no_grad(): return get_family(config.attention).predict(config, params, ev.x, config.n), ev
+
+
+# %% [markdown]
+# and give each seed's held-out MSVE and centred MSVE:
+
+# %%
+#| export
+def seed_scores(results:list, # runs of one configuration
+               )->dict:       # msve, centred_msve: (S,) each seed's mean over its held-out tasks
+    "Held-out MSVE and centred MSVE of every run."
+    v, ev = held_out_values(results)
+    return dict(msve=weighted_error(v, ev.v_pi, ev.weights).mean(-1), centred_msve=centred_msve(v, ev.tasks).mean(-1))
+
+
+# %% [markdown]
+# The values come from the same code path the engine evaluates with, so the held-out MSVE equals
+# the engine's own last evaluation; a check on two short runs of each family:
+
+# %%
+for att in ("linear", "softmax"):
+    short = pretrain_many(dataclasses.replace(H2H_CONFIG, attention=att, n_steps=20, eval_every=20, eval_tasks=16), [5, 6], progress=False)
+    sc = seed_scores(short)
+    test_close(sc["msve"], torch.stack([r.history["msve"][-1, 0] for r in short]), eps=1e-10)
+    assert (sc["centred_msve"] <= sc["msve"] + 1e-12).all()
+
+
+# %%
+#| export
+def tune_lr(config:PretrainConfig,   # every setting but the learning rate
+            lrs=H2H_LRS,             # learning rates to try
+            seeds=H2H_TUNE_SEEDS,    # tuning seeds
+           )->dict:                  # lr -> mean final held-out MSVE over `seeds` (inf where training diverged)
+    "Each learning rate's mean final held-out MSVE over the tuning seeds."
+    out = {}
+    for lr in tqdm(lrs, desc=f"tuning {config.attention}", leave=False):
+        try: runs = pretrain_many(dataclasses.replace(config, lr=lr), list(seeds), progress=False)
+        except DivergenceError: out[lr] = math.inf; continue
+        out[lr] = torch.stack([r.history["msve"][-1, 0] for r in runs]).mean().item()
+    return out
+
+
+# %% [markdown]
+# The baselines, on the same held-out tasks of every seed:
+
+# %%
+#| export
+def baseline_scores(config:PretrainConfig, # the shared settings
+                    seeds,                 # the compared seeds
+                   )->dict:                # baseline -> (S,) each seed's mean MSVE over its held-out tasks
+    "The held-out MSVE of chapter 6a's baselines on every seed's held-out tasks (theta* tuned per seed)."
+    rows = [baseline_msve(dataclasses.replace(config, seed=int(s))) for s in seeds]
+    name = lambda k: "best theta* (tuned per seed)" if k.startswith("best theta*") else k
+    return {name(k): torch.stack([r[k].mean() for r in rows]) for k in rows[0]}
+
+
+# %% [markdown]
+# Two methods on the same seeds are compared by the paired differences:
+
+# %%
+#| export
+def paired_test(a:torch.Tensor,  # (S,) one method's score per seed
+                b:torch.Tensor,  # (S,) the other's, same seeds
+               )->dict:          # mean and s.e. of a - b, paired t-test and Wilcoxon p-values, seeds with a < b
+    "A paired comparison over seeds of two methods' scores."
+    from scipy import stats
+    a, b = torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64)
+    if a.shape != b.shape or a.ndim != 1 or len(a) < 2: raise ValueError(f"`a` and `b` must have the same shape (S,) with S >= 2, got {tuple(a.shape)} and {tuple(b.shape)}")
+    d = a - b
+    return dict(mean=d.mean().item(), se=(d.std() / math.sqrt(len(d))).item(), p_t=float(stats.ttest_rel(a, b).pvalue),
+                p_wilcoxon=float(stats.wilcoxon(a, b).pvalue), a_lower=int((a < b).sum()), seeds=len(a))
+
+
+# %%
+pt_demo = paired_test(torch.tensor([1., 2., 3., 4.]), torch.tensor([2., 2.5, 4., 4.5]))
+test_close((pt_demo["mean"], pt_demo["se"]), (-0.75, (0.25 / 3) ** 0.5 / 2), eps=1e-12)   # differences -1, -0.5, -1, -0.5: sample variance 0.25 / 3
+test_eq(pt_demo["a_lower"], 4)
+test_fail(lambda: paired_test(torch.ones(3), torch.ones(4)), contains="`a` and `b` must have the same shape")
+
+
+# %%
+#| export
+def head_to_head(config:PretrainConfig=H2H_CONFIG, # shared settings (`attention` and `lr` are set per family)
+                 seeds=range(10),                  # compared seeds
+                 tune_seeds=H2H_TUNE_SEEDS,        # learning-rate tuning seeds
+                 lrs=H2H_LRS,                      # learning-rate grid
+                )->dict:                           # JSON-ready: per family the tuned lr, tuning scores, per-seed scores; baselines; paired tests
+    "Pretrained linear against pretrained softmax Transformers on the same tasks, seeds and budget, each with its learning rate tuned."
+    seeds = [int(s) for s in seeds]
+    out = dict(config=dataclasses.asdict(config), seeds=seeds, tune_seeds=list(tune_seeds), lrs=list(lrs), families={})
+    for att in ("linear", "softmax"):
+        c = dataclasses.replace(config, attention=att)
+        tuning = tune_lr(c, lrs, tune_seeds)
+        lr = min(tuning, key=tuning.get)
+        scores = seed_scores(pretrain_many(dataclasses.replace(c, lr=lr), seeds, progress=False))
+        out["families"][att] = dict(lr=lr, tuning=[[k, v] for k, v in tuning.items()], **{k: v.tolist() for k, v in scores.items()})
+    base = baseline_scores(config, seeds)
+    out["baselines"] = {k: v.tolist() for k, v in base.items()}
+    strongest = min((k for k in base if "oracle" not in k), key=lambda k: base[k].mean())
+    lin, soft = (out["families"][f] for f in ("linear", "softmax"))
+    out["strongest_baseline"] = strongest
+    out["paired"] = {k: paired_test(torch.tensor(lin[k]), torch.tensor(soft[k])) for k in ("msve", "centred_msve")}
+    out["paired_vs_baseline"] = {f: paired_test(torch.tensor(out["families"][f]["msve"]), base[strongest]) for f in out["families"]}
+    return out
+
+
+# %% [markdown]
+# The driver that saves the comparison with its provenance, independent of the command line:
+
+# %%
+#| export
+def run_head_to_head(out="nbs/data/head_to_head.json", # the JSON file to write
+                     command:str="python -c 'from ictd.experiments.linear import run_head_to_head; run_head_to_head()'",
+                     **kwargs,                          # passed to `head_to_head`
+                    )->Path:
+    "Run `head_to_head` and save it with its provenance (command, commit, date)."
+    data = provenance(command) | head_to_head(**kwargs)
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(jsonable(data), indent=1))
+    return Path(out)
+
+
+# %% [markdown]
+# The table and the figure that show it:
+
+# %%
+#| export
+def head_to_head_table(data:dict, # output of `head_to_head` (e.g. read from its JSON file)
+                      )->str:     # a Markdown table
+    "Mean (standard error) over seeds of held-out MSVE and centred MSVE, for both families and the baselines."
+    S = len(data["seeds"])
+    ms = lambda x: f"{torch.tensor(x).mean():.3g} ({torch.tensor(x).std() / S ** 0.5:.2g})"
+    rows = [f"| pretrained {f} attention | lr = {r['lr']:g} | {ms(r['msve'])} | {ms(r['centred_msve'])} |" for f, r in data["families"].items()]
+    rows += [f"| {k} | baseline | {ms(v)} | |" for k, v in data["baselines"].items()]
+    return "| model | tuned | held-out MSVE | centred MSVE |\n|---|---|---|---|\n" + "\n".join(rows)
+
+
+# %%
+#| export
+def plot_head_to_head(data:dict, # output of `head_to_head`
+                     ):          # the matplotlib figure
+    "Each seed's held-out MSVE, linear and softmax joined by a line, with the baselines' means."
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    lin, soft = (torch.tensor(data["families"][f]["msve"]) for f in ("linear", "softmax"))
+    for a, b in zip(lin, soft): ax.plot([0, 1], [a, b], color="0.6", lw=0.8)
+    for x, v, f, c in ((0, lin, "linear", "tab:blue"), (1, soft, "softmax", "tab:orange")):
+        ax.plot([x] * len(v), v, "o", color=c, label=f"pretrained {f} (lr {data['families'][f]['lr']:g})")
+    styles = dict(zip(data["baselines"], ("-", "--", "-.", ":", (0, (6, 2, 1, 2, 1, 2)))))
+    for k, v in data["baselines"].items(): ax.axhline(torch.tensor(v).mean(), color="k", ls=styles[k], lw=1, label=f"{k} (mean)")
+    ax.set(xticks=[0, 1], xticklabels=["linear attention", "softmax attention"], xlim=(-0.4, 1.4), yscale="log",
+           ylabel="held-out MSVE (squared return units)", title=f"Same tasks, seeds and budget: {len(lin)} seeds")
+    ax.legend(fontsize=7.5, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.tight_layout()
+    return fig
+
+
+# %% [markdown]
+# At this budget the comparison takes many minutes of one CPU thread (the tuning trains each family
+# at every learning rate of the grid), too long for the book's execution, so the book shows it from
+# `data/head_to_head.json`, written by `run_head_to_head` with its command, commit and date; the
+# `#| slow` cell below remakes it.
+
+# %%
+#| slow
+run_head_to_head("data/head_to_head.json", command="run_head_to_head('data/head_to_head.json') in nbs/07a_linear_experiments.ipynb")
+
+# %%
+h2h = json.loads(Path("data/head_to_head.json").read_text())
+assert {"command", "commit", "date"} <= h2h.keys() and h2h["config"]["n_steps"] == H2H_CONFIG.n_steps, "head_to_head.json is missing its provenance or was made with another budget"
+tuning = {f: dict(r["tuning"]) for f, r in h2h["families"].items()}
+Markdown(f"Made by `{h2h['command']}` at commit `{h2h['commit'][:10]}` on {h2h['date']}: {len(h2h['seeds'])} seeds "
+         f"({h2h['seeds'][0]}-{h2h['seeds'][-1]}), {h2h['config']['n_steps']} Adam steps of {h2h['config']['batch_size']} TD examples each, "
+         f"{h2h['config']['eval_tasks']} held-out tasks per seed. The learning-rate tuning (mean final held-out MSVE over seeds "
+         f"{h2h['tune_seeds']}):\n\n| learning rate | " + " | ".join(f"{lr:g}" for lr in h2h["lrs"]) + " |\n" + "|---" * (len(h2h["lrs"]) + 1) + "|\n"
+         + "\n".join(f"| {f} | " + " | ".join(f"{tuning[f][lr]:.3g}" for lr in h2h["lrs"]) + " |" for f in tuning)
+         + "\n\nTuned: " + ", ".join(f"{f} lr = {r['lr']:g}" for f, r in h2h["families"].items()) + ".")
+
+# %%
+#| fig-cap: "Figure 7a.5: On the same tasks, seeds and budget, each family at its own tuned learning rate, pretrained softmax Transformers predict held-out values far better than pretrained linear ones, which stay near the zero predictor."
+#| fig-alt: "Dot plot on a log scale: for each of 10 seeds the held-out MSVE of the pretrained linear Transformer (left, blue) joined by a grey line to that of the pretrained softmax Transformer (right, orange), with horizontal black lines at the mean MSVE of the baselines: zero, context mean, best theta*, certainty equivalence and the oracle best constant."
+plot_head_to_head(h2h);
+
+# %%
+Markdown(head_to_head_table(h2h))
+
+# %%
+pair, vs_base, strongest = h2h["paired"], h2h["paired_vs_baseline"], h2h["strongest_baseline"]
+line = lambda p: f"{p['mean']:.3g} ± {p['se']:.2g} (paired t-test p = {p['p_t']:.2g}, Wilcoxon p = {p['p_wilcoxon']:.2g}; first lower on {p['a_lower']} of {p['seeds']} seeds)"
+Markdown(f"Linear minus softmax, per seed: held-out MSVE {line(pair['msve'])}; centred MSVE {line(pair['centred_msve'])}.\n\n"
+         + "\n".join(f"* pretrained {f} minus the strongest simple baseline ({strongest}), held-out MSVE: {line(p)}" for f, p in vs_base.items()))
+
+
+# %% [markdown]
+# What the saved comparison shows, asserted below as statements about the seeds:
+#
+# * the pretrained **softmax** Transformer has the lower held-out MSVE, and the lower centred MSVE,
+#   on (nearly) every seed, and the paired tests reject equality;
+# * at this budget the pretrained **linear** Transformer has barely left its small initialisation:
+#   its MSVE stays close to that of predicting zero, and every simple baseline that reads the
+#   context beats it. Larger learning rates do not help: they diverge (the tuning table). This is a
+#   statement about the shared budget of chapter 6's headline run on the stationary protocol,
+#   measured on random Boyan chains with 4 random features; the predecessor trains for many more
+#   steps on its own protocol, and the linear Transformer does learn batch TD there (the first section);
+# * the pretrained softmax Transformer beats the context mean on (nearly) every seed but not
+#   certainty equivalence on the context, the strongest simple baseline here: at this budget it
+#   has learned a TD-like estimator, not the empirical MRP's exact value.
+
+# %%
+def interior(value, grid): return min(grid) < value < max(grid)
+S = len(h2h["seeds"])
+assert strongest == "certainty equivalence", strongest
+assert S >= 10 and all(interior(r["lr"], h2h["lrs"]) for r in h2h["families"].values()), {f: r["lr"] for f, r in h2h["families"].items()}
+assert pair["msve"]["a_lower"] <= 1 and pair["msve"]["p_t"] < 0.01 and pair["msve"]["mean"] > 0, pair["msve"]
+assert pair["centred_msve"]["a_lower"] <= 1 and pair["centred_msve"]["p_t"] < 0.01, pair["centred_msve"]
+lin_h, soft_h = (torch.tensor(h2h["families"][f]["msve"]) for f in ("linear", "softmax"))
+base = {k: torch.tensor(v) for k, v in h2h["baselines"].items()}
+assert (lin_h > base[strongest]).sum() >= S - 1 and (lin_h > 0.5 * base["zero"]).sum() >= S - 1, lin_h
+assert (soft_h < base["context mean"]).sum() >= S - 1 and (soft_h > base[strongest]).sum() >= S - 1, soft_h
+record_claim("head-to-head", "On the same tasks, seeds and budget (chapter 6's headline run), each with its own tuned learning rate, pretrained softmax Transformers have a lower held-out MSVE and centred MSVE than pretrained linear ones on (nearly) every seed; the linear ones stay near the zero predictor.", "measured", "linear_experiments", "#pretrained-linear-against-pretrained-softmax-head-to-head")
+{"linear above the strongest baseline": f"{int((lin_h > base[strongest]).sum())} of {S} seeds", "softmax below the context mean": f"{int((soft_h < base['context mean']).sum())} of {S} seeds",
+ "softmax above certainty equivalence": f"{int((soft_h > base[strongest]).sum())} of {S} seeds"}
+
+# %% [markdown]
+# The softmax construction pays for its speed and expressiveness with a condition: its contraction
+# needs the attention to concentrate on a state's own visits (kernel diagonality, the
+# [convergence chapter](convergence.html)), while linear TD's stability depends on the step size and
+# the features' covariance. Which of the two a pretrained softmax Transformer ends up running is a
+# question about training, taken up in [chapter 6](pretrain.html); for the linear Transformer, the
+# pretraining section above answers it: batch TD, up to the seeds that are slow to leave the
+# initialisation.
+
+# %%
+#| hide
+import nbdev; nbdev.nbdev_export()
