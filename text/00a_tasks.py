@@ -7,12 +7,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 import numpy as np
 import torch
-from ictd.boyan import MRP, as_tensor, random_boyan_chain
+from ictd.boyan import MRP, as_tensor, chain_from_uniforms, random_boyan_chain
 
 # %%
 #| hide
 from fastcore.test import *
 from nbdev.showdoc import *
+from types import SimpleNamespace
 
 
 # %% [markdown]
@@ -142,6 +143,48 @@ for msg, f in {"`d0` must have shape (8, 10)": lambda: sample_trajectories(tasks
                "`d0` must hold probability distributions": lambda: sample_trajectories(tasks.P, 5, 2 * tasks.d_pi - tasks.d_pi.roll(1, -1)),
                "`P` must be row-stochastic": lambda: sample_trajectories(-tasks.P, 5, tasks.d_pi)}.items():
     test_fail(f, contains=msg)
+
+# %% [markdown]
+# ## Training pools, vectorised
+#
+# Pretraining (chapter 6) draws pools of thousands of chains, and building them one
+# `random_boyan_chain` at a time is slow. `task_pool` draws task $b$ from
+# `numpy.random.default_rng(seed + b)` in the same order, passes the uniforms of all tasks to the
+# same `chain_from_uniforms` in one call, and batches the linear algebra (the stationary
+# distributions by one batched least-squares solve). Its tasks are `random_tasks`' tasks: the
+# transition matrices, rewards, features and values exactly, the stationary distributions to
+# rounding.
+
+# %%
+#| export
+def task_pool(config,                 # the task settings: n_states, d, features, gamma (e.g. a PretrainConfig)
+              n_tasks:int,            # number of tasks T
+              seed:int,               # task b draws from `numpy.random.default_rng(seed + b)`
+             )->TaskBatch:            # P (T, s, s), r (T, s), phi (T, s, d), d_pi, v_pi
+    "`random_tasks(n_tasks, seed, ...)` for the configuration's tasks, vectorised: one draw per task, batched solves."
+    if int(n_tasks) != n_tasks or n_tasks < 1: raise ValueError(f"`n_tasks` must be a positive integer, got {n_tasks}")
+    s, d, g, T = config.n_states, config.d, config.gamma, int(n_tasks)
+    u = np.stack([np.random.default_rng(seed + b).random(2 * s - 2 + s * d + s) for b in range(T)])
+    P, phi = chain_from_uniforms(u[:, :-s], s, d, config.features)
+    P, phi, r = (torch.from_numpy(x) for x in (P, phi, -1 + (1 - -1) * u[:, -s:]))   # r as `rng.uniform(-1, 1)`
+    I = torch.eye(s, dtype=torch.float64)
+    A = torch.cat([P.mT - I, torch.ones(T, 1, s, dtype=torch.float64)], 1)
+    e = torch.zeros(T, s + 1, 1, dtype=torch.float64); e[:, -1] = 1
+    d_pi = torch.linalg.lstsq(A, e, driver="gelsd").solution.squeeze(-1).clamp(min=0)
+    return TaskBatch(P, r, phi, d_pi / d_pi.sum(-1, keepdim=True), torch.linalg.solve(I - g * P, r), g)
+
+
+# %%
+show_doc(task_pool)
+
+# %%
+for features in ("random", "unit", "onehot"):
+    for s, d in ((10, 4), (5, 3), (2, 1)):
+        cfg = SimpleNamespace(n_states=s, d=d, gamma=0.9, features=features)
+        fast_pool, slow_pool = task_pool(cfg, 20, 7), random_tasks(20, seed=7, n_states=s, d=d, features=features)
+        for k in ("P", "r", "phi", "v_pi"): test_eq(getattr(fast_pool, k), getattr(slow_pool, k))
+        test_close(fast_pool.d_pi, slow_pool.d_pi, eps=1e-14)
+test_fail(lambda: task_pool(cfg, 0, 7), contains="`n_tasks` must be a positive integer")
 
 # %%
 #| hide
