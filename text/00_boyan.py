@@ -17,6 +17,12 @@ from nbdev.showdoc import *
 #| hide
 import matplotlib.pyplot as plt
 
+# %%
+from IPython.display import Markdown
+
+# %%
+from ictd.core import record_claim
+
 
 # %% [markdown]
 # # The Boyan chain
@@ -215,8 +221,9 @@ def boyan_transitions(n_states:int,                 # number of states s >= 2
 # block**, and then its $s$ rewards. Random features are the block mapped to $U(-1, 1)$, unit
 # features are those rows rescaled to norm 1, and one-hot features ($\Phi = I$) read the block and
 # discard it. Reading the block for every kind is what keeps the rewards in the same place, so the
-# chains of one seed differ only in $\Phi$ (checked below). For random features this order is the
-# order of Wang et al.'s generator, so those draws are unchanged.
+# chains of one seed differ only in $\Phi$ (checked below). Random and unit features have always
+# been drawn in this order, so the book's saved results keep their tasks; one-hot chains once
+# skipped the block, and now share their rewards with the other kinds.
 
 # %%
 #| export
@@ -255,6 +262,19 @@ def random_boyan_chain(n_states:int=10,           # number of states s >= 2
 
 # %%
 show_doc(random_boyan_chain)
+
+# %%
+show_doc(chain_from_uniforms)
+
+# %%
+u = np.random.default_rng(0).random((3, 2 * 5 - 2 + 5 * 2))
+for f in FEATURES:
+    P3, phi3 = chain_from_uniforms(u, 5, 2, f)
+    for b in range(3): test_eq(chain_from_uniforms(u[b], 5, 2, f), (P3[b], phi3[b]))
+test_eq(chain_from_uniforms(u[0], 5, 2, "random")[0], transitions_from_uniforms(u[0, :8], 5))
+test_eq(boyan_transitions(5, np.random.default_rng(4)), transitions_from_uniforms(np.random.default_rng(4).random(8), 5))
+test_fail(lambda: chain_from_uniforms(u[0, :-1], 5, 2, "random"), contains="`u` must have last dimension")
+test_fail(lambda: chain_from_uniforms(u[0], 5, 2, "cubic"), contains="`features` must be one of")
 
 # %% [markdown]
 # The transition matrix has the chain's structure: jumps of one or two to the right, a
@@ -295,6 +315,40 @@ for msg, kw in {"`n_states` must be an integer >= 2": dict(n_states=1),
                 "`rewards` must be one of": dict(rewards="sparse"),
                 "`gamma` must lie in [0, 1)": dict(gamma=1.)}.items():
     test_fail(lambda: random_boyan_chain(**kw), contains=msg)
+
+# %% [markdown]
+# ### One seed, one chain under every feature kind
+#
+# Because every kind reads the feature block, the chains of one seed, number of states and $d$
+# are **one Markov reward process** under every feature kind: the same $P$, $r$, $d_\pi$ and
+# $v_\pi$, bit for bit, with only $\Phi$ differing (unit features are the random features
+# rescaled, one-hot features are $I$). A side-by-side of feature kinds on the seeds of one range
+# therefore compares the features on the same tasks. Two limits of the statement: $r$ follows the
+# block of $s d$ uniforms, so changing $d$ keeps $P$ but redraws $r$ (a one-hot chain shares its
+# rewards with the random-feature chains of the `d` it is given, default or not); and
+# *representable* rewards are built from $\Phi$ ($v_\pi = \Phi w$), so across kinds they share
+# $P$ only. The check runs over many seeds and sizes:
+
+# %%
+shared, sizes = [], [(2 + seed % 19, 1 + seed % 9) for seed in range(200)]
+for seed, (s, d) in enumerate(sizes):
+    chains = {f: random_boyan_chain(s, d, features=f, seed=seed) for f in FEATURES}
+    ref = chains["random"]
+    for m in chains.values():
+        for k in ("P", "r", "d_pi", "v_pi"): test_eq(getattr(m, k), getattr(ref, k))
+    test_eq(chains["onehot"].phi, torch.eye(s, dtype=torch.float64))
+    test_eq(chains["unit"].phi.numpy(), ref.phi.numpy() / np.linalg.norm(ref.phi.numpy(), axis=1, keepdims=True))
+    other_d = random_boyan_chain(s, d + 1, seed=seed)
+    test_eq(other_d.P, ref.P)
+    shared.append(not torch.equal(other_d.r, ref.r))
+rep = [random_boyan_chain(8, 3, features=f, rewards="representable", seed=1) for f in FEATURES]
+for m in rep[1:]: test_eq(m.P, rep[0].P)
+assert all(shared)
+record_claim("kinds-share-mrp", "The random, unit and one-hot chains of one seed (same number of states and `d`) have the same $P$, $r$, $d_\\pi$ and $v_\\pi$ bit for bit; only $\\Phi$ differs.",
+             "proved", "boyan", "#one-seed-one-chain-under-every-feature-kind")
+(s_lo, d_lo), (s_hi, d_hi) = np.min(sizes, 0), np.max(sizes, 0)
+Markdown(f"On all {len(shared)} seeds (with $s$ from {s_lo} to {s_hi} and $d$ from {d_lo} to {d_hi}) the {len(FEATURES)} feature kinds share "
+         f"$P$, $r$, $d_\\pi$ and $v_\\pi$ exactly, and changing $d$ to $d + 1$ kept $P$ and redrew $r$ on all {sum(shared)} of them.")
 
 
 # %% [markdown]

@@ -15,6 +15,9 @@ from fastcore.test import *
 from nbdev.showdoc import *
 from types import SimpleNamespace
 
+# %%
+from ictd.core import record_claim
+
 
 # %% [markdown]
 # # Many tasks at once
@@ -144,6 +147,7 @@ for msg, f in {"`d0` must have shape (8, 10)": lambda: sample_trajectories(tasks
                "`P` must be row-stochastic": lambda: sample_trajectories(-tasks.P, 5, tasks.d_pi)}.items():
     test_fail(f, contains=msg)
 
+
 # %% [markdown]
 # ## Training pools, vectorised
 #
@@ -177,6 +181,13 @@ def task_pool(config,                 # the task settings: n_states, d, features
 # %%
 show_doc(task_pool)
 
+# %% [markdown]
+# Both draw each chain with `chain_from_uniforms`, so the pools of every feature kind of one
+# seed are one set of tasks, as in chapter 0: the same $P$, $r$, $d_\pi$ and $v_\pi$, bit for bit,
+# with only $\Phi$ differing. Chapter 7's side-by-side of one-hot and random features relies on
+# this. The cell checks it on pools of the default task settings, and that `task_pool` equals
+# `random_tasks` for every kind and several sizes:
+
 # %%
 for features in ("random", "unit", "onehot"):
     for s, d in ((10, 4), (5, 3), (2, 1)):
@@ -185,6 +196,13 @@ for features in ("random", "unit", "onehot"):
         for k in ("P", "r", "phi", "v_pi"): test_eq(getattr(fast_pool, k), getattr(slow_pool, k))
         test_close(fast_pool.d_pi, slow_pool.d_pi, eps=1e-14)
 test_fail(lambda: task_pool(cfg, 0, 7), contains="`n_tasks` must be a positive integer")
+pools = {f: task_pool(SimpleNamespace(n_states=10, d=4, gamma=0.9, features=f), 256, 1_000_003) for f in ("random", "unit", "onehot")}
+for pool in pools.values():
+    for k in ("P", "r", "d_pi", "v_pi"): test_eq(getattr(pool, k), getattr(pools["random"], k))
+test_eq(pools["onehot"].phi, torch.eye(10, dtype=torch.float64).expand(256, 10, 10))
+record_claim("pool-kinds-share-tasks", "The task pools of the random, unit and one-hot feature kinds of one seed hold the same chains ($P$, $r$, $d_\\pi$, $v_\\pi$ bit for bit); only $\\Phi$ differs.",
+             "proved", "tasks", "#training-pools-vectorised")
+print(f"{len(pools)} kinds x {len(pools['random'])} tasks: P, r, d_pi and v_pi identical across kinds")
 
 # %%
 #| hide
