@@ -45,7 +45,7 @@ def random_tasks(n_tasks:int,  # number of random Boyan chains B
 def sample_trajectories(P,          # (B, s, s) transition matrices
                         n:int,      # number of transitions
                         d0,         # (B, s) distributions of S_0 (d_pi for stationary contexts)
-                        seed=None,  # int or `torch.Generator` (CPU)
+                        seed=None,  # int or `torch.Generator` (CPU); a torch stream, not `sample_trajectory`'s numpy one (see Seeds below)
                        )->torch.Tensor: # (B, n+1) long tensor of states S_0..S_n, on P's device
     "Sample one trajectory per task, all tasks stepping together."
     P = as_tensor(P, "P", torch.float64)

@@ -14,6 +14,7 @@ from ictd.boyan import MRP, as_tensor, chain_from_uniforms, random_boyan_chain
 from fastcore.test import *
 from nbdev.showdoc import *
 from types import SimpleNamespace
+from ictd.boyan import sample_trajectory
 
 # %%
 from ictd.core import record_claim
@@ -97,7 +98,7 @@ test_fail(lambda: stack_tasks([random_boyan_chain(seed=0), random_boyan_chain(n_
 def sample_trajectories(P,          # (B, s, s) transition matrices
                         n:int,      # number of transitions
                         d0,         # (B, s) distributions of S_0 (d_pi for stationary contexts)
-                        seed=None,  # int or `torch.Generator` (CPU)
+                        seed=None,  # int or `torch.Generator` (CPU); a torch stream, not `sample_trajectory`'s numpy one (see Seeds below)
                        )->torch.Tensor: # (B, n+1) long tensor of states S_0..S_n, on P's device
     "Sample one trajectory per task, all tasks stepping together."
     P = as_tensor(P, "P", torch.float64)
@@ -146,6 +147,33 @@ for msg, f in {"`d0` must have shape (8, 10)": lambda: sample_trajectories(tasks
                "`d0` must hold probability distributions": lambda: sample_trajectories(tasks.P, 5, 2 * tasks.d_pi - tasks.d_pi.roll(1, -1)),
                "`P` must be row-stochastic": lambda: sample_trajectories(-tasks.P, 5, tasks.d_pi)}.items():
     test_fail(f, contains=msg)
+
+# %% [markdown]
+# ## Seeds
+#
+# Every random draw of this chapter and of chapter 0 takes a seed or a generator, under three
+# conventions:
+#
+# * **a chain** of seed $k$ reads `numpy.random.default_rng(k)` in the fixed order of chapter 0,
+#   whatever its feature kind;
+# * **a batch** of seed $k$ holds the chains of seeds $k, k + 1, \dots$ (`random_tasks` and
+#   `task_pool` alike), so the batches of seeds $k$ and $k + 1$ share all but one chain: callers that
+#   need disjoint batches space their seeds by more than the batch size (pretraining uses
+#   $s \cdot 1\,000\,003$ for seed $s$, chapter 6);
+# * **a trajectory**: `sample_trajectory` draws from the numpy stream `default_rng(seed)`, and
+#   `sample_trajectories` from a torch stream (a CPU `torch.Generator` seeded with the first word of
+#   `numpy.random.SeedSequence(seed)`, or the generator passed in), because the training engine
+#   hands it its own torch generators. Both are exact samplers of the same chain (the joint
+#   frequencies above, and chapter 0's long-run frequencies), but the same integer seed gives
+#   *different* trajectories in the two. They are kept apart rather than unified because both
+#   streams are fixed by results already in the book: the chapters' examples and figures use the
+#   first, the saved training runs the second.
+
+# %%
+k = 40
+test_eq(random_tasks(4, seed=k + 1).P[:3], random_tasks(4, seed=k).P[1:])
+one = random_tasks(1, seed=k)
+test_ne(sample_trajectories(one.P, 30, one.d_pi, seed=k)[0], sample_trajectory(random_boyan_chain(seed=k), 30, seed=k)[0])
 
 
 # %% [markdown]
