@@ -188,3 +188,11 @@ def test_bad_uniforms():
     with pytest.raises(ValueError, match="`u` must have last dimension"): chain_from_uniforms(np.zeros(5), 3, 2, "random")
     with pytest.raises(ValueError, match="`features` must be one of"): chain_from_uniforms(np.zeros(10), 3, 2, "cubic")
     with pytest.raises(ValueError, match="`u` must have last dimension"): transitions_from_uniforms(np.zeros(3), 3)
+
+def test_side_by_side_draws_identical_contexts():
+    "Chapter 7's side-by-sides draw one-hot and random-feature tasks and contexts with the same seeds: they get the same chains and the same trajectories."
+    for b in range(10):
+        a, o = (random_boyan_chain(features=f, seed=b) for f in ("random", "onehot"))
+        for x, y in zip(sample_trajectory(a, 200, seed=b), sample_trajectory(o, 200, seed=b)): assert torch.equal(x, y)
+    ta, to = (random_tasks(20, seed=100_000, features=f) for f in ("random", "onehot"))
+    assert torch.equal(sample_trajectories(ta.P, 100, ta.d_pi, seed=100_000), sample_trajectories(to.P, 100, to.d_pi, seed=100_000))
