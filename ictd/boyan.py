@@ -9,8 +9,8 @@ import numpy as np
 import torch
 
 # %% auto #0
-__all__ = ['FEATURES', 'REWARDS', 'as_tensor', 'check_gamma', 'MRP', 'boyan_transitions', 'random_boyan_chain', 'plot_chain',
-           'sample_trajectory', 'weighted_error', 'msve']
+__all__ = ['FEATURES', 'REWARDS', 'as_tensor', 'check_gamma', 'MRP', 'transitions_from_uniforms', 'boyan_transitions',
+           'chain_from_uniforms', 'random_boyan_chain', 'plot_chain', 'sample_trajectory', 'weighted_error', 'msve']
 
 # %% ../nbs/00_boyan.ipynb #2663e971
 def as_tensor(x,                # array-like (numpy array, torch tensor, list or number)
@@ -74,22 +74,42 @@ class MRP:
 # %% ../nbs/00_boyan.ipynb #703e6c4f
 FEATURES, REWARDS = ("random", "onehot", "unit"), ("random", "representable")
 
+def transitions_from_uniforms(u:np.ndarray,   # (..., 2s - 2) uniforms on [0, 1): s - 2 jump probabilities, then s last-row weights
+                              n_states:int,   # number of states s >= 2
+                             )->np.ndarray:   # (..., s, s) row-stochastic matrices
+    "Boyan-chain transition matrices from uniforms: jumps of +1 or +2, and a random last row."
+    s = n_states
+    if u.shape[-1] != 2 * s - 2: raise ValueError(f"`u` must have last dimension 2 * n_states - 2 = {2 * s - 2}, got shape {u.shape}")
+    p, last = 0.01 + (0.99 - 0.01) * u[..., :s - 2], 0.01 + (0.99 - 0.01) * u[..., s - 2:]
+    P, i = np.zeros((*u.shape[:-1], s, s)), np.arange(s - 2)
+    P[..., i, i + 1], P[..., i, i + 2] = p, 1 - p
+    P[..., s - 2, s - 1] = 1.
+    P[..., s - 1, :] = last / last.sum(-1, keepdims=True)
+    return P
+
 def boyan_transitions(n_states:int,                 # number of states s >= 2
                       rng:np.random.Generator,     # source of randomness
                      )->np.ndarray:                 # (s, s) row-stochastic matrix
     "Random Boyan-chain transition matrix: jumps of +1 or +2, and a random last row."
-    s = n_states
-    P = np.zeros((s, s))
-    p = rng.uniform(0.01, 0.99, size=max(s - 2, 0))
-    for i in range(s - 2): P[i, i + 1], P[i, i + 2] = p[i], 1 - p[i]
-    P[s - 2, s - 1] = 1.
-    last = rng.uniform(0.01, 0.99, size=s)
-    P[s - 1] = last / last.sum()
-    return P
+    return transitions_from_uniforms(rng.random(2 * n_states - 2), n_states)
 
 # %% ../nbs/00_boyan.ipynb #a31eda64
+def chain_from_uniforms(u:np.ndarray,   # (..., 2s - 2 + s d) uniforms on [0, 1): jump probabilities, last-row weights, feature block
+                        n_states:int,   # number of states s >= 2
+                        d:int,          # columns of the feature block (one-hot features read it too, and have s columns)
+                        features:str,   # one of `FEATURES`
+                       )->tuple:        # P (..., s, s) and phi (..., s, d), or (..., s, s) for one-hot features
+    "Transition matrices and features of Boyan chains from their uniforms, in the order every feature kind reads them."
+    if features not in FEATURES: raise ValueError(f"`features` must be one of {FEATURES}, got {features!r}")
+    s, k = n_states, 2 * n_states - 2
+    if u.shape[-1] != k + s * d: raise ValueError(f"`u` must have last dimension 2 * n_states - 2 + n_states * d = {k + s * d}, got shape {u.shape}")
+    block = -1 + (1 - -1) * u[..., k:].reshape(*u.shape[:-1], s, d)
+    if features == "onehot": phi = np.broadcast_to(np.eye(s), (*u.shape[:-1], s, s)).copy()
+    else: phi = block / np.linalg.norm(block, axis=-1, keepdims=True) if features == "unit" else block
+    return transitions_from_uniforms(u[..., :k], s), phi
+
 def random_boyan_chain(n_states:int=10,           # number of states s >= 2
-                       d:int=4,                   # feature dimension (ignored for one-hot features, where d = s)
+                       d:int=4,                   # feature dimension; one-hot chains (s features) read the s x d block too, so they share P and r with random-feature chains of this d
                        gamma:float=0.9,           # discount factor in [0, 1)
                        features:str="random",     # "random" (U(-1, 1) entries), "onehot" or "unit" (random rows of norm 1)
                        rewards:str="random",      # "random" (U(-1, 1)) or "representable" (v_pi in the span of phi)
@@ -100,14 +120,10 @@ def random_boyan_chain(n_states:int=10,           # number of states s >= 2
     if int(d) != d or d < 1: raise ValueError(f"`d` must be a positive integer, got {d}")
     if features not in FEATURES: raise ValueError(f"`features` must be one of {FEATURES}, got {features!r}")
     if rewards not in REWARDS: raise ValueError(f"`rewards` must be one of {REWARDS}, got {rewards!r}")
-    gamma, rng = check_gamma(gamma), np.random.default_rng(seed)
-    P = boyan_transitions(n_states, rng)
-    if features == "onehot": phi = np.eye(n_states)
-    else:
-        phi = rng.uniform(-1, 1, size=(n_states, d))
-        if features == "unit": phi /= np.linalg.norm(phi, axis=1, keepdims=True)
-    if rewards == "random": r = rng.uniform(-1, 1, size=n_states)
-    else: r = (np.eye(n_states) - gamma * P) @ (phi @ rng.standard_normal(phi.shape[1]))
+    gamma, rng, s, d = check_gamma(gamma), np.random.default_rng(seed), int(n_states), int(d)
+    P, phi = chain_from_uniforms(rng.random(2 * s - 2 + s * d), s, d, features)
+    if rewards == "random": r = rng.uniform(-1, 1, size=s)
+    else: r = (np.eye(s) - gamma * P) @ (phi @ rng.standard_normal(phi.shape[1]))
     return MRP(P, r, gamma, phi)
 
 # %% ../nbs/00_boyan.ipynb #d9cdde86

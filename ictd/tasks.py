@@ -7,10 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 import numpy as np
 import torch
-from .boyan import MRP, as_tensor, random_boyan_chain
+from .boyan import MRP, as_tensor, chain_from_uniforms, random_boyan_chain
 
 # %% auto #0
-__all__ = ['TaskBatch', 'stack_tasks', 'random_tasks', 'sample_trajectories', 'draw_cdf', 'gather_rows', 'task_features', 'TDSample', 'stationary_examples', 'Contexts', 'TDExamples', 'task_pool']
+__all__ = ['TaskBatch', 'stack_tasks', 'random_tasks', 'sample_trajectories', 'task_pool', 'draw_cdf', 'gather_rows', 'task_features', 'TDSample', 'stationary_examples', 'Contexts', 'TDExamples']
 
 # %% ../nbs/00a_tasks.ipynb #ce52f8a7
 @dataclass(eq=False)
@@ -45,7 +45,7 @@ def random_tasks(n_tasks:int,  # number of random Boyan chains B
 def sample_trajectories(P,          # (B, s, s) transition matrices
                         n:int,      # number of transitions
                         d0,         # (B, s) distributions of S_0 (d_pi for stationary contexts)
-                        seed=None,  # int or `torch.Generator` (CPU)
+                        seed=None,  # int or `torch.Generator` (CPU); a torch stream, not `sample_trajectory`'s numpy one (see Seeds below)
                        )->torch.Tensor: # (B, n+1) long tensor of states S_0..S_n, on P's device
     "Sample one trajectory per task, all tasks stepping together."
     P = as_tensor(P, "P", torch.float64)
@@ -64,6 +64,23 @@ def sample_trajectories(P,          # (B, s, s) transition matrices
     S[0] = torch.searchsorted(d0.cumsum(-1).contiguous(), u[0], right=True).squeeze(-1).clamp(max=s - 1)
     for t in range(n): S[t + 1] = torch.searchsorted(cum[rows, S[t]], u[t + 1], right=True).squeeze(-1).clamp(max=s - 1)
     return S.T.contiguous()
+
+# %% ../nbs/00a_tasks.ipynb #4092bfbb
+def task_pool(config,                 # the task settings: n_states, d, features, gamma (e.g. a PretrainConfig)
+              n_tasks:int,            # number of tasks T
+              seed:int,               # task b draws from `numpy.random.default_rng(seed + b)`
+             )->TaskBatch:            # P (T, s, s), r (T, s), phi (T, s, d), d_pi, v_pi
+    "`random_tasks(n_tasks, seed, ...)` for the configuration's tasks, vectorised: one draw per task, batched solves."
+    if int(n_tasks) != n_tasks or n_tasks < 1: raise ValueError(f"`n_tasks` must be a positive integer, got {n_tasks}")
+    s, d, g, T = config.n_states, config.d, config.gamma, int(n_tasks)
+    u = np.stack([np.random.default_rng(seed + b).random(2 * s - 2 + s * d + s) for b in range(T)])
+    P, phi = chain_from_uniforms(u[:, :-s], s, d, config.features)
+    P, phi, r = (torch.from_numpy(x) for x in (P, phi, -1 + (1 - -1) * u[:, -s:]))   # r as `rng.uniform(-1, 1)`
+    I = torch.eye(s, dtype=torch.float64)
+    A = torch.cat([P.mT - I, torch.ones(T, 1, s, dtype=torch.float64)], 1)
+    e = torch.zeros(T, s + 1, 1, dtype=torch.float64); e[:, -1] = 1
+    d_pi = torch.linalg.lstsq(A, e, driver="gelsd").solution.squeeze(-1).clamp(min=0)
+    return TaskBatch(P, r, phi, d_pi / d_pi.sum(-1, keepdim=True), torch.linalg.solve(I - g * P, r), g)
 
 # %% ../nbs/06_pretrain.ipynb #3487233b
 def draw_cdf(cum:torch.Tensor, u:torch.Tensor)->torch.Tensor:
@@ -130,26 +147,3 @@ class TDExamples:
     x:Contexts               # the prompts
     reward:torch.Tensor      # (S, B) r(s_q) of each example
     successor:str = "query"  # "query": s_q' is query column 1 of the same prompt; "next": it is the query of the next prompt along axis 1
-
-# %% ../nbs/06_pretrain.ipynb #9dec142a
-def task_pool(config,                 # the task settings: n_states, d, features, gamma (e.g. a PretrainConfig)
-              n_tasks:int,            # number of tasks T
-              seed:int,               # task b draws from `numpy.random.default_rng(seed + b)`
-             )->TaskBatch:            # P (T, s, s), r (T, s), phi (T, s, d), d_pi, v_pi
-    "`random_tasks(n_tasks, seed, ...)` for the configuration's tasks, vectorised: one draw per task, batched solves."
-    s, d, g, T = config.n_states, config.d, config.gamma, int(n_tasks)
-    k = d * (config.features != "onehot")
-    u = np.stack([np.random.default_rng(seed + b).random(2 * s - 2 + s * k + s) for b in range(T)])
-    p, last = 0.01 + (0.99 - 0.01) * u[:, :s - 2], 0.01 + (0.99 - 0.01) * u[:, s - 2:2 * s - 2]   # as `boyan_transitions`
-    P = np.zeros((T, s, s))
-    P[:, np.arange(s - 2), np.arange(1, s - 1)], P[:, np.arange(s - 2), np.arange(2, s)] = p, 1 - p
-    P[:, s - 2, s - 1] = 1.
-    P[:, s - 1] = last / last.sum(1, keepdims=True)
-    phi = -1 + (1 - -1) * u[:, 2 * s - 2:2 * s - 2 + s * k].reshape(T, s, k) if k else np.broadcast_to(np.eye(s), (T, s, s)).copy()
-    if config.features == "unit": phi /= np.linalg.norm(phi, axis=-1, keepdims=True)
-    P, phi, r = (torch.from_numpy(x) for x in (P, phi, -1 + (1 - -1) * u[:, -s:]))
-    I = torch.eye(s, dtype=torch.float64)
-    A = torch.cat([P.mT - I, torch.ones(T, 1, s, dtype=torch.float64)], 1)
-    e = torch.zeros(T, s + 1, 1, dtype=torch.float64); e[:, -1] = 1
-    d_pi = torch.linalg.lstsq(A, e, driver="gelsd").solution.squeeze(-1).clamp(min=0)
-    return TaskBatch(P, r, phi, d_pi / d_pi.sum(-1, keepdim=True), torch.linalg.solve(I - g * P, r), g)

@@ -17,6 +17,12 @@ from nbdev.showdoc import *
 #| hide
 import matplotlib.pyplot as plt
 
+# %%
+from IPython.display import Markdown
+
+# %%
+from ictd.core import record_claim
+
 
 # %% [markdown]
 # # The Boyan chain
@@ -189,24 +195,54 @@ for msg, kw in bad_inputs.items(): test_fail(lambda: MRP(**{**ok, **kw}), contai
 #| export
 FEATURES, REWARDS = ("random", "onehot", "unit"), ("random", "representable")
 
+def transitions_from_uniforms(u:np.ndarray,   # (..., 2s - 2) uniforms on [0, 1): s - 2 jump probabilities, then s last-row weights
+                              n_states:int,   # number of states s >= 2
+                             )->np.ndarray:   # (..., s, s) row-stochastic matrices
+    "Boyan-chain transition matrices from uniforms: jumps of +1 or +2, and a random last row."
+    s = n_states
+    if u.shape[-1] != 2 * s - 2: raise ValueError(f"`u` must have last dimension 2 * n_states - 2 = {2 * s - 2}, got shape {u.shape}")
+    p, last = 0.01 + (0.99 - 0.01) * u[..., :s - 2], 0.01 + (0.99 - 0.01) * u[..., s - 2:]
+    P, i = np.zeros((*u.shape[:-1], s, s)), np.arange(s - 2)
+    P[..., i, i + 1], P[..., i, i + 2] = p, 1 - p
+    P[..., s - 2, s - 1] = 1.
+    P[..., s - 1, :] = last / last.sum(-1, keepdims=True)
+    return P
+
 def boyan_transitions(n_states:int,                 # number of states s >= 2
                       rng:np.random.Generator,     # source of randomness
                      )->np.ndarray:                 # (s, s) row-stochastic matrix
     "Random Boyan-chain transition matrix: jumps of +1 or +2, and a random last row."
-    s = n_states
-    P = np.zeros((s, s))
-    p = rng.uniform(0.01, 0.99, size=max(s - 2, 0))
-    for i in range(s - 2): P[i, i + 1], P[i, i + 2] = p[i], 1 - p[i]
-    P[s - 2, s - 1] = 1.
-    last = rng.uniform(0.01, 0.99, size=s)
-    P[s - 1] = last / last.sum()
-    return P
+    return transitions_from_uniforms(rng.random(2 * n_states - 2), n_states)
 
+
+# %% [markdown]
+# A chain reads the uniforms of its generator in one fixed order, whatever its feature kind:
+# the $s - 2$ jump probabilities, the $s$ weights of the last row, an $s \times d$ **feature
+# block**, and then its $s$ rewards. Random features are the block mapped to $U(-1, 1)$, unit
+# features are those rows rescaled to norm 1, and one-hot features ($\Phi = I$) read the block and
+# discard it. Reading the block for every kind is what keeps the rewards in the same place, so the
+# chains of one seed differ only in $\Phi$ (checked below). Random and unit features have always
+# been drawn in this order, so the book's saved results keep their tasks; one-hot chains once
+# skipped the block, and now share their rewards with the other kinds.
 
 # %%
 #| export
+def chain_from_uniforms(u:np.ndarray,   # (..., 2s - 2 + s d) uniforms on [0, 1): jump probabilities, last-row weights, feature block
+                        n_states:int,   # number of states s >= 2
+                        d:int,          # columns of the feature block (one-hot features read it too, and have s columns)
+                        features:str,   # one of `FEATURES`
+                       )->tuple:        # P (..., s, s) and phi (..., s, d), or (..., s, s) for one-hot features
+    "Transition matrices and features of Boyan chains from their uniforms, in the order every feature kind reads them."
+    if features not in FEATURES: raise ValueError(f"`features` must be one of {FEATURES}, got {features!r}")
+    s, k = n_states, 2 * n_states - 2
+    if u.shape[-1] != k + s * d: raise ValueError(f"`u` must have last dimension 2 * n_states - 2 + n_states * d = {k + s * d}, got shape {u.shape}")
+    block = -1 + (1 - -1) * u[..., k:].reshape(*u.shape[:-1], s, d)
+    if features == "onehot": phi = np.broadcast_to(np.eye(s), (*u.shape[:-1], s, s)).copy()
+    else: phi = block / np.linalg.norm(block, axis=-1, keepdims=True) if features == "unit" else block
+    return transitions_from_uniforms(u[..., :k], s), phi
+
 def random_boyan_chain(n_states:int=10,           # number of states s >= 2
-                       d:int=4,                   # feature dimension (ignored for one-hot features, where d = s)
+                       d:int=4,                   # feature dimension; one-hot chains (s features) read the s x d block too, so they share P and r with random-feature chains of this d
                        gamma:float=0.9,           # discount factor in [0, 1)
                        features:str="random",     # "random" (U(-1, 1) entries), "onehot" or "unit" (random rows of norm 1)
                        rewards:str="random",      # "random" (U(-1, 1)) or "representable" (v_pi in the span of phi)
@@ -217,19 +253,28 @@ def random_boyan_chain(n_states:int=10,           # number of states s >= 2
     if int(d) != d or d < 1: raise ValueError(f"`d` must be a positive integer, got {d}")
     if features not in FEATURES: raise ValueError(f"`features` must be one of {FEATURES}, got {features!r}")
     if rewards not in REWARDS: raise ValueError(f"`rewards` must be one of {REWARDS}, got {rewards!r}")
-    gamma, rng = check_gamma(gamma), np.random.default_rng(seed)
-    P = boyan_transitions(n_states, rng)
-    if features == "onehot": phi = np.eye(n_states)
-    else:
-        phi = rng.uniform(-1, 1, size=(n_states, d))
-        if features == "unit": phi /= np.linalg.norm(phi, axis=1, keepdims=True)
-    if rewards == "random": r = rng.uniform(-1, 1, size=n_states)
-    else: r = (np.eye(n_states) - gamma * P) @ (phi @ rng.standard_normal(phi.shape[1]))
+    gamma, rng, s, d = check_gamma(gamma), np.random.default_rng(seed), int(n_states), int(d)
+    P, phi = chain_from_uniforms(rng.random(2 * s - 2 + s * d), s, d, features)
+    if rewards == "random": r = rng.uniform(-1, 1, size=s)
+    else: r = (np.eye(s) - gamma * P) @ (phi @ rng.standard_normal(phi.shape[1]))
     return MRP(P, r, gamma, phi)
 
 
 # %%
 show_doc(random_boyan_chain)
+
+# %%
+show_doc(chain_from_uniforms)
+
+# %%
+u = np.random.default_rng(0).random((3, 2 * 5 - 2 + 5 * 2))
+for f in FEATURES:
+    P3, phi3 = chain_from_uniforms(u, 5, 2, f)
+    for b in range(3): test_eq(chain_from_uniforms(u[b], 5, 2, f), (P3[b], phi3[b]))
+test_eq(chain_from_uniforms(u[0], 5, 2, "random")[0], transitions_from_uniforms(u[0, :8], 5))
+test_eq(boyan_transitions(5, np.random.default_rng(4)), transitions_from_uniforms(np.random.default_rng(4).random(8), 5))
+test_fail(lambda: chain_from_uniforms(u[0, :-1], 5, 2, "random"), contains="`u` must have last dimension")
+test_fail(lambda: chain_from_uniforms(u[0], 5, 2, "cubic"), contains="`features` must be one of")
 
 # %% [markdown]
 # The transition matrix has the chain's structure: jumps of one or two to the right, a
@@ -270,6 +315,40 @@ for msg, kw in {"`n_states` must be an integer >= 2": dict(n_states=1),
                 "`rewards` must be one of": dict(rewards="sparse"),
                 "`gamma` must lie in [0, 1)": dict(gamma=1.)}.items():
     test_fail(lambda: random_boyan_chain(**kw), contains=msg)
+
+# %% [markdown]
+# ### One seed, one chain under every feature kind
+#
+# Because every kind reads the feature block, the chains of one seed, number of states and $d$
+# are **one Markov reward process** under every feature kind: the same $P$, $r$, $d_\pi$ and
+# $v_\pi$, bit for bit, with only $\Phi$ differing (unit features are the random features
+# rescaled, one-hot features are $I$). A side-by-side of feature kinds on the seeds of one range
+# therefore compares the features on the same tasks. Two limits of the statement: $r$ follows the
+# block of $s d$ uniforms, so changing $d$ keeps $P$ but redraws $r$ (a one-hot chain shares its
+# rewards with the random-feature chains of the `d` it is given, default or not); and
+# *representable* rewards are built from $\Phi$ ($v_\pi = \Phi w$), so across kinds they share
+# $P$ only. The check runs over many seeds and sizes:
+
+# %%
+shared, sizes = [], [(2 + seed % 19, 1 + seed % 9) for seed in range(200)]
+for seed, (s, d) in enumerate(sizes):
+    chains = {f: random_boyan_chain(s, d, features=f, seed=seed) for f in FEATURES}
+    ref = chains["random"]
+    for m in chains.values():
+        for k in ("P", "r", "d_pi", "v_pi"): test_eq(getattr(m, k), getattr(ref, k))
+    test_eq(chains["onehot"].phi, torch.eye(s, dtype=torch.float64))
+    test_eq(chains["unit"].phi.numpy(), ref.phi.numpy() / np.linalg.norm(ref.phi.numpy(), axis=1, keepdims=True))
+    other_d = random_boyan_chain(s, d + 1, seed=seed)
+    test_eq(other_d.P, ref.P)
+    shared.append(not torch.equal(other_d.r, ref.r))
+rep = [random_boyan_chain(8, 3, features=f, rewards="representable", seed=1) for f in FEATURES]
+for m in rep[1:]: test_eq(m.P, rep[0].P)
+assert all(shared)
+record_claim("kinds-share-mrp", "The random, unit and one-hot chains of one seed (same number of states and `d`) have the same $P$, $r$, $d_\\pi$ and $v_\\pi$ bit for bit; only $\\Phi$ differs.",
+             "proved", "boyan", "#one-seed-one-chain-under-every-feature-kind")
+(s_lo, d_lo), (s_hi, d_hi) = np.min(sizes, 0), np.max(sizes, 0)
+Markdown(f"On all {len(shared)} seeds (with $s$ from {s_lo} to {s_hi} and $d$ from {d_lo} to {d_hi}) the {len(FEATURES)} feature kinds share "
+         f"$P$, $r$, $d_\\pi$ and $v_\\pi$ exactly, and changing $d$ to $d + 1$ kept $P$ and redrew $r$ on all {sum(shared)} of them.")
 
 
 # %% [markdown]

@@ -7,12 +7,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 import numpy as np
 import torch
-from ictd.boyan import MRP, as_tensor, random_boyan_chain
+from ictd.boyan import MRP, as_tensor, chain_from_uniforms, random_boyan_chain
 
 # %%
 #| hide
 from fastcore.test import *
 from nbdev.showdoc import *
+from types import SimpleNamespace
+from ictd.boyan import sample_trajectory
+
+# %%
+from ictd.core import record_claim
 
 
 # %% [markdown]
@@ -93,7 +98,7 @@ test_fail(lambda: stack_tasks([random_boyan_chain(seed=0), random_boyan_chain(n_
 def sample_trajectories(P,          # (B, s, s) transition matrices
                         n:int,      # number of transitions
                         d0,         # (B, s) distributions of S_0 (d_pi for stationary contexts)
-                        seed=None,  # int or `torch.Generator` (CPU)
+                        seed=None,  # int or `torch.Generator` (CPU); a torch stream, not `sample_trajectory`'s numpy one (see Seeds below)
                        )->torch.Tensor: # (B, n+1) long tensor of states S_0..S_n, on P's device
     "Sample one trajectory per task, all tasks stepping together."
     P = as_tensor(P, "P", torch.float64)
@@ -142,6 +147,90 @@ for msg, f in {"`d0` must have shape (8, 10)": lambda: sample_trajectories(tasks
                "`d0` must hold probability distributions": lambda: sample_trajectories(tasks.P, 5, 2 * tasks.d_pi - tasks.d_pi.roll(1, -1)),
                "`P` must be row-stochastic": lambda: sample_trajectories(-tasks.P, 5, tasks.d_pi)}.items():
     test_fail(f, contains=msg)
+
+# %% [markdown]
+# ## Seeds
+#
+# Every random draw of this chapter and of chapter 0 takes a seed or a generator, under three
+# conventions:
+#
+# * **a chain** of seed $k$ reads `numpy.random.default_rng(k)` in the fixed order of chapter 0,
+#   whatever its feature kind;
+# * **a batch** of seed $k$ holds the chains of seeds $k, k + 1, \dots$ (`random_tasks` and
+#   `task_pool` alike), so the batches of seeds $k$ and $k + 1$ share all but one chain: callers that
+#   need disjoint batches space their seeds by more than the batch size (pretraining uses
+#   $s \cdot 1\,000\,003$ for seed $s$, chapter 6);
+# * **a trajectory**: `sample_trajectory` draws from the numpy stream `default_rng(seed)`, and
+#   `sample_trajectories` from a torch stream (a CPU `torch.Generator` seeded with the first word of
+#   `numpy.random.SeedSequence(seed)`, or the generator passed in), because the training engine
+#   hands it its own torch generators. Both are exact samplers of the same chain (the joint
+#   frequencies above, and chapter 0's long-run frequencies), but the same integer seed gives
+#   *different* trajectories in the two. They are kept apart rather than unified because both
+#   streams are fixed by results already in the book: the chapters' examples and figures use the
+#   first, the saved training runs the second.
+
+# %%
+k = 40
+test_eq(random_tasks(4, seed=k + 1).P[:3], random_tasks(4, seed=k).P[1:])
+one = random_tasks(1, seed=k)
+test_ne(sample_trajectories(one.P, 30, one.d_pi, seed=k)[0], sample_trajectory(random_boyan_chain(seed=k), 30, seed=k)[0])
+
+
+# %% [markdown]
+# ## Training pools, vectorised
+#
+# Pretraining (chapter 6) draws pools of thousands of chains, and building them one
+# `random_boyan_chain` at a time is slow. `task_pool` draws task $b$ from
+# `numpy.random.default_rng(seed + b)` in the same order, passes the uniforms of all tasks to the
+# same `chain_from_uniforms` in one call, and batches the linear algebra (the stationary
+# distributions by one batched least-squares solve). Its tasks are `random_tasks`' tasks: the
+# transition matrices, rewards, features and values exactly, the stationary distributions to
+# rounding.
+
+# %%
+#| export
+def task_pool(config,                 # the task settings: n_states, d, features, gamma (e.g. a PretrainConfig)
+              n_tasks:int,            # number of tasks T
+              seed:int,               # task b draws from `numpy.random.default_rng(seed + b)`
+             )->TaskBatch:            # P (T, s, s), r (T, s), phi (T, s, d), d_pi, v_pi
+    "`random_tasks(n_tasks, seed, ...)` for the configuration's tasks, vectorised: one draw per task, batched solves."
+    if int(n_tasks) != n_tasks or n_tasks < 1: raise ValueError(f"`n_tasks` must be a positive integer, got {n_tasks}")
+    s, d, g, T = config.n_states, config.d, config.gamma, int(n_tasks)
+    u = np.stack([np.random.default_rng(seed + b).random(2 * s - 2 + s * d + s) for b in range(T)])
+    P, phi = chain_from_uniforms(u[:, :-s], s, d, config.features)
+    P, phi, r = (torch.from_numpy(x) for x in (P, phi, -1 + (1 - -1) * u[:, -s:]))   # r as `rng.uniform(-1, 1)`
+    I = torch.eye(s, dtype=torch.float64)
+    A = torch.cat([P.mT - I, torch.ones(T, 1, s, dtype=torch.float64)], 1)
+    e = torch.zeros(T, s + 1, 1, dtype=torch.float64); e[:, -1] = 1
+    d_pi = torch.linalg.lstsq(A, e, driver="gelsd").solution.squeeze(-1).clamp(min=0)
+    return TaskBatch(P, r, phi, d_pi / d_pi.sum(-1, keepdim=True), torch.linalg.solve(I - g * P, r), g)
+
+
+# %%
+show_doc(task_pool)
+
+# %% [markdown]
+# Both draw each chain with `chain_from_uniforms`, so the pools of every feature kind of one
+# seed are one set of tasks, as in chapter 0: the same $P$, $r$, $d_\pi$ and $v_\pi$, bit for bit,
+# with only $\Phi$ differing. Chapter 7's side-by-side of one-hot and random features relies on
+# this. The cell checks it on pools of the default task settings, and that `task_pool` equals
+# `random_tasks` for every kind and several sizes:
+
+# %%
+for features in ("random", "unit", "onehot"):
+    for s, d in ((10, 4), (5, 3), (2, 1)):
+        cfg = SimpleNamespace(n_states=s, d=d, gamma=0.9, features=features)
+        fast_pool, slow_pool = task_pool(cfg, 20, 7), random_tasks(20, seed=7, n_states=s, d=d, features=features)
+        for k in ("P", "r", "phi", "v_pi"): test_eq(getattr(fast_pool, k), getattr(slow_pool, k))
+        test_close(fast_pool.d_pi, slow_pool.d_pi, eps=1e-14)
+test_fail(lambda: task_pool(cfg, 0, 7), contains="`n_tasks` must be a positive integer")
+pools = {f: task_pool(SimpleNamespace(n_states=10, d=4, gamma=0.9, features=f), 256, 1_000_003) for f in ("random", "unit", "onehot")}
+for pool in pools.values():
+    for k in ("P", "r", "d_pi", "v_pi"): test_eq(getattr(pool, k), getattr(pools["random"], k))
+test_eq(pools["onehot"].phi, torch.eye(10, dtype=torch.float64).expand(256, 10, 10))
+record_claim("pool-kinds-share-tasks", "The task pools of the random, unit and one-hot feature kinds of one seed hold the same chains ($P$, $r$, $d_\\pi$, $v_\\pi$ bit for bit); only $\\Phi$ differs.",
+             "proved", "tasks", "#training-pools-vectorised")
+print(f"{len(pools)} kinds x {len(pools['random'])} tasks: P, r, d_pi and v_pi identical across kinds")
 
 # %%
 #| hide

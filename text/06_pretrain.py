@@ -760,31 +760,6 @@ def evaluate(model:SoftmaxICTD,  # the model
 # `random_tasks`' to about $10^{-15}$).
 
 # %%
-#| export tasks
-def task_pool(config,                 # the task settings: n_states, d, features, gamma (e.g. a PretrainConfig)
-              n_tasks:int,            # number of tasks T
-              seed:int,               # task b draws from `numpy.random.default_rng(seed + b)`
-             )->TaskBatch:            # P (T, s, s), r (T, s), phi (T, s, d), d_pi, v_pi
-    "`random_tasks(n_tasks, seed, ...)` for the configuration's tasks, vectorised: one draw per task, batched solves."
-    s, d, g, T = config.n_states, config.d, config.gamma, int(n_tasks)
-    k = d * (config.features != "onehot")
-    u = np.stack([np.random.default_rng(seed + b).random(2 * s - 2 + s * k + s) for b in range(T)])
-    p, last = 0.01 + (0.99 - 0.01) * u[:, :s - 2], 0.01 + (0.99 - 0.01) * u[:, s - 2:2 * s - 2]   # as `boyan_transitions`
-    P = np.zeros((T, s, s))
-    P[:, np.arange(s - 2), np.arange(1, s - 1)], P[:, np.arange(s - 2), np.arange(2, s)] = p, 1 - p
-    P[:, s - 2, s - 1] = 1.
-    P[:, s - 1] = last / last.sum(1, keepdims=True)
-    phi = -1 + (1 - -1) * u[:, 2 * s - 2:2 * s - 2 + s * k].reshape(T, s, k) if k else np.broadcast_to(np.eye(s), (T, s, s)).copy()
-    if config.features == "unit": phi /= np.linalg.norm(phi, axis=-1, keepdims=True)
-    P, phi, r = (torch.from_numpy(x) for x in (P, phi, -1 + (1 - -1) * u[:, -s:]))
-    I = torch.eye(s, dtype=torch.float64)
-    A = torch.cat([P.mT - I, torch.ones(T, 1, s, dtype=torch.float64)], 1)
-    e = torch.zeros(T, s + 1, 1, dtype=torch.float64); e[:, -1] = 1
-    d_pi = torch.linalg.lstsq(A, e, driver="gelsd").solution.squeeze(-1).clamp(min=0)
-    return TaskBatch(P, r, phi, d_pi / d_pi.sum(-1, keepdim=True), torch.linalg.solve(I - g * P, r), g)
-
-
-# %%
 #| export
 def stationary_sampler(config:PretrainConfig, pool:TaskBatch, gens:list, step:int, state:dict)->TDExamples:
     "The stationary protocol: seed i's examples are those of `td_batch(pool[i], batch_size, n, gens[i])`, drawn for all seeds at once."
