@@ -5,7 +5,7 @@ import pytest, torch
 from conftest import ROOT
 
 OWNED = ['01_weighted_softmax_td.ipynb', '03_dual_head.ipynb', '04_tsm.ipynb', '05_convergence.ipynb',
-         '07_linear.ipynb', '07a_linear_experiments.ipynb', '07a_continuous.ipynb']
+         '05a_convergence_experiments.ipynb', '07_linear.ipynb', '07a_linear_experiments.ipynb', '07b_continuous.ipynb', '07c_continuous_experiments.ipynb']
 # a printed number of round-off size (< 1e-12), unless it is a bound ("below 1e-13", "< 1e-13")
 ROUNDOFF = re.compile(r'(?<![\w.])(?<!below )(?<!< )\d(?:\.\d+)?e-(?:1[3-9]|[2-9]\d)\b')
 
@@ -81,7 +81,8 @@ def test_one_rule_for_state_indices():
 @pytest.mark.unit
 def test_kernel_parameters_keyword_only():
     "Issue 22: alpha and beta, two floats easily swapped, are keyword-only in chapter 7a's kernel functions."
-    from ictd.continuous import kernel_td, kernel_msve, population_msve, tune_kernel
+    from ictd.continuous import kernel_td, population_msve
+    from ictd.experiments.continuous import kernel_msve, tune_kernel
     for fn, names in ((kernel_td, ('alpha', 'beta')), (kernel_msve, ('alpha', 'beta')), (population_msve, ('alpha', 'beta')),
                       (tune_kernel, ('alphas', 'betas', 'n_layers'))):
         params = inspect.signature(fn).parameters
@@ -92,7 +93,7 @@ def test_kernel_parameters_keyword_only():
 @pytest.mark.unit
 def test_significant_hides_last_digit_roundoff():
     "Chapter 5's floor figure changed by one pixel between rebuilds; plotted values are now rounded to 9 significant digits."
-    from ictd.convergence import significant
+    from ictd.experiments.convergence import significant
     x = torch.tensor([0.23368605367166762, 3.1e-7, 12345.678901234, 0.], dtype=torch.float64)
     torch.testing.assert_close(significant(x), significant(x * (1 + 4e-16)), rtol=0, atol=0)
     torch.testing.assert_close(significant(x), x, rtol=5e-9, atol=0)

@@ -4,7 +4,8 @@ import dataclasses, sys
 from pathlib import Path
 import pytest
 import torch
-from ictd.continuous import GaussianAR1Family, RotationFamily, family_config, family_run
+from ictd.continuous import GaussianAR1Family, RotationFamily, family_config
+from ictd.experiments.continuous import family_run
 from ictd.linear import ICLR_LINEAR
 from ictd.pretrain import Family, PretrainResult, pretrain_many, register_family, stack_results
 
