@@ -34,14 +34,14 @@ import math
 #
 # ::: {.definition}
 # **Definition 2.1 (the prompt; our layout).** For a context of $n$ transitions with features
-# $\phi(\cdot) \in \mathbb{R}^d$ and $q$ query states $x_1, \dots, x_q$, the prompt $Z_0$ has $d + 2$
+# $\phi(\cdot) \in \mathbb{R}^d$ and $q$ query states $x_{n+1}, \dots, x_{n+q}$, the prompt $Z_0$ has $d + 2$
 # rows and $n + 1 + q$ columns:
 #
 # | column $j$ | rows $0..d-1$ (features) | row $d$ (reward) | row $d+1$ (value memory) |
 # |---|---|---|---|
 # | $0 \le j < n$: transition $j+1$ | $\phi(S_j)$ | $R_{j+1}$ | $v_0(S_j) = 0$ |
 # | $j = n$: the last state | $\phi(S_n)$ | $0$ | $0$ |
-# | $n < j \le n + q$: query $j - n$ | $\phi(x_{j-n})$ | $0$ | $0$ |
+# | $n < j \le n + q$: query $j - n$ | $\phi(x_j)$ | $0$ | $0$ |
 # :::
 #
 # Column $j < n$ is the token of transition $j+1 = (S_j, R_{j+1}, S_{j+1})$, but it holds only the
