@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from .boyan import as_tensor, check_gamma
 
 # %% auto #0
-__all__ = ['check_prompt', 'carry_context', 'successor_shift', 'context_attention', 'attend_context', 'dual_head_update', 'torch_generator', 'token_rows', 'xavier_param', 'DualHeadSoftmaxLayer', 'theta_star', 'SoftmaxICTD', 'temporal_shift', 'SingleHeadTSMLayer', 'theta_td_memory', 'shift_after_update', 'ShiftAfterAttentionLayer', 'ShiftAfterAttentionICTD', 'StateTokens', 'state_tokens', 'trajectory_tokens', 'seed_map', 'token_layer', 'token_layers', 'token_predict', 'model_params', 'population_tokens', 'population_predict', 'population_neu']
+__all__ = ['check_prompt', 'carry_context', 'successor_shift', 'context_attention', 'attend_context', 'dual_head_update', 'torch_generator', 'token_rows', 'xavier_param', 'PromptLayer', 'DualHeadSoftmaxLayer', 'theta_star', 'SoftmaxICTD', 'temporal_shift', 'SingleHeadTSMLayer', 'theta_td_memory', 'shift_after_update', 'ShiftAfterAttentionLayer', 'ShiftAfterAttentionICTD', 'StateTokens', 'state_tokens', 'trajectory_tokens', 'seed_map', 'token_layer', 'token_layers', 'token_predict', 'model_params', 'population_tokens', 'population_predict', 'population_neu']
 
 # %% ../nbs/03_dual_head.ipynb #6c68ba05
 def check_prompt(Z,            # (..., d + 2, N) prompt
@@ -103,8 +103,34 @@ def _param(t:torch.Tensor, name:str, D:int)->nn.Parameter:
     return nn.Parameter(t.detach().clone())
 
 # %% ../nbs/03_dual_head.ipynb #527bc6dc
-class DualHeadSoftmaxLayer(nn.Module):
-    "One softmax attention layer with a current-value and a target-value head sharing one attention pattern."
+class PromptLayer(nn.Module):
+    "Base of the book's layers: validate the prompt, run the class's unvalidated `update` with the layer's `params`, carry `n`."
+    update = attend = None       # staticmethods of each layer class: update(Z, *params, n) and attend(Z, params, n)
+    value_entries = ()           # (parameter, row offset, column offset) from d of each value-update weight
+
+    def attention(self, Z,           # (..., d + 2, N) prompt
+                  n=None,            # number of context transitions; default `Z.n_context`
+                 )->torch.Tensor:    # (..., N, N) attention S[i, j], zero rows at columns that are no key
+        "The attention matrix of this layer on prompt `Z`."
+        Z, n = check_prompt(Z, self.d, n)
+        return self.attend(Z, self.params(Z), n)
+
+    def forward(self, Z,             # (..., d + 2, N) prompt
+                n=None,              # number of context transitions; default `Z.n_context`
+               )->torch.Tensor:      # (..., d + 2, N) next prompt
+        "The layer's update of a validated prompt; the output carries `n`."
+        Z, n = check_prompt(Z, self.d, n)
+        return carry_context(self.update(Z, *self.params(Z), n), n)
+
+    def value_weights(self)->torch.Tensor:
+        "The value-update weights named by `value_entries` (detached)."
+        return torch.stack([getattr(self, p)[self.d + r, self.d + c] for p, r, c in self.value_entries]).detach()
+
+
+class DualHeadSoftmaxLayer(PromptLayer):
+    "One softmax attention layer with a current-value and a target-value head sharing one attention pattern: $Z + (V^{cur} Z + V^{tgt} Z \\Pi) S$."
+    update, attend = staticmethod(dual_head_update), staticmethod(lambda Z, params, n: context_attention(Z, params[0], n))
+    value_entries = (("V_cur", 1, 0), ("V_tgt", 1, 1), ("V_cur", 1, 1))   # (reward, successor value, current value) into the value row
     def __init__(self, d:int,            # feature dimension; tokens have d + 2 rows
                  init_gain:float=0.1,    # gain of the Xavier-normal initialisation
                  seed=None,              # int or `torch.Generator` for the initialisation
@@ -127,25 +153,6 @@ class DualHeadSoftmaxLayer(nn.Module):
     def params(self, like:torch.Tensor)->tuple:
         "The parameters (A, V_cur, V_tgt) cast to the dtype and device of `like`."
         return tuple(p.to(like) for p in (self.A, self.V_cur, self.V_tgt))
-
-    def attention(self, Z,           # (..., d + 2, N) prompt
-                  n=None,            # number of context transitions; default `Z.n_context`
-                 )->torch.Tensor:    # (..., N, N) attention S[i, j], zero rows at non-context keys
-        "The attention matrix of this layer on prompt `Z`."
-        Z, n = check_prompt(Z, self.d, n)
-        return context_attention(Z, self.params(Z)[0], n)
-
-    def forward(self, Z,             # (..., d + 2, N) prompt
-                n=None,              # number of context transitions; default `Z.n_context`
-               )->torch.Tensor:      # (..., d + 2, N) next prompt
-        "$Z + V^{cur} Z S + V^{tgt} (Z \\Pi) S$, computed as $Z + (V^{cur} Z + V^{tgt} Z \\Pi) S$."
-        Z, n = check_prompt(Z, self.d, n)
-        return carry_context(dual_head_update(Z, *self.params(Z), n), n)
-
-    def value_weights(self)->torch.Tensor:
-        "The value-row weights (reward, successor value, current value): V_cur[d+1, d], V_tgt[d+1, d+1], V_cur[d+1, d+1] (detached)."
-        d = self.d
-        return torch.stack([self.V_cur[d + 1, d], self.V_tgt[d + 1, d + 1], self.V_cur[d + 1, d + 1]]).detach()
 
 # %% ../nbs/03_dual_head.ipynb #6aef5b53
 def theta_star(d:int,         # feature dimension
@@ -318,17 +325,8 @@ def shift_after_update(Z:torch.Tensor,      # (..., d + 2, N) prompt
 # %% ../nbs/04_tsm.ipynb #586c40fb
 class ShiftAfterAttentionLayer(DualHeadSoftmaxLayer):
     "A softmax head followed by a parameter-free shift of its output: $Z + V^{cur} (Z S) + V^{tgt} (Z S) \\Pi$."
-    def forward(self, Z,             # (..., d + 2, N) prompt
-                n=None,              # number of context transitions; default `Z.n_context`
-               )->torch.Tensor:      # (..., d + 2, N) next prompt
-        "One layer with the shift after attention."
-        Z, n = check_prompt(Z, self.d, n)
-        return carry_context(shift_after_update(Z, *self.params(Z), n), n)
-
-    def value_weights(self)->torch.Tensor:
-        "The TD-memory weights (value update, own change, successor change): V_cur[d+1, d], V_cur[d, d], V_tgt[d, d] (detached)."
-        d = self.d
-        return torch.stack([self.V_cur[d + 1, d], self.V_cur[d, d], self.V_tgt[d, d]]).detach()
+    update = staticmethod(shift_after_update)
+    value_entries = (("V_cur", 1, 0), ("V_cur", 0, 0), ("V_tgt", 0, 0))   # TD-memory weights (value update, own change, successor change)
 
 # %% ../nbs/04_tsm.ipynb #4dd1dd43
 class ShiftAfterAttentionICTD(SoftmaxICTD):

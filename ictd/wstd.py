@@ -12,7 +12,7 @@ from .core import check_int
 
 # %% auto #0
 __all__ = ['context_tensors', 'context_weights', 'weighted_softmax_td', 'batch_linear_td', 'two_head_linear_td',
-           'centred_softmax_td', 'centred_linear_td', 'check_states', 'batch_tabular_td', 'certainty_equivalence']
+           'centred_softmax_td', 'check_states', 'batch_tabular_td', 'certainty_equivalence']
 
 # %% ../nbs/01_weighted_softmax_td.ipynb #b9c479fa
 def _broadcast(batch:tuple, shape:tuple, name:str)->tuple:
@@ -134,12 +134,23 @@ def batch_linear_td(phi_states,         # (..., n+1, d) features of S_0..S_n
                     n_iters:int,        # number of iterations
                     phi_queries=None,   # (..., q, d) query features, (..., d) for one query, or None
                     return_all=False,   # return every iterate instead of the last
+                    *,
+                    C=None,             # (d, d) or (..., d, d) preconditioner of the step; None: the identity
+                    centred=False,      # step along the centred key features phi(S_{k-1}) - mean_k phi(S_{k-1})
                    )->torch.Tensor:     # (..., m) values phi(x)^T w_T at S_0..S_n then the queries; (..., n_iters+1, m) with `return_all`
-    "Batch linear TD(0), $w_{t+1} = w_t + \\frac{\\alpha}{n} \\sum_k \\delta_k \\phi(S_{k-1})$ from $w_0 = 0$, read out in value space."
+    "Batch linear TD(0), $w_{t+1} = w_t + \\frac{\\alpha}{n} C \\sum_k \\delta_k \\phi(S_{k-1})$ from $w_0 = 0$ (optionally centred features), read out in value space."
     keys, X, R = context_tensors(phi_states, rewards, phi_queries)
     alpha, gamma, n_iters = _scalar(alpha, "alpha"), check_gamma(gamma), _count(n_iters, "n_iters")
-    step = lambda delta: alpha / R.shape[-1] * (delta.unsqueeze(-2) @ keys).squeeze(-2)
-    return _linear_td(keys, X, R, gamma, n_iters, keys.new_zeros(keys.shape[:-2] + keys.shape[-1:]), step, return_all)
+    d, batch = keys.shape[-1], keys.shape[:-2]
+    direction = keys - keys.mean(-2, keepdim=True) if centred else keys
+    if C is None: precondition = lambda u: u
+    else:
+        C = as_tensor(C, "C", keys.dtype, keys.device)
+        if C.ndim < 2 or C.shape[-2:] != (d, d): raise ValueError(f"`C` must have shape ({d}, {d}) or (..., {d}, {d}), got {tuple(C.shape)}")
+        batch = torch.broadcast_shapes(batch, C.shape[:-2])
+        precondition = lambda u: (C @ u.unsqueeze(-1)).squeeze(-1)
+    step = lambda delta: alpha / R.shape[-1] * precondition((delta.unsqueeze(-2) @ direction).squeeze(-2))
+    return _linear_td(keys, X, R, gamma, n_iters, keys.new_zeros(batch + (d,)), step, return_all)
 
 def _linear_td(keys, X, R, gamma, n_iters, w, step, return_all):
     "Iterate $w_{t+1} = w_t + \\mathrm{step}(\\delta^{(t)})$ from `w` and read out $\\phi(x)^\\top w$ at the rows of `X`."
@@ -184,26 +195,6 @@ def centred_softmax_td(phi_states,         # (..., n+1, d) features of S_0..S_n
     alpha, gamma, n_iters = _scalar(alpha, "alpha"), check_gamma(gamma), _count(n_iters, "n_iters")
     K = alpha * (_weights(keys, X, W, None) - 1 / keys.shape[-2])
     return _kernel_iterate(K, R, gamma, n_iters, return_all)
-
-# %% ../nbs/01_weighted_softmax_td.ipynb #1c9a400e
-def centred_linear_td(phi_states,         # (..., n+1, d) features of S_0..S_n
-                      rewards,            # (..., n) rewards, rewards[..., k-1] = R_k
-                      C,                  # (d, d) or (..., d, d) preconditioner
-                      alpha:float,        # step size
-                      gamma:float,        # discount factor in [0, 1)
-                      n_iters:int,        # number of iterations
-                      phi_queries=None,   # (..., q, d) query features, (..., d) for one query, or None
-                      return_all=False,   # return every iterate instead of the last
-                     )->torch.Tensor:     # (..., m) values phi(x)^T w_T at S_0..S_n then the queries; (..., n_iters+1, m) with `return_all`
-    "Centred, preconditioned batch linear TD: $w_{t+1} = w_t + \\frac{\\alpha}{n} C \\sum_k \\delta_k (\\phi(S_{k-1}) - \\bar\\phi)$, read out in value space."
-    keys, X, R = context_tensors(phi_states, rewards, phi_queries)
-    alpha, gamma, n_iters = _scalar(alpha, "alpha"), check_gamma(gamma), _count(n_iters, "n_iters")
-    C = as_tensor(C, "C", keys.dtype, keys.device)
-    d = keys.shape[-1]
-    if C.ndim < 2 or C.shape[-2:] != (d, d): raise ValueError(f"`C` must have shape ({d}, {d}) or (..., {d}, {d}), got {tuple(C.shape)}")
-    centred = keys - keys.mean(-2, keepdim=True)
-    step = lambda delta: alpha / R.shape[-1] * (C @ (delta.unsqueeze(-2) @ centred).mT).squeeze(-1)
-    return _linear_td(keys, X, R, gamma, n_iters, keys.new_zeros(torch.broadcast_shapes(keys.shape[:-2], C.shape[:-2]) + (d,)), step, return_all)
 
 # %% ../nbs/01_weighted_softmax_td.ipynb #ce026d80
 def check_states(states,          # (..., n+1) state indices S_0..S_n: integers, or integer-valued floats

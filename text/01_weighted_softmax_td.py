@@ -630,12 +630,23 @@ def batch_linear_td(phi_states,         # (..., n+1, d) features of S_0..S_n
                     n_iters:int,        # number of iterations
                     phi_queries=None,   # (..., q, d) query features, (..., d) for one query, or None
                     return_all=False,   # return every iterate instead of the last
+                    *,
+                    C=None,             # (d, d) or (..., d, d) preconditioner of the step; None: the identity
+                    centred=False,      # step along the centred key features phi(S_{k-1}) - mean_k phi(S_{k-1})
                    )->torch.Tensor:     # (..., m) values phi(x)^T w_T at S_0..S_n then the queries; (..., n_iters+1, m) with `return_all`
-    "Batch linear TD(0), $w_{t+1} = w_t + \\frac{\\alpha}{n} \\sum_k \\delta_k \\phi(S_{k-1})$ from $w_0 = 0$, read out in value space."
+    "Batch linear TD(0), $w_{t+1} = w_t + \\frac{\\alpha}{n} C \\sum_k \\delta_k \\phi(S_{k-1})$ from $w_0 = 0$ (optionally centred features), read out in value space."
     keys, X, R = context_tensors(phi_states, rewards, phi_queries)
     alpha, gamma, n_iters = _scalar(alpha, "alpha"), check_gamma(gamma), _count(n_iters, "n_iters")
-    step = lambda delta: alpha / R.shape[-1] * (delta.unsqueeze(-2) @ keys).squeeze(-2)
-    return _linear_td(keys, X, R, gamma, n_iters, keys.new_zeros(keys.shape[:-2] + keys.shape[-1:]), step, return_all)
+    d, batch = keys.shape[-1], keys.shape[:-2]
+    direction = keys - keys.mean(-2, keepdim=True) if centred else keys
+    if C is None: precondition = lambda u: u
+    else:
+        C = as_tensor(C, "C", keys.dtype, keys.device)
+        if C.ndim < 2 or C.shape[-2:] != (d, d): raise ValueError(f"`C` must have shape ({d}, {d}) or (..., {d}, {d}), got {tuple(C.shape)}")
+        batch = torch.broadcast_shapes(batch, C.shape[:-2])
+        precondition = lambda u: (C @ u.unsqueeze(-1)).squeeze(-1)
+    step = lambda delta: alpha / R.shape[-1] * precondition((delta.unsqueeze(-2) @ direction).squeeze(-2))
+    return _linear_td(keys, X, R, gamma, n_iters, keys.new_zeros(batch + (d,)), step, return_all)
 
 def _linear_td(keys, X, R, gamma, n_iters, w, step, return_all):
     "Iterate $w_{t+1} = w_t + \\mathrm{step}(\\delta^{(t)})$ from `w` and read out $\\phi(x)^\\top w$ at the rows of `X`."
@@ -912,32 +923,7 @@ def centred_softmax_td(phi_states,         # (..., n+1, d) features of S_0..S_n
 
 
 # %%
-#| export
-def centred_linear_td(phi_states,         # (..., n+1, d) features of S_0..S_n
-                      rewards,            # (..., n) rewards, rewards[..., k-1] = R_k
-                      C,                  # (d, d) or (..., d, d) preconditioner
-                      alpha:float,        # step size
-                      gamma:float,        # discount factor in [0, 1)
-                      n_iters:int,        # number of iterations
-                      phi_queries=None,   # (..., q, d) query features, (..., d) for one query, or None
-                      return_all=False,   # return every iterate instead of the last
-                     )->torch.Tensor:     # (..., m) values phi(x)^T w_T at S_0..S_n then the queries; (..., n_iters+1, m) with `return_all`
-    "Centred, preconditioned batch linear TD: $w_{t+1} = w_t + \\frac{\\alpha}{n} C \\sum_k \\delta_k (\\phi(S_{k-1}) - \\bar\\phi)$, read out in value space."
-    keys, X, R = context_tensors(phi_states, rewards, phi_queries)
-    alpha, gamma, n_iters = _scalar(alpha, "alpha"), check_gamma(gamma), _count(n_iters, "n_iters")
-    C = as_tensor(C, "C", keys.dtype, keys.device)
-    d = keys.shape[-1]
-    if C.ndim < 2 or C.shape[-2:] != (d, d): raise ValueError(f"`C` must have shape ({d}, {d}) or (..., {d}, {d}), got {tuple(C.shape)}")
-    centred = keys - keys.mean(-2, keepdim=True)
-    step = lambda delta: alpha / R.shape[-1] * (C @ (delta.unsqueeze(-2) @ centred).mT).squeeze(-1)
-    return _linear_td(keys, X, R, gamma, n_iters, keys.new_zeros(torch.broadcast_shapes(keys.shape[:-2], C.shape[:-2]) + (d,)), step, return_all)
-
-
-# %%
 show_doc(centred_softmax_td)
-
-# %%
-show_doc(centred_linear_td)
 
 # %% [markdown]
 # First the one-step inequality, on random contexts, random score matrices, random vectors
@@ -978,11 +964,11 @@ def small_score_gaps(seed, variant="centred"):
     W_s = torch.from_numpy(np.random.default_rng(seed).standard_normal((4, 4)))
     out = []
     for eps in eps_grid:
-        lin = centred_linear_td(phi_s, R_s, eps * W_s.T, 0.5, 0.9, 10, Q_s, return_all=True)
+        lin = batch_linear_td(phi_s, R_s, 0.5, 0.9, 10, Q_s, return_all=True, C=eps * W_s.T, centred=True)
         if variant == "centred": soft = centred_softmax_td(phi_s, R_s, eps * W_s, 0.5, 0.9, 10, Q_s, return_all=True)
         elif variant == "W not transposed":
             soft = centred_softmax_td(phi_s, R_s, eps * W_s, 0.5, 0.9, 10, Q_s, return_all=True)
-            lin = centred_linear_td(phi_s, R_s, eps * W_s, 0.5, 0.9, 10, Q_s, return_all=True)
+            lin = batch_linear_td(phi_s, R_s, 0.5, 0.9, 10, Q_s, return_all=True, C=eps * W_s, centred=True)
         else: soft = weighted_softmax_td(phi_s, R_s, eps * W_s, 0.5, 0.9, 10, Q_s, return_all=True)
         out.append((soft - lin).abs().max().item())
     return np.array(out)
@@ -1397,7 +1383,7 @@ record_claim("tabular-convergence", "Above a threshold on $\\beta$, tabular-scor
 # $T = 2 \cdot 10^5$ iterations on three contexts of the small-score check ($W = I$, unit-norm features,
 # $n = 20$, $\alpha = 0.5$, $\gamma = 0.9$, $\varepsilon = 0.03$, every state a query). Both iterations are
 # affine, $v \mapsto Mv + c$; the cell builds the two maps from `context_weights` and the features, checks
-# them against `centred_softmax_td` and `centred_linear_td` over the first 200 iterations, and then
+# them against `centred_softmax_td` and `batch_linear_td(..., C=C, centred=True)` over the first 200 iterations, and then
 # iterates the maps themselves, which is much faster than calling the functions $2 \cdot 10^5$ times.
 
 # %%
@@ -1437,7 +1423,7 @@ for seed in horizon_seeds:                                          # the maps a
     (M, c), (Mw, cw, X) = centred_maps(phi_h, R_h, Q_h, 0.03, 0.5, 0.9)
     W_h = 0.03 * torch.eye(4, dtype=torch.float64)
     soft = centred_softmax_td(phi_h, R_h, W_h, 0.5, 0.9, 200, Q_h).numpy()
-    lin = centred_linear_td(phi_h, R_h, W_h, 0.5, 0.9, 200, Q_h).numpy()
+    lin = batch_linear_td(phi_h, R_h, 0.5, 0.9, 200, Q_h, C=W_h, centred=True).numpy()
     v, w = np.zeros(len(c)), np.zeros(4)
     for t in range(200): v, w = M @ v + c, Mw @ w + cw
     test_close(v, soft, eps=1e-12)
@@ -1863,6 +1849,23 @@ for msg, kw in {"`states` must lie in 0..5": dict(states=[0, 6, 1]),
     args = {**dict(states=[0, 1, 1], rewards=[1., 2.], n_states=6, gamma=0.9), **kw}
     test_fail(lambda: certainty_equivalence(**args), contains=msg)
     test_fail(lambda: batch_tabular_td(alpha=0.5, n_iters=3, **args), contains=msg)
+
+# %% [markdown]
+# ### Batch linear TD: preconditioner and centring
+#
+# `batch_linear_td` takes a preconditioner `C` and `centred=True` (the linear side of Proposition 1.4). The identity
+# preconditioner is the plain algorithm, centring changes the result, a batch of preconditioners broadcasts, and a
+# preconditioner of the wrong shape is refused:
+
+# %%
+phi_l, R_l, Q_l = boyan_context(12, seed=3)
+I4 = torch.eye(4, dtype=torch.float64)
+plain = batch_linear_td(phi_l, R_l, 0.5, 0.9, 30, Q_l)
+test_close(batch_linear_td(phi_l, R_l, 0.5, 0.9, 30, Q_l, C=I4), plain, eps=1e-14)
+assert (batch_linear_td(phi_l, R_l, 0.5, 0.9, 30, Q_l, centred=True) - plain).abs().max() > 1e-3
+Cs = torch.stack([I4, 0.5 * I4])
+test_close(batch_linear_td(phi_l, R_l, 0.5, 0.9, 30, Q_l, C=Cs)[1], batch_linear_td(phi_l, R_l, 0.25, 0.9, 30, Q_l), eps=1e-14)
+test_fail(lambda: batch_linear_td(phi_l, R_l, 0.5, 0.9, 3, C=torch.eye(3)), contains="`C` must have shape (4, 4)")
 
 # %%
 #| hide

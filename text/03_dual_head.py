@@ -232,8 +232,34 @@ def _param(t:torch.Tensor, name:str, D:int)->nn.Parameter:
 
 # %%
 #| export
-class DualHeadSoftmaxLayer(nn.Module):
-    "One softmax attention layer with a current-value and a target-value head sharing one attention pattern."
+class PromptLayer(nn.Module):
+    "Base of the book's layers: validate the prompt, run the class's unvalidated `update` with the layer's `params`, carry `n`."
+    update = attend = None       # staticmethods of each layer class: update(Z, *params, n) and attend(Z, params, n)
+    value_entries = ()           # (parameter, row offset, column offset) from d of each value-update weight
+
+    def attention(self, Z,           # (..., d + 2, N) prompt
+                  n=None,            # number of context transitions; default `Z.n_context`
+                 )->torch.Tensor:    # (..., N, N) attention S[i, j], zero rows at columns that are no key
+        "The attention matrix of this layer on prompt `Z`."
+        Z, n = check_prompt(Z, self.d, n)
+        return self.attend(Z, self.params(Z), n)
+
+    def forward(self, Z,             # (..., d + 2, N) prompt
+                n=None,              # number of context transitions; default `Z.n_context`
+               )->torch.Tensor:      # (..., d + 2, N) next prompt
+        "The layer's update of a validated prompt; the output carries `n`."
+        Z, n = check_prompt(Z, self.d, n)
+        return carry_context(self.update(Z, *self.params(Z), n), n)
+
+    def value_weights(self)->torch.Tensor:
+        "The value-update weights named by `value_entries` (detached)."
+        return torch.stack([getattr(self, p)[self.d + r, self.d + c] for p, r, c in self.value_entries]).detach()
+
+
+class DualHeadSoftmaxLayer(PromptLayer):
+    "One softmax attention layer with a current-value and a target-value head sharing one attention pattern: $Z + (V^{cur} Z + V^{tgt} Z \\Pi) S$."
+    update, attend = staticmethod(dual_head_update), staticmethod(lambda Z, params, n: context_attention(Z, params[0], n))
+    value_entries = (("V_cur", 1, 0), ("V_tgt", 1, 1), ("V_cur", 1, 1))   # (reward, successor value, current value) into the value row
     def __init__(self, d:int,            # feature dimension; tokens have d + 2 rows
                  init_gain:float=0.1,    # gain of the Xavier-normal initialisation
                  seed=None,              # int or `torch.Generator` for the initialisation
@@ -256,25 +282,6 @@ class DualHeadSoftmaxLayer(nn.Module):
     def params(self, like:torch.Tensor)->tuple:
         "The parameters (A, V_cur, V_tgt) cast to the dtype and device of `like`."
         return tuple(p.to(like) for p in (self.A, self.V_cur, self.V_tgt))
-
-    def attention(self, Z,           # (..., d + 2, N) prompt
-                  n=None,            # number of context transitions; default `Z.n_context`
-                 )->torch.Tensor:    # (..., N, N) attention S[i, j], zero rows at non-context keys
-        "The attention matrix of this layer on prompt `Z`."
-        Z, n = check_prompt(Z, self.d, n)
-        return context_attention(Z, self.params(Z)[0], n)
-
-    def forward(self, Z,             # (..., d + 2, N) prompt
-                n=None,              # number of context transitions; default `Z.n_context`
-               )->torch.Tensor:      # (..., d + 2, N) next prompt
-        "$Z + V^{cur} Z S + V^{tgt} (Z \\Pi) S$, computed as $Z + (V^{cur} Z + V^{tgt} Z \\Pi) S$."
-        Z, n = check_prompt(Z, self.d, n)
-        return carry_context(dual_head_update(Z, *self.params(Z), n), n)
-
-    def value_weights(self)->torch.Tensor:
-        "The value-row weights (reward, successor value, current value): V_cur[d+1, d], V_tgt[d+1, d+1], V_cur[d+1, d+1] (detached)."
-        d = self.d
-        return torch.stack([self.V_cur[d + 1, d], self.V_tgt[d + 1, d + 1], self.V_cur[d + 1, d + 1]]).detach()
 
 
 # %%

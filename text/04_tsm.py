@@ -417,17 +417,8 @@ def shift_after_update(Z:torch.Tensor,      # (..., d + 2, N) prompt
 #| export model
 class ShiftAfterAttentionLayer(DualHeadSoftmaxLayer):
     "A softmax head followed by a parameter-free shift of its output: $Z + V^{cur} (Z S) + V^{tgt} (Z S) \\Pi$."
-    def forward(self, Z,             # (..., d + 2, N) prompt
-                n=None,              # number of context transitions; default `Z.n_context`
-               )->torch.Tensor:      # (..., d + 2, N) next prompt
-        "One layer with the shift after attention."
-        Z, n = check_prompt(Z, self.d, n)
-        return carry_context(shift_after_update(Z, *self.params(Z), n), n)
-
-    def value_weights(self)->torch.Tensor:
-        "The TD-memory weights (value update, own change, successor change): V_cur[d+1, d], V_cur[d, d], V_tgt[d, d] (detached)."
-        d = self.d
-        return torch.stack([self.V_cur[d + 1, d], self.V_cur[d, d], self.V_tgt[d, d]]).detach()
+    update = staticmethod(shift_after_update)
+    value_entries = (("V_cur", 1, 0), ("V_cur", 0, 0), ("V_tgt", 0, 0))   # TD-memory weights (value update, own change, successor change)
 
 
 # %%

@@ -10,7 +10,7 @@ from torch import nn
 from ictd.boyan import as_tensor, check_gamma
 from ictd.wstd import context_tensors
 from ictd.prompt import build_prompt
-from ictd.model import check_prompt, torch_generator, token_rows, xavier_param, carry_context
+from ictd.model import check_prompt, torch_generator, token_rows, xavier_param, carry_context, PromptLayer
 from ictd.pretrain import Contexts, Family, PretrainConfig, register_family
 
 # %%
@@ -399,8 +399,9 @@ show_doc(theta_causal)
 
 # %%
 #| export
-class CausalSoftmaxLayer(nn.Module):
-    "One decoder layer: a softmax head over the causal temporal shift of its input, a per-token map, a positional bias."
+class CausalSoftmaxLayer(PromptLayer):
+    "One decoder layer: a softmax head over the causal temporal shift of its input, a per-token map, a positional bias: $Z + V\\,\\overleftarrow{\\mathrm{TSM}}(Z)\\, S + U Z$."
+    update, attend = staticmethod(causal_update), staticmethod(lambda Z, params, n: causal_attention(Z, params[0], params[3], n))
     def __init__(self, d:int,            # feature dimension; tokens have d + 2 rows
                  init_gain:float=0.1,    # gain of the Xavier-normal initialisation
                  seed=None,              # int or `torch.Generator`
@@ -428,21 +429,6 @@ class CausalSoftmaxLayer(nn.Module):
     def params(self, like:torch.Tensor)->tuple:
         "(A, V, U, lam) cast to the dtype and device of `like`."
         return tuple(p.to(like) for p in (self.A, self.V, self.U, self.lam))
-
-    def attention(self, Z,           # (..., d + 2, N) prompt
-                  n=None,            # number of context transitions; default `Z.n_context`
-                 )->torch.Tensor:    # (..., N, N) S[i, j], zero rows at columns that are no key
-        "The attention matrix of this layer on prompt `Z`."
-        Z, n = check_prompt(Z, self.d, n)
-        A, _, _, lam = self.params(Z)
-        return causal_attention(Z, A, lam, n)
-
-    def forward(self, Z,             # (..., d + 2, N) prompt
-                n=None,              # number of context transitions; default `Z.n_context`
-               )->torch.Tensor:      # (..., d + 2, N) next prompt
-        "One causal layer: $Z + V\\,\\overleftarrow{\\mathrm{TSM}}(Z)\\, S + U Z$."
-        Z, n = check_prompt(Z, self.d, n)
-        return carry_context(causal_update(Z, *self.params(Z), n), n)
 
     def value_weights(self)->torch.Tensor:
         "(reward, successor value, current value in the previous token, current value of the column itself), forward layout, detached."
