@@ -279,7 +279,7 @@ class SingleHeadTSMLayer(nn.Module):
     def from_dual_head(cls, layer:DualHeadSoftmaxLayer,  # the dual-head layer to rewrite
                        channels=None,                     # rows to shift; the target head must read no other row
                       ):
-        "The single-head layer with V = [V_cur | V_tgt[:, channels]] equal to `layer` (Theorem 2)."
+        "The single-head layer with V = [V_cur | V_tgt[:, channels]] equal to `layer` (Theorem 4.1)."
         D = layer.d + 2
         idx = _channels(channels, D)
         rest = [k for k in range(D) if k not in idx]
@@ -293,7 +293,7 @@ class SingleHeadTSMLayer(nn.Module):
     def forward(self, Z,             # (..., d + 2, N) prompt
                 n=None,              # number of context transitions; default `Z.n_context`
                )->torch.Tensor:      # (..., d + 2, N) next prompt
-        "$Z + V\\,\\mathrm{TSM}_C(Z)\\, S$ with the attention S of `A` on `Z`."
+        "$Z + V\\,\\mathrm{TSM}_{\\mathcal C}(Z)\\, S$ with the attention S of `A` on `Z`."
         Z, n = check_prompt(Z, self.d, n)
         A, V = self.A.to(Z), self.V.to(Z)
         return carry_context(Z + attend_context(Z, A, (V @ temporal_shift(Z, n, self.channels))[..., :n]), n)

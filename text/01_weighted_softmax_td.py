@@ -776,19 +776,19 @@ record_claim("positivity-necessary", "With a nonnegative per-target weight, no s
 #
 # ::: {.proposition}
 # **Proposition 1.3 (ours: linear TD for any features, with two heads).** For a target $x$ pick
-# $c(x) > -\min_k \phi(S_{k-1})^\top \phi(x)$ (for instance $1 + \max_k |\phi(S_{k-1})^\top \phi(x)|$), and let
-# $$g_x(y) = \log\big(c(x) + \phi(y)^\top \phi(x)\big), \qquad \rho(x) = \frac1n \sum_{k=1}^n \big(c(x) + \phi(S_{k-1})^\top \phi(x)\big).$$
+# $\zeta(x) > -\min_k \phi(S_{k-1})^\top \phi(x)$ (for instance $1 + \max_k |\phi(S_{k-1})^\top \phi(x)|$), and let
+# $$g_x(y) = \log\big(\zeta(x) + \phi(y)^\top \phi(x)\big), \qquad \rho(x) = \frac1n \sum_{k=1}^n \big(\zeta(x) + \phi(S_{k-1})^\top \phi(x)\big).$$
 # Then the update with two heads, the weighted softmax head with this score and $\rho$ and a
-# uniform head with weight $-c(x)$,
-# $$v_{t+1}(x) = v_t(x) + \alpha \Big(\rho(x) \sum_k K_k(x)\, \delta^{(t)}_k - c(x)\, \frac1n \sum_k \delta^{(t)}_k\Big),$$
+# uniform head with weight $-\zeta(x)$,
+# $$v_{t+1}(x) = v_t(x) + \alpha \Big(\rho(x) \sum_k K_k(x)\, \delta^{(t)}_k - \zeta(x)\, \frac1n \sum_k \delta^{(t)}_k\Big),$$
 # equals batch linear TD(0) read out at $x$, $v_t(x) = \phi(x)^\top w_t$, for every $t$ and every
 # feature map.
 # :::
 #
 # ::: {.callout-note collapse="true" title="Proof"}
-# As in Proposition 1.1, $\rho(x) K_k(x) = \frac1n (c(x) + \phi(S_{k-1})^\top \phi(x))$, now with a
+# As in Proposition 1.1, $\rho(x) K_k(x) = \frac1n (\zeta(x) + \phi(S_{k-1})^\top \phi(x))$, now with a
 # positive kernel, so the two heads together weight $\delta_k$ by
-# $\frac1n (c(x) + \phi(S_{k-1})^\top \phi(x)) - \frac{c(x)}{n} = \frac1n \phi(S_{k-1})^\top \phi(x)$, linear TD's weight.
+# $\frac1n (\zeta(x) + \phi(S_{k-1})^\top \phi(x)) - \frac{\zeta(x)}{n} = \frac1n \phi(S_{k-1})^\top \phi(x)$, linear TD's weight.
 # The induction of Proposition 1.1 finishes the proof. The second head has a negative weight, which
 # Proposition 1.2 shows no single head with $\rho \ge 0$ can supply.
 # :::
@@ -1232,11 +1232,11 @@ gap_new
 #
 # ::: {.callout-note collapse="true" title="Proof"}
 # A fixed point makes $\sum_k K_k(x) \delta_k = 0$ for each target state $x$; targets of
-# the same state give the same equation, so there are $s'$ equations. Write $m_x$ for the mean TD
+# the same state give the same equation, so there are $s'$ equations. Write $\bar\delta_x$ for the mean TD
 # error of the transitions leaving $x$ and $\Sigma = \sum_k \delta_k$; the formula for $K$ turns the
-# equation of $x$ into $(e^\beta - 1) N(x) m_x + \Sigma = 0$. Summing over the $s'$ target states (every
-# transition leaves one of them), $(e^\beta - 1) \Sigma + s' \Sigma = 0$, so $\Sigma = 0$ and then every $m_x = 0$.
-# On state-consistent vectors $v = f(\text{state})$, the equations $m_x = 0$ read
+# equation of $x$ into $(e^\beta - 1) N(x) \bar\delta_x + \Sigma = 0$. Summing over the $s'$ target states (every
+# transition leaves one of them), $(e^\beta - 1) \Sigma + s' \Sigma = 0$, so $\Sigma = 0$ and then every $\bar\delta_x = 0$.
+# On state-consistent vectors $v = f(\text{state})$, the equations $\bar\delta_x = 0$ read
 # $f = \hat r + \gamma \hat P f$ on the $s'$ target states: every state a transition reaches is a
 # target, and every target state is left (the hypothesis), so $\hat P$ is a stochastic matrix on
 # these states and $I - \gamma \hat P$ is invertible: $f = \hat v$ is the only solution. In the
@@ -1330,16 +1330,16 @@ c.item()
 # %% [markdown]
 # Convergence itself needs a condition. On state-consistent vectors the iteration is a linear
 # recursion on the $s'$ values $f(x)$: grouping the transitions by the state they leave,
-# $\sum_k K_k(x) \delta_k = \sum_y \hat M(x, y)\, m_y$ with
+# $\sum_k K_k(x) \delta_k = \sum_y \hat M(x, y)\, \bar\delta_y$ with
 # $\hat M(x, y) = N(y) e^{\beta \mathbf 1[x = y]} / \sum_z N(z) e^{\beta \mathbf 1[x = z]}$, a row-stochastic
-# matrix, and $m_y = (\hat r + \gamma \hat P f - f)(y)$.
+# matrix, and $\bar\delta_y = (\hat r + \gamma \hat P f - f)(y)$.
 #
 # ::: {.proposition}
 # **Proposition 1.7 (ours: convergence in the tabular case).** Under the hypothesis of Proposition 1.5,
 # let $\alpha \in (0, 1]$ and $\mu = \min_x \hat M(x, x) = \min_x \frac{N(x) e^\beta}{N(x) e^\beta + n - N(x)}$.
 # If $\mu > (1 + \gamma)/2$, which holds for $\beta > \log\frac{(1 + \gamma)(n - N_{\min})}{(1 - \gamma) N_{\min}}$,
-# then $\max_x |v_t(x) - \hat v(x)| \le \lambda^t \max_x |\hat v(x)|$ with
-# $\lambda = 1 - \alpha(2\mu - 1 - \gamma) < 1$.
+# then $\max_x |v_t(x) - \hat v(x)| \le \kappa^t \max_x |\hat v(x)|$ with
+# $\kappa = 1 - \alpha(2\mu - 1 - \gamma) < 1$.
 # :::
 #
 # ::: {.callout-note collapse="true" title="Proof"}
@@ -1347,8 +1347,8 @@ c.item()
 # $e_{t+1} = \big(I - \alpha \hat M (I - \gamma \hat P)\big) e_t$. Row $x$ of this matrix is
 # $(1 - \alpha \hat M(x, x))$ on the diagonal, $-\alpha \hat M(x, y)$ off it, plus $\alpha\gamma (\hat M \hat P)(x, \cdot)$,
 # whose entries are non-negative and sum to $\gamma$. With $\alpha \le 1$ the diagonal term is non-negative,
-# so the absolute row sum is at most $1 - \alpha \hat M(x, x) + \alpha (1 - \hat M(x, x)) + \alpha\gamma \le \lambda$,
-# and $\|e_{t+1}\|_\infty \le \lambda \|e_t\|_\infty$, with $e_0 = -\hat v$. The threshold on $\beta$ solves
+# so the absolute row sum is at most $1 - \alpha \hat M(x, x) + \alpha (1 - \hat M(x, x)) + \alpha\gamma \le \kappa$,
+# and $\|e_{t+1}\|_\infty \le \kappa \|e_t\|_\infty$, with $e_0 = -\hat v$. The threshold on $\beta$ solves
 # $\hat M(x, x) > (1 + \gamma)/2$ for the least-visited state. This is the tabular, finite-context case of the
 # contraction argument of [chapter 5](convergence.html).
 # :::
@@ -1369,7 +1369,7 @@ for S, R in contexts:
     err = (weighted_softmax_td(I8[S], R, beta * I8, 0.8, 0.9, 60, return_all=True) - ce).abs().amax(-1)
     assert (err <= lam ** torch.arange(61, dtype=torch.float64) * ce.abs().max() * (1 + 1e-12) + 1e-13).all()
     rates.append((lam, (err[1:] / err[:-1]).max().item()))
-print("bound lambda vs largest measured one-step ratio of the error:", [(round(a_, 3), round(b_, 3)) for a_, b_ in rates])
+print("bound kappa vs largest measured one-step ratio of the error:", [(round(a_, 3), round(b_, 3)) for a_, b_ in rates])
 record_claim("tabular-convergence", "Above a threshold on $\\beta$, tabular-score weighted softmax TD converges geometrically to the certainty-equivalence value (Proposition 1.7).",
              "proved", "weighted_softmax_td", "#tabular-td-is-a-limit");
 
@@ -1382,7 +1382,7 @@ record_claim("tabular-convergence", "Above a threshold on $\\beta$, tabular-scor
 # next cells run centred softmax TD and centred linear TD ($C = \varepsilon W^\top$) for up to
 # $T = 2 \cdot 10^5$ iterations on three contexts of the small-score check ($W = I$, unit-norm features,
 # $n = 20$, $\alpha = 0.5$, $\gamma = 0.9$, $\varepsilon = 0.03$, every state a query). Both iterations are
-# affine, $v \mapsto Mv + c$; the cell builds the two maps from `context_weights` and the features, checks
+# affine, $v \mapsto F v + f$; the cell builds the two maps from `context_weights` and the features, checks
 # them against `centred_softmax_td` and `batch_linear_td(..., C=C, centred=True)` over the first 200 iterations, and then
 # iterates the maps themselves, which is much faster than calling the functions $2 \cdot 10^5$ times.
 
@@ -1444,43 +1444,43 @@ for seed, (ts, soft, lin, settled) in horizon.items():
 # The gap to linear TD is small for tens of iterations, then grows by orders of magnitude, also on
 # contexts where linear TD has already stopped moving (the time constants and stopping times are
 # printed). So the softmax iteration does not settle where linear TD does. Where does it go? On the trajectory, grouping the transitions by the state they
-# leave as in Proposition 1.7, the update of a target in state $x$ is $\sum_y B(x, y)\, m_y$, where
-# $m_y$ is the mean TD error of the transitions leaving $y$, $N(y)$ their number, $K(y, x)$ their
+# leave as in Proposition 1.7, the update of a target in state $x$ is $\sum_y J(x, y)\, \bar\delta_y$, where
+# $\bar\delta_y$ is the mean TD error of the transitions leaving $y$, $N(y)$ their number, $K(y, x)$ their
 # common weight for target $x$ (the score depends on the states only), and
-# $$B(x, y) = N(y)\Big(K(y, x) - \frac{\chi}{n}\Big), \qquad \chi = 0 \text{ (two heads, } \rho = 1), \quad \chi = 1 \text{ (centred, three heads)}.$$
+# $$J(x, y) = N(y)\Big(K(y, x) - \frac{\chi}{n}\Big), \qquad \chi = 0 \text{ (two heads, } \rho = 1), \quad \chi = 1 \text{ (centred, three heads)}.$$
 #
 # ::: {.proposition}
 # **Proposition 1.8 (ours: the fixed points of weighted softmax TD for any score).** Suppose every
 # state of the trajectory $S_0, \dots, S_n$ is left at least once, and restrict to state-consistent
 # vectors $f$ over the $s'$ distinct states of the trajectory (the iteration preserves them; query
 # targets never enter a TD error, so they do not affect these values).
-# (a) If $\chi = 0$ and $B$ is nonsingular, the only fixed point is the certainty-equivalence value
-# $\hat v$ of the context. (b) If $\chi = 1$, then $B \mathbf 1 = 0$; if $B$ has rank $s' - 1$, the fixed
-# points are exactly $\hat v - \kappa \mathbf 1$, $\kappa \in \mathbb R$, and $\ell^\top f_t = 0$ for every $t$, where
-# $\ell \ne 0$ solves $\ell^\top B = 0$. So if the iterates converge and $\ell^\top \mathbf 1 \ne 0$, their limit is
-# $\hat v - \kappa \mathbf 1$ with $\kappa = \ell^\top \hat v / \ell^\top \mathbf 1$.
+# (a) If $\chi = 0$ and $J$ is nonsingular, the only fixed point is the certainty-equivalence value
+# $\hat v$ of the context. (b) If $\chi = 1$, then $J \mathbf 1 = 0$; if $J$ has rank $s' - 1$, the fixed
+# points are exactly $\hat v - \xi \mathbf 1$, $\xi \in \mathbb R$, and $\ell^\top f_t = 0$ for every $t$, where
+# $\ell \ne 0$ solves $\ell^\top J = 0$. So if the iterates converge and $\ell^\top \mathbf 1 \ne 0$, their limit is
+# $\hat v - \xi \mathbf 1$ with $\xi = \ell^\top \hat v / \ell^\top \mathbf 1$.
 # :::
 #
 # ::: {.callout-note collapse="true" title="Proof"}
-# A fixed point solves $B m = 0$. (a) $B$ nonsingular gives $m = 0$, the empirical Bellman
-# equations, whose only solution is $\hat v$ (Proposition 1.6). (b) The rows of $B$ sum to
-# $\sum_y N(y) K(y, x) - \sum_y N(y)/n = 1 - 1 = 0$, so $B\mathbf 1 = 0$, and with rank $s' - 1$ the null
-# space is spanned by $\mathbf 1$: $m = \nu \mathbf 1$, i.e. $\hat r - \nu \mathbf 1 + \gamma \hat P f = f$, whose
-# solution is $f = \hat v - \frac{\nu}{1 - \gamma}\mathbf 1$. The iteration is $f_{t+1} = f_t + \alpha B\, m(f_t)$, so
-# $\ell^\top f_{t+1} = \ell^\top f_t = \ell^\top f_0 = 0$, which fixes $\kappa$.
+# A fixed point solves $J \bar\delta = 0$. (a) $J$ nonsingular gives $\bar\delta = 0$, the empirical Bellman
+# equations, whose only solution is $\hat v$ (Proposition 1.6). (b) The rows of $J$ sum to
+# $\sum_y N(y) K(y, x) - \sum_y N(y)/n = 1 - 1 = 0$, so $J\mathbf 1 = 0$, and with rank $s' - 1$ the null
+# space is spanned by $\mathbf 1$: $\bar\delta = \nu \mathbf 1$, i.e. $\hat r - \nu \mathbf 1 + \gamma \hat P f = f$, whose
+# solution is $f = \hat v - \frac{\nu}{1 - \gamma}\mathbf 1$. The iteration is $f_{t+1} = f_t + \alpha J\, \bar\delta(f_t)$, so
+# $\ell^\top f_{t+1} = \ell^\top f_t = \ell^\top f_0 = 0$, which fixes $\xi$.
 # :::
 #
 # Neither limit involves the features beyond telling states apart: run long, the Transformer's
 # iteration lands on the *tabular* answer of the context (shifted by a constant with the centring
 # head), at small scores as at large ones, not on linear TD's fixed point. The features and the score
 # shape the path and the values at states the context never leaves. This holds in exact arithmetic;
-# at $\varepsilon = 0.03$ the smallest nonzero singular value of $B$ is tiny (printed below), and the
-# slowest direction takes millions of iterations. The check computes the limits from $B$ and
+# at $\varepsilon = 0.03$ the smallest nonzero singular value of $J$ is tiny (printed below), and the
+# slowest direction takes millions of iterations. The check computes the limits from $J$ and
 # compares them with $M^{T} v_0 + \dots$ at $T = 10^9$ (by repeated squaring), for both variants:
 
 # %%
 def predicted_limit(S, R, phi, eps, gamma, centred):
-    "The limit of Proposition 1.8 at the trajectory states, and the singular values of B."
+    "The limit of Proposition 1.8 at the trajectory states, and the singular values of J."
     S = np.asarray(S)
     U, n = np.unique(S[:-1]), len(S) - 1
     assert set(S.tolist()) <= set(U.tolist()), "a target state is never left"
@@ -1509,7 +1509,7 @@ for seed in horizon_seeds:
         far = power_limit(M, c)[:len(S_h)]
         test_close(far, lim, eps=1e-5)
         print(f"context {seed}, {'centred (three heads)' if centred else 'two heads, rho = 1':>21}: |v_1e9 - limit| = "
-              f"{np.abs(far - lim).max():.0e}; smallest nonzero singular value of B {sv[-2 if centred else -1]:.0e}; "
+              f"{np.abs(far - lim).max():.0e}; smallest nonzero singular value of J {sv[-2 if centred else -1]:.0e}; "
               f"distance to centred linear TD at T = 200,000: {np.abs(lim - horizon[seed][2][-1][:len(S_h)]).max():.2f}")
 record_claim("long-horizon-limit", "Run long, weighted softmax TD with any score converges (when it converges) to the certainty-equivalence value, shifted by a constant with a centring head, not to linear TD's fixed point (Proposition 1.8).",
              "proved", "weighted_softmax_td", "#small-scores-over-long-horizons-where-the-iteration-goes");
@@ -1772,7 +1772,7 @@ for msg, kw in bad_args: test_fail(lambda: weighted_softmax_td(**{**good, **kw})
 
 # %% [markdown]
 # The order of the score's arguments matters as soon as $W$ is not symmetric. Reading
-# $\phi(x)^\top W \phi(y)$ target first (the summaries' $g(S_j, S_{k-1})$) is the same algorithm as
+# $\phi(x)^\top W \phi(y)$ target first ($g(x, S_{k-1})$) is the same algorithm as
 # our key-first convention with $W^\top$, and a different one from our convention with $W$:
 
 # %%

@@ -62,18 +62,19 @@ import math
 # ## From row-token attention to the book's columns
 #
 # Most code and papers write attention with **tokens as rows**: $H = Z^\top$ is $m \times D$ (one row per
-# token), and a head computes $\operatorname{softmax}\big(QK^\top/\sqrt{d_k}\big)\,V$ with $Q = H W_Q^\top$,
-# $K = H W_K^\top$, $V = H W_V^\top$, the softmax taken along each row. This book, like the in-context-learning
+# token), and a head computes $\operatorname{softmax}\big(\mathsf Q \mathsf K^\top/\sqrt{d_k}\big)\,\mathsf V$ with $\mathsf Q = H W_Q^\top$,
+# $\mathsf K = H W_K^\top$, $\mathsf V = H W_V^\top$, the softmax taken along each row (sans-serif letters: the
+# row-token matrices, which appear only in this box; $K$, $V$ and $Q$ keep their meanings elsewhere). This book, like the in-context-learning
 # papers it follows, writes **tokens as columns**. The two are the same computation, transposed:
 #
 # ::: {.callout-tip title="The bridge: row-token attention in the book's column convention"}
 # | | row-token attention | this book (tokens are columns $z_0, \dots, z_{m-1}$ of $Z$) |
 # |---|---|---|
 # | token $j$ | row $j$ of $H$ | column $z_j$ of $Z$ |
-# | score of key $i$ for query $j$ | $q_j^\top k_i/\sqrt{d_k} = z_j^\top W_Q^\top W_K z_i/\sqrt{d_k}$ | $z_i^\top A z_j$ with $A = W_K^\top W_Q/\sqrt{d_k}$ |
-# | normalisation | softmax along row $j$: $P$ is row-stochastic | softmax over keys $i$ in column $j$: $S = P^\top$ is column-stochastic |
-# | output | $P\,V$, row $j = \sum_i P[j, i]\, v_i^\top$ | $W_V Z S$, column $j = \sum_i S[i, j]\, W_V z_i$ |
-# | mask of non-key tokens | $-\infty$ added to the scores of those keys | $m_i = -\infty$ for $i \ge n$ |
+# | score of key $i$ for query $j$ | $(W_Q z_j)^\top (W_K z_i)/\sqrt{d_k} = z_j^\top W_Q^\top W_K z_i/\sqrt{d_k}$ | $z_i^\top A z_j$ with $A = W_K^\top W_Q/\sqrt{d_k}$ |
+# | normalisation | softmax along row $j$: the matrix $S^\top$, row-stochastic | softmax over keys $i$ in column $j$: $S$, column-stochastic |
+# | output | $S^\top \mathsf V$, row $j = \sum_i S[i, j]\, (W_V z_i)^\top$ | $W_V Z S$, column $j = \sum_i S[i, j]\, W_V z_i$ |
+# | mask of non-key tokens | $-\infty$ added to the scores of those keys | $\omega_i = -\infty$ for $i \ge n$ |
 #
 # On features the score is $\phi(S_{i})^\top W \phi(x_j)$, key first, so the book's feature score matrix is
 # $W = W_K^\top W_Q$ (up to the $1/\sqrt{d_k}$, which the book folds into $W$), not its transpose; for a
@@ -82,7 +83,7 @@ import math
 #
 # The check builds a random prompt-sized example in float64, runs torch's own row-token attention
 # (`scaled_dot_product_attention`, with the last-state and query tokens masked as keys) and compares it
-# with the column form $W_V Z S$, $S[i, j] = \operatorname{softmax}_i(z_i^\top A z_j + m_i)$:
+# with the column form $W_V Z S$, $S[i, j] = \operatorname{softmax}_i(z_i^\top A z_j + \omega_i)$:
 
 # %%
 g_bridge = torch.Generator().manual_seed(0)
@@ -102,7 +103,7 @@ test_eq(S_b[n_keys:], torch.zeros(m_tok - n_keys, m_tok, dtype=torch.float64))
 bridge_gap = (rows.T - W_V @ Z_b @ S_b).abs().max().item()
 assert bridge_gap < 1e-12, bridge_gap
 print(f"largest |row-token attention - column form| over the {D_tok} x {m_tok} entries: below 1e-12")
-record_claim("bridge", "Row-token attention $\\operatorname{softmax}(QK^\\top/\\sqrt{d_k})V$ equals the book's column form $W_V Z S$ with $S$ column-stochastic and $A = W_K^\\top W_Q/\\sqrt{d_k}$.",
+record_claim("bridge", "Row-token attention $\\operatorname{softmax}(\\mathsf Q \\mathsf K^\\top/\\sqrt{d_k})\\mathsf V$ equals the book's column form $W_V Z S$ with $S$ column-stochastic and $A = W_K^\\top W_Q/\\sqrt{d_k}$.",
              "proved", "prompt", "#from-row-token-attention-to-the-books-columns");
 
 

@@ -58,8 +58,8 @@ from ictd.core import record_claim
 # of [the previous chapter](prompt.html)), with columns $z_0, \dots, z_{m-1}$. Only the $n$ context columns are keys.
 # The attention matrix, shared by both heads, is a softmax over keys $i$ for each query column $j$:
 #
-# $$S_l[i, j] = \frac{\exp\big(z_i^\top A_l z_j + m_i\big)}{\sum_{i'} \exp\big(z_{i'}^\top A_l z_j + m_{i'}\big)},
-# \qquad m_i = \begin{cases} 0 & i < n \\ -\infty & i \ge n, \end{cases}$$
+# $$S_l[i, j] = \frac{\exp\big(z_i^\top A_l z_j + \omega_i\big)}{\sum_{i'} \exp\big(z_{i'}^\top A_l z_j + \omega_{i'}\big)},
+# \qquad \omega_i = \begin{cases} 0 & i < n \\ -\infty & i \ge n, \end{cases}$$
 #
 # so $S_l$ is column-stochastic with zero rows at the last-state and query columns. The shift
 # $\Pi$ is the $m \times m$ matrix with $\Pi[j+1, j] = 1$ for $j < n$ and zeros elsewhere, so that
