@@ -174,6 +174,7 @@ def theta_star(d:int,         # feature dimension
 class SoftmaxICTD(nn.Module):
     "A stack of `n_layers` dual-head softmax layers reading values from the last row of its prompt."
     Layer, update = DualHeadSoftmaxLayer, staticmethod(dual_head_update)   # the layer module and its unvalidated update
+    construction = staticmethod(theta_star)   # the parameters `from_theta_star` gives every layer
     def __init__(self, d:int,              # feature dimension; prompts have d + 2 rows
                  n_layers:int,             # number of layers L
                  shared:bool=False,        # one parameter set for all layers
@@ -199,8 +200,8 @@ class SoftmaxICTD(nn.Module):
                         gamma:float,         # discount factor in [0, 1)
                         shared:bool=False,   # store one parameter set instead of L copies
                        ):
-        "The model whose every layer carries `theta_star(d, W, alpha, gamma)`."
-        return cls.from_params(n_layers, *theta_star(d, W, alpha, gamma), shared=shared)
+        "The model whose every layer carries the class's `construction(d, W, alpha, gamma)`: $\\theta^*$ for `SoftmaxICTD`, $\\theta^{\\delta}$ for `ShiftAfterAttentionICTD`."
+        return cls.from_params(n_layers, *cls.construction(d, W, alpha, gamma), shared=shared)
 
     @classmethod
     def from_params(cls, n_layers:int,       # number of layers L
@@ -235,7 +236,7 @@ class SoftmaxICTD(nn.Module):
         return self._forward(Z, n)[..., self.d + 1, n + 1:]
 
     def value_weights(self)->torch.Tensor:
-        "(L, 3) value-update weights (reward, successor value, current value) of every layer."
+        "(L, k) value-update weights of every layer, as `Layer.value_weights` names them ((reward, successor value, current value) here)."
         return torch.stack([self.layer(l).value_weights() for l in range(self.n_layers)])
 
 # %% ../nbs/04_tsm.ipynb #93f77e99
@@ -333,16 +334,8 @@ class ShiftAfterAttentionICTD(SoftmaxICTD):
     "A stack of shift-after-attention layers reading values from the last row of its prompt: `SoftmaxICTD` with another layer."
     Layer, update = ShiftAfterAttentionLayer, staticmethod(shift_after_update)
 
-    @classmethod
-    def from_theta_td_memory(cls, d:int,          # feature dimension
-                             n_layers:int,        # number of layers L
-                             W,                   # (d, d) score matrix of g(x, y) = phi(x)^T W phi(y)
-                             alpha:float,         # step size
-                             gamma:float,         # discount factor in [0, 1)
-                             shared:bool=False,   # store one parameter set instead of L copies
-                            ):
-        "The model whose every layer carries `theta_td_memory(d, W, alpha, gamma)`."
-        return cls.from_params(n_layers, *theta_td_memory(d, W, alpha, gamma), shared=shared)
+    construction = staticmethod(theta_td_memory)
+    from_theta_td_memory = SoftmaxICTD.__dict__["from_theta_star"]   # the same constructor: every layer carries theta_td_memory(d, W, alpha, gamma)
 
 # %% ../nbs/06_pretrain.ipynb #0a1891bf
 from dataclasses import dataclass

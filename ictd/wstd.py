@@ -11,8 +11,8 @@ from .boyan import as_tensor, check_gamma
 from .core import check_int
 
 # %% auto #0
-__all__ = ['context_tensors', 'context_weights', 'weighted_softmax_td', 'batch_linear_td', 'two_head_linear_td',
-           'centred_softmax_td', 'check_states', 'batch_tabular_td', 'certainty_equivalence']
+__all__ = ['context_tensors', 'context_weights', 'weighted_softmax_td', 'batch_linear_td', 'two_head_linear_td', 'check_states',
+           'batch_tabular_td', 'certainty_equivalence']
 
 # %% ../nbs/01_weighted_softmax_td.ipynb #b9c479fa
 def _broadcast(batch:tuple, shape:tuple, name:str)->tuple:
@@ -118,11 +118,13 @@ def weighted_softmax_td(phi_states,         # (..., n+1, d) features of S_0..S_n
                         rho=None,           # per-target weight: None (1), tensor broadcastable to (..., m), or callable rho(phi_keys, phi_targets) -> (..., m)
                         score=None,         # callable score(phi_keys (..., n, d), phi_targets (..., m, d)) -> (..., n, m); default phi^T W phi
                         return_all=False,   # return every iterate v_0..v_T instead of the last
+                        centred=False,      # subtract a uniform head: weights K_k(x) - 1/n (Proposition 1.4)
                        )->torch.Tensor:     # (..., m) values at S_0..S_n then the queries; (..., n_iters+1, m) with `return_all`
-    "Weighted softmax TD: $v_{t+1}(x) = v_t(x) + \\alpha \\rho(x) \\sum_k K_k(x) \\delta_k^{(t)}$ from $v_0 = 0$."
+    "Weighted softmax TD: $v_{t+1}(x) = v_t(x) + \\alpha \\rho(x) \\sum_k K_k(x) \\delta_k^{(t)}$ from $v_0 = 0$ ($K_k(x) - 1/n$ when `centred`)."
     keys, X, R = context_tensors(phi_states, rewards, phi_queries)
     alpha, gamma, n_iters = _scalar(alpha, "alpha"), check_gamma(gamma), _count(n_iters, "n_iters")
     K = _weights(keys, X, W, score)
+    if centred: K = K - 1 / keys.shape[-2]
     K = K * (alpha * _rho(rho, keys, X, K.shape[:-2] + K.shape[-1:])).unsqueeze(-2)
     return _kernel_iterate(K, R, gamma, n_iters, return_all)
 
@@ -178,22 +180,6 @@ def two_head_linear_td(phi_states,         # (..., n+1, d) features of S_0..S_n,
     c = 1 + gram.abs().amax(-2)                                          # (..., m) shift making the kernel positive
     K = _weights(keys, X, None, lambda k, x: torch.log(c.unsqueeze(-2) + gram))
     K = alpha * ((c + gram.mean(-2)).unsqueeze(-2) * K - c.unsqueeze(-2) / keys.shape[-2])
-    return _kernel_iterate(K, R, gamma, n_iters, return_all)
-
-# %% ../nbs/01_weighted_softmax_td.ipynb #6e9d0886
-def centred_softmax_td(phi_states,         # (..., n+1, d) features of S_0..S_n
-                       rewards,            # (..., n) rewards, rewards[..., k-1] = R_k
-                       W,                  # (d, d) or (..., d, d) score matrix, g(x, y) = phi(x)^T W phi(y)
-                       alpha:float,        # step size
-                       gamma:float,        # discount factor in [0, 1)
-                       n_iters:int,        # number of iterations (layers)
-                       phi_queries=None,   # (..., q, d) query features, (..., d) for one query, or None
-                       return_all=False,   # return every iterate v_0..v_T instead of the last
-                      )->torch.Tensor:     # (..., m) values at S_0..S_n then the queries; (..., n_iters+1, m) with `return_all`
-    "Weighted softmax TD minus a uniform head: $v_{t+1}(x) = v_t(x) + \\alpha \\sum_k (K_k(x) - 1/n) \\delta_k^{(t)}$."
-    keys, X, R = context_tensors(phi_states, rewards, phi_queries)
-    alpha, gamma, n_iters = _scalar(alpha, "alpha"), check_gamma(gamma), _count(n_iters, "n_iters")
-    K = alpha * (_weights(keys, X, W, None) - 1 / keys.shape[-2])
     return _kernel_iterate(K, R, gamma, n_iters, return_all)
 
 # %% ../nbs/01_weighted_softmax_td.ipynb #ce026d80

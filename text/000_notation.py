@@ -71,6 +71,7 @@
 # | $\theta^*$ | the constructed parameters of the dual-head layer | Definition 3.1 |
 # | $\theta^{\delta}$ | the TD-memory parameters of the shift-after-attention layer | Definition 4.2 |
 # | $\mathrm{TF}_L(Z_0)$ | the model's readout: the value row of $Z_L$ at the query columns | [chapter 3](dual_head.html#the-model) |
+# | $\lambda$ | positional (recency) bias of a causal layer: the logit of key $i$ gains $\lambda \log i$ | [chapter 4a](causal.html#the-causal-layer) |
 # | $\mathsf Q, \mathsf K, \mathsf V$ | row-token query, key and value matrices (the bridge box only) | [chapter 2](prompt.html#from-row-token-attention-to-the-books-columns) |
 #
 # ## Glossary

@@ -395,11 +395,13 @@ def weighted_softmax_td(phi_states,         # (..., n+1, d) features of S_0..S_n
                         rho=None,           # per-target weight: None (1), tensor broadcastable to (..., m), or callable rho(phi_keys, phi_targets) -> (..., m)
                         score=None,         # callable score(phi_keys (..., n, d), phi_targets (..., m, d)) -> (..., n, m); default phi^T W phi
                         return_all=False,   # return every iterate v_0..v_T instead of the last
+                        centred=False,      # subtract a uniform head: weights K_k(x) - 1/n (Proposition 1.4)
                        )->torch.Tensor:     # (..., m) values at S_0..S_n then the queries; (..., n_iters+1, m) with `return_all`
-    "Weighted softmax TD: $v_{t+1}(x) = v_t(x) + \\alpha \\rho(x) \\sum_k K_k(x) \\delta_k^{(t)}$ from $v_0 = 0$."
+    "Weighted softmax TD: $v_{t+1}(x) = v_t(x) + \\alpha \\rho(x) \\sum_k K_k(x) \\delta_k^{(t)}$ from $v_0 = 0$ ($K_k(x) - 1/n$ when `centred`)."
     keys, X, R = context_tensors(phi_states, rewards, phi_queries)
     alpha, gamma, n_iters = _scalar(alpha, "alpha"), check_gamma(gamma), _count(n_iters, "n_iters")
     K = _weights(keys, X, W, score)
+    if centred: K = K - 1 / keys.shape[-2]
     K = K * (alpha * _rho(rho, keys, X, K.shape[:-2] + K.shape[-1:])).unsqueeze(-2)
     return _kernel_iterate(K, R, gamma, n_iters, return_all)
 
@@ -848,7 +850,6 @@ test_fail(lambda: two_head_linear_td(phis_s, Rs_s, 0.1, 1.0, 5), contains="`gamm
 record_claim("two-head-linear-td", "Two heads (a shifted-kernel softmax head and a uniform head) give batch linear TD for any features (Proposition 1.3).",
              "proved", "weighted_softmax_td", "#when-some-inner-products-are-negative");
 
-
 # %% [markdown]
 # ## What the Transformer's score gives: linear TD to first order
 #
@@ -866,7 +867,7 @@ record_claim("two-head-linear-td", "Two heads (a shifted-kernel softmax head and
 # behave like a linear TD, once the uniform part $\frac1n$ is removed. In a Transformer the centring is one more head: a head whose score matrix is zero attends
 # uniformly to the $n$ context columns, and with the value matrices $-V^{\mathrm{cur}}, -V^{\mathrm{tgt}}$ of
 # $\theta^*$ it subtracts $\alpha \cdot \frac1n \sum_k \delta_k$, the mean TD error. [Chapter 3](dual_head.html)
-# builds that three-head layer and checks it against `centred_softmax_td`.
+# builds that three-head layer and checks it against `weighted_softmax_td(..., centred=True)`.
 #
 # Write the score as $\varepsilon\, g$ with $g(y, x) = \phi(y)^\top W \phi(x)$, and let
 # $g_k = g(S_{k-1}, x)$ for a fixed target $x$, $\bar g = \frac1n \sum_k g_k$, $\bar\phi = \frac1n \sum_k \phi(S_{k-1})$
@@ -903,27 +904,6 @@ record_claim("two-head-linear-td", "Two heads (a shifted-kernel softmax head and
 # $e_{t+1} \le (1 + 2\alpha(1 + \gamma))\, e_t + \alpha \varepsilon^2 \max_x \Delta_x^2 (\max \delta^{(t)} - \min \delta^{(t)})/8$ with $e_0 = 0$,
 # where $\delta^{(t)}$ are the linear iterate's TD errors, bounded for fixed $T$ uniformly in $\varepsilon \le 1$. So $e_T = O(\varepsilon^2)$.
 # :::
-
-# %%
-#| export
-def centred_softmax_td(phi_states,         # (..., n+1, d) features of S_0..S_n
-                       rewards,            # (..., n) rewards, rewards[..., k-1] = R_k
-                       W,                  # (d, d) or (..., d, d) score matrix, g(x, y) = phi(x)^T W phi(y)
-                       alpha:float,        # step size
-                       gamma:float,        # discount factor in [0, 1)
-                       n_iters:int,        # number of iterations (layers)
-                       phi_queries=None,   # (..., q, d) query features, (..., d) for one query, or None
-                       return_all=False,   # return every iterate v_0..v_T instead of the last
-                      )->torch.Tensor:     # (..., m) values at S_0..S_n then the queries; (..., n_iters+1, m) with `return_all`
-    "Weighted softmax TD minus a uniform head: $v_{t+1}(x) = v_t(x) + \\alpha \\sum_k (K_k(x) - 1/n) \\delta_k^{(t)}$."
-    keys, X, R = context_tensors(phi_states, rewards, phi_queries)
-    alpha, gamma, n_iters = _scalar(alpha, "alpha"), check_gamma(gamma), _count(n_iters, "n_iters")
-    K = alpha * (_weights(keys, X, W, None) - 1 / keys.shape[-2])
-    return _kernel_iterate(K, R, gamma, n_iters, return_all)
-
-
-# %%
-show_doc(centred_softmax_td)
 
 # %% [markdown]
 # First the one-step inequality, on random contexts, random score matrices, random vectors
@@ -965,9 +945,9 @@ def small_score_gaps(seed, variant="centred"):
     out = []
     for eps in eps_grid:
         lin = batch_linear_td(phi_s, R_s, 0.5, 0.9, 10, Q_s, return_all=True, C=eps * W_s.T, centred=True)
-        if variant == "centred": soft = centred_softmax_td(phi_s, R_s, eps * W_s, 0.5, 0.9, 10, Q_s, return_all=True)
+        if variant == "centred": soft = weighted_softmax_td(phi_s, R_s, eps * W_s, 0.5, 0.9, 10, Q_s, return_all=True, centred=True)
         elif variant == "W not transposed":
-            soft = centred_softmax_td(phi_s, R_s, eps * W_s, 0.5, 0.9, 10, Q_s, return_all=True)
+            soft = weighted_softmax_td(phi_s, R_s, eps * W_s, 0.5, 0.9, 10, Q_s, return_all=True, centred=True)
             lin = batch_linear_td(phi_s, R_s, 0.5, 0.9, 10, Q_s, return_all=True, C=eps * W_s, centred=True)
         else: soft = weighted_softmax_td(phi_s, R_s, eps * W_s, 0.5, 0.9, 10, Q_s, return_all=True)
         out.append((soft - lin).abs().max().item())
@@ -1383,7 +1363,7 @@ record_claim("tabular-convergence", "Above a threshold on $\\beta$, tabular-scor
 # $T = 2 \cdot 10^5$ iterations on three contexts of the small-score check ($W = I$, unit-norm features,
 # $n = 20$, $\alpha = 0.5$, $\gamma = 0.9$, $\varepsilon = 0.03$, every state a query). Both iterations are
 # affine, $v \mapsto F v + f$; the cell builds the two maps from `context_weights` and the features, checks
-# them against `centred_softmax_td` and `batch_linear_td(..., C=C, centred=True)` over the first 200 iterations, and then
+# them against `weighted_softmax_td(..., centred=True)` and `batch_linear_td(..., C=C, centred=True)` over the first 200 iterations, and then
 # iterates the maps themselves, which is much faster than calling the functions $2 \cdot 10^5$ times.
 
 # %%
@@ -1422,7 +1402,7 @@ for seed in horizon_seeds:                                          # the maps a
     _, phi_h, R_h, Q_h = horizon_context(seed)
     (M, c), (Mw, cw, X) = centred_maps(phi_h, R_h, Q_h, 0.03, 0.5, 0.9)
     W_h = 0.03 * torch.eye(4, dtype=torch.float64)
-    soft = centred_softmax_td(phi_h, R_h, W_h, 0.5, 0.9, 200, Q_h).numpy()
+    soft = weighted_softmax_td(phi_h, R_h, W_h, 0.5, 0.9, 200, Q_h, centred=True).numpy()
     lin = batch_linear_td(phi_h, R_h, 0.5, 0.9, 200, Q_h, C=W_h, centred=True).numpy()
     v, w = np.zeros(len(c)), np.zeros(4)
     for t in range(200): v, w = M @ v + c, Mw @ w + cw

@@ -21,7 +21,7 @@ import math
 import matplotlib.pyplot as plt
 import numpy as np
 from ictd.boyan import random_boyan_chain, sample_trajectory, msve
-from ictd.wstd import weighted_softmax_td, centred_softmax_td
+from ictd.wstd import weighted_softmax_td
 from ictd.prompt import build_prompt
 from fractions import Fraction
 from IPython.display import Markdown
@@ -416,6 +416,7 @@ test_close(observed_value_weights(layer, Z, 20), torch.tensor([alpha, gamma * al
 class SoftmaxICTD(nn.Module):
     "A stack of `n_layers` dual-head softmax layers reading values from the last row of its prompt."
     Layer, update = DualHeadSoftmaxLayer, staticmethod(dual_head_update)   # the layer module and its unvalidated update
+    construction = staticmethod(theta_star)   # the parameters `from_theta_star` gives every layer
     def __init__(self, d:int,              # feature dimension; prompts have d + 2 rows
                  n_layers:int,             # number of layers L
                  shared:bool=False,        # one parameter set for all layers
@@ -441,8 +442,8 @@ class SoftmaxICTD(nn.Module):
                         gamma:float,         # discount factor in [0, 1)
                         shared:bool=False,   # store one parameter set instead of L copies
                        ):
-        "The model whose every layer carries `theta_star(d, W, alpha, gamma)`."
-        return cls.from_params(n_layers, *theta_star(d, W, alpha, gamma), shared=shared)
+        "The model whose every layer carries the class's `construction(d, W, alpha, gamma)`: $\\theta^*$ for `SoftmaxICTD`, $\\theta^{\\delta}$ for `ShiftAfterAttentionICTD`."
+        return cls.from_params(n_layers, *cls.construction(d, W, alpha, gamma), shared=shared)
 
     @classmethod
     def from_params(cls, n_layers:int,       # number of layers L
@@ -477,7 +478,7 @@ class SoftmaxICTD(nn.Module):
         return self._forward(Z, n)[..., self.d + 1, n + 1:]
 
     def value_weights(self)->torch.Tensor:
-        "(L, 3) value-update weights (reward, successor value, current value) of every layer."
+        "(L, k) value-update weights of every layer, as `Layer.value_weights` names them ((reward, successor value, current value) here)."
         return torch.stack([self.layer(l).value_weights() for l in range(self.n_layers)])
 
 
@@ -774,7 +775,7 @@ plt.tight_layout()
 # to $O(\varepsilon^2)$. The centring is one more pair of heads: a score matrix of zero makes the
 # softmax uniform over the $n$ keys, and the value matrices $-V^{\mathrm{cur}}, -V^{\mathrm{tgt}}$ then
 # subtract $\alpha \cdot \frac1n \sum_k \delta_k$ from every column. The layer
-# $Z + (V^{\mathrm{cur}} Z + V^{\mathrm{tgt}} Z\Pi)(S_{A} - S_{0})$ runs `centred_softmax_td` exactly, by the
+# $Z + (V^{\mathrm{cur}} Z + V^{\mathrm{tgt}} Z\Pi)(S_{A} - S_{0})$ runs `weighted_softmax_td(..., centred=True)` exactly, by the
 # proof of Theorem 3.1 with $K_k(x) - \frac1n$ in place of $K_k(x)$:
 
 # %%
@@ -787,7 +788,7 @@ st_c, rw_c = sample_trajectory(mrp_c, 30, seed=6)
 W_c = 0.1 * torch.from_numpy(np.random.default_rng(6).standard_normal((4, 4)))
 Zc_ = build_prompt(mrp_c.phi[st_c], rw_c, mrp_c.phi)
 params_c = theta_star(4, W_c, 0.5, mrp_c.gamma)
-td_c = centred_softmax_td(mrp_c.phi[st_c], rw_c, W_c, 0.5, mrp_c.gamma, 10, phi_queries=mrp_c.phi, return_all=True)
+td_c = weighted_softmax_td(mrp_c.phi[st_c], rw_c, W_c, 0.5, mrp_c.gamma, 10, phi_queries=mrp_c.phi, return_all=True, centred=True)
 for l in range(1, 11):
     Zc_ = centred_layer(Zc_, *params_c, 30)
     test_close(Zc_[5], td_c[l], eps=1e-13)

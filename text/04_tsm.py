@@ -427,16 +427,8 @@ class ShiftAfterAttentionICTD(SoftmaxICTD):
     "A stack of shift-after-attention layers reading values from the last row of its prompt: `SoftmaxICTD` with another layer."
     Layer, update = ShiftAfterAttentionLayer, staticmethod(shift_after_update)
 
-    @classmethod
-    def from_theta_td_memory(cls, d:int,          # feature dimension
-                             n_layers:int,        # number of layers L
-                             W,                   # (d, d) score matrix of g(x, y) = phi(x)^T W phi(y)
-                             alpha:float,         # step size
-                             gamma:float,         # discount factor in [0, 1)
-                             shared:bool=False,   # store one parameter set instead of L copies
-                            ):
-        "The model whose every layer carries `theta_td_memory(d, W, alpha, gamma)`."
-        return cls.from_params(n_layers, *theta_td_memory(d, W, alpha, gamma), shared=shared)
+    construction = staticmethod(theta_td_memory)
+    from_theta_td_memory = SoftmaxICTD.__dict__["from_theta_star"]   # the same constructor: every layer carries theta_td_memory(d, W, alpha, gamma)
 
 
 # %%
@@ -448,8 +440,8 @@ show_doc(ShiftAfterAttentionLayer)
 # %%
 show_doc(ShiftAfterAttentionICTD)
 
-# %%
-show_doc(ShiftAfterAttentionICTD.from_theta_td_memory)
+# %% [markdown]
+# `ShiftAfterAttentionICTD.from_theta_td_memory(d, n_layers, W, alpha, gamma, shared=False)` is the constructor `SoftmaxICTD.from_theta_star` of [chapter 3](dual_head.html) with this class's `construction`, `theta_td_memory`: every layer carries $\theta^{\delta}$.
 
 # %% [markdown]
 # The model reads $n$ from the prompt like every model of the book, shares parameters on request,
