@@ -162,12 +162,6 @@ class SingleHeadTSMLayer(nn.Module):
 # %%
 show_doc(SingleHeadTSMLayer)
 
-# %%
-show_doc(SingleHeadTSMLayer.from_dual_head)
-
-# %%
-show_doc(SingleHeadTSMLayer.forward)
-
 
 # %% [markdown]
 # ## Two heads are one head on a shifted input
@@ -435,30 +429,11 @@ class ShiftAfterAttentionICTD(SoftmaxICTD):
 show_doc(theta_td_memory)
 
 # %%
-show_doc(ShiftAfterAttentionLayer)
-
-# %%
 show_doc(ShiftAfterAttentionICTD)
+
 
 # %% [markdown]
 # `ShiftAfterAttentionICTD.from_theta_td_memory(d, n_layers, W, alpha, gamma, shared=False)` is the constructor `SoftmaxICTD.from_theta_star` of [chapter 3](dual_head.html) with this class's `construction`, `theta_td_memory`: every layer carries $\theta^{\delta}$.
-
-# %% [markdown]
-# The model reads $n$ from the prompt like every model of the book, shares parameters on request,
-# draws its random initialisation from a seed, and its constructed parameters carry the sign
-# pattern $(+, -, +)$ on (value update, own change, successor change):
-
-# %%
-m_after = ShiftAfterAttentionICTD(4, 3, seed=0)
-test_eq(len(list(m_after.parameters())), 9)
-test_eq(len(list(ShiftAfterAttentionICTD(4, 3, shared=True, seed=0).parameters())), 3)
-test_eq(m_after.layer(1).A.detach(), ShiftAfterAttentionICTD(4, 3, seed=0).layer(1).A.detach())
-Zq = build_prompt(torch.zeros(11, 4), torch.ones(10), torch.zeros(3, 4))
-test_eq(m_after.predict(Zq).shape, (3,))
-test_fail(lambda: m_after.predict(Zq.clone()), contains="`n` must be given")
-test_fail(lambda: ShiftAfterAttentionICTD(4, 0), contains="`n_layers` must be a positive integer")
-test_fail(lambda: theta_td_memory(4, torch.eye(4), 0.5, 1.), contains="`gamma` must lie in [0, 1)")
-
 
 # %% [markdown]
 # ::: {.theorem}
@@ -599,6 +574,36 @@ Markdown(f"""
 # one because the pretraining chapters were built on it.
 #
 # [The next chapter](convergence.html) asks when the iteration they both run converges.
+
+# %% [markdown]
+# ## Implementation and tests
+#
+# The lesson ends above. This section documents the remaining methods of the two layers and tests the
+# shift-after-attention model's seeds, shapes and bad input.
+
+# %%
+show_doc(SingleHeadTSMLayer.from_dual_head)
+
+# %%
+show_doc(SingleHeadTSMLayer.forward)
+
+# %%
+show_doc(ShiftAfterAttentionLayer)
+
+# %% [markdown]
+# The shift-after-attention model reads $n$ from the prompt like every model of the book, shares parameters on
+# request, draws its random initialisation from a seed, and refuses bad arguments:
+
+# %%
+m_after = ShiftAfterAttentionICTD(4, 3, seed=0)
+test_eq(len(list(m_after.parameters())), 9)
+test_eq(len(list(ShiftAfterAttentionICTD(4, 3, shared=True, seed=0).parameters())), 3)
+test_eq(m_after.layer(1).A.detach(), ShiftAfterAttentionICTD(4, 3, seed=0).layer(1).A.detach())
+Zq = build_prompt(torch.zeros(11, 4), torch.ones(10), torch.zeros(3, 4))
+test_eq(m_after.predict(Zq).shape, (3,))
+test_fail(lambda: m_after.predict(Zq.clone()), contains="`n` must be given")
+test_fail(lambda: ShiftAfterAttentionICTD(4, 0), contains="`n_layers` must be a positive integer")
+test_fail(lambda: theta_td_memory(4, torch.eye(4), 0.5, 1.), contains="`gamma` must lie in [0, 1)")
 
 # %%
 #| hide
