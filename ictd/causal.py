@@ -10,7 +10,7 @@ from torch import nn
 from .boyan import as_tensor, check_gamma
 from .wstd import context_tensors
 from .prompt import build_prompt
-from .model import check_prompt, torch_generator, token_rows, xavier_param, carry_context
+from .model import check_prompt, torch_generator, token_rows, xavier_param, carry_context, PromptLayer, SoftmaxICTD
 from .pretrain import Contexts, Family, PretrainConfig, register_family
 
 # %% auto #0
@@ -170,8 +170,9 @@ def theta_causal(d:int,              # feature dimension
     return A, V, U
 
 # %% ../nbs/04a_causal.ipynb #44dc76ef
-class CausalSoftmaxLayer(nn.Module):
-    "One decoder layer: a softmax head over the causal temporal shift of its input, a per-token map, a positional bias."
+class CausalSoftmaxLayer(PromptLayer):
+    "One decoder layer: a softmax head over the causal temporal shift of its input, a per-token map, a positional bias: $Z + V\\,\\overleftarrow{\\mathrm{TSM}}(Z)\\, S + U Z$."
+    update, attend = staticmethod(causal_update), staticmethod(lambda Z, params, n: causal_attention(Z, params[0], params[3], n))
     def __init__(self, d:int,            # feature dimension; tokens have d + 2 rows
                  init_gain:float=0.1,    # gain of the Xavier-normal initialisation
                  seed=None,              # int or `torch.Generator`
@@ -200,45 +201,15 @@ class CausalSoftmaxLayer(nn.Module):
         "(A, V, U, lam) cast to the dtype and device of `like`."
         return tuple(p.to(like) for p in (self.A, self.V, self.U, self.lam))
 
-    def attention(self, Z,           # (..., d + 2, N) prompt
-                  n=None,            # number of context transitions; default `Z.n_context`
-                 )->torch.Tensor:    # (..., N, N) S[i, j], zero rows at columns that are no key
-        "The attention matrix of this layer on prompt `Z`."
-        Z, n = check_prompt(Z, self.d, n)
-        A, _, _, lam = self.params(Z)
-        return causal_attention(Z, A, lam, n)
-
-    def forward(self, Z,             # (..., d + 2, N) prompt
-                n=None,              # number of context transitions; default `Z.n_context`
-               )->torch.Tensor:      # (..., d + 2, N) next prompt
-        "One causal layer: $Z + V\\,\\overleftarrow{\\mathrm{TSM}}(Z)\\, S + U Z$."
-        Z, n = check_prompt(Z, self.d, n)
-        return carry_context(causal_update(Z, *self.params(Z), n), n)
-
     def value_weights(self)->torch.Tensor:
         "(reward, successor value, current value in the previous token, current value of the column itself), forward layout, detached."
         d, D = self.d, self.d + 2
         return torch.stack([self.V[d + 1, d], self.V[d + 1, d + 1], self.V[d + 1, D + d + 1], self.U[d + 1, d + 1]]).detach()
 
 # %% ../nbs/04a_causal.ipynb #fdd00bd8
-class CausalSoftmaxICTD(nn.Module):
-    "A decoder-only stack of causal softmax layers reading values from the last row of its prompt."
-    def __init__(self, d:int,              # feature dimension; prompts have d + 2 rows
-                 n_layers:int,             # number of layers L
-                 shared:bool=False,        # one parameter set for all layers
-                 init_gain:float=0.1,      # gain of the Xavier-normal initialisation
-                 seed=None,                # int or `torch.Generator`
-                 dtype=torch.float64,      # dtype of the parameters
-                ):
-        super().__init__()
-        if int(n_layers) != n_layers or n_layers < 1: raise ValueError(f"`n_layers` must be a positive integer, got {n_layers}")
-        g = torch_generator(seed)
-        self.d, self.n_layers, self.shared = int(d), int(n_layers), bool(shared)
-        self.layers = nn.ModuleList(CausalSoftmaxLayer(d, init_gain, g, dtype) for _ in range(1 if shared else n_layers))
-
-    def layer(self, l:int)->CausalSoftmaxLayer:
-        "The module applied at depth `l`."
-        return self.layers[0 if self.shared else l]
+class CausalSoftmaxICTD(SoftmaxICTD):
+    "A decoder-only stack of causal softmax layers reading values from the last row of its prompt: `SoftmaxICTD` with the causal layer."
+    Layer, update = CausalSoftmaxLayer, staticmethod(causal_update)
 
     @classmethod
     def from_params(cls, n_layers:int,  # number of layers L
@@ -265,26 +236,7 @@ class CausalSoftmaxICTD(nn.Module):
         "The model whose every layer is one step of prefix softmax TD (`theta_causal`)."
         return cls.from_params(n_layers, *theta_causal(d, W, alpha, gamma, current, order), recency, shared=shared)
 
-    def forward(self, Z,                 # (..., d + 2, N) prompt Z_0 (from `build_causal_prompt`)
-                n=None,                  # number of context transitions; default `Z.n_context`
-                return_all:bool=False,   # also return every intermediate prompt
-               )->torch.Tensor:          # Z_L (..., d + 2, N), or Z_0..Z_L stacked (..., L + 1, d + 2, N)
-        "Run the prompt through the L causal layers."
-        Z, n = check_prompt(Z, self.d, n)
-        Zs = [Z]
-        for l in range(self.n_layers): Zs.append(causal_update(Zs[-1], *self.layer(l).params(Z), n))
-        return carry_context(torch.stack(Zs, -3) if return_all else Zs[-1], n)
 
-    def predict(self, Z,             # (..., d + 2, N) prompt Z_0
-                n=None,              # number of context transitions; default `Z.n_context`
-               )->torch.Tensor:      # (..., q) values at the q = N - n - 1 query columns
-        "The model's value estimates: row d + 1 of Z_L at the query columns."
-        Z, n = check_prompt(Z, self.d, n)
-        return self.forward(Z, n)[..., self.d + 1, n + 1:]
-
-    def value_weights(self)->torch.Tensor:
-        "(L, 4) (reward, successor, current in the previous token, current of the column) per layer."
-        return torch.stack([self.layer(l).value_weights() for l in range(self.n_layers)])
 
 # %% ../nbs/04a_causal.ipynb #289e0b8f
 class CausalCache:

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from .boyan import as_tensor, check_gamma
 
 # %% auto #0
-__all__ = ['check_prompt', 'carry_context', 'successor_shift', 'context_attention', 'attend_context', 'dual_head_update', 'torch_generator', 'token_rows', 'xavier_param', 'DualHeadSoftmaxLayer', 'theta_star', 'SoftmaxICTD', 'temporal_shift', 'SingleHeadTSMLayer', 'theta_td_memory', 'shift_after_update', 'ShiftAfterAttentionLayer', 'ShiftAfterAttentionICTD', 'StateTokens', 'state_tokens', 'trajectory_tokens', 'seed_map', 'token_layer', 'token_layers', 'token_predict', 'model_params', 'population_tokens', 'population_predict', 'population_neu']
+__all__ = ['check_prompt', 'carry_context', 'successor_shift', 'context_attention', 'attend_context', 'dual_head_update', 'torch_generator', 'token_rows', 'xavier_param', 'PromptLayer', 'DualHeadSoftmaxLayer', 'theta_star', 'SoftmaxICTD', 'temporal_shift', 'SingleHeadTSMLayer', 'theta_td_memory', 'shift_after_update', 'ShiftAfterAttentionLayer', 'ShiftAfterAttentionICTD', 'StateTokens', 'state_tokens', 'trajectory_tokens', 'seed_map', 'token_layer', 'token_layers', 'token_predict', 'model_params', 'population_tokens', 'population_predict', 'population_neu']
 
 # %% ../nbs/03_dual_head.ipynb #6c68ba05
 def check_prompt(Z,            # (..., d + 2, N) prompt
@@ -103,8 +103,34 @@ def _param(t:torch.Tensor, name:str, D:int)->nn.Parameter:
     return nn.Parameter(t.detach().clone())
 
 # %% ../nbs/03_dual_head.ipynb #527bc6dc
-class DualHeadSoftmaxLayer(nn.Module):
-    "One softmax attention layer with a current-value and a target-value head sharing one attention pattern."
+class PromptLayer(nn.Module):
+    "Base of the book's layers: validate the prompt, run the class's unvalidated `update` with the layer's `params`, carry `n`."
+    update = attend = None       # staticmethods of each layer class: update(Z, *params, n) and attend(Z, params, n)
+    value_entries = ()           # (parameter, row offset, column offset) from d of each value-update weight
+
+    def attention(self, Z,           # (..., d + 2, N) prompt
+                  n=None,            # number of context transitions; default `Z.n_context`
+                 )->torch.Tensor:    # (..., N, N) attention S[i, j], zero rows at columns that are no key
+        "The attention matrix of this layer on prompt `Z`."
+        Z, n = check_prompt(Z, self.d, n)
+        return self.attend(Z, self.params(Z), n)
+
+    def forward(self, Z,             # (..., d + 2, N) prompt
+                n=None,              # number of context transitions; default `Z.n_context`
+               )->torch.Tensor:      # (..., d + 2, N) next prompt
+        "The layer's update of a validated prompt; the output carries `n`."
+        Z, n = check_prompt(Z, self.d, n)
+        return carry_context(self.update(Z, *self.params(Z), n), n)
+
+    def value_weights(self)->torch.Tensor:
+        "The value-update weights named by `value_entries` (detached)."
+        return torch.stack([getattr(self, p)[self.d + r, self.d + c] for p, r, c in self.value_entries]).detach()
+
+
+class DualHeadSoftmaxLayer(PromptLayer):
+    "One softmax attention layer with a current-value and a target-value head sharing one attention pattern: $Z + (V^{cur} Z + V^{tgt} Z \\Pi) S$."
+    update, attend = staticmethod(dual_head_update), staticmethod(lambda Z, params, n: context_attention(Z, params[0], n))
+    value_entries = (("V_cur", 1, 0), ("V_tgt", 1, 1), ("V_cur", 1, 1))   # (reward, successor value, current value) into the value row
     def __init__(self, d:int,            # feature dimension; tokens have d + 2 rows
                  init_gain:float=0.1,    # gain of the Xavier-normal initialisation
                  seed=None,              # int or `torch.Generator` for the initialisation
@@ -128,25 +154,6 @@ class DualHeadSoftmaxLayer(nn.Module):
         "The parameters (A, V_cur, V_tgt) cast to the dtype and device of `like`."
         return tuple(p.to(like) for p in (self.A, self.V_cur, self.V_tgt))
 
-    def attention(self, Z,           # (..., d + 2, N) prompt
-                  n=None,            # number of context transitions; default `Z.n_context`
-                 )->torch.Tensor:    # (..., N, N) attention S[i, j], zero rows at non-context keys
-        "The attention matrix of this layer on prompt `Z`."
-        Z, n = check_prompt(Z, self.d, n)
-        return context_attention(Z, self.params(Z)[0], n)
-
-    def forward(self, Z,             # (..., d + 2, N) prompt
-                n=None,              # number of context transitions; default `Z.n_context`
-               )->torch.Tensor:      # (..., d + 2, N) next prompt
-        "$Z + V^{cur} Z S + V^{tgt} (Z \\Pi) S$, computed as $Z + (V^{cur} Z + V^{tgt} Z \\Pi) S$."
-        Z, n = check_prompt(Z, self.d, n)
-        return carry_context(dual_head_update(Z, *self.params(Z), n), n)
-
-    def value_weights(self)->torch.Tensor:
-        "The value-row weights (reward, successor value, current value): V_cur[d+1, d], V_tgt[d+1, d+1], V_cur[d+1, d+1] (detached)."
-        d = self.d
-        return torch.stack([self.V_cur[d + 1, d], self.V_tgt[d + 1, d + 1], self.V_cur[d + 1, d + 1]]).detach()
-
 # %% ../nbs/03_dual_head.ipynb #6aef5b53
 def theta_star(d:int,         # feature dimension
                W,             # (d, d) score matrix of g(x, y) = phi(x)^T W phi(y)
@@ -167,6 +174,7 @@ def theta_star(d:int,         # feature dimension
 class SoftmaxICTD(nn.Module):
     "A stack of `n_layers` dual-head softmax layers reading values from the last row of its prompt."
     Layer, update = DualHeadSoftmaxLayer, staticmethod(dual_head_update)   # the layer module and its unvalidated update
+    construction = staticmethod(theta_star)   # the parameters `from_theta_star` gives every layer
     def __init__(self, d:int,              # feature dimension; prompts have d + 2 rows
                  n_layers:int,             # number of layers L
                  shared:bool=False,        # one parameter set for all layers
@@ -192,8 +200,8 @@ class SoftmaxICTD(nn.Module):
                         gamma:float,         # discount factor in [0, 1)
                         shared:bool=False,   # store one parameter set instead of L copies
                        ):
-        "The model whose every layer carries `theta_star(d, W, alpha, gamma)`."
-        return cls.from_params(n_layers, *theta_star(d, W, alpha, gamma), shared=shared)
+        "The model whose every layer carries the class's `construction(d, W, alpha, gamma)`: $\\theta^*$ for `SoftmaxICTD`, $\\theta^{\\delta}$ for `ShiftAfterAttentionICTD`."
+        return cls.from_params(n_layers, *cls.construction(d, W, alpha, gamma), shared=shared)
 
     @classmethod
     def from_params(cls, n_layers:int,       # number of layers L
@@ -228,7 +236,7 @@ class SoftmaxICTD(nn.Module):
         return self._forward(Z, n)[..., self.d + 1, n + 1:]
 
     def value_weights(self)->torch.Tensor:
-        "(L, 3) value-update weights (reward, successor value, current value) of every layer."
+        "(L, k) value-update weights of every layer, as `Layer.value_weights` names them ((reward, successor value, current value) here)."
         return torch.stack([self.layer(l).value_weights() for l in range(self.n_layers)])
 
 # %% ../nbs/04_tsm.ipynb #93f77e99
@@ -272,7 +280,7 @@ class SingleHeadTSMLayer(nn.Module):
     def from_dual_head(cls, layer:DualHeadSoftmaxLayer,  # the dual-head layer to rewrite
                        channels=None,                     # rows to shift; the target head must read no other row
                       ):
-        "The single-head layer with V = [V_cur | V_tgt[:, channels]] equal to `layer` (Theorem 2)."
+        "The single-head layer with V = [V_cur | V_tgt[:, channels]] equal to `layer` (Theorem 4.1)."
         D = layer.d + 2
         idx = _channels(channels, D)
         rest = [k for k in range(D) if k not in idx]
@@ -286,7 +294,7 @@ class SingleHeadTSMLayer(nn.Module):
     def forward(self, Z,             # (..., d + 2, N) prompt
                 n=None,              # number of context transitions; default `Z.n_context`
                )->torch.Tensor:      # (..., d + 2, N) next prompt
-        "$Z + V\\,\\mathrm{TSM}_C(Z)\\, S$ with the attention S of `A` on `Z`."
+        "$Z + V\\,\\mathrm{TSM}_{\\mathcal C}(Z)\\, S$ with the attention S of `A` on `Z`."
         Z, n = check_prompt(Z, self.d, n)
         A, V = self.A.to(Z), self.V.to(Z)
         return carry_context(Z + attend_context(Z, A, (V @ temporal_shift(Z, n, self.channels))[..., :n]), n)
@@ -318,33 +326,16 @@ def shift_after_update(Z:torch.Tensor,      # (..., d + 2, N) prompt
 # %% ../nbs/04_tsm.ipynb #586c40fb
 class ShiftAfterAttentionLayer(DualHeadSoftmaxLayer):
     "A softmax head followed by a parameter-free shift of its output: $Z + V^{cur} (Z S) + V^{tgt} (Z S) \\Pi$."
-    def forward(self, Z,             # (..., d + 2, N) prompt
-                n=None,              # number of context transitions; default `Z.n_context`
-               )->torch.Tensor:      # (..., d + 2, N) next prompt
-        "One layer with the shift after attention."
-        Z, n = check_prompt(Z, self.d, n)
-        return carry_context(shift_after_update(Z, *self.params(Z), n), n)
-
-    def value_weights(self)->torch.Tensor:
-        "The TD-memory weights (value update, own change, successor change): V_cur[d+1, d], V_cur[d, d], V_tgt[d, d] (detached)."
-        d = self.d
-        return torch.stack([self.V_cur[d + 1, d], self.V_cur[d, d], self.V_tgt[d, d]]).detach()
+    update = staticmethod(shift_after_update)
+    value_entries = (("V_cur", 1, 0), ("V_cur", 0, 0), ("V_tgt", 0, 0))   # TD-memory weights (value update, own change, successor change)
 
 # %% ../nbs/04_tsm.ipynb #4dd1dd43
 class ShiftAfterAttentionICTD(SoftmaxICTD):
     "A stack of shift-after-attention layers reading values from the last row of its prompt: `SoftmaxICTD` with another layer."
     Layer, update = ShiftAfterAttentionLayer, staticmethod(shift_after_update)
 
-    @classmethod
-    def from_theta_td_memory(cls, d:int,          # feature dimension
-                             n_layers:int,        # number of layers L
-                             W,                   # (d, d) score matrix of g(x, y) = phi(x)^T W phi(y)
-                             alpha:float,         # step size
-                             gamma:float,         # discount factor in [0, 1)
-                             shared:bool=False,   # store one parameter set instead of L copies
-                            ):
-        "The model whose every layer carries `theta_td_memory(d, W, alpha, gamma)`."
-        return cls.from_params(n_layers, *theta_td_memory(d, W, alpha, gamma), shared=shared)
+    construction = staticmethod(theta_td_memory)
+    from_theta_td_memory = SoftmaxICTD.__dict__["from_theta_star"]   # the same constructor: every layer carries theta_td_memory(d, W, alpha, gamma)
 
 # %% ../nbs/06_pretrain.ipynb #0a1891bf
 from dataclasses import dataclass

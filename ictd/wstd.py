@@ -11,8 +11,8 @@ from .boyan import as_tensor, check_gamma
 from .core import check_int
 
 # %% auto #0
-__all__ = ['context_tensors', 'context_weights', 'weighted_softmax_td', 'batch_linear_td', 'two_head_linear_td',
-           'centred_softmax_td', 'centred_linear_td', 'check_states', 'batch_tabular_td', 'certainty_equivalence']
+__all__ = ['context_tensors', 'context_weights', 'weighted_softmax_td', 'batch_linear_td', 'two_head_linear_td', 'check_states',
+           'batch_tabular_td', 'certainty_equivalence']
 
 # %% ../nbs/01_weighted_softmax_td.ipynb #b9c479fa
 def _broadcast(batch:tuple, shape:tuple, name:str)->tuple:
@@ -118,11 +118,13 @@ def weighted_softmax_td(phi_states,         # (..., n+1, d) features of S_0..S_n
                         rho=None,           # per-target weight: None (1), tensor broadcastable to (..., m), or callable rho(phi_keys, phi_targets) -> (..., m)
                         score=None,         # callable score(phi_keys (..., n, d), phi_targets (..., m, d)) -> (..., n, m); default phi^T W phi
                         return_all=False,   # return every iterate v_0..v_T instead of the last
+                        centred=False,      # subtract a uniform head: weights K_k(x) - 1/n (Proposition 1.4)
                        )->torch.Tensor:     # (..., m) values at S_0..S_n then the queries; (..., n_iters+1, m) with `return_all`
-    "Weighted softmax TD: $v_{t+1}(x) = v_t(x) + \\alpha \\rho(x) \\sum_k K_k(x) \\delta_k^{(t)}$ from $v_0 = 0$."
+    "Weighted softmax TD: $v_{t+1}(x) = v_t(x) + \\alpha \\rho(x) \\sum_k K_k(x) \\delta_k^{(t)}$ from $v_0 = 0$ ($K_k(x) - 1/n$ when `centred`)."
     keys, X, R = context_tensors(phi_states, rewards, phi_queries)
     alpha, gamma, n_iters = _scalar(alpha, "alpha"), check_gamma(gamma), _count(n_iters, "n_iters")
     K = _weights(keys, X, W, score)
+    if centred: K = K - 1 / keys.shape[-2]
     K = K * (alpha * _rho(rho, keys, X, K.shape[:-2] + K.shape[-1:])).unsqueeze(-2)
     return _kernel_iterate(K, R, gamma, n_iters, return_all)
 
@@ -134,12 +136,23 @@ def batch_linear_td(phi_states,         # (..., n+1, d) features of S_0..S_n
                     n_iters:int,        # number of iterations
                     phi_queries=None,   # (..., q, d) query features, (..., d) for one query, or None
                     return_all=False,   # return every iterate instead of the last
+                    *,
+                    C=None,             # (d, d) or (..., d, d) preconditioner of the step; None: the identity
+                    centred=False,      # step along the centred key features phi(S_{k-1}) - mean_k phi(S_{k-1})
                    )->torch.Tensor:     # (..., m) values phi(x)^T w_T at S_0..S_n then the queries; (..., n_iters+1, m) with `return_all`
-    "Batch linear TD(0), $w_{t+1} = w_t + \\frac{\\alpha}{n} \\sum_k \\delta_k \\phi(S_{k-1})$ from $w_0 = 0$, read out in value space."
+    "Batch linear TD(0), $w_{t+1} = w_t + \\frac{\\alpha}{n} C \\sum_k \\delta_k \\phi(S_{k-1})$ from $w_0 = 0$ (optionally centred features), read out in value space."
     keys, X, R = context_tensors(phi_states, rewards, phi_queries)
     alpha, gamma, n_iters = _scalar(alpha, "alpha"), check_gamma(gamma), _count(n_iters, "n_iters")
-    step = lambda delta: alpha / R.shape[-1] * (delta.unsqueeze(-2) @ keys).squeeze(-2)
-    return _linear_td(keys, X, R, gamma, n_iters, keys.new_zeros(keys.shape[:-2] + keys.shape[-1:]), step, return_all)
+    d, batch = keys.shape[-1], keys.shape[:-2]
+    direction = keys - keys.mean(-2, keepdim=True) if centred else keys
+    if C is None: precondition = lambda u: u
+    else:
+        C = as_tensor(C, "C", keys.dtype, keys.device)
+        if C.ndim < 2 or C.shape[-2:] != (d, d): raise ValueError(f"`C` must have shape ({d}, {d}) or (..., {d}, {d}), got {tuple(C.shape)}")
+        batch = torch.broadcast_shapes(batch, C.shape[:-2])
+        precondition = lambda u: (C @ u.unsqueeze(-1)).squeeze(-1)
+    step = lambda delta: alpha / R.shape[-1] * precondition((delta.unsqueeze(-2) @ direction).squeeze(-2))
+    return _linear_td(keys, X, R, gamma, n_iters, keys.new_zeros(batch + (d,)), step, return_all)
 
 def _linear_td(keys, X, R, gamma, n_iters, w, step, return_all):
     "Iterate $w_{t+1} = w_t + \\mathrm{step}(\\delta^{(t)})$ from `w` and read out $\\phi(x)^\\top w$ at the rows of `X`."
@@ -168,42 +181,6 @@ def two_head_linear_td(phi_states,         # (..., n+1, d) features of S_0..S_n,
     K = _weights(keys, X, None, lambda k, x: torch.log(c.unsqueeze(-2) + gram))
     K = alpha * ((c + gram.mean(-2)).unsqueeze(-2) * K - c.unsqueeze(-2) / keys.shape[-2])
     return _kernel_iterate(K, R, gamma, n_iters, return_all)
-
-# %% ../nbs/01_weighted_softmax_td.ipynb #6e9d0886
-def centred_softmax_td(phi_states,         # (..., n+1, d) features of S_0..S_n
-                       rewards,            # (..., n) rewards, rewards[..., k-1] = R_k
-                       W,                  # (d, d) or (..., d, d) score matrix, g(x, y) = phi(x)^T W phi(y)
-                       alpha:float,        # step size
-                       gamma:float,        # discount factor in [0, 1)
-                       n_iters:int,        # number of iterations (layers)
-                       phi_queries=None,   # (..., q, d) query features, (..., d) for one query, or None
-                       return_all=False,   # return every iterate v_0..v_T instead of the last
-                      )->torch.Tensor:     # (..., m) values at S_0..S_n then the queries; (..., n_iters+1, m) with `return_all`
-    "Weighted softmax TD minus a uniform head: $v_{t+1}(x) = v_t(x) + \\alpha \\sum_k (K_k(x) - 1/n) \\delta_k^{(t)}$."
-    keys, X, R = context_tensors(phi_states, rewards, phi_queries)
-    alpha, gamma, n_iters = _scalar(alpha, "alpha"), check_gamma(gamma), _count(n_iters, "n_iters")
-    K = alpha * (_weights(keys, X, W, None) - 1 / keys.shape[-2])
-    return _kernel_iterate(K, R, gamma, n_iters, return_all)
-
-# %% ../nbs/01_weighted_softmax_td.ipynb #1c9a400e
-def centred_linear_td(phi_states,         # (..., n+1, d) features of S_0..S_n
-                      rewards,            # (..., n) rewards, rewards[..., k-1] = R_k
-                      C,                  # (d, d) or (..., d, d) preconditioner
-                      alpha:float,        # step size
-                      gamma:float,        # discount factor in [0, 1)
-                      n_iters:int,        # number of iterations
-                      phi_queries=None,   # (..., q, d) query features, (..., d) for one query, or None
-                      return_all=False,   # return every iterate instead of the last
-                     )->torch.Tensor:     # (..., m) values phi(x)^T w_T at S_0..S_n then the queries; (..., n_iters+1, m) with `return_all`
-    "Centred, preconditioned batch linear TD: $w_{t+1} = w_t + \\frac{\\alpha}{n} C \\sum_k \\delta_k (\\phi(S_{k-1}) - \\bar\\phi)$, read out in value space."
-    keys, X, R = context_tensors(phi_states, rewards, phi_queries)
-    alpha, gamma, n_iters = _scalar(alpha, "alpha"), check_gamma(gamma), _count(n_iters, "n_iters")
-    C = as_tensor(C, "C", keys.dtype, keys.device)
-    d = keys.shape[-1]
-    if C.ndim < 2 or C.shape[-2:] != (d, d): raise ValueError(f"`C` must have shape ({d}, {d}) or (..., {d}, {d}), got {tuple(C.shape)}")
-    centred = keys - keys.mean(-2, keepdim=True)
-    step = lambda delta: alpha / R.shape[-1] * (C @ (delta.unsqueeze(-2) @ centred).mT).squeeze(-1)
-    return _linear_td(keys, X, R, gamma, n_iters, keys.new_zeros(torch.broadcast_shapes(keys.shape[:-2], C.shape[:-2]) + (d,)), step, return_all)
 
 # %% ../nbs/01_weighted_softmax_td.ipynb #ce026d80
 def check_states(states,          # (..., n+1) state indices S_0..S_n: integers, or integer-valued floats

@@ -12,8 +12,8 @@ import pytest
 import torch
 from hypothesis import assume, given, settings, strategies as st
 from ictd.boyan import random_boyan_chain, sample_trajectory
-from ictd.wstd import (weighted_softmax_td, batch_linear_td, two_head_linear_td, centred_softmax_td,
-                       centred_linear_td, certainty_equivalence, context_weights)
+from ictd.wstd import (weighted_softmax_td, batch_linear_td, two_head_linear_td,
+                       certainty_equivalence, context_weights)
 
 SETTINGS = settings(max_examples=int(os.environ.get("ICTD_EXAMPLES", 30)), deadline=None)
 seeds = st.integers(0, 2**32 - 1)
@@ -73,8 +73,8 @@ def test_small_score_gap_grows_with_horizon(seed):
     "Proposition 1b is fixed-horizon: at eps = 0.03 the gap to centred linear TD at T = 20000 is > 30x the gap at T = 10."
     _, phi, R, Q = boyan_context(seed)
     W = 0.03 * torch.eye(4, dtype=torch.float64)
-    soft = centred_softmax_td(phi, R, W, 0.5, 0.9, 20_000, Q, return_all=True)[[10, 20_000]]
-    lin = centred_linear_td(phi, R, W, 0.5, 0.9, 20_000, Q, return_all=True)[[10, 20_000]]
+    soft = weighted_softmax_td(phi, R, W, 0.5, 0.9, 20_000, Q, return_all=True, centred=True)[[10, 20_000]]
+    lin = batch_linear_td(phi, R, 0.5, 0.9, 20_000, Q, return_all=True, C=W, centred=True)[[10, 20_000]]
     gap = (soft - lin).abs().amax(-1)
     assert gap[0] < 1e-3 and gap[1] > 30 * gap[0], gap
 
@@ -103,8 +103,7 @@ def test_long_run_limit_is_certainty_equivalence(seed, centred):
     W = 2 * torch.eye(4, dtype=torch.float64)
     lim, sv = prop5_limit(S, R, phi, W, 0.9, centred)
     assert sv[-2 if centred else -1] > 1e-6
-    run = centred_softmax_td if centred else weighted_softmax_td
-    v = run(phi, R, W, 0.5, 0.9, 4000).numpy()
+    v = weighted_softmax_td(phi, R, W, 0.5, 0.9, 4000, centred=centred).numpy()
     assert np.abs(v - lim).max() < 1e-8, np.abs(v - lim).max()
     lin = batch_linear_td(phi, R, 0.5, 0.9, 4000).numpy()
     assert np.abs(lin - lim).max() > 1e-2

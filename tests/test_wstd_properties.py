@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from hypothesis import given, settings, strategies as st
 from ictd.wstd import (weighted_softmax_td, batch_linear_td, batch_tabular_td, certainty_equivalence,
-                       context_weights, centred_softmax_td, centred_linear_td)
+                       context_weights)
 
 SETTINGS = settings(max_examples=int(os.environ.get("ICTD_EXAMPLES", 40)), deadline=None)   # ICTD_EXAMPLES=500 searches harder
 seeds, gammas = st.integers(0, 2**32 - 1), st.floats(0, 0.99)
@@ -137,12 +137,12 @@ def test_small_score_remainder_bound(seed, n, d, eps):
 
 @SETTINGS
 @given(seed=seeds, n=st.integers(2, 20), d=st.integers(1, 4), q=st.integers(0, 3), gamma=gammas)
-def test_centred_softmax_td_is_linear_to_first_order(seed, n, d, q, gamma):
+def test_centred_wstd_is_linear_to_first_order(seed, n, d, q, gamma):
     "Halving eps divides the gap between centred softmax TD (eps W) and centred linear TD (C = eps W^T) by at least about 4 (O(eps^2); a first-order error would give 2)."
     rng = np.random.default_rng(seed)
     phi, R, Q, W = random_context(rng, n, d, q)
-    gap = lambda eps: (centred_softmax_td(phi, R, eps * W, 0.5, gamma, 5, Q, return_all=True)
-                       - centred_linear_td(phi, R, eps * W.T, 0.5, gamma, 5, Q, return_all=True)).abs().max().item()
+    gap = lambda eps: (weighted_softmax_td(phi, R, eps * W, 0.5, gamma, 5, Q, return_all=True, centred=True)
+                       - batch_linear_td(phi, R, 0.5, gamma, 5, Q, return_all=True, C=eps * W.T, centred=True)).abs().max().item()
     g1, g2 = gap(2e-3), gap(1e-3)
     assert g2 <= 1e-13 or g1 / g2 > 3.3, (g1, g2)
 

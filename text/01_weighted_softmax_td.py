@@ -19,6 +19,8 @@ from nbdev.showdoc import *
 #| hide
 import matplotlib.pyplot as plt
 from ictd.boyan import random_boyan_chain, sample_trajectory, msve
+from ictd.core import record_claim
+from fractions import Fraction
 
 
 # %% [markdown]
@@ -43,9 +45,14 @@ from ictd.boyan import random_boyan_chain, sample_trajectory, msve
 # from a single trajectory. It also marks a distinction the rest of the book depends on: the
 # Transformer of [chapter 3](dual_head.html) runs weighted softmax TD with a bilinear score and no
 # per-target weight, and that special case reaches tabular TD in the limit but linear TD only to
-# first order at small scores and for a fixed number of iterations (Proposition 1b); run long, it
-# converges to the tabular (certainty-equivalence) answer instead (Proposition 5). The exact
+# first order at small scores and for a fixed number of iterations (Proposition 1.4); run long, it
+# converges to the tabular (certainty-equivalence) answer instead (Proposition 1.8). The exact
 # linear-TD reduction needs another score.
+#
+# *How to read this chapter.* Each section gives the idea, a worked example or figure, the statement
+# (its proof folds out under "Proof") and the check that tests it. The code a user calls is documented where it
+# is introduced; input validation and exhaustive tests are in the last section, [Implementation and tests](#implementation-and-tests).
+# Symbols are listed once in [Notation](notation.html).
 
 # %% [markdown]
 # ## TD learning in one page
@@ -80,6 +87,11 @@ from ictd.boyan import random_boyan_chain, sample_trajectory, msve
 # %% [markdown]
 # ## The kernel view
 #
+# **Intuition.** Tabular TD moves the value of a state by the TD errors of the transitions that leave it. Replace
+# "the transitions that leave it" by "every transition, weighted by how similar the state it leaves is
+# to $x$" and you can update the value of *any* state $x$, visited or not. That is the whole idea;
+# linear TD already does it, with the inner product of features as the similarity.
+#
 # Linear TD's update of the value at any state $x$ is, multiplying by $\phi(x)^\top$,
 # $$v_{t+1}(x) = v_t(x) + \frac{\alpha}{n} \sum_k \phi(S_{k-1})^\top \phi(x)\; \delta_k^{(t)} .$$
 # The weights $w$ have disappeared: the value at $x$ moves by a *kernel-weighted sum of TD errors*,
@@ -87,7 +99,7 @@ from ictd.boyan import random_boyan_chain, sample_trajectory, msve
 # kernel a softmax.
 #
 # ::: {.definition}
-# **Definition (weighted softmax TD; the name is the paper's, this exact form is ours).** Given a
+# **Definition 1.1 (weighted softmax TD; the name is the paper's, this exact form is ours).** Given a
 # score function $g(x, y)$ (the Transformer's $\phi(x)^\top W \phi(y)$), each transition $k$ gets a
 # weight for the target state $x$,
 #
@@ -103,7 +115,7 @@ from ictd.boyan import random_boyan_chain, sample_trajectory, msve
 #
 # The softmax Transformer runs $\rho = 1$. The update of $v(x)$ needs $v_t$ only at
 # $S_0, \dots, S_n$, so the iterate is a vector over the $n + 1$ trajectory states and any query
-# states: $m = n + 1 + q$ numbers, whatever the size of the state space. This is **policy evaluation in kernel space**. The keys of the softmax are the
+# states: $m = n + 1 + q$ numbers, whatever the size of the state space $s$. This is **policy evaluation in kernel space**. The keys of the softmax are the
 # $n$ transition start states $S_0, \dots, S_{n-1}$; the last state $S_n$ and the queries are
 # targets only.
 #
@@ -115,24 +127,26 @@ from ictd.boyan import random_boyan_chain, sample_trajectory, msve
 # depends on the target; $\rho(x)$ is an extra weight per target. The softmax Transformer of
 # [chapter 3](dual_head.html) runs $\rho = 1$, so the weights it applies are the softmax weights
 # alone; a $\rho \ne 1$ appears below only to show that linear TD fits the algorithm.
-#
-# **The order of the score's arguments.** We write $g(S_{k-1}, x)$: the key (the state the
-# transition leaves) first, the target second. The paper's summaries write $g(S_j, S_{k-1})$,
-# target first. For a symmetric score the order is immaterial; for the bilinear score it is not:
-# $\phi(x)^\top W \phi(y)$ read target-first is our score with $W^\top$. In the Transformer the
-# score of key column $i$ for query column $j$ is $z_i^\top A z_j$, key first, which is why the
-# book's $W$ is the feature block of $A$ as it stands; an attention written as
-# $q_j^\top k_i = z_j^\top W_Q^\top W_K z_i$ has $W = W_K^\top W_Q$ in our convention. A check after
-# the algorithm shows that the order matters for a non-symmetric $W$.
 
 # %% [markdown]
-# ## Checking the context
+# ### A worked example: one iteration by hand
 #
-# A context is the features of $S_0, \dots, S_n$, the rewards $R_1, \dots, R_n$ and optional query
-# features. Queries come as `(..., q, d)`, or as `(..., d)` for a single query per context: the rule
-# is that `phi_queries` has either as many dimensions as `phi_states` (several queries) or one
-# fewer (one query). Leading batch dimensions broadcast. Everything is converted to the dtype and
-# device of `phi_states`.
+# Take three states with one-hot features, the trajectory $S_0, S_1, S_2, S_3 = 0, 1, 0, 2$ with rewards
+# $R_1, R_2, R_3 = 1, 0, 2$, and the score $g(x, y) = \log 4 \cdot \mathbf 1[x = y]$, so that $\exp g$ is 4
+# on a match and 1 otherwise. Read the weights as a matrix with **one row per transition $k$ (the key
+# $S_{k-1}$) and one column per target**: the column of target $x$ is the distribution $K_\cdot(x)$ over
+# transitions, and it sums to 1. Target 0 is the state left by transitions 1 and 3, so its column is
+# $(4, 1, 4)/9$; target 1 gets $(1, 4, 1)/6$; target 2 is never left, so every transition looks
+# equally (dis)similar to it and its column is uniform, $(1, 1, 1)/3$. From $v_0 = 0$ the first TD errors
+# are the rewards, $\delta^{(0)} = (1, 0, 2)$, and with $\alpha = 1/2$, $\rho = 1$ the first iterate at each
+# target is half its column's weighted average of $\delta^{(0)}$: $v_1(0) = \tfrac12 \cdot \tfrac{4 + 0 + 8}{9} = \tfrac23$,
+# $v_1(1) = \tfrac12 \cdot \tfrac{1 + 0 + 2}{6} = \tfrac14$ and $v_1(2) = \tfrac12 \cdot \tfrac{1 + 0 + 2}{3} = \tfrac12$.
+# After the code of the algorithm below, a cell computes the same numbers with the library and prints them as fractions.
+
+# %% [markdown]
+# The functions below first validate the context (its shapes, dtypes and values; the rules and their
+# tests are in [Implementation and tests](#implementation-and-tests)): a context is the features of
+# $S_0, \dots, S_n$, the rewards $R_1, \dots, R_n$ and optional query features.
 
 # %%
 #| export
@@ -178,34 +192,6 @@ def context_tensors(phi_states,        # (..., n+1, d) features of S_0..S_n
         batch = _broadcast(batch, Q.shape[:-2], "phi_queries")
     phi, Q = phi.expand(batch + phi.shape[-2:]), Q.expand(batch + Q.shape[-2:])
     return phi[..., :-1, :], torch.cat([phi, Q], -2), None if R is None else R.expand(batch + (n,))
-
-
-# %%
-show_doc(context_tensors)
-
-# %%
-keys, X, R = context_tensors(np.arange(8.).reshape(4, 2), [1., 2., 3.], phi_queries=[[9., 9.], [7., 7.]])
-test_eq((keys.shape, X.shape, R.shape, X.dtype), ((3, 2), (6, 2), (3,), torch.float64))
-test_eq(keys, X[:3])
-test_eq(X[4:], torch.tensor([[9., 9.], [7., 7.]], dtype=torch.float64))
-test_eq(context_tensors(torch.zeros(5, 4, 2), torch.zeros(5, 3), torch.ones(5, 2))[1].shape, (5, 5, 2))
-test_eq(context_tensors(torch.zeros(5, 4, 2), torch.zeros(3), torch.ones(1, 7, 2))[1].shape, (5, 11, 2))
-test_eq(context_tensors(torch.zeros(4, 2, dtype=torch.float32), np.zeros(3))[2].dtype, torch.float32)
-
-# %% [markdown]
-# Each malformed context fails with the name of the culprit:
-
-# %%
-bad_contexts = {"`phi_states` must have shape (..., n+1, d)": dict(phi_states=np.zeros(4)),
-                "`rewards` must have shape (..., 3)":          dict(rewards=np.zeros(4)),
-                "`rewards` has batch dimensions (2,)":          dict(rewards=np.zeros((2, 3)), phi_states=np.zeros((5, 4, 2))),
-                "`phi_queries` must have shape (..., q, 2)":    dict(phi_queries=np.zeros((1, 3))),
-                "`phi_queries` must have shape":                dict(phi_queries=np.zeros((1, 1, 1, 2))),
-                "`phi_states` contains NaN":                    dict(phi_states=np.full((4, 2), np.nan)),
-                "`rewards` contains NaN":                       dict(rewards=[0., np.inf, 0.])}
-for msg, kw in bad_contexts.items():
-    args = {**dict(phi_states=np.zeros((4, 2)), rewards=np.zeros(3)), **kw}
-    test_fail(lambda: context_tensors(**args), contains=msg)
 
 
 # %% [markdown]
@@ -262,35 +248,18 @@ test_close(K.sum(0), torch.ones(9, dtype=torch.float64), eps=1e-15)
 G = np.exp(phi[:-1] @ W @ phi.T)
 test_close(K[:, :7], torch.from_numpy(G / G.sum(0)), eps=1e-15)
 
-# %% [markdown]
-# Huge scores are harmless in both precisions, and a score that is $-\infty$ on every key is
-# refused:
-
-# %%
-onehot = np.eye(4)[[0, 1, 2, 1, 3]]
-for dt in (torch.float32, torch.float64):
-    K = context_weights(torch.tensor(onehot, dtype=dt), 1e4 * np.eye(4))
-    assert torch.isfinite(K).all()
-    test_close(K[:, 1], torch.tensor([0, .5, 0, .5], dtype=dt), eps=1e-7)
-    test_eq(K[:, 4], torch.full((4,), 0.25, dtype=dt))
-test_fail(lambda: context_weights(onehot, score=lambda k, x: torch.log(k @ x.mT)), contains="-inf on every key")
-test_fail(lambda: context_weights(onehot, score=lambda k, x: k @ x.mT / 0), contains="NaN or +inf")
-test_fail(lambda: context_weights(onehot, score=lambda k, x: torch.zeros(3, 3)),
-          contains="`score` must return shape (..., 4, 5)")
-test_fail(lambda: context_weights(onehot, W=np.eye(3)), contains="`W` must have shape (4, 4)")
-test_fail(lambda: context_weights(onehot), contains="`W` must be given")
-
 
 # %% [markdown]
-# The last column above is instructive: the target $S_4 = 3$ never starts a transition, so even at a
-# score scale of $10^4$ it puts *uniform* weight on the context. Tabular scores can only pick out a
-# target's own state when that state occurs among the keys.
+# The softmax weights can only pick out a target's own state when that state occurs among the keys: a
+# target that never starts a transition gets weights spread over the context whatever the score scale
+# (the figure below shows it; [Implementation and tests](#implementation-and-tests) checks it at a
+# scale of $10^4$).
 
 # %% [markdown]
 # ### Normalised kernels: Nadaraya-Watson weighting of TD errors
 #
 # ::: {.remark}
-# **Special case (normalised kernel TD).** If $g = \log k$ for a positive similarity kernel $k$,
+# **Remark 1.1 (special case: normalised kernel TD).** If $g = \log k$ for a positive similarity kernel $k$,
 # then $\exp g = k$ and
 # $$K_k(x) = \frac{k(S_{k-1}, x)}{\sum_{k'} k(S_{k'-1}, x)},$$
 # so $\sum_k K_k(x) \delta_k$ is the **Nadaraya-Watson** kernel-regression estimate, at $x$, of
@@ -330,6 +299,8 @@ for name, kernel in kernels.items():
 # one it never reaches, posed as a query.
 
 # %%
+#| fig-cap: "Figure 1.1: As the score scale beta grows, a target puts its weight on the transitions that leave its own state; a state the context never leaves keeps uniform weights."
+#| fig-alt: "Three stacked panels of softmax weight against transition index 1 to 30, one curve per beta from 0 to 16; in the first two panels the weights rise to 1/N on the transitions leaving the target state and fall to 0 elsewhere; in the third panel, for a state never left, all curves lie flat at 1/30."
 chain = random_boyan_chain(n_states=10, features="onehot", seed=0)
 states, rewards = sample_trajectory(chain, 30, seed=0)
 left = torch.bincount(states[:-1], minlength=10)
@@ -424,17 +395,34 @@ def weighted_softmax_td(phi_states,         # (..., n+1, d) features of S_0..S_n
                         rho=None,           # per-target weight: None (1), tensor broadcastable to (..., m), or callable rho(phi_keys, phi_targets) -> (..., m)
                         score=None,         # callable score(phi_keys (..., n, d), phi_targets (..., m, d)) -> (..., n, m); default phi^T W phi
                         return_all=False,   # return every iterate v_0..v_T instead of the last
+                        centred=False,      # subtract a uniform head: weights K_k(x) - 1/n (Proposition 1.4)
                        )->torch.Tensor:     # (..., m) values at S_0..S_n then the queries; (..., n_iters+1, m) with `return_all`
-    "Weighted softmax TD: $v_{t+1}(x) = v_t(x) + \\alpha \\rho(x) \\sum_k K_k(x) \\delta_k^{(t)}$ from $v_0 = 0$."
+    "Weighted softmax TD: $v_{t+1}(x) = v_t(x) + \\alpha \\rho(x) \\sum_k K_k(x) \\delta_k^{(t)}$ from $v_0 = 0$ ($K_k(x) - 1/n$ when `centred`)."
     keys, X, R = context_tensors(phi_states, rewards, phi_queries)
     alpha, gamma, n_iters = _scalar(alpha, "alpha"), check_gamma(gamma), _count(n_iters, "n_iters")
     K = _weights(keys, X, W, score)
+    if centred: K = K - 1 / keys.shape[-2]
     K = K * (alpha * _rho(rho, keys, X, K.shape[:-2] + K.shape[-1:])).unsqueeze(-2)
     return _kernel_iterate(K, R, gamma, n_iters, return_all)
 
 
 # %%
 show_doc(weighted_softmax_td)
+
+# %% [markdown]
+# The worked example of [the kernel view](#a-worked-example-one-iteration-by-hand), computed by the library:
+
+# %%
+phi_ex = torch.eye(3, dtype=torch.float64)[[0, 1, 0, 2]]                         # features of S_0..S_3, one row each
+K_ex = context_weights(phi_ex, math.log(4) * torch.eye(3, dtype=torch.float64))   # (n, m) = (3 transitions, 4 targets)
+v1_ex = weighted_softmax_td(phi_ex, [1., 0., 2.], math.log(4) * torch.eye(3, dtype=torch.float64), 0.5, 0.9, 1)
+frac = lambda x: str(Fraction(float(x)).limit_denominator(100))
+print("weights K (rows: transitions k = 1..3; columns: targets S_0..S_3 = states 0, 1, 0, 2)")
+for k in range(3): print(f"  k = {k + 1}: " + "  ".join(f"{frac(x):>4}" for x in K_ex[k]))
+print("v_1 at the targets:", "  ".join(frac(x) for x in v1_ex))
+test_close(K_ex[:, 0], torch.tensor([4, 1, 4], dtype=torch.float64) / 9, eps=1e-15)
+test_close(K_ex[:, 3], torch.full((3,), 1 / 3, dtype=torch.float64), eps=1e-15)
+test_close(v1_ex, torch.tensor([2 / 3, 1 / 4, 2 / 3, 1 / 2], dtype=torch.float64), eps=1e-15)
 
 # %% [markdown]
 # A case we can solve by hand: one transition ($n = 1$). Every target puts weight 1 on it, so all
@@ -448,34 +436,6 @@ v = weighted_softmax_td(rng.standard_normal((2, 3)), [R1], rng.standard_normal((
 u = R1 / (1 - gamma) * (1 - (1 - alpha * (1 - gamma)) ** torch.arange(21, dtype=torch.float64))
 test_eq(v.shape, (21, 6))
 test_close(v, u[:, None].expand(21, 6), eps=1e-13)
-
-
-# %% [markdown]
-# In general, the vectorised iteration agrees with a direct transcription of the definition as
-# three nested loops, on random contexts with queries, a random $\rho$ and random scores:
-
-# %%
-def wstd_loops(phi, R, W, alpha, gamma, T, Q, rho):
-    "Weighted softmax TD written as loops over iterations, targets and transitions."
-    n, X = len(R), np.concatenate([phi, Q])
-    v = np.zeros(len(X))
-    for t in range(T):
-        delta = [R[k - 1] + gamma * v[k] - v[k - 1] for k in range(1, n + 1)]
-        new = v.copy()
-        for j, x in enumerate(X):
-            e = [math.exp(phi[k - 1] @ W @ x) for k in range(1, n + 1)]
-            new[j] += alpha * rho[j] * sum(e[k] * delta[k] for k in range(n)) / sum(e)
-        v = new
-    return v
-
-for seed in range(10):
-    r = np.random.default_rng(seed)
-    n, d, q = r.integers(1, 12), r.integers(1, 5), r.integers(0, 3)
-    phi, R = r.standard_normal((n + 1, d)), r.standard_normal(n)
-    W, Q = r.standard_normal((d, d)), r.standard_normal((q, d))
-    rho = r.uniform(0, 2, n + 1 + q)
-    test_close(weighted_softmax_td(phi, R, W, 0.4, 0.9, 15, Q, rho=rho),
-               torch.from_numpy(wstd_loops(phi, R, W, 0.4, 0.9, 15, Q, rho)), eps=1e-12)
 
 
 # %% [markdown]
@@ -512,9 +472,8 @@ print(f"W' = 3W, alpha = 1.5: spectral radius {spectral_radius:.2f}, max |v_200|
 
 
 # %% [markdown]
-# For the structural checks that follow we use real contexts: short trajectories of random Boyan
-# chains with unit-norm features and $W = \beta I$, on which the iterates stay of the order of the
-# values.
+# The next sections use real contexts: short trajectories of random Boyan chains with unit-norm
+# features and $W = \beta I$, on which the iterates stay of the order of the values.
 
 # %%
 def boyan_context(n, seed, n_states=10):
@@ -526,110 +485,6 @@ def boyan_context(n, seed, n_states=10):
 phi, R, Q = boyan_context(8, seed=0)
 W = 3 * torch.eye(4, dtype=torch.float64)
 
-# %% [markdown]
-# Queries are targets only: nobody's TD error reads them. So appending queries never changes the
-# values at the trajectory states, and a query's value does not depend on the other queries.
-# `return_all` starts at $v_0 = 0$ and ends at the plain result.
-
-# %%
-base = weighted_softmax_td(phi, R, W, 0.5, 0.9, 25)
-with_q = weighted_softmax_td(phi, R, W, 0.5, 0.9, 25, phi_queries=Q)
-test_eq(with_q.shape, (9 + 10,))
-test_close(with_q[:9], base, eps=1e-14)
-for i in range(10):
-    test_close(weighted_softmax_td(phi, R, W, 0.5, 0.9, 25, phi_queries=Q[i])[9], with_q[9 + i], eps=1e-14)
-allv = weighted_softmax_td(phi, R, W, 0.5, 0.9, 25, phi_queries=Q, return_all=True)
-test_eq(allv.shape, (26, 19))
-test_eq(allv[0], torch.zeros(19, dtype=torch.float64))
-test_eq(allv[-1], with_q)
-test_eq(weighted_softmax_td(phi, R, W, 0.5, 0.9, 0, phi_queries=Q), torch.zeros(19, dtype=torch.float64))
-
-# %% [markdown]
-# The three forms of `rho` agree (a constant, a tensor per target, a function of the features),
-# and a `rho` with batch dimensions of its own broadcasts like the rest (a constant $\rho = 1/2$ is
-# the same as halving $\alpha$):
-
-# %%
-rho_fn = lambda keys, X: 1 + X[..., 0]
-a = weighted_softmax_td(phi, R, W, 0.5, 0.9, 25, Q, rho=rho_fn)
-test_close(weighted_softmax_td(phi, R, W, 0.5, 0.9, 25, Q, rho=1 + torch.cat([phi, Q])[:, 0]), a, eps=1e-14)
-test_close(weighted_softmax_td(phi, R, W, 0.5, 0.9, 25, Q, rho=1.), with_q, eps=1e-14)
-two_rhos = weighted_softmax_td(phi, R, W, 0.5, 0.9, 25, Q, rho=torch.tensor([[1.], [0.5]], dtype=torch.float64))
-test_eq(two_rhos.shape, (2, 19))
-test_close(two_rhos[1], weighted_softmax_td(phi, R, W, 0.25, 0.9, 25, Q), eps=1e-14)
-
-# %% [markdown]
-# Batches: a call on a stack of contexts equals a loop of single calls, and batch dimensions
-# broadcast (one $W$ for all contexts, or one per context, or a grid of both):
-
-# %%
-B = 6
-phis, Rs, Qs = map(torch.stack, zip(*[boyan_context(12, seed) for seed in range(B)]))
-Ws = torch.stack([beta * torch.eye(4, dtype=torch.float64) for beta in range(1, B + 1)])
-batched = weighted_softmax_td(phis, Rs, Ws, 0.5, 0.9, 20, Qs, return_all=True)
-test_eq(batched.shape, (B, 21, 13 + 10))
-for b in range(B):
-    test_close(batched[b], weighted_softmax_td(phis[b], Rs[b], Ws[b], 0.5, 0.9, 20, Qs[b], return_all=True), eps=1e-14)
-shared_W = weighted_softmax_td(phis, Rs, Ws[0], 0.5, 0.9, 20, Qs)
-for b in range(B):
-    test_close(shared_W[b], weighted_softmax_td(phis[b], Rs[b], Ws[0], 0.5, 0.9, 20, Qs[b]), eps=1e-14)
-grid = weighted_softmax_td(phis[None], Rs[None], Ws[:3, None], 0.5, 0.9, 20, Qs[None])
-test_eq(grid.shape, (3, B, 23))
-test_close(grid[2, 4], weighted_softmax_td(phis[4], Rs[4], Ws[2], 0.5, 0.9, 20, Qs[4]), eps=1e-14)
-
-# %% [markdown]
-# Precision and devices: float64 in gives float64 out, float32 gives float32, on the input's
-# device, and the two precisions agree to float32 precision (relative $10^{-5}$ of the values'
-# scale after 50 iterations). Scores of $10^4$ (here $W = 2 \cdot 10^4 I$ on unit features) leave
-# every value finite in both precisions.
-
-# %%
-v64 = weighted_softmax_td(phis, Rs, Ws, 0.5, 0.9, 50, Qs)
-v32 = weighted_softmax_td(phis.float(), Rs.float(), Ws.float(), 0.5, 0.9, 50, Qs.float())
-test_eq((v64.dtype, v32.dtype, v32.device), (torch.float64, torch.float32, phis.device))
-rel32 = ((v32.double() - v64).abs().max() / v64.abs().max()).item()
-assert rel32 < 1e-5, rel32
-for dt in (torch.float32, torch.float64):
-    W_huge = 2e4 * torch.eye(4, dtype=dt)
-    assert (phis.to(dt) @ W_huge @ phis.to(dt).mT).abs().max() >= 1e4
-    assert torch.isfinite(weighted_softmax_td(phis.to(dt), Rs.to(dt), W_huge, 0.5, 0.9, 50, Qs.to(dt))).all()
-rel32
-
-# %% [markdown]
-# Bad arguments fail with their names:
-
-# %%
-good = dict(phi_states=np.zeros((9, 3)), rewards=np.zeros(8), W=np.eye(3), alpha=0.5, gamma=0.9, n_iters=5)
-bad_args = [("`gamma` must lie in [0, 1)",        dict(gamma=1.0)),
-            ("`gamma` must lie in [0, 1)",        dict(gamma=-0.5)),
-            ("`n_iters` must be a non-negative integer", dict(n_iters=-1)),
-            ("`n_iters` must be a non-negative integer", dict(n_iters=2.5)),
-            ("`alpha` must be finite",            dict(alpha=float("nan"))),
-            ("`alpha` must be a real number",     dict(alpha="fast")),
-            ("`W` must have shape (3, 3)",        dict(W=np.eye(4))),
-            ("`W` has batch dimensions (2,)",     dict(W=np.zeros((2, 3, 3)), phi_states=np.zeros((5, 9, 3)), rewards=np.zeros((5, 8)))),
-            ("`rewards` must have shape (..., 8)", dict(rewards=np.zeros(9))),
-            ("`phi_states` must have shape",      dict(phi_states=np.zeros((1, 3)))),
-            ("`phi_queries` must have shape",     dict(phi_queries=np.zeros((2, 4)))),
-            ("`rho` must broadcast to shape",     dict(rho=np.ones(4))),
-            ("`rho` contains NaN",                dict(rho=lambda k, x: torch.full(x.shape[:-1], math.nan, dtype=x.dtype))),
-            ("`score` must be a callable",        dict(score="dot"))]
-for msg, kw in bad_args: test_fail(lambda: weighted_softmax_td(**{**good, **kw}), contains=msg)
-
-# %% [markdown]
-# The order of the score's arguments matters as soon as $W$ is not symmetric. Reading
-# $\phi(x)^\top W \phi(y)$ target first (the summaries' $g(S_j, S_{k-1})$) is the same algorithm as
-# our key-first convention with $W^\top$, and a different one from our convention with $W$:
-
-# %%
-W_ns = torch.from_numpy(np.random.default_rng(8).uniform(-1, 1, (4, 4)))                # not symmetric
-target_first = lambda keys, X: X @ W_ns @ keys.mT                   # g(target, key) = phi(target)^T W phi(key), as (..., n, m)
-v_tf = weighted_softmax_td(phi, R, None, 0.5, 0.9, 25, Q, score=lambda k, x: target_first(k, x).mT)
-test_close(v_tf, weighted_softmax_td(phi, R, W_ns.T, 0.5, 0.9, 25, Q), eps=1e-13)
-order_gap = (v_tf - weighted_softmax_td(phi, R, W_ns, 0.5, 0.9, 25, Q)).abs().max().item()
-assert order_gap > 1e-2, order_gap
-print(f"largest |v| {v_tf.abs().max().item():.2f}; W against W^T: largest difference {order_gap:.3f}")
-
 
 # %% [markdown]
 # ## Policy evaluation in kernel space
@@ -638,18 +493,18 @@ print(f"largest |v| {v_tf.abs().max().item():.2f}; W against W^T: largest differ
 # that phrase can carry, with its proof.
 #
 # ::: {.proposition}
-# **Lemma (ours: the iterates lie in the span of the kernel functions).** For every $t$ and every
+# **Lemma 1.1 (ours: the iterates lie in the span of the kernel functions).** For every $t$ and every
 # state $x$, whether or not it occurs in the context,
-# $$v_t(x) = \rho(x) \sum_{k=1}^n c^{(t)}_k\, K_k(x), \qquad c^{(t)}_k = \alpha \sum_{s=0}^{t-1} \delta^{(s)}_k .$$
+# $$v_t(x) = \rho(x) \sum_{k=1}^n c^{(t)}_k\, K_k(x), \qquad c^{(t)}_k = \alpha \sum_{\tau=0}^{t-1} \delta^{(\tau)}_k .$$
 # So $v_t$ is a combination of the $n$ normalised kernel functions $x \mapsto K_k(x)$ (times $\rho$),
 # one per transition, and its coefficients are the TD errors of that transition accumulated over
 # the iterations. The whole state space is evaluated from $n$ numbers.
 # :::
 #
-# ::: {.proof}
-# *Proof.* Summing the update from $v_0 = 0$,
-# $v_t(x) = \sum_{s<t} \alpha \rho(x) \sum_k K_k(x) \delta^{(s)}_k = \rho(x) \sum_k K_k(x)\, \alpha \sum_{s<t} \delta^{(s)}_k$.
-# The TD errors $\delta^{(s)}_k$ depend on the values at the trajectory states only, not on $x$.
+# ::: {.callout-note collapse="true" title="Proof"}
+# Summing the update from $v_0 = 0$,
+# $v_t(x) = \sum_{\tau<t} \alpha \rho(x) \sum_k K_k(x) \delta^{(\tau)}_k = \rho(x) \sum_k K_k(x)\, \alpha \sum_{\tau<t} \delta^{(\tau)}_k$.
+# The TD errors $\delta^{(\tau)}_k$ depend on the values at the trajectory states only, not on $x$.
 # :::
 #
 # The check runs the iteration on the trajectory alone, takes the coefficients from its TD errors,
@@ -663,10 +518,14 @@ def kernel_coefficients(phi, R, W, alpha, gamma, n_iters):
     delta = torch.as_tensor(R) + gamma * v[:, 1:] - v[:, :-1]
     return alpha * delta.sum(0)
 
+base = weighted_softmax_td(phi, R, W, 0.5, 0.9, 25)
+with_q = weighted_softmax_td(phi, R, W, 0.5, 0.9, 25, phi_queries=Q)
 c_T = kernel_coefficients(phi, R, W, 0.5, 0.9, 25)
 K_new = context_weights(phi, W, phi_queries=Q)[:, -len(Q):]                         # K_k(x) at the 10 query states
 test_close(c_T @ K_new, with_q[-len(Q):], eps=1e-13)
 test_close(c_T @ context_weights(phi, W), base, eps=1e-13)
+record_claim("kernel-span", "The iterates of weighted softmax TD are combinations of the $n$ normalised kernel functions, one per transition, with coefficients the accumulated TD errors (Lemma 1.1).",
+             "proved", "weighted_softmax_td", "#policy-evaluation-in-kernel-space");
 
 # %% [markdown]
 # To see the kernel functions, take a continuous state. The states of a 13-state Boyan chain sit at
@@ -698,17 +557,20 @@ v_grid = weighted_softmax_td(feat(pos[S_line]), R_line, W_gauss, 0.7, line.gamma
 test_close(c_line @ K_grid, v_grid, eps=1e-12)
 
 # %%
+#| fig-cap: "Figure 1.2: The estimate is a sum of kernel bumps, one per state the context leaves: it interpolates between those states and does not extrapolate beyond them."
+#| fig-alt: "Value against state position on [0, 1]: shaded bumps, one per state left by the context, colored from dark to light by position; a thick black curve, their sum, follows the orange dots of the true values between the visited states and departs from them at the left end, where no state is left."
 #| code-fold: true
 fig, ax = plt.subplots(figsize=(8, 4.6))
 left_states = torch.unique(S_line[:-1])
 for i, y in enumerate(left_states):
     own = S_line[:-1] == y
     bump = c_line[own] @ K_grid[own]
-    ax.fill_between(x_grid, 0, bump, color=plt.cm.tab10(i % 10), alpha=0.3, lw=0)
-    ax.plot(x_grid, bump, color=plt.cm.tab10(i % 10), lw=1,
+    colour = plt.cm.viridis(0.85 * float(pos[y]))                       # one colour per position, dark (left) to light (right)
+    ax.fill_between(x_grid, 0, bump, color=colour, alpha=0.3, lw=0)
+    ax.plot(x_grid, bump, color=colour, lw=1,
             label="one bump per state $y$ left: $\\sum_{k:\\,S_{k-1} = y} c_k K_k(x)$" if i == 0 else None)
 ax.plot(x_grid, v_grid, "k", lw=2.2, label=f"$v_{{{T_bump}}}(x)$ = sum of the bumps")
-ax.plot(pos, line.v_pi, "o", color="C3", ms=6, mec="k", label=r"true $v_\pi$ at the chain's 13 states")
+ax.plot(pos, line.v_pi, "o", color="#D55E00", ms=6, mec="k", label=r"true $v_\pi$ at the chain's 13 states")
 ax.plot(pos[left_states], np.full(len(left_states), -0.2), "k|", ms=10, label="states the context leaves")
 ax.axhline(0, color="grey", lw=0.6)
 ax.set(xlabel="state position $x$", ylabel="value (return units)",
@@ -735,7 +597,7 @@ print(f"largest |v_{T_bump} - v_pi| over the states the context leaves: {(v_at_s
 # ## Linear TD is a special case (exactly)
 #
 # ::: {.proposition}
-# **Proposition 1 (ours; the paper states that linear TD is a special case).** Let the features
+# **Proposition 1.1 (ours; the paper states that linear TD is a special case).** Let the features
 # be such that $\phi(x)^\top \phi(y) > 0$ for all pairs
 # in play (positive features suffice), and take
 # $$g(x, y) = \log\big(\phi(x)^\top \phi(y)\big), \qquad \rho(x) = \frac1n \sum_{k=1}^n \phi(S_{k-1})^\top \phi(x).$$
@@ -743,8 +605,8 @@ print(f"largest |v_{T_bump} - v_pi| over the states the context leaves: {(v_at_s
 # batch linear TD(0) with the same $\alpha$, $\gamma$ and $w_0 = 0$.
 # :::
 #
-# ::: {.proof}
-# *Proof.* This is the normalised-kernel case with the linear kernel $k(x, y) = \phi(x)^\top\phi(y)$,
+# ::: {.callout-note collapse="true" title="Proof"}
+# This is the normalised-kernel case with the linear kernel $k(x, y) = \phi(x)^\top\phi(y)$,
 # and $\rho$ undoes the normalisation:
 # $$\rho(x) K_k(x) = \frac1n \sum_{k'} \phi(S_{k'-1})^\top \phi(x) \cdot
 # \frac{\phi(S_{k-1})^\top \phi(x)}{\sum_{k'} \phi(S_{k'-1})^\top \phi(x)} = \frac1n\, \phi(S_{k-1})^\top \phi(x).$$
@@ -770,12 +632,23 @@ def batch_linear_td(phi_states,         # (..., n+1, d) features of S_0..S_n
                     n_iters:int,        # number of iterations
                     phi_queries=None,   # (..., q, d) query features, (..., d) for one query, or None
                     return_all=False,   # return every iterate instead of the last
+                    *,
+                    C=None,             # (d, d) or (..., d, d) preconditioner of the step; None: the identity
+                    centred=False,      # step along the centred key features phi(S_{k-1}) - mean_k phi(S_{k-1})
                    )->torch.Tensor:     # (..., m) values phi(x)^T w_T at S_0..S_n then the queries; (..., n_iters+1, m) with `return_all`
-    "Batch linear TD(0), $w_{t+1} = w_t + \\frac{\\alpha}{n} \\sum_k \\delta_k \\phi(S_{k-1})$ from $w_0 = 0$, read out in value space."
+    "Batch linear TD(0), $w_{t+1} = w_t + \\frac{\\alpha}{n} C \\sum_k \\delta_k \\phi(S_{k-1})$ from $w_0 = 0$ (optionally centred features), read out in value space."
     keys, X, R = context_tensors(phi_states, rewards, phi_queries)
     alpha, gamma, n_iters = _scalar(alpha, "alpha"), check_gamma(gamma), _count(n_iters, "n_iters")
-    step = lambda delta: alpha / R.shape[-1] * (delta.unsqueeze(-2) @ keys).squeeze(-2)
-    return _linear_td(keys, X, R, gamma, n_iters, keys.new_zeros(keys.shape[:-2] + keys.shape[-1:]), step, return_all)
+    d, batch = keys.shape[-1], keys.shape[:-2]
+    direction = keys - keys.mean(-2, keepdim=True) if centred else keys
+    if C is None: precondition = lambda u: u
+    else:
+        C = as_tensor(C, "C", keys.dtype, keys.device)
+        if C.ndim < 2 or C.shape[-2:] != (d, d): raise ValueError(f"`C` must have shape ({d}, {d}) or (..., {d}, {d}), got {tuple(C.shape)}")
+        batch = torch.broadcast_shapes(batch, C.shape[:-2])
+        precondition = lambda u: (C @ u.unsqueeze(-1)).squeeze(-1)
+    step = lambda delta: alpha / R.shape[-1] * precondition((delta.unsqueeze(-2) @ direction).squeeze(-2))
+    return _linear_td(keys, X, R, gamma, n_iters, keys.new_zeros(batch + (d,)), step, return_all)
 
 def _linear_td(keys, X, R, gamma, n_iters, w, step, return_all):
     "Iterate $w_{t+1} = w_t + \\mathrm{step}(\\delta^{(t)})$ from `w` and read out $\\phi(x)^\\top w$ at the rows of `X`."
@@ -793,8 +666,8 @@ show_doc(batch_linear_td)
 
 # %% [markdown]
 # A sanity check of `batch_linear_td` on its own: when it converges, its limit is the TD fixed
-# point $w^\star = A^{-1} b$ with $A = \frac1n \sum_k \phi(S_{k-1}) (\phi(S_{k-1}) - \gamma \phi(S_k))^\top$
-# and $b = \frac1n \sum_k R_k \phi(S_{k-1})$ (the solution of $\sum_k \delta_k \phi(S_{k-1}) = 0$).
+# point $w^\star = A_{\mathrm{TD}}^{-1} b_{\mathrm{TD}}$ with $A_{\mathrm{TD}} = \frac1n \sum_k \phi(S_{k-1}) (\phi(S_{k-1}) - \gamma \phi(S_k))^\top$
+# and $b_{\mathrm{TD}} = \frac1n \sum_k R_k \phi(S_{k-1})$ (the solution of $\sum_k \delta_k \phi(S_{k-1}) = 0$).
 
 # %%
 mrp = random_boyan_chain(seed=1)
@@ -805,7 +678,7 @@ b = Phi[:-1].T @ R / 400
 test_close(batch_linear_td(Phi, R, 0.5, mrp.gamma, 3000), Phi @ torch.linalg.solve(A, b), eps=1e-10)
 
 # %% [markdown]
-# Now Proposition 1, on 100 random contexts: positive features with entries $U(0.1, 1)$, random
+# Now Proposition 1.1, on 100 random contexts: positive features with entries $U(0.1, 1)$, random
 # sizes $n \le 40$, $d \le 5$, $q \le 3$ queries, $\gamma \in [0, 0.99)$, 60 iterations, every
 # iterate compared. The step is $\alpha = U(0.05, 1)/d$, small enough that the iterates stay
 # bounded (their largest magnitude is printed), so an *absolute* tolerance of $10^{-12}$ in float64
@@ -827,6 +700,8 @@ for seed in range(100):
 assert largest < 1e3
 assert worst < 1e-12
 print(f"largest |v| {largest:.1f}, largest difference below 1e-12")
+record_claim("linear-td-exact", "With positive inner products of features, the score $\\log \\phi^\\top\\phi$ and a per-target weight, weighted softmax TD equals batch linear TD(0) at every iteration (Proposition 1.1).",
+             "proved", "weighted_softmax_td", "#linear-td-is-a-special-case-exactly");
 
 # %% [markdown]
 # The same holds batched: one call on a stack of 32 contexts matches one `batch_linear_td` call,
@@ -850,18 +725,18 @@ assert (weighted_softmax_td(phis, Rs, None, 0.1, 0.9, 80, Qs, score=linear_score
 # %% [markdown]
 # ### When some inner products are negative
 #
-# Proposition 1 assumes $\phi(x)^\top \phi(y) > 0$ for every key $y$ and target $x$ in play. The
+# Proposition 1.1 assumes $\phi(x)^\top \phi(y) > 0$ for every key $y$ and target $x$ in play. The
 # condition is not a convenience of the proof: with $\rho \ge 0$ no score at all can do without it.
 #
 # ::: {.proposition}
-# **Proposition 1a (ours: the condition is necessary).** Fix a context, a target $x$ and a key
+# **Proposition 1.2 (ours: the condition is necessary).** Fix a context, a target $x$ and a key
 # $S_{j-1}$ with $\phi(S_{j-1})^\top \phi(x) < 0$. Then for no score $g$ with finite values and no
 # weight $\rho(x) \ge 0$ does weighted softmax TD agree with batch linear TD at $x$ after one
 # iteration for every reward vector.
 # :::
 #
-# ::: {.proof}
-# *Proof.* From $v_0 = 0$ the first TD errors are the rewards, $\delta^{(0)} = R$. Take $R = e_j$
+# ::: {.callout-note collapse="true" title="Proof"}
+# From $v_0 = 0$ the first TD errors are the rewards, $\delta^{(0)} = R$. Take $R = e_j$
 # (reward 1 on transition $j$, 0 elsewhere). Weighted softmax TD gives $v_1(x) = \alpha \rho(x) K_j(x) \ge 0$,
 # since a softmax weight of a finite score is positive. Batch linear TD gives
 # $v_1(x) = \phi(x)^\top \frac{\alpha}{n} \phi(S_{j-1}) < 0$.
@@ -870,7 +745,7 @@ assert (weighted_softmax_td(phis, Rs, None, 0.1, 0.9, 80, Qs, score=linear_score
 # The book's default features, i.i.d. $U(-1, 1)$ entries, break the condition for about half of
 # all pairs of states. On such a context the score $\log(\phi^\top\phi)$ is undefined and the
 # reduction is refused; replacing it by $\log|\phi^\top\phi|$ runs, but computes something else,
-# as Proposition 1a says it must:
+# as Proposition 1.2 says it must:
 
 # %%
 chain_u = random_boyan_chain(seed=4)                                    # features U(-1, 1), d = 4
@@ -889,34 +764,35 @@ abs_gap = (v_abs - v_lin_u).abs().max().item()
 assert abs_gap > 0.1 * v_lin_u.abs().max().item()
 print(f"negative inner products: {neg_share:.0%} of the {gram.numel()} pairs of states; "
       f"score log|phi^T phi|: largest gap to linear TD {abs_gap:.2f} (largest |v| {v_lin_u.abs().max().item():.2f})")
+record_claim("positivity-necessary", "With a nonnegative per-target weight, no score reproduces linear TD when some inner product of features is negative (Proposition 1.2).",
+             "proved", "weighted_softmax_td", "#when-some-inner-products-are-negative");
 
 
 # %% [markdown]
 # The paper's abstract says that weighted softmax TD "adopts both linear TD and tabular TD as special
-# cases", and the project's summaries repeat it without a condition; the paper's full text, which may
-# state one, is not available to us. What this chapter can prove is the conditional form above, and
-# Proposition 1a shows that on the book's default features the condition fails. The condition goes
-# away with one more head, the same kind of uniform head that Proposition 1b
+# cases", without a condition; the paper's full text, which may state one, is not available to us. What this chapter can prove is the conditional form above, and
+# Proposition 1.2 shows that on the book's default features the condition fails. The condition goes
+# away with one more head, the same kind of uniform head that Proposition 1.4
 # below uses for centring. Shift the linear kernel by a constant that makes it positive, run
 # weighted softmax TD with it, and subtract what the shift added with a head that attends uniformly.
 #
 # ::: {.proposition}
-# **Proposition 1c (ours: linear TD for any features, with two heads).** For a target $x$ pick
-# $c(x) > -\min_k \phi(S_{k-1})^\top \phi(x)$ (for instance $1 + \max_k |\phi(S_{k-1})^\top \phi(x)|$), and let
-# $$g_x(y) = \log\big(c(x) + \phi(y)^\top \phi(x)\big), \qquad \rho(x) = \frac1n \sum_{k=1}^n \big(c(x) + \phi(S_{k-1})^\top \phi(x)\big).$$
+# **Proposition 1.3 (ours: linear TD for any features, with two heads).** For a target $x$ pick
+# $\zeta(x) > -\min_k \phi(S_{k-1})^\top \phi(x)$ (for instance $1 + \max_k |\phi(S_{k-1})^\top \phi(x)|$), and let
+# $$g_x(y) = \log\big(\zeta(x) + \phi(y)^\top \phi(x)\big), \qquad \rho(x) = \frac1n \sum_{k=1}^n \big(\zeta(x) + \phi(S_{k-1})^\top \phi(x)\big).$$
 # Then the update with two heads, the weighted softmax head with this score and $\rho$ and a
-# uniform head with weight $-c(x)$,
-# $$v_{t+1}(x) = v_t(x) + \alpha \Big(\rho(x) \sum_k K_k(x)\, \delta^{(t)}_k - c(x)\, \frac1n \sum_k \delta^{(t)}_k\Big),$$
+# uniform head with weight $-\zeta(x)$,
+# $$v_{t+1}(x) = v_t(x) + \alpha \Big(\rho(x) \sum_k K_k(x)\, \delta^{(t)}_k - \zeta(x)\, \frac1n \sum_k \delta^{(t)}_k\Big),$$
 # equals batch linear TD(0) read out at $x$, $v_t(x) = \phi(x)^\top w_t$, for every $t$ and every
 # feature map.
 # :::
 #
-# ::: {.proof}
-# *Proof.* As in Proposition 1, $\rho(x) K_k(x) = \frac1n (c(x) + \phi(S_{k-1})^\top \phi(x))$, now with a
+# ::: {.callout-note collapse="true" title="Proof"}
+# As in Proposition 1.1, $\rho(x) K_k(x) = \frac1n (\zeta(x) + \phi(S_{k-1})^\top \phi(x))$, now with a
 # positive kernel, so the two heads together weight $\delta_k$ by
-# $\frac1n (c(x) + \phi(S_{k-1})^\top \phi(x)) - \frac{c(x)}{n} = \frac1n \phi(S_{k-1})^\top \phi(x)$, linear TD's weight.
-# The induction of Proposition 1 finishes the proof. The second head has a negative weight, which
-# Proposition 1a shows no single head with $\rho \ge 0$ can supply.
+# $\frac1n (\zeta(x) + \phi(S_{k-1})^\top \phi(x)) - \frac{\zeta(x)}{n} = \frac1n \phi(S_{k-1})^\top \phi(x)$, linear TD's weight.
+# The induction of Proposition 1.1 finishes the proof. The second head has a negative weight, which
+# Proposition 1.2 shows no single head with $\rho \ge 0$ can supply.
 # :::
 
 # %%
@@ -943,8 +819,8 @@ def two_head_linear_td(phi_states,         # (..., n+1, d) features of S_0..S_n,
 show_doc(two_head_linear_td)
 
 # %% [markdown]
-# The check repeats the test of Proposition 1 on features of both signs, $U(-1, 1)$ entries, where
-# Proposition 1 does not apply: 100 random contexts, every iterate compared with `batch_linear_td`
+# The check repeats the test of Proposition 1.1 on features of both signs, $U(-1, 1)$ entries, where
+# Proposition 1.1 does not apply: 100 random contexts, every iterate compared with `batch_linear_td`
 # to an absolute $10^{-12}$, with the largest value printed. The uniform head is what makes it work:
 # without it (the first head alone) the gap is of the order of the values.
 
@@ -971,26 +847,34 @@ print(f"largest |v| {largest2:.1f}, largest difference below 1e-12; "
 phis_s, Rs_s, Qs_s = rng.uniform(-1, 1, (32, 21, 4)), rng.uniform(-1, 1, (32, 20)), rng.uniform(-1, 1, (32, 2, 4))
 test_close(two_head_linear_td(phis_s, Rs_s, 0.1, 0.9, 80, Qs_s), batch_linear_td(phis_s, Rs_s, 0.1, 0.9, 80, Qs_s), eps=1e-12)
 test_fail(lambda: two_head_linear_td(phis_s, Rs_s, 0.1, 1.0, 5), contains="`gamma` must lie in [0, 1)")
-
-
+record_claim("two-head-linear-td", "Two heads (a shifted-kernel softmax head and a uniform head) give batch linear TD for any features (Proposition 1.3).",
+             "proved", "weighted_softmax_td", "#when-some-inner-products-are-negative");
 
 # %% [markdown]
 # ## What the Transformer's score gives: linear TD to first order
 #
-# Proposition 1 is a statement about the *algorithm*. It needs the score
+# Proposition 1.1 is a statement about the *algorithm*. It needs the score
 # $\log(\phi(x)^\top\phi(y))$ and a per-target weight $\rho \ne 1$, and the Transformer of
 # [chapter 3](dual_head.html) has neither: its score is bilinear, $\phi(x)^\top W \phi(y)$, and its
 # $\rho$ is 1. So linear TD is a special case of weighted softmax TD (with positive inner products, or
-# with the second head of Proposition 1c), but not of the constructed
+# with the second head of Proposition 1.3), but not of the constructed
 # Transformer. What the constructed Transformer does have is a link to linear TD at *small* scores,
 # which this section proves.
+#
+# **Why small scores.** At $\varepsilon = 0$ every softmax weight is $1/n$; to first order,
+# $K_k(x) \approx \frac1n + \frac{\varepsilon}{n}(g_k - \bar g)$, which is *linear* in the feature of the key. A weight
+# linear in $\phi(S_{k-1})$ is exactly what linear TD uses, so near $\varepsilon = 0$ the Transformer should
+# behave like a linear TD, once the uniform part $\frac1n$ is removed. In a Transformer the centring is one more head: a head whose score matrix is zero attends
+# uniformly to the $n$ context columns, and with the value matrices $-V^{\mathrm{cur}}, -V^{\mathrm{tgt}}$ of
+# $\theta^*$ it subtracts $\alpha \cdot \frac1n \sum_k \delta_k$, the mean TD error. [Chapter 3](dual_head.html)
+# builds that three-head layer and checks it against `weighted_softmax_td(..., centred=True)`.
 #
 # Write the score as $\varepsilon\, g$ with $g(y, x) = \phi(y)^\top W \phi(x)$, and let
 # $g_k = g(S_{k-1}, x)$ for a fixed target $x$, $\bar g = \frac1n \sum_k g_k$, $\bar\phi = \frac1n \sum_k \phi(S_{k-1})$
 # and $\Delta_x = \max_k g_k - \min_k g_k$.
 #
 # ::: {.proposition}
-# **Proposition 1b (ours: small scores).** For every target $x$ and every vector $\delta \in \mathbb R^n$,
+# **Proposition 1.4 (ours: small scores).** For every target $x$ and every vector $\delta \in \mathbb R^n$,
 # $$\Big|\sum_k K_k(x)\, \delta_k - \frac1n \sum_k \delta_k -
 #   \frac{\varepsilon}{n} \sum_k \big(\phi(S_{k-1}) - \bar\phi\big)^\top W \phi(x)\; \delta_k\Big|
 #   \le \frac{\varepsilon^2 \Delta_x^2}{8} \big(\max_k \delta_k - \min_k \delta_k\big).$$
@@ -1003,8 +887,8 @@ test_fail(lambda: two_head_linear_td(phis_s, Rs_s, 0.1, 1.0, 5), contains="`gamm
 # section on long horizons below.
 # :::
 #
-# ::: {.proof}
-# *Proof.* Fix $x$ and $\delta$ and let $f(\varepsilon) = \sum_k K_k \delta_k$ with $K = \operatorname{softmax}(\varepsilon g)$,
+# ::: {.callout-note collapse="true" title="Proof"}
+# Fix $x$ and $\delta$ and let $f(\varepsilon) = \sum_k K_k \delta_k$ with $K = \operatorname{softmax}(\varepsilon g)$,
 # and write $\mathbb E_\varepsilon$, $\operatorname{Cov}_\varepsilon$ for moments under the distribution $K$ over $k$.
 # Differentiating the softmax, $\frac{d}{d\varepsilon} \mathbb E_\varepsilon[h] = \operatorname{Cov}_\varepsilon(g, h)$
 # for any $h$, so $f'(\varepsilon) = \operatorname{Cov}_\varepsilon(g, \delta)$ and, differentiating once more and
@@ -1020,57 +904,6 @@ test_fail(lambda: two_head_linear_td(phis_s, Rs_s, 0.1, 1.0, 5), contains="`gamm
 # $e_{t+1} \le (1 + 2\alpha(1 + \gamma))\, e_t + \alpha \varepsilon^2 \max_x \Delta_x^2 (\max \delta^{(t)} - \min \delta^{(t)})/8$ with $e_0 = 0$,
 # where $\delta^{(t)}$ are the linear iterate's TD errors, bounded for fixed $T$ uniformly in $\varepsilon \le 1$. So $e_T = O(\varepsilon^2)$.
 # :::
-#
-# In a Transformer the centring is one more head: a head whose score matrix is zero attends
-# uniformly to the $n$ context columns, and with the value matrices $-V^{\mathrm{cur}}, -V^{\mathrm{tgt}}$ of
-# $\theta^*$ it subtracts $\alpha \cdot \frac1n \sum_k \delta_k$, the mean TD error. [Chapter 3](dual_head.html)
-# builds that three-head layer and checks it against `centred_softmax_td`.
-
-# %%
-#| export
-def centred_softmax_td(phi_states,         # (..., n+1, d) features of S_0..S_n
-                       rewards,            # (..., n) rewards, rewards[..., k-1] = R_k
-                       W,                  # (d, d) or (..., d, d) score matrix, g(x, y) = phi(x)^T W phi(y)
-                       alpha:float,        # step size
-                       gamma:float,        # discount factor in [0, 1)
-                       n_iters:int,        # number of iterations (layers)
-                       phi_queries=None,   # (..., q, d) query features, (..., d) for one query, or None
-                       return_all=False,   # return every iterate v_0..v_T instead of the last
-                      )->torch.Tensor:     # (..., m) values at S_0..S_n then the queries; (..., n_iters+1, m) with `return_all`
-    "Weighted softmax TD minus a uniform head: $v_{t+1}(x) = v_t(x) + \\alpha \\sum_k (K_k(x) - 1/n) \\delta_k^{(t)}$."
-    keys, X, R = context_tensors(phi_states, rewards, phi_queries)
-    alpha, gamma, n_iters = _scalar(alpha, "alpha"), check_gamma(gamma), _count(n_iters, "n_iters")
-    K = alpha * (_weights(keys, X, W, None) - 1 / keys.shape[-2])
-    return _kernel_iterate(K, R, gamma, n_iters, return_all)
-
-
-# %%
-#| export
-def centred_linear_td(phi_states,         # (..., n+1, d) features of S_0..S_n
-                      rewards,            # (..., n) rewards, rewards[..., k-1] = R_k
-                      C,                  # (d, d) or (..., d, d) preconditioner
-                      alpha:float,        # step size
-                      gamma:float,        # discount factor in [0, 1)
-                      n_iters:int,        # number of iterations
-                      phi_queries=None,   # (..., q, d) query features, (..., d) for one query, or None
-                      return_all=False,   # return every iterate instead of the last
-                     )->torch.Tensor:     # (..., m) values phi(x)^T w_T at S_0..S_n then the queries; (..., n_iters+1, m) with `return_all`
-    "Centred, preconditioned batch linear TD: $w_{t+1} = w_t + \\frac{\\alpha}{n} C \\sum_k \\delta_k (\\phi(S_{k-1}) - \\bar\\phi)$, read out in value space."
-    keys, X, R = context_tensors(phi_states, rewards, phi_queries)
-    alpha, gamma, n_iters = _scalar(alpha, "alpha"), check_gamma(gamma), _count(n_iters, "n_iters")
-    C = as_tensor(C, "C", keys.dtype, keys.device)
-    d = keys.shape[-1]
-    if C.ndim < 2 or C.shape[-2:] != (d, d): raise ValueError(f"`C` must have shape ({d}, {d}) or (..., {d}, {d}), got {tuple(C.shape)}")
-    centred = keys - keys.mean(-2, keepdim=True)
-    step = lambda delta: alpha / R.shape[-1] * (C @ (delta.unsqueeze(-2) @ centred).mT).squeeze(-1)
-    return _linear_td(keys, X, R, gamma, n_iters, keys.new_zeros(torch.broadcast_shapes(keys.shape[:-2], C.shape[:-2]) + (d,)), step, return_all)
-
-
-# %%
-show_doc(centred_softmax_td)
-
-# %%
-show_doc(centred_linear_td)
 
 # %% [markdown]
 # First the one-step inequality, on random contexts, random score matrices, random vectors
@@ -1099,7 +932,7 @@ print(f"largest |remainder| / bound for eps <= 0.1: {max(ratios):.2f}")
 # $\gamma = 0.9$, $T = 10$ iterations, every state as a query) the cell measures, for
 # $\varepsilon$ from $10^{-3}$ to $10^{-1}$, the largest gap between centred softmax TD with score
 # matrix $\varepsilon W$ and centred linear TD with $C = \varepsilon W^\top$, and fits the slope of
-# $\log(\text{gap})$ against $\log \varepsilon$. Proposition 1b says 2; a wrong first-order term
+# $\log(\text{gap})$ against $\log \varepsilon$. Proposition 1.4 says 2; a wrong first-order term
 # (dropping the centring, or using $W$ instead of $W^\top$) would leave a gap of order $\varepsilon$,
 # slope 1, and without the uniform head the gap does not vanish at all (slope 0). All three are measured.
 
@@ -1111,11 +944,11 @@ def small_score_gaps(seed, variant="centred"):
     W_s = torch.from_numpy(np.random.default_rng(seed).standard_normal((4, 4)))
     out = []
     for eps in eps_grid:
-        lin = centred_linear_td(phi_s, R_s, eps * W_s.T, 0.5, 0.9, 10, Q_s, return_all=True)
-        if variant == "centred": soft = centred_softmax_td(phi_s, R_s, eps * W_s, 0.5, 0.9, 10, Q_s, return_all=True)
+        lin = batch_linear_td(phi_s, R_s, 0.5, 0.9, 10, Q_s, return_all=True, C=eps * W_s.T, centred=True)
+        if variant == "centred": soft = weighted_softmax_td(phi_s, R_s, eps * W_s, 0.5, 0.9, 10, Q_s, return_all=True, centred=True)
         elif variant == "W not transposed":
-            soft = centred_softmax_td(phi_s, R_s, eps * W_s, 0.5, 0.9, 10, Q_s, return_all=True)
-            lin = centred_linear_td(phi_s, R_s, eps * W_s, 0.5, 0.9, 10, Q_s, return_all=True)
+            soft = weighted_softmax_td(phi_s, R_s, eps * W_s, 0.5, 0.9, 10, Q_s, return_all=True, centred=True)
+            lin = batch_linear_td(phi_s, R_s, 0.5, 0.9, 10, Q_s, return_all=True, C=eps * W_s, centred=True)
         else: soft = weighted_softmax_td(phi_s, R_s, eps * W_s, 0.5, 0.9, 10, Q_s, return_all=True)
         out.append((soft - lin).abs().max().item())
     return np.array(out)
@@ -1127,6 +960,8 @@ assert all(1.8 < s_ < 2.2 for s_ in slopes_by_variant["centred"]), slopes_by_var
 assert all(0.8 < s_ < 1.2 for s_ in slopes_by_variant["W not transposed"]), slopes_by_variant["W not transposed"]
 assert all(abs(s_) < 0.2 for s_ in slopes_by_variant["no uniform head"]), slopes_by_variant["no uniform head"]
 for v, sl in slopes_by_variant.items(): print(f"{v:>18}: fitted slopes {np.round(sl, 2)}")
+record_claim("small-scores-first-order", "At score scale $\\varepsilon$, centred softmax TD stays within $O(\\varepsilon^2)$ of centred linear TD preconditioned by $\\varepsilon W^\\top$ for a fixed number of iterations (Proposition 1.4; measured slope 2).",
+             "proved", "weighted_softmax_td", "#what-the-transformers-score-gives-linear-td-to-first-order");
 
 
 # %% [markdown]
@@ -1138,10 +973,10 @@ for v, sl in slopes_by_variant.items(): print(f"{v:>18}: fitted slopes {np.round
 # $\beta \to \infty$, next section). It reaches linear TD only approximately and only for a fixed
 # horizon: at small scores, with one more uniform head, its first $T$ iterates are those of centred
 # linear TD preconditioned by $\varepsilon W^\top$ up to $O(\varepsilon^2)$, with a constant that grows with $T$
-# (Proposition 1b). Run for many iterations it leaves linear TD and converges (when it converges) to
+# (Proposition 1.4). Run for many iterations it leaves linear TD and converges (when it converges) to
 # the certainty-equivalence value of the context, shifted by a constant when the centring head is
-# present ([Proposition 5](#small-scores-over-long-horizons-where-the-iteration-goes)). The exact reduction to
-# batch linear TD (Propositions 1 and 1c) is a property of the algorithm with another score and
+# present ([Proposition 1.8](#small-scores-over-long-horizons-where-the-iteration-goes)). The exact reduction to
+# batch linear TD (Propositions 1.1 and 1.3) is a property of the algorithm with another score and
 # $\rho \ne 1$, which the Transformer of this book does not compute.
 # :::
 
@@ -1183,21 +1018,6 @@ def _tabular_context(states, rewards, n_states):
     S, R = S.expand(batch + S.shape[-1:]), R.expand(batch + R.shape[-1:])
     E = torch.nn.functional.one_hot(S[..., :-1], n_states).to(R.dtype)    # (..., n, s): transition k leaves state S_{k-1}
     return S, R, E, E.sum(-2)
-
-
-# %%
-show_doc(check_states)
-
-# %% [markdown]
-# `check_states` is the one rule for state indices in the package (the convergence chapter uses it
-# too): integers, or floats with integer values, in range, with at least one transition.
-
-# %%
-test_eq(check_states([0., 2., 1.], 3), torch.tensor([0, 2, 1]))
-for bad, msg in {(0.5, 1.): "must hold integer state indices", (0, 3): "must lie in 0..2", (1,): "n >= 1",
-                 (True, False): "must be an integer array"}.items():
-    test_fail(lambda: check_states(torch.tensor(bad), 3), contains=msg)
-test_fail(lambda: check_states([0, 1], 0), contains="`n_states` must be an integer >= 1")
 
 
 # %%
@@ -1274,31 +1094,10 @@ test_fail(lambda: certainty_equivalence([0, 1, 0, 2], [1., 2., 3.], 3, g, unvisi
 err = (tab[:60] - ce).abs().max(1).values
 assert (err[1:] <= (1 - 0.7 * (1 - g)) * err[:-1] + 1e-15).all()
 
-# %% [markdown]
-# Batched calls equal loops, and bad input is refused:
-
-# %%
-Ss = torch.from_numpy(np.random.default_rng(2).integers(0, 6, (5, 16)))
-Rs = torch.from_numpy(np.random.default_rng(3).uniform(-1, 1, (5, 15)))
-test_eq(batch_tabular_td(Ss, Rs, 6, 0.5, 0.9, 30, return_all=True).shape, (5, 31, 6))
-for b in range(5):
-    test_close(batch_tabular_td(Ss, Rs, 6, 0.5, 0.9, 30)[b], batch_tabular_td(Ss[b], Rs[b], 6, 0.5, 0.9, 30),
-               eps=1e-14)
-    test_close(certainty_equivalence(Ss, Rs, 6, 0.9)[b], certainty_equivalence(Ss[b], Rs[b], 6, 0.9), eps=1e-13)
-for msg, kw in {"`states` must lie in 0..5": dict(states=[0, 6, 1]),
-                "`states` must hold integer state indices": dict(states=[0., 1.5, 1.]),
-                "`states` must be an integer array of shape (..., n+1)": dict(states=[0]),
-                "`rewards` must have shape (..., 2)": dict(rewards=[1.]),
-                "`n_states` must be a non-negative integer": dict(n_states=2.5),
-                "`gamma` must lie in [0, 1)": dict(gamma=1.)}.items():
-    args = {**dict(states=[0, 1, 1], rewards=[1., 2.], n_states=6, gamma=0.9), **kw}
-    test_fail(lambda: certainty_equivalence(**args), contains=msg)
-    test_fail(lambda: batch_tabular_td(alpha=0.5, n_iters=3, **args), contains=msg)
-
 
 # %% [markdown]
 # ::: {.proposition}
-# **Proposition 2 (ours; the paper states that tabular TD is a special case).** Take one-hot
+# **Proposition 1.5 (ours; the paper states that tabular TD is a special case).** Take one-hot
 # features and $W = \beta I$, so $g(x, y) = \beta\,\mathbf 1[x = y]$,
 # and $\rho = 1$. Suppose every target state is left at least once in the context: $S_n$ occurs among
 # $S_0, \dots, S_{n-1}$, and so does every query state. Then, for every fixed $t$, as $\beta \to \infty$
@@ -1306,18 +1105,18 @@ for msg, kw in {"`states` must lie in 0..5": dict(states=[0, 6, 1]),
 # averaged batch tabular TD, with $|v_t(x) - v^{\mathrm{tab}}_t(x)| = O(e^{-\beta})$.
 # :::
 #
-# ::: {.proof}
-# *Proof.* By the formula for $K$ above, each column differs from the tabular weights
-# $\mathbf 1[S_{k-1} = x]/N(x)$ by at most $\varepsilon_\beta = 2 (n/N_{\min} - 1) e^{-\beta}$ in $\ell_1$,
+# ::: {.callout-note collapse="true" title="Proof"}
+# By the formula for $K$ above, each column differs from the tabular weights
+# $\mathbf 1[S_{k-1} = x]/N(x)$ by at most $\eta_\beta = 2 (n/N_{\min} - 1) e^{-\beta}$ in $\ell_1$,
 # where $N_{\min}$ is the smallest visit count of a target state. With tabular weights the update of
 # target $x$ is $\frac{\alpha}{N(x)} \sum_{k: S_{k-1} = x} \delta_k$, exactly the tabular update of
 # $x$'s value, and targets of the same state carry equal values, so on the targets the two
 # iterations are the same map $F_\infty$; the softmax iteration is a map $F_\beta$ with
-# $\lVert F_\beta(v) - F_\infty(v) \rVert_\infty \le \alpha\, \varepsilon_\beta \max_k |\delta_k(v)|$.
+# $\lVert F_\beta(v) - F_\infty(v) \rVert_\infty \le \alpha\, \eta_\beta \max_k |\delta_k(v)|$.
 # Since the columns of $K$ sum to 1, $F_\beta$ is Lipschitz in the max norm with constant
 # $\Lambda = 1 + \alpha (1 + \gamma)$ for every $\beta$, so the gap $e_t$ between the iterates obeys
-# $e_{t+1} \le \Lambda\, e_t + \alpha\, \varepsilon_\beta \max_k |\delta_k(v^{\mathrm{tab}}_t)|$ with $e_0 = 0$:
-# $e_t \le C_t\, \varepsilon_\beta$ with $C_t$ independent of $\beta$.
+# $e_{t+1} \le \Lambda\, e_t + \alpha\, \eta_\beta \max_k |\delta_k(v^{\mathrm{tab}}_t)|$ with $e_0 = 0$:
+# $e_t \le L_t\, \eta_\beta$ with $L_t$ independent of $\beta$.
 # :::
 #
 # Why the hypothesis. A target whose state is never left has uniform weights $1/n$ for *every*
@@ -1341,7 +1140,7 @@ def tabular_gap(states, rewards, n_states, betas, alpha, gamma, n_iters):
     return (soft - tab[:, states]).abs().amax((-2, -1)).numpy()
 
 def context_leaving_every_target(mrp, n, seed):
-    "Sample trajectories until one also leaves its last state (the hypothesis of Proposition 2)."
+    "Sample trajectories until one also leaves its last state (the hypothesis of Proposition 1.5)."
     rng = np.random.default_rng(seed)
     while True:
         S, R = sample_trajectory(mrp, n, seed=rng)
@@ -1356,14 +1155,18 @@ mid = (beta_grid >= 4) & (beta_grid <= 24)
 slopes = [np.polyfit(beta_grid[mid], np.log(gap[mid]), 1)[0] for gap in gaps]
 assert all(-1.1 < s < -0.9 for s in slopes), slopes
 print("fitted d log(gap) / d beta per context:", np.round(slopes, 3))
+record_claim("tabular-limit", "With one-hot features and $W = \\beta I$, weighted softmax TD tends to batch tabular TD at rate $e^{-\\beta}$ when every target state is left (Proposition 1.5).",
+             "proved", "weighted_softmax_td", "#tabular-td-is-a-limit");
 
 # %%
+#| fig-cap: "Figure 1.3: The distance between weighted softmax TD and batch tabular TD falls like exp(-beta) on every context."
+#| fig-alt: "Log-scale plot of the largest distance against beta from 0 to 30 for 8 contexts; all curves fall parallel to a dashed line 10 exp(-beta), down to about 1e-12."
 #| code-fold: true
 fig, ax = plt.subplots(figsize=(7, 3.8))
 shown = beta_grid <= 30                                                            # beyond, the distance is round-off: asserted, not drawn
 for i, gap in enumerate(gaps):
-    ax.semilogy(beta_grid[shown], gap[shown], "o-", ms=3, lw=1, color=plt.cm.tab10(i),
-                label="8 contexts (one colour each)" if i == 0 else None)
+    ax.semilogy(beta_grid[shown], gap[shown], "o-", ms=3, lw=1, color="C0", alpha=0.6,
+                label="8 contexts (one curve each)" if i == 0 else None)
 ax.semilogy(beta_grid, 10 * np.exp(-beta_grid), "k--", label=r"$10\, e^{-\beta}$")
 ax.axhline(1e-10, color="grey", lw=0.8, ls=":", label="$10^{-10}$")
 ax.set(xlabel=r"score scale $\beta$", ylabel="max |softmax TD - tabular TD|\n(return units)",
@@ -1390,7 +1193,7 @@ gap_new
 
 
 # %% [markdown]
-# Proposition 2 is about the path of the iterates; where they go is a separate matter. The
+# Proposition 1.5 is about the path of the iterates; where they go is a separate matter. The
 # iterate is a vector in $\mathbb R^{n+1+q}$, one entry per target column, and in that space the
 # fixed point is *not* unique: the query entries never enter a TD error, so any values there are
 # fixed, and two positions of the trajectory in the same state may carry different values. What the
@@ -1400,20 +1203,20 @@ gap_new
 # state-consistent vectors, and since $v_0 = 0$ is one, every iterate is.
 #
 # ::: {.proposition}
-# **Proposition 3 (ours: the fixed point, on the subspace the iteration preserves).** Under the
-# hypothesis of Proposition 2 and for *every* $\beta > 0$, not only in the limit, the
+# **Proposition 1.6 (ours: the fixed point, on the subspace the iteration preserves).** Under the
+# hypothesis of Proposition 1.5 and for *every* $\beta > 0$, not only in the limit, the
 # certainty-equivalence value $\hat v$ (at each target's state) is the only state-consistent fixed
 # point of weighted softmax TD. In the whole space $\mathbb R^{n+1+q}$ the fixed points form an
 # affine set of dimension $n + 1 + q - s'$, where $s'$ is the number of distinct target states.
 # :::
 #
-# ::: {.proof}
-# *Proof.* A fixed point makes $\sum_k K_k(x) \delta_k = 0$ for each target state $x$; targets of
-# the same state give the same equation, so there are $s'$ equations. Write $m_x$ for the mean TD
-# error of the transitions leaving $x$ and $T = \sum_k \delta_k$; the formula for $K$ turns the
-# equation of $x$ into $(e^\beta - 1) N(x) m_x + T = 0$. Summing over the $s'$ target states (every
-# transition leaves one of them), $(e^\beta - 1) T + s' T = 0$, so $T = 0$ and then every $m_x = 0$.
-# On state-consistent vectors $v = f(\text{state})$, the equations $m_x = 0$ read
+# ::: {.callout-note collapse="true" title="Proof"}
+# A fixed point makes $\sum_k K_k(x) \delta_k = 0$ for each target state $x$; targets of
+# the same state give the same equation, so there are $s'$ equations. Write $\bar\delta_x$ for the mean TD
+# error of the transitions leaving $x$ and $\Sigma = \sum_k \delta_k$; the formula for $K$ turns the
+# equation of $x$ into $(e^\beta - 1) N(x) \bar\delta_x + \Sigma = 0$. Summing over the $s'$ target states (every
+# transition leaves one of them), $(e^\beta - 1) \Sigma + s' \Sigma = 0$, so $\Sigma = 0$ and then every $\bar\delta_x = 0$.
+# On state-consistent vectors $v = f(\text{state})$, the equations $\bar\delta_x = 0$ read
 # $f = \hat r + \gamma \hat P f$ on the $s'$ target states: every state a transition reaches is a
 # target, and every target state is left (the hypothesis), so $\hat P$ is a stochastic matrix on
 # these states and $I - \gamma \hat P$ is invertible: $f = \hat v$ is the only solution. In the
@@ -1467,11 +1270,13 @@ sv_new = torch.linalg.svdvals(M_new)
 assert sv_new.min() / sv_new.max() < 1e-12
 print(f"smallest relative singular value of the subspace system: {min(sub_sv):.1e} over {len(sub_sv)} cases "
       f"satisfying the hypothesis; below 1e-12 (singular to working precision) when the last state is new")
+record_claim("tabular-fixed-point", "For every $\\beta > 0$ the certainty-equivalence value is the only state-consistent fixed point of tabular-score weighted softmax TD (Proposition 1.6).",
+             "proved", "weighted_softmax_td", "#tabular-td-is-a-limit");
 
 # %% [markdown]
 # And the iterates do reach that fixed point: with many iterations, weighted softmax TD lands on the
 # certainty-equivalence value of each context's empirical MRP, at large $\beta$ and already at
-# moderate $\beta$ (Proposition 4 below proves convergence for large enough $\beta$; at
+# moderate $\beta$ (Proposition 1.7 below proves convergence for large enough $\beta$; at
 # $\beta = 3$ it is observed, not proved):
 
 # %%
@@ -1505,25 +1310,25 @@ c.item()
 # %% [markdown]
 # Convergence itself needs a condition. On state-consistent vectors the iteration is a linear
 # recursion on the $s'$ values $f(x)$: grouping the transitions by the state they leave,
-# $\sum_k K_k(x) \delta_k = \sum_y \hat M(x, y)\, m_y$ with
+# $\sum_k K_k(x) \delta_k = \sum_y \hat M(x, y)\, \bar\delta_y$ with
 # $\hat M(x, y) = N(y) e^{\beta \mathbf 1[x = y]} / \sum_z N(z) e^{\beta \mathbf 1[x = z]}$, a row-stochastic
-# matrix, and $m_y = (\hat r + \gamma \hat P f - f)(y)$.
+# matrix, and $\bar\delta_y = (\hat r + \gamma \hat P f - f)(y)$.
 #
 # ::: {.proposition}
-# **Proposition 4 (ours: convergence in the tabular case).** Under the hypothesis of Proposition 2,
+# **Proposition 1.7 (ours: convergence in the tabular case).** Under the hypothesis of Proposition 1.5,
 # let $\alpha \in (0, 1]$ and $\mu = \min_x \hat M(x, x) = \min_x \frac{N(x) e^\beta}{N(x) e^\beta + n - N(x)}$.
 # If $\mu > (1 + \gamma)/2$, which holds for $\beta > \log\frac{(1 + \gamma)(n - N_{\min})}{(1 - \gamma) N_{\min}}$,
-# then $\max_x |v_t(x) - \hat v(x)| \le \lambda^t \max_x |\hat v(x)|$ with
-# $\lambda = 1 - \alpha(2\mu - 1 - \gamma) < 1$.
+# then $\max_x |v_t(x) - \hat v(x)| \le \kappa^t \max_x |\hat v(x)|$ with
+# $\kappa = 1 - \alpha(2\mu - 1 - \gamma) < 1$.
 # :::
 #
-# ::: {.proof}
-# *Proof.* Since $\hat v$ is a fixed point, the error $e_t = f_t - \hat v$ obeys
+# ::: {.callout-note collapse="true" title="Proof"}
+# Since $\hat v$ is a fixed point, the error $e_t = f_t - \hat v$ obeys
 # $e_{t+1} = \big(I - \alpha \hat M (I - \gamma \hat P)\big) e_t$. Row $x$ of this matrix is
 # $(1 - \alpha \hat M(x, x))$ on the diagonal, $-\alpha \hat M(x, y)$ off it, plus $\alpha\gamma (\hat M \hat P)(x, \cdot)$,
 # whose entries are non-negative and sum to $\gamma$. With $\alpha \le 1$ the diagonal term is non-negative,
-# so the absolute row sum is at most $1 - \alpha \hat M(x, x) + \alpha (1 - \hat M(x, x)) + \alpha\gamma \le \lambda$,
-# and $\|e_{t+1}\|_\infty \le \lambda \|e_t\|_\infty$, with $e_0 = -\hat v$. The threshold on $\beta$ solves
+# so the absolute row sum is at most $1 - \alpha \hat M(x, x) + \alpha (1 - \hat M(x, x)) + \alpha\gamma \le \kappa$,
+# and $\|e_{t+1}\|_\infty \le \kappa \|e_t\|_\infty$, with $e_0 = -\hat v$. The threshold on $\beta$ solves
 # $\hat M(x, x) > (1 + \gamma)/2$ for the least-visited state. This is the tabular, finite-context case of the
 # contraction argument of [chapter 5](convergence.html).
 # :::
@@ -1544,19 +1349,21 @@ for S, R in contexts:
     err = (weighted_softmax_td(I8[S], R, beta * I8, 0.8, 0.9, 60, return_all=True) - ce).abs().amax(-1)
     assert (err <= lam ** torch.arange(61, dtype=torch.float64) * ce.abs().max() * (1 + 1e-12) + 1e-13).all()
     rates.append((lam, (err[1:] / err[:-1]).max().item()))
-print("bound lambda vs largest measured one-step ratio of the error:", [(round(a_, 3), round(b_, 3)) for a_, b_ in rates])
+print("bound kappa vs largest measured one-step ratio of the error:", [(round(a_, 3), round(b_, 3)) for a_, b_ in rates])
+record_claim("tabular-convergence", "Above a threshold on $\\beta$, tabular-score weighted softmax TD converges geometrically to the certainty-equivalence value (Proposition 1.7).",
+             "proved", "weighted_softmax_td", "#tabular-td-is-a-limit");
 
 
 # %% [markdown]
 # ## Small scores over long horizons: where the iteration goes
 #
-# Proposition 1b is a statement at a *fixed* number of iterations $T$: the constant in its
+# Proposition 1.4 is a statement at a *fixed* number of iterations $T$: the constant in its
 # $O(\varepsilon^2)$ grows like $(1 + 2\alpha(1 + \gamma))^T$. This is not an artefact of the proof. The
 # next cells run centred softmax TD and centred linear TD ($C = \varepsilon W^\top$) for up to
 # $T = 2 \cdot 10^5$ iterations on three contexts of the small-score check ($W = I$, unit-norm features,
 # $n = 20$, $\alpha = 0.5$, $\gamma = 0.9$, $\varepsilon = 0.03$, every state a query). Both iterations are
-# affine, $v \mapsto Mv + c$; the cell builds the two maps from `context_weights` and the features, checks
-# them against `centred_softmax_td` and `centred_linear_td` over the first 200 iterations, and then
+# affine, $v \mapsto F v + f$; the cell builds the two maps from `context_weights` and the features, checks
+# them against `weighted_softmax_td(..., centred=True)` and `batch_linear_td(..., C=C, centred=True)` over the first 200 iterations, and then
 # iterates the maps themselves, which is much faster than calling the functions $2 \cdot 10^5$ times.
 
 # %%
@@ -1595,8 +1402,8 @@ for seed in horizon_seeds:                                          # the maps a
     _, phi_h, R_h, Q_h = horizon_context(seed)
     (M, c), (Mw, cw, X) = centred_maps(phi_h, R_h, Q_h, 0.03, 0.5, 0.9)
     W_h = 0.03 * torch.eye(4, dtype=torch.float64)
-    soft = centred_softmax_td(phi_h, R_h, W_h, 0.5, 0.9, 200, Q_h).numpy()
-    lin = centred_linear_td(phi_h, R_h, W_h, 0.5, 0.9, 200, Q_h).numpy()
+    soft = weighted_softmax_td(phi_h, R_h, W_h, 0.5, 0.9, 200, Q_h, centred=True).numpy()
+    lin = batch_linear_td(phi_h, R_h, 0.5, 0.9, 200, Q_h, C=W_h, centred=True).numpy()
     v, w = np.zeros(len(c)), np.zeros(4)
     for t in range(200): v, w = M @ v + c, Mw @ w + cw
     test_close(v, soft, eps=1e-12)
@@ -1617,43 +1424,43 @@ for seed, (ts, soft, lin, settled) in horizon.items():
 # The gap to linear TD is small for tens of iterations, then grows by orders of magnitude, also on
 # contexts where linear TD has already stopped moving (the time constants and stopping times are
 # printed). So the softmax iteration does not settle where linear TD does. Where does it go? On the trajectory, grouping the transitions by the state they
-# leave as in Proposition 4, the update of a target in state $x$ is $\sum_y B(x, y)\, m_y$, where
-# $m_y$ is the mean TD error of the transitions leaving $y$, $N(y)$ their number, $K(y, x)$ their
+# leave as in Proposition 1.7, the update of a target in state $x$ is $\sum_y J(x, y)\, \bar\delta_y$, where
+# $\bar\delta_y$ is the mean TD error of the transitions leaving $y$, $N(y)$ their number, $K(y, x)$ their
 # common weight for target $x$ (the score depends on the states only), and
-# $$B(x, y) = N(y)\Big(K(y, x) - \frac{\lambda}{n}\Big), \qquad \lambda = 0 \text{ (two heads, } \rho = 1), \quad \lambda = 1 \text{ (centred, three heads)}.$$
+# $$J(x, y) = N(y)\Big(K(y, x) - \frac{\chi}{n}\Big), \qquad \chi = 0 \text{ (two heads, } \rho = 1), \quad \chi = 1 \text{ (centred, three heads)}.$$
 #
 # ::: {.proposition}
-# **Proposition 5 (ours: the fixed points of weighted softmax TD for any score).** Suppose every
+# **Proposition 1.8 (ours: the fixed points of weighted softmax TD for any score).** Suppose every
 # state of the trajectory $S_0, \dots, S_n$ is left at least once, and restrict to state-consistent
 # vectors $f$ over the $s'$ distinct states of the trajectory (the iteration preserves them; query
 # targets never enter a TD error, so they do not affect these values).
-# (a) If $\lambda = 0$ and $B$ is nonsingular, the only fixed point is the certainty-equivalence value
-# $\hat v$ of the context. (b) If $\lambda = 1$, then $B \mathbf 1 = 0$; if $B$ has rank $s' - 1$, the fixed
-# points are exactly $\hat v - \kappa \mathbf 1$, $\kappa \in \mathbb R$, and $\ell^\top f_t = 0$ for every $t$, where
-# $\ell \ne 0$ solves $\ell^\top B = 0$. So if the iterates converge and $\ell^\top \mathbf 1 \ne 0$, their limit is
-# $\hat v - \kappa \mathbf 1$ with $\kappa = \ell^\top \hat v / \ell^\top \mathbf 1$.
+# (a) If $\chi = 0$ and $J$ is nonsingular, the only fixed point is the certainty-equivalence value
+# $\hat v$ of the context. (b) If $\chi = 1$, then $J \mathbf 1 = 0$; if $J$ has rank $s' - 1$, the fixed
+# points are exactly $\hat v - \xi \mathbf 1$, $\xi \in \mathbb R$, and $\ell^\top f_t = 0$ for every $t$, where
+# $\ell \ne 0$ solves $\ell^\top J = 0$. So if the iterates converge and $\ell^\top \mathbf 1 \ne 0$, their limit is
+# $\hat v - \xi \mathbf 1$ with $\xi = \ell^\top \hat v / \ell^\top \mathbf 1$.
 # :::
 #
-# ::: {.proof}
-# *Proof.* A fixed point solves $B m = 0$. (a) $B$ nonsingular gives $m = 0$, the empirical Bellman
-# equations, whose only solution is $\hat v$ (Proposition 3). (b) The rows of $B$ sum to
-# $\sum_y N(y) K(y, x) - \sum_y N(y)/n = 1 - 1 = 0$, so $B\mathbf 1 = 0$, and with rank $s' - 1$ the null
-# space is spanned by $\mathbf 1$: $m = \mu \mathbf 1$, i.e. $\hat r - \mu \mathbf 1 + \gamma \hat P f = f$, whose
-# solution is $f = \hat v - \frac{\mu}{1 - \gamma}\mathbf 1$. The iteration is $f_{t+1} = f_t + \alpha B\, m(f_t)$, so
-# $\ell^\top f_{t+1} = \ell^\top f_t = \ell^\top f_0 = 0$, which fixes $\kappa$.
+# ::: {.callout-note collapse="true" title="Proof"}
+# A fixed point solves $J \bar\delta = 0$. (a) $J$ nonsingular gives $\bar\delta = 0$, the empirical Bellman
+# equations, whose only solution is $\hat v$ (Proposition 1.6). (b) The rows of $J$ sum to
+# $\sum_y N(y) K(y, x) - \sum_y N(y)/n = 1 - 1 = 0$, so $J\mathbf 1 = 0$, and with rank $s' - 1$ the null
+# space is spanned by $\mathbf 1$: $\bar\delta = \nu \mathbf 1$, i.e. $\hat r - \nu \mathbf 1 + \gamma \hat P f = f$, whose
+# solution is $f = \hat v - \frac{\nu}{1 - \gamma}\mathbf 1$. The iteration is $f_{t+1} = f_t + \alpha J\, \bar\delta(f_t)$, so
+# $\ell^\top f_{t+1} = \ell^\top f_t = \ell^\top f_0 = 0$, which fixes $\xi$.
 # :::
 #
 # Neither limit involves the features beyond telling states apart: run long, the Transformer's
 # iteration lands on the *tabular* answer of the context (shifted by a constant with the centring
 # head), at small scores as at large ones, not on linear TD's fixed point. The features and the score
 # shape the path and the values at states the context never leaves. This holds in exact arithmetic;
-# at $\varepsilon = 0.03$ the smallest nonzero singular value of $B$ is tiny (printed below), and the
-# slowest direction takes millions of iterations. The check computes the limits from $B$ and
+# at $\varepsilon = 0.03$ the smallest nonzero singular value of $J$ is tiny (printed below), and the
+# slowest direction takes millions of iterations. The check computes the limits from $J$ and
 # compares them with $M^{T} v_0 + \dots$ at $T = 10^9$ (by repeated squaring), for both variants:
 
 # %%
 def predicted_limit(S, R, phi, eps, gamma, centred):
-    "The limit of Proposition 5 at the trajectory states, and the singular values of B."
+    "The limit of Proposition 1.8 at the trajectory states, and the singular values of J."
     S = np.asarray(S)
     U, n = np.unique(S[:-1]), len(S) - 1
     assert set(S.tolist()) <= set(U.tolist()), "a target state is never left"
@@ -1682,16 +1489,20 @@ for seed in horizon_seeds:
         far = power_limit(M, c)[:len(S_h)]
         test_close(far, lim, eps=1e-5)
         print(f"context {seed}, {'centred (three heads)' if centred else 'two heads, rho = 1':>21}: |v_1e9 - limit| = "
-              f"{np.abs(far - lim).max():.0e}; smallest nonzero singular value of B {sv[-2 if centred else -1]:.0e}; "
+              f"{np.abs(far - lim).max():.0e}; smallest nonzero singular value of J {sv[-2 if centred else -1]:.0e}; "
               f"distance to centred linear TD at T = 200,000: {np.abs(lim - horizon[seed][2][-1][:len(S_h)]).max():.2f}")
+record_claim("long-horizon-limit", "Run long, weighted softmax TD with any score converges (when it converges) to the certainty-equivalence value, shifted by a constant with a centring head, not to linear TD's fixed point (Proposition 1.8).",
+             "proved", "weighted_softmax_td", "#small-scores-over-long-horizons-where-the-iteration-goes");
 
 # %% [markdown]
 # The figure puts the two measurements side by side for the three contexts: the gap to centred linear
-# TD (solid) and the distance to the limit of Proposition 5 (dashed), over $T$; a dotted line marks
+# TD (solid) and the distance to the limit of Proposition 1.8 (dashed), over $T$; a dotted line marks
 # the iteration after which linear TD's steps are below $10^{-12}$ on that context (if it comes before
 # $2 \cdot 10^5$).
 
 # %%
+#| fig-cap: "Figure 1.4: At small scores the centred iteration follows linear TD for tens of iterations, then leaves it for the limit of Proposition 1.8."
+#| fig-alt: "Log-log plot over iterations 1 to 200000 for three contexts: solid curves, the gap to centred linear TD, stay small and then grow by orders of magnitude; dashed curves, the distance to the limit of Proposition 1.8, fall towards zero."
 #| code-fold: true
 fig, ax = plt.subplots(figsize=(8, 4.4))
 for i, (seed, (ts, soft, lin, settled)) in enumerate(horizon.items()):
@@ -1699,7 +1510,7 @@ for i, (seed, (ts, soft, lin, settled)) in enumerate(horizon.items()):
     lim, _ = predicted_limit(S_h, R_h, phi_h, 0.03, 0.9, True)
     ax.loglog(ts, np.abs(soft - lin).max(1), color=f"C{i}", lw=1.6, label=f"context {seed}: gap to centred linear TD")
     ax.loglog(ts, np.abs(soft[:, :len(S_h)] - lim).max(1), color=f"C{i}", ls="--", lw=1.2,
-              label=f"context {seed}: distance to the limit of Proposition 5")
+              label=f"context {seed}: distance to the limit of Proposition 1.8")
 for i, r in enumerate(horizon.values()):
     if r[3]: ax.axvline(r[3], color=f"C{i}", lw=0.8, ls=":", label="linear TD's steps fall below $10^{-12}$" if i == 0 else None)
 ax.set(xlabel="iteration $T$ (= layer)", ylabel="largest gap over the targets\n(return units)",
@@ -1734,10 +1545,12 @@ print(f"MSVE: zero estimate {msve(boyan, torch.zeros(10)):.3f}, after 150 iterat
       f"certainty equivalence {msve(boyan, ce):.4f}")
 
 # %%
+#| fig-cap: "Figure 1.5: On one 1000-transition context of a Boyan chain, the iterates settle geometrically on values close to the true values."
+#| fig-alt: "Value estimate against iteration 0 to 150 for the 10 states, one solid colored curve each, with dashed horizontal lines of the same colors at the true values; the curves dip briefly, then rise and settle near their dashed lines."
 #| code-fold: true
 fig, ax = plt.subplots(figsize=(8, 4.2))
 for x in range(10):
-    c = plt.cm.tab10(x)
+    c = plt.cm.viridis(x / 9)
     ax.plot(per_state[:, x], color=c, lw=1.3, label=f"state {x}")
     ax.axhline(boyan.v_pi[x], color=c, ls="--", lw=0.9)
 ax.set(xlabel="iteration $t$ (= layer)", ylabel="value estimate $v_t(x)$ (return units)",
@@ -1763,6 +1576,276 @@ print(f"{int(dipped.sum())} of 10 states go below 0 first (lowest {per_state.min
 # states; the chain's transition matrix was never formed. The next chapters build
 # [the prompt](prompt.html) that holds these numbers and [the softmax Transformer layer](dual_head.html)
 # whose forward pass is exactly this iteration.
+
+# %% [markdown]
+# ## Implementation and tests
+#
+# The lesson ends above. This section holds what a user of the library needs and what keeps the
+# chapter honest: input validation, shapes, batching, precision, and exhaustive comparisons with
+# direct transcriptions of the definitions. Every cell runs when the book is built.
+
+# %% [markdown]
+# ### Checking the context
+#
+# A context is the features of $S_0, \dots, S_n$, the rewards $R_1, \dots, R_n$ and optional query
+# features. Queries come as `(..., q, d)`, or as `(..., d)` for a single query per context: the rule
+# is that `phi_queries` has either as many dimensions as `phi_states` (several queries) or one
+# fewer (one query). Leading batch dimensions broadcast. Everything is converted to the dtype and
+# device of `phi_states`.
+
+# %%
+show_doc(context_tensors)
+
+# %%
+keys, X, R = context_tensors(np.arange(8.).reshape(4, 2), [1., 2., 3.], phi_queries=[[9., 9.], [7., 7.]])
+test_eq((keys.shape, X.shape, R.shape, X.dtype), ((3, 2), (6, 2), (3,), torch.float64))
+test_eq(keys, X[:3])
+test_eq(X[4:], torch.tensor([[9., 9.], [7., 7.]], dtype=torch.float64))
+test_eq(context_tensors(torch.zeros(5, 4, 2), torch.zeros(5, 3), torch.ones(5, 2))[1].shape, (5, 5, 2))
+test_eq(context_tensors(torch.zeros(5, 4, 2), torch.zeros(3), torch.ones(1, 7, 2))[1].shape, (5, 11, 2))
+test_eq(context_tensors(torch.zeros(4, 2, dtype=torch.float32), np.zeros(3))[2].dtype, torch.float32)
+
+# %% [markdown]
+# Each malformed context fails with the name of the culprit:
+
+# %%
+bad_contexts = {"`phi_states` must have shape (..., n+1, d)": dict(phi_states=np.zeros(4)),
+                "`rewards` must have shape (..., 3)":          dict(rewards=np.zeros(4)),
+                "`rewards` has batch dimensions (2,)":          dict(rewards=np.zeros((2, 3)), phi_states=np.zeros((5, 4, 2))),
+                "`phi_queries` must have shape (..., q, 2)":    dict(phi_queries=np.zeros((1, 3))),
+                "`phi_queries` must have shape":                dict(phi_queries=np.zeros((1, 1, 1, 2))),
+                "`phi_states` contains NaN":                    dict(phi_states=np.full((4, 2), np.nan)),
+                "`rewards` contains NaN":                       dict(rewards=[0., np.inf, 0.])}
+for msg, kw in bad_contexts.items():
+    args = {**dict(phi_states=np.zeros((4, 2)), rewards=np.zeros(3)), **kw}
+    test_fail(lambda: context_tensors(**args), contains=msg)
+
+# %% [markdown]
+# ### Softmax weights: extreme scores
+#
+# Huge scores are harmless in both precisions, and a score that is $-\infty$ on every key is
+# refused:
+
+# %%
+onehot = np.eye(4)[[0, 1, 2, 1, 3]]
+for dt in (torch.float32, torch.float64):
+    K = context_weights(torch.tensor(onehot, dtype=dt), 1e4 * np.eye(4))
+    assert torch.isfinite(K).all()
+    test_close(K[:, 1], torch.tensor([0, .5, 0, .5], dtype=dt), eps=1e-7)
+    test_eq(K[:, 4], torch.full((4,), 0.25, dtype=dt))
+test_fail(lambda: context_weights(onehot, score=lambda k, x: torch.log(k @ x.mT)), contains="-inf on every key")
+test_fail(lambda: context_weights(onehot, score=lambda k, x: k @ x.mT / 0), contains="NaN or +inf")
+test_fail(lambda: context_weights(onehot, score=lambda k, x: torch.zeros(3, 3)),
+          contains="`score` must return shape (..., 4, 5)")
+test_fail(lambda: context_weights(onehot, W=np.eye(3)), contains="`W` must have shape (4, 4)")
+test_fail(lambda: context_weights(onehot), contains="`W` must be given")
+
+# %% [markdown]
+# ### The iteration: exhaustive checks
+#
+# The checks below reuse the short Boyan-chain contexts of the lesson (unit-norm features, $W = 3I$).
+
+# %%
+phi, R, Q = boyan_context(8, seed=0)
+W = 3 * torch.eye(4, dtype=torch.float64)
+base = weighted_softmax_td(phi, R, W, 0.5, 0.9, 25)
+with_q = weighted_softmax_td(phi, R, W, 0.5, 0.9, 25, phi_queries=Q)
+
+# %% [markdown]
+# Queries are targets only: nobody's TD error reads them. So appending queries never changes the
+# values at the trajectory states, and a query's value does not depend on the other queries.
+# `return_all` starts at $v_0 = 0$ and ends at the plain result.
+
+# %%
+test_eq(with_q.shape, (9 + 10,))
+test_close(with_q[:9], base, eps=1e-14)
+for i in range(10):
+    test_close(weighted_softmax_td(phi, R, W, 0.5, 0.9, 25, phi_queries=Q[i])[9], with_q[9 + i], eps=1e-14)
+allv = weighted_softmax_td(phi, R, W, 0.5, 0.9, 25, phi_queries=Q, return_all=True)
+test_eq(allv.shape, (26, 19))
+test_eq(allv[0], torch.zeros(19, dtype=torch.float64))
+test_eq(allv[-1], with_q)
+test_eq(weighted_softmax_td(phi, R, W, 0.5, 0.9, 0, phi_queries=Q), torch.zeros(19, dtype=torch.float64))
+
+# %% [markdown]
+# The three forms of `rho` agree (a constant, a tensor per target, a function of the features),
+# and a `rho` with batch dimensions of its own broadcasts like the rest (a constant $\rho = 1/2$ is
+# the same as halving $\alpha$):
+
+# %%
+rho_fn = lambda keys, X: 1 + X[..., 0]
+a = weighted_softmax_td(phi, R, W, 0.5, 0.9, 25, Q, rho=rho_fn)
+test_close(weighted_softmax_td(phi, R, W, 0.5, 0.9, 25, Q, rho=1 + torch.cat([phi, Q])[:, 0]), a, eps=1e-14)
+test_close(weighted_softmax_td(phi, R, W, 0.5, 0.9, 25, Q, rho=1.), with_q, eps=1e-14)
+two_rhos = weighted_softmax_td(phi, R, W, 0.5, 0.9, 25, Q, rho=torch.tensor([[1.], [0.5]], dtype=torch.float64))
+test_eq(two_rhos.shape, (2, 19))
+test_close(two_rhos[1], weighted_softmax_td(phi, R, W, 0.25, 0.9, 25, Q), eps=1e-14)
+
+# %% [markdown]
+# Batches: a call on a stack of contexts equals a loop of single calls, and batch dimensions
+# broadcast (one $W$ for all contexts, or one per context, or a grid of both):
+
+# %%
+B = 6
+phis, Rs, Qs = map(torch.stack, zip(*[boyan_context(12, seed) for seed in range(B)]))
+Ws = torch.stack([beta * torch.eye(4, dtype=torch.float64) for beta in range(1, B + 1)])
+batched = weighted_softmax_td(phis, Rs, Ws, 0.5, 0.9, 20, Qs, return_all=True)
+test_eq(batched.shape, (B, 21, 13 + 10))
+for b in range(B):
+    test_close(batched[b], weighted_softmax_td(phis[b], Rs[b], Ws[b], 0.5, 0.9, 20, Qs[b], return_all=True), eps=1e-14)
+shared_W = weighted_softmax_td(phis, Rs, Ws[0], 0.5, 0.9, 20, Qs)
+for b in range(B):
+    test_close(shared_W[b], weighted_softmax_td(phis[b], Rs[b], Ws[0], 0.5, 0.9, 20, Qs[b]), eps=1e-14)
+grid = weighted_softmax_td(phis[None], Rs[None], Ws[:3, None], 0.5, 0.9, 20, Qs[None])
+test_eq(grid.shape, (3, B, 23))
+test_close(grid[2, 4], weighted_softmax_td(phis[4], Rs[4], Ws[2], 0.5, 0.9, 20, Qs[4]), eps=1e-14)
+
+# %% [markdown]
+# Precision and devices: float64 in gives float64 out, float32 gives float32, on the input's
+# device, and the two precisions agree to float32 precision (relative $10^{-5}$ of the values'
+# scale after 50 iterations). Scores of $10^4$ (here $W = 2 \cdot 10^4 I$ on unit features) leave
+# every value finite in both precisions.
+
+# %%
+v64 = weighted_softmax_td(phis, Rs, Ws, 0.5, 0.9, 50, Qs)
+v32 = weighted_softmax_td(phis.float(), Rs.float(), Ws.float(), 0.5, 0.9, 50, Qs.float())
+test_eq((v64.dtype, v32.dtype, v32.device), (torch.float64, torch.float32, phis.device))
+rel32 = ((v32.double() - v64).abs().max() / v64.abs().max()).item()
+assert rel32 < 1e-5, rel32
+for dt in (torch.float32, torch.float64):
+    W_huge = 2e4 * torch.eye(4, dtype=dt)
+    assert (phis.to(dt) @ W_huge @ phis.to(dt).mT).abs().max() >= 1e4
+    assert torch.isfinite(weighted_softmax_td(phis.to(dt), Rs.to(dt), W_huge, 0.5, 0.9, 50, Qs.to(dt))).all()
+rel32
+
+# %% [markdown]
+# **The order of the score's arguments.** The lesson's example came first; here is the convention it used. We write $g(S_{k-1}, x)$: the key (the state the
+# transition leaves) first, the target second. Some write the score target first,
+# $g(x, S_{k-1})$. For a symmetric score the order is immaterial; for the bilinear score it is not:
+# $\phi(x)^\top W \phi(y)$ read target-first is our score with $W^\top$. In the Transformer the
+# score of key column $i$ for query column $j$ is $z_i^\top A z_j$, key first, which is why the
+# book's $W$ is the feature block of $A$ as it stands; an attention written as
+# $q_j^\top k_i = z_j^\top W_Q^\top W_K z_i$ has $W = W_K^\top W_Q$ in our convention.
+# [Chapter 2](prompt.html#from-row-token-attention-to-the-books-columns) translates
+# the usual row-token attention into this convention. The check below shows that the order matters
+# for a non-symmetric $W$.
+#
+# Bad arguments fail with their names:
+
+# %%
+good = dict(phi_states=np.zeros((9, 3)), rewards=np.zeros(8), W=np.eye(3), alpha=0.5, gamma=0.9, n_iters=5)
+bad_args = [("`gamma` must lie in [0, 1)",        dict(gamma=1.0)),
+            ("`gamma` must lie in [0, 1)",        dict(gamma=-0.5)),
+            ("`n_iters` must be a non-negative integer", dict(n_iters=-1)),
+            ("`n_iters` must be a non-negative integer", dict(n_iters=2.5)),
+            ("`alpha` must be finite",            dict(alpha=float("nan"))),
+            ("`alpha` must be a real number",     dict(alpha="fast")),
+            ("`W` must have shape (3, 3)",        dict(W=np.eye(4))),
+            ("`W` has batch dimensions (2,)",     dict(W=np.zeros((2, 3, 3)), phi_states=np.zeros((5, 9, 3)), rewards=np.zeros((5, 8)))),
+            ("`rewards` must have shape (..., 8)", dict(rewards=np.zeros(9))),
+            ("`phi_states` must have shape",      dict(phi_states=np.zeros((1, 3)))),
+            ("`phi_queries` must have shape",     dict(phi_queries=np.zeros((2, 4)))),
+            ("`rho` must broadcast to shape",     dict(rho=np.ones(4))),
+            ("`rho` contains NaN",                dict(rho=lambda k, x: torch.full(x.shape[:-1], math.nan, dtype=x.dtype))),
+            ("`score` must be a callable",        dict(score="dot"))]
+for msg, kw in bad_args: test_fail(lambda: weighted_softmax_td(**{**good, **kw}), contains=msg)
+
+# %% [markdown]
+# The order of the score's arguments matters as soon as $W$ is not symmetric. Reading
+# $\phi(x)^\top W \phi(y)$ target first ($g(x, S_{k-1})$) is the same algorithm as
+# our key-first convention with $W^\top$, and a different one from our convention with $W$:
+
+# %%
+W_ns = torch.from_numpy(np.random.default_rng(8).uniform(-1, 1, (4, 4)))                # not symmetric
+target_first = lambda keys, X: X @ W_ns @ keys.mT                   # g(target, key) = phi(target)^T W phi(key), as (..., n, m)
+v_tf = weighted_softmax_td(phi, R, None, 0.5, 0.9, 25, Q, score=lambda k, x: target_first(k, x).mT)
+test_close(v_tf, weighted_softmax_td(phi, R, W_ns.T, 0.5, 0.9, 25, Q), eps=1e-13)
+order_gap = (v_tf - weighted_softmax_td(phi, R, W_ns, 0.5, 0.9, 25, Q)).abs().max().item()
+assert order_gap > 1e-2, order_gap
+print(f"largest |v| {v_tf.abs().max().item():.2f}; W against W^T: largest difference {order_gap:.3f}")
+
+
+# %% [markdown]
+# In general, the vectorised iteration agrees with a direct transcription of the definition as
+# three nested loops, on random contexts with queries, a random $\rho$ and random scores:
+
+# %%
+def wstd_loops(phi, R, W, alpha, gamma, T, Q, rho):
+    "Weighted softmax TD written as loops over iterations, targets and transitions."
+    n, X = len(R), np.concatenate([phi, Q])
+    v = np.zeros(len(X))
+    for t in range(T):
+        delta = [R[k - 1] + gamma * v[k] - v[k - 1] for k in range(1, n + 1)]
+        new = v.copy()
+        for j, x in enumerate(X):
+            e = [math.exp(phi[k - 1] @ W @ x) for k in range(1, n + 1)]
+            new[j] += alpha * rho[j] * sum(e[k] * delta[k] for k in range(n)) / sum(e)
+        v = new
+    return v
+
+for seed in range(10):
+    r = np.random.default_rng(seed)
+    n, d, q = r.integers(1, 12), r.integers(1, 5), r.integers(0, 3)
+    phi, R = r.standard_normal((n + 1, d)), r.standard_normal(n)
+    W, Q = r.standard_normal((d, d)), r.standard_normal((q, d))
+    rho = r.uniform(0, 2, n + 1 + q)
+    test_close(weighted_softmax_td(phi, R, W, 0.4, 0.9, 15, Q, rho=rho),
+               torch.from_numpy(wstd_loops(phi, R, W, 0.4, 0.9, 15, Q, rho)), eps=1e-12)
+
+# %% [markdown]
+# ### Tabular TD: state indices, batches and bad input
+
+# %%
+show_doc(check_states)
+
+# %% [markdown]
+# `check_states` is the one rule for state indices in the package (the convergence chapter uses it
+# too): integers, or floats with integer values, in range, with at least one transition.
+
+# %%
+test_eq(check_states([0., 2., 1.], 3), torch.tensor([0, 2, 1]))
+for bad, msg in {(0.5, 1.): "must hold integer state indices", (0, 3): "must lie in 0..2", (1,): "n >= 1",
+                 (True, False): "must be an integer array"}.items():
+    test_fail(lambda: check_states(torch.tensor(bad), 3), contains=msg)
+test_fail(lambda: check_states([0, 1], 0), contains="`n_states` must be an integer >= 1")
+
+# %% [markdown]
+# Batched calls equal loops, and bad input is refused:
+
+# %%
+Ss = torch.from_numpy(np.random.default_rng(2).integers(0, 6, (5, 16)))
+Rs = torch.from_numpy(np.random.default_rng(3).uniform(-1, 1, (5, 15)))
+test_eq(batch_tabular_td(Ss, Rs, 6, 0.5, 0.9, 30, return_all=True).shape, (5, 31, 6))
+for b in range(5):
+    test_close(batch_tabular_td(Ss, Rs, 6, 0.5, 0.9, 30)[b], batch_tabular_td(Ss[b], Rs[b], 6, 0.5, 0.9, 30),
+               eps=1e-14)
+    test_close(certainty_equivalence(Ss, Rs, 6, 0.9)[b], certainty_equivalence(Ss[b], Rs[b], 6, 0.9), eps=1e-13)
+for msg, kw in {"`states` must lie in 0..5": dict(states=[0, 6, 1]),
+                "`states` must hold integer state indices": dict(states=[0., 1.5, 1.]),
+                "`states` must be an integer array of shape (..., n+1)": dict(states=[0]),
+                "`rewards` must have shape (..., 2)": dict(rewards=[1.]),
+                "`n_states` must be a non-negative integer": dict(n_states=2.5),
+                "`gamma` must lie in [0, 1)": dict(gamma=1.)}.items():
+    args = {**dict(states=[0, 1, 1], rewards=[1., 2.], n_states=6, gamma=0.9), **kw}
+    test_fail(lambda: certainty_equivalence(**args), contains=msg)
+    test_fail(lambda: batch_tabular_td(alpha=0.5, n_iters=3, **args), contains=msg)
+
+# %% [markdown]
+# ### Batch linear TD: preconditioner and centring
+#
+# `batch_linear_td` takes a preconditioner `C` and `centred=True` (the linear side of Proposition 1.4). The identity
+# preconditioner is the plain algorithm, centring changes the result, a batch of preconditioners broadcasts, and a
+# preconditioner of the wrong shape is refused:
+
+# %%
+phi_l, R_l, Q_l = boyan_context(12, seed=3)
+I4 = torch.eye(4, dtype=torch.float64)
+plain = batch_linear_td(phi_l, R_l, 0.5, 0.9, 30, Q_l)
+test_close(batch_linear_td(phi_l, R_l, 0.5, 0.9, 30, Q_l, C=I4), plain, eps=1e-14)
+assert (batch_linear_td(phi_l, R_l, 0.5, 0.9, 30, Q_l, centred=True) - plain).abs().max() > 1e-3
+Cs = torch.stack([I4, 0.5 * I4])
+test_close(batch_linear_td(phi_l, R_l, 0.5, 0.9, 30, Q_l, C=Cs)[1], batch_linear_td(phi_l, R_l, 0.25, 0.9, 30, Q_l), eps=1e-14)
+test_fail(lambda: batch_linear_td(phi_l, R_l, 0.5, 0.9, 3, C=torch.eye(3)), contains="`C` must have shape (4, 4)")
 
 # %%
 #| hide

@@ -17,14 +17,15 @@ from nbdev.showdoc import *
 import matplotlib.pyplot as plt
 import numpy as np
 from ictd.boyan import random_boyan_chain, sample_trajectory
-
+from ictd.core import record_claim
+import math
 
 # %% [markdown]
 # # The prompt
 # > How a trajectory and the states to evaluate become one matrix of tokens: features, reward and a value-memory slot per column.
 
 # %% [markdown]
-# A Transformer reads a matrix: one column per token, one row per embedding coordinate. To make it
+# **Intuition.** A Transformer reads a matrix: one column per token, one row per embedding coordinate. To make it
 # evaluate a policy in context we must write the context trajectory
 # $S_0, R_1, S_1, \dots, R_n, S_n$ and the states we want values for into such a matrix. The paper
 # says what goes in (the features of the states, the rewards, and memory slots in which the layers
@@ -32,15 +33,15 @@ from ictd.boyan import random_boyan_chain, sample_trajectory
 # the constructions of the [next](dual_head.html) [two](tsm.html) chapters are exact.
 #
 # ::: {.definition}
-# **Definition (the prompt; our layout).** For a context of $n$ transitions with features
-# $\phi(\cdot) \in \mathbb{R}^d$ and $q$ query states $s_1, \dots, s_q$, the prompt $Z_0$ has $d + 2$
+# **Definition 2.1 (the prompt; our layout).** For a context of $n$ transitions with features
+# $\phi(\cdot) \in \mathbb{R}^d$ and $q$ query states $x_{n+1}, \dots, x_{n+q}$, the prompt $Z_0$ has $d + 2$
 # rows and $n + 1 + q$ columns:
 #
 # | column $j$ | rows $0..d-1$ (features) | row $d$ (reward) | row $d+1$ (value memory) |
 # |---|---|---|---|
 # | $0 \le j < n$: transition $j+1$ | $\phi(S_j)$ | $R_{j+1}$ | $v_0(S_j) = 0$ |
 # | $j = n$: the last state | $\phi(S_n)$ | $0$ | $0$ |
-# | $n < j \le n + q$: query $j - n$ | $\phi(s_{j-n})$ | $0$ | $0$ |
+# | $n < j \le n + q$: query $j - n$ | $\phi(x_j)$ | $0$ | $0$ |
 # :::
 #
 # Column $j < n$ is the token of transition $j+1 = (S_j, R_{j+1}, S_{j+1})$, but it holds only the
@@ -56,6 +57,55 @@ from ictd.boyan import random_boyan_chain, sample_trajectory
 # attention) but never attended to, which the models implement with a $-\infty$ mask. A consequence,
 # checked in [the next chapter](dual_head.html): appending or removing query columns changes nothing
 # in the other columns.
+
+# %% [markdown]
+# ## From row-token attention to the book's columns
+#
+# Most code and papers write attention with **tokens as rows**: $H = Z^\top$ is $m \times D$ (one row per
+# token), and a head computes $\operatorname{softmax}\big(\mathsf Q \mathsf K^\top/\sqrt{d_k}\big)\,\mathsf V$ with $\mathsf Q = H W_Q^\top$,
+# $\mathsf K = H W_K^\top$, $\mathsf V = H W_V^\top$, the softmax taken along each row (sans-serif letters: the
+# row-token matrices, which appear only in this box; $K$, $V$ and $Q$ keep their meanings elsewhere). This book, like the in-context-learning
+# papers it follows, writes **tokens as columns**. The two are the same computation, transposed:
+#
+# ::: {.callout-tip title="The bridge: row-token attention in the book's column convention"}
+# | | row-token attention | this book (tokens are columns $z_0, \dots, z_{m-1}$ of $Z$) |
+# |---|---|---|
+# | token $j$ | row $j$ of $H$ | column $z_j$ of $Z$ |
+# | score of key $i$ for query $j$ | $(W_Q z_j)^\top (W_K z_i)/\sqrt{d_k} = z_j^\top W_Q^\top W_K z_i/\sqrt{d_k}$ | $z_i^\top A z_j$ with $A = W_K^\top W_Q/\sqrt{d_k}$ |
+# | normalisation | softmax along row $j$: the matrix $S^\top$, row-stochastic | softmax over keys $i$ in column $j$: $S$, column-stochastic |
+# | output | $S^\top \mathsf V$, row $j = \sum_i S[i, j]\, (W_V z_i)^\top$ | $W_V Z S$, column $j = \sum_i S[i, j]\, W_V z_i$ |
+# | mask of non-key tokens | $-\infty$ added to the scores of those keys | $\omega_i = -\infty$ for $i \ge n$ |
+#
+# On features the score is $\phi(S_{i})^\top W \phi(x_j)$, key first, so the book's feature score matrix is
+# $W = W_K^\top W_Q$ (up to the $1/\sqrt{d_k}$, which the book folds into $W$), not its transpose; for a
+# non-symmetric $W$ the order matters ([chapter 1](weighted_softmax_td.html#implementation-and-tests) checks it).
+# :::
+#
+# The check builds a random prompt-sized example in float64, runs torch's own row-token attention
+# (`scaled_dot_product_attention`, with the last-state and query tokens masked as keys) and compares it
+# with the column form $W_V Z S$, $S[i, j] = \operatorname{softmax}_i(z_i^\top A z_j + \omega_i)$:
+
+# %%
+g_bridge = torch.Generator().manual_seed(0)
+D_tok, m_tok, n_keys, d_k = 6, 9, 6, 3                                     # embedding size, tokens, keys, head size
+Z_b = torch.randn(D_tok, m_tok, generator=g_bridge, dtype=torch.float64)   # tokens are the columns
+W_Q, W_K = (torch.randn(d_k, D_tok, generator=g_bridge, dtype=torch.float64) for _ in range(2))
+W_V = torch.randn(D_tok, D_tok, generator=g_bridge, dtype=torch.float64)
+H = Z_b.T                                                                  # row-token view: one row per token
+key_mask = torch.zeros(m_tok, m_tok, dtype=torch.float64)
+key_mask[:, n_keys:] = -math.inf                                           # tokens n.. are never keys
+rows = torch.nn.functional.scaled_dot_product_attention(H @ W_Q.T, H @ W_K.T, H @ W_V.T, attn_mask=key_mask)
+A_b = W_K.T @ W_Q / math.sqrt(d_k)                                         # the book's score matrix
+mask_col = torch.where(torch.arange(m_tok) < n_keys, 0., -math.inf).double()
+S_b = torch.softmax(Z_b.T @ A_b @ Z_b + mask_col[:, None], dim=0)          # S[i, j]: key i, query column j
+test_close(S_b.sum(0), torch.ones(m_tok, dtype=torch.float64), eps=1e-15)  # column-stochastic
+test_eq(S_b[n_keys:], torch.zeros(m_tok - n_keys, m_tok, dtype=torch.float64))
+bridge_gap = (rows.T - W_V @ Z_b @ S_b).abs().max().item()
+assert bridge_gap < 1e-12, bridge_gap
+print(f"largest |row-token attention - column form| over the {D_tok} x {m_tok} entries: below 1e-12")
+record_claim("bridge", "Row-token attention $\\operatorname{softmax}(\\mathsf Q \\mathsf K^\\top/\\sqrt{d_k})\\mathsf V$ equals the book's column form $W_V Z S$ with $S$ column-stochastic and $A = W_K^\\top W_Q/\\sqrt{d_k}$.",
+             "proved", "prompt", "#from-row-token-attention-to-the-books-columns");
+
 
 # %% [markdown]
 # ## Building the prompt
@@ -109,25 +159,6 @@ def build_prompt(phi_states,        # (..., n + 1, d) features of S_0..S_n (n >=
 show_doc(build_prompt)
 
 # %% [markdown]
-# ### The prompt carries its $n$
-#
-# The matrix alone does not say where the context ends: the last-state column and a query column
-# look alike (features, reward 0, value 0), and a context column may have reward 0 too. So a
-# prompt with $q$ query columns and $N = n + 1 + q$ columns cannot tell a model its $n$. A model that
-# *guessed* $n = N - 2$ (one query) would silently treat the first $q - 1$ queries of a
-# several-query prompt as context transitions: it would attend to them as keys and read the wrong
-# values back ([the next chapter](dual_head.html) measures how wrong). The book's rule is that
-# $n$ is never guessed:
-#
-# * `build_prompt` attaches $n$ to the tensor it returns, as the attribute `Z.n_context`;
-# * every model reads $n$ from the argument `n` if given, else from `Z.n_context`, and raises a
-#   `ValueError` if neither is there, or if both are and disagree.
-#
-# The attribute lives on that tensor object only: slicing, stacking, `.to()` to another dtype or
-# device, or a round trip through numpy return a plain tensor without it, and then `n` must be
-# passed.
-
-# %% [markdown]
 # A hand-sized example: $d = 2$, three transitions, two queries. Reading the matrix column by column
 # gives the trajectory back; the reward row is zero from column $n$ on, and the value row is zero.
 
@@ -140,16 +171,6 @@ test_eq(Z, torch.tensor([[1., 0., 1., 2., 3., 0.],
                          [.5, -1., 2., 0., 0., 0.],
                          [0., 0., 0., 0., 0., 0.]], dtype=torch.float64))
 Z
-
-# %% [markdown]
-# A single query may be given as a vector, no query at all as `None`, and numpy input becomes a
-# float64 tensor while float32 stays float32:
-
-# %%
-test_eq(build_prompt(phi, R, torch.tensor([3., 3.], dtype=torch.float64)), Z[:, :5])
-test_eq(build_prompt(phi, R), Z[:, :4])
-test_eq(build_prompt(phi.numpy(), R.numpy(), [3., 3.]).dtype, torch.float64)
-test_eq(build_prompt(phi.float(), R.float(), torch.ones(2)).dtype, torch.float32)
 
 # %% [markdown]
 # On a sampled Boyan-chain trajectory, with every state of the chain as a query, the blocks land
@@ -168,33 +189,6 @@ test_eq(Z[d, n:], torch.zeros(s + 1, dtype=torch.float64))
 test_eq(Z[d + 1], torch.zeros(n + 1 + s, dtype=torch.float64))
 test_eq(Z.n_context, n)
 assert not hasattr(Z[..., :-1], "n_context") and not hasattr(Z.float(), "n_context")
-
-# %% [markdown]
-# Batches: leading dimensions broadcast, so a batch of contexts can share one set of queries, and
-# each prompt of a batch is the prompt of its own context.
-
-# %%
-trajs = [sample_trajectory(mrp, n, seed=k) for k in range(5)]
-phis = torch.stack([mrp.phi[st] for st, _ in trajs]).reshape(5, 1, n + 1, d).expand(5, 3, n + 1, d)
-rews = torch.stack([r for _, r in trajs]).reshape(5, 1, n).expand(5, 3, n)
-Zb = build_prompt(phis, rews, mrp.phi[:2])
-test_eq((Zb.shape, Zb.n_context), ((5, 3, d + 2, n + 3), n))
-for k, (st, r) in enumerate(trajs): test_eq(Zb[k, 2], build_prompt(mrp.phi[st], r, mrp.phi[:2]))
-one_each = build_prompt(phis[:, 0], rews[:, 0], mrp.phi[:5])   # (5, d): query k for context k
-test_eq(one_each.shape, (5, d + 2, n + 2))
-for k in range(5): test_eq(one_each[k, :d, -1], mrp.phi[k])
-
-# %% [markdown]
-# Malformed input fails with the argument's name and what was expected:
-
-# %%
-bad = {"`phi_states` must have shape (..., n + 1, d)": (phi[:1], R[:0], None),
-       "`rewards` must have shape (..., n) with n = 3": (phi, R[:2], None),
-       "`phi_queries` must have last dimension d = 2": (phi, R, torch.ones(3, dtype=torch.float64)),
-       "`rewards` contains NaN or inf": (phi, torch.tensor([0., float("nan"), 1.]), None),
-       "do not broadcast": (phi.expand(2, 4, 2), R.expand(3, 3), None),
-       "`phi_states` must be numeric": ("abc", R, None)}
-for msg, args in bad.items(): test_fail(lambda: build_prompt(*args), contains=msg)
 
 
 # %% [markdown]
@@ -235,16 +229,90 @@ def plot_prompt(Z:torch.Tensor,   # (d + 2, n + 1 + q) prompt
 
 
 # %%
+#| fig-cap: "Figure 2.1: The prompt stacks features, reward and value memory as rows, and the context, the last state and the queries as columns; the value row starts empty."
+#| fig-alt: "Heat map of a 6-row, 16-column matrix: four feature rows with entries of both signs, a reward row filled for the first 12 columns and zero after, and an all-zero value-memory row; vertical lines separate the 12 context columns, the last-state column and three query columns."
 small = random_boyan_chain(seed=3)
 st, rw = sample_trajectory(small, 12, seed=3)
 Zs = build_prompt(small.phi[st], rw, small.phi[[0, 4, 9]])
-ax = plot_prompt(Zs, 12, title="Prompt of a 12-transition Boyan-chain context with queries $s = 0, 4, 9$")
+ax = plot_prompt(Zs, 12, title="Prompt of a 12-transition Boyan-chain context with query states 0, 4, 9")
 test_fig_exists(ax)
-test_fail(lambda: plot_prompt(Zb, n), contains="`Z` must be one prompt")
 
 # %% [markdown]
 # The reward row ends at column $n - 1$: the last state and the queries have no reward, and the
 # value-memory row is blank. [The next chapter](dual_head.html) builds the layer that fills that row.
+
+# %% [markdown]
+# ## Implementation and tests
+#
+# The lesson ends above; this section documents the rules a user of `build_prompt` meets and tests
+# them: how a prompt carries its number of transitions, query shapes, dtypes, batches and bad input.
+
+# %% [markdown]
+# ### The prompt carries its $n$
+#
+# The matrix alone does not say where the context ends: the last-state column and a query column
+# look alike (features, reward 0, value 0), and a context column may have reward 0 too. So a
+# prompt with $q$ query columns and $m = n + 1 + q$ columns cannot tell a model its $n$. A model that
+# *guessed* $n = m - 2$ (one query) would silently treat the first $q - 1$ queries of a
+# several-query prompt as context transitions: it would attend to them as keys and read the wrong
+# values back ([the next chapter](dual_head.html) measures how wrong). The book's rule is that
+# $n$ is never guessed:
+#
+# * `build_prompt` attaches $n$ to the tensor it returns, as the attribute `Z.n_context`;
+# * every model reads $n$ from the argument `n` if given, else from `Z.n_context`, and raises a
+#   `ValueError` if neither is there, or if both are and disagree.
+#
+# The attribute lives on that tensor object only: slicing, stacking, `.to()` to another dtype or
+# device, or a round trip through numpy return a plain tensor without it, and then `n` must be
+# passed.
+
+# %%
+phi = torch.tensor([[1., 0.], [0., 1.], [1., 1.], [2., 0.]], dtype=torch.float64)  # the hand-sized example's S_0..S_3
+R = torch.tensor([0.5, -1., 2.], dtype=torch.float64)
+Z = build_prompt(phi, R, torch.tensor([[3., 3.], [0., -1.]], dtype=torch.float64))
+
+# %% [markdown]
+# A single query may be given as a vector, no query at all as `None`, and numpy input becomes a
+# float64 tensor while float32 stays float32:
+
+# %%
+test_eq(build_prompt(phi, R, torch.tensor([3., 3.], dtype=torch.float64)), Z[:, :5])
+test_eq(build_prompt(phi, R), Z[:, :4])
+test_eq(build_prompt(phi.numpy(), R.numpy(), [3., 3.]).dtype, torch.float64)
+test_eq(build_prompt(phi.float(), R.float(), torch.ones(2)).dtype, torch.float32)
+
+# %% [markdown]
+# Batches: leading dimensions broadcast, so a batch of contexts can share one set of queries, and
+# each prompt of a batch is the prompt of its own context.
+
+# %%
+trajs = [sample_trajectory(mrp, n, seed=k) for k in range(5)]
+phis = torch.stack([mrp.phi[st] for st, _ in trajs]).reshape(5, 1, n + 1, d).expand(5, 3, n + 1, d)
+rews = torch.stack([r for _, r in trajs]).reshape(5, 1, n).expand(5, 3, n)
+Zb = build_prompt(phis, rews, mrp.phi[:2])
+test_eq((Zb.shape, Zb.n_context), ((5, 3, d + 2, n + 3), n))
+for k, (st, r) in enumerate(trajs): test_eq(Zb[k, 2], build_prompt(mrp.phi[st], r, mrp.phi[:2]))
+one_each = build_prompt(phis[:, 0], rews[:, 0], mrp.phi[:5])   # (5, d): query k for context k
+test_eq(one_each.shape, (5, d + 2, n + 2))
+for k in range(5): test_eq(one_each[k, :d, -1], mrp.phi[k])
+
+# %% [markdown]
+# Malformed input fails with the argument's name and what was expected:
+
+# %%
+bad = {"`phi_states` must have shape (..., n + 1, d)": (phi[:1], R[:0], None),
+       "`rewards` must have shape (..., n) with n = 3": (phi, R[:2], None),
+       "`phi_queries` must have last dimension d = 2": (phi, R, torch.ones(3, dtype=torch.float64)),
+       "`rewards` contains NaN or inf": (phi, torch.tensor([0., float("nan"), 1.]), None),
+       "do not broadcast": (phi.expand(2, 4, 2), R.expand(3, 3), None),
+       "`phi_states` must be numeric": ("abc", R, None)}
+for msg, args in bad.items(): test_fail(lambda: build_prompt(*args), contains=msg)
+
+# %% [markdown]
+# `plot_prompt` draws one prompt, not a batch:
+
+# %%
+test_fail(lambda: plot_prompt(Zb, n), contains="`Z` must be one prompt")
 
 # %%
 #| hide

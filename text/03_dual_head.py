@@ -21,10 +21,11 @@ import math
 import matplotlib.pyplot as plt
 import numpy as np
 from ictd.boyan import random_boyan_chain, sample_trajectory, msve
-from ictd.wstd import weighted_softmax_td, centred_softmax_td
+from ictd.wstd import weighted_softmax_td
 from ictd.prompt import build_prompt
 from fractions import Fraction
 from IPython.display import Markdown
+from ictd.core import record_claim
 
 
 # %% [markdown]
@@ -38,24 +39,30 @@ from IPython.display import Markdown
 # attention pattern, a *current-value* head and a *target-value* head, a shift matrix $\Pi$ to the
 # predecessor columns, and the discount $\gamma$ in the target head.
 # The paper's full text is not available to this project, so **the exact parameters $\theta^*$
-# below, Theorem 1 and its proof are the project's own construction**, chosen
+# below, Theorem 3.1 and its proof are the project's own construction**, chosen
 # to satisfy every claim the paper makes; they are checked numerically to machine precision after
 # the proof. One choice deserves a flag at once: in this chapter $\Pi$ shifts the layer's *input*
-# (the target head reads the successor's token, then attends), whereas the paper's summaries have
-# it route the *aggregated* quantities, after attention. [Chapter 4](tsm.html) builds that second
-# form as well, proves that it runs the same iteration, and compares the two.
+# (the target head reads the successor's token, then attends); it can also act *after* attention,
+# on the aggregated quantities. [Chapter 4](tsm.html) builds that second form as well, proves that it
+# runs the same iteration, and compares the two.
+#
+# *How to read this chapter.* The layer and its diagram, the parameters $\theta^*$, the model, then
+# Theorem 3.1 with a two-layer example in exact fractions, its check, and two figures. The code a user
+# calls is documented where it appears; helpers, validation and exhaustive tests are in the last section,
+# [Implementation and tests](#implementation-and-tests). The [bridge box of chapter 2](prompt.html#from-row-token-attention-to-the-books-columns)
+# translates this column convention from the usual row-token attention.
 #
 # ## The layer
 #
-# Let $Z_l$ be the $(d+2) \times N$ matrix entering layer $l$ ($N = n + 1 + q$ columns, the layout
-# of [the previous chapter](prompt.html)), with columns $z_0, \dots, z_{N-1}$. Only the $n$ context columns are keys.
+# Let $Z_l$ be the $(d+2) \times m$ matrix entering layer $l$ ($m = n + 1 + q$ columns, the layout
+# of [the previous chapter](prompt.html)), with columns $z_0, \dots, z_{m-1}$. Only the $n$ context columns are keys.
 # The attention matrix, shared by both heads, is a softmax over keys $i$ for each query column $j$:
 #
-# $$S_l[i, j] = \frac{\exp\big(z_i^\top A_l z_j + m_i\big)}{\sum_{i'} \exp\big(z_{i'}^\top A_l z_j + m_{i'}\big)},
-# \qquad m_i = \begin{cases} 0 & i < n \\ -\infty & i \ge n, \end{cases}$$
+# $$S_l[i, j] = \frac{\exp\big(z_i^\top A_l z_j + \omega_i\big)}{\sum_{i'} \exp\big(z_{i'}^\top A_l z_j + \omega_{i'}\big)},
+# \qquad \omega_i = \begin{cases} 0 & i < n \\ -\infty & i \ge n, \end{cases}$$
 #
 # so $S_l$ is column-stochastic with zero rows at the last-state and query columns. The shift
-# $\Pi$ is the $N \times N$ matrix with $\Pi[j+1, j] = 1$ for $j < n$ and zeros elsewhere, so that
+# $\Pi$ is the $m \times m$ matrix with $\Pi[j+1, j] = 1$ for $j < n$ and zeros elsewhere, so that
 # $(Z \Pi)[:, j] = Z[:, j+1]$ for $j < n$: column $j$ of $Z\Pi$ is the token of the successor state
 # $S_{j+1}$ of transition $j + 1$. The layer is
 #
@@ -73,6 +80,8 @@ from IPython.display import Markdown
 # the chapter.
 
 # %%
+#| fig-cap: "Figure 3.1: One dual-head layer: both value heads are weighted by one shared attention, and the target head reads the successor token through the shift."
+#| fig-alt: "Block diagram: the prompt Z_l feeds the scores and their softmax S_l, the current-value head and, through the shift, the target-value head; the two heads are summed, multiplied by S_l and added back to Z_l by a residual connection. Bracketed labels give what each box holds under theta-star: the kernel weights, alpha times the reward minus the current value, gamma alpha times the successor value, and the updated value row."
 #| code-fold: true
 def box(ax, xy, text, color, w=2.5, h=0.8):
     "A labelled rounded box centred at `xy`."
@@ -163,16 +172,6 @@ def context_attention(Z:torch.Tensor,  # (..., d + 2, N) prompt
     return torch.softmax(logits + mask[:, None], dim=-2)
 
 
-# %% [markdown]
-# The layer never needs $S$ itself, only the products $X S$ with $X = V^{\mathrm{cur}} Z + V^{\mathrm{tgt}} Z \Pi$,
-# and only the first $n$ columns of $X$ enter them (the other rows of $S$ are zero). That is exactly
-# what torch's fused `scaled_dot_product_attention` computes, with queries $A z_j$, keys $z_i$
-# and values $x_i$ for the $n$ context columns, and scale 1: no mask is needed, because the keys
-# *are* the context columns, and the $N \times N$ matrix is never built, so memory grows like $N$
-# rather than $N^2$. `attend_context` is that product; it does no validation (public methods
-# validate once, at the boundary) and broadcasts over leading dimensions of `A` and `X`, so
-# parameters stacked along a seed axis run in one call.
-
 # %%
 #| export
 def attend_context(Z:torch.Tensor,  # (..., d + 2, N) prompt
@@ -197,87 +196,6 @@ def dual_head_update(Z:torch.Tensor,      # (..., d + 2, N) prompt
     return Z + attend_context(Z, A, X)
 
 
-# %%
-show_doc(successor_shift)
-
-# %%
-show_doc(context_attention)
-
-# %%
-show_doc(attend_context)
-
-# %% [markdown]
-# Both helpers are checked against their definitions: `successor_shift` against the explicit
-# matrix $\Pi$ (built here only for the test), `context_attention` against a direct softmax over
-# the first $n$ columns.
-
-# %%
-g = torch.Generator().manual_seed(0)
-Zr, Ar, n_, N_ = torch.randn(3, 6, 9, generator=g, dtype=torch.float64), torch.randn(6, 6, generator=g, dtype=torch.float64), 5, 9
-Pi = torch.zeros(N_, N_, dtype=torch.float64)
-for j in range(n_): Pi[j + 1, j] = 1.
-test_eq(successor_shift(Zr, n_), Zr @ Pi)
-S = context_attention(Zr, Ar, n_)
-test_close(S[..., :n_, :], torch.softmax((Zr.transpose(-1, -2) @ Ar @ Zr)[..., :n_, :], dim=-2), eps=1e-15)
-test_eq(S[..., n_:, :], torch.zeros(3, N_ - n_, N_, dtype=torch.float64))
-test_close(S.sum(-2), torch.ones(3, N_, dtype=torch.float64), eps=1e-14)
-Xr = torch.randn(3, 4, n_, generator=g, dtype=torch.float64)
-test_close(attend_context(Zr, Ar, Xr), Xr @ S[..., :n_, :], eps=1e-14)
-test_close(attend_context(Zr, torch.stack([Ar, 2 * Ar])[:, None], Xr), torch.stack([Xr @ S[..., :n_, :], Xr @ context_attention(Zr, 2 * Ar, n_)[..., :n_, :]]), eps=1e-14)
-
-
-# %% [markdown]
-# Which kernel torch picks matters for memory. On the CPU (torch 2.13, measured with the profiler)
-# the fused flash kernel `_scaled_dot_product_flash_attention_for_cpu` runs only on 4-D inputs
-# whose last dimension is contiguous and whose values are as wide as the queries and keys (here
-# all three have the $d + 2$ rows of a token), in float32 and float64, with or without autograd;
-# anything else silently falls back to the "math" kernel, which builds the $N \times N$ matrix.
-# `attend_context` therefore flattens the batch dimensions into a contiguous
-# (batch, 1, columns, rows) layout. The check below fails if a forward pass, with gradients, stops
-# using the fused kernel:
-
-# %%
-def sdpa_kernels(f):
-    "Names of the scaled-dot-product attention kernels torch runs inside `f()`."
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof: f()
-    return sorted({e.name for e in prof.events() if "scaled_dot_product" in e.name and e.name != "aten::scaled_dot_product_attention"})
-
-Ag = Ar.clone().requires_grad_()
-Xw = torch.randn(3, 6, n_, generator=g, dtype=torch.float64)   # values as wide as the tokens, as in every layer
-kernels = sdpa_kernels(lambda: attend_context(Zr, Ag, Xw).sum().backward())
-assert "aten::_scaled_dot_product_flash_attention_for_cpu" in kernels and not any("math" in k for k in kernels), kernels
-kernels
-
-# %% [markdown]
-# ## How the model knows $n$
-#
-# The prompt does not say where the context ends: a column of the last state and a query column
-# look alike ([chapter 2](prompt.html)). So $n$ is never guessed: every forward method takes it as
-# the argument `n`, and when `n` is not given reads it from the prompt's attribute `Z.n_context`,
-# which `build_prompt` sets. A plain tensor without the attribute and without `n` is refused, and
-# so is an `n` that contradicts the attribute. `check_prompt` validates the prompt and resolves `n`
-# once for every model of the book, and the models attach `n_context` to their outputs, so that
-# an output can be fed to the next model as it is.
-
-# %%
-show_doc(check_prompt)
-
-# %%
-Zp = build_prompt(torch.zeros(11, 4), torch.zeros(10), torch.zeros(3, 4))      # n = 10, three queries
-test_eq(check_prompt(Zp, 4)[1], 10)
-test_eq(check_prompt(Zp, 4, n=10)[1], 10)
-test_eq(check_prompt(torch.zeros(6, 12), 4, n=7)[1], 7)
-test_eq(check_prompt(np.zeros((6, 12)), 4, n=10)[0].dtype, torch.float64)
-for msg, (Z_, n__) in {"`Z` must have shape (..., d + 2, n + 1 + q) with d + 2 = 6 rows": (torch.zeros(5, 12), 3),
-                       "`n` must be given: `Z` does not carry": (torch.zeros(6, 12), None),
-                       "`n` must be given": (Zp[..., :-1], None),
-                       "`n` = 11 contradicts the prompt, which was built with `Z.n_context` = 10": (Zp, 11),
-                       "`n` must be an integer in 1..11": (torch.zeros(6, 12), 12),
-                       "`n` must be an integer in 1..1": (torch.zeros(6, 2), 0),
-                       "`Z` contains NaN or inf": (torch.full((6, 3), float("nan")), 1)}.items():
-    test_fail(lambda: check_prompt(Z_, 4, n__), contains=msg)
-
-
 # %% [markdown]
 # ## The layer as a module
 #
@@ -286,6 +204,8 @@ for msg, (Z_, n__) in {"`Z` must have shape (..., d + 2, n + 1 + q) with d + 2 =
 # dtype and device on the fly, so one module evaluates float32 and float64 prompts, on CPU or CUDA,
 # and gradients still flow to the stored parameters. Random initialisation is Xavier-normal with a
 # small gain, from a seed.
+#
+# (Its tests, with those of the helpers it calls, are in [Implementation and tests](#implementation-and-tests).)
 
 # %%
 #| export
@@ -312,8 +232,34 @@ def _param(t:torch.Tensor, name:str, D:int)->nn.Parameter:
 
 # %%
 #| export
-class DualHeadSoftmaxLayer(nn.Module):
-    "One softmax attention layer with a current-value and a target-value head sharing one attention pattern."
+class PromptLayer(nn.Module):
+    "Base of the book's layers: validate the prompt, run the class's unvalidated `update` with the layer's `params`, carry `n`."
+    update = attend = None       # staticmethods of each layer class: update(Z, *params, n) and attend(Z, params, n)
+    value_entries = ()           # (parameter, row offset, column offset) from d of each value-update weight
+
+    def attention(self, Z,           # (..., d + 2, N) prompt
+                  n=None,            # number of context transitions; default `Z.n_context`
+                 )->torch.Tensor:    # (..., N, N) attention S[i, j], zero rows at columns that are no key
+        "The attention matrix of this layer on prompt `Z`."
+        Z, n = check_prompt(Z, self.d, n)
+        return self.attend(Z, self.params(Z), n)
+
+    def forward(self, Z,             # (..., d + 2, N) prompt
+                n=None,              # number of context transitions; default `Z.n_context`
+               )->torch.Tensor:      # (..., d + 2, N) next prompt
+        "The layer's update of a validated prompt; the output carries `n`."
+        Z, n = check_prompt(Z, self.d, n)
+        return carry_context(self.update(Z, *self.params(Z), n), n)
+
+    def value_weights(self)->torch.Tensor:
+        "The value-update weights named by `value_entries` (detached)."
+        return torch.stack([getattr(self, p)[self.d + r, self.d + c] for p, r, c in self.value_entries]).detach()
+
+
+class DualHeadSoftmaxLayer(PromptLayer):
+    "One softmax attention layer with a current-value and a target-value head sharing one attention pattern: $Z + (V^{cur} Z + V^{tgt} Z \\Pi) S$."
+    update, attend = staticmethod(dual_head_update), staticmethod(lambda Z, params, n: context_attention(Z, params[0], n))
+    value_entries = (("V_cur", 1, 0), ("V_tgt", 1, 1), ("V_cur", 1, 1))   # (reward, successor value, current value) into the value row
     def __init__(self, d:int,            # feature dimension; tokens have d + 2 rows
                  init_gain:float=0.1,    # gain of the Xavier-normal initialisation
                  seed=None,              # int or `torch.Generator` for the initialisation
@@ -337,47 +283,9 @@ class DualHeadSoftmaxLayer(nn.Module):
         "The parameters (A, V_cur, V_tgt) cast to the dtype and device of `like`."
         return tuple(p.to(like) for p in (self.A, self.V_cur, self.V_tgt))
 
-    def attention(self, Z,           # (..., d + 2, N) prompt
-                  n=None,            # number of context transitions; default `Z.n_context`
-                 )->torch.Tensor:    # (..., N, N) attention S[i, j], zero rows at non-context keys
-        "The attention matrix of this layer on prompt `Z`."
-        Z, n = check_prompt(Z, self.d, n)
-        return context_attention(Z, self.params(Z)[0], n)
-
-    def forward(self, Z,             # (..., d + 2, N) prompt
-                n=None,              # number of context transitions; default `Z.n_context`
-               )->torch.Tensor:      # (..., d + 2, N) next prompt
-        "$Z + V^{cur} Z S + V^{tgt} (Z \\Pi) S$, computed as $Z + (V^{cur} Z + V^{tgt} Z \\Pi) S$."
-        Z, n = check_prompt(Z, self.d, n)
-        return carry_context(dual_head_update(Z, *self.params(Z), n), n)
-
-    def value_weights(self)->torch.Tensor:
-        "The value-row weights (reward, successor value, current value): V_cur[d+1, d], V_tgt[d+1, d+1], V_cur[d+1, d+1] (detached)."
-        d = self.d
-        return torch.stack([self.V_cur[d + 1, d], self.V_tgt[d + 1, d + 1], self.V_cur[d + 1, d + 1]]).detach()
-
 
 # %%
 show_doc(DualHeadSoftmaxLayer)
-
-# %%
-show_doc(DualHeadSoftmaxLayer.forward)
-
-# %% [markdown]
-# Seeds reproduce initialisations, and the layer is a residual map: with zero value matrices it is
-# the identity. Both heads read one attention matrix, whose columns sum to one.
-
-# %%
-lay = DualHeadSoftmaxLayer(4, seed=0)
-test_eq(lay.A.detach(), DualHeadSoftmaxLayer(4, seed=0).A.detach())
-test_ne(lay.A.detach(), DualHeadSoftmaxLayer(4, seed=1).A.detach())
-test_eq(len(list(lay.parameters())), 3)
-Zr = torch.randn(2, 6, 11, generator=g, dtype=torch.float64)
-zero = DualHeadSoftmaxLayer.from_params(lay.A, torch.zeros(6, 6), torch.zeros(6, 6)).requires_grad_(False)
-test_eq(zero(Zr, n=9), Zr)
-test_close(lay.attention(Zr, n=9).sum(-2), torch.ones(2, 11, dtype=torch.float64), eps=1e-14)
-test_fail(lambda: DualHeadSoftmaxLayer(0), contains="`d` must be a positive integer")
-test_fail(lambda: DualHeadSoftmaxLayer.from_params(torch.eye(6), torch.eye(5), torch.eye(6)), contains="`V_cur` must have shape (6, 6)")
 
 
 # %% [markdown]
@@ -388,7 +296,7 @@ test_fail(lambda: DualHeadSoftmaxLayer.from_params(torch.eye(6), torch.eye(5), t
 # $\mathbb{R}^{d+2}$:
 #
 # ::: {.definition}
-# **Definition (the constructed parameters $\theta^*$; ours).**
+# **Definition 3.1 (the constructed parameters $\theta^*$; ours).**
 # $$A = \begin{pmatrix} W & 0 \\ 0 & 0_{2\times 2} \end{pmatrix}, \qquad
 # V^{\mathrm{cur}} = \alpha\, e_{d+1} (e_d - e_{d+1})^\top, \qquad
 # V^{\mathrm{tgt}} = \gamma\alpha\, e_{d+1} e_{d+1}^\top .$$
@@ -430,6 +338,7 @@ show_doc(theta_star)
 # (the rest of $\theta^*$ untouched) breaks the agreement, by a margin printed below.
 
 # %%
+g = torch.Generator().manual_seed(0)
 alpha, gamma, d = 0.3, 0.9, 4
 W = torch.randn(d, d, generator=g, dtype=torch.float64)
 A, V_cur, V_tgt = theta_star(d, W, alpha, gamma)
@@ -455,11 +364,6 @@ for name, (which, col) in entries.items():
     flip_gaps[name] = layer_vs_td(*params)
     assert flip_gaps[name] > 1e-2, (name, flip_gaps[name])
 print("theta*: gap below 1e-13; " + "; ".join(f"{k} flipped: gap {v:.2f}" for k, v in flip_gaps.items()))
-for msg, args in {"`W` must have shape (4, 4)": (4, torch.eye(3), 0.1, 0.9),
-                  "`gamma` must lie in [0, 1)": (4, torch.eye(4), 0.1, 1.0),
-                  "`alpha` must be a finite number": (4, torch.eye(4), float("inf"), 0.9),
-                  "`d` must be a positive integer": (0, torch.eye(4), 0.1, 0.9)}.items():
-    test_fail(lambda: theta_star(*args), contains=msg)
 
 
 # %% [markdown]
@@ -512,6 +416,7 @@ test_close(observed_value_weights(layer, Z, 20), torch.tensor([alpha, gamma * al
 class SoftmaxICTD(nn.Module):
     "A stack of `n_layers` dual-head softmax layers reading values from the last row of its prompt."
     Layer, update = DualHeadSoftmaxLayer, staticmethod(dual_head_update)   # the layer module and its unvalidated update
+    construction = staticmethod(theta_star)   # the parameters `from_theta_star` gives every layer
     def __init__(self, d:int,              # feature dimension; prompts have d + 2 rows
                  n_layers:int,             # number of layers L
                  shared:bool=False,        # one parameter set for all layers
@@ -537,8 +442,8 @@ class SoftmaxICTD(nn.Module):
                         gamma:float,         # discount factor in [0, 1)
                         shared:bool=False,   # store one parameter set instead of L copies
                        ):
-        "The model whose every layer carries `theta_star(d, W, alpha, gamma)`."
-        return cls.from_params(n_layers, *theta_star(d, W, alpha, gamma), shared=shared)
+        "The model whose every layer carries the class's `construction(d, W, alpha, gamma)`: $\\theta^*$ for `SoftmaxICTD`, $\\theta^{\\delta}$ for `ShiftAfterAttentionICTD`."
+        return cls.from_params(n_layers, *cls.construction(d, W, alpha, gamma), shared=shared)
 
     @classmethod
     def from_params(cls, n_layers:int,       # number of layers L
@@ -573,7 +478,7 @@ class SoftmaxICTD(nn.Module):
         return self._forward(Z, n)[..., self.d + 1, n + 1:]
 
     def value_weights(self)->torch.Tensor:
-        "(L, 3) value-update weights (reward, successor value, current value) of every layer."
+        "(L, k) value-update weights of every layer, as `Layer.value_weights` names them ((reward, successor value, current value) here)."
         return torch.stack([self.layer(l).value_weights() for l in range(self.n_layers)])
 
 
@@ -584,31 +489,13 @@ show_doc(SoftmaxICTD)
 show_doc(SoftmaxICTD.from_theta_star)
 
 # %%
-show_doc(SoftmaxICTD.value_weights)
-
-# %%
-show_doc(SoftmaxICTD.forward)
-
-# %%
 show_doc(SoftmaxICTD.predict)
 
-# %%
-m_free, m_shared = SoftmaxICTD(4, 3, seed=0), SoftmaxICTD(4, 3, shared=True, seed=0)
-test_eq((len(list(m_free.parameters())), len(list(m_shared.parameters()))), (9, 3))
-assert m_shared.layer(2) is m_shared.layer(0)
-test_eq(m_free.value_weights().shape, (3, 3))
-m_star = SoftmaxICTD.from_theta_star(d, 3, W, alpha, gamma).requires_grad_(False)
-Zs = m_star(Z, n=20, return_all=True)
-test_close(torch.stack([observed_value_weights(m_star.layer(l), Zs[l], 20, seed=l) for l in range(3)]), m_star.value_weights(), eps=1e-12)
-test_fail(lambda: SoftmaxICTD(4, 0), contains="`n_layers` must be a positive integer")
-test_fail(lambda: m_free(torch.zeros(2, 5, 9)), contains="`Z` must have shape (..., d + 2, n + 1 + q) with d + 2 = 6 rows")
-test_fail(lambda: m_free.predict(torch.zeros(6, 9), n=9), contains="`n` must be an integer in 1..8")
-
 # %% [markdown]
-# ## Theorem 1: the constructed Transformer runs weighted softmax TD
+# ## The constructed Transformer runs weighted softmax TD
 #
-# Fix a context $S_0, R_1, \dots, R_n, S_n$ and query states $s_1, \dots, s_q$, and write
-# $x_j$ for the state of column $j$: $x_j = S_j$ for $j \le n$ and $x_{n+j} = s_j$. Let
+# Fix a context $S_0, R_1, \dots, R_n, S_n$ and query states $x_{n+1}, \dots, x_{n+q}$, and write
+# $x_j$ for the state of column $j$: $x_j = S_j$ for $j \le n$ and $x_j$ the $(j - n)$-th query state for $j > n$. Let
 # $v_0 = 0, v_1, v_2, \dots$ be the iterates of weighted softmax TD ([chapter 1](weighted_softmax_td.html)) with score
 # $g(x, y) = \phi(x)^\top W \phi(y)$, step $\alpha$ and $\rho = 1$:
 #
@@ -617,15 +504,15 @@ test_fail(lambda: m_free.predict(torch.zeros(6, 9), n=9), contains="`n` must be 
 # K_k(x) = \frac{\exp g(S_{k-1}, x)}{\sum_{k'=1}^n \exp g(S_{k'-1}, x)} .$$
 #
 # ::: {.theorem}
-# **Theorem 1 (our construction; the paper claims that such a construction exists).**
+# **Theorem 3.1 (our construction; the paper claims that such a construction exists).**
 # *Let every layer carry $\theta^*$. Then for every $l \ge 0$, rows $0..d$ of $Z_l$ equal those of
 # $Z_0$, and $Z_l[d+1, j] = v_l(x_j)$ at every column $j$. In particular
-# $\mathrm{TF}_L(Z_0) = Z_L[d+1, n+1] = v_L(s_1)$. This holds for every $W$, $\alpha$, $\gamma$,
+# $\mathrm{TF}_L(Z_0) = Z_L[d+1, n+1] = v_L(x_{n+1})$. This holds for every $W$, $\alpha$, $\gamma$,
 # context, and number of queries.*
 # :::
 #
-# ::: {.proof}
-# *Proof*, by induction on $l$. For $l = 0$ the value row of $Z_0$ is zero, which is $v_0$.
+# ::: {.callout-note collapse="true" title="Proof"}
+# By induction on $l$. For $l = 0$ the value row of $Z_0$ is zero, which is $v_0$.
 # Assume the claim for $l$.
 #
 # 1. *Only the value row changes.* Every row of $V^{\mathrm{cur}}$ and $V^{\mathrm{tgt}}$ but row
@@ -708,7 +595,7 @@ Markdown("| | " + " | ".join(cols) + " |\n|---|" + "---|" * 6 + "\n" + "\n".join
 # the keys, so it weighs transition 1 twice as much as the others.
 
 # %% [markdown]
-# ## Checking Theorem 1
+# ## Checking Theorem 3.1
 #
 # The check runs the constructed model for $L = 50$ layers on random Boyan chains with random
 # features, random score matrices $W$, random step sizes and context lengths, and one to four query
@@ -743,6 +630,8 @@ gaps = [theorem1_gap(seed) for seed in range(12)]
 for gap, _ in gaps: assert gap < 1e-12, gap
 print(f"largest relative gap below 1e-12; "
       f"tasks whose values exceed 100: {sum(v > 100 for _, v in gaps)} of {len(gaps)}, largest |v| {max(v for _, v in gaps):.1e}")
+record_claim("theorem-3.1", "Under $\\theta^*$ every dual-head softmax layer is one iteration of weighted softmax TD with the bilinear score and $\\rho = 1$, at every column, for every $W$, $\\alpha$, $\\gamma$ and context (Theorem 3.1).",
+             "proved", "dual_head", "#checking-theorem-3.1");
 
 # %% [markdown]
 # The largest relative gap over 12 random tasks, 4 contexts each, and 50 layers is below
@@ -771,42 +660,6 @@ test_eq(model.predict(Z4).shape, (4,))
 test_eq(model.predict(Z4[:, :27], n=25).shape, (1,))
 
 # %% [markdown]
-# Why $n$ is never guessed. The old default, $n = N - 2$, was right only for one query column. On
-# this four-query prompt it would make the first three queries context transitions (keys with
-# reward 0 and value 0): the answer at the last query is then simply wrong, with no error. Now a
-# plain copy of the prompt without `n` is refused, and the prompt as built answers correctly:
-
-# %%
-guessed, right = model.predict(Z4.clone(), n=Z4.shape[-1] - 2)[-1].item(), model.predict(Z4)[-1].item()
-td_last = weighted_softmax_td(mrp.phi[states], rewards, W_id, 0.5, mrp.gamma, 20, phi_queries=mrp.phi[:4])[-1].item()
-test_close(right, td_last, eps=1e-12)
-assert abs(guessed - right) > 1e-2
-test_fail(lambda: model.predict(Z4.clone()), contains="`n` must be given")
-test_fail(lambda: model(Z4, n=28), contains="contradicts the prompt")
-print(f"last query: with n guessed as N - 2 = {Z4.shape[-1] - 2}: {guessed:.4f}; with the prompt's n = {Z4.n_context}: {right:.4f}; "
-      f"weighted softmax TD: {td_last:.4f}")
-
-# %% [markdown]
-# Batched prompts give the prompt-by-prompt answers; float32 prompts run through the float64
-# parameters in float32 and agree with float64 to single precision; numpy prompts are accepted.
-
-# %%
-trajs = [sample_trajectory(mrp, 25, seed=k) for k in range(8)]
-Zb = torch.stack([build_prompt(mrp.phi[st], r, mrp.phi[:3]) for st, r in trajs]).reshape(2, 4, mrp.d + 2, 29)
-vb = model.predict(Zb, n=25)
-test_eq(vb.shape, (2, 4, 3))
-for k, (st, r) in enumerate(trajs):
-    test_close(vb[k // 4, k % 4], model.predict(build_prompt(mrp.phi[st], r, mrp.phi[:3]), n=25), eps=1e-14)
-v32 = model.predict(Zb.float(), n=25)
-test_eq(v32.dtype, torch.float32)
-test_close(v32.double(), vb, eps=1e-4 * vb.abs().max().item())
-test_eq(model.predict(Zb.numpy(), n=25), vb)
-
-# %% [markdown]
-# On CUDA the same code runs on the GPU: `tests/test_model_properties.py` repeats this check on a
-# CUDA device when one is present and is skipped, with that reason, when none is.
-
-# %% [markdown]
 # ## What the constructed attention looks like
 #
 # With one-hot features and $W = \beta I$ the score is $\beta$ for a key in the query's own state
@@ -818,6 +671,8 @@ test_eq(model.predict(Zb.numpy(), n=25), vb)
 # The last three rows (the last state and the two queries) are masked and carry no weight.
 
 # %%
+#| fig-cap: "Figure 3.2: With one-hot features and W = 3I, each column attends mostly to the keys in its own state; the last state and the queries are never keys."
+#| fig-alt: "Heat map of attention weights, keys as rows and query columns as columns, both sorted by state: bright blocks where key and column share a state, a dim floor elsewhere, uniform weight in the column of the first query whose state no key shares, and three grey masked rows at the bottom."
 tab = random_boyan_chain(n_states=6, features="onehot", seed=4)
 st6, rw6 = sample_trajectory(tab, 16, seed=4)
 W3 = 3 * torch.eye(6, dtype=torch.float64)
@@ -827,7 +682,7 @@ S6 = tab_model.layer(0).attention(Z6)
 col_states = torch.cat([st6, torch.tensor([0, 5])])                                  # the state of each of the 19 columns
 col_order = torch.argsort(col_states, stable=True)                                   # columns sorted by state
 key_order = torch.cat([torch.argsort(st6[:16], stable=True), torch.arange(16, 19)])  # keys sorted by state, masked rows last
-names = [f"$S_{{{j}}}$" for j in range(17)] + ["$s_{q1}$", "$s_{q2}$"]
+names = [f"$S_{{{j}}}$" for j in range(17)] + ["query 1", "query 2"]
 lab = lambda j: f"{names[j]} ({col_states[j].item()})"
 S_sorted = S6[key_order][:, col_order].numpy()
 fig, ax = plt.subplots(figsize=(8, 7))
@@ -890,6 +745,8 @@ assert (err_tf[:, 40] < 1e-2 * err_tf[:, 0]).all()
 print("largest gap between the Transformer and weighted softmax TD over 5 tasks, 80 layers and all columns: below 1e-12")
 
 # %%
+#| fig-cap: "Figure 3.3: Depth is iteration: the value error of the constructed Transformer falls geometrically with the number of layers, on the same curve as weighted softmax TD, then settles at the statistical floor of the context."
+#| fig-alt: "Log-scale value error against layer 0 to 80 for five tasks: colored lines for the Transformer and black dots for weighted softmax TD lie on top of each other, fall by orders of magnitude over the first 20 to 40 layers, then flatten."
 #| code-fold: true
 fig, ax1 = plt.subplots(figsize=(8, 4.5))
 layers = np.arange(gap.shape[1])
@@ -913,13 +770,13 @@ plt.tight_layout()
 # %% [markdown]
 # ## One more head: the centred layer
 #
-# [Chapter 1](weighted_softmax_td.html) (Proposition 1b) showed that at small scores, *centred*
+# [Chapter 1](weighted_softmax_td.html) (Proposition 1.4) showed that at small scores, *centred*
 # weighted softmax TD, which subtracts the mean TD error, is centred, preconditioned linear TD up
 # to $O(\varepsilon^2)$. The centring is one more pair of heads: a score matrix of zero makes the
 # softmax uniform over the $n$ keys, and the value matrices $-V^{\mathrm{cur}}, -V^{\mathrm{tgt}}$ then
 # subtract $\alpha \cdot \frac1n \sum_k \delta_k$ from every column. The layer
-# $Z + (V^{\mathrm{cur}} Z + V^{\mathrm{tgt}} Z\Pi)(S_{A} - S_{0})$ runs `centred_softmax_td` exactly, by the
-# proof of Theorem 1 with $K_k(x) - \frac1n$ in place of $K_k(x)$:
+# $Z + (V^{\mathrm{cur}} Z + V^{\mathrm{tgt}} Z\Pi)(S_{A} - S_{0})$ runs `weighted_softmax_td(..., centred=True)` exactly, by the
+# proof of Theorem 3.1 with $K_k(x) - \frac1n$ in place of $K_k(x)$:
 
 # %%
 def centred_layer(Z, A, V_cur, V_tgt, n):
@@ -931,18 +788,19 @@ st_c, rw_c = sample_trajectory(mrp_c, 30, seed=6)
 W_c = 0.1 * torch.from_numpy(np.random.default_rng(6).standard_normal((4, 4)))
 Zc_ = build_prompt(mrp_c.phi[st_c], rw_c, mrp_c.phi)
 params_c = theta_star(4, W_c, 0.5, mrp_c.gamma)
-td_c = centred_softmax_td(mrp_c.phi[st_c], rw_c, W_c, 0.5, mrp_c.gamma, 10, phi_queries=mrp_c.phi, return_all=True)
+td_c = weighted_softmax_td(mrp_c.phi[st_c], rw_c, W_c, 0.5, mrp_c.gamma, 10, phi_queries=mrp_c.phi, return_all=True, centred=True)
 for l in range(1, 11):
     Zc_ = centred_layer(Zc_, *params_c, 30)
     test_close(Zc_[5], td_c[l], eps=1e-13)
 test_ne(td_c[-1], weighted_softmax_td(mrp_c.phi[st_c], rw_c, W_c, 0.5, mrp_c.gamma, 10, phi_queries=mrp_c.phi))
+record_claim("centred-layer", "A third, uniform head with negated values makes the layer run centred weighted softmax TD exactly (Proposition 1.4's centring).",
+             "proved", "dual_head", "#one-more-head-the-centred-layer");
 
 
 # %% [markdown]
 # ## What a causal mask changes
 #
-# The summaries of the paper call the architecture decoder-only, and a decoder's attention is
-# causal: column $j$ may attend only to columns $i \le j$. The layer above is not: every column
+# A decoder-only (GPT-style) Transformer's attention is causal: column $j$ may attend only to columns $i \le j$. The layer above is not: every column
 # attends to all $n$ context columns. And its shift reads the *next* token. What would a causal
 # mask change? The query columns come after the whole context, so a causal mask takes nothing away
 # from them; at layer 1, when the value row is still zero, the query outputs are therefore
@@ -982,10 +840,12 @@ assert (msve_cm["causal"][-1] > 10 * msve_cm["full"][-1]).sum() >= 3
 Markdown("| layer | " + " | ".join(map(str, layers_cm)) + " |\n|---|" + "---|" * len(layers_cm) + "\n" +
          "\n".join(f"| MSVE, {name} attention (mean [min, max] over 5 tasks) | " +
                     " | ".join(f"{r.mean():.3f} [{r.min():.3f}, {r.max():.3f}]" for r in msve_cm[name]) + " |" for name in msve_cm))
+record_claim("causal-mask-changes", "A causal mask leaves layer 1 unchanged and changes every later layer; with $\\theta^*$ the causal iteration's error grows again with depth on the tested near-tabular tasks.",
+             "measured", "dual_head", "#what-a-causal-mask-changes");
 
 # %% [markdown]
 # So a causal mask leaves the first layer alone and changes every later one: the construction of
-# this chapter, and Theorem 1, are about non-causal attention. A causal model runs a different
+# this chapter, and Theorem 3.1, are about non-causal attention. A causal model runs a different
 # iteration, in which each context column learns from a prefix of the trajectory. On these tasks
 # the two agree closely for the first few layers; then the causal iteration's value error, after
 # falling like the non-causal one, grows again with depth (the table): with the same $\theta^*$ it
@@ -993,6 +853,193 @@ Markdown("| layer | " + " | ".join(map(str, layers_cm)) + " |\n|---|" + "---|" *
 # columns see only a handful of keys, mostly of other states, so their weights are far from
 # tabular. The shift is a second, separate
 # departure from a decoder: the target head at column $j$ reads column $j + 1$.
+
+# %% [markdown]
+# ## Implementation and tests
+#
+# The lesson ends above. This section documents the helpers the layer is built from and tests the
+# library: the fused attention and the kernel torch runs, how a model resolves $n$, seeds, shapes,
+# batches, dtypes and bad input.
+
+# %% [markdown]
+# ### The fused attention
+#
+# The layer never needs $S$ itself, only the products $X S$ with $X = V^{\mathrm{cur}} Z + V^{\mathrm{tgt}} Z \Pi$,
+# and only the first $n$ columns of $X$ enter them (the other rows of $S$ are zero). That is exactly
+# what torch's fused `scaled_dot_product_attention` computes, with queries $A z_j$, keys $z_i$
+# and values $x_i$ for the $n$ context columns, and scale 1: no mask is needed, because the keys
+# *are* the context columns, and the $N \times N$ matrix is never built, so memory grows like $N$
+# rather than $N^2$. `attend_context` is that product; it does no validation (public methods
+# validate once, at the boundary) and broadcasts over leading dimensions of `A` and `X`, so
+# parameters stacked along a seed axis run in one call.
+
+# %%
+show_doc(successor_shift)
+
+# %%
+show_doc(context_attention)
+
+# %%
+show_doc(attend_context)
+
+# %% [markdown]
+# Both helpers are checked against their definitions: `successor_shift` against the explicit
+# matrix $\Pi$ (built here only for the test), `context_attention` against a direct softmax over
+# the first $n$ columns.
+
+# %%
+g = torch.Generator().manual_seed(0)
+Zr, Ar, n_, N_ = torch.randn(3, 6, 9, generator=g, dtype=torch.float64), torch.randn(6, 6, generator=g, dtype=torch.float64), 5, 9
+Pi = torch.zeros(N_, N_, dtype=torch.float64)
+for j in range(n_): Pi[j + 1, j] = 1.
+test_eq(successor_shift(Zr, n_), Zr @ Pi)
+S = context_attention(Zr, Ar, n_)
+test_close(S[..., :n_, :], torch.softmax((Zr.transpose(-1, -2) @ Ar @ Zr)[..., :n_, :], dim=-2), eps=1e-15)
+test_eq(S[..., n_:, :], torch.zeros(3, N_ - n_, N_, dtype=torch.float64))
+test_close(S.sum(-2), torch.ones(3, N_, dtype=torch.float64), eps=1e-14)
+Xr = torch.randn(3, 4, n_, generator=g, dtype=torch.float64)
+test_close(attend_context(Zr, Ar, Xr), Xr @ S[..., :n_, :], eps=1e-14)
+test_close(attend_context(Zr, torch.stack([Ar, 2 * Ar])[:, None], Xr), torch.stack([Xr @ S[..., :n_, :], Xr @ context_attention(Zr, 2 * Ar, n_)[..., :n_, :]]), eps=1e-14)
+
+
+# %% [markdown]
+# Which kernel torch picks matters for memory. On the CPU (torch 2.13, measured with the profiler)
+# the fused flash kernel `_scaled_dot_product_flash_attention_for_cpu` runs only on 4-D inputs
+# whose last dimension is contiguous and whose values are as wide as the queries and keys (here
+# all three have the $d + 2$ rows of a token), in float32 and float64, with or without autograd;
+# anything else silently falls back to the "math" kernel, which builds the $N \times N$ matrix.
+# `attend_context` therefore flattens the batch dimensions into a contiguous
+# (batch, 1, columns, rows) layout. The check below fails if a forward pass, with gradients, stops
+# using the fused kernel:
+
+# %%
+def sdpa_kernels(f):
+    "Names of the scaled-dot-product attention kernels torch runs inside `f()`."
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof: f()
+    return sorted({e.name for e in prof.events() if "scaled_dot_product" in e.name and e.name != "aten::scaled_dot_product_attention"})
+
+Ag = Ar.clone().requires_grad_()
+Xw = torch.randn(3, 6, n_, generator=g, dtype=torch.float64)   # values as wide as the tokens, as in every layer
+kernels = sdpa_kernels(lambda: attend_context(Zr, Ag, Xw).sum().backward())
+assert "aten::_scaled_dot_product_flash_attention_for_cpu" in kernels and not any("math" in k for k in kernels), kernels
+kernels
+
+# %% [markdown]
+# ### How the model knows $n$
+#
+# The prompt does not say where the context ends: a column of the last state and a query column
+# look alike ([chapter 2](prompt.html)). So $n$ is never guessed: every forward method takes it as
+# the argument `n`, and when `n` is not given reads it from the prompt's attribute `Z.n_context`,
+# which `build_prompt` sets. A plain tensor without the attribute and without `n` is refused, and
+# so is an `n` that contradicts the attribute. `check_prompt` validates the prompt and resolves `n`
+# once for every model of the book, and the models attach `n_context` to their outputs, so that
+# an output can be fed to the next model as it is.
+
+# %%
+show_doc(check_prompt)
+
+# %%
+Zp = build_prompt(torch.zeros(11, 4), torch.zeros(10), torch.zeros(3, 4))      # n = 10, three queries
+test_eq(check_prompt(Zp, 4)[1], 10)
+test_eq(check_prompt(Zp, 4, n=10)[1], 10)
+test_eq(check_prompt(torch.zeros(6, 12), 4, n=7)[1], 7)
+test_eq(check_prompt(np.zeros((6, 12)), 4, n=10)[0].dtype, torch.float64)
+for msg, (Z_, n__) in {"`Z` must have shape (..., d + 2, n + 1 + q) with d + 2 = 6 rows": (torch.zeros(5, 12), 3),
+                       "`n` must be given: `Z` does not carry": (torch.zeros(6, 12), None),
+                       "`n` must be given": (Zp[..., :-1], None),
+                       "`n` = 11 contradicts the prompt, which was built with `Z.n_context` = 10": (Zp, 11),
+                       "`n` must be an integer in 1..11": (torch.zeros(6, 12), 12),
+                       "`n` must be an integer in 1..1": (torch.zeros(6, 2), 0),
+                       "`Z` contains NaN or inf": (torch.full((6, 3), float("nan")), 1)}.items():
+    test_fail(lambda: check_prompt(Z_, 4, n__), contains=msg)
+
+# %% [markdown]
+# ### The layer module and the model: seeds, shapes, bad input
+
+# %%
+show_doc(DualHeadSoftmaxLayer.forward)
+
+# %% [markdown]
+# Seeds reproduce initialisations, and the layer is a residual map: with zero value matrices it is
+# the identity. Both heads read one attention matrix, whose columns sum to one.
+
+# %%
+lay = DualHeadSoftmaxLayer(4, seed=0)
+test_eq(lay.A.detach(), DualHeadSoftmaxLayer(4, seed=0).A.detach())
+test_ne(lay.A.detach(), DualHeadSoftmaxLayer(4, seed=1).A.detach())
+test_eq(len(list(lay.parameters())), 3)
+Zr = torch.randn(2, 6, 11, generator=g, dtype=torch.float64)
+zero = DualHeadSoftmaxLayer.from_params(lay.A, torch.zeros(6, 6), torch.zeros(6, 6)).requires_grad_(False)
+test_eq(zero(Zr, n=9), Zr)
+test_close(lay.attention(Zr, n=9).sum(-2), torch.ones(2, 11, dtype=torch.float64), eps=1e-14)
+test_fail(lambda: DualHeadSoftmaxLayer(0), contains="`d` must be a positive integer")
+test_fail(lambda: DualHeadSoftmaxLayer.from_params(torch.eye(6), torch.eye(5), torch.eye(6)), contains="`V_cur` must have shape (6, 6)")
+
+# %%
+show_doc(SoftmaxICTD.value_weights)
+
+# %%
+show_doc(SoftmaxICTD.forward)
+
+# %%
+m_free, m_shared = SoftmaxICTD(4, 3, seed=0), SoftmaxICTD(4, 3, shared=True, seed=0)
+test_eq((len(list(m_free.parameters())), len(list(m_shared.parameters()))), (9, 3))
+assert m_shared.layer(2) is m_shared.layer(0)
+test_eq(m_free.value_weights().shape, (3, 3))
+m_star = SoftmaxICTD.from_theta_star(d, 3, W, alpha, gamma).requires_grad_(False)
+Zs = m_star(Z, n=20, return_all=True)
+test_close(torch.stack([observed_value_weights(m_star.layer(l), Zs[l], 20, seed=l) for l in range(3)]), m_star.value_weights(), eps=1e-12)
+test_fail(lambda: SoftmaxICTD(4, 0), contains="`n_layers` must be a positive integer")
+test_fail(lambda: m_free(torch.zeros(2, 5, 9)), contains="`Z` must have shape (..., d + 2, n + 1 + q) with d + 2 = 6 rows")
+test_fail(lambda: m_free.predict(torch.zeros(6, 9), n=9), contains="`n` must be an integer in 1..8")
+
+# %% [markdown]
+# `theta_star` refuses malformed arguments:
+
+# %%
+for msg, args in {"`W` must have shape (4, 4)": (4, torch.eye(3), 0.1, 0.9),
+                  "`gamma` must lie in [0, 1)": (4, torch.eye(4), 0.1, 1.0),
+                  "`alpha` must be a finite number": (4, torch.eye(4), float("inf"), 0.9),
+                  "`d` must be a positive integer": (0, torch.eye(4), 0.1, 0.9)}.items():
+    test_fail(lambda: theta_star(*args), contains=msg)
+record_claim("sign-pattern", "The value weights $(+\\alpha, +\\gamma\\alpha, -\\alpha)$ on (reward, successor value, current value) are necessary: flipping any one sign breaks the agreement with weighted softmax TD.",
+             "measured", "dual_head", "#the-constructed-parameters-theta");
+
+# %% [markdown]
+# Why $n$ is never guessed. A default of $n = m - 2$ (with $m$ the number of columns) would be right only for one query column. On
+# this four-query prompt it would make the first three queries context transitions (keys with
+# reward 0 and value 0): the answer at the last query is then simply wrong, with no error. Now a
+# plain copy of the prompt without `n` is refused, and the prompt as built answers correctly:
+
+# %%
+guessed, right = model.predict(Z4.clone(), n=Z4.shape[-1] - 2)[-1].item(), model.predict(Z4)[-1].item()
+td_last = weighted_softmax_td(mrp.phi[states], rewards, W_id, 0.5, mrp.gamma, 20, phi_queries=mrp.phi[:4])[-1].item()
+test_close(right, td_last, eps=1e-12)
+assert abs(guessed - right) > 1e-2
+test_fail(lambda: model.predict(Z4.clone()), contains="`n` must be given")
+test_fail(lambda: model(Z4, n=28), contains="contradicts the prompt")
+print(f"last query: with n guessed as m - 2 = {Z4.shape[-1] - 2}: {guessed:.4f}; with the prompt's n = {Z4.n_context}: {right:.4f}; "
+      f"weighted softmax TD: {td_last:.4f}")
+
+# %% [markdown]
+# Batched prompts give the prompt-by-prompt answers; float32 prompts run through the float64
+# parameters in float32 and agree with float64 to single precision; numpy prompts are accepted.
+
+# %%
+trajs = [sample_trajectory(mrp, 25, seed=k) for k in range(8)]
+Zb = torch.stack([build_prompt(mrp.phi[st], r, mrp.phi[:3]) for st, r in trajs]).reshape(2, 4, mrp.d + 2, 29)
+vb = model.predict(Zb, n=25)
+test_eq(vb.shape, (2, 4, 3))
+for k, (st, r) in enumerate(trajs):
+    test_close(vb[k // 4, k % 4], model.predict(build_prompt(mrp.phi[st], r, mrp.phi[:3]), n=25), eps=1e-14)
+v32 = model.predict(Zb.float(), n=25)
+test_eq(v32.dtype, torch.float32)
+test_close(v32.double(), vb, eps=1e-4 * vb.abs().max().item())
+test_eq(model.predict(Zb.numpy(), n=25), vb)
+
+# %% [markdown]
+# On CUDA the same code runs on the GPU: `tests/test_model_properties.py` repeats this check on a
+# CUDA device when one is present and is skipped, with that reason, when none is.
 
 # %%
 #| hide

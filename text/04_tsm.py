@@ -13,23 +13,24 @@ from ictd.boyan import as_tensor, check_gamma, random_boyan_chain, sample_trajec
 from ictd.prompt import build_prompt
 from ictd.wstd import weighted_softmax_td, context_weights
 from IPython.display import Markdown
+from ictd.core import record_claim
 from ictd.model import *
 from ictd.model import torch_generator, token_rows, xavier_param, carry_context
 
 
 # %% [markdown]
 # # One head and a temporal shift
-# > The dual-head layer is an ordinary single softmax head reading its input through a parameter-free shift of the token axis; the summaries' form, a head followed by a shift of its output with a memory of TD errors, runs the same iteration.
+# > The dual-head layer is an ordinary single softmax head reading its input through a parameter-free shift of the token axis; the other order, a head followed by a shift of its output with a memory of TD errors, runs the same iteration.
 
 # %% [markdown]
 # The paper observes that its two heads are less exotic than they look: the dual-head layer is a
 # single ordinary softmax head whose input has passed through a parameter-free *temporal shift*.
 # This chapter makes that statement exact, in a general form that holds for every parameter value,
-# not only for the constructed $\theta^*$. As in the previous chapter, **the exact form, Theorem 2
+# not only for the constructed $\theta^*$. As in the previous chapter, **the exact form, Theorem 4.1
 # and its proof are the project's own**; the paper states the equivalence. In this form the shift
-# comes *before* the head. The paper's summaries put it *after*; the second half of the chapter
-# builds that form (Theorem 3), which needs a memory of TD errors rather than of values, and
-# compares the two side by side.
+# comes *before* the head. It can also come *after* it; the second half of the chapter builds that
+# form (Theorem 4.2), which needs a memory of TD errors rather than of values, and compares the two
+# side by side.
 #
 # The shift is the one used by the Temporal Shift Module of video models (Lin, Gan and Han, 2019),
 # which moves some channels of each frame's feature map one frame forward or backward in time, so
@@ -44,15 +45,15 @@ from ictd.model import torch_generator, token_rows, xavier_param, carry_context
 # ## The temporal shift
 #
 # ::: {.definition}
-# **Definition (temporal shift; our exact form).** For a set $C$ of channels (rows) of a prompt $Z$
-# with $n$ context transitions, $\mathrm{TSM}_C(Z)$ appends to $Z$ the rows $C$ shifted one token to the left along the context:
+# **Definition 4.1 (temporal shift; our exact form).** For a set $\mathcal C$ of channels (rows) of a prompt $Z$
+# with $n$ context transitions, $\mathrm{TSM}_{\mathcal C}(Z)$ appends to $Z$ the rows $\mathcal C$ shifted one token to the left along the context:
 #
-# $$\mathrm{TSM}_C(Z) = \begin{pmatrix} Z \\ Z[C, :]\, \Pi \end{pmatrix}, \qquad
-# \big(Z[C, :]\,\Pi\big)[:, j] = \begin{cases} Z[C, j+1] & j < n \\ 0 & j \ge n. \end{cases}$$
+# $$\mathrm{TSM}_{\mathcal C}(Z) = \begin{pmatrix} Z \\ Z[\mathcal C, :]\, \Pi \end{pmatrix}, \qquad
+# \big(Z[\mathcal C, :]\,\Pi\big)[:, j] = \begin{cases} Z[\mathcal C, j+1] & j < n \\ 0 & j \ge n. \end{cases}$$
 # :::
 #
-# The general form shifts all $d+2$ channels ($C = \{0, \dots, d+1\}$, the default); the form that
-# the constructed parameters need shifts the value channel only, $C = \{d+1\}$. As in [chapter 3](dual_head.html),
+# The general form shifts all $d+2$ channels ($\mathcal C = \{0, \dots, d+1\}$, the default); the form that
+# the constructed parameters need shifts the value channel only, $\mathcal C = \{d+1\}$. As in [chapter 3](dual_head.html),
 # $\Pi$ is never formed: the shift is a copy along the token axis.
 
 # %%
@@ -110,11 +111,11 @@ T
 # ## The single-head layer
 #
 # `SingleHeadTSMLayer` is one ordinary softmax head. Its scores $z_i^\top A z_j$ read the prompt
-# $Z$ (equivalently: a score matrix on $\mathrm{TSM}_C(Z)$ that is $A$ padded with zeros), its value
-# matrix $V$ is $(d+2) \times (d+2+|C|)$ and reads the shifted prompt, and its output is added to
+# $Z$ (equivalently: a score matrix on $\mathrm{TSM}_{\mathcal C}(Z)$ that is $A$ padded with zeros), its value
+# matrix $V$ is $(d+2) \times (d+2+|\mathcal C|)$ and reads the shifted prompt, and its output is added to
 # the prompt:
 #
-# $$Z_{l+1} = Z_l + V\, \mathrm{TSM}_C(Z_l)\, S_l .$$
+# $$Z_{l+1} = Z_l + V\, \mathrm{TSM}_{\mathcal C}(Z_l)\, S_l .$$
 #
 # The shift is recomputed from $Z_{l+1}$ before the next layer; it has no parameters.
 
@@ -138,7 +139,7 @@ class SingleHeadTSMLayer(nn.Module):
     def from_dual_head(cls, layer:DualHeadSoftmaxLayer,  # the dual-head layer to rewrite
                        channels=None,                     # rows to shift; the target head must read no other row
                       ):
-        "The single-head layer with V = [V_cur | V_tgt[:, channels]] equal to `layer` (Theorem 2)."
+        "The single-head layer with V = [V_cur | V_tgt[:, channels]] equal to `layer` (Theorem 4.1)."
         D = layer.d + 2
         idx = _channels(channels, D)
         rest = [k for k in range(D) if k not in idx]
@@ -152,7 +153,7 @@ class SingleHeadTSMLayer(nn.Module):
     def forward(self, Z,             # (..., d + 2, N) prompt
                 n=None,              # number of context transitions; default `Z.n_context`
                )->torch.Tensor:      # (..., d + 2, N) next prompt
-        "$Z + V\\,\\mathrm{TSM}_C(Z)\\, S$ with the attention S of `A` on `Z`."
+        "$Z + V\\,\\mathrm{TSM}_{\\mathcal C}(Z)\\, S$ with the attention S of `A` on `Z`."
         Z, n = check_prompt(Z, self.d, n)
         A, V = self.A.to(Z), self.V.to(Z)
         return carry_context(Z + attend_context(Z, A, (V @ temporal_shift(Z, n, self.channels))[..., :n]), n)
@@ -161,18 +162,12 @@ class SingleHeadTSMLayer(nn.Module):
 # %%
 show_doc(SingleHeadTSMLayer)
 
-# %%
-show_doc(SingleHeadTSMLayer.from_dual_head)
-
-# %%
-show_doc(SingleHeadTSMLayer.forward)
-
 
 # %% [markdown]
-# ## Theorem 2: two heads are one head on a shifted input
+# ## Two heads are one head on a shifted input
 #
 # ::: {.theorem}
-# **Theorem 2 (our form of the paper's claim that the dual head is a single head plus a shift).**
+# **Theorem 4.1 (our form of the paper's claim that the dual head is a single head plus a shift).**
 # *For every $A$, $V^{\mathrm{cur}}$,
 # $V^{\mathrm{tgt}}$ and every prompt $Z$ (any $n$, any number of query columns),*
 #
@@ -180,23 +175,23 @@ show_doc(SingleHeadTSMLayer.forward)
 # \qquad V = \big[\, V^{\mathrm{cur}} \;\big|\; V^{\mathrm{tgt}} \,\big],$$
 #
 # *with $S$ the attention of $A$ on $Z$ and $\mathrm{TSM}$ shifting all $d+2$ channels. If the target
-# head reads only the channels $C$ (the columns of $V^{\mathrm{tgt}}$ outside $C$ are zero), then
-# shifting those channels suffices: $V = [\,V^{\mathrm{cur}} \mid V^{\mathrm{tgt}}[:, C]\,]$ on
-# $\mathrm{TSM}_C(Z)$. For $\theta^*$, $C = \{d+1\}$ and
+# head reads only the channels $\mathcal C$ (the columns of $V^{\mathrm{tgt}}$ outside $\mathcal C$ are zero), then
+# shifting those channels suffices: $V = [\,V^{\mathrm{cur}} \mid V^{\mathrm{tgt}}[:, \mathcal C]\,]$ on
+# $\mathrm{TSM}_{\mathcal C}(Z)$. For $\theta^*$, $\mathcal C = \{d+1\}$ and
 # $V = [\,V^{\mathrm{cur}} \mid \gamma\alpha\, e_{d+1}\,]$: one extra input channel, one weight.*
 # :::
 #
-# ::: {.proof}
-# *Proof.* Both layers compute the same attention $S$, since their scores read the same rows of $Z$
+# ::: {.callout-note collapse="true" title="Proof"}
+# Both layers compute the same attention $S$, since their scores read the same rows of $Z$
 # with the same $A$. Multiplying the block matrices,
 # $$V\,\mathrm{TSM}(Z) = \big[\, V^{\mathrm{cur}} \;\big|\; V^{\mathrm{tgt}} \,\big]
 # \begin{pmatrix} Z \\ Z\Pi \end{pmatrix} = V^{\mathrm{cur}} Z + V^{\mathrm{tgt}} Z \Pi ,$$
-# and right-multiplying by $S$ gives the first claim. For the second, write $E_C$ for the
-# $(d+2) \times |C|$ matrix of the unit vectors $e_k$, $k \in C$. If the columns of
-# $V^{\mathrm{tgt}}$ outside $C$ vanish, then $V^{\mathrm{tgt}} = V^{\mathrm{tgt}} E_C E_C^\top$,
-# and $E_C^\top Z \Pi = Z[C, :]\, \Pi$ because selecting rows commutes with multiplying on the
-# right. So $V^{\mathrm{tgt}} Z\Pi = V^{\mathrm{tgt}}[:, C]\; Z[C, :]\,\Pi$, which is the block
-# product with $\mathrm{TSM}_C(Z)$. For $\theta^*$ the only non-zero column of $V^{\mathrm{tgt}}$
+# and right-multiplying by $S$ gives the first claim. For the second, write $E_{\mathcal C}$ for the
+# $(d+2) \times |C|$ matrix of the unit vectors $e_k$, $k \in \mathcal C$. If the columns of
+# $V^{\mathrm{tgt}}$ outside $\mathcal C$ vanish, then $V^{\mathrm{tgt}} = V^{\mathrm{tgt}} E_{\mathcal C} E_{\mathcal C}^\top$,
+# and $E_{\mathcal C}^\top Z \Pi = Z[\mathcal C, :]\, \Pi$ because selecting rows commutes with multiplying on the
+# right. So $V^{\mathrm{tgt}} Z\Pi = V^{\mathrm{tgt}}[:, \mathcal C]\; Z[\mathcal C, :]\,\Pi$, which is the block
+# product with $\mathrm{TSM}_{\mathcal C}(Z)$. For $\theta^*$ the only non-zero column of $V^{\mathrm{tgt}}$
 # is column $d+1$, with entry $\gamma\alpha$ in row $d+1$.
 # :::
 #
@@ -217,6 +212,8 @@ def theorem2_gap(seed:int)->float:
 gaps = [theorem2_gap(seed) for seed in range(50)]
 assert max(gaps) < 1e-12, max(gaps)
 print("largest gap between the two forms over 50 random layers: below 1e-12")
+record_claim("theorem-4.1", "For every parameter value, the dual-head layer equals one ordinary softmax head reading its input through a parameter-free temporal shift (Theorem 4.1).",
+             "proved", "tsm", "#two-heads-are-one-head-on-a-shifted-input");
 
 # %% [markdown]
 # The gap is rounding error. Stacked, the two forms stay together: eight random dual-head layers
@@ -311,6 +308,8 @@ print(f"after 3 layers: largest |current head - alpha * TD error| = {head_gap:.2
 # current value into a TD error.
 
 # %%
+#| fig-cap: "Figure 4.1: The single head reads the prompt plus one shifted channel: at context column j, the value memory of column j + 1, the successor state value."
+#| fig-alt: "Heat map of the input of layer 4: feature rows, reward row, value-memory row and, below a thick line, a shifted-value row; arrows run from each value entry at column j + 1 down-left to the shifted row at column j, for the 12 context columns; the shifted row is zero at the last-state and query columns."
 st12, rw12 = sample_trajectory(mrp, 12, seed=5)
 model3 = SoftmaxICTD.from_theta_star(d, 3, W, alpha, gamma).requires_grad_(False)
 T3 = temporal_shift(model3(build_prompt(mrp.phi[st12], rw12, mrp.phi[[0, 9]]), n=12), 12, channels=[d + 1])
@@ -341,17 +340,11 @@ test_eq(T3[d + 2, 12:], torch.zeros(3, dtype=torch.float64))
 # ## The other form: the shift after attention, a memory of TD errors
 #
 # In the form above the shift acts on the layer's *input*: the target head reads $Z\Pi$, the
-# successor's token, before attention. That is why Theorem 2 is a block identity. The summaries of
-# the paper describe the target head differently. They are summaries, not the paper, and they are
-# quoted here as such (from the French and the German summaries in the project's files): the target
-# head "achemine les quantités agrégées vers les colonnes prédécesseurs via une matrice de décalage
-# $\Pi$ et les met à l'échelle par le facteur d'actualisation $\gamma$" ("leitet die aggregierten
-# Größen über eine Shift-Matrix $\Pi$ zu Vorgängerspalten weiter", routes the *aggregated*
-# quantities to the predecessor columns through $\Pi$ and scales them by $\gamma$), and the dual-head
-# block is a single-head attention layer "suivie d'un Module de Décalage Temporel (TSM) sans
-# paramètre" ("gefolgt von einem parameterfreien Temporal Shift Module", *followed by* a
-# parameter-free temporal shift). Aggregated quantities are outputs of the attention, so in that
-# description $\Pi$ acts *after* attention:
+# successor's token, before attention. That is why Theorem 4.1 is a block identity. Now move the
+# shift to the other side of the softmax. One head first aggregates every column, $H_l = Z_l S_l$ (column
+# $j$ of $H_l$ is the attention-weighted average of the keys' tokens); a parameter-free shift then
+# hands each context column the aggregate of its successor, $H_l \Pi$; and the value matrices combine
+# the two:
 #
 # $$Z_{l+1} = Z_l + V^{\mathrm{cur}}_l\, (Z_l S_l) + V^{\mathrm{tgt}}_l\, (Z_l S_l)\, \Pi
 #           = Z_l + \big[\, V^{\mathrm{cur}}_l \;\big|\; V^{\mathrm{tgt}}_l \,\big]\, \mathrm{TSM}(Z_l S_l),$$
@@ -359,7 +352,8 @@ test_eq(T3[d + 2, 12:], torch.zeros(3, dtype=torch.float64))
 # one softmax head ($Z_l S_l$), then a parameter-free shift of its output, then the value
 # projection. This section builds that form (it is **our construction** again: the exact
 # parameters and the proof are the project's), proves that it also runs weighted softmax TD, and
-# compares the two.
+# compares the two. (*Sources.* Descriptions of the paper place a parameter-free shift after a single
+# head in this way; without the paper's full text, the exact form here is ours.)
 #
 # What should the memory hold for this to work? Aggregating TD errors needs the TD errors at the
 # keys, and the shift after attention can no longer assemble them from neighbouring values before
@@ -374,7 +368,7 @@ test_eq(T3[d + 2, 12:], torch.zeros(3, dtype=torch.float64))
 # $j+1$ is what the shift after attention brings to column $j$.
 #
 # ::: {.definition}
-# **Definition (the TD-memory parameters $\theta^{\delta}$; ours).** The prompt is the one of
+# **Definition 4.2 (the TD-memory parameters $\theta^{\delta}$; ours).** The prompt is the one of
 # [chapter 2](prompt.html), read differently: row $d$, which holds $R_{j+1}$ at context column $j$, is
 # the TD-error memory (with $v_0 = 0$, $\delta^{(0)}_{j+1} = R_{j+1}$), and row $d+1$ is the value memory.
 # With $A$ as in $\theta^*$,
@@ -417,17 +411,8 @@ def shift_after_update(Z:torch.Tensor,      # (..., d + 2, N) prompt
 #| export model
 class ShiftAfterAttentionLayer(DualHeadSoftmaxLayer):
     "A softmax head followed by a parameter-free shift of its output: $Z + V^{cur} (Z S) + V^{tgt} (Z S) \\Pi$."
-    def forward(self, Z,             # (..., d + 2, N) prompt
-                n=None,              # number of context transitions; default `Z.n_context`
-               )->torch.Tensor:      # (..., d + 2, N) next prompt
-        "One layer with the shift after attention."
-        Z, n = check_prompt(Z, self.d, n)
-        return carry_context(shift_after_update(Z, *self.params(Z), n), n)
-
-    def value_weights(self)->torch.Tensor:
-        "The TD-memory weights (value update, own change, successor change): V_cur[d+1, d], V_cur[d, d], V_tgt[d, d] (detached)."
-        d = self.d
-        return torch.stack([self.V_cur[d + 1, d], self.V_cur[d, d], self.V_tgt[d, d]]).detach()
+    update = staticmethod(shift_after_update)
+    value_entries = (("V_cur", 1, 0), ("V_cur", 0, 0), ("V_tgt", 0, 0))   # TD-memory weights (value update, own change, successor change)
 
 
 # %%
@@ -436,50 +421,23 @@ class ShiftAfterAttentionICTD(SoftmaxICTD):
     "A stack of shift-after-attention layers reading values from the last row of its prompt: `SoftmaxICTD` with another layer."
     Layer, update = ShiftAfterAttentionLayer, staticmethod(shift_after_update)
 
-    @classmethod
-    def from_theta_td_memory(cls, d:int,          # feature dimension
-                             n_layers:int,        # number of layers L
-                             W,                   # (d, d) score matrix of g(x, y) = phi(x)^T W phi(y)
-                             alpha:float,         # step size
-                             gamma:float,         # discount factor in [0, 1)
-                             shared:bool=False,   # store one parameter set instead of L copies
-                            ):
-        "The model whose every layer carries `theta_td_memory(d, W, alpha, gamma)`."
-        return cls.from_params(n_layers, *theta_td_memory(d, W, alpha, gamma), shared=shared)
+    construction = staticmethod(theta_td_memory)
+    from_theta_td_memory = SoftmaxICTD.__dict__["from_theta_star"]   # the same constructor: every layer carries theta_td_memory(d, W, alpha, gamma)
 
 
 # %%
 show_doc(theta_td_memory)
 
 # %%
-show_doc(ShiftAfterAttentionLayer)
-
-# %%
 show_doc(ShiftAfterAttentionICTD)
 
-# %%
-show_doc(ShiftAfterAttentionICTD.from_theta_td_memory)
 
 # %% [markdown]
-# The model reads $n$ from the prompt like every model of the book, shares parameters on request,
-# draws its random initialisation from a seed, and its constructed parameters carry the sign
-# pattern $(+, -, +)$ on (value update, own change, successor change):
-
-# %%
-m_after = ShiftAfterAttentionICTD(4, 3, seed=0)
-test_eq(len(list(m_after.parameters())), 9)
-test_eq(len(list(ShiftAfterAttentionICTD(4, 3, shared=True, seed=0).parameters())), 3)
-test_eq(m_after.layer(1).A.detach(), ShiftAfterAttentionICTD(4, 3, seed=0).layer(1).A.detach())
-Zq = build_prompt(torch.zeros(11, 4), torch.ones(10), torch.zeros(3, 4))
-test_eq(m_after.predict(Zq).shape, (3,))
-test_fail(lambda: m_after.predict(Zq.clone()), contains="`n` must be given")
-test_fail(lambda: ShiftAfterAttentionICTD(4, 0), contains="`n_layers` must be a positive integer")
-test_fail(lambda: theta_td_memory(4, torch.eye(4), 0.5, 1.), contains="`gamma` must lie in [0, 1)")
-
+# `ShiftAfterAttentionICTD.from_theta_td_memory(d, n_layers, W, alpha, gamma, shared=False)` is the constructor `SoftmaxICTD.from_theta_star` of [chapter 3](dual_head.html) with this class's `construction`, `theta_td_memory`: every layer carries $\theta^{\delta}$.
 
 # %% [markdown]
 # ::: {.theorem}
-# **Theorem 3 (ours: the shift after attention also runs weighted softmax TD).** *Let every layer
+# **Theorem 4.2 (ours: the shift after attention also runs weighted softmax TD).** *Let every layer
 # of the shift-after-attention model carry $\theta^{\delta}$, and let $v_l$ and $\delta^{(l)}$ be the iterates
 # and TD errors of weighted softmax TD ($g = \phi^\top W \phi$, $\rho = 1$). Then for every $l$: the
 # feature rows of $Z_l$ equal those of $Z_0$; row $d+1$ holds $v_l(x_j)$ at every column $j$; row $d$
@@ -487,8 +445,8 @@ test_fail(lambda: theta_td_memory(4, torch.eye(4), 0.5, 1.), contains="`gamma` m
 # columns. In particular the readout $Z_L[d+1, n+1:]$ equals that of the model of [chapter 3](dual_head.html).*
 # :::
 #
-# ::: {.proof}
-# *Proof*, by induction on $l$. At $l = 0$: row $d$ of the prompt is $R_{j+1} = \delta^{(0)}_{j+1}$ at the
+# ::: {.callout-note collapse="true" title="Proof"}
+# By induction on $l$. At $l = 0$: row $d$ of the prompt is $R_{j+1} = \delta^{(0)}_{j+1}$ at the
 # context columns and $0 = -v_0$ elsewhere; row $d+1$ is $0 = v_0$. Assume the claim at $l$.
 # Both value matrices write rows $d$ and $d+1$ only, so the feature rows never change and, since $A$
 # reads only them, $S_l[i, j] = K_{i+1}(x_j)$ at every layer, as in Theorem 1. Row $d$ of
@@ -502,7 +460,7 @@ test_fail(lambda: theta_td_memory(4, torch.eye(4), 0.5, 1.), contains="`gamma` m
 # other columns it becomes $-v_l(x_j) - \Delta_l(x_j) = -v_{l+1}(x_j)$.
 # :::
 #
-# The check mirrors Theorem 1's: random Boyan chains, random $W$, step sizes, context lengths and
+# The check mirrors Theorem 3.1's: random Boyan chains, random $W$, step sizes, context lengths and
 # one to four random queries, 50 layers, float64, every layer and every column, both rows, against
 # `weighted_softmax_td` of [chapter 1](weighted_softmax_td.html); the gap is measured relative to the size
 # of the values, since nothing makes these iterations converge.
@@ -531,6 +489,8 @@ def theorem3_gaps(seed:int, n_layers:int=50, n_contexts:int=4)->tuple:
 gaps3 = np.array([theorem3_gaps(seed) for seed in range(12)])
 assert gaps3.max() < 1e-12, gaps3.max(0)
 print("largest relative gap over 12 tasks x 4 contexts x 50 layers, value and TD rows of both forms: below 1e-12")
+record_claim("theorem-4.2", "A single head followed by a shift of its output, with a memory of TD errors ($\\theta^\\delta$), also runs weighted softmax TD exactly (Theorem 4.2).",
+             "proved", "tsm", "#the-other-form-the-shift-after-attention-a-memory-of-td-errors");
 
 # %% [markdown]
 # It is literally "one head followed by a parameter-free shift": with $\mathrm{TSM}$ of the first part of
@@ -606,23 +566,44 @@ Markdown(f"""
 """)
 
 # %% [markdown]
-# **Which form do the summaries describe?** On the point the issue turns on, the shift after
-# attention: "routes the aggregated quantities to the predecessor columns" and "a single head
-# *followed by* a parameter-free TSM" both describe $\Pi$ acting on the output of the attention.
-# Two other phrases of the same summaries fit the first form better or equally: the prompt holds
-# "emplacements de mémoire pour les estimations de valeur" (memory slots for value estimates), true of
-# both forms (both keep the values in row $d+1$; only the second also overwrites the reward slot with
-# TD errors), and the current-value head "calcule l'erreur TD pour chaque transition" (computes the TD
-# error for each transition), which no head does by itself in either form: in the first form the current
-# head computes $\alpha R - \alpha v$ and only its sum with the target head is $\alpha\delta$ (measured in the
-# first part of this chapter), and in the second the TD errors sit in memory and the current head only
-# reads them. So the summaries' *architecture* is the
-# shift-after-attention form; they do not settle what its memory holds, and the TD-error memory is
-# our way of making that architecture exact. Both forms run the same iteration, so every later chapter
-# holds for either; the book keeps [chapter 3](dual_head.html)'s form as its main one because the
-# pretraining chapters were built on it.
+# **Which form to use.** Both forms run the same iteration, so every later chapter holds for either.
+# They differ in what the memory holds and where the TD error is formed: the shift before the head
+# recomputes each TD error from a reward and two stored values at every layer; the shift after the
+# head keeps the TD errors themselves in memory and corrects them by $\gamma\Delta(S_{j+1}) - \Delta(S_j)$,
+# so no head ever computes a TD error from scratch. The book keeps [chapter 3](dual_head.html)'s form as its main
+# one because the pretraining chapters were built on it.
 #
 # [The next chapter](convergence.html) asks when the iteration they both run converges.
+
+# %% [markdown]
+# ## Implementation and tests
+#
+# The lesson ends above. This section documents the remaining methods of the two layers and tests the
+# shift-after-attention model's seeds, shapes and bad input.
+
+# %%
+show_doc(SingleHeadTSMLayer.from_dual_head)
+
+# %%
+show_doc(SingleHeadTSMLayer.forward)
+
+# %%
+show_doc(ShiftAfterAttentionLayer)
+
+# %% [markdown]
+# The shift-after-attention model reads $n$ from the prompt like every model of the book, shares parameters on
+# request, draws its random initialisation from a seed, and refuses bad arguments:
+
+# %%
+m_after = ShiftAfterAttentionICTD(4, 3, seed=0)
+test_eq(len(list(m_after.parameters())), 9)
+test_eq(len(list(ShiftAfterAttentionICTD(4, 3, shared=True, seed=0).parameters())), 3)
+test_eq(m_after.layer(1).A.detach(), ShiftAfterAttentionICTD(4, 3, seed=0).layer(1).A.detach())
+Zq = build_prompt(torch.zeros(11, 4), torch.ones(10), torch.zeros(3, 4))
+test_eq(m_after.predict(Zq).shape, (3,))
+test_fail(lambda: m_after.predict(Zq.clone()), contains="`n` must be given")
+test_fail(lambda: ShiftAfterAttentionICTD(4, 0), contains="`n_layers` must be a positive integer")
+test_fail(lambda: theta_td_memory(4, torch.eye(4), 0.5, 1.), contains="`gamma` must lie in [0, 1)")
 
 # %%
 #| hide

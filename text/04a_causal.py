@@ -10,7 +10,7 @@ from torch import nn
 from ictd.boyan import as_tensor, check_gamma
 from ictd.wstd import context_tensors
 from ictd.prompt import build_prompt
-from ictd.model import check_prompt, torch_generator, token_rows, xavier_param, carry_context
+from ictd.model import check_prompt, torch_generator, token_rows, xavier_param, carry_context, PromptLayer, SoftmaxICTD
 from ictd.pretrain import Contexts, Family, PretrainConfig, register_family
 
 # %%
@@ -33,6 +33,7 @@ import dataclasses, datetime, json, subprocess, time
 from ictd.pretrain import EMERGENCE
 from pathlib import Path
 from ictd.emergence import mean_se
+from ictd.core import record_claim
 
 # %%
 #| hide
@@ -44,8 +45,8 @@ torch.set_num_threads(1)
 
 # %% [markdown]
 # The Transformers people train for in-context learning are decoder-only: each token attends to
-# itself and to earlier tokens, never to later ones. One of the paper's summaries describes its
-# architecture that way ("standard Transformer decoder-only structure"). The construction of
+# itself and to earlier tokens, never to later ones. Descriptions of the paper call its architecture
+# decoder-only; we cannot check the full text. The construction of
 # [chapter 3](dual_head.html) is not causal: every context column attends to every other context
 # column, and its target head reads the *next* token. [Chapter 3](dual_head.html) also measured that
 # adding a causal mask to $\theta^*$ leaves the first layer unchanged but makes the value error grow
@@ -76,7 +77,7 @@ torch.set_num_threads(1)
 # $S_0, \dots, S_j$, so it knows transitions $1..j$ and no others. The queries come last and see all $n$.
 #
 # ::: {.definition}
-# **Definition (prefix weighted softmax TD; ours).** Let $\mathcal V(j)$ be the transitions target
+# **Definition 4a.1 (prefix weighted softmax TD; ours).** Let $\mathcal V(j)$ be the transitions target
 # $j$ sees: $\{1, \dots, j\}$ for trajectory state $S_j$ (forward order), $\{1, \dots, n\}$ for a
 # query. The weight of transition $k \in \mathcal V(j)$ for target $j$ (state $x_j$) is the softmax over the
 # transitions it sees, optionally with a positional bias $\lambda \log p_k$ ($p_k$ the position of
@@ -399,8 +400,9 @@ show_doc(theta_causal)
 
 # %%
 #| export
-class CausalSoftmaxLayer(nn.Module):
-    "One decoder layer: a softmax head over the causal temporal shift of its input, a per-token map, a positional bias."
+class CausalSoftmaxLayer(PromptLayer):
+    "One decoder layer: a softmax head over the causal temporal shift of its input, a per-token map, a positional bias: $Z + V\\,\\overleftarrow{\\mathrm{TSM}}(Z)\\, S + U Z$."
+    update, attend = staticmethod(causal_update), staticmethod(lambda Z, params, n: causal_attention(Z, params[0], params[3], n))
     def __init__(self, d:int,            # feature dimension; tokens have d + 2 rows
                  init_gain:float=0.1,    # gain of the Xavier-normal initialisation
                  seed=None,              # int or `torch.Generator`
@@ -429,21 +431,6 @@ class CausalSoftmaxLayer(nn.Module):
         "(A, V, U, lam) cast to the dtype and device of `like`."
         return tuple(p.to(like) for p in (self.A, self.V, self.U, self.lam))
 
-    def attention(self, Z,           # (..., d + 2, N) prompt
-                  n=None,            # number of context transitions; default `Z.n_context`
-                 )->torch.Tensor:    # (..., N, N) S[i, j], zero rows at columns that are no key
-        "The attention matrix of this layer on prompt `Z`."
-        Z, n = check_prompt(Z, self.d, n)
-        A, _, _, lam = self.params(Z)
-        return causal_attention(Z, A, lam, n)
-
-    def forward(self, Z,             # (..., d + 2, N) prompt
-                n=None,              # number of context transitions; default `Z.n_context`
-               )->torch.Tensor:      # (..., d + 2, N) next prompt
-        "One causal layer: $Z + V\\,\\overleftarrow{\\mathrm{TSM}}(Z)\\, S + U Z$."
-        Z, n = check_prompt(Z, self.d, n)
-        return carry_context(causal_update(Z, *self.params(Z), n), n)
-
     def value_weights(self)->torch.Tensor:
         "(reward, successor value, current value in the previous token, current value of the column itself), forward layout, detached."
         d, D = self.d, self.d + 2
@@ -452,24 +439,9 @@ class CausalSoftmaxLayer(nn.Module):
 
 # %%
 #| export
-class CausalSoftmaxICTD(nn.Module):
-    "A decoder-only stack of causal softmax layers reading values from the last row of its prompt."
-    def __init__(self, d:int,              # feature dimension; prompts have d + 2 rows
-                 n_layers:int,             # number of layers L
-                 shared:bool=False,        # one parameter set for all layers
-                 init_gain:float=0.1,      # gain of the Xavier-normal initialisation
-                 seed=None,                # int or `torch.Generator`
-                 dtype=torch.float64,      # dtype of the parameters
-                ):
-        super().__init__()
-        if int(n_layers) != n_layers or n_layers < 1: raise ValueError(f"`n_layers` must be a positive integer, got {n_layers}")
-        g = torch_generator(seed)
-        self.d, self.n_layers, self.shared = int(d), int(n_layers), bool(shared)
-        self.layers = nn.ModuleList(CausalSoftmaxLayer(d, init_gain, g, dtype) for _ in range(1 if shared else n_layers))
-
-    def layer(self, l:int)->CausalSoftmaxLayer:
-        "The module applied at depth `l`."
-        return self.layers[0 if self.shared else l]
+class CausalSoftmaxICTD(SoftmaxICTD):
+    "A decoder-only stack of causal softmax layers reading values from the last row of its prompt: `SoftmaxICTD` with the causal layer."
+    Layer, update = CausalSoftmaxLayer, staticmethod(causal_update)
 
     @classmethod
     def from_params(cls, n_layers:int,  # number of layers L
@@ -496,26 +468,6 @@ class CausalSoftmaxICTD(nn.Module):
         "The model whose every layer is one step of prefix softmax TD (`theta_causal`)."
         return cls.from_params(n_layers, *theta_causal(d, W, alpha, gamma, current, order), recency, shared=shared)
 
-    def forward(self, Z,                 # (..., d + 2, N) prompt Z_0 (from `build_causal_prompt`)
-                n=None,                  # number of context transitions; default `Z.n_context`
-                return_all:bool=False,   # also return every intermediate prompt
-               )->torch.Tensor:          # Z_L (..., d + 2, N), or Z_0..Z_L stacked (..., L + 1, d + 2, N)
-        "Run the prompt through the L causal layers."
-        Z, n = check_prompt(Z, self.d, n)
-        Zs = [Z]
-        for l in range(self.n_layers): Zs.append(causal_update(Zs[-1], *self.layer(l).params(Z), n))
-        return carry_context(torch.stack(Zs, -3) if return_all else Zs[-1], n)
-
-    def predict(self, Z,             # (..., d + 2, N) prompt Z_0
-                n=None,              # number of context transitions; default `Z.n_context`
-               )->torch.Tensor:      # (..., q) values at the q = N - n - 1 query columns
-        "The model's value estimates: row d + 1 of Z_L at the query columns."
-        Z, n = check_prompt(Z, self.d, n)
-        return self.forward(Z, n)[..., self.d + 1, n + 1:]
-
-    def value_weights(self)->torch.Tensor:
-        "(L, 4) (reward, successor, current in the previous token, current of the column) per layer."
-        return torch.stack([self.layer(l).value_weights() for l in range(self.n_layers)])
 
 
 # %%
@@ -537,7 +489,8 @@ show_doc(CausalSoftmaxICTD.from_theta_star)
 # queries last), for every $l$.
 # :::
 #
-# *Proof* (forward order; reversed is the same with the roles of the two tokens swapped). By
+# ::: {.callout-note collapse="true" title="Proof (forward order; reversed is the same with the roles of the two tokens swapped)"}
+# By
 # induction on $l$; $Z_0$'s row $d + 1$ is $0 = v_0$. The only non-zero rows of $V$ and $U$ are row
 # $d + 1$, so rows $0..d$ never change and $Z_l[:d, j] = \phi(x_j)$ at every layer. Hence the
 # logit of key $i$ for column $j$ is $T_l[:, i]^\top A Z_l[:, j] + \lambda \log i = \phi(S_{i-1})^\top W \phi(x_j) + \lambda\log i$ (the previous
@@ -548,7 +501,8 @@ show_doc(CausalSoftmaxICTD.from_theta_star)
 # $v_l[j] + \alpha\sum_k K_{kj}\delta^{(l)}_k = v_{l+1}[j]$. For `current="self"` the value of key $k$ is
 # $\alpha(R_k + \gamma v_l[k])$ and $U Z_l$ adds $-\alpha v_l[j]$ at every column that has a key; a column
 # without keys (column 0) has a zero attention column and its own $U$ term: there, $v_l[0] = 0$
-# is kept by induction. $\square$
+# is kept by induction.
+# :::
 #
 # The check: 40 random instances (random $W$, features, rewards, queries, $\alpha$, $\gamma$, $\lambda$,
 # every order and both currents), 6 layers each, against the reference in float64.
@@ -580,6 +534,8 @@ for seed in range(40):
             worst = max(worst, ((model_values(inst, current, order, 6) - ref).abs() / ref.abs().clamp(min=1)).max().item())
 assert worst < 1e-12
 print(f"largest difference to the reference (relative where |v| > 1) over 40 instances x 4 variants x 6 layers: {worst:.1e}")
+record_claim("theorem-4a.1", "A causal softmax Transformer with the constructed parameters runs prefix weighted softmax TD exactly, column by column, in forward or reversed order (Theorem 4a.1).",
+             "proved", "causal", "#the-causal-layer");
 
 # %% [markdown]
 # Causality is a property of the module, whatever its parameters: an output column never depends
@@ -628,6 +584,8 @@ test_close(v_div[..., 1], R_r[:, :1] * ((1 + 0.7 * 0.9) ** t_ - 1) / 0.9, eps=1e
 rate = (v_div[:, -1].abs().amax(-1) / v_div[:, -2].abs().amax(-1))
 test_close(rate, torch.full_like(rate, 1 + 0.7 * 0.9), eps=2e-3)
 print(f"growth per layer of the largest value: {rate.min():.6f} .. {rate.max():.6f}; 1 + alpha gamma = {1 + 0.7 * 0.9}")
+record_claim("masked-theta-diverges", "Under a causal mask in forward order with the current value read from the previous token, the iteration diverges for every score, feature map and step size (Proposition 4a.2).",
+             "proved", "causal", "#why-theta-under-a-causal-mask-diverges");
 
 # %% [markdown]
 # Two ways out come to mind. **Reversed order** puts the future before each state: the token of
@@ -660,11 +618,13 @@ test_close(v_rev, returns, eps=1e-8)
 # $v[j] = \sum_k K_{kj}(R_k + \gamma v[k])$ (targets that see transitions) and $v[j] = 0$ (those that see none).
 # :::
 #
-# *Proof.* Row $j$ of $T$ is $(1 - \alpha c_j) e_j^\top + \alpha\gamma \sum_k K_{kj} e_k^\top$, with
+# ::: {.callout-note collapse="true" title="Proof"}
+# Row $j$ of $T$ is $(1 - \alpha c_j) e_j^\top + \alpha\gamma \sum_k K_{kj} e_k^\top$, with
 # $c_j = \sum_k K_{kj} \in \{0, 1\}$. If $c_j = 0$, row $j$ is $e_j^\top$ and $b_j = 0$, so $v_t[j] = 0$ for every
 # $t$: these entries are constant. On the other entries the absolute row sums of $T$ are at most
 # $|1 - \alpha| + \alpha\gamma = 1 - \alpha(1 - \gamma)$, so the map is a contraction in the max norm, and Banach's
-# fixed-point theorem gives the rest. $\square$
+# fixed-point theorem gives the rest.
+# :::
 #
 # This is the contraction the non-causal construction needs a diagonality condition for
 # ([chapter 5](convergence.html)): here it holds for *every* kernel, because the column's own
@@ -695,6 +655,8 @@ for feats in ("onehot", "unit", "random"):
     ratio = (err[:, 1:101] / err[:, :100]).max().item()
     assert ratio <= (1 - 0.8 * 0.1) * (1 + 1e-9)
     print(f"{feats:6s}: largest error ratio per layer {ratio:.6f}, bound 1 - alpha (1 - gamma) = {1 - 0.8 * 0.1:.2f}")
+record_claim("self-anchored-contracts", "Reading the current value at the target itself makes the causal iteration a contraction with rate at most $1 - \\alpha(1 - \\gamma)$ for every kernel and order (Proposition 4a.3).",
+             "proved", "causal", "#why-theta-under-a-causal-mask-diverges");
 
 # %% [markdown]
 # ## What causality costs: the error at the fixed point
@@ -810,6 +772,8 @@ Markdown("| features | n | non-causal TD: alpha, beta | decoder: beta, lambda |\
          "\n".join(f"| {f} | {n} | {t['TD']['alpha']:g}, {t['TD']['beta']:g} | {t['decoder']['beta']:g}, {t['decoder']['recency']:g} |" for (f, n), t in tuned.items()))
 
 # %%
+#| fig-cap: "Figure 4a.1: Tuned, the decoder falls with depth like the non-causal construction but settles on a higher floor, and the gap widens with the context length."
+#| fig-alt: "Three log-scale panels (one-hot, unit and random features) of value error against depth 0 to 120: solid lines for the non-causal construction and dashed lines for the decoder, one color per context length 30, 100 and 400; every curve falls and levels off, the dashed ones higher."
 curves = {(f, n): depth_curves(f, n, {"non-causal TD": tuned[(f, n)]["TD"], "decoder": tuned[(f, n)]["decoder"]}) for f in FEATURES for n in CTX}
 fig, axs = plt.subplots(1, 3, figsize=(12, 3.8), sharey=True)
 for ax, f in zip(axs, FEATURES):
@@ -822,9 +786,9 @@ fig.legend(*axs[0].get_legend_handles_labels(), loc="center right", fontsize=8)
 fig.tight_layout(rect=(0, 0, 0.82, 1))
 
 # %% [markdown]
-# *Figure: value error at the queries against depth, for the tuned non-causal construction (solid)
+# Figure 4a.1 shows the value error at the queries against depth, for the tuned non-causal construction (solid)
 # and the tuned decoder (dashed), three context lengths, three kinds of features, tuned values in
-# the table above.* Both fall geometrically with depth and then level off at their fixed point
+# the table above. Both fall geometrically with depth and then level off at their fixed point
 # (the decoder at rate $1 - \alpha(1-\gamma)$ or faster, as Proposition 4a.3 says); the decoder's error
 # passes through a minimum at moderate depth and settles a little higher, at its fixed point. The decoder's
 # floor falls with $n$ too, but it is above the non-causal one, and on these lengths the gap
@@ -844,6 +808,8 @@ dec1 = curves[("onehot", 400)]["decoder"]
 assert dec1[120] < 0.05 * dec1[1] and dec1[120] < dec1[10]
 print(f"decoder, one-hot, n = 400: MSVE {dec1[1]:.3f} at L = 1, {dec1[10]:.3f} at L = 10, {dec1.min():.4f} at its lowest (L = {int(dec1.argmin())}), {dec1[120]:.4f} at L = 120")
 assert all(curves[(f, 400)]["decoder"][120] < curves[(f, 30)]["decoder"][120] for f in FEATURES)
+record_claim("decoder-floor", "Tuned on the same tasks, the self-anchored decoder settles above the non-causal construction's error floor, and the gap widens with the context length on the tested lengths.",
+             "measured", "causal", "#the-decoder-against-the-non-causal-construction-tuned");
 
 
 # %% [markdown]
@@ -1006,6 +972,8 @@ rerun = torch.stack([td_f.predict(build_prompt(ph_f[:, :t + 1], rw_f[:, :t], tk_
 err_t = lambda v: ((v - tk_f.v_pi).square() * tk_f.d_pi).sum(-1)
 
 # %%
+#| fig-cap: "Figure 4a.2: Streaming with a KV cache, the decoder updates its estimates one transition at a time; the non-causal model must rerun the whole context at each length."
+#| fig-alt: "Log-scale value error of the query estimates against the number of transitions seen, 1 to 200, on one one-hot task: one curve for the decoder with a KV cache and one for the non-causal model rerun at every length; both fall as the context grows."
 fig, ax = plt.subplots(figsize=(6.5, 3.6))
 ax.plot(range(1, 201), err_t(online).numpy(), label="decoder, KV cache (online)")
 ax.plot(range(1, 201), err_t(rerun).numpy(), label="non-causal, rerun at every length")
@@ -1015,8 +983,8 @@ fig.tight_layout()
 
 
 # %% [markdown]
-# *Figure: the value error of the query estimates (every state a query) as the context grows, for
-# one task.* The decoder's estimates come one transition at a time from the cache; the non-causal
+# Figure 4a.2: the value error of the query estimates (every state a query) as the context grows, for
+# one task. The decoder's estimates come one transition at a time from the cache; the non-causal
 # ones from a fresh forward pass at each length. Both use the settings tuned above for one-hot
 # features at $n = 400$, at depth 20.
 
@@ -1144,6 +1112,7 @@ def causal_pretrain_summary(config:PretrainConfig,  # the decoder's configuratio
 # %%
 #| eval: false
 t0, commit = time.time(), subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+# EMERGENCE: the pretraining configuration of chapter 6a (ictd.pretrain), here with a causal mask
 summary = causal_pretrain_summary(dataclasses.replace(EMERGENCE, attention="causal"), list(range(10)))
 summary["provenance"] = dict(command="the eval: false cell of nbs/04a_causal.ipynb, run from the repository root with OMP_NUM_THREADS=1",
                              commit=commit, date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), wall_s=round(time.time() - t0, 1), threads=1)
@@ -1214,6 +1183,8 @@ Markdown("| layer | decoder: start → end | non-causal: start → end | decoder
                    for l in range(dc.shape[-1])))
 
 # %%
+#| fig-cap: "Figure 4a.3: Under pretraining the decoder and the non-causal model reach similar value errors, and the last layer becomes more diagonal in both."
+#| fig-alt: "Left: log-scale held-out value error against training step for the decoder and the non-causal model, means of 10 seeds with 10 to 90 percent bands. Right: the last layer kernel diagonality against training step for both models."
 fig, axs = plt.subplots(1, 2, figsize=(10, 3.6))
 steps_pre = np.array(seeds_pre[0]["step"])
 for name, key, color in (("decoder", "msve_causal", "C0"), ("non-causal", "msve_softmax", "C1")):
@@ -1228,8 +1199,8 @@ for ax in axs: ax.legend(fontsize=8)
 fig.tight_layout()
 
 # %% [markdown]
-# *Figure: left, the value error on held-out tasks during pretraining (mean of 10 seeds, band from
-# the 10% to the 90% quantile); right, the last layer's kernel diagonality.*
+# Figure 4a.3: left, the value error on held-out tasks during pretraining (mean of 10 seeds, band from
+# the 10% to the 90% quantile); right, the last layer's kernel diagonality.
 #
 # **Does the mask change what emerges?** The answer, computed from the tables above:
 

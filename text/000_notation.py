@@ -1,0 +1,109 @@
+# %% [markdown]
+# # Notation and glossary
+# > Every symbol of the book once, with its one meaning and where it is defined, and the book's technical terms.
+
+# %% [markdown]
+# Each symbol has one meaning throughout the chapters listed here. Numbered boxes carry the chapter's number
+# (Proposition 1.4 is the fourth proposition of chapter 1). Vectors indexed by states are columns;
+# **tokens are columns** of the prompt (the [bridge box of chapter 2](prompt.html#from-row-token-attention-to-the-books-columns)
+# translates from the row-token convention of most code).
+#
+# ## The Markov reward process
+#
+# | symbol | meaning | defined in |
+# |---|---|---|
+# | $s$ | number of states of the chain (only this) | [chapter 0](boyan.html) |
+# | $x, y$ | generic states (a target state is usually $x$, a key's state $y$) | [chapter 1](weighted_softmax_td.html) |
+# | $P$ | the $s \times s$ transition matrix of the policy; $\hat P$ its empirical version in a context | [chapter 0](boyan.html), [chapter 1](weighted_softmax_td.html#td-learning-in-one-page) |
+# | $r$ | expected reward per state; $\hat r$ the context's mean reward per state | [chapter 0](boyan.html), [chapter 1](weighted_softmax_td.html#td-learning-in-one-page) |
+# | $\gamma$ | discount factor in $[0, 1)$ | [chapter 0](boyan.html) |
+# | $v_\pi$ | true values, $v_\pi = r + \gamma P v_\pi$ | [chapter 0](boyan.html) |
+# | $\phi(x) \in \mathbb R^d$, $d$ | feature vector of state $x$ and its dimension | [chapter 0](boyan.html) |
+#
+# ## A context
+#
+# | symbol | meaning | defined in |
+# |---|---|---|
+# | $n$ | number of transitions in the context | [chapter 1](weighted_softmax_td.html#td-learning-in-one-page) |
+# | $S_0, \dots, S_n$; $R_1, \dots, R_n$ | the trajectory's states and rewards; transition $k$ is $(S_{k-1}, R_k, S_k)$ | [chapter 1](weighted_softmax_td.html#td-learning-in-one-page) |
+# | $q$ | number of query states; they are $x_{n+1}, \dots, x_{n+q}$ | [chapter 2](prompt.html) |
+# | $m = n + 1 + q$ | number of targets (trajectory states and queries), the columns of the prompt | [chapter 1](weighted_softmax_td.html#the-kernel-view), [chapter 2](prompt.html) |
+# | $x_j$ | the state of column (target) $j$: $S_j$ for $j \le n$, a query state after | [chapter 3](dual_head.html) |
+# | $N(x)$ | number of transitions of the context that leave $x$ | [chapter 1](weighted_softmax_td.html#td-learning-in-one-page) |
+# | $s'$ | number of distinct target states | [chapter 1](weighted_softmax_td.html#tabular-td-is-a-limit) |
+# | $\hat v$ | certainty-equivalence value: $\hat v = \hat r + \gamma \hat P \hat v$ | [chapter 1](weighted_softmax_td.html#td-learning-in-one-page) |
+#
+# ## The algorithm (chapter 1)
+#
+# | symbol | meaning | defined in |
+# |---|---|---|
+# | $t$, $T$ | iteration index and number of iterations (iteration $t$ = layer $l$) | [chapter 1](weighted_softmax_td.html) |
+# | $\delta_k^{(t)}$ | TD error of transition $k$ at iteration $t$ (only this); $\bar\delta_x$ the mean TD error of the transitions leaving $x$ | [chapter 1](weighted_softmax_td.html#td-learning-in-one-page) |
+# | $\alpha$ | step size | [chapter 1](weighted_softmax_td.html) |
+# | $g(x, y)$ | score of key state $x$ for target state $y$ (key first) | Definition 1.1 |
+# | $W$ | $d \times d$ score matrix, $g(x, y) = \phi(x)^\top W \phi(y)$ | Definition 1.1 |
+# | $K_k(x)$ | softmax weight of transition $k$ for target $x$; the weights form the $n \times m$ matrix $K$, columns summing to 1 | Definition 1.1 |
+# | $\rho(x)$ | per-target weight of weighted softmax TD (only this) | Definition 1.1 |
+# | $\beta$ | scale of a tabular score matrix $W = \beta I$ | [chapter 1](weighted_softmax_td.html#from-uniform-to-tabular) |
+# | $\varepsilon$ | small scale of the score, $\varepsilon W$ | Proposition 1.4 |
+# | $c_k^{(t)}$ | kernel coefficient of transition $k$: $\alpha$ times its accumulated TD errors | Lemma 1.1 |
+# | $w_t$, $w^\star$ | linear TD weights and their fixed point $A_{\mathrm{TD}}^{-1} b_{\mathrm{TD}}$ | [chapter 1](weighted_softmax_td.html#linear-td-is-a-special-case-exactly) |
+# | $C$ | preconditioner of linear TD (only this) | Proposition 1.4 |
+# | $\zeta(x)$ | shift that makes the linear kernel positive | Proposition 1.3 |
+# | $\hat M$ | row-stochastic matrix of attention grouped by state | Proposition 1.7, [chapter 5](convergence.html) |
+# | $\kappa$ | contraction constant of an error recursion | Proposition 1.7 |
+# | $F$ | the map of one iteration, $v \mapsto F v + f$ | [chapter 1](weighted_softmax_td.html#tabular-td-is-a-limit) |
+# | $J$, $\chi$, $\xi$ | grouped update matrix of Proposition 1.8, its centring indicator, the constant its limit is shifted by | Proposition 1.8 |
+#
+# ## The Transformer (chapters 2 to 4a)
+#
+# | symbol | meaning | defined in |
+# |---|---|---|
+# | $Z_l$, $z_j$ | the prompt entering layer $l$, $(d + 2) \times m$, and its column $j$ | Definition 2.1 |
+# | $l$, $L$ | layer index and number of layers | [chapter 3](dual_head.html) |
+# | $A$ | $(d+2) \times (d+2)$ score matrix of a layer, scores $z_i^\top A z_j$ (key $i$ first) | [chapter 3](dual_head.html#the-layer) |
+# | $S_l$ | attention matrix, $S_l[i, j]$ for key $i$ and column $j$, column-stochastic | [chapter 3](dual_head.html#the-layer) |
+# | $\omega_i$ | attention mask: $0$ for the $n$ keys, $-\infty$ for the last state and the queries | [chapter 3](dual_head.html#the-layer) |
+# | $\Pi$ | successor shift: column $j < n$ of $Z\Pi$ is column $j + 1$ of $Z$ | [chapter 3](dual_head.html#the-layer) |
+# | $V^{\mathrm{cur}}, V^{\mathrm{tgt}}$ | value matrices of the current-value and target-value heads | [chapter 3](dual_head.html#the-layer) |
+# | $V$ | value matrix of a single head | [chapter 4](tsm.html) |
+# | $\mathcal C$ | set of channels (rows) a temporal shift appends | Definition 4.1 |
+# | $\theta^*$ | the constructed parameters of the dual-head layer | Definition 3.1 |
+# | $\theta^{\delta}$ | the TD-memory parameters of the shift-after-attention layer | Definition 4.2 |
+# | $\mathrm{TF}_L(Z_0)$ | the model's readout: the value row of $Z_L$ at the query columns | [chapter 3](dual_head.html#the-model) |
+# | $\lambda$ | positional (recency) bias of a causal layer: the logit of key $i$ gains $\lambda \log i$ | [chapter 4a](causal.html#the-causal-layer) |
+# | $\mathsf Q, \mathsf K, \mathsf V$ | row-token query, key and value matrices (the bridge box only) | [chapter 2](prompt.html#from-row-token-attention-to-the-books-columns) |
+#
+# ## Glossary
+#
+# **Certainty equivalence.** Solving the empirical Markov reward process of the context, $\hat v = \hat r + \gamma \hat P \hat v$,
+# as if it were the true one. Batch tabular TD converges to it; a state the context never leaves is made absorbing
+# ([chapter 1](weighted_softmax_td.html#tabular-td-is-a-limit)).
+#
+# **Kernel diagonality.** The condition $\min_x M(x, x) > (1 + \gamma)/2$ on the attention grouped by state: each state
+# puts more than $(1+\gamma)/2$ of its attention on transitions leaving itself. It makes the layer recursion a contraction
+# (Proposition 1.7 for a context; [chapter 5](convergence.html) in the population).
+#
+# **NEU.** The norm of the expected update, $\|\mathbb E[\delta\, \nabla_\theta \mathrm{TF}(Z_0; \theta)]\|^2$: zero at a rest
+# point of multi-task TD pretraining ([chapter 6](pretrain.html)).
+#
+# **Population recursion.** The layer recursion in the limit of an infinite context, $v_{l+1} = v_l + \alpha M_\pi (r + \gamma P v_l - v_l)$,
+# with $M_\pi$ the population attention matrix ([chapter 5](convergence.html)).
+#
+# **Span condition.** A contraction condition weaker than kernel diagonality: some power of the error recursion's matrix
+# contracts the spread $\max_x v(x) - \min_x v(x)$ of a vector ([chapter 5](convergence.html)).
+#
+# **State tokens.** A context column's token is a function of its state, so the $n$ keys collapse to $s$ tokens, one per
+# state, weighted by their visit counts; a forward pass then costs $s + 1 + q$ columns whatever $n$ is ([chapter 6](pretrain.html)).
+#
+# **Statistical floor.** The part of a deep model's error that depth cannot remove: the distance between the iteration's
+# fixed point for a finite context and $v_\pi$; it falls with $n$ ([chapter 5](convergence.html)).
+#
+# **$\theta^*$.** The constructed parameters under which each dual-head layer is exactly one iteration of weighted softmax TD
+# (Definition 3.1, Theorem 3.1).
+#
+# **$\theta^{\delta}$.** The parameters under which a single head followed by a shift of its output runs the same iteration,
+# keeping the TD errors in a memory row (Definition 4.2, Theorem 4.2).
+#
+# **Weighted softmax TD.** TD learning in which the value of any target state moves by a softmax-weighted average of the
+# context's TD errors (Definition 1.1).
