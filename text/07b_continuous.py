@@ -644,7 +644,7 @@ f_1.item()
 # chapter](weighted_softmax_td.html)). With continuous states no state is ever visited twice, and
 # that limit degenerates: the fixed point below is the certainty-equivalence value of the empirical
 # MRP in which every state is visited once and $S_n$ is never left (chapter 1's case without its
-# hypothesis; chapter 1's Proposition 5 covers the general fixed point).
+# hypothesis; chapter 1's Proposition 1.8 covers the general fixed point).
 #
 # ::: {.proposition}
 # **Proposition 7b.3 [ours].** If the states $S_0..S_{n-1}$ are distinct and the kernel is strictly

@@ -63,10 +63,10 @@ from ictd.wstd import weighted_softmax_td, batch_linear_td, context_weights, cer
 # along the iterates: the kernel average of the values at the keys must give back the target's own
 # value. That holds in the tabular limit (one-hot features, $W = \beta I$, $\beta \to \infty$), where
 # $K_k(x) = \mathbf 1[S_{k-1} = x]/N(x)$ and the iterates are state-consistent, provided every target
-# state is left (the hypothesis of Proposition 2): both are then value iteration on the context's
+# state is left (the hypothesis of chapter 1's Proposition 1.5): both are then value iteration on the context's
 # empirical MRP. Away from that limit they differ, and so do their fixed points: KBRL's is a
 # kernel-smoothed value that depends on the bandwidth, while weighted softmax TD's, by
-# [Proposition 5](weighted_softmax_td.html#small-scores-over-long-horizons-where-the-iteration-goes),
+# [Proposition 1.8](weighted_softmax_td.html#small-scores-over-long-horizons-where-the-iteration-goes),
 # is the certainty-equivalence value at the trajectory states whatever the kernel (when the matrix $B$
 # there is nonsingular and the iteration converges). The kernel shapes the path and the values away
 # from the data, not the fixed point on the data.
@@ -117,7 +117,7 @@ for h in (0.03, 0.08):
 # with it: a $\gamma$-contraction, which is why it converges from any start. Weighted softmax TD does
 # not have that form: it averages TD errors and adds them to the target's own value, and its one-step
 # map can expand. Chapter 1 exhibits a $W$ whose iteration has spectral radius above one. It is an
-# averager-style contraction only where chapter 1's Proposition 4 or chapter 5's diagonality
+# averager-style contraction only where chapter 1's Proposition 1.7 or chapter 5's diagonality
 # condition holds, for example in the tabular limit, where the rate is $1 - \alpha(1 - \gamma)$.
 
 # %% [markdown]
@@ -141,7 +141,7 @@ for h in (0.03, 0.08):
 # distinct states $y$ the context leaves, without regularisation, solves $\sum_k k(y, S_{k-1})\, \delta_k = 0$
 # for every $y$, that is $G\, (N \circ m) = 0$ with the Gram matrix $G$ of those states and the per-state
 # mean TD errors $m$. A nonsingular $G$ forces $m = 0$: the certainty-equivalence value at the
-# trajectory states, the same limit as weighted softmax TD's (Proposition 5(a), with $B$ replaced by
+# trajectory states, the same limit as weighted softmax TD's (Proposition 1.8(a), with its matrix $J$ replaced by
 # $G \operatorname{diag}(N)$). Ridge regularisation moves kernel LSTD off it; finite depth (early stopping)
 # is what keeps weighted softmax TD off it. Off the data the two interpolate differently (RKHS
 # expansion against normalised weights).
@@ -165,7 +165,7 @@ for h in (0.08, 0.2):
 # %% [markdown]
 # At the wider bandwidth the system is ill-conditioned (printed), and the unregularised solution
 # carries the round-off that the condition number allows: the coincidence is exact in exact
-# arithmetic only, the same caveat as for Proposition 5 at small scores.
+# arithmetic only, the same caveat as for Proposition 1.8 at small scores.
 #
 # ## Softmax in-context learning as kernel regression and functional gradient descent
 #
