@@ -1081,6 +1081,60 @@ Markdown(f"With more separate layers the models explain more of the value shape 
          f"Deeper models spend several layers on state-blind averaging.")
 
 # %% [markdown]
+# ## Trained to convergence
+#
+# The runs above stop at the 2000 steps of `EMERGENCE`. Whether their structure is where training
+# *ends* or a stage it passes through is decided by a stopping rule, applied to a sweep over the
+# learning rate and the number of steps at the specification's settings (ten seeds per rate).
+#
+# **The stopping rule** [ours]. Every `eval_every` steps the training loop records each seed's
+# held-out MSVE, the mean diagonality of every layer and the last layer's value weights. For a
+# window of $w$ steps, a metric *has moved* at step $t$ when
+# $|\overline{\Delta}| + 2\,\mathrm{s.e.}(\overline{\Delta}) \ge \varepsilon$, where
+# $\Delta_i = m_i(t) - m_i(t - w)$ is seed $i$'s change and the bar and the standard error are
+# over seeds (for a vector metric, the largest component). Training *has converged at* $t$ when,
+# from $t$ on, no metric has moved at any evaluation; the tolerances $\varepsilon$ are
+# `CONVERGE_TOLERANCES`. The sweep trains each learning rate once to the largest number of steps:
+# Adam's step size is constant, so the model after $T$ steps of a longer run is the model of a
+# run of $T$ steps, and every smaller step count is read off the same run (its parameters are
+# recorded at every evaluation).
+
+# %%
+#| export
+CONVERGE_TOLERANCES = dict(msve=0.01, diagonality=0.02, value_weights=0.02)  # a seed-mean change over the window below these is "not moving"
+CONVERGE_LRS = (3e-3, 1e-2, 3e-2)                                           # learning rates of the convergence sweep
+
+def converge_metrics(results:list,  # `PretrainResult`s of one configuration, one per seed
+                    )->dict:        # name -> (S, T, k) per-seed trajectories
+    "The trajectories the stopping rule watches: held-out MSVE, every layer's diagonality, the last layer's value weights."
+    h = lambda k: torch.stack([r.history[k] for r in results]).double()
+    S, T = len(results), h("msve").shape[1]
+    return dict(msve=h("msve").reshape(S, T, 1), diagonality=h("diagonality").reshape(S, T, -1), value_weights=h("value_weights")[:, :, -1])
+
+def moved_by(traj:torch.Tensor,  # (S, T, k) per-seed trajectories at evenly spaced evaluations
+             lag:int,            # the window in evaluations
+            )->torch.Tensor:     # (T,) largest |seed-mean change| + 2 s.e. over the window (NaN before `lag`)
+    "How far a metric has moved over the last `lag` evaluations, on the seed mean with two standard errors."
+    if not 1 <= lag < traj.shape[1]: raise ValueError(f"`lag` must lie in [1, {traj.shape[1]}), got {lag}")
+    if traj.shape[0] < 2: raise ValueError(f"`traj` needs at least 2 seeds for a standard error, got {traj.shape[0]}")
+    delta = traj[:, lag:] - traj[:, :-lag]
+    bound = (delta.mean(0).abs() + 2 * delta.std(0) / math.sqrt(traj.shape[0])).amax(-1)
+    return torch.cat([torch.full((lag,), math.nan, dtype=bound.dtype), bound])
+
+def settled_step(metrics:dict,     # output of `converge_metrics`
+                 steps:list,       # (T,) the evaluation steps, evenly spaced
+                 window:int,       # the window w in steps (a multiple of the spacing)
+                 tolerances:dict=CONVERGE_TOLERANCES, # metric -> tolerance epsilon
+                )->int|None:       # the first step from which no metric moves again; None if training never settles
+    "The stopping rule: the first evaluation step from which every metric stays below its tolerance at every later evaluation."
+    every = steps[1] - steps[0]
+    if window % every: raise ValueError(f"`window` must be a multiple of the evaluation spacing {every}, got {window}")
+    still = torch.stack([moved_by(metrics[k], window // every) < tol for k, tol in tolerances.items()]).all(0)
+    later = still.flip(0).cumprod(0).flip(0).bool()                       # still at t and at every evaluation after it
+    return int(steps[int(later.nonzero()[0])]) if later.any() else None
+
+
+# %% [markdown]
 # ## What the trained models compute
 #
 # The answers to the questions this page set out with, generated from the outputs above:
@@ -1167,11 +1221,12 @@ def run_gap_map(out_dir="nbs/data",              # folder of the JSON file
 CONTROLS = ("mc", "supervised", "td-independent")   # objectives other than TD, on the same data and architecture
 DEPTHS = (2, 3, 4, 6, 8)                            # depths of the sweep with separate layers
 
-def _study(changes:dict, seeds, history:bool, base:PretrainConfig=EMERGENCE)->dict:
-    "name -> saved runs of `base` with each change, with their gap measures."
+def _study(changes:dict, seeds, history:bool, base:PretrainConfig=EMERGENCE, device=None, cache_dir=None, train_only:bool=False)->dict:
+    "name -> saved runs of `base` with each change, with their gap measures (with `train_only`, only train into `cache_dir`)."
     out = {}
     for name, change in changes.items():
-        runs = pretrain_many(dataclasses.replace(base, **change), list(seeds), progress=False)
+        runs = pretrain_many(dataclasses.replace(base, **change), list(seeds), progress=False, device=device, cache_dir=cache_dir)
+        if train_only: continue
         out[name] = dict(change=change, runs=[dict(saved, gap=gap_measures(r.config, r.model)) for saved, r in zip(save_runs(runs, history), runs)])
     return out
 
@@ -1193,9 +1248,78 @@ def run_theta_star_dynamics(out_dir="nbs/data", seeds=tuple(range(10)), command:
     "Train `EMERGENCE` from each of `theta_star_starts()` over `seeds`, keeping the histories; write `mechanism_dynamics.json`."
     return _write(out_dir, "mechanism_dynamics.json", command, dict(studies=_study(theta_star_starts(), seeds, True)))
 
-def run_depth_sweep(out_dir="nbs/data", seeds=tuple(range(10)), depths=DEPTHS, command:str="run_depth_sweep()")->Path:
-    "Train `EMERGENCE` at each depth (separate layers) over `seeds`; write `mechanism_depth.json`."
-    return _write(out_dir, "mechanism_depth.json", command, dict(studies=_study({f"L = {L}": dict(n_layers=L) for L in depths}, seeds, False)))
+DEEP_DEPTHS = (12, 16)                              # the deep end of the depth sweep, saved separately (`mechanism_depth_deep.json`)
+
+def run_depth_sweep(out_dir="nbs/data", seeds=tuple(range(10)), depths=DEPTHS, command:str="run_depth_sweep()", name:str="mechanism_depth.json",
+                    device=None, cache_dir=None, train_only:bool=False)->Path|None:
+    "Train `EMERGENCE` at each depth (separate layers) over `seeds`; write `name` (nothing with `train_only`: runs go to `cache_dir`)."
+    if train_only and cache_dir is None: raise ValueError("`train_only` needs a `cache_dir` to keep the runs in")
+    studies = _study({f"L = {L}": dict(n_layers=L) for L in depths}, seeds, False, device=device, cache_dir=cache_dir, train_only=train_only)
+    return None if train_only else _write(out_dir, name, command, dict(studies=studies))
+
+
+# %% [markdown]
+# The convergence sweep trains one run per learning rate to the largest step count, recording the
+# parameters at every evaluation; with a `cache_dir`, workers can train disjoint seeds or rates
+# in parallel (`train_only`) and a last call assembles the file from their saved runs.
+
+# %%
+#| export
+def converge_config(lr:float, n_steps:int, eval_every:int)->PretrainConfig:
+    "`EMERGENCE` with another learning rate and length, recording the parameters at every evaluation."
+    return dataclasses.replace(EMERGENCE, lr=lr, n_steps=n_steps, eval_every=eval_every, record_params=True)
+
+def model_at(result, i:int):
+    "The model of a run at its i-th evaluation, rebuilt from the recorded parameters."
+    c = result.config
+    return get_family(c.attention).module(c, {k[6:]: v[i].double() for k, v in result.history.items() if k.startswith("param.")})
+
+def _estimator_check(runs:list)->dict:
+    "Fit the candidates on the first half of `runs`, score them on the second: centred 1 - R^2 per seed, and the lookahead's constants."
+    half = len(runs) // 2
+    fitted = fit_estimators(runs[:half])
+    pred = prediction_errors(fitted, runs[half:])
+    return dict(lookahead=fitted["lookahead"], theta_star={k: fitted["theta*"][k] for k in ("alpha", "beta")},
+                centred={k: pred[f"{k}, centred"].tolist() for k in fitted}, msve={k: pred[f"{k}, MSVE"].tolist() for k in list(fitted) + ["trained"]})
+
+def run_converge_study(out_dir="nbs/data",          # folder of the JSON file
+                       seeds=tuple(range(10)),      # seeds of every learning rate
+                       lrs=CONVERGE_LRS,            # learning rates
+                       n_steps:int=4000,            # steps of every run (the largest step count of the sweep)
+                       eval_every:int=200,          # steps between evaluations
+                       window:int=1000,             # the stopping rule's window in steps
+                       kept=(500, 1000, 2000, 4000, 8000, 16000, 32000), # step counts summarised (those up to `n_steps`, and the settled step)
+                       device=None,                 # torch device (default CUDA when available)
+                       cache_dir=None,              # folder of saved runs and checkpoints (None: none)
+                       train_only:bool=False,       # only train (into `cache_dir`) and write nothing
+                       command:str="run_converge_study()", # recorded in the file
+                       name:str="mechanism_converge.json", # the file's name
+                      )->Path|None:                 # the file written
+    "The lr x steps sweep of `EMERGENCE` with the stopping rule, and the chapter's measures at every kept step count."
+    if train_only and cache_dir is None: raise ValueError("`train_only` needs a `cache_dir` to keep the runs in")
+    out = {}
+    for lr in lrs:
+        c = converge_config(lr, n_steps, eval_every)
+        runs = pretrain_many(c, list(seeds), progress=False, cache_dir=cache_dir, device=device,
+                             checkpoint_every=10 * eval_every if cache_dir is not None else None)
+        if train_only: continue
+        steps = runs[0].history["step"].flatten().tolist()
+        metrics = converge_metrics(runs)
+        settled = settled_step(metrics, steps, window)
+        at = sorted({s for s in kept if s <= n_steps} | ({settled} if settled is not None else set()))
+        summaries, params = {}, {}
+        for s in at:
+            i = steps.index(s)
+            models = [(r.config, model_at(r, i)) for r in runs]
+            summaries[s] = {k: v.tolist() for k, v in study_summary(models).items()}
+            params[s] = [{k: v.tolist() for k, v in model_params(m).items()} for _, m in models]
+        final = [(r.config, model_at(r, len(steps) - 1)) for r in runs]
+        out[f"{lr:g}"] = dict(lr=lr, config=dataclasses.asdict(c), steps=steps, settled=settled,
+                              moved={k: moved_by(v, window // eval_every).tolist() for k, v in metrics.items()},
+                              trajectories={k: v.tolist() for k, v in metrics.items()}, summaries=summaries, params=params,
+                              estimator=_estimator_check([(dataclasses.replace(c, eval_tasks=128), m) for c, m in final]))
+    if train_only: return None
+    return _write(out_dir, name, command, dict(seeds=list(seeds), window=window, tolerances=CONVERGE_TOLERANCES, lrs=out))
 
 
 # %%
