@@ -13,6 +13,10 @@ from .convergence import span_rate
 from .boyan import weighted_error
 from .model import model_params, population_tokens, token_layers, token_predict
 from .pretrain import EMERGENCE, PretrainConfig, get_family, pretrain_many
+from torch.func import functional_call
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from .prompt import build_prompt
+from .tasks import sample_trajectories
 from .emergence import UNIFORM_BELOW, certainty_equivalence_values, context_mean_values, held_out_prompts, msve_of, sign_pattern
 
 # %% auto #0
@@ -22,9 +26,9 @@ __all__ = ['HISTORY_KEYS', 'LOOKAHEAD_BETAS', 'CONVERGE_TOLERANCES', 'CONVERGE_L
            'layer_anatomy', 'anatomy_table', 'anatomy_counts', 'lookahead_features', 'affine_fit', 'affine_predict',
            'weighted_r2', 'candidate_values', 'probe_layers', 'fit_estimators', 'estimator_values', 'prediction_errors',
            'gap_table', 'study_summary', 'summary_table', 'fisher_greater', 'holm', 'update_jacobian',
-           'converge_metrics', 'moved_by', 'settled_step', 'run_mechanism_study', 'run_gap_map', 'run_control_study',
-           'theta_star_starts', 'run_theta_star_dynamics', 'run_depth_sweep', 'converge_config', 'model_at',
-           'run_converge_study']
+           'sampled_jacobians', 'jacobian_spectrum', 'converge_metrics', 'moved_by', 'settled_step',
+           'run_mechanism_study', 'run_gap_map', 'run_control_study', 'theta_star_starts', 'run_theta_star_dynamics',
+           'run_depth_sweep', 'converge_config', 'model_at', 'run_converge_study', 'star_points', 'run_jacobian_study']
 
 # %% ../nbs/06b_mechanism.ipynb #7aa75c66
 def provenance(command:str,  # the command that produced the file
@@ -404,22 +408,68 @@ def holm(pvalues:dict,  # name -> p-value
     return out
 
 # %% ../nbs/06b_mechanism.ipynb #85f30907
-def update_jacobian(model:SoftmaxICTD,  # the parameters at which to linearise
-                    tasks:TaskBatch,    # tasks to average over (n = infinity)
-                   )->tuple:            # (g (p,), J (p, p)) over the flattened (A, V_cur, V_tgt) of every layer
-    "The expected semi-gradient TD update at $n = \\infty$ and its Jacobian, exactly."
+def _values_fn(model:SoftmaxICTD, tasks:TaskBatch, states:torch.Tensor=None):
+    "flat parameters (in `model_params` order) -> (B, s) values of every state: at n = infinity, or with the contexts `states` (B, n+1)."
     p0 = model_params(model)
     keys, shapes = list(p0), [v.shape for v in p0.values()]
-    flat = torch.cat([v.flatten() for v in p0.values()]).double().clone().requires_grad_()
-    one = TaskBatch(*(getattr(tasks, k)[None] for k in ("P", "r", "phi", "d_pi", "v_pi")), tasks.gamma)
-    v = token_predict({k: q.reshape(sh) for k, q, sh in zip(keys, torch.split(flat, [sh.numel() for sh in shapes]), shapes)}, model.n_layers, population_tokens(one))[0]
+    split = lambda flat: {k: q.reshape(sh) for k, q, sh in zip(keys, torch.split(flat, [sh.numel() for sh in shapes]), shapes)}
+    if states is None:
+        one = TaskBatch(*(getattr(tasks, k)[None] for k in ("P", "r", "phi", "d_pi", "v_pi")), tasks.gamma)
+        return lambda flat: token_predict(split(flat), model.n_layers, population_tokens(one))[0]
+    n, rows = states.shape[-1] - 1, torch.arange(len(tasks))[:, None]
+    Z = build_prompt(tasks.phi[rows, states], tasks.r[rows, states[:, :-1]], tasks.phi)
+    named = lambda flat: {f"layers.{l}.{k}": v[0, l] for k, v in split(flat).items() for l in range(v.shape[1])}
+    return lambda flat: functional_call(model, named(flat), (Z,), dict(n=n))[..., model.d + 1, n + 1:]
+
+def update_jacobian(model:SoftmaxICTD,  # the parameters at which to linearise
+                    tasks:TaskBatch,    # tasks to average over
+                    states:torch.Tensor=None, # (B, n+1) one context per task; None: n = infinity
+                   )->tuple:            # (g (p,), J (p, p)) over the flattened (A, V_cur, V_tgt) of every layer
+    "The expected semi-gradient TD update and its Jacobian: exactly at $n = \\infty$, or at given contexts (exact over the query and its successor)."
+    flat = torch.cat([v.flatten() for v in model_params(model).values()]).double()
+    values = _values_fn(model, tasks, states)
     w, s = tasks.d_pi / len(tasks), tasks.r.shape[-1]
-    delta = tasks.r + tasks.gamma * (tasks.P @ v[..., None])[..., 0] - v
-    g = torch.autograd.grad((w * delta.detach() * v).sum(), flat, create_graph=True)[0]
-    H = torch.stack([torch.autograd.grad(gj, flat, retain_graph=True)[0] for gj in g])
-    Jv = torch.stack([torch.autograd.grad(vi, flat, retain_graph=True)[0] for vi in v.flatten()])
-    A = torch.block_diag(*(w[..., None] * (tasks.gamma * tasks.P - torch.eye(s, dtype=tasks.P.dtype))))
-    return g.detach(), (Jv.T @ A @ Jv + H).detach()
+    with sdpa_kernel(SDPBackend.MATH):                                                 # the unfused attention has second derivatives
+        v = values(flat).detach()
+        delta = tasks.r + tasks.gamma * (tasks.P @ v[..., None])[..., 0] - v
+        g = torch.func.grad(lambda f: (w * delta * values(f)).sum())
+        Jv = torch.func.jacfwd(values)(flat).reshape(-1, len(flat))                    # (B s, p)
+        A = torch.block_diag(*(w[..., None] * (tasks.gamma * tasks.P - torch.eye(s, dtype=tasks.P.dtype))))
+        return g(flat).detach(), (Jv.T @ A @ Jv + torch.func.jacfwd(g)(flat)).detach()
+
+def sampled_jacobians(model:SoftmaxICTD,  # the parameters at which to linearise
+                      tasks:TaskBatch,    # tasks to draw from
+                      n:int,              # context length
+                      n_batches:int=8,    # independent batches K (>= 3)
+                      batch_size:int=32,  # tasks (one stationary context each) per batch
+                      seed:int=0,         # seed of the batches
+                     )->tuple:            # (g (K, p), J (K, p, p)), one per batch
+    "Monte-Carlo draws of the expected update and its Jacobian at context length `n`: each batch's mean over its contexts."
+    if int(n_batches) != n_batches or n_batches < 3: raise ValueError(f"`n_batches` must be an integer >= 3, got {n_batches}")
+    gen = torch.Generator().manual_seed(int(seed))
+    out = []
+    for _ in range(int(n_batches)):
+        idx = torch.randint(len(tasks), (int(batch_size),), generator=gen)
+        sub = TaskBatch(tasks.P[idx], tasks.r[idx], tasks.phi[idx], tasks.d_pi[idx], tasks.v_pi[idx], tasks.gamma)
+        out.append(update_jacobian(model, sub, sample_trajectories(sub.P, n, sub.d_pi, seed=gen)))
+    return torch.stack([g for g, _ in out]), torch.stack([J for _, J in out])
+
+def jacobian_spectrum(gs:torch.Tensor,  # (K, p) draws of g (or (1, p): exact)
+                      Js:torch.Tensor,  # (K, p, p) draws of J (or (1, p, p): exact)
+                     )->dict:           # NEU, largest real part of an eigenvalue of the mean J, unstable count; jackknife s.e. when K > 1
+    "Stability of the mean dynamics at a point from draws of (g, J): the spectrum of the mean Jacobian, with delete-one jackknife errors."
+    K = len(gs)
+    def stats(g, J, unbiased):
+        ev = torch.linalg.eigvals(J.mean(0))
+        neu = (g.sum(0).square().sum() - g.square().sum()) / (len(g) * (len(g) - 1)) if unbiased else g.mean(0).square().sum()
+        return torch.stack([neu, ev.real.max(), (ev.real > 1e-8).sum().double(), ev.real.min()])
+    full = stats(gs, Js, K > 2)
+    out = dict(neu=full[0].item(), max_real=full[1].item(), n_unstable=int(full[2]), min_real=full[3].item(), n_params=gs.shape[-1], draws=K)
+    if K > 2:
+        jk = torch.stack([stats(torch.cat([gs[:i], gs[i + 1:]]), torch.cat([Js[:i], Js[i + 1:]]), K > 3) for i in range(K)])
+        se = ((K - 1) / K * (jk - jk.mean(0)).square().sum(0)).sqrt()
+        out.update(neu_se=se[0].item(), max_real_se=se[1].item(), n_unstable_se=se[2].item(), min_real_se=se[3].item())
+    return out
 
 # %% ../nbs/06b_mechanism.ipynb #a96dd3ef
 CONVERGE_TOLERANCES = dict(msve=0.01, diagonality=0.02, value_weights=0.02)  # a seed-mean change over the window below these is "not moving"
@@ -556,7 +606,7 @@ def run_converge_study(out_dir="nbs/data",          # folder of the JSON file
                        n_steps:int=4000,            # steps of every run (the largest step count of the sweep)
                        eval_every:int=200,          # steps between evaluations
                        window:int=1000,             # the stopping rule's window in steps
-                       kept=(500, 1000, 2000, 4000, 8000, 16000, 32000), # step counts summarised (those up to `n_steps`, and the settled step)
+                       kept=(500, 1000, 2000, 4000, 8000, 16000, 32000), # step counts summarised (those evaluated, and the settled step)
                        device=None,                 # torch device (default CUDA when available)
                        cache_dir=None,              # folder of saved runs and checkpoints (None: none)
                        train_only:bool=False,       # only train (into `cache_dir`) and write nothing
@@ -574,7 +624,7 @@ def run_converge_study(out_dir="nbs/data",          # folder of the JSON file
         steps = runs[0].history["step"].flatten().tolist()
         metrics = converge_metrics(runs)
         settled = settled_step(metrics, steps, window)
-        at = sorted({s for s in kept if s <= n_steps} | ({settled} if settled is not None else set()))
+        at = sorted({s for s in kept if s in steps} | ({settled} if settled is not None else set()))
         summaries, params = {}, {}
         for s in at:
             i = steps.index(s)
@@ -588,3 +638,29 @@ def run_converge_study(out_dir="nbs/data",          # folder of the JSON file
                               estimator=_estimator_check([(dataclasses.replace(c, eval_tasks=128), m) for c, m in final]))
     if train_only: return None
     return _write(out_dir, name, command, dict(seeds=list(seeds), window=window, tolerances=CONVERGE_TOLERANCES, lrs=out))
+
+# %% ../nbs/06b_mechanism.ipynb #253db5a1
+def star_points(config:PretrainConfig=EMERGENCE)->dict:
+    "The two theta* of the dynamics study: name -> (beta, alpha)."
+    from ictd.emergence import best_theta_star
+    alpha, beta = best_theta_star(config)
+    return {"theta* (beta 1, alpha 1)": (1., 1.), f"best-fit theta* (beta {beta:g}, alpha {alpha:g})": (float(beta), float(alpha))}
+
+def run_jacobian_study(out_dir="nbs/data",       # folder of the JSON file
+                       n_batches:int=6,          # Monte-Carlo batches K at n = 30
+                       batch_size:int=16,        # contexts per batch
+                       seed:int=0,               # seed of the contexts
+                       command:str="run_jacobian_study()", # recorded in the file
+                      )->Path:                   # the file written, `mechanism_jacobian.json`
+    "The expected update's Jacobian at both theta* of `EMERGENCE`: exact at n = infinity (8 held-out tasks) and sampled at its n."
+    c = EMERGENCE
+    tasks_inf = held_out_prompts(dataclasses.replace(c, eval_tasks=8, seed=1000))[0]
+    tasks = held_out_prompts(dataclasses.replace(c, seed=1000))[0]
+    out = {}
+    for name, (beta, alpha) in star_points(c).items():
+        m = SoftmaxICTD.from_theta_star(c.feature_dim, c.n_layers, beta * torch.eye(c.feature_dim, dtype=torch.float64), alpha, c.gamma)
+        g, J = update_jacobian(m, tasks_inf)
+        gs, Js = sampled_jacobians(m, tasks, c.n, n_batches, batch_size, seed)
+        out[name] = {"n = infinity": dict(jacobian_spectrum(g[None], J[None]), real_parts=sorted(torch.linalg.eigvals(J).real.tolist())),
+                     f"n = {c.n}": dict(jacobian_spectrum(gs, Js), real_parts=sorted(torch.linalg.eigvals(Js.mean(0)).real.tolist()))}
+    return _write(out_dir, "mechanism_jacobian.json", command, dict(n_batches=n_batches, batch_size=batch_size, seed=seed, points=out))
