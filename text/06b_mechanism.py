@@ -1017,11 +1017,37 @@ assert all(r["neu"] > 1e-4 and r["n_unstable"] > 0 and r["neu_n30"] > 2 * r["neu
 at_star
 
 # %% [markdown]
+# The same at the training context length $n = 30$, where the expectation over contexts has no
+# closed form: `sampled_jacobians` draws $K$ batches of stationary contexts (held-out tasks),
+# computes each batch's exact $(g, J)$ over the query and its successor, and `jacobian_spectrum`
+# reports the spectrum of the mean Jacobian with delete-one jackknife standard errors over the
+# batches (saved by `run_jacobian_study`: a few minutes of CPU):
+
+# %%
+jac_saved = json.loads(Path("data/mechanism_jacobian.json").read_text())
+pm = lambda r, k, fmt: format(r[k], fmt) + (f" ± {r[k + '_se']:{fmt}}" if k + "_se" in r else "")
+Markdown(f"Made by `{jac_saved['provenance']['command']}` at commit `{jac_saved['provenance']['commit'][:10]}` on {jac_saved['provenance']['date'][:10]}; "
+         f"$n = 30$: {jac_saved['n_batches']} batches of {jac_saved['batch_size']} contexts.\n\n"
+         "| point | context | NEU | largest real part of an eigenvalue of $J$ | eigenvalues with positive real part (of "
+         f"{next(iter(next(iter(jac_saved['points'].values())).values()))['n_params']}) | smallest real part |\n|---|---|---|---|---|---|\n" +
+         "\n".join(f"| {name} | {where} | {pm(r, 'neu', '.3g')} | {pm(r, 'max_real', '.3f')} | {pm(r, 'n_unstable', '.0f')} | {pm(r, 'min_real', '.3f')} |"
+                   for name, pts in jac_saved["points"].items() for where, r in pts.items()))
+
+# %%
+jac30 = {name: pts["n = 30"] for name, pts in jac_saved["points"].items()}
+assert all(r["neu"] > 2 * r["neu_se"] and r["max_real"] > 2 * r["max_real_se"] for r in jac30.values()), jac30
+{name: dict(neu_z=r["neu"] / r["neu_se"], max_real_z=r["max_real"] / r["max_real_se"]) for name, r in jac30.items()}
+
+# %% [markdown]
 # At both points the expected update is not zero, at $n = \infty$ (`neu`) and at the training
 # context $n = 30$ (`neu_n30`, the unbiased estimate of the emergence chapter with its jackknife
 # standard error, more than two standard errors above zero), and the Jacobian has
-# eigenvalues with positive real part (counted above): neither point is a rest point of the mean
-# dynamics at this configuration, and the linearised flow near them is unstable in some directions.
+# eigenvalues with positive real part, at $n = \infty$ and at $n = 30$ alike (the largest real
+# part more than two jackknife standard errors above zero at $n = 30$, asserted above): neither
+# point is a rest point of the mean dynamics at this configuration, and the linearised flow near
+# them is unstable in some directions, so $\theta^*$ is not an attractor of the mean semi-gradient
+# flow $\dot\theta = g(\theta)$. (Pretraining uses Adam, whose per-coordinate scaling changes the
+# eigenvalues but not whether $g = 0$; the training runs below are the direct test.)
 # Second, training itself from these points, exactly and perturbed ($\mathcal N(0, 0.05^2)$ on
 # every parameter), ten seeds each (`run_theta_star_dynamics`):
 
@@ -1032,6 +1058,8 @@ Markdown(f"Made by `{dyn_saved['provenance']['command']}` at commit `{dyn_saved[
          summary_table({"random init. (TD, seeds 0-9)": controls["td"]} | dyn, "start"))
 
 # %%
+#| fig-cap: "Figure 6b.1: training started at either theta* moves away from it: the value error, the expected-update norm and the last current-value weight change from their starting values."
+#| fig-alt: "Three panels against training step: held-out MSVE (log scale), NEU at n = infinity (log scale) and the last layer's current-value weight, one line per start (two theta* points, exact and perturbed) with bands of one standard error over ten seeds."
 fig, axs = plt.subplots(1, 3, figsize=(13, 3.8))
 for i, (name, st) in enumerate(dyn_saved["studies"].items()):
     h = [r["history"] for r in st["runs"]]
@@ -1183,6 +1211,64 @@ def settled_step(metrics:dict,     # output of `converge_metrics`
     later = still.flip(0).cumprod(0).flip(0).bool()                       # still at t and at every evaluation after it
     return int(steps[int(later.nonzero()[0])]) if later.any() else None
 
+# %%
+show_doc(settled_step)
+
+# %% [markdown]
+# A check on synthetic trajectories: ten seeds that decay as $e^{-t/500}$ to a seed's own level,
+# with no noise, settle where the decay over a window of 1000 steps falls below the tolerance,
+# $e^{-t/500}(e^{1000/500} - 1) < 0.01$, i.e. at the first evaluation after $t = 500 \ln(639) \approx 3230$;
+# a trajectory that keeps drifting never settles.
+
+# %%
+_steps = list(range(0, 8001, 200))
+_t = torch.tensor(_steps, dtype=torch.float64)
+_levels = torch.linspace(0, 1, 10, dtype=torch.float64)[:, None, None]
+_decay = _levels + torch.exp(-_t / 500)[None, :, None]
+_flat = dict(msve=_decay, diagonality=_decay.expand(-1, -1, 3), value_weights=torch.zeros(10, len(_steps), 3, dtype=torch.float64))
+test_eq(settled_step(_flat, _steps, 1000), 3400)
+test_eq(settled_step(dict(_flat, msve=_decay + 2e-5 * _t[None, :, None]), _steps, 1000), None)
+test_fail(lambda: settled_step(_flat, _steps, 300), contains="multiple of the evaluation spacing")
+
+# %% [markdown]
+# The sweep, saved by `run_converge_study` (the file records its command; the full-scale version
+# of this study is in `DEVICE_RUN.md`):
+
+# %%
+conv_saved = json.loads(Path("data/mechanism_converge.json").read_text())
+conv = conv_saved["lrs"]
+conv_summary = {lr: {int(s): {k: torch.tensor(v, dtype=torch.float64) for k, v in sm.items()} for s, sm in c["summaries"].items()} for lr, c in conv.items()}
+def _conv_row(lr, c):
+    "One row of the sweep's table: the settled step and the measures there (or at the last step)."
+    s = c["settled"] if c["settled"] is not None else c["steps"][-1]
+    sm, m = conv_summary[lr][s], len(conv_saved["seeds"])
+    cen = {k: torch.tensor(v, dtype=torch.float64) for k, v in c["estimator"]["centred"].items()}
+    return (f"| {lr} | {c['settled'] if c['settled'] is not None else 'not by ' + str(c['steps'][-1])} | {ms(sm['MSVE'])} | {ms(sm['shape explained'])} | "
+            f"{int(sm['one uniform layer'].sum())} / {m} | {int(sm['pattern, last selective layer'].sum())} / {m} | {int(sm['pattern, last layer'].sum())} / {m} | "
+            f"{cen['lookahead'].mean():.3f} | {cen['theta*'].mean():.3f} | {cen['certainty equivalence'].mean():.3f} |")
+Markdown(f"Made by `{conv_saved['provenance']['command']}` at commit `{conv_saved['provenance']['commit'][:10]}` on {conv_saved['provenance']['date'][:10]}; "
+         f"window {conv_saved['window']} steps, tolerances {conv_saved['tolerances']}.\n\n"
+         "| learning rate | settled at step | MSVE | shape explained | one uniform layer | (+, +, −) last selective layer | (+, +, −) last layer | "
+         "lookahead, centred $1 - R^2$ | $\\theta^*$ | cert. equiv. |\n|---|---|---|---|---|---|---|---|---|---|\n" +
+         "\n".join(_conv_row(lr, c) for lr, c in conv.items()))
+
+# %% [markdown]
+# The measures are taken at the settled step (at the last step where training did not settle);
+# the estimator columns fit the candidates on the first five seeds' final models and score them
+# on the other five. How the stopping statistic evolves, relative to each tolerance:
+
+# %%
+#| fig-cap: "Figure 6b.2: the stopping statistic of every metric against training steps, per learning rate; below 1 the metric has stopped moving."
+#| fig-alt: "Three panels (held-out MSVE, layer diagonality, last-layer value weights), each with one line per learning rate showing the seed-mean change over the window plus two standard errors, divided by the tolerance, on a log scale, with a horizontal line at 1."
+fig, axs = plt.subplots(1, 3, figsize=(13, 3.6), sharey=True)
+for i, (lr, c) in enumerate(conv.items()):
+    for ax, (k, tol) in zip(axs, conv_saved["tolerances"].items()):
+        ax.plot(c["steps"], torch.tensor(c["moved"][k], dtype=torch.float64) / tol, color=f"C{i}", label=f"lr {lr}")
+for ax, k in zip(axs, conv_saved["tolerances"]):
+    ax.axhline(1, color="k", ls="--", lw=0.8)
+    ax.set(yscale="log", xlabel="training step", title=k.replace("_", " "))
+axs[0].set(ylabel="(|mean change| + 2 s.e.) / tolerance"); axs[-1].legend(); fig.tight_layout()
+
 
 # %% [markdown]
 # ## What the trained models compute
@@ -1293,6 +1379,10 @@ def theta_star_starts(config:PretrainConfig=EMERGENCE,  # the configuration (dep
     starts = {"theta* (beta 1, alpha 1)": dict(init="theta_star", init_beta=1., init_alpha=1.),
               f"best-fit theta* (beta {beta:g}, alpha {alpha:g})": dict(init="theta_star", init_beta=float(beta), init_alpha=float(alpha))}
     return {**starts, **{f"{k} + N(0, {scale:g}^2)": dict(v, init_scale=scale) for k, v in starts.items()}}
+
+def run_shared_study(out_dir="nbs/data", seeds=tuple(range(10)), command:str="run_shared_study()")->Path:
+    "Train `EMERGENCE` with one shared layer over `seeds`; write `mechanism_shared.json` (the learned layer is iterated in the chapter)."
+    return _write(out_dir, "mechanism_shared.json", command, dict(studies=_study({"shared": dict(shared=True)}, seeds, False)))
 
 def run_theta_star_dynamics(out_dir="nbs/data", seeds=tuple(range(10)), command:str="run_theta_star_dynamics()")->Path:
     "Train `EMERGENCE` from each of `theta_star_starts()` over `seeds`, keeping the histories; write `mechanism_dynamics.json`."
