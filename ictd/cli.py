@@ -17,7 +17,7 @@ from .continuous import run_continuous as continuous_experiments
 from .linear import (ICLR_LINEAR, plot_linear_pretraining, plot_side_by_side, plot_tuned_side_by_side, reproduce_iclr,
                          side_by_side, tuned_side_by_side)
 from .emergence import emergence_report
-from .mechanism import (CONVERGE_LRS, DEEP_DEPTHS, run_control_study, run_converge_study, run_depth_sweep, run_jacobian_study, run_gap_map, run_mechanism_study, run_theta_star_dynamics)
+from .mechanism import (CONVERGE_LRS, DEEP_DEPTHS, run_control_study, run_converge_study, run_depth_sweep, run_jacobian_study, run_shared_study, run_gap_map, run_mechanism_study, run_theta_star_dynamics)
 from .core import jsonable
 from .pretrain import DTYPES, FAMILIES, INITS, OBJECTIVES, PROTOCOLS, PretrainConfig, plot_emergence, pretrain_many, run_folder
 
@@ -101,6 +101,7 @@ MECHANISM_STUDIES = dict(
     converge=(lambda out, seeds, cmd, a: run_converge_study(out, seeds, tuple(a.lrs), a.steps, a.eval_every, a.window, device=a.device,
                                                             cache_dir=a.cache_dir, train_only=a.train_only, command=cmd),
               "the lr x steps sweep with the stopping rule, --lrs --steps --eval-every --window (mechanism_converge.json)"),
+    shared=(lambda out, seeds, cmd, a: run_shared_study(out, seeds, command=cmd), "one shared layer, iterated in the chapter beyond its training depth (mechanism_shared.json)"),
     jacobian=(lambda out, seeds, cmd, a: run_jacobian_study(out, command=cmd), "the expected update's Jacobian at theta*, n = infinity and n = 30 (mechanism_jacobian.json)"))
 
 def mechanism_command(args)->str:

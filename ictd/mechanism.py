@@ -11,7 +11,7 @@ from .model import SoftmaxICTD
 from .tasks import TaskBatch
 from .convergence import span_rate
 from .boyan import weighted_error
-from .model import model_params, population_tokens, token_layers, token_predict
+from .model import model_params, population_predict, population_tokens, token_layers, token_predict
 from .pretrain import EMERGENCE, PretrainConfig, get_family, pretrain_many
 from torch.func import functional_call
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -26,9 +26,10 @@ __all__ = ['HISTORY_KEYS', 'LOOKAHEAD_BETAS', 'CONVERGE_TOLERANCES', 'CONVERGE_L
            'layer_anatomy', 'anatomy_table', 'anatomy_counts', 'lookahead_features', 'affine_fit', 'affine_predict',
            'weighted_r2', 'candidate_values', 'probe_layers', 'fit_estimators', 'estimator_values', 'prediction_errors',
            'gap_table', 'study_summary', 'summary_table', 'fisher_greater', 'holm', 'update_jacobian',
-           'sampled_jacobians', 'jacobian_spectrum', 'converge_metrics', 'moved_by', 'settled_step',
-           'run_mechanism_study', 'run_gap_map', 'run_control_study', 'theta_star_starts', 'run_theta_star_dynamics',
-           'run_depth_sweep', 'converge_config', 'model_at', 'run_converge_study', 'star_points', 'run_jacobian_study']
+           'sampled_jacobians', 'jacobian_spectrum', 'shared_recursion', 'iterate_shared', 'converge_metrics',
+           'moved_by', 'settled_step', 'run_mechanism_study', 'run_gap_map', 'run_control_study', 'theta_star_starts',
+           'run_shared_study', 'run_theta_star_dynamics', 'run_depth_sweep', 'converge_config', 'model_at',
+           'run_converge_study', 'star_points', 'run_jacobian_study']
 
 # %% ../nbs/06b_mechanism.ipynb #7aa75c66
 def provenance(command:str,  # the command that produced the file
@@ -471,6 +472,41 @@ def jacobian_spectrum(gs:torch.Tensor,  # (K, p) draws of g (or (1, p): exact)
         out.update(neu_se=se[0].item(), max_real_se=se[1].item(), n_unstable_se=se[2].item(), min_real_se=se[3].item())
     return out
 
+# %% ../nbs/06b_mechanism.ipynb #32330e83
+def shared_recursion(model:SoftmaxICTD,  # a model with one shared layer
+                     tasks:TaskBatch,    # tasks
+                     depth:int,          # iterations K
+                    )->torch.Tensor:     # (K+1, B, s) the predicted values after 0..K iterations
+    "Chapter 5's recursion with the learned layer's depth-1 population kernel and its value-row weights: v <- v + M (a + (cI + bP) v)."
+    if not model.shared: raise ValueError("`model` must have one shared layer")
+    lay, d = model.layer(0), model.d
+    M = learned_kernel(model, tasks)[0]                                                          # (B, s, s), depth 1
+    cur, tgt = lay.V_cur.detach().double()[d + 1], lay.V_tgt.detach().double()[d + 1]
+    own = tasks.phi @ cur[:d] + cur[d] * tasks.r                                                # (B, s)
+    nxt = tasks.phi @ tgt[:d] + tgt[d] * tasks.r
+    a = own + (tasks.P @ nxt[..., None])[..., 0]
+    v, out = torch.zeros_like(a), [torch.zeros_like(a)]
+    for _ in range(int(depth)):
+        v = v + (M @ (a + cur[d + 1] * v + tgt[d + 1] * (tasks.P @ v[..., None])[..., 0])[..., None])[..., 0]
+        out.append(v)
+    return torch.stack(out)
+
+def iterate_shared(config:PretrainConfig,  # the run's settings (shared=True)
+                   model:SoftmaxICTD,      # its trained model
+                   depths,                 # the depths K to measure
+                  )->dict:                 # per depth: held-out MSVE at n = config.n, at n = infinity, and of the recursion's prediction
+    "The learned shared layer iterated K times: measured MSVE at the training context and at n = infinity, and chapter 5's prediction."
+    tasks, _, Z = held_out_prompts(config)
+    params = {k: v[0].double() for k, v in model_params(model).items()}
+    pred = shared_recursion(model, tasks, max(depths))
+    out = dict(depth=list(depths), msve_n=[], msve_inf=[], msve_predicted=[msve_of(pred[K], tasks).mean().item() for K in depths])
+    for K in depths:
+        m = get_family(config.attention).module(dataclasses.replace(config, n_layers=K), params)
+        with torch.no_grad():
+            out["msve_n"].append(msve_of(m.predict(Z, n=config.n), tasks).mean().item())
+            out["msve_inf"].append(msve_of(population_predict(m, tasks), tasks).mean().item())
+    return out
+
 # %% ../nbs/06b_mechanism.ipynb #a96dd3ef
 CONVERGE_TOLERANCES = dict(msve=0.01, diagonality=0.02, value_weights=0.02)  # a seed-mean change over the window below these is "not moving"
 CONVERGE_LRS = (3e-3, 1e-2, 3e-2)                                           # learning rates of the convergence sweep
@@ -568,6 +604,10 @@ def theta_star_starts(config:PretrainConfig=EMERGENCE,  # the configuration (dep
     starts = {"theta* (beta 1, alpha 1)": dict(init="theta_star", init_beta=1., init_alpha=1.),
               f"best-fit theta* (beta {beta:g}, alpha {alpha:g})": dict(init="theta_star", init_beta=float(beta), init_alpha=float(alpha))}
     return {**starts, **{f"{k} + N(0, {scale:g}^2)": dict(v, init_scale=scale) for k, v in starts.items()}}
+
+def run_shared_study(out_dir="nbs/data", seeds=tuple(range(10)), command:str="run_shared_study()")->Path:
+    "Train `EMERGENCE` with one shared layer over `seeds`; write `mechanism_shared.json` (the learned layer is iterated in the chapter)."
+    return _write(out_dir, "mechanism_shared.json", command, dict(studies=_study({"shared": dict(shared=True)}, seeds, False)))
 
 def run_theta_star_dynamics(out_dir="nbs/data", seeds=tuple(range(10)), command:str="run_theta_star_dynamics()")->Path:
     "Train `EMERGENCE` from each of `theta_star_starts()` over `seeds`, keeping the histories; write `mechanism_dynamics.json`."

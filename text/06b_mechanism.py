@@ -11,7 +11,7 @@ from ictd.model import SoftmaxICTD
 from ictd.tasks import TaskBatch
 from ictd.convergence import span_rate
 from ictd.boyan import weighted_error
-from ictd.model import model_params, population_tokens, token_layers, token_predict
+from ictd.model import model_params, population_predict, population_tokens, token_layers, token_predict
 from ictd.pretrain import EMERGENCE, PretrainConfig, get_family, pretrain_many
 from torch.func import functional_call
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -32,6 +32,7 @@ from ictd.tasks import random_tasks
 from ictd.model import population_neu
 from ictd.emergence import best_theta_star, neu_jackknife
 from ictd.model import theta_star
+from ictd.convergence import td_recursion
 
 
 # %% [markdown]
@@ -1157,6 +1158,92 @@ Markdown(f"With more separate layers the models explain more of the value shape 
          f"selective layer shows $(+, +, -)$ in at least 9 of 10 seeds at every depth from 3 on (in {int(d2['pattern, last selective layer'].sum())} at $L = 2$); "
          f"and uniform layers do not go away with depth, they multiply: exactly one at $L = 2$ and $3$, {d8['uniform layers'].mean():.1f} on average at $L = 8$. "
          f"Deeper models spend several layers on state-blind averaging.")
+
+# %% [markdown]
+# ### Iterating a learned shared layer
+#
+# A model with one *shared* layer, trained at the same settings (`run_shared_study`, ten seeds),
+# is one learned update; chapter 5 studies what iterating such an update does. Here the learned
+# layer is iterated beyond the training depth $L = 3$ and its held-out MSVE is measured against
+# depth, at the training context $n = 30$ and at $n = \infty$. Chapter 5's prediction for the
+# learned kernel [ours] assumes what its theory assumes: the layer writes only the value row and
+# its population kernel $M$ (`learned_kernel` at depth 1) stays fixed. Then the values follow the
+# linear recursion $v_{k+1} = v_k + M\,(a + (cI + bP)\,v_k)$ from $v_0 = 0$, with $b$, $c$ the
+# learned successor- and current-value weights and $a(y)$ the rest of the value-row write at key
+# $y$ (features and rewards of $y$ and of its successor); its limit, where $M$ is invertible, is
+# $v_\infty = -(cI + bP)^{-1} a$, a TD fixed point with discount $b / (-c)$ when $c < 0$.
+
+# %%
+#| export
+def shared_recursion(model:SoftmaxICTD,  # a model with one shared layer
+                     tasks:TaskBatch,    # tasks
+                     depth:int,          # iterations K
+                    )->torch.Tensor:     # (K+1, B, s) the predicted values after 0..K iterations
+    "Chapter 5's recursion with the learned layer's depth-1 population kernel and its value-row weights: v <- v + M (a + (cI + bP) v)."
+    if not model.shared: raise ValueError("`model` must have one shared layer")
+    lay, d = model.layer(0), model.d
+    M = learned_kernel(model, tasks)[0]                                                          # (B, s, s), depth 1
+    cur, tgt = lay.V_cur.detach().double()[d + 1], lay.V_tgt.detach().double()[d + 1]
+    own = tasks.phi @ cur[:d] + cur[d] * tasks.r                                                # (B, s)
+    nxt = tasks.phi @ tgt[:d] + tgt[d] * tasks.r
+    a = own + (tasks.P @ nxt[..., None])[..., 0]
+    v, out = torch.zeros_like(a), [torch.zeros_like(a)]
+    for _ in range(int(depth)):
+        v = v + (M @ (a + cur[d + 1] * v + tgt[d + 1] * (tasks.P @ v[..., None])[..., 0])[..., None])[..., 0]
+        out.append(v)
+    return torch.stack(out)
+
+def iterate_shared(config:PretrainConfig,  # the run's settings (shared=True)
+                   model:SoftmaxICTD,      # its trained model
+                   depths,                 # the depths K to measure
+                  )->dict:                 # per depth: held-out MSVE at n = config.n, at n = infinity, and of the recursion's prediction
+    "The learned shared layer iterated K times: measured MSVE at the training context and at n = infinity, and chapter 5's prediction."
+    tasks, _, Z = held_out_prompts(config)
+    params = {k: v[0].double() for k, v in model_params(model).items()}
+    pred = shared_recursion(model, tasks, max(depths))
+    out = dict(depth=list(depths), msve_n=[], msve_inf=[], msve_predicted=[msve_of(pred[K], tasks).mean().item() for K in depths])
+    for K in depths:
+        m = get_family(config.attention).module(dataclasses.replace(config, n_layers=K), params)
+        with torch.no_grad():
+            out["msve_n"].append(msve_of(m.predict(Z, n=config.n), tasks).mean().item())
+            out["msve_inf"].append(msve_of(population_predict(m, tasks), tasks).mean().item())
+    return out
+
+# %% [markdown]
+# A check: for $\theta^*$ with one shared layer the layer writes only the value row, with
+# $(c_R, b, c) = \alpha(1, \gamma, -1)$, so the recursion is chapter 5's `td_recursion` with the
+# population kernel, and the iterated model at $n = \infty$ follows it exactly.
+
+# %%
+_shared_star = SoftmaxICTD.from_theta_star(4, 1, 2. * torch.eye(4, dtype=torch.float64), 0.7, 0.9, shared=True)
+_st = random_tasks(3, seed=11)
+_rec = shared_recursion(_shared_star, _st, 6)
+test_close(_rec, td_recursion(learned_kernel(_shared_star, _st)[0], _st.P, _st.r, 0.9, 0.7, 6).movedim(-2, 0), eps=1e-12)
+_m6 = get_family("softmax").module(dataclasses.replace(EMERGENCE, n_layers=6, shared=True), {k: v[0] for k, v in model_params(_shared_star).items()})
+test_close(population_predict(_m6, _st), _rec[6], eps=1e-12)
+
+# %% [markdown]
+# The ten trained shared-layer models, iterated to depth 60:
+
+# %%
+shared_saved = json.loads(Path("data/mechanism_shared.json").read_text())
+shared_runs = load_models(shared_saved["studies"]["shared"]["runs"])
+it_depths = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 60)
+iters = [iterate_shared(dataclasses.replace(c, eval_tasks=64), m, it_depths) for c, m in shared_runs]
+it = {k: torch.tensor([r[k] for r in iters], dtype=torch.float64) for k in ("msve_n", "msve_inf", "msve_predicted")}
+Markdown(f"Made by `{shared_saved['provenance']['command']}` at commit `{shared_saved['provenance']['commit'][:10]}` on {shared_saved['provenance']['date'][:10]}.\n\n"
+         "| depth K | MSVE at n = 30 | MSVE at n = ∞ | chapter 5's prediction (n = ∞) |\n|---|---|---|---|\n" +
+         "\n".join(f"| {K}{' (training depth)' if K == 3 else ''} | {ms(it['msve_n'][:, i])} | {ms(it['msve_inf'][:, i])} | {ms(it['msve_predicted'][:, i])} |" for i, K in enumerate(it_depths)))
+
+# %%
+#| fig-cap: "Figure 6b.3: a learned shared layer iterated past its training depth: the held-out value error against depth, measured and as chapter 5's recursion predicts."
+#| fig-alt: "Held-out MSVE (log scale) against the number of iterations of the learned shared layer, mean over ten seeds with one-standard-error bands, for the model at n = 30, the model at n = infinity, and chapter 5's linear recursion with the learned kernel; a dotted vertical line marks the training depth 3."
+fig, ax = plt.subplots(figsize=(6.4, 4))
+for i, (k, label) in enumerate((("msve_n", "model, n = 30"), ("msve_inf", r"model, $n = \infty$"), ("msve_predicted", r"chapter 5's recursion, learned $M$"))):
+    m, se = it[k].mean(0), it[k].std(0) / math.sqrt(len(it[k]))
+    ax.plot(it_depths, m, "o-" if i < 2 else "--", color=f"C{i}", label=label); ax.fill_between(it_depths, m - se, m + se, color=f"C{i}", alpha=0.2)
+ax.axvline(3, color="k", ls=":", lw=0.8)
+ax.set(xscale="log", yscale="log", xlabel="iterations K of the learned layer", ylabel="MSVE (held-out tasks)"); ax.legend(); fig.tight_layout()
 
 # %% [markdown]
 # ## Trained to convergence
