@@ -27,9 +27,9 @@ __all__ = ['HISTORY_KEYS', 'LOOKAHEAD_BETAS', 'CONVERGE_TOLERANCES', 'CONVERGE_L
            'weighted_r2', 'candidate_values', 'probe_layers', 'fit_estimators', 'estimator_values', 'prediction_errors',
            'gap_table', 'study_summary', 'summary_table', 'fisher_greater', 'holm', 'update_jacobian',
            'sampled_jacobians', 'jacobian_spectrum', 'shared_recursion', 'iterate_shared', 'converge_metrics',
-           'moved_by', 'settled_step', 'run_mechanism_study', 'run_gap_map', 'run_control_study', 'theta_star_starts',
-           'run_shared_study', 'run_theta_star_dynamics', 'run_depth_sweep', 'converge_config', 'model_at',
-           'run_converge_study', 'star_points', 'run_jacobian_study']
+           'moved_by', 'settled_step', 'binomial_greater', 'normal_greater', 'claims_table', 'run_mechanism_study',
+           'run_gap_map', 'run_control_study', 'theta_star_starts', 'run_shared_study', 'run_theta_star_dynamics',
+           'run_depth_sweep', 'converge_config', 'model_at', 'run_converge_study', 'star_points', 'run_jacobian_study']
 
 # %% ../nbs/06b_mechanism.ipynb #7aa75c66
 def provenance(command:str,  # the command that produced the file
@@ -539,6 +539,31 @@ def settled_step(metrics:dict,     # output of `converge_metrics`
     still = torch.stack([moved_by(metrics[k], window // every) < tol for k, tol in tolerances.items()]).all(0)
     later = still.flip(0).cumprod(0).flip(0).bool()                       # still at t and at every evaluation after it
     return int(steps[int(later.nonzero()[0])]) if later.any() else None
+
+# %% ../nbs/06b_mechanism.ipynb #c609d3d8
+def binomial_greater(k:int,         # successes
+                     m:int,         # trials (seeds)
+                     p0:float=0.5,  # null success rate
+                    )->float:       # one-sided p-value P(X >= k), X ~ Binomial(m, p0)
+    "Exact one-sided binomial test of a count of seeds against a null rate."
+    if not 0 <= k <= m: raise ValueError(f"`k` must lie in [0, {m}], got {k}")
+    return sum(math.comb(m, x) * p0 ** x * (1 - p0) ** (m - x) for x in range(int(k), int(m) + 1))
+
+def normal_greater(z:float)->float:
+    "One-sided p-value of a z-score: P(Z >= z) for a standard normal Z."
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+def claims_table(families:dict,  # experiment -> dict(primary=(claim, p), secondary={claim: p})
+                 level:float=0.05, # significance level
+                )->str:          # a markdown table, Holm-adjusted within each experiment's secondary claims
+    "The claims of each experiment with their p-values: the primary one as is, the secondary ones Holm-adjusted together."
+    out = ["| experiment | claim | role | p | Holm-adjusted p | holds at " + f"{level:g}" + " |", "|---|---|---|---|---|---|"]
+    for exp, f in families.items():
+        claim, p = f["primary"]
+        out.append(f"| {exp} | {claim} | primary | {p:.2g} | — | {'yes' if p < level else 'no'} |")
+        adj = holm(f["secondary"]) if f["secondary"] else {}
+        out += [f"| | {k} | secondary | {f['secondary'][k]:.2g} | {adj[k]:.2g} | {'yes' if adj[k] < level else 'no'} |" for k in f["secondary"]]
+    return "\n".join(out)
 
 # %% ../nbs/06b_mechanism.ipynb #dc5815d8
 def _write(out_dir, name:str, command:str, payload:dict)->Path:
