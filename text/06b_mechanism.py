@@ -66,7 +66,9 @@ from ictd.convergence import td_recursion
 # context's mean reward and the kernel-smoothed reward at the state and at its successor, with four
 # constants; it predicts the output's shape markedly better than the best-fitting $\theta^*$ or
 # certainty equivalence. No trained layer meets chapter 5's kernel-diagonality condition. Training
-# started at $\theta^*$ leaves it. Against Monte-Carlo, supervised and temporally shuffled controls,
+# started at $\theta^*$ leaves it: $\theta^*$ is an unstable point of the mean TD dynamics, at
+# $n = \infty$ and at the training context $n = 30$. A learned shared layer is tuned to its training
+# depth and diverges when iterated further. Against Monte-Carlo, supervised and temporally shuffled controls,
 # what TD pretraining adds is more of the value *shape*, not a lower value error.
 # :::
 
@@ -1164,6 +1166,20 @@ Markdown(f"With more separate layers the models explain more of the value shape 
          f"Deeper models spend several layers on state-blind averaging.")
 
 # %% [markdown]
+# Depths 12 and 16 with separate layers are trained by `ictd mechanism deep` (`run_depth_sweep`
+# with `DEEP_DEPTHS`), too slow for this machine; the command is in `DEVICE_RUN.md`:
+
+# %%
+deep_path = Path("data/mechanism_depth_deep.json")
+if deep_path.exists():
+    deep_saved = json.loads(deep_path.read_text())
+    deep = {k: study_summary(load_models(v["runs"])) for k, v in deep_saved["studies"].items()}
+    out = Markdown(f"Made by `{deep_saved['provenance']['command']}` at commit `{deep_saved['provenance']['commit'][:10]}` on {deep_saved['provenance']['date'][:10]}.\n\n" +
+                   summary_table(deep, "depth") + "\n\nMean number of uniform layers per seed: " + ", ".join(f"{k}: {sm['uniform layers'].mean():.1f}" for k, sm in deep.items()) + ".")
+else: out = Markdown("Depths 12 and 16: data pending (`nbs/data/mechanism_depth_deep.json` is not there yet).")
+out
+
+# %% [markdown]
 # ### Iterating a learned shared layer
 #
 # A model with one *shared* layer, trained at the same settings (`run_shared_study`, ten seeds),
@@ -1227,27 +1243,45 @@ _m6 = get_family("softmax").module(dataclasses.replace(EMERGENCE, n_layers=6, sh
 test_close(population_predict(_m6, _st), _rec[6], eps=1e-12)
 
 # %% [markdown]
-# The ten trained shared-layer models, iterated to depth 60:
+# The ten trained shared-layer models, iterated to depth 48. The errors grow by many orders of
+# magnitude, so the table gives the median over seeds with the quartiles:
 
 # %%
 shared_saved = json.loads(Path("data/mechanism_shared.json").read_text())
 shared_runs = load_models(shared_saved["studies"]["shared"]["runs"])
-it_depths = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 60)
+it_depths = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48)
 iters = [iterate_shared(dataclasses.replace(c, eval_tasks=64), m, it_depths) for c, m in shared_runs]
 it = {k: torch.tensor([r[k] for r in iters], dtype=torch.float64) for k in ("msve_n", "msve_inf", "msve_predicted")}
+q3 = lambda x: x.quantile(torch.tensor([0.25, 0.5, 0.75], dtype=torch.float64), dim=0)
+mq = lambda x, i: (lambda q: f"{q[1, i]:.3g} [{q[0, i]:.3g}, {q[2, i]:.3g}]")(q3(x))
 Markdown(f"Made by `{shared_saved['provenance']['command']}` at commit `{shared_saved['provenance']['commit'][:10]}` on {shared_saved['provenance']['date'][:10]}.\n\n"
-         "| depth K | MSVE at n = 30 | MSVE at n = ∞ | chapter 5's prediction (n = ∞) |\n|---|---|---|---|\n" +
-         "\n".join(f"| {K}{' (training depth)' if K == 3 else ''} | {ms(it['msve_n'][:, i])} | {ms(it['msve_inf'][:, i])} | {ms(it['msve_predicted'][:, i])} |" for i, K in enumerate(it_depths)))
+         "| depth K | MSVE at n = 30 | MSVE at n = ∞ | chapter 5's recursion (n = ∞) |\n|---|---|---|---|\n" +
+         "\n".join(f"| {K}{' (training depth)' if K == 3 else ''} | {mq(it['msve_n'], i)} | {mq(it['msve_inf'], i)} | {mq(it['msve_predicted'], i)} |" for i, K in enumerate(it_depths)))
 
 # %%
-#| fig-cap: "Figure 6b.3: a learned shared layer iterated past its training depth: the held-out value error against depth, measured and as chapter 5's recursion predicts."
-#| fig-alt: "Held-out MSVE (log scale) against the number of iterations of the learned shared layer, mean over ten seeds with one-standard-error bands, for the model at n = 30, the model at n = infinity, and chapter 5's linear recursion with the learned kernel; a dotted vertical line marks the training depth 3."
+#| fig-cap: "Figure 6b.3: a learned shared layer is tuned to its training depth: iterated further, its value error grows without bound, and chapter 5's recursion with the learned kernel diverges too, more slowly."
+#| fig-alt: "Held-out MSVE (log scale) against the number of iterations of the learned shared layer (log scale), median over ten seeds with interquartile bands, for the model at n = 30, the model at n = infinity, and chapter 5's linear recursion with the learned kernel; a dotted vertical line marks the training depth 3."
 fig, ax = plt.subplots(figsize=(6.4, 4))
 for i, (k, label) in enumerate((("msve_n", "model, n = 30"), ("msve_inf", r"model, $n = \infty$"), ("msve_predicted", r"chapter 5's recursion, learned $M$"))):
-    m, se = it[k].mean(0), it[k].std(0) / math.sqrt(len(it[k]))
-    ax.plot(it_depths, m, "o-" if i < 2 else "--", color=f"C{i}", label=label); ax.fill_between(it_depths, m - se, m + se, color=f"C{i}", alpha=0.2)
+    q = q3(it[k])
+    ax.plot(it_depths, q[1], "o-" if i < 2 else "s--", color=f"C{i}", label=label); ax.fill_between(it_depths, q[0], q[2], color=f"C{i}", alpha=0.2)
 ax.axvline(3, color="k", ls=":", lw=0.8)
-ax.set(xscale="log", yscale="log", xlabel="iterations K of the learned layer", ylabel="MSVE (held-out tasks)"); ax.legend(); fig.tight_layout()
+ax.set(xscale="log", yscale="log", xlabel="iterations K of the learned layer", ylabel="MSVE (held-out tasks), median over seeds"); ax.legend(); fig.tight_layout()
+
+# %%
+shared_w = torch.stack([m.value_weights()[0] for _, m in shared_runs])             # (seeds, 3): reward, successor, current
+eff_gamma = shared_w[:, 1] / -shared_w[:, 2]
+best_K = [it_depths[int(i)] for i in it["msve_n"].argmin(-1)]
+i3, i12 = it_depths.index(3), it_depths.index(12)
+assert sum(K == 3 for K in best_K) >= 9 and (it["msve_n"][:, i12] > 10 * it["msve_n"][:, i3]).all(), (best_K, it["msve_n"])
+assert ((shared_w[:, 2] < 0) & (eff_gamma > 1)).sum() >= 9, shared_w
+Markdown(f"The learned shared layer is not a convergent iteration run for three steps: it is tuned to its training depth. The error at $n = 30$ is smallest at "
+         f"$K = 3$ in {sum(K == 3 for K in best_K)} of 10 seeds (median {q3(it['msve_n'])[1, i3]:.3f}) and at $K = 12$ it is at least ten times larger in every "
+         f"seed (median {q3(it['msve_n'])[1, i12]:.3g}). Chapter 5's recursion with the learned kernel explains why it cannot converge: the learned weights have "
+         f"$c < 0$ with an effective discount $b / (-c)$ above 1 in {int(((shared_w[:, 2] < 0) & (eff_gamma > 1)).sum())} of 10 seeds (median "
+         f"{eff_gamma.median():.2f}), and TD iterates with a discount above 1 have no stable fixed point; its error also grows with depth. It does not predict the "
+         f"values, though: at $K = 3$ it gives a median error of {q3(it['msve_predicted'])[1, i3]:.3f} against the model's {q3(it['msve_inf'])[1, i3]:.3f} at "
+         f"$n = \\infty$, so the layer's writes outside the value row, which the recursion leaves out, carry part of what three iterations compute.")
 
 # %% [markdown]
 # ## Trained to convergence
@@ -1360,6 +1394,33 @@ for ax, k in zip(axs, conv_saved["tolerances"]):
     ax.set(yscale="log", xlabel="training step", title=k.replace("_", " "))
 axs[0].set(ylabel="(|mean change| + 2 s.e.) / tolerance"); axs[-1].legend(); fig.tight_layout()
 
+# %%
+conv_at = {lr: c["settled"] if c["settled"] is not None else c["steps"][-1] for lr, c in conv.items()}
+conv_final = {lr: conv_summary[lr][s] for lr, s in conv_at.items()}
+look_wins = {lr: sum(a < b for a, b in zip(c["estimator"]["centred"]["lookahead"], c["estimator"]["centred"]["theta*"])) for lr, c in conv.items()}
+n_test = {lr: len(c["estimator"]["centred"]["lookahead"]) for lr, c in conv.items()}
+conv_counts = {lr: dict(step=conv_at[lr], settled=conv[lr]["settled"] is not None, one_uniform=int(sm["one uniform layer"].sum()),
+                        pattern_selective=int(sm["pattern, last selective layer"].sum()), lookahead_beats_theta_star=look_wins[lr]) for lr, sm in conv_final.items()}
+conv_counts
+
+# %% [markdown]
+# The run at the emergence chapter's learning rate passes through that chapter's models: its
+# parameters after 2000 steps are the saved runs' final parameters (Adam's step size is constant,
+# and the evaluations draw from their own generators):
+
+# %%
+test_close(torch.tensor([p["V_cur"] for p in conv["0.01"]["params"]["2000"]], dtype=torch.float64),
+           torch.tensor([r["params"]["V_cur"] for r in saved["runs"]["fit"]], dtype=torch.float64), eps=1e-8)
+
+# %%
+settled_txt = "; ".join(f"lr {lr}: {'settled at step ' + str(k['step']) if k['settled'] else 'not settled by step ' + str(k['step'])}" for lr, k in conv_counts.items())
+Markdown(f"With a window of {conv_saved['window']} steps: {settled_txt}. Where the measures are taken (the settled step, else the last), one layer is uniform in "
+         f"{', '.join(str(k['one_uniform']) for k in conv_counts.values())} of 10 seeds, $(+, +, -)$ holds in the last selective layer in "
+         f"{', '.join(str(k['pattern_selective']) for k in conv_counts.values())} of 10 (learning rates {', '.join(conv)} in order), and the lookahead predicts the "
+         f"held-out seeds' value shape better than the best-fitting $\\theta^*$ in {', '.join(f'{look_wins[lr]} of {n_test[lr]}' for lr in conv)}. "
+         f"This is the reduced sweep that fits this machine; the full one (three learning rates, 16000 steps) is the command in `DEVICE_RUN.md`.")
+
+
 
 # %% [markdown]
 # ## Claims and multiplicity
@@ -1424,6 +1485,11 @@ families = {
                                 "training from best-fit theta* raises the MSVE": binomial_greater(int((dyn_moves[fit_start]["msve_end"] > dyn_moves[fit_start]["msve_start"]).sum()), 10)}),
     "depth": dict(primary=("more layers explain more value shape (L = 8 against L = 2)", normal_greater(depth_shape_z)),
                   secondary={f"(+, +, −) in the last selective layer at L = {L}": binomial_greater(int(depth[f'L = {L}']['pattern, last selective layer'].sum()), 10) for L in (3, 4, 6, 8)}),
+    "iterated shared layer": dict(primary=("the error is smallest at the training depth K = 3", binomial_greater(sum(K == 3 for K in best_K), 10)),
+                                  secondary={"effective discount b / (-c) above 1": binomial_greater(int(((shared_w[:, 2] < 0) & (eff_gamma > 1)).sum()), 10)}),
+    "convergence (lr 0.01)": dict(primary=("one uniform layer where the measures are taken", binomial_greater(conv_counts["0.01"]["one_uniform"], 10)),
+                                  secondary={"(+, +, −) in the last selective layer": binomial_greater(conv_counts["0.01"]["pattern_selective"], 10),
+                                             "the lookahead beats theta* on the held-out seeds": binomial_greater(look_wins["0.01"], n_test["0.01"])}),
 }
 Markdown(claims_table(families))
 
@@ -1449,9 +1515,15 @@ Markdown(f"1. **The algorithm.** A trained model at the specification's settings
          f"last selective layer that is only borderline more frequent than under Monte-Carlo or supervised training.\n"
          f"6. **Dynamics.** $\\theta^*$ is not a rest point of the mean TD dynamics at this configuration (NEU {at_star['theta* (beta 1, alpha 1)']['neu']:.3g}, "
          f"{at_star['theta* (beta 1, alpha 1)']['n_unstable']} of {at_star['theta* (beta 1, alpha 1)']['n_params']} Jacobian eigenvalues with positive real part), "
-         f"and training started there leaves it.\n\n"
-         f"Not done here: training to convergence with a stopping rule, depths 12 and 16, and the Jacobian at a finite context; the gap map covers "
-         f"{len(gaps)} cells.")
+         f"and training started there leaves it; at the training context $n = 30$ the largest real part of a Jacobian eigenvalue is "
+         f"{jac30['theta* (beta 1, alpha 1)']['max_real']:.3f} ± {jac30['theta* (beta 1, alpha 1)']['max_real_se']:.3f} at $\\theta^*(W = I, \\alpha = 1)$ and "
+         f"{jac30[fit_start]['max_real']:.3f} ± {jac30[fit_start]['max_real_se']:.3f} at the best fit: $\\theta^*$ is not an attractor at $n = 30$ either.\n"
+         f"7. **A learned shared layer** is tuned to its training depth: iterated further, its error grows without bound (smallest at $K = 3$ in "
+         f"{sum(K == 3 for K in best_K)} of 10 seeds), as chapter 5's recursion predicts for its learned effective discount above 1.\n"
+         f"8. **Convergence** (reduced sweep): {settled_txt}; where the measures are taken, one uniform layer in {conv_counts['0.01']['one_uniform']} of 10 seeds at "
+         f"the emergence chapter's learning rate.\n\n"
+         f"Not done here: the full-scale convergence sweep (16000 steps) and depths 12 and 16 with separate layers, which need a larger machine: the command "
+         f"is in `DEVICE_RUN.md` and their data are pending. The gap map covers {len(gaps)} cells.")
 
 
 # %% [markdown]
