@@ -1657,7 +1657,7 @@ def run_converge_study(out_dir="nbs/data",          # folder of the JSON file
                        n_steps:int=4000,            # steps of every run (the largest step count of the sweep)
                        eval_every:int=200,          # steps between evaluations
                        window:int=1000,             # the stopping rule's window in steps
-                       kept=(500, 1000, 2000, 4000, 8000, 16000, 32000), # step counts summarised (those evaluated, and the settled step)
+                       kept=(500, 1000, 2000, 4000, 8000, 16000, 32000), # step counts summarised (those evaluated, the last and the settled step)
                        device=None,                 # torch device (default CUDA when available)
                        cache_dir=None,              # folder of saved runs and checkpoints (None: none)
                        train_only:bool=False,       # only train (into `cache_dir`) and write nothing
@@ -1675,7 +1675,7 @@ def run_converge_study(out_dir="nbs/data",          # folder of the JSON file
         steps = runs[0].history["step"].flatten().tolist()
         metrics = converge_metrics(runs)
         settled = settled_step(metrics, steps, window)
-        at = sorted({s for s in kept if s in steps} | ({settled} if settled is not None else set()))
+        at = sorted({s for s in kept if s in steps} | {steps[-1]} | ({settled} if settled is not None else set()))
         summaries, params = {}, {}
         for s in at:
             i = steps.index(s)
