@@ -1411,8 +1411,9 @@ conv_counts
 # and the evaluations draw from their own generators):
 
 # %%
-test_close(torch.tensor([p["V_cur"] for p in conv["0.01"]["params"]["2000"]], dtype=torch.float64),
-           torch.tensor([r["params"]["V_cur"] for r in saved["runs"]["fit"]], dtype=torch.float64), eps=1e-8)
+for k in ("A", "V_cur", "V_tgt"):
+    test_close(torch.tensor([p[k] for p in conv["0.01"]["params"]["2000"]], dtype=torch.float64).flatten(1),
+               torch.tensor([r["params"][k] for r in saved["runs"]["fit"]], dtype=torch.float64).flatten(1), eps=1e-8)
 
 # %%
 settled_txt = "; ".join(f"lr {lr}: {'settled at step ' + str(k['step']) if k['settled'] else 'not settled by step ' + str(k['step'])}" for lr, k in conv_counts.items())
