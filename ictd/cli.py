@@ -17,15 +17,15 @@ from .continuous import run_continuous as continuous_experiments
 from .linear import (ICLR_LINEAR, plot_linear_pretraining, plot_side_by_side, plot_tuned_side_by_side, reproduce_iclr,
                          side_by_side, tuned_side_by_side)
 from .emergence import emergence_report
-from .mechanism import (run_control_study, run_depth_sweep, run_gap_map, run_mechanism_study, run_theta_star_dynamics)
+from .mechanism import (CONVERGE_LRS, DEEP_DEPTHS, run_control_study, run_converge_study, run_depth_sweep, run_jacobian_study, run_shared_study, run_gap_map, run_mechanism_study, run_theta_star_dynamics)
 from .core import jsonable
 from .pretrain import DTYPES, FAMILIES, INITS, OBJECTIVES, PROTOCOLS, PretrainConfig, plot_emergence, pretrain_many, run_folder
 
 # %% auto #0
 __all__ = ['positive_int', 'natural_int', 'positive_float', 'natural_float', 'step_size', 'discount', 'n_states_arg', 'FEATURES',
-           'PRETRAIN_TYPES', 'MECHANISM_STUDIES', 'COMMANDS', 'seed_list', 'make_parser', 'seed_ranges', 'summarize',
-           'plot_seeds', 'run_chain', 'run_convergence', 'run_continuous', 'run_linear', 'run_pretrain',
-           'run_mechanism', 'main']
+           'PRETRAIN_TYPES', 'MECHANISM_STUDIES', 'COMMANDS', 'seed_list', 'mechanism_command', 'make_parser',
+           'seed_ranges', 'summarize', 'plot_seeds', 'run_chain', 'run_convergence', 'run_continuous', 'run_linear',
+           'run_pretrain', 'run_mechanism', 'main']
 
 # %% ../nbs/08_cli.ipynb #40d1952f
 def _checked(convert, ok, expected:str):
@@ -87,14 +87,28 @@ def _add_pretrain_options(p:argparse.ArgumentParser):
 
 # %% ../nbs/08_cli.ipynb #520a7227
 MECHANISM_STUDIES = dict(
-    runs=(lambda out, seeds, cmd: run_mechanism_study(out, seeds, tuple(range(max(seeds) + 1, max(seeds) + 1 + len(seeds))), command=cmd),
+    runs=(lambda out, seeds, cmd, a: run_mechanism_study(out, seeds, tuple(range(max(seeds) + 1, max(seeds) + 1 + len(seeds))), command=cmd),
           "the models the chapter probes and fits its estimator on, and as many fresh seeds it predicts (mechanism_runs.json)"),
-    gap=(lambda out, seeds, cmd: run_gap_map(out, seeds, command=cmd), "the gap map over n, states, features and gamma (mechanism_gap_map.json)"),
-    controls=(lambda out, seeds, cmd: run_control_study(out, seeds, command=cmd), "Monte-Carlo, supervised and independent-successor controls (mechanism_controls.json)"),
-    dynamics=(lambda out, seeds, cmd: run_theta_star_dynamics(out, seeds, command=cmd), "training from theta* and its perturbations (mechanism_dynamics.json)"),
-    gamma=(lambda out, seeds, cmd: run_gap_map(out, seeds, cells=(dict(gamma=0.95), dict(gamma=0.7)), command=cmd, name="mechanism_gamma.json"),
+    gap=(lambda out, seeds, cmd, a: run_gap_map(out, seeds, command=cmd), "the gap map over n, states, features and gamma (mechanism_gap_map.json)"),
+    controls=(lambda out, seeds, cmd, a: run_control_study(out, seeds, command=cmd), "Monte-Carlo, supervised and independent-successor controls (mechanism_controls.json)"),
+    dynamics=(lambda out, seeds, cmd, a: run_theta_star_dynamics(out, seeds, command=cmd), "training from theta* and its perturbations (mechanism_dynamics.json)"),
+    gamma=(lambda out, seeds, cmd, a: run_gap_map(out, seeds, cells=(dict(gamma=0.95), dict(gamma=0.7)), command=cmd, name="mechanism_gamma.json"),
            "the discount ablation at full length (mechanism_gamma.json)"),
-    depth=(lambda out, seeds, cmd: run_depth_sweep(out, seeds, command=cmd), "separate layers at several depths (mechanism_depth.json)"))
+    depth=(lambda out, seeds, cmd, a: run_depth_sweep(out, seeds, command=cmd), "separate layers at several depths (mechanism_depth.json)"),
+    deep=(lambda out, seeds, cmd, a: run_depth_sweep(out, seeds, tuple(a.depths), command=cmd, name="mechanism_depth_deep.json", device=a.device,
+                                                     cache_dir=a.cache_dir, train_only=a.train_only),
+          "the deep end of the depth sweep, --depths (mechanism_depth_deep.json)"),
+    converge=(lambda out, seeds, cmd, a: run_converge_study(out, seeds, tuple(a.lrs), a.steps, a.eval_every, a.window, device=a.device,
+                                                            cache_dir=a.cache_dir, train_only=a.train_only, command=cmd),
+              "the lr x steps sweep with the stopping rule, --lrs --steps --eval-every --window (mechanism_converge.json)"),
+    shared=(lambda out, seeds, cmd, a: run_shared_study(out, seeds, command=cmd), "one shared layer, iterated in the chapter beyond its training depth (mechanism_shared.json)"),
+    jacobian=(lambda out, seeds, cmd, a: run_jacobian_study(out, command=cmd), "the expected update's Jacobian at theta*, n = infinity and n = 30 (mechanism_jacobian.json)"))
+
+def mechanism_command(args)->str:
+    "The command line a mechanism study records: the study, its seeds, folder and the options that change its result."
+    extra = dict(converge=f" --lrs {' '.join(f'{x:g}' for x in args.lrs)} --steps {args.steps} --eval-every {args.eval_every} --window {args.window}",
+                 deep=f" --depths {' '.join(map(str, args.depths))}").get(args.study, "")
+    return f"ictd mechanism {args.study} --seeds {seed_ranges(args.seeds)} --out {args.out}{extra}"
 
 # %% ../nbs/08_cli.ipynb #94cfabb9
 def make_parser()->argparse.ArgumentParser:
@@ -145,6 +159,14 @@ def make_parser()->argparse.ArgumentParser:
                        help="the slow studies of chapter 6b, each saved as JSON with the command, commit and date that made it")
     p.add_argument("study", choices=list(MECHANISM_STUDIES), help="which study: " + "; ".join(f"{k}: {v[1]}" for k, v in MECHANISM_STUDIES.items()))
     p.add_argument("--seeds", type=seed_list, default=list(range(10)), help="seeds, e.g. 0-9 (the chapter's); `runs` also trains 10 more after them")
+    p.add_argument("--device", default=None, help="torch device of `converge` and `deep` (default: cuda when present, else cpu)")
+    p.add_argument("--cache-dir", type=Path, default=None, help="`converge`, `deep`: folder of saved runs and checkpoints, resumed from (default: none)")
+    p.add_argument("--train-only", action="store_true", help="`converge`, `deep`: only train into --cache-dir (parallel workers); a last call without it writes the file")
+    p.add_argument("--lrs", type=positive_float, nargs="+", default=list(CONVERGE_LRS), help="`converge`: learning rates")
+    p.add_argument("--steps", type=positive_int, default=4000, help="`converge`: steps of every run (the largest step count)")
+    p.add_argument("--eval-every", type=positive_int, default=200, help="`converge`: steps between evaluations")
+    p.add_argument("--window", type=positive_int, default=1000, help="`converge`: the stopping rule's window in steps (a multiple of --eval-every)")
+    p.add_argument("--depths", type=positive_int, nargs="+", default=list(DEEP_DEPTHS), help="`deep`: depths (separate layers)")
     sub.add_parser("all", parents=[common], formatter_class=fmt, help="run every command above but `mechanism` with its defaults")
     return parser
 
@@ -304,10 +326,9 @@ def run_pretrain(args)->list:
 # %% ../nbs/08_cli.ipynb #65bc7178
 def run_mechanism(args)->list:
     "`ictd mechanism STUDY`: one slow study of chapter 6b, written to `--out` as JSON with its provenance."
-    command = f"ictd mechanism {args.study} --seeds {seed_ranges(args.seeds)} --out {args.out}"
-    path = MECHANISM_STUDIES[args.study][0](args.out, list(args.seeds), command)
-    print(f"wrote {path}", flush=True)
-    return [path]
+    path = MECHANISM_STUDIES[args.study][0](args.out, list(args.seeds), mechanism_command(args), args)
+    print(f"wrote {path}" if path is not None else f"trained into {args.cache_dir}", flush=True)
+    return [path] if path is not None else []
 
 COMMANDS = dict(chain=run_chain, linear=run_linear, convergence=run_convergence, pretrain=run_pretrain, continuous=run_continuous, mechanism=run_mechanism)
 

@@ -11,18 +11,25 @@ from .model import SoftmaxICTD
 from .tasks import TaskBatch
 from .convergence import span_rate
 from .boyan import weighted_error
-from .model import model_params, population_tokens, token_layers, token_predict
+from .model import model_params, population_predict, population_tokens, token_layers, token_predict
 from .pretrain import EMERGENCE, PretrainConfig, get_family, pretrain_many
+from torch.func import functional_call
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from .prompt import build_prompt
+from .tasks import sample_trajectories
 from .emergence import UNIFORM_BELOW, certainty_equivalence_values, context_mean_values, held_out_prompts, msve_of, sign_pattern
 
 # %% auto #0
-__all__ = ['HISTORY_KEYS', 'LOOKAHEAD_BETAS', 'GAP_CELLS', 'CONTROLS', 'DEPTHS', 'provenance', 'save_runs', 'load_models',
-           'centred_msve', 'gap_measures', 'layer_values', 'row_writes', 'knockout', 'write_constancy', 'swap_weights',
-           'learned_kernel', 'kernel_condition', 'layer_anatomy', 'anatomy_table', 'anatomy_counts',
-           'lookahead_features', 'affine_fit', 'affine_predict', 'weighted_r2', 'candidate_values', 'probe_layers',
-           'fit_estimators', 'estimator_values', 'prediction_errors', 'gap_table', 'study_summary', 'summary_table',
-           'fisher_greater', 'holm', 'update_jacobian', 'run_mechanism_study', 'run_gap_map', 'run_control_study',
-           'theta_star_starts', 'run_theta_star_dynamics', 'run_depth_sweep']
+__all__ = ['HISTORY_KEYS', 'LOOKAHEAD_BETAS', 'CONVERGE_TOLERANCES', 'CONVERGE_LRS', 'GAP_CELLS', 'CONTROLS', 'DEPTHS',
+           'DEEP_DEPTHS', 'provenance', 'save_runs', 'load_models', 'centred_msve', 'gap_measures', 'layer_values',
+           'row_writes', 'knockout', 'write_constancy', 'swap_weights', 'learned_kernel', 'kernel_condition',
+           'layer_anatomy', 'anatomy_table', 'anatomy_counts', 'lookahead_features', 'affine_fit', 'affine_predict',
+           'weighted_r2', 'candidate_values', 'probe_layers', 'fit_estimators', 'estimator_values', 'prediction_errors',
+           'gap_table', 'study_summary', 'summary_table', 'fisher_greater', 'holm', 'update_jacobian',
+           'sampled_jacobians', 'jacobian_spectrum', 'shared_recursion', 'iterate_shared', 'converge_metrics',
+           'moved_by', 'settled_step', 'binomial_greater', 'normal_greater', 'claims_table', 'run_mechanism_study',
+           'run_gap_map', 'run_control_study', 'theta_star_starts', 'run_shared_study', 'run_theta_star_dynamics',
+           'run_depth_sweep', 'converge_config', 'model_at', 'run_converge_study', 'star_points', 'run_jacobian_study']
 
 # %% ../nbs/06b_mechanism.ipynb #7aa75c66
 def provenance(command:str,  # the command that produced the file
@@ -402,22 +409,161 @@ def holm(pvalues:dict,  # name -> p-value
     return out
 
 # %% ../nbs/06b_mechanism.ipynb #85f30907
-def update_jacobian(model:SoftmaxICTD,  # the parameters at which to linearise
-                    tasks:TaskBatch,    # tasks to average over (n = infinity)
-                   )->tuple:            # (g (p,), J (p, p)) over the flattened (A, V_cur, V_tgt) of every layer
-    "The expected semi-gradient TD update at $n = \\infty$ and its Jacobian, exactly."
+def _values_fn(model:SoftmaxICTD, tasks:TaskBatch, states:torch.Tensor=None):
+    "flat parameters (in `model_params` order) -> (B, s) values of every state: at n = infinity, or with the contexts `states` (B, n+1)."
     p0 = model_params(model)
     keys, shapes = list(p0), [v.shape for v in p0.values()]
-    flat = torch.cat([v.flatten() for v in p0.values()]).double().clone().requires_grad_()
-    one = TaskBatch(*(getattr(tasks, k)[None] for k in ("P", "r", "phi", "d_pi", "v_pi")), tasks.gamma)
-    v = token_predict({k: q.reshape(sh) for k, q, sh in zip(keys, torch.split(flat, [sh.numel() for sh in shapes]), shapes)}, model.n_layers, population_tokens(one))[0]
+    split = lambda flat: {k: q.reshape(sh) for k, q, sh in zip(keys, torch.split(flat, [sh.numel() for sh in shapes]), shapes)}
+    if states is None:
+        one = TaskBatch(*(getattr(tasks, k)[None] for k in ("P", "r", "phi", "d_pi", "v_pi")), tasks.gamma)
+        return lambda flat: token_predict(split(flat), model.n_layers, population_tokens(one))[0]
+    n, rows = states.shape[-1] - 1, torch.arange(len(tasks))[:, None]
+    Z = build_prompt(tasks.phi[rows, states], tasks.r[rows, states[:, :-1]], tasks.phi)
+    named = lambda flat: {f"layers.{l}.{k}": v[0, l] for k, v in split(flat).items() for l in range(v.shape[1])}
+    return lambda flat: functional_call(model, named(flat), (Z,), dict(n=n))[..., model.d + 1, n + 1:]
+
+def update_jacobian(model:SoftmaxICTD,  # the parameters at which to linearise
+                    tasks:TaskBatch,    # tasks to average over
+                    states:torch.Tensor=None, # (B, n+1) one context per task; None: n = infinity
+                   )->tuple:            # (g (p,), J (p, p)) over the flattened (A, V_cur, V_tgt) of every layer
+    "The expected semi-gradient TD update and its Jacobian: exactly at $n = \\infty$, or at given contexts (exact over the query and its successor)."
+    flat = torch.cat([v.flatten() for v in model_params(model).values()]).double()
+    values = _values_fn(model, tasks, states)
     w, s = tasks.d_pi / len(tasks), tasks.r.shape[-1]
-    delta = tasks.r + tasks.gamma * (tasks.P @ v[..., None])[..., 0] - v
-    g = torch.autograd.grad((w * delta.detach() * v).sum(), flat, create_graph=True)[0]
-    H = torch.stack([torch.autograd.grad(gj, flat, retain_graph=True)[0] for gj in g])
-    Jv = torch.stack([torch.autograd.grad(vi, flat, retain_graph=True)[0] for vi in v.flatten()])
-    A = torch.block_diag(*(w[..., None] * (tasks.gamma * tasks.P - torch.eye(s, dtype=tasks.P.dtype))))
-    return g.detach(), (Jv.T @ A @ Jv + H).detach()
+    with sdpa_kernel(SDPBackend.MATH):                                                 # the unfused attention has second derivatives
+        v = values(flat).detach()
+        delta = tasks.r + tasks.gamma * (tasks.P @ v[..., None])[..., 0] - v
+        g = torch.func.grad(lambda f: (w * delta * values(f)).sum())
+        Jv = torch.func.jacfwd(values)(flat).reshape(-1, len(flat))                    # (B s, p)
+        A = torch.block_diag(*(w[..., None] * (tasks.gamma * tasks.P - torch.eye(s, dtype=tasks.P.dtype))))
+        return g(flat).detach(), (Jv.T @ A @ Jv + torch.func.jacfwd(g)(flat)).detach()
+
+def sampled_jacobians(model:SoftmaxICTD,  # the parameters at which to linearise
+                      tasks:TaskBatch,    # tasks to draw from
+                      n:int,              # context length
+                      n_batches:int=8,    # independent batches K (>= 3)
+                      batch_size:int=32,  # tasks (one stationary context each) per batch
+                      seed:int=0,         # seed of the batches
+                     )->tuple:            # (g (K, p), J (K, p, p)), one per batch
+    "Monte-Carlo draws of the expected update and its Jacobian at context length `n`: each batch's mean over its contexts."
+    if int(n_batches) != n_batches or n_batches < 3: raise ValueError(f"`n_batches` must be an integer >= 3, got {n_batches}")
+    gen = torch.Generator().manual_seed(int(seed))
+    out = []
+    for _ in range(int(n_batches)):
+        idx = torch.randint(len(tasks), (int(batch_size),), generator=gen)
+        sub = TaskBatch(tasks.P[idx], tasks.r[idx], tasks.phi[idx], tasks.d_pi[idx], tasks.v_pi[idx], tasks.gamma)
+        out.append(update_jacobian(model, sub, sample_trajectories(sub.P, n, sub.d_pi, seed=gen)))
+    return torch.stack([g for g, _ in out]), torch.stack([J for _, J in out])
+
+def jacobian_spectrum(gs:torch.Tensor,  # (K, p) draws of g (or (1, p): exact)
+                      Js:torch.Tensor,  # (K, p, p) draws of J (or (1, p, p): exact)
+                     )->dict:           # NEU, largest real part of an eigenvalue of the mean J, unstable count; jackknife s.e. when K > 1
+    "Stability of the mean dynamics at a point from draws of (g, J): the spectrum of the mean Jacobian, with delete-one jackknife errors."
+    K = len(gs)
+    def stats(g, J, unbiased):
+        ev = torch.linalg.eigvals(J.mean(0))
+        neu = (g.sum(0).square().sum() - g.square().sum()) / (len(g) * (len(g) - 1)) if unbiased else g.mean(0).square().sum()
+        return torch.stack([neu, ev.real.max(), (ev.real > 1e-8).sum().double(), ev.real.min()])
+    full = stats(gs, Js, K > 2)
+    out = dict(neu=full[0].item(), max_real=full[1].item(), n_unstable=int(full[2]), min_real=full[3].item(), n_params=gs.shape[-1], draws=K)
+    if K > 2:
+        jk = torch.stack([stats(torch.cat([gs[:i], gs[i + 1:]]), torch.cat([Js[:i], Js[i + 1:]]), K > 3) for i in range(K)])
+        se = ((K - 1) / K * (jk - jk.mean(0)).square().sum(0)).sqrt()
+        out.update(neu_se=se[0].item(), max_real_se=se[1].item(), n_unstable_se=se[2].item(), min_real_se=se[3].item())
+    return out
+
+# %% ../nbs/06b_mechanism.ipynb #32330e83
+def shared_recursion(model:SoftmaxICTD,  # a model with one shared layer
+                     tasks:TaskBatch,    # tasks
+                     depth:int,          # iterations K
+                    )->torch.Tensor:     # (K+1, B, s) the predicted values after 0..K iterations
+    "Chapter 5's recursion with the learned layer's depth-1 population kernel and its value-row weights: v <- v + M (a + (cI + bP) v)."
+    if not model.shared: raise ValueError("`model` must have one shared layer")
+    lay, d = model.layer(0), model.d
+    M = learned_kernel(model, tasks)[0]                                                          # (B, s, s), depth 1
+    cur, tgt = lay.V_cur.detach().double()[d + 1], lay.V_tgt.detach().double()[d + 1]
+    own = tasks.phi @ cur[:d] + cur[d] * tasks.r                                                # (B, s)
+    nxt = tasks.phi @ tgt[:d] + tgt[d] * tasks.r
+    a = own + (tasks.P @ nxt[..., None])[..., 0]
+    v, out = torch.zeros_like(a), [torch.zeros_like(a)]
+    for _ in range(int(depth)):
+        v = v + (M @ (a + cur[d + 1] * v + tgt[d + 1] * (tasks.P @ v[..., None])[..., 0])[..., None])[..., 0]
+        out.append(v)
+    return torch.stack(out)
+
+def iterate_shared(config:PretrainConfig,  # the run's settings (shared=True)
+                   model:SoftmaxICTD,      # its trained model
+                   depths,                 # the depths K to measure
+                  )->dict:                 # per depth: held-out MSVE at n = config.n, at n = infinity, and of the recursion's prediction
+    "The learned shared layer iterated K times: measured MSVE at the training context and at n = infinity, and chapter 5's prediction."
+    tasks, _, Z = held_out_prompts(config)
+    params = {k: v[0].double() for k, v in model_params(model).items()}
+    pred = shared_recursion(model, tasks, max(depths))
+    out = dict(depth=list(depths), msve_n=[], msve_inf=[], msve_predicted=[msve_of(pred[K], tasks).mean().item() for K in depths])
+    for K in depths:
+        m = get_family(config.attention).module(dataclasses.replace(config, n_layers=K), params)
+        with torch.no_grad():
+            out["msve_n"].append(msve_of(m.predict(Z, n=config.n), tasks).mean().item())
+            out["msve_inf"].append(msve_of(population_predict(m, tasks), tasks).mean().item())
+    return out
+
+# %% ../nbs/06b_mechanism.ipynb #a96dd3ef
+CONVERGE_TOLERANCES = dict(msve=0.01, diagonality=0.02, value_weights=0.02)  # a seed-mean change over the window below these is "not moving"
+CONVERGE_LRS = (3e-3, 1e-2, 3e-2)                                           # learning rates of the convergence sweep
+
+def converge_metrics(results:list,  # `PretrainResult`s of one configuration, one per seed
+                    )->dict:        # name -> (S, T, k) per-seed trajectories
+    "The trajectories the stopping rule watches: held-out MSVE, every layer's diagonality, the last layer's value weights."
+    h = lambda k: torch.stack([r.history[k] for r in results]).double()
+    S, T = len(results), h("msve").shape[1]
+    return dict(msve=h("msve").reshape(S, T, 1), diagonality=h("diagonality").reshape(S, T, -1), value_weights=h("value_weights")[:, :, -1])
+
+def moved_by(traj:torch.Tensor,  # (S, T, k) per-seed trajectories at evenly spaced evaluations
+             lag:int,            # the window in evaluations
+            )->torch.Tensor:     # (T,) largest |seed-mean change| + 2 s.e. over the window (NaN before `lag`)
+    "How far a metric has moved over the last `lag` evaluations, on the seed mean with two standard errors."
+    if not 1 <= lag < traj.shape[1]: raise ValueError(f"`lag` must lie in [1, {traj.shape[1]}), got {lag}")
+    if traj.shape[0] < 2: raise ValueError(f"`traj` needs at least 2 seeds for a standard error, got {traj.shape[0]}")
+    delta = traj[:, lag:] - traj[:, :-lag]
+    bound = (delta.mean(0).abs() + 2 * delta.std(0) / math.sqrt(traj.shape[0])).amax(-1)
+    return torch.cat([torch.full((lag,), math.nan, dtype=bound.dtype), bound])
+
+def settled_step(metrics:dict,     # output of `converge_metrics`
+                 steps:list,       # (T,) the evaluation steps, evenly spaced
+                 window:int,       # the window w in steps (a multiple of the spacing)
+                 tolerances:dict=CONVERGE_TOLERANCES, # metric -> tolerance epsilon
+                )->int|None:       # the first step from which no metric moves again; None if training never settles
+    "The stopping rule: the first evaluation step from which every metric stays below its tolerance at every later evaluation."
+    every = steps[1] - steps[0]
+    if window % every: raise ValueError(f"`window` must be a multiple of the evaluation spacing {every}, got {window}")
+    still = torch.stack([moved_by(metrics[k], window // every) < tol for k, tol in tolerances.items()]).all(0)
+    later = still.flip(0).cumprod(0).flip(0).bool()                       # still at t and at every evaluation after it
+    return int(steps[int(later.nonzero()[0])]) if later.any() else None
+
+# %% ../nbs/06b_mechanism.ipynb #c609d3d8
+def binomial_greater(k:int,         # successes
+                     m:int,         # trials (seeds)
+                     p0:float=0.5,  # null success rate
+                    )->float:       # one-sided p-value P(X >= k), X ~ Binomial(m, p0)
+    "Exact one-sided binomial test of a count of seeds against a null rate."
+    if not 0 <= k <= m: raise ValueError(f"`k` must lie in [0, {m}], got {k}")
+    return sum(math.comb(m, x) * p0 ** x * (1 - p0) ** (m - x) for x in range(int(k), int(m) + 1))
+
+def normal_greater(z:float)->float:
+    "One-sided p-value of a z-score: P(Z >= z) for a standard normal Z."
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+def claims_table(families:dict,  # experiment -> dict(primary=(claim, p), secondary={claim: p})
+                 level:float=0.05, # significance level
+                )->str:          # a markdown table, Holm-adjusted within each experiment's secondary claims
+    "The claims of each experiment with their p-values: the primary one as is, the secondary ones Holm-adjusted together."
+    out = ["| experiment | claim | role | p | Holm-adjusted p | holds at " + f"{level:g}" + " |", "|---|---|---|---|---|---|"]
+    for exp, f in families.items():
+        claim, p = f["primary"]
+        out.append(f"| {exp} | {claim} | primary | {p:.2g} | — | {'yes' if p < level else 'no'} |")
+        adj = holm(f["secondary"]) if f["secondary"] else {}
+        out += [f"| | {k} | secondary | {f['secondary'][k]:.2g} | {adj[k]:.2g} | {'yes' if adj[k] < level else 'no'} |" for k in f["secondary"]]
+    return "\n".join(out)
 
 # %% ../nbs/06b_mechanism.ipynb #dc5815d8
 def _write(out_dir, name:str, command:str, payload:dict)->Path:
@@ -461,11 +607,12 @@ def run_gap_map(out_dir="nbs/data",              # folder of the JSON file
 CONTROLS = ("mc", "supervised", "td-independent")   # objectives other than TD, on the same data and architecture
 DEPTHS = (2, 3, 4, 6, 8)                            # depths of the sweep with separate layers
 
-def _study(changes:dict, seeds, history:bool, base:PretrainConfig=EMERGENCE)->dict:
-    "name -> saved runs of `base` with each change, with their gap measures."
+def _study(changes:dict, seeds, history:bool, base:PretrainConfig=EMERGENCE, device=None, cache_dir=None, train_only:bool=False)->dict:
+    "name -> saved runs of `base` with each change, with their gap measures (with `train_only`, only train into `cache_dir`)."
     out = {}
     for name, change in changes.items():
-        runs = pretrain_many(dataclasses.replace(base, **change), list(seeds), progress=False)
+        runs = pretrain_many(dataclasses.replace(base, **change), list(seeds), progress=False, device=device, cache_dir=cache_dir)
+        if train_only: continue
         out[name] = dict(change=change, runs=[dict(saved, gap=gap_measures(r.config, r.model)) for saved, r in zip(save_runs(runs, history), runs)])
     return out
 
@@ -483,10 +630,102 @@ def theta_star_starts(config:PretrainConfig=EMERGENCE,  # the configuration (dep
               f"best-fit theta* (beta {beta:g}, alpha {alpha:g})": dict(init="theta_star", init_beta=float(beta), init_alpha=float(alpha))}
     return {**starts, **{f"{k} + N(0, {scale:g}^2)": dict(v, init_scale=scale) for k, v in starts.items()}}
 
+def run_shared_study(out_dir="nbs/data", seeds=tuple(range(10)), command:str="run_shared_study()")->Path:
+    "Train `EMERGENCE` with one shared layer over `seeds`; write `mechanism_shared.json` (the learned layer is iterated in the chapter)."
+    return _write(out_dir, "mechanism_shared.json", command, dict(studies=_study({"shared": dict(shared=True)}, seeds, False)))
+
 def run_theta_star_dynamics(out_dir="nbs/data", seeds=tuple(range(10)), command:str="run_theta_star_dynamics()")->Path:
     "Train `EMERGENCE` from each of `theta_star_starts()` over `seeds`, keeping the histories; write `mechanism_dynamics.json`."
     return _write(out_dir, "mechanism_dynamics.json", command, dict(studies=_study(theta_star_starts(), seeds, True)))
 
-def run_depth_sweep(out_dir="nbs/data", seeds=tuple(range(10)), depths=DEPTHS, command:str="run_depth_sweep()")->Path:
-    "Train `EMERGENCE` at each depth (separate layers) over `seeds`; write `mechanism_depth.json`."
-    return _write(out_dir, "mechanism_depth.json", command, dict(studies=_study({f"L = {L}": dict(n_layers=L) for L in depths}, seeds, False)))
+DEEP_DEPTHS = (12, 16)                              # the deep end of the depth sweep, saved separately (`mechanism_depth_deep.json`)
+
+def run_depth_sweep(out_dir="nbs/data", seeds=tuple(range(10)), depths=DEPTHS, command:str="run_depth_sweep()", name:str="mechanism_depth.json",
+                    device=None, cache_dir=None, train_only:bool=False)->Path|None:
+    "Train `EMERGENCE` at each depth (separate layers) over `seeds`; write `name` (nothing with `train_only`: runs go to `cache_dir`)."
+    if train_only and cache_dir is None: raise ValueError("`train_only` needs a `cache_dir` to keep the runs in")
+    studies = _study({f"L = {L}": dict(n_layers=L) for L in depths}, seeds, False, device=device, cache_dir=cache_dir, train_only=train_only)
+    return None if train_only else _write(out_dir, name, command, dict(studies=studies))
+
+# %% ../nbs/06b_mechanism.ipynb #9b987de4
+def converge_config(lr:float, n_steps:int, eval_every:int)->PretrainConfig:
+    "`EMERGENCE` with another learning rate and length, recording the parameters at every evaluation."
+    return dataclasses.replace(EMERGENCE, lr=lr, n_steps=n_steps, eval_every=eval_every, record_params=True)
+
+def model_at(result, i:int):
+    "The model of a run at its i-th evaluation, rebuilt from the recorded parameters."
+    c = result.config
+    return get_family(c.attention).module(c, {k[6:]: v[i].double() for k, v in result.history.items() if k.startswith("param.")})
+
+def _estimator_check(runs:list)->dict:
+    "Fit the candidates on the first half of `runs`, score them on the second: centred 1 - R^2 per seed, and the lookahead's constants."
+    half = len(runs) // 2
+    fitted = fit_estimators(runs[:half])
+    pred = prediction_errors(fitted, runs[half:])
+    return dict(lookahead=fitted["lookahead"], theta_star={k: fitted["theta*"][k] for k in ("alpha", "beta")},
+                centred={k: pred[f"{k}, centred"].tolist() for k in fitted}, msve={k: pred[f"{k}, MSVE"].tolist() for k in list(fitted) + ["trained"]})
+
+def run_converge_study(out_dir="nbs/data",          # folder of the JSON file
+                       seeds=tuple(range(10)),      # seeds of every learning rate
+                       lrs=CONVERGE_LRS,            # learning rates
+                       n_steps:int=4000,            # steps of every run (the largest step count of the sweep)
+                       eval_every:int=200,          # steps between evaluations
+                       window:int=1000,             # the stopping rule's window in steps
+                       kept=(500, 1000, 2000, 4000, 8000, 16000, 32000), # step counts summarised (those evaluated, the last and the settled step)
+                       device=None,                 # torch device (default CUDA when available)
+                       cache_dir=None,              # folder of saved runs and checkpoints (None: none)
+                       train_only:bool=False,       # only train (into `cache_dir`) and write nothing
+                       command:str="run_converge_study()", # recorded in the file
+                       name:str="mechanism_converge.json", # the file's name
+                      )->Path|None:                 # the file written
+    "The lr x steps sweep of `EMERGENCE` with the stopping rule, and the chapter's measures at every kept step count."
+    if train_only and cache_dir is None: raise ValueError("`train_only` needs a `cache_dir` to keep the runs in")
+    out = {}
+    for lr in lrs:
+        c = converge_config(lr, n_steps, eval_every)
+        runs = pretrain_many(c, list(seeds), progress=False, cache_dir=cache_dir, device=device,
+                             checkpoint_every=10 * eval_every if cache_dir is not None else None)
+        if train_only: continue
+        steps = runs[0].history["step"].flatten().tolist()
+        metrics = converge_metrics(runs)
+        settled = settled_step(metrics, steps, window)
+        at = sorted({s for s in kept if s in steps} | {steps[-1]} | ({settled} if settled is not None else set()))
+        summaries, params = {}, {}
+        for s in at:
+            i = steps.index(s)
+            models = [(r.config, model_at(r, i)) for r in runs]
+            summaries[s] = {k: v.tolist() for k, v in study_summary(models).items()}
+            params[s] = [{k: v.tolist() for k, v in model_params(m).items()} for _, m in models]
+        final = [(r.config, model_at(r, len(steps) - 1)) for r in runs]
+        out[f"{lr:g}"] = dict(lr=lr, config=dataclasses.asdict(c), steps=steps, settled=settled,
+                              moved={k: moved_by(v, window // eval_every).tolist() for k, v in metrics.items()},
+                              trajectories={k: v.tolist() for k, v in metrics.items()}, summaries=summaries, params=params,
+                              estimator=_estimator_check([(dataclasses.replace(c, eval_tasks=128), m) for c, m in final]))
+    if train_only: return None
+    return _write(out_dir, name, command, dict(seeds=list(seeds), window=window, tolerances=CONVERGE_TOLERANCES, lrs=out))
+
+# %% ../nbs/06b_mechanism.ipynb #253db5a1
+def star_points(config:PretrainConfig=EMERGENCE)->dict:
+    "The two theta* of the dynamics study: name -> (beta, alpha)."
+    from ictd.emergence import best_theta_star
+    alpha, beta = best_theta_star(config)
+    return {"theta* (beta 1, alpha 1)": (1., 1.), f"best-fit theta* (beta {beta:g}, alpha {alpha:g})": (float(beta), float(alpha))}
+
+def run_jacobian_study(out_dir="nbs/data",       # folder of the JSON file
+                       n_batches:int=6,          # Monte-Carlo batches K at n = 30
+                       batch_size:int=16,        # contexts per batch
+                       seed:int=0,               # seed of the contexts
+                       command:str="run_jacobian_study()", # recorded in the file
+                      )->Path:                   # the file written, `mechanism_jacobian.json`
+    "The expected update's Jacobian at both theta* of `EMERGENCE`: exact at n = infinity (8 held-out tasks) and sampled at its n."
+    c = EMERGENCE
+    tasks_inf = held_out_prompts(dataclasses.replace(c, eval_tasks=8, seed=1000))[0]
+    tasks = held_out_prompts(dataclasses.replace(c, seed=1000))[0]
+    out = {}
+    for name, (beta, alpha) in star_points(c).items():
+        m = SoftmaxICTD.from_theta_star(c.feature_dim, c.n_layers, beta * torch.eye(c.feature_dim, dtype=torch.float64), alpha, c.gamma)
+        g, J = update_jacobian(m, tasks_inf)
+        gs, Js = sampled_jacobians(m, tasks, c.n, n_batches, batch_size, seed)
+        out[name] = {"n = infinity": dict(jacobian_spectrum(g[None], J[None]), real_parts=sorted(torch.linalg.eigvals(J).real.tolist())),
+                     f"n = {c.n}": dict(jacobian_spectrum(gs, Js), real_parts=sorted(torch.linalg.eigvals(Js.mean(0)).real.tolist()))}
+    return _write(out_dir, "mechanism_jacobian.json", command, dict(n_batches=n_batches, batch_size=batch_size, seed=seed, points=out))

@@ -185,3 +185,22 @@ def test_mechanism_dispatches_each_study(monkeypatch, tmp_path):
         assert calls[fn][0][1] == list(range(10)), study
     with pytest.raises(SystemExit) as e: cli.main(["mechanism", "nonsense"])
     assert e.value.code == 2
+
+@pytest.mark.unit
+def test_mechanism_converge_deep_jacobian_shared_pass_their_options(monkeypatch, tmp_path):
+    "`ictd mechanism converge/deep/jacobian/shared` call their drivers with the sweep's options, and record them in the command."
+    import ictd.cli as cli
+    calls = {}
+    for name in ("run_converge_study", "run_depth_sweep", "run_jacobian_study", "run_shared_study"):
+        monkeypatch.setattr(cli, name, lambda *a, _n=name, **k: calls.setdefault(_n, (a, k)) and tmp_path / f"{_n}.json")
+    cli.main(["mechanism", "converge", "--seeds", "0-3", "--lrs", "0.01", "0.03", "--steps", "500", "--eval-every", "50", "--window", "100",
+              "--device", "cpu", "--cache-dir", str(tmp_path), "--out", str(tmp_path)])
+    a, k = calls["run_converge_study"]
+    assert a[1:6] == ([0, 1, 2, 3], (0.01, 0.03), 500, 50, 100) and k["device"] == "cpu" and k["cache_dir"] == tmp_path and not k["train_only"]
+    assert k["command"] == f"ictd mechanism converge --seeds 0-3 --out {tmp_path} --lrs 0.01 0.03 --steps 500 --eval-every 50 --window 100"
+    cli.main(["mechanism", "deep", "--depths", "12", "--train-only", "--cache-dir", str(tmp_path), "--out", str(tmp_path)])
+    a, k = calls["run_depth_sweep"]
+    assert a[2] == (12,) and k["name"] == "mechanism_depth_deep.json" and k["train_only"] and k["command"].endswith("--depths 12")
+    for study, fn in (("jacobian", "run_jacobian_study"), ("shared", "run_shared_study")):
+        cli.main(["mechanism", study, "--out", str(tmp_path)])
+        assert fn in calls, study

@@ -17,7 +17,7 @@ from ictd.continuous import run_continuous as continuous_experiments
 from ictd.linear import (ICLR_LINEAR, plot_linear_pretraining, plot_side_by_side, plot_tuned_side_by_side, reproduce_iclr,
                          side_by_side, tuned_side_by_side)
 from ictd.emergence import emergence_report
-from ictd.mechanism import (run_control_study, run_depth_sweep, run_gap_map, run_mechanism_study, run_theta_star_dynamics)
+from ictd.mechanism import (CONVERGE_LRS, DEEP_DEPTHS, run_control_study, run_converge_study, run_depth_sweep, run_jacobian_study, run_shared_study, run_gap_map, run_mechanism_study, run_theta_star_dynamics)
 from ictd.core import jsonable
 from ictd.pretrain import DTYPES, FAMILIES, INITS, OBJECTIVES, PROTOCOLS, PretrainConfig, plot_emergence, pretrain_many, run_folder
 
@@ -50,7 +50,7 @@ from fastcore.xtras import working_directory
 # | `ictd pretrain` | the emergence of the TD construction in pretraining (chapters 6 and 6a): every seed in one batched run, and chapter 6a's report over the seeds (`--seeds 0-29` for 30) | in `{key}/`: `config.json`, `seed-{S}.pt`, `seed-{S}.png`, `seed-{S}.json`, `summary.json`, `summary.png`; in `{key}/emergence/`: `bands.png`, `parameters.png`, `summary.json`, `summary.md` (per-layer statistics, baselines, claim counts) |
 # | `ictd linear` | linear against softmax attention, MSVE against depth (chapter 7): untuned, and each method tuned on shared features; with `--reproduce-seeds 0-29`, the predecessor's pretraining experiment | `linear.png`, `linear-tuned.png`, `linear.pt`, `linear.json`, (`iclr-linear.json`, `iclr-linear.png`) |
 # | `ictd continuous` | chapter 7a: kernel TD on continuous states (depth, context length, bandwidth, linear TD) and pretraining on continuous families | `depth.png`, `tradeoff.png`, `estimates.png`, `long_depth.png`, `pretrain_*.png`, `kernel_*.png`, `results.json` |
-# | `ictd mechanism STUDY` | chapter 6b's slow studies (`runs`, `gap`, `controls`, `dynamics`, `gamma`, `depth`), trained through the engine | `mechanism_{study}.json` with the command, commit and date that made it (the chapter reads these from `nbs/data/`) |
+# | `ictd mechanism STUDY` | chapter 6b's slow studies (`runs`, `gap`, `controls`, `dynamics`, `gamma`, `depth`, `deep`, `converge`), trained through the engine | `mechanism_{study}.json` with the command, commit and date that made it (the chapter reads these from `nbs/data/`) |
 # | `ictd all` | all of the above with their defaults | all of the above |
 #
 # Every command takes `--out DIR` (default `./ictd-results`) and prints the path of each file it
@@ -156,14 +156,28 @@ for bad in ("4-2", "a", "-1", "0-"): test_fail(lambda: seed_list(bad), contains=
 # %%
 #| export
 MECHANISM_STUDIES = dict(
-    runs=(lambda out, seeds, cmd: run_mechanism_study(out, seeds, tuple(range(max(seeds) + 1, max(seeds) + 1 + len(seeds))), command=cmd),
+    runs=(lambda out, seeds, cmd, a: run_mechanism_study(out, seeds, tuple(range(max(seeds) + 1, max(seeds) + 1 + len(seeds))), command=cmd),
           "the models the chapter probes and fits its estimator on, and as many fresh seeds it predicts (mechanism_runs.json)"),
-    gap=(lambda out, seeds, cmd: run_gap_map(out, seeds, command=cmd), "the gap map over n, states, features and gamma (mechanism_gap_map.json)"),
-    controls=(lambda out, seeds, cmd: run_control_study(out, seeds, command=cmd), "Monte-Carlo, supervised and independent-successor controls (mechanism_controls.json)"),
-    dynamics=(lambda out, seeds, cmd: run_theta_star_dynamics(out, seeds, command=cmd), "training from theta* and its perturbations (mechanism_dynamics.json)"),
-    gamma=(lambda out, seeds, cmd: run_gap_map(out, seeds, cells=(dict(gamma=0.95), dict(gamma=0.7)), command=cmd, name="mechanism_gamma.json"),
+    gap=(lambda out, seeds, cmd, a: run_gap_map(out, seeds, command=cmd), "the gap map over n, states, features and gamma (mechanism_gap_map.json)"),
+    controls=(lambda out, seeds, cmd, a: run_control_study(out, seeds, command=cmd), "Monte-Carlo, supervised and independent-successor controls (mechanism_controls.json)"),
+    dynamics=(lambda out, seeds, cmd, a: run_theta_star_dynamics(out, seeds, command=cmd), "training from theta* and its perturbations (mechanism_dynamics.json)"),
+    gamma=(lambda out, seeds, cmd, a: run_gap_map(out, seeds, cells=(dict(gamma=0.95), dict(gamma=0.7)), command=cmd, name="mechanism_gamma.json"),
            "the discount ablation at full length (mechanism_gamma.json)"),
-    depth=(lambda out, seeds, cmd: run_depth_sweep(out, seeds, command=cmd), "separate layers at several depths (mechanism_depth.json)"))
+    depth=(lambda out, seeds, cmd, a: run_depth_sweep(out, seeds, command=cmd), "separate layers at several depths (mechanism_depth.json)"),
+    deep=(lambda out, seeds, cmd, a: run_depth_sweep(out, seeds, tuple(a.depths), command=cmd, name="mechanism_depth_deep.json", device=a.device,
+                                                     cache_dir=a.cache_dir, train_only=a.train_only),
+          "the deep end of the depth sweep, --depths (mechanism_depth_deep.json)"),
+    converge=(lambda out, seeds, cmd, a: run_converge_study(out, seeds, tuple(a.lrs), a.steps, a.eval_every, a.window, device=a.device,
+                                                            cache_dir=a.cache_dir, train_only=a.train_only, command=cmd),
+              "the lr x steps sweep with the stopping rule, --lrs --steps --eval-every --window (mechanism_converge.json)"),
+    shared=(lambda out, seeds, cmd, a: run_shared_study(out, seeds, command=cmd), "one shared layer, iterated in the chapter beyond its training depth (mechanism_shared.json)"),
+    jacobian=(lambda out, seeds, cmd, a: run_jacobian_study(out, command=cmd), "the expected update's Jacobian at theta*, n = infinity and n = 30 (mechanism_jacobian.json)"))
+
+def mechanism_command(args)->str:
+    "The command line a mechanism study records: the study, its seeds, folder and the options that change its result."
+    extra = dict(converge=f" --lrs {' '.join(f'{x:g}' for x in args.lrs)} --steps {args.steps} --eval-every {args.eval_every} --window {args.window}",
+                 deep=f" --depths {' '.join(map(str, args.depths))}").get(args.study, "")
+    return f"ictd mechanism {args.study} --seeds {seed_ranges(args.seeds)} --out {args.out}{extra}"
 
 
 # %%
@@ -216,6 +230,14 @@ def make_parser()->argparse.ArgumentParser:
                        help="the slow studies of chapter 6b, each saved as JSON with the command, commit and date that made it")
     p.add_argument("study", choices=list(MECHANISM_STUDIES), help="which study: " + "; ".join(f"{k}: {v[1]}" for k, v in MECHANISM_STUDIES.items()))
     p.add_argument("--seeds", type=seed_list, default=list(range(10)), help="seeds, e.g. 0-9 (the chapter's); `runs` also trains 10 more after them")
+    p.add_argument("--device", default=None, help="torch device of `converge` and `deep` (default: cuda when present, else cpu)")
+    p.add_argument("--cache-dir", type=Path, default=None, help="`converge`, `deep`: folder of saved runs and checkpoints, resumed from (default: none)")
+    p.add_argument("--train-only", action="store_true", help="`converge`, `deep`: only train into --cache-dir (parallel workers); a last call without it writes the file")
+    p.add_argument("--lrs", type=positive_float, nargs="+", default=list(CONVERGE_LRS), help="`converge`: learning rates")
+    p.add_argument("--steps", type=positive_int, default=4000, help="`converge`: steps of every run (the largest step count)")
+    p.add_argument("--eval-every", type=positive_int, default=200, help="`converge`: steps between evaluations")
+    p.add_argument("--window", type=positive_int, default=1000, help="`converge`: the stopping rule's window in steps (a multiple of --eval-every)")
+    p.add_argument("--depths", type=positive_int, nargs="+", default=list(DEEP_DEPTHS), help="`deep`: depths (separate layers)")
     sub.add_parser("all", parents=[common], formatter_class=fmt, help="run every command above but `mechanism` with its defaults")
     return parser
 
@@ -429,10 +451,9 @@ show_doc(run_pretrain)
 #| export
 def run_mechanism(args)->list:
     "`ictd mechanism STUDY`: one slow study of chapter 6b, written to `--out` as JSON with its provenance."
-    command = f"ictd mechanism {args.study} --seeds {seed_ranges(args.seeds)} --out {args.out}"
-    path = MECHANISM_STUDIES[args.study][0](args.out, list(args.seeds), command)
-    print(f"wrote {path}", flush=True)
-    return [path]
+    path = MECHANISM_STUDIES[args.study][0](args.out, list(args.seeds), mechanism_command(args), args)
+    print(f"wrote {path}" if path is not None else f"trained into {args.cache_dir}", flush=True)
+    return [path] if path is not None else []
 
 COMMANDS = dict(chain=run_chain, linear=run_linear, convergence=run_convergence, pretrain=run_pretrain, continuous=run_continuous, mechanism=run_mechanism)
 
