@@ -11,11 +11,12 @@ from fastcore.docments import docments
 import numpy as np
 import torch
 from .boyan import check_gamma, plot_chain, random_boyan_chain
-from .convergence import (depth_experiment, diagonality_sweep, leaky_experiment, loglog_slope, phase_diagram, plot_depth,
-                              plot_diagonality, plot_floor, plot_leaky, plot_phase, plot_rates, rate_experiment)
-from .continuous import run_continuous as continuous_experiments
-from .linear import (ICLR_LINEAR, plot_linear_pretraining, plot_side_by_side, plot_tuned_side_by_side, reproduce_iclr,
-                         side_by_side, tuned_side_by_side)
+from .experiments.convergence import (depth_experiment, diagonality_sweep, leaky_experiment, loglog_slope, phase_diagram, plot_depth,
+                                          plot_diagonality, plot_floor, plot_leaky, plot_phase, plot_rates, rate_experiment)
+from .experiments.continuous import run_continuous as continuous_experiments
+from .linear import ICLR_LINEAR
+from .experiments.linear import (plot_linear_pretraining, plot_side_by_side, plot_tuned_side_by_side, reproduce_iclr, run_head_to_head,
+                                     side_by_side, tuned_side_by_side)
 from .emergence import emergence_report
 from .mechanism import (CONVERGE_LRS, DEEP_DEPTHS, run_control_study, run_converge_study, run_depth_sweep, run_jacobian_study, run_shared_study, run_gap_map, run_mechanism_study, run_theta_star_dynamics)
 from .core import jsonable
@@ -124,7 +125,7 @@ def make_parser()->argparse.ArgumentParser:
     p.add_argument("--features", choices=FEATURES, default="random", help="feature kind")
     p.add_argument("--gamma", type=discount, default=0.9, help="discount factor")
     p.add_argument("--seed", type=natural_int, default=0, help="seed of the chain")
-    p = sub.add_parser("convergence", parents=[common], formatter_class=fmt, help="the experiments of chapter 5")
+    p = sub.add_parser("convergence", parents=[common], formatter_class=fmt, help="the experiments of chapter 5a")
     p.add_argument("--n-tasks", type=positive_int, default=1000, help="tasks of experiments 1 and 2 (depth, floor)")
     p.add_argument("--ns", type=positive_int, nargs="+", default=[30, 100, 300, 1000, 3000, 10_000, 30_000], help="context lengths, increasing")
     p.add_argument("--n-layers", type=positive_int, default=100, help="maximal depth L of experiment 1")
@@ -140,7 +141,7 @@ def make_parser()->argparse.ArgumentParser:
     p.add_argument("--leaky-tasks", type=positive_int, default=100, help="unit-norm tasks of the leaky regime (experiment 6)")
     p = sub.add_parser("pretrain", parents=[common], formatter_class=fmt, help="pretrain softmax Transformers on Boyan chains (chapter 6)")
     _add_pretrain_options(p)
-    p = sub.add_parser("linear", parents=[common], formatter_class=fmt, help="linear against softmax in-context TD (chapter 7)")
+    p = sub.add_parser("linear", parents=[common], formatter_class=fmt, help="linear against softmax in-context TD (chapters 7, 7a)")
     p.add_argument("--n-tasks", type=positive_int, default=100, help="random Boyan chains")
     p.add_argument("--n", type=positive_int, default=200, help="context length")
     p.add_argument("--depth", type=positive_int, default=60, help="deepest model")
@@ -152,7 +153,9 @@ def make_parser()->argparse.ArgumentParser:
     p.add_argument("--n-tune", type=positive_int, default=20, help="tuning tasks of the tuned comparison (separate seeds)")
     p.add_argument("--reproduce-seeds", type=seed_list, default=None,
                    help="also pretrain linear Transformers with the predecessor's protocol (ICLR_LINEAR) on these seeds, e.g. 0-29 (minutes per seed)")
-    p = sub.add_parser("continuous", parents=[common], formatter_class=fmt, help="kernel TD and pretraining on continuous states (chapter 7a)")
+    p.add_argument("--head-to-head", type=seed_list, default=None,
+                   help="also pretrain linear and softmax Transformers head to head on these seeds, e.g. 0-9, each with its tuned lr (head_to_head.json)")
+    p = sub.add_parser("continuous", parents=[common], formatter_class=fmt, help="kernel TD and pretraining on continuous states (chapters 7b-7c)")
     p.add_argument("--seed", type=natural_int, default=0, help="offset of every context and training seed")
     p.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test) instead of the full scale")
     p = sub.add_parser("mechanism", parents=[common], formatter_class=fmt,
@@ -242,7 +245,7 @@ def run_chain(args)->list:
     return [_save(plot_chain(mrp).figure, args.out / "chain.png"), _save(info, args.out / "chain.json")]
 
 def run_convergence(args)->list:
-    "`ictd convergence`: the experiments of chapter 5."
+    "`ictd convergence`: the experiments of chapter 5a."
     if args.ns != sorted(set(args.ns)): raise ValueError(f"argument --ns: must be increasing, got {args.ns}")
     progress = not args.no_progress
     sweep = depth_experiment(args.n_tasks, args.beta, args.alpha, args.ns, args.n_layers, seed=args.seed, chunk=args.chunk, progress=progress)
@@ -271,13 +274,13 @@ def run_convergence(args)->list:
     return figs + [_save(dict(depth=sweep, diagonality=diag, phase=phase, rates=rates, leaky=leaky), o / "convergence.pt"), _save(summary, o / "convergence.json")]
 
 def run_continuous(args)->list:
-    "`ictd continuous`: the experiments of chapter 7a (continuous states), full scale unless `--quick`."
+    "`ictd continuous`: the experiments of chapter 7c (continuous states), full scale unless `--quick`."
     paths = continuous_experiments(args.out, seed=args.seed, progress=not args.no_progress, quick=args.quick)
     for path in paths: print(f"wrote {path}", flush=True)
     return paths
 
 def run_linear(args)->list:
-    "`ictd linear`: linear against softmax in-context TD (chapter 7): untuned, tuned per method on shared features, and optionally the predecessor's pretraining."
+    "`ictd linear`: linear against softmax in-context TD (chapter 7a): untuned, tuned per method on shared features, optionally the predecessor's pretraining and the pretrained head-to-head."
     curves = side_by_side(args.n_tasks, args.n, args.depth, args.beta, args.alpha, args.seed)
     tuned = {f"{f} features": tuned_side_by_side(f, args.n_tasks, args.n_tune, args.n, args.depth, args.seed) for f in args.features}
     summary = dict(settings=dict(n_tasks=args.n_tasks, n=args.n, depth=args.depth, beta=args.beta, alpha=args.alpha, seed=args.seed,
@@ -291,6 +294,10 @@ def run_linear(args)->list:
         results = reproduce_iclr(ICLR_LINEAR, args.reproduce_seeds, out=args.out / "iclr-linear.json", progress=not args.no_progress)
         print(f"wrote {args.out / 'iclr-linear.json'}", flush=True)
         paths += [args.out / "iclr-linear.json", _save(plot_linear_pretraining(results), args.out / "iclr-linear.png")]
+    if args.head_to_head:
+        paths.append(run_head_to_head(args.out / "head_to_head.json", command=f"ictd linear --head-to-head {seed_ranges(args.head_to_head)} --out {args.out}",
+                                      seeds=args.head_to_head))
+        print(f"wrote {paths[-1]}", flush=True)
     return paths + [_save(summary, args.out / "linear.json")]
 
 def _seeds(args)->list:

@@ -92,7 +92,7 @@ def test_linear(tmp_path, capsys):
     s = json.loads((tmp_path / 'linear.json').read_text())
     assert s['settings']['alpha'] == 2.5                                   # step sizes above 1 are allowed
     tuned = s['tuned']['onehot features']
-    from ictd.linear import TUNING_GRIDS
+    from ictd.experiments.linear import TUNING_GRIDS
     assert set(tuned) == set(TUNING_GRIDS)
     for method, r in tuned.items():                                        # each method's tuned values come from its own grid
         assert all(r['params'][k] in TUNING_GRIDS[method][k] for k in TUNING_GRIDS[method]), (method, r['params'])
@@ -204,3 +204,17 @@ def test_mechanism_converge_deep_jacobian_shared_pass_their_options(monkeypatch,
     for study, fn in (("jacobian", "run_jacobian_study"), ("shared", "run_shared_study")):
         cli.main(["mechanism", study, "--out", str(tmp_path)])
         assert fn in calls, study
+
+@pytest.mark.unit
+def test_linear_head_to_head_dispatches(monkeypatch, tmp_path):
+    "`ictd linear --head-to-head 0-2` runs the pretrained head-to-head on those seeds and records the command; without it, it does not run."
+    import ictd.cli as cli
+    calls = []
+    monkeypatch.setattr(cli, "run_head_to_head", lambda out, command, seeds: calls.append((out, command, seeds)) or out)
+    for name in ("side_by_side", "tuned_side_by_side"): monkeypatch.setattr(cli, name, lambda *a, **k: {})
+    for name in ("plot_side_by_side", "plot_tuned_side_by_side"): monkeypatch.setattr(cli, name, lambda *a, **k: None)
+    monkeypatch.setattr(cli, "_save", lambda obj, path: path)
+    cli.main(["linear", "--out", str(tmp_path), "--features", "random"])
+    assert calls == []
+    cli.main(["linear", "--head-to-head", "0-2", "--out", str(tmp_path), "--features", "random"])
+    assert calls == [(tmp_path / "head_to_head.json", f"ictd linear --head-to-head 0-2 --out {tmp_path}", [0, 1, 2])]

@@ -11,11 +11,12 @@ from fastcore.docments import docments
 import numpy as np
 import torch
 from ictd.boyan import check_gamma, plot_chain, random_boyan_chain
-from ictd.convergence import (depth_experiment, diagonality_sweep, leaky_experiment, loglog_slope, phase_diagram, plot_depth,
-                              plot_diagonality, plot_floor, plot_leaky, plot_phase, plot_rates, rate_experiment)
-from ictd.continuous import run_continuous as continuous_experiments
-from ictd.linear import (ICLR_LINEAR, plot_linear_pretraining, plot_side_by_side, plot_tuned_side_by_side, reproduce_iclr,
-                         side_by_side, tuned_side_by_side)
+from ictd.experiments.convergence import (depth_experiment, diagonality_sweep, leaky_experiment, loglog_slope, phase_diagram, plot_depth,
+                                          plot_diagonality, plot_floor, plot_leaky, plot_phase, plot_rates, rate_experiment)
+from ictd.experiments.continuous import run_continuous as continuous_experiments
+from ictd.linear import ICLR_LINEAR
+from ictd.experiments.linear import (plot_linear_pretraining, plot_side_by_side, plot_tuned_side_by_side, reproduce_iclr, run_head_to_head,
+                                     side_by_side, tuned_side_by_side)
 from ictd.emergence import emergence_report
 from ictd.mechanism import (CONVERGE_LRS, DEEP_DEPTHS, run_control_study, run_converge_study, run_depth_sweep, run_jacobian_study, run_shared_study, run_gap_map, run_mechanism_study, run_theta_star_dynamics)
 from ictd.core import jsonable
@@ -46,10 +47,10 @@ from fastcore.xtras import working_directory
 # | command | what it reproduces | results |
 # |---|---|---|
 # | `ictd chain` | a random Boyan chain (chapter 0) | `chain.png`, `chain.json` |
-# | `ictd convergence` | the experiments of chapter 5: error against depth, the floor against $n$, kernel diagonality against $\beta$, the phase diagram, measured rate against the bound, the leaky regime | `convergence-{depth,floor,diagonality,phase,rates,leaky}.png`, `convergence.pt`, `convergence.json` |
+# | `ictd convergence` | the experiments of chapter 5a: error against depth, the floor against $n$, kernel diagonality against $\beta$, the phase diagram, measured rate against the bound, the leaky regime | `convergence-{depth,floor,diagonality,phase,rates,leaky}.png`, `convergence.pt`, `convergence.json` |
 # | `ictd pretrain` | the emergence of the TD construction in pretraining (chapters 6 and 6a): every seed in one batched run, and chapter 6a's report over the seeds (`--seeds 0-29` for 30) | in `{key}/`: `config.json`, `seed-{S}.pt`, `seed-{S}.png`, `seed-{S}.json`, `summary.json`, `summary.png`; in `{key}/emergence/`: `bands.png`, `parameters.png`, `summary.json`, `summary.md` (per-layer statistics, baselines, claim counts) |
 # | `ictd linear` | linear against softmax attention, MSVE against depth (chapter 7): untuned, and each method tuned on shared features; with `--reproduce-seeds 0-29`, the predecessor's pretraining experiment | `linear.png`, `linear-tuned.png`, `linear.pt`, `linear.json`, (`iclr-linear.json`, `iclr-linear.png`) |
-# | `ictd continuous` | chapter 7a: kernel TD on continuous states (depth, context length, bandwidth, linear TD) and pretraining on continuous families | `depth.png`, `tradeoff.png`, `estimates.png`, `long_depth.png`, `pretrain_*.png`, `kernel_*.png`, `results.json` |
+# | `ictd continuous` | chapters 7b-7c: kernel TD on continuous states (depth, context length, bandwidth, linear TD) and pretraining on continuous families | `depth.png`, `tradeoff.png`, `estimates.png`, `long_depth.png`, `pretrain_*.png`, `kernel_*.png`, `results.json` |
 # | `ictd mechanism STUDY` | chapter 6b's slow studies (`runs`, `gap`, `controls`, `dynamics`, `gamma`, `depth`, `deep`, `converge`), trained through the engine | `mechanism_{study}.json` with the command, commit and date that made it (the chapter reads these from `nbs/data/`) |
 # | `ictd all` | all of the above with their defaults | all of the above |
 #
@@ -195,7 +196,7 @@ def make_parser()->argparse.ArgumentParser:
     p.add_argument("--features", choices=FEATURES, default="random", help="feature kind")
     p.add_argument("--gamma", type=discount, default=0.9, help="discount factor")
     p.add_argument("--seed", type=natural_int, default=0, help="seed of the chain")
-    p = sub.add_parser("convergence", parents=[common], formatter_class=fmt, help="the experiments of chapter 5")
+    p = sub.add_parser("convergence", parents=[common], formatter_class=fmt, help="the experiments of chapter 5a")
     p.add_argument("--n-tasks", type=positive_int, default=1000, help="tasks of experiments 1 and 2 (depth, floor)")
     p.add_argument("--ns", type=positive_int, nargs="+", default=[30, 100, 300, 1000, 3000, 10_000, 30_000], help="context lengths, increasing")
     p.add_argument("--n-layers", type=positive_int, default=100, help="maximal depth L of experiment 1")
@@ -211,7 +212,7 @@ def make_parser()->argparse.ArgumentParser:
     p.add_argument("--leaky-tasks", type=positive_int, default=100, help="unit-norm tasks of the leaky regime (experiment 6)")
     p = sub.add_parser("pretrain", parents=[common], formatter_class=fmt, help="pretrain softmax Transformers on Boyan chains (chapter 6)")
     _add_pretrain_options(p)
-    p = sub.add_parser("linear", parents=[common], formatter_class=fmt, help="linear against softmax in-context TD (chapter 7)")
+    p = sub.add_parser("linear", parents=[common], formatter_class=fmt, help="linear against softmax in-context TD (chapters 7, 7a)")
     p.add_argument("--n-tasks", type=positive_int, default=100, help="random Boyan chains")
     p.add_argument("--n", type=positive_int, default=200, help="context length")
     p.add_argument("--depth", type=positive_int, default=60, help="deepest model")
@@ -223,7 +224,9 @@ def make_parser()->argparse.ArgumentParser:
     p.add_argument("--n-tune", type=positive_int, default=20, help="tuning tasks of the tuned comparison (separate seeds)")
     p.add_argument("--reproduce-seeds", type=seed_list, default=None,
                    help="also pretrain linear Transformers with the predecessor's protocol (ICLR_LINEAR) on these seeds, e.g. 0-29 (minutes per seed)")
-    p = sub.add_parser("continuous", parents=[common], formatter_class=fmt, help="kernel TD and pretraining on continuous states (chapter 7a)")
+    p.add_argument("--head-to-head", type=seed_list, default=None,
+                   help="also pretrain linear and softmax Transformers head to head on these seeds, e.g. 0-9, each with its tuned lr (head_to_head.json)")
+    p = sub.add_parser("continuous", parents=[common], formatter_class=fmt, help="kernel TD and pretraining on continuous states (chapters 7b-7c)")
     p.add_argument("--seed", type=natural_int, default=0, help="offset of every context and training seed")
     p.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test) instead of the full scale")
     p = sub.add_parser("mechanism", parents=[common], formatter_class=fmt,
@@ -353,7 +356,7 @@ def run_chain(args)->list:
     return [_save(plot_chain(mrp).figure, args.out / "chain.png"), _save(info, args.out / "chain.json")]
 
 def run_convergence(args)->list:
-    "`ictd convergence`: the experiments of chapter 5."
+    "`ictd convergence`: the experiments of chapter 5a."
     if args.ns != sorted(set(args.ns)): raise ValueError(f"argument --ns: must be increasing, got {args.ns}")
     progress = not args.no_progress
     sweep = depth_experiment(args.n_tasks, args.beta, args.alpha, args.ns, args.n_layers, seed=args.seed, chunk=args.chunk, progress=progress)
@@ -382,13 +385,13 @@ def run_convergence(args)->list:
     return figs + [_save(dict(depth=sweep, diagonality=diag, phase=phase, rates=rates, leaky=leaky), o / "convergence.pt"), _save(summary, o / "convergence.json")]
 
 def run_continuous(args)->list:
-    "`ictd continuous`: the experiments of chapter 7a (continuous states), full scale unless `--quick`."
+    "`ictd continuous`: the experiments of chapter 7c (continuous states), full scale unless `--quick`."
     paths = continuous_experiments(args.out, seed=args.seed, progress=not args.no_progress, quick=args.quick)
     for path in paths: print(f"wrote {path}", flush=True)
     return paths
 
 def run_linear(args)->list:
-    "`ictd linear`: linear against softmax in-context TD (chapter 7): untuned, tuned per method on shared features, and optionally the predecessor's pretraining."
+    "`ictd linear`: linear against softmax in-context TD (chapter 7a): untuned, tuned per method on shared features, optionally the predecessor's pretraining and the pretrained head-to-head."
     curves = side_by_side(args.n_tasks, args.n, args.depth, args.beta, args.alpha, args.seed)
     tuned = {f"{f} features": tuned_side_by_side(f, args.n_tasks, args.n_tune, args.n, args.depth, args.seed) for f in args.features}
     summary = dict(settings=dict(n_tasks=args.n_tasks, n=args.n, depth=args.depth, beta=args.beta, alpha=args.alpha, seed=args.seed,
@@ -402,6 +405,10 @@ def run_linear(args)->list:
         results = reproduce_iclr(ICLR_LINEAR, args.reproduce_seeds, out=args.out / "iclr-linear.json", progress=not args.no_progress)
         print(f"wrote {args.out / 'iclr-linear.json'}", flush=True)
         paths += [args.out / "iclr-linear.json", _save(plot_linear_pretraining(results), args.out / "iclr-linear.png")]
+    if args.head_to_head:
+        paths.append(run_head_to_head(args.out / "head_to_head.json", command=f"ictd linear --head-to-head {seed_ranges(args.head_to_head)} --out {args.out}",
+                                      seeds=args.head_to_head))
+        print(f"wrote {paths[-1]}", flush=True)
     return paths + [_save(summary, args.out / "linear.json")]
 
 def _seeds(args)->list:
