@@ -330,8 +330,7 @@ def ablation(config:PretrainConfig,  # the base configuration
             )->dict:                 # value -> list of `PretrainResult`
     "Rerun `config` over `seeds` for each value of one setting."
     if field not in {f.name for f in dataclasses.fields(PretrainConfig)}: raise ValueError(f"`field` must be a field of PretrainConfig, got {field!r}")
-    extra = lambda v: dict(d=10) if field == "features" and v == "onehot" else {}
-    return {v: pretrain_many(dataclasses.replace(config, **fixed, **{field: v}, **extra(v)), list(seeds), progress=False, cache_dir=cache_dir) for v in values}
+    return {v: pretrain_many(dataclasses.replace(config, **fixed, **{field: v}), list(seeds), progress=False, cache_dir=cache_dir) for v in values}
 
 def ablation_rows(runs:dict,  # output of `ablation`
                  )->dict:     # value -> `seed_summary` of its runs

@@ -584,7 +584,7 @@ def run_mechanism_study(out_dir="nbs/data",            # folder of the JSON file
 
 # %% ../nbs/06b_mechanism.ipynb #3856cd16
 GAP_CELLS = (dict(n=30, gamma=0.5), dict(n=30, gamma=0.9), dict(n=300, gamma=0.5), dict(n=300, gamma=0.9),
-             dict(features="onehot", d=10, gamma=0.5), dict(features="onehot", d=10, gamma=0.9), dict(n_states=20))  # changes to EMERGENCE
+             dict(features="onehot", gamma=0.5), dict(features="onehot", gamma=0.9), dict(n_states=20))  # changes to EMERGENCE
 
 def run_gap_map(out_dir="nbs/data",              # folder of the JSON file
                 seeds=tuple(range(10)),          # seeds of every cell

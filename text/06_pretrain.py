@@ -790,7 +790,7 @@ for _ in range(2):
 # %% [markdown]
 # **Families and protocols.** The engine knows a model family and a data protocol only through a
 # small interface, so that another module can add its own without editing this one: chapter 7
-# registers linear attention and its predecessor's sliding-window protocol, chapter 7a the
+# registers linear attention and its predecessor's sliding-window protocol, chapter 7b the
 # continuous task families, and a decoder-only model can register itself from its own module. A
 # plug-in registers its names when it is imported (`import ictd.linear` makes
 # `attention="linear"` and `protocol="sliding"` available).

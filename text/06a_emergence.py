@@ -600,7 +600,9 @@ plot_blocks(runs);
 #   $-\gamma$; if training finds TD, the learned ratio should track $-\gamma$;
 # * **features**: one-hot features make the tabular construction exact (with $W = \beta I$ the
 #   attention can select a state's own visits), unit-norm and random features only approximate it;
-#   diagonality and the pattern should be clearest with one-hot features;
+#   diagonality and the pattern should be clearest with one-hot features. Seed $k$'s one-hot tasks
+#   are the random-feature tasks of seed $k$ with $\Phi = I$ (same $P$ and $r$, chapter 0), so the
+#   comparison is on the same chains;
 # * **context length** $n$: the statistical floor of in-context TD falls with $n$ (the
 #   [convergence chapter](convergence.html)), so the value error of a TD-like model should fall
 #   with $n$;
@@ -623,8 +625,7 @@ def ablation(config:PretrainConfig,  # the base configuration
             )->dict:                 # value -> list of `PretrainResult`
     "Rerun `config` over `seeds` for each value of one setting."
     if field not in {f.name for f in dataclasses.fields(PretrainConfig)}: raise ValueError(f"`field` must be a field of PretrainConfig, got {field!r}")
-    extra = lambda v: dict(d=10) if field == "features" and v == "onehot" else {}
-    return {v: pretrain_many(dataclasses.replace(config, **fixed, **{field: v}, **extra(v)), list(seeds), progress=False, cache_dir=cache_dir) for v in values}
+    return {v: pretrain_many(dataclasses.replace(config, **fixed, **{field: v}), list(seeds), progress=False, cache_dir=cache_dir) for v in values}
 
 def ablation_rows(runs:dict,  # output of `ablation`
                  )->dict:     # value -> `seed_summary` of its runs

@@ -738,7 +738,7 @@ Markdown(f"$$\\hat v(x) = {c0:+.3f} {cR:+.2f}\\,\\bar R {c1:+.2f}\\,\\hat r_\\be
 # because MSVE is mostly the value *level*. The centred error asks about the shape. The gap map
 # (saved by `run_gap_map`, ten seeds per cell, 2000 steps each) changes one or two settings of
 # `EMERGENCE` at a time: the context length $n$ (30 and 300), the discount (0.5 and 0.9), one-hot
-# features, and twice the states. The "shape explained" is $1 - \mathrm{cMSVE}/\mathrm{Var}_{d_\pi}(v_\pi)$,
+# features (on the same chains as the random features of the same seed: chapter 0), and twice the states. The "shape explained" is $1 - \mathrm{cMSVE}/\mathrm{Var}_{d_\pi}(v_\pi)$,
 # zero for every constant.
 
 # %%
@@ -1601,7 +1601,7 @@ def run_mechanism_study(out_dir="nbs/data",            # folder of the JSON file
 # %%
 #| export
 GAP_CELLS = (dict(n=30, gamma=0.5), dict(n=30, gamma=0.9), dict(n=300, gamma=0.5), dict(n=300, gamma=0.9),
-             dict(features="onehot", d=10, gamma=0.5), dict(features="onehot", d=10, gamma=0.9), dict(n_states=20))  # changes to EMERGENCE
+             dict(features="onehot", gamma=0.5), dict(features="onehot", gamma=0.9), dict(n_states=20))  # changes to EMERGENCE
 
 def run_gap_map(out_dir="nbs/data",              # folder of the JSON file
                 seeds=tuple(range(10)),          # seeds of every cell
