@@ -352,7 +352,7 @@ key_tail = slope_interval(NS[1:], sweep["key_floors"][:, 1:], seed=11)      # fr
 assert hi < -0.3 and hi < -0.5, (lo, hi)
 assert -0.6 < key_lo and key_hi < -0.4, (key_lo, key_hi)   # over [30, 3000]: within 0.1 of -1/2
 assert key_tail[1] < -0.5 < key_tail[2], key_tail          # from n = 100 on: consistent with -1/2
-record_claim("floor-slope", "The floor on key states falls close to $n^{-1/2}$: over $n \\in [30, 3000]$ its slope's bootstrap interval lies within 0.1 of $-1/2$ but just above it, and from $n = 100$ on it contains $-1/2$; the mean floor falls faster, because contexts that miss a state extrapolate.", "partial", "convergence_experiments", "#experiment-2-the-floor-against-the-context-length")
+record_claim("floor-slope", "The floor on key states falls close to $n^{-1/2}$: over $n \\in [30, 3000]$ its slope's bootstrap interval lies within 0.1 of $-1/2$ (on the book's tasks just above it), and from $n = 100$ on it contains $-1/2$; the mean floor falls faster, because contexts that miss a state extrapolate.", "partial", "convergence_experiments", "#experiment-2-the-floor-against-the-context-length")
 local = {f"{a} -> {b}": round(v, 3) for a, b, v in zip(NS, NS[1:], (floors.mean(0).log().diff() / torch.tensor(NS, dtype=torch.float64).log().diff()).tolist())}
 key_local = (sweep["key_floors"].mean(0).log().diff() / torch.tensor(NS, dtype=torch.float64).log().diff())
 plot_floor(sweep);
