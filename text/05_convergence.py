@@ -1403,8 +1403,8 @@ c
 # * Not covered by any theorem here: raw features at large $\beta$, where the iteration stalls or
 #   diverges on a growing share of tasks
 #   ([Experiment 4](convergence_experiments.html#experiment-4-a-phase-diagram-of-convergence)); the values at states a context never shows, whose
-#   extrapolation errors dominate the mean floor for $n \le 300$ and make it fall faster than $n^{-1/2}$ over
-#   $n \in [100, 1000]$; a bound on the visit counts in terms of the mixing time; and the true threshold $m^*$
+#   extrapolation errors make up most of the mean floor at the shortest contexts and a large part of it up to
+#   $n = 100$ (the table in chapter 5a), and make it fall faster than $n^{-1/2}$ over $n \in [100, 1000]$; a bound on the visit counts in terms of the mixing time; and the true threshold $m^*$
 #   beyond the lower bounds certified in chapter 5a.
 
 # %%

@@ -348,13 +348,16 @@ assert (floors[keys] <= sweep["floor_bounds"][keys]).all()
 ratio = (floors[keys] / sweep["floor_bounds"][keys])
 slope, lo, hi = slope_interval(NS, floors, seed=11)
 key_slope, key_lo, key_hi = slope_interval(NS, sweep["key_floors"], seed=11)
+key_tail = slope_interval(NS[1:], sweep["key_floors"][:, 1:], seed=11)      # from n = 100 on
 assert hi < -0.3 and hi < -0.5, (lo, hi)
-assert key_lo < -0.5 < key_hi, (key_lo, key_hi)
-record_claim("floor-slope", "The floor on key states falls like $n^{-1/2}$ (its bootstrap interval contains $-1/2$); the mean floor falls faster over $n \\in [30, 3000]$, because contexts that miss a state extrapolate.", "measured", "convergence_experiments", "#experiment-2-the-floor-against-the-context-length")
+assert -0.6 < key_lo and key_hi < -0.4, (key_lo, key_hi)   # over [30, 3000]: within 0.1 of -1/2
+assert key_tail[1] < -0.5 < key_tail[2], key_tail          # from n = 100 on: consistent with -1/2
+record_claim("floor-slope", "The floor on key states falls close to $n^{-1/2}$: over $n \\in [30, 3000]$ its slope's bootstrap interval lies within 0.1 of $-1/2$ (on the book's tasks just above it), and from $n = 100$ on it contains $-1/2$; the mean floor falls faster, because contexts that miss a state extrapolate.", "partial", "convergence_experiments", "#experiment-2-the-floor-against-the-context-length")
 local = {f"{a} -> {b}": round(v, 3) for a, b, v in zip(NS, NS[1:], (floors.mean(0).log().diff() / torch.tensor(NS, dtype=torch.float64).log().diff()).tolist())}
 key_local = (sweep["key_floors"].mean(0).log().diff() / torch.tensor(NS, dtype=torch.float64).log().diff())
 plot_floor(sweep);
 print(f"slope {slope:.3f}, 95% interval [{lo:.3f}, {hi:.3f}]; on key states {key_slope:.3f}, [{key_lo:.3f}, {key_hi:.3f}]; "
+      f"on key states from n = 100: {key_tail[0]:.3f}, [{key_tail[1]:.3f}, {key_tail[2]:.3f}]; "
       f"floor / bound: min {ratio.min():.3f}, median {ratio.median():.3f}, max {ratio.max():.3f}")
 print("local slopes of the mean floor:", local)
 print("local slopes of the floor on key states:", [round(v, 3) for v in key_local.tolist()])
@@ -367,10 +370,18 @@ print("share of contexts with every state a key:", dict(zip(NS, keys.double().me
 # nearly zero (printed). A state that is never a key gets a value by kernel
 # extrapolation, an error of the order of $\|v_\pi\|_\infty$ rather than $n^{-1/2}$, and the probability of
 # missing a state decays exponentially in $n$; this extra term steepens the mean floor through the
-# middle of the range. The floor measured on key states only (green) has no such term, and its
-# interval contains $-1/2$ (asserted): the data are consistent with a slope of $-1/2$ there, which is all an
-# interval can say; the interval itself is printed above. The larger sweep at the end of the chapter extends the range to
-# $n = 30\,000$.
+# middle of the range. The floor measured on key states only (green) has no such term, and its slope
+# is close to $-1/2$, but over the whole range $[30, 3000]$ its interval (printed) lies just above $-1/2$:
+# on these tasks the floor on key states falls a little more slowly than $n^{-1/2}$ when the shortest
+# contexts are included. Its local slopes (printed) are too noisy at 200 tasks to say which step is the
+# shallow one. One candidate cause, not tested here: this floor is a maximum over the key states only, and
+# the shortest contexts have fewer of them, so their maximum runs over fewer states. From $n = 100$ on,
+# the interval contains $-1/2$ (printed): the data are consistent with a slope of $-1/2$ there, which is all
+# an interval can say. So the checks above are: over the whole range, an interval within $0.1$ of $-1/2$
+# (a weaker check than an interval containing $-1/2$, which fails over the whole range); from $n = 100$
+# on, an interval containing $-1/2$. The larger
+# sweep at the end of the chapter, with 1000 tasks, extends the range to $n = 30\,000$ and makes the
+# same check from $n = 100$ on with a narrower interval.
 
 # %% [markdown]
 # ## Proposition 7 on the contexts of Experiment 1
@@ -403,7 +414,7 @@ Markdown("| $n$ | share missing a state | item 1 bound | share of covering conte
 # union bound, the worst state, Hoeffding's range and Proposition 3's $1/(1 - \gamma)$ each cost a factor. Item 1 is far
 # from the measured share at short contexts (it is a worst-start bound built on Markov's inequality) and becomes useful
 # only once $n$ is many times the hitting times. The last column says where the mean floor comes from: at the shortest
-# contexts mostly, and up to $n = 100$ largely, from contexts that miss a state, whose floor is set by extrapolation to
+# contexts mostly, and up to $n = 100$ for a large part, from contexts that miss a state, whose floor is set by extrapolation to
 # the unseen states rather than by the $n^{-1/2}$ noise of the seen ones; by $n = 300$ that share is small.
 
 # %% [markdown]

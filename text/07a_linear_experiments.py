@@ -483,6 +483,7 @@ n_ctx = 200
 curves = side_by_side(n=n_ctx)
 plot_side_by_side(curves, n_ctx);
 
+
 # %% [markdown]
 # What the figure shows, and the tests below pin down: with one-hot features, softmax attention
 # reaches its floor within a few dozen layers while linear attention, at the same step size, is
@@ -490,6 +491,25 @@ plot_side_by_side(curves, n_ctx);
 # Given enough depth they meet: both fixed points are the certainty-equivalence value. With four
 # random features, linear attention stalls at the error of its projected fixed point. How much of
 # the first gap is the shared step size is the question of the next section.
+#
+# The three curves run **on the same chains**: a chain's transitions $P$ and rewards $r$ do not
+# depend on its kind of features (a one-hot chain reads the uniforms of the random features and
+# discards them, see [one seed, one chain under every feature kind](boyan.html#one-seed-one-chain-under-every-feature-kind)),
+# and the context of chain $b$ is sampled with seed $b$ for every kind,
+# so the one-hot and the random-feature runs see the same states and rewards and differ only in
+# $\phi$. The cell below checks it on every chain of the experiment, and on the batched chains that
+# the next section tunes and tests on.
+
+# %%
+def same_chain(a, b, S_a, S_b):
+    "Whether two chains and their contexts agree in everything but the features."
+    return all(torch.equal(getattr(a, k), getattr(b, k)) for k in ("P", "r", "d_pi", "v_pi")) and a.gamma == b.gamma and all(torch.equal(x, y) for x, y in zip(S_a, S_b))
+for b in range(100):
+    one, rnd = random_boyan_chain(features="onehot", seed=b), random_boyan_chain(features="random", seed=b)
+    assert same_chain(one, rnd, sample_trajectory(one, n_ctx, seed=b), sample_trajectory(rnd, n_ctx, seed=b)), b
+batch_one, batch_rnd = random_tasks(100, seed=0, features="onehot"), random_tasks(100, seed=0, features="random")
+assert same_chain(batch_one, batch_rnd, [sample_trajectories(batch_one.P, 100, batch_one.d_pi, seed=0)], [sample_trajectories(batch_rnd.P, 100, batch_rnd.d_pi, seed=0)])
+batch_one.phi.shape, batch_rnd.phi.shape
 
 # %%
 onehot_lin, onehot_soft, rand_lin = (c.median(0).values for c in curves.values())
@@ -569,7 +589,7 @@ assert (variant.predict(two_queries, n=25)[0] - variant.predict(one_query_each[0
 TUNING_GRIDS = {
     "linear attention": dict(alpha=(0.25, 0.5, 1., 2., 4., 8., 16., 32., 64.)),
     "softmax attention": dict(alpha=(0.25, 0.5, 1., 1.5, 2.), beta=(0.5, 1., 2., 4., 8., 16., 32., 64.)),
-    "query-normalised softmax (ablation)": dict(alpha=(-64., -16., -4., -1., 1., 4.), beta=(-16., -4., -1., -0.25, 0.25, 1., 4., 16.)),
+    "query-normalised softmax (ablation)": dict(alpha=(-256., -128., -64., -32., -16., -4., -1., 1., 4.), beta=(-16., -4., -1., -0.25, 0.25, 1., 4., 16.)),
 }
 
 
@@ -646,7 +666,7 @@ def plot_tuned_side_by_side(results:dict,  # features label -> output of `tuned_
 
 
 # %%
-#| fig-cap: "Figure 7a.4: With each method's parameters tuned, softmax attention stays ahead of linear attention at depth 40 on one-hot features and by an order of magnitude on the same 4 random features; the query-normalised ablation is far worse than both."
+#| fig-cap: "Figure 7a.4: With each method's parameters tuned, softmax attention stays ahead of linear attention at depth 40, by a modest factor on one-hot features and by an order of magnitude on the same 4 random features; the query-normalised ablation is far behind softmax."
 #| fig-alt: "Two panels, one-hot features and 4 random features: MSVE against depth from 0 to 40 on a log scale, median and quartile bands over 100 test chains, for tuned linear attention, tuned softmax attention and the tuned query-normalised ablation (dotted), with the zero predictor as a dashed black line."
 fair = {"one-hot": tuned_side_by_side("onehot"), "4 random": tuned_side_by_side("random")}
 plot_tuned_side_by_side(fair, n=100);
@@ -662,16 +682,23 @@ Markdown("| features | method | tuned parameters | tuning MSVE at $L = 40$ (medi
 # hold it to that:
 #
 # * on **one-hot** features the tuned linear construction takes a step size well above 1 and closes
-#   much of the gap, but softmax is still ahead at $L = 40$: lower median error and lower error on
-#   most of the 100 test chains. Both converge to the same fixed point, so this is a statement
-#   about speed in depth, which the normalisation (a per-state step size) buys;
+#   most of the gap, but softmax is still ahead at $L = 40$ on most of the 100 test chains (a sign
+#   test, printed below), by a modest factor: the median of the per-chain ratio of errors, linear over
+#   softmax, and its 95% bootstrap interval are printed below: the interval lies above 1 and below 3
+#   (both asserted), against an order of magnitude on random features. Both converge to the same fixed point, so this is a statement about speed in
+#   depth, which the normalisation (a per-state step size) buys;
 # * on the **same 4 random features**, linear attention is limited to the span of the features and
 #   stays an order of magnitude above tuned softmax on almost every chain;
-# * the predecessor's **query-normalised** variant, tuned over signed grids, is far worse than both
-#   (on one-hot features no better than predicting zero): normalising over the targets does not give
-#   a TD update. Its signed grids were widened until its tuned values sit inside them (asserted
-#   below, as for the other two methods); the ablation shows the direction of normalisation
-#   matters, not the best such model.
+# * the predecessor's **query-normalised** variant, tuned over signed grids, is far worse than softmax
+#   on (nearly) every chain, on both kinds of features (asserted). Against linear attention it is
+#   worse on nearly every chain on one-hot features, while on the 4 random features neither is
+#   better on more than a small majority of chains (counts printed below, both asserted): there both sit
+#   near the zero predictor. Normalising over the targets does not give a TD update. Its step-size grid was widened (to $\alpha = -256$) until its tuned values sit inside the
+#   grids (asserted below, as for the other two methods); the ablation shows the direction of
+#   normalisation matters, not the best such model.
+#
+# The one-hot and random-feature panels run on the same chains and contexts (same seeds, checked in
+# the side-by-side above), so the zero predictor's error is the same in both.
 
 # %%
 def interior(value, grid): return min(grid) < value < max(grid)
@@ -681,12 +708,29 @@ for res in fair.values():
 final = {feat: {m: r["curves"][:, -1] for m, r in res.items()} for feat, res in fair.items()}
 lin1, soft1, abl1 = final["one-hot"].values()
 lin4, soft4, abl4 = final["4 random"].values()
+def paired(better, worse, n_boot=2000, seed=0):
+    "Chains where `better` is lower, the one-sided sign-test p-value, median(worse) / median(better), and the median per-chain ratio worse / better with a 95% bootstrap interval over chains."
+    wins, k = int((better < worse).sum()), len(better)
+    p = sum(math.comb(k, j) for j in range(wins, k + 1)) / 2 ** k
+    ratio = worse / better
+    idx = torch.randint(0, k, (n_boot, k), generator=torch.Generator().manual_seed(seed))
+    boot = ratio[idx].median(1).values.quantile(torch.tensor([0.025, 0.975], dtype=better.dtype))
+    return wins, p, (worse.median() / better.median()).item(), ratio.median().item(), boot[0].item(), boot[1].item()
 assert fair["one-hot"]["linear attention"]["params"]["alpha"] > 1
-assert soft1.median() < lin1.median() / 2 and (soft1 < lin1).sum() >= 60, ((soft1 < lin1).sum(), soft1.median(), lin1.median())
-assert soft4.median() < lin4.median() / 10 and (soft4 < lin4).sum() >= 90, ((soft4 < lin4).sum(), soft4.median(), lin4.median())
-assert (soft1 < abl1).sum() >= 95 and (soft4 < abl4).sum() >= 95
-record_claim("tuned-side-by-side", "With each construction's parameters tuned, softmax stays ahead of linear in-context TD at depth 40 on one-hot features and by 10x on 4 random features; the query-normalised variant is worse than both.", "measured", "linear_experiments", "#a-fair-side-by-side")
-{feat: f"softmax below linear on {int((f['softmax attention'] < f['linear attention']).sum())} of 100 chains" for feat, f in final.items()}
+stats1, stats4 = paired(soft1, lin1), paired(soft4, lin4)
+assert stats1[0] >= 60 and stats1[1] < 0.01 and stats1[4] > 1 and stats1[5] < 3, stats1   # one-hot: softmax ahead on most chains, by a per-chain factor in (1, 3)
+assert stats4[0] >= 90 and stats4[2] > 10 and stats4[4] > 5, stats4     # random features: an order of magnitude
+assert (soft1 < abl1).sum() >= 95 and (soft4 < abl4).sum() >= 95, ((soft1 < abl1).sum(), (soft4 < abl4).sum())
+record_claim("tuned-side-by-side", "With each construction's parameters tuned, softmax stays ahead of linear in-context TD at depth 40: on one-hot features by a modest factor (ahead on most chains, the median per-chain error ratio above 1 with 95% confidence) and by 10x on 4 random features; the query-normalised variant is worse than softmax on nearly every chain.", "measured", "linear_experiments", "#a-fair-side-by-side")
+for feat, (wins, p, of_medians, ratio, lo, hi) in zip(final, (stats1, stats4)):
+    print(f"{feat}: softmax below linear on {wins} of 100 chains (sign test p {f'= {p:.1e}' if p > 1e-10 else '< 1e-10'}); median MSVE linear / median MSVE softmax = {of_medians:.2f}; "
+          f"per-chain MSVE ratio linear / softmax: median {ratio:.2f}, 95% interval [{lo:.2f}, {hi:.2f}]")
+for feat, f in fair.items():
+    lin, abl, zero = f["linear attention"]["curves"][:, -1], f["query-normalised softmax (ablation)"]["curves"][:, -1], f["linear attention"]["curves"][:, 0]
+    print(f"{feat}: ablation worse than linear on {int((abl > lin).sum())} of 100 chains, below the zero predictor on {int((abl < zero).sum())}; "
+          f"zero predictor median MSVE {zero.median():.3f}")
+assert torch.equal(fair["one-hot"]["linear attention"]["curves"][:, 0], fair["4 random"]["linear attention"]["curves"][:, 0])   # same chains, same v_pi
+assert (abl1 > lin1).sum() >= 90 and 30 <= (abl4 > lin4).sum() <= 70, ((abl1 > lin1).sum(), (abl4 > lin4).sum())
 
 # %% [markdown]
 # ## Pretrained linear against pretrained softmax, head to head

@@ -236,7 +236,7 @@ def query_softmax_td(phi_states,        # (..., n+1, d) features of S_0..S_n
 TUNING_GRIDS = {
     "linear attention": dict(alpha=(0.25, 0.5, 1., 2., 4., 8., 16., 32., 64.)),
     "softmax attention": dict(alpha=(0.25, 0.5, 1., 1.5, 2.), beta=(0.5, 1., 2., 4., 8., 16., 32., 64.)),
-    "query-normalised softmax (ablation)": dict(alpha=(-64., -16., -4., -1., 1., 4.), beta=(-16., -4., -1., -0.25, 0.25, 1., 4., 16.)),
+    "query-normalised softmax (ablation)": dict(alpha=(-256., -128., -64., -32., -16., -4., -1., 1., 4.), beta=(-16., -4., -1., -0.25, 0.25, 1., 4., 16.)),
 }
 
 # %% ../../nbs/07a_linear_experiments.ipynb #1c2bce96
