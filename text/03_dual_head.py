@@ -630,8 +630,8 @@ gaps = [theorem1_gap(seed) for seed in range(12)]
 for gap, _ in gaps: assert gap < 1e-12, gap
 print(f"largest relative gap below 1e-12; "
       f"tasks whose values exceed 100: {sum(v > 100 for _, v in gaps)} of {len(gaps)}, largest |v| {max(v for _, v in gaps):.1e}")
-record_claim("theorem-3.1", "Under $\\theta^*$ every dual-head softmax layer is one iteration of weighted softmax TD with the bilinear score and $\\rho = 1$, at every column, for every $W$, $\\alpha$, $\\gamma$ and context (Theorem 3.1).",
-             "proved", "dual_head", "#checking-theorem-3.1");
+_ = record_claim("theorem-3.1", "Under $\\theta^*$ every dual-head softmax layer is one iteration of weighted softmax TD with the bilinear score and $\\rho = 1$, at every column, for every $W$, $\\alpha$, $\\gamma$ and context (Theorem 3.1).",
+             "proved", "dual_head", "#checking-theorem-3.1")
 
 # %% [markdown]
 # The largest relative gap over 12 random tasks, 4 contexts each, and 50 layers is below
@@ -820,8 +820,8 @@ for l in range(1, 11):
     Zc_ = centred_layer(Zc_, *params_c, 30)
     test_close(Zc_[5], td_c[l], eps=1e-13)
 test_ne(td_c[-1], weighted_softmax_td(mrp_c.phi[st_c], rw_c, W_c, 0.5, mrp_c.gamma, 10, phi_queries=mrp_c.phi))
-record_claim("centred-layer", "A third, uniform head with negated values makes the layer run centred weighted softmax TD exactly (Proposition 1.4's centring).",
-             "proved", "dual_head", "#one-more-head-the-centred-layer");
+_ = record_claim("centred-layer", "A third, uniform head with negated values makes the layer run centred weighted softmax TD exactly (Proposition 1.4's centring).",
+             "proved", "dual_head", "#one-more-head-the-centred-layer")
 
 
 # %% [markdown]
@@ -864,11 +864,11 @@ layers_cm = [1, 5, 10, 20, 40, 80]
 msve_cm = {name: torch.tensor([[float(msve(m, v[k, L])) for k, m in enumerate(mrps_c)] for L in layers_cm])
            for name, v in (("full", full_cm), ("causal", causal_cm))}
 assert (msve_cm["causal"][-1] > 10 * msve_cm["full"][-1]).sum() >= 3
+_ = record_claim("causal-mask-changes", "A causal mask leaves layer 1 unchanged and changes every later layer; with $\\theta^*$ the causal iteration's error grows again with depth on the tested near-tabular tasks.",
+             "measured", "dual_head", "#what-a-causal-mask-changes")
 Markdown("| layer | " + " | ".join(map(str, layers_cm)) + " |\n|---|" + "---|" * len(layers_cm) + "\n" +
          "\n".join(f"| MSVE, {name} attention (mean [min, max] over 5 tasks) | " +
                     " | ".join(f"{r.mean():.3f} [{r.min():.3f}, {r.max():.3f}]" for r in msve_cm[name]) + " |" for name in msve_cm))
-record_claim("causal-mask-changes", "A causal mask leaves layer 1 unchanged and changes every later layer; with $\\theta^*$ the causal iteration's error grows again with depth on the tested near-tabular tasks.",
-             "measured", "dual_head", "#what-a-causal-mask-changes");
 
 # %% [markdown]
 # So a causal mask leaves the first layer alone and changes every later one: the construction of
@@ -1029,8 +1029,8 @@ for msg, args in {"`W` must have shape (4, 4)": (4, torch.eye(3), 0.1, 0.9),
                   "`alpha` must be a finite number": (4, torch.eye(4), float("inf"), 0.9),
                   "`d` must be a positive integer": (0, torch.eye(4), 0.1, 0.9)}.items():
     test_fail(lambda: theta_star(*args), contains=msg)
-record_claim("sign-pattern", "The value weights $(+\\alpha, +\\gamma\\alpha, -\\alpha)$ on (reward, successor value, current value) are necessary: flipping any one sign breaks the agreement with weighted softmax TD.",
-             "measured", "dual_head", "#the-constructed-parameters-theta");
+_ = record_claim("sign-pattern", "The value weights $(+\\alpha, +\\gamma\\alpha, -\\alpha)$ on (reward, successor value, current value) are necessary: flipping any one sign breaks the agreement with weighted softmax TD.",
+             "measured", "dual_head", "#the-constructed-parameters-theta")
 
 # %% [markdown]
 # Why $n$ is never guessed. A default of $n = m - 2$ (with $m$ the number of columns) would be right only for one query column. On
