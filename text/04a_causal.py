@@ -762,8 +762,8 @@ print("measured minus predicted slope: " + ", ".join(f"lambda = {lam:g}: {g:+.2f
 #
 # A fair comparison tunes each construction on the same tuning tasks (disjoint from the evaluation
 # tasks), for each kind of features and each context length, at depth 80: the non-causal TD over
-# $\alpha \in \{0.5, 1\}$ and $\beta$ from $0.25$ to $64$ ($W = \beta I$); the decoder (self-anchored, forward,
-# $\alpha = 1$, which Proposition 4a.3 makes the fastest) over $\beta$ from $0$ to $64$ and
+# $\alpha \in \{0.5, 1\}$ and $\beta$ from $0.25$ to $256$ ($W = \beta I$); the decoder (self-anchored, forward,
+# $\alpha = 1$, which Proposition 4a.3 makes the fastest) over $\beta$ from $0$ to $256$ and
 # $\lambda$ from 2 to 25 (the grids are in the cell). Then both run on 20 evaluation tasks per
 # feature type at $n = 30, 100, 400$. The step size stops at $\alpha = 1$, the range of
 # Propositions 1.7 and 4a.3; $\beta = 0$ is uniform attention, the end of the kernel's range, and
