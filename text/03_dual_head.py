@@ -21,7 +21,7 @@ import math
 import matplotlib.pyplot as plt
 import numpy as np
 from ictd.boyan import random_boyan_chain, sample_trajectory, msve
-from ictd.wstd import weighted_softmax_td
+from ictd.wstd import weighted_softmax_td, certainty_equivalence
 from ictd.prompt import build_prompt
 from fractions import Fraction
 from IPython.display import Markdown
@@ -630,8 +630,8 @@ gaps = [theorem1_gap(seed) for seed in range(12)]
 for gap, _ in gaps: assert gap < 1e-12, gap
 print(f"largest relative gap below 1e-12; "
       f"tasks whose values exceed 100: {sum(v > 100 for _, v in gaps)} of {len(gaps)}, largest |v| {max(v for _, v in gaps):.1e}")
-record_claim("theorem-3.1", "Under $\\theta^*$ every dual-head softmax layer is one iteration of weighted softmax TD with the bilinear score and $\\rho = 1$, at every column, for every $W$, $\\alpha$, $\\gamma$ and context (Theorem 3.1).",
-             "proved", "dual_head", "#checking-theorem-3.1");
+_ = record_claim("theorem-3.1", "Under $\\theta^*$ every dual-head softmax layer is one iteration of weighted softmax TD with the bilinear score and $\\rho = 1$, at every column, for every $W$, $\\alpha$, $\\gamma$ and context (Theorem 3.1).",
+             "proved", "dual_head", "#checking-theorem-3.1")
 
 # %% [markdown]
 # The largest relative gap over 12 random tasks, 4 contexts each, and 50 layers is below
@@ -719,13 +719,26 @@ test_close((S6[:16] * same).sum(0), c * math.e ** 3 / (c * math.e ** 3 + 16 - c)
 # (asserted and printed below: rounding error, whose exact digits we do not print). The figure shows
 # what the iteration achieves: the MSVE of the values at the query columns
 # against the true $v_\pi$ falls geometrically with depth, then settles at a floor. The context is
-# finite, so the iteration's fixed point is (close to) the value of the *empirical* chain of the
-# context, not $v_\pi$ ([chapter 5](convergence.html)); on its way there the iterate can pass closer to $v_\pi$ than
-# its limit, which is the dip in some curves.
+# finite, so the iteration's fixed point is the value $\hat v$ of the *empirical* chain of the
+# context (the certainty-equivalence value), not $v_\pi$: with one-hot features this is
+# Proposition 1.6 of [chapter 1](weighted_softmax_td.html), whose hypothesis (the last state of the
+# context appears earlier) is checked below; see also [chapter 5](convergence.html). The floor is
+# therefore the MSVE of $\hat v$, the context's sampling error. How fast the values get there is
+# Proposition 1.7: $\max_x |v_l(x) - \hat v(x)| \le \kappa^l \max_x |\hat v(x)|$ with
+# $\kappa = 1 - \alpha(2\mu - 1 - \gamma)$, $\mu$ the smallest self-attention mass of a state. The
+# cell checks that bound at every layer, fits the per-layer rate of the distance to $\hat v$ over
+# layers 10 to 40, and checks that by layer 80 all but 1% of the initial excess over the floor is gone.
 
 # %%
-def depth_curves(seeds, n:int=400, n_layers:int=80, beta:float=8., alpha:float=1.)->tuple:
-    "Per layer: max |Transformer - weighted softmax TD| and MSVE against v_pi, one near-tabular task per seed."
+def tabular_rate_bound(states, n_states:int, beta:float, alpha:float, gamma:float)->float:
+    "Proposition 1.7's rate kappa = 1 - alpha (2 mu - 1 - gamma) for a one-hot context with scores beta 1[x = y]."
+    N, n = torch.bincount(states[:-1], minlength=n_states).double(), len(states) - 1
+    mu = (N * math.exp(beta) / (N * math.exp(beta) + n - N)).min().item()
+    if not (states[:-1] == states[-1]).any() or mu <= (1 + gamma) / 2: raise ValueError("the hypotheses of Propositions 1.5 and 1.7 fail for this context")
+    return 1 - alpha * (2 * mu - 1 - gamma)
+
+def depth_curves(seeds, n:int=400, n_layers:int=80, beta:float=8., alpha:float=1.)->dict:
+    "Per layer and near-tabular task (one per seed): |Transformer - weighted softmax TD|, MSVEs, distance to the certainty-equivalence value."
     mrps = [random_boyan_chain(features="onehot", seed=seed) for seed in seeds]
     trajs = [sample_trajectory(m, n, seed=seed) for m, seed in zip(mrps, seeds)]
     phi = torch.stack([m.phi[st] for m, (st, _) in zip(mrps, trajs)])
@@ -737,19 +750,31 @@ def depth_curves(seeds, n:int=400, n_layers:int=80, beta:float=8., alpha:float=1
     td = weighted_softmax_td(phi, rewards, W, alpha, gamma, n_layers, phi_queries=phi_q,
                              return_all=True)
     err = lambda v: torch.stack([msve(m, v[k, :, n + 1:]) for k, m in enumerate(mrps)])
-    return (tf - td).abs().amax(-1), err(tf), err(td)
+    ce = torch.stack([certainty_equivalence(st, r, s, gamma) for st, r in trajs])
+    return dict(gap=(tf - td).abs().amax(-1), err_tf=err(tf), err_td=err(td),
+                dist=(tf[..., n + 1:] - ce[:, None]).abs().amax(-1),
+                floor=torch.tensor([float(msve(m, v)) for m, v in zip(mrps, ce)], dtype=torch.float64),
+                kappa=torch.tensor([tabular_rate_bound(st, s, beta, alpha, gamma) for st, _ in trajs], dtype=torch.float64))
 
-gap, err_tf, err_td = depth_curves(range(5))
+dc = depth_curves(range(5))
+gap, err_tf, err_td = dc["gap"], dc["err_tf"], dc["err_td"]
 assert gap.max() < 1e-12, gap.max()
-assert (err_tf[:, 40] < 1e-2 * err_tf[:, 0]).all()
-print("largest gap between the Transformer and weighted softmax TD over 5 tasks, 80 layers and all columns: below 1e-12")
+layers = torch.arange(gap.shape[1], dtype=torch.float64)
+assert (dc["dist"] <= dc["kappa"][:, None] ** layers * dc["dist"][:, :1] + 1e-12).all()     # Proposition 1.7's bound, every layer
+rate = torch.tensor([np.exp(np.polyfit(np.arange(10, 41), np.log(d[10:41].numpy()), 1)[0]) for d in dc["dist"]])
+assert (rate < dc["kappa"]).all(), (rate, dc["kappa"])
+excess = (err_tf[:, -1] - dc["floor"]) / (err_tf[:, 0] - dc["floor"])
+assert (excess.abs() < 1e-2).all(), excess
+print("largest gap between the Transformer and weighted softmax TD over 5 tasks, 80 layers and all columns: below 1e-12; "
+      f"largest |v_hat| (the distance the values travel from layer 0): {dc['dist'][:, 0].max():.2f}")
+Markdown("| task | bound kappa | fitted rate, layers 10-40 | MSVE at layer 0 | at layer 80 | floor: MSVE of the certainty-equivalence value |\n|---|---|---|---|---|---|\n" +
+         "\n".join(f"| {k} | {dc['kappa'][k]:.3f} | {rate[k]:.3f} | {err_tf[k, 0]:.3g} | {err_tf[k, -1]:.4f} | {dc['floor'][k]:.4f} |" for k in range(len(rate))))
 
 # %%
 #| fig-cap: "Figure 3.3: Depth is iteration: the value error of the constructed Transformer falls geometrically with the number of layers, on the same curve as weighted softmax TD, then settles at the statistical floor of the context."
-#| fig-alt: "Log-scale value error against layer 0 to 80 for five tasks: colored lines for the Transformer and black dots for weighted softmax TD lie on top of each other, fall by orders of magnitude over the first 20 to 40 layers, then flatten."
+#| fig-alt: "Log-scale value error against layer 0 to 80 for five tasks: colored lines for the Transformer and black dots for weighted softmax TD lie on top of each other, fall by one to three orders of magnitude over the first 20 to 50 layers, then flatten at a different floor per task."
 #| code-fold: true
 fig, ax1 = plt.subplots(figsize=(8, 4.5))
-layers = np.arange(gap.shape[1])
 for k in range(len(gap)):
     ax1.semilogy(layers, err_tf[k], lw=1.8, color=f"C{k}", label=f"task {k}: Transformer")
     ax1.semilogy(layers, err_td[k], lw=0, marker=".", ms=3, color="k",
@@ -762,8 +787,10 @@ plt.tight_layout()
 
 # %% [markdown]
 # The gap stays at the level of rounding error through all 80 layers while the values themselves
-# change by several units, and the value error of the Transformer (lines) and of the TD iteration
-# (dots) are the same curve. Whether and how fast the iteration converges is a property of the kernel, not of the
+# travel from 0 to $\hat v$ (largest $|\hat v|$ printed above), and the value error of the Transformer
+# (lines) and of the TD iteration (dots) are the same curve. The fitted rates (table) are below
+# Proposition 1.7's bound $\kappa$, as asserted; at the tabular limit with $\alpha = 1$ the iteration
+# is value iteration on the empirical chain, whose rate is at most $\gamma = 0.9$. Whether and how fast the iteration converges is a property of the kernel, not of the
 # Transformer, and is the subject of [chapter 5](convergence.html). [The next chapter](tsm.html)
 # shows that the two heads are one ordinary head in disguise.
 
@@ -793,8 +820,8 @@ for l in range(1, 11):
     Zc_ = centred_layer(Zc_, *params_c, 30)
     test_close(Zc_[5], td_c[l], eps=1e-13)
 test_ne(td_c[-1], weighted_softmax_td(mrp_c.phi[st_c], rw_c, W_c, 0.5, mrp_c.gamma, 10, phi_queries=mrp_c.phi))
-record_claim("centred-layer", "A third, uniform head with negated values makes the layer run centred weighted softmax TD exactly (Proposition 1.4's centring).",
-             "proved", "dual_head", "#one-more-head-the-centred-layer");
+_ = record_claim("centred-layer", "A third, uniform head with negated values makes the layer run centred weighted softmax TD exactly (Proposition 1.4's centring).",
+             "proved", "dual_head", "#one-more-head-the-centred-layer")
 
 
 # %% [markdown]
@@ -837,11 +864,11 @@ layers_cm = [1, 5, 10, 20, 40, 80]
 msve_cm = {name: torch.tensor([[float(msve(m, v[k, L])) for k, m in enumerate(mrps_c)] for L in layers_cm])
            for name, v in (("full", full_cm), ("causal", causal_cm))}
 assert (msve_cm["causal"][-1] > 10 * msve_cm["full"][-1]).sum() >= 3
+_ = record_claim("causal-mask-changes", "A causal mask leaves layer 1 unchanged and changes every later layer; with $\\theta^*$ the causal iteration's error grows again with depth on the tested near-tabular tasks.",
+             "measured", "dual_head", "#what-a-causal-mask-changes")
 Markdown("| layer | " + " | ".join(map(str, layers_cm)) + " |\n|---|" + "---|" * len(layers_cm) + "\n" +
          "\n".join(f"| MSVE, {name} attention (mean [min, max] over 5 tasks) | " +
                     " | ".join(f"{r.mean():.3f} [{r.min():.3f}, {r.max():.3f}]" for r in msve_cm[name]) + " |" for name in msve_cm))
-record_claim("causal-mask-changes", "A causal mask leaves layer 1 unchanged and changes every later layer; with $\\theta^*$ the causal iteration's error grows again with depth on the tested near-tabular tasks.",
-             "measured", "dual_head", "#what-a-causal-mask-changes");
 
 # %% [markdown]
 # So a causal mask leaves the first layer alone and changes every later one: the construction of
@@ -1002,8 +1029,8 @@ for msg, args in {"`W` must have shape (4, 4)": (4, torch.eye(3), 0.1, 0.9),
                   "`alpha` must be a finite number": (4, torch.eye(4), float("inf"), 0.9),
                   "`d` must be a positive integer": (0, torch.eye(4), 0.1, 0.9)}.items():
     test_fail(lambda: theta_star(*args), contains=msg)
-record_claim("sign-pattern", "The value weights $(+\\alpha, +\\gamma\\alpha, -\\alpha)$ on (reward, successor value, current value) are necessary: flipping any one sign breaks the agreement with weighted softmax TD.",
-             "measured", "dual_head", "#the-constructed-parameters-theta");
+_ = record_claim("sign-pattern", "The value weights $(+\\alpha, +\\gamma\\alpha, -\\alpha)$ on (reward, successor value, current value) are necessary: flipping any one sign breaks the agreement with weighted softmax TD.",
+             "measured", "dual_head", "#the-constructed-parameters-theta")
 
 # %% [markdown]
 # Why $n$ is never guessed. A default of $n = m - 2$ (with $m$ the number of columns) would be right only for one query column. On

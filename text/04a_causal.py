@@ -533,9 +533,9 @@ for seed in range(40):
                                     current, order, inst["recency"], return_all=True)[1:]
             worst = max(worst, ((model_values(inst, current, order, 6) - ref).abs() / ref.abs().clamp(min=1)).max().item())
 assert worst < 1e-12
-print(f"largest difference to the reference (relative where |v| > 1) over 40 instances x 4 variants x 6 layers: {worst:.1e}")
-record_claim("theorem-4a.1", "A causal softmax Transformer with the constructed parameters runs prefix weighted softmax TD exactly, column by column, in forward or reversed order (Theorem 4a.1).",
-             "proved", "causal", "#the-causal-layer");
+print("largest difference to the reference (relative where |v| > 1) over 40 instances x 4 variants x 6 layers: below 1e-12")
+_ = record_claim("theorem-4a.1", "A causal softmax Transformer with the constructed parameters runs prefix weighted softmax TD exactly, column by column, in forward or reversed order (Theorem 4a.1).",
+             "proved", "causal", "#the-causal-layer")
 
 # %% [markdown]
 # Causality is a property of the module, whatever its parameters: an output column never depends
@@ -584,8 +584,8 @@ test_close(v_div[..., 1], R_r[:, :1] * ((1 + 0.7 * 0.9) ** t_ - 1) / 0.9, eps=1e
 rate = (v_div[:, -1].abs().amax(-1) / v_div[:, -2].abs().amax(-1))
 test_close(rate, torch.full_like(rate, 1 + 0.7 * 0.9), eps=2e-3)
 print(f"growth per layer of the largest value: {rate.min():.6f} .. {rate.max():.6f}; 1 + alpha gamma = {1 + 0.7 * 0.9}")
-record_claim("masked-theta-diverges", "Under a causal mask in forward order with the current value read from the previous token, the iteration diverges for every score, feature map and step size (Proposition 4a.2).",
-             "proved", "causal", "#why-theta-under-a-causal-mask-diverges");
+_ = record_claim("masked-theta-diverges", "Under a causal mask in forward order with the current value read from the previous token, the iteration diverges for every score, feature map and step size (Proposition 4a.2).",
+             "proved", "causal", "#why-theta-under-a-causal-mask-diverges")
 
 # %% [markdown]
 # Two ways out come to mind. **Reversed order** puts the future before each state: the token of
@@ -655,8 +655,8 @@ for feats in ("onehot", "unit", "random"):
     ratio = (err[:, 1:101] / err[:, :100]).max().item()
     assert ratio <= (1 - 0.8 * 0.1) * (1 + 1e-9)
     print(f"{feats:6s}: largest error ratio per layer {ratio:.6f}, bound 1 - alpha (1 - gamma) = {1 - 0.8 * 0.1:.2f}")
-record_claim("self-anchored-contracts", "Reading the current value at the target itself makes the causal iteration a contraction with rate at most $1 - \\alpha(1 - \\gamma)$ for every kernel and order (Proposition 4a.3).",
-             "proved", "causal", "#why-theta-under-a-causal-mask-diverges");
+_ = record_claim("self-anchored-contracts", "Reading the current value at the target itself makes the causal iteration a contraction with rate at most $1 - \\alpha(1 - \\gamma)$ for every kernel and order (Proposition 4a.3).",
+             "proved", "causal", "#why-theta-under-a-causal-mask-diverges")
 
 # %% [markdown]
 # ## What causality costs: the error at the fixed point
@@ -743,33 +743,60 @@ predicted = {f"decoder, lambda = {lam:g}": f"{-2 * (lam + 1) * (1 - 0.9):.2f}" f
 Markdown("| construction | " + " | ".join(f"n = {n}" for n in NS) + " | slope of log MSVE on log n (n >= 100) | mean-field prediction |\n|---|" + "---|" * (len(NS) + 2) + "\n" +
          "\n".join(f"| {k} | " + " | ".join(f"{x:.3g}" for x in v) + f" | {slopes[k]:.2f} | {predicted.get(k, '—')} |" for k, v in floors.items()))
 
+# %%
+gap_slope = {lam: slopes[f"decoder, lambda = {lam:g}"] + 2 * (lam + 1) * (1 - 0.9) for lam in LAMS}   # measured - predicted
+assert all(abs(gap_slope[lam]) < 0.15 for lam in LAMS[:-1]) and gap_slope[LAMS[-1]] > 0.15
+assert -2 * (LAMS[-1] + 1) * (1 - 0.9) < slopes[f"decoder, lambda = {LAMS[-1]:g}"] < -1
+top = floors[f"decoder, lambda = {LAMS[-1]:g}"][-1] / floors["non-causal TD"][-1]
+print("measured minus predicted slope: " + ", ".join(f"lambda = {lam:g}: {g:+.2f}" for lam, g in gap_slope.items()) +
+      f"; at n = {NS[-1]} the lambda = {LAMS[-1]:g} fixed point's MSVE is {top:.1f} times the non-causal one's")
+
 # %% [markdown]
 # The measured slopes follow the mean-field prediction $-2(\lambda + 1)(1 - \gamma)$ for the squared
-# bias (last column) for the smaller $\lambda$; for the largest the variance takes over and the
-# slope falls short of the prediction, though the decay is still faster than $n^{-1}$, and at the
-# longest context the decoder's fixed point is within a small factor of the non-causal one.
+# bias (last column) to within 0.15 for the smaller $\lambda$ (asserted, differences printed above);
+# for the largest the variance takes over and the slope falls short of the prediction, though the
+# decay is still faster than $n^{-1}$ (asserted), and at the longest context the decoder's fixed
+# point is within the printed factor of the non-causal one.
 #
 # ## The decoder against the non-causal construction, tuned
 #
 # A fair comparison tunes each construction on the same tuning tasks (disjoint from the evaluation
 # tasks), for each kind of features and each context length, at depth 80: the non-causal TD over
-# $\alpha \in \{0.5, 1\}$ and $\beta \in \{1, 3, 8\}$ ($W = \beta I$); the decoder (self-anchored, forward,
-# $\alpha = 1$, which Proposition 4a.3 makes the fastest) over $\beta \in \{1, 3, 8\}$ and
-# $\lambda \in \{4, 9, 16\}$. Then both run on 20 evaluation tasks per feature type at $n = 30, 100, 400$.
+# $\alpha \in \{0.5, 1\}$ and $\beta$ from $0.25$ to $256$ ($W = \beta I$); the decoder (self-anchored, forward,
+# $\alpha = 1$, which Proposition 4a.3 makes the fastest) over $\beta$ from $0$ to $256$ and
+# $\lambda$ from 2 to 25 (the grids are in the cell). Then both run on 20 evaluation tasks per
+# feature type at $n = 30, 100, 400$. The step size stops at $\alpha = 1$, the range of
+# Propositions 1.7 and 4a.3; $\beta = 0$ is uniform attention, the end of the kernel's range, and
+# from $\beta \approx 64$ on, one-hot scores are tabular to round-off ($e^{-64} \approx 10^{-28}$), so larger
+# $\beta$ change nothing there; ties go to the first setting of the grid (the smaller $\beta$). The table
+# marks a tuned $\beta$ that sits at an end of its grid, and for one at the largest $\beta$ the cell
+# prints how little the error changed over the grid's last step; the tuned $\lambda$ are interior
+# (asserted).
 
 # %%
-GRID_TD = [dict(alpha=a, beta=b, order="none") for a in (0.5, 1.) for b in (1., 3., 8.)]
-GRID_DEC = [dict(alpha=1., beta=b, current="self", recency=lam) for b in (1., 3., 8.) for lam in (4., 9., 16.)]
+ALPHA_TD, BETA_TD = (0.5, 1.), (0.25, 0.5, 1., 2., 3., 5., 8., 16., 32., 64., 128., 256.)
+BETA_DEC, LAM_DEC = (0., 0.25, 0.5, 1., 2., 4., 8., 16., 32., 64., 128., 256.), (2., 4., 6., 9., 12., 16., 25.)
+GRID_TD = [dict(alpha=a, beta=b, order="none") for a in ALPHA_TD for b in BETA_TD]
+GRID_DEC = [dict(alpha=1., beta=b, current="self", recency=lam) for b in BETA_DEC for lam in LAM_DEC]
 
 def tune(features, grid, n, L=80):
-    "The settings of `grid` with the least MSVE at depth L on 10 tuning tasks (seed 500), and that MSVE."
-    errs = [depth_curves(features, n, {0: kw}, L=L, n_tasks=10, seed=500)[0][-1].item() for kw in grid]
-    return grid[int(np.argmin(errs))], min(errs)
+    "The first setting of `grid` whose MSVE at depth L on 10 tuning tasks (seed 500) is within 1e-6 (relative) of the least, and all the MSVEs."
+    errs = np.array([depth_curves(features, n, {0: kw}, L=L, n_tasks=10, seed=500)[0][-1].item() for kw in grid])
+    return grid[int(np.argmax(errs <= errs.min() * (1 + 1e-6)))], errs
 
 CTX = (30, 100, 400)
-tuned = {(f, n): dict(TD=tune(f, GRID_TD, n)[0], decoder=tune(f, GRID_DEC, n)[0]) for f in FEATURES for n in CTX}
+tuning = {(f, n, name): tune(f, grid, n) for f in FEATURES for n in CTX for name, grid in (("TD", GRID_TD), ("decoder", GRID_DEC))}
+tuned = {(f, n): dict(TD=tuning[(f, n, "TD")][0], decoder=tuning[(f, n, "decoder")][0]) for f in FEATURES for n in CTX}
+for (f, n, name), (best, errs) in tuning.items():   # an optimum at the largest beta: how much the error still changed on the last step of the grid
+    grid = GRID_TD if name == "TD" else GRID_DEC
+    if best["beta"] == grid[-1]["beta"]:
+        before = errs[grid.index(dict(best, beta=grid[-1]["beta"] / 2))]
+        print(f"{f}, n = {n}, {name}: tuned beta at the grid's largest value; halving it changes the tuning MSVE by {100 * (before / errs.min() - 1):.3f}%")
+edge = lambda x, grid: f"{x:g} (edge)" if x in (min(grid), max(grid)) else f"{x:g}"
+assert not any(t["decoder"]["recency"] in (min(LAM_DEC), max(LAM_DEC)) for t in tuned.values())   # lambda's optimum is interior
+assert not any(t["TD"]["beta"] == min(BETA_TD) for t in tuned.values())                            # so is beta's lower end for TD
 Markdown("| features | n | non-causal TD: alpha, beta | decoder: beta, lambda |\n|---|---|---|---|\n" +
-         "\n".join(f"| {f} | {n} | {t['TD']['alpha']:g}, {t['TD']['beta']:g} | {t['decoder']['beta']:g}, {t['decoder']['recency']:g} |" for (f, n), t in tuned.items()))
+         "\n".join(f"| {f} | {n} | {t['TD']['alpha']:g}, {edge(t['TD']['beta'], BETA_TD)} | {edge(t['decoder']['beta'], BETA_DEC)}, {t['decoder']['recency']:g} |" for (f, n), t in tuned.items()))
 
 # %%
 #| fig-cap: "Figure 4a.1: Tuned, the decoder falls with depth like the non-causal construction but settles on a higher floor, and the gap widens with the context length."
@@ -789,11 +816,14 @@ fig.tight_layout(rect=(0, 0, 0.82, 1))
 # Figure 4a.1 shows the value error at the queries against depth, for the tuned non-causal construction (solid)
 # and the tuned decoder (dashed), three context lengths, three kinds of features, tuned values in
 # the table above. Both fall geometrically with depth and then level off at their fixed point
-# (the decoder at rate $1 - \alpha(1-\gamma)$ or faster, as Proposition 4a.3 says); the decoder's error
-# passes through a minimum at moderate depth and settles a little higher, at its fixed point. The decoder's
-# floor falls with $n$ too, but it is above the non-causal one, and on these lengths the gap
-# *widens* with $n$ (the table): the causal bias decays more slowly than the statistical error of
-# the non-causal fixed point, most of all with random features, whose kernel is far from tabular.
+# (the decoder at rate $1 - \alpha(1-\gamma)$ or faster, as Proposition 4a.3 says); the decoder's
+# curves pass through a minimum at moderate depth and settle higher, at their fixed point (counted
+# below). The decoder's floor falls with $n$ too, but it is above the non-causal one in every
+# setting, and on these lengths the ratio *widens* with $n$ for each kind of features (the table;
+# all asserted below): the causal bias decays more slowly than the statistical error of the
+# non-causal fixed point, most of all with random features (the largest ratio), whose kernel is far
+# from tabular. A tuned decoder $\beta$ of 0 means that its best setting ignores the features: every
+# query gets the same estimate, and only the positional bias shapes the weights.
 
 # %%
 floor_rows = []
@@ -807,9 +837,16 @@ Markdown("| features | n | non-causal TD, L = 120 | decoder, L = 120 | ratio |\n
 dec1 = curves[("onehot", 400)]["decoder"]
 assert dec1[120] < 0.05 * dec1[1] and dec1[120] < dec1[10]
 print(f"decoder, one-hot, n = 400: MSVE {dec1[1]:.3f} at L = 1, {dec1[10]:.3f} at L = 10, {dec1.min():.4f} at its lowest (L = {int(dec1.argmin())}), {dec1[120]:.4f} at L = 120")
-assert all(curves[(f, 400)]["decoder"][120] < curves[(f, 30)]["decoder"][120] for f in FEATURES)
-record_claim("decoder-floor", "Tuned on the same tasks, the self-anchored decoder settles above the non-causal construction's error floor, and the gap widens with the context length on the tested lengths.",
-             "measured", "causal", "#the-decoder-against-the-non-causal-construction-tuned");
+assert all(curves[(f, 400)]["decoder"][120] < curves[(f, 30)]["decoder"][120] for f in FEATURES)   # the decoder's floor falls with n
+ratio = {k: (c["decoder"][-1] / c["non-causal TD"][-1]).item() for k, c in curves.items()}
+assert all(r > 1 for r in ratio.values())                                                        # above the non-causal floor everywhere
+assert all(ratio[(f, 30)] < ratio[(f, 100)] < ratio[(f, 400)] for f in FEATURES)                 # the gap widens with n
+assert max(ratio, key=ratio.get) == ("random", 400)
+dipped = [k for k, c in curves.items() if c["decoder"][-1] > 1.01 * c["decoder"].min()]
+print(f"decoder curves whose minimum over depth is more than 1% below their value at L = 120: {len(dipped)} of {len(curves)}"
+      + "".join(f"; {f}, n = {n}: lowest at L = {int(curves[(f, n)]['decoder'].argmin())}" for f, n in dipped))
+_ = record_claim("decoder-floor", "Tuned on the same tasks, the self-anchored decoder settles above the non-causal construction's error floor for one-hot, unit and random features, and the ratio widens with the context length (n = 30, 100, 400).",
+             "measured", "causal", "#the-decoder-against-the-non-causal-construction-tuned")
 
 
 # %% [markdown]
@@ -907,7 +944,7 @@ tk_s, ph_s, rw_s = eval_context("random", 25, n_tasks=3, seed=9)
 streamed = stream_values(model_s, ph_s, rw_s, tk_s.phi)
 fresh = torch.stack([model_s.predict(build_causal_prompt(ph_s[:, :t + 1], rw_s[:, :t], tk_s.phi)) for t in range(1, 26)], -2)
 test_close(streamed, fresh, eps=1e-12)
-print(f"largest |streamed - fresh forward pass| over 25 lengths: {(streamed - fresh).abs().max():.1e}")
+print("largest |streamed - fresh forward pass| over 25 lengths: below 1e-12")
 
 
 # %% [markdown]
@@ -966,10 +1003,12 @@ Markdown("| transitions so far t | decoder, KV cache (ms) | decoder, fresh pass 
 
 # %%
 tk_f, ph_f, rw_f = eval_context("onehot", 200, n_tasks=1, seed=31)
-dec_f, td_f = models_for(10, 20, tk_f.gamma, tuned[("onehot", 400)]["decoder"], tuned[("onehot", 400)]["TD"])
+dec_f, td_f = models_for(10, 80, tk_f.gamma, tuned[("onehot", 400)]["decoder"], tuned[("onehot", 400)]["TD"])
 online = stream_values(dec_f, ph_f, rw_f, tk_f.phi)[0]
 rerun = torch.stack([td_f.predict(build_prompt(ph_f[:, :t + 1], rw_f[:, :t], tk_f.phi))[0] for t in range(1, 201)])
 err_t = lambda v: ((v - tk_f.v_pi).square() * tk_f.d_pi).sum(-1)
+assert all(err_t(v)[-1] < 0.01 * err_t(v)[0] for v in (online, rerun))
+print(", ".join(f"{name}: MSVE {err_t(v)[0]:.3g} after 1 transition, {err_t(v)[-1]:.3g} after 200" for name, v in (("decoder", online), ("non-causal", rerun))))
 
 # %%
 #| fig-cap: "Figure 4a.2: Streaming with a KV cache, the decoder updates its estimates one transition at a time; the non-causal model must rerun the whole context at each length."
@@ -977,7 +1016,7 @@ err_t = lambda v: ((v - tk_f.v_pi).square() * tk_f.d_pi).sum(-1)
 fig, ax = plt.subplots(figsize=(6.5, 3.6))
 ax.plot(range(1, 201), err_t(online).numpy(), label="decoder, KV cache (online)")
 ax.plot(range(1, 201), err_t(rerun).numpy(), label="non-causal, rerun at every length")
-ax.set(yscale="log", xlabel="transitions seen t", ylabel="MSVE of the query estimates", title="One one-hot task, L = 20 layers")
+ax.set(yscale="log", xlabel="transitions seen t", ylabel="MSVE of the query estimates", title="One one-hot task, L = 80 layers")
 ax.legend(fontsize=9)
 fig.tight_layout()
 
@@ -986,7 +1025,9 @@ fig.tight_layout()
 # Figure 4a.2: the value error of the query estimates (every state a query) as the context grows, for
 # one task. The decoder's estimates come one transition at a time from the cache; the non-causal
 # ones from a fresh forward pass at each length. Both use the settings tuned above for one-hot
-# features at $n = 400$, at depth 20.
+# features at $n = 400$, at the tuning depth 80; both errors fall by more than a factor of 100 over
+# the 200 transitions (asserted, printed above the figure). One task is one draw: the ranking of
+# the two curves at a given length is not a result (the tables above compare them over 20 tasks).
 
 # %% [markdown]
 # ## Pretraining a decoder
