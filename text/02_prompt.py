@@ -103,8 +103,8 @@ test_eq(S_b[n_keys:], torch.zeros(m_tok - n_keys, m_tok, dtype=torch.float64))
 bridge_gap = (rows.T - W_V @ Z_b @ S_b).abs().max().item()
 assert bridge_gap < 1e-12, bridge_gap
 print(f"largest |row-token attention - column form| over the {D_tok} x {m_tok} entries: below 1e-12")
-record_claim("bridge", "Row-token attention $\\operatorname{softmax}(\\mathsf Q \\mathsf K^\\top/\\sqrt{d_k})\\mathsf V$ equals the book's column form $W_V Z S$ with $S$ column-stochastic and $A = W_K^\\top W_Q/\\sqrt{d_k}$.",
-             "proved", "prompt", "#from-row-token-attention-to-the-books-columns");
+_ = record_claim("bridge", "Row-token attention $\\operatorname{softmax}(\\mathsf Q \\mathsf K^\\top/\\sqrt{d_k})\\mathsf V$ equals the book's column form $W_V Z S$ with $S$ column-stochastic and $A = W_K^\\top W_Q/\\sqrt{d_k}$.",
+             "proved", "prompt", "#from-row-token-attention-to-the-books-columns")
 
 
 # %% [markdown]

@@ -212,8 +212,8 @@ def theorem2_gap(seed:int)->float:
 gaps = [theorem2_gap(seed) for seed in range(50)]
 assert max(gaps) < 1e-12, max(gaps)
 print("largest gap between the two forms over 50 random layers: below 1e-12")
-record_claim("theorem-4.1", "For every parameter value, the dual-head layer equals one ordinary softmax head reading its input through a parameter-free temporal shift (Theorem 4.1).",
-             "proved", "tsm", "#two-heads-are-one-head-on-a-shifted-input");
+_ = record_claim("theorem-4.1", "For every parameter value, the dual-head layer equals one ordinary softmax head reading its input through a parameter-free temporal shift (Theorem 4.1).",
+             "proved", "tsm", "#two-heads-are-one-head-on-a-shifted-input")
 
 # %% [markdown]
 # The gap is rounding error. Stacked, the two forms stay together: eight random dual-head layers
@@ -489,8 +489,8 @@ def theorem3_gaps(seed:int, n_layers:int=50, n_contexts:int=4)->tuple:
 gaps3 = np.array([theorem3_gaps(seed) for seed in range(12)])
 assert gaps3.max() < 1e-12, gaps3.max(0)
 print("largest relative gap over 12 tasks x 4 contexts x 50 layers, value and TD rows of both forms: below 1e-12")
-record_claim("theorem-4.2", "A single head followed by a shift of its output, with a memory of TD errors ($\\theta^\\delta$), also runs weighted softmax TD exactly (Theorem 4.2).",
-             "proved", "tsm", "#the-other-form-the-shift-after-attention-a-memory-of-td-errors");
+_ = record_claim("theorem-4.2", "A single head followed by a shift of its output, with a memory of TD errors ($\\theta^\\delta$), also runs weighted softmax TD exactly (Theorem 4.2).",
+             "proved", "tsm", "#the-other-form-the-shift-after-attention-a-memory-of-td-errors")
 
 # %% [markdown]
 # It is literally "one head followed by a parameter-free shift": with $\mathrm{TSM}$ of the first part of
