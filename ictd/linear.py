@@ -363,7 +363,7 @@ def linear_measures(P:torch.Tensor,   # (S, L', 2d+1, 2d+1) stacked parameters
     n, d = Zc.shape[-1], Zc.shape[-2] // 2
     P, Q = P.detach(), Q.detach()
     v_tf, g_tf = values_and_gradients(lambda Z: moment_predict(P[:, None, None], Q[:, None, None], Z, n, n_layers), Zc, tasks.phi)
-    P_td, Q_td = td_parameters(d, alpha)
+    P_td, Q_td = (t.to(Zc.device) for t in td_parameters(d, alpha))   # on the contexts' device (CUDA runs)
     v_td, g_td = values_and_gradients(lambda Z: moment_predict(P_td[None], Q_td[None], Z, n, n_layers), Zc, tasks.phi)
     out = dict(iws=implicit_weight_similarity(v_tf, tasks.phi, tasks.d_pi, g_td[..., 0, :]), vd=value_difference(v_tf, v_td, tasks.d_pi),
                ss=sensitivity_similarity(g_tf, g_td, tasks.d_pi), msve=value_difference(v_tf, tasks.v_pi, tasks.d_pi))
