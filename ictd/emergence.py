@@ -14,7 +14,7 @@ from .tasks import TaskBatch, random_tasks, sample_trajectories
 from .wstd import certainty_equivalence
 from .boyan import weighted_error
 from .model import population_neu, population_predict
-from .pretrain import EMERGENCE, PretrainConfig, PretrainResult, held_out_tasks, pretrain_many
+from .pretrain import EMERGENCE, PretrainConfig, PretrainResult, held_out_tasks, pairwise_neu, pretrain_many
 
 # %% auto #0
 __all__ = ['ALPHAS', 'BETAS', 'UNIFORM_BELOW', 'stack_history', 'mean_se', 'binomial_tail', 'min_successes', 'median_interval',
@@ -475,8 +475,4 @@ def neu_jackknife(model:SoftmaxICTD,  # the model
         idx = torch.randint(len(tasks), (int(batch_size),), generator=gen)
         sub = TaskBatch(tasks.P[idx], tasks.r[idx], tasks.phi[idx], tasks.d_pi[idx], tasks.v_pi[idx], tasks.gamma)
         return context_update(model, sub, sample_trajectories(sub.P, n, sub.d_pi, seed=gen)).detach()
-    g = torch.stack([batch() for _ in range(int(n_batches))])
-    K, total, sq = len(g), g.sum(0), g.square().sum(-1)
-    full = (total.square().sum() - sq.sum()) / (K * (K - 1))
-    loo = ((total - g).square().sum(-1) - (sq.sum() - sq)) / ((K - 1) * (K - 2))
-    return full.item(), math.sqrt((K - 1) / K * (loo - loo.mean()).square().sum().item())
+    return pairwise_neu(torch.stack([batch() for _ in range(int(n_batches))]))

@@ -24,14 +24,14 @@ from .model import (StateTokens, model_params, population_neu, population_predic
 
 # %% auto #0
 __all__ = ['stack_pools', 'DTYPES', 'FEATURES', 'OBJECTIVES', 'INITS', 'EMERGENCE', 'FAMILIES', 'PROTOCOLS', 'INIT_STREAM',
-           'OBJECTIVE_STREAM', 'DIVERGED', 'TDBatch', 'td_batch', 'expected_update', 'neu', 'exact_neu_small',
-           'source_hash', 'PretrainConfig', 'PretrainResult', 'stack_results', 'kernel_diagonality_per_layer',
-           'block_cosines', 'evaluate', 'stationary_sampler', 'stationary_pools', 'Family', 'Protocol',
-           'register_family', 'register_protocol', 'get_family', 'get_protocol', 'softmax_init', 'softmax_module',
-           'softmax_prompt', 'softmax_metrics', 'population_neu_many', 'EvalSet', 'held_out_tasks', 'task_eval_set',
-           'stationary_eval_set', 'eval_set', 'td_values', 'mc_horizon', 'stationary_draws', 'rollout_returns',
-           'objective_values', 'sampled_neu', 'evaluate_many', 'run_folder', 'perturb', 'DivergenceError',
-           'check_divergence', 'pretrain_many', 'train_loop', 'pretrain', 'plot_emergence']
+           'OBJECTIVE_STREAM', 'DIVERGED', 'TDBatch', 'td_batch', 'pairwise_neu', 'expected_update', 'neu',
+           'exact_neu_small', 'source_hash', 'PretrainConfig', 'PretrainResult', 'stack_results',
+           'kernel_diagonality_per_layer', 'block_cosines', 'evaluate', 'stationary_sampler', 'stationary_pools',
+           'Family', 'Protocol', 'register_family', 'register_protocol', 'get_family', 'get_protocol', 'softmax_init',
+           'softmax_module', 'softmax_prompt', 'softmax_metrics', 'population_neu_many', 'EvalSet', 'held_out_tasks',
+           'task_eval_set', 'stationary_eval_set', 'eval_set', 'td_values', 'mc_horizon', 'stationary_draws',
+           'rollout_returns', 'objective_values', 'sampled_neu', 'evaluate_many', 'run_folder', 'perturb',
+           'DivergenceError', 'check_divergence', 'pretrain_many', 'train_loop', 'pretrain', 'plot_emergence']
 
 # %% ../nbs/06_pretrain.ipynb #60eba8b6
 stack_pools = TaskBatch.stack   # task batches stacked along a new leading (seed) axis (`ictd.core`)
@@ -61,6 +61,17 @@ def td_batch(tasks:TaskBatch,        # the task pool
                    r_q[0], b.query[0], b.states[0], b.task[0])
 
 # %% ../nbs/06_pretrain.ipynb #e949aeb7
+def pairwise_neu(g:torch.Tensor,  # (K, n_params) independent batch means of the update
+                )->tuple:         # (unbiased NEU estimate, jackknife standard error; nan when K < 3)
+    "The all-pairs unbiased estimate of $\\|\\mathbb E g\\|^2$ from `K` independent batch means, with its jackknife standard error."
+    if g.ndim != 2 or len(g) < 2: raise ValueError(f"`g` must be (K, n_params) with K >= 2, got shape {tuple(g.shape)}")
+    K, total, sq = len(g), g.sum(0), g.square().sum(-1)
+    full = ((total.square().sum() - sq.sum()) / (K * (K - 1))).item()
+    if K < 3: return full, math.nan
+    loo = ((total - g).square().sum(-1) - (sq.sum() - sq)) / ((K - 1) * (K - 2))
+    return full, math.sqrt((K - 1) / K * (loo - loo.mean()).square().sum().item())
+
+# %% ../nbs/06_pretrain.ipynb #036e65d4
 def expected_update(model:SoftmaxICTD,  # the model whose parameters are updated
                     batch:TDBatch,      # pretraining examples
                     gamma:float,        # discount factor
@@ -78,13 +89,14 @@ def neu(model:SoftmaxICTD,     # the model
         n_batches:int=8,       # number K of independent batches (>= 2)
         batch_size:int=64,     # examples per batch
         seed=0,                # int or `torch.Generator`
-       )->float:               # unbiased estimate of NEU(theta)
+        with_se:bool=False,    # also return the jackknife standard error (needs `n_batches` >= 3)
+       ):                      # unbiased estimate of NEU(theta), or (estimate, standard error)
     "Unbiased estimate of the norm of the expected update from `n_batches` independent batch means."
-    if int(n_batches) != n_batches or n_batches < 2: raise ValueError(f"`n_batches` must be an integer >= 2, got {n_batches}")
+    if int(n_batches) != n_batches or n_batches < 2 + with_se: raise ValueError(f"`n_batches` must be an integer >= {2 + with_se}, got {n_batches}")
     gen = seed if isinstance(seed, torch.Generator) else torch.Generator().manual_seed(int(seed))
     g = torch.stack([expected_update(model, td_batch(tasks, batch_size, n, gen), tasks.gamma) for _ in range(int(n_batches))])
-    K = len(g)
-    return ((g.sum(0).square().sum() - g.square().sum()) / (K * (K - 1))).item()
+    est = pairwise_neu(g)
+    return est if with_se else est[0]
 
 # %% ../nbs/06_pretrain.ipynb #0fd737ce
 def exact_neu_small(model:SoftmaxICTD,  # a model with d equal to the number of states (one-hot features)

@@ -35,6 +35,7 @@ from IPython.display import Markdown
 from ictd.boyan import MRP
 from ictd.convergence import td_recursion
 from ictd.tasks import stack_tasks
+from ictd.core import record_claim
 
 
 # %% [markdown]
@@ -230,6 +231,44 @@ assert (freq - one.d_pi[0]).abs().max() < 0.015, (freq, one.d_pi[0])
 # batch means is unbiased. With $K$ independent batch means $g_1, \dots, g_K$ we average all pairs:
 # $\widehat{\mathrm{NEU}} = \frac{\|\sum_k g_k\|^2 - \sum_k \|g_k\|^2}{K(K-1)}$, which can come out
 # slightly negative when the true value is near zero.
+# Its standard error comes from the jackknife: recompute the estimate $K$ times with one batch left
+# out, $\widehat{\mathrm{NEU}}_{(k)}$, and take
+# $\mathrm{se} = \sqrt{\frac{K-1}{K} \sum_k \big(\widehat{\mathrm{NEU}}_{(k)} - \overline{\mathrm{NEU}}_{(\cdot)}\big)^2}$
+# (it needs $K \ge 3$).
+
+# %%
+#| export
+def pairwise_neu(g:torch.Tensor,  # (K, n_params) independent batch means of the update
+                )->tuple:         # (unbiased NEU estimate, jackknife standard error; nan when K < 3)
+    "The all-pairs unbiased estimate of $\\|\\mathbb E g\\|^2$ from `K` independent batch means, with its jackknife standard error."
+    if g.ndim != 2 or len(g) < 2: raise ValueError(f"`g` must be (K, n_params) with K >= 2, got shape {tuple(g.shape)}")
+    K, total, sq = len(g), g.sum(0), g.square().sum(-1)
+    full = ((total.square().sum() - sq.sum()) / (K * (K - 1))).item()
+    if K < 3: return full, math.nan
+    loo = ((total - g).square().sum(-1) - (sq.sum() - sq)) / ((K - 1) * (K - 2))
+    return full, math.sqrt((K - 1) / K * (loo - loo.mean()).square().sum().item())
+
+
+# %%
+show_doc(pairwise_neu)
+
+# %% [markdown]
+# Two checks on synthetic batch means: the estimate is the mean of the inner products of distinct
+# pairs and each leave-one-out value is the estimate on the other $K - 1$ batches; and over many
+# repetitions with a known mean the jackknife standard error matches the spread of the estimate.
+
+# %%
+g_toy = torch.randn(5, 3, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+inner = g_toy @ g_toy.T
+test_close(pairwise_neu(g_toy)[0], (inner.sum() - inner.diag().sum()).item() / 20, eps=1e-12)
+test_close(pairwise_neu(g_toy[:2])[0], inner[0, 1].item(), eps=1e-12)
+test_eq(math.isnan(pairwise_neu(g_toy[:2])[1]), True)
+test_fail(lambda: pairwise_neu(g_toy[0]), contains="`g` must be")
+reps = torch.tensor([pairwise_neu(0.3 + torch.randn(16, 4, generator=torch.Generator().manual_seed(k), dtype=torch.float64)) for k in range(2000)])
+test_close(reps[:, 0].mean().item(), 4 * 0.3 ** 2, eps=4 * reps[:, 0].std().item() / math.sqrt(2000))
+test_close(reps[:, 1].mean().item() / reps[:, 0].std().item(), 1., eps=0.12)
+reps[:, 0].mean().item(), reps[:, 0].std().item(), reps[:, 1].mean().item()
+
 
 # %%
 #| export
@@ -250,13 +289,14 @@ def neu(model:SoftmaxICTD,     # the model
         n_batches:int=8,       # number K of independent batches (>= 2)
         batch_size:int=64,     # examples per batch
         seed=0,                # int or `torch.Generator`
-       )->float:               # unbiased estimate of NEU(theta)
+        with_se:bool=False,    # also return the jackknife standard error (needs `n_batches` >= 3)
+       ):                      # unbiased estimate of NEU(theta), or (estimate, standard error)
     "Unbiased estimate of the norm of the expected update from `n_batches` independent batch means."
-    if int(n_batches) != n_batches or n_batches < 2: raise ValueError(f"`n_batches` must be an integer >= 2, got {n_batches}")
+    if int(n_batches) != n_batches or n_batches < 2 + with_se: raise ValueError(f"`n_batches` must be an integer >= {2 + with_se}, got {n_batches}")
     gen = seed if isinstance(seed, torch.Generator) else torch.Generator().manual_seed(int(seed))
     g = torch.stack([expected_update(model, td_batch(tasks, batch_size, n, gen), tasks.gamma) for _ in range(int(n_batches))])
-    K = len(g)
-    return ((g.sum(0).square().sum() - g.square().sum()) / (K * (K - 1))).item()
+    est = pairwise_neu(g)
+    return est if with_se else est[0]
 
 
 # %%
@@ -525,11 +565,13 @@ assert gaps[1] < gaps[0] / 3 and gaps[1] < 0.1, gaps
 gaps
 
 # %% [markdown]
+# ### NEU of the constructed parameters against depth
+#
 # Now NEU of $\theta^*$ (one-hot features, $W = 15 I$, $\alpha = 1$, shared across layers so that the
 # parameter vector does not grow with depth) at $n = \infty$, against depth, beside a randomly
-# initialised model of the same shape (up to $L = 32$), and beside the
-# finite-context estimate at $n = 30$ (at $L = 1, 2, 4$ and $64$ only: each estimate at depth $L$
-# costs $L$ forward and backward passes over many batches):
+# initialised model of the same shape (up to $L = 32$), and beside the finite-context estimate at
+# $n = 30$ with its jackknife standard error ($K = 16$ batches of 64; at $L = 1, 2, 4$ and $64$ only:
+# each estimate at depth $L$ costs $L$ forward and backward passes over every batch):
 
 # %%
 depths = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -537,42 +579,69 @@ def star(L): return SoftmaxICTD.from_theta_star(10, L, W15, 1., 0.9, shared=True
 neu_star = torch.tensor([population_neu(star(L), onehot_tasks) for L in depths])
 neu_random = torch.tensor([population_neu(SoftmaxICTD(10, L, shared=True, seed=1), onehot_tasks) for L in depths[:6]])
 depths_n30 = (1, 2, 4, 64)
-neu_star_n30 = torch.tensor([neu(star(L), onehot_tasks, 30, n_batches=6, batch_size=64, seed=7) for L in depths_n30])
-neu_star, neu_random, neu_star_n30
+neu_n30, se_n30 = torch.tensor([neu(star(L), onehot_tasks, 30, n_batches=16, batch_size=64, seed=7, with_se=True) for L in depths_n30], dtype=torch.float64).T
+inf_at_n30 = neu_star[[depths.index(L) for L in depths_n30]].double()
+z_n30 = (neu_n30 - inf_at_n30) / se_n30   # distance of the n = 30 estimate from the n = infinity value, in standard errors
+neu_star, neu_random
 
 # %%
-fig, ax = plt.subplots(figsize=(7, 4))
-ax.plot(depths, neu_star, "o-", label=r"$\theta^*$, $n = \infty$ (exact)")
-ax.plot(depths_n30, neu_star_n30.clamp(min=1e-6), "^:", label=r"$\theta^*$, $n = 30$ (unbiased estimate)")
-ax.plot(depths[:6], neu_random, "s--", color="gray", label=r"random initialisation, $n = \infty$")
-ax.set(xscale="log", yscale="log", xlabel="depth $L$ (layers)", ylabel="NEU (squared norm of the expected update)",
-       title=r"NEU of $\theta^*$: $n \to \infty$ first, then $L \to \infty$")
-ax.legend();
+print("L    n = inf     n = 30 (± 1 s.e.)         (n30 - inf) / s.e.")
+for L, x, e, se, z in zip(depths_n30, inf_at_n30.tolist(), neu_n30.tolist(), se_n30.tolist(), z_n30.tolist()):
+    print(f"{L:<4} {x:<11.3g} {e:>9.3g} ± {se:<10.3g}   {z:+.2f}")
 
-# %% [markdown]
-# The figure shows the order of limits at work, and more than the bare claim. At $n = \infty$,
-# NEU($\theta^*$) does go to zero, geometrically, but only after a hump: the gradient of the
-# prediction with respect to parameters that write into the reward row grows polynomially with
-# depth (a perturbation there is re-read by every later layer), while the Bellman residual
-# shrinks like $\rho^L$ with $\rho = 0.9$ here; the product peaks near $L = 16$ and then collapses.
-# At $n = 30$ the estimate agrees with the $n = \infty$ value only at $L = 1$ (the ratios are
-# printed below): the residual of order $1/\sqrt n$ never vanishes, and at $L = 64$, where the
-# $n = \infty$ curve is already falling, the growing gradients keep the finite-context NEU far above
-# it: deep constructed models are stationary points of pretraining only on long contexts. A randomly
-# initialised shared model's NEU grows with depth at every depth measured, as its random layer is
-# composed with itself; but up to $L = 16$ it is *lower* than that of $\theta^*$ (asserted below). The
-# [emergence chapter](emergence.html#the-order-of-limits-made-visible) splits NEU into its two
-# factors, the Bellman residual and the gradient norm, and measures it on a grid of context lengths
-# and depths with error bars.
+# %%
+#| fig-cap: "Figure 6.1: at n = infinity the NEU of the constructed parameters rises with depth, peaks and collapses; at n = 30 the estimate lies below it at L = 1 to 4, and at L = 64 its error bar is four orders of magnitude above the n = infinity value, so it cannot say whether the deep model is near stationary there."
+#| fig-alt: "Log-log plot of NEU against depth L from 1 to 256. A blue line of circles (theta star, n = infinity) rises from about 0.03 to about 17 at L = 16, then falls to about 1e-17 at L = 256. Gray squares (random initialisation) rise steadily up to L = 32. Orange triangles with vertical two-standard-error bars (n = 30) sit slightly below the blue line at L = 1 and 2 with short bars; at L = 4 the orange bar runs from about 0.07 down to the bottom of the plot (the interval contains zero); at L = 64 it spans from the bottom of the plot to several thousand."
+fig, ax = plt.subplots(figsize=(7, 4))
+ax.plot(depths, neu_star, "o-", color="tab:blue", label=r"$\theta^*$, $n = \infty$ (exact)")
+ax.plot(depths[:6], neu_random, "s--", color="gray", label=r"random initialisation, $n = \infty$")
+floor = 1e-20   # the bottom of the axis: a 2 s.e. interval reaching below zero is drawn down to it
+ax.vlines(depths_n30, (neu_n30 - 2 * se_n30).clamp(min=floor), neu_n30 + 2 * se_n30, color="tab:orange", lw=2)
+ax.plot(depths_n30, neu_n30.clamp(min=floor), "^", color="tab:orange", label=r"$\theta^*$, $n = 30$ (estimate $\pm$ 2 s.e.)")
+ax.set(xscale="log", yscale="log", ylim=(floor, None), xlabel="depth $L$ (layers)", ylabel="NEU (squared norm of the expected update)",
+       title=r"NEU of $\theta^*$: $n \to \infty$ first, then $L \to \infty$")
+ax.legend(loc="lower left");
+
+# %%
+agree = [L for L, z in zip(depths_n30, z_n30.tolist()) if abs(z) <= 2]
+below = [L for L, z in zip(depths_n30, z_n30.tolist()) if z < -2]
+Markdown(f"""Figure 6.1 shows the order of limits at work, and more than the bare claim. At $n = \\infty$,
+NEU($\\theta^*$) does go to zero, geometrically, but only after a hump: the gradient of the
+prediction with respect to parameters that write into the reward row grows polynomially with
+depth (a perturbation there is re-read by every later layer), while the Bellman residual
+shrinks like $\\rho^L$ with $\\rho = 0.9$ here; the product peaks near $L = {depths[int(neu_star.argmax())]}$ and then collapses.
+
+At $n = 30$ NEU is a different number (the model reads a finite context), and the table above
+places it. The $n = 30$ estimate lies more than two standard errors *below* the $n = \\infty$ value at
+$L = {", ".join(map(str, below))}$ (by {", ".join(f"{-z_n30[depths_n30.index(L)]:.1f}" for L in below)} standard errors: barely
+at the shallowest depths; the ratios are {", ".join(f"{(neu_n30 / inf_at_n30)[depths_n30.index(L)]:.2g}" for L in below)}), and within two standard
+errors of it at $L = {", ".join(map(str, agree))}$. That agreement at $L = 64$ says nothing: the
+standard error there, {se_n30[-1]:.3g}, is {se_n30[-1] / inf_at_n30[-1]:.2g} times the $n = \\infty$ value
+{inf_at_n30[-1]:.3g}, because the update of a 64-layer model varies enormously from one batch of
+30-step contexts to the next and the variation cancels only on average. So these batches cannot tell whether $\\theta^*$ at $L = 64$ is close to a
+stationary point of pretraining at $n = 30$; they show that the finite-context question is a
+question of variance as much as of the mean. The
+[emergence chapter](emergence.html#the-order-of-limits-made-visible) splits NEU into its two
+factors, the Bellman residual and the gradient norm, and measures it on a grid of context lengths
+and depths with an estimator that averages over the query and its successor exactly, whose error
+bars are small enough to answer the question at $L = 64$. A randomly initialised shared model
+(seed 1) has an NEU that grows with depth at every depth measured, as its random layer is composed
+with itself; but up to $L = 16$ it is *lower* than that of $\\theta^*$ (asserted below; the emergence
+chapter counts this over ten seeds).""")
 
 # %%
 assert neu_star[-1] < neu_star.max() * 1e-4 and neu_star[-1] < neu_star[0] / 10, neu_star
 assert neu_star[-1] < neu_star[-2] / 10 < neu_star[-3] / 100, neu_star[-3:]
-assert neu_star_n30[-1] > 10 * neu_star[depths.index(64)], (neu_star_n30[-1], neu_star[depths.index(64)])
-ratio_n30 = neu_star_n30 / neu_star[[depths.index(L) for L in depths_n30]]
-print("NEU at n = 30 over NEU at n = infinity, L = " + ", ".join(f"{L}: {x:.3g}" for L, x in zip(depths_n30, ratio_n30.tolist())))
-assert 0.5 < ratio_n30[0] < 2 and not ((0.5 < ratio_n30[1:]) & (ratio_n30[1:] < 2)).any(), ratio_n30   # agreement within a factor 2 at L = 1 only
+assert se_n30[-1] > 100 * inf_at_n30[-1], (se_n30, inf_at_n30)                      # at L = 64 the estimate cannot resolve the n = infinity value
+assert se_n30[0] < neu_n30[0] / 4 and 0.5 < neu_n30[0] / inf_at_n30[0] < 1, (neu_n30, se_n30, inf_at_n30)   # at L = 1: precise, and below n = infinity within a factor 2
+assert (z_n30[:3] < -2).all() and z_n30[2] < -3 and abs(z_n30[-1]) <= 2, z_n30   # below n = infinity at L <= 4; at L = 64 within the (huge) error bar
 assert (neu_random.diff() > 0).all() and (neu_random[:5] < neu_star[:5]).all() and neu_random[5] > 10 * neu_star[5], (neu_random, neu_star[:6])
+
+# %%
+record_claim("neu-star-depth", r"At $n = \infty$ the NEU of $\theta^*$ (one-hot features, $W = 15 I$, one shared layer) rises with depth, peaks and then falls geometrically, below $10^{-4}$ of its peak by $L = 256$.",
+             "measured", "pretrain", "#neu-of-the-constructed-parameters-against-depth")
+record_claim("neu-star-n30", rf"At $n = 30$ the NEU of $\theta^*$ lies below its $n = \infty$ value at $L = 1, 2, 4$ (by {', '.join(f'{-z:.1f}' for z in z_n30[:3].tolist())} standard errors); at $L = 64$ its estimate is too noisy (standard error above 100 times the $n = \infty$ value) to say whether finite contexts keep deep $\theta^*$ away from stationarity.",
+             "partial", "pretrain", "#neu-of-the-constructed-parameters-against-depth");
 
 # %% [markdown]
 # ## The emergence experiment
