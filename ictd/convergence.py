@@ -23,7 +23,7 @@ __all__ = ['FEATURE_LABELS', 'kernel_attention', 'population_attention', 'key_co
 def kernel_attention(phi,        # (..., s, d) state features
                      W,          # (d, d) or (..., d, d) score matrix, g(y, x) = phi(y)^T W phi(x)
                      weights,    # (..., s) non-negative state weights w: d_pi, or key counts N
-                    )->torch.Tensor: # (..., s, s) row-stochastic M[x, y] = w(y) kappa(y, x) / sum_z w(z) kappa(z, x)
+                    )->torch.Tensor: # (..., s, s) row-stochastic M[x, y] = w(y) h(y, x) / sum_z w(z) h(z, x)
     "Attention of each state $x$ on each state $y$ under the weighting `weights`, computed stably as a softmax."
     phi = as_tensor(phi, "phi")
     if phi.ndim < 2 or min(phi.shape[-2:]) < 1: raise ValueError(f"`phi` must have shape (..., s, d), got {tuple(phi.shape)}")
@@ -40,7 +40,7 @@ def kernel_attention(phi,        # (..., s, d) state features
 def population_attention(mrp:MRP,  # the process, with features `mrp.phi` and stationary distribution `mrp.d_pi`
                          W,        # (d, d) score matrix
                         )->torch.Tensor: # (s, s) row-stochastic M_pi[x, y]: the weight state x puts on state y
-    "Population attention $M_\\pi(x, y) = d_\\pi(y) \\kappa(y, x) / \\sum_z d_\\pi(z) \\kappa(z, x)$."
+    "Population attention $M_\\pi(x, y) = d_\\pi(y) h(y, x) / \\sum_z d_\\pi(z) h(z, x)$."
     if not isinstance(mrp, MRP): raise ValueError(f"`mrp` must be an MRP, got {type(mrp).__name__}")
     return kernel_attention(mrp.phi, W, mrp.d_pi)
 
@@ -140,8 +140,8 @@ def kernel_diagonality(M, # (..., s, s) attention matrix aggregated by state
 def rate_bound(M,            # (..., s, s) attention matrix aggregated by state
                gamma:float,  # discount factor in [0, 1)
                alpha,        # step size in (0, 1]: a number, or a tensor (...) of one per task
-              )->torch.Tensor: # (...) rho = 1 - alpha (2 min_x M(x, x) - 1 - gamma); < 1 exactly when the condition holds
-    "The contraction constant $\\rho$ of the recursion with attention `M` (valid for any row-stochastic `P`)."
+              )->torch.Tensor: # (...) kappa = 1 - alpha (2 min_x M(x, x) - 1 - gamma); < 1 exactly when the condition holds
+    "The contraction constant $\\kappa$ of the recursion with attention `M` (valid for any row-stochastic `P`)."
     m = kernel_diagonality(M)[1]
     return 1 - _step(alpha, m) * (2 * m - 1 - check_gamma(gamma))
 
@@ -157,8 +157,8 @@ def sup_error(v,     # (..., s) value estimates
 def contraction_bound(mrp:MRP,    # the process
                       W,          # (d, d) score matrix
                       alpha:float, # step size in (0, 1]
-                     )->torch.Tensor: # scalar rho; ||v_L - v_pi||_inf <= rho^L ||v_pi||_inf; >= 1 where the condition fails
-    "The bound $\\rho$ for the population recursion of `mrp` with scores `W` and step `alpha`."
+                     )->torch.Tensor: # scalar kappa; ||v_L - v_pi||_inf <= kappa^L ||v_pi||_inf; >= 1 where the condition fails
+    "The bound $\\kappa$ for the population recursion of `mrp` with scores `W` and step `alpha`."
     return rate_bound(population_attention(mrp, W), mrp.gamma, alpha)
 
 # %% ../nbs/05_convergence.ipynb #c7b6c3e5
@@ -188,7 +188,7 @@ def span_rate(M,            # (..., s, s) attention aggregated by state
               alpha,        # step size in (0, 1]: a number, or a tensor (...) of one per task
               k:int=1,      # power of B whose span coefficient is taken
              )->torch.Tensor: # (...) delta(B^k)^(1/k); the span condition is that it is below 1
-    "Per-layer span contraction $\\delta(B^k)^{1/k}$ of the error matrix $B = I - \\alpha M (I - \\gamma P)$."
+    "Per-layer span contraction $\\operatorname{sc}(B^k)^{1/k}$ of the error matrix $B = I - \\alpha M (I - \\gamma P)$."
     k = _positive_int(k, "k")
     return _span_coefficient(torch.linalg.matrix_power(_error_matrix(M, P, gamma, alpha), k)) ** (1 / k)
 
@@ -210,7 +210,7 @@ def span_bound(M,             # (..., s, s) attention aggregated by state
                n_layers:int,  # maximal depth L
                k:int=1,       # the bound uses delta(B^k)
               )->torch.Tensor: # (..., L+1) upper bounds on ||e_L||_inf, valid for every row-stochastic M and P
-    "Proposition 2's bound on the sup-norm error at each depth: the constant part decays at $\\lambda$, the span at $\\delta(B^k)$."
+    "Proposition 5.2's bound on the sup-norm error at each depth: the constant part decays at $\\kappa_{\\mathrm{tab}}$, the span at $\\operatorname{sc}(B^k)$."
     k = _positive_int(k, "k")
     if int(n_layers) != n_layers or n_layers < 0: raise ValueError(f"`n_layers` must be a non-negative integer, got {n_layers}")
     B = _error_matrix(M, P, gamma, alpha)
@@ -239,7 +239,7 @@ def fixed_point(M,            # (..., s, s) attention aggregated by state
                 gamma:float,  # discount factor in [0, 1)
                 counts=None,  # (..., s) key counts N; states with N = 0 are not keys (default: all states are keys)
                )->torch.Tensor: # (..., s) the limit of `td_recursion` as the depth grows
-    "Limit $C (RC)^{-1} \\hat r_V$ of the recursion over states, $C = M_{:,V}$, $R = (I - \\gamma P)_{V,:}$."
+    "Limit $U (EU)^{-1} \\hat r_{\\mathcal K}$ of the recursion over states, $U = M_{:,\\mathcal K}$, $E = (I - \\gamma P)_{\\mathcal K,:}$."
     M, P, r, shape = _mrp_arrays(M, P, r)
     I = torch.eye(shape[-1], dtype=M.dtype, device=M.device)
     keys = torch.ones(shape, dtype=M.dtype, device=M.device) if counts is None else (as_tensor(counts, "counts", M.dtype, M.device) > 0).to(M.dtype).expand(shape)
@@ -254,7 +254,7 @@ def floor_bound(P_hat,        # (..., s, s) empirical transitions of a context w
                 v_pi,         # (..., s) true values
                 gamma:float,  # discount factor in [0, 1)
                )->torch.Tensor: # (...) gamma / (1 - gamma) ||(P_hat - P) v_pi||_inf
-    "Proposition 3's bound on the statistical floor $\\|\\hat v_\\infty - v_\\pi\\|_\\infty$ (every state a key, deterministic rewards)."
+    "Proposition 5.3's bound on the statistical floor $\\|\\hat v_\\infty - v_\\pi\\|_\\infty$ (every state a key, deterministic rewards)."
     P_hat = as_tensor(P_hat, "P_hat")
     P, v = as_tensor(P, "P", P_hat.dtype, P_hat.device), as_tensor(v_pi, "v_pi", P_hat.dtype, P_hat.device)
     if P_hat.shape[-2:] != P.shape[-2:] or v.shape[-1] != P.shape[-1]: raise ValueError(f"`P_hat` {tuple(P_hat.shape)}, `P` {tuple(P.shape)} and `v_pi` {tuple(v.shape)} must share the number of states")
@@ -278,7 +278,7 @@ def hitting_times(P, # (..., s, s) irreducible stochastic matrices
 # %% ../nbs/05_convergence.ipynb #ceabed7d
 def missing_state_bound(P,      # (..., s, s) irreducible stochastic matrices
                         n:int,  # number of keys S_0..S_{n-1}
-                       )->torch.Tensor: # (...) Proposition 7 item 1, capped at 1
+                       )->torch.Tensor: # (...) Proposition 5.4 item 1, capped at 1
     "Bound on the probability that a context of $n$ transitions misses some state as a key, from the worst hitting times."
     t = hitting_times(P).amax(-2)                                           # t_x = max_y E_y tau_x
     return torch.exp(-torch.floor(int(n) / torch.ceil(math.e * t))).sum(-1).clamp(max=1.)
@@ -289,7 +289,7 @@ def floor_hp_bound(min_counts,   # (...) smallest key count min_x N(x) of each c
                    gamma:float,  # discount factor in [0, 1)
                    n:int,        # context length
                    delta:float=0.05, # failure probability
-                  )->torch.Tensor: # (...) Proposition 7 item 3; inf where some state is not a key
+                  )->torch.Tensor: # (...) Proposition 5.4 item 3; inf where some state is not a key
     "High-probability bound on the statistical floor of a context whose keys cover every state."
     v = as_tensor(v_pi, "v_pi")
     if not 0 < delta < 1: raise ValueError(f"`delta` must lie in (0, 1), got {delta}")
@@ -301,7 +301,7 @@ def floor_hp_bound(min_counts,   # (...) smallest key count min_x N(x) of each c
 def interior_cap(phi,      # (..., s, d) state features
                  weights,  # (..., s) positive state weights (d_pi, or key counts)
                 )->torch.Tensor: # (..., s) cap on M(x, x) valid for every W; 1 where phi(x) is not in the hull of the others
-    "Proposition 4: the attention a state can put on itself, under any score matrix, when its features are a convex combination of the others'."
+    "Proposition 5.5: the attention a state can put on itself, under any score matrix, when its features are a convex combination of the others'."
     phi = as_tensor(phi, "phi")
     if phi.ndim < 2 or phi.shape[-2] < 2: raise ValueError(f"`phi` must have shape (..., s, d) with s >= 2, got {tuple(phi.shape)}")
     s, d = phi.shape[-2:]
@@ -343,7 +343,7 @@ def circulant_pair(m:float,      # the diagonal of M, in [0, 1]
                    a:int=1,      # M gives 1 - m of each row to the state a steps ahead
                    b:int=-1,     # P moves b steps; irreducible when gcd(b, s) = 1
                   )->tuple:      # (M, P) float64 (s, s): M = m I + (1 - m) S^a, P = S^b
-    "Proposition 5's circulant pair, whose error matrix $B$ is diagonal in the Fourier basis."
+    "Proposition 5.7's circulant pair, whose error matrix $B$ is diagonal in the Fourier basis."
     s = _positive_int(n_states, "n_states")
     if s < 2: raise ValueError(f"`n_states` must be at least 2, got {n_states}")
     if not 0 <= m <= 1: raise ValueError(f"`m` must lie in [0, 1], got {m}")
@@ -375,7 +375,7 @@ def circulant_threshold(gamma:float,  # discount factor in [0, 1)
                         alpha:float,  # step size in (0, 1]
                         n_states:int, # number of states s >= 2
                        )->dict:       # m (the lower bound m_c), and the circulant pair that attains it: n (states used), a, b
-    "Proposition 5's lower bound $m_c(\\gamma, \\alpha, s)$ on the diagonality threshold: the best circulant pair on $s' \\le s$ states."
+    "Proposition 5.7's lower bound $m_c(\\gamma, \\alpha, s)$ on the diagonality threshold: the best circulant pair on $s' \\le s$ states."
     s, gamma = _positive_int(n_states, "n_states"), check_gamma(gamma)
     if s < 2: raise ValueError(f"`n_states` must be at least 2, got {n_states}")
     if not 0 < alpha <= 1: raise ValueError(f"`alpha` must lie in (0, 1], got {alpha}")
@@ -390,7 +390,7 @@ def circulant_limit(gamma:float,  # discount factor in [0, 1)
                     alpha:float,  # step size in (0, 1]
                     grid:int=361, # grid points per angle before a local refinement
                    )->float:      # m_infinity(gamma, alpha)
-    "Proposition 5's limit $m_\\infty(\\gamma, \\alpha)$ of the circulant lower bounds as $s \\to \\infty$."
+    "Proposition 5.7's limit $m_\\infty(\\gamma, \\alpha)$ of the circulant lower bounds as $s \\to \\infty$."
     gamma = check_gamma(gamma)
     root = lambda angles: _mode_root(np.exp(1j * angles[0]), 1 - gamma * np.exp(1j * angles[1]), alpha)
     th = np.linspace(0, 2 * np.pi, int(grid))

@@ -84,7 +84,7 @@ def test_recursion_rejects_bad_arguments(bad, msg):
 @settings(max_examples=60, deadline=None)
 @given(seed=seeds, s=st.integers(2, 8), alpha=st.floats(0.01, 1.), gamma=st.floats(0., 0.99), zeros=st.floats(0., 0.8), k=st.integers(1, 6))
 def test_span_bound_holds_for_any_stochastic_pair(seed, s, alpha, gamma, zeros, k):
-    "Proposition 2: the error of the recursion stays under the span bound at every depth, for any M, P and start."
+    "Proposition 5.2: the error of the recursion stays under the span bound at every depth, for any M, P and start."
     rng = np.random.default_rng(seed)
     M, P = stochastic(rng, s, zeros), stochastic(rng, s, zeros)
     v_pi = torch.from_numpy(rng.normal(size=s))
@@ -99,7 +99,7 @@ def test_span_bound_holds_for_any_stochastic_pair(seed, s, alpha, gamma, zeros, 
 @settings(max_examples=40, deadline=None)
 @given(seed=seeds, d=st.integers(2, 4), scale=st.sampled_from([0.3, 3., 30.]))
 def test_no_score_matrix_beats_the_interior_cap(seed, d, scale):
-    "Proposition 4: M(x, x) <= cap(x) for random score matrices, at every scale, for population and count weights."
+    "Proposition 5.5: M(x, x) <= cap(x) for random score matrices, at every scale, for population and count weights."
     rng = np.random.default_rng(seed)
     phi, w = torch.from_numpy(rng.uniform(-1, 1, size=(8, d))), torch.from_numpy(rng.random(8) + 0.05)
     cap = interior_cap(phi, w)
@@ -116,7 +116,7 @@ def test_interior_cap_is_one_on_one_hot_and_unit_features():
 @settings(max_examples=30, deadline=None)
 @given(seed=seeds, n=st.integers(30, 400), beta=st.floats(0., 20.))
 def test_count_lemma_and_floor_identity(seed, n, beta):
-    "Lemma 1 for any kernel, and Proposition 3's floor identity on contexts whose keys cover every state."
+    "Lemma 5.1 for any kernel, and Proposition 5.3's floor identity on contexts whose keys cover every state."
     mrp = random_boyan_chain(n_states=6, d=3, features="unit", seed=seed)
     states, rewards = sample_trajectory(mrp, n, seed=seed)
     N, P_hat, r_hat = empirical_mrp(states, rewards, 6)

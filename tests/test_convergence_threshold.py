@@ -1,4 +1,4 @@
-"""Tests of chapter 5's threshold, slow-mixing and finite-n results (Propositions 5-7, Lemma 1), on inputs the book
+"""Tests of chapter 5's threshold, slow-mixing and finite-n results (Propositions 5.4, 5.6, 5.7, Lemma 5.1), on inputs the book
 does not show."""
 import math
 import numpy as np
@@ -18,7 +18,7 @@ def unit_property(n_examples, **strategies):
 
 @unit_property(40, m=st.floats(0., 1.), s=st.integers(2, 9), a=st.integers(0, 8), b=st.integers(1, 8), gamma=st.floats(0., 0.99), alpha=st.floats(0.05, 1.))
 def test_circulant_spectrum(m, s, a, b, gamma, alpha):
-    "Proposition 5 item 1: the spectrum of B for a circulant pair is the set of Fourier multipliers (a wrong formula fails)."
+    "Proposition 5.7 item 1: the spectrum of B for a circulant pair is the set of Fourier multipliers (a wrong formula fails)."
     if math.gcd(b, s) != 1: return
     M, P = circulant_pair(m, s, a, b)
     w = np.exp(2j * np.pi * np.arange(s) / s)
@@ -27,7 +27,7 @@ def test_circulant_spectrum(m, s, a, b, gamma, alpha):
 
 @unit_property(60, seed=seeds, gamma=st.floats(0., 0.99), alpha=st.floats(0.01, 1.))
 def test_two_states_converge_above_one_half(seed, gamma, alpha):
-    "Proposition 5 item 3: with two states, both diagonal entries above 1/2 imply rho(B) < 1, for every P."
+    "Proposition 5.7 item 3: with two states, both diagonal entries above 1/2 imply spr(B) < 1, for every P."
     rng = np.random.default_rng(seed)
     a, b = rng.uniform(0.5 + 1e-6, 1, 2)
     p, q = rng.uniform(1e-6, 1, 2)
@@ -61,13 +61,13 @@ def test_worst_case_pair_diverges_below_threshold(gamma, alpha, s):
 
 @pytest.mark.unit
 def test_circulant_limit_closed_form():
-    "Proposition 5 item 4: the small-step limit 1 / (1 + sqrt(1 - gamma^2)) is reached by the circulant limit as alpha -> 0."
+    "Proposition 5.7 item 4: the small-step limit 1 / (1 + sqrt(1 - gamma^2)) is reached by the circulant limit as alpha -> 0."
     for g in (0.5, 0.9):
         assert abs(circulant_limit(g, 1e-4) - 1 / (1 + math.sqrt(1 - g ** 2))) < 1e-3
 
 @unit_property(60, seed=seeds, s=st.integers(2, 7), eps=st.floats(0.01, 0.9))
 def test_lemma1_tight_bounds(seed, s, eps):
-    "Lemma 1 (tightened): row error <= 2 eps / (1 + sqrt(1 - eps^2)) and the diagonal bound, for any kernel and counts within eps."
+    "Lemma 5.1 (tightened): row error <= 2 eps / (1 + sqrt(1 - eps^2)) and the diagonal bound, for any kernel and counts within eps."
     rng = np.random.default_rng(seed)
     phi, W = rng.normal(size=(s, 3)), 3 * rng.normal(size=(3, 3))
     d = rng.dirichlet(np.ones(s))
@@ -80,7 +80,7 @@ def test_lemma1_tight_bounds(seed, s, eps):
 @pytest.mark.unit
 @pytest.mark.parametrize("seed", [21, 22, 23])
 def test_lazy_chain_limit(seed):
-    "Proposition 6: on a lazy chain the rate tends to 1 - alpha (1 - gamma) mu_min(M), above lambda."
+    "Proposition 5.6: on a lazy chain the rate tends to 1 - alpha (1 - gamma) mu_min(M), above kappa_tab."
     mrp = random_boyan_chain(features="unit", seed=seed)
     M = kernel_attention(mrp.phi, 8 * torch.eye(mrp.d, dtype=torch.float64), mrp.d_pi)
     limit = 1 - 0.1 * torch.linalg.eigvals(M).real.min()
@@ -103,7 +103,7 @@ def test_hitting_times_against_simulation():
 
 @pytest.mark.claims
 def test_high_probability_floor_bounds_hold():
-    "Proposition 7 items 1 and 3: over 300 contexts (seeds the book does not use) the failure rates stay within delta and the missing-state bound."
+    "Proposition 5.4 items 1 and 3: over 300 contexts (seeds the book does not use) the failure rates stay within p_fail (`delta`) and the missing-state bound."
     from ictd.tasks import random_tasks, sample_trajectories
     tb = random_tasks(300, seed=9100, features="onehot")
     n = 150

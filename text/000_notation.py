@@ -51,7 +51,7 @@
 # | $C$ | preconditioner of linear TD (only this) | Proposition 1.4 |
 # | $\zeta(x)$ | shift that makes the linear kernel positive | Proposition 1.3 |
 # | $\hat M$ | row-stochastic matrix of attention grouped by state | Proposition 1.7, [chapter 5](convergence.html) |
-# | $\kappa$ | contraction constant of an error recursion | Proposition 1.7 |
+# | $\kappa$ | contraction constant of an error recursion (only this); $\hat\kappa$ for a context | Proposition 1.7, Proposition 5.1 |
 # | $F$ | the map of one iteration, $v \mapsto F v + f$ | [chapter 1](weighted_softmax_td.html#tabular-td-is-a-limit) |
 # | $J$, $\chi$, $\xi$ | grouped update matrix of Proposition 1.8, its centring indicator, the constant its limit is shifted by | Proposition 1.8 |
 #
@@ -74,6 +74,25 @@
 # | $\lambda$ | positional (recency) bias of a causal layer: the logit of key $i$ gains $\lambda \log i$ | [chapter 4a](causal.html#the-causal-layer) |
 # | $\mathsf Q, \mathsf K, \mathsf V$ | row-token query, key and value matrices (the bridge box only) | [chapter 2](prompt.html#from-row-token-attention-to-the-books-columns) |
 #
+# ## Convergence (chapters 5 and 5a)
+#
+# | symbol | meaning | defined in |
+# |---|---|---|
+# | $d_\pi$ | stationary distribution of $P$ | [chapter 0](boyan.html) |
+# | $h = e^g$ | exponentiated score, $h(y, x) = e^{g(y, x)}$ | [chapter 5](convergence.html) |
+# | $M_\pi$, $M$ | population attention grouped by state, row-stochastic; $M$ any such matrix | [chapter 5](convergence.html) |
+# | $B$, $\hat B$ | error matrix of the recursion, $B = I - \alpha M (I - \gamma P)$, and its context version | Proposition 5.1 |
+# | $e_l$ | error after $l$ layers, $v_l - v_\pi$ | Proposition 5.1 |
+# | $\kappa_{\mathrm{tab}}$ | tabular rate $1 - \alpha(1 - \gamma)$: the rate of the constant direction, and $\kappa$ at $M = I$ | Proposition 5.2 |
+# | $\operatorname{sp}(v)$ | span seminorm $\max_x v(x) - \min_x v(x)$ | Proposition 5.2 |
+# | $\operatorname{sc}(H)$ | span coefficient of a matrix $H$ with constant row sums (how much it contracts $\operatorname{sp}$) | Proposition 5.2 |
+# | $\operatorname{spr}(B)$ | spectral radius of $B$ | [chapter 5](convergence.html#how-diagonal-is-diagonal-enough-the-true-threshold) |
+# | $\hat v_\infty$; $\mathcal K$, $U$, $E$ | empirical fixed point of the recursion; the key states, $\hat M_{:, \mathcal K}$ and $(I - \gamma \hat P)_{\mathcal K, :}$ | [chapter 5](convergence.html#the-fixed-point-and-the-statistical-floor) |
+# | $t_x$, $\tau_x$; $p_{\mathrm{fail}}$ | worst expected hitting time of $x$ and the hitting time; the failure probability of a high-probability bound | Proposition 5.4 |
+# | $w$, $\nu_y$ | positive state weights; convex weights of a state's features in the hull of the others | Proposition 5.5 |
+# | $\eta$, $P_\eta$; $\mu_{\min}$, $\mu_2(P)$ | laziness and the lazy chain; the smallest eigenvalue of $M$, the second largest eigenvalue of $P$ in modulus | Proposition 5.6 |
+# | $m^*$, $m_c$, $m_\infty$ | diagonality threshold; its circulant lower bound and that bound's limit as $s \to \infty$ | Proposition 5.7 |
+#
 # ## Glossary
 #
 # **Certainty equivalence.** Solving the empirical Markov reward process of the context, $\hat v = \hat r + \gamma \hat P \hat v$,
@@ -82,7 +101,7 @@
 #
 # **Kernel diagonality.** The condition $\min_x M(x, x) > (1 + \gamma)/2$ on the attention grouped by state: each state
 # puts more than $(1+\gamma)/2$ of its attention on transitions leaving itself. It makes the layer recursion a contraction
-# (Proposition 1.7 for a context; [chapter 5](convergence.html) in the population).
+# (Proposition 1.7 for a context; Proposition 5.1 of [chapter 5](convergence.html) in the population).
 #
 # **NEU.** The norm of the expected update, $\|\mathbb E[\delta\, \nabla_\theta \mathrm{TF}(Z_0; \theta)]\|^2$: zero at a rest
 # point of multi-task TD pretraining ([chapter 6](pretrain.html)).
@@ -91,7 +110,8 @@
 # with $M_\pi$ the population attention matrix ([chapter 5](convergence.html)).
 #
 # **Span condition.** A contraction condition weaker than kernel diagonality: some power of the error recursion's matrix
-# contracts the spread $\max_x v(x) - \min_x v(x)$ of a vector ([chapter 5](convergence.html)).
+# contracts the spread $\operatorname{sp}(v) = \max_x v(x) - \min_x v(x)$ of a vector: $\operatorname{sc}(B^k) < 1$ for some $k$
+# (Proposition 5.2 of [chapter 5](convergence.html)).
 #
 # **State tokens.** A context column's token is a function of its state, so the $n$ keys collapse to $s$ tokens, one per
 # state, weighted by their visit counts; a forward pass then costs $s + 1 + q$ columns whatever $n$ is ([chapter 6](pretrain.html)).

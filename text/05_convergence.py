@@ -38,19 +38,19 @@ from ictd.wstd import weighted_softmax_td, context_weights, certainty_equivalenc
 # its Assumption 5.1), down to a statistical floor that vanishes as the context grows. The paper's
 # proofs are not available to us, so everything below is the project's own **[ours]**: the
 # population operator, the precise form of the condition ($\min_x M_\pi(x, x) > (1 + \gamma)/2$,
-# our checkable version of the assumption, not a quotation), the constant $\rho$ of the bound and
+# our checkable version of the assumption, not a quotation), the constant $\kappa$ of the bound and
 # its proof, and the measurements that test each claim (in chapter 5a).
 #
 # The plan: aggregate the softmax weights of a context by state (an *exact* rewrite of the
 # Transformer's iteration as a recursion over the $s$ states), let the context grow to get the
 # population recursion, prove that it contracts when the attention is diagonal enough
-# (Proposition 1), and check it on many random Boyan chains at once. Then leave the
+# (Proposition 5.1), and check it on many random Boyan chains at once. Then leave the
 # tabular corner: a weaker condition that uses the one direction leakage cannot slow, the constant
-# vector (Proposition 2); a finite-context statement with an explicit bound on the floor
-# (Lemma 1, Proposition 3) and a high-probability version of it (Proposition 7); a proof that for some
-# feature geometries no feature-bilinear score satisfies the diagonal condition (Proposition 4); the rate
-# on slowly mixing chains (Proposition 6); and how diagonal the attention must really be: the true
-# threshold, bounded from below and from above (Proposition 5). All seven propositions and the lemma are
+# vector (Proposition 5.2); a finite-context statement with an explicit bound on the floor
+# (Lemma 5.1, Proposition 5.3) and a high-probability version of it (Proposition 5.4); a proof that for some
+# feature geometries no feature-bilinear score satisfies the diagonal condition (Proposition 5.5); the rate
+# on slowly mixing chains (Proposition 5.6); and how diagonal the attention must really be: the true
+# threshold, bounded from below and from above (Proposition 5.7). All seven propositions and the lemma are
 # ours.
 #
 # This chapter holds the definitions, the algorithms, the statements with their proofs, and checks of each
@@ -63,23 +63,23 @@ from ictd.wstd import weighted_softmax_td, context_weights, certainty_equivalenc
 # %% [markdown]
 # ## Attention aggregated by state
 #
-# Fix a score matrix $W$, so $g(y, x) = \phi(y)^\top W \phi(x)$ and $\kappa = e^g$. The softmax
+# Fix a score matrix $W$, so $g(y, x) = \phi(y)^\top W \phi(x)$ and $h = e^g$. The softmax
 # weight of transition $k$ for a target in state $x$ depends on the transition only through its
 # start state $S_{k-1}$. Grouping the $n$ keys by state, with $N(y)$ the number of keys in state
 # $y$, the total weight that $x$ puts on the keys in state $y$ is
 #
 # $$\hat M(x, y) = \sum_{k:\, S_{k-1} = y} K_k(x)
-#   = \frac{N(y)\, \kappa(y, x)}{\sum_z N(z)\, \kappa(z, x)} .$$
+#   = \frac{N(y)\, h(y, x)}{\sum_z N(z)\, h(z, x)} .$$
 #
 # Along a stationary trajectory $N(y)/n \to d_\pi(y)$ (the ergodic theorem of
 # [chapter 0](boyan.html)), and dividing numerator and denominator by $n$ gives the **population
 # attention matrix**
 #
-# $$M_\pi(x, y) = \frac{d_\pi(y)\, \kappa(y, x)}{\sum_z d_\pi(z)\, \kappa(z, x)} .$$
+# $$M_\pi(x, y) = \frac{d_\pi(y)\, h(y, x)}{\sum_z d_\pi(z)\, h(z, x)} .$$
 #
 # Both are the same function of a weight vector over states (counts or probabilities): a softmax
 # over $y$ of the logits $g(y, x) + \log w(y)$, which is how we compute it. The log-sum-exp form
-# never overflows, even at score scales where $\kappa$ itself would, and a state of weight zero gets
+# never overflows, even at score scales where $h$ itself would, and a state of weight zero gets
 # logit $-\infty$ and weight exactly zero.
 
 # %%
@@ -87,7 +87,7 @@ from ictd.wstd import weighted_softmax_td, context_weights, certainty_equivalenc
 def kernel_attention(phi,        # (..., s, d) state features
                      W,          # (d, d) or (..., d, d) score matrix, g(y, x) = phi(y)^T W phi(x)
                      weights,    # (..., s) non-negative state weights w: d_pi, or key counts N
-                    )->torch.Tensor: # (..., s, s) row-stochastic M[x, y] = w(y) kappa(y, x) / sum_z w(z) kappa(z, x)
+                    )->torch.Tensor: # (..., s, s) row-stochastic M[x, y] = w(y) h(y, x) / sum_z w(z) h(z, x)
     "Attention of each state $x$ on each state $y$ under the weighting `weights`, computed stably as a softmax."
     phi = as_tensor(phi, "phi")
     if phi.ndim < 2 or min(phi.shape[-2:]) < 1: raise ValueError(f"`phi` must have shape (..., s, d), got {tuple(phi.shape)}")
@@ -110,7 +110,7 @@ show_doc(kernel_attention)
 def population_attention(mrp:MRP,  # the process, with features `mrp.phi` and stationary distribution `mrp.d_pi`
                          W,        # (d, d) score matrix
                         )->torch.Tensor: # (s, s) row-stochastic M_pi[x, y]: the weight state x puts on state y
-    "Population attention $M_\\pi(x, y) = d_\\pi(y) \\kappa(y, x) / \\sum_z d_\\pi(z) \\kappa(z, x)$."
+    "Population attention $M_\\pi(x, y) = d_\\pi(y) h(y, x) / \\sum_z d_\\pi(z) h(z, x)$."
     if not isinstance(mrp, MRP): raise ValueError(f"`mrp` must be an MRP, got {type(mrp).__name__}")
     return kernel_attention(mrp.phi, W, mrp.d_pi)
 
@@ -154,7 +154,7 @@ show_doc(empirical_attention)
 
 # %% [markdown]
 # A first look, on one chain with one-hot features and $W = \beta I$, so that
-# $\kappa(y, x) = e^{\beta\, 1[x = y]}$: a state attends to itself $e^\beta$ times more than to any
+# $h(y, x) = e^{\beta\, 1[x = y]}$: a state attends to itself $e^\beta$ times more than to any
 # other state, before weighting by $d_\pi$. Rows sum to one, and the diagonal grows with $\beta$.
 
 # %%
@@ -204,7 +204,7 @@ test_close(K.T @ E, empirical_attention(task.phi, W_rand, states), eps=1e-14)
 # counts alone, whatever the kernel:
 #
 # ::: {.proposition}
-# **Lemma 1 (ours).** Let $\varepsilon = \max_y |N(y)/(n\, d_\pi(y)) - 1| < 1$. Then for every score
+# **Lemma 5.1 (ours).** Let $\varepsilon = \max_y |N(y)/(n\, d_\pi(y)) - 1| < 1$. Then for every score
 # matrix $W$ and every state $x$,
 # $$\sum_y |\hat M(x, y) - M_\pi(x, y)| \le \frac{2\varepsilon}{1 + \sqrt{1 - \varepsilon^2}}\ (\le \varepsilon / \sqrt{1 - \varepsilon^2}), \qquad
 #   \hat M(x, x) \ge \frac{1 - \varepsilon}{1 + \varepsilon (1 - 2 M_\pi(x, x))}\, M_\pi(x, x) \ \ge\ \frac{1 - \varepsilon}{1 + \varepsilon}\, M_\pi(x, x) .$$
@@ -213,7 +213,7 @@ test_close(K.T @ E, empirical_attention(task.phi, W_rand, states), eps=1e-14)
 #
 # ::: {.proof}
 # *Proof.* Write $N(y)/n = d_\pi(y)(1 + \varepsilon_y)$ with $|\varepsilon_y| \le \varepsilon$. Dividing
-# numerator and denominator of $\hat M(x, y)$ by $n \sum_z d_\pi(z) \kappa(z, x)$ gives
+# numerator and denominator of $\hat M(x, y)$ by $n \sum_z d_\pi(z) h(z, x)$ gives
 # $\hat M(x, y) = M_\pi(x, y)(1 + \varepsilon_y)/(1 + \bar\varepsilon_x)$ with
 # $\bar\varepsilon_x = \sum_z M_\pi(x, z) \varepsilon_z \in [-\varepsilon, \varepsilon]$. So
 # $\sum_y |\hat M(x, y) - M_\pi(x, y)| = \sum_y M_\pi(x, y) |\varepsilon_y - \bar\varepsilon_x| / (1 + \bar\varepsilon_x)$: the mean
@@ -421,16 +421,17 @@ for msg, f in {"`alpha` must lie in (0, 1]": lambda: td_recursion(M_pop, task.P,
 # alone is enough.
 #
 # ::: {.proposition}
-# **Proposition (ours; the paper's Assumption 5.1 in checkable form).** Let $M$ and $P$ be
+# **Proposition 5.1 (ours; the paper's Assumption 5.1 in checkable form).** Let $M$ and $P$ be
 # non-negative and row-stochastic, $\alpha \in (0, 1]$, $\gamma \in [0, 1)$ and
-# $\rho = 1 - \alpha\big(2 \min_x M(x, x) - 1 - \gamma\big)$. Then $\|B\|_\infty \le \rho$, and
-# if the **kernel-diagonality condition** $\min_x M(x, x) > (1 + \gamma)/2$ holds, $\rho < 1$ and
+# $\kappa = 1 - \alpha\big(2 \min_x M(x, x) - 1 - \gamma\big)$. Then $\|B\|_\infty \le \kappa$, and
+# if the **kernel-diagonality condition** $\min_x M(x, x) > (1 + \gamma)/2$ holds, $\kappa < 1$ and
 #
-# $$\|v_L - v_\pi\|_\infty = \|B^L e_0\|_\infty \le \rho^L \|v_\pi\|_\infty \qquad (e_0 = -v_\pi).$$
+# $$\|v_L - v_\pi\|_\infty = \|B^L e_0\|_\infty \le \kappa^L \|v_\pi\|_\infty \qquad (e_0 = -v_\pi).$$
 # :::
 #
-# Here $\rho$ is the contraction constant of the recursion (`contraction_bound` computes it); it is
-# unrelated to the per-target weight $\rho(x)$ of [chapter 1](weighted_softmax_td.html).
+# Here $\kappa$ is the contraction constant of the recursion (`contraction_bound` computes it); it is
+# unrelated to the per-target weight $\rho(x)$ of [chapter 1](weighted_softmax_td.html), and it is the contraction constant
+# $\kappa$ of Proposition 1.7, here for the population attention.
 #
 # ::: {.proof}
 # *Proof.* Write row $x$ of $B$ out. With $M$ and $P$ row-stochastic and non-negative, $MP$ is
@@ -444,16 +445,16 @@ for msg, f in {"`alpha` must lie in (0, 1]": lambda: td_recursion(M_pop, task.P,
 #
 # $$\begin{aligned}\sum_y |B(x, y)| &\le \big(1 - \alpha M(x, x)\big) + \alpha \sum_{y \ne x} M(x, y)
 #   + \alpha\gamma \sum_y (MP)(x, y) \\
-#   &= 1 + \alpha\big(1 + \gamma - 2 M(x, x)\big) \le \rho .\end{aligned}$$
+#   &= 1 + \alpha\big(1 + \gamma - 2 M(x, x)\big) \le \kappa .\end{aligned}$$
 #
-# The largest absolute row sum is the induced $\infty$-norm, so $\|B\|_\infty \le \rho$; under the
-# condition $\rho < 1$. The norm is submultiplicative and $e_L = B^L e_0$, which gives the bound on
+# The largest absolute row sum is the induced $\infty$-norm, so $\|B\|_\infty \le \kappa$; under the
+# condition $\kappa < 1$. The norm is submultiplicative and $e_L = B^L e_0$, which gives the bound on
 # the error.
 # :::
 #
 # The condition is the project's checkable reading of the paper's Assumption 5.1: every state must
 # give itself more than $(1 + \gamma)/2$ of its attention ($0.95$ at $\gamma = 0.9$). In the
-# tabular limit $M = I$ and $\rho = 1 - \alpha(1 - \gamma)$, which is exactly the rate of tabular
+# tabular limit $M = I$ and $\kappa = 1 - \alpha(1 - \gamma)$, which is exactly the rate of tabular
 # TD: $B = (1 - \alpha) I + \alpha\gamma P$ has the eigenvalue $1 - \alpha(1 - \gamma)$ (for the
 # constant vector), so the bound cannot be improved there. The same argument applies verbatim to
 # the finite-context recursion with $\hat M$ and $\hat P$, whenever every state appears among the
@@ -479,8 +480,8 @@ show_doc(kernel_diagonality)
 def rate_bound(M,            # (..., s, s) attention matrix aggregated by state
                gamma:float,  # discount factor in [0, 1)
                alpha,        # step size in (0, 1]: a number, or a tensor (...) of one per task
-              )->torch.Tensor: # (...) rho = 1 - alpha (2 min_x M(x, x) - 1 - gamma); < 1 exactly when the condition holds
-    "The contraction constant $\\rho$ of the recursion with attention `M` (valid for any row-stochastic `P`)."
+              )->torch.Tensor: # (...) kappa = 1 - alpha (2 min_x M(x, x) - 1 - gamma); < 1 exactly when the condition holds
+    "The contraction constant $\\kappa$ of the recursion with attention `M` (valid for any row-stochastic `P`)."
     m = kernel_diagonality(M)[1]
     return 1 - _step(alpha, m) * (2 * m - 1 - check_gamma(gamma))
 
@@ -511,8 +512,8 @@ test_eq(sup_error(torch.tensor([1., -2., 0.5]), torch.zeros(3)), torch.tensor(2.
 def contraction_bound(mrp:MRP,    # the process
                       W,          # (d, d) score matrix
                       alpha:float, # step size in (0, 1]
-                     )->torch.Tensor: # scalar rho; ||v_L - v_pi||_inf <= rho^L ||v_pi||_inf; >= 1 where the condition fails
-    "The bound $\\rho$ for the population recursion of `mrp` with scores `W` and step `alpha`."
+                     )->torch.Tensor: # scalar kappa; ||v_L - v_pi||_inf <= kappa^L ||v_pi||_inf; >= 1 where the condition fails
+    "The bound $\\kappa$ for the population recursion of `mrp` with scores `W` and step `alpha`."
     return rate_bound(population_attention(mrp, W), mrp.gamma, alpha)
 
 
@@ -521,7 +522,7 @@ show_doc(contraction_bound)
 
 # %% [markdown]
 # Checks: the tabular limit gives $1 - \alpha(1 - \gamma)$; at $\beta = 0$ the condition fails
-# ($\rho \ge 1$); $\|B\|_\infty \le \rho$ for every attention matrix, diagonal or not.
+# ($\kappa \ge 1$); $\|B\|_\infty \le \kappa$ for every attention matrix, diagonal or not.
 
 # %%
 mrp = random_boyan_chain(features="onehot", seed=0)
@@ -544,49 +545,49 @@ test_fail(lambda: kernel_diagonality(torch.ones(2, 3)), contains="`M` must have 
 # error the wrong way. One direction never suffers from leakage: for *any* row-stochastic $M$ and
 # $P$, the constant vector is an eigenvector of $B$,
 #
-# $$B \mathbf 1 = \mathbf 1 - \alpha M (\mathbf 1 - \gamma \mathbf 1) = \lambda \mathbf 1, \qquad
-#   \lambda = 1 - \alpha (1 - \gamma),$$
+# $$B \mathbf 1 = \mathbf 1 - \alpha M (\mathbf 1 - \gamma \mathbf 1) = \kappa_{\mathrm{tab}} \mathbf 1, \qquad
+#   \kappa_{\mathrm{tab}} = 1 - \alpha (1 - \gamma),$$
 #
 # whatever the features and the score matrix. So the error splits into a constant part, which
-# decays at exactly the tabular rate $\lambda$, and its spread around a constant, which is
+# decays at exactly the tabular rate $\kappa_{\mathrm{tab}}$, and its spread around a constant, which is
 # what the attention must control. The spread is measured by the span seminorm
-# $\operatorname{sp}(v) = \max_x v(x) - \min_x v(x)$, and a matrix $A$ with constant row sums
+# $\operatorname{sp}(v) = \max_x v(x) - \min_x v(x)$, and a matrix $H$ with constant row sums
 # contracts it by its **span coefficient**
 #
-# $$\delta(A) = \tfrac12 \max_{x, x'} \sum_y |A(x, y) - A(x', y)| .$$
+# $$\operatorname{sc}(H) = \tfrac12 \max_{x, x'} \sum_y |H(x, y) - H(x', y)| .$$
 #
 # ::: {.proposition}
-# **Proposition 2 (ours: the span condition).** Let $M$, $P$ be row-stochastic, $\alpha \in (0, 1]$,
-# $\gamma \in [0, 1)$, $B = I - \alpha M (I - \gamma P)$ and $\lambda = 1 - \alpha(1 - \gamma)$.
+# **Proposition 5.2 (ours: the span condition).** Let $M$, $P$ be row-stochastic, $\alpha \in (0, 1]$,
+# $\gamma \in [0, 1)$, $B = I - \alpha M (I - \gamma P)$ and $\kappa_{\mathrm{tab}} = 1 - \alpha(1 - \gamma)$.
 #
-# 1. $\operatorname{sp}(B v) \le \delta(B) \operatorname{sp}(v)$ for every $v$, and $\delta(B) \le \|B\|_\infty$;
-#    so the kernel-diagonality condition implies $\delta(B) \le \rho < 1$.
-# 2. If $\delta(B^k) < 1$ for some $k \ge 1$, then $e_L = B^L e_0 \to 0$; with $A = B^k$,
-#    $\delta = \delta(A)$, $b = \|A\|_\infty$, $c_0$ and $s_0$ the midrange and the span of
+# 1. $\operatorname{sp}(B v) \le \operatorname{sc}(B) \operatorname{sp}(v)$ for every $v$, and $\operatorname{sc}(B) \le \|B\|_\infty$;
+#    so the kernel-diagonality condition implies $\operatorname{sc}(B) \le \kappa < 1$.
+# 2. If $\operatorname{sc}(B^k) < 1$ for some $k \ge 1$, then $e_L = B^L e_0 \to 0$; with $H = B^k$,
+#    $\sigma = \operatorname{sc}(H)$, $b = \|H\|_\infty$, $c_0$ and $s_0$ the midrange and the span of
 #    $f = B^j e_0$, at depth $L = qk + j$ ($0 \le j < k$)
-#    $$\|e_L\|_\infty \le \lambda^{kq} |c_0| + \frac{b\, s_0}{2} \sum_{i < q} \lambda^{k(q - 1 - i)} \delta^i + \frac{\delta^q s_0}{2},$$
-#    which decays at the per-layer rate $\max\big(\lambda, \delta(B^k)^{1/k}\big)$.
-# 3. $\delta(B^k)^{1/k}$ tends, as $k \to \infty$, to the spectral radius of the map that $B$ induces
-#    on vectors modulo constants; with $\lambda$ it makes up the spectrum of $B$, so the family of
-#    conditions $\delta(B^k) < 1$ is, in the limit, exactly the convergence of the iteration.
+#    $$\|e_L\|_\infty \le \kappa_{\mathrm{tab}}^{kq} |c_0| + \frac{b\, s_0}{2} \sum_{i < q} \kappa_{\mathrm{tab}}^{k(q - 1 - i)} \sigma^i + \frac{\sigma^q s_0}{2},$$
+#    which decays at the per-layer rate $\max\big(\kappa_{\mathrm{tab}}, \operatorname{sc}(B^k)^{1/k}\big)$.
+# 3. $\operatorname{sc}(B^k)^{1/k}$ tends, as $k \to \infty$, to the spectral radius of the map that $B$ induces
+#    on vectors modulo constants; with $\kappa_{\mathrm{tab}}$ it makes up the spectrum of $B$, so the family of
+#    conditions $\operatorname{sc}(B^k) < 1$ is, in the limit, exactly the convergence of the iteration.
 # :::
 #
 # ::: {.proof}
-# *Proof.* (1) The rows of $B$ sum to $\lambda$, so the difference of two rows sums to zero and, for
+# *Proof.* (1) The rows of $B$ sum to $\kappa_{\mathrm{tab}}$, so the difference of two rows sums to zero and, for
 # $m$ the midrange of $v$, $(Bv)(x) - (Bv)(x') = \sum_y (B(x, y) - B(x', y))(v(y) - m)$, with
 # $|v(y) - m| \le \operatorname{sp}(v)/2$. Half the $\ell_1$ distance of two rows is at most the larger
-# row's $\ell_1$ norm, so $\delta(B) \le \|B\|_\infty \le \rho$ (Proposition 1).
-# (2) $A$ has row sums $\lambda^k$. Write $f_q = A^q f = c_q \mathbf 1 + w_q$ with $c_q$ the midrange, so
-# $\|w_q\|_\infty = s_q / 2$ and $\|f_q\|_\infty = |c_q| + s_q/2$. By (1), $s_q \le \delta^q s_0$. And
-# $f_{q+1} = \lambda^k c_q \mathbf 1 + A w_q$, whose midrange is $\lambda^k c_q$ plus a number of size at
-# most $\|A w_q\|_\infty \le b\, s_q / 2$. Unrolling $|c_{q+1}| \le \lambda^k |c_q| + b \delta^q s_0/2$ gives
-# the bound; $e_{qk+j} = A^q B^j e_0$. (3) The span is a norm on the quotient by constants, $\delta(A)$ is
-# the norm $A$ induces there, and Gelfand's formula gives the limit; $B$ is block triangular in a basis
-# that starts with $\mathbf 1$, with blocks $\lambda$ and the quotient map.
+# row's $\ell_1$ norm, so $\operatorname{sc}(B) \le \|B\|_\infty \le \kappa$ (Proposition 5.1).
+# (2) $H$ has row sums $\kappa_{\mathrm{tab}}^k$. Write $f_q = H^q f = c_q \mathbf 1 + w_q$ with $c_q$ the midrange, so
+# $\|w_q\|_\infty = s_q / 2$ and $\|f_q\|_\infty = |c_q| + s_q/2$. By (1), $s_q \le \sigma^q s_0$. And
+# $f_{q+1} = \kappa_{\mathrm{tab}}^k c_q \mathbf 1 + H w_q$, whose midrange is $\kappa_{\mathrm{tab}}^k c_q$ plus a number of size at
+# most $\|H w_q\|_\infty \le b\, s_q / 2$. Unrolling $|c_{q+1}| \le \kappa_{\mathrm{tab}}^k |c_q| + b \sigma^q s_0/2$ gives
+# the bound; $e_{qk+j} = H^q B^j e_0$. (3) The span is a norm on the quotient by constants, $\operatorname{sc}(H)$ is
+# the norm $H$ induces there, and Gelfand's formula gives the limit; $B$ is block triangular in a basis
+# that starts with $\mathbf 1$, with blocks $\kappa_{\mathrm{tab}}$ and the quotient map.
 # :::
 #
 # With $k = 1$ the condition is explicit in $M$ and $P$, like the diagonal one, and strictly
-# weaker. Larger $k$ trade explicitness for reach. `span_rate` computes $\delta(B^k)^{1/k}$ and
+# weaker. Larger $k$ trade explicitness for reach. `span_rate` computes $\operatorname{sc}(B^k)^{1/k}$ and
 # `span_bound` the bound of item 2.
 
 # %%
@@ -625,7 +626,7 @@ def span_rate(M,            # (..., s, s) attention aggregated by state
               alpha,        # step size in (0, 1]: a number, or a tensor (...) of one per task
               k:int=1,      # power of B whose span coefficient is taken
              )->torch.Tensor: # (...) delta(B^k)^(1/k); the span condition is that it is below 1
-    "Per-layer span contraction $\\delta(B^k)^{1/k}$ of the error matrix $B = I - \\alpha M (I - \\gamma P)$."
+    "Per-layer span contraction $\\operatorname{sc}(B^k)^{1/k}$ of the error matrix $B = I - \\alpha M (I - \\gamma P)$."
     k = _positive_int(k, "k")
     return _span_coefficient(torch.linalg.matrix_power(_error_matrix(M, P, gamma, alpha), k)) ** (1 / k)
 
@@ -659,7 +660,7 @@ def span_bound(M,             # (..., s, s) attention aggregated by state
                n_layers:int,  # maximal depth L
                k:int=1,       # the bound uses delta(B^k)
               )->torch.Tensor: # (..., L+1) upper bounds on ||e_L||_inf, valid for every row-stochastic M and P
-    "Proposition 2's bound on the sup-norm error at each depth: the constant part decays at $\\lambda$, the span at $\\delta(B^k)$."
+    "Proposition 5.2's bound on the sup-norm error at each depth: the constant part decays at $\\kappa_{\\mathrm{tab}}$, the span at $\\operatorname{sc}(B^k)$."
     k = _positive_int(k, "k")
     if int(n_layers) != n_layers or n_layers < 0: raise ValueError(f"`n_layers` must be a non-negative integer, got {n_layers}")
     B = _error_matrix(M, P, gamma, alpha)
@@ -686,7 +687,7 @@ def span_bound(M,             # (..., s, s) attention aggregated by state
 show_doc(span_bound)
 
 # %% [markdown]
-# Checks: $B\mathbf 1 = \lambda \mathbf 1$ and $\delta(B) \le \|B\|_\infty$ on random matrices; then,
+# Checks: $B\mathbf 1 = \kappa_{\mathrm{tab}} \mathbf 1$ and $\operatorname{sc}(B) \le \|B\|_\infty$ on random matrices; then,
 # on 600 random tasks (features one-hot, unit-norm or raw, $\beta$ log-uniform in $[0.3, 100]$,
 # $\alpha$ uniform in $[0.2, 1]$), the exact population error stays under the bound of item 2 at
 # every depth $L \le 150$, for $k = 1, 4, 16$. The table counts the tasks each condition covers:
@@ -716,7 +717,7 @@ for i, feat in enumerate(("onehot", "unit", "random")):
     coverage[FEATURE_LABELS[feat]] = row
 assert coverage["one-hot"]["span, k = 1"] == 200 and coverage["one-hot"]["diagonal"] < 150
 assert all(r["diagonal"] <= r["span, k = 1"] <= r["span, k = 4"] <= r["span, k = 16"] <= r["converges"] for r in coverage.values())
-record_claim("span-condition", "The span condition $\\delta(B^k) < 1$ (Proposition 2) is weaker than the diagonal one and bounds the error at every depth "
+record_claim("span-condition", "The span condition $\\operatorname{sc}(B^k) < 1$ (Proposition 5.2) is weaker than the diagonal one and bounds the error at every depth "
              "(checked on 600 random tasks).", "proved", "convergence", "#the-constant-direction-a-weaker-condition")
 for msg, f in {"`k` must be a positive integer": lambda: span_rate(M, tb.P, tb.gamma, a, 0),
                "`e0` must have shape (..., 10)": lambda: span_bound(M, tb.P, tb.gamma, a, torch.zeros(3), 5)}.items():
@@ -737,16 +738,16 @@ Markdown(pd_coverage)
 # ## The fixed point and the statistical floor
 #
 # Where does the finite-context recursion go? Its updates lie in the span of the columns of
-# $\hat M$, and the columns of states that are never a key are zero. Let $V$ be the set of key
-# states, $C = \hat M_{:, V}$ and $R = (I - \gamma \hat P)_{V, :}$. From $v_0 = 0$ every iterate is
-# $v_l = C a_l$ with $a_{l+1} = a_l + \alpha (\hat r_V - R C a_l)$, so if the recursion converges
+# $\hat M$, and the columns of states that are never a key are zero. Let $\mathcal K$ be the set of key
+# states, $U = \hat M_{:, \mathcal K}$ and $E = (I - \gamma \hat P)_{\mathcal K, :}$. From $v_0 = 0$ every iterate is
+# $v_l = U a_l$ with $a_{l+1} = a_l + \alpha (\hat r_{\mathcal K} - E U a_l)$, so if the recursion converges
 # its limit is
 #
-# $$\hat v_\infty = C\, (R C)^{-1}\, \hat r_V ,$$
+# $$\hat v_\infty = U\, (E U)^{-1}\, \hat r_{\mathcal K} ,$$
 #
 # the **empirical fixed point**. On the key states it solves the empirical Bellman equation
 # $\hat r + \gamma \hat P \hat v - \hat v = 0$; at states never seen as keys it is the kernel's
-# extrapolation. When every state is a key, $C = \hat M$ and $R = I - \gamma \hat P$ (invertible,
+# extrapolation. When every state is a key, $U = \hat M$ and $E = I - \gamma \hat P$ (invertible,
 # since $\hat P$ is then row-stochastic), so for every kernel whose aggregated attention matrix
 # $\hat M$ is invertible
 #
@@ -757,9 +758,9 @@ Markdown(pd_coverage)
 # how fast the layers get there, not where they go. In the population case all states are keys, and
 # wherever the iteration converges ($B$ has spectral radius below one, in particular under Propositions
 # 1 and 2 above) $I - B = \alpha M_\pi (I - \gamma P)$ is invertible, so $M_\pi$ is, and the fixed point is
-# $v_\pi$, uniquely (the invertibility is asserted on the 600 tasks after Proposition 2, the fixed point
+# $v_\pi$, uniquely (the invertibility is asserted on the 600 tasks after Proposition 5.2, the fixed point
 # below on 200 raw-feature tasks that converge without either condition). (At $\beta = 0$
-# every row of the attention is the same, $C$ has rank one, and there is no unique fixed point:
+# every row of the attention is the same, $U$ has rank one, and there is no unique fixed point:
 # `fixed_point` says so.) The computation masks the non-key states with an identity block, which
 # keeps one batched solve for contexts with different key sets.
 #
@@ -777,7 +778,7 @@ def fixed_point(M,            # (..., s, s) attention aggregated by state
                 gamma:float,  # discount factor in [0, 1)
                 counts=None,  # (..., s) key counts N; states with N = 0 are not keys (default: all states are keys)
                )->torch.Tensor: # (..., s) the limit of `td_recursion` as the depth grows
-    "Limit $C (RC)^{-1} \\hat r_V$ of the recursion over states, $C = M_{:,V}$, $R = (I - \\gamma P)_{V,:}$."
+    "Limit $U (EU)^{-1} \\hat r_{\\mathcal K}$ of the recursion over states, $U = M_{:,\\mathcal K}$, $E = (I - \\gamma P)_{\\mathcal K,:}$."
     M, P, r, shape = _mrp_arrays(M, P, r)
     I = torch.eye(shape[-1], dtype=M.dtype, device=M.device)
     keys = torch.ones(shape, dtype=M.dtype, device=M.device) if counts is None else (as_tensor(counts, "counts", M.dtype, M.device) > 0).to(M.dtype).expand(shape)
@@ -823,31 +824,31 @@ test_fail(lambda: fixed_point(population_attention(mrp, 0 * W), mrp.P, mrp.r, mr
 # Both error terms can now be bounded on a single finite context.
 #
 # ::: {.proposition}
-# **Proposition 3 (ours: finite $n$).** Let the keys of a context cover every state, let the rewards be
+# **Proposition 5.3 (ours: finite $n$).** Let the keys of a context cover every state, let the rewards be
 # a deterministic function of the state left (as in every Boyan chain of this book, so $\hat r = r$),
-# and let $\hat\rho = 1 - \alpha(2 \min_x \hat M(x, x) - 1 - \gamma) < 1$. Then $\hat M$ is invertible and
+# and let $\hat\kappa = 1 - \alpha(2 \min_x \hat M(x, x) - 1 - \gamma) < 1$. Then $\hat M$ is invertible and
 #
-# $$\|v_L - v_\pi\|_\infty \le \underbrace{\hat\rho^{\,L} \|\hat v_\infty\|_\infty}_{\text{depth term}}
+# $$\|v_L - v_\pi\|_\infty \le \underbrace{\hat\kappa^{\,L} \|\hat v_\infty\|_\infty}_{\text{depth term}}
 #   + \underbrace{\frac{\gamma}{1 - \gamma} \big\|(\hat P - P) v_\pi\big\|_\infty}_{\text{floor bound}},
 #   \qquad \hat v_\infty - v_\pi = \gamma (I - \gamma \hat P)^{-1} (\hat P - P) v_\pi .$$
 #
-# By Lemma 1, with $m = \min_x M_\pi(x, x)$ and $\varepsilon$ the count deviation,
-# $\hat\rho \le 1 - \alpha\big(2 m (1 - \varepsilon)/(1 + \varepsilon) - 1 - \gamma\big)$: the population
-# condition carries over to every context whose counts deviate little enough. Proposition 2 applies
-# the same way with $\hat M$ and $\hat P$ in place of $\hat\rho$.
+# By Lemma 5.1, with $m = \min_x M_\pi(x, x)$ and $\varepsilon$ the count deviation,
+# $\hat\kappa \le 1 - \alpha\big(2 m (1 - \varepsilon)/(1 + \varepsilon) - 1 - \gamma\big)$: the population
+# condition carries over to every context whose counts deviate little enough. Proposition 5.2 applies
+# the same way with $\hat M$ and $\hat P$ in place of $\hat\kappa$.
 # :::
 #
 # ::: {.proof}
-# *Proof.* Every state is a key, so $\hat P$ is row-stochastic and Proposition 1 applies to
-# $\hat B = I - \alpha \hat M (I - \gamma \hat P)$: $\|\hat B\|_\infty \le \hat\rho < 1$, hence
+# *Proof.* Every state is a key, so $\hat P$ is row-stochastic and Proposition 5.1 applies to
+# $\hat B = I - \alpha \hat M (I - \gamma \hat P)$: $\|\hat B\|_\infty \le \hat\kappa < 1$, hence
 # $I - \hat B = \alpha \hat M (I - \gamma \hat P)$ is invertible, so is $\hat M$, the fixed point is unique and
 # equals certainty equivalence $(I - \gamma \hat P)^{-1} r$ (previous section), and
-# $\|v_L - \hat v_\infty\|_\infty = \|\hat B^L (0 - \hat v_\infty)\|_\infty \le \hat\rho^{\,L} \|\hat v_\infty\|_\infty$.
+# $\|v_L - \hat v_\infty\|_\infty = \|\hat B^L (0 - \hat v_\infty)\|_\infty \le \hat\kappa^{\,L} \|\hat v_\infty\|_\infty$.
 # With $r = (I - \gamma P) v_\pi$,
 # $\hat v_\infty - v_\pi = (I - \gamma \hat P)^{-1}\big((I - \gamma P) - (I - \gamma \hat P)\big) v_\pi
 # = \gamma (I - \gamma \hat P)^{-1} (\hat P - P) v_\pi$, and
 # $\|(I - \gamma \hat P)^{-1}\|_\infty \le \sum_k \gamma^k \|\hat P^k\|_\infty = 1/(1 - \gamma)$. The triangle
-# inequality adds the two terms. The last claim is Lemma 1's bound on the diagonal.
+# inequality adds the two terms. The last claim is Lemma 5.1's bound on the diagonal.
 # :::
 #
 # Entry $x$ of $(\hat P - P) v_\pi$ is the average, over the $N(x)$ transitions that leave $x$, of
@@ -862,7 +863,7 @@ def floor_bound(P_hat,        # (..., s, s) empirical transitions of a context w
                 v_pi,         # (..., s) true values
                 gamma:float,  # discount factor in [0, 1)
                )->torch.Tensor: # (...) gamma / (1 - gamma) ||(P_hat - P) v_pi||_inf
-    "Proposition 3's bound on the statistical floor $\\|\\hat v_\\infty - v_\\pi\\|_\\infty$ (every state a key, deterministic rewards)."
+    "Proposition 5.3's bound on the statistical floor $\\|\\hat v_\\infty - v_\\pi\\|_\\infty$ (every state a key, deterministic rewards)."
     P_hat = as_tensor(P_hat, "P_hat")
     P, v = as_tensor(P, "P", P_hat.dtype, P_hat.device), as_tensor(v_pi, "v_pi", P_hat.dtype, P_hat.device)
     if P_hat.shape[-2:] != P.shape[-2:] or v.shape[-1] != P.shape[-1]: raise ValueError(f"`P_hat` {tuple(P_hat.shape)}, `P` {tuple(P.shape)} and `v_pi` {tuple(v.shape)} must share the number of states")
@@ -875,7 +876,7 @@ show_doc(floor_bound)
 
 # %% [markdown]
 # On one context of $n = 400$: the identity for the floor to machine precision, the floor under its
-# bound, the depth term under $\hat\rho^{\,L}$, and $\hat\rho$ under its Lemma-1 bound.
+# bound, the depth term under $\hat\kappa^{\,L}$, and $\hat\kappa$ under its Lemma-5.1 bound.
 
 # %%
 states, rewards = sample_trajectory(mrp, 400, seed=400)
@@ -893,14 +894,14 @@ test_fail(lambda: floor_bound(P_hat, mrp.P, mrp.v_pi[:3], 0.9), contains="must s
 dict(floor=floor_err.item(), floor_bound=fb.item(), rho_hat=rho_hat.item(), eps=eps.item())
 
 # %% [markdown]
-# ## Proposition 1 on many tasks at once
+# ## Proposition 5.1 on many tasks at once
 #
 # Everything above is batched over leading dimensions; the stacked tasks and their lock-step
 # trajectories come from [Many tasks at once](tasks.html) (`ictd.tasks`: `TaskBatch`, `random_tasks`,
 # `sample_trajectories`). With batches in hand, the proposition can be tested at scale. On 600 random tasks (features
 # one-hot, unit-norm or raw, score scale $\beta$ log-uniform in $[1, 300]$, $\alpha$ uniform in
 # $[0.2, 1]$), wherever `contraction_bound` is below 1, the exact population error stays under
-# $\rho^L \|v_\pi\|_\infty$ at every depth $L \le 150$. At least 100 of the tasks satisfy the
+# $\kappa^L \|v_\pi\|_\infty$ at every depth $L \le 150$. At least 100 of the tasks satisfy the
 # condition, and the bound is violated nowhere (the second number is the largest ratio of error to
 # bound seen at depths $L \ge 1$: close to 1, the bound is nearly attained).
 
@@ -920,27 +921,27 @@ for i, feat in enumerate(("onehot", "unit", "random")):
     n_checked, worst = n_checked + int(holds.sum()), max(worst, (err[holds, 1:] / bound[holds, 1:]).max().item())
 assert n_checked >= 100, n_checked
 record_claim("contraction-bound", "Under the kernel-diagonality condition $\\min_x M_\\pi(x, x) > (1 + \\gamma)/2$ the population error "
-             "is at most $\\rho^L \\|v_\\pi\\|_\\infty$ (Proposition 1; checked on 600 random tasks, nearly attained).", "proved", "convergence",
-             "#proposition-1-on-many-tasks-at-once")
+             "is at most $\\kappa^L \\|v_\\pi\\|_\\infty$ (Proposition 5.1; checked on 600 random tasks, nearly attained).", "proved", "convergence",
+             "#proposition-5.1-on-many-tasks-at-once")
 n_checked, worst
 
 
 # %% [markdown]
 # ## A finite-$n$ bound with high probability
 #
-# Proposition 3 bounds the floor by $\frac{\gamma}{1 - \gamma}\|(\hat P - P) v_\pi\|_\infty$, a random quantity, and needs every
+# Proposition 5.3 bounds the floor by $\frac{\gamma}{1 - \gamma}\|(\hat P - P) v_\pi\|_\infty$, a random quantity, and needs every
 # state to be a key. Two facts make it a statement with a probability: how likely a context misses a state, and how
 # large $(\hat P - P) v_\pi$ can be given the counts. Both hold for any irreducible chain, stationary start or not.
 #
 # ::: {.proposition}
-# **Proposition 7 (ours: finite $n$, high probability).** Let $t_x = \max_y \mathbb E_y[\tau_x]$, $\tau_x$ the first time
+# **Proposition 5.4 (ours: finite $n$, high probability).** Let $t_x = \max_y \mathbb E_y[\tau_x]$, $\tau_x$ the first time
 # the chain is at $x$ (the worst expected hitting time of $x$).
 #
 # 1. $\Pr(\text{some state is not among the keys } S_0, \dots, S_{n-1}) \le \sum_x \exp\big(-\lfloor n / \lceil e\, t_x \rceil \rfloor\big)$.
-# 2. For $\delta \in (0, 1)$, with probability at least $1 - \delta$, simultaneously for every state with $N(x) \ge 1$,
-#    $$\big|\big((\hat P - P) v_\pi\big)(x)\big| \le \operatorname{sp}(v_\pi) \sqrt{\frac{\ln(2 s n / \delta)}{2 N(x)}} .$$
+# 2. For $p_{\mathrm{fail}} \in (0, 1)$, with probability at least $1 - p_{\mathrm{fail}}$, simultaneously for every state with $N(x) \ge 1$,
+#    $$\big|\big((\hat P - P) v_\pi\big)(x)\big| \le \operatorname{sp}(v_\pi) \sqrt{\frac{\ln(2 s n / p_{\mathrm{fail}})}{2 N(x)}} .$$
 # 3. Hence, with deterministic rewards, on the same event every context whose keys cover every state has
-#    $\|\hat v_\infty - v_\pi\|_\infty \le \frac{\gamma}{1 - \gamma} \operatorname{sp}(v_\pi) \sqrt{\ln(2 s n/\delta) / (2 \min_x N(x))}$.
+#    $\|\hat v_\infty - v_\pi\|_\infty \le \frac{\gamma}{1 - \gamma} \operatorname{sp}(v_\pi) \sqrt{\ln(2 s n/p_{\mathrm{fail}}) / (2 \min_x N(x))}$.
 # :::
 #
 # ::: {.proof}
@@ -950,8 +951,8 @@ n_checked, worst
 # independent across states and of $S_0$, and let the chain leave its $j$-th visit to $x$ for $Y_{x, j}$; this is the same
 # process. Then $((\hat P - P) v_\pi)(x)$ is the mean of the first $N(x)$ of the centred variables $v_\pi(Y_{x,j}) - (P v_\pi)(x)$,
 # which lie in an interval of length $\operatorname{sp}(v_\pi)$. Hoeffding's inequality bounds the mean of the first $j$ by
-# the right-hand side with $N(x) = j$ except with probability $\delta/(s n)$; a union bound over the $s$ states and the $n$
-# possible values of $j$. (3) Proposition 3.
+# the right-hand side with $N(x) = j$ except with probability $p_{\mathrm{fail}}/(s n)$; a union bound over the $s$ states and the $n$
+# possible values of $j$. (3) Proposition 5.3.
 # :::
 #
 # This is a partial answer: item 3 uses the observed counts. Turning $\min_x N(x)$ into a function of $n$ needs a
@@ -983,7 +984,7 @@ show_doc(hitting_times)
 #| export
 def missing_state_bound(P,      # (..., s, s) irreducible stochastic matrices
                         n:int,  # number of keys S_0..S_{n-1}
-                       )->torch.Tensor: # (...) Proposition 7 item 1, capped at 1
+                       )->torch.Tensor: # (...) Proposition 5.4 item 1, capped at 1
     "Bound on the probability that a context of $n$ transitions misses some state as a key, from the worst hitting times."
     t = hitting_times(P).amax(-2)                                           # t_x = max_y E_y tau_x
     return torch.exp(-torch.floor(int(n) / torch.ceil(math.e * t))).sum(-1).clamp(max=1.)
@@ -1000,7 +1001,7 @@ def floor_hp_bound(min_counts,   # (...) smallest key count min_x N(x) of each c
                    gamma:float,  # discount factor in [0, 1)
                    n:int,        # context length
                    delta:float=0.05, # failure probability
-                  )->torch.Tensor: # (...) Proposition 7 item 3; inf where some state is not a key
+                  )->torch.Tensor: # (...) Proposition 5.4 item 3; inf where some state is not a key
     "High-probability bound on the statistical floor of a context whose keys cover every state."
     v = as_tensor(v_pi, "v_pi")
     if not 0 < delta < 1: raise ValueError(f"`delta` must lie in (0, 1), got {delta}")
@@ -1021,7 +1022,7 @@ test_eq(floor_hp_bound(0., v2, 0.5, 10).item(), math.inf)                     # 
 # Checks: hitting times solve their defining equations (a two-state chain by hand: from state 0, $\mathbb E[\tau_1] = 1/p$;
 # and $H(y, x) = 1 + (PH)(y, x)$ for $y \ne x$ on 200 random chains); item 1's bound for the two-state chain by hand. The
 # bounds are measured against the contexts of Experiment 1 in
-# [chapter 5a](convergence_experiments.html#proposition-7-on-the-contexts-of-experiment-1).
+# [chapter 5a](convergence_experiments.html#proposition-5.4-on-the-contexts-of-experiment-1).
 
 # %%
 P2 = torch.tensor([[0.7, 0.3], [0.6, 0.4]], dtype=torch.float64)
@@ -1043,12 +1044,12 @@ test_close(missing_state_bound(P2, 20), math.exp(-4) + math.exp(-2), eps=1e-12)
 # score matrix $W$ of a score bilinear in the features, $g(y, x) = \phi(y)^\top W \phi(x)$.
 #
 # ::: {.proposition}
-# **Proposition 4 (ours: the obstruction).** Let $w$ be positive state weights ($d_\pi$, or the key
-# counts of a context) and suppose $\phi(x) = \sum_{y \ne x} \lambda_y \phi(y)$ with $\lambda_y \ge 0$,
-# $\sum_y \lambda_y = 1$: the feature vector of $x$ lies in the convex hull of the others. Then for every
+# **Proposition 5.5 (ours: the obstruction).** Let $w$ be positive state weights ($d_\pi$, or the key
+# counts of a context) and suppose $\phi(x) = \sum_{y \ne x} \nu_y \phi(y)$ with $\nu_y \ge 0$,
+# $\sum_y \nu_y = 1$: the feature vector of $x$ lies in the convex hull of the others. Then for every
 # feature-bilinear score $g(y, x) = \phi(y)^\top W \phi(x)$, whatever the matrix $W$,
 #
-# $$M(x, x) \le \frac{w(x)}{w(x) + c}, \qquad c = \min_{y:\, \lambda_y > 0} \frac{w(y)}{\lambda_y} \ \ge\ \min_y w(y).$$
+# $$M(x, x) \le \frac{w(x)}{w(x) + c}, \qquad c = \min_{y:\, \nu_y > 0} \frac{w(y)}{\nu_y} \ \ge\ \min_y w(y).$$
 #
 # So if this cap is at most $(1 + \gamma)/2$ the kernel-diagonality condition fails for every $W$, at
 # every context length. One-hot features are linearly independent and unit-norm features lie on a
@@ -1058,17 +1059,17 @@ test_close(missing_state_bound(P2, 20), math.exp(-4) + math.exp(-2), eps=1e-12)
 #
 # ::: {.proof}
 # *Proof.* The score $g(y, x) = \phi(y)^\top W \phi(x)$ is linear in the key's features, so
-# $g(x, x) = \sum_y \lambda_y g(y, x)$, and by Jensen's inequality (the exponential is convex)
-# $\kappa(x, x) \le \sum_y \lambda_y \kappa(y, x)$. Hence
-# $\sum_{y \ne x} w(y) \kappa(y, x) \ge \sum_{y:\, \lambda_y > 0} c\, \lambda_y \kappa(y, x) \ge c\, \kappa(x, x)$, and
-# $M(x, x) = \frac{w(x) \kappa(x, x)}{w(x) \kappa(x, x) + \sum_{y \ne x} w(y) \kappa(y, x)} \le \frac{w(x)}{w(x) + c}$.
+# $g(x, x) = \sum_y \nu_y g(y, x)$, and by Jensen's inequality (the exponential is convex)
+# $h(x, x) \le \sum_y \nu_y h(y, x)$. Hence
+# $\sum_{y \ne x} w(y) h(y, x) \ge \sum_{y:\, \nu_y > 0} c\, \nu_y h(y, x) \ge c\, h(x, x)$, and
+# $M(x, x) = \frac{w(x) h(x, x)}{w(x) h(x, x) + \sum_{y \ne x} w(y) h(y, x)} \le \frac{w(x)}{w(x) + c}$.
 # For the unit sphere: a convex combination of unit vectors other than $\phi(x)$ has norm below one
 # unless they all equal $\phi(x)$.
 # :::
 #
 # `interior_cap` finds the states in the hull of the others (by Carathéodory's theorem it is enough
 # to search the simplices of $d + 1$ other states, solving for barycentric coordinates) and returns the
-# smallest cap over the simplices found. [Chapter 5a](convergence_experiments.html#proposition-4-measured-the-hull-obstruction-on-random-tasks)
+# smallest cap over the simplices found. [Chapter 5a](convergence_experiments.html#proposition-5.5-measured-the-hull-obstruction-on-random-tasks)
 # measures how often random features have such a state, and how far a numerical search over $W$ gets on them.
 
 # %%
@@ -1076,7 +1077,7 @@ test_close(missing_state_bound(P2, 20), math.exp(-4) + math.exp(-2), eps=1e-12)
 def interior_cap(phi,      # (..., s, d) state features
                  weights,  # (..., s) positive state weights (d_pi, or key counts)
                 )->torch.Tensor: # (..., s) cap on M(x, x) valid for every W; 1 where phi(x) is not in the hull of the others
-    "Proposition 4: the attention a state can put on itself, under any score matrix, when its features are a convex combination of the others'."
+    "Proposition 5.5: the attention a state can put on itself, under any score matrix, when its features are a convex combination of the others'."
     phi = as_tensor(phi, "phi")
     if phi.ndim < 2 or phi.shape[-2] < 2: raise ValueError(f"`phi` must have shape (..., s, d) with s >= 2, got {tuple(phi.shape)}")
     s, d = phi.shape[-2:]
@@ -1124,14 +1125,14 @@ test_fail(lambda: interior_cap(square, torch.zeros(5)), contains="`weights` must
 # ## Slowly mixing chains
 #
 # [Experiments 5 and 6](convergence_experiments.html#experiment-5-the-measured-rate-against-the-bound) find the rate
-# $\lambda = 1 - \alpha(1 - \gamma)$ in the leaky regime. That is a finding about
-# random Boyan chains, which mix in a few steps; it is not a theorem. Proposition 2 says the rate is
-# $\max\big(\lambda, \text{the spectral radius of } B \text{ modulo constants}\big)$, and the second term can win. It wins
+# $\kappa_{\mathrm{tab}} = 1 - \alpha(1 - \gamma)$ in the leaky regime. That is a finding about
+# random Boyan chains, which mix in a few steps; it is not a theorem. Proposition 5.2 says the rate is
+# $\max\big(\kappa_{\mathrm{tab}}, \text{the spectral radius of } B \text{ modulo constants}\big)$, and the second term can win. It wins
 # when $P$ has a slow mode: a non-constant vector $u$ with $Pu \approx u$, which $I - \gamma P$ shrinks to about
 # $(1 - \gamma) u$ like a constant, but which $M$ (unlike a constant) does not preserve.
 #
 # ::: {.proposition}
-# **Proposition 6 (ours: lazy chains).** Let $P_\eta = (1 - \eta) I + \eta P$, $\eta \in (0, 1]$, and let $M$ have real
+# **Proposition 5.6 (ours: lazy chains).** Let $P_\eta = (1 - \eta) I + \eta P$, $\eta \in (0, 1]$, and let $M$ have real
 # eigenvalues with smallest $\mu_{\min} > 0$. This holds for $W = \beta I$, $\beta > 0$, and distinct feature vectors (one-hot,
 # or the unit-norm features below): $M_\pi = Z^{-1} K D$ with $Z$, $D$ positive diagonal and
 # $K(y, x) = e^{\beta \phi(y)^\top \phi(x)} = e^{\beta\|\phi(y)\|^2/2}\, e^{-\beta\|\phi(y) - \phi(x)\|^2/2}\, e^{\beta\|\phi(x)\|^2/2}$, a Gaussian kernel
@@ -1139,7 +1140,7 @@ test_fail(lambda: interior_cap(square, torch.zeros(5)), contains="`weights` must
 # $(D Z^{-1})^{1/2} K (D Z^{-1})^{1/2}$. The chain $P_\eta$ has the same $d_\pi$, hence the
 # same $M_\pi$, for every $\eta$, and as $\eta \to 0$
 #
-# $$\rho(B_\eta) \to 1 - \alpha (1 - \gamma)\, \mu_{\min} \ \ge\ \lambda ,$$
+# $$\operatorname{spr}(B_\eta) \to 1 - \alpha (1 - \gamma)\, \mu_{\min} \ \ge\ \kappa_{\mathrm{tab}} ,$$
 #
 # with equality only if $\mu_{\min} = 1$, i.e. $M = I$.
 # :::
@@ -1152,8 +1153,8 @@ test_fail(lambda: interior_cap(square, torch.zeros(5)), contains="`weights` must
 #
 # So on a slowly mixing chain the depth needed grows by the factor $1/\mu_{\min}$, a property of the attention that
 # the diagonal condition does not see. How slowly a chain mixes is measured by its relaxation time
-# $1/(1 - |\lambda_2(P)|)$, $\lambda_2$ the second largest eigenvalue in modulus;
-# [chapter 5a](convergence_experiments.html#slowly-mixing-chains-when-the-rate-is-not-lambda) measures the rate against it
+# $1/(1 - |\mu_2(P)|)$, $\mu_2$ the second largest eigenvalue in modulus;
+# [chapter 5a](convergence_experiments.html#slowly-mixing-chains-when-the-rate-is-not-the-tabular-rate) measures the rate against it
 # on lazy chains and on nearly decomposable ones.
 
 # %%
@@ -1171,7 +1172,7 @@ def relaxation_time(P, # (..., s, s) stochastic matrices
 show_doc(relaxation_time)
 
 # %% [markdown]
-# The relaxation time of a lazy chain scales like $1/\eta$, exactly: its eigenvalues are $1 - \eta(1 - \lambda_i)$.
+# The relaxation time of a lazy chain scales like $1/\eta$, exactly: its eigenvalues are $1 - \eta(1 - \mu_i)$.
 
 # %%
 P_b = random_boyan_chain(features="onehot", seed=0).P
@@ -1186,16 +1187,16 @@ test_fail(lambda: relaxation_time(torch.ones(3)), contains="`P` must have shape"
 # %% [markdown]
 # ## How diagonal is diagonal enough? The true threshold
 #
-# Proposition 1 asks for $\min_x M(x, x) > (1 + \gamma)/2$; the paper's words, "self-attention dominates
+# Proposition 5.1 asks for $\min_x M(x, x) > (1 + \gamma)/2$; the paper's words, "self-attention dominates
 # cross-attention", read more like $\min_x M(x, x) > 1/2$. Neither is known to be the true dividing line.
 # For $B = I - \alpha M (I - \gamma P)$ define the **diagonality threshold**
 #
 # $$m^*(\gamma, \alpha, s) = \sup\big\{\min_x M(x, x) :\ M \text{ positive and row-stochastic},\ P \text{ irreducible
-#   and stochastic on } s \text{ states},\ \rho(B) \ge 1\big\},$$
+#   and stochastic on } s \text{ states},\ \operatorname{spr}(B) \ge 1\big\},$$
 #
 # so that every pair with $\min_x M(x, x) > m^*$ converges, and below $m^*$ some pair does not. Every positive
 # row-stochastic $M$ is the population attention of one-hot features (take $W_{yx} = \log(M(x, y) / d_\pi(y))$, so that
-# $g(y, x) = W_{yx}$), so this is a worst case over softmax attention. Proposition 1 says $m^* \le (1 + \gamma)/2$.
+# $g(y, x) = W_{yx}$), so this is a worst case over softmax attention. Proposition 5.1 says $m^* \le (1 + \gamma)/2$.
 # How much lower is it?
 #
 # The worst cases have a simple shape. Let $S$ be the cyclic shift of the states, $(S v)(x) = v(x + 1 \bmod s)$,
@@ -1204,7 +1205,7 @@ test_fail(lambda: relaxation_time(torch.ones(3)), contains="`P` must have shape"
 # $f_k(x) = \omega^{kx}$, $\omega = e^{2\pi i / s}$, so the spectrum of $B$ is explicit.
 #
 # ::: {.proposition}
-# **Proposition 5 (ours: the threshold).** Let $\alpha \in (0, 1]$, $\gamma \in [0, 1)$.
+# **Proposition 5.7 (ours: the threshold).** Let $\alpha \in (0, 1]$, $\gamma \in [0, 1)$.
 #
 # 1. *(Circulant pairs.)* For the circulant pair, $B f_k = \big(1 - \alpha (m + (1 - m)\omega^{ak})(1 - \gamma \omega^{bk})\big) f_k$,
 #    $k = 0, \dots, s - 1$; $P$ is irreducible when $\gcd(b, s) = 1$.
@@ -1220,17 +1221,17 @@ test_fail(lambda: relaxation_time(torch.ones(3)), contains="`P` must have shape"
 #
 # ::: {.proof}
 # *Proof.* (1) $S^a f_k = \omega^{ak} f_k$, so $M f_k = (m + (1 - m)\omega^{ak}) f_k$ and $P f_k = \omega^{bk} f_k$; the shift
-# by $b$ visits every state iff $\gcd(b, s) = 1$. (2) In $s$: from a pair on $s$ states with $\rho(B) > 1$, add a state
+# by $b$ visits every state iff $\gcd(b, s) = 1$. (2) In $s$: from a pair on $s$ states with $\operatorname{spr}(B) > 1$, add a state
 # reached from state $0$ with probability $\varepsilon$, which returns to state $0$, and whose attention row is $(1 - \varepsilon)$
 # on itself and $\varepsilon/s$ on the others, taking the $\varepsilon$ of state $0$'s move and of the other rows' attention from
 # off-diagonal entries. At $\varepsilon = 0$ the new $B$ is block triangular, with the old $B$ and the new state's eigenvalue $1 - \alpha$,
-# and the eigenvalues move continuously, so $\rho > 1$ survives with the same minimum diagonal; a pair with $\rho = 1$ is
-# a limit of pairs with $\rho > 1$ (take a slightly smaller $m$). In $\alpha$: an eigenvalue $\mu$ of $M (I - \gamma P)$ gives
+# and the eigenvalues move continuously, so $\operatorname{spr}(B) > 1$ survives with the same minimum diagonal; a pair with $\operatorname{spr}(B) = 1$ is
+# a limit of pairs with $\operatorname{spr}(B) > 1$ (take a slightly smaller $m$). In $\alpha$: an eigenvalue $\mu$ of $M (I - \gamma P)$ gives
 # $|1 - t\mu| < 1$ exactly for $0 < t < 2 \operatorname{Re}\mu / |\mu|^2$, an interval starting at 0, so a pair that fails at $\alpha$
 # fails at every larger step. (3) For $2 \times 2$ stochastic matrices with second eigenvalues $\mu_M = M(0,0) + M(1,1) - 1$ and
 # $\mu_P$, the trace gives the second eigenvalue of $M(I - \gamma P)$: $\mu_M (1 - \gamma \mu_P)$. If both diagonal entries
 # exceed $1/2$, $0 < \mu_M < 1$ and $|\mu_P| \le 1$, so it lies in $(0, 1 + \gamma)$ and $|1 - \alpha \mu_M (1 - \gamma \mu_P)| < 1$;
-# the constant direction gives $1 - \alpha(1 - \gamma)$. At $M(0,0) = M(1,1) = 1/2$, $\mu_M = 0$ and $\rho(B) = 1$.
+# the constant direction gives $1 - \alpha(1 - \gamma)$. At $M(0,0) = M(1,1) = 1/2$, $\mu_M = 0$ and $\operatorname{spr}(B) = 1$.
 # (4) Item 1 with item 2; a circulant pair is not positive, but below the root (next sentence) its eigenvalue has modulus
 # above 1, which survives mixing an $\varepsilon$ of positive off-diagonal mass into $M$ and $P$. In each mode, $1 - \alpha(m + (1 - m)\omega^{ak})(1 - \gamma\omega^{bk}) = c_0 + c_1 m$ is affine in $m$,
 # so $|c_0 + c_1 m|^2 - 1$ is a convex quadratic, negative at $m = 1$ (there the modulus is at most $1 - \alpha + \alpha\gamma$):
@@ -1239,7 +1240,7 @@ test_fail(lambda: relaxation_time(torch.ones(3)), contains="`P` must have shape"
 # $\alpha \to 0$ the mode fails iff $\operatorname{Re}\,\mu \le 0$ for $\mu = z w$, $z = m + (1 - m)e^{i\varphi}$ on the circle of centre
 # $m$ and radius $1 - m$ (arguments up to $\arcsin\frac{1 - m}{m}$) and $w = 1 - \gamma e^{i\psi}$ (arguments down to
 # $-\arcsin\gamma$): possible iff $\arcsin\frac{1 - m}{m} + \arcsin\gamma \ge \pi/2$, i.e. $m \le 1/(1 + \sqrt{1 - \gamma^2})$; by item 2
-# this bounds $m_\infty$ below for every $\alpha$. (5) Proposition 1. At $\gamma = 0$, item 3's pair with diagonal $1/2$ embeds
+# this bounds $m_\infty$ below for every $\alpha$. (5) Proposition 5.1. At $\gamma = 0$, item 3's pair with diagonal $1/2$ embeds
 # (item 2), so $m^* \ge 1/2 = (1 + \gamma)/2$.
 # :::
 #
@@ -1263,7 +1264,7 @@ def circulant_pair(m:float,      # the diagonal of M, in [0, 1]
                    a:int=1,      # M gives 1 - m of each row to the state a steps ahead
                    b:int=-1,     # P moves b steps; irreducible when gcd(b, s) = 1
                   )->tuple:      # (M, P) float64 (s, s): M = m I + (1 - m) S^a, P = S^b
-    "Proposition 5's circulant pair, whose error matrix $B$ is diagonal in the Fourier basis."
+    "Proposition 5.7's circulant pair, whose error matrix $B$ is diagonal in the Fourier basis."
     s = _positive_int(n_states, "n_states")
     if s < 2: raise ValueError(f"`n_states` must be at least 2, got {n_states}")
     if not 0 <= m <= 1: raise ValueError(f"`m` must lie in [0, 1], got {m}")
@@ -1317,7 +1318,7 @@ def circulant_threshold(gamma:float,  # discount factor in [0, 1)
                         alpha:float,  # step size in (0, 1]
                         n_states:int, # number of states s >= 2
                        )->dict:       # m (the lower bound m_c), and the circulant pair that attains it: n (states used), a, b
-    "Proposition 5's lower bound $m_c(\\gamma, \\alpha, s)$ on the diagonality threshold: the best circulant pair on $s' \\le s$ states."
+    "Proposition 5.7's lower bound $m_c(\\gamma, \\alpha, s)$ on the diagonality threshold: the best circulant pair on $s' \\le s$ states."
     s, gamma = _positive_int(n_states, "n_states"), check_gamma(gamma)
     if s < 2: raise ValueError(f"`n_states` must be at least 2, got {n_states}")
     if not 0 < alpha <= 1: raise ValueError(f"`alpha` must lie in (0, 1], got {alpha}")
@@ -1338,7 +1339,7 @@ def circulant_limit(gamma:float,  # discount factor in [0, 1)
                     alpha:float,  # step size in (0, 1]
                     grid:int=361, # grid points per angle before a local refinement
                    )->float:      # m_infinity(gamma, alpha)
-    "Proposition 5's limit $m_\\infty(\\gamma, \\alpha)$ of the circulant lower bounds as $s \\to \\infty$."
+    "Proposition 5.7's limit $m_\\infty(\\gamma, \\alpha)$ of the circulant lower bounds as $s \\to \\infty$."
     gamma = check_gamma(gamma)
     root = lambda angles: _mode_root(np.exp(1j * angles[0]), 1 - gamma * np.exp(1j * angles[1]), alpha)
     th = np.linspace(0, 2 * np.pi, int(grid))
@@ -1369,7 +1370,7 @@ for dm, above in ((-1e-6, True), (1e-6, False)):
     M_c, P_c = circulant_pair(c["m"] + dm, c["n"], c["a"], c["b"])
     assert (spectral_radius(M_c, P_c, 0.9, 1.) > 1) == above
 record_claim("threshold-bounds", "The diagonality threshold $m^*$ is exactly $1/2$ at two states, at most $(1 + \\gamma)/2$, and at least the "
-             "circulant bound (Proposition 5).", "proved", "convergence", "#how-diagonal-is-diagonal-enough-the-true-threshold")
+             "circulant bound (Proposition 5.7).", "proved", "convergence", "#how-diagonal-is-diagonal-enough-the-true-threshold")
 c
 
 # %% [markdown]
@@ -1378,28 +1379,28 @@ c
 # For the $L$-layer softmax Transformer with the constructed parameters, which is exactly the recursion
 # $v_{l+1} = v_l + \alpha \hat M (\hat r + \gamma \hat P v_l - v_l)$ over states:
 #
-# * **Proposition 1** (diagonal condition, $\min_x M(x, x) > (1 + \gamma)/2$) gives the rate $\rho$. It
+# * **Proposition 5.1** (diagonal condition, $\min_x M(x, x) > (1 + \gamma)/2$) gives the rate $\kappa$. It
 #   covers one-hot features at large $\beta$, where it is attained, and unit-norm features at large
 #   $\beta$, where it is loose; for feature-bilinear scores it can never cover a task with a feature vector in
-#   the hull of the others (**Proposition 4**), about a quarter of the default raw-feature tasks. A score on the
+#   the hull of the others (**Proposition 5.5**), about a quarter of the default raw-feature tasks. A score on the
 #   whole token (reward and value rows included), as a trained layer has, mostly escapes that cap
-#   (measured in [chapter 5a](convergence_experiments.html#proposition-4-measured-the-hull-obstruction-on-random-tasks)).
-# * **Proposition 5** says how much Proposition 1's constant could improve: the true threshold $m^*(\gamma, \alpha, s)$ is
+#   (measured in [chapter 5a](convergence_experiments.html#proposition-5.5-measured-the-hull-obstruction-on-random-tasks)).
+# * **Proposition 5.7** says how much Proposition 5.1's constant could improve: the true threshold $m^*(\gamma, \alpha, s)$ is
 #   exactly $1/2$ at two states, at most $(1 + \gamma)/2$ always, and certified from below by explicit pairs that grow
 #   with $s$ and tend to 1 as $\gamma \to 1$
 #   ([chapter 5a](convergence_experiments.html#the-true-threshold-a-search-for-worst-cases)). "Self-attention dominates" ($> 1/2$) is not enough beyond
 #   two states.
-# * **Proposition 2** (span condition, $\delta(B^k) < 1$) gives the rate $\max(\lambda, \delta(B^k)^{1/k})$. With
+# * **Proposition 5.2** (span condition, $\operatorname{sc}(B^k) < 1$) gives the rate $\max(\kappa_{\mathrm{tab}}, \operatorname{sc}(B^k)^{1/k})$. With
 #   $k = 1$ it covers every one-hot task at every scale measured and every leaky unit-norm task of
 #   [Experiment 6](convergence_experiments.html#experiment-6-the-leaky-regime-at-finite-n); with $k = 16$ most unit-norm tasks from $\beta \approx 3$ and most raw-feature tasks at
 #   moderate $\beta$. In the limit it is exact: convergence is the spectral radius of $B$ below one. The rate is
-#   $\lambda$ on the random Boyan chains measured (they mix fast); on slowly mixing chains it is slower, up to
-#   $1 - \alpha(1 - \gamma)\mu_{\min}(M_\pi)$ on lazy ones (**Proposition 6**).
-# * **Proposition 3** bounds a single context: depth term $\hat\rho^{\,L} \|\hat v_\infty\|_\infty$ (or
-#   Proposition 2 with $\hat M, \hat P$) plus the floor bound $\frac{\gamma}{1 - \gamma}\|(\hat P - P) v_\pi\|_\infty$,
-#   for contexts whose keys cover every state; **Lemma 1** (tight) carries the population condition to such a
-#   context up to its count deviation $\varepsilon$; **Proposition 7** turns the floor bound into one that holds with
-#   probability $1 - \delta$ given the counts, and bounds the probability of missing a state.
+#   $\kappa_{\mathrm{tab}}$ on the random Boyan chains measured (they mix fast); on slowly mixing chains it is slower, up to
+#   $1 - \alpha(1 - \gamma)\mu_{\min}(M_\pi)$ on lazy ones (**Proposition 5.6**).
+# * **Proposition 5.3** bounds a single context: depth term $\hat\kappa^{\,L} \|\hat v_\infty\|_\infty$ (or
+#   Proposition 5.2 with $\hat M, \hat P$) plus the floor bound $\frac{\gamma}{1 - \gamma}\|(\hat P - P) v_\pi\|_\infty$,
+#   for contexts whose keys cover every state; **Lemma 5.1** (tight) carries the population condition to such a
+#   context up to its count deviation $\varepsilon$; **Proposition 5.4** turns the floor bound into one that holds with
+#   probability $1 - p_{\mathrm{fail}}$ given the counts, and bounds the probability of missing a state.
 # * Not covered by any theorem here: raw features at large $\beta$, where the iteration stalls or
 #   diverges on a growing share of tasks
 #   ([Experiment 4](convergence_experiments.html#experiment-4-a-phase-diagram-of-convergence)); the values at states a context never shows, whose

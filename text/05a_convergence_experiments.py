@@ -58,7 +58,7 @@ from ictd.wstd import weighted_softmax_td
 # One function runs the whole depth-and-length sweep: for each task and each context length it
 # builds $\hat M$, $\hat P$, $\hat r$ from the prefix, runs the recursion (the Transformer's layers)
 # to depth $L$, solves for the empirical fixed point, and records sup-norm errors; it also runs the
-# population recursion and evaluates the bound of Proposition 1.
+# population recursion and evaluates the bound of Proposition 5.1.
 
 # %%
 #| export
@@ -149,7 +149,7 @@ def plot_depth(sweep:dict,  # output of `depth_experiment`
         ax.plot(Ls, sweep["errors"][:, i].mean(0), color=f"C{i}", label=f"Transformer, $n = {n}$")
         ax.axhline(sweep["floors"][:, i].mean(), color=f"C{i}", ls=":", lw=1)
     ax.plot(Ls, sweep["population"].mean(0), color="k", label=r"population ($n = \infty$)")
-    ax.plot(Ls, sweep["bound"].mean(0), color="k", ls="--", label=r"bound $\rho^L \|v_\pi\|_\infty$")
+    ax.plot(Ls, sweep["bound"].mean(0), color="k", ls="--", label=r"bound $\kappa^L \|v_\pi\|_\infty$")
     ax.set(yscale="log", ylim=(1e-5, 10), xlabel="depth $L$ (layers)",
            ylabel=rf"$\|v_L - v_\pi\|_\infty$ (return units), mean of {len(sweep['errors'])} tasks",
            title=rf"Error against depth: geometric decay, then the floor (dotted); $\beta = {sweep['beta']:g}$, $\alpha = {sweep['alpha']:g}$")
@@ -177,12 +177,12 @@ plot_depth(sweep);
 # bound is nearly tight: in the tabular limit both the bound and the true asymptotic rate are
 # $1 - \alpha(1 - \gamma) = 0.9$.
 #
-# The depth term decays at the tabular rate. Proposition 1 with $\hat M$ only promises the rate
-# $\hat\rho$; Proposition 2 says the constant direction decays at exactly
-# $\lambda = 1 - \alpha(1 - \gamma) = 0.9$ and the span no slower here. So the measured per-layer rate
-# of the depth term $\|v_L - \hat v_\infty\|_\infty$ (fitted over depths 50 to 100) should be $\lambda$: for
+# The depth term decays at the tabular rate. Proposition 5.1 with $\hat M$ only promises the rate
+# $\hat\kappa$; Proposition 5.2 says the constant direction decays at exactly
+# $\kappa_{\mathrm{tab}} = 1 - \alpha(1 - \gamma) = 0.9$ and the span no slower here. So the measured per-layer rate
+# of the depth term $\|v_L - \hat v_\infty\|_\infty$ (fitted over depths 50 to 100) should be $\kappa_{\mathrm{tab}}$: for
 # the mean over the contexts that cover every state, to within $5 \cdot 10^{-4}$ at every $n$, and for
-# single contexts never above $\lambda$ (a context can be a little faster when its constant component
+# single contexts never above $\kappa_{\mathrm{tab}}$ (a context can be a little faster when its constant component
 # is small and another mode leads). A rate set by the leakage would fail both.
 
 # %% [markdown]
@@ -222,16 +222,16 @@ terms = sweep["depth_terms"][..., 50:]
 mean_rates = torch.stack([measured_rate(terms[covered[:, i], i].mean(0), 0) for i in range(len(NS))])
 ctx_rates = measured_rate(terms[covered], 0)
 assert ((mean_rates - lam).abs() < 5e-4).all() and (ctx_rates < lam + 1e-4).all() and ((ctx_rates - lam).abs() < 1e-3).float().mean() > 0.95
-record_claim("depth-rate", "On one-hot Boyan chains the depth term decays at the tabular rate $\\lambda = 1 - \\alpha(1 - \\gamma)$ at every context length.", "measured", "convergence_experiments", "#experiment-1-error-against-depth-for-several-context-lengths")
+record_claim("depth-rate", "On one-hot Boyan chains the depth term decays at the tabular rate $\\kappa_{\\mathrm{tab}} = 1 - \\alpha(1 - \\gamma)$ at every context length.", "measured", "convergence_experiments", "#experiment-1-error-against-depth-for-several-context-lengths")
 print(f"{int(covered.sum())} of {covered.numel()} contexts cover every state; rate of their mean depth term per n: "
-      f"{[round(v, 5) for v in mean_rates.tolist()]}; single contexts in [{ctx_rates.min():.4f}, {ctx_rates.max():.5f}] (lambda = {lam:.2f})")
+      f"{[round(v, 5) for v in mean_rates.tolist()]}; single contexts in [{ctx_rates.min():.4f}, {ctx_rates.max():.5f}] (kappa_tab = {lam:.2f})")
 
 
 # %% [markdown]
 # ## Experiment 2: the floor against the context length
 #
 # The floor is the error of the empirical fixed point, which is (where every state is a key)
-# certainty equivalence on the context's empirical MRP, and Proposition 3 bounds it by
+# certainty equivalence on the context's empirical MRP, and Proposition 5.3 bounds it by
 # $\frac{\gamma}{1-\gamma}\|(\hat P - P) v_\pi\|_\infty$, of order $n^{-1/2}$. The sweep of Experiment 1 records,
 # for each task and length, the floor, the floor restricted to key states, and the bound (on contexts
 # whose keys cover every state). Slopes are fitted by least squares on log-log axes, and their
@@ -302,7 +302,7 @@ test_close(significant(torch.tensor([1 / 3, 0.], dtype=torch.float64)), torch.te
 #| export
 def plot_floor(sweep:dict,  # output of `depth_experiment`
               ):            # the matplotlib figure
-    "Experiment 2: the floor against the context length (mean, on key states, and Proposition 3's bound), and the floor against its bound per context."
+    "Experiment 2: the floor against the context length (mean, on key states, and Proposition 5.3's bound), and the floor against its bound per context."
     import matplotlib.pyplot as plt
     ns = torch.tensor(sweep["ns"], dtype=torch.float64)
     sweep = sweep | {k: significant(sweep[k]) for k in ("floors", "key_floors", "floor_bounds")}   # round-off cannot move a pixel
@@ -322,7 +322,7 @@ def plot_floor(sweep:dict,  # output of `depth_experiment`
         ax2.scatter(sweep["floor_bounds"][keys[:, i], i], floors[keys[:, i], i], s=6, color=f"C{i}", label=f"$n = {n}$")
     lim = [floors[keys].min().item() / 2, sweep["floor_bounds"][keys].max().item() * 2]
     ax2.plot(lim, lim, "k--", lw=1, label="$y = x$")
-    ax2.set(xscale="log", yscale="log", xlim=lim, ylim=lim, xlabel="Proposition 3's bound (return units)", ylabel="measured floor (return units)",
+    ax2.set(xscale="log", yscale="log", xlim=lim, ylim=lim, xlabel="Proposition 5.3's bound (return units)", ylabel="measured floor (return units)",
             title="Each context whose keys cover every state: floor against bound")
     ax2.legend(fontsize=8)
     fig.tight_layout()
@@ -333,14 +333,14 @@ def plot_floor(sweep:dict,  # output of `depth_experiment`
 show_doc(plot_floor)
 
 # %% [markdown]
-# The floor is under Proposition 3's bound on every context that covers every state (the identity
+# The floor is under Proposition 5.3's bound on every context that covers every state (the identity
 # behind it holds to machine precision, checked in [chapter 5](convergence.html#a-finite-context-statement)), and it moves with the bound, below it by a
 # factor that varies from context to context (the range of the ratio floor / bound is printed): the factor
 # $1/(1 - \gamma)$ assumes the one-step errors all push the same way, while they are centred and partly cancel. The slopes of the mean floor and of
 # the floor on key states, with 95% bootstrap intervals over tasks:
 
 # %%
-#| fig-cap: "Figure 5a.2: the floor falls with the context length, and on every context that covers every state it lies under the bound of Proposition 3."
+#| fig-cap: "Figure 5a.2: the floor falls with the context length, and on every context that covers every state it lies under the bound of Proposition 5.3."
 #| fig-alt: "Left: log-log plot of the mean floor, the floor on key states and the bound against the context length, with a reference slope of minus one half. Right: scatter of the measured floor against its bound per context, all points under the diagonal."
 floors = sweep["floors"]
 keys = sweep["all_keys"]
@@ -384,13 +384,13 @@ print("share of contexts with every state a key:", dict(zip(NS, keys.double().me
 # same check from $n = 100$ on with a narrower interval.
 
 # %% [markdown]
-# ## Proposition 7 on the contexts of Experiment 1
+# ## Proposition 5.4 on the contexts of Experiment 1
 #
-# [Proposition 7](convergence.html#a-finite-n-bound-with-high-probability) bounds the probability that a context misses a state
-# (item 1) and, with probability $1 - \delta$ given the counts, the floor of a context that covers every state (item 3).
+# [Proposition 5.4](convergence.html#a-finite-n-bound-with-high-probability) bounds the probability that a context misses a state
+# (item 1) and, with probability $1 - p_{\mathrm{fail}}$ given the counts, the floor of a context that covers every state (item 3).
 # Measured on the 200 contexts per length of Experiment 1, for each $n$: the share of contexts that miss a
 # state against item 1's bound (mean over tasks); the share of covering contexts whose floor exceeds item 3's bound
-# ($\delta = 0.05$; at most $\delta$ in expectation, asserted at most $0.1$); the ratio floor / bound; and the part of the
+# ($p_{\mathrm{fail}} = 0.05$, the argument `delta`; at most $p_{\mathrm{fail}}$ in expectation, asserted at most $0.1$); the ratio floor / bound; and the part of the
 # mean floor that comes from contexts missing a state.
 
 # %%
@@ -405,13 +405,13 @@ for i, n in enumerate(NS):
     miss_part = (floors[~cov, i].sum() / floors[:, i].sum()).item()
     hp_rows.append(f"| {n} | {1 - cov.double().mean():.3f} | {miss_bound:.3f} | {above:.3f} | "
                    + (f"{(floors[cov, i] / hp[cov]).median():.3f} |" if cov.any() else "- |") + f" {miss_part:.2f} |")
-record_claim("floor-high-probability", "The high-probability floor bound of Proposition 7 holds on the contexts of Experiment 1, and the missing-state bound holds on average.", "measured", "convergence_experiments", "#proposition-7-on-the-contexts-of-experiment-1")
+record_claim("floor-high-probability", "The high-probability floor bound of Proposition 5.4 holds on the contexts of Experiment 1, and the missing-state bound holds on average.", "measured", "convergence_experiments", "#proposition-5.4-on-the-contexts-of-experiment-1")
 Markdown("| $n$ | share missing a state | item 1 bound | share of covering contexts above item 3 | median floor / item 3 bound | share of the mean floor from contexts missing a state |\n|---|---|---|---|---|---|\n" + "\n".join(hp_rows))
 
 
 # %% [markdown]
-# Item 3 holds on the covering contexts (as it must, up to $\delta$) and is loose by the median factor in the table: the
-# union bound, the worst state, Hoeffding's range and Proposition 3's $1/(1 - \gamma)$ each cost a factor. Item 1 is far
+# Item 3 holds on the covering contexts (as it must, up to $p_{\mathrm{fail}}$) and is loose by the median factor in the table: the
+# union bound, the worst state, Hoeffding's range and Proposition 5.3's $1/(1 - \gamma)$ each cost a factor. Item 1 is far
 # from the measured share at short contexts (it is a worst-start bound built on Markov's inequality) and becomes useful
 # only once $n$ is many times the hitting times. The last column says where the mean floor comes from: at the shortest
 # contexts mostly, and up to $n = 100$ for a large part, from contexts that miss a state, whose floor is set by extrapolation to
@@ -490,10 +490,10 @@ plot_diagonality(diag);
 
 
 # %% [markdown]
-# ## Proposition 4 measured: the hull obstruction on random tasks
+# ## Proposition 5.5 measured: the hull obstruction on random tasks
 #
 # The raw-feature diagonality caps well below the threshold in the figure above, and
-# [Proposition 4](convergence.html#what-no-score-matrix-can-do) says why: for feature-bilinear scores no $W$ can raise the attention
+# [Proposition 5.5](convergence.html#what-no-score-matrix-can-do) says why: for feature-bilinear scores no $W$ can raise the attention
 # of a state on itself above a cap when its features lie in the hull of the others'. How far a good $W$ gets is measured
 # by a search: `best_diagonality` runs Adam on a soft minimum of $\log M(x, x)$, which gives a lower bound on what a
 # score matrix can reach.
@@ -550,11 +550,11 @@ assert (caps["onehot", 10] == 1).all() and (caps["unit", 4] == 1).all()
 tb = random_tasks(200, seed=3000, features="random", d=4)
 cap4, inner = caps["random", 4], caps["random", 4] < 1
 best, _ = best_diagonality(tb.phi, tb.d_pi)
-assert (best <= cap4 + 1e-12).all()                                  # no W beats the cap (Proposition 4)
+assert (best <= cap4 + 1e-12).all()                                  # no W beats the cap (Proposition 5.5)
 assert cap4[inner].max() < (1 + tb.gamma) / 2                        # so the condition fails for every W on these tasks
 reach = (best[~inner] > (1 + tb.gamma) / 2).double().mean().item()
 assert reach > 0.3, reach                                            # elsewhere the search often clears the threshold
-record_claim("hull-obstruction", f"{inner.double().mean():.0%} of 200 raw-feature Boyan chains ($d = 4$) have a state in the hull of the others, where no feature-bilinear score meets the diagonal condition.", "measured", "convergence_experiments", "#proposition-4-measured-the-hull-obstruction-on-random-tasks")
+record_claim("hull-obstruction", f"{inner.double().mean():.0%} of 200 raw-feature Boyan chains ($d = 4$) have a state in the hull of the others, where no feature-bilinear score meets the diagonal condition.", "measured", "convergence_experiments", "#proposition-5.5-measured-the-hull-obstruction-on-random-tasks")
 Markdown("| features | $d$ | share of tasks with a state in the hull of the others | median cap on $\\min_x M(x,x)$ | largest cap |\n|---|---|---|---|---|\n"
          + "\n".join(hull_rows)
          + f"\n\nRaw features, $d = 4$: on the {int(inner.sum())} tasks with an interior state the best $\\min_x M_\\pi(x, x)$ found is "
@@ -564,11 +564,11 @@ Markdown("| features | $d$ | share of tasks with a state in the hull of the othe
 # %% [markdown]
 # About a quarter of the default raw-feature tasks ($d = 4$) have a state whose attention on itself no
 # feature-bilinear score can raise above its cap (the median and the largest cap are in the table, all below
-# $(1 + \gamma)/2$): for scores of that form the diagonal condition, and Proposition 1 with it, cannot cover
+# $(1 + \gamma)/2$): for scores of that form the diagonal condition, and Proposition 5.1 with it, cannot cover
 # these tasks. The share grows as $d$
 # shrinks; it is exactly zero for $d \ge s - 1$, where the points are affinely independent, and already
 # too small to show up in 200 tasks at $d = 6$. The cap is a property of the *features*; the span
-# condition of Proposition 2 is not subject to it, and the next sections show where it, and
+# condition of Proposition 5.2 is not subject to it, and the next sections show where it, and
 # convergence itself, hold.
 #
 # What the three kinds of attention look like, for one task each at $\beta = 3$; the raw-feature task is
@@ -594,7 +594,7 @@ for M in maps.values(): test_close(M.sum(1), torch.ones(10, dtype=torch.float64)
 # %% [markdown]
 # **The cap's scope.** The proof uses one thing: the score is linear in the *key's feature vector*. A trained layer's
 # score $z_i^\top A z_j$ is linear in the whole key token, and a context token carries its reward and value rows besides
-# $\phi$ (chapter 2): $z_i = (\phi(S_i), R_{i+1}, v_l(S_i))$, with $R_{i+1} = r(S_i)$ in these chains. So Proposition 4
+# $\phi$ (chapter 2): $z_i = (\phi(S_i), R_{i+1}, v_l(S_i))$, with $R_{i+1} = r(S_i)$ in these chains. So Proposition 5.5
 # applies to a full $A$ only through the geometry of the *tokens* $\psi(y) = (\phi(y), r(y), v_l(y))$, and a state inside
 # the hull of the others' features is rarely inside the hull of their tokens. Measured on the same 200 raw-feature tasks
 # ($d = 4$): the share with an interior state, for features alone, with the reward row, and with the reward and value
@@ -604,12 +604,12 @@ for M in maps.values(): test_close(M.sum(1), torch.ones(10, dtype=torch.float64)
 
 # %%
 tb = random_tasks(200, seed=3000, features="random", d=4)
-tokens = {"features $\\phi$ (Proposition 4)": tb.phi, "tokens $(\\phi, r)$": torch.cat([tb.phi, tb.r[..., None]], -1),
+tokens = {"features $\\phi$ (Proposition 5.5)": tb.phi, "tokens $(\\phi, r)$": torch.cat([tb.phi, tb.r[..., None]], -1),
           "tokens $(\\phi, r, v_\\pi)$": torch.cat([tb.phi, tb.r[..., None], tb.v_pi[..., None]], -1)}
 token_share = {k: (interior_cap(f, tb.d_pi).amin(-1) < 1).double().mean().item() for k, f in tokens.items()}
 best_tok, _ = best_diagonality(tokens["tokens $(\\phi, r)$"][inner], tb.d_pi[inner], steps=200)
 escape = (best_tok > cap4[inner] + 1e-6).double().mean().item()
-assert token_share["tokens $(\\phi, r)$"] < 0.5 * token_share["features $\\phi$ (Proposition 4)"] and escape > 0.5
+assert token_share["tokens $(\\phi, r)$"] < 0.5 * token_share["features $\\phi$ (Proposition 5.5)"] and escape > 0.5
 Markdown("| key vectors | share of tasks with a state in the hull of the others |\n|---|---|\n"
          + "\n".join(f"| {k} | {v:.3f} |" for k, v in token_share.items())
          + f"\n\nOn the {int(inner.sum())} tasks whose features have an interior state (caps up to {cap4[inner].max():.3f}), a score on the tokens "
@@ -617,7 +617,7 @@ Markdown("| key vectors | share of tasks with a state in the hull of the others 
          f"(largest {best_tok.max():.3f}; $(1 + \\gamma)/2 = {(1 + tb.gamma) / 2:.2f}$).")
 
 # %% [markdown]
-# So Proposition 4 is a statement about feature-bilinear scores, the form of the constructed parameters, and not about
+# So Proposition 5.5 is a statement about feature-bilinear scores, the form of the constructed parameters, and not about
 # whatever $A$ a trained Transformer learns: a full $A$ sees the reward and value rows, and the cap mostly disappears.
 
 # %% [markdown]
@@ -627,7 +627,7 @@ Markdown("| key vectors | share of tasks with a state in the hull of the others 
 # %% [markdown]
 # ## Experiment 4: a phase diagram of convergence
 #
-# Propositions 1 and 2 are *sufficient* conditions. The iteration converges to $v_\pi$ from every
+# Propositions 5.1 and 5.2 are *sufficient* conditions. The iteration converges to $v_\pi$ from every
 # start exactly when the spectral radius of $B$ is below one, which asks much less than diagonal
 # dominance. With raw features it often holds at moderate $\beta$ and fails at large $\beta$, where the
 # attention of a state may point entirely at another state. Then either two rows of $M_\pi$ nearly
@@ -724,7 +724,7 @@ Markdown("Fractions at $\\gamma = 0.9$ (converges / stalls / diverges; diagonal,
 # (larger as $\gamma \to 1$). On unit-norm features everything converges too, but the diagonal
 # condition covers only the large-$\beta$ end, and the span conditions recover the middle. On raw
 # features the $k = 16$ span condition certifies most tasks at moderate $\beta$ and the explicit ones
-# almost none (Proposition 4 rules the diagonal one out on a quarter of them); at large $\beta$
+# almost none (Proposition 5.5 rules the diagonal one out on a quarter of them); at large $\beta$
 # convergence itself is lost: first some tasks diverge, then most stall. Convergence without the
 # contraction condition is the rule, not the exception, at small and moderate $\beta$.
 #
@@ -779,9 +779,9 @@ print(f"converging task {ok}: min M_pi(x, x) = {min10[ok]:.3f}, spectral radius 
 # %% [markdown]
 # ## Experiment 5: the measured rate against the bound
 #
-# How tight is $\rho$? For each task we measure the contraction rate of the population
+# How tight is $\kappa$? For each task we measure the contraction rate of the population
 # recursion as $e^{\text{slope}}$ of $\log \|v_L - v_\pi\|_\infty$ against $L$ (least squares over
-# the second half of the depths), and plot it against $\rho$. Tasks: one-hot and unit-norm features,
+# the second half of the depths), and plot it against $\kappa$. Tasks: one-hot and unit-norm features,
 # $\beta$ log-uniform in $[5, 300]$, $\alpha$ uniform in $[0.3, 1]$, keeping those where the
 # condition holds.
 
@@ -794,7 +794,7 @@ def rate_experiment(n_tasks:int=150,     # random Boyan chains per feature kind
                     n_layers:int=120,    # depth of the population recursion
                     fit_start:int=60,    # first depth of the rate fit
                    )->dict:              # numpy arrays over the tasks where the condition holds: rates, rhos, kinds, min_diags, spectral, lams (1 - alpha (1 - gamma)), spans (delta(B))
-    "Experiment 5: measured contraction rate and bound $\\rho$ of the population recursion, $\\beta$ log-uniform in $[5, 300]$, $\\alpha$ uniform in $[0.3, 1]$."
+    "Experiment 5: measured contraction rate and bound $\\kappa$ of the population recursion, $\\beta$ log-uniform in $[5, 300]$, $\\alpha$ uniform in $[0.3, 1]$."
     rng, cols, kinds = np.random.default_rng(draw_seed), {k: [] for k in ("rates", "rhos", "min_diags", "spectral", "lams", "spans")}, []
     for i, feat in enumerate(features):
         tb = random_tasks(n_tasks, seed=seed + n_tasks * i, features=feat)
@@ -829,7 +829,7 @@ def plot_rates(result:dict,  # output of `rate_experiment`
     lim = [min(rates.min(), rhos.min()) - 0.01, 1]
     ax.plot(lim, lim, "k--", lw=1, label="$y = x$")
     fig.colorbar(sc, ax=ax, label=r"$\min_x M_\pi(x, x)$")
-    ax.set(xlim=lim, ylim=lim, aspect="equal", xlabel=r"bound $\rho = 1 - \alpha(2 \min_x M(x,x) - 1 - \gamma)$",
+    ax.set(xlim=lim, ylim=lim, aspect="equal", xlabel=r"bound $\kappa = 1 - \alpha(2 \min_x M(x,x) - 1 - \gamma)$",
            ylabel="measured rate (per layer)", title="Measured contraction rate against the bound")
     ax.legend(fontsize=9)
     return fig
@@ -841,10 +841,10 @@ show_doc(plot_rates)
 # %% [markdown]
 # Three claims, each a two-sided or a strict statement that a wrong theory would fail: the measured
 # rate is the spectral radius of $B$ (to $10^{-3}$); near the tabular limit
-# ($\min_x M_\pi(x, x) > 0.999$) it is the bound $\rho$ itself (to $2 \cdot 10^{-3}$: the bound is attained);
-# and where the attention leaks ($\min_x M_\pi(x, x) < 0.99$) it is below $\rho$ by more than $0.01$
-# and equal (to $10^{-3}$) to $\lambda = 1 - \alpha(1 - \gamma)$, the rate of the constant direction
-# (Proposition 2).
+# ($\min_x M_\pi(x, x) > 0.999$) it is the bound $\kappa$ itself (to $2 \cdot 10^{-3}$: the bound is attained);
+# and where the attention leaks ($\min_x M_\pi(x, x) < 0.99$) it is below $\kappa$ by more than $0.01$
+# and equal (to $10^{-3}$) to $\kappa_{\mathrm{tab}} = 1 - \alpha(1 - \gamma)$, the rate of the constant direction
+# (Proposition 5.2).
 
 # %%
 #| fig-cap: "Figure 5a.7: the bound is attained near the tabular limit and loose where the attention leaks."
@@ -856,11 +856,11 @@ assert len(rates) >= 100 and tabular.sum() >= 20 and leaky.sum() >= 10
 assert np.abs(rates - rate_res["spectral"]).max() < 1e-3
 assert np.abs(rates - rhos)[tabular].max() < 2e-3
 assert (rhos - rates)[leaky].min() > 0.01 and np.abs(rates - lams)[leaky].max() < 1e-3
-record_claim("rate-vs-bound", "The measured rate is the spectral radius of $B$; the bound $\\rho$ is attained near the tabular limit, and where the attention leaks the rate is $\\lambda$, faster than $\\rho$.", "measured", "convergence_experiments", "#experiment-5-the-measured-rate-against-the-bound")
+record_claim("rate-vs-bound", "The measured rate is the spectral radius of $B$; the bound $\\kappa$ is attained near the tabular limit, and where the attention leaks the rate is $\\kappa_{\\mathrm{tab}}$, faster than $\\kappa$.", "measured", "convergence_experiments", "#experiment-5-the-measured-rate-against-the-bound")
 plot_rates(rate_res);
 print(f"{len(rates)} tasks; |rate - spectral radius| <= {np.abs(rates - rate_res['spectral']).max():.1e}; "
-      f"{tabular.sum()} near-tabular tasks: |rate - rho| <= {np.abs(rates - rhos)[tabular].max():.1e}; "
-      f"{leaky.sum()} leaky tasks: rho - rate in [{(rhos - rates)[leaky].min():.3f}, {(rhos - rates)[leaky].max():.3f}], |rate - lambda| <= {np.abs(rates - lams)[leaky].max():.1e}")
+      f"{tabular.sum()} near-tabular tasks: |rate - kappa| <= {np.abs(rates - rhos)[tabular].max():.1e}; "
+      f"{leaky.sum()} leaky tasks: kappa - rate in [{(rhos - rates)[leaky].min():.3f}, {(rhos - rates)[leaky].max():.3f}], |rate - kappa_tab| <= {np.abs(rates - lams)[leaky].max():.1e}")
 
 
 # %% [markdown]
@@ -875,13 +875,13 @@ print(f"{len(rates)} tasks; |rate - spectral radius| <= {np.abs(rates - rate_res
 # ## Experiment 6: the leaky regime at finite $n$
 #
 # Experiment 1 ran where the attention is essentially tabular. The regime where leakage matters is
-# $0.95 < \min_x M_\pi(x, x) < 0.99$: the diagonal condition holds but $\rho$ is well above the tabular
+# $0.95 < \min_x M_\pi(x, x) < 0.99$: the diagonal condition holds but $\kappa$ is well above the tabular
 # rate. Unit-norm features reach it at moderate $\beta$: for each task we pick $\beta$ by bisection so
 # that $\min_x M_\pi(x, x)$ equals a target drawn uniformly in $[0.955, 0.985]$ (the minimum grows with
 # $\beta$, since $\phi(y)^\top \phi(x) < 1 = \phi(x)^\top \phi(x)$ for $y \ne x$), and run the Transformer's
 # recursion on contexts of $n = 300, 1000, 3000$ transitions. On each context we measure the rate of the
-# depth term $\|v_L - \hat v_\infty\|_\infty$ and compare it with the context's own $\hat\rho$, with the
-# span rate $\max(\lambda, \hat\delta)$ of Proposition 2 ($\hat\delta = \delta(\hat B)$), and with the
+# depth term $\|v_L - \hat v_\infty\|_\infty$ and compare it with the context's own $\hat\kappa$, with the
+# span rate $\max(\kappa_{\mathrm{tab}}, \widehat{\operatorname{sc}})$ of Proposition 5.2 ($\widehat{\operatorname{sc}} = \operatorname{sc}(\hat B)$), and with the
 # population's.
 
 # %%
@@ -957,13 +957,13 @@ def plot_leaky(result:dict,  # output of `leaky_experiment`
     lam, keys = result["lam"], result["all_keys"]
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 5), sharey=True)
     x = result["min_diag"]
-    ax.scatter(x, result["rho"], s=14, color="C3", label=r"diagonal bound $\rho$")
-    ax.scatter(x, result["span"].clamp(min=lam), s=14, color="C1", marker="x", label=r"span rate $\max(\lambda, \delta(B))$")
+    ax.scatter(x, result["rho"], s=14, color="C3", label=r"diagonal bound $\kappa$")
+    ax.scatter(x, result["span"].clamp(min=lam), s=14, color="C1", marker="x", label=r"span rate $\max(\kappa_{\mathrm{tab}}, \operatorname{sc}(B))$")
     ax.scatter(x, result["rates"], s=14, color="k", marker="_", label="measured rate")
     ax.set(xlabel=r"$\min_x M_\pi(x, x)$", ylabel="per-layer rate", title=f"Population, {len(x)} unit-norm tasks")
     xh = result["min_diag_hat"][keys]
-    ax2.scatter(xh, result["rho_hat"][keys], s=8, color="C3", label=r"diagonal bound $\hat\rho$")
-    ax2.scatter(xh, result["span_hat"][keys].clamp(min=lam), s=8, color="C1", marker="x", label=r"span rate $\max(\lambda, \hat\delta)$")
+    ax2.scatter(xh, result["rho_hat"][keys], s=8, color="C3", label=r"diagonal bound $\hat\kappa$")
+    ax2.scatter(xh, result["span_hat"][keys].clamp(min=lam), s=8, color="C1", marker="x", label=r"span rate $\max(\kappa_{\mathrm{tab}}, \widehat{\operatorname{sc}})$")
     ax2.scatter(xh, result["ctx_rates"][keys], s=8, color="k", marker="_", label=r"measured rate of $\|v_L - \hat v_\infty\|_\infty$")
     ax2.set(xlabel=r"$\min_x \hat M(x, x)$ of the context", title=f"Contexts of n = {', '.join(map(str, result['ns']))} covering every state")
     for a in (ax, ax2):
@@ -984,44 +984,44 @@ show_doc(plot_leaky)
 leaky = leaky_experiment(100, seed=6000)
 lam, keys = leaky["lam"], leaky["all_keys"]
 assert ((leaky["min_diag"] > 0.95) & (leaky["min_diag"] < 0.99)).all()     # sanity check of the bisection (true by construction)
-# population: the rate is lambda, the diagonal bound is loose, the explicit span rate is certified and closer
+# population: the rate is kappa_tab, the diagonal bound is loose, the explicit span rate is certified and closer
 assert (leaky["rates"] - lam).abs().max() < 1e-3 and (leaky["spectral"] - lam).abs().max() < 1e-9
 assert (leaky["rho"] - leaky["rates"]).min() > 0.02 and (leaky["span"] < 1).all()
 assert (leaky["span"].clamp(min=lam) < leaky["rho"]).all()
-# finite n: Lemma 1 transfers the condition; on contexts covering every state the depth term decays at lambda
+# finite n: Lemma 5.1 transfers the condition; on contexts covering every state the depth term decays at the tabular rate
 m = leaky["min_diag"][:, None]
 assert (leaky["rho_hat"] <= 1 - (2 * m * (1 - leaky["eps"]) / (1 + leaky["eps"]) - 1 - leaky["gamma"]) + 1e-12).all()
 assert keys.double().mean() > 0.9 and ((leaky["ctx_rates"] - lam).abs()[keys] < 2e-3).all()
-record_claim("leaky-regime", "In the leaky regime on unit-norm Boyan chains the rate is $\\lambda$ at the population and on finite contexts, and the explicit span rate lies strictly between it and $\\rho$.", "measured", "convergence_experiments", "#experiment-6-the-leaky-regime-at-finite-n")
+record_claim("leaky-regime", "In the leaky regime on unit-norm Boyan chains the rate is $\\kappa_{\\mathrm{tab}}$ at the population and on finite contexts, and the explicit span rate lies strictly between it and $\\kappa$.", "measured", "convergence_experiments", "#experiment-6-the-leaky-regime-at-finite-n")
 lost = keys & (leaky["rho_hat"] >= 1)
 plot_leaky(leaky);
-Markdown(f"Population: rates within {(leaky['rates'] - lam).abs().max():.1e} of $\\lambda = {lam:.2f}$; $\\rho$ in "
-         f"[{leaky['rho'].min():.3f}, {leaky['rho'].max():.3f}]; span rate $\\delta(B)$ in [{leaky['span'].min():.3f}, {leaky['span'].max():.3f}]. "
+Markdown(f"Population: rates within {(leaky['rates'] - lam).abs().max():.1e} of $\\kappa_{{\\mathrm{{tab}}}} = {lam:.2f}$; $\\kappa$ in "
+         f"[{leaky['rho'].min():.3f}, {leaky['rho'].max():.3f}]; span rate $\\operatorname{{sc}}(B)$ in [{leaky['span'].min():.3f}, {leaky['span'].max():.3f}]. "
          f"Contexts: " + "; ".join(f"$n = {n}$: {int(keys[:, i].sum())} of {len(keys)} cover every state, median $\\varepsilon$ = {leaky['eps'][:, i].median():.2f}, "
-                                    f"$\\hat\\rho \\ge 1$ on {int(lost[:, i].sum())}, $\\hat\\delta \\ge 1$ on {int((keys[:, i] & (leaky['span_hat'][:, i] >= 1)).sum())}"
-                                    for i, n in enumerate(leaky["ns"])) + f"; depth-term rates within {(leaky['ctx_rates'] - lam).abs()[keys].max():.1e} of $\\lambda$.")
+                                    f"$\\hat\\kappa \\ge 1$ on {int(lost[:, i].sum())}, $\\widehat{{\\operatorname{{sc}}}} \\ge 1$ on {int((keys[:, i] & (leaky['span_hat'][:, i] >= 1)).sum())}"
+                                    for i, n in enumerate(leaky["ns"])) + f"; depth-term rates within {(leaky['ctx_rates'] - lam).abs()[keys].max():.1e} of $\\kappa_{{\\mathrm{{tab}}}}$.")
 
 
 # %% [markdown]
 # In the leaky regime the diagonal bound is loose on every one of these unit-norm Boyan chains: the population
-# recursion contracts at exactly $\lambda$, the rate of the constant direction, while $\rho$ is at least $0.02$ slower
+# recursion contracts at exactly $\kappa_{\mathrm{tab}}$, the rate of the constant direction, while $\kappa$ is at least $0.02$ slower
 # (asserted; measured on random Boyan chains, which mix fast).
-# The explicit span condition holds on every task and its rate $\max(\lambda, \delta(B))$ lies strictly
-# between the truth and $\rho$ (asserted). At finite $n$ the context's own diagonality is lower than the
-# population's by Lemma 1's factor, and on some contexts $\hat\rho \ge 1$: Proposition 1 then says nothing
-# about that context, yet its depth term still decays at $\lambda$ (the counts are printed above).
+# The explicit span condition holds on every task and its rate $\max(\kappa_{\mathrm{tab}}, \operatorname{sc}(B))$ lies strictly
+# between the truth and $\kappa$ (asserted). At finite $n$ the context's own diagonality is lower than the
+# population's by Lemma 5.1's factor, and on some contexts $\hat\kappa \ge 1$: Proposition 5.1 then says nothing
+# about that context, yet its depth term still decays at $\kappa_{\mathrm{tab}}$ (the counts are printed above).
 
 # %% [markdown]
-# ## Slowly mixing chains: when the rate is not $\lambda$
+# ## Slowly mixing chains: when the rate is not the tabular rate
 #
-# Experiments 5 and 6 found the rate $\lambda = 1 - \alpha(1 - \gamma)$ in the leaky regime, on random Boyan chains,
-# which mix in a few steps. [Proposition 6](convergence.html#slowly-mixing-chains) says that on a lazy chain the rate
+# Experiments 5 and 6 found the rate $\kappa_{\mathrm{tab}} = 1 - \alpha(1 - \gamma)$ in the leaky regime, on random Boyan chains,
+# which mix in a few steps. [Proposition 5.6](convergence.html#slowly-mixing-chains) says that on a lazy chain the rate
 # tends instead to $1 - \alpha(1 - \gamma)\mu_{\min}(M_\pi)$ as the chain slows down. Two families measure the whole
 # range: lazy versions $P_\eta$ of random Boyan chains, and two random 5-state Boyan blocks that jump to the other
 # block's first state with probability $\eta$ (a nearly decomposable chain). For each chain, unit-norm features and
 # $W = \beta I$ with $\beta$ set (by bisection, `scale_for_diagonality` of Experiment 6) so that
 # $\min_x M_\pi(x, x) = 0.96$: the diagonal condition holds on every chain. The mixing time is measured by the
-# relaxation time $1/(1 - |\lambda_2(P)|)$ (`relaxation_time` of chapter 5).
+# relaxation time $1/(1 - |\mu_2(P)|)$ (`relaxation_time` of chapter 5).
 
 # %%
 #| export
@@ -1074,7 +1074,7 @@ show_doc(slow_mixing_experiment)
 #| export
 def plot_slow_mixing(result:dict, # output of `slow_mixing_experiment`
                     ):            # the matplotlib figure
-    "Spectral radius of $B$ (median and 10-90% band over chains) and measured rate against the relaxation time, with $\\lambda$ and the lazy-chain limit."
+    "Spectral radius of $B$ (median and 10-90% band over chains) and measured rate against the relaxation time, with $\\kappa_{\\mathrm{tab}}$ and the lazy-chain limit."
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(11, 5))
     for i, family in enumerate(("lazy", "two blocks")):
@@ -1084,11 +1084,11 @@ def plot_slow_mixing(result:dict, # output of `slow_mixing_experiment`
         ax.fill_between(x, y.quantile(0.1, 0), y.quantile(0.9, 0), color=f"C{i}", alpha=0.2)
         ax.plot(x, r["rates"].median(0).values, "o", color=f"C{i}", ms=4, mfc="none", label=f"measured rate, depths {result['fit']}, {family} (median)")
     m = result["lazy"]["min_diag"].mean().item()
-    ax.axhline(result["lam"], color="k", lw=1, label=r"$\lambda = 1 - \alpha(1 - \gamma)$")
+    ax.axhline(result["lam"], color="k", lw=1, label=r"$\kappa_{\mathrm{tab}} = 1 - \alpha(1 - \gamma)$")
     ax.axhline(result["lazy_limit"].median(), color="C0", ls=":", label=r"lazy limit $1 - \alpha(1-\gamma)\mu_{\min}(M_\pi)$ (median)")
     ax.axhline(1 - result["alpha"] * (1 - result["gamma"]) * (2 * m - 1), color="C3", ls="--", label=r"its cap $1 - \alpha(1-\gamma)(2 \min_x M_\pi(x,x) - 1)$")
-    ax.set(xscale="log", xlabel="relaxation time $1/(1 - |\\lambda_2(P)|)$ (steps)", ylabel="per-layer rate of $\\|v_L - v_\\pi\\|_\\infty$",
-           title=f"Slow mixing slows the iteration (unit-norm features, $\\min_x M_\\pi(x, x) = {m:.2f}$; bound $\\rho = {result['lazy']['rho'].mean():.2f}$)")
+    ax.set(xscale="log", xlabel="relaxation time $1/(1 - |\\mu_2(P)|)$ (steps)", ylabel="per-layer rate of $\\|v_L - v_\\pi\\|_\\infty$",
+           title=f"Slow mixing slows the iteration (unit-norm features, $\\min_x M_\\pi(x, x) = {m:.2f}$; bound $\\kappa = {result['lazy']['rho'].mean():.2f}$)")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
     return fig
@@ -1098,52 +1098,52 @@ def plot_slow_mixing(result:dict, # output of `slow_mixing_experiment`
 show_doc(plot_slow_mixing)
 
 # %% [markdown]
-# Claims, measured on these two families: on the fastest-mixing lazy chains the rate is $\lambda$; on lazy chains the
-# asymptotic rate (the spectral radius of $B$) grows with the relaxation time and reaches Proposition 6's limit; and it
-# always lies between $\lambda$ and $\rho$ (Propositions 1 and 2: a sanity check of the theorems). The measured rate, fitted
+# Claims, measured on these two families: on the fastest-mixing lazy chains the rate is $\kappa_{\mathrm{tab}}$; on lazy chains the
+# asymptotic rate (the spectral radius of $B$) grows with the relaxation time and reaches Proposition 5.6's limit; and it
+# always lies between $\kappa_{\mathrm{tab}}$ and $\kappa$ (Propositions 5.1 and 5.2: a sanity check of the theorems). The measured rate, fitted
 # over depths 100 to 200, is plotted too: where two modes have nearly the same rate it has not yet settled on the slower.
 
 # %%
-#| fig-cap: "Figure 5a.9: on lazy chains the iteration slows as the chain mixes more slowly, up to the limit of Proposition 6; two-block chains barely slow down."
-#| fig-alt: "Spectral radius and measured rate against the relaxation time on a log axis, for lazy and two-block chains, with horizontal lines for lambda, the lazy limit and its cap."
+#| fig-cap: "Figure 5a.9: on lazy chains the iteration slows as the chain mixes more slowly, up to the limit of Proposition 5.6; two-block chains barely slow down."
+#| fig-alt: "Spectral radius and measured rate against the relaxation time on a log axis, for lazy and two-block chains, with horizontal lines for the tabular rate, the lazy limit and its cap."
 slow = slow_mixing_experiment(20)
 lazy_r, block_r, lam = slow["lazy"], slow["two blocks"], slow["lam"]
 for r in (lazy_r, block_r):
-    assert (r["spectral"] <= r["rho"] + 1e-12).all() and (r["spectral"] >= lam - 1e-12).all()   # Proposition 1, and lambda is an eigenvalue
+    assert (r["spectral"] <= r["rho"] + 1e-12).all() and (r["spectral"] >= lam - 1e-12).all()   # Proposition 5.1, and the tabular rate is an eigenvalue
     assert (r["min_diag"] - 0.96).abs().max() < 1e-9                                    # sanity check: beta was set for this
 assert (lazy_r["spectral"][:, -1] - lam).abs().max() < 1e-9 and (lazy_r["rates"][:, -1] - lam).abs().max() < 2e-3
 assert ((lazy_r["spectral"][:, 0] - slow["lazy_limit"]).abs() < 2e-3).all() and (slow["lazy_limit"] > lam + 3e-3).all()
 med = lazy_r["spectral"].median(0).values
 assert (med[:-1] >= med[1:] - 1e-12).all() and med[0] > lam + 3e-3                 # grows as the relaxation time grows
-record_claim("slow-mixing", "On slowly mixing lazy chains the rate is slower than $\\lambda$ and reaches the limit of Proposition 6.", "measured", "convergence_experiments", "#slowly-mixing-chains-when-the-rate-is-not-lambda")
+record_claim("slow-mixing", "On slowly mixing lazy chains the rate is slower than $\\kappa_{\\mathrm{tab}}$ and reaches the limit of Proposition 5.6.", "measured", "convergence_experiments", "#slowly-mixing-chains-when-the-rate-is-not-the-tabular-rate")
 plot_slow_mixing(slow);
 Markdown(f"Fastest lazy chains ($\\eta = 1$, median relaxation time {lazy_r['relax'][:, -1].median():.2f}): rates within "
-         f"{(lazy_r['rates'][:, -1] - lam).abs().max():.1e} of $\\lambda = {lam:.2f}$. Slowest ($\\eta = 10^{{-3}}$): lazy chains "
+         f"{(lazy_r['rates'][:, -1] - lam).abs().max():.1e} of $\\kappa_{{\\mathrm{{tab}}}} = {lam:.2f}$. Slowest ($\\eta = 10^{{-3}}$): lazy chains "
          f"(relaxation time {lazy_r['relax'][:, 0].median():.0f}) have rates in [{lazy_r['spectral'][:, 0].min():.4f}, {lazy_r['spectral'][:, 0].max():.4f}], "
          f"within {(lazy_r['spectral'][:, 0] - slow['lazy_limit']).abs().max():.1e} of the limit; two blocks (relaxation time "
          f"{block_r['relax'][:, 0].median():.0f}) in [{block_r['spectral'][:, 0].min():.4f}, {block_r['spectral'][:, 0].max():.4f}]. "
-         f"The bound $\\rho$ is {lazy_r['rho'].mean():.3f} on every chain. Depth factor at the lazy limit: "
+         f"The bound $\\kappa$ is {lazy_r['rho'].mean():.3f} on every chain. Depth factor at the lazy limit: "
          f"{math.log(lam) / math.log(slow['lazy_limit'].median()):.3f} (median chain), at most {math.log(lam) / math.log(1 - slow['alpha'] * (1 - slow['gamma']) * (2 * 0.96 - 1)):.3f} by the cap.")
 
 
 # %% [markdown]
-# The lazy chains slow down by a small amount, and Proposition 6 says why it must be small under the diagonal
+# The lazy chains slow down by a small amount, and Proposition 5.6 says why it must be small under the diagonal
 # condition: by Gershgorin's theorem $\mu_{\min} \ge 2\min_x M_\pi(x, x) - 1$, so the limit is at most
 # $1 - \alpha(1 - \gamma)(2\min_x M_\pi(x, x) - 1)$ (red dashed line); the factor by which the depth for a given accuracy
-# grows, $\ln \lambda / \ln(\text{limit})$, is printed above.
+# grows, $\ln \kappa_{\mathrm{tab}} / \ln(\text{limit})$, is printed above.
 # The two-block chains, although nearly decomposable, barely slow down at all: their slow mode is the block indicator,
 # and the attention of these chains rarely leaks across blocks, so $M_\pi$ nearly preserves that mode. Slow mixing
 # slows the iteration only where the attention mixes the slow mode of $P$.
 
 # %% [markdown]
 # The leaky-regime finding, restated with its scope: *on random Boyan chains* (which relax in a few steps) the rate is
-# the constant direction's $\lambda$ whatever the diagonality; on slowly mixing chains it is slower, up to
-# $1 - \alpha(1 - \gamma)\mu_{\min}$ on lazy ones, while still below the diagonal bound $\rho$ when the condition holds.
+# the constant direction's $\kappa_{\mathrm{tab}}$ whatever the diagonality; on slowly mixing chains it is slower, up to
+# $1 - \alpha(1 - \gamma)\mu_{\min}$ on lazy ones, while still below the diagonal bound $\kappa$ when the condition holds.
 
 # %% [markdown]
 # ## The true threshold: a search for worst cases
 #
-# [Proposition 5](convergence.html#how-diagonal-is-diagonal-enough-the-true-threshold) defines the diagonality threshold
+# [Proposition 5.7](convergence.html#how-diagonal-is-diagonal-enough-the-true-threshold) defines the diagonality threshold
 # $m^*(\gamma, \alpha, s)$, shows it is exactly $1/2$ at two states and at most $(1 + \gamma)/2$, and bounds it from below
 # by circulant pairs. What is the true $m^*$ for $s \ge 3$? We search for it numerically: `worst_case_pair` maximises
 # the spectral radius of $B$ over positive pairs at a fixed minimum diagonal (multistart L-BFGS on the logits of $M$ and
@@ -1168,7 +1168,7 @@ def _pair_from_logits(z:np.ndarray, m:float, s:int)->tuple:
 # %%
 #| export
 def _quotient_radius(z:np.ndarray, m:float, s:int, gamma:float, alpha:float)->tuple:
-    "Spectral radius of B on vectors modulo constants (Proposition 2, item 3), and its gradient in the logits."
+    "Spectral radius of B on vectors modulo constants (Proposition 5.2, item 3), and its gradient in the logits."
     Q, P = _row_softmax(z[:s * s].reshape(s, s)), _row_softmax(z[s * s:].reshape(s, s))
     M, I = m * np.eye(s) + (1 - m) * Q, np.eye(s)
     L, R = np.hstack([-np.ones((s - 1, 1)), I[1:, 1:]]), I[:, 1:]             # coordinates modulo constants
@@ -1193,7 +1193,7 @@ def _maximise_radius(z:np.ndarray, m:float, s:int, gamma:float, alpha:float)->tu
 # %%
 #| export
 def _circulant_logits(gamma:float, alpha:float, s:int)->np.ndarray:
-    "Logits of a positive pair close to the best circulant pair, embedded in s states (Proposition 5, item 2)."
+    "Logits of a positive pair close to the best circulant pair, embedded in s states (Proposition 5.7, item 2)."
     c, X, Y = circulant_threshold(gamma, alpha, s), np.full((s, s), -20.), np.full((s, s), -20.)
     n, a, b = c["n"], c["a"], c["b"]
     for x in range(s):
@@ -1251,7 +1251,7 @@ test_fail(lambda: worst_case_pair(1.2, 0.9, 1., 3), contains="`m` must lie in [0
 # %%
 #| export
 def _family_max(z:np.ndarray, m:float, s:int, gamma:float, alpha:float, margin:float=1e-9)->float:
-    "Largest m' >= m with rho(B) >= 1 + margin along M = m' I + (1 - m') Q for the logits z (grid, then bisection); None if none."
+    "Largest m' >= m with spr(B) >= 1 + margin along M = m' I + (1 - m') Q for the logits z (grid, then bisection); None if none."
     f = lambda mm: spectral_radius(*map(torch.from_numpy, _pair_from_logits(z, mm, s)), gamma, alpha).item() >= 1 + margin
     ms = np.linspace(m, (1 + gamma) / 2, 101)
     ok = np.nonzero([f(mm) for mm in ms])[0]
@@ -1272,7 +1272,7 @@ def threshold_search(gamma:float,     # discount factor in [0, 1)
                      n_starts:int=100, # random starts
                      step:float=2e-3, # how far above the record each new search starts
                     )->dict:          # m (a certified lower bound on m*), M, P (the certificate, float64), rho (its spectral radius >= 1)
-    "A certified lower bound on the diagonality threshold $m^*$: the largest minimum diagonal at which the search finds a pair with $\\rho(B) \\ge 1$."
+    "A certified lower bound on the diagonality threshold $m^*$: the largest minimum diagonal at which the search finds a pair with $\\operatorname{spr}(B) \\ge 1$."
     s, gamma = _check_search_args(0., gamma, alpha, n_states)
     rng = np.random.default_rng(seed)
     c = circulant_threshold(gamma, alpha, s)
@@ -1339,7 +1339,7 @@ show_doc(save_threshold_certificates)
 #| export
 def check_certificate(record:dict, # one record: gamma, alpha, n_states, m, M, P
                      )->float:     # the spectral radius of B, >= 1
-    "Re-check a certificate: M positive, row-stochastic, with minimum diagonal m; P positive and stochastic; $\\rho(B) \\ge 1$."
+    "Re-check a certificate: M positive, row-stochastic, with minimum diagonal m; P positive and stochastic; $\\operatorname{spr}(B) \\ge 1$."
     M, P = (torch.tensor(record[k], dtype=torch.float64) for k in ("M", "P"))
     s = record["n_states"]
     ok = (M.shape == P.shape == (s, s) and (M > 0).all() and (P > 0).all() and (M.diagonal().min() >= record["m"] - 1e-12)
@@ -1372,7 +1372,7 @@ def diagonality_threshold(gamma:float,  # discount factor in [0, 1)
                           n_states:int, # number of states s >= 2
                           certificates=None, # records of `load_threshold_certificates` (default: the book's file, if present)
                          )->float:      # the certified lower bound on m*(gamma, alpha, s)
-    "The book's certified value of $m^*$: the best of the circulant bound and the stored search certificates (Proposition 5, item 2, for smaller s and alpha)."
+    "The book's certified value of $m^*$: the best of the circulant bound and the stored search certificates (Proposition 5.7, item 2, for smaller s and alpha)."
     m = circulant_threshold(gamma, alpha, n_states)["m"]
     if certificates is None and not THRESHOLD_FILE.exists():
         warnings.warn(f"no certificate file at {THRESHOLD_FILE} (an installed package has no nbs/data/): returning the circulant bound alone, "
@@ -1416,7 +1416,7 @@ Markdown(f"Certificates: {len(records)} pairs, spectral radii in [{min(rhos_c):.
 
 # %% [markdown]
 # The table gives certified lower bounds on $m^*(\gamma, \alpha, s)$ (each entry: a positive pair with that minimum
-# diagonal whose error matrix has spectral radius at least one; by Proposition 5 item 2, an entry also certifies every
+# diagonal whose error matrix has spectral radius at least one; by Proposition 5.7 item 2, an entry also certifies every
 # larger $s$ and $\alpha$). $m^*$ grows with $s$ and with $\alpha$, it is $1/2$ at two states, and already at three
 # states a minimum diagonal above $1/2$ is not enough. Whether the search found the *true* $m^*$ is not known: the
 # entries are lower bounds, measured by a search over random and circulant starts; the upper bound is $(1 + \gamma)/2$.
@@ -1430,7 +1430,7 @@ for ax, g in zip(axes, gammas_t):
     for i, a in enumerate(alphas_t):
         ax.plot(sizes_t, [thr[g, a, s] for s in sizes_t], "o-", color=f"C{i}", label=rf"certified $m^*$, $\alpha = {a}$")
         ax.axhline(limits[g, a], color=f"C{i}", ls=":", lw=1)
-    ax.axhline((1 + g) / 2, color="k", ls="--", label=r"Proposition 1: $(1 + \gamma)/2$")
+    ax.axhline((1 + g) / 2, color="k", ls="--", label=r"Proposition 5.1: $(1 + \gamma)/2$")
     ax.axhline(0.5, color="grey", lw=1, label=r"$1/2$ (self-attention dominates)")
     ax.axhline(1 / (1 + math.sqrt(1 - g ** 2)), color="C3", ls="-.", lw=1, label=r"$1/(1 + \sqrt{1 - \gamma^2})$, any $\alpha$, $s \to \infty$")
     ax.set(title=rf"$\gamma = {g}$ (dotted: circulant limit $m_\infty$)", xlabel="number of states $s$", ylim=(0.45, 1.01))
@@ -1441,11 +1441,11 @@ fig.tight_layout()
 # %% [markdown]
 # The entries are far above $1/2$ (at $\gamma = 0.9$, $\alpha = 1$, see the sentence under the table). As $\gamma \to 1$ the certified thresholds approach 1 (the dash-dotted closed form
 # tends to 1 like $1 - \sqrt{2(1 - \gamma)}$), so no condition on the diagonal alone can stay near $1/2$; and the circulant
-# limits (dotted) stay below $(1 + \gamma)/2$, so Proposition 1's constant may or may not be the truth for large $s$:
+# limits (dotted) stay below $(1 + \gamma)/2$, so Proposition 5.1's constant may or may not be the truth for large $s$:
 # that is open.
 #
-# **What to check instead.** The exact criterion is $\rho(B) < 1$, checkable for any given $M_\pi$ and $P$
-# (`spectral_radius`); Proposition 2's span conditions $\delta(B^k) < 1$ are checkable sufficient conditions between the
+# **What to check instead.** The exact criterion is $\operatorname{spr}(B) < 1$, checkable for any given $M_\pi$ and $P$
+# (`spectral_radius`); Proposition 5.2's span conditions $\operatorname{sc}(B^k) < 1$ are checkable sufficient conditions between the
 # diagonal one and the exact one; all of them use $P$. A condition on the diagonal of $M$ alone cannot be weaker than
 # $\min_x M(x, x) > m^*(\gamma, \alpha, s)$, which by the table grows with $s$ and tends to 1 as $\gamma \to 1$. A
 # $d_\pi$-weighted $\ell_2$ argument, TD's classical one, gives another kind of condition: if $M D_\pi^{-1}$ is symmetric
@@ -1453,7 +1453,7 @@ fig.tight_layout()
 # positive definite matrix times one whose symmetric part is positive definite ($x^\top D_\pi P x \le \|x\|_{D_\pi}\|Px\|_{D_\pi}
 # \le \|x\|^2_{D_\pi}$), so all its eigenvalues have positive real part and every small enough step $\alpha$ converges, for
 # every $P$ and every $\gamma < 1$ (the margin, $(1 - \gamma)$ times the smallest eigenvalue, vanishes as $\gamma \to 1$). Population
-# softmax attention has this form, $M_\pi D_\pi^{-1} = Z^{-1} K$, only when the normaliser $Z(x) = \sum_z d_\pi(z)\kappa(z, x)$ is the same
+# softmax attention has this form, $M_\pi D_\pi^{-1} = Z^{-1} K$, only when the normaliser $Z(x) = \sum_z d_\pi(z)h(z, x)$ is the same
 # for every state; we have not turned this into a condition for the general case.
 
 # %% [markdown]

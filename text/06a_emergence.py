@@ -878,7 +878,7 @@ test_eq(report["claims"]["n_seeds"], 2)
 # (The last form, with $\delta$ itself, does not vanish for any $\theta$: $\mathbb E[\delta^2]$ keeps
 # the variance $\gamma^2 \mathrm{Var}(v(s_q') \mid s_q)$ of the successor's value. The residual
 # $b$ is the factor that can vanish.) For $\theta^*$ at $n = \infty$ the first factor falls
-# geometrically with depth, like $\rho^{2L}$ (the [convergence chapter](convergence.html)); the
+# geometrically with depth, like $\kappa^{2L}$ (Proposition 5.1 of the [convergence chapter](convergence.html)); the
 # second, the squared gradient of the output, *grows* with depth, because a perturbation of the
 # parameters in one layer is re-read by every later one. `population_factors` computes both factors
 # exactly at $n = \infty$ (the gradient of every task's value at every state by forward-mode

@@ -328,11 +328,11 @@ test_close(learned_kernel(knockout(toy, 0, "uniform"), kt)[0], kt.d_pi[:, None, 
 
 
 # %% [markdown]
-# Chapter 5's condition for contraction is $\min_x M(x, x) > (1 + \gamma)/2$. `kernel_condition`
+# Chapter 5's condition for contraction (Proposition 5.1) is $\min_x M(x, x) > (1 + \gamma)/2$. `kernel_condition`
 # reports, per layer, the minimum diagonal (averaged over tasks, with the share of tasks where the
-# condition holds), and two span constants: $\delta(B)$ of the TD error matrix
+# condition holds), and two span coefficients (Proposition 5.2): $\operatorname{sc}(B)$ of the TD error matrix
 # $B = I - M(I - \gamma P)$ the learned kernel would give inside $\theta^*$ ($\alpha = 1$), and
-# $\delta(B_\ell)$ of the layer's own linear map on the value row,
+# $\operatorname{sc}(B_\ell)$ of the layer's own linear map on the value row,
 # $B_\ell = I + M(c\, I + b\, P)$ with its learned successor and current weights $(b, c)$; a span
 # constant below 1 means the map contracts differences between states.
 
@@ -468,7 +468,7 @@ assert (cond["span_td"] > 1).all() and (cond["span_own"] >= 1 - 1e-9).all(), con
 # %% [markdown]
 # Plainly: **no layer of any of the ten trained models meets the paper's kernel-diagonality
 # condition on any held-out task**; the minimum diagonal stays below half the threshold. Nor does any
-# learned kernel satisfy the weaker span condition of chapter 5 in one step: the span constants of
+# learned kernel satisfy the weaker span condition of Proposition 5.2 in one step: the span coefficients of
 # the TD map built from the learned kernel, and of each layer's own linear map on the value row,
 # are at least 1 in every layer and seed. The convergence theory of chapter 5 therefore says
 # nothing about these models; what they compute has to be found by looking, which the next

@@ -95,7 +95,7 @@ def plot_depth(sweep:dict,  # output of `depth_experiment`
         ax.plot(Ls, sweep["errors"][:, i].mean(0), color=f"C{i}", label=f"Transformer, $n = {n}$")
         ax.axhline(sweep["floors"][:, i].mean(), color=f"C{i}", ls=":", lw=1)
     ax.plot(Ls, sweep["population"].mean(0), color="k", label=r"population ($n = \infty$)")
-    ax.plot(Ls, sweep["bound"].mean(0), color="k", ls="--", label=r"bound $\rho^L \|v_\pi\|_\infty$")
+    ax.plot(Ls, sweep["bound"].mean(0), color="k", ls="--", label=r"bound $\kappa^L \|v_\pi\|_\infty$")
     ax.set(yscale="log", ylim=(1e-5, 10), xlabel="depth $L$ (layers)",
            ylabel=rf"$\|v_L - v_\pi\|_\infty$ (return units), mean of {len(sweep['errors'])} tasks",
            title=rf"Error against depth: geometric decay, then the floor (dotted); $\beta = {sweep['beta']:g}$, $\alpha = {sweep['alpha']:g}$")
@@ -153,7 +153,7 @@ def significant(t:torch.Tensor,  # values to plot
 # %% ../../nbs/05a_convergence_experiments.ipynb #b596cbe5
 def plot_floor(sweep:dict,  # output of `depth_experiment`
               ):            # the matplotlib figure
-    "Experiment 2: the floor against the context length (mean, on key states, and Proposition 3's bound), and the floor against its bound per context."
+    "Experiment 2: the floor against the context length (mean, on key states, and Proposition 5.3's bound), and the floor against its bound per context."
     import matplotlib.pyplot as plt
     ns = torch.tensor(sweep["ns"], dtype=torch.float64)
     sweep = sweep | {k: significant(sweep[k]) for k in ("floors", "key_floors", "floor_bounds")}   # round-off cannot move a pixel
@@ -173,7 +173,7 @@ def plot_floor(sweep:dict,  # output of `depth_experiment`
         ax2.scatter(sweep["floor_bounds"][keys[:, i], i], floors[keys[:, i], i], s=6, color=f"C{i}", label=f"$n = {n}$")
     lim = [floors[keys].min().item() / 2, sweep["floor_bounds"][keys].max().item() * 2]
     ax2.plot(lim, lim, "k--", lw=1, label="$y = x$")
-    ax2.set(xscale="log", yscale="log", xlim=lim, ylim=lim, xlabel="Proposition 3's bound (return units)", ylabel="measured floor (return units)",
+    ax2.set(xscale="log", yscale="log", xlim=lim, ylim=lim, xlabel="Proposition 5.3's bound (return units)", ylabel="measured floor (return units)",
             title="Each context whose keys cover every state: floor against bound")
     ax2.legend(fontsize=8)
     fig.tight_layout()
@@ -289,7 +289,7 @@ def rate_experiment(n_tasks:int=150,     # random Boyan chains per feature kind
                     n_layers:int=120,    # depth of the population recursion
                     fit_start:int=60,    # first depth of the rate fit
                    )->dict:              # numpy arrays over the tasks where the condition holds: rates, rhos, kinds, min_diags, spectral, lams (1 - alpha (1 - gamma)), spans (delta(B))
-    "Experiment 5: measured contraction rate and bound $\\rho$ of the population recursion, $\\beta$ log-uniform in $[5, 300]$, $\\alpha$ uniform in $[0.3, 1]$."
+    "Experiment 5: measured contraction rate and bound $\\kappa$ of the population recursion, $\\beta$ log-uniform in $[5, 300]$, $\\alpha$ uniform in $[0.3, 1]$."
     rng, cols, kinds = np.random.default_rng(draw_seed), {k: [] for k in ("rates", "rhos", "min_diags", "spectral", "lams", "spans")}, []
     for i, feat in enumerate(features):
         tb = random_tasks(n_tasks, seed=seed + n_tasks * i, features=feat)
@@ -318,7 +318,7 @@ def plot_rates(result:dict,  # output of `rate_experiment`
     lim = [min(rates.min(), rhos.min()) - 0.01, 1]
     ax.plot(lim, lim, "k--", lw=1, label="$y = x$")
     fig.colorbar(sc, ax=ax, label=r"$\min_x M_\pi(x, x)$")
-    ax.set(xlim=lim, ylim=lim, aspect="equal", xlabel=r"bound $\rho = 1 - \alpha(2 \min_x M(x,x) - 1 - \gamma)$",
+    ax.set(xlim=lim, ylim=lim, aspect="equal", xlabel=r"bound $\kappa = 1 - \alpha(2 \min_x M(x,x) - 1 - \gamma)$",
            ylabel="measured rate (per layer)", title="Measured contraction rate against the bound")
     ax.legend(fontsize=9)
     return fig
@@ -383,13 +383,13 @@ def plot_leaky(result:dict,  # output of `leaky_experiment`
     lam, keys = result["lam"], result["all_keys"]
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 5), sharey=True)
     x = result["min_diag"]
-    ax.scatter(x, result["rho"], s=14, color="C3", label=r"diagonal bound $\rho$")
-    ax.scatter(x, result["span"].clamp(min=lam), s=14, color="C1", marker="x", label=r"span rate $\max(\lambda, \delta(B))$")
+    ax.scatter(x, result["rho"], s=14, color="C3", label=r"diagonal bound $\kappa$")
+    ax.scatter(x, result["span"].clamp(min=lam), s=14, color="C1", marker="x", label=r"span rate $\max(\kappa_{\mathrm{tab}}, \operatorname{sc}(B))$")
     ax.scatter(x, result["rates"], s=14, color="k", marker="_", label="measured rate")
     ax.set(xlabel=r"$\min_x M_\pi(x, x)$", ylabel="per-layer rate", title=f"Population, {len(x)} unit-norm tasks")
     xh = result["min_diag_hat"][keys]
-    ax2.scatter(xh, result["rho_hat"][keys], s=8, color="C3", label=r"diagonal bound $\hat\rho$")
-    ax2.scatter(xh, result["span_hat"][keys].clamp(min=lam), s=8, color="C1", marker="x", label=r"span rate $\max(\lambda, \hat\delta)$")
+    ax2.scatter(xh, result["rho_hat"][keys], s=8, color="C3", label=r"diagonal bound $\hat\kappa$")
+    ax2.scatter(xh, result["span_hat"][keys].clamp(min=lam), s=8, color="C1", marker="x", label=r"span rate $\max(\kappa_{\mathrm{tab}}, \widehat{\operatorname{sc}})$")
     ax2.scatter(xh, result["ctx_rates"][keys], s=8, color="k", marker="_", label=r"measured rate of $\|v_L - \hat v_\infty\|_\infty$")
     ax2.set(xlabel=r"$\min_x \hat M(x, x)$ of the context", title=f"Contexts of n = {', '.join(map(str, result['ns']))} covering every state")
     for a in (ax, ax2):
@@ -442,7 +442,7 @@ def slow_mixing_experiment(n_tasks:int=20,      # chains per family and mixing p
 # %% ../../nbs/05a_convergence_experiments.ipynb #90a7ea0e
 def plot_slow_mixing(result:dict, # output of `slow_mixing_experiment`
                     ):            # the matplotlib figure
-    "Spectral radius of $B$ (median and 10-90% band over chains) and measured rate against the relaxation time, with $\\lambda$ and the lazy-chain limit."
+    "Spectral radius of $B$ (median and 10-90% band over chains) and measured rate against the relaxation time, with $\\kappa_{\\mathrm{tab}}$ and the lazy-chain limit."
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(11, 5))
     for i, family in enumerate(("lazy", "two blocks")):
@@ -452,11 +452,11 @@ def plot_slow_mixing(result:dict, # output of `slow_mixing_experiment`
         ax.fill_between(x, y.quantile(0.1, 0), y.quantile(0.9, 0), color=f"C{i}", alpha=0.2)
         ax.plot(x, r["rates"].median(0).values, "o", color=f"C{i}", ms=4, mfc="none", label=f"measured rate, depths {result['fit']}, {family} (median)")
     m = result["lazy"]["min_diag"].mean().item()
-    ax.axhline(result["lam"], color="k", lw=1, label=r"$\lambda = 1 - \alpha(1 - \gamma)$")
+    ax.axhline(result["lam"], color="k", lw=1, label=r"$\kappa_{\mathrm{tab}} = 1 - \alpha(1 - \gamma)$")
     ax.axhline(result["lazy_limit"].median(), color="C0", ls=":", label=r"lazy limit $1 - \alpha(1-\gamma)\mu_{\min}(M_\pi)$ (median)")
     ax.axhline(1 - result["alpha"] * (1 - result["gamma"]) * (2 * m - 1), color="C3", ls="--", label=r"its cap $1 - \alpha(1-\gamma)(2 \min_x M_\pi(x,x) - 1)$")
-    ax.set(xscale="log", xlabel="relaxation time $1/(1 - |\\lambda_2(P)|)$ (steps)", ylabel="per-layer rate of $\\|v_L - v_\\pi\\|_\\infty$",
-           title=f"Slow mixing slows the iteration (unit-norm features, $\\min_x M_\\pi(x, x) = {m:.2f}$; bound $\\rho = {result['lazy']['rho'].mean():.2f}$)")
+    ax.set(xscale="log", xlabel="relaxation time $1/(1 - |\\mu_2(P)|)$ (steps)", ylabel="per-layer rate of $\\|v_L - v_\\pi\\|_\\infty$",
+           title=f"Slow mixing slows the iteration (unit-norm features, $\\min_x M_\\pi(x, x) = {m:.2f}$; bound $\\kappa = {result['lazy']['rho'].mean():.2f}$)")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
     return fig
@@ -473,7 +473,7 @@ def _pair_from_logits(z:np.ndarray, m:float, s:int)->tuple:
 
 # %% ../../nbs/05a_convergence_experiments.ipynb #aba217b6
 def _quotient_radius(z:np.ndarray, m:float, s:int, gamma:float, alpha:float)->tuple:
-    "Spectral radius of B on vectors modulo constants (Proposition 2, item 3), and its gradient in the logits."
+    "Spectral radius of B on vectors modulo constants (Proposition 5.2, item 3), and its gradient in the logits."
     Q, P = _row_softmax(z[:s * s].reshape(s, s)), _row_softmax(z[s * s:].reshape(s, s))
     M, I = m * np.eye(s) + (1 - m) * Q, np.eye(s)
     L, R = np.hstack([-np.ones((s - 1, 1)), I[1:, 1:]]), I[:, 1:]             # coordinates modulo constants
@@ -494,7 +494,7 @@ def _maximise_radius(z:np.ndarray, m:float, s:int, gamma:float, alpha:float)->tu
 
 # %% ../../nbs/05a_convergence_experiments.ipynb #28bef6db
 def _circulant_logits(gamma:float, alpha:float, s:int)->np.ndarray:
-    "Logits of a positive pair close to the best circulant pair, embedded in s states (Proposition 5, item 2)."
+    "Logits of a positive pair close to the best circulant pair, embedded in s states (Proposition 5.7, item 2)."
     c, X, Y = circulant_threshold(gamma, alpha, s), np.full((s, s), -20.), np.full((s, s), -20.)
     n, a, b = c["n"], c["a"], c["b"]
     for x in range(s):
@@ -529,7 +529,7 @@ def worst_case_pair(m:float,       # the smallest allowed diagonal of M
 
 # %% ../../nbs/05a_convergence_experiments.ipynb #3b21b330
 def _family_max(z:np.ndarray, m:float, s:int, gamma:float, alpha:float, margin:float=1e-9)->float:
-    "Largest m' >= m with rho(B) >= 1 + margin along M = m' I + (1 - m') Q for the logits z (grid, then bisection); None if none."
+    "Largest m' >= m with spr(B) >= 1 + margin along M = m' I + (1 - m') Q for the logits z (grid, then bisection); None if none."
     f = lambda mm: spectral_radius(*map(torch.from_numpy, _pair_from_logits(z, mm, s)), gamma, alpha).item() >= 1 + margin
     ms = np.linspace(m, (1 + gamma) / 2, 101)
     ok = np.nonzero([f(mm) for mm in ms])[0]
@@ -548,7 +548,7 @@ def threshold_search(gamma:float,     # discount factor in [0, 1)
                      n_starts:int=100, # random starts
                      step:float=2e-3, # how far above the record each new search starts
                     )->dict:          # m (a certified lower bound on m*), M, P (the certificate, float64), rho (its spectral radius >= 1)
-    "A certified lower bound on the diagonality threshold $m^*$: the largest minimum diagonal at which the search finds a pair with $\\rho(B) \\ge 1$."
+    "A certified lower bound on the diagonality threshold $m^*$: the largest minimum diagonal at which the search finds a pair with $\\operatorname{spr}(B) \\ge 1$."
     s, gamma = _check_search_args(0., gamma, alpha, n_states)
     rng = np.random.default_rng(seed)
     c = circulant_threshold(gamma, alpha, s)
@@ -596,7 +596,7 @@ def save_threshold_certificates(path=THRESHOLD_FILE,          # where to write t
 # %% ../../nbs/05a_convergence_experiments.ipynb #24ae79cd
 def check_certificate(record:dict, # one record: gamma, alpha, n_states, m, M, P
                      )->float:     # the spectral radius of B, >= 1
-    "Re-check a certificate: M positive, row-stochastic, with minimum diagonal m; P positive and stochastic; $\\rho(B) \\ge 1$."
+    "Re-check a certificate: M positive, row-stochastic, with minimum diagonal m; P positive and stochastic; $\\operatorname{spr}(B) \\ge 1$."
     M, P = (torch.tensor(record[k], dtype=torch.float64) for k in ("M", "P"))
     s = record["n_states"]
     ok = (M.shape == P.shape == (s, s) and (M > 0).all() and (P > 0).all() and (M.diagonal().min() >= record["m"] - 1e-12)
@@ -617,7 +617,7 @@ def diagonality_threshold(gamma:float,  # discount factor in [0, 1)
                           n_states:int, # number of states s >= 2
                           certificates=None, # records of `load_threshold_certificates` (default: the book's file, if present)
                          )->float:      # the certified lower bound on m*(gamma, alpha, s)
-    "The book's certified value of $m^*$: the best of the circulant bound and the stored search certificates (Proposition 5, item 2, for smaller s and alpha)."
+    "The book's certified value of $m^*$: the best of the circulant bound and the stored search certificates (Proposition 5.7, item 2, for smaller s and alpha)."
     m = circulant_threshold(gamma, alpha, n_states)["m"]
     if certificates is None and not THRESHOLD_FILE.exists():
         warnings.warn(f"no certificate file at {THRESHOLD_FILE} (an installed package has no nbs/data/): returning the circulant bound alone, "
