@@ -607,7 +607,7 @@ def _error_matrix(M, P, gamma, alpha):
 # %%
 #| export
 def _span_coefficient(A):
-    "delta(A): half the largest l1 distance between two rows of A."
+    "sc(A), the span coefficient: half the largest l1 distance between two rows of A."
     return 0.5 * (A.unsqueeze(-2) - A.unsqueeze(-3)).abs().sum(-1).amax((-1, -2))
 
 
@@ -625,7 +625,7 @@ def span_rate(M,            # (..., s, s) attention aggregated by state
               gamma:float,  # discount factor in [0, 1)
               alpha,        # step size in (0, 1]: a number, or a tensor (...) of one per task
               k:int=1,      # power of B whose span coefficient is taken
-             )->torch.Tensor: # (...) delta(B^k)^(1/k); the span condition is that it is below 1
+             )->torch.Tensor: # (...) sc(B^k)^(1/k); the span condition is that it is below 1
     "Per-layer span contraction $\\operatorname{sc}(B^k)^{1/k}$ of the error matrix $B = I - \\alpha M (I - \\gamma P)$."
     k = _positive_int(k, "k")
     return _span_coefficient(torch.linalg.matrix_power(_error_matrix(M, P, gamma, alpha), k)) ** (1 / k)
@@ -658,7 +658,7 @@ def span_bound(M,             # (..., s, s) attention aggregated by state
                alpha,         # step size in (0, 1]: a number, or a tensor (...) of one per task
                e0,            # (..., s) initial error v_0 - v_pi (= -v_pi from v_0 = 0)
                n_layers:int,  # maximal depth L
-               k:int=1,       # the bound uses delta(B^k)
+               k:int=1,       # the bound uses sc(B^k)
               )->torch.Tensor: # (..., L+1) upper bounds on ||e_L||_inf, valid for every row-stochastic M and P
     "Proposition 5.2's bound on the sup-norm error at each depth: the constant part decays at $\\kappa_{\\mathrm{tab}}$, the span at $\\operatorname{sc}(B^k)$."
     k = _positive_int(k, "k")
