@@ -79,7 +79,7 @@
 # | symbol | meaning | defined in |
 # |---|---|---|
 # | $d_\pi$ | stationary distribution of $P$ | [chapter 0](boyan.html) |
-# | $h = e^g$ | exponentiated score, $h(y, x) = e^{g(y, x)}$ | [chapter 5](convergence.html) |
+# | $h = e^g$; $\mathcal H$, $\mathcal Z$ | exponentiated score, $h(y, x) = e^{g(y, x)}$; the matrix of $h$ and the diagonal of softmax normalisers | [chapter 5](convergence.html), Proposition 5.6 |
 # | $M_\pi$, $M$ | population attention grouped by state, row-stochastic; $M$ any such matrix | [chapter 5](convergence.html) |
 # | $B$, $\hat B$ | error matrix of the recursion, $B = I - \alpha M (I - \gamma P)$, and its context version | Proposition 5.1 |
 # | $e_l$ | error after $l$ layers, $v_l - v_\pi$ | Proposition 5.1 |

@@ -1134,10 +1134,10 @@ test_fail(lambda: interior_cap(square, torch.zeros(5)), contains="`weights` must
 # ::: {.proposition}
 # **Proposition 5.6 (ours: lazy chains).** Let $P_\eta = (1 - \eta) I + \eta P$, $\eta \in (0, 1]$, and let $M$ have real
 # eigenvalues with smallest $\mu_{\min} > 0$. This holds for $W = \beta I$, $\beta > 0$, and distinct feature vectors (one-hot,
-# or the unit-norm features below): $M_\pi = Z^{-1} K D$ with $Z$, $D$ positive diagonal and
-# $K(y, x) = e^{\beta \phi(y)^\top \phi(x)} = e^{\beta\|\phi(y)\|^2/2}\, e^{-\beta\|\phi(y) - \phi(x)\|^2/2}\, e^{\beta\|\phi(x)\|^2/2}$, a Gaussian kernel
+# or the unit-norm features below): $M_\pi = \mathcal Z^{-1} \mathcal H D$ with $\mathcal Z$, $D$ positive diagonal and
+# $\mathcal H(y, x) = e^{\beta \phi(y)^\top \phi(x)} = e^{\beta\|\phi(y)\|^2/2}\, e^{-\beta\|\phi(y) - \phi(x)\|^2/2}\, e^{\beta\|\phi(x)\|^2/2}$, a Gaussian kernel
 # scaled on both sides and so positive definite on distinct points; $M_\pi$ is similar to the positive definite
-# $(D Z^{-1})^{1/2} K (D Z^{-1})^{1/2}$. The chain $P_\eta$ has the same $d_\pi$, hence the
+# $(D \mathcal Z^{-1})^{1/2} \mathcal H (D \mathcal Z^{-1})^{1/2}$. The chain $P_\eta$ has the same $d_\pi$, hence the
 # same $M_\pi$, for every $\eta$, and as $\eta \to 0$
 #
 # $$\operatorname{spr}(B_\eta) \to 1 - \alpha (1 - \gamma)\, \mu_{\min} \ \ge\ \kappa_{\mathrm{tab}} ,$$

@@ -1453,7 +1453,7 @@ fig.tight_layout()
 # positive definite matrix times one whose symmetric part is positive definite ($x^\top D_\pi P x \le \|x\|_{D_\pi}\|Px\|_{D_\pi}
 # \le \|x\|^2_{D_\pi}$), so all its eigenvalues have positive real part and every small enough step $\alpha$ converges, for
 # every $P$ and every $\gamma < 1$ (the margin, $(1 - \gamma)$ times the smallest eigenvalue, vanishes as $\gamma \to 1$). Population
-# softmax attention has this form, $M_\pi D_\pi^{-1} = Z^{-1} K$, only when the normaliser $Z(x) = \sum_z d_\pi(z)h(z, x)$ is the same
+# softmax attention has this form, $M_\pi D_\pi^{-1} = \mathcal Z^{-1} \mathcal H$, only when the normaliser $\mathcal Z(x) = \sum_z d_\pi(z)h(z, x)$ is the same
 # for every state; we have not turned this into a condition for the general case.
 
 # %% [markdown]
