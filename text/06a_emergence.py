@@ -735,7 +735,7 @@ context_lengths, shared_depths = (10, 30, 100, 300), (8, 16)
 
 # %%
 #| fig-cap: 'Figure 6a.3: At $\gamma = 0.5$ and $0.7$ every seed''s layers 2 and 3 take the sign pattern $(+, +, -)$ with a ratio near $-\gamma$; at $\gamma = 0.9$ and $0.95$ the pattern is lost in half or more of the seeds and the held-out MSVE rises steeply.'
-#| fig-alt: "Three panels against gamma (0.5, 0.7, 0.9, 0.95), 10 seeds, 500 steps: the successor/current ratio (median and quartiles) of layers 2 and 3 with a dashed line at minus gamma, on it at the two smaller gammas and above it at the two larger; the share of seeds with the sign pattern (+, +, -), 1 for both layers at the two smaller gammas and falling to 0 at 0.95; and the held-out MSVE, mean and standard error, rising sharply at 0.95."
+#| fig-alt: "Three panels against gamma (0.5, 0.7, 0.9, 0.95), 10 seeds, 500 steps: the successor/current ratio (median and quartiles) of layers 2 and 3 with a dashed line at minus gamma, near it at the two smaller gammas and above it at the two larger; the share of seeds with the sign pattern (+, +, -), 1 for both layers at the two smaller gammas and falling to 0 at 0.95; and the held-out MSVE, mean and standard error, rising sharply at 0.95."
 gamma_runs = ablation(ablation_base, "gamma", gammas, seeds, cache_dir=run_cache)
 plot_ablation(gamma_runs, "gamma");
 
@@ -949,7 +949,7 @@ neu_limit = {beta: torch.tensor([population_neu(star_model(L, beta), limit_tasks
 neu_random = torch.tensor([[population_neu(SoftmaxICTD(10, L, shared=True, seed=k), limit_tasks) for L in limit_depths] for k in range(10)])
 
 # %%
-#| fig-cap: 'Figure 6a.7: At $n = \infty$ the gradient factor of $\theta^*$ grows with depth faster than the residual factor falls, so NEU($\theta^*$) and its bound rise with depth up to $L = 16$.'
+#| fig-cap: 'Figure 6a.7: At $n = \infty$ the gradient factor of $\theta^*$ grows with depth faster than the residual factor falls, so the NEU and its bound rise with depth up to $L = 16$.'
 #| fig-alt: "Two log-log panels against depth L from 1 to 32, for theta* with beta = 15 (solid) and beta = 3 (dashed). Left: the residual factor E[b^2] falls, the gradient factor E||grad TF||^2 rises by about five orders of magnitude, and E[delta^2] stays nearly flat. Right: the bound E[b^2] E||grad TF||^2 lies above NEU(theta*) at every depth, both rising up to L = 16 and dipping at L = 32; the NEU of random initialisations (grey, 10 seeds, mean and standard error) lies below them up to L = 16 and far above them at L = 32."
 fig, axs = plt.subplots(1, 2, figsize=(11, 4.2))
 for beta, ls in ((15., "-"), (3., "--")):
@@ -1053,7 +1053,7 @@ neu_grid_inf = torch.tensor([population_neu(star_model(L, 15.), grid_tasks) for 
 
 # %%
 #| fig-cap: 'Figure 6a.8: At short contexts ($n = 10$ and $30$) the NEU of $\theta^*$ is larger at $L = 64$ than at $L = 1$, while at $n = \infty$ it falls again past $L = 16$.'
-#| fig-alt: "NEU on a symmetric log scale against depth L = 1, 4, 16 and 64 (log scale) for theta* with beta = 15 and alpha = 1: estimates with two-standard-error bars for n = 10, 30 and 100, and the exact n = infinity values as a black dashed line. All lie between 10^-2 and 10^-1 at L = 1; at L = 64 the n = 10 and n = 30 estimates lie near 10^4 and 10^3 while the n = infinity value falls to about 10^-1; the error bars at L = 16 (n = 10, 30) and at L = 64 (n = 100) reach below zero."
+#| fig-alt: "NEU on a symmetric log scale against depth L = 1, 4, 16 and 64 (log scale) for theta* with beta = 15 and alpha = 1: estimates with two-standard-error bars for n = 10, 30 and 100, and the exact n = infinity values as a black dashed line. All lie between 10^-2 and 10^-1 at L = 1; at L = 64 the n = 10 and n = 30 estimates lie near 10^4 and 10^3 while the n = infinity value falls to about 10^-1; the error bars of n = 10 at L = 16 and of n = 100 at L = 64 reach below zero."
 fig, ax = plt.subplots(figsize=(7, 4.2))
 for i, n in enumerate(grid_n):
     ax.errorbar(grid_depths, neu_grid[i, :, 0], yerr=2 * neu_grid[i, :, 1], fmt="o-", capsize=3, label=f"$n = {n}$ (estimate ± 2 s.e.)")
