@@ -5,9 +5,9 @@ code block or table wider than its column scrolls inside its own box with a visi
 Once per page: the maths is typeset by the vendored KaTeX (no raw `$$`, `\\(`, `\\[` or KaTeX errors left), no
 Markdown is left as text outside code (`](`, `**`, a backtick) nor in `show_doc` signatures, every image has loaded,
 the console holds no error, no request left `file://`, every internal link (and its `#anchor`) resolves, the
-sidebar lists the chapters in order with their numbers, and a click on a figure enlarges it. Images without alt
-text are listed by `test_images_have_alt_text` (an xfail until every chapter's figure cells carry `fig-alt` or
-`fig-cap`; `ALT_TEXT_REQUIRED` makes it a failure). Screenshots (JPEG, the first 8000 px of each page at each
+sidebar lists the chapters in order with their numbers, and a click on a figure enlarges it. Every image has alt
+text (`test_images_have_alt_text`: a figure cell's `fig-alt`, or its `fig-cap`; `ALT_TEXT_REQUIRED = False` would
+make a missing one an xfail). Screenshots (JPEG, the first 8000 px of each page at each
 width) go to `_docs/_screenshots/<page>-<width>.jpg` for a person to look at. The front page's interactive
 figure: its JavaScript port of weighted softmax TD agrees with `ictd.wstd.weighted_softmax_td` on random contexts,
 and each control redraws the figure with the error the library computes for the new setting. Needs Debian's
@@ -97,9 +97,9 @@ RAW_MATH = re.compile(r'\$\$|\\\(|\\\)|\\\[|\\\]|\$[^$\n]*[\\^_{}][^$\n]*\$')
 RAW_MARKDOWN = re.compile(r'\]\(|\*\*|`')
 WIDTHS = (1280, 390)  # a laptop and a phone
 SHOT_HEIGHT = 8000    # screenshots show each page's first 8000 px (JPEG's limit is 65535; long pages take seconds)
-# Whether a figure without alt text fails the browser test; until every chapter's figure cells carry `fig-alt` (or
-# `fig-cap`), the pages that lack it are listed by `test_images_have_alt_text`, which xfails.
-ALT_TEXT_REQUIRED = False
+# Whether a figure without alt text fails the browser test (every chapter's figure cells carry `fig-cap` and `fig-alt`);
+# False makes `test_images_have_alt_text` an xfail that lists the pages lacking it.
+ALT_TEXT_REQUIRED = True
 PAGE_JS = """() => {
   const clone = document.body.cloneNode(true);
   clone.querySelectorAll('pre, code, script, style, .katex, .figure-zoom').forEach(e => e.remove());

@@ -384,10 +384,14 @@ def plot_chain(mrp:MRP,       # the chain to draw
 
 
 # %%
+#| fig-cap: "Figure 0.1: From each state a Boyan chain steps one or two states forward, each step with its own probability."
+#| fig-alt: "Ten numbered circles, states 0 to 9, in a row. Blue arrows above join each state to the next, orange arrows below join it to the state two ahead, each labelled with its probability; a state's two probabilities sum to 1, and state 8 steps to 9 with probability 1.00. State 9 has no arrows drawn."
 ax = plot_chain(mrp)
 test_fig_exists(ax)
 
 # %%
+#| fig-cap: "Figure 0.2: The transition matrix of the same chain is zero except on the one or two places right of the diagonal, apart from the last state's row, which spreads over the chain."
+#| fig-alt: "Heat map of the 10 by 10 transition matrix P, state x on the rows and next state y on the columns, colour from 0 (white) to 1 (dark blue). Rows 0 to 8 have weight only one and two columns right of the diagonal; row 9 has small weights across most columns."
 fig, ax = plt.subplots(figsize=(5, 4))
 im = ax.imshow(mrp.P.numpy(), cmap="Blues", vmin=0, vmax=1)
 ax.set(title="Transition matrix $P$ of the same chain", xlabel="next state $y$", ylabel="state $x$", xticks=range(10), yticks=range(10))
@@ -408,6 +412,8 @@ for seed in range(50):
     assert (m.d_pi > 0).all()
 
 # %%
+#| fig-cap: "Figure 0.3: The true value is a discounted look-ahead smoothing of the rewards: a state with a positive reward can still have a negative value when the states after it pay badly."
+#| fig-alt: "Paired bars for states 0 to 9: rewards r(x) in blue, of both signs, and true values v_pi(x) in orange, all negative, largest in magnitude at states 0 and 1 and smallest at states 7 and 9, with gamma = 0.9."
 fig, ax = plt.subplots(figsize=(7, 3.2))
 x = np.arange(mrp.n_states)
 ax.bar(x - 0.2, mrp.r.numpy(), width=0.4, label="reward $r(x)$")
@@ -481,6 +487,8 @@ test_close(freq, mrp.d_pi, eps=0.01)
 (freq - mrp.d_pi).abs().max().item()
 
 # %%
+#| fig-cap: 'Figure 0.4: Over $10^5$ steps the visit frequencies match the stationary distribution $d_\pi$ state by state.'
+#| fig-alt: "Paired bars for states 0 to 9: the stationary probability d_pi(x) in blue and the visit frequency over 10^5 steps in orange, of equal height at every state, smallest at state 0 and largest at state 9."
 fig, ax = plt.subplots(figsize=(7, 3.2))
 ax.bar(x - 0.2, mrp.d_pi.numpy(), width=0.4, label=r"stationary $d_\pi(x)$")
 ax.bar(x + 0.2, freq.numpy(), width=0.4, label="visit frequency, $10^5$ steps")

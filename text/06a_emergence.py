@@ -470,6 +470,8 @@ summary = seed_summary(runs)
 Markdown(layer_table(summary))
 
 # %%
+#| fig-cap: "Figure 6a.1: Over 10 seeds the value weights of layers 2 and 3 take the signs $(+, +, -)$ on average and attention grows more diagonal in every layer, while the held-out MSVE flattens early and the NEU does not fall towards zero."
+#| fig-alt: "Grid of eleven panels against training step 0 to 2000, 10 seeds, means with standard-error bands. For layers 1, 2 and 3 (columns): the reward, successor-value and current-value weights, with layer 1's successor and current weights at zero; the successor/current ratio, median and quartiles, with a dashed line at minus gamma; and the attention share on own state, rising from 0.1 in every layer. Bottom row: held-out MSVE on a log scale, falling after the first evaluation and then flat, and the NEU at n = infinity, which stays around 10^-2 to 4 times 10^-3."
 plot_seed_bands(runs);
 
 
@@ -583,6 +585,8 @@ Markdown(f"Across {headline_evidence['n_seeds']} seeds the trained model's MSVE 
          f"the trained model computes a different function, not a noisy copy of $\\theta^*$.")
 
 # %%
+#| fig-cap: 'Figure 6a.2: Averaged over 10 seeds, the feature block of $A$ is close to a multiple of the identity in every layer, and the last layer''s value rows carry $\theta^*$''s entries plus one it lacks: the target head also reads the successor''s reward.'
+#| fig-alt: "Twelve heat maps in four rows and three columns (A, V^cur, V^tgt); each map shows the token coordinates written (rows) against those read (columns): phi_0 to phi_3, r and v; red is positive and blue negative. Rows one to three are layers 1 to 3 averaged over seeds; the bottom row is theta* with W = I and alpha = 1. The feature blocks of A are near-diagonal in every layer; layer 3's value matrices are non-zero only in the v row, as in theta*, with an extra positive entry on r in V^tgt; layer 2's value matrices also write into the feature rows."
 plot_blocks(runs);
 
 
@@ -730,6 +734,8 @@ context_lengths, shared_depths = (10, 30, 100, 300), (8, 16)
 # current weights receive no gradient and weight decay holds them at zero.
 
 # %%
+#| fig-cap: 'Figure 6a.3: At $\gamma = 0.5$ and $0.7$ every seed''s layers 2 and 3 take the sign pattern $(+, +, -)$ with a ratio near $-\gamma$; at $\gamma = 0.9$ and $0.95$ the pattern is lost in half or more of the seeds and the held-out MSVE rises steeply.'
+#| fig-alt: "Three panels against gamma (0.5, 0.7, 0.9, 0.95), 10 seeds, 500 steps: the successor/current ratio (median and quartiles) of layers 2 and 3 with a dashed line at minus gamma, near it at the two smaller gammas and above it at the two larger; the share of seeds with the sign pattern (+, +, -), 1 for both layers at the two smaller gammas and falling to 0 at 0.95; and the held-out MSVE, mean and standard error, rising sharply at 0.95."
 gamma_runs = ablation(ablation_base, "gamma", gammas, seeds, cache_dir=run_cache)
 plot_ablation(gamma_runs, "gamma");
 
@@ -753,6 +759,8 @@ Markdown("After " + f"{ablation_base.n_steps} steps the last layer shows $(+, +,
 # ### Features
 
 # %%
+#| fig-cap: "Figure 6a.4: With one-hot features the held-out MSVE is lowest and the sign pattern $(+, +, -)$ appears in layer 3 of most seeds and in layer 2 of none; with random or unit features it appears in at most half of the seeds in either layer."
+#| fig-alt: "Three panels against the feature kind (random, unit, onehot), 10 seeds, 500 steps: the successor/current ratio (median and quartiles) of layers 2 and 3 with a dashed line at minus gamma, with wide quartile bars; the share of seeds with the sign pattern (+, +, -), 0.8 for layer 3 and 0 for layer 2 with one-hot features; and the held-out MSVE, mean and standard error, lowest for one-hot features."
 feature_runs = ablation(ablation_base, "features", feature_kinds, seeds, cache_dir=run_cache)
 plot_ablation(feature_runs, "features");
 
@@ -768,6 +776,8 @@ Markdown(ablation_table(feature_runs, "features"))
 # ### Context length
 
 # %%
+#| fig-cap: "Figure 6a.5: A longer context ($n = 30$ against $n = 10$) lowers the held-out MSVE and raises the share of seeds with the sign pattern $(+, +, -)$ in both layers, which stays at or below one half."
+#| fig-alt: "Three panels against the context length n = 10 and n = 30, 10 seeds, 500 steps: the successor/current ratio of layers 2 and 3 with a dashed line at minus gamma, layer 3's medians above the plotted range; the share of seeds with the sign pattern (+, +, -), 0.4 and 0.5 for layer 2 and 0 and 0.2 for layer 3; and the held-out MSVE, mean and standard error, falling from about 1.4 to about 0.6."
 n_runs = ablation(ablation_base, "n", context_lengths, seeds, cache_dir=run_cache)
 plot_ablation(n_runs, "n");
 
@@ -782,6 +792,8 @@ Markdown(ablation_table(n_runs, "n"))
 # ### Shared parameters at depth
 
 # %%
+#| fig-cap: 'Figure 6a.6: With one layer shared across 8 layers of depth, the value weights take the signs $(+, +, -)$ and the median successor/current ratio settles near $-\gamma$ within 500 steps, while the held-out MSVE and the NEU fall.'
+#| fig-alt: "Five panels against training step 0 to 500, 10 seeds, one shared layer applied 8 times, means with standard-error bands: the reward and successor-value weights rising above zero and the current-value weight falling below it; the successor/current ratio, median and quartiles, reaching the dashed line at minus gamma; the attention share on own state rising from 0.1; and, on log scales, the held-out MSVE and the NEU at n = infinity, both falling."
 shared_runs = ablation(ablation_base, "n_layers", shared_depths, seeds, cache_dir=run_cache, shared=True)
 plot_seed_bands(shared_runs[8]);
 
@@ -937,6 +949,8 @@ neu_limit = {beta: torch.tensor([population_neu(star_model(L, beta), limit_tasks
 neu_random = torch.tensor([[population_neu(SoftmaxICTD(10, L, shared=True, seed=k), limit_tasks) for L in limit_depths] for k in range(10)])
 
 # %%
+#| fig-cap: 'Figure 6a.7: At $n = \infty$ the gradient factor of $\theta^*$ grows with depth faster than the residual factor falls, so the NEU and its bound rise with depth up to $L = 16$.'
+#| fig-alt: "Two log-log panels against depth L from 1 to 32, for theta* with beta = 15 (solid) and beta = 3 (dashed). Left: the residual factor E[b^2] falls, the gradient factor E||grad TF||^2 rises by about five orders of magnitude, and E[delta^2] stays nearly flat. Right: the bound E[b^2] E||grad TF||^2 lies above NEU(theta*) at every depth, both rising up to L = 16 and dipping at L = 32; the NEU of random initialisations (grey, 10 seeds, mean and standard error) lies below them up to L = 16 and far above them at L = 32."
 fig, axs = plt.subplots(1, 2, figsize=(11, 4.2))
 for beta, ls in ((15., "-"), (3., "--")):
     axs[0].plot(limit_depths, factors[beta][:, 0], "o" + ls, color="C0", label=rf"$\mathbb{{E}}[b^2]$, $\beta = {beta:g}$")
@@ -1038,6 +1052,8 @@ neu_grid = torch.tensor([[neu_jackknife(star_model(L, 15.), grid_tasks, n, seed=
 neu_grid_inf = torch.tensor([population_neu(star_model(L, 15.), grid_tasks) for L in grid_depths])
 
 # %%
+#| fig-cap: 'Figure 6a.8: At short contexts ($n = 10$ and $30$) the NEU of $\theta^*$ is larger at $L = 64$ than at $L = 1$, while at $n = \infty$ it falls again past $L = 16$.'
+#| fig-alt: "NEU on a symmetric log scale against depth L = 1, 4, 16 and 64 (log scale) for theta* with beta = 15 and alpha = 1: estimates with two-standard-error bars for n = 10, 30 and 100, and the exact n = infinity values as a black dashed line. All lie between 10^-2 and 10^-1 at L = 1; at L = 64 the n = 10 and n = 30 estimates lie near 10^4 and 10^3 while the n = infinity value falls to about 10^-1; the error bars of n = 10 at L = 16 and of n = 100 at L = 64 reach below zero."
 fig, ax = plt.subplots(figsize=(7, 4.2))
 for i, n in enumerate(grid_n):
     ax.errorbar(grid_depths, neu_grid[i, :, 0], yerr=2 * neu_grid[i, :, 1], fmt="o-", capsize=3, label=f"$n = {n}$ (estimate ± 2 s.e.)")

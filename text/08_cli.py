@@ -539,6 +539,8 @@ test_eq((summary["seeds"], summary["step"], len(summary["final"]["diagonality"][
 {k: summary["final"][k] for k in ("msve", "neu_population")}
 
 # %%
+#| fig-cap: "Figure 8.1: The summary figure that the `pretrain` command writes for a run: value error, NEU, the last layer's value-update weights and kernel diagonality against training step, as mean and standard error over seeds (here a 20-step run on two seeds, too short to train)."
+#| fig-alt: "Four panels against training step 0 to 20, seeds 0 and 1, means with standard-error bands: MSVE on held-out tasks; NEU at n = 30 and at n = infinity; layer 3's reward, successor-value and current-value weights; and the attention share on own state for layers 1 to 3. All curves are nearly flat."
 Image(filename=str(folder / "summary.png"))
 
 # %% [markdown]
