@@ -38,3 +38,10 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if not tiers & {m.name for m in item.iter_markers()}:
             item.add_marker(getattr(pytest.mark, FILE_TIERS.get(item.module.__name__.rsplit(".", 1)[-1], "unit")))
+    # The longest notebook executions start first, so that two xdist workers are not left waiting on one of them at the
+    # end (on 2 cores the suite's wall time is bounded below by its longest test plus what is scheduled before it).
+    # Only function-scoped tests move: a test that shares a module fixture keeps its place beside its module.
+    items.sort(key=lambda item: next((i for i, name in enumerate(LONGEST) if name in item.nodeid), len(LONGEST)))
+
+LONGEST = ("test_notebook[06a_emergence.ipynb]", "test_notebook[07a_linear_experiments.ipynb]", "test_notebook[06b_mechanism.ipynb]",
+           "test_rebuild_leaves_notebook_unchanged[04a_causal.ipynb]", "test_notebook[07c_continuous_experiments.ipynb]")

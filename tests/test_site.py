@@ -63,6 +63,8 @@ def test_build_rewrites():
     out = build_site.signature_links(sig)
     assert '# passed to <a href="boyan.html#g"><code>g</code></a>, see <code>h</code>' in out and '# [`g`](x.html) stays' in out
     assert build_site.caption_html('Figure 5.1: $\\rho^L$ and **bold**') == 'Figure 5.1: <span class="math inline">\\(\\rho^L\\)</span> and <strong>bold</strong>'
+    two_stars = build_site.caption_html('$\\theta^*$ against $\\theta^*$, *italic*')   # asterisks inside maths are not emphasis
+    assert two_stars.count('\\theta^*') == 2 and '<em>' in two_stars and two_stars.count('<em>') == 1
     fig = lambda src: dict(cell_type='code', source=src, outputs=[dict(data={'image/png': 'x'})])
     c = fig("#| fig-cap: 'Figure 1.2: the error of `v` falls as $\\gamma^L$'\nplt.plot()")  # YAML: single quotes keep backslashes
     assert not build_site.figure_alt(c) and build_site.cell_options(c['source'])['fig-alt'] == 'Figure 1.2: the error of v falls as gamma^L'

@@ -609,7 +609,7 @@ Markdown(f"""Figure 6.1 shows the order of limits at work, and more than the bar
 NEU($\\theta^*$) does go to zero, geometrically, but only after a hump: the gradient of the
 prediction with respect to parameters that write into the reward row grows polynomially with
 depth (a perturbation there is re-read by every later layer), while the Bellman residual
-shrinks like $\\rho^L$ with $\\rho = 0.9$ here; the product peaks near $L = {depths[int(neu_star.argmax())]}$ and then collapses.
+shrinks like $\\kappa_{{\\rm tab}}^L$ with $\\kappa_{{\\rm tab}} = 0.9$ here (the tabular rate of chapter 5); the product peaks near $L = {depths[int(neu_star.argmax())]}$ and then collapses.
 
 At $n = 30$ NEU is a different number (the model reads a finite context), and the table above
 places it. The $n = 30$ estimate lies more than two standard errors *below* the $n = \\infty$ value at

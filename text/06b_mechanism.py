@@ -456,7 +456,7 @@ Markdown(f"In {anat['one_uniform_layer']} of {anat['n_seeds']} seeds exactly one
 # %%
 conditions = [kernel_condition(m, held_out_prompts(c)[0]) for c, m in fit_runs]
 cond = {k: torch.tensor([r[k] for r in conditions], dtype=torch.float64) for k in ("min_diagonal", "share_meeting", "mean_diagonal", "span_td", "span_own")}
-Markdown("| layer | mean $M(x, x)$ | min$_x M(x, x)$, mean over seeds [max] | threshold | share of tasks meeting it | span $\\delta(I - M(I - \\gamma P))$ | span $\\delta(I + M(cI + bP))$ |\n|---|---|---|---|---|---|---|\n" +
+Markdown("| layer | mean $M(x, x)$ | min$_x M(x, x)$, mean over seeds [max] | threshold | share of tasks meeting it | span coefficient $\\mathrm{sc}(I - M(I - \\gamma P))$ | span coefficient $\\mathrm{sc}(I + M(cI + bP))$ |\n|---|---|---|---|---|---|---|\n" +
          "\n".join(f"| {l + 1} | {cond['mean_diagonal'][:, l].mean():.2f} | {cond['min_diagonal'][:, l].mean():.3f} [{cond['min_diagonal'][:, l].max():.3f}] | {conditions[0]['threshold']:.2f} | "
                    f"{cond['share_meeting'][:, l].mean():.0%} | {cond['span_td'][:, l].mean():.2f} | {cond['span_own'][:, l].mean():.2f} |" for l in range(3)))
 

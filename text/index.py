@@ -52,7 +52,7 @@ for i, n in enumerate(hero["ns"]):
     ax.plot(depths, hero["errors"][:, i].mean(0), color=plt.cm.tab10(i), label=f"context length $n = {n}$")
     ax.axhline(hero["floors"][:, i].mean(), color=plt.cm.tab10(i), ls=":", lw=1.2)
 ax.plot(depths, hero["population"].mean(0), color="k", label=r"population ($n = \infty$)")
-ax.plot(depths, hero["bound"].mean(0), color="k", ls="--", lw=1, label=r"bound $\rho^L \|v_\pi\|_\infty$")
+ax.plot(depths, hero["bound"].mean(0), color="k", ls="--", lw=1, label=r"bound $\kappa^L \|v_\pi\|_\infty$")
 ax.set(yscale="log", xlabel="depth $L$ (layers)", ylabel=r"error $\|v_L - v_\pi\|_\infty$ (return units)",
        title=f"Mean over {len(hero['errors'])} random one-hot Boyan chains ($\\beta = {hero['beta']:g}$, $\\alpha = {hero['alpha']:g}$)")
 ax.legend(fontsize=9, loc="lower left")

@@ -139,12 +139,20 @@ def plain_text(md):
     return re.sub(r'\\(?=[a-zA-Z])|[$`*]', '', md).replace('\\', '')
 
 
-def caption_html(text):
-    "A figure caption's Markdown (smalldocs leaves it as text; Quarto renders it): maths, code, bold and italics."
-    text = re.sub(r'(?<!\\)\$([^$]+)\$', r'<span class="math inline">\\(\1\\)</span>', text)
-    text = re.sub(r'`([^`]+)`', r'<code>\1</code>', text)
+def _emphasis(text):
+    "Bold and italics of a stretch of Markdown with no maths or code in it."
     text = re.sub(r'\*\*([^*]+)\*\*', r'<strong>\1</strong>', text)
     return re.sub(r'(?<![\w*])\*([^*\s][^*]*)\*(?!\w)', r'<em>\1</em>', text)
+
+
+def caption_html(text):
+    "A figure caption's Markdown (smalldocs leaves it as text; Quarto renders it): maths, code, bold and italics (never inside maths or code)."
+    out = []
+    for part in re.split(r'((?<!\\)\$[^$]+\$|`[^`]+`)', text):
+        if len(part) > 1 and part[0] == part[-1] == '$': out.append(f'<span class="math inline">\\({part[1:-1]}\\)</span>')
+        elif len(part) > 1 and part[0] == part[-1] == '`': out.append(f'<code>{part[1:-1]}</code>')
+        else: out.append(_emphasis(part))
+    return ''.join(out)
 
 
 FIGCAPTION = re.compile(r'<figcaption>(.*?)</figcaption>', re.S)
