@@ -667,5 +667,6 @@ d = { 'settings': { 'branch': 'main',
                            'ictd.wstd.check_states': ('weighted_softmax_td.html#check_states', 'ictd/wstd.py'),
                            'ictd.wstd.context_tensors': ('weighted_softmax_td.html#context_tensors', 'ictd/wstd.py'),
                            'ictd.wstd.context_weights': ('weighted_softmax_td.html#context_weights', 'ictd/wstd.py'),
+                           'ictd.wstd.tabular_rate': ('weighted_softmax_td.html#tabular_rate', 'ictd/wstd.py'),
                            'ictd.wstd.two_head_linear_td': ('weighted_softmax_td.html#two_head_linear_td', 'ictd/wstd.py'),
                            'ictd.wstd.weighted_softmax_td': ('weighted_softmax_td.html#weighted_softmax_td', 'ictd/wstd.py')}}}

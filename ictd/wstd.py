@@ -12,7 +12,7 @@ from .core import check_int
 
 # %% auto #0
 __all__ = ['context_tensors', 'context_weights', 'weighted_softmax_td', 'batch_linear_td', 'two_head_linear_td', 'check_states',
-           'batch_tabular_td', 'certainty_equivalence']
+           'batch_tabular_td', 'certainty_equivalence', 'tabular_rate']
 
 # %% ../nbs/01_weighted_softmax_td.ipynb #b9c479fa
 def _broadcast(batch:tuple, shape:tuple, name:str)->tuple:
@@ -249,3 +249,18 @@ def certainty_equivalence(states,           # (..., n+1) integer states S_0..S_n
     P_hat = torch.where(unseen.unsqueeze(-1), I, (E.mT @ F) * inv.unsqueeze(-1))           # empirical transitions; self-loop if never left
     r_hat = torch.where(unseen, fill.unsqueeze(-1), (R.unsqueeze(-2) @ E).squeeze(-2) * inv)  # mean reward on leaving x
     return torch.linalg.solve(I - gamma * P_hat, r_hat.unsqueeze(-1)).squeeze(-1)
+
+# %% ../nbs/01_weighted_softmax_td.ipynb #b8e6def0
+def tabular_rate(states,          # (n+1,) integer states S_0..S_n of one context
+                 n_states:int,    # number of states s
+                 beta:float,      # score scale: one-hot features, scores beta 1[x = y]
+                 alpha:float,     # step size in (0, 1]
+                 gamma:float,     # discount factor in [0, 1)
+                )->float:         # kappa = 1 - alpha (2 mu - 1 - gamma) < 1
+    "Proposition 1.7's rate $\\kappa$ of one one-hot context; a `ValueError` where its hypotheses fail."
+    S = check_states(states, n_states)
+    N, n = torch.bincount(S[:-1], minlength=n_states).double(), len(S) - 1
+    mu = (N * math.exp(beta) / (N * math.exp(beta) + n - N))[N > 0].min().item()
+    if not (S[:-1] == S[-1]).any() or mu <= (1 + check_gamma(gamma)) / 2:
+        raise ValueError("the hypotheses of Propositions 1.5 and 1.7 fail for this context (a target state never left, or mu <= (1 + gamma) / 2)")
+    return 1 - alpha * (2 * mu - 1 - gamma)

@@ -1309,6 +1309,7 @@ off_ce = (v_long - ce_new[S_new]).abs().max().item()
 assert off_ce > 0.1, off_ce                                          # the iteration did not settle on the certainty-equivalence value
 print(f"c = v(S_n) reached by the iteration: {c.item():.3f}; largest distance to the certainty-equivalence value: {off_ce:.3f}")
 
+
 # %% [markdown]
 # Convergence itself needs a condition. On state-consistent vectors the iteration is a linear
 # recursion on the $s'$ values $f(x)$: grouping the transitions by the state they leave,
@@ -1335,6 +1336,26 @@ print(f"c = v(S_n) reached by the iteration: {c.item():.3f}; largest distance to
 # contraction argument of [chapter 5](convergence.html).
 # :::
 #
+# The rate of Proposition 1.7 for one context, used again by chapter 3:
+
+# %%
+#| export
+def tabular_rate(states,          # (n+1,) integer states S_0..S_n of one context
+                 n_states:int,    # number of states s
+                 beta:float,      # score scale: one-hot features, scores beta 1[x = y]
+                 alpha:float,     # step size in (0, 1]
+                 gamma:float,     # discount factor in [0, 1)
+                )->float:         # kappa = 1 - alpha (2 mu - 1 - gamma) < 1
+    "Proposition 1.7's rate $\\kappa$ of one one-hot context; a `ValueError` where its hypotheses fail."
+    S = check_states(states, n_states)
+    N, n = torch.bincount(S[:-1], minlength=n_states).double(), len(S) - 1
+    mu = (N * math.exp(beta) / (N * math.exp(beta) + n - N))[N > 0].min().item()
+    if not (S[:-1] == S[-1]).any() or mu <= (1 + check_gamma(gamma)) / 2:
+        raise ValueError("the hypotheses of Propositions 1.5 and 1.7 fail for this context (a target state never left, or mu <= (1 + gamma) / 2)")
+    return 1 - alpha * (2 * mu - 1 - gamma)
+
+
+# %% [markdown]
 # The check takes each context above, sets $\beta$ one unit above its threshold, and verifies the
 # bound at every one of 60 iterations:
 
@@ -1344,8 +1365,7 @@ for S, R in contexts:
     N_x = torch.bincount(torch.as_tensor(S[:-1]), minlength=8).double()
     N_min, n_ctx = N_x[N_x > 0].min().item(), len(S) - 1
     beta = math.log((1.9 * (n_ctx - N_min)) / (0.1 * N_min)) + 1
-    mu = (N_x * math.exp(beta) / (N_x * math.exp(beta) + n_ctx - N_x))[N_x > 0].min().item()
-    lam = 1 - 0.8 * (2 * mu - 1 - 0.9)
+    lam = tabular_rate(S, 8, beta, 0.8, 0.9)
     assert lam < 1
     ce = certainty_equivalence(S, R, 8, 0.9)[S]
     err = (weighted_softmax_td(I8[S], R, beta * I8, 0.8, 0.9, 60, return_all=True) - ce).abs().amax(-1)

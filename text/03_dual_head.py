@@ -21,7 +21,7 @@ import math
 import matplotlib.pyplot as plt
 import numpy as np
 from ictd.boyan import random_boyan_chain, sample_trajectory, msve
-from ictd.wstd import weighted_softmax_td, certainty_equivalence
+from ictd.wstd import weighted_softmax_td, certainty_equivalence, tabular_rate
 from ictd.prompt import build_prompt
 from fractions import Fraction
 from IPython.display import Markdown
@@ -730,13 +730,6 @@ test_close((S6[:16] * same).sum(0), c * math.e ** 3 / (c * math.e ** 3 + 16 - c)
 # layers 10 to 40, and checks that by layer 80 all but 1% of the initial excess over the floor is gone.
 
 # %%
-def tabular_rate_bound(states, n_states:int, beta:float, alpha:float, gamma:float)->float:
-    "Proposition 1.7's rate kappa = 1 - alpha (2 mu - 1 - gamma) for a one-hot context with scores beta 1[x = y]."
-    N, n = torch.bincount(states[:-1], minlength=n_states).double(), len(states) - 1
-    mu = (N * math.exp(beta) / (N * math.exp(beta) + n - N)).min().item()
-    if not (states[:-1] == states[-1]).any() or mu <= (1 + gamma) / 2: raise ValueError("the hypotheses of Propositions 1.5 and 1.7 fail for this context")
-    return 1 - alpha * (2 * mu - 1 - gamma)
-
 def depth_curves(seeds, n:int=400, n_layers:int=80, beta:float=8., alpha:float=1.)->dict:
     "Per layer and near-tabular task (one per seed): |Transformer - weighted softmax TD|, MSVEs, distance to the certainty-equivalence value."
     mrps = [random_boyan_chain(features="onehot", seed=seed) for seed in seeds]
@@ -754,7 +747,7 @@ def depth_curves(seeds, n:int=400, n_layers:int=80, beta:float=8., alpha:float=1
     return dict(gap=(tf - td).abs().amax(-1), err_tf=err(tf), err_td=err(td),
                 dist=(tf[..., n + 1:] - ce[:, None]).abs().amax(-1),
                 floor=torch.tensor([float(msve(m, v)) for m, v in zip(mrps, ce)], dtype=torch.float64),
-                kappa=torch.tensor([tabular_rate_bound(st, s, beta, alpha, gamma) for st, _ in trajs], dtype=torch.float64))
+                kappa=torch.tensor([tabular_rate(st, s, beta, alpha, gamma) for st, _ in trajs], dtype=torch.float64))
 
 dc = depth_curves(range(5))
 gap, err_tf, err_td = dc["gap"], dc["err_tf"], dc["err_td"]

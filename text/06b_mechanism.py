@@ -69,8 +69,8 @@ from ictd.core import record_claim
 # certainty equivalence. No trained layer meets chapter 5's kernel-diagonality condition. Training
 # started at $\theta^*$ leaves it: $\theta^*$ is an unstable point of the mean TD dynamics, at
 # $n = \infty$ and at the training context $n = 30$. A learned shared layer is tuned to its training
-# depth and diverges when iterated further. Trained eight times longer than the emergence chapter,
-# at three learning rates with a stopping rule, the metrics have not all stopped moving, but the
+# depth and diverges when iterated further. Trained far longer than the emergence chapter, at
+# three learning rates with a stopping rule, the metrics have not all stopped moving, but the
 # anatomy and the learned estimator are the same where they are measured. With 12 or 16 separate
 # layers, training at the emergence chapter's learning rate blows up in some seeds. Against Monte-Carlo, supervised and temporally shuffled controls,
 # what TD pretraining adds is more of the value *shape*, not a lower value error.
@@ -1189,7 +1189,7 @@ out
 # %%
 BLOWN_UP = 100.   # an MSVE above this is a model that blew up (the zero estimate scores about 5)
 deep_msve = {k: sm["MSVE"] for k, sm in deep.items()}
-deep_diverged = {k: v for k, v in deep_saved.get("diverged", {}).items()}
+deep_diverged = deep_saved.get("diverged", {})
 n_deep = {k: len(m) + len(deep_diverged.get(k, [])) for k, m in deep_msve.items()}
 blown = {k: int((m > BLOWN_UP).sum()) + len(deep_diverged.get(k, [])) for k, m in deep_msve.items()}
 assert blown["L = 12"] >= 1 and blown["L = 16"] > blown["L = 12"], blown
