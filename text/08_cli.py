@@ -34,7 +34,6 @@ import matplotlib.image
 from IPython.display import Image, Markdown
 from fastcore.xtras import working_directory
 
-
 # %% [markdown]
 # # The command line
 # > `ictd`: one command per experiment of the book, at full scale, writing figures and numbers to a folder.
@@ -64,7 +63,119 @@ from fastcore.xtras import working_directory
 # only the others; `--force` retrains, and a run interrupted after a checkpoint resumes from it.
 
 # %% [markdown]
-# ## Checking the options
+# ## A first session
+#
+# In a terminal, after `pip install -e .` (each line below is also run, at a tiny size, in the
+# [last section](#implementation-and-tests), which checks what it writes):
+#
+# ```sh
+# ictd chain --seed 3 --out results          # a random Boyan chain: results/chain.png, results/chain.json
+# ictd linear --n-tasks 4 --n 30 --depth 8 --out results   # chapter 7's comparison, tiny
+# ictd pretrain --seeds 0-1 --n-steps 20 --eval-every 10 --n-tasks 32 --eval-tasks 8 --out results
+#                                            # two seeds trained together, their figures and summary
+# ictd linear --alpha 0                      # a bad value: stops before anything runs, naming the option
+# ```
+#
+# The rest of this chapter measures the engine's speed, says what the full-scale runs cost, and
+# then, under *Implementation and tests*, builds the parser and the commands and checks them.
+
+# %% [markdown]
+# ## Speed: the benchmark
+#
+# `make bench` (`bench/bench_engine.py`) measures the pretraining engine of chapter 6 against two
+# unbatched loops in one run and writes `bench/results.json`; the tables below are read from that
+# file. Times are CPU seconds of the benchmark's process on one thread: on a busy machine they are
+# what the same work takes on an idle core, while wall-clock times grow with the load (both are in
+# the file, with the load average). The specification's protocol (30 seeds of 6000 steps, an
+# evaluation of every metric every 250 steps on 256 held-out tasks) is extrapolated from the
+# measured seconds per step, per evaluation and for the set-up (task pools, held-out sets).
+
+# %%
+bench_file = Path("../bench/results.json")
+bench = json.loads(bench_file.read_text()) if bench_file.exists() else None
+def table(header, rows): return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(map(str, r)) + " |" for r in rows])
+def bench_report(b):
+    steps = table(["loop", "CPU ms per seed-step", "speed-up over (a), CPU", "wall ms per seed-step"],
+                  [(k, f"{v['cpu'] * 1e3:.3g}", f"{v['speed-up vs (a)']:.0f}x", f"{v['wall'] * 1e3:.3g}") for k, v in b["seconds_per_seed_step"].items()])
+    proto = table(["", "training (s)", "evaluations (s)", "set-up (s)", "total (s)", "evaluation / training"],
+                  [(k, f"{v['train']:.0f}", f"{v['evaluate']:.0f}", f"{v['setup']:.0f}", f"{v['total']:.0f}", f"{v['evaluate / train']:.2f}")
+                   for k, v in b["protocol"].items() if "total" in v])
+    one = b["protocol"]["unbatched one-seed loop (b), 30 seeds"]["train"]
+    shapes = table(["forward and backward, 30 seeds x 64 prompts, n = 30", "CPU ms"], [(k, f"{v:.1f}") for k, v in b["training_shapes_ms"].items()])
+    f32, rows = b["float32"], b["seconds_per_seed_step"]
+    two = next((v for k, v in rows.items() if k.endswith("threads")), None)
+    threads = (f"With {b['threads'] * 2} threads instead of {b['threads']}, a step of 30 seeds took {two['wall'] / rows['(c) engine, 30 seeds, float64']['wall']:.1f} times "
+               f"the wall-clock time." if two else "")
+    fwd = table(["n", "dtype", "autograd", "seconds", "peak memory of the process (MB)", "attention kernel"],
+                [(f"{r['n']:,}", r["dtype"], r["grad"], f"{r['seconds']:.2f}", f"{r['peak_mb']:.0f}", ", ".join(k.replace("aten::_scaled_dot_product_", "") for k in r["kernels"]))
+                 if "error" not in r else (f"{r['n']:,}", r["dtype"], r["grad"], "failed", "", r["error"][:80]) for r in b["forward"]])
+    return Markdown(f"""Measured {b['date']} with ictd {b['ictd']}, torch {b['torch']}, {b['threads']} thread, {b['cpus']} CPUs, load average {b['load_before'][0]:.1f} before and {b['load_after'][0]:.1f} after.
+
+{steps}
+
+The specification's protocol, extrapolated (CPU seconds, one thread); the one-seed loop would train for {one / 60:.0f} min:
+
+{proto}
+
+{threads}
+
+{shapes}
+
+What float32 changes, on the headline configuration (`EMERGENCE`, {f32['seeds']} seeds, {f32['n_steps']} steps): the largest differences between the float64 and float32 runs at the end of training are {f32['max_abs_diff']['msve']:.1e} in MSVE, {f32['max_abs_diff']['diagonality']:.1e} in diagonality, {f32['max_abs_diff']['value_weights']:.1e} in the value weights and {f32['max_param_diff']:.1e} in any parameter (whose largest entry is {f32['max_param']:.2f}).
+
+The forward pass of `SoftmaxICTD.from_theta_star` (d = 10, L = 2, one query), each case in a fresh process:
+
+{fwd}
+""")
+bench_report(bench) if bench else Markdown("No `bench/results.json` yet: run `make bench`.")
+
+# %% [markdown]
+# Three things the benchmark shows. The engine's speed comes from two sources, the seeds sharing
+# each operation and the state-token form of the forward pass: at $n = 30$ neither attention route
+# on full prompts comes near the state tokens. Evaluations stay a small fraction of the training
+# time. And torch's fused attention kernel (`flash_attention_for_cpu`) runs only on
+# four-dimensional queries, keys and values whose last dimension is contiguous, in float32 and
+# float64 alike and with autograd too (we checked with torch's profiler); on any other layout torch
+# falls back silently to the `math` kernel, which builds the $N \times N$ attention matrix, so that
+# memory grows like $n^2$ and $n = 10^5$ needs tens of gigabytes. The kernel column above says which
+# one ran; with the flash kernel the memory of the forward pass grows like $n$.
+# Threads: `ictd pretrain --threads` defaults to one, since on a machine shared with other jobs
+# torch's threads contend for the cores (the thread row above); on an idle machine two threads, or
+# two processes each with half of the seeds, use both cores.
+
+# %% [markdown]
+# ## Full scale
+#
+# In a terminal (these cells are not run when the book is built). On two CPU cores, `ictd chain`
+# takes a few seconds, `ictd linear` about ten, `ictd convergence` (1000 tasks, contexts up to
+# $n = 30\,000$, about 1 GB of memory per batch of 200 tasks) about a minute, and `ictd pretrain`
+# as the benchmark above says (all seeds train together); a second `ictd pretrain` with the same
+# options loads the cached runs. `ictd all` runs the four.
+
+# %%
+#| eval: false
+# !ictd convergence --out results
+# !ictd pretrain --seeds 0-29 --out results
+# !ictd linear --n-tasks 300 --out results
+
+# %% [markdown]
+# And from Python, the same functions the commands call, e.g. experiment 1 of chapter 5 at full
+# scale with a progress bar:
+
+# %%
+#| eval: false
+sweep = depth_experiment(1000, ns=[30, 100, 300, 1000, 3000, 10_000, 30_000], progress=True)
+plot_depth(sweep);
+
+
+# %% [markdown]
+# ## Implementation and tests
+#
+# The options' parsers, the parser itself, how results are written, the commands, and the session
+# above run at a tiny size with what each command writes checked.
+
+# %% [markdown]
+# ### Checking the options
 #
 # The defaults are the full-scale settings, so the options mostly shrink or vary a run. Each option
 # is parsed by a small function that rejects a bad value with a message naming the option, before
@@ -97,7 +208,7 @@ for f, bad in ((positive_int, "0"), (positive_int, "2.5"), (step_size, "1.5"), (
     test_fail(lambda: f(bad), contains="must be")
 
 # %% [markdown]
-# ## The parser
+# ### The parser
 #
 # One sub-command per experiment, each with the options of its compute function. The options of
 # `ictd pretrain` are generated from the fields of `PretrainConfig`, so that every setting of a
@@ -263,7 +374,7 @@ print(pre_help)
 
 
 # %% [markdown]
-# ## Writing results
+# ### Writing results
 #
 # Each command saves figures as PNG, the numbers as JSON (tensors become nested lists) and, where
 # there are large tensors, the whole result with `torch.save`; and prints each path.
@@ -341,7 +452,7 @@ def plot_seeds(results:list,  # runs of one configuration with different seeds
 
 
 # %% [markdown]
-# ## The commands
+# ### The commands
 #
 # One function per sub-command: it calls the exported compute and plot functions of its chapter
 # and saves what they return.
@@ -480,7 +591,7 @@ def main(argv:list=None, # arguments after `ictd` (default: `sys.argv[1:]`)
 show_doc(main)
 
 # %% [markdown]
-# ## Trying it out
+# ### The first session, checked
 #
 # A chain, in a temporary folder (the same as `ictd chain --seed 3 --out DIR` in a terminal):
 
@@ -542,94 +653,6 @@ test_eq((summary["seeds"], summary["step"], len(summary["final"]["diagonality"][
 #| fig-cap: "Figure 8.1: The summary figure that the `pretrain` command writes for a run: value error, NEU, the last layer's value-update weights and kernel diagonality against training step, as mean and standard error over seeds (here a 20-step run on two seeds, too short to train)."
 #| fig-alt: "Four panels against training step 0 to 20, seeds 0 and 1, means with standard-error bands: MSVE on held-out tasks; NEU at n = 30 and at n = infinity; layer 3's reward, successor-value and current-value weights; and the attention share on own state for layers 1 to 3. All curves are nearly flat."
 Image(filename=str(folder / "summary.png"))
-
-# %% [markdown]
-# ## Speed: the benchmark
-#
-# `make bench` (`bench/bench_engine.py`) measures the pretraining engine of chapter 6 against two
-# unbatched loops in one run and writes `bench/results.json`; the tables below are read from that
-# file. Times are CPU seconds of the benchmark's process on one thread: on a busy machine they are
-# what the same work takes on an idle core, while wall-clock times grow with the load (both are in
-# the file, with the load average). The specification's protocol (30 seeds of 6000 steps, an
-# evaluation of every metric every 250 steps on 256 held-out tasks) is extrapolated from the
-# measured seconds per step, per evaluation and for the set-up (task pools, held-out sets).
-
-# %%
-bench_file = Path("../bench/results.json")
-bench = json.loads(bench_file.read_text()) if bench_file.exists() else None
-def table(header, rows): return "\n".join(["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(map(str, r)) + " |" for r in rows])
-def bench_report(b):
-    steps = table(["loop", "CPU ms per seed-step", "speed-up over (a), CPU", "wall ms per seed-step"],
-                  [(k, f"{v['cpu'] * 1e3:.3g}", f"{v['speed-up vs (a)']:.0f}x", f"{v['wall'] * 1e3:.3g}") for k, v in b["seconds_per_seed_step"].items()])
-    proto = table(["", "training (s)", "evaluations (s)", "set-up (s)", "total (s)", "evaluation / training"],
-                  [(k, f"{v['train']:.0f}", f"{v['evaluate']:.0f}", f"{v['setup']:.0f}", f"{v['total']:.0f}", f"{v['evaluate / train']:.2f}")
-                   for k, v in b["protocol"].items() if "total" in v])
-    one = b["protocol"]["unbatched one-seed loop (b), 30 seeds"]["train"]
-    shapes = table(["forward and backward, 30 seeds x 64 prompts, n = 30", "CPU ms"], [(k, f"{v:.1f}") for k, v in b["training_shapes_ms"].items()])
-    f32, rows = b["float32"], b["seconds_per_seed_step"]
-    two = next((v for k, v in rows.items() if k.endswith("threads")), None)
-    threads = (f"With {b['threads'] * 2} threads instead of {b['threads']}, a step of 30 seeds took {two['wall'] / rows['(c) engine, 30 seeds, float64']['wall']:.1f} times "
-               f"the wall-clock time." if two else "")
-    fwd = table(["n", "dtype", "autograd", "seconds", "peak memory of the process (MB)", "attention kernel"],
-                [(f"{r['n']:,}", r["dtype"], r["grad"], f"{r['seconds']:.2f}", f"{r['peak_mb']:.0f}", ", ".join(k.replace("aten::_scaled_dot_product_", "") for k in r["kernels"]))
-                 if "error" not in r else (f"{r['n']:,}", r["dtype"], r["grad"], "failed", "", r["error"][:80]) for r in b["forward"]])
-    return Markdown(f"""Measured {b['date']} with ictd {b['ictd']}, torch {b['torch']}, {b['threads']} thread, {b['cpus']} CPUs, load average {b['load_before'][0]:.1f} before and {b['load_after'][0]:.1f} after.
-
-{steps}
-
-The specification's protocol, extrapolated (CPU seconds, one thread); the one-seed loop would train for {one / 60:.0f} min:
-
-{proto}
-
-{threads}
-
-{shapes}
-
-What float32 changes, on the headline configuration (`EMERGENCE`, {f32['seeds']} seeds, {f32['n_steps']} steps): the largest differences between the float64 and float32 runs at the end of training are {f32['max_abs_diff']['msve']:.1e} in MSVE, {f32['max_abs_diff']['diagonality']:.1e} in diagonality, {f32['max_abs_diff']['value_weights']:.1e} in the value weights and {f32['max_param_diff']:.1e} in any parameter (whose largest entry is {f32['max_param']:.2f}).
-
-The forward pass of `SoftmaxICTD.from_theta_star` (d = 10, L = 2, one query), each case in a fresh process:
-
-{fwd}
-""")
-bench_report(bench) if bench else Markdown("No `bench/results.json` yet: run `make bench`.")
-
-# %% [markdown]
-# Three things the benchmark shows. The engine's speed comes from two sources, the seeds sharing
-# each operation and the state-token form of the forward pass: at $n = 30$ neither attention route
-# on full prompts comes near the state tokens. Evaluations stay a small fraction of the training
-# time. And torch's fused attention kernel (`flash_attention_for_cpu`) runs only on
-# four-dimensional queries, keys and values whose last dimension is contiguous, in float32 and
-# float64 alike and with autograd too (we checked with torch's profiler); on any other layout torch
-# falls back silently to the `math` kernel, which builds the $N \times N$ attention matrix, so that
-# memory grows like $n^2$ and $n = 10^5$ needs tens of gigabytes. The kernel column above says which
-# one ran; with the flash kernel the memory of the forward pass grows like $n$.
-# Threads: `ictd pretrain --threads` defaults to one, since on a machine shared with other jobs
-# torch's threads contend for the cores (the thread row above); on an idle machine two threads, or
-# two processes each with half of the seeds, use both cores.
-
-# %% [markdown]
-# ## Full scale
-#
-# In a terminal (these cells are not run when the book is built). On two CPU cores, `ictd chain`
-# takes a few seconds, `ictd linear` about ten, `ictd convergence` (1000 tasks, contexts up to
-# $n = 30\,000$, about 1 GB of memory per batch of 200 tasks) about a minute, and `ictd pretrain`
-# as the benchmark above says (all seeds train together); a second `ictd pretrain` with the same
-# options loads the cached runs. `ictd all` runs the four.
-
-# %%
-#| eval: false
-# !ictd convergence --out results
-# !ictd pretrain --seeds 0-29 --out results
-# !ictd linear --n-tasks 300 --out results
-
-# %% [markdown]
-# And from Python, the same functions the commands call, e.g. experiment 1 of chapter 5 at full
-# scale with a progress bar:
-
-# %%
-#| eval: false
-sweep = depth_experiment(1000, ns=[30, 100, 300, 1000, 3000, 10_000, 30_000], progress=True)
-plot_depth(sweep);
 
 # %%
 #| hide
