@@ -253,6 +253,7 @@ def certainty_equivalence(states,           # (..., n+1) integer states S_0..S_n
 # %% ../nbs/01_weighted_softmax_td.ipynb #b8e6def0
 def tabular_rate(states,          # (n+1,) integer states S_0..S_n of one context
                  n_states:int,    # number of states s
+                 *,               # the rest by keyword: three floats easily swapped
                  beta:float,      # score scale: one-hot features, scores beta 1[x = y]
                  alpha:float,     # step size in (0, 1]
                  gamma:float,     # discount factor in [0, 1)

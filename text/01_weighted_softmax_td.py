@@ -1342,6 +1342,7 @@ print(f"c = v(S_n) reached by the iteration: {c.item():.3f}; largest distance to
 #| export
 def tabular_rate(states,          # (n+1,) integer states S_0..S_n of one context
                  n_states:int,    # number of states s
+                 *,               # the rest by keyword: three floats easily swapped
                  beta:float,      # score scale: one-hot features, scores beta 1[x = y]
                  alpha:float,     # step size in (0, 1]
                  gamma:float,     # discount factor in [0, 1)
@@ -1365,7 +1366,7 @@ for S, R in contexts:
     N_x = torch.bincount(torch.as_tensor(S[:-1]), minlength=8).double()
     N_min, n_ctx = N_x[N_x > 0].min().item(), len(S) - 1
     beta = math.log((1.9 * (n_ctx - N_min)) / (0.1 * N_min)) + 1
-    lam = tabular_rate(S, 8, beta, 0.8, 0.9)
+    lam = tabular_rate(S, 8, beta=beta, alpha=0.8, gamma=0.9)
     assert lam < 1
     ce = certainty_equivalence(S, R, 8, 0.9)[S]
     err = (weighted_softmax_td(I8[S], R, beta * I8, 0.8, 0.9, 60, return_all=True) - ce).abs().amax(-1)

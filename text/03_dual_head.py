@@ -747,7 +747,7 @@ def depth_curves(seeds, n:int=400, n_layers:int=80, beta:float=8., alpha:float=1
     return dict(gap=(tf - td).abs().amax(-1), err_tf=err(tf), err_td=err(td),
                 dist=(tf[..., n + 1:] - ce[:, None]).abs().amax(-1),
                 floor=torch.tensor([float(msve(m, v)) for m, v in zip(mrps, ce)], dtype=torch.float64),
-                kappa=torch.tensor([tabular_rate(st, s, beta, alpha, gamma) for st, _ in trajs], dtype=torch.float64))
+                kappa=torch.tensor([tabular_rate(st, s, beta=beta, alpha=alpha, gamma=gamma) for st, _ in trajs], dtype=torch.float64))
 
 dc = depth_curves(range(5))
 gap, err_tf, err_td = dc["gap"], dc["err_tf"], dc["err_td"]
