@@ -4,19 +4,18 @@
 # %%
 #| export
 from __future__ import annotations
-import dataclasses, datetime, json, math, subprocess, sys
+import dataclasses, json, math
 from pathlib import Path
 import torch
 from ictd.model import SoftmaxICTD, model_params
 from ictd.pretrain import EMERGENCE, PretrainConfig, get_family, pretrain_many
 from ictd.emergence import UNIFORM_BELOW, held_out_prompts, sign_pattern
-from ictd.mechanism import fit_estimators, gap_measures, jacobian_spectrum, learned_kernel, prediction_errors, sampled_jacobians, update_jacobian
+from ictd.mechanism import fit_estimators, gap_measures, jacobian_spectrum, learned_kernel, prediction_errors, provenance, sampled_jacobians, update_jacobian
 
 # %%
 #| hide
 from fastcore.test import *
 from nbdev.showdoc import *
-
 
 # %% [markdown]
 # # The mechanism studies
@@ -35,18 +34,10 @@ from nbdev.showdoc import *
 # %% [markdown]
 # ## Saved runs, with their provenance
 #
-# A saved run holds the configuration, the seed and the final parameters (and, on request, the metrics at every evaluation); `load_models` rebuilds the models exactly.
+# `provenance` (chapter 6b) records how a file was made. A saved run holds the configuration, the seed and the final parameters (and, on request, the metrics at every evaluation); `load_models` rebuilds the models exactly.
 
 # %%
 #| export
-def provenance(command:str,  # the command that produced the file
-              )->dict:       # command, git commit, UTC date, Python and torch versions
-    "What a saved result records about how it was made."
-    try: commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError): commit = "unknown"
-    return dict(command=command, commit=commit, date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                python=sys.version.split()[0], torch=torch.__version__)
-
 HISTORY_KEYS = ("step", "msve", "neu_population", "diagonality", "value_weights")  # the metrics a saved run keeps
 
 def save_runs(results:list,         # `PretrainResult`s
@@ -83,7 +74,6 @@ two = load_models(saved["runs"]["fit"][:2])
 test_eq(two[1][0], dataclasses.replace(EMERGENCE, seed=saved["runs"]["fit"][1]["config"]["seed"]))
 for r, (c, m) in zip(saved["runs"]["fit"], two):
     test_close(m.value_weights(), torch.tensor(r["final"]["value_weights"], dtype=torch.float64), eps=1e-12)
-test_eq(set(provenance("x")), {"command", "commit", "date", "python", "torch"})
 
 # %% [markdown]
 # ## Tables of the anatomy

@@ -4,31 +4,23 @@
 
 # %% ../../nbs/06c_mechanism_studies.ipynb #8f9e4bc5
 from __future__ import annotations
-import dataclasses, datetime, json, math, subprocess, sys
+import dataclasses, json, math
 from pathlib import Path
 import torch
 from ..model import SoftmaxICTD, model_params
 from ..pretrain import EMERGENCE, PretrainConfig, get_family, pretrain_many
 from ..emergence import UNIFORM_BELOW, held_out_prompts, sign_pattern
-from ..mechanism import fit_estimators, gap_measures, jacobian_spectrum, learned_kernel, prediction_errors, sampled_jacobians, update_jacobian
+from ..mechanism import fit_estimators, gap_measures, jacobian_spectrum, learned_kernel, prediction_errors, provenance, sampled_jacobians, update_jacobian
 
 # %% auto #0
 __all__ = ['HISTORY_KEYS', 'ANATOMY_PARTS', 'CONVERGE_TOLERANCES', 'CONVERGE_LRS', 'GAP_CELLS', 'CONTROLS', 'DEPTHS',
-           'DEEP_DEPTHS', 'provenance', 'save_runs', 'load_models', 'anatomy_table', 'anatomy_counts', 'gap_table',
-           'study_summary', 'summary_table', 'fisher_greater', 'holm', 'binomial_greater', 'normal_greater',
-           'claims_table', 'converge_metrics', 'moved_by', 'settled_step', 'run_mechanism_study', 'run_gap_map',
-           'run_control_study', 'theta_star_starts', 'run_shared_study', 'run_theta_star_dynamics', 'run_depth_sweep',
-           'converge_config', 'model_at', 'run_converge_study', 'star_points', 'run_jacobian_study']
+           'DEEP_DEPTHS', 'save_runs', 'load_models', 'anatomy_table', 'anatomy_counts', 'gap_table', 'study_summary',
+           'summary_table', 'fisher_greater', 'holm', 'binomial_greater', 'normal_greater', 'claims_table',
+           'converge_metrics', 'moved_by', 'settled_step', 'run_mechanism_study', 'run_gap_map', 'run_control_study',
+           'theta_star_starts', 'run_shared_study', 'run_theta_star_dynamics', 'run_depth_sweep', 'converge_config',
+           'model_at', 'run_converge_study', 'star_points', 'run_jacobian_study']
 
 # %% ../../nbs/06c_mechanism_studies.ipynb #6557ae73
-def provenance(command:str,  # the command that produced the file
-              )->dict:       # command, git commit, UTC date, Python and torch versions
-    "What a saved result records about how it was made."
-    try: commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError): commit = "unknown"
-    return dict(command=command, commit=commit, date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                python=sys.version.split()[0], torch=torch.__version__)
-
 HISTORY_KEYS = ("step", "msve", "neu_population", "diagonality", "value_weights")  # the metrics a saved run keeps
 
 def save_runs(results:list,         # `PretrainResult`s
