@@ -79,8 +79,8 @@ def write_constancy(model:SoftmaxICTD,  # the model
 def swap_weights(model:SoftmaxICTD,  # the model (not changed)
                  layer:int,          # the layer whose value weights to change (0-based)
                  t:float,            # weight moved from the current-value to the successor-value head
-                )->SoftmaxICTD:      # a copy with (b, c) -> (b + t, c - t) in that layer
-    "A copy of `model` whose layer `layer` has successor weight b + t and current weight c - t."
+                )->SoftmaxICTD:      # a copy with (u_tgt, u_cur) -> (u_tgt + t, u_cur - t) in that layer
+    "A copy of `model` whose layer `layer` has successor-value weight u_tgt + t and current-value weight u_cur - t."
     m, d = copy.deepcopy(model), model.d
     with torch.no_grad():
         m.layer(layer).V_tgt[d + 1, d + 1] += t

@@ -51,8 +51,9 @@ from ictd.experiments.mechanism import (anatomy_counts, anatomy_table, binomial_
 # to TD. Then five further experiments, each read as question, setup, result, interpretation and check:
 # training to convergence, depth, the dynamics at $\theta^*$, a learned shared layer iterated, and the gap map
 # over settings. A table of every claim with its statistics follows, then a summary. Every number comes from
-# runs saved under `nbs/data/` (the chapter never trains); how they were made, the helpers that build tables
-# and statistics, and the unit tests of every tool are in the last section, *Implementation and tests*.
+# runs saved under `nbs/data/` (the chapter never trains). The functions that trained them and that build the
+# tables and statistics are the library of [chapter 6c](mechanism_studies.html), which this page imports; the
+# API entries and unit tests of this page's own probes are in the last section, *Implementation and tests*.
 
 # %% [markdown]
 # ## The question
@@ -99,7 +100,7 @@ from ictd.experiments.mechanism import (anatomy_counts, anatomy_table, binomial_
 # Training is slow for this page, so the runs it studies were trained by `run_mechanism_study` and
 # saved in `nbs/data/mechanism_runs.json` with the command, the git commit and the date that made
 # them. A saved run holds the configuration, the seed and the final parameters; `load_models` rebuilds
-# the models from them exactly (both are defined in *Implementation and tests*).
+# the models from them exactly (both are defined in [chapter 6c](mechanism_studies.html)).
 
 # %%
 saved = json.loads(Path("data/mechanism_runs.json").read_text())
@@ -242,8 +243,8 @@ def write_constancy(model:SoftmaxICTD,  # the model
 def swap_weights(model:SoftmaxICTD,  # the model (not changed)
                  layer:int,          # the layer whose value weights to change (0-based)
                  t:float,            # weight moved from the current-value to the successor-value head
-                )->SoftmaxICTD:      # a copy with (b, c) -> (b + t, c - t) in that layer
-    "A copy of `model` whose layer `layer` has successor weight b + t and current weight c - t."
+                )->SoftmaxICTD:      # a copy with (u_tgt, u_cur) -> (u_tgt + t, u_cur - t) in that layer
+    "A copy of `model` whose layer `layer` has successor-value weight u_tgt + t and current-value weight u_cur - t."
     m, d = copy.deepcopy(model), model.d
     with torch.no_grad():
         m.layer(layer).V_tgt[d + 1, d + 1] += t
@@ -1037,7 +1038,7 @@ jac_saved = json.loads(Path("data/mechanism_jacobian.json").read_text())
 pm = lambda r, k, fmt: format(r[k], fmt) + (f" ± {r[k + '_se']:{fmt}}" if k + "_se" in r else "")
 Markdown(f"Made by `{jac_saved['provenance']['command']}` at commit `{jac_saved['provenance']['commit'][:10]}` on {jac_saved['provenance']['date'][:10]}; "
          f"$n = 30$: {jac_saved['n_batches']} batches of {jac_saved['batch_size']} contexts.\n\n"
-         "| point | context | NEU | largest real part of an eigenvalue of $J$ | eigenvalues with positive real part (of "
+         "| point | context | NEU | largest real part of an eigenvalue of $J_G$ | eigenvalues with positive real part (of "
          f"{next(iter(next(iter(jac_saved['points'].values())).values()))['n_params']}) | smallest real part |\n|---|---|---|---|---|---|\n" +
          "\n".join(f"| {name} | {where} | {pm(r, 'neu', '.3g')} | {pm(r, 'max_real', '.3f')} | {pm(r, 'n_unstable', '.0f')} | {pm(r, 'min_real', '.3f')} |"
                    for name, pts in jac_saved["points"].items() for where, r in pts.items()))
@@ -1413,7 +1414,7 @@ Markdown(f"1. **The algorithm.** A trained model in the `EMERGENCE` configuratio
 # ## Implementation and tests
 #
 # The probes, the estimator, the Jacobian and the shared-layer recursion above are exported to `ictd.mechanism`.
-# The helpers that save and load runs, build this page's tables, compute its statistics and apply the stopping rule,
+# The functions that save and load runs, build this page's tables, compute its statistics and apply the stopping rule,
 # and the drivers that trained every saved file, are in `ictd.experiments.mechanism`, documented and tested in
 # [chapter 6c](mechanism_studies.html). What follows are the API entries of the probes and their unit tests: input
 # checks, a fit that recovers a known estimator, and the Jacobian against finite differences.
