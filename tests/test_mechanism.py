@@ -9,8 +9,9 @@ from ictd.pretrain import EMERGENCE, pretrain_many
 from ictd.tasks import random_tasks
 from ictd.model import SoftmaxICTD
 from ictd.emergence import held_out_prompts, min_successes
-from ictd.mechanism import (anatomy_counts, centred_msve, fit_estimators, kernel_condition, knockout, layer_anatomy, layer_values,
-                            learned_kernel, load_models, prediction_errors)
+from ictd.mechanism import (centred_msve, fit_estimators, kernel_condition, knockout, layer_anatomy, layer_values, learned_kernel,
+                            prediction_errors)
+from ictd.experiments.mechanism import anatomy_counts, anatomy_table, load_models
 
 DATA = Path(__file__).parent.parent / "nbs" / "data"
 FRESH = list(range(100, 110))
@@ -72,3 +73,13 @@ def test_no_trained_layer_meets_the_kernel_condition(fresh):
     for c, m in fresh:
         kc = kernel_condition(m, held_out_prompts(c)[0])
         assert max(kc["share_meeting"]) == 0 and max(kc["min_diagonal"]) < kc["threshold"] / 2, (c.seed, kc)
+
+
+@pytest.mark.unit
+def test_anatomy_table_bolds_the_uniform_layer_of_each_seed_and_rejects_unknown_parts():
+    row = lambda seed, diag: dict(seed=seed, diagonality=diag, constancy=[0.9, 0.5, 0.4], identity=[2., 3., 4.], uniform=[1., 1.1, 1.2],
+                                  swap=[1., 1.1, 1.2], feature_writes=[0.1, 0.2, 0.], reward_writes=[0.1, 0.2, 0.], value_writes=[0.3, 0.4, 0.5])
+    lines = anatomy_table([row(0, [0.6, 0.05, 0.5]), row(1, [0.5, 0.4, 0.1])], "knockouts").splitlines()
+    assert lines[2] == "| 0 | 2.00, **3.00**, 4.00 | 1.000, **1.100**, 1.200 | 1.000, **1.100**, 1.200 |", lines
+    assert lines[3].startswith("| 1 | 2.00, 3.00, **4.00** |"), lines
+    with pytest.raises(ValueError, match="`part` must be one of"): anatomy_table([row(0, [0.6, 0.05, 0.5])], "probes")

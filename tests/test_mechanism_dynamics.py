@@ -7,8 +7,8 @@ from ictd.tasks import random_tasks, sample_trajectories
 from ictd.model import SoftmaxICTD, model_params, population_predict
 from ictd.convergence import td_recursion
 from ictd.emergence import context_update, held_out_prompts
-from ictd.mechanism import (jacobian_spectrum, learned_kernel, moved_by, sampled_jacobians, settled_step, shared_recursion,
-                            star_points, update_jacobian)
+from ictd.mechanism import jacobian_spectrum, learned_kernel, sampled_jacobians, shared_recursion, update_jacobian
+from ictd.experiments.mechanism import moved_by, settled_step, star_points
 
 STEPS = list(range(0, 6001, 250))
 

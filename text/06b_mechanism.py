@@ -4,20 +4,19 @@
 # %%
 #| export
 from __future__ import annotations
-import copy, dataclasses, datetime, json, math, subprocess, sys
-from pathlib import Path
+import copy, dataclasses, datetime, subprocess, sys
 import torch
 from ictd.model import SoftmaxICTD
 from ictd.tasks import TaskBatch
 from ictd.convergence import span_rate
 from ictd.boyan import weighted_error
 from ictd.model import model_params, population_predict, population_tokens, token_layers, token_predict
-from ictd.pretrain import EMERGENCE, PretrainConfig, get_family, pretrain_many
+from ictd.pretrain import PretrainConfig, get_family
 from torch.func import functional_call
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from ictd.prompt import build_prompt
 from ictd.tasks import sample_trajectories
-from ictd.emergence import UNIFORM_BELOW, certainty_equivalence_values, context_mean_values, held_out_prompts, msve_of, sign_pattern
+from ictd.emergence import ALPHAS, BETAS, certainty_equivalence_values, context_mean_values, held_out_prompts, msve_of, theta_star_model
 
 # %%
 #| hide
@@ -34,13 +33,31 @@ from ictd.emergence import best_theta_star, neu_jackknife
 from ictd.model import theta_star
 from ictd.convergence import td_recursion
 from ictd.core import record_claim
-
+from matplotlib.ticker import FuncFormatter
+import json, math
+from pathlib import Path
+from ictd.pretrain import EMERGENCE
+from ictd.emergence import UNIFORM_BELOW
+from ictd.experiments.mechanism import (anatomy_counts, anatomy_table, binomial_greater, claims_table, fisher_greater, gap_table, holm, load_models,
+                                       normal_greater, study_summary, summary_table)
 
 # %% [markdown]
 # # What the trained models compute
 # > Per-layer probes, knockouts and the learned kernels of pretrained softmax Transformers, an explicit in-context estimator that predicts them on seeds it was not fitted on, and the chapter-5 condition checked on the trained models.
 
 # %% [markdown]
+# *How to read this chapter.* The lesson comes first: the question, the anatomy of a trained model (what each
+# layer does, in one figure), the estimator the models have learned, and the controls that say what is specific
+# to TD. Then five further experiments, each read as question, setup, result, interpretation and check:
+# training to convergence, depth, the dynamics at $\theta^*$, a learned shared layer iterated, and the gap map
+# over settings. A table of every claim with its statistics follows, then a summary. Every number comes from
+# runs saved under `nbs/data/` (the chapter never trains). The functions that trained them and that build the
+# tables and statistics are the library of [chapter 6c](mechanism_studies.html), which this page imports; the
+# API entries and unit tests of this page's own probes are in the last section, *Implementation and tests*.
+
+# %% [markdown]
+# ## The question
+#
 # The [emergence chapter](emergence.html) counts what pretraining finds: signs of value weights,
 # diagonality of attention, value errors against baselines. This chapter asks what the trained
 # models *compute*. The method is the one that settled the same question for Transformers trained
@@ -49,74 +66,41 @@ from ictd.core import record_claim
 # accept a candidate only if, with its few constants fitted on some trained models, it predicts the
 # outputs of *other* trained models better than the alternatives, on the aspect of the output where
 # the alternatives disagree. Everything here is our own analysis [ours]; the paper's claim under
-# test is that pretraining drives the parameters towards the constructed $\theta^*$.
+# test is that pretraining drives the parameters towards the constructed $\theta^*$ (Definition 3.1).
 #
-# The models are the emergence chapter's headline configuration `EMERGENCE` (the specification's
-# $s = 10$ states, $d = 4$ random features, $n = 30$, $L = 3$ separate layers, $\gamma = 0.9$;
-# learning rate $10^{-2}$, 2000 steps): seeds 0 to 9, the emergence chapter's, to look inside and
-# fit constants; seeds 10 to 19, which no other page shows, to test predictions. The test suite
-# checks the same claims on seeds 100 to 109.
+# The models are trained with chapter 6's training configuration `EMERGENCE`, the emergence chapter's
+# headline setting: $s = 10$ states, $d = 4$ random features, contexts of $n = 30$ transitions,
+# $L = 3$ separate layers, $\gamma = 0.9$, learning rate $10^{-2}$ and 2000 steps. Seeds 0 to 9 (the
+# emergence chapter's) are used to look inside and to fit constants; seeds 10 to 19, which no other
+# page shows, to test predictions. The test suite checks the same claims on seeds 100 to 109.
 #
 # ::: {.callout-note}
 # **What this page finds** (each statement is asserted below from saved runs or executed cells).
-# At the specification's settings a trained model is not $\theta^*$ and does not run TD iterates.
+# In the `EMERGENCE` configuration a trained model is not $\theta^*$ and does not run TD iterates.
 # One of its three layers, a different one in different seeds, keeps uniform attention and adds a
 # state-blind baseline; the other two add state-dependent corrections through partly diagonal
 # attention, and the first layers rewrite the feature and reward rows of the tokens. Its output is
 # predicted, on models it was not fitted to, by a *two-step lookahead*: an affine combination of the
 # context's mean reward and the kernel-smoothed reward at the state and at its successor, with four
 # constants; it predicts the output's shape markedly better than the best-fitting $\theta^*$ or
-# certainty equivalence. No trained layer meets chapter 5's kernel-diagonality condition. Training
-# started at $\theta^*$ leaves it: $\theta^*$ is an unstable point of the mean TD dynamics, at
-# $n = \infty$ and at the training context $n = 30$. A learned shared layer is tuned to its training
-# depth and diverges when iterated further. Trained far longer than the emergence chapter, at
-# three learning rates with a stopping rule, the metrics have not all stopped moving, but the
-# anatomy and the learned estimator are the same where they are measured. With 12 or 16 separate
-# layers, training at the emergence chapter's learning rate blows up in some seeds. Against Monte-Carlo, supervised and temporally shuffled controls,
-# what TD pretraining adds is more of the value *shape*, not a lower value error.
+# certainty equivalence. No trained layer meets chapter 5's kernel-diagonality condition. Against
+# Monte-Carlo, supervised and temporally shuffled controls, what TD pretraining adds is more of the
+# value *shape*, not a lower value error. Training started at $\theta^*$ leaves it: $\theta^*$ is an
+# unstable point of the mean TD dynamics, at $n = \infty$ and at the training context $n = 30$. A
+# learned shared layer is tuned to its training depth and diverges when iterated further. Trained far
+# longer than the emergence chapter, at three learning rates with a stopping rule, the metrics have
+# not all stopped moving, but the anatomy and the learned estimator are the same where they are
+# measured. With 12 or 16 separate layers, training at the emergence chapter's learning rate blows up
+# in some seeds.
 # :::
 
 # %% [markdown]
-# ## Saved runs, with their provenance
+# ### The saved runs
 #
-# Training is slow for this page, so the runs it studies are trained by `run_mechanism_study`
-# and saved under `nbs/data/` with the command, the git commit and the date that made them. A
-# saved run holds the configuration, the seed and the final parameters; the models are rebuilt
-# from them exactly.
-
-# %%
-#| export
-def provenance(command:str,  # the command that produced the file
-              )->dict:       # command, git commit, UTC date, Python and torch versions
-    "What a saved result records about how it was made."
-    try: commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError): commit = "unknown"
-    return dict(command=command, commit=commit, date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                python=sys.version.split()[0], torch=torch.__version__)
-
-HISTORY_KEYS = ("step", "msve", "neu_population", "diagonality", "value_weights")  # the metrics a saved run keeps
-
-def save_runs(results:list,         # `PretrainResult`s
-              history:bool=False,   # also keep the metrics at every evaluation (else only the final ones)
-             )->list:               # one dict per run: config, params (nested lists), final metrics (and history)
-    "Runs as plain JSON-ready dicts: configuration and final parameters."
-    out = []
-    for r in results:
-        p = model_params(r.model)
-        out.append(dict(config=dataclasses.asdict(r.config), params={k: v[0].tolist() for k, v in p.items()},
-                        final={k: r.history[k][-1].tolist() for k in HISTORY_KEYS[1:]},
-                        **(dict(history={k: r.history[k].tolist() for k in HISTORY_KEYS}) if history else {})))
-    return out
-
-def load_models(runs:list,  # output of `save_runs` (e.g. read from a JSON file)
-               )->list:     # (PretrainConfig, model) per run
-    "Rebuild each saved run's configuration and trained model."
-    out = []
-    for r in runs:
-        c = PretrainConfig(**r["config"])
-        out.append((c, get_family(c.attention).module(c, {k: torch.tensor(v, dtype=torch.float64) for k, v in r["params"].items()})))
-    return out
-
+# Training is slow for this page, so the runs it studies were trained by `run_mechanism_study` and
+# saved in `nbs/data/mechanism_runs.json` with the command, the git commit and the date that made
+# them. A saved run holds the configuration, the seed and the final parameters; `load_models` rebuilds
+# the models from them exactly (both are defined in [chapter 6c](mechanism_studies.html)).
 
 # %%
 saved = json.loads(Path("data/mechanism_runs.json").read_text())
@@ -167,33 +151,23 @@ floor = (ct.d_pi * (ct.v_pi - (ct.d_pi * ct.v_pi).sum(-1, keepdim=True)).square(
 test_close(centred_msve(torch.full_like(ct.v_pi, 3.), ct), floor, eps=1e-12)
 test_close(centred_msve(ct.v_pi + 7., ct), torch.zeros(32, dtype=torch.float64), eps=1e-12)
 test_close(centred_msve(2 * ct.v_pi, ct), floor, eps=1e-12)
-test_fail(lambda: centred_msve(ct.v_pi[:, :3], ct), contains="`v_hat` must have shape")
-
-
-# %%
-#| export
-def gap_measures(config:PretrainConfig,  # the run's settings
-                 model,                  # its trained model
-                )->dict:                 # mean over held-out tasks of each measure
-    "MSVE and centred MSVE of the model and of the baselines on a run's held-out tasks, with its final value weights."
-    tasks, states, Z = held_out_prompts(config)
-    with torch.no_grad(): v = model.predict(Z, n=config.n)
-    preds = {"trained": v, "context mean": context_mean_values(tasks, states), "certainty equivalence": certainty_equivalence_values(tasks, states),
-             "best constant": (tasks.d_pi * tasks.v_pi).sum(-1, keepdim=True).expand_as(tasks.v_pi)}
-    out = {f"msve {k}": msve_of(p, tasks).mean().item() for k, p in preds.items()}
-    out.update({f"cmsve {k}": centred_msve(p, tasks).mean().item() for k, p in preds.items()})
-    out["value_weights"] = model.value_weights().tolist()
-    return out
 
 
 # %% [markdown]
-# ## Looking inside: the value row after every layer
+# ## The anatomy of a trained model
 #
-# A layer of the model adds $(V^{cur} Z + V^{tgt} Z \Pi) S$ to every token: it can write any row,
+# Before comparing the models with any algorithm, we look at what each of their three layers does:
+# which rows of the tokens it writes, how selective its attention is, and what is lost when it is
+# knocked out. The probes are functions of a model, defined here with a check each.
+
+# %% [markdown]
+# ### Probes: the value row after every layer
+#
+# A layer of the model adds $(V^{\mathrm{cur}} Z + V^{\mathrm{tgt}} Z \Pi) S$ to every token: it can write any row,
 # not only the value row that $\theta^*$ writes. `layer_values` reads the value row of the query
 # columns after each layer, `row_writes` measures how much each layer writes into each row (the
 # mean absolute change at the query columns), and `knockout` removes one layer, either entirely
-# (`"identity"`: $V^{cur} = V^{tgt} = 0$) or only its selectivity (`"uniform"`: $A = 0$, so the
+# (`"identity"`: $V^{\mathrm{cur}} = V^{\mathrm{tgt}} = 0$) or only its selectivity (`"uniform"`: $A = 0$, so the
 # layer attends uniformly to the context and still writes).
 
 # %%
@@ -239,7 +213,6 @@ test_close(layer_values(knockout(toy, 1, "identity"), toy_Z, 30)[2], layer_value
 test_eq(row_writes(knockout(toy, 2, "identity"), toy_Z, 30)[2], torch.zeros(6, dtype=torch.float64))
 star1 = SoftmaxICTD.from_theta_star(4, 2, torch.eye(4, dtype=torch.float64), 1., 0.9)
 test_eq((row_writes(star1, toy_Z, 30)[:, :5] == 0).all(), True)
-test_fail(lambda: knockout(toy, 3, "uniform"), contains="`layer` must lie in [0, 3)")
 
 
 # %% [markdown]
@@ -248,9 +221,10 @@ test_fail(lambda: knockout(toy, 3, "uniform"), contains="`layer` must lie in [0,
 # layer, the share of the variance of its value-row write that lies *between* tasks (1: the same
 # number at every state of a task). And under uniform attention the mean of the successors' values
 # over the context equals the mean of the current values up to one column, so such a layer cannot
-# tell its successor weight $b$ from its current weight $c$: only $b + c$ matters.
-# `swap_weights` moves weight $t$ from the current to the successor head,
-# $(b, c) \to (b + t, c - t)$, which changes a uniform layer's output little and a selective
+# tell its successor-value weight $u_{\mathrm{tgt}}$ from its current-value weight $u_{\mathrm{cur}}$ (the value-row
+# entries of $V^{\mathrm{tgt}}$ and $V^{\mathrm{cur}}$): only $u_{\mathrm{tgt}} + u_{\mathrm{cur}}$ matters.
+# `swap_weights` moves weight $\Delta u$ from the current to the successor head,
+# $(u_{\mathrm{tgt}}, u_{\mathrm{cur}}) \to (u_{\mathrm{tgt}} + \Delta u, u_{\mathrm{cur}} - \Delta u)$, which changes a uniform layer's output little and a selective
 # layer's output a lot.
 
 # %%
@@ -269,8 +243,8 @@ def write_constancy(model:SoftmaxICTD,  # the model
 def swap_weights(model:SoftmaxICTD,  # the model (not changed)
                  layer:int,          # the layer whose value weights to change (0-based)
                  t:float,            # weight moved from the current-value to the successor-value head
-                )->SoftmaxICTD:      # a copy with (b, c) -> (b + t, c - t) in that layer
-    "A copy of `model` whose layer `layer` has successor weight b + t and current weight c - t."
+                )->SoftmaxICTD:      # a copy with (u_tgt, u_cur) -> (u_tgt + t, u_cur - t) in that layer
+    "A copy of `model` whose layer `layer` has successor-value weight u_tgt + t and current-value weight u_cur - t."
     m, d = copy.deepcopy(model), model.d
     with torch.no_grad():
         m.layer(layer).V_tgt[d + 1, d + 1] += t
@@ -279,16 +253,13 @@ def swap_weights(model:SoftmaxICTD,  # the model (not changed)
 
 
 # %%
-show_doc(write_constancy)
-
-# %%
 test_close(swap_weights(toy, 1, 0.3).value_weights()[1] - toy.value_weights()[1], torch.tensor([0., 0.3, -0.3], dtype=torch.float64), eps=1e-12)
 flat_toy = knockout(knockout(toy, 1, "uniform"), 2, "uniform")
 test_close(write_constancy(knockout(flat_toy, 0, "uniform"), toy_Z, 30), torch.ones(3, dtype=torch.float64), eps=1e-9)
 
 
 # %% [markdown]
-# ## The learned kernel at $n = \infty$
+# ### The learned kernel at $n = \infty$
 #
 # Chapter 5's theory is about the population attention $M$ of a layer: row $x$ is the query state
 # $x$, column $y$ the key state $y$, in the limit of an infinitely long stationary context.
@@ -332,8 +303,8 @@ test_close(learned_kernel(knockout(toy, 0, "uniform"), kt)[0], kt.d_pi[:, None, 
 # reports, per layer, the minimum diagonal (averaged over tasks, with the share of tasks where the
 # condition holds), and two span coefficients (Proposition 5.2): $\operatorname{sc}(B)$ of the TD error matrix
 # $B = I - M(I - \gamma P)$ the learned kernel would give inside $\theta^*$ ($\alpha = 1$), and
-# $\operatorname{sc}(B_\ell)$ of the layer's own linear map on the value row,
-# $B_\ell = I + M(c\, I + b\, P)$ with its learned successor and current weights $(b, c)$; a span
+# $\operatorname{sc}(B_l)$ of layer $l$'s own linear map on the value row,
+# $B_l = I + M(u_{\mathrm{cur}} I + u_{\mathrm{tgt}} P)$ with its learned current- and successor-value weights; a span
 # constant below 1 means the map contracts differences between states.
 
 # %%
@@ -355,22 +326,19 @@ def kernel_condition(model:SoftmaxICTD,  # a trained model
 
 
 # %%
-show_doc(kernel_condition)
-
-# %%
 kc = kernel_condition(SoftmaxICTD.from_theta_star(10, 2, 50. * torch.eye(10, dtype=torch.float64), 1., 0.9), random_tasks(4, seed=1, features="onehot"))
 test_eq(kc["share_meeting"], [1., 1.])
 test_close(torch.tensor(kc["span_td"]), torch.full((2,), 0.9, dtype=torch.float64), eps=1e-6)
 
 
 # %% [markdown]
-# ### The anatomy of ten trained models
+# ### Ten trained models, layer by layer
 #
 # `layer_anatomy` collects, for one trained model on its held-out prompts, every per-layer probe:
 # the population diagonality (the mean of $M(x, x)$ of the learned kernel
 # above; uniform attention gives $1/s$), the rows written, the
 # constancy of the value-row write, and the value error after each knockout and after the swap
-# $t = 1/2$, as ratios to the intact model's.
+# $\Delta u = 1/2$, as ratios to the intact model's.
 
 # %%
 #| export
@@ -389,38 +357,64 @@ def layer_anatomy(config:PretrainConfig,  # the run's settings
                 identity=[err(knockout(model, l, "identity")) / base for l in range(L)], uniform=[err(knockout(model, l, "uniform")) / base for l in range(L)],
                 swap=[err(swap_weights(model, l, t)) / base for l in range(L)], value_weights=model.value_weights().tolist())
 
-def anatomy_table(rows:list)->str:
-    "A markdown table of `layer_anatomy` rows, one per seed; the uniform layer in bold."
-    f = lambda xs, u, fmt: ", ".join(("**" + format(x, fmt) + "**") if i in u else format(x, fmt) for i, x in enumerate(xs))
-    out = ["| seed | diagonality per layer | value-write constancy | identity knockout (MSVE ratio) | uniform knockout | swap $t = 1/2$ | writes: features / reward / value |",
-           "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        u = {i for i, x in enumerate(r["diagonality"]) if x < UNIFORM_BELOW}
-        w = "; ".join(f"{a:.2f} / {b:.2f} / {c:.2f}" for a, b, c in zip(r["feature_writes"], r["reward_writes"], r["value_writes"]))
-        out.append(f"| {r['seed']} | {f(r['diagonality'], u, '.2f')} | {f(r['constancy'], u, '.3f')} | {f(r['identity'], u, '.2f')} | "
-                   f"{f(r['uniform'], u, '.3f')} | {f(r['swap'], u, '.3f')} | {w} |")
-    return "\n".join(out)
 
+# %% [markdown]
+# A worked example first: every probe of one trained model (seed 0), read layer by layer.
 
 # %%
 anatomy = [layer_anatomy(c, m) for c, m in fit_runs]
-Markdown(anatomy_table(anatomy))
+ex = anatomy[0]
+u0 = min(range(len(ex["diagonality"])), key=lambda l: ex["diagonality"][l])
+others = [l for l in range(len(ex["diagonality"])) if l != u0]
+Markdown(f"Seed {ex['seed']} has a held-out MSVE of {ex['msve']:.3f}. The learned kernel of layer {u0 + 1} has a mean diagonal of {ex['diagonality'][u0]:.2f}, "
+         f"at the level $1/s = 0.1$ of uniform attention; layers {' and '.join(str(l + 1) for l in others)} reach "
+         f"{' and '.join(format(ex['diagonality'][l], '.2f') for l in others)}. Layer {u0 + 1}'s write to the value row is nearly the same number at every "
+         f"state of a task (constancy {ex['constancy'][u0]:.3f}, against {' and '.join(format(ex['constancy'][l], '.3f') for l in others)}): it adds a "
+         f"baseline that does not depend on the state. Knocking it out entirely multiplies the error by {ex['identity'][u0]:.2f}, making its attention uniform "
+         f"changes the error by a factor {ex['uniform'][u0]:.3f} (it already is uniform), and moving weight $1/2$ between its successor- and current-value heads "
+         f"by a factor {ex['swap'][u0]:.3f}. The last layer writes only the value row (mean change {ex['feature_writes'][-1]:.2f} in the features, "
+         f"{ex['reward_writes'][-1]:.2f} in the reward, {ex['value_writes'][-1]:.2f} in the value); layer 2 writes {ex['feature_writes'][1]:.2f} into the features, "
+         f"which $\\theta^*$ never does.")
 
+# %% [markdown]
+# The same probes on all ten seeds, in three tables (per seed, one value per layer; the uniform layer in bold).
+# First the attention: the population diagonality of each layer's learned kernel (uniform attention gives
+# $1/s = 0.1$) and the constancy of its value-row write.
 
 # %%
-#| export
-def anatomy_counts(rows:list)->dict:
-    "The counts behind the anatomy claims: one uniform layer, its constant write, and the swap's effect by layer kind."
-    diag = torch.tensor([r["diagonality"] for r in rows]); uniform = diag < UNIFORM_BELOW
-    cons, swap = torch.tensor([r["constancy"] for r in rows]), (torch.tensor([r["swap"] for r in rows]) - 1).abs()
-    later = torch.zeros_like(uniform); later[:, 1:] = True               # layer 1 reads a zero value row: its swap is void
-    return dict(n_seeds=len(rows), one_uniform_layer=int((uniform.sum(-1) == 1).sum()), uniform_position=[int(u.nonzero()[0]) + 1 if u.sum() == 1 else None for u in uniform],
-                uniform_constancy_min=cons[uniform].min().item(), selective_constancy_max=cons[~uniform].max().item(),
-                swap_uniform_max=swap[uniform & later].max().item(), swap_selective_median=swap[~uniform & later].median().item(),
-                selective_diagonality_min=diag[~uniform].min().item(), identity_min=torch.tensor([r["identity"] for r in rows]).min().item(),
-                uniform_knockout_max=(torch.tensor([r["uniform"] for r in rows]) - 1).abs()[uniform].max().item(),
-                uniform_removal_worst=int((torch.tensor([r["identity"] for r in rows]).argmax(-1) == diag.argmin(-1)).sum()))
+Markdown(anatomy_table(anatomy, "attention"))
 
+# %% [markdown]
+# The figure shows the same two columns for all thirty layers at once: the message of the anatomy in one picture.
+
+# %%
+#| fig-cap: "Figure 6b.1: in each trained model one layer, a different one across seeds, attends almost uniformly and writes nearly the same number at every state of a task; the other layers attend selectively and write state-dependent corrections."
+#| fig-alt: "Scatter plot of the 30 layers of ten trained models: the population diagonality of the layer's learned kernel on the horizontal axis against the constancy of its value-row write on the vertical axis, with circles, triangles and squares for layers 1, 2 and 3. Ten points, one per model and from all three positions, sit at diagonality about 0.1 and constancy near 1, left of a dashed line at the uniform threshold; the other twenty spread over diagonality 0.2 to 0.7 and constancy 0.17 to 0.96."
+fig, ax = plt.subplots(figsize=(6.4, 4.2))
+diag_all, cons_all = torch.tensor([r["diagonality"] for r in anatomy]), torch.tensor([r["constancy"] for r in anatomy])
+for l, (marker, colour) in enumerate(zip("o^s", ("#0072B2", "#E69F00", "#009E73"))):
+    ax.scatter(diag_all[:, l], cons_all[:, l], marker=marker, color=colour, s=50, alpha=0.85, label=f"layer {l + 1}")
+ax.axvline(UNIFORM_BELOW, color="k", ls="--", lw=0.8)
+ax.text(UNIFORM_BELOW + 0.01, 0.25, f"uniform below {UNIFORM_BELOW}", fontsize=9, rotation=90, va="bottom")
+ax.set(xlabel="population diagonality of the layer's kernel (mean of $M(x, x)$)", ylabel="constancy of the value-row write", xlim=(0, 0.75), ylim=(0, 1.05))
+ax.legend(loc="lower right"); fig.tight_layout()
+
+# %% [markdown]
+# Then what knocking a layer out does to the value error (ratios to the intact model's MSVE): removing
+# the layer ($V^{\mathrm{cur}} = V^{\mathrm{tgt}} = 0$), making its attention uniform ($A = 0$), and moving
+# weight $\Delta u = 1/2$ from its current-value to its successor-value head:
+
+# %%
+Markdown(anatomy_table(anatomy, "knockouts"))
+
+# %% [markdown]
+# And how much each layer writes into the feature, reward and value rows at the query columns (mean absolute change):
+
+# %%
+Markdown(anatomy_table(anatomy, "writes"))
+
+# %% [markdown]
+# The check: the counts behind the anatomy (computed by `anatomy_counts`), asserted over the ten seeds.
 
 # %%
 anat = anatomy_counts(anatomy)
@@ -436,11 +430,11 @@ anat
 
 # %%
 Markdown(f"In {anat['one_uniform_layer']} of {anat['n_seeds']} seeds exactly one of the three layers keeps its attention near the uniform level "
-         f"$1/s = 0.1$ (bold in the table; population diagonality below {UNIFORM_BELOW}), and which layer it is varies from seed to seed "
+         f"$1/s = 0.1$ (bold in the tables, left of the dashed line in Figure 6b.1; population diagonality below {UNIFORM_BELOW}), and which layer it is varies from seed to seed "
          f"(positions {anat['uniform_position']}). That layer's value-row write is nearly the same number at every state of a task "
          f"(constancy at least {anat['uniform_constancy_min']:.3f}, against at most {anat['selective_constancy_max']:.3f} for the selective layers): it adds "
          f"a context-wide baseline, a weighted sum of the context's mean reward and mean values. Making it uniform changes the error by at most "
-         f"{anat['uniform_knockout_max']:.1%} (it already is uniform), and moving weight $1/2$ between its successor and current heads changes the error by at most "
+         f"{anat['uniform_knockout_max']:.1%} (it already is uniform), and moving weight $\Delta u = 1/2$ between its successor and current heads changes the error by at most "
          f"{anat['swap_uniform_max']:.1%}, against a median {anat['swap_selective_median']:.1%} for the selective layers after the first: in a uniform layer "
          f"the successor and current weights are not separately determined, only their sum is. Removing any layer outright multiplies the error by at least "
          f"{anat['identity_min']:.2f}; removing the uniform layer costs the most in {anat['uniform_removal_worst']} of {anat['n_seeds']} seeds: the baseline it "
@@ -456,9 +450,11 @@ Markdown(f"In {anat['one_uniform_layer']} of {anat['n_seeds']} seeds exactly one
 # %%
 conditions = [kernel_condition(m, held_out_prompts(c)[0]) for c, m in fit_runs]
 cond = {k: torch.tensor([r[k] for r in conditions], dtype=torch.float64) for k in ("min_diagonal", "share_meeting", "mean_diagonal", "span_td", "span_own")}
-Markdown("| layer | mean $M(x, x)$ | min$_x M(x, x)$, mean over seeds [max] | threshold | share of tasks meeting it | span coefficient $\\mathrm{sc}(I - M(I - \\gamma P))$ | span coefficient $\\mathrm{sc}(I + M(cI + bP))$ |\n|---|---|---|---|---|---|---|\n" +
+Markdown("| layer | mean $M(x, x)$ | min$_x M(x, x)$, mean over seeds [max] | threshold | share of tasks meeting it |\n|---|---|---|---|---|\n" +
          "\n".join(f"| {l + 1} | {cond['mean_diagonal'][:, l].mean():.2f} | {cond['min_diagonal'][:, l].mean():.3f} [{cond['min_diagonal'][:, l].max():.3f}] | {conditions[0]['threshold']:.2f} | "
-                   f"{cond['share_meeting'][:, l].mean():.0%} | {cond['span_td'][:, l].mean():.2f} | {cond['span_own'][:, l].mean():.2f} |" for l in range(3)))
+                   f"{cond['share_meeting'][:, l].mean():.0%} |" for l in range(3)) +
+         "\n\nThe span coefficients, mean over seeds:\n\n| layer | $\\mathrm{sc}(I - M(I - \\gamma P))$ | $\\mathrm{sc}(I + M(u_{\\mathrm{cur}} I + u_{\\mathrm{tgt}} P))$ |\n|---|---|---|\n" +
+         "\n".join(f"| {l + 1} | {cond['span_td'][:, l].mean():.2f} | {cond['span_own'][:, l].mean():.2f} |" for l in range(3)))
 
 # %%
 assert cond["share_meeting"].max() == 0 and cond["min_diagonal"].max() < conditions[0]["threshold"] / 2, cond
@@ -475,17 +471,20 @@ assert (cond["span_td"] > 1).all() and (cond["span_own"] >= 1 - 1e-9).all(), con
 # sections do.
 
 # %% [markdown]
-# ## Candidate estimators
+# ## The learned estimator
+#
+# ### Candidate estimators
 #
 # To say what the value row holds we compare it with estimators computed from the same context:
 #
 # * the **context mean** $\bar R$ (mean reward of the context);
 # * **certainty equivalence**, the value of the context's empirical MRP (it knows the states);
 # * the **reward at the query** $r(x)$ (from the task: an oracle of the one-step term);
-# * **$k$ TD iterates**: $\theta^*(\alpha, \beta I)$ with $k$ layers, $(\alpha, \beta)$ fitted;
-# * a **two-step lookahead**: with the kernel $K_\beta(x, j) \propto \exp(\beta \phi(x)^\top \phi(S_j))$
-#   over the context's keys, the smoothed reward $\hat r_\beta(x) = \sum_j K_\beta(x, j) R_j$ and the
-#   smoothed *next* reward $\hat r^+_\beta(x) = \sum_j K_\beta(x, j) R_{j+1}$ (zero after the last key).
+# * **TD iterates**: $\theta^*(\alpha, \beta I)$ with as many layers as the model has applied, $(\alpha, \beta)$ fitted;
+# * a **two-step lookahead**: with the softmax weights $K_k(x) \propto \exp(\beta\, \phi(x)^\top \phi(S_{k-1}))$
+#   of the context's transitions $k = 1, \dots, n$ for a target state $x$ (Definition 1.1 with $W = \beta I$),
+#   the smoothed reward $\tilde r_\beta(x) = \sum_k K_k(x) R_k$ and the smoothed *next* reward
+#   $\tilde r^+_\beta(x) = \sum_k K_k(x) R_{k+1}$ (with $R_{n+1} = 0$).
 #
 # Each is compared with the value row through the best affine map (scale and offset fitted by
 # $d_\pi$-weighted least squares), and scored by its $R^2$.
@@ -524,13 +523,11 @@ def weighted_r2(y, y_hat, w)->float:
 # %% [markdown]
 # `probe_layers` scores every candidate against the value row after every layer of one model, on
 # its run's held-out prompts (every state a query). For the TD iterates the candidate after layer
-# $\ell$ is $\theta^*$ with $\ell$ layers, $(\alpha, \beta)$ chosen on the grid of the emergence
+# $l$ is $\theta^*$ with $l$ layers, $(\alpha, \beta)$ chosen on the grid of the emergence
 # chapter to fit that value row best.
 
 # %%
 #| export
-from ictd.emergence import ALPHAS, BETAS, theta_star_model
-
 def _td_iterates(config, Z, k, target, w):
     "The k-layer theta*(alpha, beta I) output of best affine fit to `target`, over the emergence grid."
     best = None
@@ -569,7 +566,7 @@ def probe_layers(config:PretrainConfig,  # the run's settings
 
 
 # %% [markdown]
-# ## The learned estimator, fitted and then used to predict
+# ### Fitted, then used to predict
 #
 # `fit_estimators` fits, pooled over a set of trained models, the constants of each candidate:
 # the affine maps of the context mean and of certainty equivalence, $\theta^*(\alpha, \beta I)$ at
@@ -651,26 +648,6 @@ def prediction_errors(fitted:dict,  # output of `fit_estimators`
 # %%
 show_doc(fit_estimators)
 
-
-# %% [markdown]
-# A check: fitted to a model that *is* the lookahead's own form, the fit recovers it. Here the
-# "model" is replaced by the lookahead values themselves, and the relative prediction error on
-# other tasks is zero.
-
-# %%
-class _Lookahead(torch.nn.Module):
-    "A stand-in model whose outputs are lookahead values with given constants."
-    def __init__(self, config, coef, beta): super().__init__(); self.config, self.coef, self.beta = config, coef, beta
-    def predict(self, Z, n=None):
-        tasks, states, _ = held_out_prompts(self.config)
-        return affine_predict(self.coef, lookahead_features(tasks, states, self.beta))
-small = dataclasses.replace(EMERGENCE, eval_tasks=16)
-fake = [(dataclasses.replace(small, seed=k), _Lookahead(dataclasses.replace(small, seed=k), torch.tensor([0.1, 5., 1., 0.5], dtype=torch.float64), 4.)) for k in range(3)]
-fitted_fake = fit_estimators(fake[:2])
-test_eq(fitted_fake["lookahead"]["beta"], 4.)
-test_close(torch.tensor(fitted_fake["lookahead"]["coef"], dtype=torch.float64), torch.tensor([0.1, 5., 1., 0.5], dtype=torch.float64), eps=1e-9)
-test_close(prediction_errors(fitted_fake, fake[2:])["lookahead, centred"], torch.zeros(1, dtype=torch.float64), eps=1e-12)
-
 # %% [markdown]
 # ### What the value row holds, layer by layer
 #
@@ -720,11 +697,11 @@ beats
 # The learned algorithm, stated as an estimator (the constants are the fitted ones above):
 
 # %%
-c0, cR, c1, c2 = fitted["lookahead"]["coef"]
-Markdown(f"$$\\hat v(x) = {c0:+.3f} {cR:+.2f}\\,\\bar R {c1:+.2f}\\,\\hat r_\\beta(x) {c2:+.2f}\\,\\hat r^+_\\beta(x), \\qquad \\beta = {fitted['lookahead']['beta']:g},$$\n\n"
-         f"with $\\bar R$ the context's mean reward, $\\hat r_\\beta(x) = \\sum_j K_\\beta(x, j) R_j$ and $\\hat r^+_\\beta(x) = \\sum_j K_\\beta(x, j) R_{{j+1}}$, "
-         f"$K_\\beta(x, \\cdot) = \\mathrm{{softmax}}_j\\big(\\beta\\, \\phi(x)^\\top \\phi(S_j)\\big)$. A reading: the value is a two-step lookahead, the smoothed reward at the "
-         f"state and at its successor, plus a tail paid at the context's average rate, {cR:.2f} times $\\bar R$, against the "
+b0, bR, b1, b2 = fitted["lookahead"]["coef"]
+Markdown(f"$$\\hat v(x) = {b0:+.3f} {bR:+.2f}\\,\\bar R {b1:+.2f}\\,\\tilde r_\\beta(x) {b2:+.2f}\\,\\tilde r^+_\\beta(x), \\qquad \\beta = {fitted['lookahead']['beta']:g},$$\n\n"
+         f"with $\\bar R$ the context's mean reward, $\\tilde r_\\beta(x) = \\sum_k K_k(x) R_k$ and $\\tilde r^+_\\beta(x) = \\sum_k K_k(x) R_{{k+1}}$, "
+         f"$K_k(x) = \\mathrm{{softmax}}_k\\big(\\beta\\, \\phi(x)^\\top \\phi(S_{{k-1}})\\big)$. A reading: the value is a two-step lookahead, the smoothed reward at the "
+         f"state and at its successor, plus a tail paid at the context's average rate, {bR:.2f} times $\\bar R$, against the "
          f"$\\gamma^2 / (1 - \\gamma) = {0.81 / 0.1:.1f}$ times the stationary mean reward of an exact two-step lookahead with the mean tail. "
          f"On ten models it was not fitted to, it leaves {look_c.mean():.0%} of the variance of their value *shape* unexplained, against "
          f"{pred['theta*, centred'].mean():.0%} for the best-fitting $\\theta^*$ (α = {fitted['theta*']['alpha']:g}, β = {fitted['theta*']['beta']:g}) and "
@@ -732,119 +709,36 @@ Markdown(f"$$\\hat v(x) = {c0:+.3f} {cR:+.2f}\\,\\bar R {c1:+.2f}\\,\\hat r_\\be
 
 
 # %% [markdown]
-# ## Where the value shape matters: the gap map
-#
-# The [emergence chapter](emergence.html)'s oracle constant beats the trained models on MSVE,
-# because MSVE is mostly the value *level*. The centred error asks about the shape. The gap map
-# (saved by `run_gap_map`, ten seeds per cell, 2000 steps each) changes one or two settings of
-# `EMERGENCE` at a time: the context length $n$ (30 and 300), the discount (0.5 and 0.9), one-hot
-# features (on the same chains as the random features of the same seed: chapter 0), and twice the states. The "shape explained" is $1 - \mathrm{cMSVE}/\mathrm{Var}_{d_\pi}(v_\pi)$,
-# zero for every constant.
-
-# %%
-#| export
-def gap_table(cells:list,  # the `cells` of `mechanism_gap_map.json`
-             )->dict:      # change -> name -> (seeds,) tensor
-    "Per cell of the gap map: per-seed MSVE and shape explained of the trained model and certainty equivalence, and the TD sign pattern in the last selective layer."
-    from ictd.emergence import last_selective_layer
-    out = {}
-    for cell in cells:
-        rs = cell["runs"]
-        get = lambda k: torch.tensor([r[k] for r in rs], dtype=torch.float64)
-        vw, diag = torch.tensor([r["value_weights"] for r in rs], dtype=torch.float64), torch.tensor([r["diagonality"] for r in rs], dtype=torch.float64)
-        key = ", ".join(f"{k} = {v}" for k, v in cell["change"].items())
-        out[key] = {"MSVE trained": get("msve trained"), "MSVE context mean": get("msve context mean"), "MSVE best constant": get("msve best constant"),
-                    "MSVE certainty equivalence": get("msve certainty equivalence"),
-                    "shape explained, trained": 1 - get("cmsve trained") / get("cmsve best constant"),
-                    "shape explained, certainty equivalence": 1 - get("cmsve certainty equivalence") / get("cmsve best constant"),
-                    "pattern, last selective layer": sign_pattern(vw[torch.arange(len(rs)), last_selective_layer(diag)]).double(),
-                    "one uniform layer": ((diag < UNIFORM_BELOW).sum(-1) == 1).double()}
-    return out
-
-
-# %%
-gap_saved = json.loads(Path("data/mechanism_gap_map.json").read_text())
-gaps = gap_table(gap_saved["cells"])
-ms = lambda x: f"{x.mean():.3f} ± {x.std() / math.sqrt(len(x)):.3f}"
-Markdown(f"Made by `{gap_saved['provenance']['command']}` at commit `{gap_saved['provenance']['commit'][:10]}` on {gap_saved['provenance']['date'][:10]}.\n\n"
-         "| cell (change to EMERGENCE) | MSVE trained | MSVE best constant | MSVE cert. equiv. | shape explained, trained | shape explained, cert. equiv. | (+, +, −) in last selective layer | one uniform layer |\n|---|---|---|---|---|---|---|---|\n" +
-         "\n".join(f"| {k} | {ms(g['MSVE trained'])} | {ms(g['MSVE best constant'])} | {ms(g['MSVE certainty equivalence'])} | {ms(g['shape explained, trained'])} | "
-                   f"{ms(g['shape explained, certainty equivalence'])} | {int(g['pattern, last selective layer'].sum())} / {len(g['MSVE trained'])} | "
-                   f"{int(g['one uniform layer'].sum())} / {len(g['MSVE trained'])} |" for k, g in gaps.items()))
-
-
-# %%
-def _gamma(cell): return cell["config"]["gamma"]
-se_of = lambda x: (x.std() / math.sqrt(len(x))).item()
-gap_claims = {k: dict(gamma=_gamma(c), shape_z=g["shape explained, trained"].mean().item() / se_of(g["shape explained, trained"]),
-                      beats_constant_z=(g["MSVE best constant"] - g["MSVE trained"]).mean().item() / se_of(g["MSVE best constant"] - g["MSVE trained"]),
-                      shape_minus_ce=(g["shape explained, trained"] - g["shape explained, certainty equivalence"]).mean().item(),
-                      pattern=int(g["pattern, last selective layer"].sum()), one_uniform=int(g["one uniform layer"].sum()))
-              for (k, g), c in zip(gaps.items(), gap_saved["cells"])}
-assert all(c["shape_z"] > 2 and c["pattern"] >= 9 for c in gap_claims.values()), gap_claims
-assert all(c["one_uniform"] >= 9 for k, c in gap_claims.items() if c["gamma"] == 0.9 and "n_states" not in k), gap_claims
-assert all(c["one_uniform"] <= 1 for c in gap_claims.values() if c["gamma"] == 0.5), gap_claims
-gap_claims
-
-# %%
-beat = [k for k, c in gap_claims.items() if c["beats_constant_z"] > 2]
-lose = [k for k, c in gap_claims.items() if c["beats_constant_z"] < -2]
-over_ce = [k for k, c in gap_claims.items() if c["shape_minus_ce"] > 0]
-Markdown(f"Read across the map: in every cell the trained models explain a large part of the value shape (far from the zero of every constant), and the "
-         f"last selective layer shows $(+, +, -)$ in at least 9 of 10 seeds; the emergence chapter's sign-pattern claim, in this form, holds across the map. "
-         f"The single uniform layer depends on the discount: with $s = 10$ states it appears in (nearly) every seed at $\\gamma = 0.9$ and in (nearly) none at "
-         f"$\\gamma = 0.5$ (with twice the states, at $\\gamma = 0.9$, in "
-         f"{', '.join(str(c['one_uniform']) for k, c in gap_claims.items() if 'n_states' in k)} of 10 seeds; other discounts below). The trained models beat the oracle best constant on plain MSVE by more than two standard "
-         f"errors in the cells {'; '.join(beat) if beat else '(none)'}, and lose to it in {'; '.join(lose) if lose else '(none)'}: with a long horizon and a short "
-         f"context the level dominates the error and the oracle constant knows the level; elsewhere the shape, where TD structure lives, carries enough of the error "
-         f"for the trained model to win. Certainty equivalence explains more of the shape than the trained models in every cell but "
-         f"{'; '.join(over_ce) if over_ce else 'none'}.")
-
-
-# %% [markdown]
 # ## Controls: what is specific to TD?
 #
 # The same architecture, data and optimiser, trained with other targets at the query (the
 # [pretraining chapter](pretrain.html) defines them): Monte-Carlo returns, the true value
-# $v_\pi(s_q)$ (supervised), and TD with the successor drawn from $d_\pi$ independently of the
+# $v_\pi(x)$ at the query state $x$ (supervised), and TD with the successor drawn from $d_\pi$ independently of the
 # query, which keeps the rewards and removes the temporal structure. Saved by `run_control_study`;
-# the TD runs are the ten fitted above. Each objective's models get the same measures.
+# the TD runs are the ten fitted above. Each objective's models get the same measures: `gap_measures` gives a model's MSVE and centred
+# MSVE and those of the baselines on its held-out tasks, and `study_summary` turns them into per-seed
+# measures (its value-row sign pattern, its uniform layers).
 
 # %%
 #| export
-def study_summary(runs:list,  # (config, model) pairs of one setting
-                 )->dict:     # name -> (seeds,) tensor
-    "The measures of the controls, the dynamics and the depth sweep, per seed, from the models themselves."
-    from ictd.emergence import last_selective_layer
-    rows = []
-    for c, m in runs:
-        tasks, states, Z = held_out_prompts(c)
-        g = gap_measures(c, m)
-        diag = learned_kernel(m, tasks).diagonal(dim1=-2, dim2=-1).mean((-2, -1))
-        vw = m.value_weights()
-        rows.append([g["msve trained"], 1 - g["cmsve trained"] / g["cmsve best constant"], float((diag < UNIFORM_BELOW).sum() == 1),
-                     float(sign_pattern(vw[last_selective_layer(diag[None])[0]])), float(sign_pattern(vw[-1])), diag.max().item(), float((diag < UNIFORM_BELOW).sum())])
-    t = torch.tensor(rows, dtype=torch.float64).T
-    return dict(zip(("MSVE", "shape explained", "one uniform layer", "pattern, last selective layer", "pattern, last layer", "largest layer diagonality", "uniform layers"), t))
-
-def summary_table(summaries:dict,  # name -> `study_summary`
-                  label:str,       # the first column's heading
-                 )->str:
-    "A markdown table of `study_summary` results: means ± s.e. and counts over seeds."
-    out = [f"| {label} | MSVE | shape explained | one uniform layer | (+, +, −) last selective layer | (+, +, −) last layer | largest layer diagonality |", "|---|---|---|---|---|---|---|"]
-    for k, sm in summaries.items():
-        m = len(sm["MSVE"])
-        se = lambda x: f"{x.mean():.3f} ± {x.std() / math.sqrt(m):.3f}"
-        out.append(f"| {k} | {se(sm['MSVE'])} | {se(sm['shape explained'])} | {int(sm['one uniform layer'].sum())} / {m} | "
-                   f"{int(sm['pattern, last selective layer'].sum())} / {m} | {int(sm['pattern, last layer'].sum())} / {m} | {se(sm['largest layer diagonality'])} |")
-    return "\n".join(out)
+def gap_measures(config:PretrainConfig,  # the run's settings
+                 model,                  # its trained model
+                )->dict:                 # mean over held-out tasks of each measure
+    "MSVE and centred MSVE of the model and of the baselines on a run's held-out tasks, with its final value weights."
+    tasks, states, Z = held_out_prompts(config)
+    with torch.no_grad(): v = model.predict(Z, n=config.n)
+    preds = {"trained": v, "context mean": context_mean_values(tasks, states), "certainty equivalence": certainty_equivalence_values(tasks, states),
+             "best constant": (tasks.d_pi * tasks.v_pi).sum(-1, keepdim=True).expand_as(tasks.v_pi)}
+    out = {f"msve {k}": msve_of(p, tasks).mean().item() for k, p in preds.items()}
+    out.update({f"cmsve {k}": centred_msve(p, tasks).mean().item() for k, p in preds.items()})
+    out["value_weights"] = model.value_weights().tolist()
+    return out
 
 
 # %%
 ctrl_saved = json.loads(Path("data/mechanism_controls.json").read_text())
 controls = {"td": study_summary(fit_runs)} | {k: study_summary(load_models(v["runs"])) for k, v in ctrl_saved["studies"].items()}
 Markdown(f"Made by `{ctrl_saved['provenance']['command']}` at commit `{ctrl_saved['provenance']['commit'][:10]}` on {ctrl_saved['provenance']['date'][:10]}.\n\n" + summary_table(controls, "objective"))
-
 
 # %% [markdown]
 # "Specific to TD" is a comparison of counts between two sets of ten seeds. We test it with a
@@ -853,33 +747,9 @@ Markdown(f"Made by `{ctrl_saved['provenance']['command']}` at commit `{ctrl_save
 # step-down procedure.
 
 # %%
-#| export
-def fisher_greater(k1:int, m1:int,  # successes and seeds of the first group
-                   k2:int, m2:int,  # successes and seeds of the second group
-                  )->float:         # one-sided p-value of "the first group's rate is larger"
-    "Fisher's exact test, one-sided: P(X >= k1) for X hypergeometric with the observed margins."
-    K, N = k1 + k2, m1 + m2
-    return sum(math.comb(K, x) * math.comb(N - K, m1 - x) for x in range(k1, min(K, m1) + 1)) / math.comb(N, m1)
-
-def holm(pvalues:dict,  # name -> p-value
-        )->dict:        # name -> Holm-adjusted p-value
-    "Holm's step-down adjustment of a family of p-values."
-    order, out, running = sorted(pvalues, key=pvalues.get), {}, 0.
-    for i, k in enumerate(order):
-        running = max(running, min(1., (len(order) - i) * pvalues[k]))
-        out[k] = running
-    return out
-
-
-# %%
-test_close(fisher_greater(10, 10, 0, 10), 1 / math.comb(20, 10), eps=1e-15)
-test_eq(fisher_greater(0, 10, 5, 10), 1.)
-test_close(fisher_greater(7, 10, 2, 10), sum(math.comb(9, x) * math.comb(11, 10 - x) for x in range(7, 10)) / math.comb(20, 10), eps=1e-15)
-test_eq(holm({"a": 0.01, "b": 0.04, "c": 0.03}), {"a": 0.03, "c": 0.06, "b": 0.06})
-
-# %%
 ctrl_tests = {meas: holm({k: fisher_greater(int(controls["td"][meas].sum()), 10, int(sm[meas].sum()), 10) for k, sm in controls.items() if k != "td"})
               for meas in ("pattern, last selective layer", "pattern, last layer", "one uniform layer")}
+ms = lambda x: f"{x.mean():.3f} ± {x.std() / math.sqrt(len(x)):.3f}"
 diff_z = lambda a, b: ((a.mean() - b.mean()) / math.hypot(a.std() / math.sqrt(len(a)), b.std() / math.sqrt(len(b)))).item()
 ctrl_z = {k: dict(shape=diff_z(controls["td"]["shape explained"], sm["shape explained"]), msve=diff_z(controls["td"]["MSVE"], sm["MSVE"]))
           for k, sm in controls.items() if k != "td"}
@@ -904,18 +774,192 @@ Markdown(f"What is specific to TD, against these nulls (Holm-adjusted one-sided 
          f"({int(controls['td']['one uniform layer'].sum())} of 10 seeds; adjusted p against the controls "
          f"{', '.join(f'{k} {v:.3f}' for k, v in t['one uniform layer'].items())}).")
 
+# %% [markdown]
+# ## Further experiments
+#
+# Five more questions, each answered from saved runs: does the structure above survive training to
+# convergence? What does depth change? Is $\theta^*$ an attractor of pretraining? What does a learned
+# *shared* layer do when it is iterated? And where, across settings, does a trained model know more
+# than the value level?
 
 # %% [markdown]
-# ## Dynamics at $\theta^*$
+# ### Experiment 1: trained to convergence
 #
-# Is $\theta^*$ an attractor of pretraining, or only a point where NEU is small in a limit? Two
+# **Question.** The runs above stop at the 2000 steps of `EMERGENCE`. Is their structure where training
+# *ends*, or a stage it passes through?
+#
+# **Setup.** A stopping rule, applied to a sweep over the learning rate ($3 \cdot 10^{-3}$, $10^{-2}$,
+# $3 \cdot 10^{-2}$) and the number of steps in the `EMERGENCE` configuration, ten seeds (0 to 9) per rate.
+#
+# **The stopping rule** [ours]. Every `eval_every` steps the training loop records each seed's
+# held-out MSVE, the mean diagonality of every layer and the last layer's value weights. For a
+# window of $T_{\mathrm{win}}$ steps, a metric $\psi$ *has moved* at training step $\sigma$ when
+# $|\overline{\Delta}| + 2\,\mathrm{s.e.}(\overline{\Delta}) \ge \mathrm{tol}_\psi$, where
+# $\Delta_i = \psi_i(\sigma) - \psi_i(\sigma - T_{\mathrm{win}})$ is seed $i$'s change and the bar and the standard error are
+# over seeds (for a vector metric, the largest component). Training *has converged at* $\sigma$ when,
+# from $\sigma$ on, no metric has moved at any evaluation; the tolerances $\mathrm{tol}_\psi$ are
+# `CONVERGE_TOLERANCES`, and `settled_step` applies the rule (both in *Implementation and tests*, with a check on
+# synthetic trajectories). The sweep trains each learning rate once to the largest number of steps:
+# Adam's step size is constant, so the model after some number of steps of a longer run is the model of a
+# run of that many steps, and every smaller step count is read off the same run (its parameters are
+# recorded at every evaluation).
+
+# %% [markdown]
+# **Result.** The sweep, saved by `run_converge_study`. It was trained on a 16-core machine by the script
+# `DEVICE_RUN.sh` (parallel workers into a cache, then one assembling call); the file records the
+# command, the commit of the code and the machine:
+
+# %%
+conv_saved = json.loads(Path("data/mechanism_converge.json").read_text())
+conv = conv_saved["lrs"]
+conv_summary = {lr: {int(s): {k: torch.tensor(v, dtype=torch.float64) for k, v in sm.items()} for s, sm in c["summaries"].items()} for lr, c in conv.items()}
+def _conv_row(lr, c):
+    "One row of the sweep's table: the settled step and the measures there (or at the last step)."
+    s = c["settled"] if c["settled"] is not None else c["steps"][-1]
+    sm, m = conv_summary[lr][s], len(conv_saved["seeds"])
+    cen = {k: torch.tensor(v, dtype=torch.float64) for k, v in c["estimator"]["centred"].items()}
+    return (f"| {lr} | {c['settled'] if c['settled'] is not None else 'not by ' + str(c['steps'][-1])} | {ms(sm['MSVE'])} | {ms(sm['shape explained'])} | "
+            f"{int(sm['one uniform layer'].sum())} / {m} | {int(sm['pattern, last selective layer'].sum())} / {m} | {int(sm['pattern, last layer'].sum())} / {m} |",
+            f"| {lr} | {cen['lookahead'].mean():.3f} | {cen['theta*'].mean():.3f} | {cen['certainty equivalence'].mean():.3f} |")
+Markdown(f"Made by `{conv_saved['provenance']['command']}` at commit `{conv_saved['provenance']['commit'][:10]}` on {conv_saved['provenance']['date'][:10]}; "
+         f"window {conv_saved['window']} steps, tolerances {conv_saved['tolerances']}.\n\n"
+         "| learning rate | settled at step | MSVE | shape explained | one uniform layer | (+, +, −) last selective layer | (+, +, −) last layer |\n"
+         "|---|---|---|---|---|---|---|\n" + "\n".join(_conv_row(lr, c)[0] for lr, c in conv.items()) +
+         "\n\nThe learned estimator on the same runs (centred $1 - R^2$ on the held-out seeds):\n\n"
+         "| learning rate | lookahead | $\\theta^*$ | cert. equiv. |\n|---|---|---|---|\n" + "\n".join(_conv_row(lr, c)[1] for lr, c in conv.items()))
+
+# %% [markdown]
+# The measures are taken at the settled step (at the last step where training did not settle);
+# the estimator columns fit the candidates on the first five seeds' final models and score them
+# on the other five. How the stopping statistic evolves, relative to each tolerance:
+
+# %%
+#| fig-cap: "Figure 6b.2: after thousands of steps the diagonality has stopped moving at some learning rates, but the value weights have not at any rate; below 1 a metric has stopped moving."
+#| fig-alt: "Three panels (held-out MSVE, layer diagonality, last-layer value weights), each with one line per learning rate (solid, dashed, dotted) showing the seed-mean change over the window plus two standard errors, divided by the tolerance, on a log scale, with a horizontal line at 1."
+fig, axs = plt.subplots(1, 3, figsize=(13, 3.6), sharey=True)
+for i, (lr, c) in enumerate(conv.items()):
+    for ax, (k, tol) in zip(axs, conv_saved["tolerances"].items()):
+        ax.plot(c["steps"], torch.tensor(c["moved"][k], dtype=torch.float64) / tol, color=f"C{i}", ls=("-", "--", ":")[i % 3], label=f"lr {lr}")
+for ax, k in zip(axs, conv_saved["tolerances"]):
+    ax.axhline(1, color="k", ls="--", lw=0.8)
+    ax.set(yscale="log", xlabel="training step", title=dict(msve="held-out MSVE", diagonality="diagonality of every layer", value_weights="last layer's value weights")[k])
+axs[0].set(ylabel="(|mean change| + 2 s.e.) / tolerance"); axs[0].yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+axs[-1].legend(); fig.tight_layout()
+
+# %%
+conv_at = {lr: c["settled"] if c["settled"] is not None else c["steps"][-1] for lr, c in conv.items()}
+conv_final = {lr: conv_summary[lr][s] for lr, s in conv_at.items()}
+look_wins = {lr: sum(a < b for a, b in zip(c["estimator"]["centred"]["lookahead"], c["estimator"]["centred"]["theta*"])) for lr, c in conv.items()}
+n_test = {lr: len(c["estimator"]["centred"]["lookahead"]) for lr, c in conv.items()}
+conv_counts = {lr: dict(step=conv_at[lr], settled=conv[lr]["settled"] is not None, one_uniform=int(sm["one uniform layer"].sum()),
+                        pattern_selective=int(sm["pattern, last selective layer"].sum()), lookahead_beats_theta_star=look_wins[lr]) for lr, sm in conv_final.items()}
+conv_counts
+
+# %% [markdown]
+# **Check.** The run at the emergence chapter's learning rate passes through that chapter's models: its
+# parameters after 2000 steps are the saved runs' final parameters (Adam's step size is constant,
+# and the evaluations draw from their own generators):
+
+# %%
+for k in ("A", "V_cur", "V_tgt"):
+    test_close(torch.tensor([p[k] for p in conv["0.01"]["params"]["2000"]], dtype=torch.float64).flatten(1),
+               torch.tensor([r["params"][k] for r in saved["runs"]["fit"]], dtype=torch.float64).flatten(1), eps=1e-8)
+
+# %% [markdown]
+# **What it shows:**
+
+# %%
+settled_txt = "; ".join(f"lr {lr}: {'settled at step ' + str(k['step']) if k['settled'] else 'not settled by step ' + str(k['step'])}" for lr, k in conv_counts.items())
+last_ratio = {lr: {k: c["moved"][k][-1] / tol for k, tol in conv_saved["tolerances"].items()} for lr, c in conv.items()}
+Markdown(f"With a window of {conv_saved['window']} steps: {settled_txt}. At the last step the stopping statistic is "
+         f"{'; '.join(f'lr {lr}: ' + ', '.join(f'{x:.1f}' for x in r.values()) for lr, r in last_ratio.items())} times its tolerance (MSVE, diagonality, value "
+         f"weights). The diagonality statistic is below its tolerance at the last step for learning rates {', '.join(lr for lr, r in last_ratio.items() if r['diagonality'] < 1) or 'none'}; "
+         f"the value weights' statistic stays above it at every rate, still falling slowly (Figure 6b.2); the MSVE statistic fluctuates above its tolerance "
+         f"with no trend after the first few thousand steps, which we read as the step-to-step noise of constant-step-size training (a reading of the figure, "
+         f"not a test). Where the measures are taken (the settled step, else the last), one layer is uniform in "
+         f"{', '.join(str(k['one_uniform']) for k in conv_counts.values())} of 10 seeds, $(+, +, -)$ holds in the last selective layer in "
+         f"{', '.join(str(k['pattern_selective']) for k in conv_counts.values())} of 10 (learning rates {', '.join(conv)} in order), and the lookahead predicts the "
+         f"held-out seeds' value shape better than the best-fitting $\\theta^*$ in {', '.join(f'{look_wins[lr]} of {n_test[lr]}' for lr in conv)}.")
+
+# %% [markdown]
+# ### Experiment 2: more layers
+#
+# **Question.** Does the anatomy change with depth: do more layers run more TD-like iterations?
+#
+# **Setup.** `EMERGENCE` with $L \in \{2, 3, 4, 6, 8\}$ separate layers (`run_depth_sweep`), ten seeds
+# (0 to 9) each, 2000 steps, measured as the controls were.
+#
+# **Result:**
+
+# %%
+depth_saved = json.loads(Path("data/mechanism_depth.json").read_text())
+depth = {k: study_summary(load_models(v["runs"])) for k, v in depth_saved["studies"].items()}
+Markdown(f"Made by `{depth_saved['provenance']['command']}` at commit `{depth_saved['provenance']['commit'][:10]}` on {depth_saved['provenance']['date'][:10]}.\n\n" +
+         summary_table(depth, "depth") + "\n\nMean number of uniform layers per seed: " +
+         ", ".join(f"{k}: {sm['uniform layers'].mean():.1f}" for k, sm in depth.items()) + ".")
+
+# %% [markdown]
+# **What it shows, and the check** (the assert below):
+
+# %%
+d2, d8 = depth["L = 2"], depth["L = 8"]
+depth_shape_z = diff_z(d8["shape explained"], d2["shape explained"])
+assert depth_shape_z > 2 and all(depth[f"L = {L}"]["pattern, last selective layer"].sum() >= 9 for L in (3, 4, 6, 8)), depth
+assert d2["one uniform layer"].sum() >= 9 and d8["uniform layers"].mean() > 2, depth
+msve_depth = torch.stack([sm["MSVE"].mean() for sm in depth.values()])
+Markdown(f"With more separate layers the models explain more of the value shape ({d2['shape explained'].mean():.2f} at $L = 2$, {d8['shape explained'].mean():.2f} "
+         f"at $L = 8$; {depth_shape_z:.1f} standard errors apart) while the mean MSVE stays between {msve_depth.min():.2f} and {msve_depth.max():.2f}; the last "
+         f"selective layer shows $(+, +, -)$ in at least 9 of 10 seeds at every depth from 3 on (in {int(d2['pattern, last selective layer'].sum())} at $L = 2$); "
+         f"and uniform layers do not go away with depth, they multiply: exactly one at $L = 2$ and $3$, {d8['uniform layers'].mean():.1f} on average at $L = 8$. "
+         f"Deeper models spend several layers on state-blind averaging.")
+
+# %% [markdown]
+# **Deeper still.** Depths 12 and 16 with separate layers are trained by `ictd mechanism deep` (`run_depth_sweep`
+# with `DEEP_DEPTHS`), too slow for this machine: they were trained on a 16-core machine by
+# `DEVICE_RUN.sh`, and the file records the command, the commit and the machine. A mean over seeds
+# hides what happened; the per-seed values follow the table.
+
+# %%
+deep_path = Path("data/mechanism_depth_deep.json")
+if deep_path.exists():
+    deep_saved = json.loads(deep_path.read_text())
+    deep = {k: study_summary(load_models(v["runs"])) for k, v in deep_saved["studies"].items()}
+    out = Markdown(f"Made by `{deep_saved['provenance']['command']}` at commit `{deep_saved['provenance']['commit'][:10]}` on {deep_saved['provenance']['date'][:10]}.\n\n" +
+                   summary_table(deep, "depth") + "\n\nMean number of uniform layers per seed: " + ", ".join(f"{k}: {sm['uniform layers'].mean():.1f}" for k, sm in deep.items()) + ".")
+else: out = Markdown("Depths 12 and 16: data pending (`nbs/data/mechanism_depth_deep.json` is not there yet).")
+out
+
+# %%
+BLOWN_UP = 100.   # an MSVE above this is a model that blew up (the zero estimate scores about 5)
+deep_msve = {k: sm["MSVE"] for k, sm in deep.items()}
+deep_diverged = deep_saved.get("diverged", {})
+n_deep = {k: len(m) + len(deep_diverged.get(k, [])) for k, m in deep_msve.items()}
+blown = {k: int((m > BLOWN_UP).sum()) + len(deep_diverged.get(k, [])) for k, m in deep_msve.items()}
+assert blown["L = 12"] >= 1 and blown["L = 16"] > blown["L = 12"], blown
+trained_ok = {k: sm["shape explained"][deep_msve[k] <= BLOWN_UP] for k, sm in deep.items()}
+Markdown("Per seed, MSVE at the end of training: " + "; ".join(f"{k}: " + ", ".join(f"{x:.3g}" for x in m.tolist()) for k, m in deep_msve.items()) + ". " +
+         "".join(f"At {k}, seed {e['seed']} diverged at step {e['step']} (the engine's divergence guard stopped it: a loss or parameter of size {e['size']:.3g}); "
+                 for k, es in deep_diverged.items() for e in es) +
+         f"in all, training at the emergence chapter's learning rate blew up (MSVE above {BLOWN_UP:g}, or diverged) in "
+         + " and ".join(f"{blown[k]} of {n_deep[k]} seeds at {k}" for k in deep_msve) + ". The seeds that trained explain "
+         + " and ".join(f"{x.median():.2f} ({k}, median of {len(x)})" for k, x in trained_ok.items()) +
+         f" of the value shape, against {depth['L = 8']['shape explained'].median():.2f} at $L = 8$ (median of 10).")
+
+
+# %% [markdown]
+# ### Experiment 3: the dynamics at $\theta^*$
+#
+# **Question.** Is $\theta^*$ an attractor of pretraining, or only a point where NEU is small in a limit?
+#
+# **Setup.** Two
 # measurements at the training configuration ($d = 4$ raw features, three separate layers). First,
-# at $n = \infty$, the expected semi-gradient update $g(\theta) = \mathbb E[\delta\, \nabla_\theta v]$
-# and its Jacobian $J = \partial g / \partial \theta$: pretraining follows $\dot\theta = g(\theta)$ on
-# average, so a point is a stable rest point only if $g = 0$ there and every eigenvalue of $J$ has a
+# at $n = \infty$, the expected semi-gradient update $G(\theta) = \mathbb E[\delta\, \nabla_\theta v]$
+# and its Jacobian $J_G = \partial G / \partial \theta$: pretraining follows $\dot\theta = G(\theta)$ on
+# average, so a point is a stable rest point only if $G = 0$ there and every eigenvalue of $J_G$ has a
 # negative real part. `update_jacobian` computes both exactly, from
-# $J = J_v^\top W (\gamma P - I) J_v + \sum_x w_x \delta_x \nabla^2 v_x$, with $J_v$ the Jacobian of
-# the values and $W$ the $d_\pi$ weights.
+# $J_G = J_v^\top D_\pi (\gamma P - I) J_v + \sum_x d_\pi(x)\, \delta_x \nabla^2 v_x$ (averaged over tasks), with $J_v$ the
+# Jacobian of the values, $D_\pi = \mathrm{diag}(d_\pi)$ and $\delta_x$ the expected TD error at $x$; it is checked against
+# finite differences in *Implementation and tests*.
 
 # %%
 #| export
@@ -983,34 +1027,9 @@ def jacobian_spectrum(gs:torch.Tensor,  # (K, p) draws of g (or (1, p): exact)
     return out
 
 
-# %%
-show_doc(update_jacobian)
-
-# %% [markdown]
-# A check against central differences of $g$ itself, and $\|g\|^2$ against `population_neu`:
-
-# %%
-jt = random_tasks(2, seed=2, d=2)
-jm = SoftmaxICTD(2, 2, init_gain=0.5, seed=6)
-g0, J0 = update_jacobian(jm, jt)
-test_close(g0.square().sum(), torch.tensor(population_neu(jm, jt), dtype=torch.float64), eps=1e-12)
-def _with_flat(model, flat):
-    "A copy of `model` carrying the flattened parameters `flat`, in `update_jacobian`'s order."
-    m, p0 = copy.deepcopy(model), model_params(model)
-    parts = dict(zip(p0, torch.split(flat, [v.numel() for v in p0.values()])))
-    with torch.no_grad():
-        for l, lay in enumerate(m.layers):
-            for k, q in parts.items(): getattr(lay, k).copy_(q.reshape(p0[k].shape)[0, l])
-    return m
-flat0 = torch.cat([v.flatten() for v in model_params(jm).values()])
-for j in (20, 77):
-    e = torch.zeros_like(flat0); e[j] = 1e-6
-    fd = (update_jacobian(_with_flat(jm, flat0 + e), jt)[0] - update_jacobian(_with_flat(jm, flat0 - e), jt)[0]) / 2e-6
-    test_close(J0[:, j], fd, eps=1e-6)
-
 # %% [markdown]
 # At the training configuration, on held-out tasks, at $\theta^*(W = I, \alpha = 1)$ (the
-# specification's construction) and at the best-fit $\theta^*$ of the emergence chapter's grid:
+# construction of Definition 3.1) and at the best-fit $\theta^*$ of the emergence chapter's grid:
 
 # %%
 star_points = {"theta* (beta 1, alpha 1)": (1., 1.)} | {"best-fit theta* (beta {1:g}, alpha {0:g})".format(*best_theta_star(EMERGENCE)): best_theta_star(EMERGENCE)[::-1]}
@@ -1026,8 +1045,8 @@ at_star
 
 # %% [markdown]
 # The same at the training context length $n = 30$, where the expectation over contexts has no
-# closed form: `sampled_jacobians` draws $K$ batches of stationary contexts (held-out tasks),
-# computes each batch's exact $(g, J)$ over the query and its successor, and `jacobian_spectrum`
+# closed form: `sampled_jacobians` draws $N_{\mathrm b}$ batches of stationary contexts (held-out tasks),
+# computes each batch's exact $(G, J_G)$ over the query and its successor, and `jacobian_spectrum`
 # reports the spectrum of the mean Jacobian with delete-one jackknife standard errors over the
 # batches (saved by `run_jacobian_study`: a few minutes of CPU):
 
@@ -1036,7 +1055,7 @@ jac_saved = json.loads(Path("data/mechanism_jacobian.json").read_text())
 pm = lambda r, k, fmt: format(r[k], fmt) + (f" ± {r[k + '_se']:{fmt}}" if k + "_se" in r else "")
 Markdown(f"Made by `{jac_saved['provenance']['command']}` at commit `{jac_saved['provenance']['commit'][:10]}` on {jac_saved['provenance']['date'][:10]}; "
          f"$n = 30$: {jac_saved['n_batches']} batches of {jac_saved['batch_size']} contexts.\n\n"
-         "| point | context | NEU | largest real part of an eigenvalue of $J$ | eigenvalues with positive real part (of "
+         "| point | context | NEU | largest real part of an eigenvalue of $J_G$ | eigenvalues with positive real part (of "
          f"{next(iter(next(iter(jac_saved['points'].values())).values()))['n_params']}) | smallest real part |\n|---|---|---|---|---|---|\n" +
          "\n".join(f"| {name} | {where} | {pm(r, 'neu', '.3g')} | {pm(r, 'max_real', '.3f')} | {pm(r, 'n_unstable', '.0f')} | {pm(r, 'min_real', '.3f')} |"
                    for name, pts in jac_saved["points"].items() for where, r in pts.items()))
@@ -1049,7 +1068,7 @@ jac_z = {name: dict(neu_z=r["neu"] / r["neu_se"], max_real_z=r["max_real"] / r["
 jac_z
 
 # %% [markdown]
-# At both points the expected update is not zero, at $n = \infty$ (`neu`) and at the training
+# **What it shows.** At both points the expected update is not zero, at $n = \infty$ (`neu`) and at the training
 # context $n = 30$ (`neu_n30`, the unbiased estimate of the emergence chapter with its jackknife
 # standard error, more than two standard errors above zero), and the Jacobian has
 # eigenvalues with positive real part, at $n = \infty$ and at $n = 30$ alike (the largest real
@@ -1058,8 +1077,8 @@ jac_z
 # larger `neu_jackknife` sample above does): neither
 # point is a rest point of the mean dynamics at this configuration, and the linearised flow near
 # them is unstable in some directions, so $\theta^*$ is not an attractor of the mean semi-gradient
-# flow $\dot\theta = g(\theta)$. (Pretraining uses Adam, whose per-coordinate scaling changes the
-# eigenvalues but not whether $g = 0$; the training runs below are the direct test.)
+# flow $\dot\theta = G(\theta)$. (Pretraining uses Adam, whose per-coordinate scaling changes the
+# eigenvalues but not whether $G = 0$; the training runs below are the direct test.)
 # Second, training itself from these points, exactly and perturbed ($\mathcal N(0, 0.05^2)$ on
 # every parameter), ten seeds each (`run_theta_star_dynamics`):
 
@@ -1070,9 +1089,9 @@ Markdown(f"Made by `{dyn_saved['provenance']['command']}` at commit `{dyn_saved[
          summary_table({"random init. (TD, seeds 0-9)": controls["td"]} | dyn, "start"))
 
 # %%
-#| fig-cap: "Figure 6b.1: training started at either theta* moves away from it: the value error, the expected-update norm and the last current-value weight change from their starting values."
-#| fig-alt: "Three panels against training step: held-out MSVE (log scale), NEU at n = infinity (log scale) and the last layer's current-value weight, one line per start (two theta* points, exact and perturbed) with bands of one standard error over ten seeds."
-fig, axs = plt.subplots(1, 3, figsize=(13, 3.8))
+#| fig-cap: "Figure 6b.3: training started at either theta* moves away from it: the value error, the expected-update norm and the last current-value weight all leave their starting values."
+#| fig-alt: "Three panels against training step: held-out MSVE (log scale), NEU at n = infinity (log scale) and the last layer's current-value weight, one line per start (two theta* points, exact and perturbed) with bands of one standard error over ten seeds; the legend sits below the panels."
+fig, axs = plt.subplots(1, 3, figsize=(13, 4.6))
 for i, (name, st) in enumerate(dyn_saved["studies"].items()):
     h = [r["history"] for r in st["runs"]]
     step = torch.tensor(h[0]["step"], dtype=torch.float64).flatten()
@@ -1083,13 +1102,16 @@ for i, (name, st) in enumerate(dyn_saved["studies"].items()):
 axs[0].set(yscale="log", xlabel="training step", ylabel="MSVE (held-out tasks)", title="Value error")
 axs[1].set(yscale="log", xlabel="training step", ylabel=r"NEU at $n = \infty$", title="Norm of the expected update")
 axs[2].set(xlabel="training step", ylabel="weight", title="Last layer's current-value weight")
-axs[2].legend(fontsize=7); fig.tight_layout()
+plain = FuncFormatter(lambda v, _: f"{v:g}")
+for ax in axs[:2]: ax.yaxis.set_major_formatter(plain)
+axs[0].yaxis.set_minor_formatter(plain)
+fig.tight_layout(rect=(0, 0.12, 1, 1)); fig.legend(*axs[0].get_legend_handles_labels(), loc="lower center", ncol=2, fontsize=9, frameon=False)
 
 
 # %% [markdown]
 # Each curve is the mean over ten seeds with a band of one standard error; dashed: the perturbed
 # starts. Where does training go? The relative distance of the final parameters from the starting
-# $\theta^*$, $\|\theta_T - \theta^*\| / \|\theta^*\|$, and the value error at the start and the end,
+# $\theta^*$, $\|\theta_{\mathrm{end}} - \theta^*\| / \|\theta^*\|$, and the value error at the start and the end,
 # per seed:
 
 # %%
@@ -1103,6 +1125,9 @@ dyn_moves = {k: dict(distance=torch.tensor([_distance(r) for r in st["runs"]], d
                      msve_end=torch.tensor([r["history"]["msve"][-1][0] for r in st["runs"]], dtype=torch.float64)) for k, st in dyn_saved["studies"].items()}
 {k: {q: f"{x.mean():.3f} ± {x.std() / math.sqrt(len(x)):.3f}" for q, x in v.items()} for k, v in dyn_moves.items()}
 
+# %% [markdown]
+# **Check:**
+
 # %%
 spec_start, fit_start = list(dyn_moves)[0], list(dyn_moves)[1]
 assert (dyn_moves[spec_start]["distance"] > 0.5).all() and (dyn_moves[spec_start]["msve_end"] < dyn_moves[spec_start]["msve_start"]).all(), dyn_moves[spec_start]
@@ -1113,7 +1138,7 @@ start_vs_random = diff_z(controls["td"]["MSVE"], dyn["theta* (beta 1, alpha 1)"]
 start_vs_random
 
 # %%
-Markdown(f"Neither $\\theta^*$ is an attractor of pretraining at this configuration. From the specification's $\\theta^*$ ($W = I$, $\\alpha = 1$), exact or perturbed, "
+Markdown(f"Neither $\\theta^*$ is an attractor of pretraining at this configuration. From the constructed $\\theta^*$ of Definition 3.1 ($W = I$, $\\alpha = 1$), exact or perturbed, "
          f"training leaves it: the parameters end {dyn_moves[spec_start]['distance'].mean():.2f} of $\\|\\theta^*\\|$ away (mean over seeds), the value error falls from "
          f"{dyn_moves[spec_start]['msve_start'].mean():.2f} to {dyn_moves[spec_start]['msve_end'].mean():.3f}, and the models end in the same kind of solution as from a random "
          f"initialisation, with one uniform layer in {int(dyn['theta* (beta 1, alpha 1)']['one uniform layer'].sum())} of 10 seeds and an error "
@@ -1123,99 +1148,23 @@ Markdown(f"Neither $\\theta^*$ is an attractor of pretraining at this configurat
          f"{dyn_moves[fit_start]['msve_end'].mean():.3f}: the TD update is not a descent direction of the value error, and its best-fitting construction is not where it rests. "
          f"Every start ends with the sign pattern in the last layer in every seed: the sign pattern survives training, the construction does not.")
 
+
 # %% [markdown]
-# ## Longer horizons and more layers, trained to full length
+# ### Experiment 4: iterating a learned shared layer
 #
-# The emergence chapter's discount ablation trains for 500 steps, which confounds a long horizon
-# with under-training. Here $\gamma = 0.7$ and $0.95$ are trained for the full 2000 steps of
-# `EMERGENCE` (saved by `run_gap_map` with these two cells), and the depth is swept with separate
-# layers, $L \in \{2, 3, 4, 6, 8\}$ (`run_depth_sweep`), ten seeds each.
-
-# %%
-gamma_saved = json.loads(Path("data/mechanism_gamma.json").read_text())
-gamma_full = gap_table(gamma_saved["cells"])
-Markdown(f"Made by `{gamma_saved['provenance']['command']}` at commit `{gamma_saved['provenance']['commit'][:10]}` on {gamma_saved['provenance']['date'][:10]}.\n\n"
-         "| cell | MSVE trained | MSVE best constant | shape explained, trained | (+, +, −) in last selective layer | one uniform layer |\n|---|---|---|---|---|---|\n" +
-         "\n".join(f"| {k} | {ms(g['MSVE trained'])} | {ms(g['MSVE best constant'])} | {ms(g['shape explained, trained'])} | "
-                   f"{int(g['pattern, last selective layer'].sum())} / 10 | {int(g['one uniform layer'].sum())} / 10 |" for k, g in gamma_full.items()))
-
-# %%
-g95, g70 = gamma_full["gamma = 0.95"], gamma_full["gamma = 0.7"]
-assert g70["pattern, last selective layer"].sum() >= 9 and g95["pattern, last selective layer"].sum() < 9, gamma_full
-assert all(g["one uniform layer"].sum() <= 3 for g in gamma_full.values()), gamma_full
-
-# %%
-Markdown(f"At $\\gamma = 0.7$ the last selective layer shows $(+, +, -)$ in {int(g70['pattern, last selective layer'].sum())} of 10 seeds after 2000 steps; at "
-         f"$\\gamma = 0.95$ in only {int(g95['pattern, last selective layer'].sum())}, below the bar of 9, with a value error ({g95['MSVE trained'].mean():.2f}) "
-         f"far above the oracle constant's ({g95['MSVE best constant'].mean():.2f}). Four times the emergence chapter's training length does not make the pattern "
-         f"appear at the long horizon; whether still longer training would is not measured here. The single uniform layer of $\\gamma = 0.9$ is rare at both "
-         f"({int(g70['one uniform layer'].sum())} and {int(g95['one uniform layer'].sum())} of 10 seeds).")
-
-# %%
-depth_saved = json.loads(Path("data/mechanism_depth.json").read_text())
-depth = {k: study_summary(load_models(v["runs"])) for k, v in depth_saved["studies"].items()}
-Markdown(f"Made by `{depth_saved['provenance']['command']}` at commit `{depth_saved['provenance']['commit'][:10]}` on {depth_saved['provenance']['date'][:10]}.\n\n" +
-         summary_table(depth, "depth") + "\n\nMean number of uniform layers per seed: " +
-         ", ".join(f"{k}: {sm['uniform layers'].mean():.1f}" for k, sm in depth.items()) + ".")
-
-# %%
-d2, d8 = depth["L = 2"], depth["L = 8"]
-depth_shape_z = diff_z(d8["shape explained"], d2["shape explained"])
-assert depth_shape_z > 2 and all(depth[f"L = {L}"]["pattern, last selective layer"].sum() >= 9 for L in (3, 4, 6, 8)), depth
-assert d2["one uniform layer"].sum() >= 9 and d8["uniform layers"].mean() > 2, depth
-msve_depth = torch.stack([sm["MSVE"].mean() for sm in depth.values()])
-Markdown(f"With more separate layers the models explain more of the value shape ({d2['shape explained'].mean():.2f} at $L = 2$, {d8['shape explained'].mean():.2f} "
-         f"at $L = 8$; {depth_shape_z:.1f} standard errors apart) while the mean MSVE stays between {msve_depth.min():.2f} and {msve_depth.max():.2f}; the last "
-         f"selective layer shows $(+, +, -)$ in at least 9 of 10 seeds at every depth from 3 on (in {int(d2['pattern, last selective layer'].sum())} at $L = 2$); "
-         f"and uniform layers do not go away with depth, they multiply: exactly one at $L = 2$ and $3$, {d8['uniform layers'].mean():.1f} on average at $L = 8$. "
-         f"Deeper models spend several layers on state-blind averaging.")
-
-# %% [markdown]
-# Depths 12 and 16 with separate layers are trained by `ictd mechanism deep` (`run_depth_sweep`
-# with `DEEP_DEPTHS`), too slow for this machine: they were trained on a 16-core machine by
-# `DEVICE_RUN.sh`, and the file records the command, the commit and the machine. A mean over seeds
-# hides what happened; the per-seed values follow the table.
-
-# %%
-deep_path = Path("data/mechanism_depth_deep.json")
-if deep_path.exists():
-    deep_saved = json.loads(deep_path.read_text())
-    deep = {k: study_summary(load_models(v["runs"])) for k, v in deep_saved["studies"].items()}
-    out = Markdown(f"Made by `{deep_saved['provenance']['command']}` at commit `{deep_saved['provenance']['commit'][:10]}` on {deep_saved['provenance']['date'][:10]}.\n\n" +
-                   summary_table(deep, "depth") + "\n\nMean number of uniform layers per seed: " + ", ".join(f"{k}: {sm['uniform layers'].mean():.1f}" for k, sm in deep.items()) + ".")
-else: out = Markdown("Depths 12 and 16: data pending (`nbs/data/mechanism_depth_deep.json` is not there yet).")
-out
-
-# %%
-BLOWN_UP = 100.   # an MSVE above this is a model that blew up (the zero estimate scores about 5)
-deep_msve = {k: sm["MSVE"] for k, sm in deep.items()}
-deep_diverged = deep_saved.get("diverged", {})
-n_deep = {k: len(m) + len(deep_diverged.get(k, [])) for k, m in deep_msve.items()}
-blown = {k: int((m > BLOWN_UP).sum()) + len(deep_diverged.get(k, [])) for k, m in deep_msve.items()}
-assert blown["L = 12"] >= 1 and blown["L = 16"] > blown["L = 12"], blown
-trained_ok = {k: sm["shape explained"][deep_msve[k] <= BLOWN_UP] for k, sm in deep.items()}
-Markdown("Per seed, MSVE at the end of training: " + "; ".join(f"{k}: " + ", ".join(f"{x:.3g}" for x in m.tolist()) for k, m in deep_msve.items()) + ". " +
-         "".join(f"At {k}, seed {e['seed']} diverged at step {e['step']} (the engine's divergence guard stopped it: a loss or parameter of size {e['size']:.3g}); "
-                 for k, es in deep_diverged.items() for e in es) +
-         f"in all, training at the emergence chapter's learning rate blew up (MSVE above {BLOWN_UP:g}, or diverged) in "
-         + " and ".join(f"{blown[k]} of {n_deep[k]} seeds at {k}" for k in deep_msve) + ". The seeds that trained explain "
-         + " and ".join(f"{x.median():.2f} ({k}, median of {len(x)})" for k, x in trained_ok.items()) +
-         f" of the value shape, against {depth['L = 8']['shape explained'].median():.2f} at $L = 8$ (median of 10).")
-
-
-# %% [markdown]
-# ### Iterating a learned shared layer
+# **Question.** Is a learned layer a convergent iteration, as $\theta^*$'s layer is where chapter 5's condition holds?
 #
-# A model with one *shared* layer, trained at the same settings (`run_shared_study`, ten seeds),
+# **Setup.** A model with one *shared* layer, trained at the same settings (`run_shared_study`, ten seeds),
 # is one learned update; chapter 5 studies what iterating such an update does. Here the learned
 # layer is iterated beyond the training depth $L = 3$ and its held-out MSVE is measured against
 # depth, at the training context $n = 30$ and at $n = \infty$. Chapter 5's prediction for the
 # learned kernel [ours] assumes what its theory assumes: the layer writes only the value row and
 # its population kernel $M$ (`learned_kernel` at depth 1) stays fixed. Then the values follow the
-# linear recursion $v_{k+1} = v_k + M\,(a + (cI + bP)\,v_k)$ from $v_0 = 0$, with $b$, $c$ the
-# learned successor- and current-value weights and $a(y)$ the rest of the value-row write at key
+# linear recursion $v_{t+1} = v_t + M\,(a + (u_{\mathrm{cur}} I + u_{\mathrm{tgt}} P)\,v_t)$ from $v_0 = 0$, with
+# $u_{\mathrm{tgt}}$, $u_{\mathrm{cur}}$ the learned successor- and current-value weights and $a(y)$ the rest of the value-row write at key
 # $y$ (features and rewards of $y$ and of its successor); its limit, where $M$ is invertible, is
-# $v_\infty = -(cI + bP)^{-1} a$, a TD fixed point with discount $b / (-c)$ when $c < 0$.
+# $v_\infty = -(u_{\mathrm{cur}} I + u_{\mathrm{tgt}} P)^{-1} a$, a TD fixed point with discount
+# $u_{\mathrm{tgt}} / (-u_{\mathrm{cur}})$ when $u_{\mathrm{cur}} < 0$.
 
 # %%
 #| export
@@ -1256,7 +1205,7 @@ def iterate_shared(config:PretrainConfig,  # the run's settings (shared=True)
 
 # %% [markdown]
 # A check: for $\theta^*$ with one shared layer the layer writes only the value row, with
-# $(c_R, b, c) = \alpha(1, \gamma, -1)$, so the recursion is chapter 5's `td_recursion` with the
+# $(u_R, u_{\mathrm{tgt}}, u_{\mathrm{cur}}) = \alpha(1, \gamma, -1)$ (reward, successor and current weights), so the recursion is chapter 5's `td_recursion` with the
 # population kernel, and the iterated model at $n = \infty$ follows it exactly.
 
 # %%
@@ -1268,7 +1217,7 @@ _m6 = get_family("softmax").module(dataclasses.replace(EMERGENCE, n_layers=6, sh
 test_close(population_predict(_m6, _st), _rec[6], eps=1e-12)
 
 # %% [markdown]
-# The ten trained shared-layer models, iterated to depth 48. The errors grow by many orders of
+# **Result.** The ten trained shared-layer models, iterated up to $T = 48$ times. The errors grow by many orders of
 # magnitude, so the table gives the median over seeds with the quartiles:
 
 # %%
@@ -1280,18 +1229,22 @@ it = {k: torch.tensor([r[k] for r in iters], dtype=torch.float64) for k in ("msv
 q3 = lambda x: x.quantile(torch.tensor([0.25, 0.5, 0.75], dtype=torch.float64), dim=0)
 mq = lambda x, i: (lambda q: f"{q[1, i]:.3g} [{q[0, i]:.3g}, {q[2, i]:.3g}]")(q3(x))
 Markdown(f"Made by `{shared_saved['provenance']['command']}` at commit `{shared_saved['provenance']['commit'][:10]}` on {shared_saved['provenance']['date'][:10]}.\n\n"
-         "| depth K | MSVE at n = 30 | MSVE at n = ∞ | chapter 5's recursion (n = ∞) |\n|---|---|---|---|\n" +
+         "| iterations $T$ | MSVE at n = 30 | MSVE at n = ∞ | chapter 5's recursion (n = ∞) |\n|---|---|---|---|\n" +
          "\n".join(f"| {K}{' (training depth)' if K == 3 else ''} | {mq(it['msve_n'], i)} | {mq(it['msve_inf'], i)} | {mq(it['msve_predicted'], i)} |" for i, K in enumerate(it_depths)))
 
 # %%
-#| fig-cap: "Figure 6b.2: a learned shared layer is tuned to its training depth: iterated further, its value error grows without bound, and chapter 5's recursion with the learned kernel diverges too, more slowly."
+#| fig-cap: "Figure 6b.4: a learned shared layer is tuned to its training depth: iterated further, its value error grows without bound, and chapter 5's recursion with the learned kernel diverges too, more slowly."
 #| fig-alt: "Held-out MSVE (log scale) against the number of iterations of the learned shared layer (log scale), median over ten seeds with interquartile bands, for the model at n = 30, the model at n = infinity, and chapter 5's linear recursion with the learned kernel; a dotted vertical line marks the training depth 3."
 fig, ax = plt.subplots(figsize=(6.4, 4))
-for i, (k, label) in enumerate((("msve_n", "model, n = 30"), ("msve_inf", r"model, $n = \infty$"), ("msve_predicted", r"chapter 5's recursion, learned $M$"))):
+for i, (k, label) in enumerate((("msve_n", "model, $n = 30$"), ("msve_inf", r"model, $n = \infty$"), ("msve_predicted", r"chapter 5's recursion, learned $M$"))):
     q = q3(it[k])
-    ax.plot(it_depths, q[1], "o-" if i < 2 else "s--", color=f"C{i}", label=label); ax.fill_between(it_depths, q[0], q[2], color=f"C{i}", alpha=0.2)
+    ax.plot(it_depths, q[1], ("o-", "^-.", "s--")[i], color=f"C{i}", label=label); ax.fill_between(it_depths, q[0], q[2], color=f"C{i}", alpha=0.2)
 ax.axvline(3, color="k", ls=":", lw=0.8)
-ax.set(xscale="log", yscale="log", xlabel="iterations K of the learned layer", ylabel="MSVE (held-out tasks), median over seeds"); ax.legend(); fig.tight_layout()
+ax.set(xscale="log", yscale="log", xlabel="iterations T of the learned layer", ylabel="MSVE (held-out tasks), median over seeds"); ax.set_xticks([1, 2, 3, 4, 6, 8, 12, 16, 24, 48]); ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}")); ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
+ax.legend(); fig.tight_layout()
+
+# %% [markdown]
+# **What it shows, and the check:**
 
 # %%
 shared_w = torch.stack([m.value_weights()[0] for _, m in shared_runs])             # (seeds, 3): reward, successor, current
@@ -1301,159 +1254,98 @@ i3, i12 = it_depths.index(3), it_depths.index(12)
 assert sum(K == 3 for K in best_K) >= 9 and (it["msve_n"][:, i12] > 10 * it["msve_n"][:, i3]).all(), (best_K, it["msve_n"])
 assert ((shared_w[:, 2] < 0) & (eff_gamma > 1)).sum() >= 9, shared_w
 Markdown(f"The learned shared layer is not a convergent iteration run for three steps: it is tuned to its training depth. The error at $n = 30$ is smallest at "
-         f"$K = 3$ in {sum(K == 3 for K in best_K)} of 10 seeds (median {q3(it['msve_n'])[1, i3]:.3f}) and at $K = 12$ it is at least ten times larger in every "
+         f"$T = 3$ in {sum(K == 3 for K in best_K)} of 10 seeds (median {q3(it['msve_n'])[1, i3]:.3f}) and at $T = 12$ it is at least ten times larger in every "
          f"seed (median {q3(it['msve_n'])[1, i12]:.3g}). Chapter 5's recursion with the learned kernel explains why it cannot converge: the learned weights have "
-         f"$c < 0$ with an effective discount $b / (-c)$ above 1 in {int(((shared_w[:, 2] < 0) & (eff_gamma > 1)).sum())} of 10 seeds (median "
+         f"$u_{{\\mathrm{{cur}}}} < 0$ with an effective discount $u_{{\\mathrm{{tgt}}}} / (-u_{{\\mathrm{{cur}}}})$ above 1 in {int(((shared_w[:, 2] < 0) & (eff_gamma > 1)).sum())} of 10 seeds (median "
          f"{eff_gamma.median():.2f}), and TD iterates with a discount above 1 have no stable fixed point; its error also grows with depth. It does not predict the "
-         f"values, though: at $K = 3$ it gives a median error of {q3(it['msve_predicted'])[1, i3]:.3f} against the model's {q3(it['msve_inf'])[1, i3]:.3f} at "
+         f"values, though: at $T = 3$ it gives a median error of {q3(it['msve_predicted'])[1, i3]:.3f} against the model's {q3(it['msve_inf'])[1, i3]:.3f} at "
          f"$n = \\infty$, so the layer's writes outside the value row, which the recursion leaves out, carry part of what three iterations compute.")
 
 # %% [markdown]
-# ## Trained to convergence
+# ### Experiment 5: where the value shape matters, the gap map
 #
-# The runs above stop at the 2000 steps of `EMERGENCE`. Whether their structure is where training
-# *ends* or a stage it passes through is decided by a stopping rule, applied to a sweep over the
-# learning rate and the number of steps at the specification's settings (ten seeds per rate).
+# **Question.** The [emergence chapter](emergence.html)'s oracle constant beats the trained models on MSVE,
+# because MSVE is mostly the value *level*. The centred error asks about the shape: where does a trained model know more
+# than the value level?
 #
-# **The stopping rule** [ours]. Every `eval_every` steps the training loop records each seed's
-# held-out MSVE, the mean diagonality of every layer and the last layer's value weights. For a
-# window of $w$ steps, a metric *has moved* at step $t$ when
-# $|\overline{\Delta}| + 2\,\mathrm{s.e.}(\overline{\Delta}) \ge \varepsilon$, where
-# $\Delta_i = m_i(t) - m_i(t - w)$ is seed $i$'s change and the bar and the standard error are
-# over seeds (for a vector metric, the largest component). Training *has converged at* $t$ when,
-# from $t$ on, no metric has moved at any evaluation; the tolerances $\varepsilon$ are
-# `CONVERGE_TOLERANCES`. The sweep trains each learning rate once to the largest number of steps:
-# Adam's step size is constant, so the model after $T$ steps of a longer run is the model of a
-# run of $T$ steps, and every smaller step count is read off the same run (its parameters are
-# recorded at every evaluation).
+# **Setup.** The gap map
+# (saved by `run_gap_map`, ten seeds per cell, 2000 steps each) changes one or two settings of
+# `EMERGENCE` at a time: the context length $n$ (30 and 300), the discount (0.5 and 0.9), one-hot
+# features (on the same chains as the random features of the same seed: chapter 0), and twice the states. The "shape explained" is $1 - \mathrm{cMSVE}/\mathrm{Var}_{d_\pi}(v_\pi)$,
+# zero for every constant.
+#
+# **Result:**
 
 # %%
-#| export
-CONVERGE_TOLERANCES = dict(msve=0.01, diagonality=0.02, value_weights=0.02)  # a seed-mean change over the window below these is "not moving"
-CONVERGE_LRS = (3e-3, 1e-2, 3e-2)                                           # learning rates of the convergence sweep
+gap_saved = json.loads(Path("data/mechanism_gap_map.json").read_text())
+gaps = gap_table(gap_saved["cells"])
+Markdown(f"Made by `{gap_saved['provenance']['command']}` at commit `{gap_saved['provenance']['commit'][:10]}` on {gap_saved['provenance']['date'][:10]}.\n\n"
+         "| cell (change to EMERGENCE) | MSVE trained | MSVE best constant | MSVE cert. equiv. |\n|---|---|---|---|\n" +
+         "\n".join(f"| {k} | {ms(g['MSVE trained'])} | {ms(g['MSVE best constant'])} | {ms(g['MSVE certainty equivalence'])} |" for k, g in gaps.items()) +
+         "\n\nAnd the value shape and the layers' structure, per cell:\n\n"
+         "| cell | shape explained, trained | shape explained, cert. equiv. | (+, +, −) in last selective layer | one uniform layer |\n|---|---|---|---|---|\n" +
+         "\n".join(f"| {k} | {ms(g['shape explained, trained'])} | "
+                   f"{ms(g['shape explained, certainty equivalence'])} | {int(g['pattern, last selective layer'].sum())} / {len(g['MSVE trained'])} | "
+                   f"{int(g['one uniform layer'].sum())} / {len(g['MSVE trained'])} |" for k, g in gaps.items()))
 
-def converge_metrics(results:list,  # `PretrainResult`s of one configuration, one per seed
-                    )->dict:        # name -> (S, T, k) per-seed trajectories
-    "The trajectories the stopping rule watches: held-out MSVE, every layer's diagonality, the last layer's value weights."
-    h = lambda k: torch.stack([r.history[k] for r in results]).double()
-    S, T = len(results), h("msve").shape[1]
-    return dict(msve=h("msve").reshape(S, T, 1), diagonality=h("diagonality").reshape(S, T, -1), value_weights=h("value_weights")[:, :, -1])
-
-def moved_by(traj:torch.Tensor,  # (S, T, k) per-seed trajectories at evenly spaced evaluations
-             lag:int,            # the window in evaluations
-            )->torch.Tensor:     # (T,) largest |seed-mean change| + 2 s.e. over the window (NaN before `lag`)
-    "How far a metric has moved over the last `lag` evaluations, on the seed mean with two standard errors."
-    if not 1 <= lag < traj.shape[1]: raise ValueError(f"`lag` must lie in [1, {traj.shape[1]}), got {lag}")
-    if traj.shape[0] < 2: raise ValueError(f"`traj` needs at least 2 seeds for a standard error, got {traj.shape[0]}")
-    delta = traj[:, lag:] - traj[:, :-lag]
-    bound = (delta.mean(0).abs() + 2 * delta.std(0) / math.sqrt(traj.shape[0])).amax(-1)
-    return torch.cat([torch.full((lag,), math.nan, dtype=bound.dtype), bound])
-
-def settled_step(metrics:dict,     # output of `converge_metrics`
-                 steps:list,       # (T,) the evaluation steps, evenly spaced
-                 window:int,       # the window w in steps (a multiple of the spacing)
-                 tolerances:dict=CONVERGE_TOLERANCES, # metric -> tolerance epsilon
-                )->int|None:       # the first step from which no metric moves again; None if training never settles
-    "The stopping rule: the first evaluation step from which every metric stays below its tolerance at every later evaluation."
-    every = steps[1] - steps[0]
-    if window % every: raise ValueError(f"`window` must be a multiple of the evaluation spacing {every}, got {window}")
-    still = torch.stack([moved_by(metrics[k], window // every) < tol for k, tol in tolerances.items()]).all(0)
-    later = still.flip(0).cumprod(0).flip(0).bool()                       # still at t and at every evaluation after it
-    return int(steps[int(later.nonzero()[0])]) if later.any() else None
-
-
-# %%
-show_doc(settled_step)
 
 # %% [markdown]
-# A check on synthetic trajectories: ten seeds that decay as $e^{-t/500}$ to a seed's own level,
-# with no noise, settle where the decay over a window of 1000 steps falls below the tolerance,
-# $e^{-t/500}(e^{1000/500} - 1) < 0.01$, i.e. at the first evaluation after $t = 500 \ln(639) \approx 3230$;
-# a trajectory that keeps drifting never settles.
+# **Check:**
 
 # %%
-_steps = list(range(0, 8001, 200))
-_t = torch.tensor(_steps, dtype=torch.float64)
-_levels = torch.linspace(0, 1, 10, dtype=torch.float64)[:, None, None]
-_decay = _levels + torch.exp(-_t / 500)[None, :, None]
-_flat = dict(msve=_decay, diagonality=_decay.expand(-1, -1, 3), value_weights=torch.zeros(10, len(_steps), 3, dtype=torch.float64))
-test_eq(settled_step(_flat, _steps, 1000), 3400)
-test_eq(settled_step(dict(_flat, msve=_decay + 2e-5 * _t[None, :, None]), _steps, 1000), None)
-test_fail(lambda: settled_step(_flat, _steps, 300), contains="multiple of the evaluation spacing")
+def _gamma(cell): return cell["config"]["gamma"]
+se_of = lambda x: (x.std() / math.sqrt(len(x))).item()
+gap_claims = {k: dict(gamma=_gamma(c), shape_z=g["shape explained, trained"].mean().item() / se_of(g["shape explained, trained"]),
+                      beats_constant_z=(g["MSVE best constant"] - g["MSVE trained"]).mean().item() / se_of(g["MSVE best constant"] - g["MSVE trained"]),
+                      shape_minus_ce=(g["shape explained, trained"] - g["shape explained, certainty equivalence"]).mean().item(),
+                      pattern=int(g["pattern, last selective layer"].sum()), one_uniform=int(g["one uniform layer"].sum()))
+              for (k, g), c in zip(gaps.items(), gap_saved["cells"])}
+assert all(c["shape_z"] > 2 and c["pattern"] >= 9 for c in gap_claims.values()), gap_claims
+assert all(c["one_uniform"] >= 9 for k, c in gap_claims.items() if c["gamma"] == 0.9 and "n_states" not in k), gap_claims
+assert all(c["one_uniform"] <= 1 for c in gap_claims.values() if c["gamma"] == 0.5), gap_claims
+gap_claims
 
 # %% [markdown]
-# The sweep, saved by `run_converge_study`. It was trained on a 16-core machine by the script
-# `DEVICE_RUN.sh` (parallel workers into a cache, then one assembling call); the file records the
-# command, the commit of the code and the machine:
+# **What it shows:**
 
 # %%
-conv_saved = json.loads(Path("data/mechanism_converge.json").read_text())
-conv = conv_saved["lrs"]
-conv_summary = {lr: {int(s): {k: torch.tensor(v, dtype=torch.float64) for k, v in sm.items()} for s, sm in c["summaries"].items()} for lr, c in conv.items()}
-def _conv_row(lr, c):
-    "One row of the sweep's table: the settled step and the measures there (or at the last step)."
-    s = c["settled"] if c["settled"] is not None else c["steps"][-1]
-    sm, m = conv_summary[lr][s], len(conv_saved["seeds"])
-    cen = {k: torch.tensor(v, dtype=torch.float64) for k, v in c["estimator"]["centred"].items()}
-    return (f"| {lr} | {c['settled'] if c['settled'] is not None else 'not by ' + str(c['steps'][-1])} | {ms(sm['MSVE'])} | {ms(sm['shape explained'])} | "
-            f"{int(sm['one uniform layer'].sum())} / {m} | {int(sm['pattern, last selective layer'].sum())} / {m} | {int(sm['pattern, last layer'].sum())} / {m} | "
-            f"{cen['lookahead'].mean():.3f} | {cen['theta*'].mean():.3f} | {cen['certainty equivalence'].mean():.3f} |")
-Markdown(f"Made by `{conv_saved['provenance']['command']}` at commit `{conv_saved['provenance']['commit'][:10]}` on {conv_saved['provenance']['date'][:10]}; "
-         f"window {conv_saved['window']} steps, tolerances {conv_saved['tolerances']}.\n\n"
-         "| learning rate | settled at step | MSVE | shape explained | one uniform layer | (+, +, −) last selective layer | (+, +, −) last layer | "
-         "lookahead, centred $1 - R^2$ | $\\theta^*$ | cert. equiv. |\n|---|---|---|---|---|---|---|---|---|---|\n" +
-         "\n".join(_conv_row(lr, c) for lr, c in conv.items()))
+beat = [k for k, c in gap_claims.items() if c["beats_constant_z"] > 2]
+lose = [k for k, c in gap_claims.items() if c["beats_constant_z"] < -2]
+over_ce = [k for k, c in gap_claims.items() if c["shape_minus_ce"] > 0]
+Markdown(f"Read across the map: in every cell the trained models explain a large part of the value shape (far from the zero of every constant), and the "
+         f"last selective layer shows $(+, +, -)$ in at least 9 of 10 seeds; the emergence chapter's sign-pattern claim, in this form, holds across the map. "
+         f"The single uniform layer depends on the discount: with $s = 10$ states it appears in (nearly) every seed at $\\gamma = 0.9$ and in (nearly) none at "
+         f"$\\gamma = 0.5$ (with twice the states, at $\\gamma = 0.9$, in "
+         f"{', '.join(str(c['one_uniform']) for k, c in gap_claims.items() if 'n_states' in k)} of 10 seeds; other discounts below). The trained models beat the oracle best constant on plain MSVE by more than two standard "
+         f"errors in the cells {'; '.join(beat) if beat else '(none)'}, and lose to it in {'; '.join(lose) if lose else '(none)'}: with a long horizon and a short "
+         f"context the level dominates the error and the oracle constant knows the level; elsewhere the shape, where TD structure lives, carries enough of the error "
+         f"for the trained model to win. Certainty equivalence explains more of the shape than the trained models in every cell but "
+         f"{'; '.join(over_ce) if over_ce else 'none'}.")
 
 # %% [markdown]
-# The measures are taken at the settled step (at the last step where training did not settle);
-# the estimator columns fit the candidates on the first five seeds' final models and score them
-# on the other five. How the stopping statistic evolves, relative to each tolerance:
+# **Longer horizons, trained to full length.** The emergence chapter's discount ablation trains for 500 steps, which confounds a long horizon
+# with under-training. Here $\gamma = 0.7$ and $0.95$ are trained for the full 2000 steps of
+# `EMERGENCE` (saved by `run_gap_map` with these two cells), ten seeds each.
 
 # %%
-#| fig-cap: "Figure 6b.3: the stopping statistic of every metric against training steps, per learning rate; below 1 the metric has stopped moving."
-#| fig-alt: "Three panels (held-out MSVE, layer diagonality, last-layer value weights), each with one line per learning rate showing the seed-mean change over the window plus two standard errors, divided by the tolerance, on a log scale, with a horizontal line at 1."
-fig, axs = plt.subplots(1, 3, figsize=(13, 3.6), sharey=True)
-for i, (lr, c) in enumerate(conv.items()):
-    for ax, (k, tol) in zip(axs, conv_saved["tolerances"].items()):
-        ax.plot(c["steps"], torch.tensor(c["moved"][k], dtype=torch.float64) / tol, color=f"C{i}", label=f"lr {lr}")
-for ax, k in zip(axs, conv_saved["tolerances"]):
-    ax.axhline(1, color="k", ls="--", lw=0.8)
-    ax.set(yscale="log", xlabel="training step", title=dict(msve="held-out MSVE", diagonality="diagonality of every layer", value_weights="last layer's value weights")[k])
-axs[0].set(ylabel="(|mean change| + 2 s.e.) / tolerance"); axs[-1].legend(); fig.tight_layout()
+gamma_saved = json.loads(Path("data/mechanism_gamma.json").read_text())
+gamma_full = gap_table(gamma_saved["cells"])
+Markdown(f"Made by `{gamma_saved['provenance']['command']}` at commit `{gamma_saved['provenance']['commit'][:10]}` on {gamma_saved['provenance']['date'][:10]}.\n\n"
+         "| cell | MSVE trained | MSVE best constant | shape explained, trained | (+, +, −) in last selective layer | one uniform layer |\n|---|---|---|---|---|---|\n" +
+         "\n".join(f"| {k} | {ms(g['MSVE trained'])} | {ms(g['MSVE best constant'])} | {ms(g['shape explained, trained'])} | "
+                   f"{int(g['pattern, last selective layer'].sum())} / 10 | {int(g['one uniform layer'].sum())} / 10 |" for k, g in gamma_full.items()))
 
 # %%
-conv_at = {lr: c["settled"] if c["settled"] is not None else c["steps"][-1] for lr, c in conv.items()}
-conv_final = {lr: conv_summary[lr][s] for lr, s in conv_at.items()}
-look_wins = {lr: sum(a < b for a, b in zip(c["estimator"]["centred"]["lookahead"], c["estimator"]["centred"]["theta*"])) for lr, c in conv.items()}
-n_test = {lr: len(c["estimator"]["centred"]["lookahead"]) for lr, c in conv.items()}
-conv_counts = {lr: dict(step=conv_at[lr], settled=conv[lr]["settled"] is not None, one_uniform=int(sm["one uniform layer"].sum()),
-                        pattern_selective=int(sm["pattern, last selective layer"].sum()), lookahead_beats_theta_star=look_wins[lr]) for lr, sm in conv_final.items()}
-conv_counts
-
-# %% [markdown]
-# The run at the emergence chapter's learning rate passes through that chapter's models: its
-# parameters after 2000 steps are the saved runs' final parameters (Adam's step size is constant,
-# and the evaluations draw from their own generators):
+g95, g70 = gamma_full["gamma = 0.95"], gamma_full["gamma = 0.7"]
+assert g70["pattern, last selective layer"].sum() >= 9 and g95["pattern, last selective layer"].sum() < 9, gamma_full
+assert all(g["one uniform layer"].sum() <= 3 for g in gamma_full.values()), gamma_full
 
 # %%
-for k in ("A", "V_cur", "V_tgt"):
-    test_close(torch.tensor([p[k] for p in conv["0.01"]["params"]["2000"]], dtype=torch.float64).flatten(1),
-               torch.tensor([r["params"][k] for r in saved["runs"]["fit"]], dtype=torch.float64).flatten(1), eps=1e-8)
-
-# %%
-settled_txt = "; ".join(f"lr {lr}: {'settled at step ' + str(k['step']) if k['settled'] else 'not settled by step ' + str(k['step'])}" for lr, k in conv_counts.items())
-last_ratio = {lr: {k: c["moved"][k][-1] / tol for k, tol in conv_saved["tolerances"].items()} for lr, c in conv.items()}
-Markdown(f"With a window of {conv_saved['window']} steps: {settled_txt}. At the last step the stopping statistic is "
-         f"{'; '.join(f'lr {lr}: ' + ', '.join(f'{x:.1f}' for x in r.values()) for lr, r in last_ratio.items())} times its tolerance (MSVE, diagonality, value "
-         f"weights). The diagonality statistic is below its tolerance at the last step for learning rates {', '.join(lr for lr, r in last_ratio.items() if r['diagonality'] < 1) or 'none'}; "
-         f"the value weights' statistic stays above it at every rate, still falling slowly (Figure 6b.3); the MSVE statistic fluctuates above its tolerance "
-         f"with no trend after the first few thousand steps, which we read as the step-to-step noise of constant-step-size training (a reading of the figure, "
-         f"not a test). Where the measures are taken (the settled step, else the last), one layer is uniform in "
-         f"{', '.join(str(k['one_uniform']) for k in conv_counts.values())} of 10 seeds, $(+, +, -)$ holds in the last selective layer in "
-         f"{', '.join(str(k['pattern_selective']) for k in conv_counts.values())} of 10 (learning rates {', '.join(conv)} in order), and the lookahead predicts the "
-         f"held-out seeds' value shape better than the best-fitting $\\theta^*$ in {', '.join(f'{look_wins[lr]} of {n_test[lr]}' for lr in conv)}.")
-
-
+Markdown(f"At $\\gamma = 0.7$ the last selective layer shows $(+, +, -)$ in {int(g70['pattern, last selective layer'].sum())} of 10 seeds after 2000 steps; at "
+         f"$\\gamma = 0.95$ in only {int(g95['pattern, last selective layer'].sum())}, below the bar of 9, with a value error ({g95['MSVE trained'].mean():.2f}) "
+         f"far above the oracle constant's ({g95['MSVE best constant'].mean():.2f}). Four times the emergence chapter's training length does not make the pattern "
+         f"appear at the long horizon; whether still longer training would is not measured here. The single uniform layer of $\\gamma = 0.9$ is rare at both "
+         f"({int(g70['one uniform layer'].sum())} and {int(g95['one uniform layer'].sum())} of 10 seeds).")
 
 # %% [markdown]
 # ## Claims and multiplicity
@@ -1466,41 +1358,6 @@ Markdown(f"With a window of {conv_saved['window']} steps: {settled_txt}. At the 
 # needs several comparisons to hold at once (e.g. "more than every control") takes the largest
 # of their p-values (an intersection-union test). The primary claims are rerun on seeds the book
 # does not show in `tests/test_mechanism.py` and `tests/test_mechanism_dynamics.py`.
-
-# %%
-#| export
-def binomial_greater(k:int,         # successes
-                     m:int,         # trials (seeds)
-                     p0:float=0.5,  # null success rate
-                    )->float:       # one-sided p-value P(X >= k), X ~ Binomial(m, p0)
-    "Exact one-sided binomial test of a count of seeds against a null rate."
-    if not 0 <= k <= m: raise ValueError(f"`k` must lie in [0, {m}], got {k}")
-    return sum(math.comb(m, x) * p0 ** x * (1 - p0) ** (m - x) for x in range(int(k), int(m) + 1))
-
-def normal_greater(z:float)->float:
-    "One-sided p-value of a z-score: P(Z >= z) for a standard normal Z."
-    return 0.5 * math.erfc(z / math.sqrt(2))
-
-def claims_table(families:dict,  # experiment -> dict(primary=(claim, p), secondary={claim: p})
-                 level:float=0.05, # significance level
-                )->str:          # a markdown table, Holm-adjusted within each experiment's secondary claims
-    "The claims of each experiment with their p-values: the primary one as is, the secondary ones Holm-adjusted together."
-    out = ["| experiment | claim | role | p | Holm-adjusted p | holds at " + f"{level:g}" + " |", "|---|---|---|---|---|---|"]
-    for exp, f in families.items():
-        claim, p = f["primary"]
-        out.append(f"| {exp} | {claim} | primary | {p:.2g} | — | {'yes' if p < level else 'no'} |")
-        adj = holm(f["secondary"]) if f["secondary"] else {}
-        out += [f"| | {k} | secondary | {f['secondary'][k]:.2g} | {adj[k]:.2g} | {'yes' if adj[k] < level else 'no'} |" for k in f["secondary"]]
-    return "\n".join(out)
-
-
-# %%
-test_close(binomial_greater(9, 10), 11 / 1024, eps=1e-15)
-test_eq(binomial_greater(0, 10), 1.)
-test_close(normal_greater(1.959963984540054), 0.025, eps=1e-12)
-test_fail(lambda: binomial_greater(11, 10), contains="`k` must lie")
-_ct = claims_table({"x": dict(primary=("p", 0.01), secondary={"a": 0.01, "b": 0.04, "c": 0.3})})
-assert "| a | secondary | 0.01 | 0.03 | yes |" in _ct and "| b | secondary | 0.04 | 0.08 | no |" in _ct, _ct
 
 # %%
 z_max_p = lambda zs: max(normal_greater(z) for z in zs)
@@ -1544,8 +1401,8 @@ Markdown(f"Every primary claim holds at the 0.05 level: {all(f['primary'][1] < 0
 
 # %%
 uniform_other = ", ".join(f"{k}: {int(g['one uniform layer'].sum())}/10" for k, g in gamma_full.items())
-Markdown(f"1. **The algorithm.** A trained model at the specification's settings runs, to a good approximation, the two-step lookahead "
-         f"$\\hat v(x) = c_0 + c_R \\bar R + c_1 \\hat r_\\beta(x) + c_2 \\hat r^+_\\beta(x)$ with $(c_0, c_R, c_1, c_2) = ({c0:.3f}, {cR:.2f}, {c1:.2f}, {c2:.2f})$ and "
+Markdown(f"1. **The algorithm.** A trained model in the `EMERGENCE` configuration runs, to a good approximation, the two-step lookahead "
+         f"$\\hat v(x) = b_0 + b_R \\bar R + b_1 \\tilde r_\\beta(x) + b_2 \\tilde r^+_\\beta(x)$ with $(b_0, b_R, b_1, b_2) = ({b0:.3f}, {bR:.2f}, {b1:.2f}, {b2:.2f})$ and "
          f"$\\beta = {fitted['lookahead']['beta']:g}$, fitted on seeds 0-9. On seeds 10-19 it leaves {look_c.mean():.0%} of the value shape unexplained, against "
          f"{pred['theta*, centred'].mean():.0%} for the best-fitting $\\theta^*$, and its error is lower in at least {min(beats.values())} of 10 seeds against every alternative.\n"
          f"2. **The layers.** In {anat['one_uniform_layer']} of 10 seeds one layer keeps uniform attention and writes a state-blind baseline; this happens at "
@@ -1562,7 +1419,7 @@ Markdown(f"1. **The algorithm.** A trained model at the specification's settings
          f"and training started there leaves it; at the training context $n = 30$ the largest real part of a Jacobian eigenvalue is "
          f"{jac30['theta* (beta 1, alpha 1)']['max_real']:.3f} ± {jac30['theta* (beta 1, alpha 1)']['max_real_se']:.3f} at $\\theta^*(W = I, \\alpha = 1)$ and "
          f"{jac30[fit_start]['max_real']:.3f} ± {jac30[fit_start]['max_real_se']:.3f} at the best fit: $\\theta^*$ is not an attractor at $n = 30$ either.\n"
-         f"7. **A learned shared layer** is tuned to its training depth: iterated further, its error grows without bound (smallest at $K = 3$ in "
+         f"7. **A learned shared layer** is tuned to its training depth: iterated further, its error grows without bound (smallest at $T = 3$ in "
          f"{sum(K == 3 for K in best_K)} of 10 seeds), as chapter 5's recursion predicts for its learned effective discount above 1.\n"
          f"8. **Convergence** ({len(conv)} learning rates, {max(c['steps'][-1] for c in conv.values())} steps): {settled_txt}; where the measures are taken, one uniform "
          f"layer in {conv_counts['0.01']['one_uniform']} of 10 seeds at the emergence chapter's learning rate.\n"
@@ -1571,201 +1428,85 @@ Markdown(f"1. **The algorithm.** A trained model at the specification's settings
 
 
 # %% [markdown]
-# ## Drivers of the slow experiments
+# ## Implementation and tests
 #
-# Every saved file on this page was written by one of these functions, which train through `pretrain_many` with one torch thread and record the
-# command, the git commit and the date.
+# The probes, the estimator, the Jacobian and the shared-layer recursion above are exported to `ictd.mechanism`.
+# The functions that save and load runs, build this page's tables, compute its statistics and apply the stopping rule,
+# and the drivers that trained every saved file, are in `ictd.experiments.mechanism`, documented and tested in
+# [chapter 6c](mechanism_studies.html). What follows are the API entries of the probes and their unit tests: input
+# checks, a fit that recovers a known estimator, and the Jacobian against finite differences.
+
+# %% [markdown]
+# What every saved file of this chapter records about how it was made (the files are written by the drivers of chapter 6c):
 
 # %%
 #| export
-def _write(out_dir, name:str, command:str, payload:dict)->Path:
-    path = Path(out_dir) / name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(dict(provenance=provenance(command), **payload)))
-    return path
+def provenance(command:str,  # the command that produced the file
+              )->dict:       # command, git commit, UTC date, Python and torch versions
+    "What a saved result records about how it was made."
+    try: commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError): commit = "unknown"
+    return dict(command=command, commit=commit, date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                python=sys.version.split()[0], torch=torch.__version__)
 
-def run_mechanism_study(out_dir="nbs/data",            # folder of the JSON file
-                        seeds=tuple(range(10)),        # the seeds the chapter fits on (those of the emergence chapter)
-                        fresh_seeds=tuple(range(10, 20)), # seeds the chapter predicts
-                        config:PretrainConfig=EMERGENCE,   # the configuration
-                        command:str="run_mechanism_study()", # recorded in the file
-                       )->Path:                           # the file written, `mechanism_runs.json`
-    "Train `config` on `seeds` and `fresh_seeds` and save the final parameters of every run."
-    runs = {name: save_runs(pretrain_many(config, list(s), progress=False)) for name, s in (("fit", seeds), ("fresh", fresh_seeds))}
-    return _write(out_dir, "mechanism_runs.json", command, dict(config=dataclasses.asdict(config), runs=runs))
+
+# %%
+test_eq(set(provenance("x")), {"command", "commit", "date", "python", "torch"})
+
+# %%
+test_fail(lambda: centred_msve(ct.v_pi[:, :3], ct), contains="`v_hat` must have shape")
+test_fail(lambda: knockout(toy, 3, "uniform"), contains="`layer` must lie in [0, 3)")
+
+# %%
+show_doc(write_constancy)
+
+# %%
+show_doc(kernel_condition)
 
 
 # %% [markdown]
-# The gap map: where does a trained model know more than the value level?
+# A check: fitted to a model that *is* the lookahead's own form, the fit recovers it. Here the
+# "model" is replaced by the lookahead values themselves, and the relative prediction error on
+# other tasks is zero.
 
 # %%
-#| export
-GAP_CELLS = (dict(n=30, gamma=0.5), dict(n=30, gamma=0.9), dict(n=300, gamma=0.5), dict(n=300, gamma=0.9),
-             dict(features="onehot", gamma=0.5), dict(features="onehot", gamma=0.9), dict(n_states=20))  # changes to EMERGENCE
+class _Lookahead(torch.nn.Module):
+    "A stand-in model whose outputs are lookahead values with given constants."
+    def __init__(self, config, coef, beta): super().__init__(); self.config, self.coef, self.beta = config, coef, beta
+    def predict(self, Z, n=None):
+        tasks, states, _ = held_out_prompts(self.config)
+        return affine_predict(self.coef, lookahead_features(tasks, states, self.beta))
+small = dataclasses.replace(EMERGENCE, eval_tasks=16)
+fake = [(dataclasses.replace(small, seed=k), _Lookahead(dataclasses.replace(small, seed=k), torch.tensor([0.1, 5., 1., 0.5], dtype=torch.float64), 4.)) for k in range(3)]
+fitted_fake = fit_estimators(fake[:2])
+test_eq(fitted_fake["lookahead"]["beta"], 4.)
+test_close(torch.tensor(fitted_fake["lookahead"]["coef"], dtype=torch.float64), torch.tensor([0.1, 5., 1., 0.5], dtype=torch.float64), eps=1e-9)
+test_close(prediction_errors(fitted_fake, fake[2:])["lookahead, centred"], torch.zeros(1, dtype=torch.float64), eps=1e-12)
 
-def run_gap_map(out_dir="nbs/data",              # folder of the JSON file
-                seeds=tuple(range(10)),          # seeds of every cell
-                cells=GAP_CELLS,                 # changes to `base`, one per cell
-                base:PretrainConfig=EMERGENCE,   # the settings every cell shares
-                command:str="run_gap_map()",     # recorded in the file
-                name:str="mechanism_gap_map.json", # the file's name
-               )->Path:                          # the file written (rewritten after every cell)
-    "Train every cell of the gap map over `seeds` and save the measures of every run."
-    done = []
-    for change in cells:
-        c = dataclasses.replace(base, **change)
-        runs = pretrain_many(c, list(seeds), progress=False)
-        done.append(dict(change=change, config=dataclasses.asdict(c), runs=[dict(seed=r.config.seed, diagonality=r.history["diagonality"][-1].tolist(),
-                                                                              **gap_measures(r.config, r.model)) for r in runs]))
-        path = _write(out_dir, name, command, dict(cells=done))
-    return path
-
+# %%
+show_doc(update_jacobian)
 
 # %% [markdown]
-# The controls, the dynamics from $\theta^*$ and the depth sweep: each trains `EMERGENCE` with
-# one change over ten seeds and saves the runs with their gap measures.
+# A check against central differences of $G$ itself, and $\|G\|^2$ against `population_neu`:
 
 # %%
-#| export
-CONTROLS = ("mc", "supervised", "td-independent")   # objectives other than TD, on the same data and architecture
-DEPTHS = (2, 3, 4, 6, 8)                            # depths of the sweep with separate layers
-
-def _study(changes:dict, seeds, history:bool, base:PretrainConfig=EMERGENCE, device=None, cache_dir=None, train_only:bool=False)->dict:
-    "name -> saved runs of `base` with each change, with their gap measures (with `train_only`, only train into `cache_dir`)."
-    out = {}
-    for name, change in changes.items():
-        runs = pretrain_many(dataclasses.replace(base, **change), list(seeds), progress=False, device=device, cache_dir=cache_dir)
-        if train_only: continue
-        out[name] = dict(change=change, runs=[dict(saved, gap=gap_measures(r.config, r.model)) for saved, r in zip(save_runs(runs, history), runs)])
-    return out
-
-def run_control_study(out_dir="nbs/data", seeds=tuple(range(10)), command:str="run_control_study()")->Path:
-    "Train `EMERGENCE` with each objective of `CONTROLS` over `seeds`; write `mechanism_controls.json`."
-    return _write(out_dir, "mechanism_controls.json", command, dict(studies=_study({o: dict(objective=o) for o in CONTROLS}, seeds, False)))
-
-def theta_star_starts(config:PretrainConfig=EMERGENCE,  # the configuration (depth, gamma)
-                      scale:float=0.05,                 # std of the perturbation
-                     )->dict:                           # name -> changes to `config`
-    "The starting points of the dynamics study: theta*(W = I, alpha = 1), the best-fit theta* of the emergence grid, each exact and perturbed."
-    from ictd.emergence import best_theta_star
-    alpha, beta = best_theta_star(config)
-    starts = {"theta* (beta 1, alpha 1)": dict(init="theta_star", init_beta=1., init_alpha=1.),
-              f"best-fit theta* (beta {beta:g}, alpha {alpha:g})": dict(init="theta_star", init_beta=float(beta), init_alpha=float(alpha))}
-    return {**starts, **{f"{k} + N(0, {scale:g}^2)": dict(v, init_scale=scale) for k, v in starts.items()}}
-
-def run_shared_study(out_dir="nbs/data", seeds=tuple(range(10)), command:str="run_shared_study()")->Path:
-    "Train `EMERGENCE` with one shared layer over `seeds`; write `mechanism_shared.json` (the learned layer is iterated in the chapter)."
-    return _write(out_dir, "mechanism_shared.json", command, dict(studies=_study({"shared": dict(shared=True)}, seeds, False)))
-
-def run_theta_star_dynamics(out_dir="nbs/data", seeds=tuple(range(10)), command:str="run_theta_star_dynamics()")->Path:
-    "Train `EMERGENCE` from each of `theta_star_starts()` over `seeds`, keeping the histories; write `mechanism_dynamics.json`."
-    return _write(out_dir, "mechanism_dynamics.json", command, dict(studies=_study(theta_star_starts(), seeds, True)))
-
-DEEP_DEPTHS = (12, 16)                              # the deep end of the depth sweep, saved separately (`mechanism_depth_deep.json`)
-
-def run_depth_sweep(out_dir="nbs/data", seeds=tuple(range(10)), depths=DEPTHS, command:str="run_depth_sweep()", name:str="mechanism_depth.json",
-                    device=None, cache_dir=None, train_only:bool=False)->Path|None:
-    "Train `EMERGENCE` at each depth (separate layers) over `seeds`; write `name` (nothing with `train_only`: runs go to `cache_dir`)."
-    if train_only and cache_dir is None: raise ValueError("`train_only` needs a `cache_dir` to keep the runs in")
-    studies = _study({f"L = {L}": dict(n_layers=L) for L in depths}, seeds, False, device=device, cache_dir=cache_dir, train_only=train_only)
-    return None if train_only else _write(out_dir, name, command, dict(studies=studies))
-
-
-# %% [markdown]
-# The convergence sweep trains one run per learning rate to the largest step count, recording the
-# parameters at every evaluation; with a `cache_dir`, workers can train disjoint seeds or rates
-# in parallel (`train_only`) and a last call assembles the file from their saved runs.
-
-# %%
-#| export
-def converge_config(lr:float, n_steps:int, eval_every:int)->PretrainConfig:
-    "`EMERGENCE` with another learning rate and length, recording the parameters at every evaluation."
-    return dataclasses.replace(EMERGENCE, lr=lr, n_steps=n_steps, eval_every=eval_every, record_params=True)
-
-def model_at(result, i:int):
-    "The model of a run at its i-th evaluation, rebuilt from the recorded parameters."
-    c = result.config
-    return get_family(c.attention).module(c, {k[6:]: v[i].double() for k, v in result.history.items() if k.startswith("param.")})
-
-def _estimator_check(runs:list)->dict:
-    "Fit the candidates on the first half of `runs`, score them on the second: centred 1 - R^2 per seed, and the lookahead's constants."
-    half = len(runs) // 2
-    fitted = fit_estimators(runs[:half])
-    pred = prediction_errors(fitted, runs[half:])
-    return dict(lookahead=fitted["lookahead"], theta_star={k: fitted["theta*"][k] for k in ("alpha", "beta")},
-                centred={k: pred[f"{k}, centred"].tolist() for k in fitted}, msve={k: pred[f"{k}, MSVE"].tolist() for k in list(fitted) + ["trained"]})
-
-def run_converge_study(out_dir="nbs/data",          # folder of the JSON file
-                       seeds=tuple(range(10)),      # seeds of every learning rate
-                       lrs=CONVERGE_LRS,            # learning rates
-                       n_steps:int=4000,            # steps of every run (the largest step count of the sweep)
-                       eval_every:int=200,          # steps between evaluations
-                       window:int=1000,             # the stopping rule's window in steps
-                       kept=(500, 1000, 2000, 4000, 8000, 16000, 32000), # step counts summarised (those evaluated, the last and the settled step)
-                       device=None,                 # torch device (default CUDA when available)
-                       cache_dir=None,              # folder of saved runs and checkpoints (None: none)
-                       train_only:bool=False,       # only train (into `cache_dir`) and write nothing
-                       command:str="run_converge_study()", # recorded in the file
-                       name:str="mechanism_converge.json", # the file's name
-                      )->Path|None:                 # the file written
-    "The lr x steps sweep of `EMERGENCE` with the stopping rule, and the chapter's measures at every kept step count."
-    if train_only and cache_dir is None: raise ValueError("`train_only` needs a `cache_dir` to keep the runs in")
-    out = {}
-    for lr in lrs:
-        c = converge_config(lr, n_steps, eval_every)
-        runs = pretrain_many(c, list(seeds), progress=False, cache_dir=cache_dir, device=device,
-                             checkpoint_every=10 * eval_every if cache_dir is not None else None)
-        if train_only: continue
-        steps = runs[0].history["step"].flatten().tolist()
-        metrics = converge_metrics(runs)
-        settled = settled_step(metrics, steps, window)
-        at = sorted({s for s in kept if s in steps} | {steps[-1]} | ({settled} if settled is not None else set()))
-        summaries, params = {}, {}
-        for s in at:
-            i = steps.index(s)
-            models = [(r.config, model_at(r, i)) for r in runs]
-            summaries[s] = {k: v.tolist() for k, v in study_summary(models).items()}
-            params[s] = [{k: v.tolist() for k, v in model_params(m).items()} for _, m in models]
-        final = [(r.config, model_at(r, len(steps) - 1)) for r in runs]
-        out[f"{lr:g}"] = dict(lr=lr, config=dataclasses.asdict(c), steps=steps, settled=settled,
-                              moved={k: moved_by(v, window // eval_every).tolist() for k, v in metrics.items()},
-                              trajectories={k: v.tolist() for k, v in metrics.items()}, summaries=summaries, params=params,
-                              estimator=_estimator_check([(dataclasses.replace(c, eval_tasks=128), m) for c, m in final]))
-    if train_only: return None
-    return _write(out_dir, name, command, dict(seeds=list(seeds), window=window, tolerances=CONVERGE_TOLERANCES, lrs=out))
-
-
-# %% [markdown]
-# The Jacobian at the training context length: `sampled_jacobians` at both $\theta^*$ points,
-# next to the exact $n = \infty$ values, saved with the eigenvalues' real parts.
-
-# %%
-#| export
-def star_points(config:PretrainConfig=EMERGENCE)->dict:
-    "The two theta* of the dynamics study: name -> (beta, alpha)."
-    from ictd.emergence import best_theta_star
-    alpha, beta = best_theta_star(config)
-    return {"theta* (beta 1, alpha 1)": (1., 1.), f"best-fit theta* (beta {beta:g}, alpha {alpha:g})": (float(beta), float(alpha))}
-
-def run_jacobian_study(out_dir="nbs/data",       # folder of the JSON file
-                       n_batches:int=6,          # Monte-Carlo batches K at n = 30
-                       batch_size:int=16,        # contexts per batch
-                       seed:int=0,               # seed of the contexts
-                       command:str="run_jacobian_study()", # recorded in the file
-                      )->Path:                   # the file written, `mechanism_jacobian.json`
-    "The expected update's Jacobian at both theta* of `EMERGENCE`: exact at n = infinity (8 held-out tasks) and sampled at its n."
-    c = EMERGENCE
-    tasks_inf = held_out_prompts(dataclasses.replace(c, eval_tasks=8, seed=1000))[0]
-    tasks = held_out_prompts(dataclasses.replace(c, seed=1000))[0]
-    out = {}
-    for name, (beta, alpha) in star_points(c).items():
-        m = SoftmaxICTD.from_theta_star(c.feature_dim, c.n_layers, beta * torch.eye(c.feature_dim, dtype=torch.float64), alpha, c.gamma)
-        g, J = update_jacobian(m, tasks_inf)
-        gs, Js = sampled_jacobians(m, tasks, c.n, n_batches, batch_size, seed)
-        out[name] = {"n = infinity": dict(jacobian_spectrum(g[None], J[None]), real_parts=sorted(torch.linalg.eigvals(J).real.tolist())),
-                     f"n = {c.n}": dict(jacobian_spectrum(gs, Js), real_parts=sorted(torch.linalg.eigvals(Js.mean(0)).real.tolist()))}
-    return _write(out_dir, "mechanism_jacobian.json", command, dict(n_batches=n_batches, batch_size=batch_size, seed=seed, points=out))
-
+jt = random_tasks(2, seed=2, d=2)
+jm = SoftmaxICTD(2, 2, init_gain=0.5, seed=6)
+g0, J0 = update_jacobian(jm, jt)
+test_close(g0.square().sum(), torch.tensor(population_neu(jm, jt), dtype=torch.float64), eps=1e-12)
+def _with_flat(model, flat):
+    "A copy of `model` carrying the flattened parameters `flat`, in `update_jacobian`'s order."
+    m, p0 = copy.deepcopy(model), model_params(model)
+    parts = dict(zip(p0, torch.split(flat, [v.numel() for v in p0.values()])))
+    with torch.no_grad():
+        for l, lay in enumerate(m.layers):
+            for k, q in parts.items(): getattr(lay, k).copy_(q.reshape(p0[k].shape)[0, l])
+    return m
+flat0 = torch.cat([v.flatten() for v in model_params(jm).values()])
+for j in (20, 77):
+    e = torch.zeros_like(flat0); e[j] = 1e-6
+    fd = (update_jacobian(_with_flat(jm, flat0 + e), jt)[0] - update_jacobian(_with_flat(jm, flat0 - e), jt)[0]) / 2e-6
+    test_close(J0[:, j], fd, eps=1e-6)
 
 # %%
 #| hide

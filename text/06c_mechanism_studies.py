@@ -1,0 +1,527 @@
+# %%
+#| default_exp experiments.mechanism
+
+# %%
+#| export
+from __future__ import annotations
+import dataclasses, json, math
+from pathlib import Path
+import torch
+from ictd.model import SoftmaxICTD, model_params
+from ictd.pretrain import EMERGENCE, PretrainConfig, get_family, pretrain_many
+from ictd.emergence import UNIFORM_BELOW, held_out_prompts, sign_pattern
+from ictd.mechanism import fit_estimators, gap_measures, jacobian_spectrum, learned_kernel, prediction_errors, provenance, sampled_jacobians, update_jacobian
+
+# %%
+#| hide
+from fastcore.test import *
+from nbdev.showdoc import *
+
+# %% [markdown]
+# # The mechanism studies
+# > The machinery of chapter 6b: saving and loading trained runs with their provenance, the tables and statistics of its experiments, the stopping rule of its convergence sweep, and the drivers that trained every file it reads.
+
+# %% [markdown]
+# *How to read this chapter.* It is the implementation half of [chapter 6b](mechanism.html), kept apart so that
+# the lesson there reads without the library in the way (and so that the theory module `ictd.mechanism` stays
+# small). Nothing here is a new result: each section defines the functions one of 6b's experiments uses, with the
+# tests that pin them down. The drivers at the end are what `ictd mechanism ...` (chapter 8) and `DEVICE_RUN.sh`
+# call; they train through chapter 6's `pretrain_many` and write JSON files under `nbs/data/` that record the
+# command, the git commit and the date. The training configuration they start from is chapter 6's `EMERGENCE`
+# ($s = 10$ states, $d = 4$ random features, $n = 30$, $L = 3$ separate layers, $\gamma = 0.9$, learning rate
+# $10^{-2}$, 2000 steps).
+
+# %% [markdown]
+# ## Saved runs, with their provenance
+#
+# `provenance` (chapter 6b) records how a file was made. A saved run holds the configuration, the seed and the final parameters (and, on request, the metrics at every evaluation); `load_models` rebuilds the models exactly.
+
+# %%
+#| export
+HISTORY_KEYS = ("step", "msve", "neu_population", "diagonality", "value_weights")  # the metrics a saved run keeps
+
+def save_runs(results:list,         # `PretrainResult`s
+              history:bool=False,   # also keep the metrics at every evaluation (else only the final ones)
+             )->list:               # one dict per run: config, params (nested lists), final metrics (and history)
+    "Runs as plain JSON-ready dicts: configuration and final parameters."
+    out = []
+    for r in results:
+        p = model_params(r.model)
+        out.append(dict(config=dataclasses.asdict(r.config), params={k: v[0].tolist() for k, v in p.items()},
+                        final={k: r.history[k][-1].tolist() for k in HISTORY_KEYS[1:]},
+                        **(dict(history={k: r.history[k].tolist() for k in HISTORY_KEYS}) if history else {})))
+    return out
+
+def load_models(runs:list,  # output of `save_runs` (e.g. read from a JSON file)
+               )->list:     # (PretrainConfig, model) per run
+    "Rebuild each saved run's configuration and trained model."
+    out = []
+    for r in runs:
+        c = PretrainConfig(**r["config"])
+        out.append((c, get_family(c.attention).module(c, {k: torch.tensor(v, dtype=torch.float64) for k, v in r["params"].items()})))
+    return out
+
+
+# %%
+show_doc(load_models)
+
+# %% [markdown]
+# A check: the saved runs of chapter 6b load, with the configuration they were trained with, and their parameters reproduce the value weights the training loop recorded.
+
+# %%
+saved = json.loads(Path("data/mechanism_runs.json").read_text())
+two = load_models(saved["runs"]["fit"][:2])
+test_eq(two[1][0], dataclasses.replace(EMERGENCE, seed=saved["runs"]["fit"][1]["config"]["seed"]))
+for r, (c, m) in zip(saved["runs"]["fit"], two):
+    test_close(m.value_weights(), torch.tensor(r["final"]["value_weights"], dtype=torch.float64), eps=1e-12)
+
+# %% [markdown]
+# ## Tables of the anatomy
+#
+# `anatomy_table` prints one part of the per-layer probes of chapter 6b's `layer_anatomy`, in three narrow tables rather than one wide one; `anatomy_counts` gives the counts its claims assert.
+
+# %%
+#| export
+ANATOMY_PARTS = dict(attention=(("diagonality", ".2f", "population diagonality per layer"), ("constancy", ".3f", "value-write constancy")),
+                     knockouts=(("identity", ".2f", "layer removed (MSVE ratio)"), ("uniform", ".3f", "made uniform"), ("swap", ".3f", "swap $\\Delta u = 1/2$")),
+                     writes=())  # the columns of each part of `anatomy_table` (writes: features / reward / value per layer)
+
+def anatomy_table(rows:list,             # `layer_anatomy` rows, one per seed
+                  part:str="attention",  # which probes: "attention", "knockouts" or "writes"
+                 )->str:                 # a markdown table, one row per seed, one value per layer in each cell
+    "A markdown table of one part of the `layer_anatomy` rows; the uniform layer in bold."
+    if part not in ANATOMY_PARTS: raise ValueError(f"`part` must be one of {', '.join(map(repr, ANATOMY_PARTS))}, got {part!r}")
+    f = lambda xs, u, fmt: ", ".join(("**" + format(x, fmt) + "**") if i in u else format(x, fmt) for i, x in enumerate(xs))
+    if part == "writes":
+        L = len(rows[0]["diagonality"])
+        out = ["| seed | " + " | ".join(f"layer {l + 1}: features / reward / value" for l in range(L)) + " |", "|---" * (L + 1) + "|"]
+        return "\n".join(out + [f"| {r['seed']} | " + " | ".join(f"{a:.2f} / {b:.2f} / {c:.2f}" for a, b, c in zip(r["feature_writes"], r["reward_writes"], r["value_writes"])) + " |"
+                                for r in rows])
+    cols = ANATOMY_PARTS[part]
+    out = ["| seed | " + " | ".join(h for *_, h in cols) + " |", "|---" * (len(cols) + 1) + "|"]
+    for r in rows:
+        u = {i for i, x in enumerate(r["diagonality"]) if x < UNIFORM_BELOW}
+        out.append(f"| {r['seed']} | " + " | ".join(f(r[k], u, fmt) for k, fmt, _ in cols) + " |")
+    return "\n".join(out)
+
+
+# %%
+_row = dict(seed=7, diagonality=[0.08, 0.6, 0.4], constancy=[0.99, 0.5, 0.8], identity=[5., 3., 2.], uniform=[1., 1.2, 1.1], swap=[1., 1.1, 1.2],
+            feature_writes=[0.1, 0.5, 0.], reward_writes=[0.2, 0.3, 0.], value_writes=[0.3, 1., 0.4])
+test_eq(anatomy_table([_row]).splitlines()[-1], "| 7 | **0.08**, 0.60, 0.40 | **0.990**, 0.500, 0.800 |")
+test_eq(anatomy_table([_row], "writes").splitlines()[-1], "| 7 | 0.10 / 0.20 / 0.30 | 0.50 / 0.30 / 1.00 | 0.00 / 0.00 / 0.40 |")
+test_fail(lambda: anatomy_table([_row], "layers"), contains="`part` must be one of")
+
+
+# %%
+#| export
+def anatomy_counts(rows:list)->dict:
+    "The counts behind the anatomy claims: one uniform layer, its constant write, and the swap's effect by layer kind."
+    diag = torch.tensor([r["diagonality"] for r in rows]); uniform = diag < UNIFORM_BELOW
+    cons, swap = torch.tensor([r["constancy"] for r in rows]), (torch.tensor([r["swap"] for r in rows]) - 1).abs()
+    later = torch.zeros_like(uniform); later[:, 1:] = True               # layer 1 reads a zero value row: its swap is void
+    return dict(n_seeds=len(rows), one_uniform_layer=int((uniform.sum(-1) == 1).sum()), uniform_position=[int(u.nonzero()[0]) + 1 if u.sum() == 1 else None for u in uniform],
+                uniform_constancy_min=cons[uniform].min().item(), selective_constancy_max=cons[~uniform].max().item(),
+                swap_uniform_max=swap[uniform & later].max().item(), swap_selective_median=swap[~uniform & later].median().item(),
+                selective_diagonality_min=diag[~uniform].min().item(), identity_min=torch.tensor([r["identity"] for r in rows]).min().item(),
+                uniform_knockout_max=(torch.tensor([r["uniform"] for r in rows]) - 1).abs()[uniform].max().item(),
+                uniform_removal_worst=int((torch.tensor([r["identity"] for r in rows]).argmax(-1) == diag.argmin(-1)).sum()))
+
+
+# %%
+_c = anatomy_counts([_row, dict(_row, seed=8, diagonality=[0.6, 0.07, 0.4])])
+test_eq((_c["one_uniform_layer"], _c["uniform_position"]), (2, [1, 2]))
+test_close(_c["uniform_constancy_min"], 0.5, eps=1e-6)
+
+
+# %% [markdown]
+# ## Tables of the gap map and of the studies
+#
+# `gap_table` reads the per-seed measures of a gap-map file; `study_summary` measures trained models directly (MSVE, shape explained, uniform layers, sign patterns) and `summary_table` prints them.
+
+# %%
+#| export
+def gap_table(cells:list,  # the `cells` of `mechanism_gap_map.json`
+             )->dict:      # change -> name -> (seeds,) tensor
+    "Per cell of the gap map: per-seed MSVE and shape explained of the trained model and certainty equivalence, and the TD sign pattern in the last selective layer."
+    from ictd.emergence import last_selective_layer
+    out = {}
+    for cell in cells:
+        rs = cell["runs"]
+        get = lambda k: torch.tensor([r[k] for r in rs], dtype=torch.float64)
+        vw, diag = torch.tensor([r["value_weights"] for r in rs], dtype=torch.float64), torch.tensor([r["diagonality"] for r in rs], dtype=torch.float64)
+        key = ", ".join(f"{k} = {v}" for k, v in cell["change"].items())
+        out[key] = {"MSVE trained": get("msve trained"), "MSVE context mean": get("msve context mean"), "MSVE best constant": get("msve best constant"),
+                    "MSVE certainty equivalence": get("msve certainty equivalence"),
+                    "shape explained, trained": 1 - get("cmsve trained") / get("cmsve best constant"),
+                    "shape explained, certainty equivalence": 1 - get("cmsve certainty equivalence") / get("cmsve best constant"),
+                    "pattern, last selective layer": sign_pattern(vw[torch.arange(len(rs)), last_selective_layer(diag)]).double(),
+                    "one uniform layer": ((diag < UNIFORM_BELOW).sum(-1) == 1).double()}
+    return out
+
+
+# %%
+#| export
+def study_summary(runs:list,  # (config, model) pairs of one setting
+                 )->dict:     # name -> (seeds,) tensor
+    "The measures of the controls, the dynamics and the depth sweep, per seed, from the models themselves."
+    from ictd.emergence import last_selective_layer
+    rows = []
+    for c, m in runs:
+        tasks, states, Z = held_out_prompts(c)
+        g = gap_measures(c, m)
+        diag = learned_kernel(m, tasks).diagonal(dim1=-2, dim2=-1).mean((-2, -1))
+        vw = m.value_weights()
+        rows.append([g["msve trained"], 1 - g["cmsve trained"] / g["cmsve best constant"], float((diag < UNIFORM_BELOW).sum() == 1),
+                     float(sign_pattern(vw[last_selective_layer(diag[None])[0]])), float(sign_pattern(vw[-1])), diag.max().item(), float((diag < UNIFORM_BELOW).sum())])
+    t = torch.tensor(rows, dtype=torch.float64).T
+    return dict(zip(("MSVE", "shape explained", "one uniform layer", "pattern, last selective layer", "pattern, last layer", "largest layer diagonality", "uniform layers"), t))
+
+def summary_table(summaries:dict,  # name -> `study_summary`
+                  label:str,       # the first column's heading
+                 )->str:
+    "A markdown table of `study_summary` results: means ± s.e. and counts over seeds."
+    out = [f"| {label} | MSVE | shape explained | one uniform layer | (+, +, −) last selective layer | (+, +, −) last layer | largest layer diagonality |", "|---|---|---|---|---|---|---|"]
+    for k, sm in summaries.items():
+        m = len(sm["MSVE"])
+        se = lambda x: f"{x.mean():.3f} ± {x.std() / math.sqrt(m):.3f}"
+        out.append(f"| {k} | {se(sm['MSVE'])} | {se(sm['shape explained'])} | {int(sm['one uniform layer'].sum())} / {m} | "
+                   f"{int(sm['pattern, last selective layer'].sum())} / {m} | {int(sm['pattern, last layer'].sum())} / {m} | {se(sm['largest layer diagonality'])} |")
+    return "\n".join(out)
+
+
+# %%
+show_doc(study_summary)
+
+
+# %% [markdown]
+# ## Statistics
+#
+# One-sided tests for counts of seeds and differences of means, and Holm's correction of a family of p-values: chapter 6b's *Claims and multiplicity* uses them.
+
+# %%
+#| export
+def fisher_greater(k1:int, m1:int,  # successes and seeds of the first group
+                   k2:int, m2:int,  # successes and seeds of the second group
+                  )->float:         # one-sided p-value of "the first group's rate is larger"
+    "Fisher's exact test, one-sided: P(X >= k1) for X hypergeometric with the observed margins."
+    K, N = k1 + k2, m1 + m2
+    return sum(math.comb(K, x) * math.comb(N - K, m1 - x) for x in range(k1, min(K, m1) + 1)) / math.comb(N, m1)
+
+def holm(pvalues:dict,  # name -> p-value
+        )->dict:        # name -> Holm-adjusted p-value
+    "Holm's step-down adjustment of a family of p-values."
+    order, out, running = sorted(pvalues, key=pvalues.get), {}, 0.
+    for i, k in enumerate(order):
+        running = max(running, min(1., (len(order) - i) * pvalues[k]))
+        out[k] = running
+    return out
+
+
+# %%
+test_close(fisher_greater(10, 10, 0, 10), 1 / math.comb(20, 10), eps=1e-15)
+test_eq(fisher_greater(0, 10, 5, 10), 1.)
+test_close(fisher_greater(7, 10, 2, 10), sum(math.comb(9, x) * math.comb(11, 10 - x) for x in range(7, 10)) / math.comb(20, 10), eps=1e-15)
+test_eq(holm({"a": 0.01, "b": 0.04, "c": 0.03}), {"a": 0.03, "c": 0.06, "b": 0.06})
+
+
+# %%
+#| export
+def binomial_greater(k:int,         # successes
+                     m:int,         # trials (seeds)
+                     p0:float=0.5,  # null success rate
+                    )->float:       # one-sided p-value P(X >= k), X ~ Binomial(m, p0)
+    "Exact one-sided binomial test of a count of seeds against a null rate."
+    if not 0 <= k <= m: raise ValueError(f"`k` must lie in [0, {m}], got {k}")
+    return sum(math.comb(m, x) * p0 ** x * (1 - p0) ** (m - x) for x in range(int(k), int(m) + 1))
+
+def normal_greater(z:float)->float:
+    "One-sided p-value of a z-score: P(Z >= z) for a standard normal Z."
+    return 0.5 * math.erfc(z / math.sqrt(2))
+
+def claims_table(families:dict,  # experiment -> dict(primary=(claim, p), secondary={claim: p})
+                 level:float=0.05, # significance level
+                )->str:          # a markdown table, Holm-adjusted within each experiment's secondary claims
+    "The claims of each experiment with their p-values: the primary one as is, the secondary ones Holm-adjusted together."
+    out = ["| experiment | claim | role | p | Holm-adjusted p | holds at " + f"{level:g}" + " |", "|---|---|---|---|---|---|"]
+    for exp, f in families.items():
+        claim, p = f["primary"]
+        out.append(f"| {exp} | {claim} | primary | {p:.2g} | — | {'yes' if p < level else 'no'} |")
+        adj = holm(f["secondary"]) if f["secondary"] else {}
+        out += [f"| | {k} | secondary | {f['secondary'][k]:.2g} | {adj[k]:.2g} | {'yes' if adj[k] < level else 'no'} |" for k in f["secondary"]]
+    return "\n".join(out)
+
+
+# %%
+test_close(binomial_greater(9, 10), 11 / 1024, eps=1e-15)
+test_eq(binomial_greater(0, 10), 1.)
+test_close(normal_greater(1.959963984540054), 0.025, eps=1e-12)
+test_fail(lambda: binomial_greater(11, 10), contains="`k` must lie")
+_ct = claims_table({"x": dict(primary=("p", 0.01), secondary={"a": 0.01, "b": 0.04, "c": 0.3})})
+assert "| a | secondary | 0.01 | 0.03 | yes |" in _ct and "| b | secondary | 0.04 | 0.08 | no |" in _ct, _ct
+
+# %%
+show_doc(claims_table)
+
+# %% [markdown]
+# ## The stopping rule
+#
+# `converge_metrics` collects the trajectories the rule of chapter 6b's Experiment 1 watches, `moved_by` computes
+# the statistic of one metric over a window, and `settled_step` applies the rule: the first evaluation from
+# which no metric moves again.
+
+# %%
+#| export
+CONVERGE_TOLERANCES = dict(msve=0.01, diagonality=0.02, value_weights=0.02)  # a seed-mean change over the window below these is "not moving"
+CONVERGE_LRS = (3e-3, 1e-2, 3e-2)                                           # learning rates of the convergence sweep
+
+def converge_metrics(results:list,  # `PretrainResult`s of one configuration, one per seed
+                    )->dict:        # name -> (S, T, k) per-seed trajectories
+    "The trajectories the stopping rule watches: held-out MSVE, every layer's diagonality, the last layer's value weights."
+    h = lambda k: torch.stack([r.history[k] for r in results]).double()
+    S, T = len(results), h("msve").shape[1]
+    return dict(msve=h("msve").reshape(S, T, 1), diagonality=h("diagonality").reshape(S, T, -1), value_weights=h("value_weights")[:, :, -1])
+
+def moved_by(traj:torch.Tensor,  # (S, T, k) per-seed trajectories at evenly spaced evaluations
+             lag:int,            # the window in evaluations
+            )->torch.Tensor:     # (T,) largest |seed-mean change| + 2 s.e. over the window (NaN before `lag`)
+    "How far a metric has moved over the last `lag` evaluations, on the seed mean with two standard errors."
+    if not 1 <= lag < traj.shape[1]: raise ValueError(f"`lag` must lie in [1, {traj.shape[1]}), got {lag}")
+    if traj.shape[0] < 2: raise ValueError(f"`traj` needs at least 2 seeds for a standard error, got {traj.shape[0]}")
+    delta = traj[:, lag:] - traj[:, :-lag]
+    bound = (delta.mean(0).abs() + 2 * delta.std(0) / math.sqrt(traj.shape[0])).amax(-1)
+    return torch.cat([torch.full((lag,), math.nan, dtype=bound.dtype), bound])
+
+def settled_step(metrics:dict,     # output of `converge_metrics`
+                 steps:list,       # (T,) the evaluation steps, evenly spaced
+                 window:int,       # the window w in steps (a multiple of the spacing)
+                 tolerances:dict=CONVERGE_TOLERANCES, # metric -> tolerance epsilon
+                )->int|None:       # the first step from which no metric moves again; None if training never settles
+    "The stopping rule: the first evaluation step from which every metric stays below its tolerance at every later evaluation."
+    every = steps[1] - steps[0]
+    if window % every: raise ValueError(f"`window` must be a multiple of the evaluation spacing {every}, got {window}")
+    still = torch.stack([moved_by(metrics[k], window // every) < tol for k, tol in tolerances.items()]).all(0)
+    later = still.flip(0).cumprod(0).flip(0).bool()                       # still at t and at every evaluation after it
+    return int(steps[int(later.nonzero()[0])]) if later.any() else None
+
+
+# %%
+show_doc(settled_step)
+
+# %% [markdown]
+# A check on synthetic trajectories: ten seeds that decay as $e^{-\sigma/500}$ ($\sigma$ the training step) to a seed's own level,
+# with no noise, settle where the decay over a window of 1000 steps falls below the tolerance,
+# $e^{-\sigma/500}(e^{1000/500} - 1) < 0.01$, i.e. at the first evaluation after $\sigma = 500 \ln(639) \approx 3230$;
+# a trajectory that keeps drifting never settles.
+
+# %%
+_steps = list(range(0, 8001, 200))
+_t = torch.tensor(_steps, dtype=torch.float64)
+_levels = torch.linspace(0, 1, 10, dtype=torch.float64)[:, None, None]
+_decay = _levels + torch.exp(-_t / 500)[None, :, None]
+_flat = dict(msve=_decay, diagonality=_decay.expand(-1, -1, 3), value_weights=torch.zeros(10, len(_steps), 3, dtype=torch.float64))
+test_eq(settled_step(_flat, _steps, 1000), 3400)
+test_eq(settled_step(dict(_flat, msve=_decay + 2e-5 * _t[None, :, None]), _steps, 1000), None)
+test_fail(lambda: settled_step(_flat, _steps, 300), contains="multiple of the evaluation spacing")
+
+
+# %% [markdown]
+# ## Drivers of the slow experiments
+#
+# Every saved file of chapter 6b was written by one of these functions, which train through `pretrain_many` with one torch thread and record the
+# command, the git commit and the date.
+
+# %%
+#| export
+def _write(out_dir, name:str, command:str, payload:dict)->Path:
+    path = Path(out_dir) / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(dict(provenance=provenance(command), **payload)))
+    return path
+
+def run_mechanism_study(out_dir="nbs/data",            # folder of the JSON file
+                        seeds=tuple(range(10)),        # the seeds the chapter fits on (those of the emergence chapter)
+                        fresh_seeds=tuple(range(10, 20)), # seeds the chapter predicts
+                        config:PretrainConfig=EMERGENCE,   # the configuration
+                        command:str="run_mechanism_study()", # recorded in the file
+                       )->Path:                           # the file written, `mechanism_runs.json`
+    "Train `config` on `seeds` and `fresh_seeds` and save the final parameters of every run."
+    runs = {name: save_runs(pretrain_many(config, list(s), progress=False)) for name, s in (("fit", seeds), ("fresh", fresh_seeds))}
+    return _write(out_dir, "mechanism_runs.json", command, dict(config=dataclasses.asdict(config), runs=runs))
+
+
+# %% [markdown]
+# The gap map: where does a trained model know more than the value level?
+
+# %%
+#| export
+GAP_CELLS = (dict(n=30, gamma=0.5), dict(n=30, gamma=0.9), dict(n=300, gamma=0.5), dict(n=300, gamma=0.9),
+             dict(features="onehot", gamma=0.5), dict(features="onehot", gamma=0.9), dict(n_states=20))  # changes to EMERGENCE
+
+def run_gap_map(out_dir="nbs/data",              # folder of the JSON file
+                seeds=tuple(range(10)),          # seeds of every cell
+                cells=GAP_CELLS,                 # changes to `base`, one per cell
+                base:PretrainConfig=EMERGENCE,   # the settings every cell shares
+                command:str="run_gap_map()",     # recorded in the file
+                name:str="mechanism_gap_map.json", # the file's name
+               )->Path:                          # the file written (rewritten after every cell)
+    "Train every cell of the gap map over `seeds` and save the measures of every run."
+    done = []
+    for change in cells:
+        c = dataclasses.replace(base, **change)
+        runs = pretrain_many(c, list(seeds), progress=False)
+        done.append(dict(change=change, config=dataclasses.asdict(c), runs=[dict(seed=r.config.seed, diagonality=r.history["diagonality"][-1].tolist(),
+                                                                              **gap_measures(r.config, r.model)) for r in runs]))
+        path = _write(out_dir, name, command, dict(cells=done))
+    return path
+
+
+# %% [markdown]
+# The controls, the dynamics from $\theta^*$ and the depth sweep: each trains `EMERGENCE` with
+# one change over ten seeds and saves the runs with their gap measures.
+
+# %%
+#| export
+CONTROLS = ("mc", "supervised", "td-independent")   # objectives other than TD, on the same data and architecture
+DEPTHS = (2, 3, 4, 6, 8)                            # depths of the sweep with separate layers
+
+def _study(changes:dict, seeds, history:bool, base:PretrainConfig=EMERGENCE, device=None, cache_dir=None, train_only:bool=False)->dict:
+    "name -> saved runs of `base` with each change, with their gap measures (with `train_only`, only train into `cache_dir`)."
+    out = {}
+    for name, change in changes.items():
+        runs = pretrain_many(dataclasses.replace(base, **change), list(seeds), progress=False, device=device, cache_dir=cache_dir)
+        if train_only: continue
+        out[name] = dict(change=change, runs=[dict(saved, gap=gap_measures(r.config, r.model)) for saved, r in zip(save_runs(runs, history), runs)])
+    return out
+
+def run_control_study(out_dir="nbs/data", seeds=tuple(range(10)), command:str="run_control_study()")->Path:
+    "Train `EMERGENCE` with each objective of `CONTROLS` over `seeds`; write `mechanism_controls.json`."
+    return _write(out_dir, "mechanism_controls.json", command, dict(studies=_study({o: dict(objective=o) for o in CONTROLS}, seeds, False)))
+
+def theta_star_starts(config:PretrainConfig=EMERGENCE,  # the configuration (depth, gamma)
+                      scale:float=0.05,                 # std of the perturbation
+                     )->dict:                           # name -> changes to `config`
+    "The starting points of the dynamics study: theta*(W = I, alpha = 1), the best-fit theta* of the emergence grid, each exact and perturbed."
+    from ictd.emergence import best_theta_star
+    alpha, beta = best_theta_star(config)
+    starts = {"theta* (beta 1, alpha 1)": dict(init="theta_star", init_beta=1., init_alpha=1.),
+              f"best-fit theta* (beta {beta:g}, alpha {alpha:g})": dict(init="theta_star", init_beta=float(beta), init_alpha=float(alpha))}
+    return {**starts, **{f"{k} + N(0, {scale:g}^2)": dict(v, init_scale=scale) for k, v in starts.items()}}
+
+def run_shared_study(out_dir="nbs/data", seeds=tuple(range(10)), command:str="run_shared_study()")->Path:
+    "Train `EMERGENCE` with one shared layer over `seeds`; write `mechanism_shared.json` (the learned layer is iterated in the chapter)."
+    return _write(out_dir, "mechanism_shared.json", command, dict(studies=_study({"shared": dict(shared=True)}, seeds, False)))
+
+def run_theta_star_dynamics(out_dir="nbs/data", seeds=tuple(range(10)), command:str="run_theta_star_dynamics()")->Path:
+    "Train `EMERGENCE` from each of `theta_star_starts()` over `seeds`, keeping the histories; write `mechanism_dynamics.json`."
+    return _write(out_dir, "mechanism_dynamics.json", command, dict(studies=_study(theta_star_starts(), seeds, True)))
+
+DEEP_DEPTHS = (12, 16)                              # the deep end of the depth sweep, saved separately (`mechanism_depth_deep.json`)
+
+def run_depth_sweep(out_dir="nbs/data", seeds=tuple(range(10)), depths=DEPTHS, command:str="run_depth_sweep()", name:str="mechanism_depth.json",
+                    device=None, cache_dir=None, train_only:bool=False)->Path|None:
+    "Train `EMERGENCE` at each depth (separate layers) over `seeds`; write `name` (nothing with `train_only`: runs go to `cache_dir`)."
+    if train_only and cache_dir is None: raise ValueError("`train_only` needs a `cache_dir` to keep the runs in")
+    studies = _study({f"L = {L}": dict(n_layers=L) for L in depths}, seeds, False, device=device, cache_dir=cache_dir, train_only=train_only)
+    return None if train_only else _write(out_dir, name, command, dict(studies=studies))
+
+
+# %% [markdown]
+# The convergence sweep trains one run per learning rate to the largest step count, recording the
+# parameters at every evaluation; with a `cache_dir`, workers can train disjoint seeds or rates
+# in parallel (`train_only`) and a last call assembles the file from their saved runs.
+
+# %%
+#| export
+def converge_config(lr:float, n_steps:int, eval_every:int)->PretrainConfig:
+    "`EMERGENCE` with another learning rate and length, recording the parameters at every evaluation."
+    return dataclasses.replace(EMERGENCE, lr=lr, n_steps=n_steps, eval_every=eval_every, record_params=True)
+
+def model_at(result, i:int):
+    "The model of a run at its i-th evaluation, rebuilt from the recorded parameters."
+    c = result.config
+    return get_family(c.attention).module(c, {k[6:]: v[i].double() for k, v in result.history.items() if k.startswith("param.")})
+
+def _estimator_check(runs:list)->dict:
+    "Fit the candidates on the first half of `runs`, score them on the second: centred 1 - R^2 per seed, and the lookahead's constants."
+    half = len(runs) // 2
+    fitted = fit_estimators(runs[:half])
+    pred = prediction_errors(fitted, runs[half:])
+    return dict(lookahead=fitted["lookahead"], theta_star={k: fitted["theta*"][k] for k in ("alpha", "beta")},
+                centred={k: pred[f"{k}, centred"].tolist() for k in fitted}, msve={k: pred[f"{k}, MSVE"].tolist() for k in list(fitted) + ["trained"]})
+
+def run_converge_study(out_dir="nbs/data",          # folder of the JSON file
+                       seeds=tuple(range(10)),      # seeds of every learning rate
+                       lrs=CONVERGE_LRS,            # learning rates
+                       n_steps:int=4000,            # steps of every run (the largest step count of the sweep)
+                       eval_every:int=200,          # steps between evaluations
+                       window:int=1000,             # the stopping rule's window in steps
+                       kept=(500, 1000, 2000, 4000, 8000, 16000, 32000), # step counts summarised (those evaluated, the last and the settled step)
+                       device=None,                 # torch device (default CUDA when available)
+                       cache_dir=None,              # folder of saved runs and checkpoints (None: none)
+                       train_only:bool=False,       # only train (into `cache_dir`) and write nothing
+                       command:str="run_converge_study()", # recorded in the file
+                       name:str="mechanism_converge.json", # the file's name
+                      )->Path|None:                 # the file written
+    "The lr x steps sweep of `EMERGENCE` with the stopping rule, and the chapter's measures at every kept step count."
+    if train_only and cache_dir is None: raise ValueError("`train_only` needs a `cache_dir` to keep the runs in")
+    out = {}
+    for lr in lrs:
+        c = converge_config(lr, n_steps, eval_every)
+        runs = pretrain_many(c, list(seeds), progress=False, cache_dir=cache_dir, device=device,
+                             checkpoint_every=10 * eval_every if cache_dir is not None else None)
+        if train_only: continue
+        steps = runs[0].history["step"].flatten().tolist()
+        metrics = converge_metrics(runs)
+        settled = settled_step(metrics, steps, window)
+        at = sorted({s for s in kept if s in steps} | {steps[-1]} | ({settled} if settled is not None else set()))
+        summaries, params = {}, {}
+        for s in at:
+            i = steps.index(s)
+            models = [(r.config, model_at(r, i)) for r in runs]
+            summaries[s] = {k: v.tolist() for k, v in study_summary(models).items()}
+            params[s] = [{k: v.tolist() for k, v in model_params(m).items()} for _, m in models]
+        final = [(r.config, model_at(r, len(steps) - 1)) for r in runs]
+        out[f"{lr:g}"] = dict(lr=lr, config=dataclasses.asdict(c), steps=steps, settled=settled,
+                              moved={k: moved_by(v, window // eval_every).tolist() for k, v in metrics.items()},
+                              trajectories={k: v.tolist() for k, v in metrics.items()}, summaries=summaries, params=params,
+                              estimator=_estimator_check([(dataclasses.replace(c, eval_tasks=128), m) for c, m in final]))
+    if train_only: return None
+    return _write(out_dir, name, command, dict(seeds=list(seeds), window=window, tolerances=CONVERGE_TOLERANCES, lrs=out))
+
+
+# %% [markdown]
+# The Jacobian at the training context length: `sampled_jacobians` at both $\theta^*$ points,
+# next to the exact $n = \infty$ values, saved with the eigenvalues' real parts.
+
+# %%
+#| export
+def star_points(config:PretrainConfig=EMERGENCE)->dict:
+    "The two theta* of the dynamics study: name -> (beta, alpha)."
+    from ictd.emergence import best_theta_star
+    alpha, beta = best_theta_star(config)
+    return {"theta* (beta 1, alpha 1)": (1., 1.), f"best-fit theta* (beta {beta:g}, alpha {alpha:g})": (float(beta), float(alpha))}
+
+def run_jacobian_study(out_dir="nbs/data",       # folder of the JSON file
+                       n_batches:int=6,          # Monte-Carlo batches K at n = 30
+                       batch_size:int=16,        # contexts per batch
+                       seed:int=0,               # seed of the contexts
+                       command:str="run_jacobian_study()", # recorded in the file
+                      )->Path:                   # the file written, `mechanism_jacobian.json`
+    "The expected update's Jacobian at both theta* of `EMERGENCE`: exact at n = infinity (8 held-out tasks) and sampled at its n."
+    c = EMERGENCE
+    tasks_inf = held_out_prompts(dataclasses.replace(c, eval_tasks=8, seed=1000))[0]
+    tasks = held_out_prompts(dataclasses.replace(c, seed=1000))[0]
+    out = {}
+    for name, (beta, alpha) in star_points(c).items():
+        m = SoftmaxICTD.from_theta_star(c.feature_dim, c.n_layers, beta * torch.eye(c.feature_dim, dtype=torch.float64), alpha, c.gamma)
+        g, J = update_jacobian(m, tasks_inf)
+        gs, Js = sampled_jacobians(m, tasks, c.n, n_batches, batch_size, seed)
+        out[name] = {"n = infinity": dict(jacobian_spectrum(g[None], J[None]), real_parts=sorted(torch.linalg.eigvals(J).real.tolist())),
+                     f"n = {c.n}": dict(jacobian_spectrum(gs, Js), real_parts=sorted(torch.linalg.eigvals(Js.mean(0)).real.tolist()))}
+    return _write(out_dir, "mechanism_jacobian.json", command, dict(n_batches=n_batches, batch_size=batch_size, seed=seed, points=out))
+
+
+# %%
+#| hide
+import nbdev; nbdev.nbdev_export()
