@@ -71,7 +71,7 @@ class MRP:
     def d(self)->int: return self.phi.shape[1]
     def __repr__(self): return f"MRP(n_states={self.n_states}, d={self.d}, gamma={self.gamma})"
 
-# %% ../nbs/00_boyan.ipynb #703e6c4f
+# %% ../nbs/00_boyan.ipynb #7c17fff1
 FEATURES, REWARDS = ("random", "onehot", "unit"), ("random", "representable")
 
 def transitions_from_uniforms(u:np.ndarray,   # (..., 2s - 2) uniforms on [0, 1): s - 2 jump probabilities, then s last-row weights
@@ -93,7 +93,7 @@ def boyan_transitions(n_states:int,                 # number of states s >= 2
     "Random Boyan-chain transition matrix: jumps of +1 or +2, and a random last row."
     return transitions_from_uniforms(rng.random(2 * n_states - 2), n_states)
 
-# %% ../nbs/00_boyan.ipynb #a31eda64
+# %% ../nbs/00_boyan.ipynb #28c13c68
 def chain_from_uniforms(u:np.ndarray,   # (..., 2s - 2 + s d) uniforms on [0, 1): jump probabilities, last-row weights, feature block
                         n_states:int,   # number of states s >= 2
                         d:int,          # columns of the feature block (one-hot features read it too, and have s columns)
@@ -108,6 +108,7 @@ def chain_from_uniforms(u:np.ndarray,   # (..., 2s - 2 + s d) uniforms on [0, 1)
     else: phi = block / np.linalg.norm(block, axis=-1, keepdims=True) if features == "unit" else block
     return transitions_from_uniforms(u[..., :k], s), phi
 
+# %% ../nbs/00_boyan.ipynb #c21067cc
 def random_boyan_chain(n_states:int=10,           # number of states s >= 2
                        d:int=4,                   # feature dimension; one-hot chains (s features) read the s x d block too, so they share P and r with random-feature chains of this d
                        gamma:float=0.9,           # discount factor in [0, 1)

@@ -236,8 +236,6 @@ class CausalSoftmaxICTD(SoftmaxICTD):
         "The model whose every layer is one step of prefix softmax TD (`theta_causal`)."
         return cls.from_params(n_layers, *theta_causal(d, W, alpha, gamma, current, order), recency, shared=shared)
 
-
-
 # %% ../nbs/04a_causal.ipynb #289e0b8f
 class CausalCache:
     "Per-layer keys and values of the tokens a `CausalSoftmaxICTD` has read, for appending one token at a time."

@@ -14,7 +14,7 @@ from .tasks import TaskBatch
 
 # %% auto #0
 __all__ = ['TASK_FIELDS', 'CLAIM_STATUSES', 'check_int', 'check_number', 'check_choice', 'check_seeds', 'substream',
-           'stream_generator', 'jsonable', 'record_claim', 'load_claims']
+           'stream_generator', 'record_claim', 'load_claims', 'jsonable']
 
 # %% ../nbs/00b_core.ipynb #5c70a449
 def _is_number(x)->bool: return not isinstance(x, bool) and isinstance(x, (int, float, np.integer, np.floating))
@@ -76,15 +76,6 @@ def stack(cls:TaskBatch, batches:list, device=None)->TaskBatch:
     if not batches or len({b.gamma for b in batches}) > 1: raise ValueError("`batches` must be a non-empty list of TaskBatch with one discount")
     return TaskBatch(*(torch.stack([getattr(b, k) for b in batches]).to(device) for k in TASK_FIELDS), batches[0].gamma)
 
-# %% ../nbs/00b_core.ipynb #04f61ebd
-def jsonable(x):
-    "`x` with tensors and numpy arrays turned into (nested) lists and numpy scalars into numbers, for `json.dump`."
-    if isinstance(x, (torch.Tensor, np.ndarray)): return x.tolist()
-    if isinstance(x, np.generic): return x.item()
-    if isinstance(x, dict): return {str(k): jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)): return [jsonable(v) for v in x]
-    return x
-
 # %% ../nbs/00b_core.ipynb #153fd73e
 CLAIM_STATUSES = ("proved", "measured", "partial", "refuted")
 
@@ -110,3 +101,12 @@ def record_claim(key:str,              # identifier, unique within the chapter, 
 def load_claims(folder="data/claims")->list:
     "Every recorded claim under `folder`, as dicts with a `key`, in file then key order."
     return [dict(key=k, **r) for f in sorted(Path(folder).glob("*.json")) for k, r in json.loads(f.read_text()).items()]
+
+# %% ../nbs/00b_core.ipynb #04f61ebd
+def jsonable(x):
+    "`x` with tensors and numpy arrays turned into (nested) lists and numpy scalars into numbers, for `json.dump`."
+    if isinstance(x, (torch.Tensor, np.ndarray)): return x.tolist()
+    if isinstance(x, np.generic): return x.item()
+    if isinstance(x, dict): return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)): return [jsonable(v) for v in x]
+    return x

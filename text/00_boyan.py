@@ -12,6 +12,7 @@ import torch
 #| hide
 from fastcore.test import *
 from nbdev.showdoc import *
+from fractions import Fraction
 
 # %%
 #| hide
@@ -27,6 +28,15 @@ from ictd.core import record_claim
 # %% [markdown]
 # # The Boyan chain
 # > Markov reward processes, the random Boyan chain that serves as the book's testbed, trajectories, stationary distributions and true values.
+
+# %% [markdown]
+# *How to read this chapter.* It sets up the ground truth the whole book scores against. First the
+# objects (a Markov reward process, its values and its stationary distribution), then the book's
+# testbed, the random Boyan chain, with a picture of one, then a three-state chain solved by hand, then
+# trajectories and the value error. The functions a reader calls (`random_boyan_chain`,
+# `sample_trajectory`, `msve`, `plot_chain`) are documented where they appear; the input checks and
+# the exhaustive tests are in the last section, [Implementation and tests](#implementation-and-tests).
+# Symbols are listed once in [Notation](notation.html).
 
 # %% [markdown]
 # Everything in this book is *policy evaluation*: a fixed policy has turned a Markov decision
@@ -49,11 +59,13 @@ from ictd.core import record_claim
 # trajectory. The MRP object below bundles the ground truth that we score them against.
 
 # %% [markdown]
-# ## Checking inputs
+# ## Markov reward processes
 #
-# Every public function of `ictd` accepts numpy arrays or torch tensors and returns torch tensors.
-# Bad input (a wrong shape, a NaN, a discount of 1) must fail loudly with a message that names the
-# argument, never produce a silently wrong number. These two helpers do that for the whole library.
+# `MRP` validates its inputs once and then computes the two quantities every later chapter scores
+# against: the stationary distribution $d_\pi$ and the true values $v_\pi$. (Every function of the
+# library accepts numpy arrays or torch tensors and rejects bad input with a `ValueError` that names
+# the argument; the two small validators defined below are explained, with their tests, in
+# [Implementation and tests](#checking-inputs).)
 
 # %%
 #| export
@@ -80,21 +92,8 @@ def check_gamma(gamma)->float:
     return g
 
 
-# %%
-test_eq(as_tensor([1, 2], "x").dtype, torch.float64)
-test_eq(as_tensor(torch.ones(2, dtype=torch.float32), "x").dtype, torch.float32)
-test_fail(lambda: as_tensor([1., float("nan")], "rewards"), contains="`rewards` contains NaN")
-test_fail(lambda: as_tensor("abc", "phi"), contains="`phi` must be numeric")
-test_eq(check_gamma(0.9), 0.9)
-for g in (1, -0.1, 1.5): test_fail(lambda: check_gamma(g), contains="`gamma` must lie in [0, 1)")
-
-
 # %% [markdown]
-# ## Markov reward processes
-#
-# `MRP` validates its inputs once and then computes the two quantities every later chapter scores
-# against: the stationary distribution $d_\pi$ and the true values $v_\pi$. The stationary
-# distribution is the solution of the (overdetermined, consistent) linear system
+# The stationary distribution is the solution of the (overdetermined, consistent) linear system
 # $\big[\,P^\top - I;\ \mathbf 1^\top\big] d = [0; 1]$, which is unique exactly when the augmented
 # matrix has full column rank; a chain with two closed classes fails that test and is rejected.
 
@@ -144,33 +143,6 @@ class MRP:
 show_doc(MRP)
 
 # %% [markdown]
-# A two-state example we can solve by hand: from either state the chain moves to the other, state 0
-# pays 1 and state 1 pays 0. Then $d_\pi = (1/2, 1/2)$ and $v(0) = 1 + \gamma v(1)$,
-# $v(1) = \gamma v(0)$, so $v(0) = 1/(1-\gamma^2)$.
-
-# %%
-flip = MRP(P=[[0., 1.], [1., 0.]], r=[1., 0.], gamma=0.5, phi=[[1.], [0.]])
-test_close(flip.d_pi, torch.tensor([0.5, 0.5], dtype=torch.float64), eps=1e-14)
-test_close(flip.v_pi, torch.tensor([1/(1-0.25), 0.5/(1-0.25)], dtype=torch.float64), eps=1e-14)
-flip
-
-# %% [markdown]
-# Each malformed input fails with the argument's name:
-
-# %%
-ok = dict(P=np.eye(2)[[1, 0]], r=np.zeros(2), gamma=0.9, phi=np.eye(2))
-bad_inputs = {"`P` is not row-stochastic": dict(P=[[0.5, 0.4], [1, 0]]),
-              "`P` has negative entries":  dict(P=[[1.5, -0.5], [1, 0]]),
-              "`P` must be a square":      dict(P=np.ones((2, 3)) / 3),
-              "`r` must have shape (2,)":  dict(r=np.zeros(3)),
-              "`phi` must have shape (2, d)": dict(phi=np.ones((3, 2))),
-              "`gamma` must lie in [0, 1)": dict(gamma=1.0),
-              "`r` contains NaN or inf":   dict(r=[0., np.nan]),
-              "`P` contains NaN or inf":   dict(P=[[np.inf, 0], [1, 0]]),
-              "no unique stationary distribution": dict(P=np.eye(2))}
-for msg, kw in bad_inputs.items(): test_fail(lambda: MRP(**{**ok, **kw}), contains=msg)
-
-# %% [markdown]
 # ## The random Boyan chain
 #
 # Boyan's chain (Boyan, 2002) is the standard small testbed for TD methods: a line of states in
@@ -189,7 +161,9 @@ for msg, kw in bad_inputs.items(): test_fail(lambda: MRP(**{**ok, **kw}), contai
 #   or "unit": random rows rescaled to norm 1.
 #
 # Every draw is a new *task*. An in-context learner is shown a trajectory of a task it has never
-# seen and must estimate that task's values.
+# seen and must estimate that task's values. The two helpers below turn the uniforms of a
+# random generator into a chain; the order in which they read them is in
+# [Implementation and tests](#drawing-a-chain-from-uniforms).
 
 # %%
 #| export
@@ -215,16 +189,6 @@ def boyan_transitions(n_states:int,                 # number of states s >= 2
     return transitions_from_uniforms(rng.random(2 * n_states - 2), n_states)
 
 
-# %% [markdown]
-# A chain reads the uniforms of its generator in one fixed order, whatever its feature kind:
-# the $s - 2$ jump probabilities, the $s$ weights of the last row, an $s \times d$ **feature
-# block**, and then its $s$ rewards. Random features are the block mapped to $U(-1, 1)$, unit
-# features are those rows rescaled to norm 1, and one-hot features ($\Phi = I$) read the block and
-# discard it. Reading the block for every kind is what keeps the rewards in the same place, so the
-# chains of one seed differ only in $\Phi$ (checked below). Random and unit features have always
-# been drawn in this order, so the book's saved results keep their tasks; one-hot chains once
-# skipped the block, and now share their rewards with the other kinds.
-
 # %%
 #| export
 def chain_from_uniforms(u:np.ndarray,   # (..., 2s - 2 + s d) uniforms on [0, 1): jump probabilities, last-row weights, feature block
@@ -241,6 +205,9 @@ def chain_from_uniforms(u:np.ndarray,   # (..., 2s - 2 + s d) uniforms on [0, 1)
     else: phi = block / np.linalg.norm(block, axis=-1, keepdims=True) if features == "unit" else block
     return transitions_from_uniforms(u[..., :k], s), phi
 
+
+# %%
+#| export
 def random_boyan_chain(n_states:int=10,           # number of states s >= 2
                        d:int=4,                   # feature dimension; one-hot chains (s features) read the s x d block too, so they share P and r with random-feature chains of this d
                        gamma:float=0.9,           # discount factor in [0, 1)
@@ -263,96 +230,16 @@ def random_boyan_chain(n_states:int=10,           # number of states s >= 2
 # %%
 show_doc(random_boyan_chain)
 
-# %%
-show_doc(chain_from_uniforms)
-
-# %%
-u = np.random.default_rng(0).random((3, 2 * 5 - 2 + 5 * 2))
-for f in FEATURES:
-    P3, phi3 = chain_from_uniforms(u, 5, 2, f)
-    for b in range(3): test_eq(chain_from_uniforms(u[b], 5, 2, f), (P3[b], phi3[b]))
-test_eq(chain_from_uniforms(u[0], 5, 2, "random")[0], transitions_from_uniforms(u[0, :8], 5))
-test_eq(boyan_transitions(5, np.random.default_rng(4)), transitions_from_uniforms(np.random.default_rng(4).random(8), 5))
-test_fail(lambda: chain_from_uniforms(u[0, :-1], 5, 2, "random"), contains="`u` must have last dimension")
-test_fail(lambda: chain_from_uniforms(u[0], 5, 2, "cubic"), contains="`features` must be one of")
-
 # %% [markdown]
-# The transition matrix has the chain's structure: jumps of one or two to the right, a
-# deterministic step from state $s-2$, and a last row that reaches every state.
+# Here is one chain, drawn with seed 0: 10 states, $d = 4$ random features, $\gamma = 0.9$.
 
 # %%
 mrp = random_boyan_chain(seed=0)
-P = mrp.P
-test_close(P.sum(1), torch.ones(10), eps=1e-12)
-for i in range(8):
-    test_eq(set(torch.nonzero(P[i]).flatten().tolist()), {i + 1, i + 2})
-    test_close(P[i, i + 1] + P[i, i + 2], 1., eps=1e-12)
-    assert 0.01 <= P[i, i + 1] <= 0.99
-test_eq(P[8].tolist(), [0.] * 9 + [1.])
-assert (P[9] > 0).all()
-test_eq((mrp.phi.shape, mrp.gamma), ((10, 4), 0.9))
 mrp
 
-# %% [markdown]
-# Seeds reproduce draws exactly, a `numpy.random.Generator` can be passed instead, and the
-# feature and reward variants do what they say:
-
-# %%
-a, b = random_boyan_chain(seed=7), random_boyan_chain(seed=7)
-for k in ("P", "r", "phi", "v_pi"): test_eq(getattr(a, k), getattr(b, k))
-test_ne(random_boyan_chain(seed=8).P, a.P)
-test_eq(random_boyan_chain(seed=np.random.default_rng(7)).P, a.P)
-test_eq(random_boyan_chain(n_states=6, features="onehot", seed=1).phi, torch.eye(6, dtype=torch.float64))
-test_close(random_boyan_chain(features="unit", seed=1).phi.norm(dim=1), torch.ones(10), eps=1e-12)
-rep = random_boyan_chain(rewards="representable", seed=1)
-w = torch.linalg.lstsq(rep.phi, rep.v_pi.unsqueeze(1)).solution
-test_close(rep.phi @ w.squeeze(1), rep.v_pi, eps=1e-10)
-
-# %%
-for msg, kw in {"`n_states` must be an integer >= 2": dict(n_states=1),
-                "`d` must be a positive integer": dict(d=0),
-                "`features` must be one of": dict(features="gaussian"),
-                "`rewards` must be one of": dict(rewards="sparse"),
-                "`gamma` must lie in [0, 1)": dict(gamma=1.)}.items():
-    test_fail(lambda: random_boyan_chain(**kw), contains=msg)
 
 # %% [markdown]
-# ### One seed, one chain under every feature kind
-#
-# Because every kind reads the feature block, the chains of one seed, number of states and $d$
-# are **one Markov reward process** under every feature kind: the same $P$, $r$, $d_\pi$ and
-# $v_\pi$, bit for bit, with only $\Phi$ differing (unit features are the random features
-# rescaled, one-hot features are $I$). A side-by-side of feature kinds on the seeds of one range
-# therefore compares the features on the same tasks. Two limits of the statement: $r$ follows the
-# block of $s d$ uniforms, so changing $d$ keeps $P$ but redraws $r$ (a one-hot chain shares its
-# rewards with the random-feature chains of the `d` it is given, default or not); and
-# *representable* rewards are built from $\Phi$ ($v_\pi = \Phi w$), so across kinds they share
-# $P$ only. The check runs over many seeds and sizes:
-
-# %%
-shared, sizes = [], [(2 + seed % 19, 1 + seed % 9) for seed in range(200)]
-for seed, (s, d) in enumerate(sizes):
-    chains = {f: random_boyan_chain(s, d, features=f, seed=seed) for f in FEATURES}
-    ref = chains["random"]
-    for m in chains.values():
-        for k in ("P", "r", "d_pi", "v_pi"): test_eq(getattr(m, k), getattr(ref, k))
-    test_eq(chains["onehot"].phi, torch.eye(s, dtype=torch.float64))
-    test_eq(chains["unit"].phi.numpy(), ref.phi.numpy() / np.linalg.norm(ref.phi.numpy(), axis=1, keepdims=True))
-    other_d = random_boyan_chain(s, d + 1, seed=seed)
-    test_eq(other_d.P, ref.P)
-    shared.append(not torch.equal(other_d.r, ref.r))
-rep = [random_boyan_chain(8, 3, features=f, rewards="representable", seed=1) for f in FEATURES]
-for m in rep[1:]: test_eq(m.P, rep[0].P)
-assert all(shared)
-record_claim("kinds-share-mrp", "The random, unit and one-hot chains of one seed (same number of states and `d`) have the same $P$, $r$, $d_\\pi$ and $v_\\pi$ bit for bit; only $\\Phi$ differs.",
-             "proved", "boyan", "#one-seed-one-chain-under-every-feature-kind")
-(s_lo, d_lo), (s_hi, d_hi) = np.min(sizes, 0), np.max(sizes, 0)
-Markdown(f"On all {len(shared)} seeds (with $s$ from {s_lo} to {s_hi} and $d$ from {d_lo} to {d_hi}) the {len(FEATURES)} feature kinds share "
-         f"$P$, $r$, $d_\\pi$ and $v_\\pi$ exactly, and changing $d$ to $d + 1$ kept $P$ and redrew $r$ on all {sum(shared)} of them.")
-
-
-# %% [markdown]
-# Here is one chain. Arrows above the line are the single steps $i \to i+1$, arrows below the
+# Arrows above the line are the single steps $i \to i+1$, arrows below the
 # double steps $i \to i+2$, each labelled with its probability; the last state's row, which sends
 # it anywhere, is the bottom row of the transition matrix below.
 
@@ -398,10 +285,69 @@ ax.set(title="Transition matrix $P$ of the same chain", xlabel="next state $y$",
 fig.colorbar(im, ax=ax, label="$P(x, y)$");
 
 # %% [markdown]
-# ## True values and the stationary distribution
+# The check: every row of $P$ sums to one; row $i \le s - 3$ has exactly the two entries $i + 1$ and
+# $i + 2$, with $P[i, i+1] \in [0.01, 0.99]$; row $s - 2$ steps to $s - 1$ surely; and the last row
+# reaches every state.
+
+# %%
+P = mrp.P
+test_close(P.sum(1), torch.ones(10), eps=1e-12)
+for i in range(8):
+    test_eq(set(torch.nonzero(P[i]).flatten().tolist()), {i + 1, i + 2})
+    test_close(P[i, i + 1] + P[i, i + 2], 1., eps=1e-12)
+    assert 0.01 <= P[i, i + 1] <= 0.99
+test_eq(P[8].tolist(), [0.] * 9 + [1.])
+assert (P[9] > 0).all()
+test_eq((mrp.phi.shape, mrp.gamma), ((10, 4), 0.9))
+
+
+# %% [markdown]
+# ## The stationary distribution and the true values, by hand
 #
-# The Bellman equation holds for `v_pi` to machine precision, and `d_pi` is stationary, on many
-# random chains of each kind:
+# Both quantities solve linear equations, and on a small Boyan chain the equations can be solved by
+# hand. Take $s = 3$ states. State 0 steps to state 1 with probability $p = P(0, 1)$ and to state 2
+# otherwise; state $1 = s - 2$ steps to state 2 surely; the last state, 2, returns anywhere, with
+# probabilities $P(2, 0), P(2, 1), P(2, 2)$.
+#
+# *Stationary distribution.* The balance equations $d_\pi(y) = \sum_x d_\pi(x) P(x, y)$ read
+# $d_\pi(0) = P(2, 0)\, d_\pi(2)$ (only state 2 enters state 0) and
+# $d_\pi(1) = p\, d_\pi(0) + P(2, 1)\, d_\pi(2)$, so every probability is a multiple of $d_\pi(2)$, and
+# normalising gives
+#
+# $$d_\pi = \frac{\big(P(2, 0),\ p\,P(2, 0) + P(2, 1),\ 1\big)}{1 + P(2, 0) + p\,P(2, 0) + P(2, 1)} .$$
+#
+# *True values.* The Bellman equation $v_\pi = r + \gamma P v_\pi$ is triangular apart from the last
+# row: $v_\pi(1) = r(1) + \gamma v_\pi(2)$ and
+# $v_\pi(0) = r(0) + \gamma p\, v_\pi(1) + \gamma (1 - p)\, v_\pi(2)$ express the first two values through
+# $v_\pi(2)$, and substituting them into the last row,
+# $v_\pi(2) = r(2) + \gamma \big(P(2, 0) v_\pi(0) + P(2, 1) v_\pi(1) + P(2, 2) v_\pi(2)\big)$, leaves one
+# linear equation for $v_\pi(2)$. The cell below does this substitution in exact fractions for one
+# choice of numbers (printed) and compares the result with `MRP`, which solves the same equations
+# numerically in float64.
+
+# %%
+def by_hand(p, row2, r, gamma):
+    "d_pi and v_pi of the three-state Boyan chain, by the substitutions above, in exact fractions."
+    a, b, c = row2
+    d = [a, p * a + b, Fraction(1)]
+    d = [x / sum(d) for x in d]
+    v0_const, v0_coef = r[0] + gamma * p * r[1], gamma * (gamma * p + 1 - p)     # v(0) = v0_const + v0_coef v(2)
+    v2 = (r[2] + gamma * a * v0_const + gamma * b * r[1]) / (1 - gamma * a * v0_coef - gamma ** 2 * b - gamma * c)
+    return d, [v0_const + v0_coef * v2, r[1] + gamma * v2, v2]
+
+p, row2, r3, gamma3 = Fraction(1, 2), (Fraction(1, 2), Fraction(1, 4), Fraction(1, 4)), (Fraction(1), Fraction(0), Fraction(-1)), Fraction(1, 2)
+d3, v3 = by_hand(p, row2, r3, gamma3)
+small = MRP(P=[[0, float(p), float(1 - p)], [0, 0, 1], [float(x) for x in row2]], r=[float(x) for x in r3], gamma=float(gamma3), phi=np.eye(3))
+test_close(small.d_pi, torch.tensor([float(x) for x in d3], dtype=torch.float64), eps=1e-15)
+test_close(small.v_pi, torch.tensor([float(x) for x in v3], dtype=torch.float64), eps=1e-14)
+frac = lambda xs: ", ".join(f"{x.numerator}/{x.denominator}" if x.denominator > 1 else f"{x.numerator}" for x in xs)
+Markdown(f"With $p = {frac([p])}$, last row $({frac(row2)})$, rewards $r = ({frac(r3)})$ and $\\gamma = {frac([gamma3])}$: "
+         f"$d_\\pi = ({frac(d3)})$ and $v_\\pi = ({frac(v3)})$. `MRP` finds the same numbers in float64, to $10^{{-14}}$.")
+
+# %% [markdown]
+# The same two equations hold on every chain. The check runs on 50 random chains of 3 to 14 states,
+# every feature and reward kind: the Bellman equation holds for `v_pi` to $10^{-12}$, and `d_pi` is a
+# stationary probability distribution with every state visited.
 
 # %%
 for seed in range(50):
@@ -425,8 +371,8 @@ ax.legend();
 
 
 # %% [markdown]
-# The value is a discounted, look-ahead smoothing of the rewards: a state with a negative reward can
-# still be worth a lot if the states it leads to pay well.
+# The value is a discounted, look-ahead smoothing of the rewards: what a state is worth depends on
+# the rewards of the states it leads to, so its value can have the opposite sign to its own reward.
 
 # %% [markdown]
 # ## Trajectories
@@ -468,10 +414,6 @@ test_eq(rewards, mrp.r[states[:-1]])
 for a, b in zip(states[:-1].tolist(), states[1:].tolist()): assert mrp.P[a, b] > 0, (a, b)
 test_eq(sample_trajectory(mrp, 20, seed=0)[0], states)
 test_eq(sample_trajectory(mrp, 5, start=3, seed=1)[0][0], 3)
-for msg, kw in {"`n` must be a non-negative integer": dict(n=-1),
-                "`start` must be 'stationary'": dict(n=3, start="left"),
-                "`start` must be a state in 0..9": dict(n=3, start=10)}.items():
-    test_fail(lambda: sample_trajectory(mrp, **kw), contains=msg)
 states.tolist()
 
 # %% [markdown]
@@ -494,6 +436,43 @@ ax.bar(x - 0.2, mrp.d_pi.numpy(), width=0.4, label=r"stationary $d_\pi(x)$")
 ax.bar(x + 0.2, freq.numpy(), width=0.4, label="visit frequency, $10^5$ steps")
 ax.set(xlabel="state $x$", ylabel="probability", xticks=x, title="Stationary distribution against visit frequencies")
 ax.legend();
+
+# %% [markdown]
+# ## One seed, one chain under every feature kind
+#
+# A chain reads the uniforms of its generator in one fixed order, whatever its feature kind:
+# the jump probabilities, the last row, an $s \times d$ **feature block**, and then its rewards
+# (the details are in [Implementation and tests](#drawing-a-chain-from-uniforms)). Because every kind
+# reads the feature block, the chains of one seed, number of states and $d$
+# are **one Markov reward process** under every feature kind: the same $P$, $r$, $d_\pi$ and
+# $v_\pi$, bit for bit, with only $\Phi$ differing (unit features are the random features
+# rescaled, one-hot features are $I$). A side-by-side of feature kinds on the seeds of one range
+# therefore compares the features on the same tasks. Two limits of the statement: $r$ follows the
+# block of $s d$ uniforms, so changing $d$ keeps $P$ but redraws $r$ (a one-hot chain shares its
+# rewards with the random-feature chains of the `d` it is given, default or not); and
+# *representable* rewards are built from $\Phi$ ($v_\pi = \Phi w$), so across kinds they share
+# $P$ only. The check runs over many seeds and sizes:
+
+# %%
+shared, sizes = [], [(2 + seed % 19, 1 + seed % 9) for seed in range(200)]
+for seed, (s, d) in enumerate(sizes):
+    chains = {f: random_boyan_chain(s, d, features=f, seed=seed) for f in FEATURES}
+    ref = chains["random"]
+    for m in chains.values():
+        for k in ("P", "r", "d_pi", "v_pi"): test_eq(getattr(m, k), getattr(ref, k))
+    test_eq(chains["onehot"].phi, torch.eye(s, dtype=torch.float64))
+    test_eq(chains["unit"].phi.numpy(), ref.phi.numpy() / np.linalg.norm(ref.phi.numpy(), axis=1, keepdims=True))
+    other_d = random_boyan_chain(s, d + 1, seed=seed)
+    test_eq(other_d.P, ref.P)
+    shared.append(not torch.equal(other_d.r, ref.r))
+rep = [random_boyan_chain(8, 3, features=f, rewards="representable", seed=1) for f in FEATURES]
+for m in rep[1:]: test_eq(m.P, rep[0].P)
+assert all(shared)
+record_claim("kinds-share-mrp", "The random, unit and one-hot chains of one seed (same number of states and `d`) have the same $P$, $r$, $d_\\pi$ and $v_\\pi$ bit for bit; only $\\Phi$ differs.",
+             "proved", "boyan", "#one-seed-one-chain-under-every-feature-kind")
+(s_lo, d_lo), (s_hi, d_hi) = np.min(sizes, 0), np.max(sizes, 0)
+Markdown(f"On all {len(shared)} seeds (with $s$ from {s_lo} to {s_hi} and $d$ from {d_lo} to {d_hi}) the {len(FEATURES)} feature kinds share "
+         f"$P$, $r$, $d_\\pi$ and $v_\\pi$ exactly, and changing $d$ to $d + 1$ kept $P$ and redrew $r$ on all {sum(shared)} of them.")
 
 
 # %% [markdown]
@@ -526,11 +505,128 @@ test_eq(msve(mrp, mrp.v_pi), 0.)
 test_close(msve(mrp, np.zeros(10)), (mrp.d_pi * mrp.v_pi ** 2).sum().item(), eps=1e-15)
 test_close(msve(mrp, mrp.v_pi + 0.5), 0.25, eps=1e-14)
 test_eq(msve(mrp, torch.zeros(3, 10)).shape, (3,))
-test_fail(lambda: msve(mrp, np.zeros(9)), contains="`v_hat` must have last dimension 10")
 
 # %% [markdown]
 # With the ground truth in place, [the next chapter](weighted_softmax_td.html) introduces the
 # algorithm a softmax Transformer runs on such trajectories: weighted softmax TD.
+
+# %% [markdown]
+# ## Implementation and tests
+#
+# The lesson ends above. This section holds what a user of the library needs and what keeps the
+# chapter honest: input validation, the order in which a chain reads its random numbers, and the
+# exhaustive checks. Every cell runs when the book is built.
+
+# %% [markdown]
+# ### Checking inputs
+#
+# Every public function of `ictd` accepts numpy arrays or torch tensors and returns torch tensors.
+# Bad input (a wrong shape, a NaN, a discount of 1) must fail loudly with a message that names the
+# argument, never produce a silently wrong number. These two helpers, defined at the top of the chapter, do that for the whole library.
+
+# %%
+show_doc(as_tensor)
+
+# %%
+show_doc(check_gamma)
+
+# %%
+test_eq(as_tensor([1, 2], "x").dtype, torch.float64)
+test_eq(as_tensor(torch.ones(2, dtype=torch.float32), "x").dtype, torch.float32)
+test_fail(lambda: as_tensor([1., float("nan")], "rewards"), contains="`rewards` contains NaN")
+test_fail(lambda: as_tensor("abc", "phi"), contains="`phi` must be numeric")
+test_eq(check_gamma(0.9), 0.9)
+for g in (1, -0.1, 1.5): test_fail(lambda: check_gamma(g), contains="`gamma` must lie in [0, 1)")
+
+# %% [markdown]
+# ### Markov reward processes: a two-state example and bad input
+
+# %% [markdown]
+# A two-state example we can solve by hand: from either state the chain moves to the other, state 0
+# pays 1 and state 1 pays 0. Then $d_\pi = (1/2, 1/2)$ and $v(0) = 1 + \gamma v(1)$,
+# $v(1) = \gamma v(0)$, so $v(0) = 1/(1-\gamma^2)$.
+
+# %%
+flip = MRP(P=[[0., 1.], [1., 0.]], r=[1., 0.], gamma=0.5, phi=[[1.], [0.]])
+test_close(flip.d_pi, torch.tensor([0.5, 0.5], dtype=torch.float64), eps=1e-14)
+test_close(flip.v_pi, torch.tensor([1/(1-0.25), 0.5/(1-0.25)], dtype=torch.float64), eps=1e-14)
+flip
+
+# %% [markdown]
+# Each malformed input fails with the argument's name:
+
+# %%
+ok = dict(P=np.eye(2)[[1, 0]], r=np.zeros(2), gamma=0.9, phi=np.eye(2))
+bad_inputs = {"`P` is not row-stochastic": dict(P=[[0.5, 0.4], [1, 0]]),
+              "`P` has negative entries":  dict(P=[[1.5, -0.5], [1, 0]]),
+              "`P` must be a square":      dict(P=np.ones((2, 3)) / 3),
+              "`r` must have shape (2,)":  dict(r=np.zeros(3)),
+              "`phi` must have shape (2, d)": dict(phi=np.ones((3, 2))),
+              "`gamma` must lie in [0, 1)": dict(gamma=1.0),
+              "`r` contains NaN or inf":   dict(r=[0., np.nan]),
+              "`P` contains NaN or inf":   dict(P=[[np.inf, 0], [1, 0]]),
+              "no unique stationary distribution": dict(P=np.eye(2))}
+for msg, kw in bad_inputs.items(): test_fail(lambda: MRP(**{**ok, **kw}), contains=msg)
+
+# %% [markdown]
+# ### Drawing a chain from uniforms
+#
+# A chain reads the uniforms of its generator in one fixed order, whatever its feature kind:
+# the $s - 2$ jump probabilities, the $s$ weights of the last row, an $s \times d$ **feature
+# block**, and then its $s$ rewards. Random features are the block mapped to $U(-1, 1)$, unit
+# features are those rows rescaled to norm 1, and one-hot features ($\Phi = I$) read the block and
+# discard it. Reading the block for every kind is what keeps the rewards in the same place, so the
+# chains of one seed differ only in $\Phi$ (checked below). Random and unit features have always
+# been drawn in this order, so the book's saved results keep their tasks; one-hot chains once
+# skipped the block, and now share their rewards with the other kinds.
+
+# %%
+show_doc(chain_from_uniforms)
+
+# %%
+u = np.random.default_rng(0).random((3, 2 * 5 - 2 + 5 * 2))
+for f in FEATURES:
+    P3, phi3 = chain_from_uniforms(u, 5, 2, f)
+    for b in range(3): test_eq(chain_from_uniforms(u[b], 5, 2, f), (P3[b], phi3[b]))
+test_eq(chain_from_uniforms(u[0], 5, 2, "random")[0], transitions_from_uniforms(u[0, :8], 5))
+test_eq(boyan_transitions(5, np.random.default_rng(4)), transitions_from_uniforms(np.random.default_rng(4).random(8), 5))
+test_fail(lambda: chain_from_uniforms(u[0, :-1], 5, 2, "random"), contains="`u` must have last dimension")
+test_fail(lambda: chain_from_uniforms(u[0], 5, 2, "cubic"), contains="`features` must be one of")
+
+# %% [markdown]
+# Seeds reproduce draws exactly, a `numpy.random.Generator` can be passed instead, the feature and
+# reward variants do what they say, and bad arguments are rejected:
+
+# %%
+a, b = random_boyan_chain(seed=7), random_boyan_chain(seed=7)
+for k in ("P", "r", "phi", "v_pi"): test_eq(getattr(a, k), getattr(b, k))
+test_ne(random_boyan_chain(seed=8).P, a.P)
+test_eq(random_boyan_chain(seed=np.random.default_rng(7)).P, a.P)
+test_eq(random_boyan_chain(n_states=6, features="onehot", seed=1).phi, torch.eye(6, dtype=torch.float64))
+test_close(random_boyan_chain(features="unit", seed=1).phi.norm(dim=1), torch.ones(10), eps=1e-12)
+rep = random_boyan_chain(rewards="representable", seed=1)
+w = torch.linalg.lstsq(rep.phi, rep.v_pi.unsqueeze(1)).solution
+test_close(rep.phi @ w.squeeze(1), rep.v_pi, eps=1e-10)
+
+# %%
+for msg, kw in {"`n_states` must be an integer >= 2": dict(n_states=1),
+                "`d` must be a positive integer": dict(d=0),
+                "`features` must be one of": dict(features="gaussian"),
+                "`rewards` must be one of": dict(rewards="sparse"),
+                "`gamma` must lie in [0, 1)": dict(gamma=1.)}.items():
+    test_fail(lambda: random_boyan_chain(**kw), contains=msg)
+
+# %% [markdown]
+# ### Trajectories and the value error: bad input
+
+# %%
+for msg, kw in {"`n` must be a non-negative integer": dict(n=-1),
+                "`start` must be 'stationary'": dict(n=3, start="left"),
+                "`start` must be a state in 0..9": dict(n=3, start=10)}.items():
+    test_fail(lambda: sample_trajectory(mrp, **kw), contains=msg)
+
+# %%
+test_fail(lambda: msve(mrp, np.zeros(9)), contains="`v_hat` must have last dimension 10")
 
 # %%
 #| hide

@@ -25,16 +25,23 @@ from ictd.core import record_claim
 # > Random Boyan chains stacked along a batch dimension, and their trajectories sampled in lock-step: the data every experiment of the book averages over.
 
 # %% [markdown]
-# Chapter 0 draws one Markov reward process and one trajectory at a time. The experiments of the
-# later chapters average over hundreds of random chains and several context lengths, and
-# pretraining (chapter 6) draws thousands of tasks. This short chapter stacks tasks along a leading
-# dimension and samples their trajectories together. It is about the testbed only: nothing here
-# knows about attention or TD.
+# [Chapter 0](boyan.html) draws one Markov reward process and one trajectory at a time. But every
+# claim the book measures is a claim about a *distribution* of tasks: the experiments of the later
+# chapters average over hundreds of random chains and several context lengths, and pretraining
+# ([chapter 6](pretrain.html)) draws thousands of tasks per run. Looping over chains one at a time
+# would make those experiments slow and, worse, easy to get subtly inconsistent (two experiments
+# that think they use "the tasks of seed 7" but draw them differently). This short chapter stacks
+# tasks along a leading dimension, samples their trajectories together, and fixes once how a seed
+# names a set of tasks. It is about the testbed only: nothing here knows about attention or TD.
+#
+# *How to read this chapter.* A batch of tasks, trajectories sampled in lock-step (with a small
+# worked example), the seed conventions, and the fast pools that pretraining draws. The input
+# checks are in the last section, [Implementation and tests](#implementation-and-tests).
 
 # %% [markdown]
 # ## A batch of tasks
 #
-# A `TaskBatch` holds the matrices of $B$ chains that share their number of states, their feature
+# A `TaskBatch` holds the matrices of several chains (`len(batch)` of them) that share their number of states, their feature
 # dimension and their discount. `random_tasks` draws chain $b$ as
 # `random_boyan_chain(..., seed=seed + b)`, so a batch is reproducible and task $b$ can be rebuilt
 # on its own.
@@ -81,8 +88,6 @@ tasks = random_tasks(5, seed=3, d=2)
 test_eq((len(tasks), tasks.P.shape, tasks.phi.shape), (5, (5, 10, 10), (5, 10, 2)))
 test_eq(tasks.P[4], random_boyan_chain(d=2, seed=7).P)
 test_eq(tasks.v_pi[2], random_boyan_chain(d=2, seed=5).v_pi)
-test_fail(lambda: random_tasks(0), contains="`n_tasks` must be a positive integer")
-test_fail(lambda: stack_tasks([random_boyan_chain(seed=0), random_boyan_chain(n_states=5, seed=0)]), contains="`mrps` must share")
 
 
 # %% [markdown]
@@ -123,6 +128,20 @@ def sample_trajectories(P,          # (B, s, s) transition matrices
 show_doc(sample_trajectories)
 
 # %% [markdown]
+# *A worked example.* Three chains of four states, and a trajectory of eight transitions from each,
+# starting from the stationary distribution: row $b$ is task $b$'s trajectory $S_0, \dots, S_8$. Each
+# step is a jump of one or two states to the right, except from the last state, which can go
+# anywhere. The shorter contexts of the same tasks are prefixes of these rows (checked).
+
+# %%
+small = random_tasks(3, seed=0, n_states=4)
+S_small = sample_trajectories(small.P, 8, small.d_pi, seed=0)
+steps = S_small[:, 1:] - S_small[:, :-1]
+assert ((steps == 1) | (steps == 2) | (S_small[:, :-1] == 3)).all()
+test_eq(sample_trajectories(small.P, 5, small.d_pi, seed=0), S_small[:, :6])
+S_small
+
+# %% [markdown]
 # The batched sampler is reproducible, only takes allowed transitions, and the joint frequencies
 # of its transitions over $2 \times 10^4$ steps per task match $d_\pi(x) P(x, y)$ up to sampling
 # error (the number printed is the largest gap over the 8 tasks and 100 state pairs):
@@ -140,14 +159,6 @@ joint_gap = (joint - tasks.d_pi.unsqueeze(-1) * tasks.P).abs().max().item()
 assert joint_gap < 0.01, joint_gap
 joint_gap
 
-# %%
-for msg, f in {"`d0` must have shape (8, 10)": lambda: sample_trajectories(tasks.P, 5, tasks.d_pi[0]),
-               "`n` must be a non-negative integer": lambda: sample_trajectories(tasks.P, -2, tasks.d_pi),
-               "`P` must have shape (B, s, s)": lambda: sample_trajectories(tasks.P[0], 5, tasks.d_pi),
-               "`d0` must hold probability distributions": lambda: sample_trajectories(tasks.P, 5, 2 * tasks.d_pi - tasks.d_pi.roll(1, -1)),
-               "`P` must be row-stochastic": lambda: sample_trajectories(-tasks.P, 5, tasks.d_pi)}.items():
-    test_fail(f, contains=msg)
-
 # %% [markdown]
 # ## Seeds
 #
@@ -158,8 +169,8 @@ for msg, f in {"`d0` must have shape (8, 10)": lambda: sample_trajectories(tasks
 #   whatever its feature kind;
 # * **a batch** of seed $k$ holds the chains of seeds $k, k + 1, \dots$ (`random_tasks` and
 #   `task_pool` alike), so the batches of seeds $k$ and $k + 1$ share all but one chain: callers that
-#   need disjoint batches space their seeds by more than the batch size (pretraining uses
-#   $s \cdot 1\,000\,003$ for seed $s$, chapter 6);
+#   need disjoint batches space their seeds by more than the batch size (pretraining draws
+#   the pool of seed `seed` with `seed * 1_000_003`, chapter 6);
 # * **a trajectory**: `sample_trajectory` draws from the numpy stream `default_rng(seed)`, and
 #   `sample_trajectories` from a torch stream (a CPU `torch.Generator` seeded with the first word of
 #   `numpy.random.SeedSequence(seed)`, or the generator passed in), because the training engine
@@ -223,7 +234,6 @@ for features in ("random", "unit", "onehot"):
         fast_pool, slow_pool = task_pool(cfg, 20, 7), random_tasks(20, seed=7, n_states=s, d=d, features=features)
         for k in ("P", "r", "phi", "v_pi"): test_eq(getattr(fast_pool, k), getattr(slow_pool, k))
         test_close(fast_pool.d_pi, slow_pool.d_pi, eps=1e-14)
-test_fail(lambda: task_pool(cfg, 0, 7), contains="`n_tasks` must be a positive integer")
 pools = {f: task_pool(SimpleNamespace(n_states=10, d=4, gamma=0.9, features=f), 256, 1_000_003) for f in ("random", "unit", "onehot")}
 for pool in pools.values():
     for k in ("P", "r", "d_pi", "v_pi"): test_eq(getattr(pool, k), getattr(pools["random"], k))
@@ -231,6 +241,27 @@ test_eq(pools["onehot"].phi, torch.eye(10, dtype=torch.float64).expand(256, 10, 
 record_claim("pool-kinds-share-tasks", "The task pools of the random, unit and one-hot feature kinds of one seed hold the same chains ($P$, $r$, $d_\\pi$, $v_\\pi$ bit for bit); only $\\Phi$ differs.",
              "proved", "tasks", "#training-pools-vectorised")
 print(f"{len(pools)} kinds x {len(pools['random'])} tasks: P, r, d_pi and v_pi identical across kinds")
+
+# %% [markdown]
+# ## Implementation and tests
+#
+# The input checks of this chapter's functions: each bad argument fails with a `ValueError` that
+# names it. Every cell runs when the book is built.
+
+# %%
+test_fail(lambda: random_tasks(0), contains="`n_tasks` must be a positive integer")
+test_fail(lambda: stack_tasks([random_boyan_chain(seed=0), random_boyan_chain(n_states=5, seed=0)]), contains="`mrps` must share")
+
+# %%
+for msg, f in {"`d0` must have shape (8, 10)": lambda: sample_trajectories(tasks.P, 5, tasks.d_pi[0]),
+               "`n` must be a non-negative integer": lambda: sample_trajectories(tasks.P, -2, tasks.d_pi),
+               "`P` must have shape (B, s, s)": lambda: sample_trajectories(tasks.P[0], 5, tasks.d_pi),
+               "`d0` must hold probability distributions": lambda: sample_trajectories(tasks.P, 5, 2 * tasks.d_pi - tasks.d_pi.roll(1, -1)),
+               "`P` must be row-stochastic": lambda: sample_trajectories(-tasks.P, 5, tasks.d_pi)}.items():
+    test_fail(f, contains=msg)
+
+# %%
+test_fail(lambda: task_pool(cfg, 0, 7), contains="`n_tasks` must be a positive integer")
 
 # %%
 #| hide

@@ -18,6 +18,7 @@ from fastcore.test import *
 from nbdev.showdoc import *
 from ictd.tasks import random_tasks
 import tempfile
+from IPython.display import Markdown
 
 
 # %% [markdown]
@@ -26,16 +27,20 @@ import tempfile
 
 # %% [markdown]
 # The later chapters validate their arguments, split one seed into independent random streams,
-# score value estimates by a weighted squared error and move batches of tasks around. Each of these
-# is written once here, so that it means the same thing everywhere. Nothing in this chapter is
-# about TD or attention.
+# score value estimates by a weighted squared error, move batches of tasks around and record the
+# claims they check. Each of these is written once here, so that it means the same thing everywhere:
+# two chapters that score an estimate, or derive a random stream from a seed, cannot disagree
+# because they run the same few lines. Nothing in this chapter is about TD or attention, and a reader
+# of the core path can skip it; the one idea worth a look is the first section, on seeds.
+#
+# *How to read this chapter.* Why one seed per run and streams split from it (with a worked example
+# of what goes wrong otherwise), the weighted error, the task-batch helpers and the claim records that
+# build the front page's results table. The argument validators, used everywhere, are defined just
+# below and tested, with the other input checks, in [Implementation and tests](#implementation-and-tests).
 
 # %% [markdown]
-# ## Validators
-#
-# Bad input gets a `ValueError` that names the argument and says what was expected. Integer-valued
-# numbers are accepted where an integer is expected (`30.0` for `n`), booleans are not (they are
-# integers to Python, and never what a caller meant).
+# The validators: bad input gets a `ValueError` that names the argument and says what was expected
+# (their rules and tests are in [Implementation and tests](#validators)).
 
 # %%
 #| export
@@ -48,11 +53,6 @@ def check_int(x,               # the value
     "`x` as an int, or a `ValueError` naming `name` unless `x` is an integer-valued number >= `low`."
     if not _is_number(x) or not math.isfinite(x) or int(x) != x or x < low: raise ValueError(f"`{name}` must be an integer >= {low}, got {x!r}")
     return int(x)
-
-
-# %%
-test_eq(check_int(30.0, "n", 1), 30)
-for bad in (0, -1, 2.5, True, "3", math.nan): test_fail(lambda: check_int(bad, "n", 1), contains="`n` must be an integer >= 1")
 
 
 # %%
@@ -80,15 +80,6 @@ def check_seeds(seeds)->list:
     return [int(s) for s in seeds]
 
 
-# %%
-test_eq(check_number(1, "lr", 0, strict=True), 1.)
-test_fail(lambda: check_number(0., "lr", 0, strict=True), contains="`lr` must be a finite number > 0")
-test_fail(lambda: check_number(math.inf, "alpha"), contains="`alpha` must be a finite number")
-test_fail(lambda: check_choice("cubic", ("random", "onehot"), "features"), contains="`features` must be one of")
-test_eq(check_seeds(range(3)), [0, 1, 2]); test_eq(check_seeds(4), [4])
-for bad in ([], [1, 1], [-1], [0.5]): test_fail(lambda: check_seeds(bad), contains="`seeds` must be a non-empty list")
-
-
 # %% [markdown]
 # ## One seed, many streams
 #
@@ -109,6 +100,22 @@ def stream_generator(seed:int, stream:int)->torch.Generator:
     "A CPU torch Generator for stream `stream` of `seed`."
     return torch.Generator().manual_seed(substream(seed, stream))
 
+
+# %% [markdown]
+# *A worked example: why not offsets.* The common alternative derives a run's second stream by adding
+# a constant to its seed (`seed + 17`). Then stream 1 of one run *is* stream 0 of another, and two
+# runs of a seed sweep silently share random numbers. The cell counts the coincidences among the first
+# two streams of 20 runs, both ways.
+
+# %%
+runs = range(20)
+adhoc = {(s, k): s + 17 * k for s in runs for k in range(2)}          # stream k of run s by an offset, `seed + 17 * k`
+spawned = {(s, k): substream(s, k) for s in runs for k in range(2)}   # stream k of run s as child k of SeedSequence(s)
+clash = [(a, b) for a in adhoc for b in adhoc if a < b and adhoc[a] == adhoc[b]]
+assert clash and len(set(spawned.values())) == len(spawned)
+(s1, k1), (s2, k2) = clash[0]
+Markdown(f"With offsets, {len(clash)} pairs of the {len(adhoc)} streams coincide (stream {k1} of run {s1} is stream {k2} of run {s2}); "
+         f"with `substream`, all {len(spawned)} streams are distinct.")
 
 # %%
 children = np.random.SeedSequence(7).spawn(3)
@@ -157,27 +164,6 @@ def stack(cls:TaskBatch, batches:list, device=None)->TaskBatch:
 two = TaskBatch.stack([random_tasks(3, seed=0), random_tasks(3, seed=5)])
 test_eq(two.P.shape, (2, 3, 10, 10))
 test_eq(two.map(lambda x: x[1]).r, random_tasks(3, seed=5).r)
-test_fail(lambda: TaskBatch.stack([random_tasks(1, gamma=0.5), random_tasks(1)]), contains="one discount")
-
-
-# %% [markdown]
-# ## Results as JSON
-#
-# Summaries are written as JSON, readable by anything: tensors and numpy arrays become nested lists.
-
-# %%
-#| export
-def jsonable(x):
-    "`x` with tensors and numpy arrays turned into (nested) lists and numpy scalars into numbers, for `json.dump`."
-    if isinstance(x, (torch.Tensor, np.ndarray)): return x.tolist()
-    if isinstance(x, np.generic): return x.item()
-    if isinstance(x, dict): return {str(k): jsonable(v) for k, v in x.items()}
-    if isinstance(x, (list, tuple)): return [jsonable(v) for v in x]
-    return x
-
-
-# %%
-test_eq(jsonable(dict(a=torch.ones(2), b=(np.float64(0.5), np.arange(2)), c="x")), dict(a=[1., 1.], b=[0.5, [0, 1]], c="x"))
 
 # %% [markdown]
 # ## Claim records
@@ -227,6 +213,64 @@ with tempfile.TemporaryDirectory() as tmp:
     record_claim("a-rate", "The rate is $\\rho$.", "measured", "convergence", folder=tmp)
     test_eq([c["key"] for c in load_claims(tmp)], ["a-rate", "sum"])
     test_eq(load_claims(tmp)[1], dict(key="sum", **r))
+
+
+# %% [markdown]
+# ## Results as JSON
+#
+# Summaries are written as JSON, readable by anything: tensors and numpy arrays become nested lists.
+
+# %%
+#| export
+def jsonable(x):
+    "`x` with tensors and numpy arrays turned into (nested) lists and numpy scalars into numbers, for `json.dump`."
+    if isinstance(x, (torch.Tensor, np.ndarray)): return x.tolist()
+    if isinstance(x, np.generic): return x.item()
+    if isinstance(x, dict): return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)): return [jsonable(v) for v in x]
+    return x
+
+
+# %%
+test_eq(jsonable(dict(a=torch.ones(2), b=(np.float64(0.5), np.arange(2)), c="x")), dict(a=[1., 1.], b=[0.5, [0, 1]], c="x"))
+
+# %% [markdown]
+# ## Implementation and tests
+#
+# Every cell runs when the book is built.
+#
+# ### Validators
+#
+# Bad input gets a `ValueError` that names the argument and says what was expected. Integer-valued
+# numbers are accepted where an integer is expected (`30.0` for `n`), booleans are not (they are
+# integers to Python, and never what a caller meant).
+
+# %%
+show_doc(check_int)
+
+# %%
+test_eq(check_int(30.0, "n", 1), 30)
+for bad in (0, -1, 2.5, True, "3", math.nan): test_fail(lambda: check_int(bad, "n", 1), contains="`n` must be an integer >= 1")
+
+# %%
+show_doc(check_number)
+
+# %%
+test_eq(check_number(1, "lr", 0, strict=True), 1.)
+test_fail(lambda: check_number(0., "lr", 0, strict=True), contains="`lr` must be a finite number > 0")
+test_fail(lambda: check_number(math.inf, "alpha"), contains="`alpha` must be a finite number")
+test_fail(lambda: check_choice("cubic", ("random", "onehot"), "features"), contains="`features` must be one of")
+test_eq(check_seeds(range(3)), [0, 1, 2]); test_eq(check_seeds(4), [4])
+for bad in ([], [1, 1], [-1], [0.5]): test_fail(lambda: check_seeds(bad), contains="`seeds` must be a non-empty list")
+
+# %% [markdown]
+# ### Task batches and claim records: bad input
+
+# %%
+test_fail(lambda: TaskBatch.stack([random_tasks(1, gamma=0.5), random_tasks(1)]), contains="one discount")
+
+# %%
+with tempfile.TemporaryDirectory() as tmp:
     test_fail(lambda: record_claim("x", "y", "true", "z", folder=tmp), contains="`status`")
     test_fail(lambda: record_claim("", "y", "proved", "z", folder=tmp), contains="`key`")
     test_fail(lambda: record_claim("x", "y", "proved", "z", "anchor", folder=tmp), contains="`evidence`")

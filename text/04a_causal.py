@@ -20,18 +20,16 @@ from nbdev.showdoc import *
 
 # %%
 #| hide
-import json, time
+import dataclasses, datetime, json, subprocess, time
 import matplotlib.pyplot as plt
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 import numpy as np
+from pathlib import Path
 from IPython.display import Markdown
 from ictd.boyan import random_boyan_chain, sample_trajectory, msve
 from ictd.tasks import random_tasks, sample_trajectories
-from ictd.wstd import weighted_softmax_td
-from ictd.model import SoftmaxICTD
-from ictd.wstd import context_weights
-import dataclasses, datetime, json, subprocess, time
+from ictd.wstd import weighted_softmax_td, context_weights
 from ictd.pretrain import EMERGENCE
-from pathlib import Path
 from ictd.emergence import mean_se
 from ictd.core import record_claim
 
@@ -66,6 +64,15 @@ torch.set_num_threads(1)
 #    positional bias that removes most of it;
 # 4. streaming: the query's estimate as transitions arrive, with a KV cache;
 # 5. pretraining a causal model on 10 seeds through the engine of [chapter 6](pretrain.html).
+#
+# *How to read this chapter.* The iteration and the layer come first, each with the statement it
+# satisfies, its proof (folded under "Proof") and the check that tests it. The four experiments
+# (what causality costs, the bias against the context length, the tuned comparison, pretraining)
+# each read: the question, the setup, the result, what it shows, and the check. The functions a reader
+# calls (`prefix_softmax_td`, `build_causal_prompt`, `theta_causal`, `CausalSoftmaxICTD`,
+# `stream_values`) are documented where they appear; helpers, the engine plug-in, the drivers of the
+# saved pretraining run and the input checks are in [Implementation and tests](#implementation-and-tests).
+# Symbols follow [Notation](notation.html).
 
 # %% [markdown]
 # ## Prefix weighted softmax TD
@@ -129,13 +136,9 @@ def visible_transitions(n:int,                # number of transitions
 # all. In reversed order it is the other way round, and $S_n$ sees nothing.
 
 # %%
-show_doc(visible_transitions)
-
-# %%
 test_eq(visible_transitions(3, 1).int().tolist(), [[0, 0, 0], [1, 0, 0], [1, 1, 0], [1, 1, 1], [1, 1, 1]])
 test_eq(visible_transitions(3, 1, "reversed").int().tolist(), [[1, 1, 1], [0, 1, 1], [0, 0, 1], [0, 0, 0], [1, 1, 1]])
 test_eq(visible_transitions(3, 0, "none").all(), True)
-test_fail(lambda: visible_transitions(3, order="backward"), contains="`order` must be one of")
 
 
 # %%
@@ -160,9 +163,6 @@ def prefix_weights(phi_states,         # (..., n + 1, d) features of S_0..S_n
     G = keys @ W @ X.mT + float(recency) * _positions(n, order, keys.dtype, keys.device).log()[:, None]
     return torch.softmax(G.masked_fill(~seen, -math.inf), dim=-2).nan_to_num(0.)
 
-
-# %%
-show_doc(prefix_weights)
 
 # %% [markdown]
 # Each target's weights sum to one over what it sees and vanish elsewhere; without the mask they are
@@ -237,7 +237,6 @@ for cur in CURRENTS:
     b = prefix_softmax_td(phi_late, R_late, W2, 0.7, 0.9, 15, current=cur)
     test_eq(a[:, :13], b[:, :13])
     assert (a[:, 13:] - b[:, 13:]).abs().max() > 0.1
-test_fail(lambda: prefix_softmax_td(phi_r, R_r, W2, 0.7, 0.9, 3, current="target"), contains="`current` must be one of")
 
 
 # %% [markdown]
@@ -284,7 +283,6 @@ test_eq(Zc[4].tolist(), [0.] + rw[:3].tolist() + [0.])
 test_eq(Zc[:4, :4], phi[:4].T); test_eq(Zc[:4, 4], mrp.phi[7]); test_eq(Zc[5].abs().sum().item(), 0.)
 Zr = build_causal_prompt(phi[:4], rw[:3], mrp.phi[7], order="reversed")
 test_eq(Zr[:4, :4], phi[:4].flip(0).T); test_eq(Zr[4].tolist(), [0.] + rw[:3].flip(0).tolist() + [0.])
-test_fail(lambda: build_causal_prompt(phi[:4], rw[:2]), contains="`rewards` must have shape")
 
 
 # %% [markdown]
@@ -299,13 +297,13 @@ test_fail(lambda: build_causal_prompt(phi[:4], rw[:2]), contains="`rewards` must
 # $$\overleftarrow{\mathrm{TSM}}(Z) = \begin{pmatrix} Z \\ Z \Pi^\top \end{pmatrix}, \qquad (Z\Pi^\top)[:, i] = Z[:, i - 1] \ (i \ge 1), \quad 0 \ (i = 0).$$
 #
 # (In trained language models this is the job of "previous-token heads".) One softmax head then
-# reads keys and values from $T = \overleftarrow{\mathrm{TSM}}(Z)$ and queries from $Z$:
+# reads keys and values from $\tilde Z = \overleftarrow{\mathrm{TSM}}(Z)$ and queries from $Z$:
 #
-# $$Z_{l+1} = Z_l + V\, T_l\, S_l + U Z_l, \qquad S_l[i, j] = \operatorname{softmax}_{i \in \mathcal K(j)}\big(T_l[:, i]^\top A\, Z_l[:, j] + \lambda \log i\big),$$
+# $$Z_{l+1} = Z_l + V\, \tilde Z_l\, S_l + U Z_l, \qquad S_l[i, j] = \operatorname{softmax}_{i \in \mathcal I(j)}\big(\tilde Z_l[:, i]^\top A\, Z_l[:, j] + \lambda \log i\big),$$
 #
 # with $A$ of shape $(2(d+2), d+2)$, $V$ of shape $(d+2, 2(d+2))$, a per-token map $U$ (the linear
 # part of the residual block, zero in the TD construction) and the positional bias $\lambda$. The
-# keys of column $j$ are $\mathcal K(j) = \{1, \dots, \min(j, n)\}$: causal ($i \le j$), never column 0
+# keys of column $j$ are $\mathcal I(j) = \{1, \dots, \min(j, n)\}$: causal ($i \le j$), never column 0
 # (it completes no transition), never a query column (a query is not a transition; as in
 # [chapter 3](dual_head.html) the model reads $n$ from the prompt). A column with no key (column 0) adds nothing.
 
@@ -324,11 +322,6 @@ def causal_keys(N:int,          # number of columns
     "The key set of each column of a decoder: $1 \\le i \\le \\min(j, n)$."
     i, j = torch.arange(N, device=device)[:, None], torch.arange(N, device=device)[None]
     return (i >= 1) & (i <= n) & (i <= j)
-
-
-# %%
-test_eq(previous_token(torch.arange(6.).reshape(2, 3)).tolist(), [[0., 0., 1.], [0., 3., 4.]])
-test_eq(causal_keys(5, 3).int().tolist(), [[0, 0, 0, 0, 0], [0, 1, 1, 1, 1], [0, 0, 1, 1, 1], [0, 0, 0, 1, 1], [0, 0, 0, 0, 0]])
 
 
 # %%
@@ -359,7 +352,7 @@ def causal_update(Z:torch.Tensor,    # (..., D, N) prompt
 
 # %% [markdown]
 # The parameters that make one layer one step of prefix softmax TD, in forward order with
-# $D = d + 2$ and rows of $T$ numbered $0..D-1$ (the token) and $D..2D-1$ (the previous token):
+# $D = d + 2$ and rows of $\tilde Z$ numbered $0..D-1$ (the token) and $D..2D-1$ (the previous token):
 #
 # - $A[D : D + d, 0 : d] = W$: the score of key $k$ for column $j$ is $\phi(S_{k-1})^\top W \phi(x_j)$;
 # - value row $d + 1$: $V[d+1, d] = \alpha$ (reward $R_k$, in the token), $V[d+1, d+1] = \gamma\alpha$ (successor
@@ -469,10 +462,6 @@ class CausalSoftmaxICTD(SoftmaxICTD):
         return cls.from_params(n_layers, *theta_causal(d, W, alpha, gamma, current, order), recency, shared=shared)
 
 
-
-# %%
-show_doc(CausalSoftmaxLayer)
-
 # %%
 show_doc(CausalSoftmaxICTD)
 
@@ -493,10 +482,10 @@ show_doc(CausalSoftmaxICTD.from_theta_star)
 # By
 # induction on $l$; $Z_0$'s row $d + 1$ is $0 = v_0$. The only non-zero rows of $V$ and $U$ are row
 # $d + 1$, so rows $0..d$ never change and $Z_l[:d, j] = \phi(x_j)$ at every layer. Hence the
-# logit of key $i$ for column $j$ is $T_l[:, i]^\top A Z_l[:, j] + \lambda \log i = \phi(S_{i-1})^\top W \phi(x_j) + \lambda\log i$ (the previous
+# logit of key $i$ for column $j$ is $\tilde Z_l[:, i]^\top A Z_l[:, j] + \lambda \log i = \phi(S_{i-1})^\top W \phi(x_j) + \lambda\log i$ (the previous
 # token of column $i \ge 1$ holds $S_{i-1}$), and the keys of column $j$ are exactly the transitions
 # it sees: $1..\min(j, n)$, that is $\mathcal V(j)$, with $p_k = k$. So $S_l[k, j] = K_{kj}$. The value
-# of key $k$ is row $d + 1$ of $V T_l[:, k] = \alpha R_k + \gamma\alpha\, v_l[k] - \alpha\, v_l[k-1] = \alpha\delta_k^{(l)}$
+# of key $k$ is row $d + 1$ of $V \tilde Z_l[:, k] = \alpha R_k + \gamma\alpha\, v_l[k] - \alpha\, v_l[k-1] = \alpha\delta_k^{(l)}$
 # (reward and value of token $k$, value of token $k - 1$), so row $d + 1$ of column $j$ becomes
 # $v_l[j] + \alpha\sum_k K_{kj}\delta^{(l)}_k = v_{l+1}[j]$. For `current="self"` the value of key $k$ is
 # $\alpha(R_k + \gamma v_l[k])$ and $U Z_l$ adds $-\alpha v_l[j]$ at every column that has a key; a column
@@ -564,14 +553,19 @@ print("columns 0..j of every layer unchanged when columns j+1.. change, for ever
 #
 # ::: {.theorem}
 # **Proposition 4a.2 (ours).** In forward order with `current="key"`, write the iteration on the
-# trajectory targets as $v_{t+1} = T v_t + b$. Target $j$ reads only $v[0..j]$, so $T$ is lower
-# triangular, and its diagonal is $T_{jj} = 1 + \alpha\gamma K_{jj} > 1$ for $j \ge 1$: in the
-# transitions a column sees, its own value appears only as a *successor* (transition $j$, with
-# $+\gamma$), never as a current state (that is transition $j + 1$, which it does not see). The
-# eigenvalues of a triangular matrix are its diagonal, so the spectral radius exceeds 1 for every
-# $W$, every feature map, every $\alpha > 0$ and $\gamma > 0$. Exactly: target 1 sees transition 1
-# alone ($K_{11} = 1$), so $v_{t+1}[1] = (1 + \alpha\gamma)\, v_t[1] + \alpha R_1$, and
+# trajectory targets as $v_{t+1} = F v_t + f$. Then $F$ is lower triangular with diagonal
+# $F_{jj} = 1 + \alpha\gamma K_{jj} > 1$ for $j \ge 1$, so its spectral radius exceeds 1 for every
+# $W$, every feature map, every $\alpha > 0$ and $\gamma > 0$. In particular
 # $v_t[1] = R_1 \big((1 + \alpha\gamma)^t - 1\big)/\gamma$, which diverges whenever $R_1 \ne 0$.
+# :::
+#
+# ::: {.callout-note collapse="true" title="Proof"}
+# Target $j$ reads only $v[0..j]$, so $F$ is lower triangular. In the transitions a column sees, its
+# own value appears only as a *successor* (transition $j$, with $+\gamma$), never as a current state
+# (that is transition $j + 1$, which it does not see): so $F_{jj} = 1 + \alpha\gamma K_{jj}$, and
+# $K_{jj} > 0$ because a softmax weight is positive. The eigenvalues of a triangular matrix are its
+# diagonal. Target 1 sees transition 1 alone ($K_{11} = 1$), so
+# $v_{t+1}[1] = (1 + \alpha\gamma)\, v_t[1] + \alpha R_1$ from $v_0[1] = 0$, whose solution is the closed form.
 # :::
 #
 # The queries read $v[k]$ through the TD errors, so they inherit the growth. The check compares
@@ -590,7 +584,7 @@ _ = record_claim("masked-theta-diverges", "Under a causal mask in forward order 
 # %% [markdown]
 # Two ways out come to mind. **Reversed order** puts the future before each state: the token of
 # $S_j$ sees transitions $j + 1..n$, and the first of them, $j + 1$, has $S_j$ as its current state.
-# The same argument gives a triangular $T$ with diagonal $1 - \alpha K_{j+1, j} \in [1 - \alpha, 1)$:
+# The same argument gives a triangular $F$ with diagonal $1 - \alpha K_{j+1, j} \in [1 - \alpha, 1)$:
 # every eigenvalue lies inside the unit circle for $\alpha \in (0, 1]$, and the iteration converges.
 # But to what? At a fixed point, target $n - 1$ sees only transition $n$, so $\delta_n = 0$; then target
 # $n - 2$ forces $\delta_{n-1} = 0$, and so on: *every* TD error vanishes, $v[j - 1] = R_j + \gamma v[j]$, and the
@@ -613,15 +607,15 @@ test_close(v_rev, returns, eps=1e-8)
 # ::: {.theorem}
 # **Proposition 4a.3 (ours).** With `current="self"`, in any order (forward, reversed or none), for
 # any weights $K$ whose columns sum to 1 or to 0 (any $W$, any positional bias), and
-# $\alpha \in (0, 1]$: the iteration $v_{t+1} = T v_t + b$ satisfies $\|T\|_\infty \le 1 - \alpha(1 - \gamma)$.
+# $\alpha \in (0, 1]$: the iteration $v_{t+1} = F v_t + f$ satisfies $\|F\|_\infty \le 1 - \alpha(1 - \gamma)$.
 # So it converges geometrically, at every target and every query, to the unique solution of
 # $v[j] = \sum_k K_{kj}(R_k + \gamma v[k])$ (targets that see transitions) and $v[j] = 0$ (those that see none).
 # :::
 #
 # ::: {.callout-note collapse="true" title="Proof"}
-# Row $j$ of $T$ is $(1 - \alpha c_j) e_j^\top + \alpha\gamma \sum_k K_{kj} e_k^\top$, with
-# $c_j = \sum_k K_{kj} \in \{0, 1\}$. If $c_j = 0$, row $j$ is $e_j^\top$ and $b_j = 0$, so $v_t[j] = 0$ for every
-# $t$: these entries are constant. On the other entries the absolute row sums of $T$ are at most
+# Row $j$ of $F$ has $1 - \alpha \sigma_j$ on the diagonal and $\alpha\gamma K_{kj}$ in column $k$ (the successor
+# of transition $k$), with $\sigma_j = \sum_k K_{kj} \in \{0, 1\}$. If $\sigma_j = 0$, row $j$ is the unit row and $f_j = 0$, so $v_t[j] = 0$ for every
+# $t$: these entries are constant. On the other entries the absolute row sums of $F$ are at most
 # $|1 - \alpha| + \alpha\gamma = 1 - \alpha(1 - \gamma)$, so the map is a contraction in the max norm, and Banach's
 # fixed-point theorem gives the rest.
 # :::
@@ -661,11 +655,16 @@ _ = record_claim("self-anchored-contracts", "Reading the current value at the ta
 # %% [markdown]
 # ## What causality costs: the error at the fixed point
 #
-# Convergence is not accuracy. The first measurement runs three constructions on the same
-# tasks: weighted softmax TD (the non-causal $\theta^*$), $\theta^*$ under the mask (`current="key"`,
-# forward), and the self-anchored decoder (`current="self"`, forward, $\lambda = 0$), on 20 random
-# Boyan chains with one-hot features and $W = 8I$, $\alpha = 1$ (the setting of
-# [chapter 3](dual_head.html)'s table), every state a query, for context lengths 30 and 400.
+# **Question.** Proposition 4a.3 guarantees convergence, but convergence is not accuracy: how far
+# from the true values does each construction end up?
+#
+# **Setup.** Three constructions run on the same tasks: weighted softmax TD (the non-causal
+# $\theta^*$), $\theta^*$ under the mask (`current="key"`, forward), and the self-anchored decoder
+# (`current="self"`, forward, $\lambda = 0$). The tasks are 20 random Boyan chains with one-hot
+# features, $W = 8I$ and $\alpha = 1$ (the setting of [chapter 3](dual_head.html)'s table), every
+# state a query, context lengths 30 and 400, depth up to 120.
+#
+# **Result.** The value error at the queries (MSVE, mean over the 20 tasks) after $L$ layers:
 
 # %%
 FEATURES = {"onehot": 8., "unit": 8., "random": 2.}      # kernel scale beta of W = beta I for the first look
@@ -697,33 +696,59 @@ first_look = {"non-causal TD (theta*)": dict(beta=8., alpha=1., order="none"),
               "self-anchored decoder": dict(beta=8., alpha=1., current="self")}
 look = {n: depth_curves("onehot", n, first_look) for n in (30, 400)}
 layers_show = [1, 5, 10, 20, 40, 80, 120]
-Markdown("| n | construction | " + " | ".join(f"L = {L}" for L in layers_show) + " |\n|---|---|" + "---|" * len(layers_show) + "\n" +
-         "\n".join(f"| {n} | {name} | " + " | ".join(f"{c[L]:.3g}" for L in layers_show) + " |" for n, curves in look.items() for name, c in curves.items()))
+short = {"non-causal TD (theta*)": "non-causal", "theta* under the mask": "masked theta*", "self-anchored decoder": "self-anchored"}
+Markdown("\n\n".join(f"*n = {n}*\n\n| L | " + " | ".join(short[k] for k in curves) + " |\n|---|" + "---|" * len(curves) + "\n" +
+                       "\n".join(f"| {L} | " + " | ".join(f"{c[L]:.3g}" for c in curves.values()) + " |" for L in layers_show) for n, curves in look.items()))
+
+# %% [markdown]
+# **What it shows.** The masked $\theta^*$ explodes, as Proposition 4a.2 says. The self-anchored
+# decoder converges, as Proposition 4a.3 says, but to a poor answer: its error first falls with the
+# non-causal one, then rises to a fixed point far worse than the non-causal fixed point, and the gap
+# does not close quickly with $n$.
+#
+# **Check.** At both lengths the masked $\theta^*$ ends more than $10^{10}$ times above where it
+# started, the self-anchored decoder stays finite and settles (its last two printed depths agree to
+# 1%), and its final error is above the non-causal one's.
+
+# %%
+for n, c in look.items():
+    masked, anchored, noncausal = c["theta* under the mask"], c["self-anchored decoder"], c["non-causal TD (theta*)"]
+    assert masked[-1] > 1e10 * masked[0] and torch.isfinite(anchored).all()
+    assert abs(anchored[80] / anchored[120] - 1) < 0.01 and anchored[120] > noncausal[120]
+print(", ".join(f"n = {n}: self-anchored / non-causal at L = 120: {c['self-anchored decoder'][120] / c['non-causal TD (theta*)'][120]:.1f}" for n, c in look.items()))
 
 
 # %% [markdown]
-# The masked $\theta^*$ explodes, as Proposition 4a.2 says. The self-anchored decoder converges, as
-# Proposition 4a.3 says, but to a poor answer: its error first falls with the non-causal one,
-# then rises to a fixed point far worse than the non-causal fixed point, and the gap does not close quickly with $n$.
+# ### Why: a mean-field argument (not a proof)
 #
-# **Why (a mean-field argument, not a proof).** Column $k$'s value is an estimate of $v(S_k)$ made
+# Column $k$'s value is an estimate of $v(S_k)$ made
 # from transitions $1..k$ only, and every later target that bootstraps on transition $k$ uses that
 # estimate, forever: no later layer can revise what column $k$ knows. The early columns, which have
 # seen almost nothing, are badly off (column 1 sees one transition, and its fixed point is
-# $R_1 / (1 - \gamma)$). Let $b_j$ be the error of column $j$ at the fixed point. In the tabular limit
+# $R_1 / (1 - \gamma)$). Let $\Delta_j$ be the error of column $j$ at the fixed point. In the tabular limit
 # it is $\gamma$ times the mean of its successors' errors, and in a fast-mixing chain those
-# successors are spread over the prefix: $b_j \approx \gamma \frac{1}{j}\sum_{k \le j} b_k$. The solution
+# successors are spread over the prefix: $\Delta_j \approx \gamma \frac{1}{j}\sum_{k \le j} \Delta_k$. The solution
 # of that recursion decays only like $j^{-(1-\gamma)}$: a power $0.1$ for $\gamma = 0.9$. With a
 # positional bias $\lambda \log k$ the average weights transition $k$ by $k^\lambda$, the recursion becomes
-# $b_j \approx \gamma \sum_{k\le j} k^\lambda b_k / \sum_{k\le j} k^\lambda$, and its solution decays like
+# $\Delta_j \approx \gamma \sum_{k\le j} k^\lambda \Delta_k / \sum_{k\le j} k^\lambda$, and its solution decays like
 # $j^{-(\lambda + 1)(1 - \gamma)}$. The price is variance: weights $k^\lambda$ keep an effective sample size of
 # $j(2\lambda + 1)/(\lambda + 1)^2$. The bias then falls at least as fast as the statistical error
 # ($j^{-1/2}$) once $(\lambda + 1)(1 - \gamma) \ge 1/2$, that is $\lambda \ge 4$ for $\gamma = 0.9$.
 # The positional bias is what decoders have anyway (ALiBi's linear bias is the same thing
 # with $\log k$ replaced by $k$); here it is a fixed function of the key's position.
+
+# %% [markdown]
+# ## The causal bias against the context length
 #
-# The measurement: the fixed point's error (Proposition 4a.3's triangular solve, no depth involved)
-# against $n$, for several $\lambda$, on 20 one-hot tasks, beside the non-causal TD iteration run to convergence.
+# **Question.** Does the decoder's bias decay with $n$ at the rate the mean-field argument predicts,
+# and does the positional bias speed it up?
+#
+# **Setup.** The fixed point's error (Proposition 4a.3's triangular solve, so no depth is involved)
+# against $n$ from 25 to 400, for $\lambda \in \{0, 2, 4, 9\}$, on 20 one-hot tasks with $W = 8I$,
+# beside the non-causal TD iteration run to convergence (300 layers). The slope of $\log$ MSVE
+# against $\log n$ is fitted on $n \ge 100$.
+#
+# **Result.** MSVE at the fixed point, then the fitted slopes against the prediction $-2(\lambda + 1)(1 - \gamma)$:
 
 # %%
 def floor_vs_n(features, ns, lams, beta, n_tasks=20, seed=300):
@@ -740,8 +765,22 @@ NS, LAMS = (25, 50, 100, 200, 400), (0., 2., 4., 9.)
 floors = floor_vs_n("onehot", NS, LAMS, 8.)
 slopes = {k: np.polyfit(np.log(NS[2:]), np.log(v[2:].numpy()), 1)[0] for k, v in floors.items()}
 predicted = {f"decoder, lambda = {lam:g}": f"{-2 * (lam + 1) * (1 - 0.9):.2f}" for lam in LAMS}
-Markdown("| construction | " + " | ".join(f"n = {n}" for n in NS) + " | slope of log MSVE on log n (n >= 100) | mean-field prediction |\n|---|" + "---|" * (len(NS) + 2) + "\n" +
-         "\n".join(f"| {k} | " + " | ".join(f"{x:.3g}" for x in v) + f" | {slopes[k]:.2f} | {predicted.get(k, '—')} |" for k, v in floors.items()))
+head = {k: k.replace("decoder, lambda", "λ") for k in floors}
+Markdown("| n | " + " | ".join(head.values()) + " |\n|---|" + "---|" * len(floors) + "\n" +
+         "\n".join(f"| {n} | " + " | ".join(f"{v[i]:.3g}" for v in floors.values()) + " |" for i, n in enumerate(NS)) +
+         "\n\n| construction | slope (n >= 100) | mean-field prediction |\n|---|---|---|\n" +
+         "\n".join(f"| {k} | {slopes[k]:.2f} | {predicted.get(k, '—')} |" for k in floors))
+
+# %% [markdown]
+# **What it shows.** The measured slopes follow the mean-field prediction $-2(\lambda + 1)(1 - \gamma)$ for the squared
+# bias (last column) to within 0.15 for the smaller $\lambda$ (asserted below, with the differences printed);
+# for the largest the variance takes over and the slope falls short of the prediction, though the
+# decay is still faster than $n^{-1}$, and at the longest context the decoder's fixed
+# point is within the factor printed below of the non-causal one. The positional bias is the
+# lever: each step of $\lambda$ in the table lowers the error at every $n$.
+#
+# **Check.** The slope is within 0.15 of the prediction for $\lambda \le 4$, more than 0.15 short
+# of it for $\lambda = 9$, and steeper than $-1$ there.
 
 # %%
 gap_slope = {lam: slopes[f"decoder, lambda = {lam:g}"] + 2 * (lam + 1) * (1 - 0.9) for lam in LAMS}   # measured - predicted
@@ -752,15 +791,12 @@ print("measured minus predicted slope: " + ", ".join(f"lambda = {lam:g}: {g:+.2f
       f"; at n = {NS[-1]} the lambda = {LAMS[-1]:g} fixed point's MSVE is {top:.1f} times the non-causal one's")
 
 # %% [markdown]
-# The measured slopes follow the mean-field prediction $-2(\lambda + 1)(1 - \gamma)$ for the squared
-# bias (last column) to within 0.15 for the smaller $\lambda$ (asserted, differences printed above);
-# for the largest the variance takes over and the slope falls short of the prediction, though the
-# decay is still faster than $n^{-1}$ (asserted), and at the longest context the decoder's fixed
-# point is within the printed factor of the non-causal one.
-#
 # ## The decoder against the non-causal construction, tuned
 #
-# A fair comparison tunes each construction on the same tuning tasks (disjoint from the evaluation
+# **Question.** Tuned fairly, how far above the non-causal construction does the decoder's error
+# floor sit, for each kind of features, and how does the gap move with $n$?
+#
+# **Setup.** A fair comparison tunes each construction on the same tuning tasks (disjoint from the evaluation
 # tasks), for each kind of features and each context length, at depth 80: the non-causal TD over
 # $\alpha \in \{0.5, 1\}$ and $\beta$ from $0.25$ to $256$ ($W = \beta I$); the decoder (self-anchored, forward,
 # $\alpha = 1$, which Proposition 4a.3 makes the fastest) over $\beta$ from $0$ to $256$ and
@@ -798,22 +834,43 @@ assert not any(t["TD"]["beta"] == min(BETA_TD) for t in tuned.values())         
 Markdown("| features | n | non-causal TD: alpha, beta | decoder: beta, lambda |\n|---|---|---|---|\n" +
          "\n".join(f"| {f} | {n} | {t['TD']['alpha']:g}, {edge(t['TD']['beta'], BETA_TD)} | {edge(t['decoder']['beta'], BETA_DEC)}, {t['decoder']['recency']:g} |" for (f, n), t in tuned.items()))
 
+
+# %% [markdown]
+# **Result.** The tuned settings are in the table above; the figure shows the value error against
+# depth, and the table below the value at depth 120.
+
 # %%
 #| fig-cap: "Figure 4a.1: Tuned, the decoder falls with depth like the non-causal construction but settles on a higher floor, and the gap widens with the context length."
 #| fig-alt: "Three log-scale panels (one-hot, unit and random features) of value error against depth 0 to 120: solid lines for the non-causal construction and dashed lines for the decoder, one color per context length 30, 100 and 400; every curve falls and levels off, the dashed ones higher."
+#| code-fold: true
+def number_ticks(ax):
+    "Log-axis ticks at 1, 2 and 5 times the powers of ten, labelled as plain numbers."
+    ax.yaxis.set_major_locator(LogLocator(subs=(1., 2., 5.)))
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
+    ax.yaxis.set_minor_formatter(NullFormatter())
+
 curves = {(f, n): depth_curves(f, n, {"non-causal TD": tuned[(f, n)]["TD"], "decoder": tuned[(f, n)]["decoder"]}) for f in FEATURES for n in CTX}
-fig, axs = plt.subplots(1, 3, figsize=(12, 3.8), sharey=True)
+fig, axs = plt.subplots(1, 3, figsize=(11, 3.8), sharey=True)
 for ax, f in zip(axs, FEATURES):
     for n, color in zip(CTX, ("C0", "C1", "C2")):
         for name, ls in (("non-causal TD", "-"), ("decoder", "--")):
             ax.plot(curves[(f, n)][name].numpy(), ls, color=color, label=f"{name}, n = {n}")
     ax.set(yscale="log", xlabel="depth L (layers)", title=f"{f} features")
+    number_ticks(ax)
 axs[0].set_ylabel("MSVE at the queries (mean of 20 tasks)")
-fig.legend(*axs[0].get_legend_handles_labels(), loc="center right", fontsize=8)
+fig.legend(*axs[0].get_legend_handles_labels(), loc="center right", fontsize=9)
 fig.tight_layout(rect=(0, 0, 0.82, 1))
 
+# %%
+floor_rows = []
+for f in FEATURES:
+    for n in CTX:
+        c = curves[(f, n)]
+        floor_rows.append(f"| {f} | {n} | {c['non-causal TD'][-1]:.3g} | {c['decoder'][-1]:.3g} | {c['decoder'][-1] / c['non-causal TD'][-1]:.2f} |")
+Markdown("| features | n | non-causal TD, L = 120 | decoder, L = 120 | ratio |\n|---|---|---|---|---|\n" + "\n".join(floor_rows))
+
 # %% [markdown]
-# Figure 4a.1 shows the value error at the queries against depth, for the tuned non-causal construction (solid)
+# **What it shows.** Figure 4a.1 plots the value error at the queries against depth, for the tuned non-causal construction (solid)
 # and the tuned decoder (dashed), three context lengths, three kinds of features, tuned values in
 # the table above. Both fall geometrically with depth and then level off at their fixed point
 # (the decoder at rate $1 - \alpha(1-\gamma)$ or faster, as Proposition 4a.3 says); the decoder's
@@ -825,13 +882,10 @@ fig.tight_layout(rect=(0, 0, 0.82, 1))
 # from tabular. A tuned decoder $\beta$ of 0 means that its best setting ignores the features: every
 # query gets the same estimate, and only the positional bias shapes the weights.
 
-# %%
-floor_rows = []
-for f in FEATURES:
-    for n in CTX:
-        c = curves[(f, n)]
-        floor_rows.append(f"| {f} | {n} | {c['non-causal TD'][-1]:.3g} | {c['decoder'][-1]:.3g} | {c['decoder'][-1] / c['non-causal TD'][-1]:.2f} |")
-Markdown("| features | n | non-causal TD, L = 120 | decoder, L = 120 | ratio |\n|---|---|---|---|---|\n" + "\n".join(floor_rows))
+# %% [markdown]
+# **Check.** After 120 layers the one-hot decoder at $n = 400$ is below 5% of its one-layer error and
+# below its error at 10 layers; at every kind of features its floor falls from $n = 30$ to $n = 400$,
+# stays above the non-causal floor, and the ratio grows with $n$, most for random features at $n = 400$.
 
 # %%
 dec1 = curves[("onehot", 400)]["decoder"]
@@ -948,11 +1002,15 @@ print("largest |streamed - fresh forward pass| over 25 lengths: below 1e-12")
 
 
 # %% [markdown]
-# The query's estimate as transitions stream in, for the tuned one-hot decoder of the previous
-# section ($n = 400$ settings) on one task, beside the non-causal construction rerun from
-# scratch at every length, and the cost of each way, timed in the same run (one thread).
+# **Question.** Does the decoder's online estimate, refreshed at every transition from the cache,
+# learn a task as the context grows, and what does a refresh cost against a fresh forward pass?
+#
+# **Setup.** The tuned one-hot decoder of the previous section ($n = 400$ settings, depth 80) on one
+# task, beside the non-causal construction rerun from scratch at every length; and the cost of each
+# way, timed once and saved (one thread). The helpers are folded below.
 
 # %%
+#| code-fold: true
 def models_for(d, L, gamma, kw_dec, kw_td):
     "The tuned decoder and the tuned non-causal construction at depth L."
     I = torch.eye(d, dtype=torch.float64)
@@ -986,18 +1044,14 @@ def save_stream_costs(path="data/causal_streaming.json"):
 
 
 # %%
-#| eval: false
-save_stream_costs()
-
-# %%
 stream_costs = json.loads(next(p for p in (Path("data/causal_streaming.json"), Path("nbs/data/causal_streaming.json")) if p.exists()).read_text())
-rows_t = [f"| {t_len} | {1e3 * c:.2f} | {1e3 * s:.2f} | {1e3 * nc:.2f} | {s / c:.1f} | {nc / c:.1f} |" for t_len, (c, s, nc) in stream_costs["seconds"].items()]
+rows_t = [f"| {t_len} | {1e3 * c:.2f} | {1e3 * s:.2f} ({s / c:.1f}x) | {1e3 * nc:.2f} ({nc / c:.1f}x) |" for t_len, (c, s, nc) in stream_costs["seconds"].items()]
 print(f"timed by commit {stream_costs['provenance']['commit'][:10]} on {stream_costs['provenance']['date']}, {stream_costs['provenance']['threads']} thread")
-Markdown("| transitions so far t | decoder, KV cache (ms) | decoder, fresh pass (ms) | non-causal, fresh pass (ms) | fresh decoder / cache | fresh non-causal / cache |\n|---|---|---|---|---|---|\n" + "\n".join(rows_t))
+Markdown("| t | decoder, KV cache (ms) | decoder, fresh pass (ms, × cache) | non-causal, fresh pass (ms, × cache) |\n|---|---|---|---|\n" + "\n".join(rows_t))
 
 # %% [markdown]
-# *Table: the cost of refreshing the estimates at all 10 queries when one more transition arrives, at
-# depth 10, one thread, mean of 8 transitions; the ratios are measured in the same run, saved in `nbs/data/causal_streaming.json` (timings change from run to run; `save_stream_costs()` remakes the file).* The cached
+# **Result.** *Table: the cost of refreshing the estimates at all 10 queries when one more transition arrives, at
+# depth 10, one thread, mean of 8 transitions; $t$ is the number of transitions so far; the ratios to the cached step are measured in the same run, saved in `nbs/data/causal_streaming.json` (timings change from run to run; `save_stream_costs()` remakes the file).* The cached
 # step attends to $t$ keys per layer; the fresh passes build $t \times t$ attentions. At these
 # lengths the cached step is dominated by fixed per-layer overhead, so its advantage grows with $t$.
 
@@ -1011,33 +1065,260 @@ assert all(err_t(v)[-1] < 0.01 * err_t(v)[0] for v in (online, rerun))
 print(", ".join(f"{name}: MSVE {err_t(v)[0]:.3g} after 1 transition, {err_t(v)[-1]:.3g} after 200" for name, v in (("decoder", online), ("non-causal", rerun))))
 
 # %%
-#| fig-cap: "Figure 4a.2: Streaming with a KV cache, the decoder updates its estimates one transition at a time; the non-causal model must rerun the whole context at each length."
+#| fig-cap: "Figure 4a.2: Streamed from a KV cache one transition at a time, the decoder's estimate learns the task as the context grows, as does the non-causal model rerun from scratch at every length."
 #| fig-alt: "Log-scale value error of the query estimates against the number of transitions seen, 1 to 200, on one one-hot task: one curve for the decoder with a KV cache and one for the non-causal model rerun at every length; both fall as the context grows."
+#| code-fold: true
 fig, ax = plt.subplots(figsize=(6.5, 3.6))
-ax.plot(range(1, 201), err_t(online).numpy(), label="decoder, KV cache (online)")
-ax.plot(range(1, 201), err_t(rerun).numpy(), label="non-causal, rerun at every length")
+ax.plot(range(1, 201), err_t(online).numpy(), "-", color="C0", label="decoder, KV cache (online)")
+ax.plot(range(1, 201), err_t(rerun).numpy(), "--", color="C1", label="non-causal, rerun at every length")
 ax.set(yscale="log", xlabel="transitions seen t", ylabel="MSVE of the query estimates", title="One one-hot task, L = 80 layers")
+ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
 ax.legend(fontsize=9)
 fig.tight_layout()
 
-
 # %% [markdown]
-# Figure 4a.2: the value error of the query estimates (every state a query) as the context grows, for
+# **What it shows.** Figure 4a.2: the value error of the query estimates (every state a query) as the context grows, for
 # one task. The decoder's estimates come one transition at a time from the cache; the non-causal
 # ones from a fresh forward pass at each length. Both use the settings tuned above for one-hot
 # features at $n = 400$, at the tuning depth 80; both errors fall by more than a factor of 100 over
-# the 200 transitions (asserted, printed above the figure). One task is one draw: the ranking of
+# the 200 transitions (the check, asserted and printed above the figure). One task is one draw: the ranking of
 # the two curves at a given length is not a result (the tables above compare them over 20 tasks).
 
 # %% [markdown]
 # ## Pretraining a decoder
 #
-# The last question is what multi-task TD pretraining finds when the model is a decoder. The
-# model family below plugs `CausalSoftmaxICTD` into the engine of [chapter 6](pretrain.html)
-# (`pretrain_many` trains every seed in one batched pass): its parameters are stacked with a seed
-# axis, its prompts are causal prompts of the engine's examples, and its metrics are the value
-# weights and diagonality of every layer. The registration is one small function, so that it can
-# follow the engine's interface if that changes.
+# **Question.** What does multi-task TD pretraining find when the model is a decoder: does the
+# mask change the value error, the TD sign pattern of the value weights, the kernel's diagonality,
+# and does the model learn a positional bias of the sign this chapter's fix uses?
+#
+# **Setup.** The decoder plugs into the training engine of [chapter 6](pretrain.html)
+# (`pretrain_many` trains every seed in one batched pass) as a model family: its parameters are
+# stacked with a seed axis, its prompts are causal prompts, and its metrics are the value weights,
+# positional bias and diagonality of every layer (the plug-in is in
+# [Implementation and tests](#the-decoder-as-a-model-family-of-the-engine)). The run trains the decoder and the
+# non-causal model of chapter 6 with the same configuration, the one chapter 6a's emergence study uses
+# (`EMERGENCE` in `ictd.pretrain`: $d = 4$ random features, $n = 30$, $L = 3$, Adam with learning rate
+# $10^{-2}$, 2000 steps), on the same 10 seeds, and measures both on each seed's held-out tasks beside the
+# baselines of [chapter 6a](emergence.html) and the decoder construction of this chapter
+# (`current="self"`, tuned over $\alpha$, $\beta$ and $\lambda$ at the same depth on tuning tasks). On one shared
+# CPU thread this takes longer than the book's budget, so the run's numbers were saved to
+# `nbs/data/causal_pretrain.json`, with the command, the commit and the date, and the chapter reads
+# them back (the command is in [Implementation and tests](#the-saved-pretraining-run)).
+
+# %%
+pre = json.loads(next(p for p in (Path("data/causal_pretrain.json"), Path("nbs/data/causal_pretrain.json")) if p.exists()).read_text())
+prov, seeds_pre = pre["provenance"], pre["per_seed"]
+test_eq(len(seeds_pre), 10)
+Markdown(f"Read `nbs/data/causal_pretrain.json`: {len(seeds_pre)} seeds ({pre['seeds'][0]}..{pre['seeds'][-1]}), {pre['config']['n_steps']} steps, "
+         f"learning rate {pre['config']['lr']:g}, made by commit `{prov['commit'][:10]}` on {prov['date']} in {prov['wall_s'] / 60:.0f} minutes "
+         f"on one thread (a shared machine), with {prov['command']}" + (f"; {prov['note']}." if "note" in prov else "."))
+
+
+# %% [markdown]
+# **Result: value error.** The trained decoder, the trained non-causal model, the decoder construction
+# tuned at the same depth, and the baselines of [chapter 6a](emergence.html), each on every seed's
+# held-out tasks (mean over the 256 tasks of a seed; mean ± standard error over the 10 seeds).
+# The best constant is an oracle: the single number per task that minimises its MSVE, computed from
+# the true values, shown for scale; the other baselines see only the context.
+
+# %%
+def per_seed(key, sub=None):
+    "One number per seed from the summary."
+    return torch.tensor([s[key][sub] if sub else (s[key][-1] if isinstance(s[key], list) else s[key]) for s in seeds_pre], dtype=torch.float64)
+
+msve_rows = {"trained decoder (causal mask)": per_seed("msve_causal"), "trained non-causal model": per_seed("msve_softmax"),
+             "decoder construction (self-anchored, tuned)": per_seed("msve_decoder_construction"),
+             **{k: per_seed("baselines", k) for k in seeds_pre[0]["baselines"]}}
+shown = {"best constant": "best constant (oracle)", "best theta*": "best theta* (tuned, non-causal)"}
+Markdown("| predictor | MSVE, mean ± s.e. over 10 seeds | range |\n|---|---|---|\n" +
+         "\n".join(f"| {shown.get(k, k)} | {v.mean():.3f} ± {mean_se(v)[1]:.3f} | {v.min():.3f} – {v.max():.3f} |" for k, v in msve_rows.items()))
+
+# %%
+gap = msve_rows["trained decoder (causal mask)"] - msve_rows["trained non-causal model"]
+wins = int((gap < 0).sum())
+Markdown(f"The decoder's MSVE minus the non-causal model's, per seed: mean {gap.mean():+.3f} ± {mean_se(gap)[1]:.3f}; "
+         f"the decoder is better in {wins} of 10 seeds. Against the context-mean predictor the decoder is better in "
+         f"{int((msve_rows['trained decoder (causal mask)'] < msve_rows['context mean']).sum())} of 10 seeds.")
+
+# %% [markdown]
+# **Result: value weights.** For the decoder, the value row of each layer has four entries that the TD
+# construction uses: the reward (in the token), the successor value (in the token), the current
+# value in the previous token (where $\theta^*$ under the mask puts $-\alpha$) and the column's own value
+# through $U$ (where the self-anchored construction puts $-\alpha$). The non-causal model has the
+# three of [chapter 6](pretrain.html).
+
+# %%
+wc = torch.tensor([s["weights_causal"] for s in seeds_pre], dtype=torch.float64)     # (seeds, L, 4)
+ws = torch.tensor([s["weights_softmax"] for s in seeds_pre], dtype=torch.float64)    # (seeds, L, 3)
+fmt = lambda w: ", ".join(f"{m:+.2f} ± {e:.2f}" for m, e in zip(w.mean(0), mean_se(w)[1]))
+rows_c, rows_s = [], []
+for l in range(wc.shape[1]):
+    tdc = int(((wc[:, l, 0] > 0) & (wc[:, l, 1] > 0) & ((wc[:, l, 2] < 0) | (wc[:, l, 3] < 0))).sum())
+    tds = int(((ws[:, l, 0] > 0) & (ws[:, l, 1] > 0) & (ws[:, l, 2] < 0)).sum())
+    rows_c.append(f"| {l + 1} | ({fmt(wc[:, l])}) | {tdc} / 10 |")
+    rows_s.append(f"| {l + 1} | ({fmt(ws[:, l])}) | {tds} / 10 |")
+Markdown("*Decoder*: weights on (reward, successor, current value in the previous token, own value via $U$)\n\n"
+         "| layer | weights, mean ± s.e. | seeds with (+, +, − in either) |\n|---|---|---|\n" + "\n".join(rows_c) +
+         "\n\n*Non-causal model*: weights on (reward, successor, current value)\n\n"
+         "| layer | weights, mean ± s.e. | seeds with (+, +, −) |\n|---|---|---|\n" + "\n".join(rows_s))
+
+# %% [markdown]
+# **Result: diagonality and positional bias.** The share of each query's attention on keys whose current state is the query's
+# state, per layer, at the start and at the end of training.
+# The last column is the decoder's learned positional bias $\lambda$ at the end of training.
+
+# %%
+dc = torch.tensor([s["diagonality_causal"] for s in seeds_pre], dtype=torch.float64)    # (seeds, evaluations, L)
+ds = torch.tensor([s["diagonality_softmax"] for s in seeds_pre], dtype=torch.float64)
+rec = torch.tensor([s["recency"] for s in seeds_pre], dtype=torch.float64)
+Markdown("| layer | decoder: start → end | non-causal: start → end | decoder's λ |\n|---|---|---|---|\n" +
+         "\n".join(f"| {l + 1} | {dc[:, 0, l].mean():.3f} → {dc[:, -1, l].mean():.3f} ± {mean_se(dc[:, -1, l])[1]:.3f} | "
+                   f"{ds[:, 0, l].mean():.3f} → {ds[:, -1, l].mean():.3f} ± {mean_se(ds[:, -1, l])[1]:.3f} | {rec[:, l].mean():+.3f} ± {mean_se(rec[:, l])[1]:.3f} |"
+                   for l in range(dc.shape[-1])))
+
+# %%
+#| fig-cap: "Figure 4a.3: Under pretraining the decoder's held-out value error falls like the non-causal model's and ends slightly above it."
+#| fig-alt: "Log-scale held-out value error against training step, 0 to 2000, for the decoder (solid blue) and the non-causal model (dashed orange): means of 10 seeds with shaded 10 to 90 percent bands; both fall steeply early and flatten, the decoder's curve a little above."
+#| code-fold: true
+fig, ax = plt.subplots(figsize=(6.5, 3.6))
+steps_pre = np.array(seeds_pre[0]["step"])
+for name, key, color, ls in (("decoder", "msve_causal", "C0", "-"), ("non-causal", "msve_softmax", "C1", "--")):
+    m = torch.tensor([s[key] for s in seeds_pre], dtype=torch.float64)
+    ax.plot(steps_pre, m.mean(0), ls, color=color, label=f"{name} (mean of 10 seeds)")
+    ax.fill_between(steps_pre, m.quantile(0.1, 0), m.quantile(0.9, 0), color=color, alpha=0.2)
+ax.set(yscale="log", xlabel="training step", ylabel="MSVE on held-out tasks", title="Value error during pretraining")
+number_ticks(ax)
+ax.legend(fontsize=9)
+fig.tight_layout()
+
+# %%
+#| fig-cap: "Figure 4a.4: Under pretraining the last layer's attention becomes more diagonal in both models: a larger share lands on keys that leave the query's own state."
+#| fig-alt: "Kernel diagonality of the last layer against training step, 0 to 2000, for the decoder (solid blue) and the non-causal model (dashed orange), means of 10 seeds; both start near 0.1 and rise."
+#| code-fold: true
+fig, ax = plt.subplots(figsize=(6.5, 3.6))
+for name, d_, color, ls in (("decoder", dc, "C0", "-"), ("non-causal", ds, "C1", "--")):
+    ax.plot(steps_pre, d_[..., -1].mean(0), ls, color=color, label=f"{name}, last layer")
+ax.set(xlabel="training step", ylabel="attention share on own state", title="Kernel diagonality (mean of 10 seeds)")
+ax.legend(fontsize=9)
+fig.tight_layout()
+
+# %% [markdown]
+# Figure 4a.3 shows the value error on held-out tasks during pretraining (mean of 10 seeds, band from
+# the 10% to the 90% quantile); Figure 4a.4 the last layer's kernel diagonality.
+#
+# **What it shows, and the check.** Computed from the tables above:
+
+# %%
+L_last = wc.shape[1] - 1
+own_more_negative = int((wc[:, L_last, 3] < wc[:, L_last, 2]).sum())
+td_dec = int(((wc[:, L_last, 0] > 0) & (wc[:, L_last, 1] > 0) & ((wc[:, L_last, 2] < 0) | (wc[:, L_last, 3] < 0))).sum())
+td_soft = int(((ws[:, L_last, 0] > 0) & (ws[:, L_last, 1] > 0) & (ws[:, L_last, 2] < 0)).sum())
+rise_dec, rise_soft = dc[:, -1, L_last] - dc[:, 0, L_last], ds[:, -1, L_last] - ds[:, 0, L_last]
+Markdown(f"- Sign pattern: in the last layer, {td_dec} of 10 decoders and {td_soft} of 10 non-causal models show (+, +, −) "
+         f"(for the decoder: reward and successor positive, and a negative weight on the current value in either slot).\n"
+         f"- Where the decoder puts its current-value weight: the column's own value (through $U$, the self-anchored slot of Proposition 4a.3) is the more "
+         f"negative of the two slots in {own_more_negative} of 10 seeds; the previous token's value (the slot of $\\theta^*$ under the mask) in the other {10 - own_more_negative}.\n"
+         f"- Diagonality of the last layer rises by {rise_dec.mean():+.3f} ± {mean_se(rise_dec)[1]:.3f} in the decoder and by {rise_soft.mean():+.3f} ± {mean_se(rise_soft)[1]:.3f} "
+         f"in the non-causal model.\n"
+         f"- The learned positional bias $\\lambda$ is positive (favouring late, well-informed transitions, as the fix of this chapter does) in "
+         f"{', '.join(f'{int((rec[:, l] > 0).sum())} of 10 seeds in layer {l + 1}' for l in range(rec.shape[1]))}.\n"
+         f"- Value error: the decoder ends at {msve_rows['trained decoder (causal mask)'].mean():.3f} ± {mean_se(msve_rows['trained decoder (causal mask)'])[1]:.3f}, "
+         f"the non-causal model at {msve_rows['trained non-causal model'].mean():.3f} ± {mean_se(msve_rows['trained non-causal model'])[1]:.3f}; "
+         f"the decoder is better in {wins} of 10 seeds. Mean MSVE over the context-mean predictor's: decoder "
+         f"{msve_rows['trained decoder (causal mask)'].mean() / msve_rows['context mean'].mean():.2f}, non-causal {msve_rows['trained non-causal model'].mean() / msve_rows['context mean'].mean():.2f}, "
+         f"certainty equivalence {msve_rows['certainty equivalence'].mean() / msve_rows['context mean'].mean():.2f}, and the decoder construction, limited to three layers "
+         f"of step at most 1, {msve_rows['decoder construction (self-anchored, tuned)'].mean() / msve_rows['context mean'].mean():.2f}.")
+
+# %% [markdown]
+# The mask costs the trained model a little accuracy, as it costs the construction: the decoder ends
+# above the non-causal model on most seeds. What emerges is the same in kind: the TD sign pattern in
+# the last layer, a kernel that grows more diagonal, and a positional bias of the sign the mean-field
+# argument recommends, learned without being asked for. Two baselines put this in its place. Certainty
+# equivalence, which solves the context's empirical chain and uses no attention, beats both trained
+# models (counted below), so three layers trained for 2000 steps are not yet the best in-context
+# estimator on these tasks; and the oracle best constant, which knows the true values, is better
+# still, as it is in [chapter 6a](emergence.html). The decoder construction, limited to three layers of
+# step at most 1, is far behind both trained models: at this depth the trained weights, not the
+# construction, are what a decoder can use.
+
+# %%
+ce, dec_m, soft_m = msve_rows["certainty equivalence"], msve_rows["trained decoder (causal mask)"], msve_rows["trained non-causal model"]
+assert wins <= 3 and int((ce < dec_m).sum()) >= 8 and int((ce < soft_m).sum()) >= 8
+assert (msve_rows["decoder construction (self-anchored, tuned)"] > dec_m).all() and (rec[:, 1:] > 0).all() and msve_rows["best constant"].mean() < ce.mean()
+assert td_dec >= 6 and td_soft >= 6 and rise_dec.mean() > 0 and rise_soft.mean() > 0
+print(f"certainty equivalence beats the decoder on {int((ce < dec_m).sum())} of 10 seeds and the non-causal model on {int((ce < soft_m).sum())} of 10")
+_ = record_claim("pretrained-decoder", "Pretrained under a causal mask (chapter 6a's configuration, 10 seeds), the decoder ends slightly above the non-causal model's held-out error, learns a positive positional bias in its upper layers, and both are beaten by certainty equivalence.",
+             "measured", "causal", "#pretraining-a-decoder")
+
+# %% [markdown]
+# ## Summary
+#
+# - A decoder can run a TD iteration in context, but a different one: each column's value is an
+#   estimate from its prefix, and Theorem 4a.1 builds a causal layer (a head over the causal
+#   temporal shift) that runs it exactly.
+# - The constructed $\theta^*$ under a causal mask diverges for every kernel (Proposition 4a.2): a
+#   column sees its own value only as a successor. Reading the current value of each TD error at
+#   the column itself makes the iteration a contraction for every kernel and every order
+#   (Proposition 4a.3), a stronger guarantee than the non-causal construction has.
+# - What causality costs is accuracy, not convergence: early columns bootstrap on almost nothing and
+#   every later column inherits their error. A positional bias $\lambda \log k$ on the keys, which
+#   favours late, well-informed transitions, removes most of that bias, as the mean-field argument
+#   predicts; a gap to the non-causal fixed point remains.
+# - The decoder streams: with a KV cache, each new transition costs one column per layer, and the
+#   query's estimate is refreshed online.
+# - Pretrained through the engine, a decoder learns what the non-causal model learns (the TD sign
+#   pattern, a more diagonal kernel) and a positive positional bias of its own, at a slightly higher
+#   error; neither beats certainty equivalence at three layers.
+
+# %% [markdown]
+# ## Implementation and tests
+#
+# The lesson ends above. This section holds the helpers, the engine plug-in, the drivers of the
+# saved pretraining run and the input checks. Every cell runs when the book is built (the two cells
+# that remake saved files are marked `eval: false`).
+#
+# ### Helpers of the lesson
+
+# %%
+show_doc(visible_transitions)
+
+# %%
+show_doc(prefix_weights)
+
+# %%
+show_doc(CausalSoftmaxLayer)
+
+# %%
+test_eq(previous_token(torch.arange(6.).reshape(2, 3)).tolist(), [[0., 0., 1.], [0., 3., 4.]])
+test_eq(causal_keys(5, 3).int().tolist(), [[0, 0, 0, 0, 0], [0, 1, 1, 1, 1], [0, 0, 1, 1, 1], [0, 0, 0, 1, 1], [0, 0, 0, 0, 0]])
+
+# %% [markdown]
+# ### Bad input
+#
+# Each bad argument fails with a `ValueError` that names it.
+
+# %%
+test_fail(lambda: visible_transitions(3, order="backward"), contains="`order` must be one of")
+test_fail(lambda: prefix_softmax_td(phi_r, R_r, W2, 0.7, 0.9, 3, current="target"), contains="`current` must be one of")
+test_fail(lambda: build_causal_prompt(phi[:4], rw[:2]), contains="`rewards` must have shape")
+test_fail(lambda: build_causal_prompt(phi[:4], rw[:3], order="none"), contains="`order` must be one of")
+test_fail(lambda: prefix_softmax_td(phi_r, R_r, W2, 0.7, 0.9, -1), contains="`n_iters` must be a non-negative integer")
+test_fail(lambda: prefix_softmax_td(phi_r, R_r, W2, float("nan"), 0.9, 3), contains="`alpha` must be finite")
+test_fail(lambda: prefix_weights(phi_r, torch.eye(3)), contains="`W` must have shape")
+test_fail(lambda: theta_causal(4, torch.eye(3), 1., 0.9), contains="`W` must have shape (4, 4)")
+test_fail(lambda: theta_causal(4, torch.eye(4), 1., 1.), contains="`gamma` must lie in [0, 1)")
+test_fail(lambda: CausalSoftmaxLayer.from_params(torch.zeros(5, 3), torch.zeros(3, 6), torch.zeros(3, 3)), contains="`A` must have shape")
+test_fail(lambda: CausalCache(model_s, 5).prefill(torch.zeros(6, 1)), contains="`prefill` needs")
+
+
+# %% [markdown]
+# ### The decoder as a model family of the engine
+#
+# The engine of [chapter 6](pretrain.html) trains any model family that supplies an
+# initialisation, a prompt, a prediction, a module and metrics. The decoder's are below; its
+# parameters are stacked with a leading seed axis, and importing `ictd.causal` registers the family as
+# `PretrainConfig(attention="causal")`. The registration is one small function, so that it can follow
+# the engine's interface if that changes.
 
 # %%
 #| export
@@ -1094,14 +1375,11 @@ register_causal_family()
 
 
 # %% [markdown]
-# The comparison trains the decoder and the non-causal model of [chapter 6](pretrain.html) with
-# the same configuration (chapter 6's headline experiment: $d = 4$ random features, $n = 30$,
-# $L = 3$, Adam with learning rate $10^{-2}$, 2000 steps) on the same 10 seeds, and measures both on
-# each seed's held-out tasks beside the baselines of [chapter 6a](emergence.html) and the
-# decoder construction of this chapter (`current="self"`, tuned over $\alpha$, $\beta$ and $\lambda$ at
-# the same depth on tuning tasks). On one shared CPU thread this takes longer than the book's budget,
-# so `causal_pretrain_summary` writes its numbers to `nbs/data/causal_pretrain.json`, with the
-# command, the commit and the date, and the chapter reads them back.
+# ### The saved pretraining run
+#
+# The drivers that made `nbs/data/causal_pretrain.json`: they tune
+# the decoder construction on tuning tasks disjoint from a run's held-out tasks, and train both models
+# on every seed through `pretrain_many`.
 
 # %%
 #| export
@@ -1153,136 +1431,18 @@ def causal_pretrain_summary(config:PretrainConfig,  # the decoder's configuratio
 # %%
 #| eval: false
 t0, commit = time.time(), subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-# EMERGENCE: the pretraining configuration of chapter 6a (ictd.pretrain), here with a causal mask
+# EMERGENCE: the training configuration of chapter 6a (ictd.pretrain), here with a causal mask
 summary = causal_pretrain_summary(dataclasses.replace(EMERGENCE, attention="causal"), list(range(10)))
 summary["provenance"] = dict(command="the eval: false cell of nbs/04a_causal.ipynb, run from the repository root with OMP_NUM_THREADS=1",
                              commit=commit, date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), wall_s=round(time.time() - t0, 1), threads=1)
 json.dump(summary, open("nbs/data/causal_pretrain.json", "w"), indent=1)
 
-# %%
-pre = json.loads(next(p for p in (Path("data/causal_pretrain.json"), Path("nbs/data/causal_pretrain.json")) if p.exists()).read_text())
-prov, seeds_pre = pre["provenance"], pre["per_seed"]
-test_eq(len(seeds_pre), 10)
-Markdown(f"Read `nbs/data/causal_pretrain.json`: {len(seeds_pre)} seeds ({pre['seeds'][0]}..{pre['seeds'][-1]}), {pre['config']['n_steps']} steps, "
-         f"learning rate {pre['config']['lr']:g}, made by commit `{prov['commit'][:10]}` on {prov['date']} in {prov['wall_s'] / 60:.0f} minutes "
-         f"on one thread (a shared machine), with {prov['command']}" + (f"; {prov['note']}." if "note" in prov else "."))
-
-
 # %% [markdown]
-# **Value error.** The trained decoder, the trained non-causal model, the decoder construction
-# tuned at the same depth, and the baselines of [chapter 6a](emergence.html), each on every seed's
-# held-out tasks (mean over the 256 tasks of a seed; mean ± standard error over the 10 seeds).
+# The cell that remakes the saved streaming timings (`save_stream_costs`, defined with the streaming experiment):
 
 # %%
-def per_seed(key, sub=None):
-    "One number per seed from the summary."
-    return torch.tensor([s[key][sub] if sub else (s[key][-1] if isinstance(s[key], list) else s[key]) for s in seeds_pre], dtype=torch.float64)
-
-msve_rows = {"trained decoder (causal mask)": per_seed("msve_causal"), "trained non-causal model": per_seed("msve_softmax"),
-             "decoder construction (self-anchored, tuned)": per_seed("msve_decoder_construction"),
-             **{k: per_seed("baselines", k) for k in seeds_pre[0]["baselines"]}}
-Markdown("| predictor | MSVE, mean ± s.e. over 10 seeds | range |\n|---|---|---|\n" +
-         "\n".join(f"| {k} | {v.mean():.3f} ± {mean_se(v)[1]:.3f} | {v.min():.3f} – {v.max():.3f} |" for k, v in msve_rows.items()))
-
-# %%
-gap = msve_rows["trained decoder (causal mask)"] - msve_rows["trained non-causal model"]
-wins = int((gap < 0).sum())
-Markdown(f"The decoder's MSVE minus the non-causal model's, per seed: mean {gap.mean():+.3f} ± {mean_se(gap)[1]:.3f}; "
-         f"the decoder is better in {wins} of 10 seeds. Against the context-mean predictor the decoder is better in "
-         f"{int((msve_rows['trained decoder (causal mask)'] < msve_rows['context mean']).sum())} of 10 seeds.")
-
-# %% [markdown]
-# **Value weights.** For the decoder, the value row of each layer has four entries that the TD
-# construction uses: the reward (in the token), the successor value (in the token), the current
-# value in the previous token (where $\theta^*$ under the mask puts $-\alpha$) and the column's own value
-# through $U$ (where the self-anchored construction puts $-\alpha$). The non-causal model has the
-# three of [chapter 6](pretrain.html).
-
-# %%
-wc = torch.tensor([s["weights_causal"] for s in seeds_pre], dtype=torch.float64)     # (seeds, L, 4)
-ws = torch.tensor([s["weights_softmax"] for s in seeds_pre], dtype=torch.float64)    # (seeds, L, 3)
-fmt = lambda w: ", ".join(f"{m:+.2f} ± {e:.2f}" for m, e in zip(w.mean(0), mean_se(w)[1]))
-rows_w = []
-for l in range(wc.shape[1]):
-    tdc = int(((wc[:, l, 0] > 0) & (wc[:, l, 1] > 0) & ((wc[:, l, 2] < 0) | (wc[:, l, 3] < 0))).sum())
-    tds = int(((ws[:, l, 0] > 0) & (ws[:, l, 1] > 0) & (ws[:, l, 2] < 0)).sum())
-    rows_w.append(f"| {l + 1} | ({fmt(wc[:, l])}) | {tdc} / 10 | ({fmt(ws[:, l])}) | {tds} / 10 |")
-Markdown("| layer | decoder: (reward, successor, current in previous token, own value via U) | decoder seeds with (+, +, − in either) | "
-         "non-causal: (reward, successor, current) | non-causal seeds with (+, +, −) |\n|---|---|---|---|---|\n" + "\n".join(rows_w))
-
-# %% [markdown]
-# **Diagonality.** The share of each query's attention on keys whose current state is the query's
-# state, per layer, at the start and at the end of training.
-
-# %%
-dc = torch.tensor([s["diagonality_causal"] for s in seeds_pre], dtype=torch.float64)    # (seeds, evaluations, L)
-ds = torch.tensor([s["diagonality_softmax"] for s in seeds_pre], dtype=torch.float64)
-rec = torch.tensor([s["recency"] for s in seeds_pre], dtype=torch.float64)
-Markdown("| layer | decoder: start → end | non-causal: start → end | decoder's positional bias lambda at the end |\n|---|---|---|---|\n" +
-         "\n".join(f"| {l + 1} | {dc[:, 0, l].mean():.3f} → {dc[:, -1, l].mean():.3f} ± {mean_se(dc[:, -1, l])[1]:.3f} | "
-                   f"{ds[:, 0, l].mean():.3f} → {ds[:, -1, l].mean():.3f} ± {mean_se(ds[:, -1, l])[1]:.3f} | {rec[:, l].mean():+.3f} ± {mean_se(rec[:, l])[1]:.3f} |"
-                   for l in range(dc.shape[-1])))
-
-# %%
-#| fig-cap: "Figure 4a.3: Under pretraining the decoder and the non-causal model reach similar value errors, and the last layer becomes more diagonal in both."
-#| fig-alt: "Left: log-scale held-out value error against training step for the decoder and the non-causal model, means of 10 seeds with 10 to 90 percent bands. Right: the last layer kernel diagonality against training step for both models."
-fig, axs = plt.subplots(1, 2, figsize=(10, 3.6))
-steps_pre = np.array(seeds_pre[0]["step"])
-for name, key, color in (("decoder", "msve_causal", "C0"), ("non-causal", "msve_softmax", "C1")):
-    m = torch.tensor([s[key] for s in seeds_pre], dtype=torch.float64)
-    axs[0].plot(steps_pre, m.mean(0), color=color, label=f"{name} (mean of 10 seeds)")
-    axs[0].fill_between(steps_pre, m.quantile(0.1, 0), m.quantile(0.9, 0), color=color, alpha=0.2)
-axs[0].set(yscale="log", xlabel="training step", ylabel="MSVE on held-out tasks", title="Value error during pretraining")
-for name, d_, color in (("decoder", dc, "C0"), ("non-causal", ds, "C1")):
-    axs[1].plot(steps_pre, d_[..., -1].mean(0), color=color, label=f"{name}, last layer")
-axs[1].set(xlabel="training step", ylabel="attention share on own state", title="Kernel diagonality (mean of 10 seeds)")
-for ax in axs: ax.legend(fontsize=8)
-fig.tight_layout()
-
-# %% [markdown]
-# Figure 4a.3: left, the value error on held-out tasks during pretraining (mean of 10 seeds, band from
-# the 10% to the 90% quantile); right, the last layer's kernel diagonality.
-#
-# **Does the mask change what emerges?** The answer, computed from the tables above:
-
-# %%
-L_last = wc.shape[1] - 1
-own_more_negative = int((wc[:, L_last, 3] < wc[:, L_last, 2]).sum())
-td_dec = int(((wc[:, L_last, 0] > 0) & (wc[:, L_last, 1] > 0) & ((wc[:, L_last, 2] < 0) | (wc[:, L_last, 3] < 0))).sum())
-td_soft = int(((ws[:, L_last, 0] > 0) & (ws[:, L_last, 1] > 0) & (ws[:, L_last, 2] < 0)).sum())
-rise_dec, rise_soft = dc[:, -1, L_last] - dc[:, 0, L_last], ds[:, -1, L_last] - ds[:, 0, L_last]
-Markdown(f"- Sign pattern: in the last layer, {td_dec} of 10 decoders and {td_soft} of 10 non-causal models show (+, +, −) "
-         f"(for the decoder: reward and successor positive, and a negative weight on the current value in either slot).\n"
-         f"- Where the decoder puts its current-value weight: the column's own value (through $U$, the self-anchored slot of Proposition 4a.3) is the more "
-         f"negative of the two slots in {own_more_negative} of 10 seeds; the previous token's value (the slot of $\\theta^*$ under the mask) in the other {10 - own_more_negative}.\n"
-         f"- Diagonality of the last layer rises by {rise_dec.mean():+.3f} ± {mean_se(rise_dec)[1]:.3f} in the decoder and by {rise_soft.mean():+.3f} ± {mean_se(rise_soft)[1]:.3f} "
-         f"in the non-causal model.\n"
-         f"- The learned positional bias $\\lambda$ is positive (favouring late, well-informed transitions, as the fix of this chapter does) in "
-         f"{', '.join(f'{int((rec[:, l] > 0).sum())} of 10 seeds in layer {l + 1}' for l in range(rec.shape[1]))}.\n"
-         f"- Value error: the decoder ends at {msve_rows['trained decoder (causal mask)'].mean():.3f} ± {mean_se(msve_rows['trained decoder (causal mask)'])[1]:.3f}, "
-         f"the non-causal model at {msve_rows['trained non-causal model'].mean():.3f} ± {mean_se(msve_rows['trained non-causal model'])[1]:.3f}; "
-         f"the decoder is better in {wins} of 10 seeds. Mean MSVE over the context-mean predictor's: decoder "
-         f"{msve_rows['trained decoder (causal mask)'].mean() / msve_rows['context mean'].mean():.2f}, non-causal {msve_rows['trained non-causal model'].mean() / msve_rows['context mean'].mean():.2f}, "
-         f"certainty equivalence {msve_rows['certainty equivalence'].mean() / msve_rows['context mean'].mean():.2f}, and the decoder construction, limited to three layers "
-         f"of step at most 1, {msve_rows['decoder construction (self-anchored, tuned)'].mean() / msve_rows['context mean'].mean():.2f}.")
-
-# %% [markdown]
-# ## Summary
-#
-# - A decoder can run a TD iteration in context, but a different one: each column's value is an
-#   estimate from its prefix, and Theorem 4a.1 builds a causal layer (a head over the causal
-#   temporal shift) that runs it exactly.
-# - The constructed $\theta^*$ under a causal mask diverges for every kernel (Proposition 4a.2): a
-#   column sees its own value only as a successor. Reading the current value of each TD error at
-#   the column itself makes the iteration a contraction for every kernel and every order
-#   (Proposition 4a.3), a stronger guarantee than the non-causal construction has.
-# - What causality costs is accuracy, not convergence: early columns bootstrap on almost nothing and
-#   every later column inherits their error. A positional bias $\lambda \log k$ on the keys, which
-#   favours late, well-informed transitions, removes most of that bias, as the mean-field argument
-#   predicts; a gap to the non-causal fixed point remains.
-# - The decoder streams: with a KV cache, each new transition costs one column per layer, and the
-#   query's estimate is refreshed online.
-# - Pretraining a decoder through the engine: the tables above compare what emerges with and without the mask.
+#| eval: false
+save_stream_costs()
 
 # %%
 #| hide
