@@ -258,27 +258,28 @@ def phase_diagram(n_tasks:int=100,    # random Boyan chains per feature kind; th
             conv, div = sr < 1 - 1e-9, sr > 1 + 1e-9
             flags = (conv, ~conv & ~div, div, rate_bound(M, gamma, alpha) < 1, span_rate(M, tb.P, gamma, alpha) < 1, span_rate(M, tb.P, gamma, alpha, 16) < 1)
             fractions[i, j] = torch.stack([f.double().mean(-1) for f in flags], -1)
-    return dict(betas=betas, gammas=tuple(gammas), features=tuple(features), fractions=fractions)
+    return dict(betas=betas, gammas=tuple(gammas), features=tuple(features), fractions=fractions, n_tasks=int(n_tasks))
 
 # %% ../../nbs/05a_convergence_experiments.ipynb #7f97957b
-def plot_phase(result:dict,  # output of `phase_diagram`
-              ):             # the matplotlib figure
-    "Experiment 4: stacked fractions converge / stall / diverge against $\\beta$, one panel per (feature kind, $\\gamma$), with the conditions' fractions as lines."
+def plot_phase(result:dict,          # output of `phase_diagram`
+               feature:str="unit",   # the feature kind shown
+               gamma:float=0.9,      # the discount shown (one of `result["gammas"]`)
+              ):                     # the matplotlib figure
+    "Experiment 4 for one feature kind and discount: stacked fractions converge / stalls / diverges against $\\beta$, with the fraction each condition certifies as a line."
     import matplotlib.pyplot as plt
-    feats, gammas, betas, fr = result["features"], result["gammas"], result["betas"], result["fractions"]
-    fig, axes = plt.subplots(len(feats), len(gammas), figsize=(4.2 * len(gammas), 3.2 * len(feats)), sharex=True, sharey=True, squeeze=False)
-    for i, feat in enumerate(feats):
-        for j, gamma in enumerate(gammas):
-            ax = axes[i, j]
-            ax.stackplot(betas, fr[i, j, :, :3].T, colors=("#56B4E9", "#F0E442", "#D55E00"), labels=PHASES)
-            for k, (name, ls) in enumerate(zip(CONDITIONS, ("-", "--", ":"))):
-                ax.plot(betas, fr[i, j, :, 3 + k], "k", ls=ls, lw=1.5, label=f"{name} condition holds")
-            ax.set(xscale="log", ylim=(0, 1), title=f"{FEATURE_LABELS.get(feat, feat)}, $\\gamma = {gamma}$")
-            if i == len(feats) - 1: ax.set_xlabel(r"score scale $\beta$ ($W = \beta I$)")
-            if j == 0: ax.set_ylabel("fraction of tasks")
-    fig.legend(*axes[0, 0].get_legend_handles_labels(), loc="lower center", ncol=6, fontsize=9)
-    fig.suptitle(f"Where the iteration converges, and where each condition certifies it ({fr.shape[2]} scales, $\\alpha = 1$)")
-    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    if feature not in result["features"] or gamma not in result["gammas"]:
+        raise ValueError(f"`feature` and `gamma` must be among {result['features']} and {result['gammas']}, got {feature!r}, {gamma}")
+    fr = result["fractions"][result["features"].index(feature), result["gammas"].index(gamma)]
+    betas = result["betas"]
+    fig, ax = plt.subplots(figsize=(7.5, 4.4))
+    ax.stackplot(betas, fr[:, :3].T, colors=("#56B4E9", "#F0E442", "#D55E00"), alpha=0.6, labels=[f"task {p}" for p in PHASES])
+    for k, (name, ls, mk) in enumerate(zip(CONDITIONS, ("-", "--", ":"), "os^")):
+        ax.plot(betas, fr[:, 3 + k], color="k", ls=ls, marker=mk, ms=5, lw=1.8, clip_on=False, label=(name.replace("span, ", "span condition, ") if "span" in name else f"{name} condition") + " holds")
+    ax.set(xscale="log", ylim=(-0.04, 1.04), xlim=(betas[0], betas[-1]), xlabel=r"score scale $\beta$ ($W = \beta I$)",
+           ylabel=f"fraction of {result.get('n_tasks', 'the')} tasks", title=f"{FEATURE_LABELS.get(feature, feature)} features, $\\gamma = {gamma}$, $\\alpha = 1$")
+    ax.xaxis.set_major_formatter(plt.FuncFormatter(lambda x, _: f"{x:g}"))
+    ax.legend(fontsize=9, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.tight_layout()
     return fig
 
 # %% ../../nbs/05a_convergence_experiments.ipynb #a0a5b64d
