@@ -131,6 +131,18 @@ def depth_experiment(n_tasks:int=200,        # random one-hot Boyan chains; task
 # %%
 show_doc(depth_experiment)
 
+# %%
+#| export
+OKABE_ITO = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000")   # colour-blind-safe palette
+
+
+# %%
+#| export
+def _plain_ticks(axis):
+    "Tick labels on a log axis written as plain numbers (0.01, 1, 100) rather than powers of ten."
+    import matplotlib.ticker as mticker
+    axis.set_major_formatter(mticker.FuncFormatter(lambda x, _: f"{x:g}"))
+
 
 # %%
 #| export
@@ -141,13 +153,14 @@ def plot_depth(sweep:dict,  # output of `depth_experiment`
     fig, ax = plt.subplots(figsize=(8, 4.8))
     Ls = np.arange(sweep["errors"].shape[-1])
     for i, n in enumerate(sweep["ns"]):
-        ax.plot(Ls, sweep["errors"][:, i].mean(0), color=f"C{i}", label=f"Transformer, $n = {n}$")
-        ax.axhline(sweep["floors"][:, i].mean(), color=f"C{i}", ls=":", lw=1)
+        ax.plot(Ls, sweep["errors"][:, i].mean(0), color=OKABE_ITO[i], label=f"Transformer, $n = {n}$")
+        ax.axhline(sweep["floors"][:, i].mean(), color=OKABE_ITO[i], ls=":", lw=1)
     ax.plot(Ls, sweep["population"].mean(0), color="k", label=r"population ($n = \infty$)")
     ax.plot(Ls, sweep["bound"].mean(0), color="k", ls="--", label=r"bound $\kappa^L \|v_\pi\|_\infty$")
     ax.set(yscale="log", ylim=(1e-5, 10), xlabel="depth $L$ (layers)",
            ylabel=rf"$\|v_L - v_\pi\|_\infty$ (return units), mean of {len(sweep['errors'])} tasks",
            title=rf"Error against depth: geometric decay, then the floor (dotted); $\beta = {sweep['beta']:g}$, $\alpha = {sweep['alpha']:g}$")
+    _plain_ticks(ax.yaxis)
     ax.legend(fontsize=9, loc="lower left")
     return fig
 
@@ -293,31 +306,36 @@ test_close(significant(torch.tensor([1 / 3, 0.], dtype=torch.float64)), torch.te
 
 # %%
 #| export
-def plot_floor(sweep:dict,  # output of `depth_experiment`
-              ):            # the matplotlib figure
-    "Experiment 2: the floor against the context length (mean, on key states, and Proposition 5.3's bound), and the floor against its bound per context."
+def plot_floor(sweep:dict,        # output of `depth_experiment`
+               kind:str="length",  # "length": the floor against n; "bound": the floor against its bound, per context
+              ):                   # the matplotlib figure
+    "Experiment 2: the floor against the context length (mean, on key states, and Proposition 5.3's bound), or against its bound per context."
     import matplotlib.pyplot as plt
+    if kind not in ("length", "bound"): raise ValueError(f"`kind` must be 'length' or 'bound', got {kind!r}")
     ns = torch.tensor(sweep["ns"], dtype=torch.float64)
     sweep = sweep | {k: significant(sweep[k]) for k in ("floors", "key_floors", "floor_bounds")}   # round-off cannot move a pixel
     floors, keys = sweep["floors"], sweep["all_keys"]
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
-    slope, intercept = loglog_slope(ns, floors.mean(0))
-    ax.errorbar(ns, floors.mean(0), yerr=2 * floors.std(0) / math.sqrt(len(floors)), fmt="o", capsize=4, label=r"floor $\|\hat v_\infty - v_\pi\|_\infty$ (mean $\pm$ 2 s.e.)")
-    ax.plot(ns, np.exp(intercept) * ns ** slope, "C0--", label=f"fitted slope {slope:.2f}")
-    ax.plot(ns, sweep["key_floors"].mean(0), "s-", color="C2", label="floor on key states only")
-    fb = torch.where(keys, sweep["floor_bounds"], 0.).sum(0) / keys.sum(0).clamp(min=1)
-    ax.plot(ns[keys.any(0)], fb[keys.any(0)], "^-", color="C3", label=r"bound $\frac{\gamma}{1-\gamma}\|(\hat P - P) v_\pi\|_\infty$ (contexts with all keys)")
-    ax.plot(ns, floors.mean(0)[0] * (ns / ns[0]) ** -0.5, "k:", label=r"reference slope $-1/2$")
-    ax.set(xscale="log", yscale="log", xlabel="context length $n$ (transitions)", ylabel="return units",
-           title=f"The floor and its bound, mean of {len(floors)} tasks")
-    ax.legend(fontsize=8)
-    for i, n in enumerate(sweep["ns"]):
-        ax2.scatter(sweep["floor_bounds"][keys[:, i], i], floors[keys[:, i], i], s=6, color=f"C{i}", label=f"$n = {n}$")
-    lim = [floors[keys].min().item() / 2, sweep["floor_bounds"][keys].max().item() * 2]
-    ax2.plot(lim, lim, "k--", lw=1, label="$y = x$")
-    ax2.set(xscale="log", yscale="log", xlim=lim, ylim=lim, xlabel="Proposition 5.3's bound (return units)", ylabel="measured floor (return units)",
-            title="Each context whose keys cover every state: floor against bound")
-    ax2.legend(fontsize=8)
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    if kind == "length":
+        slope, intercept = loglog_slope(ns, floors.mean(0))
+        ax.errorbar(ns, floors.mean(0), yerr=2 * floors.std(0) / math.sqrt(len(floors)), fmt="o", color=OKABE_ITO[0], capsize=4,
+                    label=r"floor $\|\hat v_\infty - v_\pi\|_\infty$ (mean $\pm$ 2 s.e.)")
+        ax.plot(ns, np.exp(intercept) * ns ** slope, "--", color=OKABE_ITO[0], label=f"fitted slope {slope:.2f}")
+        ax.plot(ns, sweep["key_floors"].mean(0), "s-", color=OKABE_ITO[2], label="floor on key states only")
+        fb = torch.where(keys, sweep["floor_bounds"], 0.).sum(0) / keys.sum(0).clamp(min=1)
+        ax.plot(ns[keys.any(0)], fb[keys.any(0)], "^-", color=OKABE_ITO[5], label=r"bound $\frac{\gamma}{1-\gamma}\|(\hat P - P) v_\pi\|_\infty$ (contexts with all keys)")
+        ax.plot(ns, floors.mean(0)[0] * (ns / ns[0]) ** -0.5, "k:", label=r"reference slope $-1/2$")
+        ax.set(xscale="log", yscale="log", xlabel="context length $n$ (transitions)", ylabel="return units",
+               title=f"The floor and its bound, mean of {len(floors)} tasks")
+    else:
+        for i, n in enumerate(sweep["ns"]):
+            ax.scatter(sweep["floor_bounds"][keys[:, i], i], floors[keys[:, i], i], s=6, color=OKABE_ITO[i], label=f"$n = {n}$")
+        lim = [floors[keys].min().item() / 2, sweep["floor_bounds"][keys].max().item() * 2]
+        ax.plot(lim, lim, "k--", lw=1, label="$y = x$")
+        ax.set(xscale="log", yscale="log", xlim=lim, ylim=lim, aspect="equal", xlabel="Proposition 5.3's bound (return units)",
+               ylabel="measured floor (return units)", title="Contexts whose keys cover every state")
+    _plain_ticks(ax.xaxis); _plain_ticks(ax.yaxis)
+    ax.legend(fontsize=9)
     fig.tight_layout()
     return fig
 
@@ -333,8 +351,8 @@ show_doc(plot_floor)
 # the floor on key states, with 95% bootstrap intervals over tasks:
 
 # %%
-#| fig-cap: "Figure 5a.2: the floor falls with the context length, and on every context that covers every state it lies under the bound of Proposition 5.3."
-#| fig-alt: "Left: log-log plot of the mean floor, the floor on key states and the bound against the context length, with a reference slope of minus one half. Right: scatter of the measured floor against its bound per context, all points under the diagonal."
+#| fig-cap: "Figure 5a.2: the floor falls with the context length, a little faster than n^(-1/2) on average and close to it on key states, and the bound of Proposition 5.3 falls alongside it."
+#| fig-alt: "Log-log plot of the mean floor with error bars and its fitted line, the floor on key states and the bound against the context length, with a reference slope of minus one half."
 floors = sweep["floors"]
 keys = sweep["all_keys"]
 assert (floors[keys] <= sweep["floor_bounds"][keys]).all()
@@ -348,13 +366,21 @@ assert key_tail[1] < -0.5 < key_tail[2], key_tail          # from n = 100 on: co
 record_claim("floor-slope", "The floor on key states falls close to $n^{-1/2}$: over $n \\in [30, 3000]$ its slope's bootstrap interval lies within 0.1 of $-1/2$ (on the book's tasks just above it), and from $n = 100$ on it contains $-1/2$; the mean floor falls faster, because contexts that miss a state extrapolate.", "partial", "convergence_experiments", "#experiment-2-the-floor-against-the-context-length")
 local = {f"{a} -> {b}": round(v, 3) for a, b, v in zip(NS, NS[1:], (floors.mean(0).log().diff() / torch.tensor(NS, dtype=torch.float64).log().diff()).tolist())}
 key_local = (sweep["key_floors"].mean(0).log().diff() / torch.tensor(NS, dtype=torch.float64).log().diff())
-plot_floor(sweep);
+plot_floor(sweep, "length");
 print(f"slope {slope:.3f}, 95% interval [{lo:.3f}, {hi:.3f}]; on key states {key_slope:.3f}, [{key_lo:.3f}, {key_hi:.3f}]; "
       f"on key states from n = 100: {key_tail[0]:.3f}, [{key_tail[1]:.3f}, {key_tail[2]:.3f}]; "
       f"floor / bound: min {ratio.min():.3f}, median {ratio.median():.3f}, max {ratio.max():.3f}")
 print("local slopes of the mean floor:", local)
 print("local slopes of the floor on key states:", [round(v, 3) for v in key_local.tolist()])
 print("share of contexts with every state a key:", dict(zip(NS, keys.double().mean(0).tolist())))
+
+# %% [markdown]
+# The bound holds context by context, not only on average:
+
+# %%
+#| fig-cap: "Figure 5a.3: on every context that covers every state the floor lies under the bound of Proposition 5.3, by a factor that varies from context to context."
+#| fig-alt: "Log-log scatter of the measured floor against its bound, one point per context whose keys cover every state, coloured by context length; every point lies under the diagonal y = x."
+plot_floor(sweep, "bound");
 
 # %% [markdown]
 # The interval excludes $-0.3$, and $-1/2$ too (both asserted): over this range the mean floor falls
@@ -456,10 +482,11 @@ def plot_diagonality(result:dict,  # output of `diagonality_sweep`
     fig, axes = plt.subplots(2, 1, figsize=(8, 8), sharex=True)
     for ax, (k, name) in zip(axes, enumerate(("mean", "minimum"))):
         for i, (feat, c) in enumerate(curves.items()):
-            ax.plot(betas, c[k].mean(1), color=f"C{i}", label=FEATURE_LABELS.get(feat, feat))
-            ax.fill_between(betas, c[k].quantile(0.1, 1), c[k].quantile(0.9, 1), color=f"C{i}", alpha=0.2)
+            ax.plot(betas, c[k].mean(1), color=OKABE_ITO[i], ls=("-", "--", "-.")[i % 3], lw=2, label=FEATURE_LABELS.get(feat, feat))
+            ax.fill_between(betas, c[k].quantile(0.1, 1), c[k].quantile(0.9, 1), color=OKABE_ITO[i], alpha=0.2)
         ax.axhline((1 + result["gamma"]) / 2, color="k", ls="--", lw=1, label=r"threshold $(1 + \gamma)/2$")
         ax.set(xscale="log", ylabel=f"{name} of $M_\\pi(x, x)$ over states", title=f"{name.capitalize()} kernel diagonality")
+        _plain_ticks(ax.xaxis)
     axes[-1].set_xlabel(r"score scale $\beta$ ($W = \beta I$)")
     axes[0].legend(fontsize=9)
     n_tasks = next(iter(curves.values()))[0].shape[1]
@@ -472,7 +499,7 @@ def plot_diagonality(result:dict,  # output of `diagonality_sweep`
 show_doc(plot_diagonality)
 
 # %%
-#| fig-cap: "Figure 5a.3: one-hot and unit-norm attention becomes diagonal as the score scale grows; raw-feature attention does not."
+#| fig-cap: "Figure 5a.4: one-hot and unit-norm attention becomes diagonal as the score scale grows; raw-feature attention does not."
 #| fig-alt: "Two panels against the score scale on a log axis: mean and minimum diagonal attention for one-hot, unit-norm and raw features, with 10-90 percent bands and the threshold as a dashed line."
 diag = diagonality_sweep(200, seed=1000)
 diag_curves = diag["curves"]                                    # feature -> (mean, min), each (len(betas), 200)
@@ -568,7 +595,7 @@ Markdown("| features | $d$ | share of tasks with a state in the hull of the othe
 # the first of the table's with a state inside the hull of the others (its cap is in the title):
 
 # %%
-#| fig-cap: "Figure 5a.4: one-hot attention leaks towards frequent states, unit-norm attention towards similar states, raw attention can point at another state."
+#| fig-cap: "Figure 5a.5: one-hot attention leaks towards frequent states, unit-norm attention towards similar states, raw attention can point at another state."
 #| fig-alt: "Three heat maps of the population attention matrix at score scale 3, for one-hot, unit-norm and raw features."
 fig, axes = plt.subplots(1, 3, figsize=(13, 4.2))
 maps, raw_seed = {}, 3000 + int(inner.nonzero()[0])
@@ -696,7 +723,7 @@ def plot_phase(result:dict,          # output of `phase_diagram`
 show_doc(plot_phase)
 
 # %%
-#| fig-cap: "Figure 5a.5: every unit-norm task converges at every score scale, but the diagonal condition certifies them only at large scales; the span conditions cover the middle."
+#| fig-cap: "Figure 5a.6: every unit-norm task converges at every score scale, but the diagonal condition certifies them only at large scales; the span conditions cover the middle."
 #| fig-alt: "Against the score scale on a log axis, the fraction of 100 unit-norm tasks that converge fills the whole height; three black lines with markers give the fractions certified by the diagonal condition (rising only at large scales), the span condition with k = 1, and the span condition with k = 16 (rising earlier)."
 phase = phase_diagram(100, seed=4000)
 fr = phase["fractions"]                                         # (feature, gamma, beta, 6)
@@ -713,7 +740,7 @@ plot_phase(phase, "unit", 0.9);
 # On raw features the same map has a second message: convergence itself is lost at large scales.
 
 # %%
-#| fig-cap: "Figure 5a.6: on raw features most tasks converge at moderate score scales, where only the span condition with k = 16 certifies them; at large scales convergence is lost, first to divergence, then to stalling."
+#| fig-cap: "Figure 5a.7: on raw features most tasks converge at moderate score scales, where only the span condition with k = 16 certifies them; at large scales convergence is lost, first to divergence, then to stalling."
 #| fig-alt: "Against the score scale on a log axis, stacked fractions of 100 raw-feature tasks that converge, stall or diverge, with black lines for the fractions certified by the diagonal condition and the span condition with k = 1 (both below a tenth throughout) and with k = 16 (a hump peaking near 0.8 at moderate scales)."
 plot_phase(phase, "random", 0.9);
 
@@ -745,7 +772,7 @@ tb = random_tasks(200, seed=1000, features="random")
 I4 = torch.eye(4, dtype=torch.float64)
 
 # %%
-#| fig-cap: "Figure 5a.7: with the diagonal condition violated, one raw-feature task still converges and another diverges, the Transformer following the population recursion."
+#| fig-cap: "Figure 5a.8: with the diagonal condition violated, one raw-feature task still converges and another diverges, the Transformer following the population recursion."
 #| fig-alt: "Two log-scale panels of the error against depth: on the left a converging task, on the right a diverging one, each with the Transformer and the population recursion."
 M10, M100 = kernel_attention(tb.phi, 10 * I4, tb.d_pi), kernel_attention(tb.phi, 100 * I4, tb.d_pi)
 sr10, sr100 = spectral_radius(M10, tb.P, tb.gamma, 1.), spectral_radius(M100, tb.P, tb.gamma, 1.)
@@ -855,7 +882,7 @@ show_doc(plot_rates)
 # (Proposition 5.2).
 
 # %%
-#| fig-cap: "Figure 5a.8: the bound is attained near the tabular limit and loose where the attention leaks."
+#| fig-cap: "Figure 5a.9: the bound is attained near the tabular limit and loose where the attention leaks."
 #| fig-alt: "Scatter of the measured contraction rate against the bound, one point per task, coloured by the smallest diagonal attention, with the diagonal y = x."
 rate_res = rate_experiment(150, seed=2000)
 rates, rhos, diag_min, lams = rate_res["rates"], rate_res["rhos"], rate_res["min_diags"], rate_res["lams"]
@@ -965,13 +992,13 @@ def plot_leaky(result:dict,  # output of `leaky_experiment`
     lam, keys = result["lam"], result["all_keys"]
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 5), sharey=True)
     x = result["min_diag"]
-    ax.scatter(x, result["rho"], s=14, color="C3", label=r"diagonal bound $\kappa$")
-    ax.scatter(x, result["span"].clamp(min=lam), s=14, color="C1", marker="x", label=r"span rate $\max(\kappa_{\mathrm{tab}}, \operatorname{sc}(B))$")
+    ax.scatter(x, result["rho"], s=14, color=OKABE_ITO[5], label=r"diagonal bound $\kappa$")
+    ax.scatter(x, result["span"].clamp(min=lam), s=14, color=OKABE_ITO[0], marker="x", label=r"span rate $\max(\kappa_{\mathrm{tab}}, \operatorname{sc}(B))$")
     ax.scatter(x, result["rates"], s=14, color="k", marker="_", label="measured rate")
     ax.set(xlabel=r"$\min_x M_\pi(x, x)$", ylabel="per-layer rate", title=f"Population, {len(x)} unit-norm tasks")
     xh = result["min_diag_hat"][keys]
-    ax2.scatter(xh, result["rho_hat"][keys], s=8, color="C3", label=r"diagonal bound $\hat\kappa$")
-    ax2.scatter(xh, result["span_hat"][keys].clamp(min=lam), s=8, color="C1", marker="x", label=r"span rate $\max(\kappa_{\mathrm{tab}}, \widehat{\operatorname{sc}})$")
+    ax2.scatter(xh, result["rho_hat"][keys], s=8, color=OKABE_ITO[5], label=r"diagonal bound $\hat\kappa$")
+    ax2.scatter(xh, result["span_hat"][keys].clamp(min=lam), s=8, color=OKABE_ITO[0], marker="x", label=r"span rate $\max(\kappa_{\mathrm{tab}}, \widehat{\operatorname{sc}})$")
     ax2.scatter(xh, result["ctx_rates"][keys], s=8, color="k", marker="_", label=r"measured rate of $\|v_L - \hat v_\infty\|_\infty$")
     ax2.set(xlabel=r"$\min_x \hat M(x, x)$ of the context", title=f"Contexts of n = {', '.join(map(str, result['ns']))} covering every state")
     for a in (ax, ax2):
@@ -987,7 +1014,7 @@ def plot_leaky(result:dict,  # output of `leaky_experiment`
 show_doc(plot_leaky)
 
 # %%
-#| fig-cap: "Figure 5a.9: in the leaky regime the measured rate is the constant direction rate, below both the span rate and the diagonal bound."
+#| fig-cap: "Figure 5a.10: in the leaky regime the measured rate is the constant direction rate, below both the span rate and the diagonal bound."
 #| fig-alt: "Two scatter panels of per-layer rates against the smallest diagonal attention, for the population and for finite contexts: the diagonal bound, the span rate and the measured rate."
 leaky = leaky_experiment(100, seed=6000)
 lam, keys = leaky["lam"], leaky["all_keys"]
@@ -1088,16 +1115,17 @@ def plot_slow_mixing(result:dict, # output of `slow_mixing_experiment`
     for i, family in enumerate(("lazy", "two blocks")):
         r = result[family]
         x, y = r["relax"].median(0).values, r["spectral"]
-        ax.plot(x, y.median(0).values, "-", color=f"C{i}", label=f"spectral radius of $B$, {family} (median of {len(y)} chains)")
-        ax.fill_between(x, y.quantile(0.1, 0), y.quantile(0.9, 0), color=f"C{i}", alpha=0.2)
-        ax.plot(x, r["rates"].median(0).values, "o", color=f"C{i}", ms=4, mfc="none", label=f"measured rate, depths {result['fit']}, {family} (median)")
+        ax.plot(x, y.median(0).values, ("-", "--")[i], color=OKABE_ITO[i], label=f"spectral radius of $B$, {family} (median of {len(y)} chains)")
+        ax.fill_between(x, y.quantile(0.1, 0), y.quantile(0.9, 0), color=OKABE_ITO[i], alpha=0.2)
+        ax.plot(x, r["rates"].median(0).values, "os"[i], color=OKABE_ITO[i], ms=4, mfc="none", label=f"measured rate, depths {result['fit']}, {family} (median)")
     m = result["lazy"]["min_diag"].mean().item()
     ax.axhline(result["lam"], color="k", lw=1, label=r"$\kappa_{\mathrm{tab}} = 1 - \alpha(1 - \gamma)$")
-    ax.axhline(result["lazy_limit"].median(), color="C0", ls=":", label=r"lazy limit $1 - \alpha(1-\gamma)\mu_{\min}(M_\pi)$ (median)")
-    ax.axhline(1 - result["alpha"] * (1 - result["gamma"]) * (2 * m - 1), color="C3", ls="--", label=r"its cap $1 - \alpha(1-\gamma)(2 \min_x M_\pi(x,x) - 1)$")
+    ax.axhline(result["lazy_limit"].median(), color=OKABE_ITO[0], ls=":", label=r"lazy limit $1 - \alpha(1-\gamma)\mu_{\min}(M_\pi)$ (median)")
+    ax.axhline(1 - result["alpha"] * (1 - result["gamma"]) * (2 * m - 1), color=OKABE_ITO[5], ls="-.", label=r"its cap $1 - \alpha(1-\gamma)(2 \min_x M_\pi(x,x) - 1)$")
     ax.set(xscale="log", xlabel="relaxation time $1/(1 - |\\mu_2(P)|)$ (steps)", ylabel="per-layer rate of $\\|v_L - v_\\pi\\|_\\infty$",
            title=f"Slow mixing slows the iteration (unit-norm features, $\\min_x M_\\pi(x, x) = {m:.2f}$; bound $\\kappa = {result['lazy']['rho'].mean():.2f}$)")
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    _plain_ticks(ax.xaxis)
+    ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
     return fig
 
@@ -1112,7 +1140,7 @@ show_doc(plot_slow_mixing)
 # over depths 100 to 200, is plotted too: where two modes have nearly the same rate it has not yet settled on the slower.
 
 # %%
-#| fig-cap: "Figure 5a.10: on lazy chains the iteration slows as the chain mixes more slowly, up to the limit of Proposition 5.6; two-block chains barely slow down."
+#| fig-cap: "Figure 5a.11: on lazy chains the iteration slows as the chain mixes more slowly, up to the limit of Proposition 5.6; two-block chains barely slow down."
 #| fig-alt: "Spectral radius and measured rate against the relaxation time on a log axis, for lazy and two-block chains, with horizontal lines for the tabular rate, the lazy limit and its cap."
 slow = slow_mixing_experiment(20)
 lazy_r, block_r, lam = slow["lazy"], slow["two blocks"], slow["lam"]
@@ -1183,6 +1211,7 @@ print(f"floor slope {slope_big:.3f} [{lo_big:.3f}, {hi_big:.3f}]; on key states,
 for msg, f in [("`errors` must be positive", lambda: measured_rate(torch.zeros(5), 0)),
                ("equal length >= 2", lambda: loglog_slope([1.], [2.])),
                ("`feature` and `gamma` must be among", lambda: plot_phase(phase, "cubic", 0.9)),
+               ("`kind` must be 'length' or 'bound'", lambda: plot_floor(sweep, "slope")),
                ("`ns` must be increasing positive integers", lambda: depth_experiment(2, ns=(100, 30), n_layers=3)),
                ("`n_tasks` must be a positive integer", lambda: depth_experiment(0))]:
     test_fail(f, contains=msg)

@@ -14,7 +14,7 @@ from ..convergence import (FEATURE_LABELS, count_deviation, empirical_mrp, fixed
 from ..tasks import TaskBatch, random_tasks, sample_trajectories, stack_tasks
 
 # %% auto #0
-__all__ = ['PHASES', 'CONDITIONS', 'depth_sweep', 'depth_experiment', 'plot_depth', 'measured_rate', 'loglog_slope',
+__all__ = ['OKABE_ITO', 'PHASES', 'CONDITIONS', 'depth_sweep', 'depth_experiment', 'plot_depth', 'measured_rate', 'loglog_slope',
            'slope_interval', 'significant', 'plot_floor', 'diagonality_sweep', 'plot_diagonality', 'best_diagonality',
            'phase_diagram', 'plot_phase', 'rate_experiment', 'plot_rates', 'scale_for_diagonality', 'leaky_experiment',
            'plot_leaky', 'slow_mixing_experiment', 'plot_slow_mixing']
@@ -73,6 +73,15 @@ def depth_experiment(n_tasks:int=200,        # random one-hot Boyan chains; task
     return dict(out, ns=parts[0]["ns"], beta=beta, alpha=alpha, gamma=tasks.gamma)
 
 # %% ../../nbs/05a_convergence_experiments.ipynb #d317a47d
+OKABE_ITO = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000")   # colour-blind-safe palette
+
+# %% ../../nbs/05a_convergence_experiments.ipynb #318fa6e3
+def _plain_ticks(axis):
+    "Tick labels on a log axis written as plain numbers (0.01, 1, 100) rather than powers of ten."
+    import matplotlib.ticker as mticker
+    axis.set_major_formatter(mticker.FuncFormatter(lambda x, _: f"{x:g}"))
+
+# %% ../../nbs/05a_convergence_experiments.ipynb #7ea97566
 def plot_depth(sweep:dict,  # output of `depth_experiment`
               ):            # the matplotlib figure
     "Experiment 1: mean error against depth for each context length, with its floor, the population curve and the bound."
@@ -80,13 +89,14 @@ def plot_depth(sweep:dict,  # output of `depth_experiment`
     fig, ax = plt.subplots(figsize=(8, 4.8))
     Ls = np.arange(sweep["errors"].shape[-1])
     for i, n in enumerate(sweep["ns"]):
-        ax.plot(Ls, sweep["errors"][:, i].mean(0), color=f"C{i}", label=f"Transformer, $n = {n}$")
-        ax.axhline(sweep["floors"][:, i].mean(), color=f"C{i}", ls=":", lw=1)
+        ax.plot(Ls, sweep["errors"][:, i].mean(0), color=OKABE_ITO[i], label=f"Transformer, $n = {n}$")
+        ax.axhline(sweep["floors"][:, i].mean(), color=OKABE_ITO[i], ls=":", lw=1)
     ax.plot(Ls, sweep["population"].mean(0), color="k", label=r"population ($n = \infty$)")
     ax.plot(Ls, sweep["bound"].mean(0), color="k", ls="--", label=r"bound $\kappa^L \|v_\pi\|_\infty$")
     ax.set(yscale="log", ylim=(1e-5, 10), xlabel="depth $L$ (layers)",
            ylabel=rf"$\|v_L - v_\pi\|_\infty$ (return units), mean of {len(sweep['errors'])} tasks",
            title=rf"Error against depth: geometric decay, then the floor (dotted); $\beta = {sweep['beta']:g}$, $\alpha = {sweep['alpha']:g}$")
+    _plain_ticks(ax.yaxis)
     ax.legend(fontsize=9, loc="lower left")
     return fig
 
@@ -139,31 +149,36 @@ def significant(t:torch.Tensor,  # values to plot
     return torch.round(t / step) * step
 
 # %% ../../nbs/05a_convergence_experiments.ipynb #b596cbe5
-def plot_floor(sweep:dict,  # output of `depth_experiment`
-              ):            # the matplotlib figure
-    "Experiment 2: the floor against the context length (mean, on key states, and Proposition 5.3's bound), and the floor against its bound per context."
+def plot_floor(sweep:dict,        # output of `depth_experiment`
+               kind:str="length",  # "length": the floor against n; "bound": the floor against its bound, per context
+              ):                   # the matplotlib figure
+    "Experiment 2: the floor against the context length (mean, on key states, and Proposition 5.3's bound), or against its bound per context."
     import matplotlib.pyplot as plt
+    if kind not in ("length", "bound"): raise ValueError(f"`kind` must be 'length' or 'bound', got {kind!r}")
     ns = torch.tensor(sweep["ns"], dtype=torch.float64)
     sweep = sweep | {k: significant(sweep[k]) for k in ("floors", "key_floors", "floor_bounds")}   # round-off cannot move a pixel
     floors, keys = sweep["floors"], sweep["all_keys"]
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
-    slope, intercept = loglog_slope(ns, floors.mean(0))
-    ax.errorbar(ns, floors.mean(0), yerr=2 * floors.std(0) / math.sqrt(len(floors)), fmt="o", capsize=4, label=r"floor $\|\hat v_\infty - v_\pi\|_\infty$ (mean $\pm$ 2 s.e.)")
-    ax.plot(ns, np.exp(intercept) * ns ** slope, "C0--", label=f"fitted slope {slope:.2f}")
-    ax.plot(ns, sweep["key_floors"].mean(0), "s-", color="C2", label="floor on key states only")
-    fb = torch.where(keys, sweep["floor_bounds"], 0.).sum(0) / keys.sum(0).clamp(min=1)
-    ax.plot(ns[keys.any(0)], fb[keys.any(0)], "^-", color="C3", label=r"bound $\frac{\gamma}{1-\gamma}\|(\hat P - P) v_\pi\|_\infty$ (contexts with all keys)")
-    ax.plot(ns, floors.mean(0)[0] * (ns / ns[0]) ** -0.5, "k:", label=r"reference slope $-1/2$")
-    ax.set(xscale="log", yscale="log", xlabel="context length $n$ (transitions)", ylabel="return units",
-           title=f"The floor and its bound, mean of {len(floors)} tasks")
-    ax.legend(fontsize=8)
-    for i, n in enumerate(sweep["ns"]):
-        ax2.scatter(sweep["floor_bounds"][keys[:, i], i], floors[keys[:, i], i], s=6, color=f"C{i}", label=f"$n = {n}$")
-    lim = [floors[keys].min().item() / 2, sweep["floor_bounds"][keys].max().item() * 2]
-    ax2.plot(lim, lim, "k--", lw=1, label="$y = x$")
-    ax2.set(xscale="log", yscale="log", xlim=lim, ylim=lim, xlabel="Proposition 5.3's bound (return units)", ylabel="measured floor (return units)",
-            title="Each context whose keys cover every state: floor against bound")
-    ax2.legend(fontsize=8)
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    if kind == "length":
+        slope, intercept = loglog_slope(ns, floors.mean(0))
+        ax.errorbar(ns, floors.mean(0), yerr=2 * floors.std(0) / math.sqrt(len(floors)), fmt="o", color=OKABE_ITO[0], capsize=4,
+                    label=r"floor $\|\hat v_\infty - v_\pi\|_\infty$ (mean $\pm$ 2 s.e.)")
+        ax.plot(ns, np.exp(intercept) * ns ** slope, "--", color=OKABE_ITO[0], label=f"fitted slope {slope:.2f}")
+        ax.plot(ns, sweep["key_floors"].mean(0), "s-", color=OKABE_ITO[2], label="floor on key states only")
+        fb = torch.where(keys, sweep["floor_bounds"], 0.).sum(0) / keys.sum(0).clamp(min=1)
+        ax.plot(ns[keys.any(0)], fb[keys.any(0)], "^-", color=OKABE_ITO[5], label=r"bound $\frac{\gamma}{1-\gamma}\|(\hat P - P) v_\pi\|_\infty$ (contexts with all keys)")
+        ax.plot(ns, floors.mean(0)[0] * (ns / ns[0]) ** -0.5, "k:", label=r"reference slope $-1/2$")
+        ax.set(xscale="log", yscale="log", xlabel="context length $n$ (transitions)", ylabel="return units",
+               title=f"The floor and its bound, mean of {len(floors)} tasks")
+    else:
+        for i, n in enumerate(sweep["ns"]):
+            ax.scatter(sweep["floor_bounds"][keys[:, i], i], floors[keys[:, i], i], s=6, color=OKABE_ITO[i], label=f"$n = {n}$")
+        lim = [floors[keys].min().item() / 2, sweep["floor_bounds"][keys].max().item() * 2]
+        ax.plot(lim, lim, "k--", lw=1, label="$y = x$")
+        ax.set(xscale="log", yscale="log", xlim=lim, ylim=lim, aspect="equal", xlabel="Proposition 5.3's bound (return units)",
+               ylabel="measured floor (return units)", title="Contexts whose keys cover every state")
+    _plain_ticks(ax.xaxis); _plain_ticks(ax.yaxis)
+    ax.legend(fontsize=9)
     fig.tight_layout()
     return fig
 
@@ -192,10 +207,11 @@ def plot_diagonality(result:dict,  # output of `diagonality_sweep`
     fig, axes = plt.subplots(2, 1, figsize=(8, 8), sharex=True)
     for ax, (k, name) in zip(axes, enumerate(("mean", "minimum"))):
         for i, (feat, c) in enumerate(curves.items()):
-            ax.plot(betas, c[k].mean(1), color=f"C{i}", label=FEATURE_LABELS.get(feat, feat))
-            ax.fill_between(betas, c[k].quantile(0.1, 1), c[k].quantile(0.9, 1), color=f"C{i}", alpha=0.2)
+            ax.plot(betas, c[k].mean(1), color=OKABE_ITO[i], ls=("-", "--", "-.")[i % 3], lw=2, label=FEATURE_LABELS.get(feat, feat))
+            ax.fill_between(betas, c[k].quantile(0.1, 1), c[k].quantile(0.9, 1), color=OKABE_ITO[i], alpha=0.2)
         ax.axhline((1 + result["gamma"]) / 2, color="k", ls="--", lw=1, label=r"threshold $(1 + \gamma)/2$")
         ax.set(xscale="log", ylabel=f"{name} of $M_\\pi(x, x)$ over states", title=f"{name.capitalize()} kernel diagonality")
+        _plain_ticks(ax.xaxis)
     axes[-1].set_xlabel(r"score scale $\beta$ ($W = \beta I$)")
     axes[0].legend(fontsize=9)
     n_tasks = next(iter(curves.values()))[0].shape[1]
@@ -372,13 +388,13 @@ def plot_leaky(result:dict,  # output of `leaky_experiment`
     lam, keys = result["lam"], result["all_keys"]
     fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 5), sharey=True)
     x = result["min_diag"]
-    ax.scatter(x, result["rho"], s=14, color="C3", label=r"diagonal bound $\kappa$")
-    ax.scatter(x, result["span"].clamp(min=lam), s=14, color="C1", marker="x", label=r"span rate $\max(\kappa_{\mathrm{tab}}, \operatorname{sc}(B))$")
+    ax.scatter(x, result["rho"], s=14, color=OKABE_ITO[5], label=r"diagonal bound $\kappa$")
+    ax.scatter(x, result["span"].clamp(min=lam), s=14, color=OKABE_ITO[0], marker="x", label=r"span rate $\max(\kappa_{\mathrm{tab}}, \operatorname{sc}(B))$")
     ax.scatter(x, result["rates"], s=14, color="k", marker="_", label="measured rate")
     ax.set(xlabel=r"$\min_x M_\pi(x, x)$", ylabel="per-layer rate", title=f"Population, {len(x)} unit-norm tasks")
     xh = result["min_diag_hat"][keys]
-    ax2.scatter(xh, result["rho_hat"][keys], s=8, color="C3", label=r"diagonal bound $\hat\kappa$")
-    ax2.scatter(xh, result["span_hat"][keys].clamp(min=lam), s=8, color="C1", marker="x", label=r"span rate $\max(\kappa_{\mathrm{tab}}, \widehat{\operatorname{sc}})$")
+    ax2.scatter(xh, result["rho_hat"][keys], s=8, color=OKABE_ITO[5], label=r"diagonal bound $\hat\kappa$")
+    ax2.scatter(xh, result["span_hat"][keys].clamp(min=lam), s=8, color=OKABE_ITO[0], marker="x", label=r"span rate $\max(\kappa_{\mathrm{tab}}, \widehat{\operatorname{sc}})$")
     ax2.scatter(xh, result["ctx_rates"][keys], s=8, color="k", marker="_", label=r"measured rate of $\|v_L - \hat v_\infty\|_\infty$")
     ax2.set(xlabel=r"$\min_x \hat M(x, x)$ of the context", title=f"Contexts of n = {', '.join(map(str, result['ns']))} covering every state")
     for a in (ax, ax2):
@@ -437,15 +453,16 @@ def plot_slow_mixing(result:dict, # output of `slow_mixing_experiment`
     for i, family in enumerate(("lazy", "two blocks")):
         r = result[family]
         x, y = r["relax"].median(0).values, r["spectral"]
-        ax.plot(x, y.median(0).values, "-", color=f"C{i}", label=f"spectral radius of $B$, {family} (median of {len(y)} chains)")
-        ax.fill_between(x, y.quantile(0.1, 0), y.quantile(0.9, 0), color=f"C{i}", alpha=0.2)
-        ax.plot(x, r["rates"].median(0).values, "o", color=f"C{i}", ms=4, mfc="none", label=f"measured rate, depths {result['fit']}, {family} (median)")
+        ax.plot(x, y.median(0).values, ("-", "--")[i], color=OKABE_ITO[i], label=f"spectral radius of $B$, {family} (median of {len(y)} chains)")
+        ax.fill_between(x, y.quantile(0.1, 0), y.quantile(0.9, 0), color=OKABE_ITO[i], alpha=0.2)
+        ax.plot(x, r["rates"].median(0).values, "os"[i], color=OKABE_ITO[i], ms=4, mfc="none", label=f"measured rate, depths {result['fit']}, {family} (median)")
     m = result["lazy"]["min_diag"].mean().item()
     ax.axhline(result["lam"], color="k", lw=1, label=r"$\kappa_{\mathrm{tab}} = 1 - \alpha(1 - \gamma)$")
-    ax.axhline(result["lazy_limit"].median(), color="C0", ls=":", label=r"lazy limit $1 - \alpha(1-\gamma)\mu_{\min}(M_\pi)$ (median)")
-    ax.axhline(1 - result["alpha"] * (1 - result["gamma"]) * (2 * m - 1), color="C3", ls="--", label=r"its cap $1 - \alpha(1-\gamma)(2 \min_x M_\pi(x,x) - 1)$")
+    ax.axhline(result["lazy_limit"].median(), color=OKABE_ITO[0], ls=":", label=r"lazy limit $1 - \alpha(1-\gamma)\mu_{\min}(M_\pi)$ (median)")
+    ax.axhline(1 - result["alpha"] * (1 - result["gamma"]) * (2 * m - 1), color=OKABE_ITO[5], ls="-.", label=r"its cap $1 - \alpha(1-\gamma)(2 \min_x M_\pi(x,x) - 1)$")
     ax.set(xscale="log", xlabel="relaxation time $1/(1 - |\\mu_2(P)|)$ (steps)", ylabel="per-layer rate of $\\|v_L - v_\\pi\\|_\\infty$",
            title=f"Slow mixing slows the iteration (unit-norm features, $\\min_x M_\\pi(x, x) = {m:.2f}$; bound $\\kappa = {result['lazy']['rho'].mean():.2f}$)")
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
+    _plain_ticks(ax.xaxis)
+    ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
     return fig
