@@ -55,11 +55,10 @@ from ictd.wstd import weighted_softmax_td, context_weights, certainty_equivalenc
 #
 # This chapter holds the definitions, the algorithms, the statements with their proofs, and checks of each
 # on small examples. The experiments that test the statements at scale (error against depth and context
-# length, the diagonality the attention reaches, a phase diagram of convergence, measured rates, slowly
-# mixing chains) are the companion chapter [5a: Convergence experiments](convergence_experiments.html), and the
-# search for the worst cases of the diagonality threshold is [5b: The diagonality threshold](threshold_search.html);
-# their modules `ictd.experiments.convergence` and `ictd.experiments.threshold` build on this one (`ictd.convergence`)
-# and never the other way round.
+# length, the diagonality the attention reaches, a phase diagram of convergence, measured rates) are the companion
+# chapter [5a: Convergence experiments](convergence_experiments.html); slowly mixing chains and the search for the worst
+# cases of the diagonality threshold are [5b: Worst cases](worst_cases.html). Their modules `ictd.experiments.convergence`
+# and `ictd.experiments.worst_cases` build on this one (`ictd.convergence`) and never the other way round.
 #
 # *How to read this chapter.* Each section gives the idea, a worked example, the statement (its proof folds
 # out under "Proof") and the check that tests it on small examples. The functions a reader calls are documented
@@ -1154,7 +1153,7 @@ for seed in range(5):
 # So on a slowly mixing chain the depth needed grows by the factor $1/\mu_{\min}$, a property of the attention that
 # the diagonal condition does not see. How slowly a chain mixes is measured by its relaxation time
 # $1/(1 - |\mu_2(P)|)$, $\mu_2$ the second largest eigenvalue in modulus;
-# [chapter 5a](convergence_experiments.html#slowly-mixing-chains-when-the-rate-is-not-the-tabular-rate) measures the rate against it
+# [chapter 5b](worst_cases.html#slowly-mixing-chains-when-the-rate-is-not-the-tabular-rate) measures the rate against it
 # on lazy chains and on nearly decomposable ones.
 
 # %%
@@ -1244,7 +1243,7 @@ test_close(relaxation_time(0.99 * torch.eye(10, dtype=torch.float64) + 0.01 * P_
 # :::
 #
 # Item 3 answers the two-state case; item 4 gives lower bounds in closed form; between them and item 5, what is the
-# true $m^*$ for $s \ge 3$? [Chapter 5b](threshold_search.html#the-true-threshold-a-search-for-worst-cases)
+# true $m^*$ for $s \ge 3$? [Chapter 5b](worst_cases.html#the-true-threshold-a-search-for-worst-cases)
 # searches for it numerically, maximising the spectral radius of $B$ over positive pairs at a fixed minimum diagonal.
 # Such a search can only certify *lower* bounds on $m^*$: each comes with an explicit positive pair whose spectral
 # radius is checked to be at least one.
@@ -1386,7 +1385,7 @@ c
 # * **Proposition 5.7** says how much Proposition 5.1's constant could improve: the true threshold $m^*(\gamma, \alpha, s)$ is
 #   exactly $1/2$ at two states, at most $(1 + \gamma)/2$ always, and certified from below by explicit pairs that grow
 #   with $s$ and tend to 1 as $\gamma \to 1$
-#   ([chapter 5b](threshold_search.html#the-true-threshold-a-search-for-worst-cases)). "Self-attention dominates" ($> 1/2$) is not enough beyond
+#   ([chapter 5b](worst_cases.html#the-true-threshold-a-search-for-worst-cases)). "Self-attention dominates" ($> 1/2$) is not enough beyond
 #   two states.
 # * **Proposition 5.2** (span condition, $\operatorname{sc}(B^k) < 1$) gives the rate $\max(\kappa_{\mathrm{tab}}, \operatorname{sc}(B^k)^{1/k})$. With
 #   $k = 1$ it covers every one-hot task at every scale measured and every leaky unit-norm task of

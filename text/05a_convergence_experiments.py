@@ -8,10 +8,10 @@ import math
 import numpy as np
 import torch
 from tqdm.auto import tqdm
-from ictd.boyan import MRP, as_tensor, boyan_transitions, random_boyan_chain
+from ictd.boyan import as_tensor, random_boyan_chain
 from ictd.convergence import (FEATURE_LABELS, count_deviation, empirical_mrp, fixed_point, floor_bound, kernel_attention,
-                              kernel_diagonality, rate_bound, relaxation_time, span_rate, spectral_radius, sup_error, td_recursion)
-from ictd.tasks import TaskBatch, random_tasks, sample_trajectories, stack_tasks
+                              kernel_diagonality, rate_bound, span_rate, spectral_radius, sup_error, td_recursion)
+from ictd.tasks import TaskBatch, random_tasks, sample_trajectories
 
 # %%
 #| hide
@@ -30,7 +30,7 @@ from ictd.wstd import weighted_softmax_td
 
 # %% [markdown]
 # # Convergence experiments
-# > The experiments that test chapter 5's statements at scale: error against depth and context length, the diagonality the attention reaches, a phase diagram of convergence, measured rates and slowly mixing chains.
+# > The experiments that test chapter 5's statements at scale: error against depth and context length, the diagonality the attention reaches, a phase diagram of convergence and measured rates.
 
 # %% [markdown]
 # [Chapter 5](convergence.html) stated and proved when the $L$-layer softmax Transformer with the constructed
@@ -138,7 +138,7 @@ OKABE_ITO = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "
 
 # %%
 #| export
-def _plain_ticks(axis):
+def plain_log_ticks(axis):
     "Tick labels on a log axis written as plain numbers (0.01, 1, 100) rather than powers of ten."
     import matplotlib.ticker as mticker
     axis.set_major_formatter(mticker.FuncFormatter(lambda x, _: f"{x:g}"))
@@ -160,7 +160,7 @@ def plot_depth(sweep:dict,  # output of `depth_experiment`
     ax.set(yscale="log", ylim=(1e-5, 10), xlabel="depth $L$ (layers)",
            ylabel=rf"$\|v_L - v_\pi\|_\infty$ (return units), mean of {len(sweep['errors'])} tasks",
            title=rf"Error against depth: geometric decay, then the floor (dotted); $\beta = {sweep['beta']:g}$, $\alpha = {sweep['alpha']:g}$")
-    _plain_ticks(ax.yaxis)
+    plain_log_ticks(ax.yaxis)
     ax.legend(fontsize=9, loc="lower left")
     return fig
 
@@ -334,7 +334,7 @@ def plot_floor(sweep:dict,        # output of `depth_experiment`
         ax.plot(lim, lim, "k--", lw=1, label="$y = x$")
         ax.set(xscale="log", yscale="log", xlim=lim, ylim=lim, aspect="equal", xlabel="Proposition 5.3's bound (return units)",
                ylabel="measured floor (return units)", title="Contexts whose keys cover every state")
-    _plain_ticks(ax.xaxis); _plain_ticks(ax.yaxis)
+    plain_log_ticks(ax.xaxis); plain_log_ticks(ax.yaxis)
     ax.legend(fontsize=9)
     fig.tight_layout()
     return fig
@@ -486,7 +486,7 @@ def plot_diagonality(result:dict,  # output of `diagonality_sweep`
             ax.fill_between(betas, c[k].quantile(0.1, 1), c[k].quantile(0.9, 1), color=OKABE_ITO[i], alpha=0.2)
         ax.axhline((1 + result["gamma"]) / 2, color="k", ls="--", lw=1, label=r"threshold $(1 + \gamma)/2$")
         ax.set(xscale="log", ylabel=f"{name} of $M_\\pi(x, x)$ over states", title=f"{name.capitalize()} kernel diagonality")
-        _plain_ticks(ax.xaxis)
+        plain_log_ticks(ax.xaxis)
     axes[-1].set_xlabel(r"score scale $\beta$ ($W = \beta I$)")
     axes[0].legend(fontsize=9)
     n_tasks = next(iter(curves.values()))[0].shape[1]
@@ -1036,7 +1036,6 @@ Markdown(f"Population: rates within {(leaky['rates'] - lam).abs().max():.1e} of 
                                     f"$\\hat\\kappa \\ge 1$ on {int(lost[:, i].sum())}, $\\widehat{{\\operatorname{{sc}}}} \\ge 1$ on {int((keys[:, i] & (leaky['span_hat'][:, i] >= 1)).sum())}"
                                     for i, n in enumerate(leaky["ns"])) + f"; depth-term rates within {(leaky['ctx_rates'] - lam).abs()[keys].max():.1e} of $\\kappa_{{\\mathrm{{tab}}}}$.")
 
-
 # %% [markdown]
 # In the leaky regime the diagonal bound is loose on every one of these unit-norm Boyan chains: the population
 # recursion contracts at exactly $\kappa_{\mathrm{tab}}$, the rate of the constant direction, while $\kappa$ is at least $0.02$ slower
@@ -1047,137 +1046,9 @@ Markdown(f"Population: rates within {(leaky['rates'] - lam).abs().max():.1e} of 
 # about that context, yet its depth term still decays at $\kappa_{\mathrm{tab}}$ (the counts are printed above).
 
 # %% [markdown]
-# ## Slowly mixing chains: when the rate is not the tabular rate
-#
-# Experiments 5 and 6 found the rate $\kappa_{\mathrm{tab}} = 1 - \alpha(1 - \gamma)$ in the leaky regime, on random Boyan chains,
-# which mix in a few steps. [Proposition 5.6](convergence.html#slowly-mixing-chains) says that on a lazy chain the rate
-# tends instead to $1 - \alpha(1 - \gamma)\mu_{\min}(M_\pi)$ as the chain slows down. Two families measure the whole
-# range: lazy versions $P_\eta$ of random Boyan chains, and two random 5-state Boyan blocks that jump to the other
-# block's first state with probability $\eta$ (a nearly decomposable chain). For each chain, unit-norm features and
-# $W = \beta I$ with $\beta$ set (by bisection, `scale_for_diagonality` of Experiment 6) so that
-# $\min_x M_\pi(x, x) = 0.96$: the diagonal condition holds on every chain. The mixing time is measured by the
-# relaxation time $1/(1 - |\mu_2(P)|)$ (`relaxation_time` of chapter 5).
-
-# %%
-#| export
-def _two_blocks(P1:np.ndarray, P2:np.ndarray, eta:float)->np.ndarray:
-    "Two chains joined: each state jumps to the other block's first state with probability eta."
-    s1, s2 = len(P1), len(P2)
-    P = np.zeros((s1 + s2, s1 + s2))
-    P[:s1, :s1], P[s1:, s1:] = (1 - eta) * P1, (1 - eta) * P2
-    P[:s1, s1] += eta
-    P[s1:, 0] += eta
-    return P
-
-
-# %%
-#| export
-def slow_mixing_experiment(n_tasks:int=20,      # chains per family and mixing parameter
-                           etas=None,           # (K,) laziness / cross-block probabilities (capped at 1/2 for the blocks); default 13 log-spaced in [1e-3, 1]
-                           target:float=0.96,   # min_x M_pi(x, x) of every chain
-                           alpha:float=1.,      # step size in (0, 1]
-                           seed:int=7000,       # chain b takes its features, rewards and first chain from seed + b
-                           n_layers:int=200,    # depth of the population recursion
-                           fit_start:int=100,   # first depth of the rate fit
-                          )->dict:              # etas, lam, gamma, and per family ("lazy", "two blocks") tensors (B, K): relax, rates, spectral, rho, min_diag; lazy_limit (B,)
-    "Rates of the population recursion on lazy Boyan chains and on two Boyan blocks joined by a rare jump (unit-norm features, $W = \\beta I$), against the relaxation time."
-    etas = np.logspace(-3, 0, 13) if etas is None else np.asarray(etas, dtype=float)
-    bases = [random_boyan_chain(features="unit", seed=seed + b) for b in range(int(n_tasks))]
-    blocks = [[boyan_transitions(5, np.random.default_rng(seed + k * int(n_tasks) + b)) for k in (1, 2)] for b in range(int(n_tasks))]
-    gamma = bases[0].gamma
-    out = dict(etas=etas, lam=1 - alpha * (1 - gamma), gamma=gamma, alpha=alpha, fit=f"{fit_start}-{n_layers}")
-    for family in ("lazy", "two blocks"):
-        tb = stack_tasks(MRP((1 - e) * np.eye(10) + e * base.P.numpy() if family == "lazy" else _two_blocks(*blk, min(e, 0.5)),
-                             base.r.numpy(), gamma, base.phi.numpy()) for base, blk in zip(bases, blocks) for e in etas)
-        beta = scale_for_diagonality(tb.phi, tb.d_pi, torch.full((len(tb),), target, dtype=torch.float64))
-        M = kernel_attention(tb.phi, beta[:, None, None] * torch.eye(tb.phi.shape[-1], dtype=torch.float64), tb.d_pi)
-        err = sup_error(td_recursion(M, tb.P, tb.r, gamma, alpha, n_layers), tb.v_pi.unsqueeze(1))
-        cols = dict(relax=relaxation_time(tb.P), rates=measured_rate(err, fit_start), spectral=spectral_radius(M, tb.P, gamma, alpha),
-                    rho=rate_bound(M, gamma, alpha), min_diag=kernel_diagonality(M)[1])
-        out[family] = {k: v.reshape(int(n_tasks), len(etas)) for k, v in cols.items()}
-        if family == "lazy":
-            mu_min = torch.linalg.eigvals(M).real.amin(-1).reshape(int(n_tasks), len(etas))[:, 0]
-            out["lazy_limit"] = 1 - alpha * (1 - gamma) * mu_min
-    return out
-
-
-# %%
-show_doc(slow_mixing_experiment)
-
-
-# %%
-#| export
-def plot_slow_mixing(result:dict, # output of `slow_mixing_experiment`
-                    ):            # the matplotlib figure
-    "Spectral radius of $B$ (median and 10-90% band over chains) and measured rate against the relaxation time, with $\\kappa_{\\mathrm{tab}}$ and the lazy-chain limit."
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(11, 5))
-    for i, family in enumerate(("lazy", "two blocks")):
-        r = result[family]
-        x, y = r["relax"].median(0).values, r["spectral"]
-        ax.plot(x, y.median(0).values, ("-", "--")[i], color=OKABE_ITO[i], label=f"spectral radius of $B$, {family} (median of {len(y)} chains)")
-        ax.fill_between(x, y.quantile(0.1, 0), y.quantile(0.9, 0), color=OKABE_ITO[i], alpha=0.2)
-        ax.plot(x, r["rates"].median(0).values, "os"[i], color=OKABE_ITO[i], ms=4, mfc="none", label=f"measured rate, depths {result['fit']}, {family} (median)")
-    m = result["lazy"]["min_diag"].mean().item()
-    ax.axhline(result["lam"], color="k", lw=1, label=r"$\kappa_{\mathrm{tab}} = 1 - \alpha(1 - \gamma)$")
-    ax.axhline(result["lazy_limit"].median(), color=OKABE_ITO[0], ls=":", label=r"lazy limit $1 - \alpha(1-\gamma)\mu_{\min}(M_\pi)$ (median)")
-    ax.axhline(1 - result["alpha"] * (1 - result["gamma"]) * (2 * m - 1), color=OKABE_ITO[5], ls="-.", label=r"its cap $1 - \alpha(1-\gamma)(2 \min_x M_\pi(x,x) - 1)$")
-    ax.set(xscale="log", xlabel="relaxation time $1/(1 - |\\mu_2(P)|)$ (steps)", ylabel="per-layer rate of $\\|v_L - v_\\pi\\|_\\infty$",
-           title=f"Slow mixing slows the iteration (unit-norm features, $\\min_x M_\\pi(x, x) = {m:.2f}$; bound $\\kappa = {result['lazy']['rho'].mean():.2f}$)")
-    _plain_ticks(ax.xaxis)
-    ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1))
-    fig.tight_layout()
-    return fig
-
-
-# %%
-show_doc(plot_slow_mixing)
-
-# %% [markdown]
-# Claims, measured on these two families: on the fastest-mixing lazy chains the rate is $\kappa_{\mathrm{tab}}$; on lazy chains the
-# asymptotic rate (the spectral radius of $B$) grows with the relaxation time and reaches Proposition 5.6's limit; and it
-# always lies between $\kappa_{\mathrm{tab}}$ and $\kappa$ (Propositions 5.1 and 5.2: a sanity check of the theorems). The measured rate, fitted
-# over depths 100 to 200, is plotted too: where two modes have nearly the same rate it has not yet settled on the slower.
-
-# %%
-#| fig-cap: "Figure 5a.11: on lazy chains the iteration slows as the chain mixes more slowly, up to the limit of Proposition 5.6; two-block chains barely slow down."
-#| fig-alt: "Spectral radius and measured rate against the relaxation time on a log axis, for lazy and two-block chains, with horizontal lines for the tabular rate, the lazy limit and its cap."
-slow = slow_mixing_experiment(20)
-lazy_r, block_r, lam = slow["lazy"], slow["two blocks"], slow["lam"]
-for r in (lazy_r, block_r):
-    assert (r["spectral"] <= r["rho"] + 1e-12).all() and (r["spectral"] >= lam - 1e-12).all()   # Proposition 5.1, and the tabular rate is an eigenvalue
-    assert (r["min_diag"] - 0.96).abs().max() < 1e-9                                    # sanity check: beta was set for this
-assert (lazy_r["spectral"][:, -1] - lam).abs().max() < 1e-9 and (lazy_r["rates"][:, -1] - lam).abs().max() < 2e-3
-assert ((lazy_r["spectral"][:, 0] - slow["lazy_limit"]).abs() < 2e-3).all() and (slow["lazy_limit"] > lam + 3e-3).all()
-med = lazy_r["spectral"].median(0).values
-assert (med[:-1] >= med[1:] - 1e-12).all() and med[0] > lam + 3e-3                 # grows as the relaxation time grows
-record_claim("slow-mixing", "On slowly mixing lazy chains the rate is slower than $\\kappa_{\\mathrm{tab}}$ and reaches the limit of Proposition 5.6.", "measured", "convergence_experiments", "#slowly-mixing-chains-when-the-rate-is-not-the-tabular-rate")
-plot_slow_mixing(slow);
-Markdown(f"Fastest lazy chains ($\\eta = 1$, median relaxation time {lazy_r['relax'][:, -1].median():.2f}): rates within "
-         f"{(lazy_r['rates'][:, -1] - lam).abs().max():.1e} of $\\kappa_{{\\mathrm{{tab}}}} = {lam:.2f}$. Slowest ($\\eta = 10^{{-3}}$): lazy chains "
-         f"(relaxation time {lazy_r['relax'][:, 0].median():.0f}) have rates in [{lazy_r['spectral'][:, 0].min():.4f}, {lazy_r['spectral'][:, 0].max():.4f}], "
-         f"within {(lazy_r['spectral'][:, 0] - slow['lazy_limit']).abs().max():.1e} of the limit; two blocks (relaxation time "
-         f"{block_r['relax'][:, 0].median():.0f}) in [{block_r['spectral'][:, 0].min():.4f}, {block_r['spectral'][:, 0].max():.4f}]. "
-         f"The bound $\\kappa$ is {lazy_r['rho'].mean():.3f} on every chain. Depth factor at the lazy limit: "
-         f"{math.log(lam) / math.log(slow['lazy_limit'].median()):.3f} (median chain), at most {math.log(lam) / math.log(1 - slow['alpha'] * (1 - slow['gamma']) * (2 * 0.96 - 1)):.3f} by the cap.")
-
-# %% [markdown]
-# The lazy chains slow down by a small amount, and Proposition 5.6 says why it must be small under the diagonal
-# condition: by Gershgorin's theorem $\mu_{\min} \ge 2\min_x M_\pi(x, x) - 1$, so the limit is at most
-# $1 - \alpha(1 - \gamma)(2\min_x M_\pi(x, x) - 1)$ (red dashed line); the factor by which the depth for a given accuracy
-# grows, $\ln \kappa_{\mathrm{tab}} / \ln(\text{limit})$, is printed above.
-# The two-block chains, although nearly decomposable, barely slow down at all: their slow mode is the block indicator,
-# and the attention of these chains rarely leaks across blocks, so $M_\pi$ nearly preserves that mode. Slow mixing
-# slows the iteration only where the attention mixes the slow mode of $P$.
-
-# %% [markdown]
-# The leaky-regime finding, restated with its scope: *on random Boyan chains* (which relax in a few steps) the rate is
-# the constant direction's $\kappa_{\mathrm{tab}}$ whatever the diagonality; on slowly mixing chains it is slower, up to
-# $1 - \alpha(1 - \gamma)\mu_{\min}$ on lazy ones, while still below the diagonal bound $\kappa$ when the condition holds.
-
-# %% [markdown]
-# The search for the worst cases of the diagonality threshold of Proposition 5.7, how diagonal the attention must be for
-# the iteration to converge on *every* chain, has its own page: [5b: The diagonality threshold](threshold_search.html).
+# Two questions reach beyond these random Boyan chains, which mix in a few steps, and have their own page,
+# [5b: Worst cases](worst_cases.html): how slow the rate gets on slowly mixing chains (Proposition 5.6), and how diagonal the
+# attention must be for the iteration to converge on *every* chain (the threshold of Proposition 5.7), searched for numerically.
 
 # %% [markdown]
 # ## The larger sweep

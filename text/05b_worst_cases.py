@@ -1,5 +1,5 @@
 # %%
-#| default_exp experiments.threshold
+#| default_exp experiments.worst_cases
 
 # %%
 #| export
@@ -16,8 +16,11 @@ import scipy.linalg
 import scipy.optimize
 import torch
 from tqdm.auto import tqdm
-from ictd.boyan import check_gamma
-from ictd.convergence import circulant_threshold, spectral_radius
+from ictd.boyan import MRP, boyan_transitions, check_gamma, random_boyan_chain
+from ictd.convergence import (circulant_threshold, kernel_attention, kernel_diagonality, rate_bound, relaxation_time, spectral_radius,
+                              sup_error, td_recursion)
+from ictd.experiments.convergence import OKABE_ITO, measured_rate, plain_log_ticks, scale_for_diagonality
+from ictd.tasks import stack_tasks
 
 # %%
 #| hide
@@ -29,28 +32,158 @@ from nbdev.showdoc import *
 import math
 import matplotlib.pyplot as plt
 from IPython.display import Markdown
-from ictd.boyan import MRP
-from ictd.convergence import circulant_limit, kernel_attention
+from ictd.convergence import circulant_limit
 from ictd.core import record_claim
 
 
 # %% [markdown]
-# # The diagonality threshold
-# > How diagonal must the attention be for the layer recursion to converge on every chain? Certified lower bounds on the threshold of Proposition 5.7, from a search for worst cases.
+# # Worst cases
+# > Beyond the fast-mixing random Boyan chains of chapter 5a: the rate on slowly mixing chains, and how diagonal the attention must be for the layer recursion to converge on every chain, with certified lower bounds on the threshold of Proposition 5.7.
 
 # %% [markdown]
-# [Chapter 5](convergence.html) proved that the recursion $v_{l+1} = v_l + \alpha M (r + \gamma P v_l - v_l)$ converges when
-# every state keeps more than $(1 + \gamma)/2$ of its attention for itself (Proposition 5.1), and defined the true dividing
-# line, the diagonality threshold $m^*(\gamma, \alpha, s)$ of Proposition 5.7: the largest minimum diagonal at which some
-# positive attention matrix $M$ and some chain $P$ on $s$ states still fail to converge. Proposition 5.7 pins $m^*$ down
-# at two states and bounds it on both sides. This page searches for the worst cases numerically, to see where between the
-# bounds $m^*$ lies for $3$ to $8$ states. It is the project's own **[ours]** work; its module `ictd.experiments.threshold`
-# builds on `ictd.convergence`.
+# [Chapter 5a](convergence_experiments.html) measured the statements of [chapter 5](convergence.html) on random Boyan chains,
+# which mix in a few steps. This page asks two questions that such chains cannot answer. First, is the per-layer rate
+# always the tabular rate $\kappa_{\mathrm{tab}}$ when the attention leaks, as it was there? Proposition 5.6 says no for slowly
+# mixing chains, and the first section measures by how much. Second, how diagonal must the attention be for the recursion
+# $v_{l+1} = v_l + \alpha M (r + \gamma P v_l - v_l)$ to converge on *every* chain? Proposition 5.1 asks for a minimum
+# diagonal above $(1 + \gamma)/2$; the true dividing line is the diagonality threshold $m^*(\gamma, \alpha, s)$ of
+# Proposition 5.7, bounded there on both sides, and the second section searches for worst cases to see where between the
+# bounds it lies for $3$ to $8$ states. Both are the project's own **[ours]** work; the module `ictd.experiments.worst_cases`
+# builds on `ictd.convergence` and on chapter 5a's `ictd.experiments.convergence`.
 #
-# *How to read this page.* The question and the method come first, then the two search functions, then the stored
-# certificates, re-checked exactly, the table of certified values and the figure that sets them beside the candidate
-# conditions. Input validation is in the last section, [Implementation and tests](#implementation-and-tests). Symbols are
-# those of [Notation](notation.html) and chapter 5.
+# *How to read this page.* Each section states its question, what is run, the result (a figure, and for the threshold a table
+# of certified values), what it shows, and the check that asserts it. Input validation is in the last section,
+# [Implementation and tests](#implementation-and-tests). Symbols are those of [Notation](notation.html) and chapter 5.
+
+# %% [markdown]
+# ## Slowly mixing chains: when the rate is not the tabular rate
+#
+# [Experiments 5 and 6 of chapter 5a](convergence_experiments.html#experiment-5-the-measured-rate-against-the-bound) found the rate $\kappa_{\mathrm{tab}} = 1 - \alpha(1 - \gamma)$ in the leaky regime, on random Boyan chains,
+# which mix in a few steps. [Proposition 5.6](convergence.html#slowly-mixing-chains) says that on a lazy chain the rate
+# tends instead to $1 - \alpha(1 - \gamma)\mu_{\min}(M_\pi)$ as the chain slows down. Two families measure the whole
+# range: lazy versions $P_\eta$ of random Boyan chains, and two random 5-state Boyan blocks that jump to the other
+# block's first state with probability $\eta$ (a nearly decomposable chain). For each chain, unit-norm features and
+# $W = \beta I$ with $\beta$ set (by bisection, `scale_for_diagonality` of [Experiment 6](convergence_experiments.html#experiment-6-the-leaky-regime-at-finite-n)) so that
+# $\min_x M_\pi(x, x) = 0.96$: the diagonal condition holds on every chain. The mixing time is measured by the
+# relaxation time $1/(1 - |\mu_2(P)|)$ (`relaxation_time` of chapter 5).
+
+# %%
+#| export
+def _two_blocks(P1:np.ndarray, P2:np.ndarray, eta:float)->np.ndarray:
+    "Two chains joined: each state jumps to the other block's first state with probability eta."
+    s1, s2 = len(P1), len(P2)
+    P = np.zeros((s1 + s2, s1 + s2))
+    P[:s1, :s1], P[s1:, s1:] = (1 - eta) * P1, (1 - eta) * P2
+    P[:s1, s1] += eta
+    P[s1:, 0] += eta
+    return P
+
+
+# %%
+#| export
+def slow_mixing_experiment(n_tasks:int=20,      # chains per family and mixing parameter
+                           etas=None,           # (K,) laziness / cross-block probabilities (capped at 1/2 for the blocks); default 13 log-spaced in [1e-3, 1]
+                           target:float=0.96,   # min_x M_pi(x, x) of every chain
+                           alpha:float=1.,      # step size in (0, 1]
+                           seed:int=7000,       # chain b takes its features, rewards and first chain from seed + b
+                           n_layers:int=200,    # depth of the population recursion
+                           fit_start:int=100,   # first depth of the rate fit
+                          )->dict:              # etas, lam, gamma, and per family ("lazy", "two blocks") tensors (B, K): relax, rates, spectral, rho, min_diag; lazy_limit (B,)
+    "Rates of the population recursion on lazy Boyan chains and on two Boyan blocks joined by a rare jump (unit-norm features, $W = \\beta I$), against the relaxation time."
+    etas = np.logspace(-3, 0, 13) if etas is None else np.asarray(etas, dtype=float)
+    bases = [random_boyan_chain(features="unit", seed=seed + b) for b in range(int(n_tasks))]
+    blocks = [[boyan_transitions(5, np.random.default_rng(seed + k * int(n_tasks) + b)) for k in (1, 2)] for b in range(int(n_tasks))]
+    gamma = bases[0].gamma
+    out = dict(etas=etas, lam=1 - alpha * (1 - gamma), gamma=gamma, alpha=alpha, fit=f"{fit_start}-{n_layers}")
+    for family in ("lazy", "two blocks"):
+        tb = stack_tasks(MRP((1 - e) * np.eye(10) + e * base.P.numpy() if family == "lazy" else _two_blocks(*blk, min(e, 0.5)),
+                             base.r.numpy(), gamma, base.phi.numpy()) for base, blk in zip(bases, blocks) for e in etas)
+        beta = scale_for_diagonality(tb.phi, tb.d_pi, torch.full((len(tb),), target, dtype=torch.float64))
+        M = kernel_attention(tb.phi, beta[:, None, None] * torch.eye(tb.phi.shape[-1], dtype=torch.float64), tb.d_pi)
+        err = sup_error(td_recursion(M, tb.P, tb.r, gamma, alpha, n_layers), tb.v_pi.unsqueeze(1))
+        cols = dict(relax=relaxation_time(tb.P), rates=measured_rate(err, fit_start), spectral=spectral_radius(M, tb.P, gamma, alpha),
+                    rho=rate_bound(M, gamma, alpha), min_diag=kernel_diagonality(M)[1])
+        out[family] = {k: v.reshape(int(n_tasks), len(etas)) for k, v in cols.items()}
+        if family == "lazy":
+            mu_min = torch.linalg.eigvals(M).real.amin(-1).reshape(int(n_tasks), len(etas))[:, 0]
+            out["lazy_limit"] = 1 - alpha * (1 - gamma) * mu_min
+    return out
+
+
+# %%
+show_doc(slow_mixing_experiment)
+
+
+# %%
+#| export
+def plot_slow_mixing(result:dict, # output of `slow_mixing_experiment`
+                    ):            # the matplotlib figure
+    "Spectral radius of $B$ (median and 10-90% band over chains) and measured rate against the relaxation time, with $\\kappa_{\\mathrm{tab}}$ and the lazy-chain limit."
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(11, 5))
+    for i, family in enumerate(("lazy", "two blocks")):
+        r = result[family]
+        x, y = r["relax"].median(0).values, r["spectral"]
+        ax.plot(x, y.median(0).values, ("-", "--")[i], color=OKABE_ITO[i], label=f"spectral radius of $B$, {family} (median of {len(y)} chains)")
+        ax.fill_between(x, y.quantile(0.1, 0), y.quantile(0.9, 0), color=OKABE_ITO[i], alpha=0.2)
+        ax.plot(x, r["rates"].median(0).values, "os"[i], color=OKABE_ITO[i], ms=4, mfc="none", label=f"measured rate, depths {result['fit']}, {family} (median)")
+    m = result["lazy"]["min_diag"].mean().item()
+    ax.axhline(result["lam"], color="k", lw=1, label=r"$\kappa_{\mathrm{tab}} = 1 - \alpha(1 - \gamma)$")
+    ax.axhline(result["lazy_limit"].median(), color=OKABE_ITO[0], ls=":", label=r"lazy limit $1 - \alpha(1-\gamma)\mu_{\min}(M_\pi)$ (median)")
+    ax.axhline(1 - result["alpha"] * (1 - result["gamma"]) * (2 * m - 1), color=OKABE_ITO[5], ls="-.", label=r"its cap $1 - \alpha(1-\gamma)(2 \min_x M_\pi(x,x) - 1)$")
+    ax.set(xscale="log", xlabel="relaxation time $1/(1 - |\\mu_2(P)|)$ (steps)", ylabel="per-layer rate of $\\|v_L - v_\\pi\\|_\\infty$",
+           title=f"Slow mixing slows the iteration (unit-norm features, $\\min_x M_\\pi(x, x) = {m:.2f}$; bound $\\kappa = {result['lazy']['rho'].mean():.2f}$)")
+    plain_log_ticks(ax.xaxis)
+    ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1))
+    fig.tight_layout()
+    return fig
+
+
+# %%
+show_doc(plot_slow_mixing)
+
+# %% [markdown]
+# Claims, measured on these two families: on the fastest-mixing lazy chains the rate is $\kappa_{\mathrm{tab}}$; on lazy chains the
+# asymptotic rate (the spectral radius of $B$) grows with the relaxation time and reaches Proposition 5.6's limit; and it
+# always lies between $\kappa_{\mathrm{tab}}$ and $\kappa$ (Propositions 5.1 and 5.2: a sanity check of the theorems). The measured rate, fitted
+# over depths 100 to 200, is plotted too: where two modes have nearly the same rate it has not yet settled on the slower.
+
+# %%
+#| fig-cap: "Figure 5b.1: on lazy chains the iteration slows as the chain mixes more slowly, up to the limit of Proposition 5.6; two-block chains barely slow down."
+#| fig-alt: "Spectral radius and measured rate against the relaxation time on a log axis, for lazy and two-block chains, with horizontal lines for the tabular rate, the lazy limit and its cap."
+slow = slow_mixing_experiment(20)
+lazy_r, block_r, lam = slow["lazy"], slow["two blocks"], slow["lam"]
+for r in (lazy_r, block_r):
+    assert (r["spectral"] <= r["rho"] + 1e-12).all() and (r["spectral"] >= lam - 1e-12).all()   # Proposition 5.1, and the tabular rate is an eigenvalue
+    assert (r["min_diag"] - 0.96).abs().max() < 1e-9                                    # sanity check: beta was set for this
+assert (lazy_r["spectral"][:, -1] - lam).abs().max() < 1e-9 and (lazy_r["rates"][:, -1] - lam).abs().max() < 2e-3
+assert ((lazy_r["spectral"][:, 0] - slow["lazy_limit"]).abs() < 2e-3).all() and (slow["lazy_limit"] > lam + 3e-3).all()
+med = lazy_r["spectral"].median(0).values
+assert (med[:-1] >= med[1:] - 1e-12).all() and med[0] > lam + 3e-3                 # grows as the relaxation time grows
+record_claim("slow-mixing", "On slowly mixing lazy chains the rate is slower than $\\kappa_{\\mathrm{tab}}$ and reaches the limit of Proposition 5.6.", "measured", "worst_cases", "#slowly-mixing-chains-when-the-rate-is-not-the-tabular-rate")
+plot_slow_mixing(slow);
+Markdown(f"Fastest lazy chains ($\\eta = 1$, median relaxation time {lazy_r['relax'][:, -1].median():.2f}): rates within "
+         f"{(lazy_r['rates'][:, -1] - lam).abs().max():.1e} of $\\kappa_{{\\mathrm{{tab}}}} = {lam:.2f}$. Slowest ($\\eta = 10^{{-3}}$): lazy chains "
+         f"(relaxation time {lazy_r['relax'][:, 0].median():.0f}) have rates in [{lazy_r['spectral'][:, 0].min():.4f}, {lazy_r['spectral'][:, 0].max():.4f}], "
+         f"within {(lazy_r['spectral'][:, 0] - slow['lazy_limit']).abs().max():.1e} of the limit; two blocks (relaxation time "
+         f"{block_r['relax'][:, 0].median():.0f}) in [{block_r['spectral'][:, 0].min():.4f}, {block_r['spectral'][:, 0].max():.4f}]. "
+         f"The bound $\\kappa$ is {lazy_r['rho'].mean():.3f} on every chain. Depth factor at the lazy limit: "
+         f"{math.log(lam) / math.log(slow['lazy_limit'].median()):.3f} (median chain), at most {math.log(lam) / math.log(1 - slow['alpha'] * (1 - slow['gamma']) * (2 * 0.96 - 1)):.3f} by the cap.")
+
+
+# %% [markdown]
+# The lazy chains slow down by a small amount, and Proposition 5.6 says why it must be small under the diagonal
+# condition: by Gershgorin's theorem $\mu_{\min} \ge 2\min_x M_\pi(x, x) - 1$, so the limit is at most
+# $1 - \alpha(1 - \gamma)(2\min_x M_\pi(x, x) - 1)$ (red dashed line); the factor by which the depth for a given accuracy
+# grows, $\ln \kappa_{\mathrm{tab}} / \ln(\text{limit})$, is printed above.
+# The two-block chains, although nearly decomposable, barely slow down at all: their slow mode is the block indicator,
+# and the attention of these chains rarely leaks across blocks, so $M_\pi$ nearly preserves that mode. Slow mixing
+# slows the iteration only where the attention mixes the slow mode of $P$.
+
+# %% [markdown]
+# The leaky-regime finding, restated with its scope: *on random Boyan chains* (which relax in a few steps) the rate is
+# the constant direction's $\kappa_{\mathrm{tab}}$ whatever the diagonality; on slowly mixing chains it is slower, up to
+# $1 - \alpha(1 - \gamma)\mu_{\min}$ on lazy ones, while still below the diagonal bound $\kappa$ when the condition holds.
 
 # %% [markdown]
 # ## The true threshold: a search for worst cases
@@ -314,7 +447,7 @@ for g in gammas_t:
         row = [thr[g, a, s] for s in sizes_t]
         assert row == sorted(row) and row[0] == 0.5 and row[-1] < (1 + g) / 2                 # items 2, 3, 5
         assert all(thr[g, a, s] >= thr[g, a2, s] for a2 in alphas_t if a2 < a for s in sizes_t)
-record_claim("threshold-above-half", "Self-attention dominating ($\\min_x M(x, x) > 1/2$) is not enough beyond two states: explicit positive pairs with larger diagonals diverge, certified exactly.", "proved", "threshold_search", "#the-true-threshold-a-search-for-worst-cases")
+record_claim("threshold-above-half", "Self-attention dominating ($\\min_x M(x, x) > 1/2$) is not enough beyond two states: explicit positive pairs with larger diagonals diverge, certified exactly.", "proved", "worst_cases", "#the-true-threshold-a-search-for-worst-cases")
 gain = {k: thr[k] - circulant_threshold(*k)["m"] for k in thr}
 limits = {(g, a): circulant_limit(g, a) for g in gammas_t for a in alphas_t}
 Markdown(f"Certificates: {len(records)} pairs, spectral radii in [{min(rhos_c):.9f}, {max(rhos_c):.9f}] (each at least one with a margin of $10^{{-9}}$, in float64); made by `{certs['command']}` "
@@ -334,7 +467,7 @@ Markdown(f"Certificates: {len(records)} pairs, spectral radii in [{min(rhos_c):.
 # The figure sets them beside the two candidate conditions:
 
 # %%
-#| fig-cap: "Figure 5b.1: the certified diagonality threshold grows with the number of states and the step size, far above one half at large discounts, and stays below (1 + gamma)/2."
+#| fig-cap: "Figure 5b.2: the certified diagonality threshold grows with the number of states and the step size, far above one half at large discounts, and stays below (1 + gamma)/2."
 #| fig-alt: "Three panels, one per discount, of the certified threshold against the number of states for three step sizes, with horizontal lines for (1 + gamma)/2, one half, and the small-step closed form."
 fig, axes = plt.subplots(1, len(gammas_t), figsize=(13, 4.2), sharey=True)
 for ax, g in zip(axes, gammas_t):
