@@ -279,7 +279,7 @@ def plot_phase(result:dict,          # output of `phase_diagram`
     ax.stackplot(betas, fr[:, :3].T, colors=("#56B4E9", "#F0E442", "#D55E00"), alpha=0.6, labels=[f"task {p}" for p in PHASES])
     for k, (name, ls, mk) in enumerate(zip(CONDITIONS, ("-", "--", ":"), "os^")):
         ax.plot(betas, fr[:, 3 + k], color="k", ls=ls, marker=mk, ms=5, lw=1.8, clip_on=False, label=(name.replace("span, ", "span condition, ") if "span" in name else f"{name} condition") + " holds")
-    ax.set(xscale="log", ylim=(-0.04, 1.04), xlim=(betas[0], betas[-1]), xlabel=r"score scale $\beta$ ($W = \beta I$)",
+    ax.set(xscale="log", ylim=(-0.04, 1.04), xlim=(float(betas[0]), float(betas[-1])), xlabel=r"score scale $\beta$ ($W = \beta I$)",
            ylabel=f"fraction of {result.get('n_tasks', 'the')} tasks", title=f"{FEATURE_LABELS.get(feature, feature)} features, $\\gamma = {gamma}$, $\\alpha = 1$")
     ax.xaxis.set_major_formatter(plt.FuncFormatter(lambda x, _: f"{x:g}"))
     ax.legend(fontsize=9, loc="center left", bbox_to_anchor=(1.01, 0.5))
