@@ -408,9 +408,10 @@ plot_floor(sweep, "bound");
 # [Proposition 5.4](convergence.html#a-finite-n-bound-with-high-probability) bounds the probability that a context misses a state
 # (item 1) and, with probability $1 - p_{\mathrm{fail}}$ given the counts, the floor of a context that covers every state (item 3).
 # Measured on the 200 contexts per length of Experiment 1, for each $n$: the share of contexts that miss a
-# state against item 1's bound (mean over tasks); the share of covering contexts whose floor exceeds item 3's bound
-# ($p_{\mathrm{fail}} = 0.05$, the argument `delta`; at most $p_{\mathrm{fail}}$ in expectation, asserted at most $0.1$); the ratio floor / bound; and the part of the
-# mean floor that comes from contexts missing a state.
+# state (*missing a state*) against item 1's bound (mean over tasks); the share of covering contexts whose floor exceeds item 3's bound
+# (*above item 3*; $p_{\mathrm{fail}} = 0.05$, the argument `delta`; at most $p_{\mathrm{fail}}$ in expectation, asserted at most $0.1$); the median
+# ratio of floor to bound over covering contexts (*floor / item 3*); and the share of the mean floor that comes from contexts missing a
+# state (*floor from missing*).
 
 # %%
 tasks0 = random_tasks(200, seed=0, features="onehot")              # the tasks of Experiment 1
@@ -425,7 +426,7 @@ for i, n in enumerate(NS):
     hp_rows.append(f"| {n} | {1 - cov.double().mean():.3f} | {miss_bound:.3f} | {above:.3f} | "
                    + (f"{(floors[cov, i] / hp[cov]).median():.3f} |" if cov.any() else "- |") + f" {miss_part:.2f} |")
 record_claim("floor-high-probability", "The high-probability floor bound of Proposition 5.4 holds on the contexts of Experiment 1, and the missing-state bound holds on average.", "measured", "convergence_experiments", "#proposition-5.4-on-the-contexts-of-experiment-1")
-Markdown("| $n$ | share missing a state | item 1 bound | share of covering contexts above item 3 | median floor / item 3 bound | share of the mean floor from contexts missing a state |\n|---|---|---|---|---|---|\n" + "\n".join(hp_rows))
+Markdown("| $n$ | missing a state | item 1 bound | above item 3 | floor / item 3 | floor from missing |\n|---|---|---|---|---|---|\n" + "\n".join(hp_rows))
 
 
 # %% [markdown]
@@ -554,7 +555,7 @@ test_close(reached, 0.2, eps=1e-12)
 reached.item()
 
 # %% [markdown]
-# Now the measurement: the share of random tasks ($s = 10$) with a state inside the hull of the others,
+# Now the measurement: the share of random tasks ($s = 10$) with a state inside the hull of the others (an *interior state*),
 # for each feature kind and, for raw features, each dimension $d$; and for the default raw features
 # ($d = 4$) the best diagonality the search reaches, on the tasks with such a state and on the others.
 
@@ -575,7 +576,7 @@ assert cap4[inner].max() < (1 + tb.gamma) / 2                        # so the co
 reach = (best[~inner] > (1 + tb.gamma) / 2).double().mean().item()
 assert reach > 0.3, reach                                            # elsewhere the search often clears the threshold
 record_claim("hull-obstruction", f"{inner.double().mean():.0%} of 200 raw-feature Boyan chains ($d = 4$) have a state in the hull of the others, where no feature-bilinear score meets the diagonal condition.", "measured", "convergence_experiments", "#proposition-5.5-measured-the-hull-obstruction-on-random-tasks")
-Markdown("| features | $d$ | share of tasks with a state in the hull of the others | median cap on $\\min_x M(x,x)$ | largest cap |\n|---|---|---|---|---|\n"
+Markdown("| features | $d$ | tasks with an interior state | median cap | largest cap |\n|---|---|---|---|---|\n"
          + "\n".join(hull_rows)
          + f"\n\nRaw features, $d = 4$: on the {int(inner.sum())} tasks with an interior state the best $\\min_x M_\\pi(x, x)$ found is "
          f"{best[inner].max():.3f} at most (their caps: at most {cap4[inner].max():.3f}); on the other {int((~inner).sum())} tasks the search "
@@ -630,7 +631,7 @@ token_share = {k: (interior_cap(f, tb.d_pi).amin(-1) < 1).double().mean().item()
 best_tok, _ = best_diagonality(tokens["tokens $(\\phi, r)$"][inner], tb.d_pi[inner], steps=200)
 escape = (best_tok > cap4[inner] + 1e-6).double().mean().item()
 assert token_share["tokens $(\\phi, r)$"] < 0.5 * token_share["features $\\phi$ (Proposition 5.5)"] and escape > 0.5
-Markdown("| key vectors | share of tasks with a state in the hull of the others |\n|---|---|\n"
+Markdown("| key vectors | tasks with an interior state |\n|---|---|\n"
          + "\n".join(f"| {k} | {v:.3f} |" for k, v in token_share.items())
          + f"\n\nOn the {int(inner.sum())} tasks whose features have an interior state (caps up to {cap4[inner].max():.3f}), a score on the tokens "
          f"$(\\phi, r)$ exceeds the feature cap on {escape:.0%} of them, reaching a median $\\min_x M_\\pi(x, x)$ of {best_tok.median():.3f} "

@@ -342,7 +342,8 @@ show_doc(threshold_search)
 # The certificates of the book come from one run of `save_threshold_certificates` (a few minutes, so its results are
 # stored in `nbs/data/convergence_threshold.json` with the command, commit and date that made them). The chapter loads
 # them and re-checks each certificate exactly: the pair is positive and stochastic, its minimum diagonal is the
-# certified value, and its spectral radius is at least one.
+# certified value, and its spectral radius is at least one. (The recorded command imports the function from the module
+# it lived in when the file was made; it is now `ictd.experiments.worst_cases.save_threshold_certificates`, same code.)
 
 # %%
 #| export
@@ -454,9 +455,10 @@ Markdown(f"Certificates: {len(records)} pairs, spectral radii in [{min(rhos_c):.
          f"at commit `{certs['commit'][:10]}` on {certs['date'][:10]} ({certs['settings']['n_starts']} random starts per search). "
          f"The search beat the circulant bound at {sum(v > 1e-6 for v in gain.values())} of {len(gain)} grid points, by at most {max(gain.values()):.4f}. "
          f"At $\\gamma = 0.9$, $\\alpha = 1$: a pair in which every state keeps at least {thr[0.9, 1., 8]:.3f} of its attention for itself can still diverge.\n\n"
-         "| $\\gamma$ | $\\alpha$ | " + " | ".join(f"$s = {s}$" for s in sizes_t) + " | $m_\\infty$ (circulant) | $(1 + \\gamma)/2$ |\n|---|---|" + "---|" * (len(sizes_t) + 2) + "\n"
-         + "\n".join(f"| {g} | {a} | " + " | ".join(f"{thr[g, a, s]:.4f}" for s in sizes_t) + f" | {limits[g, a]:.4f} | {(1 + g) / 2:.3f} |"
-                     for g in gammas_t for a in alphas_t))
+         + "\n\n".join(f"**$\\gamma = {g}$**\n\n| $s$ | " + " | ".join(f"$\\alpha = {a}$" for a in alphas_t) + " |\n|---|" + "---|" * len(alphas_t) + "\n"
+                       + "\n".join(f"| {s} | " + " | ".join(f"{thr[g, a, s]:.4f}" for a in alphas_t) + " |" for s in sizes_t)
+                       + "\n| $m_\\infty$ (circulant) | " + " | ".join(f"{limits[g, a]:.4f}" for a in alphas_t) + " |"
+                       + "\n| $(1 + \\gamma)/2$ | " + " | ".join(f"{(1 + g) / 2:.3f}" for a in alphas_t) + " |" for g in gammas_t))
 
 # %% [markdown]
 # The table gives certified lower bounds on $m^*(\gamma, \alpha, s)$ (each entry: a positive pair with that minimum
