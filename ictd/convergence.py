@@ -66,7 +66,7 @@ def empirical_attention(phi,     # (..., s, d) state features
 # %% ../nbs/05_convergence.ipynb #4a040b41
 def count_deviation(counts,  # (..., s) key counts N of a context
                     d_pi,    # (..., s) positive stationary distribution
-                   )->torch.Tensor: # (...) eps = max_y |N(y) / (n d_pi(y)) - 1|
+                   )->torch.Tensor: # (...) the count deviation Delta = max_y |N(y) / (n d_pi(y)) - 1|
     "Largest relative deviation of the key counts of a context from their stationary expectation."
     N = as_tensor(counts, "counts")
     d = as_tensor(d_pi, "d_pi", N.dtype, N.device)

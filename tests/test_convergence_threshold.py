@@ -8,7 +8,7 @@ from hypothesis import given, settings, strategies as st
 from ictd.boyan import random_boyan_chain, sample_trajectory
 from ictd.convergence import (circulant_limit, circulant_pair, circulant_threshold, empirical_mrp, fixed_point, floor_hp_bound,
                               hitting_times, kernel_attention, missing_state_bound, relaxation_time, spectral_radius)
-from ictd.experiments.convergence import check_certificate, diagonality_threshold, load_threshold_certificates, worst_case_pair
+from ictd.experiments.worst_cases import check_certificate, diagonality_threshold, load_threshold_certificates, worst_case_pair
 
 seeds = st.integers(0, 2**32 - 1)
 
@@ -120,7 +120,7 @@ def test_high_probability_floor_bounds_hold():
 @pytest.mark.unit
 def test_threshold_without_certificates_says_so(monkeypatch, tmp_path):
     "Without the certificate file (an installed package) the threshold falls back to the circulant bound, with a warning, not silently."
-    import ictd.experiments.convergence as conv
+    import ictd.experiments.worst_cases as conv
     monkeypatch.setattr(conv, "THRESHOLD_FILE", tmp_path / "missing.json")
     with pytest.warns(UserWarning, match="no certificate file"): m = conv.diagonality_threshold(0.9, 1., 3)
     assert m == conv.circulant_threshold(0.9, 1., 3)["m"]
