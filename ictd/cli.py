@@ -266,9 +266,10 @@ def run_convergence(args)->list:
                               all_under_bound=bool((rates["rates"] <= rates["rhos"] + 1e-9).all())))
     o = args.out
     figs = [_save(plot_depth(sweep), o / "convergence-depth.png")]
-    if len(args.ns) > 1: figs.append(_save(plot_floor(sweep), o / "convergence-floor.png"))
-    figs += [_save(plot_diagonality(diag), o / "convergence-diagonality.png"), _save(plot_phase(phase), o / "convergence-phase.png"),
-             _save(plot_rates(rates), o / "convergence-rates.png"), _save(plot_leaky(leaky), o / "convergence-leaky.png")]
+    if len(args.ns) > 1: figs += [_save(plot_floor(sweep), o / "convergence-floor.png"), _save(plot_floor(sweep, "bound"), o / "convergence-floor-bound.png")]
+    figs += [_save(plot_diagonality(diag), o / "convergence-diagonality.png")]
+    figs += [_save(plot_phase(phase, f, g), o / f"convergence-phase-{f}-gamma{g}.png") for f in phase["features"] for g in phase["gammas"]]
+    figs += [_save(plot_rates(rates), o / "convergence-rates.png"), _save(plot_leaky(leaky), o / "convergence-leaky.png")]
     summary["phase"] = dict(n_tasks=args.phase_tasks, features=phase["features"], gammas=phase["gammas"], betas=phase["betas"], fractions=phase["fractions"])
     summary["leaky"] = dict(n_tasks=args.leaky_tasks, rho_range=[leaky["rho"].min(), leaky["rho"].max()], rate_range=[leaky["rates"].min(), leaky["rates"].max()])
     return figs + [_save(dict(depth=sweep, diagonality=diag, phase=phase, rates=rates, leaky=leaky), o / "convergence.pt"), _save(summary, o / "convergence.json")]

@@ -59,7 +59,8 @@ def test_convergence(tmp_path, capsys):
     main(['convergence', '--n-tasks', '6', '--ns', '20', '80', '--n-layers', '12', '--chunk', '4', '--diag-tasks', '5',
           '--n-betas', '4', '--rate-tasks', '20', '--rate-layers', '30', '--phase-tasks', '3', '--leaky-tasks', '4',
           '--no-progress', '--out', str(tmp_path)])
-    figs = [tmp_path / f'convergence-{k}.png' for k in ('depth', 'floor', 'diagonality', 'phase', 'rates', 'leaky')]
+    figs = [tmp_path / f'convergence-{k}.png' for k in ('depth', 'floor', 'floor-bound', 'diagonality', 'rates', 'leaky')]
+    figs += [tmp_path / f'convergence-phase-{f}-gamma{g}.png' for f in ('onehot', 'unit', 'random') for g in (0.5, 0.9, 0.99)]
     assert set(written(capsys)) == {str(p) for p in figs + [tmp_path / 'convergence.pt', tmp_path / 'convergence.json']}
     for f in figs: check_png(f)
     res = torch.load(tmp_path / 'convergence.pt', weights_only=False)

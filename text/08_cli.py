@@ -46,7 +46,7 @@ from fastcore.xtras import working_directory
 # | command | what it reproduces | results |
 # |---|---|---|
 # | `ictd chain` | a random Boyan chain (chapter 0) | `chain.png`, `chain.json` |
-# | `ictd convergence` | the experiments of chapter 5a: error against depth, the floor against $n$, kernel diagonality against $\beta$, the phase diagram, measured rate against the bound, the leaky regime | `convergence-{depth,floor,diagonality,phase,rates,leaky}.png`, `convergence.pt`, `convergence.json` |
+# | `ictd convergence` | the experiments of chapter 5a: error against depth, the floor against $n$, kernel diagonality against $\beta$, the phase diagram, measured rate against the bound, the leaky regime | `convergence-{depth,floor,floor-bound,diagonality,rates,leaky}.png`, one `convergence-phase-{features}-gamma{discount}.png` per feature kind and discount, `convergence.pt`, `convergence.json` |
 # | `ictd pretrain` | the emergence of the TD construction in pretraining (chapters 6 and 6a): every seed in one batched run, and chapter 6a's report over the seeds (`--seeds 0-29` for 30) | in `{key}/`: `config.json`, `seed-{S}.pt`, `seed-{S}.png`, `seed-{S}.json`, `summary.json`, `summary.png`; in `{key}/emergence/`: `bands.png`, `parameters.png`, `summary.json`, `summary.md` (per-layer statistics, baselines, claim counts) |
 # | `ictd linear` | linear against softmax attention, MSVE against depth (chapter 7): untuned, and each method tuned on shared features; with `--reproduce-seeds 0-29`, the predecessor's pretraining experiment | `linear.png`, `linear-tuned.png`, `linear.pt`, `linear.json`, (`iclr-linear.json`, `iclr-linear.png`) |
 # | `ictd continuous` | chapters 7b-7c: kernel TD on continuous states (depth, context length, bandwidth, linear TD) and pretraining on continuous families | `depth.png`, `tradeoff.png`, `estimates.png`, `long_depth.png`, `pretrain_*.png`, `kernel_*.png`, `results.json` |
@@ -488,9 +488,10 @@ def run_convergence(args)->list:
                               all_under_bound=bool((rates["rates"] <= rates["rhos"] + 1e-9).all())))
     o = args.out
     figs = [_save(plot_depth(sweep), o / "convergence-depth.png")]
-    if len(args.ns) > 1: figs.append(_save(plot_floor(sweep), o / "convergence-floor.png"))
-    figs += [_save(plot_diagonality(diag), o / "convergence-diagonality.png"), _save(plot_phase(phase), o / "convergence-phase.png"),
-             _save(plot_rates(rates), o / "convergence-rates.png"), _save(plot_leaky(leaky), o / "convergence-leaky.png")]
+    if len(args.ns) > 1: figs += [_save(plot_floor(sweep), o / "convergence-floor.png"), _save(plot_floor(sweep, "bound"), o / "convergence-floor-bound.png")]
+    figs += [_save(plot_diagonality(diag), o / "convergence-diagonality.png")]
+    figs += [_save(plot_phase(phase, f, g), o / f"convergence-phase-{f}-gamma{g}.png") for f in phase["features"] for g in phase["gammas"]]
+    figs += [_save(plot_rates(rates), o / "convergence-rates.png"), _save(plot_leaky(leaky), o / "convergence-leaky.png")]
     summary["phase"] = dict(n_tasks=args.phase_tasks, features=phase["features"], gammas=phase["gammas"], betas=phase["betas"], fractions=phase["fractions"])
     summary["leaky"] = dict(n_tasks=args.leaky_tasks, rho_range=[leaky["rho"].min(), leaky["rho"].max()], rate_range=[leaky["rates"].min(), leaky["rates"].max()])
     return figs + [_save(dict(depth=sweep, diagonality=diag, phase=phase, rates=rates, leaky=leaky), o / "convergence.pt"), _save(summary, o / "convergence.json")]
