@@ -138,7 +138,7 @@ def kernel_diagonality(M, # (..., s, s) attention matrix aggregated by state
 
 # %% ../nbs/05_convergence.ipynb #fb34e199
 def rate_bound(M,            # (..., s, s) attention matrix aggregated by state
-               gamma:float,  # discount factor in [0, 1)
+               *, gamma:float,  # discount factor in [0, 1)
                alpha,        # step size in (0, 1]: a number, or a tensor (...) of one per task
               )->torch.Tensor: # (...) kappa = 1 - alpha (2 min_x M(x, x) - 1 - gamma); < 1 exactly when the condition holds
     "The contraction constant $\\kappa$ of the recursion with attention `M` (valid for any row-stochastic `P`)."
@@ -159,7 +159,7 @@ def contraction_bound(mrp:MRP,    # the process
                       alpha:float, # step size in (0, 1]
                      )->torch.Tensor: # scalar kappa; ||v_L - v_pi||_inf <= kappa^L ||v_pi||_inf; >= 1 where the condition fails
     "The bound $\\kappa$ for the population recursion of `mrp` with scores `W` and step `alpha`."
-    return rate_bound(population_attention(mrp, W), mrp.gamma, alpha)
+    return rate_bound(population_attention(mrp, W), gamma=mrp.gamma, alpha=alpha)
 
 # %% ../nbs/05_convergence.ipynb #c7b6c3e5
 FEATURE_LABELS = {"onehot": "one-hot", "unit": "unit-norm", "random": "raw U(-1, 1)"}
@@ -184,7 +184,7 @@ def _positive_int(v, name):
 # %% ../nbs/05_convergence.ipynb #095a6499
 def span_rate(M,            # (..., s, s) attention aggregated by state
               P,            # (..., s, s) transitions
-              gamma:float,  # discount factor in [0, 1)
+              *, gamma:float,  # discount factor in [0, 1)
               alpha,        # step size in (0, 1]: a number, or a tensor (...) of one per task
               k:int=1,      # power of B whose span coefficient is taken
              )->torch.Tensor: # (...) sc(B^k)^(1/k); the span condition is that it is below 1
@@ -195,7 +195,7 @@ def span_rate(M,            # (..., s, s) attention aggregated by state
 # %% ../nbs/05_convergence.ipynb #3f675ab6
 def spectral_radius(M,            # (..., s, s) attention aggregated by state
                     P,            # (..., s, s) transitions
-                    gamma:float,  # discount factor in [0, 1)
+                    *, gamma:float,  # discount factor in [0, 1)
                     alpha,        # step size in (0, 1]: a number, or a tensor (...) of one per task
                    )->torch.Tensor: # (...) largest |eigenvalue| of B = I - alpha M (I - gamma P): the asymptotic rate
     "Asymptotic rate of the recursion: the spectral radius of its error matrix $B$."
@@ -204,7 +204,7 @@ def spectral_radius(M,            # (..., s, s) attention aggregated by state
 # %% ../nbs/05_convergence.ipynb #54bcb1b6
 def span_bound(M,             # (..., s, s) attention aggregated by state
                P,             # (..., s, s) transitions
-               gamma:float,   # discount factor in [0, 1)
+               *, gamma:float,   # discount factor in [0, 1)
                alpha,         # step size in (0, 1]: a number, or a tensor (...) of one per task
                e0,            # (..., s) initial error v_0 - v_pi (= -v_pi from v_0 = 0)
                n_layers:int,  # maximal depth L

@@ -47,12 +47,12 @@ def test_span_condition_reaches_where_the_diagonal_one_fails():
     M = torch.from_numpy(gen.dirichlet(np.ones(5), (400, 5)) * 0.5 + 0.5 * np.eye(5))        # diagonal at least 1/2
     P = torch.from_numpy(gen.dirichlet(np.ones(5), (400, 5)))
     alpha, gamma = torch.from_numpy(gen.uniform(0.2, 1, 400)), 0.9
-    span, diag, radius = span_rate(M, P, gamma, alpha), rate_bound(M, gamma, alpha), spectral_radius(M, P, gamma, alpha)
+    span, diag, radius = span_rate(M, P, gamma=gamma, alpha=alpha), rate_bound(M, gamma=gamma, alpha=alpha), spectral_radius(M, P, gamma=gamma, alpha=alpha)
     assert (radius[span < 1] < 1).all()
     assert ((span < 1) & (diag >= 1)).sum() >= 40, int(((span < 1) & (diag >= 1)).sum())
     M_ex, P_ex = torch.tensor([[0.8, 0.2], [0.2, 0.8]], dtype=torch.float64), torch.full((2, 2), 0.5, dtype=torch.float64)
-    torch.testing.assert_close(span_rate(M_ex, P_ex, 0.9, 1.), torch.tensor(0.4, dtype=torch.float64), rtol=0, atol=1e-15)
-    assert rate_bound(M_ex, 0.9, 1.) > 1                                                        # the chapter's worked example
+    torch.testing.assert_close(span_rate(M_ex, P_ex, gamma=0.9, alpha=1.), torch.tensor(0.4, dtype=torch.float64), rtol=0, atol=1e-15)
+    assert rate_bound(M_ex, gamma=0.9, alpha=1.) > 1                                                        # the chapter's worked example
 
 
 @pytest.mark.unit

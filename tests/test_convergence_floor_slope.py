@@ -9,7 +9,7 @@ NS = [30, 100, 300, 1000, 3000]
 @pytest.fixture(scope="module")
 def sweep():
     torch.set_num_threads(1)
-    return depth_experiment(200, 15., 1., NS, 20, seed=70_000)
+    return depth_experiment(200, beta=15., alpha=1., ns=NS, n_layers=20, seed=70_000)
 
 @pytest.mark.claims
 def test_key_floor_slope_is_close_to_minus_one_half(sweep):

@@ -38,8 +38,8 @@ def test_row_sum_bound(seed, s, alpha, gamma, zeros):
     rng = np.random.default_rng(seed)
     M, P = stochastic(rng, s, zeros), stochastic(rng, s, zeros)
     B = torch.eye(s, dtype=torch.float64) - alpha * M @ (torch.eye(s, dtype=torch.float64) - gamma * P)
-    assert torch.linalg.matrix_norm(B, ord=float("inf")) <= rate_bound(M, gamma, alpha) + 1e-12
-    assert spectral_radius(M, P, gamma, alpha) <= torch.linalg.matrix_norm(B, ord=float("inf")) + 1e-12
+    assert torch.linalg.matrix_norm(B, ord=float("inf")) <= rate_bound(M, gamma=gamma, alpha=alpha) + 1e-12
+    assert spectral_radius(M, P, gamma=gamma, alpha=alpha) <= torch.linalg.matrix_norm(B, ord=float("inf")) + 1e-12
 
 @settings(max_examples=30, deadline=None)
 @given(seed=seeds, n=st.integers(2, 60), beta=st.floats(0., 5.), alpha=st.floats(0.05, 1.))
@@ -90,11 +90,11 @@ def test_span_bound_holds_for_any_stochastic_pair(seed, s, alpha, gamma, zeros, 
     v_pi = torch.from_numpy(rng.normal(size=s))
     r = v_pi - gamma * P @ v_pi
     err = sup_error(td_recursion(M, P, r, gamma, alpha, 40), v_pi)
-    bound = span_bound(M, P, gamma, alpha, -v_pi, 40, k)
+    bound = span_bound(M, P, gamma=gamma, alpha=alpha, e0=-v_pi, n_layers=40, k=k)
     assert (err <= bound * (1 + 1e-9) + 1e-12).all()
     B = torch.eye(s, dtype=torch.float64) - alpha * M @ (torch.eye(s, dtype=torch.float64) - gamma * P)
-    assert span_rate(M, P, gamma, alpha) <= torch.linalg.matrix_norm(B, ord=float("inf")) + 1e-12
-    assert span_rate(M, P, gamma, alpha, 2 * k) <= span_rate(M, P, gamma, alpha, k) + 1e-12   # delta is submultiplicative
+    assert span_rate(M, P, gamma=gamma, alpha=alpha) <= torch.linalg.matrix_norm(B, ord=float("inf")) + 1e-12
+    assert span_rate(M, P, gamma=gamma, alpha=alpha, k=2 * k) <= span_rate(M, P, gamma=gamma, alpha=alpha, k=k) + 1e-12   # delta is submultiplicative
 
 @settings(max_examples=40, deadline=None)
 @given(seed=seeds, d=st.integers(2, 4), scale=st.sampled_from([0.3, 3., 30.]))

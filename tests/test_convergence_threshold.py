@@ -23,7 +23,7 @@ def test_circulant_spectrum(m, s, a, b, gamma, alpha):
     M, P = circulant_pair(m, s, a, b)
     w = np.exp(2j * np.pi * np.arange(s) / s)
     predicted = np.abs(1 - alpha * (m + (1 - m) * w ** a) * (1 - gamma * w ** b)).max()
-    assert abs(spectral_radius(M, P, gamma, alpha).item() - predicted) < 1e-10
+    assert abs(spectral_radius(M, P, gamma=gamma, alpha=alpha).item() - predicted) < 1e-10
 
 @unit_property(60, seed=seeds, gamma=st.floats(0., 0.99), alpha=st.floats(0.01, 1.))
 def test_two_states_converge_above_one_half(seed, gamma, alpha):
@@ -33,7 +33,7 @@ def test_two_states_converge_above_one_half(seed, gamma, alpha):
     p, q = rng.uniform(1e-6, 1, 2)
     M = torch.tensor([[a, 1 - a], [1 - b, b]], dtype=torch.float64)
     P = torch.tensor([[1 - p, p], [q, 1 - q]], dtype=torch.float64)
-    assert spectral_radius(M, P, gamma, alpha) < 1
+    assert spectral_radius(M, P, gamma=gamma, alpha=alpha) < 1
 
 @pytest.mark.unit
 def test_certificates_and_threshold():
@@ -57,7 +57,7 @@ def test_worst_case_pair_diverges_below_threshold(gamma, alpha, s):
     assert M.dtype == P.dtype == torch.float64 and (M > 0).all() and (P > 0).all() and M.diagonal().min() >= m - 1e-12
     torch.testing.assert_close(M.sum(1), torch.ones(s, dtype=torch.float64), rtol=0, atol=1e-12)
     torch.testing.assert_close(P.sum(1), torch.ones(s, dtype=torch.float64), rtol=0, atol=1e-12)
-    assert spectral_radius(M, P, gamma, alpha) >= 1
+    assert spectral_radius(M, P, gamma=gamma, alpha=alpha) >= 1
 
 @pytest.mark.unit
 def test_circulant_limit_closed_form():
@@ -85,7 +85,7 @@ def test_lazy_chain_limit(seed):
     M = kernel_attention(mrp.phi, 8 * torch.eye(mrp.d, dtype=torch.float64), mrp.d_pi)
     limit = 1 - 0.1 * torch.linalg.eigvals(M).real.min()
     P = (1 - 1e-6) * torch.eye(10, dtype=torch.float64) + 1e-6 * mrp.P
-    assert abs(spectral_radius(M, P, 0.9, 1.) - limit) < 1e-4 and limit > 0.9 + 1e-4
+    assert abs(spectral_radius(M, P, gamma=0.9, alpha=1.) - limit) < 1e-4 and limit > 0.9 + 1e-4
     assert relaxation_time(P) > 1e5
 
 @pytest.mark.unit

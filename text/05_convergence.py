@@ -452,7 +452,7 @@ def kernel_diagonality(M, # (..., s, s) attention matrix aggregated by state
 # %%
 #| export
 def rate_bound(M,            # (..., s, s) attention matrix aggregated by state
-               gamma:float,  # discount factor in [0, 1)
+               *, gamma:float,  # discount factor in [0, 1)
                alpha,        # step size in (0, 1]: a number, or a tensor (...) of one per task
               )->torch.Tensor: # (...) kappa = 1 - alpha (2 min_x M(x, x) - 1 - gamma); < 1 exactly when the condition holds
     "The contraction constant $\\kappa$ of the recursion with attention `M` (valid for any row-stochastic `P`)."
@@ -481,7 +481,7 @@ def contraction_bound(mrp:MRP,    # the process
                       alpha:float, # step size in (0, 1]
                      )->torch.Tensor: # scalar kappa; ||v_L - v_pi||_inf <= kappa^L ||v_pi||_inf; >= 1 where the condition fails
     "The bound $\\kappa$ for the population recursion of `mrp` with scores `W` and step `alpha`."
-    return rate_bound(population_attention(mrp, W), mrp.gamma, alpha)
+    return rate_bound(population_attention(mrp, W), gamma=mrp.gamma, alpha=alpha)
 
 
 # %%
@@ -501,7 +501,7 @@ for beta in (0., 2., 5., 8., 20.):
     for a in (0.2, 0.6, 1.):
         M = population_attention(mrp, beta * I_s)
         B = I_s - a * M @ (I_s - mrp.gamma * mrp.P)
-        assert torch.linalg.matrix_norm(B, ord=math.inf) <= rate_bound(M, mrp.gamma, a) + 1e-12
+        assert torch.linalg.matrix_norm(B, ord=math.inf) <= rate_bound(M, gamma=mrp.gamma, alpha=a) + 1e-12
 
 # %% [markdown]
 # ## The constant direction: a weaker condition
@@ -625,7 +625,7 @@ def _positive_int(v, name):
 #| export
 def span_rate(M,            # (..., s, s) attention aggregated by state
               P,            # (..., s, s) transitions
-              gamma:float,  # discount factor in [0, 1)
+              *, gamma:float,  # discount factor in [0, 1)
               alpha,        # step size in (0, 1]: a number, or a tensor (...) of one per task
               k:int=1,      # power of B whose span coefficient is taken
              )->torch.Tensor: # (...) sc(B^k)^(1/k); the span condition is that it is below 1
@@ -642,7 +642,7 @@ show_doc(span_rate)
 #| export
 def spectral_radius(M,            # (..., s, s) attention aggregated by state
                     P,            # (..., s, s) transitions
-                    gamma:float,  # discount factor in [0, 1)
+                    *, gamma:float,  # discount factor in [0, 1)
                     alpha,        # step size in (0, 1]: a number, or a tensor (...) of one per task
                    )->torch.Tensor: # (...) largest |eigenvalue| of B = I - alpha M (I - gamma P): the asymptotic rate
     "Asymptotic rate of the recursion: the spectral radius of its error matrix $B$."
@@ -657,7 +657,7 @@ show_doc(spectral_radius)
 #| export
 def span_bound(M,             # (..., s, s) attention aggregated by state
                P,             # (..., s, s) transitions
-               gamma:float,   # discount factor in [0, 1)
+               *, gamma:float,   # discount factor in [0, 1)
                alpha,         # step size in (0, 1]: a number, or a tensor (...) of one per task
                e0,            # (..., s) initial error v_0 - v_pi (= -v_pi from v_0 = 0)
                n_layers:int,  # maximal depth L
@@ -697,26 +697,26 @@ show_doc(span_bound)
 # the diagonal one, and the span one for each $k$.
 
 # %%
-test_close(span_rate(M_ex, P_ex, 0.9, 1.), torch.tensor(0.4, dtype=torch.float64), eps=1e-15)   # the worked example
-assert rate_bound(M_ex, 0.9, 1.) > 1
+test_close(span_rate(M_ex, P_ex, gamma=0.9, alpha=1.), torch.tensor(0.4, dtype=torch.float64), eps=1e-15)   # the worked example
+assert rate_bound(M_ex, gamma=0.9, alpha=1.) > 1
 gen = np.random.default_rng(5)
 for _ in range(20):
     M_r, P_r = (torch.from_numpy(gen.dirichlet(np.ones(7), 7)) for _ in range(2))
     a, g = gen.uniform(0.1, 1), gen.uniform(0, 0.99)
     B_r = torch.eye(7, dtype=torch.float64) - a * M_r @ (torch.eye(7, dtype=torch.float64) - g * P_r)
     test_close(B_r.sum(1), torch.full((7,), 1 - a * (1 - g), dtype=torch.float64), eps=1e-14)
-    assert span_rate(M_r, P_r, g, a) <= torch.linalg.matrix_norm(B_r, ord=math.inf) + 1e-14
+    assert span_rate(M_r, P_r, gamma=g, alpha=a) <= torch.linalg.matrix_norm(B_r, ord=math.inf) + 1e-14
 coverage = {}
 for i, feat in enumerate(("onehot", "unit", "random")):
     tb = random_tasks(200, seed=7000 + 200 * i, features=feat)
     beta, a = torch.from_numpy(10 ** gen.uniform(-0.5, 2, len(tb))), torch.from_numpy(gen.uniform(0.2, 1, len(tb)))
     M = kernel_attention(tb.phi, beta[:, None, None] * torch.eye(tb.phi.shape[-1], dtype=torch.float64), tb.d_pi)
     err = sup_error(td_recursion(M, tb.P, tb.r, tb.gamma, a, 150), tb.v_pi.unsqueeze(1))
-    row = {"diagonal": int((rate_bound(M, tb.gamma, a) < 1).sum())}
+    row = {"diagonal": int((rate_bound(M, gamma=tb.gamma, alpha=a) < 1).sum())}
     for k in (1, 4, 16):
-        assert (err <= span_bound(M, tb.P, tb.gamma, a, -tb.v_pi, 150, k) * (1 + 1e-9) + 1e-12).all(), (feat, k)
-        row[f"span, k = {k}"] = int((span_rate(M, tb.P, tb.gamma, a, k) < 1).sum())
-    conv = spectral_radius(M, tb.P, tb.gamma, a) < 1 - 1e-9
+        assert (err <= span_bound(M, tb.P, gamma=tb.gamma, alpha=a, e0=-tb.v_pi, n_layers=150, k=k) * (1 + 1e-9) + 1e-12).all(), (feat, k)
+        row[f"span, k = {k}"] = int((span_rate(M, tb.P, gamma=tb.gamma, alpha=a, k=k) < 1).sum())
+    conv = spectral_radius(M, tb.P, gamma=tb.gamma, alpha=a) < 1 - 1e-9
     row["converges"] = int(conv.sum())
     assert (torch.linalg.svdvals(M[conv])[:, -1] > 1e-12).all()               # uniqueness: M_pi invertible wherever it converges
     coverage[FEATURE_LABELS[feat]] = row
@@ -813,7 +813,7 @@ for n in (5, 40, 400):
 test_close(fixed_point(population_attention(mrp, W), mrp.P, mrp.r, mrp.gamma), mrp.v_pi, eps=1e-10)
 tb = random_tasks(200, seed=1000, features="random")
 M3 = kernel_attention(tb.phi, 3 * torch.eye(4, dtype=torch.float64), tb.d_pi)
-assert (spectral_radius(M3, tb.P, tb.gamma, 1.) < 1).all() and (rate_bound(M3, tb.gamma, 1.) >= 1).all()
+assert (spectral_radius(M3, tb.P, gamma=tb.gamma, alpha=1.) < 1).all() and (rate_bound(M3, gamma=tb.gamma, alpha=1.) >= 1).all()
 test_close(fixed_point(M3, tb.P, tb.r, tb.gamma), tb.v_pi, eps=1e-9)
 record_claim("fixed-point", "Where every state is a key, the depth limit is certainty equivalence on the context, whatever the kernel; "
              "in the population case it is $v_\\pi$.", "proved", "convergence", "#the-fixed-point-and-the-statistical-floor")
@@ -885,7 +885,7 @@ states, rewards = sample_trajectory(mrp, 400, seed=400)
 N, P_hat, r_hat = empirical_mrp(states, rewards, s)
 M_hat = empirical_attention(mrp.phi, W, states)
 assert (N > 0).all()
-v_fix, rho_hat = fixed_point(M_hat, P_hat, r_hat, mrp.gamma, N), rate_bound(M_hat, mrp.gamma, 1.)
+v_fix, rho_hat = fixed_point(M_hat, P_hat, r_hat, mrp.gamma, N), rate_bound(M_hat, gamma=mrp.gamma, alpha=1.)
 test_close(v_fix - mrp.v_pi, mrp.gamma * torch.linalg.solve(I_s - mrp.gamma * P_hat, (P_hat - mrp.P) @ mrp.v_pi), eps=1e-13)
 floor_err, fb = sup_error(v_fix, mrp.v_pi), floor_bound(P_hat, mrp.P, mrp.v_pi, mrp.gamma)
 depth = sup_error(td_recursion(M_hat, P_hat, r_hat, mrp.gamma, 1., 100), v_fix)
@@ -913,7 +913,7 @@ for i, feat in enumerate(("onehot", "unit", "random")):
     beta, a = torch.from_numpy(10 ** rng.uniform(0, 2.5, len(tb))), torch.from_numpy(rng.uniform(0.2, 1, len(tb)))
     W = beta[:, None, None] * torch.eye(tb.phi.shape[-1], dtype=torch.float64)
     M = kernel_attention(tb.phi, W, tb.d_pi)
-    rho = rate_bound(M, tb.gamma, a)
+    rho = rate_bound(M, gamma=tb.gamma, alpha=a)
     holds = rho < 1
     for b in range(0, 200, 40): test_close(contraction_bound(random_boyan_chain(features=feat, seed=200 * i + b), W[b], a[b]), rho[b], eps=1e-13)
     err = sup_error(td_recursion(M, tb.P, tb.r, tb.gamma, a, 150), tb.v_pi.unsqueeze(1))      # (200, 151)
@@ -1365,7 +1365,7 @@ for g_c in (0.5, 0.9, 0.99):
 c = circulant_threshold(0.9, 1., 5)
 for dm, above in ((-1e-6, True), (1e-6, False)):
     M_c, P_c = circulant_pair(c["m"] + dm, c["n"], c["a"], c["b"])
-    assert (spectral_radius(M_c, P_c, 0.9, 1.) > 1) == above
+    assert (spectral_radius(M_c, P_c, gamma=0.9, alpha=1.) > 1) == above
 record_claim("threshold-bounds", "The diagonality threshold $m^*$ is exactly $1/2$ at two states, at most $(1 + \\gamma)/2$, and at least the "
              "circulant bound (Proposition 5.7).", "proved", "convergence", "#how-diagonal-is-diagonal-enough-the-true-threshold")
 c
@@ -1460,8 +1460,8 @@ for msg, f in [("`alpha` must lie in (0, 1]", lambda: td_recursion(M_v, task_v.P
                ("`P` must have shape (..., 10, 10)", lambda: td_recursion(M_v, torch.eye(3), task_v.r, 0.9, 0.5, 3)),
                ("`n_iters` must be a non-negative integer", lambda: td_recursion(M_v, M_v, torch.zeros(10), 0.9, 0.5, -1)),
                ("`rewards` must have shape (3,)", lambda: empirical_mrp([0, 1, 2, 1], [1., 2.], 3)),
-               ("`k` must be a positive integer", lambda: span_rate(M_v, task_v.P, 0.9, 0.5, 0)),
-               ("`e0` must have shape (..., 10)", lambda: span_bound(M_v, task_v.P, 0.9, 0.5, torch.zeros(3), 5)),
+               ("`k` must be a positive integer", lambda: span_rate(M_v, task_v.P, gamma=0.9, alpha=0.5, k=0)),
+               ("`e0` must have shape (..., 10)", lambda: span_bound(M_v, task_v.P, gamma=0.9, alpha=0.5, e0=torch.zeros(3), n_layers=5)),
                ("`alpha` must lie in (0, 1]", lambda: contraction_bound(task_v, W_v, 0.)),
                ("`M` must have shape (..., s, s)", lambda: kernel_diagonality(torch.ones(2, 3))),
                ("must share the number of states", lambda: floor_bound(task_v.P, task_v.P, task_v.v_pi[:3], 0.9)),

@@ -322,7 +322,7 @@ def kernel_condition(model:SoftmaxICTD,  # a trained model
     own = torch.stack([_span(I + M[l] @ (w[l, 2] * I + w[l, 1] * tasks.P)) for l in range(len(M))])
     return dict(min_diagonal=low.mean(-1).tolist(), threshold=(1 + gamma) / 2, share_meeting=(low > (1 + gamma) / 2).double().mean(-1).tolist(),
                 mean_diagonal=M.diagonal(dim1=-2, dim2=-1).mean((-2, -1)).tolist(),
-                span_td=span_rate(M, tasks.P, gamma, 1.).mean(-1).tolist(), span_own=own.mean(-1).tolist())
+                span_td=span_rate(M, tasks.P, gamma=gamma, alpha=1.).mean(-1).tolist(), span_own=own.mean(-1).tolist())
 
 
 # %%

@@ -470,7 +470,7 @@ def run_convergence(args)->list:
     "`ictd convergence`: the experiments of chapter 5a."
     if args.ns != sorted(set(args.ns)): raise ValueError(f"argument --ns: must be increasing, got {args.ns}")
     progress = not args.no_progress
-    sweep = depth_experiment(args.n_tasks, args.beta, args.alpha, args.ns, args.n_layers, seed=args.seed, chunk=args.chunk, progress=progress)
+    sweep = depth_experiment(args.n_tasks, beta=args.beta, alpha=args.alpha, ns=args.ns, n_layers=args.n_layers, seed=args.seed, chunk=args.chunk, progress=progress)
     diag = diagonality_sweep(args.diag_tasks, betas=torch.logspace(-1, 2.5, args.n_betas, dtype=torch.float64))
     rates = rate_experiment(args.rate_tasks, n_layers=args.rate_layers, fit_start=args.rate_layers // 2)
     phase, leaky = phase_diagram(args.phase_tasks), leaky_experiment(args.leaky_tasks)

@@ -44,14 +44,14 @@ def depth_sweep(tasks:TaskBatch,  # the tasks, B of them
                      ("floor_bounds", torch.where(keys, floor_bound(P_hat, tasks.P, tasks.v_pi, tasks.gamma), math.nan)), ("min_counts", N.amin(-1))):
             cols[k].append(x)
     M = kernel_attention(tasks.phi, W, tasks.d_pi)
-    rho = rate_bound(M, tasks.gamma, alpha)
+    rho = rate_bound(M, gamma=tasks.gamma, alpha=alpha)
     pop = sup_error(td_recursion(M, tasks.P, tasks.r, tasks.gamma, alpha, n_layers), tasks.v_pi.unsqueeze(1))
     bound = rho.unsqueeze(-1) ** torch.arange(n_layers + 1, dtype=rho.dtype) * tasks.v_pi.abs().amax(-1, keepdim=True)
     return dict({k: torch.stack(x, 1) for k, x in cols.items()}, population=pop, bound=bound, rho=rho, ns=ns)
 
 # %% ../../nbs/05a_convergence_experiments.ipynb #36a18ec2
 def depth_experiment(n_tasks:int=200,        # random one-hot Boyan chains; task b has seed `seed + b`
-                     beta:float=15.,         # score scale, W = beta I
+                     *, beta:float=15.,         # score scale, W = beta I
                      alpha:float=1.,         # step size in (0, 1]
                      ns=(30, 100, 300, 1000, 3000), # context lengths n (increasing)
                      n_layers:int=100,       # maximal depth L
@@ -258,9 +258,9 @@ def phase_diagram(n_tasks:int=100,    # random Boyan chains per feature kind; th
         for j, gamma in enumerate(gammas):
             tb = random_tasks(n_tasks, seed=seed, features=feat, gamma=gamma)
             M = kernel_attention(tb.phi, betas[:, None, None, None] * torch.eye(tb.phi.shape[-1], dtype=torch.float64), tb.d_pi)  # (K, B, s, s)
-            sr = spectral_radius(M, tb.P, gamma, alpha)
+            sr = spectral_radius(M, tb.P, gamma=gamma, alpha=alpha)
             conv, div = sr < 1 - 1e-9, sr > 1 + 1e-9
-            flags = (conv, ~conv & ~div, div, rate_bound(M, gamma, alpha) < 1, span_rate(M, tb.P, gamma, alpha) < 1, span_rate(M, tb.P, gamma, alpha, 16) < 1)
+            flags = (conv, ~conv & ~div, div, rate_bound(M, gamma=gamma, alpha=alpha) < 1, span_rate(M, tb.P, gamma=gamma, alpha=alpha) < 1, span_rate(M, tb.P, gamma=gamma, alpha=alpha, k=16) < 1)
             fractions[i, j] = torch.stack([f.double().mean(-1) for f in flags], -1)
     return dict(betas=betas, gammas=tuple(gammas), features=tuple(features), fractions=fractions, n_tasks=int(n_tasks))
 
@@ -300,12 +300,12 @@ def rate_experiment(n_tasks:int=150,     # random Boyan chains per feature kind
         tb = random_tasks(n_tasks, seed=seed + n_tasks * i, features=feat)
         beta, a = torch.from_numpy(10 ** rng.uniform(0.7, 2.5, len(tb))), torch.from_numpy(rng.uniform(0.3, 1, len(tb)))
         M = kernel_attention(tb.phi, beta[:, None, None] * torch.eye(tb.phi.shape[-1], dtype=torch.float64), tb.d_pi)
-        rho = rate_bound(M, tb.gamma, a)
+        rho = rate_bound(M, gamma=tb.gamma, alpha=a)
         err = sup_error(td_recursion(M, tb.P, tb.r, tb.gamma, a, n_layers), tb.v_pi.unsqueeze(1))
         keep = rho < 1
         for k, x in (("rates", measured_rate(err[keep], fit_start)), ("rhos", rho[keep]), ("min_diags", kernel_diagonality(M[keep])[1]),
-                     ("spectral", spectral_radius(M[keep], tb.P[keep], tb.gamma, a[keep])), ("lams", 1 - a[keep] * (1 - tb.gamma)),
-                     ("spans", span_rate(M[keep], tb.P[keep], tb.gamma, a[keep]))):
+                     ("spectral", spectral_radius(M[keep], tb.P[keep], gamma=tb.gamma, alpha=a[keep])), ("lams", 1 - a[keep] * (1 - tb.gamma)),
+                     ("spans", span_rate(M[keep], tb.P[keep], gamma=tb.gamma, alpha=a[keep]))):
             cols[k].append(x)
         kinds += [feat] * int(keep.sum())
     return dict({k: torch.cat(x).numpy() for k, x in cols.items()}, kinds=np.array(kinds))
@@ -363,8 +363,8 @@ def leaky_experiment(n_tasks:int=100,       # random unit-norm Boyan chains
     W = beta[:, None, None] * torch.eye(tasks.phi.shape[-1], dtype=torch.float64)
     M = kernel_attention(tasks.phi, W, tasks.d_pi)
     err = sup_error(td_recursion(M, tasks.P, tasks.r, tasks.gamma, alpha, n_layers), tasks.v_pi.unsqueeze(1))
-    out = dict(beta=beta, min_diag=kernel_diagonality(M)[1], rates=measured_rate(err, fit_start), rho=rate_bound(M, tasks.gamma, alpha),
-               spectral=spectral_radius(M, tasks.P, tasks.gamma, alpha), span=span_rate(M, tasks.P, tasks.gamma, alpha),
+    out = dict(beta=beta, min_diag=kernel_diagonality(M)[1], rates=measured_rate(err, fit_start), rho=rate_bound(M, gamma=tasks.gamma, alpha=alpha),
+               spectral=spectral_radius(M, tasks.P, gamma=tasks.gamma, alpha=alpha), span=span_rate(M, tasks.P, gamma=tasks.gamma, alpha=alpha),
                lam=1 - alpha * (1 - tasks.gamma), gamma=tasks.gamma, ns=[int(n) for n in ns])
     S = sample_trajectories(tasks.P, max(ns), tasks.d_pi, seed)
     cols = {k: [] for k in ("ctx_rates", "rho_hat", "span_hat", "eps", "all_keys", "min_diag_hat")}
@@ -374,8 +374,8 @@ def leaky_experiment(n_tasks:int=100,       # random unit-norm Boyan chains
         M_hat, keys = kernel_attention(tasks.phi, W, N), (N > 0).all(-1)
         v_fix = fixed_point(M_hat, P_hat, r_hat, tasks.gamma, N)
         depth = sup_error(td_recursion(M_hat, P_hat, r_hat, tasks.gamma, alpha, n_layers), v_fix.unsqueeze(1))
-        for k, x in (("ctx_rates", measured_rate(depth.clamp(min=1e-300), fit_start)), ("rho_hat", rate_bound(M_hat, tasks.gamma, alpha)),
-                     ("span_hat", span_rate(M_hat, P_hat, tasks.gamma, alpha)), ("eps", count_deviation(N, tasks.d_pi)), ("all_keys", keys),
+        for k, x in (("ctx_rates", measured_rate(depth.clamp(min=1e-300), fit_start)), ("rho_hat", rate_bound(M_hat, gamma=tasks.gamma, alpha=alpha)),
+                     ("span_hat", span_rate(M_hat, P_hat, gamma=tasks.gamma, alpha=alpha)), ("eps", count_deviation(N, tasks.d_pi)), ("all_keys", keys),
                      ("min_diag_hat", kernel_diagonality(M_hat)[1])):
             cols[k].append(x)
     return dict(out, **{k: torch.stack(x, 1) for k, x in cols.items()})

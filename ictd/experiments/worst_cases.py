@@ -57,8 +57,8 @@ def slow_mixing_experiment(n_tasks:int=20,      # chains per family and mixing p
         beta = scale_for_diagonality(tb.phi, tb.d_pi, torch.full((len(tb),), target, dtype=torch.float64))
         M = kernel_attention(tb.phi, beta[:, None, None] * torch.eye(tb.phi.shape[-1], dtype=torch.float64), tb.d_pi)
         err = sup_error(td_recursion(M, tb.P, tb.r, gamma, alpha, n_layers), tb.v_pi.unsqueeze(1))
-        cols = dict(relax=relaxation_time(tb.P), rates=measured_rate(err, fit_start), spectral=spectral_radius(M, tb.P, gamma, alpha),
-                    rho=rate_bound(M, gamma, alpha), min_diag=kernel_diagonality(M)[1])
+        cols = dict(relax=relaxation_time(tb.P), rates=measured_rate(err, fit_start), spectral=spectral_radius(M, tb.P, gamma=gamma, alpha=alpha),
+                    rho=rate_bound(M, gamma=gamma, alpha=alpha), min_diag=kernel_diagonality(M)[1])
         out[family] = {k: v.reshape(int(n_tasks), len(etas)) for k, v in cols.items()}
         if family == "lazy":
             mu_min = torch.linalg.eigvals(M).real.amin(-1).reshape(int(n_tasks), len(etas))[:, 0]
@@ -157,7 +157,7 @@ def worst_case_pair(m:float,       # the smallest allowed diagonal of M
 # %% ../../nbs/05b_worst_cases.ipynb #2a48bbf1
 def _family_max(z:np.ndarray, m:float, s:int, gamma:float, alpha:float, margin:float=1e-9)->float:
     "Largest m' >= m with spr(B) >= 1 + margin along M = m' I + (1 - m') Q for the logits z (grid, then bisection); None if none."
-    f = lambda mm: spectral_radius(*map(torch.from_numpy, _pair_from_logits(z, mm, s)), gamma, alpha).item() >= 1 + margin
+    f = lambda mm: spectral_radius(*map(torch.from_numpy, _pair_from_logits(z, mm, s)), gamma=gamma, alpha=alpha).item() >= 1 + margin
     ms = np.linspace(m, (1 + gamma) / 2, 101)
     ok = np.nonzero([f(mm) for mm in ms])[0]
     if not len(ok): return None
@@ -168,7 +168,7 @@ def _family_max(z:np.ndarray, m:float, s:int, gamma:float, alpha:float, margin:f
     return lo
 
 # %% ../../nbs/05b_worst_cases.ipynb #ad8da8c0
-def threshold_search(gamma:float,     # discount factor in [0, 1)
+def threshold_search(*, gamma:float,     # discount factor in [0, 1)
                      alpha:float,     # step size in (0, 1]
                      n_states:int,    # number of states s >= 2
                      seed:int=0,      # seed of the random starts
@@ -191,7 +191,7 @@ def threshold_search(gamma:float,     # discount factor in [0, 1)
             m = mm + step
     if best_z is None: raise RuntimeError(f"no certificate found at gamma = {gamma}, alpha = {alpha}, s = {s}")
     M, P = (torch.from_numpy(A) for A in _pair_from_logits(best_z, best_m, s))
-    return dict(m=best_m, M=M, P=P, rho=spectral_radius(M, P, gamma, alpha).item())
+    return dict(m=best_m, M=M, P=P, rho=spectral_radius(M, P, gamma=gamma, alpha=alpha).item())
 
 # %% ../../nbs/05b_worst_cases.ipynb #324c89dd
 THRESHOLD_FILE = Path(__file__).resolve().parents[2] / "nbs" / "data" / "convergence_threshold.json" if "__file__" in globals() else Path("data/convergence_threshold.json")
@@ -209,7 +209,7 @@ def save_threshold_certificates(path=THRESHOLD_FILE,          # where to write t
     "Run `threshold_search` over a grid and save its certificates with the command, commit and date that made them."
     records = []
     for g, a, s in tqdm(list(itertools.product(gammas, alphas, sizes)), disable=not progress, desc="threshold search"):
-        r = threshold_search(g, a, s, seed=seed, n_starts=n_starts)
+        r = threshold_search(gamma=g, alpha=a, n_states=s, seed=seed, n_starts=n_starts)
         records.append(dict(gamma=g, alpha=a, n_states=s, m=r["m"], rho=r["rho"], circulant=circulant_threshold(g, a, s)["m"],
                             M=r["M"].tolist(), P=r["P"].tolist()))
     try: commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(path).parent).stdout.strip()
@@ -228,7 +228,7 @@ def check_certificate(record:dict, # one record: gamma, alpha, n_states, m, M, P
     s = record["n_states"]
     ok = (M.shape == P.shape == (s, s) and (M > 0).all() and (P > 0).all() and (M.diagonal().min() >= record["m"] - 1e-12)
           and ((M.sum(1) - 1).abs().max() < 1e-12) and ((P.sum(1) - 1).abs().max() < 1e-12))
-    rho = spectral_radius(M, P, record["gamma"], record["alpha"]).item()
+    rho = spectral_radius(M, P, gamma=record["gamma"], alpha=record["alpha"]).item()
     if not ok or rho < 1: raise ValueError(f"invalid certificate at gamma = {record['gamma']}, alpha = {record['alpha']}, s = {s}: rho = {rho}")
     return rho
 
