@@ -4,21 +4,23 @@
 
 # %% ../nbs/07_linear.ipynb #faafb363
 from __future__ import annotations
-import math
+import functools, math
+import numpy as np
 import torch
 from torch import nn
 from .boyan import as_tensor, check_gamma, weighted_error
 from .model import token_rows, torch_generator, xavier_param
-from .tasks import Contexts, TaskBatch, TDExamples, sample_trajectories, task_features, task_pool
+from .tasks import Contexts, TaskBatch, TDExamples, random_tasks, sample_trajectories, task_features, task_pool
 from .pretrain import EvalSet, Family, PretrainConfig, Protocol, register_family, register_protocol, stack_pools, task_eval_set
-from .step_fit import fitted_td_step, start_distributions
 
 # %% auto #0
-__all__ = ['ICLR_LINEAR', 'SLIDING_CHUNK', 'build_linear_prompt', 'linear_attention', 'LinearAttentionLayer', 'td_parameters',
-           'LinearICTD', 'moment_predict', 'query_each_state', 'values_and_gradients', 'value_difference',
-           'implicit_weight_similarity', 'sensitivity_similarity', 'pq_summary', 'align_signs', 'sliding_windows',
-           'sliding_td_loss', 'linear_init', 'linear_prompt', 'linear_predict', 'linear_module', 'linear_measures',
-           'linear_metrics', 'sliding_chunk', 'sliding_sample', 'sliding_eval_set']
+__all__ = ['FIT_CHUNK', 'FIT_TRAJECTORIES', 'FIT_STEPS', 'ICLR_LINEAR', 'SLIDING_CHUNK', 'build_linear_prompt',
+           'linear_attention', 'LinearAttentionLayer', 'td_parameters', 'LinearICTD', 'moment_predict',
+           'query_each_state', 'values_and_gradients', 'value_difference', 'implicit_weight_similarity',
+           'sensitivity_similarity', 'pq_summary', 'align_signs', 'start_distributions', 'sliding_windows',
+           'sliding_td_loss', 'sliding_td_coefficients', 'td_semigradient_poly', 'fit_td_step',
+           'td_semigradient_chunks', 'fitted_td_step', 'linear_init', 'linear_prompt', 'linear_predict',
+           'linear_module', 'linear_measures', 'linear_metrics', 'sliding_chunk', 'sliding_sample', 'sliding_eval_set']
 
 # %% ../nbs/07_linear.ipynb #ecb1f41d
 def build_linear_prompt(phi_states,   # (..., n+1, d) features of S_0..S_n
@@ -218,6 +220,15 @@ def align_signs(P:torch.Tensor, Q:torch.Tensor)->tuple:
     s = torch.where(P[..., -1:, -1:] < 0, -1., 1.).to(P)
     return P * s, Q * s
 
+# %% ../nbs/07_linear.ipynb #1998ea6f
+def start_distributions(n_tasks:int,   # number of tasks
+                        n_states:int,  # states per task
+                        gen:torch.Generator, # source of randomness
+                       )->torch.Tensor:      # (n_tasks, n_states), rows sum to 1
+    "The predecessor's random start distributions: entries uniform on [0.01, 0.99], normalised."
+    mu = 0.01 + 0.98 * torch.rand(n_tasks, n_states, generator=gen, dtype=torch.float64)
+    return mu / mu.sum(-1, keepdim=True)
+
 # %% ../nbs/07_linear.ipynb #c4545030
 def sliding_windows(phi:torch.Tensor,   # (..., s, d) features of each trajectory's task
                     r:torch.Tensor,     # (..., s) rewards of each trajectory's task
@@ -242,6 +253,74 @@ def sliding_td_loss(v:torch.Tensor,       # (..., W) values of consecutive windo
                    )->torch.Tensor:       # (...) mean squared TD error, successor's value held fixed
     "The predecessor's loss: mean over windows of $(r + \\gamma\\,\\mathrm{TF}(Z^{(k+1)}) - \\mathrm{TF}(Z^{(k)}))^2$, the first term detached."
     return (rewards + gamma * v[..., 1:].detach() - v[..., :-1]).square().mean(-1)
+
+# %% ../nbs/07_linear.ipynb #d18c7a12
+def sliding_td_coefficients(phi:torch.Tensor,    # (..., s, d) features of each trajectory's task
+                            r:torch.Tensor,      # (..., s) rewards
+                            states:torch.Tensor, # (..., T) trajectories
+                            n:int,               # context length
+                            gamma:float,         # discount factor
+                            n_layers:int,        # depth L
+                           )->tuple:             # (coefficients (..., T-n-1, L+1) of v_TD(alpha) at each window's query, rewards (..., T-n-2))
+    "Each sliding window's batch-TD value at its query as a polynomial in the step size (the windows of `sliding_windows`)."
+    phi_S = torch.gather(phi, -2, states.unsqueeze(-1).expand(states.shape + phi.shape[-1:]))
+    r_S = torch.gather(r, -1, states)
+    T, W = states.shape[-1], states.shape[-1] - n - 1
+    A = phi_S[..., :-1, :, None] * (phi_S[..., :-1, None, :] - gamma * phi_S[..., 1:, None, :])   # (..., T-1, d, d)
+    c = phi_S[..., :-1, :] * r_S[..., :-1, None]                                                 # (..., T-1, d)
+    cA = torch.cat([torch.zeros_like(A[..., :1, :, :]), A.cumsum(-3)], -3)
+    cc = torch.cat([torch.zeros_like(c[..., :1, :]), c.cumsum(-2)], -2)
+    M, u = (cA[..., n:n + W, :, :] - cA[..., :W, :, :]) / n, (cc[..., n:n + W, :] - cc[..., :W, :]) / n
+    q, coef = phi_S[..., n + 1:, :], [torch.zeros_like(r_S[..., n + 1:])]
+    for j in range(1, n_layers + 1):
+        coef.append(math.comb(n_layers, j) * (-1) ** (j - 1) * (q * u).sum(-1))
+        u = (M @ u.unsqueeze(-1)).squeeze(-1)
+    return torch.stack(coef, -1), r_S[..., n + 1:T - 1]
+
+# %% ../nbs/07_linear.ipynb #f34be74a
+def td_semigradient_poly(coef:torch.Tensor,     # (..., W, L+1) value coefficients of consecutive windows
+                         rewards:torch.Tensor,  # (..., W-1) reward of each window's query
+                         gamma:float,           # discount factor
+                        )->np.polynomial.Polynomial: # g(alpha) = mean of delta_k * dv_k/dalpha
+    "The expected semi-gradient of the sliding-window TD loss in alpha, as a polynomial (mean over all windows given)."
+    delta = gamma * coef[..., 1:, :] - coef[..., :-1, :]
+    delta[..., 0] += rewards
+    d_v = coef[..., :-1, 1:] * torch.arange(1, coef.shape[-1], dtype=coef.dtype)
+    prod = torch.stack([sum(delta[..., i] * d_v[..., k - i] for i in range(delta.shape[-1]) if 0 <= k - i < d_v.shape[-1])
+                        for k in range(delta.shape[-1] + d_v.shape[-1] - 1)], -1)
+    return np.polynomial.Polynomial(prod.flatten(0, -2).mean(0).numpy())
+
+# %% ../nbs/07_linear.ipynb #76afa0e7
+def fit_td_step(g:np.polynomial.Polynomial,  # expected semi-gradient in alpha
+               )->float:                      # the stable step size reached from alpha = 1
+    "The sign change of `g` from + to - nearest to alpha = 1 in the direction `g(1)` points."
+    roots = sorted(r.real for r in g.roots() if abs(r.imag) < 1e-9 and r.real > 0 and g.deriv()(r.real) < 0)
+    pick = [r for r in roots if r >= 1] if g(1.) > 0 else [r for r in roots[::-1] if r <= 1]
+    if not pick: raise ValueError(f"no stable step size in the direction of the semi-gradient from alpha = 1 (g(1) = {g(1.):.3g})")
+    return float(pick[0])
+
+# %% ../nbs/07_linear.ipynb #19bc70f2
+FIT_CHUNK, FIT_TRAJECTORIES, FIT_STEPS = 64, 5, 65   # tasks per chunk, trajectories per task, steps per trajectory beyond n
+
+# %% ../nbs/07_linear.ipynb #4c2069b1
+@functools.lru_cache(maxsize=16)
+def td_semigradient_chunks(n:int, n_layers:int, gamma:float, n_states:int=10, d:int=4,
+                           n_tasks:int=1024,  # fresh tasks, in chunks of FIT_CHUNK, FIT_TRAJECTORIES trajectories each
+                          )->tuple:           # one semi-gradient polynomial per chunk of FIT_CHUNK tasks
+    "The sliding-window TD semi-gradient of the batch-TD Transformer in its step size, per chunk of fresh tasks (cached)."
+    polys, rep = [], lambda x: x.repeat_interleave(FIT_TRAJECTORIES, 0)
+    for first in range(0, n_tasks, FIT_CHUNK):
+        tasks = random_tasks(min(FIT_CHUNK, n_tasks - first), seed=123_456 + first, n_states=n_states, d=d, gamma=gamma)
+        gen = torch.Generator().manual_seed(first)
+        states = sample_trajectories(rep(tasks.P), n + FIT_STEPS, rep(start_distributions(len(tasks), n_states, gen)), seed=gen)
+        polys.append(td_semigradient_poly(*sliding_td_coefficients(rep(tasks.phi), rep(tasks.r), states, n, gamma, n_layers), gamma))
+    return tuple(polys)
+
+# %% ../nbs/07_linear.ipynb #4ead9f7e
+def fitted_td_step(n:int, n_layers:int, gamma:float, n_states:int=10, d:int=4, n_tasks:int=1024)->float:
+    "The batch-TD Transformer's step size fitted by the sliding-window TD loss on `n_tasks` fresh tasks."
+    polys = td_semigradient_chunks(n, n_layers, gamma, n_states, d, n_tasks)
+    return fit_td_step(sum(polys[1:], polys[0]) / len(polys))
 
 # %% ../nbs/07_linear.ipynb #ea1bb141
 ICLR_LINEAR = PretrainConfig(attention="linear", protocol="sliding", shared=True, n_tasks=4000, n_steps=20_000,

@@ -4,21 +4,14 @@
 # %%
 #| export
 from __future__ import annotations
-import math
+import functools, math
+import numpy as np
 import torch
 from torch import nn
 from ictd.boyan import as_tensor, check_gamma, weighted_error
 from ictd.model import token_rows, torch_generator, xavier_param
-from ictd.tasks import Contexts, TaskBatch, TDExamples, sample_trajectories, task_features, task_pool
+from ictd.tasks import Contexts, TaskBatch, TDExamples, random_tasks, sample_trajectories, task_features, task_pool
 from ictd.pretrain import EvalSet, Family, PretrainConfig, Protocol, register_family, register_protocol, stack_pools, task_eval_set
-from ictd.step_fit import fitted_td_step, start_distributions
-
-# %%
-#| export step_fit
-import functools, math
-import numpy as np
-import torch
-from ictd.tasks import random_tasks, sample_trajectories
 
 # %%
 #| hide
@@ -588,11 +581,11 @@ iws_p, vd_p, ss_p
 # $$\delta_k = r(S_{k+n+1}) + \gamma\, \mathrm{TF}(Z^{(k+1)}) - \mathrm{TF}(Z^{(k)}), \qquad
 # \text{loss} = \frac1{n_{\mathrm{mb}}} \sum_{k<n_{\mathrm{mb}}} \delta_k^2 \text{ with } \mathrm{TF}(Z^{(k+1)}) \text{ held fixed}.$$
 #
-# Here is the sampler: tasks with their start distributions (exported, with the step-size fit below,
-# to a small module of their own, `ictd.step_fit`), one trajectory per task, and its windows as prompts.
+# Here is the sampler: tasks with their start distributions, one trajectory per task, and its windows
+# as prompts.
 
 # %%
-#| export step_fit
+#| export
 def start_distributions(n_tasks:int,   # number of tasks
                         n_states:int,  # states per task
                         gen:torch.Generator, # source of randomness
@@ -700,7 +693,7 @@ test_close(v_demo.grad, torch.tensor([-0.5, 1.5, 0.]), eps=1e-12)
 # The windows' $\hat A_{\mathrm{TD}}$ and $\hat b$ are differences of running sums along each trajectory.
 
 # %%
-#| export step_fit
+#| export
 def sliding_td_coefficients(phi:torch.Tensor,    # (..., s, d) features of each trajectory's task
                             r:torch.Tensor,      # (..., s) rewards
                             states:torch.Tensor, # (..., T) trajectories
@@ -728,7 +721,7 @@ def sliding_td_coefficients(phi:torch.Tensor,    # (..., s, d) features of each 
 # The expected semi-gradient is then a product of polynomials, averaged over windows:
 
 # %%
-#| export step_fit
+#| export
 def td_semigradient_poly(coef:torch.Tensor,     # (..., W, L+1) value coefficients of consecutive windows
                          rewards:torch.Tensor,  # (..., W-1) reward of each window's query
                          gamma:float,           # discount factor
@@ -746,7 +739,7 @@ def td_semigradient_poly(coef:torch.Tensor,     # (..., W, L+1) value coefficien
 # The fitted step size is the stable root of that polynomial reached from $\alpha = 1$:
 
 # %%
-#| export step_fit
+#| export
 def fit_td_step(g:np.polynomial.Polynomial,  # expected semi-gradient in alpha
                )->float:                      # the stable step size reached from alpha = 1
     "The sign change of `g` from + to - nearest to alpha = 1 in the direction `g(1)` points."
@@ -776,7 +769,7 @@ auto, = torch.autograd.grad(((rw + mrp.gamma * v[..., 1:] - v[..., :-1]).detach(
 test_close(td_semigradient_poly(coef, rw, mrp.gamma)(2.7), auto.item(), eps=1e-10)
 
 # %%
-#| export step_fit
+#| export
 FIT_CHUNK, FIT_TRAJECTORIES, FIT_STEPS = 64, 5, 65   # tasks per chunk, trajectories per task, steps per trajectory beyond n
 
 
@@ -784,7 +777,7 @@ FIT_CHUNK, FIT_TRAJECTORIES, FIT_STEPS = 64, 5, 65   # tasks per chunk, trajecto
 # The fit averages the semi-gradient over chunks of fresh tasks (cached, since it depends only on the task distribution):
 
 # %%
-#| export step_fit
+#| export
 @functools.lru_cache(maxsize=16)
 def td_semigradient_chunks(n:int, n_layers:int, gamma:float, n_states:int=10, d:int=4,
                            n_tasks:int=1024,  # fresh tasks, in chunks of FIT_CHUNK, FIT_TRAJECTORIES trajectories each
@@ -803,7 +796,7 @@ def td_semigradient_chunks(n:int, n_layers:int, gamma:float, n_states:int=10, d:
 # The step size fitted on all chunks together:
 
 # %%
-#| export step_fit
+#| export
 def fitted_td_step(n:int, n_layers:int, gamma:float, n_states:int=10, d:int=4, n_tasks:int=1024)->float:
     "The batch-TD Transformer's step size fitted by the sliding-window TD loss on `n_tasks` fresh tasks."
     polys = td_semigradient_chunks(n, n_layers, gamma, n_states, d, n_tasks)

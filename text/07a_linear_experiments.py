@@ -10,7 +10,10 @@ import torch
 from ictd.boyan import msve, random_boyan_chain, sample_trajectory, weighted_error
 from ictd.tasks import TaskBatch, random_tasks, sample_trajectories
 from ictd.prompt import build_prompt
-from ictd.pretrain import PretrainConfig, pretrain_many, stack_results
+from tqdm.auto import tqdm
+from ictd.pretrain import EMERGENCE, DivergenceError, PretrainConfig, eval_set, get_family, pretrain_many, stack_results
+from ictd.emergence import baseline_msve
+from ictd.mechanism import centred_msve, provenance
 from ictd.wstd import batch_linear_td, context_tensors, weighted_softmax_td
 from ictd.core import jsonable
 from ictd.linear import (ICLR_LINEAR, align_signs, fitted_td_step, sensitivity_similarity, value_difference)
@@ -26,7 +29,7 @@ import matplotlib.pyplot as plt
 from IPython.display import Markdown
 from ictd.linear import LinearICTD, build_linear_prompt, td_parameters
 from ictd.model import SoftmaxICTD
-from ictd.pretrain import EMERGENCE, held_out_tasks
+from ictd.pretrain import held_out_tasks
 from ictd.tasks import task_pool
 from ictd.core import record_claim
 
@@ -51,8 +54,7 @@ from ictd.core import record_claim
 # is trained or run, on which tasks, with which seeds), the result as a figure or a table, what it
 # shows (including where a baseline wins), and the check that asserts it as a statement about seeds
 # or tasks. The functions that run, tabulate and plot the experiments are defined beside them and
-# exported to `ictd.experiments.linear` (experiments 1 to 3) and `ictd.experiments.head_to_head`
-# (experiment 4); their validation and exhaustive tests are in the last section,
+# exported to `ictd.experiments.linear`; their validation and exhaustive tests are in the last section,
 # [Implementation and tests](#implementation-and-tests). As in chapter 7, the prose writes the linear
 # layer's matrices in the book's roles, $V$ (value projection, code `P`) and $A$ (score matrix, code `Q`).
 #
@@ -109,7 +111,9 @@ def summarise_linear(results:list)->dict:
 
 
 # %% [markdown]
-# The measures against tasks seen, as bands over seeds:
+# Every figure of this chapter draws a method the same way: one Okabe-Ito colour and one line style
+# per method, its band filled lightly and edged in the method's line style (so overlapping bands stay
+# apart), and log axes labelled with plain numbers:
 
 # %%
 #| export
@@ -130,57 +134,42 @@ def plain_log_ticks(axis):
     axis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
     axis.set_minor_formatter(FuncFormatter(lambda y, _: f"{y:g}" if f"{y:.0e}"[0] in "25" else "") if hi / lo < 100 else NullFormatter())
 
-def _seed_band(h:dict, key:str)->tuple:
-    "Mean and mean -/+ 2 standard errors over seeds of one aligned measure."
-    m, se = h[key].mean(0).numpy(), (h[key].std(0) / h[key].shape[0] ** 0.5).numpy()
-    return m, m - 2 * se, m + 2 * se
 
+# %% [markdown]
+# The measures against tasks seen, as bands over seeds (or, with `entries=True`, the entries the construction predicts):
 
 # %%
 #| export
 def plot_linear_pretraining(results:list,          # runs of the sliding protocol (`pretrain_many`), one per seed
                             reference:dict=ICLR_REFERENCE,  # published values to mark, or None
                             title:str=None,
+                            entries:bool=False,    # the entries V[-1,-1], tr A11, tr A12 instead of IWS and VD
                            ):                      # the matplotlib figure
-    "IWS and VD against tasks seen: mean and 2 standard errors over seeds (bands), with the published values."
+    "IWS and VD, or the sign-aligned entries the construction predicts, against tasks seen: mean and 2 s.e. over seeds (bands)."
     import matplotlib.pyplot as plt
     h = aligned_history(results)
     x, S = h["tasks"][0].numpy(), h["iws"].shape[0]
-    fig, axs = plt.subplots(1, 2, figsize=(8, 3.4))
-    for ax, key, style in zip(axs, ("iws", "vd"), METHOD_STYLES): band_plot(ax, x, *_seed_band(h, key), f"mean of {S} seeds, 2 s.e.", style)
-    if reference:
-        axs[0].plot(reference["tasks"], reference["iws"], "k*", ms=9, label="published, 30 seeds")
-        axs[1].plot([reference["tasks"]] * 2, reference["vd"], "k-", lw=3, label="published range")
-    axs[0].set(ylabel="cosine", ylim=(-0.05, 1.05), title="implicit weight similarity")
-    axs[1].set(yscale="log", ylabel="squared return units", title="value difference to batch TD")
-    plain_log_ticks(axs[1].yaxis)
-    for ax in axs:
-        ax.set_xlabel("tasks seen")
-        ax.legend(fontsize=9)
-    fig.suptitle(title or f"Linear Transformer, sliding-window TD pretraining, {S} seeds", fontsize=10)
-    fig.tight_layout()
-    return fig
-
-
-# %% [markdown]
-# the entries the construction predicts, against tasks seen:
-
-# %%
-#| export
-def plot_pq_entries(results:list,                  # runs of the sliding protocol, one per seed
-                    reference:dict=ICLR_REFERENCE,  # published values to mark, or None
-                   ):                              # the matplotlib figure
-    "The sign-aligned entries V[-1,-1], tr A11 and tr A12 (code P_last, trQ11, trQ12) against tasks seen: mean and 2 s.e. over seeds."
-    import matplotlib.pyplot as plt
-    h = aligned_history(results)
-    x, S = h["tasks"][0].numpy(), h["iws"].shape[0]
-    fig, ax = plt.subplots(figsize=(7.5, 3.6))
-    for (key, label), style in zip(ENTRY_LABELS.items(), METHOD_STYLES):
-        band_plot(ax, x, *_seed_band(h, key), label, style)
-        if reference: ax.plot(reference["tasks"], reference[key], "*", color=style[0], mec="k", ms=11)
-    ax.axhline(0, color="0.5", lw=0.8)
-    ax.set(xlabel="tasks seen", ylabel="entry or trace", title=f"Learned V and A, sign-aligned: mean and 2 s.e. over {S} seeds")
-    ax.legend(fontsize=9, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    def band(ax, key, label, style):
+        m, se = h[key].mean(0).numpy(), (h[key].std(0) / S ** 0.5).numpy()
+        band_plot(ax, x, m, m - 2 * se, m + 2 * se, label, style)
+        if reference and entries: ax.plot(reference["tasks"], reference[key], "*", color=style[0], mec="k", ms=11)
+    if entries:
+        fig, ax = plt.subplots(figsize=(7.5, 3.6))
+        for (key, label), style in zip(ENTRY_LABELS.items(), METHOD_STYLES): band(ax, key, label, style)
+        ax.axhline(0, color="0.5", lw=0.8)
+        ax.set(xlabel="tasks seen", ylabel="entry or trace", title=title or f"Learned V and A, sign-aligned: mean and 2 s.e. over {S} seeds")
+        ax.legend(fontsize=9, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    else:
+        fig, axs = plt.subplots(1, 2, figsize=(8, 3.4))
+        for ax, key, style in zip(axs, ("iws", "vd"), METHOD_STYLES): band(ax, key, f"mean of {S} seeds, 2 s.e.", style)
+        if reference:
+            axs[0].plot(reference["tasks"], reference["iws"], "k*", ms=9, label="published, 30 seeds")
+            axs[1].plot([reference["tasks"]] * 2, reference["vd"], "k-", lw=3, label="published range")
+        axs[0].set(ylabel="cosine", ylim=(-0.05, 1.05), title="implicit weight similarity")
+        axs[1].set(yscale="log", ylabel="squared return units", title="value difference to batch TD")
+        plain_log_ticks(axs[1].yaxis)
+        for ax in axs: ax.set_xlabel("tasks seen"); ax.legend(fontsize=9)
+        fig.suptitle(title or f"Linear Transformer, sliding-window TD pretraining, {S} seeds", fontsize=10)
     fig.tight_layout()
     return fig
 
@@ -225,7 +214,7 @@ plot_linear_pretraining(lin, reference=None, title=f"Linear Transformer, sliding
 # %%
 #| fig-cap: "Figure 7a.2: The entries the construction predicts move away from 0 with its signs: V[-1,-1] and tr A12 positive, tr A11 negative, in the sign-aligned mean over seeds."
 #| fig-alt: "One panel against tasks seen: three lines with bands of two standard errors over 10 seeds, in three colours and line styles: V[-1,-1] (solid) and trace A12 (dotted) rising above 0, trace A11 (dashed) falling below 0."
-plot_pq_entries(lin, reference=None);
+plot_linear_pretraining(lin, reference=None, entries=True);
 
 # %%
 #| fig-cap: "Figure 7a.3: The trained V and A, averaged over seeds after sign alignment, have the construction's pattern: the bottom-right entry of V, and the -/+ diagonal blocks of A."
@@ -814,25 +803,10 @@ assert (abl1 > lin1).sum() >= 90 and 30 <= (abl4 > lin4).sum() <= 70, ((abl1 > l
 # that diverges scores infinity). The held-out scores are the MSVE and the **centred** MSVE of
 # [chapter 6b](mechanism.html) (the error in the value *shape*, each task's $d_\pi$-mean removed),
 # next to the baselines of [chapter 6a](emergence.html), the strongest simple ones among them:
-# the context mean, certainty equivalence on the context and the oracle best constant. The code of
-# this experiment is exported to `ictd.experiments.head_to_head`.
+# the context mean, certainty equivalence on the context and the oracle best constant.
 
 # %%
-#| export experiments.head_to_head
-import dataclasses, json, math
-from pathlib import Path
-import torch
-from tqdm.auto import tqdm
-from ictd.boyan import weighted_error
-from ictd.pretrain import EMERGENCE, DivergenceError, PretrainConfig, eval_set, get_family, pretrain_many, stack_results
-from ictd.emergence import baseline_msve
-from ictd.mechanism import centred_msve, provenance
-from ictd.core import jsonable
-from ictd.experiments.linear import plain_log_ticks
-from ictd import linear as _linear   # importing it registers the linear family with the engine
-
-# %%
-#| export experiments.head_to_head
+#| export
 H2H_LRS = (1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1)   # Adam learning rates tried for each family
 H2H_CONFIG = dataclasses.replace(EMERGENCE, eval_every=EMERGENCE.n_steps)   # the shared budget: chapter 6's headline run
 H2H_TUNE_SEEDS = (100, 101, 102)             # seeds of the learning-rate tuning, disjoint from the compared ones
@@ -842,7 +816,7 @@ H2H_TUNE_SEEDS = (100, 101, 102)             # seeds of the learning-rate tuning
 # Every run's values on its held-out tasks come from its family's own forward pass, on the engine's evaluation set:
 
 # %%
-#| export experiments.head_to_head
+#| export
 def held_out_values(results:list, # runs of one configuration (`pretrain_many`)
                    )->tuple:      # (values (S, E, s) at every state of every held-out task, the `EvalSet`)
     "Every run's values on its held-out tasks, through its family's own forward pass."
@@ -856,7 +830,7 @@ def held_out_values(results:list, # runs of one configuration (`pretrain_many`)
 # and give each seed's held-out MSVE and centred MSVE:
 
 # %%
-#| export experiments.head_to_head
+#| export
 def seed_scores(results:list, # runs of one configuration
                )->dict:       # msve, centred_msve: (S,) each seed's mean over its held-out tasks
     "Held-out MSVE and centred MSVE of every run."
@@ -865,7 +839,7 @@ def seed_scores(results:list, # runs of one configuration
 
 
 # %%
-#| export experiments.head_to_head
+#| export
 def tune_lr(config:PretrainConfig,   # every setting but the learning rate
             lrs=H2H_LRS,             # learning rates to try
             seeds=H2H_TUNE_SEEDS,    # tuning seeds
@@ -883,7 +857,7 @@ def tune_lr(config:PretrainConfig,   # every setting but the learning rate
 # The baselines, on the same held-out tasks of every seed:
 
 # %%
-#| export experiments.head_to_head
+#| export
 def baseline_scores(config:PretrainConfig, # the shared settings
                     seeds,                 # the compared seeds
                    )->dict:                # baseline -> (S,) each seed's mean MSVE over its held-out tasks
@@ -897,7 +871,7 @@ def baseline_scores(config:PretrainConfig, # the shared settings
 # Two methods on the same seeds are compared by the paired differences:
 
 # %%
-#| export experiments.head_to_head
+#| export
 def paired_test(a:torch.Tensor,  # (S,) one method's score per seed
                 b:torch.Tensor,  # (S,) the other's, same seeds
                )->dict:          # mean and s.e. of a - b, paired t-test and Wilcoxon p-values, seeds with a < b
@@ -911,7 +885,7 @@ def paired_test(a:torch.Tensor,  # (S,) one method's score per seed
 
 
 # %%
-#| export experiments.head_to_head
+#| export
 def head_to_head(config:PretrainConfig=H2H_CONFIG, # shared settings (`attention` and `lr` are set per family)
                  seeds=range(10),                  # compared seeds
                  tune_seeds=H2H_TUNE_SEEDS,        # learning-rate tuning seeds
@@ -940,9 +914,9 @@ def head_to_head(config:PretrainConfig=H2H_CONFIG, # shared settings (`attention
 # The driver that saves the comparison with its provenance, independent of the command line:
 
 # %%
-#| export experiments.head_to_head
+#| export
 def run_head_to_head(out="nbs/data/head_to_head.json", # the JSON file to write
-                     command:str="python -c 'from ictd.experiments.head_to_head import run_head_to_head; run_head_to_head()'",
+                     command:str="python -c 'from ictd.experiments.linear import run_head_to_head; run_head_to_head()'",
                      **kwargs,                          # passed to `head_to_head`
                     )->Path:
     "Run `head_to_head` and save it with its provenance (command, commit, date)."
@@ -956,7 +930,7 @@ def run_head_to_head(out="nbs/data/head_to_head.json", # the JSON file to write
 # The table and the figure that show it:
 
 # %%
-#| export experiments.head_to_head
+#| export
 def head_to_head_table(data:dict, # output of `head_to_head` (e.g. read from its JSON file)
                       )->str:     # a Markdown table
     "Mean (standard error) over seeds of held-out MSVE and centred MSVE, for both families (with their tuned learning rates) and the baselines."
@@ -968,7 +942,7 @@ def head_to_head_table(data:dict, # output of `head_to_head` (e.g. read from its
 
 
 # %%
-#| export experiments.head_to_head
+#| export
 def plot_head_to_head(data:dict, # output of `head_to_head`
                      ):          # the matplotlib figure
     "Each seed's held-out MSVE, linear and softmax joined by a line, with the baselines' means."

@@ -10,16 +10,22 @@ import torch
 from ..boyan import msve, random_boyan_chain, sample_trajectory, weighted_error
 from ..tasks import TaskBatch, random_tasks, sample_trajectories
 from ..prompt import build_prompt
-from ..pretrain import PretrainConfig, pretrain_many, stack_results
+from tqdm.auto import tqdm
+from ..pretrain import EMERGENCE, DivergenceError, PretrainConfig, eval_set, get_family, pretrain_many, stack_results
+from ..emergence import baseline_msve
+from ..mechanism import centred_msve, provenance
 from ..wstd import batch_linear_td, context_tensors, weighted_softmax_td
 from ..core import jsonable
 from ..linear import (ICLR_LINEAR, align_signs, fitted_td_step, sensitivity_similarity, value_difference)
 
 # %% auto #0
-__all__ = ['ICLR_REFERENCE', 'ICLR_SEED0', 'METHOD_STYLES', 'ENTRY_LABELS', 'THETA_STAR_GRID', 'TUNING_GRIDS', 'aligned_history',
-           'summarise_linear', 'band_plot', 'plain_log_ticks', 'plot_linear_pretraining', 'plot_pq_entries', 'plot_pq',
-           'reference_table', 'reproduce_iclr', 'softmax_in_context', 'softmax_measures', 'msve_against_depth',
-           'side_by_side', 'plot_side_by_side', 'query_softmax_td', 'tuned_side_by_side', 'plot_tuned_side_by_side']
+__all__ = ['ICLR_REFERENCE', 'ICLR_SEED0', 'METHOD_STYLES', 'ENTRY_LABELS', 'THETA_STAR_GRID', 'TUNING_GRIDS', 'H2H_LRS',
+           'H2H_CONFIG', 'H2H_TUNE_SEEDS', 'aligned_history', 'summarise_linear', 'band_plot', 'plain_log_ticks',
+           'plot_linear_pretraining', 'plot_pq', 'reference_table', 'reproduce_iclr', 'softmax_in_context',
+           'softmax_measures', 'msve_against_depth', 'side_by_side', 'plot_side_by_side', 'query_softmax_td',
+           'tuned_side_by_side', 'plot_tuned_side_by_side', 'held_out_values', 'seed_scores', 'tune_lr',
+           'baseline_scores', 'paired_test', 'head_to_head', 'run_head_to_head', 'head_to_head_table',
+           'plot_head_to_head']
 
 # %% ../../nbs/07a_linear_experiments.ipynb #894cfd7a
 ICLR_REFERENCE = dict(tasks=4000, iws=0.93, vd=(0.02, 0.03), P_last=1.6, trQ11=-4.3, trQ12=3.3)   # mean over 30 seeds
@@ -61,50 +67,37 @@ def plain_log_ticks(axis):
     axis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
     axis.set_minor_formatter(FuncFormatter(lambda y, _: f"{y:g}" if f"{y:.0e}"[0] in "25" else "") if hi / lo < 100 else NullFormatter())
 
-def _seed_band(h:dict, key:str)->tuple:
-    "Mean and mean -/+ 2 standard errors over seeds of one aligned measure."
-    m, se = h[key].mean(0).numpy(), (h[key].std(0) / h[key].shape[0] ** 0.5).numpy()
-    return m, m - 2 * se, m + 2 * se
-
 # %% ../../nbs/07a_linear_experiments.ipynb #3aee5a2d
 def plot_linear_pretraining(results:list,          # runs of the sliding protocol (`pretrain_many`), one per seed
                             reference:dict=ICLR_REFERENCE,  # published values to mark, or None
                             title:str=None,
+                            entries:bool=False,    # the entries V[-1,-1], tr A11, tr A12 instead of IWS and VD
                            ):                      # the matplotlib figure
-    "IWS and VD against tasks seen: mean and 2 standard errors over seeds (bands), with the published values."
+    "IWS and VD, or the sign-aligned entries the construction predicts, against tasks seen: mean and 2 s.e. over seeds (bands)."
     import matplotlib.pyplot as plt
     h = aligned_history(results)
     x, S = h["tasks"][0].numpy(), h["iws"].shape[0]
-    fig, axs = plt.subplots(1, 2, figsize=(8, 3.4))
-    for ax, key, style in zip(axs, ("iws", "vd"), METHOD_STYLES): band_plot(ax, x, *_seed_band(h, key), f"mean of {S} seeds, 2 s.e.", style)
-    if reference:
-        axs[0].plot(reference["tasks"], reference["iws"], "k*", ms=9, label="published, 30 seeds")
-        axs[1].plot([reference["tasks"]] * 2, reference["vd"], "k-", lw=3, label="published range")
-    axs[0].set(ylabel="cosine", ylim=(-0.05, 1.05), title="implicit weight similarity")
-    axs[1].set(yscale="log", ylabel="squared return units", title="value difference to batch TD")
-    plain_log_ticks(axs[1].yaxis)
-    for ax in axs:
-        ax.set_xlabel("tasks seen")
-        ax.legend(fontsize=9)
-    fig.suptitle(title or f"Linear Transformer, sliding-window TD pretraining, {S} seeds", fontsize=10)
-    fig.tight_layout()
-    return fig
-
-# %% ../../nbs/07a_linear_experiments.ipynb #e6f7b44b
-def plot_pq_entries(results:list,                  # runs of the sliding protocol, one per seed
-                    reference:dict=ICLR_REFERENCE,  # published values to mark, or None
-                   ):                              # the matplotlib figure
-    "The sign-aligned entries V[-1,-1], tr A11 and tr A12 (code P_last, trQ11, trQ12) against tasks seen: mean and 2 s.e. over seeds."
-    import matplotlib.pyplot as plt
-    h = aligned_history(results)
-    x, S = h["tasks"][0].numpy(), h["iws"].shape[0]
-    fig, ax = plt.subplots(figsize=(7.5, 3.6))
-    for (key, label), style in zip(ENTRY_LABELS.items(), METHOD_STYLES):
-        band_plot(ax, x, *_seed_band(h, key), label, style)
-        if reference: ax.plot(reference["tasks"], reference[key], "*", color=style[0], mec="k", ms=11)
-    ax.axhline(0, color="0.5", lw=0.8)
-    ax.set(xlabel="tasks seen", ylabel="entry or trace", title=f"Learned V and A, sign-aligned: mean and 2 s.e. over {S} seeds")
-    ax.legend(fontsize=9, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    def band(ax, key, label, style):
+        m, se = h[key].mean(0).numpy(), (h[key].std(0) / S ** 0.5).numpy()
+        band_plot(ax, x, m, m - 2 * se, m + 2 * se, label, style)
+        if reference and entries: ax.plot(reference["tasks"], reference[key], "*", color=style[0], mec="k", ms=11)
+    if entries:
+        fig, ax = plt.subplots(figsize=(7.5, 3.6))
+        for (key, label), style in zip(ENTRY_LABELS.items(), METHOD_STYLES): band(ax, key, label, style)
+        ax.axhline(0, color="0.5", lw=0.8)
+        ax.set(xlabel="tasks seen", ylabel="entry or trace", title=title or f"Learned V and A, sign-aligned: mean and 2 s.e. over {S} seeds")
+        ax.legend(fontsize=9, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    else:
+        fig, axs = plt.subplots(1, 2, figsize=(8, 3.4))
+        for ax, key, style in zip(axs, ("iws", "vd"), METHOD_STYLES): band(ax, key, f"mean of {S} seeds, 2 s.e.", style)
+        if reference:
+            axs[0].plot(reference["tasks"], reference["iws"], "k*", ms=9, label="published, 30 seeds")
+            axs[1].plot([reference["tasks"]] * 2, reference["vd"], "k-", lw=3, label="published range")
+        axs[0].set(ylabel="cosine", ylim=(-0.05, 1.05), title="implicit weight similarity")
+        axs[1].set(yscale="log", ylabel="squared return units", title="value difference to batch TD")
+        plain_log_ticks(axs[1].yaxis)
+        for ax in axs: ax.set_xlabel("tasks seen"); ax.legend(fontsize=9)
+        fig.suptitle(title or f"Linear Transformer, sliding-window TD pretraining, {S} seeds", fontsize=10)
     fig.tight_layout()
     return fig
 
@@ -326,4 +319,123 @@ def plot_tuned_side_by_side(results:dict,  # features label -> output of `tuned_
     fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=9, frameon=False)
     fig.suptitle(f"Each method tuned, {c.shape[0]} test chains: median and quartiles", fontsize=10)
     fig.tight_layout(rect=(0, 0.14, 1, 1))
+    return fig
+
+# %% ../../nbs/07a_linear_experiments.ipynb #27537a2e
+H2H_LRS = (1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1)   # Adam learning rates tried for each family
+H2H_CONFIG = dataclasses.replace(EMERGENCE, eval_every=EMERGENCE.n_steps)   # the shared budget: chapter 6's headline run
+H2H_TUNE_SEEDS = (100, 101, 102)             # seeds of the learning-rate tuning, disjoint from the compared ones
+
+# %% ../../nbs/07a_linear_experiments.ipynb #97173c01
+def held_out_values(results:list, # runs of one configuration (`pretrain_many`)
+                   )->tuple:      # (values (S, E, s) at every state of every held-out task, the `EvalSet`)
+    "Every run's values on its held-out tasks, through its family's own forward pass."
+    config = results[0].config
+    ev = eval_set(config, [r.config.seed for r in results])
+    params = {k: v.double() for k, v in stack_results(results)["params"].items()}
+    with torch.no_grad(): return get_family(config.attention).predict(config, params, ev.x, config.n), ev
+
+# %% ../../nbs/07a_linear_experiments.ipynb #71c84d08
+def seed_scores(results:list, # runs of one configuration
+               )->dict:       # msve, centred_msve: (S,) each seed's mean over its held-out tasks
+    "Held-out MSVE and centred MSVE of every run."
+    v, ev = held_out_values(results)
+    return dict(msve=weighted_error(v, ev.v_pi, ev.weights).mean(-1), centred_msve=centred_msve(v, ev.tasks).mean(-1))
+
+# %% ../../nbs/07a_linear_experiments.ipynb #af68f72d
+def tune_lr(config:PretrainConfig,   # every setting but the learning rate
+            lrs=H2H_LRS,             # learning rates to try
+            seeds=H2H_TUNE_SEEDS,    # tuning seeds
+           )->dict:                  # lr -> mean final held-out MSVE over `seeds` (inf where training diverged)
+    "Each learning rate's mean final held-out MSVE over the tuning seeds."
+    out = {}
+    for lr in tqdm(lrs, desc=f"tuning {config.attention}", leave=False):
+        try: runs = pretrain_many(dataclasses.replace(config, lr=lr), list(seeds), progress=False)
+        except DivergenceError: out[lr] = math.inf; continue
+        out[lr] = torch.stack([r.history["msve"][-1, 0] for r in runs]).mean().item()
+    return out
+
+# %% ../../nbs/07a_linear_experiments.ipynb #f1d40d61
+def baseline_scores(config:PretrainConfig, # the shared settings
+                    seeds,                 # the compared seeds
+                   )->dict:                # baseline -> (S,) each seed's mean MSVE over its held-out tasks
+    "The held-out MSVE of chapter 6a's baselines on every seed's held-out tasks (theta* tuned per seed)."
+    rows = [baseline_msve(dataclasses.replace(config, seed=int(s))) for s in seeds]
+    name = lambda k: "best theta* (tuned per seed)" if k.startswith("best theta*") else k
+    return {name(k): torch.stack([r[k].mean() for r in rows]) for k in rows[0]}
+
+# %% ../../nbs/07a_linear_experiments.ipynb #5c8e2680
+def paired_test(a:torch.Tensor,  # (S,) one method's score per seed
+                b:torch.Tensor,  # (S,) the other's, same seeds
+               )->dict:          # mean and s.e. of a - b, paired t-test and Wilcoxon p-values, seeds with a < b
+    "A paired comparison over seeds of two methods' scores."
+    from scipy import stats
+    a, b = torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64)
+    if a.shape != b.shape or a.ndim != 1 or len(a) < 2: raise ValueError(f"`a` and `b` must have the same shape (S,) with S >= 2, got {tuple(a.shape)} and {tuple(b.shape)}")
+    d = a - b
+    return dict(mean=d.mean().item(), se=(d.std() / math.sqrt(len(d))).item(), p_t=float(stats.ttest_rel(a, b).pvalue),
+                p_wilcoxon=float(stats.wilcoxon(a, b).pvalue), a_lower=int((a < b).sum()), seeds=len(a))
+
+# %% ../../nbs/07a_linear_experiments.ipynb #1a208b55
+def head_to_head(config:PretrainConfig=H2H_CONFIG, # shared settings (`attention` and `lr` are set per family)
+                 seeds=range(10),                  # compared seeds
+                 tune_seeds=H2H_TUNE_SEEDS,        # learning-rate tuning seeds
+                 lrs=H2H_LRS,                      # learning-rate grid
+                )->dict:                           # JSON-ready: per family the tuned lr, tuning scores, per-seed scores; baselines; paired tests
+    "Pretrained linear against pretrained softmax Transformers on the same tasks, seeds and budget, each with its learning rate tuned."
+    seeds = [int(s) for s in seeds]
+    out = dict(config=dataclasses.asdict(config), seeds=seeds, tune_seeds=list(tune_seeds), lrs=list(lrs), families={})
+    for att in ("linear", "softmax"):
+        c = dataclasses.replace(config, attention=att)
+        tuning = tune_lr(c, lrs, tune_seeds)
+        lr = min(tuning, key=tuning.get)
+        scores = seed_scores(pretrain_many(dataclasses.replace(c, lr=lr), seeds, progress=False))
+        out["families"][att] = dict(lr=lr, tuning=[[k, v] for k, v in tuning.items()], **{k: v.tolist() for k, v in scores.items()})
+    base = baseline_scores(config, seeds)
+    out["baselines"] = {k: v.tolist() for k, v in base.items()}
+    strongest = min((k for k in base if "oracle" not in k), key=lambda k: base[k].mean())
+    lin, soft = (out["families"][f] for f in ("linear", "softmax"))
+    out["strongest_baseline"] = strongest
+    out["paired"] = {k: paired_test(torch.tensor(lin[k]), torch.tensor(soft[k])) for k in ("msve", "centred_msve")}
+    out["paired_vs_baseline"] = {f: paired_test(torch.tensor(out["families"][f]["msve"]), base[strongest]) for f in out["families"]}
+    return out
+
+# %% ../../nbs/07a_linear_experiments.ipynb #dc535a65
+def run_head_to_head(out="nbs/data/head_to_head.json", # the JSON file to write
+                     command:str="python -c 'from ictd.experiments.linear import run_head_to_head; run_head_to_head()'",
+                     **kwargs,                          # passed to `head_to_head`
+                    )->Path:
+    "Run `head_to_head` and save it with its provenance (command, commit, date)."
+    data = provenance(command) | head_to_head(**kwargs)
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(jsonable(data), indent=1))
+    return Path(out)
+
+# %% ../../nbs/07a_linear_experiments.ipynb #9ee3a2aa
+def head_to_head_table(data:dict, # output of `head_to_head` (e.g. read from its JSON file)
+                      )->str:     # a Markdown table
+    "Mean (standard error) over seeds of held-out MSVE and centred MSVE, for both families (with their tuned learning rates) and the baselines."
+    S = len(data["seeds"])
+    ms = lambda x: f"{torch.tensor(x).mean():.3g} ({torch.tensor(x).std() / S ** 0.5:.2g})"
+    rows = [f"| pretrained {f}, lr {r['lr']:g} | {ms(r['msve'])} | {ms(r['centred_msve'])} |" for f, r in data["families"].items()]
+    rows += [f"| baseline: {k} | {ms(v)} | |" for k, v in data["baselines"].items()]
+    return "| model | held-out MSVE | centred MSVE |\n|---|---|---|\n" + "\n".join(rows)
+
+# %% ../../nbs/07a_linear_experiments.ipynb #d4c88be6
+def plot_head_to_head(data:dict, # output of `head_to_head`
+                     ):          # the matplotlib figure
+    "Each seed's held-out MSVE, linear and softmax joined by a line, with the baselines' means."
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(8, 4.2))
+    lin, soft = (torch.tensor(data["families"][f]["msve"]) for f in ("linear", "softmax"))
+    for a, b in zip(lin, soft): ax.plot([0, 1], [a, b], color="0.6", lw=0.8)
+    for x, v, f, c in ((0, lin, "linear", "#0072B2"), (1, soft, "softmax", "#D55E00")):
+        ax.plot([x] * len(v), v, "o", color=c, ms=7, label=f"pretrained {f} (lr {data['families'][f]['lr']:g})")
+    styles = dict(zip(data["baselines"], ("-", "--", "-.", ":", (0, (6, 2, 1, 2, 1, 2)))))
+    for k, v in data["baselines"].items(): ax.axhline(torch.tensor(v).mean(), color="k", ls=styles[k], lw=1, label=f"{k} (mean)")
+    ax.set(xticks=[0, 1], xticklabels=["linear attention", "softmax attention"], xlim=(-0.4, 1.4), yscale="log",
+           ylabel="held-out MSVE (squared return units)", title=f"Same tasks, seeds and budget: {len(lin)} seeds")
+    plain_log_ticks(ax.yaxis)
+    ax.legend(fontsize=9, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.tight_layout()
     return fig
