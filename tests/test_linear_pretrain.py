@@ -51,3 +51,19 @@ def test_softmax_measures_on_unseen_seeds():
     ratio, ss, beta = (torch.tensor([x[k] for x in m]) for k in ("vd", "ss", "beta"))
     ratio = ratio / torch.tensor([x["vd_zero"] for x in m])
     assert (ratio < 0.1).sum() >= 9 and (ss > 0.45).sum() >= 9 and (ss < 0.9).sum() >= 9 and (beta <= 0.5).sum() >= 9, (ratio, ss, beta)
+
+@pytest.mark.unit
+def test_step_polynomial_equals_batch_td_at_any_step():
+    "Proposition 7.3: each sliding window's batch-TD value is the polynomial of `sliding_td_coefficients` in alpha, above alpha = 1 too (catches a wrong binomial sign or power)."
+    from ictd.linear import sliding_td_coefficients, start_distributions
+    from ictd.linear import sliding_windows
+    from ictd.tasks import sample_trajectories
+    mrp = random_boyan_chain(seed=31)
+    gen = torch.Generator().manual_seed(31)
+    states = sample_trajectories(mrp.P[None], 20, start_distributions(1, 10, gen), seed=gen)[0]
+    Z, _ = sliding_windows(mrp.phi, mrp.r, states, 12, mrp.gamma)
+    coef, _ = sliding_td_coefficients(mrp.phi, mrp.r, states, 12, mrp.gamma, 4)
+    for alpha in (0.3, 1.7, 5.):
+        v = LinearICTD.from_td(4, 4, alpha).predict(Z, n=12)[..., 0].detach()
+        poly = (coef * alpha ** torch.arange(5, dtype=torch.float64)).sum(-1)
+        assert torch.allclose(poly, v, rtol=1e-9, atol=1e-9), alpha

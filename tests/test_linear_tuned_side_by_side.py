@@ -27,3 +27,17 @@ def test_tuned_softmax_ahead_of_linear_on_one_hot():
     assert (soft < lin).sum() >= 36 and (lin / soft).median() > 1, ((soft < lin).sum(), (lin / soft).median())
     assert (lin / soft).median() < 10, (lin / soft).median()   # a modest factor on one-hot features, not random features' order of magnitude
     assert (soft < abl).sum() >= 51 and (lin < abl).sum() >= 51, ((soft < abl).sum(), (lin < abl).sum())
+
+@pytest.mark.unit
+def test_side_by_side_bands_are_distinguishable():
+    "Each method of the side-by-side figures has its own colour and its own line style, and its band is light (alpha <= 0.25), so overlapping bands do not blend into one."
+    import matplotlib
+    matplotlib.use("Agg")
+    from ictd.experiments.linear import plot_side_by_side, plot_tuned_side_by_side
+    curves = {f"method {i}": torch.rand(5, 4, generator=torch.Generator().manual_seed(i), dtype=torch.float64) + 0.1 for i in range(3)}
+    tuned = {"one-hot": {k: dict(curves=v) for k, v in curves.items()}}
+    for fig in (plot_side_by_side(curves, n=10), plot_tuned_side_by_side(tuned, n=10)):
+        ax = fig.axes[0]
+        mids = [l for l in ax.get_lines() if l.get_label() in curves]
+        assert len(mids) == 3 and len({l.get_color() for l in mids}) == 3 and len({l.get_linestyle() for l in mids}) == 3
+        assert ax.collections and all(p.get_alpha() <= 0.25 for p in ax.collections)

@@ -38,25 +38,42 @@ from ictd.core import record_claim
 # %% [markdown]
 # Before softmax attention, the theory of in-context TD was built on **linear** attention, where the
 # softmax is replaced by the identity. Wang, Blaser, Daneshmand and Zhang (ICLR 2025,
-# arXiv 2405.13861) showed that a linear Transformer's forward pass can run batch linear TD(0), one
-# iteration per layer, and that a linear Transformer pretrained with a TD loss on many tasks ends
-# up close to that construction. This chapter holds the theory:
+# arXiv 2405.13861), *the predecessor* in this book, showed that a linear Transformer's forward pass
+# can run batch linear TD(0), one iteration per layer, and that a linear Transformer pretrained with a
+# TD loss on many tasks ends up close to that construction. This chapter rebuilds that construction,
+# proves it, and defines what the [next chapter](linear_experiments.html) needs to test the
+# pretraining claim: the predecessor's measures of "did training find TD", its sliding-window data
+# and the step size of the batch-TD model it compares with.
 #
-# 1. it rebuilds the construction in the form given in the project's specification, proves the
-#    equivalence with a short argument of our own and checks it to machine precision;
-# 2. it defines the predecessor's measures of "did training find TD", its sliding-window data
-#    protocol and the step size of the batch-TD companion;
-# 3. it registers the linear family and the sliding protocol with the pretraining engine of
-#    [chapter 6](pretrain.html).
+# *How to read this chapter.* The idea in one paragraph; the prompt and the layer; the construction,
+# first worked by hand on a two-transition context, then as Proposition 7.1 with its proof (folded)
+# and its check; Proposition 7.2, the layer as one small matrix; then the measures, the sliding
+# windows, the fitted step size (Proposition 7.3) and the plug-in that lets the pretraining engine of
+# [chapter 6](pretrain.html) train linear Transformers. Helpers, validation and exhaustive tests are
+# in the last section, [Implementation and tests](#implementation-and-tests).
 #
-# The experiments are in the [next chapter](linear_experiments.html): the predecessor's pretraining
-# experiment over many seeds, the same measures for a pretrained softmax Transformer, the
-# side-by-sides of the two constructions with each method tuned, and pretrained linear against
-# pretrained softmax, head to head.
-#
-# The construction and the measures are the predecessor's (their definitions follow the
+# *Sources.* The construction and the measures are the predecessor's (their definitions follow the
 # predecessor's public code); the proofs, the matrix form of the layer, the fitted step size and
 # every experiment built on them are ours.
+#
+# *Notation.* The predecessor names the layer's two matrices $P$ and $Q$, and so does the code
+# (`P`, `Q`, and the measures `P_last`, `trQ11`, `trQ12`). In the book $P$ is the transition matrix,
+# so the prose writes them in the book's roles: $V_l$ for the output (value) projection, which plays
+# the part of a head's value matrix, and $A_l$ for the score matrix, scores $z_i^\top A_l z_j$ as in
+# [chapter 3](dual_head.html#the-layer). Code `P` is $V$ and code `Q` is $A$.
+
+# %% [markdown]
+# ## The idea in one paragraph
+#
+# TD needs, for each transition, the TD error $R_{i+1} + \gamma \phi(S_{i+1})^\top w - \phi(S_i)^\top w$,
+# and it moves the prediction at any state $x$ by the average of these errors weighted by
+# $\phi(S_i)^\top \phi(x)$. Put the whole transition into one token, $[\phi(S_i); \gamma\phi(S_{i+1}); R_{i+1}]$,
+# let the last row hold the running TD error, and choose the score matrix so that the score of key
+# $i$ for target $j$ is $\alpha\,\phi(S_i)^\top(\gamma\phi'_j - \phi_j)$, where $\phi_j$ and $\phi'_j$ are the features
+# of column $j$'s state and of its successor. Then linear attention (a weighted
+# sum of the keys' last rows, with these raw scores as weights) adds to every context column exactly
+# the change of its TD error, and to a query column minus the change of its value. One layer is one
+# step of batch TD; $L$ layers are $L$ steps.
 
 # %% [markdown]
 # ## The linear-attention prompt
@@ -65,7 +82,7 @@ from ictd.core import record_claim
 # discounted; the reward sits in the last row, which is also where the answer will appear:
 #
 # $$z_i = \begin{bmatrix}\phi(S_i)\\ \gamma\,\phi(S_{i+1})\\ R_{i+1}\end{bmatrix}\ (0 \le i < n),
-# \qquad z_{n+j} = \begin{bmatrix}\phi(s_{q,j})\\ 0\\ 0\end{bmatrix}\ \text{(queries)} .$$
+# \qquad z_{n+j} = \begin{bmatrix}\phi(x)\\ 0\\ 0\end{bmatrix}\ \text{(a query state } x\text{)} .$$
 #
 # So the prompt has $2d+1$ rows and $n + q$ columns. Compare the softmax prompt of the
 # [prompt chapter](prompt.html): there each column holds one *state*, and the successor is reached by
@@ -104,31 +121,32 @@ test_eq(Z.shape, (5, 4))
 test_eq(Z[:, 0], torch.tensor([0., 1., 1., 1.5, 10.]))
 test_eq(Z[:, 3], torch.tensor([-1., -2., 0., 0., 0.]))
 test_eq(build_linear_prompt(torch.randn(7, 4, 2), torch.randn(7, 3), torch.randn(7, 5, 2), 0.9).shape, (7, 5, 8))
-test_fail(lambda: build_linear_prompt(phi_s, R_[:2], phi_s[0], 0.5), contains="`rewards` must have shape (..., 3)")
-test_fail(lambda: build_linear_prompt(phi_s, R_, torch.ones(3), 0.5), contains="`phi_queries` must have shape")
-test_fail(lambda: build_linear_prompt(phi_s, R_, phi_s[0], 1.0), contains="`gamma` must lie in [0, 1)")
 Z
 
 
 # %% [markdown]
 # ## The linear-attention layer
 #
-# With $Z_l$ of shape $(2d+1) \times (n+q)$ and $M = \mathrm{diag}(1, \dots, 1, 0, \dots, 0)$
-# keeping the $n$ context columns as keys, the layer is
+# With $Z_l$ of shape $(2d+1) \times (n+q)$, whose first $n$ columns $z_0, \dots, z_{n-1}$ (the
+# context) are the keys, the layer is
 #
-# $$Z_{l+1} = Z_l + \frac{1}{n} P_l Z_l M \big(Z_l^\top Q_l Z_l\big).$$
+# $$Z_{l+1} = Z_l + \frac{1}{n} V_l \sum_{i<n} z_i \big(z_i^\top A_l Z_l\big),$$
+#
+# that is, column by column,
+#
+# $$z_j \leftarrow z_j + \frac1n \sum_{i<n} \big(z_i^\top A_l z_j\big)\, V_l z_i .$$
 #
 # There is no softmax: the weight of key $i$ for column $j$ is the raw bilinear form
-# $z_i^\top Q_l z_j$. We compute it as $(P Z_{:,<n})\,(Z_{:,<n}^\top (Q Z))/n$, never forming $M$.
-# How many columns are context is an argument `n` of the forward pass, by default all but the last
-# column (one query).
+# $z_i^\top A_l z_j$. (The predecessor writes the sum over keys with a diagonal mask matrix; we
+# compute it as $(V Z_{:,<n})\,(Z_{:,<n}^\top (A Z))/n$, never forming the mask.) How many columns are
+# context is an argument `n` of the forward pass, by default all but the last column (one query).
 #
 # The predecessor's code also offers a "softmax" activation for this layer, applied to
-# $Z^\top Q Z$ along its second axis: for each key it normalises over the *target* columns $j$ (the
+# $Z^\top A Z$ along its second axis: for each key it normalises over the *target* columns $j$ (the
 # context columns and the query), where a softmax Transformer normalises over the keys. We keep it as
-# an option, `softmax=True`, for the ablation at the end of the chapter. With it the answer at one
-# query depends on the other queries in the same prompt (they share the normaliser), so it is used
-# with one query per prompt.
+# an option, `softmax=True`, for an ablation in the [next chapter](linear_experiments.html#a-fair-side-by-side).
+# With it the answer at one query depends on the other queries in the same prompt (they share the
+# normaliser), so it is used with one query per prompt.
 
 # %%
 #| export
@@ -151,11 +169,12 @@ def linear_attention(P:torch.Tensor,      # (..., 2d+1, 2d+1) output projection
 
 
 # %% [markdown]
-# Pretraining needs parameters that are not all zero: at $P = Q = 0$ every gradient of the output
-# vanishes (each layer's change is a product in which both factors are zero), so gradient descent
-# never leaves the origin. We draw $P$ and $Q$ from a Xavier-normal distribution with a small gain,
-# from a seed, exactly as the softmax model of the [dual-head chapter](dual_head.html) does (and as
-# the predecessor's code does, with gain $0.1$).
+# Pretraining needs parameters that are not all zero: at $V = A = 0$ every gradient of the output
+# vanishes (each layer's change is a product in which both factors are zero; checked in
+# [Implementation and tests](#why-the-initialisation-is-random)), so gradient descent never leaves
+# the origin. We draw $V$ and $A$ from a Xavier-normal distribution with a small gain, from a seed,
+# exactly as the softmax model of the [dual-head chapter](dual_head.html) does (and as the
+# predecessor's code does, with gain $0.1$).
 
 # %%
 #| export
@@ -179,48 +198,19 @@ class LinearAttentionLayer(nn.Module):
         return linear_attention(self.P.to(Z), self.Q.to(Z), Z, _context_length(Z, n), self.softmax)
 
 
-# %%
-lay = LinearAttentionLayer(4, seed=0)
-test_eq(lay.P.detach(), LinearAttentionLayer(4, seed=0).P.detach())
-test_ne(lay.P.detach(), LinearAttentionLayer(4, seed=1).P.detach())
-big = LinearAttentionLayer(40, init_gain=0.5, seed=0)
-test_close(big.Q.detach().std().item(), 0.5 * (2 / (81 + 81)) ** 0.5, eps=0.01)
-test_fail(lambda: LinearAttentionLayer(0), contains="`d` must be a positive integer")
-
-
 # %% [markdown]
 # ## The batch-TD construction
 #
-# Choose $P_l$ zero except its bottom-right entry $1$, so that a layer writes only to the last row,
-# and $Q_l$ zero except its top-left block $-\alpha C$ and top-middle block $+\alpha C$ (a
+# Choose $V_l$ zero except its bottom-right entry $1$, so that a layer writes only to the last row,
+# and $A_l$ zero except its top-left block $-\alpha C$ and top-middle block $+\alpha C$ (a
 # preconditioner $C$, by default $I$). Then for columns $i < n$ and any $j$,
 #
-# $$z_i^\top Q z_j = \alpha\,\phi(S_i)^\top C\big(\gamma\,\phi'_j - \phi_j\big),$$
+# $$z_i^\top A z_j = \alpha\,\phi(S_i)^\top C\big(\gamma\,\phi'_j - \phi_j\big),$$
 #
 # where $\phi_j$ is the first block of column $j$ and $\gamma\phi'_j$ its middle block
-# ($\phi'_j = \phi(S_{j+1})$ for a context column, $0$ for a query).
-#
-# ::: {.proposition}
-# **Proposition (our argument for the construction of Wang et al. 2025 in the form above).** Let $w_l$ be the
-# iterates of preconditioned batch linear TD, $w_{l+1} = w_l + \frac{\alpha}{n} C^\top
-# \sum_{i<n} \delta_i^{(l)} \phi(S_i)$ from $w_0 = 0$, with $\delta_i^{(l)} = R_{i+1} +
-# \gamma \phi(S_{i+1})^\top w_l - \phi(S_i)^\top w_l$. Then the last row of $Z_l$ holds
-# $\delta^{(l)}_i$ at context column $i$ and $-\phi(s_q)^\top w_l$ at each query column.
-# :::
-#
-# ::: {.proof}
-# *Proof.* By induction on $l$. At $l=0$, $w_0 = 0$, the last row is $R_{i+1} = \delta_i^{(0)}$ on
-# the context and $0$ on the queries. The first $2d$ rows never change. Suppose the claim holds at
-# $l$; the last row gains $\frac1n\sum_{i<n} \delta_i^{(l)}\, z_i^\top Q z_j$. At a query this is
-# $-\frac{\alpha}{n}\sum_i \delta_i^{(l)} \phi(S_i)^\top C \phi(s_q) = -\phi(s_q)^\top(w_{l+1} - w_l)$.
-# At a context column $j$ it is $\frac{\alpha}{n}\sum_i \delta_i^{(l)} \phi(S_i)^\top C(\gamma
-# \phi(S_{j+1}) - \phi(S_j)) = \gamma\phi(S_{j+1})^\top(w_{l+1}-w_l) - \phi(S_j)^\top(w_{l+1}-w_l)
-# = \delta_j^{(l+1)} - \delta_j^{(l)}$.
-# :::
-#
-# So the readout is $-Z_L[2d, \text{query}]$: the value estimate of $L$ iterations of batch linear TD.
-# The construction's parameters, as tensors that may carry leading batch dimensions (one step size
-# per seed, say) and stay differentiable in $\alpha$:
+# ($\phi'_j = \phi(S_{j+1})$ for a context column, $0$ for a query). The construction's parameters,
+# as tensors that may carry leading batch dimensions (one step size per seed, say) and stay
+# differentiable in $\alpha$:
 
 # %%
 #| export
@@ -241,7 +231,8 @@ def td_parameters(d:int,       # feature dimension
 
 
 # %% [markdown]
-# A stack of $L$ such layers, sharing one $(P, Q)$ or each with its own, reads its answer from the negated last row at the query columns; `from_td` loads the construction.
+# A stack of $L$ such layers, sharing one $(V, A)$ or each with its own, reads its answer from the
+# negated last row at the query columns; `from_td` loads the construction.
 
 # %%
 #| export
@@ -295,7 +286,46 @@ class LinearICTD(nn.Module):
 show_doc(LinearICTD.from_td)
 
 # %% [markdown]
-# The claim, checked: on random Boyan chains with random features, $L$ layers of the constructed
+# ### One layer by hand
+#
+# A context of two transitions with one feature ($d = 1$): $\phi(S_0) = 1$, $\phi(S_1) = 2$,
+# $\phi(S_2) = 1$, rewards $R_1 = 1$, $R_2 = 0$, $\gamma = \tfrac12$, one query state $x$ with
+# $\phi(x) = 2$, and step $\alpha = \tfrac12$. Batch TD from $w_0 = 0$: the TD errors are the rewards,
+# $\delta^{(0)} = (1, 0)$, so $w_1 = \frac{\alpha}{n}(1 \cdot 1 + 0 \cdot 2) = \tfrac14$. The new TD
+# errors are $\delta^{(1)}_0 = 1 + \tfrac12 \cdot 2 \cdot \tfrac14 - 1 \cdot \tfrac14 = 1$ and
+# $\delta^{(1)}_1 = 0 + \tfrac12 \cdot 1 \cdot \tfrac14 - 2 \cdot \tfrac14 = -\tfrac38$, and the value
+# at the query is $\phi(x) w_1 = \tfrac12$. One layer of the construction writes exactly these
+# numbers into the last row: $1$, $-\tfrac38$ at the context columns and $-\tfrac12$ at the query.
+
+# %%
+Z_hand = build_linear_prompt(torch.tensor([[1.], [2.], [1.]], dtype=torch.float64), torch.tensor([1., 0.], dtype=torch.float64),
+                             torch.tensor([[2.]], dtype=torch.float64), gamma=0.5)
+Z_hand_1 = LinearICTD.from_td(1, 1, alpha=0.5)(Z_hand, n=2).detach()
+test_eq(Z_hand_1[:2], Z_hand[:2])                                                   # the first 2d rows never change
+test_close(Z_hand_1[-1], torch.tensor([1., -3 / 8, -1 / 2], dtype=torch.float64), eps=1e-15)
+print("prompt (rows phi, gamma phi', R; columns: 2 transitions, 1 query):\n", Z_hand.numpy(), "\nafter one layer:\n", Z_hand_1.numpy())
+
+# %% [markdown]
+# ::: {.proposition}
+# **Proposition 7.1 (the construction of Wang et al. 2025, in the form above).** Let $w_l$ be the iterates of preconditioned batch linear TD, $w_{l+1} = w_l + \frac{\alpha}{n} C^\top
+# \sum_{i<n} \delta_i^{(l)} \phi(S_i)$ from $w_0 = 0$, with $\delta_i^{(l)} = R_{i+1} +
+# \gamma \phi(S_{i+1})^\top w_l - \phi(S_i)^\top w_l$. Under the construction's $(V, A)$ the last
+# row of $Z_l$ holds $\delta^{(l)}_i$ at context column $i$ and $-\phi(x)^\top w_l$ at the column of
+# each query state $x$. So the readout $-Z_L[2d, \text{query}]$ is the value estimate of $L$
+# iterations of batch linear TD.
+# :::
+#
+# ::: {.callout-note collapse="true" title="Proof"}
+# Our argument. By induction on $l$. At $l=0$, $w_0 = 0$, the last row is $R_{i+1} = \delta_i^{(0)}$ on
+# the context and $0$ on the queries. The first $2d$ rows never change, since $V$ writes only to the
+# last row. Suppose the claim holds at $l$; the last row gains $\frac1n\sum_{i<n} \delta_i^{(l)}\, z_i^\top A z_j$.
+# At a query this is $-\frac{\alpha}{n}\sum_i \delta_i^{(l)} \phi(S_i)^\top C \phi(x) = -\phi(x)^\top(w_{l+1} - w_l)$.
+# At a context column $j$ it is $\frac{\alpha}{n}\sum_i \delta_i^{(l)} \phi(S_i)^\top C(\gamma
+# \phi(S_{j+1}) - \phi(S_j)) = \gamma\phi(S_{j+1})^\top(w_{l+1}-w_l) - \phi(S_j)^\top(w_{l+1}-w_l)
+# = \delta_j^{(l+1)} - \delta_j^{(l)}$. $\square$
+# :::
+#
+# The check: on random Boyan chains with random features, $L$ layers of the constructed
 # linear Transformer equal $L$ iterations of `batch_linear_td` (from the
 # [weighted softmax TD chapter](weighted_softmax_td.html)) at every query, in float64, for depths up
 # to 50 and several queries at once; a scalar preconditioner $C = cI$ is the same as step $c\alpha$.
@@ -319,55 +349,35 @@ test_close(LinearICTD.from_td(4, 3, 2.5).predict(Z, n=40), batch_linear_td(mrp.p
 record_claim("construction", "L layers of the constructed linear Transformer are L iterations of batch linear TD (preconditioned by C) at every query.", "proved", "linear", "#the-batch-td-construction")
 print("largest relative gap to batch linear TD over the 20 tasks: below 1e-12")
 
-# %% [markdown]
-# Batched prompts run at once, each query's answer ignores the other queries, and malformed prompts
-# are rejected:
-
-# %%
-mrps = [random_boyan_chain(seed=s) for s in range(6)]
-trajs = [sample_trajectory(m, 30, seed=s) for s, m in enumerate(mrps)]
-Zb = torch.stack([build_linear_prompt(m.phi[S], R, m.phi, m.gamma) for m, (S, R) in zip(mrps, trajs)])
-model = LinearICTD.from_td(4, 10, 0.3)
-batched = model.predict(Zb, n=30)
-test_eq(batched.shape, (6, 10))
-for b in range(6):
-    test_close(batched[b], model.predict(Zb[b], n=30), eps=1e-13)
-    test_close(batched[b, 3:4], model.predict(Zb[b, :, :34], n=30)[3:], eps=1e-13)
-test_fail(lambda: model.predict(Zb[:, :5], n=30), contains="`Z` must have 9 rows")
-test_fail(lambda: model.predict(Zb, n=50), contains="`n` must lie in 1..40")
-test_fail(lambda: LinearICTD.from_td(4, 3, 0.1, C=torch.eye(3)), contains="`C` must have shape (4, 4)")
-test_eq(LinearICTD.from_td(4, 3, 0.1).predict(Zb.float(), n=30).dtype, torch.float32)
-
-
-# %% [markdown]
-# And the reason for the initialisation: at zero parameters the gradient of the output vanishes
-# identically, at the seeded Xavier draw it does not.
-
-# %%
-def output_gradient_norm(model):
-    model.zero_grad(); model.predict(Zb, n=30).sum().backward()
-    return sum(p.grad.norm() ** 2 for p in model.parameters()).sqrt().item()
-zero_model = LinearICTD(4, 3, seed=0)
-with torch.no_grad():
-    for p in zero_model.parameters(): p.zero_()
-test_eq(output_gradient_norm(zero_model), 0.)
-assert output_gradient_norm(LinearICTD(4, 3, seed=0)) > 1e-3
-output_gradient_norm(LinearICTD(4, 3, seed=0))
-
 
 # %% [markdown]
 # ## The layer as one small matrix
 #
-# One more fact makes training cheap. The score matrix and the product with $P$ associate:
-# $(P Z M)(Z^\top Q Z) = P\,(Z M Z^\top)\,Q\,Z$, and $Z M Z^\top = \Sigma$ is the
-# $(2d+1)\times(2d+1)$ second-moment matrix of the context columns. So one layer multiplies the
-# whole prompt from the left by a small matrix,
+# One more fact makes training cheap, and it explains why the two similarity measures below agree
+# for a linear model.
 #
-# $$Z_{l+1} = A_l Z_l, \qquad A_l = I + \tfrac1n P_l \Sigma_l Q_l, \qquad \Sigma_{l+1} = A_l \Sigma_l A_l^\top,$$
+# ::: {.proposition}
+# **Proposition 7.2 (the layer as one small matrix).** Let $\Sigma_l = \sum_{i<n} z_i z_i^\top$ be the $(2d+1)\times(2d+1)$ second-moment matrix of the
+# context columns of $Z_l$. Then
 #
-# and an $L$-layer linear Transformer touches its context only through $\Sigma_0$. The forward
-# pass below carries $\Sigma$ and the query columns instead of the whole prompt, with parameters that
-# may have leading batch dimensions (a seed axis: many independently trained models in one call).
+# $$Z_{l+1} = G_l Z_l, \qquad G_l = I + \tfrac1n V_l \Sigma_l A_l,$$
+#
+# $$\Sigma_{l+1} = G_l \Sigma_l G_l^\top,$$
+#
+# so an $L$-layer linear Transformer touches its context only through $\Sigma_0$, and every query
+# column is multiplied by a matrix that depends on the context only.
+# :::
+#
+# ::: {.callout-note collapse="true" title="Proof"}
+# Our argument. The update is $\frac1n V_l \sum_{i<n} z_i (z_i^\top A_l Z_l) = \frac1n V_l \big(\sum_{i<n} z_i z_i^\top\big) A_l Z_l
+# = \frac1n V_l \Sigma_l A_l Z_l$ by associativity, which gives $Z_{l+1} = G_l Z_l$. The context
+# columns of $Z_{l+1}$ are $G_l z_i$, so $\Sigma_{l+1} = \sum_i G_l z_i z_i^\top G_l^\top = G_l \Sigma_l G_l^\top$. $\square$
+# :::
+#
+# The forward pass below carries $\Sigma$ and the query columns instead of the whole prompt, with
+# parameters that may have leading batch dimensions (a seed axis: many independently trained models
+# in one call). The check: it equals the layer-by-layer model, for shared and per-layer parameters,
+# one model or a stack of seeds.
 
 # %%
 #| export
@@ -388,6 +398,9 @@ def moment_predict(P:torch.Tensor,  # (..., L', 2d+1, 2d+1), L' = 1 (shared) or 
 
 
 # %%
+mrps = [random_boyan_chain(seed=s) for s in range(6)]
+trajs = [sample_trajectory(m, 30, seed=s) for s, m in enumerate(mrps)]
+Zb = torch.stack([build_linear_prompt(m.phi[S], R, m.phi, m.gamma) for m, (S, R) in zip(mrps, trajs)])
 seeds_models = [LinearICTD(4, 3, shared=s % 2 == 0, init_gain=0.5, seed=s) for s in range(4)]
 for m in seeds_models:
     P_s, Q_s = m.stacked_params()
@@ -398,7 +411,7 @@ Q_stack = torch.stack([m.stacked_params()[1] for m in shared_models])
 stacked = moment_predict(P_stack[:, None], Q_stack[:, None], Zb, 30, 3)
 test_eq(stacked.shape, (2, 6, 10))
 for i, m in enumerate(shared_models): test_close(stacked[i], m.predict(Zb, n=30), eps=1e-12)
-record_claim("matrix-form", "An L-layer linear Transformer touches its context only through the (2d+1) x (2d+1) second-moment matrix: its layers are Z -> (I + P Sigma Q / n) Z.", "proved", "linear", "#the-layer-as-one-small-matrix");
+record_claim("matrix-form", "An L-layer linear Transformer touches its context only through the (2d+1) x (2d+1) second-moment matrix: its layers are Z -> (I + V Sigma A / n) Z.", "proved", "linear", "#the-layer-as-one-small-matrix");
 
 
 # %% [markdown]
@@ -409,22 +422,22 @@ record_claim("matrix-form", "An L-layer linear Transformer touches its context o
 # implement them (definitions as the predecessor's public code computes them; the code is ours):
 #
 # * **value functions in context**: put each state's feature into the query column of the same
-#   context and read the answer: $v_{TF}(s)$ for the trained model, $v_{TD}(s)$ for the batch-TD
+#   context and read the answer: $v_{TF}(x)$ for the trained model, $v_{TD}(x)$ for the batch-TD
 #   Transformer with one step size $\alpha$ fitted by the same TD loss (below);
-# * **value difference** $\mathrm{VD} = \sum_s d_\pi(s)\,(v_{TF}(s) - v_{TD}(s))^2$;
+# * **value difference** $\mathrm{VD} = \sum_x d_\pi(x)\,(v_{TF}(x) - v_{TD}(x))^2$;
 # * **implicit weight similarity** (IWS): the cosine between $w_{TF}$, the $d_\pi$-weighted
 #   least-squares fit of $v_{TF}$ on the features, and $w_{TD}$, the gradient of $v_{TD}$ with
 #   respect to the query feature (the TD weight vector, since $v_{TD}$ is linear in the query);
-# * **sensitivity similarity** (SS): $\sum_s d_\pi(s) \cos\big(\nabla_{\phi} v_{TF}(s), \nabla_{\phi} v_{TD}(s)\big)$,
+# * **sensitivity similarity** (SS): $\sum_x d_\pi(x) \cos\big(\nabla_{\phi} v_{TF}(x), \nabla_{\phi} v_{TD}(x)\big)$,
 #   the gradients taken with respect to the query feature;
-# * the entries the construction predicts: $P[-1,-1]$ (1 times the step's share carried by $P$),
-#   and the traces of the top-left and top-middle $d \times d$ blocks of $Q$ ($-\alpha d$ and
-#   $+\alpha d$ up to that share).
+# * the entries the construction predicts: $V[-1,-1]$ (1 times the step's share carried by $V$; code
+#   `P_last`), and the traces of the top-left and top-middle $d \times d$ blocks of $A$, $A_{11}$
+#   and $A_{12}$ ($-\alpha d$ and $+\alpha d$ up to that share; code `trQ11`, `trQ12`).
 #
-# Since $(P, Q)$ and $(-P, -Q)$ give the same output, runs are **sign-aligned** by the sign of
-# $P[-1,-1]$ before their matrices are averaged.
+# Since $(V, A)$ and $(-V, -A)$ give the same output, runs are **sign-aligned** by the sign of
+# $V[-1,-1]$ before their matrices are averaged.
 #
-# For a linear-attention model IWS and SS coincide: by the matrix form above, every layer multiplies
+# For a linear-attention model IWS and SS coincide: by Proposition 7.2, every layer multiplies
 # the query column by a matrix that depends on the context only, so $v_{TF}$ is linear in the query
 # feature, its gradient is the same at every state, and the least-squares fit recovers that
 # gradient exactly. They differ for a softmax model.
@@ -523,10 +536,10 @@ def align_signs(P:torch.Tensor, Q:torch.Tensor)->tuple:
 
 
 # %% [markdown]
-# The checks: the TD construction scored against itself has $\mathrm{IWS} = \mathrm{SS} = 1$ and
+# The check: the TD construction scored against itself has $\mathrm{IWS} = \mathrm{SS} = 1$ and
 # $\mathrm{VD} = 0$; its sign-flipped copy too, and alignment undoes the flip; a perturbed model
-# scores lower on every measure; and the summary entries of the construction are
-# $(1, -\alpha d, +\alpha d)$.
+# scores lower on every measure; the summary entries of the construction are
+# $(1, -\alpha d, +\alpha d)$; and for a random (untrained) linear model IWS equals SS.
 
 # %%
 mrp = random_boyan_chain(seed=3)
@@ -550,7 +563,6 @@ test_close(torch.stack(list(pq_summary(P_td, Q_td).values())), torch.tensor([1.,
 P_r, Q_r = LinearICTD(4, 3, init_gain=0.5, seed=4).stacked_params()
 v_r, g_r = values_and_gradients(lambda Z: moment_predict(P_r.detach()[None], Q_r.detach()[None], Z, 30, 3), Zc, mrp.phi)
 test_close(implicit_weight_similarity(v_r, mrp.phi, mrp.d_pi, g_td[0]), sensitivity_similarity(g_r, g_td, mrp.d_pi), eps=1e-10)
-test_fail(lambda: query_each_state(Zc[:8], mrp.phi), contains="`Zc` must have 2d+1 = 9 rows")
 iws_p, vd_p, ss_p
 
 
@@ -560,16 +572,17 @@ iws_p, vd_p, ss_p
 # The data protocol of Wang et al. (2025) differs from chapter 6's independent stationary prompts.
 # For each task (a random Boyan chain with its own random features) it runs **5 mini-batches**; each
 # mini-batch is **one trajectory** started from a random, not stationary, distribution $\mu$ of the
-# task (entries uniform on $[0.01, 0.99]$, normalised), cut into **$B + 1$ consecutive overlapping
-# windows** for a mini-batch size $B$ (counted from the sampler after the configuration below): window $k$ has the context transitions $S_k \to S_{k+1}, \dots, S_{k+n-1} \to S_{k+n}$
+# task (entries uniform on $[0.01, 0.99]$, normalised), cut into **$n_{\mathrm{mb}} + 1$ consecutive
+# overlapping windows** for a mini-batch size $n_{\mathrm{mb}}$ (counted from the sampler after the
+# configuration below): window $k$ has the context transitions $S_k \to S_{k+1}, \dots, S_{k+n-1} \to S_{k+n}$
 # and the query $S_{k+n+1}$. The TD error pairs window $k$'s query with window $k+1$'s, whose context
 # has slid by one transition:
 #
 # $$\delta_k = r(S_{k+n+1}) + \gamma\, \mathrm{TF}(Z^{(k+1)}) - \mathrm{TF}(Z^{(k)}), \qquad
-# \text{loss} = \frac1{B} \sum_{k<B} \delta_k^2 \text{ with } \mathrm{TF}(Z^{(k+1)}) \text{ held fixed}.$$
+# \text{loss} = \frac1{n_{\mathrm{mb}}} \sum_{k<n_{\mathrm{mb}}} \delta_k^2 \text{ with } \mathrm{TF}(Z^{(k+1)}) \text{ held fixed}.$$
 #
-# Here is the sampler: tasks with their start distributions, one trajectory per task, and its
-# windows as prompts.
+# Here is the sampler: tasks with their start distributions, one trajectory per task, and its windows
+# as prompts.
 
 # %%
 #| export
@@ -583,7 +596,7 @@ def start_distributions(n_tasks:int,   # number of tasks
 
 
 # %% [markdown]
-# One trajectory becomes $T - n - 1$ overlapping windows, each a prompt with one query:
+# A trajectory of $n + n_{\mathrm{mb}} + 2$ states becomes $n_{\mathrm{mb}} + 1$ overlapping windows, each a prompt with one query:
 
 # %%
 #| export
@@ -637,7 +650,6 @@ for k in range(4):
 test_eq(Zw[1, :, :7], Zw[0, :, 1:8])
 test_close(mu.sum(), 1., eps=1e-12)
 assert 0.01 / 0.99 / 10 < mu.min() and mu.max() < 0.99 / 0.01 / 10
-test_fail(lambda: sliding_windows(mrp.phi, mrp.r, states[:10], 8, 0.9), contains="at least n + 3 = 11 states")
 v_demo = torch.tensor([1., 2., 3.], requires_grad=True)
 loss = sliding_td_loss(v_demo, torch.tensor([0.5, -1.]), 0.5)
 loss.backward()
@@ -650,21 +662,35 @@ test_close(v_demo.grad, torch.tensor([-0.5, 1.5, 0.]), eps=1e-12)
 #
 # VD and IWS compare the trained model with batch TD at *one* step size $\alpha$, and the predecessor
 # fits that step size with the same TD loss: the batch-TD Transformer's only parameter $\alpha$
-# follows the semi-gradient $g(\alpha) = \mathbb E[\delta\, \partial v_{TD}/\partial\alpha]$ of the
+# follows the semi-gradient $\psi(\alpha) = \mathbb E[\delta\, \partial v_{TD}/\partial\alpha]$ of the
 # sliding-window loss, started at $\alpha = 1$. The fitted $\alpha$ does not depend on the trained
-# model, only on the task distribution, so we compute once the point where $g$ changes sign from
+# model, only on the task distribution, so we compute once the point where $\psi$ changes sign from
 # $+$ to $-$ nearest to 1 (the stable point of its flow from $\alpha = 1$). (The predecessor trains
 # $\alpha$ alongside the model with Adam; we do not train it, and have not checked where a trained
 # $\alpha$ ends; the spread of the single-chunk fits below shows how far a fit on few tasks can sit from it.)
 #
-# This is cheap and exact because $v_{TD}$ is a polynomial of degree $L$ in $\alpha$. Batch TD on
-# a window's context is $w \leftarrow w + \alpha(b - Mw)$ with $M = \frac1n\sum_i \phi(S_i)(\phi(S_i) -
-# \gamma\phi(S_{i+1}))^\top$ and $b = \frac1n \sum_i R_{i+1}\phi(S_i)$, so from $w_0 = 0$
+# This is cheap and exact because of a fact about batch TD.
 #
-# $$w_L = \sum_{j=1}^{L} \binom{L}{j} (-1)^{j-1} \alpha^j M^{j-1} b ,$$
+# ::: {.proposition}
+# **Proposition 7.3 (batch TD is a polynomial in its step size).** On a window's context, batch TD is $w \leftarrow w + \alpha(\hat b - \hat A_{\mathrm{TD}} w)$ with
+# $\hat A_{\mathrm{TD}} = \frac1n\sum_{i<n} \phi(S_i)(\phi(S_i) - \gamma\phi(S_{i+1}))^\top$ and
+# $\hat b = \frac1n \sum_{i<n} R_{i+1}\phi(S_i)$. From $w_0 = 0$,
 #
-# and $g$ is a polynomial of degree $2L - 1$ whose coefficients are averages over windows. The
-# windows' $M$ and $b$ are differences of running sums along each trajectory.
+# $$w_L = \sum_{j=1}^{L} \binom{L}{j} (-1)^{j-1} \alpha^j \hat A_{\mathrm{TD}}^{\,j-1} \hat b ,$$
+#
+# so $v_{TD}$ at the query is a polynomial of degree $L$ in $\alpha$, and $\psi$ a polynomial of
+# degree $2L - 1$ whose coefficients are averages over windows.
+# :::
+#
+# ::: {.callout-note collapse="true" title="Proof"}
+# Our argument. $w_L = (I - \alpha \hat A_{\mathrm{TD}}) w_{L-1} + \alpha \hat b$, so $w_L = \sum_{k<L} (I - \alpha \hat A_{\mathrm{TD}})^k \alpha \hat b$.
+# Expanding each power binomially and collecting the terms in $\alpha^j \hat A_{\mathrm{TD}}^{j-1}$ gives
+# $\sum_{k=j-1}^{L-1} \binom{k}{j-1} (-1)^{j-1} = (-1)^{j-1}\binom{L}{j}$ by the hockey-stick identity.
+# $\psi$ is the mean over windows of $\delta_k\, \partial v_k/\partial\alpha$, a product of a polynomial
+# of degree $L$ and one of degree $L - 1$. $\square$
+# :::
+#
+# The windows' $\hat A_{\mathrm{TD}}$ and $\hat b$ are differences of running sums along each trajectory.
 
 # %%
 #| export
@@ -804,19 +830,22 @@ Markdown(f"{n_fit_tasks} tasks, {FIT_TRAJECTORIES} trajectories each, {n_windows
 # ## Pretraining the linear Transformer
 #
 # The linear family plugs into the pretraining engine of [chapter 6](pretrain.html): its stacked
-# parameters $(P, Q)$ with a leading seed axis, its prompts, its forward pass (the matrix form
-# above) and its measures are registered under `PretrainConfig(attention="linear")`, so
-# `pretrain_many` trains linear Transformers on any data protocol the engine knows.
+# parameters $(V, A)$ (code `P`, `Q`) with a leading seed axis, its prompts, its forward pass
+# (Proposition 7.2's matrix form) and its measures are registered under
+# `PretrainConfig(attention="linear")` when `ictd.linear` is imported, so `pretrain_many` trains
+# linear Transformers on any data protocol the engine knows.
 #
 # `ICLR_LINEAR` holds the predecessor's settings: $d = 4$ random features, 10 states, $n = 30$,
-# $L = 3$ layers sharing one $(P, Q)$, $\gamma = 0.9$, Adam with learning rate $10^{-3}$ and weight
+# $L = 3$ layers sharing one $(V, A)$, $\gamma = 0.9$, Adam with learning rate $10^{-3}$ and weight
 # decay $10^{-6}$, Xavier-normal initialisation with gain $0.1$, mini-batches of `batch_size` TD
-# errors (one trajectory's $B + 1$ windows; the counts are printed after the protocol below), 5
-# mini-batches per task, 4000 tasks (`n_tasks`, so `n_steps` = 20000 optimiser steps), the
+# errors (one trajectory's $n_{\mathrm{mb}} + 1$ windows; the counts are printed after the protocol
+# below), 5 mini-batches per task, 4000 tasks (`n_tasks`, so `n_steps` = 20000 optimiser steps), the
 # sliding-window protocol. Every `eval_every` steps we record, on 32 held-out tasks per seed
 # (contexts of $n$ transitions from the task's random start distribution, as the predecessor
 # evaluates), the measures defined above under the names `iws`, `vd`, `ss`, `msve` (against the
-# true values), and the entries `P_last`, `trQ11`, `trQ12` of the last layer.
+# true values), and the entries `P_last`, `trQ11`, `trQ12` of the last layer. The engine's checks of
+# the family (each stacked run equals its module; seeds train independently) are in
+# [Implementation and tests](#the-engine-plug-ins).
 
 # %%
 #| export
@@ -906,32 +935,14 @@ def linear_metrics(config:PretrainConfig, params:dict, ev)->dict:
 register_family("linear", Family(init=linear_init, prompt=linear_prompt, predict=linear_predict, module=linear_module, metrics=linear_metrics))
 
 # %% [markdown]
-# The family on the engine's own (stationary) protocol, two seeds: each stacked run equals the
-# module built from its parameters, and its initialisation is the seed's own.
-
-# %%
-cfg_stat = PretrainConfig(attention="linear", shared=True, n_steps=20, eval_every=10, n_tasks=64, eval_tasks=8, batch_size=16)
-runs = pretrain_many(cfg_stat, [3, 4], progress=False)
-test_eq(linear_init(cfg_stat, [4])["P"][0, 0], LinearICTD(4, 3, seed=4).layers[0].P.detach())
-mrp_s = random_boyan_chain(seed=21)
-S_s, R_s = sample_trajectory(mrp_s, 25, seed=21)
-Zs = build_linear_prompt(mrp_s.phi[S_s], R_s, mrp_s.phi, mrp_s.gamma)
-for r in runs:
-    test_eq(type(r.model), LinearICTD)
-    p = {k: v.detach()[None] for k, v in zip(("P", "Q"), r.model.stacked_params())}
-    test_close(linear_predict(cfg_stat, p, Zs[None, None], 25)[0, 0], r.model.predict(Zs, n=25), eps=1e-12)
-test_eq(sorted(runs[0].history), sorted(["step", "loss", "msve", "neu", "iws", "vd", "ss", "P_last", "trQ11", "trQ12"]))
-assert not torch.equal(runs[0].model.layers[0].P, LinearICTD(4, 3, seed=3).layers[0].P)
-
-# %% [markdown]
 # The predecessor's **sliding protocol** is a protocol of the engine. Its tasks come in order: each
 # seed's task $k$ is task $k$ of its pool (`task_pool(config, ., seed * 1_000_003 + k)`), drawn
 # `SLIDING_CHUNK` at a time with their random start distributions and trajectories from the seed's
 # own generator; the $n_\text{steps} / n_\text{tasks}$ steps on a task each take one trajectory of
-# $n + B + 2$ states and cut it into the $B + 1$ overlapping windows of `sliding_windows`, each
-# window's successor being the *next window* (`TDExamples(successor="next")`). Its loss is the
-# predecessor's mean squared TD error, without a factor $\frac12$ (`loss_scale=1`). The held-out
-# contexts start from random start distributions too.
+# $n + n_{\mathrm{mb}} + 2$ states and cut it into the $n_{\mathrm{mb}} + 1$ overlapping windows of
+# `sliding_windows`, each window's successor being the *next window* (`TDExamples(successor="next")`).
+# Its loss is the predecessor's mean squared TD error, without a factor $\frac12$ (`loss_scale=1`).
+# The held-out contexts start from random start distributions too.
 
 # %%
 #| export
@@ -994,12 +1005,6 @@ register_protocol("sliding", Protocol(sample=sliding_sample, eval_set=sliding_ev
                                       data=lambda config, seeds, device: dict(seeds=seeds, device=device, per_task=_per_task(config))))
 
 # %%
-small_sliding = dataclasses.replace(ICLR_LINEAR, n_tasks=30, n_steps=60, eval_every=20, eval_tasks=4)
-tiny, tiny_alone = pretrain_many(small_sliding, [1, 2], progress=False), pretrain_many(small_sliding, [2], progress=False)
-test_close(tiny[1].params["P"], tiny_alone[0].params["P"], eps=1e-12)
-test_close(tiny[1].history["iws"], tiny_alone[0].history["iws"], eps=1e-12)
-test_eq(tiny[0].history["step"].flatten(), torch.tensor([0, 20, 40, 60]))
-test_fail(lambda: pretrain_many(dataclasses.replace(small_sliding, n_steps=61), [0]), contains="`n_steps` must be a multiple of `n_tasks`")
 batch = sliding_sample(ICLR_LINEAR, dict(seeds=[0], device="cpu"), [torch.Generator().manual_seed(0)], 0, {})
 n_win = batch.x.states.shape[-2]   # (seeds, windows, n + 1) context states
 test_eq(n_win, ICLR_LINEAR.batch_size + 1)
@@ -1009,6 +1014,99 @@ print(f"one mini-batch of the predecessor's configuration: {n_win} windows, {n_w
 # Everything the experiments need is now in place: the construction (`LinearICTD.from_td`), its
 # matrix form (`moment_predict`), the measures, the sliding protocol and its step-size fit. The
 # [next chapter](linear_experiments.html) trains with them.
+
+# %% [markdown]
+# ## Implementation and tests
+#
+# The checks a reader does not need for the argument, still executed: input validation, batching,
+# the initialisation, the measures' edge cases, and the plug-ins' equivalences.
+#
+# ### The prompt, the layer and the model: bad input
+
+# %%
+test_fail(lambda: build_linear_prompt(phi_s, R_[:2], phi_s[0], 0.5), contains="`rewards` must have shape (..., 3)")
+test_fail(lambda: build_linear_prompt(phi_s, R_, torch.ones(3), 0.5), contains="`phi_queries` must have shape")
+test_fail(lambda: build_linear_prompt(phi_s, R_, phi_s[0], 1.0), contains="`gamma` must lie in [0, 1)")
+
+# %%
+lay = LinearAttentionLayer(4, seed=0)
+test_eq(lay.P.detach(), LinearAttentionLayer(4, seed=0).P.detach())
+test_ne(lay.P.detach(), LinearAttentionLayer(4, seed=1).P.detach())
+big = LinearAttentionLayer(40, init_gain=0.5, seed=0)
+test_close(big.Q.detach().std().item(), 0.5 * (2 / (81 + 81)) ** 0.5, eps=0.01)
+test_fail(lambda: LinearAttentionLayer(0), contains="`d` must be a positive integer")
+
+# %% [markdown]
+# Batched prompts run at once, each query's answer ignores the other queries, and malformed prompts are rejected:
+
+# %%
+model = LinearICTD.from_td(4, 10, 0.3)
+batched = model.predict(Zb, n=30)
+test_eq(batched.shape, (6, 10))
+for b in range(6):
+    test_close(batched[b], model.predict(Zb[b], n=30), eps=1e-13)
+    test_close(batched[b, 3:4], model.predict(Zb[b, :, :34], n=30)[3:], eps=1e-13)
+test_fail(lambda: model.predict(Zb[:, :5], n=30), contains="`Z` must have 9 rows")
+test_fail(lambda: model.predict(Zb, n=50), contains="`n` must lie in 1..40")
+test_fail(lambda: LinearICTD.from_td(4, 3, 0.1, C=torch.eye(3)), contains="`C` must have shape (4, 4)")
+test_eq(LinearICTD.from_td(4, 3, 0.1).predict(Zb.float(), n=30).dtype, torch.float32)
+
+
+# %% [markdown]
+# ### Why the initialisation is random
+#
+# At zero parameters the gradient of the output vanishes identically; at the seeded Xavier draw it
+# does not.
+
+# %%
+def output_gradient_norm(model):
+    model.zero_grad(); model.predict(Zb, n=30).sum().backward()
+    return sum(p.grad.norm() ** 2 for p in model.parameters()).sqrt().item()
+zero_model = LinearICTD(4, 3, seed=0)
+with torch.no_grad():
+    for p in zero_model.parameters(): p.zero_()
+test_eq(output_gradient_norm(zero_model), 0.)
+assert output_gradient_norm(LinearICTD(4, 3, seed=0)) > 1e-3
+output_gradient_norm(LinearICTD(4, 3, seed=0))
+
+# %% [markdown]
+# ### The measures and the sliding windows: bad input
+
+# %%
+test_fail(lambda: query_each_state(Zc[:8], mrp.phi), contains="`Zc` must have 2d+1 = 9 rows")
+test_fail(lambda: sliding_windows(mrp.phi, mrp.r, torch.zeros(10, dtype=torch.long), 8, 0.9), contains="at least n + 3 = 11 states")
+
+# %% [markdown]
+# ### The engine plug-ins
+#
+# The family on the engine's own (stationary) protocol, two seeds: each stacked run equals the
+# module built from its parameters, and its initialisation is the seed's own.
+
+# %%
+cfg_stat = PretrainConfig(attention="linear", shared=True, n_steps=20, eval_every=10, n_tasks=64, eval_tasks=8, batch_size=16)
+runs = pretrain_many(cfg_stat, [3, 4], progress=False)
+test_eq(linear_init(cfg_stat, [4])["P"][0, 0], LinearICTD(4, 3, seed=4).layers[0].P.detach())
+mrp_s = random_boyan_chain(seed=21)
+S_s, R_s = sample_trajectory(mrp_s, 25, seed=21)
+Zs = build_linear_prompt(mrp_s.phi[S_s], R_s, mrp_s.phi, mrp_s.gamma)
+for r in runs:
+    test_eq(type(r.model), LinearICTD)
+    p = {k: v.detach()[None] for k, v in zip(("P", "Q"), r.model.stacked_params())}
+    test_close(linear_predict(cfg_stat, p, Zs[None, None], 25)[0, 0], r.model.predict(Zs, n=25), eps=1e-12)
+test_eq(sorted(runs[0].history), sorted(["step", "loss", "msve", "neu", "iws", "vd", "ss", "P_last", "trQ11", "trQ12"]))
+assert not torch.equal(runs[0].model.layers[0].P, LinearICTD(4, 3, seed=3).layers[0].P)
+
+# %% [markdown]
+# The sliding protocol: a seed trained alongside another equals the same seed trained alone, the
+# evaluations fall where asked, and a step count that is not a multiple of the task count is refused.
+
+# %%
+small_sliding = dataclasses.replace(ICLR_LINEAR, n_tasks=30, n_steps=60, eval_every=20, eval_tasks=4)
+tiny, tiny_alone = pretrain_many(small_sliding, [1, 2], progress=False), pretrain_many(small_sliding, [2], progress=False)
+test_close(tiny[1].params["P"], tiny_alone[0].params["P"], eps=1e-12)
+test_close(tiny[1].history["iws"], tiny_alone[0].history["iws"], eps=1e-12)
+test_eq(tiny[0].history["step"].flatten(), torch.tensor([0, 20, 40, 60]))
+test_fail(lambda: pretrain_many(dataclasses.replace(small_sliding, n_steps=61), [0]), contains="`n_steps` must be a multiple of `n_tasks`")
 
 # %%
 #| hide

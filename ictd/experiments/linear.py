@@ -19,12 +19,13 @@ from ..core import jsonable
 from ..linear import (ICLR_LINEAR, align_signs, fitted_td_step, sensitivity_similarity, value_difference)
 
 # %% auto #0
-__all__ = ['ICLR_REFERENCE', 'ICLR_SEED0', 'THETA_STAR_GRID', 'TUNING_GRIDS', 'H2H_LRS', 'H2H_CONFIG', 'H2H_TUNE_SEEDS',
-           'aligned_history', 'summarise_linear', 'plot_linear_pretraining', 'plot_pq', 'reference_table',
-           'reproduce_iclr', 'softmax_in_context', 'softmax_measures', 'msve_against_depth', 'side_by_side',
-           'plot_side_by_side', 'query_softmax_td', 'tuned_side_by_side', 'plot_tuned_side_by_side', 'held_out_values',
-           'seed_scores', 'tune_lr', 'baseline_scores', 'paired_test', 'head_to_head', 'run_head_to_head',
-           'head_to_head_table', 'plot_head_to_head']
+__all__ = ['ICLR_REFERENCE', 'ICLR_SEED0', 'METHOD_STYLES', 'ENTRY_LABELS', 'THETA_STAR_GRID', 'TUNING_GRIDS', 'H2H_LRS',
+           'H2H_CONFIG', 'H2H_TUNE_SEEDS', 'aligned_history', 'summarise_linear', 'band_plot', 'plain_log_ticks',
+           'plot_linear_pretraining', 'plot_pq', 'reference_table', 'reproduce_iclr', 'softmax_in_context',
+           'softmax_measures', 'msve_against_depth', 'side_by_side', 'plot_side_by_side', 'query_softmax_td',
+           'tuned_side_by_side', 'plot_tuned_side_by_side', 'held_out_values', 'seed_scores', 'tune_lr',
+           'baseline_scores', 'paired_test', 'head_to_head', 'run_head_to_head', 'head_to_head_table',
+           'plot_head_to_head']
 
 # %% ../../nbs/07a_linear_experiments.ipynb #894cfd7a
 ICLR_REFERENCE = dict(tasks=4000, iws=0.93, vd=(0.02, 0.03), P_last=1.6, trQ11=-4.3, trQ12=3.3)   # mean over 30 seeds
@@ -49,33 +50,54 @@ def summarise_linear(results:list)->dict:
             for k, v in h.items() if k not in ("tasks", "step")} | dict(tasks=int(h["tasks"][0, -1]), seeds=S, alpha_td=fitted_td_step(c.n, c.n_layers, c.gamma, c.n_states, c.feature_dim))
 
 # %% ../../nbs/07a_linear_experiments.ipynb #9cca699f
+METHOD_STYLES = (("#0072B2", "-"), ("#D55E00", "--"), ("#009E73", ":"), ("#CC79A7", "-."))   # Okabe-Ito colours, one line style each
+ENTRY_LABELS = dict(P_last="$V[-1,-1]$ (P_last)", trQ11=r"tr $A_{11}$ (trQ11)", trQ12=r"tr $A_{12}$ (trQ12)")   # the entries, book and code names
+
+def band_plot(ax, x, mid, lo, hi, label:str, style:tuple):
+    "A line and its band in one colour and line style: the band filled lightly and edged in the line's style, so overlapping bands stay apart."
+    colour, ls = style
+    ax.plot(x, mid, color=colour, ls=ls, lw=2, label=label)
+    ax.fill_between(x, lo, hi, color=colour, alpha=0.15, lw=0)
+    for edge in (lo, hi): ax.plot(x, edge, color=colour, ls=ls, lw=0.9)
+
+def plain_log_ticks(axis):
+    "Label a log axis with plain numbers (0.01, 0.5, 2) instead of powers of ten; minor ticks too when it spans under two decades."
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+    lo, hi = axis.get_view_interval()
+    axis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
+    axis.set_minor_formatter(FuncFormatter(lambda y, _: f"{y:g}" if f"{y:.0e}"[0] in "25" else "") if hi / lo < 100 else NullFormatter())
+
+# %% ../../nbs/07a_linear_experiments.ipynb #3aee5a2d
 def plot_linear_pretraining(results:list,          # runs of the sliding protocol (`pretrain_many`), one per seed
                             reference:dict=ICLR_REFERENCE,  # published values to mark, or None
                             title:str=None,
+                            entries:bool=False,    # the entries V[-1,-1], tr A11, tr A12 instead of IWS and VD
                            ):                      # the matplotlib figure
-    "Bands (mean and 2 standard errors over seeds) of the measures against tasks seen, sign-aligned, with the published values."
+    "IWS and VD, or the sign-aligned entries the construction predicts, against tasks seen: mean and 2 s.e. over seeds (bands)."
     import matplotlib.pyplot as plt
     h = aligned_history(results)
     x, S = h["tasks"][0].numpy(), h["iws"].shape[0]
-    fig, axs = plt.subplots(1, 3, figsize=(8, 3.2))
-    def band(ax, key, label):
+    def band(ax, key, label, style):
         m, se = h[key].mean(0).numpy(), (h[key].std(0) / S ** 0.5).numpy()
-        ax.plot(x, m, label=label)
-        ax.fill_between(x, m - 2 * se, m + 2 * se, alpha=0.25)
-    band(axs[0], "iws", "IWS (= SS here)")
-    band(axs[1], "vd", "VD")
-    for key, label in (("P_last", "$P[-1,-1]$"), ("trQ11", r"tr $Q_{11}$"), ("trQ12", r"tr $Q_{12}$")): band(axs[2], key, label)
-    if reference:
-        axs[0].plot(reference["tasks"], reference["iws"], "k*", label="published, 30 seeds")
-        axs[1].plot([reference["tasks"]] * 2, reference["vd"], "k-", lw=3, label="published range")
-        for key in ("P_last", "trQ11", "trQ12"): axs[2].plot(reference["tasks"], reference[key], "k*")
-    axs[0].set(ylabel="cosine", ylim=(-0.05, 1.05), title="implicit weight similarity")
-    axs[1].set(yscale="log", ylabel="squared return units", title="value difference to batch TD")
-    axs[2].set(ylabel="entry / trace", title="learned P and Q (sign-aligned)")
-    for ax in axs:
-        ax.set_xlabel("tasks seen")
-        ax.legend(fontsize=7.5)
-    fig.suptitle(title or f"Linear Transformer, sliding-window TD pretraining: mean and 2 s.e. over {S} seeds", fontsize=10)
+        band_plot(ax, x, m, m - 2 * se, m + 2 * se, label, style)
+        if reference and entries: ax.plot(reference["tasks"], reference[key], "*", color=style[0], mec="k", ms=11)
+    if entries:
+        fig, ax = plt.subplots(figsize=(7.5, 3.6))
+        for (key, label), style in zip(ENTRY_LABELS.items(), METHOD_STYLES): band(ax, key, label, style)
+        ax.axhline(0, color="0.5", lw=0.8)
+        ax.set(xlabel="tasks seen", ylabel="entry or trace", title=title or f"Learned V and A, sign-aligned: mean and 2 s.e. over {S} seeds")
+        ax.legend(fontsize=9, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    else:
+        fig, axs = plt.subplots(1, 2, figsize=(8, 3.4))
+        for ax, key, style in zip(axs, ("iws", "vd"), METHOD_STYLES): band(ax, key, f"mean of {S} seeds, 2 s.e.", style)
+        if reference:
+            axs[0].plot(reference["tasks"], reference["iws"], "k*", ms=9, label="published, 30 seeds")
+            axs[1].plot([reference["tasks"]] * 2, reference["vd"], "k-", lw=3, label="published range")
+        axs[0].set(ylabel="cosine", ylim=(-0.05, 1.05), title="implicit weight similarity")
+        axs[1].set(yscale="log", ylabel="squared return units", title="value difference to batch TD")
+        plain_log_ticks(axs[1].yaxis)
+        for ax in axs: ax.set_xlabel("tasks seen"); ax.legend(fontsize=9)
+        fig.suptitle(title or f"Linear Transformer, sliding-window TD pretraining, {S} seeds", fontsize=10)
     fig.tight_layout()
     return fig
 
@@ -88,26 +110,26 @@ def plot_pq(P:torch.Tensor,   # (S, 2d+1, 2d+1) one layer's P per seed
     S = P.shape[0]
     P, Q = (m.mean(0).numpy() for m in align_signs(P, Q))
     fig, axs = plt.subplots(1, 2, figsize=(8, 3.6))
-    for ax, M, name in zip(axs, (P, Q), ("P", "Q")):
+    for ax, M, name in zip(axs, (P, Q), ("V (code P)", "A (code Q)")):
         lim = abs(M).max()
         im = ax.imshow(M, cmap="RdBu_r", vmin=-lim, vmax=lim)
-        ax.set(title=f"mean {name} over {S} seeds, sign-aligned", xlabel="column", ylabel="row")
+        ax.set(title=f"mean {name}, {S} seeds", xlabel="column", ylabel="row")
         fig.colorbar(im, ax=ax, shrink=0.85)
     fig.tight_layout()
     return fig
 
-# %% ../../nbs/07a_linear_experiments.ipynb #547006d1
+# %% ../../nbs/07a_linear_experiments.ipynb #99a4e54e
 def reference_table(summaries:dict,             # label -> output of `summarise_linear`
                     reference:dict=ICLR_REFERENCE,
-                   )->str:                      # a Markdown table
-    "Mean (standard error) over seeds of each measure per run, next to the published values."
-    keys = ("iws", "vd", "P_last", "trQ11", "trQ12")
+                   )->str:                      # a Markdown table, one column per run
+    "Mean (standard error) over seeds of each measure, one column per run, next to the published values."
+    names = dict(iws="IWS", vd="VD", P_last="$V[-1,-1]$", trQ11="tr $A_{11}$", trQ12="tr $A_{12}$")
     fmt = lambda s, k: f"{s[k]['mean']:.3g} ({s[k]['se']:.2g})"
     ref = lambda k: "-".join(f"{x:g}" for x in reference[k]) if isinstance(reference[k], tuple) else f"{reference[k]:g}"
-    rows = [f"| {label} | {s['seeds']} | {s['tasks']} | " + " | ".join(fmt(s, k) for k in keys) + " |" for label, s in summaries.items()]
-    rows.append(f"| published (Wang et al. 2025) | 30 | {reference['tasks']} | " + " | ".join(ref(k) for k in keys) + " |")
-    rows.append(f"| published, seed 0 | 1 | {ICLR_SEED0['tasks']} | " + " | ".join(f"{ICLR_SEED0[k]:g}" for k in keys) + " |")
-    return ("| run | seeds | tasks | IWS | VD | $P[-1,-1]$ | tr $Q_{11}$ | tr $Q_{12}$ |\n|---|---|---|---|---|---|---|---|\n" + "\n".join(rows))
+    cols = list(summaries) + ["published, 30 seeds", "published, seed 0"]
+    rows = [f"| seeds, tasks | " + " | ".join(f"{s['seeds']}, {s['tasks']}" for s in summaries.values()) + f" | 30, {reference['tasks']} | 1, {ICLR_SEED0['tasks']} |"]
+    rows += [f"| {name} | " + " | ".join(fmt(s, k) for s in summaries.values()) + f" | {ref(k)} | {ICLR_SEED0[k]:g} |" for k, name in names.items()]
+    return "| | " + " | ".join(cols) + " |\n" + "|---" * (len(cols) + 1) + "|\n" + "\n".join(rows)
 
 # %% ../../nbs/07a_linear_experiments.ipynb #14c906d7
 def reproduce_iclr(config:PretrainConfig=ICLR_LINEAR,  # the protocol
@@ -194,16 +216,15 @@ def side_by_side(n_tasks:int=100,    # random Boyan chains (task b has seed `see
 def plot_side_by_side(curves:dict,   # the output of `side_by_side`
                       n:int,         # the context length they were run with
                      ):              # the matplotlib figure
-    "Median and quartiles of MSVE against depth for each construction."
+    "Median and quartiles of MSVE against depth for each construction, one colour and line style each."
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7.5, 4.2))
-    for (label, c), ls in zip(curves.items(), ("-", "-", "--")):
-        med, lo, hi = (c.quantile(q, dim=0).numpy() for q in (0.5, 0.25, 0.75))
-        ax.plot(med, ls, label=label)
-        ax.fill_between(range(c.shape[1]), lo, hi, alpha=0.2)
+    for (label, c), style in zip(curves.items(), METHOD_STYLES):
+        band_plot(ax, range(c.shape[1]), *(c.quantile(q, dim=0).numpy() for q in (0.5, 0.25, 0.75)), label, style)
     ax.set(yscale="log", xlabel="depth $L$ (layers = TD iterations)", ylabel="MSVE (squared return units)",
-           title=f"Linear vs softmax in-context TD, {c.shape[0]} Boyan chains, $n = {n}$ (median, quartiles)")
+           title=f"{c.shape[0]} Boyan chains, $n = {n}$: median and quartiles")
     ax.set_ylim(bottom=1e-4)
+    plain_log_ticks(ax.yaxis)
     ax.legend(loc="lower left", fontsize=9)
     return fig
 
@@ -283,22 +304,21 @@ def tuned_side_by_side(features:str="random",  # "random" (d = 4) or "onehot" fe
 def plot_tuned_side_by_side(results:dict,  # features label -> output of `tuned_side_by_side`
                             n:int,         # context length used
                            ):              # the matplotlib figure
-    "Median and quartiles of MSVE against depth of every tuned method, one panel per kind of features."
+    "Median and quartiles of MSVE against depth of every tuned method, one panel per kind of features, one colour and line style per method."
     import matplotlib.pyplot as plt
-    fig, axs = plt.subplots(1, len(results), figsize=(8, 3.9), sharey=True, squeeze=False)
+    fig, axs = plt.subplots(1, len(results), figsize=(8, 4.2), sharey=True, squeeze=False)
     for ax, (label, res) in zip(axs[0], results.items()):
-        for (method, r), ls in zip(res.items(), ("-", "-", ":")):
+        for (method, r), style in zip(res.items(), METHOD_STYLES):
             c = r["curves"].clamp(max=1e6)
-            med, lo, hi = (c.quantile(q, dim=0).numpy() for q in (0.5, 0.25, 0.75))
-            ax.plot(med, ls, label=method)
-            ax.fill_between(range(c.shape[1]), lo, hi, alpha=0.2)
-        ax.axhline(c[:, 0].median().item(), color="k", lw=0.8, ls="--", label="zero predictor (depth 0)")
+            band_plot(ax, range(c.shape[1]), *(c.quantile(q, dim=0).numpy() for q in (0.5, 0.25, 0.75)), method, style)
+        ax.axhline(c[:, 0].median().item(), color="k", lw=0.9, ls="-.", label="zero predictor (depth 0)")
         ax.set(yscale="log", xlabel="depth $L$ (layers)", title=f"{label} features, $n = {n}$")
     axs[0, 0].set_ylabel("MSVE (squared return units)")
+    plain_log_ticks(axs[0, 0].yaxis)
     handles, labels = axs[0, 0].get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=8.5, frameon=False)
-    fig.suptitle(f"Tuned in-context TD (parameters in the table below), {c.shape[0]} test chains: median and quartiles", fontsize=10)
-    fig.tight_layout(rect=(0, 0.1, 1, 1))
+    fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=9, frameon=False)
+    fig.suptitle(f"Each method tuned, {c.shape[0]} test chains: median and quartiles", fontsize=10)
+    fig.tight_layout(rect=(0, 0.14, 1, 1))
     return fig
 
 # %% ../../nbs/07a_linear_experiments.ipynb #27537a2e
@@ -322,7 +342,7 @@ def seed_scores(results:list, # runs of one configuration
     v, ev = held_out_values(results)
     return dict(msve=weighted_error(v, ev.v_pi, ev.weights).mean(-1), centred_msve=centred_msve(v, ev.tasks).mean(-1))
 
-# %% ../../nbs/07a_linear_experiments.ipynb #4eba238d
+# %% ../../nbs/07a_linear_experiments.ipynb #af68f72d
 def tune_lr(config:PretrainConfig,   # every setting but the learning rate
             lrs=H2H_LRS,             # learning rates to try
             seeds=H2H_TUNE_SEEDS,    # tuning seeds
@@ -356,7 +376,7 @@ def paired_test(a:torch.Tensor,  # (S,) one method's score per seed
     return dict(mean=d.mean().item(), se=(d.std() / math.sqrt(len(d))).item(), p_t=float(stats.ttest_rel(a, b).pvalue),
                 p_wilcoxon=float(stats.wilcoxon(a, b).pvalue), a_lower=int((a < b).sum()), seeds=len(a))
 
-# %% ../../nbs/07a_linear_experiments.ipynb #2b960117
+# %% ../../nbs/07a_linear_experiments.ipynb #1a208b55
 def head_to_head(config:PretrainConfig=H2H_CONFIG, # shared settings (`attention` and `lr` are set per family)
                  seeds=range(10),                  # compared seeds
                  tune_seeds=H2H_TUNE_SEEDS,        # learning-rate tuning seeds
@@ -394,27 +414,28 @@ def run_head_to_head(out="nbs/data/head_to_head.json", # the JSON file to write
 # %% ../../nbs/07a_linear_experiments.ipynb #9ee3a2aa
 def head_to_head_table(data:dict, # output of `head_to_head` (e.g. read from its JSON file)
                       )->str:     # a Markdown table
-    "Mean (standard error) over seeds of held-out MSVE and centred MSVE, for both families and the baselines."
+    "Mean (standard error) over seeds of held-out MSVE and centred MSVE, for both families (with their tuned learning rates) and the baselines."
     S = len(data["seeds"])
     ms = lambda x: f"{torch.tensor(x).mean():.3g} ({torch.tensor(x).std() / S ** 0.5:.2g})"
-    rows = [f"| pretrained {f} attention | lr = {r['lr']:g} | {ms(r['msve'])} | {ms(r['centred_msve'])} |" for f, r in data["families"].items()]
-    rows += [f"| {k} | baseline | {ms(v)} | |" for k, v in data["baselines"].items()]
-    return "| model | tuned | held-out MSVE | centred MSVE |\n|---|---|---|---|\n" + "\n".join(rows)
+    rows = [f"| pretrained {f}, lr {r['lr']:g} | {ms(r['msve'])} | {ms(r['centred_msve'])} |" for f, r in data["families"].items()]
+    rows += [f"| baseline: {k} | {ms(v)} | |" for k, v in data["baselines"].items()]
+    return "| model | held-out MSVE | centred MSVE |\n|---|---|---|\n" + "\n".join(rows)
 
 # %% ../../nbs/07a_linear_experiments.ipynb #d4c88be6
 def plot_head_to_head(data:dict, # output of `head_to_head`
                      ):          # the matplotlib figure
     "Each seed's held-out MSVE, linear and softmax joined by a line, with the baselines' means."
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6.5, 4))
+    fig, ax = plt.subplots(figsize=(8, 4.2))
     lin, soft = (torch.tensor(data["families"][f]["msve"]) for f in ("linear", "softmax"))
     for a, b in zip(lin, soft): ax.plot([0, 1], [a, b], color="0.6", lw=0.8)
-    for x, v, f, c in ((0, lin, "linear", "tab:blue"), (1, soft, "softmax", "tab:orange")):
-        ax.plot([x] * len(v), v, "o", color=c, label=f"pretrained {f} (lr {data['families'][f]['lr']:g})")
+    for x, v, f, c in ((0, lin, "linear", "#0072B2"), (1, soft, "softmax", "#D55E00")):
+        ax.plot([x] * len(v), v, "o", color=c, ms=7, label=f"pretrained {f} (lr {data['families'][f]['lr']:g})")
     styles = dict(zip(data["baselines"], ("-", "--", "-.", ":", (0, (6, 2, 1, 2, 1, 2)))))
     for k, v in data["baselines"].items(): ax.axhline(torch.tensor(v).mean(), color="k", ls=styles[k], lw=1, label=f"{k} (mean)")
     ax.set(xticks=[0, 1], xticklabels=["linear attention", "softmax attention"], xlim=(-0.4, 1.4), yscale="log",
            ylabel="held-out MSVE (squared return units)", title=f"Same tasks, seeds and budget: {len(lin)} seeds")
-    ax.legend(fontsize=7.5, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    plain_log_ticks(ax.yaxis)
+    ax.legend(fontsize=9, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     return fig
