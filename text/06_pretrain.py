@@ -1012,18 +1012,22 @@ plot_diagonality(res);
 
 
 # %% [markdown]
-# The three seeds at the end of training, from the runs above (diagonality per layer; value-update
-# weights and cosines to $\theta^*$ of the last layer):
+# The three seeds at the end of training, from the runs above: the value error and the diagonality
+# of each layer, then the last layer's value-update weights, their ratio and its cosines to $\theta^*$:
 
 # %%
-def final_row(r):
-    h = r.history
-    vw, zero = h["value_weights"][-1, -1], (r.held_out.v_pi.square() * r.held_out.d_pi).sum(-1).mean()
+def final_tables(runs):
+    "Two markdown tables of the runs' final measures: value error and diagonality; the last layer's weights, ratio and cosines."
     fmt = lambda t: "(" + ", ".join(f"{x:+.2f}" for x in t.tolist()) + ")"
-    return (f"| {r.config.seed} | {h['msve'][0, 0]:.2f} → {h['msve'][-1, 0]:.2f} (zero predictor {zero:.2f}) | {fmt(h['diagonality'][-1])} "
-            f"| {fmt(vw)} | {vw[1] / vw[2]:+.2f} | {fmt(h['cosine'][-1, -1])} |")
-Markdown("\n".join(["| seed | MSVE start → end | diagonality, layers 1-3 | last layer (reward, successor, current) | successor / current | cosine (A, V_cur, V_tgt) |",
-                    "|---|---|---|---|---|---|"] + [final_row(r) for r in runs]))
+    errors = ["| seed | MSVE start → end | zero predictor | diagonality, layers 1-3 |", "|---|---|---|---|"]
+    weights = ["| seed | last layer (reward, successor, current) | successor / current | cosine (A, V_cur, V_tgt) |", "|---|---|---|---|"]
+    for r in runs:
+        h = r.history
+        vw, zero = h["value_weights"][-1, -1], (r.held_out.v_pi.square() * r.held_out.d_pi).sum(-1).mean()
+        errors.append(f"| {r.config.seed} | {h['msve'][0, 0]:.2f} → {h['msve'][-1, 0]:.2f} | {zero:.2f} | {fmt(h['diagonality'][-1])} |")
+        weights.append(f"| {r.config.seed} | {fmt(vw)} | {vw[1] / vw[2]:+.2f} | {fmt(h['cosine'][-1, -1])} |")
+    return Markdown("\n".join(errors) + "\n\n" + "\n".join(weights))
+final_tables(runs)
 
 # %% [markdown]
 # What these three runs show, measured on held-out tasks. Asserted for each seed (the cell after Proposition 6.2), because they hold
@@ -1393,8 +1397,7 @@ show_doc(plot_emergence)
 #| slow
 full = pretrain_many(PretrainConfig(), [0, 1, 2], cache_dir="../.cache")
 for r in full: plot_emergence(r)
-Markdown("\n".join(["| seed | MSVE start → end | diagonality, layers 1-3 | last layer (reward, successor, current) | successor / current | cosine (A, V_cur, V_tgt) |",
-                    "|---|---|---|---|---|---|"] + [final_row(r) for r in full]))
+final_tables(full)
 
 # %% [markdown]
 # At these settings the pattern need not form in the last layer: at the smaller learning rate it can
