@@ -98,7 +98,7 @@ from ictd.tasks import random_tasks, sample_trajectories, task_pool
 # $n + 1$ context states, the query and its successor, each state drawn by inverting a cumulative
 # distribution ($d_\pi$ for the first context state and the query, a row of $P$ after that). One
 # row per example makes the stream easy to reproduce exactly when many runs are sampled together
-# later in the chapter. Examples are first drawn as *state indices* (the folded cell below); features and rewards are looked
+# later in the chapter. Examples are first drawn as *state indices* (the collapsed box below); features and rewards are looked
 # up afterwards, so that each model family can build its own prompt from them.
 
 # %% [markdown]
@@ -1030,7 +1030,7 @@ def final_tables(runs):
 final_tables(runs)
 
 # %% [markdown]
-# What these three runs show, measured on held-out tasks. Asserted for each seed (the cell after Proposition 6.2), because they hold
+# What these three runs show, measured on held-out tasks. Asserted for each seed (the cell after Proposition 6.2's check), because they hold
 # by wide margins in every seed we have run (the [emergence chapter](emergence.html) checks them on
 # ten seeds and the test suite on ten more):
 #
@@ -1282,7 +1282,7 @@ show_doc(evaluate_many)
 
 # %% [markdown]
 # The metrics of one model, computed on a fixed held-out batch of tasks and contexts with every
-# state as a query, on the full prompts (the engine below computes the same numbers for many
+# state as a query, on the full prompts (the engine computes the same numbers for many
 # models at once, and is checked against these):
 
 # %%
