@@ -71,7 +71,7 @@ from ictd.tasks import random_tasks, sample_trajectories, task_pool
 # drives to zero, the norm of the expected update (NEU), with Proposition 6.1 (its proof folds out
 # under "Proof") and Figure 6.1; the engine's training loop, shown as code; and one training run,
 # its curves (Figures 6.2-6.4) and NEU along training. Each claim is followed by the cell that checks
-# it. Collapsed boxes titled "Code: ..." hold the machinery the lesson runs on; its
+# it. The code of the machinery the lesson runs on stays where the lesson first needs it; its
 # API entries, input validation, the cache and divergence handling are in the last section,
 # [Implementation and tests](#implementation-and-tests); the configuration, the model families and data
 # protocols other chapters plug in, and the training objectives have a page of their own, [chapter 6c](engine.html).
@@ -98,11 +98,8 @@ from ictd.tasks import random_tasks, sample_trajectories, task_pool
 # $n + 1$ context states, the query and its successor, each state drawn by inverting a cumulative
 # distribution ($d_\pi$ for the first context state and the query, a row of $P$ after that). One
 # row per example makes the stream easy to reproduce exactly when many runs are sampled together
-# later in the chapter. Examples are first drawn as *state indices* (the collapsed box below); features and rewards are looked
+# later in the chapter. Examples are first drawn as *state indices* (the code cell below); features and rewards are looked
 # up afterwards, so that each model family can build its own prompt from them.
-
-# %% [markdown]
-# ::: {.callout-tip collapse="true" title="Code: Examples as state indices: draw_cdf, gather_rows, task_features, TDSample, stationary_examples, Contexts, TDExamples"}
 
 # %%
 #| export tasks
@@ -173,9 +170,6 @@ class TDExamples:
 
 
 # %% [markdown]
-# :::
-
-# %% [markdown]
 # `td_batch` draws a batch of examples from one task pool and builds the two prompts of each (the
 # query's and its successor's):
 
@@ -242,11 +236,8 @@ print(f"task {b.task[0].item()} of the pool; context states S_0..S_7 = {b.states
 # Its standard error comes from the jackknife: recompute the estimate $b$ times with one batch left
 # out, $\widehat{\mathrm{NEU}}_{(i)}$, and take
 # $\mathrm{se} = \sqrt{\frac{b-1}{b} \sum_i \big(\widehat{\mathrm{NEU}}_{(i)} - \overline{\mathrm{NEU}}_{(\cdot)}\big)^2}$
-# (it needs $b \ge 3$). The estimator, `pairwise_neu`, is in the folded cell; its checks are in
+# (it needs $b \ge 3$). The estimator, `pairwise_neu`, is in the next cell; its checks are in
 # [Implementation and tests](#the-neu-estimator).
-
-# %% [markdown]
-# ::: {.callout-tip collapse="true" title="Code: pairwise_neu: the all-pairs estimate and its jackknife standard error"}
 
 # %%
 #| export
@@ -260,9 +251,6 @@ def pairwise_neu(g:torch.Tensor,  # (K, n_params) independent batch means of the
     loo = ((total - g).square().sum(-1) - (sq.sum() - sq)) / ((K - 1) * (K - 2))
     return full, math.sqrt((K - 1) / K * (loo - loo.mean()).square().sum().item())
 
-
-# %% [markdown]
-# :::
 
 # %%
 #| export
@@ -318,9 +306,6 @@ f"{update0.norm().item():.4g}"
 # expectation is a finite sum we can enumerate. The last number is the plug-in estimate with batches
 # of 16, averaged over 200 draws: its upward bias is plain.
 
-# %% [markdown]
-# ::: {.callout-tip collapse="true" title="Code: exact_neu_small: NEU by enumeration for contexts of one transition"}
-
 # %%
 #| export
 def exact_neu_small(model:SoftmaxICTD,  # a model with d equal to the number of states (one-hot features)
@@ -342,9 +327,6 @@ def exact_neu_small(model:SoftmaxICTD,  # a model with d equal to the number of 
                     total = g if total is None else total + g
     return total.square().sum().item()
 
-
-# %% [markdown]
-# :::
 
 # %%
 two = MRP(P=[[0.3, 0.7], [0.6, 0.4]], r=[1., -0.5], gamma=0.9, phi=torch.eye(2, dtype=torch.float64))
@@ -391,11 +373,8 @@ exact, estimates.mean().item(), plug_in.mean().item()
 # limit of any parameters' forward pass is attention over $s$ *state tokens* with the logit bias
 # $\log d_\pi(y)$, with the successor shift $Z\Pi$ replaced by the expected successor token
 # $Z_{\text{keys}} P^\top$. Query columns attend to the keys but are not keys (their reward slot is 0).
-# The folded cells define state tokens and the layers on them (at finite $n$ too, where they make
+# The next cells define state tokens and the layers on them (at finite $n$ too, where they make
 # training fast; see [Implementation and tests](#state-tokens)).
-
-# %% [markdown]
-# ::: {.callout-tip collapse="true" title="Code: State tokens: StateTokens, state_tokens, trajectory_tokens"}
 
 # %%
 #| export model
@@ -437,12 +416,6 @@ def trajectory_tokens(phi_states,    # (..., n + 1, d) features of S_0..S_n
     succ = torch.eye(n, Z.shape[-1], dtype=Z.dtype, device=Z.device).roll(1, -1)
     return StateTokens(Z, Z.new_zeros(n), succ, phi_queries.shape[-2])
 
-
-# %% [markdown]
-# :::
-
-# %% [markdown]
-# ::: {.callout-tip collapse="true" title="Code: Layers on state tokens: seed_map, token_layer, token_layers, token_predict, model_params"}
 
 # %%
 #| export model
@@ -490,9 +463,6 @@ def model_params(model:SoftmaxICTD)->dict:
     "A model's parameters stacked as the engine holds them, with a seed axis of one: (1, L or 1, D, D) each."
     return {k: torch.stack([getattr(lay, k) for lay in model.layers])[None] for k in ("A", "V_cur", "V_tgt")}
 
-
-# %% [markdown]
-# :::
 
 # %% [markdown]
 # At $n \to \infty$ the weights are $d_\pi$, the successors $P$, and there is no last column:
@@ -671,11 +641,8 @@ show_doc(PretrainConfig)
 # The result of a run, the registries of model families and data protocols, the softmax family
 # (this chapter's model on state tokens), the stationary protocol (the examples of `td_batch`, for
 # every seed at once) and the four training objectives live in `ictd.engine`, documented and tested
-# in [chapter 6c](engine.html). The collapsed boxes below define the rest of what the loop calls: the
+# in [chapter 6c](engine.html). The cells below define the rest of what the loop calls: the
 # batched evaluation, the cache and the divergence check (documented in [Implementation and tests](#implementation-and-tests)).
-
-# %% [markdown]
-# ::: {.callout-tip collapse="true" title="Code: evaluate_many: every metric of every seed"}
 
 # %%
 #| export
@@ -689,12 +656,6 @@ def evaluate_many(config:PretrainConfig, params:dict, ev:EvalSet)->dict:
     if family.metrics: out.update(family.metrics(config, p64, ev))
     return out
 
-
-# %% [markdown]
-# :::
-
-# %% [markdown]
-# ::: {.callout-tip collapse="true" title="Code: The cache: run_folder and loading saved runs"}
 
 # %%
 #| export
@@ -729,12 +690,6 @@ def _held_out(config:PretrainConfig)->TaskBatch:
     return None if tasks is None else _seed_slice(tasks, 0)
 
 
-# %% [markdown]
-# :::
-
-# %% [markdown]
-# ::: {.callout-tip collapse="true" title="Code: Initial perturbation and the divergence check"}
-
 # %%
 #| export
 INIT_STREAM, OBJECTIVE_STREAM = 1, 2   # sub-streams of a run's seed (stream 0 is the data's own generator)
@@ -761,9 +716,6 @@ def check_divergence(config:PretrainConfig, seeds:list, step:int, loss:torch.Ten
         raise DivergenceError(f"training diverged at step {step} with lr = {config.lr:g}: seed(s) {[seeds[i] for i in bad]} reached a loss or "
                               f"parameter of size {size[bad[0]].item():.3g} (limit {DIVERGED:g}){kept}")
 
-
-# %% [markdown]
-# :::
 
 # %% [markdown]
 # **The loop.** Read it from the top: the protocol supplies the training
@@ -831,9 +783,6 @@ def train_loop(config:PretrainConfig,     # every setting but the seed
     return results
 
 
-# %% [markdown]
-# ::: {.callout-tip collapse="true" title="Code: pretrain_many and pretrain: the cache around the loop"}
-
 # %%
 #| export
 def pretrain_many(config:PretrainConfig,     # every setting but the seed
@@ -888,9 +837,6 @@ def pretrain(config:PretrainConfig=PretrainConfig(),  # every setting of the run
     return pretrain_many(config, [config.seed], progress, cache_dir, device)[0]
 
 
-# %% [markdown]
-# :::
-
 # %%
 show_doc(pretrain_many)
 
@@ -928,9 +874,6 @@ runs = pretrain_many(EMERGENCE, [0, 1, 2], progress=False)
 res = runs[0]
 h = res.history
 h["value_weights"][-1], h["diagonality"][-1], h["msve"].flatten()[[0, -1]]
-
-# %% [markdown]
-# ::: {.callout-tip collapse="true" title="Code: The plots of a run: plot_value_weights, plot_diagonality, plot_value_error, plot_emergence"}
 
 # %%
 #| export
@@ -996,9 +939,6 @@ def plot_emergence(result:PretrainResult,  # a finished run
     fig.tight_layout()
     return fig
 
-
-# %% [markdown]
-# :::
 
 # %%
 #| fig-cap: 'Figure 6.2: In one run (seed 0), the last layer''s value weights take the signs $(+, +, -)$ of $\theta^*$ and the ratio of its successor to its current weight rises to near $-\gamma$.'
