@@ -74,7 +74,7 @@ from ictd.tasks import random_tasks, sample_trajectories, task_pool
 # it. The code of the machinery the lesson runs on stays where the lesson first needs it; its
 # API entries, input validation, the cache and divergence handling are in the last section,
 # [Implementation and tests](#implementation-and-tests); the configuration, the model families and data
-# protocols other chapters plug in, and the training objectives have a page of their own, [chapter 6c](engine.html).
+# protocols other chapters plug in, and the training objectives have a page of their own, [chapter 6d](engine.html).
 # Symbols are listed once in [Notation](notation.html).
 
 # %% [markdown]
@@ -624,7 +624,7 @@ record_claim("neu-star-n30", rf"At $n = 30$ the NEU of $\theta^*$ lies below its
 # $10^{-6}$, a small Xavier-normal initialisation, a pool of 4096 tasks. Three settings say *what*
 # is trained and how: the model family (`attention`), the data protocol (`protocol`) and the
 # floating-point type (`dtype`); other chapters register families and protocols of their own
-# ([chapter 6c](engine.html#families-and-protocols)). The chapter's training configuration,
+# ([chapter 6d](engine.html#families-and-protocols)). The chapter's training configuration,
 # `EMERGENCE`, is these defaults with a learning rate of $10^{-2}$ and 2000 steps. During training
 # the engine records, on held-out tasks, the MSVE of the model's values at every
 # state, NEU (estimated at the training context length, and exact at $n = \infty$), the mean kernel
@@ -641,7 +641,7 @@ show_doc(PretrainConfig)
 # The result of a run, the registries of model families and data protocols, the softmax family
 # (this chapter's model on state tokens), the stationary protocol (the examples of `td_batch`, for
 # every seed at once) and the four training objectives live in `ictd.engine`, documented and tested
-# in [chapter 6c](engine.html). The cells below define the rest of what the loop calls: the
+# in [chapter 6d](engine.html). The cells below define the rest of what the loop calls: the
 # batched evaluation, the cache and the divergence check (documented in [Implementation and tests](#implementation-and-tests)).
 
 # %%
@@ -1061,7 +1061,7 @@ record_claim("emergence-three-seeds", "In three seeds of the chapter's training 
 # chapter's code lives in `ictd.pretrain` (the TD batch, the NEU estimator, the loop, the cache and
 # the plots), `ictd.model` (state tokens, beside the model of [chapter 3](dual_head.html)) and
 # `ictd.tasks` (examples as state indices); the configuration, the registries, the softmax family,
-# the stationary protocol and the objectives are in `ictd.engine` ([chapter 6c](engine.html)). Each
+# the stationary protocol and the objectives are in `ictd.engine` ([chapter 6d](engine.html)). Each
 # module imports only modules below it.
 
 # %% [markdown]
