@@ -21,8 +21,13 @@ from pathlib import Path
 import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import ictd
+import ictd.engine as engine
 import ictd.pretrain as pt
-from ictd.pretrain import EMERGENCE, PretrainConfig, pretrain_many
+from ictd.engine import EMERGENCE, PretrainConfig
+from ictd.model import state_tokens, token_predict
+from ictd.pretrain import pretrain_many
+from ictd.prompt import build_prompt
+from ictd.tasks import task_features
 from reference import one_seed_pretrain, predecessor_pretrain
 from reference_loops import pretrain_linear_many
 from ictd.linear import ICLR_LINEAR, fitted_td_step
@@ -57,28 +62,28 @@ def engine(seeds, dtype):
 
 def evaluation_seconds(seeds=30):
     "CPU and wall seconds of one evaluation of every metric for `seeds` seeds (the specification's 256 held-out tasks)."
-    ev = pt.eval_set(SPEC, list(range(seeds)))
-    params = pt.get_family("softmax").init(SPEC, list(range(seeds)), torch.float64)
+    ev = engine.eval_set(SPEC, list(range(seeds)))
+    params = engine.get_family("softmax").init(SPEC, list(range(seeds)), torch.float64)
     pt.evaluate_many(SPEC, params, ev)
     c, w = clock(lambda: [pt.evaluate_many(SPEC, params, ev) for _ in range(3)])
     return dict(cpu=c / 3, wall=w / 3)
 
 def setup_seconds(seeds=30):
     "Task pools, held-out sets and initialisation of `seeds` seeds (a run of zero steps without its evaluation)."
-    c, w = clock(lambda: ([pt.task_pool(SPEC, SPEC.n_tasks, s * 1_000_003) for s in range(seeds)], pt.eval_set(SPEC, list(range(seeds)))))
+    c, w = clock(lambda: ([engine.task_pool(SPEC, SPEC.n_tasks, s * 1_000_003) for s in range(seeds)], engine.eval_set(SPEC, list(range(seeds)))))
     return dict(cpu=c, wall=w)
 
 def training_shapes(S=30, B=64):
     "Forward and backward at the training shapes (S seeds x B prompts, n = 30, two queries) by three routes, CPU ms."
     from ictd.model import dual_head_update
     cfg = SPEC
-    pool = pt.stack_pools([pt.task_pool(cfg, 256, s) for s in range(S)])
+    pool = pt.stack_pools([engine.task_pool(cfg, 256, s) for s in range(S)])
     gens = [torch.Generator().manual_seed(s) for s in range(S)]
-    b = pt.stationary_sampler(cfg, pool, gens, 0, {}).x
+    b = engine.stationary_sampler(cfg, pool, gens, 0, {}).x
     pairs = b.queries
-    (phi_s, r_s), phi_q = pt.task_features(pool, b.task, b.states), pt.task_features(pool, b.task, pairs)[0]
-    Z = pt.build_prompt(phi_s, r_s[..., :-1], phi_q)
-    params = {k: v.requires_grad_() for k, v in pt.softmax_init(cfg, list(range(S)), torch.float64).items()}
+    (phi_s, r_s), phi_q = task_features(pool, b.task, b.states), task_features(pool, b.task, pairs)[0]
+    Z = build_prompt(phi_s, r_s[..., :-1], phi_q)
+    params = {k: v.requires_grad_() for k, v in engine.softmax_init(cfg, list(range(S)), torch.float64).items()}
     def full(update):
         def run():
             Zl = Z
@@ -91,7 +96,7 @@ def training_shapes(S=30, B=64):
         X = Vc @ Z[..., :n] + Vt @ Z[..., 1:n + 1]
         return Z + X @ torch.softmax(Z[..., :n].mT @ (A @ Z), dim=-2)
     def tokens():
-        pt.token_predict(params, 3, pt.state_tokens(pool, b.task, b.states, pairs))[..., 0].sum().backward()
+        token_predict(params, 3, state_tokens(pool, b.task, b.states, pairs))[..., 0].sum().backward()
     out = {}
     for name, fn in (("fused attention (SDPA)", full(dual_head_update)), ("dense attention", full(dense)), ("state tokens", tokens)):
         fn()

@@ -3,7 +3,10 @@ reproduces them: `pretrain_linear_many` (chapter 7, the predecessor's sliding-wi
 (chapter 7a, continuous task families). Only their imports changed (to where the pieces they use now live)."""
 import torch
 from ictd.tasks import sample_trajectories
-from ictd.pretrain import PretrainConfig, softmax_init, stack_pools, task_pool, token_predict, trajectory_tokens
+from ictd.engine import PretrainConfig, softmax_init
+from ictd.model import token_predict, trajectory_tokens
+from ictd.pretrain import stack_pools
+from ictd.tasks import task_pool
 from ictd.linear import (build_linear_prompt, fitted_td_step, linear_init, linear_measures, linear_predict, sliding_td_loss, sliding_windows,
                          start_distributions)
 

@@ -4,45 +4,35 @@
 
 # %% ../nbs/06_pretrain.ipynb #00195f1f
 from __future__ import annotations
-import dataclasses, functools, hashlib, json, math
-from dataclasses import dataclass, asdict, field
+import dataclasses, hashlib, json, math
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
-import numpy as np
 import torch
-from torch import nn
 from tqdm.auto import tqdm
 import ictd
-from .boyan import boyan_transitions, check_gamma, weighted_error
-from .core import TaskBatch, check_choice, check_int, check_number, check_seeds, substream
+from .boyan import check_gamma, weighted_error
+from .core import TaskBatch, check_seeds, substream
 from .prompt import build_prompt
-from .model import SoftmaxICTD, theta_star
-from .tasks import (Contexts, TDExamples, TDSample, draw_cdf, gather_rows, random_tasks, sample_trajectories, stationary_examples,
-                        task_features, task_pool)
-from .model import (StateTokens, model_params, population_neu, population_predict, population_tokens, seed_map, state_tokens,
-                        token_layer, token_layers, token_predict, trajectory_tokens)
+from .model import SoftmaxICTD, population_neu, theta_star
+from .tasks import stationary_examples, task_features
+from .engine import DTYPES, EvalSet, PretrainConfig, PretrainResult, eval_set, get_family, get_protocol, objective_values, sampled_neu, source_hash
 
 # %% auto #0
-__all__ = ['stack_pools', 'DTYPES', 'FEATURES', 'OBJECTIVES', 'INITS', 'EMERGENCE', 'FAMILIES', 'PROTOCOLS', 'INIT_STREAM',
-           'OBJECTIVE_STREAM', 'DIVERGED', 'TDBatch', 'td_batch', 'pairwise_neu', 'expected_update', 'neu',
-           'exact_neu_small', 'source_hash', 'PretrainConfig', 'PretrainResult', 'stack_results',
-           'kernel_diagonality_per_layer', 'block_cosines', 'evaluate', 'stationary_sampler', 'stationary_pools',
-           'Family', 'Protocol', 'register_family', 'register_protocol', 'get_family', 'get_protocol', 'softmax_init',
-           'softmax_module', 'softmax_prompt', 'softmax_metrics', 'population_neu_many', 'EvalSet', 'held_out_tasks',
-           'task_eval_set', 'stationary_eval_set', 'eval_set', 'td_values', 'mc_horizon', 'stationary_draws',
-           'rollout_returns', 'objective_values', 'sampled_neu', 'evaluate_many', 'run_folder', 'perturb',
-           'DivergenceError', 'check_divergence', 'pretrain_many', 'train_loop', 'pretrain', 'plot_emergence']
+__all__ = ['stack_pools', 'INIT_STREAM', 'OBJECTIVE_STREAM', 'DIVERGED', 'STYLES', 'TDBatch', 'td_batch', 'pairwise_neu',
+           'expected_update', 'neu', 'exact_neu_small', 'evaluate_many', 'run_folder', 'perturb', 'DivergenceError',
+           'check_divergence', 'train_loop', 'pretrain_many', 'pretrain', 'plot_value_weights', 'plot_diagonality',
+           'plot_value_error', 'plot_emergence', 'kernel_diagonality_per_layer', 'block_cosines', 'evaluate']
 
 # %% ../nbs/06_pretrain.ipynb #60eba8b6
 stack_pools = TaskBatch.stack   # task batches stacked along a new leading (seed) axis (`ictd.core`)
 
 @dataclass(eq=False)
 class TDBatch:
-    "A batch of pretraining examples: prompts with query s_q and with its successor s_q', and the rewards r(s_q)."
-    Z:torch.Tensor         # (B, d+2, n+2) prompts with query s_q
-    Z_next:torch.Tensor    # (B, d+2, n+2) the same contexts with query s_q'
-    reward:torch.Tensor    # (B,) r(s_q)
-    query:torch.Tensor     # (B,) s_q
+    "A batch of pretraining examples: prompts with query x_q and with its successor x_q', and the rewards r(x_q)."
+    Z:torch.Tensor         # (B, d+2, n+2) prompts with query x_q
+    Z_next:torch.Tensor    # (B, d+2, n+2) the same contexts with query x_q'
+    reward:torch.Tensor    # (B,) r(x_q)
+    query:torch.Tensor     # (B,) x_q
     states:torch.Tensor    # (B, n+1) the contexts' states
     task:torch.Tensor      # (B,) index of each example's task in the pool
 
@@ -118,319 +108,7 @@ def exact_neu_small(model:SoftmaxICTD,  # a model with d equal to the number of 
                     total = g if total is None else total + g
     return total.square().sum().item()
 
-# %% ../nbs/06_pretrain.ipynb #32f01d4d
-DTYPES = dict(float64=torch.float64, float32=torch.float32)
-FEATURES = ("random", "unit", "onehot")
-OBJECTIVES = ("td", "mc", "supervised", "td-independent")   # the training targets (see "Four objectives" below)
-INITS = ("xavier", "theta_star")
-
-@functools.lru_cache(maxsize=None)
-def _hash_files(files:tuple)->str:
-    h = hashlib.sha1()
-    for f in files: h.update(f.name.encode() + b"\0" + f.read_bytes())
-    return h.hexdigest()[:12]
-
-def source_hash()->str:
-    "A short hash of the package's source (every `ictd/*.py` file, names and contents), read once per process: a changed code never loads an old result."
-    return _hash_files(tuple(sorted(Path(ictd.__file__).parent.glob("*.py"))))
-
-@dataclass(frozen=True)
-class PretrainConfig:
-    "Every setting of a pretraining run (defaults: the project's specification of the emergence experiment)."
-    n_states:int = 10           # states per Boyan chain
-    d:int = 4                   # feature dimension
-    features:str = "random"     # "random", "unit" or "onehot" (then d = n_states)
-    n:int = 30                  # context length
-    n_layers:int = 3            # depth L
-    shared:bool = False         # one parameter set for all layers
-    gamma:float = 0.9           # discount factor
-    lr:float = 1e-3             # Adam learning rate
-    weight_decay:float = 1e-6   # Adam weight decay
-    init_gain:float = 0.1       # gain of the Xavier-normal initialisation
-    n_tasks:int = 4096          # size of the training task pool
-    batch_size:int = 64         # examples per step
-    n_steps:int = 6000          # optimiser steps
-    eval_every:int = 250        # steps between evaluations
-    eval_tasks:int = 256        # held-out tasks for the metrics
-    seed:int = 0                # seeds the model, the task pools and the data stream
-    attention:str = "softmax"   # model family: a registered name ("softmax"; "linear" from chapter 7)
-    protocol:str = "stationary" # data protocol: a registered name ("stationary"; "sliding" from chapter 7)
-    dtype:str = "float64"       # "float64" or "float32" for the parameters and the training passes (metrics in float64)
-    objective:str = "td"        # training target at the query: one of `OBJECTIVES` ("td", "mc", "supervised", "td-independent")
-    init:str = "xavier"         # "xavier" (gain `init_gain`) or "theta_star" (every layer theta*(W = init_beta I, init_alpha))
-    init_scale:float = 0.       # std of a Gaussian perturbation added to every initial parameter (0: none)
-    init_beta:float = 1.        # theta_star initialisation: the score matrix W = init_beta I
-    init_alpha:float = 1.       # theta_star initialisation: the TD step size alpha
-    record_params:bool = False  # also record every parameter at each evaluation (history "param.<name>")
-
-    def __post_init__(self):
-        "Validate every field (a `ValueError` naming it) and store integer-valued numbers as `int`."
-        ints = {name: 1 for name in ("n_states", "d", "n", "n_layers", "n_tasks", "batch_size", "eval_every", "eval_tasks")} | dict(n_steps=0, seed=0)
-        for name, low in ints.items(): object.__setattr__(self, name, check_int(getattr(self, name), name, low))
-        if self.n_states < 2: raise ValueError(f"`n_states` must be an integer >= 2, got {self.n_states}")
-        for name, allowed in dict(features=FEATURES, dtype=tuple(DTYPES), objective=OBJECTIVES, init=INITS).items(): check_choice(getattr(self, name), allowed, name)
-        for name in ("shared", "record_params"):
-            if not isinstance(getattr(self, name), bool): raise ValueError(f"`{name}` must be a bool, got {getattr(self, name)!r}")
-        for name in ("attention", "protocol"):
-            if not isinstance(getattr(self, name), str) or not getattr(self, name): raise ValueError(f"`{name}` must be a registered name (a non-empty str), got {getattr(self, name)!r}")
-        check_gamma(self.gamma)
-        for name, low, strict in (("lr", 0, True), ("init_gain", 0, True), ("weight_decay", 0, False), ("init_scale", 0, False),
-                                  ("init_beta", -math.inf, False), ("init_alpha", -math.inf, False)):
-            object.__setattr__(self, name, check_number(getattr(self, name), name, low, strict))
-
-    @property
-    def feature_dim(self)->int:
-        "The number of features d of the tasks (n_states for one-hot features)."
-        return self.n_states if self.features == "onehot" else self.d
-
-    def key(self)->str:
-        "A short hash of every setting but the seed, of the package version and of its source: the name of a configuration's folder."
-        settings = {k: v for k, v in asdict(self).items() if k != "seed"}
-        return hashlib.sha1(json.dumps(dict(settings=settings, version=ictd.__version__, source=source_hash()), sort_keys=True).encode()).hexdigest()[:12]
-
-EMERGENCE = PretrainConfig(lr=1e-2, n_steps=2000, eval_every=200)   # the headline experiment: the specification's model, a tuned learning rate
-
-# %% ../nbs/06_pretrain.ipynb #06f56bf5
-@dataclass(eq=False)
-class PretrainResult:
-    "The trained model and the metrics recorded during training."
-    config:PretrainConfig
-    model:nn.Module                             # built by the model family (a `SoftmaxICTD` for "softmax")
-    history:dict = field(default_factory=dict)  # name -> tensor with one row per evaluation (see `evaluate`)
-    held_out:TaskBatch = None                   # the held-out tasks the metrics were measured on (None for continuous states)
-    params:dict = None                          # the family's parameters as the engine holds them, without the seed axis
-
-def stack_results(results:list)->dict:
-    "Runs of one configuration stacked over seeds: params name -> (S, ...), history name -> (S, evaluations, ...)."
-    return dict(params={k: torch.stack([r.params[k] for r in results]) for k in results[0].params},
-                history={k: torch.stack([r.history[k] for r in results]) for k in results[0].history})
-
-# %% ../nbs/06_pretrain.ipynb #437c4dcc
-def kernel_diagonality_per_layer(model:SoftmaxICTD,  # the model
-                                 Z:torch.Tensor,     # (B, d+2, n+1+s) prompts with every state as a query
-                                 states:torch.Tensor,# (B, n+1) the contexts' states
-                                 n:int,              # context length
-                                )->torch.Tensor:     # (L,) mean attention share on keys of the query's own state
-    "Mean share of each query column's softmax mass on context keys of the query's own state, per layer."
-    B, s = states.shape[0], Z.shape[-1] - n - 1
-    same = (states[:, :n, None] == torch.arange(s, device=states.device)).to(Z.dtype)   # (B, n, s)
-    Zs = model(Z, n=n, return_all=True)
-    return torch.stack([(model.layer(l).attention(Zs[:, l], n=n)[:, :n, n + 1:] * same).sum(1).mean() for l in range(model.n_layers)])
-
-def block_cosines(model:SoftmaxICTD, gamma:float)->torch.Tensor:
-    "(L, 3) cosine similarity of each layer's (A, V_cur, V_tgt) to theta*(W = I, alpha = 1)."
-    star = theta_star(model.d, torch.eye(model.d, dtype=torch.float64), 1., gamma)
-    cos = lambda a, b: (a.flatten() @ b.flatten() / (a.norm() * b.norm()).clamp(min=1e-300)).item()
-    return torch.tensor([[cos(p.detach().double(), t) for p, t in zip((lay.A, lay.V_cur, lay.V_tgt), star)]
-                         for lay in (model.layer(l) for l in range(model.n_layers))], dtype=torch.float64)
-
-def evaluate(model:SoftmaxICTD,  # the model
-             eval_tasks:TaskBatch, # held-out tasks (no seed axis)
-             eval_states:torch.Tensor, # (B, n+1) one held-out context per task
-             config:PretrainConfig,
-             neu_seed:int=0,     # seed of the NEU batches
-            )->dict:             # metric name -> tensor
-    "Every metric of the emergence experiment for the current parameters."
-    rows = torch.arange(len(eval_tasks))[:, None]
-    phi, n = eval_tasks.phi, config.n
-    Z = build_prompt(phi[rows, eval_states], eval_tasks.r[rows, eval_states[:, :-1]], phi)
-    with torch.no_grad():
-        v = model.predict(Z, n=n)
-        msve = weighted_error(v, eval_tasks.v_pi, eval_tasks.d_pi).mean()
-        diag = kernel_diagonality_per_layer(model, Z, eval_states, n)
-    return dict(msve=msve.reshape(1), neu=torch.tensor([neu(model, eval_tasks, n, n_batches=4, batch_size=64, seed=neu_seed)], dtype=torch.float64),
-                neu_population=torch.tensor([population_neu(model, eval_tasks)], dtype=torch.float64),
-                diagonality=diag, value_weights=model.value_weights(), cosine=block_cosines(model, config.gamma))
-
-# %% ../nbs/06_pretrain.ipynb #0d65e59d
-def stationary_sampler(config:PretrainConfig, pool:TaskBatch, gens:list, step:int, state:dict)->TDExamples:
-    "The stationary protocol: seed i's examples are those of `td_batch(pool[i], batch_size, n, gens[i])`, drawn for all seeds at once."
-    u = torch.stack([torch.rand(config.batch_size, config.n + 4, generator=g, dtype=torch.float64) for g in gens])
-    b = stationary_examples(pool, u.to(pool.P.device))
-    return TDExamples(Contexts(pool, b.task, b.states, torch.stack([b.query, b.successor], -1)), task_features(pool, b.task, b.query)[1])
-
-def stationary_pools(config:PretrainConfig, seeds:list, device=None)->TaskBatch:
-    "The training pools of the stationary protocol, stacked over seeds: seed s's pool is `task_pool(config, n_tasks, s * 1_000_003)`."
-    return TaskBatch.stack([task_pool(config, config.n_tasks, s * 1_000_003) for s in seeds], device)
-
-# %% ../nbs/06_pretrain.ipynb #261ef323
-@dataclass(frozen=True)
-class Family:
-    "A model family for the engine: stacked parameters with a leading seed axis, inputs, predictions, modules and metrics."
-    init:Callable           # (config, seeds, dtype) -> dict name -> (S, ...) tensor; seed i's slice is that seed's own initialisation
-    prompt:Callable         # (config, Contexts) -> the model's input for every seed (float64)
-    predict:Callable        # (config, params, input, n) -> (S, B..., q) values at the queries, differentiable in params
-    module:Callable         # (config, params of one seed, no seed axis) -> nn.Module with .predict(Z, n)
-    metrics:Callable = None # (config, params (S, ...) in float64, EvalSet) -> dict name -> (S, ...) tensor
-
-@dataclass(frozen=True)
-class Protocol:
-    "A data protocol for the engine: every seed's training data, its batches of TD examples, and its held-out evaluation set."
-    sample:Callable          # (config, data, gens, step, state) -> TDExamples of every seed; seed i draws from gens[i]
-    eval_set:Callable        # (config, seeds, device) -> EvalSet of every seed, its input built by the configuration's family
-    data:Callable = None     # (config, seeds, device) -> what `sample` draws from (e.g. stacked task pools); None: nothing
-    loss_scale:float = 0.5   # the loss is loss_scale * mean squared TD error over a seed's batch
-
-FAMILIES, PROTOCOLS = {}, {}
-
-def register_family(name:str, family:Family):
-    "Make `family` available as `PretrainConfig(attention=name)` (call it when the family's module is imported)."
-    if not isinstance(family, Family): raise ValueError(f"`family` must be a Family, got {type(family).__name__}")
-    FAMILIES[name] = family
-
-def register_protocol(name:str, protocol:Protocol):
-    "Make `protocol` available as `PretrainConfig(protocol=name)` (call it when the protocol's module is imported)."
-    if not isinstance(protocol, Protocol): raise ValueError(f"`protocol` must be a Protocol, got {type(protocol).__name__}")
-    PROTOCOLS[name] = protocol
-
-def _lookup(registry:dict, name:str, what:str):
-    if name not in registry: raise ValueError(f"`{what}` must be one of {sorted(registry)} (a plug-in registers its names when imported, e.g. `import ictd.linear`), got {name!r}")
-    return registry[name]
-
-def get_family(name:str)->Family:
-    "The registered model family `name`."
-    return _lookup(FAMILIES, name, "attention")
-
-def get_protocol(name:str)->Protocol:
-    "The registered data protocol `name`."
-    return _lookup(PROTOCOLS, name, "protocol")
-
-# %% ../nbs/06_pretrain.ipynb #a18d805a
-def softmax_init(config:PretrainConfig, seeds:list, dtype)->dict:
-    "Each seed's `SoftmaxICTD` initialisation (Xavier, or theta* for `init='theta_star'`), stacked: A, V_cur, V_tgt of shape (S, L or 1, d + 2, d + 2)."
-    d = config.feature_dim
-    if config.init == "theta_star":
-        W = config.init_beta * torch.eye(d, dtype=torch.float64)
-        models = [SoftmaxICTD.from_theta_star(d, config.n_layers, W, config.init_alpha, config.gamma, shared=config.shared)] * len(seeds)
-    else: models = [SoftmaxICTD(d, config.n_layers, config.shared, config.init_gain, seed=int(s)) for s in seeds]
-    return {k: torch.stack([torch.stack([getattr(lay, k).detach() for lay in m.layers]) for m in models]).to(dtype) for k in ("A", "V_cur", "V_tgt")}
-
-def softmax_module(config:PretrainConfig, params:dict)->SoftmaxICTD:
-    "A `SoftmaxICTD` carrying one seed's parameters (L or 1, D, D)."
-    model = SoftmaxICTD(config.feature_dim, config.n_layers, config.shared, seed=0, dtype=params["A"].dtype)
-    model.load_state_dict({f"layers.{l}.{k}": params[k][l] for l in range(params["A"].shape[0]) for k in ("A", "V_cur", "V_tgt")})
-    return model
-
-def softmax_prompt(config:PretrainConfig, x:Contexts)->StateTokens:
-    "State tokens of every seed's prompts: one per state of a discrete task (exact), or one per context state of continuous ones."
-    return state_tokens(x.tasks, x.task, x.states, x.queries) if x.tasks is not None else trajectory_tokens(*x.features())
-
-def softmax_metrics(config:PretrainConfig, params:dict, ev)->dict:
-    "Value weights (S, L, 3) and block cosines (S, L, 3) of every seed; on discrete tasks also population NEU (S, 1) and diagonality (S, L)."
-    L, d, Lp = config.n_layers, config.feature_dim, params["A"].shape[1]
-    with torch.no_grad():
-        star = theta_star(d, torch.eye(d, dtype=torch.float64, device=params["A"].device), 1., config.gamma)
-        blocks = [params[k][:, [l % Lp for l in range(L)]] for k in ("A", "V_cur", "V_tgt")]       # (S, L, D, D)
-        cos = torch.stack([(b * t).sum((-2, -1)) / (b.flatten(-2).norm(dim=-1) * t.norm()).clamp(min=1e-300) for b, t in zip(blocks, star)], -1)
-        V_cur, V_tgt = blocks[1], blocks[2]
-        weights = torch.stack([V_cur[..., d + 1, d], V_tgt[..., d + 1, d + 1], V_cur[..., d + 1, d + 1]], -1)
-    if ev.tasks is None: return dict(value_weights=weights, cosine=cos)
-    with torch.no_grad():
-        s = ev.x.log_w.shape[-1]
-        atts = token_layers(params, L, ev.x)[1]          # the queries are the states 0..s-1, in order
-        diag = torch.stack([att[..., -s:].diagonal(dim1=-2, dim2=-1).mean((-2, -1)) for att in atts], -1)
-    return dict(neu_population=population_neu_many(config, params, ev.tasks)[:, None], diagonality=diag, value_weights=weights, cosine=cos)
-
-def population_neu_many(config:PretrainConfig, params:dict, tasks:TaskBatch)->torch.Tensor:
-    "(S,) NEU at n = infinity of every seed's parameters on its tasks (leading seed axis)."
-    leaf = {k: v.detach().requires_grad_() for k, v in params.items()}
-    v = token_predict(leaf, config.n_layers, population_tokens(tasks))
-    with torch.no_grad(): delta = tasks.r + tasks.gamma * (tasks.P @ v.unsqueeze(-1)).squeeze(-1) - v
-    grads = torch.autograd.grad((tasks.d_pi * delta * v).sum(-1).mean(-1).sum(), list(leaf.values()))
-    return sum(g.flatten(1).square().sum(-1) for g in grads)
-
-register_family("softmax", Family(init=softmax_init, prompt=softmax_prompt,
-                                  predict=lambda config, params, x, n: token_predict(params, config.n_layers, x),
-                                  module=softmax_module, metrics=softmax_metrics))
-
-# %% ../nbs/06_pretrain.ipynb #764d3e88
-@dataclass(eq=False)
-class EvalSet:
-    "Every seed's held-out prompts with every evaluation point as a query, their true values, and the weights of the MSVE."
-    x:object                  # the family's input: one context per held-out task, queries at the m evaluation points
-    v_pi:torch.Tensor         # (S, E, m) true values at the queries
-    weights:torch.Tensor      # (S, E, m) weights of the MSVE over the queries (d_pi, or a quadrature rule)
-    tasks:TaskBatch = None    # discrete tasks: the held-out tasks (S, E, ...), whose states 0..s-1 are the queries; None otherwise
-    states:torch.Tensor = None  # discrete tasks: (S, E, n + 1) the contexts
-
-def _task_kwargs(config): return dict(n_states=config.n_states, d=config.d, gamma=config.gamma, features=config.features)
-
-def held_out_tasks(config:PretrainConfig)->tuple:
-    "The held-out tasks of a run (disjoint from its training pool) and one context per task."
-    tasks = task_pool(config, config.eval_tasks, config.seed * 1_000_003 + config.n_tasks)
-    return tasks, sample_trajectories(tasks.P, config.n, tasks.d_pi, seed=config.seed + 17)
-
-def task_eval_set(config:PretrainConfig, tasks:TaskBatch, states:torch.Tensor)->EvalSet:
-    "The evaluation set of discrete held-out tasks (S, E, ...) with one context each (S, E, n + 1): every state a query, MSVE weights d_pi."
-    S, E, s = tasks.r.shape
-    task, queries = torch.arange(E, device=states.device).expand(S, E), torch.arange(s, device=states.device).expand(S, E, s)
-    return EvalSet(get_family(config.attention).prompt(config, Contexts(tasks, task, states, queries)), tasks.v_pi, tasks.d_pi, tasks, states)
-
-def stationary_eval_set(config:PretrainConfig, seeds:list, device=None)->EvalSet:
-    "The stationary protocol's evaluation set: every seed's `held_out_tasks`, stacked."
-    held = [held_out_tasks(dataclasses.replace(config, seed=s)) for s in seeds]
-    return task_eval_set(config, TaskBatch.stack([t for t, _ in held], device), torch.stack([s for _, s in held]).to(device))
-
-def eval_set(config:PretrainConfig, seeds:list, device=None)->EvalSet:
-    "The evaluation set of `config.protocol` for `seeds`."
-    return get_protocol(config.protocol).eval_set(config, seeds, device)
-
-register_protocol("stationary", Protocol(sample=stationary_sampler, eval_set=stationary_eval_set, data=stationary_pools))
-
-def td_values(config:PretrainConfig, params:dict, b:TDExamples)->tuple:
-    "v(s_q) (S, B) with its graph, and the TD target r(s_q) + gamma v(s_q') (S, B), detached, for every seed's examples."
-    family = get_family(config.attention)
-    v = family.predict(config, params, family.prompt(config, b.x), config.n)
-    v, v_next = (v[..., 0], v[..., 1]) if b.successor == "query" else (v[:, :-1, 0], v[:, 1:, 0])
-    return v, b.reward.to(v.dtype) + config.gamma * v_next.detach()
-
-# %% ../nbs/06_pretrain.ipynb #22b10120
-def mc_horizon(gamma:float, tol:float=1e-6)->int:
-    "The length H of the Monte-Carlo objective's rollouts: the smallest H >= 1 with gamma^H <= tol."
-    gamma = check_gamma(gamma)
-    return 1 if gamma == 0 else max(1, math.ceil(math.log(tol) / math.log(gamma)))
-
-def stationary_draws(tasks:TaskBatch, task:torch.Tensor, u:torch.Tensor)->torch.Tensor:
-    "(S, B) states drawn from d_pi of the tasks `task` (S, B) of every seed, one per uniform of `u` (S, B)."
-    return draw_cdf(gather_rows(tasks.d_pi[..., None, :], task, torch.zeros_like(task)).cumsum(-1), u)
-
-def rollout_returns(tasks:TaskBatch, task:torch.Tensor, start:torch.Tensor, u:torch.Tensor)->torch.Tensor:
-    "(S, B) sampled returns sum_{t<H} gamma^t r(S_t) of chains started at `start` (S, B), with H - 1 = u.shape[-1] uniforms (S, B, H - 1)."
-    s = tasks.P.shape[-1]
-    cum = gather_rows(tasks.P, task, torch.arange(s, device=u.device).expand(*task.shape, s)).cumsum(-1)   # (S, B, s, s) each example's task
-    states, u = [start], u.movedim(-1, 0).contiguous()
-    for u_t in u: states.append(draw_cdf(cum.gather(-2, states[-1][..., None, None].expand(*task.shape, 1, s))[..., 0, :], u_t))
-    r = task_features(tasks, task, torch.stack(states, -1))[1]
-    return (r * tasks.gamma ** torch.arange(len(states), dtype=torch.float64, device=u.device)).sum(-1)
-
-def objective_values(config:PretrainConfig, params:dict, b:TDExamples, gens:list)->tuple:
-    "v(s_q) (S, B) with its graph and the target of `config.objective` (S, B), detached; `gens` (one per seed) draw what the objective adds to the data."
-    if config.objective == "td": return td_values(config, params, b)
-    x = b.x
-    if x.tasks is None or b.successor != "query": raise ValueError(f"`objective` {config.objective!r} needs a protocol of discrete tasks with the successor as a query (as 'stationary'), got protocol {config.protocol!r}")
-    S, B = x.task.shape
-    uniforms = lambda *shape: torch.stack([torch.rand(B, *shape, generator=g, dtype=torch.float64) for g in gens]).to(x.task.device)
-    query = x.queries[..., 0]
-    if config.objective == "td-independent":
-        return td_values(config, params, dataclasses.replace(b, x=dataclasses.replace(x, queries=torch.stack([query, stationary_draws(x.tasks, x.task, uniforms())], -1))))
-    family = get_family(config.attention)
-    v = family.predict(config, params, family.prompt(config, dataclasses.replace(x, queries=x.queries[..., :1])), config.n)[..., 0]
-    if config.objective == "supervised": return v, gather_rows(x.tasks.v_pi, x.task, query).to(v.dtype)
-    return v, rollout_returns(x.tasks, x.task, query, uniforms(mc_horizon(config.gamma) - 1)).to(v.dtype)
-
-# %% ../nbs/06_pretrain.ipynb #349eafcd
-def sampled_neu(config:PretrainConfig, params:dict, ev:EvalSet, n_batches:int=4, batch_size:int=64, seed:int=0)->torch.Tensor:
-    "(S,) `neu` of every seed at once: `n_batches` stationary batches of its held-out tasks, drawn from a generator seeded `seed`."
-    S, K = ev.states.shape[0], int(n_batches)
-    gens, cfg = [torch.Generator().manual_seed(seed) for _ in range(S)], dataclasses.replace(config, batch_size=batch_size)
-    leaf = {k: v.detach().requires_grad_() for k, v in params.items()}
-    def update(b):
-        v, target = td_values(config, leaf, b)
-        grads = torch.autograd.grad(((target - v.detach()) * v).mean(-1).sum(), list(leaf.values()), allow_unused=True)
-        return torch.cat([(g if g is not None else torch.zeros_like(p)).flatten(1) for g, p in zip(grads, leaf.values())], -1)
-    g = torch.stack([update(stationary_sampler(cfg, ev.tasks, gens, 0, {})) for _ in range(K)], 1)     # (S, K, n_params)
-    return (g.sum(1).square().sum(-1) - g.square().sum((1, 2))) / (K * (K - 1))
-
+# %% ../nbs/06_pretrain.ipynb #73352937
 def evaluate_many(config:PretrainConfig, params:dict, ev:EvalSet)->dict:
     "Every metric of every seed, in float64: name -> (S, ...) tensor (msve, neu, and the family's own)."
     family = get_family(config.attention)
@@ -497,49 +175,7 @@ def check_divergence(config:PretrainConfig, seeds:list, step:int, loss:torch.Ten
         raise DivergenceError(f"training diverged at step {step} with lr = {config.lr:g}: seed(s) {[seeds[i] for i in bad]} reached a loss or "
                               f"parameter of size {size[bad[0]].item():.3g} (limit {DIVERGED:g}){kept}")
 
-def pretrain_many(config:PretrainConfig,     # every setting but the seed
-                  seeds,                     # the seeds, one run each (distinct non-negative integers)
-                  progress:bool=True,        # show a progress bar
-                  cache_dir=None,            # folder of results and checkpoints, `<cache_dir>/<config.key()>/`; None: none
-                  device=None,               # torch device; default CUDA when available, else CPU
-                  checkpoint_every:int=None, # steps between checkpoints (needs `cache_dir`); None: none
-                  force:bool=False,          # recompute even if results or a checkpoint exist
-                  callback=None,             # called as `callback(step)` after each optimiser step
-                 )->list:                    # one PretrainResult per seed, in the order of `seeds`
-    "Pretrain one model per seed, all seeds in one batched forward and backward pass; run i equals `pretrain` with seed `seeds[i]`."
-    seeds = check_seeds(seeds)
-    if checkpoint_every is not None and (int(checkpoint_every) != checkpoint_every or checkpoint_every < 1):
-        raise ValueError(f"`checkpoint_every` must be a positive integer or None, got {checkpoint_every}")
-    if checkpoint_every and cache_dir is None: raise ValueError("`checkpoint_every` needs a `cache_dir` to write checkpoints to")
-    get_family(config.attention), get_protocol(config.protocol)
-    folder = run_folder(cache_dir, config) if cache_dir is not None else None
-    done = {}
-    for s in seeds:
-        c = dataclasses.replace(config, seed=s)
-        saved = None if folder is None or force else _load(folder / f"seed-{s}.pt", dict(version=ictd.__version__, source=source_hash(), config=asdict(c)))
-        if saved is not None: done[s] = _result(c, saved["params"], saved["history"], _held_out(c))
-    todo = [s for s in seeds if s not in done]
-    if todo: done.update(zip(todo, train_loop(config, todo, progress, folder, device, checkpoint_every, force, callback)))
-    return [done[s] for s in seeds]
-
-def _restore(saved:dict, params:dict, opt, gens:list)->dict:
-    "Load a checkpoint's parameters, optimiser state and generator states in place; its run record (step, history, losses, protocol state)."
-    with torch.no_grad():
-        for k, v in params.items(): v.copy_(saved["params"][k])
-    opt.load_state_dict(saved["optimizer"])
-    for g, st in zip(gens, saved["generators"]): g.set_state(st)
-    return {k: saved[k] for k in ("step", "history", "losses", "protocol")}
-
-def _record(config:PretrainConfig, run:dict, params:dict, ev:EvalSet, step:int):
-    "Append the evaluation at `step` to the run's history: the step, the mean training loss since the last one, every metric (and the parameters if asked)."
-    S = next(iter(params.values())).shape[0]
-    loss = torch.stack(run["losses"]).mean(0).double().cpu() if run["losses"] else torch.full((S,), math.nan, dtype=torch.float64)
-    metrics = dict(step=torch.full((S, 1), step), loss=loss[:, None],
-                   **{k: v.detach().cpu().clone() for k, v in evaluate_many(config, params, ev).items()},   # a copy: a metric may view a parameter
-                   **({f"param.{k}": v.detach().double().cpu().clone() for k, v in params.items()} if config.record_params else {}))
-    for k, v in metrics.items(): run["history"].setdefault(k, []).append(v)
-    run["losses"] = []
-
+# %% ../nbs/06_pretrain.ipynb #98c6bf9a
 def train_loop(config:PretrainConfig,     # every setting but the seed
                seeds:list,                # the seeds trained together
                progress:bool=False,       # show a progress bar
@@ -591,6 +227,50 @@ def train_loop(config:PretrainConfig,     # every setting but the seed
     if checkpoint is not None and checkpoint.exists(): checkpoint.unlink()
     return results
 
+# %% ../nbs/06_pretrain.ipynb #a5f6cdbe
+def pretrain_many(config:PretrainConfig,     # every setting but the seed
+                  seeds,                     # the seeds, one run each (distinct non-negative integers)
+                  progress:bool=True,        # show a progress bar
+                  cache_dir=None,            # folder of results and checkpoints, `<cache_dir>/<config.key()>/`; None: none
+                  device=None,               # torch device; default CUDA when available, else CPU
+                  checkpoint_every:int=None, # steps between checkpoints (needs `cache_dir`); None: none
+                  force:bool=False,          # recompute even if results or a checkpoint exist
+                  callback=None,             # called as `callback(step)` after each optimiser step
+                 )->list:                    # one PretrainResult per seed, in the order of `seeds`
+    "Pretrain one model per seed, all seeds in one batched forward and backward pass; run i equals `pretrain` with seed `seeds[i]`."
+    seeds = check_seeds(seeds)
+    if checkpoint_every is not None and (int(checkpoint_every) != checkpoint_every or checkpoint_every < 1):
+        raise ValueError(f"`checkpoint_every` must be a positive integer or None, got {checkpoint_every}")
+    if checkpoint_every and cache_dir is None: raise ValueError("`checkpoint_every` needs a `cache_dir` to write checkpoints to")
+    get_family(config.attention), get_protocol(config.protocol)
+    folder = run_folder(cache_dir, config) if cache_dir is not None else None
+    done = {}
+    for s in seeds:
+        c = dataclasses.replace(config, seed=s)
+        saved = None if folder is None or force else _load(folder / f"seed-{s}.pt", dict(version=ictd.__version__, source=source_hash(), config=asdict(c)))
+        if saved is not None: done[s] = _result(c, saved["params"], saved["history"], _held_out(c))
+    todo = [s for s in seeds if s not in done]
+    if todo: done.update(zip(todo, train_loop(config, todo, progress, folder, device, checkpoint_every, force, callback)))
+    return [done[s] for s in seeds]
+
+def _restore(saved:dict, params:dict, opt, gens:list)->dict:
+    "Load a checkpoint's parameters, optimiser state and generator states in place; its run record (step, history, losses, protocol state)."
+    with torch.no_grad():
+        for k, v in params.items(): v.copy_(saved["params"][k])
+    opt.load_state_dict(saved["optimizer"])
+    for g, st in zip(gens, saved["generators"]): g.set_state(st)
+    return {k: saved[k] for k in ("step", "history", "losses", "protocol")}
+
+def _record(config:PretrainConfig, run:dict, params:dict, ev:EvalSet, step:int):
+    "Append the evaluation at `step` to the run's history: the step, the mean training loss since the last one, every metric (and the parameters if asked)."
+    S = next(iter(params.values())).shape[0]
+    loss = torch.stack(run["losses"]).mean(0).double().cpu() if run["losses"] else torch.full((S,), math.nan, dtype=torch.float64)
+    metrics = dict(step=torch.full((S, 1), step), loss=loss[:, None],
+                   **{k: v.detach().cpu().clone() for k, v in evaluate_many(config, params, ev).items()},   # a copy: a metric may view a parameter
+                   **({f"param.{k}": v.detach().double().cpu().clone() for k, v in params.items()} if config.record_params else {}))
+    for k, v in metrics.items(): run["history"].setdefault(k, []).append(v)
+    run["losses"] = []
+
 def pretrain(config:PretrainConfig=PretrainConfig(),  # every setting of the run
              progress:bool=True,    # show a progress bar
              cache_dir=None,        # folder of cached results (see `pretrain_many`); None: no cache
@@ -600,30 +280,107 @@ def pretrain(config:PretrainConfig=PretrainConfig(),  # every setting of the run
     return pretrain_many(config, [config.seed], progress, cache_dir, device)[0]
 
 # %% ../nbs/06_pretrain.ipynb #6f054426
+STYLES = (("#0072B2", "-"), ("#E69F00", "--"), ("#009E73", "-."), ("#CC79A7", ":"))   # Okabe-Ito colours, one line style each
+
+def _panel(result, ax, ncols=1, figsize=(6, 3.4)):
+    "`ax` (a new figure's axes if None), the run's history and its evaluation steps."
+    import matplotlib.pyplot as plt
+    if ax is None: ax = plt.subplots(1, ncols, figsize=figsize)[1]
+    return ax, result.history, result.history["step"].flatten().numpy()
+
+def plot_value_weights(result:PretrainResult,  # a finished run
+                       axs=None,               # two matplotlib axes; default: a new figure
+                      ):                       # the two axes
+    "The last layer's value-update weights (reward, successor value, current value) and the ratio successor / current, against training step."
+    axs, h, steps = _panel(result, axs, 2, (9, 3.4))
+    c, vw = result.config, h["value_weights"]
+    L = vw.shape[1]
+    for j, name in enumerate(("reward", "successor value", "current value")):
+        axs[0].plot(steps, vw[:, L - 1, j], color=STYLES[j][0], ls=STYLES[j][1], label=name)
+    axs[0].axhline(0, color="k", lw=0.5)
+    axs[0].set(xlabel="training step", ylabel="weight", title=f"Value-update weights, last layer ({L})")
+    cur = vw[:, L - 1, 2]
+    axs[1].plot(steps, torch.where(cur.abs() > 0.05, vw[:, L - 1, 1] / cur, torch.nan), "o-", color=STYLES[0][0], label="successor / current\n(where |current| > 0.05)")
+    axs[1].axhline(-c.gamma, color="k", ls="--", label=r"$-\gamma$")
+    axs[1].set(ylim=(-3, 1), xlabel="training step", ylabel="ratio", title="Ratio of the last layer's value weights")
+    for ax in axs: ax.legend(fontsize=9)
+    return axs
+
+def plot_diagonality(result:PretrainResult,  # a finished run
+                     ax=None,                # a matplotlib axis; default: a new figure
+                    ):                       # the axis
+    "The mean kernel diagonality of each layer's attention against training step."
+    ax, h, steps = _panel(result, ax)
+    for l in range(h["diagonality"].shape[1]):
+        ax.plot(steps, h["diagonality"][:, l], color=STYLES[l % 4][0], ls=STYLES[l % 4][1], label=f"layer {l + 1}")
+    ax.set(xlabel="training step", ylabel="attention share on own state", title="Mean kernel diagonality")
+    ax.legend(fontsize=9)
+    return ax
+
+def plot_value_error(result:PretrainResult,  # a finished run
+                     ax=None,                # a matplotlib axis; default: a new figure
+                    ):                       # the axis
+    "The held-out MSVE and NEU (at the training context length, positive estimates only, and at n = infinity) against training step, log scale."
+    ax, h, steps = _panel(result, ax)
+    c, est = result.config, h["neu"].flatten()
+    ax.plot(steps, h["msve"].flatten(), color=STYLES[0][0], ls=STYLES[0][1], label="MSVE (held-out tasks)")
+    ax.plot(steps[(est > 0).numpy()], est[est > 0], "s", color=STYLES[1][0], label=f"NEU, n = {c.n} (positive estimates)")
+    ax.plot(steps, h["neu_population"].flatten(), color=STYLES[2][0], ls=STYLES[2][1], label=r"NEU, $n = \infty$")
+    ax.set(yscale="log", xlabel="training step", ylabel="MSVE or NEU", title="Value error and NEU")
+    ax.legend(fontsize=9)
+    return ax
+
 def plot_emergence(result:PretrainResult,  # a finished run
                    title:str=None,         # figure title; default: the run's main settings
                   ):                       # the matplotlib figure
-    "The four panels of the emergence experiment: last layer's value weights and their ratio, diagonality, MSVE and NEU."
+    "The four panels of the emergence experiment in one figure: last layer's value weights and their ratio, diagonality, MSVE and NEU."
     import matplotlib.pyplot as plt
-    h, c = result.history, result.config
-    fig, axs = plt.subplots(2, 2, figsize=(8, 6.4), sharex=True)
-    steps, vw = h["step"].flatten().numpy(), h["value_weights"]
-    L = vw.shape[1]
-    for j, name in enumerate(("reward", "successor value", "current value")): axs[0, 0].plot(steps, vw[:, L - 1, j], label=name)
-    axs[0, 0].axhline(0, color="k", lw=0.5)
-    axs[0, 0].set(ylabel="weight", title=f"Value-update weights, last layer ({L})")
-    cur = vw[:, L - 1, 2]
-    axs[0, 1].plot(steps, torch.where(cur.abs() > 0.05, vw[:, L - 1, 1] / cur, torch.nan), "o-", label="successor / current (where |current| > 0.05)")
-    axs[0, 1].axhline(-c.gamma, color="k", ls="--", label=r"$-\gamma$")
-    axs[0, 1].set(ylim=(-3, 1), title="Ratio of the last layer's value weights", ylabel="ratio")
-    for l in range(L): axs[1, 0].plot(steps, h["diagonality"][:, l], label=f"layer {l + 1}")
-    axs[1, 0].set(xlabel="training step", ylabel="attention share on own state", title="Mean kernel diagonality")
-    est = h["neu"].flatten()
-    axs[1, 1].plot(steps, h["msve"].flatten(), label="MSVE (held-out tasks)")
-    axs[1, 1].plot(steps[(est > 0).numpy()], est[est > 0], ".", label=f"NEU, n = {c.n} (positive estimates)")
-    axs[1, 1].plot(steps, h["neu_population"].flatten(), label=r"NEU, $n = \infty$")
-    axs[1, 1].set(yscale="log", xlabel="training step", title="Value error and NEU")
-    for ax in axs.flat: ax.legend(fontsize=9)
+    c = result.config
+    fig, axs = plt.subplots(2, 2, figsize=(9, 6.8))
+    plot_value_weights(result, axs[0]); plot_diagonality(result, axs[1, 0]); plot_value_error(result, axs[1, 1])
     fig.suptitle(title or f"Pretraining: d = {c.d} {c.features} features, n = {c.n}, L = {c.n_layers}, lr = {c.lr:g}, seed {c.seed}")
     fig.tight_layout()
     return fig
+
+# %% ../nbs/06_pretrain.ipynb #437c4dcc
+def kernel_diagonality_per_layer(model:SoftmaxICTD,  # the model
+                                 Z:torch.Tensor,     # (B, d+2, n+1+s) prompts with every state as a query
+                                 states:torch.Tensor,# (B, n+1) the contexts' states
+                                 n:int,              # context length
+                                )->torch.Tensor:     # (L,) mean attention share on keys of the query's own state
+    "Mean share of each query column's softmax mass on context keys of the query's own state, per layer."
+    B, s = states.shape[0], Z.shape[-1] - n - 1
+    same = (states[:, :n, None] == torch.arange(s, device=states.device)).to(Z.dtype)   # (B, n, s)
+    Zs = model(Z, n=n, return_all=True)
+    return torch.stack([(model.layer(l).attention(Zs[:, l], n=n)[:, :n, n + 1:] * same).sum(1).mean() for l in range(model.n_layers)])
+
+def block_cosines(model:SoftmaxICTD, gamma:float)->torch.Tensor:
+    "(L, 3) cosine similarity of each layer's (A, V_cur, V_tgt) to theta*(W = I, alpha = 1)."
+    star = theta_star(model.d, torch.eye(model.d, dtype=torch.float64), 1., gamma)
+    cos = lambda a, b: (a.flatten() @ b.flatten() / (a.norm() * b.norm()).clamp(min=1e-300)).item()
+    return torch.tensor([[cos(p.detach().double(), t) for p, t in zip((lay.A, lay.V_cur, lay.V_tgt), star)]
+                         for lay in (model.layer(l) for l in range(model.n_layers))], dtype=torch.float64)
+
+def evaluate(model:SoftmaxICTD,  # the model
+             eval_tasks:TaskBatch, # held-out tasks (no seed axis)
+             eval_states:torch.Tensor, # (B, n+1) one held-out context per task
+             config:PretrainConfig,
+             neu_seed:int=0,     # seed of the NEU batches
+            )->dict:             # metric name -> tensor
+    "Every metric of the emergence experiment for the current parameters."
+    rows = torch.arange(len(eval_tasks))[:, None]
+    phi, n = eval_tasks.phi, config.n
+    Z = build_prompt(phi[rows, eval_states], eval_tasks.r[rows, eval_states[:, :-1]], phi)
+    with torch.no_grad():
+        v = model.predict(Z, n=n)
+        msve = weighted_error(v, eval_tasks.v_pi, eval_tasks.d_pi).mean()
+        diag = kernel_diagonality_per_layer(model, Z, eval_states, n)
+    return dict(msve=msve.reshape(1), neu=torch.tensor([neu(model, eval_tasks, n, n_batches=4, batch_size=64, seed=neu_seed)], dtype=torch.float64),
+                neu_population=torch.tensor([population_neu(model, eval_tasks)], dtype=torch.float64),
+                diagonality=diag, value_weights=model.value_weights(), cosine=block_cosines(model, config.gamma))
+
+# %% ../nbs/06_pretrain.ipynb #24c6fea8
+from .engine import (EMERGENCE, FAMILIES, INITS, OBJECTIVES, PROTOCOLS, Family, Protocol, held_out_tasks, mc_horizon,
+                         register_family, register_protocol, rollout_returns, softmax_init, stack_results, stationary_sampler, task_eval_set)
+from .model import model_params, state_tokens, token_predict, trajectory_tokens
+from .tasks import Contexts, task_pool

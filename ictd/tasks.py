@@ -105,8 +105,8 @@ class TDSample:
     "Pretraining examples of every seed as state indices into its task pool (each model family builds its own prompts)."
     task:torch.Tensor       # (S, B) index of each example's task in its seed's pool
     states:torch.Tensor     # (S, B, n + 1) the context's states S_0..S_n
-    query:torch.Tensor      # (S, B) the query state s_q
-    successor:torch.Tensor  # (S, B) its successor s_q'
+    query:torch.Tensor      # (S, B) the query state x_q
+    successor:torch.Tensor  # (S, B) its successor x_q'
 
 def stationary_examples(pool:TaskBatch,  # tasks with a leading seed axis: P (S, T, s, s), d_pi (S, T, s)
                         u:torch.Tensor,  # (S, B, n + 4) uniforms: task, n + 1 context states, query, successor
@@ -145,5 +145,5 @@ class Contexts:
 class TDExamples:
     "A batch of TD examples of every seed, as a protocol supplies it: prompts, rewards at the queries, and where each successor is."
     x:Contexts               # the prompts
-    reward:torch.Tensor      # (S, B) r(s_q) of each example
-    successor:str = "query"  # "query": s_q' is query column 1 of the same prompt; "next": it is the query of the next prompt along axis 1
+    reward:torch.Tensor      # (S, B) r(x_q) of each example
+    successor:str = "query"  # "query": x_q' is query column 1 of the same prompt; "next": it is the query of the next prompt along axis 1

@@ -5,8 +5,10 @@ from pathlib import Path
 import pytest
 import torch
 import ictd
+import ictd.engine as engine
 import ictd.pretrain as pt
-from ictd.pretrain import PretrainConfig, pretrain, pretrain_many
+from ictd.engine import PretrainConfig
+from ictd.pretrain import pretrain, pretrain_many
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / 'bench'))
 from reference import one_seed_pretrain
@@ -68,7 +70,8 @@ def test_resume_after_a_killed_process_is_exact(tmp_path):
     config = dataclasses.replace(SMALL, n_steps=400, eval_every=100)
     script = textwrap.dedent(f'''
         import os, signal, dataclasses
-        from ictd.pretrain import PretrainConfig, pretrain_many
+        from ictd.engine import PretrainConfig
+        from ictd.pretrain import pretrain_many
         config = {config!r}
         def kill(step):
             if step == 250: os.kill(os.getpid(), signal.SIGKILL)
@@ -105,22 +108,22 @@ def test_cache_one_folder_per_configuration_and_version(tmp_path, monkeypatch, c
 @pytest.mark.unit
 def test_a_registered_family_and_protocol_are_used():
     "A family and a protocol registered from outside chapter 6 are trained by the engine (here: the softmax family and the stationary protocol, wrapped)."
-    base, calls = pt.get_family('softmax'), []
+    base, calls = engine.get_family('softmax'), []
     def predict(config, params, x, n):
         calls.append(x.Z.shape[:2])
         return base.predict(config, params, x, n)
-    pt.register_family('softmax-copy', dataclasses.replace(base, predict=predict))
-    stationary = pt.get_protocol('stationary')
+    engine.register_family('softmax-copy', dataclasses.replace(base, predict=predict))
+    stationary = engine.get_protocol('stationary')
     def every_step_same_task(config, pool, gens, step, state):
         b = stationary.sample(config, pool, gens, step, state)
         state['steps'] = state.get('steps', 0) + 1
         return dataclasses.replace(b, x=dataclasses.replace(b.x, task=torch.zeros_like(b.x.task)))
-    pt.register_protocol('one-task', dataclasses.replace(stationary, sample=every_step_same_task))
+    engine.register_protocol('one-task', dataclasses.replace(stationary, sample=every_step_same_task))
     try:
         config = dataclasses.replace(SMALL, attention='softmax-copy', protocol='one-task', n_steps=4, eval_every=2)
         r = pretrain_many(config, [0, 1], progress=False)
         assert (2, config.batch_size) in calls and len(r) == 2 and r[0].history['msve'].shape == (3, 1)
     finally:
-        del pt.FAMILIES['softmax-copy'], pt.PROTOCOLS['one-task']
+        del engine.FAMILIES['softmax-copy'], engine.PROTOCOLS['one-task']
     with pytest.raises(ValueError, match='`protocol` must be one of'): pretrain_many(dataclasses.replace(SMALL, protocol='zigzag'), [0])
-    with pytest.raises(ValueError, match='`protocol` must be a Protocol'): pt.register_protocol('bare', lambda *a: None)
+    with pytest.raises(ValueError, match='`protocol` must be a Protocol'): engine.register_protocol('bare', lambda *a: None)

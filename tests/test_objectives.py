@@ -3,9 +3,11 @@ import dataclasses, math, sys
 from pathlib import Path
 import pytest
 import torch
-import ictd.pretrain as pt
+import ictd.engine as engine
+from ictd.engine import PretrainConfig
 from ictd.model import SoftmaxICTD
-from ictd.pretrain import PretrainConfig, pretrain_many
+from ictd.pretrain import pretrain_many, stack_pools
+from ictd.tasks import task_pool
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / 'bench'))
 from reference import one_seed_pretrain
@@ -14,9 +16,9 @@ TINY = PretrainConfig(n_tasks=64, eval_tasks=8, n_steps=12, eval_every=6, lr=1e-
 
 def pool_and_batch(config, seeds=(4, 5)):
     "Each seed's training pool (stacked) and one stationary batch of it (its contexts)."
-    pool = pt.stack_pools([pt.task_pool(config, config.n_tasks, 1000 + s) for s in seeds])
+    pool = stack_pools([task_pool(config, config.n_tasks, 1000 + s) for s in seeds])
     gens = [torch.Generator().manual_seed(s) for s in seeds]
-    return pool, pt.stationary_sampler(config, pool, gens, 0, {})
+    return pool, engine.stationary_sampler(config, pool, gens, 0, {})
 
 @pytest.mark.unit
 def test_td_objective_is_the_reference_loop():
@@ -32,8 +34,8 @@ def test_supervised_targets_are_true_values():
     "objective='supervised' regresses on v_pi(s_q) = ((I - gamma P)^{-1} r)(s_q), solved here independently per task."
     config = dataclasses.replace(TINY, objective='supervised', batch_size=32)
     pool, b = pool_and_batch(config)
-    params = {k: v.requires_grad_() for k, v in pt.softmax_init(config, [4, 5], torch.float64).items()}
-    v, target = pt.objective_values(config, params, b, [torch.Generator().manual_seed(0)] * 2)
+    params = {k: v.requires_grad_() for k, v in engine.softmax_init(config, [4, 5], torch.float64).items()}
+    v, target = engine.objective_values(config, params, b, [torch.Generator().manual_seed(0)] * 2)
     task, query = b.x.task, b.x.queries[..., 0]
     P, r = pool.P[torch.arange(2)[:, None], task], pool.r[torch.arange(2)[:, None], task]     # (S, B, s, s), (S, B, s)
     v_pi = torch.linalg.solve(torch.eye(10, dtype=torch.float64) - config.gamma * P, r)
@@ -50,8 +52,8 @@ def test_td_independent_successors_ignore_the_query(monkeypatch):
     config = dataclasses.replace(TINY, objective='td-independent', n_tasks=1, batch_size=20_000, n=2)
     pool, b = pool_and_batch(config, seeds=(3,))
     seen = []
-    monkeypatch.setattr(pt, 'td_values', lambda config, params, b: seen.append(b) or (None, None))
-    pt.objective_values(config, None, b, [torch.Generator().manual_seed(1)])
+    monkeypatch.setattr(engine, 'td_values', lambda config, params, b: seen.append(b) or (None, None))
+    engine.objective_values(config, None, b, [torch.Generator().manual_seed(1)])
     ind, b = seen[0].x, b.x
     assert torch.equal(ind.queries[..., 0], b.queries[..., 0]) and torch.equal(ind.states, b.states) and not torch.equal(ind.queries[..., 1], b.queries[..., 1])
     def dependence(q, s1):
@@ -69,10 +71,10 @@ def test_mc_returns_are_unbiased_for_v_pi():
     "objective='mc' regresses on rollouts of H = mc_horizon(gamma) steps, whose mean is v_pi(s) (bias <= gamma^H / (1 - gamma) < 1e-5)."
     config = dataclasses.replace(TINY, objective='mc', n_tasks=1)
     pool, _ = pool_and_batch(config, seeds=(2,))
-    H, N, gen = pt.mc_horizon(config.gamma), 20_000, torch.Generator().manual_seed(0)
+    H, N, gen = engine.mc_horizon(config.gamma), 20_000, torch.Generator().manual_seed(0)
     assert config.gamma ** H <= 1e-6 < config.gamma ** (H - 1)
     for start in (0, 5, 9):
-        g = pt.rollout_returns(pool, torch.zeros(1, N, dtype=torch.long), torch.full((1, N), start), torch.rand(1, N, H - 1, generator=gen, dtype=torch.float64))
+        g = engine.rollout_returns(pool, torch.zeros(1, N, dtype=torch.long), torch.full((1, N), start), torch.rand(1, N, H - 1, generator=gen, dtype=torch.float64))
         se = g.std().item() / math.sqrt(N)
         assert abs(g.mean().item() - pool.v_pi[0, 0, start].item()) < 4 * se + 1e-5, (start, g.mean(), pool.v_pi[0, 0, start])
 

@@ -7,7 +7,8 @@ import torch
 from ictd.continuous import GaussianAR1Family, RotationFamily, family_config
 from ictd.experiments.continuous import family_run
 from ictd.linear import ICLR_LINEAR
-from ictd.pretrain import Family, PretrainResult, pretrain_many, register_family, stack_results
+from ictd.engine import Family, PretrainResult, register_family, stack_results
+from ictd.pretrain import pretrain_many
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / 'bench'))
 from reference_loops import pretrain_family, pretrain_linear_many
@@ -39,13 +40,13 @@ def test_family_protocol_reproduces_the_old_continuous_loop(family, dtype):
 
 @pytest.mark.unit
 def test_a_family_registered_from_another_module_trains():
-    "A model family defined outside ictd.pretrain (here a one-parameter value-per-feature model) registers itself and trains on the stationary protocol."
+    "A model family defined outside ictd.engine (here a one-parameter value-per-feature model) registers itself and trains on the stationary protocol."
     def init(config, seeds, dtype): return dict(w=torch.zeros(len(seeds), config.feature_dim, dtype=dtype))
     def prompt(config, x): return x.features()[2]                                   # the query features (S, B, q, d)
     def predict(config, params, x, n): return (x.to(params['w']) * params['w'][:, None, None, :]).sum(-1)
     def module(config, params): return torch.nn.Linear(config.feature_dim, 1)
     register_family('per-feature', Family(init=init, prompt=prompt, predict=predict, module=module))
-    from ictd.pretrain import FAMILIES, PretrainConfig
+    from ictd.engine import FAMILIES, PretrainConfig
     try:
         config = PretrainConfig(attention='per-feature', features='onehot', n_tasks=32, eval_tasks=8, n_steps=40, eval_every=20, lr=0.05)
         r = pretrain_many(config, [1], progress=False)[0]

@@ -1,0 +1,429 @@
+# %%
+#| default_exp engine
+
+# %%
+#| export
+from __future__ import annotations
+import dataclasses, functools, hashlib, json, math
+from dataclasses import dataclass, asdict, field
+from pathlib import Path
+from typing import Callable
+import torch
+from torch import nn
+import ictd
+from ictd.boyan import check_gamma
+from ictd.core import TaskBatch, check_choice, check_int, check_number
+from ictd.model import SoftmaxICTD, StateTokens, population_tokens, state_tokens, theta_star, token_layers, token_predict, trajectory_tokens
+from ictd.tasks import Contexts, TDExamples, draw_cdf, gather_rows, sample_trajectories, stationary_examples, task_features, task_pool
+
+# %%
+#| hide
+from fastcore.test import *
+from nbdev.showdoc import *
+
+# %% [markdown]
+# # The training engine's parts
+# > What chapter 6's training loop is handed: the configuration of a run, the registries of model families and data protocols, the softmax family, the stationary protocol and the four training objectives.
+
+# %% [markdown]
+# [Chapter 6](pretrain.html) shows the loop that trains every seed of a configuration in one
+# batched pass. The loop knows a model and its data only through two small interfaces, a model
+# **family** and a data **protocol**, and a run only through its configuration. This page is the
+# library behind them: the configuration and its validation, the result of a run, the two
+# interfaces and their registries, the softmax family (chapter 6's model on state tokens), the
+# stationary protocol (chapter 6's examples, for every seed at once) and the four training
+# objectives. Read chapter 6 first; come here to add a family or a protocol, or to check what a
+# setting means. Every section gives the code, its API entry and the checks that test it.
+
+# %% [markdown]
+# ## What a run is
+#
+# `PretrainConfig` holds every setting of a run, validated when it is built (a `ValueError` naming
+# the field). Its defaults are the experiment of the paper as this project reads its description; `EMERGENCE`, chapter 6's training run,
+# changes the learning rate to $10^{-2}$ and the number of steps to 2000. `key()` names the folder
+# of a configuration's cached runs: a hash of every setting but the seed, of the package version
+# and of its source (`source_hash`), so that a changed training code never loads an old result.
+
+# %%
+#| export
+DTYPES = dict(float64=torch.float64, float32=torch.float32)
+FEATURES = ("random", "unit", "onehot")
+OBJECTIVES = ("td", "mc", "supervised", "td-independent")   # the training targets (see "Four objectives" below)
+INITS = ("xavier", "theta_star")
+
+@functools.lru_cache(maxsize=None)
+def _hash_files(files:tuple)->str:
+    h = hashlib.sha1()
+    for f in files: h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:12]
+
+def source_hash()->str:
+    "A short hash of the package's source (every `ictd/*.py` file, names and contents), read once per process: a changed code never loads an old result."
+    return _hash_files(tuple(sorted(Path(ictd.__file__).parent.glob("*.py"))))
+
+@dataclass(frozen=True)
+class PretrainConfig:
+    "Every setting of a pretraining run (defaults: the paper's experiment as this project reads it)."
+    n_states:int = 10           # states per Boyan chain
+    d:int = 4                   # feature dimension
+    features:str = "random"     # "random", "unit" or "onehot" (then d = n_states)
+    n:int = 30                  # context length
+    n_layers:int = 3            # depth L
+    shared:bool = False         # one parameter set for all layers
+    gamma:float = 0.9           # discount factor
+    lr:float = 1e-3             # Adam learning rate
+    weight_decay:float = 1e-6   # Adam weight decay
+    init_gain:float = 0.1       # gain of the Xavier-normal initialisation
+    n_tasks:int = 4096          # size of the training task pool
+    batch_size:int = 64         # examples per step
+    n_steps:int = 6000          # optimiser steps
+    eval_every:int = 250        # steps between evaluations
+    eval_tasks:int = 256        # held-out tasks for the metrics
+    seed:int = 0                # seeds the model, the task pools and the data stream
+    attention:str = "softmax"   # model family: a registered name ("softmax"; "linear" from chapter 7)
+    protocol:str = "stationary" # data protocol: a registered name ("stationary"; "sliding" from chapter 7)
+    dtype:str = "float64"       # "float64" or "float32" for the parameters and the training passes (metrics in float64)
+    objective:str = "td"        # training target at the query: one of `OBJECTIVES` ("td", "mc", "supervised", "td-independent")
+    init:str = "xavier"         # "xavier" (gain `init_gain`) or "theta_star" (every layer theta*(W = init_beta I, init_alpha))
+    init_scale:float = 0.       # std of a Gaussian perturbation added to every initial parameter (0: none)
+    init_beta:float = 1.        # theta_star initialisation: the score matrix W = init_beta I
+    init_alpha:float = 1.       # theta_star initialisation: the TD step size alpha
+    record_params:bool = False  # also record every parameter at each evaluation (history "param.<name>")
+
+    def __post_init__(self):
+        "Validate every field (a `ValueError` naming it) and store integer-valued numbers as `int`."
+        ints = {name: 1 for name in ("n_states", "d", "n", "n_layers", "n_tasks", "batch_size", "eval_every", "eval_tasks")} | dict(n_steps=0, seed=0)
+        for name, low in ints.items(): object.__setattr__(self, name, check_int(getattr(self, name), name, low))
+        if self.n_states < 2: raise ValueError(f"`n_states` must be an integer >= 2, got {self.n_states}")
+        for name, allowed in dict(features=FEATURES, dtype=tuple(DTYPES), objective=OBJECTIVES, init=INITS).items(): check_choice(getattr(self, name), allowed, name)
+        for name in ("shared", "record_params"):
+            if not isinstance(getattr(self, name), bool): raise ValueError(f"`{name}` must be a bool, got {getattr(self, name)!r}")
+        for name in ("attention", "protocol"):
+            if not isinstance(getattr(self, name), str) or not getattr(self, name): raise ValueError(f"`{name}` must be a registered name (a non-empty str), got {getattr(self, name)!r}")
+        check_gamma(self.gamma)
+        for name, low, strict in (("lr", 0, True), ("init_gain", 0, True), ("weight_decay", 0, False), ("init_scale", 0, False),
+                                  ("init_beta", -math.inf, False), ("init_alpha", -math.inf, False)):
+            object.__setattr__(self, name, check_number(getattr(self, name), name, low, strict))
+
+    @property
+    def feature_dim(self)->int:
+        "The number of features d of the tasks (n_states for one-hot features)."
+        return self.n_states if self.features == "onehot" else self.d
+
+    def key(self)->str:
+        "A short hash of every setting but the seed, of the package version and of its source: the name of a configuration's folder."
+        settings = {k: v for k, v in asdict(self).items() if k != "seed"}
+        return hashlib.sha1(json.dumps(dict(settings=settings, version=ictd.__version__, source=source_hash()), sort_keys=True).encode()).hexdigest()[:12]
+
+EMERGENCE = PretrainConfig(lr=1e-2, n_steps=2000, eval_every=200)   # chapter 6's training run: the default model and data, a tuned learning rate
+
+# %%
+test_eq(PretrainConfig().key(), PretrainConfig(seed=5).key())
+assert PretrainConfig().key() != PretrainConfig(lr=1e-2).key() != PretrainConfig(dtype="float32").key()
+test_fail(lambda: PretrainConfig(dtype="float16"), contains="`dtype` must be one of")
+for bad in (dict(features="cubic"), dict(n=-3), dict(n_states=1), dict(gamma=1.), dict(lr=0.), dict(lr=math.nan), dict(batch_size=2.5),
+            dict(objective="q-learning"), dict(init="zeros"), dict(init_scale=-1.), dict(init_alpha=math.inf), dict(shared=1), dict(seed=-1)):
+    test_fail(lambda: PretrainConfig(**bad), contains=f"`{next(iter(bad))}`")
+test_eq(type(PretrainConfig(n=30.0).n), int)
+
+
+# %%
+#| export
+@dataclass(eq=False)
+class PretrainResult:
+    "The trained model and the metrics recorded during training."
+    config:PretrainConfig
+    model:nn.Module                             # built by the model family (a `SoftmaxICTD` for "softmax")
+    history:dict = field(default_factory=dict)  # name -> tensor with one row per evaluation (see `evaluate`)
+    held_out:TaskBatch = None                   # the held-out tasks the metrics were measured on (None for continuous states)
+    params:dict = None                          # the family's parameters as the engine holds them, without the seed axis
+
+def stack_results(results:list)->dict:
+    "Runs of one configuration stacked over seeds: params name -> (S, ...), history name -> (S, evaluations, ...)."
+    return dict(params={k: torch.stack([r.params[k] for r in results]) for k in results[0].params},
+                history={k: torch.stack([r.history[k] for r in results]) for k in results[0].history})
+
+
+# %% [markdown]
+# ## Families and protocols
+
+# %% [markdown]
+# The engine knows a model family and a data protocol only through a
+# small interface, so that another module can add its own without editing this one: chapter 7
+# registers linear attention and its predecessor's sliding-window protocol, chapter 7b the
+# continuous task families, and a decoder-only model can register itself from its own module. A
+# plug-in registers its names when it is imported (`import ictd.linear` makes
+# `attention="linear"` and `protocol="sliding"` available).
+#
+# A **family** initialises the stacked parameters of a list of seeds (each seed's slice its own
+# single-seed initialisation), encodes `Contexts` as its input, predicts the values at the queries
+# (differentiably, for every seed at once), turns one seed's parameters into a module, and may add
+# metrics of its own at each evaluation. A **protocol** supplies every seed's training data, a
+# batch of `TDExamples` per step (seed $i$ draws from generator $i$; a `state` dictionary of
+# tensors and numbers carries anything it needs across steps and is saved in checkpoints), and
+# the held-out `EvalSet`. Where the current and successor inputs share their context, as in the
+# stationary protocol, a batch holds both queries in one prompt and the context is encoded once.
+
+# %%
+#| export
+@dataclass(frozen=True)
+class Family:
+    "A model family for the engine: stacked parameters with a leading seed axis, inputs, predictions, modules and metrics."
+    init:Callable           # (config, seeds, dtype) -> dict name -> (S, ...) tensor; seed i's slice is that seed's own initialisation
+    prompt:Callable         # (config, Contexts) -> the model's input for every seed (float64)
+    predict:Callable        # (config, params, input, n) -> (S, B..., q) values at the queries, differentiable in params
+    module:Callable         # (config, params of one seed, no seed axis) -> nn.Module with .predict(Z, n)
+    metrics:Callable = None # (config, params (S, ...) in float64, EvalSet) -> dict name -> (S, ...) tensor
+
+@dataclass(frozen=True)
+class Protocol:
+    "A data protocol for the engine: every seed's training data, its batches of TD examples, and its held-out evaluation set."
+    sample:Callable          # (config, data, gens, step, state) -> TDExamples of every seed; seed i draws from gens[i]
+    eval_set:Callable        # (config, seeds, device) -> EvalSet of every seed, its input built by the configuration's family
+    data:Callable = None     # (config, seeds, device) -> what `sample` draws from (e.g. stacked task pools); None: nothing
+    loss_scale:float = 0.5   # the loss is loss_scale * mean squared TD error over a seed's batch
+
+FAMILIES, PROTOCOLS = {}, {}
+
+def register_family(name:str, family:Family):
+    "Make `family` available as `PretrainConfig(attention=name)` (call it when the family's module is imported)."
+    if not isinstance(family, Family): raise ValueError(f"`family` must be a Family, got {type(family).__name__}")
+    FAMILIES[name] = family
+
+def register_protocol(name:str, protocol:Protocol):
+    "Make `protocol` available as `PretrainConfig(protocol=name)` (call it when the protocol's module is imported)."
+    if not isinstance(protocol, Protocol): raise ValueError(f"`protocol` must be a Protocol, got {type(protocol).__name__}")
+    PROTOCOLS[name] = protocol
+
+def _lookup(registry:dict, name:str, what:str):
+    if name not in registry: raise ValueError(f"`{what}` must be one of {sorted(registry)} (a plug-in registers its names when imported, e.g. `import ictd.linear`), got {name!r}")
+    return registry[name]
+
+def get_family(name:str)->Family:
+    "The registered model family `name`."
+    return _lookup(FAMILIES, name, "attention")
+
+def get_protocol(name:str)->Protocol:
+    "The registered data protocol `name`."
+    return _lookup(PROTOCOLS, name, "protocol")
+
+
+# %% [markdown]
+# Evaluation runs for every seed at once, always in float64. `EvalSet` holds each seed's
+# held-out prompts with every evaluation point as a query, their true values and the weights of the
+# MSVE:
+
+# %%
+#| export
+@dataclass(eq=False)
+class EvalSet:
+    "Every seed's held-out prompts with every evaluation point as a query, their true values, and the weights of the MSVE."
+    x:object                  # the family's input: one context per held-out task, queries at the m evaluation points
+    v_pi:torch.Tensor         # (S, E, m) true values at the queries
+    weights:torch.Tensor      # (S, E, m) weights of the MSVE over the queries (d_pi, or a quadrature rule)
+    tasks:TaskBatch = None    # discrete tasks: the held-out tasks (S, E, ...), whose states 0..s-1 are the queries; None otherwise
+    states:torch.Tensor = None  # discrete tasks: (S, E, n + 1) the contexts
+
+
+# %% [markdown]
+# ## The stationary protocol
+#
+# Chapter 6's examples, drawn for every seed at once: seed $i$'s batch is the one `td_batch`
+# draws from seed $i$'s pool with generator $i$ (checked in [chapter 6](pretrain.html#examples-as-state-indices)).
+# Seed $s$'s training pool is `task_pool(config, n_tasks, s * 1_000_003)`; its held-out tasks are drawn
+# the same way from a seed disjoint from every training pool's, with one context each.
+
+# %%
+#| export
+def stationary_sampler(config:PretrainConfig, pool:TaskBatch, gens:list, step:int, state:dict)->TDExamples:
+    "The stationary protocol: seed i's examples are those of `td_batch(pool[i], batch_size, n, gens[i])`, drawn for all seeds at once."
+    u = torch.stack([torch.rand(config.batch_size, config.n + 4, generator=g, dtype=torch.float64) for g in gens])
+    b = stationary_examples(pool, u.to(pool.P.device))
+    return TDExamples(Contexts(pool, b.task, b.states, torch.stack([b.query, b.successor], -1)), task_features(pool, b.task, b.query)[1])
+
+def stationary_pools(config:PretrainConfig, seeds:list, device=None)->TaskBatch:
+    "The training pools of the stationary protocol, stacked over seeds: seed s's pool is `task_pool(config, n_tasks, s * 1_000_003)`."
+    return TaskBatch.stack([task_pool(config, config.n_tasks, s * 1_000_003) for s in seeds], device)
+
+
+# %%
+#| export
+def _task_kwargs(config): return dict(n_states=config.n_states, d=config.d, gamma=config.gamma, features=config.features)
+
+def held_out_tasks(config:PretrainConfig)->tuple:
+    "The held-out tasks of a run (disjoint from its training pool) and one context per task."
+    tasks = task_pool(config, config.eval_tasks, config.seed * 1_000_003 + config.n_tasks)
+    return tasks, sample_trajectories(tasks.P, config.n, tasks.d_pi, seed=config.seed + 17)
+
+def task_eval_set(config:PretrainConfig, tasks:TaskBatch, states:torch.Tensor)->EvalSet:
+    "The evaluation set of discrete held-out tasks (S, E, ...) with one context each (S, E, n + 1): every state a query, MSVE weights d_pi."
+    S, E, s = tasks.r.shape
+    task, queries = torch.arange(E, device=states.device).expand(S, E), torch.arange(s, device=states.device).expand(S, E, s)
+    return EvalSet(get_family(config.attention).prompt(config, Contexts(tasks, task, states, queries)), tasks.v_pi, tasks.d_pi, tasks, states)
+
+def stationary_eval_set(config:PretrainConfig, seeds:list, device=None)->EvalSet:
+    "The stationary protocol's evaluation set: every seed's `held_out_tasks`, stacked."
+    held = [held_out_tasks(dataclasses.replace(config, seed=s)) for s in seeds]
+    return task_eval_set(config, TaskBatch.stack([t for t, _ in held], device), torch.stack([s for _, s in held]).to(device))
+
+def eval_set(config:PretrainConfig, seeds:list, device=None)->EvalSet:
+    "The evaluation set of `config.protocol` for `seeds`."
+    return get_protocol(config.protocol).eval_set(config, seeds, device)
+
+register_protocol("stationary", Protocol(sample=stationary_sampler, eval_set=stationary_eval_set, data=stationary_pools))
+
+def td_values(config:PretrainConfig, params:dict, b:TDExamples)->tuple:
+    "v(x_q) (S, B) with its graph, and the TD target r(x_q) + gamma v(x_q') (S, B), detached, for every seed's examples."
+    family = get_family(config.attention)
+    v = family.predict(config, params, family.prompt(config, b.x), config.n)
+    v, v_next = (v[..., 0], v[..., 1]) if b.successor == "query" else (v[:, :-1, 0], v[:, 1:, 0])
+    return v, b.reward.to(v.dtype) + config.gamma * v_next.detach()
+
+
+# %% [markdown]
+# `td_values` is the TD target of chapter 6: the prediction at the query with its graph, and
+# $r(x_q) + \gamma$ times the prediction at the successor, detached. `sampled_neu` is chapter 6's NEU
+# estimate for every seed at once, on stationary batches of the held-out tasks (4 of 64, the same
+# generator seed at every evaluation, so that successive estimates differ by the parameters only):
+
+# %%
+#| export
+def sampled_neu(config:PretrainConfig, params:dict, ev:EvalSet, n_batches:int=4, batch_size:int=64, seed:int=0)->torch.Tensor:
+    "(S,) `neu` of every seed at once: `n_batches` stationary batches of its held-out tasks, drawn from a generator seeded `seed`."
+    S, K = ev.states.shape[0], int(n_batches)
+    gens, cfg = [torch.Generator().manual_seed(seed) for _ in range(S)], dataclasses.replace(config, batch_size=batch_size)
+    leaf = {k: v.detach().requires_grad_() for k, v in params.items()}
+    def update(b):
+        v, target = td_values(config, leaf, b)
+        grads = torch.autograd.grad(((target - v.detach()) * v).mean(-1).sum(), list(leaf.values()), allow_unused=True)
+        return torch.cat([(g if g is not None else torch.zeros_like(p)).flatten(1) for g, p in zip(grads, leaf.values())], -1)
+    g = torch.stack([update(stationary_sampler(cfg, ev.tasks, gens, 0, {})) for _ in range(K)], 1)     # (S, K, n_params)
+    return (g.sum(1).square().sum(-1) - g.square().sum((1, 2))) / (K * (K - 1))
+
+
+# %% [markdown]
+# ## Four objectives
+#
+# The engine trains the same model on the same examples with one of four
+# targets at the query $x_q$ (`PretrainConfig.objective`), so that what TD's temporal structure adds
+# can be measured against controls: `"td"`, the semi-gradient TD target $r(x_q) + \gamma\,
+# \mathrm{TF}(Z'; \theta)$ of chapter 6; `"mc"`, a Monte-Carlo return
+# $\sum_{t<H} \gamma^t r(S_t)$ of a rollout of the task's chain from $S_0 = x_q$, truncated at the
+# horizon $H$ where $\gamma^H \le 10^{-6}$ (its bias is at most $\gamma^H \max|r| / (1 - \gamma)$,
+# below $10^{-5}$ for $\gamma = 0.9$ and rewards in $[-1, 1]$); `"supervised"`, the true value
+# $v_\pi(x_q)$, known from $P$ and $r$; and `"td-independent"`, TD whose successor is drawn from
+# $d_\pi$ independently of $x_q$, which keeps the rewards and removes the temporal structure. The
+# draws an objective adds (rollouts, independent successors) come from a sub-stream of the run's
+# seed of their own, so the contexts and queries are the same for all four; the evaluation and the
+# recorded measures do not depend on the objective.
+
+# %%
+#| export
+def mc_horizon(gamma:float, tol:float=1e-6)->int:
+    "The length H of the Monte-Carlo objective's rollouts: the smallest H >= 1 with gamma^H <= tol."
+    gamma = check_gamma(gamma)
+    return 1 if gamma == 0 else max(1, math.ceil(math.log(tol) / math.log(gamma)))
+
+def stationary_draws(tasks:TaskBatch, task:torch.Tensor, u:torch.Tensor)->torch.Tensor:
+    "(S, B) states drawn from d_pi of the tasks `task` (S, B) of every seed, one per uniform of `u` (S, B)."
+    return draw_cdf(gather_rows(tasks.d_pi[..., None, :], task, torch.zeros_like(task)).cumsum(-1), u)
+
+def rollout_returns(tasks:TaskBatch, task:torch.Tensor, start:torch.Tensor, u:torch.Tensor)->torch.Tensor:
+    "(S, B) sampled returns sum_{t<H} gamma^t r(S_t) of chains started at `start` (S, B), with H - 1 = u.shape[-1] uniforms (S, B, H - 1)."
+    s = tasks.P.shape[-1]
+    cum = gather_rows(tasks.P, task, torch.arange(s, device=u.device).expand(*task.shape, s)).cumsum(-1)   # (S, B, s, s) each example's task
+    states, u = [start], u.movedim(-1, 0).contiguous()
+    for u_t in u: states.append(draw_cdf(cum.gather(-2, states[-1][..., None, None].expand(*task.shape, 1, s))[..., 0, :], u_t))
+    r = task_features(tasks, task, torch.stack(states, -1))[1]
+    return (r * tasks.gamma ** torch.arange(len(states), dtype=torch.float64, device=u.device)).sum(-1)
+
+def objective_values(config:PretrainConfig, params:dict, b:TDExamples, gens:list)->tuple:
+    "v(x_q) (S, B) with its graph and the target of `config.objective` (S, B), detached; `gens` (one per seed) draw what the objective adds to the data."
+    if config.objective == "td": return td_values(config, params, b)
+    x = b.x
+    if x.tasks is None or b.successor != "query": raise ValueError(f"`objective` {config.objective!r} needs a protocol of discrete tasks with the successor as a query (as 'stationary'), got protocol {config.protocol!r}")
+    S, B = x.task.shape
+    uniforms = lambda *shape: torch.stack([torch.rand(B, *shape, generator=g, dtype=torch.float64) for g in gens]).to(x.task.device)
+    query = x.queries[..., 0]
+    if config.objective == "td-independent":
+        return td_values(config, params, dataclasses.replace(b, x=dataclasses.replace(x, queries=torch.stack([query, stationary_draws(x.tasks, x.task, uniforms())], -1))))
+    family = get_family(config.attention)
+    v = family.predict(config, params, family.prompt(config, dataclasses.replace(x, queries=x.queries[..., :1])), config.n)[..., 0]
+    if config.objective == "supervised": return v, gather_rows(x.tasks.v_pi, x.task, query).to(v.dtype)
+    return v, rollout_returns(x.tasks, x.task, query, uniforms(mc_horizon(config.gamma) - 1)).to(v.dtype)
+
+
+# %%
+cfg = PretrainConfig(n_tasks=1, eval_tasks=4, objective="mc")
+one = TaskBatch.stack([task_pool(cfg, 1, 3)])
+test_eq(mc_horizon(0.9), 132); test_eq(mc_horizon(0.), 1)
+gen = torch.Generator().manual_seed(0)
+G = rollout_returns(one, torch.zeros(1, 20_000, dtype=torch.long), torch.full((1, 20_000), 4), torch.rand(1, 20_000, mc_horizon(0.9) - 1, generator=gen, dtype=torch.float64))
+print(f"MC mean {G.mean():.4f} +- {G.std() / 20_000 ** 0.5:.4f} (one standard error), v_pi(4) = {one.v_pi[0, 0, 4]:.4f}")
+assert abs(G.mean() - one.v_pi[0, 0, 4]) < 4 * G.std() / 20_000 ** 0.5
+draws = stationary_draws(one, torch.zeros(1, 20_000, dtype=torch.long), torch.rand(1, 20_000, generator=gen, dtype=torch.float64))
+test_close(torch.bincount(draws[0], minlength=10) / 20_000, one.d_pi[0, 0], eps=0.015)
+
+
+# %% [markdown]
+# ## The softmax family
+#
+# Chapter 6's model on state tokens: each seed's initialisation is the one `SoftmaxICTD` draws with
+# that seed (or $\theta^*$ for `init="theta_star"`), the input is state tokens (exact for discrete
+# tasks, one token per context state for continuous ones), and the family adds the value-update
+# weights, the cosines to $\theta^*$, the population NEU and the kernel diagonality of every layer to
+# each evaluation. Chapter 6 checks its metrics against those of one model on full prompts
+# ([Evaluation](pretrain.html#evaluation)).
+
+# %%
+#| export
+def softmax_init(config:PretrainConfig, seeds:list, dtype)->dict:
+    "Each seed's `SoftmaxICTD` initialisation (Xavier, or theta* for `init='theta_star'`), stacked: A, V_cur, V_tgt of shape (S, L or 1, d + 2, d + 2)."
+    d = config.feature_dim
+    if config.init == "theta_star":
+        W = config.init_beta * torch.eye(d, dtype=torch.float64)
+        models = [SoftmaxICTD.from_theta_star(d, config.n_layers, W, config.init_alpha, config.gamma, shared=config.shared)] * len(seeds)
+    else: models = [SoftmaxICTD(d, config.n_layers, config.shared, config.init_gain, seed=int(s)) for s in seeds]
+    return {k: torch.stack([torch.stack([getattr(lay, k).detach() for lay in m.layers]) for m in models]).to(dtype) for k in ("A", "V_cur", "V_tgt")}
+
+def softmax_module(config:PretrainConfig, params:dict)->SoftmaxICTD:
+    "A `SoftmaxICTD` carrying one seed's parameters (L or 1, D, D)."
+    model = SoftmaxICTD(config.feature_dim, config.n_layers, config.shared, seed=0, dtype=params["A"].dtype)
+    model.load_state_dict({f"layers.{l}.{k}": params[k][l] for l in range(params["A"].shape[0]) for k in ("A", "V_cur", "V_tgt")})
+    return model
+
+def softmax_prompt(config:PretrainConfig, x:Contexts)->StateTokens:
+    "State tokens of every seed's prompts: one per state of a discrete task (exact), or one per context state of continuous ones."
+    return state_tokens(x.tasks, x.task, x.states, x.queries) if x.tasks is not None else trajectory_tokens(*x.features())
+
+def softmax_metrics(config:PretrainConfig, params:dict, ev)->dict:
+    "Value weights (S, L, 3) and block cosines (S, L, 3) of every seed; on discrete tasks also population NEU (S, 1) and diagonality (S, L)."
+    L, d, Lp = config.n_layers, config.feature_dim, params["A"].shape[1]
+    with torch.no_grad():
+        star = theta_star(d, torch.eye(d, dtype=torch.float64, device=params["A"].device), 1., config.gamma)
+        blocks = [params[k][:, [l % Lp for l in range(L)]] for k in ("A", "V_cur", "V_tgt")]       # (S, L, D, D)
+        cos = torch.stack([(b * t).sum((-2, -1)) / (b.flatten(-2).norm(dim=-1) * t.norm()).clamp(min=1e-300) for b, t in zip(blocks, star)], -1)
+        V_cur, V_tgt = blocks[1], blocks[2]
+        weights = torch.stack([V_cur[..., d + 1, d], V_tgt[..., d + 1, d + 1], V_cur[..., d + 1, d + 1]], -1)
+    if ev.tasks is None: return dict(value_weights=weights, cosine=cos)
+    with torch.no_grad():
+        s = ev.x.log_w.shape[-1]
+        atts = token_layers(params, L, ev.x)[1]          # the queries are the states 0..s-1, in order
+        diag = torch.stack([att[..., -s:].diagonal(dim1=-2, dim2=-1).mean((-2, -1)) for att in atts], -1)
+    return dict(neu_population=population_neu_many(config, params, ev.tasks)[:, None], diagonality=diag, value_weights=weights, cosine=cos)
+
+def population_neu_many(config:PretrainConfig, params:dict, tasks:TaskBatch)->torch.Tensor:
+    "(S,) NEU at n = infinity of every seed's parameters on its tasks (leading seed axis)."
+    leaf = {k: v.detach().requires_grad_() for k, v in params.items()}
+    v = token_predict(leaf, config.n_layers, population_tokens(tasks))
+    with torch.no_grad(): delta = tasks.r + tasks.gamma * (tasks.P @ v.unsqueeze(-1)).squeeze(-1) - v
+    grads = torch.autograd.grad((tasks.d_pi * delta * v).sum(-1).mean(-1).sum(), list(leaf.values()))
+    return sum(g.flatten(1).square().sum(-1) for g in grads)
+
+register_family("softmax", Family(init=softmax_init, prompt=softmax_prompt,
+                                  predict=lambda config, params, x, n: token_predict(params, config.n_layers, x),
+                                  module=softmax_module, metrics=softmax_metrics))
+
+# %%
+#| hide
+import nbdev; nbdev.nbdev_export()
