@@ -4,9 +4,10 @@ import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
-from ictd.continuous import GaussianAR1, NoisyRotation, kernel_td, lstd, mc_z_scores, population_msve, von_mises_harmonics
+from ictd.continuous import kernel_td, lstd, population_msve, von_mises_harmonics
+from ictd.continuous_processes import GaussianAR1, NoisyRotation, mc_z_scores
 from ictd.core import substream
-from ictd.experiments.continuous import STREAMS, best_beta, compare_methods, error_sweep, sample_contexts, stream_seed
+from ictd.experiments.continuous_sweeps import STREAMS, best_beta, compare_methods, error_sweep, sample_contexts, stream_seed
 from ictd.model import SoftmaxICTD
 from ictd.prompt import build_prompt
 from ictd.wstd import batch_linear_td, context_weights

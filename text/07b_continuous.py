@@ -14,6 +14,15 @@ from ictd.core import check_choice, check_int, check_number, stream_generator
 from ictd.wstd import weighted_softmax_td
 from ictd.tasks import Contexts, TDExamples
 from ictd.pretrain import PROTOCOLS, EvalSet, PretrainConfig, Protocol, get_family, register_protocol
+from ictd.continuous_processes import ContinuousProcess, GaussianAR1, NoisyRotation, gaussian_operator, polyval
+
+# %%
+#| export continuous_processes
+import math
+import numpy as np
+import torch
+from ictd.boyan import as_tensor, check_gamma, weighted_error
+from ictd.core import check_int, check_number
 
 # %%
 #| hide
@@ -93,7 +102,7 @@ from ictd.wstd import batch_linear_td, context_weights
 # ($\sigma > 0$), so the grid is $m$ equally spaced angles with weights $1/m$.
 
 # %%
-#| export
+#| export continuous_processes
 def _positive(x, name:str)->float: return check_number(x, name, 0., strict=True)
 def _length(n, name:str="n")->int: return check_int(n, name, 1)
 
@@ -230,7 +239,7 @@ rot
 # $[-4 s_\infty, 4 s_\infty]$ weighted by the normal density, normalised.
 
 # %%
-#| export
+#| export continuous_processes
 def gaussian_moment(p:int)->float:
     "E[xi^p] for xi ~ N(0, 1): (p - 1)!! for even p, 0 for odd p."
     return 0. if p % 2 else float(np.prod(np.arange(p - 1, 0, -2))) if p else 1.
@@ -252,7 +261,7 @@ def polyval(coef, s)->torch.Tensor:
 
 
 # %%
-#| export
+#| export continuous_processes
 class GaussianAR1(ContinuousProcess):
     "The AR(1) process S' = a S + sigma xi on the real line with a polynomial reward."
     d = 3          # features (s, s^2, 1)
@@ -330,7 +339,7 @@ ar, ar.value_coef
 # with the noise moments dropped.
 
 # %%
-#| export
+#| export continuous_processes
 def mc_returns(process,             # a process of this chapter
                states,              # (m,) start states
                n_paths:int=4000,    # independent paths per start state
@@ -416,12 +425,12 @@ record_claim("closed-forms", "The closed-form values of the noisy rotation and o
 @patch
 def score_matrix(self:NoisyRotation, beta:float)->torch.Tensor:
     "W = beta I: the von Mises kernel of concentration beta on (cos s, sin s)."
-    return _positive(beta, "beta") * torch.eye(2, dtype=torch.float64)
+    return check_number(beta, "beta", 0., strict=True) * torch.eye(2, dtype=torch.float64)
 
 @patch
 def score_matrix(self:GaussianAR1, beta:float)->torch.Tensor:
     "W_beta with (s, s^2, 1)^T W_beta (t, t^2, 1) = -beta (s - t)^2 / 2: the Gaussian kernel of bandwidth 1/sqrt(beta)."
-    b = _positive(beta, "beta")
+    b = check_number(beta, "beta", 0., strict=True)
     return torch.tensor([[b, 0., 0.], [0., 0., -b / 2], [0., -b / 2, 0.]], dtype=torch.float64)
 
 
@@ -536,7 +545,7 @@ def von_mises_harmonics(beta:float,    # concentration
                         k_max:int,     # highest harmonic
                        )->torch.Tensor:  # (k_max + 1,) lambda_k = I_k(beta) / I_0(beta), k = 0..k_max
     "Fourier coefficients of the normalised von Mises density, by the FFT of $e^{\\beta(\\cos t - 1)}$ on a fine grid."
-    beta, k_max = _positive(beta, "beta"), _length(k_max, "k_max")
+    beta, k_max = check_number(beta, "beta", 0., strict=True), check_int(k_max, "k_max", 1)
     m = 2 ** math.ceil(math.log2(max(4 * k_max, 64 * math.sqrt(beta) + 64)))
     t = torch.arange(m, dtype=torch.float64) * (2 * math.pi / m)
     F = torch.fft.rfft(torch.exp(beta * (torch.cos(t) - 1))).real
@@ -557,8 +566,8 @@ for b in (0.5, 3., 40.):
 @patch
 def population_values(self:NoisyRotation, beta:float, alpha:float, n_layers:int, states)->torch.Tensor:
     "(L + 1, m) values v_0..v_L of the population recursion at `states` (harmonic by harmonic)."
-    s = _angles(states)
-    k_max = 1 if self.reward_kind == "cos" else max(1, math.ceil(math.sqrt(80 * _positive(beta, "beta"))) + 1)
+    s = as_tensor(states, "states")
+    k_max = 1 if self.reward_kind == "cos" else max(1, math.ceil(math.sqrt(80 * check_number(beta, "beta", 0., strict=True))) + 1)
     k, c = self.reward_harmonics(k_max)
     p, lam = self.transition_eigenvalues(k), von_mises_harmonics(beta, k_max)[1:]
     f = 1 - alpha * lam * (1 - self.gamma * p)
@@ -568,7 +577,7 @@ def population_values(self:NoisyRotation, beta:float, alpha:float, n_layers:int,
 @patch
 def population_values(self:GaussianAR1, beta:float, alpha:float, n_layers:int, states)->torch.Tensor:
     "(L + 1, m) values v_0..v_L of the population recursion at `states` (on polynomial coefficients)."
-    b, s2 = _positive(beta, "beta"), self.std ** 2
+    b, s2 = check_number(beta, "beta", 0., strict=True), self.std ** 2
     T_M = gaussian_operator(b * s2 / (1 + b * s2), math.sqrt(s2 / (1 + b * s2)), self.degree)
     I = torch.eye(self.degree + 1, dtype=torch.float64)
     w, ws = torch.zeros(self.degree + 1, dtype=torch.float64), []
@@ -692,8 +701,8 @@ Markdown("Condition number of the Gram matrix at $n = 30$: " + "; ".join(
 @patch
 def basis(self:NoisyRotation, states, size:int)->torch.Tensor:
     "(..., 2 size + 1) features (1, cos ks, sin ks) for k = 1..size."
-    s = _angles(states).unsqueeze(-1)
-    k = torch.arange(1, _length(size, "size") + 1, dtype=s.dtype)
+    s = as_tensor(states, "states").unsqueeze(-1)
+    k = torch.arange(1, check_int(size, "size", 1) + 1, dtype=s.dtype)
     return torch.cat([torch.ones_like(s), torch.cos(k * s), torch.sin(k * s)], -1)
 
 @patch
@@ -701,7 +710,7 @@ def basis(self:GaussianAR1, states, size:int)->torch.Tensor:
     "(..., size + 1) normalised probabilists' Hermite polynomials He_j(s / std) / sqrt(j!), j = 0..size."
     x = as_tensor(states, "states") / self.std
     H = [torch.ones_like(x), x]
-    for j in range(1, _length(size, "size")): H.append(x * H[j] - j * H[j - 1])
+    for j in range(1, check_int(size, "size", 1)): H.append(x * H[j] - j * H[j - 1])
     return torch.stack([h / math.sqrt(math.factorial(j)) for j, h in enumerate(H[:size + 1])], -1)
 
 
@@ -797,7 +806,7 @@ class TaskFamily:
                 )->dict:              # states (E, n + 1), rewards (E, n), grid x (m,), weights w (m,), true values v (E, m)
         "The tasks of one named set, one stationary context each, and their true values on the grid."
         gen = stream_generator(seed, TASK_SETS.index(check_choice(which, TASK_SETS, "which")))
-        tasks, states, _, _ = self.sample(_length(n_tasks, "n_tasks"), _length(n), gen)
+        tasks, states, _, _ = self.sample(check_int(n_tasks, "n_tasks", 1), check_int(n, "n", 1), gen)
         x, w = self.base.grid(m)
         return dict(states=states, rewards=self.reward(tasks, states[:, :-1]), x=x, w=w, v=self.v_pi(tasks, x))
 
@@ -847,7 +856,7 @@ class GaussianAR1Family(TaskFamily):
                  coef:float=1.,                 # Hermite coefficients c_j ~ U(-coef, coef), j = 0..3
                  gamma:float=0.9,               # discount factor
                 ):
-        self.a, self.coef = _range(a, "a", -1 + 1e-9), _positive(coef, "coef")
+        self.a, self.coef = _range(a, "a", -1 + 1e-9), check_number(coef, "coef", 0., strict=True)
         if self.a[1] >= 1: raise ValueError(f"`a` must lie inside (-1, 1), got {a!r}")
         self.base, self.gamma = GaussianAR1(a=0.8, sigma=0.6, gamma=gamma), check_gamma(gamma)
         self.kernel_mask = torch.tensor([[1.] * 3, [1.] * 3, [0.] * 3], dtype=torch.float64)   # the key's constant feature (row 2) only shifts all scores of a query

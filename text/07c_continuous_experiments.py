@@ -8,14 +8,24 @@ import json, math, time
 from pathlib import Path
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 from ictd.boyan import as_tensor, weighted_error
-from ictd.core import check_choice, check_int, substream
-from ictd.wstd import batch_linear_td
 from ictd.model import token_predict, trajectory_tokens
 from ictd.pretrain import pretrain_many, stack_results
-from ictd.continuous import (GaussianAR1, GaussianAR1Family, NoisyRotation, RotationFamily, TaskFamily, family_config, kernel_td,
-                             lstd, population_msve)
+from ictd.continuous import GaussianAR1Family, RotationFamily, TaskFamily, family_config, kernel_td, population_msve
+from ictd.continuous_processes import GaussianAR1, NoisyRotation
+from ictd.experiments.continuous_sweeps import (best_beta, bootstrap_slope, compare_methods, error_sweep, plot_depth, plot_estimates,
+                                                plot_long_depth, plot_tradeoff, stream_seed)
+
+# %%
+#| export experiments.continuous_sweeps
+import math
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+from ictd.core import check_choice, check_int, substream
+from ictd.wstd import batch_linear_td
+from ictd.continuous import kernel_td, lstd
+from ictd.continuous_processes import NoisyRotation
 
 # %%
 #| hide
@@ -51,10 +61,10 @@ from ictd.model import theta_star
 # **Seeds.** Every experiment takes one seed and draws from named sub-streams of it
 # (`stream_seed(seed, name)`, a child of `numpy.random.SeedSequence(seed)` as `ictd.core.substream`
 # makes it), so that no two experiments share random numbers and none is an offset of another. The
-# book runs with `SEED = 0`; `run_continuous` takes its seed from the command line.
+# book runs with `SEED = 0`; `continuous_full_scale` takes its seed from the command line.
 
 # %%
-#| export
+#| export experiments.continuous_sweeps
 STREAMS = ("depth", "bandwidth", "bootstrap", "tune", "evaluate", "estimates", "long_depth")
 
 def stream_seed(seed:int,   # the experiment's seed
@@ -84,7 +94,7 @@ fam_rot, fam_ar = RotationFamily(), GaussianAR1Family()
 # process is fixed, so the numbers are about the estimator's sampling distribution.
 
 # %%
-#| export
+#| export experiments.continuous_sweeps
 def sample_contexts(process,      # a process of this chapter
                     n:int,        # transitions per context
                     n_tasks:int,  # number of contexts B
@@ -103,7 +113,7 @@ assert not torch.equal(S_c[0], S_c[1])
 
 
 # %%
-#| export
+#| export experiments.continuous_sweeps
 def error_sweep(process,              # a process of this chapter
                 ns:list,              # context lengths
                 betas:list,           # kernel scales
@@ -153,7 +163,7 @@ depth_ar = error_sweep(ar, NS_DEPTH, [AR_BETA], ALPHA, DEPTH, n_tasks=8, seed=st
 
 
 # %%
-#| export
+#| export experiments.continuous_sweeps
 def plot_depth(curves:dict,      # title -> (errors (len(ns), n_tasks, L + 1), population (L + 1,))
                ns:list,          # the context lengths of the rows
               ):                 # the matplotlib figure
@@ -219,7 +229,7 @@ assert rot_rates[-1] > rot_rates[5] + 0.01
 # contexts:
 
 # %%
-#| export
+#| export experiments.continuous_sweeps
 def loglog_fit(x, y)->tuple:
     "(slope, intercept) of least squares on log y = slope log x + intercept."
     lx, ly = np.log(np.asarray(x, dtype=float)), np.log(np.asarray(y, dtype=float))
@@ -228,7 +238,7 @@ def loglog_fit(x, y)->tuple:
 
 
 # %%
-#| export
+#| export experiments.continuous_sweeps
 def bootstrap_slope(x,                # (k,) abscissae
                     samples,          # (k, ..., B) per-context values at each abscissa, contexts last
                     statistic=None,   # callable on (..., B) samples -> positive value; default the mean over contexts
@@ -253,7 +263,7 @@ floor_slopes
 
 # %% [markdown]
 # Both floors fall with $n$: each bootstrap interval of the slope lies below zero. With eight
-# contexts per length the intervals are wide; the full-scale run (`run_continuous`, below) narrows them.
+# contexts per length the intervals are wide; the full-scale run (`continuous_full_scale`, below) narrows them.
 # What sets the floor at a fixed bandwidth is the subject of the next section.
 #
 # ## The bandwidth: a bias-variance trade-off
@@ -268,7 +278,7 @@ floor_slopes
 # a bootstrap interval over contexts.
 
 # %%
-#| export
+#| export experiments.continuous_sweeps
 def best_beta(betas,          # (k,) kernel scales, increasing
               errors,         # (k, B) MSVE per scale and context
              )->float:        # the minimiser of the mean MSVE, refined by a parabola in log beta
@@ -289,7 +299,7 @@ beta_slope, beta_ci = bootstrap_slope(NS_BETA, beta_sweep.numpy(), statistic=lam
 
 
 # %%
-#| export
+#| export experiments.continuous_sweeps
 def plot_tradeoff(betas, ns, sweep, best, slope, ci):
     "MSVE against beta for each n (best beta marked), and best beta against n with the fitted power law."
     import matplotlib.pyplot as plt
@@ -348,7 +358,7 @@ Markdown(f"Best $\\beta$ at $L = {L_BETA}$: " + ", ".join(f"{b:.1f} ($n = {n}$)"
 # $L \to \infty$ limit of linear TD, LSTD, is listed too (no step size).
 
 # %%
-#| export
+#| export experiments.continuous_sweeps
 def compare_methods(process,           # a process of this chapter
                     n:int,             # context length
                     n_layers:int,      # depth of every method
@@ -385,7 +395,7 @@ def compare_methods(process,           # a process of this chapter
 
 
 # %%
-#| export
+#| export experiments.continuous_sweeps
 def rows_markdown(rows:list, title:str)->str:
     "A markdown table of `compare_methods` rows."
     head = f"**{title}**\n\n| method | features $d$ | tuned | MSVE (mean $\\pm$ s.e.) |\n|---|---|---|---|\n"
@@ -435,7 +445,7 @@ kernel_rot["msve"], kernel_ar["msve"]
 # which is where most of the AR(1)'s MSVE comes from.
 
 # %%
-#| export
+#| export experiments.continuous_sweeps
 def plot_estimates(process,        # a process of this chapter
                    beta:float,     # kernel scale
                    alpha:float,    # step size
@@ -486,7 +496,7 @@ long_depth = error_sweep(rot, NS_LONG, BETAS_LONG, ALPHA, L_LONG, n_tasks=6, see
 
 
 # %%
-#| export
+#| export experiments.continuous_sweeps
 def plot_long_depth(betas, errors, n):
     "MSVE against depth far beyond the floor, one curve per kernel scale."
     import matplotlib.pyplot as plt
@@ -957,7 +967,7 @@ Markdown(seed_claims(claims_ar) + f"\n\nAgainst the tuned constructed Transforme
 # %% [markdown]
 # ## At full scale
 #
-# `run_continuous` runs every experiment of this chapter with more contexts, longer contexts and
+# `continuous_full_scale` runs every experiment of this chapter with more contexts, longer contexts and
 # wider grids, saves the figures and a JSON file of the numbers (floors, slopes with their
 # intervals, best $\beta$ per $n$ and the fitted exponent, the comparison tables, and the
 # pretraining experiment on both families with 30 seeds and 1500 steps: value weights, fitted
@@ -996,7 +1006,7 @@ def pretraining_summary(name:str, family:TaskFamily, claims, save, seed:int, pro
 
 # %%
 #| export
-def run_continuous(out,                 # folder for the figures and results.json (created)
+def continuous_full_scale(out,                 # folder for the figures and results.json (created)
                    seed:int=0,          # offset added to every context seed
                    progress:bool=True,  # show progress bars
                    quick:bool=False,    # tiny sizes (for tests) instead of the full scale
@@ -1038,13 +1048,15 @@ def run_continuous(out,                 # folder for the figures and results.jso
     (out / "results.json").write_text(json.dumps(res, indent=1))
     return paths + [out / "results.json"]
 
+run_continuous = continuous_full_scale   # the name chapter 8's CLI imports until it imports `continuous_full_scale` (remove then)
+
 
 # %%
-show_doc(run_continuous)
+show_doc(continuous_full_scale)
 
 # %%
 with tempfile.TemporaryDirectory() as tmp:
-    written = run_continuous(tmp, progress=False, quick=True)
+    written = continuous_full_scale(tmp, progress=False, quick=True)
     test_eq(sorted(p.name for p in written), ["depth.png", "estimates.png", "kernel_ar1.png", "kernel_rotation.png", "long_depth.png",
                                               "pretrain_ar1.png", "pretrain_rotation.png", "results.json", "tradeoff.png"])
     results = json.loads(Path(tmp, "results.json").read_text())
@@ -1059,7 +1071,7 @@ with tempfile.TemporaryDirectory() as tmp:
 # %%
 #| slow
 with tempfile.TemporaryDirectory() as tmp:
-    written = run_continuous(tmp, seed=1000, progress=False)
+    written = continuous_full_scale(tmp, seed=1000, progress=False)
     full = json.loads(Path(tmp, "results.json").read_text())
 assert full["bandwidth"]["exponent_ci"][0] > 0 and all(full[k]["floor_slope_ci"][1] < 0 for k in ("depth_rotation", "depth_ar1"))
 pre = full["pretraining"]

@@ -8,217 +8,19 @@ import json, math, time
 from pathlib import Path
 import numpy as np
 import torch
-from tqdm.auto import tqdm
 from ..boyan import as_tensor, weighted_error
-from ..core import check_choice, check_int, substream
-from ..wstd import batch_linear_td
 from ..model import token_predict, trajectory_tokens
 from ..pretrain import pretrain_many, stack_results
-from ..continuous import (GaussianAR1, GaussianAR1Family, NoisyRotation, RotationFamily, TaskFamily, family_config, kernel_td,
-                             lstd, population_msve)
+from ..continuous import GaussianAR1Family, RotationFamily, TaskFamily, family_config, kernel_td, population_msve
+from ..continuous_processes import GaussianAR1, NoisyRotation
+from .continuous_sweeps import (best_beta, bootstrap_slope, compare_methods, error_sweep, plot_depth, plot_estimates,
+                                                plot_long_depth, plot_tradeoff, stream_seed)
 
 # %% auto #0
-__all__ = ['STREAMS', 'FULL', 'QUICK', 'PRETRAIN_PLOTS', 'stream_seed', 'sample_contexts', 'error_sweep', 'plot_depth',
-           'loglog_fit', 'bootstrap_slope', 'best_beta', 'plot_tradeoff', 'compare_methods', 'rows_markdown',
-           'plot_estimates', 'plot_long_depth', 'family_run', 'value_weights', 'kernel_fit', 'kernel_msve',
+__all__ = ['FULL', 'QUICK', 'PRETRAIN_PLOTS', 'run_continuous', 'family_run', 'value_weights', 'kernel_fit', 'kernel_msve',
            'family_msve', 'mean_reward_msve', 'tune_kernel', 'binomial_lower', 'learned_scores', 'pretraining_table',
            'plot_family_training', 'plot_learned_kernel', 'family_experiment', 'error_table', 'seed_claims',
-           'curve_lines', 'rotation_claims', 'ar1_claims', 'pretraining_summary', 'run_continuous']
-
-# %% ../../nbs/07c_continuous_experiments.ipynb #3a4c8b63
-STREAMS = ("depth", "bandwidth", "bootstrap", "tune", "evaluate", "estimates", "long_depth")
-
-def stream_seed(seed:int,   # the experiment's seed
-                name:str,   # one of `STREAMS`
-               )->int:      # a 64-bit seed of the named sub-stream
-    "The seed of the named sub-stream `name` of an experiment's `seed`: `ictd.core.substream(seed, STREAMS.index(name))`."
-    return substream(seed, STREAMS.index(check_choice(name, STREAMS, "name")))
-
-# %% ../../nbs/07c_continuous_experiments.ipynb #bfb549a5
-def sample_contexts(process,      # a process of this chapter
-                    n:int,        # transitions per context
-                    n_tasks:int,  # number of contexts B
-                    seed:int=0,   # context b is drawn from `substream(seed, b)`
-                   )->tuple:      # (states (B, n + 1), rewards (B, n))
-    "Independent stationary contexts stacked along a batch dimension."
-    S, R = zip(*(process.sample_trajectory(n, substream(seed, b)) for b in range(check_int(n_tasks, "n_tasks", 1))))
-    return torch.stack(S), torch.stack(R)
-
-# %% ../../nbs/07c_continuous_experiments.ipynb #7c6766e8
-def error_sweep(process,              # a process of this chapter
-                ns:list,              # context lengths
-                betas:list,           # kernel scales
-                alpha:float,          # step size
-                n_layers:int,         # deepest layer L
-                n_tasks:int=10,       # contexts per length
-                seed:int=0,           # seed of the contexts (`sample_contexts`)
-                m:int=128,            # grid points of the MSVE
-                dtype=torch.float64,  # dtype of the computation
-                progress:bool=False,  # show a progress bar
-               )->torch.Tensor:       # (len(ns), len(betas), n_tasks, L + 1) MSVE at every depth
-    "MSVE of kernel TD at every depth, for every context length and kernel scale."
-    x = process.grid(m)[0]
-    out = torch.zeros(len(ns), len(betas), n_tasks, n_layers + 1, dtype=torch.float64)
-    bar = tqdm(total=len(ns) * len(betas), disable=not progress, desc=type(process).__name__)
-    for i, n in enumerate(ns):
-        S, R = sample_contexts(process, n, n_tasks, seed)
-        S, R = S.to(dtype), R.to(dtype)
-        for j, b in enumerate(betas):
-            v = kernel_td(process, S, R, beta=b, alpha=alpha, n_layers=n_layers, queries=x.to(dtype), return_all=True)
-            out[i, j] = process.msve(v.double())
-            bar.update()
-    bar.close()
-    return out
-
-# %% ../../nbs/07c_continuous_experiments.ipynb #6b603702
-def plot_depth(curves:dict,      # title -> (errors (len(ns), n_tasks, L + 1), population (L + 1,))
-               ns:list,          # the context lengths of the rows
-              ):                 # the matplotlib figure
-    "MSVE against depth: mean over contexts (with 2 standard errors) for each n, and the population curve."
-    import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, len(curves), figsize=(5.5 * len(curves), 4))
-    for ax, (title, (err, pop)) in zip(np.atleast_1d(axes), curves.items()):
-        L = np.arange(err.shape[-1])
-        for i, n in enumerate(ns):
-            mean, se = err[i].mean(0), err[i].std(0) / math.sqrt(err.shape[1])
-            ax.plot(L, mean, label=f"$n = {n}$")
-            ax.fill_between(L, (mean - 2 * se).clamp(min=1e-6), mean + 2 * se, alpha=0.2)
-        ax.plot(L, pop, "k--", label=r"population ($n \to \infty$)")
-        ax.set(yscale="log", xlabel="depth $L$ (layers)", ylabel="MSVE (squared return units)", title=title)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
-
-# %% ../../nbs/07c_continuous_experiments.ipynb #bdc2d467
-def loglog_fit(x, y)->tuple:
-    "(slope, intercept) of least squares on log y = slope log x + intercept."
-    lx, ly = np.log(np.asarray(x, dtype=float)), np.log(np.asarray(y, dtype=float))
-    slope, intercept = np.polyfit(lx, ly, 1)
-    return float(slope), float(intercept)
-
-# %% ../../nbs/07c_continuous_experiments.ipynb #6ead7a00
-def bootstrap_slope(x,                # (k,) abscissae
-                    samples,          # (k, ..., B) per-context values at each abscissa, contexts last
-                    statistic=None,   # callable on (..., B) samples -> positive value; default the mean over contexts
-                    n_boot:int=500,   # bootstrap replicates
-                    seed:int=0,       # seed of the resampling
-                   )->tuple:          # (slope, (2.5%, 97.5%) percentile interval)
-    "Log-log slope of a statistic of the per-context samples against x, with a percentile bootstrap interval over contexts."
-    stat = statistic or (lambda a: a.mean(-1))
-    samples = np.asarray(samples, dtype=float)
-    rng = np.random.default_rng(seed)
-    slope = loglog_fit(x, [stat(s) for s in samples])[0]
-    boots = [loglog_fit(x, [stat(s[..., rng.integers(0, s.shape[-1], s.shape[-1])]) for s in samples])[0] for _ in range(n_boot)]
-    return slope, tuple(np.percentile(boots, [2.5, 97.5]).tolist())
-
-# %% ../../nbs/07c_continuous_experiments.ipynb #d092cae2
-def best_beta(betas,          # (k,) kernel scales, increasing
-              errors,         # (k, B) MSVE per scale and context
-             )->float:        # the minimiser of the mean MSVE, refined by a parabola in log beta
-    "The kernel scale minimising the mean MSVE over contexts."
-    lb, e = np.log(np.asarray(betas, dtype=float)), np.log(np.asarray(errors, dtype=float).mean(-1))
-    i = int(np.clip(np.argmin(e), 1, len(e) - 2))
-    a, b, _ = np.polyfit(lb[i - 1:i + 2], e[i - 1:i + 2], 2)
-    x = -b / (2 * a) if a > 0 else lb[int(np.argmin(e))]
-    return float(np.exp(np.clip(x, lb[0], lb[-1])))
-
-# %% ../../nbs/07c_continuous_experiments.ipynb #78f033ab
-def plot_tradeoff(betas, ns, sweep, best, slope, ci):
-    "MSVE against beta for each n (best beta marked), and best beta against n with the fitted power law."
-    import matplotlib.pyplot as plt
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
-    for i, n in enumerate(ns):
-        mean, se = sweep[i].mean(-1), sweep[i].std(-1) / math.sqrt(sweep.shape[-1])
-        a1.errorbar(betas, mean, yerr=2 * se, marker="o", ms=3, capsize=2, label=f"$n = {n}$")
-        a1.axvline(best[i], color=f"C{i}", ls=":", lw=1)
-    a1.set(xscale="log", yscale="log", xlabel=r"kernel scale $\beta$ (concentration; bandwidth $\approx 1/\sqrt{\beta}$ rad)",
-           ylabel="MSVE (squared return units)", title=r"Bias-variance trade-off of the bandwidth (dotted: best $\beta$)")
-    a1.legend(fontsize=8)
-    _, icpt = loglog_fit(ns, best)
-    a2.plot(ns, best, "o", label=r"best $\beta$ per $n$")
-    a2.plot(ns, np.exp(icpt) * np.asarray(ns, dtype=float) ** slope, "k--", label=f"fit: $n^{{{slope:.2f}}}$, 95% CI [{ci[0]:.2f}, {ci[1]:.2f}]")
-    a2.set(xscale="log", yscale="log", xlabel="context length $n$ (transitions)", ylabel=r"best $\beta$", title=r"The best kernel scale grows with $n$")
-    a2.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
-
-# %% ../../nbs/07c_continuous_experiments.ipynb #1a01f2fe
-def compare_methods(process,           # a process of this chapter
-                    n:int,             # context length
-                    n_layers:int,      # depth of every method
-                    sizes:list,        # sizes of the richer bases (`process.basis(states, size)`)
-                    alphas:list,       # step sizes tried for linear TD
-                    kernel_alphas:list,  # step sizes tried for kernel TD
-                    betas:list,        # kernel scales tried for kernel TD
-                    n_tune:int=8,      # tuning contexts (sub-stream "tune" of `seed`)
-                    n_eval:int=24,     # evaluation contexts (sub-stream "evaluate" of `seed`)
-                    m:int=128,         # grid points of the MSVE
-                    seed:int=0,        # the comparison's seed
-                   )->list:            # rows: dict(method, d, tuned, msve, se)
-    "Kernel TD against linear TD (same features, richer bases) and LSTD, each tuned on its own grid, evaluated on fresh contexts."
-    x, g = process.grid(m)[0], process.gamma
-    tune, test = sample_contexts(process, n, n_tune, stream_seed(seed, "tune")), sample_contexts(process, n, n_eval, stream_seed(seed, "evaluate"))
-    def linear(feat):
-        return lambda S, R, a: batch_linear_td(feat(S), R, a, g, n_layers, phi_queries=feat(x).expand(S.shape[:-1] + (m, -1)))[..., n + 1:]
-    methods = [("kernel TD (softmax Transformer)", process.d, lambda S, R, ab: kernel_td(process, S, R, beta=ab[1], alpha=ab[0], n_layers=n_layers, queries=x), [(a, b) for a in kernel_alphas for b in betas])]
-    methods.append(("linear TD, same features", process.d, linear(process.features), alphas))
-    for size in sizes:
-        feat = lambda s, size=size: process.basis(s, size)
-        methods.append((f"linear TD, basis size {size}", feat(x[:1]).shape[-1], linear(feat), alphas))
-    rows = []
-    for name, d, run, grid in methods:
-        scores = [process.msve(run(*tune, p)).mean().item() for p in grid]
-        best = grid[int(np.nanargmin(np.where(np.isfinite(scores), scores, np.nan)))]
-        e = process.msve(run(*test, best))
-        tuned = f"alpha = {best[0]:g}, beta = {best[1]:g}" if isinstance(best, tuple) else f"alpha = {best:g}"
-        rows.append(dict(method=name, d=d, tuned=tuned, msve=e.mean().item(), se=(e.std() / math.sqrt(len(e))).item()))
-    for name, feat in [("LSTD, same features", process.features)] + [(f"LSTD, basis size {s}", lambda s_, s=s: process.basis(s_, s)) for s in sizes]:
-        e = process.msve(lstd(feat(test[0]), test[1], feat(x), g))
-        rows.append(dict(method=name, d=feat(x[:1]).shape[-1], tuned="-", msve=e.mean().item(), se=(e.std() / math.sqrt(len(e))).item()))
-    return rows
-
-# %% ../../nbs/07c_continuous_experiments.ipynb #e075dddb
-def rows_markdown(rows:list, title:str)->str:
-    "A markdown table of `compare_methods` rows."
-    head = f"**{title}**\n\n| method | features $d$ | tuned | MSVE (mean $\\pm$ s.e.) |\n|---|---|---|---|\n"
-    return head + "\n".join(f"| {r['method']} | {r['d']} | {r['tuned']} | {r['msve']:.4f} $\\pm$ {r['se']:.4f} |" for r in rows)
-
-# %% ../../nbs/07c_continuous_experiments.ipynb #eb1918a4
-def plot_estimates(process,        # a process of this chapter
-                   beta:float,     # kernel scale
-                   alpha:float,    # step size
-                   ns:list,        # context lengths, one panel each
-                   depths:list,    # depths drawn in each panel
-                   seed:int=0,     # seed of the contexts
-                   m:int=256,      # grid points
-                   axes=None,      # matplotlib axes, one per n
-                  ):               # the axes
-    "The true value and the in-context estimates at several depths, across the state space, for one context per n."
-    import matplotlib.pyplot as plt
-    x = process.grid(m)[0]
-    if axes is None: _, axes = plt.subplots(1, len(ns), figsize=(5.5 * len(ns), 3.6))
-    for ax, n in zip(np.atleast_1d(axes), ns):
-        S, R = process.sample_trajectory(n, seed)
-        v = kernel_td(process, S, R, beta=beta, alpha=alpha, n_layers=max(depths), queries=x, return_all=True)
-        ax.plot(x, process.v_pi(x), "k", lw=2, label=r"$v_\pi$ (closed form)")
-        for L in depths: ax.plot(x, v[L], lw=1.2, label=f"Transformer, $L = {L}$")
-        ax.plot(S, np.full(len(S), ax.get_ylim()[0]), "|", color="grey", alpha=0.3, ms=8)
-        name = "angle $s$ (radians)" if isinstance(process, NoisyRotation) else "state $s$"
-        ax.set(xlabel=name, ylabel="value (return units)", title=f"{type(process).__name__}, $n = {n}$, $\\beta = {beta:g}$")
-        ax.legend(fontsize=7)
-    return axes
-
-# %% ../../nbs/07c_continuous_experiments.ipynb #c2157d14
-def plot_long_depth(betas, errors, n):
-    "MSVE against depth far beyond the floor, one curve per kernel scale."
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for b, e in zip(betas, errors):
-        ax.plot(e.mean(0), label=rf"$\beta = {b:g}$")
-    ax.set(yscale="log", xlabel="depth $L$ (layers)", ylabel="MSVE (squared return units)",
-           title=f"Past its best depth the estimate drifts to the return chain ($n = {n}$)")
-    ax.legend()
-    return fig
+           'curve_lines', 'rotation_claims', 'ar1_claims', 'pretraining_summary', 'continuous_full_scale']
 
 # %% ../../nbs/07c_continuous_experiments.ipynb #46b7903c
 def family_run(results:list)->dict:
@@ -460,7 +262,7 @@ def pretraining_summary(name:str, family:TaskFamily, claims, save, seed:int, pro
                 claims={k: int(v.sum()) for k, v in claims(ex, family).items()}, n_seeds=seeds)
 
 # %% ../../nbs/07c_continuous_experiments.ipynb #bd64df3f
-def run_continuous(out,                 # folder for the figures and results.json (created)
+def continuous_full_scale(out,                 # folder for the figures and results.json (created)
                    seed:int=0,          # offset added to every context seed
                    progress:bool=True,  # show progress bars
                    quick:bool=False,    # tiny sizes (for tests) instead of the full scale
@@ -501,3 +303,5 @@ def run_continuous(out,                 # folder for the figures and results.jso
                           [("rotation", RotationFamily(), rotation_claims), ("ar1", GaussianAR1Family(), ar1_claims)]}
     (out / "results.json").write_text(json.dumps(res, indent=1))
     return paths + [out / "results.json"]
+
+run_continuous = continuous_full_scale   # the name chapter 8's CLI imports until it imports `continuous_full_scale` (remove then)
