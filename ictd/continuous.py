@@ -14,11 +14,183 @@ from .core import check_choice, check_int, check_number, stream_generator
 from .wstd import weighted_softmax_td
 from .tasks import Contexts, TDExamples
 from .pretrain import PROTOCOLS, EvalSet, PretrainConfig, Protocol, get_family, register_protocol
-from .continuous_processes import ContinuousProcess, GaussianAR1, NoisyRotation, gaussian_operator, polyval
 
 # %% auto #0
-__all__ = ['TASK_SETS', 'HERMITE', 'kernel_td', 'von_mises_harmonics', 'population_msve', 'lstd', 'TaskFamily', 'RotationFamily',
-           'GaussianAR1Family', 'task_process', 'family_protocol', 'family_config']
+__all__ = ['TASK_SETS', 'HERMITE', 'ContinuousProcess', 'NoisyRotation', 'gaussian_moment', 'gaussian_operator', 'polyval',
+           'GaussianAR1', 'mc_returns', 'mc_z_scores', 'kernel_td', 'von_mises_harmonics', 'population_msve',
+           'TaskFamily', 'RotationFamily', 'GaussianAR1Family', 'task_process', 'family_protocol', 'family_config']
+
+# %% ../nbs/07b_continuous.ipynb #38b44d04
+def _positive(x, name:str)->float: return check_number(x, name, 0., strict=True)
+def _length(n, name:str="n")->int: return check_int(n, name, 1)
+
+def _angles(states)->torch.Tensor:
+    return as_tensor(states, "states")
+
+class ContinuousProcess:
+    "The interface shared by the processes of this chapter: subclasses define `reward`, `step`, `stationary`, `v_pi`, `features`, `grid`."
+    def sample_trajectory(self, n:int,     # number of transitions
+                          seed=None,        # int or `numpy.random.Generator`
+                         )->tuple:          # (states (n + 1,) float64 tensor S_0..S_n, rewards (n,), rewards[k-1] = R_k = r(S_{k-1}))
+        "A stationary trajectory of `n` transitions."
+        n, rng = _length(n), np.random.default_rng(seed)
+        s = np.empty(n + 1)
+        s[0] = self.stationary((), rng)
+        for t in range(n): s[t + 1] = self.step(s[t], rng)
+        states = torch.from_numpy(s)
+        return states, self.reward(states[:-1])
+
+    def msve(self, v_hat,   # (..., m) estimates at the points of `grid(m)`
+            )->torch.Tensor: # (...,) sum_j w_j (v_hat(x_j) - v_pi(x_j))^2
+        "Mean squared value error under the stationary law, by the quadrature `grid(m)`."
+        v_hat = as_tensor(v_hat, "v_hat")
+        x, w = self.grid(v_hat.shape[-1])
+        return weighted_error(v_hat, self.v_pi(x).to(v_hat), w.to(v_hat))
+
+class NoisyRotation(ContinuousProcess):
+    "A rotation of the circle by `mu` plus Gaussian noise, with reward sign(sin s) ('square') or cos s ('cos')."
+    d = 2          # features (cos s, sin s)
+    def __init__(self, mu:float=0.5,       # mean rotation per step (radians)
+                 sigma:float=0.3,          # standard deviation of the Gaussian noise per step (radians), > 0
+                 gamma:float=0.9,          # discount factor in [0, 1)
+                 reward:str="square",      # 'square': sign(sin s); 'cos': cos s
+                ):
+        if reward not in ("square", "cos"): raise ValueError(f"`reward` must be 'square' or 'cos', got {reward!r}")
+        self.mu, self.sigma, self.gamma, self.reward_kind = float(mu), _positive(sigma, "sigma"), check_gamma(gamma), reward
+        if not math.isfinite(self.mu): raise ValueError(f"`mu` must be finite, got {mu}")
+        if reward == "square" and self.sigma < 0.01: raise ValueError(f"`sigma` must be at least 0.01 with the square reward (its value series needs 9 / sigma harmonics), got {sigma}")
+
+    def __repr__(self): return f"NoisyRotation(mu={self.mu}, sigma={self.sigma}, gamma={self.gamma}, reward={self.reward_kind!r})"
+
+    def transition_eigenvalues(self, k)->torch.Tensor:
+        "$p_k = e^{ik\\mu - k^2\\sigma^2/2}$: $E[e^{ikS'} | S = s] = p_k e^{iks}$."
+        k = torch.as_tensor(k, dtype=torch.float64)
+        return torch.exp(1j * k * self.mu - k ** 2 * self.sigma ** 2 / 2)
+
+    def reward_harmonics(self, k_max:int)->tuple:
+        "(k, c_k) for k = 1..k_max: the reward is Re sum_k c_k e^{iks}."
+        k = torch.arange(1, _length(k_max, "k_max") + 1, dtype=torch.float64)
+        if self.reward_kind == "cos": c = (k == 1).to(torch.complex128)
+        else: c = torch.where(k % 2 == 1, -4j / (math.pi * k), 0j)
+        return k, c
+
+    def reward(self, states)->torch.Tensor:
+        "r(s) at each state."
+        s = _angles(states)
+        return torch.cos(s) if self.reward_kind == "cos" else torch.sign(torch.sin(s))
+
+    def features(self, states)->torch.Tensor:
+        "(..., 2) features (cos s, sin s)."
+        s = _angles(states)
+        return torch.stack([torch.cos(s), torch.sin(s)], -1)
+
+    def v_pi(self, states)->torch.Tensor:
+        "The true value in closed form (the reward plus a Fourier series truncated below 1e-17)."
+        s = _angles(states)
+        k_max = 1 if self.reward_kind == "cos" else max(1, math.ceil(math.sqrt(2 * 40) / self.sigma))
+        k, c = self.reward_harmonics(k_max)
+        p = self.transition_eigenvalues(k)
+        g = self.gamma * p / (1 - self.gamma * p)
+        return self.reward(s) + (torch.exp(1j * s.unsqueeze(-1) * k) @ (c * g)).real
+
+    def step(self, states, rng:np.random.Generator)->np.ndarray:
+        "One transition from each of `states` (numpy), drawn with `rng`."
+        s = np.asarray(states, dtype=np.float64)
+        return np.mod(s + self.mu + self.sigma * rng.standard_normal(s.shape), 2 * np.pi)
+
+    def stationary(self, size, rng:np.random.Generator)->np.ndarray:
+        "Draws from the stationary law (uniform on [0, 2 pi))."
+        return rng.uniform(0, 2 * np.pi, size)
+
+    def grid(self, m:int=128)->tuple:
+        "(states (m,), weights (m,)): a quadrature of the stationary law (equally spaced angles)."
+        m = _length(m, "m")
+        return torch.arange(m, dtype=torch.float64) * (2 * math.pi / m), torch.full((m,), 1 / m, dtype=torch.float64)
+
+# %% ../nbs/07b_continuous.ipynb #af804b4c
+def gaussian_moment(p:int)->float:
+    "E[xi^p] for xi ~ N(0, 1): (p - 1)!! for even p, 0 for odd p."
+    return 0. if p % 2 else float(np.prod(np.arange(p - 1, 0, -2))) if p else 1.
+
+def gaussian_operator(scale:float,   # c in s -> c s + tau xi
+                      tau:float,     # noise standard deviation tau
+                      degree:int,    # highest degree D
+                     )->torch.Tensor:  # (D + 1, D + 1) T with (T w)_m the coefficient of s^m in E[sum_j w_j (c s + tau xi)^j]
+    "The map $f \\mapsto E[f(c s + \\tau\\xi)]$ on polynomial coefficients (monomial basis, upper triangular)."
+    T = torch.zeros(degree + 1, degree + 1, dtype=torch.float64)
+    for j in range(degree + 1):
+        for m in range(j + 1): T[m, j] = math.comb(j, m) * scale ** m * tau ** (j - m) * gaussian_moment(j - m)
+    return T
+
+def polyval(coef, s)->torch.Tensor:
+    "sum_j coef[j] s^j."
+    s = as_tensor(s, "states")
+    return s.unsqueeze(-1) ** torch.arange(len(coef), dtype=s.dtype) @ torch.as_tensor(coef, dtype=s.dtype)
+
+# %% ../nbs/07b_continuous.ipynb #efe98782
+class GaussianAR1(ContinuousProcess):
+    "The AR(1) process S' = a S + sigma xi on the real line with a polynomial reward."
+    d = 3          # features (s, s^2, 1)
+    def __init__(self, a:float=0.8,                      # autoregression coefficient, |a| < 1
+                 sigma:float=0.6,                        # noise standard deviation, > 0
+                 gamma:float=0.9,                        # discount factor in [0, 1)
+                 reward:tuple=(0., 1., 0., -1 / 3),      # polynomial coefficients of the reward, constant first
+                ):
+        a = float(a)
+        if not abs(a) < 1: raise ValueError(f"`a` must satisfy |a| < 1, got {a}")
+        self.a, self.sigma, self.gamma = a, _positive(sigma, "sigma"), check_gamma(gamma)
+        c = torch.as_tensor(np.asarray(reward, dtype=np.float64))
+        if c.ndim != 1 or len(c) < 1 or not torch.isfinite(c).all(): raise ValueError(f"`reward` must be a non-empty 1-d sequence of finite coefficients, got {reward!r}")
+        self.reward_coef, self.std = c, self.sigma / math.sqrt(1 - a ** 2)
+        self.degree = len(c) - 1
+        self.transition_matrix = gaussian_operator(a, self.sigma, self.degree)
+        self.value_coef = torch.linalg.solve_triangular(torch.eye(self.degree + 1, dtype=torch.float64) - self.gamma * self.transition_matrix, c.unsqueeze(1), upper=True).squeeze(1)
+
+    def __repr__(self): return f"GaussianAR1(a={self.a}, sigma={self.sigma}, gamma={self.gamma}, reward={tuple(self.reward_coef.tolist())})"
+    def reward(self, states)->torch.Tensor: "r(s), a polynomial."; return polyval(self.reward_coef, states)
+    def v_pi(self, states)->torch.Tensor: "The true value: the polynomial with coefficients (I - gamma T)^{-1} c."; return polyval(self.value_coef, states)
+
+    def features(self, states)->torch.Tensor:
+        "(..., 3) features (s, s^2, 1)."
+        s = as_tensor(states, "states")
+        return torch.stack([s, s ** 2, torch.ones_like(s)], -1)
+
+    def step(self, states, rng:np.random.Generator)->np.ndarray:
+        "One transition from each of `states` (numpy), drawn with `rng`."
+        s = np.asarray(states, dtype=np.float64)
+        return self.a * s + self.sigma * rng.standard_normal(s.shape)
+
+    def stationary(self, size, rng:np.random.Generator)->np.ndarray:
+        "Draws from the stationary law N(0, sigma^2 / (1 - a^2))."
+        return self.std * rng.standard_normal(size)
+
+    def grid(self, m:int=128)->tuple:
+        "(states (m,), weights (m,)): equally spaced on [-4 std, 4 std], weighted by the stationary density."
+        x = torch.linspace(-4 * self.std, 4 * self.std, _length(m, "m"), dtype=torch.float64)
+        w = torch.exp(-x ** 2 / (2 * self.std ** 2))
+        return x, w / w.sum()
+
+# %% ../nbs/07b_continuous.ipynb #89b71cf6
+def mc_returns(process,             # a process of this chapter
+               states,              # (m,) start states
+               n_paths:int=4000,    # independent paths per start state
+               tol:float=1e-8,      # the horizon H is the smallest with gamma^H < tol
+               seed=None,           # int or `numpy.random.Generator`
+              )->tuple:             # (mean (m,), standard error (m,)) of the discounted return from each start state
+    "Monte Carlo estimate of $v_\\pi$ at `states`: the mean discounted return of `n_paths` simulated paths, with its standard error."
+    rng, g = np.random.default_rng(seed), process.gamma
+    s = np.repeat(np.asarray(as_tensor(states, "states"))[:, None], _length(n_paths, "n_paths"), 1)
+    horizon = max(1, math.ceil(math.log(tol) / math.log(g))) if g > 0 else 1
+    G = np.zeros_like(s)
+    for t in range(horizon):
+        G += g ** t * process.reward(torch.from_numpy(s)).numpy()
+        s = process.step(s, rng)
+    return torch.from_numpy(G.mean(1)), torch.from_numpy(G.std(1, ddof=1) / math.sqrt(s.shape[1]))
+
+def mc_z_scores(process, states, v, **kwargs)->torch.Tensor:
+    "|MC mean - v| / standard error at each state, for a candidate value `v` (m,)."
+    mean, se = mc_returns(process, states, **kwargs)
+    return (mean - as_tensor(v, "v")).abs() / se
 
 # %% ../nbs/07b_continuous.ipynb #2d9604b8
 @patch
@@ -54,7 +226,7 @@ def kernel_td(process,              # a process of this chapter
 # %% ../nbs/07b_continuous.ipynb #59f5b4d0
 def von_mises_harmonics(beta:float,    # concentration
                         k_max:int,     # highest harmonic
-                       )->torch.Tensor:  # (k_max + 1,) lambda_k = I_k(beta) / I_0(beta), k = 0..k_max
+                       )->torch.Tensor:  # (k_max + 1,) psi_k = I_k(beta) / I_0(beta), k = 0..k_max
     "Fourier coefficients of the normalised von Mises density, by the FFT of $e^{\\beta(\\cos t - 1)}$ on a fine grid."
     beta, k_max = check_number(beta, "beta", 0., strict=True), check_int(k_max, "k_max", 1)
     m = 2 ** math.ceil(math.log2(max(4 * k_max, 64 * math.sqrt(beta) + 64)))
@@ -90,35 +262,6 @@ def population_values(self:GaussianAR1, beta:float, alpha:float, n_layers:int, s
 def population_msve(process, *, alpha:float, beta:float, n_layers:int, m:int=512)->torch.Tensor:
     "(L + 1,) MSVE of the population recursion at depths 0..L."
     return process.msve(process.population_values(beta, alpha, n_layers, process.grid(m)[0]))
-
-# %% ../nbs/07b_continuous.ipynb #04f4991c
-@patch
-def basis(self:NoisyRotation, states, size:int)->torch.Tensor:
-    "(..., 2 size + 1) features (1, cos ks, sin ks) for k = 1..size."
-    s = as_tensor(states, "states").unsqueeze(-1)
-    k = torch.arange(1, check_int(size, "size", 1) + 1, dtype=s.dtype)
-    return torch.cat([torch.ones_like(s), torch.cos(k * s), torch.sin(k * s)], -1)
-
-@patch
-def basis(self:GaussianAR1, states, size:int)->torch.Tensor:
-    "(..., size + 1) normalised probabilists' Hermite polynomials He_j(s / std) / sqrt(j!), j = 0..size."
-    x = as_tensor(states, "states") / self.std
-    H = [torch.ones_like(x), x]
-    for j in range(1, check_int(size, "size", 1)): H.append(x * H[j] - j * H[j - 1])
-    return torch.stack([h / math.sqrt(math.factorial(j)) for j, h in enumerate(H[:size + 1])], -1)
-
-# %% ../nbs/07b_continuous.ipynb #6326226a
-def lstd(phi_states,          # (..., n + 1, d) features of S_0..S_n
-         rewards,             # (..., n) rewards
-         phi_queries,         # (..., q, d) features of the queries
-         gamma:float,         # discount factor
-         ridge:float=1e-8,    # ridge added to the LSTD matrix
-        )->torch.Tensor:      # (..., q) values at the queries
-    "LSTD, the fixed point of batch linear TD: $w = (\\Phi^\\top(\\Phi - \\gamma\\Phi'))^{-1}\\Phi^\\top R$, read out at the queries."
-    X, Xn = phi_states[..., :-1, :], phi_states[..., 1:, :]
-    A = X.mT @ (X - gamma * Xn) / X.shape[-2] + ridge * torch.eye(X.shape[-1], dtype=X.dtype)
-    w = torch.linalg.solve(A, (X.mT @ rewards.unsqueeze(-1)).squeeze(-1) / X.shape[-2])
-    return (phi_queries @ w.unsqueeze(-1)).squeeze(-1)
 
 # %% ../nbs/07b_continuous.ipynb #74de27c8
 def _uniform(bounds, size, gen)->torch.Tensor:

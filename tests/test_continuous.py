@@ -4,10 +4,9 @@ import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
-from ictd.continuous import kernel_td, lstd, population_msve, von_mises_harmonics
-from ictd.continuous_processes import GaussianAR1, NoisyRotation, mc_z_scores
+from ictd.continuous import GaussianAR1, NoisyRotation, kernel_td, mc_z_scores, population_msve, von_mises_harmonics
 from ictd.core import substream
-from ictd.experiments.continuous_sweeps import STREAMS, best_beta, compare_methods, error_sweep, sample_contexts, stream_seed
+from ictd.experiments.continuous_sweeps import STREAMS, best_beta, compare_methods, error_sweep, lstd, sample_contexts, stream_seed
 from ictd.model import SoftmaxICTD
 from ictd.prompt import build_prompt
 from ictd.wstd import batch_linear_td, context_weights

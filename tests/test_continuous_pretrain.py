@@ -3,8 +3,7 @@ import dataclasses, math
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
-from ictd.continuous import TASK_SETS, GaussianAR1Family, RotationFamily, family_config, task_process
-from ictd.continuous_processes import mc_z_scores
+from ictd.continuous import TASK_SETS, GaussianAR1Family, RotationFamily, family_config, mc_z_scores, task_process
 from ictd.experiments.continuous import (ar1_claims, binomial_lower, family_experiment, kernel_fit, kernel_msve, family_msve,
                                          learned_scores, rotation_claims, value_weights)
 from ictd.model import SoftmaxICTD, theta_star, token_predict, trajectory_tokens
