@@ -28,7 +28,7 @@ from ictd.core import record_claim
 from ictd.model import SoftmaxICTD, token_predict, trajectory_tokens
 from ictd.pretrain import get_protocol, model_params, pretrain_many
 from ictd.prompt import build_prompt
-from ictd.wstd import batch_linear_td, context_weights
+from ictd.wstd import context_weights
 
 
 # %% [markdown]
@@ -430,7 +430,7 @@ test_eq(NoisyRotation().score_matrix(3.), 3 * torch.eye(2, dtype=torch.float64))
 # $S_0..S_3 = 0, \pi/2, \pi, 3\pi/2$ (the last state $S_4$ is not a key), the target $x = 0$ and
 # $W = 2I$. The scores $\beta\cos(x - S_{k-1})$ are $2, 0, -2, 0$, so the weights are
 # $e^{2}, 1, e^{-2}, 1$ divided by their sum $e^2 + 2 + e^{-2}$: the key at the target gets most of the
-# weight, the opposite key the least, and the two keys a quarter turn away share the rest equally. The
+# weight, the opposite key the least, and the two keys a quarter turn away get equal weights. The
 # cell computes the weights by this formula and by the library's softmax weights from the features
 # and $W$, and checks that they agree:
 
@@ -920,7 +920,6 @@ x_q = rot.grid(8)[0]
 model = SoftmaxICTD(2, 3, init_gain=0.5, seed=3)
 tokens = trajectory_tokens(rot.features(S)[None], R[None], rot.features(x_q)[None])
 test_close(token_predict(model_params(model), 3, tokens)[0], model.predict(build_prompt(rot.features(S), R, rot.features(x_q)), n=40), eps=1e-13)
-
 
 # %% [markdown]
 # ## Implementation and tests

@@ -12,8 +12,9 @@ from ..boyan import as_tensor, weighted_error
 from ..model import token_predict, trajectory_tokens
 from ..pretrain import pretrain_many, stack_results
 from ..continuous import GaussianAR1, GaussianAR1Family, NoisyRotation, RotationFamily, TaskFamily, family_config, kernel_td, population_msve
-from .continuous_sweeps import (best_beta, bootstrap_slope, compare_methods, error_sweep, plot_depth, plot_estimates,
-                                                plot_long_depth, plot_tradeoff, stream_seed)
+from ..core import check_choice
+from .continuous_sweeps import (LINE_STYLES, best_beta, bootstrap_slope, compare_methods, error_sweep, plot_depth,
+                                                plot_estimates, plot_long_depth, plot_tradeoff, stream_seed)
 
 # %% auto #0
 __all__ = ['FULL', 'QUICK', 'PRETRAIN_PLOTS', 'run_continuous', 'family_run', 'value_weights', 'kernel_fit', 'kernel_msve',
@@ -103,45 +104,63 @@ def learned_scores(family:TaskFamily,  # the family (its features)
     g = lambda f: (f @ K @ fx[..., None]).squeeze(-1)
     return g(fy) - g(fx[:, None])
 
-# %% ../../nbs/07d_continuous_pretraining.ipynb #ba901e46
+# %% ../../nbs/07d_continuous_pretraining.ipynb #99b9012a
 def pretraining_table(run:dict,          # `family_run` of the runs
                       family:TaskFamily,
                      )->str:             # markdown table, one row per layer
-    "Value weights (mean +- s.e. over seeds) and the fitted kernel (median and range over seeds) of each layer."
+    "Two tables, one row per layer: the value weights (mean +- s.e. over seeds) and the fitted kernel (median and range over seeds)."
     vw, fit = value_weights(run["params"]), kernel_fit(family, run["params"]["A"])
     S, L = vw.shape[:2]
     ms = lambda x: f"{x.mean():.3f} $\\pm$ {x.std() / math.sqrt(len(x)):.3f}"
     rng = lambda x: f"{x.median():.2f} [{x.min():.2f}, {x.max():.2f}]"
-    rows = ["| layer | reward | successor | current | successor / current | $\\hat\\beta$ | cosine to Prop. 7b.1 | share of $A$ |", "|---|---|---|---|---|---|---|---|"]
+    values = ["**Value-row weights** (mean $\\pm$ s.e. over seeds)\n", "| layer | reward | successor | current | successor / current (median) |", "|---|---|---|---|---|"]
+    kernel = ["**Fitted kernel** (median [min, max] over seeds)\n", "| layer | $\\hat\\beta$ | cosine to Prop. 7b.1 | share of $A$ |", "|---|---|---|---|"]
     for l in range(L):
         vals = [ms(vw[:, l, j]) if l or j == 0 else "(no gradient)" for j in range(3)]
-        ratio = f"{(vw[:, l, 1] / vw[:, l, 2]).median():.2f} (median)" if l else "-"
-        rows.append(f"| {l + 1} | " + " | ".join(vals) + f" | {ratio} | {rng(fit['beta'][:, l])} | {rng(fit['cosine'][:, l])} | {rng(fit['share'][:, l])} |")
-    return "\n".join(rows)
+        ratio = f"{(vw[:, l, 1] / vw[:, l, 2]).median():.2f}" if l else "-"
+        values.append(f"| {l + 1} | " + " | ".join(vals) + f" | {ratio} |")
+        kernel.append(f"| {l + 1} | {rng(fit['beta'][:, l])} | {rng(fit['cosine'][:, l])} | {rng(fit['share'][:, l])} |")
+    return "\n".join(values) + "\n\n" + "\n".join(kernel)
 
-# %% ../../nbs/07d_continuous_pretraining.ipynb #622b685f
-def plot_family_training(run:dict, family:TaskFamily, lines:dict, title:str):
-    "MSVE, last-layer value weights and per-layer kernel cosine against training steps: mean and 2 s.e. bands over seeds."
+# %% ../../nbs/07d_continuous_pretraining.ipynb #d5683925
+def plot_family_training(run:dict,          # `family_run` of the runs
+                         family:TaskFamily,  # the family trained on
+                         lines:dict,         # name -> MSVE of a reference, drawn as a horizontal line in the "msve" panel
+                         title:str,          # title of the "msve" panel
+                         panels:tuple=("msve", "values", "kernel"),  # the panels, in order: held-out MSVE, value weights, kernel cosine
+                        ):                   # the matplotlib figure
+    "Against training steps, means and 2 s.e. bands over seeds: held-out MSVE, the last layer's value weights, each layer's kernel cosine."
     import matplotlib.pyplot as plt
     steps, S = run["steps"].numpy(), run["msve"].shape[1]
-    band = lambda ax, y, **kw: (ax.plot(steps, y.mean(1), **kw), ax.fill_between(steps, y.mean(1) - 2 * y.std(1) / math.sqrt(S), y.mean(1) + 2 * y.std(1) / math.sqrt(S), alpha=0.2, color=kw.get("color")))
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-    band(axes[0], run["msve"], color="C0", label=f"pretrained ({S} seeds)")
-    for i, (name, y) in enumerate(lines.items()): axes[0].axhline(y, color=f"C{i + 1}", ls="--", label=name)
-    axes[0].set(ylim=(0, None), xlabel="training step", ylabel="MSVE on held-out tasks (squared return units)", title=title)
-    vw = value_weights(dict(V_cur=run["V_cur"], V_tgt=run["V_tgt"]))[:, :, -1]          # (K, S, 3), last layer
-    for j, name in enumerate(("reward", "successor value", "current value")): band(axes[1], vw[..., j], color=f"C{j}", label=name)
-    band(axes[1], -family.gamma * vw[..., 2], color="grey", ls=":", label=r"$-\gamma\,\times$ current ($\theta^*$'s successor)")
-    axes[1].axhline(0, color="k", lw=0.5)
-    axes[1].set(xlabel="training step", ylabel="weight", title=f"Value-row weights, last layer ({run['A'].shape[2]})")
-    cos = kernel_fit(family, run["A"])["cosine"]
-    for l in range(cos.shape[-1]): band(axes[2], cos[..., l], color=f"C{l}", label=f"layer {l + 1}")
-    axes[2].set(ylim=(-1.05, 1.05), xlabel="training step", ylabel="cosine", title="Score block against the kernel of Proposition 7b.1")
-    for ax in axes: ax.legend(fontsize=8)
+    def band(ax, y, i, label, color=None):
+        m, se, c = y.mean(1), y.std(1) / math.sqrt(S), color or f"C{i}"
+        ax.plot(steps, m, color=c, ls=LINE_STYLES[i % len(LINE_STYLES)], label=label)
+        ax.fill_between(steps, m - 2 * se, m + 2 * se, color=c, alpha=0.2, lw=0)
+    def msve(ax):
+        band(ax, run["msve"], 0, f"pretrained ({S} seeds)")
+        for i, (name, y) in enumerate(lines.items()): ax.axhline(y, color=f"C{i + 1}", ls=LINE_STYLES[(i + 1) % len(LINE_STYLES)], label=name)
+        ax.set(ylim=(0, None), ylabel="MSVE on held-out tasks (squared return units)", title=title)
+    def values(ax):
+        vw = value_weights(dict(V_cur=run["V_cur"], V_tgt=run["V_tgt"]))[:, :, -1]          # (K, S, 3), last layer
+        for j, name in enumerate(("reward", "successor value", "current value")): band(ax, vw[..., j], j, name)
+        band(ax, -family.gamma * vw[..., 2], 3, r"$-\gamma\,\times$ current ($\theta^*$'s successor)", color="grey")
+        ax.axhline(0, color="k", lw=0.5)
+        ax.set(ylabel="weight", title=f"Value-row weights, last layer ({run['A'].shape[2]})")
+    def kernel(ax):
+        cos = kernel_fit(family, run["A"])["cosine"]
+        for l in range(cos.shape[-1]): band(ax, cos[..., l], l, f"layer {l + 1}")
+        ax.set(ylim=(-1.05, 1.05), ylabel="cosine", title="Score block against the kernel of Prop. 7b.1")
+    draw = dict(msve=msve, values=values, kernel=kernel)
+    panels = [check_choice(panel, tuple(draw), "panels") for panel in panels]
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
+    for ax, panel in zip(axes[0], panels):
+        draw[panel](ax)
+        ax.set(xlabel="training step")
+        ax.legend(fontsize=9)
     fig.tight_layout()
     return fig
 
-# %% ../../nbs/07d_continuous_pretraining.ipynb #269ddc4a
+# %% ../../nbs/07d_continuous_pretraining.ipynb #fa06bf7d
 def plot_learned_kernel(family:TaskFamily, A, xs:list, u, xlabel:str):
     "The learned score against the offset y - x, per layer (median over seeds, 10-90% band), with Proposition 7b.1's kernel at the median fitted scale."
     import matplotlib.pyplot as plt
@@ -149,15 +168,15 @@ def plot_learned_kernel(family:TaskFamily, A, xs:list, u, xlabel:str):
     g, beta = learned_scores(family, A, torch.tensor(xs, dtype=torch.float64), u), kernel_fit(family, A)["beta"].median(0).values
     f0, W1 = family.features(torch.zeros(1, dtype=torch.float64))[0], family.base.score_matrix(1.)
     ref = family.features(u) @ W1 @ f0 - f0 @ W1 @ f0                        # Proposition 7b.1's kernel at scale 1, relative to u = 0
-    fig, axes = plt.subplots(1, L, figsize=(4.6 * L, 3.6), sharey=True)
+    fig, axes = plt.subplots(1, L, figsize=(5 * L, 4), sharey=True)
     for l, ax in enumerate(np.atleast_1d(axes)):
         for i, x in enumerate(xs):
             q = torch.quantile(g[:, l, i], torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64), dim=0)
-            ax.plot(u, q[1], color=f"C{i}", label=f"learned, query $x = {x:.2f}$")
+            ax.plot(u, q[1], color=f"C{i}", ls=LINE_STYLES[i % len(LINE_STYLES)], label=f"learned, query $x = {x:.2f}$")
             ax.fill_between(u, q[0], q[2], color=f"C{i}", alpha=0.15)
-        ax.plot(u, beta[l] * ref, "k--", label=rf"Prop. 7b.1, $\hat\beta = {beta[l]:.2f}$")
+        ax.plot(u, beta[l] * ref, "k", lw=2.5, alpha=0.6, label=rf"Prop. 7b.1, $\hat\beta = {beta[l]:.2f}$")
         ax.set(xlabel=xlabel, title=f"layer {l + 1}")
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=9)
     np.atleast_1d(axes)[0].set_ylabel(r"score $g(x + u, x) - g(x, x)$")
     fig.tight_layout()
     return fig
@@ -266,7 +285,7 @@ def continuous_full_scale(out,                 # folder for the figures and resu
                    progress:bool=True,  # show progress bars
                    quick:bool=False,    # tiny sizes (for tests) instead of the full scale
                   )->list:              # paths of the files written
-    "Run the chapter's experiments at full scale; write figures and a JSON of the numbers into `out`."
+    "Run the experiments of chapters 7c and 7d at full scale; write figures and a JSON of the numbers into `out`."
     import matplotlib.pyplot as plt
     cfg, out = (QUICK if quick else FULL), Path(out)
     out.mkdir(parents=True, exist_ok=True)
