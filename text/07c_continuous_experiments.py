@@ -359,11 +359,10 @@ Markdown(f"Best $\\beta$ at $L = {L_BETA}$: " + ", ".join(f"{b:.1f} ($n = {n}$)"
 # %% [markdown]
 # ### Richer features and LSTD
 #
-# `basis(states, size)`
-# gives each process a family of richer features: on the circle the Fourier features
-# $(1, \cos kx, \sin kx)_{k \le \bar k}$, on the line the normalised Hermite polynomials
-# $\mathrm{He}_j(x/\sigma_\infty)/\sqrt{j!}$, $j \le D$, orthonormal under the stationary law. The
-# infinite-depth limit of batch linear TD is LSTD (no step size), the solution of
+# `basis(states, size)` gives each process the richer features above: the Fourier features of size
+# $\bar k$ on the circle, and on the line the normalised Hermite polynomials
+# $\mathrm{He}_j(x/\sigma_\infty)/\sqrt{j!}$, $j \le D$, which are orthonormal under the stationary law.
+# `lstd` is the infinite-depth limit of batch linear TD (no step size), the solution $w$ of
 # $\Phi^\top(\Phi - \gamma\Phi')w = \Phi^\top R$.
 
 # %%
