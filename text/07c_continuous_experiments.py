@@ -182,7 +182,7 @@ def plot_depth(curves:dict,      # title -> (errors (len(ns), n_tasks, L + 1), p
 
 # %%
 #| fig-cap: "Figure 7c.1: the mean MSVE of kernel TD follows the population curve of Proposition 7b.2 over the first layers, then flattens at a floor that falls as the context grows."
-#| fig-alt: "Two log-scale panels, noisy rotation and Gaussian AR(1): MSVE against depth for three context lengths with two-standard-error bands, and a dashed population curve."
+#| fig-alt: "Two log-scale panels, noisy rotation and Gaussian AR(1): MSVE against depth for three context lengths with two-standard-error bands, and a dotted black population curve."
 pop_rot = population_msve(rot, beta=ROT_BETA, alpha=ALPHA, n_layers=DEPTH)
 pop_ar = population_msve(ar, beta=AR_BETA, alpha=ALPHA, n_layers=DEPTH)
 fig = plot_depth({rf"noisy rotation, square reward, $\beta = {ROT_BETA:g}$": (depth_rot, pop_rot),
@@ -321,7 +321,7 @@ def plot_tradeoff(betas, ns, sweep, best, slope, ci):
 
 # %%
 #| fig-cap: "Figure 7c.2: the MSVE has an interior minimum in the kernel scale beta, and the best beta grows with the context length."
-#| fig-alt: "Left: log-log MSVE against beta for four context lengths with error bars and dotted lines at each best beta. Right: best beta against context length with a fitted power law."
+#| fig-alt: "Left: log-log MSVE against beta for four context lengths with error bars and a thin vertical line at each best beta. Right: best beta against context length with a fitted power law."
 plot_tradeoff(BETAS, NS_BETA, beta_sweep, best, beta_slope, beta_ci);
 
 # %% [markdown]
