@@ -17,7 +17,7 @@ from .pretrain import PROTOCOLS, EvalSet, PretrainConfig, Protocol, get_family, 
 
 # %% auto #0
 __all__ = ['TASK_SETS', 'HERMITE', 'ContinuousProcess', 'NoisyRotation', 'gaussian_moment', 'gaussian_operator', 'polyval',
-           'GaussianAR1', 'mc_returns', 'mc_z_scores', 'kernel_td', 'von_mises_harmonics', 'population_msve', 'lstd',
+           'GaussianAR1', 'mc_returns', 'mc_z_scores', 'kernel_td', 'von_mises_harmonics', 'population_msve',
            'TaskFamily', 'RotationFamily', 'GaussianAR1Family', 'task_process', 'family_protocol', 'family_config']
 
 # %% ../nbs/07b_continuous.ipynb #38b44d04
@@ -196,12 +196,12 @@ def mc_z_scores(process, states, v, **kwargs)->torch.Tensor:
 @patch
 def score_matrix(self:NoisyRotation, beta:float)->torch.Tensor:
     "W = beta I: the von Mises kernel of concentration beta on (cos s, sin s)."
-    return _positive(beta, "beta") * torch.eye(2, dtype=torch.float64)
+    return check_number(beta, "beta", 0., strict=True) * torch.eye(2, dtype=torch.float64)
 
 @patch
 def score_matrix(self:GaussianAR1, beta:float)->torch.Tensor:
     "W_beta with (s, s^2, 1)^T W_beta (t, t^2, 1) = -beta (s - t)^2 / 2: the Gaussian kernel of bandwidth 1/sqrt(beta)."
-    b = _positive(beta, "beta")
+    b = check_number(beta, "beta", 0., strict=True)
     return torch.tensor([[b, 0., 0.], [0., 0., -b / 2], [0., -b / 2, 0.]], dtype=torch.float64)
 
 # %% ../nbs/07b_continuous.ipynb #77672e9e
@@ -226,9 +226,9 @@ def kernel_td(process,              # a process of this chapter
 # %% ../nbs/07b_continuous.ipynb #59f5b4d0
 def von_mises_harmonics(beta:float,    # concentration
                         k_max:int,     # highest harmonic
-                       )->torch.Tensor:  # (k_max + 1,) lambda_k = I_k(beta) / I_0(beta), k = 0..k_max
+                       )->torch.Tensor:  # (k_max + 1,) psi_k = I_k(beta) / I_0(beta), k = 0..k_max
     "Fourier coefficients of the normalised von Mises density, by the FFT of $e^{\\beta(\\cos t - 1)}$ on a fine grid."
-    beta, k_max = _positive(beta, "beta"), _length(k_max, "k_max")
+    beta, k_max = check_number(beta, "beta", 0., strict=True), check_int(k_max, "k_max", 1)
     m = 2 ** math.ceil(math.log2(max(4 * k_max, 64 * math.sqrt(beta) + 64)))
     t = torch.arange(m, dtype=torch.float64) * (2 * math.pi / m)
     F = torch.fft.rfft(torch.exp(beta * (torch.cos(t) - 1))).real
@@ -238,8 +238,8 @@ def von_mises_harmonics(beta:float,    # concentration
 @patch
 def population_values(self:NoisyRotation, beta:float, alpha:float, n_layers:int, states)->torch.Tensor:
     "(L + 1, m) values v_0..v_L of the population recursion at `states` (harmonic by harmonic)."
-    s = _angles(states)
-    k_max = 1 if self.reward_kind == "cos" else max(1, math.ceil(math.sqrt(80 * _positive(beta, "beta"))) + 1)
+    s = as_tensor(states, "states")
+    k_max = 1 if self.reward_kind == "cos" else max(1, math.ceil(math.sqrt(80 * check_number(beta, "beta", 0., strict=True))) + 1)
     k, c = self.reward_harmonics(k_max)
     p, lam = self.transition_eigenvalues(k), von_mises_harmonics(beta, k_max)[1:]
     f = 1 - alpha * lam * (1 - self.gamma * p)
@@ -249,7 +249,7 @@ def population_values(self:NoisyRotation, beta:float, alpha:float, n_layers:int,
 @patch
 def population_values(self:GaussianAR1, beta:float, alpha:float, n_layers:int, states)->torch.Tensor:
     "(L + 1, m) values v_0..v_L of the population recursion at `states` (on polynomial coefficients)."
-    b, s2 = _positive(beta, "beta"), self.std ** 2
+    b, s2 = check_number(beta, "beta", 0., strict=True), self.std ** 2
     T_M = gaussian_operator(b * s2 / (1 + b * s2), math.sqrt(s2 / (1 + b * s2)), self.degree)
     I = torch.eye(self.degree + 1, dtype=torch.float64)
     w, ws = torch.zeros(self.degree + 1, dtype=torch.float64), []
@@ -262,35 +262,6 @@ def population_values(self:GaussianAR1, beta:float, alpha:float, n_layers:int, s
 def population_msve(process, *, alpha:float, beta:float, n_layers:int, m:int=512)->torch.Tensor:
     "(L + 1,) MSVE of the population recursion at depths 0..L."
     return process.msve(process.population_values(beta, alpha, n_layers, process.grid(m)[0]))
-
-# %% ../nbs/07b_continuous.ipynb #04f4991c
-@patch
-def basis(self:NoisyRotation, states, size:int)->torch.Tensor:
-    "(..., 2 size + 1) features (1, cos ks, sin ks) for k = 1..size."
-    s = _angles(states).unsqueeze(-1)
-    k = torch.arange(1, _length(size, "size") + 1, dtype=s.dtype)
-    return torch.cat([torch.ones_like(s), torch.cos(k * s), torch.sin(k * s)], -1)
-
-@patch
-def basis(self:GaussianAR1, states, size:int)->torch.Tensor:
-    "(..., size + 1) normalised probabilists' Hermite polynomials He_j(s / std) / sqrt(j!), j = 0..size."
-    x = as_tensor(states, "states") / self.std
-    H = [torch.ones_like(x), x]
-    for j in range(1, _length(size, "size")): H.append(x * H[j] - j * H[j - 1])
-    return torch.stack([h / math.sqrt(math.factorial(j)) for j, h in enumerate(H[:size + 1])], -1)
-
-# %% ../nbs/07b_continuous.ipynb #6326226a
-def lstd(phi_states,          # (..., n + 1, d) features of S_0..S_n
-         rewards,             # (..., n) rewards
-         phi_queries,         # (..., q, d) features of the queries
-         gamma:float,         # discount factor
-         ridge:float=1e-8,    # ridge added to the LSTD matrix
-        )->torch.Tensor:      # (..., q) values at the queries
-    "LSTD, the fixed point of batch linear TD: $w = (\\Phi^\\top(\\Phi - \\gamma\\Phi'))^{-1}\\Phi^\\top R$, read out at the queries."
-    X, Xn = phi_states[..., :-1, :], phi_states[..., 1:, :]
-    A = X.mT @ (X - gamma * Xn) / X.shape[-2] + ridge * torch.eye(X.shape[-1], dtype=X.dtype)
-    w = torch.linalg.solve(A, (X.mT @ rewards.unsqueeze(-1)).squeeze(-1) / X.shape[-2])
-    return (phi_queries @ w.unsqueeze(-1)).squeeze(-1)
 
 # %% ../nbs/07b_continuous.ipynb #74de27c8
 def _uniform(bounds, size, gen)->torch.Tensor:
@@ -317,7 +288,7 @@ class TaskFamily:
                 )->dict:              # states (E, n + 1), rewards (E, n), grid x (m,), weights w (m,), true values v (E, m)
         "The tasks of one named set, one stationary context each, and their true values on the grid."
         gen = stream_generator(seed, TASK_SETS.index(check_choice(which, TASK_SETS, "which")))
-        tasks, states, _, _ = self.sample(_length(n_tasks, "n_tasks"), _length(n), gen)
+        tasks, states, _, _ = self.sample(check_int(n_tasks, "n_tasks", 1), check_int(n, "n", 1), gen)
         x, w = self.base.grid(m)
         return dict(states=states, rewards=self.reward(tasks, states[:, :-1]), x=x, w=w, v=self.v_pi(tasks, x))
 
@@ -367,7 +338,7 @@ class GaussianAR1Family(TaskFamily):
                  coef:float=1.,                 # Hermite coefficients c_j ~ U(-coef, coef), j = 0..3
                  gamma:float=0.9,               # discount factor
                 ):
-        self.a, self.coef = _range(a, "a", -1 + 1e-9), _positive(coef, "coef")
+        self.a, self.coef = _range(a, "a", -1 + 1e-9), check_number(coef, "coef", 0., strict=True)
         if self.a[1] >= 1: raise ValueError(f"`a` must lie inside (-1, 1), got {a!r}")
         self.base, self.gamma = GaussianAR1(a=0.8, sigma=0.6, gamma=gamma), check_gamma(gamma)
         self.kernel_mask = torch.tensor([[1.] * 3, [1.] * 3, [0.] * 3], dtype=torch.float64)   # the key's constant feature (row 2) only shifts all scores of a query

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
-from ictd.continuous import GaussianAR1, NoisyRotation, kernel_td, lstd, mc_z_scores, population_msve, von_mises_harmonics
+from ictd.continuous import GaussianAR1, NoisyRotation, kernel_td, mc_z_scores, population_msve, von_mises_harmonics
 from ictd.core import substream
-from ictd.experiments.continuous import STREAMS, best_beta, compare_methods, error_sweep, sample_contexts, stream_seed
+from ictd.experiments.continuous_sweeps import STREAMS, best_beta, compare_methods, error_sweep, lstd, number_ticks, sample_contexts, stream_seed
 from ictd.model import SoftmaxICTD
 from ictd.prompt import build_prompt
 from ictd.wstd import batch_linear_td, context_weights
@@ -120,3 +120,18 @@ def test_lstd_is_the_limit_of_batch_linear_td(proc, size):
     phi, q = proc.basis(S, size), proc.basis(proc.grid(7)[0], size)
     deep = batch_linear_td(phi, R, 0.5, proc.gamma, 4000, phi_queries=q)[..., 301:]
     assert torch.allclose(deep, lstd(phi, R, q, proc.gamma), atol=1e-6, rtol=0)
+
+@pytest.mark.unit
+def test_log_axes_read_as_plain_numbers():
+    "The figures' log axes are labelled 0.1, 1, 100 (issue 23: ticks that read as numbers), not as powers of ten."
+    import matplotlib; matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, (wide, narrow) = plt.subplots(1, 2)
+    wide.plot([1, 300], [0.01, 2]); narrow.plot([90, 900], [8, 65])
+    for ax in (wide, narrow): ax.set(xscale="log", yscale="log"); number_ticks(ax)
+    fig.canvas.draw()
+    labels = lambda ax, axis: {t.get_text() for t in getattr(ax, f"get_{axis}ticklabels")(minor=False) + getattr(ax, f"get_{axis}ticklabels")(minor=True)} - {""}
+    assert {"0.1", "1"} <= labels(wide, "y") and {"1", "10", "100"} <= labels(wide, "x")
+    assert {"200", "300", "400"} <= labels(narrow, "x") and {"20", "30", "40"} <= labels(narrow, "y")   # minor ticks labelled where the span is short
+    assert not any("^" in s or "times" in s for ax in (wide, narrow) for a in "xy" for s in labels(ax, a))
+    plt.close(fig)

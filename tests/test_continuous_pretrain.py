@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings, strategies as st
 from ictd.continuous import TASK_SETS, GaussianAR1Family, RotationFamily, family_config, mc_z_scores, task_process
 from ictd.experiments.continuous import (ar1_claims, binomial_lower, family_experiment, kernel_fit, kernel_msve, family_msve,
-                                         learned_scores, rotation_claims, value_weights)
+                                         learned_scores, plot_family_training, rotation_claims, value_weights)
 from ictd.model import SoftmaxICTD, theta_star, token_predict, trajectory_tokens
 from ictd.pretrain import eval_set, model_params, pretrain_many
 from ictd.prompt import build_prompt
@@ -81,6 +81,16 @@ def test_bad_input():
     with pytest.raises(ValueError, match="`seeds` must be a non-empty list"): pretrain_many(family_config(ROT, n_steps=1), [1, 1])
     with pytest.raises(ValueError, match="`n_steps` must be an integer >= 0"): family_config(ROT, n_steps=-1)
     with pytest.raises(ValueError, match="`config` must have d = 2"): pretrain_many(dataclasses.replace(family_config(ROT, n_steps=1), d=3), [0])
+
+@pytest.mark.unit
+def test_unknown_panel_is_refused_before_a_figure_is_drawn():
+    "A panel name outside the three raises, and leaves no empty figure behind (the chapter's page would show it)."
+    import matplotlib; matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    plt.close("all")
+    with pytest.raises(ValueError, match="`panels` must be one of"):
+        plot_family_training(dict(steps=torch.arange(3.), msve=torch.ones(3, 2)), ROT, {}, "", panels=("loss",))
+    assert plt.get_fignums() == []
 
 @pytest.mark.unit
 def test_task_sets_are_separate_substreams():
