@@ -11,7 +11,8 @@ from .boyan import as_tensor, check_gamma
 from .wstd import context_tensors
 from .prompt import build_prompt
 from .model import check_prompt, torch_generator, token_rows, xavier_param, carry_context, PromptLayer, SoftmaxICTD
-from .pretrain import Contexts, Family, PretrainConfig, register_family
+from .tasks import Contexts
+from .engine import Family, PretrainConfig, register_family
 
 # %% auto #0
 __all__ = ['ORDERS', 'CURRENTS', 'visible_transitions', 'prefix_weights', 'prefix_softmax_td', 'build_causal_prompt',

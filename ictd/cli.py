@@ -13,14 +13,15 @@ import torch
 from .boyan import check_gamma, plot_chain, random_boyan_chain
 from .experiments.convergence import (depth_experiment, diagonality_sweep, leaky_experiment, loglog_slope, phase_diagram, plot_depth,
                                           plot_diagonality, plot_floor, plot_leaky, plot_phase, plot_rates, rate_experiment)
-from .experiments.continuous import run_continuous as continuous_experiments
+from .experiments.continuous import continuous_full_scale as continuous_experiments
 from .linear import ICLR_LINEAR
 from .experiments.linear import (plot_linear_pretraining, plot_side_by_side, plot_tuned_side_by_side, reproduce_iclr, run_head_to_head,
                                      side_by_side, tuned_side_by_side)
 from .emergence import emergence_report
 from .experiments.mechanism import (CONVERGE_LRS, DEEP_DEPTHS, run_control_study, run_converge_study, run_depth_sweep, run_jacobian_study, run_shared_study, run_gap_map, run_mechanism_study, run_theta_star_dynamics)
 from .core import jsonable
-from .pretrain import DTYPES, FAMILIES, INITS, OBJECTIVES, PROTOCOLS, PretrainConfig, plot_emergence, pretrain_many, run_folder
+from .engine import DTYPES, FAMILIES, INITS, OBJECTIVES, PROTOCOLS, PretrainConfig
+from .pretrain import plot_emergence, pretrain_many, run_folder
 
 # %% auto #0
 __all__ = ['positive_int', 'natural_int', 'positive_float', 'natural_float', 'step_size', 'discount', 'n_states_arg', 'FEATURES',
@@ -155,7 +156,7 @@ def make_parser()->argparse.ArgumentParser:
                    help="also pretrain linear Transformers with the predecessor's protocol (ICLR_LINEAR) on these seeds, e.g. 0-29 (minutes per seed)")
     p.add_argument("--head-to-head", type=seed_list, default=None,
                    help="also pretrain linear and softmax Transformers head to head on these seeds, e.g. 0-9, each with its tuned lr (head_to_head.json)")
-    p = sub.add_parser("continuous", parents=[common], formatter_class=fmt, help="kernel TD and pretraining on continuous states (chapters 7b-7c)")
+    p = sub.add_parser("continuous", parents=[common], formatter_class=fmt, help="kernel TD and pretraining on continuous states (chapters 7b-7d)")
     p.add_argument("--seed", type=natural_int, default=0, help="offset of every context and training seed")
     p.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test) instead of the full scale")
     p = sub.add_parser("mechanism", parents=[common], formatter_class=fmt,
@@ -294,7 +295,8 @@ def run_linear(args)->list:
     if args.reproduce_seeds:
         results = reproduce_iclr(ICLR_LINEAR, args.reproduce_seeds, out=args.out / "iclr-linear.json", progress=not args.no_progress)
         print(f"wrote {args.out / 'iclr-linear.json'}", flush=True)
-        paths += [args.out / "iclr-linear.json", _save(plot_linear_pretraining(results), args.out / "iclr-linear.png")]
+        paths += [args.out / "iclr-linear.json", _save(plot_linear_pretraining(results), args.out / "iclr-linear.png"),
+                  _save(plot_linear_pretraining(results, entries=True), args.out / "iclr-linear-entries.png")]
     if args.head_to_head:
         paths.append(run_head_to_head(args.out / "head_to_head.json", command=f"ictd linear --head-to-head {seed_ranges(args.head_to_head)} --out {args.out}",
                                       seeds=args.head_to_head))

@@ -13,7 +13,7 @@ from .boyan import as_tensor, check_gamma, weighted_error
 from .core import check_choice, check_int, check_number, stream_generator
 from .wstd import weighted_softmax_td
 from .tasks import Contexts, TDExamples
-from .pretrain import PROTOCOLS, EvalSet, PretrainConfig, Protocol, get_family, register_protocol
+from .engine import PROTOCOLS, EvalSet, PretrainConfig, Protocol, get_family, register_protocol
 
 # %% auto #0
 __all__ = ['TASK_SETS', 'HERMITE', 'ContinuousProcess', 'NoisyRotation', 'gaussian_moment', 'gaussian_operator', 'polyval',

@@ -11,7 +11,8 @@ from torch import nn
 from .boyan import as_tensor, check_gamma, weighted_error
 from .model import token_rows, torch_generator, xavier_param
 from .tasks import Contexts, TaskBatch, TDExamples, random_tasks, sample_trajectories, task_features, task_pool
-from .pretrain import EvalSet, Family, PretrainConfig, Protocol, register_family, register_protocol, stack_pools, task_eval_set
+from .engine import EvalSet, Family, PretrainConfig, Protocol, register_family, register_protocol, task_eval_set
+from .pretrain import stack_pools
 
 # %% auto #0
 __all__ = ['FIT_CHUNK', 'FIT_TRAJECTORIES', 'FIT_STEPS', 'ICLR_LINEAR', 'SLIDING_CHUNK', 'build_linear_prompt',

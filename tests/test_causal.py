@@ -147,7 +147,8 @@ def test_positional_bias_removes_most_of_the_causal_bias():
 @pytest.mark.unit
 def test_engine_family_trains_each_seed_as_alone():
     "pretrain_many with the decoder family: seed i's run in a batch of two equals its run alone (no mixing across the seed axis)."
-    from ictd.pretrain import EMERGENCE, pretrain_many
+    from ictd.engine import EMERGENCE
+    from ictd.pretrain import pretrain_many
     cfg = dataclasses.replace(EMERGENCE, attention="causal", n_steps=3, eval_every=3, eval_tasks=4, n_tasks=16)
     both, alone = pretrain_many(cfg, [41, 42], progress=False), pretrain_many(cfg, [42], progress=False)
     for k in ("A", "V", "U", "lam"):
@@ -158,7 +159,8 @@ def test_engine_family_trains_each_seed_as_alone():
 def test_pretrained_decoders_learn_a_recency_bias():
     "On 10 seeds the book does not show (100..109), 600 steps of chapter 6's configuration: the last layer's learned positional bias is"
     " positive in >= 9 of 10 seeds (chance 11/1024 if its sign were a coin flip), as the fix of chapter 4a predicts."
-    from ictd.pretrain import EMERGENCE, pretrain_many
+    from ictd.engine import EMERGENCE
+    from ictd.pretrain import pretrain_many
     cfg = dataclasses.replace(EMERGENCE, attention="causal", n_steps=600, eval_every=600, eval_tasks=32)
     lam = torch.stack([r.history["recency"][-1] for r in pretrain_many(cfg, list(range(100, 110)), progress=False)])
     assert int((lam[:, -1] > 0).sum()) >= 9

@@ -9,7 +9,7 @@ import pytest
 import torch
 from conftest import BIN
 from ictd.cli import main
-from ictd.pretrain import PretrainConfig
+from ictd.engine import PretrainConfig
 
 ICTD = str(BIN / 'ictd')
 OPTIONS = {None: ['chain', 'convergence', 'pretrain', 'linear', 'continuous', 'all'],

@@ -7,7 +7,9 @@ from ictd.continuous import TASK_SETS, GaussianAR1Family, RotationFamily, family
 from ictd.experiments.continuous import (ar1_claims, binomial_lower, family_experiment, kernel_fit, kernel_msve, family_msve,
                                          learned_scores, plot_family_training, rotation_claims, value_weights)
 from ictd.model import SoftmaxICTD, theta_star, token_predict, trajectory_tokens
-from ictd.pretrain import eval_set, model_params, pretrain_many
+from ictd.engine import eval_set
+from ictd.model import model_params
+from ictd.pretrain import pretrain_many
 from ictd.prompt import build_prompt
 
 ROT, AR = RotationFamily(), GaussianAR1Family()

@@ -4,7 +4,8 @@ random draw is made on the CPU and moved. Skipped where no CUDA device is presen
 import dataclasses
 import pytest
 import torch
-from ictd.pretrain import EMERGENCE, pretrain_many
+from ictd.engine import EMERGENCE
+from ictd.pretrain import pretrain_many
 
 pytestmark = [pytest.mark.unit, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")]
 

@@ -4,7 +4,8 @@ A claim tuned to the book's seeds 0-9 fails here. The ablations take several min
 so they run only with ICTD_SLOW=1, at the chapter's fast settings."""
 import dataclasses, os
 import pytest
-from ictd.pretrain import EMERGENCE, pretrain_many
+from ictd.engine import EMERGENCE
+from ictd.pretrain import pretrain_many
 from ictd.emergence import ablation, ablation_claims, baseline_comparison, emergence_claims, min_successes
 
 FRESH = list(range(100, 110))

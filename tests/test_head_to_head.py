@@ -6,7 +6,8 @@ import torch
 from conftest import ROOT
 from ictd.experiments.linear import H2H_CONFIG, held_out_values, paired_test, seed_scores
 from ictd.emergence import certainty_equivalence_values, msve_of
-from ictd.pretrain import held_out_tasks, pretrain_many
+from ictd.engine import held_out_tasks
+from ictd.pretrain import pretrain_many
 
 FRESH = list(range(200, 210))   # the book shows seeds 0-9 and tunes on 100-102
 

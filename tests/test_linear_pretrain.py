@@ -45,7 +45,8 @@ def test_stacked_predict_matches_modules():
 def test_softmax_measures_on_unseen_seeds():
     "The book's softmax claims on 10 new seeds: VD a few percent of the values' size, SS between 0.45 and 0.9, near-uniform best fit."
     from ictd.experiments.linear import softmax_measures
-    from ictd.pretrain import EMERGENCE, held_out_tasks, pretrain_many
+    from ictd.engine import EMERGENCE, held_out_tasks
+    from ictd.pretrain import pretrain_many
     runs = pretrain_many(dataclasses.replace(EMERGENCE, n_steps=400, eval_every=400, eval_tasks=32), UNSEEN, progress=False)
     m = [softmax_measures(r.model, *held_out_tasks(r.config)) for r in runs]
     ratio, ss, beta = (torch.tensor([x[k] for x in m]) for k in ("vd", "ss", "beta"))

@@ -5,7 +5,8 @@ The estimator's constants are fitted, as in the chapter, on the saved runs of se
 import dataclasses, json, math
 from pathlib import Path
 import pytest, torch
-from ictd.pretrain import EMERGENCE, pretrain_many
+from ictd.engine import EMERGENCE
+from ictd.pretrain import pretrain_many
 from ictd.tasks import random_tasks
 from ictd.model import SoftmaxICTD
 from ictd.emergence import held_out_prompts, min_successes

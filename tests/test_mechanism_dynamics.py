@@ -2,7 +2,7 @@
 rerun on contexts the book does not show (seed 7 of the context draws; the book uses seed 0)."""
 import copy, dataclasses
 import pytest, torch
-from ictd.pretrain import EMERGENCE, get_family
+from ictd.engine import EMERGENCE, get_family
 from ictd.tasks import random_tasks, sample_trajectories
 from ictd.model import SoftmaxICTD, model_params, population_predict
 from ictd.convergence import td_recursion

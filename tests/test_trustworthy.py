@@ -6,7 +6,8 @@ import pytest
 import torch
 import ictd
 from ictd.linear import LinearICTD
-from ictd.pretrain import DivergenceError, PretrainConfig, pretrain_many
+from ictd.pretrain import DivergenceError, pretrain_many
+from ictd.engine import PretrainConfig
 from ictd.tasks import random_tasks, sample_trajectories
 
 TINY = PretrainConfig(n_tasks=32, eval_tasks=4, n_steps=6, eval_every=3)
@@ -17,7 +18,7 @@ def test_changed_source_recomputes(tmp_path):
     shutil.copytree(Path(ictd.__file__).parent, tmp_path / 'pkg' / 'ictd', ignore=shutil.ignore_patterns('__pycache__'))
     script = textwrap.dedent(f'''
         import ictd, ictd.pretrain as pt
-        from ictd.pretrain import PretrainConfig
+        from ictd.engine import PretrainConfig
         assert ictd.__file__.startswith({str(tmp_path)!r})
         trained = []
         train = pt.train_loop

@@ -11,7 +11,8 @@ from ictd.boyan import as_tensor, check_gamma
 from ictd.wstd import context_tensors
 from ictd.prompt import build_prompt
 from ictd.model import check_prompt, torch_generator, token_rows, xavier_param, carry_context, PromptLayer, SoftmaxICTD
-from ictd.pretrain import Contexts, Family, PretrainConfig, register_family
+from ictd.tasks import Contexts
+from ictd.engine import Family, PretrainConfig, register_family
 
 # %%
 #| hide
@@ -29,7 +30,7 @@ from IPython.display import Markdown
 from ictd.boyan import random_boyan_chain, sample_trajectory, msve
 from ictd.tasks import random_tasks, sample_trajectories
 from ictd.wstd import weighted_softmax_td, context_weights
-from ictd.pretrain import EMERGENCE
+from ictd.engine import EMERGENCE
 from ictd.emergence import mean_se
 from ictd.core import record_claim
 

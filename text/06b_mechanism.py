@@ -11,7 +11,7 @@ from ictd.tasks import TaskBatch
 from ictd.convergence import span_rate
 from ictd.boyan import weighted_error
 from ictd.model import model_params, population_predict, population_tokens, token_layers, token_predict
-from ictd.pretrain import PretrainConfig, get_family
+from ictd.engine import PretrainConfig, get_family
 from torch.func import functional_call
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from ictd.prompt import build_prompt
@@ -36,7 +36,7 @@ from ictd.core import record_claim
 from matplotlib.ticker import FuncFormatter
 import json, math
 from pathlib import Path
-from ictd.pretrain import EMERGENCE
+from ictd.engine import EMERGENCE
 from ictd.emergence import UNIFORM_BELOW
 from ictd.experiments.mechanism import (anatomy_counts, anatomy_table, binomial_greater, claims_table, fisher_greater, gap_table, holm, load_models,
                                        normal_greater, study_summary, summary_table)

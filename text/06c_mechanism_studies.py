@@ -8,7 +8,8 @@ import dataclasses, json, math
 from pathlib import Path
 import torch
 from ictd.model import SoftmaxICTD, model_params
-from ictd.pretrain import EMERGENCE, PretrainConfig, get_family, pretrain_many
+from ictd.engine import EMERGENCE, PretrainConfig, get_family
+from ictd.pretrain import pretrain_many
 from ictd.emergence import UNIFORM_BELOW, held_out_prompts, sign_pattern
 from ictd.mechanism import fit_estimators, gap_measures, jacobian_spectrum, learned_kernel, prediction_errors, provenance, sampled_jacobians, update_jacobian
 

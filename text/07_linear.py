@@ -11,7 +11,8 @@ from torch import nn
 from ictd.boyan import as_tensor, check_gamma, weighted_error
 from ictd.model import token_rows, torch_generator, xavier_param
 from ictd.tasks import Contexts, TaskBatch, TDExamples, random_tasks, sample_trajectories, task_features, task_pool
-from ictd.pretrain import EvalSet, Family, PretrainConfig, Protocol, register_family, register_protocol, stack_pools, task_eval_set
+from ictd.engine import EvalSet, Family, PretrainConfig, Protocol, register_family, register_protocol, task_eval_set
+from ictd.pretrain import stack_pools
 
 # %%
 #| hide

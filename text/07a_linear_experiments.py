@@ -11,7 +11,8 @@ from ictd.boyan import msve, random_boyan_chain, sample_trajectory, weighted_err
 from ictd.tasks import TaskBatch, random_tasks, sample_trajectories
 from ictd.prompt import build_prompt
 from tqdm.auto import tqdm
-from ictd.pretrain import EMERGENCE, DivergenceError, PretrainConfig, eval_set, get_family, pretrain_many, stack_results
+from ictd.engine import EMERGENCE, PretrainConfig, eval_set, get_family, stack_results
+from ictd.pretrain import DivergenceError, pretrain_many
 from ictd.emergence import baseline_msve
 from ictd.mechanism import centred_msve, provenance
 from ictd.wstd import batch_linear_td, context_tensors, weighted_softmax_td
@@ -29,7 +30,7 @@ import matplotlib.pyplot as plt
 from IPython.display import Markdown
 from ictd.linear import LinearICTD, build_linear_prompt, td_parameters
 from ictd.model import SoftmaxICTD
-from ictd.pretrain import held_out_tasks
+from ictd.engine import held_out_tasks
 from ictd.tasks import task_pool
 from ictd.core import record_claim
 

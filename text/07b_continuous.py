@@ -13,7 +13,7 @@ from ictd.boyan import as_tensor, check_gamma, weighted_error
 from ictd.core import check_choice, check_int, check_number, stream_generator
 from ictd.wstd import weighted_softmax_td
 from ictd.tasks import Contexts, TDExamples
-from ictd.pretrain import PROTOCOLS, EvalSet, PretrainConfig, Protocol, get_family, register_protocol
+from ictd.engine import PROTOCOLS, EvalSet, PretrainConfig, Protocol, get_family, register_protocol
 
 # %%
 #| hide
@@ -26,7 +26,9 @@ import dataclasses
 from IPython.display import Markdown
 from ictd.core import record_claim
 from ictd.model import SoftmaxICTD, token_predict, trajectory_tokens
-from ictd.pretrain import get_protocol, model_params, pretrain_many
+from ictd.engine import get_protocol
+from ictd.model import model_params
+from ictd.pretrain import pretrain_many
 from ictd.prompt import build_prompt
 from ictd.wstd import context_weights
 

@@ -10,7 +10,8 @@ import numpy as np
 import torch
 from ictd.boyan import as_tensor, weighted_error
 from ictd.model import token_predict, trajectory_tokens
-from ictd.pretrain import pretrain_many, stack_results
+from ictd.pretrain import pretrain_many
+from ictd.engine import stack_results
 from ictd.continuous import GaussianAR1, GaussianAR1Family, NoisyRotation, RotationFamily, TaskFamily, family_config, kernel_td, population_msve
 from ictd.core import check_choice
 from ictd.experiments.continuous_sweeps import (LINE_STYLES, best_beta, bootstrap_slope, compare_methods, error_sweep, plot_depth,
@@ -589,7 +590,6 @@ def continuous_full_scale(out,                 # folder for the figures and resu
     (out / "results.json").write_text(json.dumps(res, indent=1))
     return paths + [out / "results.json"]
 
-run_continuous = continuous_full_scale   # the name chapter 8's CLI imports until it imports `continuous_full_scale` (remove then)
 
 # %%
 show_doc(continuous_full_scale)

@@ -13,14 +13,15 @@ import torch
 from ictd.boyan import check_gamma, plot_chain, random_boyan_chain
 from ictd.experiments.convergence import (depth_experiment, diagonality_sweep, leaky_experiment, loglog_slope, phase_diagram, plot_depth,
                                           plot_diagonality, plot_floor, plot_leaky, plot_phase, plot_rates, rate_experiment)
-from ictd.experiments.continuous import run_continuous as continuous_experiments
+from ictd.experiments.continuous import continuous_full_scale as continuous_experiments
 from ictd.linear import ICLR_LINEAR
 from ictd.experiments.linear import (plot_linear_pretraining, plot_side_by_side, plot_tuned_side_by_side, reproduce_iclr, run_head_to_head,
                                      side_by_side, tuned_side_by_side)
 from ictd.emergence import emergence_report
 from ictd.experiments.mechanism import (CONVERGE_LRS, DEEP_DEPTHS, run_control_study, run_converge_study, run_depth_sweep, run_jacobian_study, run_shared_study, run_gap_map, run_mechanism_study, run_theta_star_dynamics)
 from ictd.core import jsonable
-from ictd.pretrain import DTYPES, FAMILIES, INITS, OBJECTIVES, PROTOCOLS, PretrainConfig, plot_emergence, pretrain_many, run_folder
+from ictd.engine import DTYPES, FAMILIES, INITS, OBJECTIVES, PROTOCOLS, PretrainConfig
+from ictd.pretrain import plot_emergence, pretrain_many, run_folder
 
 # %%
 #| hide
@@ -48,8 +49,8 @@ from fastcore.xtras import working_directory
 # | `ictd chain` | a random Boyan chain (chapter 0) | `chain.png`, `chain.json` |
 # | `ictd convergence` | the experiments of chapter 5a: error against depth, the floor against $n$, kernel diagonality against $\beta$, the phase diagram, measured rate against the bound, the leaky regime | `convergence-{depth,floor,floor-bound,diagonality,rates,leaky}.png`, one `convergence-phase-{features}-gamma{discount}.png` per feature kind and discount, `convergence.pt`, `convergence.json` |
 # | `ictd pretrain` | the emergence of the TD construction in pretraining (chapters 6 and 6a): every seed in one batched run, and chapter 6a's report over the seeds (`--seeds 0-29` for 30) | in `{key}/`: `config.json`, `seed-{S}.pt`, `seed-{S}.png`, `seed-{S}.json`, `summary.json`, `summary.png`; in `{key}/emergence/`: `bands.png`, `parameters.png`, `summary.json`, `summary.md` (per-layer statistics, baselines, claim counts) |
-# | `ictd linear` | linear against softmax attention, MSVE against depth (chapter 7): untuned, and each method tuned on shared features; with `--reproduce-seeds 0-29`, the predecessor's pretraining experiment | `linear.png`, `linear-tuned.png`, `linear.pt`, `linear.json`, (`iclr-linear.json`, `iclr-linear.png`) |
-# | `ictd continuous` | chapters 7b-7c: kernel TD on continuous states (depth, context length, bandwidth, linear TD) and pretraining on continuous families | `depth.png`, `tradeoff.png`, `estimates.png`, `long_depth.png`, `pretrain_*.png`, `kernel_*.png`, `results.json` |
+# | `ictd linear` | linear against softmax attention, MSVE against depth (chapter 7): untuned, and each method tuned on shared features; with `--reproduce-seeds 0-29`, the predecessor's pretraining experiment | `linear.png`, `linear-tuned.png`, `linear.pt`, `linear.json`, (`iclr-linear.json`, `iclr-linear.png`, `iclr-linear-entries.png`) |
+# | `ictd continuous` | chapters 7b-7d: kernel TD on continuous states (depth, context length, bandwidth, linear TD) and pretraining on continuous families | `depth.png`, `tradeoff.png`, `estimates.png`, `long_depth.png`, `pretrain_*.png`, `kernel_*.png`, `results.json` |
 # | `ictd mechanism STUDY` | chapter 6b's slow studies (`runs`, `gap`, `controls`, `dynamics`, `gamma`, `depth`, `deep`, `converge`), trained through the engine | `mechanism_{study}.json` with the command, commit and date that made it (the chapter reads these from `nbs/data/`) |
 # | `ictd all` | all of the above with their defaults | all of the above |
 #
@@ -337,7 +338,7 @@ def make_parser()->argparse.ArgumentParser:
                    help="also pretrain linear Transformers with the predecessor's protocol (ICLR_LINEAR) on these seeds, e.g. 0-29 (minutes per seed)")
     p.add_argument("--head-to-head", type=seed_list, default=None,
                    help="also pretrain linear and softmax Transformers head to head on these seeds, e.g. 0-9, each with its tuned lr (head_to_head.json)")
-    p = sub.add_parser("continuous", parents=[common], formatter_class=fmt, help="kernel TD and pretraining on continuous states (chapters 7b-7c)")
+    p = sub.add_parser("continuous", parents=[common], formatter_class=fmt, help="kernel TD and pretraining on continuous states (chapters 7b-7d)")
     p.add_argument("--seed", type=natural_int, default=0, help="offset of every context and training seed")
     p.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test) instead of the full scale")
     p = sub.add_parser("mechanism", parents=[common], formatter_class=fmt,
@@ -516,7 +517,8 @@ def run_linear(args)->list:
     if args.reproduce_seeds:
         results = reproduce_iclr(ICLR_LINEAR, args.reproduce_seeds, out=args.out / "iclr-linear.json", progress=not args.no_progress)
         print(f"wrote {args.out / 'iclr-linear.json'}", flush=True)
-        paths += [args.out / "iclr-linear.json", _save(plot_linear_pretraining(results), args.out / "iclr-linear.png")]
+        paths += [args.out / "iclr-linear.json", _save(plot_linear_pretraining(results), args.out / "iclr-linear.png"),
+                  _save(plot_linear_pretraining(results, entries=True), args.out / "iclr-linear-entries.png")]
     if args.head_to_head:
         paths.append(run_head_to_head(args.out / "head_to_head.json", command=f"ictd linear --head-to-head {seed_ranges(args.head_to_head)} --out {args.out}",
                                       seeds=args.head_to_head))

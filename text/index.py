@@ -125,8 +125,8 @@ Markdown(claims_table(claims, labels) if claims else
 # %%
 #| echo: false
 PATHS = {"**The core** (the thesis and its proof): the testbed, the algorithm, the prompt, the layer, convergence and the experiments that test it. Prerequisites: TD(0) and attention.": ("0", "1", "2", "3", "5", "5a"),
-         "**Training** (does pretraining find the construction?). Prerequisite: the core.": ("6", "6a", "6b", "6c"),
-         "**Extensions** (worst cases of convergence, one head with a shift, decoder-only models, linear attention, continuous states). Prerequisite: the core; chapter 7a also uses chapter 6.": ("5b", "4", "4a", "7", "7a", "7b", "7c"),
+         "**Training** (does pretraining find the construction?). Prerequisite: the core.": ("6", "6a", "6b", "6c", "6d"),
+         "**Extensions** (worst cases of convergence, one head with a shift, decoder-only models, linear attention, continuous states). Prerequisite: the core; chapters 7a and 7d also use chapter 6.": ("5b", "4", "4a", "7", "7a", "7b", "7c", "7d"),
          "**Reproducing the experiments** at full scale from the command line. Prerequisite: none.": ("8",)}
 
 def reading_paths(paths, labels):

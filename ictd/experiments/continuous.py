@@ -10,15 +10,16 @@ import numpy as np
 import torch
 from ..boyan import as_tensor, weighted_error
 from ..model import token_predict, trajectory_tokens
-from ..pretrain import pretrain_many, stack_results
+from ..pretrain import pretrain_many
+from ..engine import stack_results
 from ..continuous import GaussianAR1, GaussianAR1Family, NoisyRotation, RotationFamily, TaskFamily, family_config, kernel_td, population_msve
 from ..core import check_choice
 from .continuous_sweeps import (LINE_STYLES, best_beta, bootstrap_slope, compare_methods, error_sweep, plot_depth,
                                                 plot_estimates, plot_long_depth, plot_tradeoff, stream_seed)
 
 # %% auto #0
-__all__ = ['FULL', 'QUICK', 'PRETRAIN_PLOTS', 'run_continuous', 'family_run', 'value_weights', 'kernel_fit', 'kernel_msve',
-           'family_msve', 'mean_reward_msve', 'tune_kernel', 'binomial_lower', 'learned_scores', 'pretraining_table',
+__all__ = ['FULL', 'QUICK', 'PRETRAIN_PLOTS', 'family_run', 'value_weights', 'kernel_fit', 'kernel_msve', 'family_msve',
+           'mean_reward_msve', 'tune_kernel', 'binomial_lower', 'learned_scores', 'pretraining_table',
            'plot_family_training', 'plot_learned_kernel', 'family_experiment', 'error_table', 'seed_claims',
            'curve_lines', 'rotation_claims', 'ar1_claims', 'pretraining_summary', 'continuous_full_scale']
 
@@ -321,5 +322,3 @@ def continuous_full_scale(out,                 # folder for the figures and resu
                           [("rotation", RotationFamily(), rotation_claims), ("ar1", GaussianAR1Family(), ar1_claims)]}
     (out / "results.json").write_text(json.dumps(res, indent=1))
     return paths + [out / "results.json"]
-
-run_continuous = continuous_full_scale   # the name chapter 8's CLI imports until it imports `continuous_full_scale` (remove then)

@@ -11,7 +11,8 @@ from ..boyan import msve, random_boyan_chain, sample_trajectory, weighted_error
 from ..tasks import TaskBatch, random_tasks, sample_trajectories
 from ..prompt import build_prompt
 from tqdm.auto import tqdm
-from ..pretrain import EMERGENCE, DivergenceError, PretrainConfig, eval_set, get_family, pretrain_many, stack_results
+from ..engine import EMERGENCE, PretrainConfig, eval_set, get_family, stack_results
+from ..pretrain import DivergenceError, pretrain_many
 from ..emergence import baseline_msve
 from ..mechanism import centred_msve, provenance
 from ..wstd import batch_linear_td, context_tensors, weighted_softmax_td

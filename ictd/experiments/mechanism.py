@@ -8,7 +8,8 @@ import dataclasses, json, math
 from pathlib import Path
 import torch
 from ..model import SoftmaxICTD, model_params
-from ..pretrain import EMERGENCE, PretrainConfig, get_family, pretrain_many
+from ..engine import EMERGENCE, PretrainConfig, get_family
+from ..pretrain import pretrain_many
 from ..emergence import UNIFORM_BELOW, held_out_prompts, sign_pattern
 from ..mechanism import fit_estimators, gap_measures, jacobian_spectrum, learned_kernel, prediction_errors, provenance, sampled_jacobians, update_jacobian
 
