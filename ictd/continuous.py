@@ -63,7 +63,7 @@ class NoisyRotation(ContinuousProcess):
     def __repr__(self): return f"NoisyRotation(mu={self.mu}, sigma={self.sigma}, gamma={self.gamma}, reward={self.reward_kind!r})"
 
     def transition_eigenvalues(self, k)->torch.Tensor:
-        "$p_k = e^{ik\\mu - k^2\\sigma^2/2}$: $E[e^{ikS'} | S = s] = p_k e^{iks}$."
+        "$p_k = e^{ik\\vartheta - k^2\\sigma^2/2}$: $E[e^{ikS'} | S = s] = p_k e^{iks}$."
         k = torch.as_tensor(k, dtype=torch.float64)
         return torch.exp(1j * k * self.mu - k ** 2 * self.sigma ** 2 / 2)
 
@@ -226,7 +226,7 @@ def kernel_td(process,              # a process of this chapter
 # %% ../nbs/07b_continuous.ipynb #59f5b4d0
 def von_mises_harmonics(beta:float,    # concentration
                         k_max:int,     # highest harmonic
-                       )->torch.Tensor:  # (k_max + 1,) psi_k = I_k(beta) / I_0(beta), k = 0..k_max
+                       )->torch.Tensor:  # (k_max + 1,) mu_k = I_k(beta) / I_0(beta), k = 0..k_max
     "Fourier coefficients of the normalised von Mises density, by the FFT of $e^{\\beta(\\cos t - 1)}$ on a fine grid."
     beta, k_max = check_number(beta, "beta", 0., strict=True), check_int(k_max, "k_max", 1)
     m = 2 ** math.ceil(math.log2(max(4 * k_max, 64 * math.sqrt(beta) + 64)))

@@ -78,9 +78,9 @@ def write_constancy(model:SoftmaxICTD,  # the model
 
 def swap_weights(model:SoftmaxICTD,  # the model (not changed)
                  layer:int,          # the layer whose value weights to change (0-based)
-                 t:float,            # weight moved from the current-value to the successor-value head
-                )->SoftmaxICTD:      # a copy with (u_tgt, u_cur) -> (u_tgt + t, u_cur - t) in that layer
-    "A copy of `model` whose layer `layer` has successor-value weight u_tgt + t and current-value weight u_cur - t."
+                 t:float,            # weight Delta a moved from the current-value to the successor-value head
+                )->SoftmaxICTD:      # a copy with (a_v', a_v) -> (a_v' + t, a_v - t) in that layer
+    "A copy of `model` whose layer `layer` has successor-value weight a_v' + t and current-value weight a_v - t."
     m, d = copy.deepcopy(model), model.d
     with torch.no_grad():
         m.layer(layer).V_tgt[d + 1, d + 1] += t

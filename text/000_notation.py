@@ -3,7 +3,7 @@
 # > Every symbol of the book once, with its one meaning and where it is defined, and the book's technical terms.
 
 # %% [markdown]
-# Each symbol has one meaning throughout the chapters listed here. Numbered boxes carry the chapter's number
+# Each symbol has one meaning throughout the chapters listed here; a letter used only inside one proof is defined there. Numbered boxes carry the chapter's number
 # (Proposition 1.4 is the fourth proposition of chapter 1). Vectors indexed by states are columns;
 # **tokens are columns** of the prompt (the [bridge box of chapter 2](prompt.html#from-row-token-attention-to-the-books-columns)
 # translates from the row-token convention of most code).
@@ -72,6 +72,10 @@
 # | $\theta^{\delta}$ | the TD-memory parameters of the shift-after-attention layer | Definition 4.2 |
 # | $\mathrm{TF}_L(Z_0)$ | the model's readout: the value row of $Z_L$ at the query columns | [chapter 3](dual_head.html#the-model) |
 # | $\lambda$ | positional (recency) bias of a causal layer: the logit of key $i$ gains $\lambda \log i$ | [chapter 4a](causal.html#the-causal-layer) |
+# | $D = d + 2$; $\tilde Z_l$ | token length of the causal model; the shifted tokens a causal layer's keys read | [chapter 4a](causal.html#the-causal-layer) |
+# | $\mathcal I(j)$ | the keys column $j$ of a causal layer attends to, $\{1, \dots, \min(j, n)\}$ | [chapter 4a](causal.html#the-causal-layer) |
+# | $U$ | per-token map of a causal layer (the code's `U`) | [chapter 4a](causal.html#the-causal-layer) |
+# | $\sigma_j$ | number of keys' weights a causal target receives, $\sum_k K_{kj} \in \{0, 1\}$ (chapter 4a's proofs only) | Proposition 4a.2 |
 # | $\mathsf Q, \mathsf K, \mathsf V$ | row-token query, key and value matrices (the bridge box only) | [chapter 2](prompt.html#from-row-token-attention-to-the-books-columns) |
 #
 # ## Convergence (chapters 5 and 5a)
@@ -87,11 +91,46 @@
 # | $\operatorname{sp}(v)$ | span seminorm $\max_x v(x) - \min_x v(x)$ | Proposition 5.2 |
 # | $\operatorname{sc}(H)$ | span coefficient of a matrix $H$ with constant row sums (how much it contracts $\operatorname{sp}$) | Proposition 5.2 |
 # | $\operatorname{spr}(B)$ | spectral radius of $B$ | [chapter 5](convergence.html#how-diagonal-is-diagonal-enough-the-true-threshold) |
-# | $\hat v_\infty$; $\mathcal K$, $U$, $E$ | empirical fixed point of the recursion; the key states, $\hat M_{:, \mathcal K}$ and $(I - \gamma \hat P)_{\mathcal K, :}$ | [chapter 5](convergence.html#the-fixed-point-and-the-statistical-floor) |
+# | $\hat v_\infty$; $\mathcal K$, $\hat M_{\mathcal K}$, $E$ | empirical fixed point of the recursion; the key states, the key columns $\hat M_{:, \mathcal K}$ and $(I - \gamma \hat P)_{\mathcal K, :}$ | [chapter 5](convergence.html#the-fixed-point-and-the-statistical-floor) |
+# | $\Delta_y$, $\bar\Delta_x$ | deviation of key state $y$'s visit count from its expectation, relative; their attention-weighted mean for target $x$ | Lemma 5.1 |
 # | $t_x$, $\tau_x$; $p_{\mathrm{fail}}$ | worst expected hitting time of $x$ and the hitting time; the failure probability of a high-probability bound | Proposition 5.4 |
 # | $w$, $\nu_y$ | positive state weights; convex weights of a state's features in the hull of the others | Proposition 5.5 |
-# | $\eta$, $P_\eta$; $\mu_{\min}$, $\mu_2(P)$ | laziness and the lazy chain; the smallest eigenvalue of $M$, the second largest eigenvalue of $P$ in modulus | Proposition 5.6 |
+# | $\eta$, $P_\eta$ | laziness and the lazy chain | Proposition 5.6 |
+# | $\mu$; $\mu_{\min}$, $\mu_2(P)$; $\mu_k$ | an eigenvalue (of $M$ unless said); the smallest eigenvalue of $M$, the second largest eigenvalue of $P$ in modulus; the eigenvalue of the smoother $M$ on harmonic $k$ of the circle | Proposition 5.6, [chapter 7b](continuous.html) |
 # | $m^*$, $m_c$, $m_\infty$ | diagonality threshold; its circulant lower bound and that bound's limit as $s \to \infty$ | Proposition 5.7 |
+#
+# ## Pretraining and what it finds (chapters 6 to 6d)
+#
+# | symbol | meaning | defined in |
+# |---|---|---|
+# | $\theta$; $\mathrm{TF}(Z_0; \theta)$ | all parameters of a model; its prediction at the query | [chapter 6](pretrain.html) |
+# | $x_q$, $x_q'$; $\delta_q$ | the query state and its successor; the TD error at the query | [chapter 6](pretrain.html) |
+# | $\mathrm{lr}$ | Adam's learning rate | [chapter 6](pretrain.html) |
+# | $a_r$, $a_{v'}$, $a_v$ | a layer's value weights: on the reward, on the successor's value, on the current value ($\theta^*$: $\alpha(1, \gamma, -1)$) | [chapter 6](pretrain.html), [chapter 6b](mechanism.html) |
+# | $G(\theta)$; $G_i$; $N_b$ | the expected semi-gradient update, $\mathbb E[\delta_q \nabla_\theta \mathrm{TF}]$; a batch mean of it; the number of batch means | [chapter 6](pretrain.html), [chapter 6b](mechanism.html) |
+# | $J_G$; $D_\pi$ | the Jacobian of $G$ at a rest point; $\mathrm{diag}(d_\pi)$ | [chapter 6b](mechanism.html) |
+# | MSVE, cMSVE | $d_\pi$-weighted squared value error; the same after centring both value vectors | [chapter 6](pretrain.html), [chapter 6b](mechanism.html) |
+# | $\bar R$; $\tilde r_\beta$, $\tilde r^+_\beta$; $b_0, b_R, b_1, b_2$ | the context's mean reward; the smoothed reward and next reward; the learned estimator's constants | [chapter 6b](mechanism.html) |
+# | $a_0(y)$; $\Delta a$ | the rest of a layer's value-row write; weight moved between the two value heads | [chapter 6b](mechanism.html) |
+# | $Y$, $T_{\mathrm{win}}$, $\mathrm{tol}_Y$ | a training metric, the window and the tolerance of the stopping rule | [chapter 6b](mechanism.html) |
+#
+# ## Linear attention and continuous states (chapters 7 to 7d)
+#
+# | symbol | meaning | defined in |
+# |---|---|---|
+# | $V_l$, $A_l$ | a linear-attention layer's value projection and score matrix, $(2d+1) \times (2d+1)$ | [chapter 7](linear.html) |
+# | $G_l$; $\Sigma_l$ | the multiplier of a linear layer in one-matrix form; the context's second moments | [chapter 7](linear.html) |
+# | $\hat A_{\mathrm{TD}}$, $\hat b_{\mathrm{TD}}$ | batch TD's matrix and vector on a context | [chapter 7](linear.html) |
+# | $d_0$; $n_{\mathrm{mb}}$ | a trajectory's start distribution; the mini-batch size of the sliding-window protocol | [chapter 7](linear.html) |
+# | $\psi(\alpha)$ | the expected semi-gradient in the step size | Proposition 7.3 |
+# | $v_{TD}$, $v_{TF}$; $w_{TD}$, $w_{TF}$ | values and weights of batch TD and of the Transformer | [chapter 7](linear.html) |
+# | $x, y$ | states of a continuous process (real numbers or angles) | [chapter 7b](continuous.html) |
+# | $\vartheta$, $\sigma$ | drift and noise of the rotation process; $\sigma$ also the AR(1) noise | [chapter 7b](continuous.html) |
+# | $a$; $\sigma_\infty$ | AR(1) coefficient; its stationary standard deviation | [chapter 7b](continuous.html) |
+# | $p_k$; $b_k$ | Fourier multiplier of the rotation's transition on harmonic $k$; the rate (eigenvalue of $B$) of harmonic $k$ | [chapter 7b](continuous.html) |
+# | $r_k$, $r_0$; $\mathbf r$, $\mathbf v_\pi$ | reward coefficients and level; coefficient vectors of the reward and the values | [chapter 7b](continuous.html) |
+# | $\mathcal T_{a,\sigma}$ | the AR(1) transition operator on polynomials | [chapter 7b](continuous.html) |
+# | $W_\beta$; $\hat\beta$ | the Gaussian-kernel score matrix on features $(x, 1, x^2)$; a fitted score scale | [chapter 7b](continuous.html), [chapter 7d](continuous_pretraining.html) |
 #
 # ## Glossary
 #

@@ -218,9 +218,9 @@ test_close(K.T @ E, empirical_attention(task.phi, W_rand, states), eps=1e-14)
 # $\sum_y |\hat M(x, y) - M_\pi(x, y)| = \sum_y M_\pi(x, y) |\Delta_y - \bar\Delta_x| / (1 + \bar\Delta_x)$: the mean
 # absolute deviation of a variable in $[-\Delta, \Delta]$ with mean $\bar\Delta_x$, over $1 + \bar\Delta_x$. That deviation is
 # at most $(\Delta^2 - \bar\Delta_x^2)/\Delta$ (it is twice the mean of $(\Delta_y - \bar\Delta_x)^+$, a convex function
-# lying under its chord on $[-\Delta, \Delta]$), so with $\vartheta = \bar\Delta_x / \Delta$ the sum is at most
-# $\Delta (1 - \vartheta^2)/(1 + \vartheta\Delta)$, whose maximum over $\vartheta \in [-1, 1]$, at $\vartheta = (\sqrt{1 - \Delta^2} - 1)/\Delta$, is
-# $2\Delta/(1 + \sqrt{1 - \Delta^2})$; two key states with $\Delta_y = \pm\Delta$ and attention $(1 \pm \vartheta)/2$ on them attain it.
+# lying under its chord on $[-\Delta, \Delta]$), so with $\varsigma = \bar\Delta_x / \Delta$ the sum is at most
+# $\Delta (1 - \varsigma^2)/(1 + \varsigma\Delta)$, whose maximum over $\varsigma \in [-1, 1]$, at $\varsigma = (\sqrt{1 - \Delta^2} - 1)/\Delta$, is
+# $2\Delta/(1 + \sqrt{1 - \Delta^2})$; two key states with $\Delta_y = \pm\Delta$ and attention $(1 \pm \varsigma)/2$ on them attain it.
 # For the diagonal, $\bar\Delta_x \le M_\pi(x, x)\Delta_x + (1 - M_\pi(x, x))\Delta$, and
 # $(1 + \Delta_x)/(1 + M_\pi(x,x)\Delta_x + (1 - M_\pi(x,x))\Delta)$ increases with $\Delta_x$, so its minimum is at
 # $\Delta_x = -\Delta$ (attained when every other key state has $\Delta_y = \Delta$).
@@ -741,15 +741,15 @@ Markdown(pd_coverage)
 #
 # Where does the finite-context recursion go? Its updates lie in the span of the columns of
 # $\hat M$, and the columns of states that are never a key are zero. Let $\mathcal K$ be the set of key
-# states, $U = \hat M_{:, \mathcal K}$ and $E = (I - \gamma \hat P)_{\mathcal K, :}$. From $v_0 = 0$ every iterate is
-# $v_l = U a_l$ with $a_{l+1} = a_l + \alpha (\hat r_{\mathcal K} - E U a_l)$, so if the recursion converges
+# states, $\hat M_{\mathcal K} = \hat M_{:, \mathcal K}$ (the key columns of $\hat M$) and $E = (I - \gamma \hat P)_{\mathcal K, :}$. From $v_0 = 0$ every iterate is
+# $v_l = \hat M_{\mathcal K} a_l$ with $a_{l+1} = a_l + \alpha (\hat r_{\mathcal K} - E \hat M_{\mathcal K} a_l)$, so if the recursion converges
 # its limit is
 #
-# $$\hat v_\infty = U\, (E U)^{-1}\, \hat r_{\mathcal K} ,$$
+# $$\hat v_\infty = \hat M_{\mathcal K} (E \hat M_{\mathcal K})^{-1}\, \hat r_{\mathcal K} ,$$
 #
 # the **empirical fixed point**. On the key states it solves the empirical Bellman equation
 # $\hat r + \gamma \hat P \hat v - \hat v = 0$; at states never seen as keys it is the kernel's
-# extrapolation. When every state is a key, $U = \hat M$ and $E = I - \gamma \hat P$ (invertible,
+# extrapolation. When every state is a key, $\hat M_{\mathcal K} = \hat M$ and $E = I - \gamma \hat P$ (invertible,
 # since $\hat P$ is then row-stochastic), so for every kernel whose aggregated attention matrix
 # $\hat M$ is invertible
 #
@@ -762,7 +762,7 @@ Markdown(pd_coverage)
 # 1 and 2 above) $I - B = \alpha M_\pi (I - \gamma P)$ is invertible, so $M_\pi$ is, and the fixed point is
 # $v_\pi$, uniquely (the invertibility is asserted on the 600 tasks after Proposition 5.2, the fixed point
 # below on 200 raw-feature tasks that converge without either condition). (At $\beta = 0$
-# every row of the attention is the same, $U$ has rank one, and there is no unique fixed point:
+# every row of the attention is the same, $\hat M_{\mathcal K}$ has rank one, and there is no unique fixed point:
 # `fixed_point` says so.) The computation masks the non-key states with an identity block, which
 # keeps one batched solve for contexts with different key sets.
 #

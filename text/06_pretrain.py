@@ -230,13 +230,13 @@ print(f"task {b.task[0].item()} of the pool; context states S_0..S_7 = {b.states
 # the expectation over tasks, contexts and query transitions. It is zero exactly where the expected
 # update vanishes, the stationary points of pretraining. A plug-in estimate (the squared norm of one
 # batch mean) is biased upwards by the batch's variance; the inner product of two *independent*
-# batch means is unbiased. With $b$ independent batch means $\Delta_1, \dots, \Delta_b$ of the update we average all pairs:
-# $\widehat{\mathrm{NEU}} = \frac{\|\sum_i \Delta_i\|^2 - \sum_i \|\Delta_i\|^2}{b(b-1)}$, which can come out
+# batch means is unbiased. With $N_b$ independent batch means $G_1, \dots, G_{N_b}$ of the update we average all pairs:
+# $\widehat{\mathrm{NEU}} = \frac{\|\sum_i G_i\|^2 - \sum_i \|G_i\|^2}{N_b(N_b-1)}$, which can come out
 # slightly negative when the true value is near zero.
-# Its standard error comes from the jackknife: recompute the estimate $b$ times with one batch left
+# Its standard error comes from the jackknife: recompute the estimate $N_b$ times with one batch left
 # out, $\widehat{\mathrm{NEU}}_{(i)}$, and take
-# $\mathrm{se} = \sqrt{\frac{b-1}{b} \sum_i \big(\widehat{\mathrm{NEU}}_{(i)} - \overline{\mathrm{NEU}}_{(\cdot)}\big)^2}$
-# (it needs $b \ge 3$). The estimator, `pairwise_neu`, is in the next cell; its checks are in
+# $\mathrm{se} = \sqrt{\frac{N_b-1}{N_b} \sum_i \big(\widehat{\mathrm{NEU}}_{(i)} - \overline{\mathrm{NEU}}_{(\cdot)}\big)^2}$
+# (it needs $N_b \ge 3$). The estimator, `pairwise_neu`, is in the next cell; its checks are in
 # [Implementation and tests](#the-neu-estimator).
 
 # %%

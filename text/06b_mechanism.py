@@ -221,10 +221,10 @@ test_eq((row_writes(star1, toy_Z, 30)[:, :5] == 0).all(), True)
 # layer, the share of the variance of its value-row write that lies *between* tasks (1: the same
 # number at every state of a task). And under uniform attention the mean of the successors' values
 # over the context equals the mean of the current values up to one column, so such a layer cannot
-# tell its successor-value weight $u_{\mathrm{tgt}}$ from its current-value weight $u_{\mathrm{cur}}$ (the value-row
-# entries of $V^{\mathrm{tgt}}$ and $V^{\mathrm{cur}}$): only $u_{\mathrm{tgt}} + u_{\mathrm{cur}}$ matters.
-# `swap_weights` moves weight $\Delta u$ from the current to the successor head,
-# $(u_{\mathrm{tgt}}, u_{\mathrm{cur}}) \to (u_{\mathrm{tgt}} + \Delta u, u_{\mathrm{cur}} - \Delta u)$, which changes a uniform layer's output little and a selective
+# tell its successor-value weight $a_{v'}$ from its current-value weight $a_v$ (the value-row
+# entries of $V^{\mathrm{tgt}}$ and $V^{\mathrm{cur}}$): only $a_{v'} + a_v$ matters.
+# `swap_weights` moves weight $\Delta a$ from the current to the successor head,
+# $(a_{v'}, a_v) \to (a_{v'} + \Delta a, a_v - \Delta a)$, which changes a uniform layer's output little and a selective
 # layer's output a lot.
 
 # %%
@@ -242,9 +242,9 @@ def write_constancy(model:SoftmaxICTD,  # the model
 
 def swap_weights(model:SoftmaxICTD,  # the model (not changed)
                  layer:int,          # the layer whose value weights to change (0-based)
-                 t:float,            # weight moved from the current-value to the successor-value head
-                )->SoftmaxICTD:      # a copy with (u_tgt, u_cur) -> (u_tgt + t, u_cur - t) in that layer
-    "A copy of `model` whose layer `layer` has successor-value weight u_tgt + t and current-value weight u_cur - t."
+                 t:float,            # weight Delta a moved from the current-value to the successor-value head
+                )->SoftmaxICTD:      # a copy with (a_v', a_v) -> (a_v' + t, a_v - t) in that layer
+    "A copy of `model` whose layer `layer` has successor-value weight a_v' + t and current-value weight a_v - t."
     m, d = copy.deepcopy(model), model.d
     with torch.no_grad():
         m.layer(layer).V_tgt[d + 1, d + 1] += t
@@ -304,7 +304,7 @@ test_close(learned_kernel(knockout(toy, 0, "uniform"), kt)[0], kt.d_pi[:, None, 
 # condition holds), and two span coefficients (Proposition 5.2): $\operatorname{sc}(B)$ of the TD error matrix
 # $B = I - M(I - \gamma P)$ the learned kernel would give inside $\theta^*$ ($\alpha = 1$), and
 # $\operatorname{sc}(B_l)$ of layer $l$'s own linear map on the value row,
-# $B_l = I + M(u_{\mathrm{cur}} I + u_{\mathrm{tgt}} P)$ with its learned current- and successor-value weights; a span
+# $B_l = I + M(a_v I + a_{v'} P)$ with its learned current- and successor-value weights; a span
 # constant below 1 means the map contracts differences between states.
 
 # %%
@@ -338,7 +338,7 @@ test_close(torch.tensor(kc["span_td"]), torch.full((2,), 0.9, dtype=torch.float6
 # the population diagonality (the mean of $M(x, x)$ of the learned kernel
 # above; uniform attention gives $1/s$), the rows written, the
 # constancy of the value-row write, and the value error after each knockout and after the swap
-# $\Delta u = 1/2$, as ratios to the intact model's.
+# $\Delta a = 1/2$, as ratios to the intact model's.
 
 # %%
 #| export
@@ -402,7 +402,7 @@ ax.legend(loc="lower right"); fig.tight_layout()
 # %% [markdown]
 # Then what knocking a layer out does to the value error (ratios to the intact model's MSVE): removing
 # the layer ($V^{\mathrm{cur}} = V^{\mathrm{tgt}} = 0$), making its attention uniform ($A = 0$), and moving
-# weight $\Delta u = 1/2$ from its current-value to its successor-value head:
+# weight $\Delta a = 1/2$ from its current-value to its successor-value head:
 
 # %%
 Markdown(anatomy_table(anatomy, "knockouts"))
@@ -434,7 +434,7 @@ Markdown(f"In {anat['one_uniform_layer']} of {anat['n_seeds']} seeds exactly one
          f"(positions {anat['uniform_position']}). That layer's value-row write is nearly the same number at every state of a task "
          f"(constancy at least {anat['uniform_constancy_min']:.3f}, against at most {anat['selective_constancy_max']:.3f} for the selective layers): it adds "
          f"a context-wide baseline, a weighted sum of the context's mean reward and mean values. Making it uniform changes the error by at most "
-         f"{anat['uniform_knockout_max']:.1%} (it already is uniform), and moving weight $\Delta u = 1/2$ between its successor and current heads changes the error by at most "
+         f"{anat['uniform_knockout_max']:.1%} (it already is uniform), and moving weight $\Delta a = 1/2$ between its successor and current heads changes the error by at most "
          f"{anat['swap_uniform_max']:.1%}, against a median {anat['swap_selective_median']:.1%} for the selective layers after the first: in a uniform layer "
          f"the successor and current weights are not separately determined, only their sum is. Removing any layer outright multiplies the error by at least "
          f"{anat['identity_min']:.2f}; removing the uniform layer costs the most in {anat['uniform_removal_worst']} of {anat['n_seeds']} seeds: the baseline it "
@@ -453,7 +453,7 @@ cond = {k: torch.tensor([r[k] for r in conditions], dtype=torch.float64) for k i
 Markdown("| layer | mean $M(x, x)$ | min$_x M(x, x)$, mean over seeds [max] | threshold | share of tasks meeting it |\n|---|---|---|---|---|\n" +
          "\n".join(f"| {l + 1} | {cond['mean_diagonal'][:, l].mean():.2f} | {cond['min_diagonal'][:, l].mean():.3f} [{cond['min_diagonal'][:, l].max():.3f}] | {conditions[0]['threshold']:.2f} | "
                    f"{cond['share_meeting'][:, l].mean():.0%} |" for l in range(3)) +
-         "\n\nThe span coefficients, mean over seeds:\n\n| layer | $\\mathrm{sc}(I - M(I - \\gamma P))$ | $\\mathrm{sc}(I + M(u_{\\mathrm{cur}} I + u_{\\mathrm{tgt}} P))$ |\n|---|---|---|\n" +
+         "\n\nThe span coefficients, mean over seeds:\n\n| layer | $\\mathrm{sc}(I - M(I - \\gamma P))$ | $\\mathrm{sc}(I + M(a_v I + a_{v'} P))$ |\n|---|---|---|\n" +
          "\n".join(f"| {l + 1} | {cond['span_td'][:, l].mean():.2f} | {cond['span_own'][:, l].mean():.2f} |" for l in range(3)))
 
 # %%
@@ -793,11 +793,11 @@ Markdown(f"What is specific to TD, against these nulls (Holm-adjusted one-sided 
 #
 # **The stopping rule** [ours]. Every `eval_every` steps the training loop records each seed's
 # held-out MSVE, the mean diagonality of every layer and the last layer's value weights. For a
-# window of $T_{\mathrm{win}}$ steps, a metric $\psi$ *has moved* at training step $\sigma$ when
-# $|\overline{\Delta}| + 2\,\mathrm{s.e.}(\overline{\Delta}) \ge \mathrm{tol}_\psi$, where
-# $\Delta_i = \psi_i(\sigma) - \psi_i(\sigma - T_{\mathrm{win}})$ is seed $i$'s change and the bar and the standard error are
-# over seeds (for a vector metric, the largest component). Training *has converged at* $\sigma$ when,
-# from $\sigma$ on, no metric has moved at any evaluation; the tolerances $\mathrm{tol}_\psi$ are
+# window of $T_{\mathrm{win}}$ steps, a metric $Y$ *has moved* at a training step when
+# $|\overline{\Delta}| + 2\,\mathrm{s.e.}(\overline{\Delta}) \ge \mathrm{tol}_Y$, where
+# $\Delta_i$ is seed $i$'s change of $Y$ over the $T_{\mathrm{win}}$ steps before it and the bar and the standard error are
+# over seeds (for a vector metric, the largest component). Training *has converged at* a step when,
+# from that step on, no metric has moved at any evaluation; the tolerances $\mathrm{tol}_Y$ are
 # `CONVERGE_TOLERANCES`, and `settled_step` applies the rule (both in *Implementation and tests*, with a check on
 # synthetic trajectories). The sweep trains each learning rate once to the largest number of steps:
 # Adam's step size is constant, so the model after some number of steps of a longer run is the model of a
@@ -1160,11 +1160,11 @@ Markdown(f"Neither $\\theta^*$ is an attractor of pretraining at this configurat
 # depth, at the training context $n = 30$ and at $n = \infty$. Chapter 5's prediction for the
 # learned kernel [ours] assumes what its theory assumes: the layer writes only the value row and
 # its population kernel $M$ (`learned_kernel` at depth 1) stays fixed. Then the values follow the
-# linear recursion $v_{t+1} = v_t + M\,(a + (u_{\mathrm{cur}} I + u_{\mathrm{tgt}} P)\,v_t)$ from $v_0 = 0$, with
-# $u_{\mathrm{tgt}}$, $u_{\mathrm{cur}}$ the learned successor- and current-value weights and $a(y)$ the rest of the value-row write at key
+# linear recursion $v_{t+1} = v_t + M\,(a_0 + (a_v I + a_{v'} P)\,v_t)$ from $v_0 = 0$, with
+# $a_{v'}$, $a_v$ the learned successor- and current-value weights and $a_0(y)$ the rest of the value-row write at key
 # $y$ (features and rewards of $y$ and of its successor); its limit, where $M$ is invertible, is
-# $v_\infty = -(u_{\mathrm{cur}} I + u_{\mathrm{tgt}} P)^{-1} a$, a TD fixed point with discount
-# $u_{\mathrm{tgt}} / (-u_{\mathrm{cur}})$ when $u_{\mathrm{cur}} < 0$.
+# $v_\infty = -(a_v I + a_{v'} P)^{-1} a_0$, a TD fixed point with discount
+# $a_{v'} / (-a_v)$ when $a_v < 0$.
 
 # %%
 #| export
@@ -1205,7 +1205,7 @@ def iterate_shared(config:PretrainConfig,  # the run's settings (shared=True)
 
 # %% [markdown]
 # A check: for $\theta^*$ with one shared layer the layer writes only the value row, with
-# $(u_R, u_{\mathrm{tgt}}, u_{\mathrm{cur}}) = \alpha(1, \gamma, -1)$ (reward, successor and current weights), so the recursion is chapter 5's `td_recursion` with the
+# $(a_r, a_{v'}, a_v) = \alpha(1, \gamma, -1)$ (reward, successor and current weights), so the recursion is chapter 5's `td_recursion` with the
 # population kernel, and the iterated model at $n = \infty$ follows it exactly.
 
 # %%
@@ -1256,7 +1256,7 @@ assert ((shared_w[:, 2] < 0) & (eff_gamma > 1)).sum() >= 9, shared_w
 Markdown(f"The learned shared layer is not a convergent iteration run for three steps: it is tuned to its training depth. The error at $n = 30$ is smallest at "
          f"$T = 3$ in {sum(K == 3 for K in best_K)} of 10 seeds (median {q3(it['msve_n'])[1, i3]:.3f}) and at $T = 12$ it is at least ten times larger in every "
          f"seed (median {q3(it['msve_n'])[1, i12]:.3g}). Chapter 5's recursion with the learned kernel explains why it cannot converge: the learned weights have "
-         f"$u_{{\\mathrm{{cur}}}} < 0$ with an effective discount $u_{{\\mathrm{{tgt}}}} / (-u_{{\\mathrm{{cur}}}})$ above 1 in {int(((shared_w[:, 2] < 0) & (eff_gamma > 1)).sum())} of 10 seeds (median "
+         f"$a_v < 0$ with an effective discount $a_{{v'}} / (-a_v)$ above 1 in {int(((shared_w[:, 2] < 0) & (eff_gamma > 1)).sum())} of 10 seeds (median "
          f"{eff_gamma.median():.2f}), and TD iterates with a discount above 1 have no stable fixed point; its error also grows with depth. It does not predict the "
          f"values, though: at $T = 3$ it gives a median error of {q3(it['msve_predicted'])[1, i3]:.3f} against the model's {q3(it['msve_inf'])[1, i3]:.3f} at "
          f"$n = \\infty$, so the layer's writes outside the value row, which the recursion leaves out, carry part of what three iterations compute.")

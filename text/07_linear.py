@@ -572,7 +572,7 @@ iws_p, vd_p, ss_p
 #
 # The data protocol of Wang et al. (2025) differs from chapter 6's independent stationary prompts.
 # For each task (a random Boyan chain with its own random features) it runs **5 mini-batches**; each
-# mini-batch is **one trajectory** started from a random, not stationary, distribution $\mu$ of the
+# mini-batch is **one trajectory** started from a random, not stationary, distribution $d_0$ of the
 # task (entries uniform on $[0.01, 0.99]$, normalised), cut into **$n_{\mathrm{mb}} + 1$ consecutive
 # overlapping windows** for a mini-batch size $n_{\mathrm{mb}}$ (counted from the sampler after the
 # configuration below): window $k$ has the context transitions $S_k \to S_{k+1}, \dots, S_{k+n-1} \to S_{k+n}$

@@ -79,14 +79,14 @@ from ictd.wstd import context_weights
 #
 # ### The noisy rotation on the circle
 #
-# $S_{t+1} = S_t + \mu + \sigma \xi_t \pmod{2\pi}$ with $\xi_t \sim N(0, 1)$ i.i.d. For any
-# integer $k$, $E[e^{ikS_{t+1}} \mid S_t = x] = p_k e^{ikx}$ with $p_k = e^{ik\mu - k^2\sigma^2/2}$
+# $S_{t+1} = S_t + \vartheta + \sigma \xi_t \pmod{2\pi}$ with $\xi_t \sim N(0, 1)$ i.i.d. For any
+# integer $k$, $E[e^{ikS_{t+1}} \mid S_t = x] = p_k e^{ikx}$ with $p_k = e^{ik\vartheta - k^2\sigma^2/2}$
 # (the characteristic function of the Gaussian step): **each harmonic is an eigenfunction of the
 # transition operator**. So if $r(x) = \mathrm{Re}\sum_k r_k e^{ikx}$, then
 #
 # $$v_\pi(x) = \sum_{t \ge 0}\gamma^t E[r(S_t) \mid S_0 = x] = \mathrm{Re}\sum_k \frac{r_k}{1 - \gamma p_k}\, e^{ikx}.$$
 #
-# For $r = \cos$ this is $v_\pi(x) = \mathrm{Re}\,[e^{ix} / (1 - \gamma e^{i\mu - \sigma^2/2})]$.
+# For $r = \cos$ this is $v_\pi(x) = \mathrm{Re}\,[e^{ix} / (1 - \gamma e^{i\vartheta - \sigma^2/2})]$.
 # The default reward is rougher on purpose: $r(x) = \mathrm{sign}(\sin x)$, $+1$ on the upper
 # half of the circle and $-1$ on the lower, a square wave with $r_k = -4i/(\pi k)$ for odd $k$.
 # Its series converges slowly, but $\frac{1}{1 - \gamma p_k} = 1 + \frac{\gamma p_k}{1 - \gamma p_k}$
@@ -144,7 +144,7 @@ class NoisyRotation(ContinuousProcess):
     def __repr__(self): return f"NoisyRotation(mu={self.mu}, sigma={self.sigma}, gamma={self.gamma}, reward={self.reward_kind!r})"
 
     def transition_eigenvalues(self, k)->torch.Tensor:
-        "$p_k = e^{ik\\mu - k^2\\sigma^2/2}$: $E[e^{ikS'} | S = s] = p_k e^{iks}$."
+        "$p_k = e^{ik\\vartheta - k^2\\sigma^2/2}$: $E[e^{ikS'} | S = s] = p_k e^{iks}$."
         k = torch.as_tensor(k, dtype=torch.float64)
         return torch.exp(1j * k * self.mu - k ** 2 * self.sigma ** 2 / 2)
 
@@ -514,11 +514,11 @@ print("largest gap between the Transformer and kernel TD (AR(1), 30 layers): bel
 # uniform convergence proof is beyond this chapter). Both processes make $M$ and $P$ simple.
 #
 # - **Circle.** $d_\pi$ is uniform and the von Mises kernel depends on $x - y$ only, so $M$ is a
-#   convolution: $M e^{ikx} = \psi_k e^{ikx}$ with $\psi_k = I_k(\beta)/I_0(\beta)$ (modified
+#   convolution: $M e^{ikx} = \mu_k e^{ikx}$ with $\mu_k = I_k(\beta)/I_0(\beta)$ (modified
 #   Bessel functions), the Fourier coefficients of the normalised von Mises density; and
 #   $P e^{ikx} = p_k e^{ikx}$. The recursion acts harmonic by harmonic:
 #   $v_l = \mathrm{Re}\sum_k v_k\,(1 - b_k^{\,l})\,e^{ikx}$ with $v_k = r_k/(1 - \gamma p_k)$ and
-#   $b_k = 1 - \alpha\psi_k(1 - \gamma p_k)$, the eigenvalues of the error matrix
+#   $b_k = 1 - \alpha\mu_k(1 - \gamma p_k)$, the eigenvalues of the error matrix
 #   $B = I - \alpha M(I - \gamma P)$ of [chapter 5](convergence.html).
 # - **AR(1).** The product of the normal stationary density $N(0, \sigma_\infty^2)$ and the Gaussian
 #   kernel is normal in $y$: $M f(x) = E[f(a_M x + \sigma_M\xi)]$ with $a_M = \beta \sigma_\infty^2 / (1 + \beta
@@ -530,13 +530,13 @@ print("largest gap between the Transformer and kernel TD (AR(1), 30 layers): bel
 # **Proposition 7b.2 [ours].** For $0 < \alpha \le 1$ and every $\beta > 0$, the population recursion
 # converges to $v_\pi$ on both processes: there is **no smoothing bias** in the limit. Each harmonic
 # $k$ (each degree $j$) converges geometrically at rate $|b_k|$ ($|b_j|$). On the circle
-# $\psi_k \to 0$ as $k \to \infty$, so the rates approach 1: there is no uniform rate, and a
+# $\mu_k \to 0$ as $k \to \infty$, so the rates approach 1: there is no uniform rate, and a
 # value with high harmonics (the square wave) needs depth to resolve them.
 # :::
 #
 # ::: {.callout-note collapse="true" title="Proof"}
-# Circle: $0 < \psi_k \le 1$ (the von Mises density is positive and has positive Fourier
-# coefficients $I_k(\beta) > 0$), so $|b_k| \le 1 - \alpha\psi_k + \alpha\psi_k\gamma|p_k| < 1$
+# Circle: $0 < \mu_k \le 1$ (the von Mises density is positive and has positive Fourier
+# coefficients $I_k(\beta) > 0$), so $|b_k| \le 1 - \alpha\mu_k + \alpha\mu_k\gamma|p_k| < 1$
 # and $v_l$'s coefficient $v_k(1 - b_k^l) \to v_k$, the coefficient of $v_\pi$. AR(1): the error
 # $\mathbf v_l - \mathbf v_\pi$ of the coefficients is multiplied by the triangular matrix
 # $I - \alpha \mathcal T_M(I - \gamma \mathcal T_P)$ whose eigenvalues are its diagonal entries $b_j$,
@@ -550,7 +550,7 @@ print("largest gap between the Transformer and kernel TD (AR(1), 30 layers): bel
 #| export
 def von_mises_harmonics(beta:float,    # concentration
                         k_max:int,     # highest harmonic
-                       )->torch.Tensor:  # (k_max + 1,) psi_k = I_k(beta) / I_0(beta), k = 0..k_max
+                       )->torch.Tensor:  # (k_max + 1,) mu_k = I_k(beta) / I_0(beta), k = 0..k_max
     "Fourier coefficients of the normalised von Mises density, by the FFT of $e^{\\beta(\\cos t - 1)}$ on a fine grid."
     beta, k_max = check_number(beta, "beta", 0., strict=True), check_int(k_max, "k_max", 1)
     m = 2 ** math.ceil(math.log2(max(4 * k_max, 64 * math.sqrt(beta) + 64)))
@@ -618,11 +618,11 @@ record_claim("population-limit", "In the large-context limit, kernel TD with $0 
              "proved", "continuous", "#what-the-large-context-limit-predicts")
 Markdown(f"$|b_k|$ for $k = 1, 2, 3$: {', '.join(f'{f:.3f}' for f in f_rot.tolist())}. With $\\beta = 10$ and "
          f"$\\alpha = 1$ the {fastest} harmonic converges fastest per layer and the {slowest} slowest: over these "
-         "three, $|1 - \\gamma p_k|$ grows with $k$ faster than $\\psi_k$ shrinks.")
+         "three, $|1 - \\gamma p_k|$ grows with $k$ faster than $\\mu_k$ shrinks.")
 
 
 # %% [markdown]
-# The ordering does not persist: $\psi_k \to 0$ as $k$ grows, so the rate $|b_k|$ of harmonic $k$
+# The ordering does not persist: $\mu_k \to 0$ as $k$ grows, so the rate $|b_k|$ of harmonic $k$
 # tends to 1, and the highest harmonics of the reward are the slowest to converge.
 
 # %% [markdown]
@@ -702,7 +702,7 @@ Markdown("Condition number of the Gram matrix at $n = 30$: " + "; ".join(
 # Each training example is a context of a *new* process, whose parameters are drawn afresh, so that
 # nothing about a task can be memorised and values must be read from the context:
 #
-# - **rotation family**: $\mu \sim U(-1, 1)$, $\sigma \sim U(0.2, 0.5)$, reward
+# - **rotation family**: $\vartheta \sim U(-1, 1)$, $\sigma \sim U(0.2, 0.5)$, reward
 #   $r_0 + \mathrm{sign}\sin(x - \varphi)$ with phase $\varphi \sim U(0, 2\pi)$ and level
 #   $r_0 \sim U(-1, 1)$, so $v_\pi(x) = \frac{r_0}{1-\gamma} + v^{\mathrm{square}}_\pi(x - \varphi)$.
 #   Why the level: without it every task's value is odd about a half turn,
@@ -954,7 +954,7 @@ show_doc(mc_returns)
 # %% [markdown]
 # ### The von Mises harmonics
 #
-# The Fourier coefficients $\psi_k$ of the population smoother on the circle, computed by an FFT,
+# The Fourier coefficients $\mu_k$ of the population smoother on the circle, computed by an FFT,
 # checked against the ratio of modified Bessel functions $I_1(\beta)/I_0(\beta)$ at three
 # concentrations:
 

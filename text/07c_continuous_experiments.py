@@ -268,7 +268,7 @@ floor_slopes
 #
 # At a fixed depth, $\beta$ pulls two ways. A small $\beta$ (a wide kernel) averages many
 # transitions, so the estimate varies little between contexts, but its population eigenvalues
-# $\psi_k$ are small for all but the lowest harmonics, so $L$ layers leave the square wave's
+# $\mu_k$ are small for all but the lowest harmonics, so $L$ layers leave the square wave's
 # jumps unresolved: bias. A large $\beta$ resolves them but averages few transitions: variance.
 # More data should move the best $\beta$ up. We measure the MSVE at depth $L = 30$ on a grid of
 # $\beta$ for four context lengths, take the minimiser of the mean curve (a parabola through the
@@ -340,7 +340,7 @@ Markdown(f"Best $\\beta$ at $L = {L_BETA}$: " + ", ".join(f"{b:.1f} ($n = {n}$)"
 
 # %% [markdown]
 # The exponent's interval contains 1. A rough argument [ours] for why it should be near 1: at depth
-# $L$ the kernel learns the harmonics with $\psi_k(\beta) \approx e^{-k^2/2\beta}$ not too small,
+# $L$ the kernel learns the harmonics with $\mu_k(\beta) \approx e^{-k^2/2\beta}$ not too small,
 # about $\bar k \approx \sqrt{\beta}$ of them; the square wave's coefficients fall like $1/k$, so the
 # unlearned ones leave a squared bias of order $1/\bar k$, while each learned harmonic adds variance of
 # order $1/n$; balancing $1/\bar k$ with $\bar k/n$ gives $\bar k \approx \sqrt n$, so $\beta \approx n$.
