@@ -22,3 +22,40 @@ def test_ablation_claims_hold_on_fresh_seeds(tmp_path):
     run = lambda field, values, **kw: ablation(base, field, values, FRESH, cache_dir=tmp_path, **kw)
     ablation_claims(run("gamma", (0.5, 0.9, 0.95)), run("features", ("random", "onehot")), run("n", (10, 30)),
                     run("n_layers", (8,), shared=True))
+
+@pytest.mark.unit
+def test_value_weight_figures_leave_out_the_layer_without_gradient():
+    "Layer 1's successor and current weights get no gradient: a figure that plotted them would show noise."
+    from ictd.emergence import trained_layers
+    assert trained_layers(dataclasses.replace(EMERGENCE, n_layers=3)) == [1, 2]
+    assert trained_layers(dataclasses.replace(EMERGENCE, n_layers=8, shared=True)) == [0]
+
+@pytest.mark.unit
+def test_comparison_table_lists_only_predictors():
+    "The tuned step size, kernel scale and value gap are not MSVEs of a predictor and must not sit in the MSVE table."
+    import torch
+    from ictd.emergence import NOT_PREDICTORS, comparison_table
+    comp = {k: torch.tensor([0.5, 0.7], dtype=torch.float64) for k in ("trained", "context mean", "best constant", *NOT_PREDICTORS)}
+    rows = comparison_table(comp).splitlines()[2:]
+    assert [r.split(" | ")[0].strip("| ") for r in rows] == ["trained", "context mean", "best constant"]
+    assert rows[0] == "| trained | 0.600 ± 0.100 | 0.500 – 0.700 |"
+
+@pytest.mark.unit
+def test_last_selective_layer_is_the_last_non_uniform_one():
+    import torch
+    from ictd.emergence import UNIFORM_BELOW, last_selective_layer
+    d = torch.tensor([[0.3, 0.4, 0.1], [0.1, 0.1, 0.1], [0.5, 0.1, UNIFORM_BELOW]])
+    assert last_selective_layer(d).tolist() == [1, 0, 2]
+
+@pytest.mark.unit
+def test_plain_log_ticks_write_numbers_not_powers():
+    "Figure 6a.10's ticks used to read -10^0 on a symlog scale; a log axis must be labelled 0.01, 1, 100."
+    import matplotlib; matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from ictd.emergence import plain_log_ticks
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [1e-3, 1e4]); ax.set_yscale("log"); plain_log_ticks(ax)
+    fig.canvas.draw()
+    labels = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
+    plt.close(fig)
+    assert {"0.001", "0.01", "1", "100", "1000"} <= set(labels) and not any("e+" in t or "e-" in t or "-" in t for t in labels), labels
