@@ -5,7 +5,8 @@ so they run only with ICTD_SLOW=1, at the chapter's fast settings."""
 import dataclasses, os
 import pytest
 from ictd.pretrain import EMERGENCE, pretrain_many
-from ictd.emergence import ablation, ablation_claims, baseline_comparison, emergence_claims, min_successes
+from ictd.emergence import min_successes
+from ictd.experiments.emergence import ablation, ablation_claims, baseline_comparison, emergence_claims
 
 FRESH = list(range(100, 110))
 
@@ -26,7 +27,7 @@ def test_ablation_claims_hold_on_fresh_seeds(tmp_path):
 @pytest.mark.unit
 def test_value_weight_figures_leave_out_the_layer_without_gradient():
     "Layer 1's successor and current weights get no gradient: a figure that plotted them would show noise."
-    from ictd.emergence import trained_layers
+    from ictd.experiments.emergence import trained_layers
     assert trained_layers(dataclasses.replace(EMERGENCE, n_layers=3)) == [1, 2]
     assert trained_layers(dataclasses.replace(EMERGENCE, n_layers=8, shared=True)) == [0]
 
@@ -34,7 +35,7 @@ def test_value_weight_figures_leave_out_the_layer_without_gradient():
 def test_comparison_table_lists_only_predictors():
     "The tuned step size, kernel scale and value gap are not MSVEs of a predictor and must not sit in the MSVE table."
     import torch
-    from ictd.emergence import NOT_PREDICTORS, comparison_table
+    from ictd.experiments.emergence import NOT_PREDICTORS, comparison_table
     comp = {k: torch.tensor([0.5, 0.7], dtype=torch.float64) for k in ("trained", "context mean", "best constant", *NOT_PREDICTORS)}
     rows = comparison_table(comp).splitlines()[2:]
     assert [r.split(" | ")[0].strip("| ") for r in rows] == ["trained", "context mean", "best constant"]
@@ -52,7 +53,7 @@ def test_plain_log_ticks_write_numbers_not_powers():
     "Figure 6a.10's ticks used to read -10^0 on a symlog scale; a log axis must be labelled 0.01, 1, 100."
     import matplotlib; matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from ictd.emergence import plain_log_ticks
+    from ictd.experiments.emergence import plain_log_ticks
     fig, ax = plt.subplots()
     ax.plot([0, 1], [1e-3, 1e4]); ax.set_yscale("log"); plain_log_ticks(ax)
     fig.canvas.draw()
