@@ -60,3 +60,15 @@ def test_plain_log_ticks_write_numbers_not_powers():
     labels = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
     plt.close(fig)
     assert {"0.001", "0.01", "1", "100", "1000"} <= set(labels) and not any("e+" in t or "e-" in t or "-" in t for t in labels), labels
+
+@pytest.mark.unit
+def test_layer_table_is_two_narrow_tables():
+    "Chapter 6a's tables overflowed a phone: each table the summaries print has at most four columns."
+    from ictd.experiments.emergence import layer_table
+    summary = dict(n_seeds=10, config=dict(shared=False), pattern_count=[3, 5, 7], weights_mean=[[1., 0., 0.], [1., .4, -.3], [1., .7, -.4]],
+                   weights_se=[[.1, 0., 0.]] * 3, ratio_median=[-1., -.2, -.9], ratio_q1=[-4., -.6, -1.1], ratio_q3=[.7, .4, 1.],
+                   diagonality_start=[.1] * 3, diagonality_end=[.3, .4, .4], diagonality_end_se=[.06] * 3)
+    lines = layer_table(summary).splitlines()
+    assert lines.index("") == 5 and len(lines) == 11
+    assert all(l.count("|") <= 5 for l in lines if l), lines
+    assert "— (no gradient)" in lines[2] and "7 / 10" in lines[4] and lines[-1] == "| 3 | +1.00 ± 0.10 | +0.70 ± 0.00 | -0.40 ± 0.00 |"

@@ -40,16 +40,15 @@ def seed_summary(results:list,  # runs of one configuration, one per seed
                 cosine_mean=stack_history(results, "cosine")[:, -1].mean(0).tolist())
 
 def layer_table(summary:dict)->str:
-    "A markdown table of a `seed_summary`, one row per layer."
-    m, rows = summary["n_seeds"], []
+    "Two narrow markdown tables of a `seed_summary`, one row per layer: the pattern, ratio and diagonality; then the three weights."
+    m, pattern, weights = summary["n_seeds"], [], []
     for l, (k, w, se, med, q1, q3, d0, d1, dse) in enumerate(zip(summary["pattern_count"], summary["weights_mean"], summary["weights_se"],
             summary["ratio_median"], summary["ratio_q1"], summary["ratio_q3"], summary["diagonality_start"], summary["diagonality_end"], summary["diagonality_end_se"])):
-        ws = ", ".join(f"{a:+.2f} ± {b:.2f}" for a, b in zip(w, se))
         k = "— (no gradient)" if l == 0 and not summary["config"]["shared"] else f"{k} / {m}"
-        rows.append(f"| {l + 1} | {k} | ({ws}) | {med:+.2f} [{q1:+.2f}, {q3:+.2f}] | {d0:.2f} → {d1:.2f} ± {dse:.2f} |")
-    head = ("| layer | seeds with (+, +, −) | weights: reward, successor, current (mean ± s.e.) | successor / current: median [quartiles] | diagonality: start → end |\n"
-            "|---|---|---|---|---|")
-    return "\n".join([head] + rows)
+        pattern.append(f"| {l + 1} | {k} | {med:+.2f} [{q1:+.2f}, {q3:+.2f}] | {d0:.2f} → {d1:.2f} ± {dse:.2f} |")
+        weights.append(f"| {l + 1} | " + " | ".join(f"{a:+.2f} ± {b:.2f}" for a, b in zip(w, se)) + " |")
+    return "\n".join(["| layer | seeds with (+, +, −) | successor / current: median [quartiles] | diagonality: start → end |", "|---|---|---|---|"] + pattern
+                     + ["", "| layer | reward weight | successor weight | current weight |", "|---|---|---|---|"] + weights)
 
 # %% ../../nbs/06d_emergence_studies.ipynb #5b7c3814
 WEIGHT_STYLES = (("reward", "-"), ("successor value", "--"), ("current value", ":"))  # label and line style of each value weight
@@ -235,15 +234,16 @@ def ablation_rows(runs:dict,  # output of `ablation`
 
 def ablation_table(runs:dict,    # output of `ablation`
                    field:str,    # the setting varied
-                  )->str:        # markdown, one row per value
-    "Final MSVE, sign-pattern counts and median successor/current ratios of every layer, per value of the ablation."
-    out = [f"| {field} | MSVE, mean ± s.e. | seeds with (+, +, −), per layer | successor / current, median per layer | diagonality at the end, per layer |", "|---|---|---|---|---|"]
+                  )->str:        # markdown: two narrow tables, one row per value
+    "Final MSVE and sign-pattern counts per layer; then median successor/current ratios and final diagonality per layer, per value of the ablation."
+    counts = [f"| {field} | MSVE, mean ± s.e. | seeds with (+, +, −), per layer |", "|---|---|---|"]
+    shape = [f"| {field} | successor / current, median per layer | diagonality at the end, per layer |", "|---|---|---|"]
     for v, sm in ablation_rows(runs).items():
         L = 1 if sm["config"]["shared"] else len(sm["pattern_count"])
         pat = ", ".join(f"{k}/{sm['n_seeds']}" for k in sm["pattern_count"][:L])
-        out.append(f"| {v} | {sm['msve']:.3f} ± {sm['msve_se']:.3f} | {pat} | {', '.join(f'{x:+.2f}' for x in sm['ratio_median'][:L])} | "
-                   f"{', '.join(f'{x:.2f}' for x in sm['diagonality_end'][:L])} |")
-    return "\n".join(out)
+        counts.append(f"| {v} | {sm['msve']:.3f} ± {sm['msve_se']:.3f} | {pat} |")
+        shape.append(f"| {v} | {', '.join(f'{x:+.2f}' for x in sm['ratio_median'][:L])} | {', '.join(f'{x:.2f}' for x in sm['diagonality_end'][:L])} |")
+    return "\n".join(counts + [""] + shape)
 
 # %% ../../nbs/06d_emergence_studies.ipynb #f3e9552f
 def plot_ablation(runs:dict,  # output of `ablation`
