@@ -17,7 +17,7 @@ from .experiments.continuous import continuous_full_scale as continuous_experime
 from .linear import ICLR_LINEAR
 from .experiments.linear import (plot_linear_pretraining, plot_side_by_side, plot_tuned_side_by_side, reproduce_iclr, run_head_to_head,
                                      side_by_side, tuned_side_by_side)
-from .emergence import emergence_report
+from .experiments.emergence import emergence_report
 from .experiments.mechanism import (CONVERGE_LRS, DEEP_DEPTHS, run_control_study, run_converge_study, run_depth_sweep, run_jacobian_study, run_shared_study, run_gap_map, run_mechanism_study, run_theta_star_dynamics)
 from .core import jsonable
 from .engine import DTYPES, FAMILIES, INITS, OBJECTIVES, PROTOCOLS, PretrainConfig

@@ -4,26 +4,23 @@
 
 # %% ../nbs/06a_emergence.ipynb #f1910c52
 from __future__ import annotations
-import dataclasses, json, math
-from pathlib import Path
+import dataclasses, math
 import torch
 from torch.func import functional_call, jacfwd
 from .prompt import build_prompt
-from .model import SoftmaxICTD, theta_star
-from .tasks import TaskBatch, random_tasks, sample_trajectories
+from .model import SoftmaxICTD
+from .tasks import TaskBatch, sample_trajectories
 from .wstd import certainty_equivalence
 from .boyan import weighted_error
-from .model import population_neu, population_predict
-from .pretrain import EMERGENCE, PretrainConfig, PretrainResult, held_out_tasks, pairwise_neu, pretrain_many
+from .model import population_predict
+from .engine import PretrainConfig, PretrainResult, held_out_tasks
+from .pretrain import pairwise_neu
 
 # %% auto #0
 __all__ = ['ALPHAS', 'BETAS', 'UNIFORM_BELOW', 'stack_history', 'mean_se', 'binomial_tail', 'min_successes', 'median_interval',
            'held_out_prompts', 'msve_of', 'context_mean_values', 'certainty_equivalence_values', 'best_constant_values',
            'theta_star_model', 'best_theta_star', 'baseline_msve', 'model_msve', 'value_gap', 'sign_pattern',
-           'ratio_interval', 'seed_summary', 'layer_table', 'plot_seed_bands', 'mean_blocks', 'plot_blocks',
-           'baseline_comparison', 'comparison_table', 'last_selective_layer', 'claim_counts', 'emergence_claims',
-           'ablation', 'ablation_rows', 'ablation_table', 'plot_ablation', 'ablation_claims', 'emergence_report',
-           'population_factors', 'context_update', 'neu_jackknife']
+           'ratio_interval', 'last_selective_layer', 'population_factors', 'context_update', 'neu_jackknife']
 
 # %% ../nbs/06a_emergence.ipynb #8b58a680
 def stack_history(results:list,  # runs of one configuration
@@ -78,7 +75,7 @@ def held_out_prompts(config:PretrainConfig,  # the run's settings
 
 def msve_of(v:torch.Tensor,    # (B, s) value estimates of each task
             tasks:TaskBatch,   # the tasks
-           )->torch.Tensor:    # (B,) MSVE of each task, sum_s d_pi(s) (v(s) - v_pi(s))^2
+           )->torch.Tensor:    # (B,) MSVE of each task, sum_x d_pi(x) (v(x) - v_pi(x))^2
     "Value error of each task's estimate, weighted by the stationary distribution."
     return weighted_error(v, tasks.v_pi, tasks.d_pi)
 
@@ -97,7 +94,7 @@ def certainty_equivalence_values(tasks:TaskBatch,      # the tasks
     return certainty_equivalence(states, R, tasks.r.shape[-1], tasks.gamma, unvisited_reward=R.mean(-1))
 
 def best_constant_values(tasks:TaskBatch)->torch.Tensor:
-    "(B, s) the oracle constant of each task, $\\sum_s d_\\pi(s) v_\\pi(s)$, at every state."
+    "(B, s) the oracle constant of each task, $\\sum_x d_\\pi(x) v_\\pi(x)$, at every state."
     return (tasks.d_pi * tasks.v_pi).sum(-1, keepdim=True).expand_as(tasks.v_pi)
 
 # %% ../nbs/06a_emergence.ipynb #736abe8e
@@ -142,7 +139,7 @@ def model_msve(result:PretrainResult)->torch.Tensor:
 
 def value_gap(result:PretrainResult,  # a trained run
               alpha:float, beta:float, # the theta* to compare with
-             )->float:                 # mean over held-out tasks of sum_s d_pi(s) (v_TF(s) - v_theta*(s))^2
+             )->float:                 # mean over held-out tasks of sum_x d_pi(x) (v_TF(x) - v_theta*(x))^2
     "Distance between the trained model's values and those of $\\theta^*(\\alpha, \\beta I)$ on the held-out tasks."
     tasks, _, Z = held_out_prompts(result.config)
     with torch.no_grad():
@@ -163,126 +160,7 @@ def ratio_interval(runs:list,  # runs of one configuration (>= 6 seeds)
     vw = stack_history(runs, "value_weights")[:, -1, layer]
     return median_interval(vw[:, 1] / vw[:, 2])
 
-def seed_summary(results:list,  # runs of one configuration, one per seed
-                )->dict:        # plain numbers and lists, ready for JSON
-    "Distributions over seeds of the final metrics of a set of runs, per layer."
-    if len(results) < 2: raise ValueError(f"`results` must hold at least 2 runs, got {len(results)}")
-    vw, diag = stack_history(results, "value_weights"), stack_history(results, "diagonality")
-    final, ratio = vw[:, -1], vw[:, -1, :, 1] / vw[:, -1, :, 2]
-    q = ratio.quantile(torch.tensor([0.25, 0.5, 0.75], dtype=ratio.dtype), dim=0)
-    msve, neu_pop = stack_history(results, "msve")[:, -1, 0], stack_history(results, "neu_population")[:, -1, 0]
-    cfg = results[0].config
-    return dict(config=dataclasses.asdict(cfg), seeds=[r.config.seed for r in results], n_seeds=len(results),
-                pattern_count=sign_pattern(final).sum(0).tolist(),
-                ratio_median=q[1].tolist(), ratio_q1=q[0].tolist(), ratio_q3=q[2].tolist(),
-                weights_mean=final.mean(0).tolist(), weights_se=mean_se(final)[1].tolist(),
-                diagonality_start=mean_se(diag[:, 0])[0].tolist(), diagonality_end=diag[:, -1].mean(0).tolist(),
-                diagonality_end_se=mean_se(diag[:, -1])[1].tolist(),
-                diagonality_rise=diag[:, -1] .sub(diag[:, 0]).mean(0).tolist(), diagonality_rise_se=mean_se(diag[:, -1] - diag[:, 0])[1].tolist(),
-                msve=msve.mean().item(), msve_se=mean_se(msve)[1].item(),
-                neu_population=neu_pop.mean().item(), neu_population_se=mean_se(neu_pop)[1].item(),
-                cosine_mean=stack_history(results, "cosine")[:, -1].mean(0).tolist())
-
-def layer_table(summary:dict)->str:
-    "A markdown table of a `seed_summary`, one row per layer."
-    m, rows = summary["n_seeds"], []
-    for l, (k, w, se, med, q1, q3, d0, d1, dse) in enumerate(zip(summary["pattern_count"], summary["weights_mean"], summary["weights_se"],
-            summary["ratio_median"], summary["ratio_q1"], summary["ratio_q3"], summary["diagonality_start"], summary["diagonality_end"], summary["diagonality_end_se"])):
-        ws = ", ".join(f"{a:+.2f} ± {b:.2f}" for a, b in zip(w, se))
-        k = "— (no gradient)" if l == 0 and not summary["config"]["shared"] else f"{k} / {m}"
-        rows.append(f"| {l + 1} | {k} | ({ws}) | {med:+.2f} [{q1:+.2f}, {q3:+.2f}] | {d0:.2f} → {d1:.2f} ± {dse:.2f} |")
-    head = ("| layer | seeds with (+, +, −) | weights (reward, successor, current), mean ± s.e. | successor / current: median [quartiles] | diagonality start → end |\n"
-            "|---|---|---|---|---|")
-    return "\n".join([head] + rows)
-
-# %% ../nbs/06a_emergence.ipynb #cfc34421
-def _band(ax, x, y, label, **kw):
-    "Mean over seeds of `y` (seeds, T) with a band of one standard error."
-    m, se = mean_se(y)
-    line, = ax.plot(x, m, label=label, **kw)
-    ax.fill_between(x, m - se, m + se, color=line.get_color(), alpha=0.25)
-
-def plot_seed_bands(results:list,  # runs of one configuration, one per seed
-                    title:str=None, # figure title; default: the main settings
-                   ):               # the matplotlib figure
-    "Every layer's value weights, weight ratio and diagonality, and the model's MSVE and NEU, as bands over seeds."
-    import matplotlib.pyplot as plt
-    c, steps = results[0].config, results[0].history["step"].flatten().numpy()
-    vw, diag = stack_history(results, "value_weights"), stack_history(results, "diagonality")
-    L = 1 if c.shared else vw.shape[2]
-    fig, axs = plt.subplots(4, max(L, 2), figsize=(3.2 * max(L, 2) + 1, 11), sharex=True, squeeze=False)
-    for l in range(L):
-        name = "shared layer" if c.shared else f"layer {l + 1}"
-        for j, w in enumerate(("reward", "successor value", "current value")): _band(axs[0, l], steps, vw[:, :, l, j], w)
-        axs[0, l].axhline(0, color="k", lw=0.5)
-        axs[0, l].set(title=f"{name}: value weights", ylabel="weight (mean ± s.e.)")
-        q = (vw[:, :, l, 1] / vw[:, :, l, 2]).quantile(torch.tensor([0.25, 0.5, 0.75], dtype=vw.dtype), dim=0)
-        axs[1, l].plot(steps, q[1], "o-", ms=3, label="median over seeds")
-        axs[1, l].fill_between(steps, q[0], q[2], alpha=0.25, label="quartiles")
-        axs[1, l].axhline(-c.gamma, color="k", ls="--", label=r"$-\gamma$")
-        axs[1, l].set(ylim=(-4, 3), title=f"{name}: successor / current", ylabel="ratio")
-        _band(axs[2, l], steps, diag[:, :, l], "mean ± s.e.")
-        axs[2, l].set(title=f"{name}: kernel diagonality", ylabel="attention share on own state", xlabel="training step")
-    for ax in axs[:3, L:].flat: ax.axis("off")
-    _band(axs[3, 0], steps, stack_history(results, "msve")[..., 0], "trained model")
-    axs[3, 0].set(yscale="log", title="MSVE on held-out tasks", ylabel="MSVE", xlabel="training step")
-    _band(axs[3, 1], steps, stack_history(results, "neu_population")[..., 0], r"$n = \infty$ (exact)")
-    axs[3, 1].set(yscale="log", title="NEU", ylabel="squared norm of expected update", xlabel="training step")
-    for ax in axs[3, 2:]: ax.axis("off")
-    for ax in axs.flat:
-        if ax.has_data(): ax.legend(fontsize=7)
-    fig.suptitle(title or f"{len(results)} seeds: d = {c.d} {c.features} features, n = {c.n}, L = {c.n_layers}{' shared' if c.shared else ''}, "
-                 f"gamma = {c.gamma:g}, lr = {c.lr:g}, {c.n_steps} steps")
-    fig.tight_layout()
-    return fig
-
-# %% ../nbs/06a_emergence.ipynb #7b7a3ca9
-def mean_blocks(results:list,  # runs of one configuration
-               )->torch.Tensor:# (L, 3, d+2, d+2) the seeds' mean A, V_cur, V_tgt per layer
-    "The parameters of every layer averaged over seeds."
-    return torch.stack([torch.stack([torch.stack([p.detach().double() for p in r.model.layer(l).params(torch.zeros(1, dtype=torch.float64))])
-                                     for l in range(r.model.n_layers)]) for r in results]).mean(0)
-
-def plot_blocks(results:list,  # runs of one configuration
-               ):              # the matplotlib figure
-    "Heat maps of A, V_cur and V_tgt per layer, averaged over seeds, beside those of $\\theta^*$ (W = I, alpha = 1)."
-    import matplotlib.pyplot as plt
-    c, blocks = results[0].config, mean_blocks(results)
-    d = blocks.shape[-1] - 2
-    rows = list(blocks[:1] if c.shared else blocks) + [torch.stack(theta_star(d, torch.eye(d, dtype=torch.float64), 1., c.gamma))]
-    names = ["shared layer" if c.shared else f"layer {l + 1}" for l in range(len(rows) - 1)] + [r"$\theta^*$ ($W = I$, $\alpha = 1$)"]
-    fig, axs = plt.subplots(len(rows), 3, figsize=(8, 2.4 * len(rows)), squeeze=False)
-    labels = [f"$\\phi_{i}$" for i in range(d)] + ["r", "v"]
-    for i, (row, name) in enumerate(zip(rows, names)):
-        for j, (M, block) in enumerate(zip(row, ("A", "V_cur", "V_tgt"))):
-            lim = M.abs().max().clamp(min=1e-12).item()
-            im = axs[i, j].imshow(M.numpy(), cmap="RdBu_r", vmin=-lim, vmax=lim)
-            axs[i, j].set(title=f"{name}: ${block.replace('_', '^{') + '}' if '_' in block else block}$", xticks=range(d + 2), yticks=range(d + 2))
-            axs[i, j].set_xticklabels(labels, fontsize=6); axs[i, j].set_yticklabels(labels, fontsize=6)
-            fig.colorbar(im, ax=axs[i, j], fraction=0.046)
-    fig.suptitle(f"Parameters averaged over {len(results)} seeds (rows: token coordinates written; columns: read)")
-    fig.tight_layout()
-    return fig
-
-# %% ../nbs/06a_emergence.ipynb #c5eebf02
-def baseline_comparison(results:list,  # runs of one configuration
-                       )->dict:        # name -> (seeds,) mean MSVE over each seed's held-out tasks
-    "MSVE of the trained models and of every baseline, per seed, with the value gap to the tuned $\\theta^*$."
-    rows = {}
-    for r in results:
-        ab = best_theta_star(r.config)
-        base = {k.split(" (")[0]: v.mean().item() for k, v in baseline_msve(r.config, ab).items()}
-        for k, v in dict(trained=model_msve(r).mean().item(), **base, **{"value gap to best theta*": value_gap(r, *ab)}).items():
-            rows.setdefault(k, []).append(v)
-        rows.setdefault("best alpha", []).append(ab[0]); rows.setdefault("best beta", []).append(ab[1])
-    return {k: torch.tensor(v, dtype=torch.float64) for k, v in rows.items()}
-
-def comparison_table(comparison:dict)->str:
-    "A markdown table of `baseline_comparison`: mean ± s.e. and range over seeds."
-    rows = [f"| {k} | {v.mean():.3f} ± {mean_se(v)[1]:.3f} | {v.min():.3f} – {v.max():.3f} |" for k, v in comparison.items()]
-    return "\n".join(["| predictor | MSVE, mean ± s.e. over seeds | range over seeds |", "|---|---|---|"] + rows)
-
-# %% ../nbs/06a_emergence.ipynb #ca97f116
+# %% ../nbs/06a_emergence.ipynb #dffd859c
 UNIFORM_BELOW = 0.2  # a layer whose diagonality is below this (twice the uniform 1/s for s = 10) is called uniform
 
 def last_selective_layer(diagonality:torch.Tensor,  # (seeds, L) final diagonality of every layer
@@ -291,141 +169,6 @@ def last_selective_layer(diagonality:torch.Tensor,  # (seeds, L) final diagonali
     L = diagonality.shape[-1]
     sel = (diagonality >= UNIFORM_BELOW) * torch.arange(1, L + 1)
     return (sel.amax(-1) - 1).clamp(min=0)
-
-def claim_counts(results:list,     # runs of one configuration
-                 comparison:dict,  # `baseline_comparison(results)`
-                )->dict:           # the counts the claims of `emergence_claims` rest on
-    "The measured counts behind the chapter's claims, without asserting them."
-    m = len(results)
-    vw, diag = stack_history(results, "value_weights")[:, -1], stack_history(results, "diagonality")
-    rise = diag[:, -1, 1:] - diag[:, 0, 1:]
-    selective = last_selective_layer(diag[:, -1])
-    return dict(n_seeds=m, k_half=min_successes(m, 1 / 2),
-                beats_context_mean=int((comparison["trained"] < comparison["context mean"]).sum()),
-                beats_theta_star=int((comparison["trained"] < comparison["best theta*"]).sum()),
-                diagonality_rise_z=(mean_se(rise)[0] / mean_se(rise)[1]).tolist(),
-                last_layer_pattern=int(sign_pattern(vw[:, -1]).sum()), last_layer_uniform=int((diag[:, -1, -1] < UNIFORM_BELOW).sum()),
-                last_selective_pattern=int(sign_pattern(vw[torch.arange(m), selective]).sum()),
-                reward_positive=int((vw[..., 0] > 0).all(-1).sum()))
-
-def emergence_claims(results:list,      # runs of one configuration (>= 10 seeds)
-                     comparison:dict,   # `baseline_comparison(results)`
-                    )->dict:            # the measured counts and thresholds
-    "Assert the distributional claims of the headline experiment; return the counts they rest on."
-    if len(results) < 10: raise ValueError(f"`results` must hold at least 10 seeds, got {len(results)}")
-    out = claim_counts(results, comparison)
-    assert out["beats_context_mean"] >= out["k_half"], out
-    assert min(out["diagonality_rise_z"]) > 2, out
-    assert out["last_selective_pattern"] >= out["k_half"], out
-    assert out["reward_positive"] >= out["k_half"], out
-    return out
-
-# %% ../nbs/06a_emergence.ipynb #9cde2532
-def ablation(config:PretrainConfig,  # the base configuration
-             field:str,              # the setting to vary (a field of `PretrainConfig`)
-             values,                 # the values it takes
-             seeds,                  # the seeds of every run
-             cache_dir=None,         # folder of cached runs (shared settings are trained once); None: none
-             **fixed,                # other settings to change with it (e.g. shared=True)
-            )->dict:                 # value -> list of `PretrainResult`
-    "Rerun `config` over `seeds` for each value of one setting."
-    if field not in {f.name for f in dataclasses.fields(PretrainConfig)}: raise ValueError(f"`field` must be a field of PretrainConfig, got {field!r}")
-    return {v: pretrain_many(dataclasses.replace(config, **fixed, **{field: v}), list(seeds), progress=False, cache_dir=cache_dir) for v in values}
-
-def ablation_rows(runs:dict,  # output of `ablation`
-                 )->dict:     # value -> `seed_summary` of its runs
-    "The seed summary of every value of an ablation."
-    return {v: seed_summary(r) for v, r in runs.items()}
-
-def ablation_table(runs:dict,    # output of `ablation`
-                   field:str,    # the setting varied
-                  )->str:        # markdown, one row per value
-    "Final MSVE, sign-pattern counts and median successor/current ratios of every layer, per value of the ablation."
-    out = [f"| {field} | MSVE, mean ± s.e. | seeds with (+, +, −), per layer | successor / current, median per layer | diagonality at the end, per layer |", "|---|---|---|---|---|"]
-    for v, sm in ablation_rows(runs).items():
-        L = 1 if sm["config"]["shared"] else len(sm["pattern_count"])
-        pat = ", ".join(f"{k}/{sm['n_seeds']}" for k in sm["pattern_count"][:L])
-        out.append(f"| {v} | {sm['msve']:.3f} ± {sm['msve_se']:.3f} | {pat} | {', '.join(f'{x:+.2f}' for x in sm['ratio_median'][:L])} | "
-                   f"{', '.join(f'{x:.2f}' for x in sm['diagonality_end'][:L])} |")
-    return "\n".join(out)
-
-def plot_ablation(runs:dict,  # output of `ablation`
-                  field:str,  # the setting varied
-                 ):           # the matplotlib figure
-    "Per value of the ablation: the successor/current ratio of layers 2..L (median and quartiles), the share of seeds with the pattern, and the MSVE."
-    import matplotlib.pyplot as plt
-    rows, values = ablation_rows(runs), list(runs)
-    numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
-    x = torch.tensor(values, dtype=torch.float64) if numeric else torch.arange(len(values), dtype=torch.float64)
-    shared = rows[values[0]]["config"]["shared"]
-    L = min(len(sm["pattern_count"]) for sm in rows.values())
-    layers = [0] if shared else range(1, L)
-    fig, axs = plt.subplots(1, 3, figsize=(12, 3.8))
-    for l in layers:
-        name = "shared layer" if shared else f"layer {l + 1}"
-        med = torch.tensor([rows[v]["ratio_median"][l] for v in values])
-        lo, hi = med - torch.tensor([rows[v]["ratio_q1"][l] for v in values]), torch.tensor([rows[v]["ratio_q3"][l] for v in values]) - med
-        axs[0].errorbar(x + 0.01 * l * (x.max() - x.min() + 1), med, yerr=torch.stack([lo, hi]), fmt="o-", capsize=3, label=name)
-        axs[1].plot(x, [rows[v]["pattern_count"][l] / rows[v]["n_seeds"] for v in values], "o-", label=name)
-    gam = torch.tensor([rows[v]["config"]["gamma"] for v in values])
-    axs[0].plot(x, -gam, "k--", label=r"$-\gamma$")
-    axs[0].set(ylim=(-4, 3), ylabel="successor / current (median, quartiles)", title="Weight ratio")
-    axs[1].set(ylim=(-0.05, 1.05), ylabel="share of seeds with (+, +, −)", title="Sign pattern")
-    m = torch.tensor([rows[v]["msve"] for v in values]); se = torch.tensor([rows[v]["msve_se"] for v in values])
-    axs[2].errorbar(x, m, yerr=se, fmt="o-", capsize=3)
-    axs[2].set(ylabel="MSVE (mean ± s.e.)", title="Value error, held-out tasks")
-    for ax in axs:
-        ax.set_xlabel(field)
-        if not numeric: ax.set_xticks(x.tolist(), [str(v) for v in values])
-    for ax in axs[:2]: ax.legend(fontsize=7)
-    c = rows[values[0]]["config"]
-    fig.suptitle(f"Ablation over {field}: {rows[values[0]]['n_seeds']} seeds, {c['n_steps']} steps, lr = {c['lr']:g}")
-    fig.tight_layout()
-    return fig
-
-
-def ablation_claims(gamma_runs:dict,    # `ablation` over gamma, with 0.5 and 0.95
-                    feature_runs:dict,  # `ablation` over features, with "random" and "onehot"
-                    n_runs:dict,        # `ablation` over n (at least two values)
-                    shared_runs:dict,   # `ablation` over n_layers with shared parameters, with 8
-                   )->dict:             # the measured quantities the claims rest on
-    "Assert the distributional claims of the ablations; return what they rest on."
-    count = lambda runs: int(sign_pattern(stack_history(runs, "value_weights")[:, -1, -1]).sum())
-    m = len(gamma_runs[0.5]); k_half = min_successes(m, 1 / 2)
-    diag_end = lambda runs: stack_history(runs, "diagonality")[:, -1, -1]
-    msve_end = lambda runs: stack_history(runs, "msve")[:, -1, 0]
-    out = dict(k_half=k_half, pattern_gamma={g: count(r) for g, r in gamma_runs.items()},
-               ratio_gamma={g: ratio_interval(r, -1) for g, r in gamma_runs.items()},
-               pattern_shared={L: count(r) for L, r in shared_runs.items()}, ratio_shared={L: ratio_interval(r, 0) for L, r in shared_runs.items()},
-               pattern_features={f: count(r) for f, r in feature_runs.items()},
-               diagonality_onehot_minus_random=(diag_end(feature_runs["onehot"]).mean() - diag_end(feature_runs["random"]).mean()).item(),
-               diagonality_difference_se=math.hypot(mean_se(diag_end(feature_runs["onehot"]))[1], mean_se(diag_end(feature_runs["random"]))[1]),
-               msve_n={n: mean_se(msve_end(r))[0].item() for n, r in n_runs.items()},
-               msve_difference_se=math.hypot(mean_se(msve_end(n_runs[min(n_runs)]))[1], mean_se(msve_end(n_runs[max(n_runs)]))[1]))
-    lo, _, hi = out["ratio_gamma"][0.5]
-    assert out["pattern_gamma"][0.5] >= k_half and lo <= -0.5 <= hi, out
-    assert out["pattern_gamma"][0.95] <= out["pattern_gamma"][0.5] - 5, out
-    lo, _, hi = out["ratio_shared"][8]
-    assert out["pattern_shared"][8] >= k_half and lo <= -gamma_runs[0.9][0].config.gamma <= hi and hi < 0, out
-    assert out["diagonality_onehot_minus_random"] > 2 * out["diagonality_difference_se"], out
-    assert out["msve_n"][min(n_runs)] - out["msve_n"][max(n_runs)] > 2 * out["msve_difference_se"], out
-    return out
-
-# %% ../nbs/06a_emergence.ipynb #5e371bfa
-def emergence_report(results:list,  # runs of one configuration (>= 2 seeds)
-                     out_dir,       # folder to write into (created if needed)
-                    )->dict:        # the summary written to `out_dir/summary.json`
-    "Write the band figure, the heat maps and a JSON summary (per-layer statistics, baselines, claim counts) of a set of runs."
-    import matplotlib.pyplot as plt
-    out = Path(out_dir); out.mkdir(parents=True, exist_ok=True)
-    comparison = baseline_comparison(results)
-    summary = dict(seed_summary(results), baselines={k: dict(mean=v.mean().item(), se=mean_se(v)[1].item(), per_seed=v.tolist()) for k, v in comparison.items()},
-                   claims=claim_counts(results, comparison))
-    for name, fig in (("bands.png", plot_seed_bands(results)), ("parameters.png", plot_blocks(results))):
-        fig.savefig(out / name, dpi=120); plt.close(fig)
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    (out / "summary.md").write_text(layer_table(summary) + "\n\n" + comparison_table(comparison) + "\n")
-    return summary
 
 # %% ../nbs/06a_emergence.ipynb #467c6b97
 class _Population(torch.nn.Module):

@@ -378,9 +378,3 @@ def evaluate(model:SoftmaxICTD,  # the model
     return dict(msve=msve.reshape(1), neu=torch.tensor([neu(model, eval_tasks, n, n_batches=4, batch_size=64, seed=neu_seed)], dtype=torch.float64),
                 neu_population=torch.tensor([population_neu(model, eval_tasks)], dtype=torch.float64),
                 diagonality=diag, value_weights=model.value_weights(), cosine=block_cosines(model, config.gamma))
-
-# %% ../nbs/06_pretrain.ipynb #24c6fea8
-from .engine import (EMERGENCE, FAMILIES, INITS, OBJECTIVES, PROTOCOLS, Family, Protocol, held_out_tasks, mc_horizon,
-                         register_family, register_protocol, rollout_returns, softmax_init, stack_results, stationary_sampler, task_eval_set)
-from .model import model_params, state_tokens, token_predict, trajectory_tokens
-from .tasks import Contexts, task_pool

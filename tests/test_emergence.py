@@ -6,7 +6,8 @@ import dataclasses, os
 import pytest
 from ictd.engine import EMERGENCE
 from ictd.pretrain import pretrain_many
-from ictd.emergence import ablation, ablation_claims, baseline_comparison, emergence_claims, min_successes
+from ictd.emergence import min_successes
+from ictd.experiments.emergence import ablation, ablation_claims, baseline_comparison, emergence_claims
 
 FRESH = list(range(100, 110))
 
@@ -23,3 +24,52 @@ def test_ablation_claims_hold_on_fresh_seeds(tmp_path):
     run = lambda field, values, **kw: ablation(base, field, values, FRESH, cache_dir=tmp_path, **kw)
     ablation_claims(run("gamma", (0.5, 0.9, 0.95)), run("features", ("random", "onehot")), run("n", (10, 30)),
                     run("n_layers", (8,), shared=True))
+
+@pytest.mark.unit
+def test_value_weight_figures_leave_out_the_layer_without_gradient():
+    "Layer 1's successor and current weights get no gradient: a figure that plotted them would show noise."
+    from ictd.experiments.emergence import trained_layers
+    assert trained_layers(dataclasses.replace(EMERGENCE, n_layers=3)) == [1, 2]
+    assert trained_layers(dataclasses.replace(EMERGENCE, n_layers=8, shared=True)) == [0]
+
+@pytest.mark.unit
+def test_comparison_table_lists_only_predictors():
+    "The tuned step size, kernel scale and value gap are not MSVEs of a predictor and must not sit in the MSVE table."
+    import torch
+    from ictd.experiments.emergence import NOT_PREDICTORS, comparison_table
+    comp = {k: torch.tensor([0.5, 0.7], dtype=torch.float64) for k in ("trained", "context mean", "best constant", *NOT_PREDICTORS)}
+    rows = comparison_table(comp).splitlines()[2:]
+    assert [r.split(" | ")[0].strip("| ") for r in rows] == ["trained", "context mean", "best constant"]
+    assert rows[0] == "| trained | 0.600 ± 0.100 | 0.500 – 0.700 |"
+
+@pytest.mark.unit
+def test_last_selective_layer_is_the_last_non_uniform_one():
+    import torch
+    from ictd.emergence import UNIFORM_BELOW, last_selective_layer
+    d = torch.tensor([[0.3, 0.4, 0.1], [0.1, 0.1, 0.1], [0.5, 0.1, UNIFORM_BELOW]])
+    assert last_selective_layer(d).tolist() == [1, 0, 2]
+
+@pytest.mark.unit
+def test_plain_log_ticks_write_numbers_not_powers():
+    "Figure 6a.10's ticks used to read -10^0 on a symlog scale; a log axis must be labelled 0.01, 1, 100."
+    import matplotlib; matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from ictd.experiments.emergence import plain_log_ticks
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [1e-3, 1e4]); ax.set_yscale("log"); plain_log_ticks(ax)
+    fig.canvas.draw()
+    labels = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
+    plt.close(fig)
+    assert {"0.001", "0.01", "1", "100", "1000"} <= set(labels) and not any("e+" in t or "e-" in t or "-" in t for t in labels), labels
+
+@pytest.mark.unit
+def test_layer_table_is_two_narrow_tables():
+    "Chapter 6a's tables overflowed a phone: each table the summaries print has at most four columns."
+    from ictd.experiments.emergence import layer_table
+    summary = dict(n_seeds=10, config=dict(shared=False), pattern_count=[3, 5, 7], weights_mean=[[1., 0., 0.], [1., .4, -.3], [1., .7, -.4]],
+                   weights_se=[[.1, 0., 0.]] * 3, ratio_median=[-1., -.2, -.9], ratio_q1=[-4., -.6, -1.1], ratio_q3=[.7, .4, 1.],
+                   diagonality_start=[.1] * 3, diagonality_end=[.3, .4, .4], diagonality_end_se=[.06] * 3)
+    lines = layer_table(summary).splitlines()
+    assert lines.index("") == 5 and len(lines) == 11
+    assert all(l.count("|") <= 5 for l in lines if l), lines
+    assert "— (no gradient)" in lines[2] and "7 / 10" in lines[4] and lines[-1] == "| 3 | +1.00 ± 0.10 | +0.70 ± 0.00 | -0.40 ± 0.00 |"

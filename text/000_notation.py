@@ -112,6 +112,7 @@
 # | MSVE, cMSVE | $d_\pi$-weighted squared value error; the same after centring both value vectors | [chapter 6](pretrain.html), [chapter 6b](mechanism.html) |
 # | $\bar R$; $\tilde r_\beta$, $\tilde r^+_\beta$; $b_0, b_R, b_1, b_2$ | the context's mean reward; the smoothed reward and next reward; the learned estimator's constants | [chapter 6b](mechanism.html) |
 # | $a_0(y)$; $\Delta a$ | the rest of a layer's value-row write; weight moved between the two value heads | [chapter 6b](mechanism.html) |
+# | $N_{\mathrm{seeds}}$; $p_0$, $k_{p_0}$ | number of seeds; the success probability a seed-count claim rules out, and the count it needs | [chapter 6a](emergence.html) |
 # | $Y$, $T_{\mathrm{win}}$, $\mathrm{tol}_Y$ | a training metric, the window and the tolerance of the stopping rule | [chapter 6b](mechanism.html) |
 #
 # ## Linear attention and continuous states (chapters 7 to 7d)

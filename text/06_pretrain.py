@@ -1344,19 +1344,6 @@ final_tables(full)
 # form first where the gradient signal is strongest. Which layer carries the TD update is not fixed
 # by the objective; the [emergence chapter](emergence.html) takes this up over many seeds.
 
-# %% [markdown]
-# ### Names that moved
-#
-# Until every importer imports from the module that defines a name, `ictd.pretrain` also provides the
-# names it held before they moved to `ictd.engine`.
-
-# %%
-#| export
-from ictd.engine import (EMERGENCE, FAMILIES, INITS, OBJECTIVES, PROTOCOLS, Family, Protocol, held_out_tasks, mc_horizon,
-                         register_family, register_protocol, rollout_returns, softmax_init, stack_results, stationary_sampler, task_eval_set)
-from ictd.model import model_params, state_tokens, token_predict, trajectory_tokens
-from ictd.tasks import Contexts, task_pool
-
 # %%
 #| hide
 import nbdev; nbdev.nbdev_export()
