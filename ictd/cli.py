@@ -283,7 +283,7 @@ def run_continuous(args)->list:
 
 def run_linear(args)->list:
     "`ictd linear`: linear against softmax in-context TD (chapter 7a): untuned, tuned per method on shared features, optionally the predecessor's pretraining and the pretrained head-to-head."
-    curves = side_by_side(args.n_tasks, args.n, args.depth, args.beta, args.alpha, args.seed)
+    curves = side_by_side(args.n_tasks, args.n, args.depth, beta=args.beta, alpha=args.alpha, seed=args.seed)
     tuned = {f"{f} features": tuned_side_by_side(f, args.n_tasks, args.n_tune, args.n, args.depth, args.seed) for f in args.features}
     summary = dict(settings=dict(n_tasks=args.n_tasks, n=args.n, depth=args.depth, beta=args.beta, alpha=args.alpha, seed=args.seed,
                                  features=args.features, n_tune=args.n_tune),

@@ -112,7 +112,7 @@ def _mrp_arrays(M, P, r):
 def td_recursion(M,             # (..., s, s) attention aggregated by state (M_hat, or M_pi)
                  P,             # (..., s, s) transitions (P_hat, or P)
                  r,             # (..., s) rewards (r_hat, or r)
-                 gamma:float,   # discount factor in [0, 1)
+                 *, gamma:float,   # discount factor in [0, 1)
                  alpha,         # step size in (0, 1]: a number, or a tensor (...) of one per task
                  n_iters:int,   # number of iterations (layers) L
                 )->torch.Tensor: # (..., n_iters+1, s) the iterates v_0 = 0, v_1, ..., v_L

@@ -50,7 +50,7 @@ def test_recursion_is_the_transformer_iteration(seed, n, beta, alpha):
     states, rewards = sample_trajectory(mrp, n, seed=seed)
     v_tf = weighted_softmax_td(mrp.phi[states], rewards, W, alpha, mrp.gamma, 8, phi_queries=mrp.phi, return_all=True)
     _, P_hat, r_hat = empirical_mrp(states, rewards, 6)
-    v = td_recursion(empirical_attention(mrp.phi, W, states), P_hat, r_hat, mrp.gamma, alpha, 8)
+    v = td_recursion(empirical_attention(mrp.phi, W, states), P_hat, r_hat, gamma=mrp.gamma, alpha=alpha, n_iters=8)
     torch.testing.assert_close(v_tf[:, -6:], v, rtol=0, atol=1e-12 * max(1., v.abs().max().item()))
 
 @settings(max_examples=40, deadline=None)
@@ -71,7 +71,7 @@ def test_population_fixed_point_and_dtype():
     W = 5 * torch.eye(4, dtype=torch.float64)
     M = population_attention(mrp, W)
     torch.testing.assert_close(fixed_point(M, mrp.P, mrp.r, mrp.gamma), mrp.v_pi, rtol=0, atol=1e-10)
-    v32 = td_recursion(M.float(), mrp.P.float(), mrp.r.float(), mrp.gamma, 0.5, 3)
+    v32 = td_recursion(M.float(), mrp.P.float(), mrp.r.float(), gamma=mrp.gamma, alpha=0.5, n_iters=3)
     assert v32.dtype == torch.float32 and v32.shape == (4, 10)
 
 @pytest.mark.parametrize("bad, msg", [(dict(alpha=0.), "`alpha` must lie in (0, 1]"), (dict(alpha=torch.tensor([0.5, 2.])), "`alpha` must lie in (0, 1]"),
@@ -89,7 +89,7 @@ def test_span_bound_holds_for_any_stochastic_pair(seed, s, alpha, gamma, zeros, 
     M, P = stochastic(rng, s, zeros), stochastic(rng, s, zeros)
     v_pi = torch.from_numpy(rng.normal(size=s))
     r = v_pi - gamma * P @ v_pi
-    err = sup_error(td_recursion(M, P, r, gamma, alpha, 40), v_pi)
+    err = sup_error(td_recursion(M, P, r, gamma=gamma, alpha=alpha, n_iters=40), v_pi)
     bound = span_bound(M, P, gamma=gamma, alpha=alpha, e0=-v_pi, n_layers=40, k=k)
     assert (err <= bound * (1 + 1e-9) + 1e-12).all()
     B = torch.eye(s, dtype=torch.float64) - alpha * M @ (torch.eye(s, dtype=torch.float64) - gamma * P)

@@ -53,7 +53,7 @@ def test_shared_recursion_of_theta_star_is_chapter_5s_and_the_models():
     m = SoftmaxICTD.from_theta_star(4, 1, 3. * torch.eye(4, dtype=torch.float64), 0.5, 0.8, shared=True)
     t = random_tasks(4, seed=21, gamma=0.8)
     rec = shared_recursion(m, t, 5)
-    assert torch.allclose(rec, td_recursion(learned_kernel(m, t)[0], t.P, t.r, 0.8, 0.5, 5).movedim(-2, 0), atol=1e-12)
+    assert torch.allclose(rec, td_recursion(learned_kernel(m, t)[0], t.P, t.r, gamma=0.8, alpha=0.5, n_iters=5).movedim(-2, 0), atol=1e-12)
     m5 = get_family("softmax").module(dataclasses.replace(EMERGENCE, n_layers=5, shared=True, gamma=0.8), {k: v[0] for k, v in model_params(m).items()})
     assert torch.allclose(population_predict(m5, t), rec[5], atol=1e-12)
 

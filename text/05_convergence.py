@@ -349,7 +349,7 @@ def _mrp_arrays(M, P, r):
 def td_recursion(M,             # (..., s, s) attention aggregated by state (M_hat, or M_pi)
                  P,             # (..., s, s) transitions (P_hat, or P)
                  r,             # (..., s) rewards (r_hat, or r)
-                 gamma:float,   # discount factor in [0, 1)
+                 *, gamma:float,   # discount factor in [0, 1)
                  alpha,         # step size in (0, 1]: a number, or a tensor (...) of one per task
                  n_iters:int,   # number of iterations (layers) L
                 )->torch.Tensor: # (..., n_iters+1, s) the iterates v_0 = 0, v_1, ..., v_L
@@ -383,7 +383,7 @@ for seed in range(5):
     states, rewards = sample_trajectory(task, 40 + 10 * seed, seed=seed)
     v_tf = weighted_softmax_td(task.phi[states], rewards, W, alpha, task.gamma, L, phi_queries=task.phi, return_all=True)
     N, P_hat, r_hat = empirical_mrp(states, rewards, task.n_states)
-    v_rec = td_recursion(empirical_attention(task.phi, W, states), P_hat, r_hat, task.gamma, alpha, L)
+    v_rec = td_recursion(empirical_attention(task.phi, W, states), P_hat, r_hat, gamma=task.gamma, alpha=alpha, n_iters=L)
     tol = 1e-13 * max(1., v_rec.abs().max().item())     # relative: some of these random scores make the iteration grow
     test_close(v_tf[:, -task.n_states:], v_rec, eps=tol)
     test_close(v_tf[:, :len(states)], v_rec[:, states], eps=tol)
@@ -711,7 +711,7 @@ for i, feat in enumerate(("onehot", "unit", "random")):
     tb = random_tasks(200, seed=7000 + 200 * i, features=feat)
     beta, a = torch.from_numpy(10 ** gen.uniform(-0.5, 2, len(tb))), torch.from_numpy(gen.uniform(0.2, 1, len(tb)))
     M = kernel_attention(tb.phi, beta[:, None, None] * torch.eye(tb.phi.shape[-1], dtype=torch.float64), tb.d_pi)
-    err = sup_error(td_recursion(M, tb.P, tb.r, tb.gamma, a, 150), tb.v_pi.unsqueeze(1))
+    err = sup_error(td_recursion(M, tb.P, tb.r, gamma=tb.gamma, alpha=a, n_iters=150), tb.v_pi.unsqueeze(1))
     row = {"diagonal": int((rate_bound(M, gamma=tb.gamma, alpha=a) < 1).sum())}
     for k in (1, 4, 16):
         assert (err <= span_bound(M, tb.P, gamma=tb.gamma, alpha=a, e0=-tb.v_pi, n_layers=150, k=k) * (1 + 1e-9) + 1e-12).all(), (feat, k)
@@ -804,7 +804,7 @@ for n in (5, 40, 400):
     states, rewards = sample_trajectory(mrp, n, seed=n)
     N, P_hat, r_hat = empirical_mrp(states, rewards, s)
     M_hat = empirical_attention(mrp.phi, W, states)
-    v_far = td_recursion(M_hat, P_hat, r_hat, mrp.gamma, 1., 1500)[-1]
+    v_far = td_recursion(M_hat, P_hat, r_hat, gamma=mrp.gamma, alpha=1., n_iters=1500)[-1]
     v_fix = fixed_point(M_hat, P_hat, r_hat, mrp.gamma, N)
     test_close(v_far, v_fix, eps=1e-10)
     print(f"n = {n}: {int((N == 0).sum())} states never a key")
@@ -888,7 +888,7 @@ assert (N > 0).all()
 v_fix, rho_hat = fixed_point(M_hat, P_hat, r_hat, mrp.gamma, N), rate_bound(M_hat, gamma=mrp.gamma, alpha=1.)
 test_close(v_fix - mrp.v_pi, mrp.gamma * torch.linalg.solve(I_s - mrp.gamma * P_hat, (P_hat - mrp.P) @ mrp.v_pi), eps=1e-13)
 floor_err, fb = sup_error(v_fix, mrp.v_pi), floor_bound(P_hat, mrp.P, mrp.v_pi, mrp.gamma)
-depth = sup_error(td_recursion(M_hat, P_hat, r_hat, mrp.gamma, 1., 100), v_fix)
+depth = sup_error(td_recursion(M_hat, P_hat, r_hat, gamma=mrp.gamma, alpha=1., n_iters=100), v_fix)
 assert rho_hat < 1 and (depth <= rho_hat ** torch.arange(101) * v_fix.abs().max() * (1 + 1e-9)).all()
 eps, m_pop = count_deviation(N, mrp.d_pi), kernel_diagonality(population_attention(mrp, W))[1]
 assert floor_err <= fb and rho_hat <= 1 - (2 * m_pop * (1 - eps) / (1 + eps) - 1 - mrp.gamma) + 1e-12
@@ -916,7 +916,7 @@ for i, feat in enumerate(("onehot", "unit", "random")):
     rho = rate_bound(M, gamma=tb.gamma, alpha=a)
     holds = rho < 1
     for b in range(0, 200, 40): test_close(contraction_bound(random_boyan_chain(features=feat, seed=200 * i + b), W[b], a[b]), rho[b], eps=1e-13)
-    err = sup_error(td_recursion(M, tb.P, tb.r, tb.gamma, a, 150), tb.v_pi.unsqueeze(1))      # (200, 151)
+    err = sup_error(td_recursion(M, tb.P, tb.r, gamma=tb.gamma, alpha=a, n_iters=150), tb.v_pi.unsqueeze(1))      # (200, 151)
     bound = rho.unsqueeze(1) ** torch.arange(151) * tb.v_pi.abs().amax(-1, keepdim=True)
     assert (err[holds] <= bound[holds] * (1 + 1e-9)).all(), feat
     n_checked, worst = n_checked + int(holds.sum()), max(worst, (err[holds, 1:] / bound[holds, 1:]).max().item())
@@ -1455,10 +1455,10 @@ for msg, f in {"`W` must have shape (4, 4)": lambda: population_attention(task_v
 test_eq(empirical_attention(task_v.phi, W_v, [0., 3., 1.]), empirical_attention(task_v.phi, W_v, [0, 3, 1]))   # integer-valued floats, as in `ictd.wstd`
 
 # %%
-for msg, f in [("`alpha` must lie in (0, 1]", lambda: td_recursion(M_v, task_v.P, task_v.r, 0.9, 1.5, 3)),
-               ("`gamma` must lie in [0, 1)", lambda: td_recursion(M_v, task_v.P, task_v.r, 1.0, 0.5, 3)),
-               ("`P` must have shape (..., 10, 10)", lambda: td_recursion(M_v, torch.eye(3), task_v.r, 0.9, 0.5, 3)),
-               ("`n_iters` must be a non-negative integer", lambda: td_recursion(M_v, M_v, torch.zeros(10), 0.9, 0.5, -1)),
+for msg, f in [("`alpha` must lie in (0, 1]", lambda: td_recursion(M_v, task_v.P, task_v.r, gamma=0.9, alpha=1.5, n_iters=3)),
+               ("`gamma` must lie in [0, 1)", lambda: td_recursion(M_v, task_v.P, task_v.r, gamma=1.0, alpha=0.5, n_iters=3)),
+               ("`P` must have shape (..., 10, 10)", lambda: td_recursion(M_v, torch.eye(3), task_v.r, gamma=0.9, alpha=0.5, n_iters=3)),
+               ("`n_iters` must be a non-negative integer", lambda: td_recursion(M_v, M_v, torch.zeros(10), gamma=0.9, alpha=0.5, n_iters=-1)),
                ("`rewards` must have shape (3,)", lambda: empirical_mrp([0, 1, 2, 1], [1., 2.], 3)),
                ("`k` must be a positive integer", lambda: span_rate(M_v, task_v.P, gamma=0.9, alpha=0.5, k=0)),
                ("`e0` must have shape (..., 10)", lambda: span_bound(M_v, task_v.P, gamma=0.9, alpha=0.5, e0=torch.zeros(3), n_layers=5)),

@@ -100,7 +100,7 @@ def slow_mixing_experiment(n_tasks:int=20,      # chains per family and mixing p
                              base.r.numpy(), gamma, base.phi.numpy()) for base, blk in zip(bases, blocks) for e in etas)
         beta = scale_for_diagonality(tb.phi, tb.d_pi, torch.full((len(tb),), target, dtype=torch.float64))
         M = kernel_attention(tb.phi, beta[:, None, None] * torch.eye(tb.phi.shape[-1], dtype=torch.float64), tb.d_pi)
-        err = sup_error(td_recursion(M, tb.P, tb.r, gamma, alpha, n_layers), tb.v_pi.unsqueeze(1))
+        err = sup_error(td_recursion(M, tb.P, tb.r, gamma=gamma, alpha=alpha, n_iters=n_layers), tb.v_pi.unsqueeze(1))
         cols = dict(relax=relaxation_time(tb.P), rates=measured_rate(err, fit_start), spectral=spectral_radius(M, tb.P, gamma=gamma, alpha=alpha),
                     rho=rate_bound(M, gamma=gamma, alpha=alpha), min_diag=kernel_diagonality(M)[1])
         out[family] = {k: v.reshape(int(n_tasks), len(etas)) for k, v in cols.items()}

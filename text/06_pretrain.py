@@ -506,7 +506,7 @@ onehot_tasks = random_tasks(256, seed=10_000, features="onehot")
 W15 = 15. * torch.eye(10, dtype=torch.float64)
 star20 = SoftmaxICTD.from_theta_star(10, 20, W15, 1., 0.9, shared=True)
 M_pi = torch.softmax(onehot_tasks.phi @ W15 @ onehot_tasks.phi.mT + onehot_tasks.d_pi.log()[:, None, :], dim=-1)
-recursion = td_recursion(M_pi, onehot_tasks.P, onehot_tasks.r, 0.9, 1., 20)[..., -1, :]
+recursion = td_recursion(M_pi, onehot_tasks.P, onehot_tasks.r, gamma=0.9, alpha=1., n_iters=20)[..., -1, :]
 test_close(population_predict(star20, onehot_tasks), recursion, eps=1e-12)
 
 rand_model, two_tasks = SoftmaxICTD(4, 3, init_gain=1., seed=3), random_tasks(2, seed=5)

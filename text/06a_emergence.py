@@ -259,7 +259,7 @@ ALPHAS = (0.5, 1., 2., 3., 4., 5., 6.) # step sizes of the theta* grid
 BETAS = (0., 0.25, 0.5, 1., 2., 4.)    # kernel scales of the theta* grid (W = beta I)
 
 def theta_star_model(config:PretrainConfig,  # gives d, the depth and gamma
-                     alpha:float,            # step size
+                     *, alpha:float,            # step size
                      beta:float,             # kernel scale, W = beta I
                     )->SoftmaxICTD:
     "The constructed model $\\theta^*(\\alpha, \\beta I)$ with the depth and features of `config`."
@@ -274,7 +274,7 @@ def best_theta_star(config:PretrainConfig,  # the run's settings
     tune = dataclasses.replace(config, seed=config.seed + 7_919, n_tasks=config.n_tasks + 1)
     tasks, _, Z = held_out_prompts(tune)
     with torch.no_grad():
-        err = {(a, b): msve_of(theta_star_model(config, a, b).predict(Z, n=config.n), tasks).mean().item() for a in alphas for b in betas}
+        err = {(a, b): msve_of(theta_star_model(config, alpha=a, beta=b).predict(Z, n=config.n), tasks).mean().item() for a in alphas for b in betas}
     return min(err, key=err.get)
 
 def baseline_msve(config:PretrainConfig,  # the run's settings
@@ -283,7 +283,7 @@ def baseline_msve(config:PretrainConfig,  # the run's settings
     "MSVE of every baseline on the held-out tasks of a run."
     tasks, states, Z = held_out_prompts(config)
     alpha, beta = alpha_beta or best_theta_star(config)
-    with torch.no_grad(): star = theta_star_model(config, alpha, beta).predict(Z, n=config.n)
+    with torch.no_grad(): star = theta_star_model(config, alpha=alpha, beta=beta).predict(Z, n=config.n)
     return {"zero": msve_of(torch.zeros_like(tasks.v_pi), tasks), "context mean": msve_of(context_mean_values(tasks, states), tasks),
             f"best theta* (alpha {alpha:g}, beta {beta:g})": msve_of(star, tasks),
             "certainty equivalence": msve_of(certainty_equivalence_values(tasks, states), tasks),
@@ -295,12 +295,12 @@ def model_msve(result:PretrainResult)->torch.Tensor:
     with torch.no_grad(): return msve_of(result.model.predict(Z, n=result.config.n), tasks)
 
 def value_gap(result:PretrainResult,  # a trained run
-              alpha:float, beta:float, # the theta* to compare with
+              *, alpha:float, beta:float, # the theta* to compare with
              )->float:                 # mean over held-out tasks of sum_x d_pi(x) (v_TF(x) - v_theta*(x))^2
     "Distance between the trained model's values and those of $\\theta^*(\\alpha, \\beta I)$ on the held-out tasks."
     tasks, _, Z = held_out_prompts(result.config)
     with torch.no_grad():
-        v_tf, v_star = result.model.predict(Z, n=result.config.n), theta_star_model(result.config, alpha, beta).predict(Z, n=result.config.n)
+        v_tf, v_star = result.model.predict(Z, n=result.config.n), theta_star_model(result.config, alpha=alpha, beta=beta).predict(Z, n=result.config.n)
     return weighted_error(v_tf, v_star, tasks.d_pi).mean().item()
 
 

@@ -533,7 +533,7 @@ def _td_iterates(config, Z, k, target, w):
     best = None
     for a in ALPHAS:
         for b in BETAS:
-            with torch.no_grad(): v = theta_star_model(dataclasses.replace(config, n_layers=k), a, b).predict(Z, n=config.n)
+            with torch.no_grad(): v = theta_star_model(dataclasses.replace(config, n_layers=k), alpha=a, beta=b).predict(Z, n=config.n)
             r2 = weighted_r2(target, affine_predict(affine_fit(target, v.flatten()[:, None], w), v.flatten()[:, None]), w)
             if best is None or r2 > best[0]: best = (r2, a, b)
     return best
@@ -603,7 +603,7 @@ def fit_estimators(runs:list,             # (config, model) pairs of one configu
     star = {}
     for a in ALPHAS:
         for b in BETAS:
-            with torch.no_grad(): star[(a, b)] = fit(lambda c, t, s, Z: theta_star_model(c, a, b).predict(Z, n=c.n))
+            with torch.no_grad(): star[(a, b)] = fit(lambda c, t, s, Z: theta_star_model(c, alpha=a, beta=b).predict(Z, n=c.n))
     a, b = max(star, key=lambda k: star[k][1])
     out["theta*"] = dict(alpha=a, beta=b, coef=star[(a, b)][0].tolist())
     look = {beta: fit(lambda c, t, s, Z: lookahead_features(t, s, beta)) for beta in LOOKAHEAD_BETAS}
@@ -620,7 +620,7 @@ def estimator_values(name:str,             # a candidate of `fit_estimators`
     coef = torch.tensor(fitted["coef"], dtype=torch.float64)
     if name == "lookahead": return affine_predict(coef, lookahead_features(tasks, states, fitted["beta"]))
     if name == "theta*":
-        with torch.no_grad(): v = theta_star_model(config, fitted["alpha"], fitted["beta"]).predict(Z, n=config.n)
+        with torch.no_grad(): v = theta_star_model(config, alpha=fitted["alpha"], beta=fitted["beta"]).predict(Z, n=config.n)
     elif name == "context mean": v = context_mean_values(tasks, states)
     elif name == "certainty equivalence": v = certainty_equivalence_values(tasks, states)
     else: raise ValueError(f"`name` must be one of 'context mean', 'certainty equivalence', 'theta*', 'lookahead', got {name!r}")
@@ -1212,7 +1212,7 @@ def iterate_shared(config:PretrainConfig,  # the run's settings (shared=True)
 _shared_star = SoftmaxICTD.from_theta_star(4, 1, 2. * torch.eye(4, dtype=torch.float64), 0.7, 0.9, shared=True)
 _st = random_tasks(3, seed=11)
 _rec = shared_recursion(_shared_star, _st, 6)
-test_close(_rec, td_recursion(learned_kernel(_shared_star, _st)[0], _st.P, _st.r, 0.9, 0.7, 6).movedim(-2, 0), eps=1e-12)
+test_close(_rec, td_recursion(learned_kernel(_shared_star, _st)[0], _st.P, _st.r, gamma=0.9, alpha=0.7, n_iters=6).movedim(-2, 0), eps=1e-12)
 _m6 = get_family("softmax").module(dataclasses.replace(EMERGENCE, n_layers=6, shared=True), {k: v[0] for k, v in model_params(_shared_star).items()})
 test_close(population_predict(_m6, _st), _rec[6], eps=1e-12)
 

@@ -290,7 +290,7 @@ def baseline_comparison(results:list,  # runs of one configuration
     for r in results:
         ab = best_theta_star(r.config)
         base = {k.split(" (")[0]: v.mean().item() for k, v in baseline_msve(r.config, ab).items()}
-        for k, v in dict(trained=model_msve(r).mean().item(), **base, **{"value gap to best theta*": value_gap(r, *ab)}).items():
+        for k, v in dict(trained=model_msve(r).mean().item(), **base, **{"value gap to best theta*": value_gap(r, alpha=ab[0], beta=ab[1])}).items():
             rows.setdefault(k, []).append(v)
         rows.setdefault("best alpha", []).append(ab[0]); rows.setdefault("best beta", []).append(ab[1])
     return {k: torch.tensor(v, dtype=torch.float64) for k, v in rows.items()}

@@ -503,7 +503,7 @@ def msve_against_depth(tasks:list,         # MRPs, all with the same number of s
 def side_by_side(n_tasks:int=100,    # random Boyan chains (task b has seed `seed + b`)
                  n:int=200,          # context length
                  depth:int=60,       # deepest model
-                 beta:float=20.,     # softmax score scale, W = beta I
+                 *, beta:float=20.,     # softmax score scale, W = beta I
                  alpha:float=1.,     # step size of both constructions
                  seed:int=0,         # first task seed (the context of task b has seed `seed + b` too)
                 )->dict:             # label -> (n_tasks, depth + 1) MSVE at every depth
@@ -600,7 +600,7 @@ onehot_lin[40].item(), onehot_soft[40].item(), rand_lin[-1].item()
 def query_softmax_td(phi_states,        # (..., n+1, d) features of S_0..S_n
                      rewards,           # (..., n) rewards
                      phi_queries,       # (..., q, d) query features (each gets its own prompt)
-                     alpha:float,       # the entry P[-1, -1]
+                     *, alpha:float,       # the entry P[-1, -1]
                      beta:float,        # the scale of Q's blocks -beta I, +beta I
                      gamma:float,       # discount factor
                      n_iters:int,       # number of layers
@@ -629,8 +629,8 @@ variant = LinearICTD(4, 6, softmax=True, seed=0)
 P_v, Q_v = td_parameters(4, 3.)
 with torch.no_grad(): variant.layers[0].P.copy_(2. * P_v); variant.layers[0].Q.copy_(Q_v)
 one_query_each = torch.stack([build_linear_prompt(mrp.phi[S], R, mrp.phi[x], mrp.gamma) for x in range(10)])
-test_close(query_softmax_td(mrp.phi[S], R, mrp.phi, 2., 3., mrp.gamma, 6), variant.predict(one_query_each, n=25)[:, 0], eps=1e-12)
-test_eq(query_softmax_td(mrp.phi[S], R, mrp.phi, 2., 3., mrp.gamma, 6, return_all=True)[-1], query_softmax_td(mrp.phi[S], R, mrp.phi, 2., 3., mrp.gamma, 6))
+test_close(query_softmax_td(mrp.phi[S], R, mrp.phi, alpha=2., beta=3., gamma=mrp.gamma, n_iters=6), variant.predict(one_query_each, n=25)[:, 0], eps=1e-12)
+test_eq(query_softmax_td(mrp.phi[S], R, mrp.phi, alpha=2., beta=3., gamma=mrp.gamma, n_iters=6, return_all=True)[-1], query_softmax_td(mrp.phi[S], R, mrp.phi, alpha=2., beta=3., gamma=mrp.gamma, n_iters=6))
 two_queries = build_linear_prompt(mrp.phi[S], R, mrp.phi[:2], mrp.gamma)
 assert (variant.predict(two_queries, n=25)[0] - variant.predict(one_query_each[0], n=25)[0]).abs() > 1e-6
 
@@ -660,7 +660,7 @@ def _method_values(method:str, phi_s, R, phi_q, gamma, depth, alpha, beta=None):
     if method == "softmax attention":
         W = beta * torch.eye(phi_s.shape[-1], dtype=phi_s.dtype)
         return weighted_softmax_td(phi_s, R, W, alpha, gamma, depth, phi_queries=phi_q, return_all=True)[..., n + 1:]
-    return query_softmax_td(phi_s, R, phi_q, alpha, beta, gamma, depth, return_all=True)
+    return query_softmax_td(phi_s, R, phi_q, alpha=alpha, beta=beta, gamma=gamma, n_iters=depth, return_all=True)
 
 def _msve_curves(method, tasks, states, depth, **params)->torch.Tensor:
     "(B, depth+1) MSVE of each task's estimate at every depth (inf where it diverged)."

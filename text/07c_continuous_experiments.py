@@ -497,7 +497,7 @@ kernel_rot["msve"], kernel_ar["msve"]
 # %%
 #| export
 def plot_estimates(process,        # a process of this chapter
-                   beta:float,     # kernel scale
+                   *, beta:float,     # kernel scale
                    alpha:float,    # step size
                    ns:list,        # context lengths, one panel each
                    depths:list,    # depths drawn in each panel
@@ -524,7 +524,7 @@ def plot_estimates(process,        # a process of this chapter
 # %%
 #| fig-cap: "Figure 7c.3: on the circle the in-context estimate approaches the closed-form square-wave value with depth, and more closely with the longer context; at this bandwidth neither context resolves the jumps sharply."
 #| fig-alt: "Two panels, noisy rotation with contexts of 100 and 1000 transitions: the closed-form value in black and the Transformer's estimates at depths 2, 10 and 30 against the angle, with a rug of the context's states."
-plot_estimates(rot, ROT_BETA, ALPHA, [100, 1000], [2, 10, 30], seed=stream_seed(SEED, "estimates"))
+plot_estimates(rot, beta=ROT_BETA, alpha=ALPHA, ns=[100, 1000], depths=[2, 10, 30], seed=stream_seed(SEED, "estimates"))
 plt.gcf().tight_layout()
 
 # %% [markdown]
@@ -535,7 +535,7 @@ plt.gcf().tight_layout()
 # %%
 #| fig-cap: "Figure 7c.4: on the line the estimate follows the cubic value where the context has states and flattens in the tails, where it has none."
 #| fig-alt: "Two panels, Gaussian AR(1) with contexts of 100 and 1000 transitions: the closed-form cubic value in black and the Transformer's estimates at depths 2, 10 and 30 against the state, with a rug of the context's states."
-plot_estimates(ar, AR_BETA, ALPHA, [100, 1000], [2, 10, 30], seed=stream_seed(SEED, "estimates"))
+plot_estimates(ar, beta=AR_BETA, alpha=ALPHA, ns=[100, 1000], depths=[2, 10, 30], seed=stream_seed(SEED, "estimates"))
 plt.gcf().tight_layout()
 
 # %% [markdown]

@@ -312,8 +312,8 @@ def continuous_full_scale(out,                 # folder for the figures and resu
                          for n in cfg["ns_cmp"] for k, p, sizes, bs in [("rotation", rot, [1, 2, 4, 8, 16], [3., 10., 30., 100., 300.]),
                                                                         ("ar1", ar, [1, 2, 3, 5, 8], [0.25, 0.5, 1., 2., 4.])]}
     fig, axes = plt.subplots(2, 2, figsize=(11, 7))
-    plot_estimates(rot, ROT_B, A, [cfg["ns_depth"][0], cfg["ns_depth"][-1]], [2, 10, 30], seed=stream_seed(seed, "estimates"), axes=axes[0])
-    plot_estimates(ar, AR_B, A, [cfg["ns_depth"][0], cfg["ns_depth"][-1]], [2, 10, 30], seed=stream_seed(seed, "estimates"), axes=axes[1])
+    plot_estimates(rot, beta=ROT_B, alpha=A, ns=[cfg["ns_depth"][0], cfg["ns_depth"][-1]], depths=[2, 10, 30], seed=stream_seed(seed, "estimates"), axes=axes[0])
+    plot_estimates(ar, beta=AR_B, alpha=A, ns=[cfg["ns_depth"][0], cfg["ns_depth"][-1]], depths=[2, 10, 30], seed=stream_seed(seed, "estimates"), axes=axes[1])
     fig.tight_layout(); save(fig, "estimates.png")
     long = error_sweep(rot, [200], cfg["long_betas"], A, cfg["long_depth"], cfg["n_tasks"], stream_seed(seed, "long_depth"), progress=progress)[0]
     save(plot_long_depth(cfg["long_betas"], long, 200), "long_depth.png")

@@ -225,7 +225,7 @@ def rows_markdown(rows:list, title:str)->str:
 
 # %% ../../nbs/07c_continuous_experiments.ipynb #eb1918a4
 def plot_estimates(process,        # a process of this chapter
-                   beta:float,     # kernel scale
+                   *, beta:float,     # kernel scale
                    alpha:float,    # step size
                    ns:list,        # context lengths, one panel each
                    depths:list,    # depths drawn in each panel

@@ -36,7 +36,7 @@ def depth_sweep(tasks:TaskBatch,  # the tasks, B of them
         states = S[:, :n + 1]
         N, P_hat, r_hat = empirical_mrp(states, tasks.r.gather(1, states[:, :-1]), tasks.P.shape[-1])
         M_hat = kernel_attention(tasks.phi, W, N)
-        v = td_recursion(M_hat, P_hat, r_hat, tasks.gamma, alpha, n_layers)
+        v = td_recursion(M_hat, P_hat, r_hat, gamma=tasks.gamma, alpha=alpha, n_iters=n_layers)
         v_fix = fixed_point(M_hat, P_hat, r_hat, tasks.gamma, N)
         gap, keys = (v_fix - tasks.v_pi).abs(), (N > 0).all(-1)
         for k, x in (("errors", sup_error(v, tasks.v_pi.unsqueeze(1))), ("depth_terms", sup_error(v, v_fix.unsqueeze(1))),
@@ -45,7 +45,7 @@ def depth_sweep(tasks:TaskBatch,  # the tasks, B of them
             cols[k].append(x)
     M = kernel_attention(tasks.phi, W, tasks.d_pi)
     rho = rate_bound(M, gamma=tasks.gamma, alpha=alpha)
-    pop = sup_error(td_recursion(M, tasks.P, tasks.r, tasks.gamma, alpha, n_layers), tasks.v_pi.unsqueeze(1))
+    pop = sup_error(td_recursion(M, tasks.P, tasks.r, gamma=tasks.gamma, alpha=alpha, n_iters=n_layers), tasks.v_pi.unsqueeze(1))
     bound = rho.unsqueeze(-1) ** torch.arange(n_layers + 1, dtype=rho.dtype) * tasks.v_pi.abs().amax(-1, keepdim=True)
     return dict({k: torch.stack(x, 1) for k, x in cols.items()}, population=pop, bound=bound, rho=rho, ns=ns)
 
@@ -301,7 +301,7 @@ def rate_experiment(n_tasks:int=150,     # random Boyan chains per feature kind
         beta, a = torch.from_numpy(10 ** rng.uniform(0.7, 2.5, len(tb))), torch.from_numpy(rng.uniform(0.3, 1, len(tb)))
         M = kernel_attention(tb.phi, beta[:, None, None] * torch.eye(tb.phi.shape[-1], dtype=torch.float64), tb.d_pi)
         rho = rate_bound(M, gamma=tb.gamma, alpha=a)
-        err = sup_error(td_recursion(M, tb.P, tb.r, tb.gamma, a, n_layers), tb.v_pi.unsqueeze(1))
+        err = sup_error(td_recursion(M, tb.P, tb.r, gamma=tb.gamma, alpha=a, n_iters=n_layers), tb.v_pi.unsqueeze(1))
         keep = rho < 1
         for k, x in (("rates", measured_rate(err[keep], fit_start)), ("rhos", rho[keep]), ("min_diags", kernel_diagonality(M[keep])[1]),
                      ("spectral", spectral_radius(M[keep], tb.P[keep], gamma=tb.gamma, alpha=a[keep])), ("lams", 1 - a[keep] * (1 - tb.gamma)),
@@ -362,7 +362,7 @@ def leaky_experiment(n_tasks:int=100,       # random unit-norm Boyan chains
     beta = scale_for_diagonality(tasks.phi, tasks.d_pi, target)
     W = beta[:, None, None] * torch.eye(tasks.phi.shape[-1], dtype=torch.float64)
     M = kernel_attention(tasks.phi, W, tasks.d_pi)
-    err = sup_error(td_recursion(M, tasks.P, tasks.r, tasks.gamma, alpha, n_layers), tasks.v_pi.unsqueeze(1))
+    err = sup_error(td_recursion(M, tasks.P, tasks.r, gamma=tasks.gamma, alpha=alpha, n_iters=n_layers), tasks.v_pi.unsqueeze(1))
     out = dict(beta=beta, min_diag=kernel_diagonality(M)[1], rates=measured_rate(err, fit_start), rho=rate_bound(M, gamma=tasks.gamma, alpha=alpha),
                spectral=spectral_radius(M, tasks.P, gamma=tasks.gamma, alpha=alpha), span=span_rate(M, tasks.P, gamma=tasks.gamma, alpha=alpha),
                lam=1 - alpha * (1 - tasks.gamma), gamma=tasks.gamma, ns=[int(n) for n in ns])
@@ -373,7 +373,7 @@ def leaky_experiment(n_tasks:int=100,       # random unit-norm Boyan chains
         N, P_hat, r_hat = empirical_mrp(states, tasks.r.gather(1, states[:, :-1]), tasks.P.shape[-1])
         M_hat, keys = kernel_attention(tasks.phi, W, N), (N > 0).all(-1)
         v_fix = fixed_point(M_hat, P_hat, r_hat, tasks.gamma, N)
-        depth = sup_error(td_recursion(M_hat, P_hat, r_hat, tasks.gamma, alpha, n_layers), v_fix.unsqueeze(1))
+        depth = sup_error(td_recursion(M_hat, P_hat, r_hat, gamma=tasks.gamma, alpha=alpha, n_iters=n_layers), v_fix.unsqueeze(1))
         for k, x in (("ctx_rates", measured_rate(depth.clamp(min=1e-300), fit_start)), ("rho_hat", rate_bound(M_hat, gamma=tasks.gamma, alpha=alpha)),
                      ("span_hat", span_rate(M_hat, P_hat, gamma=tasks.gamma, alpha=alpha)), ("eps", count_deviation(N, tasks.d_pi)), ("all_keys", keys),
                      ("min_diag_hat", kernel_diagonality(M_hat)[1])):
