@@ -14,7 +14,7 @@ from .tasks import TaskBatch
 
 # %% auto #0
 __all__ = ['TASK_FIELDS', 'CLAIM_STATUSES', 'check_int', 'check_number', 'check_choice', 'check_seeds', 'substream',
-           'stream_generator', 'record_claim', 'load_claims', 'jsonable']
+           'stream_generator', 'record_claim', 'load_claims', 'jsonable', 'plain_log_ticks']
 
 # %% ../nbs/00b_core.ipynb #5c70a449
 def _is_number(x)->bool: return not isinstance(x, bool) and isinstance(x, (int, float, np.integer, np.floating))
@@ -110,3 +110,19 @@ def jsonable(x):
     if isinstance(x, dict): return {str(k): jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)): return [jsonable(v) for v in x]
     return x
+
+# %% ../nbs/00b_core.ipynb #2ce69efc
+def plain_log_ticks(ax,               # matplotlib axes
+                    which:str="both", # the axes to label: "x", "y" or "both" (axes not on a log scale are left alone)
+                   ):
+    "Label the log-scale axes of `ax` with plain numbers (0.01, 2, 300), minor ticks too where an axis spans under two decades."
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+    if which not in ("x", "y", "both"): raise ValueError(f"`which` must be 'x', 'y' or 'both', got {which!r}")
+    number = lambda v: f"{v:g}" if 1e-4 <= abs(v) < 1e5 else f"$10^{{{round(math.log10(abs(v)))}}}$"
+    for name in ("x", "y") if which == "both" else (which,):
+        axis = getattr(ax, f"{name}axis")
+        if getattr(ax, f"get_{name}scale")() != "log": continue
+        lo, hi = sorted(abs(v) for v in axis.get_view_interval())
+        axis.set_major_formatter(FuncFormatter(lambda v, _: number(v)))
+        digits = "2346" if hi < 15 * lo else "25" if hi < 100 * lo else ""     # which minor ticks get a label
+        axis.set_minor_formatter(FuncFormatter(lambda v, _, digits=digits: number(v) if f"{v:.0e}"[0] in digits else "") if digits else NullFormatter())

@@ -6,7 +6,8 @@ import torch
 from hypothesis import given, settings, strategies as st
 from ictd.continuous import GaussianAR1, NoisyRotation, kernel_td, mc_z_scores, population_msve, von_mises_harmonics
 from ictd.core import substream
-from ictd.experiments.continuous_sweeps import STREAMS, best_beta, compare_methods, error_sweep, lstd, number_ticks, sample_contexts, stream_seed
+from ictd.core import plain_log_ticks
+from ictd.experiments.continuous_sweeps import STREAMS, best_beta, compare_methods, error_sweep, lstd, sample_contexts, stream_seed
 from ictd.model import SoftmaxICTD
 from ictd.prompt import build_prompt
 from ictd.wstd import batch_linear_td, context_weights
@@ -128,7 +129,7 @@ def test_log_axes_read_as_plain_numbers():
     import matplotlib.pyplot as plt
     fig, (wide, narrow) = plt.subplots(1, 2)
     wide.plot([1, 300], [0.01, 2]); narrow.plot([90, 900], [8, 65])
-    for ax in (wide, narrow): ax.set(xscale="log", yscale="log"); number_ticks(ax)
+    for ax in (wide, narrow): ax.set(xscale="log", yscale="log"); plain_log_ticks(ax)
     fig.canvas.draw()
     labels = lambda ax, axis: {t.get_text() for t in getattr(ax, f"get_{axis}ticklabels")(minor=False) + getattr(ax, f"get_{axis}ticklabels")(minor=True)} - {""}
     assert {"0.1", "1"} <= labels(wide, "y") and {"1", "10", "100"} <= labels(wide, "x")

@@ -54,7 +54,7 @@ def test_plain_log_ticks_write_numbers_not_powers():
     "Figure 6a.10's ticks used to read -10^0 on a symlog scale; a log axis must be labelled 0.01, 1, 100."
     import matplotlib; matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from ictd.experiments.emergence import plain_log_ticks
+    from ictd.core import plain_log_ticks
     fig, ax = plt.subplots()
     ax.plot([0, 1], [1e-3, 1e4]); ax.set_yscale("log"); plain_log_ticks(ax)
     fig.canvas.draw()

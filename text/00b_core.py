@@ -234,6 +234,45 @@ def jsonable(x):
 # %%
 test_eq(jsonable(dict(a=torch.ones(2), b=(np.float64(0.5), np.arange(2)), c="x")), dict(a=[1., 1.], b=[0.5, [0, 1]], c="x"))
 
+
+# %% [markdown]
+# ## Log axes that read as numbers
+#
+# Matplotlib labels a log axis $10^{-2}, 10^0, 10^2$; the book's figures write 0.01, 1, 100, and label some minor
+# ticks too where an axis spans less than two decades (2 and 5 times a power of ten; 2, 3, 4 and 6 times it under one
+# decade), so that a short axis shows more than one number. Every
+# chapter's figures call this one function.
+
+# %%
+#| export
+def plain_log_ticks(ax,               # matplotlib axes
+                    which:str="both", # the axes to label: "x", "y" or "both" (axes not on a log scale are left alone)
+                   ):
+    "Label the log-scale axes of `ax` with plain numbers (0.01, 2, 300), minor ticks too where an axis spans under two decades."
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+    if which not in ("x", "y", "both"): raise ValueError(f"`which` must be 'x', 'y' or 'both', got {which!r}")
+    number = lambda v: f"{v:g}" if 1e-4 <= abs(v) < 1e5 else f"$10^{{{round(math.log10(abs(v)))}}}$"
+    for name in ("x", "y") if which == "both" else (which,):
+        axis = getattr(ax, f"{name}axis")
+        if getattr(ax, f"get_{name}scale")() != "log": continue
+        lo, hi = sorted(abs(v) for v in axis.get_view_interval())
+        axis.set_major_formatter(FuncFormatter(lambda v, _: number(v)))
+        digits = "2346" if hi < 15 * lo else "25" if hi < 100 * lo else ""     # which minor ticks get a label
+        axis.set_minor_formatter(FuncFormatter(lambda v, _, digits=digits: number(v) if f"{v:.0e}"[0] in digits else "") if digits else NullFormatter())
+
+
+# %%
+import matplotlib.pyplot as plt
+
+# %%
+fig, ax = plt.subplots()
+ax.plot([0.5, 3], [2e-3, 4e2]); ax.set(xscale="log", yscale="log"); plain_log_ticks(ax); fig.canvas.draw()
+labels = lambda axis: [t.get_text() for t in axis.get_ticklabels() + axis.get_ticklabels(minor=True) if t.get_text()]
+assert "0.01" in labels(ax.yaxis) and "100" in labels(ax.yaxis) and not any("10^" in t for t in labels(ax.yaxis)), labels(ax.yaxis)
+assert {"1", "2", "0.6"} <= set(labels(ax.xaxis)), labels(ax.xaxis)   # under one decade: minor ticks 2, 3, 4, 6 labelled
+test_fail(lambda: plain_log_ticks(ax, "z"), contains="`which` must be")
+plt.close(fig)
+
 # %% [markdown]
 # ## Implementation and tests
 #

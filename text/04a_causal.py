@@ -23,7 +23,7 @@ from nbdev.showdoc import *
 #| hide
 import dataclasses, datetime, json, subprocess, time
 import matplotlib.pyplot as plt
-from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+from ictd.core import plain_log_ticks
 import numpy as np
 from pathlib import Path
 from IPython.display import Markdown
@@ -835,7 +835,6 @@ assert not any(t["TD"]["beta"] == min(BETA_TD) for t in tuned.values())         
 Markdown("| features | n | non-causal TD: alpha, beta | decoder: beta, lambda |\n|---|---|---|---|\n" +
          "\n".join(f"| {f} | {n} | {t['TD']['alpha']:g}, {edge(t['TD']['beta'], BETA_TD)} | {edge(t['decoder']['beta'], BETA_DEC)}, {t['decoder']['recency']:g} |" for (f, n), t in tuned.items()))
 
-
 # %% [markdown]
 # **Result.** The tuned settings are in the table above; the figure shows the value error against
 # depth, and the table below the value at depth 120.
@@ -844,12 +843,6 @@ Markdown("| features | n | non-causal TD: alpha, beta | decoder: beta, lambda |\
 #| fig-cap: "Figure 4a.1: Tuned, the decoder falls with depth like the non-causal construction but settles on a higher floor, and the gap widens with the context length."
 #| fig-alt: "Three log-scale panels (one-hot, unit and random features) of value error against depth 0 to 120: solid lines for the non-causal construction and dashed lines for the decoder, one color per context length 30, 100 and 400; every curve falls and levels off, the dashed ones higher."
 #| code-fold: true
-def number_ticks(ax):
-    "Log-axis ticks at 1, 2 and 5 times the powers of ten, labelled as plain numbers."
-    ax.yaxis.set_major_locator(LogLocator(subs=(1., 2., 5.)))
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
-    ax.yaxis.set_minor_formatter(NullFormatter())
-
 curves = {(f, n): depth_curves(f, n, {"non-causal TD": tuned[(f, n)]["TD"], "decoder": tuned[(f, n)]["decoder"]}) for f in FEATURES for n in CTX}
 fig, axs = plt.subplots(1, 3, figsize=(11, 3.8), sharey=True)
 for ax, f in zip(axs, FEATURES):
@@ -857,7 +850,7 @@ for ax, f in zip(axs, FEATURES):
         for name, ls in (("non-causal TD", "-"), ("decoder", "--")):
             ax.plot(curves[(f, n)][name].numpy(), ls, color=color, label=f"{name}, n = {n}")
     ax.set(yscale="log", xlabel="depth L (layers)", title=f"{f} features")
-    number_ticks(ax)
+    plain_log_ticks(ax, "y")
 axs[0].set_ylabel("MSVE at the queries (mean of 20 tasks)")
 fig.legend(*axs[0].get_legend_handles_labels(), loc="center right", fontsize=9)
 fig.tight_layout(rect=(0, 0, 0.82, 1))
@@ -1073,7 +1066,7 @@ fig, ax = plt.subplots(figsize=(6.5, 3.6))
 ax.plot(range(1, 201), err_t(online).numpy(), "-", color="C0", label="decoder, KV cache (online)")
 ax.plot(range(1, 201), err_t(rerun).numpy(), "--", color="C1", label="non-causal, rerun at every length")
 ax.set(yscale="log", xlabel="transitions seen t", ylabel="MSVE of the query estimates", title="One one-hot task, L = 80 layers")
-ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
+plain_log_ticks(ax, "y")
 ax.legend(fontsize=9)
 fig.tight_layout()
 
@@ -1188,7 +1181,7 @@ for name, key, color, ls in (("decoder", "msve_causal", "C0", "-"), ("non-causal
     ax.plot(steps_pre, m.mean(0), ls, color=color, label=f"{name} (mean of 10 seeds)")
     ax.fill_between(steps_pre, m.quantile(0.1, 0), m.quantile(0.9, 0), color=color, alpha=0.2)
 ax.set(yscale="log", xlabel="training step", ylabel="MSVE on held-out tasks", title="Value error during pretraining")
-number_ticks(ax)
+plain_log_ticks(ax, "y")
 ax.legend(fontsize=9)
 fig.tight_layout()
 

@@ -1071,12 +1071,26 @@ record_claim("emergence-three-seeds", "In three seeds of the chapter's training 
 
 # %%
 show_doc(draw_cdf)
+
+# %%
 show_doc(gather_rows)
+
+# %%
 show_doc(task_features)
+
+# %%
 show_doc(TDSample)
+
+# %%
 show_doc(stationary_examples)
+
+# %%
 show_doc(Contexts)
+
+# %%
 show_doc(TDExamples)
+
+# %%
 show_doc(TDBatch)
 
 # %% [markdown]
@@ -1152,6 +1166,8 @@ reps[:, 0].mean().item(), reps[:, 0].std().item(), reps[:, 1].mean().item()
 
 # %%
 show_doc(expected_update)
+
+# %%
 show_doc(exact_neu_small)
 
 # %% [markdown]
@@ -1178,15 +1194,35 @@ show_doc(exact_neu_small)
 
 # %%
 show_doc(StateTokens)
+
+# %%
 show_doc(state_tokens)
+
+# %%
 show_doc(trajectory_tokens)
+
+# %%
 show_doc(seed_map)
+
+# %%
 show_doc(token_layer)
+
+# %%
 show_doc(token_layers)
+
+# %%
 show_doc(token_predict)
+
+# %%
 show_doc(model_params)
+
+# %%
 show_doc(population_tokens)
+
+# %%
 show_doc(population_predict)
+
+# %%
 show_doc(population_neu)
 
 # %% [markdown]
@@ -1292,10 +1328,20 @@ for i, (m, s) in enumerate(zip(models, (3, 8))):
 
 # %%
 show_doc(run_folder)
+
+# %%
 show_doc(perturb)
+
+# %%
 show_doc(DivergenceError)
+
+# %%
 show_doc(check_divergence)
+
+# %%
 show_doc(train_loop)
+
+# %%
 show_doc(pretrain)
 
 # %%
@@ -1322,8 +1368,14 @@ for p, q, p1 in zip(r0.model.parameters(), star.parameters(), r1.model.parameter
 
 # %%
 show_doc(plot_value_weights)
+
+# %%
 show_doc(plot_diagonality)
+
+# %%
 show_doc(plot_value_error)
+
+# %%
 show_doc(plot_emergence)
 
 # %% [markdown]

@@ -31,8 +31,9 @@ from ictd.model import population_neu
 from ictd.engine import EMERGENCE
 from ictd.pretrain import pretrain_many
 from ictd.tasks import random_tasks
+from ictd.core import plain_log_ticks
 from ictd.experiments.emergence import (ablation, ablation_claims, ablation_rows, ablation_table, baseline_comparison, comparison_table,
-                                        diagonality_panel, emergence_claims, error_panels, layer_table, plain_log_ticks, plot_ablation,
+                                        diagonality_panel, emergence_claims, error_panels, layer_table, plot_ablation,
                                         plot_blocks, plot_value_weights, seed_summary)
 
 

@@ -33,7 +33,8 @@ from ictd.emergence import best_theta_star, neu_jackknife
 from ictd.model import theta_star
 from ictd.convergence import td_recursion
 from ictd.core import record_claim
-from matplotlib.ticker import FuncFormatter
+from matplotlib.ticker import NullFormatter
+from ictd.core import plain_log_ticks
 import json, math
 from pathlib import Path
 from ictd.engine import EMERGENCE
@@ -843,7 +844,7 @@ for i, (lr, c) in enumerate(conv.items()):
 for ax, k in zip(axs, conv_saved["tolerances"]):
     ax.axhline(1, color="k", ls="--", lw=0.8)
     ax.set(yscale="log", xlabel="training step", title=dict(msve="held-out MSVE", diagonality="diagonality of every layer", value_weights="last layer's value weights")[k])
-axs[0].set(ylabel="(|mean change| + 2 s.e.) / tolerance"); axs[0].yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+axs[0].set(ylabel="(|mean change| + 2 s.e.) / tolerance"); plain_log_ticks(axs[0], "y")
 axs[-1].legend(); fig.tight_layout()
 
 # %%
@@ -1102,9 +1103,7 @@ for i, (name, st) in enumerate(dyn_saved["studies"].items()):
 axs[0].set(yscale="log", xlabel="training step", ylabel="MSVE (held-out tasks)", title="Value error")
 axs[1].set(yscale="log", xlabel="training step", ylabel=r"NEU at $n = \infty$", title="Norm of the expected update")
 axs[2].set(xlabel="training step", ylabel="weight", title="Last layer's current-value weight")
-plain = FuncFormatter(lambda v, _: f"{v:g}")
-for ax in axs[:2]: ax.yaxis.set_major_formatter(plain)
-axs[0].yaxis.set_minor_formatter(plain)
+for ax in axs[:2]: plain_log_ticks(ax, "y")
 fig.tight_layout(rect=(0, 0.12, 1, 1)); fig.legend(*axs[0].get_legend_handles_labels(), loc="lower center", ncol=2, fontsize=9, frameon=False)
 
 
@@ -1240,7 +1239,7 @@ for i, (k, label) in enumerate((("msve_n", "model, $n = 30$"), ("msve_inf", r"mo
     q = q3(it[k])
     ax.plot(it_depths, q[1], ("o-", "^-.", "s--")[i], color=f"C{i}", label=label); ax.fill_between(it_depths, q[0], q[2], color=f"C{i}", alpha=0.2)
 ax.axvline(3, color="k", ls=":", lw=0.8)
-ax.set(xscale="log", yscale="log", xlabel="iterations T of the learned layer", ylabel="MSVE (held-out tasks), median over seeds"); ax.set_xticks([1, 2, 3, 4, 6, 8, 12, 16, 24, 48]); ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}")); ax.xaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
+ax.set(xscale="log", yscale="log", xlabel="iterations T of the learned layer", ylabel="MSVE (held-out tasks), median over seeds"); ax.set_xticks([1, 2, 3, 4, 6, 8, 12, 16, 24, 48]); plain_log_ticks(ax, "x"); ax.xaxis.set_minor_formatter(NullFormatter())
 ax.legend(); fig.tight_layout()
 
 # %% [markdown]

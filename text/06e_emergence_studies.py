@@ -8,6 +8,7 @@ import dataclasses, json, math
 from pathlib import Path
 import torch
 from ictd.model import theta_star
+from ictd.core import plain_log_ticks
 from ictd.engine import PretrainConfig
 from ictd.pretrain import pretrain_many
 from ictd.emergence import (UNIFORM_BELOW, baseline_msve, best_theta_star, last_selective_layer, mean_se, min_successes,
@@ -120,22 +121,10 @@ def _band(ax, x, y, label, **kw):
 
 def _steps(results): return results[0].history["step"].flatten().numpy()
 
-def plain_log_ticks(ax,        # matplotlib axes with a log-scale y axis
-                   ):
-    "Label a log-scale y axis with plain numbers (0.005, 2, 300) rather than powers of ten."
-    from matplotlib.ticker import LogFormatter
-    class Plain(LogFormatter):
-        def _num_to_string(self, x, vmin, vmax): return f"{x:g}" if 1e-4 <= x < 1e5 else f"$10^{{{round(math.log10(x))}}}$"
-    ax.yaxis.set_major_formatter(Plain()); ax.yaxis.set_minor_formatter(Plain(labelOnlyBase=False, minor_thresholds=(2, 0.4)))
-
 
 # %%
 test_eq(trained_layers(tiny), [1, 2])
 test_eq(trained_layers(dataclasses.replace(tiny, n_layers=8, shared=True)), [0])
-fig, ax = plt.subplots()
-ax.plot([0, 1], [1e-3, 1e4]); ax.set_yscale("log"); plain_log_ticks(ax); fig.canvas.draw()
-assert {"0.01", "1", "100"} <= {t.get_text() for t in ax.get_yticklabels()}
-plt.close(fig)
 
 
 # %%

@@ -10,6 +10,7 @@ import torch
 from ictd.boyan import msve, random_boyan_chain, sample_trajectory, weighted_error
 from ictd.tasks import TaskBatch, random_tasks, sample_trajectories
 from ictd.prompt import build_prompt
+from ictd.core import plain_log_ticks
 from tqdm.auto import tqdm
 from ictd.engine import EMERGENCE, PretrainConfig, eval_set, get_family, stack_results
 from ictd.pretrain import DivergenceError, pretrain_many
@@ -128,13 +129,6 @@ def band_plot(ax, x, mid, lo, hi, label:str, style:tuple):
     ax.fill_between(x, lo, hi, color=colour, alpha=0.15, lw=0)
     for edge in (lo, hi): ax.plot(x, edge, color=colour, ls=ls, lw=0.9)
 
-def plain_log_ticks(axis):
-    "Label a log axis with plain numbers (0.01, 0.5, 2) instead of powers of ten; minor ticks too when it spans under two decades."
-    from matplotlib.ticker import FuncFormatter, NullFormatter
-    lo, hi = axis.get_view_interval()
-    axis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
-    axis.set_minor_formatter(FuncFormatter(lambda y, _: f"{y:g}" if f"{y:.0e}"[0] in "25" else "") if hi / lo < 100 else NullFormatter())
-
 
 # %% [markdown]
 # The measures against tasks seen, as bands over seeds (or, with `entries=True`, the entries the construction predicts):
@@ -168,7 +162,7 @@ def plot_linear_pretraining(results:list,          # runs of the sliding protoco
             axs[1].plot([reference["tasks"]] * 2, reference["vd"], "k-", lw=3, label="published range")
         axs[0].set(ylabel="cosine", ylim=(-0.05, 1.05), title="implicit weight similarity")
         axs[1].set(yscale="log", ylabel="squared return units", title="value difference to batch TD")
-        plain_log_ticks(axs[1].yaxis)
+        plain_log_ticks(axs[1], "y")
         for ax in axs: ax.set_xlabel("tasks seen"); ax.legend(fontsize=9)
         fig.suptitle(title or f"Linear Transformer, sliding-window TD pretraining, {S} seeds", fontsize=10)
     fig.tight_layout()
@@ -536,7 +530,7 @@ def plot_side_by_side(curves:dict,   # the output of `side_by_side`
     ax.set(yscale="log", xlabel="depth $L$ (layers = TD iterations)", ylabel="MSVE (squared return units)",
            title=f"{c.shape[0]} Boyan chains, $n = {n}$: median and quartiles")
     ax.set_ylim(bottom=1e-4)
-    plain_log_ticks(ax.yaxis)
+    plain_log_ticks(ax, "y")
     ax.legend(loc="lower left", fontsize=9)
     return fig
 
@@ -711,7 +705,7 @@ def plot_tuned_side_by_side(results:dict,  # features label -> output of `tuned_
         ax.axhline(c[:, 0].median().item(), color="k", lw=0.9, ls="-.", label="zero predictor (depth 0)")
         ax.set(yscale="log", xlabel="depth $L$ (layers)", title=f"{label} features, $n = {n}$")
     axs[0, 0].set_ylabel("MSVE (squared return units)")
-    plain_log_ticks(axs[0, 0].yaxis)
+    plain_log_ticks(axs[0, 0], "y")
     handles, labels = axs[0, 0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=9, frameon=False)
     fig.suptitle(f"Each method tuned, {c.shape[0]} test chains: median and quartiles", fontsize=10)
@@ -957,7 +951,7 @@ def plot_head_to_head(data:dict, # output of `head_to_head`
     for k, v in data["baselines"].items(): ax.axhline(torch.tensor(v).mean(), color="k", ls=styles[k], lw=1, label=f"{k} (mean)")
     ax.set(xticks=[0, 1], xticklabels=["linear attention", "softmax attention"], xlim=(-0.4, 1.4), yscale="log",
            ylabel="held-out MSVE (squared return units)", title=f"Same tasks, seeds and budget: {len(lin)} seeds")
-    plain_log_ticks(ax.yaxis)
+    plain_log_ticks(ax, "y")
     ax.legend(fontsize=9, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     return fig

@@ -10,12 +10,12 @@ import torch
 from fastcore.basics import patch
 from tqdm.auto import tqdm
 from ..boyan import as_tensor
-from ..core import check_choice, check_int, substream
+from ..core import check_choice, check_int, plain_log_ticks, substream
 from ..wstd import batch_linear_td
 from ..continuous import GaussianAR1, NoisyRotation, kernel_td
 
 # %% auto #0
-__all__ = ['STREAMS', 'LINE_STYLES', 'stream_seed', 'sample_contexts', 'error_sweep', 'number_ticks', 'plot_depth', 'loglog_fit',
+__all__ = ['STREAMS', 'LINE_STYLES', 'stream_seed', 'sample_contexts', 'error_sweep', 'plot_depth', 'loglog_fit',
            'bootstrap_slope', 'best_beta', 'plot_tradeoff', 'lstd', 'compare_methods', 'rows_markdown',
            'plot_estimates', 'plot_long_depth']
 
@@ -69,16 +69,6 @@ def error_sweep(process,              # a process of this chapter
 # %% ../../nbs/07c_continuous_experiments.ipynb #6b603702
 LINE_STYLES = ("-", "--", "-.", (0, (1, 1)))   # one per curve, so that curves differ without colour
 
-def number_ticks(ax):
-    "Label the log axes of `ax` with plain numbers (0.1, 1, 300), not powers of ten; minor ticks too where an axis spans under two decades."
-    from matplotlib.ticker import FuncFormatter, NullFormatter
-    plain = FuncFormatter(lambda v, _: f"{v:g}")
-    some = FuncFormatter(lambda v, _: f"{v:g}" if f"{v:e}"[0] in "2346" else "")
-    for axis, lim, scale in ((ax.xaxis, ax.get_xlim(), ax.get_xscale()), (ax.yaxis, ax.get_ylim(), ax.get_yscale())):
-        if scale != "log": continue
-        axis.set_major_formatter(plain)
-        axis.set_minor_formatter(some if max(lim) / min(lim) < 100 else NullFormatter())
-
 
 def plot_depth(curves:dict,      # title -> (errors (len(ns), n_tasks, L + 1), population (L + 1,))
                ns:list,          # the context lengths of the rows
@@ -95,7 +85,7 @@ def plot_depth(curves:dict,      # title -> (errors (len(ns), n_tasks, L + 1), p
         ax.plot(L, pop, "k:", lw=2, label=r"population ($n \to \infty$)")
         ax.set(yscale="log", xlabel="depth $L$ (layers)", ylabel="MSVE (squared return units)", title=title)
         ax.legend(fontsize=9)
-        number_ticks(ax)
+        plain_log_ticks(ax)
     fig.tight_layout()
     return fig
 
@@ -149,7 +139,7 @@ def plot_tradeoff(betas, ns, sweep, best, slope, ci):
     a2.plot(ns, np.exp(icpt) * np.asarray(ns, dtype=float) ** slope, "k--", label=f"fit: $n^{{{slope:.2f}}}$, 95% CI [{ci[0]:.2f}, {ci[1]:.2f}]")
     a2.set(xscale="log", yscale="log", xlabel="context length $n$ (transitions)", ylabel=r"best $\beta$", title=r"The best kernel scale grows with $n$")
     a2.legend(fontsize=9)
-    for ax in (a1, a2): number_ticks(ax)
+    for ax in (a1, a2): plain_log_ticks(ax)
     fig.tight_layout()
     return fig
 
@@ -258,5 +248,5 @@ def plot_long_depth(betas, errors, n):
     ax.set(yscale="log", xlabel="depth $L$ (layers)", ylabel="MSVE (squared return units)",
            title=f"Past its best depth the estimate drifts to the return chain ($n = {n}$)")
     ax.legend()
-    number_ticks(ax)
+    plain_log_ticks(ax)
     return fig

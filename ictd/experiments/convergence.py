@@ -9,15 +9,16 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 from ..boyan import as_tensor, random_boyan_chain
+from ..core import plain_log_ticks
 from ..convergence import (FEATURE_LABELS, count_deviation, empirical_mrp, fixed_point, floor_bound, kernel_attention,
                               kernel_diagonality, rate_bound, span_rate, spectral_radius, sup_error, td_recursion)
 from ..tasks import TaskBatch, random_tasks, sample_trajectories
 
 # %% auto #0
-__all__ = ['OKABE_ITO', 'PHASES', 'CONDITIONS', 'depth_sweep', 'depth_experiment', 'plain_log_ticks', 'plot_depth',
-           'measured_rate', 'loglog_slope', 'slope_interval', 'significant', 'plot_floor', 'diagonality_sweep',
-           'plot_diagonality', 'best_diagonality', 'phase_diagram', 'plot_phase', 'rate_experiment', 'plot_rates',
-           'scale_for_diagonality', 'leaky_experiment', 'plot_leaky']
+__all__ = ['OKABE_ITO', 'PHASES', 'CONDITIONS', 'depth_sweep', 'depth_experiment', 'plot_depth', 'measured_rate', 'loglog_slope',
+           'slope_interval', 'significant', 'plot_floor', 'diagonality_sweep', 'plot_diagonality', 'best_diagonality',
+           'phase_diagram', 'plot_phase', 'rate_experiment', 'plot_rates', 'scale_for_diagonality', 'leaky_experiment',
+           'plot_leaky']
 
 # %% ../../nbs/05a_convergence_experiments.ipynb #66e631f6
 def depth_sweep(tasks:TaskBatch,  # the tasks, B of them
@@ -76,12 +77,6 @@ def depth_experiment(n_tasks:int=200,        # random one-hot Boyan chains; task
 OKABE_ITO = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000")   # colour-blind-safe palette
 
 # %% ../../nbs/05a_convergence_experiments.ipynb #318fa6e3
-def plain_log_ticks(axis):
-    "Tick labels on a log axis written as plain numbers (0.01, 1, 100) rather than powers of ten."
-    import matplotlib.ticker as mticker
-    axis.set_major_formatter(mticker.FuncFormatter(lambda x, _: f"{x:g}"))
-
-# %% ../../nbs/05a_convergence_experiments.ipynb #7ea97566
 def plot_depth(sweep:dict,  # output of `depth_experiment`
               ):            # the matplotlib figure
     "Experiment 1: mean error against depth for each context length, with its floor, the population curve and the bound."
@@ -96,7 +91,7 @@ def plot_depth(sweep:dict,  # output of `depth_experiment`
     ax.set(yscale="log", ylim=(1e-5, 10), xlabel="depth $L$ (layers)",
            ylabel=rf"$\|v_L - v_\pi\|_\infty$ (return units), mean of {len(sweep['errors'])} tasks",
            title=rf"Error against depth: geometric decay, then the floor (dotted); $\beta = {sweep['beta']:g}$, $\alpha = {sweep['alpha']:g}$")
-    plain_log_ticks(ax.yaxis)
+    plain_log_ticks(ax, "y")
     ax.legend(fontsize=9, loc="lower left")
     return fig
 
@@ -177,7 +172,7 @@ def plot_floor(sweep:dict,        # output of `depth_experiment`
         ax.plot(lim, lim, "k--", lw=1, label="$y = x$")
         ax.set(xscale="log", yscale="log", xlim=lim, ylim=lim, aspect="equal", xlabel="Proposition 5.3's bound (return units)",
                ylabel="measured floor (return units)", title="Contexts whose keys cover every state")
-    plain_log_ticks(ax.xaxis); plain_log_ticks(ax.yaxis)
+    plain_log_ticks(ax)
     ax.legend(fontsize=9)
     fig.tight_layout()
     return fig
@@ -211,7 +206,7 @@ def plot_diagonality(result:dict,  # output of `diagonality_sweep`
             ax.fill_between(betas, c[k].quantile(0.1, 1), c[k].quantile(0.9, 1), color=OKABE_ITO[i], alpha=0.2)
         ax.axhline((1 + result["gamma"]) / 2, color="k", ls="--", lw=1, label=r"threshold $(1 + \gamma)/2$")
         ax.set(xscale="log", ylabel=f"{name} of $M_\\pi(x, x)$ over states", title=f"{name.capitalize()} kernel diagonality")
-        plain_log_ticks(ax.xaxis)
+        plain_log_ticks(ax, "x")
     axes[-1].set_xlabel(r"score scale $\beta$ ($W = \beta I$)")
     axes[0].legend(fontsize=9)
     n_tasks = next(iter(curves.values()))[0].shape[1]
@@ -281,7 +276,7 @@ def plot_phase(result:dict,          # output of `phase_diagram`
         ax.plot(betas, fr[:, 3 + k], color="k", ls=ls, marker=mk, ms=5, lw=1.8, clip_on=False, label=(name.replace("span, ", "span condition, ") if "span" in name else f"{name} condition") + " holds")
     ax.set(xscale="log", ylim=(-0.04, 1.04), xlim=(float(betas[0]), float(betas[-1])), xlabel=r"score scale $\beta$ ($W = \beta I$)",
            ylabel=f"fraction of {result.get('n_tasks', 'the')} tasks", title=f"{FEATURE_LABELS.get(feature, feature)} features, $\\gamma = {gamma}$, $\\alpha = 1$")
-    ax.xaxis.set_major_formatter(plt.FuncFormatter(lambda x, _: f"{x:g}"))
+    plain_log_ticks(ax, "x")
     ax.legend(fontsize=9, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     return fig

@@ -8,16 +8,17 @@ import dataclasses, json, math
 from pathlib import Path
 import torch
 from ..model import theta_star
+from ..core import plain_log_ticks
 from ..engine import PretrainConfig
 from ..pretrain import pretrain_many
 from ..emergence import (UNIFORM_BELOW, baseline_msve, best_theta_star, last_selective_layer, mean_se, min_successes,
                             model_msve, ratio_interval, sign_pattern, stack_history, value_gap)
 
 # %% auto #0
-__all__ = ['WEIGHT_STYLES', 'NOT_PREDICTORS', 'seed_summary', 'layer_table', 'trained_layers', 'plain_log_ticks',
-           'value_weight_panels', 'plot_value_weights', 'diagonality_panel', 'error_panels', 'plot_seed_bands',
-           'mean_blocks', 'plot_blocks', 'baseline_comparison', 'comparison_table', 'claim_counts', 'emergence_claims',
-           'ablation', 'ablation_rows', 'ablation_table', 'plot_ablation', 'ablation_claims', 'emergence_report']
+__all__ = ['WEIGHT_STYLES', 'NOT_PREDICTORS', 'seed_summary', 'layer_table', 'trained_layers', 'value_weight_panels',
+           'plot_value_weights', 'diagonality_panel', 'error_panels', 'plot_seed_bands', 'mean_blocks', 'plot_blocks',
+           'baseline_comparison', 'comparison_table', 'claim_counts', 'emergence_claims', 'ablation', 'ablation_rows',
+           'ablation_table', 'plot_ablation', 'ablation_claims', 'emergence_report']
 
 # %% ../../nbs/06e_emergence_studies.ipynb #d83b31bf
 def seed_summary(results:list,  # runs of one configuration, one per seed
@@ -67,14 +68,6 @@ def _band(ax, x, y, label, **kw):
     ax.fill_between(x, m - se, m + se, color=line.get_color(), alpha=0.2)
 
 def _steps(results): return results[0].history["step"].flatten().numpy()
-
-def plain_log_ticks(ax,        # matplotlib axes with a log-scale y axis
-                   ):
-    "Label a log-scale y axis with plain numbers (0.005, 2, 300) rather than powers of ten."
-    from matplotlib.ticker import LogFormatter
-    class Plain(LogFormatter):
-        def _num_to_string(self, x, vmin, vmax): return f"{x:g}" if 1e-4 <= x < 1e5 else f"$10^{{{round(math.log10(x))}}}$"
-    ax.yaxis.set_major_formatter(Plain()); ax.yaxis.set_minor_formatter(Plain(labelOnlyBase=False, minor_thresholds=(2, 0.4)))
 
 # %% ../../nbs/06e_emergence_studies.ipynb #fa61c910
 def value_weight_panels(axs,           # (layers, 2) array of axes

@@ -10,6 +10,7 @@ import torch
 from ..boyan import msve, random_boyan_chain, sample_trajectory, weighted_error
 from ..tasks import TaskBatch, random_tasks, sample_trajectories
 from ..prompt import build_prompt
+from ..core import plain_log_ticks
 from tqdm.auto import tqdm
 from ..engine import EMERGENCE, PretrainConfig, eval_set, get_family, stack_results
 from ..pretrain import DivergenceError, pretrain_many
@@ -21,7 +22,7 @@ from ..linear import (ICLR_LINEAR, align_signs, fitted_td_step, sensitivity_simi
 
 # %% auto #0
 __all__ = ['ICLR_REFERENCE', 'ICLR_SEED0', 'METHOD_STYLES', 'ENTRY_LABELS', 'THETA_STAR_GRID', 'TUNING_GRIDS', 'H2H_LRS',
-           'H2H_CONFIG', 'H2H_TUNE_SEEDS', 'aligned_history', 'summarise_linear', 'band_plot', 'plain_log_ticks',
+           'H2H_CONFIG', 'H2H_TUNE_SEEDS', 'aligned_history', 'summarise_linear', 'band_plot',
            'plot_linear_pretraining', 'plot_pq', 'reference_table', 'reproduce_iclr', 'softmax_in_context',
            'softmax_measures', 'msve_against_depth', 'side_by_side', 'plot_side_by_side', 'query_softmax_td',
            'tuned_side_by_side', 'plot_tuned_side_by_side', 'held_out_values', 'seed_scores', 'tune_lr',
@@ -61,13 +62,6 @@ def band_plot(ax, x, mid, lo, hi, label:str, style:tuple):
     ax.fill_between(x, lo, hi, color=colour, alpha=0.15, lw=0)
     for edge in (lo, hi): ax.plot(x, edge, color=colour, ls=ls, lw=0.9)
 
-def plain_log_ticks(axis):
-    "Label a log axis with plain numbers (0.01, 0.5, 2) instead of powers of ten; minor ticks too when it spans under two decades."
-    from matplotlib.ticker import FuncFormatter, NullFormatter
-    lo, hi = axis.get_view_interval()
-    axis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
-    axis.set_minor_formatter(FuncFormatter(lambda y, _: f"{y:g}" if f"{y:.0e}"[0] in "25" else "") if hi / lo < 100 else NullFormatter())
-
 # %% ../../nbs/07a_linear_experiments.ipynb #3aee5a2d
 def plot_linear_pretraining(results:list,          # runs of the sliding protocol (`pretrain_many`), one per seed
                             reference:dict=ICLR_REFERENCE,  # published values to mark, or None
@@ -96,7 +90,7 @@ def plot_linear_pretraining(results:list,          # runs of the sliding protoco
             axs[1].plot([reference["tasks"]] * 2, reference["vd"], "k-", lw=3, label="published range")
         axs[0].set(ylabel="cosine", ylim=(-0.05, 1.05), title="implicit weight similarity")
         axs[1].set(yscale="log", ylabel="squared return units", title="value difference to batch TD")
-        plain_log_ticks(axs[1].yaxis)
+        plain_log_ticks(axs[1], "y")
         for ax in axs: ax.set_xlabel("tasks seen"); ax.legend(fontsize=9)
         fig.suptitle(title or f"Linear Transformer, sliding-window TD pretraining, {S} seeds", fontsize=10)
     fig.tight_layout()
@@ -225,7 +219,7 @@ def plot_side_by_side(curves:dict,   # the output of `side_by_side`
     ax.set(yscale="log", xlabel="depth $L$ (layers = TD iterations)", ylabel="MSVE (squared return units)",
            title=f"{c.shape[0]} Boyan chains, $n = {n}$: median and quartiles")
     ax.set_ylim(bottom=1e-4)
-    plain_log_ticks(ax.yaxis)
+    plain_log_ticks(ax, "y")
     ax.legend(loc="lower left", fontsize=9)
     return fig
 
@@ -315,7 +309,7 @@ def plot_tuned_side_by_side(results:dict,  # features label -> output of `tuned_
         ax.axhline(c[:, 0].median().item(), color="k", lw=0.9, ls="-.", label="zero predictor (depth 0)")
         ax.set(yscale="log", xlabel="depth $L$ (layers)", title=f"{label} features, $n = {n}$")
     axs[0, 0].set_ylabel("MSVE (squared return units)")
-    plain_log_ticks(axs[0, 0].yaxis)
+    plain_log_ticks(axs[0, 0], "y")
     handles, labels = axs[0, 0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=2, fontsize=9, frameon=False)
     fig.suptitle(f"Each method tuned, {c.shape[0]} test chains: median and quartiles", fontsize=10)
@@ -436,7 +430,7 @@ def plot_head_to_head(data:dict, # output of `head_to_head`
     for k, v in data["baselines"].items(): ax.axhline(torch.tensor(v).mean(), color="k", ls=styles[k], lw=1, label=f"{k} (mean)")
     ax.set(xticks=[0, 1], xticklabels=["linear attention", "softmax attention"], xlim=(-0.4, 1.4), yscale="log",
            ylabel="held-out MSVE (squared return units)", title=f"Same tasks, seeds and budget: {len(lin)} seeds")
-    plain_log_ticks(ax.yaxis)
+    plain_log_ticks(ax, "y")
     ax.legend(fontsize=9, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     return fig

@@ -19,7 +19,8 @@ from tqdm.auto import tqdm
 from ..boyan import MRP, boyan_transitions, check_gamma, random_boyan_chain
 from ..convergence import (circulant_threshold, kernel_attention, kernel_diagonality, rate_bound, relaxation_time, spectral_radius,
                               sup_error, td_recursion)
-from .convergence import OKABE_ITO, measured_rate, plain_log_ticks, scale_for_diagonality
+from ..core import plain_log_ticks
+from .convergence import OKABE_ITO, measured_rate, scale_for_diagonality
 from ..tasks import stack_tasks
 
 # %% auto #0
@@ -83,7 +84,7 @@ def plot_slow_mixing(result:dict, # output of `slow_mixing_experiment`
     ax.axhline(1 - result["alpha"] * (1 - result["gamma"]) * (2 * m - 1), color=OKABE_ITO[5], ls="-.", label=r"its cap $1 - \alpha(1-\gamma)(2 \min_x M_\pi(x,x) - 1)$")
     ax.set(xscale="log", xlabel="relaxation time $1/(1 - |\\mu_2(P)|)$ (steps)", ylabel="per-layer rate of $\\|v_L - v_\\pi\\|_\\infty$",
            title=f"Slow mixing slows the iteration (unit-norm features, $\\min_x M_\\pi(x, x) = {m:.2f}$; bound $\\kappa = {result['lazy']['rho'].mean():.2f}$)")
-    plain_log_ticks(ax.xaxis)
+    plain_log_ticks(ax, "x")
     ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1))
     fig.tight_layout()
     return fig
