@@ -87,7 +87,7 @@ from fastcore.xtras import working_directory
 # unbatched loops in one run and writes `bench/results.json`; the tables below are read from that
 # file. Times are CPU seconds of the benchmark's process on one thread: on a busy machine they are
 # what the same work takes on an idle core, while wall-clock times grow with the load (both are in
-# the file, with the load average). The specification's protocol (30 seeds of 6000 steps, an
+# the file, with the load average). The book's reference protocol (chapter 6's default `PretrainConfig()`: 30 seeds of 6000 steps, an
 # evaluation of every metric every 250 steps on 256 held-out tasks) is extrapolated from the
 # measured seconds per step, per evaluation and for the set-up (task pools, held-out sets).
 
@@ -114,7 +114,7 @@ def bench_report(b):
 
 {steps}
 
-The specification's protocol, extrapolated (CPU seconds, one thread); the one-seed loop would train for {one / 60:.0f} min:
+The reference protocol, extrapolated (CPU seconds, one thread); the one-seed loop would train for {one / 60:.0f} min:
 
 {proto}
 
