@@ -4,7 +4,7 @@
 
 # %% ../nbs/00b_core.ipynb #380fdd1c
 from __future__ import annotations
-import json, math
+import datetime, json, math, subprocess, sys
 from pathlib import Path
 import numpy as np
 import torch
@@ -13,8 +13,8 @@ from .boyan import weighted_error
 from .tasks import TaskBatch
 
 # %% auto #0
-__all__ = ['TASK_FIELDS', 'CLAIM_STATUSES', 'check_int', 'check_number', 'check_choice', 'check_seeds', 'substream',
-           'stream_generator', 'record_claim', 'load_claims', 'jsonable', 'plain_log_ticks']
+__all__ = ['TASK_FIELDS', 'CLAIM_STATUSES', 'OKABE_ITO', 'check_int', 'check_number', 'check_choice', 'check_seeds', 'substream',
+           'stream_generator', 'record_claim', 'load_claims', 'jsonable', 'provenance', 'plain_log_ticks']
 
 # %% ../nbs/00b_core.ipynb #5c70a449
 def _is_number(x)->bool: return not isinstance(x, bool) and isinstance(x, (int, float, np.integer, np.floating))
@@ -110,6 +110,19 @@ def jsonable(x):
     if isinstance(x, dict): return {str(k): jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)): return [jsonable(v) for v in x]
     return x
+
+# %% ../nbs/00b_core.ipynb #383b6195
+def provenance(command:str,  # the command that produced the file
+               **extra,      # anything else to record (threads, wall-clock seconds)
+              )->dict:       # command, git commit, UTC date, Python and torch versions, then `extra`
+    "What a saved result records about how it was made."
+    try: commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError): commit = "unknown"
+    return dict(command=command, commit=commit, date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                python=sys.version.split()[0], torch=torch.__version__, **extra)
+
+# %% ../nbs/00b_core.ipynb #82fdb82a
+OKABE_ITO = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000")   # colour-blind-safe palette
 
 # %% ../nbs/00b_core.ipynb #2ce69efc
 def plain_log_ticks(ax,               # matplotlib axes

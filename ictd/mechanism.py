@@ -4,7 +4,7 @@
 
 # %% ../nbs/06b_mechanism.ipynb #306429d7
 from __future__ import annotations
-import copy, dataclasses, datetime, subprocess, sys
+import copy, dataclasses
 import torch
 from .model import SoftmaxICTD
 from .tasks import TaskBatch
@@ -23,7 +23,7 @@ __all__ = ['LOOKAHEAD_BETAS', 'centred_msve', 'layer_values', 'row_writes', 'kno
            'learned_kernel', 'kernel_condition', 'layer_anatomy', 'lookahead_features', 'affine_fit', 'affine_predict',
            'weighted_r2', 'candidate_values', 'probe_layers', 'fit_estimators', 'estimator_values', 'prediction_errors',
            'gap_measures', 'update_jacobian', 'sampled_jacobians', 'jacobian_spectrum', 'shared_recursion',
-           'iterate_shared', 'provenance']
+           'iterate_shared']
 
 # %% ../nbs/06b_mechanism.ipynb #a977e793
 def centred_msve(v_hat:torch.Tensor,  # (B, s) value estimates of each task
@@ -377,12 +377,3 @@ def iterate_shared(config:PretrainConfig,  # the run's settings (shared=True)
             out["msve_n"].append(msve_of(m.predict(Z, n=config.n), tasks).mean().item())
             out["msve_inf"].append(msve_of(population_predict(m, tasks), tasks).mean().item())
     return out
-
-# %% ../nbs/06b_mechanism.ipynb #b654edb9
-def provenance(command:str,  # the command that produced the file
-              )->dict:       # command, git commit, UTC date, Python and torch versions
-    "What a saved result records about how it was made."
-    try: commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError): commit = "unknown"
-    return dict(command=command, commit=commit, date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                python=sys.version.split()[0], torch=torch.__version__)

@@ -11,7 +11,7 @@ import torch
 from tqdm.auto import tqdm
 import ictd
 from .boyan import check_gamma, weighted_error
-from .core import TaskBatch, check_seeds, substream
+from .core import OKABE_ITO, TaskBatch, check_seeds, substream
 from .prompt import build_prompt
 from .model import SoftmaxICTD, population_neu, theta_star
 from .tasks import stationary_examples, task_features
@@ -280,7 +280,7 @@ def pretrain(config:PretrainConfig=PretrainConfig(),  # every setting of the run
     return pretrain_many(config, [config.seed], progress, cache_dir, device)[0]
 
 # %% ../nbs/06_pretrain.ipynb #6f054426
-STYLES = (("#0072B2", "-"), ("#E69F00", "--"), ("#009E73", "-."), ("#CC79A7", ":"))   # Okabe-Ito colours, one line style each
+STYLES = tuple(zip(OKABE_ITO[:4], ("-", "--", "-.", ":")))   # Okabe-Ito colours, one line style each
 
 def _panel(result, ax, ncols=1, figsize=(6, 3.4)):
     "`ax` (a new figure's axes if None), the run's history and its evaluation steps."

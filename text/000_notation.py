@@ -3,7 +3,9 @@
 # > Every symbol of the book once, with its one meaning and where it is defined, and the book's technical terms.
 
 # %% [markdown]
-# Each symbol has one meaning throughout the chapters listed here; a letter used only inside one proof is defined there. Numbered boxes carry the chapter's number
+# Each symbol in the tables below has the meaning given there. A few letters take a subscript that makes them a different
+# quantity (for example $b_{\mathrm{TD}}$, $b_k$ and $b_0, \dots, b_2$; $a_r$ and the AR(1) coefficient $a$); the subscript is part
+# of the symbol, and each is listed. A letter used only inside one proof is defined there and is not listed. Numbered boxes carry the chapter's number
 # (Proposition 1.4 is the fourth proposition of chapter 1). Vectors indexed by states are columns;
 # **tokens are columns** of the prompt (the [bridge box of chapter 2](prompt.html#from-row-token-attention-to-the-books-columns)
 # translates from the row-token convention of most code).

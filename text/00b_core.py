@@ -4,7 +4,7 @@
 # %%
 #| export
 from __future__ import annotations
-import json, math
+import datetime, json, math, subprocess, sys
 from pathlib import Path
 import numpy as np
 import torch
@@ -236,12 +236,38 @@ test_eq(jsonable(dict(a=torch.ones(2), b=(np.float64(0.5), np.arange(2)), c="x")
 
 
 # %% [markdown]
+# ## Where a saved result came from
+#
+# A result too slow for the book is computed by a command and saved under `nbs/data/`; the file records the command,
+# the git commit and the date that made it, and the Python and torch versions.
+
+# %%
+#| export
+def provenance(command:str,  # the command that produced the file
+               **extra,      # anything else to record (threads, wall-clock seconds)
+              )->dict:       # command, git commit, UTC date, Python and torch versions, then `extra`
+    "What a saved result records about how it was made."
+    try: commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError): commit = "unknown"
+    return dict(command=command, commit=commit, date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                python=sys.version.split()[0], torch=torch.__version__, **extra)
+
+
+# %%
+test_eq(list(provenance("x", threads=1)), ["command", "commit", "date", "python", "torch", "threads"])
+
+# %% [markdown]
 # ## Log axes that read as numbers
 #
 # Matplotlib labels a log axis $10^{-2}, 10^0, 10^2$; the book's figures write 0.01, 1, 100, and label some minor
 # ticks too where an axis spans less than two decades (2 and 5 times a power of ten; 2, 3, 4 and 6 times it under one
 # decade), so that a short axis shows more than one number. Every
-# chapter's figures call this one function.
+# chapter's figures call this one function, and draw their colours from one colour-blind-safe palette (Okabe and Ito's).
+
+# %%
+#| export
+OKABE_ITO = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000")   # colour-blind-safe palette
+
 
 # %%
 #| export

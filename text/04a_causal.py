@@ -21,9 +21,9 @@ from nbdev.showdoc import *
 
 # %%
 #| hide
-import dataclasses, datetime, json, subprocess, time
+import dataclasses, json, time
 import matplotlib.pyplot as plt
-from ictd.core import plain_log_ticks
+from ictd.core import plain_log_ticks, provenance
 import numpy as np
 from pathlib import Path
 from IPython.display import Markdown
@@ -1031,9 +1031,7 @@ def cost_per_transition(t, L, kw_dec, kw_td, k=8, seed=31):
 def save_stream_costs(path="data/causal_streaming.json"):
     "Time `cost_per_transition` at t = 100..800 and save it with the commit and date (timings change from run to run, so the book shows a saved run)."
     costs = {t_len: cost_per_transition(t_len, 10, tuned[("onehot", 400)]["decoder"], tuned[("onehot", 400)]["TD"]) for t_len in (100, 200, 400, 800)}
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
-    prov = dict(command="save_stream_costs() in nbs/04a_causal.ipynb, run from nbs/ with OMP_NUM_THREADS=1", commit=commit,
-                date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), threads=torch.get_num_threads())
+    prov = provenance("save_stream_costs() in nbs/04a_causal.ipynb, run from nbs/ with OMP_NUM_THREADS=1", threads=torch.get_num_threads())
     Path(path).write_text(json.dumps(dict(provenance=prov, seconds={str(t): list(c) for t, c in costs.items()}), indent=1))
 
 
@@ -1424,11 +1422,11 @@ def causal_pretrain_summary(config:PretrainConfig,  # the decoder's configuratio
 
 # %%
 #| eval: false
-t0, commit = time.time(), subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+t0 = time.time()
 # EMERGENCE: the training configuration of chapter 6a (ictd.pretrain), here with a causal mask
 summary = causal_pretrain_summary(dataclasses.replace(EMERGENCE, attention="causal"), list(range(10)))
-summary["provenance"] = dict(command="the eval: false cell of nbs/04a_causal.ipynb, run from the repository root with OMP_NUM_THREADS=1",
-                             commit=commit, date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"), wall_s=round(time.time() - t0, 1), threads=1)
+summary["provenance"] = provenance("the eval: false cell of nbs/04a_causal.ipynb, run from the repository root with OMP_NUM_THREADS=1",
+                                   wall_s=round(time.time() - t0, 1), threads=1)
 json.dump(summary, open("nbs/data/causal_pretrain.json", "w"), indent=1)
 
 # %% [markdown]

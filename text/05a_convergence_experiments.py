@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 from ictd.boyan import as_tensor, random_boyan_chain
-from ictd.core import plain_log_ticks
+from ictd.core import OKABE_ITO, plain_log_ticks
 from ictd.convergence import (FEATURE_LABELS, count_deviation, empirical_mrp, fixed_point, floor_bound, kernel_attention,
                               kernel_diagonality, rate_bound, span_rate, spectral_radius, sup_error, td_recursion)
 from ictd.tasks import TaskBatch, random_tasks, sample_trajectories
@@ -131,10 +131,6 @@ def depth_experiment(n_tasks:int=200,        # random one-hot Boyan chains; task
 
 # %%
 show_doc(depth_experiment)
-
-# %%
-#| export
-OKABE_ITO = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000")   # colour-blind-safe palette
 
 
 # %%

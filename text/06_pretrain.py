@@ -11,7 +11,7 @@ import torch
 from tqdm.auto import tqdm
 import ictd
 from ictd.boyan import check_gamma, weighted_error
-from ictd.core import TaskBatch, check_seeds, substream
+from ictd.core import OKABE_ITO, TaskBatch, check_seeds, substream
 from ictd.prompt import build_prompt
 from ictd.model import SoftmaxICTD, population_neu, theta_star
 from ictd.tasks import stationary_examples, task_features
@@ -877,7 +877,7 @@ h["value_weights"][-1], h["diagonality"][-1], h["msve"].flatten()[[0, -1]]
 
 # %%
 #| export
-STYLES = (("#0072B2", "-"), ("#E69F00", "--"), ("#009E73", "-."), ("#CC79A7", ":"))   # Okabe-Ito colours, one line style each
+STYLES = tuple(zip(OKABE_ITO[:4], ("-", "--", "-.", ":")))   # Okabe-Ito colours, one line style each
 
 def _panel(result, ax, ncols=1, figsize=(6, 3.4)):
     "`ax` (a new figure's axes if None), the run's history and its evaluation steps."

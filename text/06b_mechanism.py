@@ -4,7 +4,7 @@
 # %%
 #| export
 from __future__ import annotations
-import copy, dataclasses, datetime, subprocess, sys
+import copy, dataclasses
 import torch
 from ictd.model import SoftmaxICTD
 from ictd.tasks import TaskBatch
@@ -1425,7 +1425,6 @@ Markdown(f"1. **The algorithm.** A trained model in the `EMERGENCE` configuratio
          f"9. **Deeper models** (12 and 16 separate layers) at the emergence chapter's learning rate blow up in "
          + " and ".join(f"{blown[k]} of {n_deep[k]} seeds at {k}" for k in deep_msve) + f".\n\nThe gap map covers {len(gaps)} cells.")
 
-
 # %% [markdown]
 # ## Implementation and tests
 #
@@ -1434,23 +1433,6 @@ Markdown(f"1. **The algorithm.** A trained model in the `EMERGENCE` configuratio
 # and the drivers that trained every saved file, are in `ictd.experiments.mechanism`, documented and tested in
 # [chapter 6c](mechanism_studies.html). What follows are the API entries of the probes and their unit tests: input
 # checks, a fit that recovers a known estimator, and the Jacobian against finite differences.
-
-# %% [markdown]
-# What every saved file of this chapter records about how it was made (the files are written by the drivers of chapter 6c):
-
-# %%
-#| export
-def provenance(command:str,  # the command that produced the file
-              )->dict:       # command, git commit, UTC date, Python and torch versions
-    "What a saved result records about how it was made."
-    try: commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError): commit = "unknown"
-    return dict(command=command, commit=commit, date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                python=sys.version.split()[0], torch=torch.__version__)
-
-
-# %%
-test_eq(set(provenance("x")), {"command", "commit", "date", "python", "torch"})
 
 # %%
 test_fail(lambda: centred_msve(ct.v_pi[:, :3], ct), contains="`v_hat` must have shape")

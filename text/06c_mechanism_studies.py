@@ -11,7 +11,8 @@ from ictd.model import SoftmaxICTD, model_params
 from ictd.engine import EMERGENCE, PretrainConfig, get_family
 from ictd.pretrain import pretrain_many
 from ictd.emergence import UNIFORM_BELOW, held_out_prompts, sign_pattern
-from ictd.mechanism import fit_estimators, gap_measures, jacobian_spectrum, learned_kernel, prediction_errors, provenance, sampled_jacobians, update_jacobian
+from ictd.core import provenance
+from ictd.mechanism import fit_estimators, gap_measures, jacobian_spectrum, learned_kernel, prediction_errors, sampled_jacobians, update_jacobian
 
 # %%
 #| hide
@@ -35,7 +36,7 @@ from nbdev.showdoc import *
 # %% [markdown]
 # ## Saved runs, with their provenance
 #
-# `provenance` (chapter 6b) records how a file was made. A saved run holds the configuration, the seed and the final parameters (and, on request, the metrics at every evaluation); `load_models` rebuilds the models exactly.
+# `provenance` ([chapter 0b](core.html#where-a-saved-result-came-from)) records how a file was made. A saved run holds the configuration, the seed and the final parameters (and, on request, the metrics at every evaluation); `load_models` rebuilds the models exactly.
 
 # %%
 #| export

@@ -10,12 +10,13 @@ import torch
 from ictd.boyan import msve, random_boyan_chain, sample_trajectory, weighted_error
 from ictd.tasks import TaskBatch, random_tasks, sample_trajectories
 from ictd.prompt import build_prompt
-from ictd.core import plain_log_ticks
+from ictd.core import OKABE_ITO, plain_log_ticks
 from tqdm.auto import tqdm
 from ictd.engine import EMERGENCE, PretrainConfig, eval_set, get_family, stack_results
 from ictd.pretrain import DivergenceError, pretrain_many
 from ictd.emergence import baseline_msve
-from ictd.mechanism import centred_msve, provenance
+from ictd.core import provenance
+from ictd.mechanism import centred_msve
 from ictd.wstd import batch_linear_td, context_tensors, weighted_softmax_td
 from ictd.core import jsonable
 from ictd.linear import (ICLR_LINEAR, align_signs, fitted_td_step, sensitivity_similarity, value_difference)
@@ -119,7 +120,7 @@ def summarise_linear(results:list)->dict:
 
 # %%
 #| export
-METHOD_STYLES = (("#0072B2", "-"), ("#D55E00", "--"), ("#009E73", ":"), ("#CC79A7", "-."))   # Okabe-Ito colours, one line style each
+METHOD_STYLES = tuple(zip((OKABE_ITO[i] for i in (0, 5, 2, 3)), ("-", "--", ":", "-.")))   # Okabe-Ito colours, one line style each
 ENTRY_LABELS = dict(P_last="$V[-1,-1]$ (P_last)", trQ11=r"tr $A_{11}$ (trQ11)", trQ12=r"tr $A_{12}$ (trQ12)")   # the entries, book and code names
 
 def band_plot(ax, x, mid, lo, hi, label:str, style:tuple):

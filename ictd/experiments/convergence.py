@@ -9,13 +9,13 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 from ..boyan import as_tensor, random_boyan_chain
-from ..core import plain_log_ticks
+from ..core import OKABE_ITO, plain_log_ticks
 from ..convergence import (FEATURE_LABELS, count_deviation, empirical_mrp, fixed_point, floor_bound, kernel_attention,
                               kernel_diagonality, rate_bound, span_rate, spectral_radius, sup_error, td_recursion)
 from ..tasks import TaskBatch, random_tasks, sample_trajectories
 
 # %% auto #0
-__all__ = ['OKABE_ITO', 'PHASES', 'CONDITIONS', 'depth_sweep', 'depth_experiment', 'plot_depth', 'measured_rate', 'loglog_slope',
+__all__ = ['PHASES', 'CONDITIONS', 'depth_sweep', 'depth_experiment', 'plot_depth', 'measured_rate', 'loglog_slope',
            'slope_interval', 'significant', 'plot_floor', 'diagonality_sweep', 'plot_diagonality', 'best_diagonality',
            'phase_diagram', 'plot_phase', 'rate_experiment', 'plot_rates', 'scale_for_diagonality', 'leaky_experiment',
            'plot_leaky']
@@ -72,9 +72,6 @@ def depth_experiment(n_tasks:int=200,        # random one-hot Boyan chains; task
         parts.append(part)
     out = {k: torch.cat([p[k] for p in parts]) for k in ("errors", "depth_terms", "floors", "key_floors", "floor_bounds", "all_keys", "min_counts", "population", "bound", "rho", "min_diag")}
     return dict(out, ns=parts[0]["ns"], beta=beta, alpha=alpha, gamma=tasks.gamma)
-
-# %% ../../nbs/05a_convergence_experiments.ipynb #d317a47d
-OKABE_ITO = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000")   # colour-blind-safe palette
 
 # %% ../../nbs/05a_convergence_experiments.ipynb #318fa6e3
 def plot_depth(sweep:dict,  # output of `depth_experiment`

@@ -10,12 +10,13 @@ import torch
 from ..boyan import msve, random_boyan_chain, sample_trajectory, weighted_error
 from ..tasks import TaskBatch, random_tasks, sample_trajectories
 from ..prompt import build_prompt
-from ..core import plain_log_ticks
+from ..core import OKABE_ITO, plain_log_ticks
 from tqdm.auto import tqdm
 from ..engine import EMERGENCE, PretrainConfig, eval_set, get_family, stack_results
 from ..pretrain import DivergenceError, pretrain_many
 from ..emergence import baseline_msve
-from ..mechanism import centred_msve, provenance
+from ..core import provenance
+from ..mechanism import centred_msve
 from ..wstd import batch_linear_td, context_tensors, weighted_softmax_td
 from ..core import jsonable
 from ..linear import (ICLR_LINEAR, align_signs, fitted_td_step, sensitivity_similarity, value_difference)
@@ -52,7 +53,7 @@ def summarise_linear(results:list)->dict:
             for k, v in h.items() if k not in ("tasks", "step")} | dict(tasks=int(h["tasks"][0, -1]), seeds=S, alpha_td=fitted_td_step(c.n, c.n_layers, c.gamma, c.n_states, c.feature_dim))
 
 # %% ../../nbs/07a_linear_experiments.ipynb #9cca699f
-METHOD_STYLES = (("#0072B2", "-"), ("#D55E00", "--"), ("#009E73", ":"), ("#CC79A7", "-."))   # Okabe-Ito colours, one line style each
+METHOD_STYLES = tuple(zip((OKABE_ITO[i] for i in (0, 5, 2, 3)), ("-", "--", ":", "-.")))   # Okabe-Ito colours, one line style each
 ENTRY_LABELS = dict(P_last="$V[-1,-1]$ (P_last)", trQ11=r"tr $A_{11}$ (trQ11)", trQ12=r"tr $A_{12}$ (trQ12)")   # the entries, book and code names
 
 def band_plot(ax, x, mid, lo, hi, label:str, style:tuple):

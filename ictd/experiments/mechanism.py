@@ -11,7 +11,8 @@ from ..model import SoftmaxICTD, model_params
 from ..engine import EMERGENCE, PretrainConfig, get_family
 from ..pretrain import pretrain_many
 from ..emergence import UNIFORM_BELOW, held_out_prompts, sign_pattern
-from ..mechanism import fit_estimators, gap_measures, jacobian_spectrum, learned_kernel, prediction_errors, provenance, sampled_jacobians, update_jacobian
+from ..core import provenance
+from ..mechanism import fit_estimators, gap_measures, jacobian_spectrum, learned_kernel, prediction_errors, sampled_jacobians, update_jacobian
 
 # %% auto #0
 __all__ = ['HISTORY_KEYS', 'ANATOMY_PARTS', 'CONVERGE_TOLERANCES', 'CONVERGE_LRS', 'GAP_CELLS', 'CONTROLS', 'DEPTHS',

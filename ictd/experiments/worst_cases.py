@@ -4,10 +4,8 @@
 
 # %% ../../nbs/05b_worst_cases.ipynb #e34516cf
 from __future__ import annotations
-import datetime
 import itertools
 import json
-import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -19,8 +17,8 @@ from tqdm.auto import tqdm
 from ..boyan import MRP, boyan_transitions, check_gamma, random_boyan_chain
 from ..convergence import (circulant_threshold, kernel_attention, kernel_diagonality, rate_bound, relaxation_time, spectral_radius,
                               sup_error, td_recursion)
-from ..core import plain_log_ticks
-from .convergence import OKABE_ITO, measured_rate, scale_for_diagonality
+from ..core import OKABE_ITO, plain_log_ticks, provenance
+from .convergence import measured_rate, scale_for_diagonality
 from ..tasks import stack_tasks
 
 # %% auto #0
@@ -213,11 +211,7 @@ def save_threshold_certificates(path=THRESHOLD_FILE,          # where to write t
         r = threshold_search(gamma=g, alpha=a, n_states=s, seed=seed, n_starts=n_starts)
         records.append(dict(gamma=g, alpha=a, n_states=s, m=r["m"], rho=r["rho"], circulant=circulant_threshold(g, a, s)["m"],
                             M=r["M"].tolist(), P=r["P"].tolist()))
-    try: commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, cwd=Path(path).parent).stdout.strip()
-    except OSError: commit = "unknown"
-    out = dict(command=command or " ".join(sys.argv), commit=commit,
-               date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-               settings=dict(n_starts=n_starts, seed=seed), records=records)
+    out = provenance(command or " ".join(sys.argv), settings=dict(n_starts=n_starts, seed=seed), records=records)
     Path(path).write_text(json.dumps(out))
     return out
 
