@@ -70,7 +70,7 @@ def evaluation_seconds(seeds=30):
 
 def setup_seconds(seeds=30):
     "Task pools, held-out sets and initialisation of `seeds` seeds (a run of zero steps without its evaluation)."
-    c, w = clock(lambda: ([engine.task_pool(SPEC, SPEC.n_tasks, s * 1_000_003) for s in range(seeds)], engine.eval_set(SPEC, list(range(seeds)))))
+    c, w = clock(lambda: (engine.stationary_pools(SPEC, list(range(seeds))), engine.eval_set(SPEC, list(range(seeds)))))
     return dict(cpu=c, wall=w)
 
 def training_shapes(S=30, B=64):

@@ -2,7 +2,7 @@
 
 - `one_seed_pretrain(config)`: the book's one-seed loop as it was before the batched engine (a `SoftmaxICTD`
   module, `torch.optim.Adam`, two forward passes per step, every metric computed per model); it draws its
-  examples with the public `td_batch` and its tasks with `random_tasks`. Only change: the recorded mean training
+  examples with the public `td_batch` and its tasks with `random_tasks`. Only changes: its seeds follow the package's named streams (`ictd.core.run_stream`), and the recorded mean training
   loss, NEU estimates and block cosines are kept in float64 (they were float32 tensors of float64 numbers).
 - `predecessor_pretrain(config, n_steps)`: the unbatched loop in the style of the linear-attention predecessor's
   public code: one prompt at a time, one backward pass per example, gradients accumulated over the batch.
@@ -10,6 +10,7 @@
 import math
 import torch
 from ictd.boyan import check_gamma
+from ictd.core import run_stream
 from ictd.prompt import build_prompt
 from ictd.model import SoftmaxICTD, theta_star
 from ictd.tasks import random_tasks, sample_trajectories
@@ -18,8 +19,8 @@ from ictd.pretrain import td_batch
 def _task_kwargs(config): return dict(n_states=config.n_states, d=config.d, gamma=config.gamma, features=config.features)
 
 def held_out_tasks(config):
-    tasks = random_tasks(config.eval_tasks, seed=config.seed * 1_000_003 + config.n_tasks, **_task_kwargs(config))
-    return tasks, sample_trajectories(tasks.P, config.n, tasks.d_pi, seed=config.seed + 17)
+    tasks = random_tasks(config.eval_tasks, seed=run_stream(config.seed, "eval_pool"), **_task_kwargs(config))
+    return tasks, sample_trajectories(tasks.P, config.n, tasks.d_pi, seed=run_stream(config.seed, "eval_contexts"))
 
 def expected_update(model, batch, gamma):
     params = [p for p in model.parameters()]
@@ -81,11 +82,11 @@ def one_seed_pretrain(config, n_steps=None, callback=None):
     "The pre-engine loop: returns (model, history); `n_steps` overrides the configuration's, `callback(step)` follows each step (for timing)."
     n_steps = config.n_steps if n_steps is None else n_steps
     d = config.n_states if config.features == "onehot" else config.d
-    model = SoftmaxICTD(d, config.n_layers, shared=config.shared, init_gain=config.init_gain, seed=config.seed)
+    model = SoftmaxICTD(d, config.n_layers, shared=config.shared, init_gain=config.init_gain, seed=run_stream(config.seed, "init"))
     held_out, eval_states = held_out_tasks(config)
-    train = random_tasks(config.n_tasks, seed=config.seed * 1_000_003, **_task_kwargs(config))
+    train = random_tasks(config.n_tasks, seed=run_stream(config.seed, "train_pool"), **_task_kwargs(config))
     opt = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    gen, history, losses = torch.Generator().manual_seed(config.seed), {}, []
+    gen, history, losses = torch.Generator().manual_seed(run_stream(config.seed, "data")), {}, []
     def record(step, loss):
         for k, v in dict(step=torch.tensor([step]), loss=torch.tensor([loss], dtype=torch.float64), **evaluate(model, held_out, eval_states, config)).items():
             history.setdefault(k, []).append(v)
@@ -104,10 +105,10 @@ def one_seed_pretrain(config, n_steps=None, callback=None):
 def predecessor_pretrain(config, n_steps, callback=None):
     "The unbatched style of the predecessor's public code: one prompt per forward and backward pass, gradients summed over the batch."
     d = config.n_states if config.features == "onehot" else config.d
-    model = SoftmaxICTD(d, config.n_layers, shared=config.shared, init_gain=config.init_gain, seed=config.seed)
-    train = random_tasks(min(config.n_tasks, 256), seed=config.seed * 1_000_003, **_task_kwargs(config))
+    model = SoftmaxICTD(d, config.n_layers, shared=config.shared, init_gain=config.init_gain, seed=run_stream(config.seed, "init"))
+    train = random_tasks(min(config.n_tasks, 256), seed=run_stream(config.seed, "train_pool"), **_task_kwargs(config))
     opt = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
-    gen = torch.Generator().manual_seed(config.seed)
+    gen = torch.Generator().manual_seed(run_stream(config.seed, "data"))
     for step in range(n_steps):
         opt.zero_grad()
         for _ in range(config.batch_size):

@@ -1,7 +1,9 @@
 """The side loops that `pretrain_many` replaced, frozen as they were (commit acd7b8d) so that tests can check the engine
 reproduces them: `pretrain_linear_many` (chapter 7, the predecessor's sliding-window protocol) and `pretrain_family`
-(chapter 7a, continuous task families). Only their imports changed (to where the pieces they use now live)."""
+(chapter 7a, continuous task families). Only their imports changed (to where the pieces they use now live), and their seeds follow the package's named
+streams (`ictd.core.run_stream`) in place of the offsets they had."""
 import torch
+from ictd.core import run_stream
 from ictd.tasks import sample_trajectories
 from ictd.engine import PretrainConfig, softmax_init
 from ictd.model import token_predict, trajectory_tokens
@@ -13,7 +15,7 @@ from ictd.linear import (build_linear_prompt, fitted_td_step, linear_init, linea
 def held_out_linear(config, seeds):
     out = []
     for s in seeds:
-        tasks, gen = task_pool(config, config.eval_tasks, s * 1_000_003 + config.n_tasks), torch.Generator().manual_seed(s + 17)
+        tasks, gen = task_pool(config, config.eval_tasks, run_stream(s, "eval_pool")), torch.Generator().manual_seed(run_stream(s, "eval_contexts"))
         states = sample_trajectories(tasks.P, config.n, start_distributions(config.eval_tasks, config.n_states, gen), seed=gen)
         rows = torch.arange(config.eval_tasks)[:, None]
         phi, r = tasks.phi[rows, states], tasks.r[rows, states]
@@ -25,7 +27,7 @@ def _trajectories(config, seeds, gens, first_task, count, per_task):
     T = config.n + config.batch_size + 1
     phi, r, states = [], [], []
     for s, g in zip(seeds, gens):
-        tasks = task_pool(config, count, s * 1_000_003 + first_task)
+        tasks = task_pool(config, count, run_stream(s, "train_pool"), first=first_task)
         mu = start_distributions(count, config.n_states, g).repeat_interleave(per_task, 0)
         states.append(sample_trajectories(tasks.P.repeat_interleave(per_task, 0), T, mu, seed=g).unflatten(0, (count, per_task)))
         phi.append(tasks.phi); r.append(tasks.r)
@@ -36,7 +38,7 @@ def pretrain_linear_many(config, seeds=(0,), chunk=25, callback=None):
     seeds, n, L, per_task = [int(s) for s in seeds], config.n, config.n_layers, config.n_steps // config.n_tasks
     params = {k: v.requires_grad_(True) for k, v in linear_init(config, seeds).items()}
     opt = torch.optim.Adam(params.values(), lr=config.lr, weight_decay=config.weight_decay)
-    gens = [torch.Generator().manual_seed(s) for s in seeds]
+    gens = [torch.Generator().manual_seed(run_stream(s, "data")) for s in seeds]
     alpha, (held, Zc) = fitted_td_step(n, L, config.gamma, config.n_states, config.feature_dim), held_out_linear(config, seeds)
     history = {}
     def record(step):
@@ -81,7 +83,7 @@ def pretrain_family(family, seeds, n=30, n_layers=3, n_steps=500, lr=1e-2, batch
     cfg = PretrainConfig(d=family.d, n_layers=n_layers, init_gain=init_gain)
     params = {k: v.requires_grad_() for k, v in softmax_init(cfg, seeds, dtype).items()}
     opt = torch.optim.Adam(params.values(), lr=lr, weight_decay=weight_decay)
-    gens, ctx = [torch.Generator().manual_seed(s) for s in seeds], family.contexts(eval_tasks, n, eval_seed)
+    gens, ctx = [torch.Generator().manual_seed(run_stream(s, "data")) for s in seeds], family.contexts(eval_tasks, n, eval_seed)
     hist = {k: [] for k in ("steps", "msve", "A", "V_cur", "V_tgt")}
     for step in range(n_steps + 1):
         if step % eval_every == 0 or step == n_steps:

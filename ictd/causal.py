@@ -11,6 +11,7 @@ from .boyan import as_tensor, check_gamma
 from .wstd import context_tensors
 from .prompt import build_prompt
 from .model import check_prompt, torch_generator, token_rows, xavier_param, carry_context, PromptLayer, SoftmaxICTD
+from .core import run_stream
 from .tasks import Contexts
 from .engine import Family, PretrainConfig, register_family
 
@@ -305,7 +306,7 @@ def stream_values(model,              # a `CausalSoftmaxICTD` (forward layout)
 # %% ../nbs/04a_causal.ipynb #4ca017f4
 def causal_init(config:PretrainConfig, seeds:list, dtype)->dict:
     "Each seed's `CausalSoftmaxICTD` initialisation, stacked: A (S, L', 2D, D), V (S, L', D, 2D), U (S, L', D, D), lam (S, L')."
-    models = [CausalSoftmaxICTD(config.feature_dim, config.n_layers, config.shared, config.init_gain, seed=int(s)) for s in seeds]
+    models = [CausalSoftmaxICTD(config.feature_dim, config.n_layers, config.shared, config.init_gain, seed=run_stream(s, "init")) for s in seeds]
     return {k: torch.stack([torch.stack([getattr(lay, k).detach() for lay in m.layers]) for m in models]).to(dtype) for k in ("A", "V", "U", "lam")}
 
 def causal_prompt(config:PretrainConfig, x:Contexts)->torch.Tensor:
@@ -361,7 +362,7 @@ def best_decoder(config:PretrainConfig,                 # the run's settings (de
     "Tune the self-anchored decoder construction on tasks disjoint from a run's held-out tasks."
     import dataclasses
     from ictd.emergence import held_out_prompts, msve_of
-    tune = dataclasses.replace(config, seed=config.seed + 7_919, n_tasks=config.n_tasks + 1)
+    tune = dataclasses.replace(config, seed=run_stream(config.seed, "tuning"))   # held-out tasks of the run's stream `tuning`
     tasks, states, _ = held_out_prompts(tune)
     err = {g: msve_of(decoder_values(config, tasks, states, *g), tasks).mean().item() for g in ((a, b, l) for a in alphas for b in betas for l in lams)}
     return min(err, key=err.get)

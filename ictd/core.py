@@ -13,8 +13,9 @@ from .boyan import weighted_error
 from .tasks import TaskBatch
 
 # %% auto #0
-__all__ = ['TASK_FIELDS', 'CLAIM_STATUSES', 'OKABE_ITO', 'check_int', 'check_number', 'check_choice', 'check_seeds', 'substream',
-           'stream_generator', 'record_claim', 'load_claims', 'jsonable', 'provenance', 'plain_log_ticks']
+__all__ = ['RUN_STREAMS', 'TASK_FIELDS', 'CLAIM_STATUSES', 'OKABE_ITO', 'check_int', 'check_number', 'check_choice',
+           'check_seeds', 'substream', 'stream_generator', 'run_stream', 'record_claim', 'load_claims', 'jsonable',
+           'provenance', 'plain_log_ticks']
 
 # %% ../nbs/00b_core.ipynb #5c70a449
 def _is_number(x)->bool: return not isinstance(x, bool) and isinstance(x, (int, float, np.integer, np.floating))
@@ -53,13 +54,25 @@ def check_seeds(seeds)->list:
 # %% ../nbs/00b_core.ipynb #011b8f2f
 def substream(seed:int,    # the run's seed
               stream:int,  # the stream's index k >= 0
+              *path:int,   # further indices: child `path[0]` of that stream, and so on down
              )->int:       # a 64-bit seed for a torch or numpy generator
-    "A 64-bit seed for stream `stream` of `seed`: child `stream` of `numpy.random.SeedSequence(seed)`, as `spawn` makes it."
-    return int(np.random.SeedSequence(check_int(seed, "seed"), spawn_key=(check_int(stream, "stream"),)).generate_state(1, np.uint64)[0])
+    "A 64-bit seed for stream `stream` of `seed`: child `stream` of `numpy.random.SeedSequence(seed)`, as `spawn` makes it (its own children with `path`)."
+    key = tuple(check_int(k, "stream") for k in (stream, *path))
+    return int(np.random.SeedSequence(check_int(seed, "seed"), spawn_key=key).generate_state(1, np.uint64)[0])
 
-def stream_generator(seed:int, stream:int)->torch.Generator:
-    "A CPU torch Generator for stream `stream` of `seed`."
-    return torch.Generator().manual_seed(substream(seed, stream))
+def stream_generator(seed:int, stream:int, *path:int)->torch.Generator:
+    "A CPU torch Generator for stream `stream` of `seed` (and its children `path`)."
+    return torch.Generator().manual_seed(substream(seed, stream, *path))
+
+# %% ../nbs/00b_core.ipynb #9dc41182
+RUN_STREAMS = ("data", "perturbation", "objective", "train_pool", "eval_pool", "eval_contexts", "tuning", "init")
+
+# %% ../nbs/00b_core.ipynb #3bbcb845
+def run_stream(seed:int,  # the run's seed
+               name:str,  # one of `RUN_STREAMS`
+              )->int:     # a 64-bit seed
+    "The seed of a training run's stream `name`: `substream(seed, RUN_STREAMS.index(name))`."
+    return substream(seed, RUN_STREAMS.index(check_choice(name, RUN_STREAMS, "name")))
 
 # %% ../nbs/00b_core.ipynb #19548f29
 TASK_FIELDS = ("P", "r", "phi", "d_pi", "v_pi")

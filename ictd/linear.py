@@ -9,13 +9,14 @@ import numpy as np
 import torch
 from torch import nn
 from .boyan import as_tensor, check_gamma, weighted_error
+from .core import run_stream, substream
 from .model import token_rows, torch_generator, xavier_param
 from .tasks import Contexts, TaskBatch, TDExamples, random_tasks, sample_trajectories, task_features, task_pool
 from .engine import EvalSet, Family, PretrainConfig, Protocol, register_family, register_protocol, task_eval_set
 from .pretrain import stack_pools
 
 # %% auto #0
-__all__ = ['FIT_CHUNK', 'FIT_TRAJECTORIES', 'FIT_STEPS', 'ICLR_LINEAR', 'SLIDING_CHUNK', 'build_linear_prompt',
+__all__ = ['FIT_CHUNK', 'FIT_TRAJECTORIES', 'FIT_STEPS', 'FIT_SEED', 'ICLR_LINEAR', 'SLIDING_CHUNK', 'build_linear_prompt',
            'linear_attention', 'LinearAttentionLayer', 'td_parameters', 'LinearICTD', 'moment_predict',
            'query_each_state', 'values_and_gradients', 'value_difference', 'implicit_weight_similarity',
            'sensitivity_similarity', 'pq_summary', 'align_signs', 'start_distributions', 'sliding_windows',
@@ -302,6 +303,7 @@ def fit_td_step(g:np.polynomial.Polynomial,  # expected semi-gradient in alpha
 
 # %% ../nbs/07_linear.ipynb #19bc70f2
 FIT_CHUNK, FIT_TRAJECTORIES, FIT_STEPS = 64, 5, 65   # tasks per chunk, trajectories per task, steps per trajectory beyond n
+FIT_SEED = 123_456   # the fit's seed: its tasks are drawn from stream 0 of it, chunk k's trajectories from child k of stream 1
 
 # %% ../nbs/07_linear.ipynb #4c2069b1
 @functools.lru_cache(maxsize=16)
@@ -311,8 +313,8 @@ def td_semigradient_chunks(n:int, n_layers:int, gamma:float, n_states:int=10, d:
     "The sliding-window TD semi-gradient of the batch-TD Transformer in its step size, per chunk of fresh tasks (cached)."
     polys, rep = [], lambda x: x.repeat_interleave(FIT_TRAJECTORIES, 0)
     for first in range(0, n_tasks, FIT_CHUNK):
-        tasks = random_tasks(min(FIT_CHUNK, n_tasks - first), seed=123_456 + first, n_states=n_states, d=d, gamma=gamma)
-        gen = torch.Generator().manual_seed(first)
+        tasks = random_tasks(min(FIT_CHUNK, n_tasks - first), seed=substream(FIT_SEED, 0), first=first, n_states=n_states, d=d, gamma=gamma)
+        gen = torch.Generator().manual_seed(substream(FIT_SEED, 1, first // FIT_CHUNK))
         states = sample_trajectories(rep(tasks.P), n + FIT_STEPS, rep(start_distributions(len(tasks), n_states, gen)), seed=gen)
         polys.append(td_semigradient_poly(*sliding_td_coefficients(rep(tasks.phi), rep(tasks.r), states, n, gamma, n_layers), gamma))
     return tuple(polys)
@@ -331,7 +333,7 @@ ICLR_LINEAR = PretrainConfig(attention="linear", protocol="sliding", shared=True
 def linear_init(config:PretrainConfig, seeds:list, dtype=torch.float64)->dict:
     "Each seed's `LinearICTD` initialisation, stacked: P and Q of shape (S, L or 1, 2d+1, 2d+1)."
     if config.init != "xavier": raise ValueError(f"`init` must be 'xavier' for the linear family, got {config.init!r}")
-    models = [LinearICTD(config.feature_dim, config.n_layers, config.shared, config.init_gain, seed=int(s)) for s in seeds]
+    models = [LinearICTD(config.feature_dim, config.n_layers, config.shared, config.init_gain, seed=run_stream(s, "init")) for s in seeds]
     return {k: torch.stack([torch.stack([getattr(lay, k).detach() for lay in m.layers]) for m in models]).to(dtype) for k in ("P", "Q")}
 
 # %% ../nbs/07_linear.ipynb #21a75adf
@@ -392,7 +394,7 @@ def sliding_chunk(config:PretrainConfig, seeds:list, gens:list, first:int)->dict
     count, per_task, T = min(SLIDING_CHUNK, config.n_tasks - first), _per_task(config), config.n + config.batch_size + 1
     pools, states = [], []
     for s, g in zip(seeds, gens):
-        pools.append(task_pool(config, count, s * 1_000_003 + first))
+        pools.append(task_pool(config, count, run_stream(s, "train_pool"), first=first))
         mu = start_distributions(count, config.n_states, g).repeat_interleave(per_task, 0)
         states.append(sample_trajectories(pools[-1].P.repeat_interleave(per_task, 0), T, mu, seed=g).unflatten(0, (count, per_task)))
     pool = stack_pools(pools)
@@ -412,11 +414,11 @@ def sliding_sample(config:PretrainConfig, data:dict, gens:list, step:int, state:
 
 # %% ../nbs/07_linear.ipynb #9acb8b81
 def sliding_eval_set(config:PretrainConfig, seeds:list, device=None)->EvalSet:
-    "Each seed's held-out tasks, with one context per task from a random start distribution (generator seeded seed + 17)."
+    "Each seed's held-out tasks (its stream `eval_pool`), with one context per task from a random start distribution (its stream `eval_contexts`)."
     pools, states = [], []
     for s in seeds:
-        pools.append(task_pool(config, config.eval_tasks, s * 1_000_003 + config.n_tasks))
-        gen = torch.Generator().manual_seed(s + 17)
+        pools.append(task_pool(config, config.eval_tasks, run_stream(s, "eval_pool")))
+        gen = torch.Generator().manual_seed(run_stream(s, "eval_contexts"))
         states.append(sample_trajectories(pools[-1].P, config.n, start_distributions(config.eval_tasks, config.n_states, gen), seed=gen))
     return task_eval_set(config, stack_pools(pools, device), torch.stack(states).to(device))
 

@@ -11,17 +11,17 @@ import torch
 from tqdm.auto import tqdm
 import ictd
 from .boyan import check_gamma, weighted_error
-from .core import OKABE_ITO, TaskBatch, check_seeds, substream
+from .core import OKABE_ITO, TaskBatch, check_seeds, run_stream
 from .prompt import build_prompt
 from .model import SoftmaxICTD, population_neu, theta_star
 from .tasks import stationary_examples, task_features
 from .engine import DTYPES, EvalSet, PretrainConfig, PretrainResult, eval_set, get_family, get_protocol, objective_values, sampled_neu, source_hash
 
 # %% auto #0
-__all__ = ['stack_pools', 'INIT_STREAM', 'OBJECTIVE_STREAM', 'DIVERGED', 'STYLES', 'TDBatch', 'td_batch', 'pairwise_neu',
-           'expected_update', 'neu', 'exact_neu_small', 'evaluate_many', 'run_folder', 'perturb', 'DivergenceError',
-           'check_divergence', 'train_loop', 'pretrain_many', 'pretrain', 'plot_value_weights', 'plot_diagonality',
-           'plot_value_error', 'plot_emergence', 'kernel_diagonality_per_layer', 'block_cosines', 'evaluate']
+__all__ = ['stack_pools', 'DIVERGED', 'STYLES', 'TDBatch', 'td_batch', 'pairwise_neu', 'expected_update', 'neu',
+           'exact_neu_small', 'evaluate_many', 'run_folder', 'perturb', 'DivergenceError', 'check_divergence',
+           'train_loop', 'pretrain_many', 'pretrain', 'plot_value_weights', 'plot_diagonality', 'plot_value_error',
+           'plot_emergence', 'kernel_diagonality_per_layer', 'block_cosines', 'evaluate']
 
 # %% ../nbs/06_pretrain.ipynb #60eba8b6
 stack_pools = TaskBatch.stack   # task batches stacked along a new leading (seed) axis (`ictd.core`)
@@ -151,12 +151,10 @@ def _held_out(config:PretrainConfig)->TaskBatch:
     return None if tasks is None else _seed_slice(tasks, 0)
 
 # %% ../nbs/06_pretrain.ipynb #8b24ef52
-INIT_STREAM, OBJECTIVE_STREAM = 1, 2   # sub-streams of a run's seed (stream 0 is the data's own generator)
-
 def perturb(params:dict, scale:float, seeds:list)->dict:
-    "Stacked parameters (S, ...) plus `scale` times standard Gaussian noise drawn from each seed's `INIT_STREAM` (unchanged for scale 0)."
+    "Stacked parameters (S, ...) plus `scale` times standard Gaussian noise drawn from each seed's stream `perturbation` (unchanged for scale 0)."
     if scale == 0: return params
-    gens = [torch.Generator().manual_seed(substream(s, INIT_STREAM)) for s in seeds]
+    gens = [torch.Generator().manual_seed(run_stream(s, "perturbation")) for s in seeds]
     noise = {k: torch.stack([torch.randn(v.shape[1:], generator=g, dtype=torch.float64) for g in gens]) for k, v in params.items()}
     return {k: (v.double() + scale * noise[k]).to(v.dtype) for k, v in params.items()}
 
@@ -193,8 +191,8 @@ def train_loop(config:PretrainConfig,     # every setting but the seed
     init = perturb(family.init(config, seeds, DTYPES[config.dtype]), config.init_scale, seeds)
     params = {k: v.to(device).requires_grad_() for k, v in init.items()}                   # (S, ...) each
     opt = torch.optim.Adam(params.values(), lr=config.lr, weight_decay=config.weight_decay)
-    gens = [torch.Generator().manual_seed(s) for s in seeds]                               # each seed's data stream
-    target_gens = [torch.Generator().manual_seed(substream(s, OBJECTIVE_STREAM)) for s in seeds]
+    gens = [torch.Generator().manual_seed(run_stream(s, "data")) for s in seeds]          # each seed's data stream
+    target_gens = [torch.Generator().manual_seed(run_stream(s, "objective")) for s in seeds]
     run = dict(step=0, history={}, losses=[], protocol={})
     expect = dict(version=ictd.__version__, source=source_hash(), config=asdict(config), seeds=seeds)
     checkpoint = folder / f"checkpoint-{hashlib.sha1(json.dumps(seeds).encode()).hexdigest()[:8]}.pt" if folder is not None else None

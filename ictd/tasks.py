@@ -10,7 +10,7 @@ import torch
 from .boyan import MRP, as_tensor, chain_from_uniforms, random_boyan_chain
 
 # %% auto #0
-__all__ = ['TaskBatch', 'stack_tasks', 'random_tasks', 'sample_trajectories', 'task_pool', 'draw_cdf', 'gather_rows', 'task_features', 'TDSample', 'stationary_examples', 'Contexts', 'TDExamples']
+__all__ = ['TaskBatch', 'stack_tasks', 'task_rng', 'random_tasks', 'sample_trajectories', 'task_pool', 'draw_cdf', 'gather_rows', 'task_features', 'TDSample', 'stationary_examples', 'Contexts', 'TDExamples']
 
 # %% ../nbs/00a_tasks.ipynb #ce52f8a7
 @dataclass(eq=False)
@@ -33,13 +33,21 @@ def stack_tasks(mrps:list, # MRPs with equal shapes and discount
     if len({(m.n_states, m.d, m.gamma) for m in mrps}) > 1: raise ValueError("`mrps` must share n_states, d and gamma")
     return TaskBatch(*(torch.stack([getattr(m, k) for m in mrps]) for k in ("P", "r", "phi", "d_pi", "v_pi")), mrps[0].gamma)
 
+def task_rng(seed:int,  # the seed of a batch of tasks
+             b:int,     # the task's index in the batch
+            )->np.random.Generator:
+    "Task `b`'s generator: `numpy.random.default_rng` on child `b` of `numpy.random.SeedSequence(seed)`, as `spawn` makes it."
+    if int(seed) != seed or seed < 0 or int(b) != b or b < 0: raise ValueError(f"`seed` and `b` must be integers >= 0, got {seed!r} and {b!r}")
+    return np.random.default_rng(np.random.SeedSequence(int(seed), spawn_key=(int(b),)))
+
 def random_tasks(n_tasks:int,  # number of random Boyan chains B
-                 seed:int=0,   # task b is `random_boyan_chain(..., seed=seed + b)`
+                 seed:int=0,   # task b is `random_boyan_chain(..., seed=task_rng(seed, first + b))`
+                 first:int=0,  # index of the first task: a batch of tasks first..first + B - 1 of the seed
                  **kwargs,     # passed to `random_boyan_chain` (n_states, d, gamma, features, rewards)
                 )->TaskBatch:
-    "A batch of random Boyan chains with consecutive seeds."
+    "A batch of random Boyan chains, task b drawn from its own child stream of `seed`."
     if int(n_tasks) != n_tasks or n_tasks < 1: raise ValueError(f"`n_tasks` must be a positive integer, got {n_tasks}")
-    return stack_tasks(random_boyan_chain(seed=seed + b, **kwargs) for b in range(int(n_tasks)))
+    return stack_tasks(random_boyan_chain(seed=task_rng(seed, first + b), **kwargs) for b in range(int(n_tasks)))
 
 # %% ../nbs/00a_tasks.ipynb #d54aed67
 def sample_trajectories(P,          # (B, s, s) transition matrices
@@ -68,12 +76,13 @@ def sample_trajectories(P,          # (B, s, s) transition matrices
 # %% ../nbs/00a_tasks.ipynb #4092bfbb
 def task_pool(config,                 # the task settings: n_states, d, features, gamma (e.g. a PretrainConfig)
               n_tasks:int,            # number of tasks T
-              seed:int,               # task b draws from `numpy.random.default_rng(seed + b)`
+              seed:int,               # task b draws from `task_rng(seed, first + b)`
+              first:int=0,            # index of the first task (a pool drawn in pieces)
              )->TaskBatch:            # P (T, s, s), r (T, s), phi (T, s, d), d_pi, v_pi
-    "`random_tasks(n_tasks, seed, ...)` for the configuration's tasks, vectorised: one draw per task, batched solves."
+    "`random_tasks(n_tasks, seed, first, ...)` for the configuration's tasks, vectorised: one draw per task, batched solves."
     if int(n_tasks) != n_tasks or n_tasks < 1: raise ValueError(f"`n_tasks` must be a positive integer, got {n_tasks}")
     s, d, g, T = config.n_states, config.d, config.gamma, int(n_tasks)
-    u = np.stack([np.random.default_rng(seed + b).random(2 * s - 2 + s * d + s) for b in range(T)])
+    u = np.stack([task_rng(seed, first + b).random(2 * s - 2 + s * d + s) for b in range(T)])
     P, phi = chain_from_uniforms(u[:, :-s], s, d, config.features)
     P, phi, r = (torch.from_numpy(x) for x in (P, phi, -1 + (1 - -1) * u[:, -s:]))   # r as `rng.uniform(-1, 1)`
     I = torch.eye(s, dtype=torch.float64)

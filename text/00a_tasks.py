@@ -42,9 +42,9 @@ from ictd.core import record_claim
 # ## A batch of tasks
 #
 # A `TaskBatch` holds the matrices of several chains (`len(batch)` of them) that share their number of states, their feature
-# dimension and their discount. `random_tasks` draws chain $b$ as
-# `random_boyan_chain(..., seed=seed + b)`, so a batch is reproducible and task $b$ can be rebuilt
-# on its own.
+# dimension and their discount. `random_tasks` draws chain $b$ of seed $u$ from its own stream,
+# child $b$ of `numpy.random.SeedSequence(u)` (`task_rng(u, b)`), so a batch is reproducible, task $b$ can be
+# rebuilt on its own, and the batches of two seeds share no stream.
 
 # %%
 #| export
@@ -68,13 +68,21 @@ def stack_tasks(mrps:list, # MRPs with equal shapes and discount
     if len({(m.n_states, m.d, m.gamma) for m in mrps}) > 1: raise ValueError("`mrps` must share n_states, d and gamma")
     return TaskBatch(*(torch.stack([getattr(m, k) for m in mrps]) for k in ("P", "r", "phi", "d_pi", "v_pi")), mrps[0].gamma)
 
+def task_rng(seed:int,  # the seed of a batch of tasks
+             b:int,     # the task's index in the batch
+            )->np.random.Generator:
+    "Task `b`'s generator: `numpy.random.default_rng` on child `b` of `numpy.random.SeedSequence(seed)`, as `spawn` makes it."
+    if int(seed) != seed or seed < 0 or int(b) != b or b < 0: raise ValueError(f"`seed` and `b` must be integers >= 0, got {seed!r} and {b!r}")
+    return np.random.default_rng(np.random.SeedSequence(int(seed), spawn_key=(int(b),)))
+
 def random_tasks(n_tasks:int,  # number of random Boyan chains B
-                 seed:int=0,   # task b is `random_boyan_chain(..., seed=seed + b)`
+                 seed:int=0,   # task b is `random_boyan_chain(..., seed=task_rng(seed, first + b))`
+                 first:int=0,  # index of the first task: a batch of tasks first..first + B - 1 of the seed
                  **kwargs,     # passed to `random_boyan_chain` (n_states, d, gamma, features, rewards)
                 )->TaskBatch:
-    "A batch of random Boyan chains with consecutive seeds."
+    "A batch of random Boyan chains, task b drawn from its own child stream of `seed`."
     if int(n_tasks) != n_tasks or n_tasks < 1: raise ValueError(f"`n_tasks` must be a positive integer, got {n_tasks}")
-    return stack_tasks(random_boyan_chain(seed=seed + b, **kwargs) for b in range(int(n_tasks)))
+    return stack_tasks(random_boyan_chain(seed=task_rng(seed, first + b), **kwargs) for b in range(int(n_tasks)))
 
 
 # %%
@@ -84,10 +92,14 @@ show_doc(TaskBatch)
 show_doc(random_tasks)
 
 # %%
+show_doc(task_rng)
+
+# %%
 tasks = random_tasks(5, seed=3, d=2)
 test_eq((len(tasks), tasks.P.shape, tasks.phi.shape), (5, (5, 10, 10), (5, 10, 2)))
-test_eq(tasks.P[4], random_boyan_chain(d=2, seed=7).P)
-test_eq(tasks.v_pi[2], random_boyan_chain(d=2, seed=5).v_pi)
+test_eq(tasks.P[4], random_boyan_chain(d=2, seed=task_rng(3, 4)).P)
+test_eq(tasks.v_pi[2], random_boyan_chain(d=2, seed=np.random.SeedSequence(3).spawn(3)[2]).v_pi)
+test_eq(random_tasks(2, seed=3, first=3, d=2).P, tasks.P[3:])
 
 
 # %% [markdown]
@@ -167,10 +179,10 @@ joint_gap
 #
 # * **a chain** of seed $k$ reads `numpy.random.default_rng(k)` in the fixed order of chapter 0,
 #   whatever its feature kind;
-# * **a batch** of seed $k$ holds the chains of seeds $k, k + 1, \dots$ (`random_tasks` and
-#   `task_pool` alike), so the batches of seeds $k$ and $k + 1$ share all but one chain: callers that
-#   need disjoint batches space their seeds by more than the batch size (pretraining draws
-#   the pool of seed `seed` with `seed * 1_000_003`, chapter 6);
+# * **a batch** of seed $k$ draws chain $b$ from child $b$ of `numpy.random.SeedSequence(k)`
+#   (`task_rng`; `random_tasks` and `task_pool` alike), so the batches of two seeds share no chain and
+#   a long pool can be drawn in pieces (`first`); a training run draws its pools from named streams
+#   of its seed (`ictd.core.run_stream`, chapter 0b), never from an offset added to it;
 # * **a trajectory**: `sample_trajectory` draws from the numpy stream `default_rng(seed)`, and
 #   `sample_trajectories` from a torch stream (a CPU `torch.Generator` seeded with the first word of
 #   `numpy.random.SeedSequence(seed)`, or the generator passed in), because the training engine
@@ -182,7 +194,7 @@ joint_gap
 
 # %%
 k = 40
-test_eq(random_tasks(4, seed=k + 1).P[:3], random_tasks(4, seed=k).P[1:])
+assert not any(torch.equal(a, b) for a in random_tasks(4, seed=k + 1).P for b in random_tasks(4, seed=k).P)
 one = random_tasks(1, seed=k)
 test_ne(sample_trajectories(one.P, 30, one.d_pi, seed=k)[0], sample_trajectory(random_boyan_chain(seed=k), 30, seed=k)[0])
 
@@ -192,7 +204,7 @@ test_ne(sample_trajectories(one.P, 30, one.d_pi, seed=k)[0], sample_trajectory(r
 #
 # Pretraining (chapter 6) draws pools of thousands of chains, and building them one
 # `random_boyan_chain` at a time is slow. `task_pool` draws task $b$ from
-# `numpy.random.default_rng(seed + b)` in the same order, passes the uniforms of all tasks to the
+# `task_rng(seed, b)` in the same order, passes the uniforms of all tasks to the
 # same `chain_from_uniforms` in one call, and batches the linear algebra (the stationary
 # distributions by one batched least-squares solve). Its tasks are `random_tasks`' tasks: the
 # transition matrices, rewards, features and values exactly, the stationary distributions to
@@ -202,12 +214,13 @@ test_ne(sample_trajectories(one.P, 30, one.d_pi, seed=k)[0], sample_trajectory(r
 #| export
 def task_pool(config,                 # the task settings: n_states, d, features, gamma (e.g. a PretrainConfig)
               n_tasks:int,            # number of tasks T
-              seed:int,               # task b draws from `numpy.random.default_rng(seed + b)`
+              seed:int,               # task b draws from `task_rng(seed, first + b)`
+              first:int=0,            # index of the first task (a pool drawn in pieces)
              )->TaskBatch:            # P (T, s, s), r (T, s), phi (T, s, d), d_pi, v_pi
-    "`random_tasks(n_tasks, seed, ...)` for the configuration's tasks, vectorised: one draw per task, batched solves."
+    "`random_tasks(n_tasks, seed, first, ...)` for the configuration's tasks, vectorised: one draw per task, batched solves."
     if int(n_tasks) != n_tasks or n_tasks < 1: raise ValueError(f"`n_tasks` must be a positive integer, got {n_tasks}")
     s, d, g, T = config.n_states, config.d, config.gamma, int(n_tasks)
-    u = np.stack([np.random.default_rng(seed + b).random(2 * s - 2 + s * d + s) for b in range(T)])
+    u = np.stack([task_rng(seed, first + b).random(2 * s - 2 + s * d + s) for b in range(T)])
     P, phi = chain_from_uniforms(u[:, :-s], s, d, config.features)
     P, phi, r = (torch.from_numpy(x) for x in (P, phi, -1 + (1 - -1) * u[:, -s:]))   # r as `rng.uniform(-1, 1)`
     I = torch.eye(s, dtype=torch.float64)
@@ -234,7 +247,8 @@ for features in ("random", "unit", "onehot"):
         fast_pool, slow_pool = task_pool(cfg, 20, 7), random_tasks(20, seed=7, n_states=s, d=d, features=features)
         for k in ("P", "r", "phi", "v_pi"): test_eq(getattr(fast_pool, k), getattr(slow_pool, k))
         test_close(fast_pool.d_pi, slow_pool.d_pi, eps=1e-14)
-pools = {f: task_pool(SimpleNamespace(n_states=10, d=4, gamma=0.9, features=f), 256, 1_000_003) for f in ("random", "unit", "onehot")}
+        test_eq(task_pool(cfg, 5, 7, first=15).P, fast_pool.P[15:])
+pools = {f: task_pool(SimpleNamespace(n_states=10, d=4, gamma=0.9, features=f), 256, 1) for f in ("random", "unit", "onehot")}
 for pool in pools.values():
     for k in ("P", "r", "d_pi", "v_pi"): test_eq(getattr(pool, k), getattr(pools["random"], k))
 test_eq(pools["onehot"].phi, torch.eye(10, dtype=torch.float64).expand(256, 10, 10))

@@ -92,13 +92,15 @@ def check_seeds(seeds)->list:
 #| export
 def substream(seed:int,    # the run's seed
               stream:int,  # the stream's index k >= 0
+              *path:int,   # further indices: child `path[0]` of that stream, and so on down
              )->int:       # a 64-bit seed for a torch or numpy generator
-    "A 64-bit seed for stream `stream` of `seed`: child `stream` of `numpy.random.SeedSequence(seed)`, as `spawn` makes it."
-    return int(np.random.SeedSequence(check_int(seed, "seed"), spawn_key=(check_int(stream, "stream"),)).generate_state(1, np.uint64)[0])
+    "A 64-bit seed for stream `stream` of `seed`: child `stream` of `numpy.random.SeedSequence(seed)`, as `spawn` makes it (its own children with `path`)."
+    key = tuple(check_int(k, "stream") for k in (stream, *path))
+    return int(np.random.SeedSequence(check_int(seed, "seed"), spawn_key=key).generate_state(1, np.uint64)[0])
 
-def stream_generator(seed:int, stream:int)->torch.Generator:
-    "A CPU torch Generator for stream `stream` of `seed`."
-    return torch.Generator().manual_seed(substream(seed, stream))
+def stream_generator(seed:int, stream:int, *path:int)->torch.Generator:
+    "A CPU torch Generator for stream `stream` of `seed` (and its children `path`)."
+    return torch.Generator().manual_seed(substream(seed, stream, *path))
 
 
 # %% [markdown]
@@ -122,6 +124,33 @@ children = np.random.SeedSequence(7).spawn(3)
 test_eq([substream(7, k) for k in range(3)], [int(c.generate_state(1, np.uint64)[0]) for c in children])
 assert len({substream(s, k) for s in range(20) for k in range(5)}) == 100
 test_eq(torch.rand(3, generator=stream_generator(7, 2)), torch.rand(3, generator=stream_generator(7, 2)))
+
+# %% [markdown]
+# A training run (chapter 6's engine) draws from eight streams of its one seed, named once here so
+# that every protocol and family asks for a stream by name: the mini-batches, the initialisation,
+# the perturbation added to a constructed initialisation, the draws an objective adds, the training
+# and held-out task pools, the held-out contexts, and the tasks a baseline is tuned on. Task $b$ of a
+# pool drawn from seed $u$ is drawn from `substream(u, b)`, so two pools never share a task unless
+# they share a seed.
+
+# %%
+#| export
+RUN_STREAMS = ("data", "perturbation", "objective", "train_pool", "eval_pool", "eval_contexts", "tuning", "init")
+
+# %%
+#| export
+def run_stream(seed:int,  # the run's seed
+               name:str,  # one of `RUN_STREAMS`
+              )->int:     # a 64-bit seed
+    "The seed of a training run's stream `name`: `substream(seed, RUN_STREAMS.index(name))`."
+    return substream(seed, RUN_STREAMS.index(check_choice(name, RUN_STREAMS, "name")))
+
+# %%
+test_eq(run_stream(3, "objective"), substream(3, 2))
+test_eq(len({run_stream(s, k) for s in range(10) for k in RUN_STREAMS}), 10 * len(RUN_STREAMS))
+test_fail(lambda: run_stream(3, "pool"), contains="`name`")
+test_eq(substream(7, 2, 5), int(np.random.SeedSequence(7).spawn(3)[2].spawn(6)[5].generate_state(1, np.uint64)[0]))
+test_fail(lambda: substream(7, 2, -1), contains="`stream`")
 
 # %% [markdown]
 # ## The weighted squared error

@@ -829,8 +829,7 @@ shift_c = lambda k, x: 1 + (k @ x.mT).abs().amax(-2)                          # 
 first_head = dict(score=lambda k, x: torch.log(shift_c(k, x).unsqueeze(-2) + k @ x.mT),
                   rho=lambda k, x: shift_c(k, x) + (k @ x.mT).mean(-2))
 worst2, largest2, without = 0., 0., []
-for seed in range(100):
-    r = np.random.default_rng(1000 + seed)
+for r in map(np.random.default_rng, np.random.SeedSequence(1000).spawn(100)):   # 100 random cases, each its own child stream
     n, d, q = int(r.integers(1, 41)), int(r.integers(1, 6)), int(r.integers(0, 4))
     phi, R, Q = r.uniform(-1, 1, (n + 1, d)), r.uniform(-1, 1, n), r.uniform(-1, 1, (q, d))
     a, g = r.uniform(0.05, 1) / d, r.uniform(0, 0.99)

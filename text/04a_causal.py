@@ -11,6 +11,7 @@ from ictd.boyan import as_tensor, check_gamma
 from ictd.wstd import context_tensors
 from ictd.prompt import build_prompt
 from ictd.model import check_prompt, torch_generator, token_rows, xavier_param, carry_context, PromptLayer, SoftmaxICTD
+from ictd.core import run_stream
 from ictd.tasks import Contexts
 from ictd.engine import Family, PretrainConfig, register_family
 
@@ -23,7 +24,7 @@ from nbdev.showdoc import *
 #| hide
 import dataclasses, json, time
 import matplotlib.pyplot as plt
-from ictd.core import plain_log_ticks, provenance
+from ictd.core import plain_log_ticks, provenance, substream
 import numpy as np
 from pathlib import Path
 from IPython.display import Markdown
@@ -670,9 +671,9 @@ _ = record_claim("self-anchored-contracts", "Reading the current value at the ta
 # %%
 FEATURES = {"onehot": 8., "unit": 8., "random": 2.}      # kernel scale beta of W = beta I for the first look
 def eval_context(features, n, n_tasks=20, seed=100):
-    "Tasks, the features and rewards of one stationary context each, and the query features (every state)."
-    tk = random_tasks(n_tasks, seed=seed, features=features)
-    Sk = sample_trajectories(tk.P, n, tk.d_pi, seed=seed + 1)
+    "Tasks (stream 0 of `seed`), the features and rewards of one stationary context each (stream 1), and the query features (every state)."
+    tk = random_tasks(n_tasks, seed=substream(seed, 0), features=features)
+    Sk = sample_trajectories(tk.P, n, tk.d_pi, seed=substream(seed, 1))
     rk = torch.arange(n_tasks)[:, None]
     return tk, tk.phi[rk, Sk], tk.r[rk, Sk[:, :-1]]
 
@@ -1316,7 +1317,7 @@ test_fail(lambda: CausalCache(model_s, 5).prefill(torch.zeros(6, 1)), contains="
 #| export
 def causal_init(config:PretrainConfig, seeds:list, dtype)->dict:
     "Each seed's `CausalSoftmaxICTD` initialisation, stacked: A (S, L', 2D, D), V (S, L', D, 2D), U (S, L', D, D), lam (S, L')."
-    models = [CausalSoftmaxICTD(config.feature_dim, config.n_layers, config.shared, config.init_gain, seed=int(s)) for s in seeds]
+    models = [CausalSoftmaxICTD(config.feature_dim, config.n_layers, config.shared, config.init_gain, seed=run_stream(s, "init")) for s in seeds]
     return {k: torch.stack([torch.stack([getattr(lay, k).detach() for lay in m.layers]) for m in models]).to(dtype) for k in ("A", "V", "U", "lam")}
 
 def causal_prompt(config:PretrainConfig, x:Contexts)->torch.Tensor:
@@ -1381,7 +1382,7 @@ def best_decoder(config:PretrainConfig,                 # the run's settings (de
     "Tune the self-anchored decoder construction on tasks disjoint from a run's held-out tasks."
     import dataclasses
     from ictd.emergence import held_out_prompts, msve_of
-    tune = dataclasses.replace(config, seed=config.seed + 7_919, n_tasks=config.n_tasks + 1)
+    tune = dataclasses.replace(config, seed=run_stream(config.seed, "tuning"))   # held-out tasks of the run's stream `tuning`
     tasks, states, _ = held_out_prompts(tune)
     err = {g: msve_of(decoder_values(config, tasks, states, *g), tasks).mean().item() for g in ((a, b, l) for a in alphas for b in betas for l in lams)}
     return min(err, key=err.get)

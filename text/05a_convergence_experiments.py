@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 from ictd.boyan import as_tensor, random_boyan_chain
-from ictd.core import OKABE_ITO, plain_log_ticks
+from ictd.core import OKABE_ITO, plain_log_ticks, substream
 from ictd.convergence import (FEATURE_LABELS, count_deviation, empirical_mrp, fixed_point, floor_bound, kernel_attention,
                               kernel_diagonality, rate_bound, span_rate, spectral_radius, sup_error, td_recursion)
 from ictd.tasks import TaskBatch, random_tasks, sample_trajectories
@@ -106,12 +106,12 @@ show_doc(depth_sweep)
 
 # %%
 #| export
-def depth_experiment(n_tasks:int=200,        # random one-hot Boyan chains; task b has seed `seed + b`
+def depth_experiment(n_tasks:int=200,        # random one-hot Boyan chains: task b of `random_tasks(., substream(seed, 0))`
                      *, beta:float=15.,         # score scale, W = beta I
                      alpha:float=1.,         # step size in (0, 1]
                      ns=(30, 100, 300, 1000, 3000), # context lengths n (increasing)
                      n_layers:int=100,       # maximal depth L
-                     seed:int=0,             # seed of the tasks; batch k of tasks samples its trajectories with seed `seed + k`
+                     seed:int=0,             # the experiment's seed: tasks from its stream 0, batch k's trajectories from child k of its stream 1
                      chunk:int=200,          # tasks per batch (bounds memory: about 16 chunk max(ns) s bytes)
                      progress:bool=False,    # show a tqdm progress bar over the batches
                     )->dict:                 # `depth_sweep`'s tensors for all tasks, plus min_diag (B,), beta, alpha, gamma
@@ -120,9 +120,9 @@ def depth_experiment(n_tasks:int=200,        # random one-hot Boyan chains; task
         if int(v) != v or v < 1: raise ValueError(f"`{name}` must be a positive integer, got {v}")
     parts = []
     for k, start in enumerate(tqdm(range(0, int(n_tasks), int(chunk)), disable=not progress, desc="depth sweep")):
-        tasks = random_tasks(min(int(chunk), int(n_tasks) - start), seed=seed + start, features="onehot")
+        tasks = random_tasks(min(int(chunk), int(n_tasks) - start), seed=substream(seed, 0), first=start, features="onehot")
         W = beta * torch.eye(tasks.phi.shape[-1], dtype=torch.float64)
-        part = depth_sweep(tasks, W, alpha, ns, n_layers, seed=seed + k)
+        part = depth_sweep(tasks, W, alpha, ns, n_layers, seed=substream(seed, 1, k))
         part["min_diag"] = kernel_diagonality(kernel_attention(tasks.phi, W, tasks.d_pi))[1]
         parts.append(part)
     out = {k: torch.cat([p[k] for p in parts]) for k in ("errors", "depth_terms", "floors", "key_floors", "floor_bounds", "all_keys", "min_counts", "population", "bound", "rho", "min_diag")}
@@ -442,8 +442,8 @@ Markdown("| $n$ | missing a state | item 1 bound | above item 3 | floor / item 3
 
 # %%
 #| export
-def diagonality_sweep(n_tasks:int=200,  # random Boyan chains per feature kind; task b has seed `seed + b`
-                      seed:int=1000,    # seed of the first task
+def diagonality_sweep(n_tasks:int=200,  # random Boyan chains per feature kind (`random_tasks(n_tasks, seed)`)
+                      seed:int=1000,    # seed of the tasks
                       betas=None,       # (k,) score scales; default: 22 log-spaced from 0.1 to 10^2.5
                       features=("onehot", "unit", "random"), # feature kinds of `random_boyan_chain`
                      )->dict:           # betas (k,), gamma, curves: feature -> (mean (k, B), min (k, B)) of M_pi(x, x)
@@ -661,7 +661,7 @@ CONDITIONS = ("diagonal", "span, k = 1", "span, k = 16")
 # %%
 #| export
 def phase_diagram(n_tasks:int=100,    # random Boyan chains per feature kind; the same tasks for every gamma and beta
-                  seed:int=4000,      # task b has seed `seed + b`
+                  seed:int=4000,      # seed of the tasks (`random_tasks(n_tasks, seed)`)
                   betas=None,         # (K,) score scales; default: 13 log-spaced from 0.3 to 300
                   gammas=(0.5, 0.9, 0.99), # discount factors
                   features=("onehot", "unit", "random"), # feature kinds
@@ -813,7 +813,7 @@ print(f"converging task {ok}: min M_pi(x, x) = {min10[ok]:.3f}, spectral radius 
 # %%
 #| export
 def rate_experiment(n_tasks:int=150,     # random Boyan chains per feature kind
-                    seed:int=2000,       # seed of the first task; kind i uses seeds seed + i n_tasks + b
+                    seed:int=2000,       # seed of the tasks: kind i draws them from stream i of it (`substream(seed, i)`)
                     draw_seed:int=1,     # seed of the draws of beta and alpha
                     features=("onehot", "unit"), # feature kinds
                     n_layers:int=120,    # depth of the population recursion
@@ -822,7 +822,7 @@ def rate_experiment(n_tasks:int=150,     # random Boyan chains per feature kind
     "Experiment 5: measured contraction rate and bound $\\kappa$ of the population recursion, $\\beta$ log-uniform in $[5, 300]$, $\\alpha$ uniform in $[0.3, 1]$."
     rng, cols, kinds = np.random.default_rng(draw_seed), {k: [] for k in ("rates", "rhos", "min_diags", "spectral", "lams", "spans")}, []
     for i, feat in enumerate(features):
-        tb = random_tasks(n_tasks, seed=seed + n_tasks * i, features=feat)
+        tb = random_tasks(n_tasks, seed=substream(seed, i), features=feat)
         beta, a = torch.from_numpy(10 ** rng.uniform(0.7, 2.5, len(tb))), torch.from_numpy(rng.uniform(0.3, 1, len(tb)))
         M = kernel_attention(tb.phi, beta[:, None, None] * torch.eye(tb.phi.shape[-1], dtype=torch.float64), tb.d_pi)
         rho = rate_bound(M, gamma=tb.gamma, alpha=a)
@@ -937,7 +937,7 @@ show_doc(scale_for_diagonality)
 # %%
 #| export
 def leaky_experiment(n_tasks:int=100,       # random unit-norm Boyan chains
-                     seed:int=6000,         # task b has seed `seed + b`; trajectories use `seed`
+                     seed:int=6000,         # tasks from its stream 0, targets from stream 1, trajectories from stream 2
                      ns=(300, 1000, 3000),  # context lengths (increasing)
                      targets=(0.955, 0.985), # range of the target min_x M_pi(x, x)
                      alpha:float=1.,        # step size in (0, 1]
@@ -945,8 +945,8 @@ def leaky_experiment(n_tasks:int=100,       # random unit-norm Boyan chains
                      fit_start:int=75,      # first depth of the rate fits
                     )->dict:                # tensors: population (B,) rates, rho, spectral, span, min_diag, beta; per context (B, len(ns)) ctx_rates, rho_hat, span_hat, eps, all_keys, min_diag_hat
     "Experiment 6: measured rates against the diagonal and span conditions, population and finite $n$, for unit-norm features with $\\min_x M_\\pi(x, x)$ in `targets`."
-    tasks = random_tasks(n_tasks, seed=seed, features="unit")
-    target = torch.from_numpy(np.random.default_rng(seed).uniform(*targets, len(tasks)))
+    tasks = random_tasks(n_tasks, seed=substream(seed, 0), features="unit")
+    target = torch.from_numpy(np.random.default_rng(substream(seed, 1)).uniform(*targets, len(tasks)))
     beta = scale_for_diagonality(tasks.phi, tasks.d_pi, target)
     W = beta[:, None, None] * torch.eye(tasks.phi.shape[-1], dtype=torch.float64)
     M = kernel_attention(tasks.phi, W, tasks.d_pi)
@@ -954,7 +954,7 @@ def leaky_experiment(n_tasks:int=100,       # random unit-norm Boyan chains
     out = dict(beta=beta, min_diag=kernel_diagonality(M)[1], rates=measured_rate(err, fit_start), rho=rate_bound(M, gamma=tasks.gamma, alpha=alpha),
                spectral=spectral_radius(M, tasks.P, gamma=tasks.gamma, alpha=alpha), span=span_rate(M, tasks.P, gamma=tasks.gamma, alpha=alpha),
                lam=1 - alpha * (1 - tasks.gamma), gamma=tasks.gamma, ns=[int(n) for n in ns])
-    S = sample_trajectories(tasks.P, max(ns), tasks.d_pi, seed)
+    S = sample_trajectories(tasks.P, max(ns), tasks.d_pi, substream(seed, 2))
     cols = {k: [] for k in ("ctx_rates", "rho_hat", "span_hat", "eps", "all_keys", "min_diag_hat")}
     for n in out["ns"]:
         states = S[:, :n + 1]

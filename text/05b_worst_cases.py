@@ -17,9 +17,9 @@ from tqdm.auto import tqdm
 from ictd.boyan import MRP, boyan_transitions, check_gamma, random_boyan_chain
 from ictd.convergence import (circulant_threshold, kernel_attention, kernel_diagonality, rate_bound, relaxation_time, spectral_radius,
                               sup_error, td_recursion)
-from ictd.core import OKABE_ITO, plain_log_ticks, provenance
+from ictd.core import OKABE_ITO, plain_log_ticks, provenance, substream
 from ictd.experiments.convergence import measured_rate, scale_for_diagonality
-from ictd.tasks import stack_tasks
+from ictd.tasks import stack_tasks, task_rng
 
 # %%
 #| hide
@@ -84,14 +84,14 @@ def slow_mixing_experiment(n_tasks:int=20,      # chains per family and mixing p
                            etas=None,           # (K,) laziness / cross-block probabilities (capped at 1/2 for the blocks); default 13 log-spaced in [1e-3, 1]
                            target:float=0.96,   # min_x M_pi(x, x) of every chain
                            alpha:float=1.,      # step size in (0, 1]
-                           seed:int=7000,       # chain b takes its features, rewards and first chain from seed + b
+                           seed:int=7000,       # chain b: features, rewards and first chain from task b of stream 0, its two blocks from task b of streams 1 and 2
                            n_layers:int=200,    # depth of the population recursion
                            fit_start:int=100,   # first depth of the rate fit
                           )->dict:              # etas, lam, gamma, and per family ("lazy", "two blocks") tensors (B, K): relax, rates, spectral, rho, min_diag; lazy_limit (B,)
     "Rates of the population recursion on lazy Boyan chains and on two Boyan blocks joined by a rare jump (unit-norm features, $W = \\beta I$), against the relaxation time."
     etas = np.logspace(-3, 0, 13) if etas is None else np.asarray(etas, dtype=float)
-    bases = [random_boyan_chain(features="unit", seed=seed + b) for b in range(int(n_tasks))]
-    blocks = [[boyan_transitions(5, np.random.default_rng(seed + k * int(n_tasks) + b)) for k in (1, 2)] for b in range(int(n_tasks))]
+    bases = [random_boyan_chain(features="unit", seed=task_rng(substream(seed, 0), b)) for b in range(int(n_tasks))]
+    blocks = [[boyan_transitions(5, task_rng(substream(seed, k), b)) for k in (1, 2)] for b in range(int(n_tasks))]
     gamma = bases[0].gamma
     out = dict(etas=etas, lam=1 - alpha * (1 - gamma), gamma=gamma, alpha=alpha, fit=f"{fit_start}-{n_layers}")
     for family in ("lazy", "two blocks"):

@@ -11,7 +11,7 @@ import torch
 from tqdm.auto import tqdm
 import ictd
 from ictd.boyan import check_gamma, weighted_error
-from ictd.core import OKABE_ITO, TaskBatch, check_seeds, substream
+from ictd.core import OKABE_ITO, TaskBatch, check_seeds, run_stream
 from ictd.prompt import build_prompt
 from ictd.model import SoftmaxICTD, population_neu, theta_star
 from ictd.tasks import stationary_examples, task_features
@@ -692,12 +692,10 @@ def _held_out(config:PretrainConfig)->TaskBatch:
 
 # %%
 #| export
-INIT_STREAM, OBJECTIVE_STREAM = 1, 2   # sub-streams of a run's seed (stream 0 is the data's own generator)
-
 def perturb(params:dict, scale:float, seeds:list)->dict:
-    "Stacked parameters (S, ...) plus `scale` times standard Gaussian noise drawn from each seed's `INIT_STREAM` (unchanged for scale 0)."
+    "Stacked parameters (S, ...) plus `scale` times standard Gaussian noise drawn from each seed's stream `perturbation` (unchanged for scale 0)."
     if scale == 0: return params
-    gens = [torch.Generator().manual_seed(substream(s, INIT_STREAM)) for s in seeds]
+    gens = [torch.Generator().manual_seed(run_stream(s, "perturbation")) for s in seeds]
     noise = {k: torch.stack([torch.randn(v.shape[1:], generator=g, dtype=torch.float64) for g in gens]) for k, v in params.items()}
     return {k: (v.double() + scale * noise[k]).to(v.dtype) for k, v in params.items()}
 
@@ -748,8 +746,8 @@ def train_loop(config:PretrainConfig,     # every setting but the seed
     init = perturb(family.init(config, seeds, DTYPES[config.dtype]), config.init_scale, seeds)
     params = {k: v.to(device).requires_grad_() for k, v in init.items()}                   # (S, ...) each
     opt = torch.optim.Adam(params.values(), lr=config.lr, weight_decay=config.weight_decay)
-    gens = [torch.Generator().manual_seed(s) for s in seeds]                               # each seed's data stream
-    target_gens = [torch.Generator().manual_seed(substream(s, OBJECTIVE_STREAM)) for s in seeds]
+    gens = [torch.Generator().manual_seed(run_stream(s, "data")) for s in seeds]          # each seed's data stream
+    target_gens = [torch.Generator().manual_seed(run_stream(s, "objective")) for s in seeds]
     run = dict(step=0, history={}, losses=[], protocol={})
     expect = dict(version=ictd.__version__, source=source_hash(), config=asdict(config), seeds=seeds)
     checkpoint = folder / f"checkpoint-{hashlib.sha1(json.dumps(seeds).encode()).hexdigest()[:8]}.pt" if folder is not None else None
@@ -1351,10 +1349,10 @@ test_fail(lambda: pretrain_many(dataclasses.replace(tiny, attention="cubic"), [1
 
 # %% [markdown]
 # **Initialisations.** `init="xavier"` (the default) draws each seed's parameters as `SoftmaxICTD`
-# does with that seed; `init="theta_star"` starts every layer at $\theta^*$ with $W = \beta I$ and
+# does with the seed's stream `init` (`run_stream(seed, "init")`, chapter 0b); `init="theta_star"` starts every layer at $\theta^*$ with $W = \beta I$ and
 # step size $\alpha$ taken from `init_beta` and `init_alpha` (`init_gain` is then unused). Either can
 # be perturbed: `init_scale` $= c$ adds independent $\mathcal N(0, c^2)$ noise to every entry, drawn
-# from sub-stream `INIT_STREAM` of the seed (`substream`, a child of `numpy.random.SeedSequence`).
+# from the seed's stream `perturbation` (`run_stream`, a child of `numpy.random.SeedSequence`, chapter 0b).
 
 # %%
 at_star = dataclasses.replace(tiny, n_steps=0, init="theta_star", init_beta=2., init_alpha=0.5)

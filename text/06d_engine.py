@@ -12,7 +12,7 @@ import torch
 from torch import nn
 import ictd
 from ictd.boyan import check_gamma
-from ictd.core import TaskBatch, check_choice, check_int, check_number
+from ictd.core import TaskBatch, check_choice, check_int, check_number, run_stream
 from ictd.model import SoftmaxICTD, StateTokens, population_tokens, state_tokens, theta_star, token_layers, token_predict, trajectory_tokens
 from ictd.tasks import Contexts, TDExamples, draw_cdf, gather_rows, sample_trajectories, stationary_examples, task_features, task_pool
 
@@ -230,8 +230,9 @@ class EvalSet:
 #
 # Chapter 6's examples, drawn for every seed at once: seed $i$'s batch is the one `td_batch`
 # draws from seed $i$'s pool with generator $i$ (checked in [chapter 6](pretrain.html#examples-as-state-indices)).
-# Seed $s$'s training pool is `task_pool(config, n_tasks, s * 1_000_003)`; its held-out tasks are drawn
-# the same way from a seed disjoint from every training pool's, with one context each.
+# Seed $s$'s training pool is `task_pool(config, n_tasks, run_stream(s, "train_pool"))`; its held-out
+# tasks come from its stream `eval_pool` and their contexts from its stream `eval_contexts`
+# (chapter 0b's named streams), so no run's held-out tasks are any run's training tasks.
 
 # %%
 #| export
@@ -242,8 +243,8 @@ def stationary_sampler(config:PretrainConfig, pool:TaskBatch, gens:list, step:in
     return TDExamples(Contexts(pool, b.task, b.states, torch.stack([b.query, b.successor], -1)), task_features(pool, b.task, b.query)[1])
 
 def stationary_pools(config:PretrainConfig, seeds:list, device=None)->TaskBatch:
-    "The training pools of the stationary protocol, stacked over seeds: seed s's pool is `task_pool(config, n_tasks, s * 1_000_003)`."
-    return TaskBatch.stack([task_pool(config, config.n_tasks, s * 1_000_003) for s in seeds], device)
+    "The training pools of the stationary protocol, stacked over seeds: seed s's pool is `task_pool(config, n_tasks, run_stream(s, 'train_pool'))`."
+    return TaskBatch.stack([task_pool(config, config.n_tasks, run_stream(s, "train_pool")) for s in seeds], device)
 
 
 # %%
@@ -251,9 +252,9 @@ def stationary_pools(config:PretrainConfig, seeds:list, device=None)->TaskBatch:
 def _task_kwargs(config): return dict(n_states=config.n_states, d=config.d, gamma=config.gamma, features=config.features)
 
 def held_out_tasks(config:PretrainConfig)->tuple:
-    "The held-out tasks of a run (disjoint from its training pool) and one context per task."
-    tasks = task_pool(config, config.eval_tasks, config.seed * 1_000_003 + config.n_tasks)
-    return tasks, sample_trajectories(tasks.P, config.n, tasks.d_pi, seed=config.seed + 17)
+    "The held-out tasks of a run (its stream `eval_pool`, apart from its training pool) and one context per task (its stream `eval_contexts`)."
+    tasks = task_pool(config, config.eval_tasks, run_stream(config.seed, "eval_pool"))
+    return tasks, sample_trajectories(tasks.P, config.n, tasks.d_pi, seed=run_stream(config.seed, "eval_contexts"))
 
 def task_eval_set(config:PretrainConfig, tasks:TaskBatch, states:torch.Tensor)->EvalSet:
     "The evaluation set of discrete held-out tasks (S, E, ...) with one context each (S, E, n + 1): every state a query, MSVE weights d_pi."
@@ -383,7 +384,7 @@ def softmax_init(config:PretrainConfig, seeds:list, dtype)->dict:
     if config.init == "theta_star":
         W = config.init_beta * torch.eye(d, dtype=torch.float64)
         models = [SoftmaxICTD.from_theta_star(d, config.n_layers, W, config.init_alpha, config.gamma, shared=config.shared)] * len(seeds)
-    else: models = [SoftmaxICTD(d, config.n_layers, config.shared, config.init_gain, seed=int(s)) for s in seeds]
+    else: models = [SoftmaxICTD(d, config.n_layers, config.shared, config.init_gain, seed=run_stream(s, "init")) for s in seeds]
     return {k: torch.stack([torch.stack([getattr(lay, k).detach() for lay in m.layers]) for m in models]).to(dtype) for k in ("A", "V_cur", "V_tgt")}
 
 def softmax_module(config:PretrainConfig, params:dict)->SoftmaxICTD:

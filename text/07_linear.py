@@ -9,6 +9,7 @@ import numpy as np
 import torch
 from torch import nn
 from ictd.boyan import as_tensor, check_gamma, weighted_error
+from ictd.core import run_stream, substream
 from ictd.model import token_rows, torch_generator, xavier_param
 from ictd.tasks import Contexts, TaskBatch, TDExamples, random_tasks, sample_trajectories, task_features, task_pool
 from ictd.engine import EvalSet, Family, PretrainConfig, Protocol, register_family, register_protocol, task_eval_set
@@ -772,6 +773,7 @@ test_close(td_semigradient_poly(coef, rw, mrp.gamma)(2.7), auto.item(), eps=1e-1
 # %%
 #| export
 FIT_CHUNK, FIT_TRAJECTORIES, FIT_STEPS = 64, 5, 65   # tasks per chunk, trajectories per task, steps per trajectory beyond n
+FIT_SEED = 123_456   # the fit's seed: its tasks are drawn from stream 0 of it, chunk k's trajectories from child k of stream 1
 
 
 # %% [markdown]
@@ -786,8 +788,8 @@ def td_semigradient_chunks(n:int, n_layers:int, gamma:float, n_states:int=10, d:
     "The sliding-window TD semi-gradient of the batch-TD Transformer in its step size, per chunk of fresh tasks (cached)."
     polys, rep = [], lambda x: x.repeat_interleave(FIT_TRAJECTORIES, 0)
     for first in range(0, n_tasks, FIT_CHUNK):
-        tasks = random_tasks(min(FIT_CHUNK, n_tasks - first), seed=123_456 + first, n_states=n_states, d=d, gamma=gamma)
-        gen = torch.Generator().manual_seed(first)
+        tasks = random_tasks(min(FIT_CHUNK, n_tasks - first), seed=substream(FIT_SEED, 0), first=first, n_states=n_states, d=d, gamma=gamma)
+        gen = torch.Generator().manual_seed(substream(FIT_SEED, 1, first // FIT_CHUNK))
         states = sample_trajectories(rep(tasks.P), n + FIT_STEPS, rep(start_distributions(len(tasks), n_states, gen)), seed=gen)
         polys.append(td_semigradient_poly(*sliding_td_coefficients(rep(tasks.phi), rep(tasks.r), states, n, gamma, n_layers), gamma))
     return tuple(polys)
@@ -862,7 +864,7 @@ ICLR_LINEAR = PretrainConfig(attention="linear", protocol="sliding", shared=True
 def linear_init(config:PretrainConfig, seeds:list, dtype=torch.float64)->dict:
     "Each seed's `LinearICTD` initialisation, stacked: P and Q of shape (S, L or 1, 2d+1, 2d+1)."
     if config.init != "xavier": raise ValueError(f"`init` must be 'xavier' for the linear family, got {config.init!r}")
-    models = [LinearICTD(config.feature_dim, config.n_layers, config.shared, config.init_gain, seed=int(s)) for s in seeds]
+    models = [LinearICTD(config.feature_dim, config.n_layers, config.shared, config.init_gain, seed=run_stream(s, "init")) for s in seeds]
     return {k: torch.stack([torch.stack([getattr(lay, k).detach() for lay in m.layers]) for m in models]).to(dtype) for k in ("P", "Q")}
 
 
@@ -937,9 +939,9 @@ register_family("linear", Family(init=linear_init, prompt=linear_prompt, predict
 
 # %% [markdown]
 # The predecessor's **sliding protocol** is a protocol of the engine. Its tasks come in order: each
-# seed's task $k$ is task $k$ of its pool (`task_pool(config, ., seed * 1_000_003 + k)`), drawn
+# seed's task $k$ is task $k$ of its training pool (`task_pool(config, ., run_stream(seed, "train_pool"), first=k)`), drawn
 # `SLIDING_CHUNK` at a time with their random start distributions and trajectories from the seed's
-# own generator; the $n_\text{steps} / n_\text{tasks}$ steps on a task each take one trajectory of
+# data stream; the $n_\text{steps} / n_\text{tasks}$ steps on a task each take one trajectory of
 # $n + n_{\mathrm{mb}} + 2$ states and cut it into the $n_{\mathrm{mb}} + 1$ overlapping windows of
 # `sliding_windows`, each window's successor being the *next window* (`TDExamples(successor="next")`).
 # Its loss is the predecessor's mean squared TD error, without a factor $\frac12$ (`loss_scale=1`).
@@ -964,7 +966,7 @@ def sliding_chunk(config:PretrainConfig, seeds:list, gens:list, first:int)->dict
     count, per_task, T = min(SLIDING_CHUNK, config.n_tasks - first), _per_task(config), config.n + config.batch_size + 1
     pools, states = [], []
     for s, g in zip(seeds, gens):
-        pools.append(task_pool(config, count, s * 1_000_003 + first))
+        pools.append(task_pool(config, count, run_stream(s, "train_pool"), first=first))
         mu = start_distributions(count, config.n_states, g).repeat_interleave(per_task, 0)
         states.append(sample_trajectories(pools[-1].P.repeat_interleave(per_task, 0), T, mu, seed=g).unflatten(0, (count, per_task)))
     pool = stack_pools(pools)
@@ -994,11 +996,11 @@ def sliding_sample(config:PretrainConfig, data:dict, gens:list, step:int, state:
 # %%
 #| export
 def sliding_eval_set(config:PretrainConfig, seeds:list, device=None)->EvalSet:
-    "Each seed's held-out tasks, with one context per task from a random start distribution (generator seeded seed + 17)."
+    "Each seed's held-out tasks (its stream `eval_pool`), with one context per task from a random start distribution (its stream `eval_contexts`)."
     pools, states = [], []
     for s in seeds:
-        pools.append(task_pool(config, config.eval_tasks, s * 1_000_003 + config.n_tasks))
-        gen = torch.Generator().manual_seed(s + 17)
+        pools.append(task_pool(config, config.eval_tasks, run_stream(s, "eval_pool")))
+        gen = torch.Generator().manual_seed(run_stream(s, "eval_contexts"))
         states.append(sample_trajectories(pools[-1].P, config.n, start_distributions(config.eval_tasks, config.n_states, gen), seed=gen))
     return task_eval_set(config, stack_pools(pools, device), torch.stack(states).to(device))
 

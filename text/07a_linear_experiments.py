@@ -8,9 +8,9 @@ import dataclasses, itertools, json, math
 from pathlib import Path
 import torch
 from ictd.boyan import msve, random_boyan_chain, sample_trajectory, weighted_error
-from ictd.tasks import TaskBatch, random_tasks, sample_trajectories
+from ictd.tasks import TaskBatch, random_tasks, sample_trajectories, task_rng
 from ictd.prompt import build_prompt
-from ictd.core import OKABE_ITO, plain_log_ticks
+from ictd.core import OKABE_ITO, plain_log_ticks, substream
 from tqdm.auto import tqdm
 from ictd.engine import EMERGENCE, PretrainConfig, eval_set, get_family, stack_results
 from ictd.pretrain import DivergenceError, pretrain_many
@@ -495,12 +495,12 @@ def msve_against_depth(tasks:list,         # MRPs, all with the same number of s
 
 # %%
 #| export
-def side_by_side(n_tasks:int=100,    # random Boyan chains (task b has seed `seed + b`)
+def side_by_side(n_tasks:int=100,    # random Boyan chains (task b from `task_rng(substream(seed, 0), b)`)
                  n:int=200,          # context length
                  depth:int=60,       # deepest model
                  *, beta:float=20.,     # softmax score scale, W = beta I
                  alpha:float=1.,     # step size of both constructions
-                 seed:int=0,         # first task seed (the context of task b has seed `seed + b` too)
+                 seed:int=0,         # the experiment's seed (the context of task b from `substream(seed, 1, b)`)
                 )->dict:             # label -> (n_tasks, depth + 1) MSVE at every depth
     "MSVE against depth of linear and softmax in-context TD, each on its own kind of features, on the same chains."
     def linear(phi_s, R, phi_q, gamma): return batch_linear_td(phi_s, R, alpha, gamma, depth, phi_queries=phi_q, return_all=True)[..., n + 1:]
@@ -508,8 +508,8 @@ def side_by_side(n_tasks:int=100,    # random Boyan chains (task b has seed `see
         W = beta * torch.eye(phi_s.shape[-1], dtype=phi_s.dtype)
         return weighted_softmax_td(phi_s, R, W, alpha, gamma, depth, phi_queries=phi_q, return_all=True)[..., n + 1:]
     def curve(features, values_fn):
-        tasks = [random_boyan_chain(features=features, seed=seed + b) for b in range(n_tasks)]
-        return msve_against_depth(tasks, [sample_trajectory(m, n, seed=seed + b) for b, m in enumerate(tasks)], values_fn)
+        tasks = [random_boyan_chain(features=features, seed=task_rng(substream(seed, 0), b)) for b in range(n_tasks)]
+        return msve_against_depth(tasks, [sample_trajectory(m, n, seed=substream(seed, 1, b)) for b, m in enumerate(tasks)], values_fn)
     return {"linear attention, one-hot features": curve("onehot", linear),
             "softmax attention, one-hot features": curve("onehot", softmax),
             "linear attention, 4 random features": curve("random", linear)}
@@ -665,20 +665,20 @@ def _msve_curves(method, tasks, states, depth, **params)->torch.Tensor:
     return torch.nan_to_num(err, nan=math.inf)
 
 def tuned_side_by_side(features:str="random",  # "random" (d = 4) or "onehot" features, shared by all methods
-                       n_tasks:int=100,        # test tasks (seeds `seed`, `seed + 1`, ...)
-                       n_tune:int=20,          # tuning tasks (seeds from `seed + 100_000`)
+                       n_tasks:int=100,        # test tasks (stream 2 of `seed`, their contexts stream 3)
+                       n_tune:int=20,          # tuning tasks (stream 0 of `seed`, their contexts stream 1)
                        n:int=100,              # context length
                        depth:int=40,           # deepest model; tuning minimises the median MSVE there
-                       seed:int=0,             # first test task seed
+                       seed:int=0,             # the experiment's seed
                        grids:dict=None,        # method -> dict of parameter grids; default `TUNING_GRIDS`
                       )->dict:                 # method -> dict(params, tune_msve, curves (n_tasks, depth+1))
     "MSVE against depth of each method with its own parameters tuned by a grid on separate tuning tasks, all on the same features and contexts."
     if features not in ("random", "onehot"): raise ValueError(f"`features` must be 'random' or 'onehot', got {features!r}")
     grids = TUNING_GRIDS if grids is None else grids
-    def draw(first, count):
-        tasks = random_tasks(count, seed=first, features=features)
-        return tasks, sample_trajectories(tasks.P, n, tasks.d_pi, seed=first)
-    tune, test = draw(seed + 100_000, n_tune), draw(seed, n_tasks)
+    def draw(stream, count):
+        tasks = random_tasks(count, seed=substream(seed, stream), features=features)
+        return tasks, sample_trajectories(tasks.P, n, tasks.d_pi, seed=substream(seed, stream + 1))
+    tune, test = draw(0, n_tune), draw(2, n_tasks)
     out = {}
     for method, grid in grids.items():
         points = [dict(zip(grid, vals)) for vals in itertools.product(*grid.values())]
