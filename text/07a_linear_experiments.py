@@ -287,14 +287,15 @@ def reproduce_iclr(config:PretrainConfig=ICLR_LINEAR,  # the protocol
                    seeds=range(30),     # one run per seed
                    out=None,            # path of the JSON summary to write, or None
                    progress:bool=True,  # show a progress bar
+                   command:str=None,    # the command recorded in the summary's provenance (default: this call)
                   )->list:              # one PretrainResult per seed
-    "The predecessor's pretraining experiment over many seeds (`pretrain_many`), with a small JSON summary of its results."
+    "The predecessor's pretraining experiment over many seeds (`pretrain_many`), with a small JSON summary of its results and their provenance."
     results = pretrain_many(config, list(seeds), progress=progress)
     if out is not None:
         params = stack_results(results)["params"]
         h, (P, Q) = aligned_history(results), align_signs(params["P"][:, -1], params["Q"][:, -1])
         S = len(list(seeds))
-        summary = dict(produced_by="ictd.experiments.linear.reproduce_iclr",
+        summary = dict(produced_by="ictd.experiments.linear.reproduce_iclr", provenance=provenance(command or f"reproduce_iclr(seeds={list(seeds)}, out={str(out)!r})"),
                        config=dataclasses.asdict(config), seeds=list(seeds), alpha_td=summarise_linear(results)["alpha_td"],
                        tasks=h["tasks"][0], mean={k: v.mean(0) for k, v in h.items() if k not in ("tasks", "step")},
                        se={k: v.std(0) / S ** 0.5 for k, v in h.items() if k not in ("tasks", "step")},
