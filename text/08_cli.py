@@ -330,7 +330,7 @@ def make_parser()->argparse.ArgumentParser:
     p.add_argument("--depth", type=positive_int, default=60, help="deepest model")
     p.add_argument("--beta", type=positive_float, default=20., help="softmax score scale, W = beta I")
     p.add_argument("--alpha", type=positive_float, default=1., help="step size of both constructions in the untuned comparison")
-    p.add_argument("--seed", type=natural_int, default=0, help="first task seed")
+    p.add_argument("--seed", type=natural_int, default=0, help="the comparisons' seed (their tasks and contexts come from its sub-streams)")
     p.add_argument("--features", choices=["random", "onehot"], nargs="+", default=["random", "onehot"],
                    help="features shared by every method in the tuned comparison")
     p.add_argument("--n-tune", type=positive_int, default=20, help="tuning tasks of the tuned comparison (separate seeds)")
@@ -339,7 +339,7 @@ def make_parser()->argparse.ArgumentParser:
     p.add_argument("--head-to-head", type=seed_list, default=None,
                    help="also pretrain linear and softmax Transformers head to head on these seeds, e.g. 0-9, each with its tuned lr (head_to_head.json)")
     p = sub.add_parser("continuous", parents=[common], formatter_class=fmt, help="kernel TD and pretraining on continuous states (chapters 7b-7d)")
-    p.add_argument("--seed", type=natural_int, default=0, help="offset of every context and training seed")
+    p.add_argument("--seed", type=natural_int, default=0, help="seed of the contexts, and the first of the consecutive training seeds")
     p.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test) instead of the full scale")
     p = sub.add_parser("mechanism", parents=[common], formatter_class=fmt,
                        help="the slow studies of chapter 6b, each saved as JSON with the command, commit and date that made it")
@@ -408,6 +408,21 @@ def seed_ranges(seeds:list)->str:
         else: out.append([s, s])
     return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in out)
 
+
+# %% [markdown]
+# Seeds are written back the way `--seeds` reads them, so a summary's title names its runs compactly:
+
+# %%
+test_eq(seed_ranges([5, 0, 1, 2, 9, 10]), "0-2,5,9-10")
+test_eq(seed_list(seed_ranges([5, 0, 1, 2, 9, 10])), [0, 1, 2, 5, 9, 10])
+
+
+# %% [markdown]
+# `summarize` reduces a run over seeds to what `summary.json` holds: the last evaluation of every
+# metric, as the mean over seeds and its standard error.
+
+# %%
+#| export
 def summarize(results:list)->dict:
     "Mean and standard error over seeds of every metric at the last evaluation (standard error None for one seed)."
     S, final = len(results), {}
@@ -418,6 +433,13 @@ def summarize(results:list)->dict:
     return dict(config=asdict(results[0].config) | dict(seed=None), seeds=[r.config.seed for r in results],
                 step=int(results[0].history["step"][-1]), final=final)
 
+
+# %% [markdown]
+# `plot_seeds` draws the same metrics against training steps, each as a mean with a band of one
+# standard error (`summary.png`).
+
+# %%
+#| export
 def _band(ax, steps, x, label, log=False):
     "Mean over seeds (axis 0) with a band of one standard error."
     m = x.mean(0)
@@ -467,6 +489,13 @@ def run_chain(args)->list:
                 P=mrp.P, r=mrp.r, phi=mrp.phi, d_pi=mrp.d_pi, v_pi=mrp.v_pi)
     return [_save(plot_chain(mrp).figure, args.out / "chain.png"), _save(info, args.out / "chain.json")]
 
+
+# %% [markdown]
+# `ictd convergence` runs chapter 5a's experiments at the sizes its options give and writes one
+# figure per experiment, the tensors (`convergence.pt`) and a summary (`convergence.json`).
+
+# %%
+#| export
 def run_convergence(args)->list:
     "`ictd convergence`: the experiments of chapter 5a."
     if args.ns != sorted(set(args.ns)): raise ValueError(f"argument --ns: must be increasing, got {args.ns}")
@@ -497,12 +526,25 @@ def run_convergence(args)->list:
     summary["leaky"] = dict(n_tasks=args.leaky_tasks, rho_range=[leaky["rho"].min(), leaky["rho"].max()], rate_range=[leaky["rates"].min(), leaky["rates"].max()])
     return figs + [_save(dict(depth=sweep, diagonality=diag, phase=phase, rates=rates, leaky=leaky), o / "convergence.pt"), _save(summary, o / "convergence.json")]
 
+
+# %% [markdown]
+# `ictd continuous` delegates to chapter 7c's driver, which writes its own files.
+
+# %%
+#| export
 def run_continuous(args)->list:
     "`ictd continuous`: the experiments of chapter 7c (continuous states), full scale unless `--quick`."
     paths = continuous_experiments(args.out, seed=args.seed, progress=not args.no_progress, quick=args.quick)
     for path in paths: print(f"wrote {path}", flush=True)
     return paths
 
+
+# %% [markdown]
+# `ictd linear` runs chapter 7a's comparisons of linear and softmax in-context TD; the two
+# pretraining studies (the predecessor's protocol, the head-to-head) run only when their seeds are given.
+
+# %%
+#| export
 def run_linear(args)->list:
     "`ictd linear`: linear against softmax in-context TD (chapter 7a): untuned, tuned per method on shared features, optionally the predecessor's pretraining and the pretrained head-to-head."
     curves = side_by_side(args.n_tasks, args.n, args.depth, beta=args.beta, alpha=args.alpha, seed=args.seed)
@@ -525,6 +567,13 @@ def run_linear(args)->list:
         print(f"wrote {paths[-1]}", flush=True)
     return paths + [_save(summary, args.out / "linear.json")]
 
+
+# %% [markdown]
+# `ictd pretrain` trains every seed of one configuration in one batched run, cached per
+# configuration and seed, and writes each seed's figure and the summary across seeds.
+
+# %%
+#| export
 def _seeds(args)->list:
     "The flat list of seeds of `--seeds` (given as one or more lists and ranges), checked to be distinct."
     seeds = [s for group in args.seeds for s in group]
@@ -576,6 +625,12 @@ def run_mechanism(args)->list:
     print(f"wrote {path}" if path is not None else f"trained into {args.cache_dir}", flush=True)
     return [path] if path is not None else []
 
+
+# %% [markdown]
+# The sub-commands by name, and the entry point that dispatches to them:
+
+# %%
+#| export
 COMMANDS = dict(chain=run_chain, linear=run_linear, convergence=run_convergence, pretrain=run_pretrain, continuous=run_continuous, mechanism=run_mechanism)
 
 def main(argv:list=None, # arguments after `ictd` (default: `sys.argv[1:]`)
