@@ -641,11 +641,14 @@ def candidate_values(config:PretrainConfig,  # the run's settings
 
 
 # %% [markdown]
-# On the eight held-out tasks of the toy's prompts, the context mean is the emergence chapter's `context_mean_values`:
+# On the eight held-out tasks of the toy's prompts, the context mean $\bar R$ is the emergence chapter's state-blind
+# estimate `context_mean_values` times $1 - \gamma$ (an affine map absorbs the scale), and the reward at the query is
+# the task's own reward:
 
 # %%
 toy_cands = candidate_values(dataclasses.replace(EMERGENCE, eval_tasks=8))
-test_close(toy_cands["context mean"], context_mean_values(toy_tasks, toy_states), eps=1e-12)
+test_close(toy_cands["context mean"] / (1 - EMERGENCE.gamma), context_mean_values(toy_tasks, toy_states), eps=1e-12)
+test_eq(toy_cands["reward at the query"], toy_tasks.r)
 
 
 # %% [markdown]
@@ -764,11 +767,11 @@ def estimator_values(name:str,             # a candidate of `fit_estimators`
 
 
 # %% [markdown]
-# The constants $(0, 1)$ give the context mean itself, and an unknown name is refused:
+# The constants $(0, 1)$ give the state-blind estimate itself, and an unknown name is refused:
 
 # %%
 toy_config = dataclasses.replace(EMERGENCE, eval_tasks=8)
-test_close(estimator_values("context mean", dict(coef=[0., 1.]), toy_config), toy_cands["context mean"], eps=1e-12)
+test_close(estimator_values("context mean", dict(coef=[0., 1.]), toy_config), context_mean_values(toy_tasks, toy_states), eps=1e-12)
 test_fail(lambda: estimator_values("median", dict(coef=[0., 1.]), toy_config), contains="`name` must be one of")
 
 
