@@ -43,6 +43,7 @@ def layer_values(model:SoftmaxICTD,  # the model
     with torch.no_grad(): Zs = model(Z, n=n, return_all=True)
     return Zs[..., model.d + 1, n + 1:].movedim(-2, 0)
 
+# %% ../nbs/06b_mechanism.ipynb #e54c1a8a
 def row_writes(model:SoftmaxICTD,  # the model
                Z:torch.Tensor,     # (B, d+2, n+1+q) prompts
                n:int,              # context length
@@ -51,6 +52,7 @@ def row_writes(model:SoftmaxICTD,  # the model
     with torch.no_grad(): Zs = model(Z, n=n, return_all=True)
     return (Zs[:, 1:] - Zs[:, :-1])[..., n + 1:].abs().mean((0, -1))
 
+# %% ../nbs/06b_mechanism.ipynb #b073cf2c
 def knockout(model:SoftmaxICTD,  # the model (not changed)
              layer:int,          # the layer to knock out (0-based)
              mode:str,           # "identity" (the layer writes nothing) or "uniform" (A = 0: uniform attention)
@@ -64,7 +66,7 @@ def knockout(model:SoftmaxICTD,  # the model (not changed)
         for p in ((m.layer(layer).V_cur, m.layer(layer).V_tgt) if mode == "identity" else (m.layer(layer).A,)): p.zero_()
     return m
 
-# %% ../nbs/06b_mechanism.ipynb #c65b32f7
+# %% ../nbs/06b_mechanism.ipynb #e6c774c6
 def write_constancy(model:SoftmaxICTD,  # the model
                     Z:torch.Tensor,     # (B, d+2, n+1+q) prompts (one task each)
                     n:int,              # context length
@@ -76,6 +78,7 @@ def write_constancy(model:SoftmaxICTD,  # the model
     total = (dv - dv.mean((-2, -1), keepdim=True)).square().mean((-2, -1))
     return 1 - within / total.clamp(min=1e-300)
 
+# %% ../nbs/06b_mechanism.ipynb #c65b32f7
 def swap_weights(model:SoftmaxICTD,  # the model (not changed)
                  layer:int,          # the layer whose value weights to change (0-based)
                  t:float,            # weight Delta a moved from the current-value to the successor-value head
@@ -144,6 +147,7 @@ def lookahead_features(tasks:TaskBatch,      # the tasks
     R_next = torch.cat([R[:, 1:], torch.zeros_like(R[:, :1])], -1)
     return torch.stack([R.mean(-1, keepdim=True).expand(B, s), (K @ R[..., None])[..., 0], (K @ R_next[..., None])[..., 0]], -1)
 
+# %% ../nbs/06b_mechanism.ipynb #a68f1ef3
 def affine_fit(y:torch.Tensor,   # (N,) targets
                X:torch.Tensor,   # (N, k) regressors (an intercept is added)
                w:torch.Tensor,   # (N,) non-negative weights
@@ -152,15 +156,32 @@ def affine_fit(y:torch.Tensor,   # (N,) targets
     A = torch.cat([torch.ones_like(y)[:, None], X], -1) * w.sqrt()[:, None]
     return torch.linalg.lstsq(A, (y * w.sqrt())[:, None]).solution[:, 0]
 
-def affine_predict(coef:torch.Tensor, X:torch.Tensor)->torch.Tensor:
-    "(...) intercept + X @ coefficients, for X (..., k)."
+# %% ../nbs/06b_mechanism.ipynb #05cf01af
+def affine_predict(coef:torch.Tensor,  # (k + 1,) intercept, then one coefficient per regressor
+                   X:torch.Tensor,     # (..., k) regressors
+                  )->torch.Tensor:     # (...) the affine map's values
+    "intercept + X @ coefficients."
     return coef[0] + X @ coef[1:]
 
-def weighted_r2(y, y_hat, w)->float:
+# %% ../nbs/06b_mechanism.ipynb #0f4a5494
+def weighted_r2(y:torch.Tensor,      # (N,) targets
+                y_hat:torch.Tensor,  # (N,) predictions
+                w:torch.Tensor,      # (N,) non-negative weights
+               )->float:             # the weighted coefficient of determination
     "$1 - \\sum w (y - \\hat y)^2 / \\sum w (y - \\bar y_w)^2$."
     return (1 - (w * (y - y_hat).square()).sum() / (w * (y - (w * y).sum() / w.sum()).square()).sum()).item()
 
-# %% ../nbs/06b_mechanism.ipynb #468b6153
+# %% ../nbs/06b_mechanism.ipynb #2bec31aa
+def candidate_values(config:PretrainConfig,  # the run's settings
+                     beta:float=3.,          # kernel scale of the lookahead features
+                    )->dict:                 # name -> (B, s) values on the run's held-out prompts
+    "The candidate estimators that need no fitting, on a run's held-out tasks and contexts."
+    tasks, states, _ = held_out_prompts(config)
+    f = lookahead_features(tasks, states, beta)
+    return {"context mean": f[..., 0], "certainty equivalence": certainty_equivalence_values(tasks, states), "reward at the query": tasks.r,
+            "smoothed reward": f[..., 1], "smoothed next reward": f[..., 2]}
+
+# %% ../nbs/06b_mechanism.ipynb #b081b367
 def _td_iterates(config, Z, k, target, w):
     "The k-layer theta*(alpha, beta I) output of best affine fit to `target`, over the emergence grid."
     best = None
@@ -171,15 +192,7 @@ def _td_iterates(config, Z, k, target, w):
             if best is None or r2 > best[0]: best = (r2, a, b)
     return best
 
-def candidate_values(config:PretrainConfig,  # the run's settings
-                     beta:float=3.,          # kernel scale of the lookahead features
-                    )->dict:                 # name -> (B, s) values on the run's held-out prompts
-    "The candidate estimators that need no fitting, on a run's held-out tasks and contexts."
-    tasks, states, _ = held_out_prompts(config)
-    f = lookahead_features(tasks, states, beta)
-    return {"context mean": f[..., 0], "certainty equivalence": certainty_equivalence_values(tasks, states), "reward at the query": tasks.r,
-            "smoothed reward": f[..., 1], "smoothed next reward": f[..., 2]}
-
+# %% ../nbs/06b_mechanism.ipynb #192cb085
 def probe_layers(config:PretrainConfig,  # the run's settings
                  model:SoftmaxICTD,      # its trained model
                  beta:float=3.,          # kernel scale of the lookahead features
@@ -197,7 +210,7 @@ def probe_layers(config:PretrainConfig,  # the run's settings
         out["TD iterates (alpha, beta fitted)"].append(_td_iterates(config, Z, l, y, w)[0])
     return out
 
-# %% ../nbs/06b_mechanism.ipynb #a68f1ef3
+# %% ../nbs/06b_mechanism.ipynb #915f3074
 LOOKAHEAD_BETAS = (1., 2., 4., 6., 8., 12.)  # kernel scales tried for the lookahead
 
 def _pooled(runs, target):
@@ -208,6 +221,7 @@ def _pooled(runs, target):
         with torch.no_grad(): out.append((c, tasks, states, Z, m.predict(Z, n=c.n) if target == "model" else tasks.v_pi))
     return out
 
+# %% ../nbs/06b_mechanism.ipynb #fa05e994
 def fit_estimators(runs:list,             # (config, model) pairs of one configuration
                    target:str="model",    # fit to the models' outputs ("model") or to the true values ("v_pi")
                   )->dict:                # candidate -> its fitted constants
@@ -232,6 +246,7 @@ def fit_estimators(runs:list,             # (config, model) pairs of one configu
     out["lookahead"] = dict(beta=beta, coef=look[beta][0].tolist())
     return out
 
+# %% ../nbs/06b_mechanism.ipynb #186c8829
 def estimator_values(name:str,             # a candidate of `fit_estimators`
                      fitted:dict,          # its constants
                      config:PretrainConfig,# the run whose held-out prompts to use
@@ -247,6 +262,7 @@ def estimator_values(name:str,             # a candidate of `fit_estimators`
     else: raise ValueError(f"`name` must be one of 'context mean', 'certainty equivalence', 'theta*', 'lookahead', got {name!r}")
     return affine_predict(coef, v[..., None])
 
+# %% ../nbs/06b_mechanism.ipynb #172b4245
 def prediction_errors(fitted:dict,  # output of `fit_estimators`
                       runs:list,    # (config, model) pairs, other seeds
                      )->dict:       # candidate -> (runs,) relative error, and the same after centring each task
@@ -293,6 +309,7 @@ def _values_fn(model:SoftmaxICTD, tasks:TaskBatch, states:torch.Tensor=None):
     named = lambda flat: {f"layers.{l}.{k}": v[0, l] for k, v in split(flat).items() for l in range(v.shape[1])}
     return lambda flat: functional_call(model, named(flat), (Z,), dict(n=n))[..., model.d + 1, n + 1:]
 
+# %% ../nbs/06b_mechanism.ipynb #8cb4658c
 def update_jacobian(model:SoftmaxICTD,  # the parameters at which to linearise
                     tasks:TaskBatch,    # tasks to average over
                     states:torch.Tensor=None, # (B, n+1) one context per task; None: n = infinity
@@ -309,6 +326,7 @@ def update_jacobian(model:SoftmaxICTD,  # the parameters at which to linearise
         A = torch.block_diag(*(w[..., None] * (tasks.gamma * tasks.P - torch.eye(s, dtype=tasks.P.dtype))))
         return g(flat).detach(), (Jv.T @ A @ Jv + torch.func.jacfwd(g)(flat)).detach()
 
+# %% ../nbs/06b_mechanism.ipynb #34e88385
 def sampled_jacobians(model:SoftmaxICTD,  # the parameters at which to linearise
                       tasks:TaskBatch,    # tasks to draw from
                       n:int,              # context length
@@ -326,6 +344,7 @@ def sampled_jacobians(model:SoftmaxICTD,  # the parameters at which to linearise
         out.append(update_jacobian(model, sub, sample_trajectories(sub.P, n, sub.d_pi, seed=gen)))
     return torch.stack([g for g, _ in out]), torch.stack([J for _, J in out])
 
+# %% ../nbs/06b_mechanism.ipynb #f42a84b8
 def jacobian_spectrum(gs:torch.Tensor,  # (K, p) draws of g (or (1, p): exact)
                       Js:torch.Tensor,  # (K, p, p) draws of J (or (1, p, p): exact)
                      )->dict:           # NEU, largest real part of an eigenvalue of the mean J, unstable count; jackknife s.e. when K > 1
@@ -362,6 +381,7 @@ def shared_recursion(model:SoftmaxICTD,  # a model with one shared layer
         out.append(v)
     return torch.stack(out)
 
+# %% ../nbs/06b_mechanism.ipynb #7f74814e
 def iterate_shared(config:PretrainConfig,  # the run's settings (shared=True)
                    model:SoftmaxICTD,      # its trained model
                    depths,                 # the depths K to measure

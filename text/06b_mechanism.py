@@ -165,11 +165,8 @@ test_close(centred_msve(2 * ct.v_pi, ct), floor, eps=1e-12)
 # ### Probes: the value row after every layer
 #
 # A layer of the model adds $(V^{\mathrm{cur}} Z + V^{\mathrm{tgt}} Z \Pi) S$ to every token: it can write any row,
-# not only the value row that $\theta^*$ writes. `layer_values` reads the value row of the query
-# columns after each layer, `row_writes` measures how much each layer writes into each row (the
-# mean absolute change at the query columns), and `knockout` removes one layer, either entirely
-# (`"identity"`: $V^{\mathrm{cur}} = V^{\mathrm{tgt}} = 0$) or only its selectivity (`"uniform"`: $A = 0$, so the
-# layer attends uniformly to the context and still writes).
+# not only the value row that $\theta^*$ writes. The first probe, `layer_values`, reads the value row of the query
+# columns after each layer: the model's running estimate, layer by layer.
 
 # %%
 #| export
@@ -181,6 +178,24 @@ def layer_values(model:SoftmaxICTD,  # the model
     with torch.no_grad(): Zs = model(Z, n=n, return_all=True)
     return Zs[..., model.d + 1, n + 1:].movedim(-2, 0)
 
+
+# %% [markdown]
+# On a random three-layer model and held-out prompts of the `EMERGENCE` configuration, the value row after the last
+# layer is the model's prediction:
+
+# %%
+toy = SoftmaxICTD(4, 3, init_gain=1., seed=3)
+toy_tasks, toy_states, toy_Z = held_out_prompts(dataclasses.replace(EMERGENCE, eval_tasks=8))
+with torch.no_grad(): test_close(layer_values(toy, toy_Z, 30)[-1], toy.predict(toy_Z, n=30), eps=1e-12)
+
+
+# %% [markdown]
+# The value row is not the only row a layer can change. `row_writes` measures how much each layer writes into each
+# row (the mean absolute change at the query columns), so that writes outside the value row, which $\theta^*$ never
+# makes, show up.
+
+# %%
+#| export
 def row_writes(model:SoftmaxICTD,  # the model
                Z:torch.Tensor,     # (B, d+2, n+1+q) prompts
                n:int,              # context length
@@ -189,6 +204,22 @@ def row_writes(model:SoftmaxICTD,  # the model
     with torch.no_grad(): Zs = model(Z, n=n, return_all=True)
     return (Zs[:, 1:] - Zs[:, :-1])[..., n + 1:].abs().mean((0, -1))
 
+
+# %% [markdown]
+# $\theta^*$ writes only the value row (the last of the six rows), so its first five rows show no writes:
+
+# %%
+star1 = SoftmaxICTD.from_theta_star(4, 2, torch.eye(4, dtype=torch.float64), 1., 0.9)
+test_eq((row_writes(star1, toy_Z, 30)[:, :5] == 0).all(), True)
+
+
+# %% [markdown]
+# `knockout` removes one layer, either entirely (`"identity"`: $V^{\mathrm{cur}} = V^{\mathrm{tgt}} = 0$) or only its
+# selectivity (`"uniform"`: $A = 0$, so the layer attends uniformly to the context and still writes). What the
+# error loses under each says what the layer contributes, and whether its attention pattern matters.
+
+# %%
+#| export
 def knockout(model:SoftmaxICTD,  # the model (not changed)
              layer:int,          # the layer to knock out (0-based)
              mode:str,           # "identity" (the layer writes nothing) or "uniform" (A = 0: uniform attention)
@@ -206,27 +237,20 @@ def knockout(model:SoftmaxICTD,  # the model (not changed)
 # %%
 show_doc(knockout)
 
+# %% [markdown]
+# Removing layer 2 makes the value row after layer 3 equal the intact model's after layer 2, and a removed last layer
+# writes nothing:
+
 # %%
-toy = SoftmaxICTD(4, 3, init_gain=1., seed=3)
-toy_tasks, toy_states, toy_Z = held_out_prompts(dataclasses.replace(EMERGENCE, eval_tasks=8))
-with torch.no_grad(): test_close(layer_values(toy, toy_Z, 30)[-1], toy.predict(toy_Z, n=30), eps=1e-12)
 test_close(layer_values(knockout(toy, 1, "identity"), toy_Z, 30)[2], layer_values(toy, toy_Z, 30)[1], eps=1e-12)
 test_eq(row_writes(knockout(toy, 2, "identity"), toy_Z, 30)[2], torch.zeros(6, dtype=torch.float64))
-star1 = SoftmaxICTD.from_theta_star(4, 2, torch.eye(4, dtype=torch.float64), 1., 0.9)
-test_eq((row_writes(star1, toy_Z, 30)[:, :5] == 0).all(), True)
 
 
 # %% [markdown]
 # Two more probes. A layer with uniform attention adds to every query the same context average,
 # so its write to the value row should be constant within a task: `write_constancy` gives, per
 # layer, the share of the variance of its value-row write that lies *between* tasks (1: the same
-# number at every state of a task). And under uniform attention the mean of the successors' values
-# over the context equals the mean of the current values up to one column, so such a layer cannot
-# tell its successor-value weight $a_{v'}$ from its current-value weight $a_v$ (the value-row
-# entries of $V^{\mathrm{tgt}}$ and $V^{\mathrm{cur}}$): only $a_{v'} + a_v$ matters.
-# `swap_weights` moves weight $\Delta a$ from the current to the successor head,
-# $(a_{v'}, a_v) \to (a_{v'} + \Delta a, a_v - \Delta a)$, which changes a uniform layer's output little and a selective
-# layer's output a lot.
+# number at every state of a task).
 
 # %%
 #| export
@@ -241,6 +265,27 @@ def write_constancy(model:SoftmaxICTD,  # the model
     total = (dv - dv.mean((-2, -1), keepdim=True)).square().mean((-2, -1))
     return 1 - within / total.clamp(min=1e-300)
 
+
+# %% [markdown]
+# With every layer made uniform, every write is the same number at every state of a task (the API entry is in
+# *Implementation and tests*):
+
+# %%
+flat_toy = knockout(knockout(toy, 1, "uniform"), 2, "uniform")
+test_close(write_constancy(knockout(flat_toy, 0, "uniform"), toy_Z, 30), torch.ones(3, dtype=torch.float64), eps=1e-9)
+
+
+# %% [markdown]
+# And under uniform attention the mean of the successors' values
+# over the context equals the mean of the current values up to one column, so such a layer cannot
+# tell its successor-value weight $a_{v'}$ from its current-value weight $a_v$ (the value-row
+# entries of $V^{\mathrm{tgt}}$ and $V^{\mathrm{cur}}$): only $a_{v'} + a_v$ matters.
+# `swap_weights` moves weight $\Delta a$ from the current to the successor head,
+# $(a_{v'}, a_v) \to (a_{v'} + \Delta a, a_v - \Delta a)$, which changes a uniform layer's output little and a selective
+# layer's output a lot.
+
+# %%
+#| export
 def swap_weights(model:SoftmaxICTD,  # the model (not changed)
                  layer:int,          # the layer whose value weights to change (0-based)
                  t:float,            # weight Delta a moved from the current-value to the successor-value head
@@ -253,10 +298,11 @@ def swap_weights(model:SoftmaxICTD,  # the model (not changed)
     return m
 
 
+# %% [markdown]
+# The value weights of the layer (reward, successor, current) move by $(0, \Delta a, -\Delta a)$:
+
 # %%
 test_close(swap_weights(toy, 1, 0.3).value_weights()[1] - toy.value_weights()[1], torch.tensor([0., 0.3, -0.3], dtype=torch.float64), eps=1e-12)
-flat_toy = knockout(knockout(toy, 1, "uniform"), 2, "uniform")
-test_close(write_constancy(knockout(flat_toy, 0, "uniform"), toy_Z, 30), torch.ones(3, dtype=torch.float64), eps=1e-9)
 
 
 # %% [markdown]
@@ -490,6 +536,10 @@ assert (cond["span_td"] > 1).all() and (cond["span_own"] >= 1 - 1e-9).all(), con
 # Each is compared with the value row through the best affine map (scale and offset fitted by
 # $d_\pi$-weighted least squares), and scored by its $R^2$.
 
+# %% [markdown]
+# `lookahead_features` computes the three regressors of the lookahead at every state of each task: the context mean
+# and the two kernel-smoothed rewards.
+
 # %%
 #| export
 def lookahead_features(tasks:TaskBatch,      # the tasks
@@ -504,6 +554,23 @@ def lookahead_features(tasks:TaskBatch,      # the tasks
     R_next = torch.cat([R[:, 1:], torch.zeros_like(R[:, :1])], -1)
     return torch.stack([R.mean(-1, keepdim=True).expand(B, s), (K @ R[..., None])[..., 0], (K @ R_next[..., None])[..., 0]], -1)
 
+
+# %% [markdown]
+# At $\beta = 0$ the kernel is uniform over the context, so the smoothed reward is the context mean at every state,
+# and the smoothed next reward is the mean of $R_2, \dots, R_n$ and a zero:
+
+# %%
+lf0 = lookahead_features(toy_tasks, toy_states, 0.)
+test_close(lf0[..., 1], lf0[..., 0], eps=1e-12)
+test_close(lf0[..., 2], lf0[..., 0] - toy_tasks.r[torch.arange(8)[:, None], toy_states[:, :1]] / 30, eps=1e-12)
+
+
+# %% [markdown]
+# Each candidate is mapped onto the value row by `affine_fit`, weighted least squares with an intercept (the weights
+# are $d_\pi$, so the states the chain visits most count most).
+
+# %%
+#| export
 def affine_fit(y:torch.Tensor,   # (N,) targets
                X:torch.Tensor,   # (N, k) regressors (an intercept is added)
                w:torch.Tensor,   # (N,) non-negative weights
@@ -512,20 +579,84 @@ def affine_fit(y:torch.Tensor,   # (N,) targets
     A = torch.cat([torch.ones_like(y)[:, None], X], -1) * w.sqrt()[:, None]
     return torch.linalg.lstsq(A, (y * w.sqrt())[:, None]).solution[:, 0]
 
-def affine_predict(coef:torch.Tensor, X:torch.Tensor)->torch.Tensor:
-    "(...) intercept + X @ coefficients, for X (..., k)."
+
+# %% [markdown]
+# `affine_predict` applies the fitted map to regressors of any leading shape (a task batch's $(B, s, k)$ included).
+
+# %%
+#| export
+def affine_predict(coef:torch.Tensor,  # (k + 1,) intercept, then one coefficient per regressor
+                   X:torch.Tensor,     # (..., k) regressors
+                  )->torch.Tensor:     # (...) the affine map's values
+    "intercept + X @ coefficients."
     return coef[0] + X @ coef[1:]
 
-def weighted_r2(y, y_hat, w)->float:
+
+# %% [markdown]
+# A fit to exact affine data recovers the constants, whatever the weights:
+
+# %%
+af_gen = torch.Generator().manual_seed(0)
+af_X, af_w = torch.randn(50, 2, generator=af_gen, dtype=torch.float64), torch.rand(50, generator=af_gen, dtype=torch.float64)
+af_coef = torch.tensor([0.5, -2., 3.], dtype=torch.float64)
+test_close(affine_fit(affine_predict(af_coef, af_X), af_X, af_w), af_coef, eps=1e-12)
+
+
+# %% [markdown]
+# The score is the weighted $R^2$ of `weighted_r2`: the share of the $d_\pi$-weighted variance of the value row
+# that the mapped candidate explains.
+
+# %%
+#| export
+def weighted_r2(y:torch.Tensor,      # (N,) targets
+                y_hat:torch.Tensor,  # (N,) predictions
+                w:torch.Tensor,      # (N,) non-negative weights
+               )->float:             # the weighted coefficient of determination
     "$1 - \\sum w (y - \\hat y)^2 / \\sum w (y - \\bar y_w)^2$."
     return (1 - (w * (y - y_hat).square()).sum() / (w * (y - (w * y).sum() / w.sum()).square()).sum()).item()
+
+
+# %% [markdown]
+# A perfect prediction scores 1, the weighted mean scores 0:
+
+# %%
+af_y = affine_predict(af_coef, af_X)
+test_close(weighted_r2(af_y, af_y, af_w), 1., eps=1e-12)
+test_close(weighted_r2(af_y, torch.full_like(af_y, float((af_w * af_y).sum() / af_w.sum())), af_w), 0., eps=1e-12)
+
+
+# %% [markdown]
+# `candidate_values` computes the candidates that need no fitting on a run's held-out tasks and contexts.
+
+# %%
+#| export
+def candidate_values(config:PretrainConfig,  # the run's settings
+                     beta:float=3.,          # kernel scale of the lookahead features
+                    )->dict:                 # name -> (B, s) values on the run's held-out prompts
+    "The candidate estimators that need no fitting, on a run's held-out tasks and contexts."
+    tasks, states, _ = held_out_prompts(config)
+    f = lookahead_features(tasks, states, beta)
+    return {"context mean": f[..., 0], "certainty equivalence": certainty_equivalence_values(tasks, states), "reward at the query": tasks.r,
+            "smoothed reward": f[..., 1], "smoothed next reward": f[..., 2]}
+
+
+# %% [markdown]
+# On the eight held-out tasks of the toy's prompts, the context mean $\bar R$ is the emergence chapter's state-blind
+# estimate `context_mean_values` times $1 - \gamma$ (an affine map absorbs the scale), and the reward at the query is
+# the task's own reward:
+
+# %%
+toy_cands = candidate_values(dataclasses.replace(EMERGENCE, eval_tasks=8))
+test_close(toy_cands["context mean"] / (1 - EMERGENCE.gamma), context_mean_values(toy_tasks, toy_states), eps=1e-12)
+test_eq(toy_cands["reward at the query"], toy_tasks.r)
 
 
 # %% [markdown]
 # `probe_layers` scores every candidate against the value row after every layer of one model, on
 # its run's held-out prompts (every state a query). For the TD iterates the candidate after layer
 # $l$ is $\theta^*$ with $l$ layers, $(\alpha, \beta)$ chosen on the grid of the emergence
-# chapter to fit that value row best.
+# chapter to fit that value row best (by the private `_td_iterates`). It is used on the ten trained models
+# under *What the value row holds, layer by layer* below.
 
 # %%
 #| export
@@ -539,15 +670,9 @@ def _td_iterates(config, Z, k, target, w):
             if best is None or r2 > best[0]: best = (r2, a, b)
     return best
 
-def candidate_values(config:PretrainConfig,  # the run's settings
-                     beta:float=3.,          # kernel scale of the lookahead features
-                    )->dict:                 # name -> (B, s) values on the run's held-out prompts
-    "The candidate estimators that need no fitting, on a run's held-out tasks and contexts."
-    tasks, states, _ = held_out_prompts(config)
-    f = lookahead_features(tasks, states, beta)
-    return {"context mean": f[..., 0], "certainty equivalence": certainty_equivalence_values(tasks, states), "reward at the query": tasks.r,
-            "smoothed reward": f[..., 1], "smoothed next reward": f[..., 2]}
 
+# %%
+#| export
 def probe_layers(config:PretrainConfig,  # the run's settings
                  model:SoftmaxICTD,      # its trained model
                  beta:float=3.,          # kernel scale of the lookahead features
@@ -572,9 +697,8 @@ def probe_layers(config:PretrainConfig,  # the run's settings
 # `fit_estimators` fits, pooled over a set of trained models, the constants of each candidate:
 # the affine maps of the context mean and of certainty equivalence, $\theta^*(\alpha, \beta I)$ at
 # the models' depth with $(\alpha, \beta)$ on the grid and an affine map, and the two-step
-# lookahead, whose constants are the kernel scale $\beta$ (on a grid) and the intercept and three
-# weights. The targets are the models' outputs on their held-out prompts; `prediction_errors`
-# then scores the fitted candidates on *other* models.
+# lookahead, whose constants are the kernel scale $\beta$ (on the grid `LOOKAHEAD_BETAS`) and the intercept and three
+# weights. The targets are the models' outputs on their held-out prompts, gathered by the private `_pooled`.
 
 # %%
 #| export
@@ -588,6 +712,9 @@ def _pooled(runs, target):
         with torch.no_grad(): out.append((c, tasks, states, Z, m.predict(Z, n=c.n) if target == "model" else tasks.v_pi))
     return out
 
+
+# %%
+#| export
 def fit_estimators(runs:list,             # (config, model) pairs of one configuration
                    target:str="model",    # fit to the models' outputs ("model") or to the true values ("v_pi")
                   )->dict:                # candidate -> its fitted constants
@@ -612,6 +739,17 @@ def fit_estimators(runs:list,             # (config, model) pairs of one configu
     out["lookahead"] = dict(beta=beta, coef=look[beta][0].tolist())
     return out
 
+
+# %%
+show_doc(fit_estimators)
+
+
+# %% [markdown]
+# `estimator_values` turns fitted constants back into values on any run's held-out prompts: what a fitted
+# candidate *predicts* for a model it has not seen.
+
+# %%
+#| export
 def estimator_values(name:str,             # a candidate of `fit_estimators`
                      fitted:dict,          # its constants
                      config:PretrainConfig,# the run whose held-out prompts to use
@@ -627,6 +765,23 @@ def estimator_values(name:str,             # a candidate of `fit_estimators`
     else: raise ValueError(f"`name` must be one of 'context mean', 'certainty equivalence', 'theta*', 'lookahead', got {name!r}")
     return affine_predict(coef, v[..., None])
 
+
+# %% [markdown]
+# The constants $(0, 1)$ give the state-blind estimate itself, and an unknown name is refused:
+
+# %%
+toy_config = dataclasses.replace(EMERGENCE, eval_tasks=8)
+test_close(estimator_values("context mean", dict(coef=[0., 1.]), toy_config), context_mean_values(toy_tasks, toy_states), eps=1e-12)
+test_fail(lambda: estimator_values("median", dict(coef=[0., 1.]), toy_config), contains="`name` must be one of")
+
+
+# %% [markdown]
+# `prediction_errors` scores the fitted candidates on *other* models: $1 - R^2$ against each model's output, raw and
+# after removing each task's mean (the shape), and each candidate's own MSVE against $v_\pi$. A fit that recovers a
+# known estimator, with zero prediction error, is checked in *Implementation and tests*.
+
+# %%
+#| export
 def prediction_errors(fitted:dict,  # output of `fit_estimators`
                       runs:list,    # (config, model) pairs, other seeds
                      )->dict:       # candidate -> (runs,) relative error, and the same after centring each task
@@ -645,9 +800,6 @@ def prediction_errors(fitted:dict,  # output of `fit_estimators`
         out.setdefault("trained, MSVE", []).append(msve_of(v, tasks).mean().item())
     return {k: torch.tensor(v, dtype=torch.float64) for k, v in out.items()}
 
-
-# %%
-show_doc(fit_estimators)
 
 # %% [markdown]
 # ### What the value row holds, layer by layer
@@ -962,6 +1114,11 @@ Markdown("Per seed, MSVE at the end of training: " + "; ".join(f"{k}: " + ", ".j
 # Jacobian of the values, $D_\pi = \mathrm{diag}(d_\pi)$ and $\delta_x$ the expected TD error at $x$; it is checked against
 # finite differences in *Implementation and tests*.
 
+# %% [markdown]
+# Both are derivatives of the model's values with respect to its flattened parameters, so the private `_values_fn`
+# first writes the values as a function of one flat vector: at $n = \infty$ through the population tokens, or with
+# given contexts through the model's own forward pass.
+
 # %%
 #| export
 def _values_fn(model:SoftmaxICTD, tasks:TaskBatch, states:torch.Tensor=None):
@@ -977,6 +1134,9 @@ def _values_fn(model:SoftmaxICTD, tasks:TaskBatch, states:torch.Tensor=None):
     named = lambda flat: {f"layers.{l}.{k}": v[0, l] for k, v in split(flat).items() for l in range(v.shape[1])}
     return lambda flat: functional_call(model, named(flat), (Z,), dict(n=n))[..., model.d + 1, n + 1:]
 
+
+# %%
+#| export
 def update_jacobian(model:SoftmaxICTD,  # the parameters at which to linearise
                     tasks:TaskBatch,    # tasks to average over
                     states:torch.Tensor=None, # (B, n+1) one context per task; None: n = infinity
@@ -993,6 +1153,14 @@ def update_jacobian(model:SoftmaxICTD,  # the parameters at which to linearise
         A = torch.block_diag(*(w[..., None] * (tasks.gamma * tasks.P - torch.eye(s, dtype=tasks.P.dtype))))
         return g(flat).detach(), (Jv.T @ A @ Jv + torch.func.jacfwd(g)(flat)).detach()
 
+
+# %% [markdown]
+# At $n = 30$ the expectation over contexts has no closed form. `sampled_jacobians` draws independent batches of
+# stationary contexts and computes each batch's exact $(G, J_G)$ over the query and its successor, so that the spread
+# between batches gives an error bar.
+
+# %%
+#| export
 def sampled_jacobians(model:SoftmaxICTD,  # the parameters at which to linearise
                       tasks:TaskBatch,    # tasks to draw from
                       n:int,              # context length
@@ -1010,6 +1178,20 @@ def sampled_jacobians(model:SoftmaxICTD,  # the parameters at which to linearise
         out.append(update_jacobian(model, sub, sample_trajectories(sub.P, n, sub.d_pi, seed=gen)))
     return torch.stack([g for g, _ in out]), torch.stack([J for _, J in out])
 
+
+# %% [markdown]
+# Fewer than three batches leave no error bar, and are refused:
+
+# %%
+test_fail(lambda: sampled_jacobians(toy, toy_tasks, 30, n_batches=2), contains="`n_batches` must be an integer >= 3")
+
+
+# %% [markdown]
+# `jacobian_spectrum` reads stability off the draws: the spectrum of the mean Jacobian, with delete-one jackknife
+# standard errors over the batches when there are several.
+
+# %%
+#| export
 def jacobian_spectrum(gs:torch.Tensor,  # (K, p) draws of g (or (1, p): exact)
                       Js:torch.Tensor,  # (K, p, p) draws of J (or (1, p, p): exact)
                      )->dict:           # NEU, largest real part of an eigenvalue of the mean J, unstable count; jackknife s.e. when K > 1
@@ -1027,6 +1209,15 @@ def jacobian_spectrum(gs:torch.Tensor,  # (K, p) draws of g (or (1, p): exact)
         out.update(neu_se=se[0].item(), max_real_se=se[1].item(), n_unstable_se=se[2].item(), min_real_se=se[3].item())
     return out
 
+
+# %% [markdown]
+# On one exact draw with $J = \mathrm{diag}(-1, -2, 0.5)$ and $g = (1, 0, 0)$ the largest real part is $0.5$, with one
+# unstable direction and a NEU of 1:
+
+# %%
+js = jacobian_spectrum(torch.tensor([[1., 0., 0.]], dtype=torch.float64), torch.diag(torch.tensor([-1., -2., 0.5], dtype=torch.float64))[None])
+test_eq((js["n_unstable"], js["n_params"], js["draws"]), (1, 3, 1))
+test_close(torch.tensor([js["neu"], js["max_real"], js["min_real"]]), torch.tensor([1., 0.5, -2.]), eps=1e-12)
 
 # %% [markdown]
 # At the training configuration, on held-out tasks, at $\theta^*(W = I, \alpha = 1)$ (the
@@ -1185,6 +1376,27 @@ def shared_recursion(model:SoftmaxICTD,  # a model with one shared layer
         out.append(v)
     return torch.stack(out)
 
+
+# %% [markdown]
+# A check: for $\theta^*$ with one shared layer the layer writes only the value row, with
+# $(a_r, a_{v'}, a_v) = \alpha(1, \gamma, -1)$ (reward, successor and current weights), so the recursion is chapter 5's `td_recursion` with the
+# population kernel, and the iterated model at $n = \infty$ follows it exactly.
+
+# %%
+_shared_star = SoftmaxICTD.from_theta_star(4, 1, 2. * torch.eye(4, dtype=torch.float64), 0.7, 0.9, shared=True)
+_st = random_tasks(3, seed=11)
+_rec = shared_recursion(_shared_star, _st, 6)
+test_close(_rec, td_recursion(learned_kernel(_shared_star, _st)[0], _st.P, _st.r, gamma=0.9, alpha=0.7, n_iters=6).movedim(-2, 0), eps=1e-12)
+_m6 = get_family("softmax").module(dataclasses.replace(EMERGENCE, n_layers=6, shared=True), {k: v[0] for k, v in model_params(_shared_star).items()})
+test_close(population_predict(_m6, _st), _rec[6], eps=1e-12)
+
+
+# %% [markdown]
+# `iterate_shared` runs a trained shared layer $K$ times for each depth asked, and measures the held-out MSVE at the
+# training context and at $n = \infty$ beside the recursion's prediction: the measurement of the result below.
+
+# %%
+#| export
 def iterate_shared(config:PretrainConfig,  # the run's settings (shared=True)
                    model:SoftmaxICTD,      # its trained model
                    depths,                 # the depths K to measure
@@ -1201,19 +1413,6 @@ def iterate_shared(config:PretrainConfig,  # the run's settings (shared=True)
             out["msve_inf"].append(msve_of(population_predict(m, tasks), tasks).mean().item())
     return out
 
-
-# %% [markdown]
-# A check: for $\theta^*$ with one shared layer the layer writes only the value row, with
-# $(a_r, a_{v'}, a_v) = \alpha(1, \gamma, -1)$ (reward, successor and current weights), so the recursion is chapter 5's `td_recursion` with the
-# population kernel, and the iterated model at $n = \infty$ follows it exactly.
-
-# %%
-_shared_star = SoftmaxICTD.from_theta_star(4, 1, 2. * torch.eye(4, dtype=torch.float64), 0.7, 0.9, shared=True)
-_st = random_tasks(3, seed=11)
-_rec = shared_recursion(_shared_star, _st, 6)
-test_close(_rec, td_recursion(learned_kernel(_shared_star, _st)[0], _st.P, _st.r, gamma=0.9, alpha=0.7, n_iters=6).movedim(-2, 0), eps=1e-12)
-_m6 = get_family("softmax").module(dataclasses.replace(EMERGENCE, n_layers=6, shared=True), {k: v[0] for k, v in model_params(_shared_star).items()})
-test_close(population_predict(_m6, _st), _rec[6], eps=1e-12)
 
 # %% [markdown]
 # **Result.** The ten trained shared-layer models, iterated up to $T = 48$ times. The errors grow by many orders of

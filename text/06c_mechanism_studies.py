@@ -18,6 +18,8 @@ from ictd.mechanism import fit_estimators, gap_measures, jacobian_spectrum, lear
 #| hide
 from fastcore.test import *
 from nbdev.showdoc import *
+from types import SimpleNamespace
+import tempfile
 
 # %% [markdown]
 # # The mechanism studies
@@ -54,6 +56,13 @@ def save_runs(results:list,         # `PretrainResult`s
                         **(dict(history={k: r.history[k].tolist() for k in HISTORY_KEYS}) if history else {})))
     return out
 
+
+# %% [markdown]
+# `load_models` is its inverse: it rebuilds each run's configuration and, through the configuration's attention
+# family, the trained model itself.
+
+# %%
+#| export
 def load_models(runs:list,  # output of `save_runs` (e.g. read from a JSON file)
                )->list:     # (PretrainConfig, model) per run
     "Rebuild each saved run's configuration and trained model."
@@ -76,6 +85,16 @@ two = load_models(saved["runs"]["fit"][:2])
 test_eq(two[1][0], dataclasses.replace(EMERGENCE, seed=saved["runs"]["fit"][1]["config"]["seed"]))
 for r, (c, m) in zip(saved["runs"]["fit"], two):
     test_close(m.value_weights(), torch.tensor(r["final"]["value_weights"], dtype=torch.float64), eps=1e-12)
+
+# %% [markdown]
+# And the round trip: a run saved by `save_runs` (here a stand-in with the fields of a `PretrainResult`) loads back
+# to the same configuration and parameters.
+
+# %%
+_fake = SimpleNamespace(config=two[0][0], model=two[0][1], history={k: torch.tensor([saved["runs"]["fit"][0]["final"].get(k, 0.)]) for k in HISTORY_KEYS})
+(_c2, _m2), = load_models(save_runs([_fake]))
+test_eq(_c2, two[0][0])
+for k, v in model_params(two[0][1]).items(): test_eq(model_params(_m2)[k].detach(), v.detach())
 
 # %% [markdown]
 # ## Tables of the anatomy
@@ -162,6 +181,11 @@ def gap_table(cells:list,  # the `cells` of `mechanism_gap_map.json`
     return out
 
 
+# %% [markdown]
+# The studies other than the gap map save the models themselves, so `study_summary` measures them afresh: each
+# model's MSVE and shape explained on its held-out tasks, its uniform layers (from the learned kernels) and its sign
+# patterns. Chapter 6b applies it to every saved study.
+
 # %%
 #| export
 def study_summary(runs:list,  # (config, model) pairs of one setting
@@ -179,6 +203,17 @@ def study_summary(runs:list,  # (config, model) pairs of one setting
     t = torch.tensor(rows, dtype=torch.float64).T
     return dict(zip(("MSVE", "shape explained", "one uniform layer", "pattern, last selective layer", "pattern, last layer", "largest layer diagonality", "uniform layers"), t))
 
+
+# %%
+show_doc(study_summary)
+
+
+# %% [markdown]
+# Chapter 6b measures every study with `study_summary`; `summary_table` prints a set of them side by side, means with
+# standard errors for the measures and counts of seeds for the structures.
+
+# %%
+#| export
 def summary_table(summaries:dict,  # name -> `study_summary`
                   label:str,       # the first column's heading
                  )->str:
@@ -193,7 +228,9 @@ def summary_table(summaries:dict,  # name -> `study_summary`
 
 
 # %%
-show_doc(study_summary)
+_sm = dict(zip(("MSVE", "shape explained", "one uniform layer", "pattern, last selective layer", "pattern, last layer", "largest layer diagonality"),
+               torch.tensor([[1., 3.], [0.2, 0.4], [1., 1.], [0., 1.], [1., 1.], [0.5, 0.5]], dtype=torch.float64)))
+test_eq(summary_table({"x": _sm}, "study").splitlines()[-1], "| x | 2.000 ± 1.000 | 0.300 ± 0.100 | 2 / 2 | 1 / 2 | 2 / 2 | 0.500 ± 0.000 |")
 
 
 # %% [markdown]
@@ -210,6 +247,24 @@ def fisher_greater(k1:int, m1:int,  # successes and seeds of the first group
     K, N = k1 + k2, m1 + m2
     return sum(math.comb(K, x) * math.comb(N - K, m1 - x) for x in range(k1, min(K, m1) + 1)) / math.comb(N, m1)
 
+
+# %% [markdown]
+# Ten of ten against none of ten is the most extreme table, with probability $1 / \binom{20}{10}$; a first group
+# with fewer successes gives 1; and a middle case is the hypergeometric tail written out:
+
+# %%
+test_close(fisher_greater(10, 10, 0, 10), 1 / math.comb(20, 10), eps=1e-15)
+test_eq(fisher_greater(0, 10, 5, 10), 1.)
+test_close(fisher_greater(7, 10, 2, 10), sum(math.comb(9, x) * math.comb(11, 10 - x) for x in range(7, 10)) / math.comb(20, 10), eps=1e-15)
+
+
+# %% [markdown]
+# A claim tested once per control and measure is a family of tests; `holm` adjusts the family's p-values with Holm's
+# step-down procedure, which controls the probability of any false claim in the family without assuming the tests
+# independent.
+
+# %%
+#| export
 def holm(pvalues:dict,  # name -> p-value
         )->dict:        # name -> Holm-adjusted p-value
     "Holm's step-down adjustment of a family of p-values."
@@ -220,12 +275,16 @@ def holm(pvalues:dict,  # name -> p-value
     return out
 
 
+# %% [markdown]
+# The smallest of three p-values is multiplied by 3, the next by 2 (and never falls below the one before), the last by 1:
+
 # %%
-test_close(fisher_greater(10, 10, 0, 10), 1 / math.comb(20, 10), eps=1e-15)
-test_eq(fisher_greater(0, 10, 5, 10), 1.)
-test_close(fisher_greater(7, 10, 2, 10), sum(math.comb(9, x) * math.comb(11, 10 - x) for x in range(7, 10)) / math.comb(20, 10), eps=1e-15)
 test_eq(holm({"a": 0.01, "b": 0.04, "c": 0.03}), {"a": 0.03, "c": 0.06, "b": 0.06})
 
+
+# %% [markdown]
+# A count of seeds with a property (a sign pattern, a winner between two estimators) is tested against the rate a coin
+# would give with `binomial_greater`.
 
 # %%
 #| export
@@ -237,10 +296,37 @@ def binomial_greater(k:int,         # successes
     if not 0 <= k <= m: raise ValueError(f"`k` must lie in [0, {m}], got {k}")
     return sum(math.comb(m, x) * p0 ** x * (1 - p0) ** (m - x) for x in range(int(k), int(m) + 1))
 
-def normal_greater(z:float)->float:
+
+# %% [markdown]
+# Nine of ten against a fair coin has $p = 11/1024$; zero of ten has $p = 1$; a count above the number of seeds is refused:
+
+# %%
+test_close(binomial_greater(9, 10), 11 / 1024, eps=1e-15)
+test_eq(binomial_greater(0, 10), 1.)
+test_fail(lambda: binomial_greater(11, 10), contains="`k` must lie")
+
+
+# %% [markdown]
+# A difference of seed means, in units of its standard error, is compared with the standard normal by `normal_greater`.
+
+# %%
+#| export
+def normal_greater(z:float,  # a z-score
+                  )->float:  # one-sided p-value P(Z >= z), Z standard normal
     "One-sided p-value of a z-score: P(Z >= z) for a standard normal Z."
     return 0.5 * math.erfc(z / math.sqrt(2))
 
+
+# %%
+test_close(normal_greater(1.959963984540054), 0.025, eps=1e-12)
+
+
+# %% [markdown]
+# `claims_table` puts each experiment's claims in one table: the primary claim's p-value as it is, the secondary
+# claims' Holm-adjusted together.
+
+# %%
+#| export
 def claims_table(families:dict,  # experiment -> dict(primary=(claim, p), secondary={claim: p})
                  level:float=0.05, # significance level
                 )->str:          # a markdown table, Holm-adjusted within each experiment's secondary claims
@@ -255,10 +341,6 @@ def claims_table(families:dict,  # experiment -> dict(primary=(claim, p), second
 
 
 # %%
-test_close(binomial_greater(9, 10), 11 / 1024, eps=1e-15)
-test_eq(binomial_greater(0, 10), 1.)
-test_close(normal_greater(1.959963984540054), 0.025, eps=1e-12)
-test_fail(lambda: binomial_greater(11, 10), contains="`k` must lie")
 _ct = claims_table({"x": dict(primary=("p", 0.01), secondary={"a": 0.01, "b": 0.04, "c": 0.3})})
 assert "| a | secondary | 0.01 | 0.03 | yes |" in _ct and "| b | secondary | 0.04 | 0.08 | no |" in _ct, _ct
 
@@ -284,6 +366,24 @@ def converge_metrics(results:list,  # `PretrainResult`s of one configuration, on
     S, T = len(results), h("msve").shape[1]
     return dict(msve=h("msve").reshape(S, T, 1), diagonality=h("diagonality").reshape(S, T, -1), value_weights=h("value_weights")[:, :, -1])
 
+
+# %% [markdown]
+# On two stand-in runs with four evaluations of three layers, the trajectories come out per seed, evaluation and
+# component (the last layer's three value weights):
+
+# %%
+_vw = torch.arange(36.).reshape(4, 3, 3)
+_metrics = converge_metrics([SimpleNamespace(history=dict(msve=torch.zeros(4, 1), diagonality=torch.zeros(4, 3), value_weights=_vw))] * 2)
+test_eq({k: tuple(v.shape) for k, v in _metrics.items()}, dict(msve=(2, 4, 1), diagonality=(2, 4, 3), value_weights=(2, 4, 3)))
+test_eq(_metrics["value_weights"][1], _vw[:, -1].double())
+
+
+# %% [markdown]
+# `moved_by` is the statistic of one metric: over a window of `lag` evaluations, the seed mean of each seed's change
+# plus two standard errors, the largest over the metric's components.
+
+# %%
+#| export
 def moved_by(traj:torch.Tensor,  # (S, T, k) per-seed trajectories at evenly spaced evaluations
              lag:int,            # the window in evaluations
             )->torch.Tensor:     # (T,) largest |seed-mean change| + 2 s.e. over the window (NaN before `lag`)
@@ -294,6 +394,23 @@ def moved_by(traj:torch.Tensor,  # (S, T, k) per-seed trajectories at evenly spa
     bound = (delta.mean(0).abs() + 2 * delta.std(0) / math.sqrt(traj.shape[0])).amax(-1)
     return torch.cat([torch.full((lag,), math.nan, dtype=bound.dtype), bound])
 
+
+# %% [markdown]
+# Seeds that all rise by 0.1 per evaluation have moved by exactly $0.1 \cdot$ `lag` (no spread, no standard error), and
+# the statistic is undefined before the first full window:
+
+# %%
+_ramp = 0.1 * torch.arange(6, dtype=torch.float64)[None, :, None].expand(3, -1, 2)
+test_close(moved_by(_ramp, 2)[2:], torch.full((4,), 0.2, dtype=torch.float64), eps=1e-12)
+test_eq(moved_by(_ramp, 2)[:2].isnan().all(), True)
+test_fail(lambda: moved_by(_ramp, 6), contains="`lag` must lie in [1, 6)")
+
+
+# %% [markdown]
+# `settled_step` applies the rule to every watched metric at once, with the tolerances `CONVERGE_TOLERANCES`.
+
+# %%
+#| export
 def settled_step(metrics:dict,     # output of `converge_metrics`
                  steps:list,       # (T,) the evaluation steps, evenly spaced
                  window:int,       # the window w in steps (a multiple of the spacing)
@@ -333,14 +450,30 @@ test_fail(lambda: settled_step(_flat, _steps, 300), contains="multiple of the ev
 # Every saved file of chapter 6b was written by one of these functions, which train through `pretrain_many` with one torch thread and record the
 # command, the git commit and the date.
 
+# %% [markdown]
+# Each driver writes its file through the private `_write`, which puts the provenance (command, commit, date) first.
+
 # %%
 #| export
 def _write(out_dir, name:str, command:str, payload:dict)->Path:
+    "Write `payload` as JSON to `out_dir`/`name`, after the provenance of `command`."
     path = Path(out_dir) / name
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(dict(provenance=provenance(command), **payload)))
     return path
 
+
+# %%
+with tempfile.TemporaryDirectory() as _d:
+    _saved = json.loads(_write(_d, "x.json", "a command", dict(answer=42)).read_text())
+test_eq((list(_saved)[0], _saved["provenance"]["command"], _saved["answer"]), ("provenance", "a command", 42))
+
+
+# %% [markdown]
+# `run_mechanism_study` trains the runs the chapter looks inside and fits on (seeds 0 to 9) and the runs it predicts (seeds 10 to 19).
+
+# %%
+#| export
 def run_mechanism_study(out_dir="nbs/data",            # folder of the JSON file
                         seeds=tuple(range(10)),        # the seeds the chapter fits on (those of the emergence chapter)
                         fresh_seeds=tuple(range(10, 20)), # seeds the chapter predicts
@@ -353,7 +486,7 @@ def run_mechanism_study(out_dir="nbs/data",            # folder of the JSON file
 
 
 # %% [markdown]
-# The gap map: where does a trained model know more than the value level?
+# The gap map: where does a trained model know more than the value level? `run_gap_map` trains `EMERGENCE` with each change of `GAP_CELLS` and keeps, per run, only the measures (`gap_measures`) and the diagonality of every layer.
 
 # %%
 #| export
@@ -379,14 +512,11 @@ def run_gap_map(out_dir="nbs/data",              # folder of the JSON file
 
 
 # %% [markdown]
-# The controls, the dynamics from $\theta^*$ and the depth sweep: each trains `EMERGENCE` with
-# one change over ten seeds and saves the runs with their gap measures.
+# The controls, the dynamics from $\theta^*$, the shared layer and the depth sweep each train `EMERGENCE` with
+# one change over ten seeds and save the runs with their gap measures; the private `_study` does that for a set of changes.
 
 # %%
 #| export
-CONTROLS = ("mc", "supervised", "td-independent")   # objectives other than TD, on the same data and architecture
-DEPTHS = (2, 3, 4, 6, 8)                            # depths of the sweep with separate layers
-
 def _study(changes:dict, seeds, history:bool, base:PretrainConfig=EMERGENCE, device=None, cache_dir=None, train_only:bool=False)->dict:
     "name -> saved runs of `base` with each change, with their gap measures (with `train_only`, only train into `cache_dir`)."
     out = {}
@@ -396,10 +526,25 @@ def _study(changes:dict, seeds, history:bool, base:PretrainConfig=EMERGENCE, dev
         out[name] = dict(change=change, runs=[dict(saved, gap=gap_measures(r.config, r.model)) for saved, r in zip(save_runs(runs, history), runs)])
     return out
 
+
+# %% [markdown]
+# The controls change the objective to each of `CONTROLS`.
+
+# %%
+#| export
+CONTROLS = ("mc", "supervised", "td-independent")   # objectives other than TD, on the same data and architecture
+
 def run_control_study(out_dir="nbs/data", seeds=tuple(range(10)), command:str="run_control_study()")->Path:
     "Train `EMERGENCE` with each objective of `CONTROLS` over `seeds`; write `mechanism_controls.json`."
     return _write(out_dir, "mechanism_controls.json", command, dict(studies=_study({o: dict(objective=o) for o in CONTROLS}, seeds, False)))
 
+
+# %% [markdown]
+# The dynamics study starts training at $\theta^*$ instead of a random initialisation: `theta_star_starts` names the
+# four starting points, each a change to the configuration's initialisation.
+
+# %%
+#| export
 def theta_star_starts(config:PretrainConfig=EMERGENCE,  # the configuration (depth, gamma)
                       scale:float=0.05,                 # std of the perturbation
                      )->dict:                           # name -> changes to `config`
@@ -410,14 +555,41 @@ def theta_star_starts(config:PretrainConfig=EMERGENCE,  # the configuration (dep
               f"best-fit theta* (beta {beta:g}, alpha {alpha:g})": dict(init="theta_star", init_beta=float(beta), init_alpha=float(alpha))}
     return {**starts, **{f"{k} + N(0, {scale:g}^2)": dict(v, init_scale=scale) for k, v in starts.items()}}
 
-def run_shared_study(out_dir="nbs/data", seeds=tuple(range(10)), command:str="run_shared_study()")->Path:
-    "Train `EMERGENCE` with one shared layer over `seeds`; write `mechanism_shared.json` (the learned layer is iterated in the chapter)."
-    return _write(out_dir, "mechanism_shared.json", command, dict(studies=_study({"shared": dict(shared=True)}, seeds, False)))
 
+# %%
+_starts = theta_star_starts(scale=0.1)
+test_eq(len(_starts), 4)
+test_eq(_starts["theta* (beta 1, alpha 1)"], dict(init="theta_star", init_beta=1., init_alpha=1.))
+test_eq(_starts["theta* (beta 1, alpha 1) + N(0, 0.1^2)"]["init_scale"], 0.1)
+
+
+# %% [markdown]
+# `run_theta_star_dynamics` trains from each of them, keeping the metrics at every evaluation (chapter 6b plots them).
+
+# %%
+#| export
 def run_theta_star_dynamics(out_dir="nbs/data", seeds=tuple(range(10)), command:str="run_theta_star_dynamics()")->Path:
     "Train `EMERGENCE` from each of `theta_star_starts()` over `seeds`, keeping the histories; write `mechanism_dynamics.json`."
     return _write(out_dir, "mechanism_dynamics.json", command, dict(studies=_study(theta_star_starts(), seeds, True)))
 
+
+# %% [markdown]
+# `run_shared_study` trains the model with one shared layer that chapter 6b iterates beyond its training depth.
+
+# %%
+#| export
+def run_shared_study(out_dir="nbs/data", seeds=tuple(range(10)), command:str="run_shared_study()")->Path:
+    "Train `EMERGENCE` with one shared layer over `seeds`; write `mechanism_shared.json` (the learned layer is iterated in the chapter)."
+    return _write(out_dir, "mechanism_shared.json", command, dict(studies=_study({"shared": dict(shared=True)}, seeds, False)))
+
+
+# %% [markdown]
+# `run_depth_sweep` trains every depth of `DEPTHS` with separate layers; the deep end, `DEEP_DEPTHS`, is too slow for
+# this machine and is trained in parallel workers into a cache (`train_only`), then assembled by a last call.
+
+# %%
+#| export
+DEPTHS = (2, 3, 4, 6, 8)                            # depths of the sweep with separate layers
 DEEP_DEPTHS = (12, 16)                              # the deep end of the depth sweep, saved separately (`mechanism_depth_deep.json`)
 
 def run_depth_sweep(out_dir="nbs/data", seeds=tuple(range(10)), depths=DEPTHS, command:str="run_depth_sweep()", name:str="mechanism_depth.json",
@@ -429,9 +601,17 @@ def run_depth_sweep(out_dir="nbs/data", seeds=tuple(range(10)), depths=DEPTHS, c
 
 
 # %% [markdown]
+# A worker that only trains must have somewhere to keep its runs:
+
+# %%
+test_fail(lambda: run_depth_sweep(train_only=True), contains="`train_only` needs a `cache_dir`")
+
+
+# %% [markdown]
 # The convergence sweep trains one run per learning rate to the largest step count, recording the
 # parameters at every evaluation; with a `cache_dir`, workers can train disjoint seeds or rates
-# in parallel (`train_only`) and a last call assembles the file from their saved runs.
+# in parallel (`train_only`) and a last call assembles the file from their saved runs. `converge_config` is the
+# configuration of one learning rate.
 
 # %%
 #| export
@@ -439,11 +619,40 @@ def converge_config(lr:float, n_steps:int, eval_every:int)->PretrainConfig:
     "`EMERGENCE` with another learning rate and length, recording the parameters at every evaluation."
     return dataclasses.replace(EMERGENCE, lr=lr, n_steps=n_steps, eval_every=eval_every, record_params=True)
 
+
+# %%
+_cc = converge_config(3e-3, 4000, 200)
+test_eq((_cc.lr, _cc.n_steps, _cc.eval_every, _cc.record_params), (3e-3, 4000, 200, True))
+test_eq(dataclasses.replace(_cc, lr=EMERGENCE.lr, n_steps=EMERGENCE.n_steps, eval_every=EMERGENCE.eval_every, record_params=EMERGENCE.record_params), EMERGENCE)
+
+
+# %% [markdown]
+# Every step count of the sweep is read off the same run, so `model_at` rebuilds the model at any evaluation from
+# the recorded parameters (the history keys `param.A`, `param.V_cur`, `param.V_tgt`).
+
+# %%
+#| export
 def model_at(result, i:int):
     "The model of a run at its i-th evaluation, rebuilt from the recorded parameters."
     c = result.config
     return get_family(c.attention).module(c, {k[6:]: v[i].double() for k, v in result.history.items() if k.startswith("param.")})
 
+
+# %% [markdown]
+# On a stand-in run whose history holds the parameters of two saved models, the model at evaluation 1 is the second:
+
+# %%
+_hist = {f"param.{k}": torch.stack([model_params(m)[k][0].detach() for _, m in two]) for k in ("A", "V_cur", "V_tgt")}
+_at1 = model_at(SimpleNamespace(config=two[1][0], history=_hist), 1)
+test_close(_at1.value_weights(), two[1][1].value_weights(), eps=1e-15)
+
+
+# %% [markdown]
+# At each learning rate the sweep also checks the learned estimator, with the private `_estimator_check`: fitted on
+# the first half of the seeds' final models, scored on the other half.
+
+# %%
+#| export
 def _estimator_check(runs:list)->dict:
     "Fit the candidates on the first half of `runs`, score them on the second: centred 1 - R^2 per seed, and the lookahead's constants."
     half = len(runs) // 2
@@ -452,6 +661,12 @@ def _estimator_check(runs:list)->dict:
     return dict(lookahead=fitted["lookahead"], theta_star={k: fitted["theta*"][k] for k in ("alpha", "beta")},
                 centred={k: pred[f"{k}, centred"].tolist() for k in fitted}, msve={k: pred[f"{k}, MSVE"].tolist() for k in list(fitted) + ["trained"]})
 
+
+# %% [markdown]
+# `run_converge_study` puts it together: train, apply the stopping rule, and summarise the models at every kept step count.
+
+# %%
+#| export
 def run_converge_study(out_dir="nbs/data",          # folder of the JSON file
                        seeds=tuple(range(10)),      # seeds of every learning rate
                        lrs=CONVERGE_LRS,            # learning rates
@@ -492,9 +707,13 @@ def run_converge_study(out_dir="nbs/data",          # folder of the JSON file
     return _write(out_dir, name, command, dict(seeds=list(seeds), window=window, tolerances=CONVERGE_TOLERANCES, lrs=out))
 
 
+# %%
+test_fail(lambda: run_converge_study(train_only=True), contains="`train_only` needs a `cache_dir`")
+
+
 # %% [markdown]
-# The Jacobian at the training context length: `sampled_jacobians` at both $\theta^*$ points,
-# next to the exact $n = \infty$ values, saved with the eigenvalues' real parts.
+# The Jacobian at the training context length is measured at two points, which `star_points` names: $\theta^*$ of
+# Definition 3.1 ($W = I$, $\alpha = 1$) and the best-fit $\theta^*$ of the emergence chapter's grid, each as (beta, alpha).
 
 # %%
 #| export
@@ -504,6 +723,21 @@ def star_points(config:PretrainConfig=EMERGENCE)->dict:
     alpha, beta = best_theta_star(config)
     return {"theta* (beta 1, alpha 1)": (1., 1.), f"best-fit theta* (beta {beta:g}, alpha {alpha:g})": (float(beta), float(alpha))}
 
+
+# %%
+_sp = star_points()
+test_eq(len(_sp), 2)
+test_eq(_sp["theta* (beta 1, alpha 1)"], (1., 1.))
+_fit = _starts[list(_sp)[1]]
+test_eq((_fit["init_beta"], _fit["init_alpha"]), _sp[list(_sp)[1]])
+
+
+# %% [markdown]
+# `run_jacobian_study` computes, at both points, the exact $n = \infty$ values and `sampled_jacobians` at the
+# training context, and saves them with the eigenvalues' real parts.
+
+# %%
+#| export
 def run_jacobian_study(out_dir="nbs/data",       # folder of the JSON file
                        n_batches:int=6,          # Monte-Carlo batches K at n = 30
                        batch_size:int=16,        # contexts per batch

@@ -19,7 +19,7 @@ __all__ = ['HISTORY_KEYS', 'ANATOMY_PARTS', 'CONVERGE_TOLERANCES', 'CONVERGE_LRS
            'DEEP_DEPTHS', 'save_runs', 'load_models', 'anatomy_table', 'anatomy_counts', 'gap_table', 'study_summary',
            'summary_table', 'fisher_greater', 'holm', 'binomial_greater', 'normal_greater', 'claims_table',
            'converge_metrics', 'moved_by', 'settled_step', 'run_mechanism_study', 'run_gap_map', 'run_control_study',
-           'theta_star_starts', 'run_shared_study', 'run_theta_star_dynamics', 'run_depth_sweep', 'converge_config',
+           'theta_star_starts', 'run_theta_star_dynamics', 'run_shared_study', 'run_depth_sweep', 'converge_config',
            'model_at', 'run_converge_study', 'star_points', 'run_jacobian_study']
 
 # %% ../../nbs/06c_mechanism_studies.ipynb #6557ae73
@@ -37,6 +37,7 @@ def save_runs(results:list,         # `PretrainResult`s
                         **(dict(history={k: r.history[k].tolist() for k in HISTORY_KEYS}) if history else {})))
     return out
 
+# %% ../../nbs/06c_mechanism_studies.ipynb #97c4ad4c
 def load_models(runs:list,  # output of `save_runs` (e.g. read from a JSON file)
                )->list:     # (PretrainConfig, model) per run
     "Rebuild each saved run's configuration and trained model."
@@ -117,6 +118,7 @@ def study_summary(runs:list,  # (config, model) pairs of one setting
     t = torch.tensor(rows, dtype=torch.float64).T
     return dict(zip(("MSVE", "shape explained", "one uniform layer", "pattern, last selective layer", "pattern, last layer", "largest layer diagonality", "uniform layers"), t))
 
+# %% ../../nbs/06c_mechanism_studies.ipynb #0abccf5b
 def summary_table(summaries:dict,  # name -> `study_summary`
                   label:str,       # the first column's heading
                  )->str:
@@ -137,6 +139,7 @@ def fisher_greater(k1:int, m1:int,  # successes and seeds of the first group
     K, N = k1 + k2, m1 + m2
     return sum(math.comb(K, x) * math.comb(N - K, m1 - x) for x in range(k1, min(K, m1) + 1)) / math.comb(N, m1)
 
+# %% ../../nbs/06c_mechanism_studies.ipynb #baa2c0fb
 def holm(pvalues:dict,  # name -> p-value
         )->dict:        # name -> Holm-adjusted p-value
     "Holm's step-down adjustment of a family of p-values."
@@ -155,10 +158,13 @@ def binomial_greater(k:int,         # successes
     if not 0 <= k <= m: raise ValueError(f"`k` must lie in [0, {m}], got {k}")
     return sum(math.comb(m, x) * p0 ** x * (1 - p0) ** (m - x) for x in range(int(k), int(m) + 1))
 
-def normal_greater(z:float)->float:
+# %% ../../nbs/06c_mechanism_studies.ipynb #bf499a6e
+def normal_greater(z:float,  # a z-score
+                  )->float:  # one-sided p-value P(Z >= z), Z standard normal
     "One-sided p-value of a z-score: P(Z >= z) for a standard normal Z."
     return 0.5 * math.erfc(z / math.sqrt(2))
 
+# %% ../../nbs/06c_mechanism_studies.ipynb #897f8acb
 def claims_table(families:dict,  # experiment -> dict(primary=(claim, p), secondary={claim: p})
                  level:float=0.05, # significance level
                 )->str:          # a markdown table, Holm-adjusted within each experiment's secondary claims
@@ -182,6 +188,7 @@ def converge_metrics(results:list,  # `PretrainResult`s of one configuration, on
     S, T = len(results), h("msve").shape[1]
     return dict(msve=h("msve").reshape(S, T, 1), diagonality=h("diagonality").reshape(S, T, -1), value_weights=h("value_weights")[:, :, -1])
 
+# %% ../../nbs/06c_mechanism_studies.ipynb #6e911546
 def moved_by(traj:torch.Tensor,  # (S, T, k) per-seed trajectories at evenly spaced evaluations
              lag:int,            # the window in evaluations
             )->torch.Tensor:     # (T,) largest |seed-mean change| + 2 s.e. over the window (NaN before `lag`)
@@ -192,6 +199,7 @@ def moved_by(traj:torch.Tensor,  # (S, T, k) per-seed trajectories at evenly spa
     bound = (delta.mean(0).abs() + 2 * delta.std(0) / math.sqrt(traj.shape[0])).amax(-1)
     return torch.cat([torch.full((lag,), math.nan, dtype=bound.dtype), bound])
 
+# %% ../../nbs/06c_mechanism_studies.ipynb #609824b4
 def settled_step(metrics:dict,     # output of `converge_metrics`
                  steps:list,       # (T,) the evaluation steps, evenly spaced
                  window:int,       # the window w in steps (a multiple of the spacing)
@@ -206,11 +214,13 @@ def settled_step(metrics:dict,     # output of `converge_metrics`
 
 # %% ../../nbs/06c_mechanism_studies.ipynb #aea6bff6
 def _write(out_dir, name:str, command:str, payload:dict)->Path:
+    "Write `payload` as JSON to `out_dir`/`name`, after the provenance of `command`."
     path = Path(out_dir) / name
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(dict(provenance=provenance(command), **payload)))
     return path
 
+# %% ../../nbs/06c_mechanism_studies.ipynb #c6276725
 def run_mechanism_study(out_dir="nbs/data",            # folder of the JSON file
                         seeds=tuple(range(10)),        # the seeds the chapter fits on (those of the emergence chapter)
                         fresh_seeds=tuple(range(10, 20)), # seeds the chapter predicts
@@ -243,9 +253,6 @@ def run_gap_map(out_dir="nbs/data",              # folder of the JSON file
     return path
 
 # %% ../../nbs/06c_mechanism_studies.ipynb #38ea21f1
-CONTROLS = ("mc", "supervised", "td-independent")   # objectives other than TD, on the same data and architecture
-DEPTHS = (2, 3, 4, 6, 8)                            # depths of the sweep with separate layers
-
 def _study(changes:dict, seeds, history:bool, base:PretrainConfig=EMERGENCE, device=None, cache_dir=None, train_only:bool=False)->dict:
     "name -> saved runs of `base` with each change, with their gap measures (with `train_only`, only train into `cache_dir`)."
     out = {}
@@ -255,10 +262,14 @@ def _study(changes:dict, seeds, history:bool, base:PretrainConfig=EMERGENCE, dev
         out[name] = dict(change=change, runs=[dict(saved, gap=gap_measures(r.config, r.model)) for saved, r in zip(save_runs(runs, history), runs)])
     return out
 
+# %% ../../nbs/06c_mechanism_studies.ipynb #0014d5de
+CONTROLS = ("mc", "supervised", "td-independent")   # objectives other than TD, on the same data and architecture
+
 def run_control_study(out_dir="nbs/data", seeds=tuple(range(10)), command:str="run_control_study()")->Path:
     "Train `EMERGENCE` with each objective of `CONTROLS` over `seeds`; write `mechanism_controls.json`."
     return _write(out_dir, "mechanism_controls.json", command, dict(studies=_study({o: dict(objective=o) for o in CONTROLS}, seeds, False)))
 
+# %% ../../nbs/06c_mechanism_studies.ipynb #ad50209a
 def theta_star_starts(config:PretrainConfig=EMERGENCE,  # the configuration (depth, gamma)
                       scale:float=0.05,                 # std of the perturbation
                      )->dict:                           # name -> changes to `config`
@@ -269,14 +280,18 @@ def theta_star_starts(config:PretrainConfig=EMERGENCE,  # the configuration (dep
               f"best-fit theta* (beta {beta:g}, alpha {alpha:g})": dict(init="theta_star", init_beta=float(beta), init_alpha=float(alpha))}
     return {**starts, **{f"{k} + N(0, {scale:g}^2)": dict(v, init_scale=scale) for k, v in starts.items()}}
 
-def run_shared_study(out_dir="nbs/data", seeds=tuple(range(10)), command:str="run_shared_study()")->Path:
-    "Train `EMERGENCE` with one shared layer over `seeds`; write `mechanism_shared.json` (the learned layer is iterated in the chapter)."
-    return _write(out_dir, "mechanism_shared.json", command, dict(studies=_study({"shared": dict(shared=True)}, seeds, False)))
-
+# %% ../../nbs/06c_mechanism_studies.ipynb #a389faf9
 def run_theta_star_dynamics(out_dir="nbs/data", seeds=tuple(range(10)), command:str="run_theta_star_dynamics()")->Path:
     "Train `EMERGENCE` from each of `theta_star_starts()` over `seeds`, keeping the histories; write `mechanism_dynamics.json`."
     return _write(out_dir, "mechanism_dynamics.json", command, dict(studies=_study(theta_star_starts(), seeds, True)))
 
+# %% ../../nbs/06c_mechanism_studies.ipynb #212e471a
+def run_shared_study(out_dir="nbs/data", seeds=tuple(range(10)), command:str="run_shared_study()")->Path:
+    "Train `EMERGENCE` with one shared layer over `seeds`; write `mechanism_shared.json` (the learned layer is iterated in the chapter)."
+    return _write(out_dir, "mechanism_shared.json", command, dict(studies=_study({"shared": dict(shared=True)}, seeds, False)))
+
+# %% ../../nbs/06c_mechanism_studies.ipynb #dcb6bcb4
+DEPTHS = (2, 3, 4, 6, 8)                            # depths of the sweep with separate layers
 DEEP_DEPTHS = (12, 16)                              # the deep end of the depth sweep, saved separately (`mechanism_depth_deep.json`)
 
 def run_depth_sweep(out_dir="nbs/data", seeds=tuple(range(10)), depths=DEPTHS, command:str="run_depth_sweep()", name:str="mechanism_depth.json",
@@ -286,16 +301,18 @@ def run_depth_sweep(out_dir="nbs/data", seeds=tuple(range(10)), depths=DEPTHS, c
     studies = _study({f"L = {L}": dict(n_layers=L) for L in depths}, seeds, False, device=device, cache_dir=cache_dir, train_only=train_only)
     return None if train_only else _write(out_dir, name, command, dict(studies=studies))
 
-# %% ../../nbs/06c_mechanism_studies.ipynb #0014d5de
+# %% ../../nbs/06c_mechanism_studies.ipynb #a84a1d5f
 def converge_config(lr:float, n_steps:int, eval_every:int)->PretrainConfig:
     "`EMERGENCE` with another learning rate and length, recording the parameters at every evaluation."
     return dataclasses.replace(EMERGENCE, lr=lr, n_steps=n_steps, eval_every=eval_every, record_params=True)
 
+# %% ../../nbs/06c_mechanism_studies.ipynb #dab5276b
 def model_at(result, i:int):
     "The model of a run at its i-th evaluation, rebuilt from the recorded parameters."
     c = result.config
     return get_family(c.attention).module(c, {k[6:]: v[i].double() for k, v in result.history.items() if k.startswith("param.")})
 
+# %% ../../nbs/06c_mechanism_studies.ipynb #88f20554
 def _estimator_check(runs:list)->dict:
     "Fit the candidates on the first half of `runs`, score them on the second: centred 1 - R^2 per seed, and the lookahead's constants."
     half = len(runs) // 2
@@ -304,6 +321,7 @@ def _estimator_check(runs:list)->dict:
     return dict(lookahead=fitted["lookahead"], theta_star={k: fitted["theta*"][k] for k in ("alpha", "beta")},
                 centred={k: pred[f"{k}, centred"].tolist() for k in fitted}, msve={k: pred[f"{k}, MSVE"].tolist() for k in list(fitted) + ["trained"]})
 
+# %% ../../nbs/06c_mechanism_studies.ipynb #90866031
 def run_converge_study(out_dir="nbs/data",          # folder of the JSON file
                        seeds=tuple(range(10)),      # seeds of every learning rate
                        lrs=CONVERGE_LRS,            # learning rates
@@ -343,13 +361,14 @@ def run_converge_study(out_dir="nbs/data",          # folder of the JSON file
     if train_only: return None
     return _write(out_dir, name, command, dict(seeds=list(seeds), window=window, tolerances=CONVERGE_TOLERANCES, lrs=out))
 
-# %% ../../nbs/06c_mechanism_studies.ipynb #ad50209a
+# %% ../../nbs/06c_mechanism_studies.ipynb #fc5e6970
 def star_points(config:PretrainConfig=EMERGENCE)->dict:
     "The two theta* of the dynamics study: name -> (beta, alpha)."
     from ictd.emergence import best_theta_star
     alpha, beta = best_theta_star(config)
     return {"theta* (beta 1, alpha 1)": (1., 1.), f"best-fit theta* (beta {beta:g}, alpha {alpha:g})": (float(beta), float(alpha))}
 
+# %% ../../nbs/06c_mechanism_studies.ipynb #091fa6c4
 def run_jacobian_study(out_dir="nbs/data",       # folder of the JSON file
                        n_batches:int=6,          # Monte-Carlo batches K at n = 30
                        batch_size:int=16,        # contexts per batch
