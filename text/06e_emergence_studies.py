@@ -194,8 +194,8 @@ def diagonality_panel(ax,            # the axes to draw on
 
 # %% [markdown]
 # Whether the trained model predicts well is a second message, so the errors get panels of their own:
-# the held-out MSVE, and the exact NEU at $n = \infty$ that tells how far the layers are from a fixed
-# point of the update. Both panels are checked with the diagonality panel in the cell below.
+# the held-out MSVE, and chapter 6a's NEU (the squared norm of the expected update) computed exactly at
+# $n = \infty$. Both panels are checked with the diagonality panel in the cell below.
 
 # %%
 #| export
@@ -330,7 +330,7 @@ assert all(v.shape == (2,) for v in tiny_comparison.values())
 
 # %% [markdown]
 # The tuned step size, kernel scale and value gap are not errors of a predictor, so the table of the
-# page leaves them out and ranks only the predictors:
+# page leaves them out and lists only the predictors:
 
 # %%
 #| export

@@ -825,7 +825,7 @@ class TaskFamily:
 # A family fixes the features, the grid and the form of the kernel (its `base` process), and
 # varies everything else from task to task; `contexts` is documented with the task sets in
 # [Implementation and tests](#task-sets-and-the-engines-protocol). The rotation family draws its
-# four parameters per task and keeps each task's value a shifted square-wave value:
+# four parameters per task, and each task's value is $r_0/(1-\gamma)$ plus a shifted square-wave value:
 
 # %%
 #| export
