@@ -87,6 +87,7 @@ def transitions_from_uniforms(u:np.ndarray,   # (..., 2s - 2) uniforms on [0, 1)
     P[..., s - 1, :] = last / last.sum(-1, keepdims=True)
     return P
 
+# %% ../nbs/00_boyan.ipynb #1d4aec82
 def boyan_transitions(n_states:int,                 # number of states s >= 2
                       rng:np.random.Generator,     # source of randomness
                      )->np.ndarray:                 # (s, s) row-stochastic matrix
@@ -181,6 +182,7 @@ def weighted_error(v_hat:torch.Tensor,   # (..., m) estimates
     "The weighted squared error $\\sum_x w(x) (\\hat v(x) - v(x))^2$ over the last axis: the one definition of the book's MSVE."
     return ((v_hat - v).square() * weights).sum(-1)
 
+# %% ../nbs/00_boyan.ipynb #b3b243d8
 def msve(mrp:MRP,    # the process whose true values score the estimate
          v_hat,      # (..., s) value estimates, one per state
         )->float:    # d_pi-weighted mean squared value error (a tensor of shape (...) when batched)

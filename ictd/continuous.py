@@ -47,6 +47,7 @@ class ContinuousProcess:
         x, w = self.grid(v_hat.shape[-1])
         return weighted_error(v_hat, self.v_pi(x).to(v_hat), w.to(v_hat))
 
+# %% ../nbs/07b_continuous.ipynb #528c6178
 class NoisyRotation(ContinuousProcess):
     "A rotation of the circle by `mu` plus Gaussian noise, with reward sign(sin s) ('square') or cos s ('cos')."
     d = 2          # features (cos s, sin s)
@@ -112,6 +113,7 @@ def gaussian_moment(p:int)->float:
     "E[xi^p] for xi ~ N(0, 1): (p - 1)!! for even p, 0 for odd p."
     return 0. if p % 2 else float(np.prod(np.arange(p - 1, 0, -2))) if p else 1.
 
+# %% ../nbs/07b_continuous.ipynb #f89e9bb3
 def gaussian_operator(scale:float,   # c in s -> c s + tau xi
                       tau:float,     # noise standard deviation tau
                       degree:int,    # highest degree D
@@ -122,6 +124,7 @@ def gaussian_operator(scale:float,   # c in s -> c s + tau xi
         for m in range(j + 1): T[m, j] = math.comb(j, m) * scale ** m * tau ** (j - m) * gaussian_moment(j - m)
     return T
 
+# %% ../nbs/07b_continuous.ipynb #f9b7cb7b
 def polyval(coef, s)->torch.Tensor:
     "sum_j coef[j] s^j."
     s = as_tensor(s, "states")
@@ -187,6 +190,7 @@ def mc_returns(process,             # a process of this chapter
         s = process.step(s, rng)
     return torch.from_numpy(G.mean(1)), torch.from_numpy(G.std(1, ddof=1) / math.sqrt(s.shape[1]))
 
+# %% ../nbs/07b_continuous.ipynb #f9a39516
 def mc_z_scores(process, states, v, **kwargs)->torch.Tensor:
     "|MC mean - v| / standard error at each state, for a candidate value `v` (m,)."
     mean, se = mc_returns(process, states, **kwargs)
@@ -198,6 +202,7 @@ def score_matrix(self:NoisyRotation, beta:float)->torch.Tensor:
     "W = beta I: the von Mises kernel of concentration beta on (cos s, sin s)."
     return check_number(beta, "beta", 0., strict=True) * torch.eye(2, dtype=torch.float64)
 
+# %% ../nbs/07b_continuous.ipynb #699dc6fe
 @patch
 def score_matrix(self:GaussianAR1, beta:float)->torch.Tensor:
     "W_beta with (s, s^2, 1)^T W_beta (t, t^2, 1) = -beta (s - t)^2 / 2: the Gaussian kernel of bandwidth 1/sqrt(beta)."
@@ -246,6 +251,7 @@ def population_values(self:NoisyRotation, beta:float, alpha:float, n_layers:int,
     learned = 1 - f ** torch.arange(n_layers + 1, dtype=torch.float64).unsqueeze(1)   # (L + 1, K)
     return ((learned * c / (1 - self.gamma * p)) @ torch.exp(1j * k.unsqueeze(1) * s)).real
 
+# %% ../nbs/07b_continuous.ipynb #cd89df85
 @patch
 def population_values(self:GaussianAR1, beta:float, alpha:float, n_layers:int, states)->torch.Tensor:
     "(L + 1, m) values v_0..v_L of the population recursion at `states` (on polynomial coefficients)."
@@ -292,6 +298,9 @@ class TaskFamily:
         x, w = self.base.grid(m)
         return dict(states=states, rewards=self.reward(tasks, states[:, :-1]), x=x, w=w, v=self.v_pi(tasks, x))
 
+# %% ../nbs/07b_continuous.ipynb #70a249de
+def _per_task(x, states): return x.reshape(-1, *[1] * (states.ndim - 1))
+
 class RotationFamily(TaskFamily):
     "Noisy rotations with random drift and noise, and a square-wave reward with random phase and level."
     d = 2
@@ -327,8 +336,7 @@ class RotationFamily(TaskFamily):
         return torch.stack([lv / (1 - self.gamma) + NoisyRotation(mu, sg, self.gamma).v_pi((x - ph) % (2 * math.pi))
                             for mu, sg, ph, lv in zip(*(tasks[k].tolist() for k in ("mu", "sigma", "phase", "level")))])
 
-def _per_task(x, states): return x.reshape(-1, *[1] * (states.ndim - 1))
-
+# %% ../nbs/07b_continuous.ipynb #47ef78de
 HERMITE = torch.tensor([[1., 0., 0., 0.], [0., 1., 0., 0.], [-1., 0., 1., 0.], [0., -3., 0., 1.]], dtype=torch.float64) / torch.tensor([1., 1., math.sqrt(2), math.sqrt(6)], dtype=torch.float64)[:, None]
 
 class GaussianAR1Family(TaskFamily):
@@ -402,6 +410,7 @@ def family_protocol(family:TaskFamily,   # the task family
         return EvalSet(get_family(config.attention).prompt(config, x), ex(ctx["v"]), ex(ctx["w"].expand_as(ctx["v"])))
     return Protocol(sample=sample, eval_set=eval_set, data=lambda config, seeds, device: dict(device=device))
 
+# %% ../nbs/07b_continuous.ipynb #5c95c0e1
 def family_config(family:TaskFamily,  # the task family (its protocol is registered under `repr(family)` on first use)
                   **settings,         # `PretrainConfig` fields; defaults: n = 30, L = 3, 500 steps, lr 1e-2, float32, 64 held-out tasks
                  )->PretrainConfig:

@@ -182,6 +182,24 @@ def transitions_from_uniforms(u:np.ndarray,   # (..., 2s - 2) uniforms on [0, 1)
     P[..., s - 1, :] = last / last.sum(-1, keepdims=True)
     return P
 
+
+# %% [markdown]
+# The uniforms come in one flat vector so that a batch of chains is one array and one call.
+# Every row it builds is a probability distribution, and the first rows only move right:
+
+# %%
+P5 = transitions_from_uniforms(np.random.default_rng(0).random((2, 8)), 5)
+test_close(P5.sum(-1), np.ones((2, 5)), eps=1e-15)
+test_eq(np.triu(P5[:, :4], 1), P5[:, :4]); test_eq(P5[:, 3], np.eye(5)[[4, 4]])
+
+
+# %% [markdown]
+# Where only the dynamics are wanted (the worst-case searches of chapter 5b build chains block by
+# block), one chain's matrix comes straight from a generator; that it reads the generator as
+# `transitions_from_uniforms` does is tested in [Implementation and tests](#drawing-a-chain-from-uniforms).
+
+# %%
+#| export
 def boyan_transitions(n_states:int,                 # number of states s >= 2
                       rng:np.random.Generator,     # source of randomness
                      )->np.ndarray:                 # (s, s) row-stochastic matrix
@@ -490,6 +508,21 @@ def weighted_error(v_hat:torch.Tensor,   # (..., m) estimates
     "The weighted squared error $\\sum_x w(x) (\\hat v(x) - v(x))^2$ over the last axis: the one definition of the book's MSVE."
     return ((v_hat - v).square() * weights).sum(-1)
 
+
+# %% [markdown]
+# The weighted error is kept apart from the chain so that continuous-state chapters, whose
+# weights are a quadrature rule rather than $d_\pi$, score estimates with the same formula:
+
+# %%
+test_close(weighted_error(torch.tensor([1., 2.]), torch.tensor([0., 0.]), torch.tensor([0.25, 0.75])), 3.25)
+
+
+# %% [markdown]
+# For a Markov reward process the weights are its stationary distribution $d_\pi$ and the
+# truth is $v_\pi$; `msve` also accepts a batch of estimates:
+
+# %%
+#| export
 def msve(mrp:MRP,    # the process whose true values score the estimate
          v_hat,      # (..., s) value estimates, one per state
         )->float:    # d_pi-weighted mean squared value error (a tensor of shape (...) when batched)

@@ -72,6 +72,24 @@ def seed_summary(results:list,  # runs of one configuration, one per seed
                 neu_population=neu_pop.mean().item(), neu_population_se=mean_se(neu_pop)[1].item(),
                 cosine_mean=stack_history(results, "cosine")[:, -1].mean(0).tolist())
 
+
+# %%
+show_doc(seed_summary)
+
+# %%
+tiny_summary = seed_summary(tiny_runs)
+test_eq(tiny_summary["n_seeds"], 2)
+test_eq(tiny_summary["seeds"], [0, 1])
+test_eq(len(tiny_summary["pattern_count"]), tiny.n_layers)
+test_fail(lambda: seed_summary(tiny_runs[:1]), contains="at least 2 runs")
+
+
+# %% [markdown]
+# A summary is plain numbers so that it can be written to JSON; for a reader, `layer_table` lays it out
+# as two tables narrow enough for the page, one row per layer each:
+
+# %%
+#| export
 def layer_table(summary:dict)->str:
     "Two narrow markdown tables of a `seed_summary`, one row per layer: the pattern, ratio and diagonality; then the three weights."
     m, pattern, weights = summary["n_seeds"], [], []
@@ -85,15 +103,7 @@ def layer_table(summary:dict)->str:
 
 
 # %%
-show_doc(seed_summary)
-
-# %%
-tiny_summary = seed_summary(tiny_runs)
-test_eq(tiny_summary["n_seeds"], 2)
-test_eq(tiny_summary["seeds"], [0, 1])
-test_eq(len(tiny_summary["pattern_count"]), tiny.n_layers)
 test_eq(len(layer_table(tiny_summary).splitlines()), 2 * (2 + tiny.n_layers) + 1)
-test_fail(lambda: seed_summary(tiny_runs[:1]), contains="at least 2 runs")
 
 # %% [markdown]
 # ## Figures over training
@@ -145,6 +155,14 @@ def value_weight_panels(axs,           # (layers, 2) array of axes
         ax_r.set(ylim=(-4, 3), title=f"{_layer_name(c, l)}: successor / current", ylabel="ratio", xlabel="training step")
         for ax in (ax_w, ax_r): ax.legend(fontsize=9)
 
+
+# %% [markdown]
+# The panels draw into axes they are given, so that the report's overview below can reuse them on a
+# page of its own; `plot_value_weights` makes the figure with one row per trained layer, and the cell
+# after it checks that no untrained layer gets a row:
+
+# %%
+#| export
 def plot_value_weights(results:list,  # runs of one configuration, one per seed
                       ):              # the matplotlib figure
     "The value weights and the successor/current ratio of every trained layer over training, over seeds."
@@ -173,6 +191,14 @@ def diagonality_panel(ax,            # the axes to draw on
     ax.set(title="Kernel diagonality", ylabel="attention share on own state", xlabel="training step")
     ax.legend(fontsize=9)
 
+
+# %% [markdown]
+# Whether the trained model predicts well is a second message, so the errors get panels of their own:
+# the held-out MSVE, and chapter 6a's NEU (the squared norm of the expected update) computed exactly at
+# $n = \infty$. Both panels are checked with the diagonality panel in the cell below.
+
+# %%
+#| export
 def error_panels(axs,           # two axes: MSVE, NEU
                  results:list,  # runs of one configuration, one per seed
                 ):
@@ -233,6 +259,17 @@ def mean_blocks(results:list,  # runs of one configuration
     return torch.stack([torch.stack([torch.stack([p.detach().double() for p in r.model.layer(l).params(torch.zeros(1, dtype=torch.float64))])
                                      for l in range(r.model.n_layers)]) for r in results]).mean(0)
 
+
+# %%
+test_eq(mean_blocks(tiny_runs).shape, (tiny.n_layers, 3, tiny.d + 2, tiny.d + 2))
+
+
+# %% [markdown]
+# `plot_blocks` draws each averaged block on a colour scale symmetric about zero, so that a sign is a
+# colour, with the blocks of $\theta^*$ in the last row for comparison:
+
+# %%
+#| export
 def plot_blocks(results:list,  # runs of one configuration
                ):              # the matplotlib figure
     "Heat maps of A, V_cur and V_tgt per layer, averaged over seeds, beside those of $\\theta^*$ (W = I, alpha = 1)."
@@ -256,7 +293,6 @@ def plot_blocks(results:list,  # runs of one configuration
 
 
 # %%
-test_eq(mean_blocks(tiny_runs).shape, (tiny.n_layers, 3, tiny.d + 2, tiny.d + 2))
 fig = plot_blocks(tiny_runs)
 test_eq(len([ax for ax in fig.axes if ax.images]), 3 * (tiny.n_layers + 1))
 plt.close(fig)
@@ -286,6 +322,18 @@ def baseline_comparison(results:list,  # runs of one configuration
 
 NOT_PREDICTORS = ("value gap to best theta*", "best alpha", "best beta")  # entries of `baseline_comparison` that are not a predictor's MSVE
 
+# %%
+tiny_comparison = baseline_comparison(tiny_runs)
+test_eq(set(tiny_comparison) - set(NOT_PREDICTORS), {"trained", "zero", "context mean", "best theta*", "certainty equivalence", "best constant"})
+assert all(v.shape == (2,) for v in tiny_comparison.values())
+
+
+# %% [markdown]
+# The tuned step size, kernel scale and value gap are not errors of a predictor, so the table of the
+# page leaves them out and lists only the predictors:
+
+# %%
+#| export
 def comparison_table(comparison:dict)->str:
     "A markdown table of the predictors in `baseline_comparison`: mean ± s.e. and range over seeds."
     rows = [f"| {k} | {v.mean():.3f} ± {mean_se(v)[1]:.3f} | {v.min():.3f} – {v.max():.3f} |" for k, v in comparison.items() if k not in NOT_PREDICTORS]
@@ -293,10 +341,7 @@ def comparison_table(comparison:dict)->str:
 
 
 # %%
-tiny_comparison = baseline_comparison(tiny_runs)
-test_eq(set(tiny_comparison) - set(NOT_PREDICTORS), {"trained", "zero", "context mean", "best theta*", "certainty equivalence", "best constant"})
 test_eq(len(comparison_table(tiny_comparison).splitlines()), 2 + 6)
-assert all(v.shape == (2,) for v in tiny_comparison.values())
 
 
 # %%
@@ -317,6 +362,20 @@ def claim_counts(results:list,     # runs of one configuration
                 last_selective_pattern=int(sign_pattern(vw[torch.arange(m), selective]).sum()),
                 reward_positive=int((vw[..., 0] > 0).all(-1).sum()))
 
+
+# %%
+counts = claim_counts(tiny_runs, tiny_comparison)
+test_eq((counts["n_seeds"], counts["k_half"]), (2, 3))
+assert 0 <= counts["last_selective_pattern"] <= 2 and len(counts["diagonality_rise_z"]) == tiny.n_layers - 1
+
+
+# %% [markdown]
+# Measuring and asserting are kept apart: the report of the command line records the counts of any set
+# of runs, while `emergence_claims` holds them to the thresholds of Claims 6a.1 to 6a.4, which only
+# mean something over ten seeds or more:
+
+# %%
+#| export
 def emergence_claims(results:list,      # runs of one configuration (>= 10 seeds)
                      comparison:dict,   # `baseline_comparison(results)`
                     )->dict:            # the measured counts and thresholds
@@ -334,9 +393,6 @@ def emergence_claims(results:list,      # runs of one configuration (>= 10 seeds
 show_doc(emergence_claims)
 
 # %%
-counts = claim_counts(tiny_runs, tiny_comparison)
-test_eq((counts["n_seeds"], counts["k_half"]), (2, 3))
-assert 0 <= counts["last_selective_pattern"] <= 2 and len(counts["diagonality_rise_z"]) == tiny.n_layers - 1
 test_fail(lambda: emergence_claims(tiny_runs, tiny_comparison), contains="at least 10 seeds")
 
 
@@ -361,11 +417,39 @@ def ablation(config:PretrainConfig,  # the base configuration
     if field not in {f.name for f in dataclasses.fields(PretrainConfig)}: raise ValueError(f"`field` must be a field of PretrainConfig, got {field!r}")
     return {v: pretrain_many(dataclasses.replace(config, **fixed, **{field: v}), list(seeds), progress=False, cache_dir=cache_dir) for v in values}
 
+
+# %%
+show_doc(ablation)
+
+# %%
+cache = tempfile.mkdtemp()
+tiny_gamma = ablation(tiny, "gamma", (0.5, 0.9), [0, 1], cache_dir=cache)
+test_eq(list(tiny_gamma), [0.5, 0.9])
+test_eq([r.config.gamma for r in tiny_gamma[0.5]], [0.5, 0.5])
+test_fail(lambda: ablation(tiny, "learning_rate", (1e-2,), [0]), contains="`field` must be a field of PretrainConfig")
+
+
+# %% [markdown]
+# Each value of an ablation is then summarised as a set of runs of its own, with `seed_summary`:
+
+# %%
+#| export
 def ablation_rows(runs:dict,  # output of `ablation`
                  )->dict:     # value -> `seed_summary` of its runs
     "The seed summary of every value of an ablation."
     return {v: seed_summary(r) for v, r in runs.items()}
 
+
+# %%
+test_eq({v: sm["config"]["gamma"] for v, sm in ablation_rows(tiny_gamma).items()}, {0.5: 0.5, 0.9: 0.9})
+
+
+# %% [markdown]
+# and `ablation_table` puts those summaries side by side, one row per value: first what the claims count
+# (the MSVE and the seeds with the sign pattern), then the shape of the solution (ratios and diagonality):
+
+# %%
+#| export
 def ablation_table(runs:dict,    # output of `ablation`
                    field:str,    # the setting varied
                   )->str:        # markdown: two narrow tables, one row per value
@@ -381,15 +465,7 @@ def ablation_table(runs:dict,    # output of `ablation`
 
 
 # %%
-show_doc(ablation)
-
-# %%
-cache = tempfile.mkdtemp()
-tiny_gamma = ablation(tiny, "gamma", (0.5, 0.9), [0, 1], cache_dir=cache)
-test_eq(list(tiny_gamma), [0.5, 0.9])
-test_eq([r.config.gamma for r in tiny_gamma[0.5]], [0.5, 0.5])
 test_eq(len(ablation_table(tiny_gamma, "gamma").splitlines()), 2 * 4 + 1)
-test_fail(lambda: ablation(tiny, "learning_rate", (1e-2,), [0]), contains="`field` must be a field of PretrainConfig")
 
 
 # %%

@@ -128,6 +128,22 @@ class ContinuousProcess:
         x, w = self.grid(v_hat.shape[-1])
         return weighted_error(v_hat, self.v_pi(x).to(v_hat), w.to(v_hat))
 
+
+# %% [markdown]
+# A process only says how to draw its stationary law and one step; the base class turns those
+# into trajectories, and its closed-form `v_pi` and quadrature `grid` into an MSVE, so that every
+# learner of this part is scored the same way on both processes:
+
+# %%
+show_doc(ContinuousProcess.sample_trajectory)
+
+
+# %% [markdown]
+# The rotation fills in the interface with the Fourier series above; its harmonics and transition
+# eigenvalues are kept as methods because the large-context limit below reuses them.
+
+# %%
+#| export
 class NoisyRotation(ContinuousProcess):
     "A rotation of the circle by `mu` plus Gaussian noise, with reward sign(sin s) ('square') or cos s ('cos')."
     d = 2          # features (cos s, sin s)
@@ -193,9 +209,6 @@ class NoisyRotation(ContinuousProcess):
 show_doc(NoisyRotation)
 
 # %%
-show_doc(ContinuousProcess.sample_trajectory)
-
-# %%
 show_doc(NoisyRotation.v_pi)
 
 # %%
@@ -239,6 +252,19 @@ def gaussian_moment(p:int)->float:
     "E[xi^p] for xi ~ N(0, 1): (p - 1)!! for even p, 0 for odd p."
     return 0. if p % 2 else float(np.prod(np.arange(p - 1, 0, -2))) if p else 1.
 
+
+# %%
+test_eq([gaussian_moment(p) for p in range(7)], [1., 0., 1., 0., 3., 0., 15.])
+
+
+# %% [markdown]
+# With these moments the expectation of a polynomial after one affine-plus-noise step is a
+# polynomial again, and the map between their coefficients is the triangular matrix of the text.
+# It is written for any scale $c$ and noise $\tau$ because the large-context limit below applies
+# it to the kernel's own Gaussian smoother, not only to the transition:
+
+# %%
+#| export
 def gaussian_operator(scale:float,   # c in s -> c s + tau xi
                       tau:float,     # noise standard deviation tau
                       degree:int,    # highest degree D
@@ -249,10 +275,29 @@ def gaussian_operator(scale:float,   # c in s -> c s + tau xi
         for m in range(j + 1): T[m, j] = math.comb(j, m) * scale ** m * tau ** (j - m) * gaussian_moment(j - m)
     return T
 
+
+# %% [markdown]
+# For degree 2, $E[(cs + \tau\xi)^2] = c^2 s^2 + \tau^2$ gives the last column, and with no
+# noise and $c = 1$ the operator is the identity:
+
+# %%
+test_close(gaussian_operator(0.8, 0.6, 2)[:, 2], torch.tensor([0.36, 0., 0.64], dtype=torch.float64), eps=1e-15)
+test_eq(gaussian_operator(1., 0., 3), torch.eye(4, dtype=torch.float64))
+
+
+# %% [markdown]
+# Rewards and values are then polynomials given by their coefficients, evaluated at many states at once:
+
+# %%
+#| export
 def polyval(coef, s)->torch.Tensor:
     "sum_j coef[j] s^j."
     s = as_tensor(s, "states")
     return s.unsqueeze(-1) ** torch.arange(len(coef), dtype=s.dtype) @ torch.as_tensor(coef, dtype=s.dtype)
+
+
+# %%
+test_eq(polyval([1., 2., 3.], torch.tensor([[0., 2.]], dtype=torch.float64)), torch.tensor([[1., 17.]], dtype=torch.float64))
 
 
 # %%
@@ -349,6 +394,13 @@ def mc_returns(process,             # a process of this chapter
         s = process.step(s, rng)
     return torch.from_numpy(G.mean(1)), torch.from_numpy(G.std(1, ddof=1) / math.sqrt(s.shape[1]))
 
+
+# %% [markdown]
+# The test statistic compares a candidate value with those returns in units of their standard
+# error, one start state at a time; the cell after it runs it on the right and the wrong formulas.
+
+# %%
+#| export
 def mc_z_scores(process, states, v, **kwargs)->torch.Tensor:
     "|MC mean - v| / standard error at each state, for a candidate value `v` (m,)."
     mean, se = mc_returns(process, states, **kwargs)
@@ -417,6 +469,17 @@ def score_matrix(self:NoisyRotation, beta:float)->torch.Tensor:
     "W = beta I: the von Mises kernel of concentration beta on (cos s, sin s)."
     return check_number(beta, "beta", 0., strict=True) * torch.eye(2, dtype=torch.float64)
 
+
+# %%
+test_eq(NoisyRotation().score_matrix(3.), 3 * torch.eye(2, dtype=torch.float64))
+
+
+# %% [markdown]
+# On the line the matrix is Proposition 7b.1(b)'s $W_\beta$; the check evaluates the bilinear score
+# of a few pairs of states and compares it with $-\beta(x - y)^2/2$:
+
+# %%
+#| export
 @patch
 def score_matrix(self:GaussianAR1, beta:float)->torch.Tensor:
     "W_beta with (s, s^2, 1)^T W_beta (t, t^2, 1) = -beta (s - t)^2 / 2: the Gaussian kernel of bandwidth 1/sqrt(beta)."
@@ -425,7 +488,8 @@ def score_matrix(self:GaussianAR1, beta:float)->torch.Tensor:
 
 
 # %%
-test_eq(NoisyRotation().score_matrix(3.), 3 * torch.eye(2, dtype=torch.float64))
+ys, xs = torch.tensor([-1., 0.5, 2.], dtype=torch.float64), torch.tensor([0.3, -2., 1.], dtype=torch.float64)
+test_close(ar.features(ys) @ ar.score_matrix(3.) @ ar.features(xs).T, -1.5 * (xs[None] - ys[:, None]) ** 2, eps=1e-13)
 
 # %% [markdown]
 # **A worked example.** Four transitions on the circle whose keys sit at the angles
@@ -572,6 +636,15 @@ def population_values(self:NoisyRotation, beta:float, alpha:float, n_layers:int,
     learned = 1 - f ** torch.arange(n_layers + 1, dtype=torch.float64).unsqueeze(1)   # (L + 1, K)
     return ((learned * c / (1 - self.gamma * p)) @ torch.exp(1j * k.unsqueeze(1) * s)).real
 
+
+# %% [markdown]
+# On the line the same recursion runs on polynomial coefficients: the kernel's smoother of
+# concentration $\beta$ under the stationary law $N(0, \sigma_\infty^2)$ is the Gaussian operator
+# with $c = \beta\sigma_\infty^2/(1 + \beta\sigma_\infty^2)$ and $\tau^2 = \sigma_\infty^2/(1 + \beta\sigma_\infty^2)$.
+# Both versions are checked together in the cell after it.
+
+# %%
+#| export
 @patch
 def population_values(self:GaussianAR1, beta:float, alpha:float, n_layers:int, states)->torch.Tensor:
     "(L + 1, m) values v_0..v_L of the population recursion at `states` (on polynomial coefficients)."
@@ -747,6 +820,17 @@ class TaskFamily:
         x, w = self.base.grid(m)
         return dict(states=states, rewards=self.reward(tasks, states[:, :-1]), x=x, w=w, v=self.v_pi(tasks, x))
 
+
+# %% [markdown]
+# A family fixes the features, the grid and the form of the kernel (its `base` process), and
+# varies everything else from task to task; `contexts` is documented with the task sets in
+# [Implementation and tests](#task-sets-and-the-engines-protocol). The rotation family draws its
+# four parameters per task, and each task's value is $r_0/(1-\gamma)$ plus a shifted square-wave value:
+
+# %%
+#| export
+def _per_task(x, states): return x.reshape(-1, *[1] * (states.ndim - 1))
+
 class RotationFamily(TaskFamily):
     "Noisy rotations with random drift and noise, and a square-wave reward with random phase and level."
     d = 2
@@ -782,8 +866,18 @@ class RotationFamily(TaskFamily):
         return torch.stack([lv / (1 - self.gamma) + NoisyRotation(mu, sg, self.gamma).v_pi((x - ph) % (2 * math.pi))
                             for mu, sg, ph, lv in zip(*(tasks[k].tolist() for k in ("mu", "sigma", "phase", "level")))])
 
-def _per_task(x, states): return x.reshape(-1, *[1] * (states.ndim - 1))
 
+# %%
+show_doc(RotationFamily)
+
+# %% [markdown]
+# The AR(1) family draws its cubic in the probabilists' Hermite basis $\mathrm{He}_j/\sqrt{j!}$,
+# orthonormal under $N(0, 1)$, so that the four coefficients weigh equally in the reward's size
+# whatever $a$; `HERMITE` holds that basis in monomial coefficients, and the check below verifies
+# its orthonormality by Gauss-Hermite quadrature:
+
+# %%
+#| export
 HERMITE = torch.tensor([[1., 0., 0., 0.], [0., 1., 0., 0.], [-1., 0., 1., 0.], [0., -3., 0., 1.]], dtype=torch.float64) / torch.tensor([1., 1., math.sqrt(2), math.sqrt(6)], dtype=torch.float64)[:, None]
 
 class GaussianAR1Family(TaskFamily):
@@ -823,7 +917,9 @@ class GaussianAR1Family(TaskFamily):
 
 
 # %%
-show_doc(RotationFamily)
+gh_x, gh_w = np.polynomial.hermite_e.hermegauss(8)
+He = HERMITE @ torch.from_numpy(gh_x) ** torch.arange(4.)[:, None]
+test_close((He * torch.from_numpy(gh_w / gh_w.sum())) @ He.T, torch.eye(4, dtype=torch.float64), eps=1e-13)
 
 
 # %% [markdown]
@@ -903,6 +999,15 @@ def family_protocol(family:TaskFamily,   # the task family
         return EvalSet(get_family(config.attention).prompt(config, x), ex(ctx["v"]), ex(ctx["w"].expand_as(ctx["v"])))
     return Protocol(sample=sample, eval_set=eval_set, data=lambda config, seeds, device: dict(device=device))
 
+
+# %% [markdown]
+# A protocol is registered under a name before a configuration can use it; `family_config` does
+# that once per family, so that a reader only writes `pretrain_many(family_config(family), seeds)`.
+# The shapes of the protocol's batches and of the history it produces are tested in
+# [Implementation and tests](#task-sets-and-the-engines-protocol).
+
+# %%
+#| export
 def family_config(family:TaskFamily,  # the task family (its protocol is registered under `repr(family)` on first use)
                   **settings,         # `PretrainConfig` fields; defaults: n = 30, L = 3, 500 steps, lr 1e-2, float32, 64 held-out tasks
                  )->PretrainConfig:

@@ -364,6 +364,21 @@ def basis(self:NoisyRotation, states, size:int)->torch.Tensor:
     k = torch.arange(1, check_int(size, "size", 1) + 1, dtype=s.dtype)
     return torch.cat([torch.ones_like(s), torch.cos(k * s), torch.sin(k * s)], -1)
 
+
+# %% [markdown]
+# At the angle $0$ every cosine is 1 and every sine 0; a quarter turn swaps the first harmonic's pair:
+
+# %%
+test_close(rot.basis(torch.tensor([0., math.pi / 2], dtype=torch.float64), 2),
+           torch.tensor([[1., 1., 1., 0., 0.], [1., 0., -1., 1., 0.]], dtype=torch.float64), eps=1e-15)
+
+
+# %% [markdown]
+# On the line the basis is built by the three-term recurrence $\mathrm{He}_{j+1}(x) = x\,\mathrm{He}_j(x) - j\,\mathrm{He}_{j-1}(x)$;
+# its orthonormality under the stationary law is checked in [Implementation and tests](#implementation-and-tests).
+
+# %%
+#| export
 @patch
 def basis(self:GaussianAR1, states, size:int)->torch.Tensor:
     "(..., size + 1) normalised probabilists' Hermite polynomials He_j(s / std) / sqrt(j!), j = 0..size."

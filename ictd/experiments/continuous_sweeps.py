@@ -151,6 +151,7 @@ def basis(self:NoisyRotation, states, size:int)->torch.Tensor:
     k = torch.arange(1, check_int(size, "size", 1) + 1, dtype=s.dtype)
     return torch.cat([torch.ones_like(s), torch.cos(k * s), torch.sin(k * s)], -1)
 
+# %% ../../nbs/07c_continuous_experiments.ipynb #e8b5f821
 @patch
 def basis(self:GaussianAR1, states, size:int)->torch.Tensor:
     "(..., size + 1) normalised probabilists' Hermite polynomials He_j(s / std) / sqrt(j!), j = 0..size."

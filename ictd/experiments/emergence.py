@@ -41,6 +41,7 @@ def seed_summary(results:list,  # runs of one configuration, one per seed
                 neu_population=neu_pop.mean().item(), neu_population_se=mean_se(neu_pop)[1].item(),
                 cosine_mean=stack_history(results, "cosine")[:, -1].mean(0).tolist())
 
+# %% ../../nbs/06e_emergence_studies.ipynb #48fe993d
 def layer_table(summary:dict)->str:
     "Two narrow markdown tables of a `seed_summary`, one row per layer: the pattern, ratio and diagonality; then the three weights."
     m, pattern, weights = summary["n_seeds"], [], []
@@ -86,6 +87,7 @@ def value_weight_panels(axs,           # (layers, 2) array of axes
         ax_r.set(ylim=(-4, 3), title=f"{_layer_name(c, l)}: successor / current", ylabel="ratio", xlabel="training step")
         for ax in (ax_w, ax_r): ax.legend(fontsize=9)
 
+# %% ../../nbs/06e_emergence_studies.ipynb #60eb3047
 def plot_value_weights(results:list,  # runs of one configuration, one per seed
                       ):              # the matplotlib figure
     "The value weights and the successor/current ratio of every trained layer over training, over seeds."
@@ -106,6 +108,7 @@ def diagonality_panel(ax,            # the axes to draw on
     ax.set(title="Kernel diagonality", ylabel="attention share on own state", xlabel="training step")
     ax.legend(fontsize=9)
 
+# %% ../../nbs/06e_emergence_studies.ipynb #ad7dbe8d
 def error_panels(axs,           # two axes: MSVE, NEU
                  results:list,  # runs of one configuration, one per seed
                 ):
@@ -139,6 +142,7 @@ def mean_blocks(results:list,  # runs of one configuration
     return torch.stack([torch.stack([torch.stack([p.detach().double() for p in r.model.layer(l).params(torch.zeros(1, dtype=torch.float64))])
                                      for l in range(r.model.n_layers)]) for r in results]).mean(0)
 
+# %% ../../nbs/06e_emergence_studies.ipynb #df5bb304
 def plot_blocks(results:list,  # runs of one configuration
                ):              # the matplotlib figure
     "Heat maps of A, V_cur and V_tgt per layer, averaged over seeds, beside those of $\\theta^*$ (W = I, alpha = 1)."
@@ -175,12 +179,13 @@ def baseline_comparison(results:list,  # runs of one configuration
 
 NOT_PREDICTORS = ("value gap to best theta*", "best alpha", "best beta")  # entries of `baseline_comparison` that are not a predictor's MSVE
 
+# %% ../../nbs/06e_emergence_studies.ipynb #ff23ee69
 def comparison_table(comparison:dict)->str:
     "A markdown table of the predictors in `baseline_comparison`: mean ± s.e. and range over seeds."
     rows = [f"| {k} | {v.mean():.3f} ± {mean_se(v)[1]:.3f} | {v.min():.3f} – {v.max():.3f} |" for k, v in comparison.items() if k not in NOT_PREDICTORS]
     return "\n".join(["| predictor | MSVE, mean ± s.e. over seeds | range over seeds |", "|---|---|---|"] + rows)
 
-# %% ../../nbs/06e_emergence_studies.ipynb #ff23ee69
+# %% ../../nbs/06e_emergence_studies.ipynb #72ff8785
 def claim_counts(results:list,     # runs of one configuration
                  comparison:dict,  # `baseline_comparison(results)`
                 )->dict:           # the counts the claims of `emergence_claims` rest on
@@ -197,6 +202,7 @@ def claim_counts(results:list,     # runs of one configuration
                 last_selective_pattern=int(sign_pattern(vw[torch.arange(m), selective]).sum()),
                 reward_positive=int((vw[..., 0] > 0).all(-1).sum()))
 
+# %% ../../nbs/06e_emergence_studies.ipynb #900e7b73
 def emergence_claims(results:list,      # runs of one configuration (>= 10 seeds)
                      comparison:dict,   # `baseline_comparison(results)`
                     )->dict:            # the measured counts and thresholds
@@ -221,11 +227,13 @@ def ablation(config:PretrainConfig,  # the base configuration
     if field not in {f.name for f in dataclasses.fields(PretrainConfig)}: raise ValueError(f"`field` must be a field of PretrainConfig, got {field!r}")
     return {v: pretrain_many(dataclasses.replace(config, **fixed, **{field: v}), list(seeds), progress=False, cache_dir=cache_dir) for v in values}
 
+# %% ../../nbs/06e_emergence_studies.ipynb #af79dd68
 def ablation_rows(runs:dict,  # output of `ablation`
                  )->dict:     # value -> `seed_summary` of its runs
     "The seed summary of every value of an ablation."
     return {v: seed_summary(r) for v, r in runs.items()}
 
+# %% ../../nbs/06e_emergence_studies.ipynb #636624c5
 def ablation_table(runs:dict,    # output of `ablation`
                    field:str,    # the setting varied
                   )->str:        # markdown: two narrow tables, one row per value
