@@ -137,6 +137,7 @@ test_eq(torch.rand(3, generator=stream_generator(7, 2)), torch.rand(3, generator
 #| export
 RUN_STREAMS = ("data", "perturbation", "objective", "train_pool", "eval_pool", "eval_contexts", "tuning", "init")
 
+
 # %%
 #| export
 def run_stream(seed:int,  # the run's seed
@@ -144,6 +145,7 @@ def run_stream(seed:int,  # the run's seed
               )->int:     # a 64-bit seed
     "The seed of a training run's stream `name`: `substream(seed, RUN_STREAMS.index(name))`."
     return substream(seed, RUN_STREAMS.index(check_choice(name, RUN_STREAMS, "name")))
+
 
 # %%
 test_eq(run_stream(3, "objective"), substream(3, 2))
