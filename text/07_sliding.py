@@ -274,6 +274,9 @@ def fitted_td_step(n:int, n_layers:int, gamma:float, n_states:int=10, d:int=4, n
     return fit_td_step(sum(polys[1:], polys[0]) / len(polys))
 
 
+# %%
+show_doc(fitted_td_step)
+
 # %% [markdown]
 # For the predecessor's setting ($d = 4$, 10 states, $n = 30$, $L = 3$, $\gamma = 0.9$), on the
 # default number of fresh tasks, with the standard error of the fit estimated from its chunks of

@@ -313,6 +313,10 @@ def head_to_head(config:PretrainConfig=H2H_CONFIG, # shared settings (`attention
     return out
 
 
+# %%
+show_doc(head_to_head)
+
+
 # %% [markdown]
 # The driver that saves the comparison with its provenance, independent of the command line:
 
