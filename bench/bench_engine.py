@@ -30,7 +30,8 @@ from ictd.prompt import build_prompt
 from ictd.tasks import task_features
 from reference import one_seed_pretrain, predecessor_pretrain
 from reference_loops import pretrain_linear_many
-from ictd.linear import ICLR_LINEAR, fitted_td_step
+from ictd.linear import ICLR_LINEAR
+from ictd.sliding import fitted_td_step
 
 SPEC = PretrainConfig()
 DEVICE = "cpu"   # where the engine's runs go (--device)

@@ -9,8 +9,8 @@ from ictd.engine import PretrainConfig, softmax_init
 from ictd.model import token_predict, trajectory_tokens
 from ictd.pretrain import stack_pools
 from ictd.tasks import task_pool
-from ictd.linear import (build_linear_prompt, fitted_td_step, linear_init, linear_measures, linear_predict, sliding_td_loss, sliding_windows,
-                         start_distributions)
+from ictd.linear import build_linear_prompt, linear_init, linear_measures, linear_predict, sliding_windows
+from ictd.sliding import fitted_td_step, sliding_td_loss, start_distributions
 
 def held_out_linear(config, seeds):
     out = []

@@ -43,7 +43,8 @@ def test_third_harmonic_converges_fastest_at_beta_10():
 @pytest.mark.unit
 def test_sliding_minibatch_has_batch_size_plus_one_windows():
     "Chapter 7 once said 64 windows; the predecessor's mini-batch has batch_size + 1 windows, batch_size TD errors."
-    from ictd.linear import ICLR_LINEAR, sliding_sample
+    from ictd.linear import ICLR_LINEAR
+    from ictd.sliding import sliding_sample
     batch = sliding_sample(ICLR_LINEAR, dict(seeds=[5], device='cpu'), [torch.Generator().manual_seed(5)], 0, {})
     assert batch.x.states.shape[-2] == ICLR_LINEAR.batch_size + 1
 
@@ -51,7 +52,7 @@ def test_sliding_minibatch_has_batch_size_plus_one_windows():
 @pytest.mark.unit
 def test_step_size_fit_counts_come_from_the_defaults():
     "Chapter 7 once typed 512 tasks and eight chunks where the defaults give 1024 tasks in 16 chunks."
-    from ictd.linear import FIT_CHUNK, td_semigradient_chunks
+    from ictd.sliding import FIT_CHUNK, td_semigradient_chunks
     n_tasks = inspect.signature(td_semigradient_chunks).parameters['n_tasks'].default
     assert len(td_semigradient_chunks(30, 1, 0.9, n_tasks=3 * FIT_CHUNK)) == 3
     assert n_tasks // FIT_CHUNK == 16

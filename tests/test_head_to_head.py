@@ -4,7 +4,7 @@ import dataclasses, json, math
 import pytest
 import torch
 from conftest import ROOT
-from ictd.experiments.linear import H2H_CONFIG, held_out_values, paired_test, seed_scores
+from ictd.experiments.head_to_head import H2H_CONFIG, held_out_values, paired_test, seed_scores
 from ictd.emergence import certainty_equivalence_values, msve_of
 from ictd.engine import held_out_tasks
 from ictd.pretrain import pretrain_many

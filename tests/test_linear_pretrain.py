@@ -57,7 +57,7 @@ def test_softmax_measures_on_unseen_seeds():
 @pytest.mark.unit
 def test_step_polynomial_equals_batch_td_at_any_step():
     "Proposition 7.3: each sliding window's batch-TD value is the polynomial of `sliding_td_coefficients` in alpha, above alpha = 1 too (catches a wrong binomial sign or power)."
-    from ictd.linear import sliding_td_coefficients, start_distributions
+    from ictd.sliding import sliding_td_coefficients, start_distributions
     from ictd.linear import sliding_windows
     from ictd.tasks import sample_trajectories
     mrp = random_boyan_chain(seed=31)

@@ -15,8 +15,9 @@ from ictd.experiments.convergence import (depth_experiment, diagonality_sweep, l
                                           plot_diagonality, plot_floor, plot_leaky, plot_phase, plot_rates, rate_experiment)
 from ictd.experiments.continuous import continuous_full_scale as continuous_experiments
 from ictd.linear import ICLR_LINEAR
-from ictd.experiments.linear import (plot_linear_pretraining, plot_side_by_side, plot_tuned_side_by_side, reproduce_iclr, run_head_to_head,
-                                     side_by_side, tuned_side_by_side)
+from ictd.experiments.linear import (plot_linear_pretraining, plot_side_by_side, plot_tuned_side_by_side, reproduce_iclr, side_by_side,
+                                     tuned_side_by_side)
+from ictd.experiments.head_to_head import run_head_to_head
 from ictd.experiments.emergence import emergence_report
 from ictd.experiments.mechanism import (CONVERGE_LRS, DEEP_DEPTHS, run_control_study, run_converge_study, run_depth_sweep, run_jacobian_study, run_shared_study, run_gap_map, run_mechanism_study, run_theta_star_dynamics)
 from ictd.core import jsonable
