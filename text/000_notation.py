@@ -124,7 +124,7 @@
 # | $V_l$, $A_l$ | a linear-attention layer's value projection and score matrix, $(2d+1) \times (2d+1)$ | [chapter 7](linear.html) |
 # | $G_l$; $\Sigma_l$ | the multiplier of a linear layer in one-matrix form; the context's second moments | [chapter 7](linear.html) |
 # | $\hat A_{\mathrm{TD}}$, $\hat b_{\mathrm{TD}}$ | batch TD's matrix and vector on a context | [chapter 7](linear.html) |
-# | $d_0$; $n_{\mathrm{mb}}$ | a trajectory's start distribution; the mini-batch size of the sliding-window protocol | [chapter 7](linear.html) |
+# | $d_0$; $n_{\mathrm{mb}}$ | a trajectory's start distribution; the mini-batch size of the sliding-window protocol | [chapter 7, the sliding protocol](sliding.html) |
 # | $\psi(\alpha)$ | the expected semi-gradient in the step size | Proposition 7.3 |
 # | $v_{TD}$, $v_{TF}$; $w_{TD}$, $w_{TF}$ | values and weights of batch TD and of the Transformer | [chapter 7](linear.html) |
 # | $x, y$ | states of a continuous process (real numbers or angles) | [chapter 7b](continuous.html) |
