@@ -24,7 +24,7 @@ import ictd
 import ictd.engine as engine
 import ictd.pretrain as pt
 from ictd.engine import EMERGENCE, PretrainConfig
-from ictd.model import state_tokens, token_predict
+from ictd.state_tokens import state_tokens, token_predict
 from ictd.pretrain import pretrain_many
 from ictd.prompt import build_prompt
 from ictd.tasks import task_features

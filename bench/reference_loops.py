@@ -6,7 +6,7 @@ import torch
 from ictd.core import run_stream
 from ictd.tasks import sample_trajectories
 from ictd.engine import PretrainConfig, softmax_init
-from ictd.model import token_predict, trajectory_tokens
+from ictd.state_tokens import token_predict, trajectory_tokens
 from ictd.pretrain import stack_pools
 from ictd.tasks import task_pool
 from ictd.linear import build_linear_prompt, linear_init, linear_measures, linear_predict, sliding_windows

@@ -12,7 +12,7 @@ from .model import SoftmaxICTD
 from .tasks import TaskBatch, sample_trajectories
 from .wstd import certainty_equivalence
 from .boyan import weighted_error
-from .model import population_predict
+from .state_tokens import population_predict
 from .core import run_stream
 from .engine import PretrainConfig, PretrainResult, held_out_tasks
 from .pretrain import pairwise_neu

@@ -13,7 +13,8 @@ from torch import nn
 import ictd
 from .boyan import check_gamma
 from .core import TaskBatch, check_choice, check_int, check_number, run_stream
-from .model import SoftmaxICTD, StateTokens, population_tokens, state_tokens, theta_star, token_layers, token_predict, trajectory_tokens
+from .model import SoftmaxICTD, theta_star
+from .state_tokens import StateTokens, population_tokens, state_tokens, token_layers, token_predict, trajectory_tokens
 from .tasks import Contexts, TDExamples, draw_cdf, gather_rows, sample_trajectories, stationary_examples, task_features, task_pool
 
 # %% auto #0

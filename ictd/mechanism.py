@@ -10,7 +10,7 @@ from .model import SoftmaxICTD
 from .tasks import TaskBatch
 from .convergence import span_rate
 from .boyan import weighted_error
-from .model import model_params, population_predict, population_tokens, token_layers, token_predict
+from .state_tokens import model_params, population_predict, population_tokens, token_layers, token_predict
 from .engine import PretrainConfig, get_family
 from torch.func import functional_call
 from torch.nn.attention import SDPBackend, sdpa_kernel

@@ -11,33 +11,7 @@ import torch.nn.functional as F
 from .boyan import as_tensor, check_gamma
 
 # %% auto #0
-__all__ = ['check_prompt', 'carry_context', 'successor_shift', 'context_attention', 'attend_context', 'dual_head_update', 'torch_generator', 'token_rows', 'xavier_param', 'PromptLayer', 'DualHeadSoftmaxLayer', 'theta_star', 'SoftmaxICTD', 'temporal_shift', 'SingleHeadTSMLayer', 'theta_td_memory', 'shift_after_update', 'ShiftAfterAttentionLayer', 'ShiftAfterAttentionICTD', 'StateTokens', 'state_tokens', 'trajectory_tokens', 'seed_map', 'token_layer', 'token_layers', 'token_predict', 'model_params', 'population_tokens', 'population_predict', 'population_neu']
-
-# %% ../nbs/03_dual_head.ipynb #6c68ba05
-def check_prompt(Z,            # (..., d + 2, N) prompt
-                 d:int,        # feature dimension the model expects
-                 n=None,       # number of context transitions; default: `Z.n_context`, set by `build_prompt`
-                )->tuple:      # (Z as a floating tensor, n as an int)
-    "Validate a prompt for a model of feature dimension `d`, and resolve the number `n` of context transitions."
-    carried = getattr(Z, "n_context", None)
-    Z = as_tensor(Z, "Z")
-    if Z.ndim < 2 or Z.shape[-2] != d + 2:
-        raise ValueError(f"`Z` must have shape (..., d + 2, n + 1 + q) with d + 2 = {d + 2} rows, got {tuple(Z.shape)}")
-    N = Z.shape[-1]
-    if n is None and carried is None:
-        raise ValueError("`n` must be given: `Z` does not carry its number of context transitions "
-                         "(`build_prompt` attaches it as `Z.n_context`; slicing, stacking, `.to()` or numpy return a plain tensor)")
-    if n is None: n = carried
-    if int(n) != n or not 1 <= n <= N - 1:
-        raise ValueError(f"`n` must be an integer in 1..{N - 1} (the columns of `Z` minus the last-state column), got {n}")
-    if carried is not None and int(n) != carried:
-        raise ValueError(f"`n` = {n} contradicts the prompt, which was built with `Z.n_context` = {carried}")
-    return Z, int(n)
-
-def carry_context(Z:torch.Tensor, n:int)->torch.Tensor:
-    "Attach the number of context transitions to a model's output, so that it can be fed on without `n`."
-    Z.n_context = n
-    return Z
+__all__ = ['successor_shift', 'context_attention', 'attend_context', 'dual_head_update', 'check_prompt', 'carry_context', 'torch_generator', 'token_rows', 'xavier_param', 'PromptLayer', 'DualHeadSoftmaxLayer', 'theta_star', 'SoftmaxICTD', 'temporal_shift', 'SingleHeadTSMLayer', 'theta_td_memory', 'shift_after_update', 'ShiftAfterAttentionLayer', 'ShiftAfterAttentionICTD']
 
 # %% ../nbs/03_dual_head.ipynb #72c63c34
 def successor_shift(Z:torch.Tensor,  # (..., D, N) tokens as columns
@@ -71,6 +45,7 @@ def attend_context(Z:torch.Tensor,  # (..., d + 2, N) prompt
     Q, K, V = (t.expand(*shape, *t.shape[-2:]).reshape(-1, 1, *t.shape[-2:]).contiguous() for t in (Q, K, X.mT))
     return F.scaled_dot_product_attention(Q, K, V, scale=1.).reshape(*shape, Q.shape[-2], V.shape[-1]).mT
 
+# %% ../nbs/03_dual_head.ipynb #7e3b32be
 def dual_head_update(Z:torch.Tensor,      # (..., d + 2, N) prompt
                      A:torch.Tensor,      # (..., d + 2, d + 2) attention matrix
                      V_cur:torch.Tensor,  # (..., d + 2, d + 2) current-value head
@@ -81,28 +56,51 @@ def dual_head_update(Z:torch.Tensor,      # (..., d + 2, N) prompt
     X = V_cur @ Z[..., :n] + V_tgt @ Z[..., 1:n + 1]
     return Z + attend_context(Z, A, X)
 
+# %% ../nbs/03_dual_head.ipynb #4ed7c40b
+def check_prompt(Z,            # (..., d + 2, N) prompt
+                 d:int,        # feature dimension the model expects
+                 n=None,       # number of context transitions; default: `Z.n_context`, set by `build_prompt`
+                )->tuple:      # (Z as a floating tensor, n as an int)
+    "Validate a prompt for a model of feature dimension `d`, and resolve the number `n` of context transitions."
+    carried = getattr(Z, "n_context", None)
+    Z = as_tensor(Z, "Z")
+    if Z.ndim < 2 or Z.shape[-2] != d + 2:
+        raise ValueError(f"`Z` must have shape (..., d + 2, n + 1 + q) with d + 2 = {d + 2} rows, got {tuple(Z.shape)}")
+    N = Z.shape[-1]
+    if n is None and carried is None:
+        raise ValueError("`n` must be given: `Z` does not carry its number of context transitions "
+                         "(`build_prompt` attaches it as `Z.n_context`; slicing, stacking, `.to()` or numpy return a plain tensor)")
+    if n is None: n = carried
+    if int(n) != n or not 1 <= n <= N - 1:
+        raise ValueError(f"`n` must be an integer in 1..{N - 1} (the columns of `Z` minus the last-state column), got {n}")
+    if carried is not None and int(n) != carried:
+        raise ValueError(f"`n` = {n} contradicts the prompt, which was built with `Z.n_context` = {carried}")
+    return Z, int(n)
+
+# %% ../nbs/03_dual_head.ipynb #32a77131
+def carry_context(Z:torch.Tensor, n:int)->torch.Tensor:
+    "Attach the number of context transitions to a model's output, so that it can be fed on without `n`."
+    Z.n_context = n
+    return Z
+
 # %% ../nbs/03_dual_head.ipynb #f7e9c2d6
 def torch_generator(seed)->torch.Generator|None:
     "A torch Generator seeded with the int `seed`; a Generator or None passes through."
     if seed is None or isinstance(seed, torch.Generator): return seed
     return torch.Generator().manual_seed(int(seed))
 
+# %% ../nbs/03_dual_head.ipynb #ace7cc84
 def token_rows(d)->int:
     "Validate the feature dimension `d` and return the number of token rows, d + 2."
     if int(d) != d or d < 1: raise ValueError(f"`d` must be a positive integer, got {d}")
     return int(d) + 2
 
+# %% ../nbs/03_dual_head.ipynb #80618267
 def xavier_param(rows:int, cols:int, gain:float, g, dtype)->nn.Parameter:
     "A (rows, cols) parameter with Xavier-normal entries drawn from generator `g`."
     return nn.Parameter(nn.init.xavier_normal_(torch.empty(rows, cols, dtype=dtype), gain=gain, generator=g))
 
-
-def _param(t:torch.Tensor, name:str, D:int)->nn.Parameter:
-    t = as_tensor(t, name)
-    if t.shape != (D, D): raise ValueError(f"`{name}` must have shape ({D}, {D}), got {tuple(t.shape)}")
-    return nn.Parameter(t.detach().clone())
-
-# %% ../nbs/03_dual_head.ipynb #527bc6dc
+# %% ../nbs/03_dual_head.ipynb #fa24424a
 class PromptLayer(nn.Module):
     "Base of the book's layers: validate the prompt, run the class's unvalidated `update` with the layer's `params`, carry `n`."
     update = attend = None       # staticmethods of each layer class: update(Z, *params, n) and attend(Z, params, n)
@@ -126,6 +124,11 @@ class PromptLayer(nn.Module):
         "The value-update weights named by `value_entries` (detached)."
         return torch.stack([getattr(self, p)[self.d + r, self.d + c] for p, r, c in self.value_entries]).detach()
 
+# %% ../nbs/03_dual_head.ipynb #51001729
+def _param(t:torch.Tensor, name:str, D:int)->nn.Parameter:
+    t = as_tensor(t, name)
+    if t.shape != (D, D): raise ValueError(f"`{name}` must have shape ({D}, {D}), got {tuple(t.shape)}")
+    return nn.Parameter(t.detach().clone())
 
 class DualHeadSoftmaxLayer(PromptLayer):
     "One softmax attention layer with a current-value and a target-value head sharing one attention pattern: $Z + (V^{cur} Z + V^{tgt} Z \\Pi) S$."
@@ -336,120 +339,3 @@ class ShiftAfterAttentionICTD(SoftmaxICTD):
 
     construction = staticmethod(theta_td_memory)
     from_theta_td_memory = SoftmaxICTD.__dict__["from_theta_star"]   # the same constructor: every layer carries theta_td_memory(d, W, alpha, gamma)
-
-# %% ../nbs/06_pretrain.ipynb #0a1891bf
-from dataclasses import dataclass
-from .core import TaskBatch
-from .prompt import build_prompt
-from .tasks import task_features
-
-# %% ../nbs/06_pretrain.ipynb #ce858a86
-@dataclass(eq=False)
-class StateTokens:
-    "A prompt reduced to one token per state: exact for dual-head softmax layers, whose context columns depend on their state only."
-    Z:torch.Tensor       # (..., D, s + m) the s state tokens (the keys), then m columns that are not keys
-    log_w:torch.Tensor   # (..., s) log weight of each state among the keys (log count, or log d_pi; -inf where absent)
-    succ:torch.Tensor    # (..., s, s + m) row y: the mean successor of state y's keys, as weights over the s + m columns
-    q:int                # the last q columns are the queries
-
-def state_tokens(tasks:TaskBatch,      # tasks with a leading seed axis: P (S, T, s, s), r (S, T, s), phi (S, T, s, d)
-                 task:torch.Tensor,    # (S, B) index of each prompt's task
-                 states:torch.Tensor,  # (S, B, n + 1) the contexts' states S_0..S_n
-                 queries:torch.Tensor, # (S, B, q) query states
-                )->StateTokens:        # columns: the s state tokens, the last state S_n, the q queries
-    "The prompts of contexts `states` with `queries`, as state tokens with the counts and successors of the contexts."
-    s, n, q = tasks.P.shape[-1], states.shape[-1] - 1, queries.shape[-1]
-    every = torch.arange(s, device=states.device).expand(*task.shape, s)
-    phi, r = task_features(tasks, task, torch.cat([every, states[..., -1:], queries], -1))
-    Z = torch.cat([phi.mT, r[..., None, :], torch.zeros_like(r)[..., None, :]], -2)
-    Z[..., -2, s:] = 0                                                       # no reward slot outside the context
-    keys, ones = states[..., :n], torch.ones_like(states[..., :n], dtype=torch.float64)
-    counts = torch.zeros(*task.shape, s, dtype=torch.float64, device=states.device).scatter_add_(-1, keys, ones)
-    after = torch.cat([states[..., 1:n], torch.full_like(states[..., :1], s)], -1)   # the column after each key: a state, or S_n (column s)
-    succ = torch.zeros(*task.shape, s * (s + 1 + q), dtype=torch.float64, device=states.device).scatter_add_(-1, keys * (s + 1 + q) + after, ones)
-    return StateTokens(Z, counts.log(), succ.reshape(*task.shape, s, s + 1 + q) / counts.clamp(min=1)[..., None], q)
-
-def _cast(x:StateTokens, dtype)->StateTokens:
-    return x if x.Z.dtype == dtype else StateTokens(x.Z.to(dtype), x.log_w.to(dtype), x.succ.to(dtype), x.q)
-
-def trajectory_tokens(phi_states,    # (..., n + 1, d) features of S_0..S_n
-                      rewards,       # (..., n) rewards, rewards[..., k-1] = R_k
-                      phi_queries,   # (..., q, d) query features
-                     )->StateTokens: # the prompt of `build_prompt` with the n context states as keys
-    "A prompt of continuous states as state tokens: every context state its own key (log weight 0), its successor the next column."
-    Z = build_prompt(phi_states, rewards, phi_queries)
-    n = Z.shape[-1] - 1 - phi_queries.shape[-2]
-    succ = torch.eye(n, Z.shape[-1], dtype=Z.dtype, device=Z.device).roll(1, -1)
-    return StateTokens(Z, Z.new_zeros(n), succ, phi_queries.shape[-2])
-
-# %% ../nbs/06_pretrain.ipynb #79b3eff1
-def _layer_params(params:dict, l:int)->tuple:
-    "Layer `l`'s (A, V_cur, V_tgt), each (S, D, D)."
-    Lp = params["A"].shape[1]
-    return tuple(params[k][:, l % Lp] for k in ("A", "V_cur", "V_tgt"))
-
-def seed_map(W:torch.Tensor,  # (S, D, E) one matrix per seed
-             Y:torch.Tensor,  # (S, ..., E, K) columns of every prompt of each seed
-            )->torch.Tensor:  # (S, ..., D, K): W[i] @ Y[i, ...]
-    "Apply each seed's matrix to every column of its prompts, as one matrix product per seed (not one per prompt)."
-    S, E, K = Y.shape[0], Y.shape[-2], Y.shape[-1]
-    out = W @ Y.movedim(-2, 1).reshape(S, E, -1)
-    return out.reshape(S, W.shape[-2], *Y.shape[1:-2], K).movedim(1, -2)
-
-def token_layer(Z, A, V_cur, V_tgt,       # (S, ..., D, s + m) tokens and one layer's parameters (S, D, D)
-                x:StateTokens,            # the weights and successors of the state tokens
-                columns=slice(None),      # the columns to update (default all)
-               )->tuple:                  # the updated `columns` and their attention over the s state keys
-    "One dual-head layer on state tokens: attention over the s states with bias log w, values $V^{cur} Z + V^{tgt}$ (mean successor)."
-    s = x.log_w.shape[-1]
-    keys, out = Z[..., :s], Z[..., columns]
-    X = seed_map(torch.cat([V_cur, V_tgt], -1), torch.cat([keys, Z @ x.succ.mT], -2))
-    att = torch.softmax(seed_map(A.mT, keys).mT @ out + x.log_w[..., None], dim=-2)
-    return out + X @ att, att
-
-def token_layers(params:dict, n_layers:int, x:StateTokens)->tuple:
-    "Z_0..Z_L of stacked parameters (S, L or 1, D, D) on state tokens (S, ...), and each layer's attention (S, ..., s, s + m)."
-    x = _cast(x, params["A"].dtype)
-    Zs, atts = [x.Z], []
-    for l in range(n_layers):
-        Z, att = token_layer(Zs[-1], *_layer_params(params, l), x)
-        Zs.append(Z); atts.append(att)
-    return Zs, atts
-
-def token_predict(params:dict, n_layers:int, x:StateTokens)->torch.Tensor:
-    "(S, ..., q) values at the queries of state tokens (S, ...); the last layer updates the query columns only."
-    x = _cast(x, params["A"].dtype)
-    Z = x.Z
-    for l in range(n_layers - 1): Z = token_layer(Z, *_layer_params(params, l), x)[0]
-    return token_layer(Z, *_layer_params(params, n_layers - 1), x, slice(-x.q, None))[0][..., -1, :]
-
-def model_params(model:SoftmaxICTD)->dict:
-    "A model's parameters stacked as the engine holds them, with a seed axis of one: (1, L or 1, D, D) each."
-    return {k: torch.stack([getattr(lay, k) for lay in model.layers])[None] for k in ("A", "V_cur", "V_tgt")}
-
-# %% ../nbs/06_pretrain.ipynb #3870f521
-def population_tokens(tasks:TaskBatch)->StateTokens:
-    "The limit n -> infinity of stationary contexts as state tokens: weights d_pi, successors P, every state a query."
-    phi = tasks.phi.to(torch.float64)
-    s = phi.shape[-2]
-    zero = phi.new_zeros(*phi.shape[:-2], 1, s)
-    Z = torch.cat([torch.cat([phi.mT, tasks.r[..., None, :], zero], -2), torch.cat([phi.mT, zero, zero], -2)], -1)
-    return StateTokens(Z, tasks.d_pi.log(), torch.cat([tasks.P, torch.zeros_like(tasks.P)], -1), s)
-
-def population_predict(model:SoftmaxICTD,  # any parameters
-                       tasks:TaskBatch,    # tasks (B of them)
-                      )->torch.Tensor:     # (B, s) prediction at every query state for an infinitely long stationary context
-    "The model's forward pass in the limit $n \\to \\infty$ of a stationary context: attention over state tokens weighted by $d_\\pi$."
-    d = tasks.phi.shape[-1]
-    if d != model.d: raise ValueError(f"`tasks` have d = {d} features but the model expects d = {model.d}")
-    one = tasks.map(lambda x: x[None])
-    return token_predict(model_params(model), model.n_layers, population_tokens(one))[0]
-
-def population_neu(model:SoftmaxICTD,  # any parameters
-                   tasks:TaskBatch,    # tasks to average over
-                  )->float:            # NEU(theta) at n = infinity, exact given the tasks
-    "NEU in the limit of infinitely long contexts: exact over queries and successors, averaged over `tasks`."
-    v = population_predict(model, tasks)
-    with torch.no_grad(): delta = tasks.r + tasks.gamma * (tasks.P @ v.unsqueeze(-1)).squeeze(-1) - v
-    grads = torch.autograd.grad((tasks.d_pi * delta * v).sum(-1).mean(), list(model.parameters()), allow_unused=True)
-    return sum(g.square().sum() for g in grads if g is not None).item()

@@ -13,7 +13,8 @@ import ictd
 from .boyan import check_gamma, weighted_error
 from .core import OKABE_ITO, TaskBatch, check_seeds, run_stream
 from .prompt import build_prompt
-from .model import SoftmaxICTD, population_neu, theta_star
+from .model import SoftmaxICTD, theta_star
+from .state_tokens import population_neu
 from .tasks import stationary_examples, task_features
 from .engine import DTYPES, EvalSet, PretrainConfig, PretrainResult, eval_set, get_family, get_protocol, objective_values, sampled_neu, source_hash
 
@@ -23,7 +24,7 @@ __all__ = ['stack_pools', 'DIVERGED', 'STYLES', 'TDBatch', 'td_batch', 'pairwise
            'train_loop', 'pretrain_many', 'pretrain', 'plot_value_weights', 'plot_diagonality', 'plot_value_error',
            'plot_emergence', 'kernel_diagonality_per_layer', 'block_cosines', 'evaluate']
 
-# %% ../nbs/06_pretrain.ipynb #60eba8b6
+# %% ../nbs/06_pretrain.ipynb #e33e3382
 stack_pools = TaskBatch.stack   # task batches stacked along a new leading (seed) axis (`ictd.core`)
 
 @dataclass(eq=False)
@@ -36,6 +37,7 @@ class TDBatch:
     states:torch.Tensor    # (B, n+1) the contexts' states
     task:torch.Tensor      # (B,) index of each example's task in the pool
 
+# %% ../nbs/06_pretrain.ipynb #b912661b
 def td_batch(tasks:TaskBatch,        # the task pool
              batch_size:int,         # number of examples B
              n:int,                  # context length
@@ -73,6 +75,7 @@ def expected_update(model:SoftmaxICTD,  # the model whose parameters are updated
     grads = torch.autograd.grad((delta * v).mean(), params, allow_unused=True)
     return torch.cat([(g if g is not None else torch.zeros_like(p)).flatten() for g, p in zip(grads, params)])
 
+# %% ../nbs/06_pretrain.ipynb #32b05dc3
 def neu(model:SoftmaxICTD,     # the model
         tasks:TaskBatch,       # tasks to average over
         n:int,                 # context length
@@ -158,11 +161,13 @@ def perturb(params:dict, scale:float, seeds:list)->dict:
     noise = {k: torch.stack([torch.randn(v.shape[1:], generator=g, dtype=torch.float64) for g in gens]) for k, v in params.items()}
     return {k: (v.double() + scale * noise[k]).to(v.dtype) for k, v in params.items()}
 
+# %% ../nbs/06_pretrain.ipynb #d9e47e71
 DIVERGED = 1e8   # a loss or parameter entry above this in absolute value (or not finite) stops a run
 
 class DivergenceError(RuntimeError):
     "A training run whose loss or parameters became non-finite or exploded."
 
+# %% ../nbs/06_pretrain.ipynb #fadbd313
 def check_divergence(config:PretrainConfig, seeds:list, step:int, loss:torch.Tensor, params:dict=None, checkpoint=None):
     "Raise `DivergenceError` naming the seeds, the step and the learning rate if a seed's loss (S,) or parameters (S, ...; if given) are not finite or exceed `DIVERGED`."
     with torch.no_grad():
@@ -172,6 +177,25 @@ def check_divergence(config:PretrainConfig, seeds:list, step:int, loss:torch.Ten
         kept = f"; the last checkpoint before it is kept at {checkpoint}" if checkpoint is not None and Path(checkpoint).exists() else ""
         raise DivergenceError(f"training diverged at step {step} with lr = {config.lr:g}: seed(s) {[seeds[i] for i in bad]} reached a loss or "
                               f"parameter of size {size[bad[0]].item():.3g} (limit {DIVERGED:g}){kept}")
+
+# %% ../nbs/06_pretrain.ipynb #aaa90c72
+def _restore(saved:dict, params:dict, opt, gens:list)->dict:
+    "Load a checkpoint's parameters, optimiser state and generator states in place; its run record (step, history, losses, protocol state)."
+    with torch.no_grad():
+        for k, v in params.items(): v.copy_(saved["params"][k])
+    opt.load_state_dict(saved["optimizer"])
+    for g, st in zip(gens, saved["generators"]): g.set_state(st)
+    return {k: saved[k] for k in ("step", "history", "losses", "protocol")}
+
+def _record(config:PretrainConfig, run:dict, params:dict, ev:EvalSet, step:int):
+    "Append the evaluation at `step` to the run's history: the step, the mean training loss since the last one, every metric (and the parameters if asked)."
+    S = next(iter(params.values())).shape[0]
+    loss = torch.stack(run["losses"]).mean(0).double().cpu() if run["losses"] else torch.full((S,), math.nan, dtype=torch.float64)
+    metrics = dict(step=torch.full((S, 1), step), loss=loss[:, None],
+                   **{k: v.detach().cpu().clone() for k, v in evaluate_many(config, params, ev).items()},   # a copy: a metric may view a parameter
+                   **({f"param.{k}": v.detach().double().cpu().clone() for k, v in params.items()} if config.record_params else {}))
+    for k, v in metrics.items(): run["history"].setdefault(k, []).append(v)
+    run["losses"] = []
 
 # %% ../nbs/06_pretrain.ipynb #98c6bf9a
 def train_loop(config:PretrainConfig,     # every setting but the seed
@@ -251,24 +275,7 @@ def pretrain_many(config:PretrainConfig,     # every setting but the seed
     if todo: done.update(zip(todo, train_loop(config, todo, progress, folder, device, checkpoint_every, force, callback)))
     return [done[s] for s in seeds]
 
-def _restore(saved:dict, params:dict, opt, gens:list)->dict:
-    "Load a checkpoint's parameters, optimiser state and generator states in place; its run record (step, history, losses, protocol state)."
-    with torch.no_grad():
-        for k, v in params.items(): v.copy_(saved["params"][k])
-    opt.load_state_dict(saved["optimizer"])
-    for g, st in zip(gens, saved["generators"]): g.set_state(st)
-    return {k: saved[k] for k in ("step", "history", "losses", "protocol")}
-
-def _record(config:PretrainConfig, run:dict, params:dict, ev:EvalSet, step:int):
-    "Append the evaluation at `step` to the run's history: the step, the mean training loss since the last one, every metric (and the parameters if asked)."
-    S = next(iter(params.values())).shape[0]
-    loss = torch.stack(run["losses"]).mean(0).double().cpu() if run["losses"] else torch.full((S,), math.nan, dtype=torch.float64)
-    metrics = dict(step=torch.full((S, 1), step), loss=loss[:, None],
-                   **{k: v.detach().cpu().clone() for k, v in evaluate_many(config, params, ev).items()},   # a copy: a metric may view a parameter
-                   **({f"param.{k}": v.detach().double().cpu().clone() for k, v in params.items()} if config.record_params else {}))
-    for k, v in metrics.items(): run["history"].setdefault(k, []).append(v)
-    run["losses"] = []
-
+# %% ../nbs/06_pretrain.ipynb #f84d9a5d
 def pretrain(config:PretrainConfig=PretrainConfig(),  # every setting of the run
              progress:bool=True,    # show a progress bar
              cache_dir=None,        # folder of cached results (see `pretrain_many`); None: no cache
@@ -304,6 +311,7 @@ def plot_value_weights(result:PretrainResult,  # a finished run
     for ax in axs: ax.legend(fontsize=9)
     return axs
 
+# %% ../nbs/06_pretrain.ipynb #a2f3cf2d
 def plot_diagonality(result:PretrainResult,  # a finished run
                      ax=None,                # a matplotlib axis; default: a new figure
                     ):                       # the axis
@@ -315,6 +323,7 @@ def plot_diagonality(result:PretrainResult,  # a finished run
     ax.legend(fontsize=9)
     return ax
 
+# %% ../nbs/06_pretrain.ipynb #8f48c912
 def plot_value_error(result:PretrainResult,  # a finished run
                      ax=None,                # a matplotlib axis; default: a new figure
                     ):                       # the axis
@@ -328,6 +337,7 @@ def plot_value_error(result:PretrainResult,  # a finished run
     ax.legend(fontsize=9)
     return ax
 
+# %% ../nbs/06_pretrain.ipynb #d5a2bf54
 def plot_emergence(result:PretrainResult,  # a finished run
                    title:str=None,         # figure title; default: the run's main settings
                   ):                       # the matplotlib figure
@@ -352,6 +362,7 @@ def kernel_diagonality_per_layer(model:SoftmaxICTD,  # the model
     Zs = model(Z, n=n, return_all=True)
     return torch.stack([(model.layer(l).attention(Zs[:, l], n=n)[:, :n, n + 1:] * same).sum(1).mean() for l in range(model.n_layers)])
 
+# %% ../nbs/06_pretrain.ipynb #0065bfbc
 def block_cosines(model:SoftmaxICTD, gamma:float)->torch.Tensor:
     "(L, 3) cosine similarity of each layer's (A, V_cur, V_tgt) to theta*(W = I, alpha = 1)."
     star = theta_star(model.d, torch.eye(model.d, dtype=torch.float64), 1., gamma)
@@ -359,6 +370,7 @@ def block_cosines(model:SoftmaxICTD, gamma:float)->torch.Tensor:
     return torch.tensor([[cos(p.detach().double(), t) for p, t in zip((lay.A, lay.V_cur, lay.V_tgt), star)]
                          for lay in (model.layer(l) for l in range(model.n_layers))], dtype=torch.float64)
 
+# %% ../nbs/06_pretrain.ipynb #cc30a7ab
 def evaluate(model:SoftmaxICTD,  # the model
              eval_tasks:TaskBatch, # held-out tasks (no seed axis)
              eval_states:torch.Tensor, # (B, n+1) one held-out context per task

@@ -96,12 +96,14 @@ def draw_cdf(cum:torch.Tensor, u:torch.Tensor)->torch.Tensor:
     "Inverse-CDF draws: the index of the first entry of each row of `cum` (..., s) above `u` (...), clamped to s - 1."
     return torch.searchsorted(cum, u[..., None], right=True)[..., 0].clamp(max=cum.shape[-1] - 1)
 
+# %% ../nbs/06_pretrain.ipynb #60eba8b6
 def gather_rows(x:torch.Tensor, task:torch.Tensor, idx:torch.Tensor)->torch.Tensor:
     "`x[i, task[i, b], idx[i, b, ...]]` for `x` (S, T, s, ...), `task` (S, B) and `idx` (S, B, ...), by one `index_select`."
     S, T, s = x.shape[:3]
     flat = ((torch.arange(S, device=x.device)[:, None] * T + task) * s).reshape(*task.shape, *[1] * (idx.ndim - 2)) + idx
     return x.reshape(S * T * s, *x.shape[3:]).index_select(0, flat.flatten()).reshape(*idx.shape, *x.shape[3:])
 
+# %% ../nbs/06_pretrain.ipynb #fa7496dc
 def task_features(tasks:TaskBatch,     # tasks with a leading seed axis: phi (S, T, s, d), r (S, T, s)
                   task:torch.Tensor,   # (S, B) index of a task of each seed
                   states:torch.Tensor, # (S, B, ...) states of those tasks
@@ -109,6 +111,7 @@ def task_features(tasks:TaskBatch,     # tasks with a leading seed axis: phi (S,
     "Features and rewards of states of the tasks `task` of every seed."
     return gather_rows(tasks.phi, task, states), gather_rows(tasks.r, task, states)
 
+# %% ../nbs/06_pretrain.ipynb #a7489fa5
 @dataclass(eq=False)
 class TDSample:
     "Pretraining examples of every seed as state indices into its task pool (each model family builds its own prompts)."
@@ -117,6 +120,7 @@ class TDSample:
     query:torch.Tensor      # (S, B) the query state x_q
     successor:torch.Tensor  # (S, B) its successor x_q'
 
+# %% ../nbs/06_pretrain.ipynb #1434afab
 def stationary_examples(pool:TaskBatch,  # tasks with a leading seed axis: P (S, T, s, s), d_pi (S, T, s)
                         u:torch.Tensor,  # (S, B, n + 4) uniforms: task, n + 1 context states, query, successor
                        )->TDSample:
@@ -133,6 +137,7 @@ def stationary_examples(pool:TaskBatch,  # tasks with a leading seed axis: P (S,
     query = draw_cdf(start, u[n + 2])
     return TDSample(task, torch.stack(states, -1), query, draw_cdf(cum_P(query), u[n + 3]))
 
+# %% ../nbs/06_pretrain.ipynb #287ee559
 @dataclass(eq=False)
 class Contexts:
     "Prompts of every seed before a model family encodes them: state indices of discrete tasks, or features of continuous states."
@@ -150,6 +155,7 @@ class Contexts:
         phi, r = task_features(self.tasks, self.task, self.states)
         return phi, r[..., :-1], gather_rows(self.tasks.phi, self.task, self.queries)
 
+# %% ../nbs/06_pretrain.ipynb #11c0d87b
 @dataclass(eq=False)
 class TDExamples:
     "A batch of TD examples of every seed, as a protocol supplies it: prompts, rewards at the queries, and where each successor is."

@@ -6,9 +6,10 @@ from hypothesis import given, settings, strategies as st
 from ictd.continuous import TASK_SETS, GaussianAR1Family, RotationFamily, family_config, mc_z_scores, task_process
 from ictd.experiments.continuous import (ar1_claims, binomial_lower, family_experiment, kernel_fit, kernel_msve, family_msve,
                                          learned_scores, plot_family_training, rotation_claims, value_weights)
-from ictd.model import SoftmaxICTD, theta_star, token_predict, trajectory_tokens
+from ictd.model import SoftmaxICTD, theta_star
+from ictd.state_tokens import token_predict, trajectory_tokens
 from ictd.engine import eval_set
-from ictd.model import model_params
+from ictd.state_tokens import model_params
 from ictd.pretrain import pretrain_many
 from ictd.prompt import build_prompt
 

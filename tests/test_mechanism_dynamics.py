@@ -4,7 +4,8 @@ import copy, dataclasses
 import pytest, torch
 from ictd.engine import EMERGENCE, get_family
 from ictd.tasks import random_tasks, sample_trajectories
-from ictd.model import SoftmaxICTD, model_params, population_predict
+from ictd.model import SoftmaxICTD
+from ictd.state_tokens import model_params, population_predict
 from ictd.convergence import td_recursion
 from ictd.emergence import context_update, held_out_prompts
 from ictd.mechanism import jacobian_spectrum, learned_kernel, sampled_jacobians, shared_recursion, update_jacobian

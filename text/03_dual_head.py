@@ -122,34 +122,6 @@ test_fig_exists(ax)
 
 # %%
 #| export
-def check_prompt(Z,            # (..., d + 2, N) prompt
-                 d:int,        # feature dimension the model expects
-                 n=None,       # number of context transitions; default: `Z.n_context`, set by `build_prompt`
-                )->tuple:      # (Z as a floating tensor, n as an int)
-    "Validate a prompt for a model of feature dimension `d`, and resolve the number `n` of context transitions."
-    carried = getattr(Z, "n_context", None)
-    Z = as_tensor(Z, "Z")
-    if Z.ndim < 2 or Z.shape[-2] != d + 2:
-        raise ValueError(f"`Z` must have shape (..., d + 2, n + 1 + q) with d + 2 = {d + 2} rows, got {tuple(Z.shape)}")
-    N = Z.shape[-1]
-    if n is None and carried is None:
-        raise ValueError("`n` must be given: `Z` does not carry its number of context transitions "
-                         "(`build_prompt` attaches it as `Z.n_context`; slicing, stacking, `.to()` or numpy return a plain tensor)")
-    if n is None: n = carried
-    if int(n) != n or not 1 <= n <= N - 1:
-        raise ValueError(f"`n` must be an integer in 1..{N - 1} (the columns of `Z` minus the last-state column), got {n}")
-    if carried is not None and int(n) != carried:
-        raise ValueError(f"`n` = {n} contradicts the prompt, which was built with `Z.n_context` = {carried}")
-    return Z, int(n)
-
-def carry_context(Z:torch.Tensor, n:int)->torch.Tensor:
-    "Attach the number of context transitions to a model's output, so that it can be fed on without `n`."
-    Z.n_context = n
-    return Z
-
-
-# %%
-#| export
 def successor_shift(Z:torch.Tensor,  # (..., D, N) tokens as columns
                     n:int,           # number of context transitions
                    )->torch.Tensor:  # (..., D, N): column j < n holds column j + 1 of Z, the others are zero
@@ -185,6 +157,17 @@ def attend_context(Z:torch.Tensor,  # (..., d + 2, N) prompt
     Q, K, V = (t.expand(*shape, *t.shape[-2:]).reshape(-1, 1, *t.shape[-2:]).contiguous() for t in (Q, K, X.mT))
     return F.scaled_dot_product_attention(Q, K, V, scale=1.).reshape(*shape, Q.shape[-2], V.shape[-1]).mT
 
+
+# %% [markdown]
+# `attend_context` is checked against the explicit attention matrix in
+# [Implementation and tests](#the-fused-attention). The layer itself is then one line:
+# `dual_head_update` forms the values of the $n$ keys from both heads (the target head reading the
+# next column, which is $Z\Pi$ without building $\Pi$) and adds their attention-weighted sum to every
+# column. It validates nothing, so that the model can call it layer after layer at no cost; the
+# module below validates once.
+
+# %%
+#| export
 def dual_head_update(Z:torch.Tensor,      # (..., d + 2, N) prompt
                      A:torch.Tensor,      # (..., d + 2, d + 2) attention matrix
                      V_cur:torch.Tensor,  # (..., d + 2, d + 2) current-value head
@@ -194,6 +177,59 @@ def dual_head_update(Z:torch.Tensor,      # (..., d + 2, N) prompt
     "One dual-head layer, $Z + (V^{cur} Z + V^{tgt} Z \\Pi) S$, unvalidated, in $O(N)$ memory."
     X = V_cur @ Z[..., :n] + V_tgt @ Z[..., 1:n + 1]
     return Z + attend_context(Z, A, X)
+
+
+# %%
+Zu, Au, Vcu, Vtu = torch.randn(2, 6, 9, generator=torch.Generator().manual_seed(0), dtype=torch.float64), *torch.randn(3, 6, 6, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+by_definition = Zu + (Vcu @ Zu + Vtu @ successor_shift(Zu, 5)) @ context_attention(Zu, Au, 5)
+test_close(dual_head_update(Zu, Au, Vcu, Vtu, 5), by_definition, eps=1e-13)
+
+
+# %% [markdown]
+# Before any of this runs, a layer validates its prompt. The prompt does not say where its context
+# ends, so `check_prompt` takes the number of context transitions $n$ from the caller or from the
+# prompt itself (`build_prompt` attaches it) and refuses a shape or an $n$ that cannot be right; why
+# $n$ is never guessed, and the refusals, are in [How the model knows $n$](#how-the-model-knows-n).
+
+# %%
+#| export
+def check_prompt(Z,            # (..., d + 2, N) prompt
+                 d:int,        # feature dimension the model expects
+                 n=None,       # number of context transitions; default: `Z.n_context`, set by `build_prompt`
+                )->tuple:      # (Z as a floating tensor, n as an int)
+    "Validate a prompt for a model of feature dimension `d`, and resolve the number `n` of context transitions."
+    carried = getattr(Z, "n_context", None)
+    Z = as_tensor(Z, "Z")
+    if Z.ndim < 2 or Z.shape[-2] != d + 2:
+        raise ValueError(f"`Z` must have shape (..., d + 2, n + 1 + q) with d + 2 = {d + 2} rows, got {tuple(Z.shape)}")
+    N = Z.shape[-1]
+    if n is None and carried is None:
+        raise ValueError("`n` must be given: `Z` does not carry its number of context transitions "
+                         "(`build_prompt` attaches it as `Z.n_context`; slicing, stacking, `.to()` or numpy return a plain tensor)")
+    if n is None: n = carried
+    if int(n) != n or not 1 <= n <= N - 1:
+        raise ValueError(f"`n` must be an integer in 1..{N - 1} (the columns of `Z` minus the last-state column), got {n}")
+    if carried is not None and int(n) != carried:
+        raise ValueError(f"`n` = {n} contradicts the prompt, which was built with `Z.n_context` = {carried}")
+    return Z, int(n)
+
+
+# %% [markdown]
+# A layer's output is a new tensor, which has lost that attribute; `carry_context` puts it back, so
+# that a stack of layers can pass its prompt on without repeating $n$:
+
+# %%
+#| export
+def carry_context(Z:torch.Tensor, n:int)->torch.Tensor:
+    "Attach the number of context transitions to a model's output, so that it can be fed on without `n`."
+    Z.n_context = n
+    return Z
+
+
+# %%
+Zn = carry_context(torch.zeros(2, 6, 9, dtype=torch.float64), 5)
+test_eq(check_prompt(Zn, 4)[1], 5)
+test_fail(lambda: check_prompt(Zn, 4, n=4), contains="contradicts the prompt")
 
 
 # %% [markdown]
@@ -214,20 +250,44 @@ def torch_generator(seed)->torch.Generator|None:
     if seed is None or isinstance(seed, torch.Generator): return seed
     return torch.Generator().manual_seed(int(seed))
 
+
+# %%
+test_eq(torch_generator(3).initial_seed(), 3)
+g0 = torch.Generator().manual_seed(0)
+assert torch_generator(g0) is g0 and torch_generator(None) is None
+
+
+# %% [markdown]
+# Every layer of the book has tokens of $d + 2$ rows; `token_rows` validates $d$ once for all of them:
+
+# %%
+#| export
 def token_rows(d)->int:
     "Validate the feature dimension `d` and return the number of token rows, d + 2."
     if int(d) != d or d < 1: raise ValueError(f"`d` must be a positive integer, got {d}")
     return int(d) + 2
 
+
+# %%
+test_eq(token_rows(4), 6)
+test_fail(lambda: token_rows(0), contains="`d` must be a positive integer")
+
+
+# %% [markdown]
+# `xavier_param` draws one parameter matrix from a generator, so that a layer built twice from one
+# seed has the same parameters, and a model's layers drawn one after the other from one generator differ:
+
+# %%
+#| export
 def xavier_param(rows:int, cols:int, gain:float, g, dtype)->nn.Parameter:
     "A (rows, cols) parameter with Xavier-normal entries drawn from generator `g`."
     return nn.Parameter(nn.init.xavier_normal_(torch.empty(rows, cols, dtype=dtype), gain=gain, generator=g))
 
 
-def _param(t:torch.Tensor, name:str, D:int)->nn.Parameter:
-    t = as_tensor(t, name)
-    if t.shape != (D, D): raise ValueError(f"`{name}` must have shape ({D}, {D}), got {tuple(t.shape)}")
-    return nn.Parameter(t.detach().clone())
+# %%
+test_eq(xavier_param(6, 6, 0.1, torch_generator(0), torch.float64).detach(), xavier_param(6, 6, 0.1, torch_generator(0), torch.float64).detach())
+g1 = torch_generator(0)
+test_ne(xavier_param(6, 6, 0.1, g1, torch.float64).detach(), xavier_param(6, 6, 0.1, g1, torch.float64).detach())
 
 
 # %%
@@ -255,6 +315,21 @@ class PromptLayer(nn.Module):
         "The value-update weights named by `value_entries` (detached)."
         return torch.stack([getattr(self, p)[self.d + r, self.d + c] for p, r, c in self.value_entries]).detach()
 
+
+# %% [markdown]
+# `PromptLayer` is the part every layer of the book shares (chapter 4's single-head and
+# shift-after-attention layers and chapter 4a's causal layer subclass it too): validation, the
+# attention matrix for inspection, and the value-update weights read off the parameters. A subclass
+# supplies only its update, its attention and which entries are its value weights.
+# `DualHeadSoftmaxLayer` fills them in with `dual_head_update` and `context_attention` (`_param`
+# copies a given matrix into a parameter after checking its shape).
+
+# %%
+#| export
+def _param(t:torch.Tensor, name:str, D:int)->nn.Parameter:
+    t = as_tensor(t, name)
+    if t.shape != (D, D): raise ValueError(f"`{name}` must have shape ({D}, {D}), got {tuple(t.shape)}")
+    return nn.Parameter(t.detach().clone())
 
 class DualHeadSoftmaxLayer(PromptLayer):
     "One softmax attention layer with a current-value and a target-value head sharing one attention pattern: $Z + (V^{cur} Z + V^{tgt} Z \\Pi) S$."

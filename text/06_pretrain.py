@@ -13,16 +13,10 @@ import ictd
 from ictd.boyan import check_gamma, weighted_error
 from ictd.core import OKABE_ITO, TaskBatch, check_seeds, run_stream
 from ictd.prompt import build_prompt
-from ictd.model import SoftmaxICTD, population_neu, theta_star
+from ictd.model import SoftmaxICTD, theta_star
+from ictd.state_tokens import population_neu
 from ictd.tasks import stationary_examples, task_features
 from ictd.engine import DTYPES, EvalSet, PretrainConfig, PretrainResult, eval_set, get_family, get_protocol, objective_values, sampled_neu, source_hash
-
-# %%
-#| export model
-from dataclasses import dataclass
-from ictd.core import TaskBatch
-from ictd.prompt import build_prompt
-from ictd.tasks import task_features
 
 # %%
 #| hide
@@ -38,6 +32,7 @@ from ictd.boyan import MRP
 from ictd.convergence import td_recursion
 from ictd.tasks import stack_tasks
 from ictd.core import record_claim
+from ictd.state_tokens import model_params, population_predict
 from ictd.engine import EMERGENCE, held_out_tasks, stationary_sampler
 from ictd.tasks import random_tasks, sample_trajectories, task_pool
 
@@ -107,12 +102,33 @@ def draw_cdf(cum:torch.Tensor, u:torch.Tensor)->torch.Tensor:
     "Inverse-CDF draws: the index of the first entry of each row of `cum` (..., s) above `u` (...), clamped to s - 1."
     return torch.searchsorted(cum, u[..., None], right=True)[..., 0].clamp(max=cum.shape[-1] - 1)
 
+
+# %% [markdown]
+# `draw_cdf` is checked through the examples it draws, in [Implementation and tests](#examples-as-state-indices).
+# Each pool is stacked per seed, with tasks of shape (S, T, s, ...). `gather_rows` picks, for seed $i$
+# and example $b$, rows `idx[i, b, ...]` of task `task[i, b]`, with one `index_select` over the
+# flattened pools rather than a gather per seed:
+
+# %%
+#| export tasks
 def gather_rows(x:torch.Tensor, task:torch.Tensor, idx:torch.Tensor)->torch.Tensor:
     "`x[i, task[i, b], idx[i, b, ...]]` for `x` (S, T, s, ...), `task` (S, B) and `idx` (S, B, ...), by one `index_select`."
     S, T, s = x.shape[:3]
     flat = ((torch.arange(S, device=x.device)[:, None] * T + task) * s).reshape(*task.shape, *[1] * (idx.ndim - 2)) + idx
     return x.reshape(S * T * s, *x.shape[3:]).index_select(0, flat.flatten()).reshape(*idx.shape, *x.shape[3:])
 
+
+# %%
+x_toy = torch.arange(2 * 3 * 4 * 5, dtype=torch.float64).reshape(2, 3, 4, 5)
+task_toy, idx_toy = torch.tensor([[0, 2, 1], [2, 2, 0]]), torch.tensor([[[0, 3], [1, 1], [2, 0]], [[3, 2], [0, 0], [1, 3]]])
+test_eq(gather_rows(x_toy, task_toy, idx_toy), x_toy[torch.arange(2)[:, None, None], task_toy[..., None], idx_toy])
+
+
+# %% [markdown]
+# Features and rewards are looked up the same way, once per call for all seeds:
+
+# %%
+#| export tasks
 def task_features(tasks:TaskBatch,     # tasks with a leading seed axis: phi (S, T, s, d), r (S, T, s)
                   task:torch.Tensor,   # (S, B) index of a task of each seed
                   states:torch.Tensor, # (S, B, ...) states of those tasks
@@ -120,6 +136,13 @@ def task_features(tasks:TaskBatch,     # tasks with a leading seed axis: phi (S,
     "Features and rewards of states of the tasks `task` of every seed."
     return gather_rows(tasks.phi, task, states), gather_rows(tasks.r, task, states)
 
+
+# %% [markdown]
+# An example is held as state indices, `TDSample`: the task, the context's states, the query and its
+# successor, each with the seed axis first.
+
+# %%
+#| export tasks
 @dataclass(eq=False)
 class TDSample:
     "Pretraining examples of every seed as state indices into its task pool (each model family builds its own prompts)."
@@ -128,6 +151,14 @@ class TDSample:
     query:torch.Tensor      # (S, B) the query state x_q
     successor:torch.Tensor  # (S, B) its successor x_q'
 
+
+# %% [markdown]
+# `stationary_examples` turns one row of $n + 4$ uniforms into one example: the first picks the task,
+# the next $n + 1$ walk the chain from $d_\pi$, the last two draw the query from $d_\pi$ and its
+# successor. Its examples are checked in [Implementation and tests](#examples-as-state-indices).
+
+# %%
+#| export tasks
 def stationary_examples(pool:TaskBatch,  # tasks with a leading seed axis: P (S, T, s, s), d_pi (S, T, s)
                         u:torch.Tensor,  # (S, B, n + 4) uniforms: task, n + 1 context states, query, successor
                        )->TDSample:
@@ -144,6 +175,13 @@ def stationary_examples(pool:TaskBatch,  # tasks with a leading seed axis: P (S,
     query = draw_cdf(start, u[n + 2])
     return TDSample(task, torch.stack(states, -1), query, draw_cdf(cum_P(query), u[n + 3]))
 
+
+# %% [markdown]
+# What a model family receives is `Contexts`: the prompts before they are encoded, as state indices
+# of discrete tasks (looked up by `features`) or as features of continuous states ([chapter 7d](continuous_pretraining.html)).
+
+# %%
+#| export tasks
 @dataclass(eq=False)
 class Contexts:
     "Prompts of every seed before a model family encodes them: state indices of discrete tasks, or features of continuous states."
@@ -161,6 +199,22 @@ class Contexts:
         phi, r = task_features(self.tasks, self.task, self.states)
         return phi, r[..., :-1], gather_rows(self.tasks.phi, self.task, self.queries)
 
+
+# %%
+pool_toy = TaskBatch.stack([random_tasks(3, seed=0)])
+ctx_toy = Contexts(pool_toy, torch.tensor([[0, 2]]), torch.tensor([[[0, 1, 2], [3, 4, 5]]]), torch.tensor([[[6], [7]]]))
+phi_toy, r_toy, phi_q_toy = ctx_toy.features()
+test_eq((phi_toy.shape, r_toy.shape, phi_q_toy.shape), ((1, 2, 3, 4), (1, 2, 2), (1, 2, 1, 4)))
+test_eq(r_toy[0, 1], pool_toy.r[0, 2, [3, 4]])
+
+
+# %% [markdown]
+# A protocol hands the loop `TDExamples`: the contexts, the rewards at the queries, and where each
+# query's successor is, in the same prompt (this chapter's protocol) or in the next one along the batch
+# (a trajectory, as in [chapter 6d](engine.html)).
+
+# %%
+#| export tasks
 @dataclass(eq=False)
 class TDExamples:
     "A batch of TD examples of every seed, as a protocol supplies it: prompts, rewards at the queries, and where each successor is."
@@ -170,8 +224,8 @@ class TDExamples:
 
 
 # %% [markdown]
-# `td_batch` draws a batch of examples from one task pool and builds the two prompts of each (the
-# query's and its successor's):
+# For a model of chapter 3, an example is a pair of prompts, `TDBatch`: the query's and its successor's,
+# over one shared context, with the reward at the query:
 
 # %%
 #| export
@@ -187,6 +241,13 @@ class TDBatch:
     states:torch.Tensor    # (B, n+1) the contexts' states
     task:torch.Tensor      # (B,) index of each example's task in the pool
 
+
+# %% [markdown]
+# `td_batch` draws a batch of examples from one task pool with the machinery above (a pool of one
+# seed) and builds the two prompts of each:
+
+# %%
+#| export
 def td_batch(tasks:TaskBatch,        # the task pool
              batch_size:int,         # number of examples B
              n:int,                  # context length
@@ -265,6 +326,29 @@ def expected_update(model:SoftmaxICTD,  # the model whose parameters are updated
     grads = torch.autograd.grad((delta * v).mean(), params, allow_unused=True)
     return torch.cat([(g if g is not None else torch.zeros_like(p)).flatten() for g, p in zip(grads, params)])
 
+
+# %% [markdown]
+# The update direction is what an optimiser receives: on the batch above, for a randomly initialised
+# three-layer model, the batch mean of $\delta_q \nabla_\theta \mathrm{TF}(Z_0;\theta)$ (`expected_update`) is
+# minus the gradient of the mean TD loss $\frac12\delta_q^2$ with the target detached, to rounding in float64:
+
+# %%
+model0 = SoftmaxICTD(4, 3, init_gain=1., seed=0)
+v0 = model0.predict(b.Z).squeeze(-1)
+target0 = b.reward + 0.9 * model0.predict(b.Z_next).squeeze(-1).detach()
+grads0 = torch.autograd.grad(0.5 * (target0 - v0).square().mean(), list(model0.parameters()), allow_unused=True)
+minus_grad = -torch.cat([(g if g is not None else torch.zeros_like(p)).flatten() for g, p in zip(grads0, model0.parameters())])
+update0 = expected_update(model0, b, 0.9)
+test_close(minus_grad, update0, eps=1e-12)
+f"{update0.norm().item():.4g}"
+
+
+# %% [markdown]
+# `neu` estimates NEU from `n_batches` independent batches, each drawn by `td_batch` from one
+# generator, their update directions combined by `pairwise_neu`:
+
+# %%
+#| export
 def neu(model:SoftmaxICTD,     # the model
         tasks:TaskBatch,       # tasks to average over
         n:int,                 # context length
@@ -283,21 +367,6 @@ def neu(model:SoftmaxICTD,     # the model
 
 # %%
 show_doc(neu)
-
-# %% [markdown]
-# The update direction is what an optimiser receives: on the batch above, for a randomly initialised
-# three-layer model, the batch mean of $\delta_q \nabla_\theta \mathrm{TF}(Z_0;\theta)$ (`expected_update`) is
-# minus the gradient of the mean TD loss $\frac12\delta_q^2$ with the target detached, to rounding in float64:
-
-# %%
-model0 = SoftmaxICTD(4, 3, init_gain=1., seed=0)
-v0 = model0.predict(b.Z).squeeze(-1)
-target0 = b.reward + 0.9 * model0.predict(b.Z_next).squeeze(-1).detach()
-grads0 = torch.autograd.grad(0.5 * (target0 - v0).square().mean(), list(model0.parameters()), allow_unused=True)
-minus_grad = -torch.cat([(g if g is not None else torch.zeros_like(p)).flatten() for g, p in zip(grads0, model0.parameters())])
-update0 = expected_update(model0, b, 0.9)
-test_close(minus_grad, update0, eps=1e-12)
-f"{update0.norm().item():.4g}"
 
 
 # %% [markdown]
@@ -338,7 +407,6 @@ test_close(estimates.mean().item(), exact, eps=4 * estimates.std().item() / math
 plug_in = torch.tensor([expected_update(small_model, td_batch(one_task, 16, 1, torch.Generator().manual_seed(k)), 0.9).square().sum().item() for k in range(200)])
 exact, estimates.mean().item(), plug_in.mean().item()
 
-
 # %% [markdown]
 # ## Why $\theta^*$ minimises NEU in the limit (our argument)
 #
@@ -372,134 +440,13 @@ exact, estimates.mean().item(), plug_in.mean().item()
 # are visits of $y$; and a fraction $P(y, y')$ of those are followed by $y'$. So the $n \to \infty$
 # limit of any parameters' forward pass is attention over $s$ *state tokens* with the logit bias
 # $\log d_\pi(y)$, with the successor shift $Z\Pi$ replaced by the expected successor token
-# $Z_{\text{keys}} P^\top$. Query columns attend to the keys but are not keys (their reward slot is 0).
-# The next cells define state tokens and the layers on them (at finite $n$ too, where they make
-# training fast; see [Implementation and tests](#state-tokens)).
-
-# %%
-#| export model
-@dataclass(eq=False)
-class StateTokens:
-    "A prompt reduced to one token per state: exact for dual-head softmax layers, whose context columns depend on their state only."
-    Z:torch.Tensor       # (..., D, s + m) the s state tokens (the keys), then m columns that are not keys
-    log_w:torch.Tensor   # (..., s) log weight of each state among the keys (log count, or log d_pi; -inf where absent)
-    succ:torch.Tensor    # (..., s, s + m) row y: the mean successor of state y's keys, as weights over the s + m columns
-    q:int                # the last q columns are the queries
-
-def state_tokens(tasks:TaskBatch,      # tasks with a leading seed axis: P (S, T, s, s), r (S, T, s), phi (S, T, s, d)
-                 task:torch.Tensor,    # (S, B) index of each prompt's task
-                 states:torch.Tensor,  # (S, B, n + 1) the contexts' states S_0..S_n
-                 queries:torch.Tensor, # (S, B, q) query states
-                )->StateTokens:        # columns: the s state tokens, the last state S_n, the q queries
-    "The prompts of contexts `states` with `queries`, as state tokens with the counts and successors of the contexts."
-    s, n, q = tasks.P.shape[-1], states.shape[-1] - 1, queries.shape[-1]
-    every = torch.arange(s, device=states.device).expand(*task.shape, s)
-    phi, r = task_features(tasks, task, torch.cat([every, states[..., -1:], queries], -1))
-    Z = torch.cat([phi.mT, r[..., None, :], torch.zeros_like(r)[..., None, :]], -2)
-    Z[..., -2, s:] = 0                                                       # no reward slot outside the context
-    keys, ones = states[..., :n], torch.ones_like(states[..., :n], dtype=torch.float64)
-    counts = torch.zeros(*task.shape, s, dtype=torch.float64, device=states.device).scatter_add_(-1, keys, ones)
-    after = torch.cat([states[..., 1:n], torch.full_like(states[..., :1], s)], -1)   # the column after each key: a state, or S_n (column s)
-    succ = torch.zeros(*task.shape, s * (s + 1 + q), dtype=torch.float64, device=states.device).scatter_add_(-1, keys * (s + 1 + q) + after, ones)
-    return StateTokens(Z, counts.log(), succ.reshape(*task.shape, s, s + 1 + q) / counts.clamp(min=1)[..., None], q)
-
-def _cast(x:StateTokens, dtype)->StateTokens:
-    return x if x.Z.dtype == dtype else StateTokens(x.Z.to(dtype), x.log_w.to(dtype), x.succ.to(dtype), x.q)
-
-def trajectory_tokens(phi_states,    # (..., n + 1, d) features of S_0..S_n
-                      rewards,       # (..., n) rewards, rewards[..., k-1] = R_k
-                      phi_queries,   # (..., q, d) query features
-                     )->StateTokens: # the prompt of `build_prompt` with the n context states as keys
-    "A prompt of continuous states as state tokens: every context state its own key (log weight 0), its successor the next column."
-    Z = build_prompt(phi_states, rewards, phi_queries)
-    n = Z.shape[-1] - 1 - phi_queries.shape[-2]
-    succ = torch.eye(n, Z.shape[-1], dtype=Z.dtype, device=Z.device).roll(1, -1)
-    return StateTokens(Z, Z.new_zeros(n), succ, phi_queries.shape[-2])
-
-
-# %%
-#| export model
-def _layer_params(params:dict, l:int)->tuple:
-    "Layer `l`'s (A, V_cur, V_tgt), each (S, D, D)."
-    Lp = params["A"].shape[1]
-    return tuple(params[k][:, l % Lp] for k in ("A", "V_cur", "V_tgt"))
-
-def seed_map(W:torch.Tensor,  # (S, D, E) one matrix per seed
-             Y:torch.Tensor,  # (S, ..., E, K) columns of every prompt of each seed
-            )->torch.Tensor:  # (S, ..., D, K): W[i] @ Y[i, ...]
-    "Apply each seed's matrix to every column of its prompts, as one matrix product per seed (not one per prompt)."
-    S, E, K = Y.shape[0], Y.shape[-2], Y.shape[-1]
-    out = W @ Y.movedim(-2, 1).reshape(S, E, -1)
-    return out.reshape(S, W.shape[-2], *Y.shape[1:-2], K).movedim(1, -2)
-
-def token_layer(Z, A, V_cur, V_tgt,       # (S, ..., D, s + m) tokens and one layer's parameters (S, D, D)
-                x:StateTokens,            # the weights and successors of the state tokens
-                columns=slice(None),      # the columns to update (default all)
-               )->tuple:                  # the updated `columns` and their attention over the s state keys
-    "One dual-head layer on state tokens: attention over the s states with bias log w, values $V^{cur} Z + V^{tgt}$ (mean successor)."
-    s = x.log_w.shape[-1]
-    keys, out = Z[..., :s], Z[..., columns]
-    X = seed_map(torch.cat([V_cur, V_tgt], -1), torch.cat([keys, Z @ x.succ.mT], -2))
-    att = torch.softmax(seed_map(A.mT, keys).mT @ out + x.log_w[..., None], dim=-2)
-    return out + X @ att, att
-
-def token_layers(params:dict, n_layers:int, x:StateTokens)->tuple:
-    "Z_0..Z_L of stacked parameters (S, L or 1, D, D) on state tokens (S, ...), and each layer's attention (S, ..., s, s + m)."
-    x = _cast(x, params["A"].dtype)
-    Zs, atts = [x.Z], []
-    for l in range(n_layers):
-        Z, att = token_layer(Zs[-1], *_layer_params(params, l), x)
-        Zs.append(Z); atts.append(att)
-    return Zs, atts
-
-def token_predict(params:dict, n_layers:int, x:StateTokens)->torch.Tensor:
-    "(S, ..., q) values at the queries of state tokens (S, ...); the last layer updates the query columns only."
-    x = _cast(x, params["A"].dtype)
-    Z = x.Z
-    for l in range(n_layers - 1): Z = token_layer(Z, *_layer_params(params, l), x)[0]
-    return token_layer(Z, *_layer_params(params, n_layers - 1), x, slice(-x.q, None))[0][..., -1, :]
-
-def model_params(model:SoftmaxICTD)->dict:
-    "A model's parameters stacked as the engine holds them, with a seed axis of one: (1, L or 1, D, D) each."
-    return {k: torch.stack([getattr(lay, k) for lay in model.layers])[None] for k in ("A", "V_cur", "V_tgt")}
-
+# $Z_{\text{keys}} P^\top$. [Chapter 3a](state_tokens.html) builds this forward pass (at finite $n$ too,
+# where it makes training fast) and checks that long finite contexts approach it: `population_predict`
+# runs a model at $n = \infty$, and `population_neu` computes NEU there exactly.
 
 # %% [markdown]
-# At $n \to \infty$ the weights are $d_\pi$, the successors $P$, and there is no last column:
-
-# %%
-#| export model
-def population_tokens(tasks:TaskBatch)->StateTokens:
-    "The limit n -> infinity of stationary contexts as state tokens: weights d_pi, successors P, every state a query."
-    phi = tasks.phi.to(torch.float64)
-    s = phi.shape[-2]
-    zero = phi.new_zeros(*phi.shape[:-2], 1, s)
-    Z = torch.cat([torch.cat([phi.mT, tasks.r[..., None, :], zero], -2), torch.cat([phi.mT, zero, zero], -2)], -1)
-    return StateTokens(Z, tasks.d_pi.log(), torch.cat([tasks.P, torch.zeros_like(tasks.P)], -1), s)
-
-def population_predict(model:SoftmaxICTD,  # any parameters
-                       tasks:TaskBatch,    # tasks (B of them)
-                      )->torch.Tensor:     # (B, s) prediction at every query state for an infinitely long stationary context
-    "The model's forward pass in the limit $n \\to \\infty$ of a stationary context: attention over state tokens weighted by $d_\\pi$."
-    d = tasks.phi.shape[-1]
-    if d != model.d: raise ValueError(f"`tasks` have d = {d} features but the model expects d = {model.d}")
-    one = tasks.map(lambda x: x[None])
-    return token_predict(model_params(model), model.n_layers, population_tokens(one))[0]
-
-def population_neu(model:SoftmaxICTD,  # any parameters
-                   tasks:TaskBatch,    # tasks to average over
-                  )->float:            # NEU(theta) at n = infinity, exact given the tasks
-    "NEU in the limit of infinitely long contexts: exact over queries and successors, averaged over `tasks`."
-    v = population_predict(model, tasks)
-    with torch.no_grad(): delta = tasks.r + tasks.gamma * (tasks.P @ v.unsqueeze(-1)).squeeze(-1) - v
-    grads = torch.autograd.grad((tasks.d_pi * delta * v).sum(-1).mean(), list(model.parameters()), allow_unused=True)
-    return sum(g.square().sum() for g in grads if g is not None).item()
-
-
-# %% [markdown]
-# Two checks of the population model: with $\theta^*$ it is exactly the population recursion
-# $v_{l+1} = v_l + \alpha M_\pi(r + \gamma P v_l - v_l)$ of the convergence chapter, and for random
-# parameters a long finite context approaches it.
+# The check of the first step of the argument: with $\theta^*$ the population model is exactly the
+# population recursion $v_{l+1} = v_l + \alpha M_\pi(r + \gamma P v_l - v_l)$ of the convergence chapter.
 
 # %%
 onehot_tasks = random_tasks(256, seed=10_000, features="onehot")
@@ -509,24 +456,14 @@ M_pi = torch.softmax(onehot_tasks.phi @ W15 @ onehot_tasks.phi.mT + onehot_tasks
 recursion = td_recursion(M_pi, onehot_tasks.P, onehot_tasks.r, gamma=0.9, alpha=1., n_iters=20)[..., -1, :]
 test_close(population_predict(star20, onehot_tasks), recursion, eps=1e-12)
 
-rand_model, two_tasks = SoftmaxICTD(4, 3, init_gain=1., seed=3), random_tasks(2, seed=5)
-rows = torch.arange(2)[:, None]
-def finite_gap(n):
-    S = sample_trajectories(two_tasks.P, n, two_tasks.d_pi, seed=0)
-    Z = build_prompt(two_tasks.phi[rows, S], two_tasks.r[rows, S[:, :-1]], two_tasks.phi)
-    with torch.no_grad(): return (rand_model.predict(Z, n=n) - population_predict(rand_model, two_tasks)).abs().max().item()
-gaps = [finite_gap(n) for n in (300, 3000)]
-assert gaps[1] < gaps[0] / 3 and gaps[1] < 0.1, gaps
-gaps
-
 # %% [markdown]
 # ### NEU of the constructed parameters against depth
 #
 # Now NEU of $\theta^*$ (one-hot features, $W = 15 I$, $\alpha = 1$, shared across layers so that the
 # parameter vector does not grow with depth) at $n = \infty$, against depth, beside a randomly
 # initialised model of the same shape (up to $L = 32$), and beside the finite-context estimate at
-# $n = 30$ with its jackknife standard error ($b = 16$ batches of 64; at $L = 1, 2, 4$ and $64$ only:
-# each estimate at depth $L$ costs $L$ forward and backward passes over every batch):
+# $n = 30$ with its jackknife standard error (at $L = 1, 2, 4$ and $64$ only, each from $b$ batches of 64:
+# $b = 128$ at $L \le 4$, and $b = 16$ at $L = 64$, where each batch costs 64 forward and backward passes):
 
 # %%
 depths = (1, 2, 4, 8, 16, 32, 64, 128, 256)
@@ -534,7 +471,8 @@ def star(L): return SoftmaxICTD.from_theta_star(10, L, W15, 1., 0.9, shared=True
 neu_star = torch.tensor([population_neu(star(L), onehot_tasks) for L in depths])
 neu_random = torch.tensor([population_neu(SoftmaxICTD(10, L, shared=True, seed=1), onehot_tasks) for L in depths[:6]])
 depths_n30 = (1, 2, 4, 64)
-neu_n30, se_n30 = torch.tensor([neu(star(L), onehot_tasks, 30, n_batches=16, batch_size=64, seed=7, with_se=True) for L in depths_n30], dtype=torch.float64).T
+batches_n30 = (128, 128, 128, 16)   # fewer at L = 64, where each batch costs 64 forward and backward passes
+neu_n30, se_n30 = torch.tensor([neu(star(L), onehot_tasks, 30, n_batches=b, batch_size=64, seed=7, with_se=True) for L, b in zip(depths_n30, batches_n30)], dtype=torch.float64).T
 inf_at_n30 = neu_star[[depths.index(L) for L in depths_n30]].double()
 z_n30 = (neu_n30 - inf_at_n30) / se_n30   # distance of the n = 30 estimate from the n = infinity value, in standard errors
 neu_star, neu_random
@@ -546,7 +484,7 @@ for L, x, e, se, z in zip(depths_n30, inf_at_n30.tolist(), neu_n30.tolist(), se_
 
 # %%
 #| fig-cap: "Figure 6.1: at n = infinity the NEU of the constructed parameters rises with depth, peaks and collapses; at n = 30 the estimate lies below it at L = 1 to 4, and at L = 64 its error bar is four orders of magnitude above the n = infinity value, so it cannot say whether the deep model is near stationary there."
-#| fig-alt: "Log-log plot of NEU against depth L from 1 to 256. A blue line of circles (theta star, n = infinity) rises from about 0.03 to about 17 at L = 16, then falls to about 1e-17 at L = 256. Gray squares (random initialisation) rise steadily up to L = 32. Orange triangles with vertical two-standard-error bars (n = 30) sit slightly below the blue line at L = 1 and 2 with short bars; at L = 4 the orange bar runs from about 0.07 down to the bottom of the plot (the interval contains zero); at L = 64 it spans from the bottom of the plot to several thousand."
+#| fig-alt: "Log-log plot of NEU against depth L from 1 to 256. A blue line of circles (theta star, n = infinity) rises from about 0.03 to about 14 at L = 16, then falls to about 1e-17 at L = 256. Gray squares (random initialisation) rise steadily up to L = 32. Orange triangles with vertical two-standard-error bars (n = 30) sit below the blue line at L = 1, 2 and 4 with short bars; at L = 64 the orange bar spans from the bottom of the plot to several thousand."
 fig, ax = plt.subplots(figsize=(7, 4))
 ax.plot(depths, neu_star, "o-", color="tab:blue", label=r"$\theta^*$, $n = \infty$ (exact)")
 ax.plot(depths[:6], neu_random, "s--", color="gray", label=r"random initialisation, $n = \infty$")
@@ -568,8 +506,7 @@ shrinks like $\\kappa_{{\\rm tab}}^L$ with $\\kappa_{{\\rm tab}} = 0.9$ here (th
 
 At $n = 30$ NEU is a different number (the model reads a finite context), and the table above
 places it. The $n = 30$ estimate lies more than two standard errors *below* the $n = \\infty$ value at
-$L = {", ".join(map(str, below))}$ (by {", ".join(f"{-z_n30[depths_n30.index(L)]:.1f}" for L in below)} standard errors: barely
-at the shallowest depths; the ratios are {", ".join(f"{(neu_n30 / inf_at_n30)[depths_n30.index(L)]:.2g}" for L in below)}), and within two standard
+$L = {", ".join(map(str, below))}$ (by {", ".join(f"{-z_n30[depths_n30.index(L)]:.1f}" for L in below)} standard errors; the ratios are {", ".join(f"{(neu_n30 / inf_at_n30)[depths_n30.index(L)]:.2g}" for L in below)}), and within two standard
 errors of it at $L = {", ".join(map(str, agree))}$. That agreement at $L = 64$ says nothing: the
 standard error there, {se_n30[-1]:.3g}, is {se_n30[-1] / inf_at_n30[-1]:.2g} times the $n = \\infty$ value
 {inf_at_n30[-1]:.3g}, because the update of a 64-layer model varies enormously from one batch of
@@ -614,7 +551,7 @@ record_claim("neu-star-n30", rf"At $n = 30$ the NEU of $\theta^*$ lies below its
 #   `torch.optim.Adam` over the stacked tensors takes exactly each seed's own steps;
 # * a seed's examples are its own row of uniforms per example, drawn from its generator, then
 #   turned into states for all seeds at once;
-# * the forward pass runs on state tokens: $s = 10$ keys instead of $n = 30$, and the last layer
+# * the forward pass runs on state tokens ([chapter 3a](state_tokens.html)): $s = 10$ keys instead of $n = 30$, and the last layer
 #   updates only the two query columns ($x_q$ and $x_q'$ share one prompt, since queries are not
 #   keys; the successor's value is detached).
 #
@@ -699,11 +636,30 @@ def perturb(params:dict, scale:float, seeds:list)->dict:
     noise = {k: torch.stack([torch.randn(v.shape[1:], generator=g, dtype=torch.float64) for g in gens]) for k, v in params.items()}
     return {k: (v.double() + scale * noise[k]).to(v.dtype) for k, v in params.items()}
 
+
+# %%
+zero_params = {"A": torch.zeros(2, 1, 3, 3, dtype=torch.float64)}
+test_eq(perturb(zero_params, 0., [3, 5])["A"], zero_params["A"])
+test_eq(perturb(zero_params, 1., [3, 5])["A"][1], perturb({"A": torch.zeros(1, 1, 3, 3, dtype=torch.float64)}, 1., [5])["A"][0])   # each seed's own stream
+
+# %% [markdown]
+# A diverging run must stop, not run on to a loss of $10^{13}$. A loss or a parameter entry above
+# `DIVERGED`, or one that is not finite, raises a `DivergenceError`:
+
+# %%
+#| export
 DIVERGED = 1e8   # a loss or parameter entry above this in absolute value (or not finite) stops a run
 
 class DivergenceError(RuntimeError):
     "A training run whose loss or parameters became non-finite or exploded."
 
+
+# %% [markdown]
+# `check_divergence` looks at every seed's loss (and, at each evaluation, its parameters) and names
+# the seeds that diverged, the step and the learning rate:
+
+# %%
+#| export
 def check_divergence(config:PretrainConfig, seeds:list, step:int, loss:torch.Tensor, params:dict=None, checkpoint=None):
     "Raise `DivergenceError` naming the seeds, the step and the learning rate if a seed's loss (S,) or parameters (S, ...; if given) are not finite or exceed `DIVERGED`."
     with torch.no_grad():
@@ -713,6 +669,12 @@ def check_divergence(config:PretrainConfig, seeds:list, step:int, loss:torch.Ten
         kept = f"; the last checkpoint before it is kept at {checkpoint}" if checkpoint is not None and Path(checkpoint).exists() else ""
         raise DivergenceError(f"training diverged at step {step} with lr = {config.lr:g}: seed(s) {[seeds[i] for i in bad]} reached a loss or "
                               f"parameter of size {size[bad[0]].item():.3g} (limit {DIVERGED:g}){kept}")
+
+
+# %%
+test_fail(lambda: check_divergence(PretrainConfig(), [4, 7], 12, torch.tensor([0.5, float("nan")], dtype=torch.float64)),
+          contains="diverged at step 12 with lr = 0.001: seed(s) [7]")
+check_divergence(PretrainConfig(), [4, 7], 12, torch.tensor([0.5, 1e7], dtype=torch.float64))   # below the limit: no error
 
 
 # %% [markdown]
@@ -726,6 +688,31 @@ def check_divergence(config:PretrainConfig, seeds:list, step:int, loss:torch.Ten
 # respect to seed $i$'s parameters is seed $i$'s own gradient, and Adam acts entry by entry, so
 # seed $i$'s run is the run it would have alone (checked below). `pretrain_many`, the function a
 # reader calls, wraps it with the cache.
+
+# %% [markdown]
+# The loop's two bookkeeping steps are helpers of their own: `_restore` loads a checkpoint in place,
+# and `_record` appends an evaluation to the history.
+
+# %%
+#| export
+def _restore(saved:dict, params:dict, opt, gens:list)->dict:
+    "Load a checkpoint's parameters, optimiser state and generator states in place; its run record (step, history, losses, protocol state)."
+    with torch.no_grad():
+        for k, v in params.items(): v.copy_(saved["params"][k])
+    opt.load_state_dict(saved["optimizer"])
+    for g, st in zip(gens, saved["generators"]): g.set_state(st)
+    return {k: saved[k] for k in ("step", "history", "losses", "protocol")}
+
+def _record(config:PretrainConfig, run:dict, params:dict, ev:EvalSet, step:int):
+    "Append the evaluation at `step` to the run's history: the step, the mean training loss since the last one, every metric (and the parameters if asked)."
+    S = next(iter(params.values())).shape[0]
+    loss = torch.stack(run["losses"]).mean(0).double().cpu() if run["losses"] else torch.full((S,), math.nan, dtype=torch.float64)
+    metrics = dict(step=torch.full((S, 1), step), loss=loss[:, None],
+                   **{k: v.detach().cpu().clone() for k, v in evaluate_many(config, params, ev).items()},   # a copy: a metric may view a parameter
+                   **({f"param.{k}": v.detach().double().cpu().clone() for k, v in params.items()} if config.record_params else {}))
+    for k, v in metrics.items(): run["history"].setdefault(k, []).append(v)
+    run["losses"] = []
+
 
 # %%
 #| export
@@ -808,24 +795,13 @@ def pretrain_many(config:PretrainConfig,     # every setting but the seed
     if todo: done.update(zip(todo, train_loop(config, todo, progress, folder, device, checkpoint_every, force, callback)))
     return [done[s] for s in seeds]
 
-def _restore(saved:dict, params:dict, opt, gens:list)->dict:
-    "Load a checkpoint's parameters, optimiser state and generator states in place; its run record (step, history, losses, protocol state)."
-    with torch.no_grad():
-        for k, v in params.items(): v.copy_(saved["params"][k])
-    opt.load_state_dict(saved["optimizer"])
-    for g, st in zip(gens, saved["generators"]): g.set_state(st)
-    return {k: saved[k] for k in ("step", "history", "losses", "protocol")}
 
-def _record(config:PretrainConfig, run:dict, params:dict, ev:EvalSet, step:int):
-    "Append the evaluation at `step` to the run's history: the step, the mean training loss since the last one, every metric (and the parameters if asked)."
-    S = next(iter(params.values())).shape[0]
-    loss = torch.stack(run["losses"]).mean(0).double().cpu() if run["losses"] else torch.full((S,), math.nan, dtype=torch.float64)
-    metrics = dict(step=torch.full((S, 1), step), loss=loss[:, None],
-                   **{k: v.detach().cpu().clone() for k, v in evaluate_many(config, params, ev).items()},   # a copy: a metric may view a parameter
-                   **({f"param.{k}": v.detach().double().cpu().clone() for k, v in params.items()} if config.record_params else {}))
-    for k, v in metrics.items(): run["history"].setdefault(k, []).append(v)
-    run["losses"] = []
+# %% [markdown]
+# `pretrain` is the case of one seed, the form the rest of the book calls when it needs a single
+# run; the check below trains seeds both ways.
 
+# %%
+#| export
 def pretrain(config:PretrainConfig=PretrainConfig(),  # every setting of the run
              progress:bool=True,    # show a progress bar
              cache_dir=None,        # folder of cached results (see `pretrain_many`); None: no cache
@@ -873,6 +849,10 @@ res = runs[0]
 h = res.history
 h["value_weights"][-1], h["diagonality"][-1], h["msve"].flatten()[[0, -1]]
 
+# %% [markdown]
+# The figures of a run read its history. The last layer's value-update weights and their ratio
+# (Figure 6.2 below):
+
 # %%
 #| export
 STYLES = tuple(zip(OKABE_ITO[:4], ("-", "--", "-.", ":")))   # Okabe-Ito colours, one line style each
@@ -901,6 +881,12 @@ def plot_value_weights(result:PretrainResult,  # a finished run
     for ax in axs: ax.legend(fontsize=9)
     return axs
 
+
+# %% [markdown]
+# The diagonality of each layer's attention, one line per layer (Figure 6.3 below):
+
+# %%
+#| export
 def plot_diagonality(result:PretrainResult,  # a finished run
                      ax=None,                # a matplotlib axis; default: a new figure
                     ):                       # the axis
@@ -912,6 +898,12 @@ def plot_diagonality(result:PretrainResult,  # a finished run
     ax.legend(fontsize=9)
     return ax
 
+
+# %% [markdown]
+# The held-out value error and NEU on a log axis (Figure 6.4 below):
+
+# %%
+#| export
 def plot_value_error(result:PretrainResult,  # a finished run
                      ax=None,                # a matplotlib axis; default: a new figure
                     ):                       # the axis
@@ -925,6 +917,13 @@ def plot_value_error(result:PretrainResult,  # a finished run
     ax.legend(fontsize=9)
     return ax
 
+
+# %% [markdown]
+# And the three in one figure, for the full-size runs of [Implementation and tests](#the-full-size-runs)
+# and for the command line:
+
+# %%
+#| export
 def plot_emergence(result:PretrainResult,  # a finished run
                    title:str=None,         # figure title; default: the run's main settings
                   ):                       # the matplotlib figure
@@ -1169,78 +1168,6 @@ show_doc(expected_update)
 show_doc(exact_neu_small)
 
 # %% [markdown]
-# ### State tokens
-
-# %% [markdown]
-# The same observation holds at every finite $n$, and it makes a forward pass cheap [ours]. A
-# context column's token is a function of its state: at layer 0 it is $(\phi(y), r(y), 0)$, and a
-# layer updates a column from its own token and from quantities shared by all columns (the keys and
-# their values), so by induction it stays a function of the state. The $n$ keys therefore collapse to
-# $s$ **state tokens**, visited $N(y)$ times: a softmax over the keys is a softmax over states with
-# the logit bias $\log N(y)$, and the successor shift $Z\Pi$ becomes, for state $y$, the mean token of
-# the columns that follow visits of $y$, a state token or the last column $S_n$ (which is not a key:
-# its reward slot is empty). The last column and the queries are the columns that are not keys. So a
-# prompt of $n + 1 + q$ columns becomes $s + 1 + q$ columns with $s$ keys, whatever $n$ is; the
-# population limit is the same computation with $N(y) / n \to d_\pi(y)$ and the empirical successors
-# $\to P$.
-
-# %% [markdown]
-# The layers act on state tokens exactly as on prompts. Parameters come as a dictionary of stacked
-# tensors `A`, `V_cur`, `V_tgt` of shape (S, L or 1, D, D), one slice per independent model (per seed),
-# which broadcast against inputs with a matching leading axis; `model_params` views one
-# `SoftmaxICTD` that way.
-
-# %%
-show_doc(StateTokens)
-
-# %%
-show_doc(state_tokens)
-
-# %%
-show_doc(trajectory_tokens)
-
-# %%
-show_doc(seed_map)
-
-# %%
-show_doc(token_layer)
-
-# %%
-show_doc(token_layers)
-
-# %%
-show_doc(token_predict)
-
-# %%
-show_doc(model_params)
-
-# %%
-show_doc(population_tokens)
-
-# %%
-show_doc(population_predict)
-
-# %%
-show_doc(population_neu)
-
-# %% [markdown]
-# The check: random parameters (shared or not, three layers), prompts with two queries from
-# stationary contexts, and the state-token forward against the model's own forward on the full
-# prompt, in float64.
-
-# %%
-pool = stack_pools([random_tasks(8, seed=1)])
-ex = stationary_examples(pool, torch.rand(1, 32, 34, generator=torch.Generator().manual_seed(2), dtype=torch.float64))
-pairs = torch.stack([ex.query, ex.successor], -1)
-(phi_s, r_s), phi_q = task_features(pool, ex.task, ex.states), task_features(pool, ex.task, pairs)[0]
-Z_full = build_prompt(phi_s[0], r_s[0, :, :-1], phi_q[0])
-for shared in (False, True):
-    model = SoftmaxICTD(4, 3, shared=shared, init_gain=1., seed=4)
-    with torch.no_grad():
-        test_close(token_predict(model_params(model), 3, state_tokens(pool, ex.task, ex.states, pairs))[0], model.predict(Z_full, n=30), eps=1e-12)
-        test_close(token_layers(model_params(model), 3, state_tokens(pool, ex.task, ex.states, pairs))[0][-1][0, :, :, -2:], model(Z_full, n=30)[..., -2:], eps=1e-12)
-
-# %% [markdown]
 # ### Evaluation
 
 # %% [markdown]
@@ -1272,6 +1199,13 @@ def kernel_diagonality_per_layer(model:SoftmaxICTD,  # the model
     Zs = model(Z, n=n, return_all=True)
     return torch.stack([(model.layer(l).attention(Zs[:, l], n=n)[:, :n, n + 1:] * same).sum(1).mean() for l in range(model.n_layers)])
 
+
+# %% [markdown]
+# How close each parameter block is to the construction, as a cosine: the value blocks' cosines do not
+# depend on the scale of $W$ and $\alpha$, so $\theta^*$ with $W = I$, $\alpha = 1$ serves as the reference.
+
+# %%
+#| export
 def block_cosines(model:SoftmaxICTD, gamma:float)->torch.Tensor:
     "(L, 3) cosine similarity of each layer's (A, V_cur, V_tgt) to theta*(W = I, alpha = 1)."
     star = theta_star(model.d, torch.eye(model.d, dtype=torch.float64), 1., gamma)
@@ -1279,6 +1213,17 @@ def block_cosines(model:SoftmaxICTD, gamma:float)->torch.Tensor:
     return torch.tensor([[cos(p.detach().double(), t) for p, t in zip((lay.A, lay.V_cur, lay.V_tgt), star)]
                          for lay in (model.layer(l) for l in range(model.n_layers))], dtype=torch.float64)
 
+
+# %%
+test_close(block_cosines(SoftmaxICTD.from_theta_star(4, 2, 3 * torch.eye(4, dtype=torch.float64), 0.5, 0.9), 0.9), torch.ones(2, 3, dtype=torch.float64), eps=1e-12)
+
+
+# %% [markdown]
+# `evaluate` gathers every metric of one model, from full prompts, the reference the batched
+# `evaluate_many` is checked against below:
+
+# %%
+#| export
 def evaluate(model:SoftmaxICTD,  # the model
              eval_tasks:TaskBatch, # held-out tasks (no seed axis)
              eval_states:torch.Tensor, # (B, n+1) one held-out context per task

@@ -12,7 +12,7 @@ from ictd.model import SoftmaxICTD
 from ictd.tasks import TaskBatch, sample_trajectories
 from ictd.wstd import certainty_equivalence
 from ictd.boyan import weighted_error
-from ictd.model import population_predict
+from ictd.state_tokens import population_predict
 from ictd.core import run_stream
 from ictd.engine import PretrainConfig, PretrainResult, held_out_tasks
 from ictd.pretrain import pairwise_neu
@@ -28,7 +28,7 @@ import tempfile
 import matplotlib.pyplot as plt
 from IPython.display import Markdown
 from ictd.core import record_claim
-from ictd.model import population_neu
+from ictd.state_tokens import population_neu
 from ictd.engine import EMERGENCE
 from ictd.pretrain import pretrain_many
 from ictd.tasks import random_tasks

@@ -10,7 +10,7 @@ from ictd.model import SoftmaxICTD
 from ictd.tasks import TaskBatch
 from ictd.convergence import span_rate
 from ictd.boyan import weighted_error
-from ictd.model import model_params, population_predict, population_tokens, token_layers, token_predict
+from ictd.state_tokens import model_params, population_predict, population_tokens, token_layers, token_predict
 from ictd.engine import PretrainConfig, get_family
 from torch.func import functional_call
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -28,7 +28,7 @@ from nbdev.showdoc import *
 import matplotlib.pyplot as plt
 from IPython.display import Markdown
 from ictd.tasks import random_tasks
-from ictd.model import population_neu
+from ictd.state_tokens import population_neu
 from ictd.emergence import best_theta_star, neu_jackknife
 from ictd.model import theta_star
 from ictd.convergence import td_recursion

@@ -7,7 +7,8 @@ from __future__ import annotations
 import dataclasses, json, math
 from pathlib import Path
 import torch
-from ictd.model import SoftmaxICTD, model_params
+from ictd.model import SoftmaxICTD
+from ictd.state_tokens import model_params
 from ictd.engine import EMERGENCE, PretrainConfig, get_family
 from ictd.pretrain import pretrain_many
 from ictd.emergence import UNIFORM_BELOW, held_out_prompts, sign_pattern

@@ -25,9 +25,10 @@ from nbdev.showdoc import *
 import dataclasses
 from IPython.display import Markdown
 from ictd.core import record_claim
-from ictd.model import SoftmaxICTD, token_predict, trajectory_tokens
+from ictd.model import SoftmaxICTD
+from ictd.state_tokens import token_predict, trajectory_tokens
 from ictd.engine import get_protocol
-from ictd.model import model_params
+from ictd.state_tokens import model_params
 from ictd.pretrain import pretrain_many
 from ictd.prompt import build_prompt
 from ictd.wstd import context_weights

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from ictd.boyan import as_tensor, weighted_error
-from ictd.model import token_predict, trajectory_tokens
+from ictd.state_tokens import token_predict, trajectory_tokens
 from ictd.pretrain import pretrain_many
 from ictd.engine import stack_results
 from ictd.continuous import GaussianAR1, GaussianAR1Family, NoisyRotation, RotationFamily, TaskFamily, family_config, kernel_td, population_msve

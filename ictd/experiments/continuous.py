@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from ..boyan import as_tensor, weighted_error
-from ..model import token_predict, trajectory_tokens
+from ..state_tokens import token_predict, trajectory_tokens
 from ..pretrain import pretrain_many
 from ..engine import stack_results
 from ..continuous import GaussianAR1, GaussianAR1Family, NoisyRotation, RotationFamily, TaskFamily, family_config, kernel_td, population_msve

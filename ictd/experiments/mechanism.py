@@ -7,7 +7,8 @@ from __future__ import annotations
 import dataclasses, json, math
 from pathlib import Path
 import torch
-from ..model import SoftmaxICTD, model_params
+from ..model import SoftmaxICTD
+from ..state_tokens import model_params
 from ..engine import EMERGENCE, PretrainConfig, get_family
 from ..pretrain import pretrain_many
 from ..emergence import UNIFORM_BELOW, held_out_prompts, sign_pattern
