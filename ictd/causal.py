@@ -4,23 +4,23 @@
 
 # %% ../nbs/04a_causal.ipynb #4b280256
 from __future__ import annotations
-import math
+import dataclasses, math
 import torch
 from torch import nn
-from .boyan import as_tensor, check_gamma
+from .boyan import as_tensor, check_gamma, weighted_error
 from .wstd import context_tensors
 from .prompt import build_prompt
 from .model import check_prompt, torch_generator, token_rows, xavier_param, carry_context, PromptLayer, SoftmaxICTD
 from .core import run_stream
 from .tasks import Contexts
-from .engine import Family, PretrainConfig, register_family
+from .engine import Family, PretrainConfig, held_out_tasks, register_family
 
 # %% auto #0
 __all__ = ['ORDERS', 'CURRENTS', 'visible_transitions', 'prefix_weights', 'prefix_softmax_td', 'build_causal_prompt',
            'previous_token', 'causal_keys', 'causal_attention', 'causal_update', 'theta_causal', 'CausalSoftmaxLayer',
            'CausalSoftmaxICTD', 'CausalCache', 'stream_values', 'causal_init', 'causal_prompt', 'causal_layers',
-           'causal_predict', 'causal_module', 'causal_metrics', 'register_causal_family', 'best_decoder',
-           'decoder_values', 'causal_pretrain_summary']
+           'causal_predict', 'causal_module', 'causal_metrics', 'register_causal_family', 'decoder_values',
+           'best_decoder', 'causal_pretrain_summary']
 
 # %% ../nbs/04a_causal.ipynb #73ffc761
 ORDERS = ("forward", "reversed", "none")   # how the trajectory sits in a decoder's prompt ("none": no causal mask)
@@ -117,6 +117,7 @@ def previous_token(Z:torch.Tensor)->torch.Tensor:  # (..., D, N) -> (..., D, N):
     out[..., 1:] = Z[..., :-1]
     return out
 
+# %% ../nbs/04a_causal.ipynb #c0006d79
 def causal_keys(N:int,          # number of columns
                 n:int,          # number of context transitions
                 device=None,
@@ -125,7 +126,7 @@ def causal_keys(N:int,          # number of columns
     i, j = torch.arange(N, device=device)[:, None], torch.arange(N, device=device)[None]
     return (i >= 1) & (i <= n) & (i <= j)
 
-# %% ../nbs/04a_causal.ipynb #090388de
+# %% ../nbs/04a_causal.ipynb #be728951
 def causal_attention(Z:torch.Tensor,  # (..., D, N) prompt
                      A:torch.Tensor,  # (..., 2D, D) score matrix on (shifted tokens, tokens)
                      lam,             # (...) positional bias lambda
@@ -139,6 +140,7 @@ def causal_attention(Z:torch.Tensor,  # (..., D, N) prompt
     has = keys.any(0)                                  # columns with at least one key (all but column 0)
     return torch.softmax(logits.masked_fill(~keys, -math.inf).masked_fill(~has, 0.), dim=-2) * has
 
+# %% ../nbs/04a_causal.ipynb #16cf38ca
 def causal_update(Z:torch.Tensor,    # (..., D, N) prompt
                   A:torch.Tensor,    # (..., 2D, D) score matrix on (shifted tokens, tokens)
                   V:torch.Tensor,    # (..., D, 2D) value matrix on the shifted tokens
@@ -288,6 +290,7 @@ class CausalCache:
         for l in range(self.model.n_layers): z = self._attend(l, z, self.t - 1)
         return z[..., -1]
 
+# %% ../nbs/04a_causal.ipynb #9e1f3130
 def stream_values(model,              # a `CausalSoftmaxICTD` (forward layout)
                   phi_states,         # (..., n + 1, d) features of S_0..S_n
                   rewards,            # (..., n) rewards
@@ -309,10 +312,12 @@ def causal_init(config:PretrainConfig, seeds:list, dtype)->dict:
     models = [CausalSoftmaxICTD(config.feature_dim, config.n_layers, config.shared, config.init_gain, seed=run_stream(s, "init")) for s in seeds]
     return {k: torch.stack([torch.stack([getattr(lay, k).detach() for lay in m.layers]) for m in models]).to(dtype) for k in ("A", "V", "U", "lam")}
 
+# %% ../nbs/04a_causal.ipynb #10108d0f
 def causal_prompt(config:PretrainConfig, x:Contexts)->torch.Tensor:
     "The engine's contexts as causal prompts (S, B..., d + 2, n + 1 + q)."
     return build_causal_prompt(*x.features())
 
+# %% ../nbs/04a_causal.ipynb #cd9c5c86
 def _seed_layer(params:dict, l:int)->tuple:
     "Layer l's (A, V, U, lam) of every seed, shaped to broadcast over the seed's examples."
     Lp = params["A"].shape[1]
@@ -324,16 +329,19 @@ def causal_layers(config:PretrainConfig, params:dict, Z:torch.Tensor, n:int)->li
     for l in range(config.n_layers): Zs.append(causal_update(Zs[-1], *_seed_layer(params, l), n))
     return Zs
 
+# %% ../nbs/04a_causal.ipynb #4569d7b3
 def causal_predict(config:PretrainConfig, params:dict, Z:torch.Tensor, n:int)->torch.Tensor:
     "(S, B, q) values at the queries of every seed's decoder."
     return causal_layers(config, params, Z, n)[-1][..., -1, n + 1:]
 
+# %% ../nbs/04a_causal.ipynb #0c5ce0bf
 def causal_module(config:PretrainConfig, params:dict)->CausalSoftmaxICTD:
     "A `CausalSoftmaxICTD` carrying one seed's parameters."
     model = CausalSoftmaxICTD(config.feature_dim, config.n_layers, config.shared, seed=0, dtype=params["A"].dtype)
     model.load_state_dict({f"layers.{l}.{k}": params[k][l] for l in range(params["A"].shape[0]) for k in ("A", "V", "U", "lam")})
     return model
 
+# %% ../nbs/04a_causal.ipynb #ef4dae2b
 def causal_metrics(config:PretrainConfig, params:dict, ev)->dict:
     "Per seed and layer: value weights (S, L, 4) and positional bias (S, L); on discrete tasks also diagonality (S, L)."
     n, L, d = config.n, config.n_layers, config.feature_dim
@@ -349,6 +357,7 @@ def causal_metrics(config:PretrainConfig, params:dict, ev)->dict:
         diag = torch.stack([(causal_attention(Zs[l], *_seed_layer(params, l)[::3], n)[..., 1:n + 1, n + 1:] * same).sum(-2).mean((-2, -1)) for l in range(L)], -1)
     return dict(out, diagonality=diag)
 
+# %% ../nbs/04a_causal.ipynb #b5a9467a
 def register_causal_family(name:str="causal"):
     "Make the decoder available to the engine as `PretrainConfig(attention=name)`."
     register_family(name, Family(init=causal_init, prompt=causal_prompt, predict=causal_predict, module=causal_module, metrics=causal_metrics))
@@ -356,17 +365,6 @@ def register_causal_family(name:str="causal"):
 register_causal_family()
 
 # %% ../nbs/04a_causal.ipynb #26fe282a
-def best_decoder(config:PretrainConfig,                 # the run's settings (depth, features, gamma)
-                 alphas=(0.5, 1.), betas=(0.5, 1., 2., 4.), lams=(0., 4., 9.),  # the grid
-                )->tuple:                               # (alpha, beta, lambda) of least mean MSVE on tuning tasks
-    "Tune the self-anchored decoder construction on tasks disjoint from a run's held-out tasks."
-    import dataclasses
-    from ictd.emergence import held_out_prompts, msve_of
-    tune = dataclasses.replace(config, seed=run_stream(config.seed, "tuning"))   # held-out tasks of the run's stream `tuning`
-    tasks, states, _ = held_out_prompts(tune)
-    err = {g: msve_of(decoder_values(config, tasks, states, *g), tasks).mean().item() for g in ((a, b, l) for a in alphas for b in betas for l in lams)}
-    return min(err, key=err.get)
-
 def decoder_values(config:PretrainConfig, tasks, states, alpha:float, beta:float, lam:float)->torch.Tensor:
     "(B, s) values of the decoder construction at every state of each task, from its context `states` (B, n + 1)."
     rows, d = torch.arange(len(tasks))[:, None], tasks.phi.shape[-1]
@@ -374,14 +372,23 @@ def decoder_values(config:PretrainConfig, tasks, states, alpha:float, beta:float
     model = CausalSoftmaxICTD.from_theta_star(d, config.n_layers, beta * torch.eye(d, dtype=torch.float64), alpha, config.gamma, "self", recency=lam)
     with torch.no_grad(): return model.predict(Z)
 
+# %% ../nbs/04a_causal.ipynb #306ba910
+def best_decoder(config:PretrainConfig,                 # the run's settings (depth, features, gamma)
+                 alphas=(0.5, 1.), betas=(0.5, 1., 2., 4.), lams=(0., 4., 9.),  # the grid
+                )->tuple:                               # (alpha, beta, lambda) of least mean MSVE on tuning tasks
+    "Tune the self-anchored decoder construction on tasks disjoint from a run's held-out tasks."
+    tasks, states = held_out_tasks(dataclasses.replace(config, seed=run_stream(config.seed, "tuning")))   # the held-out tasks of the run's stream `tuning`
+    err = {g: weighted_error(decoder_values(config, tasks, states, *g), tasks.v_pi, tasks.d_pi).mean().item() for g in ((a, b, l) for a in alphas for b in betas for l in lams)}
+    return min(err, key=err.get)
+
+# %% ../nbs/04a_causal.ipynb #d0bc6d17
 def causal_pretrain_summary(config:PretrainConfig,  # the decoder's configuration (`attention="causal"`)
                             seeds,                  # the seeds
                             progress:bool=False,
                            )->dict:                 # plain numbers, ready for JSON
     "Pretrain the decoder and the non-causal model on `seeds`; per seed: metrics, value weights, diagonality and baselines."
-    import dataclasses
-    from ictd.pretrain import pretrain_many
-    from ictd.emergence import baseline_msve, held_out_tasks, msve_of
+    from ictd.pretrain import pretrain_many        # chapter 6's engine loop and 6a's baselines: imported here, by the driver only
+    from ictd.emergence import baseline_msve
     causal = pretrain_many(config, seeds, progress)
     softmax = pretrain_many(dataclasses.replace(config, attention="softmax"), seeds, progress)
     out = dict(config=dataclasses.asdict(config), seeds=list(seeds), per_seed=[])
@@ -394,5 +401,5 @@ def causal_pretrain_summary(config:PretrainConfig,  # the decoder's configuratio
                                     weights_causal=h["value_weights"][-1].tolist(), weights_softmax=hs["value_weights"][-1].tolist(),
                                     diagonality_causal=h["diagonality"].tolist(), diagonality_softmax=hs["diagonality"].tolist(),
                                     recency=h["recency"][-1].tolist(), baselines=base, best_decoder=list(g),
-                                    msve_decoder_construction=msve_of(decoder_values(c.config, tasks, states, *g), tasks).mean().item()))
+                                    msve_decoder_construction=weighted_error(decoder_values(c.config, tasks, states, *g), tasks.v_pi, tasks.d_pi).mean().item()))
     return out

@@ -39,11 +39,13 @@ def check_number(x,                 # the value
         raise ValueError(f"`{name}` must be a finite number {'>' if strict else '>='} {low}, got {x!r}")
     return float(x)
 
+# %% ../nbs/00b_core.ipynb #1bfda5f0
 def check_choice(x, allowed:tuple, name:str):
     "`x`, or a `ValueError` naming `name` unless `x` is one of `allowed`."
     if x not in allowed: raise ValueError(f"`{name}` must be one of {tuple(allowed)}, got {x!r}")
     return x
 
+# %% ../nbs/00b_core.ipynb #6521b4e6
 def check_seeds(seeds)->list:
     "A non-empty list of distinct non-negative integer seeds (one int is a list of one), or a `ValueError` naming `seeds`."
     seeds = [seeds] if _is_number(seeds) else list(seeds)
@@ -60,6 +62,7 @@ def substream(seed:int,    # the run's seed
     key = tuple(check_int(k, "stream") for k in (stream, *path))
     return int(np.random.SeedSequence(check_int(seed, "seed"), spawn_key=key).generate_state(1, np.uint64)[0])
 
+# %% ../nbs/00b_core.ipynb #d18386ab
 def stream_generator(seed:int, stream:int, *path:int)->torch.Generator:
     "A CPU torch Generator for stream `stream` of `seed` (and its children `path`)."
     return torch.Generator().manual_seed(substream(seed, stream, *path))
@@ -82,6 +85,7 @@ def map(self:TaskBatch, fn)->TaskBatch:
     "The batch with `fn` applied to each of its tensors (P, r, phi, d_pi, v_pi)."
     return TaskBatch(*(fn(getattr(self, k)) for k in TASK_FIELDS), self.gamma)
 
+# %% ../nbs/00b_core.ipynb #1615eddd
 @patch(cls_method=True)
 def stack(cls:TaskBatch, batches:list, device=None)->TaskBatch:
     "Task batches of equal shapes and discount stacked along a new leading axis, on `device` (default: theirs)."
@@ -111,6 +115,7 @@ def record_claim(key:str,              # identifier, unique within the chapter, 
     f.write_text(json.dumps(dict(sorted(records.items())), indent=1) + "\n")
     return records[key]
 
+# %% ../nbs/00b_core.ipynb #7b003dbf
 def load_claims(folder="data/claims")->list:
     "Every recorded claim under `folder`, as dicts with a `key`, in file then key order."
     return [dict(key=k, **r) for f in sorted(Path(folder).glob("*.json")) for k, r in json.loads(f.read_text()).items()]

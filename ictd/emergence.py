@@ -32,6 +32,7 @@ def stack_history(results:list,  # runs of one configuration
     if key not in results[0].history: raise ValueError(f"`key` must be one of {sorted(results[0].history)}, got {key!r}")
     return torch.stack([r.history[key] for r in results]).double()
 
+# %% ../nbs/06a_emergence.ipynb #42992956
 def mean_se(x:torch.Tensor,  # (seeds, ...) one value per seed
            )->tuple:         # (mean, standard error), each of shape (...)
     "Mean over the leading seed dimension and its standard error."
@@ -46,6 +47,7 @@ def binomial_tail(k:int,     # number of successes
     "Upper tail of the binomial distribution."
     return sum(math.comb(m, j) * p ** j * (1 - p) ** (m - j) for j in range(max(int(k), 0), m + 1))
 
+# %% ../nbs/06a_emergence.ipynb #dc611aa6
 def min_successes(m:int,            # number of seeds
                   p0:float,         # chance level of one seed showing the effect
                   level:float=0.05, # test level
@@ -55,7 +57,7 @@ def min_successes(m:int,            # number of seeds
     if not 0 <= p0 < 1: raise ValueError(f"`p0` must lie in [0, 1), got {p0}")
     return next(k for k in range(int(m) + 2) if binomial_tail(k, int(m), p0) <= level)
 
-
+# %% ../nbs/06a_emergence.ipynb #1c959303
 def median_interval(x:torch.Tensor,  # (seeds,) one value per seed
                     level:float=0.95,# minimum coverage
                    )->tuple:         # (low, median, high)
@@ -74,12 +76,14 @@ def held_out_prompts(config:PretrainConfig,  # the run's settings
     rows = torch.arange(len(tasks))[:, None]
     return tasks, states, build_prompt(tasks.phi[rows, states], tasks.r[rows, states[:, :-1]], tasks.phi)
 
+# %% ../nbs/06a_emergence.ipynb #6a58e69f
 def msve_of(v:torch.Tensor,    # (B, s) value estimates of each task
             tasks:TaskBatch,   # the tasks
            )->torch.Tensor:    # (B,) MSVE of each task, sum_x d_pi(x) (v(x) - v_pi(x))^2
     "Value error of each task's estimate, weighted by the stationary distribution."
     return weighted_error(v, tasks.v_pi, tasks.d_pi)
 
+# %% ../nbs/06a_emergence.ipynb #1fcf7373
 def context_mean_values(tasks:TaskBatch,      # the tasks
                         states:torch.Tensor,  # (B, n+1) one context per task
                        )->torch.Tensor:       # (B, s) the context's mean reward / (1 - gamma) at every state
@@ -87,6 +91,7 @@ def context_mean_values(tasks:TaskBatch,      # the tasks
     R = tasks.r[torch.arange(len(tasks))[:, None], states[:, :-1]]
     return (R.mean(-1, keepdim=True) / (1 - tasks.gamma)).expand(-1, tasks.r.shape[-1])
 
+# %% ../nbs/06a_emergence.ipynb #068fee40
 def certainty_equivalence_values(tasks:TaskBatch,      # the tasks
                                  states:torch.Tensor,  # (B, n+1) one context per task
                                 )->torch.Tensor:       # (B, s) value of each context's empirical MRP
@@ -94,6 +99,7 @@ def certainty_equivalence_values(tasks:TaskBatch,      # the tasks
     R = tasks.r[torch.arange(len(tasks))[:, None], states[:, :-1]]
     return certainty_equivalence(states, R, tasks.r.shape[-1], tasks.gamma, unvisited_reward=R.mean(-1))
 
+# %% ../nbs/06a_emergence.ipynb #a22ee4ad
 def best_constant_values(tasks:TaskBatch)->torch.Tensor:
     "(B, s) the oracle constant of each task, $\\sum_x d_\\pi(x) v_\\pi(x)$, at every state."
     return (tasks.d_pi * tasks.v_pi).sum(-1, keepdim=True).expand_as(tasks.v_pi)
@@ -110,6 +116,7 @@ def theta_star_model(config:PretrainConfig,  # gives d, the depth and gamma
     d = config.n_states if config.features == "onehot" else config.d
     return SoftmaxICTD.from_theta_star(d, config.n_layers, beta * torch.eye(d, dtype=torch.float64), alpha, config.gamma, shared=True)
 
+# %% ../nbs/06a_emergence.ipynb #faf82ce4
 def best_theta_star(config:PretrainConfig,  # the run's settings
                     alphas=ALPHAS,          # step sizes to try
                     betas=BETAS,            # kernel scales to try
@@ -121,6 +128,7 @@ def best_theta_star(config:PretrainConfig,  # the run's settings
         err = {(a, b): msve_of(theta_star_model(config, alpha=a, beta=b).predict(Z, n=config.n), tasks).mean().item() for a in alphas for b in betas}
     return min(err, key=err.get)
 
+# %% ../nbs/06a_emergence.ipynb #4aec6837
 def baseline_msve(config:PretrainConfig,  # the run's settings
                   alpha_beta=None,        # (alpha, beta) of theta*; None: tune with `best_theta_star`
                  )->dict:                 # name -> (B,) MSVE of each held-out task
@@ -133,11 +141,13 @@ def baseline_msve(config:PretrainConfig,  # the run's settings
             "certainty equivalence": msve_of(certainty_equivalence_values(tasks, states), tasks),
             "best constant (oracle)": msve_of(best_constant_values(tasks), tasks)}
 
+# %% ../nbs/06a_emergence.ipynb #47a2cf67
 def model_msve(result:PretrainResult)->torch.Tensor:
     "(B,) MSVE of a trained model on each held-out task of its run."
     tasks, _, Z = held_out_prompts(result.config)
     with torch.no_grad(): return msve_of(result.model.predict(Z, n=result.config.n), tasks)
 
+# %% ../nbs/06a_emergence.ipynb #4fd9e0ce
 def value_gap(result:PretrainResult,  # a trained run
               *, alpha:float, beta:float, # the theta* to compare with
              )->float:                 # mean over held-out tasks of sum_x d_pi(x) (v_TF(x) - v_theta*(x))^2
@@ -154,6 +164,7 @@ def sign_pattern(value_weights:torch.Tensor,  # (..., 3) weights (reward, succes
     w = value_weights
     return (w[..., 0] > 0) & (w[..., 1] > 0) & (w[..., 2] < 0)
 
+# %% ../nbs/06a_emergence.ipynb #991c28be
 def ratio_interval(runs:list,  # runs of one configuration (>= 6 seeds)
                    layer:int,  # layer index (0-based; -1: the last)
                   )->tuple:    # (low, median, high) of the final successor/current ratio over seeds
@@ -205,6 +216,7 @@ def context_update(model:SoftmaxICTD,  # the model
     grads = torch.autograd.grad((tasks.d_pi * b * v).sum(-1).mean(), params, allow_unused=True)
     return torch.cat([(g if g is not None else torch.zeros_like(p)).flatten() for g, p in zip(grads, params)])
 
+# %% ../nbs/06a_emergence.ipynb #54574fa7
 def neu_jackknife(model:SoftmaxICTD,  # the model
                   tasks:TaskBatch,    # tasks to draw from
                   n:int,              # context length

@@ -20,10 +20,10 @@ from .tasks import Contexts, TDExamples, draw_cdf, gather_rows, sample_trajector
 # %% auto #0
 __all__ = ['DTYPES', 'FEATURES', 'OBJECTIVES', 'INITS', 'EMERGENCE', 'FAMILIES', 'PROTOCOLS', 'source_hash', 'PretrainConfig',
            'PretrainResult', 'stack_results', 'Family', 'Protocol', 'register_family', 'register_protocol',
-           'get_family', 'get_protocol', 'EvalSet', 'stationary_sampler', 'stationary_pools', 'held_out_tasks',
+           'get_family', 'get_protocol', 'EvalSet', 'stationary_pools', 'stationary_sampler', 'held_out_tasks',
            'task_eval_set', 'stationary_eval_set', 'eval_set', 'td_values', 'sampled_neu', 'mc_horizon',
-           'stationary_draws', 'rollout_returns', 'objective_values', 'softmax_init', 'softmax_module',
-           'softmax_prompt', 'softmax_metrics', 'population_neu_many']
+           'rollout_returns', 'stationary_draws', 'objective_values', 'softmax_init', 'softmax_module',
+           'softmax_prompt', 'population_neu_many', 'softmax_metrics']
 
 # %% ../nbs/06d_engine.ipynb #4dd2b0ca
 DTYPES = dict(float64=torch.float64, float32=torch.float32)
@@ -41,6 +41,7 @@ def source_hash()->str:
     "A short hash of the package's source (every `ictd/*.py` file, names and contents), read once per process: a changed code never loads an old result."
     return _hash_files(tuple(sorted(Path(ictd.__file__).parent.glob("*.py"))))
 
+# %% ../nbs/06d_engine.ipynb #28ba4028
 @dataclass(frozen=True)
 class PretrainConfig:
     "Every setting of a pretraining run (defaults: the paper's experiment as this project reads it)."
@@ -107,6 +108,7 @@ class PretrainResult:
     held_out:TaskBatch = None                   # the held-out tasks the metrics were measured on (None for continuous states)
     params:dict = None                          # the family's parameters as the engine holds them, without the seed axis
 
+# %% ../nbs/06d_engine.ipynb #b88372dc
 def stack_results(results:list)->dict:
     "Runs of one configuration stacked over seeds: params name -> (S, ...), history name -> (S, evaluations, ...)."
     return dict(params={k: torch.stack([r.params[k] for r in results]) for k in results[0].params},
@@ -122,6 +124,7 @@ class Family:
     module:Callable         # (config, params of one seed, no seed axis) -> nn.Module with .predict(Z, n)
     metrics:Callable = None # (config, params (S, ...) in float64, EvalSet) -> dict name -> (S, ...) tensor
 
+# %% ../nbs/06d_engine.ipynb #ed0bca39
 @dataclass(frozen=True)
 class Protocol:
     "A data protocol for the engine: every seed's training data, its batches of TD examples, and its held-out evaluation set."
@@ -130,6 +133,7 @@ class Protocol:
     data:Callable = None     # (config, seeds, device) -> what `sample` draws from (e.g. stacked task pools); None: nothing
     loss_scale:float = 0.5   # the loss is loss_scale * mean squared TD error over a seed's batch
 
+# %% ../nbs/06d_engine.ipynb #df3474f1
 FAMILIES, PROTOCOLS = {}, {}
 
 def register_family(name:str, family:Family):
@@ -137,11 +141,13 @@ def register_family(name:str, family:Family):
     if not isinstance(family, Family): raise ValueError(f"`family` must be a Family, got {type(family).__name__}")
     FAMILIES[name] = family
 
+# %% ../nbs/06d_engine.ipynb #46f36bdb
 def register_protocol(name:str, protocol:Protocol):
     "Make `protocol` available as `PretrainConfig(protocol=name)` (call it when the protocol's module is imported)."
     if not isinstance(protocol, Protocol): raise ValueError(f"`protocol` must be a Protocol, got {type(protocol).__name__}")
     PROTOCOLS[name] = protocol
 
+# %% ../nbs/06d_engine.ipynb #7d33b792
 def _lookup(registry:dict, name:str, what:str):
     if name not in registry: raise ValueError(f"`{what}` must be one of {sorted(registry)} (a plug-in registers its names when imported, e.g. `import ictd.linear`), got {name!r}")
     return registry[name]
@@ -150,6 +156,7 @@ def get_family(name:str)->Family:
     "The registered model family `name`."
     return _lookup(FAMILIES, name, "attention")
 
+# %% ../nbs/06d_engine.ipynb #4c922d04
 def get_protocol(name:str)->Protocol:
     "The registered data protocol `name`."
     return _lookup(PROTOCOLS, name, "protocol")
@@ -165,41 +172,44 @@ class EvalSet:
     states:torch.Tensor = None  # discrete tasks: (S, E, n + 1) the contexts
 
 # %% ../nbs/06d_engine.ipynb #86b0d23c
+def stationary_pools(config:PretrainConfig, seeds:list, device=None)->TaskBatch:
+    "The training pools of the stationary protocol, stacked over seeds: seed s's pool is `task_pool(config, n_tasks, run_stream(s, 'train_pool'))`."
+    return TaskBatch.stack([task_pool(config, config.n_tasks, run_stream(s, "train_pool")) for s in seeds], device)
+
+# %% ../nbs/06d_engine.ipynb #b42bf945
 def stationary_sampler(config:PretrainConfig, pool:TaskBatch, gens:list, step:int, state:dict)->TDExamples:
     "The stationary protocol: seed i's examples are those of `td_batch(pool[i], batch_size, n, gens[i])`, drawn for all seeds at once."
     u = torch.stack([torch.rand(config.batch_size, config.n + 4, generator=g, dtype=torch.float64) for g in gens])
     b = stationary_examples(pool, u.to(pool.P.device))
     return TDExamples(Contexts(pool, b.task, b.states, torch.stack([b.query, b.successor], -1)), task_features(pool, b.task, b.query)[1])
 
-def stationary_pools(config:PretrainConfig, seeds:list, device=None)->TaskBatch:
-    "The training pools of the stationary protocol, stacked over seeds: seed s's pool is `task_pool(config, n_tasks, run_stream(s, 'train_pool'))`."
-    return TaskBatch.stack([task_pool(config, config.n_tasks, run_stream(s, "train_pool")) for s in seeds], device)
-
-# %% ../nbs/06d_engine.ipynb #0e18426b
-def _task_kwargs(config): return dict(n_states=config.n_states, d=config.d, gamma=config.gamma, features=config.features)
-
+# %% ../nbs/06d_engine.ipynb #cb44baf7
 def held_out_tasks(config:PretrainConfig)->tuple:
     "The held-out tasks of a run (its stream `eval_pool`, apart from its training pool) and one context per task (its stream `eval_contexts`)."
     tasks = task_pool(config, config.eval_tasks, run_stream(config.seed, "eval_pool"))
     return tasks, sample_trajectories(tasks.P, config.n, tasks.d_pi, seed=run_stream(config.seed, "eval_contexts"))
 
+# %% ../nbs/06d_engine.ipynb #81d51017
 def task_eval_set(config:PretrainConfig, tasks:TaskBatch, states:torch.Tensor)->EvalSet:
     "The evaluation set of discrete held-out tasks (S, E, ...) with one context each (S, E, n + 1): every state a query, MSVE weights d_pi."
     S, E, s = tasks.r.shape
     task, queries = torch.arange(E, device=states.device).expand(S, E), torch.arange(s, device=states.device).expand(S, E, s)
     return EvalSet(get_family(config.attention).prompt(config, Contexts(tasks, task, states, queries)), tasks.v_pi, tasks.d_pi, tasks, states)
 
+# %% ../nbs/06d_engine.ipynb #ed1720e5
 def stationary_eval_set(config:PretrainConfig, seeds:list, device=None)->EvalSet:
     "The stationary protocol's evaluation set: every seed's `held_out_tasks`, stacked."
     held = [held_out_tasks(dataclasses.replace(config, seed=s)) for s in seeds]
     return task_eval_set(config, TaskBatch.stack([t for t, _ in held], device), torch.stack([s for _, s in held]).to(device))
 
+register_protocol("stationary", Protocol(sample=stationary_sampler, eval_set=stationary_eval_set, data=stationary_pools))
+
+# %% ../nbs/06d_engine.ipynb #07acd801
 def eval_set(config:PretrainConfig, seeds:list, device=None)->EvalSet:
     "The evaluation set of `config.protocol` for `seeds`."
     return get_protocol(config.protocol).eval_set(config, seeds, device)
 
-register_protocol("stationary", Protocol(sample=stationary_sampler, eval_set=stationary_eval_set, data=stationary_pools))
-
+# %% ../nbs/06d_engine.ipynb #e373f71c
 def td_values(config:PretrainConfig, params:dict, b:TDExamples)->tuple:
     "v(x_q) (S, B) with its graph, and the TD target r(x_q) + gamma v(x_q') (S, B), detached, for every seed's examples."
     family = get_family(config.attention)
@@ -226,10 +236,7 @@ def mc_horizon(gamma:float, tol:float=1e-6)->int:
     gamma = check_gamma(gamma)
     return 1 if gamma == 0 else max(1, math.ceil(math.log(tol) / math.log(gamma)))
 
-def stationary_draws(tasks:TaskBatch, task:torch.Tensor, u:torch.Tensor)->torch.Tensor:
-    "(S, B) states drawn from d_pi of the tasks `task` (S, B) of every seed, one per uniform of `u` (S, B)."
-    return draw_cdf(gather_rows(tasks.d_pi[..., None, :], task, torch.zeros_like(task)).cumsum(-1), u)
-
+# %% ../nbs/06d_engine.ipynb #b2f21f11
 def rollout_returns(tasks:TaskBatch, task:torch.Tensor, start:torch.Tensor, u:torch.Tensor)->torch.Tensor:
     "(S, B) sampled returns sum_{t<H} gamma^t r(S_t) of chains started at `start` (S, B), with H - 1 = u.shape[-1] uniforms (S, B, H - 1)."
     s = tasks.P.shape[-1]
@@ -239,6 +246,12 @@ def rollout_returns(tasks:TaskBatch, task:torch.Tensor, start:torch.Tensor, u:to
     r = task_features(tasks, task, torch.stack(states, -1))[1]
     return (r * tasks.gamma ** torch.arange(len(states), dtype=torch.float64, device=u.device)).sum(-1)
 
+# %% ../nbs/06d_engine.ipynb #1d6cab16
+def stationary_draws(tasks:TaskBatch, task:torch.Tensor, u:torch.Tensor)->torch.Tensor:
+    "(S, B) states drawn from d_pi of the tasks `task` (S, B) of every seed, one per uniform of `u` (S, B)."
+    return draw_cdf(gather_rows(tasks.d_pi[..., None, :], task, torch.zeros_like(task)).cumsum(-1), u)
+
+# %% ../nbs/06d_engine.ipynb #a4fc286c
 def objective_values(config:PretrainConfig, params:dict, b:TDExamples, gens:list)->tuple:
     "v(x_q) (S, B) with its graph and the target of `config.objective` (S, B), detached; `gens` (one per seed) draw what the objective adds to the data."
     if config.objective == "td": return td_values(config, params, b)
@@ -264,16 +277,28 @@ def softmax_init(config:PretrainConfig, seeds:list, dtype)->dict:
     else: models = [SoftmaxICTD(d, config.n_layers, config.shared, config.init_gain, seed=run_stream(s, "init")) for s in seeds]
     return {k: torch.stack([torch.stack([getattr(lay, k).detach() for lay in m.layers]) for m in models]).to(dtype) for k in ("A", "V_cur", "V_tgt")}
 
+# %% ../nbs/06d_engine.ipynb #145e7eb0
 def softmax_module(config:PretrainConfig, params:dict)->SoftmaxICTD:
     "A `SoftmaxICTD` carrying one seed's parameters (L or 1, D, D)."
     model = SoftmaxICTD(config.feature_dim, config.n_layers, config.shared, seed=0, dtype=params["A"].dtype)
     model.load_state_dict({f"layers.{l}.{k}": params[k][l] for l in range(params["A"].shape[0]) for k in ("A", "V_cur", "V_tgt")})
     return model
 
+# %% ../nbs/06d_engine.ipynb #0bb0996a
 def softmax_prompt(config:PretrainConfig, x:Contexts)->StateTokens:
     "State tokens of every seed's prompts: one per state of a discrete task (exact), or one per context state of continuous ones."
     return state_tokens(x.tasks, x.task, x.states, x.queries) if x.tasks is not None else trajectory_tokens(*x.features())
 
+# %% ../nbs/06d_engine.ipynb #edc4bc66
+def population_neu_many(config:PretrainConfig, params:dict, tasks:TaskBatch)->torch.Tensor:
+    "(S,) NEU at n = infinity of every seed's parameters on its tasks (leading seed axis)."
+    leaf = {k: v.detach().requires_grad_() for k, v in params.items()}
+    v = token_predict(leaf, config.n_layers, population_tokens(tasks))
+    with torch.no_grad(): delta = tasks.r + tasks.gamma * (tasks.P @ v.unsqueeze(-1)).squeeze(-1) - v
+    grads = torch.autograd.grad((tasks.d_pi * delta * v).sum(-1).mean(-1).sum(), list(leaf.values()))
+    return sum(g.flatten(1).square().sum(-1) for g in grads)
+
+# %% ../nbs/06d_engine.ipynb #bff71781
 def softmax_metrics(config:PretrainConfig, params:dict, ev)->dict:
     "Value weights (S, L, 3) and block cosines (S, L, 3) of every seed; on discrete tasks also population NEU (S, 1) and diagonality (S, L)."
     L, d, Lp = config.n_layers, config.feature_dim, params["A"].shape[1]
@@ -290,14 +315,7 @@ def softmax_metrics(config:PretrainConfig, params:dict, ev)->dict:
         diag = torch.stack([att[..., -s:].diagonal(dim1=-2, dim2=-1).mean((-2, -1)) for att in atts], -1)
     return dict(neu_population=population_neu_many(config, params, ev.tasks)[:, None], diagonality=diag, value_weights=weights, cosine=cos)
 
-def population_neu_many(config:PretrainConfig, params:dict, tasks:TaskBatch)->torch.Tensor:
-    "(S,) NEU at n = infinity of every seed's parameters on its tasks (leading seed axis)."
-    leaf = {k: v.detach().requires_grad_() for k, v in params.items()}
-    v = token_predict(leaf, config.n_layers, population_tokens(tasks))
-    with torch.no_grad(): delta = tasks.r + tasks.gamma * (tasks.P @ v.unsqueeze(-1)).squeeze(-1) - v
-    grads = torch.autograd.grad((tasks.d_pi * delta * v).sum(-1).mean(-1).sum(), list(leaf.values()))
-    return sum(g.flatten(1).square().sum(-1) for g in grads)
-
+# %% ../nbs/06d_engine.ipynb #c99135f8
 register_family("softmax", Family(init=softmax_init, prompt=softmax_prompt,
                                   predict=lambda config, params, x, n: token_predict(params, config.n_layers, x),
                                   module=softmax_module, metrics=softmax_metrics))

@@ -25,6 +25,7 @@ class TaskBatch:
 
     def __len__(self): return self.P.shape[0]
 
+# %% ../nbs/00a_tasks.ipynb #6e3dc4dc
 def stack_tasks(mrps:list, # MRPs with equal shapes and discount
                )->TaskBatch:
     "Stack a list of MRPs into a `TaskBatch`."
@@ -33,6 +34,7 @@ def stack_tasks(mrps:list, # MRPs with equal shapes and discount
     if len({(m.n_states, m.d, m.gamma) for m in mrps}) > 1: raise ValueError("`mrps` must share n_states, d and gamma")
     return TaskBatch(*(torch.stack([getattr(m, k) for m in mrps]) for k in ("P", "r", "phi", "d_pi", "v_pi")), mrps[0].gamma)
 
+# %% ../nbs/00a_tasks.ipynb #ae0a1a31
 def task_rng(seed:int,  # the seed of a batch of tasks
              b:int,     # the task's index in the batch
             )->np.random.Generator:
@@ -40,6 +42,7 @@ def task_rng(seed:int,  # the seed of a batch of tasks
     if int(seed) != seed or seed < 0 or int(b) != b or b < 0: raise ValueError(f"`seed` and `b` must be integers >= 0, got {seed!r} and {b!r}")
     return np.random.default_rng(np.random.SeedSequence(int(seed), spawn_key=(int(b),)))
 
+# %% ../nbs/00a_tasks.ipynb #2648cea1
 def random_tasks(n_tasks:int,  # number of random Boyan chains B
                  seed:int=0,   # task b is `random_boyan_chain(..., seed=task_rng(seed, first + b))`
                  first:int=0,  # index of the first task: a batch of tasks first..first + B - 1 of the seed

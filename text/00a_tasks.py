@@ -60,6 +60,18 @@ class TaskBatch:
 
     def __len__(self): return self.P.shape[0]
 
+
+# %%
+show_doc(TaskBatch)
+
+
+# %% [markdown]
+# `stack_tasks` builds a batch from chains already drawn, one tensor per field with the chains along
+# the new leading axis. Chains of different sizes or discounts cannot share a tensor, so it refuses
+# them (checked in [Implementation and tests](#implementation-and-tests)).
+
+# %%
+#| export
 def stack_tasks(mrps:list, # MRPs with equal shapes and discount
                )->TaskBatch:
     "Stack a list of MRPs into a `TaskBatch`."
@@ -68,6 +80,24 @@ def stack_tasks(mrps:list, # MRPs with equal shapes and discount
     if len({(m.n_states, m.d, m.gamma) for m in mrps}) > 1: raise ValueError("`mrps` must share n_states, d and gamma")
     return TaskBatch(*(torch.stack([getattr(m, k) for m in mrps]) for k in ("P", "r", "phi", "d_pi", "v_pi")), mrps[0].gamma)
 
+
+# %%
+show_doc(stack_tasks)
+
+# %%
+chains = [random_boyan_chain(d=2, seed=k) for k in range(3)]
+trio = stack_tasks(chains)
+test_eq((len(trio), trio.gamma, trio.phi.shape), (3, 0.9, (3, 10, 2)))
+test_eq(trio.v_pi[2], chains[2].v_pi)
+
+
+# %% [markdown]
+# Which random stream a task reads is fixed by `task_rng`: task $b$ of a batch of seed $u$ draws from
+# child $b$ of `numpy.random.SeedSequence(u)`. Naming one task's stream is what lets task $b$ be
+# rebuilt alone and a long pool be drawn in pieces; children of one seed never share a stream.
+
+# %%
+#| export
 def task_rng(seed:int,  # the seed of a batch of tasks
              b:int,     # the task's index in the batch
             )->np.random.Generator:
@@ -75,6 +105,22 @@ def task_rng(seed:int,  # the seed of a batch of tasks
     if int(seed) != seed or seed < 0 or int(b) != b or b < 0: raise ValueError(f"`seed` and `b` must be integers >= 0, got {seed!r} and {b!r}")
     return np.random.default_rng(np.random.SeedSequence(int(seed), spawn_key=(int(b),)))
 
+
+# %%
+show_doc(task_rng)
+
+# %%
+test_eq(task_rng(3, 2).random(4), np.random.default_rng(np.random.SeedSequence(3).spawn(3)[2]).random(4))
+test_ne(task_rng(3, 2).random(4), task_rng(3, 1).random(4))
+test_fail(lambda: task_rng(3, -1), contains="`seed` and `b` must be integers >= 0")
+
+
+# %% [markdown]
+# `random_tasks` puts the two together: task $b$ of the batch is `random_boyan_chain` on the stream
+# `task_rng(seed, first + b)`, and the batch is their stack.
+
+# %%
+#| export
 def random_tasks(n_tasks:int,  # number of random Boyan chains B
                  seed:int=0,   # task b is `random_boyan_chain(..., seed=task_rng(seed, first + b))`
                  first:int=0,  # index of the first task: a batch of tasks first..first + B - 1 of the seed
@@ -86,13 +132,7 @@ def random_tasks(n_tasks:int,  # number of random Boyan chains B
 
 
 # %%
-show_doc(TaskBatch)
-
-# %%
 show_doc(random_tasks)
-
-# %%
-show_doc(task_rng)
 
 # %%
 tasks = random_tasks(5, seed=3, d=2)

@@ -55,6 +55,9 @@ def check_int(x,               # the value
     return int(x)
 
 
+# %% [markdown]
+# Real-valued settings (step sizes, scales, discounts) get the same treatment, with a bound below that may be strict:
+
 # %%
 #| export
 def check_number(x,                 # the value
@@ -67,11 +70,25 @@ def check_number(x,                 # the value
         raise ValueError(f"`{name}` must be a finite number {'>' if strict else '>='} {low}, got {x!r}")
     return float(x)
 
+
+# %% [markdown]
+# A setting that names one of a few options (a feature kind, an objective) is checked against the list of them
+# (all three are tested in [Implementation and tests](#validators)):
+
+# %%
+#| export
 def check_choice(x, allowed:tuple, name:str):
     "`x`, or a `ValueError` naming `name` unless `x` is one of `allowed`."
     if x not in allowed: raise ValueError(f"`{name}` must be one of {tuple(allowed)}, got {x!r}")
     return x
 
+
+# %% [markdown]
+# The experiments take a list of seeds, or one seed: `check_seeds` turns either into a list and refuses repeated
+# seeds, which would count one run twice in a seed statistic (tested with the others, [below](#validators)).
+
+# %%
+#| export
 def check_seeds(seeds)->list:
     "A non-empty list of distinct non-negative integer seeds (one int is a list of one), or a `ValueError` naming `seeds`."
     seeds = [seeds] if _is_number(seeds) else list(seeds)
@@ -98,6 +115,13 @@ def substream(seed:int,    # the run's seed
     key = tuple(check_int(k, "stream") for k in (stream, *path))
     return int(np.random.SeedSequence(check_int(seed, "seed"), spawn_key=key).generate_state(1, np.uint64)[0])
 
+
+# %% [markdown]
+# Torch code wants a `torch.Generator` rather than an integer: `stream_generator` is one seeded with that stream's
+# 64-bit seed.
+
+# %%
+#| export
 def stream_generator(seed:int, stream:int, *path:int)->torch.Generator:
     "A CPU torch Generator for stream `stream` of `seed` (and its children `path`)."
     return torch.Generator().manual_seed(substream(seed, stream, *path))
@@ -123,7 +147,7 @@ Markdown(f"With offsets, {len(clash)} pairs of the {len(adhoc)} streams coincide
 children = np.random.SeedSequence(7).spawn(3)
 test_eq([substream(7, k) for k in range(3)], [int(c.generate_state(1, np.uint64)[0]) for c in children])
 assert len({substream(s, k) for s in range(20) for k in range(5)}) == 100
-test_eq(torch.rand(3, generator=stream_generator(7, 2)), torch.rand(3, generator=stream_generator(7, 2)))
+test_eq(torch.rand(3, generator=stream_generator(7, 2)), torch.rand(3, generator=torch.Generator().manual_seed(substream(7, 2))))
 
 # %% [markdown]
 # A training run (chapter 6's engine) draws from eight streams of its one seed, named once here so
@@ -183,6 +207,17 @@ def map(self:TaskBatch, fn)->TaskBatch:
     "The batch with `fn` applied to each of its tensors (P, r, phi, d_pi, v_pi)."
     return TaskBatch(*(fn(getattr(self, k)) for k in TASK_FIELDS), self.gamma)
 
+
+# %%
+test_eq(random_tasks(3, seed=5).map(lambda x: x[1:]).v_pi, random_tasks(3, seed=5).v_pi[1:])
+
+
+# %% [markdown]
+# `stack` is what the engine uses to put the task pools of several seeds side by side; it refuses batches whose
+# discounts differ, since a `TaskBatch` has one.
+
+# %%
+#| export
 @patch(cls_method=True)
 def stack(cls:TaskBatch, batches:list, device=None)->TaskBatch:
     "Task batches of equal shapes and discount stacked along a new leading axis, on `device` (default: theirs)."
@@ -229,13 +264,20 @@ def record_claim(key:str,              # identifier, unique within the chapter, 
     f.write_text(json.dumps(dict(sorted(records.items())), indent=1) + "\n")
     return records[key]
 
+
+# %%
+show_doc(record_claim)
+
+
+# %% [markdown]
+# `load_claims` reads the records back, all chapters at once: the front page's results table is built from it.
+
+# %%
+#| export
 def load_claims(folder="data/claims")->list:
     "Every recorded claim under `folder`, as dicts with a `key`, in file then key order."
     return [dict(key=k, **r) for f in sorted(Path(folder).glob("*.json")) for k, r in json.loads(f.read_text()).items()]
 
-
-# %%
-show_doc(record_claim)
 
 # %%
 with tempfile.TemporaryDirectory() as tmp:

@@ -109,11 +109,27 @@ def stack_history(results:list,  # runs of one configuration
     if key not in results[0].history: raise ValueError(f"`key` must be one of {sorted(results[0].history)}, got {key!r}")
     return torch.stack([r.history[key] for r in results]).double()
 
+
+# %%
+toy_runs = [PretrainResult(PretrainConfig(seed=s), None, dict(msve=torch.full((3, 1), float(s)))) for s in range(4)]
+test_eq(stack_history(toy_runs, "msve")[:, -1, 0], torch.arange(4.).double())
+
+
+# %% [markdown]
+# A claim about a mean over seeds comes with its standard error, the spread of the seeds over the square root of
+# their number:
+
+# %%
+#| export
 def mean_se(x:torch.Tensor,  # (seeds, ...) one value per seed
            )->tuple:         # (mean, standard error), each of shape (...)
     "Mean over the leading seed dimension and its standard error."
     if x.shape[0] < 2: raise ValueError(f"`x` needs at least 2 seeds along dimension 0, got {x.shape[0]}")
     return x.mean(0), x.std(0) / math.sqrt(x.shape[0])
+
+
+# %%
+test_close(mean_se(stack_history(toy_runs, "msve")[:, -1, 0]), (1.5, (5 / 3) ** 0.5 / 2), eps=1e-12)
 
 
 # %% [markdown]
@@ -136,6 +152,13 @@ def binomial_tail(k:int,     # number of successes
     "Upper tail of the binomial distribution."
     return sum(math.comb(m, j) * p ** j * (1 - p) ** (m - j) for j in range(max(int(k), 0), m + 1))
 
+
+# %% [markdown]
+# `min_successes` is the bar itself: the smallest count $k_{p_0}$ whose tail at the chance level is at most the test
+# level (the worked example below checks both).
+
+# %%
+#| export
 def min_successes(m:int,            # number of seeds
                   p0:float,         # chance level of one seed showing the effect
                   level:float=0.05, # test level
@@ -146,6 +169,13 @@ def min_successes(m:int,            # number of seeds
     return next(k for k in range(int(m) + 2) if binomial_tail(k, int(m), p0) <= level)
 
 
+# %% [markdown]
+# For a median the same binomial tail gives the interval: the $j$-th smallest and $j$-th largest of $m$ values
+# bracket the median unless at least $m - j + 1$ of them fall on one side of it, which has probability
+# $2\,P(\mathrm{Bin}(m, 1/2) \ge m - j + 1)$.
+
+# %%
+#| export
 def median_interval(x:torch.Tensor,  # (seeds,) one value per seed
                     level:float=0.95,# minimum coverage
                    )->tuple:         # (low, median, high)
@@ -206,12 +236,36 @@ def held_out_prompts(config:PretrainConfig,  # the run's settings
     rows = torch.arange(len(tasks))[:, None]
     return tasks, states, build_prompt(tasks.phi[rows, states], tasks.r[rows, states[:, :-1]], tasks.phi)
 
+
+# %%
+toy_tasks, toy_states, toy_Z = held_out_prompts(PretrainConfig(eval_tasks=4))
+test_eq((toy_states.shape, toy_Z.shape), ((4, 31), (4, 6, 41)))   # d + 2 rows; n + 1 context columns, then the 10 states as queries
+
+
+# %% [markdown]
+# Every baseline is scored by the same error, the $d_\pi$-weighted squared error of each task (chapter 0's
+# `weighted_error`):
+
+# %%
+#| export
 def msve_of(v:torch.Tensor,    # (B, s) value estimates of each task
             tasks:TaskBatch,   # the tasks
            )->torch.Tensor:    # (B,) MSVE of each task, sum_x d_pi(x) (v(x) - v_pi(x))^2
     "Value error of each task's estimate, weighted by the stationary distribution."
     return weighted_error(v, tasks.v_pi, tasks.d_pi)
 
+
+# %%
+test_eq(msve_of(toy_tasks.v_pi, toy_tasks), torch.zeros(4, dtype=torch.float64))
+test_close(msve_of(toy_tasks.v_pi + 0.5, toy_tasks), torch.full((4,), 0.25, dtype=torch.float64), eps=1e-12)
+
+
+# %% [markdown]
+# The three references that read the context (the context mean, certainty equivalence) or the task (the oracle
+# constant) follow; they are checked together after the last of them.
+
+# %%
+#| export
 def context_mean_values(tasks:TaskBatch,      # the tasks
                         states:torch.Tensor,  # (B, n+1) one context per task
                        )->torch.Tensor:       # (B, s) the context's mean reward / (1 - gamma) at every state
@@ -219,6 +273,9 @@ def context_mean_values(tasks:TaskBatch,      # the tasks
     R = tasks.r[torch.arange(len(tasks))[:, None], states[:, :-1]]
     return (R.mean(-1, keepdim=True) / (1 - tasks.gamma)).expand(-1, tasks.r.shape[-1])
 
+
+# %%
+#| export
 def certainty_equivalence_values(tasks:TaskBatch,      # the tasks
                                  states:torch.Tensor,  # (B, n+1) one context per task
                                 )->torch.Tensor:       # (B, s) value of each context's empirical MRP
@@ -226,6 +283,9 @@ def certainty_equivalence_values(tasks:TaskBatch,      # the tasks
     R = tasks.r[torch.arange(len(tasks))[:, None], states[:, :-1]]
     return certainty_equivalence(states, R, tasks.r.shape[-1], tasks.gamma, unvisited_reward=R.mean(-1))
 
+
+# %%
+#| export
 def best_constant_values(tasks:TaskBatch)->torch.Tensor:
     "(B, s) the oracle constant of each task, $\\sum_x d_\\pi(x) v_\\pi(x)$, at every state."
     return (tasks.d_pi * tasks.v_pi).sum(-1, keepdim=True).expand_as(tasks.v_pi)
@@ -268,6 +328,17 @@ def theta_star_model(config:PretrainConfig,  # gives d, the depth and gamma
     d = config.n_states if config.features == "onehot" else config.d
     return SoftmaxICTD.from_theta_star(d, config.n_layers, beta * torch.eye(d, dtype=torch.float64), alpha, config.gamma, shared=True)
 
+
+# %%
+test_eq([theta_star_model(PretrainConfig(features=f), alpha=2., beta=0.5).d for f in ("random", "onehot")], [4, 10])   # d, or s for one-hot
+
+
+# %% [markdown]
+# The grid search scores each point by its mean MSVE on the held-out tasks of the run's `tuning` stream, so the
+# tuned $(\alpha, \beta)$ never sees the tasks it is then compared on:
+
+# %%
+#| export
 def best_theta_star(config:PretrainConfig,  # the run's settings
                     alphas=ALPHAS,          # step sizes to try
                     betas=BETAS,            # kernel scales to try
@@ -279,6 +350,13 @@ def best_theta_star(config:PretrainConfig,  # the run's settings
         err = {(a, b): msve_of(theta_star_model(config, alpha=a, beta=b).predict(Z, n=config.n), tasks).mean().item() for a in alphas for b in betas}
     return min(err, key=err.get)
 
+
+# %% [markdown]
+# `baseline_msve` scores all five references on the run's held-out tasks (the worked example below calls it, and
+# tunes $\theta^*$ through it):
+
+# %%
+#| export
 def baseline_msve(config:PretrainConfig,  # the run's settings
                   alpha_beta=None,        # (alpha, beta) of theta*; None: tune with `best_theta_star`
                  )->dict:                 # name -> (B,) MSVE of each held-out task
@@ -291,11 +369,25 @@ def baseline_msve(config:PretrainConfig,  # the run's settings
             "certainty equivalence": msve_of(certainty_equivalence_values(tasks, states), tasks),
             "best constant (oracle)": msve_of(best_constant_values(tasks), tasks)}
 
+
+# %%
+show_doc(baseline_msve)
+
+
+# %% [markdown]
+# A trained run is scored on the same tasks, and compared with the tuned $\theta^*$ by the distance between their
+# value functions (both used in the [headline experiment](#the-headline-experiment-over-seeds)):
+
+# %%
+#| export
 def model_msve(result:PretrainResult)->torch.Tensor:
     "(B,) MSVE of a trained model on each held-out task of its run."
     tasks, _, Z = held_out_prompts(result.config)
     with torch.no_grad(): return msve_of(result.model.predict(Z, n=result.config.n), tasks)
 
+
+# %%
+#| export
 def value_gap(result:PretrainResult,  # a trained run
               *, alpha:float, beta:float, # the theta* to compare with
              )->float:                 # mean over held-out tasks of sum_x d_pi(x) (v_TF(x) - v_theta*(x))^2
@@ -305,9 +397,6 @@ def value_gap(result:PretrainResult,  # a trained run
         v_tf, v_star = result.model.predict(Z, n=result.config.n), theta_star_model(result.config, alpha=alpha, beta=beta).predict(Z, n=result.config.n)
     return weighted_error(v_tf, v_star, tasks.d_pi).mean().item()
 
-
-# %%
-show_doc(baseline_msve)
 
 # %% [markdown]
 # A worked example, before any training. At the book's reference settings (chapter 6's default
@@ -348,6 +437,17 @@ def sign_pattern(value_weights:torch.Tensor,  # (..., 3) weights (reward, succes
     w = value_weights
     return (w[..., 0] > 0) & (w[..., 1] > 0) & (w[..., 2] < 0)
 
+
+# %%
+test_eq(sign_pattern(torch.tensor([[1., 0.9, -1.], [1., 0.9, 1.], [-1., 0.9, -1.]])).tolist(), [True, False, False])
+
+
+# %% [markdown]
+# The ratio of one layer's final successor and current weights, summarised over seeds by its median and interval
+# (used in the [headline experiment](#the-headline-experiment-over-seeds)):
+
+# %%
+#| export
 def ratio_interval(runs:list,  # runs of one configuration (>= 6 seeds)
                    layer:int,  # layer index (0-based; -1: the last)
                   )->tuple:    # (low, median, high) of the final successor/current ratio over seeds
@@ -355,9 +455,6 @@ def ratio_interval(runs:list,  # runs of one configuration (>= 6 seeds)
     vw = stack_history(runs, "value_weights")[:, -1, layer]
     return median_interval(vw[:, 1] / vw[:, 2])
 
-
-# %%
-test_eq(sign_pattern(torch.tensor([[1., 0.9, -1.], [1., 0.9, 1.], [-1., 0.9, -1.]])).tolist(), [True, False, False])
 
 # %% [markdown]
 # `seed_summary` ([chapter 6e](emergence_studies.html#seed-summaries)) condenses a set of runs: for every layer, the number of seeds whose final value
@@ -845,6 +942,13 @@ def context_update(model:SoftmaxICTD,  # the model
     grads = torch.autograd.grad((tasks.d_pi * b * v).sum(-1).mean(), params, allow_unused=True)
     return torch.cat([(g if g is not None else torch.zeros_like(p)).flatten() for g, p in zip(grads, params)])
 
+
+# %% [markdown]
+# `neu_jackknife` draws independent batches of tasks and contexts, takes the mean `context_update` of each, and
+# hands the batch means to `pairwise_neu`:
+
+# %%
+#| export
 def neu_jackknife(model:SoftmaxICTD,  # the model
                   tasks:TaskBatch,    # tasks to draw from
                   n:int,              # context length

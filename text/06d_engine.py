@@ -21,6 +21,7 @@ from ictd.tasks import Contexts, TDExamples, draw_cdf, gather_rows, sample_traje
 #| hide
 from fastcore.test import *
 from nbdev.showdoc import *
+from ictd.model import population_neu
 
 # %% [markdown]
 # # The training engine's parts
@@ -62,6 +63,18 @@ def source_hash()->str:
     "A short hash of the package's source (every `ictd/*.py` file, names and contents), read once per process: a changed code never loads an old result."
     return _hash_files(tuple(sorted(Path(ictd.__file__).parent.glob("*.py"))))
 
+
+# %%
+test_eq(len(source_hash()), 12)
+assert source_hash() != _hash_files(tuple(sorted(Path(ictd.__file__).parent.glob("*.py")))[1:])   # one file fewer, another hash
+
+
+# %% [markdown]
+# The configuration itself: every field with its default and a comment saying what it sets. `__post_init__` checks
+# each field in turn, and `key()` hashes the settings together with `source_hash()`.
+
+# %%
+#| export
 @dataclass(frozen=True)
 class PretrainConfig:
     "Every setting of a pretraining run (defaults: the paper's experiment as this project reads it)."
@@ -139,10 +152,23 @@ class PretrainResult:
     held_out:TaskBatch = None                   # the held-out tasks the metrics were measured on (None for continuous states)
     params:dict = None                          # the family's parameters as the engine holds them, without the seed axis
 
+
+# %% [markdown]
+# The experiments compare seeds, so they want the runs of a configuration as tensors with a leading seed axis:
+
+# %%
+#| export
 def stack_results(results:list)->dict:
     "Runs of one configuration stacked over seeds: params name -> (S, ...), history name -> (S, evaluations, ...)."
     return dict(params={k: torch.stack([r.params[k] for r in results]) for k in results[0].params},
                 history={k: torch.stack([r.history[k] for r in results]) for k in results[0].history})
+
+
+# %%
+runs = [PretrainResult(PretrainConfig(seed=s), None, dict(msve=torch.full((3, 1), float(s))), params=dict(A=torch.full((2, 2), float(s)))) for s in range(4)]
+stacked = stack_results(runs)
+test_eq((stacked["history"]["msve"].shape, stacked["params"]["A"].shape), ((4, 3, 1), (4, 2, 2)))
+test_eq(stacked["params"]["A"][2], runs[2].params["A"])
 
 
 # %% [markdown]
@@ -176,6 +202,12 @@ class Family:
     module:Callable         # (config, params of one seed, no seed axis) -> nn.Module with .predict(Z, n)
     metrics:Callable = None # (config, params (S, ...) in float64, EvalSet) -> dict name -> (S, ...) tensor
 
+
+# %% [markdown]
+# A protocol is the data side: what a step trains on and what the metrics are measured on.
+
+# %%
+#| export
 @dataclass(frozen=True)
 class Protocol:
     "A data protocol for the engine: every seed's training data, its batches of TD examples, and its held-out evaluation set."
@@ -184,6 +216,14 @@ class Protocol:
     data:Callable = None     # (config, seeds, device) -> what `sample` draws from (e.g. stacked task pools); None: nothing
     loss_scale:float = 0.5   # the loss is loss_scale * mean squared TD error over a seed's batch
 
+
+# %% [markdown]
+# The registries are two dictionaries from names to families and protocols. A plug-in module adds to them when it
+# is imported, and `PretrainConfig(attention=..., protocol=...)` names what it wants from them. Registering anything
+# but a `Family` (or a `Protocol`) fails at once, not at the first training step.
+
+# %%
+#| export
 FAMILIES, PROTOCOLS = {}, {}
 
 def register_family(name:str, family:Family):
@@ -191,11 +231,29 @@ def register_family(name:str, family:Family):
     if not isinstance(family, Family): raise ValueError(f"`family` must be a Family, got {type(family).__name__}")
     FAMILIES[name] = family
 
+
+# %%
+test_fail(lambda: register_family("mine", print), contains="`family` must be a Family, got builtin_function_or_method")
+
+
+# %%
+#| export
 def register_protocol(name:str, protocol:Protocol):
     "Make `protocol` available as `PretrainConfig(protocol=name)` (call it when the protocol's module is imported)."
     if not isinstance(protocol, Protocol): raise ValueError(f"`protocol` must be a Protocol, got {type(protocol).__name__}")
     PROTOCOLS[name] = protocol
 
+
+# %%
+test_fail(lambda: register_protocol("mine", Family(*[print] * 4)), contains="`protocol` must be a Protocol, got Family")
+
+
+# %% [markdown]
+# A lookup of a name nobody registered says which names exist and how a plug-in's names become available, since
+# the usual cause is a module not yet imported:
+
+# %%
+#| export
 def _lookup(registry:dict, name:str, what:str):
     if name not in registry: raise ValueError(f"`{what}` must be one of {sorted(registry)} (a plug-in registers its names when imported, e.g. `import ictd.linear`), got {name!r}")
     return registry[name]
@@ -204,9 +262,17 @@ def get_family(name:str)->Family:
     "The registered model family `name`."
     return _lookup(FAMILIES, name, "attention")
 
+
+# %%
+#| export
 def get_protocol(name:str)->Protocol:
     "The registered data protocol `name`."
     return _lookup(PROTOCOLS, name, "protocol")
+
+
+# %%
+test_fail(lambda: get_family("cubic"), contains="`attention` must be one of")
+test_fail(lambda: get_protocol("sliding"), contains="a plug-in registers its names when imported, e.g. `import ictd.linear`")
 
 
 # %% [markdown]
@@ -237,43 +303,98 @@ class EvalSet:
 
 # %%
 #| export
-def stationary_sampler(config:PretrainConfig, pool:TaskBatch, gens:list, step:int, state:dict)->TDExamples:
-    "The stationary protocol: seed i's examples are those of `td_batch(pool[i], batch_size, n, gens[i])`, drawn for all seeds at once."
-    u = torch.stack([torch.rand(config.batch_size, config.n + 4, generator=g, dtype=torch.float64) for g in gens])
-    b = stationary_examples(pool, u.to(pool.P.device))
-    return TDExamples(Contexts(pool, b.task, b.states, torch.stack([b.query, b.successor], -1)), task_features(pool, b.task, b.query)[1])
-
 def stationary_pools(config:PretrainConfig, seeds:list, device=None)->TaskBatch:
     "The training pools of the stationary protocol, stacked over seeds: seed s's pool is `task_pool(config, n_tasks, run_stream(s, 'train_pool'))`."
     return TaskBatch.stack([task_pool(config, config.n_tasks, run_stream(s, "train_pool")) for s in seeds], device)
 
 
 # %%
-#| export
-def _task_kwargs(config): return dict(n_states=config.n_states, d=config.d, gamma=config.gamma, features=config.features)
+cfg = PretrainConfig(n_tasks=3)
+pools = stationary_pools(cfg, [0, 1])
+test_eq(pools.P.shape, (2, 3, 10, 10))
+test_eq(pools.v_pi[1], task_pool(cfg, 3, run_stream(1, "train_pool")).v_pi)
 
+
+# %% [markdown]
+# A step's examples: for each seed, `batch_size` prompts, each a random task of its pool, a context from its
+# stationary distribution and a query with its successor, both as queries of the one prompt (so the context is
+# encoded once for the two values a TD error needs).
+
+# %%
+#| export
+def stationary_sampler(config:PretrainConfig, pool:TaskBatch, gens:list, step:int, state:dict)->TDExamples:
+    "The stationary protocol: seed i's examples are those of `td_batch(pool[i], batch_size, n, gens[i])`, drawn for all seeds at once."
+    u = torch.stack([torch.rand(config.batch_size, config.n + 4, generator=g, dtype=torch.float64) for g in gens])
+    b = stationary_examples(pool, u.to(pool.P.device))
+    return TDExamples(Contexts(pool, b.task, b.states, torch.stack([b.query, b.successor], -1)), task_features(pool, b.task, b.query)[1])
+
+
+# %%
+b = stationary_sampler(cfg, pools, [torch.Generator().manual_seed(s) for s in (0, 1)], 0, {})
+test_eq((b.x.states.shape, b.x.queries.shape, b.reward.shape), ((2, 64, 31), (2, 64, 2), (2, 64)))
+test_eq(b.reward, pools.r[torch.arange(2)[:, None], b.x.task, b.x.queries[..., 0]])
+
+
+# %%
+#| export
 def held_out_tasks(config:PretrainConfig)->tuple:
     "The held-out tasks of a run (its stream `eval_pool`, apart from its training pool) and one context per task (its stream `eval_contexts`)."
     tasks = task_pool(config, config.eval_tasks, run_stream(config.seed, "eval_pool"))
     return tasks, sample_trajectories(tasks.P, config.n, tasks.d_pi, seed=run_stream(config.seed, "eval_contexts"))
 
+
+# %%
+held, contexts = held_out_tasks(PretrainConfig(eval_tasks=8, seed=1))
+test_eq((held.P.shape, contexts.shape), ((8, 10, 10), (8, 31)))
+train = stationary_pools(PretrainConfig(n_tasks=256), [1])
+assert not any(torch.equal(h, p) for h in held.P for p in train.P[0])   # none of them is among the run's first 256 training tasks
+
+
+# %% [markdown]
+# The held-out tasks become an `EvalSet` with every state as a query of the task's one context, weighted by its
+# $d_\pi$. The input is built by the configuration's family, so this is checked once the softmax family is
+# registered ([below](#the-softmax-family)).
+
+# %%
+#| export
 def task_eval_set(config:PretrainConfig, tasks:TaskBatch, states:torch.Tensor)->EvalSet:
     "The evaluation set of discrete held-out tasks (S, E, ...) with one context each (S, E, n + 1): every state a query, MSVE weights d_pi."
     S, E, s = tasks.r.shape
     task, queries = torch.arange(E, device=states.device).expand(S, E), torch.arange(s, device=states.device).expand(S, E, s)
     return EvalSet(get_family(config.attention).prompt(config, Contexts(tasks, task, states, queries)), tasks.v_pi, tasks.d_pi, tasks, states)
 
+
+# %% [markdown]
+# The stationary protocol's evaluation set stacks the held-out tasks of every seed. With it the protocol is
+# complete, and it registers itself under the name chapter 6 uses:
+
+# %%
+#| export
 def stationary_eval_set(config:PretrainConfig, seeds:list, device=None)->EvalSet:
     "The stationary protocol's evaluation set: every seed's `held_out_tasks`, stacked."
     held = [held_out_tasks(dataclasses.replace(config, seed=s)) for s in seeds]
     return task_eval_set(config, TaskBatch.stack([t for t, _ in held], device), torch.stack([s for _, s in held]).to(device))
 
+register_protocol("stationary", Protocol(sample=stationary_sampler, eval_set=stationary_eval_set, data=stationary_pools))
+
+
+# %% [markdown]
+# The engine asks for the evaluation set of a configuration without knowing its protocol:
+
+# %%
+#| export
 def eval_set(config:PretrainConfig, seeds:list, device=None)->EvalSet:
     "The evaluation set of `config.protocol` for `seeds`."
     return get_protocol(config.protocol).eval_set(config, seeds, device)
 
-register_protocol("stationary", Protocol(sample=stationary_sampler, eval_set=stationary_eval_set, data=stationary_pools))
 
+# %% [markdown]
+# `td_values` is the TD target of chapter 6: the prediction at the query with its graph, and
+# $r(x_q) + \gamma$ times the prediction at the successor, detached (chapter 6's loop calls it through
+# `objective_values`, [below](#four-objectives)).
+
+# %%
+#| export
 def td_values(config:PretrainConfig, params:dict, b:TDExamples)->tuple:
     "v(x_q) (S, B) with its graph, and the TD target r(x_q) + gamma v(x_q') (S, B), detached, for every seed's examples."
     family = get_family(config.attention)
@@ -283,10 +404,9 @@ def td_values(config:PretrainConfig, params:dict, b:TDExamples)->tuple:
 
 
 # %% [markdown]
-# `td_values` is the TD target of chapter 6: the prediction at the query with its graph, and
-# $r(x_q) + \gamma$ times the prediction at the successor, detached. `sampled_neu` is chapter 6's NEU
-# estimate for every seed at once, on stationary batches of the held-out tasks (4 of 64, the same
-# generator seed at every evaluation, so that successive estimates differ by the parameters only):
+# `sampled_neu` is chapter 6's NEU estimate for every seed at once, on stationary batches of the held-out
+# tasks (4 of 64, the same generator seed at every evaluation, so that successive estimates differ by the
+# parameters only):
 
 # %%
 #| export
@@ -326,10 +446,18 @@ def mc_horizon(gamma:float, tol:float=1e-6)->int:
     gamma = check_gamma(gamma)
     return 1 if gamma == 0 else max(1, math.ceil(math.log(tol) / math.log(gamma)))
 
-def stationary_draws(tasks:TaskBatch, task:torch.Tensor, u:torch.Tensor)->torch.Tensor:
-    "(S, B) states drawn from d_pi of the tasks `task` (S, B) of every seed, one per uniform of `u` (S, B)."
-    return draw_cdf(gather_rows(tasks.d_pi[..., None, :], task, torch.zeros_like(task)).cumsum(-1), u)
 
+# %%
+test_eq(mc_horizon(0.9), 132); test_eq(mc_horizon(0.), 1)
+assert 0.9 ** 131 > 1e-6 >= 0.9 ** 132   # 132 is the smallest such H
+
+
+# %% [markdown]
+# A Monte-Carlo return rolls each example's chain forward from its query, one uniform per step, and sums the
+# discounted rewards. On one task, 20,000 returns from state 4 average to $v_\pi(4)$ within sampling error:
+
+# %%
+#| export
 def rollout_returns(tasks:TaskBatch, task:torch.Tensor, start:torch.Tensor, u:torch.Tensor)->torch.Tensor:
     "(S, B) sampled returns sum_{t<H} gamma^t r(S_t) of chains started at `start` (S, B), with H - 1 = u.shape[-1] uniforms (S, B, H - 1)."
     s = tasks.P.shape[-1]
@@ -339,6 +467,39 @@ def rollout_returns(tasks:TaskBatch, task:torch.Tensor, start:torch.Tensor, u:to
     r = task_features(tasks, task, torch.stack(states, -1))[1]
     return (r * tasks.gamma ** torch.arange(len(states), dtype=torch.float64, device=u.device)).sum(-1)
 
+
+# %%
+cfg = PretrainConfig(n_tasks=1, eval_tasks=4, objective="mc")
+one = TaskBatch.stack([task_pool(cfg, 1, 3)])
+gen = torch.Generator().manual_seed(0)
+G = rollout_returns(one, torch.zeros(1, 20_000, dtype=torch.long), torch.full((1, 20_000), 4), torch.rand(1, 20_000, mc_horizon(0.9) - 1, generator=gen, dtype=torch.float64))
+print(f"MC mean {G.mean():.4f} +- {G.std() / 20_000 ** 0.5:.4f} (one standard error), v_pi(4) = {one.v_pi[0, 0, 4]:.4f}")
+assert abs(G.mean() - one.v_pi[0, 0, 4]) < 4 * G.std() / 20_000 ** 0.5
+
+
+# %% [markdown]
+# The `"td-independent"` control needs a successor drawn from $d_\pi$ regardless of the query: an inverse-CDF
+# draw from each example's task, whose frequencies match $d_\pi$ (the same generator, continued):
+
+# %%
+#| export
+def stationary_draws(tasks:TaskBatch, task:torch.Tensor, u:torch.Tensor)->torch.Tensor:
+    "(S, B) states drawn from d_pi of the tasks `task` (S, B) of every seed, one per uniform of `u` (S, B)."
+    return draw_cdf(gather_rows(tasks.d_pi[..., None, :], task, torch.zeros_like(task)).cumsum(-1), u)
+
+
+# %%
+draws = stationary_draws(one, torch.zeros(1, 20_000, dtype=torch.long), torch.rand(1, 20_000, generator=gen, dtype=torch.float64))
+test_close(torch.bincount(draws[0], minlength=10) / 20_000, one.d_pi[0, 0], eps=0.015)
+
+
+# %% [markdown]
+# `objective_values` dispatches on `config.objective`: the prediction at the query with its graph, and the
+# detached target of that objective. Chapter 6's loop calls it at every step; `tests/test_objectives.py` checks
+# each target against its definition.
+
+# %%
+#| export
 def objective_values(config:PretrainConfig, params:dict, b:TDExamples, gens:list)->tuple:
     "v(x_q) (S, B) with its graph and the target of `config.objective` (S, B), detached; `gens` (one per seed) draw what the objective adds to the data."
     if config.objective == "td": return td_values(config, params, b)
@@ -353,18 +514,6 @@ def objective_values(config:PretrainConfig, params:dict, b:TDExamples, gens:list
     v = family.predict(config, params, family.prompt(config, dataclasses.replace(x, queries=x.queries[..., :1])), config.n)[..., 0]
     if config.objective == "supervised": return v, gather_rows(x.tasks.v_pi, x.task, query).to(v.dtype)
     return v, rollout_returns(x.tasks, x.task, query, uniforms(mc_horizon(config.gamma) - 1)).to(v.dtype)
-
-
-# %%
-cfg = PretrainConfig(n_tasks=1, eval_tasks=4, objective="mc")
-one = TaskBatch.stack([task_pool(cfg, 1, 3)])
-test_eq(mc_horizon(0.9), 132); test_eq(mc_horizon(0.), 1)
-gen = torch.Generator().manual_seed(0)
-G = rollout_returns(one, torch.zeros(1, 20_000, dtype=torch.long), torch.full((1, 20_000), 4), torch.rand(1, 20_000, mc_horizon(0.9) - 1, generator=gen, dtype=torch.float64))
-print(f"MC mean {G.mean():.4f} +- {G.std() / 20_000 ** 0.5:.4f} (one standard error), v_pi(4) = {one.v_pi[0, 0, 4]:.4f}")
-assert abs(G.mean() - one.v_pi[0, 0, 4]) < 4 * G.std() / 20_000 ** 0.5
-draws = stationary_draws(one, torch.zeros(1, 20_000, dtype=torch.long), torch.rand(1, 20_000, generator=gen, dtype=torch.float64))
-test_close(torch.bincount(draws[0], minlength=10) / 20_000, one.d_pi[0, 0], eps=0.015)
 
 
 # %% [markdown]
@@ -388,16 +537,69 @@ def softmax_init(config:PretrainConfig, seeds:list, dtype)->dict:
     else: models = [SoftmaxICTD(d, config.n_layers, config.shared, config.init_gain, seed=run_stream(s, "init")) for s in seeds]
     return {k: torch.stack([torch.stack([getattr(lay, k).detach() for lay in m.layers]) for m in models]).to(dtype) for k in ("A", "V_cur", "V_tgt")}
 
+
+# %%
+cfg = PretrainConfig(n_layers=2)
+params = softmax_init(cfg, [0, 3], torch.float64)
+test_eq(params["A"].shape, (2, 2, 6, 6))
+test_eq(params["V_tgt"][1, 1], SoftmaxICTD(4, 2, seed=run_stream(3, "init")).layers[1].V_tgt.detach())   # seed 3's slice: seed 3's own model
+
+
+# %% [markdown]
+# The engine holds parameters as plain tensors; a finished run hands back one seed's as a module:
+
+# %%
+#| export
 def softmax_module(config:PretrainConfig, params:dict)->SoftmaxICTD:
     "A `SoftmaxICTD` carrying one seed's parameters (L or 1, D, D)."
     model = SoftmaxICTD(config.feature_dim, config.n_layers, config.shared, seed=0, dtype=params["A"].dtype)
     model.load_state_dict({f"layers.{l}.{k}": params[k][l] for l in range(params["A"].shape[0]) for k in ("A", "V_cur", "V_tgt")})
     return model
 
+
+# %%
+model = softmax_module(cfg, {k: v[1] for k, v in params.items()})
+test_eq(model.layers[1].V_tgt.detach(), params["V_tgt"][1, 1])
+
+
+# %% [markdown]
+# The family's input is state tokens (chapter 6's [exact encoding of a discrete prompt](pretrain.html)); the
+# evaluation set below is built with it.
+
+# %%
+#| export
 def softmax_prompt(config:PretrainConfig, x:Contexts)->StateTokens:
     "State tokens of every seed's prompts: one per state of a discrete task (exact), or one per context state of continuous ones."
     return state_tokens(x.tasks, x.task, x.states, x.queries) if x.tasks is not None else trajectory_tokens(*x.features())
 
+
+# %% [markdown]
+# The population NEU, at $n = \infty$, of every seed at once: it equals `population_neu` of each seed's own model
+# (checked on three tasks per seed).
+
+# %%
+#| export
+def population_neu_many(config:PretrainConfig, params:dict, tasks:TaskBatch)->torch.Tensor:
+    "(S,) NEU at n = infinity of every seed's parameters on its tasks (leading seed axis)."
+    leaf = {k: v.detach().requires_grad_() for k, v in params.items()}
+    v = token_predict(leaf, config.n_layers, population_tokens(tasks))
+    with torch.no_grad(): delta = tasks.r + tasks.gamma * (tasks.P @ v.unsqueeze(-1)).squeeze(-1) - v
+    grads = torch.autograd.grad((tasks.d_pi * delta * v).sum(-1).mean(-1).sum(), list(leaf.values()))
+    return sum(g.flatten(1).square().sum(-1) for g in grads)
+
+
+# %%
+pair = TaskBatch.stack([task_pool(cfg, 3, s) for s in (0, 3)])
+neu = population_neu_many(cfg, params, pair)
+test_close(neu[1], population_neu(model, task_pool(cfg, 3, 3)), eps=1e-12)
+
+
+# %% [markdown]
+# The family's metrics at each evaluation, for every seed (compared with those of one model on full prompts in
+# chapter 6's [Evaluation](pretrain.html#evaluation)):
+
+# %%
+#| export
 def softmax_metrics(config:PretrainConfig, params:dict, ev)->dict:
     "Value weights (S, L, 3) and block cosines (S, L, 3) of every seed; on discrete tasks also population NEU (S, 1) and diagonality (S, L)."
     L, d, Lp = config.n_layers, config.feature_dim, params["A"].shape[1]
@@ -414,17 +616,20 @@ def softmax_metrics(config:PretrainConfig, params:dict, ev)->dict:
         diag = torch.stack([att[..., -s:].diagonal(dim1=-2, dim2=-1).mean((-2, -1)) for att in atts], -1)
     return dict(neu_population=population_neu_many(config, params, ev.tasks)[:, None], diagonality=diag, value_weights=weights, cosine=cos)
 
-def population_neu_many(config:PretrainConfig, params:dict, tasks:TaskBatch)->torch.Tensor:
-    "(S,) NEU at n = infinity of every seed's parameters on its tasks (leading seed axis)."
-    leaf = {k: v.detach().requires_grad_() for k, v in params.items()}
-    v = token_predict(leaf, config.n_layers, population_tokens(tasks))
-    with torch.no_grad(): delta = tasks.r + tasks.gamma * (tasks.P @ v.unsqueeze(-1)).squeeze(-1) - v
-    grads = torch.autograd.grad((tasks.d_pi * delta * v).sum(-1).mean(-1).sum(), list(leaf.values()))
-    return sum(g.flatten(1).square().sum(-1) for g in grads)
 
+# %% [markdown]
+# With its parts defined, the family registers itself as `attention="softmax"`:
+
+# %%
+#| export
 register_family("softmax", Family(init=softmax_init, prompt=softmax_prompt,
                                   predict=lambda config, params, x, n: token_predict(params, config.n_layers, x),
                                   module=softmax_module, metrics=softmax_metrics))
+
+# %%
+ev = eval_set(PretrainConfig(eval_tasks=3), [0, 1])
+test_eq((ev.v_pi.shape, ev.x.log_w.shape[-1]), ((2, 3, 10), 10))
+test_eq(ev.tasks.v_pi[1], held_out_tasks(PretrainConfig(eval_tasks=3, seed=1))[0].v_pi)
 
 # %%
 #| hide
