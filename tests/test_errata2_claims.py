@@ -59,12 +59,14 @@ def test_step_size_fit_counts_come_from_the_defaults():
 
 
 @pytest.mark.claims
-def test_reproduced_iws_is_above_the_published_value():
-    "Chapter 7 once said the reproduced IWS is 'in range'; it is more than 2 standard errors above the published 0.93."
+def test_reproduced_iws_verdict_matches_the_saved_runs():
+    "Chapter 7a's claim about the reproduced IWS (above, below or within noise of the published 0.93) is the one the saved 30 seeds support: it once said 'in range' when it was more than 2 s.e. above, and a later draw of 30 seeds put it within noise."
     from ictd.experiments.linear import ICLR_REFERENCE
     js = json.loads((ROOT / 'nbs' / 'data' / 'iclr_linear_30seeds.json').read_text())
     z = (js['mean']['iws'][-1] - ICLR_REFERENCE['iws']) / js['se']['iws'][-1]
-    assert z > 2, z
+    claim = json.loads((ROOT / 'nbs' / 'data' / 'claims' / 'linear_experiments.json').read_text())['iclr-reproduction']
+    expected = "above the published 0.93 by more than noise" if z > 2 else "below the published 0.93 by more than noise" if z < -2 else "within noise of the published 0.93"
+    assert expected in claim['claim'], (z, claim['claim'])
 
 
 @pytest.mark.unit

@@ -236,7 +236,8 @@ joint_gap
 k = 40
 assert not any(torch.equal(a, b) for a in random_tasks(4, seed=k + 1).P for b in random_tasks(4, seed=k).P)
 one = random_tasks(1, seed=k)
-test_ne(sample_trajectories(one.P, 30, one.d_pi, seed=k)[0], sample_trajectory(random_boyan_chain(seed=k), 30, seed=k)[0])
+test_eq(one.P[0], random_boyan_chain(seed=task_rng(k, 0)).P)   # the same chain, sampled both ways with the same integer seed:
+test_ne(sample_trajectories(one.P, 30, one.d_pi, seed=k)[0], sample_trajectory(random_boyan_chain(seed=task_rng(k, 0)), 30, seed=k)[0])
 
 
 # %% [markdown]

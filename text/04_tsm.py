@@ -13,7 +13,7 @@ from ictd.boyan import as_tensor, check_gamma, random_boyan_chain, sample_trajec
 from ictd.prompt import build_prompt
 from ictd.wstd import weighted_softmax_td, context_weights
 from IPython.display import Markdown
-from ictd.core import record_claim
+from ictd.core import record_claim, substream
 from ictd.model import *
 from ictd.model import torch_generator, token_rows, xavier_param, carry_context
 
@@ -224,7 +224,7 @@ _ = record_claim("theorem-4.1", "For every parameter value, the dual-head layer 
 
 # %%
 rng = np.random.default_rng(0)
-duals = [DualHeadSoftmaxLayer(5, init_gain=0.3, seed=100 + l) for l in range(8)]
+duals = [DualHeadSoftmaxLayer(5, init_gain=0.3, seed=substream(100, l)) for l in range(8)]
 Zd = Zs = torch.from_numpy(rng.normal(size=(4, 7, 23)))
 for dual in duals: Zd, Zs = dual(Zd, n=20), SingleHeadTSMLayer.from_dual_head(dual)(Zs, n=20)
 test_close(Zs, Zd, eps=1e-12)

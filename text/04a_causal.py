@@ -1210,7 +1210,7 @@ Markdown("| layer | decoder: start → end | non-causal: start → end | decoder
                    for l in range(dc.shape[-1])))
 
 # %%
-#| fig-cap: "Figure 4a.3: Under pretraining the decoder's held-out value error falls like the non-causal model's and ends slightly above it."
+#| fig-cap: "Figure 4a.3: Under pretraining the decoder's held-out value error falls like the non-causal model's and ends close to it."
 #| fig-alt: "Log-scale held-out value error against training step, 0 to 2000, for the decoder (solid blue) and the non-causal model (dashed orange): means of 10 seeds with shaded 10 to 90 percent bands; both fall steeply early and flatten, the decoder's curve a little above."
 #| code-fold: true
 fig, ax = plt.subplots(figsize=(6.5, 3.6))
@@ -1263,10 +1263,12 @@ Markdown(f"- Sign pattern: in the last layer, {td_dec} of 10 decoders and {td_so
          f"of step at most 1, {msve_rows['decoder construction (self-anchored, tuned)'].mean() / msve_rows['context mean'].mean():.2f}.")
 
 # %% [markdown]
-# The mask costs the trained model a little accuracy, as it costs the construction: the decoder ends
-# above the non-causal model on most seeds. What emerges is the same in kind: the TD sign pattern in
-# the last layer, a kernel that grows more diagonal, and a positional bias of the sign the mean-field
-# argument recommends, learned without being asked for. Two baselines put this in its place. Certainty
+# The mask costs the construction accuracy, but at this budget it costs the trained model none that ten
+# seeds can detect: the two end at held-out errors that a sign test over the seeds does not tell apart
+# (checked below). What emerges is the same in kind: the TD sign pattern in the last layer of most
+# decoders (and of some non-causal models: [chapter 6b](mechanism.html) shows that the layer carrying
+# it is not always the last), a kernel that grows more diagonal, and a positional bias of the sign the
+# mean-field argument recommends, learned without being asked for. Two baselines put this in its place. Certainty
 # equivalence, which solves the context's empirical chain and uses no attention, beats both trained
 # models (counted below), so three layers trained for 2000 steps are not yet the best in-context
 # estimator on these tasks; and the oracle best constant, which knows the true values, is better
@@ -1276,11 +1278,11 @@ Markdown(f"- Sign pattern: in the last layer, {td_dec} of 10 decoders and {td_so
 
 # %%
 ce, dec_m, soft_m = msve_rows["certainty equivalence"], msve_rows["trained decoder (causal mask)"], msve_rows["trained non-causal model"]
-assert wins <= 3 and int((ce < dec_m).sum()) >= 8 and int((ce < soft_m).sum()) >= 8
+assert 2 <= wins <= 8 and int((ce < dec_m).sum()) >= 8 and int((ce < soft_m).sum()) >= 8   # a two-sided sign test over 10 seeds rejects only below 2 or above 8 (p < 0.05)
 assert (msve_rows["decoder construction (self-anchored, tuned)"] > dec_m).all() and (rec[:, 1:] > 0).all() and msve_rows["best constant"].mean() < ce.mean()
-assert td_dec >= 6 and td_soft >= 6 and rise_dec.mean() > 0 and rise_soft.mean() > 0
+assert td_dec >= 6 and td_soft >= 1 and rise_dec.mean() > 0 and rise_soft.mean() > 0
 print(f"certainty equivalence beats the decoder on {int((ce < dec_m).sum())} of 10 seeds and the non-causal model on {int((ce < soft_m).sum())} of 10")
-_ = record_claim("pretrained-decoder", "Pretrained under a causal mask (chapter 6a's configuration, 10 seeds), the decoder ends slightly above the non-causal model's held-out error, learns a positive positional bias in its upper layers, and both are beaten by certainty equivalence.",
+_ = record_claim("pretrained-decoder", "Pretrained under a causal mask (chapter 6a's configuration, 10 seeds), the decoder's held-out error cannot be told from the non-causal model's by a sign test over the seeds, it learns a positive positional bias in its upper layers, and both are beaten by certainty equivalence.",
              "measured", "causal", "#pretraining-a-decoder")
 
 # %% [markdown]

@@ -21,8 +21,8 @@ from nbdev.showdoc import *
 #| hide
 from IPython.display import Markdown
 from ictd.boyan import random_boyan_chain, sample_trajectory
-from ictd.core import record_claim
-from ictd.tasks import random_tasks
+from ictd.core import record_claim, substream
+from ictd.tasks import random_tasks, task_rng
 from ictd.wstd import weighted_softmax_td, context_weights, certainty_equivalence
 
 
@@ -708,7 +708,7 @@ for _ in range(20):
     assert span_rate(M_r, P_r, gamma=g, alpha=a) <= torch.linalg.matrix_norm(B_r, ord=math.inf) + 1e-14
 coverage = {}
 for i, feat in enumerate(("onehot", "unit", "random")):
-    tb = random_tasks(200, seed=7000 + 200 * i, features=feat)
+    tb = random_tasks(200, seed=substream(7000, i), features=feat)
     beta, a = torch.from_numpy(10 ** gen.uniform(-0.5, 2, len(tb))), torch.from_numpy(gen.uniform(0.2, 1, len(tb)))
     M = kernel_attention(tb.phi, beta[:, None, None] * torch.eye(tb.phi.shape[-1], dtype=torch.float64), tb.d_pi)
     err = sup_error(td_recursion(M, tb.P, tb.r, gamma=tb.gamma, alpha=a, n_iters=150), tb.v_pi.unsqueeze(1))
@@ -909,13 +909,13 @@ dict(floor=floor_err.item(), floor_bound=fb.item(), rho_hat=rho_hat.item(), eps=
 # %%
 rng, n_checked, worst = np.random.default_rng(0), 0, 0.
 for i, feat in enumerate(("onehot", "unit", "random")):
-    tb = random_tasks(200, seed=200 * i, features=feat)                 # all the functions are batched over tasks
+    tb = random_tasks(200, seed=i, features=feat)                       # all the functions are batched over tasks
     beta, a = torch.from_numpy(10 ** rng.uniform(0, 2.5, len(tb))), torch.from_numpy(rng.uniform(0.2, 1, len(tb)))
     W = beta[:, None, None] * torch.eye(tb.phi.shape[-1], dtype=torch.float64)
     M = kernel_attention(tb.phi, W, tb.d_pi)
     rho = rate_bound(M, gamma=tb.gamma, alpha=a)
     holds = rho < 1
-    for b in range(0, 200, 40): test_close(contraction_bound(random_boyan_chain(features=feat, seed=200 * i + b), W[b], a[b]), rho[b], eps=1e-13)
+    for b in range(0, 200, 40): test_close(contraction_bound(random_boyan_chain(features=feat, seed=task_rng(i, b)), W[b], a[b]), rho[b], eps=1e-13)
     err = sup_error(td_recursion(M, tb.P, tb.r, gamma=tb.gamma, alpha=a, n_iters=150), tb.v_pi.unsqueeze(1))      # (200, 151)
     bound = rho.unsqueeze(1) ** torch.arange(151) * tb.v_pi.abs().amax(-1, keepdim=True)
     assert (err[holds] <= bound[holds] * (1 + 1e-9)).all(), feat

@@ -26,6 +26,7 @@ from IPython.display import Markdown
 from ictd.boyan import sample_trajectory
 from ictd.convergence import floor_hp_bound, interior_cap, missing_state_bound, population_attention
 from ictd.core import record_claim
+from ictd.tasks import task_rng
 from ictd.wstd import weighted_softmax_td
 
 
@@ -773,7 +774,7 @@ examples = [(f"task {ok}, $\\beta = 10$: min $M(x,x)$ = {min10[ok]:.2f}, spectra
 fig, axes = plt.subplots(1, 2, figsize=(13, 4.6))
 final = {}
 for i, (ax, (label, b_idx, b)) in enumerate(zip(axes, examples)):
-    task = random_boyan_chain(features="random", seed=1000 + b_idx)
+    task = random_boyan_chain(features="random", seed=task_rng(1000, b_idx))   # task b_idx of `tb`
     states, rewards = sample_trajectory(task, 2000, seed=b_idx)
     v_tf = weighted_softmax_td(task.phi[states], rewards, b * I4, 1., task.gamma, 80, phi_queries=task.phi, return_all=True)[:, -10:]
     pop = sup_error(td_recursion(population_attention(task, b * I4), task.P, task.r, gamma=task.gamma, alpha=1., n_iters=80), task.v_pi)
@@ -785,14 +786,15 @@ for i, (ax, (label, b_idx, b)) in enumerate(zip(axes, examples)):
 fig.suptitle("Raw features, diagonal condition violated: one task converges (left), one diverges (right)")
 fig.tight_layout();
 assert final[10.][-1] < 0.2 * final[10.][1] and final[100.][-1] > 1e6 * final[100.][1]
-assert sr10[ok] < 0.95 and min10[ok] < 0.1 and sr100[bad] > 1.5
+assert sr10[ok] < 0.95 and min10[ok] < 0.1 and sr100[bad] > 1   # a spectral radius above one: the recursion, and the Transformer with it, diverge
+assert abs(final[100.][-1] / final[100.][-2] / sr100[bad] - 1) < 0.05   # growing per layer at about the spectral radius
 print(f"converging task {ok}: min M_pi(x, x) = {min10[ok]:.3f}, spectral radius {sr10[ok]:.3f}; "
       f"diverging task {bad}: spectral radius {sr100[bad]:.3f}")
 
 
 # %% [markdown]
 # On the diverging task the Transformer and the population recursion coincide to the eye: the
-# error grows per layer by a factor close to the spectral radius (printed, and asserted above 1.5).
+# error grows per layer by a factor close to the spectral radius (printed; asserted: radius above 1, and the last layer's growth factor within 5% of it).
 # On the converging one the Transformer settles on its own floor while the population error keeps
 # falling at the spectral radius, although the smallest diagonal entry of its $M_\pi$ is far below
 # the threshold $(1 + \gamma)/2$ (printed; asserted: radius below 0.95, diagonal below 0.1).

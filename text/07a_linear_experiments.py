@@ -319,16 +319,17 @@ for f in files:
 
 # %% [markdown]
 # Against the published values, the saved full-protocol runs (asserted below; the 30-seed file must
-# be there): the value difference falls in the published range; the implicit weight similarity is
-# within 0.05 of the published 0.93 but above it by the number of standard errors printed below,
-# which for 30 seeds is more than noise. Two differences of protocol may explain a higher IWS: we
-# evaluate on held-out tasks, and we compare with batch TD at the step size $\alpha_{TD}$ fitted
-# once (the root above) instead of an $\alpha$ trained alongside the model. The entries of $V$ and $A$ have the construction's signs in at least nine seeds in ten (the counts,
-# with a 95% lower confidence bound on the share of seeds, are printed). Their magnitudes come out
-# larger than the published means: most of our seeds come near the magnitudes published for the
-# predecessor's seed 0 (the last column of the table), while a seed that is slow to leave the
-# initialisation stays small; a mean over seeds depends on how many such seeds there are. The
-# per-seed values:
+# be there): the value difference falls in the published range, and the implicit weight similarity
+# is within 0.05 of the published 0.93; how many standard errors it sits from 0.93 is printed, and
+# the verdict below the table is computed from it. Two differences of protocol could move the IWS:
+# we evaluate on held-out tasks, and we compare with batch TD at the step size $\alpha_{TD}$ fitted
+# once (the root above) instead of an $\alpha$ trained alongside the model. The entries of $V$ and
+# $A$ have the construction's signs in most seeds (the counts, with a 95% lower confidence bound on
+# the share of seeds, are printed); the seeds without them are seeds that are slow to leave the
+# initialisation, whose last value weight $V[-1,-1]$ stays below a tenth of the median seed's (checked
+# below). The magnitudes come out larger than the published means: most of our seeds come near the
+# magnitudes published for the predecessor's seed 0 (the last column of the table), while the slow
+# seeds stay small, so a mean over seeds depends on how many such seeds there are. The per-seed values:
 
 # %%
 for label, js in saved.items():
@@ -336,14 +337,25 @@ for label, js in saved.items():
     assert abs(torch.tensor(js["mean"]["iws"][-1]) - ICLR_REFERENCE["iws"]) < 0.05 and js["mean"]["vd"][-1] < 0.03, label
     signs = (final["trQ11"] < 0) & (final["trQ12"] > 0) & (final["P_last"] > 0)
     S = len(js["seeds"])
-    assert signs.sum() >= 0.9 * S, (label, int(signs.sum()))
+    assert signs.sum() >= 0.8 * S, (label, int(signs.sum()))
+    assert (final["P_last"][~signs].abs() < 0.1 * final["P_last"].median()).all(), (label, final["P_last"][~signs])   # the seeds without the signs are the slow ones
     z_iws = (js["mean"]["iws"][-1] - ICLR_REFERENCE["iws"]) / js["se"]["iws"][-1]
     print(f"{label}: IWS {js['mean']['iws'][-1]:.3f} +- {js['se']['iws'][-1]:.3f}, {z_iws:.1f} s.e. from the published {ICLR_REFERENCE['iws']}; "
           f"the construction's signs in {int(signs.sum())} of {S} seeds (share >= {lower_bound(int(signs.sum()), S):.2f} at 95%)")
     keys = ("iws", "vd", "P_last", "trQ11", "trQ12")
     display(Markdown(f"{label}, each seed's final values:\n\n| seed | IWS | VD | $V[-1,-1]$ | tr $A_{{11}}$ | tr $A_{{12}}$ |\n" + "|---" * 6 + "|\n"
                      + "\n".join(f"| {s} | " + " | ".join(f"{final[k][i].item():.3g}" for k in keys) + " |" for i, s in enumerate(js["seeds"]))))
-_ = record_claim("iclr-reproduction", "The predecessor's full protocol over 30 seeds reproduces the published value difference and the construction's signs; the implicit weight similarity comes out above the published 0.93 by more than noise.", "partial", "linear_experiments", "#the-full-protocol")
+
+# %% [markdown]
+# The verdict on the implicit weight similarity of the 30-seed run, from its standard error:
+
+# %%
+js30 = saved[next(k for k in saved if k.endswith("30 seeds"))]
+z30 = (js30["mean"]["iws"][-1] - ICLR_REFERENCE["iws"]) / js30["se"]["iws"][-1]
+iws_verdict = ("comes out above the published 0.93 by more than noise" if z30 > 2 else
+               "comes out below the published 0.93 by more than noise" if z30 < -2 else "is within noise of the published 0.93")
+_ = record_claim("iclr-reproduction", f"The predecessor's full protocol over 30 seeds reproduces the published value difference; its implicit weight similarity {iws_verdict} ({z30:+.1f} standard errors); the construction's signs hold in most seeds, and the seeds without them stay near their initialisation.", "partial", "linear_experiments", "#the-full-protocol")
+Markdown(f"Over the 30 seeds the implicit weight similarity {iws_verdict} ({z30:+.1f} standard errors).")
 
 # %% [markdown]
 # ## The same measures for a pretrained softmax Transformer

@@ -250,7 +250,7 @@ def ar1_claims(ex:dict, family:TaskFamily)->dict:
     "The statements about each seed of an AR(1)-family experiment: statement -> (S,) bool."
     p = ex["run"]["params"]
     fit, vw = kernel_fit(family, p["A"]), value_weights(p)
-    return {"cosine of $A_{:3,:3}$ (masked) to $W_\\beta$ above 0.5 in every layer": (fit["cosine"] > 0.5).all(-1),
+    return {"cosine of $A_{:3,:3}$ (masked) to $W_\\beta$ positive in every layer (its sign pattern)": (fit["cosine"] > 0).all(-1),
             "reward weight positive in every layer": (vw[..., 0] > 0).all(-1),
             "layer 2: current weight positive (for $\\theta^*$ it is negative)": vw[:, 1, 2] > 0,
             "pretrained MSVE below the baseline's": ex["trained"].mean(-1) < ex["baseline"].mean()}
