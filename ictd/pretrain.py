@@ -165,7 +165,10 @@ def perturb(params:dict, scale:float, seeds:list)->dict:
 DIVERGED = 1e8   # a loss or parameter entry above this in absolute value (or not finite) stops a run
 
 class DivergenceError(RuntimeError):
-    "A training run whose loss or parameters became non-finite or exploded."
+    "A training run whose loss or parameters became non-finite or exploded: the diverged `seeds`, the `step`, the learning rate `lr` and the `size` reached."
+    def __init__(self, message:str, seeds:list=(), step:int=None, lr:float=None, size:float=None):
+        super().__init__(message)
+        self.seeds, self.step, self.lr, self.size = list(seeds), step, lr, size
 
 # %% ../nbs/06_pretrain.ipynb #fadbd313
 def check_divergence(config:PretrainConfig, seeds:list, step:int, loss:torch.Tensor, params:dict=None, checkpoint=None):
@@ -176,7 +179,8 @@ def check_divergence(config:PretrainConfig, seeds:list, step:int, loss:torch.Ten
     if bad:
         kept = f"; the last checkpoint before it is kept at {checkpoint}" if checkpoint is not None and Path(checkpoint).exists() else ""
         raise DivergenceError(f"training diverged at step {step} with lr = {config.lr:g}: seed(s) {[seeds[i] for i in bad]} reached a loss or "
-                              f"parameter of size {size[bad[0]].item():.3g} (limit {DIVERGED:g}){kept}")
+                              f"parameter of size {size[bad[0]].item():.3g} (limit {DIVERGED:g}){kept}",
+                              [seeds[i] for i in bad], step, config.lr, size[bad[0]].item())
 
 # %% ../nbs/06_pretrain.ipynb #aaa90c72
 def _restore(saved:dict, params:dict, opt, gens:list)->dict:

@@ -1085,7 +1085,7 @@ out
 # %%
 BLOWN_UP = 100.   # an MSVE above this is a model that blew up (the zero estimate scores about 5)
 deep_msve = {k: sm["MSVE"] for k, sm in deep.items()}
-deep_diverged = deep_saved.get("diverged", {})
+deep_diverged = {k: s["diverged"] for k, s in deep_saved["studies"].items() if "diverged" in s}   # seeds that diverged, per depth
 n_deep = {k: len(m) + len(deep_diverged.get(k, [])) for k, m in deep_msve.items()}
 blown = {k: int((m > BLOWN_UP).sum()) + len(deep_diverged.get(k, [])) for k, m in deep_msve.items()}
 assert blown["L = 12"] >= 1 and blown["L = 16"] > blown["L = 12"], blown

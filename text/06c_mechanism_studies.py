@@ -10,7 +10,7 @@ import torch
 from ictd.model import SoftmaxICTD
 from ictd.state_tokens import model_params
 from ictd.engine import EMERGENCE, PretrainConfig, get_family
-from ictd.pretrain import pretrain_many
+from ictd.pretrain import DIVERGED, DivergenceError, pretrain_many
 from ictd.emergence import UNIFORM_BELOW, held_out_prompts, sign_pattern
 from ictd.core import provenance
 from ictd.mechanism import fit_estimators, gap_measures, jacobian_spectrum, learned_kernel, prediction_errors, sampled_jacobians, update_jacobian
@@ -516,15 +516,45 @@ def run_gap_map(out_dir="nbs/data",              # folder of the JSON file
 # The controls, the dynamics from $\theta^*$, the shared layer and the depth sweep each train `EMERGENCE` with
 # one change over ten seeds and save the runs with their gap measures; the private `_study` does that for a set of changes.
 
+# %% [markdown]
+# A study trains every seed of a configuration together, and one diverging seed stops the batch. The
+# seed is then dropped and recorded (step, learning rate, size reached), and the others are trained
+# again without it: the engine's run of a seed does not depend on which seeds share its batch.
+
+# %%
+#| export
+def train_dropping_diverged(config:PretrainConfig,  # the configuration
+                            seeds,                  # its seeds
+                            **kwargs,               # passed to `pretrain_many` (device, cache_dir)
+                           )->tuple:                # (results of the seeds that trained, records of those that diverged)
+    "Train `seeds` together; a seed that diverges is dropped and recorded, and the others trained without it."
+    seeds, diverged = list(seeds), []
+    while seeds:
+        try: return pretrain_many(config, seeds, progress=False, **kwargs), diverged
+        except DivergenceError as e:
+            diverged += [dict(seed=s, step=e.step, lr=e.lr, size=e.size, limit=DIVERGED, message=str(e)) for s in e.seeds]
+            seeds = [s for s in seeds if s not in e.seeds]
+    return [], diverged
+
+
+# %%
+wild = PretrainConfig(n_tasks=32, eval_tasks=4, n_steps=300, eval_every=100, lr=4.)   # seed 0 diverges at this learning rate, seed 1 does not
+kept, dropped = train_dropping_diverged(wild, [0, 1])
+test_eq(([r.config.seed for r in kept], [d["seed"] for d in dropped]), ([1], [0]))
+test_eq(kept[0].history["msve"], pretrain_many(wild, [1], progress=False)[0].history["msve"])   # seed 1's run is its own
+dropped[0]["step"], dropped[0]["lr"]
+
+
 # %%
 #| export
 def _study(changes:dict, seeds, history:bool, base:PretrainConfig=EMERGENCE, device=None, cache_dir=None, train_only:bool=False)->dict:
     "name -> saved runs of `base` with each change, with their gap measures (with `train_only`, only train into `cache_dir`)."
     out = {}
     for name, change in changes.items():
-        runs = pretrain_many(dataclasses.replace(base, **change), list(seeds), progress=False, device=device, cache_dir=cache_dir)
+        runs, diverged = train_dropping_diverged(dataclasses.replace(base, **change), seeds, device=device, cache_dir=cache_dir)
         if train_only: continue
         out[name] = dict(change=change, runs=[dict(saved, gap=gap_measures(r.config, r.model)) for saved, r in zip(save_runs(runs, history), runs)])
+        if diverged: out[name]["diverged"] = diverged
     return out
 
 

@@ -10,7 +10,7 @@ import torch
 from ..model import SoftmaxICTD
 from ..state_tokens import model_params
 from ..engine import EMERGENCE, PretrainConfig, get_family
-from ..pretrain import pretrain_many
+from ..pretrain import DIVERGED, DivergenceError, pretrain_many
 from ..emergence import UNIFORM_BELOW, held_out_prompts, sign_pattern
 from ..core import provenance
 from ..mechanism import fit_estimators, gap_measures, jacobian_spectrum, learned_kernel, prediction_errors, sampled_jacobians, update_jacobian
@@ -19,9 +19,10 @@ from ..mechanism import fit_estimators, gap_measures, jacobian_spectrum, learned
 __all__ = ['HISTORY_KEYS', 'ANATOMY_PARTS', 'CONVERGE_TOLERANCES', 'CONVERGE_LRS', 'GAP_CELLS', 'CONTROLS', 'DEPTHS',
            'DEEP_DEPTHS', 'save_runs', 'load_models', 'anatomy_table', 'anatomy_counts', 'gap_table', 'study_summary',
            'summary_table', 'fisher_greater', 'holm', 'binomial_greater', 'normal_greater', 'claims_table',
-           'converge_metrics', 'moved_by', 'settled_step', 'run_mechanism_study', 'run_gap_map', 'run_control_study',
-           'theta_star_starts', 'run_theta_star_dynamics', 'run_shared_study', 'run_depth_sweep', 'converge_config',
-           'model_at', 'run_converge_study', 'star_points', 'run_jacobian_study']
+           'converge_metrics', 'moved_by', 'settled_step', 'run_mechanism_study', 'run_gap_map',
+           'train_dropping_diverged', 'run_control_study', 'theta_star_starts', 'run_theta_star_dynamics',
+           'run_shared_study', 'run_depth_sweep', 'converge_config', 'model_at', 'run_converge_study', 'star_points',
+           'run_jacobian_study']
 
 # %% ../../nbs/06c_mechanism_studies.ipynb #6557ae73
 HISTORY_KEYS = ("step", "msve", "neu_population", "diagonality", "value_weights")  # the metrics a saved run keeps
@@ -254,13 +255,28 @@ def run_gap_map(out_dir="nbs/data",              # folder of the JSON file
     return path
 
 # %% ../../nbs/06c_mechanism_studies.ipynb #38ea21f1
+def train_dropping_diverged(config:PretrainConfig,  # the configuration
+                            seeds,                  # its seeds
+                            **kwargs,               # passed to `pretrain_many` (device, cache_dir)
+                           )->tuple:                # (results of the seeds that trained, records of those that diverged)
+    "Train `seeds` together; a seed that diverges is dropped and recorded, and the others trained without it."
+    seeds, diverged = list(seeds), []
+    while seeds:
+        try: return pretrain_many(config, seeds, progress=False, **kwargs), diverged
+        except DivergenceError as e:
+            diverged += [dict(seed=s, step=e.step, lr=e.lr, size=e.size, limit=DIVERGED, message=str(e)) for s in e.seeds]
+            seeds = [s for s in seeds if s not in e.seeds]
+    return [], diverged
+
+# %% ../../nbs/06c_mechanism_studies.ipynb #f6cf293a
 def _study(changes:dict, seeds, history:bool, base:PretrainConfig=EMERGENCE, device=None, cache_dir=None, train_only:bool=False)->dict:
     "name -> saved runs of `base` with each change, with their gap measures (with `train_only`, only train into `cache_dir`)."
     out = {}
     for name, change in changes.items():
-        runs = pretrain_many(dataclasses.replace(base, **change), list(seeds), progress=False, device=device, cache_dir=cache_dir)
+        runs, diverged = train_dropping_diverged(dataclasses.replace(base, **change), seeds, device=device, cache_dir=cache_dir)
         if train_only: continue
         out[name] = dict(change=change, runs=[dict(saved, gap=gap_measures(r.config, r.model)) for saved, r in zip(save_runs(runs, history), runs)])
+        if diverged: out[name]["diverged"] = diverged
     return out
 
 # %% ../../nbs/06c_mechanism_studies.ipynb #0014d5de
