@@ -357,9 +357,9 @@ def baseline_scores(config:PretrainConfig, # the shared settings
                     seeds,                 # the compared seeds
                    )->dict:                # baseline -> (S,) each seed's mean MSVE over its held-out tasks
     "The held-out MSVE of chapter 6a's baselines on every seed's held-out tasks (theta* tuned per seed)."
-    rows = [baseline_msve(dataclasses.replace(config, seed=int(s))) for s in seeds]
     name = lambda k: "best theta* (tuned per seed)" if k.startswith("best theta*") else k
-    return {name(k): torch.stack([r[k].mean() for r in rows]) for k in rows[0]}
+    rows = [{name(k): v for k, v in baseline_msve(dataclasses.replace(config, seed=int(s))).items()} for s in seeds]
+    return {k: torch.stack([r[k].mean() for r in rows]) for k in rows[0]}
 
 # %% ../../nbs/07a_linear_experiments.ipynb #5c8e2680
 def paired_test(a:torch.Tensor,  # (S,) one method's score per seed
