@@ -1,7 +1,8 @@
 #!/bin/bash
 # Remake every saved result under nbs/data that depends on random draws (pretrained runs and the studies on them), in two
 # lanes of one torch thread each. This is how the files of 2026-12-01 were made after the seed streams changed (issue 22):
-# about 75 minutes of wall time on a 2-core machine, the head-to-head rerun once after a fix (see the commit log).
+# about 75 minutes of wall time on a 2-core machine; the head-to-head and the deep depth sweep were rerun once each after a fix
+# (a per-seed tuning key; a diverging seed now dropped and recorded by the study itself, see the commit log).
 # Usage, from the repository root: bash tools/regenerate_data.sh [OUT_DIR (default nbs/data)] [PYTHON (default .venv/bin/python)]
 # Not remade here: convergence_threshold.json (chapter 5b's certificates: `save_threshold_certificates`, no training) and
 # causal_streaming.json (chapter 4a's timings: `save_stream_costs`, machine-dependent).
