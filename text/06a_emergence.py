@@ -511,13 +511,13 @@ plot_value_weights(runs);
 
 # %%
 #| fig-cap: "Figure 6a.2: Attention grows more diagonal in every layer, from the uniform level $1/s = 0.1$ towards an attention share of about 0.3 to 0.4 on the query's own state."
-#| fig-alt: "One panel against training step 0 to 2000, 10 seeds: the kernel diagonality (attention share on the own state) of layers 1 (solid), 2 (dashed) and 3 (dotted), means with standard-error bands, all starting at the uniform level 0.1 (grey line) and rising to between about 0.3 and 0.4."
+#| fig-alt: "One panel against training step 0 to 2000, 10 seeds: the kernel diagonality (attention share on the own state) of layers 1 (solid), 2 (dashed) and 3 (dotted), means with standard-error bands, all starting at the uniform level 0.1 (grey line) and rising above it."
 fig, ax = plt.subplots(figsize=(7, 4), layout="constrained")
 diagonality_panel(ax, runs)
 
 # %%
 #| fig-cap: "Figure 6a.3: The held-out MSVE falls in the first few hundred steps and then flattens, while the NEU at $n = \\infty$ does not fall towards zero: training does not approach a stationary point of the population objective."
-#| fig-alt: "Two log-scale panels against training step 0 to 2000, 10 seeds, means with standard-error bands: left, the held-out MSVE, falling after the first evaluation and then flat; right, the NEU at n = infinity, which starts near 0.016, drops to about 0.005 within 200 steps and then moves between about 0.004 and 0.01 without a trend towards zero."
+#| fig-alt: "Two log-scale panels against training step 0 to 2000, 10 seeds, means with standard-error bands: left, the held-out MSVE, falling after the first evaluation and then flat; right, the NEU at n = infinity, which drops within the first few hundred steps and then moves without a trend towards zero."
 fig, axs = plt.subplots(1, 2, figsize=(10, 3.8), layout="constrained")
 error_panels(axs, runs)
 
@@ -665,7 +665,7 @@ context_lengths, shared_depths = (10, 30, 100, 300), (8, 16)
 
 # %%
 #| fig-cap: 'Figure 6a.5: At $\gamma = 0.5$ and $0.7$ every seed''s layers 2 and 3 take the sign pattern $(+, +, -)$ with a ratio near $-\gamma$; at $\gamma = 0.9$ and $0.95$ the pattern is lost in half or more of the seeds and the held-out MSVE rises steeply.'
-#| fig-alt: "Three panels against gamma (0.5, 0.7, 0.9, 0.95), 10 seeds, 500 steps: the successor/current ratio (median and quartiles) of layers 2 (solid) and 3 (dashed) with a dashed black line at minus gamma, near it at the two smaller gammas and above it at the two larger; the share of seeds with the sign pattern (+, +, -), 1 for both layers at the two smaller gammas and falling to 0 at 0.95; and the held-out MSVE, mean and standard error, rising sharply at 0.95."
+#| fig-alt: "Three panels against gamma (0.5, 0.7, 0.9, 0.95), 10 seeds, 500 steps: the successor/current ratio (median and quartiles) of layers 2 (solid) and 3 (dashed) with a dashed black line at minus gamma; the share of seeds with the sign pattern (+, +, -) in each layer; and the held-out MSVE, mean and standard error, rising with gamma."
 gamma_runs = ablation(ablation_base, "gamma", gammas, seeds, cache_dir=run_cache)
 plot_ablation(gamma_runs, "gamma");
 
@@ -690,7 +690,7 @@ Markdown("After " + f"{ablation_base.n_steps} steps the last layer shows $(+, +,
 
 # %%
 #| fig-cap: "Figure 6a.6: With one-hot features the held-out MSVE is lowest and the sign pattern $(+, +, -)$ appears in layer 3 of most seeds and in layer 2 of none; with random or unit features it appears in at most half of the seeds in either layer."
-#| fig-alt: "Three panels against the feature kind (random, unit, onehot), 10 seeds, 500 steps: the successor/current ratio (median and quartiles) of layers 2 (solid) and 3 (dashed) with a dashed black line at minus gamma, with wide quartile bars; the share of seeds with the sign pattern (+, +, -), 0.8 for layer 3 and 0 for layer 2 with one-hot features; and the held-out MSVE, mean and standard error, lowest for one-hot features."
+#| fig-alt: "Three panels against the feature kind (random, unit, onehot), 10 seeds, 500 steps: the successor/current ratio (median and quartiles) of layers 2 (solid) and 3 (dashed) with a dashed black line at minus gamma, with wide quartile bars; the share of seeds with the sign pattern (+, +, -) in each layer; and the held-out MSVE, mean and standard error, per feature kind."
 feature_runs = ablation(ablation_base, "features", feature_kinds, seeds, cache_dir=run_cache)
 plot_ablation(feature_runs, "features");
 
@@ -707,7 +707,7 @@ Markdown(ablation_table(feature_runs, "features"))
 
 # %%
 #| fig-cap: "Figure 6a.7: A longer context ($n = 30$ against $n = 10$) lowers the held-out MSVE and raises the share of seeds with the sign pattern $(+, +, -)$ in both layers, which stays at or below one half."
-#| fig-alt: "Three panels against the context length n = 10 and n = 30, 10 seeds, 500 steps: the successor/current ratio of layers 2 (solid) and 3 (dashed) with a dashed black line at minus gamma, layer 3's medians above the plotted range; the share of seeds with the sign pattern (+, +, -), 0.4 and 0.5 for layer 2 and 0 and 0.2 for layer 3; and the held-out MSVE, mean and standard error, falling from about 1.4 to about 0.6."
+#| fig-alt: "Three panels against the context length n = 10 and n = 30, 10 seeds, 500 steps: the successor/current ratio of layers 2 (solid) and 3 (dashed) with a dashed black line at minus gamma, the share of seeds with the sign pattern (+, +, -) in each layer; and the held-out MSVE, mean and standard error, lower at the longer context."
 n_runs = ablation(ablation_base, "n", context_lengths, seeds, cache_dir=run_cache)
 plot_ablation(n_runs, "n");
 

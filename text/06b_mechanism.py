@@ -436,7 +436,7 @@ Markdown(anatomy_table(anatomy, "attention"))
 
 # %%
 #| fig-cap: "Figure 6b.1: in each trained model one layer, a different one across seeds, attends almost uniformly and writes nearly the same number at every state of a task; the other layers attend selectively and write state-dependent corrections."
-#| fig-alt: "Scatter plot of the 30 layers of ten trained models: the population diagonality of the layer's learned kernel on the horizontal axis against the constancy of its value-row write on the vertical axis, with circles, triangles and squares for layers 1, 2 and 3. Ten points, one per model and from all three positions, sit at diagonality about 0.1 and constancy near 1, left of a dashed line at the uniform threshold; the other twenty spread over diagonality 0.2 to 0.7 and constancy 0.17 to 0.96."
+#| fig-alt: "Scatter plot of the 30 layers of ten trained models: the population diagonality of the layer's learned kernel on the horizontal axis against the constancy of its value-row write on the vertical axis, with circles, triangles and squares for layers 1, 2 and 3. About one point per model, from different positions across models, sits at diagonality about 0.1 and constancy near 1, left of a dashed line at the uniform threshold; the other layers spread to the right at lower constancy."
 fig, ax = plt.subplots(figsize=(6.4, 4.2))
 diag_all, cons_all = torch.tensor([r["diagonality"] for r in anatomy]), torch.tensor([r["constancy"] for r in anatomy])
 for l, (marker, colour) in enumerate(zip("o^s", ("#0072B2", "#E69F00", "#009E73"))):
@@ -466,8 +466,8 @@ Markdown(anatomy_table(anatomy, "writes"))
 # %%
 anat = anatomy_counts(anatomy)
 assert anat["one_uniform_layer"] >= 9 and len(set(p for p in anat["uniform_position"] if p)) >= 2, anat
-assert anat["uniform_constancy_min"] > 0.95 and anat["swap_uniform_max"] < 0.02 < anat["swap_selective_median"], anat
-assert anat["identity_min"] > 1.1 and anat["uniform_knockout_max"] < 0.05, anat
+assert anat["uniform_constancy_min"] > 0.95 and anat["swap_uniform_max"] < anat["swap_selective_median"], anat   # a head swap moves a uniform layer less than most selective ones
+assert anat["identity_min"] > 1.1 and anat["uniform_knockout_max"] < anat["identity_min"] - 1, anat          # making the uniform layer uniform costs less than removing any layer
 fw = torch.tensor([r["feature_writes"] for r in anatomy])
 assert (fw[:, :2].amax(-1) > 0.1).all() and (fw[:, -1] < 0.01).all(), fw
 anat
@@ -843,7 +843,7 @@ Markdown("| candidate | constants (fitted on seeds 0-9) | $1 - R^2$, mean ± s.e
 k_half = 9  # min_successes(10, 1/2) of the emergence chapter
 beats = {k: int((look_c < pred[k + ", centred"]).sum()) for k in names if k != "lookahead"}
 assert all(b >= k_half for b in beats.values()), beats
-assert look_c.mean() < 0.6 * min(pred[k + ", centred"].mean() for k in beats), (look_c.mean(), beats)
+assert look_c.mean() < min(pred[k + ", centred"].mean() for k in beats), (look_c.mean(), beats)   # and lower on average than every alternative
 beats
 
 # %% [markdown]
@@ -1321,21 +1321,24 @@ dyn_moves = {k: dict(distance=torch.tensor([_distance(r) for r in st["runs"]], d
 # %%
 spec_start, fit_start = list(dyn_moves)[0], list(dyn_moves)[1]
 assert (dyn_moves[spec_start]["distance"] > 0.5).all() and (dyn_moves[spec_start]["msve_end"] < dyn_moves[spec_start]["msve_start"]).all(), dyn_moves[spec_start]
+spec_lower = int((dyn_moves[spec_start]["msve_end"] < dyn_moves[spec_start]["msve_start"]).sum())
 assert dyn["theta* (beta 1, alpha 1)"]["one uniform layer"].sum() >= 9 and dyn[fit_start]["one uniform layer"].sum() <= 1
-assert (dyn_moves[fit_start]["msve_end"] > dyn_moves[fit_start]["msve_start"]).sum() >= 9, dyn_moves[fit_start]
+assert (dyn_moves[fit_start]["distance"] > 0.5).all(), dyn_moves[fit_start]   # training leaves the best-fit construction too
+fit_rises = int((dyn_moves[fit_start]["msve_end"] > dyn_moves[fit_start]["msve_start"]).sum())
 assert all(sm["pattern, last layer"].sum() == 10 for sm in dyn.values()), dyn
 start_vs_random = diff_z(controls["td"]["MSVE"], dyn["theta* (beta 1, alpha 1)"]["MSVE"])
 start_vs_random
 
 # %%
 Markdown(f"Neither $\\theta^*$ is an attractor of pretraining at this configuration. From the constructed $\\theta^*$ of Definition 3.1 ($W = I$, $\\alpha = 1$), exact or perturbed, "
-         f"training leaves it: the parameters end {dyn_moves[spec_start]['distance'].mean():.2f} of $\\|\\theta^*\\|$ away (mean over seeds), the value error falls from "
-         f"{dyn_moves[spec_start]['msve_start'].mean():.2f} to {dyn_moves[spec_start]['msve_end'].mean():.3f}, and the models end in the same kind of solution as from a random "
+         f"training leaves it: the parameters end {dyn_moves[spec_start]['distance'].mean():.2f} of $\\|\\theta^*\\|$ away (mean over seeds), the value error goes from "
+         f"{dyn_moves[spec_start]['msve_start'].mean():.2f} to {dyn_moves[spec_start]['msve_end'].mean():.3f} (lower at the end in {spec_lower} of 10 seeds), and the models end in the same kind of solution as from a random "
          f"initialisation, with one uniform layer in {int(dyn['theta* (beta 1, alpha 1)']['one uniform layer'].sum())} of 10 seeds and an error "
          f"{dyn['theta* (beta 1, alpha 1)']['MSVE'].mean():.3f} against {controls['td']['MSVE'].mean():.3f} from random initialisation (a difference of "
-         f"{start_vs_random:.1f} standard errors, not a claim). From the best-fit $\\theta^*$ the value error *rises* in "
-         f"{int((dyn_moves[fit_start]['msve_end'] > dyn_moves[fit_start]['msve_start']).sum())} of 10 seeds, from {dyn_moves[fit_start]['msve_start'].mean():.3f} to "
-         f"{dyn_moves[fit_start]['msve_end'].mean():.3f}: the TD update is not a descent direction of the value error, and its best-fitting construction is not where it rests. "
+         f"{start_vs_random:.1f} standard errors, not a claim). From the best-fit $\\theta^*$ training also moves away (a relative distance of "
+         f"{dyn_moves[fit_start]['distance'].mean():.2f}), and the value error *rises* in {fit_rises} of 10 seeds, from {dyn_moves[fit_start]['msve_start'].mean():.3f} to "
+         f"{dyn_moves[fit_start]['msve_end'].mean():.3f}" + (": the TD update is not a descent direction of the value error, and its best-fitting construction is not where it rests. "
+         if fit_rises >= 9 else ": the best-fitting construction is not where training rests, and training from it does not reliably lower the value error. ") +
          f"Every start ends with the sign pattern in the last layer in every seed: the sign pattern survives training, the construction does not.")
 
 
@@ -1605,7 +1608,7 @@ Markdown(f"1. **The algorithm.** A trained model in the `EMERGENCE` configuratio
          f"{pred['theta*, centred'].mean():.0%} for the best-fitting $\\theta^*$, and its error is lower in at least {min(beats.values())} of 10 seeds against every alternative.\n"
          f"2. **The layers.** In {anat['one_uniform_layer']} of 10 seeds one layer keeps uniform attention and writes a state-blind baseline; this happens at "
          f"$\\gamma = 0.9$, and rarely at the other discounts measured ({uniform_other}; "
-         f"none at $\\gamma = 0.5$). The sign pattern lives in the last *selective* layer.\n"
+         f"in at most {max(c['one_uniform'] for c in gap_claims.values() if c['gamma'] == 0.5)} of 10 seeds at $\\gamma = 0.5$). The sign pattern lives in the last *selective* layer.\n"
          f"3. **Chapter 5's condition.** No layer of any trained model meets it (largest minimum diagonal {cond['min_diagonal'].max():.3f} against "
          f"{conditions[0]['threshold']:.2f}).\n"
          f"4. **Where TD structure matters.** The trained models learn part of the value shape in every cell of the gap map, and beat the oracle constant on MSVE "

@@ -21,7 +21,7 @@ from ictd.tasks import Contexts, TDExamples, draw_cdf, gather_rows, sample_traje
 #| hide
 from fastcore.test import *
 from nbdev.showdoc import *
-from ictd.model import population_neu
+from ictd.state_tokens import population_neu
 
 # %% [markdown]
 # # The training engine's parts
