@@ -321,7 +321,7 @@ class PromptLayer(nn.Module):
 # shift-after-attention layers and chapter 4a's causal layer subclass it too): validation, the
 # attention matrix for inspection, and the value-update weights read off the parameters. A subclass
 # supplies only its update, its attention and which entries are its value weights.
-# `DualHeadSoftmaxLayer` fills them in with `dual_head_update` and `context_attention` (`_param`
+# `DualHeadSoftmaxLayer` fills them in with `dual_head_update` and `context_attention` (<code>_param</code>
 # copies a given matrix into a parameter after checking its shape).
 
 # %%

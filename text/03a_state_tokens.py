@@ -180,8 +180,8 @@ test_eq(token_layer(absent.Z, A3, Vc3, Vt3, absent)[1][..., 2, :], torch.zeros(1
 
 # %% [markdown]
 # A stack of layers: layer $l$ uses slice $l$ of the parameters, or slice 0 at every depth when the
-# model shares its layer (`_layer_params`). `token_layers` keeps every layer's tokens and attention,
-# which the mechanism chapters read; inputs are cast to the parameters' dtype once (`_cast`).
+# model shares its layer (<code>_layer_params</code>). `token_layers` keeps every layer's tokens and attention,
+# which the mechanism chapters read; inputs are cast to the parameters' dtype once (<code>_cast</code>).
 
 # %%
 #| export

@@ -694,8 +694,8 @@ check_divergence(PretrainConfig(), [4, 7], 12, torch.tensor([0.5, 1e7], dtype=to
 # reader calls, wraps it with the cache.
 
 # %% [markdown]
-# The loop's two bookkeeping steps are helpers of their own: `_restore` loads a checkpoint in place,
-# and `_record` appends an evaluation to the history.
+# The loop's two bookkeeping steps are helpers of their own: <code>_restore</code> loads a checkpoint in place,
+# and <code>_record</code> appends an evaluation to the history.
 
 # %%
 #| export

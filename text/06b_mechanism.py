@@ -435,7 +435,7 @@ Markdown(anatomy_table(anatomy, "attention"))
 # The figure shows the same two columns for all thirty layers at once: the message of the anatomy in one picture.
 
 # %%
-#| fig-cap: "Figure 6b.1: in each trained model one layer, a different one across seeds, attends almost uniformly and writes nearly the same number at every state of a task; the other layers attend selectively and write state-dependent corrections."
+#| fig-cap: "Figure 6b.1: in nearly every trained model one layer, a different one across seeds, attends almost uniformly and writes nearly the same number at every state of a task; the other layers attend selectively and write state-dependent corrections."
 #| fig-alt: "Scatter plot of the 30 layers of ten trained models: the population diagonality of the layer's learned kernel on the horizontal axis against the constancy of its value-row write on the vertical axis, with circles, triangles and squares for layers 1, 2 and 3. About one point per model, from different positions across models, sits at diagonality about 0.1 and constancy near 1, left of a dashed line at the uniform threshold; the other layers spread to the right at lower constancy."
 fig, ax = plt.subplots(figsize=(6.4, 4.2))
 diag_all, cons_all = torch.tensor([r["diagonality"] for r in anatomy]), torch.tensor([r["constancy"] for r in anatomy])
@@ -655,7 +655,7 @@ test_eq(toy_cands["reward at the query"], toy_tasks.r)
 # `probe_layers` scores every candidate against the value row after every layer of one model, on
 # its run's held-out prompts (every state a query). For the TD iterates the candidate after layer
 # $l$ is $\theta^*$ with $l$ layers, $(\alpha, \beta)$ chosen on the grid of the emergence
-# chapter to fit that value row best (by the private `_td_iterates`). It is used on the ten trained models
+# chapter to fit that value row best (by the private <code>_td_iterates</code>). It is used on the ten trained models
 # under *What the value row holds, layer by layer* below.
 
 # %%
@@ -698,7 +698,7 @@ def probe_layers(config:PretrainConfig,  # the run's settings
 # the affine maps of the context mean and of certainty equivalence, $\theta^*(\alpha, \beta I)$ at
 # the models' depth with $(\alpha, \beta)$ on the grid and an affine map, and the two-step
 # lookahead, whose constants are the kernel scale $\beta$ (on the grid `LOOKAHEAD_BETAS`) and the intercept and three
-# weights. The targets are the models' outputs on their held-out prompts, gathered by the private `_pooled`.
+# weights. The targets are the models' outputs on their held-out prompts, gathered by the private <code>_pooled</code>.
 
 # %%
 #| export
@@ -1115,7 +1115,7 @@ Markdown("Per seed, MSVE at the end of training: " + "; ".join(f"{k}: " + ", ".j
 # finite differences in *Implementation and tests*.
 
 # %% [markdown]
-# Both are derivatives of the model's values with respect to its flattened parameters, so the private `_values_fn`
+# Both are derivatives of the model's values with respect to its flattened parameters, so the private <code>_values_fn</code>
 # first writes the values as a function of one flat vector: at $n = \infty$ through the population tokens, or with
 # given contexts through the model's own forward pass.
 

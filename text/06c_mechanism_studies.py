@@ -452,7 +452,7 @@ test_fail(lambda: settled_step(_flat, _steps, 300), contains="multiple of the ev
 # command, the git commit and the date.
 
 # %% [markdown]
-# Each driver writes its file through the private `_write`, which puts the provenance (command, commit, date) first.
+# Each driver writes its file through the private <code>_write</code>, which puts the provenance (command, commit, date) first.
 
 # %%
 #| export
@@ -514,7 +514,7 @@ def run_gap_map(out_dir="nbs/data",              # folder of the JSON file
 
 # %% [markdown]
 # The controls, the dynamics from $\theta^*$, the shared layer and the depth sweep each train `EMERGENCE` with
-# one change over ten seeds and save the runs with their gap measures; the private `_study` does that for a set of changes.
+# one change over ten seeds and save the runs with their gap measures; the private <code>_study</code> does that for a set of changes.
 
 # %% [markdown]
 # A study trains every seed of a configuration together, and one diverging seed stops the batch. The
@@ -679,7 +679,7 @@ test_close(_at1.value_weights(), two[1][1].value_weights(), eps=1e-15)
 
 
 # %% [markdown]
-# At each learning rate the sweep also checks the learned estimator, with the private `_estimator_check`: fitted on
+# At each learning rate the sweep also checks the learned estimator, with the private <code>_estimator_check</code>: fitted on
 # the first half of the seeds' final models, scored on the other half.
 
 # %%

@@ -67,7 +67,7 @@ from IPython.display import Markdown
 # \text{loss} = \frac1{n_{\mathrm{mb}}} \sum_{k<n_{\mathrm{mb}}} \delta_k^2 \text{ with } \mathrm{TF}(Z^{(k+1)}) \text{ held fixed}.$$
 #
 # Here is the sampler's first piece, the start distributions; the windows as prompts of the linear
-# family are chapter 7's [`sliding_windows`](linear.html#the-predecessors-windows-as-linear-prompts).
+# family are the `sliding_windows` of [chapter 7](linear.html#the-predecessors-windows-as-linear-prompts).
 
 # %%
 #| export
