@@ -13,7 +13,7 @@ from .prompt import build_prompt
 from .model import check_prompt, torch_generator, token_rows, xavier_param, carry_context, PromptLayer, SoftmaxICTD
 from .core import run_stream
 from .tasks import Contexts
-from .engine import Family, PretrainConfig, held_out_tasks, register_family
+from .engine import Family, PretrainConfig, held_out_tasks, register_family, tuning_config
 
 # %% auto #0
 __all__ = ['ORDERS', 'CURRENTS', 'visible_transitions', 'prefix_weights', 'prefix_softmax_td', 'build_causal_prompt',
@@ -377,7 +377,7 @@ def best_decoder(config:PretrainConfig,                 # the run's settings (de
                  alphas=(0.5, 1.), betas=(0.5, 1., 2., 4.), lams=(0., 4., 9.),  # the grid
                 )->tuple:                               # (alpha, beta, lambda) of least mean MSVE on tuning tasks
     "Tune the self-anchored decoder construction on tasks disjoint from a run's held-out tasks."
-    tasks, states = held_out_tasks(dataclasses.replace(config, seed=run_stream(config.seed, "tuning")))   # the held-out tasks of the run's stream `tuning`
+    tasks, states = held_out_tasks(tuning_config(config))
     err = {g: weighted_error(decoder_values(config, tasks, states, *g), tasks.v_pi, tasks.d_pi).mean().item() for g in ((a, b, l) for a in alphas for b in betas for l in lams)}
     return min(err, key=err.get)
 

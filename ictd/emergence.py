@@ -13,8 +13,7 @@ from .tasks import TaskBatch, sample_trajectories
 from .wstd import certainty_equivalence
 from .boyan import weighted_error
 from .state_tokens import population_predict
-from .core import run_stream
-from .engine import PretrainConfig, PretrainResult, held_out_tasks
+from .engine import PretrainConfig, PretrainResult, held_out_tasks, tuning_config
 from .pretrain import pairwise_neu
 
 # %% auto #0
@@ -122,8 +121,7 @@ def best_theta_star(config:PretrainConfig,  # the run's settings
                     betas=BETAS,            # kernel scales to try
                    )->tuple:                # (alpha, beta) of least mean MSVE on tuning tasks
     "Tune $\\theta^*(\\alpha, \\beta I)$ on tasks disjoint from the held-out ones."
-    tune = dataclasses.replace(config, seed=run_stream(config.seed, "tuning"))   # held-out tasks of the run's stream `tuning`
-    tasks, _, Z = held_out_prompts(tune)
+    tasks, _, Z = held_out_prompts(tuning_config(config))
     with torch.no_grad():
         err = {(a, b): msve_of(theta_star_model(config, alpha=a, beta=b).predict(Z, n=config.n), tasks).mean().item() for a in alphas for b in betas}
     return min(err, key=err.get)

@@ -21,8 +21,8 @@ from .tasks import Contexts, TDExamples, draw_cdf, gather_rows, sample_trajector
 __all__ = ['DTYPES', 'FEATURES', 'OBJECTIVES', 'INITS', 'EMERGENCE', 'FAMILIES', 'PROTOCOLS', 'source_hash', 'PretrainConfig',
            'PretrainResult', 'stack_results', 'Family', 'Protocol', 'register_family', 'register_protocol',
            'get_family', 'get_protocol', 'EvalSet', 'stationary_pools', 'stationary_sampler', 'held_out_tasks',
-           'task_eval_set', 'stationary_eval_set', 'eval_set', 'td_values', 'sampled_neu', 'mc_horizon',
-           'rollout_returns', 'stationary_draws', 'objective_values', 'softmax_init', 'softmax_module',
+           'tuning_config', 'task_eval_set', 'stationary_eval_set', 'eval_set', 'td_values', 'sampled_neu',
+           'mc_horizon', 'rollout_returns', 'stationary_draws', 'objective_values', 'softmax_init', 'softmax_module',
            'softmax_prompt', 'population_neu_many', 'softmax_metrics']
 
 # %% ../nbs/06d_engine.ipynb #4dd2b0ca
@@ -188,6 +188,11 @@ def held_out_tasks(config:PretrainConfig)->tuple:
     "The held-out tasks of a run (its stream `eval_pool`, apart from its training pool) and one context per task (its stream `eval_contexts`)."
     tasks = task_pool(config, config.eval_tasks, run_stream(config.seed, "eval_pool"))
     return tasks, sample_trajectories(tasks.P, config.n, tasks.d_pi, seed=run_stream(config.seed, "eval_contexts"))
+
+# %% ../nbs/06d_engine.ipynb #f98321dc
+def tuning_config(config:PretrainConfig)->PretrainConfig:
+    "`config` with its seed replaced by the run's stream `tuning`: its `held_out_tasks` are the run's tuning tasks."
+    return dataclasses.replace(config, seed=run_stream(config.seed, "tuning"))
 
 # %% ../nbs/06d_engine.ipynb #81d51017
 def task_eval_set(config:PretrainConfig, tasks:TaskBatch, states:torch.Tensor)->EvalSet:

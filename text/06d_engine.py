@@ -351,6 +351,24 @@ assert not any(torch.equal(h, p) for h in held.P for p in train.P[0])   # none o
 
 
 # %% [markdown]
+# A baseline that has settings of its own (chapter 6a's $\theta^*$, chapter 4a's decoder construction) is
+# tuned on tasks apart from the ones it is scored on: the held-out tasks of the run's stream `tuning`,
+# which are those of the configuration whose seed is that stream's.
+
+# %%
+#| export
+def tuning_config(config:PretrainConfig)->PretrainConfig:
+    "`config` with its seed replaced by the run's stream `tuning`: its `held_out_tasks` are the run's tuning tasks."
+    return dataclasses.replace(config, seed=run_stream(config.seed, "tuning"))
+
+
+# %%
+tune_tasks = held_out_tasks(tuning_config(PretrainConfig(eval_tasks=8, seed=1)))[0]
+assert not any(torch.equal(t, h) for t in tune_tasks.P for h in held.P)   # apart from the run's held-out tasks
+test_eq(tuning_config(PretrainConfig(seed=1)).seed, run_stream(1, "tuning"))
+
+
+# %% [markdown]
 # The held-out tasks become an `EvalSet` with every state as a query of the task's one context, weighted by its
 # $d_\pi$. The input is built by the configuration's family, so this is checked once the softmax family is
 # registered ([below](#the-softmax-family)).

@@ -33,6 +33,7 @@ from ictd.model import SoftmaxICTD
 from ictd.engine import EMERGENCE, held_out_tasks
 from ictd.tasks import task_pool
 from ictd.core import record_claim
+import tempfile
 
 # %% [markdown]
 # # Linear attention: experiments
@@ -282,6 +283,29 @@ record_claim("short-run-finds-td", "In the shortened sliding-window run (10 seed
 
 # %%
 #| export
+def save_iclr_summary(results:list,  # PretrainResults of `ICLR_LINEAR`-like runs, one per seed
+                      out,           # path of the JSON summary
+                      command:str,   # the command recorded in its provenance
+                     )->Path:
+    "Write the small JSON summary of linear pretraining runs (means, standard errors and final values over seeds) with its provenance."
+    config, seeds = dataclasses.replace(results[0].config, seed=0), [r.config.seed for r in results]
+    params = stack_results(results)["params"]
+    h, (P, Q) = aligned_history(results), align_signs(params["P"][:, -1], params["Q"][:, -1])
+    S, per_seed = len(seeds), [k for k in h if k not in ("tasks", "step")]
+    summary = dict(produced_by="ictd.experiments.linear.reproduce_iclr", provenance=provenance(command),
+                   config=dataclasses.asdict(config), seeds=seeds, alpha_td=summarise_linear(results)["alpha_td"],
+                   tasks=h["tasks"][0], mean={k: h[k].mean(0) for k in per_seed}, se={k: h[k].std(0) / S ** 0.5 for k in per_seed},
+                   final={k: h[k][:, -1] for k in per_seed}, P_mean=P.mean(0), Q_mean=Q.mean(0))
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(jsonable(summary)))
+    return Path(out)
+
+
+# %% [markdown]
+# The experiment trains every seed in one engine run and, given a path, saves that summary:
+
+# %%
+#| export
 def reproduce_iclr(config:PretrainConfig=ICLR_LINEAR,  # the protocol
                    seeds=range(30),     # one run per seed
                    out=None,            # path of the JSON summary to write, or None
@@ -290,19 +314,21 @@ def reproduce_iclr(config:PretrainConfig=ICLR_LINEAR,  # the protocol
                   )->list:              # one PretrainResult per seed
     "The predecessor's pretraining experiment over many seeds (`pretrain_many`), with a small JSON summary of its results and their provenance."
     results = pretrain_many(config, list(seeds), progress=progress)
-    if out is not None:
-        params = stack_results(results)["params"]
-        h, (P, Q) = aligned_history(results), align_signs(params["P"][:, -1], params["Q"][:, -1])
-        S = len(list(seeds))
-        summary = dict(produced_by="ictd.experiments.linear.reproduce_iclr", provenance=provenance(command or f"reproduce_iclr(seeds={list(seeds)}, out={str(out)!r})"),
-                       config=dataclasses.asdict(config), seeds=list(seeds), alpha_td=summarise_linear(results)["alpha_td"],
-                       tasks=h["tasks"][0], mean={k: v.mean(0) for k, v in h.items() if k not in ("tasks", "step")},
-                       se={k: v.std(0) / S ** 0.5 for k, v in h.items() if k not in ("tasks", "step")},
-                       final={k: v[:, -1] for k, v in h.items() if k not in ("tasks", "step")}, P_mean=P.mean(0), Q_mean=Q.mean(0))
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(jsonable(summary)))
+    if out is not None: save_iclr_summary(results, out, command or f"reproduce_iclr(seeds={list(seeds)}, out={str(out)!r})")
     return results
 
+
+# %% [markdown]
+# Each seed's run is its own (the engine's property), so the summary of some seeds of a run is the
+# summary those seeds would have had alone; `tools/regenerate_data.sh` uses this to write the 10-seed
+# file from the 30-seed run. Checked on a tiny run:
+
+# %%
+tiny_iclr, tmp_iclr = dataclasses.replace(ICLR_LINEAR, n_tasks=2, n_steps=4, eval_every=2, eval_tasks=4), Path(tempfile.mkdtemp())
+tiny_runs = reproduce_iclr(tiny_iclr, seeds=[3, 4], out=tmp_iclr / "both.json", progress=False)
+both, first = (json.loads(save.read_text()) for save in (tmp_iclr / "both.json", save_iclr_summary(tiny_runs[:1], tmp_iclr / "first.json", "seed 3 of a two-seed run")))
+test_eq((both["seeds"], first["seeds"], first["provenance"]["command"]), ([3, 4], [3], "seed 3 of a two-seed run"))
+for k in first["final"]: test_close(first["final"][k], both["final"][k][:1], eps=1e-12)
 
 # %%
 #| slow

@@ -30,9 +30,8 @@ json.dump(summary, open('$OUT/causal_pretrain.json', 'w'), indent=1)"
 import torch; torch.set_num_threads(1)
 import ictd.experiments.linear as L
 res = L.reproduce_iclr(seeds=range(30), out='$OUT/iclr_linear_30seeds.json', progress=False)
-L.pretrain_many = lambda config, seeds, progress=True: res[:len(list(seeds))]   # the engine's run i is seed i's own run: reuse seeds 0-9
-L.reproduce_iclr(seeds=range(10), out='$OUT/iclr_linear_10seeds.json', progress=False,
-                 command='seeds 0-9 of the 30-seed reproduce_iclr run (the engine returns each seed its own run), summarised by reproduce_iclr(seeds=range(10))')"
+L.save_iclr_summary(res[:10], '$OUT/iclr_linear_10seeds.json',   # the engine's run i is seed i's own run: seeds 0-9 of the 30
+                    'seeds 0-9 of the 30-seed reproduce_iclr run (the engine returns each seed its own run), summarised by save_iclr_summary')"
   timed converge ictd mechanism converge --seeds 0-9 --lrs 0.003 0.01 0.03 --steps 16000 --eval-every 250 --window 2000 --cache-dir "$CACHE" --device cpu --out "$OUT" --no-progress
   timed deep ictd mechanism deep --seeds 0-9 --depths 12 16 --cache-dir "$CACHE" --device cpu --out "$OUT" --no-progress
 }

@@ -21,9 +21,9 @@ from ..sliding import fitted_td_step
 
 # %% auto #0
 __all__ = ['ICLR_REFERENCE', 'ICLR_SEED0', 'METHOD_STYLES', 'ENTRY_LABELS', 'THETA_STAR_GRID', 'TUNING_GRIDS', 'aligned_history',
-           'summarise_linear', 'band_plot', 'plot_linear_pretraining', 'plot_pq', 'reference_table', 'reproduce_iclr',
-           'softmax_in_context', 'softmax_measures', 'msve_against_depth', 'side_by_side', 'plot_side_by_side',
-           'query_softmax_td', 'tuned_side_by_side', 'plot_tuned_side_by_side']
+           'summarise_linear', 'band_plot', 'plot_linear_pretraining', 'plot_pq', 'reference_table',
+           'save_iclr_summary', 'reproduce_iclr', 'softmax_in_context', 'softmax_measures', 'msve_against_depth',
+           'side_by_side', 'plot_side_by_side', 'query_softmax_td', 'tuned_side_by_side', 'plot_tuned_side_by_side']
 
 # %% ../../nbs/07a_linear_experiments.ipynb #894cfd7a
 ICLR_REFERENCE = dict(tasks=4000, iws=0.93, vd=(0.02, 0.03), P_last=1.6, trQ11=-4.3, trQ12=3.3)   # mean over 30 seeds
@@ -123,6 +123,24 @@ def reference_table(summaries:dict,             # label -> output of `summarise_
     return "| | " + " | ".join(cols) + " |\n" + "|---" * (len(cols) + 1) + "|\n" + "\n".join(rows)
 
 # %% ../../nbs/07a_linear_experiments.ipynb #14c906d7
+def save_iclr_summary(results:list,  # PretrainResults of `ICLR_LINEAR`-like runs, one per seed
+                      out,           # path of the JSON summary
+                      command:str,   # the command recorded in its provenance
+                     )->Path:
+    "Write the small JSON summary of linear pretraining runs (means, standard errors and final values over seeds) with its provenance."
+    config, seeds = dataclasses.replace(results[0].config, seed=0), [r.config.seed for r in results]
+    params = stack_results(results)["params"]
+    h, (P, Q) = aligned_history(results), align_signs(params["P"][:, -1], params["Q"][:, -1])
+    S, per_seed = len(seeds), [k for k in h if k not in ("tasks", "step")]
+    summary = dict(produced_by="ictd.experiments.linear.reproduce_iclr", provenance=provenance(command),
+                   config=dataclasses.asdict(config), seeds=seeds, alpha_td=summarise_linear(results)["alpha_td"],
+                   tasks=h["tasks"][0], mean={k: h[k].mean(0) for k in per_seed}, se={k: h[k].std(0) / S ** 0.5 for k in per_seed},
+                   final={k: h[k][:, -1] for k in per_seed}, P_mean=P.mean(0), Q_mean=Q.mean(0))
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(jsonable(summary)))
+    return Path(out)
+
+# %% ../../nbs/07a_linear_experiments.ipynb #56450921
 def reproduce_iclr(config:PretrainConfig=ICLR_LINEAR,  # the protocol
                    seeds=range(30),     # one run per seed
                    out=None,            # path of the JSON summary to write, or None
@@ -131,17 +149,7 @@ def reproduce_iclr(config:PretrainConfig=ICLR_LINEAR,  # the protocol
                   )->list:              # one PretrainResult per seed
     "The predecessor's pretraining experiment over many seeds (`pretrain_many`), with a small JSON summary of its results and their provenance."
     results = pretrain_many(config, list(seeds), progress=progress)
-    if out is not None:
-        params = stack_results(results)["params"]
-        h, (P, Q) = aligned_history(results), align_signs(params["P"][:, -1], params["Q"][:, -1])
-        S = len(list(seeds))
-        summary = dict(produced_by="ictd.experiments.linear.reproduce_iclr", provenance=provenance(command or f"reproduce_iclr(seeds={list(seeds)}, out={str(out)!r})"),
-                       config=dataclasses.asdict(config), seeds=list(seeds), alpha_td=summarise_linear(results)["alpha_td"],
-                       tasks=h["tasks"][0], mean={k: v.mean(0) for k, v in h.items() if k not in ("tasks", "step")},
-                       se={k: v.std(0) / S ** 0.5 for k, v in h.items() if k not in ("tasks", "step")},
-                       final={k: v[:, -1] for k, v in h.items() if k not in ("tasks", "step")}, P_mean=P.mean(0), Q_mean=Q.mean(0))
-        Path(out).parent.mkdir(parents=True, exist_ok=True)
-        Path(out).write_text(json.dumps(jsonable(summary)))
+    if out is not None: save_iclr_summary(results, out, command or f"reproduce_iclr(seeds={list(seeds)}, out={str(out)!r})")
     return results
 
 # %% ../../nbs/07a_linear_experiments.ipynb #c75d6173
