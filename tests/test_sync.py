@@ -3,10 +3,12 @@ import filecmp, shutil
 import pytest
 from conftest import ROOT, chapters, run
 
+SCRATCH = shutil.ignore_patterns('_rebuild_*')  # test_rebuild's copies come and go in nbs/ while these tests run in parallel
+
 def test_export_leaves_no_diff(tmp_path):
     "nbdev_export on a copy of the project reproduces `ictd/` exactly."
     for f in ('settings.ini', 'setup.py'): shutil.copy(ROOT / f, tmp_path / f)
-    shutil.copytree(ROOT / 'nbs', tmp_path / 'nbs')
+    shutil.copytree(ROOT / 'nbs', tmp_path / 'nbs', ignore=SCRATCH)
     shutil.copytree(ROOT / 'ictd', tmp_path / 'ictd')
     for f in (tmp_path / 'ictd').rglob('*.py'):   # subpackages too (ictd/experiments/)
         if f.name != '__init__.py': f.unlink()
@@ -20,9 +22,9 @@ def test_export_leaves_no_diff(tmp_path):
 def test_clean_leaves_no_diff(tmp_path):
     "nbdev_clean changes no notebook: they were cleaned before committing."
     shutil.copy(ROOT / 'settings.ini', tmp_path / 'settings.ini')
-    shutil.copytree(ROOT / 'nbs', tmp_path / 'nbs')
+    shutil.copytree(ROOT / 'nbs', tmp_path / 'nbs', ignore=SCRATCH)
     run('nbdev_clean', cwd=tmp_path)
-    names = [p.relative_to(ROOT / 'nbs') for p in (ROOT / 'nbs').rglob('*.ipynb')]
+    names = [p.relative_to(tmp_path / 'nbs') for p in (tmp_path / 'nbs').rglob('*.ipynb')]
     dirty = [str(n) for n in names if (ROOT / 'nbs' / n).read_bytes() != (tmp_path / 'nbs' / n).read_bytes()]
     assert not dirty, f'notebooks not clean: {dirty}; run nbdev_clean'
 
