@@ -1529,7 +1529,7 @@ def causal_pretrain_summary(config:PretrainConfig,  # the decoder's configuratio
 #| eval: false
 t0 = time.time()
 # EMERGENCE: the training configuration of chapter 6a (ictd.pretrain), here with a causal mask
-summary = causal_pretrain_summary(dataclasses.replace(EMERGENCE, attention="causal"), list(range(10)))
+summary = causal_pretrain_summary(dataclasses.replace(EMERGENCE, attention="causal"), list(range(20)))
 summary["provenance"] = provenance("the eval: false cell of nbs/04a_causal.ipynb, run from the repository root with OMP_NUM_THREADS=1",
                                    wall_s=round(time.time() - t0, 1), threads=1)
 json.dump(summary, open("nbs/data/causal_pretrain.json", "w"), indent=1)

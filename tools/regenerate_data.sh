@@ -22,7 +22,7 @@ from ictd.engine import EMERGENCE
 from ictd.core import provenance
 from ictd.causal import causal_pretrain_summary
 t0 = time.time()
-summary = causal_pretrain_summary(dataclasses.replace(EMERGENCE, attention='causal'), list(range(10)))
+summary = causal_pretrain_summary(dataclasses.replace(EMERGENCE, attention='causal'), list(range(20)))
 summary['provenance'] = provenance('the eval: false cell of nbs/04a_causal.ipynb, run from the repository root with OMP_NUM_THREADS=1', wall_s=round(time.time() - t0, 1), threads=1)
 json.dump(summary, open('$OUT/causal_pretrain.json', 'w'), indent=1)"
   timed head-to-head "$PY" -c "import torch; torch.set_num_threads(1); from ictd.experiments.head_to_head import run_head_to_head; run_head_to_head('$OUT/head_to_head.json')"
