@@ -43,6 +43,6 @@ def pytest_collection_modifyitems(config, items):
     # Only function-scoped tests move: a test that shares a module fixture keeps its place beside its module.
     items.sort(key=lambda item: next((i for i, name in enumerate(LONGEST) if name in item.nodeid), len(LONGEST)))
 
-LONGEST = ("test_notebook[06a_emergence.ipynb]", "test_notebook[07a_linear_experiments.ipynb]", "test_notebook[06b_mechanism.ipynb]",
+LONGEST = ("test_notebook[06a_emergence.ipynb]", "test_pretrained_decoder_on_seeds_the_book_does_not_show", "test_notebook[07a_linear_experiments.ipynb]", "test_notebook[06b_mechanism.ipynb]",
            "test_rebuild_leaves_notebook_unchanged[04a_causal.ipynb]", "test_notebook[07d_continuous_pretraining.ipynb]",
            "test_notebook[07c_continuous_experiments.ipynb]")

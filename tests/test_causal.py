@@ -156,11 +156,23 @@ def test_engine_family_trains_each_seed_as_alone():
     assert both[0].history["value_weights"].shape == (2, 3, 4)
 
 @pytest.mark.claims
-def test_pretrained_decoders_learn_a_recency_bias():
-    "On 10 seeds the book does not show (100..109), 600 steps of chapter 6's configuration: the last layer's learned positional bias is"
-    " positive in >= 9 of 10 seeds (chance 11/1024 if its sign were a coin flip), as the fix of chapter 4a predicts."
+def test_pretrained_decoder_on_seeds_the_book_does_not_show():
+    "Chapter 4a's pretraining claim on 10 seeds the book does not show (100..109), chapter 6a's configuration (2000 steps)."
+    " Catches: a decoder that matches or beats the non-causal model (the book measures it a little worse: here it must be worse in"
+    " at least 6 of 10 seeds, and on average), certainty equivalence not beating both in >= 9 of 10 seeds, a decoder no better than the context mean on average, and a"
+    " positional bias whose sign is a coin flip (positive in >= 9 of 10 seeds in layers 2 and 3: chance 11/1024 each)."
     from ictd.engine import EMERGENCE
     from ictd.pretrain import pretrain_many
-    cfg = dataclasses.replace(EMERGENCE, attention="causal", n_steps=600, eval_every=600, eval_tasks=32)
-    lam = torch.stack([r.history["recency"][-1] for r in pretrain_many(cfg, list(range(100, 110)), progress=False)])
-    assert int((lam[:, -1] > 0).sum()) >= 9
+    from ictd.emergence import baseline_msve, min_successes
+    seeds = list(range(100, 110))
+    dec = pretrain_many(dataclasses.replace(EMERGENCE, attention="causal"), seeds, progress=False)
+    soft = pretrain_many(EMERGENCE, seeds, progress=False)
+    final = lambda runs: torch.tensor([r.history["msve"][-1, 0].item() for r in runs], dtype=torch.float64)
+    d, s = final(dec), final(soft)
+    base = [baseline_msve(r.config) for r in soft]
+    ce, cm = (torch.tensor([b[k].mean().item() for b in base], dtype=torch.float64) for k in ("certainty equivalence", "context mean"))
+    k = min_successes(10, 1 / 2)
+    assert int((d > s).sum()) >= 6 and (d - s).mean() > 0, (d, s)
+    assert int((ce < d).sum()) >= k and int((ce < s).sum()) >= k and d.mean() < cm.mean(), (ce, d, s, cm)
+    lam = torch.stack([r.history["recency"][-1] for r in dec])
+    assert (lam[:, 1:] > 0).sum(0).min() >= 9, lam

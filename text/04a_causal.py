@@ -32,7 +32,7 @@ from ictd.boyan import random_boyan_chain, sample_trajectory, msve
 from ictd.tasks import random_tasks, sample_trajectories
 from ictd.wstd import weighted_softmax_td, context_weights
 from ictd.engine import EMERGENCE
-from ictd.emergence import mean_se
+from ictd.emergence import mean_se, min_successes
 from ictd.core import record_claim
 
 # %%
@@ -65,7 +65,7 @@ torch.set_num_threads(1)
 #    a variant that contracts for every kernel (Proposition 4a.3), the bias left by causality, and a
 #    positional bias that removes most of it;
 # 4. streaming: the query's estimate as transitions arrive, with a KV cache;
-# 5. pretraining a causal model on 10 seeds through the engine of [chapter 6](pretrain.html).
+# 5. pretraining a causal model on 20 seeds through the engine of [chapter 6](pretrain.html).
 #
 # *How to read this chapter.* The iteration and the layer come first, each with the statement it
 # satisfies, its proof (folded under "Proof") and the check that tests it. The four experiments
@@ -1131,7 +1131,7 @@ fig.tight_layout()
 # [Implementation and tests](#the-decoder-as-a-model-family-of-the-engine)). The run trains the decoder and the
 # non-causal model of chapter 6 with the same configuration, the one chapter 6a's emergence study uses
 # (`EMERGENCE` in `ictd.pretrain`: $d = 4$ random features, $n = 30$, $L = 3$, Adam with learning rate
-# $10^{-2}$, 2000 steps), on the same 10 seeds, and measures both on each seed's held-out tasks beside the
+# $10^{-2}$, 2000 steps), on the same 20 seeds, and measures both on each seed's held-out tasks beside the
 # baselines of [chapter 6a](emergence.html) and the decoder construction of this chapter
 # (`current="self"`, tuned over $\alpha$, $\beta$ and $\lambda$ at the same depth on tuning tasks). On one shared
 # CPU thread this takes longer than the book's budget, so the run's numbers were saved to
@@ -1141,7 +1141,8 @@ fig.tight_layout()
 # %%
 pre = json.loads(next(p for p in (Path("data/causal_pretrain.json"), Path("nbs/data/causal_pretrain.json")) if p.exists()).read_text())
 prov, seeds_pre = pre["provenance"], pre["per_seed"]
-test_eq(len(seeds_pre), 10)
+n_pre = len(seeds_pre)
+test_eq(n_pre, 20)
 Markdown(f"Read `nbs/data/causal_pretrain.json`: {len(seeds_pre)} seeds ({pre['seeds'][0]}..{pre['seeds'][-1]}), {pre['config']['n_steps']} steps, "
          f"learning rate {pre['config']['lr']:g}, made by commit `{prov['commit'][:10]}` on {prov['date']} in {prov['wall_s'] / 60:.0f} minutes "
          f"on one thread (a shared machine), with {prov['command']}" + (f"; {prov['note']}." if "note" in prov else "."))
@@ -1150,7 +1151,7 @@ Markdown(f"Read `nbs/data/causal_pretrain.json`: {len(seeds_pre)} seeds ({pre['s
 # %% [markdown]
 # **Result: value error.** The trained decoder, the trained non-causal model, the decoder construction
 # tuned at the same depth, and the baselines of [chapter 6a](emergence.html), each on every seed's
-# held-out tasks (mean over the 256 tasks of a seed; mean ± standard error over the 10 seeds).
+# held-out tasks (mean over the 256 tasks of a seed; mean ± standard error over the seeds).
 # The best constant is an oracle: the single number per task that minimises its MSVE, computed from
 # the true values, shown for scale; the other baselines see only the context.
 
@@ -1163,15 +1164,18 @@ msve_rows = {"trained decoder (causal mask)": per_seed("msve_causal"), "trained 
              "decoder construction (self-anchored, tuned)": per_seed("msve_decoder_construction"),
              **{k: per_seed("baselines", k) for k in seeds_pre[0]["baselines"]}}
 shown = {"best constant": "best constant (oracle)", "best theta*": "best theta* (tuned, non-causal)"}
-Markdown("| predictor | MSVE, mean ± s.e. over 10 seeds | range |\n|---|---|---|\n" +
+Markdown(f"| predictor | MSVE, mean ± s.e. over {n_pre} seeds | range |\n|---|---|---|\n" +
          "\n".join(f"| {shown.get(k, k)} | {v.mean():.3f} ± {mean_se(v)[1]:.3f} | {v.min():.3f} – {v.max():.3f} |" for k, v in msve_rows.items()))
 
 # %%
 gap = msve_rows["trained decoder (causal mask)"] - msve_rows["trained non-causal model"]
 wins = int((gap < 0).sum())
-Markdown(f"The decoder's MSVE minus the non-causal model's, per seed: mean {gap.mean():+.3f} ± {mean_se(gap)[1]:.3f}; "
-         f"the decoder is better in {wins} of 10 seeds. Against the context-mean predictor the decoder is better in "
-         f"{int((msve_rows['trained decoder (causal mask)'] < msve_rows['context mean']).sum())} of 10 seeds.")
+ratio = msve_rows["trained decoder (causal mask)"].mean() / msve_rows["trained non-causal model"].mean()
+Markdown(f"The decoder's MSVE minus the non-causal model's, per seed: mean {gap.mean():+.3f} ± {mean_se(gap)[1]:.3f} "
+         f"({gap.mean() / mean_se(gap)[1]:.1f} standard errors; the decoder's mean error is {ratio:.2f} times the non-causal model's); "
+         f"the decoder is better in {wins} of {n_pre} seeds. Against the context-mean predictor the decoder is better in "
+         f"{int((msve_rows['trained decoder (causal mask)'] < msve_rows['context mean']).sum())} of {n_pre} seeds. On the first ten seeds alone the gap is "
+         f"{gap[:10].mean():+.3f} ± {mean_se(gap[:10])[1]:.3f} ({gap[:10].mean() / mean_se(gap[:10])[1]:.1f} standard errors).")
 
 # %% [markdown]
 # **Result: value weights.** For the decoder, the value row of each layer has four entries that the TD
@@ -1188,8 +1192,8 @@ rows_c, rows_s = [], []
 for l in range(wc.shape[1]):
     tdc = int(((wc[:, l, 0] > 0) & (wc[:, l, 1] > 0) & ((wc[:, l, 2] < 0) | (wc[:, l, 3] < 0))).sum())
     tds = int(((ws[:, l, 0] > 0) & (ws[:, l, 1] > 0) & (ws[:, l, 2] < 0)).sum())
-    rows_c.append(f"| {l + 1} | ({fmt(wc[:, l])}) | {tdc} / 10 |")
-    rows_s.append(f"| {l + 1} | ({fmt(ws[:, l])}) | {tds} / 10 |")
+    rows_c.append(f"| {l + 1} | ({fmt(wc[:, l])}) | {tdc} / {n_pre} |")
+    rows_s.append(f"| {l + 1} | ({fmt(ws[:, l])}) | {tds} / {n_pre} |")
 Markdown("*Decoder*: weights on (reward, successor, current value in the previous token, own value via $U$)\n\n"
          "| layer | weights, mean ± s.e. | seeds with (+, +, − in either) |\n|---|---|---|\n" + "\n".join(rows_c) +
          "\n\n*Non-causal model*: weights on (reward, successor, current value)\n\n"
@@ -1210,14 +1214,14 @@ Markdown("| layer | decoder: start → end | non-causal: start → end | decoder
                    for l in range(dc.shape[-1])))
 
 # %%
-#| fig-cap: "Figure 4a.3: Under pretraining the decoder's held-out value error falls like the non-causal model's and ends close to it."
-#| fig-alt: "Log-scale held-out value error against training step, 0 to 2000, for the decoder (solid blue) and the non-causal model (dashed orange): means of 10 seeds with shaded 10 to 90 percent bands; both fall steeply early and flatten, the decoder's curve a little above."
+#| fig-cap: "Figure 4a.3: Under pretraining the decoder's held-out value error falls like the non-causal model's and ends a little above it."
+#| fig-alt: "Log-scale held-out value error against training step, 0 to 2000, for the decoder (solid blue) and the non-causal model (dashed orange): means over the seeds with shaded 10 to 90 percent bands; both fall steeply early and flatten, the decoder's curve a little above."
 #| code-fold: true
 fig, ax = plt.subplots(figsize=(6.5, 3.6))
 steps_pre = np.array(seeds_pre[0]["step"])
 for name, key, color, ls in (("decoder", "msve_causal", "C0", "-"), ("non-causal", "msve_softmax", "C1", "--")):
     m = torch.tensor([s[key] for s in seeds_pre], dtype=torch.float64)
-    ax.plot(steps_pre, m.mean(0), ls, color=color, label=f"{name} (mean of 10 seeds)")
+    ax.plot(steps_pre, m.mean(0), ls, color=color, label=f"{name} (mean of {n_pre} seeds)")
     ax.fill_between(steps_pre, m.quantile(0.1, 0), m.quantile(0.9, 0), color=color, alpha=0.2)
 ax.set(yscale="log", xlabel="training step", ylabel="MSVE on held-out tasks", title="Value error during pretraining")
 plain_log_ticks(ax, "y")
@@ -1226,17 +1230,17 @@ fig.tight_layout()
 
 # %%
 #| fig-cap: "Figure 4a.4: Under pretraining the last layer's attention becomes more diagonal in both models: a larger share lands on keys that leave the query's own state."
-#| fig-alt: "Kernel diagonality of the last layer against training step, 0 to 2000, for the decoder (solid blue) and the non-causal model (dashed orange), means of 10 seeds; both start near 0.1 and rise."
+#| fig-alt: "Kernel diagonality of the last layer against training step, 0 to 2000, for the decoder (solid blue) and the non-causal model (dashed orange), means over the seeds; both start near 0.1 and rise."
 #| code-fold: true
 fig, ax = plt.subplots(figsize=(6.5, 3.6))
 for name, d_, color, ls in (("decoder", dc, "C0", "-"), ("non-causal", ds, "C1", "--")):
     ax.plot(steps_pre, d_[..., -1].mean(0), ls, color=color, label=f"{name}, last layer")
-ax.set(xlabel="training step", ylabel="attention share on own state", title="Kernel diagonality (mean of 10 seeds)")
+ax.set(xlabel="training step", ylabel="attention share on own state", title=f"Kernel diagonality (mean of {n_pre} seeds)")
 ax.legend(fontsize=9)
 fig.tight_layout()
 
 # %% [markdown]
-# Figure 4a.3 shows the value error on held-out tasks during pretraining (mean of 10 seeds, band from
+# Figure 4a.3 shows the value error on held-out tasks during pretraining (mean over the seeds, band from
 # the 10% to the 90% quantile); Figure 4a.4 the last layer's kernel diagonality.
 #
 # **What it shows, and the check.** Computed from the tables above:
@@ -1247,26 +1251,28 @@ own_more_negative = int((wc[:, L_last, 3] < wc[:, L_last, 2]).sum())
 td_dec = int(((wc[:, L_last, 0] > 0) & (wc[:, L_last, 1] > 0) & ((wc[:, L_last, 2] < 0) | (wc[:, L_last, 3] < 0))).sum())
 td_soft = int(((ws[:, L_last, 0] > 0) & (ws[:, L_last, 1] > 0) & (ws[:, L_last, 2] < 0)).sum())
 rise_dec, rise_soft = dc[:, -1, L_last] - dc[:, 0, L_last], ds[:, -1, L_last] - ds[:, 0, L_last]
-Markdown(f"- Sign pattern: in the last layer, {td_dec} of 10 decoders and {td_soft} of 10 non-causal models show (+, +, −) "
+Markdown(f"- Sign pattern: in the last layer, {td_dec} of {n_pre} decoders and {td_soft} of {n_pre} non-causal models show (+, +, −) "
          f"(for the decoder: reward and successor positive, and a negative weight on the current value in either slot).\n"
          f"- Where the decoder puts its current-value weight: the column's own value (through $U$, the self-anchored slot of Proposition 4a.3) is the more "
-         f"negative of the two slots in {own_more_negative} of 10 seeds; the previous token's value (the slot of $\\theta^*$ under the mask) in the other {10 - own_more_negative}.\n"
+         f"negative of the two slots in {own_more_negative} of {n_pre} seeds; the previous token's value (the slot of $\\theta^*$ under the mask) in the other {n_pre - own_more_negative}.\n"
          f"- Diagonality of the last layer rises by {rise_dec.mean():+.3f} ± {mean_se(rise_dec)[1]:.3f} in the decoder and by {rise_soft.mean():+.3f} ± {mean_se(rise_soft)[1]:.3f} "
          f"in the non-causal model.\n"
          f"- The learned positional bias $\\lambda$ is positive (favouring late, well-informed transitions, as the fix of this chapter does) in "
-         f"{', '.join(f'{int((rec[:, l] > 0).sum())} of 10 seeds in layer {l + 1}' for l in range(rec.shape[1]))}.\n"
+         f"{', '.join(f'{int((rec[:, l] > 0).sum())} of {n_pre} seeds in layer {l + 1}' for l in range(rec.shape[1]))}.\n"
          f"- Value error: the decoder ends at {msve_rows['trained decoder (causal mask)'].mean():.3f} ± {mean_se(msve_rows['trained decoder (causal mask)'])[1]:.3f}, "
          f"the non-causal model at {msve_rows['trained non-causal model'].mean():.3f} ± {mean_se(msve_rows['trained non-causal model'])[1]:.3f}; "
-         f"the decoder is better in {wins} of 10 seeds. Mean MSVE over the context-mean predictor's: decoder "
+         f"the decoder is better in {wins} of {n_pre} seeds. Mean MSVE over the context-mean predictor's: decoder "
          f"{msve_rows['trained decoder (causal mask)'].mean() / msve_rows['context mean'].mean():.2f}, non-causal {msve_rows['trained non-causal model'].mean() / msve_rows['context mean'].mean():.2f}, "
          f"certainty equivalence {msve_rows['certainty equivalence'].mean() / msve_rows['context mean'].mean():.2f}, and the decoder construction, limited to three layers "
          f"of step at most 1, {msve_rows['decoder construction (self-anchored, tuned)'].mean() / msve_rows['context mean'].mean():.2f}.")
 
 # %% [markdown]
-# The mask costs the construction accuracy, but at this budget it costs the trained model none that ten
-# seeds can detect: the two end at held-out errors that a sign test over the seeds does not tell apart
-# (checked below). What emerges is the same in kind: the TD sign pattern in the last layer of most
-# decoders (and of some non-causal models: [chapter 6b](mechanism.html) shows that the layer carrying
+# The mask costs the construction much accuracy and the trained model a little: at this budget the
+# decoder ends above the non-causal model, by a paired gap of more than two standard errors over the
+# seeds (checked below), though not on every seed. The gap is of the size of the spread between seeds,
+# so ten seeds resolve it poorly (compare the first ten alone, above); the run has twenty, and the tests
+# repeat the comparison on ten seeds the book does not show. What emerges is the same in kind: the TD sign pattern in the last layer of most
+# decoders (and of many non-causal models: [chapter 6b](mechanism.html) shows that the layer carrying
 # it is not always the last), a kernel that grows more diagonal, and a positional bias of the sign the
 # mean-field argument recommends, learned without being asked for. Two baselines put this in its place. Certainty
 # equivalence, which solves the context's empirical chain and uses no attention, beats both trained
@@ -1278,11 +1284,13 @@ Markdown(f"- Sign pattern: in the last layer, {td_dec} of 10 decoders and {td_so
 
 # %%
 ce, dec_m, soft_m = msve_rows["certainty equivalence"], msve_rows["trained decoder (causal mask)"], msve_rows["trained non-causal model"]
-assert 2 <= wins <= 8 and int((ce < dec_m).sum()) >= 8 and int((ce < soft_m).sum()) >= 8   # a two-sided sign test over 10 seeds rejects only below 2 or above 8 (p < 0.05)
+k_pre = min_successes(n_pre, 1 / 2)   # seeds a one-sided sign test needs to reject a coin flip at the 5% level
+assert gap.mean() > 2 * mean_se(gap)[1] and wins < n_pre / 2, (gap, wins)   # the decoder pays for the mask: a paired gap above two standard errors
+assert int((ce < dec_m).sum()) >= k_pre and int((ce < soft_m).sum()) >= k_pre and int((dec_m < msve_rows["context mean"]).sum()) >= k_pre
 assert (msve_rows["decoder construction (self-anchored, tuned)"] > dec_m).all() and (rec[:, 1:] > 0).all() and msve_rows["best constant"].mean() < ce.mean()
-assert td_dec >= 6 and td_soft >= 1 and rise_dec.mean() > 0 and rise_soft.mean() > 0
-print(f"certainty equivalence beats the decoder on {int((ce < dec_m).sum())} of 10 seeds and the non-causal model on {int((ce < soft_m).sum())} of 10")
-_ = record_claim("pretrained-decoder", "Pretrained under a causal mask (chapter 6a's configuration, 10 seeds), the decoder's held-out error cannot be told from the non-causal model's by a sign test over the seeds, it learns a positive positional bias in its upper layers, and both are beaten by certainty equivalence.",
+assert td_dec >= k_pre and td_soft >= 1 and rise_dec.mean() > 0 and rise_soft.mean() > 0
+print(f"certainty equivalence beats the decoder on {int((ce < dec_m).sum())} of {n_pre} seeds and the non-causal model on {int((ce < soft_m).sum())} of {n_pre}; a sign test needs {k_pre}")
+_ = record_claim("pretrained-decoder", "Pretrained under a causal mask (chapter 6a's configuration, 20 seeds), the decoder's held-out error is a little above the non-causal model's (a paired gap of more than two standard errors), it learns a positive positional bias in its upper layers, and both are beaten by certainty equivalence.",
              "measured", "causal", "#pretraining-a-decoder")
 
 # %% [markdown]
