@@ -149,7 +149,7 @@ Markdown(f"Linear minus softmax, per seed: held-out MSVE {line(pair['msve'])}; c
 #   on (nearly) every seed, and the paired tests reject equality;
 # * at this budget the pretrained **linear** Transformer has barely left its small initialisation:
 #   its MSVE stays close to that of predicting zero, and every simple baseline that reads the
-#   context beats it. Larger learning rates do not help: they diverge (the tuning table). This is a
+#   context beats it. Larger learning rates do not help: in the tuning table they score worse or diverge. This is a
 #   statement about the shared budget of chapter 6's headline run on the stationary protocol,
 #   measured on random Boyan chains with 4 random features; the predecessor trains for many more
 #   steps on its own protocol, and the linear Transformer does learn batch TD there ([chapter 7a](linear_experiments.html#the-predecessors-pretraining-experiment));
