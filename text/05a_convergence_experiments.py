@@ -925,7 +925,8 @@ print(f"{len(rates)} tasks; |rate - spectral radius| <= {np.abs(rates - rate_res
 # rate of the constant direction: the row-sum argument counts the leaked mass as if it always pushed the
 # wrong way, while on the constant vector, here the slowest mode of $B$, the leak costs nothing. That the
 # constant vector is the slowest mode is a property of these fast-mixing chains, not a theorem: the section
-# on slowly mixing chains below shows chains where another mode is slower.
+# on [slowly mixing chains](worst_cases.html#slowly-mixing-chains-when-the-rate-is-not-the-tabular-rate) of chapter 5b
+# shows chains where another mode is slower.
 
 # %% [markdown]
 # ## Experiment 6: the leaky regime at finite $n$

@@ -498,7 +498,7 @@ fig.tight_layout()
 # **What to check instead.** The exact criterion is $\operatorname{spr}(B) < 1$, checkable for any given $M_\pi$ and $P$
 # (`spectral_radius`); Proposition 5.2's span conditions $\operatorname{sc}(B^k) < 1$ are checkable sufficient conditions between the
 # diagonal one and the exact one; all of them use $P$. A condition on the diagonal of $M$ alone cannot be weaker than
-# $\min_x M(x, x) > m^*(\gamma, \alpha, s)$, which by the table grows with $s$ and tends to 1 as $\gamma \to 1$. A
+# $\min_x M(x, x) > m^*(\gamma, \alpha, s)$, which by the table grows with $s$ and, by the closed form, tends to 1 as $\gamma \to 1$. A
 # $d_\pi$-weighted $\ell_2$ argument, TD's classical one, gives another kind of condition: if $M D_\pi^{-1}$ is symmetric
 # positive definite ($D_\pi = \operatorname{diag}(d_\pi)$), then $M (I - \gamma P) = (M D_\pi^{-1})(D_\pi (I - \gamma P))$ is a
 # positive definite matrix times one whose symmetric part is positive definite ($x^\top D_\pi P x \le \|x\|_{D_\pi}\|Px\|_{D_\pi}

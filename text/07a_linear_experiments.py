@@ -795,8 +795,9 @@ Markdown("\n\n".join(tables))
 #   grids (asserted below, as for the other two methods); the ablation shows the direction of
 #   normalisation matters, not the best such model.
 #
-# The one-hot and random-feature panels run on the same chains and contexts (same seeds, checked in
-# the side-by-side above), so the zero predictor's error is the same in both.
+# The one-hot and random-feature panels run on the same chains and contexts (the same seed streams,
+# [checked](#the-same-chains-under-every-feature-kind) in the last section), so the zero predictor's error is the same
+# in both (asserted).
 
 # %%
 def interior(value, grid): return min(grid) < value < max(grid)
