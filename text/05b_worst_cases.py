@@ -145,7 +145,8 @@ show_doc(plot_slow_mixing)
 # Claims, measured on these two families: on the fastest-mixing lazy chains the rate is $\kappa_{\mathrm{tab}}$; on lazy chains the
 # asymptotic rate (the spectral radius of $B$) grows with the relaxation time and reaches Proposition 5.6's limit; and it
 # always lies between $\kappa_{\mathrm{tab}}$ and $\kappa$ (Propositions 5.1 and 5.2: a sanity check of the theorems). The measured rate, fitted
-# over depths 100 to 200, is plotted too: where two modes have nearly the same rate it has not yet settled on the slower.
+# over depths 100 to 200, is plotted too: where two modes have nearly the same rate it has not yet settled on the slower,
+# and it can lie below the spectral radius (its range is printed under the figure).
 
 # %%
 #| fig-cap: "Figure 5b.1: on lazy chains the iteration slows as the chain mixes more slowly, up to the limit of Proposition 5.6; two-block chains barely slow down."
@@ -167,17 +168,20 @@ Markdown(f"Fastest lazy chains ($\\eta = 1$, median relaxation time {lazy_r['rel
          f"within {(lazy_r['spectral'][:, 0] - slow['lazy_limit']).abs().max():.1e} of the limit; two blocks (relaxation time "
          f"{block_r['relax'][:, 0].median():.0f}) in [{block_r['spectral'][:, 0].min():.4f}, {block_r['spectral'][:, 0].max():.4f}]. "
          f"The bound $\\kappa$ is {lazy_r['rho'].mean():.3f} on every chain. Depth factor at the lazy limit: "
-         f"{math.log(lam) / math.log(slow['lazy_limit'].median()):.3f} (median chain), at most {math.log(lam) / math.log(1 - slow['alpha'] * (1 - slow['gamma']) * (2 * 0.96 - 1)):.3f} by the cap.")
+         f"{math.log(lam) / math.log(slow['lazy_limit'].median()):.3f} (median chain), at most {math.log(lam) / math.log(1 - slow['alpha'] * (1 - slow['gamma']) * (2 * 0.96 - 1)):.3f} by the cap. "
+         f"The median measured rate (depths {slow['fit']}) over the mixing parameters lies in [{lazy_r['rates'].median(0).values.min():.4f}, {lazy_r['rates'].median(0).values.max():.4f}] "
+         f"on lazy chains and in [{block_r['rates'].median(0).values.min():.4f}, {block_r['rates'].median(0).values.max():.4f}] on two blocks, "
+         + ("dipping below" if min(r['rates'].median(0).values.min() for r in (lazy_r, block_r)) < lam - 1e-4 else "never below") + " $\\kappa_{\\mathrm{tab}}$.")
 
 
 # %% [markdown]
 # The lazy chains slow down by a small amount, and Proposition 5.6 says why it must be small under the diagonal
 # condition: by Gershgorin's theorem $\mu_{\min} \ge 2\min_x M_\pi(x, x) - 1$, so the limit is at most
-# $1 - \alpha(1 - \gamma)(2\min_x M_\pi(x, x) - 1)$ (red dashed line); the factor by which the depth for a given accuracy
+# $1 - \alpha(1 - \gamma)(2\min_x M_\pi(x, x) - 1)$ (vermillion dash-dotted line); the factor by which the depth for a given accuracy
 # grows, $\ln \kappa_{\mathrm{tab}} / \ln(\text{limit})$, is printed above.
 # The two-block chains, although nearly decomposable, barely slow down at all: their slow mode is the block indicator,
-# and the attention of these chains rarely leaks across blocks, so $M_\pi$ nearly preserves that mode. Slow mixing
-# slows the iteration only where the attention mixes the slow mode of $P$.
+# and (our reading, not measured here) the attention of these chains rarely leaks across blocks, so $M_\pi$ nearly
+# preserves that mode: slow mixing would then slow the iteration only where the attention mixes the slow mode of $P$.
 
 # %% [markdown]
 # The leaky-regime finding, restated with its scope: *on random Boyan chains* (which relax in a few steps) the rate is
@@ -446,10 +450,14 @@ for g in gammas_t:
 record_claim("threshold-above-half", "Self-attention dominating ($\\min_x M(x, x) > 1/2$) is not enough beyond two states: explicit positive pairs with larger diagonals diverge, certified exactly.", "proved", "worst_cases", "#the-true-threshold-a-search-for-worst-cases")
 gain = {k: thr[k] - circulant_threshold(*k)["m"] for k in thr}
 limits = {(g, a): circulant_limit(g, a) for g in gammas_t for a in alphas_t}
+first_above = {(g, a): min((s for s in sizes_t if thr[g, a, s] > 0.5 + 1e-9), default=None) for g in gammas_t for a in alphas_t}
 Markdown(f"Certificates: {len(records)} pairs, spectral radii in [{min(rhos_c):.9f}, {max(rhos_c):.9f}] (each at least one with a margin of $10^{{-9}}$, in float64); made by `{certs['command']}` "
          f"at commit `{certs['commit'][:10]}` on {certs['date'][:10]} ({certs['settings']['n_starts']} random starts per search). "
          f"The search beat the circulant bound at {sum(v > 1e-6 for v in gain.values())} of {len(gain)} grid points, by at most {max(gain.values()):.4f}. "
-         f"At $\\gamma = 0.9$, $\\alpha = 1$: a pair in which every state keeps at least {thr[0.9, 1., 8]:.3f} of its attention for itself can still diverge.\n\n"
+         f"At $\\gamma = 0.9$, $\\alpha = 1$: a pair in which every state keeps at least {thr[0.9, 1., 8]:.3f} of its attention for itself can still diverge. "
+         "The smallest number of states with a certified value above $1/2$: "
+         + "; ".join(f"$\\gamma = {g}$: " + ", ".join(f"$s = {first_above[g, a]}$ at $\\alpha = {a}$" if first_above[g, a] else f"none up to $s = {sizes_t[-1]}$ at $\\alpha = {a}$" for a in alphas_t) for g in gammas_t)
+         + ".\n\n"
          + "\n\n".join(f"**$\\gamma = {g}$**\n\n| $s$ | " + " | ".join(f"$\\alpha = {a}$" for a in alphas_t) + " |\n|---|" + "---|" * len(alphas_t) + "\n"
                        + "\n".join(f"| {s} | " + " | ".join(f"{thr[g, a, s]:.4f}" for a in alphas_t) + " |" for s in sizes_t)
                        + "\n| $m_\\infty$ (circulant) | " + " | ".join(f"{limits[g, a]:.4f}" for a in alphas_t) + " |"
@@ -458,8 +466,9 @@ Markdown(f"Certificates: {len(records)} pairs, spectral radii in [{min(rhos_c):.
 # %% [markdown]
 # The table gives certified lower bounds on $m^*(\gamma, \alpha, s)$ (each entry: a positive pair with that minimum
 # diagonal whose error matrix has spectral radius at least one; by Proposition 5.7 item 2, an entry also certifies every
-# larger $s$ and $\alpha$). $m^*$ grows with $s$ and with $\alpha$, it is $1/2$ at two states, and already at three
-# states a minimum diagonal above $1/2$ is not enough. Whether the search found the *true* $m^*$ is not known: the
+# larger $s$ and $\alpha$). The certified values grow with $s$ and with $\alpha$ (asserted), they are $1/2$ at two states, and a
+# few states more already make a minimum diagonal above $1/2$ not enough (the smallest such $s$ per $\gamma$ and $\alpha$ is
+# listed above the table). Whether the search found the *true* $m^*$ is not known: the
 # entries are lower bounds, measured by a search over random and circulant starts; the upper bound is $(1 + \gamma)/2$.
 # The figure sets them beside the two candidate conditions:
 
@@ -480,15 +489,16 @@ axes[0].legend(fontsize=8, loc="upper left")
 fig.tight_layout()
 
 # %% [markdown]
-# The entries are far above $1/2$ (at $\gamma = 0.9$, $\alpha = 1$, see the sentence under the table). As $\gamma \to 1$ the certified thresholds approach 1 (the dash-dotted closed form
-# tends to 1 like $1 - \sqrt{2(1 - \gamma)}$), so no condition on the diagonal alone can stay near $1/2$; and the circulant
+# The entries are far above $1/2$ (at $\gamma = 0.9$, $\alpha = 1$, see the sentence above the table). As $\gamma \to 1$ the thresholds approach 1
+# (the dash-dotted closed form, for any $\alpha$ as $s \to \infty$, tends to 1 like $1 - \sqrt{2(1 - \gamma)}$; at $\alpha = 1$ the certified
+# values at $\gamma = 0.99$ are already close to $(1 + \gamma)/2$), so no condition on the diagonal alone can stay near $1/2$; and the circulant
 # limits (dotted) stay below $(1 + \gamma)/2$, so Proposition 5.1's constant may or may not be the truth for large $s$:
 # that is open.
 #
 # **What to check instead.** The exact criterion is $\operatorname{spr}(B) < 1$, checkable for any given $M_\pi$ and $P$
 # (`spectral_radius`); Proposition 5.2's span conditions $\operatorname{sc}(B^k) < 1$ are checkable sufficient conditions between the
 # diagonal one and the exact one; all of them use $P$. A condition on the diagonal of $M$ alone cannot be weaker than
-# $\min_x M(x, x) > m^*(\gamma, \alpha, s)$, which by the table grows with $s$ and tends to 1 as $\gamma \to 1$. A
+# $\min_x M(x, x) > m^*(\gamma, \alpha, s)$, which by the table grows with $s$ and, by the closed form, tends to 1 as $\gamma \to 1$. A
 # $d_\pi$-weighted $\ell_2$ argument, TD's classical one, gives another kind of condition: if $M D_\pi^{-1}$ is symmetric
 # positive definite ($D_\pi = \operatorname{diag}(d_\pi)$), then $M (I - \gamma P) = (M D_\pi^{-1})(D_\pi (I - \gamma P))$ is a
 # positive definite matrix times one whose symmetric part is positive definite ($x^\top D_\pi P x \le \|x\|_{D_\pi}\|Px\|_{D_\pi}

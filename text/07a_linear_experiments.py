@@ -201,8 +201,8 @@ def plot_pq(P:torch.Tensor,   # (S, 2d+1, 2d+1) one layer's P per seed
 # protocol for 30 seeds.
 
 # %%
-#| fig-cap: "Figure 7a.1: Pretrained with the predecessor's sliding-window TD loss, linear Transformers move towards batch TD: the implicit weight similarity rises and the value difference falls as tasks are seen."
-#| fig-alt: "Two panels against tasks seen, each a line with a band of two standard errors over 10 seeds: implicit weight similarity rising from near 0 towards 1; value difference to batch TD falling on a log scale."
+#| fig-cap: "Figure 7a.1: Pretrained with the predecessor's sliding-window TD loss, linear Transformers move towards batch TD: the implicit weight similarity rises and the value difference falls as tasks are seen, apart from a transient spike in its mean."
+#| fig-alt: "Two panels against tasks seen, each a line with a band of two standard errors over 10 seeds: implicit weight similarity rising from near 0 towards 1; value difference to batch TD falling on a log scale, with a transient spike of the mean and its band at 250 tasks."
 fast_linear = dataclasses.replace(ICLR_LINEAR, lr=3e-3, n_tasks=400, n_steps=2000, eval_every=250)
 lin = pretrain_many(fast_linear, range(10), progress=False)
 plot_linear_pretraining(lin, reference=None, title=f"Linear Transformer, sliding-window TD, lr = {fast_linear.lr:g}, 10 seeds");
@@ -245,12 +245,12 @@ Markdown(reference_table({f"book run, lr {fast_linear.lr:g}": summarise_linear(l
 #
 # * the implicit weight similarity rises from near 0 to above $0.85$, and the value difference to
 #   batch TD falls below $0.05$, in most seeds;
-# * after sign alignment, every seed has the construction's sign pattern: $\mathrm{tr}\,A_{11} < 0 <
+# * after sign alignment, all but at most one seed have the construction's sign pattern: $\mathrm{tr}\,A_{11} < 0 <
 #   \mathrm{tr}\,A_{12}$ (Figure 7a.2; the mean heat maps of Figure 7a.3 show the two $-/+$ diagonal blocks of $A$ and the
 #   bottom-right entry of $V$);
 # * the magnitudes are below the published ones, since this run has seen a tenth of the tasks; the
-#   seeds that lag are slow to leave the small initialisation rather than heading elsewhere (their
-#   entries have the same signs, smaller).
+#   seeds without the sign pattern are slow to leave the small initialisation: their $V[-1,-1]$ stays below a
+#   tenth of the median seed's (asserted; the seeds are named below).
 
 # %%
 def lower_bound(k:int, n:int, level:float=0.95)->float:
@@ -266,6 +266,10 @@ claims = {"IWS > 0.85": h_lin["iws"][:, -1] > 0.85, "VD < 0.05": h_lin["vd"][:, 
 counts = {k: int(v.sum()) for k, v in claims.items()}
 assert counts["IWS > 0.85"] >= 6 and counts["VD < 0.05"] >= 6 and counts["IWS rose by > 0.5"] >= 8, counts   # "most": more than half
 assert counts["tr Q11 < 0 < tr Q12"] >= 9, counts
+no_signs = ~claims["tr Q11 < 0 < tr Q12"]
+assert (h_lin["P_last"][no_signs, -1].abs() < 0.1 * h_lin["P_last"][:, -1].median()).all(), h_lin["P_last"][:, -1]   # the seeds without the signs are the slow ones
+print(f"seeds without the sign pattern: {no_signs.nonzero().flatten().tolist()}, V[-1,-1] "
+      f"{[round(v, 3) for v in h_lin['P_last'][no_signs, -1].tolist()]} against the median seed's {h_lin['P_last'][:, -1].median():.3f}")
 record_claim("short-run-finds-td", "In the shortened sliding-window run (10 seeds, 400 tasks), most linear Transformers end near batch TD (IWS > 0.85, VD < 0.05) with the construction's sign pattern in V and A (code P and Q).", "measured", "linear_experiments", "#the-books-run")
 {k: f"{c} of 10 seeds (p >= {lower_bound(c, 10):.2f})" for k, c in counts.items()}
 
@@ -345,7 +349,7 @@ for f in files:
 
 # %% [markdown]
 # Against the published values, the saved full-protocol runs (asserted below; the 30-seed file must
-# be there): the value difference falls in the published range, and the implicit weight similarity
+# be there): the mean value difference falls in the published range, and the implicit weight similarity
 # is within 0.05 of the published 0.93; how many standard errors it sits from 0.93 is printed, and
 # the verdict below the table is computed from it. Two differences of protocol could move the IWS:
 # we evaluate on held-out tasks, and we compare with batch TD at the step size $\alpha_{TD}$ fitted
@@ -353,14 +357,15 @@ for f in files:
 # $A$ have the construction's signs in most seeds (the counts, with a 95% lower confidence bound on
 # the share of seeds, are printed); the seeds without them are seeds that are slow to leave the
 # initialisation, whose last value weight $V[-1,-1]$ stays below a tenth of the median seed's (checked
-# below). The magnitudes come out larger than the published means: most of our seeds come near the
-# magnitudes published for the predecessor's seed 0 (the last column of the table), while the slow
-# seeds stay small, so a mean over seeds depends on how many such seeds there are. The per-seed values:
+# below). How far the mean entries sit from the published means, in standard errors, is printed below the verdict.
+# A mean averages two kinds of seeds, though: most of our seeds come near the magnitudes published for the
+# predecessor's seed 0 (the last column of the table), while the slow seeds stay small, so a mean over seeds depends
+# on how many such seeds there are. The per-seed values:
 
 # %%
 for label, js in saved.items():
     final = {k: torch.tensor(v) for k, v in js["final"].items()}
-    assert abs(torch.tensor(js["mean"]["iws"][-1]) - ICLR_REFERENCE["iws"]) < 0.05 and js["mean"]["vd"][-1] < 0.03, label
+    assert abs(torch.tensor(js["mean"]["iws"][-1]) - ICLR_REFERENCE["iws"]) < 0.05 and ICLR_REFERENCE["vd"][0] <= js["mean"]["vd"][-1] <= ICLR_REFERENCE["vd"][1], label
     signs = (final["trQ11"] < 0) & (final["trQ12"] > 0) & (final["P_last"] > 0)
     S = len(js["seeds"])
     assert signs.sum() >= 0.8 * S, (label, int(signs.sum()))
@@ -381,7 +386,10 @@ z30 = (js30["mean"]["iws"][-1] - ICLR_REFERENCE["iws"]) / js30["se"]["iws"][-1]
 iws_verdict = ("comes out above the published 0.93 by more than noise" if z30 > 2 else
                "comes out below the published 0.93 by more than noise" if z30 < -2 else "is within noise of the published 0.93")
 _ = record_claim("iclr-reproduction", f"The predecessor's full protocol over 30 seeds reproduces the published value difference; its implicit weight similarity {iws_verdict} ({z30:+.1f} standard errors); the construction's signs hold in most seeds, and the seeds without them stay near their initialisation.", "partial", "linear_experiments", "#the-full-protocol")
-Markdown(f"Over the 30 seeds the implicit weight similarity {iws_verdict} ({z30:+.1f} standard errors).")
+z_entries = {k: (js30["mean"][k][-1] - ICLR_REFERENCE[k]) / js30["se"][k][-1] for k in ("P_last", "trQ11", "trQ12")}
+Markdown(f"Over the 30 seeds the implicit weight similarity {iws_verdict} ({z30:+.1f} standard errors). The mean entries sit "
+         + ", ".join(f"{z:+.1f}" for z in z_entries.values()) + " standard errors from the published means ($V[-1,-1]$, tr $A_{11}$, tr $A_{12}$): "
+         + ("all within noise of them." if max(abs(z) for z in z_entries.values()) < 2 else "not all within noise of them."))
 
 # %% [markdown]
 # ## The same measures for a pretrained softmax Transformer
@@ -472,7 +480,7 @@ soft_tab["vd / vd_zero"] = soft_tab["vd"] / soft_tab["vd_zero"]
 # **What it shows**, asserted below as counts of seeds: the
 # trained softmax model is close to *some* constructed model in value (VD a few percent of the
 # squared size of its values, `vd_zero`), but the best fit has nearly uniform attention (small
-# $\beta$) and a large step, and the sensitivity similarity is well below 1: the short run
+# $\beta$) and a large step, and the sensitivity similarity is below 0.9 on at least 9 of the 10 seeds: the short run
 # has learned TD-like value updates on attention that is still far from the diagonal, selective
 # attention of the tabular regime, as chapter 6's diagonality measure shows for its runs.
 
@@ -480,7 +488,7 @@ soft_tab["vd / vd_zero"] = soft_tab["vd"] / soft_tab["vd_zero"]
 assert (soft_tab["vd / vd_zero"] < 0.1).sum() >= 9, soft_tab["vd / vd_zero"]
 assert (soft_tab["ss"] > 0.45).sum() >= 9 and (soft_tab["ss"] < 0.9).sum() >= 9, soft_tab["ss"]
 assert (soft_tab["beta"] <= 0.5).sum() >= 9, soft_tab["beta"]
-record_claim("softmax-measures", "Short softmax pretraining (400 steps) ends close in value to a constructed model with near-uniform attention, with a sensitivity similarity well below 1.", "measured", "linear_experiments", "#the-same-measures-for-a-pretrained-softmax-transformer");
+record_claim("softmax-measures", "Short softmax pretraining (400 steps) ends close in value to a constructed model with near-uniform attention, with a sensitivity similarity below 0.9 (9 or more of 10 seeds).", "measured", "linear_experiments", "#the-same-measures-for-a-pretrained-softmax-transformer");
 
 
 # %% [markdown]
@@ -510,7 +518,7 @@ record_claim("softmax-measures", "Short softmax pretraining (400 steps) ends clo
 # Second, **linear attention is limited by its features**: with $d = 4$ random features on 10 states
 # its fixed point is a projection, with a floor no depth removes.
 #
-# **Setup.** 100 random Boyan chains (seeds 0 to 99, $s = 10$, $\gamma = 0.9$), one stationary context of
+# **Setup.** 100 random Boyan chains (tasks 0 to 99 of stream 0 of the experiment's seed, $s = 10$, $\gamma = 0.9$), one stationary context of
 # $n = 200$ transitions each, MSVE of the value estimate at every state (all 10 states as queries)
 # against depth. Softmax attention uses the constructed parameters with $W = \beta I$, $\beta = 20$
 # (the tabular regime, see the [convergence chapter](convergence.html)); the softmax Transformer's
@@ -592,7 +600,7 @@ plot_side_by_side(curves, n_ctx);
 # The three curves run **on the same chains**: a chain's transitions $P$ and rewards $r$ do not
 # depend on its kind of features (a one-hot chain reads the uniforms of the random features and
 # discards them, see [one seed, one chain under every feature kind](boyan.html#one-seed-one-chain-under-every-feature-kind)),
-# and the context of chain $b$ is sampled with seed $b$ for every kind,
+# and the context of chain $b$ is sampled from the same sub-stream of the experiment's seed for every kind,
 # so the one-hot and the random-feature runs see the same states and rewards and differ only in
 # $\phi$ ([checked](#the-same-chains-under-every-feature-kind) on every chain of the experiment, and on the batched chains that
 # the next section tunes and tests on).
@@ -753,7 +761,7 @@ def plot_tuned_side_by_side(results:dict,  # features label -> output of `tuned_
 
 
 # %%
-#| fig-cap: "Figure 7a.5: With each method's parameters tuned, softmax attention stays ahead of linear attention at depth 40, by a modest factor on one-hot features and by an order of magnitude on the same 4 random features; the query-normalised ablation is far behind softmax."
+#| fig-cap: "Figure 7a.5: With each method's parameters tuned, softmax attention stays ahead of linear attention at depth 40, by a modest factor on one-hot features and by more than an order of magnitude on the same 4 random features; the query-normalised ablation is far behind softmax."
 #| fig-alt: "Two panels, one-hot features and 4 random features: MSVE against depth from 0 to 40 on a log scale, median lines with quartile bands over 100 test chains, for tuned linear attention (blue, solid), tuned softmax attention (vermillion, dashed) and the tuned query-normalised ablation (green, dotted), with the zero predictor as a black dash-dot line."
 fair = {"one-hot": tuned_side_by_side("onehot"), "4 random": tuned_side_by_side("random")}
 plot_tuned_side_by_side(fair, n=100);
@@ -777,7 +785,8 @@ Markdown("\n\n".join(tables))
 #   that of the random features, an order of magnitude (both asserted). Both converge to the same fixed point, so this is a statement about speed in
 #   depth, which the normalisation (a per-state step size) buys;
 # * on the **same 4 random features**, linear attention is limited to the span of the features and
-#   stays an order of magnitude above tuned softmax on almost every chain;
+#   stays above tuned softmax on almost every chain, by a median per-chain factor above ten (printed; asserted: its
+#   95% interval above 5);
 # * the predecessor's **query-normalised** variant, tuned over signed grids, is far worse than softmax
 #   on (nearly) every chain, on both kinds of features (asserted). Against linear attention it is
 #   worse on nearly every chain on one-hot features, while on the 4 random features neither is
@@ -786,8 +795,9 @@ Markdown("\n\n".join(tables))
 #   grids (asserted below, as for the other two methods); the ablation shows the direction of
 #   normalisation matters, not the best such model.
 #
-# The one-hot and random-feature panels run on the same chains and contexts (same seeds, checked in
-# the side-by-side above), so the zero predictor's error is the same in both.
+# The one-hot and random-feature panels run on the same chains and contexts (the same seed streams,
+# [checked](#the-same-chains-under-every-feature-kind) in the last section), so the zero predictor's error is the same
+# in both (asserted).
 
 # %%
 def interior(value, grid): return min(grid) < value < max(grid)
@@ -846,11 +856,13 @@ assert (abl1 > lin1).sum() >= 90 and 30 <= (abl4 > lin4).sum() <= 70, ((abl1 > l
 def same_chain(a, b, S_a, S_b):
     "Whether two chains and their contexts agree in everything but the features."
     return all(torch.equal(getattr(a, k), getattr(b, k)) for k in ("P", "r", "d_pi", "v_pi")) and a.gamma == b.gamma and all(torch.equal(x, y) for x, y in zip(S_a, S_b))
-for b in range(100):
-    one, rnd = random_boyan_chain(features="onehot", seed=b), random_boyan_chain(features="random", seed=b)
-    assert same_chain(one, rnd, sample_trajectory(one, n_ctx, seed=b), sample_trajectory(rnd, n_ctx, seed=b)), b
-batch_one, batch_rnd = random_tasks(100, seed=0, features="onehot"), random_tasks(100, seed=0, features="random")
-assert same_chain(batch_one, batch_rnd, [sample_trajectories(batch_one.P, 100, batch_one.d_pi, seed=0)], [sample_trajectories(batch_rnd.P, 100, batch_rnd.d_pi, seed=0)])
+for b in range(100):                                                   # the chains and contexts of `side_by_side(seed=0)`
+    one, rnd = (random_boyan_chain(features=f, seed=task_rng(substream(0, 0), b)) for f in ("onehot", "random"))
+    assert same_chain(one, rnd, sample_trajectory(one, n_ctx, seed=substream(0, 1, b)), sample_trajectory(rnd, n_ctx, seed=substream(0, 1, b))), b
+for stream, count in ((0, 20), (2, 100)):                              # the tuning and test tasks of `tuned_side_by_side(seed=0)`
+    batch_one, batch_rnd = (random_tasks(count, seed=substream(0, stream), features=f) for f in ("onehot", "random"))
+    assert same_chain(batch_one, batch_rnd, [sample_trajectories(batch_one.P, 100, batch_one.d_pi, seed=substream(0, stream + 1))],
+                      [sample_trajectories(batch_rnd.P, 100, batch_rnd.d_pi, seed=substream(0, stream + 1))]), stream
 batch_one.phi.shape, batch_rnd.phi.shape
 
 # %%

@@ -149,7 +149,7 @@ Markdown(f"Linear minus softmax, per seed: held-out MSVE {line(pair['msve'])}; c
 #   on (nearly) every seed, and the paired tests reject equality;
 # * at this budget the pretrained **linear** Transformer has barely left its small initialisation:
 #   its MSVE stays close to that of predicting zero, and every simple baseline that reads the
-#   context beats it. Larger learning rates do not help: they diverge (the tuning table). This is a
+#   context beats it. Larger learning rates do not help: in the tuning table they score worse or diverge. This is a
 #   statement about the shared budget of chapter 6's headline run on the stationary protocol,
 #   measured on random Boyan chains with 4 random features; the predecessor trains for many more
 #   steps on its own protocol, and the linear Transformer does learn batch TD there ([chapter 7a](linear_experiments.html#the-predecessors-pretraining-experiment));
@@ -173,7 +173,7 @@ assert pair["msve"]["a_lower"] <= 1 and pair["msve"]["p_t"] < 0.01 and pair["msv
 assert pair["centred_msve"]["a_lower"] <= 1 and pair["centred_msve"]["p_t"] < 0.01, pair["centred_msve"]
 lin_h, soft_h = (torch.tensor(h2h["families"][f]["msve"]) for f in ("linear", "softmax"))
 base = {k: torch.tensor(v) for k, v in h2h["baselines"].items()}
-assert (lin_h > base[strongest]).sum() >= S - 1 and (lin_h > 0.5 * base["zero"]).sum() >= S - 1, lin_h
+assert all((lin_h > base[k]).sum() >= S - 1 for k in base if k != "zero" and "oracle" not in k) and (lin_h > 0.5 * base["zero"]).sum() >= S - 1, lin_h   # every baseline that reads the context beats it
 assert (soft_h < base["context mean"]).sum() >= S - 1 and (soft_h > base[strongest]).sum() >= S - 1, soft_h
 oracle = base["best constant (oracle)"]
 level_share = {f: (1 - torch.tensor(r["centred_msve"]) / torch.tensor(r["msve"])) for f, r in h2h["families"].items()}

@@ -32,7 +32,7 @@ from ictd.model import theta_star
 
 # %% [markdown]
 # # Continuous states: pretraining
-# > Pretraining the softmax Transformer on random families of continuous processes: the score block learns the kernel on the circle and part of it on the line, the value rows only in sign.
+# > Pretraining the softmax Transformer on random families of continuous processes: the score block learns the kernel on the circle and part of it on the line; the value rows match the construction only in sign on the circle, and not even in sign on the line.
 
 # %% [markdown]
 # The [previous chapter](continuous_experiments.html) measured kernel TD, the constructed
@@ -408,7 +408,7 @@ run_rot, lines_rot = ex_rot["run"], curve_lines(fam_rot, ex_rot, PRE_ROT["n"])
 plot_family_training(run_rot, fam_rot, lines_rot, f"Rotation family, $n = {PRE_ROT['n']}$, $L = {PRE_ROT['n_layers']}$", panels=("msve",));
 
 # %%
-#| fig-cap: "Figure 7d.2: in the last layer the reward and successor weights are positive, as in theta*, but the successor weight is several times the current weight's magnitude, which is still drifting down."
+#| fig-cap: "Figure 7d.2: in the last layer the successor weight is positive, as in theta*, and several times the current weight's magnitude; the reward weight has fallen back towards zero and the current weight is still drifting down."
 #| fig-alt: "The last layer's value-row weights against training step on the rotation family, means with two-standard-error bands over ten seeds: reward, successor value, current value, and minus gamma times the current weight for comparison."
 plot_family_training(run_rot, fam_rot, lines_rot, "", panels=("values",));
 
@@ -471,7 +471,7 @@ plot_family_training(run_ar, fam_ar, lines_ar, f"AR(1) family, $n = {PRE_AR['n']
 plot_family_training(run_ar, fam_ar, lines_ar, "", panels=("values",));
 
 # %%
-#| fig-cap: "Figure 7d.7: each layer's score block turns towards the Gaussian kernel's pattern, to a positive cosine that stays below 1."
+#| fig-cap: "Figure 7d.7: each layer's score block turns towards the Gaussian kernel's pattern, to a positive mean cosine that stays below 1."
 #| fig-alt: "The cosine of each layer's masked score block to the Gaussian kernel's pattern W_beta against training step on the AR(1) family, one curve per layer, means with two-standard-error bands over ten seeds."
 plot_family_training(run_ar, fam_ar, lines_ar, "", panels=("kernel",));
 
@@ -494,7 +494,7 @@ Markdown(seed_claims(claims_ar) + f"\n\nAgainst the tuned constructed Transforme
 # %% [markdown]
 # On the line the picture is less clean, and we report it as it is. The learned score has the
 # Gaussian kernel's sign pattern (a positive $xy$ term and a negative $y^2$ term: positive cosine to
-# $W_\beta$ in every layer) but not its exact shape, and its centre and width move with the query.
+# $W_\beta$ in every layer, on the number of seeds counted in the table above) but not its exact shape, and its centre and width move with the query.
 # The value rows have positive reward and successor weights but a *positive* current weight in the
 # second layer, the opposite sign of $\theta^*$. The pretrained models are far better than the
 # baseline, but at this training length they cannot be told apart from the constructed Transformer at
