@@ -981,7 +981,7 @@ final_tables(runs)
 # * every layer's reward weight is positive.
 #
 # Not asserted per seed, because it does not hold in every seed: the **last layer's** value-update
-# weights take the sign pattern $(+, +, -)$ of $R + \gamma v' - v$ in most seeds but not all, and the
+# weights take the sign pattern $(+, +, -)$ of $R + \gamma v' - v$ in some seeds but not all (the emergence chapter counts them), and the
 # ratio of its successor to its current weight scatters around $-\gamma$ (the table above shows these
 # three seeds; the emergence chapter gives the distribution). The **first layer** cannot show the
 # pattern: its input's value row is all zeros, so its successor-value and current-value weights
