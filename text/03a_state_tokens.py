@@ -39,8 +39,8 @@ from ictd.tasks import random_tasks, sample_trajectories, stationary_examples
 #
 # *How to read this chapter.* The idea first: why a column's token is a function of its state, what
 # replaces the keys and the successor shift, and how seeds are stacked; each definition is followed by
-# a small check. Then a worked example on one four-state chain, where the prompt loses most of its
-# columns and the prediction does not change, for two seeds at once. Then the limit
+# a small check. Then a worked example on one four-state chain, where the context's keys collapse to
+# one per state and the prediction does not change, for two seeds at once. Then the limit
 # $n \to \infty$, the forward pass chapter 6 uses to study its objective. The API entries and the
 # exhaustive check against chapter 3's model are in [Implementation and tests](#implementation-and-tests).
 
@@ -353,7 +353,7 @@ def population_predict(model:SoftmaxICTD,  # any parameters
 # The limit, measured: a random model (three layers, $d = 4$) on two random chains, its prediction on
 # stationary contexts of growing length against `population_predict`, the largest gap over the
 # queries averaged over 8 contexts. The finite contexts go through state tokens too, exact by the
-# worked example above, so that a context of $n = 30000$ costs no more than one of $n = 300$. The context's visit frequencies and successor frequencies deviate
+# worked example above, so that past the counting of visits a context of $n = 30000$ costs no more than one of $n = 300$. The context's visit frequencies and successor frequencies deviate
 # from $d_\pi$ and $P$ by $O(n^{-1/2})$, so the gap should fall at about that rate; a wrong limit (say,
 # uniform weights in place of $d_\pi$) would leave a gap that does not fall.
 
