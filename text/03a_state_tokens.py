@@ -353,7 +353,7 @@ def population_predict(model:SoftmaxICTD,  # any parameters
 # The limit, measured: a random model (three layers, $d = 4$) on two random chains, its prediction on
 # stationary contexts of growing length against `population_predict`, the largest gap over the
 # queries averaged over 8 contexts. The finite contexts go through state tokens too, exact by the
-# worked example above, so that past the counting of visits a context of $n = 30000$ costs no more than one of $n = 300$. The context's visit frequencies and successor frequencies deviate
+# worked example above, so that, once its visits are counted, a context of $n = 30000$ costs no more than one of $n = 300$. The context's visit frequencies and successor frequencies deviate
 # from $d_\pi$ and $P$ by $O(n^{-1/2})$, so the gap should fall at about that rate; a wrong limit (say,
 # uniform weights in place of $d_\pi$) would leave a gap that does not fall.
 
