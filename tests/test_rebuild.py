@@ -33,3 +33,21 @@ def test_rebuild_leaves_notebook_unchanged(name):
     if after != before:
         diff = '\n'.join(difflib.unified_diff(outputs(json.loads(before)), outputs(json.loads(after)), 'committed', 'rebuilt', lineterm='', n=0))
         pytest.fail(f'{name} changes when re-executed:\n{diff or "(outside the outputs: metadata or sources)"}')
+
+
+@pytest.mark.unit
+def test_execution_drops_outputs_a_cell_no_longer_shows(tmp_path):
+    "Catches stale outputs surviving re-execution: execnb keeps a cell's old outputs when the cell now shows nothing."
+    nb = {'cells': [{'cell_type': 'code', 'execution_count': 1, 'id': 'a1', 'metadata': {}, 'source': 'x = 1',
+                     'outputs': [{'name': 'stdout', 'output_type': 'stream', 'text': 'an old result\n'}]},
+                    {'cell_type': 'code', 'execution_count': 2, 'id': 'a2', 'metadata': {}, 'source': 'x + 1', 'outputs': []},
+                    {'cell_type': 'code', 'execution_count': 3, 'id': 'a3', 'metadata': {}, 'source': '#| eval: false\nx + 2',
+                     'outputs': [{'name': 'stdout', 'output_type': 'stream', 'text': 'kept: not run\n'}]}],
+          'metadata': {}, 'nbformat': 4, 'nbformat_minor': 5}
+    fn = tmp_path / 'stale.ipynb'
+    fn.write_text(json.dumps(nb))
+    run('python', ROOT / 'tools' / 'execute_nbs.py', fn, cwd=ROOT)
+    cells = json.loads(fn.read_text())['cells']
+    assert cells[0]['outputs'] == [], cells[0]['outputs']
+    assert ''.join(cells[1]['outputs'][0]['data']['text/plain']) == '2'
+    assert ''.join(cells[2]['outputs'][0]['text']) == 'kept: not run\n'

@@ -38,9 +38,11 @@ def short_float(x, p, cycle):
     p.text(s + '.0' if s.lstrip('-').isdigit() else s)
 
 def execute(fn:Path, flags:set):
-    nb, shell = read_nb(fn), CaptureShell(fn)
+    nb, shell, skip = read_nb(fn), CaptureShell(fn), skip_cell(flags)
+    for c in nb.cells:  # execnb stores a cell's outputs only when it has some: a cell that now shows nothing must not keep old ones
+        if not skip(c): c.outputs = []
     shell.display_formatter.formatters['text/plain'].for_type(float, short_float)
-    with working_directory(fn.parent): shell.run_all(nb, exc_stop=True, preproc=skip_cell(flags))
+    with working_directory(fn.parent): shell.run_all(nb, exc_stop=True, preproc=skip)
     write_nb(nb, fn)
 
 if __name__ == '__main__':
