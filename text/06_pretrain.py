@@ -484,8 +484,8 @@ for L, x, e, se, z in zip(depths_n30, inf_at_n30.tolist(), neu_n30.tolist(), se_
     print(f"{L:<4} {x:<11.3g} {e:>9.3g} ± {se:<10.3g}   {z:+.2f}")
 
 # %%
-#| fig-cap: "Figure 6.1: at n = infinity the NEU of the constructed parameters rises with depth, peaks and collapses; at n = 30 the estimate lies below it at L = 1 to 4, and at L = 64 its error bar is four orders of magnitude above the n = infinity value, so it cannot say whether the deep model is near stationary there."
-#| fig-alt: "Log-log plot of NEU against depth L from 1 to 256. A blue line of circles (theta star, n = infinity) rises from about 0.03 to about 14 at L = 16, then falls to about 1e-17 at L = 256. Gray squares (random initialisation) rise steadily up to L = 32. Orange triangles with vertical two-standard-error bars (n = 30) sit below the blue line at L = 1, 2 and 4 with short bars; at L = 64 the orange bar spans from the bottom of the plot to several thousand."
+#| fig-cap: "Figure 6.1: at n = infinity the NEU of the constructed parameters rises to a peak at intermediate depth and then collapses; at n = 30 the estimate lies below it at L = 1 to 4, and at L = 64 its error bar is four orders of magnitude above the n = infinity value, so it cannot say whether the deep model is near stationary there."
+#| fig-alt: "Log-log plot of NEU against depth L from 1 to 256. A blue line of circles (theta star, n = infinity) starts near 0.03, dips slightly at L = 2, rises to about 14 at L = 16, then falls to about 1e-17 at L = 256. Gray squares (random initialisation) rise steadily up to L = 32. Orange triangles with vertical two-standard-error bars (n = 30) sit below the blue line at L = 1, 2 and 4 with short bars; at L = 64 the orange bar spans from the bottom of the plot to several thousand."
 fig, ax = plt.subplots(figsize=(7, 4))
 ax.plot(depths, neu_star, "o-", color="tab:blue", label=r"$\theta^*$, $n = \infty$ (exact)")
 ax.plot(depths[:6], neu_random, "s--", color="gray", label=r"random initialisation, $n = \infty$")
@@ -524,6 +524,7 @@ chapter counts this over ten seeds).""")
 
 # %%
 assert neu_star[-1] < neu_star.max() * 1e-4 and neu_star[-1] < neu_star[0] / 10, neu_star
+assert 0 < int(neu_star.argmax()) < len(depths) - 1 and neu_star.max() > 100 * neu_star[0], neu_star   # a peak at an intermediate depth
 assert neu_star[-1] < neu_star[-2] / 10 < neu_star[-3] / 100, neu_star[-3:]
 assert se_n30[-1] > 100 * inf_at_n30[-1], (se_n30, inf_at_n30)                      # at L = 64 the estimate cannot resolve the n = infinity value
 assert se_n30[0] < neu_n30[0] / 4 and 0.5 < neu_n30[0] / inf_at_n30[0] < 1, (neu_n30, se_n30, inf_at_n30)   # at L = 1: precise, and below n = infinity within a factor 2
@@ -531,7 +532,7 @@ assert (z_n30[:3] < -2).all() and z_n30[2] < -3 and abs(z_n30[-1]) <= 2, z_n30  
 assert (neu_random.diff() > 0).all() and (neu_random[:5] < neu_star[:5]).all() and neu_random[5] > 10 * neu_star[5], (neu_random, neu_star[:6])
 
 # %%
-record_claim("neu-star-depth", r"At $n = \infty$ the NEU of $\theta^*$ (one-hot features, $W = 15 I$, one shared layer) rises with depth, peaks and then falls geometrically, below $10^{-4}$ of its peak by $L = 256$.",
+record_claim("neu-star-depth", rf"At $n = \infty$ the NEU of $\theta^*$ (one-hot features, $W = 15 I$, one shared layer) rises to a peak at $L = {depths[int(neu_star.argmax())]}$ and then falls geometrically, below $10^{{-4}}$ of its peak by $L = {depths[-1]}$.",
              "measured", "pretrain", "#neu-of-the-constructed-parameters-against-depth")
 record_claim("neu-star-n30", rf"At $n = 30$ the NEU of $\theta^*$ lies below its $n = \infty$ value at $L = 1, 2, 4$ (by {', '.join(f'{-z:.1f}' for z in z_n30[:3].tolist())} standard errors); at $L = 64$ its estimate is too noisy (standard error above 100 times the $n = \infty$ value) to say whether finite contexts keep deep $\theta^*$ away from stationarity.",
              "partial", "pretrain", "#neu-of-the-constructed-parameters-against-depth");
