@@ -1004,8 +1004,8 @@ turn_txt = (f"it is positive until step {int(steps0[neg[0] - 1])} and negative f
 diag0 = res.history["diagonality"][-1]
 assert len(neg) and (current0[neg[0]:] < 0).all() and steps0[neg[0]] > steps0[-1] / 2 and ratios[0] < -gamma, (current0, ratios)   # Figure 6.2's caption
 assert diag0[1] > 0.5 and diag0[[0, 2]].max() < 0.2, diag0                                                                         # Figure 6.3's caption
-Markdown(f"The **last layer's** value-update weights take the sign pattern $(+, +, -)$ of $R + \\gamma v' - v$ in {n_pattern} of these "
-         f"{len(runs)} seeds; over many seeds the pattern in the last layer is not reliable (the emergence chapter counts it over ten). "
+Markdown(f"The **last layer's** value-update weights take the sign pattern $(+, +, -)$ of $R + \\gamma v' - v$ in "
+         + (f"all {len(runs)} of these seeds" if n_pattern == len(runs) else f"{n_pattern} of these {len(runs)} seeds") + "; over many seeds the pattern in the last layer is not reliable (the emergence chapter counts it over ten). "
          f"The ratio of its successor to its current weight is not pinned to $-\\gamma = {-gamma:g}$: it ends at "
          f"{', '.join(f'{x:+.2f}' for x in ratios)} in seeds {', '.join(str(r.config.seed) for r in runs)}, {ratio_txt}. In seed 0 (Figure 6.2) the "
          f"current-value weight decides the sign: {turn_txt}. Which layer's attention grows most diagonal "
