@@ -311,7 +311,7 @@ def plot_value_weights(result:PretrainResult,  # a finished run
     cur = vw[:, L - 1, 2]
     axs[1].plot(steps, torch.where(cur.abs() > 0.05, vw[:, L - 1, 1] / cur, torch.nan), "o-", color=STYLES[0][0], label="successor / current\n(where |current| > 0.05)")
     axs[1].axhline(-c.gamma, color="k", ls="--", label=r"$-\gamma$")
-    axs[1].set(ylim=(-3, 1), xlabel="training step", ylabel="ratio", title="Ratio of the last layer's value weights")
+    axs[1].set(xlabel="training step", ylabel="ratio", title="Ratio of the last layer's value weights")   # y-limits from the data and -gamma
     for ax in axs: ax.legend(fontsize=9)
     return axs
 

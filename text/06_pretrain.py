@@ -55,8 +55,8 @@ from ictd.tasks import random_tasks, sample_trajectories, task_pool
 # once, as an illustration. The evidence is in the [next chapter](emergence.html), over ten seeds
 # with baselines and ablations, and it supports less than the paper's wording: with three separate
 # layers at $\gamma = 0.9$ (the setting of the paper's experiment as this project reads it), pretraining makes attention more diagonal
-# and beats state-blind prediction, but the sign pattern $(+, +, -)$ appears in the last layer in
-# most seeds, not all, with a weight ratio that is not pinned to $-\gamma$; the full TD update emerges
+# and beats the state-blind context-mean predictor, but the sign pattern $(+, +, -)$ appears in the last layer
+# in some seeds, not all (no more often than chance), with a weight ratio that is not pinned to $-\gamma$; the full TD update emerges
 # in every seed only where the theory forces it (a short horizon, or one shared layer iterated at
 # depth). The minimiser claim holds in its limit, $n \to \infty$ and then $L \to \infty$; at the
 # depths and context lengths where pretraining is run, $\theta^*$ is not a stationary point.
@@ -373,7 +373,7 @@ show_doc(neu)
 # The estimator is unbiased, so it averages to the exact value. On a small problem the exact value
 # is available: with a pool of one task, a context length of $n = 1$ and two states, every
 # expectation is a finite sum we can enumerate. The last number is the plug-in estimate with batches
-# of 16, averaged over 200 draws: its upward bias is plain.
+# of 16, averaged over 200 draws: its upward bias is plain (more than four standard errors of that average, asserted).
 
 # %%
 #| export
@@ -405,6 +405,7 @@ exact = exact_neu_small(small_model, two)
 estimates = torch.tensor([neu(small_model, one_task, n=1, n_batches=8, batch_size=256, seed=k) for k in range(20)])
 test_close(estimates.mean().item(), exact, eps=4 * estimates.std().item() / math.sqrt(20))
 plug_in = torch.tensor([expected_update(small_model, td_batch(one_task, 16, 1, torch.Generator().manual_seed(k)), 0.9).square().sum().item() for k in range(200)])
+assert plug_in.mean() - exact > 4 * plug_in.std() / math.sqrt(200), (plug_in.mean(), exact)
 exact, estimates.mean().item(), plug_in.mean().item()
 
 # %% [markdown]
@@ -483,8 +484,8 @@ for L, x, e, se, z in zip(depths_n30, inf_at_n30.tolist(), neu_n30.tolist(), se_
     print(f"{L:<4} {x:<11.3g} {e:>9.3g} ± {se:<10.3g}   {z:+.2f}")
 
 # %%
-#| fig-cap: "Figure 6.1: at n = infinity the NEU of the constructed parameters rises with depth, peaks and collapses; at n = 30 the estimate lies below it at L = 1 to 4, and at L = 64 its error bar is four orders of magnitude above the n = infinity value, so it cannot say whether the deep model is near stationary there."
-#| fig-alt: "Log-log plot of NEU against depth L from 1 to 256. A blue line of circles (theta star, n = infinity) rises from about 0.03 to about 14 at L = 16, then falls to about 1e-17 at L = 256. Gray squares (random initialisation) rise steadily up to L = 32. Orange triangles with vertical two-standard-error bars (n = 30) sit below the blue line at L = 1, 2 and 4 with short bars; at L = 64 the orange bar spans from the bottom of the plot to several thousand."
+#| fig-cap: "Figure 6.1: at n = infinity the NEU of the constructed parameters rises to a peak at intermediate depth and then collapses; at n = 30 the estimate lies below it at L = 1 to 4, and at L = 64 its error bar is four orders of magnitude above the n = infinity value, so it cannot say whether the deep model is near stationary there."
+#| fig-alt: "Log-log plot of NEU against depth L from 1 to 256. A blue line of circles (theta star, n = infinity) starts near 0.03, dips slightly at L = 2, rises to about 14 at L = 16, then falls to about 1e-17 at L = 256. Gray squares (random initialisation) rise steadily up to L = 32. Orange triangles with vertical two-standard-error bars (n = 30) sit below the blue line at L = 1, 2 and 4 with short bars; at L = 64 the orange bar spans from the bottom of the plot to several thousand."
 fig, ax = plt.subplots(figsize=(7, 4))
 ax.plot(depths, neu_star, "o-", color="tab:blue", label=r"$\theta^*$, $n = \infty$ (exact)")
 ax.plot(depths[:6], neu_random, "s--", color="gray", label=r"random initialisation, $n = \infty$")
@@ -523,6 +524,7 @@ chapter counts this over ten seeds).""")
 
 # %%
 assert neu_star[-1] < neu_star.max() * 1e-4 and neu_star[-1] < neu_star[0] / 10, neu_star
+assert 0 < int(neu_star.argmax()) < len(depths) - 1 and neu_star.max() > 100 * neu_star[0], neu_star   # a peak at an intermediate depth
 assert neu_star[-1] < neu_star[-2] / 10 < neu_star[-3] / 100, neu_star[-3:]
 assert se_n30[-1] > 100 * inf_at_n30[-1], (se_n30, inf_at_n30)                      # at L = 64 the estimate cannot resolve the n = infinity value
 assert se_n30[0] < neu_n30[0] / 4 and 0.5 < neu_n30[0] / inf_at_n30[0] < 1, (neu_n30, se_n30, inf_at_n30)   # at L = 1: precise, and below n = infinity within a factor 2
@@ -530,7 +532,7 @@ assert (z_n30[:3] < -2).all() and z_n30[2] < -3 and abs(z_n30[-1]) <= 2, z_n30  
 assert (neu_random.diff() > 0).all() and (neu_random[:5] < neu_star[:5]).all() and neu_random[5] > 10 * neu_star[5], (neu_random, neu_star[:6])
 
 # %%
-record_claim("neu-star-depth", r"At $n = \infty$ the NEU of $\theta^*$ (one-hot features, $W = 15 I$, one shared layer) rises with depth, peaks and then falls geometrically, below $10^{-4}$ of its peak by $L = 256$.",
+record_claim("neu-star-depth", rf"At $n = \infty$ the NEU of $\theta^*$ (one-hot features, $W = 15 I$, one shared layer) rises to a peak at $L = {depths[int(neu_star.argmax())]}$ and then falls geometrically, below $10^{{-4}}$ of its peak by $L = {depths[-1]}$.",
              "measured", "pretrain", "#neu-of-the-constructed-parameters-against-depth")
 record_claim("neu-star-n30", rf"At $n = 30$ the NEU of $\theta^*$ lies below its $n = \infty$ value at $L = 1, 2, 4$ (by {', '.join(f'{-z:.1f}' for z in z_n30[:3].tolist())} standard errors); at $L = 64$ its estimate is too noisy (standard error above 100 times the $n = \infty$ value) to say whether finite contexts keep deep $\theta^*$ away from stationarity.",
              "partial", "pretrain", "#neu-of-the-constructed-parameters-against-depth");
@@ -841,8 +843,11 @@ record_claim("batched-equals-separate", "Seeds trained together by the batched e
 # ## One training run
 #
 # The chapter's training configuration, `EMERGENCE`, is the default model and data with a learning rate
-# of $10^{-2}$ and 2000 steps: at the default $10^{-3}$ the runs are still moving after 6000
-# steps (the `#| slow` cell in [Implementation and tests](#the-full-size-runs)), and the larger rate gets there within a laptop's budget.
+# of $10^{-2}$ and 2000 steps, ten times the default rate for a third of the default steps, so that three seeds
+# train within the book's execution budget. The default settings are the `#| slow` cell in
+# [Implementation and tests](#the-full-size-runs), which the book does not execute; whether training has
+# ended after 2000 steps is a question of its own, which the [mechanism chapter](mechanism.html#experiment-1-trained-to-convergence)
+# answers from saved runs with a stopping rule.
 # The engine trains three seeds of it at once here; the figures show seed 0. Statements about what
 # pretraining finds are statements about seeds, and the [emergence chapter](emergence.html) makes
 # them over ten seeds (thirty with `ictd pretrain`).
@@ -881,7 +886,7 @@ def plot_value_weights(result:PretrainResult,  # a finished run
     cur = vw[:, L - 1, 2]
     axs[1].plot(steps, torch.where(cur.abs() > 0.05, vw[:, L - 1, 1] / cur, torch.nan), "o-", color=STYLES[0][0], label="successor / current\n(where |current| > 0.05)")
     axs[1].axhline(-c.gamma, color="k", ls="--", label=r"$-\gamma$")
-    axs[1].set(ylim=(-3, 1), xlabel="training step", ylabel="ratio", title="Ratio of the last layer's value weights")
+    axs[1].set(xlabel="training step", ylabel="ratio", title="Ratio of the last layer's value weights")   # y-limits from the data and -gamma
     for ax in axs: ax.legend(fontsize=9)
     return axs
 
@@ -942,13 +947,13 @@ def plot_emergence(result:PretrainResult,  # a finished run
 
 
 # %%
-#| fig-cap: 'Figure 6.2: In one run (seed 0), the last layer''s value weights take the signs $(+, +, -)$ of $\theta^*$ and the ratio of its successor to its current weight rises to near $-\gamma$.'
-#| fig-alt: "Two panels against training step 0 to 2000 for one run (d = 4 random features, n = 30, L = 3, lr = 0.01, seed 0). Left: the last layer's reward (solid blue), successor-value (dashed orange) and current-value (dash-dotted green) weights, the first two turning positive and the last negative. Right: the successor/current ratio, rising from below to the dashed line at minus gamma."
+#| fig-cap: 'Figure 6.2: In one run (seed 0), the last layer''s current-value weight turns negative only late in training, so its value weights reach the signs $(+, +, -)$ of $\theta^*$ at the end, and the ratio of its successor to its current weight stays far from $-\gamma$: positive while the current weight is positive, well below $-\gamma$ after.'
+#| fig-alt: "Two panels against training step 0 to 2000 for one run (d = 4 random features, n = 30, L = 3, lr = 0.01, seed 0). Left: the last layer's reward (solid blue) and successor-value (dashed orange) weights rise above zero by step 200 and stay positive; the current-value weight (dash-dotted green) rises too, then falls and crosses zero after about 1500 steps. Right: the successor/current ratio where the current weight exceeds 0.05 in size, growing from about 1 to about 5 up to step 1200, then about -5 and -4 at the last two evaluations, far from the dashed line at minus gamma."
 plot_value_weights(res)[0].figure.tight_layout()
 
 # %%
-#| fig-cap: "Figure 6.3: In the same run, attention in layers 2 and 3 grows more diagonal (more of each query's attention on visits of its own state); layer 1 stays near uniform."
-#| fig-alt: "Line plot of the mean attention share on the query's own state against training step 0 to 2000, one line per layer with its own colour and line style: layer 1 flat near 0.1, layers 2 and 3 rising well above it."
+#| fig-cap: "Figure 6.3: In the same run, attention in layer 2 grows diagonal (more of each query's attention on visits of its own state); layers 1 and 3 stay near uniform."
+#| fig-alt: "Line plot of the mean attention share on the query's own state against training step 0 to 2000, one line per layer with its own colour and line style: layer 2 (dashed) rising from 0.1 to about 0.6; layers 1 (solid) and 3 (dash-dotted) staying between about 0.1 and 0.2."
 plot_diagonality(res);
 
 
@@ -971,34 +976,69 @@ def final_tables(runs):
 final_tables(runs)
 
 # %% [markdown]
-# What these three runs show, measured on held-out tasks. Asserted for each seed (the cell after Proposition 6.2's check), because they hold
-# by wide margins in every seed we have run (the [emergence chapter](emergence.html) checks them on
-# ten seeds and the test suite on ten more):
+# What these three runs show, measured on held-out tasks. Asserted for each seed (the cell after Proposition 6.2's
+# check), where they hold by wide margins (the [emergence chapter](emergence.html) states its versions of
+# them as counts over ten seeds, and the test suite over ten more):
 #
 # * the value error falls far below the zero predictor's (to less than a fifth of it);
 # * attention grows diagonal: in some layer the share of each query's attention on visits of its
 #   own state rises from about $0.1$ (near-uniform attention) to above $0.3$;
 # * every layer's reward weight is positive.
 #
-# Not asserted per seed, because it does not hold in every seed: the **last layer's** value-update
-# weights take the sign pattern $(+, +, -)$ of $R + \gamma v' - v$ in some seeds but not all (the emergence chapter counts them), and the
-# ratio of its successor to its current weight scatters around $-\gamma$ (the table above shows these
-# three seeds; the emergence chapter gives the distribution). The **first layer** cannot show the
-# pattern: its input's value row is all zeros, so its successor-value and current-value weights
-# receive no gradient, and weight decay takes them to zero.
+# Not asserted per seed, because it does not hold in every seed: the TD structure of the last layer.
+# In words, from the runs above:
+
+# %%
+last_vw = torch.stack([r.history["value_weights"][-1, -1] for r in runs])            # (seeds, 3): reward, successor, current
+ratios, gamma = (last_vw[:, 1] / last_vw[:, 2]).tolist(), EMERGENCE.gamma
+n_pattern = int(((last_vw[:, 0] > 0) & (last_vw[:, 1] > 0) & (last_vw[:, 2] < 0)).sum())
+n_below = sum(x < -gamma for x in ratios)
+steps0, current0 = res.history["step"].flatten(), res.history["value_weights"][:, -1, 2]   # seed 0's last layer, along training
+neg = (current0 < 0).nonzero().flatten()
+top = [int(r.history["diagonality"][-1].argmax()) + 1 for r in runs]
+by_layer = {l: [r.config.seed for r, t in zip(runs, top) if t == l] for l in sorted(set(top))}
+ratio_txt = "all below it" if n_below == len(runs) else "all above it" if n_below == 0 else f"{n_below} of {len(runs)} below it"
+turn_txt = (f"it is positive until step {int(steps0[neg[0] - 1])} and negative from step {int(steps0[neg[0]])} on, so until then the ratio "
+            "has the sign opposite to $-\\gamma$'s" if len(neg) and (current0[neg[0]:] < 0).all() else
+            "it changes sign more than once" if len(neg) else "it stays positive, so the ratio never has the sign of $-\\gamma$")
+diag0 = res.history["diagonality"][-1]
+assert len(neg) and (current0[neg[0]:] < 0).all() and steps0[neg[0]] > steps0[-1] / 2 and ratios[0] < -gamma, (current0, ratios)   # Figure 6.2's caption
+assert diag0[1] > 0.5 and diag0[[0, 2]].max() < 0.2, diag0                                                                         # Figure 6.3's caption
+Markdown(f"The **last layer's** value-update weights take the sign pattern $(+, +, -)$ of $R + \\gamma v' - v$ in "
+         + (f"all {len(runs)} of these seeds" if n_pattern == len(runs) else f"{n_pattern} of these {len(runs)} seeds") + "; over many seeds the pattern in the last layer is not reliable (the emergence chapter counts it over ten). "
+         f"The ratio of its successor to its current weight is not pinned to $-\\gamma = {-gamma:g}$: it ends at "
+         f"{', '.join(f'{x:+.2f}' for x in ratios)} in seeds {', '.join(str(r.config.seed) for r in runs)}, {ratio_txt}. In seed 0 (Figure 6.2) the "
+         f"current-value weight decides the sign: {turn_txt}. Which layer's attention grows most diagonal "
+         + ("differs between seeds: " if len(by_layer) > 1 else "is the same in these seeds: ")
+         + "; ".join(f"layer {l} in seed{'s' if len(s) > 1 else ''} {', '.join(map(str, s))}" for l, s in by_layer.items()) + ". "
+         "The **first layer** cannot show the pattern: its input's value row is all zeros, so its successor-value and current-value "
+         "weights receive no gradient, and weight decay takes them to zero.")
 
 # %% [markdown]
 # ### NEU along training
 #
-# NEU does **not** fall in a run this short (Figure 6.4): it starts small because the gradients are
-# small near a small initialisation, and as training moves the parameters to where gradients are
-# larger, Adam's noise keeps the expected update at about the same level (the $n = 30$ estimate is
-# noisy and often negative, so only its positive values can be drawn on a log axis; the $n = \infty$ value is exact).
-# The value error, meanwhile, falls in the first few hundred steps and then stays flat.
+# NEU, the distance of the expected update from zero, is recorded at every evaluation (Figure 6.4): exactly at
+# $n = \infty$, and estimated at $n = 30$ (noisy, and negative at some evaluations, so only its positive values
+# can be drawn on a log axis). In numbers, for seed 0:
 
 # %%
-#| fig-cap: "Figure 6.4: In the same run, the held-out value error falls in the first few hundred steps and then stays flat, while NEU does not fall: training does not drive the model towards a stationary point of the TD objective in 2000 steps."
-#| fig-alt: "Log-scale plot against training step 0 to 2000: the held-out MSVE (solid blue) falls over the first few hundred steps and then flattens; orange squares (the positive NEU estimates at n = 30, at four of the eleven evaluations) lie between about 3 x 10^-4 and 10^-2, and a dash-dotted green line (NEU at n = infinity) stays between about 10^-3 and 10^-2 throughout."
+msve0, neu_inf, neu30 = (res.history[k].flatten() for k in ("msve", "neu_population", "neu"))   # seed 0, at the evaluations steps0
+later = neu_inf[2:]                                     # the evaluations after the first one past initialisation
+n_lower = int((later < neu_inf[1]).sum())
+assert msve0[1] < msve0[0] / 5 and neu_inf[1] < neu_inf[0] / 3 and n_lower <= len(later) / 2, (msve0, neu_inf)   # Figure 6.4's caption
+Markdown(f"The held-out MSVE falls from {msve0[0]:.2f} at initialisation to {msve0[1]:.2f} at step {int(steps0[1])}, the first evaluation, "
+         f"and then stays between {msve0[1:].min():.2f} and {msve0[1:].max():.2f}, ending at {msve0[-1]:.2f}. NEU at $n = \\infty$ falls with it, "
+         f"from {neu_inf[0]:.2g} to {neu_inf[1]:.2g} at step {int(steps0[1])}, and then "
+         + ("stops falling" if n_lower <= len(later) / 2 else "keeps falling slowly") +
+         f": over the {len(later)} later evaluations it moves between {later.min():.2g} and {later.max():.2g}, below its step-{int(steps0[1])} value "
+         f"at {n_lower} of them, and ends at {neu_inf[-1]:.2g}. "
+         + (f"In {int(steps0[-1])} steps, training does not drive NEU towards zero, the mark of a stationary point of the TD objective. "
+            if n_lower <= len(later) / 2 else "Training is still moving towards a stationary point of the TD objective (NEU zero) when it stops. ")
+         + f"The $n = 30$ estimate is negative at {int((neu30 <= 0).sum())} of the {len(neu30)} evaluations.")
+
+# %%
+#| fig-cap: "Figure 6.4: In the same run, the held-out value error and NEU both drop in the first 200 steps and then level off, NEU moving up and down: 2000 steps of training do not drive NEU towards zero, the mark of a stationary point of the TD objective."
+#| fig-alt: "Log-scale plot against training step 0 to 2000: the held-out MSVE (solid blue) falls from about 5 to about 0.7 by step 200 and then flattens near 0.5; orange squares (the positive NEU estimates at n = 30, at seven of the eleven evaluations) lie between about 4 x 10^-4 and 2 x 10^-2; a dash-dotted green line (NEU at n = infinity) falls from about 2 x 10^-2 to about 3 x 10^-3 by step 200 and then moves up and down between about 2 x 10^-3 and 8 x 10^-3."
 plot_value_error(res);
 
 # %% [markdown]
@@ -1097,8 +1137,8 @@ show_doc(TDBatch)
 # %% [markdown]
 # Each example is what it claims to be: the query's features and reward in the right places, a
 # successor the chain can reach, rewards $R_k = r(S_{k-1})$ along the context; and over many draws
-# the queries of a task follow its $d_\pi$ (the largest deviation of the empirical frequencies is of
-# the order of their standard error, $\sqrt{d_\pi(1 - d_\pi)/m}$, here about $0.01$).
+# the queries of a task follow its $d_\pi$: over $m$ queries every state's empirical frequency lies within four
+# standard errors $\sqrt{d_\pi(1 - d_\pi)/m}$ of its $d_\pi$ (the largest deviation, and how many standard errors it is, are printed).
 
 # %%
 tasks = random_tasks(32, seed=0)
@@ -1118,8 +1158,9 @@ test_fail(lambda: td_batch(tasks, 0, 30, torch.Generator()), contains="`batch_si
 one = random_tasks(1, seed=3)
 many = td_batch(one, 20_000, 1, torch.Generator().manual_seed(1))
 freq = torch.bincount(many.query, minlength=10) / 20_000
-assert (freq - one.d_pi[0]).abs().max() < 0.015, (freq, one.d_pi[0])
-(freq - one.d_pi[0]).abs().max().item()
+z_freq = (freq - one.d_pi[0]).abs() / (one.d_pi[0] * (1 - one.d_pi[0]) / 20_000).sqrt()
+assert z_freq.max() < 4, (freq, one.d_pi[0])
+print(f"largest deviation of the query frequencies from d_pi: {(freq - one.d_pi[0]).abs().max():.4f}, {z_freq.max():.2f} standard errors")
 
 # %% [markdown]
 # The engine's stationary protocol (`ictd.engine.stationary_sampler`) draws, for every seed, exactly
@@ -1339,9 +1380,9 @@ for r in full: plot_emergence(r)
 final_tables(full)
 
 # %% [markdown]
-# At these settings the pattern need not form in the last layer: at the smaller learning rate it can
-# form first where the gradient signal is strongest. Which layer carries the TD update is not fixed
-# by the objective; the [emergence chapter](emergence.html) takes this up over many seeds.
+# The book does not execute this cell, and nothing on this page rests on its output. Which layer carries
+# the TD update is not fixed by the objective; the [emergence chapter](emergence.html) takes this up over
+# many seeds.
 
 # %%
 #| hide

@@ -39,8 +39,8 @@ from ictd.wstd import context_weights
 # > Weighted softmax TD on Markov reward processes with continuous states and exact values: the bilinear score of two or three features is a von Mises or a Gaussian kernel, and the constructed Transformer runs kernel TD on the trajectory alone.
 
 # %% [markdown]
-# The paper calls weighted softmax TD *policy evaluation in kernel space* and lists richer settings
-# as future work. Every experiment so far had ten states. Yet the algorithm never needs the state
+# Weighted softmax TD can be read as *policy evaluation in kernel space*, yet every experiment so far
+# ran on a finite chain of a few states. The algorithm never needs the state
 # space: it runs on the features of the trajectory's states and on the query's features, nothing
 # else. This chapter takes it to processes whose states are real numbers or angles, where no two
 # states of a context are ever equal, the tabular picture of the
