@@ -162,17 +162,13 @@ def test_pretrained_decoder_on_seeds_the_book_does_not_show():
     " at least 6 of 10 seeds, and on average), certainty equivalence not beating both in >= 9 of 10 seeds, a decoder no better than the context mean on average, and a"
     " positional bias whose sign is a coin flip (positive in >= 9 of 10 seeds in layers 2 and 3: chance 11/1024 each)."
     from ictd.engine import EMERGENCE
-    from ictd.pretrain import pretrain_many
-    from ictd.emergence import baseline_msve, min_successes
-    seeds = list(range(100, 110))
-    dec = pretrain_many(dataclasses.replace(EMERGENCE, attention="causal"), seeds, progress=False)
-    soft = pretrain_many(EMERGENCE, seeds, progress=False)
-    final = lambda runs: torch.tensor([r.history["msve"][-1, 0].item() for r in runs], dtype=torch.float64)
-    d, s = final(dec), final(soft)
-    base = [baseline_msve(r.config) for r in soft]
-    ce, cm = (torch.tensor([b[k].mean().item() for b in base], dtype=torch.float64) for k in ("certainty equivalence", "context mean"))
+    from ictd.emergence import min_successes
+    runs = causal_pretrain_summary(dataclasses.replace(EMERGENCE, attention="causal"), list(range(100, 110)))["per_seed"]   # the driver of the saved run
+    per_seed = lambda f: torch.tensor([f(r) for r in runs], dtype=torch.float64)
+    d, s = per_seed(lambda r: r["msve_causal"][-1]), per_seed(lambda r: r["msve_softmax"][-1])
+    ce, cm = (per_seed(lambda r, k=k: r["baselines"][k]) for k in ("certainty equivalence", "context mean"))
     k = min_successes(10, 1 / 2)
     assert int((d > s).sum()) >= 6 and (d - s).mean() > 0, (d, s)
     assert int((ce < d).sum()) >= k and int((ce < s).sum()) >= k and d.mean() < cm.mean(), (ce, d, s, cm)
-    lam = torch.stack([r.history["recency"][-1] for r in dec])
+    lam = per_seed(lambda r: r["recency"])
     assert (lam[:, 1:] > 0).sum(0).min() >= 9, lam
