@@ -4,7 +4,7 @@
 
 # %% ../nbs/00b_core.ipynb #380fdd1c
 from __future__ import annotations
-import datetime, json, math, subprocess, sys
+import datetime, json, math, os, platform, subprocess, sys
 from pathlib import Path
 import numpy as np
 import torch
@@ -13,9 +13,9 @@ from .boyan import weighted_error
 from .tasks import TaskBatch
 
 # %% auto #0
-__all__ = ['RUN_STREAMS', 'TASK_FIELDS', 'CLAIM_STATUSES', 'OKABE_ITO', 'check_int', 'check_number', 'check_choice',
-           'check_seeds', 'substream', 'stream_generator', 'run_stream', 'record_claim', 'load_claims', 'jsonable',
-           'provenance', 'plain_log_ticks']
+__all__ = ['RUN_STREAMS', 'NUDGE_VAR', 'TASK_FIELDS', 'CLAIM_STATUSES', 'DRAW_NOTE', 'OKABE_ITO', 'check_int', 'check_number',
+           'check_choice', 'check_seeds', 'substream', 'stream_generator', 'run_stream', 'nudge_scale', 'nudged',
+           'record_claim', 'load_claims', 'jsonable', 'cpu_model', 'provenance', 'provenance_note', 'plain_log_ticks']
 
 # %% ../nbs/00b_core.ipynb #5c70a449
 def _is_number(x)->bool: return not isinstance(x, bool) and isinstance(x, (int, float, np.integer, np.floating))
@@ -68,7 +68,7 @@ def stream_generator(seed:int, stream:int, *path:int)->torch.Generator:
     return torch.Generator().manual_seed(substream(seed, stream, *path))
 
 # %% ../nbs/00b_core.ipynb #9dc41182
-RUN_STREAMS = ("data", "perturbation", "objective", "train_pool", "eval_pool", "eval_contexts", "tuning", "init")
+RUN_STREAMS = ("data", "perturbation", "objective", "train_pool", "eval_pool", "eval_contexts", "tuning", "init", "nudge")
 
 # %% ../nbs/00b_core.ipynb #3bbcb845
 def run_stream(seed:int,  # the run's seed
@@ -76,6 +76,27 @@ def run_stream(seed:int,  # the run's seed
               )->int:     # a 64-bit seed
     "The seed of a training run's stream `name`: `substream(seed, RUN_STREAMS.index(name))`."
     return substream(seed, RUN_STREAMS.index(check_choice(name, RUN_STREAMS, "name")))
+
+# %% ../nbs/00b_core.ipynb #a2ae1a83
+NUDGE_VAR = "ICTD_PERTURB"   # the environment variable that asks for the rounding nudge
+
+def nudge_scale()->float:
+    "The relative nudge $\\epsilon$ that `ICTD_PERTURB` asks for: 0 when it is unset or empty."
+    raw = os.environ.get(NUDGE_VAR, "").strip()
+    if not raw: return 0.
+    try: return check_number(float(raw), NUDGE_VAR, 0.)
+    except ValueError: raise ValueError(f"environment variable `{NUDGE_VAR}` must be a finite number >= 0, got {raw!r}") from None
+
+def nudged(x:torch.Tensor,  # a starting point (any shape, real)
+           seed:int,        # the run's seed: the noise comes from its stream `nudge`
+           *path:int,       # further indices, one stream per tensor of a run
+          )->torch.Tensor:  # `x` times 1 + epsilon N(0, 1), entry by entry; `x` itself when epsilon is 0
+    "`x` nudged by the relative noise `ICTD_PERTURB` asks for, from the fixed stream `nudge` of `seed`."
+    eps = nudge_scale()
+    if eps == 0: return x
+    g = stream_generator(seed, RUN_STREAMS.index("nudge"), *path)
+    xi = torch.randn(x.shape, generator=g, dtype=torch.float64).to(x.device)
+    return (x.double() * (1 + eps * xi)).to(x.dtype)
 
 # %% ../nbs/00b_core.ipynb #19548f29
 TASK_FIELDS = ("P", "r", "phi", "d_pi", "v_pi")
@@ -130,14 +151,42 @@ def jsonable(x):
     return x
 
 # %% ../nbs/00b_core.ipynb #383b6195
+def cpu_model()->str:
+    "The CPU's model name (`/proc/cpuinfo` on Linux, else `platform.processor()`), or 'unknown'."
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"): return line.split(":", 1)[1].strip()
+    except OSError: pass
+    return platform.processor() or "unknown"
+
+def _package_commit()->str:
+    "The git commit of the folder the installed `ictd` was loaded from ('unknown' outside a git checkout)."
+    try: return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                               cwd=Path(__file__).parent).stdout.strip()
+    except (OSError, subprocess.CalledProcessError): return "unknown"
+
+# %% ../nbs/00b_core.ipynb #c680670a
 def provenance(command:str,  # the command that produced the file
                **extra,      # anything else to record (threads, wall-clock seconds)
-              )->dict:       # command, git commit, UTC date, Python and torch versions, then `extra`
-    "What a saved result records about how it was made."
-    try: commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError): commit = "unknown"
-    return dict(command=command, commit=commit, date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                python=sys.version.split()[0], torch=torch.__version__, **extra)
+              )->dict:       # command, commit, UTC date, Python, torch and the machine, then `extra`
+    "What a saved result records about how it was made, and on what machine."
+    return dict(command=command, commit=_package_commit(), date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                python=sys.version.split()[0], torch=torch.__version__, torch_cpu_capability=torch.backends.cpu.get_cpu_capability(),
+                cpu=cpu_model(), machine=platform.machine(), nudge=nudge_scale(), **extra)
+
+# %% ../nbs/00b_core.ipynb #9f11c79b
+DRAW_NOTE = ("Its numbers are draws of seeded training runs: another CPU type or torch build rounds differently in the last "
+             "bits, so a rerun there gives the same statistics to within their standard errors, not the same digits.")
+
+def provenance_note(prov:dict,          # a saved file's `provenance`
+                    what:str="",        # what the file holds, e.g. "The control runs"
+                    note:str=DRAW_NOTE, # which of its numbers are exact and which are draws
+                   )->str:              # one Markdown paragraph
+    "A sentence for the page: the command, commit, date, CPU and torch build that made a saved result, and what is exact in it."
+    cap = prov.get("torch_cpu_capability")
+    machine = prov.get("cpu", "a CPU not recorded") + (f" ({cap} kernels)" if cap and cap != "not recorded" else "")
+    return (f"{what + ' were made' if what else 'Made'} by `{prov['command']}` at commit `{str(prov.get('commit', 'unknown'))[:10]}` on "
+            f"{str(prov.get('date', 'an unrecorded date'))[:10]}, on {machine}, with torch {prov.get('torch', 'not recorded')}. {note}")
 
 # %% ../nbs/00b_core.ipynb #82fdb82a
 OKABE_ITO = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000")   # colour-blind-safe palette

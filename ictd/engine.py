@@ -12,7 +12,7 @@ import torch
 from torch import nn
 import ictd
 from .boyan import check_gamma
-from .core import TaskBatch, check_choice, check_int, check_number, run_stream
+from .core import TaskBatch, check_choice, check_int, check_number, nudge_scale, run_stream
 from .model import SoftmaxICTD, theta_star
 from .state_tokens import StateTokens, population_tokens, state_tokens, token_layers, token_predict, trajectory_tokens
 from .tasks import Contexts, TDExamples, draw_cdf, gather_rows, sample_trajectories, stationary_examples, task_features, task_pool
@@ -92,8 +92,8 @@ class PretrainConfig:
         return self.n_states if self.features == "onehot" else self.d
 
     def key(self)->str:
-        "A short hash of every setting but the seed, of the package version and of its source: the name of a configuration's folder."
-        settings = {k: v for k, v in asdict(self).items() if k != "seed"}
+        "A short hash of every setting but the seed (and of the `ICTD_PERTURB` nudge, when set), of the package version and of its source: the name of a configuration's folder."
+        settings = {k: v for k, v in asdict(self).items() if k != "seed"} | ({"nudge": nudge_scale()} if nudge_scale() else {})   # ICTD_PERTURB runs apart
         return hashlib.sha1(json.dumps(dict(settings=settings, version=ictd.__version__, source=source_hash()), sort_keys=True).encode()).hexdigest()[:12]
 
 EMERGENCE = PretrainConfig(lr=1e-2, n_steps=2000, eval_every=200)   # chapter 6's training run: the default model and data, a tuned learning rate

@@ -6,8 +6,8 @@ import pytest
 import torch
 import ictd
 from ictd.linear import LinearICTD
-from ictd.pretrain import DivergenceError, pretrain_many
-from ictd.engine import PretrainConfig
+from ictd.pretrain import DivergenceError, corrupted_rewards, pretrain_many
+from ictd.engine import PretrainConfig, register_protocol
 from ictd.tasks import random_tasks, sample_trajectories
 
 TINY = PretrainConfig(n_tasks=32, eval_tasks=4, n_steps=6, eval_every=3)
@@ -52,16 +52,35 @@ def test_bad_configurations_and_inputs_raise(make, field):
 
 @pytest.mark.unit
 def test_a_diverging_run_stops_and_keeps_its_checkpoint(tmp_path):
-    "At lr = 50 training diverges at once, at lr = 4 after 66 steps: the run stops with an error naming the step and the learning rate, and its last checkpoint stays on disk."
+    """At lr = 50 seeds 0 and 1 diverge at step 1 (Adam's first step moves every parameter by about 50, and their losses are then
+    10^12 or more, four orders above the limit); a seed whose rewards become
+    10^6 times too large at step 66 diverges at step 66 whatever its parameters: the run stops with an error naming the step,
+    the seed and the learning rate, and its last checkpoint stays on disk. Both events are forced, not at the edge of stability."""
     with pytest.raises(DivergenceError, match=r'diverged at step 1 with lr = 50: seed\(s\) \[0, 1\]'): pretrain_many(dataclasses.replace(TINY, lr=50.), [0, 1], progress=False)
-    config = dataclasses.replace(TINY, lr=4., n_steps=300, eval_every=100)
-    with pytest.raises(DivergenceError, match=r'diverged at step 66 with lr = 4: seed\(s\) \[0\]') as err:
+    register_protocol("test: seed 0 corrupted at step 66", corrupted_rewards([0], 66))
+    config = dataclasses.replace(TINY, n_steps=300, eval_every=100, protocol="test: seed 0 corrupted at step 66")
+    with pytest.raises(DivergenceError, match=r'diverged at step 66 with lr = 0.001: seed\(s\) \[0\]') as err:
         pretrain_many(config, [0, 1], progress=False, cache_dir=tmp_path, checkpoint_every=50)
-    assert 'last checkpoint before it is kept' in str(err.value)
+    assert 'last checkpoint before it is kept' in str(err.value) and err.value.seeds == [0] and err.value.step == 66
     folder = tmp_path / config.key()
     assert list(folder.glob('checkpoint-*.pt')) and not list(folder.glob('seed-*.pt'))
     saved = torch.load(next(folder.glob('checkpoint-*.pt')), weights_only=True)
     assert saved['step'] == 50 and all(torch.isfinite(v).all() and v.abs().max() < 1e8 for v in saved['params'].values())
+
+@pytest.mark.unit
+def test_corrupted_rewards_changes_only_its_seeds_from_its_step():
+    "The forcing protocol leaves the other seeds' batches, and every batch before its step, as the base protocol draws them."
+    from ictd.engine import get_protocol
+    config, seeds = dataclasses.replace(TINY, n=5, batch_size=4), [3, 7]
+    base, forced = get_protocol("stationary"), corrupted_rewards([7], 2, factor=10.)
+    pools = base.data(config, seeds, None)
+    for step in range(4):
+        gens = [torch.Generator().manual_seed(s + step) for s in seeds]
+        want = base.sample(config, pools, gens, step, {})
+        gens = [torch.Generator().manual_seed(s + step) for s in seeds]
+        got = forced.sample(config, forced.data(config, seeds, None), gens, step, {})
+        torch.testing.assert_close(got.reward[0], want.reward[0], rtol=0, atol=0)
+        torch.testing.assert_close(got.reward[1], want.reward[1] * (10. if step >= 2 else 1.), rtol=0, atol=0)
 
 @pytest.mark.unit
 def test_a_healthy_run_is_not_stopped():

@@ -4,7 +4,7 @@
 # %%
 #| export
 from __future__ import annotations
-import datetime, json, math, subprocess, sys
+import datetime, json, math, os, platform, subprocess, sys
 from pathlib import Path
 import numpy as np
 import torch
@@ -150,16 +150,17 @@ assert len({substream(s, k) for s in range(20) for k in range(5)}) == 100
 test_eq(torch.rand(3, generator=stream_generator(7, 2)), torch.rand(3, generator=torch.Generator().manual_seed(substream(7, 2))))
 
 # %% [markdown]
-# A training run (chapter 6's engine) draws from eight streams of its one seed, named once here so
+# A training run (chapter 6's engine) draws from nine streams of its one seed, named once here so
 # that every protocol and family asks for a stream by name: the mini-batches, the initialisation,
 # the perturbation added to a constructed initialisation, the draws an objective adds, the training
-# and held-out task pools, the held-out contexts, and the tasks a baseline is tuned on. Task $b$ of a
+# and held-out task pools, the held-out contexts, the tasks a baseline is tuned on, and the nudge of the
+# next section. Task $b$ of a
 # pool drawn from seed $u$ is drawn from `substream(u, b)`, so two pools never share a task unless
 # they share a seed.
 
 # %%
 #| export
-RUN_STREAMS = ("data", "perturbation", "objective", "train_pool", "eval_pool", "eval_contexts", "tuning", "init")
+RUN_STREAMS = ("data", "perturbation", "objective", "train_pool", "eval_pool", "eval_contexts", "tuning", "init", "nudge")
 
 
 # %%
@@ -177,6 +178,56 @@ test_eq(len({run_stream(s, k) for s in range(10) for k in RUN_STREAMS}), 10 * le
 test_fail(lambda: run_stream(3, "pool"), contains="`name`")
 test_eq(substream(7, 2, 5), int(np.random.SeedSequence(7).spawn(3)[2].spawn(6)[5].generate_state(1, np.uint64)[0]))
 test_fail(lambda: substream(7, 2, -1), contains="`stream`")
+
+# %% [markdown]
+# ## The rounding nudge: claims that survive another CPU
+#
+# The last bits of a float64 computation differ between CPU types (AVX2 and AVX-512 kernels, fused
+# multiply-adds, the order of a reduction). A claim that holds on one machine and fails on another rested
+# on those bits, and is no claim. The environment variable `ICTD_PERTURB` makes such claims visible on one
+# machine: set to a small number $\epsilon$ (CI uses $10^{-9}$), it multiplies every initial parameter of a
+# training run, and every other starting point a chapter fits from, by $1 + \epsilon\,\xi$ with $\xi \sim N(0, 1)$
+# drawn entry by entry from the run's stream `nudge`. Zeros stay zero, so a constructed initialisation keeps
+# its structure. Unset (the default), nothing changes, bit for bit.
+
+# %%
+#| export
+NUDGE_VAR = "ICTD_PERTURB"   # the environment variable that asks for the rounding nudge
+
+def nudge_scale()->float:
+    "The relative nudge $\\epsilon$ that `ICTD_PERTURB` asks for: 0 when it is unset or empty."
+    raw = os.environ.get(NUDGE_VAR, "").strip()
+    if not raw: return 0.
+    try: return check_number(float(raw), NUDGE_VAR, 0.)
+    except ValueError: raise ValueError(f"environment variable `{NUDGE_VAR}` must be a finite number >= 0, got {raw!r}") from None
+
+def nudged(x:torch.Tensor,  # a starting point (any shape, real)
+           seed:int,        # the run's seed: the noise comes from its stream `nudge`
+           *path:int,       # further indices, one stream per tensor of a run
+          )->torch.Tensor:  # `x` times 1 + epsilon N(0, 1), entry by entry; `x` itself when epsilon is 0
+    "`x` nudged by the relative noise `ICTD_PERTURB` asks for, from the fixed stream `nudge` of `seed`."
+    eps = nudge_scale()
+    if eps == 0: return x
+    g = stream_generator(seed, RUN_STREAMS.index("nudge"), *path)
+    xi = torch.randn(x.shape, generator=g, dtype=torch.float64).to(x.device)
+    return (x.double() * (1 + eps * xi)).to(x.dtype)
+
+
+# %%
+x0 = torch.tensor([[0., 1.], [-2., 3.]], dtype=torch.float64)
+_unset = os.environ.pop(NUDGE_VAR, None)
+test_eq(nudge_scale(), 0.)
+assert nudged(x0, 5) is x0                                   # unset: the same tensor, untouched
+os.environ[NUDGE_VAR] = "1e-9"
+a, b = nudged(x0, 5), nudged(x0, 5, 1)
+test_eq(a, nudged(x0, 5))                                    # a fixed stream
+test_eq(a[0, 0], 0.)                                         # zeros stay zero
+rel = (a - x0)[x0 != 0] / x0[x0 != 0]
+assert 0 < rel.abs().max() < 1e-8 and not torch.equal(a, b), rel
+os.environ[NUDGE_VAR] = "nudge"
+test_fail(nudge_scale, contains="ICTD_PERTURB")
+if _unset is None: del os.environ[NUDGE_VAR]
+else: os.environ[NUDGE_VAR] = _unset
 
 # %% [markdown]
 # ## The weighted squared error
@@ -312,22 +363,63 @@ test_eq(jsonable(dict(a=torch.ones(2), b=(np.float64(0.5), np.arange(2)), c="x")
 # ## Where a saved result came from
 #
 # A result too slow for the book is computed by a command and saved under `nbs/data/`; the file records the command,
-# the git commit and the date that made it, and the Python and torch versions.
+# the git commit of the installed package and the date that made it, the Python and torch versions, and the machine:
+# the CPU's model, the instruction set torch's kernels used (AVX2, AVX-512, ...) and the torch build. The last
+# digits of a trained number depend on that machine; a construction, an equivalence or a closed form does not.
+
+# %%
+#| export
+def cpu_model()->str:
+    "The CPU's model name (`/proc/cpuinfo` on Linux, else `platform.processor()`), or 'unknown'."
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.lower().startswith("model name"): return line.split(":", 1)[1].strip()
+    except OSError: pass
+    return platform.processor() or "unknown"
+
+def _package_commit()->str:
+    "The git commit of the folder the installed `ictd` was loaded from ('unknown' outside a git checkout)."
+    try: return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                               cwd=Path(__file__).parent).stdout.strip()
+    except (OSError, subprocess.CalledProcessError): return "unknown"
+
 
 # %%
 #| export
 def provenance(command:str,  # the command that produced the file
                **extra,      # anything else to record (threads, wall-clock seconds)
-              )->dict:       # command, git commit, UTC date, Python and torch versions, then `extra`
-    "What a saved result records about how it was made."
-    try: commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError): commit = "unknown"
-    return dict(command=command, commit=commit, date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-                python=sys.version.split()[0], torch=torch.__version__, **extra)
+              )->dict:       # command, commit, UTC date, Python, torch and the machine, then `extra`
+    "What a saved result records about how it was made, and on what machine."
+    return dict(command=command, commit=_package_commit(), date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+                python=sys.version.split()[0], torch=torch.__version__, torch_cpu_capability=torch.backends.cpu.get_cpu_capability(),
+                cpu=cpu_model(), machine=platform.machine(), nudge=nudge_scale(), **extra)
+
+
+# %% [markdown]
+# A page that reads a saved file says where it came from, and which of its numbers another machine would
+# reproduce digit for digit (`provenance_note`).
+
+# %%
+#| export
+DRAW_NOTE = ("Its numbers are draws of seeded training runs: another CPU type or torch build rounds differently in the last "
+             "bits, so a rerun there gives the same statistics to within their standard errors, not the same digits.")
+
+def provenance_note(prov:dict,          # a saved file's `provenance`
+                    what:str="",        # what the file holds, e.g. "The control runs"
+                    note:str=DRAW_NOTE, # which of its numbers are exact and which are draws
+                   )->str:              # one Markdown paragraph
+    "A sentence for the page: the command, commit, date, CPU and torch build that made a saved result, and what is exact in it."
+    cap = prov.get("torch_cpu_capability")
+    machine = prov.get("cpu", "a CPU not recorded") + (f" ({cap} kernels)" if cap and cap != "not recorded" else "")
+    return (f"{what + ' were made' if what else 'Made'} by `{prov['command']}` at commit `{str(prov.get('commit', 'unknown'))[:10]}` on "
+            f"{str(prov.get('date', 'an unrecorded date'))[:10]}, on {machine}, with torch {prov.get('torch', 'not recorded')}. {note}")
 
 
 # %%
-test_eq(list(provenance("x", threads=1)), ["command", "commit", "date", "python", "torch", "threads"])
+test_eq(list(provenance("x", threads=1)), ["command", "commit", "date", "python", "torch", "torch_cpu_capability", "cpu",
+                                          "machine", "nudge", "threads"])
+assert provenance("x")["cpu"] and provenance("x")["torch_cpu_capability"] in ("DEFAULT", "AVX2", "AVX512", "ZVECTOR", "SVE256", "SVE128")
+assert "The runs were made by `ictd x` at commit `0123456789`" in provenance_note(dict(command="ictd x", commit="0123456789ab"), "The runs")
 
 # %% [markdown]
 # ## Log axes that read as numbers

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 from ictd.boyan import as_tensor, random_boyan_chain
-from ictd.core import OKABE_ITO, plain_log_ticks, substream
+from ictd.core import OKABE_ITO, nudged, plain_log_ticks, substream
 from ictd.convergence import (FEATURE_LABELS, count_deviation, empirical_mrp, fixed_point, floor_bound, kernel_attention,
                               kernel_diagonality, rate_bound, span_rate, spectral_radius, sup_error, td_recursion)
 from ictd.tasks import TaskBatch, random_tasks, sample_trajectories
@@ -536,7 +536,7 @@ def best_diagonality(phi,            # (..., s, d) state features
     phi = as_tensor(phi, "phi")
     w = as_tensor(weights, "weights", phi.dtype, phi.device)
     d = phi.shape[-1]
-    W = (init * torch.eye(d, dtype=phi.dtype, device=phi.device)).expand(phi.shape[:-2] + (d, d)).clone().requires_grad_()
+    W = nudged((init * torch.eye(d, dtype=phi.dtype, device=phi.device)).expand(phi.shape[:-2] + (d, d)).clone(), 0).requires_grad_()   # ICTD_PERTURB
     opt = torch.optim.Adam([W], lr=lr)
     for _ in range(int(steps)):
         log_diag = kernel_attention(phi, W, w).diagonal(dim1=-2, dim2=-1).clamp_min(1e-300).log()

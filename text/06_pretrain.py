@@ -16,7 +16,8 @@ from ictd.prompt import build_prompt
 from ictd.model import SoftmaxICTD, theta_star
 from ictd.state_tokens import population_neu
 from ictd.tasks import stationary_examples, task_features
-from ictd.engine import DTYPES, EvalSet, PretrainConfig, PretrainResult, eval_set, get_family, get_protocol, objective_values, sampled_neu, source_hash
+from ictd.engine import DTYPES, EvalSet, PretrainConfig, PretrainResult, Protocol, eval_set, get_family, get_protocol, objective_values, sampled_neu, source_hash
+from ictd.core import nudge_scale, nudged
 
 # %%
 #| hide
@@ -639,6 +640,12 @@ def perturb(params:dict, scale:float, seeds:list)->dict:
     return {k: (v.double() + scale * noise[k]).to(v.dtype) for k, v in params.items()}
 
 
+def nudge(params:dict, seeds:list)->dict:
+    "Stacked parameters (S, ...), each seed's nudged by the relative noise `ICTD_PERTURB` asks for (`nudged`; unchanged when unset)."
+    if nudge_scale() == 0: return params
+    return {k: torch.stack([nudged(v[i], s, j) for i, s in enumerate(seeds)]) for j, (k, v) in enumerate(sorted(params.items()))}
+
+
 # %%
 zero_params = {"A": torch.zeros(2, 1, 3, 3, dtype=torch.float64)}
 test_eq(perturb(zero_params, 0., [3, 5])["A"], zero_params["A"])
@@ -681,6 +688,35 @@ def check_divergence(config:PretrainConfig, seeds:list, step:int, loss:torch.Ten
 test_fail(lambda: check_divergence(PretrainConfig(), [4, 7], 12, torch.tensor([0.5, float("nan")], dtype=torch.float64)),
           contains="diverged at step 12 with lr = 0.001: seed(s) [7]")
 check_divergence(PretrainConfig(), [4, 7], 12, torch.tensor([0.5, 1e7], dtype=torch.float64))   # below the limit: no error
+
+
+# %% [markdown]
+# Whether a run at the edge of stability blows up, and at which step, is decided by the last bits of its
+# floating-point arithmetic, which differ between CPU types: such an event is no fact to build an example or a
+# test on. To show the guard at work, a run is made to diverge for a reason that holds on every machine: a
+# protocol whose query rewards, for some seeds and from some step on, are multiplied by a huge factor. The TD
+# loss of those seeds is then of the order of the factor squared, far above `DIVERGED`, at that very step,
+# whatever the parameters are, while the other seeds train as usual.
+
+# %%
+#| export
+def corrupted_rewards(seeds,                 # the seeds whose rewards are corrupted
+                      step:int,              # the first step at which they are
+                      factor:float=1e6,      # what their query rewards are multiplied by
+                      base:str="stationary", # the registered protocol that supplies the data
+                     )->Protocol:            # `base` with those seeds' rewards scaled from `step` on
+    "A protocol that forces a divergence: `base`, with the query rewards of `seeds` times `factor` from `step` on."
+    seeds, inner = check_seeds(seeds), get_protocol(base)
+    def data(config, run_seeds, device): return (inner.data(config, run_seeds, device) if inner.data else None), list(run_seeds)
+    def sample(config, data, gens, at, state):
+        pools, run_seeds = data
+        b = inner.sample(config, pools, gens, at, state)
+        if at < step: return b
+        scale = torch.tensor([factor if s in seeds else 1. for s in run_seeds], dtype=b.reward.dtype, device=b.reward.device)
+        return dataclasses.replace(b, reward=b.reward * scale.view(-1, *[1] * (b.reward.dim() - 1)))
+    return Protocol(sample=sample, eval_set=inner.eval_set, data=data, loss_scale=inner.loss_scale)
+
+
 
 
 # %% [markdown]
@@ -736,7 +772,7 @@ def train_loop(config:PretrainConfig,     # every setting but the seed
     family, protocol = get_family(config.attention), get_protocol(config.protocol)
     data = protocol.data(config, seeds, device) if protocol.data is not None else None    # what the protocol draws from
     ev = protocol.eval_set(config, seeds, device)                                          # the held-out prompts
-    init = perturb(family.init(config, seeds, DTYPES[config.dtype]), config.init_scale, seeds)
+    init = nudge(perturb(family.init(config, seeds, DTYPES[config.dtype]), config.init_scale, seeds), seeds)   # ICTD_PERTURB
     params = {k: v.to(device).requires_grad_() for k, v in init.items()}                   # (S, ...) each
     opt = torch.optim.Adam(params.values(), lr=config.lr, weight_decay=config.weight_decay)
     gens = [torch.Generator().manual_seed(run_stream(s, "data")) for s in seeds]          # each seed's data stream
@@ -834,6 +870,16 @@ for r, s in zip(both, (2, 9)):
     for p, q in zip(r.model.parameters(), alone.model.parameters()): test_close(p, q, eps=1e-10)
     for k, v in alone.history.items(): test_close(r.history[k].nan_to_num(), v.nan_to_num(), eps=1e-10)   # the loss is nan at step 0
 test_eq(both[0].history["value_weights"].shape, (4, 3, 3))
+
+# %% [markdown]
+# A forced divergence: with seed 0's rewards a million times too large from step 4 on, the batch stops at step 4
+# and names seed 0 alone (the [mechanism studies](mechanism_studies.html) drop such a seed and train the others on):
+
+# %%
+from ictd.engine import register_protocol
+register_protocol("seed 0 corrupted at step 4", corrupted_rewards([0], 4))
+forced = PretrainConfig(n_tasks=32, eval_tasks=4, n_steps=6, eval_every=3, protocol="seed 0 corrupted at step 4")
+test_fail(lambda: pretrain_many(forced, [0, 1], progress=False), contains="diverged at step 4 with lr = 0.001: seed(s) [0]")
 
 # %%
 record_claim("batched-equals-separate", "Seeds trained together by the batched engine end with the parameters and recorded metrics of the same seeds trained alone (to $10^{-10}$ in float64).",
