@@ -11,7 +11,7 @@ def chapters():
 
 # Chapters that execute in under half a minute: tests/test_rebuild.py re-executes these in full (every unflagged cell,
 # stopping at the first failing assert), which also runs their embedded tests, so tests/test_notebooks.py skips them.
-FAST = ['index.ipynb', '00_boyan.ipynb', '00a_tasks.ipynb', '00b_core.ipynb', '01_weighted_softmax_td.ipynb', '02_prompt.ipynb',
+FAST = ['index.ipynb', '00_boyan.ipynb', '00a_tasks.ipynb', '90_core.ipynb', '01_weighted_softmax_td.ipynb', '02_prompt.ipynb',
         '03_dual_head.ipynb', '03a_state_tokens.ipynb', '04_tsm.ipynb', '04a_causal.ipynb', '05_convergence.ipynb', '05b_worst_cases.ipynb']
 
 def run(*args, cwd=ROOT, **kw):
@@ -44,5 +44,5 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: next((i for i, name in enumerate(LONGEST) if name in item.nodeid), len(LONGEST)))
 
 LONGEST = ("test_notebook[06a_emergence.ipynb]", "test_pretrained_decoder_on_seeds_the_book_does_not_show", "test_notebook[07a_linear_experiments.ipynb]", "test_notebook[06b_mechanism.ipynb]",
-           "test_rebuild_leaves_notebook_unchanged[04a_causal.ipynb]", "test_notebook[07d_continuous_pretraining.ipynb]",
-           "test_notebook[07c_continuous_experiments.ipynb]")
+           "test_rebuild_leaves_notebook_unchanged[04a_causal.ipynb]", "test_notebook[08b_continuous_pretraining.ipynb]",
+           "test_notebook[08a_continuous_experiments.ipynb]")

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings, strategies as st
-from ictd.causal import (CURRENTS, CausalCache, CausalSoftmaxICTD, build_causal_prompt, causal_pretrain_summary, prefix_softmax_td,
+from ictd.experiments.causal_pretraining import causal_pretrain_summary
+from ictd.causal import (CURRENTS, CausalCache, CausalSoftmaxICTD, build_causal_prompt, prefix_softmax_td,
                          prefix_weights, stream_values, theta_causal, visible_transitions)
 from ictd.model import SoftmaxICTD
 from ictd.prompt import build_prompt

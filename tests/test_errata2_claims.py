@@ -5,7 +5,7 @@ import pytest, torch
 from conftest import ROOT
 
 OWNED = ['01_weighted_softmax_td.ipynb', '03_dual_head.ipynb', '04_tsm.ipynb', '05_convergence.ipynb',
-         '05a_convergence_experiments.ipynb', '07_linear.ipynb', '07_sliding.ipynb', '07a_linear_experiments.ipynb', '07a_linear_head_to_head.ipynb', '03a_state_tokens.ipynb', '07b_continuous.ipynb', '07c_continuous_experiments.ipynb', '07d_continuous_pretraining.ipynb']
+         '05a_convergence_experiments.ipynb', '07_linear.ipynb', '92_sliding.ipynb', '07a_linear_experiments.ipynb', '07b_linear_head_to_head.ipynb', '03a_state_tokens.ipynb', '08_continuous.ipynb', '08a_continuous_experiments.ipynb', '08b_continuous_pretraining.ipynb']
 # a printed number of round-off size (< 1e-12), unless it is a bound ("below 1e-13", "< 1e-13")
 ROUNDOFF = re.compile(r'(?<![\w.])(?<!below )(?<!< )\d(?:\.\d+)?e-(?:1[3-9]|[2-9]\d)\b')
 

@@ -5,7 +5,7 @@ import dataclasses, json, os, re, subprocess, sys
 import pytest, torch
 from conftest import ROOT
 
-PAGES = ['07_linear.ipynb', '07_sliding.ipynb', '07a_linear_experiments.ipynb', '07a_linear_head_to_head.ipynb']
+PAGES = ['07_linear.ipynb', '92_sliding.ipynb', '07a_linear_experiments.ipynb', '07b_linear_head_to_head.ipynb']
 MODULES = ['linear.py', 'sliding.py', 'experiments/linear.py', 'experiments/head_to_head.py']
 
 

@@ -45,12 +45,16 @@ def test_config():
     nbs = build_site.notebooks()
     assert nbs[0] == 'index.ipynb' and nbs[1:] == sorted(p.name for p in (ROOT / 'nbs').glob('[0-9]*.ipynb'))
     labels = [build_site.sidebar_label(n) for n in nbs]
-    contents = yaml.safe_load(build_site.sidebar_yml(nbs, labels))['website']['sidebar']['contents']
-    assert [c['href'] for c in contents] == nbs and [c['text'] for c in contents] == labels
-    numbers = {'00_boyan.ipynb': '0 ', '00a_tasks.ipynb': '0a ', '05_convergence.ipynb': '5 ', '06b_mechanism.ipynb': '6b ', '09_related.ipynb': '9 '}
+    contents = yaml.safe_load(build_site.sidebar_yml(nbs, labels, [build_site.part_of(n) for n in nbs]))['website']['sidebar']['contents']
+    flat = [e for c in contents for e in (c['contents'] if 'section' in c else [c])]
+    assert [c['href'] for c in flat] == nbs and [c['text'] for c in flat] == labels
+    sections = [c['section'] for c in contents if 'section' in c]
+    assert sections == [t for t, lo, hi in build_site.PARTS if any(build_site.part_of(n) == t for n in nbs)], sections
+    assert len(sections) >= 8 and sections[-1] == 'Appendices', 'one sidebar section per part, the appendices last'
+    numbers = {'00_boyan.ipynb': '0 ', '00a_tasks.ipynb': '0a ', '05_convergence.ipynb': '5 ', '06b_mechanism.ipynb': '6b ', '10_related.ipynb': '10 ', '90_core.ipynb': 'A ', '95_cli.ipynb': 'F '}
     assert all(labels[nbs.index(n)].startswith(k) for n, k in numbers.items() if n in nbs), labels
     assert labels[nbs.index('00_boyan.ipynb')] == '0 The Boyan chain', 'number, then the title of the notebook'
-    assert [build_site.chapter_number(n) for n in ('000_notation.ipynb', '05a_x.ipynb', '10_y.ipynb', 'index.ipynb')] == ['', '5a', '10', '']
+    assert [build_site.chapter_number(n) for n in ('000_notation.ipynb', '05a_x.ipynb', '10_y.ipynb', 'index.ipynb', '92_z.ipynb')] == ['', '5a', '10', '', 'C']
 
 
 def test_build_rewrites():

@@ -98,10 +98,10 @@
 # | $t_x$, $\tau_x$; $p_{\mathrm{fail}}$ | worst expected hitting time of $x$ and the hitting time; the failure probability of a high-probability bound | Proposition 5.4 |
 # | $w$, $\nu_y$ | positive state weights; convex weights of a state's features in the hull of the others | Proposition 5.5 |
 # | $\eta$, $P_\eta$ | laziness and the lazy chain | Proposition 5.6 |
-# | $\mu$; $\mu_{\min}$, $\mu_2(P)$; $\mu_k$ | an eigenvalue (of $M$ unless said); the smallest eigenvalue of $M$, the second largest eigenvalue of $P$ in modulus; the eigenvalue of the smoother $M$ on harmonic $k$ of the circle | Proposition 5.6, [chapter 7b](continuous.html) |
+# | $\mu$; $\mu_{\min}$, $\mu_2(P)$; $\mu_k$ | an eigenvalue (of $M$ unless said); the smallest eigenvalue of $M$, the second largest eigenvalue of $P$ in modulus; the eigenvalue of the smoother $M$ on harmonic $k$ of the circle | Proposition 5.6, [chapter 8](continuous.html) |
 # | $m^*$, $m_c$, $m_\infty$ | diagonality threshold; its circulant lower bound and that bound's limit as $s \to \infty$ | Proposition 5.7 |
 #
-# ## Pretraining and what it finds (chapters 6 to 6d)
+# ## Pretraining and what it finds (chapters 6 to 6c)
 #
 # | symbol | meaning | defined in |
 # |---|---|---|
@@ -117,23 +117,23 @@
 # | $N_{\mathrm{seeds}}$; $p_0$, $k_{p_0}$ | number of seeds; the success probability a seed-count claim rules out, and the count it needs | [chapter 6a](emergence.html) |
 # | $Y$, $T_{\mathrm{win}}$, $\mathrm{tol}_Y$ | a training metric, the window and the tolerance of the stopping rule | [chapter 6b](mechanism.html) |
 #
-# ## Linear attention and continuous states (chapters 7 to 7d)
+# ## Linear attention and continuous states (chapters 7 to 8b)
 #
 # | symbol | meaning | defined in |
 # |---|---|---|
 # | $V_l$, $A_l$ | a linear-attention layer's value projection and score matrix, $(2d+1) \times (2d+1)$ | [chapter 7](linear.html) |
 # | $G_l$; $\Sigma_l$ | the multiplier of a linear layer in one-matrix form; the context's second moments | [chapter 7](linear.html) |
 # | $\hat A_{\mathrm{TD}}$, $\hat b_{\mathrm{TD}}$ | batch TD's matrix and vector on a context | [chapter 7](linear.html) |
-# | $d_0$; $n_{\mathrm{mb}}$ | a trajectory's start distribution; the mini-batch size of the sliding-window protocol | [chapter 7, the sliding protocol](sliding.html) |
+# | $d_0$; $n_{\mathrm{mb}}$ | a trajectory's start distribution; the mini-batch size of the sliding-window protocol | [appendix C, the sliding protocol](sliding.html) |
 # | $\psi(\alpha)$ | the expected semi-gradient in the step size | Proposition 7.3 |
 # | $v_{TD}$, $v_{TF}$; $w_{TD}$, $w_{TF}$ | values and weights of batch TD and of the Transformer | [chapter 7](linear.html) |
-# | $x, y$ | states of a continuous process (real numbers or angles) | [chapter 7b](continuous.html) |
-# | $\vartheta$, $\sigma$ | drift and noise of the rotation process; $\sigma$ also the AR(1) noise | [chapter 7b](continuous.html) |
-# | $a$; $\sigma_\infty$ | AR(1) coefficient; its stationary standard deviation | [chapter 7b](continuous.html) |
-# | $p_k$; $b_k$ | Fourier multiplier of the rotation's transition on harmonic $k$; the rate (eigenvalue of $B$) of harmonic $k$ | [chapter 7b](continuous.html) |
-# | $r_k$, $r_0$; $\mathbf r$, $\mathbf v_\pi$ | reward coefficients and level; coefficient vectors of the reward and the values | [chapter 7b](continuous.html) |
-# | $\mathcal T_{a,\sigma}$ | the AR(1) transition operator on polynomials | [chapter 7b](continuous.html) |
-# | $W_\beta$; $\hat\beta$ | the Gaussian-kernel score matrix on features $(x, 1, x^2)$; a fitted score scale | [chapter 7b](continuous.html), [chapter 7d](continuous_pretraining.html) |
+# | $x, y$ | states of a continuous process (real numbers or angles) | [chapter 8](continuous.html) |
+# | $\vartheta$, $\sigma$ | drift and noise of the rotation process; $\sigma$ also the AR(1) noise | [chapter 8](continuous.html) |
+# | $a$; $\sigma_\infty$ | AR(1) coefficient; its stationary standard deviation | [chapter 8](continuous.html) |
+# | $p_k$; $b_k$ | Fourier multiplier of the rotation's transition on harmonic $k$; the rate (eigenvalue of $B$) of harmonic $k$ | [chapter 8](continuous.html) |
+# | $r_k$, $r_0$; $\mathbf r$, $\mathbf v_\pi$ | reward coefficients and level; coefficient vectors of the reward and the values | [chapter 8](continuous.html) |
+# | $\mathcal T_{a,\sigma}$ | the AR(1) transition operator on polynomials | [chapter 8](continuous.html) |
+# | $W_\beta$; $\hat\beta$ | the Gaussian-kernel score matrix on features $(x, 1, x^2)$; a fitted score scale | [chapter 8](continuous.html), [chapter 8b](continuous_pretraining.html) |
 #
 # ## Glossary
 #

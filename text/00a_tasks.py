@@ -222,7 +222,7 @@ joint_gap
 # * **a batch** of seed $k$ draws chain $b$ from child $b$ of `numpy.random.SeedSequence(k)`
 #   (`task_rng`; `random_tasks` and `task_pool` alike), so the batches of two seeds share no chain and
 #   a long pool can be drawn in pieces (`first`); a training run draws its pools from named streams
-#   of its seed (`ictd.core.run_stream`, chapter 0b), never from an offset added to it;
+#   of its seed (`ictd.core.run_stream`, appendix A), never from an offset added to it;
 # * **a trajectory**: `sample_trajectory` draws from the numpy stream `default_rng(seed)`, and
 #   `sample_trajectories` from a torch stream (a CPU `torch.Generator` seeded with the first word of
 #   `numpy.random.SeedSequence(seed)`, or the generator passed in), because the training engine

@@ -283,7 +283,7 @@ Markdown(f"Largest difference over both seeds and four queries: below $10^{{-13}
 # check over random tasks, models with separate and shared layers, every layer's tokens and float64
 # is in [Implementation and tests](#implementation-and-tests).
 #
-# Chapter 3's model also runs on contexts of *continuous* states ([chapter 7b](continuous.html)),
+# Chapter 3's model also runs on contexts of *continuous* states ([chapter 8](continuous.html)),
 # where no two visits share a token. There every context column is its own key with log weight 0 and
 # its successor is the next column: `trajectory_tokens` writes chapter 3's prompt in this form, so one
 # forward pass and one training engine serve both.

@@ -40,7 +40,7 @@ from ictd.wstd import weighted_softmax_td
 # by the context. This chapter measures each statement on hundreds of random Boyan chains at once. Each experiment is
 # one exported function that computes its results and one that draws its figure (module
 # `ictd.experiments.convergence`, which imports the theory of `ictd.convergence` and is never imported by it), so that
-# the command line (`ictd convergence`, [chapter 8](cli.html)) can rerun it at full scale. The propositions, the lemma
+# the command line (`ictd convergence`, [appendix F](cli.html)) can rerun it at full scale. The propositions, the lemma
 # and their numbers are those of chapter 5; all are the project's own **[ours]**.
 #
 # *How to read this chapter.* Each experiment asks one question, says what is run (the tasks, their number and their

@@ -70,7 +70,7 @@ from ictd.tasks import random_tasks, sample_trajectories, task_pool
 # it. The code of the machinery the lesson runs on stays where the lesson first needs it; its
 # API entries, input validation, the cache and divergence handling are in the last section,
 # [Implementation and tests](#implementation-and-tests); the configuration, the model families and data
-# protocols other chapters plug in, and the training objectives have a page of their own, [chapter 6d](engine.html).
+# protocols other chapters plug in, and the training objectives have a page of their own, [appendix B](engine.html).
 # Symbols are listed once in [Notation](notation.html).
 
 # %% [markdown]
@@ -179,7 +179,7 @@ def stationary_examples(pool:TaskBatch,  # tasks with a leading seed axis: P (S,
 
 # %% [markdown]
 # What a model family receives is `Contexts`: the prompts before they are encoded, as state indices
-# of discrete tasks (looked up by `features`) or as features of continuous states ([chapter 7d](continuous_pretraining.html)).
+# of discrete tasks (looked up by `features`) or as features of continuous states ([chapter 8b](continuous_pretraining.html)).
 
 # %%
 #| export tasks
@@ -212,7 +212,7 @@ test_eq(r_toy[0, 1], pool_toy.r[0, 2, [3, 4]])
 # %% [markdown]
 # A protocol hands the loop `TDExamples`: the contexts, the rewards at the queries, and where each
 # query's successor is, in the same prompt (this chapter's protocol) or in the next one along the batch
-# (a trajectory, as in [chapter 6d](engine.html)).
+# (a trajectory, as in [appendix B](engine.html)).
 
 # %%
 #| export tasks
@@ -564,7 +564,7 @@ record_claim("neu-star-n30", rf"At $n = 30$ the NEU of $\theta^*$ lies below its
 # $10^{-6}$, a small Xavier-normal initialisation, a pool of 4096 tasks. Three settings say *what*
 # is trained and how: the model family (`attention`), the data protocol (`protocol`) and the
 # floating-point type (`dtype`); other chapters register families and protocols of their own
-# ([chapter 6d](engine.html#families-and-protocols)). The chapter's training configuration,
+# ([appendix B](engine.html#families-and-protocols)). The chapter's training configuration,
 # `EMERGENCE`, is these defaults with a learning rate of $10^{-2}$ and 2000 steps. During training
 # the engine records, on held-out tasks, the MSVE of the model's values at every
 # state, NEU (estimated at the training context length, and exact at $n = \infty$), the mean kernel
@@ -581,7 +581,7 @@ show_doc(PretrainConfig)
 # The result of a run, the registries of model families and data protocols, the softmax family
 # (this chapter's model on state tokens), the stationary protocol (the examples of `td_batch`, for
 # every seed at once) and the four training objectives live in `ictd.engine`, documented and tested
-# in [chapter 6d](engine.html). The cells below define the rest of what the loop calls: the
+# in [appendix B](engine.html). The cells below define the rest of what the loop calls: the
 # batched evaluation, the cache and the divergence check (documented in [Implementation and tests](#implementation-and-tests)).
 
 # %%
@@ -1148,7 +1148,7 @@ record_claim("emergence-three-seeds", "In three seeds of the chapter's training 
 # chapter's code lives in `ictd.pretrain` (the TD batch, the NEU estimator, the loop, the cache and
 # the plots), `ictd.model` (state tokens, beside the model of [chapter 3](dual_head.html)) and
 # `ictd.tasks` (examples as state indices); the configuration, the registries, the softmax family,
-# the stationary protocol and the objectives are in `ictd.engine` ([chapter 6d](engine.html)). Each
+# the stationary protocol and the objectives are in `ictd.engine` ([appendix B](engine.html)). Each
 # module imports only modules below it.
 
 # %% [markdown]
@@ -1385,10 +1385,10 @@ test_fail(lambda: pretrain_many(dataclasses.replace(tiny, attention="cubic"), [1
 
 # %% [markdown]
 # **Initialisations.** `init="xavier"` (the default) draws each seed's parameters as `SoftmaxICTD`
-# does with the seed's stream `init` (`run_stream(seed, "init")`, chapter 0b); `init="theta_star"` starts every layer at $\theta^*$ with $W = \beta I$ and
+# does with the seed's stream `init` (`run_stream(seed, "init")`, appendix A); `init="theta_star"` starts every layer at $\theta^*$ with $W = \beta I$ and
 # step size $\alpha$ taken from `init_beta` and `init_alpha` (`init_gain` is then unused). Either can
 # be perturbed: `init_scale` $= c$ adds independent $\mathcal N(0, c^2)$ noise to every entry, drawn
-# from the seed's stream `perturbation` (`run_stream`, a child of `numpy.random.SeedSequence`, chapter 0b).
+# from the seed's stream `perturbation` (`run_stream`, a child of `numpy.random.SeedSequence`, appendix A).
 
 # %%
 at_star = dataclasses.replace(tiny, n_steps=0, init="theta_star", init_beta=2., init_alpha=0.5)

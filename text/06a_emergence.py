@@ -64,7 +64,7 @@ from ictd.experiments.emergence import (ablation, ablation_claims, ablation_rows
 # where they appear; API entries of helpers and input validation are in the last section,
 # [Implementation and tests](#implementation-and-tests). The machinery of the experiments (seed summaries,
 # tables, figures, the claims' asserts, the ablation driver and the report the command line writes) is
-# the module `ictd.experiments.emergence`, built and tested in [chapter 6e](emergence_studies.html).
+# the module `ictd.experiments.emergence`, built and tested in [appendix E](emergence_studies.html).
 # Symbols follow the book's [notation page](notation.html); this chapter adds $N_{\mathrm{seeds}}$
 # (seeds per setting), $p_0$ and $k_{p_0}$ (a chance level and the count of seeds that rejects it) and
 # the Bellman residual $b$ of the last section.
@@ -456,7 +456,7 @@ def ratio_interval(runs:list,  # runs of one configuration (>= 6 seeds)
 
 
 # %% [markdown]
-# `seed_summary` ([chapter 6e](emergence_studies.html#seed-summaries)) condenses a set of runs: for every layer, the number of seeds whose final value
+# `seed_summary` ([appendix E](emergence_studies.html#seed-summaries)) condenses a set of runs: for every layer, the number of seeds whose final value
 # weights show the sign pattern, the median and quartiles over seeds of the successor/current ratio,
 # the mean and standard error of each weight and of the kernel diagonality at the start and the end;
 # and the final MSVE and NEU with their standard errors. `layer_table` prints it.
@@ -1050,7 +1050,7 @@ neu_grid[..., 0], neu_grid[..., 1], neu_grid_inf
 # ## Implementation and tests
 #
 # The API entries of the helpers used above and the validation of their inputs. The experiments'
-# machinery has its own page, [chapter 6e](emergence_studies.html).
+# machinery has its own page, [appendix E](emergence_studies.html).
 
 # %%
 show_doc(stack_history)

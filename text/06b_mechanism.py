@@ -53,7 +53,7 @@ from ictd.experiments.mechanism import (anatomy_counts, anatomy_table, binomial_
 # training to convergence, depth, the dynamics at $\theta^*$, a learned shared layer iterated, and the gap map
 # over settings. A table of every claim with its statistics follows, then a summary. Every number comes from
 # runs saved under `nbs/data/` (the chapter never trains). The functions that trained them and that build the
-# tables and statistics are the library of [chapter 6c](mechanism_studies.html), which this page imports; the
+# tables and statistics are the library of [appendix D](mechanism_studies.html), which this page imports; the
 # API entries and unit tests of this page's own probes are in the last section, *Implementation and tests*.
 
 # %% [markdown]
@@ -102,7 +102,7 @@ from ictd.experiments.mechanism import (anatomy_counts, anatomy_table, binomial_
 # Training is slow for this page, so the runs it studies were trained by `run_mechanism_study` and
 # saved in `nbs/data/mechanism_runs.json` with the command, the git commit and the date that made
 # them. A saved run holds the configuration, the seed and the final parameters; `load_models` rebuilds
-# the models from them exactly (both are defined in [chapter 6c](mechanism_studies.html)).
+# the models from them exactly (both are defined in [appendix D](mechanism_studies.html)).
 
 # %%
 saved = json.loads(Path("data/mechanism_runs.json").read_text())
@@ -1677,7 +1677,7 @@ Markdown(f"1. **The algorithm.** A trained model in the `EMERGENCE` configuratio
 # The probes, the estimator, the Jacobian and the shared-layer recursion above are exported to `ictd.mechanism`.
 # The functions that save and load runs, build this page's tables, compute its statistics and apply the stopping rule,
 # and the drivers that trained every saved file, are in `ictd.experiments.mechanism`, documented and tested in
-# [chapter 6c](mechanism_studies.html). What follows are the API entries of the probes and their unit tests: input
+# [appendix D](mechanism_studies.html). What follows are the API entries of the probes and their unit tests: input
 # checks, a fit that recovers a known estimator, and the Jacobian against finite differences.
 
 # %%

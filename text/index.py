@@ -102,7 +102,8 @@ def chapters(nbs=Path(".")):
         m = re.match(r"(\d{1,2})([a-z]?)_", f.name)
         src = next("".join(c["source"]) for c in json.loads(f.read_text())["cells"] if c["cell_type"] == "markdown")
         title = re.search(r"^#\s+(.+)$", src, re.M).group(1)
-        out[re.sub(r"^\d+[a-z0-9]*_", "", f.stem)] = f"{int(m.group(1))}{m.group(2)} {title}" if m else title
+        number = (chr(ord("A") + int(m.group(1)) - 90) if int(m.group(1)) >= 90 else m.group(1).lstrip("0") or "0") + m.group(2) if m else ""
+        out[re.sub(r"^\d+[a-z0-9]*_", "", f.stem)] = f"{number} {title}" if m else title
     return out
 
 def claims_table(claims, labels):
@@ -125,14 +126,14 @@ Markdown(claims_table(claims, labels) if claims else
 # %%
 #| echo: false
 PATHS = {"**The core** (the thesis and its proof): the testbed, the algorithm, the prompt, the layer, convergence and the experiments that test it. Prerequisites: TD(0) and attention.": ("0", "1", "2", "3", "5", "5a"),
-         "**Training** (does pretraining find the construction?). Prerequisite: the core.": ("6", "6a", "6b", "6c", "6d"),
-         "**Extensions** (worst cases of convergence, one head with a shift, decoder-only models, linear attention, continuous states). Prerequisite: the core; chapters 7a and 7d also use chapter 6.": ("5b", "4", "4a", "7", "7a", "7b", "7c", "7d"),
-         "**Reproducing the experiments** at full scale from the command line. Prerequisite: none.": ("8",)}
+         "**Training** (does pretraining find the construction?). Prerequisite: the core.": ("6", "6a", "6b", "6c"),
+         "**Extensions** (worst cases of convergence, one head with a shift, decoder-only models, linear attention, continuous states). Prerequisite: the core; chapters 7a and 8b also use chapter 6.": ("5b", "4", "4a", "7", "7a", "7b", "8", "8a", "8b"),
+         "**Reproducing the experiments** at full scale from the command line. Prerequisite: none.": ("F",)}
 
 def reading_paths(paths, labels):
     "Each reading path as a Markdown list item linking its chapters (found by number) in order."
     by_number = {label.split(" ", 1)[0]: (page, label) for page, label in labels.items()}
-    first = [f"[{label}]({page}.html)" for page, label in labels.items() if not label[0].isdigit()]  # the notation page
+    first = [f"[{label}]({page}.html)" for page, label in labels.items() if not re.match(r"([0-9]+|[A-Z])[a-z]? ", label)]  # the notation page
     return (f"- **Before you start**: " + ", ".join(first) + "\n" if first else "") + "\n".join(f"- {text}\n  " + " &rarr; ".join(f"[{by_number[n][1]}]({by_number[n][0]}.html)" for n in nums if n in by_number)
                      for text, nums in paths.items())
 

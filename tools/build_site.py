@@ -32,9 +32,25 @@ def notebooks(nbs=ROOT / 'nbs'):
 
 
 def chapter_number(name):
-    "The chapter number a notebook's file name gives: `00_boyan.ipynb` -> '0', `05a_x.ipynb` -> '5a'; '' for the front page and for front matter (`000_notation.ipynb`)."
+    """The chapter number a notebook's file name gives: `00_boyan.ipynb` -> '0', `05a_x.ipynb` -> '5a', an appendix
+    `9N_x.ipynb` -> the N-th letter ('90_core.ipynb' -> 'A'); '' for the front page and for front matter (`000_notation.ipynb`)."""
     m = re.match(r'(\d{1,2})([a-z]?)_', name)
-    return f'{int(m.group(1))}{m.group(2)}' if m else ''
+    if not m: return ''
+    n = int(m.group(1))
+    return (chr(ord('A') + n - 90) if n >= 90 else str(n)) + m.group(2)
+
+
+# The book's parts: a sidebar section each, holding the pages whose chapter number (its digits) falls in the range.
+PARTS = (("Part I. The testbed", 0, 0), ("Part II. The algorithm and its Transformer", 1, 4),
+         ("Part III. Convergence", 5, 5), ("Part IV. Pretraining", 6, 6), ("Part V. Linear attention", 7, 7),
+         ("Part VI. Continuous states", 8, 8), ("Part VII. In-context control", 9, 9), ("Context", 10, 89),
+         ("Appendices", 90, 99))
+
+
+def part_of(name):
+    "The title of the part a notebook belongs to, or None for the front page and the front matter."
+    m = re.match(r'(\d{1,2})[a-z]?_', name)
+    return next((t for t, lo, hi in PARTS if lo <= int(m.group(1)) <= hi), None) if m else None
 
 
 def nb_title(path):
@@ -52,16 +68,24 @@ def sidebar_label(name, nbs=ROOT / 'nbs'):
     return f'{num} {title}' if num else title
 
 
-def sidebar_yml(names, labels=None):
-    "Quarto's `website.sidebar.contents` listing `names` in order, each with its label (chapter number and title) when given."
-    item = lambda i, n: f'      - href: {n}\n        text: {json.dumps(labels[i])}\n' if labels else f'      - {n}\n'
-    return 'website:\n  sidebar:\n    contents:\n' + ''.join(item(i, n) for i, n in enumerate(names))
+def sidebar_yml(names, labels=None, parts=None):
+    """Quarto's `website.sidebar.contents` listing `names` in order, each with its label (chapter number and title) when given,
+    grouped into one `section` per part (`parts[i]` the part of `names[i]`, None outside any part)."""
+    parts = parts or [None] * len(names)
+    def item(i, n, pad):
+        return f'{pad}- href: {n}\n{pad}  text: {json.dumps(labels[i])}\n' if labels else f'{pad}- {n}\n'
+    out, current = [], None
+    for i, n in enumerate(names):
+        if parts[i] != current and parts[i] is not None: out.append(f'      - section: {json.dumps(parts[i])}\n        contents:\n')
+        current = parts[i]
+        out.append(item(i, n, '          ' if current else '      '))
+    return 'website:\n  sidebar:\n    contents:\n' + ''.join(out)
 
 
 def write_sidebar(nbs=ROOT / 'nbs'):
     "Write `nbs/sidebar.yml` for the notebooks present (numbered as their file names say), if it changed."
     names = notebooks(nbs)
-    text = sidebar_yml(names, [sidebar_label(n, nbs) for n in names])
+    text = sidebar_yml(names, [sidebar_label(n, nbs) for n in names], [part_of(n) for n in names])
     f = nbs / 'sidebar.yml'
     if not f.exists() or f.read_text() != text: f.write_text(text)
 
@@ -203,7 +227,8 @@ def rename_pages(proc, base, hide_repo=None):
     if no_alt: print('warning: figures with neither fig-cap nor fig-alt (no text for a screen reader): '
                      + ', '.join(f'{k} ({v})' for k, v in no_alt.items()), file=sys.stderr)
     names = notebooks()
-    (proc / 'sidebar.yml').write_text(sidebar_yml([renames.get(n, n) for n in names], [sidebar_label(n) for n in names]))
+    (proc / 'sidebar.yml').write_text(sidebar_yml([renames.get(n, n) for n in names], [sidebar_label(n) for n in names],
+                                                  [part_of(n) for n in names]))
     return renames
 
 

@@ -287,7 +287,7 @@ Markdown("| rewards | $s$ | $n$ | unseen states | tuned $\\beta$, $\\alpha$ (sof
 # the error of each method against the setting, with two-standard-error bars.
 
 # %%
-#| fig-cap: "Figure 9.1: Weighted softmax TD has the lowest error on seen states when rewards are random, batch linear TD has it when rewards are representable by the features, and on unseen states of the larger chains with random rewards no method beats the zero predictor."
+#| fig-cap: "Figure 10.1: Weighted softmax TD has the lowest error on seen states when rewards are random, batch linear TD has it when rewards are representable by the features, and on unseen states of the larger chains with random rewards no method beats the zero predictor."
 #| fig-alt: "Four log-scale panels of the mean squared error against v_pi: rows for random and representable rewards, columns for seen and unseen states, each at four settings (s = 10, n = 100; s = 10, n = 30; s = 50, n = 30; s = 100, n = 30), with weighted softmax TD (blue circles), batch linear TD (orange squares) and the zero predictor (green triangles, dotted), and two-standard-error bars."
 #| code-fold: true
 fig, axs = plt.subplots(2, 2, figsize=(9, 6.4), sharex=True)

@@ -33,9 +33,9 @@ from ictd.core import record_claim
 
 # %% [markdown]
 # The [previous chapter](continuous.html) built two processes with exact values, showed that the
-# constructed Transformer runs kernel TD on them ([Proposition 7b.1](continuous.html#the-kernels-a-transformer-computes)),
-# and derived the large-context limit ([Proposition 7b.2](continuous.html#what-the-large-context-limit-predicts)) and the
-# fixed point on a single context ([Proposition 7b.3](continuous.html#a-fixed-point-that-is-the-return-chain)). This chapter
+# constructed Transformer runs kernel TD on them ([Proposition 8.1](continuous.html#the-kernels-a-transformer-computes)),
+# and derived the large-context limit ([Proposition 8.2](continuous.html#what-the-large-context-limit-predicts)) and the
+# fixed point on a single context ([Proposition 8.3](continuous.html#a-fixed-point-that-is-the-return-chain)). This chapter
 # measures what those results predict, and what they do not: the statistical floor at a finite
 # context, the bandwidth that balances bias and variance, and the comparison with linear TD. The
 # [next chapter](continuous_pretraining.html) pretrains the Transformer on random families of these
@@ -48,7 +48,7 @@ from ictd.core import record_claim
 # the experiments (`error_sweep`, `compare_methods`) are documented where they are used; their
 # helpers, input validation and exhaustive tests are in the last section,
 # [Implementation and tests](#implementation-and-tests). Symbols follow the
-# [notation page](notation.html) and [chapter 7b](continuous.html): states are $x, y$, the kernel
+# [notation page](notation.html) and [chapter 8](continuous.html): states are $x, y$, the kernel
 # scale is $\beta$ and the error is the MSVE on a quadrature grid of the stationary law.
 #
 # ::: {.callout-note}
@@ -59,7 +59,7 @@ from ictd.core import record_claim
 # **Seeds.** Every experiment takes one seed and draws from named sub-streams of it
 # (`stream_seed(seed, name)`, a child of `numpy.random.SeedSequence(seed)` as `ictd.core.substream`
 # makes it), so that no two experiments share random numbers and none is an offset of another. The
-# book runs with `SEED = 0`; the full-scale run of [chapter 7d](continuous_pretraining.html#at-full-scale)
+# book runs with `SEED = 0`; the full-scale run of [chapter 8b](continuous_pretraining.html#at-full-scale)
 # (`ictd continuous` on the command line) takes its seed from the command line.
 
 # %%
@@ -135,7 +135,7 @@ def error_sweep(process,              # a process of this chapter
 # ## Error against depth
 #
 # Kernel TD with $\alpha = 1$ on both processes, for three context lengths, against the population
-# curve of Proposition 7b.2 (the limit $n \to \infty$ at each depth). The prediction: the measured
+# curve of Proposition 8.2 (the limit $n \to \infty$ at each depth). The prediction: the measured
 # curves follow the population curve while it is above their statistical floor, then flatten at a
 # floor that falls as $n$ grows.
 
@@ -171,7 +171,7 @@ def plot_depth(curves:dict,      # title -> (errors (len(ns), n_tasks, L + 1), p
 
 
 # %%
-#| fig-cap: "Figure 7c.1: on the longest context the mean MSVE of kernel TD follows the population curve of Proposition 7b.2 over the first layers; every curve then flattens at a floor that falls as the context grows."
+#| fig-cap: "Figure 8a.1: on the longest context the mean MSVE of kernel TD follows the population curve of Proposition 8.2 over the first layers; every curve then flattens at a floor that falls as the context grows."
 #| fig-alt: "Two log-scale panels, noisy rotation and Gaussian AR(1): MSVE against depth for three context lengths with two-standard-error bands, and a dotted black population curve."
 pop_rot = population_msve(rot, beta=ROT_BETA, alpha=ALPHA, n_layers=DEPTH)
 pop_ar = population_msve(ar, beta=AR_BETA, alpha=ALPHA, n_layers=DEPTH)
@@ -185,7 +185,7 @@ fig = plot_depth({rf"noisy rotation, square reward, $\beta = {ROT_BETA:g}$": (de
 # 10%); the floor, the error at the last depth, falls as $n$ grows; and on the circle the population
 # error itself decays more slowly than any single geometric rate would (the square wave's high
 # harmonics), while the AR(1)'s decays at its slowest rate $\max_j |b_j|$ (the eigenvalues $b_j$ of
-# [Proposition 7b.2](continuous.html#what-the-large-context-limit-predicts)).
+# [Proposition 8.2](continuous.html#what-the-large-context-limit-predicts)).
 
 # %%
 def rel_gap(a, b): return ((a - b).abs() / b).max().item()
@@ -310,7 +310,7 @@ def plot_tradeoff(betas, ns, sweep, best, slope, ci):
 
 
 # %%
-#| fig-cap: "Figure 7c.2: the MSVE has an interior minimum in the kernel scale beta, and the best beta grows with the context length."
+#| fig-cap: "Figure 8a.2: the MSVE has an interior minimum in the kernel scale beta, and the best beta grows with the context length."
 #| fig-alt: "Left: log-log MSVE against beta for four context lengths with error bars and a thin vertical line at each best beta. Right: best beta against context length with a fitted power law."
 plot_tradeoff(BETAS, NS_BETA, beta_sweep, best, beta_slope, beta_ci);
 
@@ -474,7 +474,7 @@ Markdown(rows_markdown(cmp_rot, f"Noisy rotation, square reward, n = {N_CMP}, de
 # - **Same features, different algorithm.** With the two features $(\cos x, \sin x)$, linear TD can
 #   only represent the first harmonic; its error is that projection's, and LSTD (its infinite-depth
 #   limit) is no better. The softmax Transformer, reading the *same two numbers* per state, runs a
-#   kernel method whose population limit is unbiased (Proposition 7b.2), and does better. On the AR(1)
+#   kernel method whose population limit is unbiased (Proposition 8.2), and does better. On the AR(1)
 #   the gap is large: a cubic value is far from the span of $(x, x^2, 1)$.
 # - **Richer features.** Linear TD on a basis that contains the value (Hermite degree 3 on the AR(1))
 #   is competitive with kernel TD or better, as a parametric method with the right basis should be;
@@ -533,7 +533,7 @@ def plot_estimates(process,        # a process of this chapter
 
 
 # %%
-#| fig-cap: "Figure 7c.3: on the circle the in-context estimate approaches the closed-form square-wave value with depth, and more closely with the longer context; at this bandwidth neither context resolves the jumps sharply."
+#| fig-cap: "Figure 8a.3: on the circle the in-context estimate approaches the closed-form square-wave value with depth, and more closely with the longer context; at this bandwidth neither context resolves the jumps sharply."
 #| fig-alt: "Two panels, noisy rotation with contexts of 100 and 1000 transitions: the closed-form value in black and the Transformer's estimates at depths 2, 10 and 30 against the angle, with a rug of the context's states."
 plot_estimates(rot, beta=ROT_BETA, alpha=ALPHA, ns=[100, 1000], depths=[2, 10, 30], seed=stream_seed(SEED, "estimates"))
 plt.gcf().tight_layout()
@@ -544,7 +544,7 @@ plt.gcf().tight_layout()
 # estimate falls far short of the cubic:
 
 # %%
-#| fig-cap: "Figure 7c.4: on the line the estimate follows the cubic value where the context has states and falls short of it in the tails, most where the context has none."
+#| fig-cap: "Figure 8a.4: on the line the estimate follows the cubic value where the context has states and falls short of it in the tails, most where the context has none."
 #| fig-alt: "Two panels, Gaussian AR(1) with contexts of 100 and 1000 transitions: the closed-form cubic value in black and the Transformer's estimates at depths 2, 10 and 30 against the state, with a rug of the context's states."
 plot_estimates(ar, beta=AR_BETA, alpha=ALPHA, ns=[100, 1000], depths=[2, 10, 30], seed=stream_seed(SEED, "estimates"))
 plt.gcf().tight_layout()
@@ -553,7 +553,7 @@ plt.gcf().tight_layout()
 # ## Depth regularises
 #
 # On a single context with distinct states, every fixed point of the iteration is the trajectory's
-# own return chain ([Proposition 7b.3](continuous.html#a-fixed-point-that-is-the-return-chain)).
+# own return chain ([Proposition 8.3](continuous.html#a-fixed-point-that-is-the-return-chain)).
 # A single return is the highest-variance estimate there is, and the free $v(S_n)$ makes the set of
 # fixed points a line along which the iteration can drift. So at a fixed context, **more depth is not
 # always better**: past a point, the iterates leave the smooth kernel estimate for the return chain.
@@ -581,7 +581,7 @@ def plot_long_depth(betas, errors, n):
 
 
 # %%
-#| fig-cap: "Figure 7c.5: far past its best depth, a narrow kernel's error rises again as the iterates drift to the return chain; a wide kernel's barely moves."
+#| fig-cap: "Figure 8a.5: far past its best depth, a narrow kernel's error rises again as the iterates drift to the return chain; a wide kernel's barely moves."
 #| fig-alt: "Log-scale MSVE against depth up to 300 layers on the noisy rotation with 200 transitions, one curve per kernel scale beta of 10, 100 and 1000."
 plot_long_depth(BETAS_LONG, long_depth, NS_LONG[0]);
 best_depth = long_depth.mean(1).argmin(-1)

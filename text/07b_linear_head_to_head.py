@@ -113,7 +113,7 @@ def plot_head_to_head(data:dict, # output of `head_to_head`
 
 
 # %%
-#| fig-cap: "Figure 7a.6: On the same tasks, seeds and budget, each family at its own tuned learning rate, pretrained softmax Transformers predict held-out values far better than pretrained linear ones, which stay near the zero predictor."
+#| fig-cap: "Figure 7b.1: On the same tasks, seeds and budget, each family at its own tuned learning rate, pretrained softmax Transformers predict held-out values far better than pretrained linear ones, which stay near the zero predictor."
 #| fig-alt: "Dot plot on a log scale: for each of 10 seeds the held-out MSVE of the pretrained linear Transformer (left, blue) joined by a grey line to that of the pretrained softmax Transformer (right, vermillion), with horizontal black lines in five line styles at the mean MSVE of the baselines: zero, context mean, best theta*, certainty equivalence and the oracle best constant."
 plot_head_to_head(h2h);
 
@@ -354,7 +354,7 @@ def run_head_to_head(out="nbs/data/head_to_head.json", # the JSON file to write
 
 # %%
 #| slow
-run_head_to_head("data/head_to_head.json", command="run_head_to_head('data/head_to_head.json') in nbs/07a_linear_head_to_head.ipynb")
+run_head_to_head("data/head_to_head.json", command="run_head_to_head('data/head_to_head.json') in nbs/07b_linear_head_to_head.ipynb")
 
 # %%
 #| hide

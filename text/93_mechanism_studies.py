@@ -32,7 +32,7 @@ from ictd.pretrain import corrupted_rewards
 # *How to read this chapter.* It is the implementation half of [chapter 6b](mechanism.html), kept apart so that
 # the lesson there reads without the library in the way (and so that the theory module `ictd.mechanism` stays
 # small). Nothing here is a new result: each section defines the functions one of 6b's experiments uses, with the
-# tests that pin them down. The drivers at the end are what `ictd mechanism ...` (chapter 8) and `DEVICE_RUN.sh`
+# tests that pin them down. The drivers at the end are what `ictd mechanism ...` (appendix F) and `DEVICE_RUN.sh`
 # call; they train through chapter 6's `pretrain_many` and write JSON files under `nbs/data/` that record the
 # command, the git commit and the date. The training configuration they start from is chapter 6's `EMERGENCE`
 # ($s = 10$ states, $d = 4$ random features, $n = 30$, $L = 3$ separate layers, $\gamma = 0.9$, learning rate
@@ -41,7 +41,7 @@ from ictd.pretrain import corrupted_rewards
 # %% [markdown]
 # ## Saved runs, with their provenance
 #
-# `provenance` ([chapter 0b](core.html#where-a-saved-result-came-from)) records how a file was made. A saved run holds the configuration, the seed and the final parameters (and, on request, the metrics at every evaluation); `load_models` rebuilds the models exactly.
+# `provenance` ([appendix A](core.html#where-a-saved-result-came-from)) records how a file was made. A saved run holds the configuration, the seed and the final parameters (and, on request, the metrics at every evaluation); `load_models` rebuilds the models exactly.
 
 # %%
 #| export

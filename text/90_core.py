@@ -22,7 +22,7 @@ from IPython.display import Markdown
 
 
 # %% [markdown]
-# # A small shared core
+# # The shared core
 # > The checks, seed streams, weighted error and task-batch helpers that the engine and the experiments share, written once.
 
 # %% [markdown]

@@ -95,7 +95,7 @@ class PretrainConfig:
     eval_tasks:int = 256        # held-out tasks for the metrics
     seed:int = 0                # seeds the model, the task pools and the data stream
     attention:str = "softmax"   # model family: a registered name ("softmax"; "linear" from chapter 7)
-    protocol:str = "stationary" # data protocol: a registered name ("stationary"; "sliding" from chapter 7)
+    protocol:str = "stationary" # data protocol: a registered name ("stationary"; "sliding" from appendix C)
     dtype:str = "float64"       # "float64" or "float32" for the parameters and the training passes (metrics in float64)
     objective:str = "td"        # training target at the query: one of `OBJECTIVES` ("td", "mc", "supervised", "td-independent")
     init:str = "xavier"         # "xavier" (gain `init_gain`) or "theta_star" (every layer theta*(W = init_beta I, init_alpha))
@@ -177,7 +177,7 @@ test_eq(stacked["params"]["A"][2], runs[2].params["A"])
 # %% [markdown]
 # The engine knows a model family and a data protocol only through a
 # small interface, so that another module can add its own without editing this one: chapter 7
-# registers linear attention and its predecessor's sliding-window protocol, chapter 7b the
+# registers linear attention and its predecessor's sliding-window protocol, chapter 8 the
 # continuous task families, and a decoder-only model can register itself from its own module. A
 # plug-in registers its names when it is imported (`import ictd.linear` makes
 # `attention="linear"` and `protocol="sliding"` available).
@@ -299,7 +299,7 @@ class EvalSet:
 # draws from seed $i$'s pool with generator $i$ (checked in [chapter 6](pretrain.html#examples-as-state-indices)).
 # Seed $s$'s training pool is `task_pool(config, n_tasks, run_stream(s, "train_pool"))`; its held-out
 # tasks come from its stream `eval_pool` and their contexts from its stream `eval_contexts`
-# (chapter 0b's named streams), so no run's held-out tasks are any run's training tasks.
+# (appendix A's named streams), so no run's held-out tasks are any run's training tasks.
 
 # %%
 #| export

@@ -36,7 +36,7 @@ from ictd.model import theta_star
 
 # %% [markdown]
 # The [previous chapter](continuous_experiments.html) measured kernel TD, the constructed
-# Transformer, on the two continuous processes of [chapter 7b](continuous.html). This chapter trains
+# Transformer, on the two continuous processes of [chapter 8](continuous.html). This chapter trains
 # the Transformer instead, on random families of those processes, and asks what it learns.
 #
 # ::: {.callout-note}
@@ -46,7 +46,7 @@ from ictd.model import theta_star
 #
 # *How to read this chapter.* One question: trained by the engine of [chapter 6](pretrain.html) on
 # random noisy rotations or random AR(1) processes, does the Transformer's score block learn the
-# kernel of [Proposition 7b.1](continuous.html#the-kernels-a-transformer-computes), and do its value
+# kernel of [Proposition 8.1](continuous.html#the-kernels-a-transformer-computes), and do its value
 # rows learn $\theta^*$? The first section says what is measured and defines the measures (value
 # weights, the kernel fit, the in-context error against the tuned constructed Transformer and a
 # baseline); a reader after the answer can go straight to the two experiments,
@@ -65,9 +65,9 @@ fam_rot, fam_ar = RotationFamily(), GaussianAR1Family()
 #
 # The [pretraining chapter](pretrain.html) trains the softmax Transformer by multi-task
 # semi-gradient TD on random Boyan chains and asks whether $\theta^*$ emerges. Here it trains on the
-# continuous task families of [chapter 7b](continuous.html#continuous-task-families-for-pretraining),
+# continuous task families of [chapter 8](continuous.html#continuous-task-families-for-pretraining),
 # through the same engine, and asks **whether the score block $A_{:d,:d}$ learns a kernel of
-# Proposition 7b.1**, and with which bandwidth. `family_run` reads the engine's runs of one
+# Proposition 8.1**, and with which bandwidth. `family_run` reads the engine's runs of one
 # configuration, and `family_msve` measures every seed's model on held-out contexts in float64.
 
 # %%
@@ -91,9 +91,9 @@ def family_run(results:list)->dict:
 # - **The kernel.** The score of key $y$ for query $x$ through the feature block is
 #   $\phi(y)^\top A_{:d,:d}\phi(x)$. A term that depends on $x$ alone shifts all of a query's scores
 #   and leaves the softmax unchanged; on the line, that is the key's constant feature (row 3 of
-#   $A_{:3,:3}$), which we mask out. `kernel_fit` projects the rest on the pattern of Proposition 7b.1:
+#   $A_{:3,:3}$), which we mask out. `kernel_fit` projects the rest on the pattern of Proposition 8.1:
 #   the best scale $\hat\beta = \langle A, W_1\rangle / \langle W_1, W_1\rangle$ (masked), the cosine
-#   of $A$ to $W_1$ (1 exactly when $A$ is a kernel of Proposition 7b.1 with a positive scale), and
+#   of $A$ to $W_1$ (1 exactly when $A$ is a kernel of Proposition 8.1 with a positive scale), and
 #   the share of $A$'s norm in the feature block (the rest scores keys by their rewards and values).
 # - **The in-context value error** of the trained models on held-out tasks, on the grid, against
 #   the constructed Transformer ($\theta^*$ with the process's kernel, i.e. `kernel_td`) at the same
@@ -119,7 +119,7 @@ test_close(value_weights(dict(zip(("A", "V_cur", "V_tgt"), theta_star(2, rot.sco
 def kernel_fit(family:TaskFamily,  # the family (its base process gives the pattern W_1)
                A,                  # (…, D, D) score matrices
               )->dict:             # beta, cosine, share: each (…,)
-    "Fit the kernel of Proposition 7b.1 to the identifiable part of A[:d, :d]: best scale, cosine, and share of A's norm."
+    "Fit the kernel of Proposition 8.1 to the identifiable part of A[:d, :d]: best scale, cosine, and share of A's norm."
     d, M = family.d, family.kernel_mask
     W1, K = family.base.score_matrix(1.) * M, A[..., :d, :d] * M
     full = A.clone(); full[..., :d, :d] = K
@@ -227,7 +227,7 @@ def pretraining_table(run:dict,          # `family_run` of the runs
     ms = lambda x: f"{x.mean():.3f} $\\pm$ {x.std() / math.sqrt(len(x)):.3f}"
     rng = lambda x: f"{x.median():.2f} [{x.min():.2f}, {x.max():.2f}]"
     values = ["**Value-row weights** (mean $\\pm$ s.e. over seeds)\n", "| layer | reward | successor | current | successor / current (median) |", "|---|---|---|---|---|"]
-    kernel = ["**Fitted kernel** (median [min, max] over seeds)\n", "| layer | $\\hat\\beta$ | cosine to Prop. 7b.1 | share of $A$ |", "|---|---|---|---|"]
+    kernel = ["**Fitted kernel** (median [min, max] over seeds)\n", "| layer | $\\hat\\beta$ | cosine to Prop. 8.1 | share of $A$ |", "|---|---|---|---|"]
     for l in range(L):
         vals = [ms(vw[:, l, j]) if l or j == 0 else "(no gradient)" for j in range(3)]
         ratio = f"{(vw[:, l, 1] / vw[:, l, 2]).median():.2f}" if l else "-"
@@ -264,7 +264,7 @@ def plot_family_training(run:dict,          # `family_run` of the runs
     def kernel(ax):
         cos = kernel_fit(family, run["A"])["cosine"]
         for l in range(cos.shape[-1]): band(ax, cos[..., l], l, f"layer {l + 1}")
-        ax.set(ylim=(-1.05, 1.05), ylabel="cosine", title="Score block against the kernel of Prop. 7b.1")
+        ax.set(ylim=(-1.05, 1.05), ylabel="cosine", title="Score block against the kernel of Prop. 8.1")
     draw = dict(msve=msve, values=values, kernel=kernel)
     panels = [check_choice(panel, tuple(draw), "panels") for panel in panels]
     fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), squeeze=False)
@@ -279,19 +279,19 @@ def plot_family_training(run:dict,          # `family_run` of the runs
 # %%
 #| export
 def plot_learned_kernel(family:TaskFamily, A, xs:list, u, xlabel:str):
-    "The learned score against the offset y - x, per layer (median over seeds, 10-90% band), with Proposition 7b.1's kernel at the median fitted scale."
+    "The learned score against the offset y - x, per layer (median over seeds, 10-90% band), with Proposition 8.1's kernel at the median fitted scale."
     import matplotlib.pyplot as plt
     L = A.shape[1]
     g, beta = learned_scores(family, A, torch.tensor(xs, dtype=torch.float64), u), kernel_fit(family, A)["beta"].median(0).values
     f0, W1 = family.features(torch.zeros(1, dtype=torch.float64))[0], family.base.score_matrix(1.)
-    ref = family.features(u) @ W1 @ f0 - f0 @ W1 @ f0                        # Proposition 7b.1's kernel at scale 1, relative to u = 0
+    ref = family.features(u) @ W1 @ f0 - f0 @ W1 @ f0                        # Proposition 8.1's kernel at scale 1, relative to u = 0
     fig, axes = plt.subplots(1, L, figsize=(5 * L, 4), sharey=True)
     for l, ax in enumerate(np.atleast_1d(axes)):
         for i, x in enumerate(xs):
             q = torch.quantile(g[:, l, i], torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64), dim=0)
             ax.plot(u, q[1], color=f"C{i}", ls=LINE_STYLES[i % len(LINE_STYLES)], label=f"learned, query $x = {x:.2f}$")
             ax.fill_between(u, q[0], q[2], color=f"C{i}", alpha=0.15)
-        ax.plot(u, beta[l] * ref, "k", lw=2.5, alpha=0.6, label=rf"Prop. 7b.1, $\hat\beta = {beta[l]:.2f}$")
+        ax.plot(u, beta[l] * ref, "k", lw=2.5, alpha=0.6, label=rf"Prop. 8.1, $\hat\beta = {beta[l]:.2f}$")
         ax.set(xlabel=xlabel, title=f"layer {l + 1}")
         ax.legend(fontsize=9)
     np.atleast_1d(axes)[0].set_ylabel(r"score $g(x + u, x) - g(x, x)$")
@@ -402,37 +402,37 @@ ex_rot = family_experiment(fam_rot, range(10), ALPHAS_PRE, [0.125, 0.25, 0.5, 1.
 Markdown(pretraining_table(ex_rot["run"], fam_rot) + "\n\n" + error_table(ex_rot))
 
 # %%
-#| fig-cap: "Figure 7d.1: pretrained on the rotation family, the models' held-out MSVE falls below the tuned constructed Transformer's and well below the baseline's."
+#| fig-cap: "Figure 8b.1: pretrained on the rotation family, the models' held-out MSVE falls below the tuned constructed Transformer's and well below the baseline's."
 #| fig-alt: "Held-out MSVE against training step on the rotation family: the mean over ten seeds with a two-standard-error band, and horizontal lines for the tuned constructed Transformer and the context-mean baseline."
 run_rot, lines_rot = ex_rot["run"], curve_lines(fam_rot, ex_rot, PRE_ROT["n"])
 plot_family_training(run_rot, fam_rot, lines_rot, f"Rotation family, $n = {PRE_ROT['n']}$, $L = {PRE_ROT['n_layers']}$", panels=("msve",));
 
 # %%
-#| fig-cap: "Figure 7d.2: in the last layer the successor weight is positive, as in theta*, and several times the current weight's magnitude; the reward weight has fallen back towards zero and the current weight is still drifting down."
+#| fig-cap: "Figure 8b.2: in the last layer the successor weight is positive, as in theta*, and several times the current weight's magnitude; the reward weight has fallen back towards zero and the current weight is still drifting down."
 #| fig-alt: "The last layer's value-row weights against training step on the rotation family, means with two-standard-error bands over ten seeds: reward, successor value, current value, and minus gamma times the current weight for comparison."
 plot_family_training(run_rot, fam_rot, lines_rot, "", panels=("values",));
 
 # %%
-#| fig-cap: "Figure 7d.3: the cosine of each layer's score block to the von Mises kernel rises towards 1 during training."
+#| fig-cap: "Figure 8b.3: the cosine of each layer's score block to the von Mises kernel rises towards 1 during training."
 #| fig-alt: "The cosine of each layer's score block to beta I against training step on the rotation family, one curve per layer, means with two-standard-error bands over ten seeds."
 plot_family_training(run_rot, fam_rot, lines_rot, "", panels=("kernel",));
 
 # %%
-#| fig-cap: "Figure 7d.4: the learned score on the circle is the same curve for every query and lies near the von Mises kernel at the fitted scale."
+#| fig-cap: "Figure 8b.4: the learned score on the circle is the same curve for every query and lies near the von Mises kernel at the fitted scale."
 #| fig-alt: "One panel per layer: the learned score against the key's offset for three queries, medians with 10 to 90 percent bands over seeds, and the von Mises kernel at the median fitted scale as a thick grey line."
 plot_learned_kernel(fam_rot, ex_rot["run"]["params"]["A"], [0., 2 * math.pi / 3, 4 * math.pi / 3],
                     torch.linspace(-math.pi, math.pi, 201, dtype=torch.float64), "offset $u = y - x$ of the key (radians)");
 
 # %% [markdown]
 # **The kernel emerges.** The learned score block is, to a cosine near 1, the von Mises kernel
-# $\beta I$ of Proposition 7b.1: against the offset $u = y - x$ the learned score is the same curve
+# $\beta I$ of Proposition 8.1: against the offset $u = y - x$ the learned score is the same curve
 # for every query $x$ (translation invariance, which nothing in the parametrisation imposes) and lies
 # on $\hat\beta(\cos u - 1)$. The kernel is wide ($\hat\beta$ of order one, an angular bandwidth
 # $1/\sqrt{\hat\beta}$ near one radian), wider in the last layer than in the first, and the feature
 # block carries most of $A$'s norm. **The value rows only partly.** The reward weight of the first
 # layer and the successor weights are positive, as in $\theta^*$; but the successor weight is several
 # times the current weight (table: the ratio), not $\gamma$ times it, and the current weight, still
-# drifting down at the end of training (Figure 7d.2), is negative in most layers but not all
+# drifting down at the end of training (Figure 8b.2), is negative in most layers but not all
 # (below). Whether it keeps falling with longer training, this chapter does not show. **And the pretrained
 # models predict better** than the constructed Transformer with the best $(\alpha, \beta)$ of its
 # grid at the same depth (the paired difference in the table): with three layers, free value
@@ -449,7 +449,7 @@ Markdown(seed_claims(claims_rot) + f"\n\nThe current weight is negative in {curr
 # %% [markdown]
 # ### The AR(1) family, ten seeds
 #
-# Does the same happen on the line? The same experiment, with features $(x, x^2, 1)$ and 300 steps. Here the kernel of Proposition 7b.1 is
+# Does the same happen on the line? The same experiment, with features $(x, x^2, 1)$ and 300 steps. Here the kernel of Proposition 8.1 is
 # $W_\beta$, and the learned score against $y - x$ can depend on the query $x$ (a quadratic in $y$
 # whose centre and curvature move with $x$), so we draw it at three queries, one stationary
 # standard deviation apart.
@@ -460,23 +460,23 @@ ex_ar = family_experiment(fam_ar, range(10), ALPHAS_PRE, [0.25, 0.5, 1., 2., 4.,
 Markdown(pretraining_table(ex_ar["run"], fam_ar) + "\n\n" + error_table(ex_ar))
 
 # %%
-#| fig-cap: "Figure 7d.5: pretrained on the AR(1) family, the models' held-out MSVE falls below the baseline's but, on these held-out tasks, stays above the tuned constructed Transformer's line."
+#| fig-cap: "Figure 8b.5: pretrained on the AR(1) family, the models' held-out MSVE falls below the baseline's but, on these held-out tasks, stays above the tuned constructed Transformer's line."
 #| fig-alt: "Held-out MSVE against training step on the AR(1) family: the mean over ten seeds with a two-standard-error band, and horizontal lines for the tuned constructed Transformer and the context-mean baseline."
 run_ar, lines_ar = ex_ar["run"], curve_lines(fam_ar, ex_ar, PRE_AR["n"])
 plot_family_training(run_ar, fam_ar, lines_ar, f"AR(1) family, $n = {PRE_AR['n']}$, $L = {PRE_AR['n_layers']}$", panels=("msve",));
 
 # %%
-#| fig-cap: "Figure 7d.6: on the line all three of the last layer's value weights are positive: the reward weight grows, and the current weight has the opposite sign of theta*'s."
+#| fig-cap: "Figure 8b.6: on the line all three of the last layer's value weights are positive: the reward weight grows, and the current weight has the opposite sign of theta*'s."
 #| fig-alt: "The last layer's value-row weights against training step on the AR(1) family, means with two-standard-error bands over ten seeds: reward, successor value, current value, and minus gamma times the current weight."
 plot_family_training(run_ar, fam_ar, lines_ar, "", panels=("values",));
 
 # %%
-#| fig-cap: "Figure 7d.7: each layer's score block turns towards the Gaussian kernel's pattern, to a positive mean cosine that stays below 1."
+#| fig-cap: "Figure 8b.7: each layer's score block turns towards the Gaussian kernel's pattern, to a positive mean cosine that stays below 1."
 #| fig-alt: "The cosine of each layer's masked score block to the Gaussian kernel's pattern W_beta against training step on the AR(1) family, one curve per layer, means with two-standard-error bands over ten seeds."
 plot_family_training(run_ar, fam_ar, lines_ar, "", panels=("kernel",));
 
 # %%
-#| fig-cap: "Figure 7d.8: on the line the learned score has the Gaussian kernel's sign pattern but not its exact shape, and it moves with the query."
+#| fig-cap: "Figure 8b.8: on the line the learned score has the Gaussian kernel's sign pattern but not its exact shape, and it moves with the query."
 #| fig-alt: "One panel per layer: the learned score against the key's offset for queries at -1, 0 and 1, medians with 10 to 90 percent bands over seeds, and the Gaussian kernel at the median fitted scale as a thick grey line."
 plot_learned_kernel(fam_ar, ex_ar["run"]["params"]["A"], [-1., 0., 1.], torch.linspace(-2.5, 2.5, 201, dtype=torch.float64), "offset $u = y - x$ of the key");
 
@@ -500,7 +500,7 @@ Markdown(seed_claims(claims_ar) + f"\n\nAgainst the tuned constructed Transforme
 # baseline, but at this training length they cannot be told apart from the constructed Transformer at
 # the same depth: some seeds are above it and some below, and the paired difference is within two
 # standard errors of zero (the constructed Transformer's error varies much from task to task, as its
-# standard error in the table shows). On the 64 held-out tasks of the training curves (Figure 7d.5)
+# standard error in the table shows). On the 64 held-out tasks of the training curves (Figure 8b.5)
 # the constructed Transformer's line lies below the models' curve; on the 256 test tasks of the table,
 # paired task by task, the difference is within two standard errors of zero. What longer training does is left to the full-scale run
 # below, whose results the book does not show.
@@ -508,7 +508,7 @@ Markdown(seed_claims(claims_ar) + f"\n\nAgainst the tuned constructed Transforme
 # %% [markdown]
 # ## At full scale
 #
-# `continuous_full_scale` runs every experiment of this chapter and of [chapter 7c](continuous_experiments.html)
+# `continuous_full_scale` runs every experiment of this chapter and of [chapter 8a](continuous_experiments.html)
 # with more contexts, longer contexts and wider grids, saves the figures and a JSON file of the
 # numbers (floors, slopes with their intervals, best $\beta$ per $n$ and the fitted exponent, the
 # comparison tables, and the pretraining experiment on both families with 30 seeds and 1500 steps:
@@ -553,7 +553,7 @@ def continuous_full_scale(out,                 # folder for the figures and resu
                    progress:bool=True,  # show progress bars
                    quick:bool=False,    # tiny sizes (for tests) instead of the full scale
                   )->list:              # paths of the files written
-    "Run the experiments of chapters 7c and 7d at full scale; write figures and a JSON of the numbers into `out`."
+    "Run the experiments of chapters 8a and 8b at full scale; write figures and a JSON of the numbers into `out`."
     import matplotlib.pyplot as plt
     cfg, out = (QUICK if quick else FULL), Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -603,7 +603,7 @@ show_doc(continuous_full_scale)
 full_steps = FULL["pretrain"]["seeds"] * FULL["pretrain"]["n_steps"]
 Markdown(f"The full-scale pretraining trains {full_steps / (10 * PRE_ROT['n_steps']):g} times as many seed-steps as the rotation "
          f"experiment above and {full_steps / (10 * PRE_AR['n_steps']):g} times as many as the AR(1) experiment, and the sweeps of "
-         f"chapter 7c grow to contexts of {max(FULL['ns_beta'])} transitions. Its asserts state what we expect at full scale, "
+         f"chapter 8a grow to contexts of {max(FULL['ns_beta'])} transitions. Its asserts state what we expect at full scale, "
          f"on {FULL['pretrain']['seeds']} other seeds (from seed 1000): the interval of the best-bandwidth exponent above zero, the floors "
          "falling with the context length, each rotation-family statement for at least 80% of the seeds, and on the AR(1) family a median "
          "error within 15% of the constructed Transformer's.")
@@ -661,7 +661,7 @@ test_close(binomial_lower(10, 10), 0.05 ** 0.1, eps=1e-9)
 test_eq(binomial_lower(0, 10), 0.)
 
 # %% [markdown]
-# `learned_scores` of $\theta^*$ is the kernel of Proposition 7b.1 itself, on both families:
+# `learned_scores` of $\theta^*$ is the kernel of Proposition 8.1 itself, on both families:
 
 # %%
 u_check, x_check = torch.linspace(-2, 2, 9, dtype=torch.float64), torch.tensor([-1., 0., 0.7], dtype=torch.float64)

@@ -544,7 +544,7 @@ def ablation_claims(gamma_runs:dict,    # `ablation` over gamma, with 0.5 and 0.
 # `emergence_report` writes what chapter 6a shows for one configuration (the overview figure, the heat
 # maps, and the summary with the baseline comparison and the claim counts) to a folder; the
 # `ictd pretrain` command calls it on the softmax runs it trains when there are at least two
-# (`--seeds 0-29` for thirty, as [chapter 8](cli.html) shows).
+# (`--seeds 0-29` for thirty, as [appendix F](cli.html) shows).
 
 # %%
 #| export

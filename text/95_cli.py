@@ -51,7 +51,7 @@ from fastcore.xtras import working_directory
 # | `ictd convergence` | the experiments of chapter 5a: error against depth, the floor against $n$, kernel diagonality against $\beta$, the phase diagram, measured rate against the bound, the leaky regime | `convergence-{depth,floor,floor-bound,diagonality,rates,leaky}.png`, one `convergence-phase-{features}-gamma{discount}.png` per feature kind and discount, `convergence.pt`, `convergence.json` |
 # | `ictd pretrain` | the emergence of the TD construction in pretraining (chapters 6 and 6a): every seed in one batched run, and chapter 6a's report over the seeds (`--seeds 0-29` for 30) | in `{key}/`: `config.json`, `seed-{S}.pt`, `seed-{S}.png`, `seed-{S}.json`, `summary.json`, `summary.png`; in `{key}/emergence/`: `bands.png`, `parameters.png`, `summary.json`, `summary.md` (per-layer statistics, baselines, claim counts) |
 # | `ictd linear` | linear against softmax attention, MSVE against depth (chapter 7): untuned, and each method tuned on shared features; with `--reproduce-seeds 0-29`, the predecessor's pretraining experiment | `linear.png`, `linear-tuned.png`, `linear.pt`, `linear.json`, (`iclr-linear.json`, `iclr-linear.png`, `iclr-linear-entries.png`) |
-# | `ictd continuous` | chapters 7b-7d: kernel TD on continuous states (depth, context length, bandwidth, linear TD) and pretraining on continuous families | `depth.png`, `tradeoff.png`, `estimates.png`, `long_depth.png`, `pretrain_*.png`, `kernel_*.png`, `results.json` |
+# | `ictd continuous` | chapters 8-8b: kernel TD on continuous states (depth, context length, bandwidth, linear TD) and pretraining on continuous families | `depth.png`, `tradeoff.png`, `estimates.png`, `long_depth.png`, `pretrain_*.png`, `kernel_*.png`, `results.json` |
 # | `ictd mechanism STUDY` | chapter 6b's slow studies (`runs`, `gap`, `controls`, `dynamics`, `gamma`, `depth`, `deep`, `converge`), trained through the engine | `mechanism_{study}.json` with the command, commit and date that made it (the chapter reads these from `nbs/data/`) |
 # | `ictd all` | all of the above with their defaults | all of the above |
 #
@@ -339,7 +339,7 @@ def make_parser()->argparse.ArgumentParser:
                    help="also pretrain linear Transformers with the predecessor's protocol (ICLR_LINEAR) on these seeds, e.g. 0-29 (minutes per seed)")
     p.add_argument("--head-to-head", type=seed_list, default=None,
                    help="also pretrain linear and softmax Transformers head to head on these seeds, e.g. 0-9, each with its tuned lr (head_to_head.json)")
-    p = sub.add_parser("continuous", parents=[common], formatter_class=fmt, help="kernel TD and pretraining on continuous states (chapters 7b-7d)")
+    p = sub.add_parser("continuous", parents=[common], formatter_class=fmt, help="kernel TD and pretraining on continuous states (chapters 8-8b)")
     p.add_argument("--seed", type=natural_int, default=0, help="seed of the contexts, and the first of the consecutive training seeds")
     p.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test) instead of the full scale")
     p = sub.add_parser("mechanism", parents=[common], formatter_class=fmt,
@@ -529,12 +529,12 @@ def run_convergence(args)->list:
 
 
 # %% [markdown]
-# `ictd continuous` delegates to chapter 7c's driver, which writes its own files.
+# `ictd continuous` delegates to chapter 8a's driver, which writes its own files.
 
 # %%
 #| export
 def run_continuous(args)->list:
-    "`ictd continuous`: the experiments of chapter 7c (continuous states), full scale unless `--quick`."
+    "`ictd continuous`: the experiments of chapter 8a (continuous states), full scale unless `--quick`."
     paths = continuous_experiments(args.out, seed=args.seed, progress=not args.no_progress, quick=args.quick)
     for path in paths: print(f"wrote {path}", flush=True)
     return paths
@@ -709,7 +709,7 @@ test_eq((summary["seeds"], summary["step"], len(summary["final"]["diagonality"][
 {k: summary["final"][k] for k in ("msve", "neu_population")}
 
 # %%
-#| fig-cap: "Figure 8.1: The summary figure that the `pretrain` command writes for a run: value error, NEU, the last layer's value-update weights and kernel diagonality against training step, as mean and standard error over seeds (here a 20-step run on two seeds, too short to train)."
+#| fig-cap: "Figure F.1: The summary figure that the `pretrain` command writes for a run: value error, NEU, the last layer's value-update weights and kernel diagonality against training step, as mean and standard error over seeds (here a 20-step run on two seeds, too short to train)."
 #| fig-alt: "Four panels against training step 0 to 20, seeds 0 and 1, means with standard-error bands: MSVE on held-out tasks; NEU at n = 30 and at n = infinity; layer 3's reward, successor-value and current-value weights; and the attention share on own state for layers 1 to 3. All curves are nearly flat."
 Image(filename=str(folder / "summary.png"))
 

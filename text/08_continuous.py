@@ -54,10 +54,10 @@ from ictd.wstd import context_weights
 # :::
 #
 # *How to read this chapter.* The lesson is three statements. The score of two features is a
-# classical smoothing kernel, so the constructed Transformer runs **kernel TD** (Proposition 7b.1,
+# classical smoothing kernel, so the constructed Transformer runs **kernel TD** (Proposition 8.1,
 # with a worked example by hand); in the large-context limit kernel TD has **no smoothing bias**,
-# each harmonic or polynomial degree converging at its own geometric rate (Proposition 7b.2); and on
-# one context its fixed point is the trajectory's **own return chain** (Proposition 7b.3). Before them
+# each harmonic or polynomial degree converging at its own geometric rate (Proposition 8.2); and on
+# one context its fixed point is the trajectory's **own return chain** (Proposition 8.3). Before them
 # come the two processes with exact values that every statement is tested on; after them, random
 # families of the processes for the training engine. Each statement has its proof folded (click to open) and one check. The code a reader calls
 # (`NoisyRotation`, `GaussianAR1`, `kernel_td`, `population_msve`, `family_config`) is
@@ -440,7 +440,7 @@ record_claim("closed-forms", "The closed-form values of the noisy rotation and o
 # into a classical smoothing kernel.
 #
 # ::: {.proposition}
-# **Proposition 7b.1 [ours].** (a) On the circle with $\phi(x) = (\cos x, \sin x)$ and $W = \beta I$,
+# **Proposition 8.1 [ours].** (a) On the circle with $\phi(x) = (\cos x, \sin x)$ and $W = \beta I$,
 # $g(y, x) = \beta\cos(x - y)$, so $K_k(x) \propto e^{\beta\cos(x - S_{k-1})}$: the **von Mises
 # kernel** with concentration $\beta$ (close to a Gaussian in the angle with variance $1/\beta$
 # when $\beta$ is large). (b) On the line with $\phi(x) = (x, x^2, 1)$ and
@@ -476,7 +476,7 @@ test_eq(NoisyRotation().score_matrix(3.), 3 * torch.eye(2, dtype=torch.float64))
 
 
 # %% [markdown]
-# On the line the matrix is Proposition 7b.1(b)'s $W_\beta$; the check evaluates the bilinear score
+# On the line the matrix is Proposition 8.1(b)'s $W_\beta$; the check evaluates the bilinear score
 # of a few pairs of states and compares it with $-\beta(x - y)^2/2$:
 
 # %%
@@ -558,7 +558,7 @@ for proc, kernel in [(rot, lambda u: torch.exp(8. * torch.cos(u))), (ar, lambda 
         test_close(tf.predict(Z, n=300), kernel_td(proc, S, R, beta=8., alpha=0.8, n_layers=L, queries=queries), eps=1e-11)
 gap = (tf.predict(Z, n=300) - kernel_td(ar, S, R, beta=8., alpha=0.8, n_layers=30, queries=queries)).abs().max().item()
 assert gap < 1e-11
-record_claim("kernel-td", "With $\\theta^*$ and the score matrices of Proposition 7b.1, the softmax Transformer runs kernel TD with a von Mises kernel on the circle and a Gaussian kernel on the line (checked to 1e-11 in float64).",
+record_claim("kernel-td", "With $\\theta^*$ and the score matrices of Proposition 8.1, the softmax Transformer runs kernel TD with a von Mises kernel on the circle and a Gaussian kernel on the line (checked to 1e-11 in float64).",
              "proved", "continuous", "#the-kernels-a-transformer-computes")
 print("largest gap between the Transformer and kernel TD (AR(1), 30 layers): below 1e-11")
 
@@ -592,7 +592,7 @@ print("largest gap between the Transformer and kernel TD (AR(1), 30 layers): bel
 #   the reward's degree, and its eigenvalues are $b_j = 1 - \alpha a_M^j (1 - \gamma a^j)$.
 #
 # ::: {.proposition}
-# **Proposition 7b.2 [ours].** For $0 < \alpha \le 1$ and every $\beta > 0$, the population recursion
+# **Proposition 8.2 [ours].** For $0 < \alpha \le 1$ and every $\beta > 0$, the population recursion
 # converges to $v_\pi$ on both processes: there is **no smoothing bias** in the limit. Each harmonic
 # $k$ (each degree $j$) converges geometrically at rate $|b_k|$ ($|b_j|$). On the circle
 # $\mu_k \to 0$ as $k \to \infty$, so the rates approach 1: there is no uniform rate, and a
@@ -688,7 +688,7 @@ test_close(ar.population_values(b, 0.7, 1, x)[1], 0.7 * Mr, eps=1e-12)
 f_rot = (1 - von_mises_harmonics(10., 3)[1:] * (1 - 0.9 * rot.transition_eigenvalues(torch.arange(1., 4.)))).abs()
 order = ["first", "second", "third"]
 fastest, slowest = order[f_rot.argmin()], order[f_rot.argmax()]
-record_claim("population-limit", "In the large-context limit, kernel TD with $0 < \\alpha \\le 1$ converges to $v_\\pi$ with no smoothing bias, each harmonic or polynomial degree at its own geometric rate (Proposition 7b.2).",
+record_claim("population-limit", "In the large-context limit, kernel TD with $0 < \\alpha \\le 1$ converges to $v_\\pi$ with no smoothing bias, each harmonic or polynomial degree at its own geometric rate (Proposition 8.2).",
              "proved", "continuous", "#what-the-large-context-limit-predicts")
 Markdown(f"$|b_k|$ for $k = 1, 2, 3$: {', '.join(f'{f:.3f}' for f in f_rot.tolist())}. With $\\beta = 10$ and "
          f"$\\alpha = 1$ the {fastest} harmonic converges fastest per layer and the {slowest} slowest: over these "
@@ -728,7 +728,7 @@ f_1.item()
 # hypothesis; chapter 1's Proposition 1.8 covers the general fixed point).
 #
 # ::: {.proposition}
-# **Proposition 7b.3 [ours].** If the states $S_0..S_{n-1}$ are distinct and the kernel is strictly
+# **Proposition 8.3 [ours].** If the states $S_0..S_{n-1}$ are distinct and the kernel is strictly
 # positive definite (both kernels above are), every fixed point of weighted softmax TD on the context
 # has all TD errors zero, $v(S_{k-1}) = R_k + \gamma v(S_k)$ for $k = 1..n$: the trajectory's own
 # discounted return, with $v(S_n)$ free.
@@ -750,7 +750,7 @@ f_1.item()
 S_gram = rot.sample_trajectory(30, seed=3)[0][:-1]
 gram_cond = {b: torch.linalg.cond(torch.exp(b * (torch.cos(S_gram[:, None] - S_gram[None, :]) - 1))).item() for b in (1., 10., 100., 1000.)}
 assert gram_cond[1.] > 1e12 and gram_cond[1000.] < 1e6, gram_cond
-record_claim("return-chain", "On a context of distinct states, every fixed point of weighted softmax TD with a strictly positive definite kernel is the trajectory's own return chain (Proposition 7b.3).",
+record_claim("return-chain", "On a context of distinct states, every fixed point of weighted softmax TD with a strictly positive definite kernel is the trajectory's own return chain (Proposition 8.3).",
              "proved", "continuous", "#a-fixed-point-that-is-the-return-chain")
 Markdown("Condition number of the Gram matrix at $n = 30$: " + "; ".join(
     rf"$\beta = {b:g}$: " + ("above $10^{12}$" if c > 1e12 else f"{c:.1e}")
@@ -770,7 +770,7 @@ Markdown("Condition number of the Gram matrix at $n = 30$: " + "; ".join(
 # (reward, successor value, current value) with the pattern $(+, +, -)$ of $\theta^*$, successor over
 # current near $-\gamma$, and a diagonal kernel. With continuous states no two keys share a state,
 # so "diagonal" has no meaning; the question becomes **whether the score block $A_{:d,:d}$ learns a
-# kernel of Proposition 7b.1** ($\beta I$ on $(\cos x, \sin x)$, $W_\beta$ on $(x, x^2, 1)$), and with
+# kernel of Proposition 8.1** ($\beta I$ on $(\cos x, \sin x)$, $W_\beta$ on $(x, x^2, 1)$), and with
 # which bandwidth.
 #
 # Each training example is a context of a *new* process, whose parameters are drawn afresh, so that
