@@ -419,3 +419,20 @@ def family_config(family:TaskFamily,  # the task family (its protocol is registe
     if name not in PROTOCOLS: register_protocol(name, family_protocol(family))
     defaults = dict(n=30, n_layers=3, n_steps=500, lr=1e-2, dtype="float32", eval_every=100, eval_tasks=64, record_params=True)
     return PretrainConfig(**(defaults | settings | dict(d=family.d, gamma=family.gamma, protocol=name)))
+
+# %% ../nbs/08_continuous.ipynb #fbfd720a
+@patch
+def basis(self:NoisyRotation, states, size:int)->torch.Tensor:
+    "(..., 2 size + 1) features (1, cos ks, sin ks) for k = 1..size."
+    s = as_tensor(states, "states").unsqueeze(-1)
+    k = torch.arange(1, check_int(size, "size", 1) + 1, dtype=s.dtype)
+    return torch.cat([torch.ones_like(s), torch.cos(k * s), torch.sin(k * s)], -1)
+
+# %% ../nbs/08_continuous.ipynb #19ee59aa
+@patch
+def basis(self:GaussianAR1, states, size:int)->torch.Tensor:
+    "(..., size + 1) normalised probabilists' Hermite polynomials He_j(s / std) / sqrt(j!), j = 0..size."
+    x = as_tensor(states, "states") / self.std
+    H = [torch.ones_like(x), x]
+    for j in range(1, check_int(size, "size", 1)): H.append(x * H[j] - j * H[j - 1])
+    return torch.stack([h / math.sqrt(math.factorial(j)) for j, h in enumerate(H[:size + 1])], -1)

@@ -8,13 +8,12 @@ import datetime, json, math, os, platform, subprocess, sys
 from pathlib import Path
 import numpy as np
 import torch
-from fastcore.basics import patch
 from .boyan import weighted_error
 from .tasks import TaskBatch
 
 # %% auto #0
-__all__ = ['RUN_STREAMS', 'NUDGE_VAR', 'TASK_FIELDS', 'CLAIM_STATUSES', 'DRAW_NOTE', 'OKABE_ITO', 'check_int', 'check_number',
-           'check_choice', 'check_seeds', 'substream', 'stream_generator', 'run_stream', 'nudge_scale', 'nudged',
+__all__ = ['RUN_STREAMS', 'NUDGE_VAR', 'CLAIM_STATUSES', 'DRAW_NOTE', 'OKABE_ITO', 'check_int', 'check_number', 'check_choice',
+           'check_seeds', 'substream', 'stream_generator', 'run_stream', 'nudge_scale', 'nudged', 'nudge',
            'record_claim', 'load_claims', 'jsonable', 'cpu_model', 'provenance', 'provenance_note', 'plain_log_ticks']
 
 # %% ../nbs/90_core.ipynb #5c70a449
@@ -98,21 +97,13 @@ def nudged(x:torch.Tensor,  # a starting point (any shape, real)
     xi = torch.randn(x.shape, generator=g, dtype=torch.float64).to(x.device)
     return (x.double() * (1 + eps * xi)).to(x.dtype)
 
-# %% ../nbs/90_core.ipynb #19548f29
-TASK_FIELDS = ("P", "r", "phi", "d_pi", "v_pi")
 
-@patch
-def map(self:TaskBatch, fn)->TaskBatch:
-    "The batch with `fn` applied to each of its tensors (P, r, phi, d_pi, v_pi)."
-    return TaskBatch(*(fn(getattr(self, k)) for k in TASK_FIELDS), self.gamma)
-
-# %% ../nbs/90_core.ipynb #1615eddd
-@patch(cls_method=True)
-def stack(cls:TaskBatch, batches:list, device=None)->TaskBatch:
-    "Task batches of equal shapes and discount stacked along a new leading axis, on `device` (default: theirs)."
-    batches = list(batches)
-    if not batches or len({b.gamma for b in batches}) > 1: raise ValueError("`batches` must be a non-empty list of TaskBatch with one discount")
-    return TaskBatch(*(torch.stack([getattr(b, k) for b in batches]).to(device) for k in TASK_FIELDS), batches[0].gamma)
+def nudge(params:dict,  # name -> stacked parameters (S, ...), seed axis first
+          seeds:list,   # the seed of each slice
+         )->dict:       # the same, each seed's slice `nudged` from its own stream (one per name); unchanged when unset
+    "Stacked parameters of a batch of runs, each seed's nudged by the relative noise `ICTD_PERTURB` asks for."
+    if nudge_scale() == 0: return params
+    return {k: torch.stack([nudged(v[i], s, j) for i, s in enumerate(seeds)]) for j, (k, v) in enumerate(sorted(params.items()))}
 
 # %% ../nbs/90_core.ipynb #153fd73e
 CLAIM_STATUSES = ("proved", "measured", "partial", "refuted")

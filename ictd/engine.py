@@ -4,7 +4,7 @@
 
 # %% ../nbs/91_engine.ipynb #95dd44b1
 from __future__ import annotations
-import dataclasses, functools, hashlib, json, math
+import dataclasses, functools, hashlib, importlib, json, math
 from dataclasses import dataclass, asdict, field
 from pathlib import Path
 from typing import Callable
@@ -12,18 +12,19 @@ import torch
 from torch import nn
 import ictd
 from .boyan import check_gamma
-from .core import TaskBatch, check_choice, check_int, check_number, nudge_scale, run_stream
+from .core import TaskBatch, check_choice, check_int, check_number, check_seeds, nudge_scale, run_stream
 from .model import SoftmaxICTD, theta_star
 from .state_tokens import StateTokens, population_tokens, state_tokens, token_layers, token_predict, trajectory_tokens
 from .tasks import Contexts, TDExamples, draw_cdf, gather_rows, sample_trajectories, stationary_examples, task_features, task_pool
 
 # %% auto #0
-__all__ = ['DTYPES', 'FEATURES', 'OBJECTIVES', 'INITS', 'EMERGENCE', 'FAMILIES', 'PROTOCOLS', 'source_hash', 'PretrainConfig',
-           'PretrainResult', 'stack_results', 'Family', 'Protocol', 'register_family', 'register_protocol',
-           'get_family', 'get_protocol', 'EvalSet', 'stationary_pools', 'stationary_sampler', 'held_out_tasks',
-           'tuning_config', 'task_eval_set', 'stationary_eval_set', 'eval_set', 'td_values', 'sampled_neu',
-           'mc_horizon', 'rollout_returns', 'stationary_draws', 'objective_values', 'softmax_init', 'softmax_module',
-           'softmax_prompt', 'population_neu_many', 'softmax_metrics']
+__all__ = ['DTYPES', 'FEATURES', 'OBJECTIVES', 'INITS', 'EMERGENCE', 'FAMILIES', 'PROTOCOLS', 'PLUGINS', 'source_hash',
+           'PretrainConfig', 'PretrainResult', 'stack_results', 'Family', 'Protocol', 'register_family',
+           'register_protocol', 'load_plugins', 'get_family', 'get_protocol', 'EvalSet', 'stationary_pools',
+           'stationary_sampler', 'held_out_tasks', 'tuning_config', 'task_eval_set', 'stationary_eval_set',
+           'corrupted_rewards', 'eval_set', 'td_values', 'sampled_neu', 'mc_horizon', 'rollout_returns',
+           'stationary_draws', 'objective_values', 'softmax_init', 'softmax_module', 'softmax_prompt',
+           'population_neu_many', 'softmax_metrics']
 
 # %% ../nbs/91_engine.ipynb #4dd2b0ca
 DTYPES = dict(float64=torch.float64, float32=torch.float32)
@@ -148,7 +149,14 @@ def register_protocol(name:str, protocol:Protocol):
     PROTOCOLS[name] = protocol
 
 # %% ../nbs/91_engine.ipynb #7d33b792
+PLUGINS = ("ictd.linear", "ictd.sliding", "ictd.causal", "ictd.continuous")   # the book's modules that register families and protocols
+
+def load_plugins():
+    "Import every module of `PLUGINS`, so that each family and protocol of the book is registered whatever the caller imported."
+    for m in PLUGINS: importlib.import_module(m)
+
 def _lookup(registry:dict, name:str, what:str):
+    if name not in registry: load_plugins()
     if name not in registry: raise ValueError(f"`{what}` must be one of {sorted(registry)} (a plug-in registers its names when imported, e.g. `import ictd.linear`), got {name!r}")
     return registry[name]
 
@@ -208,6 +216,26 @@ def stationary_eval_set(config:PretrainConfig, seeds:list, device=None)->EvalSet
     return task_eval_set(config, TaskBatch.stack([t for t, _ in held], device), torch.stack([s for _, s in held]).to(device))
 
 register_protocol("stationary", Protocol(sample=stationary_sampler, eval_set=stationary_eval_set, data=stationary_pools))
+
+# %% ../nbs/91_engine.ipynb #edf7e4ce
+def corrupted_rewards(seeds,                 # the seeds whose rewards are corrupted
+                      step:int,              # the first step at which they are
+                      factor:float=1e6,      # what their query rewards are multiplied by
+                      base:str="stationary", # the registered protocol that supplies the data
+                     )->Protocol:            # `base` with those seeds' rewards scaled from `step` on
+    "A protocol that forces a divergence: `base`, with the query rewards of `seeds` times `factor` from `step` on."
+    seeds, inner = check_seeds(seeds), get_protocol(base)
+    def data(config, run_seeds, device): return (inner.data(config, run_seeds, device) if inner.data else None), list(run_seeds)
+    def sample(config, data, gens, at, state):
+        pools, run_seeds = data
+        b = inner.sample(config, pools, gens, at, state)
+        if at < step: return b
+        scale = torch.tensor([factor if s in seeds else 1. for s in run_seeds], dtype=b.reward.dtype, device=b.reward.device)
+        return dataclasses.replace(b, reward=b.reward * scale.view(-1, *[1] * (b.reward.dim() - 1)))
+    return Protocol(sample=sample, eval_set=inner.eval_set, data=data, loss_scale=inner.loss_scale)
+
+
+
 
 # %% ../nbs/91_engine.ipynb #07acd801
 def eval_set(config:PretrainConfig, seeds:list, device=None)->EvalSet:

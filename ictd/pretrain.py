@@ -16,14 +16,14 @@ from .prompt import build_prompt
 from .model import SoftmaxICTD, theta_star
 from .state_tokens import population_neu
 from .tasks import stationary_examples, task_features
-from .engine import DTYPES, EvalSet, PretrainConfig, PretrainResult, Protocol, eval_set, get_family, get_protocol, objective_values, sampled_neu, source_hash
-from .core import nudge_scale, nudged
+from .engine import DTYPES, EvalSet, PretrainConfig, PretrainResult, eval_set, get_family, get_protocol, objective_values, sampled_neu, source_hash
+from .core import nudge
 
 # %% auto #0
 __all__ = ['stack_pools', 'DIVERGED', 'STYLES', 'TDBatch', 'td_batch', 'pairwise_neu', 'expected_update', 'neu',
-           'exact_neu_small', 'evaluate_many', 'run_folder', 'perturb', 'nudge', 'DivergenceError', 'check_divergence',
-           'corrupted_rewards', 'train_loop', 'pretrain_many', 'pretrain', 'plot_value_weights', 'plot_diagonality',
-           'plot_value_error', 'plot_emergence', 'kernel_diagonality_per_layer', 'block_cosines', 'evaluate']
+           'exact_neu_small', 'evaluate_many', 'run_folder', 'perturb', 'DivergenceError', 'check_divergence',
+           'train_loop', 'pretrain_many', 'pretrain', 'plot_value_weights', 'plot_diagonality', 'plot_value_error',
+           'plot_emergence', 'kernel_diagonality_per_layer', 'block_cosines', 'evaluate']
 
 # %% ../nbs/06_pretrain.ipynb #e33e3382
 stack_pools = TaskBatch.stack   # task batches stacked along a new leading (seed) axis (`ictd.core`)
@@ -163,10 +163,6 @@ def perturb(params:dict, scale:float, seeds:list)->dict:
     return {k: (v.double() + scale * noise[k]).to(v.dtype) for k, v in params.items()}
 
 
-def nudge(params:dict, seeds:list)->dict:
-    "Stacked parameters (S, ...), each seed's nudged by the relative noise `ICTD_PERTURB` asks for (`nudged`; unchanged when unset)."
-    if nudge_scale() == 0: return params
-    return {k: torch.stack([nudged(v[i], s, j) for i, s in enumerate(seeds)]) for j, (k, v) in enumerate(sorted(params.items()))}
 
 # %% ../nbs/06_pretrain.ipynb #d9e47e71
 DIVERGED = 1e8   # a loss or parameter entry above this in absolute value (or not finite) stops a run
@@ -188,26 +184,6 @@ def check_divergence(config:PretrainConfig, seeds:list, step:int, loss:torch.Ten
         raise DivergenceError(f"training diverged at step {step} with lr = {config.lr:g}: seed(s) {[seeds[i] for i in bad]} reached a loss or "
                               f"parameter of size {size[bad[0]].item():.3g} (limit {DIVERGED:g}){kept}",
                               [seeds[i] for i in bad], step, config.lr, size[bad[0]].item())
-
-# %% ../nbs/06_pretrain.ipynb #051a400a
-def corrupted_rewards(seeds,                 # the seeds whose rewards are corrupted
-                      step:int,              # the first step at which they are
-                      factor:float=1e6,      # what their query rewards are multiplied by
-                      base:str="stationary", # the registered protocol that supplies the data
-                     )->Protocol:            # `base` with those seeds' rewards scaled from `step` on
-    "A protocol that forces a divergence: `base`, with the query rewards of `seeds` times `factor` from `step` on."
-    seeds, inner = check_seeds(seeds), get_protocol(base)
-    def data(config, run_seeds, device): return (inner.data(config, run_seeds, device) if inner.data else None), list(run_seeds)
-    def sample(config, data, gens, at, state):
-        pools, run_seeds = data
-        b = inner.sample(config, pools, gens, at, state)
-        if at < step: return b
-        scale = torch.tensor([factor if s in seeds else 1. for s in run_seeds], dtype=b.reward.dtype, device=b.reward.device)
-        return dataclasses.replace(b, reward=b.reward * scale.view(-1, *[1] * (b.reward.dim() - 1)))
-    return Protocol(sample=sample, eval_set=inner.eval_set, data=data, loss_scale=inner.loss_scale)
-
-
-
 
 # %% ../nbs/06_pretrain.ipynb #aaa90c72
 def _restore(saved:dict, params:dict, opt, gens:list)->dict:

@@ -10,9 +10,11 @@ import torch
 from .boyan import MRP, as_tensor, chain_from_uniforms, random_boyan_chain
 
 # %% auto #0
-__all__ = ['TaskBatch', 'stack_tasks', 'task_rng', 'random_tasks', 'sample_trajectories', 'task_pool', 'draw_cdf', 'gather_rows', 'task_features', 'TDSample', 'stationary_examples', 'Contexts', 'TDExamples']
+__all__ = ['TASK_FIELDS', 'TaskBatch', 'stack_tasks', 'task_rng', 'random_tasks', 'sample_trajectories', 'task_pool', 'draw_cdf', 'gather_rows', 'task_features', 'TDSample', 'stationary_examples', 'Contexts', 'TDExamples']
 
 # %% ../nbs/00a_tasks.ipynb #ce52f8a7
+TASK_FIELDS = ("P", "r", "phi", "d_pi", "v_pi")   # a TaskBatch's tensors, in order
+
 @dataclass(eq=False)
 class TaskBatch:
     "Tasks stacked along a leading dimension (all with the same number of states, features and discount)."
@@ -24,6 +26,17 @@ class TaskBatch:
     gamma:float         # the common discount factor
 
     def __len__(self): return self.P.shape[0]
+
+    def map(self, fn)->TaskBatch:
+        "The batch with `fn` applied to each of its tensors (P, r, phi, d_pi, v_pi): to move it to a device, or take a slice."
+        return TaskBatch(*(fn(getattr(self, k)) for k in TASK_FIELDS), self.gamma)
+
+    @classmethod
+    def stack(cls, batches:list, device=None)->TaskBatch:
+        "Task batches of equal shapes and discount stacked along a new leading axis, on `device` (default: theirs)."
+        batches = list(batches)
+        if not batches or len({b.gamma for b in batches}) > 1: raise ValueError("`batches` must be a non-empty list of TaskBatch with one discount")
+        return cls(*(torch.stack([getattr(b, k) for b in batches]).to(device) for k in TASK_FIELDS), batches[0].gamma)
 
 # %% ../nbs/00a_tasks.ipynb #6e3dc4dc
 def stack_tasks(mrps:list, # MRPs with equal shapes and discount

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 import ictd.causal
-from ictd.causal import best_decoder, decoder_values
+from ictd.experiments.causal_pretraining import best_decoder, decoder_values
 from ictd.core import run_stream
 from ictd.engine import PretrainConfig
 
@@ -28,8 +28,10 @@ def test_module_and_tuning_import_only_lower_chapters():
     tree = ast.parse(Path(ictd.causal.__file__).read_text())
     top = set().union(*(_imports(n) for n in tree.body if isinstance(n, (ast.Import, ast.ImportFrom))))
     assert top <= LOWER, top - LOWER
+    import ictd.experiments.causal_pretraining as cp   # chapter 6c, where the tuning moved with the pretraining section
+    tree = ast.parse(Path(cp.__file__).read_text())
     funcs = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
-    for name in ("best_decoder", "decoder_values"): assert _imports(funcs[name]) <= LOWER, (name, _imports(funcs[name]))
+    for name in ("best_decoder", "decoder_values"): assert _imports(funcs[name]) <= LOWER | {"ictd.causal"}, (name, _imports(funcs[name]))
 
 @pytest.mark.unit
 @pytest.mark.parametrize("seed", [5, 6])

@@ -48,6 +48,8 @@ from ictd.core import record_claim
 
 # %%
 #| export
+TASK_FIELDS = ("P", "r", "phi", "d_pi", "v_pi")   # a TaskBatch's tensors, in order
+
 @dataclass(eq=False)
 class TaskBatch:
     "Tasks stacked along a leading dimension (all with the same number of states, features and discount)."
@@ -59,6 +61,17 @@ class TaskBatch:
     gamma:float         # the common discount factor
 
     def __len__(self): return self.P.shape[0]
+
+    def map(self, fn)->TaskBatch:
+        "The batch with `fn` applied to each of its tensors (P, r, phi, d_pi, v_pi): to move it to a device, or take a slice."
+        return TaskBatch(*(fn(getattr(self, k)) for k in TASK_FIELDS), self.gamma)
+
+    @classmethod
+    def stack(cls, batches:list, device=None)->TaskBatch:
+        "Task batches of equal shapes and discount stacked along a new leading axis, on `device` (default: theirs)."
+        batches = list(batches)
+        if not batches or len({b.gamma for b in batches}) > 1: raise ValueError("`batches` must be a non-empty list of TaskBatch with one discount")
+        return cls(*(torch.stack([getattr(b, k) for b in batches]).to(device) for k in TASK_FIELDS), batches[0].gamma)
 
 
 # %%

@@ -16,8 +16,8 @@ from ictd.prompt import build_prompt
 from ictd.model import SoftmaxICTD, theta_star
 from ictd.state_tokens import population_neu
 from ictd.tasks import stationary_examples, task_features
-from ictd.engine import DTYPES, EvalSet, PretrainConfig, PretrainResult, Protocol, eval_set, get_family, get_protocol, objective_values, sampled_neu, source_hash
-from ictd.core import nudge_scale, nudged
+from ictd.engine import DTYPES, EvalSet, PretrainConfig, PretrainResult, eval_set, get_family, get_protocol, objective_values, sampled_neu, source_hash
+from ictd.core import nudge
 
 # %%
 #| hide
@@ -640,11 +640,6 @@ def perturb(params:dict, scale:float, seeds:list)->dict:
     return {k: (v.double() + scale * noise[k]).to(v.dtype) for k, v in params.items()}
 
 
-def nudge(params:dict, seeds:list)->dict:
-    "Stacked parameters (S, ...), each seed's nudged by the relative noise `ICTD_PERTURB` asks for (`nudged`; unchanged when unset)."
-    if nudge_scale() == 0: return params
-    return {k: torch.stack([nudged(v[i], s, j) for i, s in enumerate(seeds)]) for j, (k, v) in enumerate(sorted(params.items()))}
-
 
 # %%
 zero_params = {"A": torch.zeros(2, 1, 3, 3, dtype=torch.float64)}
@@ -698,26 +693,8 @@ check_divergence(PretrainConfig(), [4, 7], 12, torch.tensor([0.5, 1e7], dtype=to
 # loss of those seeds is then of the order of the factor squared, far above `DIVERGED`, at that very step,
 # whatever the parameters are, while the other seeds train as usual.
 
-# %%
-#| export
-def corrupted_rewards(seeds,                 # the seeds whose rewards are corrupted
-                      step:int,              # the first step at which they are
-                      factor:float=1e6,      # what their query rewards are multiplied by
-                      base:str="stationary", # the registered protocol that supplies the data
-                     )->Protocol:            # `base` with those seeds' rewards scaled from `step` on
-    "A protocol that forces a divergence: `base`, with the query rewards of `seeds` times `factor` from `step` on."
-    seeds, inner = check_seeds(seeds), get_protocol(base)
-    def data(config, run_seeds, device): return (inner.data(config, run_seeds, device) if inner.data else None), list(run_seeds)
-    def sample(config, data, gens, at, state):
-        pools, run_seeds = data
-        b = inner.sample(config, pools, gens, at, state)
-        if at < step: return b
-        scale = torch.tensor([factor if s in seeds else 1. for s in run_seeds], dtype=b.reward.dtype, device=b.reward.device)
-        return dataclasses.replace(b, reward=b.reward * scale.view(-1, *[1] * (b.reward.dim() - 1)))
-    return Protocol(sample=sample, eval_set=inner.eval_set, data=data, loss_scale=inner.loss_scale)
-
-
-
+# %% [markdown]
+# `corrupted_rewards` ([appendix B](engine.html#a-forced-divergence)) builds that protocol from any registered one.
 
 # %% [markdown]
 # **The loop.** Read it from the top: the protocol supplies the training
@@ -876,7 +853,7 @@ test_eq(both[0].history["value_weights"].shape, (4, 3, 3))
 # and names seed 0 alone (the [mechanism studies](mechanism_studies.html) drop such a seed and train the others on):
 
 # %%
-from ictd.engine import register_protocol
+from ictd.engine import corrupted_rewards, register_protocol
 register_protocol("seed 0 corrupted at step 4", corrupted_rewards([0], 4))
 forced = PretrainConfig(n_tasks=32, eval_tasks=4, n_steps=6, eval_every=3, protocol="seed 0 corrupted at step 4")
 test_fail(lambda: pretrain_many(forced, [0, 1], progress=False), contains="diverged at step 4 with lr = 0.001: seed(s) [0]")

@@ -1093,3 +1093,32 @@ test_eq(runs[0].history["msve"].shape[0], 3)
 test_eq(fam_ar.contexts(4, 20)["v"], fam_ar.contexts(4, 20, 0, "held_out")["v"])
 assert not torch.equal(fam_ar.contexts(4, 20, which="tune")["v"], fam_ar.contexts(4, 20, which="test")["v"])
 test_fail(lambda: pretrain_many(dataclasses.replace(cfg_ar, d=4), [0]), contains="`config` must have d = 3")
+
+
+# %% [markdown]
+# ### Richer feature bases
+#
+# Chapter 8a compares kernel TD with linear TD on richer features than $\phi$: each process's `basis(states, size)`,
+# the Fourier features $(1, \cos ks, \sin ks)_{k \le \bar k}$ on the circle and the normalised Hermite polynomials
+# $\mathrm{He}_j(x/\sigma_\infty)/\sqrt{j!}$, $j \le D$, on the line. They are methods of the processes, defined here
+# with the classes, and checked in [chapter 8a](continuous_experiments.html#richer-features-and-lstd).
+
+# %%
+#| export
+@patch
+def basis(self:NoisyRotation, states, size:int)->torch.Tensor:
+    "(..., 2 size + 1) features (1, cos ks, sin ks) for k = 1..size."
+    s = as_tensor(states, "states").unsqueeze(-1)
+    k = torch.arange(1, check_int(size, "size", 1) + 1, dtype=s.dtype)
+    return torch.cat([torch.ones_like(s), torch.cos(k * s), torch.sin(k * s)], -1)
+
+
+# %%
+#| export
+@patch
+def basis(self:GaussianAR1, states, size:int)->torch.Tensor:
+    "(..., size + 1) normalised probabilists' Hermite polynomials He_j(s / std) / sqrt(j!), j = 0..size."
+    x = as_tensor(states, "states") / self.std
+    H = [torch.ones_like(x), x]
+    for j in range(1, check_int(size, "size", 1)): H.append(x * H[j] - j * H[j - 1])
+    return torch.stack([h / math.sqrt(math.factorial(j)) for j, h in enumerate(H[:size + 1])], -1)

@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 import numpy as np
 import torch
-from fastcore.basics import patch
 from tqdm.auto import tqdm
 from ictd.boyan import as_tensor
 from ictd.core import check_choice, check_int, plain_log_ticks, substream
@@ -350,21 +349,11 @@ Markdown(f"Best $\\beta$ at $L = {L_BETA}$: " + ", ".join(f"{b:.1f} ($n = {n}$)"
 # %% [markdown]
 # ### Richer features and LSTD
 #
-# `basis(states, size)` gives each process the richer features above: the Fourier features of size
+# `basis(states, size)` (a method of each process, defined with it in [chapter 8](continuous.html#richer-feature-bases)) gives each process the richer features above: the Fourier features of size
 # $\bar k$ on the circle, and on the line the normalised Hermite polynomials
 # $\mathrm{He}_j(x/\sigma_\infty)/\sqrt{j!}$, $j \le D$, which are orthonormal under the stationary law.
 # `lstd` is the infinite-depth limit of batch linear TD (no step size), the solution $w$ of
 # $\Phi^\top(\Phi - \gamma\Phi')w = \Phi^\top R$.
-
-# %%
-#| export
-@patch
-def basis(self:NoisyRotation, states, size:int)->torch.Tensor:
-    "(..., 2 size + 1) features (1, cos ks, sin ks) for k = 1..size."
-    s = as_tensor(states, "states").unsqueeze(-1)
-    k = torch.arange(1, check_int(size, "size", 1) + 1, dtype=s.dtype)
-    return torch.cat([torch.ones_like(s), torch.cos(k * s), torch.sin(k * s)], -1)
-
 
 # %% [markdown]
 # At the angle $0$ every cosine is 1 and every sine 0; a quarter turn swaps the first harmonic's pair:
@@ -377,17 +366,6 @@ test_close(rot.basis(torch.tensor([0., math.pi / 2], dtype=torch.float64), 2),
 # %% [markdown]
 # On the line the basis is built by the three-term recurrence $\mathrm{He}_{j+1}(x) = x\,\mathrm{He}_j(x) - j\,\mathrm{He}_{j-1}(x)$;
 # its orthonormality under the stationary law is checked in [Implementation and tests](#implementation-and-tests).
-
-# %%
-#| export
-@patch
-def basis(self:GaussianAR1, states, size:int)->torch.Tensor:
-    "(..., size + 1) normalised probabilists' Hermite polynomials He_j(s / std) / sqrt(j!), j = 0..size."
-    x = as_tensor(states, "states") / self.std
-    H = [torch.ones_like(x), x]
-    for j in range(1, check_int(size, "size", 1)): H.append(x * H[j] - j * H[j - 1])
-    return torch.stack([h / math.sqrt(math.factorial(j)) for j, h in enumerate(H[:size + 1])], -1)
-
 
 # %%
 #| export

@@ -8,7 +8,6 @@ import datetime, json, math, os, platform, subprocess, sys
 from pathlib import Path
 import numpy as np
 import torch
-from fastcore.basics import patch
 from ictd.boyan import weighted_error
 from ictd.tasks import TaskBatch
 
@@ -213,6 +212,14 @@ def nudged(x:torch.Tensor,  # a starting point (any shape, real)
     return (x.double() * (1 + eps * xi)).to(x.dtype)
 
 
+def nudge(params:dict,  # name -> stacked parameters (S, ...), seed axis first
+          seeds:list,   # the seed of each slice
+         )->dict:       # the same, each seed's slice `nudged` from its own stream (one per name); unchanged when unset
+    "Stacked parameters of a batch of runs, each seed's nudged by the relative noise `ICTD_PERTURB` asks for."
+    if nudge_scale() == 0: return params
+    return {k: torch.stack([nudged(v[i], s, j) for i, s in enumerate(seeds)]) for j, (k, v) in enumerate(sorted(params.items()))}
+
+
 # %%
 x0 = torch.tensor([[0., 1.], [-2., 3.]], dtype=torch.float64)
 _unset = os.environ.pop(NUDGE_VAR, None)
@@ -224,6 +231,7 @@ test_eq(a, nudged(x0, 5))                                    # a fixed stream
 test_eq(a[0, 0], 0.)                                         # zeros stay zero
 rel = (a - x0)[x0 != 0] / x0[x0 != 0]
 assert 0 < rel.abs().max() < 1e-8 and not torch.equal(a, b), rel
+test_eq(nudge({"A": torch.stack([x0, x0])}, [5, 6])["A"][0], nudged(x0, 5, 0))   # a batch: each seed its own stream
 os.environ[NUDGE_VAR] = "nudge"
 test_fail(nudge_scale, contains="ICTD_PERTURB")
 if _unset is None: del os.environ[NUDGE_VAR]
@@ -245,42 +253,17 @@ test_eq(weighted_error(tasks.v_pi, tasks.v_pi, tasks.d_pi), torch.zeros(4, dtype
 # %% [markdown]
 # ## Task batches
 #
-# A `TaskBatch` is five tensors and a discount. `map` applies one function to each tensor (to move
-# a batch to a device, or take the tasks of one seed), and `TaskBatch.stack` stacks batches of equal
-# shapes along a new leading axis (the engine's seed axis).
-
-# %%
-#| export
-TASK_FIELDS = ("P", "r", "phi", "d_pi", "v_pi")
-
-@patch
-def map(self:TaskBatch, fn)->TaskBatch:
-    "The batch with `fn` applied to each of its tensors (P, r, phi, d_pi, v_pi)."
-    return TaskBatch(*(fn(getattr(self, k)) for k in TASK_FIELDS), self.gamma)
-
-
-# %%
-test_eq(random_tasks(3, seed=5).map(lambda x: x[1:]).v_pi, random_tasks(3, seed=5).v_pi[1:])
-
-
-# %% [markdown]
-# `stack` is what the engine uses to put the task pools of several seeds side by side; it refuses batches whose
-# discounts differ, since a `TaskBatch` has one.
-
-# %%
-#| export
-@patch(cls_method=True)
-def stack(cls:TaskBatch, batches:list, device=None)->TaskBatch:
-    "Task batches of equal shapes and discount stacked along a new leading axis, on `device` (default: theirs)."
-    batches = list(batches)
-    if not batches or len({b.gamma for b in batches}) > 1: raise ValueError("`batches` must be a non-empty list of TaskBatch with one discount")
-    return TaskBatch(*(torch.stack([getattr(b, k) for b in batches]).to(device) for k in TASK_FIELDS), batches[0].gamma)
-
+# A `TaskBatch` ([chapter 0a](tasks.html)) is five tensors and a discount. Its `map` applies one function to each
+# tensor (to move a batch to a device, or take the tasks of one seed), and `TaskBatch.stack` stacks batches of equal
+# shapes along a new leading axis (the engine's seed axis); it refuses batches whose discounts differ, since a
+# `TaskBatch` has one. Both are methods of the class itself, so a `TaskBatch` can do the same whatever was imported.
 
 # %%
 two = TaskBatch.stack([random_tasks(3, seed=0), random_tasks(3, seed=5)])
 test_eq(two.P.shape, (2, 3, 10, 10))
 test_eq(two.map(lambda x: x[1]).r, random_tasks(3, seed=5).r)
+test_eq(random_tasks(3, seed=5).map(lambda x: x[1:]).v_pi, random_tasks(3, seed=5).v_pi[1:])
+test_fail(lambda: TaskBatch.stack([]), contains="`batches`")
 
 # %% [markdown]
 # ## Claim records

@@ -4,7 +4,7 @@
 # %%
 #| export
 from __future__ import annotations
-import dataclasses, functools, hashlib, json, math
+import dataclasses, functools, hashlib, importlib, json, math
 from dataclasses import dataclass, asdict, field
 from pathlib import Path
 from typing import Callable
@@ -12,7 +12,7 @@ import torch
 from torch import nn
 import ictd
 from ictd.boyan import check_gamma
-from ictd.core import TaskBatch, check_choice, check_int, check_number, nudge_scale, run_stream
+from ictd.core import TaskBatch, check_choice, check_int, check_number, check_seeds, nudge_scale, run_stream
 from ictd.model import SoftmaxICTD, theta_star
 from ictd.state_tokens import StateTokens, population_tokens, state_tokens, token_layers, token_predict, trajectory_tokens
 from ictd.tasks import Contexts, TDExamples, draw_cdf, gather_rows, sample_trajectories, stationary_examples, task_features, task_pool
@@ -180,7 +180,8 @@ test_eq(stacked["params"]["A"][2], runs[2].params["A"])
 # registers linear attention and its predecessor's sliding-window protocol, chapter 8 the
 # continuous task families, and a decoder-only model can register itself from its own module. A
 # plug-in registers its names when it is imported (`import ictd.linear` makes
-# `attention="linear"` and `protocol="sliding"` available).
+# `attention="linear"` and `protocol="sliding"` available). A lookup of a name not yet registered first imports the
+# book's own plug-ins (`PLUGINS`), so `PretrainConfig(attention="causal")` trains whatever the caller imported.
 #
 # A **family** initialises the stacked parameters of a list of seeds (each seed's slice its own
 # single-seed initialisation), encodes `Contexts` as its input, predicts the values at the queries
@@ -249,12 +250,19 @@ test_fail(lambda: register_protocol("mine", Family(*[print] * 4)), contains="`pr
 
 
 # %% [markdown]
-# A lookup of a name nobody registered says which names exist and how a plug-in's names become available, since
-# the usual cause is a module not yet imported:
+# A lookup of a name not yet registered imports the book's plug-ins first; a name that none of them registers is
+# refused with the names that exist and how a plug-in's names become available:
 
 # %%
 #| export
+PLUGINS = ("ictd.linear", "ictd.sliding", "ictd.causal", "ictd.continuous")   # the book's modules that register families and protocols
+
+def load_plugins():
+    "Import every module of `PLUGINS`, so that each family and protocol of the book is registered whatever the caller imported."
+    for m in PLUGINS: importlib.import_module(m)
+
 def _lookup(registry:dict, name:str, what:str):
+    if name not in registry: load_plugins()
     if name not in registry: raise ValueError(f"`{what}` must be one of {sorted(registry)} (a plug-in registers its names when imported, e.g. `import ictd.linear`), got {name!r}")
     return registry[name]
 
@@ -272,7 +280,8 @@ def get_protocol(name:str)->Protocol:
 
 # %%
 test_fail(lambda: get_family("cubic"), contains="`attention` must be one of")
-test_fail(lambda: get_protocol("sliding"), contains="a plug-in registers its names when imported, e.g. `import ictd.linear`")
+test_fail(lambda: get_protocol("no such protocol"), contains="a plug-in registers its names when imported, e.g. `import ictd.linear`")
+test_eq((get_family("causal").predict is not None, get_protocol("sliding").loss_scale), (True, 1.))   # the book's plug-ins load on demand
 
 
 # %% [markdown]
@@ -398,6 +407,44 @@ register_protocol("stationary", Protocol(sample=stationary_sampler, eval_set=sta
 
 # %% [markdown]
 # The engine asks for the evaluation set of a configuration without knowing its protocol:
+
+# %% [markdown]
+# ### A forced divergence
+#
+# Chapter 6's divergence guard needs runs that diverge on every machine, not at the edge of stability, where the
+# last bits of the arithmetic decide. `corrupted_rewards` wraps a registered protocol: from a given step on, the
+# query rewards of the chosen seeds are multiplied by a huge factor, so those seeds' TD loss is of the order of the
+# factor squared at that very step, whatever their parameters, while the other seeds' batches are unchanged.
+
+# %%
+#| export
+def corrupted_rewards(seeds,                 # the seeds whose rewards are corrupted
+                      step:int,              # the first step at which they are
+                      factor:float=1e6,      # what their query rewards are multiplied by
+                      base:str="stationary", # the registered protocol that supplies the data
+                     )->Protocol:            # `base` with those seeds' rewards scaled from `step` on
+    "A protocol that forces a divergence: `base`, with the query rewards of `seeds` times `factor` from `step` on."
+    seeds, inner = check_seeds(seeds), get_protocol(base)
+    def data(config, run_seeds, device): return (inner.data(config, run_seeds, device) if inner.data else None), list(run_seeds)
+    def sample(config, data, gens, at, state):
+        pools, run_seeds = data
+        b = inner.sample(config, pools, gens, at, state)
+        if at < step: return b
+        scale = torch.tensor([factor if s in seeds else 1. for s in run_seeds], dtype=b.reward.dtype, device=b.reward.device)
+        return dataclasses.replace(b, reward=b.reward * scale.view(-1, *[1] * (b.reward.dim() - 1)))
+    return Protocol(sample=sample, eval_set=inner.eval_set, data=data, loss_scale=inner.loss_scale)
+
+
+
+
+# %%
+_forced = corrupted_rewards([7], 2, factor=10.)
+_base, _cfg = get_protocol("stationary"), PretrainConfig(n_tasks=8, eval_tasks=2, n=5, batch_size=4)
+_gens = lambda step: [torch.Generator().manual_seed(s + step) for s in (3, 7)]
+for _step in range(4):
+    _want = _base.sample(_cfg, _base.data(_cfg, [3, 7], None), _gens(_step), _step, {}).reward
+    _got = _forced.sample(_cfg, _forced.data(_cfg, [3, 7], None), _gens(_step), _step, {}).reward
+    test_eq(_got, torch.stack([_want[0], _want[1] * (10. if _step >= 2 else 1.)]))
 
 # %%
 #| export

@@ -21,8 +21,7 @@ from fastcore.test import *
 from nbdev.showdoc import *
 from types import SimpleNamespace
 import tempfile
-from ictd.engine import register_protocol
-from ictd.pretrain import corrupted_rewards
+from ictd.engine import corrupted_rewards, register_protocol
 
 # %% [markdown]
 # # The mechanism studies
@@ -522,7 +521,7 @@ def run_gap_map(out_dir="nbs/data",              # folder of the JSON file
 # A study trains every seed of a configuration together, and one diverging seed stops the batch. The
 # seed is then dropped and recorded (step, learning rate, size reached), and the others are trained
 # again without it: the engine's run of a seed does not depend on which seeds share its batch. The example
-# below forces seed 0 to diverge at step 40 (chapter 6's `corrupted_rewards` makes its rewards a million times
+# below forces seed 0 to diverge at step 40 (`corrupted_rewards` of [appendix B](engine.html#a-forced-divergence) makes its rewards a million times
 # too large from then on), so which seed is dropped, and when, follows from the setting on every machine.
 
 # %%
@@ -542,7 +541,7 @@ def train_dropping_diverged(config:PretrainConfig,  # the configuration
 
 
 # %%
-register_protocol("seed 0 corrupted at step 40", corrupted_rewards([0], 40))   # a forced divergence (chapter 6)
+register_protocol("seed 0 corrupted at step 40", corrupted_rewards([0], 40))   # a forced divergence
 wild = PretrainConfig(n_tasks=32, eval_tasks=4, n_steps=100, eval_every=50, protocol="seed 0 corrupted at step 40")
 kept, dropped = train_dropping_diverged(wild, [0, 1])
 test_eq(([r.config.seed for r in kept], [d["seed"] for d in dropped]), ([1], [0]))

@@ -21,7 +21,7 @@ from ictd.experiments.head_to_head import run_head_to_head
 from ictd.experiments.emergence import emergence_report
 from ictd.experiments.mechanism import (CONVERGE_LRS, DEEP_DEPTHS, run_control_study, run_converge_study, run_depth_sweep, run_jacobian_study, run_shared_study, run_gap_map, run_mechanism_study, run_theta_star_dynamics)
 from ictd.core import jsonable
-from ictd.engine import DTYPES, FAMILIES, INITS, OBJECTIVES, PROTOCOLS, PretrainConfig
+from ictd.engine import DTYPES, FAMILIES, INITS, OBJECTIVES, PROTOCOLS, PretrainConfig, load_plugins
 from ictd.pretrain import plot_emergence, pretrain_many, run_folder
 
 # %%
@@ -243,6 +243,7 @@ def _option(name:str)->str: return "--" + name.replace("_", "-")
 def _add_pretrain_options(p:argparse.ArgumentParser):
     "One option per field of `PretrainConfig`, with its default and documentation; `--seeds` takes lists and ranges (one run each)."
     docs = docments(PretrainConfig)
+    load_plugins()   # every family and protocol of the book, whatever was imported
     choices = dict(features=FEATURES, attention=sorted(FAMILIES), dtype=tuple(DTYPES), objective=OBJECTIVES, init=INITS,
                    protocol=sorted(k for k in PROTOCOLS if "(" not in k))   # the continuous families' protocols take `ictd continuous`
     for f in fields(PretrainConfig):

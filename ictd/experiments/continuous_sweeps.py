@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 import numpy as np
 import torch
-from fastcore.basics import patch
 from tqdm.auto import tqdm
 from ..boyan import as_tensor
 from ..core import check_choice, check_int, plain_log_ticks, substream
@@ -142,23 +141,6 @@ def plot_tradeoff(betas, ns, sweep, best, slope, ci):
     for ax in (a1, a2): plain_log_ticks(ax)
     fig.tight_layout()
     return fig
-
-# %% ../../nbs/08a_continuous_experiments.ipynb #1a01f2fe
-@patch
-def basis(self:NoisyRotation, states, size:int)->torch.Tensor:
-    "(..., 2 size + 1) features (1, cos ks, sin ks) for k = 1..size."
-    s = as_tensor(states, "states").unsqueeze(-1)
-    k = torch.arange(1, check_int(size, "size", 1) + 1, dtype=s.dtype)
-    return torch.cat([torch.ones_like(s), torch.cos(k * s), torch.sin(k * s)], -1)
-
-# %% ../../nbs/08a_continuous_experiments.ipynb #e8b5f821
-@patch
-def basis(self:GaussianAR1, states, size:int)->torch.Tensor:
-    "(..., size + 1) normalised probabilists' Hermite polynomials He_j(s / std) / sqrt(j!), j = 0..size."
-    x = as_tensor(states, "states") / self.std
-    H = [torch.ones_like(x), x]
-    for j in range(1, check_int(size, "size", 1)): H.append(x * H[j] - j * H[j - 1])
-    return torch.stack([h / math.sqrt(math.factorial(j)) for j, h in enumerate(H[:size + 1])], -1)
 
 # %% ../../nbs/08a_continuous_experiments.ipynb #5876e0c4
 def lstd(phi_states,          # (..., n + 1, d) features of S_0..S_n
