@@ -1,5 +1,5 @@
 from pathlib import Path
-import os, subprocess, sys
+import fcntl, os, subprocess, sys
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,3 +46,22 @@ def pytest_collection_modifyitems(config, items):
 LONGEST = ("test_notebook[06a_emergence.ipynb]", "test_pretrained_decoder_on_seeds_the_book_does_not_show", "test_notebook[07a_linear_experiments.ipynb]", "test_notebook[06b_mechanism.ipynb]",
            "test_rebuild_leaves_notebook_unchanged[04a_causal.ipynb]", "test_notebook[08b_continuous_pretraining.ipynb]",
            "test_notebook[08a_continuous_experiments.ipynb]")
+
+
+# Runs several tests train alike (chapter 6's EMERGENCE on the unseen seeds 100-109, say) are trained once per session and
+# read back by the others from a run cache that every xdist worker shares; a lock per configuration makes a second
+# worker wait for the first and load its runs. A cached run equals a fresh one (the engine saves the trained tensors).
+@pytest.fixture(scope="session")
+def shared_runs(tmp_path_factory):
+    "pretrain_many(config, seeds) through the session's shared run cache."
+    base = tmp_path_factory.getbasetemp()
+    folder = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared-runs"
+    folder.mkdir(exist_ok=True)
+    def train(config, seeds, **kw):
+        from ictd.pretrain import pretrain_many
+        with open(folder / f"{config.key()}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try: return pretrain_many(config, list(seeds), progress=False, cache_dir=folder, **kw)
+            finally: fcntl.flock(lock, fcntl.LOCK_UN)
+    train.folder = folder
+    return train

@@ -157,14 +157,16 @@ def test_engine_family_trains_each_seed_as_alone():
     assert both[0].history["value_weights"].shape == (2, 3, 4)
 
 @pytest.mark.claims
-def test_pretrained_decoder_on_seeds_the_book_does_not_show():
+def test_pretrained_decoder_on_seeds_the_book_does_not_show(shared_runs):
     "Chapter 4a's pretraining claim on 10 seeds the book does not show (100..109), chapter 6a's configuration (2000 steps)."
     " Catches: a decoder that matches or beats the non-causal model (the book measures it a little worse: here it must be worse in"
     " at least 6 of 10 seeds, and on average), certainty equivalence not beating both in >= 9 of 10 seeds, a decoder no better than the context mean on average, and a"
     " positional bias whose sign is a coin flip (positive in >= 9 of 10 seeds in layers 2 and 3: chance 11/1024 each)."
     from ictd.engine import EMERGENCE
     from ictd.emergence import min_successes
-    runs = causal_pretrain_summary(dataclasses.replace(EMERGENCE, attention="causal"), list(range(100, 110)))["per_seed"]   # the driver of the saved run
+    shared_runs(EMERGENCE, range(100, 110))   # the non-causal runs, trained once for the tests that share them
+    runs = causal_pretrain_summary(dataclasses.replace(EMERGENCE, attention="causal"), list(range(100, 110)),
+                                   cache_dir=shared_runs.folder)["per_seed"]   # the driver of the saved run
     per_seed = lambda f: torch.tensor([f(r) for r in runs], dtype=torch.float64)
     d, s = per_seed(lambda r: r["msve_causal"][-1]), per_seed(lambda r: r["msve_softmax"][-1])
     ce, cm = (per_seed(lambda r, k=k: r["baselines"][k]) for k in ("certainty equivalence", "context mean"))

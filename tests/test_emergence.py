@@ -5,15 +5,14 @@ so they run only with ICTD_SLOW=1, at the chapter's fast settings."""
 import dataclasses, os
 import pytest
 from ictd.engine import EMERGENCE
-from ictd.pretrain import pretrain_many
 from ictd.emergence import min_successes
 from ictd.experiments.emergence import ablation, ablation_claims, baseline_comparison, emergence_claims
 
 FRESH = list(range(100, 110))
 
 @pytest.mark.claims
-def test_headline_claims_hold_on_fresh_seeds():
-    runs = pretrain_many(EMERGENCE, FRESH, progress=False)
+def test_headline_claims_hold_on_fresh_seeds(shared_runs):
+    runs = shared_runs(EMERGENCE, FRESH)
     counts = emergence_claims(runs, baseline_comparison(runs))
     assert counts["n_seeds"] == 10 and counts["k_half"] == min_successes(10, 1 / 2) == 9
 

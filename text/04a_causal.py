@@ -4,7 +4,7 @@
 # %%
 #| export
 from __future__ import annotations
-import dataclasses, math
+import dataclasses, functools, math
 import torch
 from torch import nn
 from ictd.boyan import as_tensor, check_gamma, weighted_error
@@ -347,12 +347,23 @@ def causal_attention(Z:torch.Tensor,  # (..., D, N) prompt
                      n:int,           # number of context transitions
                     )->torch.Tensor:
     "(..., N, N) S[i, j]: softmax over the keys of column j of $T_i^\\top A Z_j + \\lambda \\log i$ (zero columns where there is no key)."
+    return _attention(torch.cat([Z, previous_token(Z)], -2), Z, A, lam, n)
+
+def _attention(T, Z, A, lam, n:int)->torch.Tensor:
+    "`causal_attention` given the stacked tokens T = (Z; Z shifted): one masking pass with a fill made once per shape."
     N = Z.shape[-1]
     pos = torch.arange(N, dtype=Z.dtype, device=Z.device).clamp(min=1).log()
-    logits = torch.cat([Z, previous_token(Z)], -2).mT @ A @ Z + torch.as_tensor(lam, dtype=Z.dtype, device=Z.device)[..., None, None] * pos[:, None]
-    keys = causal_keys(N, n, Z.device)
+    logits = T.mT @ A @ Z + torch.as_tensor(lam, dtype=Z.dtype, device=Z.device)[..., None, None] * pos[:, None]
+    keys, fill, has = _mask(N, n, Z.dtype, Z.device)
+    return torch.softmax(torch.where(keys, logits, fill), dim=-2) * has
+
+@functools.lru_cache(maxsize=64)
+def _mask(N:int, n:int, dtype, device)->tuple:
+    "The key set (N, N), the fill of masked scores (-inf, or 0 in a column with no key) and the columns that have keys."
+    keys = causal_keys(N, n, device)
     has = keys.any(0)                                  # columns with at least one key (all but column 0)
-    return torch.softmax(logits.masked_fill(~keys, -math.inf).masked_fill(~has, 0.), dim=-2) * has
+    fill = torch.full((N, N), -math.inf, dtype=dtype, device=device).masked_fill(~has, 0.)
+    return keys, fill, has.to(dtype)
 
 
 # %%
@@ -376,7 +387,8 @@ def causal_update(Z:torch.Tensor,    # (..., D, N) prompt
                   n:int,             # number of context transitions
                  )->torch.Tensor:    # (..., D, N) next prompt
     "One causal layer, $Z + V\\,\\overleftarrow{\\mathrm{TSM}}(Z)\\, S + U Z$, unvalidated."
-    return Z + V @ torch.cat([Z, previous_token(Z)], -2) @ causal_attention(Z, A, lam, n) + U @ Z
+    T = torch.cat([Z, previous_token(Z)], -2)
+    return Z + V @ T @ _attention(T, Z, A, lam, n) + U @ Z
 
 
 # %% [markdown]

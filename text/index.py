@@ -228,5 +228,13 @@ mrp, states[:8].tolist(), rewards[:3].tolist()
 # `nbdev_export`, and each chapter has a plain-text twin under `text/` (jupytext, `make sync`).
 # Cells marked `#| slow` run the full-size experiments: `ICTD_SLOW=1 make test`. Speed is measured
 # by `make bench` (timings with ratios against baselines measured in the same run), not by tests.
+#
+# *Claims that survive another CPU.* The last bits of a float64 result differ between CPU types, so the book asserts
+# only what survives rounding. `ICTD_PERTURB=1e-9 make test` (or `make test-perturbed`, the claims tier and every
+# chapter's checks) multiplies every initial parameter of every training run by $1 + 10^{-9}\,\xi$, $\xi \sim N(0, 1)$
+# from a fixed stream ([appendix A](core.html#the-rounding-nudge-claims-that-survive-another-cpu)); a claim that flips
+# under it is not a claim. `make test-other-kernels` rebuilds the fast chapters with torch's AVX2 kernels (on an AVX-512
+# CPU a different rounding), and `make fresh-clone` runs both commands above on a fresh clone. CI runs `make test`,
+# `make test-perturbed` and `make test-other-kernels`.
 # The project uses nbdev 2 (configured by `settings.ini`); moving to nbdev 3 is
 # `nbdev-migrate-config` plus its renamed commands (`nbdev-test`, ...).

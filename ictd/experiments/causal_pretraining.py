@@ -34,12 +34,13 @@ def best_decoder(config:PretrainConfig,                 # the run's settings (de
 def causal_pretrain_summary(config:PretrainConfig,  # the decoder's configuration (`attention="causal"`)
                             seeds,                  # the seeds
                             progress:bool=False,
+                            cache_dir=None,         # the engine's run cache (`pretrain_many`); None: none
                            )->dict:                 # plain numbers, ready for JSON
     "Pretrain the decoder and the non-causal model on `seeds`; per seed: metrics, value weights, diagonality and baselines."
     from ictd.pretrain import pretrain_many        # chapter 6's engine loop and 6a's baselines: imported here, by the driver only
     from ictd.emergence import baseline_msve
-    causal = pretrain_many(config, seeds, progress)
-    softmax = pretrain_many(dataclasses.replace(config, attention="softmax"), seeds, progress)
+    causal = pretrain_many(config, seeds, progress, cache_dir)
+    softmax = pretrain_many(dataclasses.replace(config, attention="softmax"), seeds, progress, cache_dir)
     out = dict(config=dataclasses.asdict(config), seeds=list(seeds), per_seed=[])
     for c, s in zip(causal, softmax):
         tasks, states = held_out_tasks(c.config)
