@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 from ictd.boyan import MRP, boyan_transitions, check_gamma, random_boyan_chain
 from ictd.convergence import (circulant_threshold, kernel_attention, kernel_diagonality, rate_bound, relaxation_time, spectral_radius,
                               sup_error, td_recursion)
-from ictd.core import OKABE_ITO, plain_log_ticks, provenance, substream
+from ictd.core import OKABE_ITO, plain_log_ticks, provenance, provenance_note, substream
 from ictd.experiments.convergence import measured_rate, scale_for_diagonality
 from ictd.tasks import stack_tasks, task_rng
 
@@ -437,6 +437,8 @@ show_doc(diagonality_threshold)
 # %%
 certs = load_threshold_certificates("data/convergence_threshold.json")
 records = certs["records"]
+display(Markdown(provenance_note(certs, "The certificates", "Which chains the search found depends on its random starts and on rounding, "
+                                  "but each certificate is re-checked exactly below, so what it certifies holds on every machine.")))
 rhos_c = [check_certificate(r) for r in records]                                       # exact re-check of every certificate
 test_fail(lambda: check_certificate(dict(records[-1], m=0.99)), contains="invalid certificate")      # a false minimum diagonal is caught
 M0, P0 = (torch.tensor(records[-1][k], dtype=torch.float64) for k in ("M", "P"))        # a certificate is softmax attention:

@@ -22,7 +22,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 from pathlib import Path
 from IPython.display import Markdown
-from ictd.core import provenance, provenance_note, record_claim
+from ictd.core import DRAW_NOTE, OKABE_ITO, plain_log_ticks, provenance, record_claim
 from ictd.engine import EMERGENCE
 from ictd.emergence import mean_se, min_successes
 
@@ -68,7 +68,8 @@ n_pre = len(seeds_pre)
 test_eq(n_pre, 20)
 Markdown(f"Read `nbs/data/causal_pretrain.json`: {len(seeds_pre)} seeds ({pre['seeds'][0]}..{pre['seeds'][-1]}), {pre['config']['n_steps']} steps, "
          f"learning rate {pre['config']['lr']:g}, made by commit `{prov['commit'][:10]}` on {prov['date']} in {prov['wall_s'] / 60:.0f} minutes "
-         f"on one thread (a shared machine), with {prov['command']}" + (f"; {prov['note']}." if "note" in prov else "."))
+         f"on one thread (a shared machine), with {prov['command']}" + (f"; {prov['note']}." if "note" in prov else ".")
+         + f" It was made on {prov['cpu']} with torch {prov['torch']}. " + DRAW_NOTE)
 
 
 # %% [markdown]
@@ -240,6 +241,12 @@ def decoder_values(config:PretrainConfig, tasks, states, alpha:float, beta:float
 
 
 # %%
+from ictd.causal import prefix_softmax_td
+from ictd.tasks import random_tasks, sample_trajectories
+tasks_r = random_tasks(8, seed=3)                       # chapter 4a's check tasks
+S_r = sample_trajectories(tasks_r.P, 20, tasks_r.d_pi, seed=3)
+rows_r = torch.arange(8)[:, None]
+phi_r, R_r, W2 = tasks_r.phi[rows_r, S_r], tasks_r.r[rows_r, S_r[:, :-1]], 2. * torch.eye(4, dtype=torch.float64)
 v_dec = decoder_values(PretrainConfig(n=20), tasks_r, S_r, 0.5, 2., 4.)
 test_close(v_dec, prefix_softmax_td(phi_r, R_r, W2, 0.5, 0.9, 3, tasks_r.phi, current="self", recency=4.)[:, 21:], eps=1e-12)
 

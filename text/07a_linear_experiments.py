@@ -13,7 +13,7 @@ from ictd.prompt import build_prompt
 from ictd.core import OKABE_ITO, plain_log_ticks, substream
 from ictd.engine import PretrainConfig, stack_results
 from ictd.pretrain import pretrain_many
-from ictd.core import provenance
+from ictd.core import provenance, provenance_note
 from ictd.wstd import batch_linear_td, context_tensors, weighted_softmax_td
 from ictd.core import jsonable
 from ictd.linear import ICLR_LINEAR, align_signs, sensitivity_similarity, value_difference
@@ -345,7 +345,7 @@ for f in files:
     js = json.loads(f.read_text())
     saved[f"full protocol, lr {js['config']['lr']:g}, {len(js['seeds'])} seeds"] = js
     summary = {k: dict(mean=v[-1], se=js["se"][k][-1]) for k, v in js["mean"].items()} | dict(seeds=len(js["seeds"]), tasks=int(js["tasks"][-1]))
-    display(Markdown(f"Saved by `{js['produced_by']}`:\n\n" + reference_table({f.name: summary})))
+    display(Markdown(f"Saved by `{js['produced_by']}`. " + provenance_note(js["provenance"]) + "\n\n" + reference_table({f.name: summary})))
 
 # %% [markdown]
 # Against the published values, the saved full-protocol runs (asserted below; the 30-seed file must

@@ -80,7 +80,8 @@ H2H_TUNE_SEEDS = (100, 101, 102)             # seeds of the learning-rate tuning
 h2h = json.loads(Path("data/head_to_head.json").read_text())
 assert {"command", "commit", "date"} <= h2h.keys() and h2h["config"]["n_steps"] == H2H_CONFIG.n_steps, "head_to_head.json is missing its provenance or was made with another budget"
 tuning = {f: dict(r["tuning"]) for f, r in h2h["families"].items()}
-Markdown(f"Made by `{h2h['command']}` at commit `{h2h['commit'][:10]}` on {h2h['date']}: {len(h2h['seeds'])} seeds "
+Markdown(f"Made by `{h2h['command']}` at commit `{h2h['commit'][:10]}` on {h2h['date']}, on {h2h['cpu']} with torch {h2h['torch']} "
+         f"(a draw: another machine would give the same statistics within their errors, not the same digits): {len(h2h['seeds'])} seeds "
          f"({h2h['seeds'][0]}-{h2h['seeds'][-1]}), {h2h['config']['n_steps']} Adam steps of {h2h['config']['batch_size']} TD examples each, "
          f"{h2h['config']['eval_tasks']} held-out tasks per seed. The learning-rate tuning (mean final held-out MSVE over seeds "
          f"{h2h['tune_seeds']}):\n\n| learning rate | " + " | ".join(tuning) + " |\n" + "|---" * (len(tuning) + 1) + "|\n"

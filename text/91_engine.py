@@ -281,7 +281,8 @@ def get_protocol(name:str)->Protocol:
 # %%
 test_fail(lambda: get_family("cubic"), contains="`attention` must be one of")
 test_fail(lambda: get_protocol("no such protocol"), contains="a plug-in registers its names when imported, e.g. `import ictd.linear`")
-test_eq((get_family("causal").predict is not None, get_protocol("sliding").loss_scale), (True, 1.))   # the book's plug-ins load on demand
+import ictd.engine as _engine   # the module's registries (this page's cells have their own copies)
+test_eq((_engine.get_family("causal").predict is not None, _engine.get_protocol("sliding").loss_scale), (True, 1.))   # plug-ins load on demand
 
 
 # %% [markdown]

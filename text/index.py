@@ -179,6 +179,10 @@ Markdown(reading_paths(PATHS, labels))
 # same computation in Python, with the library, gives the error that the figure prints below its plots:
 
 # %%
+import torch
+from ictd.boyan import msve, random_boyan_chain, sample_trajectory
+from ictd.wstd import weighted_softmax_td
+
 chain = random_boyan_chain(n_states=10, d=4, gamma=0.9, features="onehot", seed=0)
 states, rewards = sample_trajectory(chain, n=400, seed=0)
 n, beta, alpha, L = 200, 5.0, 0.5, 30
@@ -205,10 +209,17 @@ print(f"MSVE after L = {L} layers: {msve(chain, values[n + 1:]):.4g}")
 # ```
 #
 # The `ictd` command reruns the book's experiments at full scale and writes figures and numbers
-# (`ictd --help`; for example `ictd pretrain --seed 0 --out results/`). In Python, draw a task and a
-# trajectory:
+# (`ictd --help`, and [appendix F](cli.html)). For example `ictd pretrain --seeds 0-9 --out results/` trains chapter 6's
+# model on ten seeds in one batched run and writes, in `results/<key>/` (`<key>` a hash of the configuration and the
+# source): `config.json`, per seed `seed-S.pt` (the trained parameters and history, `torch.load(..., weights_only=True)`),
+# `seed-S.json` and `seed-S.png`, and over the seeds `summary.json` and `summary.png` (value error, NEU, the last
+# layer's value weights and kernel diagonality against training step), with chapter 6a's report in `emergence/`. One
+# seed alone is one draw: its last layer's weights may sit far from the $-\gamma$ line of chapter 6's figures, which is
+# why the book states every training result over seeds. In Python, draw a task and a trajectory:
 
 # %%
+from ictd.boyan import random_boyan_chain, sample_trajectory
+
 mrp = random_boyan_chain(n_states=10, d=4, gamma=0.9, seed=0)
 states, rewards = sample_trajectory(mrp, n=30, seed=0)
 mrp, states[:8].tolist(), rewards[:3].tolist()
@@ -224,6 +235,18 @@ mrp, states[:8].tolist(), rewards[:3].tolist()
 # make test   # the whole test suite: library and notebooks in sync, every chapter's tests, tests/
 # ```
 #
+# `make site` rebuilds the site from the outputs already saved in the notebooks, without executing them (seconds).
+# The two commands' wall times on a fresh clone, as `make fresh-clone` last measured them:
+
+# %%
+#| echo: false
+fresh_file = next((p for p in (Path("data/fresh_clone.json"), Path("nbs/data/fresh_clone.json")) if p.exists()), None)
+fresh = json.loads(fresh_file.read_text()) if fresh_file else None
+Markdown(f"`make docs` took {fresh['make docs']['seconds'] / 60:.0f} min and `make test` {fresh['make test']['seconds'] / 60:.0f} min "
+         f"(both passed; commit `{fresh['provenance']['commit'][:10]}`, {fresh['provenance']['date'][:10]}, {fresh['provenance']['cpu']}, "
+         f"{fresh['cores']} cores)." if fresh else "Not measured yet on this checkout: `make fresh-clone` measures it.")
+
+# %% [markdown]
 # The notebooks in `nbs/` are the source; the package `ictd/` is generated from them by
 # `nbdev_export`, and each chapter has a plain-text twin under `text/` (jupytext, `make sync`).
 # Cells marked `#| slow` run the full-size experiments: `ICTD_SLOW=1 make test`. Speed is measured

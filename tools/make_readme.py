@@ -2,9 +2,11 @@
 their text outputs as fenced blocks (Markdown outputs as Markdown; a cell with `#| echo: false` shows only its
 outputs; figures are left to the site), `#| hide` cells left out (what `nbdev_readme` does with Quarto), and
 Markdown cells that start with `<!-- site only` left out too (the interactive figure, which needs the site's scripts).
+A figure with a caption (`#| fig-cap:`) is written to `images/figure-K.png` and embedded with its caption; other
+figures are left to the site.
 Links to the book's pages (`boyan.html`) point at their notebooks (`nbs/00_boyan.ipynb`), which
 GitHub renders, so that the README's links work in the repository as well as on the site."""
-import re
+import base64, re
 from pathlib import Path
 from execnb.nbio import read_nb
 
@@ -20,25 +22,38 @@ def relink(md, links):
     "Point Markdown links `](page.html...)` at the notebooks."
     return re.sub(r'\]\(([\w-]+\.html)(#[^)]*)?\)', lambda m: f'](' + links.get(m.group(1), m.group(1)) + (m.group(2) or '') + ')', md)
 
-def cell_md(cell):
+def cell_md(cell, figures=None):
+    "One cell as README Markdown; `figures` collects the captioned figures as (caption, PNG bytes)."
     src = cell.source.strip()
     if cell.cell_type == 'markdown': return '' if src.startswith(SITE_ONLY) else FENCED_DIV.sub('', src)
     lines = src.splitlines()
     if any(l.strip() in ('#| hide', '#|hide') for l in lines): return ''
     code = '\n'.join(l for l in lines if not l.startswith('#|'))
     echo = not any(re.match(r'#\|\s*echo:\s*false', l) for l in lines)
-    return '\n\n'.join(([f'```python\n{code}\n```'] if echo else []) + [o for o in map(output_md, cell.get('outputs', [])) if o])
+    cap = next((m.group(1).strip().strip('"') for l in lines if (m := re.match(r'#\|\s*fig-cap:\s*(.+)', l))), None)
+    outs = [output_md(o, cap, figures) for o in cell.get('outputs', [])]
+    return '\n\n'.join(([f'```python\n{code}\n```'] if echo else []) + [o for o in outs if o])
 
-def output_md(o):
-    "One output as README Markdown: Markdown as it is, text fenced, figures left out (they are on the site)."
+def output_md(o, cap=None, figures=None):
+    "One output as README Markdown: Markdown as it is, text fenced, a captioned PNG embedded from `images/`, other figures left out."
     d = o.get('data', {})
     if 'text/markdown' in d: return ''.join(d['text/markdown']).strip()
+    if 'image/png' in d and cap and figures is not None:
+        figures.append((cap, base64.b64decode(''.join(d['image/png']))))
+        return f'![{cap}](images/figure-{len(figures)}.png)\n\n*{cap}*'
     if any(k.startswith('image/') for k in d): return ''
     text = ''.join(d.get('text/plain', '') or o.get('text', ''))
     return f'```\n{text.rstrip()}\n```' if text.strip() else ''
 
-def readme(nb_path=ROOT / 'nbs' / 'index.ipynb'):
-    md = '\n\n'.join(filter(None, map(cell_md, read_nb(nb_path).cells))) + '\n'
+def readme(nb_path=ROOT / 'nbs' / 'index.ipynb', images=ROOT / 'images'):
+    "README.md's text from the front page; its captioned figures are written to `images/` (None: not written)."
+    figures = []
+    md = '\n\n'.join(filter(None, (cell_md(c, figures) for c in read_nb(nb_path).cells))) + '\n'
+    if images is not None:
+        images.mkdir(exist_ok=True)
+        for k, (_, png) in enumerate(figures, 1):
+            f = images / f'figure-{k}.png'
+            if not f.exists() or f.read_bytes() != png: f.write_bytes(png)
     return relink(md, page_links(nb_path.parent))
 
 if __name__ == '__main__':

@@ -13,7 +13,7 @@ from ..prompt import build_prompt
 from ..core import OKABE_ITO, plain_log_ticks, substream
 from ..engine import PretrainConfig, stack_results
 from ..pretrain import pretrain_many
-from ..core import provenance
+from ..core import provenance, provenance_note
 from ..wstd import batch_linear_td, context_tensors, weighted_softmax_td
 from ..core import jsonable
 from ..linear import ICLR_LINEAR, align_signs, sensitivity_similarity, value_difference

@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 from ..boyan import MRP, boyan_transitions, check_gamma, random_boyan_chain
 from ..convergence import (circulant_threshold, kernel_attention, kernel_diagonality, rate_bound, relaxation_time, spectral_radius,
                               sup_error, td_recursion)
-from ..core import OKABE_ITO, plain_log_ticks, provenance, substream
+from ..core import OKABE_ITO, plain_log_ticks, provenance, provenance_note, substream
 from .convergence import measured_rate, scale_for_diagonality
 from ..tasks import stack_tasks, task_rng
 
