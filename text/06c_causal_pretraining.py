@@ -69,7 +69,8 @@ test_eq(n_pre, 20)
 Markdown(f"Read `nbs/data/causal_pretrain.json`: {len(seeds_pre)} seeds ({pre['seeds'][0]}..{pre['seeds'][-1]}), {pre['config']['n_steps']} steps, "
          f"learning rate {pre['config']['lr']:g}, made by commit `{prov['commit'][:10]}` on {prov['date']} in {prov['wall_s'] / 60:.0f} minutes "
          f"on one thread (a shared machine), with {prov['command']}" + (f"; {prov['note']}." if "note" in prov else ".")
-         + f" It was made on {prov['cpu']} with torch {prov['torch']}. " + DRAW_NOTE)
+         + (f" It was made on {prov['cpu']} with torch {prov['torch']}. " if not prov["cpu"].startswith("not recorded")
+            else f" Its CPU was not recorded (torch {prov['torch']}). ") + DRAW_NOTE)
 
 
 # %% [markdown]
@@ -243,6 +244,8 @@ def decoder_values(config:PretrainConfig, tasks, states, alpha:float, beta:float
 # %%
 from ictd.causal import prefix_softmax_td
 from ictd.tasks import random_tasks, sample_trajectories
+
+# %%
 tasks_r = random_tasks(8, seed=3)                       # chapter 4a's check tasks
 S_r = sample_trajectories(tasks_r.P, 20, tasks_r.d_pi, seed=3)
 rows_r = torch.arange(8)[:, None]

@@ -281,7 +281,11 @@ def get_protocol(name:str)->Protocol:
 # %%
 test_fail(lambda: get_family("cubic"), contains="`attention` must be one of")
 test_fail(lambda: get_protocol("no such protocol"), contains="a plug-in registers its names when imported, e.g. `import ictd.linear`")
+
+# %%
 import ictd.engine as _engine   # the module's registries (this page's cells have their own copies)
+
+# %%
 test_eq((_engine.get_family("causal").predict is not None, _engine.get_protocol("sliding").loss_scale), (True, 1.))   # plug-ins load on demand
 
 
