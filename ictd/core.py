@@ -14,10 +14,10 @@ from .tasks import TaskBatch
 
 # %% auto #0
 __all__ = ['RUN_STREAMS', 'NUDGE_VAR', 'CLAIM_STATUSES', 'DRAW_NOTE', 'OKABE_ITO', 'check_int', 'check_number', 'check_choice',
-           'check_seeds', 'substream', 'stream_generator', 'run_stream', 'nudge_scale', 'nudged', 'nudge',
-           'atomic_write_bytes', 'atomic_write_text', 'checksum_path', 'tensors_only', 'save_checked', 'load_checked',
-           'remove_checked', 'check_writable', 'check_name', 'record_claim', 'load_claims', 'jsonable', 'cpu_model',
-           'provenance', 'provenance_note', 'plain_log_ticks']
+           'check_seeds', 'check_type', 'check_device', 'substream', 'stream_generator', 'run_stream', 'nudge_scale',
+           'nudged', 'nudge', 'atomic_write_bytes', 'atomic_write_text', 'checksum_path', 'tensors_only',
+           'save_checked', 'load_checked', 'remove_checked', 'check_writable', 'check_name', 'load_json',
+           'record_claim', 'load_claims', 'jsonable', 'cpu_model', 'provenance', 'provenance_note', 'plain_log_ticks']
 
 # %% ../nbs/90_core.ipynb #5c70a449
 def _is_number(x)->bool: return not isinstance(x, bool) and isinstance(x, (int, float, np.integer, np.floating))
@@ -55,6 +55,22 @@ def check_seeds(seeds)->list:
     if not seeds or any(not _is_number(s) or int(s) != s or s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
         raise ValueError(f"`seeds` must be a non-empty list of distinct non-negative integers, got {seeds}")
     return [int(s) for s in seeds]
+
+# %% ../nbs/90_core.ipynb #54602cdd
+def check_type(x, types, name:str):
+    "`x`, or a `TypeError` naming `name` unless `x` is an instance of `types` (a class or a tuple of them)."
+    if not isinstance(x, types):
+        want = " or ".join(t.__name__ for t in (types if isinstance(types, tuple) else (types,)))
+        raise TypeError(f"`{name}` must be a {want}, got {type(x).__name__} {x!r}"[:300])
+    return x
+
+def check_device(device)->torch.device:
+    "`device` as a `torch.device` (None: CUDA when available, else the CPU), or a `ValueError` naming `device` if torch cannot use it."
+    if device is None: return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try: dev = torch.device(device)
+    except (RuntimeError, TypeError) as e: raise ValueError(f"`device` must be a torch device such as 'cpu' or 'cuda', got {device!r}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available(): raise ValueError(f"`device` is {device!r} but torch sees no CUDA GPU here")
+    return dev
 
 # %% ../nbs/90_core.ipynb #011b8f2f
 def substream(seed:int,    # the run's seed
@@ -143,7 +159,7 @@ def _digest(data:bytes)->str: return hashlib.sha256(data).hexdigest()
 
 def tensors_only(x):
     "`x` with numpy arrays turned into tensors and numpy scalars into numbers (nested), so that `weights_only=True` loads it."
-    if isinstance(x, np.ndarray): return torch.from_numpy(x.copy())
+    if isinstance(x, np.ndarray): return torch.from_numpy(x.copy()) if x.dtype.kind in "biufc" else tensors_only(x.tolist())   # strings: a list
     if isinstance(x, np.generic): return x.item()
     if isinstance(x, dict): return {k: tensors_only(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)): return type(x)(tensors_only(v) for v in x)
@@ -206,11 +222,18 @@ def check_name(x,          # the value
 # %% ../nbs/90_core.ipynb #153fd73e
 CLAIM_STATUSES = ("proved", "measured", "partial", "refuted")
 
-def _read_records(f:Path):
-    "The claim records in `f`, or None if it cannot be read as a JSON object."
-    try: records = json.loads(f.read_text())
+def _json_object(f:Path):
+    "The JSON object (a dict) in the file `f`, or None if it cannot be read as one."
+    try: obj = json.loads(f.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError): return None
-    return records if isinstance(records, dict) else None
+    return obj if isinstance(obj, dict) else None
+
+def load_json(path)->dict:
+    "The JSON object saved at `path`; None if there is none, or (saying 'recomputing <path>: <reason>') if it cannot be read as one."
+    if not Path(path).exists(): return None
+    obj = _json_object(Path(path))
+    if obj is None: print(f"recomputing {path}: it cannot be read as a JSON object (empty, cut short or damaged)", flush=True)
+    return obj
 
 def record_claim(key:str,              # identifier, unique within the chapter, e.g. "floor-slope"
                  claim:str,            # the statement, one sentence of markdown
@@ -224,16 +247,14 @@ def record_claim(key:str,              # identifier, unique within the chapter, 
     if not isinstance(claim, str) or not claim.strip(): raise ValueError(f"`claim` must be a non-empty string, got {claim!r}")
     if not isinstance(evidence, str) or (evidence and not evidence.startswith("#")): raise ValueError(f"`evidence` must be an anchor starting with '#', got {evidence!r}")
     f = Path(folder) / f"{chapter}.json"
-    records = _read_records(f) if f.exists() else {}
-    if records is None: print(f"recomputing {f}: it is not a JSON object of records; the chapter's other claims are recorded again as it runs", flush=True)
-    records = dict(records or {}, **{key: dict(claim=claim, status=status, chapter=chapter, evidence=evidence)})
+    records = dict(load_json(f) or {}, **{key: dict(claim=claim, status=status, chapter=chapter, evidence=evidence)})
     atomic_write_text(f, json.dumps(dict(sorted(records.items())), indent=1) + "\n")
     return records[key]
 
 # %% ../nbs/90_core.ipynb #7b003dbf
 def load_claims(folder="data/claims")->list:
     "Every recorded claim under `folder`, as dicts with a `key`, in file then key order; a `ValueError` naming a damaged file."
-    files = {f: _read_records(f) for f in sorted(Path(folder).glob("*.json"))}
+    files = {f: _json_object(f) for f in sorted(Path(folder).glob("*.json"))}
     bad = [str(f) for f, r in files.items() if r is None]
     if bad: raise ValueError(f"claim records {bad} cannot be read: execute their chapters again to rewrite them")
     return [dict(key=k, **r) for records in files.values() for k, r in records.items()]

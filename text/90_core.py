@@ -98,6 +98,28 @@ def check_seeds(seeds)->list:
 
 
 # %% [markdown]
+# An argument that must be an object of some class (a configuration, a task batch), and a torch device,
+# are checked the same way; a device that names a CUDA GPU on a machine without one is refused before any work:
+
+# %%
+#| export
+def check_type(x, types, name:str):
+    "`x`, or a `TypeError` naming `name` unless `x` is an instance of `types` (a class or a tuple of them)."
+    if not isinstance(x, types):
+        want = " or ".join(t.__name__ for t in (types if isinstance(types, tuple) else (types,)))
+        raise TypeError(f"`{name}` must be a {want}, got {type(x).__name__} {x!r}"[:300])
+    return x
+
+def check_device(device)->torch.device:
+    "`device` as a `torch.device` (None: CUDA when available, else the CPU), or a `ValueError` naming `device` if torch cannot use it."
+    if device is None: return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try: dev = torch.device(device)
+    except (RuntimeError, TypeError) as e: raise ValueError(f"`device` must be a torch device such as 'cpu' or 'cuda', got {device!r}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available(): raise ValueError(f"`device` is {device!r} but torch sees no CUDA GPU here")
+    return dev
+
+
+# %% [markdown]
 # ## One seed, many streams
 #
 # A run takes one seed. Where it needs independent random streams (the data, the initialisation's
@@ -338,7 +360,7 @@ def _digest(data:bytes)->str: return hashlib.sha256(data).hexdigest()
 
 def tensors_only(x):
     "`x` with numpy arrays turned into tensors and numpy scalars into numbers (nested), so that `weights_only=True` loads it."
-    if isinstance(x, np.ndarray): return torch.from_numpy(x.copy())
+    if isinstance(x, np.ndarray): return torch.from_numpy(x.copy()) if x.dtype.kind in "biufc" else tensors_only(x.tolist())   # strings: a list
     if isinstance(x, np.generic): return x.item()
     if isinstance(x, dict): return {k: tensors_only(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)): return type(x)(tensors_only(v) for v in x)
@@ -394,8 +416,8 @@ with tempfile.TemporaryDirectory() as tmp:
     f.write_bytes(bytes(data[:100])); test_eq(load_checked(f), None)
     save_checked(dict(x=1), f); checksum_path(f).unlink(); test_eq(load_checked(f), None)
     remove_checked(f); test_eq(load_checked(f), None)
-    back = load_checked(save_checked(tensors_only(dict(a=np.arange(3), b=(np.float64(0.5),))), f))
-    test_eq((back["a"], back["b"]), (torch.arange(3), (0.5,)))
+    back = load_checked(save_checked(tensors_only(dict(a=np.arange(3), b=(np.float64(0.5),), c=np.array(["x", "y"]))), f))
+    test_eq((back["a"], back["b"], back["c"]), (torch.arange(3), (0.5,), ["x", "y"]))
     test_fail(lambda: save_checked(dict(a=np.arange(3)), f), contains="tensors and plain containers")
 
 
@@ -453,11 +475,18 @@ def check_name(x,          # the value
 #| export
 CLAIM_STATUSES = ("proved", "measured", "partial", "refuted")
 
-def _read_records(f:Path):
-    "The claim records in `f`, or None if it cannot be read as a JSON object."
-    try: records = json.loads(f.read_text())
+def _json_object(f:Path):
+    "The JSON object (a dict) in the file `f`, or None if it cannot be read as one."
+    try: obj = json.loads(f.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError): return None
-    return records if isinstance(records, dict) else None
+    return obj if isinstance(obj, dict) else None
+
+def load_json(path)->dict:
+    "The JSON object saved at `path`; None if there is none, or (saying 'recomputing <path>: <reason>') if it cannot be read as one."
+    if not Path(path).exists(): return None
+    obj = _json_object(Path(path))
+    if obj is None: print(f"recomputing {path}: it cannot be read as a JSON object (empty, cut short or damaged)", flush=True)
+    return obj
 
 def record_claim(key:str,              # identifier, unique within the chapter, e.g. "floor-slope"
                  claim:str,            # the statement, one sentence of markdown
@@ -471,9 +500,7 @@ def record_claim(key:str,              # identifier, unique within the chapter, 
     if not isinstance(claim, str) or not claim.strip(): raise ValueError(f"`claim` must be a non-empty string, got {claim!r}")
     if not isinstance(evidence, str) or (evidence and not evidence.startswith("#")): raise ValueError(f"`evidence` must be an anchor starting with '#', got {evidence!r}")
     f = Path(folder) / f"{chapter}.json"
-    records = _read_records(f) if f.exists() else {}
-    if records is None: print(f"recomputing {f}: it is not a JSON object of records; the chapter's other claims are recorded again as it runs", flush=True)
-    records = dict(records or {}, **{key: dict(claim=claim, status=status, chapter=chapter, evidence=evidence)})
+    records = dict(load_json(f) or {}, **{key: dict(claim=claim, status=status, chapter=chapter, evidence=evidence)})
     atomic_write_text(f, json.dumps(dict(sorted(records.items())), indent=1) + "\n")
     return records[key]
 
@@ -489,7 +516,7 @@ show_doc(record_claim)
 #| export
 def load_claims(folder="data/claims")->list:
     "Every recorded claim under `folder`, as dicts with a `key`, in file then key order; a `ValueError` naming a damaged file."
-    files = {f: _read_records(f) for f in sorted(Path(folder).glob("*.json"))}
+    files = {f: _json_object(f) for f in sorted(Path(folder).glob("*.json"))}
     bad = [str(f) for f, r in files.items() if r is None]
     if bad: raise ValueError(f"claim records {bad} cannot be read: execute their chapters again to rewrite them")
     return [dict(key=k, **r) for records in files.values() for k, r in records.items()]
@@ -658,6 +685,12 @@ test_fail(lambda: check_choice("cubic", ("random", "onehot"), "features"), conta
 test_eq(check_seeds(range(3)), [0, 1, 2]); test_eq(check_seeds(4), [4])
 for bad in ([], [1, 1], [-1], [0.5]): test_fail(lambda: check_seeds(bad), contains="`seeds` must be a non-empty list")
 test_fail(lambda: check_seeds(None), contains="`seeds` must be an integer or a list")
+test_eq(check_type(3, (int, float), "n"), 3)
+test_fail(lambda: check_type("3", (int, float), "n"), contains="`n` must be a int or float")
+test_eq(check_device("cpu"), torch.device("cpu"))
+test_fail(lambda: check_device("gpu"), contains="`device` must be a torch device")
+test_fail(lambda: check_device(3.5), contains="`device` must be a torch device")
+if not torch.cuda.is_available(): test_fail(lambda: check_device("cuda"), contains="no CUDA GPU")
 
 # %% [markdown]
 # ### Task batches and claim records: bad input
@@ -676,8 +709,8 @@ with tempfile.TemporaryDirectory() as tmp:
     test_eq(list(Path(tmp).iterdir()), [])
 
 # %% [markdown]
-# A damaged record file is rewritten with the claim being recorded (the chapter's other claims come back as it
-# runs), and `load_claims` names a damaged file rather than building a table without it:
+# A damaged record file (`load_json` reads it as absent) is rewritten with the claim being recorded (the chapter's
+# other claims come back as it runs), and `load_claims` names a damaged file rather than building a table without it:
 
 # %%
 with tempfile.TemporaryDirectory() as tmp:
