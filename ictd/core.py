@@ -15,19 +15,25 @@ from .tasks import TaskBatch
 # %% auto #0
 __all__ = ['RUN_STREAMS', 'NUDGE_VAR', 'CLAIM_STATUSES', 'DRAW_NOTE', 'OKABE_ITO', 'check_int', 'check_number', 'check_choice',
            'check_seeds', 'check_type', 'check_device', 'substream', 'stream_generator', 'run_stream', 'nudge_scale',
-           'nudged', 'nudge', 'atomic_write_bytes', 'atomic_write_text', 'checksum_path', 'tensors_only',
-           'save_checked', 'load_checked', 'remove_checked', 'check_writable', 'check_name', 'load_json',
-           'record_claim', 'load_claims', 'jsonable', 'cpu_model', 'provenance', 'provenance_note', 'plain_log_ticks']
+           'nudged', 'nudge', 'atomic_write_bytes', 'atomic_write_text', 'atomic_savefig', 'checksum_path',
+           'tensors_only', 'save_checked', 'load_checked', 'remove_checked', 'check_writable', 'check_name',
+           'load_json', 'record_claim', 'load_claims', 'jsonable', 'cpu_model', 'provenance', 'provenance_note',
+           'plain_log_ticks']
 
 # %% ../nbs/90_core.ipynb #5c70a449
-def _is_number(x)->bool: return not isinstance(x, bool) and isinstance(x, (int, float, np.integer, np.floating))
+def _is_number(x)->bool:
+    "A real number: a Python or numpy int or float, or a real torch tensor or numpy array with no dimensions (not a bool)."
+    if isinstance(x, torch.Tensor): return x.ndim == 0 and not x.is_complex() and x.dtype != torch.bool
+    if isinstance(x, np.ndarray): return x.ndim == 0 and x.dtype.kind in "iuf"
+    return not isinstance(x, (bool, np.bool_)) and isinstance(x, (int, float, np.integer, np.floating))
 
 def check_int(x,               # the value
               name:str,        # the argument's name, for the message
               low:int=0,       # the smallest value allowed
+              what:str=None,   # what was expected, for the message; default "an integer >= `low`"
              )->int:           # `x` as an int
     "`x` as an int, or a `ValueError` naming `name` unless `x` is an integer-valued number >= `low`."
-    if not _is_number(x) or not math.isfinite(x) or int(x) != x or x < low: raise ValueError(f"`{name}` must be an integer >= {low}, got {x!r}")
+    if not _is_number(x) or not math.isfinite(x) or int(x) != x or x < low: raise ValueError(f"`{name}` must be {what or f'an integer >= {low}'}, got {x!r}")
     return int(x)
 
 # %% ../nbs/90_core.ipynb #ae87da9a
@@ -35,10 +41,12 @@ def check_number(x,                 # the value
                  name:str,          # the argument's name, for the message
                  low:float=-math.inf, # the bound below
                  strict:bool=False, # exclude `low` itself
+                 what:str=None,     # what was expected, for the message; default "a finite number >= `low`"
                 )->float:           # `x` as a float
     "`x` as a float, or a `ValueError` naming `name` unless `x` is a finite number >= `low` (> `low` when `strict`)."
     if not _is_number(x) or not math.isfinite(x) or x < low or (strict and x == low):
-        raise ValueError(f"`{name}` must be a finite number {'>' if strict else '>='} {low}, got {x!r}")
+        bound = f"{'>' if strict else '>='} {low}"
+        raise ValueError(f"`{name}` must be {what or 'a finite number ' + bound}, got {x!r}")
     return float(x)
 
 # %% ../nbs/90_core.ipynb #1bfda5f0
@@ -52,7 +60,7 @@ def check_seeds(seeds)->list:
     "A non-empty list of distinct non-negative integer seeds (one int is a list of one), or a `ValueError` naming `seeds`."
     try: seeds = [seeds] if _is_number(seeds) else list(seeds)
     except TypeError: raise TypeError(f"`seeds` must be an integer or a list of integers, got {seeds!r}") from None
-    if not seeds or any(not _is_number(s) or int(s) != s or s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
+    if not seeds or any(not _is_number(s) or not math.isfinite(s) or int(s) != s or s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
         raise ValueError(f"`seeds` must be a non-empty list of distinct non-negative integers, got {seeds}")
     return [int(s) for s in seeds]
 
@@ -149,6 +157,14 @@ def atomic_write_bytes(path,       # the file's final name
 def atomic_write_text(path, text:str)->Path:
     "Write `text` (UTF-8) to `path` atomically, as `atomic_write_bytes` does."
     return atomic_write_bytes(path, text.encode())
+
+def atomic_savefig(fig,        # a matplotlib figure
+                   path,       # the file; its suffix names the format (png, pdf, svg)
+                   **kwargs,   # passed to `fig.savefig` (dpi, bbox_inches)
+                  )->Path:     # `path`
+    "Save `fig` to `path` atomically: drawn into memory, then written as `atomic_write_bytes` does."
+    buf = io.BytesIO(); fig.savefig(buf, format=Path(path).suffix.lstrip(".") or "png", **kwargs)
+    return atomic_write_bytes(path, buf.getvalue())
 
 # %% ../nbs/90_core.ipynb #9942094b
 def checksum_path(path)->Path:

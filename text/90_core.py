@@ -18,6 +18,8 @@ from fastcore.test import *
 from nbdev.showdoc import *
 from ictd.tasks import random_tasks
 from IPython.display import Markdown
+import matplotlib.pyplot as plt
+from fastcore.xtras import working_directory
 
 
 # %% [markdown]
@@ -43,14 +45,19 @@ from IPython.display import Markdown
 
 # %%
 #| export
-def _is_number(x)->bool: return not isinstance(x, bool) and isinstance(x, (int, float, np.integer, np.floating))
+def _is_number(x)->bool:
+    "A real number: a Python or numpy int or float, or a real torch tensor or numpy array with no dimensions (not a bool)."
+    if isinstance(x, torch.Tensor): return x.ndim == 0 and not x.is_complex() and x.dtype != torch.bool
+    if isinstance(x, np.ndarray): return x.ndim == 0 and x.dtype.kind in "iuf"
+    return not isinstance(x, (bool, np.bool_)) and isinstance(x, (int, float, np.integer, np.floating))
 
 def check_int(x,               # the value
               name:str,        # the argument's name, for the message
               low:int=0,       # the smallest value allowed
+              what:str=None,   # what was expected, for the message; default "an integer >= `low`"
              )->int:           # `x` as an int
     "`x` as an int, or a `ValueError` naming `name` unless `x` is an integer-valued number >= `low`."
-    if not _is_number(x) or not math.isfinite(x) or int(x) != x or x < low: raise ValueError(f"`{name}` must be an integer >= {low}, got {x!r}")
+    if not _is_number(x) or not math.isfinite(x) or int(x) != x or x < low: raise ValueError(f"`{name}` must be {what or f'an integer >= {low}'}, got {x!r}")
     return int(x)
 
 
@@ -63,10 +70,12 @@ def check_number(x,                 # the value
                  name:str,          # the argument's name, for the message
                  low:float=-math.inf, # the bound below
                  strict:bool=False, # exclude `low` itself
+                 what:str=None,     # what was expected, for the message; default "a finite number >= `low`"
                 )->float:           # `x` as a float
     "`x` as a float, or a `ValueError` naming `name` unless `x` is a finite number >= `low` (> `low` when `strict`)."
     if not _is_number(x) or not math.isfinite(x) or x < low or (strict and x == low):
-        raise ValueError(f"`{name}` must be a finite number {'>' if strict else '>='} {low}, got {x!r}")
+        bound = f"{'>' if strict else '>='} {low}"
+        raise ValueError(f"`{name}` must be {what or 'a finite number ' + bound}, got {x!r}")
     return float(x)
 
 
@@ -92,7 +101,7 @@ def check_seeds(seeds)->list:
     "A non-empty list of distinct non-negative integer seeds (one int is a list of one), or a `ValueError` naming `seeds`."
     try: seeds = [seeds] if _is_number(seeds) else list(seeds)
     except TypeError: raise TypeError(f"`seeds` must be an integer or a list of integers, got {seeds!r}") from None
-    if not seeds or any(not _is_number(s) or int(s) != s or s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
+    if not seeds or any(not _is_number(s) or not math.isfinite(s) or int(s) != s or s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
         raise ValueError(f"`seeds` must be a non-empty list of distinct non-negative integers, got {seeds}")
     return [int(s) for s in seeds]
 
@@ -326,6 +335,14 @@ def atomic_write_text(path, text:str)->Path:
     "Write `text` (UTF-8) to `path` atomically, as `atomic_write_bytes` does."
     return atomic_write_bytes(path, text.encode())
 
+def atomic_savefig(fig,        # a matplotlib figure
+                   path,       # the file; its suffix names the format (png, pdf, svg)
+                   **kwargs,   # passed to `fig.savefig` (dpi, bbox_inches)
+                  )->Path:     # `path`
+    "Save `fig` to `path` atomically: drawn into memory, then written as `atomic_write_bytes` does."
+    buf = io.BytesIO(); fig.savefig(buf, format=Path(path).suffix.lstrip(".") or "png", **kwargs)
+    return atomic_write_bytes(path, buf.getvalue())
+
 
 # %% [markdown]
 # A failed write leaves the old file, or none, and no temporary file behind:
@@ -337,6 +354,8 @@ with tempfile.TemporaryDirectory() as tmp:
     test_eq(f.read_text(), "second")
     test_fail(lambda: atomic_write_text(f / "under-a-file.txt", "x"), contains="cannot write")
     test_eq(sorted(p.name for p in f.parent.iterdir()), ["x.txt"])
+    fig = plt.figure(); atomic_savefig(fig, Path(tmp) / "fig.png", dpi=50); plt.close(fig)
+    test_eq((Path(tmp) / "fig.png").read_bytes()[:4], b"\x89PNG")
 
 
 # %% [markdown]
@@ -407,8 +426,8 @@ def remove_checked(path):
 # read as absent, with the reason:
 
 # %%
-with tempfile.TemporaryDirectory() as tmp:
-    f = save_checked(dict(x=torch.arange(5.), n=3, names=["a"]), Path(tmp) / "run.pt")
+with tempfile.TemporaryDirectory() as tmp, working_directory(tmp):   # relative paths, so the messages read the same on every run
+    f = save_checked(dict(x=torch.arange(5.), n=3, names=["a"]), Path("run.pt"))
     test_eq(load_checked(f)["x"], torch.arange(5.))
     test_eq(checksum_path(f).read_text().split()[1], "run.pt")
     data = bytearray(f.read_bytes()); data[len(data) // 2] ^= 1
@@ -672,7 +691,9 @@ show_doc(check_int)
 
 # %%
 test_eq(check_int(30.0, "n", 1), 30)
-for bad in (0, -1, 2.5, True, "3", math.nan): test_fail(lambda: check_int(bad, "n", 1), contains="`n` must be an integer >= 1")
+for bad in (0, -1, 2.5, True, "3", math.nan, math.inf, None, torch.tensor([3])): test_fail(lambda: check_int(bad, "n", 1), contains="`n` must be an integer >= 1")
+test_eq(check_int(torch.tensor(3), "n", 1), 3)
+test_fail(lambda: check_int(0, "d", 1, "a positive integer"), contains="`d` must be a positive integer, got 0")
 
 # %%
 show_doc(check_number)
@@ -683,7 +704,7 @@ test_fail(lambda: check_number(0., "lr", 0, strict=True), contains="`lr` must be
 test_fail(lambda: check_number(math.inf, "alpha"), contains="`alpha` must be a finite number")
 test_fail(lambda: check_choice("cubic", ("random", "onehot"), "features"), contains="`features` must be one of")
 test_eq(check_seeds(range(3)), [0, 1, 2]); test_eq(check_seeds(4), [4])
-for bad in ([], [1, 1], [-1], [0.5]): test_fail(lambda: check_seeds(bad), contains="`seeds` must be a non-empty list")
+for bad in ([], [1, 1], [-1], [0.5], [math.nan], math.inf): test_fail(lambda: check_seeds(bad), contains="`seeds` must be a non-empty list")
 test_fail(lambda: check_seeds(None), contains="`seeds` must be an integer or a list")
 test_eq(check_type(3, (int, float), "n"), 3)
 test_fail(lambda: check_type("3", (int, float), "n"), contains="`n` must be a int or float")
@@ -713,8 +734,8 @@ with tempfile.TemporaryDirectory() as tmp:
 # other claims come back as it runs), and `load_claims` names a damaged file rather than building a table without it:
 
 # %%
-with tempfile.TemporaryDirectory() as tmp:
-    (Path(tmp) / "z.json").write_text('{"cut": {"claim')
-    test_fail(lambda: load_claims(tmp), contains="z.json")
-    record_claim("x", "y", "proved", "z", folder=tmp)
-    test_eq([c["key"] for c in load_claims(tmp)], ["x"])
+with tempfile.TemporaryDirectory() as tmp, working_directory(tmp):
+    Path("claims").mkdir(); Path("claims/z.json").write_text('{"cut": {"claim')
+    test_fail(lambda: load_claims("claims"), contains="z.json")
+    record_claim("x", "y", "proved", "z", folder="claims")
+    test_eq([c["key"] for c in load_claims("claims")], ["x"])

@@ -4,7 +4,7 @@
 # %%
 #| export
 from __future__ import annotations
-import argparse, io, json, math, sys
+import argparse, json, math, sys
 from dataclasses import asdict, fields
 from pathlib import Path
 from fastcore.docments import docments
@@ -20,7 +20,7 @@ from ictd.experiments.linear import (plot_linear_pretraining, plot_side_by_side,
 from ictd.experiments.head_to_head import run_head_to_head
 from ictd.experiments.emergence import emergence_report
 from ictd.experiments.mechanism import (CONVERGE_LRS, DEEP_DEPTHS, run_control_study, run_converge_study, run_depth_sweep, run_jacobian_study, run_shared_study, run_gap_map, run_mechanism_study, run_theta_star_dynamics)
-from ictd.core import atomic_write_bytes, atomic_write_text, check_device, jsonable, save_checked, tensors_only
+from ictd.core import atomic_savefig, atomic_write_text, check_device, jsonable, save_checked, tensors_only
 from ictd.engine import DTYPES, FAMILIES, INITS, OBJECTIVES, PROTOCOLS, PretrainConfig, load_plugins
 from ictd.pretrain import plot_emergence, pretrain_many, run_folder
 
@@ -395,9 +395,7 @@ print(pre_help)
 def _save(obj, path:Path)->Path:
     "Save a figure (PNG), a dict as JSON (`.json`) or with `save_checked` (`.pt`), each atomically; print and return the path."
     import matplotlib.pyplot as plt
-    if path.suffix == ".png":
-        buf = io.BytesIO(); obj.savefig(buf, format="png", dpi=120, bbox_inches="tight"); plt.close(obj)
-        atomic_write_bytes(path, buf.getvalue())
+    if path.suffix == ".png": atomic_savefig(obj, path, dpi=120, bbox_inches="tight"); plt.close(obj)
     elif path.suffix == ".json": atomic_write_text(path, json.dumps(jsonable(obj), indent=1))
     else: save_checked(tensors_only(obj), path)
     print(f"wrote {path}", flush=True)
