@@ -35,6 +35,7 @@ import contextlib, io, tempfile
 import matplotlib.image
 from IPython.display import Image, Markdown
 from fastcore.xtras import working_directory
+from ictd.core import load_checked
 
 # %% [markdown]
 # # The command line
@@ -695,6 +696,8 @@ lin = json.loads((tmp / "results" / "linear.json").read_text())
 med = lin["median_msve"]["softmax attention, one-hot features"]
 test_eq(len(med), 9)
 assert med[-1] < med[0], med
+saved = torch.load(tmp / "results" / "linear.pt", weights_only=True)   # tensors and plain containers only
+test_eq(load_checked(tmp / "results" / "linear.pt")["untuned"].keys(), saved["untuned"].keys())
 
 
 # %% [markdown]
