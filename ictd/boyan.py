@@ -18,7 +18,9 @@ def as_tensor(x,                # array-like (numpy array, torch tensor, list or
               dtype=None,       # dtype to convert to; default: keep floating tensors, else float64
               device=None,      # device to move to; default: keep
              )->torch.Tensor:   # finite floating tensor
-    "Convert `x` to a finite floating torch tensor, raising `ValueError` that names `name`."
+    "Convert `x` to a finite floating torch tensor, raising `ValueError` (`TypeError` for complex numbers) that names `name`."
+    if x is None: raise TypeError(f"`{name}` must be numeric array-like, got None")
+    if x.is_complex() if isinstance(x, torch.Tensor) else np.iscomplexobj(x): raise TypeError(f"`{name}` must be real, got complex numbers")
     try: t = x if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x, dtype=np.float64))
     except (TypeError, ValueError) as e: raise ValueError(f"`{name}` must be numeric array-like, got {type(x).__name__}") from e
     if dtype is None and not t.is_floating_point(): dtype = torch.float64
@@ -28,9 +30,11 @@ def as_tensor(x,                # array-like (numpy array, torch tensor, list or
 
 # %% ../nbs/00_boyan.ipynb #6c4e0a35
 def check_gamma(gamma)->float:
-    "Return `gamma` as a float, raising `ValueError` unless it lies in [0, 1)."
-    g = float(gamma)
-    if not 0 <= g < 1: raise ValueError(f"`gamma` must lie in [0, 1), got {gamma}")
+    "Return `gamma` as a float, raising `ValueError` unless it is a real number in [0, 1)."
+    from ictd.core import check_number   # the shared check (appendix A's module imports this one, so it is imported when called)
+    try: g = check_number(gamma, "gamma", 0.)
+    except ValueError: g = -1.
+    if not 0 <= g < 1: raise ValueError(f"`gamma` must lie in [0, 1), got {gamma!r}")
     return g
 
 # %% ../nbs/00_boyan.ipynb #1cf8056c
@@ -118,11 +122,11 @@ def random_boyan_chain(n_states:int=10,           # number of states s >= 2
                        seed=None,                 # int or `numpy.random.Generator`
                       )->MRP:
     "Draw a random Boyan chain task (the conventions of Wang et al. 2025's public code, listed above)."
-    if int(n_states) != n_states or n_states < 2: raise ValueError(f"`n_states` must be an integer >= 2, got {n_states}")
-    if int(d) != d or d < 1: raise ValueError(f"`d` must be a positive integer, got {d}")
-    if features not in FEATURES: raise ValueError(f"`features` must be one of {FEATURES}, got {features!r}")
-    if rewards not in REWARDS: raise ValueError(f"`rewards` must be one of {REWARDS}, got {rewards!r}")
-    gamma, rng, s, d = check_gamma(gamma), np.random.default_rng(seed), int(n_states), int(d)
+    from ictd.core import check_choice, check_int   # the shared checks (imported when called, as in `check_gamma`)
+    s, d = check_int(n_states, "n_states", 2), check_int(d, "d", 1, "a positive integer")
+    check_choice(features, FEATURES, "features"), check_choice(rewards, REWARDS, "rewards")
+    if not isinstance(seed, (np.random.Generator, np.random.SeedSequence)) and seed is not None: seed = check_int(seed, "seed")
+    gamma, rng = check_gamma(gamma), np.random.default_rng(seed)
     P, phi = chain_from_uniforms(rng.random(2 * s - 2 + s * d), s, d, features)
     if rewards == "random": r = rng.uniform(-1, 1, size=s)
     else: r = (np.eye(s) - gamma * P) @ (phi @ rng.standard_normal(phi.shape[1]))

@@ -20,7 +20,7 @@ from .experiments.linear import (plot_linear_pretraining, plot_side_by_side, plo
 from .experiments.head_to_head import run_head_to_head
 from .experiments.emergence import emergence_report
 from .experiments.mechanism import (CONVERGE_LRS, DEEP_DEPTHS, run_control_study, run_converge_study, run_depth_sweep, run_jacobian_study, run_shared_study, run_gap_map, run_mechanism_study, run_theta_star_dynamics)
-from .core import jsonable
+from .core import atomic_savefig, atomic_write_text, check_device, jsonable, save_checked, tensors_only
 from .engine import DTYPES, FAMILIES, INITS, OBJECTIVES, PROTOCOLS, PretrainConfig, load_plugins
 from .pretrain import plot_emergence, pretrain_many, run_folder
 
@@ -28,7 +28,7 @@ from .pretrain import plot_emergence, pretrain_many, run_folder
 __all__ = ['positive_int', 'natural_int', 'positive_float', 'natural_float', 'step_size', 'discount', 'n_states_arg', 'FEATURES',
            'PRETRAIN_TYPES', 'MECHANISM_STUDIES', 'COMMANDS', 'seed_list', 'mechanism_command', 'make_parser',
            'seed_ranges', 'summarize', 'plot_seeds', 'run_chain', 'run_convergence', 'run_continuous', 'run_linear',
-           'run_pretrain', 'run_mechanism', 'main']
+           'run_pretrain', 'check_options', 'run_mechanism', 'main']
 
 # %% ../nbs/95_cli.ipynb #40d1952f
 def _checked(convert, ok, expected:str):
@@ -66,6 +66,7 @@ def seed_list(text:str)->list:
         except ValueError: raise argparse.ArgumentTypeError(f"must be seeds like 0-29 or 0,3,5, got {text!r}") from None
         if first < 0 or last < first: raise argparse.ArgumentTypeError(f"must be seeds like 0-29 or 0,3,5 (non-negative, increasing ranges), got {text!r}")
         seeds += range(first, last + 1)
+    if len(set(seeds)) != len(seeds): raise argparse.ArgumentTypeError(f"must be distinct seeds, got {text!r}")
     return seeds
 
 def _option(name:str)->str: return "--" + name.replace("_", "-")
@@ -178,12 +179,11 @@ def make_parser()->argparse.ArgumentParser:
 
 # %% ../nbs/95_cli.ipynb #b87a2a32
 def _save(obj, path:Path)->Path:
-    "Save a figure (PNG), a dict as JSON (`.json`) or with `torch.save` (`.pt`); print and return the path."
+    "Save a figure (PNG), a dict as JSON (`.json`) or with `save_checked` (`.pt`), each atomically; print and return the path."
     import matplotlib.pyplot as plt
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.suffix == ".png": obj.savefig(path, dpi=120, bbox_inches="tight"); plt.close(obj)
-    elif path.suffix == ".json": path.write_text(json.dumps(jsonable(obj), indent=1))
-    else: torch.save(obj, path)
+    if path.suffix == ".png": atomic_savefig(obj, path, dpi=120, bbox_inches="tight"); plt.close(obj)
+    elif path.suffix == ".json": atomic_write_text(path, json.dumps(jsonable(obj), indent=1))
+    else: save_checked(tensors_only(obj), path)
     print(f"wrote {path}", flush=True)
     return path
 
@@ -342,6 +342,18 @@ def run_pretrain(args)->list:
     return paths
 
 # %% ../nbs/95_cli.ipynb #65bc7178
+def check_options(args)->None:
+    "Refuse, before any work, option values that are wrong together or that torch cannot use: a `ValueError` naming the option."
+    if getattr(args, "device", None) is not None:
+        try: check_device(args.device)
+        except ValueError as e: raise ValueError(f"argument --device: {e}") from None
+    if args.command == "mechanism" and args.study == "converge":
+        if args.eval_every > args.steps: raise ValueError(f"argument --eval-every: must be at most --steps ({args.steps}), got {args.eval_every}")
+        if args.window % args.eval_every: raise ValueError(f"argument --window: must be a multiple of --eval-every ({args.eval_every}), got {args.window}")
+    if args.command == "mechanism" and args.study in ("converge", "deep") and args.train_only and args.cache_dir is None:
+        raise ValueError("argument --train-only: needs --cache-dir to keep the runs in")
+    if args.command == "pretrain": _seeds(args)
+
 def run_mechanism(args)->list:
     "`ictd mechanism STUDY`: one slow study of chapter 6b, written to `--out` as JSON with its provenance."
     path = MECHANISM_STUDIES[args.study][0](args.out, list(args.seeds), mechanism_command(args), args)
@@ -359,5 +371,6 @@ def main(argv:list=None, # arguments after `ictd` (default: `sys.argv[1:]`)
     names = [c for c in COMMANDS if c != "mechanism"] if args.command == "all" else [args.command]
     for name in names:
         cmd_args = args if name == args.command else parser.parse_args([name, "--out", str(args.out)] + ["--no-progress"] * args.no_progress)
-        try: COMMANDS[name](cmd_args)
+        try: check_options(cmd_args); COMMANDS[name](cmd_args)
         except ValueError as e: parser.error(f"{name}: {e}")
+        except OSError as e: parser.exit(1, f"ictd {name}: error: {e}\n")

@@ -4,27 +4,36 @@
 
 # %% ../nbs/90_core.ipynb #380fdd1c
 from __future__ import annotations
-import datetime, json, math, os, platform, subprocess, sys
+import datetime, errno, hashlib, io, json, math, os, platform, shutil, subprocess, sys, tempfile
 from pathlib import Path
 import numpy as np
 import torch
+import ictd
 from .boyan import weighted_error
 from .tasks import TaskBatch
 
 # %% auto #0
 __all__ = ['RUN_STREAMS', 'NUDGE_VAR', 'CLAIM_STATUSES', 'DRAW_NOTE', 'OKABE_ITO', 'check_int', 'check_number', 'check_choice',
-           'check_seeds', 'substream', 'stream_generator', 'run_stream', 'nudge_scale', 'nudged', 'nudge',
-           'record_claim', 'load_claims', 'jsonable', 'cpu_model', 'provenance', 'provenance_note', 'plain_log_ticks']
+           'check_seeds', 'check_type', 'check_device', 'substream', 'stream_generator', 'run_stream', 'nudge_scale',
+           'nudged', 'nudge', 'atomic_write_bytes', 'atomic_write_text', 'atomic_savefig', 'checksum_path',
+           'tensors_only', 'save_checked', 'load_checked', 'remove_checked', 'check_writable', 'check_name',
+           'load_json', 'record_claim', 'load_claims', 'jsonable', 'cpu_model', 'provenance', 'provenance_note',
+           'plain_log_ticks']
 
 # %% ../nbs/90_core.ipynb #5c70a449
-def _is_number(x)->bool: return not isinstance(x, bool) and isinstance(x, (int, float, np.integer, np.floating))
+def _is_number(x)->bool:
+    "A real number: a Python or numpy int or float, or a real torch tensor or numpy array with no dimensions (not a bool)."
+    if isinstance(x, torch.Tensor): return x.ndim == 0 and not x.is_complex() and x.dtype != torch.bool
+    if isinstance(x, np.ndarray): return x.ndim == 0 and x.dtype.kind in "iuf"
+    return not isinstance(x, (bool, np.bool_)) and isinstance(x, (int, float, np.integer, np.floating))
 
 def check_int(x,               # the value
               name:str,        # the argument's name, for the message
               low:int=0,       # the smallest value allowed
+              what:str=None,   # what was expected, for the message; default "an integer >= `low`"
              )->int:           # `x` as an int
     "`x` as an int, or a `ValueError` naming `name` unless `x` is an integer-valued number >= `low`."
-    if not _is_number(x) or not math.isfinite(x) or int(x) != x or x < low: raise ValueError(f"`{name}` must be an integer >= {low}, got {x!r}")
+    if not _is_number(x) or not math.isfinite(x) or int(x) != x or x < low: raise ValueError(f"`{name}` must be {what or f'an integer >= {low}'}, got {x!r}")
     return int(x)
 
 # %% ../nbs/90_core.ipynb #ae87da9a
@@ -32,10 +41,12 @@ def check_number(x,                 # the value
                  name:str,          # the argument's name, for the message
                  low:float=-math.inf, # the bound below
                  strict:bool=False, # exclude `low` itself
+                 what:str=None,     # what was expected, for the message; default "a finite number >= `low`"
                 )->float:           # `x` as a float
     "`x` as a float, or a `ValueError` naming `name` unless `x` is a finite number >= `low` (> `low` when `strict`)."
     if not _is_number(x) or not math.isfinite(x) or x < low or (strict and x == low):
-        raise ValueError(f"`{name}` must be a finite number {'>' if strict else '>='} {low}, got {x!r}")
+        bound = f"{'>' if strict else '>='} {low}"
+        raise ValueError(f"`{name}` must be {what or 'a finite number ' + bound}, got {x!r}")
     return float(x)
 
 # %% ../nbs/90_core.ipynb #1bfda5f0
@@ -47,10 +58,27 @@ def check_choice(x, allowed:tuple, name:str):
 # %% ../nbs/90_core.ipynb #6521b4e6
 def check_seeds(seeds)->list:
     "A non-empty list of distinct non-negative integer seeds (one int is a list of one), or a `ValueError` naming `seeds`."
-    seeds = [seeds] if _is_number(seeds) else list(seeds)
-    if not seeds or any(not _is_number(s) or int(s) != s or s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
+    try: seeds = [seeds] if _is_number(seeds) else list(seeds)
+    except TypeError: raise TypeError(f"`seeds` must be an integer or a list of integers, got {seeds!r}") from None
+    if not seeds or any(not _is_number(s) or not math.isfinite(s) or int(s) != s or s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
         raise ValueError(f"`seeds` must be a non-empty list of distinct non-negative integers, got {seeds}")
     return [int(s) for s in seeds]
+
+# %% ../nbs/90_core.ipynb #54602cdd
+def check_type(x, types, name:str):
+    "`x`, or a `TypeError` naming `name` unless `x` is an instance of `types` (a class or a tuple of them)."
+    if not isinstance(x, types):
+        want = " or ".join(t.__name__ for t in (types if isinstance(types, tuple) else (types,)))
+        raise TypeError(f"`{name}` must be a {want}, got {type(x).__name__} {x!r}"[:300])
+    return x
+
+def check_device(device)->torch.device:
+    "`device` as a `torch.device` (None: CUDA when available, else the CPU), or a `ValueError` naming `device` if torch cannot use it."
+    if device is None: return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try: dev = torch.device(device)
+    except (RuntimeError, TypeError) as e: raise ValueError(f"`device` must be a torch device such as 'cpu' or 'cuda', got {device!r}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available(): raise ValueError(f"`device` is {device!r} but torch sees no CUDA GPU here")
+    return dev
 
 # %% ../nbs/90_core.ipynb #011b8f2f
 def substream(seed:int,    # the run's seed
@@ -105,8 +133,123 @@ def nudge(params:dict,  # name -> stacked parameters (S, ...), seed axis first
     if nudge_scale() == 0: return params
     return {k: torch.stack([nudged(v[i], s, j) for i, s in enumerate(seeds)]) for j, (k, v) in enumerate(sorted(params.items()))}
 
+# %% ../nbs/90_core.ipynb #ff2ace26
+def _write_error(path, e:OSError)->OSError:
+    "`e` restated with the path it was writing and its cause, as the same kind of `OSError`."
+    msg = f"cannot write {path}: {e.strerror or e}"
+    return type(e)(e.errno, msg) if e.errno is not None else type(e)(msg)
+
+def atomic_write_bytes(path,       # the file's final name
+                       data:bytes, # its whole contents
+                      )->Path:     # `path`
+    "Write `data` to `path` so that a crash leaves the old file or the new one: a temporary file in the same folder, fsynced, then `os.replace`d."
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f: f.write(data); f.flush(); os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException: Path(tmp).unlink(missing_ok=True); raise
+    except OSError as e: raise _write_error(path, e) from e
+    return path
+
+def atomic_write_text(path, text:str)->Path:
+    "Write `text` (UTF-8) to `path` atomically, as `atomic_write_bytes` does."
+    return atomic_write_bytes(path, text.encode())
+
+def atomic_savefig(fig,        # a matplotlib figure
+                   path,       # the file; its suffix names the format (png, pdf, svg)
+                   **kwargs,   # passed to `fig.savefig` (dpi, bbox_inches)
+                  )->Path:     # `path`
+    "Save `fig` to `path` atomically: drawn into memory, then written as `atomic_write_bytes` does."
+    buf = io.BytesIO(); fig.savefig(buf, format=Path(path).suffix.lstrip(".") or "png", **kwargs)
+    return atomic_write_bytes(path, buf.getvalue())
+
+# %% ../nbs/90_core.ipynb #9942094b
+def checksum_path(path)->Path:
+    "The file beside `path` that holds its sha256: `<path>.sha256`."
+    return Path(f"{path}.sha256")
+
+def _digest(data:bytes)->str: return hashlib.sha256(data).hexdigest()
+
+def tensors_only(x):
+    "`x` with numpy arrays turned into tensors and numpy scalars into numbers (nested), so that `weights_only=True` loads it."
+    if isinstance(x, np.ndarray): return torch.from_numpy(x.copy()) if x.dtype.kind in "biufc" else tensors_only(x.tolist())   # strings: a list
+    if isinstance(x, np.generic): return x.item()
+    if isinstance(x, dict): return {k: tensors_only(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)): return type(x)(tensors_only(v) for v in x)
+    return x
+
+# %% ../nbs/90_core.ipynb #a25ae99c
+def save_checked(obj,       # tensors and plain containers (dict, list, tuple, str, numbers, None)
+                 path,      # the file, e.g. `folder / "seed-0.pt"`
+                )->Path:    # `path`
+    "`torch.save` `obj` to `path` atomically, with the sha256 of its bytes in `checksum_path(path)`; a `TypeError` if `weights_only=True` could not load it."
+    buf = io.BytesIO(); torch.save(obj, buf); data = buf.getvalue()
+    try: torch.load(io.BytesIO(data), weights_only=True)
+    except Exception as e: raise TypeError(f"`obj` for {path} must hold only tensors and plain containers (weights_only=True): {str(e).splitlines()[-1]}") from None
+    atomic_write_bytes(path, data)
+    atomic_write_text(checksum_path(path), f"{_digest(data)}  {Path(path).name}\n")
+    return Path(path)
+
+def _damage(path:Path):
+    "Why the torch file at `path` cannot be trusted (a short reason), with its contents; (None, the loaded object) when it can."
+    try: data, want = path.read_bytes(), checksum_path(path).read_text().split()[0]
+    except (OSError, IndexError, UnicodeDecodeError) as e: return f"no readable checksum beside it ({type(e).__name__})", None
+    if _digest(data) != want: return "its contents do not match its checksum (damaged or cut short)", None
+    try: return None, torch.load(io.BytesIO(data), weights_only=True)
+    except Exception as e: return f"it cannot be read ({type(e).__name__})", None
+
+def load_checked(path):
+    "The object saved at `path` by `save_checked`; None if there is none, or (saying 'recomputing <path>: <reason>') if it is unreadable or fails its checksum."
+    path = Path(path)
+    if not path.exists(): return None
+    reason, obj = _damage(path)
+    if reason is None: return obj
+    print(f"recomputing {path}: {reason}", flush=True)
+    return None
+
+def remove_checked(path):
+    "Remove a file saved by `save_checked` and its checksum (either may be missing)."
+    for p in (Path(path), checksum_path(path)): p.unlink(missing_ok=True)
+
+# %% ../nbs/90_core.ipynb #526a0626
+def check_writable(folder,        # the folder a run will write into (created if missing)
+                   nbytes:int=0,  # the size of the largest file it will write
+                  )->Path:        # `folder`
+    "`folder`, after writing and removing a probe file in it; an `OSError` naming it if that fails or the disk has under `nbytes` free."
+    folder = Path(folder)
+    probe = atomic_write_bytes(folder / f".probe-{os.getpid()}", b"probe")
+    probe.unlink()
+    free = shutil.disk_usage(folder).free
+    if free < nbytes: raise OSError(errno.ENOSPC, f"cannot write {folder}: {free / 2**20:.1f} MiB free, a checkpoint needs about {nbytes / 2**20:.1f} MiB")
+    return folder
+
+# %% ../nbs/90_core.ipynb #1f309744
+def check_name(x,          # the value
+               name:str,   # the argument's name, for the message
+              )->str:      # `x`
+    "`x`, or a `ValueError` naming `name` unless it is a non-empty string usable as one file name (no separator, not `.` or `..`)."
+    if not isinstance(x, str) or not x.strip() or x in (".", "..") or any(c in x for c in "/\\\0"):
+        raise ValueError(f"`{name}` must be a non-empty name without '/', '\\' or '..', got {x!r}")
+    return x
+
 # %% ../nbs/90_core.ipynb #153fd73e
 CLAIM_STATUSES = ("proved", "measured", "partial", "refuted")
+
+def _json_object(f:Path):
+    "The JSON object (a dict) in the file `f`, or None if it cannot be read as one."
+    try: obj = json.loads(f.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError): return None
+    return obj if isinstance(obj, dict) else None
+
+def load_json(path)->dict:
+    "The JSON object saved at `path`; None if there is none, or (saying 'recomputing <path>: <reason>') if it cannot be read as one."
+    if not Path(path).exists(): return None
+    obj = _json_object(Path(path))
+    if obj is None: print(f"recomputing {path}: it cannot be read as a JSON object (empty, cut short or damaged)", flush=True)
+    return obj
 
 def record_claim(key:str,              # identifier, unique within the chapter, e.g. "floor-slope"
                  claim:str,            # the statement, one sentence of markdown
@@ -116,21 +259,21 @@ def record_claim(key:str,              # identifier, unique within the chapter, 
                  folder="data/claims", # where the chapter's record file goes (relative to the notebook's folder)
                 )->dict:               # the record written
     "Record a claim the chapter has just checked (call it after its asserts) in `folder/<chapter>.json`."
-    check_choice(status, CLAIM_STATUSES, "status")
-    for name, v in dict(key=key, claim=claim, chapter=chapter).items():
-        if not isinstance(v, str) or not v.strip(): raise ValueError(f"`{name}` must be a non-empty string, got {v!r}")
-    if evidence and not evidence.startswith("#"): raise ValueError(f"`evidence` must be an anchor starting with '#', got {evidence!r}")
+    check_choice(status, CLAIM_STATUSES, "status"); check_name(key, "key"); check_name(chapter, "chapter")
+    if not isinstance(claim, str) or not claim.strip(): raise ValueError(f"`claim` must be a non-empty string, got {claim!r}")
+    if not isinstance(evidence, str) or (evidence and not evidence.startswith("#")): raise ValueError(f"`evidence` must be an anchor starting with '#', got {evidence!r}")
     f = Path(folder) / f"{chapter}.json"
-    f.parent.mkdir(parents=True, exist_ok=True)
-    records = json.loads(f.read_text()) if f.exists() else {}
-    records[key] = dict(claim=claim, status=status, chapter=chapter, evidence=evidence)
-    f.write_text(json.dumps(dict(sorted(records.items())), indent=1) + "\n")
+    records = dict(load_json(f) or {}, **{key: dict(claim=claim, status=status, chapter=chapter, evidence=evidence)})
+    atomic_write_text(f, json.dumps(dict(sorted(records.items())), indent=1) + "\n")
     return records[key]
 
 # %% ../nbs/90_core.ipynb #7b003dbf
 def load_claims(folder="data/claims")->list:
-    "Every recorded claim under `folder`, as dicts with a `key`, in file then key order."
-    return [dict(key=k, **r) for f in sorted(Path(folder).glob("*.json")) for k, r in json.loads(f.read_text()).items()]
+    "Every recorded claim under `folder`, as dicts with a `key`, in file then key order; a `ValueError` naming a damaged file."
+    files = {f: _json_object(f) for f in sorted(Path(folder).glob("*.json"))}
+    bad = [str(f) for f, r in files.items() if r is None]
+    if bad: raise ValueError(f"claim records {bad} cannot be read: execute their chapters again to rewrite them")
+    return [dict(key=k, **r) for records in files.values() for k, r in records.items()]
 
 # %% ../nbs/90_core.ipynb #04f61ebd
 def jsonable(x):
@@ -153,7 +296,7 @@ def cpu_model()->str:
 def _package_commit()->str:
     "The git commit of the folder the installed `ictd` was loaded from ('unknown' outside a git checkout)."
     try: return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                               cwd=Path(__file__).parent).stdout.strip()
+                               cwd=Path(ictd.__file__).parent).stdout.strip()
     except (OSError, subprocess.CalledProcessError): return "unknown"
 
 # %% ../nbs/90_core.ipynb #c680670a

@@ -9,9 +9,10 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 from .boyan import as_tensor, check_gamma
+from .core import check_choice, check_int, check_number, check_type
 
 # %% auto #0
-__all__ = ['successor_shift', 'context_attention', 'attend_context', 'dual_head_update', 'check_prompt', 'carry_context', 'torch_generator', 'token_rows', 'xavier_param', 'PromptLayer', 'DualHeadSoftmaxLayer', 'theta_star', 'SoftmaxICTD', 'temporal_shift', 'SingleHeadTSMLayer', 'theta_td_memory', 'shift_after_update', 'ShiftAfterAttentionLayer', 'ShiftAfterAttentionICTD']
+__all__ = ['FLOAT_DTYPES', 'successor_shift', 'context_attention', 'attend_context', 'dual_head_update', 'check_prompt', 'carry_context', 'torch_generator', 'token_rows', 'xavier_param', 'PromptLayer', 'DualHeadSoftmaxLayer', 'theta_star', 'SoftmaxICTD', 'temporal_shift', 'SingleHeadTSMLayer', 'theta_td_memory', 'shift_after_update', 'ShiftAfterAttentionLayer', 'ShiftAfterAttentionICTD']
 
 # %% ../nbs/03_dual_head.ipynb #72c63c34
 def successor_shift(Z:torch.Tensor,  # (..., D, N) tokens as columns
@@ -87,17 +88,19 @@ def carry_context(Z:torch.Tensor, n:int)->torch.Tensor:
 def torch_generator(seed)->torch.Generator|None:
     "A torch Generator seeded with the int `seed`; a Generator or None passes through."
     if seed is None or isinstance(seed, torch.Generator): return seed
-    return torch.Generator().manual_seed(int(seed))
+    return torch.Generator().manual_seed(check_int(seed, "seed"))
 
 # %% ../nbs/03_dual_head.ipynb #ace7cc84
 def token_rows(d)->int:
     "Validate the feature dimension `d` and return the number of token rows, d + 2."
-    if int(d) != d or d < 1: raise ValueError(f"`d` must be a positive integer, got {d}")
-    return int(d) + 2
+    return check_int(d, "d", 1, "a positive integer") + 2
 
 # %% ../nbs/03_dual_head.ipynb #80618267
+FLOAT_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)   # the dtypes parameters may have
+
 def xavier_param(rows:int, cols:int, gain:float, g, dtype)->nn.Parameter:
     "A (rows, cols) parameter with Xavier-normal entries drawn from generator `g`."
+    gain, dtype = check_number(gain, "init_gain", 0.), check_choice(dtype, FLOAT_DTYPES, "dtype")
     return nn.Parameter(nn.init.xavier_normal_(torch.empty(rows, cols, dtype=dtype), gain=gain, generator=g))
 
 # %% ../nbs/03_dual_head.ipynb #fa24424a
@@ -166,8 +169,7 @@ def theta_star(d:int,         # feature dimension
     "The constructed parameters $\\theta^*$ under which each dual-head layer is one weighted softmax TD step."
     d, W, gamma = token_rows(d) - 2, as_tensor(W, "W"), check_gamma(gamma)
     if W.shape != (d, d): raise ValueError(f"`W` must have shape ({d}, {d}), got {tuple(W.shape)}")
-    alpha = float(alpha)
-    if not math.isfinite(alpha): raise ValueError(f"`alpha` must be a finite number, got {alpha}")
+    alpha = check_number(alpha, "alpha")
     A, V_cur, V_tgt = (W.new_zeros(d + 2, d + 2) for _ in range(3))
     A[:d, :d] = W
     V_cur[d + 1, d], V_cur[d + 1, d + 1], V_tgt[d + 1, d + 1] = alpha, -alpha, gamma * alpha
@@ -186,9 +188,9 @@ class SoftmaxICTD(nn.Module):
                  dtype=torch.float64,      # dtype of the stored parameters
                 ):
         super().__init__()
-        if int(n_layers) != n_layers or n_layers < 1: raise ValueError(f"`n_layers` must be a positive integer, got {n_layers}")
+        n_layers, shared = check_int(n_layers, "n_layers", 1, "a positive integer"), check_type(shared, bool, "shared")
         g = torch_generator(seed)
-        self.d, self.n_layers, self.shared = int(d), int(n_layers), bool(shared)
+        self.d, self.n_layers, self.shared = token_rows(d) - 2, n_layers, shared
         self.layers = nn.ModuleList(self.Layer(d, init_gain, g, dtype) for _ in range(1 if shared else n_layers))
 
     def layer(self, l:int)->DualHeadSoftmaxLayer:

@@ -74,7 +74,9 @@ def as_tensor(x,                # array-like (numpy array, torch tensor, list or
               dtype=None,       # dtype to convert to; default: keep floating tensors, else float64
               device=None,      # device to move to; default: keep
              )->torch.Tensor:   # finite floating tensor
-    "Convert `x` to a finite floating torch tensor, raising `ValueError` that names `name`."
+    "Convert `x` to a finite floating torch tensor, raising `ValueError` (`TypeError` for complex numbers) that names `name`."
+    if x is None: raise TypeError(f"`{name}` must be numeric array-like, got None")
+    if x.is_complex() if isinstance(x, torch.Tensor) else np.iscomplexobj(x): raise TypeError(f"`{name}` must be real, got complex numbers")
     try: t = x if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x, dtype=np.float64))
     except (TypeError, ValueError) as e: raise ValueError(f"`{name}` must be numeric array-like, got {type(x).__name__}") from e
     if dtype is None and not t.is_floating_point(): dtype = torch.float64
@@ -86,9 +88,11 @@ def as_tensor(x,                # array-like (numpy array, torch tensor, list or
 # %%
 #| export
 def check_gamma(gamma)->float:
-    "Return `gamma` as a float, raising `ValueError` unless it lies in [0, 1)."
-    g = float(gamma)
-    if not 0 <= g < 1: raise ValueError(f"`gamma` must lie in [0, 1), got {gamma}")
+    "Return `gamma` as a float, raising `ValueError` unless it is a real number in [0, 1)."
+    from ictd.core import check_number   # the shared check (appendix A's module imports this one, so it is imported when called)
+    try: g = check_number(gamma, "gamma", 0.)
+    except ValueError: g = -1.
+    if not 0 <= g < 1: raise ValueError(f"`gamma` must lie in [0, 1), got {gamma!r}")
     return g
 
 
@@ -234,11 +238,11 @@ def random_boyan_chain(n_states:int=10,           # number of states s >= 2
                        seed=None,                 # int or `numpy.random.Generator`
                       )->MRP:
     "Draw a random Boyan chain task (the conventions of Wang et al. 2025's public code, listed above)."
-    if int(n_states) != n_states or n_states < 2: raise ValueError(f"`n_states` must be an integer >= 2, got {n_states}")
-    if int(d) != d or d < 1: raise ValueError(f"`d` must be a positive integer, got {d}")
-    if features not in FEATURES: raise ValueError(f"`features` must be one of {FEATURES}, got {features!r}")
-    if rewards not in REWARDS: raise ValueError(f"`rewards` must be one of {REWARDS}, got {rewards!r}")
-    gamma, rng, s, d = check_gamma(gamma), np.random.default_rng(seed), int(n_states), int(d)
+    from ictd.core import check_choice, check_int   # the shared checks (imported when called, as in `check_gamma`)
+    s, d = check_int(n_states, "n_states", 2), check_int(d, "d", 1, "a positive integer")
+    check_choice(features, FEATURES, "features"), check_choice(rewards, REWARDS, "rewards")
+    if not isinstance(seed, (np.random.Generator, np.random.SeedSequence)) and seed is not None: seed = check_int(seed, "seed")
+    gamma, rng = check_gamma(gamma), np.random.default_rng(seed)
     P, phi = chain_from_uniforms(rng.random(2 * s - 2 + s * d), s, d, features)
     if rewards == "random": r = rng.uniform(-1, 1, size=s)
     else: r = (np.eye(s) - gamma * P) @ (phi @ rng.standard_normal(phi.shape[1]))
@@ -569,7 +573,13 @@ test_eq(as_tensor(torch.ones(2, dtype=torch.float32), "x").dtype, torch.float32)
 test_fail(lambda: as_tensor([1., float("nan")], "rewards"), contains="`rewards` contains NaN")
 test_fail(lambda: as_tensor("abc", "phi"), contains="`phi` must be numeric")
 test_eq(check_gamma(0.9), 0.9)
-for g in (1, -0.1, 1.5): test_fail(lambda: check_gamma(g), contains="`gamma` must lie in [0, 1)")
+for g in (1, -0.1, 1.5, "0.9", None, float("nan"), 0.5j, [0.5]): test_fail(lambda: check_gamma(g), contains="`gamma` must lie in [0, 1)")
+test_fail(lambda: as_tensor(torch.ones(2) * 1j, "r"), contains="`r` must be real")
+test_fail(lambda: as_tensor(np.ones(2) * 1j, "r"), contains="`r` must be real")
+test_fail(lambda: as_tensor(None, "r"), contains="`r` must be numeric array-like, got None")
+for kw, msg in ((dict(seed=-1), "`seed` must be"), (dict(seed="x"), "`seed` must be"), (dict(n_states=float("inf")), "`n_states` must be"),
+                (dict(d=None), "`d` must be a positive integer"), (dict(features=None), "`features` must be one of")):
+    test_fail(lambda: random_boyan_chain(**kw), contains=msg)
 
 # %% [markdown]
 # ### Markov reward processes: a two-state example and bad input

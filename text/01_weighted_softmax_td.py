@@ -8,7 +8,7 @@ import math
 import numpy as np
 import torch
 from ictd.boyan import as_tensor, check_gamma
-from ictd.core import check_int
+from ictd.core import check_int, check_number
 
 # %%
 #| hide
@@ -154,17 +154,9 @@ def _broadcast(batch:tuple, shape:tuple, name:str)->tuple:
     try: return tuple(torch.broadcast_shapes(batch, shape))
     except RuntimeError: raise ValueError(f"`{name}` has batch dimensions {tuple(shape)} that do not broadcast with {tuple(batch)}") from None
 
-def _count(x, name:str)->int:
-    try: ok = int(x) == x and int(x) >= 0 and not isinstance(x, bool)
-    except (TypeError, ValueError): ok = False
-    if not ok: raise ValueError(f"`{name}` must be a non-negative integer, got {x!r}")
-    return int(x)
+def _count(x, name:str)->int: return check_int(x, name, 0, "a non-negative integer")
 
-def _scalar(x, name:str)->float:
-    try: x = float(x)
-    except (TypeError, ValueError, RuntimeError): raise ValueError(f"`{name}` must be a real number, got {x!r}") from None
-    if not math.isfinite(x): raise ValueError(f"`{name}` must be finite, got {x}")
-    return x
+def _scalar(x, name:str)->float: return check_number(x, name, what="a real number (finite)")
 
 
 # %%
@@ -398,7 +390,7 @@ def weighted_softmax_td(phi_states,         # (..., n+1, d) features of S_0..S_n
                         centred=False,      # subtract a uniform head: weights K_k(x) - 1/n (Proposition 1.4)
                        )->torch.Tensor:     # (..., m) values at S_0..S_n then the queries; (..., n_iters+1, m) with `return_all`
     "Weighted softmax TD: $v_{t+1}(x) = v_t(x) + \\alpha \\rho(x) \\sum_k K_k(x) \\delta_k^{(t)}$ from $v_0 = 0$ ($K_k(x) - 1/n$ when `centred`)."
-    keys, X, R = context_tensors(phi_states, rewards, phi_queries)
+    keys, X, R = context_tensors(phi_states, as_tensor(rewards, "rewards"), phi_queries)   # rewards are required
     alpha, gamma, n_iters = _scalar(alpha, "alpha"), check_gamma(gamma), _count(n_iters, "n_iters")
     K = _weights(keys, X, W, score)
     if centred: K = K - 1 / keys.shape[-2]
@@ -637,7 +629,7 @@ def batch_linear_td(phi_states,         # (..., n+1, d) features of S_0..S_n
                     centred=False,      # step along the centred key features phi(S_{k-1}) - mean_k phi(S_{k-1})
                    )->torch.Tensor:     # (..., m) values phi(x)^T w_T at S_0..S_n then the queries; (..., n_iters+1, m) with `return_all`
     "Batch linear TD(0), $w_{t+1} = w_t + \\frac{\\alpha}{n} C \\sum_k \\delta_k \\phi(S_{k-1})$ from $w_0 = 0$ (optionally centred features), read out in value space."
-    keys, X, R = context_tensors(phi_states, rewards, phi_queries)
+    keys, X, R = context_tensors(phi_states, as_tensor(rewards, "rewards"), phi_queries)   # rewards are required
     alpha, gamma, n_iters = _scalar(alpha, "alpha"), check_gamma(gamma), _count(n_iters, "n_iters")
     d, batch = keys.shape[-1], keys.shape[:-2]
     direction = keys - keys.mean(-2, keepdim=True) if centred else keys
@@ -806,7 +798,7 @@ def two_head_linear_td(phi_states,         # (..., n+1, d) features of S_0..S_n,
                        return_all=False,   # return every iterate v_0..v_T instead of the last
                       )->torch.Tensor:     # (..., m) values at S_0..S_n then the queries; (..., n_iters+1, m) with `return_all`
     "Batch linear TD as two heads: a softmax head with the shifted kernel $c + \\phi^\\top\\phi$ and $\\rho$ = its mean, minus a uniform head of weight $c$."
-    keys, X, R = context_tensors(phi_states, rewards, phi_queries)
+    keys, X, R = context_tensors(phi_states, as_tensor(rewards, "rewards"), phi_queries)   # rewards are required
     alpha, gamma, n_iters = _scalar(alpha, "alpha"), check_gamma(gamma), _count(n_iters, "n_iters")
     gram = keys @ X.mT                                                   # (..., n, m) linear kernel
     c = 1 + gram.abs().amax(-2)                                          # (..., m) shift making the kernel positive
@@ -1767,8 +1759,12 @@ bad_args = [("`gamma` must lie in [0, 1)",        dict(gamma=1.0)),
             ("`gamma` must lie in [0, 1)",        dict(gamma=-0.5)),
             ("`n_iters` must be a non-negative integer", dict(n_iters=-1)),
             ("`n_iters` must be a non-negative integer", dict(n_iters=2.5)),
-            ("`alpha` must be finite",            dict(alpha=float("nan"))),
+            ("`alpha` must be a real number (finite)", dict(alpha=float("nan"))),
             ("`alpha` must be a real number",     dict(alpha="fast")),
+            ("`alpha` must be a real number",     dict(alpha="0.5")),
+            ("`n_iters` must be a non-negative integer", dict(n_iters=float("inf"))),
+            ("`rewards` must be numeric",         dict(rewards=None)),
+            ("`phi_states` must be real",         dict(phi_states=np.ones((9, 3)) * 1j)),
             ("`W` must have shape (3, 3)",        dict(W=np.eye(4))),
             ("`W` has batch dimensions (2,)",     dict(W=np.zeros((2, 3, 3)), phi_states=np.zeros((5, 9, 3)), rewards=np.zeros((5, 8)))),
             ("`rewards` must have shape (..., 8)", dict(rewards=np.zeros(9))),

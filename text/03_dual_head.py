@@ -9,6 +9,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 from ictd.boyan import as_tensor, check_gamma
+from ictd.core import check_choice, check_int, check_number, check_type
 
 # %%
 #| hide
@@ -248,7 +249,7 @@ test_fail(lambda: check_prompt(Zn, 4, n=4), contains="contradicts the prompt")
 def torch_generator(seed)->torch.Generator|None:
     "A torch Generator seeded with the int `seed`; a Generator or None passes through."
     if seed is None or isinstance(seed, torch.Generator): return seed
-    return torch.Generator().manual_seed(int(seed))
+    return torch.Generator().manual_seed(check_int(seed, "seed"))
 
 
 # %%
@@ -264,14 +265,12 @@ assert torch_generator(g0) is g0 and torch_generator(None) is None
 #| export
 def token_rows(d)->int:
     "Validate the feature dimension `d` and return the number of token rows, d + 2."
-    if int(d) != d or d < 1: raise ValueError(f"`d` must be a positive integer, got {d}")
-    return int(d) + 2
+    return check_int(d, "d", 1, "a positive integer") + 2
 
 
 # %%
 test_eq(token_rows(4), 6)
 test_fail(lambda: token_rows(0), contains="`d` must be a positive integer")
-
 
 # %% [markdown]
 # `xavier_param` draws one parameter matrix from a generator, so that a layer built twice from one
@@ -279,8 +278,11 @@ test_fail(lambda: token_rows(0), contains="`d` must be a positive integer")
 
 # %%
 #| export
+FLOAT_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)   # the dtypes parameters may have
+
 def xavier_param(rows:int, cols:int, gain:float, g, dtype)->nn.Parameter:
     "A (rows, cols) parameter with Xavier-normal entries drawn from generator `g`."
+    gain, dtype = check_number(gain, "init_gain", 0.), check_choice(dtype, FLOAT_DTYPES, "dtype")
     return nn.Parameter(nn.init.xavier_normal_(torch.empty(rows, cols, dtype=dtype), gain=gain, generator=g))
 
 
@@ -391,8 +393,7 @@ def theta_star(d:int,         # feature dimension
     "The constructed parameters $\\theta^*$ under which each dual-head layer is one weighted softmax TD step."
     d, W, gamma = token_rows(d) - 2, as_tensor(W, "W"), check_gamma(gamma)
     if W.shape != (d, d): raise ValueError(f"`W` must have shape ({d}, {d}), got {tuple(W.shape)}")
-    alpha = float(alpha)
-    if not math.isfinite(alpha): raise ValueError(f"`alpha` must be a finite number, got {alpha}")
+    alpha = check_number(alpha, "alpha")
     A, V_cur, V_tgt = (W.new_zeros(d + 2, d + 2) for _ in range(3))
     A[:d, :d] = W
     V_cur[d + 1, d], V_cur[d + 1, d + 1], V_tgt[d + 1, d + 1] = alpha, -alpha, gamma * alpha
@@ -500,9 +501,9 @@ class SoftmaxICTD(nn.Module):
                  dtype=torch.float64,      # dtype of the stored parameters
                 ):
         super().__init__()
-        if int(n_layers) != n_layers or n_layers < 1: raise ValueError(f"`n_layers` must be a positive integer, got {n_layers}")
+        n_layers, shared = check_int(n_layers, "n_layers", 1, "a positive integer"), check_type(shared, bool, "shared")
         g = torch_generator(seed)
-        self.d, self.n_layers, self.shared = int(d), int(n_layers), bool(shared)
+        self.d, self.n_layers, self.shared = token_rows(d) - 2, n_layers, shared
         self.layers = nn.ModuleList(self.Layer(d, init_gain, g, dtype) for _ in range(1 if shared else n_layers))
 
     def layer(self, l:int)->DualHeadSoftmaxLayer:
@@ -1095,8 +1096,14 @@ test_fail(lambda: m_free.predict(torch.zeros(6, 9), n=9), contains="`n` must be 
 for msg, args in {"`W` must have shape (4, 4)": (4, torch.eye(3), 0.1, 0.9),
                   "`gamma` must lie in [0, 1)": (4, torch.eye(4), 0.1, 1.0),
                   "`alpha` must be a finite number": (4, torch.eye(4), float("inf"), 0.9),
+                  "`alpha` must be a finite number ": (4, torch.eye(4), "0.1", 0.9),
+                  "`W` must be real": (4, torch.eye(4) * 1j, 0.1, 0.9),
                   "`d` must be a positive integer": (0, torch.eye(4), 0.1, 0.9)}.items():
     test_fail(lambda: theta_star(*args), contains=msg)
+for msg, kw in {"`shared` must be a bool": dict(shared=1), "`seed` must be an integer >= 0": dict(seed=-1),
+                "`init_gain` must be a finite number >= 0": dict(init_gain=float("nan")), "`dtype` must be one of": dict(dtype=torch.int64),
+                "`n_layers` must be a positive integer": dict(n_layers=float("inf")), "`d` must be a positive integer": dict(d=None)}.items():
+    test_fail(lambda: SoftmaxICTD(**{"d": 4, "n_layers": 2, **kw}), contains=msg)
 _ = record_claim("sign-pattern", "The value weights $(+\\alpha, +\\gamma\\alpha, -\\alpha)$ on (reward, successor value, current value) are necessary: flipping any one sign breaks the agreement with weighted softmax TD.",
              "measured", "dual_head", "#the-constructed-parameters-theta")
 

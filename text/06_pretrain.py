@@ -5,19 +5,20 @@
 #| export
 from __future__ import annotations
 import dataclasses, hashlib, json, math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 import ictd
 from ictd.boyan import check_gamma, weighted_error
-from ictd.core import OKABE_ITO, TaskBatch, check_seeds, run_stream
+from ictd.core import OKABE_ITO, TaskBatch, check_seeds, run_stream, check_device, check_int, check_type
 from ictd.prompt import build_prompt
 from ictd.model import SoftmaxICTD, theta_star
 from ictd.state_tokens import population_neu
 from ictd.tasks import stationary_examples, task_features
 from ictd.engine import DTYPES, EvalSet, PretrainConfig, PretrainResult, eval_set, get_family, get_protocol, objective_values, sampled_neu, source_hash
-from ictd.core import nudge
+from ictd.core import atomic_write_text, check_writable, load_checked, load_json, nudge, remove_checked, save_checked
 
 # %%
 #| hide
@@ -600,19 +601,18 @@ def evaluate_many(config:PretrainConfig, params:dict, ev:EvalSet)->dict:
 # %%
 #| export
 def run_folder(cache_dir, config:PretrainConfig)->Path:
-    "`<cache_dir>/<config.key()>/`, with the configuration (every setting but the seed) and the version in `config.json`."
-    folder = Path(cache_dir) / config.key()
-    folder.mkdir(parents=True, exist_ok=True)
+    "`<cache_dir>/<config.key()>/`, with the configuration (every setting but the seed) and the version in `config.json` (rewritten if damaged)."
+    folder = Path(cache_dir) / check_type(config, PretrainConfig, "config").key()
     settings = dict({k: v for k, v in asdict(config).items() if k != "seed"}, version=ictd.__version__, source=source_hash())
-    path = folder / "config.json"
-    if path.exists() and json.loads(path.read_text()) != settings: raise ValueError(f"{path} holds another configuration")
-    path.write_text(json.dumps(settings, indent=1))
+    path, saved = folder / "config.json", load_json(folder / "config.json")
+    if saved is not None and saved != settings: raise ValueError(f"{path} holds another configuration")
+    atomic_write_text(path, json.dumps(settings, indent=1))
     return folder
 
 def _load(path:Path, expect:dict):
-    "The dict saved at `path` if it exists and was written by this version for this run, else None (saying why)."
-    if not path.exists(): return None
-    saved = torch.load(path, weights_only=True)
+    "The dict saved at `path` if it exists, passes its checksum and was written by this version for this run, else None (saying why)."
+    saved = load_checked(path)
+    if not isinstance(saved, dict): return None
     differ = [k for k in expect if saved.get(k) != expect[k]]
     if differ:
         print(f"recomputing {path}: its {' and '.join(differ)} {'differ' if len(differ) > 1 else 'differs'} from this run's", flush=True)
@@ -745,12 +745,13 @@ def train_loop(config:PretrainConfig,     # every setting but the seed
                callback=None,             # called as `callback(step)` after each optimiser step
               )->list:                    # one PretrainResult per seed
     "The engine: train one model per seed, all seeds in one batched pass per step, resumed from a checkpoint in `folder` if there is one."
-    device = torch.device(device if device is not None else "cuda" if torch.cuda.is_available() else "cpu")
+    device = check_device(device)
     family, protocol = get_family(config.attention), get_protocol(config.protocol)
     data = protocol.data(config, seeds, device) if protocol.data is not None else None    # what the protocol draws from
     ev = protocol.eval_set(config, seeds, device)                                          # the held-out prompts
     init = nudge(perturb(family.init(config, seeds, DTYPES[config.dtype]), config.init_scale, seeds), seeds)   # ICTD_PERTURB
     params = {k: v.to(device).requires_grad_() for k, v in init.items()}                   # (S, ...) each
+    if folder is not None: check_writable(folder, 4 * sum(v.nbytes for v in init.values()))   # room for a checkpoint, before any step
     opt = torch.optim.Adam(params.values(), lr=config.lr, weight_decay=config.weight_decay)
     gens = [torch.Generator().manual_seed(run_stream(s, "data")) for s in seeds]          # each seed's data stream
     target_gens = [torch.Generator().manual_seed(run_stream(s, "objective")) for s in seeds]
@@ -762,8 +763,8 @@ def train_loop(config:PretrainConfig,     # every setting but the seed
     kept = checkpoint if checkpoint_every else None
     for step in tqdm(range(run["step"], config.n_steps + 1), initial=run["step"], total=config.n_steps + 1, disable=not progress, desc=f"pretrain {config.key()}, {len(seeds)} seeds"):
         if checkpoint_every and step % checkpoint_every == 0 and step > run["step"]:
-            torch.save(dict(expect, params={k: v.detach() for k, v in params.items()}, optimizer=opt.state_dict(),
-                            generators=[g.get_state() for g in gens + target_gens], **dict(run, step=step)), checkpoint)
+            save_checked(dict(expect, params={k: v.detach() for k, v in params.items()}, optimizer=opt.state_dict(),
+                              generators=[g.get_state() for g in gens + target_gens], **dict(run, step=step)), checkpoint)
         if step % config.eval_every == 0:
             check_divergence(config, seeds, step, torch.zeros(len(seeds), device=device), params, kept)   # the parameters, at each evaluation
             _record(config, run, params, ev, step)
@@ -781,9 +782,9 @@ def train_loop(config:PretrainConfig,     # every setting but the seed
     for i, s in enumerate(seeds):
         c = dataclasses.replace(config, seed=s)
         p, h = {k: v[i].detach().cpu() for k, v in params.items()}, {k: v[i] for k, v in history.items()}
-        if folder is not None: torch.save(dict(version=ictd.__version__, source=source_hash(), config=asdict(c), params=p, history=h), folder / f"seed-{s}.pt")
+        if folder is not None: save_checked(dict(version=ictd.__version__, source=source_hash(), config=asdict(c), params=p, history=h), folder / f"seed-{s}.pt")
         results.append(_result(c, p, h, _seed_slice(ev.tasks, i) if ev.tasks is not None else None))
-    if checkpoint is not None and checkpoint.exists(): checkpoint.unlink()
+    if checkpoint is not None: remove_checked(checkpoint)
     return results
 
 
@@ -799,11 +800,11 @@ def pretrain_many(config:PretrainConfig,     # every setting but the seed
                   callback=None,             # called as `callback(step)` after each optimiser step
                  )->list:                    # one PretrainResult per seed, in the order of `seeds`
     "Pretrain one model per seed, all seeds in one batched forward and backward pass; run i equals `pretrain` with seed `seeds[i]`."
-    seeds = check_seeds(seeds)
-    if checkpoint_every is not None and (int(checkpoint_every) != checkpoint_every or checkpoint_every < 1):
-        raise ValueError(f"`checkpoint_every` must be a positive integer or None, got {checkpoint_every}")
+    seeds, device = check_seeds(seeds), check_device(device)
+    check_type(config, PretrainConfig, "config"), check_type(cache_dir, (str, Path, type(None)), "cache_dir")
+    checkpoint_every = None if checkpoint_every is None else check_int(checkpoint_every, "checkpoint_every", 1)
     if checkpoint_every and cache_dir is None: raise ValueError("`checkpoint_every` needs a `cache_dir` to write checkpoints to")
-    get_family(config.attention), get_protocol(config.protocol)
+    get_family(config.attention), get_protocol(config.protocol), check_type(callback, (Callable, type(None)), "callback")
     folder = run_folder(cache_dir, config) if cache_dir is not None else None
     done = {}
     for s in seeds:
@@ -1335,7 +1336,13 @@ for i, (m, s) in enumerate(zip(models, (3, 8))):
 # generator, the protocol's state, the history so far) is saved every so many steps, and a run
 # started again resumes from it and ends exactly where an uninterrupted run ends (tested in
 # `tests/test_engine.py` by interrupting a run). Everything is saved as tensors and plain data and
-# loaded with `torch.load(..., weights_only=True)`.
+# loaded with `torch.load(..., weights_only=True)`, through appendix A's `save_checked` and `load_checked`:
+# each file is written whole beside its final name and moved onto it, so a run killed while saving leaves
+# the previous checkpoint, never half of one, and each carries a sha256 checksum, so a file cut short or
+# with one bit flipped is recomputed ("recomputing <path>: <reason>"), never loaded; an empty or damaged
+# `config.json` is rewritten. Before the first step the run checks that its folder can be written and
+# that the disk has room for a checkpoint, so a read-only folder or a full disk stops it at once, naming
+# the folder, rather than after the training (tested in `tests/test_reliability.py`).
 
 # %%
 show_doc(run_folder)

@@ -4,10 +4,11 @@
 # %%
 #| export
 from __future__ import annotations
-import datetime, json, math, os, platform, subprocess, sys
+import datetime, errno, hashlib, io, json, math, os, platform, shutil, subprocess, sys, tempfile
 from pathlib import Path
 import numpy as np
 import torch
+import ictd
 from ictd.boyan import weighted_error
 from ictd.tasks import TaskBatch
 
@@ -16,8 +17,9 @@ from ictd.tasks import TaskBatch
 from fastcore.test import *
 from nbdev.showdoc import *
 from ictd.tasks import random_tasks
-import tempfile
 from IPython.display import Markdown
+import matplotlib.pyplot as plt
+from fastcore.xtras import working_directory
 
 
 # %% [markdown]
@@ -43,14 +45,19 @@ from IPython.display import Markdown
 
 # %%
 #| export
-def _is_number(x)->bool: return not isinstance(x, bool) and isinstance(x, (int, float, np.integer, np.floating))
+def _is_number(x)->bool:
+    "A real number: a Python or numpy int or float, or a real torch tensor or numpy array with no dimensions (not a bool)."
+    if isinstance(x, torch.Tensor): return x.ndim == 0 and not x.is_complex() and x.dtype != torch.bool
+    if isinstance(x, np.ndarray): return x.ndim == 0 and x.dtype.kind in "iuf"
+    return not isinstance(x, (bool, np.bool_)) and isinstance(x, (int, float, np.integer, np.floating))
 
 def check_int(x,               # the value
               name:str,        # the argument's name, for the message
               low:int=0,       # the smallest value allowed
+              what:str=None,   # what was expected, for the message; default "an integer >= `low`"
              )->int:           # `x` as an int
     "`x` as an int, or a `ValueError` naming `name` unless `x` is an integer-valued number >= `low`."
-    if not _is_number(x) or not math.isfinite(x) or int(x) != x or x < low: raise ValueError(f"`{name}` must be an integer >= {low}, got {x!r}")
+    if not _is_number(x) or not math.isfinite(x) or int(x) != x or x < low: raise ValueError(f"`{name}` must be {what or f'an integer >= {low}'}, got {x!r}")
     return int(x)
 
 
@@ -63,10 +70,12 @@ def check_number(x,                 # the value
                  name:str,          # the argument's name, for the message
                  low:float=-math.inf, # the bound below
                  strict:bool=False, # exclude `low` itself
+                 what:str=None,     # what was expected, for the message; default "a finite number >= `low`"
                 )->float:           # `x` as a float
     "`x` as a float, or a `ValueError` naming `name` unless `x` is a finite number >= `low` (> `low` when `strict`)."
     if not _is_number(x) or not math.isfinite(x) or x < low or (strict and x == low):
-        raise ValueError(f"`{name}` must be a finite number {'>' if strict else '>='} {low}, got {x!r}")
+        bound = f"{'>' if strict else '>='} {low}"
+        raise ValueError(f"`{name}` must be {what or 'a finite number ' + bound}, got {x!r}")
     return float(x)
 
 
@@ -90,10 +99,33 @@ def check_choice(x, allowed:tuple, name:str):
 #| export
 def check_seeds(seeds)->list:
     "A non-empty list of distinct non-negative integer seeds (one int is a list of one), or a `ValueError` naming `seeds`."
-    seeds = [seeds] if _is_number(seeds) else list(seeds)
-    if not seeds or any(not _is_number(s) or int(s) != s or s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
+    try: seeds = [seeds] if _is_number(seeds) else list(seeds)
+    except TypeError: raise TypeError(f"`seeds` must be an integer or a list of integers, got {seeds!r}") from None
+    if not seeds or any(not _is_number(s) or not math.isfinite(s) or int(s) != s or s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
         raise ValueError(f"`seeds` must be a non-empty list of distinct non-negative integers, got {seeds}")
     return [int(s) for s in seeds]
+
+
+# %% [markdown]
+# An argument that must be an object of some class (a configuration, a task batch), and a torch device,
+# are checked the same way; a device that names a CUDA GPU on a machine without one is refused before any work:
+
+# %%
+#| export
+def check_type(x, types, name:str):
+    "`x`, or a `TypeError` naming `name` unless `x` is an instance of `types` (a class or a tuple of them)."
+    if not isinstance(x, types):
+        want = " or ".join(t.__name__ for t in (types if isinstance(types, tuple) else (types,)))
+        raise TypeError(f"`{name}` must be a {want}, got {type(x).__name__} {x!r}"[:300])
+    return x
+
+def check_device(device)->torch.device:
+    "`device` as a `torch.device` (None: CUDA when available, else the CPU), or a `ValueError` naming `device` if torch cannot use it."
+    if device is None: return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try: dev = torch.device(device)
+    except (RuntimeError, TypeError) as e: raise ValueError(f"`device` must be a torch device such as 'cpu' or 'cuda', got {device!r}") from None
+    if dev.type == "cuda" and not torch.cuda.is_available(): raise ValueError(f"`device` is {device!r} but torch sees no CUDA GPU here")
+    return dev
 
 
 # %% [markdown]
@@ -265,6 +297,189 @@ test_eq(two.map(lambda x: x[1]).r, random_tasks(3, seed=5).r)
 test_eq(random_tasks(3, seed=5).map(lambda x: x[1:]).v_pi, random_tasks(3, seed=5).v_pi[1:])
 test_fail(lambda: TaskBatch.stack([]), contains="`batches`")
 
+
+# %% [markdown]
+# ## Files that survive a crash
+#
+# Every file the package writes (a checkpoint, a trained seed, a run folder's `config.json`, a claim
+# record, a command's results) goes through the few functions below. A file written straight to
+# its final path and interrupted half-way (a killed process, a full disk) stays there half-written,
+# and every later run that reads it dies on it. So a file is written whole to a temporary file in
+# the same folder, flushed to the disk, and only then moved onto its name with `os.replace`, which
+# is atomic: a reader sees the old file or the new one, never part of one. A failure names the path
+# and its cause ("No space left on device", "Permission denied").
+
+# %%
+#| export
+def _write_error(path, e:OSError)->OSError:
+    "`e` restated with the path it was writing and its cause, as the same kind of `OSError`."
+    msg = f"cannot write {path}: {e.strerror or e}"
+    return type(e)(e.errno, msg) if e.errno is not None else type(e)(msg)
+
+def atomic_write_bytes(path,       # the file's final name
+                       data:bytes, # its whole contents
+                      )->Path:     # `path`
+    "Write `data` to `path` so that a crash leaves the old file or the new one: a temporary file in the same folder, fsynced, then `os.replace`d."
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f: f.write(data); f.flush(); os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException: Path(tmp).unlink(missing_ok=True); raise
+    except OSError as e: raise _write_error(path, e) from e
+    return path
+
+def atomic_write_text(path, text:str)->Path:
+    "Write `text` (UTF-8) to `path` atomically, as `atomic_write_bytes` does."
+    return atomic_write_bytes(path, text.encode())
+
+def atomic_savefig(fig,        # a matplotlib figure
+                   path,       # the file; its suffix names the format (png, pdf, svg)
+                   **kwargs,   # passed to `fig.savefig` (dpi, bbox_inches)
+                  )->Path:     # `path`
+    "Save `fig` to `path` atomically: drawn into memory, then written as `atomic_write_bytes` does."
+    buf = io.BytesIO(); fig.savefig(buf, format=Path(path).suffix.lstrip(".") or "png", **kwargs)
+    return atomic_write_bytes(path, buf.getvalue())
+
+
+# %% [markdown]
+# A failed write leaves the old file, or none, and no temporary file behind:
+
+# %%
+with tempfile.TemporaryDirectory() as tmp:
+    f = atomic_write_text(Path(tmp) / "a" / "x.txt", "first")
+    atomic_write_text(f, "second")
+    test_eq(f.read_text(), "second")
+    test_fail(lambda: atomic_write_text(f / "under-a-file.txt", "x"), contains="cannot write")
+    test_eq(sorted(p.name for p in f.parent.iterdir()), ["x.txt"])
+    fig = plt.figure(); atomic_savefig(fig, Path(tmp) / "fig.png", dpi=50); plt.close(fig)
+    test_eq((Path(tmp) / "fig.png").read_bytes()[:4], b"\x89PNG")
+
+
+# %% [markdown]
+# A file that was written whole can still be damaged later (a bit flipped on disk, a copy cut short),
+# and `torch.load` may read a damaged file without complaint and hand back wrong numbers. So a torch
+# file is saved with the sha256 of its bytes in a small file beside it (`seed-0.pt.sha256`, in the
+# format `sha256sum -c` checks), written after it: a crash between the two leaves a file whose checksum
+# does not match, which is treated as absent. `load_checked` returns `None` for a missing, unreadable,
+# damaged or unchecked file, saying "recomputing <path>: <reason>", and the caller computes it again.
+# What is saved must load with `torch.load(..., weights_only=True)` (tensors and plain containers,
+# never pickled code): `save_checked` refuses anything else, and `tensors_only` turns numpy arrays
+# and scalars into tensors and numbers first.
+
+# %%
+#| export
+def checksum_path(path)->Path:
+    "The file beside `path` that holds its sha256: `<path>.sha256`."
+    return Path(f"{path}.sha256")
+
+def _digest(data:bytes)->str: return hashlib.sha256(data).hexdigest()
+
+def tensors_only(x):
+    "`x` with numpy arrays turned into tensors and numpy scalars into numbers (nested), so that `weights_only=True` loads it."
+    if isinstance(x, np.ndarray): return torch.from_numpy(x.copy()) if x.dtype.kind in "biufc" else tensors_only(x.tolist())   # strings: a list
+    if isinstance(x, np.generic): return x.item()
+    if isinstance(x, dict): return {k: tensors_only(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)): return type(x)(tensors_only(v) for v in x)
+    return x
+
+
+# %%
+#| export
+def save_checked(obj,       # tensors and plain containers (dict, list, tuple, str, numbers, None)
+                 path,      # the file, e.g. `folder / "seed-0.pt"`
+                )->Path:    # `path`
+    "`torch.save` `obj` to `path` atomically, with the sha256 of its bytes in `checksum_path(path)`; a `TypeError` if `weights_only=True` could not load it."
+    buf = io.BytesIO(); torch.save(obj, buf); data = buf.getvalue()
+    try: torch.load(io.BytesIO(data), weights_only=True)
+    except Exception as e: raise TypeError(f"`obj` for {path} must hold only tensors and plain containers (weights_only=True): {str(e).splitlines()[-1]}") from None
+    atomic_write_bytes(path, data)
+    atomic_write_text(checksum_path(path), f"{_digest(data)}  {Path(path).name}\n")
+    return Path(path)
+
+def _damage(path:Path):
+    "Why the torch file at `path` cannot be trusted (a short reason), with its contents; (None, the loaded object) when it can."
+    try: data, want = path.read_bytes(), checksum_path(path).read_text().split()[0]
+    except (OSError, IndexError, UnicodeDecodeError) as e: return f"no readable checksum beside it ({type(e).__name__})", None
+    if _digest(data) != want: return "its contents do not match its checksum (damaged or cut short)", None
+    try: return None, torch.load(io.BytesIO(data), weights_only=True)
+    except Exception as e: return f"it cannot be read ({type(e).__name__})", None
+
+def load_checked(path):
+    "The object saved at `path` by `save_checked`; None if there is none, or (saying 'recomputing <path>: <reason>') if it is unreadable or fails its checksum."
+    path = Path(path)
+    if not path.exists(): return None
+    reason, obj = _damage(path)
+    if reason is None: return obj
+    print(f"recomputing {path}: {reason}", flush=True)
+    return None
+
+def remove_checked(path):
+    "Remove a file saved by `save_checked` and its checksum (either may be missing)."
+    for p in (Path(path), checksum_path(path)): p.unlink(missing_ok=True)
+
+
+# %% [markdown]
+# A file saved and loaded back is the same; one bit flipped, a file cut short or a missing checksum each
+# read as absent, with the reason:
+
+# %%
+with tempfile.TemporaryDirectory() as tmp, working_directory(tmp):   # relative paths, so the messages read the same on every run
+    f = save_checked(dict(x=torch.arange(5.), n=3, names=["a"]), Path("run.pt"))
+    test_eq(load_checked(f)["x"], torch.arange(5.))
+    test_eq(checksum_path(f).read_text().split()[1], "run.pt")
+    data = bytearray(f.read_bytes()); data[len(data) // 2] ^= 1
+    f.write_bytes(bytes(data)); test_eq(load_checked(f), None)
+    f.write_bytes(bytes(data[:100])); test_eq(load_checked(f), None)
+    save_checked(dict(x=1), f); checksum_path(f).unlink(); test_eq(load_checked(f), None)
+    remove_checked(f); test_eq(load_checked(f), None)
+    back = load_checked(save_checked(tensors_only(dict(a=np.arange(3), b=(np.float64(0.5),), c=np.array(["x", "y"]))), f))
+    test_eq((back["a"], back["b"], back["c"]), (torch.arange(3), (0.5,), ["x", "y"]))
+    test_fail(lambda: save_checked(dict(a=np.arange(3)), f), contains="tensors and plain containers")
+
+
+# %% [markdown]
+# A run that will write into a folder checks first that it can, and that the disk has room for what it
+# will write, so that a full disk or a read-only folder stops it before the training, not after:
+
+# %%
+#| export
+def check_writable(folder,        # the folder a run will write into (created if missing)
+                   nbytes:int=0,  # the size of the largest file it will write
+                  )->Path:        # `folder`
+    "`folder`, after writing and removing a probe file in it; an `OSError` naming it if that fails or the disk has under `nbytes` free."
+    folder = Path(folder)
+    probe = atomic_write_bytes(folder / f".probe-{os.getpid()}", b"probe")
+    probe.unlink()
+    free = shutil.disk_usage(folder).free
+    if free < nbytes: raise OSError(errno.ENOSPC, f"cannot write {folder}: {free / 2**20:.1f} MiB free, a checkpoint needs about {nbytes / 2**20:.1f} MiB")
+    return folder
+
+
+# %%
+with tempfile.TemporaryDirectory() as tmp:
+    test_eq(check_writable(Path(tmp) / "run"), Path(tmp) / "run")
+    test_eq(list((Path(tmp) / "run").iterdir()), [])
+    test_fail(lambda: check_writable(Path(tmp) / "run", 2**80), contains="MiB free")
+
+
+# %% [markdown]
+# Names that become parts of a path (a chapter's record file) are checked: a name with a separator
+# or `..` would write outside the folder it was meant for.
+
+# %%
+#| export
+def check_name(x,          # the value
+               name:str,   # the argument's name, for the message
+              )->str:      # `x`
+    "`x`, or a `ValueError` naming `name` unless it is a non-empty string usable as one file name (no separator, not `.` or `..`)."
+    if not isinstance(x, str) or not x.strip() or x in (".", "..") or any(c in x for c in "/\\\0"):
+        raise ValueError(f"`{name}` must be a non-empty name without '/', '\\' or '..', got {x!r}")
+    return x
+
+
 # %% [markdown]
 # ## Claim records
 #
@@ -279,6 +494,19 @@ test_fail(lambda: TaskBatch.stack([]), contains="`batches`")
 #| export
 CLAIM_STATUSES = ("proved", "measured", "partial", "refuted")
 
+def _json_object(f:Path):
+    "The JSON object (a dict) in the file `f`, or None if it cannot be read as one."
+    try: obj = json.loads(f.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError): return None
+    return obj if isinstance(obj, dict) else None
+
+def load_json(path)->dict:
+    "The JSON object saved at `path`; None if there is none, or (saying 'recomputing <path>: <reason>') if it cannot be read as one."
+    if not Path(path).exists(): return None
+    obj = _json_object(Path(path))
+    if obj is None: print(f"recomputing {path}: it cannot be read as a JSON object (empty, cut short or damaged)", flush=True)
+    return obj
+
 def record_claim(key:str,              # identifier, unique within the chapter, e.g. "floor-slope"
                  claim:str,            # the statement, one sentence of markdown
                  status:str,           # one of `CLAIM_STATUSES`
@@ -287,15 +515,12 @@ def record_claim(key:str,              # identifier, unique within the chapter, 
                  folder="data/claims", # where the chapter's record file goes (relative to the notebook's folder)
                 )->dict:               # the record written
     "Record a claim the chapter has just checked (call it after its asserts) in `folder/<chapter>.json`."
-    check_choice(status, CLAIM_STATUSES, "status")
-    for name, v in dict(key=key, claim=claim, chapter=chapter).items():
-        if not isinstance(v, str) or not v.strip(): raise ValueError(f"`{name}` must be a non-empty string, got {v!r}")
-    if evidence and not evidence.startswith("#"): raise ValueError(f"`evidence` must be an anchor starting with '#', got {evidence!r}")
+    check_choice(status, CLAIM_STATUSES, "status"); check_name(key, "key"); check_name(chapter, "chapter")
+    if not isinstance(claim, str) or not claim.strip(): raise ValueError(f"`claim` must be a non-empty string, got {claim!r}")
+    if not isinstance(evidence, str) or (evidence and not evidence.startswith("#")): raise ValueError(f"`evidence` must be an anchor starting with '#', got {evidence!r}")
     f = Path(folder) / f"{chapter}.json"
-    f.parent.mkdir(parents=True, exist_ok=True)
-    records = json.loads(f.read_text()) if f.exists() else {}
-    records[key] = dict(claim=claim, status=status, chapter=chapter, evidence=evidence)
-    f.write_text(json.dumps(dict(sorted(records.items())), indent=1) + "\n")
+    records = dict(load_json(f) or {}, **{key: dict(claim=claim, status=status, chapter=chapter, evidence=evidence)})
+    atomic_write_text(f, json.dumps(dict(sorted(records.items())), indent=1) + "\n")
     return records[key]
 
 
@@ -309,8 +534,11 @@ show_doc(record_claim)
 # %%
 #| export
 def load_claims(folder="data/claims")->list:
-    "Every recorded claim under `folder`, as dicts with a `key`, in file then key order."
-    return [dict(key=k, **r) for f in sorted(Path(folder).glob("*.json")) for k, r in json.loads(f.read_text()).items()]
+    "Every recorded claim under `folder`, as dicts with a `key`, in file then key order; a `ValueError` naming a damaged file."
+    files = {f: _json_object(f) for f in sorted(Path(folder).glob("*.json"))}
+    bad = [str(f) for f, r in files.items() if r is None]
+    if bad: raise ValueError(f"claim records {bad} cannot be read: execute their chapters again to rewrite them")
+    return [dict(key=k, **r) for records in files.values() for k, r in records.items()]
 
 
 # %%
@@ -363,7 +591,7 @@ def cpu_model()->str:
 def _package_commit()->str:
     "The git commit of the folder the installed `ictd` was loaded from ('unknown' outside a git checkout)."
     try: return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
-                               cwd=Path(__file__).parent).stdout.strip()
+                               cwd=Path(ictd.__file__).parent).stdout.strip()
     except (OSError, subprocess.CalledProcessError): return "unknown"
 
 
@@ -463,7 +691,9 @@ show_doc(check_int)
 
 # %%
 test_eq(check_int(30.0, "n", 1), 30)
-for bad in (0, -1, 2.5, True, "3", math.nan): test_fail(lambda: check_int(bad, "n", 1), contains="`n` must be an integer >= 1")
+for bad in (0, -1, 2.5, True, "3", math.nan, math.inf, None, torch.tensor([3])): test_fail(lambda: check_int(bad, "n", 1), contains="`n` must be an integer >= 1")
+test_eq(check_int(torch.tensor(3), "n", 1), 3)
+test_fail(lambda: check_int(0, "d", 1, "a positive integer"), contains="`d` must be a positive integer, got 0")
 
 # %%
 show_doc(check_number)
@@ -474,7 +704,14 @@ test_fail(lambda: check_number(0., "lr", 0, strict=True), contains="`lr` must be
 test_fail(lambda: check_number(math.inf, "alpha"), contains="`alpha` must be a finite number")
 test_fail(lambda: check_choice("cubic", ("random", "onehot"), "features"), contains="`features` must be one of")
 test_eq(check_seeds(range(3)), [0, 1, 2]); test_eq(check_seeds(4), [4])
-for bad in ([], [1, 1], [-1], [0.5]): test_fail(lambda: check_seeds(bad), contains="`seeds` must be a non-empty list")
+for bad in ([], [1, 1], [-1], [0.5], [math.nan], math.inf): test_fail(lambda: check_seeds(bad), contains="`seeds` must be a non-empty list")
+test_fail(lambda: check_seeds(None), contains="`seeds` must be an integer or a list")
+test_eq(check_type(3, (int, float), "n"), 3)
+test_fail(lambda: check_type("3", (int, float), "n"), contains="`n` must be a int or float")
+test_eq(check_device("cpu"), torch.device("cpu"))
+test_fail(lambda: check_device("gpu"), contains="`device` must be a torch device")
+test_fail(lambda: check_device(3.5), contains="`device` must be a torch device")
+if not torch.cuda.is_available(): test_fail(lambda: check_device("cuda"), contains="no CUDA GPU")
 
 # %% [markdown]
 # ### Task batches and claim records: bad input
@@ -487,3 +724,18 @@ with tempfile.TemporaryDirectory() as tmp:
     test_fail(lambda: record_claim("x", "y", "true", "z", folder=tmp), contains="`status`")
     test_fail(lambda: record_claim("", "y", "proved", "z", folder=tmp), contains="`key`")
     test_fail(lambda: record_claim("x", "y", "proved", "z", "anchor", folder=tmp), contains="`evidence`")
+    for bad in ("../up", "a/b", "..", "a\\b"):
+        test_fail(lambda: record_claim("x", "y", "proved", bad, folder=tmp), contains="`chapter` must be a non-empty name")
+        test_fail(lambda: record_claim(bad, "y", "proved", "z", folder=tmp), contains="`key` must be a non-empty name")
+    test_eq(list(Path(tmp).iterdir()), [])
+
+# %% [markdown]
+# A damaged record file (`load_json` reads it as absent) is rewritten with the claim being recorded (the chapter's
+# other claims come back as it runs), and `load_claims` names a damaged file rather than building a table without it:
+
+# %%
+with tempfile.TemporaryDirectory() as tmp, working_directory(tmp):
+    Path("claims").mkdir(); Path("claims/z.json").write_text('{"cut": {"claim')
+    test_fail(lambda: load_claims("claims"), contains="z.json")
+    record_claim("x", "y", "proved", "z", folder="claims")
+    test_eq([c["key"] for c in load_claims("claims")], ["x"])

@@ -20,7 +20,7 @@ from ictd.experiments.linear import (plot_linear_pretraining, plot_side_by_side,
 from ictd.experiments.head_to_head import run_head_to_head
 from ictd.experiments.emergence import emergence_report
 from ictd.experiments.mechanism import (CONVERGE_LRS, DEEP_DEPTHS, run_control_study, run_converge_study, run_depth_sweep, run_jacobian_study, run_shared_study, run_gap_map, run_mechanism_study, run_theta_star_dynamics)
-from ictd.core import jsonable
+from ictd.core import atomic_savefig, atomic_write_text, check_device, jsonable, save_checked, tensors_only
 from ictd.engine import DTYPES, FAMILIES, INITS, OBJECTIVES, PROTOCOLS, PretrainConfig, load_plugins
 from ictd.pretrain import plot_emergence, pretrain_many, run_folder
 
@@ -35,6 +35,7 @@ import contextlib, io, tempfile
 import matplotlib.image
 from IPython.display import Image, Markdown
 from fastcore.xtras import working_directory
+from ictd.core import load_checked
 
 # %% [markdown]
 # # The command line
@@ -57,12 +58,17 @@ from fastcore.xtras import working_directory
 #
 # Every command takes `--out DIR` (default `./ictd-results`) and prints the path of each file it
 # writes. The `.json` files hold summary numbers, readable by anything; the `.pt` files hold every
-# tensor, for `torch.load(path, weights_only=False)`. Pretraining writes into one folder per
+# tensor, as tensors and plain containers only, for `torch.load(path, weights_only=True)` (which runs no
+# pickled code), with the sha256 of each beside it in `<name>.pt.sha256` (`sha256sum -c` checks it). Every
+# file is written whole to a temporary file and then moved onto its name, so a command killed half-way,
+# or stopped by a full disk, leaves the files it had finished and no half-written one. Pretraining writes into one folder per
 # configuration, named by a hash of every setting but the seed, of the package version and of the
 # package's source code (`config.key()`), with the configuration in `config.json`; it never touches another
 # configuration's files. Each seed's run is cached there (`seed-{S}.pt`, read back with
 # `weights_only=True`), so running the same configuration again loads the seeds it has and trains
-# only the others; `--force` retrains, and a run interrupted after a checkpoint resumes from it.
+# only the others; `--force` retrains, and a run interrupted after a checkpoint resumes from it. A cached
+# file that is damaged (cut short, a bit flipped, its checksum missing) is recomputed, with a line saying so,
+# and an empty or damaged `config.json` is rewritten.
 
 # %% [markdown]
 # ## A first session
@@ -236,6 +242,7 @@ def seed_list(text:str)->list:
         except ValueError: raise argparse.ArgumentTypeError(f"must be seeds like 0-29 or 0,3,5, got {text!r}") from None
         if first < 0 or last < first: raise argparse.ArgumentTypeError(f"must be seeds like 0-29 or 0,3,5 (non-negative, increasing ranges), got {text!r}")
         seeds += range(first, last + 1)
+    if len(set(seeds)) != len(seeds): raise argparse.ArgumentTypeError(f"must be distinct seeds, got {text!r}")
     return seeds
 
 def _option(name:str)->str: return "--" + name.replace("_", "-")
@@ -264,6 +271,7 @@ def _add_pretrain_options(p:argparse.ArgumentParser):
 test_eq(seed_list("0-4,7"), [0, 1, 2, 3, 4, 7])
 test_eq(seed_list("3"), [3])
 for bad in ("4-2", "a", "-1", "0-"): test_fail(lambda: seed_list(bad), contains="must be seeds like")
+test_fail(lambda: seed_list("0-3,2"), contains="must be distinct seeds")
 
 # %% [markdown]
 # The slow studies of chapter 6b, by name: what `ictd mechanism STUDY` runs, and what it writes.
@@ -380,17 +388,17 @@ print(pre_help)
 # ### Writing results
 #
 # Each command saves figures as PNG, the numbers as JSON (tensors become nested lists) and, where
-# there are large tensors, the whole result with `torch.save`; and prints each path.
+# there are large tensors, the whole result with `save_checked` (appendix A: `torch.save` with a checksum,
+# numpy arrays turned into tensors so that `weights_only=True` loads it); each file atomically, and prints its path.
 
 # %%
 #| export
 def _save(obj, path:Path)->Path:
-    "Save a figure (PNG), a dict as JSON (`.json`) or with `torch.save` (`.pt`); print and return the path."
+    "Save a figure (PNG), a dict as JSON (`.json`) or with `save_checked` (`.pt`), each atomically; print and return the path."
     import matplotlib.pyplot as plt
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if path.suffix == ".png": obj.savefig(path, dpi=120, bbox_inches="tight"); plt.close(obj)
-    elif path.suffix == ".json": path.write_text(json.dumps(jsonable(obj), indent=1))
-    else: torch.save(obj, path)
+    if path.suffix == ".png": atomic_savefig(obj, path, dpi=120, bbox_inches="tight"); plt.close(obj)
+    elif path.suffix == ".json": atomic_write_text(path, json.dumps(jsonable(obj), indent=1))
+    else: save_checked(tensors_only(obj), path)
     print(f"wrote {path}", flush=True)
     return path
 
@@ -616,11 +624,26 @@ show_doc(run_pretrain)
 
 # %% [markdown]
 # `main` parses the arguments and dispatches; `ictd all` runs each command with its defaults into
-# the same folder. A `ValueError` raised by the library (an inconsistent combination of options that
-# the parser cannot see alone) is reported like a parsing error: a message and exit status 2.
+# the same folder. Options that are wrong only together (a stopping window that is not a multiple of the
+# evaluation spacing), or that torch cannot use (a device it does not have), are refused by `check_options`
+# before any work; a `ValueError` raised by the library is reported the same way, like a parsing error: a
+# message and exit status 2. An `OSError` (a full disk, a folder that cannot be written) ends the command with
+# its message, which names the path and the cause, and exit status 1.
 
 # %%
 #| export
+def check_options(args)->None:
+    "Refuse, before any work, option values that are wrong together or that torch cannot use: a `ValueError` naming the option."
+    if getattr(args, "device", None) is not None:
+        try: check_device(args.device)
+        except ValueError as e: raise ValueError(f"argument --device: {e}") from None
+    if args.command == "mechanism" and args.study == "converge":
+        if args.eval_every > args.steps: raise ValueError(f"argument --eval-every: must be at most --steps ({args.steps}), got {args.eval_every}")
+        if args.window % args.eval_every: raise ValueError(f"argument --window: must be a multiple of --eval-every ({args.eval_every}), got {args.window}")
+    if args.command == "mechanism" and args.study in ("converge", "deep") and args.train_only and args.cache_dir is None:
+        raise ValueError("argument --train-only: needs --cache-dir to keep the runs in")
+    if args.command == "pretrain": _seeds(args)
+
 def run_mechanism(args)->list:
     "`ictd mechanism STUDY`: one slow study of chapter 6b, written to `--out` as JSON with its provenance."
     path = MECHANISM_STUDIES[args.study][0](args.out, list(args.seeds), mechanism_command(args), args)
@@ -643,8 +666,9 @@ def main(argv:list=None, # arguments after `ictd` (default: `sys.argv[1:]`)
     names = [c for c in COMMANDS if c != "mechanism"] if args.command == "all" else [args.command]
     for name in names:
         cmd_args = args if name == args.command else parser.parse_args([name, "--out", str(args.out)] + ["--no-progress"] * args.no_progress)
-        try: COMMANDS[name](cmd_args)
+        try: check_options(cmd_args); COMMANDS[name](cmd_args)
         except ValueError as e: parser.error(f"{name}: {e}")
+        except OSError as e: parser.exit(1, f"ictd {name}: error: {e}\n")
 
 
 # %%
@@ -672,6 +696,8 @@ lin = json.loads((tmp / "results" / "linear.json").read_text())
 med = lin["median_msve"]["softmax attention, one-hot features"]
 test_eq(len(med), 9)
 assert med[-1] < med[0], med
+saved = torch.load(tmp / "results" / "linear.pt", weights_only=True)   # tensors and plain containers only
+test_eq(load_checked(tmp / "results" / "linear.pt")["untuned"].keys(), saved["untuned"].keys())
 
 
 # %% [markdown]
@@ -688,6 +714,12 @@ def exit_message(argv):
 for argv, msg in ((["linear", "--alpha", "0"], "argument --alpha: must be a positive number"),
                   (["convergence", "--ns", "300", "30"], "argument --ns: must be increasing"),
                   (["pretrain", "--n-steps", "-1"], "argument --n-steps: must be a non-negative integer"),
+                  (["mechanism", "converge", "--window", "300"], "argument --window: must be a multiple of --eval-every (200)"),
+                  (["mechanism", "converge", "--eval-every", "5000"], "argument --eval-every: must be at most --steps (4000)"),
+                  (["mechanism", "deep", "--train-only"], "argument --train-only: needs --cache-dir"),
+                  (["pretrain", "--device", "gpu"], "argument --device: `device` must be a torch device"),
+                  (["pretrain", "--seeds", "0-2", "1"], "argument --seeds: must be distinct"),
+                  (["linear", "--head-to-head", "0,0"], "argument --head-to-head: must be distinct seeds"),
                   (["chain", "--features", "hexagonal"], "argument --features: invalid choice")):
     code, text = exit_message(argv)
     test_eq(code, 2)
@@ -704,7 +736,8 @@ tiny = ["pretrain", "--n-steps", "20", "--eval-every", "10", "--n-tasks", "32", 
 with working_directory(tmp): main(tiny)
 tiny_config = PretrainConfig(n_steps=20, eval_every=10, n_tasks=32, eval_tasks=8)
 folder = tmp / "results" / tiny_config.key()
-test_eq(sorted(p.name for p in folder.iterdir()), ["config.json", "emergence", "seed-0.json", "seed-0.png", "seed-0.pt", "seed-1.json", "seed-1.png", "seed-1.pt", "summary.json", "summary.png"])
+test_eq(sorted(p.name for p in folder.iterdir()), ["config.json", "emergence", "seed-0.json", "seed-0.png", "seed-0.pt", "seed-0.pt.sha256", "seed-1.json",
+                                                    "seed-1.png", "seed-1.pt", "seed-1.pt.sha256", "summary.json", "summary.png"])
 summary = json.loads((folder / "summary.json").read_text())
 test_eq((summary["seeds"], summary["step"], len(summary["final"]["diagonality"]["mean"])), ([0, 1], 20, 3))
 {k: summary["final"][k] for k in ("msve", "neu_population")}

@@ -1,0 +1,327 @@
+"""Issue 33: nothing lost, nothing silent. Faults injected into the run folders (a writer killed half-way through a
+file, files cut short or with a bit flipped, a folder that cannot be written, a full disk), each ending with a folder
+that works on the next call and a result equal to an uninterrupted run; and a property test over public entry points:
+bad arguments give only a ValueError or TypeError that names the argument.
+
+The tests run as root, which ignores permission bits, so an unwritable folder is made as a path under a file (the
+operating system refuses it whoever asks), and a permission error or a full disk is injected by monkeypatching
+`os.replace` or the file's `write` (PermissionError, OSError(ENOSPC)); no disk is mounted or filled."""
+import dataclasses, errno, json, math, os, subprocess, sys, textwrap
+from pathlib import Path
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings, strategies as st
+import ictd.core as core
+from ictd.boyan import MRP, check_gamma, random_boyan_chain
+from ictd.cli import _save, main
+from ictd.core import checksum_path, load_checked, record_claim, save_checked
+from ictd.engine import PretrainConfig
+from ictd.model import SoftmaxICTD, theta_star
+from ictd.prompt import build_prompt
+from ictd.pretrain import pretrain_many
+from ictd.wstd import weighted_softmax_td
+
+pytestmark = pytest.mark.unit
+TINY = PretrainConfig(n_tasks=32, eval_tasks=4, n_steps=12, eval_every=4, batch_size=16)
+SEEDS = [0, 1]
+
+@pytest.fixture(scope='module')
+def straight():
+    "The uninterrupted runs every faulted run must equal."
+    return pretrain_many(TINY, SEEDS, progress=False)
+
+def assert_equal_runs(got, want):
+    "The same parameters and every recorded metric, bit for bit (NaN where the other has NaN)."
+    for a, b in zip(got, want):
+        assert a.config == b.config
+        for p, q in zip(a.model.parameters(), b.model.parameters()): assert torch.equal(p, q)
+        assert set(a.history) == set(b.history)
+        for k in b.history: assert torch.equal(a.history[k].nan_to_num(), b.history[k].nan_to_num()), k
+
+def folder_of(cache): return Path(cache) / TINY.key()
+
+class Stop(Exception): pass
+
+def stop_at(step):
+    "A callback that interrupts training after optimiser step `step`."
+    def cb(s):
+        if s == step: raise Stop
+    return cb
+
+def checkpoint_file(cache)->Path:
+    [f] = folder_of(cache).glob('checkpoint-*.pt')
+    return f
+
+# ---- a writer killed in the middle of a file -------------------------------------------------------------------------
+
+KILLER = textwrap.dedent('''
+    import os, signal, sys, tempfile
+    prefix, nth, cache = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    real_mkstemp, real_fdopen, names, hits = tempfile.mkstemp, os.fdopen, [], []
+    def mkstemp(*a, **k):
+        fd, name = real_mkstemp(*a, **k); names.append(os.path.basename(name)); return fd, name
+    class HalfThenKill:
+        "A file whose first write puts half the bytes on disk and then kills the process (SIGKILL: no cleanup runs)."
+        def __init__(self, f): self.f = f
+        def __enter__(self): return self
+        def __exit__(self, *a): self.f.close()
+        def write(self, data):
+            self.f.write(data[:len(data) // 2]); self.f.flush(); os.fsync(self.f.fileno())
+            os.kill(os.getpid(), signal.SIGKILL)
+    def fdopen(fd, mode="r", *a, **k):
+        f = real_fdopen(fd, mode, *a, **k)
+        if "w" in mode and names and names[-1].startswith("." + prefix) and ".sha256." not in names[-1]:   # the file, not its checksum
+            hits.append(1)
+            if len(hits) == nth: return HalfThenKill(f)
+        return f
+    tempfile.mkstemp, os.fdopen = mkstemp, fdopen
+    from ictd.engine import PretrainConfig
+    from ictd.pretrain import pretrain_many
+    pretrain_many(PretrainConfig(n_tasks=32, eval_tasks=4, n_steps=12, eval_every=4, batch_size=16), [0, 1], progress=False,
+                  cache_dir=cache, checkpoint_every=4)
+    ''')
+
+@pytest.mark.parametrize('prefix, nth', [('checkpoint-', 2), ('seed-1.pt', 1)], ids=['second-checkpoint', 'second-seed-file'])
+def test_a_writer_killed_mid_file_loses_nothing(tmp_path, straight, prefix, nth):
+    "SIGKILL after half of a checkpoint or seed file is on disk: the previous files stand, and the next call ends where an uninterrupted run ends."
+    proc = subprocess.run([sys.executable, '-c', KILLER, prefix, str(nth), str(tmp_path)], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, OMP_NUM_THREADS='1'))
+    assert proc.returncode == -9, proc.stderr
+    folder = folder_of(tmp_path)
+    assert list(folder.glob(f'.{prefix}*.tmp')), 'the half-written temporary file is left by the kill'
+    for f in folder.glob('*.pt'): assert load_checked(f) is not None, f   # every file under a final name is whole
+    assert_equal_runs(pretrain_many(TINY, SEEDS, progress=False, cache_dir=tmp_path, checkpoint_every=4), straight)
+    assert sorted(p.name for p in folder.glob('seed-*.pt')) == ['seed-0.pt', 'seed-1.pt']
+    for f in folder.glob('*.pt'): assert load_checked(f) is not None, f'{f} is damaged after the next call'
+    if prefix == 'checkpoint-': assert not list(folder.glob('checkpoint-*')), 'the finished run removes its checkpoint'
+
+class HalfThenFail:
+    "A file whose write puts half the bytes on disk, then fails as a full disk does."
+    def __init__(self, f): self.f = f
+    def __enter__(self): return self
+    def __exit__(self, *a): self.f.close()
+    def write(self, data):
+        self.f.write(data[:len(data) // 2]); raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+def test_a_full_disk_mid_checkpoint_names_the_path_and_keeps_the_old_one(tmp_path, straight, monkeypatch):
+    "ENOSPC half-way through the second checkpoint: an OSError naming the file and 'No space left on device', the first checkpoint intact, no temporary file."
+    real_fdopen, real_mkstemp, names = os.fdopen, core.tempfile.mkstemp, []
+    with pytest.raises(Stop): pretrain_many(TINY, SEEDS, progress=False, cache_dir=tmp_path, checkpoint_every=4, callback=stop_at(6))
+    before = checkpoint_file(tmp_path).read_bytes()
+    def mkstemp(*a, **k):
+        fd, name = real_mkstemp(*a, **k); names.append(Path(name).name); return fd, name
+    def fdopen(fd, mode='r', *a, **k):
+        f = real_fdopen(fd, mode, *a, **k)
+        return HalfThenFail(f) if 'w' in mode and names[-1].startswith('.checkpoint-') and '.sha256.' not in names[-1] else f
+    monkeypatch.setattr(core.tempfile, 'mkstemp', mkstemp); monkeypatch.setattr(core.os, 'fdopen', fdopen)
+    with pytest.raises(OSError, match=r'cannot write .*checkpoint-\w+\.pt: No space left on device'):
+        pretrain_many(TINY, SEEDS, progress=False, cache_dir=tmp_path, checkpoint_every=4)
+    monkeypatch.undo()
+    assert checkpoint_file(tmp_path).read_bytes() == before and not list(folder_of(tmp_path).glob('.*'))
+    assert_equal_runs(pretrain_many(TINY, SEEDS, progress=False, cache_dir=tmp_path, checkpoint_every=4), straight)
+
+# ---- damaged files ----------------------------------------------------------------------------------------------------
+
+def cut_short(f:Path): f.write_bytes(f.read_bytes()[:len(f.read_bytes()) // 3])
+def flip_a_bit(f:Path):
+    data = bytearray(f.read_bytes()); data[len(data) // 2] ^= 0x10; f.write_bytes(bytes(data))
+def empty(f:Path): f.write_bytes(b'')
+def drop_checksum(f:Path): checksum_path(f).unlink()
+def garble_checksum(f:Path): checksum_path(f).write_text('not a checksum')
+DAMAGES = dict(cut_short=(cut_short, 'do not match its checksum'), flip_a_bit=(flip_a_bit, 'do not match its checksum'),
+               empty=(empty, 'do not match its checksum'), drop_checksum=(drop_checksum, 'no readable checksum'),
+               garble_checksum=(garble_checksum, 'do not match its checksum'))
+
+@pytest.mark.parametrize('damage', list(DAMAGES))
+def test_a_damaged_checkpoint_is_recomputed(tmp_path, straight, capsys, damage):
+    "A checkpoint cut short, with a bit flipped, empty or without its checksum is never resumed from: 'recomputing <path>: <reason>', then a run equal to an uninterrupted one."
+    with pytest.raises(Stop): pretrain_many(TINY, SEEDS, progress=False, cache_dir=tmp_path, checkpoint_every=4, callback=stop_at(6))
+    f = checkpoint_file(tmp_path)
+    hurt, reason = DAMAGES[damage]
+    hurt(f); capsys.readouterr()
+    steps = []
+    assert_equal_runs(pretrain_many(TINY, SEEDS, progress=False, cache_dir=tmp_path, checkpoint_every=4, callback=steps.append), straight)
+    assert f'recomputing {f}: ' in capsys.readouterr().out and steps[0] == 1          # trained from the start
+    assert not f.exists() and not checksum_path(f).exists()
+
+@pytest.mark.parametrize('damage', list(DAMAGES))
+def test_a_damaged_seed_file_is_recomputed(tmp_path, straight, capsys, damage):
+    "A cached seed-S.pt cut short, with a bit flipped, empty or unchecked is retrained (that seed only), never served back."
+    pretrain_many(TINY, SEEDS, progress=False, cache_dir=tmp_path)
+    f = folder_of(tmp_path) / 'seed-1.pt'
+    hurt, reason = DAMAGES[damage]
+    hurt(f); capsys.readouterr()
+    steps = []
+    again = pretrain_many(TINY, SEEDS, progress=False, cache_dir=tmp_path, callback=steps.append)
+    out = capsys.readouterr().out
+    assert f'recomputing {f}: ' in out and reason in out and len(steps) == TINY.n_steps     # one training pass, for seed 1
+    assert_equal_runs(again, straight)
+    assert load_checked(f) is not None
+
+@pytest.mark.parametrize('text', ['', '{"n_steps": 1', '[]', '\x00\xff'], ids=['empty', 'cut-short', 'not-an-object', 'binary'])
+def test_a_damaged_config_json_is_rewritten(tmp_path, straight, capsys, text):
+    "An empty or damaged config.json is rewritten (library and CLI), not reported as another configuration or an argument error."
+    folder = folder_of(tmp_path); folder.mkdir(parents=True)
+    (folder / 'config.json').write_bytes(text.encode('latin-1'))
+    assert_equal_runs(pretrain_many(TINY, SEEDS, progress=False, cache_dir=tmp_path), straight)
+    assert 'recomputing' in capsys.readouterr().out and json.loads((folder / 'config.json').read_text())['n_steps'] == TINY.n_steps
+
+def test_the_cli_rewrites_an_empty_config_json(tmp_path, capsys):
+    "`ictd pretrain` on a folder whose config.json is empty: it is rewritten and the command succeeds (no argument error)."
+    cli = tmp_path / 'cli' / dataclasses.replace(TINY, attention='linear').key()
+    cli.mkdir(parents=True); (cli / 'config.json').write_text('')
+    main(['pretrain', '--device', 'cpu', '--n-tasks', '32', '--eval-tasks', '4', '--n-steps', '12', '--eval-every', '4', '--batch-size', '16',
+          '--attention', 'linear', '--seeds', '0', '--no-progress', '--out', str(tmp_path / 'cli')])
+    assert json.loads((cli / 'config.json').read_text())['attention'] == 'linear' and 'recomputing' in capsys.readouterr().out
+
+# ---- folders that cannot be written -----------------------------------------------------------------------------------
+
+def test_an_unwritable_folder_stops_before_training(tmp_path, straight):
+    "A cache folder under a file (unwritable even for root): an OSError naming the path, raised before the first step."
+    (tmp_path / 'a-file').write_text('x')
+    steps = []
+    with pytest.raises(OSError, match=r'cannot write .*a-file'):
+        pretrain_many(TINY, SEEDS, progress=False, cache_dir=tmp_path / 'a-file' / 'cache', callback=steps.append)
+    assert steps == []
+    assert_equal_runs(pretrain_many(TINY, SEEDS, progress=False, cache_dir=tmp_path / 'cache'), straight)
+
+def test_a_permission_error_names_the_path_and_stops_before_training(tmp_path, straight, monkeypatch):
+    "os.replace raising PermissionError (a read-only folder) after the folder exists: the error names the path and the cause before step 1; later calls work."
+    pretrain_many(TINY, [0], progress=False, cache_dir=tmp_path)
+    steps = []
+    def refuse(src, dst): raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(dst))
+    monkeypatch.setattr(core.os, 'replace', refuse)
+    with pytest.raises(PermissionError, match=r'cannot write .*: Permission denied'):
+        pretrain_many(TINY, SEEDS, progress=False, cache_dir=tmp_path, callback=steps.append)
+    monkeypatch.undo()
+    assert steps == [] and not list(folder_of(tmp_path).glob('.*'))
+    assert_equal_runs(pretrain_many(TINY, SEEDS, progress=False, cache_dir=tmp_path), straight)
+
+def test_no_room_for_a_checkpoint_stops_before_training(tmp_path, monkeypatch):
+    "A disk with less free space than one checkpoint: an OSError naming the folder and the sizes, before the first step."
+    free = core.shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(core.shutil, 'disk_usage', lambda p: free._replace(free=100))
+    steps = []
+    with pytest.raises(OSError, match=r'MiB free, a checkpoint needs about'):
+        pretrain_many(TINY, SEEDS, progress=False, cache_dir=tmp_path, checkpoint_every=4, callback=steps.append)
+    assert steps == []
+
+def test_the_cli_reports_an_unwritable_out_folder_with_its_path(tmp_path, capsys):
+    "`ictd pretrain --out <under a file>`: exit status 1 and a one-line message with the path and the cause, not a traceback."
+    (tmp_path / 'a-file').write_text('x')
+    with pytest.raises(SystemExit) as e:
+        main(['pretrain', '--n-steps', '2', '--eval-every', '1', '--n-tasks', '8', '--eval-tasks', '2', '--seeds', '0', '--no-progress',
+              '--out', str(tmp_path / 'a-file' / 'out')])
+    assert e.value.code == 1 and 'cannot write' in capsys.readouterr().err
+
+# ---- safe formats and names -------------------------------------------------------------------------------------------
+
+def test_cli_torch_files_load_with_weights_only(tmp_path):
+    "What the CLI saves as .pt (numpy arrays and strings among tensors, as in convergence.pt) loads with weights_only=True and carries a checksum."
+    res = dict(depth=dict(errors=torch.ones(2, 3), floors=np.ones(2)), phase=dict(features=np.array(['onehot', 'unit']), gammas=(0.5, 0.9)),
+               rates=dict(rhos=np.float64(0.5)))
+    path = _save(res, tmp_path / 'convergence.pt')
+    back = torch.load(path, weights_only=True)
+    assert torch.equal(back['depth']['floors'], torch.ones(2, dtype=torch.float64)) and back['phase']['features'] == ['onehot', 'unit']
+    assert load_checked(path)['rates']['rhos'] == 0.5
+
+@pytest.mark.parametrize('key, chapter', [('../x', 'c'), ('x', '../c'), ('x', 'a/b'), ('x', '..'), ('x', 'a\\b')])
+def test_claim_names_cannot_leave_their_folder(tmp_path, key, chapter):
+    with pytest.raises(ValueError, match='must be a non-empty name'): record_claim(key, 'y', 'proved', chapter, folder=tmp_path / 'claims')
+    assert not list(tmp_path.rglob('*.json'))
+
+def test_cli_options_are_checked_before_any_training(tmp_path, monkeypatch, capsys):
+    "`mechanism converge --window` not a multiple of --eval-every, --device gpu, repeated --seeds: exit 2 naming the option, and nothing trained."
+    import ictd.experiments.mechanism as mech, ictd.cli as cli
+    trained = []
+    monkeypatch.setattr(cli, 'pretrain_many', lambda *a, **k: trained.append(1))
+    monkeypatch.setattr(mech, 'pretrain_many', lambda *a, **k: trained.append(1))
+    for argv, message in ((['mechanism', 'converge', '--window', '300'], 'argument --window: must be a multiple of --eval-every'),
+                          (['mechanism', 'converge', '--steps', '100'], 'argument --eval-every: must be at most --steps'),
+                          (['mechanism', 'converge', '--train-only'], 'argument --train-only: needs --cache-dir'),
+                          (['pretrain', '--device', 'gpu'], 'argument --device'),
+                          (['pretrain', '--seeds', '0-3', '2'], 'argument --seeds: must be distinct')):
+        with pytest.raises(SystemExit) as e: main(argv + ['--out', str(tmp_path)])
+        assert e.value.code == 2 and message in capsys.readouterr().err, argv
+    assert trained == []
+
+# ---- the property test ------------------------------------------------------------------------------------------------
+
+P3 = torch.tensor([[0.5, 0.5, 0.], [0., 0.5, 0.5], [0.5, 0., 0.5]], dtype=torch.float64)
+PHI, R = torch.eye(3, 2, dtype=torch.float64) + 0.1, torch.tensor([1., 0., -1.], dtype=torch.float64)
+CTX = torch.randn(6, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+W2 = torch.eye(2, dtype=torch.float64)
+NOT_A_NUMBER = [None, '0.5', [0.5, 0.5], {}, object(), complex(0.5, 1.), math.nan, math.inf, -math.inf, torch.tensor([0.5, 0.5])]
+NOT_A_COUNT = NOT_A_NUMBER + [-1, 2.5, True]
+NOT_A_GAMMA = NOT_A_NUMBER + [1., -0.1, 2.]
+def not_a_matrix(shape, *wrong):
+    "Values that are not a finite real tensor of `shape`: the `wrong` shapes, NaN and inf entries, complex entries, a string, a dict, None."
+    good = torch.ones(shape, dtype=torch.float64) / shape[-1]
+    return [None, 'abc', {}, good.clone().fill_(math.nan), good.clone().fill_(math.inf), good.to(torch.complex128) * 1j,
+            good.numpy() * 1j] + [torch.ones(w, dtype=torch.float64) for w in wrong]
+
+# entry point -> (the valid arguments, argument -> values it must refuse)
+COVERED = {
+    'MRP': (MRP, dict(P=P3, r=R, gamma=0.9, phi=PHI),
+            dict(P=not_a_matrix((3, 3), (3, 4), (3,), ()) + [P3 * 2, -P3], r=not_a_matrix((3,), (4,), (3, 1)), gamma=NOT_A_GAMMA,
+                 phi=not_a_matrix((3, 2), (4, 2), (3,), (3, 2, 1)))),
+    'check_gamma': (check_gamma, dict(gamma=0.9), dict(gamma=NOT_A_GAMMA)),
+    'random_boyan_chain': (random_boyan_chain, dict(n_states=4, d=2, gamma=0.9, features='random', rewards='random', seed=0),
+                           dict(n_states=NOT_A_COUNT + [1], d=NOT_A_COUNT + [0], gamma=NOT_A_GAMMA, features=['cubic', None, 3],
+                                rewards=['cubic', None], seed=[-1, 'x', 2.5, [1.5]])),
+    'PretrainConfig': (PretrainConfig, {},
+                       dict(n_states=NOT_A_COUNT + [1], d=NOT_A_COUNT + [0], n=NOT_A_COUNT + [0], n_layers=NOT_A_COUNT + [0],
+                            gamma=NOT_A_GAMMA, lr=NOT_A_NUMBER + [0., -1.], weight_decay=NOT_A_NUMBER + [-1.], init_gain=NOT_A_NUMBER + [0.],
+                            n_tasks=NOT_A_COUNT + [0], batch_size=NOT_A_COUNT + [0], n_steps=NOT_A_COUNT, eval_every=NOT_A_COUNT + [0],
+                            eval_tasks=NOT_A_COUNT + [0], seed=NOT_A_COUNT, features=['cubic', None, 3], dtype=['float16', None],
+                            objective=['q', None], init=['zeros', None], init_scale=NOT_A_NUMBER + [-1.], init_beta=NOT_A_NUMBER,
+                            init_alpha=NOT_A_NUMBER, shared=[1, 'yes', None], record_params=[0, 'no'], attention=['', None, 3], protocol=['', None, 3])),
+    'build_prompt': (build_prompt, dict(phi_states=CTX, rewards=CTX[:-1, 0], phi_queries=PHI),
+                     dict(phi_states=not_a_matrix((6, 2), (1, 2), (6,)), rewards=not_a_matrix((5,), (4,), ()),
+                          phi_queries=not_a_matrix((3, 2), (3, 3))[1:])),
+    'weighted_softmax_td': (weighted_softmax_td, dict(phi_states=CTX, rewards=CTX[:-1, 0], W=W2, alpha=0.5, gamma=0.9, n_iters=3, phi_queries=PHI),
+                            dict(phi_states=not_a_matrix((6, 2), (1, 2), (6,)), rewards=not_a_matrix((5,), (4,), ()), W=not_a_matrix((2, 2), (3, 3), (2,)),
+                                 alpha=NOT_A_NUMBER, gamma=NOT_A_GAMMA, n_iters=NOT_A_COUNT, phi_queries=not_a_matrix((3, 2), (3, 3))[1:],
+                                 rho=not_a_matrix((9,), (8,), (9, 2))[1:])),
+    'theta_star': (theta_star, dict(d=2, W=W2, alpha=0.5, gamma=0.9),
+                   dict(d=NOT_A_COUNT + [0], W=not_a_matrix((2, 2), (3, 3), (2,)), alpha=NOT_A_NUMBER, gamma=NOT_A_GAMMA)),
+    'SoftmaxICTD.from_theta_star': (SoftmaxICTD.from_theta_star, dict(d=2, n_layers=2, W=W2, alpha=0.5, gamma=0.9),
+                                    dict(d=NOT_A_COUNT + [0], n_layers=NOT_A_COUNT + [0], W=not_a_matrix((2, 2), (3, 3), (2,)), alpha=NOT_A_NUMBER,
+                                         gamma=NOT_A_GAMMA, shared=[1, 'yes', None])),
+    'SoftmaxICTD': (SoftmaxICTD, dict(d=2, n_layers=2, init_gain=0.1, seed=0),
+                    dict(d=NOT_A_COUNT + [0], n_layers=NOT_A_COUNT + [0], init_gain=NOT_A_NUMBER + [-1.], seed=['x', -1, 2.5],
+                         shared=[1, 'yes', None], dtype=['float64', torch.int64, None])),
+    'pretrain_many': (pretrain_many, dict(config=dataclasses.replace(TINY, n_steps=0), seeds=[0], progress=False),
+                      dict(config=[None, {}, 'EMERGENCE', 3], seeds=[None, [], [1, 1], [-1], [0.5], 'a', math.nan, [math.nan], [None]],
+                           cache_dir=[3, 2.5, object()], device=['gpu', 3.5, 'cuda:x'], checkpoint_every=NOT_A_COUNT[1:] + [0],
+                           callback=[3, 'f'])),
+}
+CASES = [(name, arg, i) for name, (_, _, bad) in COVERED.items() for arg, values in bad.items() for i in range(len(values))]
+
+def refuses(name, arg, i):
+    "Call entry point `name` with argument `arg` replaced by its i-th bad value: the error a caller sees, or None if it was accepted."
+    f, good, bad = COVERED[name]
+    try: f(**dict(good, **{arg: bad[arg][i]}))
+    except (ValueError, TypeError) as e: return e
+    except Exception as e: return AssertionError(f'{name}({arg}={bad[arg][i]!r}) raised {type(e).__name__}: {e}')
+    return AssertionError(f'{name}({arg}={bad[arg][i]!r}) was accepted')
+
+def test_the_property_test_covers_these_entry_points():
+    assert sorted(COVERED) == sorted(['MRP', 'check_gamma', 'random_boyan_chain', 'PretrainConfig', 'build_prompt', 'weighted_softmax_td',
+                                      'theta_star', 'SoftmaxICTD.from_theta_star', 'SoftmaxICTD', 'pretrain_many'])
+    assert len(CASES) > 300, len(CASES)
+
+@settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
+@given(st.sampled_from(CASES))
+def test_bad_arguments_are_refused_naming_the_argument(case):
+    "A random entry point, argument and bad value (wrong type, shape, dtype, NaN or inf, out of range): a ValueError or TypeError whose message names the argument."
+    e = refuses(*case)
+    assert isinstance(e, (ValueError, TypeError)), str(e)
+    name = {'phi_queries': 'phi_queries'}.get(case[1], case[1])
+    assert f'`{name}`' in str(e), (case, str(e))
+
+def test_every_case_at_once():
+    "The same, over every case (a list of what fails, for the report)."
+    failures = [(c, str(e)[:200]) for c in CASES for e in [refuses(*c)] if not isinstance(e, (ValueError, TypeError)) or f'`{c[1]}`' not in str(e)]
+    assert not failures, '\n'.join(map(str, failures))
