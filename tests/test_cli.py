@@ -63,7 +63,7 @@ def test_convergence(tmp_path, capsys):
     figs += [tmp_path / f'convergence-phase-{f}-gamma{g}.png' for f in ('onehot', 'unit', 'random') for g in (0.5, 0.9, 0.99)]
     assert set(written(capsys)) == {str(p) for p in figs + [tmp_path / 'convergence.pt', tmp_path / 'convergence.json']}
     for f in figs: check_png(f)
-    res = torch.load(tmp_path / 'convergence.pt', weights_only=False)
+    res = torch.load(tmp_path / 'convergence.pt', weights_only=True)
     assert res['depth']['errors'].shape == (6, 2, 13) and res['depth']['floors'].shape == (6, 2)   # 6 tasks in batches of 4 and 2
     s = json.loads((tmp_path / 'convergence.json').read_text())
     lo, hi = s['depth']['rho_range']
@@ -88,7 +88,7 @@ def test_linear(tmp_path, capsys):
           '--out', str(tmp_path)])
     assert sorted(written(capsys)) == sorted(str(tmp_path / f) for f in ('linear.png', 'linear-tuned.png', 'linear.pt', 'linear.json'))
     check_png(tmp_path / 'linear.png'); check_png(tmp_path / 'linear-tuned.png')
-    res = torch.load(tmp_path / 'linear.pt', weights_only=False)
+    res = torch.load(tmp_path / 'linear.pt', weights_only=True)
     assert len(res['untuned']) == 3 and all(c.shape == (3, 7) for c in res['untuned'].values())
     s = json.loads((tmp_path / 'linear.json').read_text())
     assert s['settings']['alpha'] == 2.5                                   # step sizes above 1 are allowed

@@ -4,6 +4,7 @@ import dataclasses, json, subprocess, sys, textwrap
 from pathlib import Path
 import pytest
 import torch
+from ictd.core import save_checked
 import ictd
 import ictd.engine as engine
 import ictd.pretrain as pt
@@ -97,7 +98,7 @@ def test_cache_one_folder_per_configuration_and_version(tmp_path, monkeypatch, c
     again = pretrain_many(config, [1, 0], progress=False, cache_dir=tmp_path)
     assert calls == [] and torch.equal(again[1].history['msve'], first[0].history['msve'])
     saved = torch.load(folder / 'seed-1.pt', weights_only=True)
-    torch.save(dict(saved, version='0.0.0'), folder / 'seed-1.pt')
+    save_checked(dict(saved, version='0.0.0'), folder / 'seed-1.pt')
     pretrain_many(config, [0, 1], progress=False, cache_dir=tmp_path)
     assert calls == [[1]] and 'seed-1.pt: its version differs' in capsys.readouterr().out
     pretrain_many(config, [0, 1], progress=False, cache_dir=tmp_path, force=True)

@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 from ictd.boyan import MRP, boyan_transitions, check_gamma, random_boyan_chain
 from ictd.convergence import (circulant_threshold, kernel_attention, kernel_diagonality, rate_bound, relaxation_time, spectral_radius,
                               sup_error, td_recursion)
-from ictd.core import OKABE_ITO, plain_log_ticks, provenance, provenance_note, substream
+from ictd.core import OKABE_ITO, atomic_write_text, plain_log_ticks, provenance, provenance_note, substream
 from ictd.experiments.convergence import measured_rate, scale_for_diagonality
 from ictd.tasks import stack_tasks, task_rng
 
@@ -373,7 +373,7 @@ def save_threshold_certificates(path=THRESHOLD_FILE,          # where to write t
         records.append(dict(gamma=g, alpha=a, n_states=s, m=r["m"], rho=r["rho"], circulant=circulant_threshold(g, a, s)["m"],
                             M=r["M"].tolist(), P=r["P"].tolist()))
     out = provenance(command or " ".join(sys.argv), settings=dict(n_starts=n_starts, seed=seed), records=records)
-    Path(path).write_text(json.dumps(out))
+    atomic_write_text(path, json.dumps(out))
     return out
 
 

@@ -10,7 +10,7 @@ import torch
 from ictd.boyan import msve, random_boyan_chain, sample_trajectory, weighted_error
 from ictd.tasks import TaskBatch, random_tasks, sample_trajectories, task_rng
 from ictd.prompt import build_prompt
-from ictd.core import OKABE_ITO, plain_log_ticks, substream
+from ictd.core import OKABE_ITO, atomic_write_text, plain_log_ticks, substream
 from ictd.engine import PretrainConfig, stack_results
 from ictd.pretrain import pretrain_many
 from ictd.core import provenance, provenance_note
@@ -301,7 +301,7 @@ def save_iclr_summary(results:list,  # PretrainResults of `ICLR_LINEAR`-like run
                    tasks=h["tasks"][0], mean={k: h[k].mean(0) for k in per_seed}, se={k: h[k].std(0) / S ** 0.5 for k in per_seed},
                    final={k: h[k][:, -1] for k in per_seed}, P_mean=P.mean(0), Q_mean=Q.mean(0))
     Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text(json.dumps(jsonable(summary)))
+    atomic_write_text(out, json.dumps(jsonable(summary)))
     return Path(out)
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 from ictd.boyan import weighted_error
-from ictd.core import jsonable, plain_log_ticks, provenance
+from ictd.core import atomic_write_text, jsonable, plain_log_ticks, provenance
 from ictd.engine import EMERGENCE, PretrainConfig, eval_set, get_family, stack_results
 from ictd.pretrain import DivergenceError, pretrain_many
 from ictd.emergence import baseline_msve
@@ -346,7 +346,7 @@ def run_head_to_head(out="nbs/data/head_to_head.json", # the JSON file to write
     "Run `head_to_head` and save it with its provenance (command, commit, date)."
     data = provenance(command) | head_to_head(**kwargs)
     Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text(json.dumps(jsonable(data), indent=1))
+    atomic_write_text(out, json.dumps(jsonable(data), indent=1))
     return Path(out)
 
 

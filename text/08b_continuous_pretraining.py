@@ -13,7 +13,7 @@ from ictd.state_tokens import token_predict, trajectory_tokens
 from ictd.pretrain import pretrain_many
 from ictd.engine import stack_results
 from ictd.continuous import GaussianAR1, GaussianAR1Family, NoisyRotation, RotationFamily, TaskFamily, family_config, kernel_td, population_msve
-from ictd.core import check_choice
+from ictd.core import atomic_savefig, atomic_write_text, check_choice
 from ictd.experiments.continuous_sweeps import (LINE_STYLES, best_beta, bootstrap_slope, compare_methods, error_sweep, plot_depth,
                                                 plot_estimates, plot_long_depth, plot_tradeoff, stream_seed)
 
@@ -559,7 +559,7 @@ def continuous_full_scale(out,                 # folder for the figures and resu
     out.mkdir(parents=True, exist_ok=True)
     rot, ar, paths, res = NoisyRotation(), GaussianAR1(), [], {"config": cfg, "seed": seed}
     def save(fig, name):
-        fig.savefig(out / name, dpi=120, bbox_inches="tight"); plt.close(fig); paths.append(out / name)
+        atomic_savefig(fig, out / name, dpi=120, bbox_inches="tight"); plt.close(fig); paths.append(out / name)
     ROT_B, AR_B, A = 10., 1., 1.
     errs = {name: error_sweep(p, cfg["ns_depth"], [b], A, cfg["depth"], cfg["n_tasks"], stream_seed(seed, "depth"), progress=progress)[:, 0]
             for name, p, b in [("rotation", rot, ROT_B), ("ar1", ar, AR_B)]}
@@ -587,7 +587,7 @@ def continuous_full_scale(out,                 # folder for the figures and resu
     res["long_depth"] = dict(betas=cfg["long_betas"], best_depth=long.mean(1).argmin(-1).tolist(), last_over_best=(long.mean(1)[:, -1] / long.mean(1).min(-1).values).tolist())
     res["pretraining"] = {name: pretraining_summary(name, family, claims, save, seed, progress, **cfg["pretrain"]) for name, family, claims in
                           [("rotation", RotationFamily(), rotation_claims), ("ar1", GaussianAR1Family(), ar1_claims)]}
-    (out / "results.json").write_text(json.dumps(res, indent=1))
+    atomic_write_text(out / "results.json", json.dumps(res, indent=1))
     return paths + [out / "results.json"]
 
 

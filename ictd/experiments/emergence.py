@@ -8,7 +8,7 @@ import dataclasses, json, math
 from pathlib import Path
 import torch
 from ..model import theta_star
-from ..core import plain_log_ticks
+from ..core import atomic_savefig, atomic_write_text, plain_log_ticks
 from ..engine import PretrainConfig
 from ..pretrain import pretrain_many
 from ..emergence import (UNIFORM_BELOW, baseline_msve, best_theta_star, last_selective_layer, mean_se, min_successes,
@@ -318,7 +318,7 @@ def emergence_report(results:list,  # runs of one configuration (>= 2 seeds)
     summary = dict(seed_summary(results), baselines={k: dict(mean=v.mean().item(), se=mean_se(v)[1].item(), per_seed=v.tolist()) for k, v in comparison.items()},
                    claims=claim_counts(results, comparison))
     for name, fig in (("bands.png", plot_seed_bands(results)), ("parameters.png", plot_blocks(results))):
-        fig.savefig(out / name, dpi=120); plt.close(fig)
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
-    (out / "summary.md").write_text(layer_table(summary) + "\n\n" + comparison_table(comparison) + "\n")
+        atomic_savefig(fig, out / name, dpi=120); plt.close(fig)
+    atomic_write_text(out / "summary.json", json.dumps(summary, indent=1))
+    atomic_write_text(out / "summary.md", layer_table(summary) + "\n\n" + comparison_table(comparison) + "\n")
     return summary

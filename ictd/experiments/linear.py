@@ -10,7 +10,7 @@ import torch
 from ..boyan import msve, random_boyan_chain, sample_trajectory, weighted_error
 from ..tasks import TaskBatch, random_tasks, sample_trajectories, task_rng
 from ..prompt import build_prompt
-from ..core import OKABE_ITO, plain_log_ticks, substream
+from ..core import OKABE_ITO, atomic_write_text, plain_log_ticks, substream
 from ..engine import PretrainConfig, stack_results
 from ..pretrain import pretrain_many
 from ..core import provenance, provenance_note
@@ -137,7 +137,7 @@ def save_iclr_summary(results:list,  # PretrainResults of `ICLR_LINEAR`-like run
                    tasks=h["tasks"][0], mean={k: h[k].mean(0) for k in per_seed}, se={k: h[k].std(0) / S ** 0.5 for k in per_seed},
                    final={k: h[k][:, -1] for k in per_seed}, P_mean=P.mean(0), Q_mean=Q.mean(0))
     Path(out).parent.mkdir(parents=True, exist_ok=True)
-    Path(out).write_text(json.dumps(jsonable(summary)))
+    atomic_write_text(out, json.dumps(jsonable(summary)))
     return Path(out)
 
 # %% ../../nbs/07a_linear_experiments.ipynb #56450921
