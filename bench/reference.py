@@ -10,7 +10,7 @@
 import math
 import torch
 from ictd.boyan import check_gamma
-from ictd.core import run_stream
+from ictd.core import nudged, run_stream
 from ictd.prompt import build_prompt
 from ictd.model import SoftmaxICTD, theta_star
 from ictd.tasks import random_tasks, sample_trajectories
@@ -83,6 +83,9 @@ def one_seed_pretrain(config, n_steps=None, callback=None):
     n_steps = config.n_steps if n_steps is None else n_steps
     d = config.n_states if config.features == "onehot" else config.d
     model = SoftmaxICTD(d, config.n_layers, shared=config.shared, init_gain=config.init_gain, seed=run_stream(config.seed, "init"))
+    with torch.no_grad():   # the rounding nudge of ICTD_PERTURB, drawn as the engine draws it (a no-op when unset)
+        for j, k in enumerate(sorted(("A", "V_cur", "V_tgt"))):
+            for lay, w in zip(model.layers, nudged(torch.stack([getattr(lay, k) for lay in model.layers]), config.seed, j)): getattr(lay, k).copy_(w)
     held_out, eval_states = held_out_tasks(config)
     train = random_tasks(config.n_tasks, seed=run_stream(config.seed, "train_pool"), **_task_kwargs(config))
     opt = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
@@ -106,6 +109,9 @@ def predecessor_pretrain(config, n_steps, callback=None):
     "The unbatched style of the predecessor's public code: one prompt per forward and backward pass, gradients summed over the batch."
     d = config.n_states if config.features == "onehot" else config.d
     model = SoftmaxICTD(d, config.n_layers, shared=config.shared, init_gain=config.init_gain, seed=run_stream(config.seed, "init"))
+    with torch.no_grad():   # the rounding nudge of ICTD_PERTURB, drawn as the engine draws it (a no-op when unset)
+        for j, k in enumerate(sorted(("A", "V_cur", "V_tgt"))):
+            for lay, w in zip(model.layers, nudged(torch.stack([getattr(lay, k) for lay in model.layers]), config.seed, j)): getattr(lay, k).copy_(w)
     train = random_tasks(min(config.n_tasks, 256), seed=run_stream(config.seed, "train_pool"), **_task_kwargs(config))
     opt = torch.optim.Adam(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     gen = torch.Generator().manual_seed(run_stream(config.seed, "data"))
