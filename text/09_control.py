@@ -261,6 +261,7 @@ J = {name: policy_return(mdp, pi) for name, pi in
 assert J["worst"] < J["uniform"] < J["optimal"]
 mdp, {k: round(v, 4) for k, v in J.items()}
 
+
 # %% [markdown]
 # ## Trajectories
 #
@@ -296,6 +297,7 @@ states, actions, rewards = sample_mdp_trajectory(mdp, 12, seed=0)
 test_eq(rewards, mdp.r[states[:-1], actions[:-1]])
 for k in range(12): assert mdp.P[states[k], actions[k], states[k + 1]] > 0
 list(zip(states.tolist(), actions.tolist()))
+
 
 # %% [markdown]
 # ## Kernel soft Q-iteration
@@ -356,6 +358,7 @@ test_eq(boltzmann_backup(qa, math.inf), qa.amax(-1))
 for b in (0.5, 3., 40.):
     gap = qa.amax(-1) - boltzmann_backup(qa, b)
     assert (gap >= 0).all() and (gap <= math.log(3) / b).all(), (b, gap)
+
 
 # %% [markdown]
 # `kernel_q_iteration` runs Definition 9.1. The weights $K$ are computed once (the scores read
@@ -420,6 +423,7 @@ def kernel_q_iteration(phi_sa,            # (..., n, d) features of the context'
 # %%
 show_doc(kernel_q_iteration)
 
+
 # %% [markdown]
 # ## The four reductions
 #
@@ -482,6 +486,7 @@ for b in (1., 10., 100., 1000.):
     bound = 0.4 * small.gamma * math.log(2) / b * sum(lam ** t for t in range(Ls))
     assert gap <= bound, (b, gap, bound)
     print(f"beta = {b:>6g}: gap {gap:.2e}, bound {bound:.2e}")
+
 
 # %% [markdown]
 # **4. One-hot features and a sharp kernel: batch tabular Q-learning.** `batch_tabular_q` is the
@@ -581,7 +586,7 @@ tab_gaps = {b: np.array([tabular_gaps(random_mdp(seed=s), *c, kappa_grid, b) for
 for b, g_ in tab_gaps.items(): assert (g_[:, kappa_grid == 36] < 1e-11).all(), (b, g_[:, -3])
 beta_tex = lambda b: r"\infty" if b == math.inf else f"{b:g}"
 Markdown(f"At $\\kappa = 36$ the largest gap over {len(tab_contexts)} contexts, 20 iterations and every target is "
-         f"below $10^{{-11}}$ (asserted) for $\\beta = $ {', '.join(beta_tex(b) for b in tab_gaps)}.")
+         f"below $10^{{-11}}$ (asserted) for $\\beta$ = " + ", ".join(f"${beta_tex(b)}$" for b in tab_gaps) + ".")
 
 # %% [markdown]
 # ## What the iteration reaches
@@ -802,6 +807,7 @@ ax.semilogy(kappa_grid, 10 * np.exp(-kappa_grid), "k--", label=r"$10\,e^{-\kappa
 ax.set(xlabel=r"kernel scale $\kappa$ ($W = \kappa I$)", ylabel="max |kernel - tabular|\n(return units)",
        ylim=(1e-14, 10), title=f"Distance to batch tabular soft Q-iteration, {len(tab_contexts)} contexts, 20 iterations")
 ax.legend(fontsize=9);
+
 
 # %% [markdown]
 # The limit of batch tabular Q-learning ($\beta = \infty$) is the optimal values of the context's
