@@ -12,9 +12,9 @@ from .boyan import as_tensor, check_gamma, transitions_from_uniforms, _stationar
 from .core import check_int, check_number, check_choice
 
 # %% auto #0
-__all__ = ['MDP_FEATURES', 'MDP', 'check_policy', 'uniform_policy', 'greedy_policy', 'policy_mrp', 'stationary_distribution',
-           'q_pi', 'q_star', 'policy_return', 'normalised_return', 'random_mdp', 'sample_mdp_trajectory',
-           'context_features', 'boltzmann_backup', 'kernel_q_iteration', 'batch_tabular_q']
+__all__ = ['MDP_FEATURES', 'MDP_REWARDS', 'MDP', 'check_policy', 'uniform_policy', 'greedy_policy', 'policy_mrp',
+           'stationary_distribution', 'q_pi', 'q_star', 'policy_return', 'normalised_return', 'random_mdp',
+           'sample_mdp_trajectory', 'context_features', 'boltzmann_backup', 'kernel_q_iteration', 'batch_tabular_q']
 
 # %% ../nbs/09_control.ipynb #ade36601
 @dataclass(eq=False)
@@ -117,7 +117,7 @@ def normalised_return(mdp:MDP, policy, behavior=None, start=None)->float:
     return (policy_return(mdp, policy, start) - base) / (best - base)
 
 # %% ../nbs/09_control.ipynb #e15a5aa1
-MDP_FEATURES = ("onehot", "random", "unit")
+MDP_FEATURES, MDP_REWARDS = ("onehot", "random", "unit"), ("action", "state")
 
 def random_mdp(n_states:int=10,       # number of states S >= 2
                n_actions:int=3,       # number of actions A >= 1
@@ -125,16 +125,19 @@ def random_mdp(n_states:int=10,       # number of states S >= 2
                features:str="onehot", # "onehot" (d = S A), "random" (U(-1, 1)) or "unit" (rows of norm 1)
                seed=0,                # int or `numpy.random.Generator`
                d=None,                # feature dimension of random and unit features (default 8)
+               rewards:str="action",  # "action": r(s, a) ~ U(-1, 1) i.i.d.; "state": r(s, a) = r(s), Boyan's rewards
               )->MDP:
     "A random MDP whose every action is a random Boyan chain, with rewards r(s, a) ~ U(-1, 1)."
     S, A = check_int(n_states, "n_states", low=2), check_int(n_actions, "n_actions", low=1)
     features, gamma = check_choice(features, MDP_FEATURES, "features"), check_gamma(gamma)
+    rewards = check_choice(rewards, MDP_REWARDS, "rewards")
     if features == "onehot" and d is not None and d != S * A:
         raise ValueError(f"`d` must be None or n_states * n_actions = {S * A} for one-hot features, got {d!r}")
     d = S * A if features == "onehot" else 8 if d is None else check_int(d, "d", low=1)
     rng = np.random.default_rng(seed)
     P = transitions_from_uniforms(rng.random((A, 2 * S - 2)), S).transpose(1, 0, 2)
     r = rng.uniform(-1, 1, size=(S, A))
+    if rewards == "state": r = np.repeat(r[:, :1], A, 1)
     if features == "onehot": phi = np.eye(S * A).reshape(S, A, S * A)
     else:
         phi = rng.uniform(-1, 1, size=(S, A, d))

@@ -205,19 +205,22 @@ def normalised_return(mdp:MDP, policy, behavior=None, start=None)->float:
 # * for each action $a$ and state $i \le S - 3$: $p \sim U(0.01, 0.99)$, $P(i+1 \mid i, a) = p$,
 #   $P(i+2 \mid i, a) = 1 - p$; $P(S-1 \mid S-2, a) = 1$; the last state's row is
 #   $U(0.01, 0.99)$ weights over all states, normalised (each action drawn independently);
-# * rewards $r(s, a) \sim U(-1, 1)$ i.i.d.;
+# * rewards $r(s, a) \sim U(-1, 1)$ i.i.d. (the default, `rewards="action"`), or `rewards="state"`:
+#   $r(s, a) = r(s) \sim U(-1, 1)$, the Boyan chain's own rewards, so that actions differ only in where
+#   they lead and acting well needs planning (with action rewards a myopic policy does well; page 9c);
 # * features: one-hot pairs ($d = SA$, the tabular case, the default), `random` ($U(-1, 1)$ entries,
 #   $d = 8$ unless given) or `unit` (those rows rescaled to norm 1).
 #
 # Under every policy the chain moves right and the last state can reach every state, so every policy's
 # chain is irreducible and aperiodic: $q_\pi$, its stationary distribution and the uniform behaviour's
 # stationary start are all well defined. The draws are read in a fixed order (transitions, rewards,
-# features), so the MDPs of one seed under the three feature kinds share $P$ and $r$; with one action
+# features), so the MDPs of one seed under the three feature kinds share $P$ and $r$, and the two
+# reward kinds share $P$ and $\Phi$; with one action
 # the transitions are chapter 0's `boyan_transitions` of the same generator (both tested below).
 
 # %%
 #| export
-MDP_FEATURES = ("onehot", "random", "unit")
+MDP_FEATURES, MDP_REWARDS = ("onehot", "random", "unit"), ("action", "state")
 
 def random_mdp(n_states:int=10,       # number of states S >= 2
                n_actions:int=3,       # number of actions A >= 1
@@ -225,16 +228,19 @@ def random_mdp(n_states:int=10,       # number of states S >= 2
                features:str="onehot", # "onehot" (d = S A), "random" (U(-1, 1)) or "unit" (rows of norm 1)
                seed=0,                # int or `numpy.random.Generator`
                d=None,                # feature dimension of random and unit features (default 8)
+               rewards:str="action",  # "action": r(s, a) ~ U(-1, 1) i.i.d.; "state": r(s, a) = r(s), Boyan's rewards
               )->MDP:
     "A random MDP whose every action is a random Boyan chain, with rewards r(s, a) ~ U(-1, 1)."
     S, A = check_int(n_states, "n_states", low=2), check_int(n_actions, "n_actions", low=1)
     features, gamma = check_choice(features, MDP_FEATURES, "features"), check_gamma(gamma)
+    rewards = check_choice(rewards, MDP_REWARDS, "rewards")
     if features == "onehot" and d is not None and d != S * A:
         raise ValueError(f"`d` must be None or n_states * n_actions = {S * A} for one-hot features, got {d!r}")
     d = S * A if features == "onehot" else 8 if d is None else check_int(d, "d", low=1)
     rng = np.random.default_rng(seed)
     P = transitions_from_uniforms(rng.random((A, 2 * S - 2)), S).transpose(1, 0, 2)
     r = rng.uniform(-1, 1, size=(S, A))
+    if rewards == "state": r = np.repeat(r[:, :1], A, 1)
     if features == "onehot": phi = np.eye(S * A).reshape(S, A, S * A)
     else:
         phi = rng.uniform(-1, 1, size=(S, A, d))
@@ -698,6 +704,7 @@ for msg, kw in {"`P` must have shape (S, A, S)": dict(P=np.ones((2, 2)) / 2),
 for msg, kw in {"`n_states` must be an integer >= 2": dict(n_states=1),
                 "`n_actions` must be an integer >= 1": dict(n_actions=0),
                 "`features` must be one of": dict(features="gaussian"),
+                "`rewards` must be one of": dict(rewards="sparse"),
                 "`d` must be None or n_states * n_actions": dict(d=4),
                 "`d` must be an integer >= 1": dict(features="random", d=0),
                 "`gamma` must lie in [0, 1)": dict(gamma=1.)}.items():
@@ -723,6 +730,8 @@ for seed in range(20):
     test_close(dist @ policy_mrp(kinds[0], pi_rand)[0], dist, eps=1e-12)
 test_eq(random_mdp(seed=3).phi, torch.eye(30, dtype=torch.float64).reshape(10, 3, 30))
 test_eq(random_mdp(features="random", seed=3).d, 8)
+state_r = random_mdp(seed=3, rewards="state")
+test_eq(state_r.P, random_mdp(seed=3).P); test_eq(state_r.r, random_mdp(seed=3).r[:, :1].expand(10, 3))
 
 # %% [markdown]
 # `q_pi` against the MRP of chapter 0 ($v_\pi = \sum_a \pi q_\pi$ solves $v = r_\pi + \gamma P_\pi v$),
