@@ -210,3 +210,109 @@ def test_linear_attention_is_cubic_so_cannot_take_the_max(seed, h):
     assert diff.abs().max() <= 1e-11 * max(1., out(2 * h).abs().max().item())
     qmax = lambda t: max(t, 0.)
     assert abs(qmax(-2 * h) - 4 * qmax(-h) + 6 * qmax(0.) - 4 * qmax(h) + qmax(2 * h) + 2 * h) < 1e-12
+
+
+# ---------------------------------------------------------------- convergence (9b) and acting (9c)
+
+from ictd.control_acting import greedy_returns, pair_token_q_iteration
+from ictd.control_convergence import contraction_rate, population_q_map
+
+
+@pytest.mark.unit
+@settings(max_examples=15)
+@given(seed=st.integers(1000, 10**6), beta=st.sampled_from([0., 2., math.inf]), sarsa=st.booleans())
+def test_pair_tokens_equal_the_full_iteration(seed, beta, sarsa):
+    m, S, A, R, W, rng = _context(seed)
+    f, fn = context_features(m, S, A)
+    kw = dict(alpha=0.8, gamma=m.gamma, beta=beta, n_iters=7)
+    fast = pair_token_q_iteration(m.phi, S, A, R, W, sarsa=sarsa, **kw)
+    full = kernel_q_iteration(f, R, fn, W, phi_queries=m.phi.flatten(0, 1), next_actions=A[1:] if sarsa else None, **kw)
+    torch.testing.assert_close(fast.flatten(), full[len(R):], atol=1e-12, rtol=1e-12)
+
+
+@pytest.mark.unit
+def test_greedy_returns_match_policy_return():
+    for seed in range(300, 310):
+        m = random_mdp(seed=seed, rewards="state")
+        q = torch.randn(10, 3, generator=torch.Generator().manual_seed(seed), dtype=F64)
+        assert abs(greedy_returns(m.P, m.r, m.gamma, q).item() - policy_return(m, greedy_policy(q))) < 1e-12
+
+
+@pytest.mark.unit
+@settings(max_examples=30)
+@given(seed=st.integers(0, 10**6), which=st.integers(0, 2))
+def test_proposition_9b1_contraction(seed, which):
+    g = torch.Generator().manual_seed(seed)
+    S, A = 2 + seed % 4, 2 + seed % 2
+    m = random_mdp(S, A, gamma=0.8, seed=seed)
+    diag = 0.92 + 0.08 * torch.rand(S * A, generator=g, dtype=F64)
+    off = torch.rand(S * A, S * A, generator=g, dtype=F64) * (1 - torch.eye(S * A, dtype=F64))
+    M = torch.diag(diag) + off / off.sum(-1, keepdim=True) * (1 - diag)[:, None]
+    mm = M.diagonal().min().item()
+    R0 = m.r.abs().max().item() / (2 * mm - 1 - 0.8)
+    beta = (0., 0.5 * (2 * mm - 1 - 0.8) / (0.8 * R0), math.inf)[which]
+    rho, R0_ = contraction_rate(M, m.r, 0.8, beta, 0.7)
+    assert rho < 1 and abs(R0_ - R0) < 1e-12
+    Q1, Q2 = ((2 * torch.rand(4, S, A, generator=g, dtype=F64) - 1) * R0 for _ in range(2))
+    kw = dict(alpha=0.7, gamma=0.8, beta=beta)
+    F1, F2 = population_q_map(Q1, M, m.r, m.P, **kw), population_q_map(Q2, M, m.r, m.P, **kw)
+    assert ((F1 - F2).abs().amax((-2, -1)) <= rho * (Q1 - Q2).abs().amax((-2, -1)) + 1e-12).all()
+    assert F1.abs().max() <= R0 * (1 + 1e-12)
+
+
+@pytest.mark.unit
+def test_example_9b1_oscillates_and_the_cures_converge():
+    P = torch.zeros(2, 2, 2, dtype=F64); P[0, :, 1] = 1.; P[1, 0, 0] = 1.; P[1, 1, 1] = 1.
+    r = torch.tensor([[0.5, -0.5], [0., -1.]], dtype=F64) * (1 + 1e-9)          # nudged
+    I = torch.eye(4, dtype=F64)
+    def last_steps(betas, alphas, n=6000):
+        "The last step's size of the iteration for each (beta, alpha), batched (beta = inf: the max)."
+        b, a = torch.tensor(betas, dtype=F64)[:, None], torch.tensor(alphas, dtype=F64)[:, None, None]
+        Q = torch.zeros(len(betas), 2, 2, dtype=F64)
+        for _ in range(n):
+            B = torch.where(torch.isinf(b), Q.amax(-1), (torch.softmax(torch.where(torch.isinf(b), 0., b)[..., None] * Q, -1) * Q).sum(-1))
+            Q, prev = Q + a * (r + 0.99 * (P @ B[:, None, :, None])[..., 0] - Q), Q
+        return (Q - prev).abs().amax((-2, -1))
+    torch.testing.assert_close(population_q_map(torch.ones(2, 2, dtype=F64), I, r, P, alpha=0.5, gamma=0.99, beta=3.5),
+                               torch.ones(2, 2, dtype=F64) + 0.5 * (r + 0.99 * (P @ torch.ones(2, 1, dtype=F64))[..., 0] - 1))
+    osc = last_steps([2.5, 3.5], [1., 1.])
+    assert (osc > 0.5).all()                                                     # a cycle, not a slow approach
+    cured = last_steps([math.inf, 3.5, 0.5, 10.], [1., 0.5, 1., 1.])
+    assert (cured < 1e-9).all(), cured
+
+
+def _unseen_mdps(root, n_mdps, n, kind):
+    ss_m, ss_t = np.random.SeedSequence(root).spawn(2)
+    mdps = [random_mdp(seed=np.random.default_rng(s), rewards=kind) for s in ss_m.spawn(n_mdps)]
+    trajs = [sample_mdp_trajectory(m, n, seed=np.random.default_rng(s)) for m, s in zip(mdps, ss_t.spawn(n_mdps))]
+    return mdps, [torch.stack([t[i] for t in trajs]) for i in range(3)]
+
+
+@pytest.mark.claims
+@pytest.mark.parametrize("kind", ["action", "state"])
+def test_acting_reaches_0_9_on_unseen_mdps(kind):
+    mdps, (S, A, R) = _unseen_mdps(424242 + (kind == "state"), 100, 3200, kind)
+    P, r, phi = (torch.stack([getattr(m, k) for m in mdps]) for k in ("P", "r", "phi"))
+    Q = pair_token_q_iteration(phi, S, A, R, 20. * torch.eye(30, dtype=F64), alpha=1., gamma=0.9, beta=math.inf, n_iters=100)
+    J = greedy_returns(P, r, 0.9, Q)
+    J_star = greedy_returns(P, r, 0.9, torch.stack([q_star(m) for m in mdps]))
+    J_unif = torch.tensor([policy_return(m, uniform_policy(m)) for m in mdps], dtype=F64)
+    norm = ((J - J_unif) / (J_star - J_unif)).numpy()
+    assert norm.mean() - 1.96 * norm.std(ddof=1) / 10 > 0.9, norm.mean()
+    Qs = pair_token_q_iteration(phi, S, A, R, 20. * torch.eye(30, dtype=F64), alpha=1., gamma=0.9, beta=0., n_iters=100, sarsa=True)
+    diff = norm - ((greedy_returns(P, r, 0.9, Qs) - J_unif) / (J_star - J_unif)).numpy()
+    assert diff.mean() - 1.96 * diff.std(ddof=1) / 10 > 0                          # above SARSA-then-greedy
+
+
+@pytest.mark.claims
+def test_floor_falls_like_a_sample_mean_on_unseen_mdps():
+    mdps, (S, A, R) = _unseen_mdps(515151, 60, 3000, "action")
+    phi, qs = torch.stack([m.phi for m in mdps]), torch.stack([q_star(m) for m in mdps])
+    mu = torch.stack([stationary_distribution(m)[:, None] * uniform_policy(m) for m in mdps])
+    floors = []
+    for n in (100, 300, 1000, 3000):
+        Q = pair_token_q_iteration(phi, S[:, :n + 1], A[:, :n + 1], R[:, :n], 20. * torch.eye(30, dtype=F64), alpha=1.,
+                                   gamma=0.9, beta=math.inf, n_iters=300)
+        floors.append(((Q - qs).square() * mu).sum((-2, -1)).sqrt().mean().item())
+    slope = np.polyfit(np.log([100, 300, 1000, 3000]), np.log(floors), 1)[0]
+    assert -0.7 < slope < -0.3, slope
