@@ -26,7 +26,8 @@ class MDP:
     phi:torch.Tensor  # (S, A, d) features of every state-action pair
 
     def __post_init__(self):
-        self.P, self.r = as_tensor(self.P, "P", torch.float64), as_tensor(self.r, "r", torch.float64)
+        self.P = as_tensor(self.P, "P", torch.float64)
+        self.r = as_tensor(self.r, "r", torch.float64)
         self.phi, self.gamma = as_tensor(self.phi, "phi", torch.float64), check_gamma(self.gamma)
         S, A = (self.P.shape[0], self.P.shape[1]) if self.P.ndim == 3 else (-1, -1)
         if self.P.ndim != 3 or self.P.shape[2] != S or S < 1 or A < 1:
@@ -35,7 +36,8 @@ class MDP:
         if not torch.allclose(self.P.sum(-1), torch.ones(S, A, dtype=torch.float64), atol=1e-10):
             raise ValueError("`P` is not stochastic: every P[s, a] must sum to 1")
         if self.r.shape != (S, A):
-            raise ValueError(f"`r` must have shape ({S}, {A}) to match `P`, got {tuple(self.r.shape)}")
+            raise ValueError(f"`r` must have shape ({S}, {A}) to match `P`, "
+                             f"got {tuple(self.r.shape)}")
         if self.phi.ndim != 3 or self.phi.shape[:2] != (S, A):
             raise ValueError(f"`phi` must have shape ({S}, {A}, d) to match `P`, "
                              f"got {tuple(self.phi.shape)}")
@@ -46,16 +48,19 @@ class MDP:
     def n_actions(self)->int: return self.P.shape[1]
     @property
     def d(self)->int: return self.phi.shape[2]
-    def __repr__(self): return f"MDP(n_states={self.n_states}, n_actions={self.n_actions}, d={self.d}, gamma={self.gamma})"
+    def __repr__(self):
+        return (f"MDP(n_states={self.n_states}, n_actions={self.n_actions}, d={self.d}, "
+                f"gamma={self.gamma})")
 
 # %% ../nbs/09_control.ipynb #2e6bacb0
 def check_policy(policy,        # (S, A) array of action probabilities
                  mdp:MDP,       # the MDP it acts in
                 )->torch.Tensor:  # float64 (S, A)
-    "A policy of `mdp` as a tensor, or a `ValueError` naming `policy` unless its rows are distributions."
+    "`policy` as a tensor, or a `ValueError` naming `policy` unless its rows are distributions."
     pi = as_tensor(policy, "policy", torch.float64)
     if pi.shape != (mdp.n_states, mdp.n_actions):
-        raise ValueError(f"`policy` must have shape ({mdp.n_states}, {mdp.n_actions}), got {tuple(pi.shape)}")
+        raise ValueError(f"`policy` must have shape ({mdp.n_states}, {mdp.n_actions}), "
+                         f"got {tuple(pi.shape)}")
     if (pi < 0).any() or not torch.allclose(pi.sum(-1), torch.ones_like(pi[:, 0]), atol=1e-10):
         raise ValueError("`policy` must have non-negative rows that sum to 1")
     return pi
@@ -122,17 +127,18 @@ MDP_FEATURES, MDP_REWARDS = ("onehot", "random", "unit"), ("action", "state")
 def random_mdp(n_states:int=10,       # number of states S >= 2
                n_actions:int=3,       # number of actions A >= 1
                gamma:float=0.9,       # discount factor in [0, 1)
-               features:str="onehot", # "onehot" (d = S A), "random" (U(-1, 1)) or "unit" (rows of norm 1)
+               features:str="onehot", # "onehot" (d = S A), "random" (U(-1, 1)) or "unit" (norm 1)
                seed=0,                # int or `numpy.random.Generator`
                d=None,                # feature dimension of random and unit features (default 8)
-               rewards:str="action",  # "action": r(s, a) ~ U(-1, 1) i.i.d.; "state": r(s, a) = r(s), Boyan's rewards
+               rewards:str="action",  # "action": r(s, a) ~ U(-1, 1); "state": r(s, a) = r(s)
               )->MDP:
     "A random MDP whose every action is a random Boyan chain, with rewards r(s, a) ~ U(-1, 1)."
     S, A = check_int(n_states, "n_states", low=2), check_int(n_actions, "n_actions", low=1)
     features, gamma = check_choice(features, MDP_FEATURES, "features"), check_gamma(gamma)
     rewards = check_choice(rewards, MDP_REWARDS, "rewards")
     if features == "onehot" and d is not None and d != S * A:
-        raise ValueError(f"`d` must be None or n_states * n_actions = {S * A} for one-hot features, got {d!r}")
+        raise ValueError(f"`d` must be None or n_states * n_actions = {S * A} for one-hot "
+                         f"features, got {d!r}")
     d = S * A if features == "onehot" else 8 if d is None else check_int(d, "d", low=1)
     rng = np.random.default_rng(seed)
     P = transitions_from_uniforms(rng.random((A, 2 * S - 2)), S).transpose(1, 0, 2)
@@ -149,8 +155,8 @@ def sample_mdp_trajectory(mdp:MDP,        # the MDP
                           n:int,          # number of transitions
                           behavior=None,  # (S, A) behaviour policy; default uniform
                           seed=0,         # int or `numpy.random.Generator`
-                         )->tuple:        # states (n+1,), actions (n+1,) long tensors, rewards (n,) float64
-    "A trajectory of `n` transitions of `behavior` from its stationary distribution: (states, actions, rewards)."
+                         )->tuple:        # states (n+1,), actions (n+1,), rewards (n,)
+    "`n` transitions of `behavior` from its stationary distribution: (states, actions, rewards)."
     n = check_int(n, "n", low=1)
     b = uniform_policy(mdp) if behavior is None else check_policy(behavior, mdp)
     rng, S = np.random.default_rng(seed), mdp.n_states
@@ -166,7 +172,7 @@ def sample_mdp_trajectory(mdp:MDP,        # the MDP
 
 # %% ../nbs/09_control.ipynb #b9175606
 def context_features(mdp:MDP, states, actions)->tuple:
-    "Features of a context: phi_sa (n, d) of the pairs left, phi_next (n, A, d) of each successor with every action."
+    "Features of a context: phi_sa (n, d) of the pairs left, phi_next (n, A, d) of the successors."
     S, Aa = torch.as_tensor(states).long(), torch.as_tensor(actions).long()
     return mdp.phi[S[:-1], Aa[:-1]], mdp.phi[S[1:]]
 
@@ -183,9 +189,9 @@ def _check_beta(beta)->float:
     if beta == math.inf: return math.inf
     return check_number(beta, "beta", 0)
 
-def kernel_q_iteration(phi_sa,            # (..., n, d) features of the context's pairs (S_{k-1}, A_{k-1})
+def kernel_q_iteration(phi_sa,            # (..., n, d) features of the pairs (S_{k-1}, A_{k-1})
                        rewards,           # (..., n) rewards, rewards[..., k-1] = R_k
-                       phi_next,          # (..., n, A, d) features of each successor S_k with every action
+                       phi_next,          # (..., n, A, d) each successor S_k with every action
                        W,                 # (d, d) or (..., d, d) score matrix
                        *,
                        alpha:float,       # step size > 0
@@ -193,29 +199,34 @@ def kernel_q_iteration(phi_sa,            # (..., n, d) features of the context'
                        beta:float,        # inverse temperature of the backup in [0, inf]
                        n_iters:int,       # number of iterations
                        phi_queries=None,  # (..., q, d) features of query pairs, or None
-                       next_actions=None, # (..., n) the behaviour's A_1..A_n: SARSA instead of the backup
+                       next_actions=None, # (..., n) behaviour's A_1..A_n: SARSA, not the backup
                        return_all=False,  # return every iterate Q_0..Q_T
-                      )->torch.Tensor:    # (..., n + q) values at the context's pairs, then the queries
-    "Kernel soft Q-iteration (Definition 9.1) from $Q_0 = 0$: values at the context's pairs and the queries."
+                      )->torch.Tensor:    # (..., n + q) values at the context's pairs, queries
+    "Kernel soft Q-iteration (Definition 9.1) from $Q_0 = 0$: values at the pairs and queries."
     keys = as_tensor(phi_sa, "phi_sa", torch.float64)
-    if keys.ndim < 2: raise ValueError(f"`phi_sa` must have shape (..., n, d), got {tuple(keys.shape)}")
+    if keys.ndim < 2:
+        raise ValueError(f"`phi_sa` must have shape (..., n, d), got {tuple(keys.shape)}")
     n, d = keys.shape[-2:]
     R = as_tensor(rewards, "rewards", torch.float64)
-    if R.shape[-1:] != (n,): raise ValueError(f"`rewards` must have shape (..., {n}), got {tuple(R.shape)}")
+    if R.shape[-1:] != (n,):
+        raise ValueError(f"`rewards` must have shape (..., {n}), got {tuple(R.shape)}")
     N = as_tensor(phi_next, "phi_next", torch.float64)
     if N.ndim < 3 or N.shape[-3] != n or N.shape[-1] != d:
         raise ValueError(f"`phi_next` must have shape (..., {n}, A, {d}), got {tuple(N.shape)}")
     A_ = N.shape[-2]
     Q = keys.new_zeros(keys.shape[:-2] + (0, d)) if phi_queries is None \
         else as_tensor(phi_queries, "phi_queries", torch.float64)
-    if Q.ndim < 2 or Q.shape[-1] != d: raise ValueError(f"`phi_queries` must have shape (..., q, {d}), got {tuple(Q.shape)}")
+    if Q.ndim < 2 or Q.shape[-1] != d:
+        raise ValueError(f"`phi_queries` must have shape (..., q, {d}), got {tuple(Q.shape)}")
     W = as_tensor(W, "W", torch.float64)
-    if W.shape[-2:] != (d, d): raise ValueError(f"`W` must have shape ({d}, {d}) or (..., {d}, {d}), got {tuple(W.shape)}")
+    if W.shape[-2:] != (d, d):
+        raise ValueError(f"`W` must have shape ({d}, {d}) or (..., {d}, {d}), got {tuple(W.shape)}")
     alpha, gamma = check_number(alpha, "alpha", 0, strict=True), check_gamma(gamma)
     beta, n_iters = _check_beta(beta), check_int(n_iters, "n_iters")
-    batch = torch.broadcast_shapes(keys.shape[:-2], R.shape[:-1], N.shape[:-3], Q.shape[:-2], W.shape[:-2])
+    batch = torch.broadcast_shapes(keys.shape[:-2], R.shape[:-1], N.shape[:-3], Q.shape[:-2],
+                                   W.shape[:-2])
     X = torch.cat([keys.expand(batch + (n, d)), N.expand(batch + N.shape[-3:]).flatten(-3, -2),
-                   Q.expand(batch + Q.shape[-2:])], -2)                       # (..., m, d) the targets
+                   Q.expand(batch + Q.shape[-2:])], -2)                  # (..., m, d) targets
     K = torch.softmax(keys @ W @ X.mT, dim=-2)                                # (..., n, m)
     if next_actions is not None:
         nxt = torch.as_tensor(next_actions).long()
@@ -227,7 +238,8 @@ def kernel_q_iteration(phi_sa,            # (..., n, d) features of the context'
         vs.append(torch.cat([v[..., :n], v[..., n + n * A_:]], -1))
         if t == n_iters: break
         q_next = v[..., n:n + n * A_].unflatten(-1, (n, A_))
-        b = boltzmann_backup(q_next, beta) if next_actions is None else q_next.gather(-1, nxt)[..., 0]
+        b = boltzmann_backup(q_next, beta) if next_actions is None \
+            else q_next.gather(-1, nxt)[..., 0]
         v = v + alpha * ((R + gamma * b - v[..., :n])[..., None, :] @ K)[..., 0, :]
     return torch.stack(vs, -2) if return_all else vs[-1]
 
@@ -237,14 +249,14 @@ def batch_tabular_q(states, actions, rewards,  # (..., n+1), (..., n+1) and (...
                     *,
                     alpha:float, gamma:float, beta:float, n_iters:int,
                     return_all=False,          # return every iterate Q_0..Q_T
-                   )->torch.Tensor:            # (..., S, A) action values; (..., T+1, S, A) with `return_all`
-    "Per-pair averaged batch tabular soft Q-iteration: each visited pair moves by alpha times its mean TD error."
+                   )->torch.Tensor:            # (..., S, A); (..., T+1, S, A) with `return_all`
+    "Per-pair averaged batch tabular soft Q-iteration (alpha times each pair's mean TD error)."
     S, A, x, R = _tabular(states, actions, rewards, n_states, n_actions)
     alpha, gamma = check_number(alpha, "alpha", 0, strict=True), check_gamma(gamma)
     beta, n_iters = _check_beta(beta), check_int(n_iters, "n_iters")
     E = torch.nn.functional.one_hot(x[..., :-1], S * A).to(R.dtype)        # (..., n, SA)
     E = E / E.sum(-2, keepdim=True).clamp(min=1)
-    nxt = x[..., 1:] // A * A                                              # first pair of each successor state
+    nxt = x[..., 1:] // A * A                                 # first pair of each successor state
     q, qs = R.new_zeros(R.shape[:-1] + (S * A,)), []
     for t in range(n_iters + 1):
         qs.append(q.unflatten(-1, (S, A)))
@@ -259,8 +271,10 @@ def _tabular(states, actions, rewards, n_states, n_actions):
     S, A = check_int(n_states, "n_states", low=1), check_int(n_actions, "n_actions", low=1)
     s, a = torch.as_tensor(states), torch.as_tensor(actions)
     for t, name, hi in ((s, "states", S), (a, "actions", A)):
-        if t.is_floating_point() or t.ndim < 1 or t.shape[-1] < 2 or (t < 0).any() or (t >= hi).any():
-            raise ValueError(f"`{name}` must hold integers in 0..{hi - 1}, shape (..., n+1) with n >= 1")
+        bad = (t < 0).any() or (t >= hi).any()
+        if t.is_floating_point() or t.ndim < 1 or t.shape[-1] < 2 or bad:
+            raise ValueError(f"`{name}` must hold integers in 0..{hi - 1}, "
+                             "shape (..., n+1) with n >= 1")
     R = as_tensor(rewards, "rewards", torch.float64)
     if s.shape != a.shape or R.shape[-1:] != (s.shape[-1] - 1,):
         raise ValueError(f"`states`, `actions` (..., n+1) and `rewards` (..., n) disagree: "

@@ -22,25 +22,28 @@ def pair_token_q_iteration(phi,               # (..., S, A, d) features of every
                            alpha:float, gamma:float, beta:float, n_iters:int,
                            sarsa:bool=False,  # back up the behaviour's next action instead (SARSA)
                            return_all=False,  # return every iterate Q_0..Q_T
-                          )->torch.Tensor:    # (..., S, A) values at every pair; (..., T+1, S, A) with `return_all`
-    "Kernel soft Q-iteration on a tabular context, on one token per state-action pair (exact, cost free of n)."
+                          )->torch.Tensor:    # (..., S, A) values at every pair ((..., T+1, S, A))
+    "Kernel soft Q-iteration on a tabular context, on one token per state-action pair (exact)."
     phi = as_tensor(phi, "phi", torch.float64)
-    if phi.ndim < 3: raise ValueError(f"`phi` must have shape (..., S, A, d), got {tuple(phi.shape)}")
+    if phi.ndim < 3:
+        raise ValueError(f"`phi` must have shape (..., S, A, d), got {tuple(phi.shape)}")
     S, A, d = phi.shape[-3:]
     _, _, x, R = _tabular(states, actions, rewards, S, A)
     alpha, gamma = check_number(alpha, "alpha", 0, strict=True), check_gamma(gamma)
     beta, n_iters = _check_beta(beta), check_int(n_iters, "n_iters")
     W = as_tensor(W, "W", torch.float64)
-    if W.shape[-2:] != (d, d): raise ValueError(f"`W` must have shape ({d}, {d}) or (..., {d}, {d}), got {tuple(W.shape)}")
+    if W.shape[-2:] != (d, d):
+        raise ValueError(f"`W` must have shape ({d}, {d}) or (..., {d}, {d}), got {tuple(W.shape)}")
     batch = torch.broadcast_shapes(phi.shape[:-3], x.shape[:-1], R.shape[:-1], W.shape[:-2])
     x, R = x.expand(batch + x.shape[-1:]), R.expand(batch + R.shape[-1:])
-    E = torch.nn.functional.one_hot(x[..., :-1], S * A).to(torch.float64)          # (..., n, SA) keys
-    N = E.sum(-2)                                                                  # visits of each pair
-    nxt = torch.nn.functional.one_hot(x[..., 1:] if sarsa else x[..., 1:] // A, S * A if sarsa else S).to(torch.float64)
-    r_hat = (R[..., None, :] @ E)[..., 0, :] / N.clamp(min=1)                       # (..., SA)
-    P_hat = E.mT @ nxt / N.clamp(min=1)[..., None]                                 # (..., SA, S or SA)
-    F = phi.flatten(-3, -2)                                                        # (..., SA, d)
-    w = torch.softmax(F @ W @ F.mT + N.log()[..., :, None], dim=-2)                # (..., SA keys, SA targets)
+    one_hot = lambda i, k: torch.nn.functional.one_hot(i, k).to(torch.float64)
+    E = one_hot(x[..., :-1], S * A)                                   # (..., n, SA) keys
+    N = E.sum(-2)                                                     # visits of each pair
+    nxt = one_hot(x[..., 1:], S * A) if sarsa else one_hot(x[..., 1:] // A, S)
+    r_hat = (R[..., None, :] @ E)[..., 0, :] / N.clamp(min=1)          # (..., SA)
+    P_hat = E.mT @ nxt / N.clamp(min=1)[..., None]                    # (..., SA, S or SA)
+    F = phi.flatten(-3, -2)                                           # (..., SA, d)
+    w = torch.softmax(F @ W @ F.mT + N.log()[..., :, None], dim=-2)   # (..., SA keys, SA targets)
     q, qs = R.new_zeros(batch + (S * A,)), []
     for t in range(n_iters + 1):
         qs.append(q.unflatten(-1, (S, A)))
@@ -56,15 +59,17 @@ def greedy_returns(P,            # (..., S, A, S) transitions
                    gamma:float,  # discount
                    q,            # (..., S, A) action values (extra leading axes broadcast)
                    start=None,   # (S,) start distribution; default uniform
-                  )->torch.Tensor:  # (...) expected discounted return of the greedy policy of each `q`
+                  )->torch.Tensor:  # (...) expected discounted return of each `q`'s greedy policy
     "Returns of the greedy policies of `q` (first maximiser), by one batched linear solve."
-    P, r, q = as_tensor(P, "P", torch.float64), as_tensor(r, "r", torch.float64), as_tensor(q, "q", torch.float64)
-    S = P.shape[-1]
-    a = q.argmax(-1)                                                              # (..., S)
+    P, r = as_tensor(P, "P", torch.float64), as_tensor(r, "r", torch.float64)
+    q, S = as_tensor(q, "q", torch.float64), P.shape[-1]
+    a = q.argmax(-1)                                                  # (..., S)
     batch = torch.broadcast_shapes(P.shape[:-3], a.shape[:-1])
     P, r, a = P.expand(batch + P.shape[-3:]), r.expand(batch + r.shape[-2:]), a.expand(batch + (S,))
     P_pi = P.gather(-2, a[..., None, None].expand(batch + (S, 1, S)))[..., 0, :]
     r_pi = r.gather(-1, a[..., None])[..., 0]
-    v = torch.linalg.solve(torch.eye(S, dtype=torch.float64) - check_gamma(gamma) * P_pi, r_pi[..., None])[..., 0]
-    mu = torch.full((S,), 1 / S, dtype=torch.float64) if start is None else as_tensor(start, "start", torch.float64)
+    I = torch.eye(S, dtype=torch.float64)
+    v = torch.linalg.solve(I - check_gamma(gamma) * P_pi, r_pi[..., None])[..., 0]
+    mu = torch.full((S,), 1 / S, dtype=torch.float64) if start is None \
+        else as_tensor(start, "start", torch.float64)
     return (v * mu).sum(-1)

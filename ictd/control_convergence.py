@@ -15,13 +15,14 @@ __all__ = ['population_q_map', 'contraction_rate']
 
 # %% ../nbs/09b_control_convergence.ipynb #6cceb961
 def population_q_map(Q,          # (..., S, A) action values
-                     M,          # (..., SA, SA) row-stochastic attention over pairs (row y: the weights of target y)
+                     M,          # (..., SA, SA) row-stochastic attention (row y: target y)
                      r,          # (..., S, A) rewards
                      P,          # (..., S, A, S) transitions
                      *, alpha:float, gamma:float, beta:float,
                     )->torch.Tensor:  # (..., S, A)
-    "One step $F(Q) = Q + \\alpha M (r + \\gamma P B_\\beta(Q) - Q)$ of kernel soft Q-iteration on pairs."
-    alpha, gamma, beta = check_number(alpha, "alpha", 0, strict=True), check_gamma(gamma), _check_beta(beta)
+    "One step $F(Q) = Q + \\alpha M (r + \\gamma P B_\\beta(Q) - Q)$ of soft Q-iteration on pairs."
+    alpha, gamma = check_number(alpha, "alpha", 0, strict=True), check_gamma(gamma)
+    beta = _check_beta(beta)
     td = r + gamma * (P @ boltzmann_backup(Q, beta)[..., None, :, None])[..., 0] - Q
     return Q + alpha * (M @ td.flatten(-2)[..., None])[..., 0].unflatten(-1, Q.shape[-2:])
 

@@ -20,31 +20,37 @@ __all__ = ['ControlPrompt', 'build_control_prompt', 'control_masks', 'masked_att
 # %% ../nbs/09a_control_transformer.ipynb #d96a83c6
 @dataclass(eq=False)
 class ControlPrompt:
-    "The tokens of a control prompt and its layout: n context columns, then n + q blocks of A columns."
+    "The tokens of a control prompt and its layout: n context columns, then n + q blocks of A."
     Z:torch.Tensor  # (..., d + 4, n + (n + q) A) tokens as columns
     n:int           # number of context transitions
     n_actions:int   # A, the columns of one block
     q:int           # number of query blocks (the last q blocks)
 
-def build_control_prompt(phi_sa,            # (..., n, d) features of the context's pairs (S_{k-1}, A_{k-1})
+def build_control_prompt(phi_sa,            # (..., n, d) features of the pairs (S_{k-1}, A_{k-1})
                          rewards,           # (..., n) rewards, rewards[..., k-1] = R_k
-                         phi_next,          # (..., n, A, d) features of each successor with every action
-                         phi_queries=None,  # (..., q, A, d) features of query states with every action
+                         phi_next,          # (..., n, A, d) each successor with every action
+                         phi_queries=None,  # (..., q, A, d) query states with every action
                         )->ControlPrompt:
-    "The control prompt: features, reward, value memory, backup memory and a constant row, as in the table."
-    keys, R = as_tensor(phi_sa, "phi_sa", torch.float64), as_tensor(rewards, "rewards", torch.float64)
+    "The control prompt: features, reward, value and backup memories and a constant row (table)."
+    keys = as_tensor(phi_sa, "phi_sa", torch.float64)
+    R = as_tensor(rewards, "rewards", torch.float64)
     nxt = as_tensor(phi_next, "phi_next", torch.float64)
-    if keys.ndim < 2 or nxt.ndim < 3 or nxt.shape[-3] != keys.shape[-2] or nxt.shape[-1] != keys.shape[-1]:
-        raise ValueError(f"`phi_next` must have shape (..., n, A, d) to match `phi_sa` {tuple(keys.shape)}, "
+    if keys.ndim < 2 or nxt.ndim < 3 or nxt.shape[-3] != keys.shape[-2] \
+            or nxt.shape[-1] != keys.shape[-1]:
+        raise ValueError(f"`phi_next` must have shape (..., n, A, d) to match `phi_sa` "
+                         f"{tuple(keys.shape)}, "
                          f"got {tuple(nxt.shape)}")
     n, d, A = keys.shape[-2], keys.shape[-1], nxt.shape[-2]
-    if R.shape[-1:] != (n,): raise ValueError(f"`rewards` must have shape (..., {n}), got {tuple(R.shape)}")
-    Qf = nxt[..., :0, :, :] if phi_queries is None else as_tensor(phi_queries, "phi_queries", torch.float64)
+    if R.shape[-1:] != (n,):
+        raise ValueError(f"`rewards` must have shape (..., {n}), got {tuple(R.shape)}")
+    Qf = nxt[..., :0, :, :] if phi_queries is None \
+        else as_tensor(phi_queries, "phi_queries", torch.float64)
     if Qf.ndim < 3 or Qf.shape[-2:] != (A, d):
         raise ValueError(f"`phi_queries` must have shape (..., q, {A}, {d}), got {tuple(Qf.shape)}")
     batch = torch.broadcast_shapes(keys.shape[:-2], R.shape[:-1], nxt.shape[:-3], Qf.shape[:-3])
     q = Qf.shape[-3]
-    feats = torch.cat([keys.expand(batch + (n, d)), nxt.expand(batch + nxt.shape[-3:]).flatten(-3, -2),
+    feats = torch.cat([keys.expand(batch + (n, d)),
+                       nxt.expand(batch + nxt.shape[-3:]).flatten(-3, -2),
                        Qf.expand(batch + Qf.shape[-3:]).flatten(-3, -2)], -2)
     Z = feats.new_zeros(batch + (d + 4, feats.shape[-2]))
     Z[..., :d, :] = feats.mT
@@ -56,22 +62,23 @@ def build_control_prompt(phi_sa,            # (..., n, d) features of the contex
 def control_masks(n:int,          # number of context transitions
                   n_actions:int,  # A
                   q:int,          # number of query blocks
-                 )->tuple:        # (TD mask, backup mask), each (N, N) additive 0 / -inf, [key i, column j]
-    "The TD head's mask (keys: the n context columns) and the backup head's (keys: the block assigned to each column)."
+                 )->tuple:        # (TD mask, backup mask): (N, N) of 0 / -inf, [key i, column j]
+    "The masks of the TD head (keys: the context) and the backup head (keys: the assigned block)."
     N = n + (n + q) * n_actions
     col = torch.arange(N)
-    assigned = torch.where(col < n, col, (col - n) // n_actions)          # the block each column attends to
-    key_block = torch.where(col < n, -1, (col - n) // n_actions)          # the block a column belongs to
+    assigned = torch.where(col < n, col, (col - n) // n_actions)     # the block a column attends to
+    key_block = torch.where(col < n, -1, (col - n) // n_actions)     # the block a column belongs to
     inf = torch.tensor(-math.inf, dtype=torch.float64)
     td = torch.where((col < n)[:, None].expand(N, N), torch.tensor(0., dtype=torch.float64), inf)
-    backup = torch.where(key_block[:, None] == assigned[None, :], torch.tensor(0., dtype=torch.float64), inf)
+    zero = torch.tensor(0., dtype=torch.float64)
+    backup = torch.where(key_block[:, None] == assigned[None, :], zero, inf)
     return td, backup
 
 def masked_attention(Z:torch.Tensor,     # (..., D, N) tokens
                      A:torch.Tensor,     # (D, D) score matrix
                      mask:torch.Tensor,  # (N, N) additive mask, [key i, column j]
-                     hard:bool=False,    # the beta -> infinity limit: uniform over the largest logits
-                    )->torch.Tensor:     # (..., N, N) attention, a distribution over keys i for each column j
+                     hard:bool=False,    # the beta -> infinity limit: uniform over the top logits
+                    )->torch.Tensor:     # (..., N, N) a distribution over keys i for each column j
     "Softmax attention of every column over its unmasked keys (or its limit, when `hard`)."
     logits = Z.mT @ A @ Z + mask
     if not hard: return torch.softmax(logits, dim=-2)
@@ -83,8 +90,8 @@ def control_pair_update(Z:torch.Tensor,  # (..., d + 4, N) tokens
                         params:tuple,    # (A_b, V_b, A, V_cur, V_tgt), each (d + 4, d + 4)
                         masks:tuple,     # (TD mask, backup mask) of `control_masks`
                         hard:bool=False, # backup head at beta = infinity
-                       )->torch.Tensor:  # (..., d + 4, N) tokens after the backup layer and the TD layer
-    "One iteration: the backup layer $Z + V_b Z S_b$, then the TD layer $Z + (V^{cur} + V^{tgt}) Z S$."
+                       )->torch.Tensor:  # (..., d + 4, N) after the backup layer and the TD layer
+    "the backup layer $Z + V_b Z S_b$, then the TD layer $Z + (V^{cur} + V^{tgt}) Z S$."
     A_b, V_b, A, V_cur, V_tgt = params
     Z = Z + V_b @ Z @ masked_attention(Z, A_b, masks[1], hard)
     return Z + (V_cur + V_tgt) @ Z @ masked_attention(Z, A, masks[0])
@@ -95,10 +102,11 @@ def control_theta_star(d:int,        # feature dimension
                        gamma:float,  # discount factor in [0, 1)
                        beta:float,   # inverse temperature of the backup in [0, inf]
                       )->tuple:      # (A_b, V_b, A, V_cur, V_tgt), each (d + 4, d + 4) float64
-    "The constructed parameters under which each pair of layers is one step of kernel soft Q-iteration."
+    "The constructed parameters under which each pair of layers is one soft Q-iteration step."
     d, W = token_rows(d) - 2, as_tensor(W, "W", torch.float64)
     if W.shape != (d, d): raise ValueError(f"`W` must have shape ({d}, {d}), got {tuple(W.shape)}")
-    alpha, gamma, beta = check_number(alpha, "alpha", 0, strict=True), check_gamma(gamma), _check_beta(beta)
+    alpha, gamma = check_number(alpha, "alpha", 0, strict=True), check_gamma(gamma)
+    beta = _check_beta(beta)
     A_b, V_b, A, V_cur, V_tgt = (torch.zeros(d + 4, d + 4, dtype=torch.float64) for _ in range(5))
     A_b[d + 1, d + 3] = 1. if beta == math.inf else beta
     V_b[d + 2, d + 1], V_b[d + 2, d + 2] = 1., -1.
@@ -108,12 +116,12 @@ def control_theta_star(d:int,        # feature dimension
 
 # %% ../nbs/09a_control_transformer.ipynb #b550f419
 class ControlICTD(nn.Module):
-    "A stack of L (backup layer, TD layer) pairs on control prompts; the values are read from row d + 1."
+    "A stack of L (backup layer, TD layer) pairs on control prompts; values are read from row d+1."
     def __init__(self, d:int,            # feature dimension; tokens have d + 4 rows
                  n_layers:int,           # number of layer pairs L (2L attention layers)
                  init_gain:float=0.1,    # gain of the Xavier-normal initialisation
                  seed=None,              # int or `torch.Generator`
-                 hard:bool=False,        # backup heads at beta = infinity (uniform over the largest logits)
+                 hard:bool=False,        # backup heads at beta = infinity (top logits, uniformly)
                 ):
         super().__init__()
         D, g = token_rows(d) + 2, torch_generator(seed)
@@ -130,7 +138,7 @@ class ControlICTD(nn.Module):
                         gamma:float,     # discount factor in [0, 1)
                         beta:float,      # inverse temperature of the backup in [0, inf]
                        ):
-        "The model whose every pair of layers carries `control_theta_star(d, W, alpha, gamma, beta)`."
+        "Every pair of layers carrying `control_theta_star(d, W, alpha, gamma, beta)`."
         params = control_theta_star(d, W, alpha, gamma, beta)
         model = cls(d, n_layers, seed=0, hard=beta == math.inf)
         with torch.no_grad():
@@ -142,10 +150,12 @@ class ControlICTD(nn.Module):
                 return_all:bool=False,      # also return the tokens after every pair
                )->torch.Tensor:             # Z_L (..., d + 4, N), or Z_0..Z_L stacked on axis -3
         "Run the prompt through the L pairs of layers."
-        if x.Z.shape[-2] != self.d + 4: raise ValueError(f"the prompt has {x.Z.shape[-2]} rows, the model expects {self.d + 4}")
+        if x.Z.shape[-2] != self.d + 4:
+            raise ValueError(f"the prompt has {x.Z.shape[-2]} rows, the model expects {self.d + 4}")
         masks, Zs = control_masks(x.n, x.n_actions, x.q), [x.Z]
         for l in range(self.n_layers):
-            Zs.append(control_pair_update(Zs[-1], tuple(self.pairs[5 * l:5 * l + 5]), masks, self.hard))
+            pair = tuple(self.pairs[5 * l:5 * l + 5])
+            Zs.append(control_pair_update(Zs[-1], pair, masks, self.hard))
         return torch.stack(Zs, -3) if return_all else Zs[-1]
 
     def predict(self, x:ControlPrompt)->torch.Tensor:

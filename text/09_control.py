@@ -80,7 +80,8 @@ class MDP:
     phi:torch.Tensor  # (S, A, d) features of every state-action pair
 
     def __post_init__(self):
-        self.P, self.r = as_tensor(self.P, "P", torch.float64), as_tensor(self.r, "r", torch.float64)
+        self.P = as_tensor(self.P, "P", torch.float64)
+        self.r = as_tensor(self.r, "r", torch.float64)
         self.phi, self.gamma = as_tensor(self.phi, "phi", torch.float64), check_gamma(self.gamma)
         S, A = (self.P.shape[0], self.P.shape[1]) if self.P.ndim == 3 else (-1, -1)
         if self.P.ndim != 3 or self.P.shape[2] != S or S < 1 or A < 1:
@@ -89,7 +90,8 @@ class MDP:
         if not torch.allclose(self.P.sum(-1), torch.ones(S, A, dtype=torch.float64), atol=1e-10):
             raise ValueError("`P` is not stochastic: every P[s, a] must sum to 1")
         if self.r.shape != (S, A):
-            raise ValueError(f"`r` must have shape ({S}, {A}) to match `P`, got {tuple(self.r.shape)}")
+            raise ValueError(f"`r` must have shape ({S}, {A}) to match `P`, "
+                             f"got {tuple(self.r.shape)}")
         if self.phi.ndim != 3 or self.phi.shape[:2] != (S, A):
             raise ValueError(f"`phi` must have shape ({S}, {A}, d) to match `P`, "
                              f"got {tuple(self.phi.shape)}")
@@ -100,7 +102,9 @@ class MDP:
     def n_actions(self)->int: return self.P.shape[1]
     @property
     def d(self)->int: return self.phi.shape[2]
-    def __repr__(self): return f"MDP(n_states={self.n_states}, n_actions={self.n_actions}, d={self.d}, gamma={self.gamma})"
+    def __repr__(self):
+        return (f"MDP(n_states={self.n_states}, n_actions={self.n_actions}, d={self.d}, "
+                f"gamma={self.gamma})")
 
 
 # %% [markdown]
@@ -112,10 +116,11 @@ class MDP:
 def check_policy(policy,        # (S, A) array of action probabilities
                  mdp:MDP,       # the MDP it acts in
                 )->torch.Tensor:  # float64 (S, A)
-    "A policy of `mdp` as a tensor, or a `ValueError` naming `policy` unless its rows are distributions."
+    "`policy` as a tensor, or a `ValueError` naming `policy` unless its rows are distributions."
     pi = as_tensor(policy, "policy", torch.float64)
     if pi.shape != (mdp.n_states, mdp.n_actions):
-        raise ValueError(f"`policy` must have shape ({mdp.n_states}, {mdp.n_actions}), got {tuple(pi.shape)}")
+        raise ValueError(f"`policy` must have shape ({mdp.n_states}, {mdp.n_actions}), "
+                         f"got {tuple(pi.shape)}")
     if (pi < 0).any() or not torch.allclose(pi.sum(-1), torch.ones_like(pi[:, 0]), atol=1e-10):
         raise ValueError("`policy` must have non-negative rows that sum to 1")
     return pi
@@ -225,17 +230,18 @@ MDP_FEATURES, MDP_REWARDS = ("onehot", "random", "unit"), ("action", "state")
 def random_mdp(n_states:int=10,       # number of states S >= 2
                n_actions:int=3,       # number of actions A >= 1
                gamma:float=0.9,       # discount factor in [0, 1)
-               features:str="onehot", # "onehot" (d = S A), "random" (U(-1, 1)) or "unit" (rows of norm 1)
+               features:str="onehot", # "onehot" (d = S A), "random" (U(-1, 1)) or "unit" (norm 1)
                seed=0,                # int or `numpy.random.Generator`
                d=None,                # feature dimension of random and unit features (default 8)
-               rewards:str="action",  # "action": r(s, a) ~ U(-1, 1) i.i.d.; "state": r(s, a) = r(s), Boyan's rewards
+               rewards:str="action",  # "action": r(s, a) ~ U(-1, 1); "state": r(s, a) = r(s)
               )->MDP:
     "A random MDP whose every action is a random Boyan chain, with rewards r(s, a) ~ U(-1, 1)."
     S, A = check_int(n_states, "n_states", low=2), check_int(n_actions, "n_actions", low=1)
     features, gamma = check_choice(features, MDP_FEATURES, "features"), check_gamma(gamma)
     rewards = check_choice(rewards, MDP_REWARDS, "rewards")
     if features == "onehot" and d is not None and d != S * A:
-        raise ValueError(f"`d` must be None or n_states * n_actions = {S * A} for one-hot features, got {d!r}")
+        raise ValueError(f"`d` must be None or n_states * n_actions = {S * A} for one-hot "
+                         f"features, got {d!r}")
     d = S * A if features == "onehot" else 8 if d is None else check_int(d, "d", low=1)
     rng = np.random.default_rng(seed)
     P = transitions_from_uniforms(rng.random((A, 2 * S - 2)), S).transpose(1, 0, 2)
@@ -260,7 +266,7 @@ mdp = random_mdp(seed=0)
 qs = q_star(mdp)
 pi_star = greedy_policy(qs)
 test_close(q_pi(mdp, pi_star), qs, eps=1e-10)
-test_close(mdp.r + mdp.gamma * mdp.P @ qs.amax(-1), qs, eps=1e-11)     # the Bellman optimality equation
+test_close(mdp.r + mdp.gamma * mdp.P @ qs.amax(-1), qs, eps=1e-11)     # Bellman optimality
 J = {name: policy_return(mdp, pi) for name, pi in
      dict(optimal=pi_star, uniform=uniform_policy(mdp), worst=greedy_policy(q_star(
          MDP(mdp.P, -mdp.r, mdp.gamma, mdp.phi)))).items()}
@@ -282,8 +288,8 @@ def sample_mdp_trajectory(mdp:MDP,        # the MDP
                           n:int,          # number of transitions
                           behavior=None,  # (S, A) behaviour policy; default uniform
                           seed=0,         # int or `numpy.random.Generator`
-                         )->tuple:        # states (n+1,), actions (n+1,) long tensors, rewards (n,) float64
-    "A trajectory of `n` transitions of `behavior` from its stationary distribution: (states, actions, rewards)."
+                         )->tuple:        # states (n+1,), actions (n+1,), rewards (n,)
+    "`n` transitions of `behavior` from its stationary distribution: (states, actions, rewards)."
     n = check_int(n, "n", low=1)
     b = uniform_policy(mdp) if behavior is None else check_policy(behavior, mdp)
     rng, S = np.random.default_rng(seed), mdp.n_states
@@ -315,7 +321,7 @@ list(zip(states.tolist(), actions.tolist()))
 # %%
 #| export
 def context_features(mdp:MDP, states, actions)->tuple:
-    "Features of a context: phi_sa (n, d) of the pairs left, phi_next (n, A, d) of each successor with every action."
+    "Features of a context: phi_sa (n, d) of the pairs left, phi_next (n, A, d) of the successors."
     S, Aa = torch.as_tensor(states).long(), torch.as_tensor(actions).long()
     return mdp.phi[S[:-1], Aa[:-1]], mdp.phi[S[1:]]
 
@@ -377,9 +383,9 @@ def _check_beta(beta)->float:
     if beta == math.inf: return math.inf
     return check_number(beta, "beta", 0)
 
-def kernel_q_iteration(phi_sa,            # (..., n, d) features of the context's pairs (S_{k-1}, A_{k-1})
+def kernel_q_iteration(phi_sa,            # (..., n, d) features of the pairs (S_{k-1}, A_{k-1})
                        rewards,           # (..., n) rewards, rewards[..., k-1] = R_k
-                       phi_next,          # (..., n, A, d) features of each successor S_k with every action
+                       phi_next,          # (..., n, A, d) each successor S_k with every action
                        W,                 # (d, d) or (..., d, d) score matrix
                        *,
                        alpha:float,       # step size > 0
@@ -387,29 +393,34 @@ def kernel_q_iteration(phi_sa,            # (..., n, d) features of the context'
                        beta:float,        # inverse temperature of the backup in [0, inf]
                        n_iters:int,       # number of iterations
                        phi_queries=None,  # (..., q, d) features of query pairs, or None
-                       next_actions=None, # (..., n) the behaviour's A_1..A_n: SARSA instead of the backup
+                       next_actions=None, # (..., n) behaviour's A_1..A_n: SARSA, not the backup
                        return_all=False,  # return every iterate Q_0..Q_T
-                      )->torch.Tensor:    # (..., n + q) values at the context's pairs, then the queries
-    "Kernel soft Q-iteration (Definition 9.1) from $Q_0 = 0$: values at the context's pairs and the queries."
+                      )->torch.Tensor:    # (..., n + q) values at the context's pairs, queries
+    "Kernel soft Q-iteration (Definition 9.1) from $Q_0 = 0$: values at the pairs and queries."
     keys = as_tensor(phi_sa, "phi_sa", torch.float64)
-    if keys.ndim < 2: raise ValueError(f"`phi_sa` must have shape (..., n, d), got {tuple(keys.shape)}")
+    if keys.ndim < 2:
+        raise ValueError(f"`phi_sa` must have shape (..., n, d), got {tuple(keys.shape)}")
     n, d = keys.shape[-2:]
     R = as_tensor(rewards, "rewards", torch.float64)
-    if R.shape[-1:] != (n,): raise ValueError(f"`rewards` must have shape (..., {n}), got {tuple(R.shape)}")
+    if R.shape[-1:] != (n,):
+        raise ValueError(f"`rewards` must have shape (..., {n}), got {tuple(R.shape)}")
     N = as_tensor(phi_next, "phi_next", torch.float64)
     if N.ndim < 3 or N.shape[-3] != n or N.shape[-1] != d:
         raise ValueError(f"`phi_next` must have shape (..., {n}, A, {d}), got {tuple(N.shape)}")
     A_ = N.shape[-2]
     Q = keys.new_zeros(keys.shape[:-2] + (0, d)) if phi_queries is None \
         else as_tensor(phi_queries, "phi_queries", torch.float64)
-    if Q.ndim < 2 or Q.shape[-1] != d: raise ValueError(f"`phi_queries` must have shape (..., q, {d}), got {tuple(Q.shape)}")
+    if Q.ndim < 2 or Q.shape[-1] != d:
+        raise ValueError(f"`phi_queries` must have shape (..., q, {d}), got {tuple(Q.shape)}")
     W = as_tensor(W, "W", torch.float64)
-    if W.shape[-2:] != (d, d): raise ValueError(f"`W` must have shape ({d}, {d}) or (..., {d}, {d}), got {tuple(W.shape)}")
+    if W.shape[-2:] != (d, d):
+        raise ValueError(f"`W` must have shape ({d}, {d}) or (..., {d}, {d}), got {tuple(W.shape)}")
     alpha, gamma = check_number(alpha, "alpha", 0, strict=True), check_gamma(gamma)
     beta, n_iters = _check_beta(beta), check_int(n_iters, "n_iters")
-    batch = torch.broadcast_shapes(keys.shape[:-2], R.shape[:-1], N.shape[:-3], Q.shape[:-2], W.shape[:-2])
+    batch = torch.broadcast_shapes(keys.shape[:-2], R.shape[:-1], N.shape[:-3], Q.shape[:-2],
+                                   W.shape[:-2])
     X = torch.cat([keys.expand(batch + (n, d)), N.expand(batch + N.shape[-3:]).flatten(-3, -2),
-                   Q.expand(batch + Q.shape[-2:])], -2)                       # (..., m, d) the targets
+                   Q.expand(batch + Q.shape[-2:])], -2)                  # (..., m, d) targets
     K = torch.softmax(keys @ W @ X.mT, dim=-2)                                # (..., n, m)
     if next_actions is not None:
         nxt = torch.as_tensor(next_actions).long()
@@ -421,7 +432,8 @@ def kernel_q_iteration(phi_sa,            # (..., n, d) features of the context'
         vs.append(torch.cat([v[..., :n], v[..., n + n * A_:]], -1))
         if t == n_iters: break
         q_next = v[..., n:n + n * A_].unflatten(-1, (n, A_))
-        b = boltzmann_backup(q_next, beta) if next_actions is None else q_next.gather(-1, nxt)[..., 0]
+        b = boltzmann_backup(q_next, beta) if next_actions is None \
+            else q_next.gather(-1, nxt)[..., 0]
         v = v + alpha * ((R + gamma * b - v[..., :n])[..., None, :] @ K)[..., 0, :]
     return torch.stack(vs, -2) if return_all else vs[-1]
 
@@ -441,14 +453,16 @@ show_doc(kernel_q_iteration)
 # empirical MDP (tested in [Implementation and tests](#the-tabular-limit)).
 
 # %%
-def expected_sarsa_loop(phi_sa, rewards, phi_next, W, policy_next, alpha, gamma, n_iters, phi_queries):
-    "Kernel expected SARSA for a fixed policy (policy_next (n, A) at each successor), one loop per transition."
+def expected_sarsa_loop(phi_sa, rewards, phi_next, W, policy_next, alpha, gamma, n_iters,
+                        phi_queries):
+    "Kernel expected SARSA for a fixed policy (policy_next (n, A)), one loop per transition."
     n, A = phi_next.shape[:2]
     X = list(phi_sa) + [phi_next[k, a] for k in range(n) for a in range(A)] + list(phi_queries)
     weights = [torch.softmax(torch.stack([phi_sa[k] @ W @ x for k in range(n)]), 0) for x in X]
     v = [0.] * len(X)
     for _ in range(n_iters):
-        delta = [rewards[k] + gamma * sum(policy_next[k, a] * v[n + k * A + a] for a in range(A)) - v[k]
+        delta = [rewards[k] + gamma * sum(policy_next[k, a] * v[n + k * A + a] for a in range(A))
+                 - v[k]
                  for k in range(n)]
         v = [v[j] + alpha * sum(weights[j][k] * delta[k] for k in range(n)) for j in range(len(X))]
     return torch.stack([torch.as_tensor(x) for x in v[:n] + v[n + n * A:]])
@@ -458,11 +472,13 @@ def expected_sarsa_loop(phi_sa, rewards, phi_next, W, policy_next, alpha, gamma,
 small = random_mdp(5, 2, features="random", d=3, seed=1)
 S1, A1, R1 = sample_mdp_trajectory(small, 15, seed=1)
 f_sa, f_next = context_features(small, S1, A1)
-W1, f_q = torch.randn(3, 3, generator=torch.Generator().manual_seed(1), dtype=torch.float64), small.phi[2]
+W1 = torch.randn(3, 3, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+f_q = small.phi[2]
 common = dict(alpha=0.4, gamma=small.gamma, n_iters=6, phi_queries=f_q)
 uniform_next = torch.full((15, 2), 0.5, dtype=torch.float64)
 test_close(kernel_q_iteration(f_sa, R1, f_next, W1, beta=0., **common),
-           expected_sarsa_loop(f_sa, R1, f_next, W1, uniform_next, 0.4, small.gamma, 6, f_q), eps=1e-12)
+           expected_sarsa_loop(f_sa, R1, f_next, W1, uniform_next, 0.4, small.gamma, 6, f_q),
+           eps=1e-12)
 
 # %% [markdown]
 # **2. The behaviour's next action: SARSA.** With `next_actions` $= (A_1, \dots, A_n)$ the update is
@@ -472,7 +488,7 @@ test_close(kernel_q_iteration(f_sa, R1, f_next, W1, beta=0., **common),
 # %%
 pairs = small.phi[S1, A1]                                                       # (n + 1, d)
 sarsa = kernel_q_iteration(f_sa, R1, f_next, W1, beta=0., next_actions=A1[1:], **common)
-wstd = weighted_softmax_td(pairs, R1, W1, 0.4, small.gamma, 6, phi_queries=f_q)  # S_0..S_n, then queries
+wstd = weighted_softmax_td(pairs, R1, W1, 0.4, small.gamma, 6, phi_queries=f_q)  # S_0..S_n, queries
 test_close(sarsa, torch.cat([wstd[:15], wstd[16:]]), eps=1e-12)
 
 # %% [markdown]
@@ -506,14 +522,14 @@ def batch_tabular_q(states, actions, rewards,  # (..., n+1), (..., n+1) and (...
                     *,
                     alpha:float, gamma:float, beta:float, n_iters:int,
                     return_all=False,          # return every iterate Q_0..Q_T
-                   )->torch.Tensor:            # (..., S, A) action values; (..., T+1, S, A) with `return_all`
-    "Per-pair averaged batch tabular soft Q-iteration: each visited pair moves by alpha times its mean TD error."
+                   )->torch.Tensor:            # (..., S, A); (..., T+1, S, A) with `return_all`
+    "Per-pair averaged batch tabular soft Q-iteration (alpha times each pair's mean TD error)."
     S, A, x, R = _tabular(states, actions, rewards, n_states, n_actions)
     alpha, gamma = check_number(alpha, "alpha", 0, strict=True), check_gamma(gamma)
     beta, n_iters = _check_beta(beta), check_int(n_iters, "n_iters")
     E = torch.nn.functional.one_hot(x[..., :-1], S * A).to(R.dtype)        # (..., n, SA)
     E = E / E.sum(-2, keepdim=True).clamp(min=1)
-    nxt = x[..., 1:] // A * A                                              # first pair of each successor state
+    nxt = x[..., 1:] // A * A                                 # first pair of each successor state
     q, qs = R.new_zeros(R.shape[:-1] + (S * A,)), []
     for t in range(n_iters + 1):
         qs.append(q.unflatten(-1, (S, A)))
@@ -528,8 +544,10 @@ def _tabular(states, actions, rewards, n_states, n_actions):
     S, A = check_int(n_states, "n_states", low=1), check_int(n_actions, "n_actions", low=1)
     s, a = torch.as_tensor(states), torch.as_tensor(actions)
     for t, name, hi in ((s, "states", S), (a, "actions", A)):
-        if t.is_floating_point() or t.ndim < 1 or t.shape[-1] < 2 or (t < 0).any() or (t >= hi).any():
-            raise ValueError(f"`{name}` must hold integers in 0..{hi - 1}, shape (..., n+1) with n >= 1")
+        bad = (t < 0).any() or (t >= hi).any()
+        if t.is_floating_point() or t.ndim < 1 or t.shape[-1] < 2 or bad:
+            raise ValueError(f"`{name}` must hold integers in 0..{hi - 1}, "
+                             "shape (..., n+1) with n >= 1")
     R = as_tensor(rewards, "rewards", torch.float64)
     if s.shape != a.shape or R.shape[-1:] != (s.shape[-1] - 1,):
         raise ValueError(f"`states`, `actions` (..., n+1) and `rewards` (..., n) disagree: "
@@ -566,18 +584,19 @@ def _tabular(states, actions, rewards, n_states, n_actions):
 
 # %%
 def visiting_context(mdp, n, rng):
-    "A trajectory in which every state-action pair is left at least once (the hypothesis of Proposition 9.1)."
+    "A trajectory in which every state-action pair is left at least once (Proposition 9.1)."
     while True:
         S_, A_, R_ = sample_mdp_trajectory(mdp, n, seed=rng)
         if len(set((S_[:-1] * mdp.n_actions + A_[:-1]).tolist())) == mdp.n_states * mdp.n_actions:
             return S_, A_, R_
 
 def tabular_gaps(mdp, S_, A_, R_, kappas, beta, alpha=0.8, n_iters=20):
-    "Largest gap over iterations and targets between kernel soft Q-iteration (W = kappa I) and batch_tabular_q."
+    "Largest gap over iterations and targets: kernel (W = kappa I) against batch_tabular_q."
     f_sa, f_next = context_features(mdp, S_, A_)
     q_tab = batch_tabular_q(S_, A_, R_, mdp.n_states, mdp.n_actions, alpha=alpha, gamma=mdp.gamma,
                             beta=beta, n_iters=n_iters, return_all=True)
-    Ws = torch.as_tensor(kappas, dtype=torch.float64)[:, None, None] * torch.eye(mdp.d, dtype=torch.float64)
+    I = torch.eye(mdp.d, dtype=torch.float64)
+    Ws = torch.as_tensor(kappas, dtype=torch.float64)[:, None, None] * I
     kern = kernel_q_iteration(f_sa, R_, f_next, Ws, alpha=alpha, gamma=mdp.gamma, beta=beta,
                               n_iters=n_iters, phi_queries=mdp.phi.flatten(0, 1), return_all=True)
     tab = torch.cat([q_tab[:, S_[:-1], A_[:-1]], q_tab.flatten(-2)], -1)
@@ -587,12 +606,14 @@ def tabular_gaps(mdp, S_, A_, R_, kappas, beta, alpha=0.8, n_iters=20):
 # %%
 rng_tab, kappa_grid = np.random.default_rng(9), np.arange(0, 41, 2.)
 tab_contexts = [visiting_context(random_mdp(seed=s), 150, rng_tab) for s in range(4)]
-tab_gaps = {b: np.array([tabular_gaps(random_mdp(seed=s), *c, kappa_grid, b) for s, c in enumerate(tab_contexts)])
+tab_gaps = {b: np.array([tabular_gaps(random_mdp(seed=s), *c, kappa_grid, b)
+                         for s, c in enumerate(tab_contexts)])
             for b in (0., 5., math.inf)}
 for b, g_ in tab_gaps.items(): assert (g_[:, kappa_grid == 36] < 1e-11).all(), (b, g_[:, -3])
 beta_tex = lambda b: r"\infty" if b == math.inf else f"{b:g}"
-Markdown(f"At $\\kappa = 36$ the largest gap over {len(tab_contexts)} contexts, 20 iterations and every target is "
-         f"below $10^{{-11}}$ (asserted) for $\\beta$ = " + ", ".join(f"${beta_tex(b)}$" for b in tab_gaps) + ".")
+Markdown(f"At $\\kappa = 36$ the largest gap over {len(tab_contexts)} contexts, 20 iterations and "
+         f"every target is below $10^{{-11}}$ (asserted) for $\\beta$ = "
+         + ", ".join(f"${beta_tex(b)}$" for b in tab_gaps) + ".")
 
 # %% [markdown]
 # ## What the iteration reaches
@@ -610,7 +631,8 @@ S_f, A_f, R_f = sample_mdp_trajectory(mdp, n_fig, seed=3)
 fs, fn = context_features(mdp, S_f, A_f)
 W_sharp = 30. * torch.eye(mdp.d, dtype=torch.float64)
 traj = {b: kernel_q_iteration(fs, R_f, fn, W_sharp, alpha=1., gamma=mdp.gamma, beta=b, n_iters=80,
-                              phi_queries=mdp.phi.flatten(0, 1), return_all=True)[:, n_fig:] for b in betas_fig}
+                              phi_queries=mdp.phi.flatten(0, 1), return_all=True)[:, n_fig:]
+        for b in betas_fig}
 q_unif = q_pi(mdp, uniform_policy(mdp)).flatten()
 err_star = {b: (v - qs.flatten()).abs().amax(-1).numpy() for b, v in traj.items()}
 err_unif = {b: (v - q_unif).abs().amax(-1).numpy() for b, v in traj.items()}
@@ -635,15 +657,20 @@ fig.suptitle(f"One context, n = {n_fig}, one-hot features, kappa = 30, alpha = 1
 fig.tight_layout()
 
 # %%
-Markdown(f"After 80 iterations the distance to $q_*$ is {final[math.inf][0]:.3f} for $\\beta = \\infty$ and "
-         f"{final[0.][0]:.3f} for $\\beta = 0$, whose distance to $q_{{\\mathrm{{unif}}}}$ is {final[0.][1]:.3f} "
+Markdown(f"After 80 iterations the distance to $q_*$ is {final[math.inf][0]:.3f} for "
+         f"$\\beta = \\infty$ and "
+         f"{final[0.][0]:.3f} for $\\beta = 0$, whose distance to $q_{{\\mathrm{{unif}}}}$ is "
+         f"{final[0.][1]:.3f} "
          f"(the largest $|q_*|$ is {np.abs(qs.numpy()).max():.2f}).")
 
 # %%
-record_claim("reductions", "Kernel soft Q-iteration reduces exactly to expected SARSA of the uniform policy "
-             "($\\beta = 0$), to weighted softmax TD on pairs (SARSA), to kernel Q-learning ($\\beta \\to \\infty$, "
-             "gap at most $\\alpha\\gamma\\log(A)/\\beta$ per step) and, with one-hot features and $W = \\kappa I$, to "
-             "batch tabular soft Q-iteration ($\\kappa \\to \\infty$, gap $O(e^{-\\kappa})$; Proposition 9.1).",
+record_claim("reductions", "Kernel soft Q-iteration reduces exactly to expected SARSA of the "
+             "uniform policy ($\\beta = 0$), to weighted softmax TD on pairs (SARSA), to kernel "
+             "Q-learning ($\\beta \\to \\infty$, "
+             "gap at most $\\alpha\\gamma\\log(A)/\\beta$ per step) and, with one-hot features and "
+             "$W = \\kappa I$, to "
+             "batch tabular soft Q-iteration ($\\kappa \\to \\infty$, gap $O(e^{-\\kappa})$; "
+             "Proposition 9.1).",
              "proved", "control", "#the-four-reductions");
 
 # %% [markdown]
@@ -709,9 +736,12 @@ for msg, kw in {"`n_states` must be an integer >= 2": dict(n_states=1),
                 "`d` must be an integer >= 1": dict(features="random", d=0),
                 "`gamma` must lie in [0, 1)": dict(gamma=1.)}.items():
     test_fail(lambda: random_mdp(**kw), contains=msg)
-test_fail(lambda: check_policy(np.ones((10, 3)), mdp), contains="`policy` must have non-negative rows")
-test_fail(lambda: check_policy(np.ones((3, 3)) / 3, mdp), contains="`policy` must have shape (10, 3)")
-test_fail(lambda: policy_return(mdp, uniform_policy(mdp), start=np.ones(10)), contains="`start` must be")
+test_fail(lambda: check_policy(np.ones((10, 3)), mdp),
+          contains="`policy` must have non-negative rows")
+test_fail(lambda: check_policy(np.ones((3, 3)) / 3, mdp),
+          contains="`policy` must have shape (10, 3)")
+test_fail(lambda: policy_return(mdp, uniform_policy(mdp), start=np.ones(10)),
+          contains="`start` must be")
 test_fail(lambda: sample_mdp_trajectory(mdp, 0), contains="`n` must be an integer >= 1")
 test_fail(lambda: q_star(mdp, tol=0), contains="`tol` must be a finite number > 0")
 
@@ -724,14 +754,17 @@ for seed in range(20):
     kinds = [random_mdp(7, 3, features=f, seed=seed) for f in MDP_FEATURES]
     for m in kinds[1:]: test_eq((m.P, m.r), (kinds[0].P, kinds[0].r))
     test_close(kinds[2].phi.norm(dim=-1), torch.ones(7, 3, dtype=torch.float64), eps=1e-12)
-    test_eq(random_mdp(7, 1, seed=seed).P[:, 0].numpy(), boyan_transitions(7, np.random.default_rng(seed)))
-    pi_rand = torch.softmax(torch.randn(7, 3, generator=torch.Generator().manual_seed(seed), dtype=torch.float64), -1)
+    test_eq(random_mdp(7, 1, seed=seed).P[:, 0].numpy(),
+            boyan_transitions(7, np.random.default_rng(seed)))
+    g_seed = torch.Generator().manual_seed(seed)
+    pi_rand = torch.softmax(torch.randn(7, 3, generator=g_seed, dtype=torch.float64), -1)
     dist = stationary_distribution(kinds[0], pi_rand)
     test_close(dist @ policy_mrp(kinds[0], pi_rand)[0], dist, eps=1e-12)
 test_eq(random_mdp(seed=3).phi, torch.eye(30, dtype=torch.float64).reshape(10, 3, 30))
 test_eq(random_mdp(features="random", seed=3).d, 8)
 state_r = random_mdp(seed=3, rewards="state")
-test_eq(state_r.P, random_mdp(seed=3).P); test_eq(state_r.r, random_mdp(seed=3).r[:, :1].expand(10, 3))
+test_eq(state_r.P, random_mdp(seed=3).P)
+test_eq(state_r.r, random_mdp(seed=3).r[:, :1].expand(10, 3))
 
 # %% [markdown]
 # `q_pi` against the MRP of chapter 0 ($v_\pi = \sum_a \pi q_\pi$ solves $v = r_\pi + \gamma P_\pi v$),
@@ -740,7 +773,8 @@ test_eq(state_r.P, random_mdp(seed=3).P); test_eq(state_r.r, random_mdp(seed=3).
 # %%
 for seed in range(10):
     m = random_mdp(6, 4, seed=seed)
-    pi_rand = torch.softmax(3 * torch.randn(6, 4, generator=torch.Generator().manual_seed(seed), dtype=torch.float64), -1)
+    g_seed = torch.Generator().manual_seed(seed)
+    pi_rand = torch.softmax(3 * torch.randn(6, 4, generator=g_seed, dtype=torch.float64), -1)
     P_pi, r_pi = policy_mrp(m, pi_rand)
     v = torch.linalg.solve(torch.eye(6, dtype=torch.float64) - m.gamma * P_pi, r_pi)
     test_close((pi_rand * q_pi(m, pi_rand)).sum(-1), v, eps=1e-12)
@@ -758,7 +792,8 @@ batches = torch.nn.functional.one_hot(long_s[:100_000], 10).double().reshape(100
 se = batches.std(0) / 10
 z = (batches.mean(0) - stationary_distribution(mdp)).abs() / se
 assert (z < 5).all(), z
-test_close(torch.bincount(long_a, minlength=3).double() / len(long_a), torch.full((3,), 1 / 3, dtype=torch.float64), eps=0.01)
+test_close(torch.bincount(long_a, minlength=3).double() / len(long_a),
+           torch.full((3,), 1 / 3, dtype=torch.float64), eps=0.01)
 greedy_s, greedy_a, _ = sample_mdp_trajectory(mdp, 200, behavior=pi_star, seed=6)
 test_eq(greedy_a, pi_star.argmax(-1)[greedy_s])
 
@@ -783,13 +818,17 @@ one = random_mdp(6, 1, features="random", d=3, seed=2)
 S2, A2, R2 = sample_mdp_trajectory(one, 20, seed=2)
 g2, n2 = context_features(one, S2, A2)
 for b in (0., 2., math.inf):
-    ours = kernel_q_iteration(g2, R2, n2, W1, alpha=0.5, gamma=0.9, beta=b, n_iters=7, phi_queries=one.phi[:, 0])
+    ours = kernel_q_iteration(g2, R2, n2, W1, alpha=0.5, gamma=0.9, beta=b, n_iters=7,
+                              phi_queries=one.phi[:, 0])
     ref = weighted_softmax_td(one.phi[S2, 0], R2, W1, 0.5, 0.9, 7, phi_queries=one.phi[:, 0])
     test_close(ours, torch.cat([ref[:20], ref[21:]]), eps=1e-12)
 Ws3 = torch.randn(3, 3, 3, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
 batched = kernel_q_iteration(f_sa, R1, f_next, Ws3, beta=2., **common)
-for i in range(3): test_close(batched[i], kernel_q_iteration(f_sa, R1, f_next, Ws3[i], beta=2., **common), eps=1e-13)
-test_eq(kernel_q_iteration(f_sa, R1, f_next, W1, beta=2., return_all=True, **common).shape, (7, 15 + 2))
+for i in range(3):
+    one_W = kernel_q_iteration(f_sa, R1, f_next, Ws3[i], beta=2., **common)
+    test_close(batched[i], one_W, eps=1e-13)
+test_eq(kernel_q_iteration(f_sa, R1, f_next, W1, beta=2., return_all=True, **common).shape,
+        (7, 15 + 2))
 
 # %% [markdown]
 # ### The tabular limit
@@ -799,7 +838,8 @@ test_eq(kernel_q_iteration(f_sa, R1, f_next, W1, beta=2., return_all=True, **com
 
 # %%
 mid = (kappa_grid >= 4) & (kappa_grid <= 24)
-slopes = {b: [np.polyfit(kappa_grid[mid], np.log(g_i[mid]), 1)[0] for g_i in g_] for b, g_ in tab_gaps.items()}
+slopes = {b: [np.polyfit(kappa_grid[mid], np.log(g_i[mid]), 1)[0] for g_i in g_]
+          for b, g_ in tab_gaps.items()}
 for b, sl in slopes.items(): assert all(-1.1 < s_ < -0.9 for s_ in sl), (b, sl)
 {("inf" if b == math.inf else b): np.round(sl, 3).tolist() for b, sl in slopes.items()}
 
@@ -810,11 +850,16 @@ fig, ax = plt.subplots(figsize=(7, 3.8))
 shown = kappa_grid <= 30
 for i, (b, g_) in enumerate(tab_gaps.items()):
     for j, g_i in enumerate(g_):
-        ax.semilogy(kappa_grid[shown], g_i[shown], "o-", ms=2.5, lw=1, color=OKABE_ITO[i], alpha=0.7,
-                    label=(r"$\beta = \infty$" if b == math.inf else rf"$\beta = {b:g}$") if j == 0 else None)
+        lab = (r"$\beta = \infty$" if b == math.inf else rf"$\beta = {b:g}$") if j == 0 else None
+        ax.semilogy(kappa_grid[shown], g_i[shown], "o-", ms=2.5, lw=1, color=OKABE_ITO[i],
+                    alpha=0.7,
+                    label=lab)
 ax.semilogy(kappa_grid, 10 * np.exp(-kappa_grid), "k--", label=r"$10\,e^{-\kappa}$")
-ax.set(xlabel=r"kernel scale $\kappa$ ($W = \kappa I$)", ylabel="max |kernel - tabular|\n(return units)",
-       ylim=(1e-14, 10), title=f"Distance to batch tabular soft Q-iteration, {len(tab_contexts)} contexts, 20 iterations")
+ax.set(xlabel=r"kernel scale $\kappa$ ($W = \kappa I$)",
+       ylabel="max |kernel - tabular|\n(return units)",
+       ylim=(1e-14, 10),
+       title=f"Distance to batch tabular soft Q-iteration, {len(tab_contexts)} contexts, "
+             "20 iterations")
 ax.legend(fontsize=9);
 
 
@@ -829,10 +874,13 @@ def empirical_q_star(S_, A_, R_, n_states, n_actions, gamma):
     x = S_ * n_actions + A_
     counts = torch.bincount(x[:-1], minlength=n_states * n_actions).double()
     P_hat = torch.zeros(n_states * n_actions, n_states, dtype=torch.float64).index_put_(
-        (x[:-1], S_[1:]), torch.ones(len(R_), dtype=torch.float64), accumulate=True) / counts.clamp(min=1)[:, None]
-    r_hat = torch.zeros(n_states * n_actions, dtype=torch.float64).index_add_(0, x[:-1], R_) / counts.clamp(min=1)
+        (x[:-1], S_[1:]), torch.ones(len(R_), dtype=torch.float64), accumulate=True)
+    P_hat = P_hat / counts.clamp(min=1)[:, None]
+    r_hat = torch.zeros(n_states * n_actions, dtype=torch.float64).index_add_(0, x[:-1], R_)
+    r_hat = r_hat / counts.clamp(min=1)
     q = torch.zeros(n_states, n_actions, dtype=torch.float64)
-    for _ in range(2000): q = ((r_hat + gamma * P_hat @ q.amax(-1)) * (counts > 0)).reshape(n_states, n_actions)
+    for _ in range(2000):
+        q = ((r_hat + gamma * P_hat @ q.amax(-1)) * (counts > 0)).reshape(n_states, n_actions)
     return q
 
 S3, A3, R3 = tab_contexts[0]
@@ -847,14 +895,20 @@ for msg, kw in {"`alpha` must be a finite number > 0": dict(alpha=0.),
                 "`beta` must be a finite number >= 0": dict(beta=-1.),
                 "`n_iters` must be an integer >= 0": dict(n_iters=-1),
                 "`gamma` must lie in [0, 1)": dict(gamma=1.)}.items():
-    test_fail(lambda: kernel_q_iteration(f_sa, R1, f_next, W1, **{**common, "beta": 1., **kw}), contains=msg)
-test_fail(lambda: kernel_q_iteration(f_sa, R1[:-1], f_next, W1, beta=1., **common), contains="`rewards` must have shape")
-test_fail(lambda: kernel_q_iteration(f_sa, R1, f_next[:-1], W1, beta=1., **common), contains="`phi_next` must have shape")
-test_fail(lambda: kernel_q_iteration(f_sa, R1, f_next, W1[:2], beta=1., **common), contains="`W` must have shape")
-test_fail(lambda: kernel_q_iteration(f_sa, R1, f_next, W1, beta=1., next_actions=A1[1:] + 5, **common),
+    test_fail(lambda: kernel_q_iteration(f_sa, R1, f_next, W1, **{**common, "beta": 1., **kw}),
+              contains=msg)
+test_fail(lambda: kernel_q_iteration(f_sa, R1[:-1], f_next, W1, beta=1., **common),
+          contains="`rewards` must have shape")
+test_fail(lambda: kernel_q_iteration(f_sa, R1, f_next[:-1], W1, beta=1., **common),
+          contains="`phi_next` must have shape")
+test_fail(lambda: kernel_q_iteration(f_sa, R1, f_next, W1[:2], beta=1., **common),
+          contains="`W` must have shape")
+test_fail(lambda: kernel_q_iteration(f_sa, R1, f_next, W1, beta=1., next_actions=A1[1:] + 5,
+                                     **common),
           contains="`next_actions` must hold")
-test_fail(lambda: batch_tabular_q(S3, A3 + 3, R3, 10, 3, alpha=1., gamma=0.9, beta=1., n_iters=1), contains="`actions` must hold")
-test_fail(lambda: batch_tabular_q(S3, A3, R3[:-1], 10, 3, alpha=1., gamma=0.9, beta=1., n_iters=1), contains="disagree")
+tab_kw = dict(alpha=1., gamma=0.9, beta=1., n_iters=1)
+test_fail(lambda: batch_tabular_q(S3, A3 + 3, R3, 10, 3, **tab_kw), contains="`actions` must hold")
+test_fail(lambda: batch_tabular_q(S3, A3, R3[:-1], 10, 3, **tab_kw), contains="disagree")
 
 # %%
 #| hide

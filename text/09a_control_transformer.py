@@ -82,31 +82,37 @@ from ictd.linear import linear_attention
 #| export
 @dataclass(eq=False)
 class ControlPrompt:
-    "The tokens of a control prompt and its layout: n context columns, then n + q blocks of A columns."
+    "The tokens of a control prompt and its layout: n context columns, then n + q blocks of A."
     Z:torch.Tensor  # (..., d + 4, n + (n + q) A) tokens as columns
     n:int           # number of context transitions
     n_actions:int   # A, the columns of one block
     q:int           # number of query blocks (the last q blocks)
 
-def build_control_prompt(phi_sa,            # (..., n, d) features of the context's pairs (S_{k-1}, A_{k-1})
+def build_control_prompt(phi_sa,            # (..., n, d) features of the pairs (S_{k-1}, A_{k-1})
                          rewards,           # (..., n) rewards, rewards[..., k-1] = R_k
-                         phi_next,          # (..., n, A, d) features of each successor with every action
-                         phi_queries=None,  # (..., q, A, d) features of query states with every action
+                         phi_next,          # (..., n, A, d) each successor with every action
+                         phi_queries=None,  # (..., q, A, d) query states with every action
                         )->ControlPrompt:
-    "The control prompt: features, reward, value memory, backup memory and a constant row, as in the table."
-    keys, R = as_tensor(phi_sa, "phi_sa", torch.float64), as_tensor(rewards, "rewards", torch.float64)
+    "The control prompt: features, reward, value and backup memories and a constant row (table)."
+    keys = as_tensor(phi_sa, "phi_sa", torch.float64)
+    R = as_tensor(rewards, "rewards", torch.float64)
     nxt = as_tensor(phi_next, "phi_next", torch.float64)
-    if keys.ndim < 2 or nxt.ndim < 3 or nxt.shape[-3] != keys.shape[-2] or nxt.shape[-1] != keys.shape[-1]:
-        raise ValueError(f"`phi_next` must have shape (..., n, A, d) to match `phi_sa` {tuple(keys.shape)}, "
+    if keys.ndim < 2 or nxt.ndim < 3 or nxt.shape[-3] != keys.shape[-2] \
+            or nxt.shape[-1] != keys.shape[-1]:
+        raise ValueError(f"`phi_next` must have shape (..., n, A, d) to match `phi_sa` "
+                         f"{tuple(keys.shape)}, "
                          f"got {tuple(nxt.shape)}")
     n, d, A = keys.shape[-2], keys.shape[-1], nxt.shape[-2]
-    if R.shape[-1:] != (n,): raise ValueError(f"`rewards` must have shape (..., {n}), got {tuple(R.shape)}")
-    Qf = nxt[..., :0, :, :] if phi_queries is None else as_tensor(phi_queries, "phi_queries", torch.float64)
+    if R.shape[-1:] != (n,):
+        raise ValueError(f"`rewards` must have shape (..., {n}), got {tuple(R.shape)}")
+    Qf = nxt[..., :0, :, :] if phi_queries is None \
+        else as_tensor(phi_queries, "phi_queries", torch.float64)
     if Qf.ndim < 3 or Qf.shape[-2:] != (A, d):
         raise ValueError(f"`phi_queries` must have shape (..., q, {A}, {d}), got {tuple(Qf.shape)}")
     batch = torch.broadcast_shapes(keys.shape[:-2], R.shape[:-1], nxt.shape[:-3], Qf.shape[:-3])
     q = Qf.shape[-3]
-    feats = torch.cat([keys.expand(batch + (n, d)), nxt.expand(batch + nxt.shape[-3:]).flatten(-3, -2),
+    feats = torch.cat([keys.expand(batch + (n, d)),
+                       nxt.expand(batch + nxt.shape[-3:]).flatten(-3, -2),
                        Qf.expand(batch + Qf.shape[-3:]).flatten(-3, -2)], -2)
     Z = feats.new_zeros(batch + (d + 4, feats.shape[-2]))
     Z[..., :d, :] = feats.mT
@@ -161,22 +167,23 @@ test_eq(x_tiny.Z[:6, 3:9].T, ft_next.flatten(0, 1))
 def control_masks(n:int,          # number of context transitions
                   n_actions:int,  # A
                   q:int,          # number of query blocks
-                 )->tuple:        # (TD mask, backup mask), each (N, N) additive 0 / -inf, [key i, column j]
-    "The TD head's mask (keys: the n context columns) and the backup head's (keys: the block assigned to each column)."
+                 )->tuple:        # (TD mask, backup mask): (N, N) of 0 / -inf, [key i, column j]
+    "The masks of the TD head (keys: the context) and the backup head (keys: the assigned block)."
     N = n + (n + q) * n_actions
     col = torch.arange(N)
-    assigned = torch.where(col < n, col, (col - n) // n_actions)          # the block each column attends to
-    key_block = torch.where(col < n, -1, (col - n) // n_actions)          # the block a column belongs to
+    assigned = torch.where(col < n, col, (col - n) // n_actions)     # the block a column attends to
+    key_block = torch.where(col < n, -1, (col - n) // n_actions)     # the block a column belongs to
     inf = torch.tensor(-math.inf, dtype=torch.float64)
     td = torch.where((col < n)[:, None].expand(N, N), torch.tensor(0., dtype=torch.float64), inf)
-    backup = torch.where(key_block[:, None] == assigned[None, :], torch.tensor(0., dtype=torch.float64), inf)
+    zero = torch.tensor(0., dtype=torch.float64)
+    backup = torch.where(key_block[:, None] == assigned[None, :], zero, inf)
     return td, backup
 
 def masked_attention(Z:torch.Tensor,     # (..., D, N) tokens
                      A:torch.Tensor,     # (D, D) score matrix
                      mask:torch.Tensor,  # (N, N) additive mask, [key i, column j]
-                     hard:bool=False,    # the beta -> infinity limit: uniform over the largest logits
-                    )->torch.Tensor:     # (..., N, N) attention, a distribution over keys i for each column j
+                     hard:bool=False,    # the beta -> infinity limit: uniform over the top logits
+                    )->torch.Tensor:     # (..., N, N) a distribution over keys i for each column j
     "Softmax attention of every column over its unmasked keys (or its limit, when `hard`)."
     logits = Z.mT @ A @ Z + mask
     if not hard: return torch.softmax(logits, dim=-2)
@@ -194,8 +201,8 @@ def control_pair_update(Z:torch.Tensor,  # (..., d + 4, N) tokens
                         params:tuple,    # (A_b, V_b, A, V_cur, V_tgt), each (d + 4, d + 4)
                         masks:tuple,     # (TD mask, backup mask) of `control_masks`
                         hard:bool=False, # backup head at beta = infinity
-                       )->torch.Tensor:  # (..., d + 4, N) tokens after the backup layer and the TD layer
-    "One iteration: the backup layer $Z + V_b Z S_b$, then the TD layer $Z + (V^{cur} + V^{tgt}) Z S$."
+                       )->torch.Tensor:  # (..., d + 4, N) after the backup layer and the TD layer
+    "the backup layer $Z + V_b Z S_b$, then the TD layer $Z + (V^{cur} + V^{tgt}) Z S$."
     A_b, V_b, A, V_cur, V_tgt = params
     Z = Z + V_b @ Z @ masked_attention(Z, A_b, masks[1], hard)
     return Z + (V_cur + V_tgt) @ Z @ masked_attention(Z, A, masks[0])
@@ -206,10 +213,11 @@ def control_theta_star(d:int,        # feature dimension
                        gamma:float,  # discount factor in [0, 1)
                        beta:float,   # inverse temperature of the backup in [0, inf]
                       )->tuple:      # (A_b, V_b, A, V_cur, V_tgt), each (d + 4, d + 4) float64
-    "The constructed parameters under which each pair of layers is one step of kernel soft Q-iteration."
+    "The constructed parameters under which each pair of layers is one soft Q-iteration step."
     d, W = token_rows(d) - 2, as_tensor(W, "W", torch.float64)
     if W.shape != (d, d): raise ValueError(f"`W` must have shape ({d}, {d}), got {tuple(W.shape)}")
-    alpha, gamma, beta = check_number(alpha, "alpha", 0, strict=True), check_gamma(gamma), _check_beta(beta)
+    alpha, gamma = check_number(alpha, "alpha", 0, strict=True), check_gamma(gamma)
+    beta = _check_beta(beta)
     A_b, V_b, A, V_cur, V_tgt = (torch.zeros(d + 4, d + 4, dtype=torch.float64) for _ in range(5))
     A_b[d + 1, d + 3] = 1. if beta == math.inf else beta
     V_b[d + 2, d + 1], V_b[d + 2, d + 2] = 1., -1.
@@ -226,12 +234,12 @@ def control_theta_star(d:int,        # feature dimension
 # %%
 #| export
 class ControlICTD(nn.Module):
-    "A stack of L (backup layer, TD layer) pairs on control prompts; the values are read from row d + 1."
+    "A stack of L (backup layer, TD layer) pairs on control prompts; values are read from row d+1."
     def __init__(self, d:int,            # feature dimension; tokens have d + 4 rows
                  n_layers:int,           # number of layer pairs L (2L attention layers)
                  init_gain:float=0.1,    # gain of the Xavier-normal initialisation
                  seed=None,              # int or `torch.Generator`
-                 hard:bool=False,        # backup heads at beta = infinity (uniform over the largest logits)
+                 hard:bool=False,        # backup heads at beta = infinity (top logits, uniformly)
                 ):
         super().__init__()
         D, g = token_rows(d) + 2, torch_generator(seed)
@@ -248,7 +256,7 @@ class ControlICTD(nn.Module):
                         gamma:float,     # discount factor in [0, 1)
                         beta:float,      # inverse temperature of the backup in [0, inf]
                        ):
-        "The model whose every pair of layers carries `control_theta_star(d, W, alpha, gamma, beta)`."
+        "Every pair of layers carrying `control_theta_star(d, W, alpha, gamma, beta)`."
         params = control_theta_star(d, W, alpha, gamma, beta)
         model = cls(d, n_layers, seed=0, hard=beta == math.inf)
         with torch.no_grad():
@@ -260,10 +268,12 @@ class ControlICTD(nn.Module):
                 return_all:bool=False,      # also return the tokens after every pair
                )->torch.Tensor:             # Z_L (..., d + 4, N), or Z_0..Z_L stacked on axis -3
         "Run the prompt through the L pairs of layers."
-        if x.Z.shape[-2] != self.d + 4: raise ValueError(f"the prompt has {x.Z.shape[-2]} rows, the model expects {self.d + 4}")
+        if x.Z.shape[-2] != self.d + 4:
+            raise ValueError(f"the prompt has {x.Z.shape[-2]} rows, the model expects {self.d + 4}")
         masks, Zs = control_masks(x.n, x.n_actions, x.q), [x.Z]
         for l in range(self.n_layers):
-            Zs.append(control_pair_update(Zs[-1], tuple(self.pairs[5 * l:5 * l + 5]), masks, self.hard))
+            pair = tuple(self.pairs[5 * l:5 * l + 5])
+            Zs.append(control_pair_update(Zs[-1], pair, masks, self.hard))
         return torch.stack(Zs, -3) if return_all else Zs[-1]
 
     def predict(self, x:ControlPrompt)->torch.Tensor:
@@ -319,41 +329,50 @@ class ControlICTD(nn.Module):
 
 # %%
 def theorem_gap(seed:int, beta:float, n_iters:int=12)->float:
-    "Largest relative gap between the constructed Transformer and kernel soft Q-iteration over pairs, columns, rows."
+    "Largest relative gap, Transformer against kernel soft Q-iteration, over pairs, columns, rows."
     rng = np.random.default_rng(seed)
     S, A = int(rng.integers(2, 7)), int(rng.integers(1, 4))
     feats = ("onehot", "random", "unit")[seed % 3]
-    m = random_mdp(S, A, features=feats, seed=rng, d=None if feats == "onehot" else int(rng.integers(1, 6)))
+    m = random_mdp(S, A, features=feats, seed=rng,
+                   d=None if feats == "onehot" else int(rng.integers(1, 6)))
     n, q = int(rng.integers(1, 25)), int(rng.integers(0, 3))
     St, At, Rt = sample_mdp_trajectory(m, n, seed=rng)
     f_sa, f_next = context_features(m, St, At)
     f_q = m.phi[torch.from_numpy(rng.integers(0, S, size=q))]
-    W, alpha = torch.from_numpy(rng.normal(scale=2 / np.sqrt(m.d), size=(m.d, m.d))), rng.uniform(0.1, 1)
+    W = torch.from_numpy(rng.normal(scale=2 / np.sqrt(m.d), size=(m.d, m.d)))
+    alpha = rng.uniform(0.1, 1)
     model = ControlICTD.from_theta_star(m.d, n_iters, W, alpha=alpha, gamma=m.gamma, beta=beta)
     Zs = model(build_control_prompt(f_sa, Rt, f_next, f_q), return_all=True)
-    ref = kernel_q_iteration(f_sa, Rt, f_next, W, alpha=alpha, gamma=m.gamma, beta=beta, n_iters=n_iters,
-                             phi_queries=torch.cat([f_next.flatten(0, 1), f_q.flatten(0, 1)]), return_all=True)
-    values = torch.cat([ref[:, :n], ref[:, n:]], -1)                 # context pairs, then every block column
+    every_block = torch.cat([f_next.flatten(0, 1), f_q.flatten(0, 1)])
+    ref = kernel_q_iteration(f_sa, Rt, f_next, W, alpha=alpha, gamma=m.gamma, beta=beta,
+                             n_iters=n_iters, phi_queries=every_block, return_all=True)
+    values = torch.cat([ref[:, :n], ref[:, n:]], -1)           # context pairs, then block columns
     blocks = values[:, n:].unflatten(-1, (n + q, A))
-    backups = boltzmann_backup(blocks[:-1], beta)                    # (L, n + q): B(Q_{l-1}) at each block
+    backups = boltzmann_backup(blocks[:-1], beta)              # (L, n + q): B(Q_{l-1}) per block
     want_backup = torch.cat([backups[:, :n], backups.repeat_interleave(A, -1)], -1)
     scale = values.abs().max().clamp(min=1)
     gap_v = (Zs[:, m.d + 1] - values).abs().max()
     gap_b = (Zs[1:, m.d + 2] - want_backup).abs().max()
-    fixed = torch.equal(Zs[:, :m.d + 1], Zs[:1, :m.d + 1].expand_as(Zs[:, :m.d + 1])) and bool((Zs[:, m.d + 3] == 1).all())
+    fixed = torch.equal(Zs[:, :m.d + 1], Zs[:1, :m.d + 1].expand_as(Zs[:, :m.d + 1]))
+    fixed = fixed and bool((Zs[:, m.d + 3] == 1).all())
     assert fixed, seed
     return (max(gap_v, gap_b) / scale).item()
 
 betas_check = (0., 0.5, 3., 20., math.inf)
 thm_gaps = np.array([[theorem_gap(seed, b) for b in betas_check] for seed in range(15)])
 assert (thm_gaps < 1e-12).all(), thm_gaps.max()
-record_claim("theorem-9a.1", "Under the constructed parameters every pair of layers (a backup layer, then the TD layer) "
-             "of the control Transformer is one iteration of kernel soft Q-iteration, at every column, for every "
+record_claim("theorem-9a.1", "Under the constructed parameters every pair of layers (a backup "
+             "layer, then the TD layer) "
+             "of the control Transformer is one iteration of kernel soft Q-iteration, at every "
+             "column, for every "
              "$\\beta \\in [0, \\infty]$ (Theorem 9a.1).", "proved", "control_transformer",
              "#every-pair-of-layers-is-one-iteration")
-Markdown(f"On {thm_gaps.shape[0]} random tasks (all three feature kinds) and {thm_gaps.shape[1]} values of $\\beta$ "
-         f"(from 0 to $\\infty$), 12 pairs each, the largest relative gap of the value and backup rows is below "
-         f"$10^{{-12}}$ (asserted), and the feature, reward and constant rows are unchanged bit for bit.")
+Markdown(f"On {thm_gaps.shape[0]} random tasks (all three feature kinds) and {thm_gaps.shape[1]} "
+         f"values of $\\beta$ "
+         f"(from 0 to $\\infty$), 12 pairs each, the largest relative gap of the value and backup "
+         f"rows is below "
+         f"$10^{{-12}}$ (asserted), and the feature, reward and constant rows are unchanged bit "
+         f"for bit.")
 
 # %% [markdown]
 # The figure shows the two attentions of the small prompt above after one pair, with $\beta = 4$:
@@ -363,16 +382,21 @@ Markdown(f"On {thm_gaps.shape[0]} random tasks (all three feature kinds) and {th
 # %%
 #| fig-cap: "Figure 9a.1: The two heads of one pair on the 11-column prompt: the TD head attends to the context columns with the kernel, the backup head to the two action columns of each column's assigned block."
 #| fig-alt: "Two heat maps of attention weights, keys as rows and the 11 columns as columns. Left: only the first three key rows (the context) are non-zero. Right: each column's weight sits on two key rows of one successor or query block, split between the block's two actions."
-tiny_model = ControlICTD.from_theta_star(6, 2, 3. * torch.eye(6, dtype=torch.float64), alpha=1., gamma=0.9, beta=4.)
+tiny_model = ControlICTD.from_theta_star(6, 2, 3. * torch.eye(6, dtype=torch.float64), alpha=1.,
+                                         gamma=0.9, beta=4.)
 Z1 = tiny_model(x_tiny, return_all=True)[1]
 params_t = control_theta_star(6, 3. * torch.eye(6, dtype=torch.float64), 1., 0.9, 4.)
 masks_t = control_masks(3, 2, 1)
-att_td, att_b = masked_attention(Z1, params_t[2], masks_t[0]), masked_attention(Z1, params_t[0], masks_t[1])
+att_td = masked_attention(Z1, params_t[2], masks_t[0])
+att_b = masked_attention(Z1, params_t[0], masks_t[1])
 fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
-labels = ["ctx 0", "ctx 1", "ctx 2"] + [f"{'S' + str(b + 1) if b < 3 else 'query'},a{a}" for b in range(4) for a in range(2)]
-for ax, att, title in zip(axes, (att_td, att_b), ("TD head: kernel K over the context", "backup head: softmax(beta Q) over a block")):
+labels = ["ctx 0", "ctx 1", "ctx 2"] + [f"{'S' + str(b + 1) if b < 3 else 'query'},a{a}"
+                                         for b in range(4) for a in range(2)]
+titles = ("TD head: kernel K over the context", "backup head: softmax(beta Q) over a block")
+for ax, att, title in zip(axes, (att_td, att_b), titles):
     im = ax.imshow(att.numpy(), cmap="Blues", vmin=0, vmax=1)
-    ax.set_xticks(range(11), labels, rotation=70, fontsize=8); ax.set_yticks(range(11), labels, fontsize=8)
+    ax.set_xticks(range(11), labels, rotation=70, fontsize=8)
+    ax.set_yticks(range(11), labels, fontsize=8)
     ax.set(xlabel="column j (the attending token)", title=title)
 axes[0].set_ylabel("key i")
 fig.colorbar(im, ax=axes, label="attention weight", fraction=0.025)
@@ -404,54 +428,70 @@ assert (att_td[3:] == 0).all()
 
 # %%
 def code_backup(q_blocks, code_cols, code_blocks, c, beta):
-    "The backup head with the score c psi_i^T psi_j + beta Q_i over every block column (no block mask)."
+    "The backup head with the score c psi_i^T psi_j + beta Q_i over every block column (no mask)."
     logits = c * code_cols @ code_blocks.mT                                # (columns, blocks)
     A_ = q_blocks.shape[-1]
     logits = (logits[..., :, :, None] + beta * q_blocks[..., None, :, :]).flatten(-2)
     return (torch.softmax(logits, -1) * q_blocks.flatten(-2)[..., None, :]).sum(-1)
 
 def routing_error(codes, c_grid, n=200, n_contexts=10, beta=4.):
-    "Largest error of the score-routed backup at the context columns, over contexts, for each scale c."
+    "Largest error of the score-routed backup at the context columns, for each scale c."
     m, errs = random_mdp(seed=0), []
     for k in range(n_contexts):
         St, At, Rt = sample_mdp_trajectory(m, n, seed=k)
-        q_sa = torch.randn(10, 3, generator=torch.Generator().manual_seed(k), dtype=torch.float64)   # any values
+        g_k = torch.Generator().manual_seed(k)
+        q_sa = torch.randn(10, 3, generator=g_k, dtype=torch.float64)              # any values
         exact = boltzmann_backup(q_sa[St[1:]], beta)
-        errs.append([(code_backup(q_sa[St[1:]], codes[St[1:]], codes[St[1:]], c, beta) - exact).abs().max().item()
+        codes_s = codes[St[1:]]
+        errs.append([(code_backup(q_sa[St[1:]], codes_s, codes_s, c, beta) - exact).abs().max()
+                     .item()
                      for c in c_grid])
     return np.max(errs, 0)
 
 def margin(codes):
     "min_s ( |psi(s)|^2 - max_{s' != s} psi(s)^T psi(s') )."
     G = codes @ codes.T
-    return (G.diag() - (G - torch.diag(torch.full((len(G),), math.inf, dtype=G.dtype))).amax(1)).min().item()
+    off_diag = G - torch.diag(torch.full((len(G),), math.inf, dtype=G.dtype))
+    return (G.diag() - off_diag.amax(1)).min().item()
 
 gcode, c_grid = torch.Generator().manual_seed(0), np.array([1, 2, 5, 10, 20, 50, 100, 200, 500.])
-unit = lambda k: (lambda x: x / x.norm(dim=1, keepdim=True))(torch.randn(10, k, generator=gcode, dtype=torch.float64))
-codes = {"one-hot ($d_\\psi = 10$)": torch.eye(10, dtype=torch.float64), "random unit, $d_\\psi = 8$": unit(8),
-         "random unit, $d_\\psi = 4$": unit(4), "raw $U(-1,1)$, $d_\\psi = 4$": 2 * torch.rand(10, 4, generator=gcode, dtype=torch.float64) - 1}
+def unit(k):
+    "Ten random unit codes in k dimensions."
+    x = torch.randn(10, k, generator=gcode, dtype=torch.float64)
+    return x / x.norm(dim=1, keepdim=True)
+codes = {"one-hot ($d_\\psi = 10$)": torch.eye(10, dtype=torch.float64),
+         "random unit, $d_\\psi = 8$": unit(8),
+         "random unit, $d_\\psi = 4$": unit(4),
+         "raw $U(-1,1)$, $d_\\psi = 4$": 2 * torch.rand(10, 4, generator=gcode, dtype=torch.float64)
+         - 1}
 routing = {name: (margin(cd), routing_error(cd, c_grid)) for name, cd in codes.items()}
-onehot_err, raw_margin = routing["one-hot ($d_\\psi = 10$)"][1], routing["raw $U(-1,1)$, $d_\\psi = 4$"][0]
-assert onehot_err[c_grid == 50][0] < 1e-12 and raw_margin < 0 and routing["raw $U(-1,1)$, $d_\\psi = 4$"][1][-1] > 0.1
+onehot_err = routing["one-hot ($d_\\psi = 10$)"][1]
+raw_margin, raw_err = routing["raw $U(-1,1)$, $d_\\psi = 4$"]
+assert onehot_err[c_grid == 50][0] < 1e-12 and raw_margin < 0 and raw_err[-1] > 0.1
 for name, (mu, err) in routing.items():
-    if mu > 0: assert err[-1] < err[0] and (np.diff(np.log(err[err > 1e-13])) < 1e-9).all(), name   # falls with c
+    if mu > 0:                                                                  # falls with c
+        assert err[-1] < err[0] and (np.diff(np.log(err[err > 1e-13])) < 1e-9).all(), name
 
 # %%
 #| fig-cap: "Figure 9a.2: The backup routed by a state-matching score instead of a mask: exact as the scale grows when every code is most similar to itself, at a rate set by the margin; a code with a negative margin never is."
 #| fig-alt: "Log-log plot of the largest backup error against the code scale c from 1 to 500, one line per code. One-hot codes fall fastest, to round-off (not drawn) by c = 50; random unit codes in 8 dimensions fall later; random unit codes in 4 dimensions and raw uniform codes stay near 1."
 fig, ax = plt.subplots(figsize=(7, 4))
 for i, (name, (mu, err)) in enumerate(routing.items()):
-    drawn = err >= 1e-13                                                   # below: float64 round-off, not drawn
-    ax.loglog(c_grid[drawn], err[drawn], "o-", color=OKABE_ITO[i], ms=3, label=f"{name}, margin {mu:.2f}")
-ax.set(xlabel="code scale $c$", ylabel="max |routed backup - exact|\n(return units)", ylim=(1e-13, 10),
+    drawn = err >= 1e-13                                             # below: round-off, not drawn
+    ax.loglog(c_grid[drawn], err[drawn], "o-", color=OKABE_ITO[i], ms=3,
+              label=f"{name}, margin {mu:.2f}")
+ax.set(xlabel="code scale $c$", ylabel="max |routed backup - exact|\n(return units)",
+       ylim=(1e-13, 10),
        title="Backup routed by scores: 10 contexts of n = 200, beta = 4")
 plain_log_ticks(ax, "x"); ax.legend(fontsize=8);
 
 # %%
 Markdown("Margins and errors at the largest scale $c = 500$: " + "; ".join(
-    f"{name}: margin {mu:.3f}, error " + (f"{err[-1]:.1e}" if err[-1] >= 1e-12 else "below $10^{-12}$")
+    f"{name}: margin {mu:.3f}, error "
+    + (f"{err[-1]:.1e}" if err[-1] >= 1e-12 else "below $10^{-12}$")
     for name, (mu, err) in routing.items()) +
-    ". The one-hot codes are exact to $10^{-12}$ from $c = 50$ (asserted); the raw code's negative margin leaves an "
+    ". The one-hot codes are exact to $10^{-12}$ from $c = 50$ (asserted); the raw code's "
+    "negative margin leaves an "
     "error above 0.1 at every scale (asserted).")
 
 
@@ -507,8 +547,10 @@ def fourth_difference(f, h):
 glin, h, D_lin, N_lin = torch.Generator().manual_seed(0), 0.5, 9, 12
 worst = 0.
 for trial in range(200):
-    P_l, Q_l, Z_l = (torch.randn(*shape, generator=glin, dtype=torch.float64) for shape in ((D_lin, D_lin), (D_lin, D_lin), (D_lin, N_lin)))
-    (r1, r2), (c1, c2) = torch.randint(0, D_lin, (2,), generator=glin).tolist(), torch.randperm(N_lin, generator=glin)[:2].tolist()
+    shapes = ((D_lin, D_lin), (D_lin, D_lin), (D_lin, N_lin))
+    P_l, Q_l, Z_l = (torch.randn(*shape, generator=glin, dtype=torch.float64) for shape in shapes)
+    r1, r2 = torch.randint(0, D_lin, (2,), generator=glin).tolist()
+    c1, c2 = torch.randperm(N_lin, generator=glin)[:2].tolist()
     def out(t):
         Zt = Z_l.clone(); Zt[r1, c1], Zt[r2, c2] = t, 0.
         return linear_attention(P_l, Q_l, Zt, n=8)
@@ -519,19 +561,27 @@ alpha_c, gamma_c, K_c = 0.5, 0.9, 0.3
 q_learning = lambda t: 0.2 + alpha_c * K_c * (1.0 + gamma_c * max(t, 0.) - 0.2)
 target_diff = fourth_difference(q_learning, h)
 test_close(target_diff, -2 * h * alpha_c * gamma_c * K_c, eps=1e-14)
-soft = {b: fourth_difference(lambda t: boltzmann_backup(torch.tensor([t, 0.], dtype=torch.float64), b).item(), h)
+two = lambda t: torch.tensor([t, 0.], dtype=torch.float64)
+soft = {b: fourth_difference(lambda t: boltzmann_backup(two(t), b).item(), h)
         for b in (1., 4., 16., 64.)}
 assert abs(soft[64.] + 2 * h) < 1e-6 and all(abs(v) > 1e-3 for v in soft.values())
 tenth = sum((-1) ** (10 - i) * math.comb(10, i) * max((i - 5) * h, 0.) for i in range(11))
 assert abs(tenth) > 1e-3
-record_claim("linear-no-max", "No linear-attention layer of the book's form, with any parameters, computes one step of "
-             "Q-learning: its output is cubic in the input, and five prompts differing in one successor value "
-             "separate it from the max backup (Proposition 9a.2; any depth L by the (3^L + 1)-th difference).",
+record_claim("linear-no-max", "No linear-attention layer of the book's form, with any parameters, "
+             "computes one step of "
+             "Q-learning: its output is cubic in the input, and five prompts differing in one "
+             "successor value "
+             "separate it from the max backup (Proposition 9a.2; any depth L by the (3^L + 1)-th "
+             "difference).",
              "proved", "control_transformer", "#linear-attention-cannot-take-the-max")
-Markdown(f"Over 200 random layers the largest fourth difference, relative to the output's size, is below $10^{{-12}}$ "
-         f"(asserted); the Q-learning target's is {target_diff:.4f} $= -2h\\alpha\\gamma K$ with $h = {h}$, "
-         f"$\\alpha = {alpha_c}$, $\\gamma = {gamma_c}$, $K = {K_c}$. The softmax backup's fourth difference, against "
-         f"the max's $-2h = {-2 * h}$: " + ", ".join(f"{v:.4f} at $\\beta = {b:g}$" for b, v in soft.items())
+Markdown(f"Over 200 random layers the largest fourth difference, relative to the output's size, "
+         f"is below $10^{{-12}}$ "
+         f"(asserted); the Q-learning target's is {target_diff:.4f} $= -2h\\alpha\\gamma K$ with "
+         f"$h = {h}$, "
+         f"$\\alpha = {alpha_c}$, $\\gamma = {gamma_c}$, $K = {K_c}$. The softmax backup's fourth "
+         f"difference, against "
+         f"the max's $-2h = {-2 * h}$: "
+         + ", ".join(f"{v:.4f} at $\\beta = {b:g}$" for b, v in soft.items())
          + f". The tenth difference of $\\max(t, 0)$ (the case $L = 2$) is {tenth:g}.")
 
 # %% [markdown]
@@ -588,22 +638,29 @@ g5, n5 = context_features(m5, S5, A5)
 W5 = torch.randn(4, 4, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
 model5 = ControlICTD.from_theta_star(4, 8, W5, alpha=0.6, gamma=0.9, beta=2.)
 pred = model5.predict(build_control_prompt(g5, R5, n5, m5.phi[[1, 3, 4]]))
-ref5 = kernel_q_iteration(g5, R5, n5, W5, alpha=0.6, gamma=0.9, beta=2., n_iters=8, phi_queries=m5.phi[[1, 3, 4]].flatten(0, 1))
+ref5 = kernel_q_iteration(g5, R5, n5, W5, alpha=0.6, gamma=0.9, beta=2., n_iters=8,
+                          phi_queries=m5.phi[[1, 3, 4]].flatten(0, 1))
 test_close(pred.flatten(), ref5[30:], eps=1e-12)
 test_close(model5.predict(build_control_prompt(g5, R5, n5, m5.phi[[1]]))[0], pred[0], eps=1e-13)
-batch_pred = model5.predict(build_control_prompt(torch.stack([g5, g5.flip(0)]), torch.stack([R5, R5.flip(0)]),
-                                                 torch.stack([n5, n5.flip(0)]), m5.phi[[1, 3, 4]]))
+two_contexts = (torch.stack([g5, g5.flip(0)]), torch.stack([R5, R5.flip(0)]),
+                torch.stack([n5, n5.flip(0)]))
+batch_pred = model5.predict(build_control_prompt(*two_contexts, m5.phi[[1, 3, 4]]))
 test_close(batch_pred[0], pred, eps=1e-13)
 _, _, A5p, Vc5, Vt5 = control_theta_star(4, W5, 0.6, 0.9, 2.)
-test_eq(torch.stack([Vc5[5, 4], Vt5[5, 6], Vc5[5, 5]]), torch.tensor([0.6, 0.9 * 0.6, -0.6], dtype=torch.float64))
-test_fail(lambda: control_theta_star(4, W5, 0.6, 0.9, -1.), contains="`beta` must be a finite number >= 0")
-test_fail(lambda: control_theta_star(4, W5[:3], 0.6, 0.9, 1.), contains="`W` must have shape (4, 4)")
-test_fail(lambda: control_theta_star(4, W5, 0., 0.9, 1.), contains="`alpha` must be a finite number > 0")
+test_eq(torch.stack([Vc5[5, 4], Vt5[5, 6], Vc5[5, 5]]),
+        torch.tensor([0.6, 0.9 * 0.6, -0.6], dtype=torch.float64))
+test_fail(lambda: control_theta_star(4, W5, 0.6, 0.9, -1.),
+          contains="`beta` must be a finite number >= 0")
+test_fail(lambda: control_theta_star(4, W5[:3], 0.6, 0.9, 1.), contains="`W` must have shape")
+test_fail(lambda: control_theta_star(4, W5, 0., 0.9, 1.),
+          contains="`alpha` must be a finite number > 0")
 test_fail(lambda: build_control_prompt(g5, R5, n5[:-1]), contains="`phi_next` must have shape")
 test_fail(lambda: build_control_prompt(g5, R5[:-1], n5), contains="`rewards` must have shape")
-test_fail(lambda: build_control_prompt(g5, R5, n5, m5.phi[:, :2]), contains="`phi_queries` must have shape")
+test_fail(lambda: build_control_prompt(g5, R5, n5, m5.phi[:, :2]),
+          contains="`phi_queries` must have shape")
 test_fail(lambda: ControlICTD(4, 0), contains="`n_layers` must be an integer >= 1")
-test_fail(lambda: model5(build_control_prompt(g5[:, :3], R5, n5[..., :3])), contains="the model expects 8")
+test_fail(lambda: model5(build_control_prompt(g5[:, :3], R5, n5[..., :3])),
+          contains="the model expects 8")
 
 # %% [markdown]
 # The random initialisation is reproducible from a seed and gives gradients to every parameter (the
@@ -611,7 +668,8 @@ test_fail(lambda: model5(build_control_prompt(g5[:, :3], R5, n5[..., :3])), cont
 
 # %%
 free = ControlICTD(4, 2, init_gain=0.5, seed=1)
-test_eq([p.detach() for p in free.pairs], [p.detach() for p in ControlICTD(4, 2, init_gain=0.5, seed=1).pairs])
+test_eq([p.detach() for p in free.pairs],
+        [p.detach() for p in ControlICTD(4, 2, init_gain=0.5, seed=1).pairs])
 free.predict(build_control_prompt(g5, R5, n5, m5.phi[[1]])).sum().backward()
 assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in free.pairs)
 

@@ -21,7 +21,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 from IPython.display import Markdown
 from ictd.core import record_claim, OKABE_ITO, plain_log_ticks
-from ictd.control import MDP, random_mdp, sample_mdp_trajectory, q_star, stationary_distribution, uniform_policy
+from ictd.control import (MDP, random_mdp, sample_mdp_trajectory, q_star, stationary_distribution,
+                          uniform_policy)
 from ictd.control_acting import pair_token_q_iteration
 
 
@@ -100,13 +101,14 @@ from ictd.control_acting import pair_token_q_iteration
 # %%
 #| export
 def population_q_map(Q,          # (..., S, A) action values
-                     M,          # (..., SA, SA) row-stochastic attention over pairs (row y: the weights of target y)
+                     M,          # (..., SA, SA) row-stochastic attention (row y: target y)
                      r,          # (..., S, A) rewards
                      P,          # (..., S, A, S) transitions
                      *, alpha:float, gamma:float, beta:float,
                     )->torch.Tensor:  # (..., S, A)
-    "One step $F(Q) = Q + \\alpha M (r + \\gamma P B_\\beta(Q) - Q)$ of kernel soft Q-iteration on pairs."
-    alpha, gamma, beta = check_number(alpha, "alpha", 0, strict=True), check_gamma(gamma), _check_beta(beta)
+    "One step $F(Q) = Q + \\alpha M (r + \\gamma P B_\\beta(Q) - Q)$ of soft Q-iteration on pairs."
+    alpha, gamma = check_number(alpha, "alpha", 0, strict=True), check_gamma(gamma)
+    beta = _check_beta(beta)
     td = r + gamma * (P @ boltzmann_backup(Q, beta)[..., None, :, None])[..., 0] - Q
     return Q + alpha * (M @ td.flatten(-2)[..., None])[..., 0].unflatten(-1, Q.shape[-2:])
 
@@ -123,9 +125,12 @@ g9, ratios, margins = torch.Generator().manual_seed(0), [], []
 for trial in range(200):
     S, A = 3 + trial % 4, 2 + trial % 3
     mdp = random_mdp(S, A, gamma=float(0.5 + 0.4 * torch.rand(1, generator=g9)), seed=trial)
-    diag = 0.5 + (1 + mdp.gamma) / 4 + 0.2 * torch.rand(S * A, generator=g9, dtype=torch.float64)   # m > (1 + gamma)/2
-    off = torch.rand(S * A, S * A, generator=g9, dtype=torch.float64) * (1 - torch.eye(S * A, dtype=torch.float64))
-    M = torch.diag(diag.clamp(max=1)) + off / off.sum(-1, keepdim=True) * (1 - diag.clamp(max=1))[:, None]
+    u = torch.rand(S * A, generator=g9, dtype=torch.float64)
+    diag = 0.5 + (1 + mdp.gamma) / 4 + 0.2 * u                             # m > (1 + gamma)/2
+    off = torch.rand(S * A, S * A, generator=g9, dtype=torch.float64)
+    off = off * (1 - torch.eye(S * A, dtype=torch.float64))
+    diag = diag.clamp(max=1)
+    M = torch.diag(diag) + off / off.sum(-1, keepdim=True) * (1 - diag)[:, None]
     m = M.diagonal().min().item()
     rbar = mdp.r.abs().max().item()
     R0 = rbar / (2 * m - 1 - mdp.gamma)
@@ -133,21 +138,28 @@ for trial in range(200):
     beta = (0., 0.9 * beta_max, math.inf)[trial % 3]
     alpha = float(0.3 + 0.7 * torch.rand(1, generator=g9))
     rho, _ = contraction_rate(M, mdp.r, mdp.gamma, beta, alpha)
-    Q1, Q2 = ((2 * torch.rand(8, S, A, generator=g9, dtype=torch.float64) - 1) * R0 for _ in range(2))
+    box = lambda: (2 * torch.rand(8, S, A, generator=g9, dtype=torch.float64) - 1) * R0
+    Q1, Q2 = box(), box()
     kw = dict(alpha=alpha, gamma=mdp.gamma, beta=beta)
-    num = (population_q_map(Q1, M, mdp.r, mdp.P, **kw) - population_q_map(Q2, M, mdp.r, mdp.P, **kw)).abs().amax((-2, -1))
+    num = population_q_map(Q1, M, mdp.r, mdp.P, **kw) - population_q_map(Q2, M, mdp.r, mdp.P, **kw)
+    num = num.abs().amax((-2, -1))
     ratio = (num / (Q1 - Q2).abs().amax((-2, -1))).max().item()
     assert rho < 1 and ratio <= rho.item() + 1e-12, (trial, ratio, rho)
     F_box = population_q_map(Q1, M, mdp.r, mdp.P, **kw).abs().max().item()
     assert F_box <= R0 * (1 + 1e-12), (trial, F_box, R0)
     ratios.append(ratio / rho.item())
 record_claim("contraction", "Kernel soft Q-iteration on pairs is a sup-norm contraction with rate "
-             "$1 - \\alpha(2m - 1 - \\gamma c_\\beta)$ when the attention's least diagonal mass $m$ exceeds "
-             "$(1 + \\gamma c_\\beta)/2$, with $c_\\beta = 1$ for $\\beta \\in \\{0, \\infty\\}$ and "
-             "$c_\\beta \\le 1 + \\beta R_0$ otherwise (Proposition 9b.1).", "proved", "control_convergence",
+             "$1 - \\alpha(2m - 1 - \\gamma c_\\beta)$ when the attention's least diagonal mass "
+             "$m$ exceeds "
+             "$(1 + \\gamma c_\\beta)/2$, with $c_\\beta = 1$ for $\\beta \\in \\{0, \\infty\\}$ "
+             "and "
+             "$c_\\beta \\le 1 + \\beta R_0$ otherwise (Proposition 9b.1).", "proved",
+             "control_convergence",
              "#a-contraction-condition")
-Markdown(f"On {len(ratios)} random cases the measured Lipschitz ratio never exceeds $\\rho$ (asserted) and the box is invariant "
-         f"(asserted); the largest ratio is {max(ratios):.2f} of $\\rho$, the median {np.median(ratios):.2f}.")
+Markdown(f"On {len(ratios)} random cases the measured Lipschitz ratio never exceeds $\\rho$ "
+         f"(asserted) and the box is invariant "
+         f"(asserted); the largest ratio is {max(ratios):.2f} of $\\rho$, the median "
+         f"{np.median(ratios):.2f}.")
 
 # %% [markdown]
 # ## An MDP on which the Boltzmann iteration oscillates
@@ -160,33 +172,43 @@ Markdown(f"On {len(ratios)} random cases the measured Lipschitz ratio never exce
 # %%
 P_ex = torch.zeros(2, 2, 2, dtype=torch.float64)
 P_ex[0, :, 1] = 1.; P_ex[1, 0, 0] = 1.; P_ex[1, 1, 1] = 1.
-r_ex, gamma_ex, I4 = torch.tensor([[0.5, -0.5], [0., -1.]], dtype=torch.float64), 0.99, torch.eye(4, dtype=torch.float64)
+r_ex = torch.tensor([[0.5, -0.5], [0., -1.]], dtype=torch.float64)
+gamma_ex, I4 = 0.99, torch.eye(4, dtype=torch.float64)
 def soft_vi(beta, alpha=1., n_iters=5000):
     "Iterates of the tabular iteration on Example 9b.1 from Q_0 = 0."
     Qs = [torch.zeros(2, 2, dtype=torch.float64)]
-    for _ in range(n_iters): Qs.append(population_q_map(Qs[-1], I4, r_ex, P_ex, alpha=alpha, gamma=gamma_ex, beta=beta))
+    for _ in range(n_iters):
+        Qs.append(population_q_map(Qs[-1], I4, r_ex, P_ex, alpha=alpha, gamma=gamma_ex, beta=beta))
     return torch.stack(Qs)
 def amplitude(Qs): return (Qs[-1] - Qs[-2]).abs().max().item()
 def sweep_amplitudes(betas, n_iters=10_000):
-    "The last step's size after `n_iters` undamped iterations, for many beta at once (the same update, batched)."
-    b, Q = torch.as_tensor(betas, dtype=torch.float64)[:, None, None], torch.zeros(len(betas), 2, 2, dtype=torch.float64)
+    "The last step's size after `n_iters` undamped iterations, for many beta at once (batched)."
+    b = torch.as_tensor(betas, dtype=torch.float64)[:, None, None]
+    Q = torch.zeros(len(betas), 2, 2, dtype=torch.float64)
     for _ in range(n_iters):
-        new = r_ex + gamma_ex * (P_ex @ (torch.softmax(b * Q, -1) * Q).sum(-1)[:, None, :, None])[..., 0]
+        B = (torch.softmax(b * Q, -1) * Q).sum(-1)
+        new = r_ex + gamma_ex * (P_ex @ B[:, None, :, None])[..., 0]
         Q, step = new, (new - Q).abs().amax((-2, -1))
     return step.numpy()
 beta_sweep = np.round(np.arange(0.25, 12.01, 0.25), 2)
 amps = sweep_amplitudes(beta_sweep)
 window = beta_sweep[amps > 1e-6]
-cure_runs = {r"$\beta = \infty$": soft_vi(math.inf), r"$\beta = 4$, $\alpha = 1/2$": soft_vi(4., 0.5),
+cure_runs = {r"$\beta = \infty$": soft_vi(math.inf),
+             r"$\beta = 4$, $\alpha = 1/2$": soft_vi(4., 0.5),
              r"$\beta = 1/2$": soft_vi(0.5)}
 cures = {lab: amplitude(Qs) for lab, Qs in cure_runs.items()}
 period2 = soft_vi(4.)
 assert amplitude(period2) > 0.5 and (period2[-1] - period2[-3]).abs().max() < 1e-9      # a 2-cycle
 assert all(a < 1e-9 for a in cures.values())
-assert (amps[np.isin(beta_sweep, (2., 3., 4.))] > 0.5).all() and (amps[np.isin(beta_sweep, (0.5, 8., 12.))] < 1e-9).all()
-Markdown(f"Undamped, the iterates settle into a cycle of period 2 for $\\beta$ from {window.min():g} to {window.max():g} "
-         f"on a grid of step 0.25 up to 12 (amplitude up to {amps.max():.2f}; a 2-cycle asserted at $\\beta = 4$, "
-         f"oscillation at 2, 3, 4 and convergence at 0.5, 8, 12 asserted, away from the window's edges); with each "
+assert (amps[np.isin(beta_sweep, (2., 3., 4.))] > 0.5).all()
+assert (amps[np.isin(beta_sweep, (0.5, 8., 12.))] < 1e-9).all()
+Markdown(f"Undamped, the iterates settle into a cycle of period 2 for $\\beta$ from "
+         f"{window.min():g} "
+         f"to {window.max():g} "
+         f"on a grid of step 0.25 up to 12 (amplitude up to {amps.max():.2f}; a 2-cycle asserted "
+         f"at $\\beta = 4$, "
+         f"oscillation at 2, 3, 4 and convergence at 0.5, 8, 12 asserted, away from the window's "
+         f"edges); with each "
          f"cure the last step is below $10^{{-9}}$ (asserted).")
 
 # %% [markdown]
@@ -203,14 +225,18 @@ Markdown(f"Undamped, the iterates settle into a cycle of period 2 for $\\beta$ f
 
 # %%
 fixed = cure_runs[r"$\beta = 4$, $\alpha = 1/2$"][-1]
-J = torch.autograd.functional.jacobian(lambda q: population_q_map(q, I4, r_ex, P_ex, alpha=1., gamma=gamma_ex, beta=4.), fixed)
+step_at_4 = lambda q: population_q_map(q, I4, r_ex, P_ex, alpha=1., gamma=gamma_ex, beta=4.)
+J = torch.autograd.functional.jacobian(step_at_4, fixed)
 eig = torch.linalg.eigvals(J.reshape(4, 4)).real
 x = torch.linspace(0, 10, 10001, dtype=torch.float64)
 sens = torch.sigmoid(-x) * (1 - x * torch.sigmoid(x))
 assert eig.min() < -1 and sens.min() < -(1 - gamma_ex) / gamma_ex
-Markdown(f"At $\\beta = 4$ the fixed point (found with $\\alpha = 1/2$) has a Jacobian eigenvalue {eig.min():.3f} $< -1$ "
-         f"(asserted); the smallest sensitivity of the worse of two actions over $\\beta\\Delta \\ge 0$ is {sens.min():.3f}, "
-         f"at $\\beta\\Delta = {x[sens.argmin()]:.2f}$, below $-(1 - \\gamma)/\\gamma = {-(1 - gamma_ex) / gamma_ex:.4f}$.")
+Markdown(f"At $\\beta = 4$ the fixed point (found with $\\alpha = 1/2$) has a Jacobian eigenvalue "
+         f"{eig.min():.3f} $< -1$ "
+         f"(asserted); the smallest sensitivity of the worse of two actions over $\\beta\\Delta "
+         f"\\ge 0$ is {sens.min():.3f}, "
+         f"at $\\beta\\Delta = {x[sens.argmin()]:.2f}$, below $-(1 - \\gamma)/\\gamma = "
+         f"{-(1 - gamma_ex) / gamma_ex:.4f}$.")
 
 # %%
 #| fig-cap: "Figure 9b.1: Example 9b.1. Left: the size of each step, which stays large for beta = 4 (a 2-cycle) and falls to round-off with each cure. Right: the size of the last step against beta."
@@ -220,18 +246,23 @@ steps = lambda Qs: (Qs[1:] - Qs[:-1]).abs().amax((-2, -1)).numpy()
 runs = [(r"$\beta = 4$, $\alpha = 1$", period2)] + list(cure_runs.items())
 for k, (lab, Qs) in enumerate(runs):
     st = steps(Qs)
-    drawn = st >= 1e-13                                                     # below: round-off, not drawn
+    drawn = st >= 1e-13                                             # below: round-off, not drawn
     axes[0].semilogy(np.arange(1, len(Qs))[drawn], st[drawn], color=OKABE_ITO[k], label=lab, lw=1.2)
-axes[0].set(xlabel="iteration $l$", ylabel="$\\max|Q_l - Q_{l-1}|$ (return units)", ylim=(1e-13, 100),
+axes[0].set(xlabel="iteration $l$", ylabel="$\\max|Q_l - Q_{l-1}|$ (return units)",
+            ylim=(1e-13, 100),
             title="size of each step")
 axes[0].legend(fontsize=8)
 axes[1].plot(beta_sweep, amps, "o-", ms=3, color=OKABE_ITO[0])
-axes[1].set(xlabel=r"inverse temperature $\beta$", ylabel="size of the last step\n(after 10000 iterations)", title=r"oscillation against $\beta$ ($\alpha = 1$)")
+axes[1].set(xlabel=r"inverse temperature $\beta$",
+            ylabel="size of the last step\n(after 10000 iterations)",
+            title=r"oscillation against $\beta$ ($\alpha = 1$)")
 fig.tight_layout()
 
 # %%
-record_claim("oscillation", "Undamped Boltzmann soft Q-iteration oscillates (a 2-cycle) on a deterministic two-state MDP "
-             "with $\\gamma = 0.99$ for intermediate $\\beta$; $\\beta = \\infty$, a small $\\beta$ or a step $\\alpha = 1/2$ "
+record_claim("oscillation", "Undamped Boltzmann soft Q-iteration oscillates (a 2-cycle) on a "
+             "deterministic two-state MDP "
+             "with $\\gamma = 0.99$ for intermediate $\\beta$; $\\beta = \\infty$, a small "
+             "$\\beta$ or a step $\\alpha = 1/2$ "
              "each restore convergence (Example 9b.1).", "proved", "control_convergence",
              "#an-mdp-on-which-the-boltzmann-iteration-oscillates");
 
@@ -243,7 +274,8 @@ record_claim("oscillation", "Undamped Boltzmann soft Q-iteration oscillates (a 2
 # $\gamma < 1/(1 + \varepsilon_{\max})$, where $-\varepsilon_{\max}$ is the smallest sensitivity above.
 
 # %%
-Markdown(f"With two actions, $\\varepsilon_{{\\max}} = {-sens.min():.3f}$, so the two-state mechanism needs "
+Markdown(f"With two actions, $\\varepsilon_{{\\max}} = {-sens.min():.3f}$, so the two-state "
+         f"mechanism needs "
          f"$\\gamma > {1 / (1 - sens.min()):.3f}$; page 9c's main claim uses $\\beta = \\infty$.")
 
 # %% [markdown]
@@ -262,18 +294,23 @@ Markdown(f"With two actions, $\\varepsilon_{{\\max}} = {-sens.min():.3f}$, so th
 ns_c, Ls_c, n_mdps_c = (100, 300, 1000, 3000), np.arange(0, 121), 100
 ss_m, ss_t = np.random.SeedSequence(9101).spawn(2)
 mdps_c = [random_mdp(seed=np.random.default_rng(s)) for s in ss_m.spawn(n_mdps_c)]
-trajs_c = [sample_mdp_trajectory(m, ns_c[-1], seed=np.random.default_rng(s)) for m, s in zip(mdps_c, ss_t.spawn(n_mdps_c))]
+trajs_c = [sample_mdp_trajectory(m, ns_c[-1], seed=np.random.default_rng(s))
+           for m, s in zip(mdps_c, ss_t.spawn(n_mdps_c))]
 phi_c, qs_c = torch.stack([m.phi for m in mdps_c]), torch.stack([q_star(m) for m in mdps_c])
-mu_c = torch.stack([stationary_distribution(m)[:, None] * uniform_policy(m) for m in mdps_c])     # (MDPs, S, A)
+mu_c = torch.stack([stationary_distribution(m)[:, None] * uniform_policy(m)
+                    for m in mdps_c])                                       # (MDPs, S, A)
 rms = lambda Q: ((Q - qs_c[:, None]).square() * mu_c[:, None]).sum((-2, -1)).sqrt()
 err_L, floor, depth_gap = {}, {}, {}
 for n in ns_c:
     S_, A_, R_ = (torch.stack([t[i][:n + (i < 2)] for t in trajs_c]) for i in range(3))
-    Q = pair_token_q_iteration(phi_c, S_, A_, R_, 20. * torch.eye(30, dtype=torch.float64), alpha=1., gamma=0.9,
+    Q = pair_token_q_iteration(phi_c, S_, A_, R_, 20. * torch.eye(30, dtype=torch.float64),
+                               alpha=1., gamma=0.9,
                                beta=math.inf, n_iters=300, return_all=True)
     err_L[n], floor[n] = rms(Q[:, :121]).numpy(), rms(Q[:, -1:])[:, 0].numpy()
-    depth_gap[n] = (Q[:, :121] - Q[:, -1:]).abs().amax((-2, -1)).numpy() / Q[:, -1].abs().amax((-2, -1)).numpy()[:, None]
-for n in ns_c: assert (depth_gap[n] <= 0.9 ** Ls_c * (1 + 1e-6) + 1e-8).all(), n       # value iteration's bound
+    size = Q[:, -1].abs().amax((-2, -1)).numpy()[:, None]
+    depth_gap[n] = (Q[:, :121] - Q[:, -1:]).abs().amax((-2, -1)).numpy() / size
+for n in ns_c:                                                          # value iteration's bound
+    assert (depth_gap[n] <= 0.9 ** Ls_c * (1 + 1e-6) + 1e-8).all(), n
 floor_mu = np.array([floor[n].mean() for n in ns_c])
 slope = np.polyfit(np.log(ns_c), np.log(floor_mu), 1)[0]
 assert -0.7 < slope < -0.3, slope
@@ -286,20 +323,28 @@ for k, n in enumerate(ns_c):
     mu, ci = err_L[n].mean(0), 1.96 * err_L[n].std(0, ddof=1) / math.sqrt(n_mdps_c)
     ax.semilogy(Ls_c, mu, color=OKABE_ITO[k], label=f"n = {n}")
     ax.fill_between(Ls_c, mu - ci, mu + ci, color=OKABE_ITO[k], alpha=0.2)
-ax.semilogy(Ls_c, err_L[ns_c[0]].mean(0)[0] * 0.9 ** Ls_c, "k--", lw=1, label=r"$\gamma^L \times$ error at $L = 0$")
-ax.set(xlabel="depth $L$ (layer pairs)", ylabel="weighted RMS error to $q_*$ (return units)", ylim=(1e-2, 20),
+ax.semilogy(Ls_c, err_L[ns_c[0]].mean(0)[0] * 0.9 ** Ls_c, "k--", lw=1,
+            label=r"$\gamma^L \times$ error at $L = 0$")
+ax.set(xlabel="depth $L$ (layer pairs)", ylabel="weighted RMS error to $q_*$ (return units)",
+       ylim=(1e-2, 20),
        title="Error to q* against depth, 100 MDPs, beta = infinity")
 plain_log_ticks(ax, "y"); ax.legend(fontsize=9);
 
 # %%
-record_claim("depth-and-floor", "The constructed Transformer's error to $q_*$ falls at least as fast as $\\gamma^L$ towards "
-             "its context's fixed point (asserted on 100 MDPs) and then levels off at a floor whose mean falls with "
-             "the context length at a fitted log-log slope between -0.7 and -0.3.", "measured", "control_convergence",
+record_claim("depth-and-floor", "The constructed Transformer's error to $q_*$ falls at least as "
+             "fast as $\\gamma^L$ towards "
+             "its context's fixed point (asserted on 100 MDPs) and then levels off at a floor "
+             "whose mean falls with "
+             "the context length at a fitted log-log slope between -0.7 and -0.3.", "measured",
+             "control_convergence",
              "#error-to-q_-against-depth-and-context-length")
-Markdown(f"Floors (mean over the 100 MDPs): " + ", ".join(f"{f:.3f} at $n = {n}$" for n, f in zip(ns_c, floor_mu))
-         + f"; fitted slope of log floor against log $n$: {slope:.2f} (asserted between $-0.7$ and $-0.3$; "
+Markdown(f"Floors (mean over the 100 MDPs): "
+         + ", ".join(f"{f:.3f} at $n = {n}$" for n, f in zip(ns_c, floor_mu))
+         + f"; fitted slope of log floor against log $n$: {slope:.2f} (asserted between $-0.7$ and "
+           f"$-0.3$; "
          "$-1/2$ is the rate of a sample mean). The depth term obeys value iteration's bound "
-         "$\\lVert Q_L - Q_\\infty \\rVert_\\infty \\le \\gamma^L \\lVert Q_\\infty \\rVert_\\infty$ on every MDP and length (asserted).")
+         "$\\lVert Q_L - Q_\\infty \\rVert_\\infty \\le \\gamma^L \\lVert Q_\\infty "
+         "\\rVert_\\infty$ on every MDP and length (asserted).")
 
 # %% [markdown]
 # ## Implementation and tests
@@ -324,13 +369,20 @@ while True:
 x3 = S3 * 2 + A3
 N3 = torch.bincount(x3[:-1], minlength=8).double()
 r_hat = (torch.zeros(8, dtype=torch.float64).index_add_(0, x3[:-1], R3) / N3).reshape(4, 2)
-P_hat = (torch.zeros(8, 4, dtype=torch.float64).index_put_((x3[:-1], S3[1:]), torch.ones(80, dtype=torch.float64),
-                                                            accumulate=True) / N3[:, None]).reshape(4, 2, 4)
+P_hat = torch.zeros(8, 4, dtype=torch.float64).index_put_((x3[:-1], S3[1:]),
+                                                         torch.ones(80, dtype=torch.float64),
+                                                         accumulate=True)
+P_hat = (P_hat / N3[:, None]).reshape(4, 2, 4)
 Q3 = torch.zeros(4, 2, dtype=torch.float64)
-for _ in range(6): Q3 = population_q_map(Q3, torch.eye(8, dtype=torch.float64), r_hat, P_hat, alpha=0.7, gamma=0.9, beta=3.)
-test_close(Q3, batch_tabular_q(S3, A3, R3, 4, 2, alpha=0.7, gamma=0.9, beta=3., n_iters=6), eps=1e-12)
-test_fail(lambda: population_q_map(Q3, torch.eye(8), r_hat, P_hat, alpha=0., gamma=0.9, beta=1.), contains="`alpha`")
-test_fail(lambda: population_q_map(Q3, torch.eye(8), r_hat, P_hat, alpha=1., gamma=0.9, beta=-1.), contains="`beta`")
+for _ in range(6):
+    Q3 = population_q_map(Q3, torch.eye(8, dtype=torch.float64), r_hat, P_hat, alpha=0.7, gamma=0.9,
+                          beta=3.)
+test_close(Q3, batch_tabular_q(S3, A3, R3, 4, 2, alpha=0.7, gamma=0.9, beta=3., n_iters=6),
+           eps=1e-12)
+test_fail(lambda: population_q_map(Q3, torch.eye(8), r_hat, P_hat, alpha=0., gamma=0.9, beta=1.),
+          contains="`alpha`")
+test_fail(lambda: population_q_map(Q3, torch.eye(8), r_hat, P_hat, alpha=1., gamma=0.9, beta=-1.),
+          contains="`beta`")
 
 # %%
 #| hide
