@@ -8,10 +8,11 @@ import math
 import torch
 from .boyan import as_tensor, check_gamma
 from .core import check_int, check_number
+from .boyan import _stationary
 from .control import boltzmann_backup, _check_beta, _tabular
 
 # %% auto #0
-__all__ = ['pair_token_q_iteration', 'greedy_returns']
+__all__ = ['pair_token_q_iteration', 'sample_mdp_trajectories', 'greedy_returns']
 
 # %% ../nbs/09c_control_acting.ipynb #fc84060a
 def pair_token_q_iteration(phi,               # (..., S, A, d) features of every pair of the MDP
@@ -52,6 +53,38 @@ def pair_token_q_iteration(phi,               # (..., S, A, d) features of every
         delta = torch.where(N > 0, r_hat + gamma * (P_hat @ b[..., None])[..., 0] - q, 0.)
         q = q + alpha * (delta[..., None, :] @ w)[..., 0, :]
     return torch.stack(qs, -3) if return_all else qs[-1]
+
+# %% ../nbs/09c_control_acting.ipynb #bef22bcc
+def sample_mdp_trajectories(P,              # (B, S, A, S) transitions of B MDPs
+                            r,              # (B, S, A) rewards
+                            n:int,          # number of transitions
+                            behavior=None,  # (B, S, A) policies; default uniform
+                            start=None,     # (B,) start states; default each behaviour's stationary draw
+                            seed=0,         # int or `torch.Generator`
+                           )->tuple:        # states (B, n+1), actions (B, n+1), rewards (B, n)
+    "Trajectories of B MDPs at once: (states, actions, rewards) as `sample_mdp_trajectory` gives one."
+    P, r = as_tensor(P, "P", torch.float64), as_tensor(r, "r", torch.float64)
+    B, S, A = P.shape[:3]
+    n = check_int(n, "n", low=1)
+    b = torch.full((B, S, A), 1 / A, dtype=torch.float64) if behavior is None \
+        else as_tensor(behavior, "behavior", torch.float64)
+    g = seed if isinstance(seed, torch.Generator) else torch.Generator().manual_seed(check_int(seed, "seed"))
+    if start is None:
+        P_b = torch.einsum("bsa,bsat->bst", b, P)
+        d = torch.stack([torch.from_numpy(_stationary(Pi.numpy())) for Pi in P_b])
+        start = torch.multinomial(d, 1, generator=g)[:, 0]
+    s, rows = torch.as_tensor(start).long(), torch.arange(B)
+    cum_b, cum_P = b.cumsum(-1), P.cumsum(-1)
+    u = torch.rand(n + 1, 2, B, generator=g, dtype=torch.float64)
+    states, actions = [s], []
+    for t in range(n + 1):
+        a = (u[t, 0][:, None] >= cum_b[rows, s]).sum(-1).clamp(max=A - 1)
+        actions.append(a)
+        if t == n: break
+        s = (u[t, 1][:, None] >= cum_P[rows, s, a]).sum(-1).clamp(max=S - 1)
+        states.append(s)
+    states, actions = torch.stack(states, -1), torch.stack(actions, -1)
+    return states, actions, r[rows[:, None], states[:, :-1], actions[:, :-1]]
 
 # %% ../nbs/09c_control_acting.ipynb #a00f8117
 def greedy_returns(P,            # (..., S, A, S) transitions

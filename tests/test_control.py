@@ -323,7 +323,7 @@ def test_linear_attention_is_cubic_so_cannot_take_the_max(seed, h):
 
 # ---------------------------------------------------------------- convergence (9b) and acting (9c)
 
-from ictd.control_acting import greedy_returns, pair_token_q_iteration
+from ictd.control_acting import greedy_returns, pair_token_q_iteration, sample_mdp_trajectories
 from ictd.control_convergence import contraction_rate, population_q_map
 
 
@@ -415,11 +415,8 @@ def test_example_9b1_oscillates_and_the_cures_converge():
 def _unseen_mdps(root, n_mdps, n, kind):
     ss_m, ss_t = np.random.SeedSequence(root).spawn(2)
     mdps = [random_mdp(seed=np.random.default_rng(s), rewards=kind) for s in ss_m.spawn(n_mdps)]
-    trajs = [
-        sample_mdp_trajectory(m, n, seed=np.random.default_rng(s))
-        for m, s in zip(mdps, ss_t.spawn(n_mdps))
-    ]
-    return mdps, [torch.stack([t[i] for t in trajs]) for i in range(3)]
+    P, r = torch.stack([m.P for m in mdps]), torch.stack([m.r for m in mdps])
+    return mdps, list(sample_mdp_trajectories(P, r, n, seed=int(ss_t.generate_state(1)[0])))
 
 
 @pytest.mark.claims
@@ -480,3 +477,16 @@ def test_floor_falls_like_a_sample_mean_on_unseen_mdps():
         floors.append(((Q - qs).square() * mu).sum((-2, -1)).sqrt().mean().item())
     slope = np.polyfit(np.log([100, 300, 1000, 3000]), np.log(floors), 1)[0]
     assert -0.7 < slope < -0.3, slope
+
+
+@pytest.mark.unit
+def test_batched_sampler_is_stationary_and_consistent():
+    mdps = [random_mdp(5, 2, seed=s) for s in range(700, 703)]
+    P, r = torch.stack([m.P for m in mdps]), torch.stack([m.r for m in mdps])
+    S, A, R = sample_mdp_trajectories(P, r, 10_000, seed=7)
+    for i, m in enumerate(mdps):
+        assert torch.equal(R[i], m.r[S[i, :-1], A[i, :-1]])
+        assert (m.P[S[i, :-1], A[i, :-1], S[i, 1:]] > 0).all()
+        batches = torch.nn.functional.one_hot(S[i, :10_000], 5).double().reshape(20, 500, 5).mean(1)
+        z = (batches.mean(0) - stationary_distribution(m)).abs() / (batches.std(0) / math.sqrt(20))
+        assert (z < 5).all(), z

@@ -8,6 +8,7 @@ import math
 import torch
 from ictd.boyan import as_tensor, check_gamma
 from ictd.core import check_int, check_number
+from ictd.boyan import _stationary
 from ictd.control import boltzmann_backup, _check_beta, _tabular
 
 # %%
@@ -39,10 +40,11 @@ from ictd.control_model import ControlICTD, build_control_prompt
 #   across context length $n$ and depth $L$, for three inverse temperatures $\beta$.
 # - Baselines on the same contexts: greedy on in-context SARSA values (one step of policy improvement
 #   over the uniform behaviour) and the myopic policy ($L = 1$, greedy on the rewards).
+# - Online: the agent appends its own $\varepsilon$-greedy transitions to its context, block by block.
 # :::
 #
 # *How to read this page.* The fast exact forward pass and its check against the Transformer; the
-# experiment and its two figures; the claim. Everything is the book's own experiment. Helpers and bulk
+# experiment and its two figures; the claim; the online variant. Everything is the book's own experiment. Helpers and bulk
 # tests are in [Implementation and tests](#implementation-and-tests).
 
 # %% [markdown]
@@ -150,6 +152,54 @@ Markdown(f"Largest gap over {len(checks)} comparisons (pair tokens, full iterati
 # (greedy on $Q_1$, the kernel-averaged rewards). Intervals are $\pm 1.96$ standard errors over the 100
 # MDPs. The seeds of the MDPs and of the trajectories are children of one `SeedSequence` per reward kind.
 
+# %% [markdown]
+# The experiment draws 100 long trajectories at once with `sample_mdp_trajectories`, chapter 9's
+# sampler batched over MDPs (one step of every chain per loop iteration, from one torch generator).
+
+# %%
+#| export
+def sample_mdp_trajectories(P,              # (B, S, A, S) transitions of B MDPs
+                            r,              # (B, S, A) rewards
+                            n:int,          # number of transitions
+                            behavior=None,  # (B, S, A) policies; default uniform
+                            start=None,     # (B,) start states; default each behaviour's stationary draw
+                            seed=0,         # int or `torch.Generator`
+                           )->tuple:        # states (B, n+1), actions (B, n+1), rewards (B, n)
+    "Trajectories of B MDPs at once: (states, actions, rewards) as `sample_mdp_trajectory` gives one."
+    P, r = as_tensor(P, "P", torch.float64), as_tensor(r, "r", torch.float64)
+    B, S, A = P.shape[:3]
+    n = check_int(n, "n", low=1)
+    b = torch.full((B, S, A), 1 / A, dtype=torch.float64) if behavior is None \
+        else as_tensor(behavior, "behavior", torch.float64)
+    g = seed if isinstance(seed, torch.Generator) else torch.Generator().manual_seed(check_int(seed, "seed"))
+    if start is None:
+        P_b = torch.einsum("bsa,bsat->bst", b, P)
+        d = torch.stack([torch.from_numpy(_stationary(Pi.numpy())) for Pi in P_b])
+        start = torch.multinomial(d, 1, generator=g)[:, 0]
+    s, rows = torch.as_tensor(start).long(), torch.arange(B)
+    cum_b, cum_P = b.cumsum(-1), P.cumsum(-1)
+    u = torch.rand(n + 1, 2, B, generator=g, dtype=torch.float64)
+    states, actions = [s], []
+    for t in range(n + 1):
+        a = (u[t, 0][:, None] >= cum_b[rows, s]).sum(-1).clamp(max=A - 1)
+        actions.append(a)
+        if t == n: break
+        s = (u[t, 1][:, None] >= cum_P[rows, s, a]).sum(-1).clamp(max=S - 1)
+        states.append(s)
+    states, actions = torch.stack(states, -1), torch.stack(actions, -1)
+    return states, actions, r[rows[:, None], states[:, :-1], actions[:, :-1]]
+
+
+# %%
+mdps_t = [random_mdp(4, 2, seed=s) for s in range(3)]
+St_b, At_b, Rt_b = sample_mdp_trajectories(torch.stack([m.P for m in mdps_t]),
+                                           torch.stack([m.r for m in mdps_t]), 50, seed=1)
+test_eq((St_b.shape, At_b.shape, Rt_b.shape), ((3, 51), (3, 51), (3, 50)))
+for i, m in enumerate(mdps_t):
+    test_eq(Rt_b[i], m.r[St_b[i, :-1], At_b[i, :-1]])
+    assert all(m.P[St_b[i, k], At_b[i, k], St_b[i, k + 1]] > 0 for k in range(50))
+
+
 # %%
 #| export
 def greedy_returns(P,            # (..., S, A, S) transitions
@@ -180,9 +230,8 @@ def run_kind(kind, root):
     "Normalised returns (MDPs, betas, n, L) of the construction and (MDPs, n) of SARSA-greedy."
     ss_mdp, ss_ctx = np.random.SeedSequence(root).spawn(2)
     mdps = [random_mdp(seed=np.random.default_rng(s), rewards=kind) for s in ss_mdp.spawn(n_mdps)]
-    trajs = [sample_mdp_trajectory(m, n_grid[-1], seed=np.random.default_rng(s))
-             for m, s in zip(mdps, ss_ctx.spawn(n_mdps))]
     P, r, phi = (torch.stack([getattr(m, k) for m in mdps]) for k in ("P", "r", "phi"))
+    trajs = sample_mdp_trajectories(P, r, n_grid[-1], seed=int(ss_ctx.generate_state(1)[0]))
     J_star = greedy_returns(P, r, 0.9, torch.stack([q_star(m) for m in mdps]))
     J_unif = torch.tensor([policy_return(m, uniform_policy(m)) for m in mdps], dtype=torch.float64)
     norm = lambda J: ((J - J_unif[:, None]) / (J_star - J_unif)[:, None]).numpy()
@@ -191,7 +240,7 @@ def run_kind(kind, root):
     sarsa = np.empty((n_mdps, len(n_grid)))
     kw = dict(alpha=1., gamma=0.9, n_iters=L_grid[-1])
     for i, n in enumerate(n_grid):
-        S_, A_, R_ = (torch.stack([t[k][:n + (k < 2)] for t in trajs]) for k in range(3))
+        S_, A_, R_ = (trajs[k][:, :n + (k < 2)] for k in range(3))
         for j, b in enumerate(betas):
             Q = pair_token_q_iteration(phi, S_, A_, R_, W, beta=b, return_all=True, **kw)
             J = greedy_returns(P[:, None], r[:, None], 0.9, Q[:, list(L_grid)])          # (MDPs, L)
@@ -310,6 +359,64 @@ for kind in MDP_REWARDS:
 Markdown("| rewards | $\\beta$ | " + " | ".join(f"n = {n}" for n in n_grid) + " |\n|---|---|"
          + "---|" * len(n_grid) + "\n"
          + "\n".join(grid_lines))
+
+
+# %% [markdown]
+# ## Online: the agent appends its own transitions
+#
+# So far the context came from the uniform behaviour. Online, the agent acts on its own in-context
+# Q-values and its transitions join the context. The protocol (ours): 100 MDPs with state rewards;
+# an initial uniform-behaviour context of 200 transitions; then 10 blocks of 200 steps in which the
+# agent continues the trajectory $\varepsilon$-greedily ($\varepsilon = 0.1$) on the Q-values of the
+# current context (the construction above, $\beta = \infty$, $L = 100$), which are recomputed after
+# each block. After each block the greedy policy of the current context is scored exactly. The
+# comparison continues the same trajectory with the uniform behaviour instead, so that both contexts
+# have the same length at every point.
+
+# %%
+def online(root, n0=200, blocks=10, H=200, eps=0.1, agent=True):
+    "Normalised return of the greedy policy after each block (MDPs, blocks + 1)."
+    ss_mdp, ss_ctx = np.random.SeedSequence(root).spawn(2)
+    mdps = [random_mdp(seed=np.random.default_rng(s), rewards="state") for s in ss_mdp.spawn(n_mdps)]
+    P, r, phi = (torch.stack([getattr(m, k) for m in mdps]) for k in ("P", "r", "phi"))
+    g = torch.Generator().manual_seed(int(ss_ctx.generate_state(1)[0]))
+    S_, A_, R_ = sample_mdp_trajectories(P, r, n0, seed=g)
+    J_star = greedy_returns(P, r, 0.9, torch.stack([q_star(m) for m in mdps]))
+    J_unif = torch.tensor([policy_return(m, uniform_policy(m)) for m in mdps], dtype=torch.float64)
+    W, scores = kappa * torch.eye(30, dtype=torch.float64), []
+    for k in range(blocks + 1):
+        Q = pair_token_q_iteration(phi, S_, A_, R_, W, alpha=1., gamma=0.9, beta=math.inf, n_iters=100)
+        scores.append(((greedy_returns(P, r, 0.9, Q) - J_unif) / (J_star - J_unif)).numpy())
+        if k == blocks: break
+        pi = (1 - eps) * greedy_policy(Q) + eps / 3 if agent else None   # None: uniform
+        St, At, Rt = sample_mdp_trajectories(P, r, H, behavior=pi, start=S_[:, -1], seed=g)
+        S_, A_, R_ = torch.cat([S_, St[:, 1:]], 1), torch.cat([A_[:, :-1], At], 1), torch.cat([R_, Rt], 1)
+    return np.stack(scores, 1)
+
+on, off = online(9101), online(9101, agent=False)
+
+# %%
+#| fig-cap: "Figure 9c.3: Online acting, state rewards: normalised return of the greedy policy as the agent appends its own epsilon-greedy transitions to its context, against a context grown by the uniform behaviour (100 MDPs, 95% intervals)."
+#| fig-alt: "Normalised return against the context length from 200 to 2200 transitions; two curves start at the same point; the online agent's curve and the uniform-behaviour curve both rise."
+fig, ax = plt.subplots(figsize=(7, 4))
+lengths = 200 + 200 * np.arange(on.shape[1])
+for k, (lab, x) in enumerate((("agent's own transitions (epsilon-greedy, 0.1)", on),
+                              ("uniform behaviour's transitions", off))):
+    mu, ci = mean_ci(x)
+    ax.plot(lengths, mu, "o-", ms=3, color=OKABE_ITO[k], label=lab)
+    ax.fill_between(lengths, mu - ci, mu + ci, color=OKABE_ITO[k], alpha=0.2)
+ax.axhline(1, color="k", lw=0.6)
+ax.set(xlabel="context length $n$ (200 uniform, then blocks of 200)", ylabel="normalised return",
+       title="Online: the context grows with the agent's own transitions")
+ax.legend(fontsize=9);
+
+# %%
+d_mu, d_ci = mean_ci(on[:, -1] - off[:, -1])
+verdict = ("above" if d_mu - d_ci > 0 else "below" if d_mu + d_ci < 0 else "not distinguishable from")
+Markdown(f"After {on.shape[1] - 1} blocks the online agent's greedy policy scores {on[:, -1].mean():.3f} "
+         f"± {mean_ci(on[:, -1])[1]:.3f} and the uniform-data one {off[:, -1].mean():.3f} ± "
+         f"{mean_ci(off[:, -1])[1]:.3f}; the paired difference is {d_mu:.3f} ± {d_ci:.3f}, so the agent's "
+         f"own data leaves it {verdict} the uniform behaviour's at equal context length.")
 
 # %% [markdown]
 # ## Implementation and tests
