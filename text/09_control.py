@@ -48,7 +48,8 @@ from ictd.wstd import weighted_softmax_td
 # attention. Q-learning needs the maximum over the successor's actions, and a maximum is exactly
 # what a softmax can approach and a linear map cannot ([next page](control_transformer.html)).
 # The family of MDPs, the algorithm and every result on these pages are the book's own
-# construction, not the paper's; the paper names control as future work.
+# construction, not the paper's, whose results are about policy evaluation (the summaries of it
+# available to the project mention extending its theory to control settings as future work).
 #
 # *How to read this page.* The MDP and its exact solution; the random family, with one drawn and
 # solved; trajectories; then kernel soft Q-iteration, the four reductions, and one figure. Input

@@ -419,8 +419,9 @@ assert (att_td[3:] == 0).all()
 # largest code similarity; when that is its own state, every such block holds the same action values,
 # so the backup is exact in the limit. The price is the gap between a code's similarity with itself and
 # with other states' codes, the **margin** $\mu = \min_s \big(\lVert\psi(s)\rVert^2 - \max_{s' \ne s}
-# \psi(s)^\top \psi(s')\big)$: the error falls like $e^{-c\mu}$ times the number of columns, so the
-# scale needed grows like $\log(nA)/\mu$, and a negative margin (a code more similar to another state
+# \psi(s)^\top \psi(s')\big)$: a wrong column's weight relative to a right one is at most
+# $e^{-c\mu + \beta w}$ ($w$ the spread of the values), and there are up to $nA$ wrong columns, so
+# the scale needed grows like $(\log(nA) + \beta w)/\mu$, and a negative margin (a code more similar to another state
 # than to itself, which raw $U(-1, 1)$ codes allow) cannot be fixed by any scale. One-hot codes
 # ($d_\psi = S$ rows) have $\mu = 1$; random unit codes in $d_\psi < S$ dimensions have a small margin.
 # `code_backup` computes this head; the experiment measures the error of the backup against $c$ on the

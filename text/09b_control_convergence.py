@@ -217,7 +217,7 @@ Markdown(f"Undamped, the iterates settle into a cycle of period 2 for $\\beta$ f
 
 # %% [markdown]
 # *Why.* In state 1 the two actions are $Q(1, 0) = \gamma V_0$ and $Q(1, 1) = -1 + \gamma V_1$, and state 0's
-# actions differ by a constant, so its backup moves one for one with $V_1$ a step later. Linearise at
+# actions differ by a constant, so its backup is $\gamma V_1$ plus a constant, a step later. Linearise at
 # the fixed point: with $g_0, g_1$ the backup's sensitivities in state 1 ($g_0 + g_1 = 1$), the map on
 # $(V_1, V_0)$ has matrix $\gamma \begin{pmatrix} g_1 & g_0 \\ 1 & 0 \end{pmatrix}$, whose eigenvalue
 # $\gamma\big(g_1 - \sqrt{g_1^2 + 4 g_0}\big)/2 = -\gamma(1 + \varepsilon)$ when $g_1 = -\varepsilon$. The
