@@ -22,7 +22,7 @@ import numpy as np
 from IPython.display import Markdown
 from ictd.core import record_claim, OKABE_ITO, plain_log_ticks
 from ictd.control import (MDP, random_mdp, sample_mdp_trajectory, q_star, stationary_distribution,
-                          uniform_policy)
+                          uniform_policy, batch_tabular_q)
 from ictd.control_acting import pair_token_q_iteration
 
 # %% [markdown]
@@ -364,7 +364,6 @@ show_doc(contraction_rate)
 # which every pair is visited (the empirical $\hat r$, $\hat P$), and bad arguments are refused:
 
 # %%
-from ictd.control import batch_tabular_q, context_features
 m3 = random_mdp(4, 2, seed=31)
 rng3 = np.random.default_rng(31)
 while True:
