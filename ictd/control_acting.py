@@ -59,16 +59,17 @@ def sample_mdp_trajectories(P,              # (B, S, A, S) transitions of B MDPs
                             r,              # (B, S, A) rewards
                             n:int,          # number of transitions
                             behavior=None,  # (B, S, A) policies; default uniform
-                            start=None,     # (B,) start states; default each behaviour's stationary draw
+                            start=None,     # (B,) start states; default: stationary draws
                             seed=0,         # int or `torch.Generator`
                            )->tuple:        # states (B, n+1), actions (B, n+1), rewards (B, n)
-    "Trajectories of B MDPs at once: (states, actions, rewards) as `sample_mdp_trajectory` gives one."
+    "Trajectories of B MDPs at once: (states, actions, rewards), like `sample_mdp_trajectory`."
     P, r = as_tensor(P, "P", torch.float64), as_tensor(r, "r", torch.float64)
     B, S, A = P.shape[:3]
     n = check_int(n, "n", low=1)
     b = torch.full((B, S, A), 1 / A, dtype=torch.float64) if behavior is None \
         else as_tensor(behavior, "behavior", torch.float64)
-    g = seed if isinstance(seed, torch.Generator) else torch.Generator().manual_seed(check_int(seed, "seed"))
+    g = seed if isinstance(seed, torch.Generator) \
+        else torch.Generator().manual_seed(check_int(seed, "seed"))
     if start is None:
         P_b = torch.einsum("bsa,bsat->bst", b, P)
         d = torch.stack([torch.from_numpy(_stationary(Pi.numpy())) for Pi in P_b])

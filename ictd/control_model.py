@@ -91,7 +91,7 @@ def control_pair_update(Z:torch.Tensor,  # (..., d + 4, N) tokens
                         masks:tuple,     # (TD mask, backup mask) of `control_masks`
                         hard:bool=False, # backup head at beta = infinity
                        )->torch.Tensor:  # (..., d + 4, N) after the backup layer and the TD layer
-    "the backup layer $Z + V_b Z S_b$, then the TD layer $Z + (V^{cur} + V^{tgt}) Z S$."
+    "One iteration: backup layer $Z + V_b Z S_b$, then TD layer $Z + (V^{cur} + V^{tgt}) Z S$."
     A_b, V_b, A, V_cur, V_tgt = params
     Z = Z + V_b @ Z @ masked_attention(Z, A_b, masks[1], hard)
     return Z + (V_cur + V_tgt) @ Z @ masked_attention(Z, A, masks[0])

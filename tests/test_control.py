@@ -1,4 +1,4 @@
-"""Claims of the in-context control pages (9, 9a, 9b, 9c), on MDPs and seeds the book does not show."""
+"""Claims of the control pages (9, 9a, 9b, 9c), on MDPs and seeds the book does not show."""
 
 import math
 import numpy as np

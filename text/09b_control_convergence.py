@@ -98,7 +98,8 @@ from ictd.control_acting import pair_token_q_iteration
 # in the box against $\rho$.
 
 # %%
-Markdown(f"In the tabular case with $\\gamma = 0.9$ and rewards in $[-1, 1]$ the condition allows only "
+Markdown(f"In the tabular case with $\\gamma = 0.9$ and rewards in $[-1, 1]$ the condition allows "
+         f"only "
          f"$\\beta < {(1 - 0.9) ** 2 / 0.9:.4f}$.")
 
 

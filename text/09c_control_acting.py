@@ -162,16 +162,17 @@ def sample_mdp_trajectories(P,              # (B, S, A, S) transitions of B MDPs
                             r,              # (B, S, A) rewards
                             n:int,          # number of transitions
                             behavior=None,  # (B, S, A) policies; default uniform
-                            start=None,     # (B,) start states; default each behaviour's stationary draw
+                            start=None,     # (B,) start states; default: stationary draws
                             seed=0,         # int or `torch.Generator`
                            )->tuple:        # states (B, n+1), actions (B, n+1), rewards (B, n)
-    "Trajectories of B MDPs at once: (states, actions, rewards) as `sample_mdp_trajectory` gives one."
+    "Trajectories of B MDPs at once: (states, actions, rewards), like `sample_mdp_trajectory`."
     P, r = as_tensor(P, "P", torch.float64), as_tensor(r, "r", torch.float64)
     B, S, A = P.shape[:3]
     n = check_int(n, "n", low=1)
     b = torch.full((B, S, A), 1 / A, dtype=torch.float64) if behavior is None \
         else as_tensor(behavior, "behavior", torch.float64)
-    g = seed if isinstance(seed, torch.Generator) else torch.Generator().manual_seed(check_int(seed, "seed"))
+    g = seed if isinstance(seed, torch.Generator) \
+        else torch.Generator().manual_seed(check_int(seed, "seed"))
     if start is None:
         P_b = torch.einsum("bsa,bsat->bst", b, P)
         d = torch.stack([torch.from_numpy(_stationary(Pi.numpy())) for Pi in P_b])
@@ -302,9 +303,9 @@ for kind in MDP_REWARDS:
     paired = results[kind][0][:, -1, -1, -1] - results[kind][1][:, -1]     # Q-learning - SARSA
     d_mu, d_ci = mean_ci(paired)
     assert d_mu - d_ci > 0, (kind, d_mu, d_ci)
-    lines.append(f'rewards = "{kind}": {best:.3f} ± {ci:.3f}, against {s_mu:.3f} ± {s_ci:.3f} for '
-                 f'SARSA then greedy (paired difference {d_mu:.3f} ± {d_ci:.3f}) and '
-                 f'{m_mu:.3f} ± {m_ci:.3f} for the myopic policy')
+    lines.append(f'rewards = "{kind}": {best:.3f} ± {ci:.2g}, against {s_mu:.3f} ± {s_ci:.2g} for '
+                 f'SARSA then greedy (paired difference {d_mu:.3f} ± {d_ci:.2g}) and '
+                 f'{m_mu:.3f} ± {m_ci:.2g} for the myopic policy')
 record_claim("acting-0.9", "With one-hot features, $W = 20 I$, $\\alpha = 1$, $\\beta = \\infty$, "
              "$L = 100$ and $n = 3200$, "
              "the constructed Transformer's greedy policy reaches a normalised return above 0.9 "
@@ -377,7 +378,8 @@ Markdown("| rewards | $\\beta$ | " + " | ".join(f"n = {n}" for n in n_grid) + " 
 def online(root, n0=200, blocks=10, H=200, eps=0.1, agent=True):
     "Normalised return of the greedy policy after each block (MDPs, blocks + 1)."
     ss_mdp, ss_ctx = np.random.SeedSequence(root).spawn(2)
-    mdps = [random_mdp(seed=np.random.default_rng(s), rewards="state") for s in ss_mdp.spawn(n_mdps)]
+    mdps = [random_mdp(seed=np.random.default_rng(s), rewards="state")
+            for s in ss_mdp.spawn(n_mdps)]
     P, r, phi = (torch.stack([getattr(m, k) for m in mdps]) for k in ("P", "r", "phi"))
     g = torch.Generator().manual_seed(int(ss_ctx.generate_state(1)[0]))
     S_, A_, R_ = sample_mdp_trajectories(P, r, n0, seed=g)
@@ -385,12 +387,14 @@ def online(root, n0=200, blocks=10, H=200, eps=0.1, agent=True):
     J_unif = torch.tensor([policy_return(m, uniform_policy(m)) for m in mdps], dtype=torch.float64)
     W, scores = kappa * torch.eye(30, dtype=torch.float64), []
     for k in range(blocks + 1):
-        Q = pair_token_q_iteration(phi, S_, A_, R_, W, alpha=1., gamma=0.9, beta=math.inf, n_iters=100)
+        Q = pair_token_q_iteration(phi, S_, A_, R_, W, alpha=1., gamma=0.9, beta=math.inf,
+                                   n_iters=100)
         scores.append(((greedy_returns(P, r, 0.9, Q) - J_unif) / (J_star - J_unif)).numpy())
         if k == blocks: break
         pi = (1 - eps) * greedy_policy(Q) + eps / 3 if agent else None   # None: uniform
         St, At, Rt = sample_mdp_trajectories(P, r, H, behavior=pi, start=S_[:, -1], seed=g)
-        S_, A_, R_ = torch.cat([S_, St[:, 1:]], 1), torch.cat([A_[:, :-1], At], 1), torch.cat([R_, Rt], 1)
+        S_, A_ = torch.cat([S_, St[:, 1:]], 1), torch.cat([A_[:, :-1], At], 1)
+        R_ = torch.cat([R_, Rt], 1)
     return np.stack(scores, 1)
 
 on, off = online(9101), online(9101, agent=False)
@@ -412,10 +416,13 @@ ax.legend(fontsize=9);
 
 # %%
 d_mu, d_ci = mean_ci(on[:, -1] - off[:, -1])
-verdict = ("above" if d_mu - d_ci > 0 else "below" if d_mu + d_ci < 0 else "not distinguishable from")
-Markdown(f"After {on.shape[1] - 1} blocks the online agent's greedy policy scores {on[:, -1].mean():.3f} "
+verdict = ("above" if d_mu - d_ci > 0 else "below" if d_mu + d_ci < 0
+           else "not distinguishable from")
+Markdown(f"After {on.shape[1] - 1} blocks the online agent's greedy policy scores "
+         f"{on[:, -1].mean():.3f} "
          f"± {mean_ci(on[:, -1])[1]:.3f} and the uniform-data one {off[:, -1].mean():.3f} ± "
-         f"{mean_ci(off[:, -1])[1]:.3f}; the paired difference is {d_mu:.3f} ± {d_ci:.3f}, so the agent's "
+         f"{mean_ci(off[:, -1])[1]:.3f}; the paired difference is {d_mu:.3f} ± {d_ci:.3f}, so the "
+         f"agent's "
          f"own data leaves it {verdict} the uniform behaviour's at equal context length.")
 
 # %% [markdown]
