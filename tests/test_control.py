@@ -321,7 +321,7 @@ def test_linear_attention_is_cubic_so_cannot_take_the_max(seed, h):
     )
 
 
-# ---------------------------------------------------------------- convergence (9b) and acting (9c)
+# ---------------------------------------------------------------- acting (9b) and convergence (9c)
 
 from ictd.control_acting import greedy_returns, pair_token_q_iteration, sample_mdp_trajectories
 from ictd.control_convergence import contraction_rate, population_q_map
@@ -357,7 +357,7 @@ def test_greedy_returns_match_policy_return():
 @pytest.mark.unit
 @settings(max_examples=30)
 @given(seed=st.integers(0, 10**6), which=st.integers(0, 2))
-def test_proposition_9b1_contraction(seed, which):
+def test_proposition_9c1_contraction(seed, which):
     g = torch.Generator().manual_seed(seed)
     S, A = 2 + seed % 4, 2 + seed % 2
     m = random_mdp(S, A, gamma=0.8, seed=seed)
@@ -377,7 +377,7 @@ def test_proposition_9b1_contraction(seed, which):
 
 
 @pytest.mark.unit
-def test_example_9b1_oscillates_and_the_cures_converge():
+def test_example_9c1_oscillates_and_the_cures_converge():
     P = torch.zeros(2, 2, 2, dtype=F64)
     P[0, :, 1] = 1.0
     P[1, 0, 0] = 1.0

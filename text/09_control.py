@@ -213,7 +213,7 @@ def normalised_return(mdp:MDP, policy, behavior=None, start=None)->float:
 #   $U(0.01, 0.99)$ weights over all states, normalised (each action drawn independently);
 # * rewards $r(s, a) \sim U(-1, 1)$ i.i.d. (the default, `rewards="action"`), or `rewards="state"`:
 #   $r(s, a) = r(s) \sim U(-1, 1)$, the Boyan chain's own rewards, so that actions differ only in where
-#   they lead and acting well needs planning (with action rewards a myopic policy does well; page 9c);
+#   they lead and acting well needs planning (with action rewards a myopic policy does well; page 9b);
 # * features: one-hot pairs ($d = SA$, the tabular case, the default), `random` ($U(-1, 1)$ entries,
 #   $d = 8$ unless given) or `unit` (those rows rescaled to norm 1).
 #

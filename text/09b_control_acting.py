@@ -255,7 +255,7 @@ beta_tex = lambda b: r"\infty" if b == math.inf else f"{b:g}"
 mean_ci = lambda x, axis=0: (x.mean(axis), 1.96 * x.std(axis, ddof=1) / math.sqrt(x.shape[axis]))
 
 # %%
-#| fig-cap: "Figure 9c.1: Normalised return of the constructed Transformer's greedy policy against context length, at depth L = 100, on 100 unseen MDPs per reward kind (95% intervals)."
+#| fig-cap: "Figure 9b.1: Normalised return of the constructed Transformer's greedy policy against context length, at depth L = 100, on 100 unseen MDPs per reward kind (95% intervals)."
 #| fig-alt: "Two panels, action rewards and state rewards, normalised return against context length n from 25 to 3200 on a log axis. Three curves for beta = 1, 4 and infinity rise towards 1; the SARSA-greedy baseline lies at or below them; the myopic policy is high with action rewards and near 0 with state rewards."
 fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
 for ax, kind in zip(axes, MDP_REWARDS):
@@ -278,7 +278,7 @@ fig.suptitle("Greedy acting on the in-context Q-values, 100 unseen MDPs per pane
 fig.tight_layout()
 
 # %%
-#| fig-cap: "Figure 9c.2: Normalised return against depth (number of layer pairs) for several context lengths, beta = infinity, state rewards (95% intervals)."
+#| fig-cap: "Figure 9b.2: Normalised return against depth (number of layer pairs) for several context lengths, beta = infinity, state rewards (95% intervals)."
 #| fig-alt: "Normalised return against depth L from 1 to 100 on a log axis, one curve per context length; every curve starts near 0 at L = 1, rises over the first two to five pairs and levels off, higher for longer contexts."
 fig, ax = plt.subplots(figsize=(7, 4))
 out_state = results["state"][0]
@@ -400,7 +400,7 @@ def online(root, n0=200, blocks=10, H=200, eps=0.1, agent=True):
 on, off = online(9101), online(9101, agent=False)
 
 # %%
-#| fig-cap: "Figure 9c.3: Online acting, state rewards: normalised return of the greedy policy as the agent appends its own epsilon-greedy transitions to its context, against a context grown by the uniform behaviour (100 MDPs, 95% intervals)."
+#| fig-cap: "Figure 9b.3: Online acting, state rewards: normalised return of the greedy policy as the agent appends its own epsilon-greedy transitions to its context, against a context grown by the uniform behaviour (100 MDPs, 95% intervals)."
 #| fig-alt: "Normalised return against the context length from 200 to 2200 transitions; two curves start at the same point; the online agent's curve and the uniform-behaviour curve both rise."
 fig, ax = plt.subplots(figsize=(7, 4))
 lengths = 200 + 200 * np.arange(on.shape[1])

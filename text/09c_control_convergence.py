@@ -31,10 +31,10 @@ from ictd.control_acting import pair_token_q_iteration
 
 # %% [markdown]
 # ::: {.callout-tip title="What this page shows"}
-# - Proposition 9b.1 [ours]: the iteration contracts in the sup norm when the kernel's diagonal
+# - Proposition 9c.1 [ours]: the iteration contracts in the sup norm when the kernel's diagonal
 #   mass beats $(1 + \gamma c_\beta)/2$, where $c_\beta$ is the backup's Lipschitz constant: 1 for
 #   $\beta = 0$ and $\beta = \infty$, at most $1 + \beta M$ in between.
-# - Example 9b.1 [ours]: a deterministic two-state MDP on which undamped Boltzmann iteration
+# - Example 9c.1 [ours]: a deterministic two-state MDP on which undamped Boltzmann iteration
 #   oscillates for $\beta$ in a window, why (a negative sensitivity of the backup to a worse action),
 #   and three cures: $\beta = \infty$, a small $\beta$, or a step $\alpha = 1/2$.
 # - The error to $q_*$ against depth and context length on 100 MDPs: a geometric depth term and a
@@ -57,7 +57,7 @@ from ictd.control_acting import pair_token_q_iteration
 #
 # In the tabular limit or in the limit of an infinitely long stationary context, the iteration of
 # Definition 9.1 runs on the pairs with a row-stochastic attention matrix $M$ (row $y$: the weights
-# $w(x \mid y)$ of [9c](control_acting.html#one-token-per-pair)) and the empirical or true $\hat r$,
+# $w(x \mid y)$ of [9b](control_acting.html#one-token-per-pair)) and the empirical or true $\hat r$,
 # $\hat P$:
 #
 # $$F(Q) = Q + \alpha M\big(\hat r + \gamma \hat P B_\beta(Q) - Q\big).$$
@@ -68,7 +68,7 @@ from ictd.control_acting import pair_token_q_iteration
 # it is $1 + \beta \sum_a p_a |q_a - B_\beta(q)| \le 1 + \beta w/2$ on values of spread at most $w$.
 #
 # ::: {.proposition}
-# **Proposition 9b.1 (ours).** Let $m = \min_y M(y, y)$, $\alpha \in (0, 1]$, $\bar r = \max |\hat r|$
+# **Proposition 9c.1 (ours).** Let $m = \min_y M(y, y)$, $\alpha \in (0, 1]$, $\bar r = \max |\hat r|$
 # and suppose $2m - 1 - \gamma > 0$. The box $\lVert Q \rVert_\infty \le R_0 = \bar r / (2m - 1 - \gamma)$
 # is invariant under $F$, and on it $F$ is Lipschitz in the sup norm with constant
 # $\rho = 1 - \alpha(2m - 1 - \gamma c_\beta)$, where $c_\beta = 1$ for $\beta \in \{0, \infty\}$ and
@@ -118,7 +118,7 @@ def population_q_map(Q,          # (..., S, A) action values
     return Q + alpha * (M @ td.flatten(-2)[..., None])[..., 0].unflatten(-1, Q.shape[-2:])
 
 def contraction_rate(M, r, gamma:float, beta:float, alpha:float=1.)->tuple:
-    "(rho, R_0) of Proposition 9b.1, or rho >= 1 when the condition fails."
+    "(rho, R_0) of Proposition 9c.1, or rho >= 1 when the condition fails."
     m, rbar = torch.diagonal(M, dim1=-2, dim2=-1).amin(-1), r.abs().amax((-2, -1))
     R0 = rbar / (2 * m - 1 - gamma)
     c = torch.ones_like(R0) if beta in (0, math.inf) else 1 + beta * R0
@@ -158,7 +158,7 @@ record_claim("contraction", "Kernel soft Q-iteration on pairs is a sup-norm cont
              "$m$ exceeds "
              "$(1 + \\gamma c_\\beta)/2$, with $c_\\beta = 1$ for $\\beta \\in \\{0, \\infty\\}$ "
              "and "
-             "$c_\\beta \\le 1 + \\beta R_0$ otherwise (Proposition 9b.1).", "proved",
+             "$c_\\beta \\le 1 + \\beta R_0$ otherwise (Proposition 9c.1).", "proved",
              "control_convergence",
              "#a-contraction-condition")
 Markdown(f"On {len(ratios)} random cases the measured Lipschitz ratio never exceeds $\\rho$ "
@@ -169,7 +169,7 @@ Markdown(f"On {len(ratios)} random cases the measured Lipschitz ratio never exce
 # %% [markdown]
 # ## An MDP on which the Boltzmann iteration oscillates
 #
-# **Example 9b.1 (ours, found by a seeded search over small MDPs and then rounded).** Two states, two
+# **Example 9c.1 (ours, found by a seeded search over small MDPs and then rounded).** Two states, two
 # actions, deterministic: in state 0 both actions lead to state 1 and pay $+\tfrac12$ and
 # $-\tfrac12$; in state 1 action 0 leads to state 0 and pays 0, action 1 stays and pays $-1$;
 # $\gamma = 0.99$. Run the tabular iteration ($M = I$, $\alpha = 1$: soft value iteration) from $Q_0 = 0$.
@@ -180,7 +180,7 @@ P_ex[0, :, 1] = 1.; P_ex[1, 0, 0] = 1.; P_ex[1, 1, 1] = 1.
 r_ex = torch.tensor([[0.5, -0.5], [0., -1.]], dtype=torch.float64)
 gamma_ex, I4 = 0.99, torch.eye(4, dtype=torch.float64)
 def soft_vi(beta, alpha=1., n_iters=5000):
-    "Iterates of the tabular iteration on Example 9b.1 from Q_0 = 0."
+    "Iterates of the tabular iteration on Example 9c.1 from Q_0 = 0."
     Qs = [torch.zeros(2, 2, dtype=torch.float64)]
     for _ in range(n_iters):
         Qs.append(population_q_map(Qs[-1], I4, r_ex, P_ex, alpha=alpha, gamma=gamma_ex, beta=beta))
@@ -244,7 +244,7 @@ Markdown(f"At $\\beta = 4$ the fixed point (found with $\\alpha = 1/2$) has a Ja
          f"{-(1 - gamma_ex) / gamma_ex:.4f}$.")
 
 # %%
-#| fig-cap: "Figure 9b.1: Example 9b.1. Left: the size of each step, which stays large for beta = 4 (a 2-cycle) and falls to round-off with each cure. Right: the size of the last step against beta."
+#| fig-cap: "Figure 9c.1: Example 9c.1. Left: the size of each step, which stays large for beta = 4 (a 2-cycle) and falls to round-off with each cure. Right: the size of the last step against beta."
 #| fig-alt: "Left: log-scale step size against the iteration up to 5000; the beta = 4 undamped curve stays near 1, the three cures fall to 1e-13, the damped one most slowly. Right: size of the last step against beta from 0.25 to 12, zero outside a window of intermediate beta and about 1 inside it."
 fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
 steps = lambda Qs: (Qs[1:] - Qs[:-1]).abs().amax((-2, -1)).numpy()
@@ -268,7 +268,7 @@ record_claim("oscillation", "Undamped Boltzmann soft Q-iteration oscillates (a 2
              "deterministic two-state MDP "
              "with $\\gamma = 0.99$ for intermediate $\\beta$; $\\beta = \\infty$, a small "
              "$\\beta$ or a step $\\alpha = 1/2$ "
-             "each restore convergence (Example 9b.1).", "proved", "control_convergence",
+             "each restore convergence (Example 9c.1).", "proved", "control_convergence",
              "#an-mdp-on-which-the-boltzmann-iteration-oscillates");
 
 # %% [markdown]
@@ -281,7 +281,7 @@ record_claim("oscillation", "Undamped Boltzmann soft Q-iteration oscillates (a 2
 # %%
 Markdown(f"With two actions, $\\varepsilon_{{\\max}} = {-sens.min():.3f}$, so the two-state "
          f"mechanism needs "
-         f"$\\gamma > {1 / (1 - sens.min()):.3f}$; page 9c's main claim uses $\\beta = \\infty$.")
+         f"$\\gamma > {1 / (1 - sens.min()):.3f}$; page 9b's main claim uses $\\beta = \\infty$.")
 
 # %% [markdown]
 # ## Error to $q_*$ against depth and context length
@@ -321,7 +321,7 @@ slope = np.polyfit(np.log(ns_c), np.log(floor_mu), 1)[0]
 assert -0.7 < slope < -0.3, slope
 
 # %%
-#| fig-cap: "Figure 9b.2: Error of the constructed Transformer's Q-values to q* against depth, for four context lengths (mean over 100 MDPs, 95% bands): a geometric depth term, then a floor that falls with n."
+#| fig-cap: "Figure 9c.2: Error of the constructed Transformer's Q-values to q* against depth, for four context lengths (mean over 100 MDPs, 95% bands): a geometric depth term, then a floor that falls with n."
 #| fig-alt: "Log-scale error against depth L from 0 to 120, four curves for n = 100, 300, 1000, 3000; all fall together at first, then level off at floors that are lower for longer contexts; a dashed line shows 0.9^L times the initial error."
 fig, ax = plt.subplots(figsize=(7, 4))
 for k, n in enumerate(ns_c):
