@@ -490,3 +490,45 @@ def test_batched_sampler_is_stationary_and_consistent():
         batches = torch.nn.functional.one_hot(S[i, :10_000], 5).double().reshape(20, 500, 5).mean(1)
         z = (batches.mean(0) - stationary_distribution(m)).abs() / (batches.std(0) / math.sqrt(20))
         assert (z < 5).all(), z
+
+
+@pytest.mark.claims
+@pytest.mark.parametrize("kind", ["action", "state"])
+def test_softmax_q_learning_beats_tuned_linear_sarsa_on_unseen_mdps(kind):
+    mdps, (S, A, R) = _unseen_mdps(616161 + (kind == "state"), 100, 3200, kind)
+    P, r, phi = (torch.stack([getattr(m, k) for m in mdps]) for k in ("P", "r", "phi"))
+    J_star = greedy_returns(P, r, 0.9, torch.stack([q_star(m) for m in mdps]))
+    J_unif = torch.tensor([policy_return(m, uniform_policy(m)) for m in mdps], dtype=F64)
+    norm = lambda q: ((greedy_returns(P, r, 0.9, q) - J_unif) / (J_star - J_unif)).numpy()
+    Q = pair_token_q_iteration(
+        phi,
+        S,
+        A,
+        R,
+        20.0 * torch.eye(30, dtype=F64),
+        alpha=1.0,
+        gamma=0.9,
+        beta=math.inf,
+        n_iters=100,
+    )
+    x, n = S * 3 + A, R.shape[-1]
+    E = torch.nn.functional.one_hot(x[:, :-1], 30).double()
+    C = E.mT @ torch.nn.functional.one_hot(x[:, 1:], 30).double()
+    r_sum, N = (R[:, None, :] @ E)[:, 0], E.sum(1)
+    best = None
+    for alpha in (
+        1.0,
+        2.0,
+        4.0,
+        8.0,
+        16.0,
+        32.0,
+    ):  # batch linear TD on one-hot pairs, tuned on these MDPs
+        w = torch.zeros_like(r_sum)
+        for _ in range(100):
+            w = w + alpha / n * (r_sum + 0.9 * (C @ w[..., None])[..., 0] - N * w)
+        score = norm(w.unflatten(-1, (10, 3)))
+        if best is None or score.mean() > best.mean():
+            best = score
+    diff = norm(Q) - best
+    assert diff.mean() - 1.96 * diff.std(ddof=1) / 10 > 0, (diff.mean(), diff.std())
