@@ -128,6 +128,7 @@ Markdown(claims_table(claims, labels) if claims else
 PATHS = {"**The core** (the thesis and its proof): the testbed, the algorithm, the prompt, the layer, convergence and the experiments that test it. Prerequisites: TD(0) and attention.": ("0", "1", "2", "3", "5", "5a"),
          "**Training** (does pretraining find the construction?). Prerequisite: the core.": ("6", "6a", "6b", "6c"),
          "**Extensions** (worst cases of convergence, one head with a shift, decoder-only models, linear attention, continuous states). Prerequisite: the core; chapters 7a and 8b also use chapter 6.": ("5b", "4", "4a", "7", "7a", "7b", "8", "8a", "8b"),
+         "**In-context control** (softmax attention takes the max: a Transformer that runs Q-learning in context, when it converges, and how well it acts). Prerequisite: the core.": ("9", "9a", "9b", "9c"),
          "**Reproducing the experiments** at full scale from the command line. Prerequisite: none.": ("F",)}
 
 def reading_paths(paths, labels):
