@@ -318,7 +318,8 @@ def provenance_note(prov:dict,          # a saved file's `provenance`
                    )->str:              # one Markdown paragraph
     "A sentence for the page: the command, commit, date, CPU and torch build that made a saved result, and what is exact in it."
     cap = prov.get("torch_cpu_capability")
-    machine = prov.get("cpu", "a CPU not recorded") + (f" ({cap} kernels)" if cap and cap != "not recorded" else "")
+    cpu = prov.get("cpu", "not recorded")
+    machine = ("a CPU that was not recorded" if cpu.startswith("not recorded") else cpu) + (f" ({cap} kernels)" if cap and cap != "not recorded" else "")
     return (f"{what + ' were made' if what else 'Made'} by `{prov['command']}` at commit `{str(prov.get('commit', 'unknown'))[:10]}` on "
             f"{str(prov.get('date', 'an unrecorded date'))[:10]}, on {machine}, with torch {prov.get('torch', 'not recorded')}. {note}")
 

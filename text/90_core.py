@@ -621,7 +621,8 @@ def provenance_note(prov:dict,          # a saved file's `provenance`
                    )->str:              # one Markdown paragraph
     "A sentence for the page: the command, commit, date, CPU and torch build that made a saved result, and what is exact in it."
     cap = prov.get("torch_cpu_capability")
-    machine = prov.get("cpu", "a CPU not recorded") + (f" ({cap} kernels)" if cap and cap != "not recorded" else "")
+    cpu = prov.get("cpu", "not recorded")
+    machine = ("a CPU that was not recorded" if cpu.startswith("not recorded") else cpu) + (f" ({cap} kernels)" if cap and cap != "not recorded" else "")
     return (f"{what + ' were made' if what else 'Made'} by `{prov['command']}` at commit `{str(prov.get('commit', 'unknown'))[:10]}` on "
             f"{str(prov.get('date', 'an unrecorded date'))[:10]}, on {machine}, with torch {prov.get('torch', 'not recorded')}. {note}")
 
@@ -631,6 +632,7 @@ test_eq(list(provenance("x", threads=1)), ["command", "commit", "date", "python"
                                           "machine", "nudge", "threads"])
 assert provenance("x")["cpu"] and provenance("x")["torch_cpu_capability"] in ("DEFAULT", "AVX2", "AVX512", "ZVECTOR", "SVE256", "SVE128")
 assert "The runs were made by `ictd x` at commit `0123456789`" in provenance_note(dict(command="ictd x", commit="0123456789ab"), "The runs")
+assert "on a CPU that was not recorded," in provenance_note(dict(command="x", cpu="not recorded (made before provenance named the CPU)"))
 
 # %% [markdown]
 # ## Log axes that read as numbers
