@@ -793,6 +793,43 @@ def run_jacobian_study(out_dir="nbs/data",       # folder of the JSON file
     return _write(out_dir, "mechanism_jacobian.json", command, dict(n_batches=n_batches, batch_size=batch_size, seed=seed, points=out))
 
 
+# %% [markdown]
+# ## The contest's runs
+#
+# Chapter 6b's contest of algorithms scores every candidate on models trained across a sweep. Most of its models are
+# the saved runs above (the `EMERGENCE` seeds 0 to 19, the depth sweep, the controls at $L = 3$); `CONTEST_CELLS`
+# names the cells that had to be trained for it: twenty more headline seeds (so that thirty are scored), the three
+# control objectives at the other depths, and one factor at a time around the headline cell. `run_contest_runs`
+# trains them and saves the final parameters after every cell, so that an interrupted sweep keeps what it finished.
+
+# %%
+#| export
+CONTEST_CELLS = {"headline": (dict(), tuple(range(20, 40))),
+                 **{f"{o}, L = {L}": (dict(objective=o, n_layers=L), tuple(range(10))) for L in (2, 4, 6) for o in CONTROLS},
+                 "n = 10": (dict(n=10), tuple(range(10))), "n = 100": (dict(n=100), tuple(range(10))),
+                 "gamma = 0.5": (dict(gamma=0.5), tuple(range(10))), "one-hot": (dict(features="onehot"), tuple(range(10)))}  # name -> (changes to EMERGENCE, seeds)
+
+def run_contest_runs(out_dir="nbs/data",             # folder of the JSON file
+                     cells:dict=CONTEST_CELLS,       # name -> (changes to `EMERGENCE`, seeds)
+                     command:str="run_contest_runs()", # recorded in the file
+                     name:str="contest_runs.json",   # the file's name
+                    )->Path:                         # the file written (rewritten after every cell)
+    "Train every cell of the contest that no other study saved, and save its runs (and any diverged seeds) with their wall time."
+    import time
+    done = {}
+    for cell, (change, seeds) in cells.items():
+        t0 = time.time()
+        runs, diverged = train_dropping_diverged(dataclasses.replace(EMERGENCE, **change), seeds)
+        done[cell] = dict(change=change, runs=save_runs(runs), diverged=diverged, wall_s=time.time() - t0)
+        path = _write(out_dir, name, command, dict(cells=done))
+    return path
+
+
+# %%
+test_eq(len(CONTEST_CELLS["headline"][1]), 20)
+test_eq(set(range(20, 40)) & set(range(20)), set())   # the headline's new seeds are not the saved ones
+
+
 # %%
 #| hide
 import nbdev; nbdev.nbdev_export()

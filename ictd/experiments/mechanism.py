@@ -17,12 +17,12 @@ from ..mechanism import fit_estimators, gap_measures, jacobian_spectrum, learned
 
 # %% auto #0
 __all__ = ['HISTORY_KEYS', 'ANATOMY_PARTS', 'CONVERGE_TOLERANCES', 'CONVERGE_LRS', 'GAP_CELLS', 'CONTROLS', 'DEPTHS',
-           'DEEP_DEPTHS', 'save_runs', 'load_models', 'anatomy_table', 'anatomy_counts', 'gap_table', 'study_summary',
-           'summary_table', 'fisher_greater', 'holm', 'binomial_greater', 'normal_greater', 'claims_table',
-           'converge_metrics', 'moved_by', 'settled_step', 'run_mechanism_study', 'run_gap_map',
+           'DEEP_DEPTHS', 'CONTEST_CELLS', 'save_runs', 'load_models', 'anatomy_table', 'anatomy_counts', 'gap_table',
+           'study_summary', 'summary_table', 'fisher_greater', 'holm', 'binomial_greater', 'normal_greater',
+           'claims_table', 'converge_metrics', 'moved_by', 'settled_step', 'run_mechanism_study', 'run_gap_map',
            'train_dropping_diverged', 'run_control_study', 'theta_star_starts', 'run_theta_star_dynamics',
            'run_shared_study', 'run_depth_sweep', 'converge_config', 'model_at', 'run_converge_study', 'star_points',
-           'run_jacobian_study']
+           'run_jacobian_study', 'run_contest_runs']
 
 # %% ../../nbs/93_mechanism_studies.ipynb #6557ae73
 HISTORY_KEYS = ("step", "msve", "neu_population", "diagonality", "value_weights")  # the metrics a saved run keeps
@@ -404,3 +404,24 @@ def run_jacobian_study(out_dir="nbs/data",       # folder of the JSON file
         out[name] = {"n = infinity": dict(jacobian_spectrum(g[None], J[None]), real_parts=sorted(torch.linalg.eigvals(J).real.tolist())),
                      f"n = {c.n}": dict(jacobian_spectrum(gs, Js), real_parts=sorted(torch.linalg.eigvals(Js.mean(0)).real.tolist()))}
     return _write(out_dir, "mechanism_jacobian.json", command, dict(n_batches=n_batches, batch_size=batch_size, seed=seed, points=out))
+
+# %% ../../nbs/93_mechanism_studies.ipynb #38184be2
+CONTEST_CELLS = {"headline": (dict(), tuple(range(20, 40))),
+                 **{f"{o}, L = {L}": (dict(objective=o, n_layers=L), tuple(range(10))) for L in (2, 4, 6) for o in CONTROLS},
+                 "n = 10": (dict(n=10), tuple(range(10))), "n = 100": (dict(n=100), tuple(range(10))),
+                 "gamma = 0.5": (dict(gamma=0.5), tuple(range(10))), "one-hot": (dict(features="onehot"), tuple(range(10)))}  # name -> (changes to EMERGENCE, seeds)
+
+def run_contest_runs(out_dir="nbs/data",             # folder of the JSON file
+                     cells:dict=CONTEST_CELLS,       # name -> (changes to `EMERGENCE`, seeds)
+                     command:str="run_contest_runs()", # recorded in the file
+                     name:str="contest_runs.json",   # the file's name
+                    )->Path:                         # the file written (rewritten after every cell)
+    "Train every cell of the contest that no other study saved, and save its runs (and any diverged seeds) with their wall time."
+    import time
+    done = {}
+    for cell, (change, seeds) in cells.items():
+        t0 = time.time()
+        runs, diverged = train_dropping_diverged(dataclasses.replace(EMERGENCE, **change), seeds)
+        done[cell] = dict(change=change, runs=save_runs(runs), diverged=diverged, wall_s=time.time() - t0)
+        path = _write(out_dir, name, command, dict(cells=done))
+    return path
