@@ -17,13 +17,18 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from .prompt import build_prompt
 from .tasks import sample_trajectories
 from .emergence import ALPHAS, BETAS, certainty_equivalence_values, context_mean_values, held_out_prompts, msve_of, theta_star_model
+import math
+import numpy as np
+from .wstd import weighted_softmax_td
 
 # %% auto #0
-__all__ = ['LOOKAHEAD_BETAS', 'centred_msve', 'layer_values', 'row_writes', 'knockout', 'write_constancy', 'swap_weights',
+__all__ = ['LOOKAHEAD_BETAS', 'GAMMA_FACTORS', 'CONTEST_GRIDS', 'CONTEST_NAMES', 'RUN_SUMS', 'GRID_SUMS', 'CONTEST_SCORES',
+           'centred_msve', 'layer_values', 'row_writes', 'knockout', 'write_constancy', 'swap_weights',
            'learned_kernel', 'kernel_condition', 'layer_anatomy', 'lookahead_features', 'affine_fit', 'affine_predict',
            'weighted_r2', 'candidate_values', 'probe_layers', 'fit_estimators', 'estimator_values', 'prediction_errors',
            'gap_measures', 'update_jacobian', 'sampled_jacobians', 'jacobian_spectrum', 'shared_recursion',
-           'iterate_shared']
+           'iterate_shared', 'bayes_values', 'grid_thetas', 'candidate_grid', 'contest_stats', 'fit_candidate',
+           'score_candidate', 'contest_table', 'LearnedAlgorithm', 'fit_learned_algorithm']
 
 # %% ../nbs/06b_mechanism.ipynb #a977e793
 def centred_msve(v_hat:torch.Tensor,  # (B, s) value estimates of each task
@@ -397,3 +402,222 @@ def iterate_shared(config:PretrainConfig,  # the run's settings (shared=True)
             out["msve_n"].append(msve_of(m.predict(Z, n=config.n), tasks).mean().item())
             out["msve_inf"].append(msve_of(population_predict(m, tasks), tasks).mean().item())
     return out
+
+# %% ../nbs/06b_mechanism.ipynb #a2407c8e
+def _context(tasks, states):
+    "Rewards R_1..R_n and the features of S_0..S_n of each task's context."
+    rows = torch.arange(len(tasks))[:, None]
+    return tasks.r[rows, states[:, :-1]], tasks.phi[rows, states]
+
+def _td_candidate(tasks, states, k_max, beta):
+    "(k_max, B, s): iterates 1..k_max of weighted softmax TD (alpha = 1, W = beta I) at every state."
+    R, phi = _context(tasks, states)
+    W = beta * torch.eye(phi.shape[-1], dtype=phi.dtype)
+    v = weighted_softmax_td(phi, R, W, 1., tasks.gamma, k_max, phi_queries=tasks.phi, return_all=True)
+    return v[:, 1:, -tasks.r.shape[-1]:].movedim(1, 0)
+
+def _lookahead_candidate(tasks, states, beta, c):
+    "The smoothed reward plus c times the smoothed next reward."
+    f = lookahead_features(tasks, states, beta)
+    return f[..., 1] + c * f[..., 2]
+
+def _smoothed_ce(tasks, states, gamma, eps):
+    "Certainty equivalence of the context with eps pseudo-counts spread over the states (rows of states never left: uniform), discount `gamma`."
+    R, _ = _context(tasks, states)
+    B, s = tasks.r.shape
+    S0, S1 = states[:, :-1], states[:, 1:]
+    C = torch.zeros(B, s, s, dtype=torch.float64)
+    C.index_put_((torch.arange(B)[:, None].expand_as(S0), S0, S1), torch.ones_like(S0, dtype=torch.float64), accumulate=True)
+    N = C.sum(-1)
+    P_hat = (C + eps / s) / (N + eps)[..., None]
+    P_hat = torch.where((N == 0)[..., None], torch.full_like(P_hat, 1 / s), P_hat)
+    rsum = torch.zeros(B, s, dtype=torch.float64).scatter_add_(1, S0, R)
+    r_hat = torch.where(N > 0, rsum / N.clamp(min=1), R.mean(-1, keepdim=True).expand(B, s))
+    return torch.linalg.solve(torch.eye(s, dtype=torch.float64) - gamma * P_hat, r_hat[..., None])[..., 0]
+
+def bayes_values(tasks:TaskBatch,      # Boyan-chain tasks
+                 states:torch.Tensor,  # (B, n+1) one context per task
+                 gammas=(0.9,),        # discounts at which to evaluate the posterior mean value
+                 temper:float=1.,      # power of the likelihood (1: the posterior itself)
+                 n_samples:int=128,    # Monte-Carlo draws of the transition matrix per task
+                 seed:int=0,           # seed of the draws
+                )->torch.Tensor:       # (len(gammas), B, s) posterior mean of (I - gamma P)^{-1} r given the context
+    "The posterior mean of the value under the random Boyan chain prior, given one context and the state labels (Monte Carlo)."
+    if n_samples < 1: raise ValueError(f"`n_samples` must be a positive integer, got {n_samples}")
+    if temper <= 0: raise ValueError(f"`temper` must be positive, got {temper}")
+    B, s = tasks.r.shape
+    S0, S1 = states[:, :-1], states[:, 1:]
+    C = torch.zeros(B, s, s, dtype=torch.float64)
+    C.index_put_((torch.arange(B)[:, None].expand_as(S0), S0, S1), torch.ones_like(S0, dtype=torch.float64), accumulate=True)
+    rng = np.random.default_rng(np.random.SeedSequence(seed))
+    idx = torch.arange(s - 2)
+    a, b = (temper * C[:, idx, idx + 1]).numpy(), (temper * C[:, idx, idx + 2]).numpy()     # (B, s-2) counts of i -> i+1 and i -> i+2
+    p = rng.beta(a + 1, b + 1, size=(n_samples, B, s - 2))
+    while (bad := (p < 0.01) | (p > 0.99)).any(): p[bad] = rng.beta((a + 1 + 0 * p)[bad], (b + 1 + 0 * p)[bad])   # the prior's truncation to [0.01, 0.99]
+    p = torch.from_numpy(p)
+    P = torch.zeros(n_samples, B, s, s, dtype=torch.float64)
+    P[..., idx, idx + 1], P[..., idx, idx + 2], P[..., s - 2, s - 1] = p, 1 - p, 1.
+    u = torch.from_numpy(rng.uniform(0.01, 0.99, size=(n_samples, B, s)))
+    P[..., s - 1, :] = u / u.sum(-1, keepdim=True)
+    I = torch.eye(s, dtype=torch.float64)
+    d = torch.linalg.solve((I - P + 1.).mT, torch.ones(n_samples, B, s, 1, dtype=torch.float64))[..., 0].clamp(min=1e-300)   # d^T (I - P + 1 1^T) = 1^T
+    logw = temper * ((C[:, s - 1] * P[..., s - 1, :].log()).sum(-1) + d.gather(-1, states[None, :, :1].expand(n_samples, B, 1))[..., 0].log())
+    w = torch.softmax(logw, 0)                                                              # (M, B) importance weights of the last row and S_0
+    seen = torch.zeros(B, s, dtype=torch.bool).scatter_(1, S0, True)
+    r_hat = torch.where(seen, tasks.r, torch.zeros_like(tasks.r))                           # the prior mean 0 for rewards never seen
+    return torch.stack([(w[..., None] * torch.linalg.solve(I - g * P, r_hat.expand(n_samples, B, s)[..., None])[..., 0]).sum(0) for g in gammas])
+
+# %% ../nbs/06b_mechanism.ipynb #f6f64228
+GAMMA_FACTORS = (0.2, 0.35, 0.5, 0.6, 0.7, 0.8, 0.9, 1.)   # effective discounts gamma' = factor * gamma (at most 0.995) tried by the candidates that take one
+CONTEST_GRIDS = dict(                               # candidate -> its grid of kernel/step parameters (the fitted constants besides level and scale)
+    td=dict(k=(1, 2, 3, 4, 5, 6, 8, 10), beta=(0.5, 1., 2., 4., 8.)),
+    lookahead=dict(beta=(1., 2., 4., 8., 12.), c=(0., 0.25, 0.5, 0.75, 1., 1.25, 1.5, 2.)),
+    ce=dict(gamma_factor=GAMMA_FACTORS, eps=(0.01, 0.1, 0.3, 1., 3.)),
+    bayes=dict(gamma_factor=GAMMA_FACTORS, temper=(1., 2., 4.)),
+    v_pi=dict(gamma_factor=GAMMA_FACTORS))
+CONTEST_NAMES = dict(td="level + k TD iterates", lookahead="level + lookahead", ce="level + certainty equivalence",
+                     bayes="level + Bayes posterior mean", v_pi="level + scaled v_pi")   # how the page names them
+
+def _discount(config, f): return min(f * config.gamma, 0.995)
+
+def grid_thetas(name:str)->list:
+    "The points of a candidate's grid, in the order `candidate_grid` computes them."
+    if name not in CONTEST_GRIDS: raise ValueError(f"`name` must be one of {', '.join(map(repr, CONTEST_GRIDS))}, got {name!r}")
+    g = CONTEST_GRIDS[name]
+    outer, inner = dict(td=("beta", "k"), lookahead=("beta", "c"), ce=("gamma_factor", "eps"), bayes=("temper", "gamma_factor"), v_pi=(None, "gamma_factor"))[name]
+    return [({outer: a} if outer else {}) | {inner: b} for a in (g[outer] if outer else (None,)) for b in g[inner]]
+
+def candidate_grid(name:str,            # a candidate of `CONTEST_GRIDS`
+                   config:PretrainConfig,  # the run's settings (gamma; the seed of the Bayes draws)
+                   tasks:TaskBatch,     # the tasks
+                   states:torch.Tensor, # (B, n+1) one context per task
+                  )->tuple:             # (list of parameter dicts, (G, B, s) the candidate's base values u_theta at every grid point)
+    "A candidate's base function $u_\\theta(x)$ at every point $\\theta$ of its grid (before the level and scale are fitted)."
+    if name not in CONTEST_GRIDS: raise ValueError(f"`name` must be one of {', '.join(map(repr, CONTEST_GRIDS))}, got {name!r}")
+    g, thetas = CONTEST_GRIDS[name], grid_thetas(name)
+    if name == "td":
+        v = torch.cat([_td_candidate(tasks, states, max(g["k"]), b)[[k - 1 for k in g["k"]]] for b in g["beta"]])
+    elif name == "lookahead":
+        v = torch.stack([_lookahead_candidate(tasks, states, t["beta"], t["c"]) for t in thetas])
+    elif name == "ce":
+        v = torch.stack([_smoothed_ce(tasks, states, _discount(config, t["gamma_factor"]), t["eps"]) for t in thetas])
+    elif name == "bayes":
+        v = torch.cat([bayes_values(tasks, states, [_discount(config, f) for f in g["gamma_factor"]], temper=t, seed=config.seed) for t in g["temper"]])
+    else:
+        I = torch.eye(tasks.r.shape[-1], dtype=torch.float64)
+        v = torch.stack([torch.linalg.solve(I - _discount(config, f) * tasks.P, tasks.r[..., None])[..., 0] for f in g["gamma_factor"]])
+    return thetas, v
+
+# %% ../nbs/06b_mechanism.ipynb #a97c5b3a
+RUN_SUMS = ("Syy", "Syp", "Spp", "Lmm", "Lmy", "Lmp", "Lpp", "B", "msve")   # per-run sums (S: of d-weighted centred values; L: of task means; y the model, p v_pi, m the level regressor R-bar/(1-gamma))
+GRID_SUMS = ("Suu", "Syu", "Sup", "Lmu", "Luu", "Lup")            # per-run, per-grid-point sums (u: the candidate's base values)
+
+def _wmean(x, d): return (d * x).sum(-1)
+
+def contest_stats(config:PretrainConfig,  # the run's settings
+                  model,                  # its trained model (anything with `predict(Z, n=)`)
+                  names=tuple(CONTEST_GRIDS), # candidates to measure
+                 )->dict:                 # run sums, and candidate -> its sums at every grid point
+    "The sufficient sums from which every candidate's fit and every score follow, on one run's held-out prompts."
+    tasks, states, Z = held_out_prompts(config)
+    with torch.no_grad(): y = model.predict(Z, n=config.n)
+    d, vp = tasks.d_pi, tasks.v_pi
+    cen = lambda v: v - _wmean(v, d)[..., None]
+    m = context_mean_values(tasks, states)[:, 0]
+    cy, cp, my, mp = cen(y), cen(vp), _wmean(y, d), _wmean(vp, d)
+    out = dict(run=dict(Syy=(d * cy * cy).sum().item(), Syp=(d * cy * cp).sum().item(), Spp=(d * cp * cp).sum().item(), Lmm=(m * m).sum().item(),
+                        Lmy=(m * my).sum().item(), Lmp=(m * mp).sum().item(), Lpp=(mp * mp).sum().item(), B=len(tasks), msve=msve_of(y, tasks).mean().item()),
+               candidates={})
+    for name in names:
+        _, u = candidate_grid(name, config, tasks, states)
+        cu, mu = cen(u), _wmean(u, d)
+        out["candidates"][name] = dict(Suu=(d * cu * cu).sum((-2, -1)).tolist(), Syu=(d * cy * cu).sum((-2, -1)).tolist(),
+                                       Sup=(d * cu * cp).sum((-2, -1)).tolist(), Lmu=(m * mu).sum(-1).tolist(), Luu=(mu * mu).sum(-1).tolist(),
+                                       Lup=(mu * mp).sum(-1).tolist())
+    return out
+
+
+def _sum(stats, idx, name, key):
+    "A sum over the runs `idx`: of a run sum (name None) or of a candidate's grid sums."
+    if name is None: return sum(stats[i]["run"][key] for i in idx)
+    return torch.tensor([stats[i]["candidates"][name][key] for i in idx], dtype=torch.float64).sum(0)
+
+def fit_candidate(stats:list,   # `contest_stats` of the runs to fit on
+                  name:str,     # the candidate
+                 )->dict:       # theta (its grid point), level and scale
+    "Fit a candidate to the models' outputs: its scale on the centred values, its level coefficient on the task means, its grid point by the centred residual."
+    idx = range(len(stats))
+    Suu, Syu = _sum(stats, idx, name, "Suu"), _sum(stats, idx, name, "Syu")
+    scale = Syu / Suu.clamp(min=1e-300)
+    resid = _sum(stats, idx, None, "Syy") - Syu * scale
+    j = int(resid.argmin())
+    level = (_sum(stats, idx, None, "Lmy") - scale[j] * _sum(stats, idx, name, "Lmu")[j]) / _sum(stats, idx, None, "Lmm")
+    return dict(theta=grid_thetas(name)[j], index=j, level=float(level), scale=float(scale[j]))
+
+def score_candidate(st:dict,      # `contest_stats` of one run (not among those fitted on)
+                    name:str,     # the candidate
+                    fitted:dict,  # its `fit_candidate`
+                   )->dict:       # the run's scores
+    "Residual ratio, residual correlation, centred 1 - R^2 and MSVE of a fitted candidate on one run."
+    r, c, j, s, l = st["run"], st["candidates"][name], fitted["index"], fitted["scale"], fitted["level"]
+    Suu, Syu, Sup, Lmu, Luu, Lup = (c[k][j] for k in GRID_SUMS)
+    resid = r["Syy"] - 2 * s * Syu + s * s * Suu                       # sum d (c_model - c_cand)^2
+    err_m = r["Syy"] - 2 * r["Syp"] + r["Spp"]                           # sum d (c_model - c_pi)^2
+    err_c = s * s * Suu - 2 * s * Sup + r["Spp"]                         # sum d (c_cand - c_pi)^2
+    cross = s * Syu - r["Syp"] - s * Sup + r["Spp"]                      # sum d (c_model - c_pi)(c_cand - c_pi)
+    level_err = l * l * r["Lmm"] + s * s * Luu + r["Lpp"] + 2 * l * s * Lmu - 2 * l * r["Lmp"] - 2 * s * Lup
+    return dict(ratio=resid / err_m, correlation=cross / math.sqrt(err_m * err_c), centred_1mr2=resid / r["Syy"], msve=(err_c + level_err) / r["B"])
+
+CONTEST_SCORES = ("ratio", "correlation", "centred_1mr2", "msve")   # the primary score first
+
+def contest_table(stats:list,        # `contest_stats` of the runs of one cell
+                  fit_on:list=None,  # indices of the runs to fit on (None: leave one out, each run scored with the others' fit)
+                  score_on:list=None,# indices of the runs to score (default: all not fitted on)
+                 )->dict:            # candidate -> dict(fits, scores: name -> (runs,) tensor)
+    "Fit every candidate on some runs of a cell and score it on the others (or leave one out)."
+    out = {}
+    for name in stats[0]["candidates"]:
+        if fit_on is None:
+            fits = [fit_candidate([s for j, s in enumerate(stats) if j != i], name) for i in range(len(stats))]
+            sc = [score_candidate(stats[i], name, f) for i, f in enumerate(fits)]
+        else:
+            score_on = [i for i in range(len(stats)) if i not in fit_on] if score_on is None else score_on
+            fits = [fit_candidate([stats[i] for i in fit_on], name)]
+            sc = [score_candidate(stats[i], name, fits[0]) for i in score_on]
+        out[name] = dict(fits=fits, scores={k: torch.tensor([x[k] for x in sc], dtype=torch.float64) for k in CONTEST_SCORES})
+    return out
+
+# %% ../nbs/06b_mechanism.ipynb #cb2ffdda
+@dataclasses.dataclass
+class LearnedAlgorithm:
+    "The algorithm a set of trained models is found to run: a level plus k iterates of weighted softmax TD, $\\hat v = \\lambda \\bar R/(1-\\gamma) + \\sigma\\, v_k$."
+    k:int          # number of TD iterates (from v_0 = 0)
+    beta:float     # kernel scale: scores beta phi(x)^T phi(S_j)
+    level:float    # level coefficient lambda on the context-mean value R-bar / (1 - gamma)
+    scale:float    # scale sigma of the iterates
+    alpha:float=1. # TD step size (fixed at 1: the scale absorbs a common factor)
+
+    def values(self, config:PretrainConfig,  # settings of the prompts (checked against the tasks)
+               tasks:TaskBatch,              # the tasks
+               states:torch.Tensor,          # (B, n+1) one context per task
+              )->torch.Tensor:               # (B, s) the predicted output of a trained model at every state
+        "The predicted output of a model trained like the fitted ones, at every state of each task, from its context."
+        if not isinstance(tasks, TaskBatch): raise TypeError(f"`tasks` must be a TaskBatch, got {type(tasks).__name__}")
+        if not isinstance(states, torch.Tensor) or states.ndim != 2 or states.shape[0] != len(tasks):
+            raise ValueError(f"`states` must be a (B, n+1) tensor with B = {len(tasks)}, got {getattr(states, 'shape', type(states).__name__)}")
+        if tasks.phi.shape[-1] != config.feature_dim: raise ValueError(f"`config` has {config.feature_dim} features but `tasks` have {tasks.phi.shape[-1]}")
+        R, phi = _context(tasks, states)
+        v = weighted_softmax_td(phi, R, self.beta * torch.eye(phi.shape[-1], dtype=phi.dtype), self.alpha, tasks.gamma, self.k, phi_queries=tasks.phi)
+        return self.level * context_mean_values(tasks, states) + self.scale * v[:, -tasks.r.shape[-1]:]
+
+def fit_learned_algorithm(results:list,      # `PretrainResult`s (or (config, model) pairs) of one configuration
+                          eval_tasks:int=128,# held-out tasks per run to fit on
+                         )->LearnedAlgorithm:
+    "Fit the contest's winner, level + k TD iterates, to the outputs of trained models, as chapter 6b fits it."
+    pairs = [(r.config, r.model) if hasattr(r, "config") else tuple(r) for r in results]
+    if not pairs: raise ValueError("`results` must hold at least one trained run")
+    base = {k: v for k, v in dataclasses.asdict(pairs[0][0]).items() if k != "seed"}
+    if any({k: v for k, v in dataclasses.asdict(c).items() if k != "seed"} != base for c, _ in pairs):
+        raise ValueError("`results` must come from one configuration (they may differ only in the seed)")
+    f = fit_candidate([contest_stats(dataclasses.replace(c, eval_tasks=eval_tasks), m, ("td",)) for c, m in pairs], "td")
+    return LearnedAlgorithm(k=f["theta"]["k"], beta=f["theta"]["beta"], level=f["level"], scale=f["scale"])

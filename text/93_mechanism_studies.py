@@ -830,6 +830,62 @@ test_eq(len(CONTEST_CELLS["headline"][1]), 20)
 test_eq(set(range(20, 40)) & set(range(20)), set())   # the headline's new seeds are not the saved ones
 
 
+# %% [markdown]
+# `contest_cells` gathers the runs of every cell of the contest from the saved files: the headline cell's forty seeds
+# (0 to 19 from `mechanism_runs.json`, 20 to 39 from `contest_runs.json`), TD at the other depths from the depth
+# sweep, the controls at $L = 3$ from `mechanism_controls.json`, and everything else from `contest_runs.json`.
+
+# %%
+#| export
+CONTEST_DEPTHS = (2, 3, 4, 6)                        # depths of the contest's sweep
+CONTEST_OBJECTIVES = ("td",) + CONTROLS              # objectives of the contest's sweep
+CONTEST_FACTORS = ("n = 10", "n = 100", "gamma = 0.5", "one-hot")   # one factor at a time around the headline cell
+
+def contest_cells(data_dir="nbs/data",  # folder of the saved runs
+                 )->dict:               # cell name -> list of (config, model), seed order
+    "The trained models of every cell of the contest that has been trained, rebuilt from the saved files."
+    read = lambda name: json.loads((Path(data_dir) / name).read_text())
+    runs, depth, ctrl, new = read("mechanism_runs.json"), read("mechanism_depth.json"), read("mechanism_controls.json"), read("contest_runs.json")["cells"]
+    out = {"td, L = 3": load_models(runs["runs"]["fit"] + runs["runs"]["fresh"] + new["headline"]["runs"])}
+    for L in CONTEST_DEPTHS:
+        for o in CONTEST_OBJECTIVES:
+            if (o, L) == ("td", 3): continue
+            key = f"{o}, L = {L}"
+            saved = depth["studies"][f"L = {L}"] if o == "td" else ctrl["studies"][o] if L == 3 else new.get(key)
+            if saved is not None: out[key] = load_models(saved["runs"])      # a cell still training is left out
+    return out | {k: load_models(new[k]["runs"]) for k in CONTEST_FACTORS if k in new}
+
+
+# %% [markdown]
+# `run_contest` measures every cell's models with chapter 6b's `contest_stats` (the sums from which each candidate's
+# fit and scores follow) and writes them, with the grids, to `contest_stats.json`.
+
+# %%
+#| export
+def _rounded(x): return float(f"{x:.12g}")
+
+def run_contest(out_dir="nbs/data",            # folder of the JSON file
+                data_dir="nbs/data",           # folder of the saved runs
+                eval_tasks:int=128,            # held-out tasks per run
+                cells=None,                    # cell names to measure (None: all of `contest_cells`)
+                command:str="run_contest()",   # recorded in the file
+                name:str="contest_stats.json", # the file's name
+               )->Path:                        # the file written (rewritten after every cell)
+    "The contest's sums for every run of every cell, with the candidates' grids and each cell's wall time."
+    import time
+    from ictd.mechanism import CONTEST_GRIDS, contest_stats
+    all_cells, done = contest_cells(data_dir), {}
+    for cell in (cells or all_cells):
+        t0 = time.time()
+        stats = [contest_stats(dataclasses.replace(c, eval_tasks=eval_tasks), m) for c, m in all_cells[cell]]
+        for st in stats:
+            for v in st["candidates"].values(): v.update({k: [_rounded(x) for x in xs] for k, xs in v.items()})
+        done[cell] = dict(config=dataclasses.asdict(dataclasses.replace(all_cells[cell][0][0], seed=0)), seeds=[c.seed for c, _ in all_cells[cell]],
+                          stats=stats, wall_s=time.time() - t0)
+        path = _write(out_dir, name, command, dict(eval_tasks=eval_tasks, grids=CONTEST_GRIDS, cells=done))
+    return path
+
+
 # %%
 #| hide
 import nbdev; nbdev.nbdev_export()
