@@ -457,12 +457,14 @@ def bayes_values(tasks:TaskBatch,      # Boyan-chain tasks
     p = torch.from_numpy(p)
     P = torch.zeros(n_samples, B, s, s, dtype=torch.float64)
     P[..., idx, idx + 1], P[..., idx, idx + 2], P[..., s - 2, s - 1] = p, 1 - p, 1.
-    u = torch.from_numpy(rng.uniform(0.01, 0.99, size=(n_samples, B, s)))
-    P[..., s - 1, :] = u / u.sum(-1, keepdim=True)
+    u = torch.from_numpy(rng.uniform(0.01, 0.99, size=(32 * n_samples, B, s)))
+    last = u / u.sum(-1, keepdim=True)                                                      # the last row: 32 prior draws per sample, resampled by its likelihood
+    pick = torch.multinomial(torch.softmax(temper * (C[:, s - 1] * last.log()).sum(-1), 0).T, n_samples, replacement=True,
+                             generator=torch.Generator().manual_seed(int(rng.integers(2**62))))
+    P[..., s - 1, :] = last[pick.T, torch.arange(B)]
     I = torch.eye(s, dtype=torch.float64)
     d = torch.linalg.solve((I - P + 1.).mT, torch.ones(n_samples, B, s, 1, dtype=torch.float64))[..., 0].clamp(min=1e-300)   # d^T (I - P + 1 1^T) = 1^T
-    logw = temper * ((C[:, s - 1] * P[..., s - 1, :].log()).sum(-1) + d.gather(-1, states[None, :, :1].expand(n_samples, B, 1))[..., 0].log())
-    w = torch.softmax(logw, 0)                                                              # (M, B) importance weights of the last row and S_0
+    w = torch.softmax(temper * d.gather(-1, states[None, :, :1].expand(n_samples, B, 1))[..., 0].log(), 0)   # (M, B) importance weights of S_0
     seen = torch.zeros(B, s, dtype=torch.bool).scatter_(1, S0, True)
     r_hat = torch.where(seen, tasks.r, torch.zeros_like(tasks.r))                           # the prior mean 0 for rewards never seen
     return torch.stack([(w[..., None] * torch.linalg.solve(I - g * P, r_hat.expand(n_samples, B, s)[..., None])[..., 0]).sum(0) for g in gammas])

@@ -886,6 +886,67 @@ def run_contest(out_dir="nbs/data",            # folder of the JSON file
     return path
 
 
+# %% [markdown]
+# `load_contest` reads the saved sums of every cell (the headline, depth and $L = 3$ control cells were measured
+# first, into `contest_stats.json`; the cells trained for the contest into `contest_stats_sweep.json`), and
+# `contest_summary` fits and scores the candidates of one cell: on given fit seeds, or leaving one seed out at a time.
+
+# %%
+#| export
+CONTEST_FILES = ("contest_stats.json", "contest_stats_sweep.json")   # the files `run_contest` wrote, in order
+
+def load_contest(data_dir="nbs/data",       # folder of the files
+                 names=CONTEST_FILES,       # the files to read (those missing are skipped)
+                )->dict:                    # cells (name -> config, seeds, stats, wall_s) and provenance (file -> its provenance)
+    "Every cell of the contest from its saved files."
+    out = dict(cells={}, provenance={})
+    for name in names:
+        path = Path(data_dir) / name
+        if not path.exists(): continue
+        saved = json.loads(path.read_text())
+        out["provenance"][name] = saved["provenance"]
+        out["cells"].update({k: dict(v, file=name) for k, v in saved["cells"].items()})
+    return out
+
+
+# %%
+#| export
+def contest_summary(cell:dict,          # a cell of `load_contest`
+                    fit_seeds=None,     # seeds to fit on (the others are scored); None: leave one seed out
+                   )->dict:             # candidate -> fits, scores (name -> (seeds,) tensor) and the scored seeds
+    "Fit and score every candidate of one cell, with the chapter's protocol."
+    from ictd.mechanism import contest_table
+    seeds = cell["seeds"]
+    if fit_seeds is None: tab, scored = contest_table(cell["stats"]), seeds
+    else:
+        fit_on = [i for i, s in enumerate(seeds) if s in set(fit_seeds)]
+        if not fit_on or len(fit_on) == len(seeds): raise ValueError("`fit_seeds` must name some, but not all, of the cell's seeds")
+        tab, scored = contest_table(cell["stats"], fit_on=fit_on), [s for s in seeds if s not in set(fit_seeds)]
+    return {k: dict(v, seeds=scored) for k, v in tab.items()}
+
+
+# %%
+#| export
+def contest_winner(summary:dict,        # output of `contest_summary`
+                   score:str="ratio",   # the score that decides (lower is better)
+                  )->tuple:             # (winner, runner-up, mean paired difference runner-up - winner, its s.e., seeds where the winner is lower)
+    "The candidate with the lowest mean score, and its paired margin over the runner-up."
+    order = sorted(summary, key=lambda k: summary[k]["scores"][score].mean().item())
+    a, b = (summary[k]["scores"][score] for k in order[:2])
+    diff = b - a
+    return order[0], order[1], diff.mean().item(), (diff.std() / math.sqrt(len(diff))).item(), int((a < b).sum())
+
+
+# %%
+_st = lambda y, u: dict(run=dict(Syy=1., Syp=0., Spp=1., Lmm=1., Lmy=0., Lmp=0., Lpp=0., B=1, msve=1.),
+                        candidates=dict(v_pi=dict(Suu=[u] * 8, Syu=[y] * 8, Sup=[0.] * 8, Lmu=[0.] * 8, Luu=[0.] * 8, Lup=[0.] * 8)))
+_cell = dict(seeds=[0, 1, 2], stats=[_st(0.5, 1.), _st(0.5, 1.), _st(0.5, 1.)])
+_sum = contest_summary(_cell, fit_seeds=[0])
+test_eq(_sum["v_pi"]["seeds"], [1, 2])
+test_close(_sum["v_pi"]["scores"]["ratio"], torch.full((2,), 0.75, dtype=torch.float64), eps=1e-12)   # 1 - 2 (0.5)(0.5) + 0.25 over 1 + 1
+test_fail(lambda: contest_summary(_cell, fit_seeds=[0, 1, 2]), contains="`fit_seeds` must name some")
+
+
 # %%
 #| hide
 import nbdev; nbdev.nbdev_export()

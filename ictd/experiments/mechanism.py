@@ -17,13 +17,13 @@ from ..mechanism import fit_estimators, gap_measures, jacobian_spectrum, learned
 
 # %% auto #0
 __all__ = ['HISTORY_KEYS', 'ANATOMY_PARTS', 'CONVERGE_TOLERANCES', 'CONVERGE_LRS', 'GAP_CELLS', 'CONTROLS', 'DEPTHS',
-           'DEEP_DEPTHS', 'CONTEST_CELLS', 'CONTEST_DEPTHS', 'CONTEST_OBJECTIVES', 'CONTEST_FACTORS', 'save_runs',
-           'load_models', 'anatomy_table', 'anatomy_counts', 'gap_table', 'study_summary', 'summary_table',
+           'DEEP_DEPTHS', 'CONTEST_CELLS', 'CONTEST_DEPTHS', 'CONTEST_OBJECTIVES', 'CONTEST_FACTORS', 'CONTEST_FILES',
+           'save_runs', 'load_models', 'anatomy_table', 'anatomy_counts', 'gap_table', 'study_summary', 'summary_table',
            'fisher_greater', 'holm', 'binomial_greater', 'normal_greater', 'claims_table', 'converge_metrics',
            'moved_by', 'settled_step', 'run_mechanism_study', 'run_gap_map', 'train_dropping_diverged',
            'run_control_study', 'theta_star_starts', 'run_theta_star_dynamics', 'run_shared_study', 'run_depth_sweep',
            'converge_config', 'model_at', 'run_converge_study', 'star_points', 'run_jacobian_study', 'run_contest_runs',
-           'contest_cells', 'run_contest']
+           'contest_cells', 'run_contest', 'load_contest', 'contest_summary', 'contest_winner']
 
 # %% ../../nbs/93_mechanism_studies.ipynb #6557ae73
 HISTORY_KEYS = ("step", "msve", "neu_population", "diagonality", "value_weights")  # the metrics a saved run keeps
@@ -469,3 +469,43 @@ def run_contest(out_dir="nbs/data",            # folder of the JSON file
                           stats=stats, wall_s=time.time() - t0)
         path = _write(out_dir, name, command, dict(eval_tasks=eval_tasks, grids=CONTEST_GRIDS, cells=done))
     return path
+
+# %% ../../nbs/93_mechanism_studies.ipynb #0a7ad47d
+CONTEST_FILES = ("contest_stats.json", "contest_stats_sweep.json")   # the files `run_contest` wrote, in order
+
+def load_contest(data_dir="nbs/data",       # folder of the files
+                 names=CONTEST_FILES,       # the files to read (those missing are skipped)
+                )->dict:                    # cells (name -> config, seeds, stats, wall_s) and provenance (file -> its provenance)
+    "Every cell of the contest from its saved files."
+    out = dict(cells={}, provenance={})
+    for name in names:
+        path = Path(data_dir) / name
+        if not path.exists(): continue
+        saved = json.loads(path.read_text())
+        out["provenance"][name] = saved["provenance"]
+        out["cells"].update({k: dict(v, file=name) for k, v in saved["cells"].items()})
+    return out
+
+# %% ../../nbs/93_mechanism_studies.ipynb #e5d3d4cd
+def contest_summary(cell:dict,          # a cell of `load_contest`
+                    fit_seeds=None,     # seeds to fit on (the others are scored); None: leave one seed out
+                   )->dict:             # candidate -> fits, scores (name -> (seeds,) tensor) and the scored seeds
+    "Fit and score every candidate of one cell, with the chapter's protocol."
+    from ictd.mechanism import contest_table
+    seeds = cell["seeds"]
+    if fit_seeds is None: tab, scored = contest_table(cell["stats"]), seeds
+    else:
+        fit_on = [i for i, s in enumerate(seeds) if s in set(fit_seeds)]
+        if not fit_on or len(fit_on) == len(seeds): raise ValueError("`fit_seeds` must name some, but not all, of the cell's seeds")
+        tab, scored = contest_table(cell["stats"], fit_on=fit_on), [s for s in seeds if s not in set(fit_seeds)]
+    return {k: dict(v, seeds=scored) for k, v in tab.items()}
+
+# %% ../../nbs/93_mechanism_studies.ipynb #34095de1
+def contest_winner(summary:dict,        # output of `contest_summary`
+                   score:str="ratio",   # the score that decides (lower is better)
+                  )->tuple:             # (winner, runner-up, mean paired difference runner-up - winner, its s.e., seeds where the winner is lower)
+    "The candidate with the lowest mean score, and its paired margin over the runner-up."
+    order = sorted(summary, key=lambda k: summary[k]["scores"][score].mean().item())
+    a, b = (summary[k]["scores"][score] for k in order[:2])
+    diff = b - a
+    return order[0], order[1], diff.mean().item(), (diff.std() / math.sqrt(len(diff))).item(), int((a < b).sum())
