@@ -13,7 +13,8 @@ from ictd.engine import EMERGENCE, PretrainConfig, get_family
 from ictd.pretrain import DIVERGED, DivergenceError, pretrain_many
 from ictd.emergence import UNIFORM_BELOW, held_out_prompts, sign_pattern
 from ictd.core import provenance
-from ictd.mechanism import fit_estimators, gap_measures, jacobian_spectrum, learned_kernel, prediction_errors, sampled_jacobians, update_jacobian
+from ictd.mechanism import (CONTEST_GRIDS, CONTEST_NAMES, contest_table, fit_candidate, fit_estimators, gap_measures, jacobian_spectrum, learned_kernel, prediction_errors,
+                            sampled_jacobians, update_jacobian)
 
 # %%
 #| hide
@@ -873,7 +874,7 @@ def run_contest(out_dir="nbs/data",            # folder of the JSON file
                )->Path:                        # the file written (rewritten after every cell)
     "The contest's sums for every run of every cell, with the candidates' grids and each cell's wall time."
     import time
-    from ictd.mechanism import CONTEST_GRIDS, contest_stats
+    from ictd.mechanism import contest_stats
     all_cells, done = contest_cells(data_dir), {}
     for cell in (cells or all_cells):
         t0 = time.time()
@@ -915,7 +916,6 @@ def contest_summary(cell:dict,          # a cell of `load_contest`
                     fit_seeds=None,     # seeds to fit on (the others are scored); None: leave one seed out
                    )->dict:             # candidate -> fits, scores (name -> (seeds,) tensor) and the scored seeds
     "Fit and score every candidate of one cell, with the chapter's protocol."
-    from ictd.mechanism import contest_table
     seeds = cell["seeds"]
     if fit_seeds is None: tab, scored = contest_table(cell["stats"]), seeds
     else:
@@ -945,6 +945,42 @@ _sum = contest_summary(_cell, fit_seeds=[0])
 test_eq(_sum["v_pi"]["seeds"], [1, 2])
 test_close(_sum["v_pi"]["scores"]["ratio"], torch.full((2,), 0.75, dtype=torch.float64), eps=1e-12)   # 1 - 2 (0.5)(0.5) + 0.25 over 1 + 1
 test_fail(lambda: contest_summary(_cell, fit_seeds=[0, 1, 2]), contains="`fit_seeds` must name some")
+
+
+# %% [markdown]
+# A rate over seeds is reported with its exact (Clopper-Pearson) interval, `rate_interval`: a property seen in 27
+# of 30 seeds is a rate of 0.9 with an interval, not an event asserted at "9 in 10".
+
+# %%
+#| export
+def rate_interval(k:int,            # successes
+                  m:int,            # trials (seeds)
+                  level:float=0.95, # coverage
+                 )->tuple:          # (rate, low, high)
+    "The rate k/m with its exact two-sided Clopper-Pearson interval (by bisection on the binomial tails)."
+    if not (isinstance(k, int) and isinstance(m, int) and 0 <= k <= m and m >= 1): raise ValueError(f"`k` and `m` must be integers with 0 <= k <= m, m >= 1, got {k!r}, {m!r}")
+    a = (1 - level) / 2
+    tail_ge = lambda p: sum(math.comb(m, j) * p ** j * (1 - p) ** (m - j) for j in range(k, m + 1))   # P(X >= k)
+    tail_le = lambda p: sum(math.comb(m, j) * p ** j * (1 - p) ** (m - j) for j in range(0, k + 1))   # P(X <= k)
+    def solve(f, target, increasing):
+        lo, hi = 0., 1.
+        for _ in range(80):
+            mid = (lo + hi) / 2
+            if (f(mid) < target) == increasing: lo = mid
+            else: hi = mid
+        return (lo + hi) / 2
+    low = 0. if k == 0 else solve(tail_ge, a, True)
+    high = 1. if k == m else solve(tail_le, a, False)
+    return k / m, low, high
+
+
+# %%
+test_eq(rate_interval(10, 10)[2], 1.)
+test_close(rate_interval(10, 10)[1], 0.025 ** (1 / 10), eps=1e-9)          # P(X = 10) = p^10 = 0.025 at the lower end
+test_close(rate_interval(0, 10)[2], 1 - 0.025 ** (1 / 10), eps=1e-9)
+_r = rate_interval(27, 30)
+assert _r[1] < 0.9 < _r[2] and _r[2] < 0.99, _r
+test_fail(lambda: rate_interval(3, 2), contains="`k` and `m` must be")
 
 
 # %%

@@ -13,7 +13,8 @@ from ..engine import EMERGENCE, PretrainConfig, get_family
 from ..pretrain import DIVERGED, DivergenceError, pretrain_many
 from ..emergence import UNIFORM_BELOW, held_out_prompts, sign_pattern
 from ..core import provenance
-from ..mechanism import fit_estimators, gap_measures, jacobian_spectrum, learned_kernel, prediction_errors, sampled_jacobians, update_jacobian
+from ..mechanism import (CONTEST_GRIDS, CONTEST_NAMES, contest_table, fit_candidate, fit_estimators, gap_measures, jacobian_spectrum, learned_kernel, prediction_errors,
+                            sampled_jacobians, update_jacobian)
 
 # %% auto #0
 __all__ = ['HISTORY_KEYS', 'ANATOMY_PARTS', 'CONVERGE_TOLERANCES', 'CONVERGE_LRS', 'GAP_CELLS', 'CONTROLS', 'DEPTHS',
@@ -23,7 +24,7 @@ __all__ = ['HISTORY_KEYS', 'ANATOMY_PARTS', 'CONVERGE_TOLERANCES', 'CONVERGE_LRS
            'moved_by', 'settled_step', 'run_mechanism_study', 'run_gap_map', 'train_dropping_diverged',
            'run_control_study', 'theta_star_starts', 'run_theta_star_dynamics', 'run_shared_study', 'run_depth_sweep',
            'converge_config', 'model_at', 'run_converge_study', 'star_points', 'run_jacobian_study', 'run_contest_runs',
-           'contest_cells', 'run_contest', 'load_contest', 'contest_summary', 'contest_winner']
+           'contest_cells', 'run_contest', 'load_contest', 'contest_summary', 'contest_winner', 'rate_interval']
 
 # %% ../../nbs/93_mechanism_studies.ipynb #6557ae73
 HISTORY_KEYS = ("step", "msve", "neu_population", "diagonality", "value_weights")  # the metrics a saved run keeps
@@ -458,7 +459,7 @@ def run_contest(out_dir="nbs/data",            # folder of the JSON file
                )->Path:                        # the file written (rewritten after every cell)
     "The contest's sums for every run of every cell, with the candidates' grids and each cell's wall time."
     import time
-    from ictd.mechanism import CONTEST_GRIDS, contest_stats
+    from ictd.mechanism import contest_stats
     all_cells, done = contest_cells(data_dir), {}
     for cell in (cells or all_cells):
         t0 = time.time()
@@ -491,7 +492,6 @@ def contest_summary(cell:dict,          # a cell of `load_contest`
                     fit_seeds=None,     # seeds to fit on (the others are scored); None: leave one seed out
                    )->dict:             # candidate -> fits, scores (name -> (seeds,) tensor) and the scored seeds
     "Fit and score every candidate of one cell, with the chapter's protocol."
-    from ictd.mechanism import contest_table
     seeds = cell["seeds"]
     if fit_seeds is None: tab, scored = contest_table(cell["stats"]), seeds
     else:
@@ -509,3 +509,24 @@ def contest_winner(summary:dict,        # output of `contest_summary`
     a, b = (summary[k]["scores"][score] for k in order[:2])
     diff = b - a
     return order[0], order[1], diff.mean().item(), (diff.std() / math.sqrt(len(diff))).item(), int((a < b).sum())
+
+# %% ../../nbs/93_mechanism_studies.ipynb #50dd8606
+def rate_interval(k:int,            # successes
+                  m:int,            # trials (seeds)
+                  level:float=0.95, # coverage
+                 )->tuple:          # (rate, low, high)
+    "The rate k/m with its exact two-sided Clopper-Pearson interval (by bisection on the binomial tails)."
+    if not (isinstance(k, int) and isinstance(m, int) and 0 <= k <= m and m >= 1): raise ValueError(f"`k` and `m` must be integers with 0 <= k <= m, m >= 1, got {k!r}, {m!r}")
+    a = (1 - level) / 2
+    tail_ge = lambda p: sum(math.comb(m, j) * p ** j * (1 - p) ** (m - j) for j in range(k, m + 1))   # P(X >= k)
+    tail_le = lambda p: sum(math.comb(m, j) * p ** j * (1 - p) ** (m - j) for j in range(0, k + 1))   # P(X <= k)
+    def solve(f, target, increasing):
+        lo, hi = 0., 1.
+        for _ in range(80):
+            mid = (lo + hi) / 2
+            if (f(mid) < target) == increasing: lo = mid
+            else: hi = mid
+        return (lo + hi) / 2
+    low = 0. if k == 0 else solve(tail_ge, a, True)
+    high = 1. if k == m else solve(tail_le, a, False)
+    return k / m, low, high
