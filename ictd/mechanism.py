@@ -27,8 +27,8 @@ __all__ = ['LOOKAHEAD_BETAS', 'GAMMA_FACTORS', 'CONTEST_GRIDS', 'CONTEST_NAMES',
            'learned_kernel', 'kernel_condition', 'layer_anatomy', 'lookahead_features', 'affine_fit', 'affine_predict',
            'weighted_r2', 'candidate_values', 'probe_layers', 'fit_estimators', 'estimator_values', 'prediction_errors',
            'gap_measures', 'update_jacobian', 'sampled_jacobians', 'jacobian_spectrum', 'shared_recursion',
-           'iterate_shared', 'bayes_values', 'grid_thetas', 'candidate_grid', 'contest_stats', 'fit_candidate',
-           'score_candidate', 'contest_table', 'LearnedAlgorithm', 'fit_learned_algorithm']
+           'iterate_shared', 'bayes_values', 'grid_thetas', 'candidate_grid', 'candidate_values_at', 'contest_stats',
+           'fit_candidate', 'score_candidate', 'contest_table', 'LearnedAlgorithm', 'fit_learned_algorithm']
 
 # %% ../nbs/06b_mechanism.ipynb #a977e793
 def centred_msve(v_hat:torch.Tensor,  # (B, s) value estimates of each task
@@ -527,6 +527,21 @@ def candidate_grid(name:str,            # a candidate of `CONTEST_GRIDS`
         I = torch.eye(tasks.r.shape[-1], dtype=torch.float64)
         v = torch.stack([torch.linalg.solve(I - _discount(config, f) * tasks.P, tasks.r[..., None])[..., 0] for f in g["gamma_factor"]])
     return thetas, v
+
+# %% ../nbs/06b_mechanism.ipynb #9ab9ab24
+def candidate_values_at(name:str,            # a candidate of `CONTEST_GRIDS`
+                        config:PretrainConfig,  # the run's settings (gamma; the seed of the Bayes draws)
+                        tasks:TaskBatch,     # the tasks
+                        states:torch.Tensor, # (B, n+1) one context per task
+                        index:int,           # the grid point, an index into `grid_thetas(name)`
+                       )->torch.Tensor:      # (B, s) the base values u_theta at that one grid point
+    "A candidate's base function at one point of its grid (what `candidate_grid` computes there, without the rest of the grid)."
+    t = grid_thetas(name)[index]
+    if name == "td": return _td_candidate(tasks, states, t["k"], t["beta"])[-1]
+    if name == "lookahead": return _lookahead_candidate(tasks, states, t["beta"], t["c"])
+    if name == "ce": return _smoothed_ce(tasks, states, _discount(config, t["gamma_factor"]), t["eps"])
+    if name == "bayes": return bayes_values(tasks, states, [_discount(config, t["gamma_factor"])], temper=t["temper"], seed=config.seed)[0]
+    return torch.linalg.solve(torch.eye(tasks.r.shape[-1], dtype=torch.float64) - _discount(config, t["gamma_factor"]) * tasks.P, tasks.r[..., None])[..., 0]
 
 # %% ../nbs/06b_mechanism.ipynb #a97c5b3a
 RUN_SUMS = ("Syy", "Syp", "Spp", "Lmm", "Lmy", "Lmp", "Lpp", "B", "msve")   # per-run sums (S: of d-weighted centred values; L: of task means; y the model, p v_pi, m the level regressor R-bar/(1-gamma))

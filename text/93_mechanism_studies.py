@@ -889,12 +889,13 @@ def run_contest(out_dir="nbs/data",            # folder of the JSON file
 
 # %% [markdown]
 # `load_contest` reads the saved sums of every cell (the headline, depth and $L = 3$ control cells were measured
-# first, into `contest_stats.json`; the cells trained for the contest into `contest_stats_sweep.json`), and
+# first, into `contest_stats.json`, on 128 held-out tasks per run; the cells trained for the contest, as their
+# training finished, into `contest_stats_sweep.json` and `contest_stats_sweep2.json`, on 64), and
 # `contest_summary` fits and scores the candidates of one cell: on given fit seeds, or leaving one seed out at a time.
 
 # %%
 #| export
-CONTEST_FILES = ("contest_stats.json", "contest_stats_sweep.json")   # the files `run_contest` wrote, in order
+CONTEST_FILES = ("contest_stats.json", "contest_stats_sweep.json", "contest_stats_sweep2.json")   # the files `run_contest` wrote, in order
 
 def load_contest(data_dir="nbs/data",       # folder of the files
                  names=CONTEST_FILES,       # the files to read (those missing are skipped)

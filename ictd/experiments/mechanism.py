@@ -472,7 +472,7 @@ def run_contest(out_dir="nbs/data",            # folder of the JSON file
     return path
 
 # %% ../../nbs/93_mechanism_studies.ipynb #0a7ad47d
-CONTEST_FILES = ("contest_stats.json", "contest_stats_sweep.json")   # the files `run_contest` wrote, in order
+CONTEST_FILES = ("contest_stats.json", "contest_stats_sweep.json", "contest_stats_sweep2.json")   # the files `run_contest` wrote, in order
 
 def load_contest(data_dir="nbs/data",       # folder of the files
                  names=CONTEST_FILES,       # the files to read (those missing are skipped)
