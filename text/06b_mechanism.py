@@ -232,9 +232,9 @@ clear = [k for k, w in winners.items() if w[0] == "td" and w[2] > 2 * w[3]]
 others = {k: w for k, w in winners.items() if w[0] != "td"}
 Markdown(f"Level + TD iterates wins {len(td_wins)} of the {len(winners)} cells, by more than two standard errors of the paired margin in {len(clear)}"
          + (f"; it loses {', '.join(f'{k} (to {CONTEST_NAMES[w[0]]}, margin {w[2]:.3f} ± {w[3]:.3f})' for k, w in others.items())}." if others else ".")
-         + f" The fitted number of iterates grows with depth under TD ({', '.join(str(k_fit[f'td, L = {L}']['k']) for L in CONTEST_DEPTHS if f'td, L = {L}' in k_fit)} at "
-         f"$L = {', '.join(str(L) for L in CONTEST_DEPTHS)}$): the models run more TD steps than they have layers, so one layer does more than one step of the "
-         f"fitted kernel, which is what a learned step size above 1 would do, at the price of the scale $\\sigma$.")
+         + f" Under TD the fitted number of iterates is " + ", ".join(f"$k = {k_fit[f'td, L = {L}']['k']}$ at $L = {L}$" for L in CONTEST_DEPTHS if f"td, L = {L}" in k_fit)
+         + (": more TD steps than the model has layers, so a layer does more than one step of the fitted kernel (what a step size above 1 would do)."
+            if all(k_fit[f"td, L = {L}"]["k"] > L for L in CONTEST_DEPTHS if f"td, L = {L}" in k_fit) else "."))
 
 # %% [markdown]
 # ### Is it TD? The controls
@@ -247,16 +247,16 @@ Markdown(f"Level + TD iterates wins {len(td_wins)} of the {len(winners)} cells, 
 #| code-fold: true
 def _z(a, b): return ((b.mean() - a.mean()) / math.hypot(a.std() / math.sqrt(len(a)), b.std() / math.sqrt(len(b)))).item()
 ctrl_rows = []
-for L in CONTEST_DEPTHS:
+for L in (L for L in CONTEST_DEPTHS if f"td, L = {L}" in summaries):
     td_r = summaries[f"td, L = {L}"]["td"]["scores"]["ratio"]
     ctrl_rows.append((L, td_r, {o: summaries[f"{o}, L = {L}"]["td"]["scores"]["ratio"] for o in CONTROLS if f"{o}, L = {L}" in summaries}))
-Markdown("| depth | TD models | " + " | ".join(f"{o} models (z)" for o in CONTROLS) + " |\n|---" * (2 + len(CONTROLS)) + "|\n" +
+Markdown("| depth | TD models | " + " | ".join(f"{o} models (z)" for o in CONTROLS) + " |\n" + "|---" * (2 + len(CONTROLS)) + "|\n" +
          "\n".join(f"| L = {L} | {ms(t)} | " + " | ".join(f"{ms(c[o])} ({_z(t, c[o]):+.1f})" if o in c else "—" for o in CONTROLS) + " |" for L, t, c in ctrl_rows))
 
 # %%
 zs = {(L, o): _z(t, c[o]) for L, t, c in ctrl_rows for o in c}
 n_pos = sum(z > 2 for z in zs.values())
-look_ctrl = {o: summaries[f"{o}, L = 3"]["lookahead"]["scores"]["ratio"].mean().item() for o in CONTEST_OBJECTIVES}
+look_ctrl = {o: summaries[f"{o}, L = 3"]["lookahead"]["scores"]["ratio"].mean().item() for o in CONTEST_OBJECTIVES if f"{o}, L = 3" in summaries}
 Markdown(f"In {n_pos} of the {len(zs)} comparisons the TD account fits the TD-trained models better than the control's by more than two standard errors"
          + (f" (the others: {', '.join(f'{o} at L = {L} (z = {z:+.1f})' for (L, o), z in zs.items() if z <= 2)})" if n_pos < len(zs) else "") +
          f". The lookahead, by contrast, fits the controls at $L = 3$ as well or better than TD's models (residual ratio "

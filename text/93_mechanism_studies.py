@@ -834,11 +834,14 @@ test_eq(set(range(20, 40)) & set(range(20)), set())   # the headline's new seeds
 # %% [markdown]
 # `contest_cells` gathers the runs of every cell of the contest from the saved files: the headline cell's forty seeds
 # (0 to 19 from `mechanism_runs.json`, 20 to 39 from `contest_runs.json`), TD at the other depths from the depth
-# sweep, the controls at $L = 3$ from `mechanism_controls.json`, and everything else from `contest_runs.json`.
+# sweep, the controls at $L = 3$ from `mechanism_controls.json`, and everything else from `contest_runs.json` and
+# `contest_runs2.json`. (The first training pass was stopped to fit the CPU budget, and the one-factor cells were
+# trained first in a second pass, then the remaining controls at $L = 6$ as time allowed.)
 
 # %%
 #| export
 CONTEST_DEPTHS = (2, 3, 4, 6)                        # depths of the contest's sweep
+CONTEST_RUN_FILES = ("contest_runs.json", "contest_runs2.json")   # the runs `run_contest_runs` saved (the second: the cells trained after the first was stopped)
 CONTEST_OBJECTIVES = ("td",) + CONTROLS              # objectives of the contest's sweep
 CONTEST_FACTORS = ("n = 10", "n = 100", "gamma = 0.5", "one-hot")   # one factor at a time around the headline cell
 
@@ -846,7 +849,8 @@ def contest_cells(data_dir="nbs/data",  # folder of the saved runs
                  )->dict:               # cell name -> list of (config, model), seed order
     "The trained models of every cell of the contest that has been trained, rebuilt from the saved files."
     read = lambda name: json.loads((Path(data_dir) / name).read_text())
-    runs, depth, ctrl, new = read("mechanism_runs.json"), read("mechanism_depth.json"), read("mechanism_controls.json"), read("contest_runs.json")["cells"]
+    runs, depth, ctrl = read("mechanism_runs.json"), read("mechanism_depth.json"), read("mechanism_controls.json")
+    new = {k: v for f in CONTEST_RUN_FILES if (Path(data_dir) / f).exists() for k, v in read(f)["cells"].items()}
     out = {"td, L = 3": load_models(runs["runs"]["fit"] + runs["runs"]["fresh"] + new["headline"]["runs"])}
     for L in CONTEST_DEPTHS:
         for o in CONTEST_OBJECTIVES:

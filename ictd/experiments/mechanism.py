@@ -18,13 +18,14 @@ from ..mechanism import (CONTEST_GRIDS, CONTEST_NAMES, contest_table, fit_candid
 
 # %% auto #0
 __all__ = ['HISTORY_KEYS', 'ANATOMY_PARTS', 'CONVERGE_TOLERANCES', 'CONVERGE_LRS', 'GAP_CELLS', 'CONTROLS', 'DEPTHS',
-           'DEEP_DEPTHS', 'CONTEST_CELLS', 'CONTEST_DEPTHS', 'CONTEST_OBJECTIVES', 'CONTEST_FACTORS', 'CONTEST_FILES',
-           'save_runs', 'load_models', 'anatomy_table', 'anatomy_counts', 'gap_table', 'study_summary', 'summary_table',
-           'fisher_greater', 'holm', 'binomial_greater', 'normal_greater', 'claims_table', 'converge_metrics',
-           'moved_by', 'settled_step', 'run_mechanism_study', 'run_gap_map', 'train_dropping_diverged',
-           'run_control_study', 'theta_star_starts', 'run_theta_star_dynamics', 'run_shared_study', 'run_depth_sweep',
-           'converge_config', 'model_at', 'run_converge_study', 'star_points', 'run_jacobian_study', 'run_contest_runs',
-           'contest_cells', 'run_contest', 'load_contest', 'contest_summary', 'contest_winner', 'rate_interval']
+           'DEEP_DEPTHS', 'CONTEST_CELLS', 'CONTEST_DEPTHS', 'CONTEST_RUN_FILES', 'CONTEST_OBJECTIVES',
+           'CONTEST_FACTORS', 'CONTEST_FILES', 'save_runs', 'load_models', 'anatomy_table', 'anatomy_counts',
+           'gap_table', 'study_summary', 'summary_table', 'fisher_greater', 'holm', 'binomial_greater',
+           'normal_greater', 'claims_table', 'converge_metrics', 'moved_by', 'settled_step', 'run_mechanism_study',
+           'run_gap_map', 'train_dropping_diverged', 'run_control_study', 'theta_star_starts',
+           'run_theta_star_dynamics', 'run_shared_study', 'run_depth_sweep', 'converge_config', 'model_at',
+           'run_converge_study', 'star_points', 'run_jacobian_study', 'run_contest_runs', 'contest_cells',
+           'run_contest', 'load_contest', 'contest_summary', 'contest_winner', 'rate_interval']
 
 # %% ../../nbs/93_mechanism_studies.ipynb #6557ae73
 HISTORY_KEYS = ("step", "msve", "neu_population", "diagonality", "value_weights")  # the metrics a saved run keeps
@@ -430,6 +431,7 @@ def run_contest_runs(out_dir="nbs/data",             # folder of the JSON file
 
 # %% ../../nbs/93_mechanism_studies.ipynb #baf81f24
 CONTEST_DEPTHS = (2, 3, 4, 6)                        # depths of the contest's sweep
+CONTEST_RUN_FILES = ("contest_runs.json", "contest_runs2.json")   # the runs `run_contest_runs` saved (the second: the cells trained after the first was stopped)
 CONTEST_OBJECTIVES = ("td",) + CONTROLS              # objectives of the contest's sweep
 CONTEST_FACTORS = ("n = 10", "n = 100", "gamma = 0.5", "one-hot")   # one factor at a time around the headline cell
 
@@ -437,7 +439,8 @@ def contest_cells(data_dir="nbs/data",  # folder of the saved runs
                  )->dict:               # cell name -> list of (config, model), seed order
     "The trained models of every cell of the contest that has been trained, rebuilt from the saved files."
     read = lambda name: json.loads((Path(data_dir) / name).read_text())
-    runs, depth, ctrl, new = read("mechanism_runs.json"), read("mechanism_depth.json"), read("mechanism_controls.json"), read("contest_runs.json")["cells"]
+    runs, depth, ctrl = read("mechanism_runs.json"), read("mechanism_depth.json"), read("mechanism_controls.json")
+    new = {k: v for f in CONTEST_RUN_FILES if (Path(data_dir) / f).exists() for k, v in read(f)["cells"].items()}
     out = {"td, L = 3": load_models(runs["runs"]["fit"] + runs["runs"]["fresh"] + new["headline"]["runs"])}
     for L in CONTEST_DEPTHS:
         for o in CONTEST_OBJECTIVES:
