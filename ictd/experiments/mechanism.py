@@ -459,12 +459,15 @@ def run_contest(out_dir="nbs/data",            # folder of the JSON file
                 cells=None,                    # cell names to measure (None: all of `contest_cells`)
                 command:str="run_contest()",   # recorded in the file
                 name:str="contest_stats.json", # the file's name
+                wait_s:float=0.,               # wait up to this long for a cell still training to appear in the saved runs
                )->Path:                        # the file written (rewritten after every cell)
     "The contest's sums for every run of every cell, with the candidates' grids and each cell's wall time."
     import time
     from ictd.mechanism import contest_stats
-    all_cells, done = contest_cells(data_dir), {}
-    for cell in (cells or all_cells):
+    all_cells, done, start = contest_cells(data_dir), {}, time.time()
+    for cell in (cells or list(all_cells)):
+        while cell not in all_cells and time.time() - start < wait_s: time.sleep(20); all_cells = contest_cells(data_dir)
+        if cell not in all_cells: raise ValueError(f"cell {cell!r} has no saved runs in {data_dir}")
         t0 = time.time()
         stats = [contest_stats(dataclasses.replace(c, eval_tasks=eval_tasks), m) for c, m in all_cells[cell]]
         for st in stats:
