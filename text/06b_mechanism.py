@@ -714,7 +714,10 @@ Markdown(f"In {anat['one_uniform_layer']} of {anat['n_seeds']} seeds exactly one
          f"layers, with a median cost {cost_share.median():.0%} of the removal's, measured in *centred* MSVE (the shape, which is what selectivity can buy; raw MSVE is "
          f"dominated by the level)" + (": what a selective layer adds to the shape depends on its selectivity. " if cost_share.median() > 0.5 else ". ") +
          f"The uniform layer is not described by its value write alone: removing only that write multiplies the error by a median {vw_rm.median():.2f}, removing only its "
-         f"writes into the feature and reward rows by {tok_rm.median():.2f}, and removing the layer by {all_rm.median():.2f}. The layers write far beyond the value row: "
+         f"writes into the feature and reward rows by {tok_rm.median():.2f}, and removing the layer by {all_rm.median():.2f}"
+         + (f"; where the uniform layer is layer 2 (seeds {', '.join(str(anatomy[i]['seed']) for i in mid)}), the same three removals give "
+            f"{', '.join(f'{vw_rm[i]:.2f} / {tok_rm[i]:.2f} / {all_rm[i]:.2f}' for i in mid)}" if (mid := [i for i in range(len(anatomy)) if int(uni_idx[i]) == 1 and diag_t[i].lt(UNIFORM_BELOW).sum() == 1]) else "")
+         + f" (its feature and reward writes matter only where a later layer reads them). The layers write far beyond the value row: "
          f"the first two write into the feature and reward rows of the tokens, which $\\theta^*$ never does, and the level the uniform layer contributes travels "
          f"partly through those re-embedded rows.")
 
@@ -1843,7 +1846,7 @@ Markdown(f"1. **The algorithm.** The contest's winner, in the headline cell, is 
          f"$\\gamma = 0.9$, and rarely at the other discounts measured ({uniform_other}; "
          f"in at most {max(c['one_uniform'] for c in gap_claims.values() if c['gamma'] == 0.5)} of 10 seeds at $\\gamma = 0.5$). The sign pattern lives in the last *selective* layer.\n"
          f"3. **Chapter 5's condition.** No layer of any trained model meets it (largest minimum diagonal {cond['min_diagonal'].max():.3f} against "
-         f"{conditions[0]['threshold']:.2f}).\n"
+         f"{conditions[0]['threshold']:.2f}), but neither does $\\theta^*$ itself with these features at $\\beta \\le 15$: the result is forced by the features.\n"
          f"4. **Where TD structure matters.** The trained models learn part of the value shape in every cell of the gap map, and beat the oracle constant on MSVE "
          f"only where shape carries enough of the error ({'; '.join(beat)}).\n"
          f"5. **What is specific to TD.** More value shape than Monte-Carlo, supervised or temporally shuffled training; not a lower MSVE than Monte-Carlo or supervised training; a sign pattern in the "
