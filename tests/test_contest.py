@@ -117,10 +117,10 @@ def test_learned_algorithm_predicts_unseen_models_errors_best(fresh):
     algo = fit_learned_algorithm(load_models(runs))                                      # fitted as the chapter fits it
     f_td = fit_candidate(book, "td")
     assert (algo.k, algo.beta) == (f_td["theta"]["k"], f_td["theta"]["beta"]) and math.isclose(algo.level, f_td["level"], rel_tol=1e-6)
-    stats = [contest_stats(dataclasses.replace(c, eval_tasks=64), m) for c, m in fresh]
+    stats = [contest_stats(dataclasses.replace(c, eval_tasks=32), m) for c, m in fresh]
     ratio = {name: torch.tensor([score_candidate(st, name, fit_candidate(book, name))["ratio"] for st in stats]) for name in CONTEST_GRIDS}
     for c, m in fresh[:2]:                                                               # the public object predicts what the sums say
-        tasks, states, Z = held_out_prompts(dataclasses.replace(c, eval_tasks=64))
+        tasks, states, Z = held_out_prompts(dataclasses.replace(c, eval_tasks=32))
         d, y, p = tasks.d_pi, m.predict(Z, n=c.n).detach(), algo.values(c, tasks, states)
         cen = lambda v: v - (d * v).sum(-1, keepdim=True)
         direct = (d * (cen(y) - cen(p)) ** 2).sum() / (d * (cen(y) - cen(tasks.v_pi)) ** 2).sum()

@@ -62,6 +62,22 @@ tdf = head["td"]["fits"][0]
 ms = lambda x: f"{x.mean():.3f} ± {x.std() / math.sqrt(len(x)):.3f}"
 hr = {k: v["scores"]["ratio"] for k, v in head.items()}
 n_head = len(head["td"]["seeds"])
+summaries = {k: contest_summary(v) for k, v in contest["cells"].items()}
+winners = {k: contest_winner(v) for k, v in summaries.items()}
+k_fit = {k: fit_candidate(v["stats"], "td")["theta"] for k, v in contest["cells"].items()}
+grid_cells = [(o, L) for o in CONTEST_OBJECTIVES for L in CONTEST_DEPTHS if f"{o}, L = {L}" in summaries]
+best_other = lambda sm: min((k for k in sm if k != "td"), key=lambda k: sm[k]["scores"]["ratio"].mean().item())
+decided = lambda w: w[2] > 2 * w[3]                     # a cell's winner is clear when its paired margin exceeds two standard errors
+cell_of = lambda o, L: f"{o}, L = {L}"
+grid_keys = [cell_of(o, L) for o in CONTEST_OBJECTIVES for L in CONTEST_DEPTHS if cell_of(o, L) in summaries]
+by_winner = lambda o, name: [L for L in CONTEST_DEPTHS if cell_of(o, L) in winners and winners[cell_of(o, L)][0] == name and decided(winners[cell_of(o, L)])]
+ctrl_td_L = sorted({L for o in CONTROLS for L in by_winner(o, "td")})
+k3 = {o: k_fit[cell_of(o, 3)]["k"] for o in CONTROLS if cell_of(o, 3) in k_fit}
+sweep_txt = (f"Across the sweep of depths and objectives, TD-trained models are won by level + TD iterates at $L = {', '.join(map(str, by_winner('td', 'td')))}$"
+             + (f" and by the lookahead at $L = {', '.join(map(str, by_winner('td', 'lookahead')))}$" if by_winner('td', 'lookahead') else "")
+             + f"; the same form also wins the Monte-Carlo and supervised models at $L = {', '.join(map(str, ctrl_td_L)) or 'none'}$, so it is not a signature of TD training: "
+             f"what differs between the objectives is how many iterates the fit uses ($k = {k_fit['td, L = 3']['k']}$ for TD models at $L = 3$ against "
+             f"{', '.join(f'{k} for {o}' for o, k in k3.items())}).")
 Markdown(f"**The question.** What does a softmax Transformer pretrained with TD on random Boyan chains compute in its forward pass? "
          f"**The contest.** Five algorithms, each given the same three fitted constants (a level coefficient, a scale, and one point of a grid of kernel or "
          f"step parameters), were written down before the sweep ran, fitted to the outputs of ten trained models and scored on the *errors* of {n_head} others. "
@@ -71,7 +87,7 @@ Markdown(f"**The question.** What does a softmax Transformer pretrained with TD 
          f"with $\\bar R$ the context's mean reward and, fitted on seeds 0 to 9 of the headline configuration, $\\lambda = {tdf['level']:.3f}$, $\\sigma = {tdf['scale']:.3f}$, "
          f"$k = {tdf['theta']['k']}$ iterates and $\\beta = {tdf['theta']['beta']:g}$: weighted softmax TD with step 1 (Definition 1.1), started from zero, run for $k$ steps, "
          f"plus a state-blind level. On the {n_head} other seeds the residual ratio (the share of the models' error that a candidate does not predict) is "
-         f"{ms(hr[winner])}, against {ms(hr[runner])} for the runner-up, {CONTEST_NAMES[runner]}; the winner is lower in {n_lower} of {n_head} seeds.")
+         f"{ms(hr[winner])}, against {ms(hr[runner])} for the runner-up, {CONTEST_NAMES[runner]}; the winner is lower in {n_lower} of {n_head} seeds. " + sweep_txt)
 
 # %% [markdown]
 # ::: {.callout-note}
@@ -181,16 +197,9 @@ Markdown(f"The winner is lower than the runner-up in {n_lower} of {n_head} seeds
 # which candidate wins each cell, and how many TD iterates the winner's fit uses at each depth.
 
 # %%
-summaries = {k: contest_summary(v) for k, v in contest["cells"].items()}
-winners = {k: contest_winner(v) for k, v in summaries.items()}
-k_fit = {k: fit_candidate(v["stats"], "td")["theta"] for k, v in contest["cells"].items()}
-grid_cells = [(o, L) for o in CONTEST_OBJECTIVES for L in CONTEST_DEPTHS if f"{o}, L = {L}" in summaries]
-best_other = lambda sm: min((k for k in sm if k != "td"), key=lambda k: sm[k]["scores"]["ratio"].mean().item())
-
-# %%
 #| code-fold: true
 #| label: fig-contest-phase
-#| fig-cap: "Figure 6b.1. The contest's phase diagram. Left: the winning candidate in each cell of depth against training objective (colour), with the residual ratio of level + TD iterates and, below it, that of the best other candidate (mean over ten seeds, forty in the headline cell, each scored with constants fitted on the other seeds). Right: the number of TD iterates k the winner's fit uses, against the model's depth, per objective; the dashed line is k = L."
+#| fig-cap: "Figure 6b.1. The contest's phase diagram. Left: the winning candidate in each cell of depth against training objective (colour; hatched where the paired margin over the runner-up is under two standard errors), with the residual ratio of level + TD iterates and, below it, that of the best other candidate (mean over ten seeds, forty in the headline cell, each scored with constants fitted on the other seeds). Right: the number of TD iterates k the winner's fit uses, against the model's depth, per objective; the dashed line is k = L."
 #| fig-alt: "Left, a four by four grid of coloured squares, rows the objectives td, mc, supervised and td-independent, columns the depths 2, 3, 4 and 6, each square labelled with two residual ratios. Right, the fitted number of TD iterates against depth, one line per objective, with the diagonal k = L dashed."
 names = list(CONTEST_GRIDS)
 colours = dict(zip(names, OKABE_ITO))
@@ -200,11 +209,13 @@ for i, o in enumerate(CONTEST_OBJECTIVES):
         key = f"{o}, L = {L}"
         if key not in summaries: continue
         sm, w = summaries[key], winners[key][0]
-        ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, color=colours[w], alpha=0.55))
+        ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, facecolor=colours[w] if decided(winners[key]) else "white", alpha=0.55,
+                                   hatch=None if decided(winners[key]) else "//", edgecolor="0.5"))
         ax.text(j, i, f"TD {sm['td']['scores']['ratio'].mean():.2f}\n{best_other(sm)} {sm[best_other(sm)]['scores']['ratio'].mean():.2f}", ha="center", va="center", fontsize=8.5)
 ax.set(xlim=(-0.5, len(CONTEST_DEPTHS) - 0.5), ylim=(len(CONTEST_OBJECTIVES) - 0.5, -0.5), xticks=range(len(CONTEST_DEPTHS)), xticklabels=[f"L = {L}" for L in CONTEST_DEPTHS],
        yticks=range(len(CONTEST_OBJECTIVES)), yticklabels=CONTEST_OBJECTIVES, xlabel="depth", ylabel="training objective", title="winner by residual ratio")
-ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=colours[k], alpha=0.55) for k in names], labels=[CONTEST_NAMES[k] for k in names], fontsize=8,
+ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=colours[k], alpha=0.55) for k in names] + [plt.Rectangle((0, 0), 1, 1, facecolor="white", hatch="//", edgecolor="0.5")],
+          labels=[CONTEST_NAMES[k] for k in names] + ["no clear winner (margin under 2 s.e.)"], fontsize=8,
           loc="upper left", bbox_to_anchor=(0, -0.16), ncol=2, frameon=False)
 for o, marker in zip(CONTEST_OBJECTIVES, "osD^"):
     Ls = [L for L in CONTEST_DEPTHS if f"{o}, L = {L}" in k_fit]
@@ -228,10 +239,13 @@ Markdown("| cell | seeds | winner | level + TD iterates | best other | margin ov
 
 # %%
 td_wins = [k for k, w in winners.items() if w[0] == "td"]
-clear = [k for k, w in winners.items() if w[0] == "td" and w[2] > 2 * w[3]]
-others = {k: w for k, w in winners.items() if w[0] != "td"}
-Markdown(f"Level + TD iterates wins {len(td_wins)} of the {len(winners)} cells, by more than two standard errors of the paired margin in {len(clear)}"
-         + (f"; it loses {', '.join(f'{k} (to {CONTEST_NAMES[w[0]]}, margin {w[2]:.3f} ± {w[3]:.3f})' for k, w in others.items())}." if others else ".")
+clear = [k for k, w in winners.items() if w[0] == "td" and decided(w)]
+others = {k: w for k, w in winners.items() if w[0] != "td" and decided(w)}
+ties = [k for k, w in winners.items() if not decided(w)]
+Markdown(f"Level + TD iterates wins {len(clear)} of the {len(winners)} cells by more than two standard errors of the paired margin"
+         + (f"; the lookahead or another candidate wins {', '.join(f'{k} ({CONTEST_NAMES[w[0]]}, margin {w[2]:.3f} ± {w[3]:.3f})' for k, w in others.items())}" if others else "")
+         + (f"; no candidate is clearly ahead in {', '.join(ties)}" + (" (with independent successors the fit picks $k = 1$, and one TD iterate from zero is the smoothed reward, "
+            "the lookahead with $c = 0$: the two candidates are then the same function)" if any('independent' in k for k in ties) else "") if ties else "") + "."
          + f" Under TD the fitted number of iterates is " + ", ".join(f"$k = {k_fit[f'td, L = {L}']['k']}$ at $L = {L}$" for L in CONTEST_DEPTHS if f"td, L = {L}" in k_fit)
          + (": more TD steps than the model has layers, so a layer does more than one step of the fitted kernel (what a step size above 1 would do)."
             if all(k_fit[f"td, L = {L}"]["k"] > L for L in CONTEST_DEPTHS if f"td, L = {L}" in k_fit) else "."))
@@ -251,16 +265,21 @@ for L in (L for L in CONTEST_DEPTHS if f"td, L = {L}" in summaries):
     td_r = summaries[f"td, L = {L}"]["td"]["scores"]["ratio"]
     ctrl_rows.append((L, td_r, {o: summaries[f"{o}, L = {L}"]["td"]["scores"]["ratio"] for o in CONTROLS if f"{o}, L = {L}" in summaries}))
 Markdown("| depth | TD models | " + " | ".join(f"{o} models (z)" for o in CONTROLS) + " |\n" + "|---" * (2 + len(CONTROLS)) + "|\n" +
-         "\n".join(f"| L = {L} | {ms(t)} | " + " | ".join(f"{ms(c[o])} ({_z(t, c[o]):+.1f})" if o in c else "—" for o in CONTROLS) + " |" for L, t, c in ctrl_rows))
+         "\n".join(f"| L = {L} | {ms(t)}, $k = {k_fit[cell_of('td', L)]['k']}$ | " + " | ".join(f"{ms(c[o])} ({_z(t, c[o]):+.1f}), $k = {k_fit[cell_of(o, L)]['k']}$" if o in c else "—" for o in CONTROLS)
+                   + " |" for L, t, c in ctrl_rows))
 
 # %%
 zs = {(L, o): _z(t, c[o]) for L, t, c in ctrl_rows for o in c}
 n_pos = sum(z > 2 for z in zs.values())
 look_ctrl = {o: summaries[f"{o}, L = 3"]["lookahead"]["scores"]["ratio"].mean().item() for o in CONTEST_OBJECTIVES if f"{o}, L = 3" in summaries}
-Markdown(f"In {n_pos} of the {len(zs)} comparisons the TD account fits the TD-trained models better than the control's by more than two standard errors"
-         + (f" (the others: {', '.join(f'{o} at L = {L} (z = {z:+.1f})' for (L, o), z in zs.items() if z <= 2)})" if n_pos < len(zs) else "") +
-         f". The lookahead, by contrast, fits the controls at $L = 3$ as well or better than TD's models (residual ratio "
-         + ", ".join(f"{o} {r:.2f}" for o, r in look_ctrl.items()) + "): the smoothed-reward shape it captures is shared by every objective, and is not a TD signature.")
+n_neg = sum(z < -2 for z in zs.values())
+Markdown(f"In {n_pos} of the {len(zs)} comparisons the TD account fits the TD-trained models better than the control's by more than two standard errors, "
+         f"in {n_neg} worse, and in the other {len(zs) - n_pos - n_neg} the difference is within two standard errors. "
+         + ("So the form *level + kernel TD iterates* is not a TD signature: with its $k$ refitted it describes models trained by Monte-Carlo or supervised targets about "
+            "as well. " if n_pos < len(zs) / 2 else "") +
+         f"What does change with the objective is the fitted number of iterates (the $k$ in each cell) and, at shallow depth, the winner itself: the lookahead's residual "
+         f"ratio at $L = 3$ is " + ", ".join(f"{r:.2f} on {o} models" for o, r in look_ctrl.items()) + ". "
+         "With independent successors (td-independent) the fit picks one iterate at every depth measured, the kernel-smoothed reward.")
 
 # %% [markdown]
 # ## The evidence: how the models implement it
