@@ -37,6 +37,10 @@ from ictd.engine import corrupted_rewards, register_protocol
 # command, the git commit and the date. The training configuration they start from is chapter 6's `EMERGENCE`
 # ($s = 10$ states, $d = 4$ random features, $n = 30$, $L = 3$ separate layers, $\gamma = 0.9$, learning rate
 # $10^{-2}$, 2000 steps).
+#
+# The last sections serve 6b's contest of algorithms: the training driver of its new cells (`run_contest_runs`), the
+# gathering of every cell's saved models (`contest_cells`), the driver that measures them (`run_contest`), and the
+# loading, fitting and scoring of the saved sums (`load_contest`, `contest_summary`, `contest_winner`, `rate_interval`).
 
 # %% [markdown]
 # ## Saved runs, with their provenance
@@ -830,7 +834,6 @@ def run_contest_runs(out_dir="nbs/data",             # folder of the JSON file
 test_eq(len(CONTEST_CELLS["headline"][1]), 20)
 test_eq(set(range(20, 40)) & set(range(20)), set())   # the headline's new seeds are not the saved ones
 
-
 # %% [markdown]
 # `contest_cells` gathers the runs of every cell of the contest from the saved files: the headline cell's forty seeds
 # (0 to 19 from `mechanism_runs.json`, 20 to 39 from `contest_runs.json`), TD at the other depths from the depth
@@ -989,7 +992,6 @@ test_close(rate_interval(0, 10)[2], 1 - 0.025 ** (1 / 10), eps=1e-9)
 _r = rate_interval(27, 30)
 assert _r[1] < 0.9 < _r[2] and _r[2] < 0.99, _r
 test_fail(lambda: rate_interval(3, 2), contains="`k` and `m` must be")
-
 
 # %%
 #| hide
