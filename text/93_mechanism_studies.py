@@ -954,7 +954,7 @@ _st = lambda y, u: dict(run=dict(Syy=1., Syp=0., Spp=1., Lmm=1., Lmy=0., Lmp=0.,
 _cell = dict(seeds=[0, 1, 2], stats=[_st(0.5, 1.), _st(0.5, 1.), _st(0.5, 1.)])
 _sum = contest_summary(_cell, fit_seeds=[0])
 test_eq(_sum["v_pi"]["seeds"], [1, 2])
-test_close(_sum["v_pi"]["scores"]["ratio"], torch.full((2,), 0.75, dtype=torch.float64), eps=1e-12)   # 1 - 2 (0.5)(0.5) + 0.25 over 1 + 1
+test_close(_sum["v_pi"]["scores"]["ratio"], torch.full((2,), 0.375, dtype=torch.float64), eps=1e-12)   # scale 0.5: (1 - 2 (0.5)(0.5) + 0.25) / (1 + 1)
 test_fail(lambda: contest_summary(_cell, fit_seeds=[0, 1, 2]), contains="`fit_seeds` must name some")
 
 
