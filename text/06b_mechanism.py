@@ -73,11 +73,14 @@ grid_keys = [cell_of(o, L) for o in CONTEST_OBJECTIVES for L in CONTEST_DEPTHS i
 by_winner = lambda o, name: [L for L in CONTEST_DEPTHS if cell_of(o, L) in winners and winners[cell_of(o, L)][0] == name and decided(winners[cell_of(o, L)])]
 ctrl_td_L = sorted({L for o in CONTROLS for L in by_winner(o, "td")})
 k3 = {o: k_fit[cell_of(o, 3)]["k"] for o in CONTROLS if cell_of(o, 3) in k_fit}
+more_k = [L for L in CONTEST_DEPTHS if cell_of("td", L) in k_fit and all(k_fit[cell_of("td", L)]["k"] > k_fit[cell_of(o, L)]["k"] for o in CONTROLS if cell_of(o, L) in k_fit)]
 sweep_txt = (f"Across the sweep of depths and objectives, TD-trained models are won by level + TD iterates at $L = {', '.join(map(str, by_winner('td', 'td')))}$"
              + (f" and by the lookahead at $L = {', '.join(map(str, by_winner('td', 'lookahead')))}$" if by_winner('td', 'lookahead') else "")
-             + f"; the same form also wins the Monte-Carlo and supervised models at $L = {', '.join(map(str, ctrl_td_L)) or 'none'}$, so it is not a signature of TD training: "
-             f"what differs between the objectives is how many iterates the fit uses ($k = {k_fit['td, L = 3']['k']}$ for TD models at $L = 3$ against "
-             f"{', '.join(f'{k} for {o}' for o, k in k3.items())}).")
+             + f"; the same form also wins the " + " and the ".join(f"{o} models at $L = {', '.join(map(str, by_winner(o, 'td')))}$" for o in CONTROLS if by_winner(o, "td"))
+             + ", so the form is not a signature of TD training. What differs between the objectives is how many iterates the fit uses: under TD "
+             f"$k = {', '.join(str(k_fit[cell_of('td', L)]['k']) for L in CONTEST_DEPTHS if cell_of('td', L) in k_fit)}$ at $L = {', '.join(str(L) for L in CONTEST_DEPTHS if cell_of('td', L) in k_fit)}$, "
+             f"more than under every control at $L = {', '.join(str(L) for L in more_k)}$ (at $L = 3$: {', '.join(f'{k} for {o}' for o, k in k3.items())})."
+             + (f" With one-hot features, where the model sees which state is which, the winner is {CONTEST_NAMES[winners['one-hot'][0]]}." if "one-hot" in winners and winners["one-hot"][0] != "td" and decided(winners["one-hot"]) else ""))
 Markdown(f"**The question.** What does a softmax Transformer pretrained with TD on random Boyan chains compute in its forward pass? "
          f"**The contest.** Five algorithms, each given the same three fitted constants (a level coefficient, a scale, and one point of a grid of kernel or "
          f"step parameters), were written down before the sweep ran, fitted to the outputs of ten trained models and scored on the *errors* of {n_head} others. "
@@ -207,7 +210,7 @@ fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.4), gridspec_kw=dict(width_rat
 for i, o in enumerate(CONTEST_OBJECTIVES):
     for j, L in enumerate(CONTEST_DEPTHS):
         key = f"{o}, L = {L}"
-        if key not in summaries: continue
+        if key not in summaries: ax.text(j, i, "not trained\n(CPU budget)", ha="center", va="center", fontsize=8.5, color="0.4"); continue
         sm, w = summaries[key], winners[key][0]
         ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, facecolor=colours[w] if decided(winners[key]) else "white", alpha=0.55,
                                    hatch=None if decided(winners[key]) else "//", edgecolor="0.5"))
@@ -232,9 +235,9 @@ bx.legend(fontsize=8); fig.tight_layout()
 # %%
 #| code-fold: true
 factor_rows = ["td, L = 3"] + [k for k in CONTEST_FACTORS if k in summaries]
-Markdown("| cell | seeds | winner | level + TD iterates | best other | margin over the runner-up | winner lower | fitted $k$, $\\beta$ |\n|---|---|---|---|---|---|---|---|\n" +
-         "\n".join(f"| {'headline (' + k + ')' if k == 'td, L = 3' else k} | {len(summaries[k]['td']['seeds'])} | {CONTEST_NAMES[winners[k][0]]} | {ms(summaries[k]['td']['scores']['ratio'])} | "
-                   f"{CONTEST_NAMES[best_other(summaries[k])]}: {ms(summaries[k][best_other(summaries[k])]['scores']['ratio'])} | {winners[k][2]:.3f} ± {winners[k][3]:.3f} | "
+Markdown("| cell | seeds | winner | its residual ratio | runner-up | level + TD iterates | margin over the runner-up | winner lower | TD fit: $k$, $\\beta$ |\n|---|---|---|---|---|---|---|---|---|\n" +
+         "\n".join(f"| {'headline (' + k + ')' if k == 'td, L = 3' else k} | {len(summaries[k]['td']['seeds'])} | {CONTEST_NAMES[winners[k][0]]} | {ms(summaries[k][winners[k][0]]['scores']['ratio'])} | "
+                   f"{CONTEST_NAMES[winners[k][1]]}: {ms(summaries[k][winners[k][1]]['scores']['ratio'])} | {ms(summaries[k]['td']['scores']['ratio'])} | {winners[k][2]:.3f} ± {winners[k][3]:.3f} | "
                    f"{winners[k][4]} / {len(summaries[k]['td']['seeds'])} | {k_fit[k]['k']}, {k_fit[k]['beta']:g} |" for k in factor_rows))
 
 # %%
@@ -244,11 +247,14 @@ others = {k: w for k, w in winners.items() if w[0] != "td" and decided(w)}
 ties = [k for k, w in winners.items() if not decided(w)]
 Markdown(f"Level + TD iterates wins {len(clear)} of the {len(winners)} cells by more than two standard errors of the paired margin"
          + (f"; the lookahead or another candidate wins {', '.join(f'{k} ({CONTEST_NAMES[w[0]]}, margin {w[2]:.3f} ± {w[3]:.3f})' for k, w in others.items())}" if others else "")
-         + (f"; no candidate is clearly ahead in {', '.join(ties)}" + (" (with independent successors the fit picks $k = 1$, and one TD iterate from zero is the smoothed reward, "
-            "the lookahead with $c = 0$: the two candidates are then the same function)" if any('independent' in k for k in ties) else "") if ties else "") + "."
+         + (f"; no candidate is clearly ahead in {', '.join(ties)}" if ties else "") + "."
+         + (" With independent successors the TD fit picks $k = 1$, and one TD iterate from zero is the smoothed reward, the lookahead with $c = 0$: the two "
+            "candidates are then the same function, and tie exactly." if any('independent' in k for k in ties) else "")
+         + (f" At $L = 6$ the TD fit uses the largest $k$ of its grid, {max(CONTEST_GRIDS['td']['k'])}: more iterates are not excluded." if k_fit.get(cell_of('td', 6), {}).get('k') == max(CONTEST_GRIDS['td']['k']) else "")
          + f" Under TD the fitted number of iterates is " + ", ".join(f"$k = {k_fit[f'td, L = {L}']['k']}$ at $L = {L}$" for L in CONTEST_DEPTHS if f"td, L = {L}" in k_fit)
          + (": more TD steps than the model has layers, so a layer does more than one step of the fitted kernel (what a step size above 1 would do)."
             if all(k_fit[f"td, L = {L}"]["k"] > L for L in CONTEST_DEPTHS if f"td, L = {L}" in k_fit) else "."))
+
 
 # %% [markdown]
 # ### Is it TD? The controls
@@ -417,6 +423,7 @@ def knockout(model:SoftmaxICTD,  # the model (not changed)
 
 # %%
 show_doc(knockout)
+
 
 # %% [markdown]
 # `knockout_rows` removes only some of a layer's writes: the rows of $V^{\mathrm{cur}}$ and $V^{\mathrm{tgt}}$ that write
@@ -759,7 +766,6 @@ Markdown("| layer | mean $M(x, x)$ | min$_x M(x, x)$, mean over seeds [max] | th
 assert cond["share_meeting"].max() == 0 and cond["min_diagonal"].max() < conditions[0]["threshold"] / 2, cond
 assert (cond["span_td"] > 1).all() and (cond["span_own"] >= 1 - 1e-9).all(), cond
 
-
 # %% [markdown]
 # No layer of any of the ten trained models meets the kernel-diagonality condition on any held-out task, and no learned
 # kernel satisfies the span condition of Proposition 5.2 in one step. Before reading this as a fact about training, the
@@ -774,6 +780,7 @@ Markdown(f"$\\theta^*(W = \\beta I)$ meets it on {', '.join(f'{v:.0%} of the tas
          + ("So the result is forced by the features: with four random features per state, no kernel of this form is diagonal enough for "
             "chapter 5's condition, and the trained models' failure to meet it says nothing about training. " if max(star_share.values()) == 0 else "") +
          "The convergence theory of chapter 5 does not cover these models, whatever they learned; what they compute was decided by the contest.")
+
 
 # %% [markdown]
 # ## Probing the value row
@@ -1071,6 +1078,7 @@ probes = [probe_layers(dataclasses.replace(c, eval_tasks=64), m) for c, m in fit
 probe_mean = {k: torch.tensor([p[k] for p in probes]).mean(0) for k in probes[0]}
 Markdown("| candidate | after layer 1 | after layer 2 | after layer 3 (output) |\n|---|---|---|---|\n" +
          "\n".join(f"| {k} | " + " | ".join(f"{x:.3f}" for x in v) + " |" for k, v in probe_mean.items()))
+
 
 # %% [markdown]
 # The output is explained to within a few percent of its variance by several candidates at once,
@@ -1859,8 +1867,8 @@ Markdown(f"Every primary claim holds at the 0.05 level: {all(f['primary'][1] < 0
 uniform_other = ", ".join(f"{k}: {int(g['one uniform layer'].sum())}/10" for k, g in gamma_full.items())
 Markdown(f"1. **The algorithm.** The contest's winner, in the headline cell, is {CONTEST_NAMES[winner]}, $\\hat v = \\lambda \\bar R/(1-\\gamma) + \\sigma v_k$ "
          f"with $(\\lambda, \\sigma, k, \\beta) = ({tdf['level']:.3f}, {tdf['scale']:.3f}, {tdf['theta']['k']}, {tdf['theta']['beta']:g})$ fitted on seeds 0-9: on seeds 10-39 "
-         f"its residual ratio is {ms(hr['td'])} against {ms(hr[runner])} for the runner-up, lower in {n_lower} of {n_head} seeds; it wins {len(td_wins)} of the "
-         f"{len(winners)} cells of the sweep, and fits TD-trained models better than control-trained ones in {n_pos} of {len(zs)} comparisons.\n"
+         f"its residual ratio is {ms(hr['td'])} against {ms(hr[runner])} for the runner-up, lower in {n_lower} of {n_head} seeds; it wins {len(clear)} of the "
+         f"{len(winners)} cells of the sweep by more than two standard errors, and fits TD-trained models better than control-trained ones in {n_pos} of {len(zs)} comparisons.\n"
          f"2. **The layers.** In {anat['one_uniform_layer']} of 10 seeds one layer keeps uniform attention and writes a state-blind baseline; this happens at "
          f"$\\gamma = 0.9$, and rarely at the other discounts measured ({uniform_other}; "
          f"in at most {max(c['one_uniform'] for c in gap_claims.values() if c['gamma'] == 0.5)} of 10 seeds at $\\gamma = 0.5$). The sign pattern lives in the last *selective* layer.\n"
@@ -1949,6 +1957,7 @@ for j in (20, 77):
     e = torch.zeros_like(flat0); e[j] = 1e-6
     fd = (update_jacobian(_with_flat(jm, flat0 + e), jt)[0] - update_jacobian(_with_flat(jm, flat0 - e), jt)[0]) / 2e-6
     test_close(J0[:, j], fd, eps=1e-6)
+
 
 # %% [markdown]
 # ## Implementation: the contest
@@ -2091,7 +2100,6 @@ for _name in ("td", "lookahead", "ce", "v_pi"):
     _th, _vals = candidate_grid(_name, EMERGENCE, _tk, _sk)
     for _j in (0, len(_th) - 1): test_close(candidate_values_at(_name, EMERGENCE, _tk, _sk, _j), _vals[_j], eps=1e-12)
 
-
 # %%
 #| export
 RUN_SUMS = ("Syy", "Syp", "Spp", "Lmm", "Lmy", "Lmp", "Lpp", "B", "msve")   # per-run sums (S: of d-weighted centred values; L: of task means; y the model, p v_pi, m the level regressor R-bar/(1-gamma))
@@ -2231,7 +2239,6 @@ ratio39 = ((t39.d_pi * (cen(y39, t39) - cen(p39, t39)) ** 2).sum() / (t39.d_pi *
 test_close(ratio39, hr["td"][head["td"]["seeds"].index(39)].item(), eps=1e-9)
 algo, c39.seed, round(ratio39, 3)
 
-
 # %% [markdown]
 # ### A test-time intervention: shift every reward
 #
@@ -2251,6 +2258,7 @@ Markdown(f"**Prediction** (constants fitted on seeds 0 to 9, shift $c = {shift:g
          f"{shift * (head['v_pi']['fits'][0]['level'] + head['v_pi']['fits'][0]['scale'] * (1 - EMERGENCE.gamma) / (1 - min(head['v_pi']['fits'][0]['theta']['gamma_factor'] * EMERGENCE.gamma, 0.995))) / (1 - EMERGENCE.gamma):.3f}. "
          f"The other candidates' shifts are computed from their fitted forms on the same prompts. The measurement is on the ten models of seeds 10 to 19, "
          f"128 held-out tasks each, with rewards $R + c$ in the prompt (the Bayes candidate is left out: its prior does not allow a shifted reward).")
+
 
 # %%
 #| code-fold: true
@@ -2284,7 +2292,6 @@ Markdown(f"**Measurement.** The models' values move by {ms(shift_t['model'])} ag
          f"(computed: {ms(shift_t['td'])}); the candidate closest to the models' shift is {CONTEST_NAMES[closest]}. The shape moves too, by a share "
          f"{torch.tensor(shape_change).mean():.3f} of its own centred variance, so the models are not exactly linear in the rewards outside their training range "
          f"($R + c$ reaches {1 + shift:g}).")
-
 
 # %%
 #| hide
