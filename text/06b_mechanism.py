@@ -202,7 +202,7 @@ Markdown(f"The winner is lower than the runner-up in {n_lower} of {n_head} seeds
 # %%
 #| code-fold: true
 #| label: fig-contest-phase
-#| fig-cap: "Figure 6b.1. The contest's phase diagram. Left: the winning candidate in each cell of depth against training objective (colour; hatched where the paired margin over the runner-up is under two standard errors), with the residual ratio of level + TD iterates and, below it, that of the best other candidate (mean over ten seeds, forty in the headline cell, each scored with constants fitted on the other seeds). Right: the number of TD iterates k the winner's fit uses, against the model's depth, per objective; the dashed line is k = L."
+#| fig-cap: "Figure 6b.1. The contest's phase diagram. Left: the winning candidate in each cell of depth against training objective (colour; hatched where the paired margin over the runner-up is under two standard errors), with the residual ratio of level + TD iterates and, below it, that of the best other candidate (mean over ten seeds, forty in the headline cell, each scored with constants fitted on the other seeds). Right: the number of TD iterates k that the level + TD iterates fit uses (on all seeds of the cell), against the model's depth, per objective; the dashed line is k = L."
 #| fig-alt: "Left, a four by four grid of coloured squares, rows the objectives td, mc, supervised and td-independent, columns the depths 2, 3, 4 and 6, each square labelled with two residual ratios. Right, the fitted number of TD iterates against depth, one line per objective, with the diagonal k = L dashed."
 names = list(CONTEST_GRIDS)
 colours = dict(zip(names, OKABE_ITO))
@@ -224,7 +224,7 @@ for o, marker in zip(CONTEST_OBJECTIVES, "osD^"):
     Ls = [L for L in CONTEST_DEPTHS if f"{o}, L = {L}" in k_fit]
     bx.plot(Ls, [k_fit[f"{o}, L = {L}"]["k"] for L in Ls], marker=marker, label=o)
 bx.plot(CONTEST_DEPTHS, CONTEST_DEPTHS, "k--", lw=0.8, label="k = L")
-bx.set(xlabel="depth L of the trained model", ylabel="fitted TD iterates k", xticks=CONTEST_DEPTHS, title="the winner's k")
+bx.set(xlabel="depth L of the trained model", ylabel="fitted TD iterates k", xticks=CONTEST_DEPTHS, title="k of the level + TD iterates fit")
 bx.legend(fontsize=8); fig.tight_layout()
 
 # %% [markdown]
