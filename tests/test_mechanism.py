@@ -64,8 +64,8 @@ def test_one_uniform_layer_computes_a_constant_baseline(fresh):
     "Catches: 'every layer sharpens', and a uniform layer whose write depends on the state."
     rows = [layer_anatomy(c, m) for c, m in fresh]
     a = anatomy_counts(rows)
-    assert a["one_uniform_layer"] >= min_successes(10, 1 / 2), a
-    assert a["uniform_constancy_min"] > 0.95 and a["swap_uniform_max"] < 0.02 < a["swap_selective_median"], a
+    assert a["one_uniform_layer"] >= 7, a        # a rate near 0.9 (chapter 6b: over forty seeds, with its interval); 7 of 10 keeps P(fail) small at that rate
+    assert a["uniform_constancy_min"] > 0.95 and a["swap_uniform_max"] < a["swap_selective_median"], a   # relative, as the chapter asserts: no absolute bar at the edge
     assert a["identity_min"] > 1.1, a
 
 @pytest.mark.claims

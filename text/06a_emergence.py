@@ -579,8 +579,11 @@ Markdown(f"Two predictors beat the trained model ({comparison['trained'].mean():
 # * **Claim 6a.1.** The trained model beats the context-mean predictor in at least $k_{1/2} = 9$ of 10
 #   seeds (the chance level of one beating the other is taken as $1/2$); against the tuned $\theta^*$ of
 #   the same depth we claim nothing either way, and report the count.
-# * **Claim 6a.2.** In layers $2, \dots, L$ the kernel diagonality rises: the mean rise over seeds
-#   exceeds two standard errors.
+# * **Claim 6a.2.** The kernel diagonality rises during training in the layers taken together: the mean rise
+#   over seeds of the mean diagonality of layers $2, \dots, L$ exceeds two standard errors. (An earlier version claimed
+#   the rise in each of layers 2 and 3 separately; that fails on other seeds, z = 1.84 for one layer on ten unseen
+#   seeds, because which layer stays uniform varies from seed to seed, so no claim about a fixed layer position can
+#   hold; chapter 6b measures the uniform layer's position over forty seeds.)
 # * **Claim 6a.3.** The last *selective* layer (the last layer whose final diagonality exceeds
 #   `UNIFORM_BELOW` $= 0.2$, twice the uniform level $1/s$) shows the sign pattern $(+, +, -)$ in at
 #   least $k_{1/2} = 9$ of 10 seeds (chance level $1/2$, see above); the plain last layer's count is
@@ -610,6 +613,13 @@ headline_evidence = emergence_claims(runs, comparison)
 record_claim("headline", f"Over {headline_evidence['n_seeds']} seeds of TD pretraining (d = {config.d} {config.features} features, n = {config.n}, L = {config.n_layers}) the last selective layer shows the TD sign pattern $(+, +, -)$ in {headline_evidence['last_selective_pattern']} seeds and the model beats the context-mean predictor in {headline_evidence['beats_context_mean']} (bar {headline_evidence['k_half']}); it beats the tuned $\\theta^*$ in {headline_evidence['beats_theta_star']}.",
              "measured", "emergence", "#the-headline-experiment-over-seeds")
 headline_evidence
+
+# %%
+pooled_rise = (lambda d: (d[:, -1, 1:] - d[:, 0, 1:]).mean(-1))(stack_history(runs, "diagonality"))   # Claim 6a.2: layers 2..L taken together
+z_rise = (mean_se(pooled_rise)[0] / mean_se(pooled_rise)[1]).item()
+assert z_rise > 2, z_rise
+Markdown(f"Claim 6a.2's statistic: the mean diagonality of layers 2 to {config.n_layers} rises by {pooled_rise.mean():.3f} ± {mean_se(pooled_rise)[1].item():.3f} "
+         f"over training (z = {z_rise:.1f}).")
 
 # %% [markdown]
 # In words, generated from the runs above:
@@ -664,8 +674,10 @@ plot_blocks(runs);
 #   model is *forced* towards the TD ratio $a_{v'} / a_v = -\gamma$, where separate layers are not.
 #
 # To fit the book's time budget the ablations train for 500 steps, a quarter of the headline run,
-# and the context lengths are $n = 10$ and $30$; a slower setting, run when the book is executed with
-# the `slow` flag, restores the headline's length and adds $n = 100, 300$ and a shared depth of $L = 16$.
+# and the context lengths are $n = 10$ and $30$. The `#| slow` cell below holds a slower setting (the headline's
+# length, $n = 100, 300$ and a shared depth of $L = 16$), but it is not executed when the book is built, and no number
+# on this page comes from it; full-length runs at $n = 300$ and at other discounts are in chapter 6b's gap map, read
+# from saved files.
 
 # %%
 run_cache = tempfile.mkdtemp()  # the base setting is shared by three ablations: train it once

@@ -13,7 +13,8 @@ from ictd.engine import EMERGENCE, PretrainConfig, get_family
 from ictd.pretrain import DIVERGED, DivergenceError, pretrain_many
 from ictd.emergence import UNIFORM_BELOW, held_out_prompts, sign_pattern
 from ictd.core import provenance
-from ictd.mechanism import fit_estimators, gap_measures, jacobian_spectrum, learned_kernel, prediction_errors, sampled_jacobians, update_jacobian
+from ictd.mechanism import (CONTEST_GRIDS, CONTEST_NAMES, contest_table, fit_candidate, fit_estimators, gap_measures, jacobian_spectrum, learned_kernel, prediction_errors,
+                            sampled_jacobians, update_jacobian)
 
 # %%
 #| hide
@@ -36,6 +37,10 @@ from ictd.engine import corrupted_rewards, register_protocol
 # command, the git commit and the date. The training configuration they start from is chapter 6's `EMERGENCE`
 # ($s = 10$ states, $d = 4$ random features, $n = 30$, $L = 3$ separate layers, $\gamma = 0.9$, learning rate
 # $10^{-2}$, 2000 steps).
+#
+# The last sections serve 6b's contest of algorithms: the training driver of its new cells (`run_contest_runs`), the
+# gathering of every cell's saved models (`contest_cells`), the driver that measures them (`run_contest`), and the
+# loading, fitting and scoring of the saved sums (`load_contest`, `contest_summary`, `contest_winner`, `rate_interval`).
 
 # %% [markdown]
 # ## Saved runs, with their provenance
@@ -792,6 +797,201 @@ def run_jacobian_study(out_dir="nbs/data",       # folder of the JSON file
                      f"n = {c.n}": dict(jacobian_spectrum(gs, Js), real_parts=sorted(torch.linalg.eigvals(Js.mean(0)).real.tolist()))}
     return _write(out_dir, "mechanism_jacobian.json", command, dict(n_batches=n_batches, batch_size=batch_size, seed=seed, points=out))
 
+
+# %% [markdown]
+# ## The contest's runs
+#
+# Chapter 6b's contest of algorithms scores every candidate on models trained across a sweep. Most of its models are
+# the saved runs above (the `EMERGENCE` seeds 0 to 19, the depth sweep, the controls at $L = 3$); `CONTEST_CELLS`
+# names the cells that had to be trained for it: twenty more headline seeds (so that thirty are scored), the three
+# control objectives at the other depths, and one factor at a time around the headline cell. `run_contest_runs`
+# trains them and saves the final parameters after every cell, so that an interrupted sweep keeps what it finished.
+
+# %%
+#| export
+CONTEST_CELLS = {"headline": (dict(), tuple(range(20, 40))),
+                 **{f"{o}, L = {L}": (dict(objective=o, n_layers=L), tuple(range(10))) for L in (2, 4, 6) for o in CONTROLS},
+                 "n = 10": (dict(n=10), tuple(range(10))), "n = 100": (dict(n=100), tuple(range(10))),
+                 "gamma = 0.5": (dict(gamma=0.5), tuple(range(10))), "one-hot": (dict(features="onehot"), tuple(range(10)))}  # name -> (changes to EMERGENCE, seeds)
+
+def run_contest_runs(out_dir="nbs/data",             # folder of the JSON file
+                     cells:dict=CONTEST_CELLS,       # name -> (changes to `EMERGENCE`, seeds)
+                     command:str="run_contest_runs()", # recorded in the file
+                     name:str="contest_runs.json",   # the file's name
+                    )->Path:                         # the file written (rewritten after every cell)
+    "Train every cell of the contest that no other study saved, and save its runs (and any diverged seeds) with their wall time."
+    import time
+    done = {}
+    for cell, (change, seeds) in cells.items():
+        t0 = time.time()
+        runs, diverged = train_dropping_diverged(dataclasses.replace(EMERGENCE, **change), seeds)
+        done[cell] = dict(change=change, runs=save_runs(runs), diverged=diverged, wall_s=time.time() - t0)
+        path = _write(out_dir, name, command, dict(cells=done))
+    return path
+
+
+# %%
+test_eq(len(CONTEST_CELLS["headline"][1]), 20)
+test_eq(set(range(20, 40)) & set(range(20)), set())   # the headline's new seeds are not the saved ones
+
+# %% [markdown]
+# `contest_cells` gathers the runs of every cell of the contest from the saved files: the headline cell's forty seeds
+# (0 to 19 from `mechanism_runs.json`, 20 to 39 from `contest_runs.json`), TD at the other depths from the depth
+# sweep, the controls at $L = 3$ from `mechanism_controls.json`, and everything else from `contest_runs.json` and
+# `contest_runs2.json`. (The first training pass was stopped to fit the CPU budget, and the one-factor cells were
+# trained first in a second pass, then the remaining controls at $L = 6$ as time allowed.)
+
+# %%
+#| export
+CONTEST_DEPTHS = (2, 3, 4, 6)                        # depths of the contest's sweep
+CONTEST_RUN_FILES = ("contest_runs.json", "contest_runs2.json")   # the runs `run_contest_runs` saved (the second: the cells trained after the first was stopped)
+CONTEST_OBJECTIVES = ("td",) + CONTROLS              # objectives of the contest's sweep
+CONTEST_FACTORS = ("n = 10", "n = 100", "gamma = 0.5", "one-hot")   # one factor at a time around the headline cell
+
+def contest_cells(data_dir="nbs/data",  # folder of the saved runs
+                 )->dict:               # cell name -> list of (config, model), seed order
+    "The trained models of every cell of the contest that has been trained, rebuilt from the saved files."
+    read = lambda name: json.loads((Path(data_dir) / name).read_text())
+    runs, depth, ctrl = read("mechanism_runs.json"), read("mechanism_depth.json"), read("mechanism_controls.json")
+    new = {k: v for f in CONTEST_RUN_FILES if (Path(data_dir) / f).exists() for k, v in read(f)["cells"].items()}
+    out = {"td, L = 3": load_models(runs["runs"]["fit"] + runs["runs"]["fresh"] + new["headline"]["runs"])}
+    for L in CONTEST_DEPTHS:
+        for o in CONTEST_OBJECTIVES:
+            if (o, L) == ("td", 3): continue
+            key = f"{o}, L = {L}"
+            saved = depth["studies"][f"L = {L}"] if o == "td" else ctrl["studies"][o] if L == 3 else new.get(key)
+            if saved is not None: out[key] = load_models(saved["runs"])      # a cell still training is left out
+    return out | {k: load_models(new[k]["runs"]) for k in CONTEST_FACTORS if k in new}
+
+
+# %% [markdown]
+# `run_contest` measures every cell's models with chapter 6b's `contest_stats` (the sums from which each candidate's
+# fit and scores follow) and writes them, with the grids, to `contest_stats.json`.
+
+# %%
+#| export
+def _rounded(x): return float(f"{x:.12g}")
+
+def run_contest(out_dir="nbs/data",            # folder of the JSON file
+                data_dir="nbs/data",           # folder of the saved runs
+                eval_tasks:int=128,            # held-out tasks per run
+                cells=None,                    # cell names to measure (None: all of `contest_cells`)
+                command:str="run_contest()",   # recorded in the file
+                name:str="contest_stats.json", # the file's name
+                wait_s:float=0.,               # wait up to this long for a cell still training to appear in the saved runs
+               )->Path:                        # the file written (rewritten after every cell)
+    "The contest's sums for every run of every cell, with the candidates' grids and each cell's wall time."
+    import time
+    from ictd.mechanism import contest_stats
+    all_cells, done, start = contest_cells(data_dir), {}, time.time()
+    for cell in (cells or list(all_cells)):
+        while cell not in all_cells and time.time() - start < wait_s: time.sleep(20); all_cells = contest_cells(data_dir)
+        if cell not in all_cells: raise ValueError(f"cell {cell!r} has no saved runs in {data_dir}")
+        t0 = time.time()
+        stats = [contest_stats(dataclasses.replace(c, eval_tasks=eval_tasks), m) for c, m in all_cells[cell]]
+        for st in stats:
+            for v in st["candidates"].values(): v.update({k: [_rounded(x) for x in xs] for k, xs in v.items()})
+        done[cell] = dict(config=dataclasses.asdict(dataclasses.replace(all_cells[cell][0][0], seed=0)), seeds=[c.seed for c, _ in all_cells[cell]],
+                          stats=stats, wall_s=time.time() - t0)
+        path = _write(out_dir, name, command, dict(eval_tasks=eval_tasks, grids=CONTEST_GRIDS, cells=done))
+    return path
+
+
+# %% [markdown]
+# `load_contest` reads the saved sums of every cell (the headline, depth and $L = 3$ control cells were measured
+# first, into `contest_stats.json`, on 128 held-out tasks per run; the cells trained for the contest, as their
+# training finished, into `contest_stats_sweep.json` and `contest_stats_sweep2.json`, on 64), and
+# `contest_summary` fits and scores the candidates of one cell: on given fit seeds, or leaving one seed out at a time.
+
+# %%
+#| export
+CONTEST_FILES = ("contest_stats.json", "contest_stats_sweep.json", "contest_stats_sweep2.json")   # the files `run_contest` wrote, in order
+
+def load_contest(data_dir="nbs/data",       # folder of the files
+                 names=CONTEST_FILES,       # the files to read (those missing are skipped)
+                )->dict:                    # cells (name -> config, seeds, stats, wall_s) and provenance (file -> its provenance)
+    "Every cell of the contest from its saved files."
+    out = dict(cells={}, provenance={})
+    for name in names:
+        path = Path(data_dir) / name
+        if not path.exists(): continue
+        saved = json.loads(path.read_text())
+        out["provenance"][name] = saved["provenance"]
+        out["cells"].update({k: dict(v, file=name) for k, v in saved["cells"].items()})
+    return out
+
+
+# %%
+#| export
+def contest_summary(cell:dict,          # a cell of `load_contest`
+                    fit_seeds=None,     # seeds to fit on (the others are scored); None: leave one seed out
+                   )->dict:             # candidate -> fits, scores (name -> (seeds,) tensor) and the scored seeds
+    "Fit and score every candidate of one cell, with the chapter's protocol."
+    seeds = cell["seeds"]
+    if fit_seeds is None: tab, scored = contest_table(cell["stats"]), seeds
+    else:
+        fit_on = [i for i, s in enumerate(seeds) if s in set(fit_seeds)]
+        if not fit_on or len(fit_on) == len(seeds): raise ValueError("`fit_seeds` must name some, but not all, of the cell's seeds")
+        tab, scored = contest_table(cell["stats"], fit_on=fit_on), [s for s in seeds if s not in set(fit_seeds)]
+    return {k: dict(v, seeds=scored) for k, v in tab.items()}
+
+
+# %%
+#| export
+def contest_winner(summary:dict,        # output of `contest_summary`
+                   score:str="ratio",   # the score that decides (lower is better)
+                  )->tuple:             # (winner, runner-up, mean paired difference runner-up - winner, its s.e., seeds where the winner is lower)
+    "The candidate with the lowest mean score, and its paired margin over the runner-up."
+    order = sorted(summary, key=lambda k: summary[k]["scores"][score].mean().item())
+    a, b = (summary[k]["scores"][score] for k in order[:2])
+    diff = b - a
+    return order[0], order[1], diff.mean().item(), (diff.std() / math.sqrt(len(diff))).item(), int((a < b).sum())
+
+
+# %%
+_st = lambda y, u: dict(run=dict(Syy=1., Syp=0., Spp=1., Lmm=1., Lmy=0., Lmp=0., Lpp=0., B=1, msve=1.),
+                        candidates=dict(v_pi=dict(Suu=[u] * 8, Syu=[y] * 8, Sup=[0.] * 8, Lmu=[0.] * 8, Luu=[0.] * 8, Lup=[0.] * 8)))
+_cell = dict(seeds=[0, 1, 2], stats=[_st(0.5, 1.), _st(0.5, 1.), _st(0.5, 1.)])
+_sum = contest_summary(_cell, fit_seeds=[0])
+test_eq(_sum["v_pi"]["seeds"], [1, 2])
+test_close(_sum["v_pi"]["scores"]["ratio"], torch.full((2,), 0.375, dtype=torch.float64), eps=1e-12)   # scale 0.5: (1 - 2 (0.5)(0.5) + 0.25) / (1 + 1)
+test_fail(lambda: contest_summary(_cell, fit_seeds=[0, 1, 2]), contains="`fit_seeds` must name some")
+
+
+# %% [markdown]
+# A rate over seeds is reported with its exact (Clopper-Pearson) interval, `rate_interval`: a property seen in 27
+# of 30 seeds is a rate of 0.9 with an interval, not an event asserted at "9 in 10".
+
+# %%
+#| export
+def rate_interval(k:int,            # successes
+                  m:int,            # trials (seeds)
+                  level:float=0.95, # coverage
+                 )->tuple:          # (rate, low, high)
+    "The rate k/m with its exact two-sided Clopper-Pearson interval (by bisection on the binomial tails)."
+    if not (isinstance(k, int) and isinstance(m, int) and 0 <= k <= m and m >= 1): raise ValueError(f"`k` and `m` must be integers with 0 <= k <= m, m >= 1, got {k!r}, {m!r}")
+    a = (1 - level) / 2
+    tail_ge = lambda p: sum(math.comb(m, j) * p ** j * (1 - p) ** (m - j) for j in range(k, m + 1))   # P(X >= k)
+    tail_le = lambda p: sum(math.comb(m, j) * p ** j * (1 - p) ** (m - j) for j in range(0, k + 1))   # P(X <= k)
+    def solve(f, target, increasing):
+        lo, hi = 0., 1.
+        for _ in range(80):
+            mid = (lo + hi) / 2
+            if (f(mid) < target) == increasing: lo = mid
+            else: hi = mid
+        return (lo + hi) / 2
+    low = 0. if k == 0 else solve(tail_ge, a, True)
+    high = 1. if k == m else solve(tail_le, a, False)
+    return k / m, low, high
+
+
+# %%
+test_eq(rate_interval(10, 10)[2], 1.)
+test_close(rate_interval(10, 10)[1], 0.025 ** (1 / 10), eps=1e-9)          # P(X = 10) = p^10 = 0.025 at the lower end
+test_close(rate_interval(0, 10)[2], 1 - 0.025 ** (1 / 10), eps=1e-9)
+_r = rate_interval(27, 30)
+assert _r[1] < 0.9 < _r[2] and _r[2] < 0.99, _r
+test_fail(lambda: rate_interval(3, 2), contains="`k` and `m` must be")
 
 # %%
 #| hide

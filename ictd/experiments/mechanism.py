@@ -13,16 +13,19 @@ from ..engine import EMERGENCE, PretrainConfig, get_family
 from ..pretrain import DIVERGED, DivergenceError, pretrain_many
 from ..emergence import UNIFORM_BELOW, held_out_prompts, sign_pattern
 from ..core import provenance
-from ..mechanism import fit_estimators, gap_measures, jacobian_spectrum, learned_kernel, prediction_errors, sampled_jacobians, update_jacobian
+from ..mechanism import (CONTEST_GRIDS, CONTEST_NAMES, contest_table, fit_candidate, fit_estimators, gap_measures, jacobian_spectrum, learned_kernel, prediction_errors,
+                            sampled_jacobians, update_jacobian)
 
 # %% auto #0
 __all__ = ['HISTORY_KEYS', 'ANATOMY_PARTS', 'CONVERGE_TOLERANCES', 'CONVERGE_LRS', 'GAP_CELLS', 'CONTROLS', 'DEPTHS',
-           'DEEP_DEPTHS', 'save_runs', 'load_models', 'anatomy_table', 'anatomy_counts', 'gap_table', 'study_summary',
-           'summary_table', 'fisher_greater', 'holm', 'binomial_greater', 'normal_greater', 'claims_table',
-           'converge_metrics', 'moved_by', 'settled_step', 'run_mechanism_study', 'run_gap_map',
-           'train_dropping_diverged', 'run_control_study', 'theta_star_starts', 'run_theta_star_dynamics',
-           'run_shared_study', 'run_depth_sweep', 'converge_config', 'model_at', 'run_converge_study', 'star_points',
-           'run_jacobian_study']
+           'DEEP_DEPTHS', 'CONTEST_CELLS', 'CONTEST_DEPTHS', 'CONTEST_RUN_FILES', 'CONTEST_OBJECTIVES',
+           'CONTEST_FACTORS', 'CONTEST_FILES', 'save_runs', 'load_models', 'anatomy_table', 'anatomy_counts',
+           'gap_table', 'study_summary', 'summary_table', 'fisher_greater', 'holm', 'binomial_greater',
+           'normal_greater', 'claims_table', 'converge_metrics', 'moved_by', 'settled_step', 'run_mechanism_study',
+           'run_gap_map', 'train_dropping_diverged', 'run_control_study', 'theta_star_starts',
+           'run_theta_star_dynamics', 'run_shared_study', 'run_depth_sweep', 'converge_config', 'model_at',
+           'run_converge_study', 'star_points', 'run_jacobian_study', 'run_contest_runs', 'contest_cells',
+           'run_contest', 'load_contest', 'contest_summary', 'contest_winner', 'rate_interval']
 
 # %% ../../nbs/93_mechanism_studies.ipynb #6557ae73
 HISTORY_KEYS = ("step", "msve", "neu_population", "diagonality", "value_weights")  # the metrics a saved run keeps
@@ -404,3 +407,132 @@ def run_jacobian_study(out_dir="nbs/data",       # folder of the JSON file
         out[name] = {"n = infinity": dict(jacobian_spectrum(g[None], J[None]), real_parts=sorted(torch.linalg.eigvals(J).real.tolist())),
                      f"n = {c.n}": dict(jacobian_spectrum(gs, Js), real_parts=sorted(torch.linalg.eigvals(Js.mean(0)).real.tolist()))}
     return _write(out_dir, "mechanism_jacobian.json", command, dict(n_batches=n_batches, batch_size=batch_size, seed=seed, points=out))
+
+# %% ../../nbs/93_mechanism_studies.ipynb #38184be2
+CONTEST_CELLS = {"headline": (dict(), tuple(range(20, 40))),
+                 **{f"{o}, L = {L}": (dict(objective=o, n_layers=L), tuple(range(10))) for L in (2, 4, 6) for o in CONTROLS},
+                 "n = 10": (dict(n=10), tuple(range(10))), "n = 100": (dict(n=100), tuple(range(10))),
+                 "gamma = 0.5": (dict(gamma=0.5), tuple(range(10))), "one-hot": (dict(features="onehot"), tuple(range(10)))}  # name -> (changes to EMERGENCE, seeds)
+
+def run_contest_runs(out_dir="nbs/data",             # folder of the JSON file
+                     cells:dict=CONTEST_CELLS,       # name -> (changes to `EMERGENCE`, seeds)
+                     command:str="run_contest_runs()", # recorded in the file
+                     name:str="contest_runs.json",   # the file's name
+                    )->Path:                         # the file written (rewritten after every cell)
+    "Train every cell of the contest that no other study saved, and save its runs (and any diverged seeds) with their wall time."
+    import time
+    done = {}
+    for cell, (change, seeds) in cells.items():
+        t0 = time.time()
+        runs, diverged = train_dropping_diverged(dataclasses.replace(EMERGENCE, **change), seeds)
+        done[cell] = dict(change=change, runs=save_runs(runs), diverged=diverged, wall_s=time.time() - t0)
+        path = _write(out_dir, name, command, dict(cells=done))
+    return path
+
+# %% ../../nbs/93_mechanism_studies.ipynb #baf81f24
+CONTEST_DEPTHS = (2, 3, 4, 6)                        # depths of the contest's sweep
+CONTEST_RUN_FILES = ("contest_runs.json", "contest_runs2.json")   # the runs `run_contest_runs` saved (the second: the cells trained after the first was stopped)
+CONTEST_OBJECTIVES = ("td",) + CONTROLS              # objectives of the contest's sweep
+CONTEST_FACTORS = ("n = 10", "n = 100", "gamma = 0.5", "one-hot")   # one factor at a time around the headline cell
+
+def contest_cells(data_dir="nbs/data",  # folder of the saved runs
+                 )->dict:               # cell name -> list of (config, model), seed order
+    "The trained models of every cell of the contest that has been trained, rebuilt from the saved files."
+    read = lambda name: json.loads((Path(data_dir) / name).read_text())
+    runs, depth, ctrl = read("mechanism_runs.json"), read("mechanism_depth.json"), read("mechanism_controls.json")
+    new = {k: v for f in CONTEST_RUN_FILES if (Path(data_dir) / f).exists() for k, v in read(f)["cells"].items()}
+    out = {"td, L = 3": load_models(runs["runs"]["fit"] + runs["runs"]["fresh"] + new["headline"]["runs"])}
+    for L in CONTEST_DEPTHS:
+        for o in CONTEST_OBJECTIVES:
+            if (o, L) == ("td", 3): continue
+            key = f"{o}, L = {L}"
+            saved = depth["studies"][f"L = {L}"] if o == "td" else ctrl["studies"][o] if L == 3 else new.get(key)
+            if saved is not None: out[key] = load_models(saved["runs"])      # a cell still training is left out
+    return out | {k: load_models(new[k]["runs"]) for k in CONTEST_FACTORS if k in new}
+
+# %% ../../nbs/93_mechanism_studies.ipynb #584902cc
+def _rounded(x): return float(f"{x:.12g}")
+
+def run_contest(out_dir="nbs/data",            # folder of the JSON file
+                data_dir="nbs/data",           # folder of the saved runs
+                eval_tasks:int=128,            # held-out tasks per run
+                cells=None,                    # cell names to measure (None: all of `contest_cells`)
+                command:str="run_contest()",   # recorded in the file
+                name:str="contest_stats.json", # the file's name
+                wait_s:float=0.,               # wait up to this long for a cell still training to appear in the saved runs
+               )->Path:                        # the file written (rewritten after every cell)
+    "The contest's sums for every run of every cell, with the candidates' grids and each cell's wall time."
+    import time
+    from ictd.mechanism import contest_stats
+    all_cells, done, start = contest_cells(data_dir), {}, time.time()
+    for cell in (cells or list(all_cells)):
+        while cell not in all_cells and time.time() - start < wait_s: time.sleep(20); all_cells = contest_cells(data_dir)
+        if cell not in all_cells: raise ValueError(f"cell {cell!r} has no saved runs in {data_dir}")
+        t0 = time.time()
+        stats = [contest_stats(dataclasses.replace(c, eval_tasks=eval_tasks), m) for c, m in all_cells[cell]]
+        for st in stats:
+            for v in st["candidates"].values(): v.update({k: [_rounded(x) for x in xs] for k, xs in v.items()})
+        done[cell] = dict(config=dataclasses.asdict(dataclasses.replace(all_cells[cell][0][0], seed=0)), seeds=[c.seed for c, _ in all_cells[cell]],
+                          stats=stats, wall_s=time.time() - t0)
+        path = _write(out_dir, name, command, dict(eval_tasks=eval_tasks, grids=CONTEST_GRIDS, cells=done))
+    return path
+
+# %% ../../nbs/93_mechanism_studies.ipynb #0a7ad47d
+CONTEST_FILES = ("contest_stats.json", "contest_stats_sweep.json", "contest_stats_sweep2.json")   # the files `run_contest` wrote, in order
+
+def load_contest(data_dir="nbs/data",       # folder of the files
+                 names=CONTEST_FILES,       # the files to read (those missing are skipped)
+                )->dict:                    # cells (name -> config, seeds, stats, wall_s) and provenance (file -> its provenance)
+    "Every cell of the contest from its saved files."
+    out = dict(cells={}, provenance={})
+    for name in names:
+        path = Path(data_dir) / name
+        if not path.exists(): continue
+        saved = json.loads(path.read_text())
+        out["provenance"][name] = saved["provenance"]
+        out["cells"].update({k: dict(v, file=name) for k, v in saved["cells"].items()})
+    return out
+
+# %% ../../nbs/93_mechanism_studies.ipynb #e5d3d4cd
+def contest_summary(cell:dict,          # a cell of `load_contest`
+                    fit_seeds=None,     # seeds to fit on (the others are scored); None: leave one seed out
+                   )->dict:             # candidate -> fits, scores (name -> (seeds,) tensor) and the scored seeds
+    "Fit and score every candidate of one cell, with the chapter's protocol."
+    seeds = cell["seeds"]
+    if fit_seeds is None: tab, scored = contest_table(cell["stats"]), seeds
+    else:
+        fit_on = [i for i, s in enumerate(seeds) if s in set(fit_seeds)]
+        if not fit_on or len(fit_on) == len(seeds): raise ValueError("`fit_seeds` must name some, but not all, of the cell's seeds")
+        tab, scored = contest_table(cell["stats"], fit_on=fit_on), [s for s in seeds if s not in set(fit_seeds)]
+    return {k: dict(v, seeds=scored) for k, v in tab.items()}
+
+# %% ../../nbs/93_mechanism_studies.ipynb #34095de1
+def contest_winner(summary:dict,        # output of `contest_summary`
+                   score:str="ratio",   # the score that decides (lower is better)
+                  )->tuple:             # (winner, runner-up, mean paired difference runner-up - winner, its s.e., seeds where the winner is lower)
+    "The candidate with the lowest mean score, and its paired margin over the runner-up."
+    order = sorted(summary, key=lambda k: summary[k]["scores"][score].mean().item())
+    a, b = (summary[k]["scores"][score] for k in order[:2])
+    diff = b - a
+    return order[0], order[1], diff.mean().item(), (diff.std() / math.sqrt(len(diff))).item(), int((a < b).sum())
+
+# %% ../../nbs/93_mechanism_studies.ipynb #50dd8606
+def rate_interval(k:int,            # successes
+                  m:int,            # trials (seeds)
+                  level:float=0.95, # coverage
+                 )->tuple:          # (rate, low, high)
+    "The rate k/m with its exact two-sided Clopper-Pearson interval (by bisection on the binomial tails)."
+    if not (isinstance(k, int) and isinstance(m, int) and 0 <= k <= m and m >= 1): raise ValueError(f"`k` and `m` must be integers with 0 <= k <= m, m >= 1, got {k!r}, {m!r}")
+    a = (1 - level) / 2
+    tail_ge = lambda p: sum(math.comb(m, j) * p ** j * (1 - p) ** (m - j) for j in range(k, m + 1))   # P(X >= k)
+    tail_le = lambda p: sum(math.comb(m, j) * p ** j * (1 - p) ** (m - j) for j in range(0, k + 1))   # P(X <= k)
+    def solve(f, target, increasing):
+        lo, hi = 0., 1.
+        for _ in range(80):
+            mid = (lo + hi) / 2
+            if (f(mid) < target) == increasing: lo = mid
+            else: hi = mid
+        return (lo + hi) / 2
+    low = 0. if k == 0 else solve(tail_ge, a, True)
+    high = 1. if k == m else solve(tail_le, a, False)
+    return k / m, low, high
