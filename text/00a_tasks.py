@@ -19,7 +19,6 @@ from ictd.boyan import sample_trajectory
 # %%
 from ictd.core import record_claim
 
-
 # %% [markdown]
 # # Many tasks at once
 # > Random Boyan chains stacked along a batch dimension, and their trajectories sampled in lock-step: the data every experiment of the book averages over.

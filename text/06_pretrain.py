@@ -33,7 +33,7 @@ from IPython.display import Markdown
 from ictd.boyan import MRP
 from ictd.convergence import td_recursion
 from ictd.tasks import stack_tasks
-from ictd.core import record_claim
+from ictd.core import nudge_scale, record_claim
 from ictd.state_tokens import model_params, population_predict
 from ictd.engine import EMERGENCE, held_out_tasks, stationary_sampler
 from ictd.tasks import random_tasks, sample_trajectories, task_pool
@@ -58,10 +58,13 @@ from ictd.tasks import random_tasks, sample_trajectories, task_pool
 # with baselines and ablations, and it supports less than the paper's wording: with three separate
 # layers at $\gamma = 0.9$ (the setting of the paper's experiment as this project reads it), pretraining makes attention more diagonal
 # and beats the state-blind context-mean predictor, but the sign pattern $(+, +, -)$ appears in the last layer
-# in some seeds, not all (no more often than chance), with a weight ratio that is not pinned to $-\gamma$; the full TD update emerges
-# in every seed only where the theory forces it (a short horizon, or one shared layer iterated at
-# depth). The minimiser claim holds in its limit, $n \to \infty$ and then $L \to \infty$; at the
-# depths and context lengths where pretraining is run, $\theta^*$ is not a stationary point.
+# in some seeds, not all, at the emergence run's 2000 steps (a rate, measured over seeds in chapter 6a and after longer
+# training in [chapter 6b](mechanism.html)), with a weight ratio that is not pinned to $-\gamma$; the full TD update
+# emerges in every seed only in the settings measured below (a short horizon, or one shared layer iterated at depth).
+# The minimiser claim holds in its limit, $n \to \infty$ and then $L \to \infty$; at the depths and context lengths
+# where pretraining is run, $\theta^*$ is not a stationary point. What the trained models compute instead is decided in
+# chapter 6b by a contest of algorithms with equal fitted constants: as a function they are best described by a level
+# term plus a few iterates of weighted softmax TD from zero, though their parameters are far from $\theta^*$.
 #
 # *How to read this chapter.* Four lessons, in order: what is trained (the model, the tasks, the TD
 # loss and its semi-gradient, with one example batch); the objective that semi-gradient training
@@ -855,6 +858,8 @@ test_eq(both[0].history["value_weights"].shape, (4, 3, 3))
 
 # %%
 from ictd.engine import corrupted_rewards, register_protocol
+
+# %%
 register_protocol("seed 0 corrupted at step 4", corrupted_rewards([0], 4))
 forced = PretrainConfig(n_tasks=32, eval_tasks=4, n_steps=6, eval_every=3, protocol="seed 0 corrupted at step 4")
 test_fail(lambda: pretrain_many(forced, [0, 1], progress=False), contains="diverged at step 4 with lr = 0.001: seed(s) [0]")
@@ -1379,7 +1384,8 @@ at_star = dataclasses.replace(tiny, n_steps=0, init="theta_star", init_beta=2., 
 star = SoftmaxICTD.from_theta_star(4, 3, 2 * torch.eye(4, dtype=torch.float64), 0.5, 0.9)
 r0, r1 = pretrain_many(at_star, [0], progress=False)[0], pretrain_many(dataclasses.replace(at_star, init_scale=0.01), [0], progress=False)[0]
 for p, q, p1 in zip(r0.model.parameters(), star.parameters(), r1.model.parameters()):
-    assert torch.equal(p, q) and 0.005 < (p1 - p).std() < 0.015
+    assert (torch.equal(p, q) if not nudge_scale() else ((p - q).abs() <= 10 * nudge_scale() * q.abs()).all())   # exactly theta* (up to ICTD_PERTURB's nudge)
+    assert 0.005 < (p1 - p).std() < 0.015
 
 # %% [markdown]
 # ### The plots

@@ -327,7 +327,6 @@ Markdown(f"Best $\\beta$ at $L = {L_BETA}$: " + ", ".join(f"{b:.1f} ($n = {n}$)"
          + f"; fitted exponent {beta_slope:.2f}, 95% bootstrap interval [{beta_ci[0]:.2f}, {beta_ci[1]:.2f}], which "
          + ("contains" if beta_ci[0] <= 1 <= beta_ci[1] else "excludes") + " 1.")
 
-
 # %% [markdown]
 # Whether the exponent's interval contains 1 is stated above. A rough argument [ours] for why the exponent should be near 1: at depth
 # $L$ the kernel learns the harmonics with $\mu_k(\beta) \approx e^{-k^2/2\beta}$ not too small,

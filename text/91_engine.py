@@ -248,7 +248,6 @@ def register_protocol(name:str, protocol:Protocol):
 # %%
 test_fail(lambda: register_protocol("mine", Family(*[print] * 4)), contains="`protocol` must be a Protocol, got Family")
 
-
 # %% [markdown]
 # A lookup of a name not yet registered imports the book's plug-ins first; a name that none of them registers is
 # refused with the names that exist and how a plug-in's names become available:
@@ -450,6 +449,7 @@ for _step in range(4):
     _want = _base.sample(_cfg, _base.data(_cfg, [3, 7], None), _gens(_step), _step, {}).reward
     _got = _forced.sample(_cfg, _forced.data(_cfg, [3, 7], None), _gens(_step), _step, {}).reward
     test_eq(_got, torch.stack([_want[0], _want[1] * (10. if _step >= 2 else 1.)]))
+
 
 # %%
 #| export
