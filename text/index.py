@@ -184,6 +184,7 @@ import torch
 from ictd.boyan import msve, random_boyan_chain, sample_trajectory
 from ictd.wstd import weighted_softmax_td
 
+# %%
 chain = random_boyan_chain(n_states=10, d=4, gamma=0.9, features="onehot", seed=0)
 states, rewards = sample_trajectory(chain, n=400, seed=0)
 n, beta, alpha, L = 200, 5.0, 0.5, 30
@@ -221,6 +222,7 @@ print(f"MSVE after L = {L} layers: {msve(chain, values[n + 1:]):.4g}")
 # %%
 from ictd.boyan import random_boyan_chain, sample_trajectory
 
+# %%
 mrp = random_boyan_chain(n_states=10, d=4, gamma=0.9, seed=0)
 states, rewards = sample_trajectory(mrp, n=30, seed=0)
 mrp, states[:8].tolist(), rewards[:3].tolist()
@@ -244,7 +246,7 @@ mrp, states[:8].tolist(), rewards[:3].tolist()
 fresh_file = next((p for p in (Path("data/fresh_clone.json"), Path("nbs/data/fresh_clone.json")) if p.exists()), None)
 fresh = json.loads(fresh_file.read_text()) if fresh_file else None
 Markdown(f"`make docs` took {fresh['make docs']['seconds'] / 60:.0f} min and `make test` {fresh['make test']['seconds'] / 60:.0f} min "
-         f"(both passed; commit `{fresh['provenance']['commit'][:10]}`, {fresh['provenance']['date'][:10]}, {fresh['provenance']['cpu']}, "
+         f"({'both passed' if fresh['make test']['passed'] else 'make test: ' + fresh['make test']['result']}; commit `{fresh['provenance']['commit'][:10]}`, {fresh['provenance']['date'][:10]}, {fresh['provenance']['cpu']}, "
          f"{fresh['cores']} cores)." if fresh else "Not measured yet on this checkout: `make fresh-clone` measures it.")
 
 # %% [markdown]

@@ -4,7 +4,8 @@ outputs; figures are left to the site), `#| hide` cells left out (what `nbdev_re
 Markdown cells that start with `<!-- site only` left out too (the interactive figure, which needs the site's scripts).
 A figure with a caption (`#| fig-cap:`) is written to `images/figure-K.png` and embedded with its caption; other
 figures are left to the site.
-Links to the book's pages (`boyan.html`) point at their notebooks (`nbs/00_boyan.ipynb`), which
+A code cell with no output and the code cell after it make one snippet, so that a
+snippet carries the imports its notebook keeps in a cell of their own. Links to the book's pages (`boyan.html`) point at their notebooks (`nbs/00_boyan.ipynb`), which
 GitHub renders, so that the README's links work in the repository as well as on the site."""
 import base64, re
 from pathlib import Path
@@ -49,6 +50,7 @@ def readme(nb_path=ROOT / 'nbs' / 'index.ipynb', images=ROOT / 'images'):
     "README.md's text from the front page; its captioned figures are written to `images/` (None: not written)."
     figures = []
     md = '\n\n'.join(filter(None, (cell_md(c, figures) for c in read_nb(nb_path).cells))) + '\n'
+    md = md.replace('\n```\n\n```python\n', '\n\n')   # an import cell and the code after it: one snippet to paste
     if images is not None:
         images.mkdir(exist_ok=True)
         for k, (_, png) in enumerate(figures, 1):
