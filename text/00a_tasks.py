@@ -76,6 +76,12 @@ class TaskBatch:
 # %%
 show_doc(TaskBatch)
 
+# %%
+show_doc(TaskBatch.map)
+
+# %%
+show_doc(TaskBatch.stack)
+
 
 # %% [markdown]
 # `stack_tasks` builds a batch from chains already drawn, one tensor per field with the chains along

@@ -81,9 +81,9 @@ from ictd.control_acting import pair_token_q_iteration
 # ::: {.callout-note collapse="true" title="Proof"}
 # $F(Q) = (I - \alpha M) Q + \alpha M \hat r + \alpha\gamma M \hat P B_\beta(Q)$. Row $y$ of $I - \alpha M$ has
 # absolute sum $|1 - \alpha M(y, y)| + \alpha (1 - M(y, y)) = 1 - \alpha(2 M(y, y) - 1)$ for
-# $\alpha \le 1$; $M$ and $\hat P$ are row-stochastic; and $\lVert B_\beta(Q) \rVert_\infty \le
-# \lVert Q \rVert_\infty$ (a weighted average). So $\lVert F(Q) \rVert_\infty \le (1 - \alpha(2m-1))R_0
-# + \alpha \bar r + \alpha\gamma R_0 = R_0$ on the box: it is invariant. For two points of the box,
+# $\alpha \le 1$; $M$ and $\hat P$ are row-stochastic; and
+# $\lVert B_\beta(Q) \rVert_\infty \le \lVert Q \rVert_\infty$ (a weighted average). So
+# $\lVert F(Q) \rVert_\infty \le (1 - \alpha(2m-1))R_0 + \alpha \bar r + \alpha\gamma R_0 = R_0$ on the box: it is invariant. For two points of the box,
 # $F(Q) - F(Q') = (I - \alpha M)(Q - Q') + \alpha\gamma M \hat P (B_\beta(Q) - B_\beta(Q'))$, and the
 # backup is Lipschitz with constant $c_\beta$ on the box, because the values of one state there spread
 # over at most $2R_0$, so $\sum_a p_a |q_a - B_\beta| \le R_0$ (a mean absolute deviation is at most half
