@@ -419,22 +419,17 @@ def _unseen_mdps(root, n_mdps, n, kind):
     return mdps, list(sample_mdp_trajectories(P, r, n, seed=int(ss_t.generate_state(1)[0])))
 
 
+def _transformer_q(phi, S, A, R):
+    "The constructed Transformer's in-context Q at the headline setting: one-hot pairs, W = 20 I, alpha 1, beta inf, L = 100."
+    return pair_token_q_iteration(phi, S, A, R, 20.0 * torch.eye(30, dtype=F64), alpha=1.0, gamma=0.9, beta=math.inf, n_iters=100)
+
+
 @pytest.mark.claims
 @pytest.mark.parametrize("kind", ["action", "state"])
 def test_acting_reaches_0_9_on_unseen_mdps(kind):
     mdps, (S, A, R) = _unseen_mdps(424242 + (kind == "state"), 100, 3200, kind)
     P, r, phi = (torch.stack([getattr(m, k) for m in mdps]) for k in ("P", "r", "phi"))
-    Q = pair_token_q_iteration(
-        phi,
-        S,
-        A,
-        R,
-        20.0 * torch.eye(30, dtype=F64),
-        alpha=1.0,
-        gamma=0.9,
-        beta=math.inf,
-        n_iters=100,
-    )
+    Q = _transformer_q(phi, S, A, R)
     J = greedy_returns(P, r, 0.9, Q)
     J_star = greedy_returns(P, r, 0.9, torch.stack([q_star(m) for m in mdps]))
     J_unif = torch.tensor([policy_return(m, uniform_policy(m)) for m in mdps], dtype=F64)
@@ -500,17 +495,7 @@ def test_softmax_q_learning_beats_tuned_linear_sarsa_on_unseen_mdps(kind):
     J_star = greedy_returns(P, r, 0.9, torch.stack([q_star(m) for m in mdps]))
     J_unif = torch.tensor([policy_return(m, uniform_policy(m)) for m in mdps], dtype=F64)
     norm = lambda q: ((greedy_returns(P, r, 0.9, q) - J_unif) / (J_star - J_unif)).numpy()
-    Q = pair_token_q_iteration(
-        phi,
-        S,
-        A,
-        R,
-        20.0 * torch.eye(30, dtype=F64),
-        alpha=1.0,
-        gamma=0.9,
-        beta=math.inf,
-        n_iters=100,
-    )
+    Q = _transformer_q(phi, S, A, R)
     x, n = S * 3 + A, R.shape[-1]
     E = torch.nn.functional.one_hot(x[:, :-1], 30).double()
     C = E.mT @ torch.nn.functional.one_hot(x[:, 1:], 30).double()
