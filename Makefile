@@ -7,7 +7,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: docs test test-fast test-perturbed test-other-kernels fresh-clone setup execute sync check-sync export-check clean-check site bench clean
+.PHONY: docs test test-fast screenshots test-perturbed test-other-kernels fresh-clone setup execute sync check-sync export-check clean-check site bench clean
 
 setup: $(STAMP)
 
@@ -39,6 +39,10 @@ docs: execute site
 # figure's data and charting library (nbs/js/, ignored by git; tools/explorable_data.py).
 site: setup
 	$(BIN)/python tools/build_site.py
+
+# The site's browser test again, writing a screenshot of every page at both widths to _docs/_screenshots/ to look at.
+screenshots: setup
+	ICTD_SCREENSHOTS=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q tests/test_site.py -k browser
 
 # Keep the py:percent twins under text/ in step after editing a notebook (or a twin).
 sync: setup

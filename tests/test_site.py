@@ -7,8 +7,9 @@ Markdown is left as text outside code (`](`, `**`, a backtick) nor in `show_doc`
 the console holds no error, no request left `file://`, every internal link (and its `#anchor`) resolves, the
 sidebar lists the chapters in order with their numbers, and a click on a figure enlarges it. Every image has alt
 text (`test_images_have_alt_text`: a figure cell's `fig-alt`, or its `fig-cap`; `ALT_TEXT_REQUIRED = False` would
-make a missing one an xfail). Screenshots (JPEG, the first 8000 px of each page at each
-width) go to `_docs/_screenshots/<page>-<width>.jpg` for a person to look at. The front page's interactive
+make a missing one an xfail). With `ICTD_SCREENSHOTS=1` (`make screenshots`), screenshots (JPEG, the first 8000 px
+of each page at each width) go to `_docs/_screenshots/<page>-<width>.jpg` for a person to look at; `make test` leaves
+them out (they check nothing and took about a third of this test's time). The front page's interactive
 figure: its JavaScript port of weighted softmax TD agrees with `ictd.wstd.weighted_softmax_td` on random contexts,
 and each control redraws the figure with the error the library computes for the new setting. Needs Debian's
 `chromium` (installed by `make setup` when run as root); skipped with a message where no browser can be had."""
@@ -29,6 +30,7 @@ CHROMIUM = Path('/usr/bin/chromium')
 ARGS = ['--no-sandbox', '--disable-gpu', '--disable-background-networking', '--disable-component-update',
         '--disable-sync', '--no-first-run']
 SHOTS = ROOT / '_docs' / '_screenshots'
+SCREENSHOTS = os.environ.get('ICTD_SCREENSHOTS') == '1'   # write them (`make screenshots`)
 
 
 def page_name(nb):
@@ -174,8 +176,9 @@ def check_page(page, html, shot, width, query=None):
         problems += [f'raw Markdown left: ...{info["text"][max(0, m.start() - 30):m.end() + 30]!r}...' for m in RAW_MARKDOWN.finditer(info['text'])][:5]
         problems += [f'raw Markdown in a signature: {t.strip()!r}' for t in info['signatures']][:5]
         problems += [f"image not loaded: {i['src']}" for i in info['images'] if not i['ok']]
-    height = min(page.evaluate('document.documentElement.scrollHeight'), SHOT_HEIGHT)
-    page.screenshot(path=str(shot), full_page=True, clip=dict(x=0, y=0, width=width, height=height), quality=80)
+    if SCREENSHOTS:
+        height = min(page.evaluate('document.documentElement.scrollHeight'), SHOT_HEIGHT)
+        page.screenshot(path=str(shot), full_page=True, clip=dict(x=0, y=0, width=width, height=height), quality=80)
     if info['images'] and width == WIDTHS[0]:  # a click on a figure shows it full-window; Escape closes it
         page.locator('.cell-output-display img').first.click()
         zoomed = page.locator('.figure-zoom img').count()
@@ -229,8 +232,9 @@ def test_site_in_browser(browser, site):
     assert 'cdn.jsdelivr' not in text, 'KaTeX must come from site_libs'
     if build_site.hidden_repo(): assert build_site.hidden_repo() not in text, 'links to a repository that is not public'
     assert 'https://arxiv.org/abs/2605.07333' in text and 'https://arxiv.org/abs/2405.13861' in text, 'links to the two papers'
-    shutil.rmtree(SHOTS, ignore_errors=True)
-    SHOTS.mkdir(parents=True)
+    if SCREENSHOTS:
+        shutil.rmtree(SHOTS, ignore_errors=True)
+        SHOTS.mkdir(parents=True)
     problems, links, ids, sidebars = {p.name: [] for p in pages}, {}, {}, {}
     query = json.loads((site / 'search.json').read_text())[-1]['title'].split()[-1]  # a word of a page's title
     for width in WIDTHS:
