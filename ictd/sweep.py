@@ -9,15 +9,15 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 import torch
 from tqdm.auto import tqdm
-from .core import OKABE_ITO, atomic_savefig, atomic_write_text, check_seeds, check_type, jsonable, provenance
+from .core import OKABE_ITO, plain_log_ticks, atomic_savefig, atomic_write_text, check_seeds, check_type, jsonable, provenance
 from .engine import PretrainConfig
 from .pretrain import pretrain_many, run_folder
 
 # %% auto #0
-__all__ = ['SPEC_KEYS', 'SETTINGS', 'ENGINES', 'load_spec', 'parse_seeds', 'seed_text', 'SweepCell', 'sweep_axes', 'grid_cells',
-           'expand_spec', 'cell_label', 'run_cell', 'run_sweep', 'sweep_table', 'markdown_table', 'csv_text',
-           'plot_sweep', 'write_sweep', 'start_client', 'task_overhead', 'installed_mb', 'measure_overheads',
-           'overhead_report']
+__all__ = ['SPEC_KEYS', 'SETTINGS', 'NAMES', 'ENGINES', 'load_spec', 'parse_seeds', 'seed_text', 'SweepCell', 'sweep_axes',
+           'grid_cells', 'expand_spec', 'cell_label', 'run_cell', 'run_sweep', 'sweep_table', 'markdown_table',
+           'csv_text', 'plot_sweep', 'write_sweep', 'start_client', 'stop_client', 'task_overhead', 'installed_mb',
+           'measure_overheads', 'overhead_report']
 
 # %% ../nbs/96_sweep.ipynb #1e20e2ec
 SPEC_KEYS = ("name", "seeds", "base", "grid", "plot")           # the top-level keys of a spec
@@ -189,6 +189,9 @@ def _as_axis(values:list)->tuple:
     numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
     return (list(values) if numbers else list(range(len(values)))), [str(v) for v in values], numbers
 
+NAMES = dict(n_layers="depth L", n="context length n", gamma="discount factor", lr="learning rate", objective="objective", features="features",
+             msve="held-out MSVE", neu="NEU at the training n", neu_population="NEU at n = infinity", loss="training loss")   # axis titles
+
 def plot_sweep(spec:dict,    # the spec (its grids and `[plot]` table: `x`, `metric`)
                cells:list,   # its cells
                records:list, # their records
@@ -199,23 +202,28 @@ def plot_sweep(spec:dict,    # the spec (its grids and `[plot]` table: `x`, `met
     metric, want_x = opts.get("metric", "msve"), opts.get("x")
     by_config = {c.config: r for c, r in zip(cells, records)}
     grids = [g for g in _grids(spec) if any(k != "seeds" for k in g)]
-    fig, axs = plt.subplots(1, len(grids), figsize=(4.6 * len(grids), 3.6), squeeze=False)
-    for ax, g in zip(axs[0], grids):
+    cols = min(2, len(grids)); rows = math.ceil(len(grids) / cols)        # two panels a row, readable at page width
+    fig, axs = plt.subplots(rows, cols, figsize=(4.8 * cols, 3.6 * rows), squeeze=False)
+    for ax in axs.flat[len(grids):]: ax.remove()
+    for ax, g in zip(axs.flat, grids):
         axes = [k for k in g if k != "seeds"]
         x = want_x if want_x in axes else axes[0]
         others = [k for k in axes if k != x]
         pos, labels, numeric = _as_axis(g[x])
-        for j, combo in enumerate(itertools.product(*(g[k] for k in others))):
+        combos = list(itertools.product(*(g[k] for k in others)))
+        width = 0.04 * ((max(pos) - min(pos)) or 1)              # lines side by side at each value, so that their error bars stay apart
+        for j, combo in enumerate(combos):
             fixed = dict(zip(others, combo))
             ys = []
             for v in g[x]:
                 per_seed = torch.tensor(by_config[PretrainConfig(**(spec.get("base", {}) | fixed | {x: v}))]["final"][metric], dtype=torch.float64).flatten()
                 ys.append((per_seed.mean().item(), per_seed.std().item() / math.sqrt(len(per_seed)) if len(per_seed) > 1 else 0.))
             m, se = zip(*ys)
-            ax.errorbar(pos, m, yerr=se, marker="o", capsize=3, color=OKABE_ITO[j % len(OKABE_ITO)],
+            ax.errorbar([p + width * (j - (len(combos) - 1) / 2) for p in pos], m, yerr=se, marker="o", capsize=3, color=OKABE_ITO[j % len(OKABE_ITO)],
                         label=", ".join(f"{k} = {v}" for k, v in fixed.items()) or None)
-        ax.set(xlabel=x, ylabel=f"{metric} at the end of training", yscale="log" if metric in ("msve", "neu_population", "loss") else "linear")
-        if not numeric: ax.set_xticks(pos, labels)
+        ax.set(xlabel=f"{NAMES.get(x, x)} ({x})", ylabel=f"{NAMES.get(metric, metric)} at the end of training", yscale="log" if metric in ("msve", "neu_population", "loss") else "linear")
+        ax.set_xticks(pos, labels)
+        plain_log_ticks(ax, "y")
         if others: ax.legend(fontsize=8)
     fig.suptitle(f"Sweep {spec.get('name', '')}: mean and standard error over seeds".replace("  ", " "))
     fig.tight_layout()
@@ -254,6 +262,13 @@ def start_client(scheduler:str=None,   # address of a running Dask scheduler, e.
     except ImportError: raise ValueError("a cluster needs Dask distributed: pip install 'distributed>=2024.1'") from None
     if scheduler is not None: return Client(scheduler)
     return Client(LocalCluster(n_workers=int(cluster[6:]), threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None))
+
+def stop_client(client):
+    "Close a client of `start_client`, and the local cluster it started (a running scheduler's cluster is left running)."
+    if client is None: return
+    cluster = client.cluster
+    client.close()
+    if cluster is not None: cluster.close()
 
 # %% ../nbs/96_sweep.ipynb #68b42921
 def _noop(i): return i

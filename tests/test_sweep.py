@@ -2,7 +2,7 @@
 run a tiny grid; every cell's per-seed metrics and trained parameters equal those of the same sweep run in this
 process, bit for bit; and a worker killed by its process id while it trains a cell loses nothing (the cell is resumed
 from its checkpoint on a live worker, and every cell is present). The contest's spec expands to the contest's cells."""
-import functools, os, signal, sys, threading, time
+import functools, json, os, signal, sys, threading, time
 from pathlib import Path
 import pytest
 import torch
@@ -10,8 +10,8 @@ from conftest import ROOT
 from ictd.core import load_checked
 from ictd.sweep import expand_spec, load_spec, run_sweep, sweep_table
 
-distributed = pytest.importorskip("distributed")
-cloudpickle = pytest.importorskip("cloudpickle")
+import distributed
+import cloudpickle
 cloudpickle.register_pickle_by_value(sys.modules[__name__])   # the workers cannot import this file: send its functions by value
 
 # 2 x 2 cells x 2 seeds, seeds and rates the book does not show; checkpoints every 5 steps, the kill at step 12.
@@ -46,15 +46,15 @@ def runs(tmp_path_factory):
     "The sweep run here, and on a local cluster with one worker killed mid-cell."
     tmp = tmp_path_factory.mktemp("sweep")
     cells = expand_spec(SPEC)
-    local = run_sweep(cells, tmp / "local", progress=False)
-    marker, killed = tmp / "paused", []
+    marker, killed, remote = tmp / "paused", [], []
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None) as cluster, \
          distributed.Client(cluster) as client:
         killer = threading.Thread(target=kill_when_paused, args=(marker, killed), daemon=True)
-        killer.start()
-        remote = run_sweep(cells, tmp / "cluster", client=client, checkpoint_every=CHECKPOINT_EVERY,
-                           callback=functools.partial(pause_once, str(marker)), progress=False)
-        killer.join(timeout=10)
+        on_cluster = threading.Thread(target=lambda: remote.extend(run_sweep(cells, tmp / "cluster", client=client, checkpoint_every=CHECKPOINT_EVERY,
+                                                                             callback=functools.partial(pause_once, str(marker)), progress=False)))
+        killer.start(); on_cluster.start()
+        local = run_sweep(cells, tmp / "local", progress=False)      # meanwhile, the same sweep here
+        on_cluster.join(timeout=300); killer.join(timeout=10)
     return dict(cells=cells, local=local, remote=remote, killed=killed, tmp=tmp, test_pid=os.getpid())
 
 
@@ -99,3 +99,20 @@ def test_contest_spec_is_the_contest():
     want |= {dataclasses.replace(EMERGENCE, **CONTEST_CELLS[k][0], seed=0): CONTEST_CELLS[k][1] for k in CONTEST_FACTORS}
     assert cells == want
     assert len(cells) == 20 and sum(map(len, cells.values())) == 230
+
+
+@pytest.mark.unit
+def test_cli_sweep_from_json(tmp_path, capsys):
+    "`ictd sweep SPEC.json` runs here, writes its three files under sweep-NAME/, and a second run reads every cell from the cache."
+    from ictd.cli import main
+    spec = dict(SPEC, name="cli", seeds="5", grid=dict(n_layers=[1, 2]), base=SPEC["base"] | dict(n_steps=4, eval_every=2))
+    (tmp_path / "cli.json").write_text(json.dumps(spec))
+    argv = ["sweep", str(tmp_path / "cli.json"), "--out", str(tmp_path / "out"), "--no-progress"]
+    main(argv)
+    first = (tmp_path / "out" / "sweep-cli" / "sweep.json").read_text()
+    main(argv)
+    saved = json.loads((tmp_path / "out" / "sweep-cli" / "sweep.json").read_text())
+    assert sorted(p.name for p in (tmp_path / "out" / "sweep-cli").iterdir()) == ["sweep.csv", "sweep.json", "sweep.png"]
+    assert [c["status"] for c in saved["cells"]] == ["cached", "cached"]
+    assert [c["final"] for c in saved["cells"]] == [c["final"] for c in json.loads(first)["cells"]]
+    assert saved["provenance"]["command"].startswith("ictd sweep ") and saved["provenance"]["where"] == "this process"

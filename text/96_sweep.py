@@ -1,7 +1,6 @@
 # %%
 #| default_exp sweep
 
-
 # %%
 #| export
 from __future__ import annotations
@@ -10,27 +9,24 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 import torch
 from tqdm.auto import tqdm
-from ictd.core import OKABE_ITO, atomic_savefig, atomic_write_text, check_seeds, check_type, jsonable, provenance
+from ictd.core import OKABE_ITO, plain_log_ticks, atomic_savefig, atomic_write_text, check_seeds, check_type, jsonable, provenance
 from ictd.engine import PretrainConfig
 from ictd.pretrain import pretrain_many, run_folder
-
 
 # %%
 #| hide
 from fastcore.test import *
 from nbdev.showdoc import *
 
-
 # %%
 #| hide
 import tempfile
-from IPython.display import Image, Markdown
-
+import matplotlib.pyplot as plt
+from IPython.display import Markdown
 
 # %% [markdown]
 # # Sweeps
 # > `ictd sweep SPEC`: a grid of configurations times seeds from a small spec file, each cell trained (or read from the cache) by the engine, locally or spread over a Dask cluster, with one table and one figure across the grid.
-
 
 # %% [markdown]
 # A study is rarely one configuration: the mechanism contest of [chapter 6b](mechanism.html) trains TD and three
@@ -42,7 +38,6 @@ from IPython.display import Image, Markdown
 # in this process; with `--cluster local:N` or `--scheduler ADDRESS` they are spread over the workers of a
 # [Dask distributed](https://distributed.dask.org) cluster, and the results are the same to the last bit.
 
-
 # %% [markdown]
 # ## A spec file
 #
@@ -51,10 +46,8 @@ from IPython.display import Image, Markdown
 # 6's [configuration](engine.html#what-a-run-is)), one or more `[[grid]]` tables whose every combination of values is a
 # cell (a grid may give its own `seeds`), and what the figure plots. The tiny sweep this page runs:
 
-
 # %%
 print(Path("../sweeps/tiny.toml").read_text())
-
 
 # %%
 #| export
@@ -75,7 +68,6 @@ def load_spec(path)->dict:
 
 # %% [markdown]
 # Seeds are given as in `ictd pretrain --seeds`: a list of integers, or a string of ranges such as `"0-9,20"`.
-
 
 # %%
 #| export
@@ -107,7 +99,6 @@ def seed_text(seeds)->str:
 # fault, or `PretrainConfig`'s own naming the field) and expands every grid. Cells that two grids share (the same
 # configuration) are one cell, with the union of their seeds, so that a grid "one factor at a time around the
 # headline" can list the headline's value without training it twice.
-
 
 # %%
 #| export
@@ -159,7 +150,6 @@ def expand_spec(spec:dict)->list:
 # A cell is named by the values it takes on the sweep's axes. The tiny spec, read and expanded (`load_spec` reads the
 # file, `expand_spec` turns it into cells):
 
-
 # %%
 #| export
 def cell_label(cell:SweepCell, axes:list)->str:
@@ -182,7 +172,6 @@ cells = expand_spec(tiny)
 # on a fixed number of torch threads (one by default: the same kernels, so the same bits, wherever it runs), and a
 # record of a few numbers sent back: each seed's final value of every metric, how the cell was obtained, its wall
 # time and the process that ran it.
-
 
 # %%
 #| export
@@ -215,7 +204,6 @@ def run_cell(config:PretrainConfig,    # every setting but the seed
 #
 # The tiny sweep, in this process, into a temporary cache:
 
-
 # %%
 #| export
 def run_sweep(cells:list,                # the cells (`expand_spec`)
@@ -245,30 +233,22 @@ def run_sweep(cells:list,                # the cells (`expand_spec`)
 
 # %%
 cache = Path(tempfile.mkdtemp())
-t0 = time.time()
 records = run_sweep(cells, cache, progress=False)
-first_s = time.time() - t0
 [(cell_label(c, sweep_axes(tiny)), r["status"]) for c, r in zip(cells, records)]
-
 
 # %% [markdown]
 # A second run of the same spec trains nothing: every cell is read from the cache.
 
-
 # %%
-t0 = time.time()
 again = run_sweep(cells, cache, progress=False)
-second_s = time.time() - t0
-test_eq({r["status"] for r in again}, {"cached"})
 test_eq([r["final"] for r in again], [r["final"] for r in records])     # the same numbers, read back
-Markdown(f"First run {first_s:.1f} s, second run {second_s:.1f} s, for {len(cells)} cells of {len(cells[0].seeds)} seeds.")
+[r["status"] for r in again]
 
 
 # %% [markdown]
 # The summary table has one row per cell: the grid's axes, the seeds, how the cell was obtained, and the mean and
 # standard error over seeds of every scalar metric at the end of training (`ictd sweep` writes it as `sweep.csv`,
 # and every seed's numbers in `sweep.json`):
-
 
 # %%
 #| export
@@ -292,7 +272,6 @@ def sweep_table(cells:list,    # the cells
 # %% [markdown]
 # The table is shown on a page as Markdown, and written as CSV (floats as Python's `repr`, which reads back to the
 # same bits):
-
 
 # %%
 #| export
@@ -321,13 +300,15 @@ Markdown(markdown_table(rows, sweep_axes(tiny) + ["seeds", "status", "msve_mean"
 # (or the grid's first axis), one line per combination of the grid's other axes, with error bars of one standard
 # error over seeds; a cell that two grids share appears in both panels.
 
-
 # %%
 #| export
 def _as_axis(values:list)->tuple:
     "Positions on the horizontal axis and their labels: the values themselves if they are all numbers, else 0, 1, ..."
     numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
     return (list(values) if numbers else list(range(len(values)))), [str(v) for v in values], numbers
+
+NAMES = dict(n_layers="depth L", n="context length n", gamma="discount factor", lr="learning rate", objective="objective", features="features",
+             msve="held-out MSVE", neu="NEU at the training n", neu_population="NEU at n = infinity", loss="training loss")   # axis titles
 
 def plot_sweep(spec:dict,    # the spec (its grids and `[plot]` table: `x`, `metric`)
                cells:list,   # its cells
@@ -339,23 +320,28 @@ def plot_sweep(spec:dict,    # the spec (its grids and `[plot]` table: `x`, `met
     metric, want_x = opts.get("metric", "msve"), opts.get("x")
     by_config = {c.config: r for c, r in zip(cells, records)}
     grids = [g for g in _grids(spec) if any(k != "seeds" for k in g)]
-    fig, axs = plt.subplots(1, len(grids), figsize=(4.6 * len(grids), 3.6), squeeze=False)
-    for ax, g in zip(axs[0], grids):
+    cols = min(2, len(grids)); rows = math.ceil(len(grids) / cols)        # two panels a row, readable at page width
+    fig, axs = plt.subplots(rows, cols, figsize=(4.8 * cols, 3.6 * rows), squeeze=False)
+    for ax in axs.flat[len(grids):]: ax.remove()
+    for ax, g in zip(axs.flat, grids):
         axes = [k for k in g if k != "seeds"]
         x = want_x if want_x in axes else axes[0]
         others = [k for k in axes if k != x]
         pos, labels, numeric = _as_axis(g[x])
-        for j, combo in enumerate(itertools.product(*(g[k] for k in others))):
+        combos = list(itertools.product(*(g[k] for k in others)))
+        width = 0.04 * ((max(pos) - min(pos)) or 1)              # lines side by side at each value, so that their error bars stay apart
+        for j, combo in enumerate(combos):
             fixed = dict(zip(others, combo))
             ys = []
             for v in g[x]:
                 per_seed = torch.tensor(by_config[PretrainConfig(**(spec.get("base", {}) | fixed | {x: v}))]["final"][metric], dtype=torch.float64).flatten()
                 ys.append((per_seed.mean().item(), per_seed.std().item() / math.sqrt(len(per_seed)) if len(per_seed) > 1 else 0.))
             m, se = zip(*ys)
-            ax.errorbar(pos, m, yerr=se, marker="o", capsize=3, color=OKABE_ITO[j % len(OKABE_ITO)],
+            ax.errorbar([p + width * (j - (len(combos) - 1) / 2) for p in pos], m, yerr=se, marker="o", capsize=3, color=OKABE_ITO[j % len(OKABE_ITO)],
                         label=", ".join(f"{k} = {v}" for k, v in fixed.items()) or None)
-        ax.set(xlabel=x, ylabel=f"{metric} at the end of training", yscale="log" if metric in ("msve", "neu_population", "loss") else "linear")
-        if not numeric: ax.set_xticks(pos, labels)
+        ax.set(xlabel=f"{NAMES.get(x, x)} ({x})", ylabel=f"{NAMES.get(metric, metric)} at the end of training", yscale="log" if metric in ("msve", "neu_population", "loss") else "linear")
+        ax.set_xticks(pos, labels)
+        plain_log_ticks(ax, "y")
         if others: ax.legend(fontsize=8)
     fig.suptitle(f"Sweep {spec.get('name', '')}: mean and standard error over seeds".replace("  ", " "))
     fig.tight_layout()
@@ -371,11 +357,9 @@ fig = plot_sweep(tiny, cells, records)
 # %% [markdown]
 # (Forty steps on 32 tasks is far too short to train; the figure shows only that the sweep ran and what it draws.)
 
-
 # %% [markdown]
 # `write_sweep` writes the three files of a sweep, each atomically: `sweep.json` (the provenance, the spec, the
 # table, and every cell's configuration and per-seed final metrics), `sweep.csv` (the table) and `sweep.png`.
-
 
 # %%
 #| export
@@ -401,7 +385,6 @@ def write_sweep(out_dir,          # folder of the three files
 
 # %% [markdown]
 # The tiny sweep above, written and read back: the CSV holds one row per cell and the JSON every seed's numbers.
-
 
 # %%
 _out = Path(tempfile.mkdtemp())
@@ -430,11 +413,9 @@ test_eq(_saved["provenance"]["command"], "appendix G")
 # id while it trains a cell loses nothing: Dask gives the lost worker's task to a live worker, which resumes the cell
 # from its last checkpoint, and the final table equals the local one, with every cell present.
 
-
 # %% [markdown]
 # `start_client` makes the client of `ictd sweep`'s options: a local cluster of `n` single-threaded worker
 # processes on loopback (`local:N`), or a connection to a running scheduler.
-
 
 # %%
 #| export
@@ -451,17 +432,26 @@ def start_client(scheduler:str=None,   # address of a running Dask scheduler, e.
     if scheduler is not None: return Client(scheduler)
     return Client(LocalCluster(n_workers=int(cluster[6:]), threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None))
 
+def stop_client(client):
+    "Close a client of `start_client`, and the local cluster it started (a running scheduler's cluster is left running)."
+    if client is None: return
+    cluster = client.cluster
+    client.close()
+    if cluster is not None: cluster.close()
+
 
 # %% [markdown]
 # **On a SLURM cluster** ([dask-jobqueue](https://jobqueue.dask.org), `pip install dask-jobqueue`), from a login node,
 # a short Python script asks SLURM for worker jobs, each of which connects back to the scheduler in the script; the
 # cache folder must be on a file system every node sees:
 
-
 # %%
 #| eval: false
 from dask_jobqueue import SLURMCluster
 from distributed import Client
+
+# %%
+#| eval: false
 cluster = SLURMCluster(cores=4, processes=4, memory="16GB", walltime="04:00:00",   # 4 single-threaded workers per job
                        job_extra_directives=["--partition=cpu"], job_script_prologue=["export OMP_NUM_THREADS=1"])
 cluster.scale(jobs=5)                                                               # 20 workers, one cell each at a time
@@ -478,18 +468,15 @@ write_sweep("/scratch/me/results", spec, cells, records, command="SLURMCluster, 
 # runs the sweep. A job that SLURM preempts or that reaches its wall time is a lost worker: its cell goes to another
 # worker and resumes from its checkpoint (`--checkpoint-every`, 500 steps by default).
 
-
 # %% [markdown]
 # ### Why Dask and not Ray
 #
-# Both run Python functions on a pool of worker processes and move a lost worker's tasks elsewhere. For this
-# workload, cells of minutes to hours that write their own files, the per-task overhead of either is negligible;
-# measured here on a local cluster of two single-threaded worker processes (`ictd sweep --overhead`).
+# Both run Python functions on a pool of worker processes and move a lost worker's tasks elsewhere. Their per-task
+# overhead was measured here on a local cluster of two single-threaded worker processes (`ictd sweep --overhead`).
 # `task_overhead` starts a local cluster of one engine (two single-threaded worker processes), and measures the
 # start-up, the round trip of one empty task submitted after the previous one returned (median), and the time per
 # task of many empty tasks submitted at once. `ictd sweep --overhead` runs it for both engines (Ray only where
 # `import ray` works) and writes `sweep_overhead.json`.
-
 
 # %%
 #| export
@@ -529,7 +516,6 @@ def task_overhead(engine:str,         # "dask" or "ray"
 # %% [markdown]
 # The installed size of each engine is that of the files its own distributions installed (`distributed` and `dask`;
 # `ray`), read from the package metadata; the dependencies they pull in are not counted.
-
 
 # %%
 #| export
@@ -579,6 +565,20 @@ overhead_file = Path("data/sweep_overhead.json")
 overhead = json.loads(overhead_file.read_text()) if overhead_file.exists() else None
 Markdown(overhead_report(overhead) if overhead else "No `data/sweep_overhead.json` yet: run `ictd sweep --overhead --out nbs/data`.")
 
+# %% [markdown]
+# Ray is the faster of the two per task. That does not matter here: a sweep sends one task per cell, and the contest's
+# cells trained for minutes each (the wall times that appendix D's `run_contest_runs` recorded):
+
+# %%
+walls = [v["wall_s"] for f in ("contest_runs.json", "contest_runs2.json") for v in json.loads(Path("data", f).read_text())["cells"].values()]
+if overhead and "error" not in overhead["engines"].get("ray", {"error": ""}):
+    d, r = overhead["engines"]["dask"], overhead["engines"]["ray"]
+    text = (f"Ray's time per task is {d['per_task_s'] / r['per_task_s']:.0f} times smaller than Dask's, and its round trip {d['round_trip_s'] / r['round_trip_s']:.0f} "
+            f"times; but Dask's round trip, {d['round_trip_s'] * 1e3:.0f} ms, is {d['round_trip_s'] / min(walls):.2%} of the shortest of the "
+            f"{len(walls)} cells that `run_contest_runs` trained ({min(walls):.0f} s; the longest took {max(walls):.0f} s). Dask started {r['start_s'] / d['start_s']:.0f} times faster, "
+            f"and installs {r['installed_mb'] / d['installed_mb']:.0f} times fewer megabytes.")
+else: text = f"The contest's {len(walls)} trained cells took {min(walls):.0f} to {max(walls):.0f} s each."
+Markdown(text)
 
 # %% [markdown]
 # What decides is the cluster. `distributed` is pure Python on top of packages the book already uses, and
@@ -587,9 +587,8 @@ Markdown(overhead_report(overhead) if overhead else "No `data/sweep_overhead.jso
 # the scheduler is a plain process, so there is no head node to place. Ray's documented set-up on SLURM is a batch
 # script that starts `ray start --head` on the allocation's first node and `ray start --address` on the others, inside
 # one allocation whose size is fixed when it is submitted; Ray itself has no counterpart of `scale` for SLURM jobs.
-# And a sweep needs none of what
-# Ray adds (actors, a distributed object store): one task per cell, the results a few numbers each.
-
+# And a sweep needs none of what Ray adds (actors, a distributed object store): one task per cell, the results a
+# few numbers each.
 
 # %% [markdown]
 # ## What is cached, and what resumes
@@ -606,7 +605,6 @@ Markdown(overhead_report(overhead) if overhead else "No `data/sweep_overhead.jso
 # - **The summary is always rewritten** from the cells' records, atomically (`sweep.json`, `sweep.csv`, `sweep.png`,
 #   each written whole and then moved onto its name), with `provenance()`: the command, commit, date and machine.
 
-
 # %% [markdown]
 # ## The mechanism contest as a sweep
 #
@@ -614,10 +612,8 @@ Markdown(overhead_report(overhead) if overhead else "No `data/sweep_overhead.jso
 # depth times objective, a grid without axes gives the headline cell forty seeds, and three one-factor grids move
 # $n$, $\gamma$ and the features around it:
 
-
 # %%
 print(Path("../sweeps/contest.toml").read_text())
-
 
 # %% [markdown]
 # It expands to the contest's twenty cells, with the seeds each was trained on. Appendix D's `contest_cells` gathers
@@ -625,7 +621,6 @@ print(Path("../sweeps/contest.toml").read_text())
 # 39 from `contest_runs.json`, the depth sweep, the controls, the one-factor cells); the cells and seeds the contest
 # measured are in `data/contest_stats*.json`, and the spec's cells are exactly those (their training settings equal,
 # seed for seed):
-
 
 # %%
 contest = load_spec("../sweeps/contest.toml")
@@ -640,22 +635,18 @@ test_eq(spec_cells, saved_cells)
 Markdown(markdown_table([dict(cell=cell_label(c, sweep_axes(contest)), seeds=seed_text(c.seeds)) for c in contest_cells_], ["cell", "seeds"])
          + f"\n\n{len(contest_cells_)} cells, {sum(len(c.seeds) for c in contest_cells_)} runs of {contest['base']['n_steps']} steps.")
 
-
 # %% [markdown]
 # After the training, the contest measures every cell's models (`run_contest`, appendix D), an analysis the sweep
 # does not do: the sweep's table gives each cell's MSVE, NEU and the other metrics of the engine.
 
-
 # %% [markdown]
 # ## Implementation and tests
-
 
 # %%
 test_eq(parse_seeds("0-2,7"), [0, 1, 2, 7])
 test_eq(parse_seeds([3, 1]), [3, 1])
 test_eq(parse_seeds(seed_text([9, 0, 1, 2, 5])), [0, 1, 2, 5, 9])
 for bad in ("2-1", "a", [1, 1], [-1], []): test_fail(lambda: parse_seeds(bad), contains="`seeds`")
-
 
 # %%
 _spec = dict(seeds="0-1", base=dict(n=5), grid=[dict(n_layers=[1, 2], lr=[0.1, 0.2]), dict(n_layers=[2], lr=[0.1], seeds=[5])])
@@ -669,17 +660,15 @@ for bad, msg in ((dict(grids=[]), "unknown keys ['grids']"), (dict(base=dict(see
                  (dict(grid=dict(lr=[0.])), "`lr`")):
     test_fail(lambda: expand_spec(bad), contains=msg)
 
-
 # %%
 test_eq(cell_label(_cells[2], ["n_layers", "lr"]), "n_layers = 2, lr = 0.1")
 test_eq(cell_label(_cells[2], []), "base")
 
-
 # %%
 test_eq(start_client(), None)
+stop_client(None)
 for bad in (dict(cluster="local:0"), dict(cluster="slurm:3"), dict(scheduler="tcp://x:1", cluster="local:2")):
     test_fail(lambda: start_client(**bad), contains="`cluster`" if "scheduler" not in bad else "not both")
-
 
 # %%
 _rows = [dict(a=1, x=0.1 + 0.2, s=None), dict(a=2, x=1 / 3, s=0.5)]
@@ -688,10 +677,19 @@ test_eq([float(r["x"]) for r in _back], [0.1 + 0.2, 1 / 3])     # exact
 test_eq(_back[0]["s"], "")
 assert markdown_table(_rows, ["a", "x"]).splitlines()[2] == "| 1 | 0.3 |"
 
-
 # %%
 test_fail(lambda: task_overhead("spark"), contains="`engine` must be")
 
-
 # %%
 assert installed_mb("tqdm") > 0.01
+
+# %% [markdown]
+# The figure of the contest's spec has one panel per grid with axes (depth times objective, $n$, $\gamma$, the
+# features), drawn here from made-up records (every seed's MSVE set to its cell's index plus one):
+
+# %%
+_fake = [dict(final=dict(msve=[[i + 1.]] * len(c.seeds))) for i, c in enumerate(contest_cells_)]
+_fig = plot_sweep(contest, contest_cells_, _fake)
+test_eq([ax.get_xlabel() for ax in _fig.axes], ["depth L (n_layers)", "context length n (n)", "discount factor (gamma)", "features (features)"])
+test_eq(len(_fig.axes[0].get_legend().get_texts()), 4)                        # one line per objective
+plt.close(_fig)
