@@ -46,15 +46,19 @@ def runs(tmp_path_factory):
     "The sweep run here, and on a local cluster with one worker killed mid-cell."
     tmp = tmp_path_factory.mktemp("sweep")
     cells = expand_spec(SPEC)
-    marker, killed, remote = tmp / "paused", [], []
+    marker, killed, remote, errors = tmp / "paused", [], [], []
     with distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None) as cluster, \
          distributed.Client(cluster) as client:
         killer = threading.Thread(target=kill_when_paused, args=(marker, killed), daemon=True)
-        on_cluster = threading.Thread(target=lambda: remote.extend(run_sweep(cells, tmp / "cluster", client=client, checkpoint_every=CHECKPOINT_EVERY,
-                                                                             callback=functools.partial(pause_once, str(marker)), progress=False)))
+        def sweep_on_cluster():
+            try: remote.extend(run_sweep(cells, tmp / "cluster", client=client, checkpoint_every=CHECKPOINT_EVERY,
+                                         callback=functools.partial(pause_once, str(marker)), progress=False))
+            except BaseException as e: errors.append(e)
+        on_cluster = threading.Thread(target=sweep_on_cluster)
         killer.start(); on_cluster.start()
         local = run_sweep(cells, tmp / "local", progress=False)      # meanwhile, the same sweep here
         on_cluster.join(timeout=300); killer.join(timeout=10)
+    if errors: raise errors[0]
     return dict(cells=cells, local=local, remote=remote, killed=killed, tmp=tmp, test_pid=os.getpid())
 
 

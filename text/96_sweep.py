@@ -29,14 +29,11 @@ from IPython.display import Markdown
 # > `ictd sweep SPEC`: a grid of configurations times seeds from a small spec file, each cell trained (or read from the cache) by the engine, locally or spread over a Dask cluster, with one table and one figure across the grid.
 
 # %% [markdown]
-# A study is rarely one configuration: the mechanism contest of [chapter 6b](mechanism.html) trains TD and three
-# control objectives at four depths, and moves one factor at a time around its headline cell. `ictd sweep` takes
-# such a grid from a spec file a few lines long, runs every **cell** (one configuration, all its seeds batched in one
-# engine run, exactly as `ictd pretrain` trains it), and writes one summary table and one figure across the grid.
-# Each cell is cached in the same folders as `ictd pretrain` uses, so a finished cell is read back instead of
-# retrained, and an interrupted one resumes from its last checkpoint. By default the cells run one after another
-# in this process; with `--cluster local:N` or `--scheduler ADDRESS` they are spread over the workers of a
-# [Dask distributed](https://distributed.dask.org) cluster, and the results are the same to the last bit.
+# `ictd sweep SPEC` trains a grid of configurations, each on its seeds, from a spec file a few lines long, and writes
+# one table and one figure across the grid. Each **cell** (a configuration with all its seeds, batched in one engine
+# run) is trained exactly as `ictd pretrain` trains it and cached in the same folders: a finished cell is read back,
+# an interrupted one resumes from its checkpoint. The cells run one after another here, or side by side on the
+# workers of a [Dask](https://distributed.dask.org) cluster (`--cluster local:N`, `--scheduler ADDRESS`), to the same bits.
 
 # %% [markdown]
 # ## A spec file
@@ -601,7 +598,8 @@ Markdown(text)
 #   seeds cached trains only the others.
 # - **An interrupted cell resumes.** With `checkpoint_every`, the engine saves the whole state of the cell's run
 #   (parameters, Adam's moments, each seed's generators, the history) every so many steps; a cell started again, on
-#   any worker, continues from there and ends exactly where an uninterrupted run ends (chapter 6), and reports `resumed`.
+#   any worker, continues from there and ends exactly where an uninterrupted run ends
+#   ([chapter 6](pretrain.html#the-cache-resuming-and-divergence)), and reports `resumed`.
 # - **The summary is always rewritten** from the cells' records, atomically (`sweep.json`, `sweep.csv`, `sweep.png`,
 #   each written whole and then moved onto its name), with `provenance()`: the command, commit, date and machine.
 
@@ -616,7 +614,7 @@ Markdown(text)
 print(Path("../sweeps/contest.toml").read_text())
 
 # %% [markdown]
-# It expands to the contest's twenty cells, with the seeds each was trained on. Appendix D's `contest_cells` gathers
+# It expands to the contest's twenty cells, with the seeds each was trained on. Appendix D's [`contest_cells`](mechanism_studies.html#the-contests-runs) gathers
 # the same cells from the studies that trained them (the headline's seeds 0 to 19 from `mechanism_runs.json`, 20 to
 # 39 from `contest_runs.json`, the depth sweep, the controls, the one-factor cells); the cells and seeds the contest
 # measured are in `data/contest_stats*.json`, and the spec's cells are exactly those (their training settings equal,
@@ -641,6 +639,10 @@ Markdown(markdown_table([dict(cell=cell_label(c, sweep_axes(contest)), seeds=see
 
 # %% [markdown]
 # ## Implementation and tests
+#
+# The checks of the spec's parsing and validation, of the client's options, of the CSV's exactness, and of the figure
+# on the contest's grid. `tests/test_sweep.py` runs a sweep on a real local cluster (the equality with this process's
+# run, the killed worker) and the command line.
 
 # %%
 test_eq(parse_seeds("0-2,7"), [0, 1, 2, 7])
@@ -693,3 +695,7 @@ _fig = plot_sweep(contest, contest_cells_, _fake)
 test_eq([ax.get_xlabel() for ax in _fig.axes], ["depth L (n_layers)", "context length n (n)", "discount factor (gamma)", "features (features)"])
 test_eq(len(_fig.axes[0].get_legend().get_texts()), 4)                        # one line per objective
 plt.close(_fig)
+
+# %%
+#| hide
+import nbdev; nbdev.nbdev_export()
