@@ -4,7 +4,7 @@
 
 # %% ../nbs/96_sweep.ipynb #fa165900
 from __future__ import annotations
-import csv, io, itertools, json, math, os, socket, time
+import csv, io, itertools, json, math, os, re, socket, time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 import torch
@@ -76,6 +76,8 @@ def _check_spec(spec:dict):
     "Refuse unknown keys, settings that are not fields of PretrainConfig, and axes that are not non-empty lists."
     check_type(spec, dict, "spec")
     if unknown := set(spec) - set(SPEC_KEYS): raise ValueError(f"`spec` has unknown keys {sorted(unknown)} (allowed: {list(SPEC_KEYS)})")
+    if "name" in spec and not (isinstance(spec["name"], str) and re.fullmatch(r"[\w.-]+", spec["name"])):
+        raise ValueError(f"`name` must be letters, digits, '_', '-' or '.' (it names the results' folder), got {spec['name']!r}")
     base = spec.get("base", {})
     if not isinstance(base, dict) or (bad := set(base) - set(SETTINGS)): raise ValueError(f"`base` may set only fields of PretrainConfig but the seed, got {base!r}")
     for g in _grids(spec):

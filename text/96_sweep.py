@@ -4,7 +4,7 @@
 # %%
 #| export
 from __future__ import annotations
-import csv, io, itertools, json, math, os, socket, time
+import csv, io, itertools, json, math, os, re, socket, time
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 import torch
@@ -117,6 +117,8 @@ def _check_spec(spec:dict):
     "Refuse unknown keys, settings that are not fields of PretrainConfig, and axes that are not non-empty lists."
     check_type(spec, dict, "spec")
     if unknown := set(spec) - set(SPEC_KEYS): raise ValueError(f"`spec` has unknown keys {sorted(unknown)} (allowed: {list(SPEC_KEYS)})")
+    if "name" in spec and not (isinstance(spec["name"], str) and re.fullmatch(r"[\w.-]+", spec["name"])):
+        raise ValueError(f"`name` must be letters, digits, '_', '-' or '.' (it names the results' folder), got {spec['name']!r}")
     base = spec.get("base", {})
     if not isinstance(base, dict) or (bad := set(base) - set(SETTINGS)): raise ValueError(f"`base` may set only fields of PretrainConfig but the seed, got {base!r}")
     for g in _grids(spec):
@@ -659,7 +661,7 @@ test_eq(sweep_axes(_spec), ["n_layers", "lr"])
 test_eq(expand_spec(dict(seeds=[3]))[0], SweepCell(PretrainConfig(), (3,)))      # no grid: the base cell
 for bad, msg in ((dict(grids=[]), "unknown keys ['grids']"), (dict(base=dict(seed=3)), "`base` may set only"), (dict(grid=dict(depth=[2])), "`grid` axes must be"),
                  (dict(grid=dict(n=3)), "`grid` axis `n` must be a non-empty list"), (dict(grid=[]), "`grid` must be"), (dict(seeds="x"), "`seeds`"),
-                 (dict(grid=dict(lr=[0.])), "`lr`")):
+                 (dict(grid=dict(lr=[0.])), "`lr`"), (dict(name="../x"), "`name` must be")):
     test_fail(lambda: expand_spec(bad), contains=msg)
 
 # %%
