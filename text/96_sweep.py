@@ -200,8 +200,6 @@ def run_cell(config:PretrainConfig,    # every setting but the seed
 # worker that dies while it runs a cell (a killed process, a preempted job) is removed by the scheduler, and its
 # task goes to another worker (the scheduler gives up on a task after `distributed.scheduler.allowed-failures`
 # such deaths, three by default); the cache folder must be one that every worker sees.
-#
-# The tiny sweep, in this process, into a temporary cache:
 
 # %%
 #| export
@@ -229,6 +227,9 @@ def run_sweep(cells:list,                # the cells (`expand_spec`)
     bar.close()
     return out
 
+
+# %% [markdown]
+# The tiny sweep, in this process, into a temporary cache:
 
 # %%
 cache = Path(tempfile.mkdtemp())
@@ -291,7 +292,7 @@ def csv_text(rows:list)->str:
 
 # %%
 rows = sweep_table(cells, records, sweep_axes(tiny))
-Markdown(markdown_table(rows, sweep_axes(tiny) + ["seeds", "status", "msve_mean", "msve_se", "neu_population_mean"]))
+Markdown(markdown_table(rows, sweep_axes(tiny) + ["seeds", "status", "msve_mean", "msve_se"]))
 
 
 # %% [markdown]
@@ -352,9 +353,6 @@ def plot_sweep(spec:dict,    # the spec (its grids and `[plot]` table: `x`, `met
 #| fig-alt: "One panel: MSVE on a log scale against depth L = 1 and 2, two lines for learning rates 0.01 and 0.001, with error bars over two seeds."
 fig = plot_sweep(tiny, cells, records)
 
-
-# %% [markdown]
-# (Forty steps on 32 tasks is far too short to train; the figure shows only that the sweep ran and what it draws.)
 
 # %% [markdown]
 # `write_sweep` writes the three files of a sweep, each atomically: `sweep.json` (the provenance, the spec, the
