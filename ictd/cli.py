@@ -23,12 +23,13 @@ from .experiments.mechanism import (CONVERGE_LRS, DEEP_DEPTHS, run_control_study
 from .core import atomic_savefig, atomic_write_text, check_device, jsonable, save_checked, tensors_only
 from .engine import DTYPES, FAMILIES, INITS, OBJECTIVES, PROTOCOLS, PretrainConfig, load_plugins
 from .pretrain import plot_emergence, pretrain_many, run_folder
+from .sweep import expand_spec, load_spec, measure_overheads, run_sweep, start_client, stop_client, write_sweep
 
 # %% auto #0
 __all__ = ['positive_int', 'natural_int', 'positive_float', 'natural_float', 'step_size', 'discount', 'n_states_arg', 'FEATURES',
            'PRETRAIN_TYPES', 'MECHANISM_STUDIES', 'COMMANDS', 'seed_list', 'mechanism_command', 'make_parser',
            'seed_ranges', 'summarize', 'plot_seeds', 'run_chain', 'run_convergence', 'run_continuous', 'run_linear',
-           'run_pretrain', 'check_options', 'run_mechanism', 'main']
+           'run_pretrain', 'check_options', 'run_mechanism', 'run_sweep_command', 'main']
 
 # %% ../nbs/95_cli.ipynb #40d1952f
 def _checked(convert, ok, expected:str):
@@ -174,7 +175,16 @@ def make_parser()->argparse.ArgumentParser:
     p.add_argument("--eval-every", type=positive_int, default=200, help="`converge`: steps between evaluations")
     p.add_argument("--window", type=positive_int, default=1000, help="`converge`: the stopping rule's window in steps (a multiple of --eval-every)")
     p.add_argument("--depths", type=positive_int, nargs="+", default=list(DEEP_DEPTHS), help="`deep`: depths (separate layers)")
-    sub.add_parser("all", parents=[common], formatter_class=fmt, help="run every command above but `mechanism` with its defaults")
+    p = sub.add_parser("sweep", parents=[common], formatter_class=fmt,
+                       help="a grid of pretraining configurations x seeds from a spec file, here or on a Dask cluster (appendix G)")
+    p.add_argument("spec", type=Path, nargs="?", default=None, help="the spec file (.toml or .json), e.g. sweeps/contest.toml")
+    p.add_argument("--cache-dir", type=Path, default=None, help="folder of cached runs, seen by every worker (default: %(default)s, meaning the --out folder)")
+    p.add_argument("--scheduler", default=None, help="address of a running Dask scheduler, e.g. tcp://10.0.0.5:8786 (default: run here)")
+    p.add_argument("--cluster", default=None, help="local:N starts a local Dask cluster of N single-threaded worker processes (default: run here)")
+    p.add_argument("--checkpoint-every", type=positive_int, default=500, help="steps between checkpoints of each cell (a lost worker's cell resumes from the last)")
+    p.add_argument("--threads", type=positive_int, default=1, help="torch threads of each cell")
+    p.add_argument("--overhead", action="store_true", help="instead of a sweep, measure the per-task overhead of local Dask and Ray clusters (sweep_overhead.json)")
+    sub.add_parser("all", parents=[common], formatter_class=fmt, help="run every command above but `mechanism` and `sweep` with their defaults")
     return parser
 
 # %% ../nbs/95_cli.ipynb #b87a2a32
@@ -353,6 +363,13 @@ def check_options(args)->None:
     if args.command == "mechanism" and args.study in ("converge", "deep") and args.train_only and args.cache_dir is None:
         raise ValueError("argument --train-only: needs --cache-dir to keep the runs in")
     if args.command == "pretrain": _seeds(args)
+    if args.command == "sweep" and not args.overhead:
+        if args.spec is None: raise ValueError("argument spec: a spec file is needed (or --overhead)")
+        if not args.spec.exists(): raise ValueError(f"argument spec: no such file {str(args.spec)!r}")
+        if args.scheduler is not None and args.cluster is not None: raise ValueError("argument --cluster: give --scheduler or --cluster, not both")
+        if args.cluster is not None and not (args.cluster.startswith("local:") and args.cluster[6:].isdigit() and int(args.cluster[6:]) >= 1):
+            raise ValueError(f"argument --cluster: must be local:N with N >= 1, got {args.cluster!r}")
+        expand_spec(load_spec(args.spec))   # a bad spec stops here, before a cluster starts
 
 def run_mechanism(args)->list:
     "`ictd mechanism STUDY`: one slow study of chapter 6b, written to `--out` as JSON with its provenance."
@@ -360,15 +377,37 @@ def run_mechanism(args)->list:
     print(f"wrote {path}" if path is not None else f"trained into {args.cache_dir}", flush=True)
     return [path] if path is not None else []
 
+# %% ../nbs/95_cli.ipynb #9721ab96
+def run_sweep_command(args)->list:
+    "`ictd sweep SPEC`: every cell of the spec (each cached per configuration and seed), here or on a Dask cluster; `sweep.json`, `sweep.csv`, `sweep.png`."
+    if args.overhead:
+        path = measure_overheads(args.out, command=f"ictd sweep --overhead --out {args.out}")
+        print(f"wrote {path}", flush=True)
+        return [path]
+    spec = load_spec(args.spec)
+    cells, where = expand_spec(spec), args.scheduler or args.cluster or "this process"
+    client = start_client(args.scheduler, args.cluster)
+    try:
+        workers = len(client.scheduler_info()["workers"]) if client is not None else 1
+        print(f"{len(cells)} cells, {sum(len(c.seeds) for c in cells)} runs, on {where} ({workers} worker{'s' * (workers > 1)})", flush=True)
+        records = run_sweep(cells, args.cache_dir or args.out, client, args.checkpoint_every, args.threads, progress=not args.no_progress)
+    finally: stop_client(client)
+    command = " ".join(["ictd sweep", str(args.spec), "--out", str(args.out)] + (["--scheduler", args.scheduler] if args.scheduler else [])
+                       + (["--cluster", args.cluster] if args.cluster else []))
+    paths = write_sweep(args.out / f"sweep-{spec.get('name', args.spec.stem)}", spec, cells, records, command, where=where, workers=workers)
+    for path in paths: print(f"wrote {path}", flush=True)
+    return paths
+
 # %% ../nbs/95_cli.ipynb #1f96e647
-COMMANDS = dict(chain=run_chain, linear=run_linear, convergence=run_convergence, pretrain=run_pretrain, continuous=run_continuous, mechanism=run_mechanism)
+COMMANDS = dict(chain=run_chain, linear=run_linear, convergence=run_convergence, pretrain=run_pretrain, continuous=run_continuous, mechanism=run_mechanism,
+                sweep=run_sweep_command)
 
 def main(argv:list=None, # arguments after `ictd` (default: `sys.argv[1:]`)
         ):
     "Entry point of the `ictd` console script."
     parser = make_parser()
     args = parser.parse_args(argv)
-    names = [c for c in COMMANDS if c != "mechanism"] if args.command == "all" else [args.command]
+    names = [c for c in COMMANDS if c not in ("mechanism", "sweep")] if args.command == "all" else [args.command]
     for name in names:
         cmd_args = args if name == args.command else parser.parse_args([name, "--out", str(args.out)] + ["--no-progress"] * args.no_progress)
         try: check_options(cmd_args); COMMANDS[name](cmd_args)
