@@ -18,9 +18,9 @@ from .linear import ICLR_LINEAR
 from .experiments.linear import (plot_linear_pretraining, plot_side_by_side, plot_tuned_side_by_side, reproduce_iclr, side_by_side,
                                      tuned_side_by_side)
 from .experiments.head_to_head import run_head_to_head
-from .experiments.emergence import emergence_report
+from .experiments.emergence import ABLATION_BASE, emergence_report, run_ablations, save_ablations
 from .experiments.mechanism import (CONVERGE_LRS, DEEP_DEPTHS, run_control_study, run_converge_study, run_depth_sweep, run_jacobian_study, run_shared_study, run_gap_map, run_mechanism_study, run_theta_star_dynamics)
-from .core import atomic_savefig, atomic_write_text, check_device, jsonable, save_checked, tensors_only
+from .core import atomic_savefig, atomic_write_text, check_device, jsonable, provenance, save_checked, tensors_only
 from .engine import DTYPES, FAMILIES, INITS, OBJECTIVES, PROTOCOLS, PretrainConfig, load_plugins
 from .pretrain import plot_emergence, pretrain_many, run_folder
 from .sweep import expand_spec, load_spec, measure_overheads, run_sweep, start_client, stop_client, write_sweep
@@ -29,7 +29,7 @@ from .sweep import expand_spec, load_spec, measure_overheads, run_sweep, start_c
 __all__ = ['positive_int', 'natural_int', 'positive_float', 'natural_float', 'step_size', 'discount', 'n_states_arg', 'FEATURES',
            'PRETRAIN_TYPES', 'MECHANISM_STUDIES', 'COMMANDS', 'seed_list', 'mechanism_command', 'make_parser',
            'seed_ranges', 'summarize', 'plot_seeds', 'run_chain', 'run_convergence', 'run_continuous', 'run_linear',
-           'run_pretrain', 'check_options', 'run_mechanism', 'run_sweep_command', 'main']
+           'run_pretrain', 'check_options', 'run_mechanism', 'run_ablations_command', 'run_sweep_command', 'main']
 
 # %% ../nbs/95_cli.ipynb #40d1952f
 def _checked(convert, ok, expected:str):
@@ -163,6 +163,11 @@ def make_parser()->argparse.ArgumentParser:
     p = sub.add_parser("continuous", parents=[common], formatter_class=fmt, help="kernel TD and pretraining on continuous states (chapters 8-8b)")
     p.add_argument("--seed", type=natural_int, default=0, help="seed of the contexts, and the first of the consecutive training seeds")
     p.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test) instead of the full scale")
+    p = sub.add_parser("ablations", parents=[common], formatter_class=fmt,
+                       help="chapter 6a's ablations over seeds, every run's history saved as JSON (emergence_ablations.json)")
+    p.add_argument("--seeds", type=seed_list, default=list(range(10)), help="seeds, e.g. 0-9 (the chapter's)")
+    p.add_argument("--steps", type=_checked(int, lambda v: v >= 2 and v % 2 == 0, "an even integer >= 2"), default=ABLATION_BASE.n_steps,
+                   help="training steps of every run (evaluated at 0, half-way and the end)")
     p = sub.add_parser("mechanism", parents=[common], formatter_class=fmt,
                        help="the slow studies of chapter 6b, each saved as JSON with the command, commit and date that made it")
     p.add_argument("study", choices=list(MECHANISM_STUDIES), help="which study: " + "; ".join(f"{k}: {v[1]}" for k, v in MECHANISM_STUDIES.items()))
@@ -377,6 +382,19 @@ def run_mechanism(args)->list:
     print(f"wrote {path}" if path is not None else f"trained into {args.cache_dir}", flush=True)
     return [path] if path is not None else []
 
+# %% ../nbs/95_cli.ipynb #2c83b1de
+def run_ablations_command(args)->list:
+    "`ictd ablations`: chapter 6a's ablations on `--seeds`, every run's configuration and history in `emergence_ablations.json`."
+    import time, dataclasses
+    t0 = time.time()
+    base = dataclasses.replace(ABLATION_BASE, n_steps=args.steps, eval_every=args.steps // 2)
+    runs = run_ablations(list(args.seeds), base, progress=not args.no_progress)
+    path = Path(args.out) / "emergence_ablations.json"
+    save_ablations(path, runs, **provenance(f"ictd ablations --seeds {seed_ranges(args.seeds)} --steps {args.steps} --out {args.out}",
+                                            wall_s=round(time.time() - t0, 1), threads=torch.get_num_threads()))
+    print(f"wrote {path}", flush=True)
+    return [path]
+
 # %% ../nbs/95_cli.ipynb #9721ab96
 def run_sweep_command(args)->list:
     "`ictd sweep SPEC`: every cell of the spec (each cached per configuration and seed), here or on a Dask cluster; `sweep.json`, `sweep.csv`, `sweep.png`."
@@ -399,8 +417,8 @@ def run_sweep_command(args)->list:
     return paths
 
 # %% ../nbs/95_cli.ipynb #1f96e647
-COMMANDS = dict(chain=run_chain, linear=run_linear, convergence=run_convergence, pretrain=run_pretrain, continuous=run_continuous, mechanism=run_mechanism,
-                sweep=run_sweep_command)
+COMMANDS = dict(chain=run_chain, linear=run_linear, convergence=run_convergence, pretrain=run_pretrain, continuous=run_continuous, ablations=run_ablations_command,
+                mechanism=run_mechanism, sweep=run_sweep_command)
 
 def main(argv:list=None, # arguments after `ictd` (default: `sys.argv[1:]`)
         ):

@@ -12,7 +12,7 @@ from ictd.cli import main
 from ictd.engine import PretrainConfig
 
 ICTD = str(BIN / 'ictd')
-OPTIONS = {None: ['chain', 'convergence', 'pretrain', 'linear', 'continuous', 'sweep', 'all'],
+OPTIONS = {None: ['chain', 'convergence', 'pretrain', 'linear', 'continuous', 'ablations', 'sweep', 'all'],
            'chain': ['--n-states', '--features', '--gamma', '--seed', '--out', '--no-progress'],
            'convergence': ['--n-tasks', '--ns', '--n-layers', '--beta', '--alpha', '--seed', '--chunk', '--diag-tasks',
                            '--n-betas', '--rate-tasks', '--rate-layers', '--phase-tasks', '--leaky-tasks', '--out'],
@@ -20,6 +20,7 @@ OPTIONS = {None: ['chain', 'convergence', 'pretrain', 'linear', 'continuous', 's
                                                                                            '--checkpoint-every', '--cache-dir', '--out'],
            'linear': ['--n-tasks', '--n', '--depth', '--beta', '--alpha', '--seed', '--features', '--n-tune', '--reproduce-seeds', '--out'],
            'continuous': ['--seed', '--quick', '--out', '--no-progress'],
+           'ablations': ['--seeds', '--steps', '--out', '--no-progress'],
            'sweep': ['--cache-dir', '--scheduler', '--cluster', '--checkpoint-every', '--threads', '--overhead', '--out', '--no-progress'],
            'all': ['--out', '--no-progress']}
 

@@ -8,8 +8,8 @@ import dataclasses, json, math
 from pathlib import Path
 import torch
 from ictd.model import theta_star
-from ictd.core import atomic_savefig, atomic_write_text, plain_log_ticks
-from ictd.engine import PretrainConfig
+from ictd.core import atomic_savefig, atomic_write_text, load_json, plain_log_ticks, provenance
+from ictd.engine import EMERGENCE, PretrainConfig, PretrainResult
 from ictd.pretrain import pretrain_many
 from ictd.emergence import (UNIFORM_BELOW, baseline_msve, best_theta_star, last_selective_layer, mean_se, min_successes,
                             model_msve, ratio_interval, sign_pattern, stack_history, value_gap)
@@ -539,6 +539,119 @@ def ablation_claims(gamma_runs:dict,    # `ablation` over gamma, with 0.5 and 0.
     assert out["diagonality_onehot_minus_random"] > 2 * out["diagonality_difference_se"], out
     assert out["msve_n"][min(n_runs)] - out["msve_n"][max(n_runs)] > 2 * out["msve_difference_se"], out
     return out
+
+
+# %% [markdown]
+# ## Saved ablations
+#
+# Chapter 6a's four ablations train eight configurations over ten seeds, minutes on one CPU thread: more
+# than a page of the book may take to build. `run_ablations` trains them, `save_ablations` writes every
+# run's configuration and evaluation history to one JSON file (`ictd ablations` writes
+# `nbs/data/emergence_ablations.json`, [appendix F](cli.html)), and `load_ablations` reads them back as
+# `PretrainResult`s without a model, which is all that `ablation_table`, `plot_ablation`,
+# `plot_value_weights` and `ablation_claims` read. A float64 written by `json` reads back to the same
+# bits, so the page computes from the file exactly what it would compute from the runs.
+# `check_saved_runs` retrains some seeds of a file and compares their histories with the saved ones: the
+# test suite runs it, so a change of the code that changes the ablations' results is caught, not hidden
+# behind a stale file.
+
+# %%
+#| export
+ABLATION_BASE = dataclasses.replace(EMERGENCE, n_steps=500, eval_every=250, eval_tasks=128)   # chapter 6a's base setting of the ablations
+ABLATIONS = dict(gamma=dict(field="gamma", values=(0.5, 0.7, 0.9, 0.95)),                       # name -> the setting varied and its values
+                 features=dict(field="features", values=("random", "unit", "onehot")),
+                 n=dict(field="n", values=(10, 30)),
+                 shared=dict(field="n_layers", values=(8,), fixed=dict(shared=True)))
+
+def run_ablations(seeds,                     # the seeds of every run
+                  base:PretrainConfig=ABLATION_BASE,  # the base configuration
+                  studies:dict=ABLATIONS,    # name -> dict(field, values, fixed={})
+                  cache_dir=None,            # the engine's run cache (runs two studies share are trained once); None: a temporary one
+                  progress:bool=False,       # a progress bar over the studies
+                 )->dict:                    # name -> value -> list of `PretrainResult`
+    "Every ablation of `studies` on `seeds`, through `ablation`."
+    import tempfile
+    from tqdm.auto import tqdm
+    with tempfile.TemporaryDirectory() as tmp:
+        return {k: ablation(base, st["field"], st["values"], seeds, cache_dir=cache_dir or tmp, **st.get("fixed", {}))
+                for k, st in tqdm(studies.items(), desc="ablations", disable=not progress)}
+
+def _run_record(r:PretrainResult)->dict:
+    return dict(config=dataclasses.asdict(r.config), history={k: dict(dtype=str(v.dtype).removeprefix("torch."), values=v.tolist()) for k, v in r.history.items()})
+
+def save_ablations(path,          # the JSON file to write (atomically)
+                   runs:dict,     # output of `run_ablations`
+                   studies:dict=ABLATIONS,
+                   **prov,        # `provenance(...)` of the command that made them
+                  )->dict:        # what was written
+    "Write every run's configuration and history, study by study, with the provenance."
+    rec = dict(provenance=prov, studies={k: dict(field=studies[k]["field"], fixed=studies[k].get("fixed", {}),
+                                                 values=[[v, [_run_record(r) for r in rs]] for v, rs in by_value.items()]) for k, by_value in runs.items()})
+    atomic_write_text(path, json.dumps(rec))
+    return rec
+
+def _run(rec:dict)->PretrainResult:
+    history = {k: torch.tensor(h["values"], dtype=getattr(torch, h["dtype"])) for k, h in rec["history"].items()}
+    return PretrainResult(PretrainConfig(**rec["config"]), None, history)
+
+def load_ablations(path)->tuple:  # (name -> value -> list of `PretrainResult` without a model, provenance); a ValueError if there is none
+    "The runs saved by `save_ablations`, with their provenance."
+    rec = load_json(path)
+    if rec is None or "studies" not in rec: raise ValueError(f"`path` must be a file written by `save_ablations` (`ictd ablations`), got {path}")
+    return {k: {(tuple(v) if isinstance(v, list) else v): [_run(r) for r in rs] for v, rs in st["values"]} for k, st in rec["studies"].items()}, rec["provenance"]
+
+
+# %%
+show_doc(run_ablations)
+show_doc(load_ablations)
+
+# %%
+tiny_studies = dict(gamma=dict(field="gamma", values=(0.5, 0.9)), shared=dict(field="n_layers", values=(2,), fixed=dict(shared=True)))
+tiny_ablations = run_ablations([0, 1], tiny, tiny_studies)
+with tempfile.TemporaryDirectory() as tmp:
+    save_ablations(Path(tmp) / "ablations.json", tiny_ablations, tiny_studies, command="a test")
+    back, prov = load_ablations(Path(tmp) / "ablations.json")
+    test_fail(lambda: load_ablations(Path(tmp) / "none.json"), contains="`path` must be a file written by `save_ablations`")
+test_eq(prov, dict(command="a test"))
+test_eq(list(back["gamma"]), [0.5, 0.9])
+test_eq(back["shared"][2][1].config, tiny_ablations["shared"][2][1].config)
+for k, v in tiny_ablations["gamma"][0.9][1].history.items():   # the same bits and dtypes (a NaN where the run recorded one)
+    torch.testing.assert_close(back["gamma"][0.9][1].history[k], v, rtol=0, atol=0, equal_nan=True)
+test_eq(ablation_table(back["gamma"], "gamma"), ablation_table(tiny_ablations["gamma"], "gamma"))
+
+
+# %% [markdown]
+# `check_saved_runs` retrains the chosen seeds of every configuration of a file, batched per
+# configuration, and returns the largest difference between a fresh history and the saved one, relative
+# to the saved entry's size (at least 1; a NaN in one of them counts as infinitely far). A 1e-9 nudge of the initial parameters moves the ablations'
+# histories by under 1e-7 after 500 steps, so a threshold of 1e-6 separates rounding (another CPU, the
+# nudge) from a changed result.
+
+# %%
+#| export
+def check_saved_runs(saved:dict,        # name -> value -> runs, as `load_ablations` returns them
+                     seeds,             # the seeds to retrain (a subset of the saved runs' seeds)
+                    )->float:           # the largest relative difference, over every configuration, history entry and step
+    "Retrain `seeds` of every saved configuration and measure how far their histories are from the saved ones."
+    worst = 0.
+    for by_value in saved.values():
+        for runs in by_value.values():
+            kept = [r for r in runs if r.config.seed in seeds]
+            if not kept: raise ValueError(f"`seeds` must be among the saved runs' seeds {[r.config.seed for r in runs]}, got {list(seeds)}")
+            fresh = pretrain_many(dataclasses.replace(kept[0].config, seed=0), [r.config.seed for r in kept], progress=False)
+            for old, new in zip(kept, fresh):
+                for k, v in old.history.items():
+                    a, b = new.history[k].double(), v.double()
+                    diff = ((a - b).abs() / b.abs().clamp(min=1)).masked_fill(a.isnan() & b.isnan(), 0.)   # a NaN in both is agreement
+                    worst = max(worst, diff.nan_to_num(nan=math.inf).max().item())
+    return worst
+
+
+# %%
+assert check_saved_runs(back, [1]) < 1e-10   # the same machine and code: seed 1 alone is its run in the batch (appendix B)
+drifted = {"gamma": {0.5: [PretrainResult(r.config, None, dict(r.history, msve=r.history["msve"] * (1 + 1e-3))) for r in back["gamma"][0.5]]}}
+assert check_saved_runs(drifted, [0, 1]) > 1e-5   # a result changed by 0.1% is caught
+test_fail(lambda: check_saved_runs(back, [7]), contains="`seeds` must be among the saved runs' seeds [0, 1]")
 
 
 # %% [markdown]

@@ -18,9 +18,9 @@ from ictd.linear import ICLR_LINEAR
 from ictd.experiments.linear import (plot_linear_pretraining, plot_side_by_side, plot_tuned_side_by_side, reproduce_iclr, side_by_side,
                                      tuned_side_by_side)
 from ictd.experiments.head_to_head import run_head_to_head
-from ictd.experiments.emergence import emergence_report
+from ictd.experiments.emergence import ABLATION_BASE, emergence_report, run_ablations, save_ablations
 from ictd.experiments.mechanism import (CONVERGE_LRS, DEEP_DEPTHS, run_control_study, run_converge_study, run_depth_sweep, run_jacobian_study, run_shared_study, run_gap_map, run_mechanism_study, run_theta_star_dynamics)
-from ictd.core import atomic_savefig, atomic_write_text, check_device, jsonable, save_checked, tensors_only
+from ictd.core import atomic_savefig, atomic_write_text, check_device, jsonable, provenance, save_checked, tensors_only
 from ictd.engine import DTYPES, FAMILIES, INITS, OBJECTIVES, PROTOCOLS, PretrainConfig, load_plugins
 from ictd.pretrain import plot_emergence, pretrain_many, run_folder
 from ictd.sweep import expand_spec, load_spec, measure_overheads, run_sweep, start_client, stop_client, write_sweep
@@ -54,6 +54,7 @@ from ictd.core import load_checked
 # | `ictd pretrain` | the emergence of the TD construction in pretraining (chapters 6 and 6a): every seed in one batched run, and chapter 6a's report over the seeds (`--seeds 0-29` for 30) | in `{key}/`: `config.json`, `seed-{S}.pt`, `seed-{S}.png`, `seed-{S}.json`, `summary.json`, `summary.png`; in `{key}/emergence/`: `bands.png`, `parameters.png`, `summary.json`, `summary.md` (per-layer statistics, baselines, claim counts) |
 # | `ictd linear` | linear against softmax attention, MSVE against depth (chapter 7): untuned, and each method tuned on shared features; with `--reproduce-seeds 0-29`, the predecessor's pretraining experiment | `linear.png`, `linear-tuned.png`, `linear.pt`, `linear.json`, (`iclr-linear.json`, `iclr-linear.png`, `iclr-linear-entries.png`) |
 # | `ictd continuous` | chapters 8-8b: kernel TD on continuous states (depth, context length, bandwidth, linear TD) and pretraining on continuous families | `depth.png`, `tradeoff.png`, `estimates.png`, `long_depth.png`, `pretrain_*.png`, `kernel_*.png`, `results.json` |
+# | `ictd ablations` | chapter 6a's four ablations (discount, features, context length, shared depth) over `--seeds` | `emergence_ablations.json`: every run's configuration and evaluation history, with the command, commit, date and CPU (the chapter reads it from `nbs/data/`) |
 # | `ictd mechanism STUDY` | chapter 6b's slow studies (`runs`, `gap`, `controls`, `dynamics`, `gamma`, `depth`, `deep`, `converge`), trained through the engine | `mechanism_{study}.json` with the command, commit and date that made it (the chapter reads these from `nbs/data/`) |
 # | `ictd sweep SPEC` | a grid of pretraining configurations times seeds from a spec file (appendix G), here or on a Dask cluster (`--cluster local:N`, `--scheduler ADDRESS`); each cell cached as `ictd pretrain` caches it | in `sweep-{name}/`: `sweep.json`, `sweep.csv`, `sweep.png`; the cells' runs in `{key}/` |
 # | `ictd all` | all of the above but `mechanism` and `sweep`, with their defaults | all of the above |
@@ -353,6 +354,11 @@ def make_parser()->argparse.ArgumentParser:
     p = sub.add_parser("continuous", parents=[common], formatter_class=fmt, help="kernel TD and pretraining on continuous states (chapters 8-8b)")
     p.add_argument("--seed", type=natural_int, default=0, help="seed of the contexts, and the first of the consecutive training seeds")
     p.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test) instead of the full scale")
+    p = sub.add_parser("ablations", parents=[common], formatter_class=fmt,
+                       help="chapter 6a's ablations over seeds, every run's history saved as JSON (emergence_ablations.json)")
+    p.add_argument("--seeds", type=seed_list, default=list(range(10)), help="seeds, e.g. 0-9 (the chapter's)")
+    p.add_argument("--steps", type=_checked(int, lambda v: v >= 2 and v % 2 == 0, "an even integer >= 2"), default=ABLATION_BASE.n_steps,
+                   help="training steps of every run (evaluated at 0, half-way and the end)")
     p = sub.add_parser("mechanism", parents=[common], formatter_class=fmt,
                        help="the slow studies of chapter 6b, each saved as JSON with the command, commit and date that made it")
     p.add_argument("study", choices=list(MECHANISM_STUDIES), help="which study: " + "; ".join(f"{k}: {v[1]}" for k, v in MECHANISM_STUDIES.items()))
@@ -670,6 +676,25 @@ def run_mechanism(args)->list:
 
 
 # %% [markdown]
+# `ictd ablations` trains chapter 6a's ablations ([appendix E](emergence_studies.html#saved-ablations)) and writes every
+# run's history to one file, which the chapter reads:
+
+# %%
+#| export
+def run_ablations_command(args)->list:
+    "`ictd ablations`: chapter 6a's ablations on `--seeds`, every run's configuration and history in `emergence_ablations.json`."
+    import time, dataclasses
+    t0 = time.time()
+    base = dataclasses.replace(ABLATION_BASE, n_steps=args.steps, eval_every=args.steps // 2)
+    runs = run_ablations(list(args.seeds), base, progress=not args.no_progress)
+    path = Path(args.out) / "emergence_ablations.json"
+    save_ablations(path, runs, **provenance(f"ictd ablations --seeds {seed_ranges(args.seeds)} --steps {args.steps} --out {args.out}",
+                                            wall_s=round(time.time() - t0, 1), threads=torch.get_num_threads()))
+    print(f"wrote {path}", flush=True)
+    return [path]
+
+
+# %% [markdown]
 # `ictd sweep SPEC` runs appendix G's sweep: every cell of the spec, here or on the Dask cluster that `--cluster` starts
 # or `--scheduler` names, and its three files in `sweep-{name}/` under `--out`; the cells' runs are cached in the
 # folders of `ictd pretrain` (under `--cache-dir`, by default `--out`). `ictd sweep --overhead` instead measures the
@@ -703,8 +728,8 @@ def run_sweep_command(args)->list:
 
 # %%
 #| export
-COMMANDS = dict(chain=run_chain, linear=run_linear, convergence=run_convergence, pretrain=run_pretrain, continuous=run_continuous, mechanism=run_mechanism,
-                sweep=run_sweep_command)
+COMMANDS = dict(chain=run_chain, linear=run_linear, convergence=run_convergence, pretrain=run_pretrain, continuous=run_continuous, ablations=run_ablations_command,
+                mechanism=run_mechanism, sweep=run_sweep_command)
 
 def main(argv:list=None, # arguments after `ictd` (default: `sys.argv[1:]`)
         ):

@@ -8,17 +8,18 @@ import dataclasses, json, math
 from pathlib import Path
 import torch
 from ..model import theta_star
-from ..core import atomic_savefig, atomic_write_text, plain_log_ticks
-from ..engine import PretrainConfig
+from ..core import atomic_savefig, atomic_write_text, load_json, plain_log_ticks, provenance
+from ..engine import EMERGENCE, PretrainConfig, PretrainResult
 from ..pretrain import pretrain_many
 from ..emergence import (UNIFORM_BELOW, baseline_msve, best_theta_star, last_selective_layer, mean_se, min_successes,
                             model_msve, ratio_interval, sign_pattern, stack_history, value_gap)
 
 # %% auto #0
-__all__ = ['WEIGHT_STYLES', 'NOT_PREDICTORS', 'seed_summary', 'layer_table', 'trained_layers', 'value_weight_panels',
-           'plot_value_weights', 'diagonality_panel', 'error_panels', 'plot_seed_bands', 'mean_blocks', 'plot_blocks',
-           'baseline_comparison', 'comparison_table', 'claim_counts', 'emergence_claims', 'ablation', 'ablation_rows',
-           'ablation_table', 'plot_ablation', 'ablation_claims', 'emergence_report']
+__all__ = ['WEIGHT_STYLES', 'NOT_PREDICTORS', 'ABLATION_BASE', 'ABLATIONS', 'seed_summary', 'layer_table', 'trained_layers',
+           'value_weight_panels', 'plot_value_weights', 'diagonality_panel', 'error_panels', 'plot_seed_bands',
+           'mean_blocks', 'plot_blocks', 'baseline_comparison', 'comparison_table', 'claim_counts', 'emergence_claims',
+           'ablation', 'ablation_rows', 'ablation_table', 'plot_ablation', 'ablation_claims', 'run_ablations',
+           'save_ablations', 'load_ablations', 'check_saved_runs', 'emergence_report']
 
 # %% ../../nbs/94_emergence_studies.ipynb #d83b31bf
 def seed_summary(results:list,  # runs of one configuration, one per seed
@@ -309,6 +310,68 @@ def ablation_claims(gamma_runs:dict,    # `ablation` over gamma, with 0.5 and 0.
     assert out["diagonality_onehot_minus_random"] > 2 * out["diagonality_difference_se"], out
     assert out["msve_n"][min(n_runs)] - out["msve_n"][max(n_runs)] > 2 * out["msve_difference_se"], out
     return out
+
+# %% ../../nbs/94_emergence_studies.ipynb #278b6d3f
+ABLATION_BASE = dataclasses.replace(EMERGENCE, n_steps=500, eval_every=250, eval_tasks=128)   # chapter 6a's base setting of the ablations
+ABLATIONS = dict(gamma=dict(field="gamma", values=(0.5, 0.7, 0.9, 0.95)),                       # name -> the setting varied and its values
+                 features=dict(field="features", values=("random", "unit", "onehot")),
+                 n=dict(field="n", values=(10, 30)),
+                 shared=dict(field="n_layers", values=(8,), fixed=dict(shared=True)))
+
+def run_ablations(seeds,                     # the seeds of every run
+                  base:PretrainConfig=ABLATION_BASE,  # the base configuration
+                  studies:dict=ABLATIONS,    # name -> dict(field, values, fixed={})
+                  cache_dir=None,            # the engine's run cache (runs two studies share are trained once); None: a temporary one
+                  progress:bool=False,       # a progress bar over the studies
+                 )->dict:                    # name -> value -> list of `PretrainResult`
+    "Every ablation of `studies` on `seeds`, through `ablation`."
+    import tempfile
+    from tqdm.auto import tqdm
+    with tempfile.TemporaryDirectory() as tmp:
+        return {k: ablation(base, st["field"], st["values"], seeds, cache_dir=cache_dir or tmp, **st.get("fixed", {}))
+                for k, st in tqdm(studies.items(), desc="ablations", disable=not progress)}
+
+def _run_record(r:PretrainResult)->dict:
+    return dict(config=dataclasses.asdict(r.config), history={k: dict(dtype=str(v.dtype).removeprefix("torch."), values=v.tolist()) for k, v in r.history.items()})
+
+def save_ablations(path,          # the JSON file to write (atomically)
+                   runs:dict,     # output of `run_ablations`
+                   studies:dict=ABLATIONS,
+                   **prov,        # `provenance(...)` of the command that made them
+                  )->dict:        # what was written
+    "Write every run's configuration and history, study by study, with the provenance."
+    rec = dict(provenance=prov, studies={k: dict(field=studies[k]["field"], fixed=studies[k].get("fixed", {}),
+                                                 values=[[v, [_run_record(r) for r in rs]] for v, rs in by_value.items()]) for k, by_value in runs.items()})
+    atomic_write_text(path, json.dumps(rec))
+    return rec
+
+def _run(rec:dict)->PretrainResult:
+    history = {k: torch.tensor(h["values"], dtype=getattr(torch, h["dtype"])) for k, h in rec["history"].items()}
+    return PretrainResult(PretrainConfig(**rec["config"]), None, history)
+
+def load_ablations(path)->tuple:  # (name -> value -> list of `PretrainResult` without a model, provenance); a ValueError if there is none
+    "The runs saved by `save_ablations`, with their provenance."
+    rec = load_json(path)
+    if rec is None or "studies" not in rec: raise ValueError(f"`path` must be a file written by `save_ablations` (`ictd ablations`), got {path}")
+    return {k: {(tuple(v) if isinstance(v, list) else v): [_run(r) for r in rs] for v, rs in st["values"]} for k, st in rec["studies"].items()}, rec["provenance"]
+
+# %% ../../nbs/94_emergence_studies.ipynb #5d849ba1
+def check_saved_runs(saved:dict,        # name -> value -> runs, as `load_ablations` returns them
+                     seeds,             # the seeds to retrain (a subset of the saved runs' seeds)
+                    )->float:           # the largest relative difference, over every configuration, history entry and step
+    "Retrain `seeds` of every saved configuration and measure how far their histories are from the saved ones."
+    worst = 0.
+    for by_value in saved.values():
+        for runs in by_value.values():
+            kept = [r for r in runs if r.config.seed in seeds]
+            if not kept: raise ValueError(f"`seeds` must be among the saved runs' seeds {[r.config.seed for r in runs]}, got {list(seeds)}")
+            fresh = pretrain_many(dataclasses.replace(kept[0].config, seed=0), [r.config.seed for r in kept], progress=False)
+            for old, new in zip(kept, fresh):
+                for k, v in old.history.items():
+                    a, b = new.history[k].double(), v.double()
+                    diff = ((a - b).abs() / b.abs().clamp(min=1)).masked_fill(a.isnan() & b.isnan(), 0.)   # a NaN in both is agreement
+                    worst = max(worst, diff.nan_to_num(nan=math.inf).max().item())
+    return worst
 
 # %% ../../nbs/94_emergence_studies.ipynb #e616477c
 def emergence_report(results:list,  # runs of one configuration (>= 2 seeds)
