@@ -124,7 +124,7 @@ class ControlPretrainConfig:
     "Every setting of a control pretraining run (the defaults are the book's study)."
     n_states:int = 4          # states S of each random MDP
     n_actions:int = 2         # actions A
-    rewards:str = "state"     # `random_mdp` rewards: "state" (r(s, a) = r(s)) or "action"
+    rewards:str = "action"    # `random_mdp` rewards: "action" (r(s, a) i.i.d.) or "state" (r(s, a) = r(s))
     gamma:float = 0.9         # discount factor
     n:int = 20                # context length (transitions)
     n_layers:int = 3          # layer pairs L (2L attention layers)
@@ -629,6 +629,7 @@ def run_control_pretraining(out="nbs/data",             # folder of control_pret
                             config:ControlPretrainConfig=ControlPretrainConfig(),  # the settings (objective: all three are run)
                             progress:bool=True,
                             command:str="run_control_pretraining",
+                            name:str="control_pretrain.json",  # the file's name in `out`
                            )->Path:
     "Train every seed with the three objectives, measure them and the baselines on the held-out MDPs, write `<out>/control_pretrain.json`."
     t0, seeds = time.time(), list(seeds)
@@ -638,19 +639,20 @@ def run_control_pretraining(out="nbs/data",             # folder of control_pret
         runs[obj], steps = res["history"], res["steps"]
     data = dict(config=dataclasses.asdict(config), seeds=seeds, steps=steps, runs=runs, baselines=baselines(config, ho))
     data["provenance"] = provenance(command, threads=torch.get_num_threads(), wall_s=round(time.time() - t0, 1))
-    path = Path(out) / "control_pretrain.json"
+    path = Path(out) / name
     atomic_write_text(path, json.dumps(jsonable(data), indent=1))
     return path
 
 def main(argv:list=None):
-    "Command line: `python -m ictd.experiments.control_pretraining --out nbs/data [--seeds 0 1 ...] [--steps N]`."
+    "Command line: `python -m ictd.experiments.control_pretraining --out nbs/data [--seeds 0 1 ...] [--steps N] [--rewards state --name F]`."
     ap = argparse.ArgumentParser(prog="python -m ictd.experiments.control_pretraining", description=run_control_pretraining.__doc__)
     ap.add_argument("--out", default="nbs/data"); ap.add_argument("--seeds", type=int, nargs="+", default=list(range(10)))
     ap.add_argument("--steps", type=int, default=ControlPretrainConfig.n_steps); ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--rewards", default=ControlPretrainConfig.rewards, choices=("action", "state")); ap.add_argument("--name", default="control_pretrain.json")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     cmd = "python -m ictd.experiments.control_pretraining " + " ".join(sys.argv[1:] if argv is None else argv)
-    print(run_control_pretraining(args.out, args.seeds, ControlPretrainConfig(n_steps=args.steps), not args.no_progress, cmd.strip()))
+    print(run_control_pretraining(args.out, args.seeds, ControlPretrainConfig(n_steps=args.steps, rewards=args.rewards), not args.no_progress, cmd.strip(), args.name))
 
 
 # %%
