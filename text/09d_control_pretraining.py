@@ -573,7 +573,7 @@ runs_s = {k: {m: np.array(v) for m, v in r.items()} for k, r in state["runs"].it
 base_s = {k: np.array(v) for k, v in state["baselines"].items()}
 mq_s, me_s = (runs_s[k]["mass_value"][:, -1, -1] for k in ("q", "expected"))
 Markdown(f"After {state['config']['n_steps']} steps, {len(state['seeds'])} seeds: the last backup head's mass on the value argmax is "
-         f"{fmt(mq_s)} under Q-learning and {fmt(me_s)} under expected SARSA ($\beta_{{\mathrm{{eff}}}}$ {fmt(runs_s['q']['beta_eff'][:, -1, -1])} "
+         f"{fmt(mq_s)} under Q-learning and {fmt(me_s)} under expected SARSA ($\\beta_{{\mathrm{{eff}}}}$ {fmt(runs_s['q']['beta_eff'][:, -1, -1])} "
          f"and {fmt(runs_s['expected']['beta_eff'][:, -1, -1])}); normalised returns {fmt(runs_s['q']['norm_return'][:, -1])} and "
          f"{fmt(runs_s['expected']['norm_return'][:, -1])}, against {fmt(base_s['construction_inf'])} for the construction at $L = {state['config']['n_layers']}$ "
          f"and {fmt(base_s['certainty_equivalence'])} for Q-iteration to convergence on the same contexts. "
