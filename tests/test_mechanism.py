@@ -6,7 +6,6 @@ import dataclasses, json, math
 from pathlib import Path
 import pytest, torch
 from ictd.engine import EMERGENCE
-from ictd.pretrain import pretrain_many
 from ictd.tasks import random_tasks
 from ictd.model import SoftmaxICTD
 from ictd.emergence import held_out_prompts, min_successes
@@ -41,8 +40,8 @@ def test_identity_knockout_skips_the_layer():
     with pytest.raises(ValueError, match="`mode` must be"): knockout(m, 0, "zero")
 
 @pytest.fixture(scope="module")
-def fresh():
-    runs = pretrain_many(EMERGENCE, FRESH, progress=False)
+def fresh(shared_runs):
+    runs = shared_runs(EMERGENCE, FRESH)   # trained once per session for the tests that share them (tests/conftest.py)
     return [(r.config, r.model) for r in runs]
 
 @pytest.fixture(scope="module")

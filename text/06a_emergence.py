@@ -23,18 +23,17 @@ from nbdev.showdoc import *
 
 # %%
 #| hide
-import tempfile
 import matplotlib.pyplot as plt
 from IPython.display import Markdown
-from ictd.core import record_claim
+from ictd.core import provenance_note, record_claim
 from ictd.state_tokens import population_neu
 from ictd.engine import EMERGENCE
 from ictd.pretrain import pretrain_many
 from ictd.tasks import random_tasks
 from ictd.core import plain_log_ticks
-from ictd.experiments.emergence import (ablation, ablation_claims, ablation_rows, ablation_table, baseline_comparison, comparison_table,
+from ictd.experiments.emergence import (ablation_claims, ablation_rows, ablation_table, baseline_comparison, comparison_table,
                                         diagonality_panel, emergence_claims, error_panels, layer_table, plot_ablation,
-                                        plot_blocks, plot_value_weights, seed_summary)
+                                        load_ablations, plot_blocks, plot_value_weights, seed_summary)
 
 
 # %% [markdown]
@@ -673,21 +672,22 @@ plot_blocks(runs);
 #   fixed point has the fixed point $v_\pi$ only if $a_{v'} = \gamma a_r$ and $a_v = -a_r$, so a deep shared
 #   model is *forced* towards the TD ratio $a_{v'} / a_v = -\gamma$, where separate layers are not.
 #
-# To fit the book's time budget the ablations train for 500 steps, a quarter of the headline run,
-# and the context lengths are $n = 10$ and $30$. The `#| slow` cell below holds a slower setting (the headline's
-# length, $n = 100, 300$ and a shared depth of $L = 16$), but it is not executed when the book is built, and no number
-# on this page comes from it; full-length runs at $n = 300$ and at other discounts are in chapter 6b's gap map, read
-# from saved files.
+# The ablations train for 500 steps, a quarter of the headline run, with 128 held-out tasks per seed, and the context
+# lengths are $n = 10$ and $30$. Eight configurations over ten seeds take minutes on one CPU thread, more than a page
+# of the book may take to build, so the runs are read from `nbs/data/emergence_ablations.json`, which
+# `ictd ablations --seeds 0-9` writes ([appendix E](emergence_studies.html#saved-ablations), [appendix F](cli.html)):
+# every run's configuration and evaluation history, to the last bit. The test suite retrains one of the ten seeds of
+# every configuration and checks that their histories are the file's (to a relative $10^{-6}$), so the page cannot
+# rest on a file that the code no longer produces. Full-length runs at $n = 300$ and at other discounts are in
+# chapter 6b's gap map, also read from saved files.
 
 # %%
-run_cache = tempfile.mkdtemp()  # the base setting is shared by three ablations: train it once
-ablation_base = dataclasses.replace(config, n_steps=500, eval_every=250, eval_tasks=128)
-gammas, feature_kinds, context_lengths, shared_depths = (0.5, 0.7, 0.9, 0.95), ("random", "unit", "onehot"), (10, 30), (8,)
-
-# %%
-#| slow
-ablation_base = dataclasses.replace(config, eval_tasks=128)
-context_lengths, shared_depths = (10, 30, 100, 300), (8, 16)
+saved_ablations, ablation_provenance = load_ablations("data/emergence_ablations.json")
+gamma_runs, feature_runs, n_runs, shared_runs = (saved_ablations[k] for k in ("gamma", "features", "n", "shared"))
+ablation_base = gamma_runs[0.9][0].config
+assert all([r.config.seed for r in rs] == list(seeds) for by_value in saved_ablations.values() for rs in by_value.values())   # every setting on the ten seeds
+test_eq(ablation_base, dataclasses.replace(config, n_steps=500, eval_every=250, eval_tasks=128, seed=ablation_base.seed))   # the headline's settings but these three
+Markdown(provenance_note(ablation_provenance, "The ablation runs"))
 
 # %% [markdown]
 # ### The discount: does the ratio track $-\gamma$?
@@ -698,7 +698,6 @@ context_lengths, shared_depths = (10, 30, 100, 300), (8, 16)
 # %%
 #| fig-cap: 'Figure 6a.5: At $\gamma = 0.5$ and $0.7$ every seed''s layers 2 and 3 take the sign pattern $(+, +, -)$, with median ratios within a factor of two of $-\gamma$; at $\gamma = 0.9$ layer 3 loses the pattern in most seeds (layer 2 keeps it in most), at $\gamma = 0.95$ both layers lose it in every seed, and the held-out MSVE rises steeply.'
 #| fig-alt: "Three panels against gamma (0.5, 0.7, 0.9, 0.95), 10 seeds, 500 steps: the successor/current ratio (median and quartiles) of layers 2 (solid) and 3 (dashed) with a dashed black line at minus gamma; the share of seeds with the sign pattern (+, +, -) in each layer; and the held-out MSVE, mean and standard error, rising with gamma."
-gamma_runs = ablation(ablation_base, "gamma", gammas, seeds, cache_dir=run_cache)
 plot_ablation(gamma_runs, "gamma");
 
 # %%
@@ -723,7 +722,6 @@ Markdown("After " + f"{ablation_base.n_steps} steps the last layer shows $(+, +,
 # %%
 #| fig-cap: "Figure 6a.6: With one-hot features the held-out MSVE is lowest and the sign pattern $(+, +, -)$ appears in layer 3 of most seeds and in layer 2 of none; with random or unit features it is the other way round, in layer 2 of most seeds and in layer 3 of few."
 #| fig-alt: "Three panels against the feature kind (random, unit, onehot), 10 seeds, 500 steps: the successor/current ratio (median and quartiles) of layers 2 (solid) and 3 (dashed) with a dashed black line at minus gamma, with wide quartile bars; the share of seeds with the sign pattern (+, +, -) in each layer; and the held-out MSVE, mean and standard error, per feature kind."
-feature_runs = ablation(ablation_base, "features", feature_kinds, seeds, cache_dir=run_cache)
 plot_ablation(feature_runs, "features");
 
 # %%
@@ -740,7 +738,6 @@ Markdown(ablation_table(feature_runs, "features"))
 # %%
 #| fig-cap: "Figure 6a.7: A longer context ($n = 30$ against $n = 10$) lowers the held-out MSVE; the share of seeds with the sign pattern $(+, +, -)$ changes little, high in layer 2 and low in layer 3 at both lengths."
 #| fig-alt: "Three panels against the context length n = 10 and n = 30, 10 seeds, 500 steps: the successor/current ratio of layers 2 (solid) and 3 (dashed) with a dashed black line at minus gamma, the share of seeds with the sign pattern (+, +, -) in each layer, above one half in layer 2 and at most one fifth in layer 3 at both lengths; and the held-out MSVE, mean and standard error, lower at the longer context."
-n_runs = ablation(ablation_base, "n", context_lengths, seeds, cache_dir=run_cache)
 plot_ablation(n_runs, "n");
 
 # %%
@@ -756,7 +753,6 @@ Markdown(ablation_table(n_runs, "n"))
 # %%
 #| fig-cap: 'Figure 6a.8: With one layer shared across 8 layers of depth, the value weights take the signs $(+, +, -)$ and the median successor/current ratio settles near $-\gamma$ within 500 steps.'
 #| fig-alt: "Two panels against training step 0 to 500, 10 seeds, one shared layer applied 8 times: left, the reward (solid) and successor-value (dashed) weights rising above zero and the current-value weight (dotted) falling below it, means with standard-error bands; right, the successor/current ratio, median with a quartile band, reaching the dashed line at minus gamma = -0.9."
-shared_runs = ablation(ablation_base, "n_layers", shared_depths, seeds, cache_dir=run_cache, shared=True)
 plot_value_weights(shared_runs[8]);
 
 # %%
@@ -793,7 +789,8 @@ Markdown(ablation_table(shared_runs, "n_layers (shared)"))
 # * **Claim 6a.9.** The value error at the longest context is lower than at the shortest by more than
 #   two standard errors.
 #
-# The test suite checks the same claims on ten other seeds.
+# With `ICTD_SLOW=1` the test suite checks the same claims on ten other seeds, 100 to 109 (minutes); `make test`
+# retrains one of the saved seeds of every setting against the file.
 
 # %%
 ablation_evidence = ablation_claims(gamma_runs, feature_runs, n_runs, shared_runs)

@@ -352,6 +352,10 @@ Markdown(f"Floors (mean over the 100 MDPs): "
          "\\rVert_\\infty$ on every MDP and length (asserted).")
 
 # %% [markdown]
+# Everything so far sets the parameters by hand. [Chapter 9d](control_pretraining.html) trains this Transformer
+# from a random start with a Q-learning objective and asks whether the max head emerges.
+
+# %% [markdown]
 # ## Implementation and tests
 
 # %%
