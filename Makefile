@@ -50,7 +50,7 @@ sync: setup
 
 # The full suite (what CI runs): every tier, unit, claims (statistics over seeds) and book (notebooks, site, packaging).
 test: setup
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n auto
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n auto --durations=20
 
 # The edit loop's quick check: the `unit` tier only (under a minute).
 test-fast: setup
