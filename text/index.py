@@ -181,8 +181,7 @@ Markdown(reading_paths(PATHS, labels))
 
 # %%
 import torch
-from ictd.boyan import msve, random_boyan_chain, sample_trajectory
-from ictd.wstd import weighted_softmax_td
+from ictd import msve, random_boyan_chain, sample_trajectory, weighted_softmax_td
 
 # %%
 chain = random_boyan_chain(n_states=10, d=4, gamma=0.9, features="onehot", seed=0)
@@ -217,10 +216,11 @@ print(f"MSVE after L = {L} layers: {msve(chain, values[n + 1:]):.4g}")
 # `seed-S.json` and `seed-S.png`, and over the seeds `summary.json` and `summary.png` (value error, NEU, the last
 # layer's value weights and kernel diagonality against training step), with chapter 6a's report in `emergence/`. One
 # seed alone is one draw: its last layer's weights may sit far from the $-\gamma$ line of chapter 6's figures, which is
-# why the book states every training result over seeds. In Python, draw a task and a trajectory:
+# why the book states every training result over seeds. In Python, the book's main names import from the top of the
+# package ([appendix H](api.html) lists them); draw a task and a trajectory:
 
 # %%
-from ictd.boyan import random_boyan_chain, sample_trajectory
+from ictd import random_boyan_chain, sample_trajectory
 
 # %%
 mrp = random_boyan_chain(n_states=10, d=4, gamma=0.9, seed=0)
