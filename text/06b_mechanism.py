@@ -189,6 +189,15 @@ Markdown(f"The winner is lower than the runner-up in {n_lower} of {n_head} seeds
          f"({head['td']['scores']['msve'].mean():.3f}) is above the Bayes candidate's ({head['bayes']['scores']['msve'].mean():.3f}), as the models' own is; "
          f"it is the best account of what the models compute, errors included.")
 
+# %%
+at_edge = {k: [a for a, x in v["fits"][0]["theta"].items() if len(CONTEST_GRIDS[k][a]) > 1 and x in (min(CONTEST_GRIDS[k][a]), max(CONTEST_GRIDS[k][a]))]
+           for k, v in head.items()}
+Markdown("Fitted constants at an end of their grid, where a wider grid could fit better: " +
+         ("; ".join(f"{CONTEST_NAMES[k]}: " + ", ".join(f"${sym[a]} = {head[k]['fits'][0]['theta'][a]:g}$ (grid {min(CONTEST_GRIDS[k][a]):g} to {max(CONTEST_GRIDS[k][a]):g})" for a in v)
+                    for k, v in at_edge.items() if v) or "none") +
+         ". A candidate held at an edge may score below what a wider grid would give it; such a fit is reported as it is, not widened after the "
+         "scores were seen (the grids were fixed before the contest ran).")
+
 # %% [markdown]
 # ### The sweep
 #

@@ -19,7 +19,7 @@ from ictd.experiments.linear import (plot_linear_pretraining, plot_side_by_side,
                                      tuned_side_by_side)
 from ictd.experiments.head_to_head import run_head_to_head
 from ictd.experiments.emergence import ABLATION_BASE, emergence_report, run_ablations, save_ablations
-from ictd.experiments.mechanism import (CONVERGE_LRS, DEEP_DEPTHS, run_control_study, run_converge_study, run_depth_sweep, run_jacobian_study, run_shared_study, run_gap_map, run_mechanism_study, run_theta_star_dynamics)
+from ictd.experiments.mechanism import (CONVERGE_LRS, DEEP_DEPTHS, run_contest, run_contest_runs, run_control_study, run_converge_study, run_depth_sweep, run_jacobian_study, run_shared_study, run_gap_map, run_mechanism_study, run_theta_star_dynamics)
 from ictd.core import atomic_savefig, atomic_write_text, check_device, jsonable, provenance, save_checked, tensors_only
 from ictd.engine import DTYPES, FAMILIES, INITS, OBJECTIVES, PROTOCOLS, PretrainConfig, load_plugins
 from ictd.pretrain import plot_emergence, pretrain_many, run_folder
@@ -55,7 +55,7 @@ from ictd.core import load_checked
 # | `ictd linear` | linear against softmax attention, MSVE against depth (chapter 7): untuned, and each method tuned on shared features; with `--reproduce-seeds 0-29`, the predecessor's pretraining experiment | `linear.png`, `linear-tuned.png`, `linear.pt`, `linear.json`, (`iclr-linear.json`, `iclr-linear.png`, `iclr-linear-entries.png`) |
 # | `ictd continuous` | chapters 8-8b: kernel TD on continuous states (depth, context length, bandwidth, linear TD) and pretraining on continuous families | `depth.png`, `tradeoff.png`, `estimates.png`, `long_depth.png`, `pretrain_*.png`, `kernel_*.png`, `results.json` |
 # | `ictd ablations` | chapter 6a's four ablations (discount, features, context length, shared depth) over `--seeds` | `emergence_ablations.json`: every run's configuration and evaluation history, with the command, commit, date and CPU (the chapter reads it from `nbs/data/`) |
-# | `ictd mechanism STUDY` | chapter 6b's slow studies (`runs`, `gap`, `controls`, `dynamics`, `gamma`, `depth`, `deep`, `converge`), trained through the engine | `mechanism_{study}.json` with the command, commit and date that made it (the chapter reads these from `nbs/data/`) |
+# | `ictd mechanism STUDY` | chapter 6b's slow studies (`runs`, `gap`, `controls`, `dynamics`, `gamma`, `depth`, `deep`, `converge`, `shared`, `jacobian`, and the contest's `contest_runs` and `contest`), trained through the engine | `mechanism_{study}.json` with the command, commit and date that made it (the chapter reads these from `nbs/data/`) |
 # | `ictd sweep SPEC` | a grid of pretraining configurations times seeds from a spec file (appendix G), here or on a Dask cluster (`--cluster local:N`, `--scheduler ADDRESS`); each cell cached as `ictd pretrain` caches it | in `sweep-{name}/`: `sweep.json`, `sweep.csv`, `sweep.png`; the cells' runs in `{key}/` |
 # | `ictd all` | all of the above but `mechanism` and `sweep`, with their defaults | all of the above |
 #
@@ -297,7 +297,11 @@ MECHANISM_STUDIES = dict(
                                                             cache_dir=a.cache_dir, train_only=a.train_only, command=cmd),
               "the lr x steps sweep with the stopping rule, --lrs --steps --eval-every --window (mechanism_converge.json)"),
     shared=(lambda out, seeds, cmd, a: run_shared_study(out, seeds, command=cmd), "one shared layer, iterated in the chapter beyond its training depth (mechanism_shared.json)"),
-    jacobian=(lambda out, seeds, cmd, a: run_jacobian_study(out, command=cmd), "the expected update's Jacobian at theta*, n = infinity and n = 30 (mechanism_jacobian.json)"))
+    jacobian=(lambda out, seeds, cmd, a: run_jacobian_study(out, command=cmd), "the expected update's Jacobian at theta*, n = infinity and n = 30 (mechanism_jacobian.json)"),
+    contest_runs=(lambda out, seeds, cmd, a: run_contest_runs(out, command=cmd),
+                  "the contest's cells that no other study saved, each on its own seeds (CONTEST_CELLS, appendix D; --seeds is not used) (contest_runs.json)"),
+    contest=(lambda out, seeds, cmd, a: run_contest(out, data_dir=out, command=cmd),
+             "the contest's sums for every saved run of every cell, read from the runs files in --out (contest_stats.json)"))
 
 def mechanism_command(args)->str:
     "The command line a mechanism study records: the study, its seeds, folder and the options that change its result."
