@@ -6,14 +6,16 @@
 from __future__ import annotations
 from dataclasses import dataclass
 import torch
+from torch.autograd.function import once_differentiable
 from .core import TaskBatch
 from .prompt import build_prompt
 from .tasks import task_features
 from .model import SoftmaxICTD
 
 # %% auto #0
-__all__ = ['StateTokens', 'state_tokens', 'seed_map', 'token_layer', 'token_layers', 'token_predict', 'model_params',
-           'trajectory_tokens', 'population_tokens', 'population_predict', 'population_neu']
+__all__ = ['FAST_PRODUCT', 'StateTokens', 'state_tokens', 'seed_map', 'token_layer', 'token_layers', 'token_predict',
+           'model_params', 'trajectory_tokens', 'population_tokens', 'population_predict', 'population_neu',
+           'fused_token_predict']
 
 # %% ../nbs/03a_state_tokens.ipynb #5cba008d
 @dataclass(eq=False)
@@ -133,3 +135,75 @@ def population_neu(model:SoftmaxICTD,  # any parameters
     with torch.no_grad(): delta = tasks.r + tasks.gamma * (tasks.P @ v.unsqueeze(-1)).squeeze(-1) - v
     grads = torch.autograd.grad((tasks.d_pi * delta * v).sum(-1).mean(), list(model.parameters()), allow_unused=True)
     return sum(g.square().sum() for g in grads if g is not None).item()
+
+# %% ../nbs/03a_state_tokens.ipynb #4f0a1223
+def _rows(W, T):
+    "T (S, B, R, D) times a per-seed matrix W (S, D, E) on the right, one product per seed: (S, B, R, E)."
+    S, B, R, D = T.shape
+    return (T.reshape(S, B * R, D) @ W).reshape(S, B, R, W.shape[-1])
+
+def _sum_rows(U, T):
+    "U^T T summed over every prompt of each seed, for U (S, B, R, D) and T (S, B, R, E): (S, D, E)."
+    return U.reshape(U.shape[0], -1, U.shape[-1]).mT @ T.reshape(T.shape[0], -1, T.shape[-1])
+
+FAST_PRODUCT = 400   # torch's CPU batched product switches to a scalar loop below this many multiply-adds per matrix
+
+class _FusedTokens(torch.autograd.Function):
+    "`token_predict` as one autograd node: A, V_cur, V_tgt (S, L or 1, D, D); Z (S, B, D, C), log_w (S, B, s), succ (S, B, s, C) contiguous."
+    @staticmethod
+    def forward(ctx, A, V_cur, V_tgt, Z, log_w, succ, n_layers, q):
+        S, B, D, C = Z.shape
+        s, Lp, saved = log_w.shape[-1], A.shape[1], []
+        bias = log_w.reshape(S * B, s, 1)
+        for l in range(n_layers):
+            a, vc, vt = A[:, l % Lp], V_cur[:, l % Lp], V_tgt[:, l % Lp]
+            c = min(C, max(q, -(-FAST_PRODUCT // (s * D)))) if l == n_layers - 1 else C   # columns updated
+            T = Z.mT.contiguous()                                   # (S, B, C, D) the tokens as rows
+            Tk, Yt = T[..., :s, :].contiguous(), succ @ T           # the keys and their mean successors (S, B, s, D)
+            Xt, Gt = _rows(vc.mT, Tk) + _rows(vt.mT, Yt), _rows(a, Tk)   # values and A-scaled keys (S, B, s, D)
+            O = Z[..., C - c:].contiguous() if c < C else Z          # (S, B, D, c)
+            att = torch.softmax(torch.baddbmm(bias, Gt.reshape(S * B, s, D), O.reshape(S * B, D, c)), dim=-2)   # (S B, s, c)
+            Z = torch.baddbmm(O.reshape(S * B, D, c), Xt.reshape(S * B, s, D).mT, att).reshape(S, B, D, c)
+            saved += [T, Tk, Yt, Xt, Gt, att.reshape(S, B, s, c)]
+        ctx.n_layers, ctx.q, ctx.C = n_layers, q, C
+        ctx.save_for_backward(A, V_cur, V_tgt, succ, *saved)
+        return Z[..., -1, -q:]
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        A, V_cur, V_tgt, succ, *saved = ctx.saved_tensors
+        L, q, C, Lp = ctx.n_layers, ctx.q, ctx.C, A.shape[1]
+        S, B, s, D = saved[1].shape
+        dA, dVc, dVt = torch.zeros_like(A), torch.zeros_like(V_cur), torch.zeros_like(V_tgt)
+        g = grad.new_zeros(S, B, D, saved[-1].shape[-1])
+        g[..., -1, -q:] = grad                                      # d value / d the last layer's output columns
+        for l in reversed(range(L)):
+            T, Tk, Yt, Xt, Gt, att = saved[6 * l: 6 * l + 6]
+            a, vc, vt, c = A[:, l % Lp], V_cur[:, l % Lp], V_tgt[:, l % Lp], att.shape[-1]
+            dXt, datt = att @ g.mT.contiguous(), Xt @ g             # (S, B, s, D), (S, B, s, c)
+            dE = torch._softmax_backward_data(datt, att, -2, att.dtype)
+            dGt, dO = dE @ T[..., C - c:, :].contiguous(), g + Gt.mT @ dE
+            dA[:, l % Lp] += _sum_rows(Tk, dGt)
+            dVc[:, l % Lp] += _sum_rows(dXt, Tk)
+            dVt[:, l % Lp] += _sum_rows(dXt, Yt)
+            dT = succ.mT @ _rows(vt, dXt)                            # (S, B, C, D) through the successors
+            dT[..., :s, :] += _rows(a.mT, dGt) + _rows(vc, dXt)      # through the keys
+            g = dT.mT.contiguous()                                  # (S, B, D, C)
+            g[..., C - c:] += dO
+        return dA, dVc, dVt, None, None, None, None, None
+
+# %% ../nbs/03a_state_tokens.ipynb #ff0a3b49
+def fused_token_predict(params:dict,    # A, V_cur, V_tgt: (S, L or 1, D, D) each
+                        n_layers:int,   # depth L
+                        x:StateTokens,  # state tokens with a leading seed axis
+                       )->torch.Tensor: # (S, B..., q) values at the queries
+    "`token_predict` in one fused autograd node (a hand-written backward pass), for state tokens of discrete tasks; `token_predict` itself otherwise."
+    Z = x.Z
+    batch = Z.shape[:-2]
+    if Z.ndim < 3 or x.log_w.shape[:-1] != batch or x.succ.shape[:-2] != batch: return token_predict(params, n_layers, x)
+    dt, S, (D, C) = params["A"].dtype, batch[0], Z.shape[-2:]
+    flat = lambda t, *tail: t.to(dt).reshape(S, -1, *tail).contiguous()
+    v = _FusedTokens.apply(params["A"], params["V_cur"], params["V_tgt"], flat(Z, D, C), flat(x.log_w, x.log_w.shape[-1]),
+                           flat(x.succ, *x.succ.shape[-2:]), n_layers, x.q)
+    return v.reshape(*batch, x.q)

@@ -6,6 +6,7 @@
 from __future__ import annotations
 from dataclasses import dataclass
 import torch
+from torch.autograd.function import once_differentiable
 from ictd.core import TaskBatch
 from ictd.prompt import build_prompt
 from ictd.tasks import task_features
@@ -465,6 +466,128 @@ for shared in (False, True):
 record_claim("state-tokens-exact", "On tabular contexts the forward pass on state tokens (one key per state, log-count bias, mean successors) "
              "equals the dual-head Transformer's forward pass on the full prompt, for every seed of a stacked batch.",
              "proved", "state_tokens", "#a-worked-example");
+
+# %% [markdown]
+# ### The fused pass for training
+#
+# The engine's softmax family trains through `fused_token_predict`: `token_predict` computed by hand in
+# one autograd node, the same arithmetic laid out for speed. At the training shapes every prompt's
+# products are tiny matrices ($D \times (s + m)$ by $(s + m) \times s$), thousands of them per step, and
+# torch's CPU batched product is fast on them only when its right operand is contiguous and a product
+# has at least `FAST_PRODUCT` multiply-adds (below that it falls to a scalar loop). Autograd's backward
+# pass of `token_predict` transposes right operands, and its last layer (the query columns alone)
+# falls to the scalar loop. The fused pass keeps each layer's tokens both as columns and as rows,
+# applies each seed's matrices to the rows of all its prompts in one product, widens the last layer
+# to the fewest last columns whose products reach `FAST_PRODUCT` (the queries and a few more, whose
+# values are dropped), and writes the backward pass out. Where the inputs lack the state tokens'
+# batched layout (continuous prompts), it is
+# `token_predict` itself.
+
+# %%
+#| export
+def _rows(W, T):
+    "T (S, B, R, D) times a per-seed matrix W (S, D, E) on the right, one product per seed: (S, B, R, E)."
+    S, B, R, D = T.shape
+    return (T.reshape(S, B * R, D) @ W).reshape(S, B, R, W.shape[-1])
+
+def _sum_rows(U, T):
+    "U^T T summed over every prompt of each seed, for U (S, B, R, D) and T (S, B, R, E): (S, D, E)."
+    return U.reshape(U.shape[0], -1, U.shape[-1]).mT @ T.reshape(T.shape[0], -1, T.shape[-1])
+
+FAST_PRODUCT = 400   # torch's CPU batched product switches to a scalar loop below this many multiply-adds per matrix
+
+class _FusedTokens(torch.autograd.Function):
+    "`token_predict` as one autograd node: A, V_cur, V_tgt (S, L or 1, D, D); Z (S, B, D, C), log_w (S, B, s), succ (S, B, s, C) contiguous."
+    @staticmethod
+    def forward(ctx, A, V_cur, V_tgt, Z, log_w, succ, n_layers, q):
+        S, B, D, C = Z.shape
+        s, Lp, saved = log_w.shape[-1], A.shape[1], []
+        bias = log_w.reshape(S * B, s, 1)
+        for l in range(n_layers):
+            a, vc, vt = A[:, l % Lp], V_cur[:, l % Lp], V_tgt[:, l % Lp]
+            c = min(C, max(q, -(-FAST_PRODUCT // (s * D)))) if l == n_layers - 1 else C   # columns updated
+            T = Z.mT.contiguous()                                   # (S, B, C, D) the tokens as rows
+            Tk, Yt = T[..., :s, :].contiguous(), succ @ T           # the keys and their mean successors (S, B, s, D)
+            Xt, Gt = _rows(vc.mT, Tk) + _rows(vt.mT, Yt), _rows(a, Tk)   # values and A-scaled keys (S, B, s, D)
+            O = Z[..., C - c:].contiguous() if c < C else Z          # (S, B, D, c)
+            att = torch.softmax(torch.baddbmm(bias, Gt.reshape(S * B, s, D), O.reshape(S * B, D, c)), dim=-2)   # (S B, s, c)
+            Z = torch.baddbmm(O.reshape(S * B, D, c), Xt.reshape(S * B, s, D).mT, att).reshape(S, B, D, c)
+            saved += [T, Tk, Yt, Xt, Gt, att.reshape(S, B, s, c)]
+        ctx.n_layers, ctx.q, ctx.C = n_layers, q, C
+        ctx.save_for_backward(A, V_cur, V_tgt, succ, *saved)
+        return Z[..., -1, -q:]
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        A, V_cur, V_tgt, succ, *saved = ctx.saved_tensors
+        L, q, C, Lp = ctx.n_layers, ctx.q, ctx.C, A.shape[1]
+        S, B, s, D = saved[1].shape
+        dA, dVc, dVt = torch.zeros_like(A), torch.zeros_like(V_cur), torch.zeros_like(V_tgt)
+        g = grad.new_zeros(S, B, D, saved[-1].shape[-1])
+        g[..., -1, -q:] = grad                                      # d value / d the last layer's output columns
+        for l in reversed(range(L)):
+            T, Tk, Yt, Xt, Gt, att = saved[6 * l: 6 * l + 6]
+            a, vc, vt, c = A[:, l % Lp], V_cur[:, l % Lp], V_tgt[:, l % Lp], att.shape[-1]
+            dXt, datt = att @ g.mT.contiguous(), Xt @ g             # (S, B, s, D), (S, B, s, c)
+            dE = torch._softmax_backward_data(datt, att, -2, att.dtype)
+            dGt, dO = dE @ T[..., C - c:, :].contiguous(), g + Gt.mT @ dE
+            dA[:, l % Lp] += _sum_rows(Tk, dGt)
+            dVc[:, l % Lp] += _sum_rows(dXt, Tk)
+            dVt[:, l % Lp] += _sum_rows(dXt, Yt)
+            dT = succ.mT @ _rows(vt, dXt)                            # (S, B, C, D) through the successors
+            dT[..., :s, :] += _rows(a.mT, dGt) + _rows(vc, dXt)      # through the keys
+            g = dT.mT.contiguous()                                  # (S, B, D, C)
+            g[..., C - c:] += dO
+        return dA, dVc, dVt, None, None, None, None, None
+
+# %%
+#| export
+def fused_token_predict(params:dict,    # A, V_cur, V_tgt: (S, L or 1, D, D) each
+                        n_layers:int,   # depth L
+                        x:StateTokens,  # state tokens with a leading seed axis
+                       )->torch.Tensor: # (S, B..., q) values at the queries
+    "`token_predict` in one fused autograd node (a hand-written backward pass), for state tokens of discrete tasks; `token_predict` itself otherwise."
+    Z = x.Z
+    batch = Z.shape[:-2]
+    if Z.ndim < 3 or x.log_w.shape[:-1] != batch or x.succ.shape[:-2] != batch: return token_predict(params, n_layers, x)
+    dt, S, (D, C) = params["A"].dtype, batch[0], Z.shape[-2:]
+    flat = lambda t, *tail: t.to(dt).reshape(S, -1, *tail).contiguous()
+    v = _FusedTokens.apply(params["A"], params["V_cur"], params["V_tgt"], flat(Z, D, C), flat(x.log_w, x.log_w.shape[-1]),
+                           flat(x.succ, *x.succ.shape[-2:]), n_layers, x.q)
+    return v.reshape(*batch, x.q)
+
+# %% [markdown]
+# The fused pass against `token_predict`, in float64: values and the gradients of a TD-style loss agree to
+# rounding, for separate and shared layers, for one, three and four layers, with the two training queries
+# and with every state as a query; float32 runs too, and continuous prompts take `token_predict`.
+
+# %%
+def _grads(predict, params, L, x):
+    leaf = {k: v.detach().clone().requires_grad_() for k, v in params.items()}
+    v = predict(leaf, L, x)
+    (v[..., 0] - 0.9 * v[..., -1].detach()).square().sum().backward()
+    return v.detach(), [leaf[k].grad for k in ("A", "V_cur", "V_tgt")]
+
+pools2 = TaskBatch.stack([random_tasks(8, seed=s) for s in (1, 2)])
+ex2 = stationary_examples(pools2, torch.rand(2, 16, 34, generator=torch.Generator().manual_seed(3), dtype=torch.float64))
+every = torch.arange(10).expand(2, 16, 10)
+for L, shared in ((3, False), (4, True), (1, False)):
+    models = [SoftmaxICTD(4, L, shared=shared, init_gain=1., seed=s) for s in (5, 6)]
+    theta = {k: torch.cat([model_params(m)[k] for m in models]).detach() for k in ("A", "V_cur", "V_tgt")}
+    for queries in (torch.stack([ex2.query, ex2.successor], -1), every):
+        x2 = state_tokens(pools2, ex2.task, ex2.states, queries)
+        (v0, g0), (v1, g1) = _grads(token_predict, theta, L, x2), _grads(fused_token_predict, theta, L, x2)
+        test_eq(v1.shape, v0.shape)
+        test_close(v1, v0, eps=1e-12)
+        for a, b in zip(g1, g0): test_close(a, b, eps=1e-12 * max(1., b.abs().max().item()))
+v32 = fused_token_predict({k: v.float() for k, v in theta.items()}, L, x2)
+test_eq(v32.dtype, torch.float32); test_close(v32.double(), token_predict(theta, L, x2), eps=1e-4)
+xc = trajectory_tokens(torch.randn(2, 3, 6, 4, dtype=torch.float64), torch.randn(2, 3, 5, dtype=torch.float64), torch.randn(2, 3, 2, 4, dtype=torch.float64))
+test_eq(fused_token_predict(theta, L, xc), token_predict(theta, L, xc))
+
+# %%
+show_doc(fused_token_predict)
 
 # %% [markdown]
 # Bad input: a model and tasks with different feature dimensions.
