@@ -13,7 +13,7 @@ from ictd.pretrain import pretrain_many
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--steps", type=int, default=200); ap.add_argument("--seeds", type=int, default=30)
-    ap.add_argument("--dtype", default="float64"); ap.add_argument("--cprofile", action="store_true"); ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--dtype", default="float64"); ap.add_argument("--cprofile", action="store_true"); ap.add_argument("--top", type=int, default=25); ap.add_argument("--sort", default="tottime")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     cfg = dataclasses.replace(PretrainConfig(), dtype=a.dtype, n_steps=a.steps, eval_every=10**9)
@@ -29,7 +29,7 @@ def main(argv=None):
         if profiled and step == a.steps: prof.disable() if a.cprofile else prof.stop()
     pretrain_many(dataclasses.replace(cfg, n_steps=3), seeds, progress=False)    # warm-up
     pretrain_many(cfg, seeds, progress=False, callback=mark)
-    if a.cprofile: pstats.Stats(prof).sort_stats("tottime").print_stats(a.top)
+    if a.cprofile: pstats.Stats(prof).sort_stats(a.sort).print_stats(a.top)
     else: print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=a.top))
     print(f"{1e3 * (marks[a.steps] - marks[1]) / ((a.steps - 1) * a.seeds):.4f} ms CPU per seed-step (under the profiler)")
     pretrain_many(cfg, seeds, progress=False, callback=lambda s: mark(s, False))

@@ -490,56 +490,54 @@ def _rows(W, T):
     S, B, R, D = T.shape
     return (T.reshape(S, B * R, D) @ W).reshape(S, B, R, W.shape[-1])
 
-def _sum_rows(U, T):
-    "U^T T summed over every prompt of each seed, for U (S, B, R, D) and T (S, B, R, E): (S, D, E)."
-    return U.reshape(U.shape[0], -1, U.shape[-1]).mT @ T.reshape(T.shape[0], -1, T.shape[-1])
-
 FAST_PRODUCT = 400   # torch's CPU batched product switches to a scalar loop below this many multiply-adds per matrix
 
 class _FusedTokens(torch.autograd.Function):
-    "`token_predict` as one autograd node: A, V_cur, V_tgt (S, L or 1, D, D); Z (S, B, D, C), log_w (S, B, s), succ (S, B, s, C) contiguous."
+    """`token_predict` as one autograd node: A, V_cur, V_tgt (S, L or 1, D, D); Z (S, B, D, C), log_w (S, B, s), succ (S, B, s, C) contiguous.
+    Each layer's keys and their mean successors come from one product with `pick` (rows 2k, 2k + 1: key k, its successors), and its values
+    and A-scaled keys from one product per seed with W = [[V_cur^T, A], [V_tgt^T, 0]]."""
     @staticmethod
     def forward(ctx, A, V_cur, V_tgt, Z, log_w, succ, n_layers, q):
         S, B, D, C = Z.shape
-        s, Lp, saved = log_w.shape[-1], A.shape[1], []
+        s, saved = log_w.shape[-1], []
+        eye = torch.eye(s, C, dtype=Z.dtype, device=Z.device).expand(S, B, s, C)
+        pick = torch.stack([eye, succ], -2).reshape(S * B, 2 * s, C)
+        W = torch.cat([torch.cat([V_cur.mT, A], -1), torch.cat([V_tgt.mT, torch.zeros_like(A)], -1)], -2)   # (S, Lp, 2D, 2D)
         bias = log_w.reshape(S * B, s, 1)
         for l in range(n_layers):
-            a, vc, vt = A[:, l % Lp], V_cur[:, l % Lp], V_tgt[:, l % Lp]
             c = min(C, max(q, -(-FAST_PRODUCT // (s * D)))) if l == n_layers - 1 else C   # columns updated
-            T = Z.mT.contiguous()                                   # (S, B, C, D) the tokens as rows
-            Tk, Yt = T[..., :s, :].contiguous(), succ @ T           # the keys and their mean successors (S, B, s, D)
-            Xt, Gt = _rows(vc.mT, Tk) + _rows(vt.mT, Yt), _rows(a, Tk)   # values and A-scaled keys (S, B, s, D)
-            O = Z[..., C - c:].contiguous() if c < C else Z          # (S, B, D, c)
-            att = torch.softmax(torch.baddbmm(bias, Gt.reshape(S * B, s, D), O.reshape(S * B, D, c)), dim=-2)   # (S B, s, c)
-            Z = torch.baddbmm(O.reshape(S * B, D, c), Xt.reshape(S * B, s, D).mT, att).reshape(S, B, D, c)
-            saved += [T, Tk, Yt, Xt, Gt, att.reshape(S, B, s, c)]
-        ctx.n_layers, ctx.q, ctx.C = n_layers, q, C
-        ctx.save_for_backward(A, V_cur, V_tgt, succ, *saved)
+            T = Z.mT.contiguous().reshape(S * B, C, D)                               # the tokens as rows
+            KY = (pick @ T).reshape(S, B, s, 2 * D)                                  # row k: key k, its mean successor
+            XG = _rows(W[:, l % W.shape[1]], KY).reshape(S * B, s, 2 * D)            # row k: value of key k, key k times A
+            O = (Z[..., C - c:].contiguous() if c < C else Z).reshape(S * B, D, c)
+            att = torch.softmax(torch.baddbmm(bias, XG[..., D:], O), dim=-2)         # (S B, s, c)
+            saved += [T, KY, XG, O, att]
+            Z = torch.baddbmm(O, XG[..., :D].mT, att).reshape(S, B, D, c)
+        ctx.n_layers, ctx.q, ctx.shape = n_layers, q, (S, B, D, C, s)
+        ctx.save_for_backward(W, pick, *saved)
         return Z[..., -1, -q:]
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):
-        A, V_cur, V_tgt, succ, *saved = ctx.saved_tensors
-        L, q, C, Lp = ctx.n_layers, ctx.q, ctx.C, A.shape[1]
-        S, B, s, D = saved[1].shape
-        dA, dVc, dVt = torch.zeros_like(A), torch.zeros_like(V_cur), torch.zeros_like(V_tgt)
-        g = grad.new_zeros(S, B, D, saved[-1].shape[-1])
-        g[..., -1, -q:] = grad                                      # d value / d the last layer's output columns
+        W, pick, *saved = ctx.saved_tensors
+        L, q, (S, B, D, C, s) = ctx.n_layers, ctx.q, ctx.shape
+        dW = torch.zeros_like(W)
+        g = grad.new_zeros(S * B, D, saved[-1].shape[-1])
+        g.view(S, B, D, -1)[..., -1, -q:] = grad                                 # d value / d the last layer's output columns
         for l in reversed(range(L)):
-            T, Tk, Yt, Xt, Gt, att = saved[6 * l: 6 * l + 6]
-            a, vc, vt, c = A[:, l % Lp], V_cur[:, l % Lp], V_tgt[:, l % Lp], att.shape[-1]
-            dXt, datt = att @ g.mT.contiguous(), Xt @ g             # (S, B, s, D), (S, B, s, c)
-            dE = torch._softmax_backward_data(datt, att, -2, att.dtype)
-            dGt, dO = dE @ T[..., C - c:, :].contiguous(), g + Gt.mT @ dE
-            dA[:, l % Lp] += _sum_rows(Tk, dGt)
-            dVc[:, l % Lp] += _sum_rows(dXt, Tk)
-            dVt[:, l % Lp] += _sum_rows(dXt, Yt)
-            dT = succ.mT @ _rows(vt, dXt)                            # (S, B, C, D) through the successors
-            dT[..., :s, :] += _rows(a.mT, dGt) + _rows(vc, dXt)      # through the keys
-            g = dT.mT.contiguous()                                  # (S, B, D, C)
+            T, KY, XG, O, att = saved[5 * l: 5 * l + 5]
+            c = att.shape[-1]
+            dX = att @ g.mT.contiguous()                                         # (S B, s, D)
+            dE = torch._softmax_backward_data(XG[..., :D] @ g, att, -2, att.dtype)
+            dG = dE @ T[:, C - c:]                                               # (S B, s, D)
+            dO = torch.baddbmm(g, XG[..., D:].mT, dE)                            # (S B, D, c)
+            dXG = torch.cat([dX, dG], -1).reshape(S, B * s, 2 * D)
+            dW[:, l % W.shape[1]] += KY.reshape(S, B * s, 2 * D).mT @ dXG
+            dKY = (dXG @ W[:, l % W.shape[1]].mT).reshape(S * B, 2 * s, D)       # rows 2k, 2k + 1: d key k, d its mean successor
+            g = dKY.mT @ pick                                                    # (S B, D, C)
             g[..., C - c:] += dO
-        return dA, dVc, dVt, None, None, None, None, None
+        return dW[..., :D, D:], dW[..., :D, :D].mT, dW[..., D:, :D].mT, None, None, None, None, None
 
 # %%
 #| export
