@@ -14,8 +14,8 @@ import ictd
 from .boyan import check_gamma
 from .core import TaskBatch, check_choice, check_int, check_number, check_seeds, nudge_scale, run_stream
 from .model import SoftmaxICTD, theta_star
-from .state_tokens import StateTokens, population_tokens, state_tokens, token_layers, token_predict, trajectory_tokens
-from .tasks import Contexts, TDExamples, draw_cdf, gather_rows, sample_trajectories, stationary_examples, task_features, task_pool
+from .state_tokens import StateTokens, fused_token_predict, population_tokens, state_tokens, token_layers, token_predict, trajectory_tokens
+from .tasks import Contexts, TDExamples, TDSample, draw_cdf, gather_rows, sample_trajectories, stationary_examples, task_features, task_pool
 
 # %% auto #0
 __all__ = ['DTYPES', 'FEATURES', 'OBJECTIVES', 'INITS', 'EMERGENCE', 'FAMILIES', 'PROTOCOLS', 'PLUGINS', 'source_hash',
@@ -185,10 +185,27 @@ def stationary_pools(config:PretrainConfig, seeds:list, device=None)->TaskBatch:
     return TaskBatch.stack([task_pool(config, config.n_tasks, run_stream(s, "train_pool")) for s in seeds], device)
 
 # %% ../nbs/91_engine.ipynb #b42bf945
+def _walk_examples(pool:TaskBatch, u:torch.Tensor)->TDSample:
+    "`stationary_examples(pool, u)`, draw for draw, with fewer operations per transition: each example's rows of P gathered and summed once, a last entry of +inf in place of the clamp."
+    (S, T, s), n = pool.P.shape[:3], u.shape[-1] - 4
+    u = u.permute(2, 0, 1).contiguous()                                             # (n + 4, S, B)
+    task = (u[0] * T).long().clamp(max=T - 1)
+    rows = (torch.arange(S, device=u.device)[:, None] * T + task).flatten()          # each example's task among all seeds' pools
+    cum = pool.P.reshape(S * T, s, s).index_select(0, rows).cumsum(-1)
+    start = pool.d_pi.reshape(S * T, s).index_select(0, rows).cumsum(-1)
+    cum[..., -1] = start[..., -1] = torch.inf                                        # a uniform never passes the last entry: no clamp
+    cum, base, us = cum.reshape(-1, s), torch.arange(len(rows), device=u.device) * s, u[1:].reshape(n + 3, -1, 1)
+    states = torch.empty(n + 1, len(rows), dtype=torch.long, device=u.device)
+    states[0] = torch.searchsorted(start, us[0])[:, 0]
+    for t in range(n): states[t + 1] = torch.searchsorted(cum.index_select(0, base + states[t]), us[t + 1])[:, 0]
+    query = torch.searchsorted(start, us[n + 1])[:, 0]
+    successor = torch.searchsorted(cum.index_select(0, base + query), us[n + 2])[:, 0]
+    return TDSample(task, states.T.reshape(S, -1, n + 1), query.reshape(S, -1), successor.reshape(S, -1))
+
 def stationary_sampler(config:PretrainConfig, pool:TaskBatch, gens:list, step:int, state:dict)->TDExamples:
     "The stationary protocol: seed i's examples are those of `td_batch(pool[i], batch_size, n, gens[i])`, drawn for all seeds at once."
     u = torch.stack([torch.rand(config.batch_size, config.n + 4, generator=g, dtype=torch.float64) for g in gens])
-    b = stationary_examples(pool, u.to(pool.P.device))
+    b = _walk_examples(pool, u.to(pool.P.device))
     return TDExamples(Contexts(pool, b.task, b.states, torch.stack([b.query, b.successor], -1)), task_features(pool, b.task, b.query)[1])
 
 # %% ../nbs/91_engine.ipynb #cb44baf7
@@ -350,5 +367,5 @@ def softmax_metrics(config:PretrainConfig, params:dict, ev)->dict:
 
 # %% ../nbs/91_engine.ipynb #c99135f8
 register_family("softmax", Family(init=softmax_init, prompt=softmax_prompt,
-                                  predict=lambda config, params, x, n: token_predict(params, config.n_layers, x),
+                                  predict=lambda config, params, x, n: fused_token_predict(params, config.n_layers, x),
                                   module=softmax_module, metrics=softmax_metrics))

@@ -6,6 +6,7 @@
 from __future__ import annotations
 from dataclasses import dataclass
 import torch
+from torch.autograd.function import once_differentiable
 from ictd.core import TaskBatch
 from ictd.prompt import build_prompt
 from ictd.tasks import task_features
@@ -465,6 +466,126 @@ for shared in (False, True):
 record_claim("state-tokens-exact", "On tabular contexts the forward pass on state tokens (one key per state, log-count bias, mean successors) "
              "equals the dual-head Transformer's forward pass on the full prompt, for every seed of a stacked batch.",
              "proved", "state_tokens", "#a-worked-example");
+
+# %% [markdown]
+# ### The fused pass for training
+#
+# The engine's softmax family trains through `fused_token_predict`: `token_predict` computed by hand in
+# one autograd node, the same arithmetic laid out for speed. At the training shapes every prompt's
+# products are tiny matrices ($D \times (s + m)$ by $(s + m) \times s$), thousands of them per step, and
+# torch's CPU batched product is fast on them only when its right operand is contiguous and a product
+# has at least `FAST_PRODUCT` multiply-adds (below that it falls to a scalar loop). Autograd's backward
+# pass of `token_predict` transposes right operands, and its last layer (the query columns alone)
+# falls to the scalar loop. The fused pass keeps each layer's tokens both as columns and as rows,
+# applies each seed's matrices to the rows of all its prompts in one product, widens the last layer
+# to the fewest last columns whose products reach `FAST_PRODUCT` (the queries and a few more, whose
+# values are dropped), and writes the backward pass out. Where the inputs lack the state tokens'
+# batched layout (continuous prompts), it is
+# `token_predict` itself.
+
+# %%
+#| export
+def _rows(W, T):
+    "T (S, B, R, D) times a per-seed matrix W (S, D, E) on the right, one product per seed: (S, B, R, E)."
+    S, B, R, D = T.shape
+    return (T.reshape(S, B * R, D) @ W).reshape(S, B, R, W.shape[-1])
+
+FAST_PRODUCT = 400   # torch's CPU batched product switches to a scalar loop below this many multiply-adds per matrix
+
+class _FusedTokens(torch.autograd.Function):
+    """`token_predict` as one autograd node: A, V_cur, V_tgt (S, L or 1, D, D); Z (S, B, D, C), log_w (S, B, s), succ (S, B, s, C) contiguous.
+    Each layer's keys and their mean successors come from one product with `pick` (rows 2k, 2k + 1: key k, its successors), and its values
+    and A-scaled keys from one product per seed with W = [[V_cur^T, A], [V_tgt^T, 0]]."""
+    @staticmethod
+    def forward(ctx, A, V_cur, V_tgt, Z, log_w, succ, n_layers, q):
+        S, B, D, C = Z.shape
+        s, saved = log_w.shape[-1], []
+        eye = torch.eye(s, C, dtype=Z.dtype, device=Z.device).expand(S, B, s, C)
+        pick = torch.stack([eye, succ], -2).reshape(S * B, 2 * s, C)
+        W = torch.cat([torch.cat([V_cur.mT, A], -1), torch.cat([V_tgt.mT, torch.zeros_like(A)], -1)], -2)   # (S, Lp, 2D, 2D)
+        bias = log_w.reshape(S * B, s, 1)
+        for l in range(n_layers):
+            c = min(C, max(q, -(-FAST_PRODUCT // (s * D)))) if l == n_layers - 1 else C   # columns updated
+            T = Z.mT.contiguous().reshape(S * B, C, D)                               # the tokens as rows
+            KY = (pick @ T).reshape(S, B, s, 2 * D)                                  # row k: key k, its mean successor
+            XG = _rows(W[:, l % W.shape[1]], KY).reshape(S * B, s, 2 * D)            # row k: value of key k, key k times A
+            O = (Z[..., C - c:].contiguous() if c < C else Z).reshape(S * B, D, c)
+            att = torch.softmax(torch.baddbmm(bias, XG[..., D:], O), dim=-2)         # (S B, s, c)
+            saved += [T, KY, XG, O, att]
+            Z = torch.baddbmm(O, XG[..., :D].mT, att).reshape(S, B, D, c)
+        ctx.n_layers, ctx.q, ctx.shape = n_layers, q, (S, B, D, C, s)
+        ctx.save_for_backward(W, pick, *saved)
+        return Z[..., -1, -q:]
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        W, pick, *saved = ctx.saved_tensors
+        L, q, (S, B, D, C, s) = ctx.n_layers, ctx.q, ctx.shape
+        dW = torch.zeros_like(W)
+        g = grad.new_zeros(S * B, D, saved[-1].shape[-1])
+        g.view(S, B, D, -1)[..., -1, -q:] = grad                                 # d value / d the last layer's output columns
+        for l in reversed(range(L)):
+            T, KY, XG, O, att = saved[5 * l: 5 * l + 5]
+            c = att.shape[-1]
+            dX = att @ g.mT.contiguous()                                         # (S B, s, D)
+            dE = torch._softmax_backward_data(XG[..., :D] @ g, att, -2, att.dtype)
+            dG = dE @ T[:, C - c:]                                               # (S B, s, D)
+            dO = torch.baddbmm(g, XG[..., D:].mT, dE)                            # (S B, D, c)
+            dXG = torch.cat([dX, dG], -1).reshape(S, B * s, 2 * D)
+            dW[:, l % W.shape[1]] += KY.reshape(S, B * s, 2 * D).mT @ dXG
+            dKY = (dXG @ W[:, l % W.shape[1]].mT).reshape(S * B, 2 * s, D)       # rows 2k, 2k + 1: d key k, d its mean successor
+            g = dKY.mT @ pick                                                    # (S B, D, C)
+            g[..., C - c:] += dO
+        return dW[..., :D, D:], dW[..., :D, :D].mT, dW[..., D:, :D].mT, None, None, None, None, None
+
+# %%
+#| export
+def fused_token_predict(params:dict,    # A, V_cur, V_tgt: (S, L or 1, D, D) each
+                        n_layers:int,   # depth L
+                        x:StateTokens,  # state tokens with a leading seed axis
+                       )->torch.Tensor: # (S, B..., q) values at the queries
+    "`token_predict` in one fused autograd node (a hand-written backward pass), for state tokens of discrete tasks; `token_predict` itself otherwise."
+    Z = x.Z
+    batch = Z.shape[:-2]
+    if Z.ndim < 3 or x.log_w.shape[:-1] != batch or x.succ.shape[:-2] != batch: return token_predict(params, n_layers, x)
+    dt, S, (D, C) = params["A"].dtype, batch[0], Z.shape[-2:]
+    flat = lambda t, *tail: t.to(dt).reshape(S, -1, *tail).contiguous()
+    v = _FusedTokens.apply(params["A"], params["V_cur"], params["V_tgt"], flat(Z, D, C), flat(x.log_w, x.log_w.shape[-1]),
+                           flat(x.succ, *x.succ.shape[-2:]), n_layers, x.q)
+    return v.reshape(*batch, x.q)
+
+# %% [markdown]
+# The fused pass against `token_predict`, in float64: values and the gradients of a TD-style loss agree to
+# rounding, for separate and shared layers, for one, three and four layers, with the two training queries
+# and with every state as a query; float32 runs too, and continuous prompts take `token_predict`.
+
+# %%
+def _grads(predict, params, L, x):
+    leaf = {k: v.detach().clone().requires_grad_() for k, v in params.items()}
+    v = predict(leaf, L, x)
+    (v[..., 0] - 0.9 * v[..., -1].detach()).square().sum().backward()
+    return v.detach(), [leaf[k].grad for k in ("A", "V_cur", "V_tgt")]
+
+pools2 = TaskBatch.stack([random_tasks(8, seed=s) for s in (1, 2)])
+ex2 = stationary_examples(pools2, torch.rand(2, 16, 34, generator=torch.Generator().manual_seed(3), dtype=torch.float64))
+every = torch.arange(10).expand(2, 16, 10)
+for L, shared in ((3, False), (4, True), (1, False)):
+    models = [SoftmaxICTD(4, L, shared=shared, init_gain=1., seed=s) for s in (5, 6)]
+    theta = {k: torch.cat([model_params(m)[k] for m in models]).detach() for k in ("A", "V_cur", "V_tgt")}
+    for queries in (torch.stack([ex2.query, ex2.successor], -1), every):
+        x2 = state_tokens(pools2, ex2.task, ex2.states, queries)
+        (v0, g0), (v1, g1) = _grads(token_predict, theta, L, x2), _grads(fused_token_predict, theta, L, x2)
+        test_eq(v1.shape, v0.shape)
+        test_close(v1, v0, eps=1e-12)
+        for a, b in zip(g1, g0): test_close(a, b, eps=1e-12 * max(1., b.abs().max().item()))
+v32 = fused_token_predict({k: v.float() for k, v in theta.items()}, L, x2)
+test_eq(v32.dtype, torch.float32); test_close(v32.double(), token_predict(theta, L, x2), eps=1e-4)
+xc = trajectory_tokens(torch.randn(2, 3, 6, 4, dtype=torch.float64), torch.randn(2, 3, 5, dtype=torch.float64), torch.randn(2, 3, 2, 4, dtype=torch.float64))
+test_eq(fused_token_predict(theta, L, xc), token_predict(theta, L, xc))
+
+# %%
+show_doc(fused_token_predict)
 
 # %% [markdown]
 # Bad input: a model and tasks with different feature dimensions.

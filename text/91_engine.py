@@ -14,8 +14,8 @@ import ictd
 from ictd.boyan import check_gamma
 from ictd.core import TaskBatch, check_choice, check_int, check_number, check_seeds, nudge_scale, run_stream
 from ictd.model import SoftmaxICTD, theta_star
-from ictd.state_tokens import StateTokens, population_tokens, state_tokens, token_layers, token_predict, trajectory_tokens
-from ictd.tasks import Contexts, TDExamples, draw_cdf, gather_rows, sample_trajectories, stationary_examples, task_features, task_pool
+from ictd.state_tokens import StateTokens, fused_token_predict, population_tokens, state_tokens, token_layers, token_predict, trajectory_tokens
+from ictd.tasks import Contexts, TDExamples, TDSample, draw_cdf, gather_rows, sample_trajectories, stationary_examples, task_features, task_pool
 
 # %%
 #| hide
@@ -335,10 +335,27 @@ test_eq(pools.v_pi[1], task_pool(cfg, 3, run_stream(1, "train_pool")).v_pi)
 
 # %%
 #| export
+def _walk_examples(pool:TaskBatch, u:torch.Tensor)->TDSample:
+    "`stationary_examples(pool, u)`, draw for draw, with fewer operations per transition: each example's rows of P gathered and summed once, a last entry of +inf in place of the clamp."
+    (S, T, s), n = pool.P.shape[:3], u.shape[-1] - 4
+    u = u.permute(2, 0, 1).contiguous()                                             # (n + 4, S, B)
+    task = (u[0] * T).long().clamp(max=T - 1)
+    rows = (torch.arange(S, device=u.device)[:, None] * T + task).flatten()          # each example's task among all seeds' pools
+    cum = pool.P.reshape(S * T, s, s).index_select(0, rows).cumsum(-1)
+    start = pool.d_pi.reshape(S * T, s).index_select(0, rows).cumsum(-1)
+    cum[..., -1] = start[..., -1] = torch.inf                                        # a uniform never passes the last entry: no clamp
+    cum, base, us = cum.reshape(-1, s), torch.arange(len(rows), device=u.device) * s, u[1:].reshape(n + 3, -1, 1)
+    states = torch.empty(n + 1, len(rows), dtype=torch.long, device=u.device)
+    states[0] = torch.searchsorted(start, us[0])[:, 0]
+    for t in range(n): states[t + 1] = torch.searchsorted(cum.index_select(0, base + states[t]), us[t + 1])[:, 0]
+    query = torch.searchsorted(start, us[n + 1])[:, 0]
+    successor = torch.searchsorted(cum.index_select(0, base + query), us[n + 2])[:, 0]
+    return TDSample(task, states.T.reshape(S, -1, n + 1), query.reshape(S, -1), successor.reshape(S, -1))
+
 def stationary_sampler(config:PretrainConfig, pool:TaskBatch, gens:list, step:int, state:dict)->TDExamples:
     "The stationary protocol: seed i's examples are those of `td_batch(pool[i], batch_size, n, gens[i])`, drawn for all seeds at once."
     u = torch.stack([torch.rand(config.batch_size, config.n + 4, generator=g, dtype=torch.float64) for g in gens])
-    b = stationary_examples(pool, u.to(pool.P.device))
+    b = _walk_examples(pool, u.to(pool.P.device))
     return TDExamples(Contexts(pool, b.task, b.states, torch.stack([b.query, b.successor], -1)), task_features(pool, b.task, b.query)[1])
 
 
@@ -346,6 +363,10 @@ def stationary_sampler(config:PretrainConfig, pool:TaskBatch, gens:list, step:in
 b = stationary_sampler(cfg, pools, [torch.Generator().manual_seed(s) for s in (0, 1)], 0, {})
 test_eq((b.x.states.shape, b.x.queries.shape, b.reward.shape), ((2, 64, 31), (2, 64, 2), (2, 64)))
 test_eq(b.reward, pools.r[torch.arange(2)[:, None], b.x.task, b.x.queries[..., 0]])
+for seed in range(3):   # the sampler's walk draws exactly what chapter 6's `stationary_examples` draws from the same uniforms
+    u = torch.rand(2, 64, 34, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    ref, fast = stationary_examples(pools, u), _walk_examples(pools, u)
+    for k in ("task", "states", "query", "successor"): assert torch.equal(getattr(ref, k), getattr(fast, k)), k
 
 
 # %%
@@ -688,12 +709,17 @@ def softmax_metrics(config:PretrainConfig, params:dict, ev)->dict:
 
 
 # %% [markdown]
+# During training the family's forward pass is `fused_token_predict` of [the state tokens' page](state_tokens.html#the-fused-pass-for-training):
+# `token_predict` computed in one autograd node with a hand-written backward pass, equal to it to rounding and
+# faster at the training shapes (the [benchmark](cli.html#speed-the-benchmark) measures the training step).
+
+# %% [markdown]
 # With its parts defined, the family registers itself as `attention="softmax"`:
 
 # %%
 #| export
 register_family("softmax", Family(init=softmax_init, prompt=softmax_prompt,
-                                  predict=lambda config, params, x, n: token_predict(params, config.n_layers, x),
+                                  predict=lambda config, params, x, n: fused_token_predict(params, config.n_layers, x),
                                   module=softmax_module, metrics=softmax_metrics))
 
 # %%
