@@ -780,7 +780,7 @@ test_fail(lambda: model.predict(Zb), contains="`n` must be given")
 mrp_v = random_boyan_chain(n_states=10, d=4, seed=3)
 S_v, R_v = sample_trajectory(mrp_v, 40, seed=3)
 Z1 = build_linear_prompt(mrp_v.phi[S_v], R_v, mrp_v.phi, mrp_v.gamma)              # 10 queries: n = 40 is read from the prompt
-test_eq(model.predict(Z1), model.predict(Z1, n=40))
+test_eq(model.predict(Z1).detach(), model.predict(Z1, n=40).detach())
 test_fail(lambda: model.predict(Z1, n=49), contains="`n` = 49 contradicts the prompt")
 test_fail(lambda: model.predict(Z1.long(), n=40), contains="`Z` must be a real floating tensor")    # parameters are never cast to int
 test_fail(lambda: model.predict(Z1 * 1j, n=40), contains="`Z` must be a real floating tensor")
