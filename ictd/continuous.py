@@ -418,7 +418,11 @@ def family_config(family:TaskFamily,  # the task family (its protocol is registe
     name = repr(family)
     if name not in PROTOCOLS: register_protocol(name, family_protocol(family))
     defaults = dict(n=30, n_layers=3, n_steps=500, lr=1e-2, dtype="float32", eval_every=100, eval_tasks=64, record_params=True)
-    return PretrainConfig(**(defaults | settings | dict(d=family.d, gamma=family.gamma, protocol=name)))
+    fixed = dict(d=family.d, gamma=family.gamma, protocol=name)     # the family's own: a setting may repeat them, never change them
+    for k, v in fixed.items():
+        if k in settings and settings[k] != v:
+            raise ValueError(f"`{k}` is the family's ({v!r}), got {settings[k]!r}: " + ("make the family with that gamma instead" if k == "gamma" else "it cannot be set here"))
+    return PretrainConfig(**(defaults | settings | fixed))
 
 # %% ../nbs/08_continuous.ipynb #fbfd720a
 @patch

@@ -9,16 +9,16 @@ from pathlib import Path
 import numpy as np
 import torch
 import ictd
-from .boyan import weighted_error
+from .boyan import as_tensor, weighted_error
 from .tasks import TaskBatch
 
 # %% auto #0
-__all__ = ['RUN_STREAMS', 'NUDGE_VAR', 'CLAIM_STATUSES', 'DRAW_NOTE', 'OKABE_ITO', 'check_int', 'check_number', 'check_choice',
-           'check_seeds', 'check_type', 'check_device', 'substream', 'stream_generator', 'run_stream', 'nudge_scale',
-           'nudged', 'nudge', 'atomic_write_bytes', 'atomic_write_text', 'atomic_savefig', 'checksum_path',
-           'tensors_only', 'save_checked', 'load_checked', 'remove_checked', 'check_writable', 'check_name',
-           'load_json', 'record_claim', 'load_claims', 'jsonable', 'cpu_model', 'provenance', 'provenance_note',
-           'plain_log_ticks']
+__all__ = ['RUN_STREAMS', 'NUDGE_VAR', 'CLAIM_STATUSES', 'DRAW_NOTE', 'OKABE_ITO', 'check_int', 'check_number', 'check_floating',
+           'check_choice', 'check_seeds', 'check_type', 'check_device', 'substream', 'stream_generator', 'run_stream',
+           'nudge_scale', 'nudged', 'nudge', 'atomic_write_bytes', 'atomic_write_text', 'atomic_savefig',
+           'checksum_path', 'tensors_only', 'save_checked', 'load_checked', 'remove_checked', 'check_writable',
+           'check_name', 'load_json', 'record_claim', 'load_claims', 'jsonable', 'cpu_model', 'provenance',
+           'provenance_note', 'plain_log_ticks']
 
 # %% ../nbs/90_core.ipynb #5c70a449
 def _is_number(x)->bool:
@@ -31,9 +31,11 @@ def check_int(x,               # the value
               name:str,        # the argument's name, for the message
               low:int=0,       # the smallest value allowed
               what:str=None,   # what was expected, for the message; default "an integer >= `low`"
+              high=math.inf,   # the largest value allowed
              )->int:           # `x` as an int
-    "`x` as an int, or a `ValueError` naming `name` unless `x` is an integer-valued number >= `low`."
-    if not _is_number(x) or not math.isfinite(x) or int(x) != x or x < low: raise ValueError(f"`{name}` must be {what or f'an integer >= {low}'}, got {x!r}")
+    "`x` as an int, or a `ValueError` naming `name` unless `x` is an integer-valued number in `low`..`high`."
+    if not _is_number(x) or not math.isfinite(x) or int(x) != x or not low <= x <= high:
+        raise ValueError(f"`{name}` must be {what or (f'an integer >= {low}' if high == math.inf else f'an integer in {low}..{high}')}, got {x!r}")
     return int(x)
 
 # %% ../nbs/90_core.ipynb #ae87da9a
@@ -42,12 +44,22 @@ def check_number(x,                 # the value
                  low:float=-math.inf, # the bound below
                  strict:bool=False, # exclude `low` itself
                  what:str=None,     # what was expected, for the message; default "a finite number >= `low`"
+                 high:float=math.inf, # the bound above (included)
                 )->float:           # `x` as a float
-    "`x` as a float, or a `ValueError` naming `name` unless `x` is a finite number >= `low` (> `low` when `strict`)."
-    if not _is_number(x) or not math.isfinite(x) or x < low or (strict and x == low):
-        bound = f"{'>' if strict else '>='} {low}"
+    "`x` as a float, or a `ValueError` naming `name` unless `x` is a finite number >= `low` (> `low` when `strict`) and <= `high`."
+    if not _is_number(x) or not math.isfinite(x) or x < low or (strict and x == low) or x > high:
+        bound = f"{'>' if strict else '>='} {low}" if high == math.inf else f"in {'(' if strict else '['}{low}, {high}]"
         raise ValueError(f"`{name}` must be {what or 'a finite number ' + bound}, got {x!r}")
     return float(x)
+
+def check_floating(x,             # a tensor, numpy array, list or number
+                   name:str,      # the argument's name, for the message
+                  )->torch.Tensor: # `x` as a finite floating tensor (floating tensors keep their dtype, lists become float64)
+    "`x` as a finite real floating tensor; a `TypeError` naming `name` for a tensor or array of integers, booleans or complex numbers, a `ValueError` for NaN or inf."
+    dtype = x.dtype if isinstance(x, (torch.Tensor, np.ndarray)) else None
+    if dtype is not None and not (x.is_floating_point() if isinstance(x, torch.Tensor) else dtype.kind == "f"):
+        raise TypeError(f"`{name}` must be a real floating tensor, got dtype {dtype} (cast it to a floating dtype first)")
+    return as_tensor(x, name)
 
 # %% ../nbs/90_core.ipynb #1bfda5f0
 def check_choice(x, allowed:tuple, name:str):
@@ -302,9 +314,10 @@ def _package_commit()->str:
 # %% ../nbs/90_core.ipynb #c680670a
 def provenance(command:str,  # the command that produced the file
                **extra,      # anything else to record (threads, wall-clock seconds)
-              )->dict:       # command, commit, UTC date, Python, torch and the machine, then `extra`
+              )->dict:       # command, commit, source hash, UTC date, Python, torch and the machine, then `extra`
     "What a saved result records about how it was made, and on what machine."
-    return dict(command=command, commit=_package_commit(), date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    from ictd.engine import source_hash   # the engine's module imports this one: imported when called
+    return dict(command=command, commit=_package_commit(), source=source_hash(), date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 python=sys.version.split()[0], torch=torch.__version__, torch_cpu_capability=torch.backends.cpu.get_cpu_capability(),
                 cpu=cpu_model(), machine=platform.machine(), nudge=nudge_scale(), **extra)
 

@@ -8,8 +8,8 @@ import math
 import torch
 from torch import nn
 from .boyan import as_tensor, check_gamma, weighted_error
-from .core import run_stream
-from .model import token_rows, torch_generator, xavier_param
+from .core import check_floating, check_int, run_stream
+from .model import carry_context, token_rows, torch_generator, xavier_param
 from .tasks import Contexts, TaskBatch
 from .engine import Family, PretrainConfig, register_family
 from .sliding import fitted_td_step
@@ -25,7 +25,7 @@ def build_linear_prompt(phi_states,   # (..., n+1, d) features of S_0..S_n
                         rewards,      # (..., n) rewards, rewards[..., k-1] = R_k
                         phi_queries,  # (..., q, d) query features, or (..., d) for one query
                         gamma:float,  # discount factor in [0, 1)
-                       )->torch.Tensor: # (..., 2d+1, n+q): columns [phi(S_i); gamma phi(S_{i+1}); R_{i+1}], then [phi(s_q); 0; 0]
+                       )->torch.Tensor: # (..., 2d+1, n+q): columns [phi(S_i); gamma phi(S_{i+1}); R_{i+1}], then [phi(s_q); 0; 0]; carries n as `Z.n_context`
     "The linear-attention prompt of Wang et al. (2025): one column per transition, then the query columns."
     phi = as_tensor(phi_states, "phi_states")
     if phi.ndim < 2 or phi.shape[-2] < 2: raise ValueError(f"`phi_states` must have shape (..., n+1, d) with n >= 1, got {tuple(phi.shape)}")
@@ -39,13 +39,23 @@ def build_linear_prompt(phi_states,   # (..., n+1, d) features of S_0..S_n
     phi, R, Q = phi.expand(batch + phi.shape[-2:]), R.expand(batch + (n,)), Q.expand(batch + Q.shape[-2:])
     context = torch.cat([phi[..., :-1, :], check_gamma(gamma) * phi[..., 1:, :], R.unsqueeze(-1)], -1)
     queries = torch.cat([Q, torch.zeros(batch + (Q.shape[-2], d + 1), dtype=phi.dtype, device=phi.device)], -1)
-    return torch.cat([context, queries], -2).mT
+    return carry_context(torch.cat([context, queries], -2).mT, n)
 
 # %% ../nbs/07_linear.ipynb #8b788b4f
-def _context_length(Z:torch.Tensor, n)->int:
-    if n is None: n = Z.shape[-1] - 1
-    if not 1 <= n <= Z.shape[-1]: raise ValueError(f"`n` must lie in 1..{Z.shape[-1]} (the number of context columns), got {n}")
-    return int(n)
+def _linear_prompt(Z,           # (..., 2d+1, n+q) prompt
+                   d:int,       # the model's feature dimension
+                   n=None,      # number of context columns; default `Z.n_context`, set by `build_linear_prompt`
+                  )->tuple:     # (Z as a finite floating tensor, n as an int)
+    "Validate a linear-attention prompt and resolve its number `n` of context columns (never guessed from its shape)."
+    carried = getattr(Z, "n_context", None)
+    Z = check_floating(Z, "Z")
+    if Z.ndim < 2 or Z.shape[-2] != 2 * d + 1: raise ValueError(f"`Z` must have {2 * d + 1} rows (2d+1 with d = {d}), got shape {tuple(Z.shape)}")
+    if n is None and carried is None:
+        raise ValueError("`n` must be given: `Z` does not carry its number of context columns (`build_linear_prompt` attaches it as "
+                         "`Z.n_context`; slicing, stacking or `.to()` return a plain tensor)")
+    n = check_int(carried if n is None else n, "n", 1, high=Z.shape[-1], what=f"an integer in 1..{Z.shape[-1]} (the number of context columns)")
+    if carried is not None and n != carried: raise ValueError(f"`n` = {n} contradicts the prompt, which was built with `Z.n_context` = {carried}")
+    return Z, n
 
 def linear_attention(P:torch.Tensor,      # (..., 2d+1, 2d+1) output projection
                      Q:torch.Tensor,      # (..., 2d+1, 2d+1) bilinear score matrix
@@ -74,10 +84,10 @@ class LinearAttentionLayer(nn.Module):
         self.P, self.Q = xavier_param(D, D, init_gain, g, dtype), xavier_param(D, D, init_gain, g, dtype)
 
     def forward(self, Z:torch.Tensor,  # (..., 2d+1, n+q) prompt
-                n:int=None,            # number of context columns (default: all but the last)
-               )->torch.Tensor:        # (..., 2d+1, n+q)
-        if Z.shape[-2] != 2 * self.d + 1: raise ValueError(f"`Z` must have {2 * self.d + 1} rows (2d+1 with d = {self.d}), got {Z.shape[-2]}")
-        return linear_attention(self.P.to(Z), self.Q.to(Z), Z, _context_length(Z, n), self.softmax)
+                n:int=None,            # number of context columns; default `Z.n_context` (set by `build_linear_prompt`)
+               )->torch.Tensor:        # (..., 2d+1, n+q), carrying n
+        Z, n = _linear_prompt(Z, self.d, n)
+        return carry_context(linear_attention(self.P.to(Z), self.Q.to(Z), Z, n, self.softmax), n)
 
 # %% ../nbs/07_linear.ipynb #7109a8a7
 def td_parameters(d:int,       # feature dimension
@@ -113,15 +123,18 @@ class LinearICTD(nn.Module):
         self.layers = nn.ModuleList([LinearAttentionLayer(d, init_gain, g, dtype, softmax) for _ in range(1 if shared else self.n_layers)])
 
     def forward(self, Z:torch.Tensor, n:int=None)->torch.Tensor:
-        "Run all L layers on the prompt `Z` with `n` context columns (default: all but the last)."
-        for l in range(self.n_layers): Z = self.layers[0 if self.shared else l](Z, n)
-        return Z
+        "Run all L layers on the prompt `Z` with `n` context columns (default `Z.n_context`, set by `build_linear_prompt`)."
+        Z, n = _linear_prompt(Z, self.d, n)
+        for l in range(self.n_layers):
+            layer = self.layers[0 if self.shared else l]
+            Z = linear_attention(layer.P.to(Z), layer.Q.to(Z), Z, n, layer.softmax)
+        return carry_context(Z, n)
 
     def predict(self, Z:torch.Tensor,  # (..., 2d+1, n+q) prompt
-                n:int=None,            # number of context columns (default: all but the last)
+                n:int=None,            # number of context columns; default `Z.n_context` (set by `build_linear_prompt`)
                )->torch.Tensor:        # (..., q) value estimates at the query columns
         "Value estimates at the query columns: the negated last row of $Z_L$."
-        n = _context_length(Z, n)
+        Z, n = _linear_prompt(Z, self.d, n)
         return -self(Z, n)[..., -1, n:]
 
     def stacked_params(self)->tuple:

@@ -251,9 +251,10 @@ def tabular_rate(states,          # (n+1,) integer states S_0..S_n of one contex
                  gamma:float,     # discount factor in [0, 1)
                 )->float:         # kappa = 1 - alpha (2 mu - 1 - gamma) < 1
     "Proposition 1.7's rate $\\kappa$ of one one-hot context; a `ValueError` where its hypotheses fail."
-    S = check_states(states, n_states)
-    N, n = torch.bincount(S[:-1], minlength=n_states).double(), len(S) - 1
+    S, gamma = check_states(states, n_states), check_gamma(gamma)
+    alpha = check_number(alpha, "alpha", 0., strict=True, high=1., what="a step size in (0, 1], where Proposition 1.7 holds")
+    N, n, beta = torch.bincount(S[:-1], minlength=n_states).double(), len(S) - 1, check_number(beta, "beta")
     mu = (N * math.exp(beta) / (N * math.exp(beta) + n - N))[N > 0].min().item()
-    if not (S[:-1] == S[-1]).any() or mu <= (1 + check_gamma(gamma)) / 2:
+    if not (S[:-1] == S[-1]).any() or mu <= (1 + gamma) / 2:
         raise ValueError("the hypotheses of Propositions 1.5 and 1.7 fail for this context (a target state never left, or mu <= (1 + gamma) / 2)")
     return 1 - alpha * (2 * mu - 1 - gamma)

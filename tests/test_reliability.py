@@ -20,7 +20,11 @@ from ictd.engine import PretrainConfig
 from ictd.model import SoftmaxICTD, theta_star
 from ictd.prompt import build_prompt
 from ictd.pretrain import pretrain_many
-from ictd.wstd import weighted_softmax_td
+from ictd.wstd import batch_linear_td, tabular_rate, weighted_softmax_td
+from ictd.linear import LinearICTD, build_linear_prompt
+from ictd.causal import CausalSoftmaxICTD, prefix_softmax_td, stream_values
+from ictd.continuous import GaussianAR1Family, family_config
+from ictd.boyan import sample_trajectory
 
 pytestmark = pytest.mark.unit
 TINY = PretrainConfig(n_tasks=32, eval_tasks=4, n_steps=12, eval_every=4, batch_size=16)
@@ -246,6 +250,62 @@ def test_cli_options_are_checked_before_any_training(tmp_path, monkeypatch, caps
         assert e.value.code == 2 and message in capsys.readouterr().err, argv
     assert trained == []
 
+# ---- silent wrong answers ---------------------------------------------------------------------------------------------
+
+LIN_MRP = random_boyan_chain(n_states=10, d=4, seed=11)
+LIN_S, LIN_R = sample_trajectory(LIN_MRP, 20, seed=11)
+LIN_Z = build_linear_prompt(LIN_MRP.phi[LIN_S], LIN_R, LIN_MRP.phi, LIN_MRP.gamma)     # n = 20 transitions, 10 queries
+
+def test_linear_predict_reads_n_from_the_prompt():
+    "10 queries: LinearICTD.predict returns 10 values equal to batch TD (1e-12), with n read from the prompt; a prompt that does not carry n, or contradicts it, is refused naming `n`."
+    model = LinearICTD.from_td(4, 3, 0.5)
+    v = model.predict(LIN_Z)
+    td = batch_linear_td(LIN_MRP.phi[LIN_S], LIN_R, 0.5, LIN_MRP.gamma, 3, phi_queries=LIN_MRP.phi)[..., 21:]
+    assert v.shape == (10,) and (v - td).abs().max() < 1e-12
+    assert torch.equal(model(LIN_Z)[..., -1, 20:], model(LIN_Z, n=20)[..., -1, 20:])
+    with pytest.raises(ValueError, match='`n` must be given'): model.predict(LIN_Z.clone())      # a plain tensor: no guess from its shape
+    with pytest.raises(ValueError, match='`n` = 29 contradicts'): model.predict(LIN_Z, n=29)
+
+def test_linear_refuses_integer_prompts_instead_of_casting_its_parameters():
+    "An integer prompt used to cast alpha = 0.5 to 0 (all-zero values): it is refused with a TypeError naming `Z`; the float prompt of the same numbers works."
+    Z = torch.randint(-3, 4, (9, 12), generator=torch.Generator().manual_seed(0))
+    model = LinearICTD.from_td(4, 2, 0.5)
+    with pytest.raises(TypeError, match='`Z` must be a real floating tensor'): model.predict(Z, n=10)
+    with pytest.raises(TypeError, match='`Z` must be a real floating tensor'): model.layers[0](Z, n=10)
+    assert model.predict(Z.double(), n=10).abs().max() > 0
+
+def test_a_reversed_layout_model_is_refused_by_the_kv_cache():
+    "stream_values on a model built for reversed prompts used to return wrong estimates: a ValueError naming `model`; the forward-built model streams as before."
+    W, phi = torch.eye(4, dtype=torch.float64), LIN_MRP.phi[LIN_S][None]
+    with pytest.raises(ValueError, match='`model` must read the forward layout'):
+        stream_values(CausalSoftmaxICTD.from_theta_star(4, 2, W, 1., 0.9, order='reversed'), phi, LIN_R[None], LIN_MRP.phi[None])
+    fwd = CausalSoftmaxICTD.from_theta_star(4, 2, W, 1., 0.9)
+    assert fwd.order == 'forward' and stream_values(fwd, phi, LIN_R[None], LIN_MRP.phi[None]).shape == (1, 20, 10)
+
+def test_family_config_refuses_a_gamma_that_is_not_the_family_s():
+    "family_config(family, gamma=0.5) used to return the family's gamma silently: a ValueError naming `gamma` (and `d`); repeating the family's own value is accepted."
+    fam = GaussianAR1Family()
+    with pytest.raises(ValueError, match="`gamma` is the family's"): family_config(fam, gamma=0.5)
+    with pytest.raises(ValueError, match="`d` is the family's"): family_config(fam, d=7)
+    assert family_config(fam, gamma=fam.gamma).gamma == fam.gamma
+
+def test_the_mechanism_writer_is_atomic(tmp_path, monkeypatch):
+    "A failure while `_write` replaces a study file leaves the old file whole and no temporary file; the error names the path."
+    from ictd.experiments.mechanism import _write
+    _write(tmp_path, 'study.json', 'first', dict(answer=1))
+    before = (tmp_path / 'study.json').read_bytes()
+    def refuse(src, dst): raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    monkeypatch.setattr(core.os, 'replace', refuse)
+    with pytest.raises(OSError, match=r'cannot write .*study\.json: No space left on device'): _write(tmp_path, 'study.json', 'second', dict(answer=2))
+    monkeypatch.undo()
+    assert (tmp_path / 'study.json').read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ['study.json']
+
+def test_provenance_records_the_source_hash():
+    "provenance() records the hash of the installed package's source, the one the run cache keys on, beside its commit."
+    from ictd.engine import source_hash
+    prov = core.provenance('x')
+    assert prov['source'] == source_hash() and len(prov['source']) == 12 and 'commit' in prov
+
 # ---- the property test ------------------------------------------------------------------------------------------------
 
 P3 = torch.tensor([[0.5, 0.5, 0.], [0., 0.5, 0.5], [0.5, 0., 0.5]], dtype=torch.float64)
@@ -297,6 +357,20 @@ COVERED = {
                            cache_dir=[3, 2.5, object()], device=['gpu', 3.5, 'cuda:x'], checkpoint_every=NOT_A_COUNT[1:] + [0],
                            callback=[3, 'f'])),
 }
+LIN_BAD_Z = not_a_matrix((9, 30), (8, 30), (9,), (10, 30)) + [torch.ones(9, 30, dtype=torch.int64), torch.ones(9, 30, dtype=torch.bool),
+                                                            np.ones((9, 30), dtype=np.int32)]
+COVERED.update({
+    'LinearICTD.predict': (LinearICTD.from_td(4, 3, 0.5).predict, dict(Z=LIN_Z, n=20),
+                           dict(Z=LIN_BAD_Z, n=NOT_A_COUNT[1:] + [0, 31, 25])),
+    'LinearICTD.forward': (LinearICTD.from_td(4, 3, 0.5), dict(Z=LIN_Z, n=20), dict(Z=LIN_BAD_Z, n=NOT_A_COUNT[1:] + [0, 31])),
+    'prefix_softmax_td': (prefix_softmax_td, dict(phi_states=CTX, rewards=CTX[:-1, 0], W=W2, alpha=0.5, gamma=0.9, n_iters=3, phi_queries=PHI),
+                          dict(recency=NOT_A_NUMBER)),
+    'stream_values': (stream_values, dict(model=CausalSoftmaxICTD(2, 2, seed=0), phi_states=CTX, rewards=CTX[:-1, 0], phi_queries=PHI),
+                      dict(model=[CausalSoftmaxICTD.from_theta_star(2, 2, W2, 1., 0.9, order='reversed'), SoftmaxICTD(2, 2, seed=0), None, 'model'])),
+    'tabular_rate': (tabular_rate, dict(states=[0, 0, 0, 1, 0], n_states=2, beta=8., alpha=1., gamma=0.5),
+                     dict(alpha=NOT_A_NUMBER + [0., -5., 5., 1.5, -1e-9], beta=NOT_A_NUMBER, gamma=NOT_A_GAMMA)),
+    'family_config': (family_config, dict(family=GaussianAR1Family(), n_steps=4), dict(gamma=[0.5, 0.], d=[7, 1])),
+})
 CASES = [(name, arg, i) for name, (_, _, bad) in COVERED.items() for arg, values in bad.items() for i in range(len(values))]
 
 def refuses(name, arg, i):
@@ -309,7 +383,8 @@ def refuses(name, arg, i):
 
 def test_the_property_test_covers_these_entry_points():
     assert sorted(COVERED) == sorted(['MRP', 'check_gamma', 'random_boyan_chain', 'PretrainConfig', 'build_prompt', 'weighted_softmax_td',
-                                      'theta_star', 'SoftmaxICTD.from_theta_star', 'SoftmaxICTD', 'pretrain_many'])
+                                      'theta_star', 'SoftmaxICTD.from_theta_star', 'SoftmaxICTD', 'pretrain_many', 'LinearICTD.predict',
+                                      'LinearICTD.forward', 'prefix_softmax_td', 'stream_values', 'tabular_rate', 'family_config'])
     assert len(CASES) > 300, len(CASES)
 
 @settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)

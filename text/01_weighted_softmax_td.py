@@ -1339,10 +1339,11 @@ def tabular_rate(states,          # (n+1,) integer states S_0..S_n of one contex
                  gamma:float,     # discount factor in [0, 1)
                 )->float:         # kappa = 1 - alpha (2 mu - 1 - gamma) < 1
     "Proposition 1.7's rate $\\kappa$ of one one-hot context; a `ValueError` where its hypotheses fail."
-    S = check_states(states, n_states)
-    N, n = torch.bincount(S[:-1], minlength=n_states).double(), len(S) - 1
+    S, gamma = check_states(states, n_states), check_gamma(gamma)
+    alpha = check_number(alpha, "alpha", 0., strict=True, high=1., what="a step size in (0, 1], where Proposition 1.7 holds")
+    N, n, beta = torch.bincount(S[:-1], minlength=n_states).double(), len(S) - 1, check_number(beta, "beta")
     mu = (N * math.exp(beta) / (N * math.exp(beta) + n - N))[N > 0].min().item()
-    if not (S[:-1] == S[-1]).any() or mu <= (1 + check_gamma(gamma)) / 2:
+    if not (S[:-1] == S[-1]).any() or mu <= (1 + gamma) / 2:
         raise ValueError("the hypotheses of Propositions 1.5 and 1.7 fail for this context (a target state never left, or mu <= (1 + gamma) / 2)")
     return 1 - alpha * (2 * mu - 1 - gamma)
 
@@ -1833,6 +1834,9 @@ for bad, msg in {(0.5, 1.): "must hold integer state indices", (0, 3): "must lie
                  (True, False): "must be an integer array"}.items():
     test_fail(lambda: check_states(torch.tensor(bad), 3), contains=msg)
 test_fail(lambda: check_states([0, 1], 0), contains="`n_states` must be an integer >= 1")
+for a in (-5., 0., 1.5, 5., math.nan):       # kappa is a rate only for a step size in (0, 1] (the proof's diagonal term)
+    test_fail(lambda: tabular_rate([0, 0, 0, 1, 0], 2, beta=8., alpha=a, gamma=0.5), contains="`alpha` must be a step size in (0, 1]")
+test_fail(lambda: tabular_rate([0, 0, 0, 1, 0], 2, beta=math.inf, alpha=1., gamma=0.5), contains="`beta` must be a finite number")
 
 # %% [markdown]
 # Batched calls equal loops, and bad input is refused:

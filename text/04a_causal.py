@@ -11,7 +11,7 @@ from ictd.boyan import as_tensor, check_gamma, weighted_error
 from ictd.wstd import context_tensors
 from ictd.prompt import build_prompt
 from ictd.model import check_prompt, torch_generator, token_rows, xavier_param, carry_context, PromptLayer, SoftmaxICTD
-from ictd.core import run_stream
+from ictd.core import check_number, check_type, run_stream
 from ictd.tasks import Contexts
 from ictd.engine import Family, PretrainConfig, held_out_tasks, register_family, tuning_config
 
@@ -160,7 +160,7 @@ def prefix_weights(phi_states,         # (..., n + 1, d) features of S_0..S_n
     W = as_tensor(W, "W", keys.dtype, keys.device)
     if W.ndim < 2 or W.shape[-2:] != (d, d): raise ValueError(f"`W` must have shape ({d}, {d}) or (..., {d}, {d}), got {tuple(W.shape)}")
     seen = visible_transitions(n, m - n - 1, order).T.to(keys.device)
-    G = keys @ W @ X.mT + float(recency) * _positions(n, order, keys.dtype, keys.device).log()[:, None]
+    G = keys @ W @ X.mT + check_number(recency, "recency") * _positions(n, order, keys.dtype, keys.device).log()[:, None]
     return torch.softmax(G.masked_fill(~seen, -math.inf), dim=-2).nan_to_num(0.)
 
 
@@ -476,6 +476,7 @@ class CausalSoftmaxLayer(PromptLayer):
 class CausalSoftmaxICTD(SoftmaxICTD):
     "A decoder-only stack of causal softmax layers reading values from the last row of its prompt: `SoftmaxICTD` with the causal layer."
     Layer, update = CausalSoftmaxLayer, staticmethod(causal_update)
+    order = "forward"   # the layout of the prompts it is built for; `from_theta_star` records the one it was given
 
     @classmethod
     def from_params(cls, n_layers:int,  # number of layers L
@@ -500,7 +501,9 @@ class CausalSoftmaxICTD(SoftmaxICTD):
                         recency:float=0.,     # positional bias lambda
                         shared:bool=False):
         "The model whose every layer is one step of prefix softmax TD (`theta_causal`)."
-        return cls.from_params(n_layers, *theta_causal(d, W, alpha, gamma, current, order), recency, shared=shared)
+        model = cls.from_params(n_layers, *theta_causal(d, W, alpha, gamma, current, order), recency, shared=shared)
+        model.order = order
+        return model
 
 
 # %%
@@ -978,6 +981,8 @@ class CausalCache:
                  capacity:int,              # the most keys (transitions) it will hold
                  batch:tuple=(),            # leading batch shape of the tokens
                  dtype=torch.float64):
+        check_type(model, CausalSoftmaxICTD, "model")
+        if model.order != "forward": raise ValueError(f"`model` must read the forward layout that a cache streams, got one built for order = {model.order!r}")
         L, D = model.n_layers, model.d + 2
         self.model, self.t, self.params = model, 0, [tuple(p.detach().to(dtype) for p in model.layer(l).params(torch.zeros((), dtype=dtype))) for l in range(L)]
         self.keys = torch.zeros(L, *batch, capacity, D, dtype=dtype)     # A^T T[:, i] (the positional bias is added at use)
@@ -1027,7 +1032,7 @@ class CausalCache:
 
 # %%
 #| export
-def stream_values(model,              # a `CausalSoftmaxICTD` (forward layout)
+def stream_values(model,              # a `CausalSoftmaxICTD` built for the forward layout (its `order`; another is refused)
                   phi_states,         # (..., n + 1, d) features of S_0..S_n
                   rewards,            # (..., n) rewards
                   phi_queries,        # (..., q, d) query features
@@ -1205,6 +1210,12 @@ test_fail(lambda: theta_causal(4, torch.eye(3), 1., 0.9), contains="`W` must hav
 test_fail(lambda: theta_causal(4, torch.eye(4), 1., 1.), contains="`gamma` must lie in [0, 1)")
 test_fail(lambda: CausalSoftmaxLayer.from_params(torch.zeros(5, 3), torch.zeros(3, 6), torch.zeros(3, 3)), contains="`A` must have shape")
 test_fail(lambda: CausalCache(model_s, 5).prefill(torch.zeros(6, 1)), contains="`prefill` needs")
+for lam in (math.nan, math.inf, -math.inf, "1"):                       # a positional bias that is not a finite number
+    test_fail(lambda: prefix_softmax_td(phi_r, R_r, W2, 0.7, 0.9, 3, recency=lam), contains="`recency` must be a finite number")
+model_rev = CausalSoftmaxICTD.from_theta_star(4, 2, torch.eye(4), 1., 0.9, order="reversed")
+test_eq((model_rev.order, CausalSoftmaxICTD(4, 2, seed=0).order), ("reversed", "forward"))
+test_fail(lambda: stream_values(model_rev, ph_s, rw_s, tk_s.phi), contains="`model` must read the forward layout")
+test_fail(lambda: stream_values(SoftmaxICTD(4, 2, seed=0), ph_s, rw_s, tk_s.phi), contains="`model` must be a CausalSoftmaxICTD")
 
 
 # %% [markdown]

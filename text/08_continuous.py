@@ -1016,7 +1016,11 @@ def family_config(family:TaskFamily,  # the task family (its protocol is registe
     name = repr(family)
     if name not in PROTOCOLS: register_protocol(name, family_protocol(family))
     defaults = dict(n=30, n_layers=3, n_steps=500, lr=1e-2, dtype="float32", eval_every=100, eval_tasks=64, record_params=True)
-    return PretrainConfig(**(defaults | settings | dict(d=family.d, gamma=family.gamma, protocol=name)))
+    fixed = dict(d=family.d, gamma=family.gamma, protocol=name)     # the family's own: a setting may repeat them, never change them
+    for k, v in fixed.items():
+        if k in settings and settings[k] != v:
+            raise ValueError(f"`{k}` is the family's ({v!r}), got {settings[k]!r}: " + ("make the family with that gamma instead" if k == "gamma" else "it cannot be set here"))
+    return PretrainConfig(**(defaults | settings | fixed))
 
 
 # %%
@@ -1093,6 +1097,8 @@ test_eq(runs[0].history["msve"].shape[0], 3)
 test_eq(fam_ar.contexts(4, 20)["v"], fam_ar.contexts(4, 20, 0, "held_out")["v"])
 assert not torch.equal(fam_ar.contexts(4, 20, which="tune")["v"], fam_ar.contexts(4, 20, which="test")["v"])
 test_fail(lambda: pretrain_many(dataclasses.replace(cfg_ar, d=4), [0]), contains="`config` must have d = 3")
+test_fail(lambda: family_config(fam_ar, gamma=0.5), contains="`gamma` is the family's")     # never silently replaced by the family's
+test_eq(family_config(fam_ar, gamma=fam_ar.gamma, n_steps=4).gamma, fam_ar.gamma)
 
 
 # %% [markdown]

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import ictd
-from ictd.boyan import weighted_error
+from ictd.boyan import as_tensor, weighted_error
 from ictd.tasks import TaskBatch
 
 # %%
@@ -55,14 +55,19 @@ def check_int(x,               # the value
               name:str,        # the argument's name, for the message
               low:int=0,       # the smallest value allowed
               what:str=None,   # what was expected, for the message; default "an integer >= `low`"
+              high=math.inf,   # the largest value allowed
              )->int:           # `x` as an int
-    "`x` as an int, or a `ValueError` naming `name` unless `x` is an integer-valued number >= `low`."
-    if not _is_number(x) or not math.isfinite(x) or int(x) != x or x < low: raise ValueError(f"`{name}` must be {what or f'an integer >= {low}'}, got {x!r}")
+    "`x` as an int, or a `ValueError` naming `name` unless `x` is an integer-valued number in `low`..`high`."
+    if not _is_number(x) or not math.isfinite(x) or int(x) != x or not low <= x <= high:
+        raise ValueError(f"`{name}` must be {what or (f'an integer >= {low}' if high == math.inf else f'an integer in {low}..{high}')}, got {x!r}")
     return int(x)
 
 
 # %% [markdown]
-# Real-valued settings (step sizes, scales, discounts) get the same treatment, with a bound below that may be strict:
+# Real-valued settings (step sizes, scales, discounts) get the same treatment, with a bound below that may be strict
+# and, where the maths has one, a bound above. A tensor whose maths is real (a prompt) must be a finite floating
+# tensor: integers, booleans and complex numbers are refused rather than cast, since a model casts its parameters
+# to its input's dtype (`check_floating`):
 
 # %%
 #| export
@@ -71,12 +76,22 @@ def check_number(x,                 # the value
                  low:float=-math.inf, # the bound below
                  strict:bool=False, # exclude `low` itself
                  what:str=None,     # what was expected, for the message; default "a finite number >= `low`"
+                 high:float=math.inf, # the bound above (included)
                 )->float:           # `x` as a float
-    "`x` as a float, or a `ValueError` naming `name` unless `x` is a finite number >= `low` (> `low` when `strict`)."
-    if not _is_number(x) or not math.isfinite(x) or x < low or (strict and x == low):
-        bound = f"{'>' if strict else '>='} {low}"
+    "`x` as a float, or a `ValueError` naming `name` unless `x` is a finite number >= `low` (> `low` when `strict`) and <= `high`."
+    if not _is_number(x) or not math.isfinite(x) or x < low or (strict and x == low) or x > high:
+        bound = f"{'>' if strict else '>='} {low}" if high == math.inf else f"in {'(' if strict else '['}{low}, {high}]"
         raise ValueError(f"`{name}` must be {what or 'a finite number ' + bound}, got {x!r}")
     return float(x)
+
+def check_floating(x,             # a tensor, numpy array, list or number
+                   name:str,      # the argument's name, for the message
+                  )->torch.Tensor: # `x` as a finite floating tensor (floating tensors keep their dtype, lists become float64)
+    "`x` as a finite real floating tensor; a `TypeError` naming `name` for a tensor or array of integers, booleans or complex numbers, a `ValueError` for NaN or inf."
+    dtype = x.dtype if isinstance(x, (torch.Tensor, np.ndarray)) else None
+    if dtype is not None and not (x.is_floating_point() if isinstance(x, torch.Tensor) else dtype.kind == "f"):
+        raise TypeError(f"`{name}` must be a real floating tensor, got dtype {dtype} (cast it to a floating dtype first)")
+    return as_tensor(x, name)
 
 
 # %% [markdown]
@@ -574,7 +589,8 @@ test_eq(jsonable(dict(a=torch.ones(2), b=(np.float64(0.5), np.arange(2)), c="x")
 # ## Where a saved result came from
 #
 # A result too slow for the book is computed by a command and saved under `nbs/data/`; the file records the command,
-# the git commit of the installed package and the date that made it, the Python and torch versions, and the machine:
+# the git commit of the installed package, a hash of its source files (`source_hash`: it tells uncommitted edits
+# apart, which the commit does not) and the date that made it, the Python and torch versions, and the machine:
 # the CPU's model, the instruction set torch's kernels used (AVX2, AVX-512, ...) and the torch build. The last
 # digits of a trained number depend on that machine; a construction, an equivalence or a closed form does not.
 
@@ -599,9 +615,10 @@ def _package_commit()->str:
 #| export
 def provenance(command:str,  # the command that produced the file
                **extra,      # anything else to record (threads, wall-clock seconds)
-              )->dict:       # command, commit, UTC date, Python, torch and the machine, then `extra`
+              )->dict:       # command, commit, source hash, UTC date, Python, torch and the machine, then `extra`
     "What a saved result records about how it was made, and on what machine."
-    return dict(command=command, commit=_package_commit(), date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    from ictd.engine import source_hash   # the engine's module imports this one: imported when called
+    return dict(command=command, commit=_package_commit(), source=source_hash(), date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                 python=sys.version.split()[0], torch=torch.__version__, torch_cpu_capability=torch.backends.cpu.get_cpu_capability(),
                 cpu=cpu_model(), machine=platform.machine(), nudge=nudge_scale(), **extra)
 
@@ -628,7 +645,7 @@ def provenance_note(prov:dict,          # a saved file's `provenance`
 
 
 # %%
-test_eq(list(provenance("x", threads=1)), ["command", "commit", "date", "python", "torch", "torch_cpu_capability", "cpu",
+test_eq(list(provenance("x", threads=1)), ["command", "commit", "source", "date", "python", "torch", "torch_cpu_capability", "cpu",
                                           "machine", "nudge", "threads"])
 assert provenance("x")["cpu"] and provenance("x")["torch_cpu_capability"] in ("DEFAULT", "AVX2", "AVX512", "ZVECTOR", "SVE256", "SVE128")
 assert "The runs were made by `ictd x` at commit `0123456789`" in provenance_note(dict(command="ictd x", commit="0123456789ab"), "The runs")
@@ -695,6 +712,8 @@ show_doc(check_int)
 test_eq(check_int(30.0, "n", 1), 30)
 for bad in (0, -1, 2.5, True, "3", math.nan, math.inf, None, torch.tensor([3])): test_fail(lambda: check_int(bad, "n", 1), contains="`n` must be an integer >= 1")
 test_eq(check_int(torch.tensor(3), "n", 1), 3)
+test_eq(check_int(4, "n", 1, high=4), 4)
+test_fail(lambda: check_int(5, "n", 1, high=4), contains="`n` must be an integer in 1..4, got 5")
 test_fail(lambda: check_int(0, "d", 1, "a positive integer"), contains="`d` must be a positive integer, got 0")
 
 # %%
@@ -704,6 +723,14 @@ show_doc(check_number)
 test_eq(check_number(1, "lr", 0, strict=True), 1.)
 test_fail(lambda: check_number(0., "lr", 0, strict=True), contains="`lr` must be a finite number > 0")
 test_fail(lambda: check_number(math.inf, "alpha"), contains="`alpha` must be a finite number")
+test_eq(check_number(1, "alpha", 0, strict=True, high=1), 1.)
+test_fail(lambda: check_number(1.5, "alpha", 0, strict=True, high=1), contains="`alpha` must be a finite number in (0, 1]")
+test_fail(lambda: check_number(-5, "alpha", 0, strict=True, high=1), contains="`alpha` must be a finite number in (0, 1]")
+test_eq(check_floating([1, 2], "Z").dtype, torch.float64)
+test_eq(check_floating(torch.ones(2, dtype=torch.float32), "Z").dtype, torch.float32)
+for bad in (torch.ones(2, dtype=torch.int64), np.ones(2, dtype=int), torch.ones(2, dtype=torch.bool), torch.ones(2) * 1j):
+    test_fail(lambda: check_floating(bad, "Z"), contains="`Z` must be a real")
+test_fail(lambda: check_floating(torch.tensor([1., math.nan]), "Z"), contains="`Z` contains NaN or inf")
 test_fail(lambda: check_choice("cubic", ("random", "onehot"), "features"), contains="`features` must be one of")
 test_eq(check_seeds(range(3)), [0, 1, 2]); test_eq(check_seeds(4), [4])
 for bad in ([], [1, 1], [-1], [0.5], [math.nan], math.inf): test_fail(lambda: check_seeds(bad), contains="`seeds` must be a non-empty list")

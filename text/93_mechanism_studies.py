@@ -12,7 +12,7 @@ from ictd.state_tokens import model_params
 from ictd.engine import EMERGENCE, PretrainConfig, get_family
 from ictd.pretrain import DIVERGED, DivergenceError, pretrain_many
 from ictd.emergence import UNIFORM_BELOW, held_out_prompts, sign_pattern
-from ictd.core import provenance
+from ictd.core import atomic_write_text, provenance
 from ictd.mechanism import (CONTEST_GRIDS, CONTEST_NAMES, contest_table, fit_candidate, fit_estimators, gap_measures, jacobian_spectrum, learned_kernel, prediction_errors,
                             sampled_jacobians, update_jacobian)
 
@@ -463,11 +463,8 @@ test_fail(lambda: settled_step(_flat, _steps, 300), contains="multiple of the ev
 # %%
 #| export
 def _write(out_dir, name:str, command:str, payload:dict)->Path:
-    "Write `payload` as JSON to `out_dir`/`name`, after the provenance of `command`."
-    path = Path(out_dir) / name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(dict(provenance=provenance(command), **payload)))
-    return path
+    "Write `payload` as JSON to `out_dir`/`name` atomically (`atomic_write_text`: a crash leaves the old file or the new one), after the provenance of `command`."
+    return atomic_write_text(Path(out_dir) / name, json.dumps(dict(provenance=provenance(command), **payload)))
 
 
 # %%

@@ -12,7 +12,7 @@ from ..state_tokens import model_params
 from ..engine import EMERGENCE, PretrainConfig, get_family
 from ..pretrain import DIVERGED, DivergenceError, pretrain_many
 from ..emergence import UNIFORM_BELOW, held_out_prompts, sign_pattern
-from ..core import provenance
+from ..core import atomic_write_text, provenance
 from ..mechanism import (CONTEST_GRIDS, CONTEST_NAMES, contest_table, fit_candidate, fit_estimators, gap_measures, jacobian_spectrum, learned_kernel, prediction_errors,
                             sampled_jacobians, update_jacobian)
 
@@ -219,11 +219,8 @@ def settled_step(metrics:dict,     # output of `converge_metrics`
 
 # %% ../../nbs/93_mechanism_studies.ipynb #aea6bff6
 def _write(out_dir, name:str, command:str, payload:dict)->Path:
-    "Write `payload` as JSON to `out_dir`/`name`, after the provenance of `command`."
-    path = Path(out_dir) / name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(dict(provenance=provenance(command), **payload)))
-    return path
+    "Write `payload` as JSON to `out_dir`/`name` atomically (`atomic_write_text`: a crash leaves the old file or the new one), after the provenance of `command`."
+    return atomic_write_text(Path(out_dir) / name, json.dumps(dict(provenance=provenance(command), **payload)))
 
 # %% ../../nbs/93_mechanism_studies.ipynb #c6276725
 def run_mechanism_study(out_dir="nbs/data",            # folder of the JSON file
