@@ -163,7 +163,7 @@ def test_all_runs_every_command(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr(ictd.cli, 'COMMANDS', {k: (lambda a, k=k: calls.append((k, a))) for k in ictd.cli.COMMANDS})
     main(['all', '--out', str(tmp_path), '--no-progress'])
-    assert sorted(k for k, _ in calls) == ['chain', 'continuous', 'convergence', 'linear', 'pretrain']
+    assert sorted(k for k, _ in calls) == ['ablations', 'chain', 'continuous', 'convergence', 'linear', 'pretrain']
     assert all(a.out == tmp_path and a.no_progress for _, a in calls)
     conv = dict(calls)['convergence']
     assert conv.n_tasks == 1000 and conv.ns[-1] == 30_000                 # full scale by default

@@ -467,6 +467,7 @@ record_claim("state-tokens-exact", "On tabular contexts the forward pass on stat
              "equals the dual-head Transformer's forward pass on the full prompt, for every seed of a stacked batch.",
              "proved", "state_tokens", "#a-worked-example");
 
+
 # %% [markdown]
 # ### The fused pass for training
 #
@@ -539,6 +540,7 @@ class _FusedTokens(torch.autograd.Function):
             g[..., C - c:] += dO
         return dW[..., :D, D:], dW[..., :D, :D].mT, dW[..., D:, :D].mT, None, None, None, None, None
 
+
 # %%
 #| export
 def fused_token_predict(params:dict,    # A, V_cur, V_tgt: (S, L or 1, D, D) each
@@ -554,6 +556,7 @@ def fused_token_predict(params:dict,    # A, V_cur, V_tgt: (S, L or 1, D, D) eac
     v = _FusedTokens.apply(params["A"], params["V_cur"], params["V_tgt"], flat(Z, D, C), flat(x.log_w, x.log_w.shape[-1]),
                            flat(x.succ, *x.succ.shape[-2:]), n_layers, x.q)
     return v.reshape(*batch, x.q)
+
 
 # %% [markdown]
 # The fused pass against `token_predict`, in float64: values and the gradients of a TD-style loss agree to

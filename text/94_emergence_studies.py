@@ -603,6 +603,8 @@ def load_ablations(path)->tuple:  # (name -> value -> list of `PretrainResult` w
 
 # %%
 show_doc(run_ablations)
+
+# %%
 show_doc(load_ablations)
 
 # %%

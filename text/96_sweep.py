@@ -614,7 +614,7 @@ Markdown(text)
 print(Path("../sweeps/contest.toml").read_text())
 
 # %% [markdown]
-# It expands to the contest's twenty cells, with the seeds each was trained on. Appendix D's [`contest_cells`](mechanism_studies.html#the-contests-runs) gathers
+# It expands to the contest's twenty cells, with the seeds each was trained on. Appendix D's `contest_cells` gathers
 # the same cells from the studies that trained them (the headline's seeds 0 to 19 from `mechanism_runs.json`, 20 to
 # 39 from `contest_runs.json`, the depth sweep, the controls, the one-factor cells); the cells and seeds the contest
 # measured are in `data/contest_stats*.json`, and the spec's cells are exactly those (their training settings equal,

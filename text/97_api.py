@@ -19,7 +19,8 @@ from nbdev.showdoc import *
 # chapters import them from there. A reader who wants the book's main objects should not need to know which chapter
 # defined them: this page lists the dozen names of the book's main line and makes each one importable from `ictd`
 # itself. A name is loaded from its module the first time it is asked for, so `import ictd` stays cheap and the
-# modules keep importing each other in the order the chapters build them.
+# modules keep importing each other in the order the chapters build them. A function named like its module
+# (`pretrain` in `ictd.pretrain`) cannot be one of them: once the module is imported, `ictd.pretrain` is the module.
 
 # %% [markdown]
 # ## The names
@@ -33,7 +34,7 @@ from nbdev.showdoc import *
 # | `build_prompt` | the prompt of a context and its queries | [2](prompt.html) |
 # | `SoftmaxICTD`, `theta_star` | the dual-head Transformer; the parameters under which it runs the algorithm | [3](dual_head.html) |
 # | `PretrainConfig`, `EMERGENCE` | the settings of a pretraining run; chapter 6a's configuration | [6](pretrain.html), [B](engine.html) |
-# | `pretrain`, `pretrain_many` | multi-task TD pretraining of one seed, or of many seeds in one batched run | [6](pretrain.html) |
+# | `pretrain_many` | multi-task TD pretraining of many seeds in one batched run | [6](pretrain.html) |
 # | `LinearICTD` | the linear-attention Transformer of the predecessor | [7](linear.html) |
 # | `kernel_q_iteration`, `ControlICTD` | in-context control: the algorithm and its Transformer | [9](control.html), [9a](control_transformer.html) |
 
@@ -42,7 +43,7 @@ from nbdev.showdoc import *
 PUBLIC = dict(MRP="boyan", random_boyan_chain="boyan", sample_trajectory="boyan", msve="boyan",
               random_tasks="tasks", sample_trajectories="tasks", weighted_softmax_td="wstd", build_prompt="prompt",
               SoftmaxICTD="model", theta_star="model", PretrainConfig="engine", EMERGENCE="engine",
-              pretrain="pretrain", pretrain_many="pretrain", LinearICTD="linear",
+              pretrain_many="pretrain", LinearICTD="linear",
               kernel_q_iteration="control", ControlICTD="control_model")   # name -> the module (under `ictd`) that defines it
 __all__ = ["__version__", *PUBLIC]
 
