@@ -31,7 +31,7 @@ def test_ablation_claims_hold_on_fresh_seeds(tmp_path):
 @pytest.mark.claims
 def test_saved_ablations_are_what_the_code_computes():
     "Chapter 6a's ablation file against the code: one of its seeds (a fixed draw, so that a failure reproduces) of every setting retrained, histories"
-    " within a relative 1e-6 (a 1e-9 nudge moves them by under 1e-7). Catches a stale file after a change of the code, the"
+    " within a relative 1e-6 (make test-perturbed runs it with a 1e-9 nudge). Catches a stale file after a change of the code, the"
     " engine or the tasks that changes the ablations' results, and a file whose settings are not the chapter's."
     saved, prov = load_ablations(Path(__file__).parents[1] / "nbs" / "data" / "emergence_ablations.json")
     assert prov["command"].startswith("ictd ablations --seeds 0-9"), prov

@@ -4,9 +4,10 @@
 # %%
 #| export
 from __future__ import annotations
-import dataclasses, json, math
+import dataclasses, json, math, tempfile
 from pathlib import Path
 import torch
+from tqdm.auto import tqdm
 from ictd.model import theta_star
 from ictd.core import atomic_savefig, atomic_write_text, load_json, plain_log_ticks, provenance
 from ictd.engine import EMERGENCE, PretrainConfig, PretrainResult
@@ -570,8 +571,6 @@ def run_ablations(seeds,                     # the seeds of every run
                   progress:bool=False,       # a progress bar over the studies
                  )->dict:                    # name -> value -> list of `PretrainResult`
     "Every ablation of `studies` on `seeds`, through `ablation`."
-    import tempfile
-    from tqdm.auto import tqdm
     with tempfile.TemporaryDirectory() as tmp:
         return {k: ablation(base, st["field"], st["values"], seeds, cache_dir=cache_dir or tmp, **st.get("fixed", {}))
                 for k, st in tqdm(studies.items(), desc="ablations", disable=not progress)}
@@ -625,8 +624,8 @@ test_eq(ablation_table(back["gamma"], "gamma"), ablation_table(tiny_ablations["g
 # %% [markdown]
 # `check_saved_runs` retrains the chosen seeds of every configuration of a file, batched per
 # configuration, and returns the largest difference between a fresh history and the saved one, relative
-# to the saved entry's size (at least 1; a NaN in one of them counts as infinitely far). A 1e-9 nudge of the initial parameters moves the ablations'
-# histories by under 1e-7 after 500 steps, so a threshold of 1e-6 separates rounding (another CPU, the
+# to the saved entry's size (at least 1; a NaN in one of them counts as infinitely far). The threshold is $10^{-6}$: `make test-perturbed` runs the check with every initial parameter
+# nudged by a relative $10^{-9}$, so it separates rounding (another CPU, the
 # nudge) from a changed result.
 
 # %%

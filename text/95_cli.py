@@ -4,8 +4,8 @@
 # %%
 #| export
 from __future__ import annotations
-import argparse, json, math, sys
-from dataclasses import asdict, fields
+import argparse, json, math, sys, time
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 from fastcore.docments import docments
 import numpy as np
@@ -687,9 +687,8 @@ def run_mechanism(args)->list:
 #| export
 def run_ablations_command(args)->list:
     "`ictd ablations`: chapter 6a's ablations on `--seeds`, every run's configuration and history in `emergence_ablations.json`."
-    import time, dataclasses
     t0 = time.time()
-    base = dataclasses.replace(ABLATION_BASE, n_steps=args.steps, eval_every=args.steps // 2)
+    base = replace(ABLATION_BASE, n_steps=args.steps, eval_every=args.steps // 2)
     runs = run_ablations(list(args.seeds), base, progress=not args.no_progress)
     path = Path(args.out) / "emergence_ablations.json"
     save_ablations(path, runs, **provenance(f"ictd ablations --seeds {seed_ranges(args.seeds)} --steps {args.steps} --out {args.out}",

@@ -4,9 +4,10 @@
 
 # %% ../../nbs/94_emergence_studies.ipynb #ec530724
 from __future__ import annotations
-import dataclasses, json, math
+import dataclasses, json, math, tempfile
 from pathlib import Path
 import torch
+from tqdm.auto import tqdm
 from ..model import theta_star
 from ..core import atomic_savefig, atomic_write_text, load_json, plain_log_ticks, provenance
 from ..engine import EMERGENCE, PretrainConfig, PretrainResult
@@ -325,8 +326,6 @@ def run_ablations(seeds,                     # the seeds of every run
                   progress:bool=False,       # a progress bar over the studies
                  )->dict:                    # name -> value -> list of `PretrainResult`
     "Every ablation of `studies` on `seeds`, through `ablation`."
-    import tempfile
-    from tqdm.auto import tqdm
     with tempfile.TemporaryDirectory() as tmp:
         return {k: ablation(base, st["field"], st["values"], seeds, cache_dir=cache_dir or tmp, **st.get("fixed", {}))
                 for k, st in tqdm(studies.items(), desc="ablations", disable=not progress)}
