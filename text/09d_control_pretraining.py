@@ -583,7 +583,7 @@ Markdown(f"After {state['config']['n_steps']} steps, {len(state['seeds'])} seeds
 # ## A live run
 #
 # Four seeds, 150 steps, the Q-learning objective: the error to $q_*$ falls from its value at the random start on
-# every seed; the last backup head's score is still near 0 this early (in the study it grows from step 200 on).
+# every seed; the last backup head's score is still near 0 this early (in the study it grows later in training, Figure 9d.1).
 
 # %%
 live = train_control(ControlPretrainConfig(n_steps=150, eval_every=50, eval_mdps=16), [100, 101, 102, 103])
