@@ -12,9 +12,10 @@ from .boyan import as_tensor, check_gamma, transitions_from_uniforms, _stationar
 from .core import check_int, check_number, check_choice
 
 # %% auto #0
-__all__ = ['MDP_FEATURES', 'MDP_REWARDS', 'MDP', 'check_policy', 'uniform_policy', 'greedy_policy', 'policy_mrp',
-           'stationary_distribution', 'q_pi', 'q_star', 'policy_return', 'normalised_return', 'random_mdp',
-           'sample_mdp_trajectory', 'context_features', 'boltzmann_backup', 'kernel_q_iteration', 'batch_tabular_q']
+__all__ = ['TIE_RTOL', 'MDP_FEATURES', 'MDP_REWARDS', 'MDP', 'check_policy', 'uniform_policy', 'greedy_actions', 'greedy_policy',
+           'policy_mrp', 'stationary_distribution', 'q_pi', 'q_star', 'policy_return', 'normalised_return',
+           'random_mdp', 'sample_mdp_trajectory', 'context_features', 'boltzmann_backup', 'kernel_q_iteration',
+           'batch_tabular_q']
 
 # %% ../nbs/09_control.ipynb #ade36601
 @dataclass(eq=False)
@@ -69,10 +70,20 @@ def uniform_policy(mdp:MDP)->torch.Tensor:
     "The uniform policy, (S, A) with entries 1/A."
     return torch.full((mdp.n_states, mdp.n_actions), 1 / mdp.n_actions, dtype=torch.float64)
 
-def greedy_policy(q)->torch.Tensor:
-    "The deterministic policy (..., S, A) that takes the first maximiser of each row of `q`."
+TIE_RTOL = 1e-9   # action values this close (relative) are equal up to rounding
+
+def greedy_actions(q,                     # (..., S, A) action values
+                   rtol:float=TIE_RTOL,   # tolerance, relative to 1 + the row's largest |value|
+                  )->torch.Tensor:        # (..., S) the first action whose value ties the row's maximum
+    "The greedy action of each row of `q`: the first maximiser, counting values within rounding of the maximum as ties."
     q = as_tensor(q, "q")
-    return torch.nn.functional.one_hot(q.argmax(-1), q.shape[-1]).to(q.dtype)
+    tied = q >= q.amax(-1, keepdim=True) - rtol * (1 + q.abs().amax(-1, keepdim=True))
+    return tied.to(torch.int8).argmax(-1)
+
+def greedy_policy(q)->torch.Tensor:
+    "The deterministic policy (..., S, A) that takes the greedy action (`greedy_actions`) of each row of `q`."
+    q = as_tensor(q, "q")
+    return torch.nn.functional.one_hot(greedy_actions(q), q.shape[-1]).to(q.dtype)
 
 # %% ../nbs/09_control.ipynb #0042b4fa
 def policy_mrp(mdp:MDP, policy)->tuple:

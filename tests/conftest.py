@@ -67,3 +67,19 @@ def shared_runs(tmp_path_factory):
             finally: fcntl.flock(lock, fcntl.LOCK_UN)
     train.folder = folder
     return train
+
+
+# ICTD_CPU_PROFILE=FILE appends one JSON line per test: its CPU seconds (this process and the children it waited for),
+# which unlike `--durations` do not grow when the machine is shared. For finding where the suite's time goes.
+if os.environ.get("ICTD_CPU_PROFILE"):
+    import json, resource, time
+    def _cpu():
+        return sum(resource.getrusage(who).ru_utime + resource.getrusage(who).ru_stime
+                   for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_protocol(item, nextitem):
+        start, wall = _cpu(), time.time()
+        yield
+        with open(os.environ["ICTD_CPU_PROFILE"], "a") as f:
+            f.write(json.dumps({"test": item.nodeid, "cpu": round(_cpu() - start, 2), "wall": round(time.time() - wall, 2)}) + "\n")

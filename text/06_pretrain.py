@@ -481,7 +481,9 @@ batches_n30 = (128, 128, 128, 16)   # fewer at L = 64, where each batch costs 64
 neu_n30, se_n30 = torch.tensor([neu(star(L), onehot_tasks, 30, n_batches=b, batch_size=64, seed=7, with_se=True) for L, b in zip(depths_n30, batches_n30)], dtype=torch.float64).T
 inf_at_n30 = neu_star[[depths.index(L) for L in depths_n30]].double()
 z_n30 = (neu_n30 - inf_at_n30) / se_n30   # distance of the n = 30 estimate from the n = infinity value, in standard errors
-neu_star, neu_random
+show = lambda x: f"{x:.3g}" if x > 1e-12 else "below 1e-12 (rounding)"
+print("NEU of theta* at n = infinity:", "; ".join(f"L = {L}: {show(x)}" for L, x in zip(depths, neu_star.tolist())))
+print("NEU of a random model:", "; ".join(f"L = {L}: {show(x)}" for L, x in zip(depths, neu_random.tolist())))
 
 # %%
 print("L    n = inf     n = 30 (± 1 s.e.)         (n30 - inf) / s.e.")
@@ -1104,7 +1106,7 @@ def fixed_point_msve(b, L=300):
     v = population_predict(SoftmaxICTD.from_params(L, A, V_cur, V_tgt, shared=True), chains64)
     return weighted_error(v, chains64.v_pi, chains64.d_pi).mean().item()
 fixed = {b: fixed_point_msve(b) for b in (0.5, 0.8, 0.9, 0.95)}
-print({f"b = {b}": f"{e:.3g}" for b, e in fixed.items()})
+print("MSVE after 300 shared layers:", "; ".join(f"b = {b}: " + (f"{e:.3g}" if e > 1e-20 else "below 1e-20") for b, e in fixed.items()))
 assert fixed[0.9] < 1e-20 and min(fixed[b] for b in (0.5, 0.8, 0.95)) > 0.1, fixed
 
 # %%

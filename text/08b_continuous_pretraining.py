@@ -44,6 +44,14 @@ from ictd.model import theta_star
 # on Boyan chains only. We report what we measured, whether or not it matches the chain.
 # :::
 #
+# ::: {.callout-warning}
+# **The digits of this chapter are draws.** The ten-seed runs train in the page, and training amplifies
+# rounding: on another CPU type (AVX2 against AVX-512 kernels, say) the trained models differ, and the
+# tables' means move within their standard errors (on the CPUs we tried, in the second digit). The
+# claims are counts over seeds with margins that survive this; `tests/test_continuous_pretrain.py`
+# checks them on seeds this page does not show.
+# :::
+#
 # *How to read this chapter.* One question: trained by the engine of [chapter 6](pretrain.html) on
 # random noisy rotations or random AR(1) processes, does the Transformer's score block learn the
 # kernel of [Proposition 8.1](continuous.html#the-kernels-a-transformer-computes), and do its value

@@ -110,7 +110,9 @@ class MDP:
 
 # %% [markdown]
 # Policies are checked once, by `check_policy`; the uniform policy is the default behaviour of this
-# part, and a greedy policy picks the first maximiser of each row of action values.
+# part, and a greedy policy picks the first maximiser of each row of action values. Values that agree to a relative
+# $10^{-9}$ count as tied: an iterate that should tie two actions exactly (as state rewards often do) ties them only up to
+# rounding, and which of them rounding favours differs between CPUs, so the choice among them must not depend on it.
 
 # %%
 #| export
@@ -130,10 +132,20 @@ def uniform_policy(mdp:MDP)->torch.Tensor:
     "The uniform policy, (S, A) with entries 1/A."
     return torch.full((mdp.n_states, mdp.n_actions), 1 / mdp.n_actions, dtype=torch.float64)
 
-def greedy_policy(q)->torch.Tensor:
-    "The deterministic policy (..., S, A) that takes the first maximiser of each row of `q`."
+TIE_RTOL = 1e-9   # action values this close (relative) are equal up to rounding
+
+def greedy_actions(q,                     # (..., S, A) action values
+                   rtol:float=TIE_RTOL,   # tolerance, relative to 1 + the row's largest |value|
+                  )->torch.Tensor:        # (..., S) the first action whose value ties the row's maximum
+    "The greedy action of each row of `q`: the first maximiser, counting values within rounding of the maximum as ties."
     q = as_tensor(q, "q")
-    return torch.nn.functional.one_hot(q.argmax(-1), q.shape[-1]).to(q.dtype)
+    tied = q >= q.amax(-1, keepdim=True) - rtol * (1 + q.abs().amax(-1, keepdim=True))
+    return tied.to(torch.int8).argmax(-1)
+
+def greedy_policy(q)->torch.Tensor:
+    "The deterministic policy (..., S, A) that takes the greedy action (`greedy_actions`) of each row of `q`."
+    q = as_tensor(q, "q")
+    return torch.nn.functional.one_hot(greedy_actions(q), q.shape[-1]).to(q.dtype)
 
 
 # %%
@@ -715,6 +727,9 @@ test_eq(greedy_policy(q_star(two)), torch.tensor([[1., 0.], [0., 1.]], dtype=tor
 test_close(policy_return(two, greedy_policy(q_star(two)), start=[1., 0.]), 2., eps=1e-12)
 test_close(normalised_return(two, greedy_policy(q_star(two))), 1., eps=1e-12)
 test_close(normalised_return(two, uniform_policy(two)), 0., eps=1e-12)
+ties = torch.tensor([[1., 1. + 1e-12, 0.], [0., 1., 1. + 1e-6], [3e9, 3e9 * (1 + 1e-10), 0.]], dtype=torch.float64)
+test_eq(greedy_actions(ties), torch.tensor([0, 2, 0]))       # a rounding-level lead is a tie (rows 1, 3); 1e-6 is not
+test_eq(greedy_actions(ties.flip(-1)), torch.tensor([1, 0, 1]))   # the first of the tied actions, whichever order
 
 # %% [markdown]
 # Bad input fails with the argument's name:

@@ -9,7 +9,7 @@ import torch
 from ictd.boyan import as_tensor, check_gamma
 from ictd.core import check_int, check_number
 from ictd.boyan import _stationary
-from ictd.control import boltzmann_backup, _check_beta, _tabular
+from ictd.control import boltzmann_backup, _check_beta, _tabular, greedy_actions
 
 # %%
 #| hide
@@ -211,10 +211,10 @@ def greedy_returns(P,            # (..., S, A, S) transitions
                    q,            # (..., S, A) action values (extra leading axes broadcast)
                    start=None,   # (S,) start distribution; default uniform
                   )->torch.Tensor:  # (...) expected discounted return of each `q`'s greedy policy
-    "Returns of the greedy policies of `q` (first maximiser), by one batched linear solve."
+    "Returns of the greedy policies of `q` (`greedy_actions`: ties up to rounding go to the first), by one batched solve."
     P, r = as_tensor(P, "P", torch.float64), as_tensor(r, "r", torch.float64)
     q, S = as_tensor(q, "q", torch.float64), P.shape[-1]
-    a = q.argmax(-1)                                                  # (..., S)
+    a = greedy_actions(q)                                             # (..., S)
     batch = torch.broadcast_shapes(P.shape[:-3], a.shape[:-1])
     P, r, a = P.expand(batch + P.shape[-3:]), r.expand(batch + r.shape[-2:]), a.expand(batch + (S,))
     P_pi = P.gather(-2, a[..., None, None].expand(batch + (S, 1, S)))[..., 0, :]

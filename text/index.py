@@ -259,8 +259,11 @@ Markdown(f"`make docs` took {fresh['make docs']['seconds'] / 60:.0f} min and `ma
 # only what survives rounding. `ICTD_PERTURB=1e-9 make test` (or `make test-perturbed`, the claims tier and every
 # chapter's checks) multiplies every initial parameter of every training run by $1 + 10^{-9}\,\xi$, $\xi \sim N(0, 1)$
 # from a fixed stream ([appendix A](core.html#the-rounding-nudge-claims-that-survive-another-cpu)); a claim that flips
-# under it is not a claim. `make test-other-kernels` rebuilds the fast chapters with torch's AVX2 kernels (on an AVX-512
-# CPU a different rounding), and `make fresh-clone` runs both commands above on a fresh clone. CI runs `make test`,
-# `make test-perturbed` and `make test-other-kernels`.
+# under it is not a claim. `make test-other-kernels` rebuilds the fast chapters with another set of torch's CPU kernels
+# than the machine's default (AVX2 on an AVX-512 CPU, unvectorised ones on an AVX2 CPU), so a printed digit that depends
+# on the kernels' rounding fails; figures are compared as pixels, where such rounding can flip the anti-aliasing of a few
+# of them. The chapters that train in the page say so where their digits are draws: on another CPU type `make docs` may
+# rewrite those digits (and a few pixels), within the statistics' standard errors. `make fresh-clone` runs both commands
+# above on a fresh clone. CI runs `make test`, `make test-perturbed` and `make test-other-kernels`.
 # The project uses nbdev 2 (configured by `settings.ini`); moving to nbdev 3 is
 # `nbdev-migrate-config` plus its renamed commands (`nbdev-test`, ...).
