@@ -81,13 +81,30 @@ def _attend(keys, queries, delta):
     out = torch.nn.functional.scaled_dot_product_attention(flat(queries), flat(keys), flat(values), scale=1.)
     return out[..., 0].reshape(*shape, queries.shape[-2])
 
+def _grouped(keys, X, W, batch):
+    "The kernel sum through the distinct feature rows, when they are few; None when they are too many."
+    n = keys.shape[-2]
+    rows = torch.cat([keys.expand(batch + keys.shape[-2:]), X.expand(batch + X.shape[-2:])], -2)
+    U, idx = torch.unique(rows.reshape(-1, rows.shape[-1]), dim=0, return_inverse=True)
+    nbytes = math.prod(batch) * len(U) ** 2 * keys.element_size()
+    if 2 * len(U) > n or memory_path("auto", nbytes, "", "") != "dense": return None  # a small dense kernel
+    idx = idx.reshape(batch + rows.shape[-2:-1])
+    key_idx, target_idx = idx[..., :n], idx[..., n:]
+    count = keys.new_zeros(batch + U.shape[:1]).scatter_add_(-1, key_idx, torch.ones_like(key_idx, dtype=keys.dtype))
+    G = (U @ W @ U.mT).expand(batch + (len(U), len(U)))       # scores between distinct rows
+    K = torch.softmax(G + count.log().unsqueeze(-1), dim=-2)   # group a's total weight c_a e^g / sum c e^g
+    per_key = lambda delta: keys.new_zeros(count.shape).scatter_add_(-1, key_idx, delta) / count.clamp(min=1)
+    return lambda delta: (per_key(delta).unsqueeze(-2) @ K).squeeze(-2).gather(-1, target_idx)
+
 def _streamed(keys, X, R, W, alpha, gamma, n_iters, rho, return_all, centred):
-    "`weighted_softmax_td` in O(n + m) memory: each iteration attends from $W\\phi(x)$ to the keys."
-    queries = X @ _score_matrix(W, keys).mT                  # g(phi_k, x) = phi_k . (W phi(x))
+    "`weighted_softmax_td` in O(n + m) memory: grouped by distinct features, else attending from $W\\phi(x)$."
+    W = _score_matrix(W, keys)
+    queries = X @ W.mT                                      # g(phi_k, x) = phi_k . (W phi(x))
     batch = torch.broadcast_shapes(keys.shape[:-2], queries.shape[:-2], R.shape[:-1])
+    kernel_sum = _grouped(keys, X, W, batch) or (lambda delta: _attend(keys, queries, delta))
     step = alpha * _rho(rho, keys, X, batch + X.shape[-2:-1])
     shift = 1 / keys.shape[-2] if centred else 0.              # the uniform head of `centred`
-    update = lambda delta: step * (_attend(keys, queries, delta) - shift * delta.sum(-1, keepdim=True))
+    update = lambda delta: step * (kernel_sum(delta) - shift * delta.sum(-1, keepdim=True))
     return _iterate(update, X.new_zeros(batch + X.shape[-2:-1]), R, gamma, n_iters, return_all)
 
 # %% ../nbs/01_weighted_softmax_td.ipynb #2f918bac

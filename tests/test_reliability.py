@@ -326,6 +326,19 @@ def test_weighted_softmax_td_has_a_streamed_path_equal_to_the_dense_one():
         dense, streamed = (weighted_softmax_td(phi, R, W, 0.4, 0.9, 10, method=m, **kw) for m in ('dense', 'streamed'))
         assert relative_gap(streamed, dense) < 1e-12, kw
 
+def test_the_streamed_path_groups_repeated_features(monkeypatch):
+    "Features that repeat (Boyan chains) take the grouped path, never attention, and give the dense result to 1e-12 relative."
+    import ictd.wstd
+    def never(*args): raise AssertionError('the grouped path must not attend')
+    monkeypatch.setattr(ictd.wstd, '_attend', never)
+    chains = [random_boyan_chain(n_states=5, d=3, features='unit', seed=s) for s in (1, 2)]
+    runs = [sample_trajectory(c, 30, seed=7) for c in chains]
+    phi, R = torch.stack([c.phi[S] for c, (S, _) in zip(chains, runs)]), torch.stack([R for _, R in runs])
+    Q, W = torch.stack([c.phi for c in chains]), torch.randn(2, 3, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    for kw in (dict(phi_queries=Q), dict(centred=True, return_all=True)):
+        dense, streamed = (weighted_softmax_td(phi, R, W, 0.4, 0.9, 10, method=m, **kw) for m in ('dense', 'streamed'))
+        assert relative_gap(streamed, dense) < 1e-12, kw
+
 def test_weighted_softmax_td_chooses_the_streamed_path_above_dense_bytes(monkeypatch):
     "method='auto' (the default) is the dense path up to `DENSE_BYTES` and the streamed path above it."
     phi, R, W = CTX, CTX[:-1, 0], W2

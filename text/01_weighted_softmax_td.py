@@ -235,13 +235,30 @@ def _attend(keys, queries, delta):
     out = torch.nn.functional.scaled_dot_product_attention(flat(queries), flat(keys), flat(values), scale=1.)
     return out[..., 0].reshape(*shape, queries.shape[-2])
 
+def _grouped(keys, X, W, batch):
+    "The kernel sum through the distinct feature rows, when they are few; None when they are too many."
+    n = keys.shape[-2]
+    rows = torch.cat([keys.expand(batch + keys.shape[-2:]), X.expand(batch + X.shape[-2:])], -2)
+    U, idx = torch.unique(rows.reshape(-1, rows.shape[-1]), dim=0, return_inverse=True)
+    nbytes = math.prod(batch) * len(U) ** 2 * keys.element_size()
+    if 2 * len(U) > n or memory_path("auto", nbytes, "", "") != "dense": return None  # a small dense kernel
+    idx = idx.reshape(batch + rows.shape[-2:-1])
+    key_idx, target_idx = idx[..., :n], idx[..., n:]
+    count = keys.new_zeros(batch + U.shape[:1]).scatter_add_(-1, key_idx, torch.ones_like(key_idx, dtype=keys.dtype))
+    G = (U @ W @ U.mT).expand(batch + (len(U), len(U)))       # scores between distinct rows
+    K = torch.softmax(G + count.log().unsqueeze(-1), dim=-2)   # group a's total weight c_a e^g / sum c e^g
+    per_key = lambda delta: keys.new_zeros(count.shape).scatter_add_(-1, key_idx, delta) / count.clamp(min=1)
+    return lambda delta: (per_key(delta).unsqueeze(-2) @ K).squeeze(-2).gather(-1, target_idx)
+
 def _streamed(keys, X, R, W, alpha, gamma, n_iters, rho, return_all, centred):
-    "`weighted_softmax_td` in O(n + m) memory: each iteration attends from $W\\phi(x)$ to the keys."
-    queries = X @ _score_matrix(W, keys).mT                  # g(phi_k, x) = phi_k . (W phi(x))
+    "`weighted_softmax_td` in O(n + m) memory: grouped by distinct features, else attending from $W\\phi(x)$."
+    W = _score_matrix(W, keys)
+    queries = X @ W.mT                                      # g(phi_k, x) = phi_k . (W phi(x))
     batch = torch.broadcast_shapes(keys.shape[:-2], queries.shape[:-2], R.shape[:-1])
+    kernel_sum = _grouped(keys, X, W, batch) or (lambda delta: _attend(keys, queries, delta))
     step = alpha * _rho(rho, keys, X, batch + X.shape[-2:-1])
     shift = 1 / keys.shape[-2] if centred else 0.              # the uniform head of `centred`
-    update = lambda delta: step * (_attend(keys, queries, delta) - shift * delta.sum(-1, keepdim=True))
+    update = lambda delta: step * (kernel_sum(delta) - shift * delta.sum(-1, keepdim=True))
     return _iterate(update, X.new_zeros(batch + X.shape[-2:-1]), R, gamma, n_iters, return_all)
 
 
@@ -1889,15 +1906,20 @@ for seed in range(10):
 # $\phi(S_{k-1})^\top W \phi(x)$ the sum $\sum_k K_k(x)\,\delta_k$ is softmax attention of the query $W\phi(x)$
 # over the keys $\phi(S_{k-1})$ with values $\delta_k$, so the path `'streamed'` computes it each iteration by fused
 # attention (`scaled_dot_product_attention`, as the dual-head model's layers do), which never builds the weights:
-# memory $O(n + m)$, time $O(n m d)$ per iteration instead of once. `method='auto'` takes it when the dense weights
+# memory $O(n + m)$, time $O(n m d)$ per iteration instead of once. When the features repeat (a trajectory of a
+# chain with $s$ states has at most $s$ distinct rows), it groups the keys by their distinct rows $u_a$, with counts
+# $c_a$ and sums $D_a$ of their TD errors: $\sum_k K_k(x)\,\delta_k = \sum_a \frac{c_a e^{g(u_a, x)}}{\sum_b c_b e^{g(u_b, x)}}
+# \frac{D_a}{c_a}$, a small dense kernel between distinct rows, and $O(n)$ time per iteration.
+# `method='auto'` takes the path when the dense weights
 # would pass `DENSE_BYTES`; the dense path, asked for or needed (a `score` function), is refused with its estimate
 # above `WORK_LIMITS['bytes']`. So are `context_weights`, which returns $K$ itself, and `two_head_linear_td`,
 # whose shifted kernel is not bilinear (`batch_linear_td` is the same algorithm in $O(nd)$ memory).
 
 # %% [markdown]
-# The two paths agree to $10^{-12}$ relative on random contexts of every form the function takes (queries,
+# The paths agree to $10^{-12}$ relative on random contexts of every form the function takes (queries,
 # a batch of contexts with a batch of $W$, `rho` as a tensor and as a function, `centred`, `return_all`,
-# float32), `'auto'` switches at `DENSE_BYTES`, and what cannot be done in the memory allowed is refused:
+# float32), by attention (random features) and by groups (Boyan chains, with attention switched off), `'auto'`
+# switches at `DENSE_BYTES`, and what cannot be done in the memory allowed is refused:
 
 # %%
 def paths_agree(phi, R, W, **kw):
@@ -1913,6 +1935,16 @@ for case in range(6):
     assert paths_agree(phi_p, R_p, W_p, phi_queries=Q_p, rho=rho_p, centred=case % 2 == 1) < 1e-12
     assert paths_agree(phi_p[0], R_p[0], W_p[0], phi_queries=Q_p[0], rho=lambda k, x: 1 + x[..., 0].tanh(), return_all=True) < 1e-12
     assert paths_agree(phi_p.float(), R_p.float(), W_p.float(), phi_queries=Q_p.float()) < 1e-5
+
+def never(*args): raise AssertionError("the grouped path must not attend")
+with unittest.mock.patch.dict(globals(), _attend=never):        # repeated features: the grouped path alone
+    for seed in range(4):
+        chains = [random_boyan_chain(n_states=6, features="unit", seed=seed + 10 * b) for b in range(3)]
+        paths = [sample_trajectory(c, 40, seed=seed) for c in chains]
+        phi_g, R_g = torch.stack([c.phi[S] for c, (S, _) in zip(chains, paths)]), torch.stack([R for _, R in paths])
+        Q_g, W_g = torch.stack([c.phi for c in chains]), torch.from_numpy(r.standard_normal((3, 4, 4)))
+        assert paths_agree(phi_g, R_g, W_g, phi_queries=Q_g, rho=torch.from_numpy(r.uniform(0, 2, 47))) < 1e-12
+        assert paths_agree(phi_g[0], R_g[0], 3 * torch.eye(4, dtype=torch.float64), centred=True, return_all=True) < 1e-12
 phi_a, R_a, Q_a = boyan_context(30, seed=4)
 I4 = torch.eye(4, dtype=torch.float64)
 size = 3 * 30 * (31 + 10) * 8                        # bytes of the dense path's three 30 x 41 arrays
