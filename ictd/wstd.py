@@ -8,7 +8,7 @@ import math
 import numpy as np
 import torch
 from .boyan import as_tensor, check_gamma
-from .core import check_bool, check_int, check_number, check_work, memory_path
+from .core import check_bool, check_int, check_number, check_work, chunk_rows, memory_path
 
 # %% auto #0
 __all__ = ['context_tensors', 'context_weights', 'weighted_softmax_td', 'batch_linear_td', 'two_head_linear_td', 'check_states',
@@ -78,7 +78,10 @@ def _attend(keys, queries, delta):
     values = torch.nn.functional.pad(delta.unsqueeze(-1), (0, d - 1))   # the CPU kernel: values as wide as keys
     shape = torch.broadcast_shapes(keys.shape[:-2], queries.shape[:-2], delta.shape[:-1])
     flat = lambda t: t.expand(*shape, *t.shape[-2:]).reshape(-1, 1, *t.shape[-2:]).contiguous()
-    out = torch.nn.functional.scaled_dot_product_attention(flat(queries), flat(keys), flat(values), scale=1.)
+    Q, K, V = flat(queries), flat(keys), flat(values)
+    rows = chunk_rows(Q.shape[0] * n * Q.element_size())   # queries per call: bounded even where a backend
+    attend = torch.nn.functional.scaled_dot_product_attention   # without a fused kernel builds the scores
+    out = torch.cat([attend(Q[..., i:i + rows, :], K, V, scale=1.) for i in range(0, Q.shape[-2], rows)], -2)
     return out[..., 0].reshape(*shape, queries.shape[-2])
 
 def _grouped(keys, X, W, batch):

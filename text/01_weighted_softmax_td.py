@@ -8,7 +8,7 @@ import math
 import numpy as np
 import torch
 from ictd.boyan import as_tensor, check_gamma
-from ictd.core import check_bool, check_int, check_number, check_work, memory_path
+from ictd.core import check_bool, check_int, check_number, check_work, chunk_rows, memory_path
 
 # %%
 #| hide
@@ -232,7 +232,10 @@ def _attend(keys, queries, delta):
     values = torch.nn.functional.pad(delta.unsqueeze(-1), (0, d - 1))   # the CPU kernel: values as wide as keys
     shape = torch.broadcast_shapes(keys.shape[:-2], queries.shape[:-2], delta.shape[:-1])
     flat = lambda t: t.expand(*shape, *t.shape[-2:]).reshape(-1, 1, *t.shape[-2:]).contiguous()
-    out = torch.nn.functional.scaled_dot_product_attention(flat(queries), flat(keys), flat(values), scale=1.)
+    Q, K, V = flat(queries), flat(keys), flat(values)
+    rows = chunk_rows(Q.shape[0] * n * Q.element_size())   # queries per call: bounded even where a backend
+    attend = torch.nn.functional.scaled_dot_product_attention   # without a fused kernel builds the scores
+    out = torch.cat([attend(Q[..., i:i + rows, :], K, V, scale=1.) for i in range(0, Q.shape[-2], rows)], -2)
     return out[..., 0].reshape(*shape, queries.shape[-2])
 
 def _grouped(keys, X, W, batch):
@@ -1906,7 +1909,8 @@ for seed in range(10):
 # $\phi(S_{k-1})^\top W \phi(x)$ the sum $\sum_k K_k(x)\,\delta_k$ is softmax attention of the query $W\phi(x)$
 # over the keys $\phi(S_{k-1})$ with values $\delta_k$, so the path `'streamed'` computes it each iteration by fused
 # attention (`scaled_dot_product_attention`, as the dual-head model's layers do), which never builds the weights:
-# memory $O(n + m)$, time $O(n m d)$ per iteration instead of once. When the features repeat (a trajectory of a
+# memory $O(n + m)$, time $O(n m d)$ per iteration instead of once (the targets go in chunks whose scores would
+# fit in `DENSE_BYTES`, so a backend without a fused kernel for the dtype, as CUDA for float64, stays bounded too). When the features repeat (a trajectory of a
 # chain with $s$ states has at most $s$ distinct rows), it groups the keys by their distinct rows $u_a$, with counts
 # $c_a$ and sums $D_a$ of their TD errors: $\sum_k K_k(x)\,\delta_k = \sum_a \frac{c_a e^{g(u_a, x)}}{\sum_b c_b e^{g(u_b, x)}}
 # \frac{D_a}{c_a}$, a small dense kernel between distinct rows, and $O(n)$ time per iteration.
@@ -1935,6 +1939,8 @@ for case in range(6):
     assert paths_agree(phi_p, R_p, W_p, phi_queries=Q_p, rho=rho_p, centred=case % 2 == 1) < 1e-12
     assert paths_agree(phi_p[0], R_p[0], W_p[0], phi_queries=Q_p[0], rho=lambda k, x: 1 + x[..., 0].tanh(), return_all=True) < 1e-12
     assert paths_agree(phi_p.float(), R_p.float(), W_p.float(), phi_queries=Q_p.float()) < 1e-5
+with unittest.mock.patch.object(ictd.core, "DENSE_BYTES", 3 * (3 * n * 8)):   # 3 targets per call: 3 contexts, n keys
+    assert paths_agree(phi_p, R_p, W_p, phi_queries=Q_p) < 1e-12
 
 def never(*args): raise AssertionError("the grouped path must not attend")
 with unittest.mock.patch.dict(globals(), _attend=never):        # repeated features: the grouped path alone
