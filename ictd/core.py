@@ -13,9 +13,9 @@ from .boyan import as_tensor, weighted_error
 from .tasks import TaskBatch
 
 # %% auto #0
-__all__ = ['WORK_LIMITS', 'DENSE_BYTES', 'MEMORY_PATHS', 'RUN_STREAMS', 'NUDGE_VAR', 'CLAIM_STATUSES', 'DRAW_NOTE', 'OKABE_ITO',
-           'check_int', 'check_number', 'check_floating', 'check_choice', 'check_seeds', 'check_type', 'check_bool',
-           'check_broadcast', 'check_device', 'check_work', 'memory_path', 'chunk_rows', 'substream',
+__all__ = ['WORK_LIMITS', 'DENSE_BYTES', 'CHUNK_BYTES', 'MEMORY_PATHS', 'RUN_STREAMS', 'NUDGE_VAR', 'CLAIM_STATUSES', 'DRAW_NOTE',
+           'OKABE_ITO', 'check_int', 'check_number', 'check_floating', 'check_choice', 'check_seeds', 'check_type',
+           'check_bool', 'check_broadcast', 'check_device', 'check_work', 'memory_path', 'chunk_rows', 'substream',
            'stream_generator', 'run_stream', 'nudge_scale', 'nudged', 'nudge', 'atomic_write_bytes',
            'atomic_write_text', 'atomic_savefig', 'checksum_path', 'tensors_only', 'save_checked', 'load_checked',
            'remove_checked', 'check_writable', 'check_name', 'load_json', 'record_claim', 'load_claims', 'jsonable',
@@ -106,7 +106,8 @@ def check_device(device)->torch.device:
 
 # %% ../nbs/90_core.ipynb #4184cf38
 WORK_LIMITS = dict(bytes=4 * 2**30, steps=10**7)   # the most memory (bytes) and sequential steps a call plans before it refuses
-DENSE_BYTES = 2**27                                  # above this a dense n x m matrix makes `method='auto'` take the O(n) path
+DENSE_BYTES = 2**30                                  # above this a dense n x m matrix makes `method='auto'` take the O(n) path
+CHUNK_BYTES = 2**26                                  # the most a streamed path holds at once (one chunk of scores, say)
 MEMORY_PATHS = ("auto", "dense", "streamed")
 
 def _amount(x:float, unit:str)->str: return f"{x / 2**30:.3g} GiB" if unit == "bytes" else f"{x:,.0f} {unit}"
@@ -137,8 +138,8 @@ def memory_path(method:str,         # 'auto', 'dense' or 'streamed' (the O(n)-me
     return method
 
 def chunk_rows(row_bytes:float)->int:
-    "How many rows of `row_bytes` bytes each fit in `DENSE_BYTES` (at least one): the chunk of a streamed path."
-    return max(1, int(DENSE_BYTES // max(row_bytes, 1)))
+    "How many rows of `row_bytes` bytes each fit in `CHUNK_BYTES` (at least one): the chunk of a streamed path."
+    return max(1, int(CHUNK_BYTES // max(row_bytes, 1)))
 
 # %% ../nbs/90_core.ipynb #011b8f2f
 def substream(seed:int,    # the run's seed

@@ -87,10 +87,11 @@ def _attend(keys, queries, delta):
 def _grouped(keys, X, W, batch):
     "The kernel sum through the distinct feature rows, when they are few; None when they are too many."
     n = keys.shape[-2]
+    if keys.requires_grad or X.requires_grad or W.requires_grad: return None   # indices carry no gradient
     rows = torch.cat([keys.expand(batch + keys.shape[-2:]), X.expand(batch + X.shape[-2:])], -2)
     U, idx = torch.unique(rows.reshape(-1, rows.shape[-1]), dim=0, return_inverse=True)
     nbytes = math.prod(batch) * len(U) ** 2 * keys.element_size()
-    if 2 * len(U) > n or memory_path("auto", nbytes, "", "") != "dense": return None  # a small dense kernel
+    if 2 * len(U) > n or chunk_rows(nbytes / len(U)) < len(U): return None    # the kernel must fit one chunk
     idx = idx.reshape(batch + rows.shape[-2:-1])
     key_idx, target_idx = idx[..., :n], idx[..., n:]
     count = keys.new_zeros(batch + U.shape[:1]).scatter_add_(-1, key_idx, torch.ones_like(key_idx, dtype=keys.dtype))

@@ -339,6 +339,17 @@ def test_the_streamed_path_groups_repeated_features(monkeypatch):
         dense, streamed = (weighted_softmax_td(phi, R, W, 0.4, 0.9, 10, method=m, **kw) for m in ('dense', 'streamed'))
         assert relative_gap(streamed, dense) < 1e-12, kw
 
+def test_the_streamed_path_keeps_gradients_with_repeated_features():
+    "Gradients through the streamed path (query features that require grad, repeated features) equal the dense path's to 1e-12."
+    chain = random_boyan_chain(n_states=5, d=3, features='unit', seed=4)
+    S, R = sample_trajectory(chain, 30, seed=4)
+    grads = []
+    for method in ('dense', 'streamed'):
+        Q = chain.phi.clone().requires_grad_(True)
+        weighted_softmax_td(chain.phi[S], R, 2 * torch.eye(3, dtype=torch.float64), 0.5, 0.9, 5, phi_queries=Q, method=method)[-5:].sum().backward()
+        grads.append(Q.grad)
+    assert grads[0].abs().max() > 1e-3 and relative_gap(grads[1], grads[0]) < 1e-12
+
 def test_weighted_softmax_td_chooses_the_streamed_path_above_dense_bytes(monkeypatch):
     "method='auto' (the default) is the dense path up to `DENSE_BYTES` and the streamed path above it."
     phi, R, W = CTX, CTX[:-1, 0], W2
@@ -368,7 +379,7 @@ def test_linear_ictd_has_a_streamed_path_equal_to_the_dense_one(monkeypatch):
         model = LinearICTD(4, 3, shared=False, init_gain=0.5, seed=1, softmax=softmax)
         dense = model(LIN_Z, method='dense')
         assert relative_gap(model(LIN_Z, method='streamed'), dense) < 1e-12
-        monkeypatch.setattr(core, 'DENSE_BYTES', 3 * 30 * 8)        # chunks of 3 keys (30 columns)
+        monkeypatch.setattr(core, 'CHUNK_BYTES', 3 * 30 * 8)        # chunks of 3 keys (30 columns)
         assert relative_gap(model(LIN_Z, method='streamed'), dense) < 1e-12
         monkeypatch.setattr(core, 'DENSE_BYTES', 2 * 20 * 30 * 8 - 1)   # just under the dense layer's two 20 x 30 arrays
         assert torch.equal(model(LIN_Z), model(LIN_Z, method='streamed'))

@@ -241,10 +241,11 @@ def _attend(keys, queries, delta):
 def _grouped(keys, X, W, batch):
     "The kernel sum through the distinct feature rows, when they are few; None when they are too many."
     n = keys.shape[-2]
+    if keys.requires_grad or X.requires_grad or W.requires_grad: return None   # indices carry no gradient
     rows = torch.cat([keys.expand(batch + keys.shape[-2:]), X.expand(batch + X.shape[-2:])], -2)
     U, idx = torch.unique(rows.reshape(-1, rows.shape[-1]), dim=0, return_inverse=True)
     nbytes = math.prod(batch) * len(U) ** 2 * keys.element_size()
-    if 2 * len(U) > n or memory_path("auto", nbytes, "", "") != "dense": return None  # a small dense kernel
+    if 2 * len(U) > n or chunk_rows(nbytes / len(U)) < len(U): return None    # the kernel must fit one chunk
     idx = idx.reshape(batch + rows.shape[-2:-1])
     key_idx, target_idx = idx[..., :n], idx[..., n:]
     count = keys.new_zeros(batch + U.shape[:1]).scatter_add_(-1, key_idx, torch.ones_like(key_idx, dtype=keys.dtype))
@@ -1910,7 +1911,7 @@ for seed in range(10):
 # over the keys $\phi(S_{k-1})$ with values $\delta_k$, so the path `'streamed'` computes it each iteration by fused
 # attention (`scaled_dot_product_attention`, as the dual-head model's layers do), which never builds the weights:
 # memory $O(n + m)$, time $O(n m d)$ per iteration instead of once (the targets go in chunks whose scores would
-# fit in `DENSE_BYTES`, so a backend without a fused kernel for the dtype, as CUDA for float64, stays bounded too). When the features repeat (a trajectory of a
+# fit in `CHUNK_BYTES`, so a backend without a fused kernel for the dtype, as CUDA for float64, stays bounded too). When the features repeat (a trajectory of a
 # chain with $s$ states has at most $s$ distinct rows), it groups the keys by their distinct rows $u_a$, with counts
 # $c_a$ and sums $D_a$ of their TD errors: $\sum_k K_k(x)\,\delta_k = \sum_a \frac{c_a e^{g(u_a, x)}}{\sum_b c_b e^{g(u_b, x)}}
 # \frac{D_a}{c_a}$, a small dense kernel between distinct rows, and $O(n)$ time per iteration.
@@ -1939,7 +1940,7 @@ for case in range(6):
     assert paths_agree(phi_p, R_p, W_p, phi_queries=Q_p, rho=rho_p, centred=case % 2 == 1) < 1e-12
     assert paths_agree(phi_p[0], R_p[0], W_p[0], phi_queries=Q_p[0], rho=lambda k, x: 1 + x[..., 0].tanh(), return_all=True) < 1e-12
     assert paths_agree(phi_p.float(), R_p.float(), W_p.float(), phi_queries=Q_p.float()) < 1e-5
-with unittest.mock.patch.object(ictd.core, "DENSE_BYTES", 3 * (3 * n * 8)):   # 3 targets per call: 3 contexts, n keys
+with unittest.mock.patch.object(ictd.core, "CHUNK_BYTES", 3 * (3 * n * 8)):   # 3 targets per call: 3 contexts, n keys
     assert paths_agree(phi_p, R_p, W_p, phi_queries=Q_p) < 1e-12
 
 def never(*args): raise AssertionError("the grouped path must not attend")

@@ -839,7 +839,7 @@ test_eq(LinearICTD.from_td(4, 3, 0.1).predict(Zb.float(), n=30).dtype, torch.flo
 # The dense layer builds the $n \times N$ scores $Z_{:,<n}^\top Q Z$: at $n = 10^5$, tens of GiB. Without softmax,
 # Proposition 7.2's associativity gives the same layer as $Z + \frac1n (P \Sigma)(Q Z)$ with $\Sigma = Z_{:,<n} Z_{:,<n}^\top$, in
 # $O(nd^2)$ time and $O(nd)$ memory. With the predecessor's softmax, each key's scores are normalised over the
-# targets, so the path `'streamed'` takes the keys in chunks, each chunk's scores (at most `DENSE_BYTES`) at a time.
+# targets, so the path `'streamed'` takes the keys in chunks, each chunk's scores (at most `CHUNK_BYTES`) at a time.
 # `method='auto'` takes that path when the dense scores would pass `DENSE_BYTES`, and the dense path is refused
 # with its estimate above `WORK_LIMITS['bytes']`.
 
@@ -857,7 +857,7 @@ for s, softmax in enumerate((False, True, False, True)):
     m_p = LinearICTD(4, 3, shared=s < 2, init_gain=0.5, seed=s, softmax=softmax)
     assert linear_paths_agree(m_p, Zb, 30) < 1e-12
     for rows in (1, 7):                                  # chunks of 1 and 7 keys (n = 30)
-        with unittest.mock.patch.object(ictd.core, "DENSE_BYTES", rows * 40 * 6 * 8):
+        with unittest.mock.patch.object(ictd.core, "CHUNK_BYTES", rows * 40 * 6 * 8):
             assert linear_paths_agree(m_p, Zb, 30) < 1e-12
 test_close(LinearICTD.from_td(4, 5, 0.3).predict(Zb, 30, method="streamed"), batch_linear_td(
     torch.stack([m.phi[S] for m, (S, _) in zip(mrps, trajs)]), torch.stack([R for _, R in trajs]), 0.3,

@@ -160,12 +160,13 @@ def check_device(device)->torch.device:
 # as $\gamma \to 1$. An entry point whose work follows from its arguments estimates it first and refuses it
 # above a limit, saying what it would have needed and the way out (`check_work`, tested [below](#work-before-it-starts)).
 # Where a call has a path in $O(n)$ memory, `method='auto'` takes it once the dense matrix would pass
-# `DENSE_BYTES` (`memory_path`).
+# `DENSE_BYTES` (`memory_path`), and holds at most about `CHUNK_BYTES` at a time (`chunk_rows`).
 
 # %%
 #| export
 WORK_LIMITS = dict(bytes=4 * 2**30, steps=10**7)   # the most memory (bytes) and sequential steps a call plans before it refuses
-DENSE_BYTES = 2**27                                  # above this a dense n x m matrix makes `method='auto'` take the O(n) path
+DENSE_BYTES = 2**30                                  # above this a dense n x m matrix makes `method='auto'` take the O(n) path
+CHUNK_BYTES = 2**26                                  # the most a streamed path holds at once (one chunk of scores, say)
 MEMORY_PATHS = ("auto", "dense", "streamed")
 
 def _amount(x:float, unit:str)->str: return f"{x / 2**30:.3g} GiB" if unit == "bytes" else f"{x:,.0f} {unit}"
@@ -196,8 +197,8 @@ def memory_path(method:str,         # 'auto', 'dense' or 'streamed' (the O(n)-me
     return method
 
 def chunk_rows(row_bytes:float)->int:
-    "How many rows of `row_bytes` bytes each fit in `DENSE_BYTES` (at least one): the chunk of a streamed path."
-    return max(1, int(DENSE_BYTES // max(row_bytes, 1)))
+    "How many rows of `row_bytes` bytes each fit in `CHUNK_BYTES` (at least one): the chunk of a streamed path."
+    return max(1, int(CHUNK_BYTES // max(row_bytes, 1)))
 
 
 # %% [markdown]
@@ -824,7 +825,7 @@ test_fail(lambda: memory_path("dense", 8e10, "K", "use method='streamed'"), cont
 test_eq(memory_path("dense", 8e8, "K", "-"), "dense")
 test_fail(lambda: memory_path("streamed", 1, "K", "pass W", streamed=False), contains="`method` = 'streamed' is not available here: pass W")
 test_fail(lambda: memory_path("fast", 1, "K", "-"), contains="`method` must be one of ('auto', 'dense', 'streamed')")
-test_eq(chunk_rows(DENSE_BYTES / 3), 3); test_eq(chunk_rows(2 * DENSE_BYTES), 1)
+test_eq(chunk_rows(CHUNK_BYTES / 3), 3); test_eq(chunk_rows(2 * CHUNK_BYTES), 1)
 
 # %% [markdown]
 # ### Task batches and claim records: bad input
