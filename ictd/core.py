@@ -13,12 +13,13 @@ from .boyan import as_tensor, weighted_error
 from .tasks import TaskBatch
 
 # %% auto #0
-__all__ = ['RUN_STREAMS', 'NUDGE_VAR', 'CLAIM_STATUSES', 'DRAW_NOTE', 'OKABE_ITO', 'check_int', 'check_number', 'check_floating',
-           'check_choice', 'check_seeds', 'check_type', 'check_device', 'substream', 'stream_generator', 'run_stream',
-           'nudge_scale', 'nudged', 'nudge', 'atomic_write_bytes', 'atomic_write_text', 'atomic_savefig',
-           'checksum_path', 'tensors_only', 'save_checked', 'load_checked', 'remove_checked', 'check_writable',
-           'check_name', 'load_json', 'record_claim', 'load_claims', 'jsonable', 'cpu_model', 'provenance',
-           'provenance_note', 'plain_log_ticks']
+__all__ = ['WORK_LIMITS', 'DENSE_BYTES', 'CHUNK_BYTES', 'MEMORY_PATHS', 'RUN_STREAMS', 'NUDGE_VAR', 'CLAIM_STATUSES', 'DRAW_NOTE',
+           'OKABE_ITO', 'check_int', 'check_number', 'check_floating', 'check_choice', 'check_seeds', 'check_type',
+           'check_bool', 'check_broadcast', 'check_device', 'check_work', 'memory_path', 'chunk_rows', 'substream',
+           'stream_generator', 'run_stream', 'nudge_scale', 'nudged', 'nudge', 'atomic_write_bytes',
+           'atomic_write_text', 'atomic_savefig', 'checksum_path', 'tensors_only', 'save_checked', 'load_checked',
+           'remove_checked', 'check_writable', 'check_name', 'load_json', 'record_claim', 'load_claims', 'jsonable',
+           'cpu_model', 'provenance', 'provenance_note', 'plain_log_ticks']
 
 # %% ../nbs/90_core.ipynb #5c70a449
 def _is_number(x)->bool:
@@ -84,6 +85,17 @@ def check_type(x, types, name:str):
         raise TypeError(f"`{name}` must be a {want}, got {type(x).__name__} {x!r}"[:300])
     return x
 
+def check_bool(x, name:str)->bool:
+    "`x` as a bool, or a `TypeError` naming `name` unless it is True or False (a string such as 'False' is not)."
+    return bool(check_type(x, (bool, np.bool_), name))
+
+def check_broadcast(**shapes)->tuple:
+    "The shape the named batch shapes broadcast to, or a `ValueError` naming them and their shapes."
+    try: return tuple(torch.broadcast_shapes(*shapes.values()))
+    except RuntimeError: pass
+    named = ", ".join(f"`{k}` {tuple(v)}" for k, v in shapes.items())
+    raise ValueError(f"the batch dimensions of {named} do not broadcast")
+
 def check_device(device)->torch.device:
     "`device` as a `torch.device` (None: CUDA when available, else the CPU), or a `ValueError` naming `device` if torch cannot use it."
     if device is None: return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -91,6 +103,43 @@ def check_device(device)->torch.device:
     except (RuntimeError, TypeError) as e: raise ValueError(f"`device` must be a torch device such as 'cpu' or 'cuda', got {device!r}") from None
     if dev.type == "cuda" and not torch.cuda.is_available(): raise ValueError(f"`device` is {device!r} but torch sees no CUDA GPU here")
     return dev
+
+# %% ../nbs/90_core.ipynb #4184cf38
+WORK_LIMITS = dict(bytes=4 * 2**30, steps=10**7)   # the most memory (bytes) and sequential steps a call plans before it refuses
+DENSE_BYTES = 2**30                                  # above this a dense n x m matrix makes `method='auto'` take the O(n) path
+CHUNK_BYTES = 2**26                                  # the most a streamed path holds at once (one chunk of scores, say)
+MEMORY_PATHS = ("auto", "dense", "streamed")
+
+def _amount(x:float, unit:str)->str: return f"{x / 2**30:.3g} GiB" if unit == "bytes" else f"{x:,.0f} {unit}"
+
+def check_work(amount:float,  # the estimate, in `unit`
+               unit:str,      # a key of `WORK_LIMITS`: 'bytes' or 'steps'
+               what:str,      # what the work is, for the message, e.g. "the 100001 x 100001 attention weights"
+               way_out:str,   # how to do without it, for the message
+              )->float:       # `amount`
+    "`amount`, or a `ValueError` that gives the estimate, the limit and the way out when it passes `WORK_LIMITS[unit]`."
+    limit = WORK_LIMITS[check_choice(unit, tuple(WORK_LIMITS), "unit")]
+    if amount > limit:
+        raise ValueError(f"{what} would need about {_amount(amount, unit)}, above the limit of {_amount(limit, unit)} "
+                         f"(`ictd.core.WORK_LIMITS['{unit}']`): {way_out}")
+    return amount
+
+def memory_path(method:str,         # 'auto', 'dense' or 'streamed' (the O(n)-memory path)
+                nbytes:float,       # the memory the dense path needs
+                what:str,           # what the dense path builds, for the message
+                way_out:str,        # how to do without it, for the message
+                streamed:bool=True, # whether this call has a streamed path
+               )->str:              # 'dense' or 'streamed'
+    "The path a call takes: 'auto' is 'dense' up to `DENSE_BYTES` and 'streamed' above; the dense path is refused above `WORK_LIMITS['bytes']`."
+    check_choice(method, MEMORY_PATHS, "method")
+    if method == "streamed" and not streamed: raise ValueError(f"`method` = 'streamed' is not available here: {way_out}")
+    if method == "auto": method = "streamed" if streamed and nbytes > DENSE_BYTES else "dense"
+    if method == "dense": check_work(nbytes, "bytes", what, way_out)
+    return method
+
+def chunk_rows(row_bytes:float)->int:
+    "How many rows of `row_bytes` bytes each fit in `CHUNK_BYTES` (at least one): the chunk of a streamed path."
+    return max(1, int(CHUNK_BYTES // max(row_bytes, 1)))
 
 # %% ../nbs/90_core.ipynb #011b8f2f
 def substream(seed:int,    # the run's seed

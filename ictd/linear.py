@@ -8,7 +8,7 @@ import math
 import torch
 from torch import nn
 from .boyan import as_tensor, check_gamma, weighted_error
-from .core import check_floating, check_int, run_stream
+from .core import check_bool, check_broadcast, check_floating, check_int, check_number, chunk_rows, memory_path, run_stream
 from .model import carry_context, token_rows, torch_generator, xavier_param
 from .tasks import Contexts, TaskBatch
 from .engine import Family, PretrainConfig, register_family
@@ -34,12 +34,33 @@ def build_linear_prompt(phi_states,   # (..., n+1, d) features of S_0..S_n
     if R.shape[-1:] != (n,): raise ValueError(f"`rewards` must have shape (..., {n}) to match `phi_states`, got {tuple(R.shape)}")
     Q = as_tensor(phi_queries, "phi_queries", phi.dtype, phi.device)
     if Q.ndim == phi.ndim - 1: Q = Q.unsqueeze(-2)
-    if Q.shape[-1] != d: raise ValueError(f"`phi_queries` must have shape (..., q, {d}), got {tuple(Q.shape)}")
-    batch = torch.broadcast_shapes(phi.shape[:-2], R.shape[:-1], Q.shape[:-2])
+    if Q.ndim < 2 or Q.shape[-1] != d: raise ValueError(f"`phi_queries` must have shape (..., q, {d}), got {tuple(Q.shape)}")
+    batch = check_broadcast(phi_states=phi.shape[:-2], rewards=R.shape[:-1], phi_queries=Q.shape[:-2])
     phi, R, Q = phi.expand(batch + phi.shape[-2:]), R.expand(batch + (n,)), Q.expand(batch + Q.shape[-2:])
     context = torch.cat([phi[..., :-1, :], check_gamma(gamma) * phi[..., 1:, :], R.unsqueeze(-1)], -1)
     queries = torch.cat([Q, torch.zeros(batch + (Q.shape[-2], d + 1), dtype=phi.dtype, device=phi.device)], -1)
     return carry_context(torch.cat([context, queries], -2).mT, n)
+
+# %% ../nbs/07_linear.ipynb #b3e64bd2
+#| code-fold: true
+def _score_bytes(P, Q, Z, n)->float:
+    "Memory of the dense layer: two arrays of shape (..., n, N), the scores and their softmax or the update."
+    batch = torch.broadcast_shapes(P.shape[:-2], Q.shape[:-2], Z.shape[:-2])
+    return 2. * math.prod(batch) * n * Z.shape[-1] * Z.element_size()
+
+def _score_path(method, P, Q, Z, n)->str:
+    "'dense' or 'streamed' for `linear_attention`: see `memory_path`."
+    what = f"the {n} x {Z.shape[-1]} attention scores of the dense layer"
+    way_out = "use method='streamed' (the default 'auto' does above `DENSE_BYTES`), which needs O(n) memory"
+    return memory_path(method, _score_bytes(P, Q, Z, n), what, way_out)
+
+def _streamed_attention(P, Q, Z, n, softmax):
+    "`linear_attention` without the n x N scores: through the second moments, or over chunks of keys."
+    C, QZ = Z[..., :n], Q @ Z
+    if not softmax: return Z + (P @ (C @ C.mT)) @ QZ / n
+    PC, rows = P @ C, chunk_rows(_score_bytes(P, Q, Z, 1) / 2)      # keys per chunk
+    chunk = lambda i: PC[..., i:i + rows] @ torch.softmax(C[..., i:i + rows].mT @ QZ, dim=-1)
+    return Z + sum(chunk(i) for i in range(0, n, rows)) / n
 
 # %% ../nbs/07_linear.ipynb #8b788b4f
 def _linear_prompt(Z,           # (..., 2d+1, n+q) prompt
@@ -62,8 +83,10 @@ def linear_attention(P:torch.Tensor,      # (..., 2d+1, 2d+1) output projection
                      Z:torch.Tensor,      # (..., 2d+1, N) prompt; batch dimensions broadcast with P and Q
                      n:int,               # number of context columns (the keys)
                      softmax:bool=False,  # normalise each key's scores over the target columns (the predecessor's variant)
+                     method="auto",       # 'dense' (the n x N scores), 'streamed' (O(n) memory), 'auto': dense up to `DENSE_BYTES`
                     )->torch.Tensor:      # (..., 2d+1, N) next prompt
     "One layer $Z + \\frac1n P Z M (Z^\\top Q Z)$, unvalidated, with scores optionally softmax-normalised over targets."
+    if _score_path(method, P, Q, Z, n) == "streamed": return _streamed_attention(P, Q, Z, n, softmax)
     C = Z[..., :n]
     scores = C.mT @ (Q @ Z)
     if softmax: scores = torch.softmax(scores, dim=-1)
@@ -80,14 +103,15 @@ class LinearAttentionLayer(nn.Module):
                 ):
         super().__init__()
         D, g = 2 * (token_rows(d) - 2) + 1, torch_generator(seed)
-        self.d, self.softmax = D // 2, bool(softmax)
+        self.d, self.softmax = D // 2, check_bool(softmax, "softmax")
         self.P, self.Q = xavier_param(D, D, init_gain, g, dtype), xavier_param(D, D, init_gain, g, dtype)
 
     def forward(self, Z:torch.Tensor,  # (..., 2d+1, n+q) prompt
                 n:int=None,            # number of context columns; default `Z.n_context` (set by `build_linear_prompt`)
+                method="auto",         # the memory path of `linear_attention`
                )->torch.Tensor:        # (..., 2d+1, n+q), carrying n
         Z, n = _linear_prompt(Z, self.d, n)
-        return carry_context(linear_attention(self.P.to(Z), self.Q.to(Z), Z, n, self.softmax), n)
+        return carry_context(linear_attention(self.P.to(Z), self.Q.to(Z), Z, n, self.softmax, method), n)
 
 # %% ../nbs/07_linear.ipynb #7109a8a7
 def td_parameters(d:int,       # feature dimension
@@ -96,7 +120,8 @@ def td_parameters(d:int,       # feature dimension
                   dtype=torch.float64,
                  )->tuple:     # (P, Q), each (..., 2d+1, 2d+1), differentiable in `alpha`
     "The parameters $(P, Q)$ under which a linear-attention layer is one step of batch linear TD with step `alpha`."
-    alpha = torch.as_tensor(alpha, dtype=dtype)
+    d = check_int(d, "d", 1)
+    alpha = as_tensor(alpha, "alpha", dtype) if isinstance(alpha, torch.Tensor) else torch.tensor(check_number(alpha, "alpha"), dtype=dtype)
     C = torch.eye(d, dtype=dtype) if C is None else as_tensor(C, "C", dtype)
     if C.shape != (d, d): raise ValueError(f"`C` must have shape ({d}, {d}), got {tuple(C.shape)}")
     D = 2 * d + 1
@@ -117,25 +142,26 @@ class LinearICTD(nn.Module):
                  softmax:bool=False,   # the predecessor's softmax over target columns (an ablation)
                 ):
         super().__init__()
-        if int(n_layers) != n_layers or n_layers < 1: raise ValueError(f"`n_layers` must be a positive integer, got {n_layers}")
         g = torch_generator(seed)
-        self.d, self.n_layers, self.shared = d, int(n_layers), shared
+        self.d, self.n_layers = d, check_int(n_layers, "n_layers", 1, "a positive integer")
+        self.shared = check_bool(shared, "shared")
         self.layers = nn.ModuleList([LinearAttentionLayer(d, init_gain, g, dtype, softmax) for _ in range(1 if shared else self.n_layers)])
 
-    def forward(self, Z:torch.Tensor, n:int=None)->torch.Tensor:
+    def forward(self, Z:torch.Tensor, n:int=None, method="auto")->torch.Tensor:
         "Run all L layers on the prompt `Z` with `n` context columns (default `Z.n_context`, set by `build_linear_prompt`)."
         Z, n = _linear_prompt(Z, self.d, n)
         for l in range(self.n_layers):
             layer = self.layers[0 if self.shared else l]
-            Z = linear_attention(layer.P.to(Z), layer.Q.to(Z), Z, n, layer.softmax)
+            Z = linear_attention(layer.P.to(Z), layer.Q.to(Z), Z, n, layer.softmax, method)
         return carry_context(Z, n)
 
     def predict(self, Z:torch.Tensor,  # (..., 2d+1, n+q) prompt
                 n:int=None,            # number of context columns; default `Z.n_context` (set by `build_linear_prompt`)
+                method="auto",         # the memory path of `linear_attention`: 'auto', 'dense' or 'streamed'
                )->torch.Tensor:        # (..., q) value estimates at the query columns
         "Value estimates at the query columns: the negated last row of $Z_L$."
         Z, n = _linear_prompt(Z, self.d, n)
-        return -self(Z, n)[..., -1, n:]
+        return -self(Z, n, method)[..., -1, n:]
 
     def stacked_params(self)->tuple:
         "(P, Q), each (L', 2d+1, 2d+1) with L' = 1 when shared, else L."
@@ -148,8 +174,7 @@ class LinearICTD(nn.Module):
                 C=None,                # (d, d) preconditioner, default identity
                 dtype=torch.float64):
         "The construction whose forward pass is `n_layers` iterations of (preconditioned) batch linear TD."
-        if not math.isfinite(float(alpha)): raise ValueError(f"`alpha` must be a finite number, got {alpha}")
-        P, Q = td_parameters(d, float(alpha), C, dtype)
+        P, Q = td_parameters(d, check_number(alpha, "alpha"), C, dtype)
         model = cls(d, n_layers, shared=True, seed=0, dtype=dtype)
         with torch.no_grad(): model.layers[0].P.copy_(P); model.layers[0].Q.copy_(Q)
         return model
@@ -295,7 +320,7 @@ def sliding_windows(phi:torch.Tensor,   # (..., s, d) features of each trajector
                     gamma:float,        # discount factor
                    )->tuple:            # (Z (..., T-n-1, 2d+1, n+1) one prompt per window, rewards (..., T-n-2) r(query of window k))
     "Cut trajectories into overlapping windows: window k has context states k..k+n and query state k+n+1."
-    T = states.shape[-1]
+    T, n = states.shape[-1], check_int(n, "n", 1)
     if T < n + 3: raise ValueError(f"`states` must hold at least n + 3 = {n + 3} states for two windows, got {T}")
     phi_S = torch.gather(phi, -2, states.unsqueeze(-1).expand(states.shape + phi.shape[-1:]))
     r_S = torch.gather(r, -1, states)

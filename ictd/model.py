@@ -9,7 +9,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 from .boyan import as_tensor, check_gamma
-from .core import check_choice, check_int, check_number, check_type
+from .core import check_choice, check_floating, check_int, check_number, check_type
 
 # %% auto #0
 __all__ = ['FLOAT_DTYPES', 'successor_shift', 'context_attention', 'attend_context', 'dual_head_update', 'check_prompt', 'carry_context', 'torch_generator', 'token_rows', 'xavier_param', 'PromptLayer', 'DualHeadSoftmaxLayer', 'theta_star', 'SoftmaxICTD', 'temporal_shift', 'SingleHeadTSMLayer', 'theta_td_memory', 'shift_after_update', 'ShiftAfterAttentionLayer', 'ShiftAfterAttentionICTD']
@@ -64,19 +64,18 @@ def check_prompt(Z,            # (..., d + 2, N) prompt
                 )->tuple:      # (Z as a floating tensor, n as an int)
     "Validate a prompt for a model of feature dimension `d`, and resolve the number `n` of context transitions."
     carried = getattr(Z, "n_context", None)
-    Z = as_tensor(Z, "Z")
+    Z = check_floating(Z, "Z")               # an integer prompt is refused: the model would cast its parameters to it
     if Z.ndim < 2 or Z.shape[-2] != d + 2:
         raise ValueError(f"`Z` must have shape (..., d + 2, n + 1 + q) with d + 2 = {d + 2} rows, got {tuple(Z.shape)}")
     N = Z.shape[-1]
     if n is None and carried is None:
         raise ValueError("`n` must be given: `Z` does not carry its number of context transitions "
                          "(`build_prompt` attaches it as `Z.n_context`; slicing, stacking, `.to()` or numpy return a plain tensor)")
-    if n is None: n = carried
-    if int(n) != n or not 1 <= n <= N - 1:
-        raise ValueError(f"`n` must be an integer in 1..{N - 1} (the columns of `Z` minus the last-state column), got {n}")
-    if carried is not None and int(n) != carried:
+    n = check_int(carried if n is None else n, "n", 1, high=N - 1,
+                  what=f"an integer in 1..{N - 1} (the columns of `Z` minus the last-state column)")
+    if carried is not None and n != carried:
         raise ValueError(f"`n` = {n} contradicts the prompt, which was built with `Z.n_context` = {carried}")
-    return Z, int(n)
+    return Z, n
 
 # %% ../nbs/03_dual_head.ipynb #32a77131
 def carry_context(Z:torch.Tensor, n:int)->torch.Tensor:

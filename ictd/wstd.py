@@ -8,7 +8,7 @@ import math
 import numpy as np
 import torch
 from .boyan import as_tensor, check_gamma
-from .core import check_int, check_number
+from .core import check_bool, check_int, check_number, check_work, chunk_rows, memory_path
 
 # %% auto #0
 __all__ = ['context_tensors', 'context_weights', 'weighted_softmax_td', 'batch_linear_td', 'two_head_linear_td', 'check_states',
@@ -48,15 +48,73 @@ def context_tensors(phi_states,        # (..., n+1, d) features of S_0..S_n
     phi, Q = phi.expand(batch + phi.shape[-2:]), Q.expand(batch + Q.shape[-2:])
     return phi[..., :-1, :], torch.cat([phi, Q], -2), None if R is None else R.expand(batch + (n,))
 
+# %% ../nbs/01_weighted_softmax_td.ipynb #7a241422
+#| code-fold: true
+def _score_matrix(W, keys):
+    "`W` validated for the keys' features: (d, d) or (..., d, d), in their dtype and on their device."
+    d = keys.shape[-1]
+    if W is None: raise ValueError("`W` must be given when `score` is None")
+    W = as_tensor(W, "W", keys.dtype, keys.device)
+    if W.ndim < 2 or W.shape[-2:] != (d, d):
+        raise ValueError(f"`W` must have shape ({d}, {d}) or (..., {d}, {d}), got {tuple(W.shape)}")
+    _broadcast(keys.shape[:-2], W.shape[:-2], "W")
+    return W
+
+def _dense_bytes(keys, X, W, score, arrays=3)->float:
+    "Memory of the dense path: `arrays` arrays of shape (..., n, m) (scores, weights, weights times rho)."
+    batch = keys.shape[:-2]
+    if score is None: batch = _broadcast(batch, _score_matrix(W, keys).shape[:-2], "W")
+    return arrays * math.prod(batch) * keys.shape[-2] * X.shape[-2] * keys.element_size()
+
+def _path(method, keys, X, W, score)->str:
+    "'dense' or 'streamed' for `weighted_softmax_td`: see `memory_path`."
+    what = f"the {keys.shape[-2]} x {X.shape[-2]} weights of the dense path"
+    way_out = "pass `W` (the bilinear score) instead of a `score` function for method='streamed' (O(n) memory)"
+    return memory_path(method, _dense_bytes(keys, X, W, score), what, way_out, streamed=score is None)
+
+def _attend(keys, queries, delta):
+    "Each row $q_j$ of `queries` attends to the keys with values `delta`: the weights are never built."
+    n, d = keys.shape[-2:]
+    values = torch.nn.functional.pad(delta.unsqueeze(-1), (0, d - 1))   # the CPU kernel: values as wide as keys
+    shape = torch.broadcast_shapes(keys.shape[:-2], queries.shape[:-2], delta.shape[:-1])
+    flat = lambda t: t.expand(*shape, *t.shape[-2:]).reshape(-1, 1, *t.shape[-2:]).contiguous()
+    Q, K, V = flat(queries), flat(keys), flat(values)
+    rows = chunk_rows(Q.shape[0] * n * Q.element_size())   # queries per call: bounded even where a backend
+    attend = torch.nn.functional.scaled_dot_product_attention   # without a fused kernel builds the scores
+    out = torch.cat([attend(Q[..., i:i + rows, :], K, V, scale=1.) for i in range(0, Q.shape[-2], rows)], -2)
+    return out[..., 0].reshape(*shape, queries.shape[-2])
+
+def _grouped(keys, X, W, batch):
+    "The kernel sum through the distinct feature rows, when they are few; None when they are too many."
+    n = keys.shape[-2]
+    if keys.requires_grad or X.requires_grad or W.requires_grad: return None   # indices carry no gradient
+    rows = torch.cat([keys.expand(batch + keys.shape[-2:]), X.expand(batch + X.shape[-2:])], -2)
+    U, idx = torch.unique(rows.reshape(-1, rows.shape[-1]), dim=0, return_inverse=True)
+    nbytes = math.prod(batch) * len(U) ** 2 * keys.element_size()
+    if 2 * len(U) > n or chunk_rows(nbytes / len(U)) < len(U): return None    # the kernel must fit one chunk
+    idx = idx.reshape(batch + rows.shape[-2:-1])
+    key_idx, target_idx = idx[..., :n], idx[..., n:]
+    count = keys.new_zeros(batch + U.shape[:1]).scatter_add_(-1, key_idx, torch.ones_like(key_idx, dtype=keys.dtype))
+    G = (U @ W @ U.mT).expand(batch + (len(U), len(U)))       # scores between distinct rows
+    K = torch.softmax(G + count.log().unsqueeze(-1), dim=-2)   # group a's total weight c_a e^g / sum c e^g
+    per_key = lambda delta: keys.new_zeros(count.shape).scatter_add_(-1, key_idx, delta) / count.clamp(min=1)
+    return lambda delta: (per_key(delta).unsqueeze(-2) @ K).squeeze(-2).gather(-1, target_idx)
+
+def _streamed(keys, X, R, W, alpha, gamma, n_iters, rho, return_all, centred):
+    "`weighted_softmax_td` in O(n + m) memory: grouped by distinct features, else attending from $W\\phi(x)$."
+    W = _score_matrix(W, keys)
+    queries = X @ W.mT                                      # g(phi_k, x) = phi_k . (W phi(x))
+    batch = torch.broadcast_shapes(keys.shape[:-2], queries.shape[:-2], R.shape[:-1])
+    kernel_sum = _grouped(keys, X, W, batch) or (lambda delta: _attend(keys, queries, delta))
+    step = alpha * _rho(rho, keys, X, batch + X.shape[-2:-1])
+    shift = 1 / keys.shape[-2] if centred else 0.              # the uniform head of `centred`
+    update = lambda delta: step * (kernel_sum(delta) - shift * delta.sum(-1, keepdim=True))
+    return _iterate(update, X.new_zeros(batch + X.shape[-2:-1]), R, gamma, n_iters, return_all)
+
 # %% ../nbs/01_weighted_softmax_td.ipynb #2f918bac
 def _weights(keys, X, W, score):
-    n, m, d = keys.shape[-2], X.shape[-2], keys.shape[-1]
-    if score is None:
-        if W is None: raise ValueError("`W` must be given when `score` is None")
-        W = as_tensor(W, "W", keys.dtype, keys.device)
-        if W.ndim < 2 or W.shape[-2:] != (d, d): raise ValueError(f"`W` must have shape ({d}, {d}) or (..., {d}, {d}), got {tuple(W.shape)}")
-        _broadcast(keys.shape[:-2], W.shape[:-2], "W")
-        G = keys @ W @ X.mT
+    n, m = keys.shape[-2], X.shape[-2]
+    if score is None: G = keys @ _score_matrix(W, keys) @ X.mT
     else:
         if not callable(score): raise ValueError(f"`score` must be a callable or None, got {type(score).__name__}")
         G = torch.as_tensor(score(keys, X), dtype=keys.dtype, device=keys.device)
@@ -73,6 +131,8 @@ def context_weights(phi_states,        # (..., n+1, d) features of S_0..S_n
                    )->torch.Tensor:    # (..., n, m): K[..., k-1, j] is the weight of transition k for target j; columns sum to 1
     "Softmax weights $K_k(x)$ of the $n$ transitions for each of the $m = n+1+q$ targets."
     keys, X, _ = context_tensors(phi_states, None, phi_queries)
+    check_work(_dense_bytes(keys, X, W, score, arrays=2), "bytes", f"the {keys.shape[-2]} x {X.shape[-2]} weights",
+               "`weighted_softmax_td` iterates without building them (method='streamed')")
     return _weights(keys, X, W, score)
 
 # %% ../nbs/01_weighted_softmax_td.ipynb #9edb3a66
@@ -111,10 +171,13 @@ def weighted_softmax_td(phi_states,         # (..., n+1, d) features of S_0..S_n
                         score=None,         # callable score(phi_keys (..., n, d), phi_targets (..., m, d)) -> (..., n, m); default phi^T W phi
                         return_all=False,   # return every iterate v_0..v_T instead of the last
                         centred=False,      # subtract a uniform head: weights K_k(x) - 1/n (Proposition 1.4)
+                        method="auto",      # 'dense' (build K), 'streamed' (O(n) memory; needs W), 'auto': dense up to `DENSE_BYTES`
                        )->torch.Tensor:     # (..., m) values at S_0..S_n then the queries; (..., n_iters+1, m) with `return_all`
     "Weighted softmax TD: $v_{t+1}(x) = v_t(x) + \\alpha \\rho(x) \\sum_k K_k(x) \\delta_k^{(t)}$ from $v_0 = 0$ ($K_k(x) - 1/n$ when `centred`)."
     keys, X, R = context_tensors(phi_states, as_tensor(rewards, "rewards"), phi_queries)   # rewards are required
     alpha, gamma, n_iters = _scalar(alpha, "alpha"), check_gamma(gamma), _count(n_iters, "n_iters")
+    return_all, centred = check_bool(return_all, "return_all"), check_bool(centred, "centred")
+    if _path(method, keys, X, W, score) == "streamed": return _streamed(keys, X, R, W, alpha, gamma, n_iters, rho, return_all, centred)
     K = _weights(keys, X, W, score)
     if centred: K = K - 1 / keys.shape[-2]
     K = K * (alpha * _rho(rho, keys, X, K.shape[:-2] + K.shape[-1:])).unsqueeze(-2)
@@ -135,6 +198,7 @@ def batch_linear_td(phi_states,         # (..., n+1, d) features of S_0..S_n
     "Batch linear TD(0), $w_{t+1} = w_t + \\frac{\\alpha}{n} C \\sum_k \\delta_k \\phi(S_{k-1})$ from $w_0 = 0$ (optionally centred features), read out in value space."
     keys, X, R = context_tensors(phi_states, as_tensor(rewards, "rewards"), phi_queries)   # rewards are required
     alpha, gamma, n_iters = _scalar(alpha, "alpha"), check_gamma(gamma), _count(n_iters, "n_iters")
+    return_all, centred = check_bool(return_all, "return_all"), check_bool(centred, "centred")
     d, batch = keys.shape[-1], keys.shape[:-2]
     direction = keys - keys.mean(-2, keepdim=True) if centred else keys
     if C is None: precondition = lambda u: u
@@ -168,6 +232,9 @@ def two_head_linear_td(phi_states,         # (..., n+1, d) features of S_0..S_n,
     "Batch linear TD as two heads: a softmax head with the shifted kernel $c + \\phi^\\top\\phi$ and $\\rho$ = its mean, minus a uniform head of weight $c$."
     keys, X, R = context_tensors(phi_states, as_tensor(rewards, "rewards"), phi_queries)   # rewards are required
     alpha, gamma, n_iters = _scalar(alpha, "alpha"), check_gamma(gamma), _count(n_iters, "n_iters")
+    return_all = check_bool(return_all, "return_all")
+    check_work(_dense_bytes(keys, X, None, True, arrays=5), "bytes", f"the {keys.shape[-2]} x {X.shape[-2]} kernels of the two heads",
+               "`batch_linear_td` computes the same values in O(n d) memory")
     gram = keys @ X.mT                                                   # (..., n, m) linear kernel
     c = 1 + gram.abs().amax(-2)                                          # (..., m) shift making the kernel positive
     K = _weights(keys, X, None, lambda k, x: torch.log(c.unsqueeze(-2) + gram))
@@ -181,7 +248,12 @@ def check_states(states,          # (..., n+1) state indices S_0..S_n: integers,
                 )->torch.Tensor:  # (..., n+1) int64 states
     "Integer state indices of a trajectory, or a `ValueError` naming `states` (or `n_states`) and what was expected."
     n_states = check_int(n_states, "n_states", low=1)
-    s = states if isinstance(states, torch.Tensor) else torch.as_tensor(np.asarray(states))
+    s = states
+    if not isinstance(s, torch.Tensor):
+        try: s = np.asarray(states)
+        except ValueError: s = np.asarray(None)                      # ragged lists
+        if s.dtype.kind not in "iufb": raise ValueError(f"`states` must be an integer array of shape (..., n+1), got {states!r:.60}")
+        s = torch.as_tensor(s)
     if s.is_floating_point():
         if not (torch.isfinite(s).all() and (s == s.round()).all()): raise ValueError("`states` must hold integer state indices")
         s = s.long()
@@ -213,6 +285,7 @@ def batch_tabular_td(states,           # (..., n+1) integer states S_0..S_n
     "Per-state averaged batch tabular TD: $v(x) \\mathrel{+}= \\alpha \\cdot$ (mean TD error of the transitions leaving $x$)."
     S, R, E, N = _tabular_context(states, rewards, n_states)
     alpha, gamma, n_iters = _scalar(alpha, "alpha"), check_gamma(gamma), _count(n_iters, "n_iters")
+    return_all = check_bool(return_all, "return_all")
     A = alpha * E / N.clamp(min=1).unsqueeze(-2)     # (..., n, s): alpha / N(x) on the transitions leaving x
     v, vs = R.new_zeros(R.shape[:-1] + (n_states,)), []
     for _ in range(n_iters + 1):
@@ -252,6 +325,7 @@ def tabular_rate(states,          # (n+1,) integer states S_0..S_n of one contex
                 )->float:         # kappa = 1 - alpha (2 mu - 1 - gamma) < 1
     "Proposition 1.7's rate $\\kappa$ of one one-hot context; a `ValueError` where its hypotheses fail."
     S, gamma = check_states(states, n_states), check_gamma(gamma)
+    if S.ndim != 1: raise ValueError(f"`states` must be one context of shape (n+1,), got {tuple(S.shape)}")
     alpha = check_number(alpha, "alpha", 0., strict=True, high=1., what="a step size in (0, 1], where Proposition 1.7 holds")
     N, n, beta = torch.bincount(S[:-1], minlength=n_states).double(), len(S) - 1, check_number(beta, "beta")
     mu = (N * math.exp(beta) / (N * math.exp(beta) + n - N))[N > 0].min().item()

@@ -8,6 +8,9 @@ operating system refuses it whoever asks), and a permission error or a full disk
 `os.replace` or the file's `write` (PermissionError, OSError(ENOSPC)); no disk is mounted or filled."""
 import dataclasses, errno, json, math, os, subprocess, sys, textwrap
 from pathlib import Path
+import matplotlib
+matplotlib.use('Agg')
+import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 import torch
@@ -18,10 +21,11 @@ from ictd.cli import _save, main
 from ictd.core import checksum_path, load_checked, record_claim, save_checked
 from ictd.engine import PretrainConfig
 from ictd.model import SoftmaxICTD, theta_star
-from ictd.prompt import build_prompt
+from ictd.prompt import build_prompt, plot_prompt
 from ictd.pretrain import pretrain_many
-from ictd.wstd import batch_linear_td, tabular_rate, weighted_softmax_td
-from ictd.linear import LinearICTD, build_linear_prompt
+from ictd.wstd import batch_linear_td, batch_tabular_td, context_weights, tabular_rate, two_head_linear_td, weighted_softmax_td
+from ictd.linear import LinearICTD, build_linear_prompt, sliding_windows, td_parameters
+from ictd.model import check_prompt
 from ictd.causal import CausalSoftmaxICTD, prefix_softmax_td, stream_values
 from ictd.continuous import GaussianAR1Family, family_config
 from ictd.boyan import sample_trajectory
@@ -306,6 +310,98 @@ def test_provenance_records_the_source_hash():
     prov = core.provenance('x')
     assert prov['source'] == source_hash() and len(prov['source']) == 12 and 'commit' in prov
 
+# ---- long contexts: O(n)-memory paths and work estimates ---------------------------------------------------------------
+
+BIG_N = 10**5
+BIG_PHI = torch.zeros(BIG_N + 1, 2, dtype=torch.float64)      # n = 10^5: a dense n x n matrix is tens of GiB
+
+def relative_gap(a, b): return ((a - b).abs().max() / b.abs().max()).item()
+
+def test_weighted_softmax_td_has_a_streamed_path_equal_to_the_dense_one():
+    "The O(n)-memory path (fused attention) gives the dense result to 1e-12 relative: batched contexts and W, queries, rho, centred, return_all."
+    g = torch.Generator().manual_seed(33)
+    phi, R, W, Q = (torch.randn(*s, dtype=torch.float64, generator=g) for s in ((4, 26, 3), (4, 25), (4, 3, 3), (4, 5, 3)))
+    rho = torch.rand(31, dtype=torch.float64, generator=g) * 2
+    for kw in (dict(phi_queries=Q, rho=rho), dict(centred=True, return_all=True), dict(phi_queries=Q, rho=lambda k, x: 1 + x[..., 0].tanh())):
+        dense, streamed = (weighted_softmax_td(phi, R, W, 0.4, 0.9, 10, method=m, **kw) for m in ('dense', 'streamed'))
+        assert relative_gap(streamed, dense) < 1e-12, kw
+
+def test_the_streamed_path_groups_repeated_features(monkeypatch):
+    "Features that repeat (Boyan chains) take the grouped path, never attention, and give the dense result to 1e-12 relative."
+    import ictd.wstd
+    def never(*args): raise AssertionError('the grouped path must not attend')
+    monkeypatch.setattr(ictd.wstd, '_attend', never)
+    chains = [random_boyan_chain(n_states=5, d=3, features='unit', seed=s) for s in (1, 2)]
+    runs = [sample_trajectory(c, 30, seed=7) for c in chains]
+    phi, R = torch.stack([c.phi[S] for c, (S, _) in zip(chains, runs)]), torch.stack([R for _, R in runs])
+    Q, W = torch.stack([c.phi for c in chains]), torch.randn(2, 3, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    for kw in (dict(phi_queries=Q), dict(centred=True, return_all=True)):
+        dense, streamed = (weighted_softmax_td(phi, R, W, 0.4, 0.9, 10, method=m, **kw) for m in ('dense', 'streamed'))
+        assert relative_gap(streamed, dense) < 1e-12, kw
+
+def test_the_streamed_path_keeps_gradients_with_repeated_features():
+    "Gradients through the streamed path (query features that require grad, repeated features) equal the dense path's to 1e-12."
+    chain = random_boyan_chain(n_states=5, d=3, features='unit', seed=4)
+    S, R = sample_trajectory(chain, 30, seed=4)
+    grads = []
+    for method in ('dense', 'streamed'):
+        Q = chain.phi.clone().requires_grad_(True)
+        weighted_softmax_td(chain.phi[S], R, 2 * torch.eye(3, dtype=torch.float64), 0.5, 0.9, 5, phi_queries=Q, method=method)[-5:].sum().backward()
+        grads.append(Q.grad)
+    assert grads[0].abs().max() > 1e-3 and relative_gap(grads[1], grads[0]) < 1e-12
+
+def test_weighted_softmax_td_chooses_the_streamed_path_above_dense_bytes(monkeypatch):
+    "method='auto' (the default) is the dense path up to `DENSE_BYTES` and the streamed path above it."
+    phi, R, W = CTX, CTX[:-1, 0], W2
+    dense, streamed = (weighted_softmax_td(phi, R, W, 0.5, 0.9, 4, phi_queries=PHI, method=m) for m in ('dense', 'streamed'))
+    assert not torch.equal(dense, streamed)                      # the two paths round differently, so the choice shows
+    monkeypatch.setattr(core, 'DENSE_BYTES', 3 * 5 * 9 * 8 - 1)   # just under the dense path's three 5 x 9 arrays
+    assert torch.equal(weighted_softmax_td(phi, R, W, 0.5, 0.9, 4, phi_queries=PHI), streamed)
+    monkeypatch.setattr(core, 'DENSE_BYTES', 3 * 5 * 9 * 8)
+    assert torch.equal(weighted_softmax_td(phi, R, W, 0.5, 0.9, 4, phi_queries=PHI), dense)
+
+def test_dense_work_at_n_1e5_is_refused_with_its_estimate_and_the_way_out():
+    "At n = 1e5 the calls that must build an n x n matrix refuse before allocating it: the estimate in GiB and what to do instead."
+    I2 = torch.eye(2, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r'would need about 224 GiB, above the limit of 4 GiB .*method=.streamed'):
+        weighted_softmax_td(BIG_PHI, BIG_PHI[1:, 0], I2, 0.5, 0.9, 1, method='dense')
+    with pytest.raises(ValueError, match='instead of a `score` function'):
+        weighted_softmax_td(BIG_PHI, BIG_PHI[1:, 0], None, 0.5, 0.9, 1, score=lambda k, x: k @ x.mT)
+    with pytest.raises(ValueError, match=r'would need about 149 GiB.*method=.streamed'): context_weights(BIG_PHI, I2)
+    with pytest.raises(ValueError, match='`batch_linear_td` computes the same values'): two_head_linear_td(BIG_PHI, BIG_PHI[1:, 0], 0.5, 0.9, 1)
+    Z = torch.zeros(5, BIG_N + 1, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r'attention scores of the dense layer would need about 149 GiB'):
+        LinearICTD.from_td(2, 1, 0.5).predict(Z, BIG_N, method='dense')
+
+def test_linear_ictd_has_a_streamed_path_equal_to_the_dense_one(monkeypatch):
+    "LinearICTD's O(n) path (second moments; chunks of keys with softmax) equals the dense layers to 1e-12 relative, and 'auto' takes it above `DENSE_BYTES`."
+    for softmax in (False, True):
+        model = LinearICTD(4, 3, shared=False, init_gain=0.5, seed=1, softmax=softmax)
+        dense = model(LIN_Z, method='dense')
+        assert relative_gap(model(LIN_Z, method='streamed'), dense) < 1e-12
+        monkeypatch.setattr(core, 'CHUNK_BYTES', 3 * 30 * 8)        # chunks of 3 keys (30 columns)
+        assert relative_gap(model(LIN_Z, method='streamed'), dense) < 1e-12
+        monkeypatch.setattr(core, 'DENSE_BYTES', 2 * 20 * 30 * 8 - 1)   # just under the dense layer's two 20 x 30 arrays
+        assert torch.equal(model(LIN_Z), model(LIN_Z, method='streamed'))
+        monkeypatch.undo()
+        assert torch.equal(model(LIN_Z), dense)
+
+def test_linear_ictd_runs_n_1e5_in_linear_memory():
+    "A forward pass at n = 1e5 (the default path) returns batch TD's values; the dense path would need 149 GiB for its scores."
+    g = torch.Generator().manual_seed(5)
+    phi, R = torch.randn(BIG_N + 1, 2, dtype=torch.float64, generator=g) / 4, torch.randn(BIG_N, dtype=torch.float64, generator=g)
+    Z = build_linear_prompt(phi, R, phi[:3], 0.9)
+    v = LinearICTD.from_td(2, 3, 0.5).predict(Z)
+    assert relative_gap(v, batch_linear_td(phi, R, 0.5, 0.9, 3, phi_queries=phi[:3])[-3:]) < 1e-10
+
+def test_check_prompt_refuses_integer_prompts_and_non_integer_n():
+    "An integer prompt used to be cast silently, and n = True read as 1: TypeError naming `Z`, ValueError naming `n`."
+    model = SoftmaxICTD.from_theta_star(2, 2, W2, 0.5, 0.9)
+    with pytest.raises(TypeError, match='`Z` must be a real floating tensor'): model(torch.ones(4, 8, dtype=torch.long), n=5)
+    with pytest.raises(TypeError, match='`Z` must be a real floating tensor'): check_prompt(torch.ones(4, 8, dtype=torch.bool), 2, 5)
+    for n in (True, math.nan, '5', [5]):
+        with pytest.raises(ValueError, match='`n` must be an integer in 1..7'): check_prompt(torch.ones(4, 8), 2, n)
+
 # ---- the property test ------------------------------------------------------------------------------------------------
 
 P3 = torch.tensor([[0.5, 0.5, 0.], [0., 0.5, 0.5], [0.5, 0., 0.5]], dtype=torch.float64)
@@ -343,7 +439,7 @@ COVERED = {
     'weighted_softmax_td': (weighted_softmax_td, dict(phi_states=CTX, rewards=CTX[:-1, 0], W=W2, alpha=0.5, gamma=0.9, n_iters=3, phi_queries=PHI),
                             dict(phi_states=not_a_matrix((6, 2), (1, 2), (6,)), rewards=not_a_matrix((5,), (4,), ()), W=not_a_matrix((2, 2), (3, 3), (2,)),
                                  alpha=NOT_A_NUMBER, gamma=NOT_A_GAMMA, n_iters=NOT_A_COUNT, phi_queries=not_a_matrix((3, 2), (3, 3))[1:],
-                                 rho=not_a_matrix((9,), (8,), (9, 2))[1:])),
+                                 rho=not_a_matrix((9,), (8,), (9, 2))[1:], method=['sparse', None, 3, 'Dense'])),
     'theta_star': (theta_star, dict(d=2, W=W2, alpha=0.5, gamma=0.9),
                    dict(d=NOT_A_COUNT + [0], W=not_a_matrix((2, 2), (3, 3), (2,)), alpha=NOT_A_NUMBER, gamma=NOT_A_GAMMA)),
     'SoftmaxICTD.from_theta_star': (SoftmaxICTD.from_theta_star, dict(d=2, n_layers=2, W=W2, alpha=0.5, gamma=0.9),
@@ -371,6 +467,47 @@ COVERED.update({
                      dict(alpha=NOT_A_NUMBER + [0., -5., 5., 1.5, -1e-9], beta=NOT_A_NUMBER, gamma=NOT_A_GAMMA)),
     'family_config': (family_config, dict(family=GaussianAR1Family(), n_steps=4), dict(gamma=[0.5, 0.], d=[7, 1])),
 })
+NOT_A_STEP = [None, '0.5', {}, object(), complex(0.5, 1.), math.nan, math.inf, -math.inf]   # td_parameters takes tensors of step sizes
+PROMPT = build_prompt(CTX, CTX[:-1, 0], PHI)                                                    # d = 2, n = 5, three queries: (4, 9)
+COVERED.update({
+    'context_weights': (context_weights, dict(phi_states=CTX, W=W2, phi_queries=PHI),
+                        dict(phi_states=not_a_matrix((6, 2), (1, 2), (6,)), W=not_a_matrix((2, 2), (3, 3), (2,)),
+                             phi_queries=not_a_matrix((3, 2), (3, 3))[1:], score=[3, 'x'])),
+    'two_head_linear_td': (two_head_linear_td, dict(phi_states=CTX, rewards=CTX[:-1, 0], alpha=0.5, gamma=0.9, n_iters=3, phi_queries=PHI),
+                           dict(phi_states=not_a_matrix((6, 2), (1, 2), (6,)), rewards=not_a_matrix((5,), (4,), ()), alpha=NOT_A_NUMBER,
+                                gamma=NOT_A_GAMMA, n_iters=NOT_A_COUNT, phi_queries=not_a_matrix((3, 2), (3, 3))[1:])),
+    'batch_linear_td': (batch_linear_td, dict(phi_states=CTX, rewards=CTX[:-1, 0], alpha=0.5, gamma=0.9, n_iters=3, phi_queries=PHI),
+                        dict(alpha=NOT_A_NUMBER, gamma=NOT_A_GAMMA, n_iters=NOT_A_COUNT, C=not_a_matrix((2, 2), (3, 3), (2,))[1:])),
+    'build_linear_prompt': (build_linear_prompt, dict(phi_states=CTX, rewards=CTX[:-1, 0], phi_queries=PHI, gamma=0.9),
+                            dict(phi_states=not_a_matrix((6, 2), (1, 2), (6,)), rewards=not_a_matrix((5,), (4,), ()),
+                                 phi_queries=not_a_matrix((3, 2), (3, 3), ()),
+                                 gamma=NOT_A_GAMMA)),
+    'td_parameters': (td_parameters, dict(d=2, alpha=0.5), dict(d=NOT_A_COUNT + [0], alpha=NOT_A_STEP, C=not_a_matrix((2, 2), (3, 3), (2,))[1:])),
+    'LinearICTD': (LinearICTD, dict(d=2, n_layers=2, seed=0), dict(d=NOT_A_COUNT + [0], n_layers=NOT_A_COUNT + [0],
+                                                                 init_gain=NOT_A_NUMBER + [-1.], seed=['x', -1, 2.5], dtype=['float64', torch.int64, None])),
+    'LinearICTD.from_td': (LinearICTD.from_td, dict(d=2, n_layers=2, alpha=0.5),
+                           dict(d=NOT_A_COUNT + [0], n_layers=NOT_A_COUNT + [0], alpha=NOT_A_NUMBER, C=not_a_matrix((2, 2), (3, 3), (2,))[1:])),
+    'SoftmaxICTD.forward': (SoftmaxICTD(2, 2, seed=0), dict(Z=PROMPT, n=5),
+                            dict(Z=not_a_matrix((4, 9), (5, 9), (4,)) + [torch.ones(4, 9, dtype=torch.int64), torch.ones(4, 9, dtype=torch.bool),
+                                                                        np.ones((4, 9), dtype=np.int32)],
+                                 n=NOT_A_COUNT[1:] + [0, 9, 3])),
+    'sliding_windows': (sliding_windows, dict(phi=LIN_MRP.phi, r=LIN_MRP.r, states=LIN_S, n=5, gamma=0.9),
+                        dict(n=NOT_A_COUNT + [0], gamma=NOT_A_GAMMA)),
+})
+COVERED['LinearICTD.predict'][2]['method'] = ['sparse', None, 3]
+NOT_A_FLAG = ['False', 'no', 0, 1, None, 0.5]                                                   # truthy or falsy, but not a bool
+for name, flags in {'weighted_softmax_td': ('return_all', 'centred'), 'batch_linear_td': ('return_all', 'centred'),
+                    'two_head_linear_td': ('return_all',), 'LinearICTD': ('shared', 'softmax')}.items():
+    COVERED[name][2].update({flag: NOT_A_FLAG for flag in flags})
+COVERED.update({
+    'batch_tabular_td': (batch_tabular_td, dict(states=[0, 1, 1, 0], rewards=[1., 0., 2.], n_states=2, alpha=0.5, gamma=0.9, n_iters=3),
+                         dict(states=[[0.5, 1., 0., 1.], [0, 2, 1, 0], [0], None, 'abc'], rewards=not_a_matrix((3,), (2,), ()),
+                              n_states=NOT_A_COUNT + [0], alpha=NOT_A_NUMBER, gamma=NOT_A_GAMMA, n_iters=NOT_A_COUNT, return_all=NOT_A_FLAG)),
+    'tabular_rate.states': (tabular_rate, dict(states=[0, 0, 0, 1, 0], n_states=2, beta=8., alpha=1., gamma=0.5),
+                            dict(states=[[[0, 0, 1], [0, 1, 0]], [0, 3], [0.5, 1.], None], n_states=NOT_A_COUNT + [0])),
+    'plot_prompt': (lambda Z, n: plt.close(plot_prompt(Z, n).figure), dict(Z=PROMPT, n=5),
+                    dict(Z=not_a_matrix((4, 9), (2, 4, 9), (4,))[:-1] + [torch.ones(4, 9, dtype=torch.complex64)], n=NOT_A_COUNT[1:] + [0, 9])),
+})
 CASES = [(name, arg, i) for name, (_, _, bad) in COVERED.items() for arg, values in bad.items() for i in range(len(values))]
 
 def refuses(name, arg, i):
@@ -384,7 +521,10 @@ def refuses(name, arg, i):
 def test_the_property_test_covers_these_entry_points():
     assert sorted(COVERED) == sorted(['MRP', 'check_gamma', 'random_boyan_chain', 'PretrainConfig', 'build_prompt', 'weighted_softmax_td',
                                       'theta_star', 'SoftmaxICTD.from_theta_star', 'SoftmaxICTD', 'pretrain_many', 'LinearICTD.predict',
-                                      'LinearICTD.forward', 'prefix_softmax_td', 'stream_values', 'tabular_rate', 'family_config'])
+                                      'LinearICTD.forward', 'prefix_softmax_td', 'stream_values', 'tabular_rate', 'family_config',
+                                      'context_weights', 'two_head_linear_td', 'batch_linear_td', 'build_linear_prompt', 'td_parameters',
+                                      'LinearICTD', 'LinearICTD.from_td', 'SoftmaxICTD.forward', 'sliding_windows',
+                                      'batch_tabular_td', 'tabular_rate.states', 'plot_prompt'])
     assert len(CASES) > 300, len(CASES)
 
 @settings(max_examples=400, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)

@@ -6,6 +6,7 @@
 from __future__ import annotations
 import torch
 from ictd.boyan import as_tensor
+from ictd.core import check_broadcast, check_int
 
 # %%
 #| hide
@@ -144,8 +145,7 @@ def build_prompt(phi_states,        # (..., n + 1, d) features of S_0..S_n (n >=
     _check_features(phi_queries, "phi_queries")
     if phi_queries.shape[-1] != d: raise ValueError(f"`phi_queries` must have last dimension d = {d} like `phi_states`, got {tuple(phi_queries.shape)}")
     dtype = torch.promote_types(torch.promote_types(phi_states.dtype, rewards.dtype), phi_queries.dtype)
-    try: batch = torch.broadcast_shapes(phi_states.shape[:-2], rewards.shape[:-1], phi_queries.shape[:-2])
-    except RuntimeError as e: raise ValueError(f"batch dimensions of `phi_states` {tuple(phi_states.shape[:-2])}, `rewards` {tuple(rewards.shape[:-1])} and `phi_queries` {tuple(phi_queries.shape[:-2])} do not broadcast") from e
+    batch = check_broadcast(phi_states=phi_states.shape[:-2], rewards=rewards.shape[:-1], phi_queries=phi_queries.shape[:-2])
     q = phi_queries.shape[-2]
     Z = phi_states.new_zeros(batch + (d + 2, n + 1 + q), dtype=dtype)
     Z[..., :d, :n + 1] = phi_states.transpose(-1, -2)
@@ -211,6 +211,7 @@ def plot_prompt(Z:torch.Tensor,   # (d + 2, n + 1 + q) prompt
     Z = as_tensor(Z, "Z").detach().cpu()
     if Z.ndim != 2: raise ValueError(f"`Z` must be one prompt of shape (d + 2, n + 1 + q), got {tuple(Z.shape)}")
     D, N = Z.shape
+    n = check_int(n, "n", 1, high=N - 1, what=f"an integer in 1..{N - 1} (the context transitions of `Z`)")
     if ax is None: _, ax = plt.subplots(figsize=(min(8, max(6, 0.32 * N + 2)), 0.45 * D + 2))
     lim = float(Z.abs().max()) or 1.
     im = ax.imshow(Z.numpy(), cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto")
@@ -309,10 +310,11 @@ bad = {"`phi_states` must have shape (..., n + 1, d)": (phi[:1], R[:0], None),
 for msg, args in bad.items(): test_fail(lambda: build_prompt(*args), contains=msg)
 
 # %% [markdown]
-# `plot_prompt` draws one prompt, not a batch:
+# `plot_prompt` draws one prompt, not a batch, with a number of context transitions it can hold:
 
 # %%
 test_fail(lambda: plot_prompt(Zb, n), contains="`Z` must be one prompt")
+for bad_n in (0, Zb.shape[-1], 2.5, "3", None): test_fail(lambda: plot_prompt(Zb[0, 0], bad_n), contains="`n` must be an integer in 1..")
 
 # %%
 #| hide

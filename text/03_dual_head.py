@@ -9,7 +9,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 from ictd.boyan import as_tensor, check_gamma
-from ictd.core import check_choice, check_int, check_number, check_type
+from ictd.core import check_choice, check_floating, check_int, check_number, check_type
 
 # %%
 #| hide
@@ -200,19 +200,18 @@ def check_prompt(Z,            # (..., d + 2, N) prompt
                 )->tuple:      # (Z as a floating tensor, n as an int)
     "Validate a prompt for a model of feature dimension `d`, and resolve the number `n` of context transitions."
     carried = getattr(Z, "n_context", None)
-    Z = as_tensor(Z, "Z")
+    Z = check_floating(Z, "Z")               # an integer prompt is refused: the model would cast its parameters to it
     if Z.ndim < 2 or Z.shape[-2] != d + 2:
         raise ValueError(f"`Z` must have shape (..., d + 2, n + 1 + q) with d + 2 = {d + 2} rows, got {tuple(Z.shape)}")
     N = Z.shape[-1]
     if n is None and carried is None:
         raise ValueError("`n` must be given: `Z` does not carry its number of context transitions "
                          "(`build_prompt` attaches it as `Z.n_context`; slicing, stacking, `.to()` or numpy return a plain tensor)")
-    if n is None: n = carried
-    if int(n) != n or not 1 <= n <= N - 1:
-        raise ValueError(f"`n` must be an integer in 1..{N - 1} (the columns of `Z` minus the last-state column), got {n}")
-    if carried is not None and int(n) != carried:
+    n = check_int(carried if n is None else n, "n", 1, high=N - 1,
+                  what=f"an integer in 1..{N - 1} (the columns of `Z` minus the last-state column)")
+    if carried is not None and n != carried:
         raise ValueError(f"`n` = {n} contradicts the prompt, which was built with `Z.n_context` = {carried}")
-    return Z, int(n)
+    return Z, n
 
 
 # %% [markdown]
@@ -1046,8 +1045,12 @@ for msg, (Z_, n__) in {"`Z` must have shape (..., d + 2, n + 1 + q) with d + 2 =
                        "`n` = 11 contradicts the prompt, which was built with `Z.n_context` = 10": (Zp, 11),
                        "`n` must be an integer in 1..11": (torch.zeros(6, 12), 12),
                        "`n` must be an integer in 1..1": (torch.zeros(6, 2), 0),
-                       "`Z` contains NaN or inf": (torch.full((6, 3), float("nan")), 1)}.items():
+                       "`Z` contains NaN or inf": (torch.full((6, 3), float("nan")), 1),
+                       "`Z` must be a real floating tensor, got dtype torch.int64": (torch.zeros(6, 12, dtype=torch.long), 5),
+                       "`Z` must be a real floating tensor, got dtype torch.bool": (torch.zeros(6, 12, dtype=torch.bool), 5),
+                       "`n` must be an integer in 1..11 (the columns": (torch.zeros(6, 12), True)}.items():
     test_fail(lambda: check_prompt(Z_, 4, n__), contains=msg)
+for bad_n in (math.nan, "5", [5], 2.5): test_fail(lambda: check_prompt(torch.zeros(6, 12), 4, bad_n), contains="`n` must be an integer in 1..11")
 
 # %% [markdown]
 # ### The layer module and the model: seeds, shapes, bad input

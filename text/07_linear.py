@@ -8,7 +8,7 @@ import math
 import torch
 from torch import nn
 from ictd.boyan import as_tensor, check_gamma, weighted_error
-from ictd.core import check_floating, check_int, run_stream
+from ictd.core import check_bool, check_broadcast, check_floating, check_int, check_number, chunk_rows, memory_path, run_stream
 from ictd.model import carry_context, token_rows, torch_generator, xavier_param
 from ictd.tasks import Contexts, TaskBatch
 from ictd.engine import Family, PretrainConfig, register_family
@@ -31,6 +31,8 @@ from nbdev.showdoc import *
 #| hide
 from IPython.display import Markdown
 from ictd.core import record_claim
+import unittest.mock
+import ictd.core
 
 
 # %% [markdown]
@@ -107,8 +109,8 @@ def build_linear_prompt(phi_states,   # (..., n+1, d) features of S_0..S_n
     if R.shape[-1:] != (n,): raise ValueError(f"`rewards` must have shape (..., {n}) to match `phi_states`, got {tuple(R.shape)}")
     Q = as_tensor(phi_queries, "phi_queries", phi.dtype, phi.device)
     if Q.ndim == phi.ndim - 1: Q = Q.unsqueeze(-2)
-    if Q.shape[-1] != d: raise ValueError(f"`phi_queries` must have shape (..., q, {d}), got {tuple(Q.shape)}")
-    batch = torch.broadcast_shapes(phi.shape[:-2], R.shape[:-1], Q.shape[:-2])
+    if Q.ndim < 2 or Q.shape[-1] != d: raise ValueError(f"`phi_queries` must have shape (..., q, {d}), got {tuple(Q.shape)}")
+    batch = check_broadcast(phi_states=phi.shape[:-2], rewards=R.shape[:-1], phi_queries=Q.shape[:-2])
     phi, R, Q = phi.expand(batch + phi.shape[-2:]), R.expand(batch + (n,)), Q.expand(batch + Q.shape[-2:])
     context = torch.cat([phi[..., :-1, :], check_gamma(gamma) * phi[..., 1:, :], R.unsqueeze(-1)], -1)
     queries = torch.cat([Q, torch.zeros(batch + (Q.shape[-2], d + 1), dtype=phi.dtype, device=phi.device)], -1)
@@ -145,7 +147,9 @@ Z
 # compute it as $(V Z_{:,<n})\,(Z_{:,<n}^\top (A Z))/n$, never forming the mask.) How many columns are
 # context is an argument `n` of the forward pass; by default it is read from the prompt, which `build_linear_prompt`
 # marks with it (`Z.n_context`). It is never guessed from the prompt's shape: a prompt with several queries would
-# be read as a longer context.
+# be read as a longer context. The scores are an $n \times (n+q)$ matrix; a long context does without it
+# (`method='auto'` above a size), by the associativity of [Proposition 7.2](#the-layer-as-one-small-matrix)
+# ([Implementation and tests](#long-contexts-in-linear-memory)).
 #
 # The predecessor's code also offers a "softmax" activation for this layer, applied to
 # $Z^\top A Z$ along its second axis: for each key it normalises over the *target* columns $j$ (the
@@ -153,6 +157,33 @@ Z
 # an option, `softmax=True`, for an ablation in the [next chapter](linear_experiments.html#a-fair-side-by-side).
 # With it the answer at one query depends on the other queries in the same prompt (they share the
 # normaliser), so it is used with one query per prompt.
+
+# %% [markdown]
+# A long context takes another path, which never builds the scores (folded here; explained and tested
+# in [Implementation and tests](#long-contexts-in-linear-memory)):
+
+# %%
+#| export
+#| code-fold: true
+def _score_bytes(P, Q, Z, n)->float:
+    "Memory of the dense layer: two arrays of shape (..., n, N), the scores and their softmax or the update."
+    batch = torch.broadcast_shapes(P.shape[:-2], Q.shape[:-2], Z.shape[:-2])
+    return 2. * math.prod(batch) * n * Z.shape[-1] * Z.element_size()
+
+def _score_path(method, P, Q, Z, n)->str:
+    "'dense' or 'streamed' for `linear_attention`: see `memory_path`."
+    what = f"the {n} x {Z.shape[-1]} attention scores of the dense layer"
+    way_out = "use method='streamed' (the default 'auto' does above `DENSE_BYTES`), which needs O(n) memory"
+    return memory_path(method, _score_bytes(P, Q, Z, n), what, way_out)
+
+def _streamed_attention(P, Q, Z, n, softmax):
+    "`linear_attention` without the n x N scores: through the second moments, or over chunks of keys."
+    C, QZ = Z[..., :n], Q @ Z
+    if not softmax: return Z + (P @ (C @ C.mT)) @ QZ / n
+    PC, rows = P @ C, chunk_rows(_score_bytes(P, Q, Z, 1) / 2)      # keys per chunk
+    chunk = lambda i: PC[..., i:i + rows] @ torch.softmax(C[..., i:i + rows].mT @ QZ, dim=-1)
+    return Z + sum(chunk(i) for i in range(0, n, rows)) / n
+
 
 # %%
 #| export
@@ -176,8 +207,10 @@ def linear_attention(P:torch.Tensor,      # (..., 2d+1, 2d+1) output projection
                      Z:torch.Tensor,      # (..., 2d+1, N) prompt; batch dimensions broadcast with P and Q
                      n:int,               # number of context columns (the keys)
                      softmax:bool=False,  # normalise each key's scores over the target columns (the predecessor's variant)
+                     method="auto",       # 'dense' (the n x N scores), 'streamed' (O(n) memory), 'auto': dense up to `DENSE_BYTES`
                     )->torch.Tensor:      # (..., 2d+1, N) next prompt
     "One layer $Z + \\frac1n P Z M (Z^\\top Q Z)$, unvalidated, with scores optionally softmax-normalised over targets."
+    if _score_path(method, P, Q, Z, n) == "streamed": return _streamed_attention(P, Q, Z, n, softmax)
     C = Z[..., :n]
     scores = C.mT @ (Q @ Z)
     if softmax: scores = torch.softmax(scores, dim=-1)
@@ -204,14 +237,15 @@ class LinearAttentionLayer(nn.Module):
                 ):
         super().__init__()
         D, g = 2 * (token_rows(d) - 2) + 1, torch_generator(seed)
-        self.d, self.softmax = D // 2, bool(softmax)
+        self.d, self.softmax = D // 2, check_bool(softmax, "softmax")
         self.P, self.Q = xavier_param(D, D, init_gain, g, dtype), xavier_param(D, D, init_gain, g, dtype)
 
     def forward(self, Z:torch.Tensor,  # (..., 2d+1, n+q) prompt
                 n:int=None,            # number of context columns; default `Z.n_context` (set by `build_linear_prompt`)
+                method="auto",         # the memory path of `linear_attention`
                )->torch.Tensor:        # (..., 2d+1, n+q), carrying n
         Z, n = _linear_prompt(Z, self.d, n)
-        return carry_context(linear_attention(self.P.to(Z), self.Q.to(Z), Z, n, self.softmax), n)
+        return carry_context(linear_attention(self.P.to(Z), self.Q.to(Z), Z, n, self.softmax, method), n)
 
 
 # %% [markdown]
@@ -236,7 +270,8 @@ def td_parameters(d:int,       # feature dimension
                   dtype=torch.float64,
                  )->tuple:     # (P, Q), each (..., 2d+1, 2d+1), differentiable in `alpha`
     "The parameters $(P, Q)$ under which a linear-attention layer is one step of batch linear TD with step `alpha`."
-    alpha = torch.as_tensor(alpha, dtype=dtype)
+    d = check_int(d, "d", 1)
+    alpha = as_tensor(alpha, "alpha", dtype) if isinstance(alpha, torch.Tensor) else torch.tensor(check_number(alpha, "alpha"), dtype=dtype)
     C = torch.eye(d, dtype=dtype) if C is None else as_tensor(C, "C", dtype)
     if C.shape != (d, d): raise ValueError(f"`C` must have shape ({d}, {d}), got {tuple(C.shape)}")
     D = 2 * d + 1
@@ -263,25 +298,26 @@ class LinearICTD(nn.Module):
                  softmax:bool=False,   # the predecessor's softmax over target columns (an ablation)
                 ):
         super().__init__()
-        if int(n_layers) != n_layers or n_layers < 1: raise ValueError(f"`n_layers` must be a positive integer, got {n_layers}")
         g = torch_generator(seed)
-        self.d, self.n_layers, self.shared = d, int(n_layers), shared
+        self.d, self.n_layers = d, check_int(n_layers, "n_layers", 1, "a positive integer")
+        self.shared = check_bool(shared, "shared")
         self.layers = nn.ModuleList([LinearAttentionLayer(d, init_gain, g, dtype, softmax) for _ in range(1 if shared else self.n_layers)])
 
-    def forward(self, Z:torch.Tensor, n:int=None)->torch.Tensor:
+    def forward(self, Z:torch.Tensor, n:int=None, method="auto")->torch.Tensor:
         "Run all L layers on the prompt `Z` with `n` context columns (default `Z.n_context`, set by `build_linear_prompt`)."
         Z, n = _linear_prompt(Z, self.d, n)
         for l in range(self.n_layers):
             layer = self.layers[0 if self.shared else l]
-            Z = linear_attention(layer.P.to(Z), layer.Q.to(Z), Z, n, layer.softmax)
+            Z = linear_attention(layer.P.to(Z), layer.Q.to(Z), Z, n, layer.softmax, method)
         return carry_context(Z, n)
 
     def predict(self, Z:torch.Tensor,  # (..., 2d+1, n+q) prompt
                 n:int=None,            # number of context columns; default `Z.n_context` (set by `build_linear_prompt`)
+                method="auto",         # the memory path of `linear_attention`: 'auto', 'dense' or 'streamed'
                )->torch.Tensor:        # (..., q) value estimates at the query columns
         "Value estimates at the query columns: the negated last row of $Z_L$."
         Z, n = _linear_prompt(Z, self.d, n)
-        return -self(Z, n)[..., -1, n:]
+        return -self(Z, n, method)[..., -1, n:]
 
     def stacked_params(self)->tuple:
         "(P, Q), each (L', 2d+1, 2d+1) with L' = 1 when shared, else L."
@@ -294,8 +330,7 @@ class LinearICTD(nn.Module):
                 C=None,                # (d, d) preconditioner, default identity
                 dtype=torch.float64):
         "The construction whose forward pass is `n_layers` iterations of (preconditioned) batch linear TD."
-        if not math.isfinite(float(alpha)): raise ValueError(f"`alpha` must be a finite number, got {alpha}")
-        P, Q = td_parameters(d, float(alpha), C, dtype)
+        P, Q = td_parameters(d, check_number(alpha, "alpha"), C, dtype)
         model = cls(d, n_layers, shared=True, seed=0, dtype=dtype)
         with torch.no_grad(): model.layers[0].P.copy_(P); model.layers[0].Q.copy_(Q)
         return model
@@ -708,7 +743,7 @@ def sliding_windows(phi:torch.Tensor,   # (..., s, d) features of each trajector
                     gamma:float,        # discount factor
                    )->tuple:            # (Z (..., T-n-1, 2d+1, n+1) one prompt per window, rewards (..., T-n-2) r(query of window k))
     "Cut trajectories into overlapping windows: window k has context states k..k+n and query state k+n+1."
-    T = states.shape[-1]
+    T, n = states.shape[-1], check_int(n, "n", 1)
     if T < n + 3: raise ValueError(f"`states` must hold at least n + 3 = {n + 3} states for two windows, got {T}")
     phi_S = torch.gather(phi, -2, states.unsqueeze(-1).expand(states.shape + phi.shape[-1:]))
     r_S = torch.gather(r, -1, states)
@@ -755,6 +790,14 @@ test_eq(Zw[1, :, :7], Zw[0, :, 1:8])
 test_fail(lambda: build_linear_prompt(phi_s, R_[:2], phi_s[0], 0.5), contains="`rewards` must have shape (..., 3)")
 test_fail(lambda: build_linear_prompt(phi_s, R_, torch.ones(3), 0.5), contains="`phi_queries` must have shape")
 test_fail(lambda: build_linear_prompt(phi_s, R_, phi_s[0], 1.0), contains="`gamma` must lie in [0, 1)")
+test_fail(lambda: build_linear_prompt(phi_s.expand(2, 4, 2), R_, phi_s[:2].expand(3, 2, 2), 0.5),
+          contains="batch dimensions of `phi_states` (2,), `rewards` (), `phi_queries` (3,) do not broadcast")
+test_fail(lambda: build_linear_prompt(phi_s, R_, torch.tensor(1.), 0.5), contains="`phi_queries` must have shape")
+test_fail(lambda: td_parameters(4, "0.5"), contains="`alpha` must be a finite number")
+test_fail(lambda: td_parameters(4, torch.tensor([0.5, math.nan])), contains="`alpha` contains NaN")
+test_eq(td_parameters(4, torch.tensor([0.5, 0.25]))[1].shape, (2, 9, 9))
+test_fail(lambda: LinearICTD(4, 2.5), contains="`n_layers` must be a positive integer")
+test_fail(lambda: LinearICTD.from_td(4, 3, "0.5"), contains="`alpha` must be a finite number")
 
 # %%
 lay = LinearAttentionLayer(4, seed=0)
@@ -788,6 +831,46 @@ Z_nan = Z1.clone(); Z_nan[0, 3] = math.nan
 test_fail(lambda: model.predict(Z_nan, n=40), contains="`Z` contains NaN or inf")
 test_fail(lambda: LinearICTD.from_td(4, 3, 0.1, C=torch.eye(3)), contains="`C` must have shape (4, 4)")
 test_eq(LinearICTD.from_td(4, 3, 0.1).predict(Zb.float(), n=30).dtype, torch.float32)
+
+
+# %% [markdown]
+# ### Long contexts in linear memory
+#
+# The dense layer builds the $n \times N$ scores $Z_{:,<n}^\top Q Z$: at $n = 10^5$, tens of GiB. Without softmax,
+# Proposition 7.2's associativity gives the same layer as $Z + \frac1n (P \Sigma)(Q Z)$ with $\Sigma = Z_{:,<n} Z_{:,<n}^\top$, in
+# $O(nd^2)$ time and $O(nd)$ memory. With the predecessor's softmax, each key's scores are normalised over the
+# targets, so the path `'streamed'` takes the keys in chunks, each chunk's scores (at most `CHUNK_BYTES`) at a time.
+# `method='auto'` takes that path when the dense scores would pass `DENSE_BYTES`, and the dense path is refused
+# with its estimate above `WORK_LIMITS['bytes']`.
+
+# %% [markdown]
+# The two paths agree to $10^{-12}$ relative (with and without softmax, shared and per-layer parameters, a batch of
+# prompts, chunks of one key and of several), `'auto'` switches at `DENSE_BYTES`, and a dense layer too large is refused:
+
+# %%
+def linear_paths_agree(model, Z, n):
+    "The largest difference between the dense and the streamed forward pass, relative to the largest entry."
+    dense, streamed = (model(Z, n, method=m) for m in ("dense", "streamed"))
+    return ((dense - streamed).abs().max() / dense.abs().max()).item()
+
+for s, softmax in enumerate((False, True, False, True)):
+    m_p = LinearICTD(4, 3, shared=s < 2, init_gain=0.5, seed=s, softmax=softmax)
+    assert linear_paths_agree(m_p, Zb, 30) < 1e-12
+    for rows in (1, 7):                                  # chunks of 1 and 7 keys (n = 30)
+        with unittest.mock.patch.object(ictd.core, "CHUNK_BYTES", rows * 40 * 6 * 8):
+            assert linear_paths_agree(m_p, Zb, 30) < 1e-12
+test_close(LinearICTD.from_td(4, 5, 0.3).predict(Zb, 30, method="streamed"), batch_linear_td(
+    torch.stack([m.phi[S] for m, (S, _) in zip(mrps, trajs)]), torch.stack([R for _, R in trajs]), 0.3,
+    mrps[0].gamma, 5, phi_queries=torch.stack([m.phi for m in mrps]))[..., 31:], eps=1e-12)
+size = 2 * 6 * 30 * 40 * 8                              # the dense layer's two 30 x 40 arrays, 6 prompts
+m_auto = LinearICTD(4, 3, seed=0)
+with unittest.mock.patch.object(ictd.core, "DENSE_BYTES", size - 1):
+    test_eq(m_auto.predict(Zb, 30).detach(), m_auto.predict(Zb, 30, method="streamed").detach())
+with unittest.mock.patch.object(ictd.core, "DENSE_BYTES", size):
+    test_eq(m_auto.predict(Zb, 30).detach(), m_auto.predict(Zb, 30, method="dense").detach())
+Z_long = torch.zeros(9, 10**5 + 1, dtype=torch.float64)   # n = 10^5: far above the limit
+test_fail(lambda: m_auto.predict(Z_long, 10**5, method="dense"), contains="attention scores of the dense layer would need about")
+test_fail(lambda: m_auto.predict(Zb, 30, method="sparse"), contains="`method` must be one of")
 
 
 # %% [markdown]

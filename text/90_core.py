@@ -122,8 +122,8 @@ def check_seeds(seeds)->list:
 
 
 # %% [markdown]
-# An argument that must be an object of some class (a configuration, a task batch), and a torch device,
-# are checked the same way; a device that names a CUDA GPU on a machine without one is refused before any work:
+# An argument that must be an object of some class (a configuration, a task batch) or a flag, batch dimensions that
+# must broadcast, and a torch device, are checked the same way; a device that names a CUDA GPU on a machine without one is refused before any work:
 
 # %%
 #| export
@@ -134,6 +134,17 @@ def check_type(x, types, name:str):
         raise TypeError(f"`{name}` must be a {want}, got {type(x).__name__} {x!r}"[:300])
     return x
 
+def check_bool(x, name:str)->bool:
+    "`x` as a bool, or a `TypeError` naming `name` unless it is True or False (a string such as 'False' is not)."
+    return bool(check_type(x, (bool, np.bool_), name))
+
+def check_broadcast(**shapes)->tuple:
+    "The shape the named batch shapes broadcast to, or a `ValueError` naming them and their shapes."
+    try: return tuple(torch.broadcast_shapes(*shapes.values()))
+    except RuntimeError: pass
+    named = ", ".join(f"`{k}` {tuple(v)}" for k, v in shapes.items())
+    raise ValueError(f"the batch dimensions of {named} do not broadcast")
+
 def check_device(device)->torch.device:
     "`device` as a `torch.device` (None: CUDA when available, else the CPU), or a `ValueError` naming `device` if torch cannot use it."
     if device is None: return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -141,6 +152,53 @@ def check_device(device)->torch.device:
     except (RuntimeError, TypeError) as e: raise ValueError(f"`device` must be a torch device such as 'cpu' or 'cuda', got {device!r}") from None
     if dev.type == "cuda" and not torch.cuda.is_available(): raise ValueError(f"`device` is {device!r} but torch sees no CUDA GPU here")
     return dev
+
+
+# %% [markdown]
+# Some work grows with its arguments faster than a reader expects: an attention matrix of $n \times m$ entries
+# grows with the square of the context, and a rollout of $\log(\text{tol}) / \log \gamma$ steps without bound
+# as $\gamma \to 1$. An entry point whose work follows from its arguments estimates it first and refuses it
+# above a limit, saying what it would have needed and the way out (`check_work`, tested [below](#work-before-it-starts)).
+# Where a call has a path in $O(n)$ memory, `method='auto'` takes it once the dense matrix would pass
+# `DENSE_BYTES` (`memory_path`), and holds at most about `CHUNK_BYTES` at a time (`chunk_rows`).
+
+# %%
+#| export
+WORK_LIMITS = dict(bytes=4 * 2**30, steps=10**7)   # the most memory (bytes) and sequential steps a call plans before it refuses
+DENSE_BYTES = 2**30                                  # above this a dense n x m matrix makes `method='auto'` take the O(n) path
+CHUNK_BYTES = 2**26                                  # the most a streamed path holds at once (one chunk of scores, say)
+MEMORY_PATHS = ("auto", "dense", "streamed")
+
+def _amount(x:float, unit:str)->str: return f"{x / 2**30:.3g} GiB" if unit == "bytes" else f"{x:,.0f} {unit}"
+
+def check_work(amount:float,  # the estimate, in `unit`
+               unit:str,      # a key of `WORK_LIMITS`: 'bytes' or 'steps'
+               what:str,      # what the work is, for the message, e.g. "the 100001 x 100001 attention weights"
+               way_out:str,   # how to do without it, for the message
+              )->float:       # `amount`
+    "`amount`, or a `ValueError` that gives the estimate, the limit and the way out when it passes `WORK_LIMITS[unit]`."
+    limit = WORK_LIMITS[check_choice(unit, tuple(WORK_LIMITS), "unit")]
+    if amount > limit:
+        raise ValueError(f"{what} would need about {_amount(amount, unit)}, above the limit of {_amount(limit, unit)} "
+                         f"(`ictd.core.WORK_LIMITS['{unit}']`): {way_out}")
+    return amount
+
+def memory_path(method:str,         # 'auto', 'dense' or 'streamed' (the O(n)-memory path)
+                nbytes:float,       # the memory the dense path needs
+                what:str,           # what the dense path builds, for the message
+                way_out:str,        # how to do without it, for the message
+                streamed:bool=True, # whether this call has a streamed path
+               )->str:              # 'dense' or 'streamed'
+    "The path a call takes: 'auto' is 'dense' up to `DENSE_BYTES` and 'streamed' above; the dense path is refused above `WORK_LIMITS['bytes']`."
+    check_choice(method, MEMORY_PATHS, "method")
+    if method == "streamed" and not streamed: raise ValueError(f"`method` = 'streamed' is not available here: {way_out}")
+    if method == "auto": method = "streamed" if streamed and nbytes > DENSE_BYTES else "dense"
+    if method == "dense": check_work(nbytes, "bytes", what, way_out)
+    return method
+
+def chunk_rows(row_bytes:float)->int:
+    "How many rows of `row_bytes` bytes each fit in `CHUNK_BYTES` (at least one): the chunk of a streamed path."
+    return max(1, int(CHUNK_BYTES // max(row_bytes, 1)))
 
 
 # %% [markdown]
@@ -737,10 +795,37 @@ for bad in ([], [1, 1], [-1], [0.5], [math.nan], math.inf): test_fail(lambda: ch
 test_fail(lambda: check_seeds(None), contains="`seeds` must be an integer or a list")
 test_eq(check_type(3, (int, float), "n"), 3)
 test_fail(lambda: check_type("3", (int, float), "n"), contains="`n` must be a int or float")
+test_eq(check_broadcast(phi_states=(3, 1), rewards=(4,)), (3, 4))
+test_eq(check_bool(np.bool_(True), "centred"), True)
+for bad in ("False", 0, None): test_fail(lambda: check_bool(bad, "centred"), contains="`centred` must be a bool")
+test_fail(lambda: check_broadcast(phi_states=(3,), rewards=(4,)), contains="batch dimensions of `phi_states` (3,), `rewards` (4,) do not")
 test_eq(check_device("cpu"), torch.device("cpu"))
 test_fail(lambda: check_device("gpu"), contains="`device` must be a torch device")
 test_fail(lambda: check_device(3.5), contains="`device` must be a torch device")
 if not torch.cuda.is_available(): test_fail(lambda: check_device("cuda"), contains="no CUDA GPU")
+
+# %% [markdown]
+# ### Work before it starts
+#
+# `check_work` passes an estimate under its limit and refuses one above it with the estimate, the limit and the way
+# out; `memory_path` takes the dense path up to `DENSE_BYTES`, the streamed one above, and refuses a dense path that
+# would pass the memory limit (or a streamed one where there is none).
+
+# %%
+test_eq(check_work(WORK_LIMITS["steps"], "steps", "a rollout", "use a smaller gamma"), WORK_LIMITS["steps"])
+horizon = math.ceil(math.log(1e-6) / math.log(0.9999999))     # the Monte-Carlo rollout at gamma = 0.9999999
+test_fail(lambda: check_work(horizon, "steps", "the rollout", "use a smaller `gamma`"),
+          contains=f"the rollout would need about {horizon:,} steps, above the limit of 10,000,000 steps")
+test_fail(lambda: check_work(8e10, "bytes", "the weights", "use method='streamed'"), contains="about 74.5 GiB, above the limit of 4 GiB")
+test_fail(lambda: check_work(1, "seconds", "x", "y"), contains="`unit` must be one of")
+test_eq(memory_path("auto", DENSE_BYTES, "K", "-"), "dense")
+test_eq(memory_path("auto", DENSE_BYTES + 1, "K", "-"), "streamed")
+test_fail(lambda: memory_path("auto", 8e10, "K", "pass W instead of a score function", streamed=False), contains="pass W instead")
+test_fail(lambda: memory_path("dense", 8e10, "K", "use method='streamed'"), contains="K would need about 74.5 GiB")
+test_eq(memory_path("dense", 8e8, "K", "-"), "dense")
+test_fail(lambda: memory_path("streamed", 1, "K", "pass W", streamed=False), contains="`method` = 'streamed' is not available here: pass W")
+test_fail(lambda: memory_path("fast", 1, "K", "-"), contains="`method` must be one of ('auto', 'dense', 'streamed')")
+test_eq(chunk_rows(CHUNK_BYTES / 3), 3); test_eq(chunk_rows(2 * CHUNK_BYTES), 1)
 
 # %% [markdown]
 # ### Task batches and claim records: bad input
