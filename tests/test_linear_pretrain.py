@@ -12,9 +12,9 @@ BOOK_RUN = dataclasses.replace(ICLR_LINEAR, lr=3e-3, n_tasks=400, n_steps=2000, 
 UNSEEN = list(range(100, 110))                                                                     # the book shows seeds 0-9
 
 @pytest.mark.claims
-def test_sliding_pretraining_finds_td_on_unseen_seeds():
+def test_sliding_pretraining_finds_td_on_unseen_seeds(shared_runs):
     "The book's claims, as counts of seeds among 10 new ones: IWS > 0.85 and VD < 0.05 in most (>= 6), the sign pattern in >= 9; the seeds not near batch TD are slow ones, whose last value weight stays below a fifth of the median seed's."
-    h = aligned_history(pretrain_many(BOOK_RUN, UNSEEN, progress=False))
+    h = aligned_history(shared_runs(BOOK_RUN, UNSEEN))
     iws, vd = h["iws"][:, -1], h["vd"][:, -1]
     sign = (h["trQ11"][:, -1] < 0) & (h["trQ12"][:, -1] > 0)
     rose = iws > h["iws"][:, 0] + 0.5

@@ -30,13 +30,13 @@ def test_leaky_span_rate_lies_strictly_between_the_rate_and_the_bound():
 
 
 @pytest.mark.claims
-def test_short_linear_run_seeds_without_the_signs_are_the_slow_ones():
+def test_short_linear_run_seeds_without_the_signs_are_the_slow_ones(shared_runs):
     "7a, the book's run: at most one seed in ten lacks the construction's sign pattern, and a seed that lacks it has barely left the initialisation."
+    " The runs are test_linear_pretrain's (the session's shared cache trains them once)."
     from ictd.experiments.linear import aligned_history
     from ictd.linear import ICLR_LINEAR
-    from ictd.pretrain import pretrain_many
     torch.set_num_threads(1)
-    runs = pretrain_many(dataclasses.replace(ICLR_LINEAR, lr=3e-3, n_tasks=400, n_steps=2000, eval_every=2000), range(100, 110), progress=False)
+    runs = shared_runs(dataclasses.replace(ICLR_LINEAR, lr=3e-3, n_tasks=400, n_steps=2000, eval_every=2000), range(100, 110))
     h = aligned_history(runs)
     signs = (h["trQ11"][:, -1] < 0) & (h["trQ12"][:, -1] > 0)
     assert signs.sum() >= 9, signs
