@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from fastcore.basics import patch
 from .boyan import as_tensor, check_gamma, weighted_error
-from .core import check_choice, check_int, check_number, stream_generator
+from .core import check_choice, check_int, check_number, check_work, stream_generator
 from .wstd import weighted_softmax_td
 from .tasks import Contexts, TDExamples
 from .engine import PROTOCOLS, EvalSet, PretrainConfig, Protocol, get_family, register_protocol
@@ -183,7 +183,9 @@ def mc_returns(process,             # a process of this chapter
     "Monte Carlo estimate of $v_\\pi$ at `states`: the mean discounted return of `n_paths` simulated paths, with its standard error."
     rng, g = np.random.default_rng(seed), process.gamma
     s = np.repeat(np.asarray(as_tensor(states, "states"))[:, None], _length(n_paths, "n_paths"), 1)
+    tol = check_number(tol, "tol", 0, strict=True, high=1, what="a number in (0, 1]")
     horizon = max(1, math.ceil(math.log(tol) / math.log(g))) if g > 0 else 1
+    check_work(horizon, "steps", f"the Monte Carlo rollouts (gamma = {g}, tol = {tol:g})", "use a larger `tol` or a smaller gamma")
     G = np.zeros_like(s)
     for t in range(horizon):
         G += g ** t * process.reward(torch.from_numpy(s)).numpy()
