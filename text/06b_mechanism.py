@@ -2302,6 +2302,7 @@ Markdown(f"**Measurement.** The models' values move by {ms(shift_t['model'])} ag
          f"{torch.tensor(shape_change).mean():.3f} of its own centred variance, so the models are not exactly linear in the rewards outside their training range "
          f"($R + c$ reaches {1 + shift:g}).")
 
+
 # %% [markdown]
 # ### Three more interventions: shuffled successors, longer contexts, a patched uniform layer
 #
@@ -2331,6 +2332,7 @@ def candidate_prediction(name:str,             # a candidate of `CONTEST_GRIDS`
     u = candidate_values_at(name, config, tasks, states, fitted["index"])
     return fitted["level"] * context_mean_values(tasks, states) + fitted["scale"] * u
 
+
 # %% [markdown]
 # **(a) Shuffled successors.** In the state-token prompt a context token's successor is the next column: the
 # layers read it through $Z\Pi$, while attention itself ignores the order of the columns. `shuffle_context` puts each
@@ -2353,6 +2355,7 @@ def shuffle_context(states:torch.Tensor,  # (B, n+1) contexts S_0..S_n
     gen = torch.Generator().manual_seed(int(seed))
     order = torch.argsort(torch.rand(states.shape, generator=gen, dtype=torch.float64), -1)
     return states.gather(-1, order)
+
 
 # %%
 _sh = shuffle_context(toy_states, 0)
@@ -2393,7 +2396,7 @@ sh_lower = int((sh_cr[sh_best] < sh_cr[sh_next]).sum())
 Markdown("| candidate | change ratio $\\rho_\\Delta$ | residual ratio on shuffled prompts |\n|---|---|---|\n"
          + "\n".join(f"| {CONTEST_NAMES[k]} | {ms(sh_cr[k])} | {ms(col('shuffle', 'ratio', k))} |" for k in names_iv)
          + f"\n\nThe models' shape changes by {ms(col('shuffle', 'model'))} of its centred variance. "
-         f"{CONTEST_NAMES[sh_best]} predicts the change best (change ratio {sh_cr[sh_best].mean():.2f}, lower than "
+         f"{CONTEST_NAMES[sh_best].capitalize()} predicts the change best (change ratio {sh_cr[sh_best].mean():.2f}, lower than "
          f"{CONTEST_NAMES[sh_next]}'s {sh_cr[sh_next].mean():.2f} in {sh_lower} of {len(iv)} seeds), and its "
          f"predicted change, {ms(col('shuffle', 'predicted', sh_best))}, is close to the models' own.")
 
@@ -2437,15 +2440,19 @@ Markdown("| | " + " | ".join(f"n = {n}" for n in lengths) + f" | change ratio, 3
          f"predicts, not as certainty equivalence or the Bayes mean do: at $n = {lengths[-1]}$ the models' MSVE minus "
          f"the winner's is {ms(ln_gap)}, while it stays above certainty equivalence's "
          f"({lcol(lengths[-1], 'msve_candidates', 'ce').mean():.2f}) and the Bayes mean's "
-         f"({lcol(lengths[-1], 'msve_candidates', 'bayes').mean():.2f}). The winner's residual "
-         f"ratio stays near its value at $n = 30$ while every other candidate's rises, and it predicts the change best "
-         f"(change ratio {ln_cr[ln_best].mean():.2f}; best: {CONTEST_NAMES[ln_best]}).")
+         f"({lcol(lengths[-1], 'msve_candidates', 'bayes').mean():.2f}). The winner's residual ratio goes from "
+         f"{lcol(30, 'ratio', 'td').mean():.2f} to {lcol(lengths[-1], 'ratio', 'td').mean():.2f}, while "
+         + ", ".join(f"{CONTEST_NAMES[k]}'s goes from {lcol(30, 'ratio', k).mean():.2f} to "
+                     f"{lcol(lengths[-1], 'ratio', k).mean():.2f}" for k in names_iv if k != "td")
+         + f"; {CONTEST_NAMES[ln_best]} predicts the change best (change ratio {ln_cr[ln_best].mean():.2f}, against "
+         f"{min(ln_cr[k].mean().item() for k in names_iv if k != ln_best):.2f} for the next).")
 
 # %%
 ln_lower = {k: int((ln_cr["td"] < ln_cr[k]).sum()) for k in names_iv if k != "td"}
 assert ln_best == "td" and min(ln_lower.values()) >= 25, ln_lower
 above = {k: ln_msve[lengths[-1]] - lcol(lengths[-1], "msve_candidates", k) for k in ("ce", "bayes")}
 assert (ln_msve[lengths[-1]] < ln_msve[30]).all() and all(v.mean() > 3 * v.std() / math.sqrt(len(v)) for v in above.values()), above
+
 
 # %% [markdown]
 # **(c) Patching the uniform layer from another task.** The anatomy (*The anatomy of a trained model*) finds, in nearly every seed, one layer
@@ -2473,6 +2480,7 @@ def patched_predict(model:SoftmaxICTD,      # the model
                 na[..., rows, :] = Za[..., rows, :] + (nb - Zb)[..., rows, :]
             Za, Zb = na, nb
     return Za[..., model.d + 1, n + 1:]
+
 
 # %% [markdown]
 # Patched from the same prompt, nothing changes; the last layer's value write patched from the donor adds the donor's
@@ -2565,19 +2573,23 @@ for j, k in enumerate(share):
     axs[2].bar(xs, [share[k][pos == l].mean() for l in groups], 0.27, yerr=[se(share[k][pos == l]) for l in groups],
                label=rows_txt[k], color=OKABE_ITO[j + 2])
 axs[2].axhline(1, color="k", lw=0.8, ls="--"); axs[2].axhline(tdf["level"] / Lam, color="0.4", lw=0.8, ls=":")
+axs[2].text(len(groups) - 0.55, 1.02, "whole level", ha="right", va="bottom", fontsize=8)
+axs[2].text(len(groups) - 0.55, tdf["level"] / Lam + 0.02, "level term alone", ha="right", va="bottom", fontsize=8)
 axs[2].set_xticks(range(len(groups)), [f"layer {l + 1} uniform\n({int((pos == l).sum())} seeds)" for l in groups])
 axs[2].set(ylabel="share of the winner's level moved", title="Patching the uniform layer")
-axs[2].legend(fontsize=8, title="patched rows", title_fontsize=8); fig.tight_layout()
+axs[2].set_ylim(0, 1.35)
+axs[2].legend(fontsize=7.5, ncol=3, loc="upper center", title="patched rows", title_fontsize=8); fig.tight_layout()
 
 # %%
-for key, claim in (("shuffle", f"Under shuffled successors, {CONTEST_NAMES[sh_best]} predicts the models' change of shape "
-                    f"best (change ratio {sh_cr[sh_best].mean():.2f} against {sh_cr[sh_next].mean():.2f}; 30 seeds)."),
-                   ("lengthen", f"At n = {lengths[-1]}, four times the training length, the models' MSVE falls to "
-                    f"{ln_msve[lengths[-1]].mean():.2f} as {CONTEST_NAMES[ln_best]} predicts (30 seeds)."),
-                   ("patch", f"Patching the uniform layer (layer 1) from another task moves a share "
-                    f"{s_all.mean():.2f} of the level (between the level term alone and the whole level)."))):
+iv_claims = dict(
+    shuffle=f"Under shuffled successors, {CONTEST_NAMES[sh_best]} predicts the models' change of shape best "
+            f"(change ratio {sh_cr[sh_best].mean():.2f} against {sh_cr[sh_next].mean():.2f}; 30 seeds).",
+    lengthen=f"At n = {lengths[-1]}, four times the training length, the models' MSVE falls to "
+             f"{ln_msve[lengths[-1]].mean():.2f} as {CONTEST_NAMES[ln_best]} predicts (30 seeds).",
+    patch=f"Patching the uniform layer (layer 1) from another task moves a share {s_all.mean():.2f} of the level "
+          f"(between the level term alone and the whole level).")
+for key, claim in iv_claims.items():
     record_claim(f"intervention-{key}", claim, "measured", "mechanism", "#fig-contest-interventions")
-
 
 # %%
 #| hide

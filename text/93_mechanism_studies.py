@@ -1085,6 +1085,7 @@ def seed_interventions(config:PretrainConfig,  # the run's settings
                 shuffle=shuffle_intervention(config, model, fits, eval_tasks),
                 lengthen=lengthen_intervention(config, model, fits, eval_tasks), patch=p)
 
+
 # %% [markdown]
 # Checks on a stand-in: with a "model" that *is* a candidate (level + TD iterates at a grid point), that candidate
 # predicts every change exactly (change ratio 0) and scores a residual ratio of 0 on the changed prompts, and scaled
@@ -1092,6 +1093,7 @@ def seed_interventions(config:PretrainConfig,  # the run's settings
 
 # %%
 from ictd.mechanism import LearnedAlgorithm, candidate_prediction, context_prompt, grid_thetas
+
 
 # %%
 class _AsAlgorithm(torch.nn.Module):
@@ -1110,6 +1112,7 @@ test_close(_stand.predict(context_prompt(_t, _s), n=30), candidate_prediction("t
 for _ch in [shuffle_intervention(_c, _stand, _fits, 6)] + list(lengthen_intervention(_c, _stand, _fits, 6, (30, 60)).values())[1:]:
     assert _ch["change_ratio"]["td"] < 1e-20 and _ch["ratio"]["td"] < 1e-20 and _ch["model"] > 1e-3, _ch
     test_close(torch.tensor(_ch["change_ratio"]["v_pi"]), torch.tensor(1.), eps=1e-12)
+
 
 # %% [markdown]
 # `run_contest_interventions` measures every scored seed of the headline cell (10 to 39), with the candidates fitted
