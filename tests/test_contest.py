@@ -180,3 +180,23 @@ def test_interventions_hold_on_unseen_seeds(fresh):
     share = torch.tensor([p["all"]["slope"] / Lam for p in pa if p["uniform_layer"] == 0])
     assert len(share) >= 3 and f["level"] / Lam < share.mean() - 2 * share.std() / math.sqrt(len(share)), share
     assert share.mean() + 2 * share.std() / math.sqrt(len(share)) < 1, share
+
+
+@pytest.mark.claims
+def test_level_and_kernel_read_off_the_weights_on_unseen_seeds(fresh):
+    """Catches: a level constant that the weights do not determine (the linearised level against each seed's own fit),
+    and selective layers whose kernel is not close to beta I (chapter 6b, reading the algorithm off the weights)."""
+    from ictd.mechanism import layer_readings, learned_kernel, weight_level
+    fit, read, sel, uni = [], [], [], []
+    for c, m in fresh:
+        cfg = dataclasses.replace(c, eval_tasks=32)
+        tasks, states, _ = held_out_prompts(cfg)
+        f = fit_candidate([contest_stats(cfg, m, ("td",))], "td")
+        fit.append(f["level"] + f["scale"] * (1 - c.gamma ** f["theta"]["k"]))
+        read.append(weight_level(m, tasks, states))
+        u = int(learned_kernel(m, tasks).diagonal(dim1=-2, dim2=-1).mean((-2, -1)).argmin())
+        an = layer_readings(m)["anisotropy"]
+        sel += [a for l, a in enumerate(an) if l != u]; uni.append(an[u])
+    fit, read = torch.tensor(fit), torch.tensor(read)
+    assert torch.corrcoef(torch.stack([fit, read]))[0, 1] > 0.8 and (fit - read).abs().mean() < 0.05, (fit, read)
+    assert torch.tensor(sel).median() < 0.25 and torch.tensor(sel).mean() < torch.tensor(uni).mean() - 0.3, (sel, uni)
