@@ -20,14 +20,15 @@ from ..mechanism import (CONTEST_GRIDS, CONTEST_NAMES, contest_table, fit_candid
 # %% auto #0
 __all__ = ['HISTORY_KEYS', 'ANATOMY_PARTS', 'CONVERGE_TOLERANCES', 'CONVERGE_LRS', 'GAP_CELLS', 'CONTROLS', 'DEPTHS',
            'DEEP_DEPTHS', 'CONTEST_CELLS', 'CONTEST_DEPTHS', 'CONTEST_RUN_FILES', 'CONTEST_OBJECTIVES',
-           'CONTEST_FACTORS', 'CONTEST_FILES', 'INTERVENTION_LENGTHS', 'PATCH_ROWS', 'save_runs', 'load_models',
-           'anatomy_table', 'anatomy_counts', 'gap_table', 'study_summary', 'summary_table', 'fisher_greater', 'holm',
-           'binomial_greater', 'normal_greater', 'claims_table', 'converge_metrics', 'moved_by', 'settled_step',
-           'run_mechanism_study', 'run_gap_map', 'train_dropping_diverged', 'run_control_study', 'theta_star_starts',
-           'run_theta_star_dynamics', 'run_shared_study', 'run_depth_sweep', 'converge_config', 'model_at',
-           'run_converge_study', 'star_points', 'run_jacobian_study', 'run_contest_runs', 'contest_cells',
-           'run_contest', 'load_contest', 'contest_summary', 'contest_winner', 'rate_interval', 'shuffle_intervention',
-           'lengthen_intervention', 'patch_intervention', 'seed_interventions', 'run_contest_interventions']
+           'CONTEST_FACTORS', 'CONTEST_FILES', 'INTERVENTION_LENGTHS', 'PATCH_ROWS', 'LINEAR_CONTEST', 'save_runs',
+           'load_models', 'anatomy_table', 'anatomy_counts', 'gap_table', 'study_summary', 'summary_table',
+           'fisher_greater', 'holm', 'binomial_greater', 'normal_greater', 'claims_table', 'converge_metrics',
+           'moved_by', 'settled_step', 'run_mechanism_study', 'run_gap_map', 'train_dropping_diverged',
+           'run_control_study', 'theta_star_starts', 'run_theta_star_dynamics', 'run_shared_study', 'run_depth_sweep',
+           'converge_config', 'model_at', 'run_converge_study', 'star_points', 'run_jacobian_study', 'run_contest_runs',
+           'contest_cells', 'run_contest', 'load_contest', 'contest_summary', 'contest_winner', 'rate_interval',
+           'shuffle_intervention', 'lengthen_intervention', 'patch_intervention', 'seed_interventions',
+           'run_contest_interventions', 'LinearOnStateTokens', 'run_contest_linear']
 
 # %% ../../nbs/93_mechanism_studies.ipynb #6557ae73
 HISTORY_KEYS = ("step", "msve", "neu_population", "diagonality", "value_weights")  # the metrics a saved run keeps
@@ -632,3 +633,37 @@ def run_contest_interventions(out_dir="nbs/data",     # folder of the JSON file
     seeds = [seed_interventions(c, m, fits, eval_tasks) for c, m in runs]
     return _write(out_dir, "contest_interventions.json", command,
                   dict(eval_tasks=eval_tasks, lengths=INTERVENTION_LENGTHS, fits=fits, seeds=seeds, wall_s=time.time() - t0))
+
+# %% ../../nbs/93_mechanism_studies.ipynb #65c58a28
+LINEAR_CONTEST = dataclasses.replace(EMERGENCE, attention="linear")   # the headline cell with chapter 7's linear attention
+
+class LinearOnStateTokens(torch.nn.Module):
+    "A linear-attention model read through the state-token prompt: its transition prompt is rebuilt from the tokens."
+    def __init__(self, model, gamma:float): super().__init__(); self.model, self.gamma = model, gamma
+    def predict(self, Z:torch.Tensor,  # (B, d+2, n+1+q) state-token prompt
+                n:int,                 # context length
+               )->torch.Tensor:        # (B, q) the linear model's values at the queries
+        "The linear model's values at the query columns of a state-token prompt."
+        from ictd.linear import build_linear_prompt
+        d = Z.shape[-2] - 2
+        ZL = build_linear_prompt(Z[..., :d, :n + 1].mT, Z[..., d, :n], Z[..., :d, n + 1:].mT, self.gamma)
+        return self.model.predict(ZL, n=n)
+
+def run_contest_linear(out_dir="nbs/data",               # folder of the JSON file
+                       seeds=tuple(range(10)),           # seeds to train
+                       config:PretrainConfig=LINEAR_CONTEST, # the configuration
+                       eval_tasks:int=128,               # held-out tasks per run for the contest's sums
+                       command:str="run_contest_linear()",  # recorded in the file
+                      )->Path:                           # the file written
+    "Train linear-attention models at the headline cell's settings and save their parameters and contest sums."
+    import time
+    import ictd.linear                                   # registers the family
+    from ictd.mechanism import contest_stats
+    t0 = time.time()
+    runs, diverged = train_dropping_diverged(config, seeds)
+    saved = [dict(config=dataclasses.asdict(r.config), params=dict(zip(("P", "Q"), (t.detach().tolist() for t in r.model.stacked_params()))),
+                  msve=r.history["msve"][-1].tolist()) for r in runs]
+    stats = [contest_stats(dataclasses.replace(r.config, eval_tasks=eval_tasks), LinearOnStateTokens(r.model, r.config.gamma)) for r in runs]
+    cell = dict(config=dataclasses.asdict(dataclasses.replace(config, seed=0)), seeds=[r.config.seed for r in runs], stats=stats,
+                runs=saved, diverged=diverged, wall_s=time.time() - t0)
+    return _write(out_dir, "contest_linear.json", command, dict(eval_tasks=eval_tasks, grids=CONTEST_GRIDS, cells={"linear, L = 3": cell}))
