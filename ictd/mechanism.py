@@ -23,14 +23,105 @@ from .wstd import weighted_softmax_td
 
 # %% auto #0
 __all__ = ['LOOKAHEAD_BETAS', 'GAMMA_FACTORS', 'CONTEST_GRIDS', 'CONTEST_NAMES', 'RUN_SUMS', 'GRID_SUMS', 'CONTEST_SCORES',
-           'centred_msve', 'layer_values', 'row_writes', 'knockout', 'knockout_rows', 'write_constancy', 'swap_weights',
-           'learned_kernel', 'kernel_condition', 'layer_anatomy', 'lookahead_features', 'affine_fit', 'affine_predict',
-           'weighted_r2', 'candidate_values', 'probe_layers', 'fit_estimators', 'estimator_values', 'prediction_errors',
-           'gap_measures', 'update_jacobian', 'sampled_jacobians', 'jacobian_spectrum', 'shared_recursion',
-           'iterate_shared', 'bayes_values', 'grid_thetas', 'candidate_grid', 'candidate_values_at', 'contest_stats',
-           'fit_candidate', 'score_candidate', 'contest_table', 'LearnedAlgorithm', 'fit_learned_algorithm',
            'candidate_prediction', 'context_prompt', 'shuffle_context', 'patched_predict', 'frozen_response',
-           'weight_level', 'layer_readings']
+           'weight_level', 'layer_readings', 'centred_msve', 'layer_values', 'row_writes', 'knockout', 'knockout_rows',
+           'write_constancy', 'swap_weights', 'learned_kernel', 'kernel_condition', 'layer_anatomy',
+           'lookahead_features', 'affine_fit', 'affine_predict', 'weighted_r2', 'candidate_values', 'probe_layers',
+           'fit_estimators', 'estimator_values', 'prediction_errors', 'gap_measures', 'update_jacobian',
+           'sampled_jacobians', 'jacobian_spectrum', 'shared_recursion', 'iterate_shared', 'bayes_values',
+           'grid_thetas', 'candidate_grid', 'candidate_values_at', 'contest_stats', 'fit_candidate', 'score_candidate',
+           'contest_table', 'LearnedAlgorithm', 'fit_learned_algorithm']
+
+# %% ../nbs/06b_mechanism.ipynb #50fc5ba8
+def candidate_prediction(name:str,             # a candidate of `CONTEST_GRIDS`
+                         fitted:dict,          # its `fit_candidate`: grid point, level and scale
+                         config:PretrainConfig,# the prompts' settings (gamma, n; the Bayes draws' seed)
+                         tasks:TaskBatch,      # the tasks
+                         states:torch.Tensor,  # (B, n+1) one context per task
+                        )->torch.Tensor:       # (B, s) the fitted candidate's values
+    "A fitted candidate's values from a context: level times R-bar / (1 - gamma) plus scale times u_theta."
+    u = candidate_values_at(name, config, tasks, states, fitted["index"])
+    return fitted["level"] * context_mean_values(tasks, states) + fitted["scale"] * u
+
+# %% ../nbs/06b_mechanism.ipynb #d25dacf6
+def context_prompt(tasks:TaskBatch,      # the tasks
+                   states:torch.Tensor,  # (B, n+1) one context per task, in the order written
+                  )->torch.Tensor:       # (B, d+2, n+1+s) the prompt, every state a query
+    "The prompt of each task's context, in the given order, querying every state."
+    rows = torch.arange(len(tasks))[:, None]
+    return build_prompt(tasks.phi[rows, states], tasks.r[rows, states[:, :-1]], tasks.phi)
+
+def shuffle_context(states:torch.Tensor,  # (B, n+1) contexts S_0..S_n
+                    seed:int,             # seed of the permutations
+                   )->torch.Tensor:       # (B, n+1) the same states of each context in a random order
+    "Each context's states in a random order: the same tokens, each successor now another context state."
+    gen = torch.Generator().manual_seed(int(seed))
+    order = torch.argsort(torch.rand(states.shape, generator=gen, dtype=torch.float64), -1)
+    return states.gather(-1, order)
+
+# %% ../nbs/06b_mechanism.ipynb #c6b2913e
+def patched_predict(model:SoftmaxICTD,      # the model
+                    Z:torch.Tensor,         # (B, d+2, N) prompts of the tasks read
+                    Z_donor:torch.Tensor,   # (B, d+2, N) prompts whose writes are patched in
+                    n:int,                  # context length
+                    layer:int,              # the patched layer (0-based)
+                    rows:list,              # token rows whose writes come from the donor
+                   )->torch.Tensor:         # (B, q) the value row at the queries
+    "The model's output on `Z` with layer `layer`'s writes into `rows` taken from its run on `Z_donor`."
+    Za, Zb = Z, Z_donor
+    with torch.no_grad():
+        for l in range(model.n_layers):
+            p = model.layer(l).params(Za)
+            na, nb = model.update(Za, *p, n), model.update(Zb, *p, n)
+            if l == layer:
+                na = na.clone()
+                na[..., rows, :] = Za[..., rows, :] + (nb - Zb)[..., rows, :]
+            Za, Zb = na, nb
+    return Za[..., model.d + 1, n + 1:]
+
+# %% ../nbs/06b_mechanism.ipynb #32104808
+def frozen_response(model:SoftmaxICTD,    # the model
+                    Z:torch.Tensor,       # (B, d+2, N) prompts: the attention is frozen at its values on them
+                    n:int,                # context length
+                    dZ:torch.Tensor,      # (B, d+2, N) a change of the prompts
+                    layer:int=None,       # a layer whose writes of the change are kept only in `rows`
+                    rows:list=None,       # those rows (all other rows of that layer's write are dropped)
+                   )->torch.Tensor:       # (B, q) the change of the value row at the queries
+    "The linear response of the output to `dZ`, with every layer's attention frozen at its pattern on `Z`."
+    Za, dz = Z, dZ
+    with torch.no_grad():
+        for l in range(model.n_layers):
+            A, V_cur, V_tgt = model.layer(l).params(Za)
+            S = torch.softmax((Za.mT @ A @ Za)[..., :n, :], dim=-2)           # (B, n, N): keys are columns 0..n-1
+            write = (V_cur @ dz[..., :n] + V_tgt @ dz[..., 1:n + 1]) @ S
+            if l == layer: write = torch.zeros_like(write).index_copy(-2, torch.tensor(rows), write[..., rows, :])
+            Za, dz = Za + (V_cur @ Za[..., :n] + V_tgt @ Za[..., 1:n + 1]) @ S, dz + write
+    return dz[..., model.d + 1, n + 1:]
+
+# %% ../nbs/06b_mechanism.ipynb #c7bb63a6
+def weight_level(model:SoftmaxICTD,   # the model
+                 tasks:TaskBatch,     # the tasks
+                 states:torch.Tensor, # (B, n+1) one context per task
+                 layer:int=None,      # as in `frozen_response`: keep only `rows` of this layer's writes
+                 rows:list=None,
+                )->float:             # Lambda read off the weights (attention frozen)
+    "The level sensitivity Lambda of the model to the context's mean reward, from its parameters with attention frozen."
+    Z, n = context_prompt(tasks, states), states.shape[-1] - 1
+    dZ = torch.zeros_like(Z)
+    dZ[..., model.d, :n] = 1.
+    dv = frozen_response(model, Z, n, dZ, layer, rows)
+    return ((tasks.d_pi * dv).sum(-1).mean() * (1 - tasks.gamma)).item()
+
+# %% ../nbs/06b_mechanism.ipynb #c70f02b0
+def layer_readings(model:SoftmaxICTD,  # the model
+                  )->dict:             # per layer (lists of L): beta, anisotropy, step, discount, reward weight
+    "Per layer, the kernel scale and anisotropy of A's feature block, and the TD step and discount of the value-row weights."
+    d, w = model.d, model.value_weights()
+    A = torch.stack([model.layer(l).A.detach()[:d, :d] for l in range(model.n_layers)])
+    beta = A.diagonal(dim1=-2, dim2=-1).mean(-1)
+    aniso = (A - beta[:, None, None] * torch.eye(d, dtype=A.dtype)).norm(dim=(-2, -1)) / A.norm(dim=(-2, -1))
+    return dict(beta=beta.tolist(), anisotropy=aniso.tolist(), step=(-w[:, 2]).tolist(), discount=(w[:, 1] / -w[:, 2]).tolist(),
+                reward=w[:, 0].tolist())
 
 # %% ../nbs/06b_mechanism.ipynb #a977e793
 def centred_msve(v_hat:torch.Tensor,  # (B, s) value estimates of each task
@@ -658,94 +749,3 @@ def fit_learned_algorithm(results:list,      # `PretrainResult`s (or (config, mo
         raise ValueError("`results` must come from one configuration (they may differ only in the seed)")
     f = fit_candidate([contest_stats(dataclasses.replace(c, eval_tasks=eval_tasks), m, ("td",)) for c, m in pairs], "td")
     return LearnedAlgorithm(k=f["theta"]["k"], beta=f["theta"]["beta"], level=f["level"], scale=f["scale"])
-
-# %% ../nbs/06b_mechanism.ipynb #50fc5ba8
-def candidate_prediction(name:str,             # a candidate of `CONTEST_GRIDS`
-                         fitted:dict,          # its `fit_candidate`: grid point, level and scale
-                         config:PretrainConfig,# the prompts' settings (gamma, n; the Bayes draws' seed)
-                         tasks:TaskBatch,      # the tasks
-                         states:torch.Tensor,  # (B, n+1) one context per task
-                        )->torch.Tensor:       # (B, s) the fitted candidate's values
-    "A fitted candidate's values from a context: level times R-bar / (1 - gamma) plus scale times u_theta."
-    u = candidate_values_at(name, config, tasks, states, fitted["index"])
-    return fitted["level"] * context_mean_values(tasks, states) + fitted["scale"] * u
-
-# %% ../nbs/06b_mechanism.ipynb #d25dacf6
-def context_prompt(tasks:TaskBatch,      # the tasks
-                   states:torch.Tensor,  # (B, n+1) one context per task, in the order written
-                  )->torch.Tensor:       # (B, d+2, n+1+s) the prompt, every state a query
-    "The prompt of each task's context, in the given order, querying every state."
-    rows = torch.arange(len(tasks))[:, None]
-    return build_prompt(tasks.phi[rows, states], tasks.r[rows, states[:, :-1]], tasks.phi)
-
-def shuffle_context(states:torch.Tensor,  # (B, n+1) contexts S_0..S_n
-                    seed:int,             # seed of the permutations
-                   )->torch.Tensor:       # (B, n+1) the same states of each context in a random order
-    "Each context's states in a random order: the same tokens, each successor now another context state."
-    gen = torch.Generator().manual_seed(int(seed))
-    order = torch.argsort(torch.rand(states.shape, generator=gen, dtype=torch.float64), -1)
-    return states.gather(-1, order)
-
-# %% ../nbs/06b_mechanism.ipynb #c6b2913e
-def patched_predict(model:SoftmaxICTD,      # the model
-                    Z:torch.Tensor,         # (B, d+2, N) prompts of the tasks read
-                    Z_donor:torch.Tensor,   # (B, d+2, N) prompts whose writes are patched in
-                    n:int,                  # context length
-                    layer:int,              # the patched layer (0-based)
-                    rows:list,              # token rows whose writes come from the donor
-                   )->torch.Tensor:         # (B, q) the value row at the queries
-    "The model's output on `Z` with layer `layer`'s writes into `rows` taken from its run on `Z_donor`."
-    Za, Zb = Z, Z_donor
-    with torch.no_grad():
-        for l in range(model.n_layers):
-            p = model.layer(l).params(Za)
-            na, nb = model.update(Za, *p, n), model.update(Zb, *p, n)
-            if l == layer:
-                na = na.clone()
-                na[..., rows, :] = Za[..., rows, :] + (nb - Zb)[..., rows, :]
-            Za, Zb = na, nb
-    return Za[..., model.d + 1, n + 1:]
-
-# %% ../nbs/06b_mechanism.ipynb #32104808
-def frozen_response(model:SoftmaxICTD,    # the model
-                    Z:torch.Tensor,       # (B, d+2, N) prompts: the attention is frozen at its values on them
-                    n:int,                # context length
-                    dZ:torch.Tensor,      # (B, d+2, N) a change of the prompts
-                    layer:int=None,       # a layer whose writes of the change are kept only in `rows`
-                    rows:list=None,       # those rows (all other rows of that layer's write are dropped)
-                   )->torch.Tensor:       # (B, q) the change of the value row at the queries
-    "The linear response of the output to `dZ`, with every layer's attention frozen at its pattern on `Z`."
-    Za, dz = Z, dZ
-    with torch.no_grad():
-        for l in range(model.n_layers):
-            A, V_cur, V_tgt = model.layer(l).params(Za)
-            S = torch.softmax((Za.mT @ A @ Za)[..., :n, :], dim=-2)           # (B, n, N): keys are columns 0..n-1
-            write = (V_cur @ dz[..., :n] + V_tgt @ dz[..., 1:n + 1]) @ S
-            if l == layer: write = torch.zeros_like(write).index_copy(-2, torch.tensor(rows), write[..., rows, :])
-            Za, dz = Za + (V_cur @ Za[..., :n] + V_tgt @ Za[..., 1:n + 1]) @ S, dz + write
-    return dz[..., model.d + 1, n + 1:]
-
-# %% ../nbs/06b_mechanism.ipynb #c7bb63a6
-def weight_level(model:SoftmaxICTD,   # the model
-                 tasks:TaskBatch,     # the tasks
-                 states:torch.Tensor, # (B, n+1) one context per task
-                 layer:int=None,      # as in `frozen_response`: keep only `rows` of this layer's writes
-                 rows:list=None,
-                )->float:             # Lambda read off the weights (attention frozen)
-    "The level sensitivity Lambda of the model to the context's mean reward, from its parameters with attention frozen."
-    Z, n = context_prompt(tasks, states), states.shape[-1] - 1
-    dZ = torch.zeros_like(Z)
-    dZ[..., model.d, :n] = 1.
-    dv = frozen_response(model, Z, n, dZ, layer, rows)
-    return ((tasks.d_pi * dv).sum(-1).mean() * (1 - tasks.gamma)).item()
-
-# %% ../nbs/06b_mechanism.ipynb #c70f02b0
-def layer_readings(model:SoftmaxICTD,  # the model
-                  )->dict:             # per layer (lists of L): beta, anisotropy, step, discount, reward weight
-    "Per layer, the kernel scale and anisotropy of A's feature block, and the TD step and discount of the value-row weights."
-    d, w = model.d, model.value_weights()
-    A = torch.stack([model.layer(l).A.detach()[:d, :d] for l in range(model.n_layers)])
-    beta = A.diagonal(dim1=-2, dim2=-1).mean(-1)
-    aniso = (A - beta[:, None, None] * torch.eye(d, dtype=A.dtype)).norm(dim=(-2, -1)) / A.norm(dim=(-2, -1))
-    return dict(beta=beta.tolist(), anisotropy=aniso.tolist(), step=(-w[:, 2]).tolist(), discount=(w[:, 1] / -w[:, 2]).tolist(),
-                reward=w[:, 0].tolist())
