@@ -35,11 +35,11 @@ __all__ = ['LOOKAHEAD_BETAS', 'GAMMA_FACTORS', 'CONTEST_GRIDS', 'CONTEST_NAMES',
 # %% ../nbs/06b_mechanism.ipynb #50fc5ba8
 def candidate_prediction(name:str,             # a candidate of `CONTEST_GRIDS`
                          fitted:dict,          # its `fit_candidate`: grid point, level and scale
-                         config:PretrainConfig,# the prompts' settings (gamma, n; the Bayes draws' seed)
+                         config:PretrainConfig,# the prompts' settings (gamma, n; Bayes draws' seed)
                          tasks:TaskBatch,      # the tasks
                          states:torch.Tensor,  # (B, n+1) one context per task
                         )->torch.Tensor:       # (B, s) the fitted candidate's values
-    "A fitted candidate's values from a context: level times R-bar / (1 - gamma) plus scale times u_theta."
+    "A fitted candidate's values from a context: level * R-bar / (1 - gamma) + scale * u_theta."
     u = candidate_values_at(name, config, tasks, states, fitted["index"])
     return fitted["level"] * context_mean_values(tasks, states) + fitted["scale"] * u
 
@@ -53,8 +53,8 @@ def context_prompt(tasks:TaskBatch,      # the tasks
 
 def shuffle_context(states:torch.Tensor,  # (B, n+1) contexts S_0..S_n
                     seed:int,             # seed of the permutations
-                   )->torch.Tensor:       # (B, n+1) the same states of each context in a random order
-    "Each context's states in a random order: the same tokens, each successor now another context state."
+                   )->torch.Tensor:       # (B, n+1) each context's states in a random order
+    "Each context's states in a random order: the same tokens, each successor another state."
     gen = torch.Generator().manual_seed(int(seed))
     order = torch.argsort(torch.rand(states.shape, generator=gen, dtype=torch.float64), -1)
     return states.gather(-1, order)
@@ -67,7 +67,7 @@ def patched_predict(model:SoftmaxICTD,      # the model
                     layer:int,              # the patched layer (0-based)
                     rows:list,              # token rows whose writes come from the donor
                    )->torch.Tensor:         # (B, q) the value row at the queries
-    "The model's output on `Z` with layer `layer`'s writes into `rows` taken from its run on `Z_donor`."
+    "The model's output on `Z`, layer `layer`'s writes into `rows` taken from its run on `Z_donor`."
     Za, Zb = Z, Z_donor
     with torch.no_grad():
         for l in range(model.n_layers):
@@ -81,20 +81,22 @@ def patched_predict(model:SoftmaxICTD,      # the model
 
 # %% ../nbs/06b_mechanism.ipynb #32104808
 def frozen_response(model:SoftmaxICTD,    # the model
-                    Z:torch.Tensor,       # (B, d+2, N) prompts: the attention is frozen at its values on them
+                    Z:torch.Tensor,       # (B, d+2, N) prompts (attention frozen at its values here)
                     n:int,                # context length
                     dZ:torch.Tensor,      # (B, d+2, N) a change of the prompts
-                    layer:int=None,       # a layer whose writes of the change are kept only in `rows`
-                    rows:list=None,       # those rows (all other rows of that layer's write are dropped)
+                    layer:int=None,       # a layer whose writes of the change keep only `rows`
+                    rows:list=None,       # those rows (that layer's other writes are dropped)
                    )->torch.Tensor:       # (B, q) the change of the value row at the queries
-    "The linear response of the output to `dZ`, with every layer's attention frozen at its pattern on `Z`."
+    "The output's linear response to `dZ`, every layer's attention frozen at its pattern on `Z`."
     Za, dz = Z, dZ
     with torch.no_grad():
         for l in range(model.n_layers):
             A, V_cur, V_tgt = model.layer(l).params(Za)
-            S = torch.softmax((Za.mT @ A @ Za)[..., :n, :], dim=-2)           # (B, n, N): keys are columns 0..n-1
+            S = torch.softmax((Za.mT @ A @ Za)[..., :n, :], dim=-2)       # (B, n, N): keys 0..n-1
             write = (V_cur @ dz[..., :n] + V_tgt @ dz[..., 1:n + 1]) @ S
-            if l == layer: write = torch.zeros_like(write).index_copy(-2, torch.tensor(rows), write[..., rows, :])
+            if l == layer:
+                kept = write[..., rows, :]
+                write = torch.zeros_like(write).index_copy(-2, torch.tensor(rows), kept)
             Za, dz = Za + (V_cur @ Za[..., :n] + V_tgt @ Za[..., 1:n + 1]) @ S, dz + write
     return dz[..., model.d + 1, n + 1:]
 
@@ -102,10 +104,10 @@ def frozen_response(model:SoftmaxICTD,    # the model
 def weight_level(model:SoftmaxICTD,   # the model
                  tasks:TaskBatch,     # the tasks
                  states:torch.Tensor, # (B, n+1) one context per task
-                 layer:int=None,      # as in `frozen_response`: keep only `rows` of this layer's writes
+                 layer:int=None,      # as in `frozen_response`: keep only `rows` of its writes
                  rows:list=None,
                 )->float:             # Lambda read off the weights (attention frozen)
-    "The level sensitivity Lambda of the model to the context's mean reward, from its parameters with attention frozen."
+    "The level sensitivity Lambda to the context's mean reward, from the weights, attention frozen."
     Z, n = context_prompt(tasks, states), states.shape[-1] - 1
     dZ = torch.zeros_like(Z)
     dZ[..., model.d, :n] = 1.
@@ -114,14 +116,15 @@ def weight_level(model:SoftmaxICTD,   # the model
 
 # %% ../nbs/06b_mechanism.ipynb #c70f02b0
 def layer_readings(model:SoftmaxICTD,  # the model
-                  )->dict:             # per layer (lists of L): beta, anisotropy, step, discount, reward weight
-    "Per layer, the kernel scale and anisotropy of A's feature block, and the TD step and discount of the value-row weights."
+                  )->dict:             # per layer: beta, anisotropy, step, discount, reward
+    "Per layer: scale and anisotropy of A's feature block; TD step and discount of the value row."
     d, w = model.d, model.value_weights()
     A = torch.stack([model.layer(l).A.detach()[:d, :d] for l in range(model.n_layers)])
     beta = A.diagonal(dim1=-2, dim2=-1).mean(-1)
-    aniso = (A - beta[:, None, None] * torch.eye(d, dtype=A.dtype)).norm(dim=(-2, -1)) / A.norm(dim=(-2, -1))
-    return dict(beta=beta.tolist(), anisotropy=aniso.tolist(), step=(-w[:, 2]).tolist(), discount=(w[:, 1] / -w[:, 2]).tolist(),
-                reward=w[:, 0].tolist())
+    iso = beta[:, None, None] * torch.eye(d, dtype=A.dtype)
+    aniso = (A - iso).norm(dim=(-2, -1)) / A.norm(dim=(-2, -1))
+    return dict(beta=beta.tolist(), anisotropy=aniso.tolist(), step=(-w[:, 2]).tolist(),
+                discount=(w[:, 1] / -w[:, 2]).tolist(), reward=w[:, 0].tolist())
 
 # %% ../nbs/06b_mechanism.ipynb #a977e793
 def centred_msve(v_hat:torch.Tensor,  # (B, s) value estimates of each task
