@@ -335,6 +335,8 @@ test_close(normal_greater(1.959963984540054), 0.025, eps=1e-12)
 
 # %%
 #| export
+def _p(p): return "< 1e-6" if p < 1e-6 else f"{p:.2g}"   # a p-value as printed: a normal tail below 1e-6 says no more
+
 def claims_table(families:dict,  # experiment -> dict(primary=(claim, p), secondary={claim: p})
                  level:float=0.05, # significance level
                 )->str:          # a markdown table, Holm-adjusted within each experiment's secondary claims
@@ -342,15 +344,16 @@ def claims_table(families:dict,  # experiment -> dict(primary=(claim, p), second
     out = ["| experiment | claim | role | p | Holm-adjusted p | holds at " + f"{level:g}" + " |", "|---|---|---|---|---|---|"]
     for exp, f in families.items():
         claim, p = f["primary"]
-        out.append(f"| {exp} | {claim} | primary | {p:.2g} | — | {'yes' if p < level else 'no'} |")
+        out.append(f"| {exp} | {claim} | primary | {_p(p)} | — | {'yes' if p < level else 'no'} |")
         adj = holm(f["secondary"]) if f["secondary"] else {}
-        out += [f"| | {k} | secondary | {f['secondary'][k]:.2g} | {adj[k]:.2g} | {'yes' if adj[k] < level else 'no'} |" for k in f["secondary"]]
+        out += [f"| | {k} | secondary | {_p(f['secondary'][k])} | {_p(adj[k])} | {'yes' if adj[k] < level else 'no'} |" for k in f["secondary"]]
     return "\n".join(out)
 
 
 # %%
 _ct = claims_table({"x": dict(primary=("p", 0.01), secondary={"a": 0.01, "b": 0.04, "c": 0.3})})
 assert "| a | secondary | 0.01 | 0.03 | yes |" in _ct and "| b | secondary | 0.04 | 0.08 | no |" in _ct, _ct
+assert "| primary | < 1e-6 |" in claims_table({"y": dict(primary=("q", 1e-9), secondary={})})
 
 # %%
 show_doc(claims_table)

@@ -173,6 +173,8 @@ def normal_greater(z:float,  # a z-score
     return 0.5 * math.erfc(z / math.sqrt(2))
 
 # %% ../../nbs/93_mechanism_studies.ipynb #897f8acb
+def _p(p): return "< 1e-6" if p < 1e-6 else f"{p:.2g}"   # a p-value as printed: a normal tail below 1e-6 says no more
+
 def claims_table(families:dict,  # experiment -> dict(primary=(claim, p), secondary={claim: p})
                  level:float=0.05, # significance level
                 )->str:          # a markdown table, Holm-adjusted within each experiment's secondary claims
@@ -180,9 +182,9 @@ def claims_table(families:dict,  # experiment -> dict(primary=(claim, p), second
     out = ["| experiment | claim | role | p | Holm-adjusted p | holds at " + f"{level:g}" + " |", "|---|---|---|---|---|---|"]
     for exp, f in families.items():
         claim, p = f["primary"]
-        out.append(f"| {exp} | {claim} | primary | {p:.2g} | — | {'yes' if p < level else 'no'} |")
+        out.append(f"| {exp} | {claim} | primary | {_p(p)} | — | {'yes' if p < level else 'no'} |")
         adj = holm(f["secondary"]) if f["secondary"] else {}
-        out += [f"| | {k} | secondary | {f['secondary'][k]:.2g} | {adj[k]:.2g} | {'yes' if adj[k] < level else 'no'} |" for k in f["secondary"]]
+        out += [f"| | {k} | secondary | {_p(f['secondary'][k])} | {_p(adj[k])} | {'yes' if adj[k] < level else 'no'} |" for k in f["secondary"]]
     return "\n".join(out)
 
 # %% ../../nbs/93_mechanism_studies.ipynb #417b9d95
