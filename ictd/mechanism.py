@@ -23,12 +23,108 @@ from .wstd import weighted_softmax_td
 
 # %% auto #0
 __all__ = ['LOOKAHEAD_BETAS', 'GAMMA_FACTORS', 'CONTEST_GRIDS', 'CONTEST_NAMES', 'RUN_SUMS', 'GRID_SUMS', 'CONTEST_SCORES',
-           'centred_msve', 'layer_values', 'row_writes', 'knockout', 'knockout_rows', 'write_constancy', 'swap_weights',
-           'learned_kernel', 'kernel_condition', 'layer_anatomy', 'lookahead_features', 'affine_fit', 'affine_predict',
-           'weighted_r2', 'candidate_values', 'probe_layers', 'fit_estimators', 'estimator_values', 'prediction_errors',
-           'gap_measures', 'update_jacobian', 'sampled_jacobians', 'jacobian_spectrum', 'shared_recursion',
-           'iterate_shared', 'bayes_values', 'grid_thetas', 'candidate_grid', 'candidate_values_at', 'contest_stats',
-           'fit_candidate', 'score_candidate', 'contest_table', 'LearnedAlgorithm', 'fit_learned_algorithm']
+           'candidate_prediction', 'context_prompt', 'shuffle_context', 'patched_predict', 'frozen_response',
+           'weight_level', 'layer_readings', 'centred_msve', 'layer_values', 'row_writes', 'knockout', 'knockout_rows',
+           'write_constancy', 'swap_weights', 'learned_kernel', 'kernel_condition', 'layer_anatomy',
+           'lookahead_features', 'affine_fit', 'affine_predict', 'weighted_r2', 'candidate_values', 'probe_layers',
+           'fit_estimators', 'estimator_values', 'prediction_errors', 'gap_measures', 'update_jacobian',
+           'sampled_jacobians', 'jacobian_spectrum', 'shared_recursion', 'iterate_shared', 'bayes_values',
+           'grid_thetas', 'candidate_grid', 'candidate_values_at', 'contest_stats', 'fit_candidate', 'score_candidate',
+           'contest_table', 'LearnedAlgorithm', 'fit_learned_algorithm']
+
+# %% ../nbs/06b_mechanism.ipynb #50fc5ba8
+def candidate_prediction(name:str,             # a candidate of `CONTEST_GRIDS`
+                         fitted:dict,          # its `fit_candidate`: grid point, level and scale
+                         config:PretrainConfig,# the prompts' settings (gamma, n; Bayes draws' seed)
+                         tasks:TaskBatch,      # the tasks
+                         states:torch.Tensor,  # (B, n+1) one context per task
+                        )->torch.Tensor:       # (B, s) the fitted candidate's values
+    "A fitted candidate's values from a context: level * R-bar / (1 - gamma) + scale * u_theta."
+    u = candidate_values_at(name, config, tasks, states, fitted["index"])
+    return fitted["level"] * context_mean_values(tasks, states) + fitted["scale"] * u
+
+# %% ../nbs/06b_mechanism.ipynb #d25dacf6
+def context_prompt(tasks:TaskBatch,      # the tasks
+                   states:torch.Tensor,  # (B, n+1) one context per task, in the order written
+                  )->torch.Tensor:       # (B, d+2, n+1+s) the prompt, every state a query
+    "The prompt of each task's context, in the given order, querying every state."
+    rows = torch.arange(len(tasks))[:, None]
+    return build_prompt(tasks.phi[rows, states], tasks.r[rows, states[:, :-1]], tasks.phi)
+
+def shuffle_context(states:torch.Tensor,  # (B, n+1) contexts S_0..S_n
+                    seed:int,             # seed of the permutations
+                   )->torch.Tensor:       # (B, n+1) each context's states in a random order
+    "Each context's states in a random order: the same tokens, each successor another state."
+    gen = torch.Generator().manual_seed(int(seed))
+    order = torch.argsort(torch.rand(states.shape, generator=gen, dtype=torch.float64), -1)
+    return states.gather(-1, order)
+
+# %% ../nbs/06b_mechanism.ipynb #c6b2913e
+def patched_predict(model:SoftmaxICTD,      # the model
+                    Z:torch.Tensor,         # (B, d+2, N) prompts of the tasks read
+                    Z_donor:torch.Tensor,   # (B, d+2, N) prompts whose writes are patched in
+                    n:int,                  # context length
+                    layer:int,              # the patched layer (0-based)
+                    rows:list,              # token rows whose writes come from the donor
+                   )->torch.Tensor:         # (B, q) the value row at the queries
+    "The model's output on `Z`, layer `layer`'s writes into `rows` taken from its run on `Z_donor`."
+    Za, Zb = Z, Z_donor
+    with torch.no_grad():
+        for l in range(model.n_layers):
+            p = model.layer(l).params(Za)
+            na, nb = model.update(Za, *p, n), model.update(Zb, *p, n)
+            if l == layer:
+                na = na.clone()
+                na[..., rows, :] = Za[..., rows, :] + (nb - Zb)[..., rows, :]
+            Za, Zb = na, nb
+    return Za[..., model.d + 1, n + 1:]
+
+# %% ../nbs/06b_mechanism.ipynb #32104808
+def frozen_response(model:SoftmaxICTD,    # the model
+                    Z:torch.Tensor,       # (B, d+2, N) prompts (attention frozen at its values here)
+                    n:int,                # context length
+                    dZ:torch.Tensor,      # (B, d+2, N) a change of the prompts
+                    layer:int=None,       # a layer whose writes of the change keep only `rows`
+                    rows:list=None,       # those rows (that layer's other writes are dropped)
+                   )->torch.Tensor:       # (B, q) the change of the value row at the queries
+    "The output's linear response to `dZ`, every layer's attention frozen at its pattern on `Z`."
+    Za, dz = Z, dZ
+    with torch.no_grad():
+        for l in range(model.n_layers):
+            A, V_cur, V_tgt = model.layer(l).params(Za)
+            S = torch.softmax((Za.mT @ A @ Za)[..., :n, :], dim=-2)       # (B, n, N): keys 0..n-1
+            write = (V_cur @ dz[..., :n] + V_tgt @ dz[..., 1:n + 1]) @ S
+            if l == layer:
+                kept = write[..., rows, :]
+                write = torch.zeros_like(write).index_copy(-2, torch.tensor(rows), kept)
+            Za, dz = Za + (V_cur @ Za[..., :n] + V_tgt @ Za[..., 1:n + 1]) @ S, dz + write
+    return dz[..., model.d + 1, n + 1:]
+
+# %% ../nbs/06b_mechanism.ipynb #c7bb63a6
+def weight_level(model:SoftmaxICTD,   # the model
+                 tasks:TaskBatch,     # the tasks
+                 states:torch.Tensor, # (B, n+1) one context per task
+                 layer:int=None,      # as in `frozen_response`: keep only `rows` of its writes
+                 rows:list=None,
+                )->float:             # Lambda read off the weights (attention frozen)
+    "The level sensitivity Lambda to the context's mean reward, from the weights, attention frozen."
+    Z, n = context_prompt(tasks, states), states.shape[-1] - 1
+    dZ = torch.zeros_like(Z)
+    dZ[..., model.d, :n] = 1.
+    dv = frozen_response(model, Z, n, dZ, layer, rows)
+    return ((tasks.d_pi * dv).sum(-1).mean() * (1 - tasks.gamma)).item()
+
+# %% ../nbs/06b_mechanism.ipynb #c70f02b0
+def layer_readings(model:SoftmaxICTD,  # the model
+                  )->dict:             # per layer: beta, anisotropy, step, discount, reward
+    "Per layer: scale and anisotropy of A's feature block; TD step and discount of the value row."
+    d, w = model.d, model.value_weights()
+    A = torch.stack([model.layer(l).A.detach()[:d, :d] for l in range(model.n_layers)])
+    beta = A.diagonal(dim1=-2, dim2=-1).mean(-1)
+    iso = beta[:, None, None] * torch.eye(d, dtype=A.dtype)
+    aniso = (A - iso).norm(dim=(-2, -1)) / A.norm(dim=(-2, -1))
+    return dict(beta=beta.tolist(), anisotropy=aniso.tolist(), step=(-w[:, 2]).tolist(),
+                discount=(w[:, 1] / -w[:, 2]).tolist(), reward=w[:, 0].tolist())
 
 # %% ../nbs/06b_mechanism.ipynb #a977e793
 def centred_msve(v_hat:torch.Tensor,  # (B, s) value estimates of each task

@@ -11,21 +11,24 @@ from ..model import SoftmaxICTD
 from ..state_tokens import model_params
 from ..engine import EMERGENCE, PretrainConfig, get_family
 from ..pretrain import DIVERGED, DivergenceError, pretrain_many
-from ..emergence import UNIFORM_BELOW, held_out_prompts, sign_pattern
+from ..emergence import UNIFORM_BELOW, context_mean_values, held_out_prompts, msve_of, sign_pattern
 from ..core import atomic_write_text, provenance
+from ..tasks import sample_trajectories
 from ..mechanism import (CONTEST_GRIDS, CONTEST_NAMES, contest_table, fit_candidate, fit_estimators, gap_measures, jacobian_spectrum, learned_kernel, prediction_errors,
-                            sampled_jacobians, update_jacobian)
+                            sampled_jacobians, update_jacobian, candidate_prediction, context_prompt, patched_predict, shuffle_context)
 
 # %% auto #0
 __all__ = ['HISTORY_KEYS', 'ANATOMY_PARTS', 'CONVERGE_TOLERANCES', 'CONVERGE_LRS', 'GAP_CELLS', 'CONTROLS', 'DEPTHS',
            'DEEP_DEPTHS', 'CONTEST_CELLS', 'CONTEST_DEPTHS', 'CONTEST_RUN_FILES', 'CONTEST_OBJECTIVES',
-           'CONTEST_FACTORS', 'CONTEST_FILES', 'save_runs', 'load_models', 'anatomy_table', 'anatomy_counts',
-           'gap_table', 'study_summary', 'summary_table', 'fisher_greater', 'holm', 'binomial_greater',
-           'normal_greater', 'claims_table', 'converge_metrics', 'moved_by', 'settled_step', 'run_mechanism_study',
-           'run_gap_map', 'train_dropping_diverged', 'run_control_study', 'theta_star_starts',
-           'run_theta_star_dynamics', 'run_shared_study', 'run_depth_sweep', 'converge_config', 'model_at',
-           'run_converge_study', 'star_points', 'run_jacobian_study', 'run_contest_runs', 'contest_cells',
-           'run_contest', 'load_contest', 'contest_summary', 'contest_winner', 'rate_interval']
+           'CONTEST_FACTORS', 'CONTEST_FILES', 'INTERVENTION_LENGTHS', 'PATCH_ROWS', 'LINEAR_CONTEST', 'save_runs',
+           'load_models', 'anatomy_table', 'anatomy_counts', 'gap_table', 'study_summary', 'summary_table',
+           'fisher_greater', 'holm', 'binomial_greater', 'normal_greater', 'claims_table', 'converge_metrics',
+           'moved_by', 'settled_step', 'run_mechanism_study', 'run_gap_map', 'train_dropping_diverged',
+           'run_control_study', 'theta_star_starts', 'run_theta_star_dynamics', 'run_shared_study', 'run_depth_sweep',
+           'converge_config', 'model_at', 'run_converge_study', 'star_points', 'run_jacobian_study', 'run_contest_runs',
+           'contest_cells', 'run_contest', 'load_contest', 'contest_summary', 'contest_winner', 'rate_interval',
+           'shuffle_intervention', 'lengthen_intervention', 'patch_intervention', 'seed_interventions',
+           'run_contest_interventions', 'LinearOnStateTokens', 'run_contest_linear']
 
 # %% ../../nbs/93_mechanism_studies.ipynb #6557ae73
 HISTORY_KEYS = ("step", "msve", "neu_population", "diagonality", "value_weights")  # the metrics a saved run keeps
@@ -170,6 +173,8 @@ def normal_greater(z:float,  # a z-score
     return 0.5 * math.erfc(z / math.sqrt(2))
 
 # %% ../../nbs/93_mechanism_studies.ipynb #897f8acb
+def _p(p): return "< 1e-6" if p < 1e-6 else f"{p:.2g}"   # a p-value as printed: a normal tail below 1e-6 says no more
+
 def claims_table(families:dict,  # experiment -> dict(primary=(claim, p), secondary={claim: p})
                  level:float=0.05, # significance level
                 )->str:          # a markdown table, Holm-adjusted within each experiment's secondary claims
@@ -177,9 +182,9 @@ def claims_table(families:dict,  # experiment -> dict(primary=(claim, p), second
     out = ["| experiment | claim | role | p | Holm-adjusted p | holds at " + f"{level:g}" + " |", "|---|---|---|---|---|---|"]
     for exp, f in families.items():
         claim, p = f["primary"]
-        out.append(f"| {exp} | {claim} | primary | {p:.2g} | — | {'yes' if p < level else 'no'} |")
+        out.append(f"| {exp} | {claim} | primary | {_p(p)} | — | {'yes' if p < level else 'no'} |")
         adj = holm(f["secondary"]) if f["secondary"] else {}
-        out += [f"| | {k} | secondary | {f['secondary'][k]:.2g} | {adj[k]:.2g} | {'yes' if adj[k] < level else 'no'} |" for k in f["secondary"]]
+        out += [f"| | {k} | secondary | {_p(f['secondary'][k])} | {_p(adj[k])} | {'yes' if adj[k] < level else 'no'} |" for k in f["secondary"]]
     return "\n".join(out)
 
 # %% ../../nbs/93_mechanism_studies.ipynb #417b9d95
@@ -533,3 +538,134 @@ def rate_interval(k:int,            # successes
     low = 0. if k == 0 else solve(tail_ge, a, True)
     high = 1. if k == m else solve(tail_le, a, False)
     return k / m, low, high
+
+# %% ../../nbs/93_mechanism_studies.ipynb #92a7ed81
+INTERVENTION_LENGTHS = (30, 60, 120)   # context lengths read from one trajectory per task (the first is the training n)
+PATCH_ROWS = ("tokens", "value", "all") # the patched rows: features and reward, the value row, every row
+
+def _centred(d, v): return v - (d * v).sum(-1, keepdim=True)
+def _wsq(d, v): return (d * v * v).sum().item()
+
+def _changes(d, v_pi, y1, p1, y0, p0):
+    "The model's change of shape, each candidate's predicted change, change ratio and residual ratio on the new prompts."
+    dy, base = _centred(d, y1) - _centred(d, y0), _wsq(d, _centred(d, y0))
+    dp = {k: _centred(d, p1[k]) - _centred(d, p0[k]) for k in p1}
+    err = _wsq(d, _centred(d, y1) - _centred(d, v_pi))
+    return dict(model=_wsq(d, dy) / base, predicted={k: _wsq(d, v) / base for k, v in dp.items()},
+                change_ratio={k: _wsq(d, dy - v) / _wsq(d, dy) for k, v in dp.items()},
+                ratio={k: _wsq(d, _centred(d, y1) - _centred(d, p1[k])) / err for k in p1})
+
+def _setting(config, fits, eval_tasks):
+    "The held-out tasks, contexts and prompts of a run, and the frozen candidates' predictions from any context."
+    c = dataclasses.replace(config, eval_tasks=eval_tasks)
+    tasks, states, Z = held_out_prompts(c)
+    preds = lambda n, st: {k: candidate_prediction(k, f, dataclasses.replace(c, n=n), tasks, st) for k, f in fits.items()}
+    return c, tasks, states, Z, preds
+
+def shuffle_intervention(config:PretrainConfig, # the run's settings
+                         model,                 # its trained model (anything with `predict(Z, n=)`)
+                         fits:dict,             # candidate -> its `fit_candidate` (frozen constants)
+                         eval_tasks:int=128,    # held-out tasks
+                        )->dict:                # the model's change, each candidate's predicted change, change and residual ratios
+    "Every context's states in a random order (`shuffle_context`): the model against the frozen candidates."
+    c, tasks, states, Z, preds = _setting(config, fits, eval_tasks)
+    s2 = shuffle_context(states, 1000 + c.seed)
+    with torch.no_grad(): y0, y1 = model.predict(Z, n=c.n), model.predict(context_prompt(tasks, s2), n=c.n)
+    return _changes(tasks.d_pi, tasks.v_pi, y1, preds(c.n, s2), y0, preds(c.n, states))
+
+def lengthen_intervention(config:PretrainConfig, model, fits:dict, eval_tasks:int=128,
+                          lengths=INTERVENTION_LENGTHS,  # context lengths, the first the reference
+                         )->dict:                        # per length: residual ratios, MSVE of the model and of each candidate, changes from the first
+    "One trajectory per task, read at every length of `lengths`: the model against the frozen candidates."
+    c, tasks, _, _, preds = _setting(config, fits, eval_tasks)
+    long = sample_trajectories(tasks.P, max(lengths), tasks.d_pi, seed=2000 + c.seed)
+    ys, ps = {}, {}
+    for L in lengths:
+        with torch.no_grad(): ys[L] = model.predict(context_prompt(tasks, long[:, :L + 1]), n=L)
+        ps[L] = preds(L, long[:, :L + 1])
+    d, L0 = tasks.d_pi, lengths[0]
+    out = {}
+    for L in lengths:
+        ch = _changes(d, tasks.v_pi, ys[L], ps[L], ys[L0], ps[L0]) if L != L0 else \
+             dict(ratio={k: _wsq(d, _centred(d, ys[L]) - _centred(d, v)) / _wsq(d, _centred(d, ys[L]) - _centred(d, tasks.v_pi)) for k, v in ps[L].items()})
+        out[str(L)] = dict(ch, msve=msve_of(ys[L], tasks).mean().item(), msve_candidates={k: msve_of(v, tasks).mean().item() for k, v in ps[L].items()})
+    return out
+
+def patch_intervention(config:PretrainConfig, model:SoftmaxICTD, eval_tasks:int=128,
+                      )->dict:   # the uniform layer, its diagonalities, and per patched rows the level slope and the change of shape
+    "The least selective layer's writes patched from the next task of the batch (`patched_predict`)."
+    c = dataclasses.replace(config, eval_tasks=eval_tasks)
+    tasks, states, Z = held_out_prompts(c)
+    d = tasks.d_pi
+    diag = learned_kernel(model, tasks).diagonal(dim1=-2, dim2=-1).mean((-2, -1))
+    u, donor, D = int(diag.argmin()), torch.roll(torch.arange(len(tasks)), 1), model.d
+    m = context_mean_values(tasks, states)[:, 0]
+    x = m[donor] - m
+    with torch.no_grad(): y0 = model.predict(Z, n=c.n)
+    out = dict(uniform_layer=u, diagonality=diag.tolist())
+    for key, rows in zip(PATCH_ROWS, (list(range(D + 1)), [D + 1], list(range(D + 2)))):
+        y = patched_predict(model, Z, Z[donor], c.n, u, rows)
+        dl = (d * (y - y0)).sum(-1)
+        out[key] = dict(slope=((dl * x).sum() / (x * x).sum()).item(), shape=_wsq(d, _centred(d, y) - _centred(d, y0)) / _wsq(d, _centred(d, y0)))
+    return out
+
+def seed_interventions(config:PretrainConfig,  # the run's settings
+                       model:SoftmaxICTD,      # its trained model
+                       fits:dict,              # candidate -> its `fit_candidate` (frozen constants)
+                       eval_tasks:int=128,     # held-out tasks
+                      )->dict:                 # the three interventions' measures on this seed
+    "Shuffled successors, longer contexts and the uniform layer patched from another task, measured on one trained model."
+    p = patch_intervention(config, model, eval_tasks)
+    return dict(seed=config.seed, uniform_layer=p.pop("uniform_layer"), diagonality=p.pop("diagonality"),
+                shuffle=shuffle_intervention(config, model, fits, eval_tasks),
+                lengthen=lengthen_intervention(config, model, fits, eval_tasks), patch=p)
+
+# %% ../../nbs/93_mechanism_studies.ipynb #cf842cdc
+def run_contest_interventions(out_dir="nbs/data",     # folder of the JSON file
+                              data_dir="nbs/data",    # folder of the saved runs and contest sums
+                              eval_tasks:int=128,     # held-out tasks per seed
+                              command:str="run_contest_interventions()",  # recorded in the file
+                             )->Path:                 # the file written
+    "The three interventions on every scored seed of the headline cell, with the candidates fitted on seeds 0-9."
+    import time
+    t0 = time.time()
+    head = contest_summary(load_contest(data_dir)["cells"]["td, L = 3"], fit_seeds=range(10))
+    fits = {k: v["fits"][0] for k, v in head.items()}
+    runs = [(c, m) for c, m in contest_cells(data_dir)["td, L = 3"] if c.seed in set(head["td"]["seeds"])]
+    seeds = [seed_interventions(c, m, fits, eval_tasks) for c, m in runs]
+    return _write(out_dir, "contest_interventions.json", command,
+                  dict(eval_tasks=eval_tasks, lengths=INTERVENTION_LENGTHS, fits=fits, seeds=seeds, wall_s=time.time() - t0))
+
+# %% ../../nbs/93_mechanism_studies.ipynb #65c58a28
+LINEAR_CONTEST = dataclasses.replace(EMERGENCE, attention="linear")   # the headline cell with chapter 7's linear attention
+
+class LinearOnStateTokens(torch.nn.Module):
+    "A linear-attention model read through the state-token prompt: its transition prompt is rebuilt from the tokens."
+    def __init__(self, model, gamma:float): super().__init__(); self.model, self.gamma = model, gamma
+    def predict(self, Z:torch.Tensor,  # (B, d+2, n+1+q) state-token prompt
+                n:int,                 # context length
+               )->torch.Tensor:        # (B, q) the linear model's values at the queries
+        "The linear model's values at the query columns of a state-token prompt."
+        from ictd.linear import build_linear_prompt
+        d = Z.shape[-2] - 2
+        ZL = build_linear_prompt(Z[..., :d, :n + 1].mT, Z[..., d, :n], Z[..., :d, n + 1:].mT, self.gamma)
+        return self.model.predict(ZL, n=n)
+
+def run_contest_linear(out_dir="nbs/data",               # folder of the JSON file
+                       seeds=tuple(range(10)),           # seeds to train
+                       config:PretrainConfig=LINEAR_CONTEST, # the configuration
+                       eval_tasks:int=128,               # held-out tasks per run for the contest's sums
+                       command:str="run_contest_linear()",  # recorded in the file
+                      )->Path:                           # the file written
+    "Train linear-attention models at the headline cell's settings and save their parameters and contest sums."
+    import time
+    import ictd.linear                                   # registers the family
+    from ictd.mechanism import contest_stats
+    t0 = time.time()
+    runs, diverged = train_dropping_diverged(config, seeds)
+    saved = [dict(config=dataclasses.asdict(r.config), params=dict(zip(("P", "Q"), (t.detach().tolist() for t in r.model.stacked_params()))),
+                  msve=r.history["msve"][-1].tolist()) for r in runs]
+    stats = [contest_stats(dataclasses.replace(r.config, eval_tasks=eval_tasks), LinearOnStateTokens(r.model, r.config.gamma)) for r in runs]
+    cell = dict(config=dataclasses.asdict(dataclasses.replace(config, seed=0)), seeds=[r.config.seed for r in runs], stats=stats,
+                runs=saved, diverged=diverged, wall_s=time.time() - t0)
+    return _write(out_dir, "contest_linear.json", command, dict(eval_tasks=eval_tasks, grids=CONTEST_GRIDS, cells={"linear, L = 3": cell}))
