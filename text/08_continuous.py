@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from fastcore.basics import patch
 from ictd.boyan import as_tensor, check_gamma, weighted_error
-from ictd.core import check_choice, check_int, check_number, stream_generator
+from ictd.core import check_choice, check_int, check_number, check_work, stream_generator
 from ictd.wstd import weighted_softmax_td
 from ictd.tasks import Contexts, TDExamples
 from ictd.engine import PROTOCOLS, EvalSet, PretrainConfig, Protocol, get_family, register_protocol
@@ -388,7 +388,9 @@ def mc_returns(process,             # a process of this chapter
     "Monte Carlo estimate of $v_\\pi$ at `states`: the mean discounted return of `n_paths` simulated paths, with its standard error."
     rng, g = np.random.default_rng(seed), process.gamma
     s = np.repeat(np.asarray(as_tensor(states, "states"))[:, None], _length(n_paths, "n_paths"), 1)
+    tol = check_number(tol, "tol", 0, strict=True, high=1, what="a number in (0, 1]")
     horizon = max(1, math.ceil(math.log(tol) / math.log(g))) if g > 0 else 1
+    check_work(horizon, "steps", f"the Monte Carlo rollouts (gamma = {g}, tol = {tol:g})", "use a larger `tol` or a smaller gamma")
     G = np.zeros_like(s)
     for t in range(horizon):
         G += g ** t * process.reward(torch.from_numpy(s)).numpy()
@@ -1051,6 +1053,8 @@ test_fail(lambda: GaussianAR1().score_matrix(0.), contains="`beta` must be a fin
 test_fail(lambda: rot.score_matrix(0.), contains="`beta` must be a finite number > 0")
 test_fail(lambda: RotationFamily(sigma=(0., 0.5)), contains="`sigma` must satisfy 0.01 <= low")
 test_fail(lambda: GaussianAR1Family(a=(0.5, 1.)), contains="`a` must lie inside (-1, 1)")
+test_fail(lambda: mc_returns(NoisyRotation(gamma=0.9999999), [0.]), contains="the Monte Carlo rollouts")   # 1.8e8 steps
+test_fail(lambda: mc_returns(rot, [0.], tol=0.), contains="`tol` must be a number in (0, 1]")
 test_fail(lambda: fam_ar.contexts(4, 20, which="train"), contains="`which` must be one of")
 
 # %% [markdown]
