@@ -90,7 +90,7 @@ def test_saved_zeros_are_zeros_of_the_mean_update_and_predict_nothing():
             assert norm < 1e-10, (r["name"], norm)
             assert population_predict(_model(p), tasks).abs().max() < 1e-6
         else:
-            assert norm > 1e-6, (r["name"], norm)       # a search reported as stuck is far from a zero
+            assert norm >= 1e-10, (r["name"], norm)     # a search reported as not converged did not reach the tolerance
 
 @pytest.mark.claims
 def test_a_saved_zero_at_two_layers_is_a_saddle():
