@@ -9,7 +9,8 @@ from pathlib import Path
 import torch
 from ictd.core import TaskBatch, atomic_write_text, check_int, check_number, check_type, provenance
 from ictd.model import SoftmaxICTD, theta_star
-from ictd.state_tokens import StateTokens, model_params, population_tokens, token_layers, token_predict
+from ictd.state_tokens import (StateTokens, model_params, population_tokens, token_layers,
+                               token_predict)
 from ictd.tasks import random_tasks
 from ictd.emergence import UNIFORM_BELOW, held_out_prompts
 from ictd.mechanism import learned_kernel
@@ -86,23 +87,25 @@ def layer_stack(model:SoftmaxICTD)->torch.Tensor:
     return torch.stack([model_params(model)[k][0].detach().double() for k in HEADS], 1)
 
 def _params(p:torch.Tensor)->dict:
-    "(S, L, 3, D, D) stacked parameter sets -> the dict of (S, L, D, D) tensors the state-token pass takes."
+    "(S, L, 3, D, D) stacked parameter sets -> the dict of (S, L, D, D) tensors of the forward pass."
     return {k: p[:, :, i] for i, k in enumerate(HEADS)}
 
 def _population(tasks:TaskBatch, S:int)->tuple:
-    one = TaskBatch(*(getattr(tasks, k)[None] for k in ("P", "r", "phi", "d_pi", "v_pi")), tasks.gamma)
+    one = TaskBatch(*(getattr(tasks, k)[None] for k in ("P", "r", "phi", "d_pi", "v_pi")),
+                    tasks.gamma)
     x = population_tokens(one)
     return one, StateTokens(*(t.expand(S, *t.shape[1:]) for t in (x.Z, x.log_w, x.succ)), x.q)
 
 def mean_updates(p:torch.Tensor,     # (S, L, 3, D, D) parameter sets, or (L, 3, D, D) for one
                  tasks:TaskBatch,    # the fixed batch of tasks to average over
-                )->torch.Tensor:     # the same shape: the mean update E[delta grad TF] of each set, at n = infinity
-    "The mean semi-gradient TD update $U(\\theta) = \\mathbb E[\\delta\\, \\nabla_\\theta \\mathrm{TF}]$ at $n = \\infty$, for many parameter sets at once."
+                )->torch.Tensor:     # the same shape: the mean update of each set, at n = infinity
+    "The mean semi-gradient TD update $\\mathbb E[\\delta\\, \\nabla_\\theta \\mathrm{TF}]$ at $n = \\infty$, for many sets."
     check_type(tasks, TaskBatch, "tasks")
     one_set = p.ndim == 4
     P = (p[None] if one_set else p).detach().double()
-    if P.ndim != 5 or P.shape[2] != 3 or P.shape[-1] != P.shape[-2] or P.shape[-1] != tasks.phi.shape[-1] + 2:
-        raise ValueError(f"`p` must be (S, L, 3, D, D) with D = d + 2 = {tasks.phi.shape[-1] + 2}, got {tuple(p.shape)}")
+    D = tasks.phi.shape[-1] + 2
+    if P.ndim != 5 or P.shape[2] != 3 or P.shape[-2:] != (D, D):
+        raise ValueError(f"`p` must be (S, L, 3, D, D) with D = d + 2 = {D}, got {tuple(p.shape)}")
     one, x = _population(tasks, P.shape[0])
     P = P.requires_grad_()
     v = token_predict(_params(P), P.shape[1], x)                                    # (S, B, s)
@@ -122,7 +125,8 @@ def update_norm(p, tasks)->float:
 # %%
 chk_tasks = random_tasks(16, seed=1, features="onehot")
 W3 = 3 * torch.eye(10, dtype=torch.float64)
-for chk_model in (SoftmaxICTD.from_theta_star(10, 3, W3, 1., 0.9), SoftmaxICTD(10, 2, init_gain=1., seed=0)):
+for chk_model in (SoftmaxICTD.from_theta_star(10, 3, W3, 1., 0.9),
+                  SoftmaxICTD(10, 2, init_gain=1., seed=0)):
     neu_here = update_norm(layer_stack(chk_model), chk_tasks) ** 2
     test_close(neu_here, population_neu(chk_model, chk_tasks), eps=1e-12)
 
@@ -131,10 +135,13 @@ for chk_model in (SoftmaxICTD.from_theta_star(10, 3, W3, 1., 0.9), SoftmaxICTD(1
 
 # %%
 #| export
-STUDY_TASKS = dict(n_tasks=64, seed=20_261_203)   # the fixed batch of tasks every stationary-point computation averages over
+STUDY_TASKS = dict(n_tasks=64, seed=20_261_203)   # the fixed batch of tasks of every computation here
 
-def study_tasks(features:str="onehot", n_tasks:int=STUDY_TASKS["n_tasks"], seed:int=STUDY_TASKS["seed"])->TaskBatch:
-    "The study's fixed batch of tasks: one-hot features, or d = 4 random features (the headline configuration's)."
+def study_tasks(features:str="onehot",                # "onehot", or "random" (d = 4)
+                n_tasks:int=STUDY_TASKS["n_tasks"],   # number of tasks
+                seed:int=STUDY_TASKS["seed"],         # seed of `random_tasks`
+               )->TaskBatch:
+    "The study's fixed batch of tasks: one-hot features, or the headline configuration's d = 4 random features."
     if features == "onehot": return random_tasks(n_tasks, seed=seed, features="onehot")
     if features == "random": return random_tasks(n_tasks, seed=seed, features="random", d=4)
     raise ValueError(f"`features` must be 'onehot' or 'random', got {features!r}")
@@ -206,32 +213,38 @@ Markdown(f"Largest gap over five draws: below $10^{{-12}}$ (asserted).")
 #| export
 def level_td_stack(d:int,          # feature dimension
                    n_layers:int,   # depth L >= 2
-                   level:float,    # lambda: layer 1 writes lambda R-bar / (1 - gamma) into every value slot
+                   level:float,    # lambda: layer 1 writes lambda R-bar / (1 - gamma) to every value slot
                    beta:float,     # TD layers: W = beta I
                    alpha:float,    # TD layers: step size
                    gamma:float,    # discount factor
                   )->torch.Tensor: # (L, 3, d + 2, d + 2)
-    "A uniform level layer (A = 0, value row of V_cur reading the reward row) followed by L - 1 layers of theta*(beta I, alpha)."
+    "A uniform level layer (A = 0, V_cur reading the reward row) and L - 1 layers of theta*(beta I, alpha)."
     n_layers = check_int(n_layers, "n_layers", 2)
     D = d + 2
     first = torch.zeros(3, D, D, dtype=torch.float64)
     first[1, D - 1, d] = check_number(level, "level") / (1 - gamma)
-    td = torch.stack(theta_star(d, check_number(beta, "beta") * torch.eye(d, dtype=torch.float64), alpha, gamma))
+    W = check_number(beta, "beta") * torch.eye(d, dtype=torch.float64)
+    td = torch.stack(theta_star(d, W, alpha, gamma))
     return torch.stack([first] + [td] * (n_layers - 1))
 
 def warm_td_values(tasks:TaskBatch, n_layers:int, level:float, beta:float, alpha:float)->torch.Tensor:
-    "(B, s) the population recursion $v_{l+1} = v_l + \\alpha M_\\pi(r + \\gamma P v_l - v_l)$ run L - 1 times from the level $\\lambda \\bar r / (1 - \\gamma)$."
+    "(B, s) $v_{L-1}$ of $v_{l+1} = v_l + \\alpha M_\\pi(r + \\gamma P v_l - v_l)$ from $\\lambda \\bar r / (1 - \\gamma)$."
     M = torch.softmax(beta * tasks.phi @ tasks.phi.mT + tasks.d_pi.log()[:, None, :], dim=-1)
-    v = (level * (tasks.d_pi * tasks.r).sum(-1, keepdim=True) / (1 - tasks.gamma)).expand_as(tasks.r)
-    for _ in range(n_layers - 1): v = v + alpha * (M @ (tasks.r + tasks.gamma * (tasks.P @ v[..., None])[..., 0] - v)[..., None])[..., 0]
+    r_bar = (tasks.d_pi * tasks.r).sum(-1, keepdim=True)
+    v = (level * r_bar / (1 - tasks.gamma)).expand_as(tasks.r)
+    for _ in range(n_layers - 1):
+        delta = tasks.r + tasks.gamma * (tasks.P @ v[..., None])[..., 0] - v
+        v = v + alpha * (M @ delta[..., None])[..., 0]
     return v
 
-LEVEL_TD_GRID = dict(level=(0., 0.5, 0.85, 1.), beta=(1., 3., 5., 10.), alpha=(0.5, 1.))   # the family's constants searched
+LEVEL_TD_GRID = dict(level=(0., 0.5, 0.85, 1.), beta=(1., 3., 5., 10.), alpha=(0.5, 1.))   # searched
 
 def level_td_grid(tasks:TaskBatch, n_layers:int, grid:dict=LEVEL_TD_GRID)->list:
-    "NEU of every member of the level + TD family on the grid: (level, beta, alpha, NEU) rows, in one batched call."
-    d, pts = tasks.phi.shape[-1], [(l, b, a) for l in grid["level"] for b in grid["beta"] for a in grid["alpha"]]
-    U = mean_updates(torch.stack([level_td_stack(d, n_layers, l, b, a, tasks.gamma) for l, b, a in pts]), tasks)
+    "NEU of every member of the level + TD family on the grid: (level, beta, alpha, NEU) rows, in one call."
+    d = tasks.phi.shape[-1]
+    pts = [(l, b, a) for l in grid["level"] for b in grid["beta"] for a in grid["alpha"]]
+    sets = torch.stack([level_td_stack(d, n_layers, l, b, a, tasks.gamma) for l, b, a in pts])
+    U = mean_updates(sets, tasks)
     return [(l, b, a, u.square().sum().item()) for (l, b, a), u in zip(pts, U)]
 
 
@@ -321,7 +334,7 @@ Markdown(", ".join(f"$t = 10^{{{round(math.log10(t))}}}$: {v:.1e}" for t, v in s
 # %%
 #| export
 def layer_diagonality(p:torch.Tensor, tasks:TaskBatch)->list:
-    "Each layer's population diagonality: the mean share of a query state's attention on its own state (uniform: below `UNIFORM_BELOW`)."
+    "Each layer's population diagonality: the mean share of a query state's attention on its own state."
     _, x = _population(tasks, 1)
     s = tasks.r.shape[-1]
     with torch.no_grad(): atts = token_layers(_params(p[None].double()), p.shape[0], x)[1]
@@ -333,15 +346,16 @@ def mean_flow(tasks:TaskBatch,        # the batch of tasks
               n_steps:int=4000,       # steps
               record_every:int=200,   # steps between records
               start:torch.Tensor=None,# (L, 3, D, D); default zero
-             )->dict:                 # t, update norm, parameter norm and per-layer diagonality at each record; the last point
-    "Euler integration of the mean semi-gradient flow $\\dot\\theta = U(\\theta)$ at $n = \\infty$ (no optimiser, no sampling)."
+             )->dict:                 # t, norms and per-layer diagonality at each record; the last point
+    "Euler steps of the mean flow $\\dot\\theta = U(\\theta)$ at $n = \\infty$ (no optimiser, no sampling)."
     D = tasks.phi.shape[-1] + 2
-    p = torch.zeros(n_layers, 3, D, D, dtype=torch.float64) if start is None else start.detach().double().clone()
+    p = torch.zeros(n_layers, 3, D, D, dtype=torch.float64) if start is None else start.double().clone()
     out = dict(t=[], update_norm=[], param_norm=[], diagonality=[])
     for k in range(check_int(n_steps, "n_steps", 1) + 1):
         U = mean_updates(p, tasks)
         if k % record_every == 0:
-            for key, val in zip(out, (k * eta, U.norm().item(), p.norm().item(), layer_diagonality(p, tasks))): out[key].append(val)
+            now = (k * eta, U.norm().item(), p.norm().item(), layer_diagonality(p, tasks))
+            for key, val in zip(out, now): out[key].append(val)
         p = p + eta * U
     return out | dict(last=p)
 
@@ -357,7 +371,7 @@ def mean_flow(tasks:TaskBatch,        # the batch of tasks
 # %%
 #| export
 def uniform_positions(runs:list)->list:
-    "For saved runs (`save_runs` dicts of one configuration), the 1-based positions of each model's uniform layers (`layer_anatomy`'s rule)."
+    "The 1-based positions of each saved run's uniform layers (`layer_anatomy`'s rule); runs of one configuration."
     models = load_models(runs)
     tasks = held_out_prompts(models[0][0])[0]
     diag = [learned_kernel(m, tasks).diagonal(dim1=-2, dim2=-1).mean((-2, -1)) for _, m in models]
@@ -379,9 +393,11 @@ EXACT_NOTE = ("Its numbers are float64 computations without sampling; another CP
 #| echo: false
 study = load_stationary("data")
 mech = json.loads(Path("data/mechanism_runs.json").read_text())["runs"]
-headline = mech["fit"] + mech["fresh"] + json.loads(Path("data/contest_runs.json").read_text())["cells"]["headline"]["runs"]
+contest = json.loads(Path("data/contest_runs.json").read_text())
+headline = mech["fit"] + mech["fresh"] + contest["cells"]["headline"]["runs"]
 onehot_runs = json.loads(Path("data/contest_runs2.json").read_text())["cells"]["one-hot"]["runs"]
-positions = {"random features, L = 3": uniform_positions(headline), "one-hot, L = 3": uniform_positions(onehot_runs)}
+positions = {"random features, L = 3": uniform_positions(headline),
+             "one-hot, L = 3": uniform_positions(onehot_runs)}
 SINGLED_OUT = 0.1   # a layer is singled out by a flow when its diagonality is this far below every other layer's
 
 def singled_out(diag:list):
