@@ -78,8 +78,9 @@ def _saved():
 
 @pytest.mark.claims
 def test_saved_zeros_are_zeros_of_the_mean_update_and_predict_nothing():
-    "Recomputes the norm of the mean update at every saved zero from its parameters: catches a zero that is not one (below 1e-10) and a search whose saved history is not what its parameters give."
+    "Recomputes the norm of the mean update at every saved zero from its parameters: catches a zero that is not one (below 1e-10), a search whose saved history is not what its parameters give, and a zero that is one for other tasks too (the page says it is not)."
     study, tasks = _saved(), study_tasks("onehot")
+    fresh = random_tasks(128, seed=4242, features="onehot")      # tasks neither the study nor the book draws
     zeros = [r for r in study["searches"] if r["converged"]]
     assert zeros
     for r in study["searches"]:
@@ -89,6 +90,7 @@ def test_saved_zeros_are_zeros_of_the_mean_update_and_predict_nothing():
         if r["converged"]:
             assert norm < 1e-10, (r["name"], norm)
             assert population_predict(_model(p), tasks).abs().max() < 1e-6
+            assert update_norm(p, fresh) > 1e-3, (r["name"], "a zero of the batch is not one on other tasks")
         else:
             assert norm >= 1e-10, (r["name"], norm)     # a search reported as not converged did not reach the tolerance
 
