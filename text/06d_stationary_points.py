@@ -33,7 +33,7 @@ import copy
 
 # %% [markdown]
 # # Stationary points of pretraining
-# > Where the mean semi-gradient TD update vanishes in the population state-token model: what a uniform layer writes, why every layer starts as one, and what Newton's method finds.
+# > Where the mean semi-gradient TD update vanishes in the population state-token model: what a uniform layer writes, why every layer starts as one, and what a Levenberg-Marquardt search finds.
 
 # %% [markdown]
 # ::: {.callout-note}
@@ -42,8 +42,8 @@ import copy
 # $\theta^*$ layers is exactly TD warm-started at a level (proved). At $\theta = 0$ the mean update moves only the value
 # rows, the same in every layer: every layer starts as a uniform level layer, and the first-order dynamics cannot say
 # which one stays uniform (proved); the mean flow from zero does not say it either (measured against 50 trained seeds).
-# No member of a grid of the level + TD family is stationary, and the zeros of the mean update found to $10^{-10}$ are
-# saddles at which the model predicts nothing, zeros for that batch of 64 one-hot tasks only (measured).
+# No member of a grid of the level + TD family is stationary, and the zeros of the mean update found to $10^{-10}$
+# (two layers) are saddles at which the model predicts nothing, zeros for that batch of 64 one-hot tasks only (measured).
 # :::
 #
 # *How to read this page.* Chapter [6](pretrain.html) defined the objective, the norm of the expected update (NEU),
