@@ -782,6 +782,32 @@ def run_stationary_study(out_dir="nbs/data",        # folder of the JSON file
 
 
 # %% [markdown]
+# `run_batch_check` repeats one search (from the small random initialisation with seed 2, at $L = 2$) on batches of
+# different sizes drawn with the study's seed, and measures the update at each zero on 256 fresh tasks: if the
+# zeros of a batch approach zeros of the prior-averaged update as the batch grows, that norm falls with the size.
+
+# %%
+#| export
+def run_batch_check(out_dir="nbs/data",       # folder of the JSON file
+                    sizes=(64, 256),          # batch sizes (tasks drawn with the study's seed)
+                    start_seed:int=2,         # seed of the small random initialisation (L = 2)
+                    fresh_seed:int=777,       # seed of the 256 fresh tasks
+                    max_jacobians:int=6,      # Jacobians per search
+                    command:str="run_batch_check()", # recorded in the file
+                   )->Path:                   # the file written, `stationary_batch.json`
+    "One Levenberg-Marquardt search per batch size from the same start, and the update at each zero on fresh tasks."
+    fresh, out = random_tasks(256, seed=fresh_seed, features="onehot"), []
+    start = layer_stack(SoftmaxICTD(10, 2, init_gain=0.1, seed=start_seed))
+    for B in sizes:
+        t1 = time.time()
+        p, hist = polish(start, study_tasks("onehot", n_tasks=B), max_jacobians=max_jacobians)
+        out.append(dict(n_tasks=B, history=hist, converged=hist[-1] < 1e-10, fresh_norm=update_norm(p, fresh),
+                        params=p.tolist(), seconds=time.time() - t1))
+    payload = dict(start_seed=start_seed, fresh_seed=fresh_seed, searches=out)
+    text = json.dumps(dict(provenance=provenance(command), **payload))
+    return atomic_write_text(Path(out_dir) / "stationary_batch.json", text)
+
+# %% [markdown]
 # Bad input:
 
 # %%
