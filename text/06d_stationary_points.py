@@ -807,6 +807,7 @@ def run_batch_check(out_dir="nbs/data",       # folder of the JSON file
     text = json.dumps(dict(provenance=provenance(command), **payload))
     return atomic_write_text(Path(out_dir) / "stationary_batch.json", text)
 
+
 # %% [markdown]
 # Bad input:
 
