@@ -118,3 +118,17 @@ def test_bad_input_names_the_argument():
     with pytest.raises(ValueError, match="`features`"): study_tasks("unit")
     with pytest.raises(ValueError, match="`model`"): layer_stack(SoftmaxICTD(4, 2, shared=True, seed=0))
     with pytest.raises(ValueError, match="`tol`"): polish(torch.zeros(1, 3, 12, 12, dtype=torch.float64), tasks, tol=0.)
+
+@pytest.mark.claims
+def test_a_larger_batch_gives_a_zero_closer_to_one_for_other_tasks():
+    "Recomputes the saved batch-size check from its parameters: catches zeros that are not zeros of their batch, and a fresh-task norm that does not fall with the batch (on tasks neither the page nor the study draws)."
+    path = ROOT / "nbs" / "data" / "stationary_batch.json"
+    if not path.exists(): pytest.skip("no saved batch check")
+    bs = json.loads(path.read_text())["searches"]
+    other = random_tasks(256, seed=31337, features="onehot")
+    norms = []
+    for r in bs:
+        p = torch.tensor(r["params"], dtype=torch.float64)
+        assert update_norm(p, study_tasks("onehot", n_tasks=r["n_tasks"])) < 1e-10
+        norms.append(update_norm(p, other))
+    assert norms[-1] < norms[0] / 2, norms
