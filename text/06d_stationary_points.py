@@ -43,7 +43,8 @@ import copy
 # rows, the same in every layer: every layer starts as a uniform level layer, and the first-order dynamics cannot say
 # which one stays uniform (proved); the mean flow from zero does not say it either (measured against 50 trained seeds).
 # No member of a grid of the level + TD family is stationary, and the zeros of the mean update found to $10^{-10}$
-# (two layers) are saddles at which the model predicts nothing, zeros for that batch of 64 one-hot tasks only (measured).
+# (two layers) are saddles at which the model predicts nothing: zeros of the batch of tasks they were found on, which
+# come closer to zeros for other tasks as the batch grows (measured on one-hot tasks).
 # :::
 #
 # *How to read this page.* Chapter [6](pretrain.html) defined the objective, the norm of the expected update (NEU),
