@@ -128,7 +128,7 @@ def causal_keys(N:int,          # number of columns
     return (i >= 1) & (i <= n) & (i <= j)
 
 # %% ../nbs/04a_causal.ipynb #be728951
-MAX_DENSE_BYTES = 2 ** 31   # the most bytes the attention matrices of one `causal_attention` call may take
+MAX_DENSE_BYTES = 2 ** 31   # the most bytes the matrices of one `causal_attention` call may take
 
 def causal_attention(Z:torch.Tensor,  # (..., D, N) prompt
                      A:torch.Tensor,  # (..., 2D, D) score matrix on (shifted tokens, tokens)
@@ -138,8 +138,10 @@ def causal_attention(Z:torch.Tensor,  # (..., D, N) prompt
     "(..., N, N) S[i, j]: softmax over the keys of column j of $T_i^\\top A Z_j + \\lambda \\log i$ (zero columns where there is no key)."
     N, lam = Z.shape[-1], torch.as_tensor(lam, dtype=Z.dtype, device=Z.device)
     size = math.prod(torch.broadcast_shapes(Z.shape[:-2], A.shape[:-2], lam.shape)) * N * N * Z.element_size()
-    if size > MAX_DENSE_BYTES: raise ValueError(f"`Z` of shape {tuple(Z.shape)}: its attention matrices would take {size / 2 ** 30:.1f} GiB, above "
-                                                f"MAX_DENSE_BYTES = {MAX_DENSE_BYTES / 2 ** 30:g} GiB; the model's forward pass never builds them (O(N) memory)")
+    if size > MAX_DENSE_BYTES:
+        raise ValueError(f"`Z` of shape {tuple(Z.shape)}: its attention matrices would take {size / 2 ** 30:.1f} GiB, "
+                         f"above MAX_DENSE_BYTES = {MAX_DENSE_BYTES / 2 ** 30:g} GiB; the model's forward pass never "
+                         "builds them (O(N) memory)")
     return _attention(torch.cat([Z, previous_token(Z)], -2), Z, A, lam, n)
 
 def _attention(T, Z, A, lam, n:int)->torch.Tensor:
@@ -163,16 +165,18 @@ def attend_keys(Z:torch.Tensor,  # (..., D, N) prompt: the queries are its colum
                 K:torch.Tensor,  # (..., n, D) key i + 1 as row i (the scores of column j are K z_j)
                 X:torch.Tensor,  # (..., D, n) value of key i + 1 as column i
                 lam,             # (...) positional bias lambda
-               )->torch.Tensor:  # (..., D, N): column j is sum_i S[i, j] X[:, i - 1], column 0 is zero
-    "$X S$ for the causal attention over the keys $1..\\min(j, n)$ of each column $j$, by fused attention: $S$ is never built."
-    n, E = K.shape[-2], X.shape[-2]
-    bias = torch.as_tensor(lam, dtype=Z.dtype, device=Z.device)[..., None, None] * torch.arange(1, n + 1, dtype=Z.dtype, device=Z.device).log()[:, None]
-    Q = torch.cat([Z[..., 1:].mT, torch.ones_like(Z[..., :1, 1:]).mT], -1)          # (..., N - 1, D + 1): each column and a 1
-    K = torch.cat([K, bias.expand(*K.shape[:-1], 1)], -1)                            # (..., n, D + 1): each key and lambda log i
-    V = nn.functional.pad(X.mT, (0, K.shape[-1] - E))                                # fused attention wants one width for all three
+               )->torch.Tensor:  # (..., D, N): column j is sum_i S[i, j] X[:, i - 1], column 0 zero
+    "$X S$ for the causal attention of each column $j$ over the keys $1..\\min(j, n)$, fused: no $S$."
+    n, E, dt, dev = K.shape[-2], X.shape[-2], Z.dtype, Z.device
+    log_i = torch.arange(1, n + 1, dtype=dt, device=dev).log()[:, None]
+    bias = torch.as_tensor(lam, dtype=dt, device=dev)[..., None, None] * log_i   # lambda log i
+    Q = torch.cat([Z[..., 1:].mT, torch.ones_like(Z[..., :1, 1:]).mT], -1)      # each column, then 1
+    K = torch.cat([K, bias.expand(*K.shape[:-1], 1)], -1)                        # each key, lambda log i
+    V = nn.functional.pad(X.mT, (0, 1))                 # fused attention wants one width for all three
     shape = torch.broadcast_shapes(Q.shape[:-2], K.shape[:-2], V.shape[:-2])
-    Q, K, V = (t.expand(*shape, *t.shape[-2:]).reshape(-1, 1, *t.shape[-2:]).contiguous() for t in (Q, K, V))
-    out = nn.functional.scaled_dot_product_attention(Q, K, V, is_causal=True, scale=1.)   # column j sees keys 1..j: the top-left causal mask
+    Q, K, V = (t.expand(*shape, *t.shape[-2:]).reshape(-1, 1, *t.shape[-2:]).contiguous()
+               for t in (Q, K, V))
+    out = nn.functional.scaled_dot_product_attention(Q, K, V, is_causal=True, scale=1.)  # keys 1..j
     return nn.functional.pad(out[..., :E].reshape(*shape, -1, E).mT, (1, 0))
 
 # %% ../nbs/04a_causal.ipynb #d82cc552
@@ -188,24 +192,25 @@ def causal_update(Z:torch.Tensor,    # (..., D, N) prompt
     return Z + attend_keys(Z, T.mT @ A, V @ T, lam) + U @ Z
 
 # %% ../nbs/04a_causal.ipynb #93781d3b
-MAX_WORK = 1e12              # the most multiply-adds a decoder's forward pass may take (minutes on one CPU thread)
-MAX_DENSE_BYTES = 2 ** 31    # the most bytes `causal_attention` may allocate for its attention matrices
+MAX_WORK = 1e12   # the most multiply-adds a decoder's forward pass may take (minutes on one CPU thread)
 
 def causal_work(shape:tuple,    # (..., D, N) shape of the prompt
                 n:int,          # number of context transitions
                 n_layers:int=1, # number of layers
-               )->float:        # multiply-adds of the forward pass (its attention: scores and values of every column's keys)
-    "The work of a decoder's forward pass: per prompt and layer, each column j reads min(j, n) keys of width D + 1, then their values."
+               )->float:        # multiply-adds of the attention of every layer
+    "The work of a decoder's forward pass: column j reads min(j, n) keys of width D + 1, then values."
     *batch, D, N = shape
-    keys = n * (n + 1) / 2 + (N - 1 - n) * n                           # sum over the columns of their number of keys
+    keys = n * (n + 1) / 2 + (N - 1 - n) * n           # the keys of all columns together
     return math.prod(batch) * n_layers * keys * (2 * D + 1)
 
 def check_causal_work(Z:torch.Tensor, n:int, n_layers:int=1):
     "Refuse (a `ValueError` naming `Z`) a forward pass whose `causal_work` is above `MAX_WORK`."
     work = causal_work(tuple(Z.shape), n, n_layers)
-    if work > MAX_WORK: raise ValueError(f"`Z` of shape {tuple(Z.shape)} with n = {n} needs about {work:.1e} multiply-adds in {n_layers} causal layer(s), "
-                                         f"above MAX_WORK = {MAX_WORK:.0e} (hours on one CPU thread): use a shorter context or fewer prompts per call, "
-                                         "or raise ictd.causal.MAX_WORK")
+    if work > MAX_WORK:
+        raise ValueError(f"`Z` of shape {tuple(Z.shape)} with n = {n} needs about {work:.1e} "
+                         f"multiply-adds in {n_layers} causal layer(s), above MAX_WORK = {MAX_WORK:.0e} "
+                         "(hours on one CPU thread): use a shorter context or fewer prompts per call, "
+                         "or raise ictd.causal.MAX_WORK")
 
 # %% ../nbs/04a_causal.ipynb #5e6f0efb
 def theta_causal(d:int,              # feature dimension
