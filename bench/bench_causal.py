@@ -11,8 +11,10 @@ test's size), repeated `--reps` times in rotation (a, b, c, a, b, c, ...); the m
 with the load average before and after. Then the forward pass of `CausalSoftmaxICTD` at n = 1e3, 1e4, 1e5 (d = 4,
 L = 3, 10 queries), each in a fresh process: wall time, the process's peak memory and the attention kernels used;
 beside it the memory the dense (N, N) attention of (a) would need at that n.
+With --softmax it also times the softmax family (30 seeds, the specification's default configuration) the same way, interleaved:
+its fused state-token pass before the keys were read without a product (bench/reference_tokens.py) against today's.
 Writes bench/results-causal.json with the host, CPU model, torch build and commit (`ictd.core.provenance`).
-Usage: python bench/bench_causal.py [--steps 30] [--reps 5] [--seeds 10] [--ns 1000,10000,100000] [--out bench/results-causal.json]
+Usage: python bench/bench_causal.py [--steps 30] [--reps 5] [--seeds 10] [--ns 1000,10000,100000] [--softmax] [--out bench/results-causal.json]
 """
 import argparse, dataclasses, json, os, statistics, subprocess, sys, time
 from pathlib import Path
@@ -20,20 +22,25 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ictd.core import provenance
 from ictd.causal import causal_init, causal_metrics, causal_module, causal_predict, causal_prompt
-from ictd.engine import EMERGENCE, Family, register_family
+from ictd.engine import EMERGENCE, Family, PretrainConfig, get_family, register_family
 from ictd.pretrain import pretrain_many
 from reference_causal import dense_causal_predict
+from reference_tokens import pick_token_predict
 
 ROWS = {"before: dense masked attention, autograd": "causal-before", "readable: causal_predict, autograd": "causal-readable",
         "fused: the engine's fused_causal_predict": "causal"}
 
+SOFTMAX_ROWS = {"softmax before: keys through `pick`": "softmax-before", "softmax today: fused_token_predict": "softmax"}
+
 def register_rows():
     for name, predict in (("causal-before", dense_causal_predict), ("causal-readable", causal_predict)):
         register_family(name, Family(init=causal_init, prompt=causal_prompt, predict=predict, module=causal_module, metrics=causal_metrics))
+    soft = get_family("softmax")
+    register_family("softmax-before", dataclasses.replace(soft, predict=lambda config, params, x, n: pick_token_predict(params, config.n_layers, x)))
 
-def seed_step_ms(attention:str, seeds:list, steps:int)->float:
+def seed_step_ms(attention:str, seeds:list, steps:int, base=EMERGENCE)->float:
     "CPU milliseconds per seed-step of steps 2..`steps` of one run (no evaluation inside)."
-    cfg = dataclasses.replace(EMERGENCE, attention=attention, n_steps=steps, eval_every=10 ** 9)
+    cfg = dataclasses.replace(base, attention=attention, n_steps=steps, eval_every=10 ** 9)
     marks = {}
     def mark(step):
         if step in (1, steps): marks[step] = time.process_time()
@@ -68,10 +75,24 @@ def forward_memory(ns:list)->list:
         out.append(row); print(row, flush=True)
     return out
 
+def softmax_rows(a)->dict:
+    "The softmax family's rows: 30 seeds of the default configuration, interleaved, as the decoder's."
+    seeds, load_before, times = list(range(30)), os.getloadavg(), {name: [] for name in SOFTMAX_ROWS}
+    for attention in SOFTMAX_ROWS.values(): seed_step_ms(attention, seeds, 3, PretrainConfig())
+    for rep in range(a.reps):
+        for name, attention in SOFTMAX_ROWS.items(): times[name].append(seed_step_ms(attention, seeds, a.steps, PretrainConfig()))
+        print(rep, {k: round(v[-1], 4) for k, v in times.items()}, flush=True)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    (b, t) = med.values()
+    print(f"softmax family: {t:.4f} ms per seed-step against {b:.4f} before: {b / t:.3f}x")
+    return dict(seeds=30, load_before=load_before, load_after=os.getloadavg(), speedup=b / t,
+                ms_per_seed_step={k: dict(median=med[k], min=min(v), max=max(v), runs=v) for k, v in times.items()})
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--steps", type=int, default=30); ap.add_argument("--reps", type=int, default=5); ap.add_argument("--seeds", type=int, default=10)
     ap.add_argument("--ns", default="1000,10000,100000"); ap.add_argument("--out", default="bench/results-causal.json")
+    ap.add_argument("--softmax", action="store_true")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     register_rows()
@@ -89,6 +110,7 @@ def main(argv=None):
                ms_per_seed_step={k: dict(median=med[k], min=min(v), max=max(v), runs=v) for k, v in times.items()},
                speedup_fused_over_before=before / fused)
     print(f"fused {fused:.3f} ms per seed-step against {before:.3f} before: {before / fused:.2f}x (load {load_before[0]:.1f} -> {load_after[0]:.1f})")
+    if a.softmax: out["softmax"] = softmax_rows(a)
     out["forward"] = forward_memory([int(x) for x in a.ns.split(",") if x])
     tmp = Path(a.out).with_suffix(".tmp")
     tmp.write_text(json.dumps(out, indent=1)); os.replace(tmp, a.out)
