@@ -14,6 +14,7 @@ beside it the memory the dense (N, N) attention of (a) would need at that n.
 With --softmax it also times the softmax family (30 seeds, the specification's default configuration) the same way, interleaved:
 its fused state-token pass before the keys were read without a product (bench/reference_tokens.py) against today's.
 Writes bench/results-causal.json with the host, CPU model, torch build and commit (`ictd.core.provenance`).
+With --reps 0 it measures only the forward rows and adds them to the file.
 Usage: python bench/bench_causal.py [--steps 30] [--reps 5] [--seeds 10] [--ns 1000,10000,100000] [--softmax] [--out bench/results-causal.json]
 """
 import argparse, dataclasses, json, os, statistics, subprocess, sys, time
@@ -88,6 +89,10 @@ def softmax_rows(a)->dict:
     return dict(seeds=30, load_before=load_before, load_after=os.getloadavg(), speedup=b / t,
                 ms_per_seed_step={k: dict(median=med[k], min=min(v), max=max(v), runs=v) for k, v in times.items()})
 
+def save(out:dict, path:str):
+    tmp = Path(path).with_suffix(".tmp")
+    tmp.write_text(json.dumps(out, indent=1)); os.replace(tmp, path)
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--steps", type=int, default=30); ap.add_argument("--reps", type=int, default=5); ap.add_argument("--seeds", type=int, default=10)
@@ -96,24 +101,29 @@ def main(argv=None):
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
     register_rows()
-    seeds, load_before = list(range(a.seeds)), os.getloadavg()
-    for attention in ROWS.values(): seed_step_ms(attention, seeds, 3)                      # warm-up
-    times = {name: [] for name in ROWS}
-    for rep in range(a.reps):
-        for name, attention in ROWS.items(): times[name].append(seed_step_ms(attention, seeds, a.steps))
-        print(rep, {k: round(v[-1], 3) for k, v in times.items()}, flush=True)
-    load_after = os.getloadavg()
-    med = {k: statistics.median(v) for k, v in times.items()}
-    before, fused = med["before: dense masked attention, autograd"], med["fused: the engine's fused_causal_predict"]
-    out = dict(provenance=provenance(f"python bench/bench_causal.py --steps {a.steps} --reps {a.reps} --seeds {a.seeds} --ns {a.ns}", threads=1),
-               load_before=load_before, load_after=load_after, seeds=a.seeds, steps=a.steps, reps=a.reps,
-               ms_per_seed_step={k: dict(median=med[k], min=min(v), max=max(v), runs=v) for k, v in times.items()},
-               speedup_fused_over_before=before / fused)
-    print(f"fused {fused:.3f} ms per seed-step against {before:.3f} before: {before / fused:.2f}x (load {load_before[0]:.1f} -> {load_after[0]:.1f})")
-    if a.softmax: out["softmax"] = softmax_rows(a)
-    out["forward"] = forward_memory([int(x) for x in a.ns.split(",") if x])
-    tmp = Path(a.out).with_suffix(".tmp")
-    tmp.write_text(json.dumps(out, indent=1)); os.replace(tmp, a.out)
+    command = f"python bench/bench_causal.py --steps {a.steps} --reps {a.reps} --seeds {a.seeds} --ns {a.ns}" + (" --softmax" if a.softmax else "")
+    if a.reps == 0:                                            # the forward rows only, added to the file's step rows
+        out = json.loads(Path(a.out).read_text()) if Path(a.out).exists() else {}
+        out["forward_provenance"] = provenance(command, threads=1)
+    else:
+        seeds, load_before = list(range(a.seeds)), os.getloadavg()
+        for attention in ROWS.values(): seed_step_ms(attention, seeds, 3)                      # warm-up
+        times = {name: [] for name in ROWS}
+        for rep in range(a.reps):
+            for name, attention in ROWS.items(): times[name].append(seed_step_ms(attention, seeds, a.steps))
+            print(rep, {k: round(v[-1], 3) for k, v in times.items()}, flush=True)
+        load_after = os.getloadavg()
+        med = {k: statistics.median(v) for k, v in times.items()}
+        before, fused = med["before: dense masked attention, autograd"], med["fused: the engine's fused_causal_predict"]
+        out = dict(provenance=provenance(command, threads=1), load_before=load_before, load_after=load_after, seeds=a.seeds, steps=a.steps,
+                   reps=a.reps, ms_per_seed_step={k: dict(median=med[k], min=min(v), max=max(v), runs=v) for k, v in times.items()},
+                   speedup_fused_over_before=before / fused)
+        print(f"fused {fused:.3f} ms per seed-step against {before:.3f} before: {before / fused:.2f}x (load {load_before[0]:.1f} -> {load_after[0]:.1f})")
+        if a.softmax: out["softmax"] = softmax_rows(a)
+        save(out, a.out)
+    out["forward"] = [r for r in out.get("forward", []) if r["n"] not in [int(x) for x in a.ns.split(",") if x]]
+    for row in forward_memory([int(x) for x in a.ns.split(",") if x]):
+        out["forward"].append(row); save(out, a.out)                                           # each row as soon as it is measured
 
 if __name__ == "__main__":
     main()
