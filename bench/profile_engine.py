@@ -3,10 +3,15 @@ no evaluation (the profiler starts after the first step and stops after the last
 
 Prints torch.profiler's top operators by self CPU time (default) or cProfile's top functions by internal time (`--cprofile`),
 then the CPU milliseconds per seed-step with and without the profiler.
-Usage: python bench/profile_engine.py [--steps 200] [--seeds 30] [--dtype float64] [--cprofile] [--top 25]
+--attention picks the model family: "softmax" (default), "causal" (the decoder of chapter 4a), or the frozen earlier
+paths "causal-before" and "softmax-before" of bench/bench_causal.py.
+Usage: python bench/profile_engine.py [--steps 200] [--seeds 30] [--dtype float64] [--attention softmax] [--cprofile] [--top 25]
 """
 import argparse, cProfile, dataclasses, pstats, time
+import sys
+from pathlib import Path
 import torch
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from ictd.engine import PretrainConfig
 from ictd.pretrain import pretrain_many
 
@@ -14,9 +19,13 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--steps", type=int, default=200); ap.add_argument("--seeds", type=int, default=30)
     ap.add_argument("--dtype", default="float64"); ap.add_argument("--cprofile", action="store_true"); ap.add_argument("--top", type=int, default=25); ap.add_argument("--sort", default="tottime")
+    ap.add_argument("--attention", default="softmax")
     a = ap.parse_args(argv)
     torch.set_num_threads(1)
-    cfg = dataclasses.replace(PretrainConfig(), dtype=a.dtype, n_steps=a.steps, eval_every=10**9)
+    if a.attention.endswith("-before"):
+        from bench_causal import register_rows
+        register_rows()
+    cfg = dataclasses.replace(PretrainConfig(), attention=a.attention, dtype=a.dtype, n_steps=a.steps, eval_every=10**9)
     seeds = list(range(a.seeds))
     if a.cprofile: prof = cProfile.Profile()
     else:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses, functools, math
 import torch
 from torch import nn
+from torch.autograd.function import once_differentiable
 from .boyan import as_tensor, check_gamma, weighted_error
 from .wstd import context_tensors
 from .prompt import build_prompt
@@ -16,10 +17,11 @@ from .tasks import Contexts
 from .engine import Family, PretrainConfig, held_out_tasks, register_family, tuning_config
 
 # %% auto #0
-__all__ = ['ORDERS', 'CURRENTS', 'visible_transitions', 'prefix_weights', 'prefix_softmax_td', 'build_causal_prompt',
-           'previous_token', 'causal_keys', 'causal_attention', 'causal_update', 'theta_causal', 'CausalSoftmaxLayer',
+__all__ = ['ORDERS', 'CURRENTS', 'MAX_DENSE_BYTES', 'MAX_WORK', 'FAST_COLUMNS', 'visible_transitions', 'prefix_weights',
+           'prefix_softmax_td', 'build_causal_prompt', 'previous_token', 'causal_keys', 'causal_attention',
+           'attend_keys', 'causal_update', 'causal_work', 'check_causal_work', 'theta_causal', 'CausalSoftmaxLayer',
            'CausalSoftmaxICTD', 'CausalCache', 'stream_values', 'causal_init', 'causal_prompt', 'causal_layers',
-           'causal_predict', 'causal_module', 'causal_metrics', 'register_causal_family']
+           'causal_predict', 'causal_module', 'fused_causal_predict', 'causal_metrics', 'register_causal_family']
 
 # %% ../nbs/04a_causal.ipynb #73ffc761
 ORDERS = ("forward", "reversed", "none")   # how the trajectory sits in a decoder's prompt ("none": no causal mask)
@@ -126,19 +128,27 @@ def causal_keys(N:int,          # number of columns
     return (i >= 1) & (i <= n) & (i <= j)
 
 # %% ../nbs/04a_causal.ipynb #be728951
+MAX_DENSE_BYTES = 2 ** 31   # the most bytes the matrices of one `causal_attention` call may take
+
 def causal_attention(Z:torch.Tensor,  # (..., D, N) prompt
                      A:torch.Tensor,  # (..., 2D, D) score matrix on (shifted tokens, tokens)
                      lam,             # (...) positional bias lambda
                      n:int,           # number of context transitions
                     )->torch.Tensor:
     "(..., N, N) S[i, j]: softmax over the keys of column j of $T_i^\\top A Z_j + \\lambda \\log i$ (zero columns where there is no key)."
+    N, lam = Z.shape[-1], torch.as_tensor(lam, dtype=Z.dtype, device=Z.device)
+    size = math.prod(torch.broadcast_shapes(Z.shape[:-2], A.shape[:-2], lam.shape)) * N * N * Z.element_size()
+    if size > MAX_DENSE_BYTES:
+        raise ValueError(f"`Z` of shape {tuple(Z.shape)}: its attention matrices would take {size / 2 ** 30:.1f} GiB, "
+                         f"above MAX_DENSE_BYTES = {MAX_DENSE_BYTES / 2 ** 30:g} GiB; the model's forward pass never "
+                         "builds them (O(N) memory)")
     return _attention(torch.cat([Z, previous_token(Z)], -2), Z, A, lam, n)
 
 def _attention(T, Z, A, lam, n:int)->torch.Tensor:
     "`causal_attention` given the stacked tokens T = (Z; Z shifted): one masking pass with a fill made once per shape."
     N = Z.shape[-1]
     pos = torch.arange(N, dtype=Z.dtype, device=Z.device).clamp(min=1).log()
-    logits = T.mT @ A @ Z + torch.as_tensor(lam, dtype=Z.dtype, device=Z.device)[..., None, None] * pos[:, None]
+    logits = T.mT @ A @ Z + lam[..., None, None] * pos[:, None]
     keys, fill, has = _mask(N, n, Z.dtype, Z.device)
     return torch.softmax(torch.where(keys, logits, fill), dim=-2) * has
 
@@ -150,7 +160,26 @@ def _mask(N:int, n:int, dtype, device)->tuple:
     fill = torch.full((N, N), -math.inf, dtype=dtype, device=device).masked_fill(~has, 0.)
     return keys, fill, has.to(dtype)
 
-# %% ../nbs/04a_causal.ipynb #16cf38ca
+# %% ../nbs/04a_causal.ipynb #9ca10486
+def attend_keys(Z:torch.Tensor,  # (..., D, N) prompt: the queries are its columns 1..N-1
+                K:torch.Tensor,  # (..., n, D) key i + 1 as row i (the scores of column j are K z_j)
+                X:torch.Tensor,  # (..., D, n) value of key i + 1 as column i
+                lam,             # (...) positional bias lambda
+               )->torch.Tensor:  # (..., D, N): column j is sum_i S[i, j] X[:, i - 1], column 0 zero
+    "$X S$ for the causal attention of each column $j$ over the keys $1..\\min(j, n)$, fused: no $S$."
+    n, E, dt, dev = K.shape[-2], X.shape[-2], Z.dtype, Z.device
+    log_i = torch.arange(1, n + 1, dtype=dt, device=dev).log()[:, None]
+    bias = torch.as_tensor(lam, dtype=dt, device=dev)[..., None, None] * log_i   # lambda log i
+    Q = torch.cat([Z[..., 1:].mT, torch.ones_like(Z[..., :1, 1:]).mT], -1)      # each column, then 1
+    K = torch.cat([K, bias.expand(*K.shape[:-1], 1)], -1)                        # each key, lambda log i
+    V = nn.functional.pad(X.mT, (0, 1))                 # fused attention wants one width for all three
+    shape = torch.broadcast_shapes(Q.shape[:-2], K.shape[:-2], V.shape[:-2])
+    Q, K, V = (t.expand(*shape, *t.shape[-2:]).reshape(-1, 1, *t.shape[-2:]).contiguous()
+               for t in (Q, K, V))
+    out = nn.functional.scaled_dot_product_attention(Q, K, V, is_causal=True, scale=1.)  # keys 1..j
+    return nn.functional.pad(out[..., :E].reshape(*shape, -1, E).mT, (1, 0))
+
+# %% ../nbs/04a_causal.ipynb #d82cc552
 def causal_update(Z:torch.Tensor,    # (..., D, N) prompt
                   A:torch.Tensor,    # (..., 2D, D) score matrix on (shifted tokens, tokens)
                   V:torch.Tensor,    # (..., D, 2D) value matrix on the shifted tokens
@@ -158,9 +187,30 @@ def causal_update(Z:torch.Tensor,    # (..., D, N) prompt
                   lam,               # (...) positional bias
                   n:int,             # number of context transitions
                  )->torch.Tensor:    # (..., D, N) next prompt
-    "One causal layer, $Z + V\\,\\overleftarrow{\\mathrm{TSM}}(Z)\\, S + U Z$, unvalidated."
-    T = torch.cat([Z, previous_token(Z)], -2)
-    return Z + V @ T @ _attention(T, Z, A, lam, n) + U @ Z
+    "One causal layer, $Z + V\\,\\overleftarrow{\\mathrm{TSM}}(Z)\\, S + U Z$, unvalidated, in $O(N)$ memory."
+    T = torch.cat([Z, previous_token(Z)], -2)[..., 1:n + 1]          # the keys' shifted tokens
+    return Z + attend_keys(Z, T.mT @ A, V @ T, lam) + U @ Z
+
+# %% ../nbs/04a_causal.ipynb #93781d3b
+MAX_WORK = 1e12   # the most multiply-adds a decoder's forward pass may take (minutes on one CPU thread)
+
+def causal_work(shape:tuple,    # (..., D, N) shape of the prompt
+                n:int,          # number of context transitions
+                n_layers:int=1, # number of layers
+               )->float:        # multiply-adds of the attention of every layer
+    "The work of a decoder's forward pass: column j reads min(j, n) keys of width D + 1, then values."
+    *batch, D, N = shape
+    keys = n * (n + 1) / 2 + (N - 1 - n) * n           # the keys of all columns together
+    return math.prod(batch) * n_layers * keys * (2 * D + 1)
+
+def check_causal_work(Z:torch.Tensor, n:int, n_layers:int=1):
+    "Refuse (a `ValueError` naming `Z`) a forward pass whose `causal_work` is above `MAX_WORK`."
+    work = causal_work(tuple(Z.shape), n, n_layers)
+    if work > MAX_WORK:
+        raise ValueError(f"`Z` of shape {tuple(Z.shape)} with n = {n} needs about {work:.1e} "
+                         f"multiply-adds in {n_layers} causal layer(s), above MAX_WORK = {MAX_WORK:.0e} "
+                         "(hours on one CPU thread): use a shorter context or fewer prompts per call, "
+                         "or raise ictd.causal.MAX_WORK")
 
 # %% ../nbs/04a_causal.ipynb #5e6f0efb
 def theta_causal(d:int,              # feature dimension
@@ -226,6 +276,11 @@ class CausalSoftmaxICTD(SoftmaxICTD):
     "A decoder-only stack of causal softmax layers reading values from the last row of its prompt: `SoftmaxICTD` with the causal layer."
     Layer, update = CausalSoftmaxLayer, staticmethod(causal_update)
     order = "forward"   # the layout of the prompts it is built for; `from_theta_star` records the one it was given
+
+    def _forward(self, Z, n, return_all=False):
+        "The forward pass on a validated prompt, once `check_causal_work` has let it through."
+        check_causal_work(Z, n, self.n_layers)
+        return super()._forward(Z, n, return_all)
 
     @classmethod
     def from_params(cls, n_layers:int,  # number of layers L
@@ -357,6 +412,82 @@ def causal_module(config:PretrainConfig, params:dict)->CausalSoftmaxICTD:
     model.load_state_dict({f"layers.{l}.{k}": params[k][l] for l in range(params["A"].shape[0]) for k in ("A", "V", "U", "lam")})
     return model
 
+# %% ../nbs/04a_causal.ipynb #c315f1ca
+@functools.lru_cache(maxsize=64)
+def _key_bias(N:int, n:int, dtype, device)->tuple:
+    "(N, n) additive mask of column j over the keys 1..n (0 where i <= j, -inf after) and the (n,) log positions log i."
+    j, i = torch.arange(N, device=device)[:, None], torch.arange(1, n + 1, device=device)[None]
+    return torch.zeros(N, n, dtype=dtype, device=device).masked_fill(i > j, -math.inf), i[0].to(dtype).log()
+
+FAST_COLUMNS = 400   # the last layer updates enough columns for this many multiply-adds per product (torch's batched product loops below it)
+
+class _FusedCausal(torch.autograd.Function):
+    """`causal_predict` as one autograd node: A (S, L', 2D, D), V (S, L', D, 2D), U (S, L', D, D), lam (S, L'), Z (S, B, D, N).
+    Tokens as rows Y (S, B, N, D) and T = [Y, Y shifted] (S, B, N, 2D); P = T [A | V^T | (U^T; 0)] holds each column's key, value
+    and per-token map; the scores of the c updated columns are over the keys 1..n only (S, B, c, n)."""
+    @staticmethod
+    def forward(ctx, A, V, U, lam, Z, n_layers, n):
+        S, B, D, N = Z.shape
+        q, Lp = N - n - 1, A.shape[1]
+        W = torch.cat([A, V.mT, torch.cat([U.mT, torch.zeros_like(U)], -2)], -1)          # (S, L', 2D, 3D)
+        mask, logpos = _key_bias(N, n, Z.dtype, Z.device)
+        Y, saved = Z.mT, []
+        for l in range(n_layers):
+            last = l == n_layers - 1
+            c = min(N - 1, max(q, -(-FAST_COLUMNS // (n * D)))) if last else N - 1       # the columns N - c..N - 1 attend
+            T = torch.cat([Y, nn.functional.pad(Y[:, :, :-1], (0, 0, 1, 0))], -1)
+            P = (T.reshape(S, B * N, 2 * D) @ W[:, l % Lp]).reshape(S, B, N, 3 * D)
+            K, X, Yc = P[:, :, 1:n + 1, :D], P[:, :, 1:n + 1, D:2 * D], Y[:, :, N - c:]
+            G = Yc @ K.mT
+            G += lam[:, l % Lp, None, None, None] * logpos + mask[N - c:]
+            att = torch.softmax(G, -1)
+            Y_next = Yc + att @ X + P[:, :, N - c:, 2 * D:]
+            Y = Y_next if last else torch.cat([Y[:, :, :1] + P[:, :, :1, 2 * D:], Y_next], 2)   # column 0: its per-token map only
+            saved += [T, P, att]
+        ctx.dims = n_layers, n, q
+        ctx.save_for_backward(W, *saved)
+        return Y[:, :, -q:, -1]
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        W, *saved = ctx.saved_tensors
+        L, n, q = ctx.dims
+        S, B, N, D2 = saved[0].shape
+        D, Lp, logpos = D2 // 2, W.shape[1], _key_bias(N, n, W.dtype, W.device)[1]
+        dW, dlam = torch.zeros_like(W), W.new_zeros(S, Lp)
+        g = grad.new_zeros(S, B, saved[2].shape[-2], D)
+        g[:, :, -q:, -1] = grad                                                      # d value / d the last layer's columns
+        for l in reversed(range(L)):
+            T, P, att = saved[3 * l: 3 * l + 3]
+            c, rest = att.shape[-2], g.shape[2] - att.shape[-2]                    # rest: column 0, below the last layer
+            gc, K, X, Yc = g[:, :, rest:], P[:, :, 1:n + 1, :D], P[:, :, 1:n + 1, D:2 * D], T[:, :, N - c:, :D]
+            dG = torch._softmax_backward_data(gc @ X.mT, att, -1, att.dtype)
+            dlam[:, l % Lp] += dG.sum((1, 2)) @ logpos
+            dP = P.new_zeros(S, B, N, 3 * D)                                        # d (key, value, per-token map) of every column
+            dP[:, :, 1:n + 1, :D], dP[:, :, 1:n + 1, D:2 * D] = dG.mT @ Yc, att.mT @ gc
+            dP[:, :, N - c - rest:, 2 * D:] = g
+            dW[:, l % Lp] += T.reshape(S, B * N, D2).mT @ dP.reshape(S, B * N, 3 * D)
+            if l == 0: break
+            dT = (dP.reshape(S, B * N, 3 * D) @ W[:, l % Lp].mT).reshape(S, B, N, D2)
+            dY = dT[..., :D] + nn.functional.pad(dT[:, :, 1:, D:], (0, 0, 0, 1))    # through the token and the next one's shift
+            dY[:, :, N - c - rest:] += g                                             # the residual
+            dY[:, :, N - c:] += dG @ K                                               # the updated columns' scores
+            g = dY
+        return dW[..., :D], dW[..., D:2 * D].mT, dW[..., :D, 2 * D:].mT, dlam, None, None, None
+
+# %% ../nbs/04a_causal.ipynb #92c5886f
+def fused_causal_predict(config:PretrainConfig,  # the run's settings (its depth)
+                         params:dict,            # A, V, U, lam with a leading seed axis, as `causal_init` stacks them
+                         Z:torch.Tensor,         # (S, B..., D, N) every seed's causal prompts
+                         n:int,                  # number of context transitions
+                        )->torch.Tensor:         # (S, B..., q) values at the queries, differentiable in `params`
+    "`causal_predict` in one fused autograd node with a hand-written backward pass: the engine's prediction for the decoder."
+    S, batch, dt = Z.shape[0], Z.shape[:-2], params["A"].dtype
+    v = _FusedCausal.apply(params["A"], params["V"], params["U"], params["lam"], Z.to(dt).reshape(S, -1, *Z.shape[-2:]).contiguous(),
+                           config.n_layers, int(n))
+    return v.reshape(*batch, v.shape[-1])
+
 # %% ../nbs/04a_causal.ipynb #ef4dae2b
 def causal_metrics(config:PretrainConfig, params:dict, ev)->dict:
     "Per seed and layer: value weights (S, L, 4) and positional bias (S, L); on discrete tasks also diagonality (S, L)."
@@ -376,6 +507,6 @@ def causal_metrics(config:PretrainConfig, params:dict, ev)->dict:
 # %% ../nbs/04a_causal.ipynb #b5a9467a
 def register_causal_family(name:str="causal"):
     "Make the decoder available to the engine as `PretrainConfig(attention=name)`."
-    register_family(name, Family(init=causal_init, prompt=causal_prompt, predict=causal_predict, module=causal_module, metrics=causal_metrics))
+    register_family(name, Family(init=causal_init, prompt=causal_prompt, predict=fused_causal_predict, module=causal_module, metrics=causal_metrics))
 
 register_causal_family()

@@ -175,3 +175,79 @@ def test_pretrained_decoder_on_seeds_the_book_does_not_show(shared_runs):
     assert int((ce < d).sum()) >= k and int((ce < s).sum()) >= k and d.mean() < cm.mean(), (ce, d, s, cm)
     lam = per_seed(lambda r: r["recency"])
     assert (lam[:, 1:] > 0).sum(0).min() >= 9, lam
+
+def _values_and_grads(predict, config, params, Z):
+    leaf = {k: v.detach().clone().requires_grad_() for k, v in params.items()}
+    v = predict(config, leaf, Z, config.n)
+    (v[..., 0] - 0.9 * v[..., -1].square()).sum().backward()
+    return v.detach(), {k: leaf[k].grad for k in leaf}
+
+def _family_batch(config, seeds):
+    "Random parameters (init plus a large nudge, so that every weight matters) and one training batch of prompts."
+    from ictd.causal import causal_init, causal_prompt
+    from ictd.engine import get_protocol
+    g = torch.Generator().manual_seed(61)
+    params = {k: v + 0.3 * torch.randn(v.shape, generator=g, dtype=v.dtype) for k, v in causal_init(config, seeds, torch.float64).items()}
+    protocol = get_protocol("stationary")
+    b = protocol.sample(config, protocol.data(config, seeds), [torch.Generator().manual_seed(s) for s in seeds], 0, {})
+    return params, causal_prompt(config, b.x)
+
+@pytest.mark.unit
+@pytest.mark.parametrize("n,L,shared", [(30, 3, False), (7, 2, True), (1, 2, False)])
+def test_fused_predict_equals_causal_predict(n, L, shared):
+    "The engine's fused decoder pass (hand-written backward) gives `causal_predict`'s values and parameter gradients to rounding (float64),"
+    " at the training shapes, with shared layers, and with one transition (catches a wrong mask, column, shift or gradient term)."
+    from ictd.causal import causal_predict, fused_causal_predict
+    from ictd.engine import PretrainConfig
+    cfg = PretrainConfig(attention="causal", n=n, n_layers=L, shared=shared, batch_size=16, n_tasks=32)
+    params, Z = _family_batch(cfg, [71, 72])
+    (v0, g0), (v1, g1) = (_values_and_grads(f, cfg, params, Z) for f in (causal_predict, fused_causal_predict))
+    assert v1.shape == v0.shape == (2, 16, 2) and (v1 - v0).abs().max() <= 1e-12 * v0.abs().max()
+    for k in g0: assert (g1[k] - g0[k]).abs().max() <= 1e-12 * max(1., g0[k].abs().max().item()), k
+    v32 = fused_causal_predict(cfg, {k: v.float() for k, v in params.items()}, Z, n)
+    assert v32.dtype == torch.float32 and (v32 - v0).abs().max() <= 1e-4 * v0.abs().max()
+
+@pytest.mark.unit
+def test_fused_training_equals_the_readable_family():
+    "Five Adam steps of the decoder family through the fused pass and through `causal_predict` registered as a family end at the same"
+    " parameters (1e-10 relative), so the engine trains what chapter 4a defines."
+    from ictd.causal import causal_init, causal_metrics, causal_module, causal_predict, causal_prompt
+    from ictd.engine import EMERGENCE, Family, register_family
+    from ictd.pretrain import pretrain_many
+    register_family("causal-readable", Family(init=causal_init, prompt=causal_prompt, predict=causal_predict, module=causal_module, metrics=causal_metrics))
+    cfg = dataclasses.replace(EMERGENCE, attention="causal", n_steps=5, eval_every=5, eval_tasks=4, n_tasks=16)
+    fused, readable = (pretrain_many(c, [43, 44], progress=False) for c in (cfg, dataclasses.replace(cfg, attention="causal-readable")))
+    for a, b in zip(fused, readable):
+        for k in ("A", "V", "U", "lam"):
+            assert (a.params[k] - b.params[k]).abs().max() <= 1e-10 * b.params[k].abs().max(), k
+
+@pytest.mark.unit
+def test_forward_is_the_dense_formula_in_linear_memory():
+    "At n = 2000 the module's forward (fused attention) equals the layer formula with `causal_attention`'s matrix to 1e-12, and no"
+    " operator of the forward sees a tensor of N x N entries (catches a fall-back to torch's O(N^2) attention kernel)."
+    from torch.profiler import profile
+    from ictd.causal import causal_attention, previous_token
+    model = CausalSoftmaxICTD(3, 2, seed=81, init_gain=0.8).requires_grad_(False)
+    for l in range(2): model.layer(l).lam.fill_(0.6 * l + 0.3)
+    n, N = 2000, 2004
+    Z = build_causal_prompt(*(torch.randn(*s, generator=torch.Generator().manual_seed(82), dtype=torch.float64) for s in ((n + 1, 3), (n,), (3, 3))))
+    with profile(record_shapes=True) as prof: out = model(Z)
+    ref = Z
+    for l in range(2):
+        A, V, U, lam = model.layer(l).params(Z)
+        ref = ref + V @ torch.cat([ref, previous_token(ref)], -2) @ causal_attention(ref, A, lam, n) + U @ ref
+    assert (out - ref).abs().max() <= 1e-12 * ref.abs().max()
+    ops = prof.key_averages(group_by_input_shape=True)
+    assert any("flash_attention" in e.key for e in ops) and not any("attention_math" in e.key for e in ops)
+    assert max(math.prod(s) for e in ops for s in e.input_shapes if isinstance(s, list) and s and all(isinstance(x, int) for x in s)) < N * N / 10
+
+@pytest.mark.unit
+def test_absurd_sizes_are_refused_before_any_work():
+    "A forward pass above MAX_WORK (n = 1e6) and a dense attention matrix above MAX_DENSE_BYTES (n = 1e5) raise a ValueError naming `Z`;"
+    " the prompts are expanded views, so nothing large is allocated."
+    from ictd.causal import MAX_WORK, causal_attention, causal_work
+    assert causal_work((6, 10 ** 5 + 11), 10 ** 5, 3) < MAX_WORK < causal_work((6, 10 ** 6 + 11), 10 ** 6, 3)
+    Z = torch.zeros(6, 1, dtype=torch.float64).expand(6, 10 ** 6 + 11)
+    with pytest.raises(ValueError, match="`Z` of shape"): CausalSoftmaxICTD(4, 3, seed=0).predict(Z, n=10 ** 6)
+    with pytest.raises(ValueError, match="`Z` of shape .* attention matrices"):
+        causal_attention(Z[:, :10 ** 5], torch.zeros(12, 6, dtype=torch.float64), 0., 10 ** 5 - 1)

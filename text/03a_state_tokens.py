@@ -495,33 +495,32 @@ FAST_PRODUCT = 400   # torch's CPU batched product switches to a scalar loop bel
 
 class _FusedTokens(torch.autograd.Function):
     """`token_predict` as one autograd node: A, V_cur, V_tgt (S, L or 1, D, D); Z (S, B, D, C), log_w (S, B, s), succ (S, B, s, C) contiguous.
-    Each layer's keys and their mean successors come from one product with `pick` (rows 2k, 2k + 1: key k, its successors), and its values
-    and A-scaled keys from one product per seed with W = [[V_cur^T, A], [V_tgt^T, 0]]."""
+    Each layer's keys are its first s token rows and their mean successors one product with `succ`; its values and A-scaled keys come
+    from one product per seed with W = [[V_cur^T, A], [V_tgt^T, 0]]."""
     @staticmethod
     def forward(ctx, A, V_cur, V_tgt, Z, log_w, succ, n_layers, q):
         S, B, D, C = Z.shape
         s, saved = log_w.shape[-1], []
-        eye = torch.eye(s, C, dtype=Z.dtype, device=Z.device).expand(S, B, s, C)
-        pick = torch.stack([eye, succ], -2).reshape(S * B, 2 * s, C)
+        succ = succ.reshape(S * B, s, C)
         W = torch.cat([torch.cat([V_cur.mT, A], -1), torch.cat([V_tgt.mT, torch.zeros_like(A)], -1)], -2)   # (S, Lp, 2D, 2D)
         bias = log_w.reshape(S * B, s, 1)
         for l in range(n_layers):
             c = min(C, max(q, -(-FAST_PRODUCT // (s * D)))) if l == n_layers - 1 else C   # columns updated
-            T = Z.mT.contiguous().reshape(S * B, C, D)                               # the tokens as rows
-            KY = (pick @ T).reshape(S, B, s, 2 * D)                                  # row k: key k, its mean successor
+            T = Z.mT.reshape(S * B, C, D)                                            # the tokens as rows
+            KY = torch.cat([T[:, :s], succ @ T], -1).reshape(S, B, s, 2 * D)         # row k: key k, its mean successor
             XG = _rows(W[:, l % W.shape[1]], KY).reshape(S * B, s, 2 * D)            # row k: value of key k, key k times A
             O = (Z[..., C - c:].contiguous() if c < C else Z).reshape(S * B, D, c)
             att = torch.softmax(torch.baddbmm(bias, XG[..., D:], O), dim=-2)         # (S B, s, c)
             saved += [T, KY, XG, O, att]
             Z = torch.baddbmm(O, XG[..., :D].mT, att).reshape(S, B, D, c)
         ctx.n_layers, ctx.q, ctx.shape = n_layers, q, (S, B, D, C, s)
-        ctx.save_for_backward(W, pick, *saved)
+        ctx.save_for_backward(W, succ, *saved)
         return Z[..., -1, -q:]
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):
-        W, pick, *saved = ctx.saved_tensors
+        W, succ, *saved = ctx.saved_tensors
         L, q, (S, B, D, C, s) = ctx.n_layers, ctx.q, ctx.shape
         dW = torch.zeros_like(W)
         g = grad.new_zeros(S * B, D, saved[-1].shape[-1])
@@ -535,8 +534,9 @@ class _FusedTokens(torch.autograd.Function):
             dO = torch.baddbmm(g, XG[..., D:].mT, dE)                            # (S B, D, c)
             dXG = torch.cat([dX, dG], -1).reshape(S, B * s, 2 * D)
             dW[:, l % W.shape[1]] += KY.reshape(S, B * s, 2 * D).mT @ dXG
-            dKY = (dXG @ W[:, l % W.shape[1]].mT).reshape(S * B, 2 * s, D)       # rows 2k, 2k + 1: d key k, d its mean successor
-            g = dKY.mT @ pick                                                    # (S B, D, C)
+            dKY = (dXG @ W[:, l % W.shape[1]].mT).reshape(S * B, s, 2 * D)       # row k: d key k, d its mean successor
+            g = dKY[..., D:].mT @ succ                                           # (S B, D, C)
+            g[..., :s] += dKY[..., :D].mT
             g[..., C - c:] += dO
         return dW[..., :D, D:], dW[..., :D, :D].mT, dW[..., D:, :D].mT, None, None, None, None, None
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses, functools, math
 import torch
 from torch import nn
+from torch.autograd.function import once_differentiable
 from ictd.boyan import as_tensor, check_gamma, weighted_error
 from ictd.wstd import context_tensors
 from ictd.prompt import build_prompt
@@ -338,22 +339,29 @@ def causal_keys(N:int,          # number of columns
 # %%
 test_eq(causal_keys(6, 3).sum(0).tolist(), [0, 1, 2, 3, 3, 3])
 
-
 # %%
 #| export
+MAX_DENSE_BYTES = 2 ** 31   # the most bytes the matrices of one `causal_attention` call may take
+
 def causal_attention(Z:torch.Tensor,  # (..., D, N) prompt
                      A:torch.Tensor,  # (..., 2D, D) score matrix on (shifted tokens, tokens)
                      lam,             # (...) positional bias lambda
                      n:int,           # number of context transitions
                     )->torch.Tensor:
     "(..., N, N) S[i, j]: softmax over the keys of column j of $T_i^\\top A Z_j + \\lambda \\log i$ (zero columns where there is no key)."
+    N, lam = Z.shape[-1], torch.as_tensor(lam, dtype=Z.dtype, device=Z.device)
+    size = math.prod(torch.broadcast_shapes(Z.shape[:-2], A.shape[:-2], lam.shape)) * N * N * Z.element_size()
+    if size > MAX_DENSE_BYTES:
+        raise ValueError(f"`Z` of shape {tuple(Z.shape)}: its attention matrices would take {size / 2 ** 30:.1f} GiB, "
+                         f"above MAX_DENSE_BYTES = {MAX_DENSE_BYTES / 2 ** 30:g} GiB; the model's forward pass never "
+                         "builds them (O(N) memory)")
     return _attention(torch.cat([Z, previous_token(Z)], -2), Z, A, lam, n)
 
 def _attention(T, Z, A, lam, n:int)->torch.Tensor:
     "`causal_attention` given the stacked tokens T = (Z; Z shifted): one masking pass with a fill made once per shape."
     N = Z.shape[-1]
     pos = torch.arange(N, dtype=Z.dtype, device=Z.device).clamp(min=1).log()
-    logits = T.mT @ A @ Z + torch.as_tensor(lam, dtype=Z.dtype, device=Z.device)[..., None, None] * pos[:, None]
+    logits = T.mT @ A @ Z + lam[..., None, None] * pos[:, None]
     keys, fill, has = _mask(N, n, Z.dtype, Z.device)
     return torch.softmax(torch.where(keys, logits, fill), dim=-2) * has
 
@@ -375,7 +383,32 @@ test_eq(S_att != 0, causal_keys(8, 5))                                          
 
 # %% [markdown]
 # The layer adds the attended values of the shifted tokens and the per-token map to its input (its equivalence to
-# prefix softmax TD under the construction is checked below):
+# prefix softmax TD under the construction is checked below). The attention runs as fused attention with a causal
+# mask, as [chapter 3](dual_head.html)'s context attention does: the $N \times N$ matrix $S$ is never built, so a
+# layer needs memory proportional to $N$ (`causal_attention` above builds $S$, to look at it). Only the keys
+# $1..n$ enter; a query column's key set is all of them, and the positional bias rides along as one more
+# coordinate of each key, $\lambda \log i$, read against a coordinate 1 of each query.
+
+# %%
+#| export
+def attend_keys(Z:torch.Tensor,  # (..., D, N) prompt: the queries are its columns 1..N-1
+                K:torch.Tensor,  # (..., n, D) key i + 1 as row i (the scores of column j are K z_j)
+                X:torch.Tensor,  # (..., D, n) value of key i + 1 as column i
+                lam,             # (...) positional bias lambda
+               )->torch.Tensor:  # (..., D, N): column j is sum_i S[i, j] X[:, i - 1], column 0 zero
+    "$X S$ for the causal attention of each column $j$ over the keys $1..\\min(j, n)$, fused: no $S$."
+    n, E, dt, dev = K.shape[-2], X.shape[-2], Z.dtype, Z.device
+    log_i = torch.arange(1, n + 1, dtype=dt, device=dev).log()[:, None]
+    bias = torch.as_tensor(lam, dtype=dt, device=dev)[..., None, None] * log_i   # lambda log i
+    Q = torch.cat([Z[..., 1:].mT, torch.ones_like(Z[..., :1, 1:]).mT], -1)      # each column, then 1
+    K = torch.cat([K, bias.expand(*K.shape[:-1], 1)], -1)                        # each key, lambda log i
+    V = nn.functional.pad(X.mT, (0, 1))                 # fused attention wants one width for all three
+    shape = torch.broadcast_shapes(Q.shape[:-2], K.shape[:-2], V.shape[:-2])
+    Q, K, V = (t.expand(*shape, *t.shape[-2:]).reshape(-1, 1, *t.shape[-2:]).contiguous()
+               for t in (Q, K, V))
+    out = nn.functional.scaled_dot_product_attention(Q, K, V, is_causal=True, scale=1.)  # keys 1..j
+    return nn.functional.pad(out[..., :E].reshape(*shape, -1, E).mT, (1, 0))
+
 
 # %%
 #| export
@@ -386,9 +419,64 @@ def causal_update(Z:torch.Tensor,    # (..., D, N) prompt
                   lam,               # (...) positional bias
                   n:int,             # number of context transitions
                  )->torch.Tensor:    # (..., D, N) next prompt
-    "One causal layer, $Z + V\\,\\overleftarrow{\\mathrm{TSM}}(Z)\\, S + U Z$, unvalidated."
-    T = torch.cat([Z, previous_token(Z)], -2)
-    return Z + V @ T @ _attention(T, Z, A, lam, n) + U @ Z
+    "One causal layer, $Z + V\\,\\overleftarrow{\\mathrm{TSM}}(Z)\\, S + U Z$, unvalidated, in $O(N)$ memory."
+    T = torch.cat([Z, previous_token(Z)], -2)[..., 1:n + 1]          # the keys' shifted tokens
+    return Z + attend_keys(Z, T.mT @ A, V @ T, lam) + U @ Z
+
+
+# %% [markdown]
+# The check: the fused layer equals the formula with the matrix $S$ of `causal_attention`, on random parameters and
+# prompts with a positional bias, at every column:
+
+# %%
+g_upd = torch.Generator().manual_seed(4)
+r_upd = lambda *s: torch.randn(*s, generator=g_upd, dtype=torch.float64)
+for N_upd, n_upd in ((8, 5), (40, 30), (3, 1)):
+    Z_upd, A_upd, V_upd, U_upd = r_upd(2, 6, N_upd), r_upd(12, 6), r_upd(6, 12), r_upd(6, 6)
+    T_upd = torch.cat([Z_upd, previous_token(Z_upd)], -2)
+    S_upd = causal_attention(Z_upd, A_upd, 0.7, n_upd)
+    dense_upd = Z_upd + V_upd @ T_upd @ S_upd + U_upd @ Z_upd
+    fused_upd = causal_update(Z_upd, A_upd, V_upd, U_upd, 0.7, n_upd)
+    test_close(fused_upd, dense_upd, eps=1e-12 * dense_upd.abs().max().item())
+
+# %% [markdown]
+# A layer's work still grows like $N n$ (`causal_work` counts it; the estimates below are for $d = 4$ and three layers).
+# The model estimates the work of a forward pass before it starts and
+# refuses one above `MAX_WORK` multiply-adds, naming the prompt and the estimate; `causal_attention`, which builds
+# the matrix, refuses one whose matrices would exceed `MAX_DENSE_BYTES`.
+
+# %%
+#| export
+MAX_WORK = 1e12   # the most multiply-adds a decoder's forward pass may take (minutes on one CPU thread)
+
+def causal_work(shape:tuple,    # (..., D, N) shape of the prompt
+                n:int,          # number of context transitions
+                n_layers:int=1, # number of layers
+               )->float:        # multiply-adds of the attention of every layer
+    "The work of a decoder's forward pass: column j reads min(j, n) keys of width D + 1, then values."
+    *batch, D, N = shape
+    keys = n * (n + 1) / 2 + (N - 1 - n) * n           # the keys of all columns together
+    return math.prod(batch) * n_layers * keys * (2 * D + 1)
+
+def check_causal_work(Z:torch.Tensor, n:int, n_layers:int=1):
+    "Refuse (a `ValueError` naming `Z`) a forward pass whose `causal_work` is above `MAX_WORK`."
+    work = causal_work(tuple(Z.shape), n, n_layers)
+    if work > MAX_WORK:
+        raise ValueError(f"`Z` of shape {tuple(Z.shape)} with n = {n} needs about {work:.1e} "
+                         f"multiply-adds in {n_layers} causal layer(s), above MAX_WORK = {MAX_WORK:.0e} "
+                         "(hours on one CPU thread): use a shorter context or fewer prompts per call, "
+                         "or raise ictd.causal.MAX_WORK")
+
+
+# %%
+for n_w in (10 ** 3, 10 ** 5, 10 ** 6):
+    work = causal_work((6, n_w + 11), n_w, 3)
+    print(f"n = {n_w:.0e}: {work:.1e} multiply-adds for one prompt with 10 queries")
+Z_huge = torch.zeros(6, 1, dtype=torch.float64).expand(6, 10 ** 6 + 11)   # a view: nothing allocated
+test_fail(lambda: check_causal_work(Z_huge, 10 ** 6, 3), contains="`Z` of shape (6, 1000011) with n")
+A_0 = torch.zeros(12, 6, dtype=torch.float64)
+test_fail(lambda: causal_attention(Z_huge[:, :10 ** 5], A_0, 0., 10 ** 5 - 1),
+          contains="`Z` of shape (6, 100000): its attention matrices would take")
 
 
 # %% [markdown]
@@ -477,6 +565,11 @@ class CausalSoftmaxICTD(SoftmaxICTD):
     "A decoder-only stack of causal softmax layers reading values from the last row of its prompt: `SoftmaxICTD` with the causal layer."
     Layer, update = CausalSoftmaxLayer, staticmethod(causal_update)
     order = "forward"   # the layout of the prompts it is built for; `from_theta_star` records the one it was given
+
+    def _forward(self, Z, n, return_all=False):
+        "The forward pass on a validated prompt, once `check_causal_work` has let it through."
+        check_causal_work(Z, n, self.n_layers)
+        return super()._forward(Z, n, return_all)
 
     @classmethod
     def from_params(cls, n_layers:int,  # number of layers L
@@ -1295,6 +1388,115 @@ for i in range(2): test_close(v_fam[i], causal_module(causal_cfg, {k: v[i] for k
 
 
 # %% [markdown]
+# Training runs the same function through one autograd node with a hand-written backward pass,
+# `fused_causal_predict`, as the softmax family does with [chapter 3a's](state_tokens.html)
+# `fused_token_predict`; `causal_predict` stays the readable definition. The fused pass holds the tokens as rows
+# and, per seed and layer, makes every column's key, value and per-token map in one product with
+# $[A \mid V^\top \mid (U^\top; 0)]$; the attention runs over the $n$ key rows only, with one additive table for
+# the causal mask and the positional bias; column 0 (no key) adds only its per-token map; the last layer updates
+# only the last columns; and the backward pass reuses the saved attention instead of recording a graph.
+
+# %%
+#| export
+@functools.lru_cache(maxsize=64)
+def _key_bias(N:int, n:int, dtype, device)->tuple:
+    "(N, n) additive mask of column j over the keys 1..n (0 where i <= j, -inf after) and the (n,) log positions log i."
+    j, i = torch.arange(N, device=device)[:, None], torch.arange(1, n + 1, device=device)[None]
+    return torch.zeros(N, n, dtype=dtype, device=device).masked_fill(i > j, -math.inf), i[0].to(dtype).log()
+
+FAST_COLUMNS = 400   # the last layer updates enough columns for this many multiply-adds per product (torch's batched product loops below it)
+
+class _FusedCausal(torch.autograd.Function):
+    """`causal_predict` as one autograd node: A (S, L', 2D, D), V (S, L', D, 2D), U (S, L', D, D), lam (S, L'), Z (S, B, D, N).
+    Tokens as rows Y (S, B, N, D) and T = [Y, Y shifted] (S, B, N, 2D); P = T [A | V^T | (U^T; 0)] holds each column's key, value
+    and per-token map; the scores of the c updated columns are over the keys 1..n only (S, B, c, n)."""
+    @staticmethod
+    def forward(ctx, A, V, U, lam, Z, n_layers, n):
+        S, B, D, N = Z.shape
+        q, Lp = N - n - 1, A.shape[1]
+        W = torch.cat([A, V.mT, torch.cat([U.mT, torch.zeros_like(U)], -2)], -1)          # (S, L', 2D, 3D)
+        mask, logpos = _key_bias(N, n, Z.dtype, Z.device)
+        Y, saved = Z.mT, []
+        for l in range(n_layers):
+            last = l == n_layers - 1
+            c = min(N - 1, max(q, -(-FAST_COLUMNS // (n * D)))) if last else N - 1       # the columns N - c..N - 1 attend
+            T = torch.cat([Y, nn.functional.pad(Y[:, :, :-1], (0, 0, 1, 0))], -1)
+            P = (T.reshape(S, B * N, 2 * D) @ W[:, l % Lp]).reshape(S, B, N, 3 * D)
+            K, X, Yc = P[:, :, 1:n + 1, :D], P[:, :, 1:n + 1, D:2 * D], Y[:, :, N - c:]
+            G = Yc @ K.mT
+            G += lam[:, l % Lp, None, None, None] * logpos + mask[N - c:]
+            att = torch.softmax(G, -1)
+            Y_next = Yc + att @ X + P[:, :, N - c:, 2 * D:]
+            Y = Y_next if last else torch.cat([Y[:, :, :1] + P[:, :, :1, 2 * D:], Y_next], 2)   # column 0: its per-token map only
+            saved += [T, P, att]
+        ctx.dims = n_layers, n, q
+        ctx.save_for_backward(W, *saved)
+        return Y[:, :, -q:, -1]
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        W, *saved = ctx.saved_tensors
+        L, n, q = ctx.dims
+        S, B, N, D2 = saved[0].shape
+        D, Lp, logpos = D2 // 2, W.shape[1], _key_bias(N, n, W.dtype, W.device)[1]
+        dW, dlam = torch.zeros_like(W), W.new_zeros(S, Lp)
+        g = grad.new_zeros(S, B, saved[2].shape[-2], D)
+        g[:, :, -q:, -1] = grad                                                      # d value / d the last layer's columns
+        for l in reversed(range(L)):
+            T, P, att = saved[3 * l: 3 * l + 3]
+            c, rest = att.shape[-2], g.shape[2] - att.shape[-2]                    # rest: column 0, below the last layer
+            gc, K, X, Yc = g[:, :, rest:], P[:, :, 1:n + 1, :D], P[:, :, 1:n + 1, D:2 * D], T[:, :, N - c:, :D]
+            dG = torch._softmax_backward_data(gc @ X.mT, att, -1, att.dtype)
+            dlam[:, l % Lp] += dG.sum((1, 2)) @ logpos
+            dP = P.new_zeros(S, B, N, 3 * D)                                        # d (key, value, per-token map) of every column
+            dP[:, :, 1:n + 1, :D], dP[:, :, 1:n + 1, D:2 * D] = dG.mT @ Yc, att.mT @ gc
+            dP[:, :, N - c - rest:, 2 * D:] = g
+            dW[:, l % Lp] += T.reshape(S, B * N, D2).mT @ dP.reshape(S, B * N, 3 * D)
+            if l == 0: break
+            dT = (dP.reshape(S, B * N, 3 * D) @ W[:, l % Lp].mT).reshape(S, B, N, D2)
+            dY = dT[..., :D] + nn.functional.pad(dT[:, :, 1:, D:], (0, 0, 0, 1))    # through the token and the next one's shift
+            dY[:, :, N - c - rest:] += g                                             # the residual
+            dY[:, :, N - c:] += dG @ K                                               # the updated columns' scores
+            g = dY
+        return dW[..., :D], dW[..., D:2 * D].mT, dW[..., :D, 2 * D:].mT, dlam, None, None, None
+
+
+# %%
+#| export
+def fused_causal_predict(config:PretrainConfig,  # the run's settings (its depth)
+                         params:dict,            # A, V, U, lam with a leading seed axis, as `causal_init` stacks them
+                         Z:torch.Tensor,         # (S, B..., D, N) every seed's causal prompts
+                         n:int,                  # number of context transitions
+                        )->torch.Tensor:         # (S, B..., q) values at the queries, differentiable in `params`
+    "`causal_predict` in one fused autograd node with a hand-written backward pass: the engine's prediction for the decoder."
+    S, batch, dt = Z.shape[0], Z.shape[:-2], params["A"].dtype
+    v = _FusedCausal.apply(params["A"], params["V"], params["U"], params["lam"], Z.to(dt).reshape(S, -1, *Z.shape[-2:]).contiguous(),
+                           config.n_layers, int(n))
+    return v.reshape(*batch, v.shape[-1])
+
+
+# %% [markdown]
+# The check: on the same prompts the fused pass gives `causal_predict`'s values and the gradients of a loss in every
+# parameter, to rounding, with separate and shared layers:
+
+# %%
+def values_and_grads(predict, cfg, params, Z):
+    "Values at the queries and the gradients of a loss that reads both queries, for one prediction function."
+    leaf = {k: v.detach().clone().requires_grad_() for k, v in params.items()}
+    v = predict(cfg, leaf, Z, cfg.n)
+    (v[..., 0] - 0.9 * v[..., -1].square()).sum().backward()
+    return v.detach(), {k: leaf[k].grad for k in leaf}
+
+for cfg_f in (causal_cfg, dataclasses.replace(causal_cfg, n_layers=3, shared=True)):
+    params_f = {k: v + 0.3 * torch.randn(v.shape, generator=torch.Generator().manual_seed(8), dtype=v.dtype)
+                for k, v in causal_init(cfg_f, [0, 3], torch.float64).items()}
+    (v0, g0), (v1, g1) = (values_and_grads(f, cfg_f, params_f, Z_fam.expand(2, *Z_fam.shape)) for f in (causal_predict, fused_causal_predict))
+    test_close(v1, v0, eps=1e-12 * v0.abs().max().item())
+    for k in g0: test_close(g1[k], g0[k], eps=1e-12 * max(1., g0[k].abs().max().item()))
+
+
+# %% [markdown]
 # The metrics recorded at each evaluation: the value weights and positional bias of every layer and, on discrete
 # tasks, how much of each query's attention falls on the transitions that leave the query's state (the
 # saved pretraining run of [chapter 6c](causal_pretraining.html) reports them):
@@ -1324,7 +1526,7 @@ def causal_metrics(config:PretrainConfig, params:dict, ev)->dict:
 #| export
 def register_causal_family(name:str="causal"):
     "Make the decoder available to the engine as `PretrainConfig(attention=name)`."
-    register_family(name, Family(init=causal_init, prompt=causal_prompt, predict=causal_predict, module=causal_module, metrics=causal_metrics))
+    register_family(name, Family(init=causal_init, prompt=causal_prompt, predict=fused_causal_predict, module=causal_module, metrics=causal_metrics))
 
 register_causal_family()
 
