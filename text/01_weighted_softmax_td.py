@@ -1822,7 +1822,7 @@ for dt in (torch.float32, torch.float64):
     W_huge = 2e4 * torch.eye(4, dtype=dt)
     assert (phis.to(dt) @ W_huge @ phis.to(dt).mT).abs().max() >= 1e4
     assert torch.isfinite(weighted_softmax_td(phis.to(dt), Rs.to(dt), W_huge, 0.5, 0.9, 50, Qs.to(dt))).all()
-rel32
+print("float32 against float64 after 50 iterations: largest gap below 1e-5 of the values' scale")
 
 # %% [markdown]
 # **The order of the score's arguments.** The lesson's example came first; here is the convention it used. We write $g(S_{k-1}, x)$: the key (the state the

@@ -134,7 +134,8 @@ def summary_table(summaries:dict,  # name -> `study_summary`
     out = [f"| {label} | MSVE | shape explained | one uniform layer | (+, +, −) last selective layer | (+, +, −) last layer | largest layer diagonality |", "|---|---|---|---|---|---|---|"]
     for k, sm in summaries.items():
         m = len(sm["MSVE"])
-        se = lambda x: f"{x.mean():.3f} ± {x.std() / math.sqrt(m):.3f}"
+        num = lambda v: f"{v:.3f}" if abs(v) < 100 else f"{v:.3g}"   # a diverged setting's huge errors: 3 digits, not rounding noise
+        se = lambda x: f"{num(x.mean())} ± {num(x.std() / math.sqrt(m))}"
         out.append(f"| {k} | {se(sm['MSVE'])} | {se(sm['shape explained'])} | {int(sm['one uniform layer'].sum())} / {m} | "
                    f"{int(sm['pattern, last selective layer'].sum())} / {m} | {int(sm['pattern, last layer'].sum())} / {m} | {se(sm['largest layer diagonality'])} |")
     return "\n".join(out)
