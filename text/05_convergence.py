@@ -423,7 +423,7 @@ record_claim(
     "proved",
     "convergence",
     "#the-transformers-iteration-as-a-recursion-over-states",
-)
+);
 
 
 # %% [markdown]
@@ -902,7 +902,7 @@ record_claim(
     "proved",
     "convergence",
     "#the-fixed-point-and-the-statistical-floor",
-)
+);
 
 
 # %% [markdown]
