@@ -1093,7 +1093,7 @@ print(
 # %%
 #| fig-cap: "Figure 5.2: the contraction bound of Proposition 5.1 against the measured per-layer rate, one point per task that satisfies the condition; no point lies above the diagonal."
 #| fig-alt: "Scatter plot of the measured per-layer rate against the contraction bound kappa for one-hot, unit-norm and raw-feature tasks, all points on or below the dashed diagonal line rate equals bound, most of them close to it."
-def measured_rate(err, start=5, rel=1e-10):
+def per_layer_rate(err, start=5, rel=1e-10):
     "Per-layer rate of each row of `err`, from `start` to its last layer above `rel` of err[0]."
     layers = torch.arange(err.shape[-1])
     last = ((err > rel * err[:, :1]) * layers).amax(1).clamp(min=start + 5)
@@ -1103,7 +1103,7 @@ def measured_rate(err, start=5, rel=1e-10):
 fig, ax = plt.subplots(figsize=(5.5, 5))
 near = total = 0
 for label, rho_f, err_f in curves:
-    rate_f = measured_rate(err_f)
+    rate_f = per_layer_rate(err_f)
     assert (rate_f <= rho_f * (1 + 1e-9)).all(), label  # a rate can never beat its bound
     near, total = near + int((rho_f - rate_f < 0.01).sum()), total + len(rho_f)
     ax.scatter(rho_f, rate_f, s=12, label=f"{label} ({len(rho_f)} tasks)")
