@@ -100,7 +100,7 @@ def box(ax, xy, text, color, w=2.5, h=0.8):
             (xy[0] - w / 2, xy[1] - h / 2), w, h, boxstyle="round,pad=0.05", fc=color, ec="k", lw=1
         )
     )
-    ax.text(*xy, text, ha="center", va="center", fontsize=8.5)
+    ax.text(*xy, text, ha="center", va="center", fontsize=6.4)
 
 
 def arrow(ax, a, b, text="", color="k"):
@@ -108,11 +108,11 @@ def arrow(ax, a, b, text="", color="k"):
     ax.annotate("", xy=b, xytext=a, arrowprops=dict(arrowstyle="-|>", color=color, lw=1.2))
     if text:
         ax.text(
-            (a[0] + b[0]) / 2 + 0.1, (a[1] + b[1]) / 2, text, fontsize=8, color=color, va="center"
+            (a[0] + b[0]) / 2 + 0.1, (a[1] + b[1]) / 2, text, fontsize=6, color=color, va="center"
         )
 
 
-fig, ax = plt.subplots(figsize=(9, 4.6))
+fig, ax = plt.subplots(figsize=(6.8, 3.5))
 ax.set(xlim=(-1.0, 11.8), ylim=(0.6, 6.4))
 ax.axis("off")
 box(ax, (1, 5.6), "$Z_l$\n(tokens as columns)", "#eeeeee")
@@ -165,11 +165,11 @@ arrow(ax, (8.5, 5.1), (8.5, 3.9), "weights")
 arrow(ax, (8.5, 3.1), (8.5, 1.6))
 ax.plot([-0.25, -0.75, -0.75, 6.0], [5.6, 5.6, 1.2, 1.2], color="grey", lw=1, ls="--")
 arrow(ax, (6.0, 1.2), (6.85, 1.2), color="grey")
-ax.text(-0.6, 0.95, "residual connection", fontsize=8, color="grey")
+ax.text(-0.6, 0.95, "residual connection", fontsize=6, color="grey")
 ax.set_title(
     "One dual-head layer: two value heads, one shared attention, one shift (brackets: under"
     " $\\theta^*$)",
-    fontsize=10,
+    fontsize=7.5,
 )
 test_fig_exists(ax)
 
@@ -638,9 +638,9 @@ show_doc(SoftmaxICTD.predict)
 # $v_0 = 0, v_1, v_2, \dots$ be the iterates of weighted softmax TD ([chapter 1](weighted_softmax_td.html)) with score
 # $g(x, y) = \phi(x)^\top W \phi(y)$, step $\alpha$ and $\rho = 1$:
 #
-# $$v_{l+1}(x) = v_l(x) + \alpha \sum_{k=1}^{n} K_k(x)\, \delta^{(l)}_k, \qquad
-# \delta^{(l)}_k = R_k + \gamma v_l(S_k) - v_l(S_{k-1}), \qquad
-# K_k(x) = \frac{\exp g(S_{k-1}, x)}{\sum_{k'=1}^n \exp g(S_{k'-1}, x)} .$$
+# $$\begin{aligned}v_{l+1}(x) &= v_l(x) + \alpha \sum_{k=1}^{n} K_k(x)\, \delta^{(l)}_k, \qquad
+# \delta^{(l)}_k = R_k + \gamma v_l(S_k) - v_l(S_{k-1}), \\
+# K_k(x) &= \frac{\exp g(S_{k-1}, x)}{\sum_{k'=1}^n \exp g(S_{k'-1}, x)} .\end{aligned}$$
 #
 # ::: {.theorem}
 # **Theorem 3.1 (our construction; the paper claims that such a construction exists).**
@@ -872,7 +872,7 @@ key_order = torch.cat(
 names = [f"$S_{{{j}}}$" for j in range(17)] + ["query 1", "query 2"]
 lab = lambda j: f"{names[j]} ({col_states[j].item()})"
 S_sorted = S6[key_order][:, col_order].numpy()
-fig, ax = plt.subplots(figsize=(8, 7))
+fig, ax = plt.subplots(figsize=(6.8, 6))
 masked_rows = np.arange(19)[:, None] >= 16 * np.ones((1, 19))
 im = ax.imshow(np.ma.masked_where(masked_rows, S_sorted), cmap="viridis", vmin=0)
 ax.imshow(np.where(masked_rows, 1.0, np.nan), cmap="Greys", vmin=0, vmax=3)
@@ -997,7 +997,7 @@ Markdown(
 #| fig-cap: "Figure 3.3: Depth is iteration: the value error of the constructed Transformer falls geometrically with the number of layers, on the same curve as weighted softmax TD, then settles at the statistical floor of the context."
 #| fig-alt: "Log-scale value error against layer 0 to 80 for five tasks: colored lines for the Transformer and black dots for weighted softmax TD lie on top of each other, fall by one to three orders of magnitude over the first 20 to 50 layers, then flatten at a different floor per task."
 #| code-fold: true
-fig, ax1 = plt.subplots(figsize=(8, 4.5))
+fig, ax1 = plt.subplots(figsize=(6.8, 3.8))
 for k in range(len(gap)):
     ax1.semilogy(layers, err_tf[k], lw=1.8, color=f"C{k}", label=f"task {k}: Transformer")
     ax1.semilogy(
