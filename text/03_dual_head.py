@@ -872,7 +872,7 @@ key_order = torch.cat(
 names = [f"$S_{{{j}}}$" for j in range(17)] + ["query 1", "query 2"]
 lab = lambda j: f"{names[j]} ({col_states[j].item()})"
 S_sorted = S6[key_order][:, col_order].numpy()
-fig, ax = plt.subplots(figsize=(6.8, 6))
+fig, ax = plt.subplots(figsize=(6.0, 5.3))
 masked_rows = np.arange(19)[:, None] >= 16 * np.ones((1, 19))
 im = ax.imshow(np.ma.masked_where(masked_rows, S_sorted), cmap="viridis", vmin=0)
 ax.imshow(np.where(masked_rows, 1.0, np.nan), cmap="Greys", vmin=0, vmax=3)
@@ -997,7 +997,7 @@ Markdown(
 #| fig-cap: "Figure 3.3: Depth is iteration: the value error of the constructed Transformer falls geometrically with the number of layers, on the same curve as weighted softmax TD, then settles at the statistical floor of the context."
 #| fig-alt: "Log-scale value error against layer 0 to 80 for five tasks: colored lines for the Transformer and black dots for weighted softmax TD lie on top of each other, fall by one to three orders of magnitude over the first 20 to 50 layers, then flatten at a different floor per task."
 #| code-fold: true
-fig, ax1 = plt.subplots(figsize=(6.8, 3.8))
+fig, ax1 = plt.subplots(figsize=(6.0, 3.4))
 for k in range(len(gap)):
     ax1.semilogy(layers, err_tf[k], lw=1.8, color=f"C{k}", label=f"task {k}: Transformer")
     ax1.semilogy(

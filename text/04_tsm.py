@@ -343,7 +343,7 @@ model3 = SoftmaxICTD.from_theta_star(d, 3, W, alpha, gamma).requires_grad_(False
 T3 = temporal_shift(
     model3(build_prompt(mrp.phi[st12], rw12, mrp.phi[[0, 9]]), n=12), 12, channels=[d + 1]
 )
-fig, ax = plt.subplots(figsize=(6.8, 3.8))
+fig, ax = plt.subplots(figsize=(5.8, 3.3))
 lim = T3.abs().max().item()
 im = ax.imshow(T3.numpy(), cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto")
 row_names = [rf"$\phi_{i}$" for i in range(d)] + [
