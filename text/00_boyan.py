@@ -30,12 +30,21 @@ from ictd.core import record_claim
 # > Markov reward processes, the random Boyan chain that serves as the book's testbed, trajectories, stationary distributions and true values.
 
 # %% [markdown]
+# ::: {.callout-tip title="What this page shows"}
+# - A Markov reward process (MRP), its true values $v_\pi$ and its stationary distribution $d_\pi$: the ground truth
+#   every later chapter scores against.
+# - The book's testbed, the random Boyan chain, drawn and solved by hand on three states in exact fractions.
+# - Trajectories, the ergodic theorem at work, and one seed giving one chain under every feature kind.
+# - The score of every estimate: the mean squared value error (MSVE).
+# :::
+
+# %% [markdown]
 # *How to read this chapter.* It sets up the ground truth the whole book scores against. First the
 # objects (a Markov reward process, its values and its stationary distribution), then the book's
 # testbed, the random Boyan chain, with a picture of one, then a three-state chain solved by hand, then
 # trajectories and the value error. The functions a reader calls (`random_boyan_chain`,
-# `sample_trajectory`, `msve`, `plot_chain`) are documented where they appear; the input checks and
-# the exhaustive tests are in the last section, [Implementation and tests](#implementation-and-tests).
+# `sample_trajectory`, `msve`, `plot_chain`) are documented where they appear; the helpers, the input
+# checks and the exhaustive tests are in the last section, [Implementation and tests](#implementation-and-tests).
 # Symbols are listed once in [Notation](notation.html).
 
 # %% [markdown]
@@ -165,8 +174,8 @@ show_doc(MRP)
 #   or "unit": random rows rescaled to norm 1.
 #
 # Every draw is a new *task*. An in-context learner is shown a trajectory of a task it has never
-# seen and must estimate that task's values. The two helpers below turn the uniforms of a
-# random generator into a chain; the order in which they read them is in
+# seen and must estimate that task's values. Helpers turn the uniforms of a random generator into a
+# chain; they, and the order in which they read the uniforms, are in
 # [Implementation and tests](#drawing-a-chain-from-uniforms).
 
 # %%
@@ -186,21 +195,6 @@ def transitions_from_uniforms(u:np.ndarray,   # (..., 2s - 2) uniforms on [0, 1)
     P[..., s - 1, :] = last / last.sum(-1, keepdims=True)
     return P
 
-
-# %% [markdown]
-# The uniforms come in one flat vector so that a batch of chains is one array and one call.
-# Every row it builds is a probability distribution, and the first rows only move right:
-
-# %%
-P5 = transitions_from_uniforms(np.random.default_rng(0).random((2, 8)), 5)
-test_close(P5.sum(-1), np.ones((2, 5)), eps=1e-15)
-test_eq(np.triu(P5[:, :4], 1), P5[:, :4]); test_eq(P5[:, 3], np.eye(5)[[4, 4]])
-
-
-# %% [markdown]
-# Where only the dynamics are wanted (the worst-case searches of chapter 5b build chains block by
-# block), one chain's matrix comes straight from a generator; that it reads the generator as
-# `transitions_from_uniforms` does is tested in [Implementation and tests](#drawing-a-chain-from-uniforms).
 
 # %%
 #| export
@@ -295,7 +289,7 @@ def plot_chain(mrp:MRP,       # the chain to draw
 # %%
 #| fig-cap: "Figure 0.1: From each state a Boyan chain steps one or two states forward, each step with its own probability."
 #| fig-alt: "Ten numbered circles, states 0 to 9, in a row. Blue arrows above join each state to the next, orange arrows below join it to the state two ahead, each labelled with its probability; a state's two probabilities sum to 1, and state 8 steps to 9 with probability 1.00. State 9 has no arrows drawn."
-ax = plot_chain(mrp)
+ax = plot_chain(mrp, plt.subplots(figsize=(6.5, 2.2))[1])
 test_fig_exists(ax)
 
 # %%
@@ -303,7 +297,13 @@ test_fig_exists(ax)
 #| fig-alt: "Heat map of the 10 by 10 transition matrix P, state x on the rows and next state y on the columns, colour from 0 (white) to 1 (dark blue). Rows 0 to 8 have weight only one and two columns right of the diagonal; row 9 has small weights across most columns."
 fig, ax = plt.subplots(figsize=(5, 4))
 im = ax.imshow(mrp.P.numpy(), cmap="Blues", vmin=0, vmax=1)
-ax.set(title="Transition matrix $P$ of the same chain", xlabel="next state $y$", ylabel="state $x$", xticks=range(10), yticks=range(10))
+ax.set(
+    title="Transition matrix $P$ of the same chain",
+    xlabel="next state $y$",
+    ylabel="state $x$",
+    xticks=range(10),
+    yticks=range(10),
+)
 fig.colorbar(im, ax=ax, label="$P(x, y)$");
 
 # %% [markdown]
@@ -312,6 +312,8 @@ fig.colorbar(im, ax=ax, label="$P(x, y)$");
 # reaches every state.
 
 # %%
+#| code-fold: true
+#| code-summary: "Code of the check"
 P = mrp.P
 test_close(P.sum(1), torch.ones(10), eps=1e-12)
 for i in range(8):
@@ -348,23 +350,45 @@ test_eq((mrp.phi.shape, mrp.gamma), ((10, 4), 0.9))
 # numerically in float64.
 
 # %%
+#| code-fold: true
+#| code-summary: "Code of the check"
 def by_hand(p, row2, r, gamma):
     "d_pi and v_pi of the three-state Boyan chain, by the substitutions above, in exact fractions."
     a, b, c = row2
     d = [a, p * a + b, Fraction(1)]
     d = [x / sum(d) for x in d]
-    v0_const, v0_coef = r[0] + gamma * p * r[1], gamma * (gamma * p + 1 - p)     # v(0) = v0_const + v0_coef v(2)
-    v2 = (r[2] + gamma * a * v0_const + gamma * b * r[1]) / (1 - gamma * a * v0_coef - gamma ** 2 * b - gamma * c)
+    v0_const, v0_coef = r[0] + gamma * p * r[1], gamma * (
+        gamma * p + 1 - p
+    )  # v(0) = v0_const + v0_coef v(2)
+    v2 = (r[2] + gamma * a * v0_const + gamma * b * r[1]) / (
+        1 - gamma * a * v0_coef - gamma**2 * b - gamma * c
+    )
     return d, [v0_const + v0_coef * v2, r[1] + gamma * v2, v2]
 
-p, row2, r3, gamma3 = Fraction(1, 2), (Fraction(1, 2), Fraction(1, 4), Fraction(1, 4)), (Fraction(1), Fraction(0), Fraction(-1)), Fraction(1, 2)
+
+p, row2, r3, gamma3 = (
+    Fraction(1, 2),
+    (Fraction(1, 2), Fraction(1, 4), Fraction(1, 4)),
+    (Fraction(1), Fraction(0), Fraction(-1)),
+    Fraction(1, 2),
+)
 d3, v3 = by_hand(p, row2, r3, gamma3)
-small = MRP(P=[[0, float(p), float(1 - p)], [0, 0, 1], [float(x) for x in row2]], r=[float(x) for x in r3], gamma=float(gamma3), phi=np.eye(3))
+small = MRP(
+    P=[[0, float(p), float(1 - p)], [0, 0, 1], [float(x) for x in row2]],
+    r=[float(x) for x in r3],
+    gamma=float(gamma3),
+    phi=np.eye(3),
+)
 test_close(small.d_pi, torch.tensor([float(x) for x in d3], dtype=torch.float64), eps=1e-15)
 test_close(small.v_pi, torch.tensor([float(x) for x in v3], dtype=torch.float64), eps=1e-14)
-frac = lambda xs: ", ".join(f"{x.numerator}/{x.denominator}" if x.denominator > 1 else f"{x.numerator}" for x in xs)
-Markdown(f"With $p = {frac([p])}$, last row $({frac(row2)})$, rewards $r = ({frac(r3)})$ and $\\gamma = {frac([gamma3])}$: "
-         f"$d_\\pi = ({frac(d3)})$ and $v_\\pi = ({frac(v3)})$. `MRP` finds the same numbers in float64, to $10^{{-14}}$.")
+frac = lambda xs: ", ".join(
+    f"{x.numerator}/{x.denominator}" if x.denominator > 1 else f"{x.numerator}" for x in xs
+)
+Markdown(
+    f"With $p = {frac([p])}$, last row $({frac(row2)})$, rewards $r = ({frac(r3)})$ and $\\gamma ="
+    f" {frac([gamma3])}$: $d_\\pi = ({frac(d3)})$ and $v_\\pi = ({frac(v3)})$. `MRP` finds the same"
+    " numbers in float64, to $10^{-14}$."
+)
 
 # %% [markdown]
 # The same two equations hold on every chain. The check runs on 50 random chains of 3 to 14 states,
@@ -373,22 +397,28 @@ Markdown(f"With $p = {frac([p])}$, last row $({frac(row2)})$, rewards $r = ({fra
 
 # %%
 for seed in range(50):
-    m = random_boyan_chain(n_states=3 + seed % 12, features=FEATURES[seed % 3], rewards=REWARDS[seed % 2], seed=seed)
+    m = random_boyan_chain(
+        n_states=3 + seed % 12, features=FEATURES[seed % 3], rewards=REWARDS[seed % 2], seed=seed
+    )
     test_close(m.r + m.gamma * m.P @ m.v_pi, m.v_pi, eps=1e-12)
     test_close(m.d_pi @ m.P, m.d_pi, eps=1e-12)
-    test_close(m.d_pi.sum(), 1., eps=1e-12)
+    test_close(m.d_pi.sum(), 1.0, eps=1e-12)
     assert (m.d_pi > 0).all()
 
 # %%
 #| fig-cap: "Figure 0.3: The true value is a discounted look-ahead smoothing of the rewards: a state with a positive reward can still have a negative value when the states after it pay badly."
 #| fig-alt: "Paired bars for states 0 to 9: rewards r(x) in blue, of both signs, and true values v_pi(x) in orange, all negative, largest in magnitude at states 0 and 1 and smallest at states 7 and 9, with gamma = 0.9."
-fig, ax = plt.subplots(figsize=(7, 3.2))
+fig, ax = plt.subplots(figsize=(6.5, 3.2))
 x = np.arange(mrp.n_states)
 ax.bar(x - 0.2, mrp.r.numpy(), width=0.4, label="reward $r(x)$")
 ax.bar(x + 0.2, mrp.v_pi.numpy(), width=0.4, label=r"true value $v_\pi(x)$")
 ax.axhline(0, color="k", lw=0.6)
-ax.set(xlabel="state $x$", ylabel="reward / value (return units)", xticks=x,
-       title=rf"Rewards and true values of the chain above ($\gamma = {mrp.gamma}$)")
+ax.set(
+    xlabel="state $x$",
+    ylabel="reward / value (return units)",
+    xticks=x,
+    title=rf"Rewards and true values of the chain above ($\gamma = {mrp.gamma}$)",
+)
 ax.legend();
 
 
@@ -431,12 +461,8 @@ show_doc(sample_trajectory)
 
 # %%
 states, rewards = sample_trajectory(mrp, 20, seed=0)
-test_eq((states.shape, rewards.shape, states.dtype, rewards.dtype), ((21,), (20,), torch.int64, torch.float64))
-test_eq(rewards, mrp.r[states[:-1]])
 for a, b in zip(states[:-1].tolist(), states[1:].tolist()): assert mrp.P[a, b] > 0, (a, b)
-test_eq(sample_trajectory(mrp, 20, seed=0)[0], states)
-test_eq(sample_trajectory(mrp, 5, start=3, seed=1)[0][0], 3)
-states.tolist()
+print("S_0, ..., S_20: " + " → ".join(str(x) for x in states.tolist()))
 
 # %% [markdown]
 # The **ergodic theorem** says that the fraction of time a long trajectory spends in each state
@@ -448,15 +474,20 @@ states.tolist()
 long_states, _ = sample_trajectory(mrp, 100_000, seed=1)
 freq = torch.bincount(long_states, minlength=mrp.n_states).double() / len(long_states)
 test_close(freq, mrp.d_pi, eps=0.01)
-(freq - mrp.d_pi).abs().max().item()
+print(f"largest |frequency - d_pi(x)| over the states: {(freq - mrp.d_pi).abs().max().item():.2e}")
 
 # %%
 #| fig-cap: 'Figure 0.4: Over $10^5$ steps the visit frequencies match the stationary distribution $d_\pi$ state by state.'
 #| fig-alt: "Paired bars for states 0 to 9: the stationary probability d_pi(x) in blue and the visit frequency over 10^5 steps in orange, of equal height at every state, smallest at state 0 and largest at state 9."
-fig, ax = plt.subplots(figsize=(7, 3.2))
+fig, ax = plt.subplots(figsize=(6.5, 3.2))
 ax.bar(x - 0.2, mrp.d_pi.numpy(), width=0.4, label=r"stationary $d_\pi(x)$")
 ax.bar(x + 0.2, freq.numpy(), width=0.4, label="visit frequency, $10^5$ steps")
-ax.set(xlabel="state $x$", ylabel="probability", xticks=x, title="Stationary distribution against visit frequencies")
+ax.set(
+    xlabel="state $x$",
+    ylabel="probability",
+    xticks=x,
+    title="Stationary distribution against visit frequencies",
+)
 ax.legend();
 
 # %% [markdown]
@@ -476,25 +507,41 @@ ax.legend();
 # $P$ only. The check runs over many seeds and sizes:
 
 # %%
+#| code-fold: true
+#| code-summary: "Code of the check"
 shared, sizes = [], [(2 + seed % 19, 1 + seed % 9) for seed in range(200)]
 for seed, (s, d) in enumerate(sizes):
     chains = {f: random_boyan_chain(s, d, features=f, seed=seed) for f in FEATURES}
     ref = chains["random"]
     for m in chains.values():
-        for k in ("P", "r", "d_pi", "v_pi"): test_eq(getattr(m, k), getattr(ref, k))
+        for k in ("P", "r", "d_pi", "v_pi"):
+            test_eq(getattr(m, k), getattr(ref, k))
     test_eq(chains["onehot"].phi, torch.eye(s, dtype=torch.float64))
-    test_eq(chains["unit"].phi.numpy(), ref.phi.numpy() / np.linalg.norm(ref.phi.numpy(), axis=1, keepdims=True))
+    test_eq(
+        chains["unit"].phi.numpy(),
+        ref.phi.numpy() / np.linalg.norm(ref.phi.numpy(), axis=1, keepdims=True),
+    )
     other_d = random_boyan_chain(s, d + 1, seed=seed)
     test_eq(other_d.P, ref.P)
     shared.append(not torch.equal(other_d.r, ref.r))
 rep = [random_boyan_chain(8, 3, features=f, rewards="representable", seed=1) for f in FEATURES]
-for m in rep[1:]: test_eq(m.P, rep[0].P)
+for m in rep[1:]:
+    test_eq(m.P, rep[0].P)
 assert all(shared)
-record_claim("kinds-share-mrp", "The random, unit and one-hot chains of one seed (same number of states and `d`) have the same $P$, $r$, $d_\\pi$ and $v_\\pi$ bit for bit; only $\\Phi$ differs.",
-             "proved", "boyan", "#one-seed-one-chain-under-every-feature-kind")
+record_claim(
+    "kinds-share-mrp",
+    "The random, unit and one-hot chains of one seed (same number of states and `d`) have the same"
+    " $P$, $r$, $d_\\pi$ and $v_\\pi$ bit for bit; only $\\Phi$ differs.",
+    "proved",
+    "boyan",
+    "#one-seed-one-chain-under-every-feature-kind",
+)
 (s_lo, d_lo), (s_hi, d_hi) = np.min(sizes, 0), np.max(sizes, 0)
-Markdown(f"On all {len(shared)} seeds (with $s$ from {s_lo} to {s_hi} and $d$ from {d_lo} to {d_hi}) the {len(FEATURES)} feature kinds share "
-         f"$P$, $r$, $d_\\pi$ and $v_\\pi$ exactly, and changing $d$ to $d + 1$ kept $P$ and redrew $r$ on all {sum(shared)} of them.")
+Markdown(
+    f"On all {len(shared)} seeds (with $s$ from {s_lo} to {s_hi} and $d$ from {d_lo} to {d_hi}) the"
+    f" {len(FEATURES)} feature kinds share $P$, $r$, $d_\\pi$ and $v_\\pi$ exactly, and changing"
+    f" $d$ to $d + 1$ kept $P$ and redrew $r$ on all {sum(shared)} of them."
+)
 
 
 # %% [markdown]
@@ -518,7 +565,10 @@ def weighted_error(v_hat:torch.Tensor,   # (..., m) estimates
 # weights are a quadrature rule rather than $d_\pi$, score estimates with the same formula:
 
 # %%
-test_close(weighted_error(torch.tensor([1., 2.]), torch.tensor([0., 0.]), torch.tensor([0.25, 0.75])), 3.25)
+test_close(
+    weighted_error(torch.tensor([1.0, 2.0]), torch.tensor([0.0, 0.0]), torch.tensor([0.25, 0.75])),
+    3.25,
+)
 
 
 # %% [markdown]
@@ -626,6 +676,26 @@ for msg, kw in bad_inputs.items(): test_fail(lambda: MRP(**{**ok, **kw}), contai
 # %%
 show_doc(chain_from_uniforms)
 
+# %% [markdown]
+# `transitions_from_uniforms` builds the transition matrices. The uniforms come in one flat vector so that a batch of
+# chains is one array and one call. Every row it builds is a probability distribution, and the first rows only move right:
+
+# %%
+show_doc(transitions_from_uniforms)
+
+# %%
+P5 = transitions_from_uniforms(np.random.default_rng(0).random((2, 8)), 5)
+test_close(P5.sum(-1), np.ones((2, 5)), eps=1e-15)
+test_eq(np.triu(P5[:, :4], 1), P5[:, :4]); test_eq(P5[:, 3], np.eye(5)[[4, 4]])
+
+# %% [markdown]
+# Where only the dynamics are wanted (the worst-case searches of chapter 5b build chains block by
+# block), one chain's matrix comes straight from a generator with `boyan_transitions`; that it reads the generator as
+# `transitions_from_uniforms` does is tested in the next cell.
+
+# %%
+show_doc(boyan_transitions)
+
 # %%
 u = np.random.default_rng(0).random((3, 2 * 5 - 2 + 5 * 2))
 for f in FEATURES:
@@ -660,7 +730,14 @@ for msg, kw in {"`n_states` must be an integer >= 2": dict(n_states=1),
     test_fail(lambda: random_boyan_chain(**kw), contains=msg)
 
 # %% [markdown]
-# ### Trajectories and the value error: bad input
+# ### Trajectories and the value error: shapes, seeds and bad input
+
+# %%
+states, rewards = sample_trajectory(mrp, 20, seed=0)
+test_eq((states.shape, rewards.shape, states.dtype, rewards.dtype), ((21,), (20,), torch.int64, torch.float64))
+test_eq(rewards, mrp.r[states[:-1]])
+test_eq(sample_trajectory(mrp, 20, seed=0)[0], states)
+test_eq(sample_trajectory(mrp, 5, start=3, seed=1)[0][0], 3)
 
 # %%
 for msg, kw in {"`n` must be a non-negative integer": dict(n=-1),

@@ -24,6 +24,13 @@ from ictd.core import record_claim
 # > Random Boyan chains stacked along a batch dimension, and their trajectories sampled in lock-step: the data every experiment of the book averages over.
 
 # %% [markdown]
+# ::: {.callout-tip title="What this page shows"}
+# - Random Boyan chains stacked along a batch dimension (`TaskBatch`), and their trajectories sampled in lock-step.
+# - How a seed names a set of tasks, once for the whole book.
+# - The fast pools of tasks that pretraining draws.
+# :::
+
+# %% [markdown]
 # [Chapter 0](boyan.html) draws one Markov reward process and one trajectory at a time. But every
 # claim the book measures is a claim about a *distribution* of tasks: the experiments of the later
 # chapters average over hundreds of random chains and several context lengths, and pretraining
@@ -76,12 +83,6 @@ class TaskBatch:
 # %%
 show_doc(TaskBatch)
 
-# %%
-show_doc(TaskBatch.map)
-
-# %%
-show_doc(TaskBatch.stack)
-
 
 # %% [markdown]
 # `stack_tasks` builds a batch from chains already drawn, one tensor per field with the chains along
@@ -98,9 +99,6 @@ def stack_tasks(mrps:list, # MRPs with equal shapes and discount
     if len({(m.n_states, m.d, m.gamma) for m in mrps}) > 1: raise ValueError("`mrps` must share n_states, d and gamma")
     return TaskBatch(*(torch.stack([getattr(m, k) for m in mrps]) for k in ("P", "r", "phi", "d_pi", "v_pi")), mrps[0].gamma)
 
-
-# %%
-show_doc(stack_tasks)
 
 # %%
 chains = [random_boyan_chain(d=2, seed=k) for k in range(3)]
@@ -125,10 +123,9 @@ def task_rng(seed:int,  # the seed of a batch of tasks
 
 
 # %%
-show_doc(task_rng)
-
-# %%
-test_eq(task_rng(3, 2).random(4), np.random.default_rng(np.random.SeedSequence(3).spawn(3)[2]).random(4))
+test_eq(
+    task_rng(3, 2).random(4), np.random.default_rng(np.random.SeedSequence(3).spawn(3)[2]).random(4)
+)
 test_ne(task_rng(3, 2).random(4), task_rng(3, 1).random(4))
 test_fail(lambda: task_rng(3, -1), contains="`seed` and `b` must be integers >= 0")
 
@@ -199,7 +196,7 @@ show_doc(sample_trajectories)
 
 # %% [markdown]
 # *A worked example.* Three chains of four states, and a trajectory of eight transitions from each,
-# starting from the stationary distribution: row $b$ is task $b$'s trajectory $S_0, \dots, S_8$. Each
+# starting from the stationary distribution: line $b$ is task $b$'s trajectory $S_0, \dots, S_8$. Each
 # step is a jump of one or two states to the right, except from the last state, which can go
 # anywhere. The shorter contexts of the same tasks are prefixes of these rows (checked).
 
@@ -209,7 +206,8 @@ S_small = sample_trajectories(small.P, 8, small.d_pi, seed=0)
 steps = S_small[:, 1:] - S_small[:, :-1]
 assert ((steps == 1) | (steps == 2) | (S_small[:, :-1] == 3)).all()
 test_eq(sample_trajectories(small.P, 5, small.d_pi, seed=0), S_small[:, :6])
-S_small
+for b, row in enumerate(S_small.tolist()):
+    print(f"task {b}: " + " → ".join(map(str, row)))
 
 # %% [markdown]
 # The batched sampler is reproducible, only takes allowed transitions, and the joint frequencies
@@ -217,6 +215,8 @@ S_small
 # error (the number printed is the largest gap over the 8 tasks and 100 state pairs):
 
 # %%
+#| code-fold: true
+#| code-summary: "Code of the check"
 tasks = random_tasks(8, seed=10, features="onehot")
 S = sample_trajectories(tasks.P, 20_000, tasks.d_pi, seed=0)
 test_eq(S.shape, (8, 20_001))
@@ -251,11 +251,20 @@ joint_gap
 #   first, the saved training runs the second.
 
 # %%
+#| code-fold: true
+#| code-summary: "Code of the check"
 k = 40
-assert not any(torch.equal(a, b) for a in random_tasks(4, seed=k + 1).P for b in random_tasks(4, seed=k).P)
+assert not any(
+    torch.equal(a, b) for a in random_tasks(4, seed=k + 1).P for b in random_tasks(4, seed=k).P
+)
 one = random_tasks(1, seed=k)
-test_eq(one.P[0], random_boyan_chain(seed=task_rng(k, 0)).P)   # the same chain, sampled both ways with the same integer seed:
-test_ne(sample_trajectories(one.P, 30, one.d_pi, seed=k)[0], sample_trajectory(random_boyan_chain(seed=task_rng(k, 0)), 30, seed=k)[0])
+test_eq(
+    one.P[0], random_boyan_chain(seed=task_rng(k, 0)).P
+)  # the same chain, sampled both ways with the same integer seed:
+test_ne(
+    sample_trajectories(one.P, 30, one.d_pi, seed=k)[0],
+    sample_trajectory(random_boyan_chain(seed=task_rng(k, 0)), 30, seed=k)[0],
+)
 
 
 # %% [markdown]
@@ -300,26 +309,63 @@ show_doc(task_pool)
 # `random_tasks` for every kind and several sizes:
 
 # %%
+#| code-fold: true
+#| code-summary: "Code of the check"
 for features in ("random", "unit", "onehot"):
     for s, d in ((10, 4), (5, 3), (2, 1)):
         cfg = SimpleNamespace(n_states=s, d=d, gamma=0.9, features=features)
-        fast_pool, slow_pool = task_pool(cfg, 20, 7), random_tasks(20, seed=7, n_states=s, d=d, features=features)
-        for k in ("P", "r", "phi", "v_pi"): test_eq(getattr(fast_pool, k), getattr(slow_pool, k))
+        fast_pool, slow_pool = task_pool(cfg, 20, 7), random_tasks(
+            20, seed=7, n_states=s, d=d, features=features
+        )
+        for k in ("P", "r", "phi", "v_pi"):
+            test_eq(getattr(fast_pool, k), getattr(slow_pool, k))
         test_close(fast_pool.d_pi, slow_pool.d_pi, eps=1e-14)
         test_eq(task_pool(cfg, 5, 7, first=15).P, fast_pool.P[15:])
-pools = {f: task_pool(SimpleNamespace(n_states=10, d=4, gamma=0.9, features=f), 256, 1) for f in ("random", "unit", "onehot")}
+pools = {
+    f: task_pool(SimpleNamespace(n_states=10, d=4, gamma=0.9, features=f), 256, 1)
+    for f in ("random", "unit", "onehot")
+}
 for pool in pools.values():
-    for k in ("P", "r", "d_pi", "v_pi"): test_eq(getattr(pool, k), getattr(pools["random"], k))
+    for k in ("P", "r", "d_pi", "v_pi"):
+        test_eq(getattr(pool, k), getattr(pools["random"], k))
 test_eq(pools["onehot"].phi, torch.eye(10, dtype=torch.float64).expand(256, 10, 10))
-record_claim("pool-kinds-share-tasks", "The task pools of the random, unit and one-hot feature kinds of one seed hold the same chains ($P$, $r$, $d_\\pi$, $v_\\pi$ bit for bit); only $\\Phi$ differs.",
-             "proved", "tasks", "#training-pools-vectorised")
-print(f"{len(pools)} kinds x {len(pools['random'])} tasks: P, r, d_pi and v_pi identical across kinds")
+record_claim(
+    "pool-kinds-share-tasks",
+    "The task pools of the random, unit and one-hot feature kinds of one seed hold the same chains"
+    " ($P$, $r$, $d_\\pi$, $v_\\pi$ bit for bit); only $\\Phi$ differs.",
+    "proved",
+    "tasks",
+    "#training-pools-vectorised",
+)
+print(
+    f"{len(pools)} kinds x {len(pools['random'])} tasks: P, r, d_pi and v_pi identical across kinds"
+)
 
 # %% [markdown]
 # ## Implementation and tests
 #
 # The input checks of this chapter's functions: each bad argument fails with a `ValueError` that
 # names it. Every cell runs when the book is built.
+
+# %% [markdown]
+# ### Helpers of the lesson
+#
+# The methods and functions the lesson uses to build and name batches of tasks.
+
+# %%
+show_doc(TaskBatch.map)
+
+# %%
+show_doc(TaskBatch.stack)
+
+# %%
+show_doc(stack_tasks)
+
+# %%
+show_doc(task_rng)
+
+# %% [markdown]
+# ### Bad input
 
 # %%
 test_fail(lambda: random_tasks(0), contains="`n_tasks` must be a positive integer")

@@ -23,6 +23,14 @@ from ictd.model import torch_generator, token_rows, xavier_param, carry_context
 # > The dual-head layer is an ordinary single softmax head reading its input through a parameter-free shift of the token axis; the other order, a head followed by a shift of its output with a memory of TD errors, runs the same iteration.
 
 # %% [markdown]
+# ::: {.callout-tip title="What this page shows"}
+# - The dual-head layer of chapter 3 is one ordinary softmax head reading its input through a parameter-free
+#   *temporal shift* of the token axis, for every parameter value (Theorem 4.1).
+# - The other order, a head whose output is shifted, runs the same iteration with a memory of TD errors
+#   (Theorem 4.2); the two forms are compared side by side.
+# :::
+
+# %% [markdown]
 # The paper observes that its two heads are less exotic than they look: the dual-head layer is a
 # single ordinary softmax head whose input has passed through a parameter-free *temporal shift*.
 # This chapter makes that statement exact, in a general form that holds for every parameter value,
@@ -90,6 +98,8 @@ show_doc(temporal_shift)
 # $v(S_1), v(S_2), v(S_3)$ at the context columns and zeros at the last-state and query columns:
 
 # %%
+#| code-fold: true
+#| code-summary: "Code of the check"
 Zt = torch.arange(24, dtype=torch.float64).reshape(4, 6)  # d = 2, n = 3 (+ last state + 2 queries)
 T = temporal_shift(Zt, 3, channels=[3])
 test_eq(T.shape, (5, 6))
@@ -104,7 +114,8 @@ for msg, args in {"`channels` must be distinct row indices in 0..3": (Zt, 3, [4]
                   "`n` must be an integer in 1..5": (Zt, 6, None),
                   "`Z` must have shape (..., D, N)": (torch.zeros(3), 1, None)}.items():
     test_fail(lambda: temporal_shift(*args), contains=msg)
-T
+print("TSM keeps rows 0-3 and appends row 3 shifted one token back within the context: "
+      + " ".join(f"{x:g}" for x in T[4]))
 
 
 # %% [markdown]
@@ -200,20 +211,29 @@ show_doc(SingleHeadTSMLayer)
 # from any trajectory, in batches, for many shapes.
 
 # %%
-def theorem2_gap(seed:int)->float:
+#| code-fold: true
+#| code-summary: "Code of the check"
+def theorem2_gap(seed: int) -> float:
     "Max |dual-head - single head on TSM| over a batch of random prompts, for random parameters."
     rng = np.random.default_rng(seed)
     d, n, q = int(rng.integers(1, 8)), int(rng.integers(1, 30)), int(rng.integers(0, 4))
-    dual = DualHeadSoftmaxLayer(d, init_gain=1., seed=seed)
+    dual = DualHeadSoftmaxLayer(d, init_gain=1.0, seed=seed)
     single = SingleHeadTSMLayer.from_dual_head(dual)
     Z = torch.from_numpy(rng.normal(size=(3, d + 2, n + 1 + q)))
     return (dual(Z, n) - single(Z, n)).abs().max().item()
 
+
 gaps = [theorem2_gap(seed) for seed in range(50)]
 assert max(gaps) < 1e-12, max(gaps)
 print("largest gap between the two forms over 50 random layers: below 1e-12")
-_ = record_claim("theorem-4.1", "For every parameter value, the dual-head layer equals one ordinary softmax head reading its input through a parameter-free temporal shift (Theorem 4.1).",
-             "proved", "tsm", "#two-heads-are-one-head-on-a-shifted-input")
+_ = record_claim(
+    "theorem-4.1",
+    "For every parameter value, the dual-head layer equals one ordinary softmax head reading its"
+    " input through a parameter-free temporal shift (Theorem 4.1).",
+    "proved",
+    "tsm",
+    "#two-heads-are-one-head-on-a-shifted-input",
+)
 
 # %% [markdown]
 # The gap is rounding error. Stacked, the two forms stay together: eight random dual-head layers
@@ -236,6 +256,8 @@ print(f"8 stacked layers: gap below 1e-12 with values up to {Zd.abs().max().item
 # head restricted to column $d+1$ (the rest of the layer still random) is rewritten exactly:
 
 # %%
+#| code-fold: true
+#| code-summary: "Code of the check"
 d = 4
 dual = DualHeadSoftmaxLayer(d, init_gain=1., seed=7)
 test_fail(lambda: SingleHeadTSMLayer.from_dual_head(dual, channels=[d + 1]),
@@ -254,6 +276,8 @@ test_close(single(Zr, n=26), one(Zr, n=26), eps=1e-12)
 # heads on shifted prompts, with the same outputs as the model of [chapter 3](dual_head.html):
 
 # %%
+#| code-fold: true
+#| code-summary: "Code of the check"
 alpha, gamma = 0.4, 0.9
 W = torch.from_numpy(rng.normal(size=(d, d)))
 A, V_cur, V_tgt = theta_star(d, W, alpha, gamma)
@@ -281,22 +305,26 @@ test_close(Zl, model(Z0, n=40), eps=1e-12)
 # three value rows after three layers, where the values are not zero:
 
 # %%
+#| code-fold: true
+#| code-summary: "Code of the check"
 n40 = 40
 Z3c = SoftmaxICTD.from_theta_star(d, 3, W, alpha, gamma).requires_grad_(False)(Z0, n=n40)
 v3 = weighted_softmax_td(mrp.phi[states], rewards, W, alpha, gamma, 3, phi_queries=mrp.phi)
-delta3 = rewards + gamma * v3[1:n40 + 1] - v3[:n40]
-cur_value = (V_cur @ Z3c[:, :n40])[d + 1]                               # current head, at the keys
-tgt_value = (V_tgt @ Z3c[:, 1:n40 + 1])[d + 1]                          # target head: the successor's token
+delta3 = rewards + gamma * v3[1 : n40 + 1] - v3[:n40]
+cur_value = (V_cur @ Z3c[:, :n40])[d + 1]  # current head, at the keys
+tgt_value = (V_tgt @ Z3c[:, 1 : n40 + 1])[d + 1]  # target head: the successor's token
 one_value = (single.V.detach() @ temporal_shift(Z3c, n40, channels=[d + 1])[:, :n40])[d + 1]
 test_close(cur_value, alpha * (rewards - v3[:n40]), eps=1e-12)
-test_close(tgt_value, gamma * alpha * v3[1:n40 + 1], eps=1e-12)
+test_close(tgt_value, gamma * alpha * v3[1 : n40 + 1], eps=1e-12)
 test_close(cur_value + tgt_value, alpha * delta3, eps=1e-12)
 test_close(one_value, alpha * delta3, eps=1e-12)
 head_gap = (cur_value - alpha * delta3).abs().max().item()
 assert head_gap > 0.1 * (alpha * delta3).abs().max().item()
-print(f"after 3 layers: largest |current head - alpha * TD error| = {head_gap:.2f} "
-      f"(largest |alpha * TD error| = {(alpha * delta3).abs().max().item():.2f}); current + target = alpha * TD error "
-      "to below 1e-12")
+print(
+    f"after 3 layers: largest |current head - alpha * TD error| = {head_gap:.2f} (largest |alpha *"
+    f" TD error| = {(alpha * delta3).abs().max().item():.2f}); current + target = alpha * TD error"
+    " to below 1e-12"
+)
 
 # %% [markdown]
 # ## What the single head sees
@@ -312,21 +340,36 @@ print(f"after 3 layers: largest |current head - alpha * TD error| = {head_gap:.2
 #| fig-alt: "Heat map of the input of layer 4: feature rows, reward row, value-memory row and, below a thick line, a shifted-value row; arrows run from each value entry at column j + 1 down-left to the shifted row at column j, for the 12 context columns; the shifted row is zero at the last-state and query columns."
 st12, rw12 = sample_trajectory(mrp, 12, seed=5)
 model3 = SoftmaxICTD.from_theta_star(d, 3, W, alpha, gamma).requires_grad_(False)
-T3 = temporal_shift(model3(build_prompt(mrp.phi[st12], rw12, mrp.phi[[0, 9]]), n=12), 12, channels=[d + 1])
-fig, ax = plt.subplots(figsize=(8, 4.4))
+T3 = temporal_shift(
+    model3(build_prompt(mrp.phi[st12], rw12, mrp.phi[[0, 9]]), n=12), 12, channels=[d + 1]
+)
+fig, ax = plt.subplots(figsize=(5.8, 3.3))
 lim = T3.abs().max().item()
 im = ax.imshow(T3.numpy(), cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto")
-row_names = [rf"$\phi_{i}$" for i in range(d)] + ["reward", "value memory", "shifted value\n(TSM channel)"]
+row_names = [rf"$\phi_{i}$" for i in range(d)] + [
+    "reward",
+    "value memory",
+    "shifted value\n(TSM channel)",
+]
 ax.set_yticks(range(d + 3), row_names)
 ax.set_xticks(range(15), [f"{j}" for j in range(15)], fontsize=9)
-for x in (11.5, 12.5): ax.axvline(x, color="k", lw=1.5)
+for x in (11.5, 12.5):
+    ax.axvline(x, color="k", lw=1.5)
 ax.axhline(d + 1.5, color="k", lw=2)
 top = ax.secondary_xaxis("top")
-top.set_xticks([5.5, 12, 13.5], ["context", "last\nstate", "queries"], fontsize=9); top.tick_params(length=0)
+top.set_xticks([5.5, 12, 13.5], ["context", "last\nstate", "queries"], fontsize=9)
+top.tick_params(length=0)
 for j in range(12):
-    ax.annotate("", xy=(j, d + 2), xytext=(j + 1, d + 1), arrowprops=dict(arrowstyle="->", color="k", lw=0.6))
-ax.set(xlabel="token (column) $j$",
-       title=r"$\mathrm{TSM}_{\{d+1\}}(Z_3)$: the input of layer 4 as one head reads it")
+    ax.annotate(
+        "",
+        xy=(j, d + 2),
+        xytext=(j + 1, d + 1),
+        arrowprops=dict(arrowstyle="->", color="k", lw=0.6),
+    )
+ax.set(
+    xlabel="token (column) $j$",
+    title=r"$\mathrm{TSM}_{\{d+1\}}(Z_3)$: the input of layer 4 as one head reads it",
+)
 fig.colorbar(im, ax=ax, label="entry value", fraction=0.03)
 test_fig_exists(ax)
 test_eq(T3[d + 2, :12], T3[d + 1, 1:13])
@@ -466,10 +509,15 @@ show_doc(ShiftAfterAttentionICTD)
 # of the values, since nothing makes these iterations converge.
 
 # %%
-def theorem3_gaps(seed:int, n_layers:int=50, n_contexts:int=4)->tuple:
-    "Max relative gaps (value row, TD row) between the TD-memory model and weighted softmax TD, and the same for chapter 3's model."
+#| code-fold: true
+#| code-summary: "Code of the check"
+def theorem3_gaps(seed: int, n_layers: int = 50, n_contexts: int = 4) -> tuple:
+    """Max relative gaps (value row, TD row) between the TD-memory model and weighted softmax TD,
+    and the same for chapter 3's model."""
     rng = np.random.default_rng(seed)
-    mrp_ = random_boyan_chain(n_states=int(rng.integers(3, 12)), d=int(rng.integers(1, 7)), seed=rng)
+    mrp_ = random_boyan_chain(
+        n_states=int(rng.integers(3, 12)), d=int(rng.integers(1, 7)), seed=rng
+    )
     n, q, d_ = int(rng.integers(1, 40)), int(rng.integers(1, 5)), mrp_.d
     W_ = torch.from_numpy(rng.normal(scale=2 / np.sqrt(d_), size=(d_, d_)))
     a_ = rng.uniform(0.05, 1)
@@ -477,20 +525,39 @@ def theorem3_gaps(seed:int, n_layers:int=50, n_contexts:int=4)->tuple:
     phi, rw = torch.stack([mrp_.phi[st] for st, _ in trajs]), torch.stack([r for _, r in trajs])
     phi_q = torch.from_numpy(rng.uniform(-1, 1, size=(n_contexts, q, d_)))
     Z0_ = build_prompt(phi, rw, phi_q)
-    td = weighted_softmax_td(phi, rw, W_, a_, mrp_.gamma, n_layers, phi_queries=phi_q, return_all=True)
-    delta = rw[:, None] + mrp_.gamma * td[..., 1:n + 1] - td[..., :n]                # delta^(l) at the keys
-    td_row = torch.cat([delta, -td[..., n:]], -1)                                   # what row d must hold
-    after = ShiftAfterAttentionICTD.from_theta_td_memory(d_, n_layers, W_, a_, mrp_.gamma).requires_grad_(False)(Z0_, return_all=True)
-    before = SoftmaxICTD.from_theta_star(d_, n_layers, W_, a_, mrp_.gamma).requires_grad_(False)(Z0_, return_all=True)
+    td = weighted_softmax_td(
+        phi, rw, W_, a_, mrp_.gamma, n_layers, phi_queries=phi_q, return_all=True
+    )
+    delta = rw[:, None] + mrp_.gamma * td[..., 1 : n + 1] - td[..., :n]  # delta^(l) at the keys
+    td_row = torch.cat([delta, -td[..., n:]], -1)  # what row d must hold
+    after = ShiftAfterAttentionICTD.from_theta_td_memory(
+        d_, n_layers, W_, a_, mrp_.gamma
+    ).requires_grad_(False)(Z0_, return_all=True)
+    before = SoftmaxICTD.from_theta_star(d_, n_layers, W_, a_, mrp_.gamma).requires_grad_(False)(
+        Z0_, return_all=True
+    )
     scale = td.abs().max().clamp(min=1)
-    return (((after[..., d_ + 1, :] - td).abs().max() / scale).item(), ((after[..., d_, :] - td_row).abs().max() / scale).item(),
-            ((before[..., d_ + 1, :] - td).abs().max() / scale).item())
+    return (
+        ((after[..., d_ + 1, :] - td).abs().max() / scale).item(),
+        ((after[..., d_, :] - td_row).abs().max() / scale).item(),
+        ((before[..., d_ + 1, :] - td).abs().max() / scale).item(),
+    )
+
 
 gaps3 = np.array([theorem3_gaps(seed) for seed in range(12)])
 assert gaps3.max() < 1e-12, gaps3.max(0)
-print("largest relative gap over 12 tasks x 4 contexts x 50 layers, value and TD rows of both forms: below 1e-12")
-_ = record_claim("theorem-4.2", "A single head followed by a shift of its output, with a memory of TD errors ($\\theta^\\delta$), also runs weighted softmax TD exactly (Theorem 4.2).",
-             "proved", "tsm", "#the-other-form-the-shift-after-attention-a-memory-of-td-errors")
+print(
+    "largest relative gap over 12 tasks x 4 contexts x 50 layers, value and TD rows of both forms:"
+    " below 1e-12"
+)
+_ = record_claim(
+    "theorem-4.2",
+    "A single head followed by a shift of its output, with a memory of TD errors"
+    " ($\\theta^\\delta$), also runs weighted softmax TD exactly (Theorem 4.2).",
+    "proved",
+    "tsm",
+    "#the-other-form-the-shift-after-attention-a-memory-of-td-errors",
+)
 
 # %% [markdown]
 # It is literally "one head followed by a parameter-free shift": with $\mathrm{TSM}$ of the first part of
@@ -499,12 +566,16 @@ _ = record_claim("theorem-4.2", "A single head followed by a shift of its output
 # parameters they disagree, and each form's constructed parameters run TD only in their own form.
 
 # %%
+#| code-fold: true
+#| code-summary: "Code of the check"
 rng = np.random.default_rng(3)
-layer_after = ShiftAfterAttentionLayer(5, init_gain=1., seed=3)
+layer_after = ShiftAfterAttentionLayer(5, init_gain=1.0, seed=3)
 Zr3 = torch.from_numpy(rng.normal(size=(4, 7, 25)))
 A3, Vc3, Vt3 = layer_after.params(Zr3)
 H3 = attend_context(Zr3, A3, Zr3[..., :20])
-test_close(layer_after(Zr3, n=20), Zr3 + torch.cat([Vc3, Vt3], 1) @ temporal_shift(H3, 20), eps=1e-13)
+test_close(
+    layer_after(Zr3, n=20), Zr3 + torch.cat([Vc3, Vt3], 1) @ temporal_shift(H3, 20), eps=1e-13
+)
 layer_before = DualHeadSoftmaxLayer.from_params(A3, Vc3, Vt3)
 form_gap = (layer_after(Zr3, n=20) - layer_before(Zr3, n=20)).abs().max().item()
 assert form_gap > 1e-2
@@ -515,13 +586,27 @@ W5 = torch.eye(4, dtype=torch.float64)
 td5 = weighted_softmax_td(mrp5.phi[st5], rw5, W5, 0.5, mrp5.gamma, 10, phi_queries=mrp5.phi)[-10:]
 Z5 = build_prompt(mrp5.phi[st5], rw5, mrp5.phi)
 cross = {}
-for name, params, layer_cls in (("theta* in the shift-after form", theta_star(4, W5, 0.5, mrp5.gamma), ShiftAfterAttentionLayer),
-                                ("theta_delta in chapter 3's form", theta_td_memory(4, W5, 0.5, mrp5.gamma), DualHeadSoftmaxLayer)):
+for name, params, layer_cls in (
+    (
+        "theta* in the shift-after form",
+        theta_star(4, W5, 0.5, mrp5.gamma),
+        ShiftAfterAttentionLayer,
+    ),
+    (
+        "theta_delta in chapter 3's form",
+        theta_td_memory(4, W5, 0.5, mrp5.gamma),
+        DualHeadSoftmaxLayer,
+    ),
+):
     lay, Zx = layer_cls.from_params(*params).requires_grad_(False), Z5
-    for _ in range(10): Zx = lay(Zx)
+    for _ in range(10):
+        Zx = lay(Zx)
     cross[name] = (Zx[5, -10:] - td5).abs().max().item()
     assert cross[name] > 1e-2, (name, cross[name])
-print(f"random parameters, the two forms differ by {form_gap:.2f}; " + "; ".join(f"{k}: gap to TD {v:.2f}" for k, v in cross.items()))
+print(
+    f"random parameters, the two forms differ by {form_gap:.2f}; "
+    + "; ".join(f"{k}: gap to TD {v:.2f}" for k, v in cross.items())
+)
 
 # %% [markdown]
 # Two behavioural checks of $\theta^{\delta}$ itself. Its attention is the softmax of weighted softmax TD:
@@ -531,39 +616,48 @@ print(f"random parameters, the two forms differ by {form_gap:.2f}; " + "; ".join
 # runs weighted softmax TD, and `value_weights` reports the flip.
 
 # %%
+#| code-fold: true
+#| code-summary: "Code of the check"
 A5, Vc5, Vt5 = theta_td_memory(4, W5, 0.5, mrp5.gamma)
 probe = Z5.clone().expand(30, -1, -1).clone()
-probe[:, 4, :30] = torch.eye(30, dtype=torch.float64)                         # row d of prompt b: e_b over the keys
-H5 = attend_context(probe, A5, probe[..., :30])[:, 4]                       # (key b, column j): attention S[b, j]
+probe[:, 4, :30] = torch.eye(30, dtype=torch.float64)  # row d of prompt b: e_b over the keys
+H5 = attend_context(probe, A5, probe[..., :30])[:, 4]  # (key b, column j): attention S[b, j]
 test_close(H5, context_weights(mrp5.phi[st5], W5, phi_queries=mrp5.phi), eps=1e-13)
 flip_gaps = []
 for k, (V, i, j) in enumerate([(Vc5, 5, 4), (Vc5, 4, 4), (Vt5, 4, 4)]):
     V[i, j] *= -1
     flipped = ShiftAfterAttentionICTD.from_params(10, A5, Vc5, Vt5).requires_grad_(False)
-    test_eq(torch.sign(flipped.layer(0).value_weights()), torch.tensor([1., -1., 1.], dtype=torch.float64) * (1 - 2 * (torch.arange(3) == k)))
+    test_eq(
+        torch.sign(flipped.layer(0).value_weights()),
+        torch.tensor([1.0, -1.0, 1.0], dtype=torch.float64) * (1 - 2 * (torch.arange(3) == k)),
+    )
     flip_gaps.append((flipped.predict(Z5, n=30) - td5).abs().max().item())
     V[i, j] *= -1
-test_close(ShiftAfterAttentionICTD.from_params(10, A5, Vc5, Vt5).requires_grad_(False).predict(Z5, n=30), td5, eps=1e-12)
+test_close(
+    ShiftAfterAttentionICTD.from_params(10, A5, Vc5, Vt5).requires_grad_(False).predict(Z5, n=30),
+    td5,
+    eps=1e-12,
+)
 assert min(flip_gaps) > 1e-2, flip_gaps
-print("gap to weighted softmax TD after flipping (value update, own change, successor change): "
-      + ", ".join(f"{g_:.2f}" for g_ in flip_gaps))
+print(
+    "gap to weighted softmax TD after flipping (value update, own change, successor change): "
+    + ", ".join(f"{g_:.2f}" for g_ in flip_gaps)
+)
 
 # %% [markdown]
 # Side by side (the numbers come from the cells above):
 
-# %%
-Markdown(f"""
-| | shift before attention ([chapter 3](dual_head.html), $\\theta^*$) | shift after attention (this section, $\\theta^{{\\delta}}$) |
-|---|---|---|
-| layer | $Z + V^{{cur}} Z S + V^{{tgt}} (Z\\Pi) S$ | $Z + V^{{cur}} (Z S) + V^{{tgt}} (Z S)\\Pi$ |
-| single-head form | one head on $\\mathrm{{TSM}}(Z)$: the shift *precedes* the head | one head, then $\\mathrm{{TSM}}$ of its output: the shift *follows* the head |
-| the target head routes | the successor's token (a value) to its predecessor | the successor's aggregate $\\Delta(S_{{j+1}})$ to its predecessor |
-| memory | row $d$: rewards (constant); row $d+1$: values | row $d$: TD errors $\\delta^{{(l)}}$ (updated each layer); row $d+1$: values |
-| TD errors | recomputed each layer from reward and two values | carried in memory, corrected by $\\gamma\\Delta(S_{{j+1}}) - \\Delta(S_j)$ |
-| value weights (nonzero entries) | $+\\alpha$ (reward), $+\\gamma\\alpha$ (successor value), $-\\alpha$ (current value) | $+\\alpha$ (value row), $-\\alpha$ (TD row), $+\\gamma\\alpha$ (TD row, shifted) |
-| causal? | no: attention to all keys; $Z\\Pi$ reads the next token's input | no: attention to all keys; $(ZS)\\Pi$ reads the next token's output |
-| largest relative gap to weighted softmax TD (12 tasks, 50 layers) | below $10^{{-12}}$ | below $10^{{-12}}$ (values and TD errors) |
-""")
+# %% [markdown]
+# | | shift before attention ([chapter 3](dual_head.html), $\theta^*$) | shift after attention (this section, $\theta^{\delta}$) |
+# |---|---|---|
+# | layer | $Z + V^{cur} Z S + V^{tgt} (Z\Pi) S$ | $Z + V^{cur} (Z S) + V^{tgt} (Z S)\Pi$ |
+# | single-head form | one head on $\mathrm{TSM}(Z)$: the shift *precedes* the head | one head, then $\mathrm{TSM}$ of its output: the shift *follows* the head |
+# | the target head routes | the successor's token (a value) to its predecessor | the successor's aggregate $\Delta(S_{j+1})$ to its predecessor |
+# | memory | row $d$: rewards (constant); row $d+1$: values | row $d$: TD errors $\delta^{(l)}$ (updated each layer); row $d+1$: values |
+# | TD errors | recomputed each layer from reward and two values | carried in memory, corrected by $\gamma\Delta(S_{j+1}) - \Delta(S_j)$ |
+# | value weights (nonzero entries) | $+\alpha$ (reward), $+\gamma\alpha$ (successor value), $-\alpha$ (current value) | $+\alpha$ (value row), $-\alpha$ (TD row), $+\gamma\alpha$ (TD row, shifted) |
+# | causal? | no: attention to all keys; $Z\Pi$ reads the next token's input | no: attention to all keys; $(ZS)\Pi$ reads the next token's output |
+# | largest relative gap to weighted softmax TD (12 tasks, 50 layers) | below $10^{-12}$ | below $10^{-12}$ (values and TD errors) |
 
 # %% [markdown]
 # **Which form to use.** Both forms run the same iteration, so every later chapter holds for either.

@@ -35,6 +35,14 @@ from ictd.wstd import weighted_softmax_td
 # > The experiments that test chapter 5's statements at scale: error against depth and context length, the diagonality the attention reaches, a phase diagram of convergence and measured rates.
 
 # %% [markdown]
+# ::: {.callout-tip title="What this page shows"}
+# - Chapter 5's statements measured on hundreds of random Boyan chains at once: the error against depth meets a
+#   floor set by the context, and the floor falls with the context length (Experiments 1 and 2).
+# - How diagonal the attention gets, and what no score matrix can reach (Experiment 3, Proposition 5.5).
+# - Where the iteration converges (a phase diagram), and the measured rate against the bound (Experiments 4 to 6).
+# :::
+
+# %% [markdown]
 # [Chapter 5](convergence.html) stated and proved when the $L$-layer softmax Transformer with the constructed
 # parameters converges, and how far from $v_\pi$: a depth term that decays geometrically and a statistical floor set
 # by the context. This chapter measures each statement on hundreds of random Boyan chains at once. Each experiment is
@@ -46,8 +54,8 @@ from ictd.wstd import weighted_softmax_td
 # *How to read this chapter.* Each experiment asks one question, says what is run (the tasks, their number and their
 # seeds), shows the result as a figure or a table, says what it shows (including where a bound is loose or a condition
 # says nothing), and ends with the check that asserts it; each figure's caption states its takeaway. The functions that
-# run an experiment are documented beside it, so that a reader can rerun it at another scale. Symbols are those of
-# [Notation](notation.html) and chapter 5.
+# run an experiment are documented in the last section, [Implementation and tests](#implementation-and-tests), so that
+# a reader can rerun it at another scale. Symbols are those of [Notation](notation.html) and chapter 5.
 
 # %% [markdown]
 # ## Many tasks at once
@@ -89,10 +97,6 @@ def depth_sweep(tasks:TaskBatch,  # the tasks, B of them
     return dict({k: torch.stack(x, 1) for k, x in cols.items()}, population=pop, bound=bound, rho=rho, ns=ns)
 
 
-# %%
-show_doc(depth_sweep)
-
-
 # %% [markdown]
 # ## Experiment 1: error against depth, for several context lengths
 #
@@ -131,16 +135,12 @@ def depth_experiment(n_tasks:int=200,        # random one-hot Boyan chains: task
 
 
 # %%
-show_doc(depth_experiment)
-
-
-# %%
 #| export
 def plot_depth(sweep:dict,  # output of `depth_experiment`
               ):            # the matplotlib figure
     "Experiment 1: mean error against depth for each context length, with its floor, the population curve and the bound."
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(8, 4.8))
+    fig, ax = plt.subplots(figsize=(6.0, 3.6))
     Ls = np.arange(sweep["errors"].shape[-1])
     for i, n in enumerate(sweep["ns"]):
         ax.plot(Ls, sweep["errors"][:, i].mean(0), color=OKABE_ITO[i], label=f"Transformer, $n = {n}$")
@@ -156,11 +156,13 @@ def plot_depth(sweep:dict,  # output of `depth_experiment`
 
 
 # %%
-BETA, ALPHA, NS, L = 15., 1., [30, 100, 300, 1000, 3000], 100
+BETA, ALPHA, NS, L = 15.0, 1.0, [30, 100, 300, 1000, 3000], 100
 sweep = depth_experiment(200, beta=BETA, alpha=ALPHA, ns=NS, n_layers=L, seed=0)
 assert (sweep["rho"] < 1).all()
-print(f"sweep of {len(sweep['rho'])} tasks x {len(NS)} lengths x {L} layers; "
-      f"smallest M(x, x) {sweep['min_diag'].min():.4f}; rho in [{sweep['rho'].min():.4f}, {sweep['rho'].max():.4f}]")
+print(
+    f"sweep of {len(sweep['rho'])} tasks x {len(NS)} lengths x {L} layers; smallest M(x, x)"
+    f" {sweep['min_diag'].min():.4f}; rho in [{sweep['rho'].min():.4f}, {sweep['rho'].max():.4f}]"
+)
 
 # %%
 #| fig-cap: "Figure 5a.1: the error falls geometrically with depth at the population rate until it meets the floor set by the context length."
@@ -202,26 +204,42 @@ def measured_rate(errors,     # (..., L+1) errors at depths 0..L
 
 
 # %%
-show_doc(measured_rate)
-
-
-
-
-# %%
 test_close(measured_rate(3 * 0.9 ** torch.arange(40, dtype=torch.float64), 5), 0.9, eps=1e-12)
 Ls = torch.arange(10, dtype=torch.float64)
-test_close(measured_rate(torch.stack([0.5 ** Ls, 0.8 ** Ls]), 0), torch.tensor([0.5, 0.8], dtype=torch.float64), eps=1e-12)
+test_close(
+    measured_rate(torch.stack([0.5**Ls, 0.8**Ls]), 0),
+    torch.tensor([0.5, 0.8], dtype=torch.float64),
+    eps=1e-12,
+)
 
 # %%
+#| code-fold: true
+#| code-summary: "Code of the check"
 lam = 1 - ALPHA * (1 - sweep["gamma"])
 covered = sweep["all_keys"]
 terms = sweep["depth_terms"][..., 50:]
-mean_rates = torch.stack([measured_rate(terms[covered[:, i], i].mean(0), 0) for i in range(len(NS))])
+mean_rates = torch.stack(
+    [measured_rate(terms[covered[:, i], i].mean(0), 0) for i in range(len(NS))]
+)
 ctx_rates = measured_rate(terms[covered], 0)
-assert ((mean_rates - lam).abs() < 5e-4).all() and (ctx_rates < lam + 1e-4).all() and ((ctx_rates - lam).abs() < 1e-3).float().mean() > 0.95
-record_claim("depth-rate", "On one-hot Boyan chains the depth term decays at the tabular rate $\\kappa_{\\mathrm{tab}} = 1 - \\alpha(1 - \\gamma)$ at every context length.", "measured", "convergence_experiments", "#experiment-1-error-against-depth-for-several-context-lengths")
-print(f"{int(covered.sum())} of {covered.numel()} contexts cover every state; rate of their mean depth term per n: "
-      f"{[round(v, 5) for v in mean_rates.tolist()]}; single contexts in [{ctx_rates.min():.4f}, {ctx_rates.max():.5f}] (kappa_tab = {lam:.2f})")
+assert (
+    ((mean_rates - lam).abs() < 5e-4).all()
+    and (ctx_rates < lam + 1e-4).all()
+    and ((ctx_rates - lam).abs() < 1e-3).float().mean() > 0.95
+)
+record_claim(
+    "depth-rate",
+    "On one-hot Boyan chains the depth term decays at the tabular rate $\\kappa_{\\mathrm{tab}} = 1"
+    " - \\alpha(1 - \\gamma)$ at every context length.",
+    "measured",
+    "convergence_experiments",
+    "#experiment-1-error-against-depth-for-several-context-lengths",
+)
+print(
+    f"{int(covered.sum())} of {covered.numel()} contexts cover every state; rate of their mean"
+    f" depth term per n: {[round(v, 5) for v in mean_rates.tolist()]}; single contexts in"
+    f" [{ctx_rates.min():.4f}, {ctx_rates.max():.5f}] (kappa_tab = {lam:.2f})"
+)
 
 
 # %% [markdown]
@@ -248,9 +266,6 @@ def loglog_slope(x, # (k,) positive abscissae
 
 
 # %%
-show_doc(loglog_slope)
-
-# %%
 test_close(loglog_slope([1., 10., 100.], [3., 0.3, 0.03])[0], -1., eps=1e-12)     # y = 3 / x
 
 
@@ -274,10 +289,6 @@ def slope_interval(x,                 # (k,) positive abscissae
 
 
 # %%
-show_doc(slope_interval)
-
-
-# %%
 #| export
 def significant(t:torch.Tensor,  # values to plot
                 digits:int=9,    # significant digits kept
@@ -288,10 +299,11 @@ def significant(t:torch.Tensor,  # values to plot
 
 
 # %%
-show_doc(significant)
-
-# %%
-test_close(significant(torch.tensor([1 / 3, 0.], dtype=torch.float64)), torch.tensor([0.333333333, 0.], dtype=torch.float64), eps=1e-15)
+test_close(
+    significant(torch.tensor([1 / 3, 0.0], dtype=torch.float64)),
+    torch.tensor([0.333333333, 0.0], dtype=torch.float64),
+    eps=1e-15,
+)
 
 
 # %%
@@ -305,7 +317,7 @@ def plot_floor(sweep:dict,        # output of `depth_experiment`
     ns = torch.tensor(sweep["ns"], dtype=torch.float64)
     sweep = sweep | {k: significant(sweep[k]) for k in ("floors", "key_floors", "floor_bounds")}   # round-off cannot move a pixel
     floors, keys = sweep["floors"], sweep["all_keys"]
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    fig, ax = plt.subplots(figsize=(6.0, 3.85))
     if kind == "length":
         slope, intercept = loglog_slope(ns, floors.mean(0))
         ax.errorbar(ns, floors.mean(0), yerr=2 * floors.std(0) / math.sqrt(len(floors)), fmt="o", color=OKABE_ITO[0], capsize=4,
@@ -330,9 +342,6 @@ def plot_floor(sweep:dict,        # output of `depth_experiment`
     return fig
 
 
-# %%
-show_doc(plot_floor)
-
 # %% [markdown]
 # The floor is under Proposition 5.3's bound on every context that covers every state (the identity
 # behind it holds to machine precision, checked in [chapter 5](convergence.html#a-finite-context-statement)), and it moves with the bound, below it by a
@@ -346,20 +355,41 @@ show_doc(plot_floor)
 floors = sweep["floors"]
 keys = sweep["all_keys"]
 assert (floors[keys] <= sweep["floor_bounds"][keys]).all()
-ratio = (floors[keys] / sweep["floor_bounds"][keys])
+ratio = floors[keys] / sweep["floor_bounds"][keys]
 slope, lo, hi = slope_interval(NS, floors, seed=11)
 key_slope, key_lo, key_hi = slope_interval(NS, sweep["key_floors"], seed=11)
-key_tail = slope_interval(NS[1:], sweep["key_floors"][:, 1:], seed=11)      # from n = 100 on
+key_tail = slope_interval(NS[1:], sweep["key_floors"][:, 1:], seed=11)  # from n = 100 on
 assert hi < -0.3 and hi < -0.5, (lo, hi)
-assert -0.6 < key_lo and key_hi < -0.4, (key_lo, key_hi)   # over [30, 3000]: within 0.1 of -1/2
-assert key_tail[1] < -0.5 < key_tail[2], key_tail          # from n = 100 on: consistent with -1/2
-record_claim("floor-slope", "The floor on key states falls close to $n^{-1/2}$: over $n \\in [30, 3000]$ its slope's bootstrap interval lies within 0.1 of $-1/2$ (on the book's tasks just above it), and from $n = 100$ on it contains $-1/2$; the mean floor falls faster, because contexts that miss a state extrapolate.", "partial", "convergence_experiments", "#experiment-2-the-floor-against-the-context-length")
-local = {f"{a} -> {b}": round(v, 3) for a, b, v in zip(NS, NS[1:], (floors.mean(0).log().diff() / torch.tensor(NS, dtype=torch.float64).log().diff()).tolist())}
-key_local = (sweep["key_floors"].mean(0).log().diff() / torch.tensor(NS, dtype=torch.float64).log().diff())
-plot_floor(sweep, "length");
-print(f"slope {slope:.3f}, 95% interval [{lo:.3f}, {hi:.3f}]; on key states {key_slope:.3f}, [{key_lo:.3f}, {key_hi:.3f}]; "
-      f"on key states from n = 100: {key_tail[0]:.3f}, [{key_tail[1]:.3f}, {key_tail[2]:.3f}]; "
-      f"floor / bound: min {ratio.min():.3f}, median {ratio.median():.3f}, max {ratio.max():.3f}")
+assert -0.6 < key_lo and key_hi < -0.4, (key_lo, key_hi)  # over [30, 3000]: within 0.1 of -1/2
+assert key_tail[1] < -0.5 < key_tail[2], key_tail  # from n = 100 on: consistent with -1/2
+record_claim(
+    "floor-slope",
+    "The floor on key states falls close to $n^{-1/2}$: over $n \\in [30, 3000]$ its slope's"
+    " bootstrap interval lies within 0.1 of $-1/2$ (on the book's tasks just above it), and from $n"
+    " = 100$ on it contains $-1/2$; the mean floor falls faster, because contexts that miss a state"
+    " extrapolate.",
+    "partial",
+    "convergence_experiments",
+    "#experiment-2-the-floor-against-the-context-length",
+)
+local = {
+    f"{a} -> {b}": round(v, 3)
+    for a, b, v in zip(
+        NS,
+        NS[1:],
+        (floors.mean(0).log().diff() / torch.tensor(NS, dtype=torch.float64).log().diff()).tolist(),
+    )
+}
+key_local = (
+    sweep["key_floors"].mean(0).log().diff() / torch.tensor(NS, dtype=torch.float64).log().diff()
+)
+plot_floor(sweep, "length")
+print(
+    f"slope {slope:.3f}, 95% interval [{lo:.3f}, {hi:.3f}]; on key states {key_slope:.3f},"
+    f" [{key_lo:.3f}, {key_hi:.3f}]; on key states from n = 100: {key_tail[0]:.3f},"
+    f" [{key_tail[1]:.3f}, {key_tail[2]:.3f}]; floor / bound: min {ratio.min():.3f}, median"
+    f" {ratio.median():.3f}, max {ratio.max():.3f}"
+)
 print("local slopes of the mean floor:", local)
 print("local slopes of the floor on key states:", [round(v, 3) for v in key_local.tolist()])
 print("share of contexts with every state a key:", dict(zip(NS, keys.double().mean(0).tolist())))
@@ -376,12 +406,18 @@ plot_floor(sweep, "bound");
 # Where the two slopes part from $-1/2$, step by step (from the local slopes printed above):
 
 # %%
+#| code-fold: true
+#| code-summary: "Code of the check"
 miss_share = {n: 1 - s for n, s in zip(NS, keys.double().mean(0).tolist())}
 steep, shallow_key = min(local, key=local.get), list(local)[int(key_local.argmax())]
-Markdown(f"The steepest step of the mean floor is {steep} (local slope {local[steep]:.2f}), its shallowest "
-         f"{max(local, key=local.get)} ({max(local.values()):.2f}); the share of contexts that miss some state is "
-         + ", ".join(f"{miss_share[n]:.2f} at $n = {n}$" for n in NS)
-         + f". The shallowest step of the floor on key states is {shallow_key} (local slope {key_local.max():.2f}).")
+Markdown(
+    f"The steepest step of the mean floor is {steep} (local slope {local[steep]:.2f}), its"
+    f" shallowest {max(local, key=local.get)} ({max(local.values()):.2f}); the share of contexts"
+    " that miss some state is "
+    + ", ".join(f"{miss_share[n]:.2f} at $n = {n}$" for n in NS)
+    + f". The shallowest step of the floor on key states is {shallow_key} (local slope"
+    f" {key_local.max():.2f})."
+)
 
 # %% [markdown]
 # The interval excludes $-0.3$, and $-1/2$ too (both asserted): over this range the mean floor falls
@@ -414,7 +450,11 @@ Markdown(f"The steepest step of the mean floor is {steep} (local slope {local[st
 # state (*floor from missing*).
 
 # %%
-tasks0 = random_tasks(200, seed=substream(0, 0), features="onehot")   # the tasks of Experiment 1 (stream 0 of its seed)
+#| code-fold: true
+#| code-summary: "Code of the check"
+tasks0 = random_tasks(
+    200, seed=substream(0, 0), features="onehot"
+)  # the tasks of Experiment 1 (stream 0 of its seed)
 test_eq(tasks0.d_pi.shape, (200, 10))
 hp_rows, miss_parts = [], {}
 for i, n in enumerate(NS):
@@ -424,13 +464,29 @@ for i, n in enumerate(NS):
     above = (floors[cov, i] > hp[cov]).double().mean().item() if cov.any() else math.nan
     assert 1 - cov.double().mean().item() <= miss_bound + 0.05 and (not cov.any() or above <= 0.1)
     miss_parts[n] = miss_part = (floors[~cov, i].sum() / floors[:, i].sum()).item()
-    hp_rows.append(f"| {n} | {1 - cov.double().mean():.3f} | {miss_bound:.3f} | {above:.3f} | "
-                   + (f"{(floors[cov, i] / hp[cov]).median():.3f} |" if cov.any() else "- |") + f" {miss_part:.2f} |")
-record_claim("floor-high-probability", "The high-probability floor bound of Proposition 5.4 holds on the contexts of Experiment 1, and the missing-state bound holds on average.", "measured", "convergence_experiments", "#proposition-5.4-on-the-contexts-of-experiment-1")
+    hp_rows.append(
+        f"| {n} | {1 - cov.double().mean():.3f} | {miss_bound:.3f} | {above:.3f} | "
+        + (f"{(floors[cov, i] / hp[cov]).median():.3f} |" if cov.any() else "- |")
+        + f" {miss_part:.2f} |"
+    )
+record_claim(
+    "floor-high-probability",
+    "The high-probability floor bound of Proposition 5.4 holds on the contexts of Experiment 1, and"
+    " the missing-state bound holds on average.",
+    "measured",
+    "convergence_experiments",
+    "#proposition-5.4-on-the-contexts-of-experiment-1",
+)
 over = lambda share: max((n for n in NS if miss_parts[n] > share), default=None)
-Markdown("| $n$ | missing a state | item 1 bound | above item 3 | floor / item 3 | floor from missing |\n|---|---|---|---|---|---|\n" + "\n".join(hp_rows)
-         + f"\n\nContexts that miss a state carry more than half of the mean floor up to $n = {over(0.5)}$, more than a tenth up to "
-         f"$n = {over(0.1)}$, and {'none' if miss_parts[NS[-1]] == 0 else f'{miss_parts[NS[-1]]:.2f}'} of it at $n = {NS[-1]}$.")
+Markdown(
+    "| $n$ | missing a state | item 1 bound | above item 3 | floor / item 3 | floor from missing"
+    " |\n|---|---|---|---|---|---|\n"
+    + "\n".join(hp_rows)
+    + "\n\nContexts that miss a state carry more than half of the mean floor up to $n ="
+    f" {over(0.5)}$, more than a tenth up to $n = {over(0.1)}$, and"
+    f" {'none' if miss_parts[NS[-1]] == 0 else f'{miss_parts[NS[-1]]:.2f}'} of it at $n ="
+    f" {NS[-1]}$."
+)
 
 
 # %% [markdown]
@@ -475,17 +531,13 @@ def diagonality_sweep(n_tasks:int=200,  # random Boyan chains per feature kind (
 
 
 # %%
-show_doc(diagonality_sweep)
-
-
-# %%
 #| export
 def plot_diagonality(result:dict,  # output of `diagonality_sweep`
                     ):             # the matplotlib figure
     "Experiment 3: mean and minimum diagonality against $\\beta$ per feature kind (mean, and 10-90% band), with the threshold."
     import matplotlib.pyplot as plt
     betas, curves = result["betas"], result["curves"]
-    fig, axes = plt.subplots(2, 1, figsize=(8, 8), sharex=True)
+    fig, axes = plt.subplots(2, 1, figsize=(6.0, 6.0), sharex=True)
     for ax, (k, name) in zip(axes, enumerate(("mean", "minimum"))):
         for i, (feat, c) in enumerate(curves.items()):
             ax.plot(betas, c[k].mean(1), color=OKABE_ITO[i], ls=("-", "--", "-.")[i % 3], lw=2, label=FEATURE_LABELS.get(feat, feat))
@@ -502,13 +554,10 @@ def plot_diagonality(result:dict,  # output of `diagonality_sweep`
 
 
 # %%
-show_doc(plot_diagonality)
-
-# %%
 #| fig-cap: "Figure 5a.4: one-hot and unit-norm attention becomes diagonal as the score scale grows; raw-feature attention does not."
 #| fig-alt: "Two panels against the score scale on a log axis: mean and minimum diagonal attention for one-hot, unit-norm and raw features, with 10-90 percent bands and the threshold as a dashed line."
 diag = diagonality_sweep(200, seed=1000)
-diag_curves = diag["curves"]                                    # feature -> (mean, min), each (len(betas), 200)
+diag_curves = diag["curves"]  # feature -> (mean, min), each (len(betas), 200)
 mean_cap = diag_curves["random"][0][-1].mean().item()
 assert diag_curves["onehot"][1][-1].min() > 0.999 and diag_curves["unit"][0][-1].mean() > 0.99
 assert mean_cap < 0.85 and diag_curves["random"][1][-1].median() < 0.1
@@ -546,9 +595,6 @@ def best_diagonality(phi,            # (..., s, d) state features
     return kernel_diagonality(kernel_attention(phi, W, w))[1], W
 
 
-# %%
-show_doc(best_diagonality)
-
 # %% [markdown]
 # On the square of chapter 5 (the centre in the hull of the corners, so $M(x, x) = 1/5$ for the centre under every $W$), the
 # search cannot do better than $1/5$:
@@ -565,32 +611,63 @@ reached.item()
 # ($d = 4$) the best diagonality the search reaches, on the tasks with such a state and on the others.
 
 # %%
+#| code-fold: true
+#| code-summary: "Code of the check"
 hull_rows, caps = [], {}
-for feat, d in (("onehot", 10), ("unit", 4), ("random", 2), ("random", 3), ("random", 4), ("random", 6), ("random", 8)):
+for feat, d in (
+    ("onehot", 10),
+    ("unit", 4),
+    ("random", 2),
+    ("random", 3),
+    ("random", 4),
+    ("random", 6),
+    ("random", 8),
+):
     tb = random_tasks(200, seed=3000, features=feat, d=d)
-    caps[feat, d] = cap = interior_cap(tb.phi, tb.d_pi).amin(-1)                 # (200,) cap on min_x M(x, x)
+    caps[feat, d] = cap = interior_cap(tb.phi, tb.d_pi).amin(-1)  # (200,) cap on min_x M(x, x)
     inner = cap < 1
-    hull_rows.append(f"| {FEATURE_LABELS[feat]} | {tb.phi.shape[-1]} | {inner.double().mean():.3f} | "
-                     + (f"{cap[inner].median():.3f} | {cap[inner].max():.3f} |" if inner.any() else "- | - |"))
+    hull_rows.append(
+        f"| {FEATURE_LABELS[feat]} | {tb.phi.shape[-1]} | {inner.double().mean():.3f} | "
+        + (f"{cap[inner].median():.3f} | {cap[inner].max():.3f} |" if inner.any() else "- | - |")
+    )
 assert (caps["onehot", 10] == 1).all() and (caps["unit", 4] == 1).all()
 raw_share = {d: (caps["random", d] < 1).double().mean().item() for d in (2, 3, 4, 6, 8)}
-assert all(raw_share[a] >= raw_share[b] for a, b in zip(list(raw_share), list(raw_share)[1:])), raw_share   # the share grows as d shrinks
-assert all(caps["random", d][caps["random", d] < 1].max() < (1 + 0.9) / 2 for d in raw_share if raw_share[d] > 0)   # every cap below the threshold
+assert all(
+    raw_share[a] >= raw_share[b] for a, b in zip(list(raw_share), list(raw_share)[1:])
+), raw_share  # the share grows as d shrinks
+assert all(
+    caps["random", d][caps["random", d] < 1].max() < (1 + 0.9) / 2
+    for d in raw_share
+    if raw_share[d] > 0
+)  # every cap below the threshold
 tb = random_tasks(200, seed=3000, features="random", d=4)
 cap4, inner = caps["random", 4], caps["random", 4] < 1
 best, _ = best_diagonality(tb.phi, tb.d_pi)
-assert (best <= cap4 + 1e-12).all()                                  # no W beats the cap (Proposition 5.5)
-assert cap4[inner].max() < (1 + tb.gamma) / 2                        # so the condition fails for every W on these tasks
+assert (best <= cap4 + 1e-12).all()  # no W beats the cap (Proposition 5.5)
+assert cap4[inner].max() < (1 + tb.gamma) / 2  # so the condition fails for every W on these tasks
 reach = (best[~inner] > (1 + tb.gamma) / 2).double().mean().item()
-assert reach > 0.3, reach                                            # elsewhere the search often clears the threshold
-record_claim("hull-obstruction", f"{inner.double().mean():.0%} of 200 raw-feature Boyan chains ($d = 4$) have a state in the hull of the others, where no feature-bilinear score meets the diagonal condition.", "measured", "convergence_experiments", "#proposition-5.5-measured-the-hull-obstruction-on-random-tasks")
-Markdown("| features | $d$ | tasks with an interior state | median cap | largest cap |\n|---|---|---|---|---|\n"
-         + "\n".join(hull_rows)
-         + f"\n\nRaw features, $d = 4$: on the {int(inner.sum())} tasks with an interior state the best $\\min_x M_\\pi(x, x)$ found is "
-         f"{best[inner].max():.3f} at most (their caps: at most {cap4[inner].max():.3f}); on the other {int((~inner).sum())} tasks the search "
-         f"reaches a median of {best[~inner].median():.3f} and clears the threshold $(1 + \\gamma)/2$ on {reach:.0%} of them. "
-         f"With raw features the share of tasks with an interior state is {raw_share[4]:.0%} at $d = 4$ and "
-         + ", ".join(f"{raw_share[d]:.1%} at $d = {d}$" for d in (6, 8)) + " (200 tasks each).")
+assert reach > 0.3, reach  # elsewhere the search often clears the threshold
+record_claim(
+    "hull-obstruction",
+    f"{inner.double().mean():.0%} of 200 raw-feature Boyan chains ($d = 4$) have a state in the"
+    " hull of the others, where no feature-bilinear score meets the diagonal condition.",
+    "measured",
+    "convergence_experiments",
+    "#proposition-5.5-measured-the-hull-obstruction-on-random-tasks",
+)
+Markdown(
+    "| features | $d$ | tasks with an interior state | median cap | largest cap"
+    " |\n|---|---|---|---|---|\n"
+    + "\n".join(hull_rows)
+    + f"\n\nRaw features, $d = 4$: on the {int(inner.sum())} tasks with an interior state the best"
+    f" $\\min_x M_\\pi(x, x)$ found is {best[inner].max():.3f} at most (their caps: at most"
+    f" {cap4[inner].max():.3f}); on the other {int((~inner).sum())} tasks the search reaches a"
+    f" median of {best[~inner].median():.3f} and clears the threshold $(1 + \\gamma)/2$ on"
+    f" {reach:.0%} of them. With raw features the share of tasks with an interior state is"
+    f" {raw_share[4]:.0%} at $d = 4$ and "
+    + ", ".join(f"{raw_share[d]:.1%} at $d = {d}$" for d in (6, 8))
+    + " (200 tasks each)."
+)
 
 # %% [markdown]
 # A share of the default raw-feature tasks ($d = 4$, under the table) have a state whose attention on itself no
@@ -612,17 +689,28 @@ fig, axes = plt.subplots(1, 3, figsize=(13, 4.2))
 maps, raw_b = {}, int(inner.nonzero()[0])
 for ax, feat in zip(axes, ("onehot", "unit", "random")):
     b = raw_b if feat == "random" else 0
-    task = random_boyan_chain(features=feat, seed=task_rng(3000, b))            # task b of the table's `random_tasks(200, seed=3000)`
+    task = random_boyan_chain(
+        features=feat, seed=task_rng(3000, b)
+    )  # task b of the table's `random_tasks(200, seed=3000)`
     maps[feat] = population_attention(task, 3 * torch.eye(task.d, dtype=torch.float64))
     im = ax.imshow(torch.as_tensor(maps[feat]).numpy(), vmin=0, vmax=1, cmap="viridis")
     extra = f", cap {cap4[raw_b]:.2f}" if feat == "random" else ""
-    ax.set(title=f"{FEATURE_LABELS[feat]} (task {b} of seed 3000)\nmin $M_\\pi(x, x)$ = {maps[feat].diagonal().min():.2f}{extra}",
-           xlabel="key state $y$", ylabel="query state $x$")
+    ax.set(
+        title=(
+            f"{FEATURE_LABELS[feat]} (task {b} of seed 3000)\nmin $M_\\pi(x, x)$ ="
+            f" {maps[feat].diagonal().min():.2f}{extra}"
+        ),
+        xlabel="key state $y$",
+        ylabel="query state $x$",
+    )
 fig.colorbar(im, ax=axes, label=r"$M_\pi(x, y)$ at $\beta = 3$", shrink=0.85)
-test_eq(task.phi, tb.phi[raw_b])                                               # the raw panel is the table's task raw_b
+test_eq(task.phi, tb.phi[raw_b])  # the raw panel is the table's task raw_b
 raw_off = maps["random"] - torch.diag(maps["random"].diagonal())
-assert maps["random"].diagonal().min() <= cap4[raw_b] and raw_off.max() > 0.5     # under its cap; most of a row on another state
-for M in maps.values(): test_close(M.sum(1), torch.ones(10, dtype=torch.float64), eps=1e-13)
+assert (
+    maps["random"].diagonal().min() <= cap4[raw_b] and raw_off.max() > 0.5
+)  # under its cap; most of a row on another state
+for M in maps.values():
+    test_close(M.sum(1), torch.ones(10, dtype=torch.float64), eps=1e-13)
 
 # %% [markdown]
 # **The cap's scope.** The proof uses one thing: the score is linear in the *key's feature vector*. A trained layer's
@@ -636,18 +724,32 @@ for M in maps.values(): test_close(M.sum(1), torch.ones(10, dtype=torch.float64)
 # reward, as context columns do).
 
 # %%
+#| code-fold: true
+#| code-summary: "Code of the check"
 tb = random_tasks(200, seed=3000, features="random", d=4)
-tokens = {"features $\\phi$ (Proposition 5.5)": tb.phi, "tokens $(\\phi, r)$": torch.cat([tb.phi, tb.r[..., None]], -1),
-          "tokens $(\\phi, r, v_\\pi)$": torch.cat([tb.phi, tb.r[..., None], tb.v_pi[..., None]], -1)}
-token_share = {k: (interior_cap(f, tb.d_pi).amin(-1) < 1).double().mean().item() for k, f in tokens.items()}
+tokens = {
+    "features $\\phi$ (Proposition 5.5)": tb.phi,
+    "tokens $(\\phi, r)$": torch.cat([tb.phi, tb.r[..., None]], -1),
+    "tokens $(\\phi, r, v_\\pi)$": torch.cat([tb.phi, tb.r[..., None], tb.v_pi[..., None]], -1),
+}
+token_share = {
+    k: (interior_cap(f, tb.d_pi).amin(-1) < 1).double().mean().item() for k, f in tokens.items()
+}
 best_tok, _ = best_diagonality(tokens["tokens $(\\phi, r)$"][inner], tb.d_pi[inner], steps=200)
 escape = (best_tok > cap4[inner] + 1e-6).double().mean().item()
-assert token_share["tokens $(\\phi, r)$"] < 0.5 * token_share["features $\\phi$ (Proposition 5.5)"] and escape > 0.5
-Markdown("| key vectors | tasks with an interior state |\n|---|---|\n"
-         + "\n".join(f"| {k} | {v:.3f} |" for k, v in token_share.items())
-         + f"\n\nOn the {int(inner.sum())} tasks whose features have an interior state (caps up to {cap4[inner].max():.3f}), a score on the tokens "
-         f"$(\\phi, r)$ exceeds the feature cap on {escape:.0%} of them, reaching a median $\\min_x M_\\pi(x, x)$ of {best_tok.median():.3f} "
-         f"(largest {best_tok.max():.3f}; $(1 + \\gamma)/2 = {(1 + tb.gamma) / 2:.2f}$).")
+assert (
+    token_share["tokens $(\\phi, r)$"] < 0.5 * token_share["features $\\phi$ (Proposition 5.5)"]
+    and escape > 0.5
+)
+Markdown(
+    "| key vectors | tasks with an interior state |\n|---|---|\n"
+    + "\n".join(f"| {k} | {v:.3f} |" for k, v in token_share.items())
+    + f"\n\nOn the {int(inner.sum())} tasks whose features have an interior state (caps up to"
+    f" {cap4[inner].max():.3f}), a score on the tokens $(\\phi, r)$ exceeds the feature cap on"
+    f" {escape:.0%} of them, reaching a median $\\min_x M_\\pi(x, x)$ of"
+    f" {best_tok.median():.3f} (largest {best_tok.max():.3f}; $(1 + \\gamma)/2 ="
+    f" {(1 + tb.gamma) / 2:.2f}$)."
+)
 
 # %% [markdown]
 # So Proposition 5.5 is a statement about feature-bilinear scores, the form of the constructed parameters, and not about
@@ -705,10 +807,6 @@ def phase_diagram(n_tasks:int=100,    # random Boyan chains per feature kind; th
 
 
 # %%
-show_doc(phase_diagram)
-
-
-# %%
 #| export
 def plot_phase(result:dict,          # output of `phase_diagram`
                feature:str="unit",   # the feature kind shown
@@ -720,7 +818,7 @@ def plot_phase(result:dict,          # output of `phase_diagram`
         raise ValueError(f"`feature` and `gamma` must be among {result['features']} and {result['gammas']}, got {feature!r}, {gamma}")
     fr = result["fractions"][result["features"].index(feature), result["gammas"].index(gamma)]
     betas = result["betas"]
-    fig, ax = plt.subplots(figsize=(7.5, 4.4))
+    fig, ax = plt.subplots(figsize=(6.0, 3.55))
     ax.stackplot(betas, fr[:, :3].T, colors=("#56B4E9", "#F0E442", "#D55E00"), alpha=0.6, labels=[f"task {p}" for p in PHASES])
     for k, (name, ls, mk) in enumerate(zip(CONDITIONS, ("-", "--", ":"), "os^")):
         ax.plot(betas, fr[:, 3 + k], color="k", ls=ls, marker=mk, ms=5, lw=1.8, clip_on=False, label=(name.replace("span, ", "span condition, ") if "span" in name else f"{name} condition") + " holds")
@@ -733,20 +831,34 @@ def plot_phase(result:dict,          # output of `phase_diagram`
 
 
 # %%
-show_doc(plot_phase)
-
-# %%
 #| fig-cap: "Figure 5a.6: every unit-norm task converges at every score scale, but the diagonal condition certifies them only at large scales; the span condition with k = 16 covers the middle, k = 1 adds little."
 #| fig-alt: "Against the score scale on a log axis, the fraction of 100 unit-norm tasks that converge fills the whole height; three black lines with markers give the fractions certified by the diagonal condition (rising only at large scales), the span condition with k = 1, and the span condition with k = 16 (rising earlier)."
 phase = phase_diagram(100, seed=4000)
-fr = phase["fractions"]                                         # (feature, gamma, beta, 6)
+fr = phase["fractions"]  # (feature, gamma, beta, 6)
 test_close(fr[..., :3].sum(-1), torch.ones(fr.shape[:-1], dtype=torch.float64), eps=1e-12)
-assert (fr[..., 3] <= fr[..., 4] + 1e-12).all() and (fr[..., 4] <= fr[..., 5] + 1e-12).all() and (fr[..., 5] <= fr[..., 0] + 1e-12).all()
-assert (fr[0, :, :, 0] == 1).all() and (fr[0, :, :, 4] == 1).all()       # one-hot: always converges, always certified by k = 1
+assert (
+    (fr[..., 3] <= fr[..., 4] + 1e-12).all()
+    and (fr[..., 4] <= fr[..., 5] + 1e-12).all()
+    and (fr[..., 5] <= fr[..., 0] + 1e-12).all()
+)
+assert (fr[0, :, :, 0] == 1).all() and (
+    fr[0, :, :, 4] == 1
+).all()  # one-hot: always converges, always certified by k = 1
 at3 = int((phase["betas"] - 3).abs().argmin())
-assert (fr[:, 1, at3, 0] == 1).all() and (fr[1:, 1, at3, 3] == 0).all()  # beta = 3, gamma = 0.9: all converge, no unit/raw task is diagonal enough
-assert fr[2, 1, -1, 2] > 0 and fr[2, 1, -1, 1] > 0.3                    # raw features at the largest scale: some diverge, many stall
-record_claim("phase-diagram", "Convergence without the contraction condition is the rule at small and moderate score scales; raw features at large scales stall or diverge.", "measured", "convergence_experiments", "#experiment-4-a-phase-diagram-of-convergence")
+assert (fr[:, 1, at3, 0] == 1).all() and (
+    fr[1:, 1, at3, 3] == 0
+).all()  # beta = 3, gamma = 0.9: all converge, no unit/raw task is diagonal enough
+assert (
+    fr[2, 1, -1, 2] > 0 and fr[2, 1, -1, 1] > 0.3
+)  # raw features at the largest scale: some diverge, many stall
+record_claim(
+    "phase-diagram",
+    "Convergence without the contraction condition is the rule at small and moderate score scales;"
+    " raw features at large scales stall or diverge.",
+    "measured",
+    "convergence_experiments",
+    "#experiment-4-a-phase-diagram-of-convergence",
+)
 plot_phase(phase, "unit", 0.9);
 
 # %% [markdown]
@@ -762,9 +874,19 @@ plot_phase(phase, "random", 0.9);
 # converge, and that each condition certifies.
 
 # %%
-Markdown("| features | $\\gamma$ | converges | diagonal | span $k = 1$ | span $k = 16$ |\n|---|---|---|---|---|---|\n"
-         + "\n".join(f"| {FEATURE_LABELS[f]} | {g} | " + " | ".join(f"{fr[i, j, :, c].mean():.2f}" for c in (0, 3, 4, 5)) + " |"
-                     for i, f in enumerate(phase["features"]) for j, g in enumerate(phase["gammas"])))
+#| code-fold: true
+#| code-summary: "Code of the check"
+Markdown(
+    "| features | $\\gamma$ | converges | diagonal | span $k = 1$ | span $k = 16$"
+    " |\n|---|---|---|---|---|---|\n"
+    + "\n".join(
+        f"| {FEATURE_LABELS[f]} | {g} | "
+        + " | ".join(f"{fr[i, j, :, c].mean():.2f}" for c in (0, 3, 4, 5))
+        + " |"
+        for i, f in enumerate(phase["features"])
+        for j, g in enumerate(phase["gammas"])
+    )
+)
 
 # %% [markdown]
 # The map has three regions. On one-hot features everything converges, at every scale and discount,
@@ -789,33 +911,92 @@ I4 = torch.eye(4, dtype=torch.float64)
 #| fig-cap: "Figure 5a.8: with the diagonal condition violated, one raw-feature task still converges and another diverges; on the diverging task the Transformer's error grows at close to the population recursion's rate."
 #| fig-alt: "Two log-scale panels of the error against depth, each with the Transformer (thick line) and the population recursion (dashed): on the left a converging task, where both errors fall over 80 layers without a single geometric rate; on the right a diverging one, where both grow along nearly straight lines, the population's slightly steeper."
 M10, M100 = kernel_attention(tb.phi, 10 * I4, tb.d_pi), kernel_attention(tb.phi, 100 * I4, tb.d_pi)
-sr10, sr100 = spectral_radius(M10, tb.P, gamma=tb.gamma, alpha=1.), spectral_radius(M100, tb.P, gamma=tb.gamma, alpha=1.)
+sr10, sr100 = spectral_radius(M10, tb.P, gamma=tb.gamma, alpha=1.0), spectral_radius(
+    M100, tb.P, gamma=tb.gamma, alpha=1.0
+)
 min10 = kernel_diagonality(M10)[1]
-ok, bad = int(torch.where(sr10 < 0.95, min10, 2.).argmin()), int(sr100.argmax())   # least diagonal of the fast ones; fastest diverging
-examples = [(f"task {ok}, $\\beta = 10$: min $M(x,x)$ = {min10[ok]:.2f}, spectral radius {sr10[ok]:.2f}", ok, 10.),
-            (f"task {bad}, $\\beta = 100$: min $M(x,x)$ = {kernel_diagonality(M100[bad])[1]:.2f}, spectral radius {sr100[bad]:.2f}", bad, 100.)]
+ok, bad = int(torch.where(sr10 < 0.95, min10, 2.0).argmin()), int(
+    sr100.argmax()
+)  # least diagonal of the fast ones; fastest diverging
+examples = [
+    (
+        f"task {ok}, $\\beta = 10$: min $M(x,x)$ = {min10[ok]:.2f}, spectral radius {sr10[ok]:.2f}",
+        ok,
+        10.0,
+    ),
+    (
+        (
+            f"task {bad}, $\\beta = 100$: min $M(x,x)$ = {kernel_diagonality(M100[bad])[1]:.2f},"
+            f" spectral radius {sr100[bad]:.2f}"
+        ),
+        bad,
+        100.0,
+    ),
+]
 fig, axes = plt.subplots(1, 2, figsize=(13, 4.6))
 final, pops = {}, {}
 for i, (ax, (label, b_idx, b)) in enumerate(zip(axes, examples)):
-    task = random_boyan_chain(features="random", seed=task_rng(1000, b_idx))   # task b_idx of `tb`
+    task = random_boyan_chain(features="random", seed=task_rng(1000, b_idx))  # task b_idx of `tb`
     states, rewards = sample_trajectory(task, 2000, seed=b_idx)
-    v_tf = weighted_softmax_td(task.phi[states], rewards, b * I4, 1., task.gamma, 80, phi_queries=task.phi, return_all=True)[:, -10:]
-    pops[b] = pop = sup_error(td_recursion(population_attention(task, b * I4), task.P, task.r, gamma=task.gamma, alpha=1., n_iters=80), task.v_pi)
+    v_tf = weighted_softmax_td(
+        task.phi[states],
+        rewards,
+        b * I4,
+        1.0,
+        task.gamma,
+        80,
+        phi_queries=task.phi,
+        return_all=True,
+    )[:, -10:]
+    pops[b] = pop = sup_error(
+        td_recursion(
+            population_attention(task, b * I4),
+            task.P,
+            task.r,
+            gamma=task.gamma,
+            alpha=1.0,
+            n_iters=80,
+        ),
+        task.v_pi,
+    )
     final[b] = sup_error(v_tf, task.v_pi)
     ax.plot(final[b], color=f"C{i}", lw=4, alpha=0.4, label="Transformer, $n = 2000$")
     ax.plot(pop, color=f"C{i}", ls="--", label="population recursion, same task")
-    ax.set(yscale="log", xlabel="depth $L$ (layers)", ylabel=r"$\|v_L - v_\pi\|_\infty$ (return units)", title=label)
+    ax.set(
+        yscale="log",
+        xlabel="depth $L$ (layers)",
+        ylabel=r"$\|v_L - v_\pi\|_\infty$ (return units)",
+        title=label,
+    )
     ax.legend(fontsize=9)
-fig.suptitle("Raw features, diagonal condition violated: one task converges (left), one diverges (right)")
-fig.tight_layout();
-assert final[10.][-1] < 0.2 * final[10.][1] and pops[10.][-1] < 0.2 * pops[10.][1] and final[100.][-1] > 1e6 * final[100.][1]
-assert sr10[ok] < 0.95 and min10[ok] < 0.1 and sr100[bad] > 1   # a spectral radius above one: the recursion, and the Transformer with it, diverge
-growth = {k: (e[-1] / e[-2]).item() for k, e in (("Transformer", final[100.]), ("population", pops[100.]))}
-assert all(abs(g / sr100[bad] - 1) < 0.05 for g in growth.values()), growth   # both growing per layer at about the spectral radius
-print(f"converging task {ok}: min M_pi(x, x) = {min10[ok]:.3f}, spectral radius {sr10[ok]:.3f}; error from depth 1 to 80 falls by a factor "
-      f"{(final[10.][1] / final[10.][-1]).item():.0f} (Transformer), {(pops[10.][1] / pops[10.][-1]).item():.0f} (population)\n"
-      f"diverging task {bad}: spectral radius {sr100[bad]:.3f}; last layer's growth factor {growth['Transformer']:.3f} (Transformer), "
-      f"{growth['population']:.3f} (population); population / Transformer error at depth 80: {(pops[100.][-1] / final[100.][-1]).item():.1f}")
+fig.suptitle(
+    "Raw features, diagonal condition violated: one task converges (left), one diverges (right)"
+)
+fig.tight_layout()
+assert (
+    final[10.0][-1] < 0.2 * final[10.0][1]
+    and pops[10.0][-1] < 0.2 * pops[10.0][1]
+    and final[100.0][-1] > 1e6 * final[100.0][1]
+)
+assert (
+    sr10[ok] < 0.95 and min10[ok] < 0.1 and sr100[bad] > 1
+)  # a spectral radius above one: the recursion, and the Transformer with it, diverge
+growth = {
+    k: (e[-1] / e[-2]).item()
+    for k, e in (("Transformer", final[100.0]), ("population", pops[100.0]))
+}
+assert all(
+    abs(g / sr100[bad] - 1) < 0.05 for g in growth.values()
+), growth  # both growing per layer at about the spectral radius
+print(
+    f"converging task {ok}: min M_pi(x, x) = {min10[ok]:.3f}, spectral radius {sr10[ok]:.3f}; error"
+    " from depth 1 to 80 falls by a factor"
+    f" {(final[10.][1] / final[10.][-1]).item():.0f} (Transformer),"
+    f" {(pops[10.][1] / pops[10.][-1]).item():.0f} (population)\ndiverging task {bad}: spectral"
+    f" radius {sr100[bad]:.3f}; last layer's growth factor"
+    f" {growth['Transformer']:.3f} (Transformer), {growth['population']:.3f} (population);"
+    f" population / Transformer error at depth 80: {(pops[100.][-1] / final[100.][-1]).item():.1f}"
+)
 
 
 # %% [markdown]
@@ -868,17 +1049,13 @@ def rate_experiment(n_tasks:int=150,     # random Boyan chains per feature kind
 
 
 # %%
-show_doc(rate_experiment)
-
-
-# %%
 #| export
 def plot_rates(result:dict,  # output of `rate_experiment`
               ):             # the matplotlib figure
     "Experiment 5: measured rate against the bound, one point per task (marker: feature kind, colour: $\\min_x M_\\pi(x, x)$), with the diagonal."
     import matplotlib.pyplot as plt
     rates, rhos, kinds, diag = result["rates"], result["rhos"], result["kinds"], result["min_diags"]
-    fig, ax = plt.subplots(figsize=(7, 5.8))
+    fig, ax = plt.subplots(figsize=(6.0, 5.0))
     for feat, marker in zip(dict.fromkeys(kinds), "os^"):
         sc = ax.scatter(rhos[kinds == feat], rates[kinds == feat], s=16, marker=marker, c=diag[kinds == feat], cmap="viridis",
                         vmin=diag.min(), vmax=1, label=f"{FEATURE_LABELS.get(feat, feat)} features ({(kinds == feat).sum()} tasks)")
@@ -890,9 +1067,6 @@ def plot_rates(result:dict,  # output of `rate_experiment`
     ax.legend(fontsize=9)
     return fig
 
-
-# %%
-show_doc(plot_rates)
 
 # %% [markdown]
 # Three claims, each a two-sided or a strict statement that a wrong theory would fail: the measured
@@ -906,17 +1080,34 @@ show_doc(plot_rates)
 #| fig-cap: "Figure 5a.9: the bound is attained near the tabular limit and loose where the attention leaks."
 #| fig-alt: "Scatter of the measured contraction rate against the bound, one point per task, coloured by the smallest diagonal attention, with the diagonal y = x."
 rate_res = rate_experiment(150, seed=2000)
-rates, rhos, diag_min, lams = rate_res["rates"], rate_res["rhos"], rate_res["min_diags"], rate_res["lams"]
+rates, rhos, diag_min, lams = (
+    rate_res["rates"],
+    rate_res["rhos"],
+    rate_res["min_diags"],
+    rate_res["lams"],
+)
 tabular, leaky = diag_min > 0.999, diag_min < 0.99
 assert len(rates) >= 100 and tabular.sum() >= 20 and leaky.sum() >= 10
 assert np.abs(rates - rate_res["spectral"]).max() < 1e-3
 assert np.abs(rates - rhos)[tabular].max() < 2e-3
 assert (rhos - rates)[leaky].min() > 0.01 and np.abs(rates - lams)[leaky].max() < 1e-3
-record_claim("rate-vs-bound", "The measured rate is the spectral radius of $B$; the bound $\\kappa$ is attained near the tabular limit, and where the attention leaks the rate is $\\kappa_{\\mathrm{tab}}$, faster than $\\kappa$.", "measured", "convergence_experiments", "#experiment-5-the-measured-rate-against-the-bound")
-plot_rates(rate_res);
-print(f"{len(rates)} tasks; |rate - spectral radius| <= {np.abs(rates - rate_res['spectral']).max():.1e}; "
-      f"{tabular.sum()} near-tabular tasks: |rate - kappa| <= {np.abs(rates - rhos)[tabular].max():.1e}; "
-      f"{leaky.sum()} leaky tasks: kappa - rate in [{(rhos - rates)[leaky].min():.3f}, {(rhos - rates)[leaky].max():.3f}], |rate - kappa_tab| <= {np.abs(rates - lams)[leaky].max():.1e}")
+record_claim(
+    "rate-vs-bound",
+    "The measured rate is the spectral radius of $B$; the bound $\\kappa$ is attained near the"
+    " tabular limit, and where the attention leaks the rate is $\\kappa_{\\mathrm{tab}}$, faster"
+    " than $\\kappa$.",
+    "measured",
+    "convergence_experiments",
+    "#experiment-5-the-measured-rate-against-the-bound",
+)
+plot_rates(rate_res)
+print(
+    f"{len(rates)} tasks; |rate - spectral radius| <="
+    f" {np.abs(rates - rate_res['spectral']).max():.1e}; {tabular.sum()} near-tabular tasks: |rate"
+    f" - kappa| <= {np.abs(rates - rhos)[tabular].max():.1e}; {leaky.sum()} leaky tasks: kappa -"
+    f" rate in [{(rhos - rates)[leaky].min():.3f}, {(rhos - rates)[leaky].max():.3f}], |rate -"
+    f" kappa_tab| <= {np.abs(rates - lams)[leaky].max():.1e}"
+)
 
 
 # %% [markdown]
@@ -963,10 +1154,6 @@ def scale_for_diagonality(phi,       # (B, s, d) state features, unit-norm
 
 
 # %%
-show_doc(scale_for_diagonality)
-
-
-# %%
 #| export
 def leaky_experiment(n_tasks:int=100,       # random unit-norm Boyan chains
                      seed:int=6000,         # tasks from its stream 0, targets from stream 1, trajectories from stream 2
@@ -1002,10 +1189,6 @@ def leaky_experiment(n_tasks:int=100,       # random unit-norm Boyan chains
 
 
 # %%
-show_doc(leaky_experiment)
-
-
-# %%
 #| export
 def plot_leaky(result:dict,  # output of `leaky_experiment`
               ):             # the matplotlib figure
@@ -1033,31 +1216,55 @@ def plot_leaky(result:dict,  # output of `leaky_experiment`
 
 
 # %%
-show_doc(plot_leaky)
-
-# %%
 #| fig-cap: "Figure 5a.10: in the leaky regime the measured rate is the constant direction rate, below both the span rate and the diagonal bound."
 #| fig-alt: "Two scatter panels of per-layer rates against the smallest diagonal attention, for the population and for finite contexts: the diagonal bound, the span rate and the measured rate."
 leaky = leaky_experiment(100, seed=6000)
 lam, keys = leaky["lam"], leaky["all_keys"]
-assert ((leaky["min_diag"] > 0.95) & (leaky["min_diag"] < 0.99)).all()     # sanity check of the bisection (true by construction)
-# population: the rate is kappa_tab, the diagonal bound is loose, the explicit span rate is certified and closer
+assert (
+    (leaky["min_diag"] > 0.95) & (leaky["min_diag"] < 0.99)
+).all()  # sanity check of the bisection (true by construction)
+# population: the rate is kappa_tab, the diagonal bound is loose,
+# the explicit span rate is certified and closer
 assert (leaky["rates"] - lam).abs().max() < 1e-3 and (leaky["spectral"] - lam).abs().max() < 1e-9
 assert (leaky["rho"] - leaky["rates"]).min() > 0.02 and (leaky["span"] < 1).all()
-assert (leaky["span"].clamp(min=lam) < leaky["rho"]).all() and (leaky["span"] > lam).all()      # strictly between the rate and kappa
-# finite n: Lemma 5.1 transfers the condition; on contexts covering every state the depth term decays at the tabular rate
+assert (leaky["span"].clamp(min=lam) < leaky["rho"]).all() and (
+    leaky["span"] > lam
+).all()  # strictly between the rate and kappa
+# finite n: Lemma 5.1 transfers the condition; on contexts covering every state
+# the depth term decays at the tabular rate
 m = leaky["min_diag"][:, None]
-assert (leaky["rho_hat"] <= 1 - (2 * m * (1 - leaky["eps"]) / (1 + leaky["eps"]) - 1 - leaky["gamma"]) + 1e-12).all()
+assert (
+    leaky["rho_hat"]
+    <= 1 - (2 * m * (1 - leaky["eps"]) / (1 + leaky["eps"]) - 1 - leaky["gamma"]) + 1e-12
+).all()
 assert keys.double().mean() > 0.9 and ((leaky["ctx_rates"] - lam).abs()[keys] < 2e-3).all()
-record_claim("leaky-regime", "In the leaky regime on unit-norm Boyan chains the rate is $\\kappa_{\\mathrm{tab}}$ at the population and on finite contexts, and the explicit span rate lies strictly between it and $\\kappa$.", "measured", "convergence_experiments", "#experiment-6-the-leaky-regime-at-finite-n")
+record_claim(
+    "leaky-regime",
+    "In the leaky regime on unit-norm Boyan chains the rate is $\\kappa_{\\mathrm{tab}}$ at the"
+    " population and on finite contexts, and the explicit span rate lies strictly between it and"
+    " $\\kappa$.",
+    "measured",
+    "convergence_experiments",
+    "#experiment-6-the-leaky-regime-at-finite-n",
+)
 lost = keys & (leaky["rho_hat"] >= 1)
-plot_leaky(leaky);
-Markdown(f"Population: rates within {(leaky['rates'] - lam).abs().max():.1e} of $\\kappa_{{\\mathrm{{tab}}}} = {lam:.2f}$; $\\kappa$ in "
-         f"[{leaky['rho'].min():.3f}, {leaky['rho'].max():.3f}]; span rate $\\operatorname{{sc}}(B)$ in [{leaky['span'].min():.3f}, {leaky['span'].max():.3f}]. "
-         f"Contexts: " + "; ".join(f"$n = {n}$: {int(keys[:, i].sum())} of {len(keys)} cover every state, median $\\Delta$ = {leaky['eps'][:, i].median():.2f}, "
-                                    f"$\\hat\\kappa \\ge 1$ on {int(lost[:, i].sum())}, $\\widehat{{\\operatorname{{sc}}}} \\ge 1$ on {int((keys[:, i] & (leaky['span_hat'][:, i] >= 1)).sum())}"
-                                    for i, n in enumerate(leaky["ns"])) + f"; depth-term rates within {(leaky['ctx_rates'] - lam).abs()[keys].max():.1e} of $\\kappa_{{\\mathrm{{tab}}}}$. "
-         f"The span rate exceeds $\\kappa_{{\\mathrm{{tab}}}}$ on every task, by less than $10^{{-3}}$ on {int((leaky['span'] < lam + 1e-3).sum())} of them.")
+plot_leaky(leaky)
+Markdown(
+    f"Population: rates within {(leaky['rates'] - lam).abs().max():.1e} of"
+    f" $\\kappa_{{\\mathrm{{tab}}}} = {lam:.2f}$; $\\kappa$ in [{leaky['rho'].min():.3f},"
+    f" {leaky['rho'].max():.3f}]; span rate $\\operatorname{{sc}}(B)$ in"
+    f" [{leaky['span'].min():.3f}, {leaky['span'].max():.3f}]. Contexts: "
+    + "; ".join(
+        f"$n = {n}$: {int(keys[:, i].sum())} of {len(keys)} cover every state, median $\\Delta$ ="
+        f" {leaky['eps'][:, i].median():.2f}, $\\hat\\kappa \\ge 1$ on {int(lost[:, i].sum())},"
+        " $\\widehat{\\operatorname{sc}} \\ge 1$ on"
+        f" {int((keys[:, i] & (leaky['span_hat'][:, i] >= 1)).sum())}"
+        for i, n in enumerate(leaky["ns"])
+    )
+    + f"; depth-term rates within {(leaky['ctx_rates'] - lam).abs()[keys].max():.1e} of"
+    " $\\kappa_{\\mathrm{tab}}$. The span rate exceeds $\\kappa_{\\mathrm{tab}}$ on"
+    f" every task, by less than $10^{{-3}}$ on {int((leaky['span'] < lam + 1e-3).sum())} of them."
+)
 
 # %% [markdown]
 # In the leaky regime the diagonal bound is loose on every one of these unit-norm Boyan chains: the population
@@ -1085,21 +1292,90 @@ Markdown(f"Population: rates within {(leaky['rates'] - lam).abs().max():.1e} of 
 # that output (`ictd convergence` on the command line runs experiments 1, 2, 3 and 5 at this scale and saves their figures).
 
 # %%
+#| code-fold: true
+#| code-summary: "Code of the check"
 #| slow
 NS_BIG = [30, 100, 300, 1000, 3000, 10_000, 30_000]
 big = depth_experiment(1000, beta=BETA, alpha=ALPHA, ns=NS_BIG, n_layers=100, seed=5000)
 slope_big, lo_big, hi_big = slope_interval(NS_BIG, big["floors"], seed=12)
 key_big = slope_interval(NS_BIG[1:], big["key_floors"][:, 1:], seed=12)
 tail_big = slope_interval(NS_BIG[-3:], big["floors"][:, -3:], seed=12)
-assert hi_big < -0.3 and (big["floors"][big["all_keys"]] <= big["floor_bounds"][big["all_keys"]]).all()
-assert key_big[1] < -0.5 < key_big[2] and tail_big[1] < -0.5 < tail_big[2]   # -1/2 on key states, and once every state is a key
-print(f"floor slope {slope_big:.3f} [{lo_big:.3f}, {hi_big:.3f}]; on key states, n >= 100: {key_big[0]:.3f} [{key_big[1]:.3f}, {key_big[2]:.3f}]; "
-      f"last three lengths: {tail_big[0]:.3f} [{tail_big[1]:.3f}, {tail_big[2]:.3f}]")
+assert (
+    hi_big < -0.3 and (big["floors"][big["all_keys"]] <= big["floor_bounds"][big["all_keys"]]).all()
+)
+assert (
+    key_big[1] < -0.5 < key_big[2] and tail_big[1] < -0.5 < tail_big[2]
+)  # -1/2 on key states, and once every state is a key
+print(
+    f"floor slope {slope_big:.3f} [{lo_big:.3f}, {hi_big:.3f}]; on key states, n >= 100:"
+    f" {key_big[0]:.3f} [{key_big[1]:.3f}, {key_big[2]:.3f}]; last three lengths:"
+    f" {tail_big[0]:.3f} [{tail_big[1]:.3f}, {tail_big[2]:.3f}]"
+)
 
 # %% [markdown]
 # ## Implementation and tests
 #
-# The experiments end above. Bad input to the experiment functions gets a `ValueError` that names the argument:
+# The experiments end above. This section documents the functions that run them, so that a reader can rerun an
+# experiment at another scale, and checks that bad input gets a `ValueError` that names the argument.
+
+# %% [markdown]
+# ### The functions of the experiments
+#
+# In the order the experiments use them.
+
+# %%
+show_doc(depth_sweep)
+
+# %%
+show_doc(depth_experiment)
+
+# %%
+show_doc(measured_rate)
+
+# %%
+show_doc(loglog_slope)
+
+# %%
+show_doc(slope_interval)
+
+# %%
+show_doc(significant)
+
+# %%
+show_doc(plot_floor)
+
+# %%
+show_doc(diagonality_sweep)
+
+# %%
+show_doc(plot_diagonality)
+
+# %%
+show_doc(best_diagonality)
+
+# %%
+show_doc(phase_diagram)
+
+# %%
+show_doc(plot_phase)
+
+# %%
+show_doc(rate_experiment)
+
+# %%
+show_doc(plot_rates)
+
+# %%
+show_doc(scale_for_diagonality)
+
+# %%
+show_doc(leaky_experiment)
+
+# %%
+show_doc(plot_leaky)
+
+# %% [markdown]
+# ### Bad input
 
 # %%
 for msg, f in [("`errors` must be positive", lambda: measured_rate(torch.zeros(5), 0)),

@@ -40,6 +40,13 @@ from ictd.core import record_claim
 # > Beyond the fast-mixing random Boyan chains of chapter 5a: the rate on slowly mixing chains, and how diagonal the attention must be for the layer recursion to converge on every chain, with certified lower bounds on the threshold of Proposition 5.7.
 
 # %% [markdown]
+# ::: {.callout-tip title="What this page shows"}
+# - On slowly mixing chains the per-layer rate is slower than the tabular rate, as Proposition 5.6 predicts, and by how much.
+# - How diagonal the attention must be for the recursion to converge on *every* chain: a search for worst cases gives
+#   certified lower bounds on the threshold $m^*$ of Proposition 5.7 for 3 to 8 states.
+# :::
+
+# %% [markdown]
 # [Chapter 5a](convergence_experiments.html) measured the statements of [chapter 5](convergence.html) on random Boyan chains,
 # which mix in a few steps. This page asks two questions that such chains cannot answer. First, is the per-layer rate
 # always the tabular rate $\kappa_{\mathrm{tab}}$ when the attention leaks, as it was there? Proposition 5.6 says no for slowly
@@ -51,8 +58,8 @@ from ictd.core import record_claim
 # builds on `ictd.convergence` and on chapter 5a's `ictd.experiments.convergence`.
 #
 # *How to read this page.* Each section states its question, what is run, the result (a figure, and for the threshold a table
-# of certified values), what it shows, and the check that asserts it. Input validation is in the last section,
-# [Implementation and tests](#implementation-and-tests). Symbols are those of [Notation](notation.html) and chapter 5.
+# of certified values), what it shows, and the check that asserts it. The functions that run them and the input
+# validation are in the last section, [Implementation and tests](#implementation-and-tests). Symbols are those of [Notation](notation.html) and chapter 5.
 
 # %% [markdown]
 # ## Slowly mixing chains: when the rate is not the tabular rate
@@ -110,10 +117,6 @@ def slow_mixing_experiment(n_tasks:int=20,      # chains per family and mixing p
 
 
 # %%
-show_doc(slow_mixing_experiment)
-
-
-# %%
 #| export
 def plot_slow_mixing(result:dict, # output of `slow_mixing_experiment`
                     ):            # the matplotlib figure
@@ -138,9 +141,6 @@ def plot_slow_mixing(result:dict, # output of `slow_mixing_experiment`
     return fig
 
 
-# %%
-show_doc(plot_slow_mixing)
-
 # %% [markdown]
 # Claims, measured on these two families: on the fastest-mixing lazy chains the rate is $\kappa_{\mathrm{tab}}$; on lazy chains the
 # asymptotic rate (the spectral radius of $B$) grows with the relaxation time and reaches Proposition 5.6's limit; and it
@@ -154,26 +154,56 @@ show_doc(plot_slow_mixing)
 slow = slow_mixing_experiment(20)
 lazy_r, block_r, lam = slow["lazy"], slow["two blocks"], slow["lam"]
 for r in (lazy_r, block_r):
-    assert (r["spectral"] <= r["rho"] + 1e-12).all() and (r["spectral"] >= lam - 1e-12).all()   # Proposition 5.1, and the tabular rate is an eigenvalue
-    assert (r["min_diag"] - 0.96).abs().max() < 1e-9                                    # sanity check: beta was set for this
-assert (lazy_r["spectral"][:, -1] - lam).abs().max() < 1e-9 and (lazy_r["rates"][:, -1] - lam).abs().max() < 2e-3
-assert ((lazy_r["spectral"][:, 0] - slow["lazy_limit"]).abs() < 2e-3).all() and (slow["lazy_limit"] > lam + 3e-3).all()
+    assert (r["spectral"] <= r["rho"] + 1e-12).all() and (
+        r["spectral"] >= lam - 1e-12
+    ).all()  # Proposition 5.1, and the tabular rate is an eigenvalue
+    assert (r["min_diag"] - 0.96).abs().max() < 1e-9  # sanity check: beta was set for this
+assert (lazy_r["spectral"][:, -1] - lam).abs().max() < 1e-9 and (
+    lazy_r["rates"][:, -1] - lam
+).abs().max() < 2e-3
+assert ((lazy_r["spectral"][:, 0] - slow["lazy_limit"]).abs() < 2e-3).all() and (
+    slow["lazy_limit"] > lam + 3e-3
+).all()
 med = lazy_r["spectral"].median(0).values
-assert (med[:-1] >= med[1:] - 1e-12).all() and med[0] > lam + 3e-3                 # grows as the relaxation time grows
-record_claim("slow-mixing", "On slowly mixing lazy chains the rate is slower than $\\kappa_{\\mathrm{tab}}$ and reaches the limit of Proposition 5.6.", "measured", "worst_cases", "#slowly-mixing-chains-when-the-rate-is-not-the-tabular-rate")
-plot_slow_mixing(slow);
-fast_gap = (lazy_r['rates'][:, -1] - lam).abs().max().item()
-assert fast_gap < 1e-6, fast_gap   # a rounding-level gap: stated as this bound, whose digits do not depend on the machine
-Markdown(f"Fastest lazy chains ($\\eta = 1$, median relaxation time {lazy_r['relax'][:, -1].median():.2f}): rates within "
-         f"$10^{{-6}}$ of $\\kappa_{{\\mathrm{{tab}}}} = {lam:.2f}$. Slowest ($\\eta = 10^{{-3}}$): lazy chains "
-         f"(relaxation time {lazy_r['relax'][:, 0].median():.0f}) have rates in [{lazy_r['spectral'][:, 0].min():.4f}, {lazy_r['spectral'][:, 0].max():.4f}], "
-         f"within {(lazy_r['spectral'][:, 0] - slow['lazy_limit']).abs().max():.1e} of the limit; two blocks (relaxation time "
-         f"{block_r['relax'][:, 0].median():.0f}) in [{block_r['spectral'][:, 0].min():.4f}, {block_r['spectral'][:, 0].max():.4f}]. "
-         f"The bound $\\kappa$ is {lazy_r['rho'].mean():.3f} on every chain. Depth factor at the lazy limit: "
-         f"{math.log(lam) / math.log(slow['lazy_limit'].median()):.3f} (median chain), at most {math.log(lam) / math.log(1 - slow['alpha'] * (1 - slow['gamma']) * (2 * 0.96 - 1)):.3f} by the cap. "
-         f"The median measured rate (depths {slow['fit']}) over the mixing parameters lies in [{lazy_r['rates'].median(0).values.min():.4f}, {lazy_r['rates'].median(0).values.max():.4f}] "
-         f"on lazy chains and in [{block_r['rates'].median(0).values.min():.4f}, {block_r['rates'].median(0).values.max():.4f}] on two blocks, "
-         + ("dipping below" if min(r['rates'].median(0).values.min() for r in (lazy_r, block_r)) < lam - 1e-4 else "never below") + " $\\kappa_{\\mathrm{tab}}$.")
+assert (med[:-1] >= med[1:] - 1e-12).all() and med[
+    0
+] > lam + 3e-3  # grows as the relaxation time grows
+record_claim(
+    "slow-mixing",
+    "On slowly mixing lazy chains the rate is slower than $\\kappa_{\\mathrm{tab}}$ and reaches the"
+    " limit of Proposition 5.6.",
+    "measured",
+    "worst_cases",
+    "#slowly-mixing-chains-when-the-rate-is-not-the-tabular-rate",
+)
+plot_slow_mixing(slow)
+fast_gap = (lazy_r["rates"][:, -1] - lam).abs().max().item()
+assert (
+    fast_gap < 1e-6
+), fast_gap  # a rounding-level gap: stated as this bound, whose digits do not depend on the machine
+Markdown(
+    "Fastest lazy chains ($\\eta = 1$, median relaxation time"
+    f" {lazy_r['relax'][:, -1].median():.2f}): rates within $10^{{-6}}$ of"
+    f" $\\kappa_{{\\mathrm{{tab}}}} = {lam:.2f}$. Slowest ($\\eta = 10^{{-3}}$): lazy chains"
+    f" (relaxation time {lazy_r['relax'][:, 0].median():.0f}) have rates in"
+    f" [{lazy_r['spectral'][:, 0].min():.4f}, {lazy_r['spectral'][:, 0].max():.4f}], within"
+    f" {(lazy_r['spectral'][:, 0] - slow['lazy_limit']).abs().max():.1e} of the limit; two blocks"
+    f" (relaxation time {block_r['relax'][:, 0].median():.0f}) in"
+    f" [{block_r['spectral'][:, 0].min():.4f}, {block_r['spectral'][:, 0].max():.4f}]. The bound"
+    f" $\\kappa$ is {lazy_r['rho'].mean():.3f} on every chain. Depth factor at the lazy limit:"
+    f" {math.log(lam) / math.log(slow['lazy_limit'].median()):.3f} (median chain), at most"
+    f" {math.log(lam) / math.log(1 - slow['alpha'] * (1 - slow['gamma']) * (2 * 0.96 - 1)):.3f} by"
+    f" the cap. The median measured rate (depths {slow['fit']}) over the mixing parameters lies in"
+    f" [{lazy_r['rates'].median(0).values.min():.4f}, {lazy_r['rates'].median(0).values.max():.4f}]"
+    f" on lazy chains and in [{block_r['rates'].median(0).values.min():.4f},"
+    f" {block_r['rates'].median(0).values.max():.4f}] on two blocks, "
+    + (
+        "dipping below"
+        if min(r["rates"].median(0).values.min() for r in (lazy_r, block_r)) < lam - 1e-4
+        else "never below"
+    )
+    + " $\\kappa_{\\mathrm{tab}}$."
+)
 
 
 # %% [markdown]
@@ -281,20 +311,30 @@ def worst_case_pair(m:float,       # the smallest allowed diagonal of M
     return tuple(torch.from_numpy(A) for A in _pair_from_logits(best, m, s))
 
 
-# %%
-show_doc(worst_case_pair)
-
 # %% [markdown]
 # `worst_case_pair` keeps its promises on a few sizes, and below the circulant bound it finds a diverging pair:
 
 # %%
+#| code-fold: true
+#| code-summary: "Code of the check"
 for s_c in (2, 3, 5):
-    M_w, P_w = worst_case_pair(0.6, 0.9, 1., s_c, seed=1, n_starts=3)
-    assert M_w.dtype == torch.float64 and (M_w > 0).all() and (P_w > 0).all() and M_w.diagonal().min() >= 0.6 - 1e-12
-    test_close(M_w.sum(1), torch.ones(s_c, dtype=torch.float64), eps=1e-12); test_close(P_w.sum(1), torch.ones(s_c, dtype=torch.float64), eps=1e-12)
-m_c5 = circulant_threshold(0.9, 1., 5)["m"]
-assert spectral_radius(*worst_case_pair(m_c5 - 1e-3, 0.9, 1., 6, n_starts=0), gamma=0.9, alpha=1.) > 1
-assert spectral_radius(*worst_case_pair(0.5, 0.9, 1., 2, n_starts=5), gamma=0.9, alpha=1.) < 1         # item 3: two states never fail above 1/2
+    M_w, P_w = worst_case_pair(0.6, 0.9, 1.0, s_c, seed=1, n_starts=3)
+    assert (
+        M_w.dtype == torch.float64
+        and (M_w > 0).all()
+        and (P_w > 0).all()
+        and M_w.diagonal().min() >= 0.6 - 1e-12
+    )
+    test_close(M_w.sum(1), torch.ones(s_c, dtype=torch.float64), eps=1e-12)
+    test_close(P_w.sum(1), torch.ones(s_c, dtype=torch.float64), eps=1e-12)
+m_c5 = circulant_threshold(0.9, 1.0, 5)["m"]
+assert (
+    spectral_radius(*worst_case_pair(m_c5 - 1e-3, 0.9, 1.0, 6, n_starts=0), gamma=0.9, alpha=1.0)
+    > 1
+)
+assert (
+    spectral_radius(*worst_case_pair(0.5, 0.9, 1.0, 2, n_starts=5), gamma=0.9, alpha=1.0) < 1
+)  # item 3: two states never fail above 1/2
 
 
 # %%
@@ -340,9 +380,6 @@ def threshold_search(*, gamma:float,     # discount factor in [0, 1)
     return dict(m=best_m, M=M, P=P, rho=spectral_radius(M, P, gamma=gamma, alpha=alpha).item())
 
 
-# %%
-show_doc(threshold_search)
-
 # %% [markdown]
 # The certificates of the book come from one run of `save_threshold_certificates` (a few minutes, so its results are
 # stored in `nbs/data/convergence_threshold.json` with the command, commit and date that made them). The chapter loads
@@ -378,10 +415,6 @@ def save_threshold_certificates(path=THRESHOLD_FILE,          # where to write t
 
 
 # %%
-show_doc(save_threshold_certificates)
-
-
-# %%
 #| export
 def check_certificate(record:dict, # one record: gamma, alpha, n_states, m, M, P
                      )->float:     # the spectral radius of B, >= 1
@@ -396,19 +429,11 @@ def check_certificate(record:dict, # one record: gamma, alpha, n_states, m, M, P
 
 
 # %%
-show_doc(check_certificate)
-
-
-# %%
 #| export
 def load_threshold_certificates(path=THRESHOLD_FILE)->dict:
     "The stored certificates (see `save_threshold_certificates`)."
     if not Path(path).exists(): raise ValueError(f"`path` must be a certificate file, got {path}")
     return json.loads(Path(path).read_text())
-
-
-# %%
-show_doc(load_threshold_certificates)
 
 
 # %%
@@ -432,40 +457,108 @@ def diagonality_threshold(gamma:float,  # discount factor in [0, 1)
 
 
 # %%
-show_doc(diagonality_threshold)
-
-# %%
+#| code-fold: true
+#| code-summary: "Code of the check"
 certs = load_threshold_certificates("data/convergence_threshold.json")
 records = certs["records"]
-display(Markdown(provenance_note(certs, "The certificates", "Which chains the search found depends on its random starts and on rounding, "
-                                  "but each certificate is re-checked exactly below, so what it certifies holds on every machine.")))
-rhos_c = [check_certificate(r) for r in records]                                       # exact re-check of every certificate
-test_fail(lambda: check_certificate(dict(records[-1], m=0.99)), contains="invalid certificate")      # a false minimum diagonal is caught
-M0, P0 = (torch.tensor(records[-1][k], dtype=torch.float64) for k in ("M", "P"))        # a certificate is softmax attention:
-d0 = MRP(P0.numpy(), np.zeros(len(P0)), 0.9, np.eye(len(P0))).d_pi                    # one-hot features, W[y, x] = log(M[x, y] / d(y))
-test_close(kernel_attention(torch.eye(len(P0), dtype=torch.float64), (M0.log() - d0.log()[None, :]).T, d0), M0, eps=1e-12)
-thr = {(r["gamma"], r["alpha"], r["n_states"]): diagonality_threshold(r["gamma"], r["alpha"], r["n_states"], records) for r in records}
-gammas_t, alphas_t, sizes_t = sorted({k[0] for k in thr}), sorted({k[1] for k in thr}), sorted({k[2] for k in thr})
+display(
+    Markdown(
+        provenance_note(
+            certs,
+            "The certificates",
+            "Which chains the search found depends on its random starts and on rounding, but each"
+            " certificate is re-checked exactly below, so what it certifies holds on every"
+            " machine.",
+        )
+    )
+)
+rhos_c = [check_certificate(r) for r in records]  # exact re-check of every certificate
+test_fail(
+    lambda: check_certificate(dict(records[-1], m=0.99)), contains="invalid certificate"
+)  # a false minimum diagonal is caught
+M0, P0 = (
+    torch.tensor(records[-1][k], dtype=torch.float64) for k in ("M", "P")
+)  # a certificate is softmax attention:
+d0 = MRP(
+    P0.numpy(), np.zeros(len(P0)), 0.9, np.eye(len(P0))
+).d_pi  # one-hot features, W[y, x] = log(M[x, y] / d(y))
+test_close(
+    kernel_attention(torch.eye(len(P0), dtype=torch.float64), (M0.log() - d0.log()[None, :]).T, d0),
+    M0,
+    eps=1e-12,
+)
+thr = {
+    (r["gamma"], r["alpha"], r["n_states"]): diagonality_threshold(
+        r["gamma"], r["alpha"], r["n_states"], records
+    )
+    for r in records
+}
+gammas_t, alphas_t, sizes_t = (
+    sorted({k[0] for k in thr}),
+    sorted({k[1] for k in thr}),
+    sorted({k[2] for k in thr}),
+)
 for g in gammas_t:
     for a in alphas_t:
         row = [thr[g, a, s] for s in sizes_t]
-        assert row == sorted(row) and row[0] == 0.5 and row[-1] < (1 + g) / 2                 # items 2, 3, 5
+        assert row == sorted(row) and row[0] == 0.5 and row[-1] < (1 + g) / 2  # items 2, 3, 5
         assert all(thr[g, a, s] >= thr[g, a2, s] for a2 in alphas_t if a2 < a for s in sizes_t)
-record_claim("threshold-above-half", "Self-attention dominating ($\\min_x M(x, x) > 1/2$) is not enough beyond two states: explicit positive pairs with larger diagonals diverge, certified exactly.", "proved", "worst_cases", "#the-true-threshold-a-search-for-worst-cases")
+record_claim(
+    "threshold-above-half",
+    "Self-attention dominating ($\\min_x M(x, x) > 1/2$) is not enough beyond two states: explicit"
+    " positive pairs with larger diagonals diverge, certified exactly.",
+    "proved",
+    "worst_cases",
+    "#the-true-threshold-a-search-for-worst-cases",
+)
 gain = {k: thr[k] - circulant_threshold(*k)["m"] for k in thr}
 limits = {(g, a): circulant_limit(g, a) for g in gammas_t for a in alphas_t}
-first_above = {(g, a): min((s for s in sizes_t if thr[g, a, s] > 0.5 + 1e-9), default=None) for g in gammas_t for a in alphas_t}
-Markdown(f"Certificates: {len(records)} pairs, spectral radii in [{min(rhos_c):.9f}, {max(rhos_c):.9f}] (each at least one with a margin of $10^{{-9}}$, in float64); made by `{certs['command']}` "
-         f"at commit `{certs['commit'][:10]}` on {certs['date'][:10]} ({certs['settings']['n_starts']} random starts per search). "
-         f"The search beat the circulant bound at {sum(v > 1e-6 for v in gain.values())} of {len(gain)} grid points, by at most {max(gain.values()):.4f}. "
-         f"At $\\gamma = 0.9$, $\\alpha = 1$: a pair in which every state keeps at least {thr[0.9, 1., 8]:.3f} of its attention for itself can still diverge. "
-         "The smallest number of states with a certified value above $1/2$: "
-         + "; ".join(f"$\\gamma = {g}$: " + ", ".join(f"$s = {first_above[g, a]}$ at $\\alpha = {a}$" if first_above[g, a] else f"none up to $s = {sizes_t[-1]}$ at $\\alpha = {a}$" for a in alphas_t) for g in gammas_t)
-         + ".\n\n"
-         + "\n\n".join(f"**$\\gamma = {g}$**\n\n| $s$ | " + " | ".join(f"$\\alpha = {a}$" for a in alphas_t) + " |\n|---|" + "---|" * len(alphas_t) + "\n"
-                       + "\n".join(f"| {s} | " + " | ".join(f"{thr[g, a, s]:.4f}" for a in alphas_t) + " |" for s in sizes_t)
-                       + "\n| $m_\\infty$ (circulant) | " + " | ".join(f"{limits[g, a]:.4f}" for a in alphas_t) + " |"
-                       + "\n| $(1 + \\gamma)/2$ | " + " | ".join(f"{(1 + g) / 2:.3f}" for a in alphas_t) + " |" for g in gammas_t))
+first_above = {
+    (g, a): min((s for s in sizes_t if thr[g, a, s] > 0.5 + 1e-9), default=None)
+    for g in gammas_t
+    for a in alphas_t
+}
+Markdown(
+    f"Certificates: {len(records)} pairs, spectral radii in [{min(rhos_c):.9f}, {max(rhos_c):.9f}]"
+    f" (each at least one with a margin of $10^{{-9}}$, in float64); made by `{certs['command']}`"
+    f" at commit `{certs['commit'][:10]}` on"
+    f" {certs['date'][:10]} ({certs['settings']['n_starts']} random starts per search). The search"
+    f" beat the circulant bound at {sum(v > 1e-6 for v in gain.values())} of {len(gain)} grid"
+    f" points, by at most {max(gain.values()):.4f}. At $\\gamma = 0.9$, $\\alpha = 1$: a pair in"
+    f" which every state keeps at least {thr[0.9, 1., 8]:.3f} of its attention for itself can still"
+    " diverge. The smallest number of states with a certified value above $1/2$: "
+    + "; ".join(
+        f"$\\gamma = {g}$: "
+        + ", ".join(
+            (
+                f"$s = {first_above[g, a]}$ at $\\alpha = {a}$"
+                if first_above[g, a]
+                else f"none up to $s = {sizes_t[-1]}$ at $\\alpha = {a}$"
+            )
+            for a in alphas_t
+        )
+        for g in gammas_t
+    )
+    + ".\n\n"
+    + "\n\n".join(
+        f"**$\\gamma = {g}$**\n\n| $s$ | "
+        + " | ".join(f"$\\alpha = {a}$" for a in alphas_t)
+        + " |\n|---|"
+        + "---|" * len(alphas_t)
+        + "\n"
+        + "\n".join(
+            f"| {s} | " + " | ".join(f"{thr[g, a, s]:.4f}" for a in alphas_t) + " |"
+            for s in sizes_t
+        )
+        + "\n| $m_\\infty$ (circulant) | "
+        + " | ".join(f"{limits[g, a]:.4f}" for a in alphas_t)
+        + " |"
+        + "\n| $(1 + \\gamma)/2$ | "
+        + " | ".join(f"{(1 + g) / 2:.3f}" for a in alphas_t)
+        + " |"
+        for g in gammas_t
+    )
+)
 
 # %% [markdown]
 # The table gives certified lower bounds on $m^*(\gamma, \alpha, s)$ (each entry: a positive pair with that minimum
@@ -482,12 +575,28 @@ Markdown(f"Certificates: {len(records)} pairs, spectral radii in [{min(rhos_c):.
 fig, axes = plt.subplots(1, len(gammas_t), figsize=(13, 4.2), sharey=True)
 for ax, g in zip(axes, gammas_t):
     for i, a in enumerate(alphas_t):
-        ax.plot(sizes_t, [thr[g, a, s] for s in sizes_t], "o-", color=f"C{i}", label=rf"certified $m^*$, $\alpha = {a}$")
+        ax.plot(
+            sizes_t,
+            [thr[g, a, s] for s in sizes_t],
+            "o-",
+            color=f"C{i}",
+            label=rf"certified $m^*$, $\alpha = {a}$",
+        )
         ax.axhline(limits[g, a], color=f"C{i}", ls=":", lw=1)
     ax.axhline((1 + g) / 2, color="k", ls="--", label=r"Proposition 5.1: $(1 + \gamma)/2$")
     ax.axhline(0.5, color="grey", lw=1, label=r"$1/2$ (self-attention dominates)")
-    ax.axhline(1 / (1 + math.sqrt(1 - g ** 2)), color="C3", ls="-.", lw=1, label=r"$1/(1 + \sqrt{1 - \gamma^2})$, any $\alpha$, $s \to \infty$")
-    ax.set(title=rf"$\gamma = {g}$ (dotted: circulant limit $m_\infty$)", xlabel="number of states $s$", ylim=(0.45, 1.01))
+    ax.axhline(
+        1 / (1 + math.sqrt(1 - g**2)),
+        color="C3",
+        ls="-.",
+        lw=1,
+        label=r"$1/(1 + \sqrt{1 - \gamma^2})$, any $\alpha$, $s \to \infty$",
+    )
+    ax.set(
+        title=rf"$\gamma = {g}$ (dotted: circulant limit $m_\infty$)",
+        xlabel="number of states $s$",
+        ylim=(0.45, 1.01),
+    )
 axes[0].set_ylabel(r"min$_x M(x, x)$ below which some pair diverges")
 axes[0].legend(fontsize=8, loc="upper left")
 fig.tight_layout()
@@ -514,7 +623,35 @@ fig.tight_layout()
 # %% [markdown]
 # ## Implementation and tests
 #
-# Bad input to the search gets a `ValueError` that names the argument:
+# The functions that run the page's experiments and searches, then the check that bad input to the search gets a
+# `ValueError` that names the argument.
+
+# %%
+show_doc(slow_mixing_experiment)
+
+# %%
+show_doc(plot_slow_mixing)
+
+# %%
+show_doc(worst_case_pair)
+
+# %%
+show_doc(threshold_search)
+
+# %%
+show_doc(save_threshold_certificates)
+
+# %%
+show_doc(check_certificate)
+
+# %%
+show_doc(load_threshold_certificates)
+
+# %%
+show_doc(diagonality_threshold)
+
+# %% [markdown]
+# ### Bad input
 
 # %%
 for msg, f in [("`m` must lie in [0, 1)", lambda: worst_case_pair(1.2, 0.9, 1., 3)),

@@ -78,7 +78,7 @@ def plot_depth(sweep:dict,  # output of `depth_experiment`
               ):            # the matplotlib figure
     "Experiment 1: mean error against depth for each context length, with its floor, the population curve and the bound."
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(8, 4.8))
+    fig, ax = plt.subplots(figsize=(6.0, 3.6))
     Ls = np.arange(sweep["errors"].shape[-1])
     for i, n in enumerate(sweep["ns"]):
         ax.plot(Ls, sweep["errors"][:, i].mean(0), color=OKABE_ITO[i], label=f"Transformer, $n = {n}$")
@@ -150,7 +150,7 @@ def plot_floor(sweep:dict,        # output of `depth_experiment`
     ns = torch.tensor(sweep["ns"], dtype=torch.float64)
     sweep = sweep | {k: significant(sweep[k]) for k in ("floors", "key_floors", "floor_bounds")}   # round-off cannot move a pixel
     floors, keys = sweep["floors"], sweep["all_keys"]
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    fig, ax = plt.subplots(figsize=(6.0, 3.85))
     if kind == "length":
         slope, intercept = loglog_slope(ns, floors.mean(0))
         ax.errorbar(ns, floors.mean(0), yerr=2 * floors.std(0) / math.sqrt(len(floors)), fmt="o", color=OKABE_ITO[0], capsize=4,
@@ -196,7 +196,7 @@ def plot_diagonality(result:dict,  # output of `diagonality_sweep`
     "Experiment 3: mean and minimum diagonality against $\\beta$ per feature kind (mean, and 10-90% band), with the threshold."
     import matplotlib.pyplot as plt
     betas, curves = result["betas"], result["curves"]
-    fig, axes = plt.subplots(2, 1, figsize=(8, 8), sharex=True)
+    fig, axes = plt.subplots(2, 1, figsize=(6.0, 6.0), sharex=True)
     for ax, (k, name) in zip(axes, enumerate(("mean", "minimum"))):
         for i, (feat, c) in enumerate(curves.items()):
             ax.plot(betas, c[k].mean(1), color=OKABE_ITO[i], ls=("-", "--", "-.")[i % 3], lw=2, label=FEATURE_LABELS.get(feat, feat))
@@ -267,7 +267,7 @@ def plot_phase(result:dict,          # output of `phase_diagram`
         raise ValueError(f"`feature` and `gamma` must be among {result['features']} and {result['gammas']}, got {feature!r}, {gamma}")
     fr = result["fractions"][result["features"].index(feature), result["gammas"].index(gamma)]
     betas = result["betas"]
-    fig, ax = plt.subplots(figsize=(7.5, 4.4))
+    fig, ax = plt.subplots(figsize=(6.0, 3.55))
     ax.stackplot(betas, fr[:, :3].T, colors=("#56B4E9", "#F0E442", "#D55E00"), alpha=0.6, labels=[f"task {p}" for p in PHASES])
     for k, (name, ls, mk) in enumerate(zip(CONDITIONS, ("-", "--", ":"), "os^")):
         ax.plot(betas, fr[:, 3 + k], color="k", ls=ls, marker=mk, ms=5, lw=1.8, clip_on=False, label=(name.replace("span, ", "span condition, ") if "span" in name else f"{name} condition") + " holds")
@@ -308,7 +308,7 @@ def plot_rates(result:dict,  # output of `rate_experiment`
     "Experiment 5: measured rate against the bound, one point per task (marker: feature kind, colour: $\\min_x M_\\pi(x, x)$), with the diagonal."
     import matplotlib.pyplot as plt
     rates, rhos, kinds, diag = result["rates"], result["rhos"], result["kinds"], result["min_diags"]
-    fig, ax = plt.subplots(figsize=(7, 5.8))
+    fig, ax = plt.subplots(figsize=(6.0, 5.0))
     for feat, marker in zip(dict.fromkeys(kinds), "os^"):
         sc = ax.scatter(rhos[kinds == feat], rates[kinds == feat], s=16, marker=marker, c=diag[kinds == feat], cmap="viridis",
                         vmin=diag.min(), vmax=1, label=f"{FEATURE_LABELS.get(feat, feat)} features ({(kinds == feat).sum()} tasks)")
