@@ -12,7 +12,7 @@ import torch
 from torch import nn
 import ictd
 from .boyan import check_gamma
-from .core import TaskBatch, check_choice, check_int, check_number, check_seeds, nudge_scale, run_stream
+from .core import TaskBatch, check_choice, check_int, check_number, check_seeds, check_work, nudge_scale, run_stream
 from .model import SoftmaxICTD, theta_star
 from .state_tokens import StateTokens, fused_token_predict, population_tokens, state_tokens, token_layers, token_predict, trajectory_tokens
 from .tasks import Contexts, TDExamples, TDSample, draw_cdf, gather_rows, sample_trajectories, stationary_examples, task_features, task_pool
@@ -83,6 +83,7 @@ class PretrainConfig:
         for name in ("attention", "protocol"):
             if not isinstance(getattr(self, name), str) or not getattr(self, name): raise ValueError(f"`{name}` must be a registered name (a non-empty str), got {getattr(self, name)!r}")
         check_gamma(self.gamma)
+        if self.objective == "mc": mc_horizon(self.gamma)   # refuses rollouts too long to plan, before any training
         for name, low, strict in (("lr", 0, True), ("init_gain", 0, True), ("weight_decay", 0, False), ("init_scale", 0, False),
                                   ("init_beta", -math.inf, False), ("init_alpha", -math.inf, False)):
             object.__setattr__(self, name, check_number(getattr(self, name), name, low, strict))
@@ -284,7 +285,9 @@ def sampled_neu(config:PretrainConfig, params:dict, ev:EvalSet, n_batches:int=4,
 def mc_horizon(gamma:float, tol:float=1e-6)->int:
     "The length H of the Monte-Carlo objective's rollouts: the smallest H >= 1 with gamma^H <= tol."
     gamma = check_gamma(gamma)
-    return 1 if gamma == 0 else max(1, math.ceil(math.log(tol) / math.log(gamma)))
+    H = 1 if gamma == 0 else max(1, math.ceil(math.log(tol) / math.log(gamma)))
+    return int(check_work(H, "steps", f"the Monte-Carlo objective's rollouts at gamma = {gamma}",
+                          "use a smaller gamma, or objective='td'"))
 
 # %% ../nbs/91_engine.ipynb #b2f21f11
 def rollout_returns(tasks:TaskBatch, task:torch.Tensor, start:torch.Tensor, u:torch.Tensor)->torch.Tensor:
