@@ -895,14 +895,14 @@ assert (spectral_radius(M3, tb.P, gamma=tb.gamma, alpha=1.0) < 1).all() and (
     rate_bound(M3, gamma=tb.gamma, alpha=1.0) >= 1
 ).all()
 test_close(fixed_point(M3, tb.P, tb.r, tb.gamma), tb.v_pi, eps=1e-9)
-record_claim(
+_ = record_claim(
     "fixed-point",
     "Where every state is a key, the depth limit is certainty equivalence on the context, whatever"
     " the kernel; in the population case it is $v_\\pi$.",
     "proved",
     "convergence",
     "#the-fixed-point-and-the-statistical-floor",
-);
+)
 
 
 # %% [markdown]

@@ -846,7 +846,7 @@ Markdown("| constant | from the fit (per seed) | from the weights | |\n|---|---|
          f"{ms(W['aniso_sel'].flatten())} | uniform layer: {ms(W['aniso_u'])} |\n"
          f"| kernel scale $\\beta$ | {ms(W['beta_fit'])} (grid 0.5 to 8) | {ms(W['beta_sel'].flatten())} | "
          f"uniform layer: {ms(W['beta_u'])} |\n"
-         f"| TD steps | $k$ = {ms(W['k'].double())} | $\\sum_l \\alpha_l$ = {ms(W['step'].sum(-1))} | |\n"
+         f"| TD steps | $k$ = {ms(W['k'].double())} | summed steps $\\alpha$ = {ms(W['step'].sum(-1))} | |\n"
          f"| discount | $\\gamma$ = {EMERGENCE.gamma:g} (fixed) | median {W['discount'].flatten().median():.2f}, "
          f"quartiles {W['discount'].flatten().quantile(0.25):.2f} to {W['discount'].flatten().quantile(0.75):.2f} | |")
 
