@@ -28,10 +28,19 @@ def test_clean_leaves_no_diff(tmp_path):
     dirty = [str(n) for n in names if (ROOT / 'nbs' / n).read_bytes() != (tmp_path / 'nbs' / n).read_bytes()]
     assert not dirty, f'notebooks not clean: {dirty}; run nbdev_clean'
 
+def _percent(nb)->str:
+    "jupytext's py:percent rendering of a notebook, in this process (a `jupytext` subprocess per chapter cost 2 s of CPU each)."
+    import jupytext
+    return jupytext.writes(jupytext.read(nb), fmt='py:percent')
+
 @pytest.mark.parametrize('nb', chapters(), ids=lambda p: p.name)
 def test_text_twin_in_sync(nb):
     "Each chapter's py:percent twin under text/ equals jupytext's rendering of the notebook."
     twin = ROOT / 'text' / (nb.stem + '.py')
     assert twin.exists(), f'{twin} missing; run `make sync`'
-    out = run('jupytext', '--to', 'py:percent', '--output', '-', nb).stdout
-    assert out == twin.read_text(), f'{twin.name} is out of sync with {nb.name}; run `make sync`'
+    assert _percent(nb) == twin.read_text(), f'{twin.name} is out of sync with {nb.name}; run `make sync`'
+
+def test_in_process_rendering_is_the_command_line_one():
+    "The rendering above equals `jupytext --to py:percent` with the project's jupytext.toml (catches a config the library call ignores)."
+    nb = ROOT / 'nbs' / '02_prompt.ipynb'
+    assert _percent(nb) == run('jupytext', '--to', 'py:percent', '--output', '-', nb).stdout
