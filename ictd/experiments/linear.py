@@ -243,13 +243,15 @@ def query_softmax_td(phi_states,        # (..., n+1, d) features of S_0..S_n
     n = R.shape[-1]
     scores = beta * keys @ (gamma * X[..., 1:n + 1, :] - keys).mT          # (..., n, n): key i, context target j
     s_q = -beta * keys @ X[..., n + 1:, :].mT                               # (..., n, q)
-    log_norm = torch.logaddexp(torch.logsumexp(scores, -1, keepdim=True), s_q)   # (..., n, q): per key, per query's prompt
-    K = torch.exp(scores.unsqueeze(-3) - log_norm.mT.unsqueeze(-1))        # (..., q, n, n)
+    lse = torch.logsumexp(scores, -1, keepdim=True)                         # (..., n, 1)
+    log_norm = torch.logaddexp(lse, s_q)                                    # (..., n, q): per key, per query's prompt
+    E = torch.exp(scores - lse)                                             # (..., n, n): shared by every query's prompt
+    c = torch.exp(lse - log_norm).mT                                        # (..., q, n): query q's rescaling of key i's row
     k_q = torch.exp(s_q - log_norm).mT                                      # (..., q, n)
     y, y_q = R.unsqueeze(-2).expand(k_q.shape), k_q.new_zeros(k_q.shape[:-1])
     out = [y_q]
-    for _ in range(int(n_iters)):
-        y, y_q = y + alpha / n * (y.unsqueeze(-2) @ K).squeeze(-2), y_q + alpha / n * (y * k_q).sum(-1)
+    for _ in range(int(n_iters)):   # query q's weights are K_q = diag(c_q) E: one (q, n) @ (n, n) product a layer
+        y, y_q = y + alpha / n * ((y * c) @ E), y_q + alpha / n * (y * k_q).sum(-1)
         out.append(y_q)
     return -(torch.stack(out, -2) if return_all else y_q)
 
