@@ -13,7 +13,7 @@ def chapters():
 # stopping at the first failing assert), which also runs their embedded tests, so tests/test_notebooks.py skips them.
 FAST = ['index.ipynb', '00_boyan.ipynb', '00a_tasks.ipynb', '90_core.ipynb', '01_weighted_softmax_td.ipynb', '02_prompt.ipynb',
         '03_dual_head.ipynb', '03a_state_tokens.ipynb', '04_tsm.ipynb', '04a_causal.ipynb', '05_convergence.ipynb', '05b_worst_cases.ipynb',
-        '09_control.ipynb', '09a_control_transformer.ipynb', '09c_control_convergence.ipynb', '96_sweep.ipynb']
+        '09_control.ipynb', '09a_control_transformer.ipynb', '09c_control_convergence.ipynb', '96_sweep.ipynb', '98_claims.ipynb']
 
 def run(*args, cwd=ROOT, **kw):
     "Run a command from the venv, failing the test with its output on a non-zero exit."
