@@ -162,19 +162,39 @@ def test_pretrained_decoder_on_seeds_the_book_does_not_show(shared_runs):
     " Catches: a decoder that matches or beats the non-causal model (the book measures it a little worse: here it must be worse in"
     " at least 6 of 10 seeds, and on average), certainty equivalence not beating both in >= 9 of 10 seeds, a decoder no better than the context mean on average, and a"
     " positional bias whose sign is a coin flip (positive in >= 9 of 10 seeds in layers 2 and 3: chance 11/1024 each)."
+    " The runs and measures are those of the chapter's driver, `causal_pretrain_summary` (checked against them in the next test)."
     from ictd.engine import EMERGENCE
     from ictd.emergence import min_successes
-    shared_runs(EMERGENCE, range(100, 110))   # the non-causal runs, trained once for the tests that share them
-    runs = causal_pretrain_summary(dataclasses.replace(EMERGENCE, attention="causal"), list(range(100, 110)),
-                                   cache_dir=shared_runs.folder)["per_seed"]   # the driver of the saved run
-    per_seed = lambda f: torch.tensor([f(r) for r in runs], dtype=torch.float64)
-    d, s = per_seed(lambda r: r["msve_causal"][-1]), per_seed(lambda r: r["msve_softmax"][-1])
-    ce, cm = (per_seed(lambda r, k=k: r["baselines"][k]) for k in ("certainty equivalence", "context mean"))
+    seeds = list(range(100, 110))
+    soft, dec = shared_runs(EMERGENCE, seeds), shared_runs(dataclasses.replace(EMERGENCE, attention="causal"), seeds)
+    d, s, ce, cm = (torch.tensor(x, dtype=torch.float64) for x in zip(*(_decoder_measures(r, q) for r, q in zip(dec, soft))))
     k = min_successes(10, 1 / 2)
     assert int((d > s).sum()) >= 6 and (d - s).mean() > 0, (d, s)
     assert int((ce < d).sum()) >= k and int((ce < s).sum()) >= k and d.mean() < cm.mean(), (ce, d, s, cm)
-    lam = per_seed(lambda r: r["recency"])
+    lam = torch.stack([r.history["recency"][-1] for r in dec]).double()
     assert (lam[:, 1:] > 0).sum(0).min() >= 9, lam
+
+def _decoder_measures(dec, soft)->tuple:
+    "Final held-out MSVE of a decoder run and of its non-causal twin, and of certainty equivalence and the context mean on its tasks."
+    from ictd.emergence import certainty_equivalence_values, context_mean_values, msve_of
+    from ictd.engine import held_out_tasks
+    tasks, states = held_out_tasks(dec.config)
+    base = [msve_of(f(tasks, states), tasks).mean().item() for f in (certainty_equivalence_values, context_mean_values)]
+    return dec.history["msve"][-1, 0].item(), soft.history["msve"][-1, 0].item(), *base
+
+@pytest.mark.unit
+def test_decoder_driver_records_the_runs_measures():
+    "The chapter's driver records, per seed, the final MSVEs, recency and baselines the claim above computes from the runs (short runs)."
+    from ictd.engine import EMERGENCE
+    from ictd.pretrain import pretrain_many
+    cfg = dataclasses.replace(EMERGENCE, attention="causal", n_steps=4, eval_every=2, eval_tasks=8, n_tasks=32)
+    summary = causal_pretrain_summary(cfg, [3, 4])["per_seed"]
+    dec, soft = pretrain_many(cfg, [3, 4], progress=False), pretrain_many(dataclasses.replace(cfg, attention="softmax"), [3, 4], progress=False)
+    for row, r, q in zip(summary, dec, soft):
+        d, s, ce, cm = _decoder_measures(r, q)
+        assert row["seed"] == r.config.seed and row["msve_causal"][-1] == d and row["msve_softmax"][-1] == s
+        assert math.isclose(row["baselines"]["certainty equivalence"], ce, rel_tol=1e-12) and math.isclose(row["baselines"]["context mean"], cm, rel_tol=1e-12)
+        assert row["recency"] == r.history["recency"][-1].tolist()
 
 def _values_and_grads(predict, config, params, Z):
     leaf = {k: v.detach().clone().requires_grad_() for k, v in params.items()}
