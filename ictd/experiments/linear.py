@@ -11,19 +11,21 @@ from ..boyan import msve, random_boyan_chain, sample_trajectory, weighted_error
 from ..tasks import TaskBatch, random_tasks, sample_trajectories, task_rng
 from ..prompt import build_prompt
 from ..core import OKABE_ITO, atomic_write_text, plain_log_ticks, substream
-from ..engine import PretrainConfig, stack_results
+from ..engine import EMERGENCE, PretrainConfig, PretrainResult, get_family, stack_results
 from ..pretrain import pretrain_many
 from ..core import provenance, provenance_note
 from ..wstd import batch_linear_td, context_tensors, weighted_softmax_td
-from ..core import jsonable
+from ..core import jsonable, load_json
 from ..linear import ICLR_LINEAR, align_signs, sensitivity_similarity, value_difference
 from ..sliding import fitted_td_step
 
 # %% auto #0
-__all__ = ['ICLR_REFERENCE', 'ICLR_SEED0', 'METHOD_STYLES', 'ENTRY_LABELS', 'THETA_STAR_GRID', 'TUNING_GRIDS', 'aligned_history',
-           'summarise_linear', 'band_plot', 'plot_linear_pretraining', 'plot_pq', 'reference_table',
-           'save_iclr_summary', 'reproduce_iclr', 'softmax_in_context', 'softmax_measures', 'msve_against_depth',
-           'side_by_side', 'plot_side_by_side', 'query_softmax_td', 'tuned_side_by_side', 'plot_tuned_side_by_side']
+__all__ = ['ICLR_REFERENCE', 'ICLR_SEED0', 'METHOD_STYLES', 'ENTRY_LABELS', 'THETA_STAR_GRID', 'TUNING_GRIDS', 'BOOK_LINEAR',
+           'BOOK_SOFTMAX', 'BOOK_RUNS', 'aligned_history', 'summarise_linear', 'band_plot', 'plot_linear_pretraining',
+           'plot_pq', 'reference_table', 'save_iclr_summary', 'reproduce_iclr', 'softmax_in_context',
+           'softmax_measures', 'msve_against_depth', 'side_by_side', 'plot_side_by_side', 'query_softmax_td',
+           'tuned_side_by_side', 'plot_tuned_side_by_side', 'run_record', 'run_from_record', 'save_book_runs',
+           'book_runs']
 
 # %% ../../nbs/07a_linear_experiments.ipynb #894cfd7a
 ICLR_REFERENCE = dict(tasks=4000, iws=0.93, vd=(0.02, 0.03), P_last=1.6, trQ11=-4.3, trQ12=3.3)   # mean over 30 seeds
@@ -322,3 +324,39 @@ def plot_tuned_side_by_side(results:dict,  # features label -> output of `tuned_
     fig.suptitle(f"Each method tuned, {c.shape[0]} test chains: median and quartiles", fontsize=10)
     fig.tight_layout(rect=(0, 0.14, 1, 1))
     return fig
+
+# %% ../../nbs/07a_linear_experiments.ipynb #295c7ab2
+BOOK_LINEAR = dataclasses.replace(ICLR_LINEAR, lr=3e-3, n_tasks=400, n_steps=2000, eval_every=250)   # the page's sliding run
+BOOK_SOFTMAX = dataclasses.replace(EMERGENCE, n_steps=400, eval_every=400, eval_tasks=32)            # the short softmax run
+BOOK_RUNS = "linear_book_runs.json"                                                                   # their file under nbs/data
+
+def _tensors(d:dict)->dict: return {k: dict(values=v.tolist(), dtype=str(v.dtype).removeprefix("torch.")) for k, v in d.items()}
+def _from(d:dict)->dict: return {k: torch.tensor(v["values"], dtype=getattr(torch, v["dtype"])) for k, v in d.items()}
+
+def run_record(r:PretrainResult)->dict:
+    "A run as plain JSON: its configuration, history and final parameters (each tensor with its dtype)."
+    return dict(config=dataclasses.asdict(r.config), history=_tensors(r.history), params=_tensors(r.params))
+
+def run_from_record(rec:dict)->PretrainResult:
+    "The run of `run_record`, with its model rebuilt by the family."
+    config, params = PretrainConfig(**rec["config"]), _from(rec["params"])
+    return PretrainResult(config, get_family(config.attention).module(config, params), _from(rec["history"]), params=params)
+
+def save_book_runs(out_dir="nbs/data",     # folder of the file
+                   seeds=tuple(range(10)), # seeds of both runs
+                   command:str="python -c 'from ictd.experiments.linear import save_book_runs; save_book_runs()'",
+                  )->Path:                 # the file written (atomically)
+    "Train the page's two short runs and save them with their provenance."
+    import time
+    t0 = time.time()
+    runs = {name: [run_record(r) for r in pretrain_many(c, list(seeds), progress=False)]
+            for name, c in (("linear", BOOK_LINEAR), ("softmax", BOOK_SOFTMAX))}
+    path = Path(out_dir) / BOOK_RUNS
+    atomic_write_text(path, json.dumps(dict(provenance=provenance(command, wall_s=round(time.time() - t0, 1)), runs=runs)))
+    return path
+
+def book_runs(data_dir="nbs/data")->tuple:  # ("linear"/"softmax" -> runs (`PretrainResult`s), the file's provenance)
+    "The page's saved runs, trained and saved first if the file is missing or damaged."
+    rec = load_json(Path(data_dir) / BOOK_RUNS)
+    if rec is None or "runs" not in rec: save_book_runs(data_dir); rec = load_json(Path(data_dir) / BOOK_RUNS)
+    return {name: [run_from_record(r) for r in runs] for name, runs in rec["runs"].items()}, rec["provenance"]
