@@ -97,23 +97,25 @@ def check_broadcast(**shapes)->tuple:
     raise ValueError(f"the batch dimensions of {named} do not broadcast")
 
 def check_device(device)->torch.device:
-    "`device` as a `torch.device` (None: CUDA when available, else the CPU), or a `ValueError` naming `device` if torch cannot use it."
-    if device is None: return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    "`device` as a `torch.device` (None: the CPU, the book's default everywhere; CUDA only when asked), or a `ValueError` naming `device` if torch cannot use it."
+    if device is None: return torch.device("cpu")
     try: dev = torch.device(device)
     except (RuntimeError, TypeError) as e: raise ValueError(f"`device` must be a torch device such as 'cpu' or 'cuda', got {device!r}") from None
     if dev.type == "cuda" and not torch.cuda.is_available(): raise ValueError(f"`device` is {device!r} but torch sees no CUDA GPU here")
     return dev
 
 # %% ../nbs/90_core.ipynb #4184cf38
-WORK_LIMITS = dict(bytes=4 * 2**30, steps=10**7)   # the most memory (bytes) and sequential steps a call plans before it refuses
+WORK_LIMITS = dict(bytes=4 * 2**30, steps=10**7, multiply_adds=10**12)   # the most memory (bytes), sequential steps and multiply-adds (hours on one CPU thread) a call plans before it refuses
 DENSE_BYTES = 2**30                                  # above this a dense n x m matrix makes `method='auto'` take the O(n) path
 CHUNK_BYTES = 2**26                                  # the most a streamed path holds at once (one chunk of scores, say)
 MEMORY_PATHS = ("auto", "dense", "streamed")
 
-def _amount(x:float, unit:str)->str: return f"{x / 2**30:.3g} GiB" if unit == "bytes" else f"{x:,.0f} {unit}"
+def _amount(x:float, unit:str)->str:
+    if unit == "bytes": return f"{x / 2**30:.3g} GiB"
+    return f"{x:.2g} multiply-adds" if unit == "multiply_adds" else f"{x:,.0f} {unit}"
 
 def check_work(amount:float,  # the estimate, in `unit`
-               unit:str,      # a key of `WORK_LIMITS`: 'bytes' or 'steps'
+               unit:str,      # a key of `WORK_LIMITS`: 'bytes', 'steps' or 'multiply_adds'
                what:str,      # what the work is, for the message, e.g. "the 100001 x 100001 attention weights"
                way_out:str,   # how to do without it, for the message
               )->float:       # `amount`

@@ -15,7 +15,7 @@ from ictd.wstd import weighted_softmax_td, context_weights
 from IPython.display import Markdown
 from ictd.core import record_claim, substream
 from ictd.model import *
-from ictd.model import torch_generator, token_rows, xavier_param, carry_context
+from ictd.model import torch_generator, token_rows, xavier_param, carry_context, as_output
 
 
 # %% [markdown]
@@ -165,9 +165,10 @@ class SingleHeadTSMLayer(nn.Module):
                 n=None,              # number of context transitions; default `Z.n_context`
                )->torch.Tensor:      # (..., d + 2, N) next prompt
         "$Z + V\\,\\mathrm{TSM}_{\\mathcal C}(Z)\\, S$ with the attention S of `A` on `Z`."
+        given = Z
         Z, n = check_prompt(Z, self.d, n)
         A, V = self.A.to(Z), self.V.to(Z)
-        return carry_context(Z + attend_context(Z, A, (V @ temporal_shift(Z, n, self.channels))[..., :n]), n)
+        return as_output(Z + attend_context(Z, A, (V @ temporal_shift(Z, n, self.channels))[..., :n]), n, given)
 
 
 # %%

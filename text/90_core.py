@@ -146,8 +146,8 @@ def check_broadcast(**shapes)->tuple:
     raise ValueError(f"the batch dimensions of {named} do not broadcast")
 
 def check_device(device)->torch.device:
-    "`device` as a `torch.device` (None: CUDA when available, else the CPU), or a `ValueError` naming `device` if torch cannot use it."
-    if device is None: return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    "`device` as a `torch.device` (None: the CPU, the book's default everywhere; CUDA only when asked), or a `ValueError` naming `device` if torch cannot use it."
+    if device is None: return torch.device("cpu")
     try: dev = torch.device(device)
     except (RuntimeError, TypeError) as e: raise ValueError(f"`device` must be a torch device such as 'cpu' or 'cuda', got {device!r}") from None
     if dev.type == "cuda" and not torch.cuda.is_available(): raise ValueError(f"`device` is {device!r} but torch sees no CUDA GPU here")
@@ -164,15 +164,17 @@ def check_device(device)->torch.device:
 
 # %%
 #| export
-WORK_LIMITS = dict(bytes=4 * 2**30, steps=10**7)   # the most memory (bytes) and sequential steps a call plans before it refuses
+WORK_LIMITS = dict(bytes=4 * 2**30, steps=10**7, multiply_adds=10**12)   # the most memory (bytes), sequential steps and multiply-adds (hours on one CPU thread) a call plans before it refuses
 DENSE_BYTES = 2**30                                  # above this a dense n x m matrix makes `method='auto'` take the O(n) path
 CHUNK_BYTES = 2**26                                  # the most a streamed path holds at once (one chunk of scores, say)
 MEMORY_PATHS = ("auto", "dense", "streamed")
 
-def _amount(x:float, unit:str)->str: return f"{x / 2**30:.3g} GiB" if unit == "bytes" else f"{x:,.0f} {unit}"
+def _amount(x:float, unit:str)->str:
+    if unit == "bytes": return f"{x / 2**30:.3g} GiB"
+    return f"{x:.2g} multiply-adds" if unit == "multiply_adds" else f"{x:,.0f} {unit}"
 
 def check_work(amount:float,  # the estimate, in `unit`
-               unit:str,      # a key of `WORK_LIMITS`: 'bytes' or 'steps'
+               unit:str,      # a key of `WORK_LIMITS`: 'bytes', 'steps' or 'multiply_adds'
                what:str,      # what the work is, for the message, e.g. "the 100001 x 100001 attention weights"
                way_out:str,   # how to do without it, for the message
               )->float:       # `amount`
@@ -800,6 +802,7 @@ test_eq(check_bool(np.bool_(True), "centred"), True)
 for bad in ("False", 0, None): test_fail(lambda: check_bool(bad, "centred"), contains="`centred` must be a bool")
 test_fail(lambda: check_broadcast(phi_states=(3,), rewards=(4,)), contains="batch dimensions of `phi_states` (3,), `rewards` (4,) do not")
 test_eq(check_device("cpu"), torch.device("cpu"))
+test_eq(check_device(None), torch.device("cpu"))   # CUDA only when asked, even where it is present
 test_fail(lambda: check_device("gpu"), contains="`device` must be a torch device")
 test_fail(lambda: check_device(3.5), contains="`device` must be a torch device")
 if not torch.cuda.is_available(): test_fail(lambda: check_device("cuda"), contains="no CUDA GPU")
@@ -816,6 +819,8 @@ test_eq(check_work(WORK_LIMITS["steps"], "steps", "a rollout", "use a smaller ga
 horizon = math.ceil(math.log(1e-6) / math.log(0.9999999))     # the Monte-Carlo rollout at gamma = 0.9999999
 test_fail(lambda: check_work(horizon, "steps", "the rollout", "use a smaller `gamma`"),
           contains=f"the rollout would need about {horizon:,} steps, above the limit of 10,000,000 steps")
+test_fail(lambda: check_work(2e12, "multiply_adds", "the decoder's pass", "use a shorter context"),
+          contains="the decoder's pass would need about 2e+12 multiply-adds, above the limit of 1e+12 multiply-adds")
 test_fail(lambda: check_work(8e10, "bytes", "the weights", "use method='streamed'"), contains="about 74.5 GiB, above the limit of 4 GiB")
 test_fail(lambda: check_work(1, "seconds", "x", "y"), contains="`unit` must be one of")
 test_eq(memory_path("auto", DENSE_BYTES, "K", "-"), "dense")
