@@ -206,6 +206,8 @@ class PretrainResult:
 
 # %%
 from IPython.display import Markdown
+
+# %%
 Markdown("| entry | shape (one seed) | what it is |\n|---|---|---|\n" + "\n".join(
     f"| `{k}` | ({', '.join(map(str, shape))}) | {what} |" for k, (shape, what) in HISTORY_SCHEMA.items()))
 
