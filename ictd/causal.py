@@ -12,7 +12,7 @@ from .boyan import as_tensor, check_gamma, weighted_error
 from .wstd import context_tensors
 from .prompt import build_prompt
 from .model import check_prompt, torch_generator, token_rows, xavier_param, carry_context, PromptLayer, SoftmaxICTD
-from .core import check_number, check_type, check_work, run_stream
+from .core import check_number, check_type, check_work, moved_to_keywords, run_stream
 from .tasks import Contexts
 from .engine import Family, PretrainConfig, held_out_tasks, register_family, tuning_config
 
@@ -210,8 +210,10 @@ def check_causal_work(Z:torch.Tensor, n:int, n_layers:int=1):
                "use a shorter context or fewer prompts per call (hours on one CPU thread)")
 
 # %% ../nbs/04a_causal.ipynb #5e6f0efb
+@moved_to_keywords("alpha", "gamma", "current", "order")
 def theta_causal(d:int,              # feature dimension
                  W,                  # (d, d) score matrix
+                 *,
                  alpha:float,        # step size
                  gamma:float,        # discount factor in [0, 1)
                  current:str="key",  # "key" or "self" (see `prefix_softmax_td`)
@@ -302,7 +304,7 @@ class CausalSoftmaxICTD(SoftmaxICTD):
                         recency:float=0.,     # positional bias lambda
                         shared:bool=False):
         "The model whose every layer is one step of prefix softmax TD (`theta_causal`)."
-        model = cls.from_params(n_layers, *theta_causal(d, W, alpha, gamma, current, order), recency, shared=shared)
+        model = cls.from_params(n_layers, *theta_causal(d, W, alpha=alpha, gamma=gamma, current=current, order=order), recency, shared=shared)
         model.order = order
         return model
 

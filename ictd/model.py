@@ -9,7 +9,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 from .boyan import as_tensor, check_gamma
-from .core import check_bool, check_choice, check_device, check_floating, check_int, check_number, check_type
+from .core import check_bool, check_choice, check_device, check_floating, check_int, check_number, check_type, moved_to_keywords
 from .prompt import Prompt
 
 # %% auto #0
@@ -221,7 +221,7 @@ class SoftmaxICTD(nn.Module):
                         shared:bool=False,   # store one parameter set instead of L copies
                        ):
         "The model whose every layer carries the class's `construction(d, W, alpha, gamma)`: $\\theta^*$ for `SoftmaxICTD`, $\\theta^{\\delta}$ for `ShiftAfterAttentionICTD`."
-        return cls.from_params(n_layers, *cls.construction(d, W, alpha, gamma), shared=shared)
+        return cls.from_params(n_layers, *cls.construction(d, W, alpha=alpha, gamma=gamma), shared=shared)
 
     @classmethod
     def from_params(cls, n_layers:int,       # number of layers L
@@ -324,8 +324,10 @@ class SingleHeadTSMLayer(nn.Module):
         return as_output(Z + attend_context(Z, A, (V @ temporal_shift(Z, n, self.channels))[..., :n]), n, given)
 
 # %% ../nbs/04_tsm.ipynb #472d55ef
+@moved_to_keywords("alpha", "gamma")
 def theta_td_memory(d:int,         # feature dimension
                     W,             # (d, d) score matrix of g(x, y) = phi(x)^T W phi(y)
+                    *,
                     alpha:float,   # step size of the TD iteration
                     gamma:float,   # discount factor in [0, 1)
                    )->tuple:       # (A, V_cur, V_tgt), each (d + 2, d + 2), in the dtype of `W`
@@ -359,4 +361,4 @@ class ShiftAfterAttentionICTD(SoftmaxICTD):
     Layer, update = ShiftAfterAttentionLayer, staticmethod(shift_after_update)
 
     construction = staticmethod(theta_td_memory)
-    from_theta_td_memory = SoftmaxICTD.__dict__["from_theta_star"]   # the same constructor: every layer carries theta_td_memory(d, W, alpha, gamma)
+    from_theta_td_memory = SoftmaxICTD.__dict__["from_theta_star"]   # the same constructor: every layer carries theta_td_memory(d, W, alpha=alpha, gamma=gamma)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 import torch
 from .boyan import as_tensor
-from .core import check_broadcast, check_floating, check_int
+from .core import check_broadcast, check_floating, check_int, moved_to_keywords
 
 # %% auto #0
 __all__ = ['build_prompt', 'plot_prompt', 'Prompt', 'as_prompt']
@@ -49,7 +49,9 @@ def build_prompt(phi_states,        # (..., n + 1, d) features of S_0..S_n (n >=
     return Z
 
 # %% ../nbs/02_prompt.ipynb #e2a47d95
+@moved_to_keywords("n", "ax", "title")
 def plot_prompt(Z:torch.Tensor,   # (d + 2, n + 1 + q) prompt
+                *,
                 n:int,            # number of context transitions
                 ax=None,          # matplotlib axes; default: a new figure
                 title="The prompt $Z_0$",  # axes title

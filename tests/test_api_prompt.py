@@ -92,6 +92,11 @@ def test_model_and_prompt_dtypes_and_devices():
     Z32 = build_prompt(phi, r, phi_q, dtype=torch.float32, device="cpu")
     assert Z32.dtype == torch.float32 and model.predict(Z32).dtype == torch.float32
     assert SoftmaxICTD(4, 2, seed=0).predict(Z32).dtype == torch.float32     # float64 parameters follow the prompt
+    from ictd import weighted_softmax_td
+    W = torch.eye(4)
+    v32 = weighted_softmax_td(phi.float(), r.float(), W, 0.5, 0.9, 3, phi_queries=phi_q.float())
+    v64 = weighted_softmax_td(phi, r, W.double(), 0.5, 0.9, 3, phi_queries=phi_q)
+    assert v32.dtype == torch.float32 and v64.dtype == torch.float64 and torch.allclose(v32.double(), v64, atol=1e-5)
     meta = SoftmaxICTD(4, 2, seed=0, device="meta")
     assert {p.device.type for p in meta.parameters()} == {"meta"}
     from ictd.core import check_device

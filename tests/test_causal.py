@@ -125,7 +125,7 @@ def test_bad_arguments_name_themselves():
     x = instance(4, n=5, d=2, q=1)
     for kwargs, msg in ((dict(order="backwards"), "`order`"), (dict(current="target"), "`current`")):
         with pytest.raises(ValueError, match=msg): prefix_softmax_td(x["phi"], x["R"], x["W"], 0.5, 0.9, 2, **kwargs)
-    with pytest.raises(ValueError, match="`W`"): theta_causal(2, torch.eye(3, dtype=torch.float64), 0.5, 0.9)
+    with pytest.raises(ValueError, match="`W`"): theta_causal(2, torch.eye(3, dtype=torch.float64), alpha=0.5, gamma=0.9)
     with pytest.raises(ValueError, match="`order`"): build_causal_prompt(x["phi"], x["R"], order="none")
     with pytest.raises(ValueError, match="`n_layers`"): CausalSoftmaxICTD(2, 0)
 

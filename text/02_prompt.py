@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 import torch
 from ictd.boyan import as_tensor
-from ictd.core import check_broadcast, check_floating, check_int
+from ictd.core import check_broadcast, check_floating, check_int, moved_to_keywords
 
 # %%
 #| hide
@@ -205,7 +205,9 @@ assert not hasattr(Z[..., :-1], "n_context") and not hasattr(Z.float(), "n_conte
 
 # %%
 #| export
+@moved_to_keywords("n", "ax", "title")
 def plot_prompt(Z:torch.Tensor,   # (d + 2, n + 1 + q) prompt
+                *,
                 n:int,            # number of context transitions
                 ax=None,          # matplotlib axes; default: a new figure
                 title="The prompt $Z_0$",  # axes title
@@ -239,7 +241,7 @@ def plot_prompt(Z:torch.Tensor,   # (d + 2, n + 1 + q) prompt
 small = random_boyan_chain(seed=3)
 st, rw = sample_trajectory(small, 12, seed=3)
 Zs = build_prompt(small.phi[st], rw, small.phi[[0, 4, 9]])
-ax = plot_prompt(Zs, 12, title="Prompt of a 12-transition Boyan-chain context with query states 0, 4, 9")
+ax = plot_prompt(Zs, n=12, title="Prompt of a 12-transition Boyan-chain context with query states 0, 4, 9")
 test_fig_exists(ax)
 
 # %% [markdown]
@@ -289,8 +291,9 @@ Z = build_prompt(phi, R, torch.tensor([[3., 3.], [0., -1.]], dtype=torch.float64
 # got wrong would carry a wrong $n$ silently. A dataclass supports only the operations that keep a
 # prompt a prompt (device and dtype moves, batch indexing, stacking and concatenation along batch
 # axes) and refuses the rest by not having them. `torch.stack` and `torch.cat` of prompts work too
-# (through `__torch_function__`) and refuse prompts of different $n$. Every model's `predict` and
-# `forward` accept a `Prompt` in place of `(Z, n)`; plain tensors with an explicit `n` keep working.
+# (through `__torch_function__`) and refuse prompts of different $n$. The softmax models of chapters 3 to 4a
+# accept a `Prompt` in `predict` and `forward` in place of `(Z, n)`, and `forward` returns one; plain tensors
+# with an explicit `n` keep working.
 
 # %%
 #| export
@@ -470,8 +473,8 @@ for msg, args in bad.items(): test_fail(lambda: build_prompt(*args), contains=ms
 # `plot_prompt` draws one prompt, not a batch, with a number of context transitions it can hold:
 
 # %%
-test_fail(lambda: plot_prompt(Zb, n), contains="`Z` must be one prompt")
-for bad_n in (0, Zb.shape[-1], 2.5, "3", None): test_fail(lambda: plot_prompt(Zb[0, 0], bad_n), contains="`n` must be an integer in 1..")
+test_fail(lambda: plot_prompt(Zb, n=n), contains="`Z` must be one prompt")
+for bad_n in (0, Zb.shape[-1], 2.5, "3", None): test_fail(lambda: plot_prompt(Zb[0, 0], n=bad_n), contains="`n` must be an integer in 1..")
 
 # %%
 #| hide

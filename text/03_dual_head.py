@@ -9,7 +9,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 from ictd.boyan import as_tensor, check_gamma
-from ictd.core import check_bool, check_choice, check_device, check_floating, check_int, check_number, check_type
+from ictd.core import check_bool, check_choice, check_device, check_floating, check_int, check_number, check_type, moved_to_keywords
 from ictd.prompt import Prompt
 
 # %%
@@ -597,7 +597,7 @@ class SoftmaxICTD(nn.Module):
                         shared:bool=False,   # store one parameter set instead of L copies
                        ):
         "The model whose every layer carries the class's `construction(d, W, alpha, gamma)`: $\\theta^*$ for `SoftmaxICTD`, $\\theta^{\\delta}$ for `ShiftAfterAttentionICTD`."
-        return cls.from_params(n_layers, *cls.construction(d, W, alpha, gamma), shared=shared)
+        return cls.from_params(n_layers, *cls.construction(d, W, alpha=alpha, gamma=gamma), shared=shared)
 
     @classmethod
     def from_params(cls, n_layers:int,       # number of layers L

@@ -12,7 +12,7 @@ from ictd.boyan import as_tensor, check_gamma, weighted_error
 from ictd.wstd import context_tensors
 from ictd.prompt import build_prompt
 from ictd.model import check_prompt, torch_generator, token_rows, xavier_param, carry_context, PromptLayer, SoftmaxICTD
-from ictd.core import check_number, check_type, check_work, run_stream
+from ictd.core import check_number, check_type, check_work, moved_to_keywords, run_stream
 from ictd.tasks import Contexts
 from ictd.engine import Family, PretrainConfig, held_out_tasks, register_family, tuning_config
 
@@ -494,8 +494,10 @@ test_fail(lambda: causal_attention(Z_huge[:, :10 ** 5], A_0, 0., 10 ** 5 - 1),
 
 # %%
 #| export
+@moved_to_keywords("alpha", "gamma", "current", "order")
 def theta_causal(d:int,              # feature dimension
                  W,                  # (d, d) score matrix
+                 *,
                  alpha:float,        # step size
                  gamma:float,        # discount factor in [0, 1)
                  current:str="key",  # "key" or "self" (see `prefix_softmax_td`)
@@ -594,7 +596,7 @@ class CausalSoftmaxICTD(SoftmaxICTD):
                         recency:float=0.,     # positional bias lambda
                         shared:bool=False):
         "The model whose every layer is one step of prefix softmax TD (`theta_causal`)."
-        model = cls.from_params(n_layers, *theta_causal(d, W, alpha, gamma, current, order), recency, shared=shared)
+        model = cls.from_params(n_layers, *theta_causal(d, W, alpha=alpha, gamma=gamma, current=current, order=order), recency, shared=shared)
         model.order = order
         return model
 
@@ -1298,8 +1300,8 @@ test_fail(lambda: build_causal_prompt(phi[:4], rw[:3], order="none"), contains="
 test_fail(lambda: prefix_softmax_td(phi_r, R_r, W2, 0.7, 0.9, -1), contains="`n_iters` must be a non-negative integer")
 test_fail(lambda: prefix_softmax_td(phi_r, R_r, W2, float("nan"), 0.9, 3), contains="`alpha` must be finite")
 test_fail(lambda: prefix_weights(phi_r, torch.eye(3)), contains="`W` must have shape")
-test_fail(lambda: theta_causal(4, torch.eye(3), 1., 0.9), contains="`W` must have shape (4, 4)")
-test_fail(lambda: theta_causal(4, torch.eye(4), 1., 1.), contains="`gamma` must lie in [0, 1)")
+test_fail(lambda: theta_causal(4, torch.eye(3), alpha=1., gamma=0.9), contains="`W` must have shape (4, 4)")
+test_fail(lambda: theta_causal(4, torch.eye(4), alpha=1., gamma=1.), contains="`gamma` must lie in [0, 1)")
 test_fail(lambda: CausalSoftmaxLayer.from_params(torch.zeros(5, 3), torch.zeros(3, 6), torch.zeros(3, 3)), contains="`A` must have shape")
 test_fail(lambda: CausalCache(model_s, 5).prefill(torch.zeros(6, 1)), contains="`prefill` needs")
 for lam in (math.nan, math.inf, -math.inf, "1"):                       # a positional bias that is not a finite number

@@ -4,7 +4,7 @@
 # %%
 #| export
 from __future__ import annotations
-import datetime, errno, hashlib, io, json, math, os, platform, shutil, subprocess, sys, tempfile
+import datetime, errno, functools, hashlib, inspect, io, json, math, os, platform, shutil, subprocess, sys, tempfile, warnings
 from pathlib import Path
 import numpy as np
 import torch
@@ -153,6 +153,47 @@ def check_device(device)->torch.device:
     if dev.type == "cuda" and not torch.cuda.is_available(): raise ValueError(f"`device` is {device!r} but torch sees no CUDA GPU here")
     return dev
 
+
+# %% [markdown]
+# The library's conventions ([CONTRIBUTING.md](https://github.com/ictd/ictd/blob/main/CONTRIBUTING.md)) make the step
+# size, the discount, the depth and the context length keyword-only. A function that moves a name behind the `*`
+# keeps its old positional call working for one release: `moved_to_keywords` maps the extra positional arguments
+# onto the names in their old order and warns, naming the new form.
+
+# %%
+#| export
+def moved_to_keywords(*names:str):
+    "Decorator: the keyword-only `names` (in their old positional order) may still be passed by position for one release, with a `DeprecationWarning` naming the new form."
+    def wrap(fn):
+        params = inspect.signature(fn).parameters.values()
+        n_pos = sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            if len(args) > n_pos:
+                extra = args[n_pos:]
+                if len(extra) > len(names): raise TypeError(f"{fn.__name__}() takes {n_pos} positional arguments and the keywords {names}, got {len(args)} positional")
+                moved = dict(zip(names, extra))
+                if set(moved) & set(kwargs): raise TypeError(f"{fn.__name__}() got {sorted(set(moved) & set(kwargs))} both by position and by keyword")
+                new = ", ".join(f"{k}=..." for k in moved)
+                warnings.warn(f"{fn.__name__}: pass {new} by keyword; the positional form is deprecated and goes in the next release",
+                              DeprecationWarning, stacklevel=2)
+                args, kwargs = args[:n_pos], {**kwargs, **moved}
+            return fn(*args, **kwargs)
+        return call
+    return wrap
+
+
+# %%
+@moved_to_keywords("alpha", "gamma")
+def _step(x, *, alpha, gamma=0.5): return x + alpha * gamma
+test_eq(_step(1., alpha=2., gamma=0.25), 1.5)
+test_warns(lambda: test_eq(_step(1., 2., 0.25), 1.5))
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always"); _step(1., 2.)
+test_eq([str(w.message)[:40] for w in caught], ["_step: pass alpha=... by keyword; the po"])
+test_fail(lambda: _step(1., 2., 0.25, 3.), contains="takes 1 positional arguments")
+test_fail(lambda: _step(1., 2., alpha=2.), contains="both by position and by keyword")
+test_eq(list(inspect.signature(_step).parameters), ["x", "alpha", "gamma"])
 
 # %% [markdown]
 # Some work grows with its arguments faster than a reader expects: an attention matrix of $n \times m$ entries
