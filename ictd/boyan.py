@@ -4,7 +4,7 @@
 
 # %% ../nbs/00_boyan.ipynb #41f122bc
 from __future__ import annotations
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 import numpy as np
 import torch
 
@@ -13,6 +13,10 @@ __all__ = ['FEATURES', 'REWARDS', 'as_tensor', 'check_gamma', 'MRP', 'transition
            'chain_from_uniforms', 'random_boyan_chain', 'plot_chain', 'sample_trajectory', 'weighted_error', 'msve']
 
 # %% ../nbs/00_boyan.ipynb #2663e971
+def _positive_strides(a:np.ndarray)->np.ndarray:
+    "`a`, copied when it is a view with a negative stride (a reversed array), which torch cannot share."
+    return a.copy() if any(st < 0 for st in a.strides) else a
+
 def as_tensor(x,                # array-like (numpy array, torch tensor, list or number)
               name:str,         # argument name, used in error messages
               dtype=None,       # dtype to convert to; default: keep floating tensors, else float64
@@ -21,7 +25,7 @@ def as_tensor(x,                # array-like (numpy array, torch tensor, list or
     "Convert `x` to a finite floating torch tensor, raising `ValueError` (`TypeError` for complex numbers) that names `name`."
     if x is None: raise TypeError(f"`{name}` must be numeric array-like, got None")
     if x.is_complex() if isinstance(x, torch.Tensor) else np.iscomplexobj(x): raise TypeError(f"`{name}` must be real, got complex numbers")
-    try: t = x if isinstance(x, torch.Tensor) else torch.as_tensor(np.asarray(x, dtype=np.float64))
+    try: t = x if isinstance(x, torch.Tensor) else torch.as_tensor(_positive_strides(np.asarray(x, dtype=np.float64)))
     except (TypeError, ValueError) as e: raise ValueError(f"`{name}` must be numeric array-like, got {type(x).__name__}") from e
     if dtype is None and not t.is_floating_point(): dtype = torch.float64
     t = t.to(dtype=dtype or t.dtype, device=device or t.device)
@@ -34,6 +38,8 @@ def check_gamma(gamma)->float:
     from ictd.core import check_number   # the shared check (appendix A's module imports this one, so it is imported when called)
     try: g = check_number(gamma, "gamma", 0.)
     except ValueError: g = -1.
+    shape = tuple(getattr(gamma, "shape", ()))
+    if shape: raise ValueError(f"`gamma` must be a number in [0, 1), got an array of shape {shape} (an MRP is MRP(P, r, gamma, phi), in this order)")
     if not 0 <= g < 1: raise ValueError(f"`gamma` must lie in [0, 1), got {gamma!r}")
     return g
 
@@ -55,8 +61,10 @@ class MRP:
     phi:torch.Tensor    # (s, d) state features, one row per state
     d_pi:torch.Tensor = field(init=False)  # (s,) stationary distribution
     v_pi:torch.Tensor = field(init=False)  # (s,) true values (I - gamma P)^{-1} r
+    device:InitVar = None   # keyword: the device of every tensor; default that of `P` (the CPU for numpy input)
+    dtype:InitVar = None    # keyword: the floating dtype of every tensor; default float64 (the checks and solves run in float64 first)
 
-    def __post_init__(self):
+    def __post_init__(self, device, dtype):
         self.P, self.r = as_tensor(self.P, "P", torch.float64), as_tensor(self.r, "r", torch.float64)
         self.phi, self.gamma = as_tensor(self.phi, "phi", torch.float64), check_gamma(self.gamma)
         s = self.P.shape[0] if self.P.ndim == 2 else -1
@@ -68,6 +76,17 @@ class MRP:
         self.d_pi = torch.from_numpy(_stationary(self.P.cpu().numpy())).to(self.P.device)
         I = torch.eye(s, dtype=torch.float64, device=self.P.device)
         self.v_pi = torch.linalg.solve(I - self.gamma * self.P, self.r)
+        if device is not None or dtype is not None: self._move(device, dtype)
+
+    def _move(self, device, dtype):
+        for k in ("P", "r", "phi", "d_pi", "v_pi"): setattr(self, k, getattr(self, k).to(device=device, dtype=dtype))
+
+    def to(self, device=None, dtype=None)->MRP:
+        "A copy of the process with every tensor on `device` and in the floating `dtype` (None: unchanged)."
+        out = MRP.__new__(MRP)
+        out.__dict__.update(self.__dict__)
+        out._move(device, dtype)
+        return out
 
     @property
     def n_states(self)->int: return self.P.shape[0]

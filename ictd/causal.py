@@ -12,13 +12,13 @@ from .boyan import as_tensor, check_gamma, weighted_error
 from .wstd import context_tensors
 from .prompt import build_prompt
 from .model import check_prompt, torch_generator, token_rows, xavier_param, carry_context, PromptLayer, SoftmaxICTD
-from .core import check_number, check_type, run_stream
+from .core import check_number, check_type, check_work, moved_to_keywords, run_stream
 from .tasks import Contexts
 from .engine import Family, PretrainConfig, held_out_tasks, register_family, tuning_config
 
 # %% auto #0
-__all__ = ['ORDERS', 'CURRENTS', 'MAX_DENSE_BYTES', 'MAX_WORK', 'FAST_COLUMNS', 'visible_transitions', 'prefix_weights',
-           'prefix_softmax_td', 'build_causal_prompt', 'previous_token', 'causal_keys', 'causal_attention',
+__all__ = ['ORDERS', 'CURRENTS', 'FAST_COLUMNS', 'visible_transitions', 'prefix_weights', 'prefix_softmax_td',
+           'build_causal_prompt', 'causal_context_length', 'previous_token', 'causal_keys', 'causal_attention',
            'attend_keys', 'causal_update', 'causal_work', 'check_causal_work', 'theta_causal', 'CausalSoftmaxLayer',
            'CausalSoftmaxICTD', 'CausalCache', 'stream_values', 'causal_init', 'causal_prompt', 'causal_layers',
            'causal_predict', 'causal_module', 'fused_causal_predict', 'causal_metrics', 'register_causal_family']
@@ -98,18 +98,24 @@ def build_causal_prompt(phi_states,          # (..., n + 1, d) features of S_0..
                         rewards,             # (..., n) rewards, rewards[..., k - 1] = R_k
                         phi_queries=None,    # (..., q, d), (..., d) or None
                         order:str="forward", # "forward": S_0..S_n; "reversed": S_n..S_0; the queries last in both
-                       )->torch.Tensor:      # (..., d + 2, n + 1 + q), carrying n as `Z.n_context`
+                        *,
+                        device=None,         # device of the prompt; default that of `phi_states`
+                        dtype=None,          # floating dtype; default the inputs' (as `build_prompt`)
+                       )->torch.Tensor:      # (..., d + 2, n + 1 + q); `Prompt(Z, n)` keeps n through casts and stacking
     "The prompt of a decoder: each reward in the token that completes its transition, the queries last."
     _choice(order, ("forward", "reversed"), "order")
-    Z = build_prompt(phi_states, rewards, phi_queries)
-    n, d = Z.n_context, Z.shape[-2] - 2
+    Z = build_prompt(phi_states, rewards, phi_queries, device=device, dtype=dtype)
+    n, d = causal_context_length(phi_states), Z.shape[-2] - 2
     out = Z.clone()
     if order == "forward":
         out[..., d, 0] = 0.
         out[..., d, 1:n + 1] = Z[..., d, :n]
     else: out[..., :, :n + 1] = Z[..., :, :n + 1].flip(-1)
-    out.n_context = n
-    return out
+    return carry_context(out, n)
+
+def causal_context_length(phi_states)->int:
+    "The number n of transitions of a context of n + 1 states (..., n + 1, d), read from its shape."
+    return as_tensor(phi_states, "phi_states").shape[-2] - 1
 
 # %% ../nbs/04a_causal.ipynb #60e16d03
 def previous_token(Z:torch.Tensor)->torch.Tensor:  # (..., D, N) -> (..., D, N): column i holds column i - 1 of Z, column 0 is zero
@@ -128,8 +134,6 @@ def causal_keys(N:int,          # number of columns
     return (i >= 1) & (i <= n) & (i <= j)
 
 # %% ../nbs/04a_causal.ipynb #be728951
-MAX_DENSE_BYTES = 2 ** 31   # the most bytes the matrices of one `causal_attention` call may take
-
 def causal_attention(Z:torch.Tensor,  # (..., D, N) prompt
                      A:torch.Tensor,  # (..., 2D, D) score matrix on (shifted tokens, tokens)
                      lam,             # (...) positional bias lambda
@@ -138,10 +142,8 @@ def causal_attention(Z:torch.Tensor,  # (..., D, N) prompt
     "(..., N, N) S[i, j]: softmax over the keys of column j of $T_i^\\top A Z_j + \\lambda \\log i$ (zero columns where there is no key)."
     N, lam = Z.shape[-1], torch.as_tensor(lam, dtype=Z.dtype, device=Z.device)
     size = math.prod(torch.broadcast_shapes(Z.shape[:-2], A.shape[:-2], lam.shape)) * N * N * Z.element_size()
-    if size > MAX_DENSE_BYTES:
-        raise ValueError(f"`Z` of shape {tuple(Z.shape)}: its attention matrices would take {size / 2 ** 30:.1f} GiB, "
-                         f"above MAX_DENSE_BYTES = {MAX_DENSE_BYTES / 2 ** 30:g} GiB; the model's forward pass never "
-                         "builds them (O(N) memory)")
+    check_work(size, "bytes", f"the attention matrices of `Z` of shape {tuple(Z.shape)}",
+               "the model's forward pass never builds them (O(N) memory); call it instead, or pass fewer prompts")
     return _attention(torch.cat([Z, previous_token(Z)], -2), Z, A, lam, n)
 
 def _attention(T, Z, A, lam, n:int)->torch.Tensor:
@@ -192,8 +194,6 @@ def causal_update(Z:torch.Tensor,    # (..., D, N) prompt
     return Z + attend_keys(Z, T.mT @ A, V @ T, lam) + U @ Z
 
 # %% ../nbs/04a_causal.ipynb #93781d3b
-MAX_WORK = 1e12   # the most multiply-adds a decoder's forward pass may take (minutes on one CPU thread)
-
 def causal_work(shape:tuple,    # (..., D, N) shape of the prompt
                 n:int,          # number of context transitions
                 n_layers:int=1, # number of layers
@@ -204,17 +204,16 @@ def causal_work(shape:tuple,    # (..., D, N) shape of the prompt
     return math.prod(batch) * n_layers * keys * (2 * D + 1)
 
 def check_causal_work(Z:torch.Tensor, n:int, n_layers:int=1):
-    "Refuse (a `ValueError` naming `Z`) a forward pass whose `causal_work` is above `MAX_WORK`."
-    work = causal_work(tuple(Z.shape), n, n_layers)
-    if work > MAX_WORK:
-        raise ValueError(f"`Z` of shape {tuple(Z.shape)} with n = {n} needs about {work:.1e} "
-                         f"multiply-adds in {n_layers} causal layer(s), above MAX_WORK = {MAX_WORK:.0e} "
-                         "(hours on one CPU thread): use a shorter context or fewer prompts per call, "
-                         "or raise ictd.causal.MAX_WORK")
+    "Refuse (a `ValueError` naming `Z`) a forward pass whose `causal_work` is above `WORK_LIMITS['multiply_adds']`."
+    check_work(causal_work(tuple(Z.shape), n, n_layers), "multiply_adds",
+               f"`Z` of shape {tuple(Z.shape)} with n = {n} in {n_layers} causal layer(s)",
+               "use a shorter context or fewer prompts per call (hours on one CPU thread)")
 
 # %% ../nbs/04a_causal.ipynb #5e6f0efb
+@moved_to_keywords("alpha", "gamma", "current", "order")
 def theta_causal(d:int,              # feature dimension
                  W,                  # (d, d) score matrix
+                 *,
                  alpha:float,        # step size
                  gamma:float,        # discount factor in [0, 1)
                  current:str="key",  # "key" or "self" (see `prefix_softmax_td`)
@@ -305,7 +304,7 @@ class CausalSoftmaxICTD(SoftmaxICTD):
                         recency:float=0.,     # positional bias lambda
                         shared:bool=False):
         "The model whose every layer is one step of prefix softmax TD (`theta_causal`)."
-        model = cls.from_params(n_layers, *theta_causal(d, W, alpha, gamma, current, order), recency, shared=shared)
+        model = cls.from_params(n_layers, *theta_causal(d, W, alpha=alpha, gamma=gamma, current=current, order=order), recency, shared=shared)
         model.order = order
         return model
 
@@ -368,8 +367,7 @@ def stream_values(model,              # a `CausalSoftmaxICTD` built for the forw
                   phi_queries,        # (..., q, d) query features
                  )->torch.Tensor:     # (..., n, q): row t - 1 is the estimate after transition t
     "The query estimates of a decoder as the transitions of a context arrive one by one, with a KV cache."
-    Z = build_causal_prompt(phi_states, rewards, phi_queries)
-    n = Z.n_context
+    Z, n = build_causal_prompt(phi_states, rewards, phi_queries), causal_context_length(phi_states)
     cache = CausalCache(model, n, Z.shape[:-2], Z.dtype)
     out = []
     for t in range(n + 1):

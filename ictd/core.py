@@ -4,7 +4,7 @@
 
 # %% ../nbs/90_core.ipynb #380fdd1c
 from __future__ import annotations
-import datetime, errno, hashlib, io, json, math, os, platform, shutil, subprocess, sys, tempfile
+import datetime, errno, functools, hashlib, inspect, io, json, math, os, platform, shutil, subprocess, sys, tempfile, warnings
 from pathlib import Path
 import numpy as np
 import torch
@@ -15,11 +15,11 @@ from .tasks import TaskBatch
 # %% auto #0
 __all__ = ['WORK_LIMITS', 'DENSE_BYTES', 'CHUNK_BYTES', 'MEMORY_PATHS', 'RUN_STREAMS', 'NUDGE_VAR', 'CLAIM_STATUSES', 'DRAW_NOTE',
            'OKABE_ITO', 'check_int', 'check_number', 'check_floating', 'check_choice', 'check_seeds', 'check_type',
-           'check_bool', 'check_broadcast', 'check_device', 'check_work', 'memory_path', 'chunk_rows', 'substream',
-           'stream_generator', 'run_stream', 'nudge_scale', 'nudged', 'nudge', 'atomic_write_bytes',
-           'atomic_write_text', 'atomic_savefig', 'checksum_path', 'tensors_only', 'save_checked', 'load_checked',
-           'remove_checked', 'check_writable', 'check_name', 'load_json', 'record_claim', 'load_claims', 'jsonable',
-           'cpu_model', 'provenance', 'provenance_note', 'plain_log_ticks']
+           'check_bool', 'check_broadcast', 'check_device', 'moved_to_keywords', 'check_work', 'memory_path',
+           'chunk_rows', 'substream', 'stream_generator', 'run_stream', 'nudge_scale', 'nudged', 'nudge',
+           'atomic_write_bytes', 'atomic_write_text', 'atomic_savefig', 'checksum_path', 'tensors_only', 'save_checked',
+           'load_checked', 'remove_checked', 'check_writable', 'check_name', 'load_json', 'record_claim', 'load_claims',
+           'jsonable', 'cpu_model', 'provenance', 'provenance_note', 'plain_log_ticks']
 
 # %% ../nbs/90_core.ipynb #5c70a449
 def _is_number(x)->bool:
@@ -97,23 +97,46 @@ def check_broadcast(**shapes)->tuple:
     raise ValueError(f"the batch dimensions of {named} do not broadcast")
 
 def check_device(device)->torch.device:
-    "`device` as a `torch.device` (None: CUDA when available, else the CPU), or a `ValueError` naming `device` if torch cannot use it."
-    if device is None: return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    "`device` as a `torch.device` (None: the CPU, the book's default everywhere; CUDA only when asked), or a `ValueError` naming `device` if torch cannot use it."
+    if device is None: return torch.device("cpu")
     try: dev = torch.device(device)
     except (RuntimeError, TypeError) as e: raise ValueError(f"`device` must be a torch device such as 'cpu' or 'cuda', got {device!r}") from None
     if dev.type == "cuda" and not torch.cuda.is_available(): raise ValueError(f"`device` is {device!r} but torch sees no CUDA GPU here")
     return dev
 
+# %% ../nbs/90_core.ipynb #850b80cc
+def moved_to_keywords(*names:str):
+    "Decorator: the keyword-only `names` (in their old positional order) may still be passed by position for one release, with a `DeprecationWarning` naming the new form."
+    def wrap(fn):
+        params = inspect.signature(fn).parameters.values()
+        n_pos = sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            if len(args) > n_pos:
+                extra = args[n_pos:]
+                if len(extra) > len(names): raise TypeError(f"{fn.__name__}() takes {n_pos} positional arguments and the keywords {names}, got {len(args)} positional")
+                moved = dict(zip(names, extra))
+                if set(moved) & set(kwargs): raise TypeError(f"{fn.__name__}() got {sorted(set(moved) & set(kwargs))} both by position and by keyword")
+                new = ", ".join(f"{k}=..." for k in moved)
+                warnings.warn(f"{fn.__name__}: pass {new} by keyword; the positional form is deprecated and goes in the next release",
+                              DeprecationWarning, stacklevel=2)
+                args, kwargs = args[:n_pos], {**kwargs, **moved}
+            return fn(*args, **kwargs)
+        return call
+    return wrap
+
 # %% ../nbs/90_core.ipynb #4184cf38
-WORK_LIMITS = dict(bytes=4 * 2**30, steps=10**7)   # the most memory (bytes) and sequential steps a call plans before it refuses
+WORK_LIMITS = dict(bytes=4 * 2**30, steps=10**7, multiply_adds=10**12)   # the most memory (bytes), sequential steps and multiply-adds (hours on one CPU thread) a call plans before it refuses
 DENSE_BYTES = 2**30                                  # above this a dense n x m matrix makes `method='auto'` take the O(n) path
 CHUNK_BYTES = 2**26                                  # the most a streamed path holds at once (one chunk of scores, say)
 MEMORY_PATHS = ("auto", "dense", "streamed")
 
-def _amount(x:float, unit:str)->str: return f"{x / 2**30:.3g} GiB" if unit == "bytes" else f"{x:,.0f} {unit}"
+def _amount(x:float, unit:str)->str:
+    if unit == "bytes": return f"{x / 2**30:.3g} GiB"
+    return f"{x:.2g} multiply-adds" if unit == "multiply_adds" else f"{x:,.0f} {unit}"
 
 def check_work(amount:float,  # the estimate, in `unit`
-               unit:str,      # a key of `WORK_LIMITS`: 'bytes' or 'steps'
+               unit:str,      # a key of `WORK_LIMITS`: 'bytes', 'steps' or 'multiply_adds'
                what:str,      # what the work is, for the message, e.g. "the 100001 x 100001 attention weights"
                way_out:str,   # how to do without it, for the message
               )->float:       # `amount`

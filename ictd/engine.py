@@ -12,19 +12,19 @@ import torch
 from torch import nn
 import ictd
 from .boyan import check_gamma
-from .core import TaskBatch, check_choice, check_int, check_number, check_seeds, check_work, nudge_scale, run_stream
+from .core import TaskBatch, check_bool, check_choice, check_int, check_number, check_seeds, check_work, nudge_scale, run_stream
 from .model import SoftmaxICTD, theta_star
 from .state_tokens import StateTokens, fused_token_predict, population_tokens, state_tokens, token_layers, token_predict, trajectory_tokens
 from .tasks import Contexts, TDExamples, TDSample, draw_cdf, gather_rows, sample_trajectories, stationary_examples, task_features, task_pool
 
 # %% auto #0
-__all__ = ['DTYPES', 'FEATURES', 'OBJECTIVES', 'INITS', 'EMERGENCE', 'FAMILIES', 'PROTOCOLS', 'PLUGINS', 'source_hash',
-           'PretrainConfig', 'PretrainResult', 'stack_results', 'Family', 'Protocol', 'register_family',
-           'register_protocol', 'load_plugins', 'get_family', 'get_protocol', 'EvalSet', 'stationary_pools',
-           'stationary_sampler', 'held_out_tasks', 'tuning_config', 'task_eval_set', 'stationary_eval_set',
-           'corrupted_rewards', 'eval_set', 'td_values', 'sampled_neu', 'mc_horizon', 'rollout_returns',
-           'stationary_draws', 'objective_values', 'softmax_init', 'softmax_module', 'softmax_prompt',
-           'population_neu_many', 'softmax_metrics']
+__all__ = ['DTYPES', 'FEATURES', 'OBJECTIVES', 'INITS', 'EMERGENCE', 'HISTORY_SCHEMA', 'FAMILIES', 'PROTOCOLS', 'PLUGINS',
+           'source_hash', 'PretrainConfig', 'history_schema', 'PretrainResult', 'stack_results', 'Family', 'Protocol',
+           'register_family', 'register_protocol', 'load_plugins', 'get_family', 'get_protocol', 'EvalSet',
+           'stationary_pools', 'stationary_sampler', 'held_out_tasks', 'tuning_config', 'task_eval_set',
+           'stationary_eval_set', 'corrupted_rewards', 'eval_set', 'td_values', 'sampled_neu', 'mc_horizon',
+           'rollout_returns', 'stationary_draws', 'objective_values', 'softmax_init', 'softmax_module',
+           'softmax_prompt', 'population_neu_many', 'softmax_metrics']
 
 # %% ../nbs/91_engine.ipynb #4dd2b0ca
 DTYPES = dict(float64=torch.float64, float32=torch.float32)
@@ -101,14 +101,58 @@ class PretrainConfig:
 EMERGENCE = PretrainConfig(lr=1e-2, n_steps=2000, eval_every=200)   # chapter 6's training run: the default model and data, a tuned learning rate
 
 # %% ../nbs/91_engine.ipynb #243751bd
+HISTORY_SCHEMA = dict(   # history name -> (shape of one seed's record, E evaluations and L layers; what it is, in what unit)
+    step=(("E", 1), "optimiser steps taken when the evaluation ran (int64; 0, eval_every, ..., n_steps)"),
+    loss=(("E", 1), "mean training loss over the steps since the previous evaluation: the objective's squared error, "
+                    "in squared value units (NaN at step 0)"),
+    msve=(("E", 1), "mean over the held-out tasks of the d_pi-weighted squared value error at the queries (squared value units)"),
+    neu=(("E", 1), "sampled norm of the expected TD update, unbiased (squared parameter-gradient units; discrete tasks)"),
+    neu_population=(("E", 1), "softmax family: the norm of the expected update over the population of contexts (discrete tasks)"),
+    diagonality=(("E", "L"), "per layer: attention weight a query puts on the keys that leave its own state, "
+                             "averaged over queries and tasks (a fraction in [0, 1]; discrete tasks)"),
+    value_weights=(("E", "L", "k"), "per layer: the value-update weights (reward, successor value, current value), "
+                                    "k = 3 for softmax; causal adds the per-token current value, k = 4 (weights, no unit)"),
+    cosine=(("E", "L", 3), "softmax family, per layer: cosine of (A, V_cur, V_tgt) with theta*(W = I, alpha = 1) (in [-1, 1])"),
+    recency=(("E", "L"), "causal family, per layer: the positional bias lambda of the logit lambda log p"),
+    iws=(("E", 1), "linear family: implicit weight similarity with linear TD (chapter 7; in [-1, 1])"),
+    vd=(("E", 1), "linear family: d_pi-weighted squared value difference from linear TD (squared value units)"),
+    ss=(("E", 1), "linear family: sensitivity similarity with linear TD (chapter 7)"),
+    P_last=(("E", 1), "linear family: the last layer's readout entry P[-1, -1] (chapter 7)"),
+    trQ11=(("E", 1), "linear family: trace of the Q block on (phi, phi) (chapter 7)"),
+    trQ12=(("E", 1), "linear family: trace of the Q block on (phi, gamma phi') (chapter 7)"),
+    **{"param.<name>": (("E", "..."), "with `record_params`: parameter <name> of the family (its own shape, per layer), float64")},
+)
+
+def history_schema(name:str)->tuple:
+    "The documented (shape, meaning) of history entry `name` (`param.A` reads the `param.<name>` row), or a `KeyError` naming it."
+    key = "param.<name>" if name.startswith("param.") else name
+    if key not in HISTORY_SCHEMA: raise KeyError(f"history entry {name!r} is not documented in `ictd.engine.HISTORY_SCHEMA`")
+    return HISTORY_SCHEMA[key]
+
 @dataclass(eq=False)
 class PretrainResult:
-    "The trained model and the metrics recorded during training."
+    """The trained model and the metrics recorded during training.
+
+    `history` maps a name to a float64 tensor (int64 for `step`) with one row per evaluation: E = n_steps // eval_every + 1
+    rows, at steps 0, eval_every, ..., n_steps; `stack_results` puts a seed axis in front. Every name, its shape and its unit
+    are in `HISTORY_SCHEMA` (L is the depth `n_layers`): step (E, 1), loss (E, 1), msve (E, 1), neu (E, 1); the softmax
+    family adds neu_population (E, 1), diagonality (E, L), value_weights (E, L, 3) and cosine (E, L, 3); the causal family
+    value_weights (E, L, 4), recency (E, L) and diagonality (E, L); the linear family iws, vd, ss, P_last, trQ11 and trQ12,
+    each (E, 1); `record_params=True` adds param.<name> (E, ...) for every parameter.
+    `predict` evaluates the trained model under `torch.no_grad()` unless asked for a graph (`grad=True`)."""
     config:PretrainConfig
     model:nn.Module                             # built by the model family (a `SoftmaxICTD` for "softmax")
-    history:dict = field(default_factory=dict)  # name -> tensor with one row per evaluation (see `evaluate`)
+    history:dict = field(default_factory=dict)  # name -> (E, ...) tensor, one row per evaluation: see `HISTORY_SCHEMA`
     held_out:TaskBatch = None                   # the held-out tasks the metrics were measured on (None for continuous states)
     params:dict = None                          # the family's parameters as the engine holds them, without the seed axis
+
+    def predict(self, Z,            # the model's prompt: a `Prompt`, or a tensor with `n`
+                n=None,             # number of context transitions (from the `Prompt` when omitted)
+                *,
+                grad:bool=False,    # True: record an autograd graph through the model's parameters
+               )->torch.Tensor:     # (..., q) the trained model's values at the queries
+        "The trained model's values, under `torch.no_grad()` unless `grad=True`."
+        with torch.set_grad_enabled(check_bool(grad, "grad")): return self.model.predict(Z, n)
 
 # %% ../nbs/91_engine.ipynb #b88372dc
 def stack_results(results:list)->dict:

@@ -4,15 +4,16 @@
 
 # %% ../nbs/03_dual_head.ipynb #4121d501
 from __future__ import annotations
-import math
+import contextlib, math
 import torch
 from torch import nn
 import torch.nn.functional as F
 from .boyan import as_tensor, check_gamma
-from .core import check_choice, check_floating, check_int, check_number, check_type
+from .core import check_bool, check_choice, check_device, check_floating, check_int, check_number, check_type, moved_to_keywords
+from .prompt import Prompt
 
 # %% auto #0
-__all__ = ['FLOAT_DTYPES', 'successor_shift', 'context_attention', 'attend_context', 'dual_head_update', 'check_prompt', 'carry_context', 'torch_generator', 'token_rows', 'xavier_param', 'PromptLayer', 'DualHeadSoftmaxLayer', 'theta_star', 'SoftmaxICTD', 'temporal_shift', 'SingleHeadTSMLayer', 'theta_td_memory', 'shift_after_update', 'ShiftAfterAttentionLayer', 'ShiftAfterAttentionICTD']
+__all__ = ['FLOAT_DTYPES', 'successor_shift', 'context_attention', 'attend_context', 'dual_head_update', 'check_prompt', 'as_output', 'grad_mode', 'carry_context', 'torch_generator', 'token_rows', 'xavier_param', 'PromptLayer', 'DualHeadSoftmaxLayer', 'theta_star', 'SoftmaxICTD', 'temporal_shift', 'SingleHeadTSMLayer', 'theta_td_memory', 'shift_after_update', 'ShiftAfterAttentionLayer', 'ShiftAfterAttentionICTD']
 
 # %% ../nbs/03_dual_head.ipynb #72c63c34
 def successor_shift(Z:torch.Tensor,  # (..., D, N) tokens as columns
@@ -58,24 +59,36 @@ def dual_head_update(Z:torch.Tensor,      # (..., d + 2, N) prompt
     return Z + attend_context(Z, A, X)
 
 # %% ../nbs/03_dual_head.ipynb #4ed7c40b
-def check_prompt(Z,            # (..., d + 2, N) prompt
+def check_prompt(Z,            # (..., d + 2, N) prompt: a `Prompt`, or a tensor
                  d:int,        # feature dimension the model expects
-                 n=None,       # number of context transitions; default: `Z.n_context`, set by `build_prompt`
+                 n=None,       # number of context transitions; default: the `Prompt`'s (or the legacy `Z.n_context`)
                 )->tuple:      # (Z as a floating tensor, n as an int)
     "Validate a prompt for a model of feature dimension `d`, and resolve the number `n` of context transitions."
-    carried = getattr(Z, "n_context", None)
+    if isinstance(Z, Prompt): Z, carried = Z.Z, Z.n
+    else: carried = getattr(Z, "n_context", None)
     Z = check_floating(Z, "Z")               # an integer prompt is refused: the model would cast its parameters to it
     if Z.ndim < 2 or Z.shape[-2] != d + 2:
         raise ValueError(f"`Z` must have shape (..., d + 2, n + 1 + q) with d + 2 = {d + 2} rows, got {tuple(Z.shape)}")
     N = Z.shape[-1]
     if n is None and carried is None:
         raise ValueError("`n` must be given: `Z` does not carry its number of context transitions "
-                         "(`build_prompt` attaches it as `Z.n_context`; slicing, stacking, `.to()` or numpy return a plain tensor)")
+                         "(pass a `Prompt` from `Prompt.build`, or `n`; a tensor's `Z.n_context` is lost by slicing, stacking, `.to()` or numpy)")
     n = check_int(carried if n is None else n, "n", 1, high=N - 1,
                   what=f"an integer in 1..{N - 1} (the columns of `Z` minus the last-state column)")
     if carried is not None and n != carried:
         raise ValueError(f"`n` = {n} contradicts the prompt, which was built with `Z.n_context` = {carried}")
     return Z, n
+
+def as_output(out:torch.Tensor,  # a model's or layer's output matrix
+              n:int,             # its number of context transitions
+              given,             # the input the caller passed
+             ):
+    "`out` as the caller's kind of prompt: a `Prompt` for a `Prompt`, else the tensor carrying `n` (`carry_context`)."
+    return Prompt._of(out, n) if isinstance(given, Prompt) else carry_context(out, n)
+
+def grad_mode(grad):
+    "The autograd context of a `predict`: unchanged for None, else `torch.set_grad_enabled(grad)`."
+    return contextlib.nullcontext() if grad is None else torch.set_grad_enabled(check_bool(grad, "grad"))
 
 # %% ../nbs/03_dual_head.ipynb #32a77131
 def carry_context(Z:torch.Tensor, n:int)->torch.Tensor:
@@ -115,12 +128,13 @@ class PromptLayer(nn.Module):
         Z, n = check_prompt(Z, self.d, n)
         return self.attend(Z, self.params(Z), n)
 
-    def forward(self, Z,             # (..., d + 2, N) prompt
-                n=None,              # number of context transitions; default `Z.n_context`
-               )->torch.Tensor:      # (..., d + 2, N) next prompt
+    def forward(self, Z,             # (..., d + 2, N) prompt, or a `Prompt`
+                n=None,              # number of context transitions; default the `Prompt`'s
+               ):                    # (..., d + 2, N) next prompt: a `Prompt` for a `Prompt`, else a tensor carrying `n`
         "The layer's update of a validated prompt; the output carries `n`."
+        given = Z
         Z, n = check_prompt(Z, self.d, n)
-        return carry_context(self.update(Z, *self.params(Z), n), n)
+        return as_output(self.update(Z, *self.params(Z), n), n, given)
 
     def value_weights(self)->torch.Tensor:
         "The value-update weights named by `value_entries` (detached)."
@@ -185,12 +199,14 @@ class SoftmaxICTD(nn.Module):
                  init_gain:float=0.1,      # gain of the Xavier-normal initialisation
                  seed=None,                # int or `torch.Generator` for the initialisation
                  dtype=torch.float64,      # dtype of the stored parameters
+                 device=None,              # device of the stored parameters; default the CPU (drawn there, then moved: one seed, one model)
                 ):
         super().__init__()
         n_layers, shared = check_int(n_layers, "n_layers", 1, "a positive integer"), check_type(shared, bool, "shared")
         g = torch_generator(seed)
         self.d, self.n_layers, self.shared = token_rows(d) - 2, n_layers, shared
         self.layers = nn.ModuleList(self.Layer(d, init_gain, g, dtype) for _ in range(1 if shared else n_layers))
+        if device is not None: self.to(check_device(device))
 
     def layer(self, l:int)->DualHeadSoftmaxLayer:
         "The module applied at depth `l` (the same one for all `l` when parameters are shared)."
@@ -205,7 +221,7 @@ class SoftmaxICTD(nn.Module):
                         shared:bool=False,   # store one parameter set instead of L copies
                        ):
         "The model whose every layer carries the class's `construction(d, W, alpha, gamma)`: $\\theta^*$ for `SoftmaxICTD`, $\\theta^{\\delta}$ for `ShiftAfterAttentionICTD`."
-        return cls.from_params(n_layers, *cls.construction(d, W, alpha, gamma), shared=shared)
+        return cls.from_params(n_layers, *cls.construction(d, W, alpha=alpha, gamma=gamma), shared=shared)
 
     @classmethod
     def from_params(cls, n_layers:int,       # number of layers L
@@ -218,13 +234,14 @@ class SoftmaxICTD(nn.Module):
         model.layers = nn.ModuleList([first] + [cls.Layer.from_params(*params) for _ in model.layers[1:]])
         return model
 
-    def forward(self, Z,                 # (..., d + 2, N) prompt Z_0
-                n=None,                  # number of context transitions; default `Z.n_context` (set by `build_prompt`)
+    def forward(self, Z,                 # (..., d + 2, N) prompt Z_0, or a `Prompt`
+                n=None,                  # number of context transitions; default the `Prompt`'s
                 return_all:bool=False,   # also return every intermediate prompt
-               )->torch.Tensor:          # Z_L (..., d + 2, N), or Z_0..Z_L stacked as (..., L + 1, d + 2, N)
+               ):                        # Z_L (..., d + 2, N), or Z_0..Z_L stacked as (..., L + 1, d + 2, N): a `Prompt` for a `Prompt`
         "Run the prompt through the L layers."
+        given = Z
         Z, n = check_prompt(Z, self.d, n)
-        return carry_context(self._forward(Z, n, return_all), n)
+        return as_output(self._forward(Z, n, return_all), n, given)
 
     def _forward(self, Z, n, return_all=False):
         "The forward pass on a validated prompt: the layers' inner calls validate nothing."
@@ -232,12 +249,14 @@ class SoftmaxICTD(nn.Module):
         for l in range(self.n_layers): Zs.append(self.update(Zs[-1], *self.layer(l).params(Z), n))
         return torch.stack(Zs, dim=-3) if return_all else Zs[-1]
 
-    def predict(self, Z,             # (..., d + 2, N) prompt Z_0
-                n=None,              # number of context transitions; default `Z.n_context` (set by `build_prompt`)
+    def predict(self, Z,             # (..., d + 2, N) prompt Z_0, or a `Prompt`
+                n=None,              # number of context transitions; default the `Prompt`'s
+                *,
+                grad=None,           # None: autograd as the caller has it; False: under `torch.no_grad()`; True: with a graph
                )->torch.Tensor:      # (..., q) values at the q = N - n - 1 query columns
         "The model's value estimates: row d + 1 of Z_L at the query columns."
         Z, n = check_prompt(Z, self.d, n)
-        return self._forward(Z, n)[..., self.d + 1, n + 1:]
+        with grad_mode(grad): return self._forward(Z, n)[..., self.d + 1, n + 1:]
 
     def value_weights(self)->torch.Tensor:
         "(L, k) value-update weights of every layer, as `Layer.value_weights` names them ((reward, successor value, current value) here)."
@@ -299,13 +318,16 @@ class SingleHeadTSMLayer(nn.Module):
                 n=None,              # number of context transitions; default `Z.n_context`
                )->torch.Tensor:      # (..., d + 2, N) next prompt
         "$Z + V\\,\\mathrm{TSM}_{\\mathcal C}(Z)\\, S$ with the attention S of `A` on `Z`."
+        given = Z
         Z, n = check_prompt(Z, self.d, n)
         A, V = self.A.to(Z), self.V.to(Z)
-        return carry_context(Z + attend_context(Z, A, (V @ temporal_shift(Z, n, self.channels))[..., :n]), n)
+        return as_output(Z + attend_context(Z, A, (V @ temporal_shift(Z, n, self.channels))[..., :n]), n, given)
 
 # %% ../nbs/04_tsm.ipynb #472d55ef
+@moved_to_keywords("alpha", "gamma")
 def theta_td_memory(d:int,         # feature dimension
                     W,             # (d, d) score matrix of g(x, y) = phi(x)^T W phi(y)
+                    *,
                     alpha:float,   # step size of the TD iteration
                     gamma:float,   # discount factor in [0, 1)
                    )->tuple:       # (A, V_cur, V_tgt), each (d + 2, d + 2), in the dtype of `W`
@@ -339,4 +361,4 @@ class ShiftAfterAttentionICTD(SoftmaxICTD):
     Layer, update = ShiftAfterAttentionLayer, staticmethod(shift_after_update)
 
     construction = staticmethod(theta_td_memory)
-    from_theta_td_memory = SoftmaxICTD.__dict__["from_theta_star"]   # the same constructor: every layer carries theta_td_memory(d, W, alpha, gamma)
+    from_theta_td_memory = SoftmaxICTD.__dict__["from_theta_star"]   # the same constructor: every layer carries theta_td_memory(d, W, alpha=alpha, gamma=gamma)

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import torch
 from .boyan import as_tensor, check_gamma
-from .core import check_bool, check_int, check_number, check_work, chunk_rows, memory_path
+from .core import check_bool, check_int, check_number, check_work, chunk_rows, memory_path, moved_to_keywords
 
 # %% auto #0
 __all__ = ['context_tensors', 'context_weights', 'weighted_softmax_td', 'batch_linear_td', 'two_head_linear_td', 'check_states',
@@ -221,8 +221,10 @@ def _linear_td(keys, X, R, gamma, n_iters, w, step, return_all):
     return torch.stack(ws, -2) @ X.mT
 
 # %% ../nbs/01_weighted_softmax_td.ipynb #dc52d3b2
+@moved_to_keywords("alpha", "gamma", "n_iters", "phi_queries", "return_all")
 def two_head_linear_td(phi_states,         # (..., n+1, d) features of S_0..S_n, any signs
                        rewards,            # (..., n) rewards, rewards[..., k-1] = R_k
+                       *,
                        alpha:float,        # step size
                        gamma:float,        # discount factor in [0, 1)
                        n_iters:int,        # number of iterations (layers)
@@ -274,9 +276,11 @@ def _tabular_context(states, rewards, n_states):
     return S, R, E, E.sum(-2)
 
 # %% ../nbs/01_weighted_softmax_td.ipynb #dc4cfe80
+@moved_to_keywords("alpha", "gamma", "n_iters", "return_all")
 def batch_tabular_td(states,           # (..., n+1) integer states S_0..S_n
                      rewards,          # (..., n) rewards, rewards[..., k-1] = R_k
                      n_states:int,     # number of states s
+                     *,
                      alpha:float,      # step size
                      gamma:float,      # discount factor in [0, 1)
                      n_iters:int,      # number of iterations

@@ -125,7 +125,7 @@ def test_bad_arguments_name_themselves():
     x = instance(4, n=5, d=2, q=1)
     for kwargs, msg in ((dict(order="backwards"), "`order`"), (dict(current="target"), "`current`")):
         with pytest.raises(ValueError, match=msg): prefix_softmax_td(x["phi"], x["R"], x["W"], 0.5, 0.9, 2, **kwargs)
-    with pytest.raises(ValueError, match="`W`"): theta_causal(2, torch.eye(3, dtype=torch.float64), 0.5, 0.9)
+    with pytest.raises(ValueError, match="`W`"): theta_causal(2, torch.eye(3, dtype=torch.float64), alpha=0.5, gamma=0.9)
     with pytest.raises(ValueError, match="`order`"): build_causal_prompt(x["phi"], x["R"], order="none")
     with pytest.raises(ValueError, match="`n_layers`"): CausalSoftmaxICTD(2, 0)
 
@@ -263,11 +263,15 @@ def test_forward_is_the_dense_formula_in_linear_memory():
 
 @pytest.mark.unit
 def test_absurd_sizes_are_refused_before_any_work():
-    "A forward pass above MAX_WORK (n = 1e6) and a dense attention matrix above MAX_DENSE_BYTES (n = 1e5) raise a ValueError naming `Z`;"
+    "A forward pass above WORK_LIMITS['multiply_adds'] (n = 1e6) and dense attention matrices above WORK_LIMITS['bytes'] (n = 1e5)"
+    " raise a ValueError naming `Z`, its shape and the way out, from the one checker of ictd.core;"
     " the prompts are expanded views, so nothing large is allocated."
-    from ictd.causal import MAX_WORK, causal_attention, causal_work
-    assert causal_work((6, 10 ** 5 + 11), 10 ** 5, 3) < MAX_WORK < causal_work((6, 10 ** 6 + 11), 10 ** 6, 3)
+    from ictd.causal import causal_attention, causal_work
+    from ictd.core import WORK_LIMITS
+    limit = WORK_LIMITS["multiply_adds"]
+    assert causal_work((6, 10 ** 5 + 11), 10 ** 5, 3) < limit < causal_work((6, 10 ** 6 + 11), 10 ** 6, 3)
     Z = torch.zeros(6, 1, dtype=torch.float64).expand(6, 10 ** 6 + 11)
-    with pytest.raises(ValueError, match="`Z` of shape"): CausalSoftmaxICTD(4, 3, seed=0).predict(Z, n=10 ** 6)
-    with pytest.raises(ValueError, match="`Z` of shape .* attention matrices"):
+    with pytest.raises(ValueError, match=r"`Z` of shape \(6, 1000011\) with n = 1000000 .*WORK_LIMITS\['multiply_adds'\].*use a shorter"):
+        CausalSoftmaxICTD(4, 3, seed=0).predict(Z, n=10 ** 6)
+    with pytest.raises(ValueError, match=r"attention matrices of `Z` of shape \(6, 100000\) would need about .* GiB.*WORK_LIMITS\['bytes'\]"):
         causal_attention(Z[:, :10 ** 5], torch.zeros(12, 6, dtype=torch.float64), 0., 10 ** 5 - 1)

@@ -368,7 +368,7 @@ def test_dense_work_at_n_1e5_is_refused_with_its_estimate_and_the_way_out():
     with pytest.raises(ValueError, match='instead of a `score` function'):
         weighted_softmax_td(BIG_PHI, BIG_PHI[1:, 0], None, 0.5, 0.9, 1, score=lambda k, x: k @ x.mT)
     with pytest.raises(ValueError, match=r'would need about 149 GiB.*method=.streamed'): context_weights(BIG_PHI, I2)
-    with pytest.raises(ValueError, match='`batch_linear_td` computes the same values'): two_head_linear_td(BIG_PHI, BIG_PHI[1:, 0], 0.5, 0.9, 1)
+    with pytest.raises(ValueError, match='`batch_linear_td` computes the same values'): two_head_linear_td(BIG_PHI, BIG_PHI[1:, 0], alpha=0.5, gamma=0.9, n_iters=1)
     Z = torch.zeros(5, BIG_N + 1, dtype=torch.float64)
     with pytest.raises(ValueError, match=r'attention scores of the dense layer would need about 149 GiB'):
         LinearICTD.from_td(2, 1, 0.5).predict(Z, BIG_N, method='dense')
@@ -505,7 +505,7 @@ COVERED.update({
                               n_states=NOT_A_COUNT + [0], alpha=NOT_A_NUMBER, gamma=NOT_A_GAMMA, n_iters=NOT_A_COUNT, return_all=NOT_A_FLAG)),
     'tabular_rate.states': (tabular_rate, dict(states=[0, 0, 0, 1, 0], n_states=2, beta=8., alpha=1., gamma=0.5),
                             dict(states=[[[0, 0, 1], [0, 1, 0]], [0, 3], [0.5, 1.], None], n_states=NOT_A_COUNT + [0])),
-    'plot_prompt': (lambda Z, n: plt.close(plot_prompt(Z, n).figure), dict(Z=PROMPT, n=5),
+    'plot_prompt': (lambda Z, n: plt.close(plot_prompt(Z, n=n).figure), dict(Z=PROMPT, n=5),
                     dict(Z=not_a_matrix((4, 9), (2, 4, 9), (4,))[:-1] + [torch.ones(4, 9, dtype=torch.complex64)], n=NOT_A_COUNT[1:] + [0, 9])),
 })
 CASES = [(name, arg, i) for name, (_, _, bad) in COVERED.items() for arg, values in bad.items() for i in range(len(values))]

@@ -44,7 +44,7 @@ def test_theta_delta_attention_and_sign_flips(seed):
     mrp, S, R, W = context(seed)
     d, n, alpha, gamma = mrp.d, len(R), 0.5, mrp.gamma
     Z0 = build_prompt(mrp.phi[S], R, mrp.phi)
-    A, V_cur, V_tgt = theta_td_memory(d, W, alpha, gamma)
+    A, V_cur, V_tgt = theta_td_memory(d, W, alpha=alpha, gamma=gamma)
     probe = Z0.clone().expand(n, -1, -1).clone()
     probe[:, d, :n] = torch.eye(n, dtype=torch.float64)
     S_read = attend_context(probe, A, probe[..., :n])[:, d]

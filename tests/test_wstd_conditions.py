@@ -30,7 +30,7 @@ def test_two_head_linear_td_any_signs(seed, n, d, q, gamma, step):
     "Proposition 1c: the shifted-kernel head minus a uniform head is batch linear TD on U(-1, 1) features, every iterate."
     rng = np.random.default_rng(seed)
     phi, R, Q = rng.uniform(-1, 1, (n + 1, d)), rng.uniform(-1, 1, n), rng.uniform(-1, 1, (q, d))
-    two = two_head_linear_td(phi, R, step / d, gamma, 60, Q, return_all=True)
+    two = two_head_linear_td(phi, R, alpha=step / d, gamma=gamma, n_iters=60, phi_queries=Q, return_all=True)
     lin = batch_linear_td(phi, R, step / d, gamma, 60, Q, return_all=True)
     assert rel_gap(two, lin) < 1e-12
 

@@ -66,7 +66,7 @@ def test_tabular_td_contracts_to_certainty_equivalence(seed, n_states, n, gamma,
     "Batch tabular TD's max-norm error to the CE value shrinks by at least 1 - alpha (1 - gamma) per iteration."
     rng = np.random.default_rng(seed)
     S, R = torch.from_numpy(rng.integers(0, n_states, n + 1)), torch.from_numpy(rng.uniform(-1, 1, n))
-    err = (batch_tabular_td(S, R, n_states, alpha, gamma, 40, return_all=True) - certainty_equivalence(S, R, n_states, gamma)).abs().amax(-1)
+    err = (batch_tabular_td(S, R, n_states, alpha=alpha, gamma=gamma, n_iters=40, return_all=True) - certainty_equivalence(S, R, n_states, gamma)).abs().amax(-1)
     assert (err[1:] <= (1 - alpha * (1 - gamma)) * err[:-1] + 1e-13).all()
 
 def random_context(rng, n, d, q):
@@ -94,11 +94,11 @@ def test_batch_equals_loop(seed, B, n, d, q, gamma):
     S = rng.integers(0, 5, (B, n + 1))
     out = weighted_softmax_td(phis, Rs, Ws, 0.3, gamma, 8, Qs, return_all=True)
     lin = batch_linear_td(phis, Rs, 0.1, gamma, 8, Qs)
-    tab = batch_tabular_td(S, Rs, 5, 0.5, gamma, 8)
+    tab = batch_tabular_td(S, Rs, 5, alpha=0.5, gamma=gamma, n_iters=8)
     for b in range(B):
         assert rel_gap(out[b], weighted_softmax_td(phis[b], Rs[b], Ws[b], 0.3, gamma, 8, Qs[b], return_all=True)) < 1e-13
         assert rel_gap(lin[b], batch_linear_td(phis[b], Rs[b], 0.1, gamma, 8, Qs[b])) < 1e-13
-        assert rel_gap(tab[b], batch_tabular_td(S[b], Rs[b], 5, 0.5, gamma, 8)) < 1e-13
+        assert rel_gap(tab[b], batch_tabular_td(S[b], Rs[b], 5, alpha=0.5, gamma=gamma, n_iters=8)) < 1e-13
 
 @SETTINGS
 @given(seed=seeds, n=st.integers(1, 15), d=st.integers(1, 4), shift=st.floats(-1e3, 1e3))

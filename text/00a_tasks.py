@@ -68,6 +68,18 @@ class TaskBatch:
 
     def __len__(self): return self.P.shape[0]
 
+    def to(self, device=None, dtype=None)->TaskBatch:
+        "The batch with every tensor on `device` and in the floating `dtype` (None: unchanged)."
+        return self.map(lambda x: x.to(device=device, dtype=dtype))
+
+    def __getitem__(self, idx):
+        "Task `idx` as an `MRP` for an integer; a `TaskBatch` of the selected tasks for a slice, a list or a tensor of indices."
+        if isinstance(idx, (int, np.integer)) or (isinstance(idx, torch.Tensor) and idx.ndim == 0 and not idx.is_floating_point()):
+            i = int(idx)
+            if not -len(self) <= i < len(self): raise IndexError(f"task {i} of a batch of {len(self)}")
+            return MRP(self.P[i], self.r[i], self.gamma, self.phi[i], device=self.P.device, dtype=self.P.dtype)
+        return self.map(lambda x: x[idx])
+
     def map(self, fn)->TaskBatch:
         "The batch with `fn` applied to each of its tensors (P, r, phi, d_pi, v_pi): to move it to a device, or take a slice."
         return TaskBatch(*(fn(getattr(self, k)) for k in TASK_FIELDS), self.gamma)

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import torch
 from ictd.boyan import as_tensor, check_gamma
-from ictd.core import check_bool, check_int, check_number, check_work, chunk_rows, memory_path
+from ictd.core import check_bool, check_int, check_number, check_work, chunk_rows, memory_path, moved_to_keywords
 
 # %%
 #| hide
@@ -863,8 +863,10 @@ _ = record_claim("positivity-necessary", "With a nonnegative per-target weight, 
 
 # %%
 #| export
+@moved_to_keywords("alpha", "gamma", "n_iters", "phi_queries", "return_all")
 def two_head_linear_td(phi_states,         # (..., n+1, d) features of S_0..S_n, any signs
                        rewards,            # (..., n) rewards, rewards[..., k-1] = R_k
+                       *,
                        alpha:float,        # step size
                        gamma:float,        # discount factor in [0, 1)
                        n_iters:int,        # number of iterations (layers)
@@ -902,7 +904,7 @@ for r in map(np.random.default_rng, np.random.SeedSequence(1000).spawn(100)):   
     n, d, q = int(r.integers(1, 41)), int(r.integers(1, 6)), int(r.integers(0, 4))
     phi, R, Q = r.uniform(-1, 1, (n + 1, d)), r.uniform(-1, 1, n), r.uniform(-1, 1, (q, d))
     a, g = r.uniform(0.05, 1) / d, r.uniform(0, 0.99)
-    v_two = two_head_linear_td(phi, R, a, g, 60, Q, return_all=True)
+    v_two = two_head_linear_td(phi, R, alpha=a, gamma=g, n_iters=60, phi_queries=Q, return_all=True)
     v_lin = batch_linear_td(phi, R, a, g, 60, Q, return_all=True)
     test_close(v_two, v_lin, eps=1e-12)
     worst2, largest2 = max(worst2, (v_two - v_lin).abs().max().item()), max(largest2, v_lin.abs().max().item())
@@ -913,8 +915,8 @@ assert worst2 < 1e-12
 print(f"largest |v| {largest2:.1f}, largest difference below 1e-12; "
       f"first head alone: median relative gap {np.median(without):.2f}")
 phis_s, Rs_s, Qs_s = rng.uniform(-1, 1, (32, 21, 4)), rng.uniform(-1, 1, (32, 20)), rng.uniform(-1, 1, (32, 2, 4))
-test_close(two_head_linear_td(phis_s, Rs_s, 0.1, 0.9, 80, Qs_s), batch_linear_td(phis_s, Rs_s, 0.1, 0.9, 80, Qs_s), eps=1e-12)
-test_fail(lambda: two_head_linear_td(phis_s, Rs_s, 0.1, 1.0, 5), contains="`gamma` must lie in [0, 1)")
+test_close(two_head_linear_td(phis_s, Rs_s, alpha=0.1, gamma=0.9, n_iters=80, phi_queries=Qs_s), batch_linear_td(phis_s, Rs_s, 0.1, 0.9, 80, Qs_s), eps=1e-12)
+test_fail(lambda: two_head_linear_td(phis_s, Rs_s, alpha=0.1, gamma=1.0, n_iters=5), contains="`gamma` must lie in [0, 1)")
 _ = record_claim("two-head-linear-td", "Two heads (a shifted-kernel softmax head and a uniform head) give batch linear TD for any features (Proposition 1.3).",
              "proved", "weighted_softmax_td", "#when-some-inner-products-are-negative")
 
@@ -1095,9 +1097,11 @@ def _tabular_context(states, rewards, n_states):
 
 # %%
 #| export
+@moved_to_keywords("alpha", "gamma", "n_iters", "return_all")
 def batch_tabular_td(states,           # (..., n+1) integer states S_0..S_n
                      rewards,          # (..., n) rewards, rewards[..., k-1] = R_k
                      n_states:int,     # number of states s
+                     *,
                      alpha:float,      # step size
                      gamma:float,      # discount factor in [0, 1)
                      n_iters:int,      # number of iterations
@@ -1210,7 +1214,7 @@ def tabular_gap(states, rewards, n_states, betas, alpha, gamma, n_iters):
     I = torch.eye(n_states, dtype=torch.float64)
     Ws = torch.as_tensor(betas, dtype=torch.float64)[:, None, None] * I            # one W per beta: a batch of 1 context and len(betas) score matrices
     soft = weighted_softmax_td(I[states], rewards, Ws, alpha, gamma, n_iters, return_all=True)
-    tab = batch_tabular_td(states, rewards, n_states, alpha, gamma, n_iters, return_all=True)
+    tab = batch_tabular_td(states, rewards, n_states, alpha=alpha, gamma=gamma, n_iters=n_iters, return_all=True)
     return (soft - tab[:, states]).abs().amax((-2, -1)).numpy()
 
 def context_leaving_every_target(mrp, n, seed):
@@ -1359,7 +1363,7 @@ for S, R in contexts:
     phi = torch.eye(8, dtype=torch.float64)[S]
     Ws = torch.tensor([3., 40.], dtype=torch.float64)[:, None, None] * torch.eye(8, dtype=torch.float64)
     test_close(weighted_softmax_td(phi, R, Ws, 0.8, 0.9, 600), ce[S].expand(2, -1), eps=1e-10)
-    test_close(batch_tabular_td(S, R, 8, 0.8, 0.9, 600)[S], ce[S], eps=1e-10)
+    test_close(batch_tabular_td(S, R, 8, alpha=0.8, gamma=0.9, n_iters=600)[S], ce[S], eps=1e-10)
 
 # %% [markdown]
 # Without the hypothesis the certainty-equivalence value is still a fixed point (the equation of a
@@ -1963,7 +1967,7 @@ big = torch.zeros(10**5 + 1, 4, dtype=torch.float64)   # n = 10^5: the dense wei
 test_fail(lambda: weighted_softmax_td(big, big[1:, 0], I4, 0.5, 0.9, 1, method="dense"), contains="weights of the dense path would need about")
 test_fail(lambda: weighted_softmax_td(big, big[1:, 0], None, 0.5, 0.9, 1, score=lambda k, x: k @ x.mT), contains="instead of a `score` function")
 test_fail(lambda: context_weights(big, I4), contains="method='streamed'")
-test_fail(lambda: two_head_linear_td(big, big[1:, 0], 0.5, 0.9, 1), contains="`batch_linear_td` computes the same values")
+test_fail(lambda: two_head_linear_td(big, big[1:, 0], alpha=0.5, gamma=0.9, n_iters=1), contains="`batch_linear_td` computes the same values")
 test_fail(lambda: weighted_softmax_td(phi_a, R_a, I4, 0.5, 0.9, 1, method="sparse"), contains="`method` must be one of")
 
 # %% [markdown]
@@ -1998,9 +2002,9 @@ for flag in ("return_all", "centred"):     # a string such as "False" is truthy:
 # %%
 Ss = torch.from_numpy(np.random.default_rng(2).integers(0, 6, (5, 16)))
 Rs = torch.from_numpy(np.random.default_rng(3).uniform(-1, 1, (5, 15)))
-test_eq(batch_tabular_td(Ss, Rs, 6, 0.5, 0.9, 30, return_all=True).shape, (5, 31, 6))
+test_eq(batch_tabular_td(Ss, Rs, 6, alpha=0.5, gamma=0.9, n_iters=30, return_all=True).shape, (5, 31, 6))
 for b in range(5):
-    test_close(batch_tabular_td(Ss, Rs, 6, 0.5, 0.9, 30)[b], batch_tabular_td(Ss[b], Rs[b], 6, 0.5, 0.9, 30),
+    test_close(batch_tabular_td(Ss, Rs, 6, alpha=0.5, gamma=0.9, n_iters=30)[b], batch_tabular_td(Ss[b], Rs[b], 6, alpha=0.5, gamma=0.9, n_iters=30),
                eps=1e-14)
     test_close(certainty_equivalence(Ss, Rs, 6, 0.9)[b], certainty_equivalence(Ss[b], Rs[b], 6, 0.9), eps=1e-13)
 for msg, kw in {"`states` must lie in 0..5": dict(states=[0, 6, 1]),

@@ -4,9 +4,10 @@
 # %%
 #| export
 from __future__ import annotations
+from dataclasses import dataclass
 import torch
 from ictd.boyan import as_tensor
-from ictd.core import check_broadcast, check_int
+from ictd.core import check_broadcast, check_floating, check_int, moved_to_keywords
 
 # %%
 #| hide
@@ -131,16 +132,19 @@ def _check_features(x:torch.Tensor, name:str, min_rows:int=0)->None:
 def build_prompt(phi_states,        # (..., n + 1, d) features of S_0..S_n (n >= 1 transitions)
                  rewards,           # (..., n) rewards, rewards[k-1] = R_k
                  phi_queries=None,  # (..., q, d) query features, or (..., d) for one query per prompt; None: no query column
-                )->torch.Tensor:    # (..., d + 2, n + 1 + q) prompt Z_0: features, reward and value-memory rows; carries n as `Z.n_context`
+                 *,
+                 device=None,       # device of the prompt; default: that of `phi_states`
+                 dtype=None,        # floating dtype of the prompt; default: the inputs' promoted dtype (float64 for numpy and lists)
+                )->torch.Tensor:    # (..., d + 2, n + 1 + q) prompt Z_0: features, reward and value-memory rows; carries n as `Z.n_context` (see `Prompt`)
     "Write a trajectory and query states into the prompt matrix $Z_0$: features, reward and value-memory rows."
-    phi_states = as_tensor(phi_states, "phi_states")
-    rewards = as_tensor(rewards, "rewards", device=phi_states.device)
+    phi_states = as_tensor(phi_states, "phi_states", dtype, device)
+    rewards = as_tensor(rewards, "rewards", dtype, device=phi_states.device)
     _check_features(phi_states, "phi_states", min_rows=2)
     n, d = phi_states.shape[-2] - 1, phi_states.shape[-1]
     if rewards.ndim < 1 or rewards.shape[-1] != n:
         raise ValueError(f"`rewards` must have shape (..., n) with n = {n} (one fewer than the states of `phi_states`), got {tuple(rewards.shape)}")
     if phi_queries is None: phi_queries = phi_states.new_zeros(phi_states.shape[:-2] + (0, d))
-    phi_queries = as_tensor(phi_queries, "phi_queries", device=phi_states.device)
+    phi_queries = as_tensor(phi_queries, "phi_queries", dtype, device=phi_states.device)
     if phi_queries.ndim == phi_states.ndim - 1: phi_queries = phi_queries.unsqueeze(-2)
     _check_features(phi_queries, "phi_queries")
     if phi_queries.shape[-1] != d: raise ValueError(f"`phi_queries` must have last dimension d = {d} like `phi_states`, got {tuple(phi_queries.shape)}")
@@ -201,7 +205,9 @@ assert not hasattr(Z[..., :-1], "n_context") and not hasattr(Z.float(), "n_conte
 
 # %%
 #| export
+@moved_to_keywords("n", "ax", "title")
 def plot_prompt(Z:torch.Tensor,   # (d + 2, n + 1 + q) prompt
+                *,
                 n:int,            # number of context transitions
                 ax=None,          # matplotlib axes; default: a new figure
                 title="The prompt $Z_0$",  # axes title
@@ -235,7 +241,7 @@ def plot_prompt(Z:torch.Tensor,   # (d + 2, n + 1 + q) prompt
 small = random_boyan_chain(seed=3)
 st, rw = sample_trajectory(small, 12, seed=3)
 Zs = build_prompt(small.phi[st], rw, small.phi[[0, 4, 9]])
-ax = plot_prompt(Zs, 12, title="Prompt of a 12-transition Boyan-chain context with query states 0, 4, 9")
+ax = plot_prompt(Zs, n=12, title="Prompt of a 12-transition Boyan-chain context with query states 0, 4, 9")
 test_fig_exists(ax)
 
 # %% [markdown]
@@ -265,12 +271,166 @@ test_fig_exists(ax)
 #
 # The attribute lives on that tensor object only: slicing, stacking, `.to()` to another dtype or
 # device, or a round trip through numpy return a plain tensor without it, and then `n` must be
-# passed.
+# passed. The attribute is kept for one release for the chapters that read it; new code passes a
+# `Prompt` (below), which carries $n$ through all of these.
 
 # %%
 phi = torch.tensor([[1., 0.], [0., 1.], [1., 1.], [2., 0.]], dtype=torch.float64)  # the hand-sized example's S_0..S_3
 R = torch.tensor([0.5, -1., 2.], dtype=torch.float64)
 Z = build_prompt(phi, R, torch.tensor([[3., 3.], [0., -1.]], dtype=torch.float64))
+
+
+# %% [markdown]
+# ### A `Prompt`: the matrix and its $n$ together
+#
+# The attribute `Z.n_context` is lost by `.clone()`, `.float()`, `.to()`, `torch.stack` and numpy.
+# A `Prompt` keeps the two together as one value: a frozen dataclass holding the matrix `Z` and the
+# integer `n`, whose methods return new prompts with the same `n`. We chose a plain dataclass over a
+# tensor subclass on purpose: a subclass would have to decide, for each of torch's hundreds of
+# operations, whether the result is still a prompt (a slice of columns is not; a cast is), and any it
+# got wrong would carry a wrong $n$ silently. A dataclass supports only the operations that keep a
+# prompt a prompt (device and dtype moves, batch indexing, stacking and concatenation along batch
+# axes) and refuses the rest by not having them. `torch.stack` and `torch.cat` of prompts work too
+# (through `__torch_function__`) and refuse prompts of different $n$. The softmax models of chapters 3 to 4a
+# accept a `Prompt` in `predict` and `forward` in place of `(Z, n)`, and `forward` returns one; plain tensors
+# with an explicit `n` keep working.
+
+# %%
+#| export
+def _batch_dim(dim, batch_ndim:int)->int:
+    "A stacking axis among the batch axes 0..`batch_ndim` (negative counts from the end of them), or a `ValueError` naming `dim`."
+    dim = check_int(dim, "dim", -batch_ndim - 1, high=batch_ndim,
+                    what=f"a batch axis in {-batch_ndim - 1}..{batch_ndim} (the last two axes of a prompt are its rows and columns)")
+    return dim % (batch_ndim + 1)
+
+@dataclass(frozen=True, eq=False)
+class Prompt:
+    "A prompt matrix and its number of context transitions, kept together through casts, moves and stacking."
+    Z:torch.Tensor   # (..., D, n + 1 + q) the prompt matrix (D = d + 2 rows for the book's models)
+    n:int            # number of context transitions: the columns 0..n-1 are keys, column n is the last state
+
+    def __post_init__(self):
+        Z = check_floating(self.Z, "Z")
+        if Z.ndim < 2: raise ValueError(f"`Z` must have shape (..., D, n + 1 + q), got {tuple(Z.shape)}")
+        N = Z.shape[-1]
+        n = check_int(self.n, "n", 1, high=N - 1, what=f"an integer in 1..{N - 1} (the columns of `Z` minus the last-state column)")
+        object.__setattr__(self, "Z", Z); object.__setattr__(self, "n", n)
+
+    @classmethod
+    def build(cls, phi_states, rewards, phi_queries=None, *, device=None, dtype=None)->Prompt:
+        "`build_prompt(phi_states, rewards, phi_queries, device=device, dtype=dtype)` as a `Prompt`."
+        Z = build_prompt(phi_states, rewards, phi_queries, device=device, dtype=dtype)
+        return cls(Z, Z.n_context)
+
+    @property
+    def q(self)->int: return self.Z.shape[-1] - self.n - 1   # number of query columns
+    @property
+    def shape(self)->torch.Size: return self.Z.shape
+    @property
+    def batch_shape(self)->torch.Size: return self.Z.shape[:-2]
+    @property
+    def dtype(self)->torch.dtype: return self.Z.dtype
+    @property
+    def device(self)->torch.device: return self.Z.device
+
+    @classmethod
+    def _of(cls, Z:torch.Tensor, n:int)->Prompt:
+        "A prompt from a model's own output and an `n` already checked: no second pass over the entries (an output may hold inf)."
+        p = object.__new__(cls)
+        object.__setattr__(p, "Z", Z); object.__setattr__(p, "n", n)
+        return p
+
+    def _with(self, Z:torch.Tensor)->Prompt:
+        if not Z.is_floating_point(): raise TypeError(f"a Prompt holds a floating tensor, got dtype {Z.dtype}")
+        return Prompt._of(Z, self.n)
+    def to(self, *args, **kwargs)->Prompt:
+        "The prompt with `Z.to(*args, **kwargs)` (a device, a floating dtype, or both) and the same `n`."
+        return self._with(self.Z.to(*args, **kwargs))
+    def double(self)->Prompt: return self._with(self.Z.double())
+    def float(self)->Prompt: return self._with(self.Z.float())
+    def cpu(self)->Prompt: return self._with(self.Z.cpu())
+    def clone(self)->Prompt: return self._with(self.Z.clone())
+    def detach(self)->Prompt: return self._with(self.Z.detach())
+    def __len__(self)->int:
+        if self.Z.ndim < 3: raise TypeError("len() of a single prompt (no batch axis)")
+        return self.Z.shape[0]
+
+    def __getitem__(self, idx)->Prompt:
+        "The prompts at `idx` along the batch axes (an index that reaches the rows or columns is refused)."
+        if self.Z.ndim < 3: raise IndexError("a single prompt has no batch axis to index (index `Z` itself for its entries)")
+        idx = idx if isinstance(idx, tuple) else (idx,)
+        if any(i is Ellipsis or i is None for i in idx) or len(idx) > self.Z.ndim - 2:
+            raise IndexError(f"a Prompt is indexed along its {self.Z.ndim - 2} batch axes only, got {idx!r}")
+        return self._with(self.Z[idx])
+
+    @classmethod
+    def stack(cls, prompts, dim:int=0)->Prompt:
+        "Prompts of one shape and one `n` stacked along a new batch axis `dim`."
+        return cls._join(torch.stack, prompts, dim, new=True)
+
+    @classmethod
+    def cat(cls, prompts, dim:int=0)->Prompt:
+        "Prompts of one `n` concatenated along the existing batch axis `dim`."
+        return cls._join(torch.cat, prompts, dim, new=False)
+
+    @classmethod
+    def _join(cls, fn, prompts, dim, new:bool)->Prompt:
+        prompts = list(prompts)
+        if not prompts or not all(isinstance(p, Prompt) for p in prompts): raise TypeError("`prompts` must be a non-empty list of Prompt")
+        if len({p.n for p in prompts}) > 1: raise ValueError(f"`prompts` must share one n, got n = {sorted({p.n for p in prompts})}")
+        batch = prompts[0].Z.ndim - 2
+        if not new and batch == 0: raise ValueError("`prompts` without a batch axis cannot be concatenated: stack them")
+        d = _batch_dim(dim, batch if new else batch - 1)
+        return Prompt._of(fn([p.Z for p in prompts], d), prompts[0].n)
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        "`torch.stack` and `torch.cat` of prompts give a prompt; other torch functions do not take one."
+        joins = {torch.stack: cls.stack, torch.cat: cls.cat}
+        if func not in joins: return NotImplemented
+        return joins[func](*args, **(kwargs or {}))
+
+    def __repr__(self): return f"Prompt(shape={tuple(self.Z.shape)}, n={self.n}, q={self.q}, dtype={self.dtype}, device={self.device})"
+
+def as_prompt(Z,        # a `Prompt`, or a (..., D, N) tensor
+              n=None,   # number of context transitions: required for a plain tensor; must agree with a `Prompt`'s
+             )->Prompt:
+    "`Z` as a `Prompt`: a `Prompt` passes (an `n` that contradicts it is refused), a tensor needs `n` (or the legacy `Z.n_context`)."
+    if isinstance(Z, Prompt):
+        if n is not None and check_int(n, "n", 1) != Z.n: raise ValueError(f"`n` = {n} contradicts the prompt, which has n = {Z.n}")
+        return Z
+    carried = getattr(Z, "n_context", None)
+    if n is None and carried is None:
+        raise ValueError("`n` must be given: `Z` does not carry its number of context transitions "
+                         "(pass a `Prompt`, made by `Prompt.build` or `Prompt(Z, n)`)")
+    if carried is not None and n is not None and check_int(n, "n", 1) != carried:
+        raise ValueError(f"`n` = {n} contradicts the prompt, which was built with `Z.n_context` = {carried}")
+    return Prompt(Z, carried if n is None else n)
+
+
+# %%
+show_doc(Prompt)
+
+# %% [markdown]
+# A prompt built by `Prompt.build` keeps its $n$ through a move to float32, a copy, and stacking;
+# a model reads $n$ from it, so the call needs no `n`:
+
+# %%
+P1 = Prompt.build(phi, R, torch.tensor([[3., 3.], [0., -1.]], dtype=torch.float64))
+test_eq((P1.n, P1.q, P1.shape), (3, 2, (4, 6)))
+test_eq(P1.Z, Z)
+batch = torch.stack([P1.float(), P1.clone().float()])
+test_eq((batch.n, batch.shape, batch.dtype), (3, (2, 4, 6), torch.float32))
+test_eq((batch[1].n, batch.double().dtype, batch.to("cpu").n), (3, torch.float64, 3))
+test_eq(Prompt.cat([batch, batch]).shape, (4, 4, 6))
+test_fail(lambda: Prompt.stack([P1, Prompt(Z, 2)]), contains="`prompts` must share one n")
+test_fail(lambda: Prompt(Z, 6), contains="`n` must be an integer in 1..5")
+test_fail(lambda: batch[..., 0], contains="batch axes only")
+test_eq(as_prompt(Z).n, 3)
+test_fail(lambda: as_prompt(Z.clone()), contains="`n` must be given")
+test_fail(lambda: as_prompt(P1, n=2), contains="contradicts the prompt")
+test_eq(build_prompt(phi, R, device="cpu", dtype=torch.float32).dtype, torch.float32)
+print(P1)
 
 # %% [markdown]
 # A single query may be given as a vector, no query at all as `None`, and numpy input becomes a
@@ -313,8 +473,8 @@ for msg, args in bad.items(): test_fail(lambda: build_prompt(*args), contains=ms
 # `plot_prompt` draws one prompt, not a batch, with a number of context transitions it can hold:
 
 # %%
-test_fail(lambda: plot_prompt(Zb, n), contains="`Z` must be one prompt")
-for bad_n in (0, Zb.shape[-1], 2.5, "3", None): test_fail(lambda: plot_prompt(Zb[0, 0], bad_n), contains="`n` must be an integer in 1..")
+test_fail(lambda: plot_prompt(Zb, n=n), contains="`Z` must be one prompt")
+for bad_n in (0, Zb.shape[-1], 2.5, "3", None): test_fail(lambda: plot_prompt(Zb[0, 0], n=bad_n), contains="`n` must be an integer in 1..")
 
 # %%
 #| hide

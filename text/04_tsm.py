@@ -13,9 +13,9 @@ from ictd.boyan import as_tensor, check_gamma, random_boyan_chain, sample_trajec
 from ictd.prompt import build_prompt
 from ictd.wstd import weighted_softmax_td, context_weights
 from IPython.display import Markdown
-from ictd.core import record_claim, substream
+from ictd.core import moved_to_keywords, record_claim, substream
 from ictd.model import *
-from ictd.model import torch_generator, token_rows, xavier_param, carry_context
+from ictd.model import torch_generator, token_rows, xavier_param, carry_context, as_output
 
 
 # %% [markdown]
@@ -165,9 +165,10 @@ class SingleHeadTSMLayer(nn.Module):
                 n=None,              # number of context transitions; default `Z.n_context`
                )->torch.Tensor:      # (..., d + 2, N) next prompt
         "$Z + V\\,\\mathrm{TSM}_{\\mathcal C}(Z)\\, S$ with the attention S of `A` on `Z`."
+        given = Z
         Z, n = check_prompt(Z, self.d, n)
         A, V = self.A.to(Z), self.V.to(Z)
-        return carry_context(Z + attend_context(Z, A, (V @ temporal_shift(Z, n, self.channels))[..., :n]), n)
+        return as_output(Z + attend_context(Z, A, (V @ temporal_shift(Z, n, self.channels))[..., :n]), n, given)
 
 
 # %%
@@ -424,8 +425,10 @@ test_eq(T3[d + 2, 12:], torch.zeros(3, dtype=torch.float64))
 
 # %%
 #| export model
+@moved_to_keywords("alpha", "gamma")
 def theta_td_memory(d:int,         # feature dimension
                     W,             # (d, d) score matrix of g(x, y) = phi(x)^T W phi(y)
+                    *,
                     alpha:float,   # step size of the TD iteration
                     gamma:float,   # discount factor in [0, 1)
                    )->tuple:       # (A, V_cur, V_tgt), each (d + 2, d + 2), in the dtype of `W`
@@ -465,7 +468,7 @@ class ShiftAfterAttentionICTD(SoftmaxICTD):
     Layer, update = ShiftAfterAttentionLayer, staticmethod(shift_after_update)
 
     construction = staticmethod(theta_td_memory)
-    from_theta_td_memory = SoftmaxICTD.__dict__["from_theta_star"]   # the same constructor: every layer carries theta_td_memory(d, W, alpha, gamma)
+    from_theta_td_memory = SoftmaxICTD.__dict__["from_theta_star"]   # the same constructor: every layer carries theta_td_memory(d, W, alpha=alpha, gamma=gamma)
 
 
 # %%
@@ -594,7 +597,7 @@ for name, params, layer_cls in (
     ),
     (
         "theta_delta in chapter 3's form",
-        theta_td_memory(4, W5, 0.5, mrp5.gamma),
+        theta_td_memory(4, W5, alpha=0.5, gamma=mrp5.gamma),
         DualHeadSoftmaxLayer,
     ),
 ):
@@ -618,7 +621,7 @@ print(
 # %%
 #| code-fold: true
 #| code-summary: "Code of the check"
-A5, Vc5, Vt5 = theta_td_memory(4, W5, 0.5, mrp5.gamma)
+A5, Vc5, Vt5 = theta_td_memory(4, W5, alpha=0.5, gamma=mrp5.gamma)
 probe = Z5.clone().expand(30, -1, -1).clone()
 probe[:, 4, :30] = torch.eye(30, dtype=torch.float64)  # row d of prompt b: e_b over the keys
 H5 = attend_context(probe, A5, probe[..., :30])[:, 4]  # (key b, column j): attention S[b, j]
@@ -697,7 +700,7 @@ Zq = build_prompt(torch.zeros(11, 4), torch.ones(10), torch.zeros(3, 4))
 test_eq(m_after.predict(Zq).shape, (3,))
 test_fail(lambda: m_after.predict(Zq.clone()), contains="`n` must be given")
 test_fail(lambda: ShiftAfterAttentionICTD(4, 0), contains="`n_layers` must be a positive integer")
-test_fail(lambda: theta_td_memory(4, torch.eye(4), 0.5, 1.), contains="`gamma` must lie in [0, 1)")
+test_fail(lambda: theta_td_memory(4, torch.eye(4), alpha=0.5, gamma=1.), contains="`gamma` must lie in [0, 1)")
 
 # %%
 #| hide

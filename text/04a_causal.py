@@ -12,7 +12,7 @@ from ictd.boyan import as_tensor, check_gamma, weighted_error
 from ictd.wstd import context_tensors
 from ictd.prompt import build_prompt
 from ictd.model import check_prompt, torch_generator, token_rows, xavier_param, carry_context, PromptLayer, SoftmaxICTD
-from ictd.core import check_number, check_type, run_stream
+from ictd.core import check_number, check_type, check_work, moved_to_keywords, run_stream
 from ictd.tasks import Contexts
 from ictd.engine import Family, PretrainConfig, held_out_tasks, register_family, tuning_config
 
@@ -260,18 +260,24 @@ def build_causal_prompt(phi_states,          # (..., n + 1, d) features of S_0..
                         rewards,             # (..., n) rewards, rewards[..., k - 1] = R_k
                         phi_queries=None,    # (..., q, d), (..., d) or None
                         order:str="forward", # "forward": S_0..S_n; "reversed": S_n..S_0; the queries last in both
-                       )->torch.Tensor:      # (..., d + 2, n + 1 + q), carrying n as `Z.n_context`
+                        *,
+                        device=None,         # device of the prompt; default that of `phi_states`
+                        dtype=None,          # floating dtype; default the inputs' (as `build_prompt`)
+                       )->torch.Tensor:      # (..., d + 2, n + 1 + q); `Prompt(Z, n)` keeps n through casts and stacking
     "The prompt of a decoder: each reward in the token that completes its transition, the queries last."
     _choice(order, ("forward", "reversed"), "order")
-    Z = build_prompt(phi_states, rewards, phi_queries)
-    n, d = Z.n_context, Z.shape[-2] - 2
+    Z = build_prompt(phi_states, rewards, phi_queries, device=device, dtype=dtype)
+    n, d = causal_context_length(phi_states), Z.shape[-2] - 2
     out = Z.clone()
     if order == "forward":
         out[..., d, 0] = 0.
         out[..., d, 1:n + 1] = Z[..., d, :n]
     else: out[..., :, :n + 1] = Z[..., :, :n + 1].flip(-1)
-    out.n_context = n
-    return out
+    return carry_context(out, n)
+
+def causal_context_length(phi_states)->int:
+    "The number n of transitions of a context of n + 1 states (..., n + 1, d), read from its shape."
+    return as_tensor(phi_states, "phi_states").shape[-2] - 1
 
 
 # %%
@@ -279,7 +285,7 @@ show_doc(build_causal_prompt)
 
 # %%
 Zc = build_causal_prompt(phi[:4], rw[:3], mrp.phi[7])
-test_eq(Zc.shape, (6, 5)); test_eq(Zc.n_context, 3)
+test_eq(Zc.shape, (6, 5)); test_eq(check_prompt(Zc, 4)[1], 3)
 test_eq(Zc[4].tolist(), [0.] + rw[:3].tolist() + [0.])
 test_eq(Zc[:4, :4], phi[:4].T); test_eq(Zc[:4, 4], mrp.phi[7]); test_eq(Zc[5].abs().sum().item(), 0.)
 Zr = build_causal_prompt(phi[:4], rw[:3], mrp.phi[7], order="reversed")
@@ -339,10 +345,9 @@ def causal_keys(N:int,          # number of columns
 # %%
 test_eq(causal_keys(6, 3).sum(0).tolist(), [0, 1, 2, 3, 3, 3])
 
+
 # %%
 #| export
-MAX_DENSE_BYTES = 2 ** 31   # the most bytes the matrices of one `causal_attention` call may take
-
 def causal_attention(Z:torch.Tensor,  # (..., D, N) prompt
                      A:torch.Tensor,  # (..., 2D, D) score matrix on (shifted tokens, tokens)
                      lam,             # (...) positional bias lambda
@@ -351,10 +356,8 @@ def causal_attention(Z:torch.Tensor,  # (..., D, N) prompt
     "(..., N, N) S[i, j]: softmax over the keys of column j of $T_i^\\top A Z_j + \\lambda \\log i$ (zero columns where there is no key)."
     N, lam = Z.shape[-1], torch.as_tensor(lam, dtype=Z.dtype, device=Z.device)
     size = math.prod(torch.broadcast_shapes(Z.shape[:-2], A.shape[:-2], lam.shape)) * N * N * Z.element_size()
-    if size > MAX_DENSE_BYTES:
-        raise ValueError(f"`Z` of shape {tuple(Z.shape)}: its attention matrices would take {size / 2 ** 30:.1f} GiB, "
-                         f"above MAX_DENSE_BYTES = {MAX_DENSE_BYTES / 2 ** 30:g} GiB; the model's forward pass never "
-                         "builds them (O(N) memory)")
+    check_work(size, "bytes", f"the attention matrices of `Z` of shape {tuple(Z.shape)}",
+               "the model's forward pass never builds them (O(N) memory); call it instead, or pass fewer prompts")
     return _attention(torch.cat([Z, previous_token(Z)], -2), Z, A, lam, n)
 
 def _attention(T, Z, A, lam, n:int)->torch.Tensor:
@@ -439,16 +442,16 @@ for N_upd, n_upd in ((8, 5), (40, 30), (3, 1)):
     fused_upd = causal_update(Z_upd, A_upd, V_upd, U_upd, 0.7, n_upd)
     test_close(fused_upd, dense_upd, eps=1e-12 * dense_upd.abs().max().item())
 
+
 # %% [markdown]
 # A layer's work still grows like $N n$ (`causal_work` counts it; the estimates below are for $d = 4$ and three layers).
 # The model estimates the work of a forward pass before it starts and
-# refuses one above `MAX_WORK` multiply-adds, naming the prompt and the estimate; `causal_attention`, which builds
-# the matrix, refuses one whose matrices would exceed `MAX_DENSE_BYTES`.
+# refuses one above the book's one limit on multiply-adds, `WORK_LIMITS['multiply_adds']` of
+# [appendix A](core.html), naming the prompt and the estimate; `causal_attention`, which builds the matrix,
+# refuses one whose matrices would exceed `WORK_LIMITS['bytes']`. Both go through `check_work`, the one checker.
 
 # %%
 #| export
-MAX_WORK = 1e12   # the most multiply-adds a decoder's forward pass may take (minutes on one CPU thread)
-
 def causal_work(shape:tuple,    # (..., D, N) shape of the prompt
                 n:int,          # number of context transitions
                 n_layers:int=1, # number of layers
@@ -459,13 +462,10 @@ def causal_work(shape:tuple,    # (..., D, N) shape of the prompt
     return math.prod(batch) * n_layers * keys * (2 * D + 1)
 
 def check_causal_work(Z:torch.Tensor, n:int, n_layers:int=1):
-    "Refuse (a `ValueError` naming `Z`) a forward pass whose `causal_work` is above `MAX_WORK`."
-    work = causal_work(tuple(Z.shape), n, n_layers)
-    if work > MAX_WORK:
-        raise ValueError(f"`Z` of shape {tuple(Z.shape)} with n = {n} needs about {work:.1e} "
-                         f"multiply-adds in {n_layers} causal layer(s), above MAX_WORK = {MAX_WORK:.0e} "
-                         "(hours on one CPU thread): use a shorter context or fewer prompts per call, "
-                         "or raise ictd.causal.MAX_WORK")
+    "Refuse (a `ValueError` naming `Z`) a forward pass whose `causal_work` is above `WORK_LIMITS['multiply_adds']`."
+    check_work(causal_work(tuple(Z.shape), n, n_layers), "multiply_adds",
+               f"`Z` of shape {tuple(Z.shape)} with n = {n} in {n_layers} causal layer(s)",
+               "use a shorter context or fewer prompts per call (hours on one CPU thread)")
 
 
 # %%
@@ -476,7 +476,7 @@ Z_huge = torch.zeros(6, 1, dtype=torch.float64).expand(6, 10 ** 6 + 11)   # a vi
 test_fail(lambda: check_causal_work(Z_huge, 10 ** 6, 3), contains="`Z` of shape (6, 1000011) with n")
 A_0 = torch.zeros(12, 6, dtype=torch.float64)
 test_fail(lambda: causal_attention(Z_huge[:, :10 ** 5], A_0, 0., 10 ** 5 - 1),
-          contains="`Z` of shape (6, 100000): its attention matrices would take")
+          contains="the attention matrices of `Z` of shape (6, 100000) would need about")
 
 
 # %% [markdown]
@@ -494,8 +494,10 @@ test_fail(lambda: causal_attention(Z_huge[:, :10 ** 5], A_0, 0., 10 ** 5 - 1),
 
 # %%
 #| export
+@moved_to_keywords("alpha", "gamma", "current", "order")
 def theta_causal(d:int,              # feature dimension
                  W,                  # (d, d) score matrix
+                 *,
                  alpha:float,        # step size
                  gamma:float,        # discount factor in [0, 1)
                  current:str="key",  # "key" or "self" (see `prefix_softmax_td`)
@@ -594,7 +596,7 @@ class CausalSoftmaxICTD(SoftmaxICTD):
                         recency:float=0.,     # positional bias lambda
                         shared:bool=False):
         "The model whose every layer is one step of prefix softmax TD (`theta_causal`)."
-        model = cls.from_params(n_layers, *theta_causal(d, W, alpha, gamma, current, order), recency, shared=shared)
+        model = cls.from_params(n_layers, *theta_causal(d, W, alpha=alpha, gamma=gamma, current=current, order=order), recency, shared=shared)
         model.order = order
         return model
 
@@ -1131,8 +1133,7 @@ def stream_values(model,              # a `CausalSoftmaxICTD` built for the forw
                   phi_queries,        # (..., q, d) query features
                  )->torch.Tensor:     # (..., n, q): row t - 1 is the estimate after transition t
     "The query estimates of a decoder as the transitions of a context arrive one by one, with a KV cache."
-    Z = build_causal_prompt(phi_states, rewards, phi_queries)
-    n = Z.n_context
+    Z, n = build_causal_prompt(phi_states, rewards, phi_queries), causal_context_length(phi_states)
     cache = CausalCache(model, n, Z.shape[:-2], Z.dtype)
     out = []
     for t in range(n + 1):
@@ -1299,8 +1300,8 @@ test_fail(lambda: build_causal_prompt(phi[:4], rw[:3], order="none"), contains="
 test_fail(lambda: prefix_softmax_td(phi_r, R_r, W2, 0.7, 0.9, -1), contains="`n_iters` must be a non-negative integer")
 test_fail(lambda: prefix_softmax_td(phi_r, R_r, W2, float("nan"), 0.9, 3), contains="`alpha` must be finite")
 test_fail(lambda: prefix_weights(phi_r, torch.eye(3)), contains="`W` must have shape")
-test_fail(lambda: theta_causal(4, torch.eye(3), 1., 0.9), contains="`W` must have shape (4, 4)")
-test_fail(lambda: theta_causal(4, torch.eye(4), 1., 1.), contains="`gamma` must lie in [0, 1)")
+test_fail(lambda: theta_causal(4, torch.eye(3), alpha=1., gamma=0.9), contains="`W` must have shape (4, 4)")
+test_fail(lambda: theta_causal(4, torch.eye(4), alpha=1., gamma=1.), contains="`gamma` must lie in [0, 1)")
 test_fail(lambda: CausalSoftmaxLayer.from_params(torch.zeros(5, 3), torch.zeros(3, 6), torch.zeros(3, 3)), contains="`A` must have shape")
 test_fail(lambda: CausalCache(model_s, 5).prefill(torch.zeros(6, 1)), contains="`prefill` needs")
 for lam in (math.nan, math.inf, -math.inf, "1"):                       # a positional bias that is not a finite number

@@ -4,7 +4,7 @@
 # %%
 #| export
 from __future__ import annotations
-import datetime, errno, hashlib, io, json, math, os, platform, shutil, subprocess, sys, tempfile
+import datetime, errno, functools, hashlib, inspect, io, json, math, os, platform, shutil, subprocess, sys, tempfile, warnings
 from pathlib import Path
 import numpy as np
 import torch
@@ -146,13 +146,54 @@ def check_broadcast(**shapes)->tuple:
     raise ValueError(f"the batch dimensions of {named} do not broadcast")
 
 def check_device(device)->torch.device:
-    "`device` as a `torch.device` (None: CUDA when available, else the CPU), or a `ValueError` naming `device` if torch cannot use it."
-    if device is None: return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    "`device` as a `torch.device` (None: the CPU, the book's default everywhere; CUDA only when asked), or a `ValueError` naming `device` if torch cannot use it."
+    if device is None: return torch.device("cpu")
     try: dev = torch.device(device)
     except (RuntimeError, TypeError) as e: raise ValueError(f"`device` must be a torch device such as 'cpu' or 'cuda', got {device!r}") from None
     if dev.type == "cuda" and not torch.cuda.is_available(): raise ValueError(f"`device` is {device!r} but torch sees no CUDA GPU here")
     return dev
 
+
+# %% [markdown]
+# The library's conventions ([CONTRIBUTING.md](https://github.com/ictd/ictd/blob/main/CONTRIBUTING.md)) make the step
+# size, the discount, the depth and the context length keyword-only. A function that moves a name behind the `*`
+# keeps its old positional call working for one release: `moved_to_keywords` maps the extra positional arguments
+# onto the names in their old order and warns, naming the new form.
+
+# %%
+#| export
+def moved_to_keywords(*names:str):
+    "Decorator: the keyword-only `names` (in their old positional order) may still be passed by position for one release, with a `DeprecationWarning` naming the new form."
+    def wrap(fn):
+        params = inspect.signature(fn).parameters.values()
+        n_pos = sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            if len(args) > n_pos:
+                extra = args[n_pos:]
+                if len(extra) > len(names): raise TypeError(f"{fn.__name__}() takes {n_pos} positional arguments and the keywords {names}, got {len(args)} positional")
+                moved = dict(zip(names, extra))
+                if set(moved) & set(kwargs): raise TypeError(f"{fn.__name__}() got {sorted(set(moved) & set(kwargs))} both by position and by keyword")
+                new = ", ".join(f"{k}=..." for k in moved)
+                warnings.warn(f"{fn.__name__}: pass {new} by keyword; the positional form is deprecated and goes in the next release",
+                              DeprecationWarning, stacklevel=2)
+                args, kwargs = args[:n_pos], {**kwargs, **moved}
+            return fn(*args, **kwargs)
+        return call
+    return wrap
+
+
+# %%
+@moved_to_keywords("alpha", "gamma")
+def _step(x, *, alpha, gamma=0.5): return x + alpha * gamma
+test_eq(_step(1., alpha=2., gamma=0.25), 1.5)
+test_warns(lambda: test_eq(_step(1., 2., 0.25), 1.5))
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always"); _step(1., 2.)
+test_eq([str(w.message)[:40] for w in caught], ["_step: pass alpha=... by keyword; the po"])
+test_fail(lambda: _step(1., 2., 0.25, 3.), contains="takes 1 positional arguments")
+test_fail(lambda: _step(1., 2., alpha=2.), contains="both by position and by keyword")
+test_eq(list(inspect.signature(_step).parameters), ["x", "alpha", "gamma"])
 
 # %% [markdown]
 # Some work grows with its arguments faster than a reader expects: an attention matrix of $n \times m$ entries
@@ -164,15 +205,17 @@ def check_device(device)->torch.device:
 
 # %%
 #| export
-WORK_LIMITS = dict(bytes=4 * 2**30, steps=10**7)   # the most memory (bytes) and sequential steps a call plans before it refuses
+WORK_LIMITS = dict(bytes=4 * 2**30, steps=10**7, multiply_adds=10**12)   # the most memory (bytes), sequential steps and multiply-adds (hours on one CPU thread) a call plans before it refuses
 DENSE_BYTES = 2**30                                  # above this a dense n x m matrix makes `method='auto'` take the O(n) path
 CHUNK_BYTES = 2**26                                  # the most a streamed path holds at once (one chunk of scores, say)
 MEMORY_PATHS = ("auto", "dense", "streamed")
 
-def _amount(x:float, unit:str)->str: return f"{x / 2**30:.3g} GiB" if unit == "bytes" else f"{x:,.0f} {unit}"
+def _amount(x:float, unit:str)->str:
+    if unit == "bytes": return f"{x / 2**30:.3g} GiB"
+    return f"{x:.2g} multiply-adds" if unit == "multiply_adds" else f"{x:,.0f} {unit}"
 
 def check_work(amount:float,  # the estimate, in `unit`
-               unit:str,      # a key of `WORK_LIMITS`: 'bytes' or 'steps'
+               unit:str,      # a key of `WORK_LIMITS`: 'bytes', 'steps' or 'multiply_adds'
                what:str,      # what the work is, for the message, e.g. "the 100001 x 100001 attention weights"
                way_out:str,   # how to do without it, for the message
               )->float:       # `amount`
@@ -800,6 +843,7 @@ test_eq(check_bool(np.bool_(True), "centred"), True)
 for bad in ("False", 0, None): test_fail(lambda: check_bool(bad, "centred"), contains="`centred` must be a bool")
 test_fail(lambda: check_broadcast(phi_states=(3,), rewards=(4,)), contains="batch dimensions of `phi_states` (3,), `rewards` (4,) do not")
 test_eq(check_device("cpu"), torch.device("cpu"))
+test_eq(check_device(None), torch.device("cpu"))   # CUDA only when asked, even where it is present
 test_fail(lambda: check_device("gpu"), contains="`device` must be a torch device")
 test_fail(lambda: check_device(3.5), contains="`device` must be a torch device")
 if not torch.cuda.is_available(): test_fail(lambda: check_device("cuda"), contains="no CUDA GPU")
@@ -816,6 +860,8 @@ test_eq(check_work(WORK_LIMITS["steps"], "steps", "a rollout", "use a smaller ga
 horizon = math.ceil(math.log(1e-6) / math.log(0.9999999))     # the Monte-Carlo rollout at gamma = 0.9999999
 test_fail(lambda: check_work(horizon, "steps", "the rollout", "use a smaller `gamma`"),
           contains=f"the rollout would need about {horizon:,} steps, above the limit of 10,000,000 steps")
+test_fail(lambda: check_work(2e12, "multiply_adds", "the decoder's pass", "use a shorter context"),
+          contains="the decoder's pass would need about 2e+12 multiply-adds, above the limit of 1e+12 multiply-adds")
 test_fail(lambda: check_work(8e10, "bytes", "the weights", "use method='streamed'"), contains="about 74.5 GiB, above the limit of 4 GiB")
 test_fail(lambda: check_work(1, "seconds", "x", "y"), contains="`unit` must be one of")
 test_eq(memory_path("auto", DENSE_BYTES, "K", "-"), "dense")

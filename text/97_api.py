@@ -31,7 +31,7 @@ from nbdev.showdoc import *
 # | `sample_trajectory`, `msve` | one trajectory of an MRP; the stationary-weighted value error | [0](boyan.html) |
 # | `random_tasks`, `sample_trajectories` | many random chains and one trajectory of each, batched | [0a](tasks.html) |
 # | `weighted_softmax_td` | the algorithm: batch TD with softmax-kernel weights | [1](weighted_softmax_td.html) |
-# | `build_prompt` | the prompt of a context and its queries | [2](prompt.html) |
+# | `build_prompt`, `Prompt` | the prompt of a context and its queries; the prompt with its $n$, kept through casts and stacking | [2](prompt.html) |
 # | `SoftmaxICTD`, `theta_star` | the dual-head Transformer; the parameters under which it runs the algorithm | [3](dual_head.html) |
 # | `PretrainConfig`, `EMERGENCE` | the settings of a pretraining run; chapter 6a's configuration | [6](pretrain.html), [B](engine.html) |
 # | `pretrain_many` | multi-task TD pretraining of many seeds in one batched run | [6](pretrain.html) |
@@ -41,7 +41,7 @@ from nbdev.showdoc import *
 # %%
 #| export
 PUBLIC = dict(MRP="boyan", random_boyan_chain="boyan", sample_trajectory="boyan", msve="boyan",
-              random_tasks="tasks", sample_trajectories="tasks", weighted_softmax_td="wstd", build_prompt="prompt",
+              random_tasks="tasks", sample_trajectories="tasks", weighted_softmax_td="wstd", build_prompt="prompt", Prompt="prompt",
               SoftmaxICTD="model", theta_star="model", PretrainConfig="engine", EMERGENCE="engine",
               pretrain_many="pretrain", LinearICTD="linear",
               kernel_q_iteration="control", ControlICTD="control_model")   # name -> the module (under `ictd`) that defines it
@@ -63,7 +63,7 @@ def __dir__(): return sorted(set(globals()) | set(PUBLIC))
 
 # %%
 import ictd
-from ictd import build_prompt, random_boyan_chain, sample_trajectory, SoftmaxICTD, theta_star, weighted_softmax_td
+from ictd import Prompt, random_boyan_chain, sample_trajectory, SoftmaxICTD, theta_star, weighted_softmax_td
 
 # %%
 import torch
@@ -73,10 +73,19 @@ chain = random_boyan_chain(seed=1)
 S, R = sample_trajectory(chain, 30, seed=2)
 W = torch.eye(chain.phi.shape[1], dtype=torch.float64)
 model = SoftmaxICTD.from_theta_star(chain.phi.shape[1], 4, W, 0.5, chain.gamma)
-v_model = model.predict(build_prompt(chain.phi[S], R, chain.phi), n=30)
+v_model = model.predict(Prompt.build(chain.phi[S], R, chain.phi), grad=False)
 v_algo = weighted_softmax_td(chain.phi[S], R, W, 0.5, chain.gamma, 4, phi_queries=chain.phi)[31:]
 print(f"largest difference between the Transformer and the algorithm: {(v_model.detach() - v_algo).abs().max().item():.1e}")
 assert (v_model.detach() - v_algo).abs().max() < 1e-12
+
+# %% [markdown]
+# ## Conventions
+#
+# The library's conventions (the order of arguments, the keyword-only names, one name per concept, the layout of
+# outputs, `predict` and autograd, which metrics are public, devices and dtypes, deprecations) are written down in
+# [CONTRIBUTING.md](https://github.com/ictd/ictd/blob/main/CONTRIBUTING.md) at the root of the repository;
+# `tests/test_api_conventions.py` inspects the signatures of the public functions and holds them to it, with an
+# allow-list, each entry with its reason, of the functions that do not follow it yet.
 
 # %% [markdown]
 # ## Implementation and tests
