@@ -308,6 +308,122 @@ Markdown(f"In {n_pos} of the {len(zs)} comparisons the TD account fits the TD-tr
          "With independent successors (td-independent) the fit picks one iterate at every depth measured, the kernel-smoothed reward.")
 
 # %% [markdown]
+# ### Linear attention on the same contest
+#
+# Is the winner a property of softmax attention? Chapter 7's linear-attention Transformer is the architecture for which
+# Wang et al. (2025) constructed TD: one layer is one iteration of batch linear TD, whose update at a state $x$ weighs
+# the context's TD errors by the linear kernel $\phi(x)^\top C\, \phi(S_{j-1})$, with no softmax and no normalisation.
+# The same contest is run on such models, trained at the headline cell's settings (states, features, context, depth,
+# discount, TD objective and budget) at the learning rate that chapter 7b tuned for linear attention on this very cell.
+# Each model reads the transition prompt rebuilt from the state tokens (`LinearOnStateTokens`,
+# [appendix D](mechanism_studies.html)), so the candidates, grids, fits and residual ratio are those above. What each
+# outcome would look like, stated before the measurement:
+#
+# - **Wang et al.'s construction.** The contest has no unnormalised linear kernel. Its nearest candidate is level + TD
+#   iterates at the smallest $\beta$ of its grid: to first order in $\beta$, $\mathrm{softmax}_j(\beta a_j)$ is the
+#   uniform average plus $\beta/n$ times the centred linear kernel $a_j - \bar a$, $a_j = \phi(x)^\top\phi(S_{j-1})$.
+#   That candidate wins, with several iterates.
+# - **The softmax models' algorithm.** Level + TD iterates wins with constants near the headline fit, and the models
+#   carry the level: their task means follow $\bar R/(1-\gamma)$ as the softmax models' do.
+# - **Another algorithm.** The lookahead, certainty equivalence, the Bayes posterior mean or scaled $v_\pi$ wins.
+# - **Little learned.** A nearly flat output leaves every fitted scale near zero and every ratio near 1: no candidate
+#   separates.
+
+# %%
+#| echo: false
+lin_data = load_contest("data", names=("contest_linear.json",))
+lin_cell = lin_data["cells"]["linear, L = 3"]
+lin_fit_seeds = lin_cell["seeds"][:10]
+lin = contest_summary(lin_cell, fit_seeds=lin_fit_seeds)
+lin_win = contest_winner(lin)
+n_lin = len(lin["td"]["seeds"])
+Markdown(provenance_note(lin_data["provenance"]["contest_linear.json"], "The runs and sums in `contest_linear.json`")
+         + f" Learning rate {lin_cell['config']['lr']:g} (chapter 7b's tuned value; the softmax models' "
+         f"{EMERGENCE.lr:g}); {len(lin_cell['seeds'])} seeds, {len(lin_cell['diverged'])} diverged; constants fitted on "
+         f"seeds {lin_fit_seeds[0]} to {lin_fit_seeds[-1]}, scored on the {n_lin} others.")
+
+
+# %% [markdown]
+# The contest on the linear models, with the same candidates' residual ratio on the softmax models of the headline cell
+# for comparison (mean ± s.e. over the scored seeds):
+
+# %%
+#| code-fold: true
+def theta_text(fit):
+    "A fitted grid point as maths."
+    return ", ".join(f"${sym[a]} = {x:g}$" for a, x in fit["theta"].items())
+
+lin_rows = [f"| {CONTEST_NAMES[k]} | {theta_text(v['fits'][0])}, $\\lambda = {v['fits'][0]['level']:.2f}$ | "
+        f"{ms(v['scores']['ratio'])} | {ms(v['scores']['correlation'])} | {ms(v['scores']['centred_1mr2'])} | "
+        f"{ms(head[k]['scores']['ratio'])} |" for k, v in lin.items()]
+Markdown("| candidate | fitted on linear models | residual ratio | residual correlation | centred $1 - R^2$ "
+         "| residual ratio, softmax models (headline) |\n|---|---|---|---|---|---|\n" + "\n".join(lin_rows))
+
+
+# %% [markdown]
+# How much the linear models learn: their own value error, raw and centred (shape only), and how their task means follow
+# the context-mean value (the slope of the task mean on $\bar R/(1-\gamma)$ over the held-out tasks), against the
+# softmax models of the headline cell and two estimates that learn nothing about shape: the context mean and zero.
+
+# %%
+#| code-fold: true
+def own_errors(cell):
+    "Per seed, from the saved sums: the models' MSVE, centred MSVE and level slope, and two baselines' errors."
+    r = [st["run"] for st in cell["stats"]]
+    per = lambda f: torch.tensor([f(x) for x in r], dtype=torch.float64)
+    return dict(msve=per(lambda x: x["msve"]), cmsve=per(lambda x: (x["Syy"] - 2 * x["Syp"] + x["Spp"]) / x["B"]),
+                slope=per(lambda x: x["Lmy"] / x["Lmm"]), flat_c=per(lambda x: x["Spp"] / x["B"]),
+                mean=per(lambda x: (x["Lmm"] - 2 * x["Lmp"] + x["Lpp"] + x["Spp"]) / x["B"]),
+                zero=per(lambda x: (x["Lpp"] + x["Spp"]) / x["B"]))
+
+lin_err, soft_err = own_errors(lin_cell), own_errors(head_cell)
+Markdown("| estimate | seeds | MSVE | centred MSVE | slope of the task mean on $\\bar R/(1-\\gamma)$ |\n"
+         "|---|---|---|---|---|\n"
+         f"| linear-attention models | {len(lin_err['msve'])} | {ms(lin_err['msve'])} | {ms(lin_err['cmsve'])} | "
+         f"{ms(lin_err['slope'])} |\n"
+         f"| softmax models (headline cell) | {len(soft_err['msve'])} | {ms(soft_err['msve'])} | "
+         f"{ms(soft_err['cmsve'])} | {ms(soft_err['slope'])} |\n"
+         f"| context mean $\\bar R/(1-\\gamma)$ | {len(lin_err['msve'])} | {ms(lin_err['mean'])} | "
+         f"{ms(lin_err['flat_c'])} | 1 |\n"
+         f"| zero | {len(lin_err['msve'])} | {ms(lin_err['zero'])} | {ms(lin_err['flat_c'])} | 0 |")
+
+# %%
+#| echo: false
+lw, lr_, l_margin, l_se, l_lower = lin_win
+l_rate, l_lo, l_hi = rate_interval(l_lower, n_lin)
+l_theta = lin["td"]["fits"][0]["theta"]
+flattest = l_theta["beta"] == min(CONTEST_GRIDS["td"]["beta"])
+no_level = bool((lin_err["msve"] > lin_err["mean"]).all()) and lin_err["slope"].max() < soft_err["slope"].min()
+assert lw == "td" and l_margin > 2 * l_se and no_level, (lin_win, lin_err["slope"].max(), soft_err["slope"].min())
+Markdown(
+    f"On the linear models {CONTEST_NAMES[lw]} wins: residual ratio {ms(lin[lw]['scores']['ratio'])} against "
+    f"{ms(lin[lr_]['scores']['ratio'])} for the runner-up, {CONTEST_NAMES[lr_]}, lower in {l_lower} of {n_lin} seeds "
+    f"(rate {l_rate:.2f}, 95% interval {l_lo:.2f} to {l_hi:.2f}; paired margin {l_margin:.3f} ± {l_se:.3f}). Its fit "
+    f"uses $k = {l_theta['k']}$ iterates at $\\beta = {l_theta['beta']:g}$"
+    + (", the flattest kernel of the grid, the contest's nearest point to Wang et al.'s linear kernel (and at the "
+       "grid's edge, so a flatter kernel might fit better still)" if flattest else "")
+    + f", against $k = {tdf['theta']['k']}$, $\\beta = {tdf['theta']['beta']:g}$ on the softmax models. "
+    f"But the linear models do not carry the level: their task means move by {ms(lin_err['slope'])} per unit of "
+    f"$\\bar R/(1-\\gamma)$, against {ms(soft_err['slope'])} for the softmax models, so the fitted level coefficient is "
+    f"$\\lambda = {lin['td']['fits'][0]['level']:.2f}$, cancelling most of the iterates' own level; their MSVE, "
+    f"{lin_err['msve'].mean():.2f}, is above the context mean's ({lin_err['mean'].mean():.2f}) in every seed and "
+    f"near zero's ({lin_err['zero'].mean():.2f}). In shape they learn a little: centred MSVE "
+    f"{ms(lin_err['cmsve'])} against {ms(lin_err['flat_c'])} for a flat estimate and {ms(soft_err['cmsve'])} for the "
+    f"softmax models.\n\n**The answer**, measured on this cell at this budget: the *level* of level + TD iterates is "
+    f"specific to softmax attention here, since the linear models do not learn it; the *shape* they do compute, small as "
+    f"it is, follows the same kernel TD iterates, at the flattest kernel on the grid: the outcome stated above for "
+    f"Wang et al.'s construction. That they run the construction itself is not shown: the contest has no linear-kernel "
+    f"candidate, and the models were trained with the softmax models' budget of {EMERGENCE.n_steps} steps, shorter "
+    f"than chapter 7a's linear runs.")
+
+# %%
+#| echo: false
+record_claim("linear-contest", f"On linear-attention models at the headline cell, {CONTEST_NAMES[lw]} at its flattest "
+             f"kernel has the lowest residual ratio ({l_lower}/{n_lin} seeds), but the models carry no level (task-mean "
+             f"slope {lin_err['slope'].mean():.2f} against {soft_err['slope'].mean():.2f} for softmax).",
+             "measured", "mechanism", "#linear-attention-on-the-same-contest")
+
+# %% [markdown]
 # ## The evidence
 #
 # The contest says *what* function the models compute. Three kinds of evidence follow: the fitted algorithm as a

@@ -1142,22 +1142,22 @@ def run_contest_interventions(out_dir="nbs/data",     # folder of the JSON file
 
 
 # %% [markdown]
-# ## Linear attention on the same contest (written, not run)
+# ## Linear attention on the same contest
 #
 # Issue 30 asks whether "level + TD iterates" is specific to softmax attention: the same contest on chapter 7's
 # linear-attention family at the same $(s, d, n, L, \gamma)$. `run_contest_linear` trains such models (`LINEAR_CONTEST`:
-# the headline configuration with `attention="linear"`, the same optimiser settings) and measures the contest's sums
-# on them, writing `contest_linear.json`. A linear model reads the transition prompt of Wang et al.
-# (`build_linear_prompt`); `LinearOnStateTokens` rebuilds it from the state-token prompt, so that every candidate and
-# score of the contest apply unchanged. **Not run for the book:** in a scratch run (not saved), one seed at these
-# settings took about a minute of one CPU thread and ended with a value error close to that of predicting zero, so a
-# contest on such models would compare candidates on models that had not learned; the linear family's own settings
-# (`ICLR_LINEAR`: learning rate $10^{-3}$ and ten times the steps) cost about ten times more, beyond this session's
-# budget. That single seed is an observation, not a result; the question of issue 30 item 6 stays open.
+# the headline configuration with `attention="linear"` and the learning rate chapter 7b tuned for linear attention on
+# this cell, `head_to_head.json`; at the softmax models' learning rate they do not learn) and measures the contest's sums
+# on them, writing `contest_linear.json` (`ictd mechanism contest_linear --seeds 0-29 --out nbs/data`, appendix F). A
+# linear model reads the transition prompt of Wang et al. (`build_linear_prompt`); `LinearOnStateTokens` rebuilds it
+# from the state-token prompt, so that every candidate and score of the contest apply unchanged. Chapter 6b reads the
+# file ([linear attention on the same contest](mechanism.html#linear-attention-on-the-same-contest)).
 
 # %%
 #| export
-LINEAR_CONTEST = dataclasses.replace(EMERGENCE, attention="linear")   # the headline cell with chapter 7's linear attention
+# the headline cell with chapter 7's linear attention, at the learning rate chapter 7b tuned for it on this very cell
+# (`head_to_head.json`: tune seeds 100-102, lrs 1e-3 to 0.3; 1e-2, the softmax models' lr, did not learn)
+LINEAR_CONTEST = dataclasses.replace(EMERGENCE, attention="linear", lr=3e-3)
 
 class LinearOnStateTokens(torch.nn.Module):
     "A linear-attention model read through the state-token prompt: its transition prompt is rebuilt from the tokens."
