@@ -10,13 +10,15 @@ from .model import SoftmaxICTD
 from .tasks import TaskBatch
 from .convergence import span_rate
 from .boyan import weighted_error
-from .state_tokens import model_params, population_predict, population_tokens, token_layers, token_predict
+from .state_tokens import (model_params, population_predict, population_tokens, token_layers,
+                               token_predict)
 from .engine import PretrainConfig, get_family
 from torch.func import functional_call
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from .prompt import build_prompt
 from .tasks import sample_trajectories
-from .emergence import ALPHAS, BETAS, certainty_equivalence_values, context_mean_values, held_out_prompts, msve_of, theta_star_model
+from .emergence import (ALPHAS, BETAS, certainty_equivalence_values, context_mean_values,
+                            held_out_prompts, msve_of, theta_star_model)
 import math
 import numpy as np
 from .wstd import weighted_softmax_td
@@ -73,7 +75,7 @@ def patched_predict(model:SoftmaxICTD,      # the model
 
 # %% ../nbs/06b_mechanism.ipynb #32104808
 def frozen_response(model:SoftmaxICTD,    # the model
-                    Z:torch.Tensor,       # (B, d+2, N) prompts (attention frozen at its values here)
+                    Z:torch.Tensor,       # (B, d+2, N) prompts (attention frozen here)
                     n:int,                # context length
                     dZ:torch.Tensor,      # (B, d+2, N) a change of the prompts
                     layer:int=None,       # a layer whose writes of the change keep only `rows`

@@ -10,13 +10,15 @@ from ictd.model import SoftmaxICTD
 from ictd.tasks import TaskBatch
 from ictd.convergence import span_rate
 from ictd.boyan import weighted_error
-from ictd.state_tokens import model_params, population_predict, population_tokens, token_layers, token_predict
+from ictd.state_tokens import (model_params, population_predict, population_tokens, token_layers,
+                               token_predict)
 from ictd.engine import PretrainConfig, get_family
 from torch.func import functional_call
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from ictd.prompt import build_prompt
 from ictd.tasks import sample_trajectories
-from ictd.emergence import ALPHAS, BETAS, certainty_equivalence_values, context_mean_values, held_out_prompts, msve_of, theta_star_model
+from ictd.emergence import (ALPHAS, BETAS, certainty_equivalence_values, context_mean_values,
+                            held_out_prompts, msve_of, theta_star_model)
 import math
 import numpy as np
 from ictd.wstd import weighted_softmax_td
@@ -42,16 +44,22 @@ import json, math
 from pathlib import Path
 from ictd.engine import EMERGENCE
 from ictd.emergence import UNIFORM_BELOW
-from ictd.experiments.mechanism import (anatomy_counts, anatomy_table, binomial_greater, claims_table, fisher_greater, gap_table, holm, load_models,
+from ictd.experiments.mechanism import (anatomy_counts, anatomy_table, binomial_greater,
+        claims_table, fisher_greater, gap_table, holm, load_models,
                                        normal_greater, study_summary, summary_table)
-from ictd.experiments.mechanism import (CONTEST_DEPTHS, CONTEST_FACTORS, CONTEST_GRIDS, CONTEST_NAMES, CONTEST_OBJECTIVES, CONTROLS, contest_summary,
+from ictd.experiments.mechanism import (CONTEST_DEPTHS, CONTEST_FACTORS, CONTEST_GRIDS,
+        CONTEST_NAMES, CONTEST_OBJECTIVES, CONTROLS, contest_summary,
                                        contest_winner, fit_candidate, load_contest, rate_interval)
 from ictd.core import OKABE_ITO, provenance_note
 from ictd.mechanism import candidate_values_at, fit_learned_algorithm, layer_values, learned_kernel
-from ictd.mechanism import (centred_msve, row_writes, knockout, knockout_rows, write_constancy, swap_weights,
-                            kernel_condition, layer_anatomy, lookahead_features, affine_fit, affine_predict,
-                            weighted_r2, candidate_values, probe_layers, fit_estimators, estimator_values,
-                            prediction_errors, gap_measures, update_jacobian, sampled_jacobians, jacobian_spectrum,
+from ictd.mechanism import (centred_msve, row_writes, knockout, knockout_rows, write_constancy,
+        swap_weights,
+                            kernel_condition, layer_anatomy, lookahead_features, affine_fit,
+                            affine_predict,
+                            weighted_r2, candidate_values, probe_layers, fit_estimators,
+                            estimator_values,
+                            prediction_errors, gap_measures, update_jacobian, sampled_jacobians,
+                            jacobian_spectrum,
                             shared_recursion, iterate_shared)
 
 # %% [markdown]
@@ -71,35 +79,66 @@ n_head = len(head["td"]["seeds"])
 summaries = {k: contest_summary(v) for k, v in contest["cells"].items()}
 winners = {k: contest_winner(v) for k, v in summaries.items()}
 k_fit = {k: fit_candidate(v["stats"], "td")["theta"] for k, v in contest["cells"].items()}
-grid_cells = [(o, L) for o in CONTEST_OBJECTIVES for L in CONTEST_DEPTHS if f"{o}, L = {L}" in summaries]
-best_other = lambda sm: min((k for k in sm if k != "td"), key=lambda k: sm[k]["scores"]["ratio"].mean().item())
-decided = lambda w: w[2] > 2 * w[3]                     # a cell's winner is clear when its paired margin exceeds two standard errors
+grid_cells = [(o, L) for o in CONTEST_OBJECTIVES for L in CONTEST_DEPTHS
+        if f"{o}, L = {L}" in summaries]
+best_other = lambda sm: min((k for k in sm if k != "td"),
+        key=lambda k: sm[k]["scores"]["ratio"].mean().item())
+# a cell's winner is clear when its paired margin exceeds two standard errors
+decided = lambda w: w[2] > 2 * w[3]
 cell_of = lambda o, L: f"{o}, L = {L}"
-grid_keys = [cell_of(o, L) for o in CONTEST_OBJECTIVES for L in CONTEST_DEPTHS if cell_of(o, L) in summaries]
-by_winner = lambda o, name: [L for L in CONTEST_DEPTHS if cell_of(o, L) in winners and winners[cell_of(o, L)][0] == name and decided(winners[cell_of(o, L)])]
+grid_keys = [cell_of(o, L) for o in CONTEST_OBJECTIVES for L in CONTEST_DEPTHS
+        if cell_of(o, L) in summaries]
+by_winner = lambda o, name: [L for L in CONTEST_DEPTHS if cell_of(o, L) in winners
+        and winners[cell_of(o, L)][0] == name and decided(winners[cell_of(o, L)])]
 ctrl_td_L = sorted({L for o in CONTROLS for L in by_winner(o, "td")})
 k3 = {o: k_fit[cell_of(o, 3)]["k"] for o in CONTROLS if cell_of(o, 3) in k_fit}
-more_k = [L for L in CONTEST_DEPTHS if cell_of("td", L) in k_fit and all(k_fit[cell_of("td", L)]["k"] > k_fit[cell_of(o, L)]["k"] for o in CONTROLS if cell_of(o, L) in k_fit)]
-sweep_txt = (f"Across the sweep of depths and objectives, TD-trained models are won by level + TD iterates at $L = {', '.join(map(str, by_winner('td', 'td')))}$"
-             + (f" and by the lookahead at $L = {', '.join(map(str, by_winner('td', 'lookahead')))}$" if by_winner('td', 'lookahead') else "")
-             + f"; the same form also wins the " + " and the ".join(f"{o} models at $L = {', '.join(map(str, by_winner(o, 'td')))}$" for o in CONTROLS if by_winner(o, "td"))
-             + ", so the form is not a signature of TD training. What differs between the objectives is how many iterates the fit uses: under TD "
-             f"$k = {', '.join(str(k_fit[cell_of('td', L)]['k']) for L in CONTEST_DEPTHS if cell_of('td', L) in k_fit)}$ at $L = {', '.join(str(L) for L in CONTEST_DEPTHS if cell_of('td', L) in k_fit)}$, "
-             f"more than under every control at $L = {', '.join(str(L) for L in more_k)}$ (at $L = 3$: {', '.join(f'{k} for {o}' for o, k in k3.items())})."
-             + (f" With one-hot features, where the model sees which state is which, the winner is {CONTEST_NAMES[winners['one-hot'][0]]}." if "one-hot" in winners and winners["one-hot"][0] != "td" and decided(winners["one-hot"]) else ""))
-Markdown(f"**The question.** What does a softmax Transformer pretrained with TD on random Boyan chains compute in its forward pass? "
-         f"**The contest.** Five algorithms, each given the same three fitted constants (a level coefficient, a scale, and one point of a grid of kernel or "
-         f"step parameters), were written down before the sweep ran, fitted to the outputs of ten trained models and scored on the *errors* of {n_head} others. "
+more_k = [L for L in CONTEST_DEPTHS if cell_of("td", L) in k_fit
+        and all(k_fit[cell_of("td", L)]["k"] > k_fit[cell_of(o, L)]["k"] for o in CONTROLS
+                if cell_of(o, L) in k_fit)]
+td_Ls = [L for L in CONTEST_DEPTHS if cell_of('td', L) in k_fit]
+sweep_txt = ("Across the sweep of depths and objectives, TD-trained models are won by level + TD "
+             f"iterates at $L = {', '.join(map(str, by_winner('td', 'td')))}$"
+             + (" and by the lookahead at $L = "
+                f"{', '.join(map(str, by_winner('td', 'lookahead')))}$"
+                if by_winner('td', 'lookahead') else "")
+             + f"; the same form also wins the " + " and the ".join(f"{o} models at $L = "
+                f"{', '.join(map(str, by_winner(o, 'td')))}$" for o in CONTROLS
+                        if by_winner(o, "td"))
+             + ", so the form is not a signature of TD training. What differs between the "
+             "objectives is how many iterates the fit uses: under TD "
+             f"$k = {', '.join(str(k_fit[cell_of('td', L)]['k']) for L in td_Ls)}$ at "
+             f"$L = {', '.join(map(str, td_Ls))}$, "
+             f"more than under every control at $L = {', '.join(str(L) for L in more_k)}$ (at $L = "
+             f"3$: {', '.join(f'{k} for {o}' for o, k in k3.items())})."
+             + (" With one-hot features, where the model sees which state is which, the winner is "
+                f"{CONTEST_NAMES[winners['one-hot'][0]]}." if "one-hot" in winners
+                and winners["one-hot"][0] != "td" and decided(winners["one-hot"]) else ""))
+Markdown("**The question.** What does a softmax Transformer pretrained with TD on random Boyan "
+         "chains compute in its forward pass? "
+         "**The contest.** Five algorithms, each given the same three fitted constants (a level "
+         "coefficient, a scale, and one point of a grid of kernel or "
+         "step parameters), were written down before the sweep ran, fitted to the outputs of ten "
+         f"trained models and scored on the *errors* of {n_head} others. "
          f"**The answer.** The winner is {CONTEST_NAMES[winner]}:\n\n"
-         f"$$\\hat v(x) = \\lambda\\,\\frac{{\\bar R}}{{1-\\gamma}} + \\sigma\\, v_k(x), \\qquad v_{{t+1}}(x) = v_t(x) + \\sum_{{j=1}}^{{n}} K_j(x)\\,\\big(R_j + \\gamma v_t(S_j) - v_t(S_{{j-1}})\\big), \\qquad "
-         f"K_j(x) = \\mathrm{{softmax}}_j\\big(\\beta\\, \\phi(x)^\\top \\phi(S_{{j-1}})\\big), \\quad v_0 = 0,$$\n\n"
-         f"with $\\bar R$ the context's mean reward and, fitted on seeds 0 to 9 of the headline configuration, $\\lambda = {tdf['level']:.3f}$, $\\sigma = {tdf['scale']:.3f}$, "
-         f"$k = {tdf['theta']['k']}$ iterates and $\\beta = {tdf['theta']['beta']:g}$: weighted softmax TD with step 1 (Definition 1.1), started from zero, run for $k$ steps, "
-         f"plus a state-blind level. On the {n_head} other seeds the residual ratio (the share of the models' error that a candidate does not predict) is "
-         f"{ms(hr[winner])}, against {ms(hr[runner])} for the runner-up, {CONTEST_NAMES[runner]}; the winner is lower in {n_lower} of {n_head} seeds. " + sweep_txt
-         + f" **The evidence.** The same frozen constants predict how the models change when the prompt's successors are shuffled "
-         f"and when the context is longer than in training, better than every other candidate; and the winner's level "
-         f"constant can be read off the weights (the sections *Interventions at test time* and *Reading the algorithm off the weights*).")
+         f"$$\\hat v(x) = \\lambda\\,\\frac{{\\bar R}}{{1-\\gamma}} + \\sigma\\, v_k(x), \\qquad "
+         f"v_{{t+1}}(x) = v_t(x) + \\sum_{{j=1}}^{{n}} K_j(x)\\,\\big(R_j + \\gamma v_t(S_j) - "
+         f"v_t(S_{{j-1}})\\big), \\qquad "
+         f"K_j(x) = \\mathrm{{softmax}}_j\\big(\\beta\\, \\phi(x)^\\top \\phi(S_{{j-1}})\\big), "
+         "\\quad v_0 = 0,$$\n\n"
+         "with $\\bar R$ the context's mean reward and, fitted on seeds 0 to 9 of the headline "
+         f"configuration, $\\lambda = {tdf['level']:.3f}$, $\\sigma = {tdf['scale']:.3f}$, "
+         f"$k = {tdf['theta']['k']}$ iterates and $\\beta = {tdf['theta']['beta']:g}$: weighted "
+         "softmax TD with step 1 (Definition 1.1), started from zero, run for $k$ steps, "
+         f"plus a state-blind level. On the {n_head} other seeds the residual ratio (the share of "
+         "the models' error that a candidate does not predict) is "
+         f"{ms(hr[winner])}, against {ms(hr[runner])} for the runner-up, {CONTEST_NAMES[runner]}; "
+         f"the winner is lower in {n_lower} of {n_head} seeds. " + sweep_txt
+         + " **The evidence.** The same frozen constants predict how the models change when the "
+         "prompt's successors are shuffled "
+         "and when the context is longer than in training, better than every other candidate; and "
+         "the winner's level "
+         f"constant can be read off the weights (the sections *Interventions at test time* and "
+         f"*Reading the algorithm off the weights*).")
 
 # %% [markdown]
 # ::: {.callout-note}
@@ -147,15 +186,22 @@ Markdown(f"**The question.** What does a softmax Transformer pretrained with TD 
 
 # %%
 #| echo: false
-base = {"td": "$v_k$: $k$ iterates of weighted softmax TD, $\\alpha = 1$, $W = \\beta I$, from $v_0 = 0$",
-        "lookahead": "$\\tilde r_\\beta(x) + c\\, \\tilde r^+_\\beta(x)$: kernel-smoothed reward and next reward (the two-step lookahead)",
-        "ce": "value of the context's empirical MRP with $\\varepsilon$ pseudo-counts, discount $\\gamma' = f\\gamma$",
-        "bayes": "posterior mean of $v_\\pi$ under the random Boyan chain prior given the context and the state labels (Monte Carlo, 128 draws; likelihood tempered by $\\eta$), discount $\\gamma' = f\\gamma$",
+base = {"td": "$v_k$: $k$ iterates of weighted softmax TD, $\\alpha = 1$, $W = \\beta I$, from "
+        "$v_0 = 0$",
+        "lookahead": "$\\tilde r_\\beta(x) + c\\, \\tilde r^+_\\beta(x)$: kernel-smoothed reward "
+        "and next reward (the two-step lookahead)",
+        "ce": "value of the context's empirical MRP with $\\varepsilon$ pseudo-counts, discount "
+        "$\\gamma' = f\\gamma$",
+        "bayes": "posterior mean of $v_\\pi$ under the random Boyan chain prior given the context "
+        "and the state labels (Monte Carlo, 128 draws; likelihood tempered by $\\eta$), discount "
+        "$\\gamma' = f\\gamma$",
         "v_pi": "the true value at discount $\\gamma' = f\\gamma$ (an oracle)"}
 sym = dict(k="k", beta="\\beta", c="c", gamma_factor="f", eps="\\varepsilon", temper="\\eta")
 Markdown("| candidate | $u_\\theta(x)$ | grid of $\\theta$ | grid points |\n|---|---|---|---|\n" +
-         "\n".join(f"| {CONTEST_NAMES[k]} | {base[k]} | " + "; ".join(f"${sym[a]} \\in \\{{{', '.join(f'{x:g}' for x in v)}\\}}$" for a, v in g.items()) +
-                   f" | {math.prod(len(v) for v in g.values())} |" for k, g in CONTEST_GRIDS.items()))
+         "\n".join(f"| {CONTEST_NAMES[k]} | {base[k]} | " + "; ".join(f"${sym[a]} \\in "
+                f"\\{{{', '.join(f'{x:g}' for x in v)}\\}}$" for a, v in g.items()) +
+                   f" | {math.prod(len(v) for v in g.values())} |" for k,
+                   g in CONTEST_GRIDS.items()))
 
 # %% [markdown]
 # The Bayes candidate is the best estimator the context allows, and more: it is told which state is which in the
@@ -171,7 +217,8 @@ Markdown("| candidate | $u_\\theta(x)$ | grid of $\\theta$ | grid points |\n|---
 
 # %%
 #| echo: false
-Markdown(" ".join(provenance_note(p, f"The sums in `{f}`") for f, p in contest["provenance"].items()))
+Markdown(" ".join(provenance_note(p, f"The sums in `{f}`") for f,
+        p in contest["provenance"].items()))
 
 # %% [markdown]
 # ### The headline cell
@@ -181,33 +228,55 @@ Markdown(" ".join(provenance_note(p, f"The sums in `{f}`") for f, p in contest["
 
 # %%
 #| code-fold: true
+scored_msve = torch.tensor([st['run']['msve'] for st, s in zip(head_cell['stats'],
+                            head_cell['seeds']) if s >= 10])
 fmt_theta = lambda t: ", ".join(f"${sym[a]} = {v:g}$" for a, v in t.items())
-Markdown("| candidate | fitted $\\theta$ | $\\lambda$ | $\\sigma$ | residual ratio | residual correlation | centred $1 - R^2$ | MSVE | winner lower |\n|---|---|---|---|---|---|---|---|---|\n" +
-         "\n".join(f"| {'**' + CONTEST_NAMES[k] + '**' if k == winner else CONTEST_NAMES[k]} | {fmt_theta(v['fits'][0]['theta'])} | {v['fits'][0]['level']:.3f} | {v['fits'][0]['scale']:.3f} | "
-                   + " | ".join(ms(v["scores"][s]) for s in ("ratio", "correlation", "centred_1mr2", "msve")) +
-                   f" | {'—' if k == winner else str(int((hr[winner] < hr[k]).sum())) + ' / ' + str(n_head)} |" for k, v in sorted(head.items(), key=lambda kv: kv[1]['scores']['ratio'].mean()))
-         + f"\n| trained models | | | | | | | {ms(torch.tensor([st['run']['msve'] for st, s in zip(head_cell['stats'], head_cell['seeds']) if s >= 10]))} | |")
+Markdown("| candidate | fitted $\\theta$ | $\\lambda$ | $\\sigma$ | residual ratio | residual "
+         "correlation | centred $1 - R^2$ | MSVE | winner lower "
+         "|\n|---|---|---|---|---|---|---|---|---|\n" +
+         "\n".join(f"| {'**' + CONTEST_NAMES[k] + '**' if k == winner else CONTEST_NAMES[k]} | "
+                   f"{fmt_theta(v['fits'][0]['theta'])} | {v['fits'][0]['level']:.3f} | "
+                   f"{v['fits'][0]['scale']:.3f} | "
+                   + " | ".join(ms(v["scores"][s])
+                           for s in ("ratio", "correlation", "centred_1mr2", "msve")) +
+                   f" | {'—' if k == winner else f'{int((hr[winner] < hr[k]).sum())} / {n_head}'} |"
+                   for k, v in sorted(head.items(), key=lambda kv: kv[1]['scores']['ratio'].mean()))
+         + "\n| trained models | | | | | | | "
+         f"{ms(scored_msve)} | |")
 
 # %%
+#| code-fold: true
 new_seeds = torch.tensor([s >= 20 for s in head["td"]["seeds"]])
 lower_new = int((hr[winner][new_seeds] < hr[runner][new_seeds]).sum())
-assert winner == "td" and margin > 3 * margin_se and n_lower >= 27, (winner, margin, margin_se, n_lower)
+assert winner == "td" and margin > 3 * margin_se and n_lower >= 27, (winner, margin, margin_se,
+        n_lower)
 assert all((hr["td"][new_seeds] - hr[k][new_seeds]).mean() < 0 for k in hr if k != "td"), hr
 rate, lo, hi = rate_interval(n_lower, n_head)
-Markdown(f"The winner is lower than the runner-up in {n_lower} of {n_head} seeds (rate {rate:.2f}, 95% interval {lo:.2f} to {hi:.2f}), "
-         f"by {margin:.3f} ± {margin_se:.3f} in residual ratio; on the twenty seeds trained after the rules were written alone, in {lower_new} of "
-         f"{int(new_seeds.sum())}. Its residuals correlate {head['td']['scores']['correlation'].mean():.2f} with the models' errors, against "
-         f"{head[runner]['scores']['correlation'].mean():.2f} for the runner-up. It is not the best *value estimator*: its MSVE "
-         f"({head['td']['scores']['msve'].mean():.3f}) is above the Bayes candidate's ({head['bayes']['scores']['msve'].mean():.3f}), as the models' own is; "
+Markdown(f"The winner is lower than the runner-up in {n_lower} of {n_head} seeds (rate {rate:.2f}, "
+         f"95% interval {lo:.2f} to {hi:.2f}), "
+         f"by {margin:.3f} ± {margin_se:.3f} in residual ratio; on the twenty seeds trained after "
+         f"the rules were written alone, in {lower_new} of "
+         f"{int(new_seeds.sum())}. Its residuals correlate "
+         f"{head['td']['scores']['correlation'].mean():.2f} with the models' errors, against "
+         f"{head[runner]['scores']['correlation'].mean():.2f} for the runner-up. It is not the "
+         "best *value estimator*: its MSVE "
+         f"({head['td']['scores']['msve'].mean():.3f}) is above the Bayes candidate's "
+         f"({head['bayes']['scores']['msve'].mean():.3f}), as the models' own is; "
          f"it is the best account of what the models compute, errors included.")
 
 # %%
-at_edge = {k: [a for a, x in v["fits"][0]["theta"].items() if len(CONTEST_GRIDS[k][a]) > 1 and x in (min(CONTEST_GRIDS[k][a]), max(CONTEST_GRIDS[k][a]))]
+#| code-fold: true
+at_edge = {k: [a for a, x in v["fits"][0]["theta"].items() if len(CONTEST_GRIDS[k][a]) > 1
+        and x in (min(CONTEST_GRIDS[k][a]), max(CONTEST_GRIDS[k][a]))]
            for k, v in head.items()}
 Markdown("Fitted constants at an end of their grid, where a wider grid could fit better: " +
-         ("; ".join(f"{CONTEST_NAMES[k]}: " + ", ".join(f"${sym[a]} = {head[k]['fits'][0]['theta'][a]:g}$ (grid {min(CONTEST_GRIDS[k][a]):g} to {max(CONTEST_GRIDS[k][a]):g})" for a in v)
+         ("; ".join(f"{CONTEST_NAMES[k]}: " + ", ".join(f"${sym[a]} = "
+                                                        f"{head[k]['fits'][0]['theta'][a]:g}$ "
+                                                        f"(grid {min(CONTEST_GRIDS[k][a]):g} to "
+                                                        f"{max(CONTEST_GRIDS[k][a]):g})" for a in v)
                     for k, v in at_edge.items() if v) or "none") +
-         ". A candidate held at an edge may score below what a wider grid would give it; such a fit is reported as it is, not widened after the "
+         ". A candidate held at an edge may score below what a wider grid would give it; such a "
+         "fit is reported as it is, not widened after the "
          "scores were seen (the grids were fixed before the contest ran).")
 
 # %% [markdown]
@@ -231,21 +300,30 @@ fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.4), gridspec_kw=dict(width_rat
 for i, o in enumerate(CONTEST_OBJECTIVES):
     for j, L in enumerate(CONTEST_DEPTHS):
         key = f"{o}, L = {L}"
-        if key not in summaries: ax.text(j, i, "not trained\n(CPU budget)", ha="center", va="center", fontsize=8.5, color="0.4"); continue
+        if key not in summaries: ax.text(j, i, "not trained\n(CPU budget)", ha="center",
+                va="center", fontsize=8.5, color="0.4"); continue
         sm, w = summaries[key], winners[key][0]
-        ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, facecolor=colours[w] if decided(winners[key]) else "white", alpha=0.55,
+        ax.add_patch(plt.Rectangle((j - 0.5, i - 0.5), 1, 1, facecolor=colours[w]
+                if decided(winners[key]) else "white", alpha=0.55,
                                    hatch=None if decided(winners[key]) else "//", edgecolor="0.5"))
-        ax.text(j, i, f"TD {sm['td']['scores']['ratio'].mean():.2f}\n{best_other(sm)} {sm[best_other(sm)]['scores']['ratio'].mean():.2f}", ha="center", va="center", fontsize=8.5)
-ax.set(xlim=(-0.5, len(CONTEST_DEPTHS) - 0.5), ylim=(len(CONTEST_OBJECTIVES) - 0.5, -0.5), xticks=range(len(CONTEST_DEPTHS)), xticklabels=[f"L = {L}" for L in CONTEST_DEPTHS],
-       yticks=range(len(CONTEST_OBJECTIVES)), yticklabels=CONTEST_OBJECTIVES, xlabel="depth", ylabel="training objective", title="winner by residual ratio")
-ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=colours[k], alpha=0.55) for k in names] + [plt.Rectangle((0, 0), 1, 1, facecolor="white", hatch="//", edgecolor="0.5")],
-          labels=[CONTEST_NAMES[k] for k in names] + ["no clear winner (margin under 2 s.e.)"], fontsize=8,
+        ax.text(j, i, f"TD {sm['td']['scores']['ratio'].mean():.2f}\n{best_other(sm)} "
+                f"{sm[best_other(sm)]['scores']['ratio'].mean():.2f}", ha="center", va="center",
+                fontsize=8.5)
+ax.set(xlim=(-0.5, len(CONTEST_DEPTHS) - 0.5), ylim=(len(CONTEST_OBJECTIVES) - 0.5, -0.5),
+       xticks=range(len(CONTEST_DEPTHS)), xticklabels=[f"L = {L}" for L in CONTEST_DEPTHS],
+       yticks=range(len(CONTEST_OBJECTIVES)), yticklabels=CONTEST_OBJECTIVES, xlabel="depth",
+       ylabel="training objective", title="winner by residual ratio")
+ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=colours[k], alpha=0.55) for k in names]
+        + [plt.Rectangle((0, 0), 1, 1, facecolor="white", hatch="//", edgecolor="0.5")],
+          labels=[CONTEST_NAMES[k] for k in names] + ["no clear winner (margin under 2 s.e.)"],
+          fontsize=8,
           loc="upper left", bbox_to_anchor=(0, -0.16), ncol=2, frameon=False)
 for o, marker in zip(CONTEST_OBJECTIVES, "osD^"):
     Ls = [L for L in CONTEST_DEPTHS if f"{o}, L = {L}" in k_fit]
     bx.plot(Ls, [k_fit[f"{o}, L = {L}"]["k"] for L in Ls], marker=marker, label=o)
 bx.plot(CONTEST_DEPTHS, CONTEST_DEPTHS, "k--", lw=0.8, label="k = L")
-bx.set(xlabel="depth L of the trained model", ylabel="fitted TD iterates k", xticks=CONTEST_DEPTHS, title="k of the level + TD iterates fit")
+bx.set(xlabel="depth L of the trained model", ylabel="fitted TD iterates k", xticks=CONTEST_DEPTHS,
+       title="k of the level + TD iterates fit")
 bx.legend(fontsize=8); fig.tight_layout()
 
 # %% [markdown]
@@ -256,25 +334,46 @@ bx.legend(fontsize=8); fig.tight_layout()
 # %%
 #| code-fold: true
 factor_rows = ["td, L = 3"] + [k for k in CONTEST_FACTORS if k in summaries]
-Markdown("| cell | seeds | winner | its residual ratio | runner-up | level + TD iterates | margin over the runner-up | winner lower | TD fit: $k$, $\\beta$ |\n|---|---|---|---|---|---|---|---|---|\n" +
-         "\n".join(f"| {'headline (' + k + ')' if k == 'td, L = 3' else k} | {len(summaries[k]['td']['seeds'])} | {CONTEST_NAMES[winners[k][0]]} | {ms(summaries[k][winners[k][0]]['scores']['ratio'])} | "
-                   f"{CONTEST_NAMES[winners[k][1]]}: {ms(summaries[k][winners[k][1]]['scores']['ratio'])} | {ms(summaries[k]['td']['scores']['ratio'])} | {winners[k][2]:.3f} ± {winners[k][3]:.3f} | "
-                   f"{winners[k][4]} / {len(summaries[k]['td']['seeds'])} | {k_fit[k]['k']}, {k_fit[k]['beta']:g} |" for k in factor_rows))
+Markdown("| cell | seeds | winner | its residual ratio | runner-up | level + TD iterates | margin "
+         "over the runner-up | winner lower | TD fit: $k$, $\\beta$ "
+         "|\n|---|---|---|---|---|---|---|---|---|\n" +
+         "\n".join(f"| {'headline (' + k + ')' if k == 'td, L = 3' else k} | "
+                   f"{len(summaries[k]['td']['seeds'])} | {CONTEST_NAMES[winners[k][0]]} | "
+                   f"{ms(summaries[k][winners[k][0]]['scores']['ratio'])} | "
+                   f"{CONTEST_NAMES[winners[k][1]]}: "
+                   f"{ms(summaries[k][winners[k][1]]['scores']['ratio'])} | "
+                   f"{ms(summaries[k]['td']['scores']['ratio'])} | {winners[k][2]:.3f} ± "
+                   f"{winners[k][3]:.3f} | "
+                   f"{winners[k][4]} / {len(summaries[k]['td']['seeds'])} | {k_fit[k]['k']}, "
+                   f"{k_fit[k]['beta']:g} |" for k in factor_rows))
 
 # %%
+#| code-fold: true
 td_wins = [k for k, w in winners.items() if w[0] == "td"]
 clear = [k for k, w in winners.items() if w[0] == "td" and decided(w)]
 others = {k: w for k, w in winners.items() if w[0] != "td" and decided(w)}
 ties = [k for k, w in winners.items() if not decided(w)]
-Markdown(f"Level + TD iterates wins {len(clear)} of the {len(winners)} cells by more than two standard errors of the paired margin"
-         + (f"; the lookahead or another candidate wins {', '.join(f'{k} ({CONTEST_NAMES[w[0]]}, margin {w[2]:.3f} ± {w[3]:.3f})' for k, w in others.items())}" if others else "")
+Markdown(f"Level + TD iterates wins {len(clear)} of the {len(winners)} cells by more than two "
+         "standard errors of the paired margin"
+         + ("; the lookahead or another candidate wins "
+            + ', '.join(f'{k} ({CONTEST_NAMES[w[0]]}, margin {w[2]:.3f} ± {w[3]:.3f})'
+                        for k, w in others.items())
+            if others else "")
          + (f"; no candidate is clearly ahead in {', '.join(ties)}" if ties else "") + "."
-         + (" With independent successors the TD fit picks $k = 1$, and one TD iterate from zero is the smoothed reward, the lookahead with $c = 0$: the two "
-            "candidates are then the same function, and tie exactly." if any('independent' in k for k in ties) else "")
-         + (f" At $L = 6$ the TD fit uses the largest $k$ of its grid, {max(CONTEST_GRIDS['td']['k'])}: more iterates are not excluded." if k_fit.get(cell_of('td', 6), {}).get('k') == max(CONTEST_GRIDS['td']['k']) else "")
-         + f" Under TD the fitted number of iterates is " + ", ".join(f"$k = {k_fit[f'td, L = {L}']['k']}$ at $L = {L}$" for L in CONTEST_DEPTHS if f"td, L = {L}" in k_fit)
-         + (": more TD steps than the model has layers, so a layer does more than one step of the fitted kernel (what a step size above 1 would do)."
-            if all(k_fit[f"td, L = {L}"]["k"] > L for L in CONTEST_DEPTHS if f"td, L = {L}" in k_fit) else "."))
+         + (" With independent successors the TD fit picks $k = 1$, and one TD iterate from zero "
+            "is the smoothed reward, the lookahead with $c = 0$: the two "
+            "candidates are then the same function, and tie exactly."
+            if any('independent' in k for k in ties) else "")
+         + (" At $L = 6$ the TD fit uses the largest $k$ of its grid, "
+            f"{max(CONTEST_GRIDS['td']['k'])}: more iterates are not excluded."
+            if k_fit.get(cell_of('td', 6), {}).get('k') == max(CONTEST_GRIDS['td']['k']) else "")
+         + f" Under TD the fitted number of iterates is "
+         + ", ".join(f"$k = {k_fit[f'td, L = {L}']['k']}$ at $L = {L}$" for L in CONTEST_DEPTHS
+                 if f"td, L = {L}" in k_fit)
+         + (": more TD steps than the model has layers, so a layer does more than one step of the "
+            "fitted kernel (what a step size above 1 would do)."
+            if all(k_fit[f"td, L = {L}"]["k"] > L for L in CONTEST_DEPTHS
+                   if f"td, L = {L}" in k_fit) else "."))
 
 
 # %% [markdown]
@@ -286,27 +385,41 @@ Markdown(f"Level + TD iterates wins {len(clear)} of the {len(winners)} cells by 
 
 # %%
 #| code-fold: true
-def _z(a, b): return ((b.mean() - a.mean()) / math.hypot(a.std() / math.sqrt(len(a)), b.std() / math.sqrt(len(b)))).item()
+def _z(a, b): return ((b.mean() - a.mean()) / math.hypot(a.std() / math.sqrt(len(a)),
+        b.std() / math.sqrt(len(b)))).item()
 ctrl_rows = []
 for L in (L for L in CONTEST_DEPTHS if f"td, L = {L}" in summaries):
     td_r = summaries[f"td, L = {L}"]["td"]["scores"]["ratio"]
-    ctrl_rows.append((L, td_r, {o: summaries[f"{o}, L = {L}"]["td"]["scores"]["ratio"] for o in CONTROLS if f"{o}, L = {L}" in summaries}))
-Markdown("| depth | TD models | " + " | ".join(f"{o} models (z)" for o in CONTROLS) + " |\n" + "|---" * (2 + len(CONTROLS)) + "|\n" +
-         "\n".join(f"| L = {L} | {ms(t)}, $k = {k_fit[cell_of('td', L)]['k']}$ | " + " | ".join(f"{ms(c[o])} ({_z(t, c[o]):+.1f}), $k = {k_fit[cell_of(o, L)]['k']}$" if o in c else "—" for o in CONTROLS)
+    ctrl_rows.append((L, td_r,
+            {o: summaries[f"{o}, L = {L}"]["td"]["scores"]["ratio"] for o in CONTROLS
+             if f"{o}, L = {L}" in summaries}))
+Markdown("| depth | TD models | " + " | ".join(f"{o} models (z)" for o in CONTROLS) + " |\n"
+        + "|---" * (2 + len(CONTROLS)) + "|\n" +
+         "\n".join(f"| L = {L} | {ms(t)}, $k = {k_fit[cell_of('td', L)]['k']}$ | "
+                 + " | ".join(f"{ms(c[o])} ({_z(t, c[o]):+.1f}), $k = {k_fit[cell_of(o, L)]['k']}$"
+                         if o in c else "—" for o in CONTROLS)
                    + " |" for L, t, c in ctrl_rows))
 
 # %%
+#| code-fold: true
 zs = {(L, o): _z(t, c[o]) for L, t, c in ctrl_rows for o in c}
 n_pos = sum(z > 2 for z in zs.values())
-look_ctrl = {o: summaries[f"{o}, L = 3"]["lookahead"]["scores"]["ratio"].mean().item() for o in CONTEST_OBJECTIVES if f"{o}, L = 3" in summaries}
+look_ctrl = {o: summaries[f"{o}, L = 3"]["lookahead"]["scores"]["ratio"].mean().item()
+        for o in CONTEST_OBJECTIVES if f"{o}, L = 3" in summaries}
 n_neg = sum(z < -2 for z in zs.values())
-Markdown(f"In {n_pos} of the {len(zs)} comparisons the TD account fits the TD-trained models better than the control's by more than two standard errors, "
-         f"in {n_neg} worse, and in the other {len(zs) - n_pos - n_neg} the difference is within two standard errors. "
-         + ("So the form *level + kernel TD iterates* is not a TD signature: with its $k$ refitted it describes models trained by Monte-Carlo or supervised targets about "
+Markdown(f"In {n_pos} of the {len(zs)} comparisons the TD account fits the TD-trained models "
+         "better than the control's by more than two standard errors, "
+         f"in {n_neg} worse, and in the other {len(zs) - n_pos - n_neg} the difference is within "
+         "two standard errors. "
+         + ("So the form *level + kernel TD iterates* is not a TD signature: with its $k$ refitted "
+            "it describes models trained by Monte-Carlo or supervised targets about "
             "as well. " if n_pos < len(zs) / 2 else "") +
-         f"What does change with the objective is the fitted number of iterates (the $k$ in each cell) and, at shallow depth, the winner itself: the lookahead's residual "
-         f"ratio at $L = 3$ is " + ", ".join(f"{r:.2f} on {o} models" for o, r in look_ctrl.items()) + ". "
-         "With independent successors (td-independent) the fit picks one iterate at every depth measured, the kernel-smoothed reward.")
+         "What does change with the objective is the fitted number of iterates (the $k$ in each "
+         "cell) and, at shallow depth, the winner itself: the lookahead's residual "
+         f"ratio at $L = 3$ is "
+         + ", ".join(f"{r:.2f} on {o} models" for o, r in look_ctrl.items()) + ". "
+         "With independent successors (td-independent) the fit picks one iterate at every depth "
+         "measured, the kernel-smoothed reward.")
 
 # %% [markdown]
 # ### Linear attention on the same contest
@@ -338,9 +451,12 @@ lin_fit_seeds = lin_cell["seeds"][:10]
 lin = contest_summary(lin_cell, fit_seeds=lin_fit_seeds)
 lin_win = contest_winner(lin)
 n_lin = len(lin["td"]["seeds"])
-Markdown(provenance_note(lin_data["provenance"]["contest_linear.json"], "The runs and sums in `contest_linear.json`")
-         + f" Learning rate {lin_cell['config']['lr']:g} (chapter 7b's tuned value; the softmax models' "
-         f"{EMERGENCE.lr:g}); {len(lin_cell['seeds'])} seeds, {len(lin_cell['diverged'])} diverged; constants fitted on "
+Markdown(provenance_note(lin_data["provenance"]["contest_linear.json"], "The runs and sums in "
+                         "`contest_linear.json`")
+         + f" Learning rate {lin_cell['config']['lr']:g} (chapter 7b's tuned value; the softmax "
+         "models' "
+         f"{EMERGENCE.lr:g}); {len(lin_cell['seeds'])} seeds, {len(lin_cell['diverged'])} "
+         "diverged; constants fitted on "
          f"seeds {lin_fit_seeds[0]} to {lin_fit_seeds[-1]}, scored on the {n_lin} others.")
 
 
@@ -354,11 +470,15 @@ def theta_text(fit):
     "A fitted grid point as maths."
     return ", ".join(f"${sym[a]} = {x:g}$" for a, x in fit["theta"].items())
 
-lin_rows = [f"| {CONTEST_NAMES[k]} | {theta_text(v['fits'][0])}, $\\lambda = {v['fits'][0]['level']:.2f}$ | "
-        f"{ms(v['scores']['ratio'])} | {ms(v['scores']['correlation'])} | {ms(v['scores']['centred_1mr2'])} | "
+lin_rows = [f"| {CONTEST_NAMES[k]} | {theta_text(v['fits'][0])}, $\\lambda = "
+            f"{v['fits'][0]['level']:.2f}$ | "
+        f"{ms(v['scores']['ratio'])} | {ms(v['scores']['correlation'])} | "
+            f"{ms(v['scores']['centred_1mr2'])} | "
         f"{ms(head[k]['scores']['ratio'])} |" for k, v in lin.items()]
-Markdown("| candidate | fitted on linear models | residual ratio | residual correlation | centred $1 - R^2$ "
-         "| residual ratio, softmax models (headline) |\n|---|---|---|---|---|---|\n" + "\n".join(lin_rows))
+Markdown("| candidate | fitted on linear models | residual ratio | residual correlation | centred "
+         "$1 - R^2$ "
+         "| residual ratio, softmax models (headline) |\n|---|---|---|---|---|---|\n"
+         + "\n".join(lin_rows))
 
 
 # %% [markdown]
@@ -369,18 +489,21 @@ Markdown("| candidate | fitted on linear models | residual ratio | residual corr
 # %%
 #| code-fold: true
 def own_errors(cell):
-    "Per seed, from the saved sums: the models' MSVE, centred MSVE and level slope, and two baselines' errors."
+    "Per seed, from the saved sums: the models' MSVE, centred MSVE, level slope; two baselines'."
     r = [st["run"] for st in cell["stats"]]
     per = lambda f: torch.tensor([f(x) for x in r], dtype=torch.float64)
-    return dict(msve=per(lambda x: x["msve"]), cmsve=per(lambda x: (x["Syy"] - 2 * x["Syp"] + x["Spp"]) / x["B"]),
+    return dict(msve=per(lambda x: x["msve"]),
+            cmsve=per(lambda x: (x["Syy"] - 2 * x["Syp"] + x["Spp"]) / x["B"]),
                 slope=per(lambda x: x["Lmy"] / x["Lmm"]), flat_c=per(lambda x: x["Spp"] / x["B"]),
                 mean=per(lambda x: (x["Lmm"] - 2 * x["Lmp"] + x["Lpp"] + x["Spp"]) / x["B"]),
                 zero=per(lambda x: (x["Lpp"] + x["Spp"]) / x["B"]))
 
 lin_err, soft_err = own_errors(lin_cell), own_errors(head_cell)
-Markdown("| estimate | seeds | MSVE | centred MSVE | slope of the task mean on $\\bar R/(1-\\gamma)$ |\n"
+Markdown("| estimate | seeds | MSVE | centred MSVE | slope of the task mean on $\\bar "
+         "R/(1-\\gamma)$ |\n"
          "|---|---|---|---|---|\n"
-         f"| linear-attention models | {len(lin_err['msve'])} | {ms(lin_err['msve'])} | {ms(lin_err['cmsve'])} | "
+         f"| linear-attention models | {len(lin_err['msve'])} | {ms(lin_err['msve'])} | "
+         f"{ms(lin_err['cmsve'])} | "
          f"{ms(lin_err['slope'])} |\n"
          f"| softmax models (headline cell) | {len(soft_err['msve'])} | {ms(soft_err['msve'])} | "
          f"{ms(soft_err['cmsve'])} | {ms(soft_err['slope'])} |\n"
@@ -394,35 +517,55 @@ lw, lr_, l_margin, l_se, l_lower = lin_win
 l_rate, l_lo, l_hi = rate_interval(l_lower, n_lin)
 l_theta = lin["td"]["fits"][0]["theta"]
 flattest = l_theta["beta"] == min(CONTEST_GRIDS["td"]["beta"])
-no_level = bool((lin_err["msve"] > lin_err["mean"]).all()) and lin_err["slope"].max() < soft_err["slope"].min()
-assert lw == "td" and l_margin > 2 * l_se and no_level, (lin_win, lin_err["slope"].max(), soft_err["slope"].min())
+no_level = (bool((lin_err["msve"] > lin_err["mean"]).all())
+            and lin_err["slope"].max() < soft_err["slope"].min())
+assert lw == "td" and l_margin > 2 * l_se and no_level, (lin_win, lin_err["slope"].max(),
+        soft_err["slope"].min())
 Markdown(
-    f"On the linear models {CONTEST_NAMES[lw]} wins: residual ratio {ms(lin[lw]['scores']['ratio'])} against "
-    f"{ms(lin[lr_]['scores']['ratio'])} for the runner-up, {CONTEST_NAMES[lr_]}, lower in {l_lower} of {n_lin} seeds "
-    f"(rate {l_rate:.2f}, 95% interval {l_lo:.2f} to {l_hi:.2f}; paired margin {l_margin:.3f} ± {l_se:.3f}). Its fit "
+    f"On the linear models {CONTEST_NAMES[lw]} wins: residual ratio "
+         f"{ms(lin[lw]['scores']['ratio'])} against "
+    f"{ms(lin[lr_]['scores']['ratio'])} for the runner-up, {CONTEST_NAMES[lr_]}, lower in "
+         f"{l_lower} of {n_lin} seeds "
+    f"(rate {l_rate:.2f}, 95% interval {l_lo:.2f} to {l_hi:.2f}; paired margin {l_margin:.3f} ± "
+         f"{l_se:.3f}). Its fit "
     f"uses $k = {l_theta['k']}$ iterates at $\\beta = {l_theta['beta']:g}$"
-    + (", the flattest kernel of the grid, the contest's nearest point to Wang et al.'s linear kernel (and at the "
+    + (", the flattest kernel of the grid, the contest's nearest point to Wang et al.'s linear "
+       "kernel (and at the "
        "grid's edge, so a flatter kernel might fit better still)" if flattest else "")
-    + f", against $k = {tdf['theta']['k']}$, $\\beta = {tdf['theta']['beta']:g}$ on the softmax models. "
-    f"But the linear models do not carry the level: their task means move by {ms(lin_err['slope'])} per unit of "
-    f"$\\bar R/(1-\\gamma)$, against {ms(soft_err['slope'])} for the softmax models, so the fitted level coefficient is "
-    f"$\\lambda = {lin['td']['fits'][0]['level']:.2f}$, cancelling most of the iterates' own level; their MSVE, "
-    f"{lin_err['msve'].mean():.2f}, is above the context mean's ({lin_err['mean'].mean():.2f}) in every seed and "
+    + f", against $k = {tdf['theta']['k']}$, $\\beta = {tdf['theta']['beta']:g}$ on the softmax "
+         "models. "
+    "But the linear models do not carry the level: their task means move by "
+         f"{ms(lin_err['slope'])} per unit of "
+    f"$\\bar R/(1-\\gamma)$, against {ms(soft_err['slope'])} for the softmax models, so the fitted "
+         "level coefficient is "
+    f"$\\lambda = {lin['td']['fits'][0]['level']:.2f}$, cancelling most of the iterates' own "
+         "level; their MSVE, "
+    f"{lin_err['msve'].mean():.2f}, is above the context mean's ({lin_err['mean'].mean():.2f}) in "
+         "every seed and "
     f"near zero's ({lin_err['zero'].mean():.2f}). In shape they learn a little: centred MSVE "
-    f"{ms(lin_err['cmsve'])} against {ms(lin_err['flat_c'])} for a flat estimate and {ms(soft_err['cmsve'])} for the "
-    f"softmax models.\n\n**The answer**, measured on this cell at this budget: the *level* of level + TD iterates is "
-    f"specific to softmax attention here, since the linear models do not learn it; the *shape* they do compute, small as "
-    f"it is, follows the same kernel TD iterates, at the flattest kernel on the grid: the outcome stated above for "
-    f"Wang et al.'s construction. That they run the construction itself is not shown: the contest has no linear-kernel "
-    f"candidate, and the models were trained with the softmax models' budget of {EMERGENCE.n_steps} steps, shorter "
+    f"{ms(lin_err['cmsve'])} against {ms(lin_err['flat_c'])} for a flat estimate and "
+         f"{ms(soft_err['cmsve'])} for the "
+    "softmax models.\n\n**The answer**, measured on this cell at this budget: the *level* of "
+         "level + TD iterates is "
+    "specific to softmax attention here, since the linear models do not learn it; the *shape* "
+         "they do compute, small as "
+    "it is, follows the same kernel TD iterates, at the flattest kernel on the grid: the outcome "
+         "stated above for "
+    "Wang et al.'s construction. That they run the construction itself is not shown: the contest "
+         "has no linear-kernel "
+    "candidate, and the models were trained with the softmax models' budget of "
+         f"{EMERGENCE.n_steps} steps, shorter "
     f"than chapter 7a's linear runs.")
 
 # %%
 #| echo: false
-record_claim("linear-contest", f"On linear-attention models at the headline cell, {CONTEST_NAMES[lw]} at its flattest "
-             f"kernel has the lowest residual ratio ({l_lower}/{n_lin} seeds), but the models carry no level (task-mean "
-             f"slope {lin_err['slope'].mean():.2f} against {soft_err['slope'].mean():.2f} for softmax).",
-             "measured", "mechanism", "#linear-attention-on-the-same-contest")
+record_claim("linear-contest", "On linear-attention models at the headline cell, "
+             f"{CONTEST_NAMES[lw]} at its flattest "
+             f"kernel has the lowest residual ratio ({l_lower}/{n_lin} seeds), but the models "
+             "carry no level (task-mean "
+             f"slope {lin_err['slope'].mean():.2f} against {soft_err['slope'].mean():.2f} for "
+             "softmax).",
+             "measured", "mechanism", "#linear-attention-on-the-same-contest");
 
 # %% [markdown]
 # ## The evidence
@@ -436,11 +579,14 @@ record_claim("linear-contest", f"On linear-attention models at the headline cell
 # rebuilds them exactly from `nbs/data/mechanism_runs.json` and `nbs/data/contest_runs.json`.
 
 # %%
+#| code-fold: true
 saved = json.loads(Path("data/mechanism_runs.json").read_text())
 fit_runs, fresh_runs = load_models(saved["runs"]["fit"]), load_models(saved["runs"]["fresh"])
 test_eq(fit_runs[0][0], dataclasses.replace(EMERGENCE, seed=fit_runs[0][0].seed))
-for r, (c, m) in zip(saved["runs"]["fit"], fit_runs):   # the saved parameters reproduce the value weights the training loop recorded
-    test_close(m.value_weights(), torch.tensor(r["final"]["value_weights"], dtype=torch.float64), eps=1e-12)
+for r, (c, m) in zip(saved["runs"]["fit"],
+        fit_runs):   # the saved parameters reproduce the value weights the training loop recorded
+    test_close(m.value_weights(), torch.tensor(r["final"]["value_weights"], dtype=torch.float64),
+            eps=1e-12)
 Markdown(provenance_note(saved["provenance"], "The saved runs"))
 
 # %% [markdown]
@@ -454,21 +600,26 @@ Markdown(provenance_note(saved["provenance"], "The saved runs"))
 # %%
 algo = fit_learned_algorithm(fit_runs)
 test_eq((algo.k, algo.beta), (tdf["theta"]["k"], tdf["theta"]["beta"]))
-test_close(torch.tensor([algo.level, algo.scale]), torch.tensor([tdf["level"], tdf["scale"]]), eps=1e-6)
-new_runs = load_models(json.loads(Path("data/contest_runs.json").read_text())["cells"]["headline"]["runs"])
-scored_runs = fresh_runs + new_runs                       # seeds 10 to 39, the contest's scored seeds
+test_close(torch.tensor([algo.level, algo.scale]), torch.tensor([tdf["level"], tdf["scale"]]),
+        eps=1e-6)
+headline_saved = json.loads(Path("data/contest_runs.json").read_text())
+new_runs = load_models(headline_saved["cells"]["headline"]["runs"])
+scored_runs = fresh_runs + new_runs                       # seeds 10 to 39, the scored seeds
 c39, m39 = new_runs[-1]
 t39, s39, Z39 = held_out_prompts(dataclasses.replace(c39, eval_tasks=128))
 with torch.no_grad(): y39 = m39.predict(Z39, n=c39.n)
 p39 = algo.values(c39, t39, s39)
 cen = lambda v, t: v - (t.d_pi * v).sum(-1, keepdim=True)
-ratio39 = ((t39.d_pi * (cen(y39, t39) - cen(p39, t39)) ** 2).sum() / (t39.d_pi * (cen(y39, t39) - cen(t39.v_pi, t39)) ** 2).sum()).item()
+ratio39 = ((t39.d_pi * (cen(y39, t39) - cen(p39, t39)) ** 2).sum() / (t39.d_pi * (cen(y39,
+        t39) - cen(t39.v_pi, t39)) ** 2).sum()).item()
 test_close(ratio39, hr["td"][head["td"]["seeds"].index(39)].item(), eps=1e-9)
 
 # %%
 #| echo: false
-Markdown(f"Fitted: $k = {algo.k}$, $\\beta = {algo.beta:g}$, $\\lambda = {algo.level:.3f}$, $\\sigma = {algo.scale:.3f}$. "
-         f"On seed {c39.seed}, from the contexts alone, its residual ratio is {ratio39:.3f}, the contest's number for that seed.")
+Markdown(f"Fitted: $k = {algo.k}$, $\\beta = {algo.beta:g}$, $\\lambda = {algo.level:.3f}$, "
+         f"$\\sigma = {algo.scale:.3f}$. "
+         f"On seed {c39.seed}, from the contexts alone, its residual ratio is {ratio39:.3f}, the "
+         "contest's number for that seed.")
 
 # %% [markdown]
 # ### Interventions at test time: shift every reward
@@ -483,17 +634,27 @@ Markdown(f"Fitted: $k = {algo.k}$, $\\beta = {algo.beta:g}$, $\\lambda = {algo.l
 # %%
 #| echo: false
 shift = 0.5
-pred_td = shift * (tdf["level"] + tdf["scale"] * (1 - EMERGENCE.gamma ** tdf["theta"]["k"])) / (1 - EMERGENCE.gamma)
-Markdown(f"**Prediction** (constants fitted on seeds 0 to 9, shift $c = {shift:g}$): level + TD iterates moves every value by "
-         f"$\\Delta = {pred_td:.3f}$ and leaves the shape unchanged; scaled $v_\\pi$ moves it by $c(\\lambda + \\sigma/(1 - f\\gamma))/(1-\\gamma)$ = "
-         f"{shift * (head['v_pi']['fits'][0]['level'] + head['v_pi']['fits'][0]['scale'] * (1 - EMERGENCE.gamma) / (1 - min(head['v_pi']['fits'][0]['theta']['gamma_factor'] * EMERGENCE.gamma, 0.995))) / (1 - EMERGENCE.gamma):.3f}. "
-         f"The other candidates' shifts are computed from their fitted forms on the same prompts. The measurement is on the thirty models of seeds 10 to 39, "
-         f"128 held-out tasks each, with rewards $R + c$ in the prompt (the Bayes candidate is left out: its prior does not allow a shifted reward).")
+vpf = head['v_pi']['fits'][0]
+g_vpi = min(vpf['theta']['gamma_factor'] * EMERGENCE.gamma, 0.995)   # its discount, capped
+level_vpi = vpf['level'] + vpf['scale'] * (1 - EMERGENCE.gamma) / (1 - g_vpi)
+pred_vpi = shift * level_vpi / (1 - EMERGENCE.gamma)
+pred_td = shift * (tdf["level"]
+        + tdf["scale"] * (1 - EMERGENCE.gamma ** tdf["theta"]["k"])) / (1 - EMERGENCE.gamma)
+Markdown(f"**Prediction** (constants fitted on seeds 0 to 9, shift $c = {shift:g}$): level + TD "
+         "iterates moves every value by "
+         f"$\\Delta = {pred_td:.3f}$ and leaves the shape unchanged; scaled $v_\\pi$ moves it by "
+         "$c(\\lambda + \\sigma/(1 - f\\gamma))/(1-\\gamma)$ = "
+         f"{pred_vpi:.3f}. "
+         "The other candidates' shifts are computed from their fitted forms on the same prompts. "
+         "The measurement is on the thirty models of seeds 10 to 39, "
+         "128 held-out tasks each, with rewards $R + c$ in the prompt (the Bayes candidate is "
+         "left out: its prior does not allow a shifted reward).")
 
 
 # %%
 #| code-fold: true
-def _shifted(tasks, c): return TaskBatch(tasks.P, tasks.r + c, tasks.phi, tasks.d_pi, tasks.v_pi, tasks.gamma)
+def _shifted(tasks, c): return TaskBatch(tasks.P, tasks.r + c, tasks.phi, tasks.d_pi, tasks.v_pi,
+        tasks.gamma)
 def _prompt(tasks, states):
     rows = torch.arange(len(tasks))[:, None]
     return build_prompt(tasks.phi[rows, states], tasks.r[rows, states[:, :-1]], tasks.phi)
@@ -514,22 +675,33 @@ for c, m in scored_runs:
         lv = f["level"] * (context_mean_values(t2, states) - context_mean_values(tasks, states))
         shift_rows[k].append(((lv + f["scale"] * (u1 - u0)) * w).sum(-1).mean().item())
 shift_t = {k: torch.tensor(v, dtype=torch.float64) for k, v in shift_rows.items()}
-Markdown("| | level shift, mean ± s.e. over seeds | error against the model's shift |\n|---|---|---|\n" +
-         "\n".join(f"| {'trained models' if k == 'model' else CONTEST_NAMES[k]} | {ms(v)} | {'—' if k == 'model' else ms((v - shift_t['model']).abs())} |" for k, v in shift_t.items()))
+Markdown("| | level shift, mean ± s.e. over seeds | error against the model's shift "
+         "|\n|---|---|---|\n" +
+         "\n".join(f"| {'trained models' if k == 'model' else CONTEST_NAMES[k]} | {ms(v)} | "
+                   f"{'—' if k == 'model' else ms((v - shift_t['model']).abs())} |" for k,
+                   v in shift_t.items()))
 
 # %%
 #| echo: false
-closest = min((k for k in shift_t if k != "model"), key=lambda k: (shift_t[k] - shift_t["model"]).abs().mean().item())
+closest = min((k for k in shift_t if k != "model"),
+        key=lambda k: (shift_t[k] - shift_t["model"]).abs().mean().item())
 se_ = lambda x: (x.std() / math.sqrt(len(x))).item()
-Markdown(f"**Measurement.** The models' values move by {ms(shift_t['model'])} against the winner's predicted {pred_td:.3f} "
-         f"(computed: {ms(shift_t['td'])}): every candidate under-predicts it, and their errors differ by less than "
-         f"{max((shift_t[k] - shift_t['model']).abs().mean().item() for k in shift_t if k != 'model') - (shift_t[closest] - shift_t['model']).abs().mean().item():.2f}"
-         f", against standard errors of {max(se_(shift_t[k] - shift_t['model']) for k in shift_t if k != 'model'):.2f}"
+gaps_ = {k: (shift_t[k] - shift_t["model"]).abs().mean().item() for k in shift_t if k != "model"}
+Markdown(f"**Measurement.** The models' values move by {ms(shift_t['model'])} against the winner's "
+         f"predicted {pred_td:.3f} "
+         f"(computed: {ms(shift_t['td'])}): every candidate under-predicts it, and their errors "
+         "differ by less than "
+         f"{max(gaps_.values()) - gaps_[closest]:.2f}"
+         ", against standard errors of "
+         f"{max(se_(shift_t[k] - shift_t['model']) for k in shift_t if k != 'model'):.2f}"
          f", so this intervention does not separate the candidates (the closest is "
          f"{CONTEST_NAMES[closest]}). The models' shift corresponds to a level sensitivity "
-         f"$\\Lambda = {shift_t['model'].mean() * (1 - EMERGENCE.gamma) / shift:.3f}$ against the winner's "
-         f"{pred_td * (1 - EMERGENCE.gamma) / shift:.3f} (fitted pooled on seeds 0 to 9; the weights give a per-seed reading below). The shape moves too, by a share "
-         f"{torch.tensor(shape_change).mean():.3f} of its own centred variance, so the models are not exactly linear in the rewards outside their training range "
+         f"$\\Lambda = {shift_t['model'].mean() * (1 - EMERGENCE.gamma) / shift:.3f}$ against the "
+         "winner's "
+         f"{pred_td * (1 - EMERGENCE.gamma) / shift:.3f} (fitted pooled on seeds 0 to 9; the "
+         "weights give a per-seed reading below). The shape moves too, by a share "
+         f"{torch.tensor(shape_change).mean():.3f} of its own centred variance, so the models are "
+         "not exactly linear in the rewards outside their training range "
          f"($R + c$ reaches {1 + shift:g}).")
 
 
@@ -613,11 +785,14 @@ test_eq(bool((_sh == toy_states).all()), False)
 iv_saved = json.loads(Path("data/contest_interventions.json").read_text())
 iv = iv_saved["seeds"]
 test_eq([r["seed"] for r in iv], head["td"]["seeds"])
-col = lambda part, key, name=None: torch.tensor([r[part][key] if name is None else r[part][key][name] for r in iv])
-lcol = lambda n, key, name=None: torch.tensor([r["lengthen"][str(n)][key] if name is None else r["lengthen"][str(n)][key][name] for r in iv])
+col = lambda part, key, name=None: torch.tensor([r[part][key] if name is None
+        else r[part][key][name] for r in iv])
+lcol = lambda n, key, name=None: torch.tensor([r["lengthen"][str(n)][key] if name is None
+        else r["lengthen"][str(n)][key][name] for r in iv])
 names_iv = list(iv[0]["shuffle"]["ratio"])
 Markdown("| candidate | predicted change of the shape under shuffling |\n|---|---|\n"
-         + "\n".join(f"| {CONTEST_NAMES[k]} | {ms(col('shuffle', 'predicted', k))} |" for k in names_iv))
+         + "\n".join(f"| {CONTEST_NAMES[k]} | {ms(col('shuffle', 'predicted', k))} |"
+                 for k in names_iv))
 
 # %% [markdown]
 # The measurement: how much the models' shape changes, how much of that change each candidate predicts, and the
@@ -629,12 +804,18 @@ sh_cr = {k: col("shuffle", "change_ratio", k) for k in names_iv}
 sh_best = min(sh_cr, key=lambda k: sh_cr[k].mean().item())
 sh_next = min((k for k in sh_cr if k != sh_best), key=lambda k: sh_cr[k].mean().item())
 sh_lower = int((sh_cr[sh_best] < sh_cr[sh_next]).sum())
-Markdown("| candidate | change ratio $\\rho_\\Delta$ | residual ratio on shuffled prompts |\n|---|---|---|\n"
-         + "\n".join(f"| {CONTEST_NAMES[k]} | {ms(sh_cr[k])} | {ms(col('shuffle', 'ratio', k))} |" for k in names_iv)
-         + f"\n\nThe models' shape changes by {ms(col('shuffle', 'model'))} of its centred variance. "
-         f"{CONTEST_NAMES[sh_best].capitalize()} predicts the change best (change ratio {sh_cr[sh_best].mean():.2f}, lower than "
-         f"{CONTEST_NAMES[sh_next]}'s {sh_cr[sh_next].mean():.2f} in {sh_lower} of {len(iv)} seeds), and its "
-         f"predicted change, {ms(col('shuffle', 'predicted', sh_best))}, is close to the models' own.")
+Markdown("| candidate | change ratio $\\rho_\\Delta$ | residual ratio on shuffled prompts "
+         "|\n|---|---|---|\n"
+         + "\n".join(f"| {CONTEST_NAMES[k]} | {ms(sh_cr[k])} | {ms(col('shuffle', 'ratio', k))} |"
+                 for k in names_iv)
+         + f"\n\nThe models' shape changes by {ms(col('shuffle', 'model'))} of its centred "
+         "variance. "
+         f"{CONTEST_NAMES[sh_best].capitalize()} predicts the change best (change ratio "
+         f"{sh_cr[sh_best].mean():.2f}, lower than "
+         f"{CONTEST_NAMES[sh_next]}'s {sh_cr[sh_next].mean():.2f} in {sh_lower} of {len(iv)} "
+         "seeds), and its "
+         f"predicted change, {ms(col('shuffle', 'predicted', sh_best))}, is close to the models' "
+         "own.")
 
 # %%
 assert sh_best == "td" and sh_lower >= 25, (sh_best, sh_lower)
@@ -652,8 +833,10 @@ assert sh_best == "td" and sh_lower >= 25, (sh_best, sh_lower)
 #| echo: false
 lengths = sorted(int(n) for n in iv[0]["lengthen"])
 Markdown("| candidate | " + " | ".join(f"MSVE at n = {n}" for n in lengths)
-         + " | predicted change of the shape, 30 to " + str(lengths[-1]) + " |\n" + "|---" * (len(lengths) + 2) + "|\n"
-         + "\n".join(f"| {CONTEST_NAMES[k]} | " + " | ".join(ms(lcol(n, 'msve_candidates', k)) for n in lengths)
+         + " | predicted change of the shape, 30 to " + str(lengths[-1]) + " |\n"
+         + "|---" * (len(lengths) + 2) + "|\n"
+         + "\n".join(f"| {CONTEST_NAMES[k]} | "
+                 + " | ".join(ms(lcol(n, 'msve_candidates', k)) for n in lengths)
                      + f" | {ms(lcol(lengths[-1], 'predicted', k))} |" for k in names_iv))
 
 # %% [markdown]
@@ -666,21 +849,29 @@ ln_msve = {n: lcol(n, "msve") for n in lengths}
 ln_cr = {k: lcol(lengths[-1], "change_ratio", k) for k in names_iv}
 ln_best = min(ln_cr, key=lambda k: ln_cr[k].mean().item())
 ln_gap = (ln_msve[lengths[-1]] - lcol(lengths[-1], "msve_candidates", "td"))
-Markdown("| | " + " | ".join(f"n = {n}" for n in lengths) + f" | change ratio, 30 to {lengths[-1]} |\n"
+Markdown("| | " + " | ".join(f"n = {n}" for n in lengths) + f" | change ratio, 30 to {lengths[-1]} "
+         "|\n"
          + "|---" * (len(lengths) + 2) + "|\n"
          + "| trained models, MSVE | " + " | ".join(ms(ln_msve[n]) for n in lengths) + " | |\n"
-         + "\n".join(f"| {CONTEST_NAMES[k]}, residual ratio | " + " | ".join(ms(lcol(n, 'ratio', k)) for n in lengths)
+         + "\n".join(f"| {CONTEST_NAMES[k]}, residual ratio | "
+                 + " | ".join(ms(lcol(n, 'ratio', k)) for n in lengths)
                      + f" | {ms(ln_cr[k])} |" for k in names_iv)
-         + f"\n\nThe models generalise beyond their training length: their MSVE falls from {ln_msve[30].mean():.2f} at "
-         f"$n = 30$ to {ln_msve[lengths[-1]].mean():.2f} at $n = {lengths[-1]}$. It falls as level + TD iterates "
-         f"predicts, not as certainty equivalence or the Bayes mean do: at $n = {lengths[-1]}$ the models' MSVE minus "
+         + "\n\nThe models generalise beyond their training length: their MSVE falls from "
+         f"{ln_msve[30].mean():.2f} at "
+         f"$n = 30$ to {ln_msve[lengths[-1]].mean():.2f} at $n = {lengths[-1]}$. It falls as level "
+         "+ TD iterates "
+         f"predicts, not as certainty equivalence or the Bayes mean do: at $n = {lengths[-1]}$ the "
+         "models' MSVE minus "
          f"the winner's is {ms(ln_gap)}, while it stays above certainty equivalence's "
          f"({lcol(lengths[-1], 'msve_candidates', 'ce').mean():.2f}) and the Bayes mean's "
-         f"({lcol(lengths[-1], 'msve_candidates', 'bayes').mean():.2f}). The winner's residual ratio goes from "
-         f"{lcol(30, 'ratio', 'td').mean():.2f} to {lcol(lengths[-1], 'ratio', 'td').mean():.2f}, while "
+         f"({lcol(lengths[-1], 'msve_candidates', 'bayes').mean():.2f}). The winner's residual "
+         "ratio goes from "
+         f"{lcol(30, 'ratio', 'td').mean():.2f} to {lcol(lengths[-1], 'ratio', 'td').mean():.2f}, "
+         "while "
          + ", ".join(f"{CONTEST_NAMES[k]}'s goes from {lcol(30, 'ratio', k).mean():.2f} to "
                      f"{lcol(lengths[-1], 'ratio', k).mean():.2f}" for k in names_iv if k != "td")
-         + f"; {CONTEST_NAMES[ln_best]} predicts the change best (change ratio {ln_cr[ln_best].mean():.2f}, against "
+         + f"; {CONTEST_NAMES[ln_best]} predicts the change best (change ratio "
+         f"{ln_cr[ln_best].mean():.2f}, against "
          f"{min(ln_cr[k].mean().item() for k in names_iv if k != ln_best):.2f} for the next).")
 
 # %%
@@ -750,7 +941,8 @@ test_close(patched_predict(toy, toy_Z, _don, 30, 2, [5]), _va[2] + _vb[3] - _vb[
 # %%
 #| echo: false
 Lam = tdf["level"] + tdf["scale"] * (1 - EMERGENCE.gamma ** tdf["theta"]["k"])
-Markdown(f"With the fitted constants $\\lambda = {tdf['level']:.3f}$ and $\\Lambda = {Lam:.3f}$, the second account "
+Markdown(f"With the fitted constants $\\lambda = {tdf['level']:.3f}$ and $\\Lambda = {Lam:.3f}$, "
+         "the second account "
          f"predicts $s = {tdf['level'] / Lam:.2f}$.")
 
 # %%
@@ -759,9 +951,12 @@ pos = torch.tensor([r["uniform_layer"] for r in iv])
 share = {k: col("patch", k, "slope") / Lam for k in ("tokens", "value", "all")}
 pshape = {k: col("patch", k, "shape") for k in ("tokens", "value", "all")}
 rows_txt = dict(tokens="feature and reward rows", value="value row", all="all rows")
-at = lambda x, l: ms(x[pos == l]) if (pos == l).sum() > 1 else (f"{x[pos == l].item():.2f}" if (pos == l).sum() else "—")
-Markdown("| uniform layer | seeds | patched rows | share $s$ of the level moved | change of the shape |\n|---|---|---|---|---|\n"
-         + "\n".join(f"| layer {l + 1} | {int((pos == l).sum())} | {rows_txt[k]} | {at(share[k], l)} | {at(pshape[k], l)} |"
+at = lambda x, l: ms(x[pos == l]) if (pos == l).sum() > 1 else (f"{x[pos == l].item():.2f}"
+        if (pos == l).sum() else "—")
+Markdown("| uniform layer | seeds | patched rows | share $s$ of the level moved | change of the "
+         "shape |\n|---|---|---|---|---|\n"
+         + "\n".join(f"| layer {l + 1} | {int((pos == l).sum())} | {rows_txt[k]} | "
+                     f"{at(share[k], l)} | {at(pshape[k], l)} |"
                      for l in range(3) for k in share if (pos == l).any()))
 
 # %%
@@ -775,13 +970,19 @@ assert s_all.mean() + 2 * s_all.std() / math.sqrt(len(s_all)) < 1, s_all
 # %%
 #| echo: false
 s_tok = share["tokens"][first]
-Markdown(f"Where the uniform layer is layer 3 ({int(last.sum())} seeds), patching its feature and reward rows changes "
-         f"nothing, as the architecture requires. Where it is layer 1 ({int(first.sum())} seeds), patching all its writes "
+Markdown(f"Where the uniform layer is layer 3 ({int(last.sum())} seeds), patching its feature and "
+         "reward rows changes "
+         f"nothing, as the architecture requires. Where it is layer 1 ({int(first.sum())} seeds), "
+         "patching all its writes "
          f"moves the level by a share {ms(s_all)} of $\\Lambda$: more than the level term alone "
-         f"($\\lambda/\\Lambda = {tdf['level'] / Lam:.2f}$), less than the whole level, and the shape moves too "
-         f"({ms(pshape['all'][first])} of its variance). Its feature and reward rows carry {ms(s_tok)} of the level and its "
-         f"value row {ms(share['value'][first])}: the level does travel partly through the re-embedded rows, which later "
-         f"layers read, so the value-write reading is incomplete. The uniform layer computes most of the level, "
+         f"($\\lambda/\\Lambda = {tdf['level'] / Lam:.2f}$), less than the whole level, and the "
+         "shape moves too "
+         f"({ms(pshape['all'][first])} of its variance). Its feature and reward rows carry "
+         f"{ms(s_tok)} of the level and its "
+         f"value row {ms(share['value'][first])}: the level does travel partly through the "
+         "re-embedded rows, which later "
+         "layers read, so the value-write reading is incomplete. The uniform layer computes most "
+         "of the level, "
          f"not all of it, and not the level alone.")
 
 # %%
@@ -793,45 +994,60 @@ fig, axs = plt.subplots(1, 3, figsize=(14, 4.3))
 se = lambda x: (x.std() / math.sqrt(len(x))).item()
 for i, (lab, cr) in enumerate((("shuffled successors", sh_cr), (f"n = {lengths[-1]}", ln_cr))):
     xs = torch.arange(len(names_iv)) + (i - 0.5) * 0.38
-    axs[0].bar(xs, [cr[k].mean() for k in names_iv], 0.38, yerr=[se(cr[k]) for k in names_iv], label=lab,
+    axs[0].bar(xs, [cr[k].mean() for k in names_iv], 0.38, yerr=[se(cr[k]) for k in names_iv],
+            label=lab,
                color=("#0072B2", "#E69F00")[i])
-axs[0].set_xticks(range(len(names_iv)), [CONTEST_NAMES[k].replace("level + ", "") for k in names_iv],
+axs[0].set_xticks(range(len(names_iv)),
+        [CONTEST_NAMES[k].replace("level + ", "") for k in names_iv],
                   rotation=20, ha="right")
 axs[0].set(ylabel="change ratio (lower: predicted better)", title="Predicting the change")
 axs[0].legend(fontsize=8)
-axs[1].errorbar(lengths, [ln_msve[n].mean() for n in lengths], [se(ln_msve[n]) for n in lengths], color="k", lw=2.5,
+axs[1].errorbar(lengths, [ln_msve[n].mean() for n in lengths], [se(ln_msve[n]) for n in lengths],
+        color="k", lw=2.5,
                 marker="o", label="trained models")
 for k, c_ in zip(names_iv, OKABE_ITO):
-    axs[1].plot(lengths, [lcol(n, "msve_candidates", k).mean() for n in lengths], "--", marker=".", color=c_,
+    axs[1].plot(lengths, [lcol(n, "msve_candidates", k).mean() for n in lengths], "--", marker=".",
+            color=c_,
                 label=CONTEST_NAMES[k])
 axs[1].axvline(30, color="0.5", ls=":", lw=0.8)
-axs[1].set(xscale="log", xlabel="context length n", ylabel="MSVE (held-out tasks)", title="Beyond the training length")
-axs[1].set_xticks(lengths); plain_log_ticks(axs[1], "x"); axs[1].xaxis.set_minor_formatter(NullFormatter())
+axs[1].set(xscale="log", xlabel="context length n", ylabel="MSVE (held-out tasks)",
+        title="Beyond the training length")
+axs[1].set_xticks(lengths); plain_log_ticks(axs[1],
+        "x"); axs[1].xaxis.set_minor_formatter(NullFormatter())
 axs[1].legend(fontsize=7)
 groups = [l for l in range(3) if (pos == l).sum() > 1]
 for j, k in enumerate(share):
     xs = torch.arange(len(groups)) + (j - 1) * 0.27
-    axs[2].bar(xs, [share[k][pos == l].mean() for l in groups], 0.27, yerr=[se(share[k][pos == l]) for l in groups],
+    axs[2].bar(xs, [share[k][pos == l].mean() for l in groups], 0.27,
+            yerr=[se(share[k][pos == l]) for l in groups],
                label=rows_txt[k], color=OKABE_ITO[j + 2])
-axs[2].axhline(1, color="k", lw=0.8, ls="--"); axs[2].axhline(tdf["level"] / Lam, color="0.4", lw=0.8, ls=":")
+axs[2].axhline(1, color="k", lw=0.8, ls="--"); axs[2].axhline(tdf["level"] / Lam, color="0.4",
+        lw=0.8, ls=":")
 axs[2].text(len(groups) - 0.55, 1.02, "whole level", ha="right", va="bottom", fontsize=8)
-axs[2].text(len(groups) - 0.55, tdf["level"] / Lam + 0.02, "level term alone", ha="right", va="bottom", fontsize=8)
-axs[2].set_xticks(range(len(groups)), [f"layer {l + 1} uniform\n({int((pos == l).sum())} seeds)" for l in groups])
+axs[2].text(len(groups) - 0.55, tdf["level"] / Lam + 0.02, "level term alone", ha="right",
+        va="bottom", fontsize=8)
+axs[2].set_xticks(range(len(groups)),
+        [f"layer {l + 1} uniform\n({int((pos == l).sum())} seeds)" for l in groups])
 axs[2].set(ylabel="share of the winner's level moved", title="Patching the uniform layer")
 axs[2].set_ylim(0, 1.35)
-axs[2].legend(fontsize=7.5, ncol=3, loc="upper center", title="patched rows", title_fontsize=8); fig.tight_layout()
+axs[2].legend(fontsize=7.5, ncol=3, loc="upper center", title="patched rows",
+        title_fontsize=8); fig.tight_layout()
 
 # %%
 #| echo: false
 iv_claims = dict(
-    shuffle=f"Under shuffled successors, {CONTEST_NAMES[sh_best]} predicts the models' change of shape best "
-            f"(change ratio {sh_cr[sh_best].mean():.2f} against {sh_cr[sh_next].mean():.2f}; 30 seeds).",
+    shuffle=f"Under shuffled successors, {CONTEST_NAMES[sh_best]} predicts the models' change of "
+                 "shape best "
+            f"(change ratio {sh_cr[sh_best].mean():.2f} against {sh_cr[sh_next].mean():.2f}; 30 "
+                 "seeds).",
     lengthen=f"At n = {lengths[-1]}, four times the training length, the models' MSVE falls to "
              f"{ln_msve[lengths[-1]].mean():.2f} as {CONTEST_NAMES[ln_best]} predicts (30 seeds).",
-    patch=f"Patching the uniform layer (layer 1) from another task moves a share {s_all.mean():.2f} of the level "
+    patch="Patching the uniform layer (layer 1) from another task moves a share "
+                 f"{s_all.mean():.2f} of the level "
           f"(between the level term alone and the whole level).")
 for key, claim in iv_claims.items():
-    record_claim(f"intervention-{key}", claim, "measured", "mechanism", "#fig-contest-interventions")
+    record_claim(f"intervention-{key}", claim, "measured", "mechanism",
+            "#fig-contest-interventions")
 
 
 # %% [markdown]
@@ -847,7 +1063,7 @@ for key, claim in iv_claims.items():
 # %%
 #| export
 def frozen_response(model:SoftmaxICTD,    # the model
-                    Z:torch.Tensor,       # (B, d+2, N) prompts (attention frozen at its values here)
+                    Z:torch.Tensor,       # (B, d+2, N) prompts (attention frozen here)
                     n:int,                # context length
                     dZ:torch.Tensor,      # (B, d+2, N) a change of the prompts
                     layer:int=None,       # a layer whose writes of the change keep only `rows`
@@ -933,39 +1149,50 @@ test_close(torch.tensor(_got, dtype=torch.float64),
 
 # %%
 #| code-fold: true
-# the uniform layer's position over all forty headline seeds (learned kernels of the contest's models)
+# the uniform layer's position over all forty headline seeds (the models' learned kernels)
 head_models = fit_runs + scored_runs
-head_diag = torch.stack([learned_kernel(m, held_out_prompts(dataclasses.replace(c, eval_tasks=32))[0]).diagonal(dim1=-2, dim2=-1).mean((-2, -1)) for c, m in head_models])
+head_diag = torch.stack([learned_kernel(m,
+        held_out_prompts(dataclasses.replace(c, eval_tasks=32))[0]).diagonal(dim1=-2,
+                dim2=-1).mean((-2, -1)) for c, m in head_models])
 seed_fit = [fit_candidate([st], "td") for st in head_cell["stats"]]
 test_eq([c.seed for c, _ in head_models], head_cell["seeds"])
 wr = []
 for (c, m), f, diag_ in zip(head_models, seed_fit, head_diag):
     t_, s_, _ = held_out_prompts(dataclasses.replace(c, eval_tasks=32))
     u, D = int(diag_.argmin()), m.d
-    parts = dict(value=weight_level(m, t_, s_, u, [D + 1]), tokens=weight_level(m, t_, s_, u, list(range(D + 1))))
+    parts = dict(value=weight_level(m, t_, s_, u, [D + 1]),
+            tokens=weight_level(m, t_, s_, u, list(range(D + 1))))
     rd = layer_readings(m)
     sel = [l for l in range(m.n_layers) if l != u]
-    wr.append(dict(seed=c.seed, u=u, fit=f["level"] + f["scale"] * (1 - c.gamma ** f["theta"]["k"]), level=f["level"],
-                   k=f["theta"]["k"], beta_fit=f["theta"]["beta"], weights=weight_level(m, t_, s_), **parts,
-                   beta_sel=[rd["beta"][l] for l in sel], aniso_sel=[rd["anisotropy"][l] for l in sel],
+    wr.append(dict(seed=c.seed, u=u, fit=f["level"] + f["scale"] * (1 - c.gamma ** f["theta"]["k"]),
+            level=f["level"],
+                   k=f["theta"]["k"], beta_fit=f["theta"]["beta"], weights=weight_level(m, t_, s_),
+                   **parts,
+                   beta_sel=[rd["beta"][l] for l in sel],
+                   aniso_sel=[rd["anisotropy"][l] for l in sel],
                    aniso_u=rd["anisotropy"][u], beta_u=rd["beta"][u],
                    step=[rd["step"][l] for l in sel], discount=[rd["discount"][l] for l in sel]))
 W = {k: torch.tensor([r[k] for r in wr], dtype=torch.float64) for k in wr[0] if k != "seed"}
 W["selective"] = W["weights"] - W["value"] - W["tokens"]
 lam_corr = torch.corrcoef(torch.stack([W["fit"], W["weights"]]))[0, 1].item()
 Markdown("| constant | from the fit (per seed) | from the weights | |\n|---|---|---|---|\n"
-         f"| level sensitivity $\\Lambda$ | {ms(W['fit'])} | {ms(W['weights'])} | correlation over seeds "
+         f"| level sensitivity $\\Lambda$ | {ms(W['fit'])} | {ms(W['weights'])} | correlation over "
+         "seeds "
          f"{lam_corr:.2f}; largest difference {(W['fit'] - W['weights']).abs().max():.3f} |\n"
          f"| … through the uniform layer's value write | | {ms(W['value'])} | |\n"
          f"| … through its feature and reward writes | | {ms(W['tokens'])} | |\n"
          f"| … through the selective layers alone | | {ms(W['selective'])} | |\n"
          f"| kernel: anisotropy of $A_{{\\phi\\phi}}$, selective layers | isotropic ($\\beta I$) | "
          f"{ms(W['aniso_sel'].flatten())} | uniform layer: {ms(W['aniso_u'])} |\n"
-         f"| kernel scale $\\beta$ | {ms(W['beta_fit'])} (grid 0.5 to 8) | {ms(W['beta_sel'].flatten())} | "
+         f"| kernel scale $\\beta$ | {ms(W['beta_fit'])} (grid 0.5 to 8) | "
+         f"{ms(W['beta_sel'].flatten())} | "
          f"uniform layer: {ms(W['beta_u'])} |\n"
-         f"| TD steps | $k$ = {ms(W['k'].double())} | summed steps $\\alpha$ = {ms(W['step'].sum(-1))} | |\n"
-         f"| discount | $\\gamma$ = {EMERGENCE.gamma:g} (fixed) | median {W['discount'].flatten().median():.2f}, "
-         f"quartiles {W['discount'].flatten().quantile(0.25):.2f} to {W['discount'].flatten().quantile(0.75):.2f} | |")
+         f"| TD steps | $k$ = {ms(W['k'].double())} | summed steps $\\alpha$ = "
+         f"{ms(W['step'].sum(-1))} | |\n"
+         f"| discount | $\\gamma$ = {EMERGENCE.gamma:g} (fixed) | median "
+         f"{W['discount'].flatten().median():.2f}, "
+         f"quartiles {W['discount'].flatten().quantile(0.25):.2f} to "
+         f"{W['discount'].flatten().quantile(0.75):.2f} | |")
 
 # %%
 #| code-fold: true
@@ -975,20 +1202,25 @@ Markdown("| constant | from the fit (per seed) | from the weights | |\n|---|---|
 fig, axs = plt.subplots(1, 3, figsize=(13.5, 4.1))
 for l in range(3):
     k_ = W["u"] == l
-    axs[0].scatter(W["fit"][k_], W["weights"][k_], color=OKABE_ITO[l], s=28, label=f"layer {l + 1} uniform")
+    axs[0].scatter(W["fit"][k_], W["weights"][k_], color=OKABE_ITO[l], s=28, label=f"layer {l + 1} "
+                   "uniform")
 lo_, hi_ = W["fit"].min().item() - 0.03, W["fit"].max().item() + 0.03
 axs[0].plot([lo_, hi_], [lo_, hi_], "k--", lw=0.8)
 axs[0].set(xlabel="fitted $\\Lambda = \\lambda + \\sigma(1 - \\gamma^k)$ (per seed)",
            ylabel="$\\Lambda$ read off the weights", title="Level sensitivity")
 axs[0].legend(fontsize=8)
 jit = torch.linspace(-0.15, 0.15, len(wr))
-axs[1].scatter(jit.repeat_interleave(2), W["aniso_sel"].flatten(), s=14, color=OKABE_ITO[0], label="selective")
+axs[1].scatter(jit.repeat_interleave(2), W["aniso_sel"].flatten(), s=14, color=OKABE_ITO[0],
+        label="selective")
 axs[1].scatter(1 + jit, W["aniso_u"], s=14, color=OKABE_ITO[1], label="uniform")
-axs[1].set(xticks=[0, 1], xticklabels=["selective layers", "uniform layer"], ylabel="$\\|A_{\\phi\\phi} - \\beta I\\| / \\|A_{\\phi\\phi}\\|$",
+axs[1].set(xticks=[0, 1], xticklabels=["selective layers", "uniform layer"],
+        ylabel="$\\|A_{\\phi\\phi} - \\beta I\\| / \\|A_{\\phi\\phi}\\|$",
            title="Kernel: distance from $\\beta I$", ylim=(0, 1.05))
-axs[2].scatter(jit.repeat_interleave(2), W["discount"].flatten().clamp(-3, 3), s=14, color=OKABE_ITO[2])
+axs[2].scatter(jit.repeat_interleave(2), W["discount"].flatten().clamp(-3, 3), s=14,
+        color=OKABE_ITO[2])
 axs[2].axhline(EMERGENCE.gamma, color="k", ls=":", lw=0.8)
-axs[2].set(xticks=[0], xticklabels=["selective layers"], xlim=(-0.6, 0.6), ylabel="$a_{v'} / (-a_v)$ (clipped)",
+axs[2].set(xticks=[0], xticklabels=["selective layers"], xlim=(-0.6, 0.6),
+        ylabel="$a_{v'} / (-a_v)$ (clipped)",
            title="Value-row discount")
 fig.tight_layout()
 
@@ -1001,31 +1233,49 @@ assert W["aniso_sel"].median() < 0.25 and iso_z > 3, (W["aniso_sel"], W["aniso_u
 # %%
 #| echo: false
 near_td = ((W["discount"] - EMERGENCE.gamma).abs() < 0.1).double().mean().item()
-Markdown(f"**What the weights say.** The level constant can be read off the parameters: with attention frozen, the "
-         f"level sensitivity is {ms(W['weights'])} against {ms(W['fit'])} fitted to the same seeds' outputs "
-         f"(correlation {lam_corr:.2f} over {len(wr)} seeds). It comes in three parts: the uniform layer's value write "
-         f"({W['value'].mean():.2f}), its writes into the feature and reward rows, which later layers read "
-         f"({W['tokens'].mean():.2f}), and the selective layers' own reward paths ({W['selective'].mean():.2f}), "
+Markdown("**What the weights say.** The level constant can be read off the parameters: with "
+         "attention frozen, the "
+         f"level sensitivity is {ms(W['weights'])} against {ms(W['fit'])} fitted to the same "
+         "seeds' outputs "
+         f"(correlation {lam_corr:.2f} over {len(wr)} seeds). It comes in three parts: the uniform "
+         "layer's value write "
+         f"({W['value'].mean():.2f}), its writes into the feature and reward rows, which later "
+         "layers read "
+         f"({W['tokens'].mean():.2f}), and the selective layers' own reward paths "
+         f"({W['selective'].mean():.2f}), "
          f"against the winner's $\\lambda$ = {W['level'].mean():.2f} and $\\sigma(1-\\gamma^k)$ = "
          f"{(W['fit'] - W['level']).mean():.2f}. The uniform layer's two paths together give "
-         f"{(W['value'] + W['tokens']).mean():.2f}, more than the whole, and the selective layers take "
-         f"{-W['selective'].mean():.2f} away: the level is not the winner's level term computed in one place. The uniform "
-         f"layer computes most of it, partly through rewards and features it re-embeds for later layers (as the patch "
-         f"found), and the selective layers correct it. The kernel has the winner's form: the feature block of $A$ in the selective layers is close "
-         f"to $\\beta I$ (median anisotropy {W['aniso_sel'].median():.2f}, against {W['aniso_u'].median():.2f} in the "
+         f"{(W['value'] + W['tokens']).mean():.2f}, more than the whole, and the selective layers "
+         "take "
+         f"{-W['selective'].mean():.2f} away: the level is not the winner's level term computed in "
+         "one place. The uniform "
+         "layer computes most of it, partly through rewards and features it re-embeds for later "
+         "layers (as the patch "
+         "found), and the selective layers correct it. The kernel has the winner's form: the "
+         "feature block of $A$ in the selective layers is close "
+         f"to $\\beta I$ (median anisotropy {W['aniso_sel'].median():.2f}, against "
+         f"{W['aniso_u'].median():.2f} in the "
          f"uniform layer), with $\\beta$ = {ms(W['beta_sel'].flatten())}, larger than the fitted "
-         f"{ms(W['beta_fit'])} (the selective layers read re-embedded features, not the raw ones the fit uses). The step "
-         f"and the discount cannot be read off the value row: the selective layers' value-row weights are not "
-         f"$\\alpha(1, \\gamma, -1)$ (discount within 0.1 of {EMERGENCE.gamma:g} in {near_td:.0%} of the layers; the "
-         f"summed steps {ms(W['step'].sum(-1))} against $k$ = {ms(W['k'].double())} fitted iterates). The models compute "
-         f"$k$ kernel-TD iterates as a function, with writes spread over all rows, not one TD step per layer in the "
+         f"{ms(W['beta_fit'])} (the selective layers read re-embedded features, not the raw ones "
+         "the fit uses). The step "
+         "and the discount cannot be read off the value row: the selective layers' value-row "
+         "weights are not "
+         f"$\\alpha(1, \\gamma, -1)$ (discount within 0.1 of {EMERGENCE.gamma:g} in {near_td:.0%} "
+         "of the layers; the "
+         f"summed steps {ms(W['step'].sum(-1))} against $k$ = {ms(W['k'].double())} fitted "
+         "iterates). The models compute "
+         "$k$ kernel-TD iterates as a function, with writes spread over all rows, not one TD step "
+         "per layer in the "
          f"value row. Measured on the headline cell only.")
 
 # %%
 #| echo: false
-record_claim("weights-level", f"The level sensitivity read off the weights (attention frozen) matches the one fitted to "
-             f"each seed's outputs: correlation {lam_corr:.2f} over {len(wr)} seeds; the selective layers' kernels are "
-             f"near-isotropic and their value-row weights are not TD steps.", "measured", "mechanism", "#fig-contest-weights")
+record_claim("weights-level", "The level sensitivity read off the weights (attention frozen) "
+             "matches the one fitted to "
+             f"each seed's outputs: correlation {lam_corr:.2f} over {len(wr)} seeds; the selective "
+             "layers' kernels are "
+             f"near-isotropic and their value-row weights are not TD steps.", "measured",
+             "mechanism", "#fig-contest-weights");
 
 # %% [markdown]
 # ## How the models implement it, and further measurements
@@ -1048,33 +1298,47 @@ record_claim("weights-level", f"The level sensitivity read off the weights (atte
 # does not show in `tests/test_mechanism.py`, `tests/test_mechanism_dynamics.py` and `tests/test_contest.py`.
 
 # %%
+#| code-fold: true
 z_max_p = lambda zs: max(normal_greater(z) for z in zs)
-paired_z = lambda x: (x.mean() / (x.std() / math.sqrt(len(x)))).item()   # a paired difference in units of its s.e.
+# a paired difference in units of its s.e.
+paired_z = lambda x: (x.mean() / (x.std() / math.sqrt(len(x)))).item()
 families = {
-    "contest (fitted 0-9, scored 10-39)": dict(primary=("level + TD iterates has a lower residual ratio than the runner-up", normal_greater(margin / margin_se)),
-                                               secondary={f"… lower than {CONTEST_NAMES[k]} in more seeds than chance": binomial_greater(int((hr['td'] < hr[k]).sum()), n_head)
+    "contest (fitted 0-9, scored 10-39)": dict(primary=("level + TD iterates has a lower residual "
+                                                        "ratio than the runner-up",
+                                                        normal_greater(margin / margin_se)),
+                                               secondary={f"… lower than {CONTEST_NAMES[k]} in "
+                "more seeds than chance": binomial_greater(int((hr['td'] < hr[k]).sum()), n_head)
                                                           for k in hr if k != "td"}),
     "interventions (seeds 10-39)": dict(
-        primary=("level + TD iterates predicts the change under shuffled successors better than the runner-up",
+        primary=("level + TD iterates predicts the change under shuffled successors better than "
+                 "the runner-up",
                  normal_greater(paired_z(sh_cr[sh_next] - sh_cr["td"]))),
-        secondary={**{f"… and at n = {lengths[-1]} better than {CONTEST_NAMES[k]}": normal_greater(paired_z(ln_cr[k] - ln_cr["td"]))
+        secondary={**{f"… and at n = {lengths[-1]} better than {CONTEST_NAMES[k]}":
+                          normal_greater(paired_z(ln_cr[k] - ln_cr["td"]))
                       for k in ln_cr if k != "td"},
                    f"the models' MSVE falls from n = 30 to n = {lengths[-1]}":
                        binomial_greater(int((ln_msve[lengths[-1]] < ln_msve[30]).sum()), len(iv)),
                    "patching a uniform layer 1 moves more of the level than the level term alone":
                        normal_greater(paired_z(s_all - tdf["level"] / Lam))}),
     "weights (40 seeds)": dict(
-        primary=("the level sensitivity read off the weights correlates with the fitted one (Fisher z)",
+        primary=("the level sensitivity read off the weights correlates with the fitted one "
+                 "(Fisher z)",
                  normal_greater(math.atanh(lam_corr) * math.sqrt(len(wr) - 3))),
-        secondary={"the selective layers' kernels are less anisotropic than the uniform layer's": normal_greater(iso_z)}),
+        secondary={"the selective layers' kernels are less anisotropic than the uniform layer's":
+                       normal_greater(iso_z)}),
 }
 Markdown(claims_table(families))
 
 # %%
+#| echo: false
 for exp, f in families.items():
-    record_claim(exp.split(" (")[0].replace(" ", "-"), f"{f['primary'][0][0].upper()}{f['primary'][0][1:]} ({exp}; one-sided p {'< 1e-6' if f['primary'][1] < 1e-6 else '= ' + format(f['primary'][1], '.2g')}).",
-                 "measured" if f["primary"][1] < 0.05 else "partial", "mechanism", "#claims-and-multiplicity")
-Markdown(f"Every primary claim of this page holds at the 0.05 level: {all(f['primary'][1] < 0.05 for f in families.values())}.")
+    p_txt = '< 1e-6' if f['primary'][1] < 1e-6 else '= ' + format(f['primary'][1], '.2g')
+    record_claim(exp.split(" (")[0].replace(" ", "-"),
+                 f"{f['primary'][0][0].upper()}{f['primary'][0][1:]} ({exp}; one-sided p {p_txt}).",
+                 "measured" if f["primary"][1] < 0.05 else "partial", "mechanism",
+                 "#claims-and-multiplicity")
+Markdown("Every primary claim of this page holds at the 0.05 level: "
+         f"{all(f['primary'][1] < 0.05 for f in families.values())}.")
 
 # %% [markdown]
 # ## What the trained models compute
@@ -1084,26 +1348,42 @@ Markdown(f"Every primary claim of this page holds at the 0.05 level: {all(f['pri
 # %%
 #| echo: false
 Markdown(
-    f"1. **The algorithm.** The contest's winner, in the headline cell, is {CONTEST_NAMES[winner]}, "
-    f"$\\hat v = \\lambda \\bar R/(1-\\gamma) + \\sigma v_k$ with $(\\lambda, \\sigma, k, \\beta) = "
-    f"({tdf['level']:.3f}, {tdf['scale']:.3f}, {tdf['theta']['k']}, {tdf['theta']['beta']:g})$ fitted on seeds 0-9: "
-    f"on seeds 10-39 its residual ratio is {ms(hr['td'])} against {ms(hr[runner])} for the runner-up, lower in "
-    f"{n_lower} of {n_head} seeds; it wins {len(clear)} of the {len(winners)} cells of the sweep by more than two "
-    f"standard errors, and fits TD-trained models better than control-trained ones in {n_pos} of {len(zs)} "
+    "1. **The algorithm.** The contest's winner, in the headline cell, is "
+         f"{CONTEST_NAMES[winner]}, "
+    "$\\hat v = \\lambda \\bar R/(1-\\gamma) + \\sigma v_k$ with $(\\lambda, \\sigma, k, \\beta) "
+         "= "
+    f"({tdf['level']:.3f}, {tdf['scale']:.3f}, {tdf['theta']['k']}, {tdf['theta']['beta']:g})$ "
+         "fitted on seeds 0-9: "
+    f"on seeds 10-39 its residual ratio is {ms(hr['td'])} against {ms(hr[runner])} for the "
+         "runner-up, lower in "
+    f"{n_lower} of {n_head} seeds; it wins {len(clear)} of the {len(winners)} cells of the sweep "
+         "by more than two "
+    f"standard errors, and fits TD-trained models better than control-trained ones in {n_pos} of "
+         f"{len(zs)} "
     f"comparisons.\n"
-    f"1. **Linear attention.** On linear-attention models of the same cell the same form wins at its flattest kernel "
-    f"(residual ratio {ms(lin['td']['scores']['ratio'])}), but the models carry no level (task-mean slope "
+    "1. **Linear attention.** On linear-attention models of the same cell the same form wins at "
+         "its flattest kernel "
+    f"(residual ratio {ms(lin['td']['scores']['ratio'])}), but the models carry no level "
+         "(task-mean slope "
     f"{ms(lin_err['slope'])}, against {ms(soft_err['slope'])} for softmax).\n"
-    f"1. **Interventions.** With its constants frozen it predicts the models' change under shuffled successors "
-    f"(change ratio {sh_cr['td'].mean():.2f}, next best {sh_cr[sh_next].mean():.2f}) and at $n = {lengths[-1]}$ "
-    f"(change ratio {ln_cr['td'].mean():.2f}), where the models' MSVE falls to {ln_msve[lengths[-1]].mean():.2f}; "
-    f"patching the uniform layer from another task, where it is layer 1, moves a share {s_all.mean():.2f} of the "
+    "1. **Interventions.** With its constants frozen it predicts the models' change under "
+         "shuffled successors "
+    f"(change ratio {sh_cr['td'].mean():.2f}, next best {sh_cr[sh_next].mean():.2f}) and at $n = "
+         f"{lengths[-1]}$ "
+    f"(change ratio {ln_cr['td'].mean():.2f}), where the models' MSVE falls to "
+         f"{ln_msve[lengths[-1]].mean():.2f}; "
+    "patching the uniform layer from another task, where it is layer 1, moves a share "
+         f"{s_all.mean():.2f} of the "
     f"level.\n"
-    f"1. **The weights.** The level sensitivity read off the weights with attention frozen matches the fitted one "
-    f"(correlation {lam_corr:.2f}); the selective layers' kernels are close to $\\beta I$; the value-row weights are "
+    "1. **The weights.** The level sensitivity read off the weights with attention frozen matches "
+         "the fitted one "
+    f"(correlation {lam_corr:.2f}); the selective layers' kernels are close to $\\beta I$; the "
+         "value-row weights are "
     f"not TD steps.\n\n"
-    "What each layer writes, chapter 5's condition, the controls, the dynamics at $\\theta^*$ and the further "
-    "experiments are summarised in [appendix D, part 3](mechanism_studies.html#what-the-further-measurements-show).")
+    "What each layer writes, chapter 5's condition, the controls, the dynamics at $\\theta^*$ and "
+         "the further "
+    "experiments are summarised in [appendix D, part "
+         "3](mechanism_studies.html#what-the-further-measurements-show).")
 
 
 # %% [markdown]
