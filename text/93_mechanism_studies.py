@@ -27,7 +27,7 @@ from ictd.engine import corrupted_rewards, register_protocol
 
 # %% [markdown]
 # # The mechanism studies
-# > The machinery of chapter 6b: saving and loading trained runs with their provenance, the tables and statistics of its experiments, the stopping rule of its convergence sweep, and the drivers that trained every file it reads.
+# > The machinery of chapter 6b: saving and loading trained runs with their provenance, the tables and statistics of its experiments, the stopping rule of its convergence sweep, the drivers that trained every file it reads, its probes and contest, and its further measurements (the anatomy, the controls and five experiments).
 
 # %% [markdown]
 # *How to read this chapter.* It is the implementation half of [chapter 6b](mechanism.html), kept apart so that
@@ -42,6 +42,13 @@ from ictd.engine import corrupted_rewards, register_protocol
 # The last sections serve 6b's contest of algorithms: the training driver of its new cells (`run_contest_runs`), the
 # gathering of every cell's saved models (`contest_cells`), the driver that measures them (`run_contest`), and the
 # loading, fitting and scoring of the saved sums (`load_contest`, `contest_summary`, `contest_winner`, `rate_interval`).
+#
+# The page has three parts. Part 1 (the sections below) is the library of `ictd.experiments.mechanism`. [Part
+# 2](#part-2-chapter-6bs-probes-and-contest) defines chapter 6b's probes and the contest's candidates, sums and
+# `fit_learned_algorithm`, exported to `ictd.mechanism`. [Part 3](#part-3-further-measurements) holds the further
+# measurements that chapter 6b links to: the anatomy of the trained models layer by layer, chapter 5's condition,
+# the value row probed by the earlier estimators, the controls and five further experiments, with their own claims
+# table.
 
 # %% [markdown]
 # ## Saved runs, with their provenance
