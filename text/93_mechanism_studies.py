@@ -1422,7 +1422,7 @@ def write_constancy(model:SoftmaxICTD,  # the model
 
 # %% [markdown]
 # With every layer made uniform, every write is the same number at every state of a task (the API entry is in
-# *Implementation and tests*):
+# [its API entries and unit tests](#chapter-6bs-probes-api-entries-and-unit-tests)):
 
 # %%
 flat_toy = knockout(knockout(toy, 1, "uniform"), 2, "uniform")
@@ -1796,7 +1796,7 @@ test_fail(lambda: estimator_values("median", dict(coef=[0., 1.]), toy_config), c
 # %% [markdown]
 # `prediction_errors` scores the fitted candidates on *other* models: $1 - R^2$ against each model's output, raw and
 # after removing each task's mean (the shape), and each candidate's own MSVE against $v_\pi$. A fit that recovers a
-# known estimator, with zero prediction error, is checked in *Implementation and tests*.
+# known estimator, with zero prediction error, is checked in [its API entries and unit tests](#chapter-6bs-probes-api-entries-and-unit-tests).
 
 # %%
 #| export mechanism
@@ -2003,10 +2003,10 @@ def iterate_shared(config:PretrainConfig,  # the run's settings (shared=True)
 # ## Chapter 6b's probes: API entries and unit tests
 #
 # The probes, the estimator, the Jacobian and the shared-layer recursion above are exported to `ictd.mechanism`.
-# The functions that save and load runs, build this page's tables, compute its statistics and apply the stopping rule,
-# and the drivers that trained every saved file, are in `ictd.experiments.mechanism`, documented and tested in
-# [appendix D](mechanism_studies.html). What follows are the API entries of the probes and their unit tests: input
-# checks, a fit that recovers a known estimator, and the Jacobian against finite differences.
+# The functions that save and load runs, build chapter 6b's tables, compute its statistics and apply the stopping
+# rule, and the drivers that trained every saved file, are in `ictd.experiments.mechanism`, part 1 of this page. What
+# follows are the API entries of the probes and their unit tests: input checks, a fit that recovers a known estimator,
+# and the Jacobian against finite differences.
 
 # %%
 test_fail(lambda: centred_msve(ct.v_pi[:, :3], ct), contains="`v_hat` must have shape")
@@ -2396,7 +2396,7 @@ Markdown(provenance_note(saved["provenance"], "The saved runs"))
 # is below that floor.
 
 # %% [markdown]
-# `centred_msve` computes it (defined, with its checks, in *Implementation: the probes* at the end of the page).
+# `centred_msve` computes it (defined, with its checks, in [part 2](#part-2-chapter-6bs-probes-and-contest)).
 
 # %% [markdown]
 # ## The anatomy of a trained model
@@ -2406,7 +2406,7 @@ Markdown(provenance_note(saved["provenance"], "The saved runs"))
 # knocked out. The probes are functions of a model, defined here with a check each.
 
 # %% [markdown]
-# The probes are functions of a model, each defined with a check in *Implementation: the probes* at the end of the page:
+# The probes are functions of a model, each defined with a check in [part 2](#part-2-chapter-6bs-probes-and-contest):
 #
 # * `layer_values`: the value row of the query columns after every layer (the model's running estimate);
 # * `row_writes`: how much each layer writes into each token row at the queries (writes outside the value row,
@@ -2606,7 +2606,7 @@ Markdown(f"$\\theta^*(W = \\beta I)$ meets it on {', '.join(f'{v:.0%} of the tas
 # $d_\pi$-weighted least squares), and scored by its $R^2$.
 
 # %% [markdown]
-# The estimators and their fits are defined, with checks, in *Implementation: the probes*: `lookahead_features` (the context mean
+# The estimators and their fits are defined, with checks, in [part 2](#part-2-chapter-6bs-probes-and-contest): `lookahead_features` (the context mean
 # and the two kernel-smoothed rewards), `affine_fit` and `affine_predict` ($d_\pi$-weighted least squares with an
 # intercept), `weighted_r2`, `candidate_values` (the candidates that need no fitting), `probe_layers` (every
 # candidate against the value row after every layer; the TD iterates after layer $l$ are $\theta^*$ with $l$
@@ -2634,7 +2634,7 @@ Markdown("| candidate | after layer 1 | after layer 2 | after layer 3 (output) |
 # %% [markdown]
 # ### The earlier comparison, and why the contest replaces it
 #
-# An earlier version of this page compared these estimators by fitting each, pooled over seeds 0 to 9, to the models'
+# An earlier version of chapter 6b compared these estimators by fitting each, pooled over seeds 0 to 9, to the models'
 # outputs, and concluded that the models run the two-step lookahead. That comparison was not capacity-matched: the
 # lookahead had a free intercept and three free weights, while $\theta^*$ had one regressor that had to carry both the
 # level and the shape, with $(\alpha, \beta)$ chosen by raw $R^2$, which buys the level and spoils the shape. And it
@@ -2725,7 +2725,7 @@ Markdown(f"What is specific to TD, against these nulls (Holm-adjusted one-sided 
 # $\Delta_i$ is seed $i$'s change of $Y$ over the $T_{\mathrm{win}}$ steps before it and the bar and the standard error are
 # over seeds (for a vector metric, the largest component). Training *has converged at* a step when,
 # from that step on, no metric has moved at any evaluation; the tolerances $\mathrm{tol}_Y$ are
-# `CONVERGE_TOLERANCES`, and `settled_step` applies the rule (both in *Implementation and tests*, with a check on
+# `CONVERGE_TOLERANCES`, and `settled_step` applies the rule (both in [part 1](#the-stopping-rule), with a check on
 # synthetic trajectories). The sweep trains each learning rate once to the largest number of steps:
 # Adam's step size is constant, so the model after some number of steps of a longer run is the model of a
 # run of that many steps, and every smaller step count is read off the same run (its parameters are
@@ -2894,12 +2894,12 @@ Markdown("Per seed, MSVE at the end of training: " + "; ".join(f"{k}: " + ", ".j
 # negative real part. `update_jacobian` computes both exactly, from
 # $J_G = J_v^\top D_\pi (\gamma P - I) J_v + \sum_x d_\pi(x)\, \delta_x \nabla^2 v_x$ (averaged over tasks), with $J_v$ the
 # Jacobian of the values, $D_\pi = \mathrm{diag}(d_\pi)$ and $\delta_x$ the expected TD error at $x$; it is checked against
-# finite differences in *Implementation and tests*.
+# finite differences in [its API entries and unit tests](#chapter-6bs-probes-api-entries-and-unit-tests).
 
 # %% [markdown]
 # `update_jacobian` computes $(G, J_G)$ exactly, at $n = \infty$ or at given contexts; `sampled_jacobians`
 # draws batches of stationary contexts at $n = 30$ so that the spread between batches gives an error bar; and
-# `jacobian_spectrum` reads stability off the draws, with delete-one jackknife errors (all in *Implementation: the probes*).
+# `jacobian_spectrum` reads stability off the draws, with delete-one jackknife errors (all in [part 2](#part-2-chapter-6bs-probes-and-contest)).
 
 # %% [markdown]
 # At the training configuration, on held-out tasks, at $\theta^*(W = I, \alpha = 1)$ (the
@@ -3045,7 +3045,7 @@ Markdown(f"Training does not stay at either $\\theta^*$. From the constructed $\
 # %% [markdown]
 # `shared_recursion` computes this recursion from the learned layer, and `iterate_shared` runs the trained
 # layer $K$ times and measures its held-out MSVE at $n = 30$ and at $n = \infty$ beside the recursion's
-# prediction (both in *Implementation: the probes*, with a check against chapter 5's `td_recursion`).
+# prediction (both in [part 2](#part-2-chapter-6bs-probes-and-contest), with a check against chapter 5's `td_recursion`).
 
 # %% [markdown]
 # **Result.** The ten trained shared-layer models, iterated up to $T = 48$ times. The errors grow by many orders of
