@@ -113,6 +113,19 @@ sweep_txt = ("Across the sweep of depths and objectives, TD-trained models are w
              + (" With one-hot features, where the model sees which state is which, the winner is "
                 f"{CONTEST_NAMES[winners['one-hot'][0]]}." if "one-hot" in winners
                 and winners["one-hot"][0] != "td" and decided(winners["one-hot"]) else ""))
+lin_data = load_contest("data", names=("contest_linear.json",))
+lin_cell = lin_data["cells"]["linear, L = 3"]
+lin_fit_seeds = lin_cell["seeds"][:10]
+lin = contest_summary(lin_cell, fit_seeds=lin_fit_seeds)
+lin_win = contest_winner(lin)
+level_slope = lambda cell: torch.tensor([st["run"]["Lmy"] / st["run"]["Lmm"]
+                                         for st in cell["stats"]])
+linear_txt = ("On linear-attention models trained at the same settings, "
+              f"{CONTEST_NAMES[lin_win[0]]} " + ("again " if lin_win[0] == winner else "")
+              + "has the lowest residual ratio, but their outputs follow the context's mean reward "
+              f"with slope {level_slope(lin_cell).mean():.2f}, against "
+              f"{level_slope(head_cell).mean():.2f} for softmax models: here the level is "
+              "specific to softmax attention (section *Linear attention on the same contest*).")
 Markdown("**The question.** What does a softmax Transformer pretrained with TD on random Boyan "
          "chains compute in its forward pass? "
          "**The contest.** Five algorithms, each given the same three fitted constants (a level "
@@ -138,7 +151,7 @@ Markdown("**The question.** What does a softmax Transformer pretrained with TD o
          "and when the context is longer than in training, better than every other candidate; and "
          "the winner's level "
          f"constant can be read off the weights (the sections *Interventions at test time* and "
-         f"*Reading the algorithm off the weights*).")
+         f"*Reading the algorithm off the weights*). " + linear_txt)
 
 # %% [markdown]
 # ::: {.callout-note}
@@ -445,11 +458,6 @@ Markdown(f"In {n_pos} of the {len(zs)} comparisons the TD account fits the TD-tr
 
 # %%
 #| echo: false
-lin_data = load_contest("data", names=("contest_linear.json",))
-lin_cell = lin_data["cells"]["linear, L = 3"]
-lin_fit_seeds = lin_cell["seeds"][:10]
-lin = contest_summary(lin_cell, fit_seeds=lin_fit_seeds)
-lin_win = contest_winner(lin)
 n_lin = len(lin["td"]["seeds"])
 Markdown(provenance_note(lin_data["provenance"]["contest_linear.json"], "The runs and sums in "
                          "`contest_linear.json`")
