@@ -249,3 +249,14 @@ def test_saved_linear_contest_is_what_the_code_computes():
     for name in ("td", "lookahead"):
         for k, v in new["candidates"][name].items():
             assert torch.allclose(torch.tensor(v), torch.tensor(old["candidates"][name][k]), rtol=1e-6, atol=1e-9), (name, k)
+
+
+@pytest.mark.unit
+def test_cli_contest_linear_honours_seeds(monkeypatch, tmp_path):
+    "Catches: `ictd mechanism contest_linear` training other seeds than --seeds, or recording another command."
+    import ictd.cli as cli
+    calls = {}
+    monkeypatch.setattr(cli, "run_contest_linear", lambda *a, **k: calls.setdefault("c", (a, k)) and tmp_path / "x.json")
+    cli.main(["mechanism", "contest_linear", "--seeds", "3-5", "--out", str(tmp_path)])
+    a, k = calls["c"]
+    assert list(a[1]) == [3, 4, 5] and k["command"] == f"ictd mechanism contest_linear --seeds 3-5 --out {tmp_path}"
