@@ -32,35 +32,19 @@ from nbdev.showdoc import *
 #| hide
 import matplotlib.pyplot as plt
 from IPython.display import Markdown
-from ictd.tasks import random_tasks
-from ictd.state_tokens import population_neu
-from ictd.emergence import best_theta_star, neu_jackknife
-from ictd.model import theta_star
-from ictd.convergence import td_recursion
 from ictd.core import record_claim
 from matplotlib.ticker import NullFormatter
 from ictd.core import plain_log_ticks
 import json, math
 from pathlib import Path
 from ictd.engine import EMERGENCE
-from ictd.emergence import UNIFORM_BELOW
-from ictd.experiments.mechanism import (anatomy_counts, anatomy_table, binomial_greater,
-        claims_table, fisher_greater, gap_table, holm, load_models,
-                                       normal_greater, study_summary, summary_table)
+from ictd.experiments.mechanism import binomial_greater, claims_table, load_models, normal_greater
 from ictd.experiments.mechanism import (CONTEST_DEPTHS, CONTEST_FACTORS, CONTEST_GRIDS,
-        CONTEST_NAMES, CONTEST_OBJECTIVES, CONTROLS, contest_summary,
-                                       contest_winner, fit_candidate, load_contest, rate_interval)
+                                        CONTEST_NAMES, CONTEST_OBJECTIVES, CONTROLS,
+                                        contest_summary, contest_winner, fit_candidate,
+                                        load_contest, rate_interval)
 from ictd.core import OKABE_ITO, provenance_note
 from ictd.mechanism import candidate_values_at, fit_learned_algorithm, layer_values, learned_kernel
-from ictd.mechanism import (centred_msve, row_writes, knockout, knockout_rows, write_constancy,
-        swap_weights,
-                            kernel_condition, layer_anatomy, lookahead_features, affine_fit,
-                            affine_predict,
-                            weighted_r2, candidate_values, probe_layers, fit_estimators,
-                            estimator_values,
-                            prediction_errors, gap_measures, update_jacobian, sampled_jacobians,
-                            jacobian_spectrum,
-                            shared_recursion, iterate_shared)
 
 # %% [markdown]
 # # What the trained models compute
