@@ -1280,14 +1280,12 @@ record_claim("weights-level", "The level sensitivity read off the weights (atten
 # %% [markdown]
 # ## Claims and multiplicity
 #
-# Each experiment on this page has one primary claim (the further measurements of appendix D have their own table, [claims of the further measurements](mechanism_studies.html#claims-of-the-further-measurements)); its other claims are secondary and are
-# corrected together, per experiment, with Holm's procedure. The p-values are one-sided: a count
-# of seeds against the null rate 1/2 (`binomial_greater`; a sign pattern or a winner chosen by a
-# coin), a difference of seed means in units of its standard error against the normal
-# (`normal_greater`), and counts between two objectives by Fisher's exact test. A claim that
-# needs several comparisons to hold at once (e.g. "more than every control") takes the largest
-# of their p-values (an intersection-union test). The primary claims are rerun on seeds the book
-# does not show in `tests/test_mechanism.py`, `tests/test_mechanism_dynamics.py` and `tests/test_contest.py`.
+# Each experiment on this page has one primary claim; its other claims are secondary and are corrected together, per
+# experiment, with Holm's procedure. The p-values are one-sided: a count of seeds against the null rate 1/2
+# (`binomial_greater`; a winner chosen by a coin), and a difference of seed means in units of its standard error
+# against the normal (`normal_greater`; for a correlation, through Fisher's $z$). The primary claims are rerun on
+# seeds the book does not show in `tests/test_contest.py`. The further measurements of appendix D have their own
+# table, [claims of the further measurements](mechanism_studies.html#claims-of-the-further-measurements).
 
 # %%
 #| code-fold: true
