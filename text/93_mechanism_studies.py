@@ -27,7 +27,7 @@ from ictd.engine import corrupted_rewards, register_protocol
 
 # %% [markdown]
 # # The mechanism studies
-# > The machinery of chapter 6b: saving and loading trained runs with their provenance, the tables and statistics of its experiments, the stopping rule of its convergence sweep, the drivers that trained every file it reads, its probes and contest, and its further measurements (the anatomy, the controls and five experiments).
+# > The machinery of chapter 6b: saving and loading trained runs with their provenance, the tables and statistics of its experiments, the stopping rule of its convergence sweep, and the drivers that trained every file it reads; then chapter 6b's probes and contest (exported to `ictd.mechanism`) and its further measurements.
 
 # %% [markdown]
 # *How to read this chapter.* It is the implementation half of [chapter 6b](mechanism.html), kept apart so that
