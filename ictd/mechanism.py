@@ -10,27 +10,21 @@ from .model import SoftmaxICTD
 from .tasks import TaskBatch
 from .convergence import span_rate
 from .boyan import weighted_error
-from .state_tokens import model_params, population_predict, population_tokens, token_layers, token_predict
+from .state_tokens import (model_params, population_predict, population_tokens, token_layers,
+                               token_predict)
 from .engine import PretrainConfig, get_family
 from torch.func import functional_call
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from .prompt import build_prompt
 from .tasks import sample_trajectories
-from .emergence import ALPHAS, BETAS, certainty_equivalence_values, context_mean_values, held_out_prompts, msve_of, theta_star_model
+from .emergence import (ALPHAS, BETAS, certainty_equivalence_values, context_mean_values,
+                            held_out_prompts, msve_of, theta_star_model)
 import math
 import numpy as np
 from .wstd import weighted_softmax_td
 
 # %% auto #0
-__all__ = ['LOOKAHEAD_BETAS', 'GAMMA_FACTORS', 'CONTEST_GRIDS', 'CONTEST_NAMES', 'RUN_SUMS', 'GRID_SUMS', 'CONTEST_SCORES',
-           'candidate_prediction', 'context_prompt', 'shuffle_context', 'patched_predict', 'frozen_response',
-           'weight_level', 'layer_readings', 'centred_msve', 'layer_values', 'row_writes', 'knockout', 'knockout_rows',
-           'write_constancy', 'swap_weights', 'learned_kernel', 'kernel_condition', 'layer_anatomy',
-           'lookahead_features', 'affine_fit', 'affine_predict', 'weighted_r2', 'candidate_values', 'probe_layers',
-           'fit_estimators', 'estimator_values', 'prediction_errors', 'gap_measures', 'update_jacobian',
-           'sampled_jacobians', 'jacobian_spectrum', 'shared_recursion', 'iterate_shared', 'bayes_values',
-           'grid_thetas', 'candidate_grid', 'candidate_values_at', 'contest_stats', 'fit_candidate', 'score_candidate',
-           'contest_table', 'LearnedAlgorithm', 'fit_learned_algorithm']
+__all__ = ['candidate_prediction', 'context_prompt', 'shuffle_context', 'patched_predict', 'frozen_response', 'weight_level', 'layer_readings', 'LOOKAHEAD_BETAS', 'GAMMA_FACTORS', 'CONTEST_GRIDS', 'CONTEST_NAMES', 'RUN_SUMS', 'GRID_SUMS', 'CONTEST_SCORES', 'centred_msve', 'layer_values', 'row_writes', 'knockout', 'knockout_rows', 'write_constancy', 'swap_weights', 'learned_kernel', 'kernel_condition', 'layer_anatomy', 'lookahead_features', 'affine_fit', 'affine_predict', 'weighted_r2', 'candidate_values', 'probe_layers', 'fit_estimators', 'estimator_values', 'prediction_errors', 'gap_measures', 'update_jacobian', 'sampled_jacobians', 'jacobian_spectrum', 'shared_recursion', 'iterate_shared', 'bayes_values', 'grid_thetas', 'candidate_grid', 'candidate_values_at', 'contest_stats', 'fit_candidate', 'score_candidate', 'contest_table', 'LearnedAlgorithm', 'fit_learned_algorithm']
 
 # %% ../nbs/06b_mechanism.ipynb #50fc5ba8
 def candidate_prediction(name:str,             # a candidate of `CONTEST_GRIDS`
@@ -81,7 +75,7 @@ def patched_predict(model:SoftmaxICTD,      # the model
 
 # %% ../nbs/06b_mechanism.ipynb #32104808
 def frozen_response(model:SoftmaxICTD,    # the model
-                    Z:torch.Tensor,       # (B, d+2, N) prompts (attention frozen at its values here)
+                    Z:torch.Tensor,       # (B, d+2, N) prompts (attention frozen here)
                     n:int,                # context length
                     dZ:torch.Tensor,      # (B, d+2, N) a change of the prompts
                     layer:int=None,       # a layer whose writes of the change keep only `rows`
@@ -126,7 +120,7 @@ def layer_readings(model:SoftmaxICTD,  # the model
     return dict(beta=beta.tolist(), anisotropy=aniso.tolist(), step=(-w[:, 2]).tolist(),
                 discount=(w[:, 1] / -w[:, 2]).tolist(), reward=w[:, 0].tolist())
 
-# %% ../nbs/06b_mechanism.ipynb #a977e793
+# %% ../nbs/93_mechanism_studies.ipynb #a977e793
 def centred_msve(v_hat:torch.Tensor,  # (B, s) value estimates of each task
                  tasks:TaskBatch,     # the tasks
                 )->torch.Tensor:      # (B,) the d_pi-weighted error of the centred estimate against the centred v_pi
@@ -135,7 +129,7 @@ def centred_msve(v_hat:torch.Tensor,  # (B, s) value estimates of each task
     centre = lambda v: v - (tasks.d_pi * v).sum(-1, keepdim=True)
     return weighted_error(centre(v_hat), centre(tasks.v_pi), tasks.d_pi)
 
-# %% ../nbs/06b_mechanism.ipynb #531e8ace
+# %% ../nbs/93_mechanism_studies.ipynb #531e8ace
 def layer_values(model:SoftmaxICTD,  # the model
                  Z:torch.Tensor,     # (B, d+2, n+1+q) prompts
                  n:int,              # context length
@@ -144,7 +138,7 @@ def layer_values(model:SoftmaxICTD,  # the model
     with torch.no_grad(): Zs = model(Z, n=n, return_all=True)
     return Zs[..., model.d + 1, n + 1:].movedim(-2, 0)
 
-# %% ../nbs/06b_mechanism.ipynb #e54c1a8a
+# %% ../nbs/93_mechanism_studies.ipynb #e54c1a8a
 def row_writes(model:SoftmaxICTD,  # the model
                Z:torch.Tensor,     # (B, d+2, n+1+q) prompts
                n:int,              # context length
@@ -153,7 +147,7 @@ def row_writes(model:SoftmaxICTD,  # the model
     with torch.no_grad(): Zs = model(Z, n=n, return_all=True)
     return (Zs[:, 1:] - Zs[:, :-1])[..., n + 1:].abs().mean((0, -1))
 
-# %% ../nbs/06b_mechanism.ipynb #b073cf2c
+# %% ../nbs/93_mechanism_studies.ipynb #b073cf2c
 def knockout(model:SoftmaxICTD,  # the model (not changed)
              layer:int,          # the layer to knock out (0-based)
              mode:str,           # "identity" (the layer writes nothing) or "uniform" (A = 0: uniform attention)
@@ -167,7 +161,7 @@ def knockout(model:SoftmaxICTD,  # the model (not changed)
         for p in ((m.layer(layer).V_cur, m.layer(layer).V_tgt) if mode == "identity" else (m.layer(layer).A,)): p.zero_()
     return m
 
-# %% ../nbs/06b_mechanism.ipynb #16b858e4
+# %% ../nbs/93_mechanism_studies.ipynb #16b858e4
 def knockout_rows(model:SoftmaxICTD,  # the model (not changed)
                   layer:int,          # the layer (0-based)
                   rows:list,          # token rows whose writes are removed (0..d-1 features, d reward, d+1 value)
@@ -181,7 +175,7 @@ def knockout_rows(model:SoftmaxICTD,  # the model (not changed)
         for p in (m.layer(layer).V_cur, m.layer(layer).V_tgt): p[list(rows)] = 0
     return m
 
-# %% ../nbs/06b_mechanism.ipynb #e6c774c6
+# %% ../nbs/93_mechanism_studies.ipynb #e6c774c6
 def write_constancy(model:SoftmaxICTD,  # the model
                     Z:torch.Tensor,     # (B, d+2, n+1+q) prompts (one task each)
                     n:int,              # context length
@@ -193,7 +187,7 @@ def write_constancy(model:SoftmaxICTD,  # the model
     total = (dv - dv.mean((-2, -1), keepdim=True)).square().mean((-2, -1))
     return 1 - within / total.clamp(min=1e-300)
 
-# %% ../nbs/06b_mechanism.ipynb #c65b32f7
+# %% ../nbs/93_mechanism_studies.ipynb #c65b32f7
 def swap_weights(model:SoftmaxICTD,  # the model (not changed)
                  layer:int,          # the layer whose value weights to change (0-based)
                  t:float,            # weight Delta a moved from the current-value to the successor-value head
@@ -205,7 +199,7 @@ def swap_weights(model:SoftmaxICTD,  # the model (not changed)
         m.layer(layer).V_cur[d + 1, d + 1] -= t
     return m
 
-# %% ../nbs/06b_mechanism.ipynb #e35fda1f
+# %% ../nbs/93_mechanism_studies.ipynb #e35fda1f
 def learned_kernel(model:SoftmaxICTD,  # any parameters
                    tasks:TaskBatch,    # tasks (B of them)
                   )->torch.Tensor:     # (L, B, s, s) float64; [l, b, x, y]: layer l's attention of query state x on key state y
@@ -217,7 +211,7 @@ def learned_kernel(model:SoftmaxICTD,  # any parameters
     with torch.no_grad(): atts = token_layers({k: v.double() for k, v in model_params(model).items()}, model.n_layers, population_tokens(one))[1]
     return torch.stack([a[0][..., :, s:].mT for a in atts])
 
-# %% ../nbs/06b_mechanism.ipynb #a512f474
+# %% ../nbs/93_mechanism_studies.ipynb #a512f474
 def _span(B): return 0.5 * (B.unsqueeze(-2) - B.unsqueeze(-3)).abs().sum(-1).amax((-1, -2))
 
 def kernel_condition(model:SoftmaxICTD,  # a trained model
@@ -233,7 +227,7 @@ def kernel_condition(model:SoftmaxICTD,  # a trained model
                 mean_diagonal=M.diagonal(dim1=-2, dim2=-1).mean((-2, -1)).tolist(),
                 span_td=span_rate(M, tasks.P, gamma=gamma, alpha=1.).mean(-1).tolist(), span_own=own.mean(-1).tolist())
 
-# %% ../nbs/06b_mechanism.ipynb #bdf28a9e
+# %% ../nbs/93_mechanism_studies.ipynb #bdf28a9e
 def layer_anatomy(config:PretrainConfig,  # the run's settings
                   model:SoftmaxICTD,      # its trained model
                   t:float=0.5,            # weight moved by `swap_weights`
@@ -253,7 +247,7 @@ def layer_anatomy(config:PretrainConfig,  # the run's settings
                 value_write_removed=[err(knockout_rows(model, l, [model.d + 1])) / base for l in range(L)],
                 token_writes_removed=[err(knockout_rows(model, l, list(range(model.d + 1)))) / base for l in range(L)])
 
-# %% ../nbs/06b_mechanism.ipynb #f2f6ff78
+# %% ../nbs/93_mechanism_studies.ipynb #f2f6ff78
 def lookahead_features(tasks:TaskBatch,      # the tasks
                        states:torch.Tensor,  # (B, n+1) one context per task
                        beta:float,           # kernel scale, scores beta phi(x)^T phi(S_j)
@@ -266,7 +260,7 @@ def lookahead_features(tasks:TaskBatch,      # the tasks
     R_next = torch.cat([R[:, 1:], torch.zeros_like(R[:, :1])], -1)
     return torch.stack([R.mean(-1, keepdim=True).expand(B, s), (K @ R[..., None])[..., 0], (K @ R_next[..., None])[..., 0]], -1)
 
-# %% ../nbs/06b_mechanism.ipynb #a68f1ef3
+# %% ../nbs/93_mechanism_studies.ipynb #a68f1ef3
 def affine_fit(y:torch.Tensor,   # (N,) targets
                X:torch.Tensor,   # (N, k) regressors (an intercept is added)
                w:torch.Tensor,   # (N,) non-negative weights
@@ -275,14 +269,14 @@ def affine_fit(y:torch.Tensor,   # (N,) targets
     A = torch.cat([torch.ones_like(y)[:, None], X], -1) * w.sqrt()[:, None]
     return torch.linalg.lstsq(A, (y * w.sqrt())[:, None]).solution[:, 0]
 
-# %% ../nbs/06b_mechanism.ipynb #05cf01af
+# %% ../nbs/93_mechanism_studies.ipynb #05cf01af
 def affine_predict(coef:torch.Tensor,  # (k + 1,) intercept, then one coefficient per regressor
                    X:torch.Tensor,     # (..., k) regressors
                   )->torch.Tensor:     # (...) the affine map's values
     "intercept + X @ coefficients."
     return coef[0] + X @ coef[1:]
 
-# %% ../nbs/06b_mechanism.ipynb #0f4a5494
+# %% ../nbs/93_mechanism_studies.ipynb #0f4a5494
 def weighted_r2(y:torch.Tensor,      # (N,) targets
                 y_hat:torch.Tensor,  # (N,) predictions
                 w:torch.Tensor,      # (N,) non-negative weights
@@ -290,7 +284,7 @@ def weighted_r2(y:torch.Tensor,      # (N,) targets
     "$1 - \\sum w (y - \\hat y)^2 / \\sum w (y - \\bar y_w)^2$."
     return (1 - (w * (y - y_hat).square()).sum() / (w * (y - (w * y).sum() / w.sum()).square()).sum()).item()
 
-# %% ../nbs/06b_mechanism.ipynb #2bec31aa
+# %% ../nbs/93_mechanism_studies.ipynb #2bec31aa
 def candidate_values(config:PretrainConfig,  # the run's settings
                      beta:float=3.,          # kernel scale of the lookahead features
                     )->dict:                 # name -> (B, s) values on the run's held-out prompts
@@ -300,7 +294,7 @@ def candidate_values(config:PretrainConfig,  # the run's settings
     return {"context mean": f[..., 0], "certainty equivalence": certainty_equivalence_values(tasks, states), "reward at the query": tasks.r,
             "smoothed reward": f[..., 1], "smoothed next reward": f[..., 2]}
 
-# %% ../nbs/06b_mechanism.ipynb #b081b367
+# %% ../nbs/93_mechanism_studies.ipynb #b081b367
 def _td_iterates(config, Z, k, target, w):
     "The k-layer theta*(alpha, beta I) output of best affine fit to `target`, over the emergence grid."
     best = None
@@ -311,7 +305,7 @@ def _td_iterates(config, Z, k, target, w):
             if best is None or r2 > best[0]: best = (r2, a, b)
     return best
 
-# %% ../nbs/06b_mechanism.ipynb #192cb085
+# %% ../nbs/93_mechanism_studies.ipynb #192cb085
 def probe_layers(config:PretrainConfig,  # the run's settings
                  model:SoftmaxICTD,      # its trained model
                  beta:float=3.,          # kernel scale of the lookahead features
@@ -329,7 +323,7 @@ def probe_layers(config:PretrainConfig,  # the run's settings
         out["TD iterates (alpha, beta fitted)"].append(_td_iterates(config, Z, l, y, w)[0])
     return out
 
-# %% ../nbs/06b_mechanism.ipynb #915f3074
+# %% ../nbs/93_mechanism_studies.ipynb #915f3074
 LOOKAHEAD_BETAS = (1., 2., 4., 6., 8., 12.)  # kernel scales tried for the lookahead
 
 def _pooled(runs, target):
@@ -340,7 +334,7 @@ def _pooled(runs, target):
         with torch.no_grad(): out.append((c, tasks, states, Z, m.predict(Z, n=c.n) if target == "model" else tasks.v_pi))
     return out
 
-# %% ../nbs/06b_mechanism.ipynb #fa05e994
+# %% ../nbs/93_mechanism_studies.ipynb #fa05e994
 def fit_estimators(runs:list,             # (config, model) pairs of one configuration
                    target:str="model",    # fit to the models' outputs ("model") or to the true values ("v_pi")
                   )->dict:                # candidate -> its fitted constants
@@ -365,7 +359,7 @@ def fit_estimators(runs:list,             # (config, model) pairs of one configu
     out["lookahead"] = dict(beta=beta, coef=look[beta][0].tolist())
     return out
 
-# %% ../nbs/06b_mechanism.ipynb #186c8829
+# %% ../nbs/93_mechanism_studies.ipynb #186c8829
 def estimator_values(name:str,             # a candidate of `fit_estimators`
                      fitted:dict,          # its constants
                      config:PretrainConfig,# the run whose held-out prompts to use
@@ -381,7 +375,7 @@ def estimator_values(name:str,             # a candidate of `fit_estimators`
     else: raise ValueError(f"`name` must be one of 'context mean', 'certainty equivalence', 'theta*', 'lookahead', got {name!r}")
     return affine_predict(coef, v[..., None])
 
-# %% ../nbs/06b_mechanism.ipynb #172b4245
+# %% ../nbs/93_mechanism_studies.ipynb #172b4245
 def prediction_errors(fitted:dict,  # output of `fit_estimators`
                       runs:list,    # (config, model) pairs, other seeds
                      )->dict:       # candidate -> (runs,) relative error, and the same after centring each task
@@ -400,7 +394,7 @@ def prediction_errors(fitted:dict,  # output of `fit_estimators`
         out.setdefault("trained, MSVE", []).append(msve_of(v, tasks).mean().item())
     return {k: torch.tensor(v, dtype=torch.float64) for k, v in out.items()}
 
-# %% ../nbs/06b_mechanism.ipynb #2467fb6a
+# %% ../nbs/93_mechanism_studies.ipynb #2467fb6a
 def gap_measures(config:PretrainConfig,  # the run's settings
                  model,                  # its trained model
                 )->dict:                 # mean over held-out tasks of each measure
@@ -414,7 +408,7 @@ def gap_measures(config:PretrainConfig,  # the run's settings
     out["value_weights"] = model.value_weights().tolist()
     return out
 
-# %% ../nbs/06b_mechanism.ipynb #85f30907
+# %% ../nbs/93_mechanism_studies.ipynb #85f30907
 def _values_fn(model:SoftmaxICTD, tasks:TaskBatch, states:torch.Tensor=None):
     "flat parameters (in `model_params` order) -> (B, s) values of every state: at n = infinity, or with the contexts `states` (B, n+1)."
     p0 = model_params(model)
@@ -428,7 +422,7 @@ def _values_fn(model:SoftmaxICTD, tasks:TaskBatch, states:torch.Tensor=None):
     named = lambda flat: {f"layers.{l}.{k}": v[0, l] for k, v in split(flat).items() for l in range(v.shape[1])}
     return lambda flat: functional_call(model, named(flat), (Z,), dict(n=n))[..., model.d + 1, n + 1:]
 
-# %% ../nbs/06b_mechanism.ipynb #8cb4658c
+# %% ../nbs/93_mechanism_studies.ipynb #8cb4658c
 def update_jacobian(model:SoftmaxICTD,  # the parameters at which to linearise
                     tasks:TaskBatch,    # tasks to average over
                     states:torch.Tensor=None, # (B, n+1) one context per task; None: n = infinity
@@ -445,7 +439,7 @@ def update_jacobian(model:SoftmaxICTD,  # the parameters at which to linearise
         A = torch.block_diag(*(w[..., None] * (tasks.gamma * tasks.P - torch.eye(s, dtype=tasks.P.dtype))))
         return g(flat).detach(), (Jv.T @ A @ Jv + torch.func.jacfwd(g)(flat)).detach()
 
-# %% ../nbs/06b_mechanism.ipynb #34e88385
+# %% ../nbs/93_mechanism_studies.ipynb #34e88385
 def sampled_jacobians(model:SoftmaxICTD,  # the parameters at which to linearise
                       tasks:TaskBatch,    # tasks to draw from
                       n:int,              # context length
@@ -463,7 +457,7 @@ def sampled_jacobians(model:SoftmaxICTD,  # the parameters at which to linearise
         out.append(update_jacobian(model, sub, sample_trajectories(sub.P, n, sub.d_pi, seed=gen)))
     return torch.stack([g for g, _ in out]), torch.stack([J for _, J in out])
 
-# %% ../nbs/06b_mechanism.ipynb #f42a84b8
+# %% ../nbs/93_mechanism_studies.ipynb #f42a84b8
 def jacobian_spectrum(gs:torch.Tensor,  # (K, p) draws of g (or (1, p): exact)
                       Js:torch.Tensor,  # (K, p, p) draws of J (or (1, p, p): exact)
                      )->dict:           # NEU, largest real part of an eigenvalue of the mean J, unstable count; jackknife s.e. when K > 1
@@ -481,7 +475,7 @@ def jacobian_spectrum(gs:torch.Tensor,  # (K, p) draws of g (or (1, p): exact)
         out.update(neu_se=se[0].item(), max_real_se=se[1].item(), n_unstable_se=se[2].item(), min_real_se=se[3].item())
     return out
 
-# %% ../nbs/06b_mechanism.ipynb #32330e83
+# %% ../nbs/93_mechanism_studies.ipynb #32330e83
 def shared_recursion(model:SoftmaxICTD,  # a model with one shared layer
                      tasks:TaskBatch,    # tasks
                      depth:int,          # iterations K
@@ -500,7 +494,7 @@ def shared_recursion(model:SoftmaxICTD,  # a model with one shared layer
         out.append(v)
     return torch.stack(out)
 
-# %% ../nbs/06b_mechanism.ipynb #7f74814e
+# %% ../nbs/93_mechanism_studies.ipynb #7f74814e
 def iterate_shared(config:PretrainConfig,  # the run's settings (shared=True)
                    model:SoftmaxICTD,      # its trained model
                    depths,                 # the depths K to measure
@@ -517,7 +511,7 @@ def iterate_shared(config:PretrainConfig,  # the run's settings (shared=True)
             out["msve_inf"].append(msve_of(population_predict(m, tasks), tasks).mean().item())
     return out
 
-# %% ../nbs/06b_mechanism.ipynb #a2407c8e
+# %% ../nbs/93_mechanism_studies.ipynb #a2407c8e
 def _context(tasks, states):
     "Rewards R_1..R_n and the features of S_0..S_n of each task's context."
     rows = torch.arange(len(tasks))[:, None]
@@ -583,7 +577,7 @@ def bayes_values(tasks:TaskBatch,      # Boyan-chain tasks
     r_hat = torch.where(seen, tasks.r, torch.zeros_like(tasks.r))                           # the prior mean 0 for rewards never seen
     return torch.stack([(w[..., None] * torch.linalg.solve(I - g * P, r_hat.expand(n_samples, B, s)[..., None])[..., 0]).sum(0) for g in gammas])
 
-# %% ../nbs/06b_mechanism.ipynb #f6f64228
+# %% ../nbs/93_mechanism_studies.ipynb #f6f64228
 GAMMA_FACTORS = (0.2, 0.35, 0.5, 0.6, 0.7, 0.8, 0.9, 1.)   # effective discounts gamma' = factor * gamma (at most 0.995) tried by the candidates that take one
 CONTEST_GRIDS = dict(                               # candidate -> its grid of kernel/step parameters (the fitted constants besides level and scale)
     td=dict(k=(1, 2, 3, 4, 5, 6, 8, 10), beta=(0.5, 1., 2., 4., 8.)),
@@ -624,7 +618,7 @@ def candidate_grid(name:str,            # a candidate of `CONTEST_GRIDS`
         v = torch.stack([torch.linalg.solve(I - _discount(config, f) * tasks.P, tasks.r[..., None])[..., 0] for f in g["gamma_factor"]])
     return thetas, v
 
-# %% ../nbs/06b_mechanism.ipynb #9ab9ab24
+# %% ../nbs/93_mechanism_studies.ipynb #9ab9ab24
 def candidate_values_at(name:str,            # a candidate of `CONTEST_GRIDS`
                         config:PretrainConfig,  # the run's settings (gamma; the seed of the Bayes draws)
                         tasks:TaskBatch,     # the tasks
@@ -639,7 +633,7 @@ def candidate_values_at(name:str,            # a candidate of `CONTEST_GRIDS`
     if name == "bayes": return bayes_values(tasks, states, [_discount(config, t["gamma_factor"])], temper=t["temper"], seed=config.seed)[0]
     return torch.linalg.solve(torch.eye(tasks.r.shape[-1], dtype=torch.float64) - _discount(config, t["gamma_factor"]) * tasks.P, tasks.r[..., None])[..., 0]
 
-# %% ../nbs/06b_mechanism.ipynb #a97c5b3a
+# %% ../nbs/93_mechanism_studies.ipynb #a97c5b3a
 RUN_SUMS = ("Syy", "Syp", "Spp", "Lmm", "Lmy", "Lmp", "Lpp", "B", "msve")   # per-run sums (S: of d-weighted centred values; L: of task means; y the model, p v_pi, m the level regressor R-bar/(1-gamma))
 GRID_SUMS = ("Suu", "Syu", "Sup", "Lmu", "Luu", "Lup")            # per-run, per-grid-point sums (u: the candidate's base values)
 
@@ -718,7 +712,7 @@ def contest_table(stats:list,        # `contest_stats` of the runs of one cell
         out[name] = dict(fits=fits, scores={k: torch.tensor([x[k] for x in sc], dtype=torch.float64) for k in CONTEST_SCORES})
     return out
 
-# %% ../nbs/06b_mechanism.ipynb #cb2ffdda
+# %% ../nbs/93_mechanism_studies.ipynb #cb2ffdda
 @dataclasses.dataclass
 class LearnedAlgorithm:
     "The algorithm a set of trained models is found to run: a level plus k iterates of weighted softmax TD, $\\hat v = \\lambda \\bar R/(1-\\gamma) + \\sigma\\, v_k$."

@@ -877,7 +877,7 @@ record_claim("batched-equals-separate", "Seeds trained together by the batched e
 # of $10^{-2}$ and 2000 steps, ten times the default rate for a third of the default steps, so that three seeds
 # train within the book's execution budget. The default settings are the `#| slow` cell in
 # [Implementation and tests](#the-full-size-runs), which the book does not execute; whether training has
-# ended after 2000 steps is a question of its own, which the [mechanism chapter](mechanism.html#experiment-1-trained-to-convergence)
+# ended after 2000 steps is a question of its own, which the [mechanism studies](mechanism_studies.html#experiment-1-trained-to-convergence)
 # answers from saved runs with a stopping rule.
 # The engine trains three seeds of it at once here; the figures show seed 0. Statements about what
 # pretraining finds are statements about seeds, and the [emergence chapter](emergence.html) makes

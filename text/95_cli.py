@@ -19,7 +19,7 @@ from ictd.experiments.linear import (plot_linear_pretraining, plot_side_by_side,
                                      tuned_side_by_side)
 from ictd.experiments.head_to_head import run_head_to_head
 from ictd.experiments.emergence import ABLATION_BASE, emergence_report, run_ablations, save_ablations
-from ictd.experiments.mechanism import (CONVERGE_LRS, DEEP_DEPTHS, run_contest, run_contest_runs, run_control_study, run_converge_study, run_depth_sweep, run_jacobian_study, run_shared_study, run_gap_map, run_mechanism_study, run_theta_star_dynamics)
+from ictd.experiments.mechanism import (CONVERGE_LRS, DEEP_DEPTHS, run_contest, run_contest_linear, run_contest_runs, run_control_study, run_converge_study, run_depth_sweep, run_jacobian_study, run_shared_study, run_gap_map, run_mechanism_study, run_theta_star_dynamics)
 from ictd.core import atomic_savefig, atomic_write_text, check_device, jsonable, provenance, save_checked, tensors_only
 from ictd.engine import DTYPES, FAMILIES, INITS, OBJECTIVES, PROTOCOLS, PretrainConfig, load_plugins
 from ictd.pretrain import plot_emergence, pretrain_many, run_folder
@@ -301,7 +301,9 @@ MECHANISM_STUDIES = dict(
     contest_runs=(lambda out, seeds, cmd, a: run_contest_runs(out, command=cmd),
                   "the contest's cells that no other study saved, each on its own seeds (CONTEST_CELLS, appendix D; --seeds is not used) (contest_runs.json)"),
     contest=(lambda out, seeds, cmd, a: run_contest(out, data_dir=out, command=cmd),
-             "the contest's sums for every saved run of every cell, read from the runs files in --out (contest_stats.json)"))
+             "the contest's sums for every saved run of every cell, read from the runs files in --out (contest_stats.json)"),
+    contest_linear=(lambda out, seeds, cmd, a: run_contest_linear(out, seeds, command=cmd),
+                    "linear-attention models at the headline cell, trained on --seeds, and their contest sums (contest_linear.json)"))
 
 def mechanism_command(args)->str:
     "The command line a mechanism study records: the study, its seeds, folder and the options that change its result."
