@@ -744,7 +744,7 @@ def train_loop(config:PretrainConfig,     # every setting but the seed
                seeds:list,                # the seeds trained together
                progress:bool=False,       # show a progress bar
                folder:Path=None,          # the configuration's folder for checkpoints and results (`run_folder`); None: none
-               device=None,               # torch device; default CUDA when available, else CPU
+               device=None,               # torch device; default the CPU (pass 'cuda' to train there)
                checkpoint_every:int=None, # steps between checkpoints (needs `folder`)
                force:bool=False,          # ignore a checkpoint in `folder`
                callback=None,             # called as `callback(step)` after each optimiser step
@@ -799,7 +799,7 @@ def pretrain_many(config:PretrainConfig,     # every setting but the seed
                   seeds,                     # the seeds, one run each (distinct non-negative integers)
                   progress:bool=True,        # show a progress bar
                   cache_dir=None,            # folder of results and checkpoints, `<cache_dir>/<config.key()>/`; None: none
-                  device=None,               # torch device; default CUDA when available, else CPU
+                  device=None,               # torch device; default the CPU (pass 'cuda' to train there)
                   checkpoint_every:int=None, # steps between checkpoints (needs `cache_dir`); None: none
                   force:bool=False,          # recompute even if results or a checkpoint exist
                   callback=None,             # called as `callback(step)` after each optimiser step
@@ -830,7 +830,7 @@ def pretrain_many(config:PretrainConfig,     # every setting but the seed
 def pretrain(config:PretrainConfig=PretrainConfig(),  # every setting of the run
              progress:bool=True,    # show a progress bar
              cache_dir=None,        # folder of cached results (see `pretrain_many`); None: no cache
-             device=None,           # torch device; default CUDA when available, else CPU
+             device=None,           # torch device; default the CPU (pass 'cuda' to train there)
             )->PretrainResult:
     "Multi-task semi-gradient TD pretraining of one model, with seed `config.seed`: `pretrain_many` with that one seed."
     return pretrain_many(config, [config.seed], progress, cache_dir, device)[0]

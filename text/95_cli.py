@@ -263,7 +263,7 @@ def _add_pretrain_options(p:argparse.ArgumentParser):
         elif f.name == "seed": p.add_argument("--seeds", "--seed", type=seed_list, nargs="+", default=[[0, 1, 2]], dest="seeds",
                                               help="seeds, one run each, e.g. 0-29 or 0,3,5; " + docs[f.name])
         else: p.add_argument(_option(f.name), type=PRETRAIN_TYPES[f.name], default=default, help=docs[f.name])
-    p.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda (default: CUDA when available, else the CPU)")
+    p.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda (default: the CPU)")
     p.add_argument("--threads", type=positive_int, default=1, help="torch intra-op threads of this process")
     p.add_argument("--checkpoint-every", type=positive_int, default=500, help="steps between checkpoints of the whole run")
     p.add_argument("--force", action="store_true", help="retrain even if the folder holds results of this configuration")
@@ -369,7 +369,7 @@ def make_parser()->argparse.ArgumentParser:
                        help="the slow studies of chapter 6b, each saved as JSON with the command, commit and date that made it")
     p.add_argument("study", choices=list(MECHANISM_STUDIES), help="which study: " + "; ".join(f"{k}: {v[1]}" for k, v in MECHANISM_STUDIES.items()))
     p.add_argument("--seeds", type=seed_list, default=list(range(10)), help="seeds, e.g. 0-9 (the chapter's); `runs` also trains 10 more after them")
-    p.add_argument("--device", default=None, help="torch device of `converge` and `deep` (default: cuda when present, else cpu)")
+    p.add_argument("--device", default=None, help="torch device of `converge` and `deep` (default: cpu)")
     p.add_argument("--cache-dir", type=Path, default=None, help="`converge`, `deep`: folder of saved runs and checkpoints, resumed from (default: none)")
     p.add_argument("--train-only", action="store_true", help="`converge`, `deep`: only train into --cache-dir (parallel workers); a last call without it writes the file")
     p.add_argument("--lrs", type=positive_float, nargs="+", default=list(CONVERGE_LRS), help="`converge`: learning rates")
