@@ -202,18 +202,24 @@ def context_features(mdp:MDP, states, actions)->tuple:
     return mdp.phi[S[..., :-1], Aa[..., :-1]], mdp.phi[S[..., 1:]]
 
 # %% ../nbs/09_control.ipynb #583faa59
+def _is_inf(beta)->bool:
+    "Whether `beta` is the number +inf (a float, numpy or 0-d tensor), never raising."
+    try: return bool(float(beta) == math.inf) if not isinstance(beta, (str, bytes)) else False
+    except (TypeError, ValueError): return False
+
 def boltzmann_backup(q:torch.Tensor,  # (..., A) action values
                      beta:float,      # inverse temperature in [0, inf]; inf is the max
                     )->torch.Tensor:  # (...,) sum_a softmax(beta q)_a q_a
     "The Boltzmann backup $\\sum_a \\mathrm{softmax}(\\beta q)_a q_a$, the max when `beta` is inf."
-    q, beta = check_floating(q, "q"), _check_beta(beta)
+    q = check_floating(q, "q")
+    beta = math.inf if _is_inf(beta) else check_number(beta, "beta", 0)
     if q.ndim < 1 or q.shape[-1] < 1: raise ValueError(f"`q` must have shape (..., A), got {tuple(q.shape)}")
     if beta == math.inf: return q.amax(-1)
     return (torch.softmax(beta * q, -1) * q).sum(-1)
 
 # %% ../nbs/09_control.ipynb #17e291de
 def _check_beta(beta)->float:
-    if beta == math.inf: return math.inf
+    if _is_inf(beta): return math.inf
     return check_number(beta, "beta", 0)
 
 def kernel_q_iteration(phi_sa,            # (..., n, d) features of the pairs (S_{k-1}, A_{k-1})
