@@ -24,6 +24,7 @@ from nbdev.showdoc import *
 import matplotlib.pyplot as plt
 import numpy as np
 from IPython.display import Markdown
+import json
 from pathlib import Path
 from ictd.core import record_claim, OKABE_ITO, plain_log_ticks, provenance_note
 from ictd.control import (random_mdp, sample_mdp_trajectory, context_features, kernel_q_iteration,
@@ -819,7 +820,6 @@ Markdown("Tokens and gradients, streamed against dense: below $10^{-12}$ relativ
 # `ictd.core.WORK_LIMITS` the dense path refuses (its message below).
 
 # %%
-import json
 bench = json.loads(Path("data/control_forward_memory.json").read_text())
 def plain(x:float)->str:
     "A positive number in plain digits: three significant below 10, whole numbers above."
