@@ -7,7 +7,7 @@ and the memory the dense path would need (`ictd.control_model._dense_bytes`: two
 masked logits and weights), N = n + (n + q) A. The dense path runs only where that estimate is under
 `ictd.core.WORK_LIMITS['bytes']` (above it the model refuses it, and the refusal's message is recorded instead).
 Writes nbs/data/control_forward_memory.json with `ictd.core.provenance`; chapter 9a shows it. No timed test reads it.
-Usage: python bench/bench_control.py [--dense 1000,2000] [--streamed 1000,2000,10000,100000] [--out nbs/data/control_forward_memory.json]
+Usage: python bench/bench_control.py [--dense 1000,2000,10000,100000] [--streamed 1000,2000,10000,100000] [--out nbs/data/control_forward_memory.json]
 """
 import argparse, json, os, subprocess, sys
 from pathlib import Path
