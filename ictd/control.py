@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from .boyan import as_tensor, check_gamma, transitions_from_uniforms, _stationary
-from .core import check_int, check_number, check_choice
+from .core import check_int, check_number, check_choice, check_floating, check_type
 
 # %% auto #0
 __all__ = ['TIE_RTOL', 'MDP_FEATURES', 'MDP_REWARDS', 'MDP', 'check_policy', 'uniform_policy', 'greedy_actions', 'greedy_policy',
@@ -58,7 +58,7 @@ def check_policy(policy,        # (S, A) array of action probabilities
                  mdp:MDP,       # the MDP it acts in
                 )->torch.Tensor:  # float64 (S, A)
     "`policy` as a tensor, or a `ValueError` naming `policy` unless its rows are distributions."
-    pi = as_tensor(policy, "policy", torch.float64)
+    pi, mdp = as_tensor(policy, "policy", torch.float64), check_type(mdp, MDP, "mdp")
     if pi.shape != (mdp.n_states, mdp.n_actions):
         raise ValueError(f"`policy` must have shape ({mdp.n_states}, {mdp.n_actions}), "
                          f"got {tuple(pi.shape)}")
@@ -68,6 +68,7 @@ def check_policy(policy,        # (S, A) array of action probabilities
 
 def uniform_policy(mdp:MDP)->torch.Tensor:
     "The uniform policy, (S, A) with entries 1/A."
+    mdp = check_type(mdp, MDP, "mdp")
     return torch.full((mdp.n_states, mdp.n_actions), 1 / mdp.n_actions, dtype=torch.float64)
 
 TIE_RTOL = 1e-9   # action values this close (relative) are equal up to rounding
@@ -109,6 +110,7 @@ def q_star(mdp:MDP,            # the MDP
            tol:float=1e-12,    # bound on the sup-norm distance to the optimal values
           )->torch.Tensor:     # (S, A) optimal action values
     "Optimal action values by value iteration, to within `tol` in the sup norm."
+    mdp = check_type(mdp, MDP, "mdp")
     tol, g, q = check_number(tol, "tol", 0, strict=True), mdp.gamma, torch.zeros_like(mdp.r)
     for _ in range(100_000):
         new = mdp.r + g * mdp.P @ q.amax(-1)
@@ -182,22 +184,42 @@ def sample_mdp_trajectory(mdp:MDP,        # the MDP
     return states, actions, mdp.r[states[:-1], actions[:-1]]
 
 # %% ../nbs/09_control.ipynb #b9175606
+def _indices(x, size:int, name:str)->torch.Tensor:
+    "Integer indices in 0..size-1 (tensor, array or list), or a `ValueError` naming `name`."
+    t = as_tensor(x, name) if not isinstance(x, torch.Tensor) else x
+    if t.is_floating_point() and (t != t.round()).any() or t.dtype == torch.bool or t.is_complex() \
+            or t.ndim < 1 or ((t < 0) | (t >= size)).any():
+        raise ValueError(f"`{name}` must be integer indices in 0..{size - 1}, got {str(x)[:60]}")
+    return t.long()
+
 def context_features(mdp:MDP, states, actions)->tuple:
     "Features of a context: phi_sa (n, d) of the pairs left, phi_next (n, A, d) of the successors."
-    S, Aa = torch.as_tensor(states).long(), torch.as_tensor(actions).long()
-    return mdp.phi[S[:-1], Aa[:-1]], mdp.phi[S[1:]]
+    mdp = check_type(mdp, MDP, "mdp")
+    S, Aa = _indices(states, mdp.n_states, "states"), _indices(actions, mdp.n_actions, "actions")
+    if S.shape[-1:] != Aa.shape[-1:] or S.shape[-1] < 2:
+        raise ValueError(f"`states` and `actions` must have the same length n + 1 >= 2, "
+                         f"got {tuple(S.shape)} and {tuple(Aa.shape)}")
+    return mdp.phi[S[..., :-1], Aa[..., :-1]], mdp.phi[S[..., 1:]]
 
 # %% ../nbs/09_control.ipynb #583faa59
+def _is_inf(beta)->bool:
+    "Whether `beta` is the number +inf (a float, numpy or 0-d tensor), never raising."
+    try: return bool(float(beta) == math.inf) if not isinstance(beta, (str, bytes)) else False
+    except (TypeError, ValueError): return False
+
 def boltzmann_backup(q:torch.Tensor,  # (..., A) action values
                      beta:float,      # inverse temperature in [0, inf]; inf is the max
                     )->torch.Tensor:  # (...,) sum_a softmax(beta q)_a q_a
     "The Boltzmann backup $\\sum_a \\mathrm{softmax}(\\beta q)_a q_a$, the max when `beta` is inf."
+    q = check_floating(q, "q")
+    beta = math.inf if _is_inf(beta) else check_number(beta, "beta", 0)
+    if q.ndim < 1 or q.shape[-1] < 1: raise ValueError(f"`q` must have shape (..., A), got {tuple(q.shape)}")
     if beta == math.inf: return q.amax(-1)
     return (torch.softmax(beta * q, -1) * q).sum(-1)
 
 # %% ../nbs/09_control.ipynb #17e291de
 def _check_beta(beta)->float:
-    if beta == math.inf: return math.inf
+    if _is_inf(beta): return math.inf
     return check_number(beta, "beta", 0)
 
 def kernel_q_iteration(phi_sa,            # (..., n, d) features of the pairs (S_{k-1}, A_{k-1})

@@ -23,11 +23,20 @@ def population_q_map(Q,          # (..., S, A) action values
     "One step $F(Q) = Q + \\alpha M (r + \\gamma P B_\\beta(Q) - Q)$ of soft Q-iteration on pairs."
     alpha, gamma = check_number(alpha, "alpha", 0, strict=True), check_gamma(gamma)
     beta = _check_beta(beta)
+    Q, M, r, P = (as_tensor(t, name, torch.float64) for t, name in ((Q, "Q"), (M, "M"), (r, "r"), (P, "P")))
+    if Q.ndim < 2 or r.shape[-2:] != Q.shape[-2:] or P.shape[-3:] != Q.shape[-2:] + Q.shape[-2:-1] \
+            or M.shape[-2:] != (Q.shape[-2] * Q.shape[-1],) * 2:
+        raise ValueError(f"`Q` (..., S, A), `r` (..., S, A), `P` (..., S, A, S) and `M` (..., SA, SA) must "
+                         f"agree, got {tuple(Q.shape)}, {tuple(r.shape)}, {tuple(P.shape)}, {tuple(M.shape)}")
     td = r + gamma * (P @ boltzmann_backup(Q, beta)[..., None, :, None])[..., 0] - Q
     return Q + alpha * (M @ td.flatten(-2)[..., None])[..., 0].unflatten(-1, Q.shape[-2:])
 
 def contraction_rate(M, r, gamma:float, beta:float, alpha:float=1.)->tuple:
     "(rho, R_0) of Proposition 9c.1, or rho >= 1 when the condition fails."
+    M, r, gamma = as_tensor(M, "M", torch.float64), as_tensor(r, "r", torch.float64), check_gamma(gamma)
+    alpha, beta = check_number(alpha, "alpha", 0, strict=True), _check_beta(beta)
+    if M.ndim < 2 or M.shape[-1] != M.shape[-2] or r.ndim < 2:
+        raise ValueError(f"`M` must be (..., SA, SA) and `r` (..., S, A), got {tuple(M.shape)}, {tuple(r.shape)}")
     m, rbar = torch.diagonal(M, dim1=-2, dim2=-1).amin(-1), r.abs().amax((-2, -1))
     R0 = rbar / (2 * m - 1 - gamma)
     c = torch.ones_like(R0) if beta in (0, math.inf) else 1 + beta * R0

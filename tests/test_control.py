@@ -517,3 +517,108 @@ def test_softmax_q_learning_beats_tuned_linear_sarsa_on_unseen_mdps(kind):
             best = score
     diff = norm(Q) - best
     assert diff.mean() - 1.96 * diff.std(ddof=1) / 10 > 0, (diff.mean(), diff.std())
+
+
+# ---------------------------------------------------------------- the O(N)-memory path (issue 33)
+
+import subprocess, sys
+import ictd.core as core
+from ictd.control_model import ControlPrompt, control_masks, masked_attention, streamed_pair_update
+from ictd.experiments.control_pretraining import ControlPretrainConfig, example_prompts, sample_contexts, mdp_pool
+
+
+def _training_prompts(seed, B=6):
+    "A batch of chapter 9d's training prompts (4 states, 2 actions, n = 20, two query blocks), from a seed the book does not use."
+    cfg = ControlPretrainConfig()
+    pool = mdp_pool(cfg, 4, seed)
+    g = torch.Generator().manual_seed(seed)
+    st_, ac, rw = sample_contexts(pool, torch.randint(0, 4, (B,), generator=g), torch.rand(B, cfg.n + 2, 2, generator=g, dtype=F64))
+    return cfg, example_prompts(cfg, st_, ac, rw)
+
+
+def _rel(a, b): return ((a - b).abs().max() / b.abs().max()).item()
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("hard", [False, True])
+def test_streamed_control_path_equals_the_dense_one(hard):
+    "At 9d's training shapes (a batch of prompts, 3 pairs, free parameters): values and every parameter's gradient agree to 1e-12 relative."
+    cfg, x = _training_prompts(9001)
+    model = ControlICTD(cfg.d, cfg.n_layers, init_gain=0.5, seed=9001, hard=hard)
+    outs, grads = {}, {}
+    for method in ("dense", "streamed"):
+        model.zero_grad()
+        out = model(x, return_all=True, method=method)
+        model.predict(x, method=method).square().sum().backward()
+        outs[method] = out.detach()
+        grads[method] = torch.cat([torch.zeros(p.numel(), dtype=F64) if p.grad is None else p.grad.flatten() for p in model.pairs])
+    assert _rel(outs["streamed"], outs["dense"]) < 1e-12
+    assert grads["dense"].abs().max() > 0 and _rel(grads["streamed"], grads["dense"]) < 1e-12
+
+
+@pytest.mark.unit
+def test_streamed_control_path_keeps_theorem_9a1_with_ties():
+    "theta* at beta = inf starts from all-zero values (every block a tie): the streamed path is kernel soft Q-iteration as the dense one is."
+    m, St, At, Rt, W, _ = _context(77, S=4, A=3, features="onehot", n=15)
+    f, fn = context_features(m, St, At)
+    x = build_control_prompt(f, Rt, fn, m.phi[[0, 2]])
+    ref = kernel_q_iteration(f, Rt, fn, W, alpha=0.6, gamma=m.gamma, beta=math.inf, n_iters=5, phi_queries=m.phi[[0, 2]].flatten(0, 1))
+    for beta in (math.inf, 3.):
+        model = ControlICTD.from_theta_star(m.d, 5, W, alpha=0.6, gamma=m.gamma, beta=beta)
+        dense, streamed = model(x, method="dense"), model(x, method="streamed")
+        assert _rel(streamed, dense) < 1e-12, beta
+    assert (model.predict(x, method="streamed").flatten() - kernel_q_iteration(
+        f, Rt, fn, W, alpha=0.6, gamma=m.gamma, beta=3., n_iters=5, phi_queries=m.phi[[0, 2]].flatten(0, 1))[15:]).abs().max() < 1e-11
+    hard = ControlICTD.from_theta_star(m.d, 5, W, alpha=0.6, gamma=m.gamma, beta=math.inf)
+    assert (hard.predict(x, method="streamed").flatten() - ref[15:]).abs().max() < 1e-11
+
+
+@pytest.mark.unit
+def test_auto_takes_the_streamed_control_path_above_dense_bytes(monkeypatch):
+    "'auto' is the dense path for 9d's prompts and the streamed one once the dense estimate passes DENSE_BYTES; the pair functions agree."
+    cfg, x = _training_prompts(9002, B=2)
+    model = ControlICTD(cfg.d, 2, init_gain=0.5, seed=3)
+    dense, streamed = model(x, method="dense"), model(x, method="streamed")
+    assert not torch.equal(dense, streamed)                      # the two paths round differently, so the choice shows
+    assert torch.equal(model(x), dense)
+    monkeypatch.setattr(core, "DENSE_BYTES", 1000)
+    assert torch.equal(model(x), streamed)
+    pair = tuple(model.pairs[:5])
+    assert torch.equal(streamed_pair_update(x.Z, pair, x.n, x.n_actions, x.q), model(x, return_all=True)[..., 1, :, :])
+    monkeypatch.setattr(core, "CHUNK_BYTES", 8 * cfg.n * 7)      # seven columns per fused-attention call
+    assert _rel(model(x, method="streamed"), dense) < 1e-12
+
+
+@pytest.mark.unit
+def test_the_dense_control_path_is_refused_at_n_1e5():
+    "n = 1e5: the dense path, the masks and masked_attention refuse with the sizes and the way out; the prompt and its checks cost O(N)."
+    n = 10**5
+    x = ControlPrompt(torch.zeros(12, n + (n + 1) * 2, dtype=F64), n, 2, 1)
+    model = ControlICTD(8, 1, seed=0)
+    with pytest.raises(ValueError, match=r"the 300002 x 300002 masks and attention weights .*n = 100000, A = 2, q = 1.* would need about 3.35e\+03 GiB.*method='streamed'"):
+        model.predict(x, method="dense")
+    with pytest.raises(ValueError, match=r"the two 300002 x 300002 masks .* would need about 1.34e\+03 GiB.*streamed_pair_update"):
+        control_masks(n, 2, 1)
+    with pytest.raises(ValueError, match=r"the 300002 x 300002 logits .*use `streamed_pair_update`"):
+        masked_attention(x.Z, torch.zeros(12, 12, dtype=F64), torch.zeros(1, 1, dtype=F64))
+    with pytest.raises(ValueError, match="`method` must be one of"): model.predict(x, method="sparse")
+
+
+MEMORY = r'''
+import sys, torch
+from ictd.control_model import ControlICTD, build_control_prompt, _dense_bytes
+def peak_mb(): return int(next(l for l in open("/proc/self/status") if l.startswith("VmHWM")).split()[1]) / 1024
+n, g = int(sys.argv[1]), torch.Generator().manual_seed(0)
+r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64) / 2
+x = build_control_prompt(r(n, 4), r(n), r(n, 2, 4), r(1, 2, 4))
+model = ControlICTD(4, 1, init_gain=0.5, seed=0).requires_grad_(False)
+before = peak_mb(); v = model.predict(x)
+print(peak_mb() - before, _dense_bytes(x.Z) / 2**20, bool(torch.isfinite(v).all()))
+'''
+
+@pytest.mark.unit
+def test_the_control_forward_runs_in_linear_memory():
+    "n = 2000 (N = 6002): the default path's forward raises the process's peak memory by under 64 MiB where the dense path needs over 1 GiB."
+    out = subprocess.run([sys.executable, "-c", MEMORY, "2000"], capture_output=True, text=True, env=dict(__import__("os").environ, OMP_NUM_THREADS="1"), timeout=120)
+    grew, dense, finite = out.stdout.split()
+    assert finite == "True" and float(dense) > 1024 and float(grew) < 64, out.stdout + out.stderr

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 from ictd.boyan import as_tensor, check_gamma
-from ictd.core import check_int, check_number
+from ictd.core import (check_bool, check_floating, check_int, check_number, check_type, check_work,
+                       chunk_rows, memory_path)
 from ictd.model import token_rows, torch_generator, xavier_param
 from ictd.control import _check_beta
 
@@ -23,7 +24,9 @@ from nbdev.showdoc import *
 import matplotlib.pyplot as plt
 import numpy as np
 from IPython.display import Markdown
-from ictd.core import record_claim, OKABE_ITO, plain_log_ticks
+import json
+from pathlib import Path
+from ictd.core import record_claim, OKABE_ITO, plain_log_ticks, provenance_note
 from ictd.control import (random_mdp, sample_mdp_trajectory, context_features, kernel_q_iteration,
                           boltzmann_backup)
 from ictd.linear import linear_attention
@@ -87,6 +90,16 @@ class ControlPrompt:
     n:int           # number of context transitions
     n_actions:int   # A, the columns of one block
     q:int           # number of query blocks (the last q blocks)
+
+    def __post_init__(self):
+        self.Z = check_floating(self.Z, "Z")
+        self.n, self.n_actions = check_int(self.n, "n", 1), check_int(self.n_actions, "n_actions", 1)
+        self.q = check_int(self.q, "q")
+        N = self.n + (self.n + self.q) * self.n_actions
+        if self.Z.ndim < 2 or self.Z.shape[-2] < 5 or self.Z.shape[-1] != N:
+            raise ValueError(f"`Z` must have shape (..., d + 4, {N}) with d >= 1 (N = n + (n + q) A "
+                             f"for n = {self.n}, A = {self.n_actions}, q = {self.q}), "
+                             f"got {tuple(self.Z.shape)}")
 
 def build_control_prompt(phi_sa,            # (..., n, d) features of the pairs (S_{k-1}, A_{k-1})
                          rewards,           # (..., n) rewards, rewards[..., k-1] = R_k
@@ -164,12 +177,19 @@ test_eq(x_tiny.Z[:6, 3:9].T, ft_next.flatten(0, 1))
 
 # %%
 #| export
+def _layout(n, n_actions, q)->tuple:
+    "(n, A, q, N) as ints, or a `ValueError` naming the one that is not a count."
+    n, A, q = check_int(n, "n", 1), check_int(n_actions, "n_actions", 1), check_int(q, "q")
+    return n, A, q, n + (n + q) * A
+
 def control_masks(n:int,          # number of context transitions
                   n_actions:int,  # A
                   q:int,          # number of query blocks
                  )->tuple:        # (TD mask, backup mask): (N, N) of 0 / -inf, [key i, column j]
     "The masks of the TD head (keys: the context) and the backup head (keys: the assigned block)."
-    N = n + (n + q) * n_actions
+    n, n_actions, q, N = _layout(n, n_actions, q)
+    check_work(2 * N * N * 8, "bytes", f"the two {N} x {N} masks (n = {n}, A = {n_actions}, q = {q})",
+               "use `streamed_pair_update` (or `ControlICTD` with method='streamed'), which needs none")
     col = torch.arange(N)
     assigned = torch.where(col < n, col, (col - n) // n_actions)     # the block a column attends to
     key_block = torch.where(col < n, -1, (col - n) // n_actions)     # the block a column belongs to
@@ -179,16 +199,24 @@ def control_masks(n:int,          # number of context transitions
     backup = torch.where(key_block[:, None] == assigned[None, :], zero, inf)
     return td, backup
 
+def _weights(logits:torch.Tensor, dim:int, hard:bool)->torch.Tensor:
+    "Softmax of `logits` over `dim`, or its limit when `hard`: uniform over the largest."
+    if not hard: return torch.softmax(logits, dim=dim)
+    top = (logits == logits.amax(dim, keepdim=True)).to(logits.dtype)
+    return top / top.sum(dim, keepdim=True)
+
 def masked_attention(Z:torch.Tensor,     # (..., D, N) tokens
                      A:torch.Tensor,     # (D, D) score matrix
                      mask:torch.Tensor,  # (N, N) additive mask, [key i, column j]
                      hard:bool=False,    # the beta -> infinity limit: uniform over the top logits
                     )->torch.Tensor:     # (..., N, N) a distribution over keys i for each column j
     "Softmax attention of every column over its unmasked keys (or its limit, when `hard`)."
-    logits = Z.mT @ A @ Z + mask
-    if not hard: return torch.softmax(logits, dim=-2)
-    top = (logits == logits.amax(-2, keepdim=True)).to(Z.dtype)
-    return top / top.sum(-2, keepdim=True)
+    Z, N = check_floating(Z, "Z"), Z.shape[-1]
+    check_work(2 * math.prod(Z.shape[:-2]) * N * N * Z.element_size(), "bytes",
+               f"the {N} x {N} logits and weights of {math.prod(Z.shape[:-2])} prompt(s)",
+               "use `streamed_pair_update`, which never builds them")
+    return _weights(Z.mT @ A @ Z + mask, -2, check_bool(hard, "hard"))
+
 
 
 # %% [markdown]
@@ -203,9 +231,18 @@ def control_pair_update(Z:torch.Tensor,  # (..., d + 4, N) tokens
                         hard:bool=False, # backup head at beta = infinity
                        )->torch.Tensor:  # (..., d + 4, N) after the backup layer and the TD layer
     "One iteration: backup layer $Z + V_b Z S_b$, then TD layer $Z + (V^{cur} + V^{tgt}) Z S$."
-    A_b, V_b, A, V_cur, V_tgt = params
+    A_b, V_b, A, V_cur, V_tgt = _pair(params)
     Z = Z + V_b @ Z @ masked_attention(Z, A_b, masks[1], hard)
     return Z + (V_cur + V_tgt) @ Z @ masked_attention(Z, A, masks[0])
+
+def _pair(params)->tuple:
+    "The five matrices of a pair, or a `ValueError` naming `params`."
+    if isinstance(params, torch.Tensor) and params.ndim >= 3: params = tuple(params.unbind(-3))
+    if not isinstance(params, (tuple, list)) or len(params) != 5 \
+            or not all(isinstance(p, torch.Tensor) for p in params):
+        raise ValueError(f"`params` must be five (d + 4, d + 4) tensors (A_b, V_b, A, V_cur, V_tgt), "
+                         f"got {type(params).__name__}"[:200])
+    return tuple(params)
 
 def control_theta_star(d:int,        # feature dimension
                        W,            # (d, d) score matrix of the TD kernel
@@ -226,6 +263,60 @@ def control_theta_star(d:int,        # feature dimension
     return A_b, V_b, A, V_cur, V_tgt
 
 
+
+# %% [markdown]
+# The masks are $N \times N$ with $N = n + (n + q)A$, and so are the weights: at $n = 10^5$
+# transitions and two actions, terabytes. Neither is needed. A column's backup keys are the $A$ columns of one
+# block, so the backup head is $A \times A$ softmaxes within blocks; the TD head's keys are the $n$ context
+# columns for every column, which fused attention (`torch.nn.functional.scaled_dot_product_attention`)
+# computes without forming its weights. `streamed_pair_update` is that pair in $O(N)$ memory;
+# `ControlICTD` takes it by itself (`method='auto'`) once the dense path would pass `ictd.core.DENSE_BYTES`,
+# and refuses the dense path above `ictd.core.WORK_LIMITS`. Its equality with the dense pair and its
+# memory are in [Implementation and tests](#implementation-and-tests).
+
+# %%
+#| export
+def _td_attend(Z, A, V, n:int)->torch.Tensor:
+    "$V Z S$ of the TD head: every column over the n context keys, by fused attention (no weights)."
+    keys = Z[..., :n]
+    Q, K, X = Z.mT, (A.mT @ keys).mT, (V @ keys).mT          # logit z_i^T A z_j = z_j . (A^T z_i)
+    shape = torch.broadcast_shapes(Q.shape[:-2], K.shape[:-2], X.shape[:-2])
+    Q, K, X = (t.expand(*shape, *t.shape[-2:]).reshape(-1, 1, *t.shape[-2:]).contiguous()
+               for t in (Q, K, X))        # the fused kernel wants contiguous rows
+    rows = chunk_rows(Q.shape[0] * n * Q.element_size())     # columns per call: bounded memory
+    attend = nn.functional.scaled_dot_product_attention
+    out = torch.cat([attend(Q[..., i:i + rows, :], K, X, scale=1.)
+                     for i in range(0, Q.shape[-2], rows)], -2)
+    return out.reshape(*shape, *out.shape[-2:]).mT
+
+def _backup_attend(Z, A_b, V_b, n:int, n_actions:int, q:int, hard:bool)->torch.Tensor:
+    "$V_b Z S_b$ of the backup head: every column over the A keys of its assigned block."
+    blocks = lambda X: X[..., n:].unflatten(-1, (n + q, n_actions))       # (..., D, n + q, A)
+    K, X, cols = blocks(A_b.mT @ Z), blocks(V_b @ Z), blocks(Z)
+    ctx = torch.einsum("...dbk,...db->...bk", K[..., :n, :], Z[..., :n])   # context column b: block b
+    own = torch.einsum("...dbk,...dba->...bka", K, cols)                   # block column: own block
+    ctx, own = _weights(ctx, -1, hard), _weights(own, -2, hard)
+    return torch.cat([torch.einsum("...dbk,...bk->...db", X[..., :n, :], ctx),
+                      torch.einsum("...dbk,...bka->...dba", X, own).flatten(-2)], -1)
+
+def streamed_pair_update(Z:torch.Tensor,  # (..., d + 4, N) tokens
+                         params:tuple,    # (A_b, V_b, A, V_cur, V_tgt), each (d + 4, d + 4)
+                         n:int,           # number of context transitions
+                         n_actions:int,   # A
+                         q:int,           # number of query blocks
+                         hard:bool=False, # backup head at beta = infinity
+                        )->torch.Tensor:  # (..., d + 4, N), `control_pair_update`'s, in O(N) memory
+    "`control_pair_update` without masks or (N, N) weights: backup within blocks, TD by fused attention."
+    n, n_actions, q, N = _layout(n, n_actions, q)
+    Z = check_floating(Z, "Z")
+    if Z.ndim < 2 or Z.shape[-1] != N:
+        raise ValueError(f"`Z` must have N = n + (n + q) A = {N} columns, got shape {tuple(Z.shape)}")
+    A_b, V_b, A, V_cur, V_tgt = _pair(params)
+    Z = Z + _backup_attend(Z, A_b, V_b, n, n_actions, q, check_bool(hard, "hard"))
+    return Z + _td_attend(Z, A, V_cur + V_tgt, n)
+
+
+
 # %% [markdown]
 # `ControlICTD` stacks $L$ pairs. Its parameters are free (Xavier-normal from a seed, as for the
 # book's other models, ready for training); `from_theta_star` sets every pair to the construction.
@@ -243,7 +334,8 @@ class ControlICTD(nn.Module):
                 ):
         super().__init__()
         D, g = token_rows(d) + 2, torch_generator(seed)
-        self.d, self.n_layers, self.hard = D - 4, check_int(n_layers, "n_layers", low=1), bool(hard)
+        self.d, self.n_layers = D - 4, check_int(n_layers, "n_layers", low=1)
+        self.hard = check_bool(hard, "hard")
         self.pairs = nn.ParameterList(xavier_param(D, D, init_gain, g, torch.float64)
                                       for _ in range(5 * self.n_layers))
 
@@ -258,7 +350,7 @@ class ControlICTD(nn.Module):
                        ):
         "Every pair of layers carrying `control_theta_star(d, W, alpha, gamma, beta)`."
         params = control_theta_star(d, W, alpha, gamma, beta)
-        model = cls(d, n_layers, seed=0, hard=beta == math.inf)
+        model = cls(d, n_layers, seed=0, hard=_check_beta(beta) == math.inf)
         with torch.no_grad():
             for l in range(model.n_layers):
                 for i, p in enumerate(params): model.pairs[5 * l + i].copy_(p)
@@ -266,19 +358,36 @@ class ControlICTD(nn.Module):
 
     def forward(self, x:ControlPrompt,      # the prompt
                 return_all:bool=False,      # also return the tokens after every pair
+                method:str="auto",          # 'dense' (masks, N x N weights), 'streamed' (O(N)), 'auto'
                )->torch.Tensor:             # Z_L (..., d + 4, N), or Z_0..Z_L stacked on axis -3
-        "Run the prompt through the L pairs of layers."
+        "Run the prompt through the L pairs of layers (the dense path up to `DENSE_BYTES`, else streamed)."
+        x = check_type(x, ControlPrompt, "x")
         if x.Z.shape[-2] != self.d + 4:
             raise ValueError(f"the prompt has {x.Z.shape[-2]} rows, the model expects {self.d + 4}")
-        masks, Zs = control_masks(x.n, x.n_actions, x.q), [x.Z]
+        n, A, q, N = x.n, x.n_actions, x.q, x.Z.shape[-1]
+        what = (f"the {N} x {N} masks and attention weights of the dense path (n = {n}, A = {A}, "
+                f"q = {q}, {math.prod(x.Z.shape[:-2])} prompt(s))")
+        way_out = "use method='streamed' (the default 'auto' does above `DENSE_BYTES`): O(N) memory"
+        dense = memory_path(method, _dense_bytes(x.Z), what, way_out) == "dense"
+        masks, Zs = control_masks(n, A, q) if dense else None, [x.Z]
         for l in range(self.n_layers):
             pair = tuple(self.pairs[5 * l:5 * l + 5])
-            Zs.append(control_pair_update(Zs[-1], pair, masks, self.hard))
-        return torch.stack(Zs, -3) if return_all else Zs[-1]
+            Zs.append(control_pair_update(Zs[-1], pair, masks, self.hard) if dense
+                      else streamed_pair_update(Zs[-1], pair, n, A, q, self.hard))
+        return torch.stack(Zs, -3) if check_bool(return_all, "return_all") else Zs[-1]
 
-    def predict(self, x:ControlPrompt)->torch.Tensor:
+    def predict(self, x:ControlPrompt,   # the prompt
+                method:str="auto",       # the path of `forward`
+               )->torch.Tensor:          # (..., q, A) action values at the query blocks
         "(..., q, A) action values at the query blocks: row d + 1 of Z_L."
-        return self(x)[..., self.d + 1, x.n + x.n * x.n_actions:].unflatten(-1, (x.q, x.n_actions))
+        x = check_type(x, ControlPrompt, "x")
+        Z = self(x, method=method)
+        return Z[..., self.d + 1, x.n + x.n * x.n_actions:].unflatten(-1, (x.q, x.n_actions))
+
+def _dense_bytes(Z:torch.Tensor)->float:
+    "Memory of the dense path: the two (N, N) masks, and per prompt its logits, masked logits, weights."
+    return (2 + 3 * math.prod(Z.shape[:-2])) * Z.shape[-1] ** 2 * 8
+
 
 
 # %% [markdown]
@@ -604,6 +713,9 @@ show_doc(masked_attention)
 show_doc(control_pair_update)
 
 # %%
+show_doc(streamed_pair_update)
+
+# %%
 show_doc(control_theta_star)
 
 # %%
@@ -673,6 +785,65 @@ test_eq([p.detach() for p in free.pairs],
         [p.detach() for p in ControlICTD(4, 2, init_gain=0.5, seed=1).pairs])
 free.predict(build_control_prompt(g5, R5, n5, m5.phi[[1]])).sum().backward()
 assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in free.pairs)
+
+
+# %% [markdown]
+# ### The streamed path
+#
+# `streamed_pair_update` is `control_pair_update` without its masks and $N \times N$ weights. On the prompts
+# above, with the free model of random parameters (three batched contexts, both backup limits), the tokens after
+# every pair and the gradient of every parameter agree with the dense path's to $10^{-12}$ relative (float64):
+
+# %%
+def path_gap(model, x)->tuple:
+    "Largest relative gap, streamed against dense: tokens after every pair, then parameter gradients."
+    out, grad = {}, {}
+    for method in ("dense", "streamed"):
+        model.zero_grad()
+        out[method] = model(x, return_all=True, method=method).detach()
+        model.predict(x, method=method).square().sum().backward()
+        grad[method] = torch.cat([torch.zeros(p.numel(), dtype=torch.float64) if p.grad is None
+                                  else p.grad.flatten() for p in model.pairs])
+    rel = lambda a, b: ((a - b).abs().max() / b.abs().max()).item()
+    return rel(out["streamed"], out["dense"]), rel(grad["streamed"], grad["dense"])
+
+x3 = build_control_prompt(*two_contexts, m5.phi[[1, 3, 4]])
+gaps = {hard: path_gap(ControlICTD(4, 3, init_gain=0.5, seed=2, hard=hard), x3) for hard in (False, True)}
+assert all(g < 1e-12 for pair in gaps.values() for g in pair), gaps
+Markdown("Tokens and gradients, streamed against dense: below $10^{-12}$ relative for the softmax "
+         "backup and for its $\\beta = \\infty$ limit (asserted).")
+
+# %% [markdown]
+# Its memory and time, measured by `bench/bench_control.py` (each row a fresh process, one thread; $d = 4$,
+# $A = 2$, one query block, one pair, no gradients). "Peak" is the process's resident peak during the call
+# minus before it; the dense path's need is computed by the model's estimate, and above
+# `ictd.core.WORK_LIMITS` the dense path refuses (its message below).
+
+# %%
+bench = json.loads(Path("data/control_forward_memory.json").read_text())
+def plain(x:float)->str:
+    "A positive number in plain digits: three significant below 10, whole numbers above."
+    return f"{x:,.0f}" if x >= 10 else f"{x:.2g}"
+
+def bench_row(r)->str:
+    "One table row: n, N, path, the dense estimate, then time and added peak memory, or the refusal."
+    run = (f"{plain(r['seconds'])} s | {r['peak_mb'] - r['before_mb']:,.0f} MB" if "seconds" in r
+           else "refused | -")
+    return f"| {r['n']:,} | {r['N']:,} | {r['method']} | {plain(r['dense_gib'])} | {run} |"
+rows = sorted(bench["rows"], key=lambda r: (r["n"], r["method"]))
+big = next(r for r in rows if r["n"] == 10**5 and r["method"] == "streamed")
+assert big["finite"] and big["peak_mb"] - big["before_mb"] < 1024
+refusal = next(r["refused"] for r in rows if r["n"] == 10**5 and r["method"] == "dense")
+Markdown("| n | N | path | dense path needs (GiB) | wall time | added peak |\n|---|---|---|---|---|---|\n"
+         + "\n".join(bench_row(r) for r in rows)
+         + f"\n\nAt $n = 10^5$ the streamed forward added {big['peak_mb'] - big['before_mb']:.0f} MB "
+         f"to the process's peak (asserted under 1 GiB) where the dense path would need "
+         f"{big['dense_gib']:,.0f} GiB; its time, {big['seconds'] / 60:.0f} minutes on one thread, is the "
+         f"$O(nN)$ work of attention, which no path avoids for free parameters. The dense path's refusal: "
+         f"*{refusal}*. "
+         + provenance_note(bench["provenance"], "These measurements",
+                           "Wall times and peaks vary with the machine and its load (this one was shared); "
+                           "the dense estimate is computed, not measured."))
 
 # %%
 #| hide

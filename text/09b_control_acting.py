@@ -169,7 +169,10 @@ def sample_mdp_trajectories(P,              # (B, S, A, S) transitions of B MDPs
                            )->tuple:        # states (B, n+1), actions (B, n+1), rewards (B, n)
     "Trajectories of B MDPs at once: (states, actions, rewards), like `sample_mdp_trajectory`."
     P, r = as_tensor(P, "P", torch.float64), as_tensor(r, "r", torch.float64)
+    if P.ndim != 4 or P.shape[1] != P.shape[3]:
+        raise ValueError(f"`P` must have shape (B, S, A, S), got {tuple(P.shape)}")
     B, S, A = P.shape[:3]
+    if r.shape != (B, S, A): raise ValueError(f"`r` must have shape ({B}, {S}, {A}), got {tuple(r.shape)}")
     n = check_int(n, "n", low=1)
     b = torch.full((B, S, A), 1 / A, dtype=torch.float64) if behavior is None \
         else as_tensor(behavior, "behavior", torch.float64)

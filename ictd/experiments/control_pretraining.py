@@ -11,7 +11,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 from ..boyan import _stationary
-from ..core import atomic_write_text, check_choice, check_int, check_number, jsonable, nudge, provenance, run_stream
+from ..core import (atomic_write_text, check_choice, check_int, check_number, check_seeds, check_type, jsonable, nudge,
+                       provenance, run_stream)
 from ..control import MDP, random_mdp, q_star, q_pi, uniform_policy
 from ..control_model import ControlICTD, build_control_prompt
 from ..control_acting import greedy_returns, pair_token_q_iteration
@@ -68,8 +69,19 @@ class ControlPretrainConfig:
     def d(self)->int: return self.n_states * self.n_actions
 
 # %% ../../nbs/09d_control_pretraining.ipynb #e6f5d920
+def _config(config)->ControlPretrainConfig:
+    "`config`, or a `TypeError` naming it unless it is a `ControlPretrainConfig`."
+    return check_type(config, ControlPretrainConfig, "config")
+
+def _check_pair(pair)->tuple:
+    "The five matrices of a pair, or a `ValueError` naming `pair`."
+    if not isinstance(pair, (tuple, list)) or len(pair) != 5 or not all(isinstance(p, torch.Tensor) for p in pair):
+        raise ValueError(f"`pair` must be five tensors (A_b, V_b, A, V_cur, V_tgt), got {type(pair).__name__}")
+    return tuple(pair)
+
 def mdp_pool(config:ControlPretrainConfig, size:int, seed:int)->dict:
     "`size` MDPs of `random_mdp` from one seed: P (T, S, A, S), r (T, S, A) and the uniform behaviour's stationary start d0 (T, S)."
+    config, size, seed = _config(config), check_int(size, "size", 1), check_int(seed, "seed")
     kids = np.random.SeedSequence(seed).spawn(size)
     ms = [random_mdp(config.n_states, config.n_actions, config.gamma, seed=np.random.default_rng(k), rewards=config.rewards) for k in kids]
     P, r = torch.stack([m.P for m in ms]), torch.stack([m.r for m in ms])
@@ -84,6 +96,7 @@ def sample_contexts(pool:dict,         # `mdp_pool` output, every tensor with le
                     u:torch.Tensor,    # (..., B, m, 2) uniforms: m - 1 transitions each
                    )->tuple:           # states (..., B, m), actions (..., B, m), rewards (..., B, m - 1)
     "Uniform-behaviour trajectories of the MDPs `task`, started from their stationary distributions, from the uniforms `u`."
+    pool, task, u = check_type(pool, dict, "pool"), check_type(task, torch.Tensor, "task"), check_type(u, torch.Tensor, "u")
     lead = task.shape[:-1]
     pick = lambda x: x[(*[torch.arange(k).view(-1, *[1] * (len(lead) - i)) for i, k in enumerate(lead)], task)] if lead else x[task]
     P, r, d0 = pick(pool["P"]), pick(pool["r"]), pick(pool["d0"])
@@ -104,6 +117,7 @@ def _blocks(X, n:int, A:int, q:int):
 
 def backup_attention(Z, A_b, n:int, A:int, q:int)->tuple:
     "Backup-head weights: context column j over block j (..., n, A); each block column over its own block (..., n + q, A columns, A keys)."
+    Z, A_b = check_type(Z, torch.Tensor, "Z"), check_type(A_b, torch.Tensor, "A_b")
     K, Y = _blocks(Z, n, A, q), A_b @ Z                                 # keys; A_b z_j of every column j
     ctx = torch.softmax((K[..., :n, :] * Y[..., :n, None]).sum(-3), -1)
     return ctx, torch.softmax(torch.einsum("...dbk,...dba->...bak", K, _blocks(Y, n, A, q)), -1)
@@ -113,6 +127,7 @@ def fast_pair_update(Z,            # (..., D, N) tokens
                      n:int, A:int, q:int,
                     )->torch.Tensor:  # (..., D, N)
     "One pair of layers of 9a (backup layer, then TD layer), computing only the unmasked scores."
+    Z, pair = check_type(Z, torch.Tensor, "Z"), _check_pair(pair)
     A_b, V_b, A_td, V_cur, V_tgt = pair
     ctx, blk = backup_attention(Z, A_b, n, A, q)
     V = _blocks(V_b @ Z, n, A, q)
@@ -127,6 +142,7 @@ def control_forward(params,               # (..., 5 L, D, D) the pairs' matrices
                     return_all:bool=False,# also return the tokens entering every pair
                    ):                     # (..., q, A) values at the query blocks (and the list of Z_0..Z_{L-1})
     "Values of the stacked models at their prompts' query blocks (row d + 1 of the last tokens)."
+    params, Z = check_type(params, torch.Tensor, "params"), check_type(Z, torch.Tensor, "Z")
     extra = Z.dim() - params.dim() + 1         # example axes between the seed axis and the matrices
     L, Zs = params.shape[-3] // 5, []
     for l in range(L):
@@ -139,11 +155,13 @@ def control_forward(params,               # (..., 5 L, D, D) the pairs' matrices
 # %% ../../nbs/09d_control_pretraining.ipynb #0e517c33
 def init_params(config:ControlPretrainConfig, seeds:list)->torch.Tensor:
     "(S, 5 L, D, D) float64: seed s's slice is `ControlICTD(d, L, init_gain, seed=run_stream(s, 'init'))`, nudged if `ICTD_PERTURB` asks."
+    config, seeds = _config(config), check_seeds(seeds)
     ps = torch.stack([torch.stack([p.detach() for p in ControlICTD(config.d, config.n_layers, config.init_gain, seed=run_stream(s, "init")).pairs]) for s in seeds])
     return nudge(dict(pairs=ps), seeds)["pairs"]
 
 def training_pools(config:ControlPretrainConfig, seeds:list)->dict:
     "Every seed's pool of `n_pool` training MDPs (its stream `train_pool`), stacked: P (S, T, S, A, S), r, d0."
+    config, seeds = _config(config), check_seeds(seeds)
     pools = [mdp_pool(config, config.n_pool, run_stream(s, "train_pool")) for s in seeds]
     return {k: torch.stack([p[k] for p in pools]) for k in pools[0]}
 
@@ -151,12 +169,14 @@ def _features(config): return torch.eye(config.d, dtype=torch.float64).reshape(c
 
 def example_prompts(config:ControlPretrainConfig, states, actions, rewards):
     "The training prompt of each trajectory of n + 1 transitions: the context, then query blocks S_n and S_{n+1}."
+    config = _config(config)
     phi, n = _features(config), config.n
     return build_control_prompt(phi[states[..., :n], actions[..., :n]], rewards[..., :n], phi[states[..., 1:n + 1]], phi[states[..., n:n + 2]])
 
 # %% ../../nbs/09d_control_pretraining.ipynb #88097999
 def td_loss(config:ControlPretrainConfig, params, states, actions, rewards, perm=None)->torch.Tensor:
     "(S,) the loss of every seed on its batch of trajectories (S, B, n + 2); `perm` (S, B) shuffles the query rewards."
+    config, params = _config(config), check_type(params, torch.Tensor, "params")
     x = example_prompts(config, states, actions, rewards)
     out = control_forward(params, x.Z.to(params.dtype), config.n, config.n_actions, 2)     # (S, B, 2, A)
     v = out[..., 0, :].gather(-1, actions[..., config.n, None])[..., 0]
@@ -196,6 +216,7 @@ def train_control(config:ControlPretrainConfig,  # every setting
 # %% ../../nbs/09d_control_pretraining.ipynb #f52cda18
 def held_out(config:ControlPretrainConfig, seeds:list)->dict:
     "Every seed's held-out MDPs (stream `eval_pool`) with one context each (stream `eval_contexts`), their prompts and exact solutions."
+    config, seeds = _config(config), check_seeds(seeds)
     E, n, S, A = config.eval_mdps, config.n, config.n_states, config.n_actions
     pool = {k: torch.stack([mdp_pool(config, E, run_stream(s, "eval_pool"))[k] for s in seeds]) for k in ("P", "r", "d0")}
     u = torch.stack([torch.rand(E, n + 1, 2, generator=torch.Generator().manual_seed(run_stream(s, "eval_contexts")), dtype=torch.float64) for s in seeds])
@@ -210,11 +231,13 @@ def held_out(config:ControlPretrainConfig, seeds:list)->dict:
 
 def normalised_returns(config:ControlPretrainConfig, ho:dict, Q)->torch.Tensor:
     "(S, E) normalised return of the greedy policy of the values Q (S, E, S, A) on each held-out MDP."
+    config, ho, Q = _config(config), check_type(ho, dict, "ho"), check_type(Q, torch.Tensor, "Q")
     return (greedy_returns(ho["P"], ho["r"], config.gamma, Q) - ho["J_unif"]) / (ho["J_star"] - ho["J_unif"])
 
 # %% ../../nbs/09d_control_pretraining.ipynb #99b8dc2d
 def probe_metrics(config:ControlPretrainConfig, params, ho:dict)->dict:
     "Every seed's measures on its held-out set: per-layer scores and argmax masses (S, L), normalised return and errors (S,)."
+    config, params, ho = _config(config), check_type(params, torch.Tensor, "params"), check_type(ho, dict, "ho")
     n, A, S, d = config.n, config.n_actions, config.n_states, config.d
     with torch.no_grad():
         p = params.detach().double()
@@ -237,6 +260,8 @@ def probe_metrics(config:ControlPretrainConfig, params, ho:dict)->dict:
 # %% ../../nbs/09d_control_pretraining.ipynb #ef353e54
 def baselines(config:ControlPretrainConfig, ho:dict, kappa:float=20.)->dict:
     "Per seed (S,): normalised return of the construction at several beta, the myopic policy and certainty equivalence; errors to q* and q_unif."
+    config, ho = _config(config), check_type(ho, dict, "ho")
+    kappa = check_number(kappa, "kappa", 0, strict=True)
     phi, W = _features(config), kappa * torch.eye(config.d, dtype=torch.float64)
     run = lambda beta, iters: pair_token_q_iteration(phi, ho["states"], ho["actions"], ho["rewards"], W, alpha=1., gamma=config.gamma, beta=beta, n_iters=iters)
     Qs = dict(construction_inf=run(math.inf, config.n_layers), construction_4=run(4., config.n_layers), construction_1=run(1., config.n_layers),
