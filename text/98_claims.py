@@ -83,8 +83,17 @@ def chapter_labels(nbs=Path("."),  # the folder of the notebooks
 #| export
 def _cell(text:str)->str: return text.replace("|", "\\|")   # a pipe in a claim (|v| in maths) must not end the cell
 
+def _check_claims(claims, labels)->None:
+    "A `ValueError` naming `claims` or `labels` unless they are claim records and a page -> label mapping."
+    keys = {"claim", "status", "chapter"}
+    if not isinstance(claims, (list, tuple)) or not all(isinstance(c, dict) and keys <= set(c) for c in claims):
+        raise ValueError(f"`claims` must be a list of claim records (dicts with {sorted(keys)}), as `load_claims` returns, "
+                         f"got {type(claims).__name__}")
+    if not isinstance(labels, dict): raise ValueError(f"`labels` must be a dict page name -> label, got {type(labels).__name__}")
+
 def _by_chapter(claims:list, labels:dict)->dict:
     "Claims grouped by chapter, chapters in reading order (unknown chapters last)."
+    _check_claims(claims, labels)
     order = {page: i for i, page in enumerate(labels)}
     groups = {}
     for c in sorted(claims, key=lambda c: order.get(c["chapter"], len(order))): groups.setdefault(c["chapter"], []).append(c)
@@ -94,6 +103,7 @@ def claims_table(claims:list,  # claim records (`load_claims`)
                  labels:dict,  # page name -> label (`chapter_labels`)
                 )->str:        # a Markdown table: claim, status, chapter, evidence
     "The claim records as a Markdown table, one row per claim, in the order given."
+    _check_claims(claims, labels)
     link = lambda c: f"[see]({c['chapter']}.html{c['evidence']})" if c.get("evidence") else ""
     rows = [f"| {_cell(c['claim'])} | {c['status']} | [{labels.get(c['chapter'], c['chapter'])}]({c['chapter']}.html) | {link(c)} |"
             for c in claims]
@@ -130,6 +140,9 @@ test_eq(status_table(toy, toy_labels).splitlines()[-1], "| **all chapters** | **
 test_eq(status_table(toy, toy_labels).splitlines()[2], "| [1 Early](early.html) | 1 | 0 | 0 | 1 | 2 |")
 assert "late \\|v\\|" in claims_table(toy, toy_labels) and ledger(toy, toy_labels).index("1 Early") < ledger(toy, toy_labels).index("2 Late")
 assert "([check](early.html#y))" in ledger(toy, toy_labels) and "early.html)" in ledger(toy, toy_labels)
+test_fail(lambda: ledger("abc", toy_labels), contains="`claims` must be a list of claim records")
+test_fail(lambda: status_table([dict(claim="x")], toy_labels), contains="`claims` must be a list of claim records")
+test_fail(lambda: claims_table(toy, ["early"]), contains="`labels` must be a dict")
 
 # %% [markdown]
 # On the book's records: every claim has a known status and a chapter of the book, and every chapter that records

@@ -335,10 +335,14 @@ def _from(d:dict)->dict: return {k: torch.tensor(v["values"], dtype=getattr(torc
 
 def run_record(r:PretrainResult)->dict:
     "A run as plain JSON: its configuration, history and final parameters (each tensor with its dtype)."
+    if not isinstance(r, PretrainResult) or r.params is None:
+        raise TypeError(f"`r` must be a PretrainResult with its parameters (from `pretrain_many`), got {type(r).__name__}")
     return dict(config=dataclasses.asdict(r.config), history=_tensors(r.history), params=_tensors(r.params))
 
 def run_from_record(rec:dict)->PretrainResult:
     "The run of `run_record`, with its model rebuilt by the family."
+    if not isinstance(rec, dict) or not {"config", "history", "params"} <= set(rec):
+        raise ValueError(f"`rec` must be a dict written by `run_record` (config, history, params), got {type(rec).__name__}")
     config, params = PretrainConfig(**rec["config"]), _from(rec["params"])
     return PretrainResult(config, get_family(config.attention).module(config, params), _from(rec["history"]), params=params)
 
