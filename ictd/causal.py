@@ -508,3 +508,7 @@ def register_causal_family(name:str="causal"):
     register_family(name, Family(init=causal_init, prompt=causal_prompt, predict=fused_causal_predict, module=causal_module, metrics=causal_metrics))
 
 register_causal_family()
+
+# %% ../nbs/04a_causal.ipynb #62d20660
+from .boyan import check_arguments
+check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)

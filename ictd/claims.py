@@ -72,3 +72,7 @@ def ledger(claims:list, labels:dict)->str:
     parts = [f"### [{labels.get(p, p)}]({p}.html)\n\n" + "\n".join(f"- **{c['status']}**: {c['claim']}{link(c)}" for c in cs)
              for p, cs in _by_chapter(claims, labels).items()]
     return "\n\n".join(parts)
+
+# %% ../nbs/98_claims.ipynb #d7361d48
+from .boyan import check_arguments
+check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)

@@ -313,3 +313,7 @@ def _tabular(states, actions, rewards, n_states, n_actions):
         raise ValueError(f"`states`, `actions` (..., n+1) and `rewards` (..., n) disagree: "
                          f"{tuple(s.shape)}, {tuple(a.shape)}, {tuple(R.shape)}")
     return S, A, s.long() * A + a.long(), R
+
+# %% ../nbs/09_control.ipynb #7dd99458
+from .boyan import check_arguments
+check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)

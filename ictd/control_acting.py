@@ -110,3 +110,7 @@ def greedy_returns(P,            # (..., S, A, S) transitions
     mu = torch.full((S,), 1 / S, dtype=torch.float64) if start is None \
         else as_tensor(start, "start", torch.float64)
     return (v * mu).sum(-1)
+
+# %% ../nbs/09b_control_acting.ipynb #b25de047
+from .boyan import check_arguments
+check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)

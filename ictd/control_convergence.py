@@ -41,3 +41,7 @@ def contraction_rate(M, r, gamma:float, beta:float, alpha:float=1.)->tuple:
     R0 = rbar / (2 * m - 1 - gamma)
     c = torch.ones_like(R0) if beta in (0, math.inf) else 1 + beta * R0
     return 1 - alpha * (2 * m - 1 - gamma * c), R0
+
+# %% ../nbs/09c_control_convergence.ipynb #7293dcd7
+from .boyan import check_arguments
+check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)

@@ -256,3 +256,7 @@ def _dense_bytes(Z:torch.Tensor)->float:
     "Memory of the dense path: the two (N, N) masks, and per prompt its logits, masked logits, weights."
     return (2 + 3 * math.prod(Z.shape[:-2])) * Z.shape[-1] ** 2 * 8
 
+
+# %% ../nbs/09a_control_transformer.ipynb #eaf4c8c4
+from .boyan import check_arguments
+check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)

@@ -398,3 +398,7 @@ def circulant_limit(gamma:float,  # discount factor in [0, 1)
     i, j = np.unravel_index(np.argmax(R), R.shape)
     res = scipy.optimize.minimize(lambda x: -float(root(x)), [th[j], th[i]], method="Nelder-Mead", options=dict(xatol=1e-10, fatol=1e-13))
     return max(float(R.max()), -res.fun)
+
+# %% ../nbs/05_convergence.ipynb #0eb11aea
+from .boyan import check_arguments
+check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)

@@ -426,3 +426,7 @@ def plain_log_ticks(ax,               # matplotlib axes
         axis.set_major_formatter(FuncFormatter(lambda v, _: number(v)))
         digits = "2346" if hi < 15 * lo else "25" if hi < 100 * lo else ""     # which minor ticks get a label
         axis.set_minor_formatter(FuncFormatter(lambda v, _, digits=digits: number(v) if f"{v:.0e}"[0] in digits else "") if digits else NullFormatter())
+
+# %% ../nbs/90_core.ipynb #34f2d09d
+from .boyan import check_arguments
+check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)

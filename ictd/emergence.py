@@ -230,3 +230,7 @@ def neu_jackknife(model:SoftmaxICTD,  # the model
         sub = TaskBatch(tasks.P[idx], tasks.r[idx], tasks.phi[idx], tasks.d_pi[idx], tasks.v_pi[idx], tasks.gamma)
         return context_update(model, sub, sample_trajectories(sub.P, n, sub.d_pi, seed=gen)).detach()
     return pairwise_neu(torch.stack([batch() for _ in range(int(n_batches))]))
+
+# %% ../nbs/06a_emergence.ipynb #fe77edbb
+from .boyan import check_arguments
+check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)

@@ -416,3 +416,7 @@ def softmax_metrics(config:PretrainConfig, params:dict, ev)->dict:
 register_family("softmax", Family(init=softmax_init, prompt=softmax_prompt,
                                   predict=lambda config, params, x, n: fused_token_predict(params, config.n_layers, x),
                                   module=softmax_module, metrics=softmax_metrics))
+
+# %% ../nbs/91_engine.ipynb #1ddd264e
+from .boyan import check_arguments
+check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)

@@ -328,3 +328,7 @@ def sliding_windows(phi:torch.Tensor,   # (..., s, d) features of each trajector
     ctx = phi_S.unfold(-2, n + 1, 1)[..., :W, :, :].transpose(-1, -2)   # (..., W, n+1, d)
     Z = build_linear_prompt(ctx, r_S.unfold(-1, n, 1)[..., :W, :], phi_S[..., n + 1:, :], gamma)
     return Z, r_S[..., n + 1:T - 1]
+
+# %% ../nbs/07_linear.ipynb #9494955c
+from .boyan import check_arguments
+check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)

@@ -746,3 +746,7 @@ def fit_learned_algorithm(results:list,      # `PretrainResult`s (or (config, mo
         raise ValueError("`results` must come from one configuration (they may differ only in the seed)")
     f = fit_candidate([contest_stats(dataclasses.replace(c, eval_tasks=eval_tasks), m, ("td",)) for c, m in pairs], "td")
     return LearnedAlgorithm(k=f["theta"]["k"], beta=f["theta"]["beta"], level=f["level"], scale=f["scale"])
+
+# %% ../nbs/93_mechanism_studies.ipynb #5e2a4ee4
+from .boyan import check_arguments
+check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)

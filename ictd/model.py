@@ -110,9 +110,9 @@ def token_rows(d)->int:
 # %% ../nbs/03_dual_head.ipynb #80618267
 FLOAT_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)   # the dtypes parameters may have
 
-def xavier_param(rows:int, cols:int, gain:float, g, dtype)->nn.Parameter:
+def xavier_param(rows:int, cols:int, init_gain:float, g, dtype)->nn.Parameter:
     "A (rows, cols) parameter with Xavier-normal entries drawn from generator `g`."
-    gain, dtype = check_number(gain, "init_gain", 0.), check_choice(dtype, FLOAT_DTYPES, "dtype")
+    gain, dtype = check_number(init_gain, "init_gain", 0.), check_choice(dtype, FLOAT_DTYPES, "dtype")
     return nn.Parameter(nn.init.xavier_normal_(torch.empty(rows, cols, dtype=dtype), gain=gain, generator=g))
 
 # %% ../nbs/03_dual_head.ipynb #fa24424a
@@ -362,3 +362,7 @@ class ShiftAfterAttentionICTD(SoftmaxICTD):
 
     construction = staticmethod(theta_td_memory)
     from_theta_td_memory = SoftmaxICTD.__dict__["from_theta_star"]   # the same constructor: every layer carries theta_td_memory(d, W, alpha=alpha, gamma=gamma)
+
+# %% ../nbs/04_tsm.ipynb #0ce16210
+from .boyan import check_arguments
+check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)

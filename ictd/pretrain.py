@@ -396,3 +396,7 @@ def evaluate(model:SoftmaxICTD,  # the model
     return dict(msve=msve.reshape(1), neu=torch.tensor([neu(model, eval_tasks, n, n_batches=4, batch_size=64, seed=neu_seed)], dtype=torch.float64),
                 neu_population=torch.tensor([population_neu(model, eval_tasks)], dtype=torch.float64),
                 diagonality=diag, value_weights=model.value_weights(), cosine=block_cosines(model, config.gamma))
+
+# %% ../nbs/06_pretrain.ipynb #59691755
+from .boyan import check_arguments
+check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)

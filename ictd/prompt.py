@@ -188,3 +188,7 @@ def as_prompt(Z,        # a `Prompt`, or a (..., D, N) tensor
     if carried is not None and n is not None and check_int(n, "n", 1) != carried:
         raise ValueError(f"`n` = {n} contradicts the prompt, which was built with `Z.n_context` = {carried}")
     return Prompt(Z, carried if n is None else n)
+
+# %% ../nbs/02_prompt.ipynb #b24aab81
+from .boyan import check_arguments
+check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)

@@ -146,3 +146,7 @@ def sliding_eval_set(config:PretrainConfig, seeds:list, device=None)->EvalSet:
 
 register_protocol("sliding", Protocol(sample=sliding_sample, eval_set=sliding_eval_set, loss_scale=1.,
                                       data=lambda config, seeds, device: dict(seeds=seeds, device=device, per_task=_per_task(config))))
+
+# %% ../nbs/92_sliding.ipynb #a16b02c8
+from .boyan import check_arguments
+check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)

@@ -205,3 +205,7 @@ def fused_token_predict(params:dict,    # A, V_cur, V_tgt: (S, L or 1, D, D) eac
     v = _FusedTokens.apply(params["A"], params["V_cur"], params["V_tgt"], flat(Z, D, C), flat(x.log_w, x.log_w.shape[-1]),
                            flat(x.succ, *x.succ.shape[-2:]), n_layers, x.q)
     return v.reshape(*batch, x.q)
+
+# %% ../nbs/03a_state_tokens.ipynb #db34a9f1
+from .boyan import check_arguments
+check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)

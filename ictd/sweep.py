@@ -341,3 +341,7 @@ def overhead_report(data:dict)->str:
     p = data["provenance"]
     return (tab + ("\n\nNot measured: " + "; ".join(missing) if missing else "") +
             f"\n\nMeasured by `{p['command']}` on {p['date'][:10]}, {p['cpu']}, commit `{str(p['commit'])[:10]}`, with {data['n_tasks']} empty tasks at once and the load average {data['load'][0]:.1f}.")
+
+# %% ../nbs/96_sweep.ipynb #19d8e4c3
+from .boyan import check_arguments
+check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)

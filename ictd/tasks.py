@@ -119,6 +119,10 @@ def task_pool(config,                 # the task settings: n_states, d, features
     d_pi = torch.linalg.lstsq(A, e, driver="gelsd").solution.squeeze(-1).clamp(min=0)
     return TaskBatch(P, r, phi, d_pi / d_pi.sum(-1, keepdim=True), torch.linalg.solve(I - g * P, r), g)
 
+# %% ../nbs/00a_tasks.ipynb #ee6f4c5e
+from .boyan import check_arguments
+check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)
+
 # %% ../nbs/06_pretrain.ipynb #3487233b
 def draw_cdf(cum:torch.Tensor, u:torch.Tensor)->torch.Tensor:
     "Inverse-CDF draws: the index of the first entry of each row of `cum` (..., s) above `u` (...), clamped to s - 1."
@@ -190,3 +194,7 @@ class TDExamples:
     x:Contexts               # the prompts
     reward:torch.Tensor      # (S, B) r(x_q) of each example
     successor:str = "query"  # "query": x_q' is query column 1 of the same prompt; "next": it is the query of the next prompt along axis 1
+
+# %% ../nbs/06_pretrain.ipynb #53a431fa
+from .boyan import check_arguments
+check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)

@@ -336,3 +336,7 @@ def tabular_rate(states,          # (n+1,) integer states S_0..S_n of one contex
     if not (S[:-1] == S[-1]).any() or mu <= (1 + gamma) / 2:
         raise ValueError("the hypotheses of Propositions 1.5 and 1.7 fail for this context (a target state never left, or mu <= (1 + gamma) / 2)")
     return 1 - alpha * (2 * mu - 1 - gamma)
+
+# %% ../nbs/01_weighted_softmax_td.ipynb #ea88633b
+from .boyan import check_arguments
+check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)

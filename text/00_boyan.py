@@ -767,6 +767,90 @@ for msg, kw in {"`n` must be a non-negative integer": dict(n=-1),
 # %%
 test_fail(lambda: msve(mrp, np.zeros(9)), contains="`v_hat` must have last dimension 10")
 
+# %% [markdown]
+# ### Arguments checked against their annotations
+#
+# Every module of the package ends with `check_arguments(globals())`: each public function it defines then refuses,
+# with a `TypeError` naming the argument, a value that its annotation rules out (a string where a number, a tensor, a
+# configuration or a model is expected), before any work is done. Annotations that say nothing checkable (`Path`,
+# `Callable`, a list) are left to the function's own checks.
+
+# %%
+#| export
+import functools, inspect, types, typing
+
+def is_real_number(x)->bool:
+    "A real number that is not a bool: a Python or numpy int or float, or a real tensor or array with no dimensions."
+    if isinstance(x, torch.Tensor): return x.ndim == 0 and not x.is_complex() and x.dtype != torch.bool
+    if isinstance(x, np.ndarray): return x.ndim == 0 and x.dtype.kind in "iuf"
+    return not isinstance(x, (bool, np.bool_)) and isinstance(x, (int, float, np.integer, np.floating))
+
+_ARRAY_LIKE = (torch.Tensor, np.ndarray, list, tuple, int, float, np.number)
+
+def _kind(t)->tuple:
+    "(test, what was expected) for a plain annotation `t`, or None when it says nothing checkable."
+    if t is int: return (lambda x: is_real_number(x) and float(x).is_integer()), "an integer"
+    if t is float: return is_real_number, "a number"
+    if t is bool: return (lambda x: isinstance(x, (bool, np.bool_))), "True or False"
+    if t is dict: return (lambda x: isinstance(x, dict)), "a dict"
+    if t is torch.Tensor: return (lambda x: isinstance(x, _ARRAY_LIKE) and not isinstance(x, bool)), "a tensor or array-like"
+    if isinstance(t, type) and (t.__module__.startswith(("ictd", "__main__")) or issubclass(t, torch.nn.Module)):
+        return (lambda x: isinstance(x, t)), f"a {t.__name__}"
+    return None
+
+def _annotation_check(t)->tuple:
+    "(test, what was expected) for annotation `t`, unions and Optional included, or None."
+    union = typing.get_origin(t) in (typing.Union, types.UnionType)
+    args = typing.get_args(t) if union else (t,)
+    kinds = [_kind(a) for a in args if a is not type(None)]
+    if not kinds or None in kinds: return None
+    none_ok = type(None) in args
+    what = " or ".join(w for _, w in kinds) + (" or None" if none_ok else "")
+    return (lambda x: (none_ok and x is None) or any(test(x) for test, _ in kinds)), what
+
+def checked(f):
+    "`f`, refusing with a `TypeError` that names the argument any value its annotations rule out (defaults pass)."
+    try: hints = typing.get_type_hints(f)
+    except Exception: return f                 # an annotation that cannot be resolved: leave `f` to its own checks
+    sig = inspect.signature(f)
+    checks = {p.name: (c, p.default) for p in sig.parameters.values()
+              if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name in hints
+              and (c := _annotation_check(hints[p.name])) is not None}
+    if not checks: return f
+    @functools.wraps(f)
+    def with_checks(*args, **kwargs):
+        for name, x in sig.bind(*args, **kwargs).arguments.items():
+            if name in checks and x is not checks[name][1] and not checks[name][0][0](x):
+                raise TypeError(f"`{name}` must be {checks[name][0][1]}, got {type(x).__name__} {x!r}"[:300])
+        return f(*args, **kwargs)
+    return with_checks
+
+def check_arguments(namespace:dict)->None:
+    "Wrap every public function a module defines (its `__all__`) with `checked`, the validators (`check_*`) aside."
+    for name in namespace.get("__all__", ()):
+        f = namespace.get(name)
+        if inspect.isfunction(f) and f.__module__ == namespace.get("__name__") and not name.startswith("check_"):
+            namespace[name] = checked(f)
+
+
+# %%
+def _toy(n:int, x:float, config:MRP|None=None, v:torch.Tensor=None, name="free"): return n
+toy = checked(_toy)
+test_eq(toy(3, 0.5), 3)
+test_eq(toy(3, 1, None, [1., 2.]), 3)
+for kw, msg in [(dict(n="abc", x=1.), "`n` must be an integer, got str"), (dict(n=2.5, x=1.), "`n` must be an integer"),
+                (dict(n=True, x=1.), "`n` must be an integer"), (dict(n=1, x="a"), "`x` must be a number"),
+                (dict(n=1, x=1., config="a"), "`config` must be a MRP or None"), (dict(n=1, x=1., v="abc"), "`v` must be a tensor")]:
+    test_fail(lambda: toy(**kw), contains=msg)
+test_eq(inspect.signature(toy), inspect.signature(_toy))
+ns = dict(__name__="__main__", __all__=["_toy"], _toy=_toy)
+check_arguments(ns)
+test_fail(lambda: ns["_toy"]("abc", 1.), contains="`n` must be an integer")
+
+# %%
+#| export
+check_arguments(globals())   # every public function above refuses, naming it, an argument its annotation rules out
+
 # %%
 #| hide
 import nbdev; nbdev.nbdev_export()

@@ -395,5 +395,10 @@ for msg, f in {"`d0` must have shape (8, 10)": lambda: sample_trajectories(tasks
 test_fail(lambda: task_pool(cfg, 0, 7), contains="`n_tasks` must be a positive integer")
 
 # %%
+#| export
+from ictd.boyan import check_arguments
+check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)
+
+# %%
 #| hide
 import nbdev; nbdev.nbdev_export()

@@ -2035,5 +2035,10 @@ test_close(batch_linear_td(phi_l, R_l, 0.5, 0.9, 30, Q_l, C=Cs)[1], batch_linear
 test_fail(lambda: batch_linear_td(phi_l, R_l, 0.5, 0.9, 3, C=torch.eye(3)), contains="`C` must have shape (4, 4)")
 
 # %%
+#| export
+from ictd.boyan import check_arguments
+check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)
+
+# %%
 #| hide
 import nbdev; nbdev.nbdev_export()

@@ -477,5 +477,10 @@ test_fail(lambda: plot_prompt(Zb, n=n), contains="`Z` must be one prompt")
 for bad_n in (0, Zb.shape[-1], 2.5, "3", None): test_fail(lambda: plot_prompt(Zb[0, 0], n=bad_n), contains="`n` must be an integer in 1..")
 
 # %%
+#| export
+from ictd.boyan import check_arguments
+check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)
+
+# %%
 #| hide
 import nbdev; nbdev.nbdev_export()

@@ -335,9 +335,9 @@ def token_rows(d)->int:
 #| export
 FLOAT_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16)   # the dtypes parameters may have
 
-def xavier_param(rows:int, cols:int, gain:float, g, dtype)->nn.Parameter:
+def xavier_param(rows:int, cols:int, init_gain:float, g, dtype)->nn.Parameter:
     "A (rows, cols) parameter with Xavier-normal entries drawn from generator `g`."
-    gain, dtype = check_number(gain, "init_gain", 0.), check_choice(dtype, FLOAT_DTYPES, "dtype")
+    gain, dtype = check_number(init_gain, "init_gain", 0.), check_choice(dtype, FLOAT_DTYPES, "dtype")
     return nn.Parameter(nn.init.xavier_normal_(torch.empty(rows, cols, dtype=dtype), gain=gain, generator=g))
 
 

@@ -597,5 +597,10 @@ show_doc(fused_token_predict)
 test_fail(lambda: population_predict(SoftmaxICTD(3, 2, seed=0), two_tasks), contains="`tasks` have d = 4 features but the model expects d = 3")
 
 # %%
+#| export
+from ictd.boyan import check_arguments
+check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)
+
+# %%
 #| hide
 import nbdev; nbdev.nbdev_export()

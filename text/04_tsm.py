@@ -703,5 +703,10 @@ test_fail(lambda: ShiftAfterAttentionICTD(4, 0), contains="`n_layers` must be a 
 test_fail(lambda: theta_td_memory(4, torch.eye(4), alpha=0.5, gamma=1.), contains="`gamma` must lie in [0, 1)")
 
 # %%
+#| export model
+from ictd.boyan import check_arguments
+check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)
+
+# %%
 #| hide
 import nbdev; nbdev.nbdev_export()

@@ -1777,5 +1777,10 @@ for msg, f in [("`alpha` must lie in (0, 1]", lambda: td_recursion(M_v, task_v.P
     test_fail(f, contains=msg)
 
 # %%
+#| export
+from ictd.boyan import check_arguments
+check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)
+
+# %%
 #| hide
 import nbdev; nbdev.nbdev_export()

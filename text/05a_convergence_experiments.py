@@ -1385,3 +1385,8 @@ for msg, f in [("`errors` must be positive", lambda: measured_rate(torch.zeros(5
                ("`ns` must be increasing positive integers", lambda: depth_experiment(2, ns=(100, 30), n_layers=3)),
                ("`n_tasks` must be a positive integer", lambda: depth_experiment(0))]:
     test_fail(f, contains=msg)
+
+# %%
+#| export
+from ictd.boyan import check_arguments
+check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)

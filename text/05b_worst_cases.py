@@ -659,3 +659,8 @@ for msg, f in [("`m` must lie in [0, 1)", lambda: worst_case_pair(1.2, 0.9, 1., 
                ("`alpha` must lie in (0, 1]", lambda: worst_case_pair(0.6, 0.9, 0., 3)),
                ("`path` must be a certificate file", lambda: load_threshold_certificates("data/no_such_file.json"))]:
     test_fail(f, contains=msg)
+
+# %%
+#| export
+from ictd.boyan import check_arguments
+check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)

@@ -1080,5 +1080,10 @@ test_fail(lambda: mean_se(torch.ones(1, 3)), contains="needs at least 2 seeds")
 test_fail(lambda: neu_jackknife(star_model(1, 15.), grid_tasks, 10, n_batches=2), contains="`n_batches` must be an integer >= 3")
 
 # %%
+#| export
+from ictd.boyan import check_arguments
+check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)
+
+# %%
 #| hide
 import nbdev; nbdev.nbdev_export()

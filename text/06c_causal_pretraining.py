@@ -311,5 +311,10 @@ summary["provenance"] = provenance("the eval: false cell of nbs/06c_causal_pretr
 json.dump(summary, open("nbs/data/causal_pretrain.json", "w"), indent=1)
 
 # %%
+#| export
+from ictd.boyan import check_arguments
+check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)
+
+# %%
 #| hide
 import nbdev; nbdev.nbdev_export()

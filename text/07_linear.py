@@ -918,5 +918,10 @@ test_eq(sorted(runs[0].history), sorted(["step", "loss", "msve", "neu", "iws", "
 assert not torch.equal(runs[0].model.layers[0].P, LinearICTD(4, 3, seed=3).layers[0].P)
 
 # %%
+#| export
+from ictd.boyan import check_arguments
+check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)
+
+# %%
 #| hide
 import nbdev; nbdev.nbdev_export()

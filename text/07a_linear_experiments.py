@@ -931,5 +931,10 @@ for stream, count in ((0, 20), (2, 100)):                              # the tun
 batch_one.phi.shape, batch_rnd.phi.shape
 
 # %%
+#| export
+from ictd.boyan import check_arguments
+check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)
+
+# %%
 #| hide
 import nbdev; nbdev.nbdev_export()

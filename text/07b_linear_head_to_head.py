@@ -358,5 +358,10 @@ def run_head_to_head(out="nbs/data/head_to_head.json", # the JSON file to write
 run_head_to_head("data/head_to_head.json", command="run_head_to_head('data/head_to_head.json') in nbs/07b_linear_head_to_head.ipynb")
 
 # %%
+#| export
+from ictd.boyan import check_arguments
+check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)
+
+# %%
 #| hide
 import nbdev; nbdev.nbdev_export()

@@ -1132,3 +1132,9 @@ def basis(self:GaussianAR1, states, size:int)->torch.Tensor:
     H = [torch.ones_like(x), x]
     for j in range(1, check_int(size, "size", 1)): H.append(x * H[j] - j * H[j - 1])
     return torch.stack([h / math.sqrt(math.factorial(j)) for j, h in enumerate(H[:size + 1])], -1)
+
+
+# %%
+#| export
+from ictd.boyan import check_arguments
+check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)

@@ -630,5 +630,10 @@ test_close(H_ar.mT @ (w_ar[:, None] * H_ar), torch.eye(5, dtype=torch.float64), 
 test_eq(rot.basis(torch.zeros(3, dtype=torch.float64), 2).shape, (3, 5))
 
 # %%
+#| export
+from ictd.boyan import check_arguments
+check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)
+
+# %%
 #| hide
 import nbdev; nbdev.nbdev_export()

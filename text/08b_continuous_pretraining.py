@@ -680,5 +680,10 @@ for fam, ref in [(fam_rot, 3. * (torch.cos(u_check) - 1)), (fam_ar, -3. * u_chec
 show_doc(plot_learned_kernel)
 
 # %%
+#| export
+from ictd.boyan import check_arguments
+check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)
+
+# %%
 #| hide
 import nbdev; nbdev.nbdev_export()

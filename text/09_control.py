@@ -949,5 +949,10 @@ test_fail(lambda: batch_tabular_q(S3, A3 + 3, R3, 10, 3, **tab_kw), contains="`a
 test_fail(lambda: batch_tabular_q(S3, A3, R3[:-1], 10, 3, **tab_kw), contains="disagree")
 
 # %%
+#| export
+from ictd.boyan import check_arguments
+check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)
+
+# %%
 #| hide
 import nbdev; nbdev.nbdev_export()

@@ -846,5 +846,10 @@ Markdown("| n | N | path | dense path needs (GiB) | wall time | added peak |\n|-
                            "the dense estimate is computed, not measured."))
 
 # %%
+#| export
+from ictd.boyan import check_arguments
+check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)
+
+# %%
 #| hide
 import nbdev; nbdev.nbdev_export()

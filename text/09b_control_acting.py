@@ -535,5 +535,10 @@ test_fail(lambda: pair_token_q_iteration(m7.phi, S7, A7 + 3, R7, torch.eye(30), 
           contains="`actions` must hold")
 
 # %%
+#| export
+from ictd.boyan import check_arguments
+check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)
+
+# %%
 #| hide
 import nbdev; nbdev.nbdev_export()

@@ -402,5 +402,10 @@ test_fail(lambda: population_q_map(Q3, torch.eye(8), r_hat, P_hat, alpha=1., gam
           contains="`beta`")
 
 # %%
+#| export
+from ictd.boyan import check_arguments
+check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)
+
+# %%
 #| hide
 import nbdev; nbdev.nbdev_export()

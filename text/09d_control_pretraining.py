@@ -735,5 +735,10 @@ assert b_long["certainty_equivalence"].item() > 0.9, b_long["certainty_equivalen
 test_close(b_long["myopic"], baselines(ControlPretrainConfig(eval_mdps=8, n=400, n_layers=1), ho_long)["construction_inf"], eps=1e-12)
 
 # %%
+#| export
+from ictd.boyan import check_arguments
+check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)
+
+# %%
 #| hide
 import nbdev; nbdev.nbdev_export()

@@ -899,3 +899,8 @@ with tempfile.TemporaryDirectory() as tmp, working_directory(tmp):
     test_fail(lambda: load_claims("claims"), contains="z.json")
     record_claim("x", "y", "proved", "z", folder="claims")
     test_eq([c["key"] for c in load_claims("claims")], ["x"])
+
+# %%
+#| export
+from ictd.boyan import check_arguments
+check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)

@@ -790,5 +790,10 @@ test_eq((ev.v_pi.shape, ev.x.log_w.shape[-1]), ((2, 3, 10), 10))
 test_eq(ev.tasks.v_pi[1], held_out_tasks(PretrainConfig(eval_tasks=3, seed=1))[0].v_pi)
 
 # %%
+#| export
+from ictd.boyan import check_arguments
+check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)
+
+# %%
 #| hide
 import nbdev; nbdev.nbdev_export()

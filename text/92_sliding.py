@@ -415,5 +415,10 @@ ev_lin, ev_soft = (eval_set(c, [2]) for c in (small_sliding, soft_sliding[0].con
 test_eq((ev_lin.states, ev_lin.tasks.P), (ev_soft.states, ev_soft.tasks.P))
 
 # %%
+#| export
+from ictd.boyan import check_arguments
+check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)
+
+# %%
 #| hide
 import nbdev; nbdev.nbdev_export()

@@ -3259,5 +3259,15 @@ Markdown(f"1. **The layers.** In {anat['one_uniform_layer']} of 10 seeds one lay
          + " and ".join(f"{blown[k]} of {n_deep[k]} seeds at {k}" for k in deep_msve) + f".\n\nThe gap map covers {len(gaps)} cells.")
 
 # %%
+#| export
+from ictd.boyan import check_arguments
+check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)
+
+# %%
+#| export mechanism
+from ictd.boyan import check_arguments
+check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)
+
+# %%
 #| hide
 import nbdev; nbdev.nbdev_export()

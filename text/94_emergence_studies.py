@@ -693,5 +693,10 @@ with tempfile.TemporaryDirectory() as tmp:
 test_eq(report["claims"]["n_seeds"], 2)
 
 # %%
+#| export
+from ictd.boyan import check_arguments
+check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)
+
+# %%
 #| hide
 import nbdev; nbdev.nbdev_export()

@@ -697,5 +697,10 @@ test_eq(len(_fig.axes[0].get_legend().get_texts()), 4)                        # 
 plt.close(_fig)
 
 # %%
+#| export
+from ictd.boyan import check_arguments
+check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)
+
+# %%
 #| hide
 import nbdev; nbdev.nbdev_export()

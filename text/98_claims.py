@@ -154,5 +154,10 @@ assert {c["chapter"] for c in claims} <= set(labels), {c["chapter"] for c in cla
 test_eq(ledger(claims, labels).count("\n- **"), len(claims))
 
 # %%
+#| export
+from ictd.boyan import check_arguments
+check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)
+
+# %%
 #| hide
 import nbdev; nbdev.nbdev_export()

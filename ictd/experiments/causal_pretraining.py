@@ -53,3 +53,7 @@ def causal_pretrain_summary(config:PretrainConfig,  # the decoder's configuratio
                                     recency=h["recency"][-1].tolist(), baselines=base, best_decoder=list(g),
                                     msve_decoder_construction=weighted_error(decoder_values(c.config, tasks, states, *g), tasks.v_pi, tasks.d_pi).mean().item()))
     return out
+
+# %% ../../nbs/06c_causal_pretraining.ipynb #e08cf9fa
+from ..boyan import check_arguments
+check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)

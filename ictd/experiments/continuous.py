@@ -322,3 +322,7 @@ def continuous_full_scale(out,                 # folder for the figures and resu
                           [("rotation", RotationFamily(), rotation_claims), ("ar1", GaussianAR1Family(), ar1_claims)]}
     atomic_write_text(out / "results.json", json.dumps(res, indent=1))
     return paths + [out / "results.json"]
+
+# %% ../../nbs/08b_continuous_pretraining.ipynb #88d9b07a
+from ..boyan import check_arguments
+check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)

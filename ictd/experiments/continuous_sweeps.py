@@ -233,3 +233,7 @@ def plot_long_depth(betas, errors, n):
     ax.legend()
     plain_log_ticks(ax)
     return fig
+
+# %% ../../nbs/08a_continuous_experiments.ipynb #b82e8a6f
+from ..boyan import check_arguments
+check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)

@@ -304,3 +304,7 @@ def main(argv:list=None):
 # %% ../../nbs/09d_control_pretraining.ipynb #38a3dfd6
 #| eval: false
 if __name__ == "__main__": main()
+
+# %% ../../nbs/09d_control_pretraining.ipynb #fa862082
+from ..boyan import check_arguments
+check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)

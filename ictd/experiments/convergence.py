@@ -396,3 +396,7 @@ def plot_leaky(result:dict,  # output of `leaky_experiment`
     fig.suptitle("The leaky regime on random Boyan chains: the rate is the constant direction's (fast-mixing chains only)")
     fig.tight_layout()
     return fig
+
+# %% ../../nbs/05a_convergence_experiments.ipynb #dd81bae0
+from ..boyan import check_arguments
+check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)

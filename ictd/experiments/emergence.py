@@ -387,3 +387,7 @@ def emergence_report(results:list,  # runs of one configuration (>= 2 seeds)
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=1))
     atomic_write_text(out / "summary.md", layer_table(summary) + "\n\n" + comparison_table(comparison) + "\n")
     return summary
+
+# %% ../../nbs/94_emergence_studies.ipynb #77a23ac2
+from ..boyan import check_arguments
+check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)

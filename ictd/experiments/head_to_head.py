@@ -138,3 +138,7 @@ def run_head_to_head(out="nbs/data/head_to_head.json", # the JSON file to write
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out, json.dumps(jsonable(data), indent=1))
     return Path(out)
+
+# %% ../../nbs/07b_linear_head_to_head.ipynb #6d881857
+from ..boyan import check_arguments
+check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)

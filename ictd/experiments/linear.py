@@ -364,3 +364,7 @@ def book_runs(data_dir="nbs/data")->tuple:  # ("linear"/"softmax" -> runs (`Pret
     rec = load_json(Path(data_dir) / BOOK_RUNS)
     if rec is None or "runs" not in rec: save_book_runs(data_dir); rec = load_json(Path(data_dir) / BOOK_RUNS)
     return {name: [run_from_record(r) for r in runs] for name, runs in rec["runs"].items()}, rec["provenance"]
+
+# %% ../../nbs/07a_linear_experiments.ipynb #bfe5dd98
+from ..boyan import check_arguments
+check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)

@@ -672,3 +672,7 @@ def run_contest_linear(out_dir="nbs/data",               # folder of the JSON fi
     cell = dict(config=dataclasses.asdict(dataclasses.replace(config, seed=0)), seeds=[r.config.seed for r in runs], stats=stats,
                 runs=saved, diverged=diverged, wall_s=time.time() - t0)
     return _write(out_dir, "contest_linear.json", command, dict(eval_tasks=eval_tasks, grids=CONTEST_GRIDS, cells={"linear, L = 3": cell}))
+
+# %% ../../nbs/93_mechanism_studies.ipynb #8f2d959d
+from ..boyan import check_arguments
+check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)

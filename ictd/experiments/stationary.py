@@ -262,3 +262,7 @@ def run_batch_check(out_dir="nbs/data",       # folder of the JSON file
     payload = dict(start_seed=start_seed, fresh_seed=fresh_seed, searches=out)
     text = json.dumps(dict(provenance=provenance(command), **payload))
     return atomic_write_text(Path(out_dir) / "stationary_batch.json", text)
+
+# %% ../../nbs/06d_stationary_points.ipynb #64ddfd95
+from ..boyan import check_arguments
+check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)

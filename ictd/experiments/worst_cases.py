@@ -250,3 +250,7 @@ def diagonality_threshold(gamma:float,  # discount factor in [0, 1)
             check_certificate(r)
             m = r["m"]
     return m
+
+# %% ../../nbs/05b_worst_cases.ipynb #fb079bea
+from ..boyan import check_arguments
+check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)
