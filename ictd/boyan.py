@@ -11,7 +11,7 @@ import torch
 # %% auto #0
 __all__ = ['FEATURES', 'REWARDS', 'as_tensor', 'check_gamma', 'MRP', 'transitions_from_uniforms', 'boyan_transitions',
            'chain_from_uniforms', 'random_boyan_chain', 'plot_chain', 'sample_trajectory', 'weighted_error', 'msve',
-           'is_real_number', 'checked', 'check_arguments']
+           'is_real_number', 'ArgumentError', 'checked', 'check_arguments']
 
 # %% ../nbs/00_boyan.ipynb #2663e971
 def _positive_strides(a:np.ndarray)->np.ndarray:
@@ -218,6 +218,7 @@ def msve(mrp:MRP,    # the process whose true values score the estimate
 
 # %% ../nbs/00_boyan.ipynb #595fcccf
 import functools, inspect, types, typing
+from collections.abc import Iterable
 
 def is_real_number(x)->bool:
     "A real number that is not a bool: a Python or numpy int or float, or a real tensor or array with no dimensions."
@@ -233,6 +234,7 @@ def _kind(t)->tuple:
     if t is float: return is_real_number, "a number"
     if t is bool: return (lambda x: isinstance(x, (bool, np.bool_))), "True or False"
     if t is dict: return (lambda x: isinstance(x, dict)), "a dict"
+    if t in (list, tuple): return (lambda x: isinstance(x, Iterable) and not isinstance(x, (str, bytes, dict))), "a sequence"
     if t is torch.Tensor: return (lambda x: isinstance(x, _ARRAY_LIKE) and not isinstance(x, bool)), "a tensor or array-like"
     if isinstance(t, type) and (t.__module__.startswith(("ictd", "__main__")) or issubclass(t, torch.nn.Module)):
         return (lambda x: isinstance(x, t)), f"a {t.__name__}"
@@ -248,11 +250,14 @@ def _annotation_check(t)->tuple:
     what = " or ".join(w for _, w in kinds) + (" or None" if none_ok else "")
     return (lambda x: (none_ok and x is None) or any(test(x) for test, _ in kinds)), what
 
+class ArgumentError(TypeError, ValueError):
+    "An argument of the wrong kind: both a `TypeError` and a `ValueError`, as the book's own checks raise either."
+
 def checked(f):
-    "`f`, refusing with a `TypeError` that names the argument any value its annotations rule out (defaults pass)."
+    "`f`, refusing with an `ArgumentError` that names the argument any value its annotations rule out (defaults pass)."
     try: hints = typing.get_type_hints(f)
     except Exception: return f                 # an annotation that cannot be resolved: leave `f` to its own checks
-    sig = inspect.signature(f)
+    sig = inspect.signature(f, follow_wrapped=False)   # a decorated function keeps its decorator's calling convention
     checks = {p.name: (c, p.default) for p in sig.parameters.values()
               if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name in hints
               and (c := _annotation_check(hints[p.name])) is not None}
@@ -261,7 +266,7 @@ def checked(f):
     def with_checks(*args, **kwargs):
         for name, x in sig.bind(*args, **kwargs).arguments.items():
             if name in checks and x is not checks[name][1] and not checks[name][0][0](x):
-                raise TypeError(f"`{name}` must be {checks[name][0][1]}, got {type(x).__name__} {x!r}"[:300])
+                raise ArgumentError(f"`{name}` must be {checks[name][0][1]}, got {type(x).__name__} {x!r}"[:300])
         return f(*args, **kwargs)
     return with_checks
 

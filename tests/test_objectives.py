@@ -53,7 +53,7 @@ def test_td_independent_successors_ignore_the_query(monkeypatch):
     pool, b = pool_and_batch(config, seeds=(3,))
     seen = []
     monkeypatch.setattr(engine, 'td_values', lambda config, params, b: seen.append(b) or (None, None))
-    engine.objective_values(config, None, b, [torch.Generator().manual_seed(1)])
+    engine.objective_values(config, {}, b, [torch.Generator().manual_seed(1)])   # no parameters: td_values is replaced
     ind, b = seen[0].x, b.x
     assert torch.equal(ind.queries[..., 0], b.queries[..., 0]) and torch.equal(ind.states, b.states) and not torch.equal(ind.queries[..., 1], b.queries[..., 1])
     def dependence(q, s1):
