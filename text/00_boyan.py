@@ -771,13 +771,15 @@ test_fail(lambda: msve(mrp, np.zeros(9)), contains="`v_hat` must have last dimen
 # ### Arguments checked against their annotations
 #
 # Every module of the package ends with `check_arguments(globals())`: each public function it defines then refuses,
-# with a `TypeError` naming the argument, a value that its annotation rules out (a string where a number, a tensor, a
-# configuration or a model is expected), before any work is done. Annotations that say nothing checkable (`Path`,
-# `Callable`, a list) are left to the function's own checks.
+# with an `ArgumentError` (both a `TypeError` and a `ValueError`) naming the argument, a value that its annotation
+# rules out (a string where a number, a tensor, a sequence, a configuration or a model is expected), before any work
+# is done. Annotations that say nothing checkable (`Path`, `Callable`, `str`) are left to the function's own checks,
+# and so are the values an annotation allows but the function does not (a negative count, say).
 
 # %%
 #| export
 import functools, inspect, types, typing
+from collections.abc import Iterable
 
 def is_real_number(x)->bool:
     "A real number that is not a bool: a Python or numpy int or float, or a real tensor or array with no dimensions."
@@ -793,6 +795,7 @@ def _kind(t)->tuple:
     if t is float: return is_real_number, "a number"
     if t is bool: return (lambda x: isinstance(x, (bool, np.bool_))), "True or False"
     if t is dict: return (lambda x: isinstance(x, dict)), "a dict"
+    if t in (list, tuple): return (lambda x: isinstance(x, Iterable) and not isinstance(x, (str, bytes, dict))), "a sequence"
     if t is torch.Tensor: return (lambda x: isinstance(x, _ARRAY_LIKE) and not isinstance(x, bool)), "a tensor or array-like"
     if isinstance(t, type) and (t.__module__.startswith(("ictd", "__main__")) or issubclass(t, torch.nn.Module)):
         return (lambda x: isinstance(x, t)), f"a {t.__name__}"
@@ -808,11 +811,14 @@ def _annotation_check(t)->tuple:
     what = " or ".join(w for _, w in kinds) + (" or None" if none_ok else "")
     return (lambda x: (none_ok and x is None) or any(test(x) for test, _ in kinds)), what
 
+class ArgumentError(TypeError, ValueError):
+    "An argument of the wrong kind: both a `TypeError` and a `ValueError`, as the book's own checks raise either."
+
 def checked(f):
-    "`f`, refusing with a `TypeError` that names the argument any value its annotations rule out (defaults pass)."
+    "`f`, refusing with an `ArgumentError` that names the argument any value its annotations rule out (defaults pass)."
     try: hints = typing.get_type_hints(f)
     except Exception: return f                 # an annotation that cannot be resolved: leave `f` to its own checks
-    sig = inspect.signature(f)
+    sig = inspect.signature(f, follow_wrapped=False)   # a decorated function keeps its decorator's calling convention
     checks = {p.name: (c, p.default) for p in sig.parameters.values()
               if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name in hints
               and (c := _annotation_check(hints[p.name])) is not None}
@@ -821,7 +827,7 @@ def checked(f):
     def with_checks(*args, **kwargs):
         for name, x in sig.bind(*args, **kwargs).arguments.items():
             if name in checks and x is not checks[name][1] and not checks[name][0][0](x):
-                raise TypeError(f"`{name}` must be {checks[name][0][1]}, got {type(x).__name__} {x!r}"[:300])
+                raise ArgumentError(f"`{name}` must be {checks[name][0][1]}, got {type(x).__name__} {x!r}"[:300])
         return f(*args, **kwargs)
     return with_checks
 
@@ -843,6 +849,10 @@ for kw, msg in [(dict(n="abc", x=1.), "`n` must be an integer, got str"), (dict(
                 (dict(n=1, x=1., config="a"), "`config` must be a MRP or None"), (dict(n=1, x=1., v="abc"), "`v` must be a tensor")]:
     test_fail(lambda: toy(**kw), contains=msg)
 test_eq(inspect.signature(toy), inspect.signature(_toy))
+assert issubclass(ArgumentError, TypeError) and issubclass(ArgumentError, ValueError)
+def _runs(results:list, seeds:list=None): return len(results)
+test_eq(checked(_runs)(range(3), seeds=(1, 2)), 3)
+test_fail(lambda: checked(_runs)("abc"), contains="`results` must be a sequence")
 ns = dict(__name__="__main__", __all__=["_toy"], _toy=_toy)
 check_arguments(ns)
 test_fail(lambda: ns["_toy"]("abc", 1.), contains="`n` must be an integer")

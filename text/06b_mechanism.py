@@ -1375,7 +1375,6 @@ Markdown(
     "experiments are summarised in [appendix D, part "
          "3](mechanism_studies.html#what-the-further-measurements-show).")
 
-
 # %% [markdown]
 # ## Implementation and tests
 #
