@@ -411,6 +411,9 @@ def as_prompt(Z,        # a `Prompt`, or a (..., D, N) tensor
 # %%
 show_doc(Prompt)
 
+# %%
+show_doc(Prompt.build)
+
 # %% [markdown]
 # A prompt built by `Prompt.build` keeps its $n$ through a move to float32, a copy, and stacking;
 # a model reads $n$ from it, so the call needs no `n`:

@@ -884,12 +884,18 @@ BOOK_RUNS = "linear_book_runs.json"                                             
 def _tensors(d:dict)->dict: return {k: dict(values=v.tolist(), dtype=str(v.dtype).removeprefix("torch.")) for k, v in d.items()}
 def _from(d:dict)->dict: return {k: torch.tensor(v["values"], dtype=getattr(torch, v["dtype"])) for k, v in d.items()}
 
+
+# %%
+#| export
 def run_record(r:PretrainResult)->dict:
     "A run as plain JSON: its configuration, history and final parameters (each tensor with its dtype)."
     if not isinstance(r, PretrainResult) or r.params is None:
         raise TypeError(f"`r` must be a PretrainResult with its parameters (from `pretrain_many`), got {type(r).__name__}")
     return dict(config=dataclasses.asdict(r.config), history=_tensors(r.history), params=_tensors(r.params))
 
+
+# %%
+#| export
 def run_from_record(rec:dict)->PretrainResult:
     "The run of `run_record`, with its model rebuilt by the family."
     if not isinstance(rec, dict) or not {"config", "history", "params"} <= set(rec):
@@ -897,6 +903,9 @@ def run_from_record(rec:dict)->PretrainResult:
     config, params = PretrainConfig(**rec["config"]), _from(rec["params"])
     return PretrainResult(config, get_family(config.attention).module(config, params), _from(rec["history"]), params=params)
 
+
+# %%
+#| export
 def save_book_runs(out_dir="nbs/data",     # folder of the file
                    seeds=tuple(range(10)), # seeds of both runs
                    command:str="python -c 'from ictd.experiments.linear import save_book_runs; save_book_runs()'",
@@ -910,6 +919,9 @@ def save_book_runs(out_dir="nbs/data",     # folder of the file
     atomic_write_text(path, json.dumps(dict(provenance=provenance(command, wall_s=round(time.time() - t0, 1)), runs=runs)))
     return path
 
+
+# %%
+#| export
 def book_runs(data_dir="nbs/data")->tuple:  # ("linear"/"softmax" -> runs (`PretrainResult`s), the file's provenance)
     "The page's saved runs, trained and saved first if the file is missing or damaged."
     rec = load_json(Path(data_dir) / BOOK_RUNS)

@@ -155,7 +155,7 @@ def check_device(device)->torch.device:
 
 
 # %% [markdown]
-# The library's conventions ([CONTRIBUTING.md](https://github.com/ictd/ictd/blob/main/CONTRIBUTING.md)) make the step
+# The library's conventions (`CONTRIBUTING.md`) make the step
 # size, the discount, the depth and the context length keyword-only. A function that moves a name behind the `*`
 # keeps its old positional call working for one release: `moved_to_keywords` maps the extra positional arguments
 # onto the names in their old order and warns, naming the new form.

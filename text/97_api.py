@@ -83,7 +83,7 @@ assert (v_model.detach() - v_algo).abs().max() < 1e-12
 #
 # The library's conventions (the order of arguments, the keyword-only names, one name per concept, the layout of
 # outputs, `predict` and autograd, which metrics are public, devices and dtypes, deprecations) are written down in
-# [CONTRIBUTING.md](https://github.com/ictd/ictd/blob/main/CONTRIBUTING.md) at the root of the repository;
+# `CONTRIBUTING.md` at the root of the repository;
 # `tests/test_api_conventions.py` inspects the signatures of the public functions and holds them to it, with an
 # allow-list, each entry with its reason, of the functions that do not follow it yet.
 

@@ -325,7 +325,7 @@ def plot_tuned_side_by_side(results:dict,  # features label -> output of `tuned_
     fig.tight_layout(rect=(0, 0.14, 1, 1))
     return fig
 
-# %% ../../nbs/07a_linear_experiments.ipynb #295c7ab2
+# %% ../../nbs/07a_linear_experiments.ipynb #3031d7c4
 BOOK_LINEAR = dataclasses.replace(ICLR_LINEAR, lr=3e-3, n_tasks=400, n_steps=2000, eval_every=250)   # the page's sliding run
 BOOK_SOFTMAX = dataclasses.replace(EMERGENCE, n_steps=400, eval_every=400, eval_tasks=32)            # the short softmax run
 BOOK_RUNS = "linear_book_runs.json"                                                                   # their file under nbs/data
@@ -333,12 +333,14 @@ BOOK_RUNS = "linear_book_runs.json"                                             
 def _tensors(d:dict)->dict: return {k: dict(values=v.tolist(), dtype=str(v.dtype).removeprefix("torch.")) for k, v in d.items()}
 def _from(d:dict)->dict: return {k: torch.tensor(v["values"], dtype=getattr(torch, v["dtype"])) for k, v in d.items()}
 
+# %% ../../nbs/07a_linear_experiments.ipynb #6c5ca879
 def run_record(r:PretrainResult)->dict:
     "A run as plain JSON: its configuration, history and final parameters (each tensor with its dtype)."
     if not isinstance(r, PretrainResult) or r.params is None:
         raise TypeError(f"`r` must be a PretrainResult with its parameters (from `pretrain_many`), got {type(r).__name__}")
     return dict(config=dataclasses.asdict(r.config), history=_tensors(r.history), params=_tensors(r.params))
 
+# %% ../../nbs/07a_linear_experiments.ipynb #6a99c512
 def run_from_record(rec:dict)->PretrainResult:
     "The run of `run_record`, with its model rebuilt by the family."
     if not isinstance(rec, dict) or not {"config", "history", "params"} <= set(rec):
@@ -346,6 +348,7 @@ def run_from_record(rec:dict)->PretrainResult:
     config, params = PretrainConfig(**rec["config"]), _from(rec["params"])
     return PretrainResult(config, get_family(config.attention).module(config, params), _from(rec["history"]), params=params)
 
+# %% ../../nbs/07a_linear_experiments.ipynb #418a7a48
 def save_book_runs(out_dir="nbs/data",     # folder of the file
                    seeds=tuple(range(10)), # seeds of both runs
                    command:str="python -c 'from ictd.experiments.linear import save_book_runs; save_book_runs()'",
@@ -359,6 +362,7 @@ def save_book_runs(out_dir="nbs/data",     # folder of the file
     atomic_write_text(path, json.dumps(dict(provenance=provenance(command, wall_s=round(time.time() - t0, 1)), runs=runs)))
     return path
 
+# %% ../../nbs/07a_linear_experiments.ipynb #68b07855
 def book_runs(data_dir="nbs/data")->tuple:  # ("linear"/"softmax" -> runs (`PretrainResult`s), the file's provenance)
     "The page's saved runs, trained and saved first if the file is missing or damaged."
     rec = load_json(Path(data_dir) / BOOK_RUNS)
