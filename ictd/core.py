@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 import ictd
-from .boyan import as_tensor, weighted_error
+from .boyan import as_tensor, is_real_number, weighted_error
 from .tasks import TaskBatch
 
 # %% auto #0
@@ -22,11 +22,7 @@ __all__ = ['WORK_LIMITS', 'DENSE_BYTES', 'CHUNK_BYTES', 'MEMORY_PATHS', 'RUN_STR
            'jsonable', 'cpu_model', 'provenance', 'provenance_note', 'plain_log_ticks']
 
 # %% ../nbs/90_core.ipynb #5c70a449
-def _is_number(x)->bool:
-    "A real number: a Python or numpy int or float, or a real torch tensor or numpy array with no dimensions (not a bool)."
-    if isinstance(x, torch.Tensor): return x.ndim == 0 and not x.is_complex() and x.dtype != torch.bool
-    if isinstance(x, np.ndarray): return x.ndim == 0 and x.dtype.kind in "iuf"
-    return not isinstance(x, (bool, np.bool_)) and isinstance(x, (int, float, np.integer, np.floating))
+_is_number = is_real_number   # chapter 0's test of a real number that is not a bool
 
 def check_int(x,               # the value
               name:str,        # the argument's name, for the message
