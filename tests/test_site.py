@@ -270,6 +270,29 @@ def test_images_have_alt_text(browser, site):
     assert not missing, msg
 
 
+@pytest.mark.book
+def test_search_ranks_prose_above_api(front, site):
+    "Searching the book for an idea lists the glossary and the prose that explain it before the functions named after it."
+    rank = {e['href']: e['rank'] for e in json.loads((site / 'search.json').read_text())}
+    front.fill('.smalldocs-search input', 'diagonality')
+    front.wait_for_timeout(300)
+    hrefs = [unquote(h.split('/')[-1]) for h in front.locator('.search-result').evaluate_all('es => es.map(e => e.getAttribute("href"))')]
+    ranks = [rank[h] for h in hrefs]
+    front.fill('.smalldocs-search input', '')
+    assert 2 in rank.values() and len(hrefs) > 3, (hrefs, 'an API entry exists, and the search finds several entries')
+    assert ranks == sorted(ranks) and ranks[0] < 2, f'prose before API entries: {list(zip(hrefs, ranks))}'
+
+
+def test_search_rank():
+    "The glossary ranks 0, a heading that is a documented name (`show_doc`) 2, any other prose heading 1."
+    names = build_site.api_names()
+    assert {'MRP', 'weighted_softmax_td', 'MRP.to'} <= names
+    entry = lambda href, section: dict(href=href, section=section)
+    assert build_site.search_rank(entry('notation.html#glossary', 'Glossary'), names) == 0
+    assert build_site.search_rank(entry('wstd.html#weighted_softmax_td', 'weighted_softmax_td'), names) == 2
+    assert build_site.search_rank(entry('convergence.html#x', 'The kernel-diagonality condition'), names) == 1
+
+
 # The front page's interactive figure
 
 def offline_page(browser, html):

@@ -268,6 +268,37 @@ def signature_links(html):
     return SIG_PRE.sub(lambda m: COMMENT.sub(lambda c: '<span class="co">' + comment_markdown(c.group(1)) + '</span>', m.group(0)), html)
 
 
+# Search: the reader's words first. smalldocs' search (Fuse.js) scores an API entry whose heading is a function name
+# (`diagonality_curve`) above the prose that explains the idea, so each entry of the index gets a rank (0 the glossary,
+# 1 prose, 2 an API entry) and the results are ordered by rank, Fuse's order kept within a rank.
+FUSE_CALL = 'fuse.search(q, { limit }).map((h) => h.item)'
+RANKED_CALL = ('fuse.search(q, { limit: 5 * limit }).map((h) => h.item)'
+               '.sort((a, b) => (a.rank || 0) - (b.rank || 0)).slice(0, limit)')
+
+
+def api_names():
+    "The names `show_doc` headings carry: every symbol of `ictd/_modidx.py`, without its module (`MRP`, `MRP.to`)."
+    from ictd._modidx import d
+    return {k[len(m) + 1:] for m, syms in d['syms'].items() for k in syms}
+
+
+def search_rank(entry, names):
+    "0 for the glossary, 2 for an API entry (its heading is a documented name), 1 for the rest of the prose."
+    if entry['href'].split('#')[0] == 'notation.html' and entry['section'] == 'Glossary': return 0
+    return 2 if entry['section'].strip() in names else 1
+
+
+def rank_search(site):
+    "Give every entry of the site's `search.json` its rank, and make `smalldocs.js` order the results by it."
+    index, names = json.loads((site / 'search.json').read_text()), api_names()
+    for e in index: e['rank'] = search_rank(e, names)
+    (site / 'search.json').write_text(json.dumps(index))
+    js = site / 'site_libs' / 'smalldocs.js'
+    text = js.read_text()
+    if FUSE_CALL not in text: raise SystemExit(f'{js}: smalldocs changed its search call; update FUSE_CALL in {__file__}')
+    js.write_text(text.replace(FUSE_CALL, RANKED_CALL))
+
+
 def npm_packages():
     "Install the npm packages of package-lock.json (KaTeX, Observable Plot, d3) unless they are in `node_modules/`."
     if all((ROOT / 'node_modules' / p / 'package.json').exists() for p in json.loads((ROOT / 'package.json').read_text())['dependencies']): return
@@ -287,6 +318,7 @@ def offline(site):
     shutil.copy(ROOT / 'node_modules' / 'katex' / 'LICENSE', kx / 'LICENSE')
     for css in libs.rglob('*.css'):  # the theme's web fonts: the page falls back on the system's fonts
         css.write_text(re.sub(r'@import url\(["\']?https?://[^)]*\);?', '', css.read_text()))
+    rank_search(site)
     (libs / 'search-index.js').write_text(SEARCH_SHIM % (site / 'search.json').read_text())
     for page in site.rglob('*.html'):
         up = '../' * (len(page.relative_to(site).parts) - 1)
