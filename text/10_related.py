@@ -17,6 +17,14 @@ from ictd.boyan import random_boyan_chain, sample_trajectory
 from ictd.wstd import weighted_softmax_td, batch_linear_td, context_weights, certainty_equivalence
 
 # %% [markdown]
+# ::: {.callout-note}
+# **What this page shows.** Weighted softmax TD is an old idea met from a new side: iterated, it is
+# kernel-based reinforcement learning (Ormoneit and Sen) evaluated by TD iterations instead of solved,
+# and in the tabular limit the two coincide (checked below); it is an averager in Gordon's sense;
+# kernel LSTD and Gaussian-process TD fit other objectives. Outside the memorisation regime, linear TD
+# generalises through the features when they carry the values, and the kernel does not.
+# :::
+#
 # This page places the algorithm of [chapter 1](weighted_softmax_td.html) next to older and
 # neighbouring ideas. Every relation is stated as what coincides and under which conditions; where a
 # relation can be checked with the book's functions, a cell checks it. Descriptions of the cited
@@ -74,34 +82,40 @@ from ictd.wstd import weighted_softmax_td, batch_linear_td, context_weights, cer
 # %%
 chain = random_boyan_chain(n_states=13, seed=3)
 S, R = sample_trajectory(chain, 60, seed=3)
-assert set(S.tolist()) <= set(S[:-1].tolist())                     # every target state is left
+assert set(S.tolist()) <= set(S[:-1].tolist())   # every target state is left
 ce = certainty_equivalence(S, R, 13, chain.gamma)[S]
 
 def kbrl(phi, R, gamma, n_iters=None, **kw):
-    "Ormoneit-Sen kernel-based policy evaluation on the context: n_iters iterates from 0, or the fixed point if n_iters is None."
+    """Ormoneit-Sen kernel-based policy evaluation on the context:
+    n_iters iterates from 0, or the fixed point if n_iters is None."""
     K = context_weights(phi, **kw)
     n = K.shape[0]
     shift = torch.zeros(n, n + 1, dtype=torch.float64)
-    shift[range(n), range(1, n + 1)] = 1.                             # picks u(S_k) for transition k
-    if n_iters is None: return torch.linalg.solve(torch.eye(n + 1, dtype=torch.float64) - gamma * K.T @ shift, K.T @ R)
+    shift[range(n), range(1, n + 1)] = 1.   # picks u(S_k) for transition k
+    if n_iters is None:
+        eye = torch.eye(n + 1, dtype=torch.float64)
+        return torch.linalg.solve(eye - gamma * K.T @ shift, K.T @ R)
     u, us = torch.zeros(n + 1, dtype=torch.float64), []
     for _ in range(n_iters): u = K.T @ (R + gamma * shift @ u); us.append(u)
     return torch.stack(us)
 
 onehot = torch.eye(13, dtype=torch.float64)[S]
-tab_kbrl = kbrl(onehot, R, chain.gamma, 100, W=40 * torch.eye(13, dtype=torch.float64))
-tab_wstd = weighted_softmax_td(onehot, R, 40 * torch.eye(13, dtype=torch.float64), 1.0, chain.gamma, 100, return_all=True)[1:]
+W40 = 40 * torch.eye(13, dtype=torch.float64)
+tab_kbrl = kbrl(onehot, R, chain.gamma, 100, W=W40)
+tab_wstd = weighted_softmax_td(onehot, R, W40, 1.0, chain.gamma, 100, return_all=True)[1:]
 test_close(tab_wstd, tab_kbrl, eps=1e-12)
-print("tabular limit (beta = 40, alpha = 1): largest gap over 100 iterations below 1e-12 (checked above)")
+print("tabular limit (beta = 40, alpha = 1): "
+      "largest gap over 100 iterations below 1e-12 (checked above)")
 
-pos = torch.linspace(0, 1, 13, dtype=torch.float64)[S][:, None]     # states on a line, Gaussian kernels
+pos = torch.linspace(0, 1, 13, dtype=torch.float64)[S][:, None]   # states on a line
 for h in (0.03, 0.08):
     gauss = lambda k, x: -torch.cdist(k, x) ** 2 / (2 * h * h)
     v_far = weighted_softmax_td(pos, R, None, 0.5, chain.gamma, 6000, score=gauss)
     u_fix = kbrl(pos, R, chain.gamma, score=gauss)
     test_close(v_far, ce, eps=1e-10)
     assert (u_fix - ce).abs().max() > 1e-2
-    print(f"Gaussian kernel h = {h}: weighted softmax TD after 6000 iterations - CE value: below 1e-10; "
+    print(f"Gaussian kernel h = {h}: "
+          "weighted softmax TD after 6000 iterations - CE value: below 1e-10; "
           f"KBRL fixed point - CE value: {(u_fix - ce).abs().max().item():.2f}")
 
 # %% [markdown]
@@ -151,17 +165,21 @@ U = torch.unique(S[:-1])
 line = torch.linspace(0, 1, 13, dtype=torch.float64)
 for h in (0.08, 0.2):
     k = lambda a, b: torch.exp(-(a[:, None] - b[None]) ** 2 / (2 * h * h))
-    F, F_next = k(line[S[:-1]], line[U]), k(line[S[1:]], line[U])      # kernel features of the keys and successors
+    F, F_next = k(line[S[:-1]], line[U]), k(line[S[1:]], line[U])   # keys' and successors' features
     A_lstd, b_lstd = F.T @ (F - chain.gamma * F_next), F.T @ R
     gaps = {}
     for lam in (0., 1e-3, 1e-1):
-        beta = torch.linalg.solve(A_lstd + lam * torch.eye(len(U), dtype=torch.float64), b_lstd)
+        ridge = lam * torch.eye(len(U), dtype=torch.float64)
+        beta = torch.linalg.solve(A_lstd + ridge, b_lstd)
         gaps[lam] = (k(line[S], line[U]) @ beta - ce).abs().max().item()
     cond = torch.linalg.cond(A_lstd).item()
     if cond < 1e6: assert gaps[0.] < 1e-10 and gaps[1e-1] > 1e-2
-    show = lambda lam, g: ("below 1e-10" if g < 1e-10 else f"{g:.0e}") if cond < 1e6 or lam > 0 else "not reliable"
-    print(f"kernel LSTD, h = {h} (condition number " + (f"{cond:.0e}" if cond < 1e6 else "above 1e6")
-          + "): gap to the CE value " + ", ".join(f"{show(lam, g)} at ridge {lam:g}" for lam, g in gaps.items()))
+    reliable = lambda lam: cond < 1e6 or lam > 0
+    size = lambda g: "below 1e-10" if g < 1e-10 else f"{g:.0e}"
+    show = lambda lam, g: size(g) if reliable(lam) else "not reliable"
+    gap_text = ", ".join(f"{show(lam, g)} at ridge {lam:g}" for lam, g in gaps.items())
+    cond_text = f"{cond:.0e}" if cond < 1e6 else "above 1e6"
+    print(f"kernel LSTD, h = {h} (condition number {cond_text}): gap to the CE value {gap_text}")
 
 # %% [markdown]
 # At the wider bandwidth the system is ill-conditioned (printed), and the unregularised solution
@@ -222,12 +240,15 @@ for h in (0.08, 0.2):
 # comparisons are paired (same tasks).
 
 # %%
-BETAS = [2. ** k for k in range(-5, 5)]                               # 1/32 .. 16
+#| code-fold: true
+#| code-summary: "The tasks, the two methods and the tuning"
+BETAS = [2. ** k for k in range(-5, 5)]   # 1/32 .. 16
 ALPHAS = [0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1., 2.]
 T_ITERS, SETTINGS_MEM = 100, [(10, 100), (10, 30), (50, 30), (100, 30)]
 
 def task_batch(s, n, rewards, n_tasks, seed):
-    "Stacked contexts of n_tasks random Boyan chains: features of S_0..S_n, rewards, features of all states, v_pi, and which states occur in the context."
+    """Stacked contexts of n_tasks random Boyan chains: features of S_0..S_n, rewards,
+    features of all states, v_pi, and which states occur in the context."""
     out = []
     for child in np.random.SeedSequence(seed).spawn(n_tasks):
         rng = np.random.default_rng(child)
@@ -239,49 +260,84 @@ def task_batch(s, n, rewards, n_tasks, seed):
     return [torch.stack(x) for x in zip(*out)]
 
 def softmax_values(phi, R, Q, alpha, betas):
-    "Weighted softmax TD (W = beta I, rho = 1) after T_ITERS iterations at every state, one row per beta: (len(betas), tasks, s)."
-    W = torch.tensor(betas, dtype=torch.float64)[:, None, None, None] * torch.eye(phi.shape[-1], dtype=torch.float64)
+    """Weighted softmax TD (W = beta I, rho = 1) after T_ITERS iterations at every state,
+    one row per beta: (len(betas), tasks, s)."""
+    eye = torch.eye(phi.shape[-1], dtype=torch.float64)
+    W = torch.tensor(betas, dtype=torch.float64)[:, None, None, None] * eye
     return weighted_softmax_td(phi, R, W, alpha, 0.9, T_ITERS, Q)[..., -Q.shape[-2]:]
 
+def linear_values(phi, R, Q, alpha):
+    "Batch linear TD after T_ITERS iterations at every state: (tasks, s)."
+    return batch_linear_td(phi, R, alpha, 0.9, T_ITERS, Q)[..., -Q.shape[-2]:]
+
 def group_errors(pred, v, seen):
-    "Per-task mean squared error over the seen states and over the unseen states (NaN where a task has none)."
+    "Per-task MSE over the seen and over the unseen states (NaN where a task has none)."
     e = (pred - v) ** 2
     return (e * seen).sum(-1) / seen.sum(-1), (e * ~seen).sum(-1) / (~seen).sum(-1)
 
 def tune(phi, R, Q, v):
-    "Best (beta, alpha) for weighted softmax TD and best alpha for linear TD, by mean squared error over all states."
+    "Best (beta, alpha) for weighted softmax TD and best alpha for linear TD, by the MSE."
     mse = lambda pred: torch.nan_to_num(((pred - v) ** 2).mean(-1).mean(-1), nan=math.inf)
-    soft = torch.stack([mse(softmax_values(phi, R, Q, a, BETAS)) for a in ALPHAS])          # (alphas, betas)
+    soft = torch.stack([mse(softmax_values(phi, R, Q, a, BETAS)) for a in ALPHAS])  # alphas x betas
     i, j = divmod(int(soft.argmin()), len(BETAS))
-    lin = torch.stack([mse(batch_linear_td(phi, R, a, 0.9, T_ITERS, Q)[..., -Q.shape[-2]:]) for a in ALPHAS])
+    lin = torch.stack([mse(linear_values(phi, R, Q, a)) for a in ALPHAS])
     return (BETAS[j], ALPHAS[i]), ALPHAS[int(lin.argmin())]
 
+def on_edge(beta, alpha_s, alpha_l):
+    "Which tuned values sit on the edge of their grid."
+    tuned = (("beta", beta, BETAS), ("softmax alpha", alpha_s, ALPHAS),
+             ("linear alpha", alpha_l, ALPHAS))
+    return [name for name, val, grid in tuned if val in (grid[0], grid[-1])]
+
+def mean_se(x):
+    "Mean and standard error over the tasks where x is defined."
+    x = x[~torch.isnan(x)]
+    if len(x) < 2: return math.nan, math.nan
+    return x.mean().item(), (x.std() / math.sqrt(len(x))).item()
+
+fmt = lambda x: "–" if math.isnan(mean_se(x)[0]) else "{:.3f} ± {:.3f}".format(*mean_se(x))
+
+# %%
 mem_rows = []
 for rewards in ("random", "representable"):
     for s_, n_ in SETTINGS_MEM:
         (beta_t, alpha_s), alpha_l = tune(*task_batch(s_, n_, rewards, 50, seed=[s_, n_, 0])[:4])
         phi_t, R_t, Q_t, v_t, seen_t = task_batch(s_, n_, rewards, 150, seed=[s_, n_, 1])
-        errs = {"softmax": group_errors(softmax_values(phi_t, R_t, Q_t, alpha_s, [beta_t])[0], v_t, seen_t),
-                "linear": group_errors(batch_linear_td(phi_t, R_t, alpha_l, 0.9, T_ITERS, Q_t)[..., -s_:], v_t, seen_t),
-                "zero": group_errors(torch.zeros_like(v_t), v_t, seen_t)}
-        edge = [name for name, val, grid in (("beta", beta_t, BETAS), ("softmax alpha", alpha_s, ALPHAS), ("linear alpha", alpha_l, ALPHAS))
-                if val in (grid[0], grid[-1])]
-        mem_rows.append(dict(rewards=rewards, s=s_, n=n_, beta=beta_t, alpha_s=alpha_s, alpha_l=alpha_l, edge=edge, errs=errs,
+        preds = {"softmax": softmax_values(phi_t, R_t, Q_t, alpha_s, [beta_t])[0],
+                 "linear": linear_values(phi_t, R_t, Q_t, alpha_l), "zero": torch.zeros_like(v_t)}
+        mem_rows.append(dict(rewards=rewards, s=s_, n=n_,
+                             beta=beta_t, alpha_s=alpha_s, alpha_l=alpha_l,
+                             edge=on_edge(beta_t, alpha_s, alpha_l),
+                             errs={m: group_errors(p, v_t, seen_t) for m, p in preds.items()},
                              unseen_share=(~seen_t).double().mean().item()))
 
 row = {(r["rewards"], r["s"], r["n"]): r for r in mem_rows}
+edges = [f"{r['rewards']} rewards, s = {r['s']}, n = {r['n']}: {', '.join(r['edge'])}"
+         for r in mem_rows if r["edge"]]
+print("Tuned values on the edge of their grid: " + ("; ".join(edges) if edges else "none") + ".")
+Markdown("| rewards | $s$ | $n$ | unseen states "
+         "| tuned $\\beta$, $\\alpha$ (softmax) | tuned $\\alpha$ (linear) |\n"
+         "|---|---|---|---|---|---|\n"
+         + "\n".join(f"| {r['rewards']} | {r['s']} | {r['n']} | {r['unseen_share']:.0%} | "
+                     f"{r['beta']:g}, {r['alpha_s']:g} | {r['alpha_l']:g} |" for r in mem_rows))
 
-def mean_se(x):
-    "Mean and standard error over the tasks where x is defined."
-    x = x[~torch.isnan(x)]
-    return (x.mean().item(), (x.std() / math.sqrt(len(x))).item()) if len(x) > 1 else (math.nan, math.nan)
 
-fmt = lambda x: "–" if math.isnan(mean_se(x)[0]) else "{:.3f} ± {:.3f}".format(*mean_se(x))
-print("tuned values on the edge of their grid:", [(r["rewards"], r["s"], r["n"], r["edge"]) for r in mem_rows if r["edge"]] or "none")
-Markdown("| rewards | $s$ | $n$ | unseen states | tuned $\\beta$, $\\alpha$ (softmax) | tuned $\\alpha$ (linear) | seen: softmax | seen: linear | seen: zero | unseen: softmax | unseen: linear | unseen: zero |\n"
-         "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
-         + "\n".join(f"| {r['rewards']} | {r['s']} | {r['n']} | {r['unseen_share']:.0%} | {r['beta']:g}, {r['alpha_s']:g} | {r['alpha_l']:g} | "
-                     + " | ".join(fmt(r["errs"][m][g]) for g in (0, 1) for m in ("softmax", "linear", "zero")) + " |" for r in mem_rows))
+# %% [markdown]
+# The errors, first on the states the context visits, then on the states it never shows:
+
+# %%
+def error_table(group):
+    "The table of mean ± standard error of each method on one group of states (0 seen, 1 unseen)."
+    head = ("| rewards | $s$ | $n$ | weighted softmax TD | batch linear TD | zero |\n"
+            "|---|---|---|---|---|---|\n")
+    cells = lambda r: " | ".join(fmt(r["errs"][m][group]) for m in ("softmax", "linear", "zero"))
+    lines = [f"| {r['rewards']} | {r['s']} | {r['n']} | {cells(r)} |" for r in mem_rows]
+    return head + "\n".join(lines)
+
+Markdown("**Seen states**\n\n" + error_table(0))
+
+# %%
+Markdown("**Unseen states**\n\n" + error_table(1))
 
 # %% [markdown]
 # The figure draws the same numbers: for each reward model (rows) and group of states (columns),
@@ -291,63 +347,74 @@ Markdown("| rewards | $s$ | $n$ | unseen states | tuned $\\beta$, $\\alpha$ (sof
 #| fig-cap: "Figure 10.1: Weighted softmax TD has the lowest error on seen states when rewards are random, batch linear TD has it when rewards are representable by the features, and on unseen states of the larger chains with random rewards no method beats the zero predictor."
 #| fig-alt: "Four log-scale panels of the mean squared error against v_pi: rows for random and representable rewards, columns for seen and unseen states, each at four settings (s = 10, n = 100; s = 10, n = 30; s = 50, n = 30; s = 100, n = 30), with weighted softmax TD (blue circles), batch linear TD (orange squares) and the zero predictor (green triangles, dotted), and two-standard-error bars."
 #| code-fold: true
-fig, axs = plt.subplots(2, 2, figsize=(9, 6.4), sharex=True)
+METHODS = {"softmax": ("o-", r"weighted softmax TD ($W = \beta I$)"),
+           "linear": ("s-", "batch linear TD"), "zero": ("^:", "zero predictor")}
+fig, axs = plt.subplots(2, 2, figsize=(6.2, 6), sharex=True)
 labels = [f"s={s_}\nn={n_}" for s_, n_ in SETTINGS_MEM]
 for i, rewards in enumerate(("random", "representable")):
     for g, group in enumerate(("seen", "unseen")):
         ax = axs[i, g]
-        for k, (m, style) in enumerate((("softmax", "o-"), ("linear", "s-"), ("zero", "^:"))):
-            stats = np.array([mean_se(row[rewards, s_, n_]["errs"][m][g]) for s_, n_ in SETTINGS_MEM])
-            ax.errorbar(np.arange(4) + (k - 1) * 0.08, stats[:, 0], yerr=2 * stats[:, 1], fmt=style, ms=5, capsize=3,
-                        color=f"C{k}", label={"softmax": r"weighted softmax TD ($W = \beta I$)", "linear": "batch linear TD",
-                                             "zero": "zero predictor"}[m])
-        ax.set(yscale="log", title=f"{rewards} rewards, {group} states", ylabel="MSE against $v_\\pi$\n(return units$^2$)")
-        ax.set_xticks(range(4), labels)
-axs[0, 0].legend(fontsize=8)
-plt.tight_layout()
+        for k, (m, (style, label)) in enumerate(METHODS.items()):
+            stats = np.array([mean_se(row[rewards, *sn]["errs"][m][g]) for sn in SETTINGS_MEM])
+            ax.errorbar(np.arange(4) + (k - 1) * 0.08, stats[:, 0], yerr=2 * stats[:, 1],
+                        fmt=style, ms=4, capsize=2, color=f"C{k}", label=label)
+        ax.set(yscale="log", title=f"{rewards} rewards,\n{group} states")
+        ax.set_xticks(range(4), labels, fontsize=8)
+    axs[i, 0].set_ylabel("MSE against $v_\\pi$\n(return units$^2$)")
+fig.legend(*axs[0, 0].get_legend_handles_labels(), loc="lower center", ncol=2, fontsize=8,
+           frameon=False)
+plt.tight_layout(rect=(0, 0.07, 1, 1))
 
 
 # %% [markdown]
 # Mean squared errors against $v_\pi$ (return units squared), mean ± standard error over 150 tasks per
 # row; "unseen states" is the share of the chain's states that do not occur in the context. The
-# next cell turns the table into statements, each a paired comparison on the same tasks, called
+# next cell turns the tables into statements, each a paired comparison on the same tasks, called
 # established when the mean paired difference exceeds two standard errors:
 
 # %%
 def paired(r, a, b, group):
-    "Mean and standard error over tasks of error(a) - error(b) on a group of states (0 seen, 1 unseen)."
+    "Mean and standard error over tasks of error(a) - error(b) on one group (0 seen, 1 unseen)."
     return mean_se(r["errs"][a][group] - r["errs"][b][group])
 
 def verdict(r, a, b, group):
     m, se = paired(r, a, b, group)
     return m + 2 * se < 0
 
-big = [(rw, s_, 30) for rw in ("random", "representable") for s_ in (50, 100)]
-lin_wins_unseen = all(verdict(row["representable", s_, 30], "linear", "softmax", 1) for s_ in (50, 100))
-lin_wins_seen = all(verdict(row["representable", s_, n_], "linear", "softmax", 0) for s_, n_ in SETTINGS_MEM)
-soft_wins_seen = all(verdict(row["random", s_, n_], "softmax", "linear", 0) for s_, n_ in SETTINGS_MEM)
-none_beats_zero = not any(verdict(row["random", s_, 30], m, "zero", 1) for s_ in (50, 100) for m in ("softmax", "linear"))
+lin_wins_unseen = all(verdict(row["representable", s_, 30], "linear", "softmax", 1)
+                      for s_ in (50, 100))
+lin_wins_seen = all(verdict(row["representable", *sn], "linear", "softmax", 0)
+                    for sn in SETTINGS_MEM)
+soft_wins_seen = all(verdict(row["random", *sn], "softmax", "linear", 0) for sn in SETTINGS_MEM)
+none_beats_zero = not any(verdict(row["random", s_, 30], m, "zero", 1)
+                          for s_ in (50, 100) for m in ("softmax", "linear"))
 assert lin_wins_unseen and lin_wins_seen and soft_wins_seen and none_beats_zero
-ratio = lambda key, g: mean_se(row[key]["errs"]["softmax"][g])[0] / mean_se(row[key]["errs"]["linear"][g])[0]
+mean_err = lambda key, m, g: mean_se(row[key]["errs"][m][g])[0]
+ratio = lambda key, g: mean_err(key, "softmax", g) / mean_err(key, "linear", g)
+r_unseen_50 = ratio(("representable", 50, 30), 1)
+r_unseen_100 = ratio(("representable", 100, 30), 1)
+r_seen_mem = ratio(("representable", 10, 100), 0)
+k_seen_mem, k_seen_100 = 1 / ratio(("random", 10, 100), 0), 1 / ratio(("random", 100, 30), 0)
 Markdown(f"""
-* **Linear TD's generalisation through features beats the kernel when $v_\\pi$ is in the span of the
-  features**: on unseen states of the 50- and 100-state chains its error is
-  {ratio(("representable", 50, 30), 1):.1f} and {ratio(("representable", 100, 30), 1):.1f} times smaller,
-  and it also wins on the states the context visits, in every setting, including the memorisation regime
-  ($s = 10$, $n = 100$: {ratio(("representable", 10, 100), 0):.1f} times smaller). Four features fitted to 30
-  transitions identify $w$; a local average of TD errors cannot extrapolate along them.
-* **The kernel wins when $v_\\pi$ is not representable, on the states the context visits**: with i.i.d.
-  rewards its error on seen states is {1 / ratio(("random", 10, 100), 0):.0f} times smaller at $s = 10$,
-  $n = 100$ and still {1 / ratio(("random", 100, 30), 0):.1f} times smaller at $s = 100$, $n = 30$. This is the
-  lookup the book's side-by-side measures.
-* **On unseen states with non-representable values nothing beats predicting zero** (no paired difference
-  to the zero predictor reaches two standard errors at $s = 50, 100$): i.i.d. random features make
-  feature similarity uninformative about value similarity, so the kernel has nothing to interpolate
+* **Linear TD's generalisation through features beats the kernel when $v_\\pi$ is in the span
+  of the features**: on unseen states of the 50- and 100-state chains its error is
+  {r_unseen_50:.1f} and {r_unseen_100:.1f} times smaller, and it also wins on the states the
+  context visits, in every setting, including the memorisation regime ($s = 10$, $n = 100$:
+  {r_seen_mem:.1f} times smaller). Four features fitted to 30 transitions identify $w$; a local
+  average of TD errors cannot extrapolate along them.
+* **The kernel wins when $v_\\pi$ is not representable, on the states the context visits**: with
+  i.i.d. rewards its error on seen states is {k_seen_mem:.0f} times smaller at $s = 10$, $n = 100$
+  and still {k_seen_100:.1f} times smaller at $s = 100$, $n = 30$. This is the lookup the book's
+  side-by-side measures.
+* **On unseen states with non-representable values nothing beats predicting zero** (no paired
+  difference to the zero predictor reaches two standard errors at $s = 50, 100$): i.i.d. random
+  features make feature similarity uninformative about value similarity, so the kernel has
+  nothing to interpolate
   from, and linear TD's projection is the wrong model.
 
-Measured on random Boyan chains with i.i.d. $U(-1, 1)$ features ($d = 4$), the Transformer's score
-$W = \\beta I$ and $T = 100$ iterations: the "softmax is better on random features" of the memorisation
-regime is a statement about looking values up, not about generalisation; outside it the answer
-depends on whether the features carry the values, and when they do, linear TD generalises and the
-kernel does not.
+Measured on random Boyan chains with i.i.d. $U(-1, 1)$ features ($d = 4$), the Transformer's
+score $W = \\beta I$ and $T = 100$ iterations: the "softmax is better on random features" of the
+memorisation regime is a statement about looking values up, not about generalisation; outside it
+the answer depends on whether the features carry the values, and when they do, linear TD
+generalises and the kernel does not.
 """)
