@@ -283,6 +283,29 @@ def test_search_ranks_prose_above_api(front, site):
     assert ranks == sorted(ranks) and ranks[0] < 2, f'prose before API entries: {list(zip(hrefs, ranks))}'
 
 
+@pytest.mark.book
+def test_implementation_folded_until_linked(browser, site):
+    """A lesson's "Implementation and tests" section is folded under its heading, and a link to an entry inside it
+    (here the first API entry of chapter 1's section) opens the fold and shows the entry."""
+    html = site / page_name('01_weighted_softmax_td.ipynb')
+    state = """() => { const d = document.querySelector('section#implementation-and-tests > details.implementation-fold');
+      const api = d && d.querySelector('.cell-output-markdown h3[id]');
+      return {folded: !!d && !d.open, id: api && api.id, shown: api ? api.getBoundingClientRect().top : null}; }"""
+    page, ctx, problems = offline_page(browser, html)
+    first = page.evaluate(state)
+    assert first['folded'] and first['id'], first
+    ctx.close()
+    ctx = offline_context(browser, 1280, problems)
+    page = ctx.new_page()
+    page.goto(html.as_uri() + '#' + first['id'], wait_until='load')
+    opened_state = state.replace("!d.open", "d.open")
+    try: page.wait_for_function(f"() => {{ const s = ({opened_state})(); return s.folded && s.shown >= 0 && s.shown < 900; }}", timeout=10_000)
+    except Exception: pass   # the assertion below says what was seen
+    opened = page.evaluate(opened_state)
+    ctx.close()
+    assert opened['folded'] and 0 <= opened['shown'] < 900 and not problems, (opened, problems)
+
+
 def test_search_rank():
     "The glossary ranks 0, a heading that is a documented name (`show_doc`) 2, any other prose heading 1."
     names = build_site.api_names()

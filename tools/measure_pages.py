@@ -1,9 +1,10 @@
 """Measure the built site's pages as a reader sees them at 1280 px (issue 31's targets), in headless Chromium.
 
-Per page: its height in desktop screens (900 px each, folded blocks left folded), the share of its height taken by API
-entries (`show_doc` outputs), the smallest scale at which a figure is shown (its width on the page over its natural
-width), the number of code lines over 100 characters in its code cells (folded ones included), and the display
-equations wider than their box. Run `make site` first; then
+Per page: its height in desktop screens (900 px each, folded blocks left folded; and with every one opened), the share
+of its height taken by API entries (`show_doc` outputs) a reader sees unfolded, the smallest scale at which a figure
+is shown (its width on the page over the PNG's natural width; execnb saves retina PNGs, 200 px per inch),
+the number of code lines over 100 characters in its code cells (folded ones included), and the display equations
+wider than their box. Run `make site` first; then
 
     .venv/bin/python tools/measure_pages.py [PAGE ...] [--json OUT]
 
@@ -23,11 +24,12 @@ CHROMIUM = Path('/usr/bin/chromium')
 MEASURE_JS = """() => {
   const main = document.querySelector('main.content') || document.body;
   const height = document.documentElement.scrollHeight;
-  const api = Array.from(main.querySelectorAll('.cell-output-markdown'))
+  const shown = e => !e.closest('details:not([open])');   // Chromium keeps a folded block's last layout sizes
+  const api = Array.from(main.querySelectorAll('.cell-output-markdown')).filter(shown)
     .filter(e => e.firstElementChild && e.firstElementChild.tagName === 'HR' && e.querySelector('h2, h3, h4'));
   const apiHeight = api.reduce((s, e) => s + e.getBoundingClientRect().height, 0);
   const scales = Array.from(main.querySelectorAll('.cell-output-display img'))
-    .filter(i => i.naturalWidth > 0 && i.getBoundingClientRect().width > 0)
+    .filter(i => i.naturalWidth > 0 && i.getBoundingClientRect().width > 0 && shown(i))
     .map(i => i.getBoundingClientRect().width / i.naturalWidth);
   const code = Array.from(main.querySelectorAll('.cell pre.sourceCode'))
     .filter(p => !p.closest('.cell-output'));
@@ -58,7 +60,8 @@ def measure(page, html):
     m = page.evaluate(MEASURE_JS)
     page.evaluate("() => document.querySelectorAll('details').forEach(d => { d.open = true; })")
     folded = page.evaluate(MEASURE_JS)   # folded code and displays count too once opened
-    return dict(screens=m['height'] / SCREEN, api_share=m['apiHeight'] / m['height'], n_api=m['nApi'],
+    return dict(screens=m['height'] / SCREEN, screens_opened=folded['height'] / SCREEN,
+                api_share=m['apiHeight'] / m['height'], n_api=m['nApi'],
                 min_figure_scale=min(m['scales'], default=None), n_figures=len(m['scales']),
                 code_lines=folded['codeLines'], long_code_lines=folded['longLines'],
                 displays=folded['displays'], overflowing_displays=folded['overflowing'])
@@ -66,9 +69,10 @@ def measure(page, html):
 
 def table(rows):
     "A Markdown table of the measures, one row per page, with the targets in the header."
-    head = ('| page | screens (<= 15) | API share (<= 10%) | smallest figure scale (>= 0.6) | '
-            'code lines > 100 chars (0) | overflowing displays (0) |\n|---|---|---|---|---|---|')
-    fmt = lambda r: (f"| {r['notebook']} | {r['screens']:.1f} | {100 * r['api_share']:.0f}% | "
+    head = ('| page | screens (<= 15) | opened | API share (<= 10%) | smallest figure scale (>= 0.6) | '
+            'code lines > 100 chars (0) | overflowing displays (0) |\n|---|---|---|---|---|---|---|')
+    fmt = lambda r: (f"| {r['notebook']} | {r['screens']:.1f} | {r.get('screens_opened', r['screens']):.1f} | "
+                     f"{100 * r['api_share']:.0f}% | "
                      f"{'-' if r['min_figure_scale'] is None else format(r['min_figure_scale'], '.2f')} | "
                      f"{r['long_code_lines']} | {r['overflowing_displays']} |")
     return '\n'.join([head] + [fmt(r) for r in rows])
