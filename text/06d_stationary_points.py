@@ -63,15 +63,15 @@ import copy
 # to $s$ state tokens $z_y$ (features, reward, value slot), weighted by $d_\pi(y)$, whose successors are mixed by $P$.
 # A layer with parameters $(A, V^{\mathrm{cur}}, V^{\mathrm{tgt}})$ adds to every column $z$
 #
-# $$\Delta z = X\, a(z), \qquad X = V^{\mathrm{cur}} Z + V^{\mathrm{tgt}} Z P^\top, \qquad
-# a_y(z) = \operatorname{softmax}_y\big(z_y^\top A z + \log d_\pi(y)\big),$$
+# $$\Delta z = X\, a(z), \qquad X = V^{\mathrm{cur}} Z + V^{\mathrm{tgt}} Z P^\top,$$
+# $$a_y(z) = \operatorname{softmax}_y\big(z_y^\top A z + \log d_\pi(y)\big),$$
 #
 # with $Z = (z_1, \dots, z_s)$ the keys. With $v(x) = \mathrm{TF}(x;\theta)$ the value slot of query $x$ after $L$
 # layers and $\delta(x) = r(x) + \gamma (Pv)(x) - v(x)$ the expected TD error at $x$, the mean semi-gradient update
 # over a batch of tasks is
 #
-# $$U(\theta) = \mathbb E_{\text{task}} \sum_x d_\pi(x)\, \delta(x)\, \nabla_\theta v(x), \qquad
-# \mathrm{NEU}(\theta) = \|U(\theta)\|^2 .$$
+# $$U(\theta) = \mathbb E_{\text{task}} \sum_x d_\pi(x)\, \delta(x)\, \nabla_\theta v(x),$$
+# $$\mathrm{NEU}(\theta) = \|U(\theta)\|^2 .$$
 #
 # Pretraining follows $\dot\theta = U(\theta)$ on average; its rest points are the zeros of $U$. `mean_updates`
 # computes $U$ for many parameter sets at once, each held as one tensor (layer, head, row, column) with heads
@@ -197,8 +197,8 @@ Markdown(f"Largest gap over five draws: below $10^{{-12}}$ (asserted).")
 # **Proposition 6d.2 (ours).** Let layer 1 have $A = 0$ and a single nonzero entry, $V^{\mathrm{cur}}$ reading the
 # reward slot into the value slot with weight $\lambda / (1-\gamma)$, and layers $2, \dots, L$ be
 # $\theta^*(W = \beta I, \alpha)$. At $n = \infty$ the model predicts $v_{L-1}$ of
-# $$v_0 = \lambda \frac{\bar r}{1-\gamma}\,\mathbf 1, \qquad v_{l+1} = v_l + \alpha M_\pi \big(r + \gamma P v_l - v_l\big),
-# \qquad M_\pi(x, y) = \operatorname{softmax}_y\big(\beta\,\phi(x)^\top\phi(y) + \log d_\pi(y)\big):$$
+# $$v_0 = \lambda \frac{\bar r}{1-\gamma}\,\mathbf 1, \qquad v_{l+1} = v_l + \alpha M_\pi \big(r + \gamma P v_l - v_l\big),$$
+# $$M_\pi(x, y) = \operatorname{softmax}_y\big(\beta\,\phi(x)^\top\phi(y) + \log d_\pi(y)\big):$$
 # weighted softmax TD warm-started at the level, the winner of chapter 6b's contest.
 # :::
 #
@@ -261,7 +261,7 @@ def as_model(p:torch.Tensor)->SoftmaxICTD:
             for i, k in enumerate(HEADS): getattr(lay, k).copy_(p[l, i])
     return m
 def warm_gap(lam:float, b:float, a:float)->float:
-    "Largest |model - warm-started recursion| over tasks and states, for level lam, beta b, alpha a."
+    "Largest |model - warm-started recursion| over tasks and states (level lam, beta b, alpha a)."
     v = population_predict(as_model(level_td_stack(10, 3, lam, b, a, 0.9)), chk_tasks)
     return (v - warm_td_values(chk_tasks, 3, lam, b, a)).abs().max().item()
 warm_gap = max(warm_gap(*c) for c in ((0.85, 3., 1.), (1., 10., 0.5)))
@@ -274,8 +274,9 @@ assert warm_gap < 1e-12, warm_gap
 # **Proposition 6d.3 (ours).** At $\theta = 0$ the mean update is zero on every $A$ and on every row of every
 # $V^{\mathrm{cur}}, V^{\mathrm{tgt}}$ except the value row, and on the value rows it is the same in every layer and
 # both heads:
-# $$U_{V^{\mathrm{cur}}_l,\ \mathrm{value\ row}}(0) = U_{V^{\mathrm{tgt}}_l,\ \mathrm{value\ row}}(0) = \mathbb E_{\text{task}}\big[\bar r\, \bar z\big],
-# \qquad \bar z = (\bar\phi, \bar r, 0), \quad l = 1, \dots, L.$$
+# $$U_{V^{\mathrm{cur}}_l,\ \mathrm{value\ row}}(0) = U_{V^{\mathrm{tgt}}_l,\ \mathrm{value\ row}}(0)
+# = \mathbb E_{\text{task}}\big[\bar r\, \bar z\big],$$
+# $$\bar z = (\bar\phi, \bar r, 0), \quad l = 1, \dots, L.$$
 # :::
 #
 # ::: {.callout-note collapse="true" title="Proof"}
@@ -387,8 +388,8 @@ def load_stationary(data_dir="data")->dict:
 
 
 # %%
-EXACT_NOTE = ("Its numbers are float64 computations without sampling; another CPU rounds differently in the last bits, "
-              "which moves a found zero within the tolerance, not the verdicts.")
+EXACT_NOTE = ("Its numbers are float64 computations without sampling; another CPU rounds differently "
+              "in the last bits, which moves a found zero within the tolerance, not the verdicts.")
 
 # %%
 #| echo: false
@@ -413,9 +414,9 @@ Markdown(provenance_note(study["provenance"], "The flows and searches", note=EXA
 # %%
 #| code-fold: true
 #| fig-cap: "Figure 6d.1: the mean flow from zero makes no layer the uniform one, and trained models put it at layer 1 or 3."
-#| fig-alt: "Left: population diagonality of each of three layers against flow time, solid lines for one-hot and dashed for random features, all rising from 0.1; right: bars of the share of trained seeds whose single uniform layer is layer 1, 2 or 3, with 95% intervals, for random and one-hot features."
+#| fig-alt: "Top: population diagonality of each of three layers against flow time, solid lines for one-hot and dashed for random features, all rising from 0.1; bottom: bars of the share of trained seeds whose single uniform layer is layer 1, 2 or 3, with 95% intervals, for random and one-hot features."
 LAYER_STYLE = dict(zip(range(3), zip(OKABE_ITO[:3], ("layer 1", "layer 2", "layer 3"))))
-fig, (ax_f, ax_p) = plt.subplots(1, 2, figsize=(10, 3.6))
+fig, (ax_f, ax_p) = plt.subplots(2, 1, figsize=(6.2, 7.2))
 for name, ls in (("onehot, L = 3", "-"), ("random, L = 3", "--")):
     f = study["flows"][name]
     for l, (c, lab) in LAYER_STYLE.items():
@@ -452,16 +453,20 @@ plt.show()
 # %%
 #| echo: false
 fam_flow = {"random features, L = 3": "random, L = 3", "one-hot, L = 3": "onehot, L = 3"}
-rows = []
-for fam, pos in positions.items():
+def family_column(fam, pos):
+    "One family's entries of the table, top to bottom."
     last, m = study["flows"][fam_flow[fam]]["diagonality"][-1], len(pos)
     counts = {l: sum(p == (l,) for p in pos) for l in (1, 2, 3)}
-    cells = " | ".join("{:.2f} ({:.2f} to {:.2f})".format(*rate_interval(counts[l], m)) for l in (1, 2, 3))
     pred = flow_pred[fam_flow[fam]]
-    rows.append(f"| {fam} | {', '.join(f'{d:.2f}' for d in last)} | {'layer ' + str(pred) if pred else 'none'} "
-                f"| {m} | {cells} | {m - sum(counts.values())} |")
-Markdown("| family | flow's last diagonality, layers 1, 2, 3 | singled out | seeds | uniform at layer 1 "
-         "| at layer 2 | at layer 3 | two uniform layers |\n|---|---|---|---|---|---|---|---|\n" + "\n".join(rows))
+    rates = ["{:.2f} ({:.2f} to {:.2f})".format(*rate_interval(counts[l], m)) for l in (1, 2, 3)]
+    return [", ".join(f"{d:.2f}" for d in last), f"layer {pred}" if pred else "none", str(m), *rates,
+            str(m - sum(counts.values()))]
+
+ROWS = ("flow's last diagonality, layers 1, 2, 3", "singled out by the flow", "trained seeds",
+        "uniform at layer 1", "uniform at layer 2", "uniform at layer 3", "two uniform layers")
+cols = [family_column(fam, pos) for fam, pos in positions.items()]
+Markdown("| | " + " | ".join(positions) + " |\n|---|---|---|\n"
+         + "\n".join(f"| {name} | " + " | ".join(c[i] for c in cols) + " |" for i, name in enumerate(ROWS)))
 
 # %%
 pos_onehot, pos_random = positions["one-hot, L = 3"], positions["random features, L = 3"]
@@ -469,8 +474,11 @@ rate_at = lambda pos, l: rate_interval(sum(p == (l,) for p in pos), len(pos))
 r_first, r_third, r_mid = (rate_at(pos_random, l) for l in (1, 3, 2))
 oh_first = rate_at(pos_onehot, 1)
 assert flow_pred["random, L = 3"] == 1 and flow_pred["onehot, L = 3"] is None, flow_pred
-assert r_first[1] < 1 / 3 < r_first[2] and r_third[1] < 1 / 3 < r_third[2] and r_mid[2] < 1 / 3, (r_first, r_mid)
-assert oh_first[1] > 1 / 3, oh_first
+assert r_first[1] < 1 / 3 < r_first[2] and r_third[1] < 1 / 3 < r_third[2], (r_first, r_third)
+assert r_mid[2] < 1 / 3 and oh_first[1] > 1 / 3, (r_mid, oh_first)
+
+# %%
+#| echo: false
 oh_last = study["flows"]["onehot, L = 3"]["diagonality"][-1]
 Markdown(f"With random features the flow singles out layer 1, but the trained models put their uniform layer there "
          f"at a rate of {r_first[0]:.2f} ({r_first[1]:.2f} to {r_first[2]:.2f}) and at layer 3 equally often "
@@ -502,7 +510,7 @@ flow_neu = {L: study["flows"][f"onehot, L = {L}"]["update_norm"][-1] ** 2 for L 
 for L in (2, 3): assert best[L][3] > 10 * flow_neu[L], (best[L], flow_neu[L])
 assert best[3][3] < no_level[3][3], (best[3], no_level[3])     # at L = 3 a level helps
 consts = lambda r: f"({r[0]:g}, {r[1]:g}, {r[2]:g})"
-Markdown("| L | best (λ, β, α) | its NEU | best with λ = 0 | its NEU | NEU at the end of the flow |\n"
+Markdown("| L | best (λ, β, α) | its NEU | best with λ = 0 | its NEU | NEU at the flow's end |\n"
          "|---|---|---|---|---|---|\n" + "\n".join(
              f"| {L} | {consts(best[L])} | {best[L][3]:.2e} | {consts(no_level[L])} | "
              f"{no_level[L][3]:.2e} | {flow_neu[L]:.1e} |" for L in (2, 3)))
@@ -535,20 +543,33 @@ Markdown("| layer | A | V_cur | V_tgt |\n|---|---|---|---|\n" +
 
 # %%
 #| echo: false
-def search_row(r:dict)->str:
+def search_progress(r:dict)->str:
+    "A search's row of the first table: where it started and ended."
+    return (f"| {r['name']} | {r['n_layers']} | {r['history'][0]:.1e} | {r['history'][-1]:.1e} "
+            f"| {len(r['history']) - 1} |")
+
+def search_end(r:dict)->str:
+    "A search's row of the second table: how far it moved, and the point it reached."
     spec = r.get("spectrum")
-    verdict = (f"{spec['verdict']}: {spec['n_positive']} +, {spec['n_negative']} −, {spec['n_zero']} zero" if spec else "—")
-    return (f"| {r['name']} | {r['n_layers']} | {r['history'][0]:.1e} | {r['history'][-1]:.1e} | {len(r['history']) - 1} | "
-            f"{r['moved']:.2f} | {', '.join(f'{d:.2f}' for d in r['diagonality'])} | {verdict} |")
-Markdown("| start | L | ‖U‖ at start | ‖U‖ at end | steps | moved | diagonality per layer | spectrum at the zero |\n"
-         "|---|---|---|---|---|---|---|---|\n" + "\n".join(search_row(r) for r in study["searches"]))
+    verdict = (f"{spec['verdict']}: {spec['n_positive']} +, {spec['n_negative']} −, {spec['n_zero']} zero"
+               if spec else "—")
+    diag = ", ".join(f"{d:.2f}" for d in r["diagonality"])
+    return f"| {r['name']} | {r['n_layers']} | {r['moved']:.2f} | {diag} | {verdict} |"
+
+Markdown("| start | L | ‖U‖ at start | ‖U‖ at end | steps |\n|---|---|---|---|---|\n"
+         + "\n".join(search_progress(r) for r in study["searches"]))
+
+# %%
+#| echo: false
+Markdown("| start | L | moved | diagonality per layer | spectrum at the zero |\n|---|---|---|---|---|\n"
+         + "\n".join(search_end(r) for r in study["searches"]))
 
 # %%
 #| code-fold: true
 #| fig-cap: "Figure 6d.2: the norm of the mean update along each Levenberg-Marquardt search, at two and three layers."
-#| fig-alt: "Two log-scale panels, L = 2 and L = 3, of the update norm against accepted search steps for starts at theta*, level + TD, the mean flow, small random inits and trained models; at L = 2 several curves fall below the dotted 1e-10 line, at L = 3 none does."
+#| fig-alt: "Two log-scale panels, L = 2 (top) and L = 3 (bottom), of the update norm against accepted search steps for starts at theta*, level + TD, the mean flow, small random inits and trained models; at L = 2 several curves fall below the dotted 1e-10 line, at L = 3 none does."
 KINDS = ("theta*", "level + TD", "mean flow from zero", "small random init", "trained")
-fig, axes = plt.subplots(1, 2, figsize=(10, 3.6), sharey=True)
+fig, axes = plt.subplots(2, 1, figsize=(6.2, 7), sharey=True)
 for ax, L in zip(axes, (2, 3)):
     seen = []
     for r in (r for r in study["searches"] if r["n_layers"] == L):
@@ -559,9 +580,9 @@ for ax, L in zip(axes, (2, 3)):
                     label=r["name"])
     ax.axhline(1e-10, color="grey", lw=0.8, ls=":")
     ax.xaxis.get_major_locator().set_params(integer=True)
-    ax.set(xlabel="accepted Levenberg-Marquardt step", title=f"L = {L}")
+    ax.set(xlabel="accepted Levenberg-Marquardt step", ylabel="norm of the mean update ‖U‖",
+           title=f"L = {L}")
     ax.legend(fontsize=7)
-axes[0].set_ylabel("norm of the mean update ‖U‖")
 fig.tight_layout()
 plt.show()
 
@@ -600,6 +621,9 @@ for r in zeros:
     largest = population_predict(as_model(p), tasks).abs().max().item()
     assert largest < 1e-8, (r["name"], largest)
     checks.append((r["name"], r["n_layers"]))
+
+# %%
+#| echo: false
 Markdown("At every zero, ‖U‖ recomputed from the saved parameters is below $10^{-10}$ and the largest predicted "
          "value below $10^{-8}$ (both asserted): " + "; ".join(f"{n} ($L = {L}$)" for n, L in checks) +
          f". The largest true value on these tasks is {tasks.v_pi.abs().max().item():.1f}.")
@@ -610,11 +634,15 @@ Markdown("At every zero, ‖U‖ recomputed from the saved parameters is below $
 
 # %%
 fresh = random_tasks(256, seed=777, features="onehot")
-fresh_at = {r["name"]: update_norm(torch.tensor(r["params"], dtype=torch.float64), fresh) for r in zeros}
+fresh_at = {r["name"]: update_norm(torch.tensor(r["params"], dtype=torch.float64), fresh)
+            for r in zeros}
 b2 = best[2]
-start_fresh = update_norm(torch.stack(theta_star(10, b2[1] * torch.eye(10, dtype=torch.float64), b2[2], 0.9))
-                          .expand(2, 3, 12, 12), fresh)
+theta_b2 = torch.stack(theta_star(10, b2[1] * torch.eye(10, dtype=torch.float64), b2[2], 0.9))
+start_fresh = update_norm(theta_b2.expand(2, 3, 12, 12), fresh)
 assert min(fresh_at.values()) > 1e-3, fresh_at
+
+# %%
+#| echo: false
 Markdown(f"‖U‖ on the fresh tasks: {min(fresh_at.values()):.3f} to {max(fresh_at.values()):.3f} at the zeros, "
          f"{start_fresh:.2f} at $\\theta^*$. A zero of the batch is fitted to its 64 tasks (864 equations whose "
          f"coefficients the batch sets) and is not a zero for others: on fresh tasks the update there is "
@@ -729,7 +757,8 @@ def polish(p:torch.Tensor,         # (L, 3, D, D) the start
 # reaches the tolerance, and the update there is below it when recomputed.
 
 # %%
-p_small, hist_small = polish(layer_stack(SoftmaxICTD(4, 2, init_gain=0.1, seed=2)), small, max_jacobians=8)
+p_small, hist_small = polish(layer_stack(SoftmaxICTD(4, 2, init_gain=0.1, seed=2)), small,
+                             max_jacobians=8)
 test_eq(hist_small[-1] < 1e-10, True)
 test_eq(update_norm(p_small, small) < 1e-10, True)
 
@@ -836,10 +865,12 @@ def run_batch_check(out_dir="nbs/data",       # folder of the JSON file
 # Bad input:
 
 # %%
-test_fail(lambda: mean_updates(torch.zeros(2, 3, 5, 5, dtype=torch.float64), tasks), contains="`p` must be (S, L, 3, D, D)")
-test_fail(lambda: mean_updates(torch.zeros(2, 3, 12, 12, dtype=torch.float64), None), contains="`tasks` must be a TaskBatch")
+zeros_p = lambda D: torch.zeros(2, 3, D, D, dtype=torch.float64)
+test_fail(lambda: mean_updates(zeros_p(5), tasks), contains="`p` must be (S, L, 3, D, D)")
+test_fail(lambda: mean_updates(zeros_p(12), None), contains="`tasks` must be a TaskBatch")
 test_fail(lambda: study_tasks("unit"), contains="`features` must be 'onehot' or 'random'")
-test_fail(lambda: layer_stack(SoftmaxICTD(4, 2, shared=True, seed=0)), contains="`model` must have separate layers")
+test_fail(lambda: layer_stack(SoftmaxICTD(4, 2, shared=True, seed=0)),
+          contains="`model` must have separate layers")
 test_fail(lambda: level_td_stack(10, 1, 1., 3., 1., 0.9), contains="`n_layers`")
 
 # %% [markdown]
