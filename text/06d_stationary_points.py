@@ -388,8 +388,9 @@ def load_stationary(data_dir="data")->dict:
 
 
 # %%
-EXACT_NOTE = ("Its numbers are float64 computations without sampling; another CPU rounds differently "
-              "in the last bits, which moves a found zero within the tolerance, not the verdicts.")
+EXACT_NOTE = ("Its numbers are float64 computations without sampling; another CPU rounds "
+              "differently in the last bits, which moves a found zero within the tolerance, "
+              "not the verdicts.")
 
 # %%
 #| echo: false
