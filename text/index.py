@@ -56,7 +56,7 @@ from ictd.wstd import weighted_softmax_td
 #| fig-alt: "Log-scale plot of the sup-norm value error against the number of layers. One coloured curve per context length falls and then flattens at its dotted floor, lower for longer contexts; a black population curve keeps falling, below a dashed straight bound."
 hero = depth_experiment(n_tasks=100, ns=(30, 100, 300, 1000), n_layers=60)
 depths = torch.arange(hero["errors"].shape[-1])
-fig, ax = plt.subplots(figsize=(7, 4.2))
+fig, ax = plt.subplots(figsize=(6.6, 4.2))
 for i, n in enumerate(hero["ns"]):
     ax.plot(depths, hero["errors"][:, i].mean(0), color=plt.cm.tab10(i), label=f"context length $n = {n}$")
     ax.axhline(hero["floors"][:, i].mean(), color=plt.cm.tab10(i), ls=":", lw=1.2)
@@ -186,7 +186,8 @@ chain = random_boyan_chain(n_states=10, d=4, gamma=0.9, features="onehot", seed=
 states, rewards = sample_trajectory(chain, n=400, seed=0)
 n, beta, alpha, L = 200, 5.0, 0.5, 30
 W = beta * torch.eye(chain.d, dtype=torch.float64)
-values = weighted_softmax_td(chain.phi[states[:n + 1]], rewards[:n], W, alpha, chain.gamma, L, phi_queries=chain.phi)
+values = weighted_softmax_td(chain.phi[states[:n + 1]], rewards[:n], W, alpha, chain.gamma, L,
+                             phi_queries=chain.phi)
 print(f"MSVE after L = {L} layers: {msve(chain, values[n + 1:]):.4g}")
 
 # %% [markdown]
