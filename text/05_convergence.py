@@ -995,37 +995,41 @@ print(
 # Figure 5.1 draws the decomposition on one task and two contexts, at a score scale ($W = 8I$) where the depth term
 # takes some dozens of layers to fall. The error first follows the depth term down, at a rate under
 # $\hat\kappa$ (thin lines: the bound $\hat\kappa^{\,L} \|\hat v_\infty\|_\infty$), then meets the floor of its context and stays
-# on it: beyond that depth, more layers cannot help, only a longer context can.
+# on it: beyond that depth, more layers cannot help, only a longer context can. The line under the figure is its check:
+# at every depth the depth term lies under its bound and the error under depth term plus floor (the triangle
+# inequality above).
 
 # %%
 #| fig-cap: "Figure 5.1: the error of the recursion on one task splits into a depth term that falls geometrically and a floor set by the context; the longer context has the lower floor."
 #| fig-alt: "Log-scale plot against depth of the error, the depth term (dashed) and the floor (dotted horizontal line) for contexts of 300 and 3000 transitions; each error follows its falling depth term and then levels off at its floor, and thin lines show the geometric bound above each depth term."
 W_fig, L_fig = 8 * I_s, 60
 layers = torch.arange(L_fig + 1)
-fig, ax, floors = *plt.subplots(figsize=(6.5, 4)), []
+fig, ax = plt.subplots(figsize=(6.2, 4.2))
+checks = []
 for n, colour in ((300, "C0"), (3000, "C1")):
     states, rewards = sample_trajectory(mrp, n, seed=n)
     N, P_hat, r_hat = empirical_mrp(states, rewards, s)
     M_hat = empirical_attention(mrp.phi, W_fig, states)
     vs = td_recursion(M_hat, P_hat, r_hat, gamma=mrp.gamma, alpha=1.0, n_iters=L_fig)
-    v_inf, k_hat = fixed_point(M_hat, P_hat, r_hat, mrp.gamma, N), rate_bound(
-        M_hat, gamma=mrp.gamma, alpha=1.0
-    )
-    depth, floor = sup_error(vs, v_inf), sup_error(v_inf, mrp.v_pi)
-    assert (
-        (N > 0).all()
-        and k_hat < 1
-        and (depth <= k_hat**layers * v_inf.abs().max() * (1 + 1e-9)).all()
-    )
-    ax.semilogy(layers, sup_error(vs, mrp.v_pi), color=colour, lw=2, label=f"error, n = {n}")
+    v_inf = fixed_point(M_hat, P_hat, r_hat, mrp.gamma, N)
+    k_hat = rate_bound(M_hat, gamma=mrp.gamma, alpha=1.0)
+    error, depth, floor = sup_error(vs, mrp.v_pi), sup_error(vs, v_inf), sup_error(v_inf, mrp.v_pi)
+    bound = k_hat**layers * v_inf.abs().max()
+    # every state a key, the condition holds, depth term under its bound, error under the sum
+    assert (N > 0).all() and k_hat < 1 and (depth <= bound * (1 + 1e-9)).all()
+    assert (error <= (depth + floor) * (1 + 1e-9)).all()
+    checks.append((n, floor, k_hat))
+    ax.semilogy(layers, error, color=colour, lw=2, label=f"error, n = {n}")
     ax.semilogy(layers, depth, color=colour, ls="--", label=f"depth term, n = {n}")
     ax.axhline(floor, color=colour, ls=":", label=f"floor, n = {n}")
-    floors.append(floor)
-    ax.semilogy(layers, k_hat**layers * v_inf.abs().max(), color=colour, lw=0.8, alpha=0.6)
-assert floors[1] < floors[0]  # the longer context, the lower floor
-ax.set(xlabel="depth L (layers)", ylabel="sup-norm error", ylim=(1e-4, 3))
-ax.legend(ncol=2, fontsize=9)
+    ax.semilogy(layers, bound, color=colour, lw=0.8, alpha=0.6,
+                label=f"bound on depth term, n = {n}")
+assert checks[1][1] < checks[0][1]  # the longer context, the lower floor
+ax.set(xlabel="depth L (layers)", ylabel="sup-norm error (return units)", ylim=(1e-4, 3))
+ax.legend(ncol=2, fontsize=8, loc="lower left")
 plt.show()
+print("At every depth: depth term <= its bound, error <= depth term + floor. "
+      + "; ".join(f"n = {n}: floor {f:.3f}, kappa_hat {k:.3f}" for n, f, k in checks))
 
 # %% [markdown]
 # ## Proposition 5.1 on many tasks at once
@@ -1677,7 +1681,9 @@ show_doc(circulant_limit)
 show_doc(key_counts)
 
 # %%
-test_eq(key_counts([0, 2, 2, 1], 3), torch.tensor([1., 0., 2.], dtype=torch.float64))    # keys S_0..S_2; S_3 is only a successor
+test_eq(
+    key_counts([0, 2, 2, 1], 3), torch.tensor([1.0, 0.0, 2.0], dtype=torch.float64)
+)  # keys S_0..S_2; S_3 is only a successor
 
 # %%
 show_doc(sup_error)
@@ -1723,10 +1729,12 @@ test_fail(lambda: fixed_point(population_attention(mrp_4, 0 * I_10), mrp_4.P, mr
 # Proposition 5.4's bound by hand on two states, and no promise for a state that is never a key:
 
 # %%
-v2 = torch.tensor([0., 2.], dtype=torch.float64)     # span 2; gamma = 1/2, so gamma / (1 - gamma) = 1
+v2 = torch.tensor(
+    [0.0, 2.0], dtype=torch.float64
+)  # span 2; gamma = 1/2, so gamma / (1 - gamma) = 1
 hp_hand = 2 * math.sqrt(math.log(2 * 2 * 10 / 0.1) / (2 * 8))
-test_close(floor_hp_bound(8., v2, 0.5, 10, delta=0.1), hp_hand, eps=1e-12)
-test_eq(floor_hp_bound(0., v2, 0.5, 10).item(), math.inf)
+test_close(floor_hp_bound(8.0, v2, 0.5, 10, delta=0.1), hp_hand, eps=1e-12)
+test_eq(floor_hp_bound(0.0, v2, 0.5, 10).item(), math.inf)
 
 # %% [markdown]
 # Hitting times solve their defining equations $H(y, x) = 1 + (PH)(y, x)$, $y \ne x$, on 200 random chains:
@@ -1747,33 +1755,69 @@ task_v = random_boyan_chain(seed=3)
 W_v = torch.from_numpy(np.random.default_rng(0).normal(size=(4, 4)))
 M_v = population_attention(task_v, W_v)
 states_v, _ = sample_trajectory(task_v, 200, seed=2)
-for msg, f in {"`W` must have shape (4, 4)": lambda: population_attention(task_v, torch.eye(3)),
-               "`mrp` must be an MRP": lambda: population_attention(task_v.P, W_v),
-               "`weights` must be non-negative": lambda: kernel_attention(task_v.phi, W_v, -task_v.d_pi),
-               "`weights` must have shape (..., 10)": lambda: kernel_attention(task_v.phi, W_v, task_v.d_pi[:5]),
-               "`phi` must have shape (..., s, d)": lambda: kernel_attention(torch.ones(3), W_v, task_v.d_pi),
-               "`states` must lie in 0..9": lambda: empirical_attention(task_v.phi, W_v, [0, 3, 12]),
-               "`states` must hold integer state indices": lambda: empirical_attention(task_v.phi, W_v, [0.5, 1.]),
-               "`states` must be an integer array": lambda: empirical_attention(task_v.phi, W_v, [True, False]),
-               "`d_pi` must be positive with 10 entries": lambda: count_deviation(key_counts(states_v, 10), torch.zeros(10))}.items():
+for msg, f in {
+    "`W` must have shape (4, 4)": lambda: population_attention(task_v, torch.eye(3)),
+    "`mrp` must be an MRP": lambda: population_attention(task_v.P, W_v),
+    "`weights` must be non-negative": lambda: kernel_attention(task_v.phi, W_v, -task_v.d_pi),
+    "`weights` must have shape (..., 10)": lambda: kernel_attention(
+        task_v.phi, W_v, task_v.d_pi[:5]
+    ),
+    "`phi` must have shape (..., s, d)": lambda: kernel_attention(torch.ones(3), W_v, task_v.d_pi),
+    "`states` must lie in 0..9": lambda: empirical_attention(task_v.phi, W_v, [0, 3, 12]),
+    "`states` must hold integer state indices": lambda: empirical_attention(
+        task_v.phi, W_v, [0.5, 1.0]
+    ),
+    "`states` must be an integer array": lambda: empirical_attention(
+        task_v.phi, W_v, [True, False]
+    ),
+    "`d_pi` must be positive with 10 entries": lambda: count_deviation(
+        key_counts(states_v, 10), torch.zeros(10)
+    ),
+}.items():
     test_fail(f, contains=msg)
-test_eq(empirical_attention(task_v.phi, W_v, [0., 3., 1.]), empirical_attention(task_v.phi, W_v, [0, 3, 1]))   # integer-valued floats, as in `ictd.wstd`
+test_eq(
+    empirical_attention(task_v.phi, W_v, [0.0, 3.0, 1.0]),
+    empirical_attention(task_v.phi, W_v, [0, 3, 1]),
+)  # integer-valued floats, as in `ictd.wstd`
 
 # %%
-for msg, f in [("`alpha` must lie in (0, 1]", lambda: td_recursion(M_v, task_v.P, task_v.r, gamma=0.9, alpha=1.5, n_iters=3)),
-               ("`gamma` must lie in [0, 1)", lambda: td_recursion(M_v, task_v.P, task_v.r, gamma=1.0, alpha=0.5, n_iters=3)),
-               ("`P` must have shape (..., 10, 10)", lambda: td_recursion(M_v, torch.eye(3), task_v.r, gamma=0.9, alpha=0.5, n_iters=3)),
-               ("`n_iters` must be a non-negative integer", lambda: td_recursion(M_v, M_v, torch.zeros(10), gamma=0.9, alpha=0.5, n_iters=-1)),
-               ("`rewards` must have shape (3,)", lambda: empirical_mrp([0, 1, 2, 1], [1., 2.], 3)),
-               ("`k` must be a positive integer", lambda: span_rate(M_v, task_v.P, gamma=0.9, alpha=0.5, k=0)),
-               ("`e0` must have shape (..., 10)", lambda: span_bound(M_v, task_v.P, gamma=0.9, alpha=0.5, e0=torch.zeros(3), n_layers=5)),
-               ("`alpha` must lie in (0, 1]", lambda: contraction_bound(task_v, W_v, 0.)),
-               ("`M` must have shape (..., s, s)", lambda: kernel_diagonality(torch.ones(2, 3))),
-               ("must share the number of states", lambda: floor_bound(task_v.P, task_v.P, task_v.v_pi[:3], 0.9)),
-               ("`delta` must lie in (0, 1)", lambda: floor_hp_bound(torch.ones(3), task_v.v_pi[:3], 0.9, 30, delta=1.)),
-               ("`weights` must be positive", lambda: interior_cap(square, torch.zeros(5))),
-               ("`P` must have shape", lambda: relaxation_time(torch.ones(3))),
-               ("`b` must be coprime", lambda: circulant_pair(0.7, 4, 1, 2))]:
+for msg, f in [
+    (
+        "`alpha` must lie in (0, 1]",
+        lambda: td_recursion(M_v, task_v.P, task_v.r, gamma=0.9, alpha=1.5, n_iters=3),
+    ),
+    (
+        "`gamma` must lie in [0, 1)",
+        lambda: td_recursion(M_v, task_v.P, task_v.r, gamma=1.0, alpha=0.5, n_iters=3),
+    ),
+    (
+        "`P` must have shape (..., 10, 10)",
+        lambda: td_recursion(M_v, torch.eye(3), task_v.r, gamma=0.9, alpha=0.5, n_iters=3),
+    ),
+    (
+        "`n_iters` must be a non-negative integer",
+        lambda: td_recursion(M_v, M_v, torch.zeros(10), gamma=0.9, alpha=0.5, n_iters=-1),
+    ),
+    ("`rewards` must have shape (3,)", lambda: empirical_mrp([0, 1, 2, 1], [1.0, 2.0], 3)),
+    ("`k` must be a positive integer", lambda: span_rate(M_v, task_v.P, gamma=0.9, alpha=0.5, k=0)),
+    (
+        "`e0` must have shape (..., 10)",
+        lambda: span_bound(M_v, task_v.P, gamma=0.9, alpha=0.5, e0=torch.zeros(3), n_layers=5),
+    ),
+    ("`alpha` must lie in (0, 1]", lambda: contraction_bound(task_v, W_v, 0.0)),
+    ("`M` must have shape (..., s, s)", lambda: kernel_diagonality(torch.ones(2, 3))),
+    (
+        "must share the number of states",
+        lambda: floor_bound(task_v.P, task_v.P, task_v.v_pi[:3], 0.9),
+    ),
+    (
+        "`delta` must lie in (0, 1)",
+        lambda: floor_hp_bound(torch.ones(3), task_v.v_pi[:3], 0.9, 30, delta=1.0),
+    ),
+    ("`weights` must be positive", lambda: interior_cap(square, torch.zeros(5))),
+    ("`P` must have shape", lambda: relaxation_time(torch.ones(3))),
+    ("`b` must be coprime", lambda: circulant_pair(0.7, 4, 1, 2)),
+]:
     test_fail(f, contains=msg)
 
 # %%
