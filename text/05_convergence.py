@@ -19,12 +19,22 @@ from nbdev.showdoc import *
 
 # %%
 #| hide
+import re
 from IPython.display import Markdown
 import matplotlib.pyplot as plt
 from ictd.boyan import random_boyan_chain, sample_trajectory
 from ictd.core import record_claim, substream
 from ictd.tasks import random_tasks, task_rng
 from ictd.wstd import weighted_softmax_td, context_weights, certainty_equivalence
+
+
+# %%
+#| hide
+def folded_docs(*fs, summary:str):
+    "The `show_doc` entries of `fs` in one folded block: the page shows `summary` until it is opened."
+    docs = [re.sub(r"^\[source\]\(.*\n", "", show_doc(f)._repr_markdown_(), flags=re.M) for f in fs]
+    body = "\n\n".join(docs)
+    return Markdown(f"<details>\n<summary>{summary}</summary>\n\n{body}\n\n</details>")
 
 
 # %% [markdown]
@@ -1618,58 +1628,40 @@ print(
 # %% [markdown]
 # ### The functions of the lesson
 #
-# The signatures and one-line descriptions of the functions the lesson calls, in the order it introduces them.
+# The signatures and one-line descriptions of the functions the lesson calls, in the order it introduces them
+# (open the block to read them).
 
 # %%
+#| hide
+# documented in the folded blocks below; named here, nbdev adds no entry after each definition
 show_doc(kernel_attention)
-
-# %%
 show_doc(empirical_attention)
-
-# %%
 show_doc(count_deviation)
-
-# %%
 show_doc(empirical_mrp)
-
-# %%
 show_doc(rate_bound)
-
-# %%
 show_doc(span_rate)
-
-# %%
 show_doc(spectral_radius)
-
-# %%
 show_doc(span_bound)
-
-# %%
 show_doc(floor_bound)
-
-# %%
 show_doc(hitting_times)
-
-# %%
 show_doc(missing_state_bound)
-
-# %%
 show_doc(floor_hp_bound)
-
-# %%
 show_doc(interior_cap)
-
-# %%
 show_doc(relaxation_time)
-
-# %%
 show_doc(circulant_pair)
-
-# %%
 show_doc(circulant_threshold)
+show_doc(circulant_limit)
+show_doc(key_counts)
+show_doc(sup_error)
+show_doc(kernel_diagonality)
 
 # %%
-show_doc(circulant_limit)
+#| echo: false
+folded_docs(kernel_attention, empirical_attention, count_deviation, empirical_mrp, rate_bound, span_rate,
+            spectral_radius, span_bound, floor_bound, hitting_times, missing_state_bound,
+            floor_hp_bound, interior_cap, relaxation_time, circulant_pair, circulant_threshold,
+            circulant_limit,
+            summary="Signatures of the 17 functions")
 
 # %% [markdown]
 # ### Helpers
@@ -1678,21 +1670,21 @@ show_doc(circulant_limit)
 # norm of every bound in the chapter, and `kernel_diagonality` reads the two numbers the condition of Proposition 5.1 is about.
 
 # %%
-show_doc(key_counts)
+#| echo: false
+folded_docs(key_counts, sup_error, kernel_diagonality,
+            summary="Signatures of the 3 helpers")
 
 # %%
+#| code-fold: true
+#| code-summary: "Code of the check"
 test_eq(
     key_counts([0, 2, 2, 1], 3), torch.tensor([1.0, 0.0, 2.0], dtype=torch.float64)
 )  # keys S_0..S_2; S_3 is only a successor
 
 # %%
-show_doc(sup_error)
-
-# %%
+#| code-fold: true
+#| code-summary: "Code of the check"
 test_eq(sup_error(torch.tensor([1., -2., 0.5]), torch.zeros(3)), torch.tensor(2.))
-
-# %%
-show_doc(kernel_diagonality)
 
 # %% [markdown]
 # ### Further checks of the lesson's statements
@@ -1702,6 +1694,8 @@ show_doc(kernel_diagonality)
 # Attention rows are probability vectors at every score scale (true by construction of a softmax):
 
 # %%
+#| code-fold: true
+#| code-summary: "Code of the check"
 mrp_0 = random_boyan_chain(features="onehot", seed=0)
 I_10 = torch.eye(10, dtype=torch.float64)
 for beta in (0., 1., 5., 20.):
@@ -1713,6 +1707,8 @@ for beta in (0., 1., 5., 20.):
 # `kernel_diagonality` reads the mean and the minimum of the diagonal:
 
 # %%
+#| code-fold: true
+#| code-summary: "Code of the check"
 M_3 = population_attention(mrp_0, 3 * I_10)
 test_close(kernel_diagonality(M_3)[0], M_3.diagonal().mean(), eps=1e-15)
 test_eq(kernel_diagonality(M_3)[1], M_3.diagonal().min())
@@ -1721,6 +1717,8 @@ test_eq(kernel_diagonality(M_3)[1], M_3.diagonal().min())
 # At a score scale of zero every row of the attention is the same and there is no unique fixed point; `fixed_point` says so:
 
 # %%
+#| code-fold: true
+#| code-summary: "Code of the check"
 mrp_4 = random_boyan_chain(features="onehot", seed=4)
 test_fail(lambda: fixed_point(population_attention(mrp_4, 0 * I_10), mrp_4.P, mrp_4.r, mrp_4.gamma),
           contains="no unique fixed point")
@@ -1729,6 +1727,8 @@ test_fail(lambda: fixed_point(population_attention(mrp_4, 0 * I_10), mrp_4.P, mr
 # Proposition 5.4's bound by hand on two states, and no promise for a state that is never a key:
 
 # %%
+#| code-fold: true
+#| code-summary: "Code of the check"
 v2 = torch.tensor(
     [0.0, 2.0], dtype=torch.float64
 )  # span 2; gamma = 1/2, so gamma / (1 - gamma) = 1
@@ -1740,6 +1740,8 @@ test_eq(floor_hp_bound(0.0, v2, 0.5, 10).item(), math.inf)
 # Hitting times solve their defining equations $H(y, x) = 1 + (PH)(y, x)$, $y \ne x$, on 200 random chains:
 
 # %%
+#| code-fold: true
+#| code-summary: "Code of the check"
 tasks0 = random_tasks(200, seed=0, features="onehot")
 H0 = hitting_times(tasks0.P)
 off_diagonal = (H0 - 1 - tasks0.P @ H0).masked_fill(torch.eye(10, dtype=torch.bool), 0.)
@@ -1751,6 +1753,8 @@ test_close(off_diagonal, torch.zeros_like(H0), eps=1e-9)
 # One task with random features and a random score matrix serves every check.
 
 # %%
+#| code-fold: true
+#| code-summary: "Code of the check"
 task_v = random_boyan_chain(seed=3)
 W_v = torch.from_numpy(np.random.default_rng(0).normal(size=(4, 4)))
 M_v = population_attention(task_v, W_v)
@@ -1781,6 +1785,8 @@ test_eq(
 )  # integer-valued floats, as in `ictd.wstd`
 
 # %%
+#| code-fold: true
+#| code-summary: "Code of the check"
 for msg, f in [
     (
         "`alpha` must lie in (0, 1]",

@@ -21,6 +21,7 @@ from nbdev.showdoc import *
 
 # %%
 #| hide
+import re
 import matplotlib.pyplot as plt
 from IPython.display import Markdown
 from ictd.boyan import sample_trajectory
@@ -28,6 +29,15 @@ from ictd.convergence import floor_hp_bound, interior_cap, missing_state_bound, 
 from ictd.core import record_claim
 from ictd.tasks import task_rng
 from ictd.wstd import weighted_softmax_td
+
+
+# %%
+#| hide
+def folded_docs(*fs, summary:str):
+    "The `show_doc` entries of `fs` in one folded block: the page shows `summary` until it is opened."
+    docs = [re.sub(r"^\[source\]\(.*\n", "", show_doc(f)._repr_markdown_(), flags=re.M) for f in fs]
+    body = "\n\n".join(docs)
+    return Markdown(f"<details>\n<summary>{summary}</summary>\n\n{body}\n\n</details>")
 
 
 # %% [markdown]
@@ -1204,7 +1214,7 @@ def leaky_experiment(n_tasks:int=100,       # random unit-norm Boyan chains
 #| export
 def plot_leaky(result:dict,  # output of `leaky_experiment`
               ):             # the matplotlib figure
-    "Experiment 6: measured rates, the diagonal bound and the span rate against the diagonality, for the population (left) and for finite contexts (right)."
+    "Experiment 6: measured rates, the diagonal bound and the span rate against the diagonality, for the population (top) and for finite contexts (bottom)."
     import matplotlib.pyplot as plt
     lam, keys = result["lam"], result["all_keys"]
     fig, (ax, ax2) = plt.subplots(2, 1, figsize=(6.0, 8.6))
@@ -1337,60 +1347,40 @@ print(
 # In the order the experiments use them.
 
 # %%
+#| hide
+# documented in the folded blocks below; named here, nbdev adds no entry after each definition
 show_doc(depth_sweep)
-
-# %%
 show_doc(depth_experiment)
-
-# %%
 show_doc(measured_rate)
-
-# %%
 show_doc(loglog_slope)
-
-# %%
 show_doc(slope_interval)
-
-# %%
 show_doc(significant)
-
-# %%
 show_doc(plot_floor)
-
-# %%
 show_doc(diagonality_sweep)
-
-# %%
 show_doc(plot_diagonality)
-
-# %%
 show_doc(best_diagonality)
-
-# %%
 show_doc(phase_diagram)
-
-# %%
 show_doc(plot_phase)
-
-# %%
 show_doc(rate_experiment)
-
-# %%
 show_doc(plot_rates)
-
-# %%
 show_doc(scale_for_diagonality)
-
-# %%
 show_doc(leaky_experiment)
+show_doc(plot_leaky)
 
 # %%
-show_doc(plot_leaky)
+#| echo: false
+folded_docs(depth_sweep, depth_experiment, measured_rate, loglog_slope, slope_interval, significant,
+            plot_floor, diagonality_sweep, plot_diagonality, best_diagonality, phase_diagram,
+            plot_phase, rate_experiment, plot_rates, scale_for_diagonality, leaky_experiment,
+            plot_leaky,
+            summary="Signatures of the 17 functions")
 
 # %% [markdown]
 # ### Bad input
 
 # %%
+#| code-fold: true
+#| code-summary: "Code of the check"
 for msg, f in [("`errors` must be positive", lambda: measured_rate(torch.zeros(5), 0)),
                ("equal length >= 2", lambda: loglog_slope([1.], [2.])),
                ("`feature` and `gamma` must be among", lambda: plot_phase(phase, "cubic", 0.9)),

@@ -29,11 +29,21 @@ from nbdev.showdoc import *
 
 # %%
 #| hide
+import re
 import math
 import matplotlib.pyplot as plt
 from IPython.display import Markdown
 from ictd.convergence import circulant_limit
 from ictd.core import record_claim
+
+
+# %%
+#| hide
+def folded_docs(*fs, summary:str):
+    "The `show_doc` entries of `fs` in one folded block: the page shows `summary` until it is opened."
+    docs = [re.sub(r"^\[source\]\(.*\n", "", show_doc(f)._repr_markdown_(), flags=re.M) for f in fs]
+    body = "\n\n".join(docs)
+    return Markdown(f"<details>\n<summary>{summary}</summary>\n\n{body}\n\n</details>")
 
 
 # %% [markdown]
@@ -631,33 +641,30 @@ fig.tight_layout()
 # `ValueError` that names the argument.
 
 # %%
+#| hide
+# documented in the folded blocks below; named here, nbdev adds no entry after each definition
 show_doc(slow_mixing_experiment)
-
-# %%
 show_doc(plot_slow_mixing)
-
-# %%
 show_doc(worst_case_pair)
-
-# %%
 show_doc(threshold_search)
-
-# %%
 show_doc(save_threshold_certificates)
-
-# %%
 show_doc(check_certificate)
-
-# %%
 show_doc(load_threshold_certificates)
+show_doc(diagonality_threshold)
 
 # %%
-show_doc(diagonality_threshold)
+#| echo: false
+folded_docs(slow_mixing_experiment, plot_slow_mixing, worst_case_pair, threshold_search,
+            save_threshold_certificates, check_certificate, load_threshold_certificates,
+            diagonality_threshold,
+            summary="Signatures of the 8 functions")
 
 # %% [markdown]
 # ### Bad input
 
 # %%
+#| code-fold: true
+#| code-summary: "Code of the check"
 bad_input = [
     ("`m` must lie in [0, 1)", lambda: worst_case_pair(1.2, 0.9, 1., 3)),
     ("`n_states` must be an integer of at least 2",

@@ -375,7 +375,7 @@ def leaky_experiment(n_tasks:int=100,       # random unit-norm Boyan chains
 # %% ../../nbs/05a_convergence_experiments.ipynb #99ff77e3
 def plot_leaky(result:dict,  # output of `leaky_experiment`
               ):             # the matplotlib figure
-    "Experiment 6: measured rates, the diagonal bound and the span rate against the diagonality, for the population (left) and for finite contexts (right)."
+    "Experiment 6: measured rates, the diagonal bound and the span rate against the diagonality, for the population (top) and for finite contexts (bottom)."
     import matplotlib.pyplot as plt
     lam, keys = result["lam"], result["all_keys"]
     fig, (ax, ax2) = plt.subplots(2, 1, figsize=(6.0, 8.6))
