@@ -197,7 +197,8 @@ plot_depth(sweep);
 
 # %% [markdown]
 # `measured_rate` fits the per-layer rate of an error curve: $e^{\text{slope}}$ of the least-squares line through
-# $\log e_L$ over the depths from `start` on. On an exactly geometric curve it returns the ratio:
+# $\log e_L$ over the depths from `start` on (on an exactly geometric curve it returns the ratio: checked in
+# [Implementation and tests](#implementation-and-tests)).
 
 # %%
 #| export
@@ -212,15 +213,6 @@ def measured_rate(errors,     # (..., L+1) errors at depths 0..L
     Lc, y = Ls - Ls.mean(), e[..., start:].log()
     return torch.exp((y * Lc).sum(-1) / (Lc ** 2).sum())
 
-
-# %%
-test_close(measured_rate(3 * 0.9 ** torch.arange(40, dtype=torch.float64), 5), 0.9, eps=1e-12)
-Ls = torch.arange(10, dtype=torch.float64)
-test_close(
-    measured_rate(torch.stack([0.5**Ls, 0.8**Ls]), 0),
-    torch.tensor([0.5, 0.8], dtype=torch.float64),
-    eps=1e-12,
-)
 
 # %%
 #| code-fold: true
@@ -276,10 +268,6 @@ def loglog_slope(x, # (k,) positive abscissae
 
 
 # %%
-test_close(loglog_slope([1., 10., 100.], [3., 0.3, 0.03])[0], -1., eps=1e-12)     # y = 3 / x
-
-
-# %%
 #| export
 def slope_interval(x,                 # (k,) positive abscissae
                    values,            # (B, k) positive values, one row per task
@@ -306,14 +294,6 @@ def significant(t:torch.Tensor,  # values to plot
     "Values rounded to `digits` significant digits, so that a figure does not change with round-off in their last digits."
     step = 10 ** (torch.floor(torch.log10(t.abs().clamp(min=1e-300))) - digits + 1)
     return torch.round(t / step) * step
-
-
-# %%
-test_close(
-    significant(torch.tensor([1 / 3, 0.0], dtype=torch.float64)),
-    torch.tensor([0.333333333, 0.0], dtype=torch.float64),
-    eps=1e-15,
-)
 
 
 # %%
@@ -1374,6 +1354,29 @@ folded_docs(depth_sweep, depth_experiment, measured_rate, loglog_slope, slope_in
             plot_phase, rate_experiment, plot_rates, scale_for_diagonality, leaky_experiment,
             plot_leaky,
             summary="Signatures of the 17 functions")
+
+# %% [markdown]
+# ### Checks of the helpers
+#
+# `measured_rate` returns the ratio of an exactly geometric curve, `loglog_slope` the exponent of a power law, and
+# `significant` rounds to nine significant digits:
+
+# %%
+#| code-fold: true
+#| code-summary: "Code of the check"
+test_close(measured_rate(3 * 0.9 ** torch.arange(40, dtype=torch.float64), 5), 0.9, eps=1e-12)
+Ls = torch.arange(10, dtype=torch.float64)
+test_close(
+    measured_rate(torch.stack([0.5**Ls, 0.8**Ls]), 0),
+    torch.tensor([0.5, 0.8], dtype=torch.float64),
+    eps=1e-12,
+)
+test_close(loglog_slope([1., 10., 100.], [3., 0.3, 0.03])[0], -1., eps=1e-12)     # y = 3 / x
+test_close(
+    significant(torch.tensor([1 / 3, 0.0], dtype=torch.float64)),
+    torch.tensor([0.333333333, 0.0], dtype=torch.float64),
+    eps=1e-15,
+)
 
 # %% [markdown]
 # ### Bad input
