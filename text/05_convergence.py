@@ -46,8 +46,10 @@ def folded_docs(*fs, summary:str):
 # - The $L$-layer Transformer with the constructed parameters is *exactly* a recursion over the $s$ states, driven by
 #   the attention aggregated by state.
 # - If every state gives itself more than $(1 + \gamma)/2$ of its attention, the error shrinks by a factor $\kappa < 1$
-#   per layer (Proposition 5.1); a weaker span condition is enough (5.2).
-# - On a finite context the error is a depth term, geometric in $L$, plus a statistical floor that falls with $n$ (5.3, 5.4).
+#   per layer (Proposition 5.1; Figure 5.2 sets the bound against the measured rate); a weaker span
+#   condition is enough (5.2).
+# - On a finite context the error is a depth term, geometric in $L$, plus a statistical floor that falls with $n$ (5.3, 5.4;
+#   Figure 5.1 draws the two terms on one task).
 # - Limits: feature geometries that forbid diagonal attention (5.5), slowly mixing chains (5.6), the true threshold (5.7).
 # :::
 
