@@ -19,12 +19,22 @@ from nbdev.showdoc import *
 
 # %%
 #| hide
+import re
 from IPython.display import Markdown
 import matplotlib.pyplot as plt
 from ictd.boyan import random_boyan_chain, sample_trajectory
 from ictd.core import record_claim, substream
 from ictd.tasks import random_tasks, task_rng
 from ictd.wstd import weighted_softmax_td, context_weights, certainty_equivalence
+
+
+# %%
+#| hide
+def folded_docs(*fs, summary:str):
+    "The `show_doc` entries of `fs` in one folded block: the page shows `summary` until it is opened."
+    docs = [re.sub(r"^\[source\]\(.*\n", "", show_doc(f)._repr_markdown_(), flags=re.M) for f in fs]
+    body = "\n\n".join(docs)
+    return Markdown(f"<details>\n<summary>{summary}</summary>\n\n{body}\n\n</details>")
 
 
 # %% [markdown]
@@ -36,8 +46,10 @@ from ictd.wstd import weighted_softmax_td, context_weights, certainty_equivalenc
 # - The $L$-layer Transformer with the constructed parameters is *exactly* a recursion over the $s$ states, driven by
 #   the attention aggregated by state.
 # - If every state gives itself more than $(1 + \gamma)/2$ of its attention, the error shrinks by a factor $\kappa < 1$
-#   per layer (Proposition 5.1); a weaker span condition is enough (5.2).
-# - On a finite context the error is a depth term, geometric in $L$, plus a statistical floor that falls with $n$ (5.3, 5.4).
+#   per layer (Proposition 5.1; Figure 5.2 sets the bound against the measured rate); a weaker span
+#   condition is enough (5.2).
+# - On a finite context the error is a depth term, geometric in $L$, plus a statistical floor that falls with $n$ (5.3, 5.4;
+#   Figure 5.1 draws the two terms on one task).
 # - Limits: feature geometries that forbid diagonal attention (5.5), slowly mixing chains (5.6), the true threshold (5.7).
 # :::
 
@@ -995,37 +1007,41 @@ print(
 # Figure 5.1 draws the decomposition on one task and two contexts, at a score scale ($W = 8I$) where the depth term
 # takes some dozens of layers to fall. The error first follows the depth term down, at a rate under
 # $\hat\kappa$ (thin lines: the bound $\hat\kappa^{\,L} \|\hat v_\infty\|_\infty$), then meets the floor of its context and stays
-# on it: beyond that depth, more layers cannot help, only a longer context can.
+# on it: beyond that depth, more layers cannot help, only a longer context can. The line under the figure is its check:
+# at every depth the depth term lies under its bound and the error under depth term plus floor (the triangle
+# inequality above).
 
 # %%
 #| fig-cap: "Figure 5.1: the error of the recursion on one task splits into a depth term that falls geometrically and a floor set by the context; the longer context has the lower floor."
 #| fig-alt: "Log-scale plot against depth of the error, the depth term (dashed) and the floor (dotted horizontal line) for contexts of 300 and 3000 transitions; each error follows its falling depth term and then levels off at its floor, and thin lines show the geometric bound above each depth term."
 W_fig, L_fig = 8 * I_s, 60
 layers = torch.arange(L_fig + 1)
-fig, ax, floors = *plt.subplots(figsize=(6.5, 4)), []
+fig, ax = plt.subplots(figsize=(6.2, 4.2))
+checks = []
 for n, colour in ((300, "C0"), (3000, "C1")):
     states, rewards = sample_trajectory(mrp, n, seed=n)
     N, P_hat, r_hat = empirical_mrp(states, rewards, s)
     M_hat = empirical_attention(mrp.phi, W_fig, states)
     vs = td_recursion(M_hat, P_hat, r_hat, gamma=mrp.gamma, alpha=1.0, n_iters=L_fig)
-    v_inf, k_hat = fixed_point(M_hat, P_hat, r_hat, mrp.gamma, N), rate_bound(
-        M_hat, gamma=mrp.gamma, alpha=1.0
-    )
-    depth, floor = sup_error(vs, v_inf), sup_error(v_inf, mrp.v_pi)
-    assert (
-        (N > 0).all()
-        and k_hat < 1
-        and (depth <= k_hat**layers * v_inf.abs().max() * (1 + 1e-9)).all()
-    )
-    ax.semilogy(layers, sup_error(vs, mrp.v_pi), color=colour, lw=2, label=f"error, n = {n}")
+    v_inf = fixed_point(M_hat, P_hat, r_hat, mrp.gamma, N)
+    k_hat = rate_bound(M_hat, gamma=mrp.gamma, alpha=1.0)
+    error, depth, floor = sup_error(vs, mrp.v_pi), sup_error(vs, v_inf), sup_error(v_inf, mrp.v_pi)
+    bound = k_hat**layers * v_inf.abs().max()
+    # every state a key, the condition holds, depth term under its bound, error under the sum
+    assert (N > 0).all() and k_hat < 1 and (depth <= bound * (1 + 1e-9)).all()
+    assert (error <= (depth + floor) * (1 + 1e-9)).all()
+    checks.append((n, floor, k_hat))
+    ax.semilogy(layers, error, color=colour, lw=2, label=f"error, n = {n}")
     ax.semilogy(layers, depth, color=colour, ls="--", label=f"depth term, n = {n}")
     ax.axhline(floor, color=colour, ls=":", label=f"floor, n = {n}")
-    floors.append(floor)
-    ax.semilogy(layers, k_hat**layers * v_inf.abs().max(), color=colour, lw=0.8, alpha=0.6)
-assert floors[1] < floors[0]  # the longer context, the lower floor
-ax.set(xlabel="depth L (layers)", ylabel="sup-norm error", ylim=(1e-4, 3))
-ax.legend(ncol=2, fontsize=9)
+    ax.semilogy(layers, bound, color=colour, lw=0.8, alpha=0.6,
+                label=f"bound on depth term, n = {n}")
+assert checks[1][1] < checks[0][1]  # the longer context, the lower floor
+ax.set(xlabel="depth L (layers)", ylabel="sup-norm error (return units)", ylim=(1e-4, 3))
+ax.legend(ncol=2, fontsize=8, loc="lower left")
 plt.show()
+print("At every depth: depth term <= its bound, error <= depth term + floor. "
+      + "; ".join(f"n = {n}: floor {f:.3f}, kappa_hat {k:.3f}" for n, f, k in checks))
 
 # %% [markdown]
 # ## Proposition 5.1 on many tasks at once
@@ -1614,58 +1630,40 @@ print(
 # %% [markdown]
 # ### The functions of the lesson
 #
-# The signatures and one-line descriptions of the functions the lesson calls, in the order it introduces them.
+# The signatures and one-line descriptions of the functions the lesson calls, in the order it introduces them
+# (open the block to read them).
 
 # %%
+#| hide
+# documented in the folded blocks below; named here, nbdev adds no entry after each definition
 show_doc(kernel_attention)
-
-# %%
 show_doc(empirical_attention)
-
-# %%
 show_doc(count_deviation)
-
-# %%
 show_doc(empirical_mrp)
-
-# %%
 show_doc(rate_bound)
-
-# %%
 show_doc(span_rate)
-
-# %%
 show_doc(spectral_radius)
-
-# %%
 show_doc(span_bound)
-
-# %%
 show_doc(floor_bound)
-
-# %%
 show_doc(hitting_times)
-
-# %%
 show_doc(missing_state_bound)
-
-# %%
 show_doc(floor_hp_bound)
-
-# %%
 show_doc(interior_cap)
-
-# %%
 show_doc(relaxation_time)
-
-# %%
 show_doc(circulant_pair)
-
-# %%
 show_doc(circulant_threshold)
+show_doc(circulant_limit)
+show_doc(key_counts)
+show_doc(sup_error)
+show_doc(kernel_diagonality)
 
 # %%
-show_doc(circulant_limit)
+#| echo: false
+folded_docs(kernel_attention, empirical_attention, count_deviation, empirical_mrp, rate_bound, span_rate,
+            spectral_radius, span_bound, floor_bound, hitting_times, missing_state_bound,
+            floor_hp_bound, interior_cap, relaxation_time, circulant_pair, circulant_threshold,
+            circulant_limit,
+            summary="Signatures of the 17 functions")
 
 # %% [markdown]
 # ### Helpers
@@ -1674,19 +1672,21 @@ show_doc(circulant_limit)
 # norm of every bound in the chapter, and `kernel_diagonality` reads the two numbers the condition of Proposition 5.1 is about.
 
 # %%
-show_doc(key_counts)
+#| echo: false
+folded_docs(key_counts, sup_error, kernel_diagonality,
+            summary="Signatures of the 3 helpers")
 
 # %%
-test_eq(key_counts([0, 2, 2, 1], 3), torch.tensor([1., 0., 2.], dtype=torch.float64))    # keys S_0..S_2; S_3 is only a successor
+#| code-fold: true
+#| code-summary: "Code of the check"
+test_eq(
+    key_counts([0, 2, 2, 1], 3), torch.tensor([1.0, 0.0, 2.0], dtype=torch.float64)
+)  # keys S_0..S_2; S_3 is only a successor
 
 # %%
-show_doc(sup_error)
-
-# %%
+#| code-fold: true
+#| code-summary: "Code of the check"
 test_eq(sup_error(torch.tensor([1., -2., 0.5]), torch.zeros(3)), torch.tensor(2.))
-
-# %%
-show_doc(kernel_diagonality)
 
 # %% [markdown]
 # ### Further checks of the lesson's statements
@@ -1696,6 +1696,8 @@ show_doc(kernel_diagonality)
 # Attention rows are probability vectors at every score scale (true by construction of a softmax):
 
 # %%
+#| code-fold: true
+#| code-summary: "Code of the check"
 mrp_0 = random_boyan_chain(features="onehot", seed=0)
 I_10 = torch.eye(10, dtype=torch.float64)
 for beta in (0., 1., 5., 20.):
@@ -1707,6 +1709,8 @@ for beta in (0., 1., 5., 20.):
 # `kernel_diagonality` reads the mean and the minimum of the diagonal:
 
 # %%
+#| code-fold: true
+#| code-summary: "Code of the check"
 M_3 = population_attention(mrp_0, 3 * I_10)
 test_close(kernel_diagonality(M_3)[0], M_3.diagonal().mean(), eps=1e-15)
 test_eq(kernel_diagonality(M_3)[1], M_3.diagonal().min())
@@ -1715,6 +1719,8 @@ test_eq(kernel_diagonality(M_3)[1], M_3.diagonal().min())
 # At a score scale of zero every row of the attention is the same and there is no unique fixed point; `fixed_point` says so:
 
 # %%
+#| code-fold: true
+#| code-summary: "Code of the check"
 mrp_4 = random_boyan_chain(features="onehot", seed=4)
 test_fail(lambda: fixed_point(population_attention(mrp_4, 0 * I_10), mrp_4.P, mrp_4.r, mrp_4.gamma),
           contains="no unique fixed point")
@@ -1723,15 +1729,21 @@ test_fail(lambda: fixed_point(population_attention(mrp_4, 0 * I_10), mrp_4.P, mr
 # Proposition 5.4's bound by hand on two states, and no promise for a state that is never a key:
 
 # %%
-v2 = torch.tensor([0., 2.], dtype=torch.float64)     # span 2; gamma = 1/2, so gamma / (1 - gamma) = 1
+#| code-fold: true
+#| code-summary: "Code of the check"
+v2 = torch.tensor(
+    [0.0, 2.0], dtype=torch.float64
+)  # span 2; gamma = 1/2, so gamma / (1 - gamma) = 1
 hp_hand = 2 * math.sqrt(math.log(2 * 2 * 10 / 0.1) / (2 * 8))
-test_close(floor_hp_bound(8., v2, 0.5, 10, delta=0.1), hp_hand, eps=1e-12)
-test_eq(floor_hp_bound(0., v2, 0.5, 10).item(), math.inf)
+test_close(floor_hp_bound(8.0, v2, 0.5, 10, delta=0.1), hp_hand, eps=1e-12)
+test_eq(floor_hp_bound(0.0, v2, 0.5, 10).item(), math.inf)
 
 # %% [markdown]
 # Hitting times solve their defining equations $H(y, x) = 1 + (PH)(y, x)$, $y \ne x$, on 200 random chains:
 
 # %%
+#| code-fold: true
+#| code-summary: "Code of the check"
 tasks0 = random_tasks(200, seed=0, features="onehot")
 H0 = hitting_times(tasks0.P)
 off_diagonal = (H0 - 1 - tasks0.P @ H0).masked_fill(torch.eye(10, dtype=torch.bool), 0.)
@@ -1743,37 +1755,77 @@ test_close(off_diagonal, torch.zeros_like(H0), eps=1e-9)
 # One task with random features and a random score matrix serves every check.
 
 # %%
+#| code-fold: true
+#| code-summary: "Code of the check"
 task_v = random_boyan_chain(seed=3)
 W_v = torch.from_numpy(np.random.default_rng(0).normal(size=(4, 4)))
 M_v = population_attention(task_v, W_v)
 states_v, _ = sample_trajectory(task_v, 200, seed=2)
-for msg, f in {"`W` must have shape (4, 4)": lambda: population_attention(task_v, torch.eye(3)),
-               "`mrp` must be an MRP": lambda: population_attention(task_v.P, W_v),
-               "`weights` must be non-negative": lambda: kernel_attention(task_v.phi, W_v, -task_v.d_pi),
-               "`weights` must have shape (..., 10)": lambda: kernel_attention(task_v.phi, W_v, task_v.d_pi[:5]),
-               "`phi` must have shape (..., s, d)": lambda: kernel_attention(torch.ones(3), W_v, task_v.d_pi),
-               "`states` must lie in 0..9": lambda: empirical_attention(task_v.phi, W_v, [0, 3, 12]),
-               "`states` must hold integer state indices": lambda: empirical_attention(task_v.phi, W_v, [0.5, 1.]),
-               "`states` must be an integer array": lambda: empirical_attention(task_v.phi, W_v, [True, False]),
-               "`d_pi` must be positive with 10 entries": lambda: count_deviation(key_counts(states_v, 10), torch.zeros(10))}.items():
+for msg, f in {
+    "`W` must have shape (4, 4)": lambda: population_attention(task_v, torch.eye(3)),
+    "`mrp` must be an MRP": lambda: population_attention(task_v.P, W_v),
+    "`weights` must be non-negative": lambda: kernel_attention(task_v.phi, W_v, -task_v.d_pi),
+    "`weights` must have shape (..., 10)": lambda: kernel_attention(
+        task_v.phi, W_v, task_v.d_pi[:5]
+    ),
+    "`phi` must have shape (..., s, d)": lambda: kernel_attention(torch.ones(3), W_v, task_v.d_pi),
+    "`states` must lie in 0..9": lambda: empirical_attention(task_v.phi, W_v, [0, 3, 12]),
+    "`states` must hold integer state indices": lambda: empirical_attention(
+        task_v.phi, W_v, [0.5, 1.0]
+    ),
+    "`states` must be an integer array": lambda: empirical_attention(
+        task_v.phi, W_v, [True, False]
+    ),
+    "`d_pi` must be positive with 10 entries": lambda: count_deviation(
+        key_counts(states_v, 10), torch.zeros(10)
+    ),
+}.items():
     test_fail(f, contains=msg)
-test_eq(empirical_attention(task_v.phi, W_v, [0., 3., 1.]), empirical_attention(task_v.phi, W_v, [0, 3, 1]))   # integer-valued floats, as in `ictd.wstd`
+test_eq(
+    empirical_attention(task_v.phi, W_v, [0.0, 3.0, 1.0]),
+    empirical_attention(task_v.phi, W_v, [0, 3, 1]),
+)  # integer-valued floats, as in `ictd.wstd`
 
 # %%
-for msg, f in [("`alpha` must lie in (0, 1]", lambda: td_recursion(M_v, task_v.P, task_v.r, gamma=0.9, alpha=1.5, n_iters=3)),
-               ("`gamma` must lie in [0, 1)", lambda: td_recursion(M_v, task_v.P, task_v.r, gamma=1.0, alpha=0.5, n_iters=3)),
-               ("`P` must have shape (..., 10, 10)", lambda: td_recursion(M_v, torch.eye(3), task_v.r, gamma=0.9, alpha=0.5, n_iters=3)),
-               ("`n_iters` must be a non-negative integer", lambda: td_recursion(M_v, M_v, torch.zeros(10), gamma=0.9, alpha=0.5, n_iters=-1)),
-               ("`rewards` must have shape (3,)", lambda: empirical_mrp([0, 1, 2, 1], [1., 2.], 3)),
-               ("`k` must be a positive integer", lambda: span_rate(M_v, task_v.P, gamma=0.9, alpha=0.5, k=0)),
-               ("`e0` must have shape (..., 10)", lambda: span_bound(M_v, task_v.P, gamma=0.9, alpha=0.5, e0=torch.zeros(3), n_layers=5)),
-               ("`alpha` must lie in (0, 1]", lambda: contraction_bound(task_v, W_v, 0.)),
-               ("`M` must have shape (..., s, s)", lambda: kernel_diagonality(torch.ones(2, 3))),
-               ("must share the number of states", lambda: floor_bound(task_v.P, task_v.P, task_v.v_pi[:3], 0.9)),
-               ("`delta` must lie in (0, 1)", lambda: floor_hp_bound(torch.ones(3), task_v.v_pi[:3], 0.9, 30, delta=1.)),
-               ("`weights` must be positive", lambda: interior_cap(square, torch.zeros(5))),
-               ("`P` must have shape", lambda: relaxation_time(torch.ones(3))),
-               ("`b` must be coprime", lambda: circulant_pair(0.7, 4, 1, 2))]:
+#| code-fold: true
+#| code-summary: "Code of the check"
+for msg, f in [
+    (
+        "`alpha` must lie in (0, 1]",
+        lambda: td_recursion(M_v, task_v.P, task_v.r, gamma=0.9, alpha=1.5, n_iters=3),
+    ),
+    (
+        "`gamma` must lie in [0, 1)",
+        lambda: td_recursion(M_v, task_v.P, task_v.r, gamma=1.0, alpha=0.5, n_iters=3),
+    ),
+    (
+        "`P` must have shape (..., 10, 10)",
+        lambda: td_recursion(M_v, torch.eye(3), task_v.r, gamma=0.9, alpha=0.5, n_iters=3),
+    ),
+    (
+        "`n_iters` must be a non-negative integer",
+        lambda: td_recursion(M_v, M_v, torch.zeros(10), gamma=0.9, alpha=0.5, n_iters=-1),
+    ),
+    ("`rewards` must have shape (3,)", lambda: empirical_mrp([0, 1, 2, 1], [1.0, 2.0], 3)),
+    ("`k` must be a positive integer", lambda: span_rate(M_v, task_v.P, gamma=0.9, alpha=0.5, k=0)),
+    (
+        "`e0` must have shape (..., 10)",
+        lambda: span_bound(M_v, task_v.P, gamma=0.9, alpha=0.5, e0=torch.zeros(3), n_layers=5),
+    ),
+    ("`alpha` must lie in (0, 1]", lambda: contraction_bound(task_v, W_v, 0.0)),
+    ("`M` must have shape (..., s, s)", lambda: kernel_diagonality(torch.ones(2, 3))),
+    (
+        "must share the number of states",
+        lambda: floor_bound(task_v.P, task_v.P, task_v.v_pi[:3], 0.9),
+    ),
+    (
+        "`delta` must lie in (0, 1)",
+        lambda: floor_hp_bound(torch.ones(3), task_v.v_pi[:3], 0.9, 30, delta=1.0),
+    ),
+    ("`weights` must be positive", lambda: interior_cap(square, torch.zeros(5))),
+    ("`P` must have shape", lambda: relaxation_time(torch.ones(3))),
+    ("`b` must be coprime", lambda: circulant_pair(0.7, 4, 1, 2)),
+]:
     test_fail(f, contains=msg)
 
 # %%

@@ -17,7 +17,8 @@ from tqdm.auto import tqdm
 from ictd.boyan import MRP, boyan_transitions, check_gamma, random_boyan_chain
 from ictd.convergence import (circulant_threshold, kernel_attention, kernel_diagonality, rate_bound, relaxation_time, spectral_radius,
                               sup_error, td_recursion)
-from ictd.core import OKABE_ITO, atomic_write_text, plain_log_ticks, provenance, provenance_note, substream
+from ictd.core import OKABE_ITO, atomic_write_text, check_type, plain_log_ticks, provenance
+from ictd.core import provenance_note, substream
 from ictd.experiments.convergence import measured_rate, scale_for_diagonality
 from ictd.tasks import stack_tasks, task_rng
 
@@ -28,11 +29,21 @@ from nbdev.showdoc import *
 
 # %%
 #| hide
+import re
 import math
 import matplotlib.pyplot as plt
 from IPython.display import Markdown
 from ictd.convergence import circulant_limit
 from ictd.core import record_claim
+
+
+# %%
+#| hide
+def folded_docs(*fs, summary:str):
+    "The `show_doc` entries of `fs` in one folded block: the page shows `summary` until it is opened."
+    docs = [re.sub(r"^\[source\]\(.*\n", "", show_doc(f)._repr_markdown_(), flags=re.M) for f in fs]
+    body = "\n\n".join(docs)
+    return Markdown(f"<details>\n<summary>{summary}</summary>\n\n{body}\n\n</details>")
 
 
 # %% [markdown]
@@ -122,7 +133,7 @@ def plot_slow_mixing(result:dict, # output of `slow_mixing_experiment`
                     ):            # the matplotlib figure
     "Spectral radius of $B$ (median and 10-90% band over chains) and measured rate against the relaxation time, with $\\kappa_{\\mathrm{tab}}$ and the lazy-chain limit."
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(11, 5))
+    fig, ax = plt.subplots(figsize=(6.0, 5.0))
     for i, family in enumerate(("lazy", "two blocks")):
         r = result[family]
         x, y = r["relax"].median(0).values, r["spectral"]
@@ -134,9 +145,9 @@ def plot_slow_mixing(result:dict, # output of `slow_mixing_experiment`
     ax.axhline(result["lazy_limit"].median(), color=OKABE_ITO[0], ls=":", label=r"lazy limit $1 - \alpha(1-\gamma)\mu_{\min}(M_\pi)$ (median)")
     ax.axhline(1 - result["alpha"] * (1 - result["gamma"]) * (2 * m - 1), color=OKABE_ITO[5], ls="-.", label=r"its cap $1 - \alpha(1-\gamma)(2 \min_x M_\pi(x,x) - 1)$")
     ax.set(xscale="log", xlabel="relaxation time $1/(1 - |\\mu_2(P)|)$ (steps)", ylabel="per-layer rate of $\\|v_L - v_\\pi\\|_\\infty$",
-           title=f"Slow mixing slows the iteration (unit-norm features, $\\min_x M_\\pi(x, x) = {m:.2f}$; bound $\\kappa = {result['lazy']['rho'].mean():.2f}$)")
+           title=f"Slow mixing slows the iteration\n(unit-norm features, $\\min_x M_\\pi(x, x) = {m:.2f}$; bound $\\kappa = {result['lazy']['rho'].mean():.2f}$)")
     plain_log_ticks(ax, "x")
-    ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1))
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2))
     fig.tight_layout()
     return fig
 
@@ -419,6 +430,9 @@ def save_threshold_certificates(path=THRESHOLD_FILE,          # where to write t
 def check_certificate(record:dict, # one record: gamma, alpha, n_states, m, M, P
                      )->float:     # the spectral radius of B, >= 1
     "Re-check a certificate: M positive, row-stochastic, with minimum diagonal m; P positive and stochastic; $\\operatorname{spr}(B) \\ge 1$."
+    check_type(record, dict, "record")
+    missing = [k for k in ("gamma", "alpha", "n_states", "m", "M", "P") if k not in record]
+    if missing: raise ValueError(f"`record` must have the keys gamma, alpha, n_states, m, M and P; missing {missing}")
     M, P = (torch.tensor(record[k], dtype=torch.float64) for k in ("M", "P"))
     s = record["n_states"]
     ok = (M.shape == P.shape == (s, s) and (M > 0).all() and (P > 0).all() and (M.diagonal().min() >= record["m"] - 1e-12)
@@ -560,6 +574,7 @@ Markdown(
     )
 )
 
+
 # %% [markdown]
 # The table gives certified lower bounds on $m^*(\gamma, \alpha, s)$ (each entry: a positive pair with that minimum
 # diagonal whose error matrix has spectral radius at least one; by Proposition 5.7 item 2, an entry also certifies every
@@ -567,38 +582,37 @@ Markdown(
 # few states more already make a minimum diagonal above $1/2$ not enough (the smallest such $s$ per $\gamma$ and $\alpha$ is
 # listed above the table). Whether the search found the *true* $m^*$ is not known: the
 # entries are lower bounds, measured by a search over random and circulant starts; the upper bound is $(1 + \gamma)/2$.
-# The figure sets them beside the two candidate conditions:
+# Figures 5b.2 ($\gamma = 0.9$) and 5b.3 ($\gamma = 0.5$ and $0.99$) set them beside the two candidate conditions:
 
 # %%
-#| fig-cap: "Figure 5b.2: the certified diagonality threshold grows with the number of states and the step size, far above one half at large discounts, and stays below (1 + gamma)/2."
-#| fig-alt: "Three panels, one per discount, of the certified threshold against the number of states for three step sizes, with horizontal lines for (1 + gamma)/2, one half, and the small-step closed form."
-fig, axes = plt.subplots(1, len(gammas_t), figsize=(13, 4.2), sharey=True)
-for ax, g in zip(axes, gammas_t):
+#| fig-cap: "Figure 5b.2: at gamma = 0.9 the certified diagonality threshold grows with the number of states and the step size, far above one half, and stays below (1 + gamma)/2."
+#| fig-alt: "The certified threshold against the number of states for three step sizes at discount 0.9, with horizontal lines for (1 + gamma)/2, one half, the small-step closed form and, dotted, the circulant limits."
+def plot_threshold(ax, g, title, legend=False):
+    "Certified m* against s at discount g, one line per step size, with the reference levels."
     for i, a in enumerate(alphas_t):
-        ax.plot(
-            sizes_t,
-            [thr[g, a, s] for s in sizes_t],
-            "o-",
-            color=f"C{i}",
-            label=rf"certified $m^*$, $\alpha = {a}$",
-        )
+        ax.plot(sizes_t, [thr[g, a, s] for s in sizes_t], "o-", color=f"C{i}",
+                label=rf"certified $m^*$, $\alpha = {a}$")
         ax.axhline(limits[g, a], color=f"C{i}", ls=":", lw=1)
     ax.axhline((1 + g) / 2, color="k", ls="--", label=r"Proposition 5.1: $(1 + \gamma)/2$")
     ax.axhline(0.5, color="grey", lw=1, label=r"$1/2$ (self-attention dominates)")
-    ax.axhline(
-        1 / (1 + math.sqrt(1 - g**2)),
-        color="C3",
-        ls="-.",
-        lw=1,
-        label=r"$1/(1 + \sqrt{1 - \gamma^2})$, any $\alpha$, $s \to \infty$",
-    )
-    ax.set(
-        title=rf"$\gamma = {g}$ (dotted: circulant limit $m_\infty$)",
-        xlabel="number of states $s$",
-        ylim=(0.45, 1.01),
-    )
-axes[0].set_ylabel(r"min$_x M(x, x)$ below which some pair diverges")
-axes[0].legend(fontsize=8, loc="upper left")
+    ax.axhline(1 / (1 + math.sqrt(1 - g**2)), color="C3", ls="-.", lw=1,
+               label=r"$1/(1 + \sqrt{1 - \gamma^2})$, any $\alpha$, $s \to \infty$")
+    ax.set(title=title, xlabel="number of states $s$", ylim=(0.45, 1.01))
+    if legend: ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
+
+
+fig, ax = plt.subplots(figsize=(6.0, 3.8))
+plot_threshold(ax, 0.9, r"$\gamma = 0.9$ (dotted: circulant limit $m_\infty$)", legend=True)
+ax.set_ylabel(r"min$_x M(x, x)$ below which" "\n" "some pair diverges")
+fig.tight_layout()
+
+# %%
+#| fig-cap: "Figure 5b.3: the same at gamma = 0.5 and 0.99: the threshold rises towards 1 as gamma does, and at gamma = 0.99 and alpha = 1 it is already close to (1 + gamma)/2."
+#| fig-alt: "Two panels, discount 0.5 and 0.99, of the certified threshold against the number of states for three step sizes, with the same reference lines as Figure 5b.2."
+others = [g for g in gammas_t if g != 0.9]
+fig, axes = plt.subplots(1, len(others), figsize=(6.0, 3.4), sharey=True)
+for ax, g in zip(axes, others): plot_threshold(ax, g, rf"$\gamma = {g}$")
+axes[0].set_ylabel(r"min$_x M(x, x)$ below which" "\n" "some pair diverges")
 fig.tight_layout()
 
 # %% [markdown]
@@ -627,37 +641,41 @@ fig.tight_layout()
 # `ValueError` that names the argument.
 
 # %%
+#| hide
+# documented in the folded blocks below; named here, nbdev adds no entry after each definition
 show_doc(slow_mixing_experiment)
-
-# %%
 show_doc(plot_slow_mixing)
-
-# %%
 show_doc(worst_case_pair)
-
-# %%
 show_doc(threshold_search)
-
-# %%
 show_doc(save_threshold_certificates)
-
-# %%
 show_doc(check_certificate)
-
-# %%
 show_doc(load_threshold_certificates)
+show_doc(diagonality_threshold)
 
 # %%
-show_doc(diagonality_threshold)
+#| echo: false
+folded_docs(slow_mixing_experiment, plot_slow_mixing, worst_case_pair, threshold_search,
+            save_threshold_certificates, check_certificate, load_threshold_certificates,
+            diagonality_threshold,
+            summary="Signatures of the 8 functions")
 
 # %% [markdown]
 # ### Bad input
 
 # %%
-for msg, f in [("`m` must lie in [0, 1)", lambda: worst_case_pair(1.2, 0.9, 1., 3)),
-               ("`n_states` must be an integer of at least 2", lambda: threshold_search(gamma=0.9, alpha=1., n_states=1)),
-               ("`alpha` must lie in (0, 1]", lambda: worst_case_pair(0.6, 0.9, 0., 3)),
-               ("`path` must be a certificate file", lambda: load_threshold_certificates("data/no_such_file.json"))]:
+#| code-fold: true
+#| code-summary: "Code of the check"
+bad_input = [
+    ("`m` must lie in [0, 1)", lambda: worst_case_pair(1.2, 0.9, 1., 3)),
+    ("`n_states` must be an integer of at least 2",
+     lambda: threshold_search(gamma=0.9, alpha=1., n_states=1)),
+    ("`alpha` must lie in (0, 1]", lambda: worst_case_pair(0.6, 0.9, 0., 3)),
+    ("`path` must be a certificate file",
+     lambda: load_threshold_certificates("data/no_such_file.json")),
+    ("`record` must be a dict", lambda: check_certificate("abc")),
+    ("`record` must have the keys", lambda: check_certificate({"M": [[1.]], "P": [[1.]]})),
+]
+for msg, f in bad_input:
     test_fail(f, contains=msg)
 
 # %%

@@ -87,7 +87,7 @@ def plot_depth(sweep:dict,  # output of `depth_experiment`
     ax.plot(Ls, sweep["bound"].mean(0), color="k", ls="--", label=r"bound $\kappa^L \|v_\pi\|_\infty$")
     ax.set(yscale="log", ylim=(1e-5, 10), xlabel="depth $L$ (layers)",
            ylabel=rf"$\|v_L - v_\pi\|_\infty$ (return units), mean of {len(sweep['errors'])} tasks",
-           title=rf"Error against depth: geometric decay, then the floor (dotted); $\beta = {sweep['beta']:g}$, $\alpha = {sweep['alpha']:g}$")
+           title=rf"Error against depth: geometric decay, then the floor (dotted)" "\n" rf"$\beta = {sweep['beta']:g}$, $\alpha = {sweep['alpha']:g}$")
     plain_log_ticks(ax, "y")
     ax.legend(fontsize=9, loc="lower left")
     return fig
@@ -375,10 +375,10 @@ def leaky_experiment(n_tasks:int=100,       # random unit-norm Boyan chains
 # %% ../../nbs/05a_convergence_experiments.ipynb #99ff77e3
 def plot_leaky(result:dict,  # output of `leaky_experiment`
               ):             # the matplotlib figure
-    "Experiment 6: measured rates, the diagonal bound and the span rate against the diagonality, for the population (left) and for finite contexts (right)."
+    "Experiment 6: measured rates, the diagonal bound and the span rate against the diagonality, for the population (top) and for finite contexts (bottom)."
     import matplotlib.pyplot as plt
     lam, keys = result["lam"], result["all_keys"]
-    fig, (ax, ax2) = plt.subplots(1, 2, figsize=(12, 5), sharey=True)
+    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(6.0, 8.6))
     x = result["min_diag"]
     ax.scatter(x, result["rho"], s=14, color=OKABE_ITO[5], label=r"diagonal bound $\kappa$")
     ax.scatter(x, result["span"].clamp(min=lam), s=14, color=OKABE_ITO[0], marker="x", label=r"span rate $\max(\kappa_{\mathrm{tab}}, \operatorname{sc}(B))$")
@@ -388,12 +388,13 @@ def plot_leaky(result:dict,  # output of `leaky_experiment`
     ax2.scatter(xh, result["rho_hat"][keys], s=8, color=OKABE_ITO[5], label=r"diagonal bound $\hat\kappa$")
     ax2.scatter(xh, result["span_hat"][keys].clamp(min=lam), s=8, color=OKABE_ITO[0], marker="x", label=r"span rate $\max(\kappa_{\mathrm{tab}}, \widehat{\operatorname{sc}})$")
     ax2.scatter(xh, result["ctx_rates"][keys], s=8, color="k", marker="_", label=r"measured rate of $\|v_L - \hat v_\infty\|_\infty$")
-    ax2.set(xlabel=r"$\min_x \hat M(x, x)$ of the context", title=f"Contexts of n = {', '.join(map(str, result['ns']))} covering every state")
+    ax2.set(xlabel=r"$\min_x \hat M(x, x)$ of the context", ylabel="per-layer rate",
+            title=f"Contexts of n = {', '.join(map(str, result['ns']))} covering every state")
     for a in (ax, ax2):
         a.axhline(1, color="grey", lw=0.8)
         a.axvline((1 + result["gamma"]) / 2, color="grey", ls=":", lw=1, label=r"threshold $(1 + \gamma)/2$")
         a.legend(fontsize=8)
-    fig.suptitle("The leaky regime on random Boyan chains: the rate is the constant direction's (fast-mixing chains only)")
+    fig.suptitle("The leaky regime on random Boyan chains: the rate is the\nconstant direction's (fast-mixing chains only)")
     fig.tight_layout()
     return fig
 

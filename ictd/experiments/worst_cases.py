@@ -17,7 +17,8 @@ from tqdm.auto import tqdm
 from ..boyan import MRP, boyan_transitions, check_gamma, random_boyan_chain
 from ..convergence import (circulant_threshold, kernel_attention, kernel_diagonality, rate_bound, relaxation_time, spectral_radius,
                               sup_error, td_recursion)
-from ..core import OKABE_ITO, atomic_write_text, plain_log_ticks, provenance, provenance_note, substream
+from ..core import OKABE_ITO, atomic_write_text, check_type, plain_log_ticks, provenance
+from ..core import provenance_note, substream
 from .convergence import measured_rate, scale_for_diagonality
 from ..tasks import stack_tasks, task_rng
 
@@ -69,7 +70,7 @@ def plot_slow_mixing(result:dict, # output of `slow_mixing_experiment`
                     ):            # the matplotlib figure
     "Spectral radius of $B$ (median and 10-90% band over chains) and measured rate against the relaxation time, with $\\kappa_{\\mathrm{tab}}$ and the lazy-chain limit."
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(11, 5))
+    fig, ax = plt.subplots(figsize=(6.0, 5.0))
     for i, family in enumerate(("lazy", "two blocks")):
         r = result[family]
         x, y = r["relax"].median(0).values, r["spectral"]
@@ -81,9 +82,9 @@ def plot_slow_mixing(result:dict, # output of `slow_mixing_experiment`
     ax.axhline(result["lazy_limit"].median(), color=OKABE_ITO[0], ls=":", label=r"lazy limit $1 - \alpha(1-\gamma)\mu_{\min}(M_\pi)$ (median)")
     ax.axhline(1 - result["alpha"] * (1 - result["gamma"]) * (2 * m - 1), color=OKABE_ITO[5], ls="-.", label=r"its cap $1 - \alpha(1-\gamma)(2 \min_x M_\pi(x,x) - 1)$")
     ax.set(xscale="log", xlabel="relaxation time $1/(1 - |\\mu_2(P)|)$ (steps)", ylabel="per-layer rate of $\\|v_L - v_\\pi\\|_\\infty$",
-           title=f"Slow mixing slows the iteration (unit-norm features, $\\min_x M_\\pi(x, x) = {m:.2f}$; bound $\\kappa = {result['lazy']['rho'].mean():.2f}$)")
+           title=f"Slow mixing slows the iteration\n(unit-norm features, $\\min_x M_\\pi(x, x) = {m:.2f}$; bound $\\kappa = {result['lazy']['rho'].mean():.2f}$)")
     plain_log_ticks(ax, "x")
-    ax.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1))
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.2))
     fig.tight_layout()
     return fig
 
@@ -219,6 +220,9 @@ def save_threshold_certificates(path=THRESHOLD_FILE,          # where to write t
 def check_certificate(record:dict, # one record: gamma, alpha, n_states, m, M, P
                      )->float:     # the spectral radius of B, >= 1
     "Re-check a certificate: M positive, row-stochastic, with minimum diagonal m; P positive and stochastic; $\\operatorname{spr}(B) \\ge 1$."
+    check_type(record, dict, "record")
+    missing = [k for k in ("gamma", "alpha", "n_states", "m", "M", "P") if k not in record]
+    if missing: raise ValueError(f"`record` must have the keys gamma, alpha, n_states, m, M and P; missing {missing}")
     M, P = (torch.tensor(record[k], dtype=torch.float64) for k in ("M", "P"))
     s = record["n_states"]
     ok = (M.shape == P.shape == (s, s) and (M > 0).all() and (P > 0).all() and (M.diagonal().min() >= record["m"] - 1e-12)
