@@ -555,7 +555,7 @@ print(
 )
 
 # %% [markdown]
-# ## The constant direction: a weaker condition
+# ## The constant direction: a weaker condition {.deep-dive}
 #
 # Proposition 5.1 charges every unit of attention that leaks to another state as if it pushed the
 # error the wrong way. That is too pessimistic, and one direction of the error shows why.
@@ -1136,7 +1136,7 @@ print(f"On {near} of the {total} tasks the measured rate is within 0.01 of the b
 
 
 # %% [markdown]
-# ## A finite-$n$ bound with high probability
+# ## A finite-$n$ bound with high probability {.deep-dive}
 #
 # Proposition 5.3 bounds the floor by $\frac{\gamma}{1 - \gamma}\|(\hat P - P) v_\pi\|_\infty$, a random quantity, and needs every
 # state to be a key. Two facts make it a statement with a probability: how likely a context misses a state, and how
@@ -1232,7 +1232,7 @@ test_close(missing_state_bound(P2, 20), math.exp(-4) + math.exp(-2), eps=1e-12)
 
 
 # %% [markdown]
-# ## What no score matrix can do
+# ## What no score matrix can do {.deep-dive}
 #
 # With raw features and $W = \beta I$ the diagonality of the attention caps well below the threshold at every
 # scale ([Experiment 3](convergence_experiments.html#experiment-3-when-is-the-attention-diagonal-enough)), and not because
@@ -1322,7 +1322,7 @@ for seed in range(5):
 
 
 # %% [markdown]
-# ## Slowly mixing chains
+# ## Slowly mixing chains {.deep-dive}
 #
 # [Experiments 5 and 6](convergence_experiments.html#experiment-5-the-measured-rate-against-the-bound) find the rate
 # $\kappa_{\mathrm{tab}} = 1 - \alpha(1 - \gamma)$ in the leaky regime. That is a finding about
@@ -1392,7 +1392,7 @@ test_close(
 
 
 # %% [markdown]
-# ## How diagonal is diagonal enough? The true threshold
+# ## How diagonal is diagonal enough? The true threshold {.deep-dive}
 #
 # Proposition 5.1 asks for $\min_x M(x, x) > (1 + \gamma)/2$; the paper's words, "self-attention dominates
 # cross-attention", read more like $\min_x M(x, x) > 1/2$. Neither is known to be the true dividing line.

@@ -429,7 +429,7 @@ Markdown(
 # same check from $n = 100$ on with a narrower interval.
 
 # %% [markdown]
-# ## Proposition 5.4 on the contexts of Experiment 1
+# ## Proposition 5.4 on the contexts of Experiment 1 {.deep-dive}
 #
 # [Proposition 5.4](convergence.html#a-finite-n-bound-with-high-probability) bounds the probability that a context misses a state
 # (item 1) and, with probability $1 - p_{\mathrm{fail}}$ given the counts, the floor of a context that covers every state (item 3).
@@ -555,7 +555,7 @@ plot_diagonality(diag);
 
 
 # %% [markdown]
-# ## Proposition 5.5 measured: the hull obstruction on random tasks
+# ## Proposition 5.5 measured: the hull obstruction on random tasks {.deep-dive}
 #
 # The raw-feature diagonality caps well below the threshold in the figure above, and
 # [Proposition 5.5](convergence.html#what-no-score-matrix-can-do) says why: for feature-bilinear scores no $W$ can raise the attention
@@ -1122,7 +1122,7 @@ print(
 # shows chains where another mode is slower.
 
 # %% [markdown]
-# ## Experiment 6: the leaky regime at finite $n$
+# ## Experiment 6: the leaky regime at finite $n$ {.deep-dive}
 #
 # Experiment 1 ran where the attention is essentially tabular. The regime where leakage matters is
 # $0.95 < \min_x M_\pi(x, x) < 0.99$: the diagonal condition holds but $\kappa$ is well above the tabular
