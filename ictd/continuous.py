@@ -5,7 +5,6 @@
 # %% ../nbs/08_continuous.ipynb #21b3afcd
 from __future__ import annotations
 import math
-from types import SimpleNamespace
 import numpy as np
 import torch
 from fastcore.basics import patch
@@ -56,9 +55,8 @@ class NoisyRotation(ContinuousProcess):
                  gamma:float=0.9,          # discount factor in [0, 1)
                  reward:str="square",      # 'square': sign(sin s); 'cos': cos s
                 ):
-        if reward not in ("square", "cos"): raise ValueError(f"`reward` must be 'square' or 'cos', got {reward!r}")
-        self.mu, self.sigma, self.gamma, self.reward_kind = float(mu), _positive(sigma, "sigma"), check_gamma(gamma), reward
-        if not math.isfinite(self.mu): raise ValueError(f"`mu` must be finite, got {mu}")
+        self.mu, self.sigma, self.gamma = check_number(mu, "mu"), _positive(sigma, "sigma"), check_gamma(gamma)
+        self.reward_kind = check_choice(reward, ("square", "cos"), "reward")
         if reward == "square" and self.sigma < 0.01: raise ValueError(f"`sigma` must be at least 0.01 with the square reward (its value series needs 9 / sigma harmonics), got {sigma}")
 
     def __repr__(self): return f"NoisyRotation(mu={self.mu}, sigma={self.sigma}, gamma={self.gamma}, reward={self.reward_kind!r})"
@@ -125,10 +123,13 @@ def gaussian_operator(scale:float,   # c in s -> c s + tau xi
     return T
 
 # %% ../nbs/08_continuous.ipynb #f9b7cb7b
-def polyval(coef, s)->torch.Tensor:
+def polyval(coef:torch.Tensor,  # (k,) coefficients, constant first
+            s:torch.Tensor,     # (...) points
+           )->torch.Tensor:     # (...) the polynomial at `s`
     "sum_j coef[j] s^j."
-    s = as_tensor(s, "states")
-    return s.unsqueeze(-1) ** torch.arange(len(coef), dtype=s.dtype) @ torch.as_tensor(coef, dtype=s.dtype)
+    s = as_tensor(s, "s")
+    coef = as_tensor(coef, "coef", s.dtype)
+    return s.unsqueeze(-1) ** torch.arange(len(coef), dtype=s.dtype) @ coef
 
 # %% ../nbs/08_continuous.ipynb #efe98782
 class GaussianAR1(ContinuousProcess):
@@ -139,7 +140,7 @@ class GaussianAR1(ContinuousProcess):
                  gamma:float=0.9,                        # discount factor in [0, 1)
                  reward:tuple=(0., 1., 0., -1 / 3),      # polynomial coefficients of the reward, constant first
                 ):
-        a = float(a)
+        a = check_number(a, "a")
         if not abs(a) < 1: raise ValueError(f"`a` must satisfy |a| < 1, got {a}")
         self.a, self.sigma, self.gamma = a, _positive(sigma, "sigma"), check_gamma(gamma)
         c = torch.as_tensor(np.asarray(reward, dtype=np.float64))
@@ -174,7 +175,7 @@ class GaussianAR1(ContinuousProcess):
         return x, w / w.sum()
 
 # %% ../nbs/08_continuous.ipynb #89b71cf6
-def mc_returns(process,             # a process of this chapter
+def mc_returns(process:ContinuousProcess, # a process of this chapter
                states,              # (m,) start states
                n_paths:int=4000,    # independent paths per start state
                tol:float=1e-8,      # the horizon H is the smallest with gamma^H < tol
@@ -193,7 +194,11 @@ def mc_returns(process,             # a process of this chapter
     return torch.from_numpy(G.mean(1)), torch.from_numpy(G.std(1, ddof=1) / math.sqrt(s.shape[1]))
 
 # %% ../nbs/08_continuous.ipynb #f9a39516
-def mc_z_scores(process, states, v, **kwargs)->torch.Tensor:
+def mc_z_scores(process:ContinuousProcess,  # a process of this chapter
+                states:torch.Tensor,        # (m,) start states
+                v:torch.Tensor,             # (m,) the candidate value at `states`
+                **kwargs,                   # passed to `mc_returns` (n_paths, tol, seed)
+               )->torch.Tensor:             # (m,) z-scores
     "|MC mean - v| / standard error at each state, for a candidate value `v` (m,)."
     mean, se = mc_returns(process, states, **kwargs)
     return (mean - as_tensor(v, "v")).abs() / se
@@ -379,14 +384,18 @@ class GaussianAR1Family(TaskFamily):
 # %% ../nbs/08_continuous.ipynb #c0a2a066
 def task_process(family:TaskFamily,  # the family the task was drawn from
                  task:dict,          # one task, `family.draw(1, gen)`
-                )->SimpleNamespace:  # gamma, reward(states), step(states, rng)
+                )->ContinuousProcess: # with gamma, reward(states) and step(states, rng)
     "One task of a family as a process `mc_returns` can simulate."
     reward = lambda s: family.reward(task, s.reshape(1, -1)).reshape(s.shape)
     if isinstance(family, RotationFamily):
         mu, sg = task["mu"].item(), task["sigma"].item()
-        return SimpleNamespace(gamma=family.gamma, reward=reward, step=lambda s, rng: np.mod(s + mu + sg * rng.standard_normal(s.shape), 2 * np.pi))
+        return _DrawnTask(family.gamma, reward, lambda s, rng: np.mod(s + mu + sg * rng.standard_normal(s.shape), 2 * np.pi))
     a = task["a"].item()
-    return SimpleNamespace(gamma=family.gamma, reward=reward, step=lambda s, rng: a * s + math.sqrt(1 - a * a) * rng.standard_normal(s.shape))
+    return _DrawnTask(family.gamma, reward, lambda s, rng: a * s + math.sqrt(1 - a * a) * rng.standard_normal(s.shape))
+
+class _DrawnTask(ContinuousProcess):
+    "One drawn task of a family: its discount, reward function and transition, all `mc_returns` simulates."
+    def __init__(self, gamma:float, reward, step): self.gamma, self.reward, self.step = gamma, reward, step
 
 # %% ../nbs/08_continuous.ipynb #7faebec1
 def family_protocol(family:TaskFamily,   # the task family
