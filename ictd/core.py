@@ -45,8 +45,8 @@ def check_number(x,                 # the value
                 )->float:           # `x` as a float
     "`x` as a float, or a `ValueError` naming `name` unless `x` is a finite number >= `low` (> `low` when `strict`) and <= `high`."
     if not _is_number(x) or not math.isfinite(x) or x < low or (strict and x == low) or x > high:
-        bound = f"{'>' if strict else '>='} {low}" if high == math.inf else f"in {'(' if strict else '['}{low}, {high}]"
-        raise ValueError(f"`{name}` must be {what or 'a finite number ' + bound}, got {x!r}")
+        bound = ("" if low == -math.inf else f" {'>' if strict else '>='} {low}") if high == math.inf else f" in {'(' if strict else '['}{low}, {high}]"
+        raise ValueError(f"`{name}` must be {what or 'a finite number' + bound}, got {x!r}")
     return float(x)
 
 def check_floating(x,             # a tensor, numpy array, list or number

@@ -75,8 +75,8 @@ def check_number(x,                 # the value
                 )->float:           # `x` as a float
     "`x` as a float, or a `ValueError` naming `name` unless `x` is a finite number >= `low` (> `low` when `strict`) and <= `high`."
     if not _is_number(x) or not math.isfinite(x) or x < low or (strict and x == low) or x > high:
-        bound = f"{'>' if strict else '>='} {low}" if high == math.inf else f"in {'(' if strict else '['}{low}, {high}]"
-        raise ValueError(f"`{name}` must be {what or 'a finite number ' + bound}, got {x!r}")
+        bound = ("" if low == -math.inf else f" {'>' if strict else '>='} {low}") if high == math.inf else f" in {'(' if strict else '['}{low}, {high}]"
+        raise ValueError(f"`{name}` must be {what or 'a finite number' + bound}, got {x!r}")
     return float(x)
 
 def check_floating(x,             # a tensor, numpy array, list or number
@@ -846,7 +846,7 @@ show_doc(check_number)
 # %%
 test_eq(check_number(1, "lr", 0, strict=True), 1.)
 test_fail(lambda: check_number(0., "lr", 0, strict=True), contains="`lr` must be a finite number > 0")
-test_fail(lambda: check_number(math.inf, "alpha"), contains="`alpha` must be a finite number")
+test_fail(lambda: check_number(math.inf, "alpha"), contains="`alpha` must be a finite number, got inf")
 test_eq(check_number(1, "alpha", 0, strict=True, high=1), 1.)
 test_fail(lambda: check_number(1.5, "alpha", 0, strict=True, high=1), contains="`alpha` must be a finite number in (0, 1]")
 test_fail(lambda: check_number(-5, "alpha", 0, strict=True, high=1), contains="`alpha` must be a finite number in (0, 1]")
