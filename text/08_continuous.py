@@ -1152,7 +1152,8 @@ from ictd.boyan import check_arguments
 check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)
 
 # %% [markdown]
-# The exported module's functions check their arguments against their annotations (chapter 0's `check_arguments`), naming the argument:
+# The exported module's functions check their arguments against their annotations
+# (chapter 0's `check_arguments`), naming the argument:
 
 # %%
 import ictd.continuous
