@@ -519,18 +519,20 @@ Markdown("| key $S_{k-1}$ | score $2\\cos(0 - S_{k-1})$ | weight $K_k(0)$ |\n|--
 
 # %%
 #| export
-def kernel_td(process,              # a process of this chapter
-              states,               # (..., n + 1) states S_0..S_n
-              rewards,              # (..., n) rewards, rewards[..., k-1] = R_k
+def kernel_td(process:ContinuousProcess, # a process of this chapter
+              states:torch.Tensor,  # (..., n + 1) states S_0..S_n
+              rewards:torch.Tensor, # (..., n) rewards, rewards[..., k-1] = R_k
               *,                    # the rest by keyword: alpha and beta are two floats easily swapped
               alpha:float,          # step size
               beta:float,           # kernel scale: W = process.score_matrix(beta)
               n_layers:int,         # depth L (number of TD iterations)
-              queries,              # (q,) or (..., q) query states
+              queries:torch.Tensor, # (q,) or (..., q) query states
               return_all:bool=False,  # return v_0..v_L instead of v_L
              )->torch.Tensor:       # (..., q) estimates at the queries; (..., L + 1, q) with `return_all`
     "Weighted softmax TD with the process's kernel, read out at the query states: what the constructed Transformer computes."
-    phi, R = process.features(states), as_tensor(rewards, "rewards")
+    S, n_layers = as_tensor(states, "states"), check_int(n_layers, "n_layers")
+    if S.ndim < 1 or S.shape[-1] < 2: raise ValueError(f"`states` must have shape (..., n + 1) with n >= 1, got {tuple(S.shape)}")
+    phi, R = process.features(S), as_tensor(rewards, "rewards")
     Q = process.features(queries).to(phi)
     if Q.ndim == 2 and phi.ndim > 2: Q = Q.expand(phi.shape[:-2] + Q.shape)
     n = phi.shape[-2] - 1
@@ -636,7 +638,7 @@ def von_mises_harmonics(beta:float,    # concentration
 @patch
 def population_values(self:NoisyRotation, beta:float, alpha:float, n_layers:int, states)->torch.Tensor:
     "(L + 1, m) values v_0..v_L of the population recursion at `states` (harmonic by harmonic)."
-    s = as_tensor(states, "states")
+    s, alpha, n_layers = as_tensor(states, "states"), check_number(alpha, "alpha"), check_int(n_layers, "n_layers")
     k_max = 1 if self.reward_kind == "cos" else max(1, math.ceil(math.sqrt(80 * check_number(beta, "beta", 0., strict=True))) + 1)
     k, c = self.reward_harmonics(k_max)
     p, lam = self.transition_eigenvalues(k), von_mises_harmonics(beta, k_max)[1:]
@@ -657,6 +659,7 @@ def population_values(self:NoisyRotation, beta:float, alpha:float, n_layers:int,
 def population_values(self:GaussianAR1, beta:float, alpha:float, n_layers:int, states)->torch.Tensor:
     "(L + 1, m) values v_0..v_L of the population recursion at `states` (on polynomial coefficients)."
     b, s2 = check_number(beta, "beta", 0., strict=True), self.std ** 2
+    alpha, n_layers = check_number(alpha, "alpha"), check_int(n_layers, "n_layers")
     T_M = gaussian_operator(b * s2 / (1 + b * s2), math.sqrt(s2 / (1 + b * s2)), self.degree)
     I = torch.eye(self.degree + 1, dtype=torch.float64)
     w, ws = torch.zeros(self.degree + 1, dtype=torch.float64), []
@@ -713,7 +716,7 @@ Markdown(f"$|b_k|$ for $k = 1, 2, 3$: {', '.join(f'{f:.3f}' for f in f_rot.tolis
 
 # %%
 #| export
-def population_msve(process, *, alpha:float, beta:float, n_layers:int, m:int=512)->torch.Tensor:
+def population_msve(process:ContinuousProcess, *, alpha:float, beta:float, n_layers:int, m:int=512)->torch.Tensor:
     "(L + 1,) MSVE of the population recursion at depths 0..L."
     return process.msve(process.population_values(beta, alpha, n_layers, process.grid(m)[0]))
 
