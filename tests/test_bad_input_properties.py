@@ -15,7 +15,7 @@ so an integer input never changes the arithmetic (the way an integer prompt once
 
 `test_the_property_test_covers_these_functions` lists what is covered; `KNOWN_SILENT` lists (entry point, argument, kind)
 that are still accepted silently, each a strict xfail with what happens, in a module this test's author does not own."""
-import math
+import dataclasses, math
 import numpy as np
 import pytest
 import torch
@@ -24,6 +24,8 @@ from ictd.boyan import MRP, msve, weighted_error
 from ictd.continuous import NoisyRotation, kernel_td, population_msve
 from ictd.linear import LinearICTD, build_linear_prompt
 from ictd.model import SoftmaxICTD, theta_star
+from ictd.engine import PretrainConfig, held_out_tasks
+from ictd.pretrain import evaluate
 from ictd.prompt import build_prompt
 from ictd.wstd import batch_linear_td, context_weights, two_head_linear_td, weighted_softmax_td
 
@@ -43,6 +45,12 @@ Z_SOFTMAX = torch.as_tensor(build_prompt(CTX, REW, QRY)).contiguous()  # (d + 2,
 Z_LINEAR = build_linear_prompt(CTX, REW, QRY, 0.9).contiguous()       # (2d + 1, n + q) = (5, 8), a plain tensor
 ROTATION = NoisyRotation(reward="cos")
 ANGLES = torch.linspace(0, 6, 6, dtype=torch.float64)
+SMALL = PretrainConfig(n_states=4, d=2, n=5, n_layers=1, eval_tasks=2)              # evaluate: two held-out tasks, n = 5
+TASKS, STATES = held_out_tasks(SMALL)                                                 # STATES: (2, 6) state indices
+ONE_LAYER = SoftmaxICTD(2, 1, seed=0)
+def _with(x, value, at=(0, 1)):
+    "`x` with entry `at` set to `value`."
+    x = x.clone(); x[at] = value; return x
 
 # entry point -> (callable, valid keyword arguments, argument -> kind); a tensor's kind names its constrained dimensions
 TENSOR = lambda *dims: ("tensor", dims)
@@ -70,6 +78,15 @@ COVERED = {
     "context_weights": (context_weights, dict(phi_states=CTX, W=W2, phi_queries=QRY), dict(phi_states=TENSOR(-1), W=TENSOR(-2, -1), phi_queries=TENSOR(-1))),
     "SoftmaxICTD.forward": (SOFTMAX, dict(Z=Z_SOFTMAX, n=5), dict(Z=TENSOR(-2), n=("count",))),
     "LinearICTD.forward": (LINEAR, dict(Z=Z_LINEAR, n=5), dict(Z=TENSOR(-2), n=("count",))),
+    "evaluate": (evaluate, dict(model=ONE_LAYER, eval_tasks=TASKS, eval_states=STATES, config=SMALL, neu_seed=0),
+                 dict(model=("one_of", {"string": "model", "None": None, "model of another d": SoftmaxICTD(3, 1, seed=0)}),
+                      eval_tasks=("one_of", {"string": "tasks", "None": None, "tasks of another d": held_out_tasks(dataclasses.replace(SMALL, d=3))[0]}),
+                      eval_states=("one_of", {"string": "abc", "float states": STATES.double(), "bool states": STATES.bool(),
+                                              "negative state": _with(STATES, -1), "state >= n_states": _with(STATES, 4),
+                                              "1-d states": STATES[0], "shorter context": STATES[:, :4], "more tasks": STATES.repeat(2, 1)}),
+                      config=("one_of", {"string": "config", "config of another n": dataclasses.replace(SMALL, n=4),
+                                         "config of another gamma": dataclasses.replace(SMALL, gamma=0.5)}),
+                      neu_seed=("index",))),
     "population_msve": (population_msve, dict(process=ROTATION, alpha=0.5, beta=2., n_layers=3, m=64),
                         dict(alpha=("number",), beta=("number",), n_layers=("index",), m=("count",))),
     "kernel_td": (kernel_td, dict(process=ROTATION, states=ANGLES, rewards=ANGLES[:-1].cos(), alpha=0.5, beta=2., n_layers=3, queries=ANGLES[:3]),
@@ -88,6 +105,22 @@ KNOWN_SILENT = {
     **{("weighted_error", arg, "integer"): _WE + "a numpy integer array or a torch bool tensor raises numpy's or torch's own error, "
                                             "naming no argument" for arg in ("v_hat", "v")},
 }
+_EV = "ictd.pretrain.evaluate (chapter 6) "
+KNOWN_SILENT.update({
+    ("evaluate", "model", "model of another d"): _EV + "refuses a model whose d is not the tasks' in the prompt check, naming `Z`, not `model`",
+    ("evaluate", "eval_tasks", "tasks of another d"): _EV + "refuses tasks whose d is not the model's in the prompt check, naming `Z`",
+    ("evaluate", "eval_states", "float states"): _EV + "indexes with `eval_states` unchecked: torch's IndexError",
+    ("evaluate", "eval_states", "bool states"): _EV + "indexes with `eval_states` unchecked: torch's IndexError",
+    ("evaluate", "eval_states", "negative state"): _EV + "accepts a negative state index: it wraps to the last state (a silent wrong answer)",
+    ("evaluate", "eval_states", "state >= n_states"): _EV + "indexes with `eval_states` unchecked: torch's IndexError",
+    ("evaluate", "eval_states", "1-d states"): _EV + "indexes with `eval_states` unchecked: torch's IndexError",
+    ("evaluate", "eval_states", "more tasks"): _EV + "indexes with `eval_states` unchecked: torch's IndexError",
+    ("evaluate", "eval_states", "shorter context"): _EV + "refuses a context shorter than `config.n` naming `n`, not `eval_states`",
+    ("evaluate", "config", "config of another n"): _EV + "refuses a config whose n is not the contexts' naming `n`, not `config`",
+    ("evaluate", "config", "config of another gamma"): _EV + "accepts a config whose gamma is not the tasks': its cosines are "
+                                                       "measured against theta* at the config's gamma (a silent wrong answer)",
+    ("evaluate", "neu_seed", "index"): _EV + "takes any `neu_seed`: -1 and 2.5 are accepted, NaN and inf give Python's own errors",
+})
 
 INT_DTYPES = [torch.int64, torch.int32, torch.bool]
 COMPLEX_DTYPES = [torch.complex64, torch.complex128]
@@ -116,10 +149,17 @@ def bad_values(draw, good, kind):
             return what, (x.numpy() if draw(st.booleans()) else x)
         x = good.to(draw(st.sampled_from(COMPLEX_DTYPES if what == "complex" else INT_DTYPES)))
         return what, (x.numpy() if draw(st.booleans()) else x)
+    if kind[0] == "one_of": return draw(st.sampled_from(sorted(kind[1].items())))
+    return kind[0], draw(st.sampled_from(bad_numbers(kind[0])))
+
+
+def bad_numbers(kind:str)->list:
+    "Bad values for a number ('number'), a discount ('gamma'), a count >= 1 ('count') or an index >= 0 ('index')."
     bad = [math.nan, math.inf, -math.inf, complex(0.5, 1.), True, torch.tensor([0.5, 0.5])]
-    if kind[0] == "gamma": bad += [1., -0.1, 1.5]
-    if kind[0] in ("count", "index"): bad += [-1, 2.5] + ([0] if kind[0] == "count" else [])
-    return kind[0], draw(st.sampled_from(bad))
+    if kind == "gamma": bad += [1., -0.1, 1.5]
+    if kind in ("count", "index"): bad += [-1, 2.5]
+    if kind == "count": bad += [0]
+    return bad
 
 
 def call(name:str, arg:str, value):
@@ -145,7 +185,8 @@ def test_the_property_test_covers_these_functions():
     "The central public functions the property test feeds random bad values."
     assert sorted(COVERED) == sorted(["theta_star", "weighted_softmax_td", "batch_linear_td", "build_prompt", "build_linear_prompt",
                                       "SoftmaxICTD.predict", "LinearICTD.predict", "MRP", "msve", "kernel_td", "weighted_error",
-                                      "two_head_linear_td", "context_weights", "SoftmaxICTD.forward", "LinearICTD.forward", "population_msve"])
+                                      "two_head_linear_td", "context_weights", "SoftmaxICTD.forward", "LinearICTD.forward", "population_msve",
+                                      "evaluate"])
     for name, (f, good, _) in COVERED.items(): assert not isinstance(call(name, next(iter(good)), next(iter(good.values()))), Exception), name
 
 
@@ -174,12 +215,32 @@ def test_random_bad_values_are_refused_naming_an_argument(case, data):
     check_refused(name, arg, what, value)
 
 
+def representative_bad_values(good, kind)->list:
+    "A fixed few (kind of bad value, value) of every kind `bad_values` draws from, for the strict xfails."
+    if kind[0] == "one_of": return sorted(kind[1].items())
+    if kind[0] != "tensor": return [(kind[0], b) for b in bad_numbers(kind[0])]
+    out = [("shape", resized(good, d, good.shape[d] + 1)) for d in kind[1] if -good.ndim <= d < 0]
+    out += [("non-finite", _flat_set(good, i, v)) for i, v in ((0, math.nan), (-1, math.inf))]
+    out += [("complex", good.to(torch.complex128)), ("complex", good.to(torch.complex64).numpy())]
+    return out + [("integer", good.to(torch.int64)), ("integer", good.to(torch.bool)), ("integer", good.to(torch.int64).numpy())]
+
+
+def _flat_set(good, i, value):
+    x = good.contiguous().clone(); x.view(-1)[i] = value; return x
+
+
 @pytest.mark.parametrize("name,arg,what", [pytest.param(*k, marks=pytest.mark.xfail(strict=True, reason=v)) for k, v in KNOWN_SILENT.items()])
 def test_known_silent_answers(name, arg, what):
-    "Each known silent answer, on every value of its kind (fails, as a strict xfail, until it is refused)."
+    "Each known silent answer, on the representative values of its kind (fails, as a strict xfail, until each is refused)."
     _, good, kinds = COVERED[name]
-    g = good[arg]
-    values = {"non-finite": [torch.full_like(g, math.nan)], "complex": [g.to(torch.complex128)],
-              "integer": [g.to(torch.int64), g.to(torch.bool), g.to(torch.int64).numpy()],
-              "shape": [resized(g, d, g.shape[d] + 1) for d in kinds[arg][1]]}.get(what, [math.nan])
+    values = [v for w, v in representative_bad_values(good[arg], kinds[arg]) if w == what]
+    assert values, (name, arg, what)
     for v in values: check_refused(name, arg, what, v)
+
+
+def test_representative_values_are_what_the_property_test_draws():
+    "Every (entry point, argument, kind) has representative values, and those of a case not in `KNOWN_SILENT` are refused."
+    for name, (_, good, kinds) in COVERED.items():
+        for arg, kind in kinds.items():
+            for what, v in representative_bad_values(good[arg], kind):
+                if (name, arg, what) not in KNOWN_SILENT: check_refused(name, arg, what, v)
