@@ -934,6 +934,8 @@ check_arguments(globals())   # every public function refuses, naming it, an argu
 
 # %%
 import ictd.linear as lin
+
+# %%
 ones = torch.ones(3)
 test_fail(lambda: lin.value_difference("abc", ones, ones), contains="`v_tf` must be a tensor")
 test_fail(lambda: lin.sensitivity_similarity(ones, "abc", ones), contains="`g_td` must be a tensor")

@@ -958,6 +958,8 @@ check_arguments(globals())   # every public function refuses, naming it, an argu
 
 # %%
 import ictd.experiments.linear as experiments_linear
+
+# %%
 test_fail(lambda: experiments_linear.softmax_in_context(print, "abc", [0.], [[1.]]), contains="`phi_S` must be a tensor")
 test_fail(lambda: experiments_linear.softmax_in_context("model", [[1.]], [], [[1.]]), contains="`predict` must be a Callable")
 

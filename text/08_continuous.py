@@ -1160,5 +1160,7 @@ check_arguments(globals())   # every public function refuses, naming it, an argu
 
 # %%
 import ictd.continuous
+
+# %%
 test_fail(lambda: ictd.continuous.polyval("abc", [1.]), contains="`coef` must be a tensor")
 test_fail(lambda: ictd.continuous.mc_returns("rotation", [0.]), contains="`process` must be a ContinuousProcess")

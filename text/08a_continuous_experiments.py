@@ -651,6 +651,8 @@ check_arguments(globals())   # every public function refuses, naming it, an argu
 
 # %%
 import ictd.experiments.continuous_sweeps as sweeps
+
+# %%
 test_fail(lambda: sweeps.best_beta("abc", beta_sweep[0]), contains="`betas` must be a tensor")
 test_fail(lambda: sweeps.loglog_fit(NS_BETA, [1., math.nan, 1., 1.]), contains="`y` contains NaN or inf")
 test_fail(lambda: sweeps.plot_long_depth(BETAS_LONG, long_depth, "200"), contains="`n` must be an integer")
