@@ -5,7 +5,6 @@
 # %% ../nbs/08_continuous.ipynb #21b3afcd
 from __future__ import annotations
 import math
-from types import SimpleNamespace
 import numpy as np
 import torch
 from fastcore.basics import patch
@@ -56,9 +55,8 @@ class NoisyRotation(ContinuousProcess):
                  gamma:float=0.9,          # discount factor in [0, 1)
                  reward:str="square",      # 'square': sign(sin s); 'cos': cos s
                 ):
-        if reward not in ("square", "cos"): raise ValueError(f"`reward` must be 'square' or 'cos', got {reward!r}")
-        self.mu, self.sigma, self.gamma, self.reward_kind = float(mu), _positive(sigma, "sigma"), check_gamma(gamma), reward
-        if not math.isfinite(self.mu): raise ValueError(f"`mu` must be finite, got {mu}")
+        self.mu, self.sigma, self.gamma = check_number(mu, "mu"), _positive(sigma, "sigma"), check_gamma(gamma)
+        self.reward_kind = check_choice(reward, ("square", "cos"), "reward")
         if reward == "square" and self.sigma < 0.01: raise ValueError(f"`sigma` must be at least 0.01 with the square reward (its value series needs 9 / sigma harmonics), got {sigma}")
 
     def __repr__(self): return f"NoisyRotation(mu={self.mu}, sigma={self.sigma}, gamma={self.gamma}, reward={self.reward_kind!r})"
@@ -125,10 +123,13 @@ def gaussian_operator(scale:float,   # c in s -> c s + tau xi
     return T
 
 # %% ../nbs/08_continuous.ipynb #f9b7cb7b
-def polyval(coef, s)->torch.Tensor:
+def polyval(coef:torch.Tensor,  # (k,) coefficients, constant first
+            s:torch.Tensor,     # (...) points
+           )->torch.Tensor:     # (...) the polynomial at `s`
     "sum_j coef[j] s^j."
-    s = as_tensor(s, "states")
-    return s.unsqueeze(-1) ** torch.arange(len(coef), dtype=s.dtype) @ torch.as_tensor(coef, dtype=s.dtype)
+    s = as_tensor(s, "s")
+    coef = as_tensor(coef, "coef", s.dtype)
+    return s.unsqueeze(-1) ** torch.arange(len(coef), dtype=s.dtype) @ coef
 
 # %% ../nbs/08_continuous.ipynb #efe98782
 class GaussianAR1(ContinuousProcess):
@@ -139,7 +140,7 @@ class GaussianAR1(ContinuousProcess):
                  gamma:float=0.9,                        # discount factor in [0, 1)
                  reward:tuple=(0., 1., 0., -1 / 3),      # polynomial coefficients of the reward, constant first
                 ):
-        a = float(a)
+        a = check_number(a, "a")
         if not abs(a) < 1: raise ValueError(f"`a` must satisfy |a| < 1, got {a}")
         self.a, self.sigma, self.gamma = a, _positive(sigma, "sigma"), check_gamma(gamma)
         c = torch.as_tensor(np.asarray(reward, dtype=np.float64))
@@ -174,7 +175,7 @@ class GaussianAR1(ContinuousProcess):
         return x, w / w.sum()
 
 # %% ../nbs/08_continuous.ipynb #89b71cf6
-def mc_returns(process,             # a process of this chapter
+def mc_returns(process:ContinuousProcess, # a process of this chapter
                states,              # (m,) start states
                n_paths:int=4000,    # independent paths per start state
                tol:float=1e-8,      # the horizon H is the smallest with gamma^H < tol
@@ -193,7 +194,11 @@ def mc_returns(process,             # a process of this chapter
     return torch.from_numpy(G.mean(1)), torch.from_numpy(G.std(1, ddof=1) / math.sqrt(s.shape[1]))
 
 # %% ../nbs/08_continuous.ipynb #f9a39516
-def mc_z_scores(process, states, v, **kwargs)->torch.Tensor:
+def mc_z_scores(process:ContinuousProcess,  # a process of this chapter
+                states:torch.Tensor,        # (m,) start states
+                v:torch.Tensor,             # (m,) the candidate value at `states`
+                **kwargs,                   # passed to `mc_returns` (n_paths, tol, seed)
+               )->torch.Tensor:             # (m,) z-scores
     "|MC mean - v| / standard error at each state, for a candidate value `v` (m,)."
     mean, se = mc_returns(process, states, **kwargs)
     return (mean - as_tensor(v, "v")).abs() / se
@@ -212,18 +217,20 @@ def score_matrix(self:GaussianAR1, beta:float)->torch.Tensor:
     return torch.tensor([[b, 0., 0.], [0., 0., -b / 2], [0., -b / 2, 0.]], dtype=torch.float64)
 
 # %% ../nbs/08_continuous.ipynb #77672e9e
-def kernel_td(process,              # a process of this chapter
-              states,               # (..., n + 1) states S_0..S_n
-              rewards,              # (..., n) rewards, rewards[..., k-1] = R_k
+def kernel_td(process:ContinuousProcess, # a process of this chapter
+              states:torch.Tensor,  # (..., n + 1) states S_0..S_n
+              rewards:torch.Tensor, # (..., n) rewards, rewards[..., k-1] = R_k
               *,                    # the rest by keyword: alpha and beta are two floats easily swapped
               alpha:float,          # step size
               beta:float,           # kernel scale: W = process.score_matrix(beta)
               n_layers:int,         # depth L (number of TD iterations)
-              queries,              # (q,) or (..., q) query states
+              queries:torch.Tensor, # (q,) or (..., q) query states
               return_all:bool=False,  # return v_0..v_L instead of v_L
              )->torch.Tensor:       # (..., q) estimates at the queries; (..., L + 1, q) with `return_all`
     "Weighted softmax TD with the process's kernel, read out at the query states: what the constructed Transformer computes."
-    phi, R = process.features(states), as_tensor(rewards, "rewards")
+    S, n_layers = as_tensor(states, "states"), check_int(n_layers, "n_layers")
+    if S.ndim < 1 or S.shape[-1] < 2: raise ValueError(f"`states` must have shape (..., n + 1) with n >= 1, got {tuple(S.shape)}")
+    phi, R = process.features(S), as_tensor(rewards, "rewards")
     Q = process.features(queries).to(phi)
     if Q.ndim == 2 and phi.ndim > 2: Q = Q.expand(phi.shape[:-2] + Q.shape)
     n = phi.shape[-2] - 1
@@ -245,7 +252,7 @@ def von_mises_harmonics(beta:float,    # concentration
 @patch
 def population_values(self:NoisyRotation, beta:float, alpha:float, n_layers:int, states)->torch.Tensor:
     "(L + 1, m) values v_0..v_L of the population recursion at `states` (harmonic by harmonic)."
-    s = as_tensor(states, "states")
+    s, alpha, n_layers = as_tensor(states, "states"), check_number(alpha, "alpha"), check_int(n_layers, "n_layers")
     k_max = 1 if self.reward_kind == "cos" else max(1, math.ceil(math.sqrt(80 * check_number(beta, "beta", 0., strict=True))) + 1)
     k, c = self.reward_harmonics(k_max)
     p, lam = self.transition_eigenvalues(k), von_mises_harmonics(beta, k_max)[1:]
@@ -258,6 +265,7 @@ def population_values(self:NoisyRotation, beta:float, alpha:float, n_layers:int,
 def population_values(self:GaussianAR1, beta:float, alpha:float, n_layers:int, states)->torch.Tensor:
     "(L + 1, m) values v_0..v_L of the population recursion at `states` (on polynomial coefficients)."
     b, s2 = check_number(beta, "beta", 0., strict=True), self.std ** 2
+    alpha, n_layers = check_number(alpha, "alpha"), check_int(n_layers, "n_layers")
     T_M = gaussian_operator(b * s2 / (1 + b * s2), math.sqrt(s2 / (1 + b * s2)), self.degree)
     I = torch.eye(self.degree + 1, dtype=torch.float64)
     w, ws = torch.zeros(self.degree + 1, dtype=torch.float64), []
@@ -267,7 +275,7 @@ def population_values(self:GaussianAR1, beta:float, alpha:float, n_layers:int, s
     return torch.stack([polyval(x, states) for x in ws])
 
 # %% ../nbs/08_continuous.ipynb #71c12bcf
-def population_msve(process, *, alpha:float, beta:float, n_layers:int, m:int=512)->torch.Tensor:
+def population_msve(process:ContinuousProcess, *, alpha:float, beta:float, n_layers:int, m:int=512)->torch.Tensor:
     "(L + 1,) MSVE of the population recursion at depths 0..L."
     return process.msve(process.population_values(beta, alpha, n_layers, process.grid(m)[0]))
 
@@ -379,14 +387,18 @@ class GaussianAR1Family(TaskFamily):
 # %% ../nbs/08_continuous.ipynb #c0a2a066
 def task_process(family:TaskFamily,  # the family the task was drawn from
                  task:dict,          # one task, `family.draw(1, gen)`
-                )->SimpleNamespace:  # gamma, reward(states), step(states, rng)
+                )->ContinuousProcess: # with gamma, reward(states) and step(states, rng)
     "One task of a family as a process `mc_returns` can simulate."
     reward = lambda s: family.reward(task, s.reshape(1, -1)).reshape(s.shape)
     if isinstance(family, RotationFamily):
         mu, sg = task["mu"].item(), task["sigma"].item()
-        return SimpleNamespace(gamma=family.gamma, reward=reward, step=lambda s, rng: np.mod(s + mu + sg * rng.standard_normal(s.shape), 2 * np.pi))
+        return _DrawnTask(family.gamma, reward, lambda s, rng: np.mod(s + mu + sg * rng.standard_normal(s.shape), 2 * np.pi))
     a = task["a"].item()
-    return SimpleNamespace(gamma=family.gamma, reward=reward, step=lambda s, rng: a * s + math.sqrt(1 - a * a) * rng.standard_normal(s.shape))
+    return _DrawnTask(family.gamma, reward, lambda s, rng: a * s + math.sqrt(1 - a * a) * rng.standard_normal(s.shape))
+
+class _DrawnTask(ContinuousProcess):
+    "One drawn task of a family: its discount, reward function and transition, all `mc_returns` simulates."
+    def __init__(self, gamma:float, reward, step): self.gamma, self.reward, self.step = gamma, reward, step
 
 # %% ../nbs/08_continuous.ipynb #7faebec1
 def family_protocol(family:TaskFamily,   # the task family

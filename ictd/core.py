@@ -4,19 +4,19 @@
 
 # %% ../nbs/90_core.ipynb #380fdd1c
 from __future__ import annotations
-import datetime, errno, functools, hashlib, inspect, io, json, math, os, platform, shutil, subprocess, sys, tempfile, warnings
+import collections.abc, dataclasses, datetime, errno, functools, hashlib, inspect, io, json, math, os, platform, shutil, subprocess, sys, tempfile, typing, warnings
 from pathlib import Path
 import numpy as np
 import torch
 import ictd
-from .boyan import as_tensor, is_real_number, weighted_error
+from .boyan import ArgumentError, _annotation_check, as_tensor, is_real_number, weighted_error
 from .tasks import TaskBatch
 
 # %% auto #0
 __all__ = ['WORK_LIMITS', 'DENSE_BYTES', 'CHUNK_BYTES', 'MEMORY_PATHS', 'RUN_STREAMS', 'NUDGE_VAR', 'CLAIM_STATUSES', 'DRAW_NOTE',
            'OKABE_ITO', 'check_int', 'check_number', 'check_floating', 'check_choice', 'check_seeds', 'check_type',
-           'check_bool', 'check_broadcast', 'check_device', 'moved_to_keywords', 'check_work', 'memory_path',
-           'chunk_rows', 'substream', 'stream_generator', 'run_stream', 'nudge_scale', 'nudged', 'nudge',
+           'check_bool', 'check_broadcast', 'check_device', 'check_fields', 'moved_to_keywords', 'check_work',
+           'memory_path', 'chunk_rows', 'substream', 'stream_generator', 'run_stream', 'nudge_scale', 'nudged', 'nudge',
            'atomic_write_bytes', 'atomic_write_text', 'atomic_savefig', 'checksum_path', 'tensors_only', 'save_checked',
            'load_checked', 'remove_checked', 'check_writable', 'check_name', 'load_json', 'record_claim', 'load_claims',
            'jsonable', 'cpu_model', 'provenance', 'provenance_note', 'plain_log_ticks']
@@ -45,8 +45,8 @@ def check_number(x,                 # the value
                 )->float:           # `x` as a float
     "`x` as a float, or a `ValueError` naming `name` unless `x` is a finite number >= `low` (> `low` when `strict`) and <= `high`."
     if not _is_number(x) or not math.isfinite(x) or x < low or (strict and x == low) or x > high:
-        bound = f"{'>' if strict else '>='} {low}" if high == math.inf else f"in {'(' if strict else '['}{low}, {high}]"
-        raise ValueError(f"`{name}` must be {what or 'a finite number ' + bound}, got {x!r}")
+        bound = ("" if low == -math.inf else f" {'>' if strict else '>='} {low}") if high == math.inf else f" in {'(' if strict else '['}{low}, {high}]"
+        raise ValueError(f"`{name}` must be {what or 'a finite number' + bound}, got {x!r}")
     return float(x)
 
 def check_floating(x,             # a tensor, numpy array, list or number
@@ -99,6 +99,26 @@ def check_device(device)->torch.device:
     except (RuntimeError, TypeError) as e: raise ValueError(f"`device` must be a torch device such as 'cpu' or 'cuda', got {device!r}") from None
     if dev.type == "cuda" and not torch.cuda.is_available(): raise ValueError(f"`device` is {device!r} but torch sees no CUDA GPU here")
     return dev
+
+@functools.lru_cache(maxsize=None)
+def _field_checks(cls:type)->dict:
+    "Field name -> (test, what was expected) for the annotated fields of the dataclass `cls` that say something checkable."
+    try: hints = typing.get_type_hints(cls)
+    except Exception: return {}                 # an annotation that cannot be resolved: leave the class to its own checks
+    callables = (typing.Callable, collections.abc.Callable)
+    checks = {k: (callable, "a callable") if t in callables else _annotation_check(t) for k, t in hints.items()}
+    return {k: c for k, c in checks.items() if c is not None}
+
+def check_fields(obj):
+    "`obj`, or an `ArgumentError` (a `TypeError` and a `ValueError`) naming the first field of the dataclass `obj` that its annotation rules out; a field at its default passes."
+    if not dataclasses.is_dataclass(obj) or isinstance(obj, type): raise TypeError(f"`obj` must be a dataclass instance, got {type(obj).__name__}")
+    checks = _field_checks(type(obj))
+    for f in dataclasses.fields(obj):
+        x = getattr(obj, f.name)
+        if f.name in checks and x is not f.default and not checks[f.name][0](x):
+            raise ArgumentError(f"`{f.name}` must be {checks[f.name][1]}, got {type(x).__name__} {x!r}"[:300])
+    return obj
+
 
 # %% ../nbs/90_core.ipynb #850b80cc
 def moved_to_keywords(*names:str):
@@ -243,6 +263,8 @@ def atomic_savefig(fig,        # a matplotlib figure
                    **kwargs,   # passed to `fig.savefig` (dpi, bbox_inches)
                   )->Path:     # `path`
     "Save `fig` to `path` atomically: drawn into memory, then written as `atomic_write_bytes` does."
+    from matplotlib.figure import Figure
+    check_type(fig, Figure, "fig")
     buf = io.BytesIO(); fig.savefig(buf, format=Path(path).suffix.lstrip(".") or "png", **kwargs)
     return atomic_write_bytes(path, buf.getvalue())
 
@@ -412,8 +434,9 @@ def plain_log_ticks(ax,               # matplotlib axes
                     which:str="both", # the axes to label: "x", "y" or "both" (axes not on a log scale are left alone)
                    ):
     "Label the log-scale axes of `ax` with plain numbers (0.01, 2, 300), minor ticks too where an axis spans under two decades."
+    from matplotlib.axes import Axes
     from matplotlib.ticker import FuncFormatter, NullFormatter
-    if which not in ("x", "y", "both"): raise ValueError(f"`which` must be 'x', 'y' or 'both', got {which!r}")
+    check_type(ax, Axes, "ax"), check_choice(which, ("x", "y", "both"), "which")
     number = lambda v: f"{v:g}" if 1e-4 <= abs(v) < 1e5 else f"$10^{{{round(math.log10(abs(v)))}}}$"
     for name in ("x", "y") if which == "both" else (which,):
         axis = getattr(ax, f"{name}axis")

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 import ictd
 from .boyan import check_gamma
-from .core import TaskBatch, check_bool, check_choice, check_int, check_number, check_seeds, check_work, nudge_scale, run_stream
+from .core import TaskBatch, check_bool, check_choice, check_fields, check_int, check_number, check_seeds, check_work, nudge_scale, run_stream
 from .model import SoftmaxICTD, theta_star
 from .state_tokens import StateTokens, fused_token_predict, population_tokens, state_tokens, token_layers, token_predict, trajectory_tokens
 from .tasks import Contexts, TDExamples, TDSample, draw_cdf, gather_rows, sample_trajectories, stationary_examples, task_features, task_pool
@@ -124,10 +124,9 @@ HISTORY_SCHEMA = dict(   # history name -> (shape of one seed's record, E evalua
 )
 
 def history_schema(name:str)->tuple:
-    "The documented (shape, meaning) of history entry `name` (`param.A` reads the `param.<name>` row), or a `KeyError` naming it."
-    key = "param.<name>" if name.startswith("param.") else name
-    if key not in HISTORY_SCHEMA: raise KeyError(f"history entry {name!r} is not documented in `ictd.engine.HISTORY_SCHEMA`")
-    return HISTORY_SCHEMA[key]
+    "The documented (shape, meaning) of history entry `name` (`param.A` reads the `param.<name>` row), or a `ValueError` naming `name` when `HISTORY_SCHEMA` does not document it."
+    key = "param.<name>" if isinstance(name, str) and name.startswith("param.") else name
+    return HISTORY_SCHEMA[check_choice(key, tuple(HISTORY_SCHEMA), "name")]
 
 @dataclass(eq=False)
 class PretrainResult:
@@ -141,10 +140,12 @@ class PretrainResult:
     each (E, 1); `record_params=True` adds param.<name> (E, ...) for every parameter.
     `predict` evaluates the trained model under `torch.no_grad()` unless asked for a graph (`grad=True`)."""
     config:PretrainConfig
-    model:nn.Module                             # built by the model family (a `SoftmaxICTD` for "softmax")
+    model:nn.Module|None                        # built by the model family (a `SoftmaxICTD` for "softmax"); None for a run read back without its model
     history:dict = field(default_factory=dict)  # name -> (E, ...) tensor, one row per evaluation: see `HISTORY_SCHEMA`
     held_out:TaskBatch = None                   # the held-out tasks the metrics were measured on (None for continuous states)
     params:dict = None                          # the family's parameters as the engine holds them, without the seed axis
+
+    def __post_init__(self): check_fields(self)
 
     def predict(self, Z,            # the model's prompt: a `Prompt`, or a tensor with `n`
                 n=None,             # number of context transitions (from the `Prompt` when omitted)
@@ -170,6 +171,8 @@ class Family:
     module:Callable         # (config, params of one seed, no seed axis) -> nn.Module with .predict(Z, n)
     metrics:Callable = None # (config, params (S, ...) in float64, EvalSet) -> dict name -> (S, ...) tensor
 
+    def __post_init__(self): check_fields(self)
+
 # %% ../nbs/91_engine.ipynb #ed0bca39
 @dataclass(frozen=True)
 class Protocol:
@@ -178,6 +181,8 @@ class Protocol:
     eval_set:Callable        # (config, seeds, device) -> EvalSet of every seed, its input built by the configuration's family
     data:Callable = None     # (config, seeds, device) -> what `sample` draws from (e.g. stacked task pools); None: nothing
     loss_scale:float = 0.5   # the loss is loss_scale * mean squared TD error over a seed's batch
+
+    def __post_init__(self): check_fields(self)
 
 # %% ../nbs/91_engine.ipynb #df3474f1
 FAMILIES, PROTOCOLS = {}, {}
@@ -223,6 +228,8 @@ class EvalSet:
     weights:torch.Tensor      # (S, E, m) weights of the MSVE over the queries (d_pi, or a quadrature rule)
     tasks:TaskBatch = None    # discrete tasks: the held-out tasks (S, E, ...), whose states 0..s-1 are the queries; None otherwise
     states:torch.Tensor = None  # discrete tasks: (S, E, n + 1) the contexts
+
+    def __post_init__(self): check_fields(self)
 
 # %% ../nbs/91_engine.ipynb #86b0d23c
 def stationary_pools(config:PretrainConfig, seeds:list, device=None)->TaskBatch:

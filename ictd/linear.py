@@ -221,7 +221,10 @@ def values_and_gradients(predict,            # callable Z (..., 2d+1, n+1) -> (.
 # %% ../nbs/07_linear.ipynb #2c5fc258
 def _cos(a, b, dim=-1): return (a * b).sum(dim) / (a.norm(dim=dim) * b.norm(dim=dim)).clamp(min=1e-300)
 
-def value_difference(v_tf, v_td, d_pi)->torch.Tensor:
+def value_difference(v_tf:torch.Tensor,  # (..., s) the model's values
+                     v_td:torch.Tensor,  # (..., s) linear TD's values
+                     d_pi:torch.Tensor,  # (..., s) the weights, the stationary distribution
+                    )->torch.Tensor:     # (...) VD (NaN where a diverged model's values are)
     "VD: $\\sum_s d_\\pi(s) (v_{TF}(s) - v_{TD}(s))^2$ over the last axis."
     return weighted_error(v_tf, v_td, d_pi)
 
@@ -237,7 +240,10 @@ def implicit_weight_similarity(v_tf:torch.Tensor,   # (..., s) the model's value
     return _cos(w_tf, w_td)
 
 # %% ../nbs/07_linear.ipynb #4a17f864
-def sensitivity_similarity(g_tf, g_td, d_pi)->torch.Tensor:
+def sensitivity_similarity(g_tf:torch.Tensor,  # (..., s, d) the model's query gradients
+                           g_td:torch.Tensor,  # (..., s, d) linear TD's query gradients
+                           d_pi:torch.Tensor,  # (..., s) the weights, the stationary distribution
+                          )->torch.Tensor:     # (...) SS (NaN where a diverged model's gradients are)
     "SS: $\\sum_s d_\\pi(s) \\cos(g_{TF}(s), g_{TD}(s))$ for query gradients of shape (..., s, d)."
     return (d_pi * _cos(g_tf, g_td)).sum(-1)
 

@@ -713,6 +713,8 @@ def contest_table(stats:list,        # `contest_stats` of the runs of one cell
     return out
 
 # %% ../nbs/93_mechanism_studies.ipynb #cb2ffdda
+from .core import check_int, check_number
+
 @dataclasses.dataclass
 class LearnedAlgorithm:
     "The algorithm a set of trained models is found to run: a level plus k iterates of weighted softmax TD, $\\hat v = \\lambda \\bar R/(1-\\gamma) + \\sigma\\, v_k$."
@@ -721,6 +723,11 @@ class LearnedAlgorithm:
     level:float    # level coefficient lambda on the context-mean value R-bar / (1 - gamma)
     scale:float    # scale sigma of the iterates
     alpha:float=1. # TD step size (fixed at 1: the scale absorbs a common factor)
+
+    def __post_init__(self):
+        "`k` an integer >= 0 and the other fields finite numbers, or a `ValueError` naming the field."
+        self.k = check_int(self.k, "k")
+        for name in ("beta", "level", "scale", "alpha"): setattr(self, name, check_number(getattr(self, name), name))
 
     def values(self, config:PretrainConfig,  # settings of the prompts (checked against the tasks)
                tasks:TaskBatch,              # the tasks

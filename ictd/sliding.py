@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools, math
 import numpy as np
 import torch
-from .core import run_stream, substream
+from .core import check_type, run_stream, substream
 from .tasks import Contexts, TaskBatch, TDExamples, random_tasks, sample_trajectories, task_features, task_pool
 from .engine import EvalSet, PretrainConfig, Protocol, register_protocol, task_eval_set
 from .pretrain import stack_pools
@@ -74,6 +74,7 @@ def td_semigradient_poly(coef:torch.Tensor,     # (..., W, L+1) value coefficien
 def fit_td_step(g:np.polynomial.Polynomial,  # expected semi-gradient in alpha
                )->float:                      # the stable step size reached from alpha = 1
     "The sign change of `g` from + to - nearest to alpha = 1 in the direction `g(1)` points."
+    check_type(g, np.polynomial.Polynomial, "g")
     roots = sorted(r.real for r in g.roots() if abs(r.imag) < 1e-9 and r.real > 0 and g.deriv()(r.real) < 0)
     pick = [r for r in roots if r >= 1] if g(1.) > 0 else [r for r in roots[::-1] if r <= 1]
     if not pick: raise ValueError(f"no stable step size in the direction of the semi-gradient from alpha = 1 (g(1) = {g(1.):.3g})")

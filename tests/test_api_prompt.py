@@ -130,4 +130,4 @@ def test_history_schema_documents_every_recorded_entry():
             assert v.grad_fn is None and v.shape == (5,) and result.predict(p, grad=True).grad_fn is not None
             with torch.no_grad(): assert torch.equal(v, result.model.predict(p))
     assert set(HISTORY_SCHEMA) >= {"step", "loss", "msve", "neu"}
-    with pytest.raises(KeyError, match="not documented"): history_schema("accuracy")
+    with pytest.raises(ValueError, match="`name` must be one of"): history_schema("accuracy")

@@ -10,7 +10,8 @@ import torch
 from ictd.boyan import msve, random_boyan_chain, sample_trajectory, weighted_error
 from ictd.tasks import TaskBatch, random_tasks, sample_trajectories, task_rng
 from ictd.prompt import build_prompt
-from ictd.core import OKABE_ITO, atomic_write_text, plain_log_ticks, substream
+from collections.abc import Callable
+from ictd.core import OKABE_ITO, atomic_write_text, check_floating, check_type, plain_log_ticks, substream
 from ictd.engine import EMERGENCE, PretrainConfig, PretrainResult, get_family, stack_results
 from ictd.pretrain import pretrain_many
 from ictd.core import provenance, provenance_note
@@ -431,10 +432,14 @@ THETA_STAR_GRID = dict(alpha=(0.5, 1., 2., 4., 8., 16.), beta=(0., 0.25, 0.5, 1.
 
 # %%
 #| export
-def softmax_in_context(predict,          # callable Z (..., d+2, n+1+s) -> (..., s) values at the query columns
-                       phi_S, R, phi,    # context features (..., n+1, d), rewards (..., n), state features (..., s, d)
-                      )->tuple:          # (values (..., s), gradients wrt the query feature (..., s, d))
+def softmax_in_context(predict,              # callable Z (..., d+2, n+1+s) -> (..., s) values at the query columns
+                       phi_S:torch.Tensor,   # (..., n+1, d) context features
+                       R:torch.Tensor,       # (..., n) rewards
+                       phi:torch.Tensor,     # (..., s, d) state features
+                      )->tuple:              # (values (..., s), gradients wrt the query feature (..., s, d))
     "Every state's value in context in the softmax prompt of chapter 2, and its gradient with respect to the query feature."
+    check_type(predict, Callable, "predict")
+    phi = check_floating(phi, "phi")
     with torch.enable_grad():
         x = phi.detach().clone().requires_grad_(True)
         v = predict(build_prompt(phi_S, R, x))
@@ -946,6 +951,17 @@ batch_one.phi.shape, batch_rnd.phi.shape
 #| export
 from ictd.boyan import check_arguments
 check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)
+
+# %% [markdown]
+# The exported module's functions check their arguments against their annotations
+# (chapter 0's `check_arguments`), naming the argument:
+
+# %%
+import ictd.experiments.linear as experiments_linear
+
+# %%
+test_fail(lambda: experiments_linear.softmax_in_context(print, "abc", [0.], [[1.]]), contains="`phi_S` must be a tensor")
+test_fail(lambda: experiments_linear.softmax_in_context("model", [[1.]], [], [[1.]]), contains="`predict` must be a Callable")
 
 # %%
 #| hide

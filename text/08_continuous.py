@@ -5,7 +5,6 @@
 #| export
 from __future__ import annotations
 import math
-from types import SimpleNamespace
 import numpy as np
 import torch
 from fastcore.basics import patch
@@ -153,9 +152,8 @@ class NoisyRotation(ContinuousProcess):
                  gamma:float=0.9,          # discount factor in [0, 1)
                  reward:str="square",      # 'square': sign(sin s); 'cos': cos s
                 ):
-        if reward not in ("square", "cos"): raise ValueError(f"`reward` must be 'square' or 'cos', got {reward!r}")
-        self.mu, self.sigma, self.gamma, self.reward_kind = float(mu), _positive(sigma, "sigma"), check_gamma(gamma), reward
-        if not math.isfinite(self.mu): raise ValueError(f"`mu` must be finite, got {mu}")
+        self.mu, self.sigma, self.gamma = check_number(mu, "mu"), _positive(sigma, "sigma"), check_gamma(gamma)
+        self.reward_kind = check_choice(reward, ("square", "cos"), "reward")
         if reward == "square" and self.sigma < 0.01: raise ValueError(f"`sigma` must be at least 0.01 with the square reward (its value series needs 9 / sigma harmonics), got {sigma}")
 
     def __repr__(self): return f"NoisyRotation(mu={self.mu}, sigma={self.sigma}, gamma={self.gamma}, reward={self.reward_kind!r})"
@@ -291,10 +289,13 @@ test_eq(gaussian_operator(1., 0., 3), torch.eye(4, dtype=torch.float64))
 
 # %%
 #| export
-def polyval(coef, s)->torch.Tensor:
+def polyval(coef:torch.Tensor,  # (k,) coefficients, constant first
+            s:torch.Tensor,     # (...) points
+           )->torch.Tensor:     # (...) the polynomial at `s`
     "sum_j coef[j] s^j."
-    s = as_tensor(s, "states")
-    return s.unsqueeze(-1) ** torch.arange(len(coef), dtype=s.dtype) @ torch.as_tensor(coef, dtype=s.dtype)
+    s = as_tensor(s, "s")
+    coef = as_tensor(coef, "coef", s.dtype)
+    return s.unsqueeze(-1) ** torch.arange(len(coef), dtype=s.dtype) @ coef
 
 
 # %%
@@ -311,7 +312,7 @@ class GaussianAR1(ContinuousProcess):
                  gamma:float=0.9,                        # discount factor in [0, 1)
                  reward:tuple=(0., 1., 0., -1 / 3),      # polynomial coefficients of the reward, constant first
                 ):
-        a = float(a)
+        a = check_number(a, "a")
         if not abs(a) < 1: raise ValueError(f"`a` must satisfy |a| < 1, got {a}")
         self.a, self.sigma, self.gamma = a, _positive(sigma, "sigma"), check_gamma(gamma)
         c = torch.as_tensor(np.asarray(reward, dtype=np.float64))
@@ -379,7 +380,7 @@ ar, ar.value_coef
 
 # %%
 #| export
-def mc_returns(process,             # a process of this chapter
+def mc_returns(process:ContinuousProcess, # a process of this chapter
                states,              # (m,) start states
                n_paths:int=4000,    # independent paths per start state
                tol:float=1e-8,      # the horizon H is the smallest with gamma^H < tol
@@ -404,7 +405,11 @@ def mc_returns(process,             # a process of this chapter
 
 # %%
 #| export
-def mc_z_scores(process, states, v, **kwargs)->torch.Tensor:
+def mc_z_scores(process:ContinuousProcess,  # a process of this chapter
+                states:torch.Tensor,        # (m,) start states
+                v:torch.Tensor,             # (m,) the candidate value at `states`
+                **kwargs,                   # passed to `mc_returns` (n_paths, tol, seed)
+               )->torch.Tensor:             # (m,) z-scores
     "|MC mean - v| / standard error at each state, for a candidate value `v` (m,)."
     mean, se = mc_returns(process, states, **kwargs)
     return (mean - as_tensor(v, "v")).abs() / se
@@ -514,18 +519,20 @@ Markdown("| key $S_{k-1}$ | score $2\\cos(0 - S_{k-1})$ | weight $K_k(0)$ |\n|--
 
 # %%
 #| export
-def kernel_td(process,              # a process of this chapter
-              states,               # (..., n + 1) states S_0..S_n
-              rewards,              # (..., n) rewards, rewards[..., k-1] = R_k
+def kernel_td(process:ContinuousProcess, # a process of this chapter
+              states:torch.Tensor,  # (..., n + 1) states S_0..S_n
+              rewards:torch.Tensor, # (..., n) rewards, rewards[..., k-1] = R_k
               *,                    # the rest by keyword: alpha and beta are two floats easily swapped
               alpha:float,          # step size
               beta:float,           # kernel scale: W = process.score_matrix(beta)
               n_layers:int,         # depth L (number of TD iterations)
-              queries,              # (q,) or (..., q) query states
+              queries:torch.Tensor, # (q,) or (..., q) query states
               return_all:bool=False,  # return v_0..v_L instead of v_L
              )->torch.Tensor:       # (..., q) estimates at the queries; (..., L + 1, q) with `return_all`
     "Weighted softmax TD with the process's kernel, read out at the query states: what the constructed Transformer computes."
-    phi, R = process.features(states), as_tensor(rewards, "rewards")
+    S, n_layers = as_tensor(states, "states"), check_int(n_layers, "n_layers")
+    if S.ndim < 1 or S.shape[-1] < 2: raise ValueError(f"`states` must have shape (..., n + 1) with n >= 1, got {tuple(S.shape)}")
+    phi, R = process.features(S), as_tensor(rewards, "rewards")
     Q = process.features(queries).to(phi)
     if Q.ndim == 2 and phi.ndim > 2: Q = Q.expand(phi.shape[:-2] + Q.shape)
     n = phi.shape[-2] - 1
@@ -631,7 +638,7 @@ def von_mises_harmonics(beta:float,    # concentration
 @patch
 def population_values(self:NoisyRotation, beta:float, alpha:float, n_layers:int, states)->torch.Tensor:
     "(L + 1, m) values v_0..v_L of the population recursion at `states` (harmonic by harmonic)."
-    s = as_tensor(states, "states")
+    s, alpha, n_layers = as_tensor(states, "states"), check_number(alpha, "alpha"), check_int(n_layers, "n_layers")
     k_max = 1 if self.reward_kind == "cos" else max(1, math.ceil(math.sqrt(80 * check_number(beta, "beta", 0., strict=True))) + 1)
     k, c = self.reward_harmonics(k_max)
     p, lam = self.transition_eigenvalues(k), von_mises_harmonics(beta, k_max)[1:]
@@ -652,6 +659,7 @@ def population_values(self:NoisyRotation, beta:float, alpha:float, n_layers:int,
 def population_values(self:GaussianAR1, beta:float, alpha:float, n_layers:int, states)->torch.Tensor:
     "(L + 1, m) values v_0..v_L of the population recursion at `states` (on polynomial coefficients)."
     b, s2 = check_number(beta, "beta", 0., strict=True), self.std ** 2
+    alpha, n_layers = check_number(alpha, "alpha"), check_int(n_layers, "n_layers")
     T_M = gaussian_operator(b * s2 / (1 + b * s2), math.sqrt(s2 / (1 + b * s2)), self.degree)
     I = torch.eye(self.degree + 1, dtype=torch.float64)
     w, ws = torch.zeros(self.degree + 1, dtype=torch.float64), []
@@ -708,7 +716,7 @@ Markdown(f"$|b_k|$ for $k = 1, 2, 3$: {', '.join(f'{f:.3f}' for f in f_rot.tolis
 
 # %%
 #| export
-def population_msve(process, *, alpha:float, beta:float, n_layers:int, m:int=512)->torch.Tensor:
+def population_msve(process:ContinuousProcess, *, alpha:float, beta:float, n_layers:int, m:int=512)->torch.Tensor:
     "(L + 1,) MSVE of the population recursion at depths 0..L."
     return process.msve(process.population_values(beta, alpha, n_layers, process.grid(m)[0]))
 
@@ -933,14 +941,18 @@ test_close((He * torch.from_numpy(gh_w / gh_w.sum())) @ He.T, torch.eye(4, dtype
 #| export
 def task_process(family:TaskFamily,  # the family the task was drawn from
                  task:dict,          # one task, `family.draw(1, gen)`
-                )->SimpleNamespace:  # gamma, reward(states), step(states, rng)
+                )->ContinuousProcess: # with gamma, reward(states) and step(states, rng)
     "One task of a family as a process `mc_returns` can simulate."
     reward = lambda s: family.reward(task, s.reshape(1, -1)).reshape(s.shape)
     if isinstance(family, RotationFamily):
         mu, sg = task["mu"].item(), task["sigma"].item()
-        return SimpleNamespace(gamma=family.gamma, reward=reward, step=lambda s, rng: np.mod(s + mu + sg * rng.standard_normal(s.shape), 2 * np.pi))
+        return _DrawnTask(family.gamma, reward, lambda s, rng: np.mod(s + mu + sg * rng.standard_normal(s.shape), 2 * np.pi))
     a = task["a"].item()
-    return SimpleNamespace(gamma=family.gamma, reward=reward, step=lambda s, rng: a * s + math.sqrt(1 - a * a) * rng.standard_normal(s.shape))
+    return _DrawnTask(family.gamma, reward, lambda s, rng: a * s + math.sqrt(1 - a * a) * rng.standard_normal(s.shape))
+
+class _DrawnTask(ContinuousProcess):
+    "One drawn task of a family: its discount, reward function and transition, all `mc_returns` simulates."
+    def __init__(self, gamma:float, reward, step): self.gamma, self.reward, self.step = gamma, reward, step
 
 
 # %% [markdown]
@@ -1045,7 +1057,10 @@ test_close(token_predict(model_params(model), 3, tokens)[0], model.predict(build
 # %%
 test_fail(lambda: NoisyRotation(sigma=0.), contains="`sigma` must be a finite number > 0")
 test_fail(lambda: NoisyRotation(sigma=0.001), contains="`sigma` must be at least 0.01")
-test_fail(lambda: NoisyRotation(reward="saw"), contains="`reward` must be 'square' or 'cos'")
+test_fail(lambda: NoisyRotation(reward="saw"), contains="`reward` must be one of ('square', 'cos')")
+test_fail(lambda: NoisyRotation(mu=math.nan), contains="`mu` must be a finite number")
+test_fail(lambda: GaussianAR1(a="0.5"), contains="`a` must be a finite number")
+test_fail(lambda: polyval([1.], [math.inf]), contains="`s` contains NaN or inf")
 test_fail(lambda: rot.sample_trajectory(0), contains="`n` must be an integer >= 1")
 test_fail(lambda: GaussianAR1(a=1.), contains="`a` must satisfy |a| < 1")
 test_fail(lambda: GaussianAR1(reward=()), contains="`reward` must be a non-empty")
@@ -1138,3 +1153,14 @@ def basis(self:GaussianAR1, states, size:int)->torch.Tensor:
 #| export
 from ictd.boyan import check_arguments
 check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)
+
+# %% [markdown]
+# The exported module's functions check their arguments against their annotations
+# (chapter 0's `check_arguments`), naming the argument:
+
+# %%
+import ictd.continuous
+
+# %%
+test_fail(lambda: ictd.continuous.polyval("abc", [1.]), contains="`coef` must be a tensor")
+test_fail(lambda: ictd.continuous.mc_returns("rotation", [0.]), contains="`process` must be a ContinuousProcess")

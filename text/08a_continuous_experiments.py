@@ -217,24 +217,26 @@ assert rot_rates[-1] > rot_rates[5] + 0.01
 
 # %%
 #| export
-def loglog_fit(x, y)->tuple:
+def loglog_fit(x:torch.Tensor,  # (k,) abscissae, positive
+               y:torch.Tensor,  # (k,) ordinates, positive
+              )->tuple:         # (slope, intercept)
     "(slope, intercept) of least squares on log y = slope log x + intercept."
-    lx, ly = np.log(np.asarray(x, dtype=float)), np.log(np.asarray(y, dtype=float))
+    lx, ly = (np.log(as_tensor(v, name, torch.float64).numpy()) for v, name in ((x, "x"), (y, "y")))
     slope, intercept = np.polyfit(lx, ly, 1)
     return float(slope), float(intercept)
 
 
 # %%
 #| export
-def bootstrap_slope(x,                # (k,) abscissae
-                    samples,          # (k, ..., B) per-context values at each abscissa, contexts last
+def bootstrap_slope(x:torch.Tensor,   # (k,) abscissae
+                    samples:torch.Tensor, # (k, ..., B) per-context values at each abscissa, contexts last
                     statistic=None,   # callable on (..., B) samples -> positive value; default the mean over contexts
                     n_boot:int=500,   # bootstrap replicates
                     seed:int=0,       # seed of the resampling
                    )->tuple:          # (slope, (2.5%, 97.5%) percentile interval)
     "Log-log slope of a statistic of the per-context samples against x, with a percentile bootstrap interval over contexts."
     stat = statistic or (lambda a: a.mean(-1))
-    samples = np.asarray(samples, dtype=float)
+    samples = as_tensor(samples, "samples", torch.float64).numpy()
     rng = np.random.default_rng(seed)
     slope = loglog_fit(x, [stat(s) for s in samples])[0]
     boots = [loglog_fit(x, [stat(s[..., rng.integers(0, s.shape[-1], s.shape[-1])]) for s in samples])[0] for _ in range(n_boot)]
@@ -266,11 +268,11 @@ floor_slopes
 
 # %%
 #| export
-def best_beta(betas,          # (k,) kernel scales, increasing
-              errors,         # (k, B) MSVE per scale and context
-             )->float:        # the minimiser of the mean MSVE, refined by a parabola in log beta
+def best_beta(betas:torch.Tensor,   # (k,) kernel scales, increasing
+              errors:torch.Tensor,  # (k, B) MSVE per scale and context
+             )->float:              # the minimiser of the mean MSVE, refined by a parabola in log beta
     "The kernel scale minimising the mean MSVE over contexts."
-    lb, e = np.log(np.asarray(betas, dtype=float)), np.log(np.asarray(errors, dtype=float).mean(-1))
+    lb, e = np.log(as_tensor(betas, "betas", torch.float64).numpy()), np.log(as_tensor(errors, "errors", torch.float64).numpy().mean(-1))
     i = int(np.clip(np.argmin(e), 1, len(e) - 2))
     a, b, _ = np.polyfit(lb[i - 1:i + 2], e[i - 1:i + 2], 2)
     x = -b / (2 * a) if a > 0 else lb[int(np.argmin(e))]
@@ -287,7 +289,13 @@ beta_slope, beta_ci = bootstrap_slope(NS_BETA, beta_sweep.numpy(), statistic=lam
 
 # %%
 #| export
-def plot_tradeoff(betas, ns, sweep, best, slope, ci):
+def plot_tradeoff(betas:torch.Tensor,  # (k,) kernel scales
+                  ns:torch.Tensor,     # (m,) context lengths
+                  sweep:torch.Tensor,  # (m, k, B) MSVE per length, scale and context
+                  best:torch.Tensor,   # (m,) best kernel scale per length
+                  slope:float,         # fitted exponent of the best scale against n
+                  ci:tuple,            # its (low, high) interval
+                 ):                    # the figure
     "MSVE against beta for each n (best beta marked), and best beta against n with the fitted power law."
     import matplotlib.pyplot as plt
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
@@ -544,7 +552,10 @@ long_depth = error_sweep(rot, NS_LONG, BETAS_LONG, ALPHA, L_LONG, n_tasks=6, see
 
 # %%
 #| export
-def plot_long_depth(betas, errors, n):
+def plot_long_depth(betas:torch.Tensor,   # (k,) kernel scales
+                    errors:torch.Tensor,  # (k, B, L + 1) MSVE per scale, context and depth
+                    n:int,                # the context length, for the title
+                   ):                     # the figure
     "MSVE against depth far beyond the floor, one curve per kernel scale."
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4))
@@ -633,6 +644,18 @@ test_eq(rot.basis(torch.zeros(3, dtype=torch.float64), 2).shape, (3, 5))
 #| export
 from ictd.boyan import check_arguments
 check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)
+
+# %% [markdown]
+# The exported module's functions check their arguments against their annotations
+# (chapter 0's `check_arguments`), naming the argument:
+
+# %%
+import ictd.experiments.continuous_sweeps as sweeps
+
+# %%
+test_fail(lambda: sweeps.best_beta("abc", beta_sweep[0]), contains="`betas` must be a tensor")
+test_fail(lambda: sweeps.loglog_fit(NS_BETA, [1., math.nan, 1., 1.]), contains="`y` contains NaN or inf")
+test_fail(lambda: sweeps.plot_long_depth(BETAS_LONG, long_depth, "200"), contains="`n` must be an integer")
 
 # %%
 #| hide

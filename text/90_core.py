@@ -4,12 +4,12 @@
 # %%
 #| export
 from __future__ import annotations
-import datetime, errno, functools, hashlib, inspect, io, json, math, os, platform, shutil, subprocess, sys, tempfile, warnings
+import collections.abc, dataclasses, datetime, errno, functools, hashlib, inspect, io, json, math, os, platform, shutil, subprocess, sys, tempfile, typing, warnings
 from pathlib import Path
 import numpy as np
 import torch
 import ictd
-from ictd.boyan import as_tensor, is_real_number, weighted_error
+from ictd.boyan import ArgumentError, _annotation_check, as_tensor, is_real_number, weighted_error
 from ictd.tasks import TaskBatch
 
 # %%
@@ -75,8 +75,8 @@ def check_number(x,                 # the value
                 )->float:           # `x` as a float
     "`x` as a float, or a `ValueError` naming `name` unless `x` is a finite number >= `low` (> `low` when `strict`) and <= `high`."
     if not _is_number(x) or not math.isfinite(x) or x < low or (strict and x == low) or x > high:
-        bound = f"{'>' if strict else '>='} {low}" if high == math.inf else f"in {'(' if strict else '['}{low}, {high}]"
-        raise ValueError(f"`{name}` must be {what or 'a finite number ' + bound}, got {x!r}")
+        bound = ("" if low == -math.inf else f" {'>' if strict else '>='} {low}") if high == math.inf else f" in {'(' if strict else '['}{low}, {high}]"
+        raise ValueError(f"`{name}` must be {what or 'a finite number' + bound}, got {x!r}")
     return float(x)
 
 def check_floating(x,             # a tensor, numpy array, list or number
@@ -118,7 +118,10 @@ def check_seeds(seeds)->list:
 
 # %% [markdown]
 # An argument that must be an object of some class (a configuration, a task batch) or a flag, batch dimensions that
-# must broadcast, and a torch device, are checked the same way; a device that names a CUDA GPU on a machine without one is refused before any work:
+# must broadcast, and a torch device, are checked the same way; a device that names a CUDA GPU on a machine without one is refused before any work.
+# `check_arguments` wraps a module's functions, not its classes: a dataclass calls `check_fields` in its `__post_init__`, which
+# checks each field against its annotation as chapter 0's `checked` checks an argument (a field left at its default passes,
+# and `Callable` asks for something callable):
 
 # %%
 #| export
@@ -147,6 +150,26 @@ def check_device(device)->torch.device:
     except (RuntimeError, TypeError) as e: raise ValueError(f"`device` must be a torch device such as 'cpu' or 'cuda', got {device!r}") from None
     if dev.type == "cuda" and not torch.cuda.is_available(): raise ValueError(f"`device` is {device!r} but torch sees no CUDA GPU here")
     return dev
+
+@functools.lru_cache(maxsize=None)
+def _field_checks(cls:type)->dict:
+    "Field name -> (test, what was expected) for the annotated fields of the dataclass `cls` that say something checkable."
+    try: hints = typing.get_type_hints(cls)
+    except Exception: return {}                 # an annotation that cannot be resolved: leave the class to its own checks
+    callables = (typing.Callable, collections.abc.Callable)
+    checks = {k: (callable, "a callable") if t in callables else _annotation_check(t) for k, t in hints.items()}
+    return {k: c for k, c in checks.items() if c is not None}
+
+def check_fields(obj):
+    "`obj`, or an `ArgumentError` (a `TypeError` and a `ValueError`) naming the first field of the dataclass `obj` that its annotation rules out; a field at its default passes."
+    if not dataclasses.is_dataclass(obj) or isinstance(obj, type): raise TypeError(f"`obj` must be a dataclass instance, got {type(obj).__name__}")
+    checks = _field_checks(type(obj))
+    for f in dataclasses.fields(obj):
+        x = getattr(obj, f.name)
+        if f.name in checks and x is not f.default and not checks[f.name][0](x):
+            raise ArgumentError(f"`{f.name}` must be {checks[f.name][1]}, got {type(x).__name__} {x!r}"[:300])
+    return obj
+
 
 
 # %% [markdown]
@@ -451,6 +474,8 @@ def atomic_savefig(fig,        # a matplotlib figure
                    **kwargs,   # passed to `fig.savefig` (dpi, bbox_inches)
                   )->Path:     # `path`
     "Save `fig` to `path` atomically: drawn into memory, then written as `atomic_write_bytes` does."
+    from matplotlib.figure import Figure
+    check_type(fig, Figure, "fig")
     buf = io.BytesIO(); fig.savefig(buf, format=Path(path).suffix.lstrip(".") or "png", **kwargs)
     return atomic_write_bytes(path, buf.getvalue())
 
@@ -466,6 +491,7 @@ with tempfile.TemporaryDirectory() as tmp:
     test_fail(lambda: atomic_write_text(f / "under-a-file.txt", "x"), contains="cannot write")
     test_eq(sorted(p.name for p in f.parent.iterdir()), ["x.txt"])
     fig = plt.figure(); atomic_savefig(fig, Path(tmp) / "fig.png", dpi=50); plt.close(fig)
+    test_fail(lambda: atomic_savefig(fig.gca(), Path(tmp) / "axes.png"), contains="`fig` must be a Figure")
     test_eq((Path(tmp) / "fig.png").read_bytes()[:4], b"\x89PNG")
 
 
@@ -766,8 +792,9 @@ def plain_log_ticks(ax,               # matplotlib axes
                     which:str="both", # the axes to label: "x", "y" or "both" (axes not on a log scale are left alone)
                    ):
     "Label the log-scale axes of `ax` with plain numbers (0.01, 2, 300), minor ticks too where an axis spans under two decades."
+    from matplotlib.axes import Axes
     from matplotlib.ticker import FuncFormatter, NullFormatter
-    if which not in ("x", "y", "both"): raise ValueError(f"`which` must be 'x', 'y' or 'both', got {which!r}")
+    check_type(ax, Axes, "ax"), check_choice(which, ("x", "y", "both"), "which")
     number = lambda v: f"{v:g}" if 1e-4 <= abs(v) < 1e5 else f"$10^{{{round(math.log10(abs(v)))}}}$"
     for name in ("x", "y") if which == "both" else (which,):
         axis = getattr(ax, f"{name}axis")
@@ -788,6 +815,7 @@ labels = lambda axis: [t.get_text() for t in axis.get_ticklabels() + axis.get_ti
 assert "0.01" in labels(ax.yaxis) and "100" in labels(ax.yaxis) and not any("10^" in t for t in labels(ax.yaxis)), labels(ax.yaxis)
 assert {"1", "2", "0.6"} <= set(labels(ax.xaxis)), labels(ax.xaxis)   # under one decade: minor ticks 2, 3, 4, 6 labelled
 test_fail(lambda: plain_log_ticks(ax, "z"), contains="`which` must be")
+test_fail(lambda: plain_log_ticks(fig), contains="`ax` must be a Axes")
 plt.close(fig)
 
 # %% [markdown]
@@ -818,7 +846,7 @@ show_doc(check_number)
 # %%
 test_eq(check_number(1, "lr", 0, strict=True), 1.)
 test_fail(lambda: check_number(0., "lr", 0, strict=True), contains="`lr` must be a finite number > 0")
-test_fail(lambda: check_number(math.inf, "alpha"), contains="`alpha` must be a finite number")
+test_fail(lambda: check_number(math.inf, "alpha"), contains="`alpha` must be a finite number, got inf")
 test_eq(check_number(1, "alpha", 0, strict=True, high=1), 1.)
 test_fail(lambda: check_number(1.5, "alpha", 0, strict=True, high=1), contains="`alpha` must be a finite number in (0, 1]")
 test_fail(lambda: check_number(-5, "alpha", 0, strict=True, high=1), contains="`alpha` must be a finite number in (0, 1]")
@@ -842,6 +870,18 @@ test_eq(check_device(None), torch.device("cpu"))   # CUDA only when asked, even 
 test_fail(lambda: check_device("gpu"), contains="`device` must be a torch device")
 test_fail(lambda: check_device(3.5), contains="`device` must be a torch device")
 if not torch.cuda.is_available(): test_fail(lambda: check_device("cuda"), contains="no CUDA GPU")
+
+@dataclasses.dataclass
+class _Toy:
+    "A dataclass whose fields `check_fields` checks."
+    n:int
+    f:typing.Callable
+    t:torch.Tensor = None
+    def __post_init__(self): check_fields(self)
+test_eq(_Toy(3, abs).t, None)
+for bad, field in ((dict(n="3", f=abs), "n"), (dict(n=3, f="abs"), "f"), (dict(n=3, f=abs, t="abc"), "t")):
+    test_fail(lambda: _Toy(**bad), contains=f"`{field}` must be")
+test_fail(lambda: check_fields(_Toy), contains="`obj` must be a dataclass instance")
 
 # %% [markdown]
 # ### Work before it starts

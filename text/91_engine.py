@@ -12,7 +12,7 @@ import torch
 from torch import nn
 import ictd
 from ictd.boyan import check_gamma
-from ictd.core import TaskBatch, check_bool, check_choice, check_int, check_number, check_seeds, check_work, nudge_scale, run_stream
+from ictd.core import TaskBatch, check_bool, check_choice, check_fields, check_int, check_number, check_seeds, check_work, nudge_scale, run_stream
 from ictd.model import SoftmaxICTD, theta_star
 from ictd.state_tokens import StateTokens, fused_token_predict, population_tokens, state_tokens, token_layers, token_predict, trajectory_tokens
 from ictd.tasks import Contexts, TDExamples, TDSample, draw_cdf, gather_rows, sample_trajectories, stationary_examples, task_features, task_pool
@@ -166,10 +166,9 @@ HISTORY_SCHEMA = dict(   # history name -> (shape of one seed's record, E evalua
 )
 
 def history_schema(name:str)->tuple:
-    "The documented (shape, meaning) of history entry `name` (`param.A` reads the `param.<name>` row), or a `KeyError` naming it."
-    key = "param.<name>" if name.startswith("param.") else name
-    if key not in HISTORY_SCHEMA: raise KeyError(f"history entry {name!r} is not documented in `ictd.engine.HISTORY_SCHEMA`")
-    return HISTORY_SCHEMA[key]
+    "The documented (shape, meaning) of history entry `name` (`param.A` reads the `param.<name>` row), or a `ValueError` naming `name` when `HISTORY_SCHEMA` does not document it."
+    key = "param.<name>" if isinstance(name, str) and name.startswith("param.") else name
+    return HISTORY_SCHEMA[check_choice(key, tuple(HISTORY_SCHEMA), "name")]
 
 @dataclass(eq=False)
 class PretrainResult:
@@ -183,10 +182,12 @@ class PretrainResult:
     each (E, 1); `record_params=True` adds param.<name> (E, ...) for every parameter.
     `predict` evaluates the trained model under `torch.no_grad()` unless asked for a graph (`grad=True`)."""
     config:PretrainConfig
-    model:nn.Module                             # built by the model family (a `SoftmaxICTD` for "softmax")
+    model:nn.Module|None                        # built by the model family (a `SoftmaxICTD` for "softmax"); None for a run read back without its model
     history:dict = field(default_factory=dict)  # name -> (E, ...) tensor, one row per evaluation: see `HISTORY_SCHEMA`
     held_out:TaskBatch = None                   # the held-out tasks the metrics were measured on (None for continuous states)
     params:dict = None                          # the family's parameters as the engine holds them, without the seed axis
+
+    def __post_init__(self): check_fields(self)
 
     def predict(self, Z,            # the model's prompt: a `Prompt`, or a tensor with `n`
                 n=None,             # number of context transitions (from the `Prompt` when omitted)
@@ -228,6 +229,10 @@ runs = [PretrainResult(PretrainConfig(seed=s), None, dict(msve=torch.full((3, 1)
 stacked = stack_results(runs)
 test_eq((stacked["history"]["msve"].shape, stacked["params"]["A"].shape), ((4, 3, 1), (4, 2, 2)))
 test_eq(stacked["params"]["A"][2], runs[2].params["A"])
+test_fail(lambda: PretrainResult(PretrainConfig(), "model"), contains="`model` must be a Module or None")
+test_fail(lambda: PretrainResult("config", None), contains="`config` must be a PretrainConfig")
+test_eq(history_schema("param.A"), HISTORY_SCHEMA["param.<name>"])
+test_fail(lambda: history_schema("accuracy"), contains="`name` must be one of")
 
 
 # %% [markdown]
@@ -262,6 +267,8 @@ class Family:
     module:Callable         # (config, params of one seed, no seed axis) -> nn.Module with .predict(Z, n)
     metrics:Callable = None # (config, params (S, ...) in float64, EvalSet) -> dict name -> (S, ...) tensor
 
+    def __post_init__(self): check_fields(self)
+
 
 # %% [markdown]
 # A protocol is the data side: what a step trains on and what the metrics are measured on.
@@ -275,6 +282,8 @@ class Protocol:
     eval_set:Callable        # (config, seeds, device) -> EvalSet of every seed, its input built by the configuration's family
     data:Callable = None     # (config, seeds, device) -> what `sample` draws from (e.g. stacked task pools); None: nothing
     loss_scale:float = 0.5   # the loss is loss_scale * mean squared TD error over a seed's batch
+
+    def __post_init__(self): check_fields(self)
 
 
 # %% [markdown]
@@ -294,6 +303,7 @@ def register_family(name:str, family:Family):
 
 # %%
 test_fail(lambda: register_family("mine", print), contains="`family` must be a Family, got builtin_function_or_method")
+test_fail(lambda: Family("init", print, print, print), contains="`init` must be a callable")
 
 
 # %%
@@ -306,6 +316,8 @@ def register_protocol(name:str, protocol:Protocol):
 
 # %%
 test_fail(lambda: register_protocol("mine", Family(*[print] * 4)), contains="`protocol` must be a Protocol, got Family")
+test_fail(lambda: Protocol(print, "eval_set"), contains="`eval_set` must be a callable")
+test_fail(lambda: Protocol(print, print, loss_scale="0.5"), contains="`loss_scale` must be a number")
 
 # %% [markdown]
 # A lookup of a name not yet registered imports the book's plug-ins first; a name that none of them registers is
@@ -362,6 +374,8 @@ class EvalSet:
     weights:torch.Tensor      # (S, E, m) weights of the MSVE over the queries (d_pi, or a quadrature rule)
     tasks:TaskBatch = None    # discrete tasks: the held-out tasks (S, E, ...), whose states 0..s-1 are the queries; None otherwise
     states:torch.Tensor = None  # discrete tasks: (S, E, n + 1) the contexts
+
+    def __post_init__(self): check_fields(self)
 
 
 # %% [markdown]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import functools, math
 import numpy as np
 import torch
-from ictd.core import run_stream, substream
+from ictd.core import check_type, run_stream, substream
 from ictd.tasks import Contexts, TaskBatch, TDExamples, random_tasks, sample_trajectories, task_features, task_pool
 from ictd.engine import EvalSet, PretrainConfig, Protocol, register_protocol, task_eval_set
 from ictd.pretrain import stack_pools
@@ -202,6 +202,7 @@ def td_semigradient_poly(coef:torch.Tensor,     # (..., W, L+1) value coefficien
 def fit_td_step(g:np.polynomial.Polynomial,  # expected semi-gradient in alpha
                )->float:                      # the stable step size reached from alpha = 1
     "The sign change of `g` from + to - nearest to alpha = 1 in the direction `g(1)` points."
+    check_type(g, np.polynomial.Polynomial, "g")
     roots = sorted(r.real for r in g.roots() if abs(r.imag) < 1e-9 and r.real > 0 and g.deriv()(r.real) < 0)
     pick = [r for r in roots if r >= 1] if g(1.) > 0 else [r for r in roots[::-1] if r <= 1]
     if not pick: raise ValueError(f"no stable step size in the direction of the semi-gradient from alpha = 1 (g(1) = {g(1.):.3g})")
@@ -218,6 +219,7 @@ g_demo = -np.polynomial.Polynomial.fromroots([0.5, 2.])   # (2 - alpha)(alpha - 
 test_close(fit_td_step(g_demo), 2., eps=1e-12)
 test_close(fit_td_step(-g_demo), 0.5, eps=1e-12)
 test_fail(lambda: fit_td_step(np.polynomial.Polynomial([-2., 1.])), contains="no stable step size")
+test_fail(lambda: fit_td_step([-2., 1.]), contains="`g` must be a Polynomial")
 
 # %% [markdown]
 # Checks: the polynomial reproduces the batch-TD Transformer's values at the windows' queries at an

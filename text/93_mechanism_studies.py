@@ -12,7 +12,8 @@ from ictd.state_tokens import model_params
 from ictd.engine import EMERGENCE, PretrainConfig, get_family
 from ictd.pretrain import DIVERGED, DivergenceError, pretrain_many
 from ictd.emergence import UNIFORM_BELOW, context_mean_values, held_out_prompts, msve_of, sign_pattern
-from ictd.core import atomic_write_text, provenance
+from ictd.boyan import check_gamma
+from ictd.core import atomic_write_text, check_type, provenance
 from ictd.tasks import sample_trajectories
 from ictd.mechanism import (CONTEST_GRIDS, CONTEST_NAMES, contest_table, fit_candidate, fit_estimators, gap_measures, jacobian_spectrum, learned_kernel, prediction_errors,
                             sampled_jacobians, update_jacobian, candidate_prediction, context_prompt, patched_predict, shuffle_context)
@@ -1118,6 +1119,8 @@ class _AsAlgorithm(torch.nn.Module):
 _c = dataclasses.replace(EMERGENCE, eval_tasks=6, seed=3)
 _fits = dict(td=dict(index=grid_thetas("td").index(dict(beta=2., k=3)), level=0.4, scale=0.9), v_pi=dict(index=2, level=0.4, scale=0.7))
 _stand = _AsAlgorithm(LearnedAlgorithm(k=3, beta=2., level=0.4, scale=0.9), _c)
+test_fail(lambda: LearnedAlgorithm(k=2.5, beta=2., level=0.4, scale=0.9), contains="`k` must be an integer >= 0")
+test_fail(lambda: LearnedAlgorithm(k=3, beta="2", level=0.4, scale=0.9), contains="`beta` must be a finite number")
 _t, _s, _ = held_out_prompts(_c)
 test_close(_stand.predict(context_prompt(_t, _s), n=30), candidate_prediction("td", _fits["td"], _c, _t, _s), eps=1e-12)
 for _ch in [shuffle_intervention(_c, _stand, _fits, 6)] + list(lengthen_intervention(_c, _stand, _fits, 6, (30, 60)).values())[1:]:
@@ -1168,7 +1171,11 @@ LINEAR_CONTEST = dataclasses.replace(EMERGENCE, attention="linear", lr=3e-3)
 
 class LinearOnStateTokens(torch.nn.Module):
     "A linear-attention model read through the state-token prompt: its transition prompt is rebuilt from the tokens."
-    def __init__(self, model, gamma:float): super().__init__(); self.model, self.gamma = model, gamma
+    def __init__(self, model:torch.nn.Module,  # a linear-attention model with `.predict(Z, n=n)`
+                 gamma:float,                  # the discount of the transition prompt
+                ):
+        super().__init__()
+        self.model, self.gamma = check_type(model, torch.nn.Module, "model"), check_gamma(gamma)
     def predict(self, Z:torch.Tensor,  # (B, d+2, n+1+q) state-token prompt
                 n:int,                 # context length
                )->torch.Tensor:        # (B, q) the linear model's values at the queries
@@ -1212,6 +1219,8 @@ _lm = LinearICTD(4, 3, shared=False, seed=1)
 _rows = torch.arange(3)[:, None]
 _direct = _lm.predict(build_linear_prompt(_lt.phi[_rows, _ls], _lt.r[_rows, _ls[:, :-1]], _lt.phi, 0.9), n=30)
 test_close(LinearOnStateTokens(_lm, 0.9).predict(_lZ, n=30), _direct, eps=1e-12)
+test_fail(lambda: LinearOnStateTokens("model", 0.9), contains="`model` must be a Module")
+test_fail(lambda: LinearOnStateTokens(_lm, 1.5), contains="`gamma` must lie in [0, 1)")
 with tempfile.TemporaryDirectory() as _tmp:
     _lin = json.loads(run_contest_linear(_tmp, (0,), dataclasses.replace(LINEAR_CONTEST, n_steps=2, eval_every=1, eval_tasks=4), 4).read_text())
 _cell = _lin["cells"]["linear, L = 3"]
@@ -2288,6 +2297,8 @@ def contest_table(stats:list,        # `contest_stats` of the runs of one cell
 
 # %%
 #| export mechanism
+from ictd.core import check_int, check_number
+
 @dataclasses.dataclass
 class LearnedAlgorithm:
     "The algorithm a set of trained models is found to run: a level plus k iterates of weighted softmax TD, $\\hat v = \\lambda \\bar R/(1-\\gamma) + \\sigma\\, v_k$."
@@ -2296,6 +2307,11 @@ class LearnedAlgorithm:
     level:float    # level coefficient lambda on the context-mean value R-bar / (1 - gamma)
     scale:float    # scale sigma of the iterates
     alpha:float=1. # TD step size (fixed at 1: the scale absorbs a common factor)
+
+    def __post_init__(self):
+        "`k` an integer >= 0 and the other fields finite numbers, or a `ValueError` naming the field."
+        self.k = check_int(self.k, "k")
+        for name in ("beta", "level", "scale", "alpha"): setattr(self, name, check_number(getattr(self, name), name))
 
     def values(self, config:PretrainConfig,  # settings of the prompts (checked against the tasks)
                tasks:TaskBatch,              # the tasks

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 from ictd.model import theta_star
-from ictd.core import atomic_savefig, atomic_write_text, load_json, plain_log_ticks, provenance
+from ictd.core import atomic_savefig, atomic_write_text, check_seeds, check_type, load_json, plain_log_ticks, provenance
 from ictd.engine import EMERGENCE, PretrainConfig, PretrainResult
 from ictd.pretrain import pretrain_many
 from ictd.emergence import (UNIFORM_BELOW, baseline_msve, best_theta_star, last_selective_layer, mean_se, min_successes,
@@ -634,7 +634,8 @@ def check_saved_runs(saved:dict,        # name -> value -> runs, as `load_ablati
                      seeds,             # the seeds to retrain (a subset of the saved runs' seeds)
                     )->float:           # the largest relative difference, over every configuration, history entry and step
     "Retrain `seeds` of every saved configuration and measure how far their histories are from the saved ones."
-    worst = 0.
+    check_type(saved, dict, "saved")   # a `check_*` name: `check_arguments` leaves it to check its own arguments
+    seeds, worst = check_seeds(seeds), 0.
     for by_value in saved.values():
         for runs in by_value.values():
             kept = [r for r in runs if r.config.seed in seeds]
@@ -653,6 +654,8 @@ assert check_saved_runs(back, [1]) < 1e-10   # the same machine and code: seed 1
 drifted = {"gamma": {0.5: [PretrainResult(r.config, None, dict(r.history, msve=r.history["msve"] * (1 + 1e-3))) for r in back["gamma"][0.5]]}}
 assert check_saved_runs(drifted, [0, 1]) > 1e-5   # a result changed by 0.1% is caught
 test_fail(lambda: check_saved_runs(back, [7]), contains="`seeds` must be among the saved runs' seeds [0, 1]")
+test_fail(lambda: check_saved_runs(list(back.values()), [0]), contains="`saved` must be a dict")
+test_fail(lambda: check_saved_runs(back, "0"), contains="`seeds` must be a non-empty list")
 
 
 # %% [markdown]

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 import torch
 from tqdm.auto import tqdm
-from ictd.core import OKABE_ITO, plain_log_ticks, atomic_savefig, atomic_write_text, check_seeds, check_type, jsonable, provenance
+from ictd.core import OKABE_ITO, plain_log_ticks, atomic_savefig, atomic_write_text, check_fields, check_seeds, check_type, jsonable, provenance
 from ictd.engine import PretrainConfig
 from ictd.pretrain import pretrain_many, run_folder
 
@@ -85,7 +85,7 @@ def parse_seeds(seeds, name:str="seeds")->list:
 def seed_text(seeds)->str:
     "Seeds written compactly as ranges, e.g. [0, 1, 2, 5] -> '0-2,5' (what `parse_seeds` reads)."
     out = []
-    for s in sorted(seeds):
+    for s in sorted(check_seeds(seeds)):
         if out and s == out[-1][1] + 1: out[-1][1] = s
         else: out.append([s, s])
     return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in out)
@@ -104,6 +104,8 @@ class SweepCell:
     "One cell of a sweep: a configuration (its seed unused) and the seeds trained with it."
     config:PretrainConfig  # every setting but the seed
     seeds:tuple            # the cell's seeds, increasing
+
+    def __post_init__(self): check_fields(self); object.__setattr__(self, "seeds", tuple(check_seeds(self.seeds)))
 
 def _grids(spec:dict)->list:
     "The spec's grids as a list of tables (a single table, or none, allowed)."
@@ -424,15 +426,24 @@ def start_client(scheduler:str=None,   # address of a running Dask scheduler, e.
     if scheduler is None and cluster is None: return None
     if cluster is not None and not (cluster.startswith("local:") and cluster[6:].isdigit() and int(cluster[6:]) >= 1):
         raise ValueError(f"`cluster` must be 'local:N' with N >= 1 worker processes, got {cluster!r}")
+    which = "scheduler" if scheduler is not None else "cluster"
     try: from distributed import Client, LocalCluster
-    except ImportError: raise ValueError("a cluster needs Dask distributed: pip install 'distributed>=2024.1'") from None
-    if scheduler is not None: return Client(scheduler)
+    except ImportError: raise ValueError(f"`{which}` needs Dask distributed: pip install 'distributed>=2024.1'") from None
+    if scheduler is not None:
+        from distributed.comm import parse_address, parse_host_port
+        try:
+            scheme, where = parse_address(scheduler)
+            if scheme in ("tcp", "tls"): parse_host_port(where)   # host:port
+        except (ValueError, TypeError) as e: raise ValueError(f"`scheduler` must be the address of a Dask scheduler, e.g. 'tcp://10.0.0.5:8786': {e}") from None
+        return Client(scheduler)
     return Client(LocalCluster(n_workers=int(cluster[6:]), threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None))
 
 def stop_client(client):
     "Close a client of `start_client`, and the local cluster it started (a running scheduler's cluster is left running)."
     if client is None: return
-    cluster = client.cluster
+    try: from distributed import Client
+    except ImportError: raise TypeError(f"`client` must be a client of `start_client` or None, got {type(client).__name__}") from None
+    cluster = check_type(client, Client, "client").cluster
     client.close()
     if cluster is not None: cluster.close()
 
@@ -648,6 +659,7 @@ Markdown(markdown_table([dict(cell=cell_label(c, sweep_axes(contest)), seeds=see
 test_eq(parse_seeds("0-2,7"), [0, 1, 2, 7])
 test_eq(parse_seeds([3, 1]), [3, 1])
 test_eq(parse_seeds(seed_text([9, 0, 1, 2, 5])), [0, 1, 2, 5, 9])
+test_fail(lambda: seed_text("0-2"), contains="`seeds` must be a non-empty list")
 for bad in ("2-1", "a", [1, 1], [-1], []): test_fail(lambda: parse_seeds(bad), contains="`seeds`")
 
 # %%
@@ -657,6 +669,7 @@ test_eq([(c.config.n_layers, c.config.lr, c.seeds) for c in _cells], [(1, 0.1, (
 test_eq({c.config.n for c in _cells}, {5})
 test_eq(sweep_axes(_spec), ["n_layers", "lr"])
 test_eq(expand_spec(dict(seeds=[3]))[0], SweepCell(PretrainConfig(), (3,)))      # no grid: the base cell
+test_fail(lambda: SweepCell(PretrainConfig(), "0-2"), contains="`seeds` must be a sequence")
 for bad, msg in ((dict(grids=[]), "unknown keys ['grids']"), (dict(base=dict(seed=3)), "`base` may set only"), (dict(grid=dict(depth=[2])), "`grid` axes must be"),
                  (dict(grid=dict(n=3)), "`grid` axis `n` must be a non-empty list"), (dict(grid=[]), "`grid` must be"), (dict(seeds="x"), "`seeds`"),
                  (dict(grid=dict(lr=[0.])), "`lr`"), (dict(name="../x"), "`name` must be")):
@@ -671,6 +684,8 @@ test_eq(start_client(), None)
 stop_client(None)
 for bad in (dict(cluster="local:0"), dict(cluster="slurm:3"), dict(scheduler="tcp://x:1", cluster="local:2")):
     test_fail(lambda: start_client(**bad), contains="`cluster`" if "scheduler" not in bad else "not both")
+test_fail(lambda: start_client("10.0.0.5"), contains="`scheduler` must be the address of a Dask scheduler")
+test_fail(lambda: stop_client("client"), contains="`client` must be a")
 
 # %%
 _rows = [dict(a=1, x=0.1 + 0.2, s=None), dict(a=2, x=1 / 3, s=0.5)]

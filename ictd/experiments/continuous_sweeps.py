@@ -89,40 +89,48 @@ def plot_depth(curves:dict,      # title -> (errors (len(ns), n_tasks, L + 1), p
     return fig
 
 # %% ../../nbs/08a_continuous_experiments.ipynb #bdc2d467
-def loglog_fit(x, y)->tuple:
+def loglog_fit(x:torch.Tensor,  # (k,) abscissae, positive
+               y:torch.Tensor,  # (k,) ordinates, positive
+              )->tuple:         # (slope, intercept)
     "(slope, intercept) of least squares on log y = slope log x + intercept."
-    lx, ly = np.log(np.asarray(x, dtype=float)), np.log(np.asarray(y, dtype=float))
+    lx, ly = (np.log(as_tensor(v, name, torch.float64).numpy()) for v, name in ((x, "x"), (y, "y")))
     slope, intercept = np.polyfit(lx, ly, 1)
     return float(slope), float(intercept)
 
 # %% ../../nbs/08a_continuous_experiments.ipynb #6ead7a00
-def bootstrap_slope(x,                # (k,) abscissae
-                    samples,          # (k, ..., B) per-context values at each abscissa, contexts last
+def bootstrap_slope(x:torch.Tensor,   # (k,) abscissae
+                    samples:torch.Tensor, # (k, ..., B) per-context values at each abscissa, contexts last
                     statistic=None,   # callable on (..., B) samples -> positive value; default the mean over contexts
                     n_boot:int=500,   # bootstrap replicates
                     seed:int=0,       # seed of the resampling
                    )->tuple:          # (slope, (2.5%, 97.5%) percentile interval)
     "Log-log slope of a statistic of the per-context samples against x, with a percentile bootstrap interval over contexts."
     stat = statistic or (lambda a: a.mean(-1))
-    samples = np.asarray(samples, dtype=float)
+    samples = as_tensor(samples, "samples", torch.float64).numpy()
     rng = np.random.default_rng(seed)
     slope = loglog_fit(x, [stat(s) for s in samples])[0]
     boots = [loglog_fit(x, [stat(s[..., rng.integers(0, s.shape[-1], s.shape[-1])]) for s in samples])[0] for _ in range(n_boot)]
     return slope, tuple(np.percentile(boots, [2.5, 97.5]).tolist())
 
 # %% ../../nbs/08a_continuous_experiments.ipynb #d092cae2
-def best_beta(betas,          # (k,) kernel scales, increasing
-              errors,         # (k, B) MSVE per scale and context
-             )->float:        # the minimiser of the mean MSVE, refined by a parabola in log beta
+def best_beta(betas:torch.Tensor,   # (k,) kernel scales, increasing
+              errors:torch.Tensor,  # (k, B) MSVE per scale and context
+             )->float:              # the minimiser of the mean MSVE, refined by a parabola in log beta
     "The kernel scale minimising the mean MSVE over contexts."
-    lb, e = np.log(np.asarray(betas, dtype=float)), np.log(np.asarray(errors, dtype=float).mean(-1))
+    lb, e = np.log(as_tensor(betas, "betas", torch.float64).numpy()), np.log(as_tensor(errors, "errors", torch.float64).numpy().mean(-1))
     i = int(np.clip(np.argmin(e), 1, len(e) - 2))
     a, b, _ = np.polyfit(lb[i - 1:i + 2], e[i - 1:i + 2], 2)
     x = -b / (2 * a) if a > 0 else lb[int(np.argmin(e))]
     return float(np.exp(np.clip(x, lb[0], lb[-1])))
 
 # %% ../../nbs/08a_continuous_experiments.ipynb #78f033ab
-def plot_tradeoff(betas, ns, sweep, best, slope, ci):
+def plot_tradeoff(betas:torch.Tensor,  # (k,) kernel scales
+                  ns:torch.Tensor,     # (m,) context lengths
+                  sweep:torch.Tensor,  # (m, k, B) MSVE per length, scale and context
+                  best:torch.Tensor,   # (m,) best kernel scale per length
+                  slope:float,         # fitted exponent of the best scale against n
+                  ci:tuple,            # its (low, high) interval
+                 ):                    # the figure
     "MSVE against beta for each n (best beta marked), and best beta against n with the fitted power law."
     import matplotlib.pyplot as plt
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
@@ -222,7 +230,10 @@ def plot_estimates(process,        # a process of this chapter
     return axes
 
 # %% ../../nbs/08a_continuous_experiments.ipynb #c2157d14
-def plot_long_depth(betas, errors, n):
+def plot_long_depth(betas:torch.Tensor,   # (k,) kernel scales
+                    errors:torch.Tensor,  # (k, B, L + 1) MSVE per scale, context and depth
+                    n:int,                # the context length, for the title
+                   ):                     # the figure
     "MSVE against depth far beyond the floor, one curve per kernel scale."
     import matplotlib.pyplot as plt
     fig, ax = plt.subplots(figsize=(7, 4))

@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 from ..model import theta_star
-from ..core import atomic_savefig, atomic_write_text, load_json, plain_log_ticks, provenance
+from ..core import atomic_savefig, atomic_write_text, check_seeds, check_type, load_json, plain_log_ticks, provenance
 from ..engine import EMERGENCE, PretrainConfig, PretrainResult
 from ..pretrain import pretrain_many
 from ..emergence import (UNIFORM_BELOW, baseline_msve, best_theta_star, last_selective_layer, mean_se, min_successes,
@@ -359,7 +359,8 @@ def check_saved_runs(saved:dict,        # name -> value -> runs, as `load_ablati
                      seeds,             # the seeds to retrain (a subset of the saved runs' seeds)
                     )->float:           # the largest relative difference, over every configuration, history entry and step
     "Retrain `seeds` of every saved configuration and measure how far their histories are from the saved ones."
-    worst = 0.
+    check_type(saved, dict, "saved")   # a `check_*` name: `check_arguments` leaves it to check its own arguments
+    seeds, worst = check_seeds(seeds), 0.
     for by_value in saved.values():
         for runs in by_value.values():
             kept = [r for r in runs if r.config.seed in seeds]

@@ -10,7 +10,8 @@ import torch
 from ..boyan import msve, random_boyan_chain, sample_trajectory, weighted_error
 from ..tasks import TaskBatch, random_tasks, sample_trajectories, task_rng
 from ..prompt import build_prompt
-from ..core import OKABE_ITO, atomic_write_text, plain_log_ticks, substream
+from collections.abc import Callable
+from ..core import OKABE_ITO, atomic_write_text, check_floating, check_type, plain_log_ticks, substream
 from ..engine import EMERGENCE, PretrainConfig, PretrainResult, get_family, stack_results
 from ..pretrain import pretrain_many
 from ..core import provenance, provenance_note
@@ -158,10 +159,14 @@ def reproduce_iclr(config:PretrainConfig=ICLR_LINEAR,  # the protocol
 THETA_STAR_GRID = dict(alpha=(0.5, 1., 2., 4., 8., 16.), beta=(0., 0.25, 0.5, 1., 2., 4., 8.))
 
 # %% ../../nbs/07a_linear_experiments.ipynb #8ec8936a
-def softmax_in_context(predict,          # callable Z (..., d+2, n+1+s) -> (..., s) values at the query columns
-                       phi_S, R, phi,    # context features (..., n+1, d), rewards (..., n), state features (..., s, d)
-                      )->tuple:          # (values (..., s), gradients wrt the query feature (..., s, d))
+def softmax_in_context(predict,              # callable Z (..., d+2, n+1+s) -> (..., s) values at the query columns
+                       phi_S:torch.Tensor,   # (..., n+1, d) context features
+                       R:torch.Tensor,       # (..., n) rewards
+                       phi:torch.Tensor,     # (..., s, d) state features
+                      )->tuple:              # (values (..., s), gradients wrt the query feature (..., s, d))
     "Every state's value in context in the softmax prompt of chapter 2, and its gradient with respect to the query feature."
+    check_type(predict, Callable, "predict")
+    phi = check_floating(phi, "phi")
     with torch.enable_grad():
         x = phi.detach().clone().requires_grad_(True)
         v = predict(build_prompt(phi_S, R, x))

@@ -12,7 +12,8 @@ from ..state_tokens import model_params
 from ..engine import EMERGENCE, PretrainConfig, get_family
 from ..pretrain import DIVERGED, DivergenceError, pretrain_many
 from ..emergence import UNIFORM_BELOW, context_mean_values, held_out_prompts, msve_of, sign_pattern
-from ..core import atomic_write_text, provenance
+from ..boyan import check_gamma
+from ..core import atomic_write_text, check_type, provenance
 from ..tasks import sample_trajectories
 from ..mechanism import (CONTEST_GRIDS, CONTEST_NAMES, contest_table, fit_candidate, fit_estimators, gap_measures, jacobian_spectrum, learned_kernel, prediction_errors,
                             sampled_jacobians, update_jacobian, candidate_prediction, context_prompt, patched_predict, shuffle_context)
@@ -644,7 +645,11 @@ LINEAR_CONTEST = dataclasses.replace(EMERGENCE, attention="linear", lr=3e-3)
 
 class LinearOnStateTokens(torch.nn.Module):
     "A linear-attention model read through the state-token prompt: its transition prompt is rebuilt from the tokens."
-    def __init__(self, model, gamma:float): super().__init__(); self.model, self.gamma = model, gamma
+    def __init__(self, model:torch.nn.Module,  # a linear-attention model with `.predict(Z, n=n)`
+                 gamma:float,                  # the discount of the transition prompt
+                ):
+        super().__init__()
+        self.model, self.gamma = check_type(model, torch.nn.Module, "model"), check_gamma(gamma)
     def predict(self, Z:torch.Tensor,  # (B, d+2, n+1+q) state-token prompt
                 n:int,                 # context length
                )->torch.Tensor:        # (B, q) the linear model's values at the queries
