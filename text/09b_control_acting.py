@@ -320,8 +320,6 @@ plain_log_ticks(ax, "x"); ax.axhline(1, color="k", lw=0.6); ax.legend(fontsize=9
 
 
 # %%
-#| code-fold: true
-#| code-summary: "Code: the claim at the longest context"
 def summary(kind):
     out, sarsa, _ = results[kind]
     best, ci = mean_ci(out[:, -1, -1, -1])
