@@ -51,8 +51,8 @@ from ictd.wstd import weighted_softmax_td
 # available to the project mention extending its theory to control settings as future work).
 #
 # *How to read this page.* The MDP and its exact solution; the random family, with one drawn and
-# solved; trajectories; then kernel soft Q-iteration, the four reductions, and two figures. The code
-# of the MDP's plumbing is folded; input checks and bulk tests are in
+# solved; trajectories; then kernel soft Q-iteration, the four reductions, and two figures. The MDP's
+# plumbing (policies, exact values, returns), input checks and bulk tests are in
 # [Implementation and tests](#implementation-and-tests).
 
 # %% [markdown]
