@@ -75,14 +75,16 @@ TIE_RTOL = 1e-9   # action values this close (relative) are equal up to rounding
 
 def greedy_actions(q,                     # (..., S, A) action values
                    rtol:float=TIE_RTOL,   # tolerance, relative to 1 + the row's largest |value|
-                  )->torch.Tensor:        # (..., S) the first action whose value ties the row's maximum
-    "The greedy action of each row of `q`: the first maximiser, counting values within rounding of the maximum as ties."
+                  )->torch.Tensor:        # (..., S) the first action tying the row's maximum
+    ("The greedy action of each row of `q`: the first maximiser, counting values within rounding "
+     "of the maximum as ties.")
     q = as_tensor(q, "q")
     tied = q >= q.amax(-1, keepdim=True) - rtol * (1 + q.abs().amax(-1, keepdim=True))
     return tied.to(torch.int8).argmax(-1)
 
 def greedy_policy(q)->torch.Tensor:
-    "The deterministic policy (..., S, A) that takes the greedy action (`greedy_actions`) of each row of `q`."
+    ("The deterministic policy (..., S, A) that takes the greedy action (`greedy_actions`) of each "
+     "row of `q`.")
     q = as_tensor(q, "q")
     return torch.nn.functional.one_hot(greedy_actions(q), q.shape[-1]).to(q.dtype)
 
@@ -213,7 +215,8 @@ def boltzmann_backup(q:torch.Tensor,  # (..., A) action values
     "The Boltzmann backup $\\sum_a \\mathrm{softmax}(\\beta q)_a q_a$, the max when `beta` is inf."
     q = check_floating(q, "q")
     beta = math.inf if _is_inf(beta) else check_number(beta, "beta", 0)
-    if q.ndim < 1 or q.shape[-1] < 1: raise ValueError(f"`q` must have shape (..., A), got {tuple(q.shape)}")
+    if q.ndim < 1 or q.shape[-1] < 1:
+        raise ValueError(f"`q` must have shape (..., A), got {tuple(q.shape)}")
     if beta == math.inf: return q.amax(-1)
     return (torch.softmax(beta * q, -1) * q).sum(-1)
 
@@ -314,6 +317,6 @@ def _tabular(states, actions, rewards, n_states, n_actions):
                          f"{tuple(s.shape)}, {tuple(a.shape)}, {tuple(R.shape)}")
     return S, A, s.long() * A + a.long(), R
 
-# %% ../nbs/09_control.ipynb #7dd99458
+# %% ../nbs/09_control.ipynb #187355a6
 from .boyan import check_arguments
-check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)
+check_arguments(globals())   # public functions refuse arguments their annotations rule out (ch. 0)

@@ -62,12 +62,13 @@ def sample_mdp_trajectories(P,              # (B, S, A, S) transitions of B MDPs
                             start=None,     # (B,) start states; default: stationary draws
                             seed=0,         # int or `torch.Generator`
                            )->tuple:        # states (B, n+1), actions (B, n+1), rewards (B, n)
-    "Trajectories of B MDPs at once: (states, actions, rewards), like `sample_mdp_trajectory`."
+    "Trajectories of B MDPs at once: (states, actions, rewards), like chapter 9's sampler."
     P, r = as_tensor(P, "P", torch.float64), as_tensor(r, "r", torch.float64)
     if P.ndim != 4 or P.shape[1] != P.shape[3]:
         raise ValueError(f"`P` must have shape (B, S, A, S), got {tuple(P.shape)}")
     B, S, A = P.shape[:3]
-    if r.shape != (B, S, A): raise ValueError(f"`r` must have shape ({B}, {S}, {A}), got {tuple(r.shape)}")
+    if r.shape != (B, S, A):
+        raise ValueError(f"`r` must have shape ({B}, {S}, {A}), got {tuple(r.shape)}")
     n = check_int(n, "n", low=1)
     b = torch.full((B, S, A), 1 / A, dtype=torch.float64) if behavior is None \
         else as_tensor(behavior, "behavior", torch.float64)
@@ -97,7 +98,8 @@ def greedy_returns(P,            # (..., S, A, S) transitions
                    q,            # (..., S, A) action values (extra leading axes broadcast)
                    start=None,   # (S,) start distribution; default uniform
                   )->torch.Tensor:  # (...) expected discounted return of each `q`'s greedy policy
-    "Returns of the greedy policies of `q` (`greedy_actions`: ties up to rounding go to the first), by one batched solve."
+    ("Returns of the greedy policies of `q` (chapter 9's greedy actions: ties up to rounding go to "
+     "the first), by one batched solve.")
     P, r = as_tensor(P, "P", torch.float64), as_tensor(r, "r", torch.float64)
     q, S = as_tensor(q, "q", torch.float64), P.shape[-1]
     a = greedy_actions(q)                                             # (..., S)
@@ -113,4 +115,4 @@ def greedy_returns(P,            # (..., S, A, S) transitions
 
 # %% ../nbs/09b_control_acting.ipynb #b25de047
 from .boyan import check_arguments
-check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)
+check_arguments(globals())   # public functions refuse arguments their annotations rule out (ch. 0)

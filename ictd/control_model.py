@@ -115,7 +115,7 @@ def masked_attention(Z:torch.Tensor,     # (..., D, N) tokens
 # %% ../nbs/09a_control_transformer.ipynb #832368d7
 def control_pair_update(Z:torch.Tensor,  # (..., d + 4, N) tokens
                         params:tuple,    # (A_b, V_b, A, V_cur, V_tgt), each (d + 4, d + 4)
-                        masks:tuple,     # (TD mask, backup mask) of `control_masks`
+                        masks:tuple,     # (TD mask, backup mask), as control_masks gives them
                         hard:bool=False, # backup head at beta = infinity
                        )->torch.Tensor:  # (..., d + 4, N) after the backup layer and the TD layer
     "One iteration: backup layer $Z + V_b Z S_b$, then TD layer $Z + (V^{cur} + V^{tgt}) Z S$."
@@ -261,6 +261,6 @@ def _dense_bytes(Z:torch.Tensor)->float:
 
 
 
-# %% ../nbs/09a_control_transformer.ipynb #eaf4c8c4
+# %% ../nbs/09a_control_transformer.ipynb #8b93aa34
 from .boyan import check_arguments
-check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)
+check_arguments(globals())   # public functions refuse arguments their annotations rule out (ch. 0)

@@ -20,6 +20,7 @@ from nbdev.showdoc import *
 #| hide
 import matplotlib.pyplot as plt
 from IPython.display import Markdown
+import re
 from ictd.boyan import boyan_transitions
 from ictd.core import record_claim, OKABE_ITO, plain_log_ticks
 from ictd.wstd import weighted_softmax_td
@@ -31,13 +32,11 @@ from ictd.wstd import weighted_softmax_td
 
 # %% [markdown]
 # ::: {.callout-tip title="What this page shows"}
-# - A Markov decision process (MDP) object, the random family `random_mdp` that turns the Boyan chain
-#   into a decision problem, and its exact optimal values $q_*$.
-# - **Kernel soft Q-iteration** [ours]: the TD iteration of the book with the successor's value
-#   replaced by a Boltzmann average of its action values, softmax-weighted as before.
-# - Four exact reductions, each tested: $\beta = 0$ is expected SARSA of the uniform policy, the
-#   behaviour's next action gives SARSA (chapter 1's weighted softmax TD on pairs), $\beta \to \infty$
-#   is kernel Q-learning, and one-hot features with a sharp kernel give batch tabular Q-learning.
+# - MDPs, the random family `random_mdp` that turns the Boyan chain into a decision problem, and $q_*$.
+# - **Kernel soft Q-iteration** [ours]: the book's TD iteration with the successor's value replaced
+#   by a Boltzmann average of its action values.
+# - Four exact reductions, each tested: expected SARSA ($\beta = 0$), SARSA, kernel Q-learning
+#   ($\beta \to \infty$) and batch tabular Q-learning (one-hot features, a sharp kernel).
 # :::
 #
 # Everything before this part of the book is *policy evaluation*: the paper, its linear-attention
@@ -52,8 +51,9 @@ from ictd.wstd import weighted_softmax_td
 # available to the project mention extending its theory to control settings as future work).
 #
 # *How to read this page.* The MDP and its exact solution; the random family, with one drawn and
-# solved; trajectories; then kernel soft Q-iteration, the four reductions, and one figure. Input
-# checks and bulk tests are in [Implementation and tests](#implementation-and-tests).
+# solved; trajectories; then kernel soft Q-iteration, the four reductions, and two figures. The MDP's
+# plumbing (policies, exact values, returns), input checks and bulk tests are in
+# [Implementation and tests](#implementation-and-tests).
 
 # %% [markdown]
 # ## Markov decision processes
@@ -109,10 +109,11 @@ class MDP:
 
 
 # %% [markdown]
-# Policies are checked once, by `check_policy`; the uniform policy is the default behaviour of this
-# part, and a greedy policy picks the first maximiser of each row of action values. Values that agree to a relative
-# $10^{-9}$ count as tied: an iterate that should tie two actions exactly (as state rewards often do) ties them only up to
-# rounding, and which of them rounding favours differs between CPUs, so the choice among them must not depend on it.
+# Policies are checked once; the uniform policy is the default behaviour of this
+# part, and a greedy policy picks the first maximiser of each row of action values. Values that agree
+# to a relative $10^{-9}$ count as tied: an iterate that should tie two actions exactly (as state
+# rewards often do) ties them only up to rounding, and which of them rounding favours differs between
+# CPUs, so the choice among them must not depend on it.
 
 # %%
 #| export
@@ -137,14 +138,16 @@ TIE_RTOL = 1e-9   # action values this close (relative) are equal up to rounding
 
 def greedy_actions(q,                     # (..., S, A) action values
                    rtol:float=TIE_RTOL,   # tolerance, relative to 1 + the row's largest |value|
-                  )->torch.Tensor:        # (..., S) the first action whose value ties the row's maximum
-    "The greedy action of each row of `q`: the first maximiser, counting values within rounding of the maximum as ties."
+                  )->torch.Tensor:        # (..., S) the first action tying the row's maximum
+    ("The greedy action of each row of `q`: the first maximiser, counting values within rounding "
+     "of the maximum as ties.")
     q = as_tensor(q, "q")
     tied = q >= q.amax(-1, keepdim=True) - rtol * (1 + q.abs().amax(-1, keepdim=True))
     return tied.to(torch.int8).argmax(-1)
 
 def greedy_policy(q)->torch.Tensor:
-    "The deterministic policy (..., S, A) that takes the greedy action (`greedy_actions`) of each row of `q`."
+    ("The deterministic policy (..., S, A) that takes the greedy action (`greedy_actions`) of each "
+     "row of `q`.")
     q = as_tensor(q, "q")
     return torch.nn.functional.one_hot(greedy_actions(q), q.shape[-1]).to(q.dtype)
 
@@ -286,7 +289,9 @@ J = {name: policy_return(mdp, pi) for name, pi in
      dict(optimal=pi_star, uniform=uniform_policy(mdp), worst=greedy_policy(q_star(
          MDP(mdp.P, -mdp.r, mdp.gamma, mdp.phi)))).items()}
 assert J["worst"] < J["uniform"] < J["optimal"]
-mdp, {k: round(v, 4) for k, v in J.items()}
+Markdown(f"`{mdp!r}`: returns (uniform start) {J['optimal']:.4f} for the optimal policy, "
+         f"{J['uniform']:.4f} for the uniform one and {J['worst']:.4f} for the worst "
+         "deterministic one.")
 
 
 # %% [markdown]
@@ -323,7 +328,8 @@ def sample_mdp_trajectory(mdp:MDP,        # the MDP
 states, actions, rewards = sample_mdp_trajectory(mdp, 12, seed=0)
 test_eq(rewards, mdp.r[states[:-1], actions[:-1]])
 for k in range(12): assert mdp.P[states[k], actions[k], states[k + 1]] > 0
-list(zip(states.tolist(), actions.tolist()))
+Markdown("The pairs $(S_k, A_k)$ of a context of 12 transitions: "
+         + ", ".join(f"({s_}, {a_})" for s_, a_ in zip(states.tolist(), actions.tolist())) + ".")
 
 
 # %% [markdown]
@@ -331,7 +337,7 @@ list(zip(states.tolist(), actions.tolist()))
 #
 # The algorithm needs, for each transition $k$, the features $\phi(S_{k-1}, A_{k-1})$ of the pair it
 # left (the **keys**) and the features $\phi(S_k, a')$ of the successor state with *every* action
-# $a'$. `context_features` reads both off the MDP; the learner never sees $P$ or $r$.
+# $a'$. Both are read off the MDP's features; the learner never sees $P$ or $r$.
 
 # %%
 #| export
@@ -359,12 +365,13 @@ def context_features(mdp:MDP, states, actions)->tuple:
 # and an inverse temperature $\beta \in [0, \infty]$, start from $Q_0 = 0$ and, for every target pair
 # $x$,
 #
-# $$Q_{l+1}(x) = Q_l(x) + \alpha \sum_{k=1}^n K_k(x)\Big[R_k + \gamma \sum_{a'} \pi_l(a' \mid S_k)\,
-# Q_l(S_k, a') - Q_l(S_{k-1}, A_{k-1})\Big],$$
+# $$\begin{aligned}Q_{l+1}(x) = Q_l(x) + \alpha \sum_{k=1}^n K_k(x)\Big[&R_k + \gamma \sum_{a'} \pi_l(a' \mid S_k)\,
+# Q_l(S_k, a')\\ &- Q_l(S_{k-1}, A_{k-1})\Big],\end{aligned}$$
 #
 # $$K_k(x) = \frac{\exp\big(\phi(S_{k-1}, A_{k-1})^\top W \phi(x)\big)}
-# {\sum_{k'} \exp\big(\phi(S_{k'-1}, A_{k'-1})^\top W \phi(x)\big)}, \qquad
-# \pi_l(\cdot \mid s) = \mathrm{softmax}\big(\beta\, Q_l(s, \cdot)\big),$$
+# {\sum_{k'} \exp\big(\phi(S_{k'-1}, A_{k'-1})^\top W \phi(x)\big)},$$
+#
+# $$\pi_l(\cdot \mid s) = \mathrm{softmax}\big(\beta\, Q_l(s, \cdot)\big),$$
 #
 # with $\pi_l$ uniform on the maximisers when $\beta = \infty$.
 # :::
@@ -388,7 +395,8 @@ def boltzmann_backup(q:torch.Tensor,  # (..., A) action values
     "The Boltzmann backup $\\sum_a \\mathrm{softmax}(\\beta q)_a q_a$, the max when `beta` is inf."
     q = check_floating(q, "q")
     beta = math.inf if _is_inf(beta) else check_number(beta, "beta", 0)
-    if q.ndim < 1 or q.shape[-1] < 1: raise ValueError(f"`q` must have shape (..., A), got {tuple(q.shape)}")
+    if q.ndim < 1 or q.shape[-1] < 1:
+        raise ValueError(f"`q` must have shape (..., A), got {tuple(q.shape)}")
     if beta == math.inf: return q.amax(-1)
     return (torch.softmax(beta * q, -1) * q).sum(-1)
 
@@ -473,10 +481,6 @@ def kernel_q_iteration(phi_sa,            # (..., n, d) features of the pairs (S
     return torch.stack(vs, -2) if return_all else vs[-1]
 
 
-# %%
-show_doc(kernel_q_iteration)
-
-
 # %% [markdown]
 # ## The four reductions
 #
@@ -488,6 +492,8 @@ show_doc(kernel_q_iteration)
 # empirical MDP (tested in [Implementation and tests](#the-tabular-limit)).
 
 # %%
+#| code-fold: true
+#| code-summary: "Code: kernel expected SARSA, one transition at a time"
 def expected_sarsa_loop(phi_sa, rewards, phi_next, W, policy_next, alpha, gamma, n_iters,
                         phi_queries):
     "Kernel expected SARSA for a fixed policy (policy_next (n, A)), one loop per transition."
@@ -615,9 +621,11 @@ def _tabular(states, actions, rewards, n_states, n_actions):
 # :::
 #
 # The check: contexts of the default MDP in which every pair is visited, for $\beta \in \{0, 5, \infty\}$.
-# The gap falls like $e^{-\kappa}$ (Figure 9.2 in [Implementation and tests](#the-tabular-limit)):
+# The gap falls like $e^{-\kappa}$ (Figure 9.3 in [Implementation and tests](#the-tabular-limit)):
 
 # %%
+#| code-fold: true
+#| code-summary: "Code: contexts that visit every pair, and the gaps"
 def visiting_context(mdp, n, rng):
     "A trajectory in which every state-action pair is left at least once (Proposition 9.1)."
     while True:
@@ -653,8 +661,8 @@ Markdown(f"At $\\kappa = 36$ the largest gap over {len(tab_contexts)} contexts, 
 # %% [markdown]
 # ## What the iteration reaches
 #
-# The figure runs the iteration with four values of $\beta$ on one context of $n = 2000$ transitions of the default MDP (one-hot
-# features, $\kappa = 30$, $\alpha = 1$) and measures the distance to the MDP's own $q_*$ and to the
+# Figures 9.1 and 9.2 run the iteration with four values of $\beta$ on one context of $n = 2000$
+# transitions of the default MDP (one-hot features, $\kappa = 30$, $\alpha = 1$) and measure the distance to the MDP's own $q_*$ and to the
 # uniform policy's $q_\pi$ at every pair. With $\beta = 0$ the iteration evaluates the uniform policy
 # and approaches $q_{\mathrm{unif}}$, not $q_*$; as $\beta$ grows it moves towards $q_*$, and
 # $\beta = \infty$ gets there up to the statistical error of the context (the distance from the
@@ -676,20 +684,28 @@ assert final[math.inf][0] < final[0.][0] and final[0.][1] < final[math.inf][1]
 assert final[math.inf][0] < 0.2 * np.abs(qs.numpy()).max()
 
 # %%
-#| fig-cap: "Figure 9.1: Kernel soft Q-iteration on one context of the default MDP: beta = 0 evaluates the uniform policy, large beta approaches the optimal values."
-#| fig-alt: "Two log-scale panels against the iteration l from 0 to 80. Left: the largest distance to q_star; the curve for beta = infinity falls lowest, beta = 0 levels off highest. Right: the distance to the uniform policy's values; beta = 0 falls lowest."
-fig, axes = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
-for i, b in enumerate(betas_fig):
-    lab = r"$\beta = \infty$ (Q-learning)" if b == math.inf else rf"$\beta = {b:g}$"
-    axes[0].semilogy(err_star[b], color=OKABE_ITO[i], label=lab)
-    axes[1].semilogy(err_unif[b], color=OKABE_ITO[i], label=lab)
-axes[0].set(xlabel="iteration $l$", ylabel=r"$\max_x |Q_l(x) - q(x)|$ (return units)",
-            title=r"distance to $q_*$")
-axes[1].set(xlabel="iteration $l$", title=r"distance to $q_{\mathrm{unif}}$ (uniform policy)")
-axes[0].legend(fontsize=9)
-for ax in axes: plain_log_ticks(ax, "y")
-fig.suptitle(f"One context, n = {n_fig}, one-hot features, kappa = 30, alpha = 1", fontsize=10)
-fig.tight_layout()
+#| fig-cap: "Figure 9.1: Kernel soft Q-iteration on one context of the default MDP (n = 2000, one-hot features, kappa = 30, alpha = 1): the distance to the optimal values falls furthest for large beta."
+#| fig-alt: "Log-scale plot of the largest distance to q_star against the iteration l from 0 to 80, one line per beta; the curve for beta = infinity falls lowest, beta = 0 levels off highest."
+ylim = (min(min(e.min() for e in d.values()) for d in (err_star, err_unif)) / 2,
+        max(max(e.max() for e in d.values()) for d in (err_star, err_unif)) * 2)
+beta_label = lambda b: r"$\beta = \infty$ (Q-learning)" if b == math.inf else rf"$\beta = {b:g}$"
+
+def distance_plot(errors, title):
+    "One line per beta of the largest distance at every iteration, on the shared log scale."
+    fig, ax = plt.subplots(figsize=(6, 3.4))
+    for i, b in enumerate(betas_fig):
+        ax.semilogy(errors[b], color=OKABE_ITO[i], label=beta_label(b))
+    ax.set(xlabel="iteration $l$", ylabel=r"$\max_x |Q_l(x) - q(x)|$ (return units)", title=title,
+           ylim=ylim)
+    ax.legend(fontsize=9)
+    plain_log_ticks(ax, "y")
+
+distance_plot(err_star, r"distance to $q_*$")
+
+# %%
+#| fig-cap: "Figure 9.2: The same iterates' distance to the uniform policy's values: beta = 0 evaluates the uniform policy."
+#| fig-alt: "Log-scale plot of the largest distance to the uniform policy's values against the iteration l from 0 to 80, one line per beta; beta = 0 falls lowest."
+distance_plot(err_unif, r"distance to $q_{\mathrm{unif}}$ (uniform policy)")
 
 # %%
 Markdown(f"After 80 iterations the distance to $q_*$ is {final[math.inf][0]:.3f} for "
@@ -718,24 +734,6 @@ record_claim("reductions", "Kernel soft Q-iteration reduces exactly to expected 
 # %% [markdown]
 # ### The MDP and its policies
 
-# %%
-show_doc(MDP)
-
-# %%
-show_doc(check_policy)
-
-# %%
-show_doc(q_pi)
-
-# %%
-show_doc(q_star)
-
-# %%
-show_doc(policy_return)
-
-# %%
-show_doc(sample_mdp_trajectory)
-
 # %% [markdown]
 # A two-state MDP solved by hand. Action 0 stays, action 1 switches; state 0 pays 1 for staying,
 # everything else pays 0. Optimal: stay in 0 ($q_*(0, 0) = 1/(1-\gamma)$) and switch from 1
@@ -749,14 +747,17 @@ test_eq(greedy_policy(q_star(two)), torch.tensor([[1., 0.], [0., 1.]], dtype=tor
 test_close(policy_return(two, greedy_policy(q_star(two)), start=[1., 0.]), 2., eps=1e-12)
 test_close(normalised_return(two, greedy_policy(q_star(two))), 1., eps=1e-12)
 test_close(normalised_return(two, uniform_policy(two)), 0., eps=1e-12)
-ties = torch.tensor([[1., 1. + 1e-12, 0.], [0., 1., 1. + 1e-6], [3e9, 3e9 * (1 + 1e-10), 0.]], dtype=torch.float64)
-test_eq(greedy_actions(ties), torch.tensor([0, 2, 0]))       # a rounding-level lead is a tie (rows 1, 3); 1e-6 is not
-test_eq(greedy_actions(ties.flip(-1)), torch.tensor([1, 0, 1]))   # the first of the tied actions, whichever order
+ties = torch.tensor([[1., 1. + 1e-12, 0.], [0., 1., 1. + 1e-6], [3e9, 3e9 * (1 + 1e-10), 0.]],
+                    dtype=torch.float64)
+test_eq(greedy_actions(ties), torch.tensor([0, 2, 0]))           # rounding-level leads tie
+test_eq(greedy_actions(ties.flip(-1)), torch.tensor([1, 0, 1]))  # the first tied action
 
 # %% [markdown]
 # Bad input fails with the argument's name:
 
 # %%
+#| code-fold: true
+#| code-summary: "Tests: bad input"
 ok = dict(P=two.P, r=two.r, gamma=0.5, phi=two.phi)
 for msg, kw in {"`P` must have shape (S, A, S)": dict(P=np.ones((2, 2)) / 2),
                 "`P` is not stochastic": dict(P=np.ones((2, 2, 2))),
@@ -788,6 +789,8 @@ test_fail(lambda: q_star(mdp, tol=0), contains="`tol` must be a finite number > 
 # Boyan chain, and every policy's chain has a unique stationary distribution.
 
 # %%
+#| code-fold: true
+#| code-summary: "Tests: the family"
 for seed in range(20):
     kinds = [random_mdp(7, 3, features=f, seed=seed) for f in MDP_FEATURES]
     for m in kinds[1:]: test_eq((m.P, m.r), (kinds[0].P, kinds[0].r))
@@ -805,10 +808,12 @@ test_eq(state_r.P, random_mdp(seed=3).P)
 test_eq(state_r.r, random_mdp(seed=3).r[:, :1].expand(10, 3))
 
 # %% [markdown]
-# `q_pi` against the MRP of chapter 0 ($v_\pi = \sum_a \pi q_\pi$ solves $v = r_\pi + \gamma P_\pi v$),
+# $q_\pi$ against the MRP of chapter 0 ($v_\pi = \sum_a \pi q_\pi$ solves $v = r_\pi + \gamma P_\pi v$),
 # and $q_*$ dominates every policy's values:
 
 # %%
+#| code-fold: true
+#| code-summary: "Tests: q_pi and q_*"
 for seed in range(10):
     m = random_mdp(6, 4, seed=seed)
     g_seed = torch.Generator().manual_seed(seed)
@@ -824,6 +829,8 @@ for seed in range(10):
 # standard error from batch means over 100 batches):
 
 # %%
+#| code-fold: true
+#| code-summary: "Tests: trajectories"
 test_eq(sample_mdp_trajectory(mdp, 50, seed=4)[0], sample_mdp_trajectory(mdp, 50, seed=4)[0])
 long_s, long_a, _ = sample_mdp_trajectory(mdp, 100_000, seed=5)
 batches = torch.nn.functional.one_hot(long_s[:100_000], 10).double().reshape(100, 1000, 10).mean(1)
@@ -839,12 +846,6 @@ test_eq(greedy_a, pi_star.argmax(-1)[greedy_s])
 # ### Kernel soft Q-iteration
 
 # %%
-show_doc(boltzmann_backup)
-
-# %%
-show_doc(context_features)
-
-# %%
 show_doc(batch_tabular_q)
 
 # %% [markdown]
@@ -852,6 +853,8 @@ show_doc(batch_tabular_q)
 # contexts and score matrices gives the same values as one at a time:
 
 # %%
+#| code-fold: true
+#| code-summary: "Tests: one action, and batches"
 one = random_mdp(6, 1, features="random", d=3, seed=2)
 S2, A2, R2 = sample_mdp_trajectory(one, 20, seed=2)
 g2, n2 = context_features(one, S2, A2)
@@ -871,7 +874,7 @@ test_eq(kernel_q_iteration(f_sa, R1, f_next, W1, beta=2., return_all=True, **com
 # %% [markdown]
 # ### The tabular limit
 #
-# Figure 9.2 shows the gaps of Proposition 9.1; the fitted slope of $\log$(gap) against $\kappa$ is
+# Figure 9.3 shows the gaps of Proposition 9.1; the fitted slope of $\log$(gap) against $\kappa$ is
 # $-1$ on every context and every $\beta$ (asserted within 0.1, on $\kappa$ from 4 to 24):
 
 # %%
@@ -879,12 +882,14 @@ mid = (kappa_grid >= 4) & (kappa_grid <= 24)
 slopes = {b: [np.polyfit(kappa_grid[mid], np.log(g_i[mid]), 1)[0] for g_i in g_]
           for b, g_ in tab_gaps.items()}
 for b, sl in slopes.items(): assert all(-1.1 < s_ < -0.9 for s_ in sl), (b, sl)
-{("inf" if b == math.inf else b): np.round(sl, 3).tolist() for b, sl in slopes.items()}
+Markdown("| $\\beta$ | fitted slopes, one per context |\n|---|---|\n"
+         + "\n".join(f"| ${beta_tex(b)}$ | " + ", ".join(f"{s_:.3f}" for s_ in sl) + " |"
+                     for b, sl in slopes.items()))
 
 # %%
-#| fig-cap: "Figure 9.2: The distance between kernel soft Q-iteration with W = kappa I and batch tabular soft Q-iteration falls like exp(-kappa), for every beta."
+#| fig-cap: "Figure 9.3: The distance between kernel soft Q-iteration with W = kappa I and batch tabular soft Q-iteration falls like exp(-kappa), for every beta."
 #| fig-alt: "Log-scale plot of the largest distance against kappa from 0 to 30, one line per context and beta; all fall parallel to a dashed line 10 exp(-kappa)."
-fig, ax = plt.subplots(figsize=(7, 3.8))
+fig, ax = plt.subplots(figsize=(6, 3.8))
 shown = kappa_grid <= 30
 for i, (b, g_) in enumerate(tab_gaps.items()):
     for j, g_i in enumerate(g_):
@@ -896,7 +901,7 @@ ax.semilogy(kappa_grid, 10 * np.exp(-kappa_grid), "k--", label=r"$10\,e^{-\kappa
 ax.set(xlabel=r"kernel scale $\kappa$ ($W = \kappa I$)",
        ylabel="max |kernel - tabular|\n(return units)",
        ylim=(1e-14, 10),
-       title=f"Distance to batch tabular soft Q-iteration, {len(tab_contexts)} contexts, "
+       title=f"Distance to batch tabular soft Q-iteration\n{len(tab_contexts)} contexts, "
              "20 iterations")
 ax.legend(fontsize=9);
 
@@ -907,6 +912,8 @@ ax.legend(fontsize=9);
 # (unvisited pairs held at 0), an independent computation:
 
 # %%
+#| code-fold: true
+#| code-summary: "Code: the empirical MDP's optimal values, and the check"
 def empirical_q_star(S_, A_, R_, n_states, n_actions, gamma):
     "Optimal values of the context's empirical MDP by value iteration (unvisited pairs held at 0)."
     x = S_ * n_actions + A_
@@ -929,6 +936,8 @@ test_close(batch_tabular_q(S3, A3, R3, 10, 3, alpha=1., gamma=0.9, beta=math.inf
 # Bad input to the iteration:
 
 # %%
+#| code-fold: true
+#| code-summary: "Tests: bad input to the iteration"
 for msg, kw in {"`alpha` must be a finite number > 0": dict(alpha=0.),
                 "`beta` must be a finite number >= 0": dict(beta=-1.),
                 "`n_iters` must be an integer >= 0": dict(n_iters=-1),
@@ -948,10 +957,45 @@ tab_kw = dict(alpha=1., gamma=0.9, beta=1., n_iters=1)
 test_fail(lambda: batch_tabular_q(S3, A3 + 3, R3, 10, 3, **tab_kw), contains="`actions` must hold")
 test_fail(lambda: batch_tabular_q(S3, A3, R3[:-1], 10, 3, **tab_kw), contains="disagree")
 
+# %% [markdown]
+# ### The module's other functions
+#
+# The page's API entries are the functions a reader calls (`random_mdp`, `kernel_q_iteration`,
+# `batch_tabular_q`); the MDP class and the module's other public functions, with their docstrings:
+
+# %%
+#| code-fold: true
+#| code-summary: "Code for the list"
+plumbing = (MDP, check_policy, uniform_policy, greedy_actions, greedy_policy, policy_mrp,
+            stationary_distribution, q_pi, q_star, policy_return, normalised_return,
+            sample_mdp_trajectory, context_features, boltzmann_backup)
+code = lambda doc: re.sub(r"`([^`]*)`", r"<code>\1</code>", doc).replace("|", "&#124;")
+Markdown(f"<details><summary>{len(plumbing)} functions</summary>\n\n"
+         "| function | what it computes |\n|---|---|\n" + "\n".join(
+    f"| <code>{f.__name__}</code> | {code(f.__doc__)} |" for f in plumbing) + "\n\n</details>")
+
+# %%
+#| hide
+# Listed above: this keeps nbdev from adding a full API entry for each of them.
+show_doc(MDP)
+show_doc(check_policy)
+show_doc(uniform_policy)
+show_doc(greedy_actions)
+show_doc(greedy_policy)
+show_doc(policy_mrp)
+show_doc(stationary_distribution)
+show_doc(q_pi)
+show_doc(q_star)
+show_doc(policy_return)
+show_doc(normalised_return)
+show_doc(sample_mdp_trajectory)
+show_doc(context_features)
+show_doc(boltzmann_backup)
+
 # %%
 #| export
 from ictd.boyan import check_arguments
-check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)
+check_arguments(globals())   # public functions refuse arguments their annotations rule out (ch. 0)
 
 # %%
 #| hide

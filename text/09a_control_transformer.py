@@ -24,7 +24,7 @@ from nbdev.showdoc import *
 import matplotlib.pyplot as plt
 import numpy as np
 from IPython.display import Markdown
-import json
+import json, re
 from pathlib import Path
 from ictd.core import record_claim, OKABE_ITO, plain_log_ticks, provenance_note
 from ictd.control import (random_mdp, sample_mdp_trajectory, context_features, kernel_q_iteration,
@@ -38,14 +38,10 @@ from ictd.linear import linear_attention
 
 # %% [markdown]
 # ::: {.callout-tip title="What this page shows"}
-# - A prompt with one column per transition, a block of $A$ columns for each successor state (one
-#   per action), and a block per query state, written down exactly.
-# - A **backup head** [ours] whose scores read the value row: over a successor's own block it returns
-#   the Boltzmann backup $\sum_{a'} \mathrm{softmax}(\beta Q)_{a'} Q_{a'}$, and the max as $\beta \to \infty$.
-# - Theorem 9a.1: with the constructed parameters every *pair* of layers (backup, then the book's TD
-#   layer) is one iteration of kernel soft Q-iteration; checked to $10^{-12}$ in float64.
-# - Proposition 9a.2: no linear-attention layer of the book's form computes the max backup, with a
-#   five-prompt counterexample that holds for every parameter setting.
+# - A prompt with one column per transition and a block of $A$ columns per successor or query state.
+# - A **backup head** [ours] whose scores read the value row, returning the Boltzmann backup.
+# - Theorem 9a.1: with the constructed parameters every *pair* of layers is one iteration of kernel
+#   soft Q-iteration (checked to $10^{-12}$); Proposition 9a.2: no linear-attention layer takes the max.
 # :::
 #
 # [Chapter 3](dual_head.html) built a layer whose attention is the TD kernel and whose two value heads
@@ -59,7 +55,7 @@ from ictd.linear import linear_attention
 #
 # *How to read this page.* The prompt; the two layers and their parameters; Theorem 9a.1 and its
 # check; how the backup head finds a successor's columns, and the price of doing it by scores instead
-# of a mask; the linear-attention impossibility. Helpers, the API and bulk tests are in
+# of a mask; the linear-attention impossibility. Helpers, most of the API and bulk tests are in
 # [Implementation and tests](#implementation-and-tests).
 
 # %% [markdown]
@@ -156,8 +152,9 @@ test_eq(x_tiny.Z[:6, 3:9].T, ft_next.flatten(0, 1))
 # Its value matrix $V_b = e_{d+2}(e_{d+1} - e_{d+2})^\top$ reads (value $-$ backup) of the key and
 # writes the backup row:
 #
-# $$Z \leftarrow Z + V_b Z S_b, \qquad S_b[i, j] = \mathrm{softmax}_i\big(z_i^\top A_b z_j + \omega^b_{ij}\big),
-# \qquad \omega^b_{ij} = \begin{cases} 0 & i \text{ in the block assigned to } j\\ -\infty & \text{otherwise.}\end{cases}$$
+# $$Z \leftarrow Z + V_b Z S_b, \qquad S_b[i, j] = \mathrm{softmax}_i\big(z_i^\top A_b z_j + \omega^b_{ij}\big),$$
+#
+# $$\omega^b_{ij} = \begin{cases} 0 & i \text{ in the block assigned to } j\\ -\infty & \text{otherwise.}\end{cases}$$
 #
 # For $\beta = \infty$ the head is the limit of its softmax: uniform over the keys of largest logit.
 #
@@ -167,7 +164,9 @@ test_eq(x_tiny.Z[:6, 3:9].T, ft_next.flatten(0, 1))
 # $V^{\mathrm{cur}} = \alpha\, e_{d+1}(e_d - e_{d+1})^\top$ and $V^{\mathrm{tgt}} = \gamma\alpha\, e_{d+1} e_{d+2}^\top$:
 #
 # $$Z \leftarrow Z + (V^{\mathrm{cur}} + V^{\mathrm{tgt}}) Z S, \qquad
-# S[i, j] = \mathrm{softmax}_i\big(z_i^\top A z_j + \omega_{i}\big), \quad \omega_i = 0 \text{ for } i < n,\ -\infty \text{ otherwise.}$$
+# S[i, j] = \mathrm{softmax}_i\big(z_i^\top A z_j + \omega_{i}\big),$$
+#
+# $$\omega_i = 0 \text{ for } i < n, \qquad \omega_i = -\infty \text{ otherwise.}$$
 #
 # The value-update weights on (reward, successor backup, current value) are $(+\alpha, +\gamma\alpha, -\alpha)$,
 # the $(+, +, -)$ pattern of chapter 3. Why two layers and not three heads in one: the heads of one
@@ -227,7 +226,7 @@ def masked_attention(Z:torch.Tensor,     # (..., D, N) tokens
 #| export
 def control_pair_update(Z:torch.Tensor,  # (..., d + 4, N) tokens
                         params:tuple,    # (A_b, V_b, A, V_cur, V_tgt), each (d + 4, d + 4)
-                        masks:tuple,     # (TD mask, backup mask) of `control_masks`
+                        masks:tuple,     # (TD mask, backup mask), as control_masks gives them
                         hard:bool=False, # backup head at beta = infinity
                        )->torch.Tensor:  # (..., d + 4, N) after the backup layer and the TD layer
     "One iteration: backup layer $Z + V_b Z S_b$, then TD layer $Z + (V^{cur} + V^{tgt}) Z S$."
@@ -269,7 +268,7 @@ def control_theta_star(d:int,        # feature dimension
 # transitions and two actions, terabytes. Neither is needed. A column's backup keys are the $A$ columns of one
 # block, so the backup head is $A \times A$ softmaxes within blocks; the TD head's keys are the $n$ context
 # columns for every column, which fused attention (`torch.nn.functional.scaled_dot_product_attention`)
-# computes without forming its weights. `streamed_pair_update` is that pair in $O(N)$ memory;
+# computes without forming its weights. The streamed pair update is that pair in $O(N)$ memory;
 # `ControlICTD` takes it by itself (`method='auto'`) once the dense path would pass `ictd.core.DENSE_BYTES`,
 # and refuses the dense path above `ictd.core.WORK_LIMITS`. Its equality with the dense pair and its
 # memory are in [Implementation and tests](#implementation-and-tests).
@@ -437,6 +436,8 @@ def _dense_bytes(Z:torch.Tensor)->float:
 # As in chapter 3 nothing is tuned to converge, so the gap is relative to the size of the values.
 
 # %%
+#| code-fold: true
+#| code-summary: "Code: the gap on one random task"
 def theorem_gap(seed:int, beta:float, n_iters:int=12)->float:
     "Largest relative gap, Transformer against kernel soft Q-iteration, over pairs, columns, rows."
     rng = np.random.default_rng(seed)
@@ -467,6 +468,8 @@ def theorem_gap(seed:int, beta:float, n_iters:int=12)->float:
     assert fixed, seed
     return (max(gap_v, gap_b) / scale).item()
 
+
+# %%
 betas_check = (0., 0.5, 3., 20., math.inf)
 thm_gaps = np.array([[theorem_gap(seed, b) for b in betas_check] for seed in range(15)])
 assert (thm_gaps < 1e-12).all(), thm_gaps.max()
@@ -484,13 +487,11 @@ Markdown(f"On {thm_gaps.shape[0]} random tasks (all three feature kinds) and {th
          f"for bit.")
 
 # %% [markdown]
-# The figure shows the two attentions of the small prompt above after one pair, with $\beta = 4$:
+# Figures 9a.1 and 9a.2 show the two attentions of the small prompt above after one pair, with $\beta = 4$:
 # the TD head's kernel over the three context columns, and the backup head's weights, each column's
 # mass on the two actions of its assigned block.
 
 # %%
-#| fig-cap: "Figure 9a.1: The two heads of one pair on the 11-column prompt: the TD head attends to the context columns with the kernel, the backup head to the two action columns of each column's assigned block."
-#| fig-alt: "Two heat maps of attention weights, keys as rows and the 11 columns as columns. Left: only the first three key rows (the context) are non-zero. Right: each column's weight sits on two key rows of one successor or query block, split between the block's two actions."
 tiny_model = ControlICTD.from_theta_star(6, 2, 3. * torch.eye(6, dtype=torch.float64), alpha=1.,
                                          gamma=0.9, beta=4.)
 Z1 = tiny_model(x_tiny, return_all=True)[1]
@@ -498,19 +499,30 @@ params_t = control_theta_star(6, 3. * torch.eye(6, dtype=torch.float64), 1., 0.9
 masks_t = control_masks(3, 2, 1)
 att_td = masked_attention(Z1, params_t[2], masks_t[0])
 att_b = masked_attention(Z1, params_t[0], masks_t[1])
-fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
+test_close(att_b.sum(0), torch.ones(11, dtype=torch.float64), eps=1e-14)
+assert (att_td[3:] == 0).all()
 labels = ["ctx 0", "ctx 1", "ctx 2"] + [f"{'S' + str(b + 1) if b < 3 else 'query'},a{a}"
                                          for b in range(4) for a in range(2)]
-titles = ("TD head: kernel K over the context", "backup head: softmax(beta Q) over a block")
-for ax, att, title in zip(axes, (att_td, att_b), titles):
+
+def attention_map(att, title):
+    "A heat map of one head's weights, keys as rows and the attending columns as columns."
+    fig, ax = plt.subplots(figsize=(5.2, 4.4))
     im = ax.imshow(att.numpy(), cmap="Blues", vmin=0, vmax=1)
     ax.set_xticks(range(11), labels, rotation=70, fontsize=8)
     ax.set_yticks(range(11), labels, fontsize=8)
-    ax.set(xlabel="column j (the attending token)", title=title)
-axes[0].set_ylabel("key i")
-fig.colorbar(im, ax=axes, label="attention weight", fraction=0.025)
-test_close(att_b.sum(0), torch.ones(11, dtype=torch.float64), eps=1e-14)
-assert (att_td[3:] == 0).all()
+    ax.set(xlabel="column j (the attending token)", ylabel="key i", title=title)
+    fig.colorbar(im, ax=ax, label="attention weight", fraction=0.046)
+
+
+# %%
+#| fig-cap: "Figure 9a.1: The TD head of one pair on the 11-column prompt attends to the context columns with the kernel."
+#| fig-alt: "Heat map of attention weights, keys as rows and the 11 columns as columns: only the first three key rows (the context) are non-zero."
+attention_map(att_td, "TD head: kernel K over the context")
+
+# %%
+#| fig-cap: "Figure 9a.2: The backup head of the same pair attends to the two action columns of each column's assigned block."
+#| fig-alt: "Heat map of attention weights, keys as rows and the 11 columns as columns: each column's weight sits on two key rows of one successor or query block, split between the block's two actions."
+attention_map(att_b, "backup head: softmax(beta Q) over a block")
 
 
 # %% [markdown]
@@ -533,10 +545,12 @@ assert (att_td[3:] == 0).all()
 # the scale needed grows like $(\log(nA) + \beta w)/\mu$, and a negative margin (a code more similar to another state
 # than to itself, which raw $U(-1, 1)$ codes allow) cannot be fixed by any scale. One-hot codes
 # ($d_\psi = S$ rows) have $\mu = 1$; random unit codes in $d_\psi < S$ dimensions have a small margin.
-# `code_backup` computes this head; the experiment measures the error of the backup against $c$ on the
+# The folded code below computes this head; the experiment measures the error of the backup against $c$ on the
 # default MDP (ten states, three actions), $\beta = 4$, contexts of $n = 200$.
 
 # %%
+#| code-fold: true
+#| code-summary: "Code: the score-routed backup and the experiment"
 def code_backup(q_blocks, code_cols, code_blocks, c, beta):
     "The backup head with the score c psi_i^T psi_j + beta Q_i over every block column (no mask)."
     logits = c * code_cols @ code_blocks.mT                                # (columns, blocks)
@@ -583,16 +597,16 @@ for name, (mu, err) in routing.items():
         assert err[-1] < err[0] and (np.diff(np.log(err[err > 1e-13])) < 1e-9).all(), name
 
 # %%
-#| fig-cap: "Figure 9a.2: The backup routed by a state-matching score instead of a mask: exact as the scale grows when every code is most similar to itself, at a rate set by the margin; a code with a negative margin never is."
+#| fig-cap: "Figure 9a.3: The backup routed by a state-matching score instead of a mask: exact as the scale grows when every code is most similar to itself, at a rate set by the margin; a code with a negative margin never is."
 #| fig-alt: "Log-log plot of the largest backup error against the code scale c from 1 to 500, one line per code. One-hot codes fall fastest, to round-off (not drawn) by c = 50; random unit codes in 8 dimensions fall later; random unit codes in 4 dimensions and raw uniform codes stay near 1."
-fig, ax = plt.subplots(figsize=(7, 4))
+fig, ax = plt.subplots(figsize=(6, 4))
 for i, (name, (mu, err)) in enumerate(routing.items()):
     drawn = err >= 1e-13                                             # below: round-off, not drawn
     ax.loglog(c_grid[drawn], err[drawn], "o-", color=OKABE_ITO[i], ms=3,
               label=f"{name}, margin {mu:.2f}")
 ax.set(xlabel="code scale $c$", ylabel="max |routed backup - exact|\n(return units)",
        ylim=(1e-13, 10),
-       title="Backup routed by scores: 10 contexts of n = 200, beta = 4")
+       title="Backup routed by scores\n10 contexts of n = 200, beta = 4")
 plain_log_ticks(ax, "x"); ax.legend(fontsize=8);
 
 # %%
@@ -650,6 +664,8 @@ Markdown("Margins and errors at the largest scale $c = 500$: " + "; ".join(
 # head, by contrast, has a non-zero fourth difference that tends to that of the max as $\beta$ grows.
 
 # %%
+#| code-fold: true
+#| code-summary: "Code: fourth differences of 200 random linear-attention layers"
 def fourth_difference(f, h):
     "f(-2h) - 4 f(-h) + 6 f(0) - 4 f(h) + f(2h)."
     return f(-2 * h) - 4 * f(-h) + 6 * f(0.) - 4 * f(h) + f(2 * h)
@@ -666,7 +682,9 @@ for trial in range(200):
         return linear_attention(P_l, Q_l, Zt, n=8)
     diff, size = fourth_difference(out, h), out(2 * h).abs().max()
     worst = max(worst, (diff.abs().max() / size).item())
-assert worst < 1e-12, worst
+
+# %%
+assert worst < 1e-12, worst                           # every random linear layer: a cubic in t
 alpha_c, gamma_c, K_c = 0.5, 0.9, 0.3
 q_learning = lambda t: 0.2 + alpha_c * K_c * (1.0 + gamma_c * max(t, 0.) - 0.2)
 target_diff = fourth_difference(q_learning, h)
@@ -698,34 +716,16 @@ Markdown(f"Over 200 random layers the largest fourth difference, relative to the
 # ## Implementation and tests
 
 # %%
-show_doc(ControlPrompt)
-
-# %%
 show_doc(build_control_prompt)
 
 # %%
-show_doc(control_masks)
-
-# %%
-show_doc(masked_attention)
-
-# %%
 show_doc(control_pair_update)
-
-# %%
-show_doc(streamed_pair_update)
 
 # %%
 show_doc(control_theta_star)
 
 # %%
 show_doc(ControlICTD)
-
-# %%
-show_doc(ControlICTD.from_theta_star)
-
-# %%
-show_doc(ControlICTD.predict)
 
 # %% [markdown]
 # The masks of the small prompt: the TD head's keys are the three context columns; the backup head of
@@ -745,6 +745,8 @@ for j in range(11):
 # contexts run at once; the value weights are the $(+, +, -)$ pattern; and bad prompts are refused.
 
 # %%
+#| code-fold: true
+#| code-summary: "Tests: predictions, batches, weights and bad prompts"
 m5 = random_mdp(5, 3, features="random", d=4, seed=7)
 S5, A5, R5 = sample_mdp_trajectory(m5, 30, seed=7)
 g5, n5 = context_features(m5, S5, A5)
@@ -790,13 +792,15 @@ assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in free.pairs)
 # %% [markdown]
 # ### The streamed path
 #
-# `streamed_pair_update` is `control_pair_update` without its masks and $N \times N$ weights. On the prompts
+# The streamed pair update is `control_pair_update` without its masks and $N \times N$ weights. On the prompts
 # above, with the free model of random parameters (three batched contexts, both backup limits), the tokens after
 # every pair and the gradient of every parameter agree with the dense path's to $10^{-12}$ relative (float64):
 
 # %%
+#| code-fold: true
+#| code-summary: "Tests: streamed against dense"
 def path_gap(model, x)->tuple:
-    "Largest relative gap, streamed against dense: tokens after every pair, then parameter gradients."
+    "Largest relative gap, streamed against dense: tokens after every pair, then gradients."
     out, grad = {}, {}
     for method in ("dense", "streamed"):
         model.zero_grad()
@@ -808,7 +812,8 @@ def path_gap(model, x)->tuple:
     return rel(out["streamed"], out["dense"]), rel(grad["streamed"], grad["dense"])
 
 x3 = build_control_prompt(*two_contexts, m5.phi[[1, 3, 4]])
-gaps = {hard: path_gap(ControlICTD(4, 3, init_gain=0.5, seed=2, hard=hard), x3) for hard in (False, True)}
+gaps = {hard: path_gap(ControlICTD(4, 3, init_gain=0.5, seed=2, hard=hard), x3)
+        for hard in (False, True)}
 assert all(g < 1e-12 for pair in gaps.values() for g in pair), gaps
 Markdown("Tokens and gradients, streamed against dense: below $10^{-12}$ relative for the softmax "
          "backup and for its $\\beta = \\infty$ limit (asserted).")
@@ -820,13 +825,15 @@ Markdown("Tokens and gradients, streamed against dense: below $10^{-12}$ relativ
 # `ictd.core.WORK_LIMITS` the dense path refuses (its message below).
 
 # %%
+#| code-fold: true
+#| code-summary: "Code: the table of the measurements"
 bench = json.loads(Path("data/control_forward_memory.json").read_text())
 def plain(x:float)->str:
     "A positive number in plain digits: three significant below 10, whole numbers above."
     return f"{x:,.0f}" if x >= 10 else f"{x:.2g}"
 
 def bench_row(r)->str:
-    "One table row: n, N, path, the dense estimate, then time and added peak memory, or the refusal."
+    "One table row: n, N, path, the dense estimate, then time and added peak memory, or refusal."
     run = (f"{plain(r['seconds'])} s | {r['peak_mb'] - r['before_mb']:,.0f} MB" if "seconds" in r
            else "refused | -")
     return f"| {r['n']:,} | {r['N']:,} | {r['method']} | {plain(r['dense_gib'])} | {run} |"
@@ -834,21 +841,48 @@ rows = sorted(bench["rows"], key=lambda r: (r["n"], r["method"]))
 big = next(r for r in rows if r["n"] == 10**5 and r["method"] == "streamed")
 assert big["finite"] and big["peak_mb"] - big["before_mb"] < 1024
 refusal = next(r["refused"] for r in rows if r["n"] == 10**5 and r["method"] == "dense")
-Markdown("| n | N | path | dense path needs (GiB) | wall time | added peak |\n|---|---|---|---|---|---|\n"
+Markdown("| n | N | path | dense path needs (GiB) | wall time | added peak |\n"
+         "|---|---|---|---|---|---|\n"
          + "\n".join(bench_row(r) for r in rows)
-         + f"\n\nAt $n = 10^5$ the streamed forward added {big['peak_mb'] - big['before_mb']:.0f} MB "
+         + f"\n\nAt $n = 10^5$ the streamed forward added "
+         f"{big['peak_mb'] - big['before_mb']:.0f} MB "
          f"to the process's peak (asserted under 1 GiB) where the dense path would need "
-         f"{big['dense_gib']:,.0f} GiB; its time, {big['seconds'] / 60:.0f} minutes on one thread, is the "
-         f"$O(nN)$ work of attention, which no path avoids for free parameters. The dense path's refusal: "
-         f"*{refusal}*. "
+         f"{big['dense_gib']:,.0f} GiB; its time, {big['seconds'] / 60:.0f} minutes on one thread, "
+         f"is the $O(nN)$ work of attention, which no path avoids for free parameters. The dense "
+         f"path's refusal: *{refusal}*. "
          + provenance_note(bench["provenance"], "These measurements",
-                           "Wall times and peaks vary with the machine and its load (this one was shared); "
-                           "the dense estimate is computed, not measured."))
+                           "Wall times and peaks vary with the machine and its load (this one was "
+                           "shared); the dense estimate is computed, not measured."))
+
+# %% [markdown]
+# ### The module's other functions
+#
+# The page's API entries are the functions a reader calls (`build_control_prompt`,
+# `control_pair_update`, `control_theta_star`, `ControlICTD`); the module's other public names and
+# `ControlICTD`'s constructor and prediction, with their docstrings:
+
+# %%
+#| code-fold: true
+#| code-summary: "Code for the list"
+others = (ControlPrompt, control_masks, masked_attention, streamed_pair_update,
+          ControlICTD.from_theta_star, ControlICTD.predict)
+code = lambda doc: re.sub(r"`([^`]*)`", r"<code>\1</code>", doc).replace("|", "&#124;")
+Markdown(f"<details><summary>{len(others)} names</summary>\n\n"
+         "| name | what it is |\n|---|---|\n" + "\n".join(
+    f"| <code>{f.__qualname__}</code> | {code(f.__doc__)} |" for f in others) + "\n\n</details>")
+
+# %%
+#| hide
+# Listed above: this keeps nbdev from adding a full API entry for each of them.
+show_doc(ControlPrompt)
+show_doc(control_masks)
+show_doc(masked_attention)
+show_doc(streamed_pair_update)
 
 # %%
 #| export
 from ictd.boyan import check_arguments
-check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)
+check_arguments(globals())   # public functions refuse arguments their annotations rule out (ch. 0)
 
 # %%
 #| hide

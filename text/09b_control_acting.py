@@ -34,20 +34,16 @@ from ictd.wstd import batch_linear_td
 
 # %% [markdown]
 # ::: {.callout-tip title="What this page shows"}
-# - The forward pass of [9a](control_transformer.html)'s Transformer on a tabular context, computed
-#   exactly on one token per state-action pair (`pair_token_q_iteration`), so that long contexts are cheap.
-# - Greedy acting on its query values, on 100 unseen MDPs for each reward kind of `random_mdp`:
-#   normalised return $(J - J_{\mathrm{behaviour}})/(J_* - J_{\mathrm{behaviour}})$ with 95% intervals,
-#   across context length $n$ and depth $L$, for three inverse temperatures $\beta$.
-# - Baselines on the same contexts: greedy on in-context SARSA values (one step of policy improvement
-#   over the uniform behaviour) and the myopic policy ($L = 1$, greedy on the rewards).
-# - Against linear-attention SARSA (batch linear TD on pairs, tuned) at equal depth and context.
-# - Online: the agent appends its own $\varepsilon$-greedy transitions to its context, block by block.
+# - [9a](control_transformer.html)'s forward pass on a tabular context, exactly, on one token per pair.
+# - Greedy acting on its query values on 100 unseen MDPs per reward kind: normalised return with 95%
+#   intervals across context length and depth, against SARSA-then-greedy and the myopic policy.
+# - Against tuned linear-attention SARSA at equal depth and context, and online acting.
 # :::
 #
 # *How to read this page.* The fast exact forward pass and its check against the Transformer; the
-# experiment and its two figures; the claim; linear-attention SARSA; the online variant. Everything is the book's own experiment. Helpers and bulk
-# tests are in [Implementation and tests](#implementation-and-tests).
+# experiment and its figures; the claim; linear-attention SARSA; the online variant. Everything is
+# the book's own experiment. Helpers and bulk tests are in
+# [Implementation and tests](#implementation-and-tests).
 
 # %% [markdown]
 # ## One token per pair
@@ -59,7 +55,9 @@ from ictd.wstd import batch_linear_td
 # the update at a pair $y$ is
 #
 # $$Q_{l+1}(y) = Q_l(y) + \alpha \sum_x w(x \mid y)\Big[\hat r(x) + \gamma \sum_{s'} \hat P(s' \mid x)\,
-# B_\beta\big(Q_l(s', \cdot)\big) - Q_l(x)\Big], \qquad w(x \mid y) = \mathrm{softmax}_x\big(\phi(x)^\top W \phi(y) + \log N(x)\big),$$
+# B_\beta\big(Q_l(s', \cdot)\big) - Q_l(x)\Big],$$
+#
+# $$w(x \mid y) = \mathrm{softmax}_x\big(\phi(x)^\top W \phi(y) + \log N(x)\big),$$
 #
 # exactly kernel soft Q-iteration regrouped by pair (the weights of the visits of $x$ add up to
 # $w(x \mid y)$, and their TD errors average to the bracket). Its cost is independent of $n$ once the
@@ -167,12 +165,13 @@ def sample_mdp_trajectories(P,              # (B, S, A, S) transitions of B MDPs
                             start=None,     # (B,) start states; default: stationary draws
                             seed=0,         # int or `torch.Generator`
                            )->tuple:        # states (B, n+1), actions (B, n+1), rewards (B, n)
-    "Trajectories of B MDPs at once: (states, actions, rewards), like `sample_mdp_trajectory`."
+    "Trajectories of B MDPs at once: (states, actions, rewards), like chapter 9's sampler."
     P, r = as_tensor(P, "P", torch.float64), as_tensor(r, "r", torch.float64)
     if P.ndim != 4 or P.shape[1] != P.shape[3]:
         raise ValueError(f"`P` must have shape (B, S, A, S), got {tuple(P.shape)}")
     B, S, A = P.shape[:3]
-    if r.shape != (B, S, A): raise ValueError(f"`r` must have shape ({B}, {S}, {A}), got {tuple(r.shape)}")
+    if r.shape != (B, S, A):
+        raise ValueError(f"`r` must have shape ({B}, {S}, {A}), got {tuple(r.shape)}")
     n = check_int(n, "n", low=1)
     b = torch.full((B, S, A), 1 / A, dtype=torch.float64) if behavior is None \
         else as_tensor(behavior, "behavior", torch.float64)
@@ -214,7 +213,8 @@ def greedy_returns(P,            # (..., S, A, S) transitions
                    q,            # (..., S, A) action values (extra leading axes broadcast)
                    start=None,   # (S,) start distribution; default uniform
                   )->torch.Tensor:  # (...) expected discounted return of each `q`'s greedy policy
-    "Returns of the greedy policies of `q` (`greedy_actions`: ties up to rounding go to the first), by one batched solve."
+    ("Returns of the greedy policies of `q` (chapter 9's greedy actions: ties up to rounding go to "
+     "the first), by one batched solve.")
     P, r = as_tensor(P, "P", torch.float64), as_tensor(r, "r", torch.float64)
     q, S = as_tensor(q, "q", torch.float64), P.shape[-1]
     a = greedy_actions(q)                                             # (..., S)
@@ -275,11 +275,13 @@ results = {kind: run_kind(kind, root) for kind, root in zip(MDP_REWARDS, (9001, 
 beta_tex = lambda b: r"\infty" if b == math.inf else f"{b:g}"
 mean_ci = lambda x, axis=0: (x.mean(axis), 1.96 * x.std(axis, ddof=1) / math.sqrt(x.shape[axis]))
 
+
 # %%
-#| fig-cap: "Figure 9b.1: Normalised return of the constructed Transformer's greedy policy against context length, at depth L = 100, on 100 unseen MDPs per reward kind (95% intervals)."
-#| fig-alt: "Two panels, action rewards and state rewards, normalised return against context length n from 25 to 3200 on a log axis. Three curves for beta = 1, 4 and infinity rise towards 1; the SARSA-greedy baseline lies at or below them; the myopic policy is high with action rewards and near 0 with state rewards."
-fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
-for ax, kind in zip(axes, MDP_REWARDS):
+#| fig-cap: "Figure 9b.1: Normalised return of the constructed Transformer's greedy policy against context length, at depth L = 100, on 100 unseen MDPs with action rewards (95% intervals)."
+#| fig-alt: "Normalised return against context length n from 25 to 3200 on a log axis, action rewards. Three curves for beta = 1, 4 and infinity rise towards 1; the SARSA-greedy baseline lies at or below them; the myopic policy is high."
+def acting_plot(kind):
+    "Normalised return against context length for one reward kind: the model and the baselines."
+    fig, ax = plt.subplots(figsize=(6, 3.8))
     out, sarsa, _ = results[kind]
     curves = [(rf"$\beta = {beta_tex(b)}$, $L = 100$", out[:, j, :, -1])
               for j, b in enumerate(betas)]
@@ -290,18 +292,23 @@ for ax, kind in zip(axes, MDP_REWARDS):
                 ls="--" if k >= 3 else "-")
         ax.fill_between(n_grid, mu - ci, mu + ci, color=OKABE_ITO[k], alpha=0.2)
     ax.axhline(1, color="k", lw=0.6); ax.axhline(0, color="k", lw=0.6)
-    ax.set(xscale="log", xlabel="context length $n$ (transitions)", title=f'rewards = "{kind}"')
+    ax.set(xscale="log", xlabel="context length $n$ (transitions)", ylim=(-0.35, 1.1),
+           ylabel="normalised return\n(0: uniform behaviour, 1: optimal)",
+           title=f'rewards = "{kind}": 100 unseen MDPs (10 states, 3 actions)')
     plain_log_ticks(ax, "x")
-axes[0].set_ylabel("normalised return\n(0: uniform behaviour, 1: optimal)")
-axes[1].legend(fontsize=8, loc="lower right")
-fig.suptitle("Greedy acting on the in-context Q-values, 100 unseen MDPs per panel "
-             "(10 states, 3 actions)", fontsize=10)
-fig.tight_layout()
+    ax.legend(fontsize=8, loc="lower right")
+
+acting_plot("action")
 
 # %%
-#| fig-cap: "Figure 9b.2: Normalised return against depth (number of layer pairs) for several context lengths, beta = infinity, state rewards (95% intervals)."
+#| fig-cap: "Figure 9b.2: The same with state rewards, where only the successors separate the actions."
+#| fig-alt: "Normalised return against context length n from 25 to 3200 on a log axis, state rewards. Three curves for beta = 1, 4 and infinity rise towards 1; the SARSA-greedy baseline lies at or below them; the myopic policy stays near 0."
+acting_plot("state")
+
+# %%
+#| fig-cap: "Figure 9b.3: Normalised return against depth (number of layer pairs) for several context lengths, beta = infinity, state rewards (95% intervals)."
 #| fig-alt: "Normalised return against depth L from 1 to 100 on a log axis, one curve per context length; every curve starts near 0 at L = 1, rises over the first two to five pairs and levels off, higher for longer contexts."
-fig, ax = plt.subplots(figsize=(7, 4))
+fig, ax = plt.subplots(figsize=(6, 3.8))
 out_state = results["state"][0]
 for k, n in enumerate(n_grid[1::2]):
     mu, ci = mean_ci(out_state[:, -1, n_grid.index(n)])
@@ -347,6 +354,8 @@ Markdown("At $n = 3200$, $L = 100$, $\\beta = \\infty$ (mean ± 95% interval ove
 # has to be:
 
 # %%
+#| code-fold: true
+#| code-summary: "Code: the baselines, length by length, and the depth"
 def compare(kind, other):
     "Context lengths at which the model is above / below `other` (paired 95% intervals), for one "
     "reward kind."
@@ -370,17 +379,20 @@ Markdown("\n".join(f"- rewards = \"{kind}\", against SARSA then greedy: "
          "iteration on the context's empirical MDP, and the greedy policy settles long before the "
          "values do.")
 
+
 # %%
-grid_lines = []
-for kind in MDP_REWARDS:
+#| code-fold: true
+#| code-summary: "Code for the tables"
+def grid_table(kind):
+    "Normalised return at L = 100 (mean ± 95% interval): rows n, columns beta."
     out = results[kind][0]
-    for j, b in enumerate(betas):
-        mu, ci = mean_ci(out[:, j, :, -1])
-        cells = " | ".join(f"{m:.3f} ± {c:.3f}" for m, c in zip(mu, ci))
-        grid_lines.append(f"| {kind} | {'∞' if b == math.inf else f'{b:g}'} | {cells} |")
-Markdown("| rewards | $\\beta$ | " + " | ".join(f"n = {n}" for n in n_grid) + " |\n|---|---|"
-         + "---|" * len(n_grid) + "\n"
-         + "\n".join(grid_lines))
+    cells = [mean_ci(out[:, j, :, -1]) for j in range(len(betas))]
+    head = " | ".join(f"$\\beta = {beta_tex(b)}$" for b in betas)
+    rows = "\n".join(f"| {n} | " + " | ".join(f"{mu[i]:.3f} ± {ci[i]:.3f}" for mu, ci in cells)
+                     + " |" for i, n in enumerate(n_grid))
+    return (f'Rewards = "{kind}", $L = 100$:\n\n| $n$ | {head} |\n|---|'
+            + "---|" * len(betas) + "\n" + rows)
+Markdown("\n\n".join(grid_table(kind) for kind in MDP_REWARDS))
 
 # %% [markdown]
 # ## Against linear-attention SARSA at equal depth and context
@@ -396,6 +408,8 @@ Markdown("| rewards | $\\beta$ | " + " | ".join(f"n = {n}" for n in n_grid) + " 
 # construction is not tuned. Then both act greedily.
 
 # %%
+#| code-fold: true
+#| code-summary: "Code: the check of linear SARSA, and the table"
 m5 = random_mdp(seed=5)
 S_l, A_l, R_l = sample_mdp_trajectories(m5.P[None], m5.r[None], 40, seed=5)
 I30 = torch.eye(30, dtype=torch.float64)
@@ -453,6 +467,8 @@ Markdown("At $n = 3200$, $L = 100$ the paired difference (softmax Q-learning min
 # have the same length at every point.
 
 # %%
+#| code-fold: true
+#| code-summary: "Code: the online protocol"
 def online(root, n0=200, blocks=10, H=200, eps=0.1, agent=True):
     "Normalised return of the greedy policy after each block (MDPs, blocks + 1)."
     ss_mdp, ss_ctx = np.random.SeedSequence(root).spawn(2)
@@ -478,9 +494,9 @@ def online(root, n0=200, blocks=10, H=200, eps=0.1, agent=True):
 on, off = online(9101), online(9101, agent=False)
 
 # %%
-#| fig-cap: "Figure 9b.3: Online acting, state rewards: normalised return of the greedy policy as the agent appends its own epsilon-greedy transitions to its context, against a context grown by the uniform behaviour (100 MDPs, 95% intervals)."
+#| fig-cap: "Figure 9b.4: Online acting, state rewards: normalised return of the greedy policy as the agent appends its own epsilon-greedy transitions to its context, against a context grown by the uniform behaviour (100 MDPs, 95% intervals)."
 #| fig-alt: "Normalised return against the context length from 200 to 2200 transitions; two curves start at the same point; the online agent's curve and the uniform-behaviour curve both rise."
-fig, ax = plt.subplots(figsize=(7, 4))
+fig, ax = plt.subplots(figsize=(6, 3.8))
 lengths = 200 + 200 * np.arange(on.shape[1])
 for k, (lab, x) in enumerate((("agent's own transitions (epsilon-greedy, 0.1)", on),
                               ("uniform behaviour's transitions", off))):
@@ -489,7 +505,7 @@ for k, (lab, x) in enumerate((("agent's own transitions (epsilon-greedy, 0.1)", 
     ax.fill_between(lengths, mu - ci, mu + ci, color=OKABE_ITO[k], alpha=0.2)
 ax.axhline(1, color="k", lw=0.6)
 ax.set(xlabel="context length $n$ (200 uniform, then blocks of 200)", ylabel="normalised return",
-       title="Online: the context grows with the agent's own transitions")
+       title="Online: the context grows with the agent's own transitions", ylim=(None, 1.05))
 ax.legend(fontsize=9);
 
 # %%
@@ -513,7 +529,7 @@ show_doc(pair_token_q_iteration)
 show_doc(greedy_returns)
 
 # %% [markdown]
-# `greedy_returns` agrees with chapter 9's `policy_return` of the greedy policy; `pair_token_q_iteration`
+# `greedy_returns` agrees with chapter 9's return of the greedy policy; `pair_token_q_iteration`
 # batches over contexts; bad input is refused.
 
 # %%
@@ -537,7 +553,7 @@ test_fail(lambda: pair_token_q_iteration(m7.phi, S7, A7 + 3, R7, torch.eye(30), 
 # %%
 #| export
 from ictd.boyan import check_arguments
-check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)
+check_arguments(globals())   # public functions refuse arguments their annotations rule out (ch. 0)
 
 # %%
 #| hide

@@ -31,14 +31,10 @@ from ictd.control_acting import pair_token_q_iteration
 
 # %% [markdown]
 # ::: {.callout-tip title="What this page shows"}
-# - Proposition 9c.1 [ours]: the iteration contracts in the sup norm when the kernel's diagonal
-#   mass beats $(1 + \gamma c_\beta)/2$, where $c_\beta$ is the backup's Lipschitz constant: 1 for
-#   $\beta = 0$ and $\beta = \infty$, at most $1 + \beta M$ in between.
-# - Example 9c.1 [ours]: a deterministic two-state MDP on which undamped Boltzmann iteration
-#   oscillates for $\beta$ in a window, why (a negative sensitivity of the backup to a worse action),
-#   and three cures: $\beta = \infty$, a small $\beta$, or a step $\alpha = 1/2$.
-# - The error to $q_*$ against depth and context length on 100 MDPs: a geometric depth term and a
-#   statistical floor that falls like $n^{-1/2}$.
+# - Proposition 9c.1 [ours]: the iteration contracts when the kernel's diagonal mass beats
+#   $(1 + \gamma c_\beta)/2$, with $c_\beta$ the backup's Lipschitz constant.
+# - Example 9c.1 [ours]: an MDP on which undamped Boltzmann iteration oscillates, and three cures.
+# - The error to $q_*$ against depth and context length: a geometric depth term and an $n^{-1/2}$ floor.
 # :::
 #
 # The Boltzmann backup is not a non-expansion: Asadi and Littman (ICML 2017) show that value
@@ -253,24 +249,27 @@ Markdown(f"At $\\beta = 4$ the fixed point (found with $\\alpha = 1/2$) has a Ja
          f"{-(1 - gamma_ex) / gamma_ex:.4f}$.")
 
 # %%
-#| fig-cap: "Figure 9c.1: Example 9c.1. Left: the size of each step, which stays large for beta = 4 (a 2-cycle) and falls to round-off with each cure. Right: the size of the last step against beta."
-#| fig-alt: "Left: log-scale step size against the iteration up to 5000; the beta = 4 undamped curve stays near 1, the three cures fall to 1e-13, the damped one most slowly. Right: size of the last step against beta from 0.25 to 12, zero outside a window of intermediate beta and about 1 inside it."
-fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+#| fig-cap: "Figure 9c.1: Example 9c.1: the size of each step, which stays large for beta = 4 (a 2-cycle) and falls to round-off with each cure."
+#| fig-alt: "Log-scale step size against the iteration up to 5000; the beta = 4 undamped curve stays near 1, the three cures fall to 1e-13, the damped one most slowly."
+fig, ax = plt.subplots(figsize=(6, 3.6))
 steps = lambda Qs: (Qs[1:] - Qs[:-1]).abs().amax((-2, -1)).numpy()
 runs = [(r"$\beta = 4$, $\alpha = 1$", period2)] + list(cure_runs.items())
 for k, (lab, Qs) in enumerate(runs):
     st = steps(Qs)
     drawn = st >= 1e-13                                             # below: round-off, not drawn
-    axes[0].semilogy(np.arange(1, len(Qs))[drawn], st[drawn], color=OKABE_ITO[k], label=lab, lw=1.2)
-axes[0].set(xlabel="iteration $l$", ylabel="$\\max|Q_l - Q_{l-1}|$ (return units)",
-            ylim=(1e-13, 100),
-            title="size of each step")
-axes[0].legend(fontsize=8)
-axes[1].plot(beta_sweep, amps, "o-", ms=3, color=OKABE_ITO[0])
-axes[1].set(xlabel=r"inverse temperature $\beta$",
-            ylabel="size of the last step\n(after 10000 iterations)",
-            title=r"oscillation against $\beta$ ($\alpha = 1$)")
-fig.tight_layout()
+    ax.semilogy(np.arange(1, len(Qs))[drawn], st[drawn], color=OKABE_ITO[k], label=lab, lw=1.2)
+ax.set(xlabel="iteration $l$", ylabel="$\\max|Q_l - Q_{l-1}|$ (return units)",
+       ylim=(1e-13, 100), title="size of each step")
+ax.legend(fontsize=8);
+
+# %%
+#| fig-cap: "Figure 9c.2: Example 9c.1: the size of the last step against beta, zero outside a window of intermediate beta."
+#| fig-alt: "Size of the last step against beta from 0.25 to 12, zero outside a window of intermediate beta and about 1 inside it."
+fig, ax = plt.subplots(figsize=(6, 3.4))
+ax.plot(beta_sweep, amps, "o-", ms=3, color=OKABE_ITO[0])
+ax.set(xlabel=r"inverse temperature $\beta$",
+       ylabel="size of the last step\n(after 10000 iterations)",
+       title=r"oscillation against $\beta$ ($\alpha = 1$)");
 
 # %%
 record_claim("oscillation", "Undamped Boltzmann soft Q-iteration oscillates (a 2-cycle) on a "
@@ -330,9 +329,9 @@ slope = np.polyfit(np.log(ns_c), np.log(floor_mu), 1)[0]
 assert -0.7 < slope < -0.3, slope
 
 # %%
-#| fig-cap: "Figure 9c.2: Error of the constructed Transformer's Q-values to q* against depth, for four context lengths (mean over 100 MDPs, 95% bands): a geometric depth term, then a floor that falls with n."
+#| fig-cap: "Figure 9c.3: Error of the constructed Transformer's Q-values to q* against depth, for four context lengths (mean over 100 MDPs, 95% bands): a geometric depth term, then a floor that falls with n."
 #| fig-alt: "Log-scale error against depth L from 0 to 120, four curves for n = 100, 300, 1000, 3000; all fall together at first, then level off at floors that are lower for longer contexts; a dashed line shows 0.9^L times the initial error."
-fig, ax = plt.subplots(figsize=(7, 4))
+fig, ax = plt.subplots(figsize=(6, 4))
 for k, n in enumerate(ns_c):
     mu, ci = err_L[n].mean(0), 1.96 * err_L[n].std(0, ddof=1) / math.sqrt(n_mdps_c)
     ax.semilogy(Ls_c, mu, color=OKABE_ITO[k], label=f"n = {n}")
@@ -341,7 +340,7 @@ ax.semilogy(Ls_c, err_L[ns_c[0]].mean(0)[0] * 0.9 ** Ls_c, "k--", lw=1,
             label=r"$\gamma^L \times$ error at $L = 0$")
 ax.set(xlabel="depth $L$ (layer pairs)", ylabel="weighted RMS error to $q_*$ (return units)",
        ylim=(1e-2, 20),
-       title="Error to q* against depth, 100 MDPs, beta = infinity")
+       title="Error to q* against depth\n100 MDPs, beta = infinity")
 plain_log_ticks(ax, "y"); ax.legend(fontsize=9);
 
 # %%

@@ -11,8 +11,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 from ..boyan import _stationary
-from ..core import (atomic_write_text, check_choice, check_int, check_number, check_seeds, check_type, jsonable, nudge,
-                       provenance, run_stream)
+from ..core import (atomic_write_text, check_choice, check_int, check_number, check_seeds,
+                       check_type, jsonable, nudge, provenance, run_stream)
 from ..control import MDP, random_mdp, q_star, q_pi, uniform_policy
 from ..control_model import ControlICTD, build_control_prompt
 from ..control_acting import greedy_returns, pair_token_q_iteration
@@ -24,25 +24,26 @@ __all__ = ['CONTROL_OBJECTIVES', 'control_td_targets', 'ControlPretrainConfig', 
            'main']
 
 # %% ../../nbs/09d_control_pretraining.ipynb #cad9e61f
-CONTROL_OBJECTIVES = ("q", "expected", "shuffled")   # max backup, mean backup, max with shuffled rewards
+CONTROL_OBJECTIVES = ("q", "expected", "shuffled")   # max, mean, max with shuffled rewards
 
 def control_td_targets(rewards,         # (...) the rewards R_{n+1} of the query pairs
                        q_next,          # (..., A) the model's values at the successor's actions
                        gamma:float,     # discount factor
                        objective:str,   # one of `CONTROL_OBJECTIVES`
                       )->torch.Tensor:  # (...) r + gamma B(q_next), detached
-    "The TD target of `objective`: $r + \\gamma \\max_{a'} q$ ('q', 'shuffled') or $r + \\gamma\\, \\mathrm{mean}_{a'} q$ ('expected')."
+    ("The TD target of `objective`: $r + \\gamma \\max_{a'} q$ ('q', 'shuffled') or "
+     "$r + \\gamma\\, \\mathrm{mean}_{a'} q$ ('expected').")
     objective = check_choice(objective, CONTROL_OBJECTIVES, "objective")
     q_next = q_next.detach()
     return rewards + gamma * (q_next.mean(-1) if objective == "expected" else q_next.amax(-1))
 
-# %% ../../nbs/09d_control_pretraining.ipynb #03da59bf
+# %% ../../nbs/09d_control_pretraining.ipynb #48cb2840
 @dataclass(frozen=True)
 class ControlPretrainConfig:
     "Every setting of a control pretraining run (the defaults are the book's study)."
     n_states:int = 4          # states S of each random MDP
     n_actions:int = 2         # actions A
-    rewards:str = "action"    # `random_mdp` rewards: "action" (r(s, a) i.i.d.) or "state" (r(s, a) = r(s))
+    rewards:str = "action"    # "action" (r(s, a) i.i.d.) or "state" (r(s, a) = r(s))
     gamma:float = 0.9         # discount factor
     n:int = 20                # context length (transitions)
     n_layers:int = 3          # layer pairs L (2L attention layers)
@@ -54,15 +55,19 @@ class ControlPretrainConfig:
     n_pool:int = 1000         # training MDPs per seed
     eval_mdps:int = 64        # held-out MDPs per seed, one context each
     eval_every:int = 100      # steps between evaluations
-    dtype:str = "float64"     # "float64" or "float32" for the training passes (evaluation in float64)
+    dtype:str = "float64"     # "float64" or "float32" for training (evaluation in float64)
 
     def __post_init__(self):
         "Validate every field (a `ValueError` naming it)."
-        for name, low in dict(n_states=2, n_actions=1, n=1, n_layers=1, n_steps=0, batch_size=2, n_pool=1, eval_mdps=2, eval_every=1).items():
+        lows = dict(n_states=2, n_actions=1, n=1, n_layers=1, n_steps=0, batch_size=2, n_pool=1,
+                    eval_mdps=2, eval_every=1)
+        for name, low in lows.items():
             object.__setattr__(self, name, check_int(getattr(self, name), name, low))
-        check_choice(self.rewards, ("state", "action"), "rewards"), check_choice(self.objective, CONTROL_OBJECTIVES, "objective")
+        check_choice(self.rewards, ("state", "action"), "rewards")
+        check_choice(self.objective, CONTROL_OBJECTIVES, "objective")
         check_choice(self.dtype, ("float64", "float32"), "dtype")
-        check_number(self.gamma, "gamma", 0), check_number(self.lr, "lr", 0, strict=True), check_number(self.init_gain, "init_gain", 0, strict=True)
+        check_number(self.gamma, "gamma", 0), check_number(self.lr, "lr", 0, strict=True)
+        check_number(self.init_gain, "init_gain", 0, strict=True)
         if self.gamma >= 1: raise ValueError(f"`gamma` must lie in [0, 1), got {self.gamma}")
 
     @property
@@ -75,30 +80,38 @@ def _config(config)->ControlPretrainConfig:
 
 def _check_pair(pair)->tuple:
     "The five matrices of a pair, or a `ValueError` naming `pair`."
-    if not isinstance(pair, (tuple, list)) or len(pair) != 5 or not all(isinstance(p, torch.Tensor) for p in pair):
-        raise ValueError(f"`pair` must be five tensors (A_b, V_b, A, V_cur, V_tgt), got {type(pair).__name__}")
+    if (not isinstance(pair, (tuple, list)) or len(pair) != 5
+            or not all(isinstance(p, torch.Tensor) for p in pair)):
+        raise ValueError("`pair` must be five tensors (A_b, V_b, A, V_cur, V_tgt), "
+                         f"got {type(pair).__name__}")
     return tuple(pair)
 
 def mdp_pool(config:ControlPretrainConfig, size:int, seed:int)->dict:
-    "`size` MDPs of `random_mdp` from one seed: P (T, S, A, S), r (T, S, A) and the uniform behaviour's stationary start d0 (T, S)."
+    ("`size` MDPs of `random_mdp` from one seed: P (T, S, A, S), r (T, S, A) and the uniform "
+     "behaviour's stationary start d0 (T, S).")
     config, size, seed = _config(config), check_int(size, "size", 1), check_int(seed, "seed")
     kids = np.random.SeedSequence(seed).spawn(size)
-    ms = [random_mdp(config.n_states, config.n_actions, config.gamma, seed=np.random.default_rng(k), rewards=config.rewards) for k in kids]
+    ms = [random_mdp(config.n_states, config.n_actions, config.gamma,
+                     seed=np.random.default_rng(k), rewards=config.rewards) for k in kids]
     P, r = torch.stack([m.P for m in ms]), torch.stack([m.r for m in ms])
     d0 = torch.stack([torch.from_numpy(_stationary(p.numpy())) for p in P.mean(2)])
     return dict(P=P, r=r, d0=d0)
 
-# %% ../../nbs/09d_control_pretraining.ipynb #8c38539b
+# %% ../../nbs/09d_control_pretraining.ipynb #32b86baa
 def _draw(cdf, u): return (u[..., None] >= cdf).sum(-1).clamp(max=cdf.shape[-1] - 1)
 
 def sample_contexts(pool:dict,         # `mdp_pool` output, every tensor with leading axes (..., T)
                     task:torch.Tensor, # (..., B) the MDP of each example
                     u:torch.Tensor,    # (..., B, m, 2) uniforms: m - 1 transitions each
-                   )->tuple:           # states (..., B, m), actions (..., B, m), rewards (..., B, m - 1)
-    "Uniform-behaviour trajectories of the MDPs `task`, started from their stationary distributions, from the uniforms `u`."
-    pool, task, u = check_type(pool, dict, "pool"), check_type(task, torch.Tensor, "task"), check_type(u, torch.Tensor, "u")
+                   )->tuple:           # states, actions (..., B, m); rewards (..., B, m - 1)
+    ("Uniform-behaviour trajectories of the MDPs `task`, started from their stationary "
+     "distributions, from the uniforms `u`.")
+    pool, task = check_type(pool, dict, "pool"), check_type(task, torch.Tensor, "task")
+    u = check_type(u, torch.Tensor, "u")
     lead = task.shape[:-1]
-    pick = lambda x: x[(*[torch.arange(k).view(-1, *[1] * (len(lead) - i)) for i, k in enumerate(lead)], task)] if lead else x[task]
+    index = lambda: (*[torch.arange(k).view(-1, *[1] * (len(lead) - i))
+                       for i, k in enumerate(lead)], task)
+    pick = lambda x: x[index()] if lead else x[task]
     P, r, d0 = pick(pool["P"]), pick(pool["r"]), pick(pool["d0"])
     S, A = P.shape[-3], P.shape[-2]
     cumP = P.flatten(-3, -2).cumsum(-1)                                    # (..., B, S A, S)
@@ -106,19 +119,22 @@ def sample_contexts(pool:dict,         # `mdp_pool` output, every tensor with le
     for t in range(u.shape[-2]):
         a = (u[..., t, 0] * A).long().clamp(max=A - 1)
         states.append(s); actions.append(a)
-        if t + 1 < u.shape[-2]: s = _draw(cumP.gather(-2, (s * A + a)[..., None, None].expand(*s.shape, 1, S))[..., 0, :], u[..., t + 1, 1])
+        if t + 1 < u.shape[-2]:
+            row = cumP.gather(-2, (s * A + a)[..., None, None].expand(*s.shape, 1, S))[..., 0, :]
+            s = _draw(row, u[..., t + 1, 1])
     st, ac = torch.stack(states, -1), torch.stack(actions, -1)
     return st, ac, r.flatten(-2).gather(-1, st[..., :-1] * A + ac[..., :-1])
 
-# %% ../../nbs/09d_control_pretraining.ipynb #615dff80
+# %% ../../nbs/09d_control_pretraining.ipynb #8c38539b
 def _blocks(X, n:int, A:int, q:int):
     "The block columns of X (..., D, N) as (..., D, n + q, A)."
     return X[..., n:].unflatten(-1, (n + q, A))
 
 def backup_attention(Z, A_b, n:int, A:int, q:int)->tuple:
-    "Backup-head weights: context column j over block j (..., n, A); each block column over its own block (..., n + q, A columns, A keys)."
+    ("Backup-head weights: context column j over block j (..., n, A); each block column over its "
+     "own block (..., n + q, A columns, A keys).")
     Z, A_b = check_type(Z, torch.Tensor, "Z"), check_type(A_b, torch.Tensor, "A_b")
-    K, Y = _blocks(Z, n, A, q), A_b @ Z                                 # keys; A_b z_j of every column j
+    K, Y = _blocks(Z, n, A, q), A_b @ Z                # keys; A_b z_j of every column j
     ctx = torch.softmax((K[..., :n, :] * Y[..., :n, None]).sum(-3), -1)
     return ctx, torch.softmax(torch.einsum("...dbk,...dba->...bak", K, _blocks(Y, n, A, q)), -1)
 
@@ -131,67 +147,78 @@ def fast_pair_update(Z,            # (..., D, N) tokens
     A_b, V_b, A_td, V_cur, V_tgt = pair
     ctx, blk = backup_attention(Z, A_b, n, A, q)
     V = _blocks(V_b @ Z, n, A, q)
-    Z = Z + torch.cat([(V[..., :n, :] * ctx[..., None, :, :]).sum(-1), torch.einsum("...dbk,...bak->...dba", V, blk).flatten(-2)], -1)
+    Z = Z + torch.cat([(V[..., :n, :] * ctx[..., None, :, :]).sum(-1),
+                       torch.einsum("...dbk,...bak->...dba", V, blk).flatten(-2)], -1)
     keys = Z[..., :n]
     return Z + (V_cur + V_tgt) @ keys @ torch.softmax(keys.mT @ A_td @ Z, -2)
 
-# %% ../../nbs/09d_control_pretraining.ipynb #ffda2032
-def control_forward(params,               # (..., 5 L, D, D) the pairs' matrices (a leading seed axis broadcasts over examples)
-                    Z,                    # (..., B..., D, N) prompts
+# %% ../../nbs/09d_control_pretraining.ipynb #4144ccc5
+def control_forward(params,     # (..., 5 L, D, D) the pairs' matrices (leading seed axis)
+                    Z,          # (..., B..., D, N) prompts
                     n:int, A:int, q:int,
-                    return_all:bool=False,# also return the tokens entering every pair
-                   ):                     # (..., q, A) values at the query blocks (and the list of Z_0..Z_{L-1})
+                    return_all:bool=False,  # also return the tokens entering every pair
+                   ):           # (..., q, A) values at the query blocks (and Z_0..Z_{L-1})
     "Values of the stacked models at their prompts' query blocks (row d + 1 of the last tokens)."
     params, Z = check_type(params, torch.Tensor, "params"), check_type(Z, torch.Tensor, "Z")
     extra = Z.dim() - params.dim() + 1         # example axes between the seed axis and the matrices
     L, Zs = params.shape[-3] // 5, []
+    shape = params.shape[:-3] + (1,) * extra + params.shape[-2:]
     for l in range(L):
         Zs.append(Z)
-        pair = tuple(params[..., 5 * l + i, :, :].reshape(params.shape[:-3] + (1,) * extra + params.shape[-2:]) for i in range(5))
+        pair = tuple(params[..., 5 * l + i, :, :].reshape(shape) for i in range(5))
         Z = fast_pair_update(Z, pair, n, A, q)
     out = Z[..., Z.shape[-2] - 3, n + n * A:].unflatten(-1, (q, A))
     return (out, Zs) if return_all else out
 
-# %% ../../nbs/09d_control_pretraining.ipynb #0e517c33
+# %% ../../nbs/09d_control_pretraining.ipynb #615dff80
 def init_params(config:ControlPretrainConfig, seeds:list)->torch.Tensor:
-    "(S, 5 L, D, D) float64: seed s's slice is `ControlICTD(d, L, init_gain, seed=run_stream(s, 'init'))`, nudged if `ICTD_PERTURB` asks."
+    ("(S, 5 L, D, D) float64: seed s's slice is `ControlICTD(d, L, init_gain, "
+     "seed=run_stream(s, 'init'))`, nudged if `ICTD_PERTURB` asks.")
     config, seeds = _config(config), check_seeds(seeds)
-    ps = torch.stack([torch.stack([p.detach() for p in ControlICTD(config.d, config.n_layers, config.init_gain, seed=run_stream(s, "init")).pairs]) for s in seeds])
+    model = lambda s: ControlICTD(config.d, config.n_layers, config.init_gain,
+                                  seed=run_stream(s, "init"))
+    ps = torch.stack([torch.stack([p.detach() for p in model(s).pairs]) for s in seeds])
     return nudge(dict(pairs=ps), seeds)["pairs"]
 
 def training_pools(config:ControlPretrainConfig, seeds:list)->dict:
-    "Every seed's pool of `n_pool` training MDPs (its stream `train_pool`), stacked: P (S, T, S, A, S), r, d0."
+    ("Every seed's pool of `n_pool` training MDPs (its stream `train_pool`), stacked: "
+     "P (S, T, S, A, S), r, d0.")
     config, seeds = _config(config), check_seeds(seeds)
     pools = [mdp_pool(config, config.n_pool, run_stream(s, "train_pool")) for s in seeds]
     return {k: torch.stack([p[k] for p in pools]) for k in pools[0]}
 
-def _features(config): return torch.eye(config.d, dtype=torch.float64).reshape(config.n_states, config.n_actions, config.d)
+def _features(config):
+    return torch.eye(config.d, dtype=torch.float64).reshape(config.n_states, config.n_actions,
+                                                            config.d)
 
 def example_prompts(config:ControlPretrainConfig, states, actions, rewards):
-    "The training prompt of each trajectory of n + 1 transitions: the context, then query blocks S_n and S_{n+1}."
+    ("The training prompt of each trajectory of n + 1 transitions: the context, then query blocks "
+     "S_n and S_{n+1}.")
     config = _config(config)
     phi, n = _features(config), config.n
-    return build_control_prompt(phi[states[..., :n], actions[..., :n]], rewards[..., :n], phi[states[..., 1:n + 1]], phi[states[..., n:n + 2]])
+    return build_control_prompt(phi[states[..., :n], actions[..., :n]], rewards[..., :n],
+                                phi[states[..., 1:n + 1]], phi[states[..., n:n + 2]])
 
-# %% ../../nbs/09d_control_pretraining.ipynb #88097999
-def td_loss(config:ControlPretrainConfig, params, states, actions, rewards, perm=None)->torch.Tensor:
-    "(S,) the loss of every seed on its batch of trajectories (S, B, n + 2); `perm` (S, B) shuffles the query rewards."
+def td_loss(config:ControlPretrainConfig, params, states, actions, rewards,
+            perm=None)->torch.Tensor:
+    ("(S,) the loss of every seed on its batch of trajectories (S, B, n + 2); `perm` (S, B) "
+     "shuffles the query rewards.")
     config, params = _config(config), check_type(params, torch.Tensor, "params")
     x = example_prompts(config, states, actions, rewards)
-    out = control_forward(params, x.Z.to(params.dtype), config.n, config.n_actions, 2)     # (S, B, 2, A)
+    out = control_forward(params, x.Z.to(params.dtype), config.n, config.n_actions, 2)  # S,B,2,A
     v = out[..., 0, :].gather(-1, actions[..., config.n, None])[..., 0]
     r = rewards[..., config.n] if perm is None else rewards[..., config.n].gather(-1, perm)
     target = control_td_targets(r.to(v.dtype), out[..., 1, :], config.gamma, config.objective)
     return 0.5 * (target - v).square().mean(-1)
 
-# %% ../../nbs/09d_control_pretraining.ipynb #36b8b34e
+# %% ../../nbs/09d_control_pretraining.ipynb #ffda2032
 def train_control(config:ControlPretrainConfig,  # every setting
                   seeds:list,                    # the seeds, trained together
                   progress:bool=False,           # show a progress bar
-                  ho:dict=None,                  # the held-out set (`held_out(config, seeds)`); built if None
-                  pool:dict=None,                # the stacked training pools (`training_pools(config, seeds)`); built if None
-                 )->dict:                        # params (S, 5L, D, D), history name -> (S, evaluations, ...), steps, seeds
-    "Train one control Transformer per seed with `config.objective`, every seed in one batched pass."
+                  ho:dict=None,    # the held-out set (`held_out(config, seeds)`); built if None
+                  pool:dict=None,  # the stacked training pools; built if None
+                 )->dict:  # params (S, 5L, D, D), history (S, evaluations, ...), steps, seeds
+    "Train one control Transformer per seed with `config.objective`, all seeds in one batched pass."
     seeds, dtype = [check_int(s, "seeds", 0) for s in seeds], getattr(torch, config.dtype)
     ho = held_out(config, seeds) if ho is None else ho
     pool = training_pools(config, seeds) if pool is None else pool
@@ -200,111 +227,152 @@ def train_control(config:ControlPretrainConfig,  # every setting
     gens = [torch.Generator().manual_seed(run_stream(s, "data")) for s in seeds]
     shuffle = [torch.Generator().manual_seed(run_stream(s, "objective")) for s in seeds]
     history, steps, B = {}, [], config.batch_size
-    for step in tqdm(range(config.n_steps + 1), disable=not progress, desc=f"{config.objective}, {len(seeds)} seeds"):
+    bar = tqdm(range(config.n_steps + 1), disable=not progress,
+               desc=f"{config.objective}, {len(seeds)} seeds")
+    for step in bar:
         if step % config.eval_every == 0 or step == config.n_steps:
-            for k, v in probe_metrics(config, params, ho).items(): history.setdefault(k, []).append(v)
+            for k, v in probe_metrics(config, params, ho).items():
+                history.setdefault(k, []).append(v)
             steps.append(step)
         if step == config.n_steps: break
         task = torch.stack([torch.randint(0, config.n_pool, (B,), generator=g) for g in gens])
-        u = torch.stack([torch.rand(B, config.n + 2, 2, generator=g, dtype=torch.float64) for g in gens])
-        perm = torch.stack([torch.randperm(B, generator=g) for g in shuffle]) if config.objective == "shuffled" else None
+        u = torch.stack([torch.rand(B, config.n + 2, 2, generator=g, dtype=torch.float64)
+                         for g in gens])
+        perm = (torch.stack([torch.randperm(B, generator=g) for g in shuffle])
+                if config.objective == "shuffled" else None)
         loss = td_loss(config, params, *sample_contexts(pool, task, u), perm)
-        if not torch.isfinite(loss).all(): raise RuntimeError(f"training diverged at step {step}: seeds {[s for s, l in zip(seeds, loss) if not torch.isfinite(l)]}")
+        if not torch.isfinite(loss).all():
+            bad = [s for s, l in zip(seeds, loss) if not torch.isfinite(l)]
+            raise RuntimeError(f"training diverged at step {step}: seeds {bad}")
         opt.zero_grad(); loss.sum().backward(); opt.step()
-    return dict(params=params.detach(), history={k: torch.stack(v, 1) for k, v in history.items()}, steps=steps, seeds=seeds)
+    return dict(params=params.detach(), history={k: torch.stack(v, 1) for k, v in history.items()},
+                steps=steps, seeds=seeds)
 
-# %% ../../nbs/09d_control_pretraining.ipynb #f52cda18
+# %% ../../nbs/09d_control_pretraining.ipynb #0e517c33
 def held_out(config:ControlPretrainConfig, seeds:list)->dict:
-    "Every seed's held-out MDPs (stream `eval_pool`) with one context each (stream `eval_contexts`), their prompts and exact solutions."
+    ("Every seed's held-out MDPs (stream `eval_pool`) with one context each (stream "
+     "`eval_contexts`), their prompts and exact solutions.")
     config, seeds = _config(config), check_seeds(seeds)
     E, n, S, A = config.eval_mdps, config.n, config.n_states, config.n_actions
-    pool = {k: torch.stack([mdp_pool(config, E, run_stream(s, "eval_pool"))[k] for s in seeds]) for k in ("P", "r", "d0")}
-    u = torch.stack([torch.rand(E, n + 1, 2, generator=torch.Generator().manual_seed(run_stream(s, "eval_contexts")), dtype=torch.float64) for s in seeds])
+    pools = [mdp_pool(config, E, run_stream(s, "eval_pool")) for s in seeds]
+    pool = {k: torch.stack([p[k] for p in pools]) for k in ("P", "r", "d0")}
+    gen = lambda s: torch.Generator().manual_seed(run_stream(s, "eval_contexts"))
+    u = torch.stack([torch.rand(E, n + 1, 2, generator=gen(s), dtype=torch.float64) for s in seeds])
     st, ac, rw = sample_contexts(pool, torch.arange(E).expand(len(seeds), E), u)
     phi = _features(config)
-    mdps = [[MDP(pool["P"][i, k], pool["r"][i, k], config.gamma, phi) for k in range(E)] for i in range(len(seeds))]
+    mdps = [[MDP(pool["P"][i, k], pool["r"][i, k], config.gamma, phi) for k in range(E)]
+            for i in range(len(seeds))]
     qs = torch.stack([torch.stack([q_star(m) for m in row]) for row in mdps])
     qu = torch.stack([torch.stack([q_pi(m, uniform_policy(m)) for m in row]) for row in mdps])
-    x = build_control_prompt(phi[st[..., :-1], ac[..., :-1]], rw, phi[st[..., 1:]], phi.expand(len(seeds), E, S, A, config.d))
-    return dict(pool, states=st, actions=ac, rewards=rw, Z=x.Z, q_star=qs, q_unif=qu, J_star=greedy_returns(pool["P"], pool["r"], config.gamma, qs),
+    x = build_control_prompt(phi[st[..., :-1], ac[..., :-1]], rw, phi[st[..., 1:]],
+                             phi.expand(len(seeds), E, S, A, config.d))
+    return dict(pool, states=st, actions=ac, rewards=rw, Z=x.Z, q_star=qs, q_unif=qu,
+                J_star=greedy_returns(pool["P"], pool["r"], config.gamma, qs),
                 J_unif=(qu * uniform_policy(mdps[0][0])).sum(-1).mean(-1))
 
 def normalised_returns(config:ControlPretrainConfig, ho:dict, Q)->torch.Tensor:
-    "(S, E) normalised return of the greedy policy of the values Q (S, E, S, A) on each held-out MDP."
+    "(S, E) normalised return of the greedy policy of the values Q (S, E, S, A) per held-out MDP."
     config, ho, Q = _config(config), check_type(ho, dict, "ho"), check_type(Q, torch.Tensor, "Q")
-    return (greedy_returns(ho["P"], ho["r"], config.gamma, Q) - ho["J_unif"]) / (ho["J_star"] - ho["J_unif"])
+    J = greedy_returns(ho["P"], ho["r"], config.gamma, Q)
+    return (J - ho["J_unif"]) / (ho["J_star"] - ho["J_unif"])
 
-# %% ../../nbs/09d_control_pretraining.ipynb #99b8dc2d
+# %% ../../nbs/09d_control_pretraining.ipynb #88097999
 def probe_metrics(config:ControlPretrainConfig, params, ho:dict)->dict:
-    "Every seed's measures on its held-out set: per-layer scores and argmax masses (S, L), normalised return and errors (S,)."
-    config, params, ho = _config(config), check_type(params, torch.Tensor, "params"), check_type(ho, dict, "ho")
+    ("Every seed's measures on its held-out set: per-layer scores and argmax masses (S, L), "
+     "normalised return and errors (S,).")
+    config, params = _config(config), check_type(params, torch.Tensor, "params")
+    ho = check_type(ho, dict, "ho")
     n, A, S, d = config.n, config.n_actions, config.n_states, config.d
     with torch.no_grad():
         p = params.detach().double()
         Q, Zs = control_forward(p, ho["Z"], n, A, S, return_all=True)
-        succ = ho["states"][..., 1:]                                                     # (S, E, n) each context column's successor
+        succ = ho["states"][..., 1:]                    # (S, E, n) each context column's successor
         best_true = ho["q_star"].gather(-2, succ[..., None].expand(*succ.shape, A)).argmax(-1)
         score, beta_eff, mass_v, mass_q = [], [], [], []
+        mass = lambda w, idx: w.gather(-1, idx)[..., 0].mean((-2, -1))
         for l, Z in enumerate(Zs):
             A_b = p[:, 5 * l][:, None]
-            w = backup_attention(Z, A_b, n, A, S)[0]                                         # (S, E, n, A)
+            w = backup_attention(Z, A_b, n, A, S)[0]                            # (S, E, n, A)
             vals = Z[..., d + 1, n:n + n * A].unflatten(-1, (n, A))
             score.append(p[:, 5 * l, d + 1, d + 3])
             beta_eff.append((A_b @ Z)[..., d + 1, :n].mean((-2, -1)))
-            mass_q.append(w.gather(-1, best_true[..., None])[..., 0].mean((-2, -1)))
-            mass_v.append(w.gather(-1, vals.argmax(-1, keepdim=True))[..., 0].mean((-2, -1)) if l > 0 else torch.full_like(score[-1], math.nan))
+            mass_q.append(mass(w, best_true[..., None]))
+            mass_v.append(mass(w, vals.argmax(-1, keepdim=True)) if l > 0
+                          else torch.full_like(score[-1], math.nan))
         rms = lambda target: (Q - target).square().mean((-2, -1)).sqrt().mean(-1)
-        return dict(score=torch.stack(score, -1), beta_eff=torch.stack(beta_eff, -1), mass_value=torch.stack(mass_v, -1), mass_qstar=torch.stack(mass_q, -1),
-                    norm_return=normalised_returns(config, ho, Q).mean(-1), err_qstar=rms(ho["q_star"]), err_qunif=rms(ho["q_unif"]))
+        return dict(score=torch.stack(score, -1), beta_eff=torch.stack(beta_eff, -1),
+                    mass_value=torch.stack(mass_v, -1), mass_qstar=torch.stack(mass_q, -1),
+                    norm_return=normalised_returns(config, ho, Q).mean(-1),
+                    err_qstar=rms(ho["q_star"]), err_qunif=rms(ho["q_unif"]))
 
 # %% ../../nbs/09d_control_pretraining.ipynb #ef353e54
 def baselines(config:ControlPretrainConfig, ho:dict, kappa:float=20.)->dict:
-    "Per seed (S,): normalised return of the construction at several beta, the myopic policy and certainty equivalence; errors to q* and q_unif."
+    ("Per seed (S,): normalised return of the construction at several beta, the myopic policy and "
+     "certainty equivalence; errors to q* and q_unif.")
     config, ho = _config(config), check_type(ho, dict, "ho")
     kappa = check_number(kappa, "kappa", 0, strict=True)
     phi, W = _features(config), kappa * torch.eye(config.d, dtype=torch.float64)
-    run = lambda beta, iters: pair_token_q_iteration(phi, ho["states"], ho["actions"], ho["rewards"], W, alpha=1., gamma=config.gamma, beta=beta, n_iters=iters)
-    Qs = dict(construction_inf=run(math.inf, config.n_layers), construction_4=run(4., config.n_layers), construction_1=run(1., config.n_layers),
-              construction_0=run(0., config.n_layers), myopic=run(math.inf, 1), certainty_equivalence=run(math.inf, 300))
+    context = (phi, ho["states"], ho["actions"], ho["rewards"], W)
+    run = lambda beta, iters: pair_token_q_iteration(*context, alpha=1., gamma=config.gamma,
+                                                     beta=beta, n_iters=iters)
+    L = config.n_layers
+    Qs = dict(construction_inf=run(math.inf, L), construction_4=run(4., L),
+              construction_1=run(1., L), construction_0=run(0., L), myopic=run(math.inf, 1),
+              certainty_equivalence=run(math.inf, 300))
     out = {k: normalised_returns(config, ho, Q).mean(-1) for k, Q in Qs.items()}
     for k, Q in Qs.items():
-        for t in ("q_star", "q_unif"): out[f"err_{t.replace('_', '')}_{k}"] = (Q - ho[t]).square().mean((-2, -1)).sqrt().mean(-1)
+        for t in ("q_star", "q_unif"):
+            err = (Q - ho[t]).square().mean((-2, -1)).sqrt().mean(-1)
+            out[f"err_{t.replace('_', '')}_{k}"] = err
     return out
 
+# %% ../../nbs/09d_control_pretraining.ipynb #3a3da960
 def run_control_pretraining(out="nbs/data",             # folder of control_pretrain.json
                             seeds=tuple(range(10)),     # the seeds
-                            config:ControlPretrainConfig=ControlPretrainConfig(),  # the settings (objective: all three are run)
+                            config:ControlPretrainConfig=ControlPretrainConfig(),  # the settings
                             progress:bool=True,
                             command:str="run_control_pretraining",
                             name:str="control_pretrain.json",  # the file's name in `out`
                            )->Path:
-    "Train every seed with the three objectives, measure them and the baselines on the held-out MDPs, write `<out>/control_pretrain.json`."
+    ("Train every seed with the three objectives, measure them and the baselines on the held-out "
+     "MDPs, write `<out>/control_pretrain.json`.")
     t0, seeds = time.time(), list(seeds)
     ho, pool, runs, steps = held_out(config, seeds), training_pools(config, seeds), {}, None
     for obj in CONTROL_OBJECTIVES:
         res = train_control(dataclasses.replace(config, objective=obj), seeds, progress, ho, pool)
         runs[obj], steps = res["history"], res["steps"]
-    data = dict(config=dataclasses.asdict(config), seeds=seeds, steps=steps, runs=runs, baselines=baselines(config, ho))
-    data["provenance"] = provenance(command, threads=torch.get_num_threads(), wall_s=round(time.time() - t0, 1))
+    data = dict(config=dataclasses.asdict(config), seeds=seeds, steps=steps, runs=runs,
+                baselines=baselines(config, ho))
+    data["provenance"] = provenance(command, threads=torch.get_num_threads(),
+                                    wall_s=round(time.time() - t0, 1))
     path = Path(out) / name
     atomic_write_text(path, json.dumps(jsonable(data), indent=1))
     return path
 
+# %% ../../nbs/09d_control_pretraining.ipynb #94883441
 def main(argv:list=None):
-    "Command line: `python -m ictd.experiments.control_pretraining --out nbs/data [--seeds 0 1 ...] [--steps N] [--rewards state --name F]`."
-    ap = argparse.ArgumentParser(prog="python -m ictd.experiments.control_pretraining", description=run_control_pretraining.__doc__)
-    ap.add_argument("--out", default="nbs/data"); ap.add_argument("--seeds", type=int, nargs="+", default=list(range(10)))
-    ap.add_argument("--steps", type=int, default=ControlPretrainConfig.n_steps); ap.add_argument("--no-progress", action="store_true")
-    ap.add_argument("--rewards", default=ControlPretrainConfig.rewards, choices=("action", "state")); ap.add_argument("--name", default="control_pretrain.json")
+    ("Command line: `python -m ictd.experiments.control_pretraining --out nbs/data "
+     "[--seeds 0 1 ...] [--steps N] [--rewards state --name F]`.")
+    ap = argparse.ArgumentParser(prog="python -m ictd.experiments.control_pretraining",
+                                 description=run_control_pretraining.__doc__)
+    ap.add_argument("--out", default="nbs/data")
+    ap.add_argument("--seeds", type=int, nargs="+", default=list(range(10)))
+    ap.add_argument("--steps", type=int, default=ControlPretrainConfig.n_steps)
+    ap.add_argument("--no-progress", action="store_true")
+    ap.add_argument("--rewards", default=ControlPretrainConfig.rewards, choices=("action", "state"))
+    ap.add_argument("--name", default="control_pretrain.json")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
-    cmd = "python -m ictd.experiments.control_pretraining " + " ".join(sys.argv[1:] if argv is None else argv)
-    print(run_control_pretraining(args.out, args.seeds, ControlPretrainConfig(n_steps=args.steps, rewards=args.rewards), not args.no_progress, cmd.strip(), args.name))
+    cmd = "python -m ictd.experiments.control_pretraining " + " ".join(
+        sys.argv[1:] if argv is None else argv)
+    config = ControlPretrainConfig(n_steps=args.steps, rewards=args.rewards)
+    print(run_control_pretraining(args.out, args.seeds, config, not args.no_progress, cmd.strip(),
+                                  args.name))
 
 # %% ../../nbs/09d_control_pretraining.ipynb #38a3dfd6
 #| eval: false
 if __name__ == "__main__": main()
 
-# %% ../../nbs/09d_control_pretraining.ipynb #fa862082
+# %% ../../nbs/09d_control_pretraining.ipynb #875d091c
 from ..boyan import check_arguments
-check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)
+check_arguments(globals())   # public functions refuse arguments their annotations rule out (ch. 0)
