@@ -126,7 +126,8 @@ Z = build_linear_prompt(phi_s, R_, torch.tensor([[-1., -2.]]), gamma=0.5)
 test_eq(Z.shape, (5, 4))
 test_eq(Z[:, 0], torch.tensor([0., 1., 1., 1.5, 10.]))
 test_eq(Z[:, 3], torch.tensor([-1., -2., 0., 0., 0.]))
-test_eq(build_linear_prompt(torch.randn(7, 4, 2), torch.randn(7, 3), torch.randn(7, 5, 2), 0.9).shape, (7, 5, 8))
+test_eq(build_linear_prompt(torch.randn(7, 4, 2), torch.randn(7, 3), torch.randn(7, 5, 2),
+                            0.9).shape, (7, 5, 8))
 Z
 
 
@@ -352,12 +353,15 @@ show_doc(LinearICTD.from_td)
 # numbers into the last row: $1$, $-\tfrac38$ at the context columns and $-\tfrac12$ at the query.
 
 # %%
-Z_hand = build_linear_prompt(torch.tensor([[1.], [2.], [1.]], dtype=torch.float64), torch.tensor([1., 0.], dtype=torch.float64),
+Z_hand = build_linear_prompt(torch.tensor([[1.], [2.], [1.]], dtype=torch.float64),
+                             torch.tensor([1., 0.], dtype=torch.float64),
                              torch.tensor([[2.]], dtype=torch.float64), gamma=0.5)
 Z_hand_1 = LinearICTD.from_td(1, 1, alpha=0.5)(Z_hand, n=2).detach()
-test_eq(Z_hand_1[:2], Z_hand[:2])                                                   # the first 2d rows never change
+# the first 2d rows never change
+test_eq(Z_hand_1[:2], Z_hand[:2])
 test_close(Z_hand_1[-1], torch.tensor([1., -3 / 8, -1 / 2], dtype=torch.float64), eps=1e-15)
-print("prompt (rows phi, gamma phi', R; columns: 2 transitions, 1 query):\n", Z_hand.numpy(), "\nafter one layer:\n", Z_hand_1.numpy())
+print("prompt (rows phi, gamma phi', R; columns: 2 transitions, 1 query):\n", Z_hand.numpy(),
+      "\nafter one layer:\n", Z_hand_1.numpy())
 
 # %% [markdown]
 # ::: {.proposition}
@@ -395,12 +399,19 @@ for seed in range(20):
     tf = LinearICTD.from_td(4, L, alpha).predict(Z, n=40)
     td = batch_linear_td(mrp.phi[S], R, alpha, mrp.gamma, L, phi_queries=mrp.phi)[..., 41:]
     worst = max(worst, ((tf - td).abs().max() / td.abs().max().clamp(min=1)).item())
-    test_close(LinearICTD.from_td(4, L, 1., C=alpha * torch.eye(4, dtype=torch.float64)).predict(Z, n=40), tf, eps=1e-12)
+    test_close(LinearICTD.from_td(4, L, 1.,
+                                  C=alpha * torch.eye(4, dtype=torch.float64)).predict(Z, n=40), tf,
+               eps=1e-12)
 test_close(worst, 0., eps=1e-12)
 P_td, Q_td = LinearICTD.from_td(4, 3, 2.5).stacked_params()
 test_eq(((P_td != 0).sum().item(), (Q_td != 0).sum().item()), (1, 8))
-test_close(LinearICTD.from_td(4, 3, 2.5).predict(Z, n=40), batch_linear_td(mrp.phi[S], R, 2.5, mrp.gamma, 3, phi_queries=mrp.phi)[..., 41:], eps=1e-9)
-record_claim("construction", "L layers of the constructed linear Transformer are L iterations of batch linear TD (preconditioned by C) at every query.", "proved", "linear", "#the-batch-td-construction")
+test_close(LinearICTD.from_td(4, 3, 2.5).predict(Z, n=40),
+           batch_linear_td(mrp.phi[S], R, 2.5, mrp.gamma, 3, phi_queries=mrp.phi)[..., 41:],
+           eps=1e-9)
+record_claim("construction",
+             "L layers of the constructed linear Transformer are L iterations of batch linear TD "
+             "(preconditioned by C) at every query.", "proved", "linear",
+             "#the-batch-td-construction")
 print("largest relative gap to batch linear TD over the 20 tasks: below 1e-12")
 
 
@@ -454,7 +465,8 @@ def moment_predict(P:torch.Tensor,  # (..., L', 2d+1, 2d+1), L' = 1 (shared) or 
 # %%
 mrps = [random_boyan_chain(seed=s) for s in range(6)]
 trajs = [sample_trajectory(m, 30, seed=s) for s, m in enumerate(mrps)]
-Zb = torch.stack([build_linear_prompt(m.phi[S], R, m.phi, m.gamma) for m, (S, R) in zip(mrps, trajs)])
+Zb = torch.stack([build_linear_prompt(m.phi[S], R, m.phi, m.gamma)
+                  for m, (S, R) in zip(mrps, trajs)])
 seeds_models = [LinearICTD(4, 3, shared=s % 2 == 0, init_gain=0.5, seed=s) for s in range(4)]
 for m in seeds_models:
     P_s, Q_s = m.stacked_params()
@@ -465,7 +477,10 @@ Q_stack = torch.stack([m.stacked_params()[1] for m in shared_models])
 stacked = moment_predict(P_stack[:, None], Q_stack[:, None], Zb, 30, 3)
 test_eq(stacked.shape, (2, 6, 10))
 for i, m in enumerate(shared_models): test_close(stacked[i], m.predict(Zb, n=30), eps=1e-12)
-record_claim("matrix-form", "An L-layer linear Transformer touches its context only through the (2d+1) x (2d+1) second-moment matrix: its layers are Z -> (I + V Sigma A / n) Z.", "proved", "linear", "#the-layer-as-one-small-matrix");
+record_claim("matrix-form",
+             "An L-layer linear Transformer touches its context only through the (2d+1) x (2d+1) "
+             "second-moment matrix: its layers are Z -> (I + V Sigma A / n) Z.", "proved", "linear",
+             "#the-layer-as-one-small-matrix");
 
 
 # %% [markdown]
@@ -611,7 +626,8 @@ v_td, g_td = values_and_gradients(td_fn, Zc, mrp.phi)
 test_close(g_td, g_td[:1].expand(10, 4), eps=1e-12)
 def scores(P, Q):
     v, g = values_and_gradients(lambda Z: moment_predict(P[None], Q[None], Z, 30, 3), Zc, mrp.phi)
-    return (implicit_weight_similarity(v, mrp.phi, mrp.d_pi, g_td[0]).item(), value_difference(v, v_td, mrp.d_pi).item(),
+    return (implicit_weight_similarity(v, mrp.phi, mrp.d_pi, g_td[0]).item(),
+            value_difference(v, v_td, mrp.d_pi).item(),
             sensitivity_similarity(g, g_td, mrp.d_pi).item())
 test_close(scores(P_td, Q_td), (1., 0., 1.), eps=1e-12)
 test_close(scores(-P_td, -Q_td), (1., 0., 1.), eps=1e-12)
@@ -619,10 +635,13 @@ test_eq(align_signs(-P_td, -Q_td), (P_td, Q_td))
 noise = 0.3 * torch.randn(2, 9, 9, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
 iws_p, vd_p, ss_p = scores(P_td + noise[0], Q_td + noise[1])
 assert iws_p < 0.99 and vd_p > 1e-3 and ss_p < 0.99, (iws_p, vd_p, ss_p)
-test_close(torch.stack(list(pq_summary(P_td, Q_td).values())), torch.tensor([1., -2.8, 2.8], dtype=torch.float64), eps=1e-12)
+test_close(torch.stack(list(pq_summary(P_td, Q_td).values())),
+           torch.tensor([1., -2.8, 2.8], dtype=torch.float64), eps=1e-12)
 P_r, Q_r = LinearICTD(4, 3, init_gain=0.5, seed=4).stacked_params()
-v_r, g_r = values_and_gradients(lambda Z: moment_predict(P_r.detach()[None], Q_r.detach()[None], Z, 30, 3), Zc, mrp.phi)
-test_close(implicit_weight_similarity(v_r, mrp.phi, mrp.d_pi, g_td[0]), sensitivity_similarity(g_r, g_td, mrp.d_pi), eps=1e-10)
+v_r, g_r = values_and_gradients(lambda Z: moment_predict(P_r.detach()[None], Q_r.detach()[None], Z,
+                                                         30, 3), Zc, mrp.phi)
+test_close(implicit_weight_similarity(v_r, mrp.phi, mrp.d_pi, g_td[0]),
+           sensitivity_similarity(g_r, g_td, mrp.d_pi), eps=1e-10)
 iws_p, vd_p, ss_p
 
 # %% [markdown]
@@ -774,7 +793,9 @@ states = sample_trajectories(mrp.P[None], 12, mu, seed=gen)[0]
 Zw, rw = sliding_windows(mrp.phi, mrp.r, states, 8, mrp.gamma)
 test_eq((Zw.shape, rw.shape), ((4, 9, 9), (3,)))
 for k in range(4):
-    test_eq(Zw[k], build_linear_prompt(mrp.phi[states[k:k + 9]], mrp.r[states[k:k + 8]], mrp.phi[states[k + 9]], mrp.gamma))
+    test_eq(Zw[k],
+            build_linear_prompt(mrp.phi[states[k:k + 9]], mrp.r[states[k:k + 8]],
+                                mrp.phi[states[k + 9]], mrp.gamma))
     if k < 3: test_eq(rw[k], mrp.r[states[k + 9]])
 test_eq(Zw[1, :, :7], Zw[0, :, 1:8])
 
@@ -793,12 +814,17 @@ test_eq(Zw[1, :, :7], Zw[0, :, 1:8])
 # ### The prompt, the layer and the model: bad input
 
 # %%
-test_fail(lambda: build_linear_prompt(phi_s, R_[:2], phi_s[0], 0.5), contains="`rewards` must have shape (..., 3)")
-test_fail(lambda: build_linear_prompt(phi_s, R_, torch.ones(3), 0.5), contains="`phi_queries` must have shape")
-test_fail(lambda: build_linear_prompt(phi_s, R_, phi_s[0], 1.0), contains="`gamma` must lie in [0, 1)")
+test_fail(lambda: build_linear_prompt(phi_s, R_[:2], phi_s[0], 0.5),
+          contains="`rewards` must have shape (..., 3)")
+test_fail(lambda: build_linear_prompt(phi_s, R_, torch.ones(3), 0.5),
+          contains="`phi_queries` must have shape")
+test_fail(lambda: build_linear_prompt(phi_s, R_, phi_s[0], 1.0),
+          contains="`gamma` must lie in [0, 1)")
 test_fail(lambda: build_linear_prompt(phi_s.expand(2, 4, 2), R_, phi_s[:2].expand(3, 2, 2), 0.5),
-          contains="batch dimensions of `phi_states` (2,), `rewards` (), `phi_queries` (3,) do not broadcast")
-test_fail(lambda: build_linear_prompt(phi_s, R_, torch.tensor(1.), 0.5), contains="`phi_queries` must have shape")
+          contains="batch dimensions of `phi_states` (2,), `rewards` (), `phi_queries` (3,) do not "
+                   "broadcast")
+test_fail(lambda: build_linear_prompt(phi_s, R_, torch.tensor(1.), 0.5),
+          contains="`phi_queries` must have shape")
 test_fail(lambda: td_parameters(4, "0.5"), contains="`alpha` must be a finite number")
 test_fail(lambda: td_parameters(4, torch.tensor([0.5, math.nan])), contains="`alpha` contains NaN")
 test_eq(td_parameters(4, torch.tensor([0.5, 0.25]))[1].shape, (2, 9, 9))
@@ -828,14 +854,17 @@ test_fail(lambda: model.predict(Zb, n=50), contains="`n` must be an integer in 1
 test_fail(lambda: model.predict(Zb), contains="`n` must be given")
 mrp_v = random_boyan_chain(n_states=10, d=4, seed=3)
 S_v, R_v = sample_trajectory(mrp_v, 40, seed=3)
-Z1 = build_linear_prompt(mrp_v.phi[S_v], R_v, mrp_v.phi, mrp_v.gamma)              # 10 queries: n = 40 is read from the prompt
+# 10 queries: n = 40 is read from the prompt
+Z1 = build_linear_prompt(mrp_v.phi[S_v], R_v, mrp_v.phi, mrp_v.gamma)
 test_eq(model.predict(Z1).detach(), model.predict(Z1, n=40).detach())
 test_fail(lambda: model.predict(Z1, n=49), contains="`n` = 49 contradicts the prompt")
-test_fail(lambda: model.predict(Z1.long(), n=40), contains="`Z` must be a real floating tensor")    # parameters are never cast to int
+# parameters are never cast to int
+test_fail(lambda: model.predict(Z1.long(), n=40), contains="`Z` must be a real floating tensor")
 test_fail(lambda: model.predict(Z1 * 1j, n=40), contains="`Z` must be a real floating tensor")
 Z_nan = Z1.clone(); Z_nan[0, 3] = math.nan
 test_fail(lambda: model.predict(Z_nan, n=40), contains="`Z` contains NaN or inf")
-test_fail(lambda: LinearICTD.from_td(4, 3, 0.1, C=torch.eye(3)), contains="`C` must have shape (4, 4)")
+test_fail(lambda: LinearICTD.from_td(4, 3, 0.1, C=torch.eye(3)),
+          contains="`C` must have shape (4, 4)")
 test_eq(LinearICTD.from_td(4, 3, 0.1).predict(Zb.float(), n=30).dtype, torch.float32)
 
 
@@ -866,16 +895,19 @@ for s, softmax in enumerate((False, True, False, True)):
         with unittest.mock.patch.object(ictd.core, "CHUNK_BYTES", rows * 40 * 6 * 8):
             assert linear_paths_agree(m_p, Zb, 30) < 1e-12
 test_close(LinearICTD.from_td(4, 5, 0.3).predict(Zb, 30, method="streamed"), batch_linear_td(
-    torch.stack([m.phi[S] for m, (S, _) in zip(mrps, trajs)]), torch.stack([R for _, R in trajs]), 0.3,
+    torch.stack([m.phi[S]
+                 for m, (S, _) in zip(mrps, trajs)]), torch.stack([R for _, R in trajs]), 0.3,
     mrps[0].gamma, 5, phi_queries=torch.stack([m.phi for m in mrps]))[..., 31:], eps=1e-12)
-size = 2 * 6 * 30 * 40 * 8                              # the dense layer's two 30 x 40 arrays, 6 prompts
+# the dense layer's two 30 x 40 arrays, 6 prompts
+size = 2 * 6 * 30 * 40 * 8
 m_auto = LinearICTD(4, 3, seed=0)
 with unittest.mock.patch.object(ictd.core, "DENSE_BYTES", size - 1):
     test_eq(m_auto.predict(Zb, 30).detach(), m_auto.predict(Zb, 30, method="streamed").detach())
 with unittest.mock.patch.object(ictd.core, "DENSE_BYTES", size):
     test_eq(m_auto.predict(Zb, 30).detach(), m_auto.predict(Zb, 30, method="dense").detach())
 Z_long = torch.zeros(9, 10**5 + 1, dtype=torch.float64)   # n = 10^5: far above the limit
-test_fail(lambda: m_auto.predict(Z_long, 10**5, method="dense"), contains="attention scores of the dense layer would need about")
+test_fail(lambda: m_auto.predict(Z_long, 10**5, method="dense"),
+          contains="attention scores of the dense layer would need about")
 test_fail(lambda: m_auto.predict(Zb, 30, method="sparse"), contains="`method` must be one of")
 
 
@@ -901,7 +933,8 @@ output_gradient_norm(LinearICTD(4, 3, seed=0))
 
 # %%
 test_fail(lambda: query_each_state(Zc[:8], mrp.phi), contains="`Zc` must have 2d+1 = 9 rows")
-test_fail(lambda: sliding_windows(mrp.phi, mrp.r, torch.zeros(10, dtype=torch.long), 8, 0.9), contains="at least n + 3 = 11 states")
+test_fail(lambda: sliding_windows(mrp.phi, mrp.r, torch.zeros(10, dtype=torch.long), 8, 0.9),
+          contains="at least n + 3 = 11 states")
 
 # %% [markdown]
 # ### The engine plug-ins
@@ -910,17 +943,21 @@ test_fail(lambda: sliding_windows(mrp.phi, mrp.r, torch.zeros(10, dtype=torch.lo
 # module built from its parameters, and its initialisation is the seed's own.
 
 # %%
-cfg_stat = PretrainConfig(attention="linear", shared=True, n_steps=20, eval_every=10, n_tasks=64, eval_tasks=8, batch_size=16)
+cfg_stat = PretrainConfig(attention="linear", shared=True, n_steps=20, eval_every=10, n_tasks=64,
+                          eval_tasks=8, batch_size=16)
 runs = pretrain_many(cfg_stat, [3, 4], progress=False)
-test_eq(linear_init(cfg_stat, [4])["P"][0, 0], LinearICTD(4, 3, seed=run_stream(4, "init")).layers[0].P.detach())
+test_eq(linear_init(cfg_stat, [4])["P"][0, 0],
+        LinearICTD(4, 3, seed=run_stream(4, "init")).layers[0].P.detach())
 mrp_s = random_boyan_chain(seed=21)
 S_s, R_s = sample_trajectory(mrp_s, 25, seed=21)
 Zs = build_linear_prompt(mrp_s.phi[S_s], R_s, mrp_s.phi, mrp_s.gamma)
 for r in runs:
     test_eq(type(r.model), LinearICTD)
     p = {k: v.detach()[None] for k, v in zip(("P", "Q"), r.model.stacked_params())}
-    test_close(linear_predict(cfg_stat, p, Zs[None, None], 25)[0, 0], r.model.predict(Zs, n=25), eps=1e-12)
-test_eq(sorted(runs[0].history), sorted(["step", "loss", "msve", "neu", "iws", "vd", "ss", "P_last", "trQ11", "trQ12"]))
+    test_close(linear_predict(cfg_stat, p, Zs[None, None], 25)[0, 0], r.model.predict(Zs, n=25),
+               eps=1e-12)
+test_eq(sorted(runs[0].history),
+        sorted(["step", "loss", "msve", "neu", "iws", "vd", "ss", "P_last", "trQ11", "trQ12"]))
 assert not torch.equal(runs[0].model.layers[0].P, LinearICTD(4, 3, seed=3).layers[0].P)
 
 # %%

@@ -78,15 +78,22 @@ H2H_TUNE_SEEDS = (100, 101, 102)             # seeds of the learning-rate tuning
 
 # %%
 h2h = json.loads(Path("data/head_to_head.json").read_text())
-assert {"command", "commit", "date"} <= h2h.keys() and h2h["config"]["n_steps"] == H2H_CONFIG.n_steps, "head_to_head.json is missing its provenance or was made with another budget"
+assert {"command", "commit",
+        "date"} <= h2h.keys() and h2h["config"]["n_steps"] == H2H_CONFIG.n_steps, "head_to_head.json is missing its provenance or was made with another budget"
 tuning = {f: dict(r["tuning"]) for f, r in h2h["families"].items()}
-Markdown(f"Made by `{h2h['command']}` at commit `{h2h['commit'][:10]}` on {h2h['date']}, on {h2h['cpu']} with torch {h2h['torch']} "
-         f"(a draw: another machine would give the same statistics within their errors, not the same digits): {len(h2h['seeds'])} seeds "
-         f"({h2h['seeds'][0]}-{h2h['seeds'][-1]}), {h2h['config']['n_steps']} Adam steps of {h2h['config']['batch_size']} TD examples each, "
-         f"{h2h['config']['eval_tasks']} held-out tasks per seed. The learning-rate tuning (mean final held-out MSVE over seeds "
+Markdown(f"Made by `{h2h['command']}` at commit `{h2h['commit'][:10]}` on {h2h['date']}, on "
+         f"{h2h['cpu']} with torch {h2h['torch']} "
+         f"(a draw: another machine would give the same statistics within their errors, not the "
+         f"same digits): {len(h2h['seeds'])} seeds "
+         f"({h2h['seeds'][0]}-{h2h['seeds'][-1]}), {h2h['config']['n_steps']} Adam steps of "
+         f"{h2h['config']['batch_size']} TD examples each, "
+         f"{h2h['config']['eval_tasks']} held-out tasks per seed. The learning-rate tuning (mean "
+         f"final held-out MSVE over seeds "
          f"{h2h['tune_seeds']}):\n\n| learning rate | " + " | ".join(tuning) + " |\n" + "|---" * (len(tuning) + 1) + "|\n"
-         + "\n".join(f"| {lr:g} | " + " | ".join(f"{tuning[f][lr]:.3g}" for f in tuning) + " |" for lr in h2h["lrs"])
-         + "\n\nTuned: " + ", ".join(f"{f} lr = {r['lr']:g}" for f, r in h2h["families"].items()) + ".")
+         + "\n".join(f"| {lr:g} | " + " | ".join(f"{tuning[f][lr]:.3g}" for f in tuning) + " |"
+                     for lr in h2h["lrs"])
+         + "\n\nTuned: " + ", ".join(f"{f} lr = {r['lr']:g}"
+                                     for f, r in h2h["families"].items()) + ".")
 
 
 # %% [markdown]
@@ -139,9 +146,12 @@ Markdown(head_to_head_table(h2h))
 
 # %%
 pair, vs_base, strongest = h2h["paired"], h2h["paired_vs_baseline"], h2h["strongest_baseline"]
-line = lambda p: f"{p['mean']:.3g} ± {p['se']:.2g} (paired t-test p = {p['p_t']:.2g}, Wilcoxon p = {p['p_wilcoxon']:.2g}; first lower on {p['a_lower']} of {p['seeds']} seeds)"
-Markdown(f"Linear minus softmax, per seed: held-out MSVE {line(pair['msve'])}; centred MSVE {line(pair['centred_msve'])}.\n\n"
-         + "\n".join(f"* pretrained {f} minus the strongest simple baseline ({strongest}), held-out MSVE: {line(p)}" for f, p in vs_base.items()))
+line = (lambda p: f"{p['mean']:.3g} ± {p['se']:.2g} (paired t-test p = {p['p_t']:.2g}, Wilcoxon p "
+                  f"= {p['p_wilcoxon']:.2g}; first lower on {p['a_lower']} of {p['seeds']} seeds)")
+Markdown(f"Linear minus softmax, per seed: held-out MSVE {line(pair['msve'])}; centred MSVE "
+         f"{line(pair['centred_msve'])}.\n\n"
+         + "\n".join(f"* pretrained {f} minus the strongest simple baseline ({strongest}), "
+                     f"held-out MSVE: {line(p)}" for f, p in vs_base.items()))
 
 # %% [markdown]
 # **What it shows**, asserted below as statements about the seeds:
@@ -169,20 +179,33 @@ Markdown(f"Linear minus softmax, per seed: held-out MSVE {line(pair['msve'])}; c
 S = len(h2h["seeds"])
 interior = lambda value, grid: min(grid) < value < max(grid)
 assert strongest == "certainty equivalence", strongest
-assert S >= 10 and all(interior(r["lr"], h2h["lrs"]) for r in h2h["families"].values()), {f: r["lr"] for f, r in h2h["families"].items()}
-assert pair["msve"]["a_lower"] <= 1 and pair["msve"]["p_t"] < 0.01 and pair["msve"]["mean"] > 0, pair["msve"]
-assert pair["centred_msve"]["a_lower"] <= 1 and pair["centred_msve"]["p_t"] < 0.01, pair["centred_msve"]
+assert S >= 10 and all(interior(r["lr"], h2h["lrs"])
+                       for r in h2h["families"].values()), {f: r["lr"]
+                                                            for f, r in h2h["families"].items()}
+assert (pair["msve"]["a_lower"] <= 1 and pair["msve"]["p_t"] < 0.01
+        and pair["msve"]["mean"] > 0), pair["msve"]
+assert (pair["centred_msve"]["a_lower"] <= 1
+        and pair["centred_msve"]["p_t"] < 0.01), pair["centred_msve"]
 lin_h, soft_h = (torch.tensor(h2h["families"][f]["msve"]) for f in ("linear", "softmax"))
 base = {k: torch.tensor(v) for k, v in h2h["baselines"].items()}
-assert all((lin_h > base[k]).sum() >= S - 1 for k in base if k != "zero" and "oracle" not in k) and (lin_h > 0.5 * base["zero"]).sum() >= S - 1, lin_h   # every baseline that reads the context beats it
+# every baseline that reads the context beats it
+assert all((lin_h > base[k]).sum() >= S - 1 for k in base if k != "zero"
+           and "oracle" not in k) and (lin_h > 0.5 * base["zero"]).sum() >= S - 1, lin_h
 assert (soft_h < base["context mean"]).sum() >= S - 1 and (soft_h > base[strongest]).sum() >= S - 1, soft_h
 oracle = base["best constant (oracle)"]
-level_share = {f: (1 - torch.tensor(r["centred_msve"]) / torch.tensor(r["msve"])) for f, r in h2h["families"].items()}
+level_share = {f: (1 - torch.tensor(r["centred_msve"]) / torch.tensor(r["msve"]))
+               for f, r in h2h["families"].items()}
 for f, r in h2h["families"].items():
     assert (torch.tensor(r["msve"]) > oracle).all() and (torch.tensor(r["centred_msve"]) < oracle).all() and (level_share[f] > 0.5).all(), f
-record_claim("head-to-head", "On the same tasks, seeds and budget (chapter 6's headline run), each with its own tuned learning rate, pretrained softmax Transformers have a lower held-out MSVE and centred MSVE than pretrained linear ones on (nearly) every seed; the linear ones stay near the zero predictor.", "measured", "linear_head_to_head", "#the-result")
-{"linear above the strongest baseline": f"{int((lin_h > base[strongest]).sum())} of {S} seeds", "softmax below the context mean": f"{int((soft_h < base['context mean']).sum())} of {S} seeds",
- "softmax above certainty equivalence": f"{int((soft_h > base[strongest]).sum())} of {S} seeds"} | {f"smallest level share of the {f} MSVE": f"{v.min():.2f}" for f, v in level_share.items()}
+record_claim("head-to-head",
+             "On the same tasks, seeds and budget (chapter 6's headline run), each with its own "
+             "tuned learning rate, pretrained softmax Transformers have a lower held-out MSVE and "
+             "centred MSVE than pretrained linear ones on (nearly) every seed; the linear ones "
+             "stay near the zero predictor.", "measured", "linear_head_to_head", "#the-result")
+{"linear above the strongest baseline": f"{int((lin_h > base[strongest]).sum())} of {S} seeds",
+ "softmax below the context mean": f"{int((soft_h < base['context mean']).sum())} of {S} seeds",
+ "softmax above certainty equivalence": f"{int((soft_h > base[strongest]).sum())} of {S} seeds"} | {f"smallest level share of the {f} "
+                                                                                                    f"MSVE": f"{v.min():.2f}" for f, v in level_share.items()}
 
 
 # %% [markdown]
@@ -221,7 +244,8 @@ def seed_scores(results:list, # runs of one configuration
 
 # %%
 for att in ("linear", "softmax"):
-    short = pretrain_many(dataclasses.replace(H2H_CONFIG, attention=att, n_steps=20, eval_every=20, eval_tasks=16), [5, 6], progress=False)
+    short = pretrain_many(dataclasses.replace(H2H_CONFIG, attention=att, n_steps=20, eval_every=20,
+                                              eval_tasks=16), [5, 6], progress=False)
     sc = seed_scores(short)
     test_close(sc["msve"], torch.stack([r.history["msve"][-1, 0] for r in short]), eps=1e-10)
     assert (sc["centred_msve"] <= sc["msve"] + 1e-12).all()
@@ -270,7 +294,9 @@ tunings = [best_theta_star(dataclasses.replace(small, seed=s)) for s in range(4)
 assert len(set(tunings)) > 1, tunings
 small_scores = baseline_scores(small, range(4))
 test_close(small_scores["best theta* (tuned per seed)"],
-           torch.stack([baseline_msve(dataclasses.replace(small, seed=s), t)[f"best theta* (alpha {t[0]:g}, beta {t[1]:g})"].mean() for s, t in enumerate(tunings)]), eps=1e-12)
+           torch.stack([baseline_msve(dataclasses.replace(small, seed=s),
+                                      t)[f"best theta* (alpha {t[0]:g}, beta {t[1]:g})"].mean()
+                        for s, t in enumerate(tunings)]), eps=1e-12)
 tunings
 
 
@@ -296,9 +322,11 @@ def paired_test(a:torch.Tensor,  # (S,) one method's score per seed
 
 # %%
 pt_demo = paired_test(torch.tensor([1., 2., 3., 4.]), torch.tensor([2., 2.5, 4., 4.5]))
-test_close((pt_demo["mean"], pt_demo["se"]), (-0.75, (0.25 / 3) ** 0.5 / 2), eps=1e-12)   # differences -1, -0.5, -1, -0.5: sample variance 0.25 / 3
+# differences -1, -0.5, -1, -0.5: sample variance 0.25 / 3
+test_close((pt_demo["mean"], pt_demo["se"]), (-0.75, (0.25 / 3) ** 0.5 / 2), eps=1e-12)
 test_eq(pt_demo["a_lower"], 4)
-test_fail(lambda: paired_test(torch.ones(3), torch.ones(4)), contains="`a` and `b` must have the same shape")
+test_fail(lambda: paired_test(torch.ones(3), torch.ones(4)),
+          contains="`a` and `b` must have the same shape")
 
 
 # %% [markdown]
@@ -355,7 +383,9 @@ def run_head_to_head(out="nbs/data/head_to_head.json", # the JSON file to write
 
 # %%
 #| slow
-run_head_to_head("data/head_to_head.json", command="run_head_to_head('data/head_to_head.json') in nbs/07b_linear_head_to_head.ipynb")
+run_head_to_head("data/head_to_head.json",
+                 command="run_head_to_head('data/head_to_head.json') in "
+                         "nbs/07b_linear_head_to_head.ipynb")
 
 # %%
 #| export

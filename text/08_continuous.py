@@ -217,11 +217,13 @@ test_eq((S.shape, R.shape, S.dtype), ((501,), (500,), torch.float64))
 test_eq(R, torch.sign(torch.sin(S[:-1])))
 test_eq(rot.sample_trajectory(500, seed=0)[0], S)
 assert ((S >= 0) & (S < 2 * math.pi)).all()
-test_close(((S[1:] - S[:-1] - rot.mu + math.pi) % (2 * math.pi) - math.pi).std().item(), rot.sigma, eps=0.03)
+test_close(((S[1:] - S[:-1] - rot.mu + math.pi) % (2 * math.pi) - math.pi).std().item(), rot.sigma,
+           eps=0.03)
 test_eq(rot.features(S).shape, (501, 2))
 cosine = NoisyRotation(reward="cos")
 s = torch.linspace(0, 2 * math.pi, 7, dtype=torch.float64)
-test_close(cosine.v_pi(s), (torch.exp(1j * s) / (1 - 0.9 * np.exp(0.5j - 0.3 ** 2 / 2))).real, eps=1e-14)
+test_close(cosine.v_pi(s), (torch.exp(1j * s) / (1 - 0.9 * np.exp(0.5j - 0.3 ** 2 / 2))).real,
+           eps=1e-14)
 rot
 
 
@@ -280,7 +282,8 @@ def gaussian_operator(scale:float,   # c in s -> c s + tau xi
 # noise and $c = 1$ the operator is the identity:
 
 # %%
-test_close(gaussian_operator(0.8, 0.6, 2)[:, 2], torch.tensor([0.36, 0., 0.64], dtype=torch.float64), eps=1e-15)
+test_close(gaussian_operator(0.8, 0.6, 2)[:, 2],
+           torch.tensor([0.36, 0., 0.64], dtype=torch.float64), eps=1e-15)
 test_eq(gaussian_operator(1., 0., 3), torch.eye(4, dtype=torch.float64))
 
 
@@ -299,7 +302,8 @@ def polyval(coef:torch.Tensor,  # (k,) coefficients, constant first
 
 
 # %%
-test_eq(polyval([1., 2., 3.], torch.tensor([[0., 2.]], dtype=torch.float64)), torch.tensor([[1., 17.]], dtype=torch.float64))
+test_eq(polyval([1., 2., 3.], torch.tensor([[0., 2.]], dtype=torch.float64)),
+        torch.tensor([[1., 17.]], dtype=torch.float64))
 
 
 # %%
@@ -360,7 +364,8 @@ test_close(torch.corrcoef(torch.stack([S[:-1], S[1:]]))[0, 1].item(), ar.a, eps=
 x, w = ar.grid(101)
 test_close((w * x ** 2).sum().item(), ar.std ** 2, eps=1e-3)
 test_eq(ar.features(torch.tensor([2.])), torch.tensor([[2., 4., 1.]], dtype=torch.float64))
-test_close(GaussianAR1(reward=(1., 2.)).value_coef, torch.tensor([(1 / 0.1), 2 / (1 - 0.9 * 0.8)], dtype=torch.float64), eps=1e-12)
+test_close(GaussianAR1(reward=(1., 2.)).value_coef,
+           torch.tensor([(1 / 0.1), 2 / (1 - 0.9 * 0.8)], dtype=torch.float64), eps=1e-12)
 ar, ar.value_coef
 
 
@@ -424,11 +429,14 @@ z = {"rotation, square reward": mc_z_scores(rot, starts_rot, rot.v_pi(starts_rot
      "rotation, cos reward": mc_z_scores(cosine, starts_rot, cosine.v_pi(starts_rot), seed=11),
      "AR(1), cubic reward": mc_z_scores(ar, starts_ar, ar.v_pi(starts_ar), seed=12),
      "rotation, cos reward, WRONG (noise-free) value": mc_z_scores(cosine, starts_rot, no_noise.v_pi(starts_rot), seed=11),
-     "AR(1), WRONG (noise-free) value": mc_z_scores(ar, starts_ar, noise_free_ar.v_pi(starts_ar), seed=12)}
+     "AR(1), WRONG (noise-free) value": mc_z_scores(ar, starts_ar, noise_free_ar.v_pi(starts_ar),
+                                                    seed=12)}
 for k, zk in z.items():
     if "WRONG" in k: assert zk.max() > 4.5, (k, zk)
     else: assert zk.max() < 4.5, (k, zk)
-record_claim("closed-forms", "The closed-form values of the noisy rotation and of the Gaussian AR(1) agree with Monte Carlo returns (every z-score below 4.5), and wrong formulas are rejected.",
+record_claim("closed-forms",
+             "The closed-form values of the noisy rotation and of the Gaussian AR(1) agree with "
+             "Monte Carlo returns (every z-score below 4.5), and wrong formulas are rejected.",
              "measured", "continuous", "#checking-the-closed-forms-against-monte-carlo")
 {k: round(v.max().item(), 2) for k, v in z.items()}
 
@@ -496,8 +504,10 @@ def score_matrix(self:GaussianAR1, beta:float)->torch.Tensor:
 
 
 # %%
-ys, xs = torch.tensor([-1., 0.5, 2.], dtype=torch.float64), torch.tensor([0.3, -2., 1.], dtype=torch.float64)
-test_close(ar.features(ys) @ ar.score_matrix(3.) @ ar.features(xs).T, -1.5 * (xs[None] - ys[:, None]) ** 2, eps=1e-13)
+ys, xs = torch.tensor([-1., 0.5, 2.],
+                      dtype=torch.float64), torch.tensor([0.3, -2., 1.], dtype=torch.float64)
+test_close(ar.features(ys) @ ar.score_matrix(3.) @ ar.features(xs).T,
+           -1.5 * (xs[None] - ys[:, None]) ** 2, eps=1e-13)
 
 # %% [markdown]
 # **A worked example.** Four transitions on the circle whose keys sit at the angles
@@ -510,11 +520,14 @@ test_close(ar.features(ys) @ ar.score_matrix(3.) @ ar.features(xs).T, -1.5 * (xs
 
 # %%
 S_ex = torch.tensor([0., math.pi / 2, math.pi, 3 * math.pi / 2, 0.3], dtype=torch.float64)
-by_hand = torch.tensor([math.e ** 2, 1., math.e ** -2, 1.], dtype=torch.float64) / (math.e ** 2 + 2 + math.e ** -2)
-w_ex = context_weights(rot.features(S_ex), rot.score_matrix(2.), rot.features(torch.zeros(1, dtype=torch.float64)))[:, -1]
+by_hand = torch.tensor([math.e ** 2, 1., math.e ** -2, 1.],
+                       dtype=torch.float64) / (math.e ** 2 + 2 + math.e ** -2)
+w_ex = context_weights(rot.features(S_ex), rot.score_matrix(2.),
+                       rot.features(torch.zeros(1, dtype=torch.float64)))[:, -1]
 test_close(w_ex, by_hand, eps=1e-12)
 Markdown("| key $S_{k-1}$ | score $2\\cos(0 - S_{k-1})$ | weight $K_k(0)$ |\n|---|---|---|\n" + "\n".join(
-    f"| ${a}$ | {g:g} | {w:.4f} |" for a, g, w in zip(["0", "\\pi/2", "\\pi", "3\\pi/2"], [2, 0, -2, 0], w_ex.tolist())))
+    f"| ${a}$ | {g:g} | {w:.4f} |" for a, g, w in zip(["0", "\\pi/2", "\\pi", "3\\pi/2"],
+                                                      [2, 0, -2, 0], w_ex.tolist())))
 
 
 # %%
@@ -556,7 +569,9 @@ def direct_weights(kernel, keys, targets):
     K = kernel(keys[:, None] - targets[None, :])
     return K / K.sum(0)
 
-for proc, kernel in [(rot, lambda u: torch.exp(8. * torch.cos(u))), (ar, lambda u: torch.exp(-8. * u ** 2 / 2))]:
+for proc, kernel in [(rot,
+                      lambda u: torch.exp(8. * torch.cos(u))), (ar,
+                                                                lambda u: torch.exp(-8. * u ** 2 / 2))]:
     S, R = proc.sample_trajectory(300, seed=2)
     queries = proc.grid(16)[0]
     lib = context_weights(proc.features(S), proc.score_matrix(8.), proc.features(queries))
@@ -564,10 +579,16 @@ for proc, kernel in [(rot, lambda u: torch.exp(8. * torch.cos(u))), (ar, lambda 
     for L in (1, 7, 30):
         tf = SoftmaxICTD.from_theta_star(proc.d, L, proc.score_matrix(8.), 0.8, proc.gamma)
         Z = build_prompt(proc.features(S), R, proc.features(queries))
-        test_close(tf.predict(Z, n=300), kernel_td(proc, S, R, beta=8., alpha=0.8, n_layers=L, queries=queries), eps=1e-11)
-gap = (tf.predict(Z, n=300) - kernel_td(ar, S, R, beta=8., alpha=0.8, n_layers=30, queries=queries)).abs().max().item()
+        test_close(tf.predict(Z, n=300),
+                   kernel_td(proc, S, R, beta=8., alpha=0.8, n_layers=L, queries=queries),
+                   eps=1e-11)
+gap = (tf.predict(Z, n=300) - kernel_td(ar, S, R, beta=8., alpha=0.8, n_layers=30,
+                                        queries=queries)).abs().max().item()
 assert gap < 1e-11
-record_claim("kernel-td", "With $\\theta^*$ and the score matrices of Proposition 8.1, the softmax Transformer runs kernel TD with a von Mises kernel on the circle and a Gaussian kernel on the line (checked to 1e-11 in float64).",
+record_claim("kernel-td",
+             "With $\\theta^*$ and the score matrices of Proposition 8.1, the softmax Transformer "
+             "runs kernel TD with a von Mises kernel on the circle and a Gaussian kernel on the "
+             "line (checked to 1e-11 in float64).",
              "proved", "continuous", "#the-kernels-a-transformer-computes")
 print("largest gap between the Transformer and kernel TD (AR(1), 30 layers): below 1e-11")
 
@@ -680,9 +701,11 @@ for proc in (cosine, ar):
     test_close(proc.population_values(10., 1., 2000, x)[-1], proc.v_pi(x), eps=1e-9)
 def grid_recursion(proc, beta, alpha, L, m=2048):
     "The population recursion on the circle with P and M discretised as m x m matrices (no Fourier series)."
-    x = proc.grid(m)[0] + math.pi / m                                      # off the reward's jumps at 0 and pi
+    # off the reward's jumps at 0 and pi
+    x = proc.grid(m)[0] + math.pi / m
     u = (x[None, :] - x[:, None] + math.pi) % (2 * math.pi) - math.pi      # y - x, wrapped
-    P = sum(torch.exp(-(u - proc.mu + 2 * math.pi * j) ** 2 / (2 * proc.sigma ** 2)) for j in (-1, 0, 1))
+    P = sum(torch.exp(-(u - proc.mu + 2 * math.pi * j) ** 2 / (2 * proc.sigma ** 2))
+            for j in (-1, 0, 1))
     P, M = P / P.sum(1, keepdim=True), torch.softmax(beta * torch.cos(u), 1)
     v = torch.zeros(m, dtype=torch.float64)
     for _ in range(L): v = v + alpha * M @ (proc.reward(x) + proc.gamma * P @ v - v)
@@ -695,13 +718,19 @@ c_m, tau = b * s2 / (1 + b * s2), math.sqrt(s2 / (1 + b * s2))
 x = torch.linspace(-2, 2, 5, dtype=torch.float64)
 Mr = (ar.reward(c_m * x[:, None] + tau * torch.from_numpy(nodes)) * torch.from_numpy(hw / hw.sum())).sum(1)
 test_close(ar.population_values(b, 0.7, 1, x)[1], 0.7 * Mr, eps=1e-12)
-f_rot = (1 - von_mises_harmonics(10., 3)[1:] * (1 - 0.9 * rot.transition_eigenvalues(torch.arange(1., 4.)))).abs()
+f_rot = (1 - von_mises_harmonics(10.,
+                                 3)[1:] * (1 - 0.9 * rot.transition_eigenvalues(torch.arange(1., 4.)))).abs()
 order = ["first", "second", "third"]
 fastest, slowest = order[f_rot.argmin()], order[f_rot.argmax()]
-record_claim("population-limit", "In the large-context limit, kernel TD with $0 < \\alpha \\le 1$ converges to $v_\\pi$ with no smoothing bias, each harmonic or polynomial degree at its own geometric rate (Proposition 8.2).",
+record_claim("population-limit",
+             "In the large-context limit, kernel TD with $0 < \\alpha \\le 1$ converges to "
+             "$v_\\pi$ with no smoothing bias, each harmonic or polynomial degree at its own "
+             "geometric rate (Proposition 8.2).",
              "proved", "continuous", "#what-the-large-context-limit-predicts")
-Markdown(f"$|b_k|$ for $k = 1, 2, 3$: {', '.join(f'{f:.3f}' for f in f_rot.tolist())}. With $\\beta = 10$ and "
-         f"$\\alpha = 1$ the {fastest} harmonic converges fastest per layer and the {slowest} slowest: over these "
+Markdown(f"$|b_k|$ for $k = 1, 2, 3$: {', '.join(f'{f:.3f}' for f in f_rot.tolist())}. With "
+         f"$\\beta = 10$ and "
+         f"$\\alpha = 1$ the {fastest} harmonic converges fastest per layer and the {slowest} "
+         f"slowest: over these "
          "three, $|1 - \\gamma p_k|$ grows with $k$ faster than $\\mu_k$ shrinks.")
 
 
@@ -723,7 +752,8 @@ def population_msve(process:ContinuousProcess, *, alpha:float, beta:float, n_lay
 
 # %%
 pop_cos = population_msve(cosine, beta=5., alpha=1., n_layers=40)
-f_1 = (1 - von_mises_harmonics(5., 1)[1] * (1 - cosine.gamma * cosine.transition_eigenvalues(1.))).abs()
+f_1 = (1 - von_mises_harmonics(5.,
+                               1)[1] * (1 - cosine.gamma * cosine.transition_eigenvalues(1.))).abs()
 test_close((pop_cos[40] / pop_cos[20]) ** (1 / 40), f_1, eps=1e-9)
 f_1.item()
 
@@ -758,9 +788,12 @@ f_1.item()
 
 # %%
 S_gram = rot.sample_trajectory(30, seed=3)[0][:-1]
-gram_cond = {b: torch.linalg.cond(torch.exp(b * (torch.cos(S_gram[:, None] - S_gram[None, :]) - 1))).item() for b in (1., 10., 100., 1000.)}
+gram_cond = ({b: torch.linalg.cond(torch.exp(b * (torch.cos(S_gram[:, None] - S_gram[None, :]) - 1))).item() for b in (1., 10., 100., 1000.)})
 assert gram_cond[1.] > 1e12 and gram_cond[1000.] < 1e6, gram_cond
-record_claim("return-chain", "On a context of distinct states, every fixed point of weighted softmax TD with a strictly positive definite kernel is the trajectory's own return chain (Proposition 8.3).",
+record_claim("return-chain",
+             "On a context of distinct states, every fixed point of weighted softmax TD with a "
+             "strictly positive definite kernel is the trajectory's own return chain (Proposition "
+             "8.3).",
              "proved", "continuous", "#a-fixed-point-that-is-the-return-chain")
 Markdown("Condition number of the Gram matrix at $n = 30$: " + "; ".join(
     rf"$\beta = {b:g}$: " + ("above $10^{12}$" if c > 1e12 else f"{c:.1e}")
@@ -930,7 +963,8 @@ class GaussianAR1Family(TaskFamily):
 # %%
 gh_x, gh_w = np.polynomial.hermite_e.hermegauss(8)
 He = HERMITE @ torch.from_numpy(gh_x) ** torch.arange(4.)[:, None]
-test_close((He * torch.from_numpy(gh_w / gh_w.sum())) @ He.T, torch.eye(4, dtype=torch.float64), eps=1e-13)
+test_close((He * torch.from_numpy(gh_w / gh_w.sum())) @ He.T, torch.eye(4, dtype=torch.float64),
+           eps=1e-13)
 
 
 # %% [markdown]
@@ -966,12 +1000,14 @@ t, S, q, q1 = fam_rot.sample(4, 2000, torch.Generator().manual_seed(0))
 step = (S[:, 1:] - S[:, :-1] - t["mu"][:, None] + math.pi) % (2 * math.pi) - math.pi
 test_close(step.std(1), t["sigma"], eps=0.03)
 t_ar, S_ar, _, _ = fam_ar.sample(4, 4000, torch.Generator().manual_seed(0))
-test_close(torch.stack([torch.corrcoef(torch.stack([s[:-1], s[1:]]))[0, 1] for s in S_ar]), t_ar["a"], eps=0.05)
+test_close(torch.stack([torch.corrcoef(torch.stack([s[:-1], s[1:]]))[0, 1] for s in S_ar]),
+           t_ar["a"], eps=0.05)
 test_close(S_ar.std(1), torch.ones(4, dtype=torch.float64), eps=0.1)
 starts = torch.linspace(0.3, 6., 6, dtype=torch.float64)
 for fam, x0 in [(fam_rot, starts), (fam_ar, starts / 3 - 1)]:
     task = fam.draw(1, torch.Generator().manual_seed(3))
-    assert mc_z_scores(task_process(fam, task), x0, fam.v_pi(task, x0)[0], n_paths=2000, seed=4).max() < 4.5
+    assert mc_z_scores(task_process(fam, task), x0, fam.v_pi(task, x0)[0], n_paths=2000,
+                       seed=4).max() < 4.5
 
 
 # %% [markdown]
@@ -1045,7 +1081,8 @@ S, R = rot.sample_trajectory(40, seed=0)
 x_q = rot.grid(8)[0]
 model = SoftmaxICTD(2, 3, init_gain=0.5, seed=3)
 tokens = trajectory_tokens(rot.features(S)[None], R[None], rot.features(x_q)[None])
-test_close(token_predict(model_params(model), 3, tokens)[0], model.predict(build_prompt(rot.features(S), R, rot.features(x_q)), n=40), eps=1e-13)
+test_close(token_predict(model_params(model), 3, tokens)[0],
+           model.predict(build_prompt(rot.features(S), R, rot.features(x_q)), n=40), eps=1e-13)
 
 # %% [markdown]
 # ## Implementation and tests
@@ -1068,7 +1105,9 @@ test_fail(lambda: GaussianAR1().score_matrix(0.), contains="`beta` must be a fin
 test_fail(lambda: rot.score_matrix(0.), contains="`beta` must be a finite number > 0")
 test_fail(lambda: RotationFamily(sigma=(0., 0.5)), contains="`sigma` must satisfy 0.01 <= low")
 test_fail(lambda: GaussianAR1Family(a=(0.5, 1.)), contains="`a` must lie inside (-1, 1)")
-test_fail(lambda: mc_returns(NoisyRotation(gamma=0.9999999), [0.]), contains="the Monte Carlo rollouts")   # 1.8e8 steps
+# 1.8e8 steps
+test_fail(lambda: mc_returns(NoisyRotation(gamma=0.9999999), [0.]),
+          contains="the Monte Carlo rollouts")
 test_fail(lambda: mc_returns(rot, [0.], tol=0.), contains="`tol` must be a number in (0, 1]")
 test_fail(lambda: fam_ar.contexts(4, 20, which="train"), contains="`which` must be one of")
 
@@ -1093,7 +1132,8 @@ show_doc(von_mises_harmonics)
 # %%
 for b in (0.5, 3., 40.):
     bt = torch.tensor(b, dtype=torch.float64)
-    test_close(von_mises_harmonics(b, 3)[1], (torch.special.i1e(bt) / torch.special.i0e(bt)).item(), eps=1e-12)
+    test_close(von_mises_harmonics(b, 3)[1], (torch.special.i1e(bt) / torch.special.i0e(bt)).item(),
+               eps=1e-12)
 
 # %% [markdown]
 # ### Task sets and the engine's protocol
@@ -1108,15 +1148,19 @@ show_doc(TaskFamily.contexts)
 
 # %%
 cfg_ar = family_config(fam_ar, n=20, batch_size=5, n_steps=4, eval_every=2, eval_tasks=4)
-b = get_protocol(cfg_ar.protocol).sample(cfg_ar, dict(device=None), [torch.Generator().manual_seed(s) for s in (0, 1)], 0, {})
+b = get_protocol(cfg_ar.protocol).sample(cfg_ar, dict(device=None),
+                                         [torch.Generator().manual_seed(s) for s in (0, 1)], 0, {})
 test_eq((b.x.phi.shape, b.x.phi_q.shape, b.reward.shape), ((2, 5, 21, 3), (2, 5, 2, 3), (2, 5)))
 runs = pretrain_many(cfg_ar, [0, 1], progress=False)
 test_eq([r.history["step"][:, 0].tolist() for r in runs], [[0, 2, 4]] * 2)
 test_eq(runs[0].history["msve"].shape[0], 3)
 test_eq(fam_ar.contexts(4, 20)["v"], fam_ar.contexts(4, 20, 0, "held_out")["v"])
-assert not torch.equal(fam_ar.contexts(4, 20, which="tune")["v"], fam_ar.contexts(4, 20, which="test")["v"])
-test_fail(lambda: pretrain_many(dataclasses.replace(cfg_ar, d=4), [0]), contains="`config` must have d = 3")
-test_fail(lambda: family_config(fam_ar, gamma=0.5), contains="`gamma` is the family's")     # never silently replaced by the family's
+assert not torch.equal(fam_ar.contexts(4, 20, which="tune")["v"],
+                       fam_ar.contexts(4, 20, which="test")["v"])
+test_fail(lambda: pretrain_many(dataclasses.replace(cfg_ar, d=4), [0]),
+          contains="`config` must have d = 3")
+# never silently replaced by the family's
+test_fail(lambda: family_config(fam_ar, gamma=0.5), contains="`gamma` is the family's")
 test_eq(family_config(fam_ar, gamma=fam_ar.gamma, n_steps=4).gamma, fam_ar.gamma)
 
 
@@ -1163,4 +1207,5 @@ import ictd.continuous
 
 # %%
 test_fail(lambda: ictd.continuous.polyval("abc", [1.]), contains="`coef` must be a tensor")
-test_fail(lambda: ictd.continuous.mc_returns("rotation", [0.]), contains="`process` must be a ContinuousProcess")
+test_fail(lambda: ictd.continuous.mc_returns("rotation", [0.]),
+          contains="`process` must be a ContinuousProcess")

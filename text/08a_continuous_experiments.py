@@ -141,8 +141,10 @@ def error_sweep(process,              # a process of this chapter
 # %%
 ROT_BETA, AR_BETA, ALPHA, DEPTH = 10., 1., 1., 60
 NS_DEPTH = [100, 300, 1000]
-depth_rot = error_sweep(rot, NS_DEPTH, [ROT_BETA], ALPHA, DEPTH, n_tasks=8, seed=stream_seed(SEED, "depth"))[:, 0]
-depth_ar = error_sweep(ar, NS_DEPTH, [AR_BETA], ALPHA, DEPTH, n_tasks=8, seed=stream_seed(SEED, "depth"))[:, 0]
+depth_rot = error_sweep(rot, NS_DEPTH, [ROT_BETA], ALPHA, DEPTH, n_tasks=8,
+                        seed=stream_seed(SEED, "depth"))[:, 0]
+depth_ar = error_sweep(ar, NS_DEPTH, [AR_BETA], ALPHA, DEPTH, n_tasks=8,
+                       seed=stream_seed(SEED, "depth"))[:, 0]
 
 # %%
 #| export
@@ -175,7 +177,8 @@ def plot_depth(curves:dict,      # title -> (errors (len(ns), n_tasks, L + 1), p
 pop_rot = population_msve(rot, beta=ROT_BETA, alpha=ALPHA, n_layers=DEPTH)
 pop_ar = population_msve(ar, beta=AR_BETA, alpha=ALPHA, n_layers=DEPTH)
 fig = plot_depth({rf"noisy rotation, square reward, $\beta = {ROT_BETA:g}$": (depth_rot, pop_rot),
-                  rf"Gaussian AR(1), cubic reward, $\beta = {AR_BETA:g}$": (depth_ar, pop_ar)}, NS_DEPTH)
+                  rf"Gaussian AR(1), cubic reward, $\beta = {AR_BETA:g}$": (depth_ar, pop_ar)},
+                 NS_DEPTH)
 
 
 # %% [markdown]
@@ -203,7 +206,8 @@ ar_rate = (pop_ar[DEPTH] / pop_ar[DEPTH - 10]) ** (1 / 20)
 test_close(ar_rate.item(), f_ar[1::2].abs().max().item(), eps=0.01)
 rot_rates = (pop_rot[1:] / pop_rot[:-1]) ** 0.5
 assert rot_rates[-1] > rot_rates[5] + 0.01
-{k: [round(x, 4) for x in v.tolist()] for k, v in floors.items()}, round(ar_rate.item(), 4), f_ar.tolist()
+{k: [round(x, 4) for x in v.tolist()]
+ for k, v in floors.items()}, round(ar_rate.item(), 4), f_ar.tolist()
 
 
 # %% [markdown]
@@ -244,9 +248,13 @@ def bootstrap_slope(x:torch.Tensor,   # (k,) abscissae
 
 
 # %%
-floor_slopes = {name: bootstrap_slope(NS_DEPTH, err[:, :, -1], seed=stream_seed(SEED, "bootstrap")) for name, err in [("rotation", depth_rot), ("AR(1)", depth_ar)]}
+floor_slopes = {name: bootstrap_slope(NS_DEPTH, err[:, :, -1], seed=stream_seed(SEED, "bootstrap"))
+                for name, err in [("rotation", depth_rot), ("AR(1)", depth_ar)]}
 for name, (slope, (lo, hi)) in floor_slopes.items(): assert hi < 0, (name, slope, lo, hi)
-record_claim("floor-falls", "At a fixed bandwidth, the error floor of kernel TD falls with the context length on both processes (bootstrap interval of the log-log slope below zero).", "measured", "continuous_experiments", "#the-floor-against-the-context-length")
+record_claim("floor-falls",
+             "At a fixed bandwidth, the error floor of kernel TD falls with the context length on "
+             "both processes (bootstrap interval of the log-log slope below zero).", "measured",
+             "continuous_experiments", "#the-floor-against-the-context-length")
 floor_slopes
 
 
@@ -281,9 +289,12 @@ def best_beta(betas:torch.Tensor,   # (k,) kernel scales, increasing
 
 # %%
 NS_BETA, BETAS, L_BETA = [100, 200, 400, 800], np.geomspace(1, 300, 10).tolist(), 30
-beta_sweep = error_sweep(rot, NS_BETA, BETAS, ALPHA, L_BETA, n_tasks=12, seed=stream_seed(SEED, "bandwidth"), dtype=torch.float32)[..., -1]
+beta_sweep = error_sweep(rot, NS_BETA, BETAS, ALPHA, L_BETA, n_tasks=12,
+                         seed=stream_seed(SEED, "bandwidth"), dtype=torch.float32)[..., -1]
 best = [best_beta(BETAS, beta_sweep[i]) for i in range(len(NS_BETA))]
-beta_slope, beta_ci = bootstrap_slope(NS_BETA, beta_sweep.numpy(), statistic=lambda s: best_beta(BETAS, s), seed=stream_seed(SEED, "bootstrap"))
+beta_slope, beta_ci = bootstrap_slope(NS_BETA, beta_sweep.numpy(),
+                                      statistic=lambda s: best_beta(BETAS, s),
+                                      seed=stream_seed(SEED, "bootstrap"))
 [round(b, 1) for b in best], round(beta_slope, 3), tuple(round(c, 3) for c in beta_ci)
 
 
@@ -330,9 +341,15 @@ plot_tradeoff(BETAS, NS_BETA, beta_sweep, best, beta_slope, beta_ci);
 mean_beta = beta_sweep.mean(-1)
 assert ((mean_beta[:, 0] > 1.2 * mean_beta.min(1).values) & (mean_beta[:, -1] > 1.2 * mean_beta.min(1).values)).all()
 assert beta_ci[0] > 0, beta_ci
-record_claim("best-beta-grows", "The bandwidth trades bias against variance: the MSVE has an interior minimum in $\\beta$, and the best $\\beta$ grows with the context length (bootstrap interval of the exponent above zero).", "measured", "continuous_experiments", "#the-bandwidth-a-bias-variance-trade-off")
-Markdown(f"Best $\\beta$ at $L = {L_BETA}$: " + ", ".join(f"{b:.1f} ($n = {n}$)" for b, n in zip(best, NS_BETA))
-         + f"; fitted exponent {beta_slope:.2f}, 95% bootstrap interval [{beta_ci[0]:.2f}, {beta_ci[1]:.2f}], which "
+record_claim("best-beta-grows",
+             "The bandwidth trades bias against variance: the MSVE has an interior minimum in "
+             "$\\beta$, and the best $\\beta$ grows with the context length (bootstrap interval of "
+             "the exponent above zero).", "measured", "continuous_experiments",
+             "#the-bandwidth-a-bias-variance-trade-off")
+Markdown(f"Best $\\beta$ at $L = {L_BETA}$: " + ", ".join(f"{b:.1f} ($n = {n}$)"
+                                                          for b, n in zip(best, NS_BETA))
+         + f"; fitted exponent {beta_slope:.2f}, 95% bootstrap interval [{beta_ci[0]:.2f}, "
+           f"{beta_ci[1]:.2f}], which "
          + ("contains" if beta_ci[0] <= 1 <= beta_ci[1] else "excludes") + " 1.")
 
 # %% [markdown]
@@ -367,7 +384,8 @@ Markdown(f"Best $\\beta$ at $L = {L_BETA}$: " + ", ".join(f"{b:.1f} ($n = {n}$)"
 
 # %%
 test_close(rot.basis(torch.tensor([0., math.pi / 2], dtype=torch.float64), 2),
-           torch.tensor([[1., 1., 1., 0., 0.], [1., 0., -1., 1., 0.]], dtype=torch.float64), eps=1e-15)
+           torch.tensor([[1., 1., 1., 0., 0.], [1., 0., -1., 1., 0.]], dtype=torch.float64),
+           eps=1e-15)
 
 
 # %% [markdown]
@@ -447,9 +465,12 @@ def rows_markdown(rows:list, title:str)->str:
 # %%
 ALPHAS, KERNEL_ALPHAS = np.geomspace(1 / 16, 4, 7).tolist(), [0.125, 0.25, 0.5, 1.]
 N_CMP = 400
-cmp_rot = compare_methods(rot, N_CMP, L_BETA, [1, 2, 4, 8, 16], ALPHAS, KERNEL_ALPHAS, [3., 10., 30., 100.], seed=SEED)
-cmp_ar = compare_methods(ar, N_CMP, L_BETA, [1, 2, 3, 5, 8], ALPHAS, KERNEL_ALPHAS, [0.25, 0.5, 1., 2., 4.], seed=SEED)
-Markdown(rows_markdown(cmp_rot, f"Noisy rotation, square reward, n = {N_CMP}, depth {L_BETA}") + "\n\n"
+cmp_rot = compare_methods(rot, N_CMP, L_BETA, [1, 2, 4, 8, 16], ALPHAS, KERNEL_ALPHAS,
+                          [3., 10., 30., 100.], seed=SEED)
+cmp_ar = compare_methods(ar, N_CMP, L_BETA, [1, 2, 3, 5, 8], ALPHAS, KERNEL_ALPHAS,
+                         [0.25, 0.5, 1., 2., 4.], seed=SEED)
+Markdown(rows_markdown(cmp_rot,
+                       f"Noisy rotation, square reward, n = {N_CMP}, depth {L_BETA}") + "\n\n"
          + rows_markdown(cmp_ar, f"Gaussian AR(1), cubic reward, n = {N_CMP}, depth {L_BETA}"))
 
 
@@ -470,16 +491,26 @@ Markdown(rows_markdown(cmp_rot, f"Noisy rotation, square reward, n = {N_CMP}, de
 
 # %%
 def row(rows, method): return next(r for r in rows if r["method"] == method)
-kernel_rot, kernel_ar = row(cmp_rot, "kernel TD (softmax Transformer)"), row(cmp_ar, "kernel TD (softmax Transformer)")
+kernel_rot, kernel_ar = row(cmp_rot,
+                            "kernel TD (softmax Transformer)"), row(cmp_ar, "kernel TD (softmax "
+                                                                            "Transformer)")
 assert kernel_ar["msve"] + 2 * kernel_ar["se"] < row(cmp_ar, "linear TD, same features")["msve"] / 2
 assert kernel_rot["msve"] < min(r["msve"] for r in cmp_rot if r is not kernel_rot)
-assert row(cmp_ar, "linear TD, basis size 3")["msve"] < row(cmp_ar, "linear TD, basis size 2")["msve"] / 3
-record_claim("kernel-beats-linear", "Reading the same features, kernel TD (the softmax Transformer) has less than half the error of tuned linear TD on the AR(1), and on the square wave the lowest mean error of every method tried, richer Fourier bases and LSTD included.", "measured", "continuous_experiments", "#against-linear-td-on-the-same-features-and-on-richer-ones")
+assert row(cmp_ar, "linear TD, basis size 3")["msve"] < row(cmp_ar,
+                                                            "linear TD, basis size 2")["msve"] / 3
+record_claim("kernel-beats-linear",
+             "Reading the same features, kernel TD (the softmax Transformer) has less than half "
+             "the error of tuned linear TD on the AR(1), and on the square wave the lowest mean "
+             "error of every method tried, richer Fourier bases and LSTD included.", "measured",
+             "continuous_experiments", "#against-linear-td-on-the-same-features-and-on-richer-ones")
 runner_up = min((r for r in cmp_rot if r is not kernel_rot), key=lambda r: r["msve"])
 z_rot = (runner_up["msve"] - kernel_rot["msve"]) / math.hypot(runner_up["se"], kernel_rot["se"])
-Markdown(f"Square wave: kernel TD {kernel_rot['msve']:.4f}, the next best method ({runner_up['method']}) {runner_up['msve']:.4f}, a gap of "
+Markdown(f"Square wave: kernel TD {kernel_rot['msve']:.4f}, the next best method "
+         f"({runner_up['method']}) {runner_up['msve']:.4f}, a gap of "
          f"{z_rot:.1f} combined standard errors (the two sets of errors treated as independent): "
-         + ("more than noise." if z_rot > 2 else "within noise, so on the square wave kernel TD is ahead of the largest bases in the mean only."))
+         + ("more than noise." if z_rot > 2
+            else "within noise, so on the square wave kernel TD is ahead of the largest bases in "
+                 "the mean only."))
 
 
 # %% [markdown]
@@ -520,7 +551,8 @@ def plot_estimates(process,        # a process of this chapter
 # %%
 #| fig-cap: "Figure 8a.3: on the circle the in-context estimate approaches the closed-form square-wave value with depth, and more closely with the longer context; at this bandwidth neither context resolves the jumps sharply."
 #| fig-alt: "Two panels, noisy rotation with contexts of 100 and 1000 transitions: the closed-form value in black and the Transformer's estimates at depths 2, 10 and 30 against the angle, with a rug of the context's states."
-plot_estimates(rot, beta=ROT_BETA, alpha=ALPHA, ns=[100, 1000], depths=[2, 10, 30], seed=stream_seed(SEED, "estimates"))
+plot_estimates(rot, beta=ROT_BETA, alpha=ALPHA, ns=[100, 1000], depths=[2, 10, 30],
+               seed=stream_seed(SEED, "estimates"))
 plt.gcf().tight_layout()
 
 # %% [markdown]
@@ -531,7 +563,8 @@ plt.gcf().tight_layout()
 # %%
 #| fig-cap: "Figure 8a.4: on the line the estimate follows the cubic value where the context has states and falls short of it in the tails, most where the context has none."
 #| fig-alt: "Two panels, Gaussian AR(1) with contexts of 100 and 1000 transitions: the closed-form cubic value in black and the Transformer's estimates at depths 2, 10 and 30 against the state, with a rug of the context's states."
-plot_estimates(ar, beta=AR_BETA, alpha=ALPHA, ns=[100, 1000], depths=[2, 10, 30], seed=stream_seed(SEED, "estimates"))
+plot_estimates(ar, beta=AR_BETA, alpha=ALPHA, ns=[100, 1000], depths=[2, 10, 30],
+               seed=stream_seed(SEED, "estimates"))
 plt.gcf().tight_layout()
 
 # %% [markdown]
@@ -547,7 +580,8 @@ plt.gcf().tight_layout()
 
 # %%
 NS_LONG, BETAS_LONG, L_LONG = [200], [10., 100., 1000.], 300
-long_depth = error_sweep(rot, NS_LONG, BETAS_LONG, ALPHA, L_LONG, n_tasks=6, seed=stream_seed(SEED, "long_depth"))[0]
+long_depth = error_sweep(rot, NS_LONG, BETAS_LONG, ALPHA, L_LONG, n_tasks=6,
+                         seed=stream_seed(SEED, "long_depth"))[0]
 
 
 # %%
@@ -574,8 +608,13 @@ def plot_long_depth(betas:torch.Tensor,   # (k,) kernel scales
 plot_long_depth(BETAS_LONG, long_depth, NS_LONG[0]);
 best_depth = long_depth.mean(1).argmin(-1)
 ratio = long_depth.mean(1)[:, -1] / long_depth.mean(1).min(-1).values
-assert ratio[-1] > 3 and ratio[0] < 1.5 and (best_depth[1:] <= best_depth[:-1]).all(), (ratio, best_depth)
-record_claim("depth-regularises", "Past its best depth a narrow kernel's error rises again (the iterates drift to the return chain), and the best depth comes no later as $\\beta$ grows: depth and bandwidth are tuned together.", "measured", "continuous_experiments", "#depth-regularises")
+assert (ratio[-1] > 3 and ratio[0] < 1.5
+        and (best_depth[1:] <= best_depth[:-1]).all()), (ratio, best_depth)
+record_claim("depth-regularises",
+             "Past its best depth a narrow kernel's error rises again (the iterates drift to the "
+             "return chain), and the best depth comes no later as $\\beta$ grows: depth and "
+             "bandwidth are tuned together.", "measured", "continuous_experiments",
+             "#depth-regularises")
 best_depth.tolist(), [round(r, 2) for r in ratio.tolist()]
 
 # %% [markdown]
@@ -614,7 +653,9 @@ assert not torch.equal(S_c[0], S_c[1])
 sweep_check = error_sweep(rot, [50], [2., 20.], 0.5, 4, n_tasks=2, seed=1)
 S_c, R_c = sample_contexts(rot, 50, 2, seed=1)
 x_c = rot.grid(128)[0]
-test_close(sweep_check[0, 1, :, 3], rot.msve(kernel_td(rot, S_c, R_c, beta=20., alpha=0.5, n_layers=3, queries=x_c)), eps=1e-12)
+test_close(sweep_check[0, 1, :, 3],
+           rot.msve(kernel_td(rot, S_c, R_c, beta=20., alpha=0.5, n_layers=3, queries=x_c)),
+           eps=1e-12)
 test_eq(sweep_check.shape, (1, 2, 2, 5))
 
 # %% [markdown]
@@ -635,7 +676,8 @@ show_doc(best_beta)
 # $2\bar k + 1$ features:
 
 # %%
-nodes, hw = np.polynomial.hermite_e.hermegauss(10)                      # exact for polynomials of degree < 20 under N(0, 1)
+# exact for polynomials of degree < 20 under N(0, 1)
+nodes, hw = np.polynomial.hermite_e.hermegauss(10)
 H_ar, w_ar = ar.basis(torch.from_numpy(nodes) * ar.std, 4), torch.from_numpy(hw / hw.sum())
 test_close(H_ar.mT @ (w_ar[:, None] * H_ar), torch.eye(5, dtype=torch.float64), eps=1e-12)
 test_eq(rot.basis(torch.zeros(3, dtype=torch.float64), 2).shape, (3, 5))
@@ -654,8 +696,10 @@ import ictd.experiments.continuous_sweeps as sweeps
 
 # %%
 test_fail(lambda: sweeps.best_beta("abc", beta_sweep[0]), contains="`betas` must be a tensor")
-test_fail(lambda: sweeps.loglog_fit(NS_BETA, [1., math.nan, 1., 1.]), contains="`y` contains NaN or inf")
-test_fail(lambda: sweeps.plot_long_depth(BETAS_LONG, long_depth, "200"), contains="`n` must be an integer")
+test_fail(lambda: sweeps.loglog_fit(NS_BETA, [1., math.nan, 1., 1.]),
+          contains="`y` contains NaN or inf")
+test_fail(lambda: sweeps.plot_long_depth(BETAS_LONG, long_depth, "200"),
+          contains="`n` must be an integer")
 
 # %%
 #| hide

@@ -119,7 +119,9 @@ def value_weights(params:dict,   # (…, L, D, D) tensors "V_cur", "V_tgt"
 
 
 # %%
-test_close(value_weights(dict(zip(("A", "V_cur", "V_tgt"), theta_star(2, rot.score_matrix(1.), 0.5, 0.9)))), torch.tensor([0.5, 0.45, -0.5], dtype=torch.float64), eps=1e-15)
+test_close(value_weights(dict(zip(("A", "V_cur", "V_tgt"),
+                                  theta_star(2, rot.score_matrix(1.), 0.5, 0.9)))),
+           torch.tensor([0.5, 0.45, -0.5], dtype=torch.float64), eps=1e-15)
 
 
 # %%
@@ -141,11 +143,14 @@ def kernel_fit(family:TaskFamily,  # the family (its base process gives the patt
 show_doc(kernel_fit)
 
 # %%
-test_close(kernel_fit(fam_rot, theta_star(2, rot.score_matrix(7.), 1., 0.9)[0])["beta"], 7., eps=1e-12)
+test_close(kernel_fit(fam_rot, theta_star(2, rot.score_matrix(7.), 1., 0.9)[0])["beta"], 7.,
+           eps=1e-12)
 W_ar = theta_star(3, ar.score_matrix(2.), 1., 0.9)[0]
-W_ar[2, :3] += torch.tensor([5., -1., 2.], dtype=torch.float64)       # query-only terms: same kernel
+# query-only terms: same kernel
+W_ar[2, :3] += torch.tensor([5., -1., 2.], dtype=torch.float64)
 fit = kernel_fit(fam_ar, W_ar)
-test_close(torch.stack([fit["beta"], fit["cosine"], fit["share"]]), torch.tensor([2., 1., 1.], dtype=torch.float64), eps=1e-12)
+test_close(torch.stack([fit["beta"], fit["cosine"], fit["share"]]),
+           torch.tensor([2., 1., 1.], dtype=torch.float64), eps=1e-12)
 test_close(kernel_fit(fam_rot, -torch.eye(4, dtype=torch.float64))["cosine"], -1., eps=1e-12)
 
 
@@ -178,8 +183,10 @@ def family_msve(params:dict,     # stacked parameters (S, L or 1, D, D)
 
 # %%
 ctx_check = fam_rot.contexts(6, 25)
-theta = {k: v[None, None] for k, v in zip(("A", "V_cur", "V_tgt"), theta_star(2, rot.score_matrix(3.), 0.7, 0.9))}
-test_close(family_msve(theta, 4, fam_rot, ctx_check)[0], kernel_msve(fam_rot, ctx_check, alpha=0.7, beta=3., n_layers=4), eps=1e-10)
+theta = {k: v[None, None]
+         for k, v in zip(("A", "V_cur", "V_tgt"), theta_star(2, rot.score_matrix(3.), 0.7, 0.9))}
+test_close(family_msve(theta, 4, fam_rot, ctx_check)[0],
+           kernel_msve(fam_rot, ctx_check, alpha=0.7, beta=3., n_layers=4), eps=1e-10)
 
 
 # %%
@@ -406,14 +413,17 @@ show_doc(family_experiment)
 # %%
 PRE_ROT = dict(n=30, n_layers=3, n_steps=500, lr=1e-2)
 ALPHAS_PRE = [1., 2., 4., 8.]
-ex_rot = family_experiment(fam_rot, range(10), ALPHAS_PRE, [0.125, 0.25, 0.5, 1., 2., 4., 8.], **PRE_ROT)
+ex_rot = family_experiment(fam_rot, range(10), ALPHAS_PRE, [0.125, 0.25, 0.5, 1., 2., 4., 8.],
+                           **PRE_ROT)
 Markdown(pretraining_table(ex_rot["run"], fam_rot) + "\n\n" + error_table(ex_rot))
 
 # %%
 #| fig-cap: "Figure 8b.1: pretrained on the rotation family, the models' held-out MSVE falls below the tuned constructed Transformer's and well below the baseline's."
 #| fig-alt: "Held-out MSVE against training step on the rotation family: the mean over ten seeds with a two-standard-error band, and horizontal lines for the tuned constructed Transformer and the context-mean baseline."
 run_rot, lines_rot = ex_rot["run"], curve_lines(fam_rot, ex_rot, PRE_ROT["n"])
-plot_family_training(run_rot, fam_rot, lines_rot, f"Rotation family, $n = {PRE_ROT['n']}$, $L = {PRE_ROT['n_layers']}$", panels=("msve",));
+plot_family_training(run_rot, fam_rot, lines_rot,
+                     f"Rotation family, $n = {PRE_ROT['n']}$, $L = {PRE_ROT['n_layers']}$",
+                     panels=("msve",));
 
 # %%
 #| fig-cap: "Figure 8b.2: in the last layer the successor weight is positive, as in theta*, and several times the current weight's magnitude; the reward weight has fallen back towards zero and the current weight is still drifting down."
@@ -429,7 +439,8 @@ plot_family_training(run_rot, fam_rot, lines_rot, "", panels=("kernel",));
 #| fig-cap: "Figure 8b.4: the learned score on the circle is the same curve for every query and lies near the von Mises kernel at the fitted scale."
 #| fig-alt: "One panel per layer: the learned score against the key's offset for three queries, medians with 10 to 90 percent bands over seeds, and the von Mises kernel at the median fitted scale as a thick grey line."
 plot_learned_kernel(fam_rot, ex_rot["run"]["params"]["A"], [0., 2 * math.pi / 3, 4 * math.pi / 3],
-                    torch.linspace(-math.pi, math.pi, 201, dtype=torch.float64), "offset $u = y - x$ of the key (radians)");
+                    torch.linspace(-math.pi, math.pi, 201, dtype=torch.float64),
+                    "offset $u = y - x$ of the key (radians)");
 
 # %% [markdown]
 # **The kernel emerges.** The learned score block is, to a cosine near 1, the von Mises kernel
@@ -451,8 +462,12 @@ plot_learned_kernel(fam_rot, ex_rot["run"]["params"]["A"], [0., 2 * math.pi / 3,
 claims_rot = rotation_claims(ex_rot, fam_rot)
 current_negative = (value_weights(ex_rot["run"]["params"])[:, 1:, 2] < 0).float().mean().item()
 for name, ok in claims_rot.items(): assert ok.sum() >= 9, (name, ok)
-record_claim("rotation-pretraining", "Pretrained on random noisy rotations, the score block learns the von Mises kernel and the models beat the tuned constructed Transformer at the same depth, but the value rows match $\\theta^*$ only in sign (9 or more of 10 seeds for each statement).", "partial", "continuous_pretraining", "#the-rotation-family-ten-seeds")
-Markdown(seed_claims(claims_rot) + f"\n\nThe current weight is negative in {current_negative:.0%} of the layers $2..L$ over all seeds.")
+record_claim("rotation-pretraining",
+             "Pretrained on random noisy rotations, the score block learns the von Mises kernel "
+             "and the models beat the tuned constructed Transformer at the same depth, but the "
+             "value rows match $\\theta^*$ only in sign (9 or more of 10 seeds for each statement).", "partial", "continuous_pretraining", "#the-rotation-family-ten-seeds")
+Markdown(seed_claims(claims_rot) + f"\n\nThe current weight is negative in {current_negative:.0%} "
+                                   f"of the layers $2..L$ over all seeds.")
 
 # %% [markdown]
 # ### The AR(1) family, ten seeds
@@ -471,7 +486,9 @@ Markdown(pretraining_table(ex_ar["run"], fam_ar) + "\n\n" + error_table(ex_ar))
 #| fig-cap: "Figure 8b.5: pretrained on the AR(1) family, the models' held-out MSVE falls below the baseline's but, on these held-out tasks, stays above the tuned constructed Transformer's line."
 #| fig-alt: "Held-out MSVE against training step on the AR(1) family: the mean over ten seeds with a two-standard-error band, and horizontal lines for the tuned constructed Transformer and the context-mean baseline."
 run_ar, lines_ar = ex_ar["run"], curve_lines(fam_ar, ex_ar, PRE_AR["n"])
-plot_family_training(run_ar, fam_ar, lines_ar, f"AR(1) family, $n = {PRE_AR['n']}$, $L = {PRE_AR['n_layers']}$", panels=("msve",));
+plot_family_training(run_ar, fam_ar, lines_ar,
+                     f"AR(1) family, $n = {PRE_AR['n']}$, $L = {PRE_AR['n_layers']}$",
+                     panels=("msve",));
 
 # %%
 #| fig-cap: "Figure 8b.6: on the line all three of the last layer's value weights are positive: the reward weight grows, and the current weight has the opposite sign of theta*'s."
@@ -486,7 +503,9 @@ plot_family_training(run_ar, fam_ar, lines_ar, "", panels=("kernel",));
 # %%
 #| fig-cap: "Figure 8b.8: on the line the learned score has the Gaussian kernel's sign pattern but not its exact shape, and it moves with the query."
 #| fig-alt: "One panel per layer: the learned score against the key's offset for queries at -1, 0 and 1, medians with 10 to 90 percent bands over seeds, and the Gaussian kernel at the median fitted scale as a thick grey line."
-plot_learned_kernel(fam_ar, ex_ar["run"]["params"]["A"], [-1., 0., 1.], torch.linspace(-2.5, 2.5, 201, dtype=torch.float64), "offset $u = y - x$ of the key");
+plot_learned_kernel(fam_ar, ex_ar["run"]["params"]["A"], [-1., 0., 1.],
+                    torch.linspace(-2.5, 2.5, 201, dtype=torch.float64),
+                    "offset $u = y - x$ of the key");
 
 # %%
 claims_ar = ar1_claims(ex_ar, fam_ar)
@@ -495,9 +514,15 @@ diff_ar = ex_ar["trained"].mean(0) - ex_ar["constructed"]
 d_ar, se_ar = diff_ar.mean().item(), (diff_ar.std() / math.sqrt(len(diff_ar))).item()
 above_ar = int((ex_ar["trained"].mean(-1) > ex_ar["constructed"].mean()).sum())
 assert abs(d_ar) < 2 * se_ar, (d_ar, se_ar)
-record_claim("ar1-pretraining", "Pretrained on random AR(1) processes, the score block takes the Gaussian kernel's sign pattern but not its shape, and the models beat the baseline (8 or more of 10 seeds) but cannot be told apart from the tuned constructed Transformer at this training length.", "partial", "continuous_pretraining", "#the-ar1-family-ten-seeds")
-Markdown(seed_claims(claims_ar) + f"\n\nAgainst the tuned constructed Transformer: {above_ar} of {len(ex_ar['trained'])} seeds have a higher mean MSVE; "
-         f"the paired difference (seed mean minus constructed) is {d_ar:+.2f} $\\pm$ {se_ar:.2f}, within two standard errors of zero.")
+record_claim("ar1-pretraining",
+             "Pretrained on random AR(1) processes, the score block takes the Gaussian kernel's "
+             "sign pattern but not its shape, and the models beat the baseline (8 or more of 10 "
+             "seeds) but cannot be told apart from the tuned constructed Transformer at this "
+             "training length.", "partial", "continuous_pretraining", "#the-ar1-family-ten-seeds")
+Markdown(seed_claims(claims_ar) + f"\n\nAgainst the tuned constructed Transformer: {above_ar} of "
+                                  f"{len(ex_ar['trained'])} seeds have a higher mean MSVE; "
+         f"the paired difference (seed mean minus constructed) is {d_ar:+.2f} $\\pm$ {se_ar:.2f}, "
+         f"within two standard errors of zero.")
 
 # %% [markdown]
 # On the line the picture is less clean, and we report it as it is. The learned score has the
@@ -609,11 +634,16 @@ show_doc(continuous_full_scale)
 
 # %%
 full_steps = FULL["pretrain"]["seeds"] * FULL["pretrain"]["n_steps"]
-Markdown(f"The full-scale pretraining trains {full_steps / (10 * PRE_ROT['n_steps']):g} times as many seed-steps as the rotation "
-         f"experiment above and {full_steps / (10 * PRE_AR['n_steps']):g} times as many as the AR(1) experiment, and the sweeps of "
-         f"chapter 8a grow to contexts of {max(FULL['ns_beta'])} transitions. Its asserts state what we expect at full scale, "
-         f"on {FULL['pretrain']['seeds']} other seeds (from seed 1000): the interval of the best-bandwidth exponent above zero, the floors "
-         "falling with the context length, each rotation-family statement for at least 80% of the seeds, and on the AR(1) family a median "
+Markdown(f"The full-scale pretraining trains {full_steps / (10 * PRE_ROT['n_steps']):g} times as "
+         f"many seed-steps as the rotation "
+         f"experiment above and {full_steps / (10 * PRE_AR['n_steps']):g} times as many as the "
+         f"AR(1) experiment, and the sweeps of "
+         f"chapter 8a grow to contexts of {max(FULL['ns_beta'])} transitions. Its asserts state "
+         f"what we expect at full scale, "
+         f"on {FULL['pretrain']['seeds']} other seeds (from seed 1000): the interval of the "
+         f"best-bandwidth exponent above zero, the floors "
+         "falling with the context length, each rotation-family statement for at least 80% of the "
+         "seeds, and on the AR(1) family a median "
          "error within 15% of the constructed Transformer's.")
 
 # %%
@@ -621,12 +651,15 @@ Markdown(f"The full-scale pretraining trains {full_steps / (10 * PRE_ROT['n_step
 with tempfile.TemporaryDirectory() as tmp:
     written = continuous_full_scale(tmp, seed=1000, progress=False)
     full = json.loads(Path(tmp, "results.json").read_text())
-assert full["bandwidth"]["exponent_ci"][0] > 0 and all(full[k]["floor_slope_ci"][1] < 0 for k in ("depth_rotation", "depth_ar1"))
+assert full["bandwidth"]["exponent_ci"][0] > 0 and all(full[k]["floor_slope_ci"][1] < 0
+                                                       for k in ("depth_rotation", "depth_ar1"))
 pre = full["pretraining"]
-assert all(k >= 24 for k in pre["rotation"]["claims"].values()), pre["rotation"]["claims"]    # each holds for at least 80% of the 30 seeds
+# each holds for at least 80% of the 30 seeds
+assert all(k >= 24 for k in pre["rotation"]["claims"].values()), pre["rotation"]["claims"]
 rot_last, ar_last = pre["rotation"]["value_weights_mean"][-1], pre["ar1"]["value_weights_mean"][-1]
 assert rot_last[1] > 2 * abs(rot_last[2]) and rot_last[2] < 0, rot_last
-assert np.median(pre["ar1"]["msve_trained"]) < 1.15 * pre["ar1"]["msve_constructed"] and ar_last[0] > 0.3 and max(abs(ar_last[1]), abs(ar_last[2])) < 0.15, ar_last
+assert (np.median(pre["ar1"]["msve_trained"]) < 1.15 * pre["ar1"]["msve_constructed"]
+        and ar_last[0] > 0.3 and max(abs(ar_last[1]), abs(ar_last[2])) < 0.15), ar_last
 full["bandwidth"]["best_beta"], full["bandwidth"]["exponent"], full["bandwidth"]["exponent_ci"], {k: v["claims"] for k, v in pre.items()}
 
 # %% [markdown]
@@ -637,19 +670,26 @@ full["bandwidth"]["best_beta"], full["bandwidth"]["exponent"], full["bandwidth"]
 # %%
 with tempfile.TemporaryDirectory() as tmp:
     written = continuous_full_scale(tmp, progress=False, quick=True)
-    test_eq(sorted(p.name for p in written), ["depth.png", "estimates.png", "kernel_ar1.png", "kernel_rotation.png", "long_depth.png",
-                                              "pretrain_ar1.png", "pretrain_rotation.png", "results.json", "tradeoff.png"])
+    test_eq(sorted(p.name for p in written),
+            ["depth.png", "estimates.png", "kernel_ar1.png", "kernel_rotation.png",
+             "long_depth.png",
+                                              "pretrain_ar1.png", "pretrain_rotation.png",
+                                              "results.json", "tradeoff.png"])
     results = json.loads(Path(tmp, "results.json").read_text())
-    test_eq(sorted(results), ["bandwidth", "comparison", "config", "depth_ar1", "depth_rotation", "long_depth", "pretraining", "seed"])
+    test_eq(sorted(results),
+            ["bandwidth", "comparison", "config", "depth_ar1", "depth_rotation", "long_depth",
+             "pretraining", "seed"])
     test_eq(results["pretraining"]["ar1"]["n_seeds"], 2)
 
 # %% [markdown]
 # `family_run` reads the engine's runs of one configuration, with the history of every seed:
 
 # %%
-runs_check = pretrain_many(family_config(fam_ar, n=10, n_layers=2, batch_size=4, n_steps=4, eval_every=2, eval_tasks=4), [0, 1], progress=False)
+runs_check = pretrain_many(family_config(fam_ar, n=10, n_layers=2, batch_size=4, n_steps=4,
+                                         eval_every=2, eval_tasks=4), [0, 1], progress=False)
 run_check = family_run(runs_check)
-test_eq((run_check["steps"].tolist(), run_check["msve"].shape, run_check["A"].shape, run_check["params"]["A"].shape), ([0, 2, 4], (3, 2), (3, 2, 2, 5, 5), (2, 2, 5, 5)))
+test_eq((run_check["steps"].tolist(), run_check["msve"].shape, run_check["A"].shape,
+         run_check["params"]["A"].shape), ([0, 2, 4], (3, 2), (3, 2, 2, 5, 5), (2, 2, 5, 5)))
 test_eq(run_check["msve"][:, 1], runs_check[1].history["msve"][:, 0])
 
 # %% [markdown]
@@ -658,7 +698,8 @@ test_eq(run_check["msve"][:, 1], runs_check[1].history["msve"][:, 0])
 # %%
 best_check = tune_kernel(fam_rot, ctx_check, n_layers=2, alphas=[0.5, 1.], betas=[1., 4.])
 test_eq(kernel_msve(fam_rot, ctx_check, alpha=best_check[0], beta=best_check[1], n_layers=2).mean(),
-        min(kernel_msve(fam_rot, ctx_check, alpha=a, beta=b, n_layers=2).mean() for a in (0.5, 1.) for b in (1., 4.)))
+        min(kernel_msve(fam_rot, ctx_check, alpha=a, beta=b, n_layers=2).mean() for a in (0.5, 1.)
+            for b in (1., 4.)))
 test_eq(mean_reward_msve(fam_rot, ctx_check).shape, (6,))
 
 # %% [markdown]
@@ -672,9 +713,11 @@ test_eq(binomial_lower(0, 10), 0.)
 # `learned_scores` of $\theta^*$ is the kernel of Proposition 8.1 itself, on both families:
 
 # %%
-u_check, x_check = torch.linspace(-2, 2, 9, dtype=torch.float64), torch.tensor([-1., 0., 0.7], dtype=torch.float64)
+u_check, x_check = torch.linspace(-2, 2, 9,
+                                  dtype=torch.float64), torch.tensor([-1., 0., 0.7], dtype=torch.float64)
 for fam, ref in [(fam_rot, 3. * (torch.cos(u_check) - 1)), (fam_ar, -3. * u_check ** 2 / 2)]:
-    test_close(learned_scores(fam, theta_star(fam.d, fam.base.score_matrix(3.), 1., 0.9)[0], x_check, u_check), ref.expand(3, -1), eps=1e-12)
+    test_close(learned_scores(fam, theta_star(fam.d, fam.base.score_matrix(3.), 1., 0.9)[0],
+                              x_check, u_check), ref.expand(3, -1), eps=1e-12)
 
 # %%
 show_doc(plot_learned_kernel)

@@ -24,34 +24,42 @@ def shown(src):
 def line_tokens(src):
     "Per line number, the (column, type, string) of its tokens, and the bracket depth and stack at each line's start."
     toks = list(tokenize.generate_tokens(io.StringIO(src).readline))
-    by_line, stack, starts = {}, [], {}
+    by_line, stack, starts, prev = {}, [], {}, None
     for t in toks:
         row, col = t.start
         starts.setdefault(row, list(stack))
-        if t.type == tokenize.OP and t.string in OPEN: stack.append((row, col))
+        if t.type == tokenize.OP and t.string in OPEN: stack.append((row, col, subscript(t.string, prev)))
         elif t.type == tokenize.OP and t.string in CLOSE and stack: stack.pop()
         if t.start[0] == t.end[0]: by_line.setdefault(row, []).append((col, t.type, t.string, t.end[1]))
         else: by_line.setdefault(row, []).append((col, -1, t.string, None))   # a token over several lines
+        if t.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT): prev = t
     return by_line, starts
+
+
+def subscript(bracket, prev):
+    "Whether an opening bracket starts a subscript (`x[...]`, `f()[...]`), where a break reads badly."
+    return bracket == '[' and prev is not None and (prev.type in (tokenize.NAME, tokenize.STRING)
+                                                    or prev.string in (')', ']'))
 
 
 def break_point(line, tokens, start_stack, row):
     """The best (column, indentation of the rest) to break `line` at, or None: at the outermost bracket depth that
     offers a break before the limit, as late as possible there; never with the rest indented past 64 columns."""
-    stack, found, target = list(start_stack), [], set()   # target: depths inside a `for ... in` target
+    stack, found, target, prev = list(start_stack), [], set(), None   # target: depths in a `for ... in` target
     for col, typ, s, end in tokens:
         if typ == -1: break
         if typ == tokenize.OP and s in CLOSE and stack: target.discard(len(stack)); stack.pop()
         if typ == tokenize.NAME and s == 'for': target.add(len(stack))
         if typ == tokenize.NAME and s == 'in': target.discard(len(stack))
-        if stack and col > 0:
+        if stack and col > 0 and not stack[-1][2]:
             indent = stack[-1][1] + 1
             if (typ == tokenize.OP and s == ',' and end <= LIMIT and end < len(line.rstrip())
                     and not any(d <= len(stack) for d in target)):
                 found.append((len(stack), end, indent))
             elif typ == tokenize.NAME and s in ('and', 'or', 'for', 'if', 'else') and col <= LIMIT:
                 found.append((len(stack), col, indent))
-        if typ == tokenize.OP and s in OPEN: stack.append((row, col))
+        if typ == tokenize.OP and s in OPEN: stack.append((row, col, subscript(s, prev)))
+        prev = tokenize.TokenInfo(typ, s, (row, col), (row, end or col), line)
     found = [f for f in found if f[2] <= 64 and f[1] > f[2]]
     if not found: return None
     depth = min(f[0] for f in found)
@@ -66,7 +74,7 @@ def split_string(line, tokens, start_stack, row):
     for col, typ, s, end in tokens:
         if typ == -1: return None
         if typ == tokenize.OP and s in CLOSE and stack: stack.pop()
-        if typ == tokenize.OP and s in OPEN: stack.append((row, col))
+        if typ == tokenize.OP and s in OPEN: stack.append((row, col, False))
         if typ != tokenize.STRING or end <= LIMIT or not stack: continue
         m = re.match(r'([fFrRbBuU]{0,2})(["\'])', s)
         if not m or s.startswith(m.group(0) * 3): return None
@@ -77,6 +85,26 @@ def split_string(line, tokens, start_stack, row):
         first, rest = s[:cut + 1] + q, prefix + q + s[cut + 1:]
         return [line[:col] + first, ' ' * col + rest + line[end:]]
     return None
+
+
+def parenthesise(line, tokens, start_stack):
+    """A long `assert test, message` or `name = value` at depth 0: the same statement with its expression in
+    parentheses, so that the next round can break inside them; or None."""
+    if start_stack or not tokens: return None
+    code = [t for t in tokens if t[1] not in (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE)]
+    depth, first, last = 0, None, None
+    if code[0][2] == 'assert': first = code[1][0]
+    elif len(code) > 2 and code[0][1] == tokenize.NAME and code[1][2] == '=': first = code[2][0]
+    if first is None or line[first] == '(': return None
+    for col, typ, s, end in code:
+        if typ == -1: return None
+        if typ == tokenize.OP and s in OPEN: depth += 1
+        elif typ == tokenize.OP and s in CLOSE: depth -= 1
+        elif typ == tokenize.OP and s == ',' and depth == 0 and code[0][2] == 'assert' and col > first:
+            last = col; break
+    if last is None: last = code[-1][3] if code[0][2] != 'assert' else len(line.rstrip())
+    if code[0][2] != 'assert' and any(t[1] == tokenize.COMMENT for t in tokens): return None
+    return [line[:first] + '(' + line[first:last].rstrip() + ')' + line[last:]]
 
 
 def split_comment(line, tokens):
@@ -103,6 +131,7 @@ def wrap_source(src, rounds=8):
             moved = split_comment(line, toks)
             bp = None if moved else break_point(line, toks, starts.get(i, []), i)
             parts = None if moved or bp else split_string(line, toks, starts.get(i, []), i)
+            parts = parts or (None if moved or bp else parenthesise(line, toks, starts.get(i, [])))
             if moved: out += moved; changed = True
             elif parts: out += parts; changed = True
             elif bp:
