@@ -14,6 +14,7 @@ from ..pretrain import DIVERGED, DivergenceError, pretrain_many
 from ..emergence import UNIFORM_BELOW, context_mean_values, held_out_prompts, msve_of, sign_pattern
 from ..boyan import check_gamma
 from ..core import atomic_write_text, check_type, provenance
+from ..stats import binomial_tail, normal_greater, rate_interval
 from ..tasks import sample_trajectories
 from ..mechanism import (CONTEST_GRIDS, CONTEST_NAMES, contest_table, fit_candidate, fit_estimators, gap_measures, jacobian_spectrum, learned_kernel, prediction_errors,
                             sampled_jacobians, update_jacobian, candidate_prediction, context_prompt, patched_predict, shuffle_context)
@@ -23,13 +24,13 @@ __all__ = ['HISTORY_KEYS', 'ANATOMY_PARTS', 'CONVERGE_TOLERANCES', 'CONVERGE_LRS
            'DEEP_DEPTHS', 'CONTEST_CELLS', 'CONTEST_DEPTHS', 'CONTEST_RUN_FILES', 'CONTEST_OBJECTIVES',
            'CONTEST_FACTORS', 'CONTEST_FILES', 'INTERVENTION_LENGTHS', 'PATCH_ROWS', 'LINEAR_CONTEST', 'save_runs',
            'load_models', 'anatomy_table', 'anatomy_counts', 'gap_table', 'study_summary', 'summary_table',
-           'fisher_greater', 'holm', 'binomial_greater', 'normal_greater', 'claims_table', 'converge_metrics',
-           'moved_by', 'settled_step', 'run_mechanism_study', 'run_gap_map', 'train_dropping_diverged',
-           'run_control_study', 'theta_star_starts', 'run_theta_star_dynamics', 'run_shared_study', 'run_depth_sweep',
-           'converge_config', 'model_at', 'run_converge_study', 'star_points', 'run_jacobian_study', 'run_contest_runs',
-           'contest_cells', 'run_contest', 'load_contest', 'contest_summary', 'contest_winner', 'rate_interval',
-           'shuffle_intervention', 'lengthen_intervention', 'patch_intervention', 'seed_interventions',
-           'run_contest_interventions', 'LinearOnStateTokens', 'run_contest_linear']
+           'fisher_greater', 'holm', 'binomial_greater', 'claims_table', 'converge_metrics', 'moved_by', 'settled_step',
+           'run_mechanism_study', 'run_gap_map', 'train_dropping_diverged', 'run_control_study', 'theta_star_starts',
+           'run_theta_star_dynamics', 'run_shared_study', 'run_depth_sweep', 'converge_config', 'model_at',
+           'run_converge_study', 'star_points', 'run_jacobian_study', 'run_contest_runs', 'contest_cells',
+           'run_contest', 'load_contest', 'contest_summary', 'contest_winner', 'shuffle_intervention',
+           'lengthen_intervention', 'patch_intervention', 'seed_interventions', 'run_contest_interventions',
+           'LinearOnStateTokens', 'run_contest_linear', 'normal_greater', 'rate_interval']
 
 # %% ../../nbs/93_mechanism_studies.ipynb #6557ae73
 HISTORY_KEYS = ("step", "msve", "neu_population", "diagonality", "value_weights")  # the metrics a saved run keeps
@@ -164,15 +165,11 @@ def binomial_greater(k:int,         # successes
                      m:int,         # trials (seeds)
                      p0:float=0.5,  # null success rate
                     )->float:       # one-sided p-value P(X >= k), X ~ Binomial(m, p0)
-    "Exact one-sided binomial test of a count of seeds against a null rate."
-    if not 0 <= k <= m: raise ValueError(f"`k` must lie in [0, {m}], got {k}")
-    return sum(math.comb(m, x) * p0 ** x * (1 - p0) ** (m - x) for x in range(int(k), int(m) + 1))
+    "Exact one-sided binomial test of a count of seeds against a null rate (`ictd.stats.binomial_tail`)."
+    return binomial_tail(k, m, p0)
 
 # %% ../../nbs/93_mechanism_studies.ipynb #bf499a6e
-def normal_greater(z:float,  # a z-score
-                  )->float:  # one-sided p-value P(Z >= z), Z standard normal
-    "One-sided p-value of a z-score: P(Z >= z) for a standard normal Z."
-    return 0.5 * math.erfc(z / math.sqrt(2))
+_all_ = ["normal_greater", "rate_interval"]
 
 # %% ../../nbs/93_mechanism_studies.ipynb #897f8acb
 def _p(p): return "< 1e-6" if p < 1e-6 else f"{p:.2g}"   # a p-value as printed: a normal tail below 1e-6 says no more
@@ -519,27 +516,6 @@ def contest_winner(summary:dict,        # output of `contest_summary`
     a, b = (summary[k]["scores"][score] for k in order[:2])
     diff = b - a
     return order[0], order[1], diff.mean().item(), (diff.std() / math.sqrt(len(diff))).item(), int((a < b).sum())
-
-# %% ../../nbs/93_mechanism_studies.ipynb #50dd8606
-def rate_interval(k:int,            # successes
-                  m:int,            # trials (seeds)
-                  level:float=0.95, # coverage
-                 )->tuple:          # (rate, low, high)
-    "The rate k/m with its exact two-sided Clopper-Pearson interval (by bisection on the binomial tails)."
-    if not (isinstance(k, int) and isinstance(m, int) and 0 <= k <= m and m >= 1): raise ValueError(f"`k` and `m` must be integers with 0 <= k <= m, m >= 1, got {k!r}, {m!r}")
-    a = (1 - level) / 2
-    tail_ge = lambda p: sum(math.comb(m, j) * p ** j * (1 - p) ** (m - j) for j in range(k, m + 1))   # P(X >= k)
-    tail_le = lambda p: sum(math.comb(m, j) * p ** j * (1 - p) ** (m - j) for j in range(0, k + 1))   # P(X <= k)
-    def solve(f, target, increasing):
-        lo, hi = 0., 1.
-        for _ in range(80):
-            mid = (lo + hi) / 2
-            if (f(mid) < target) == increasing: lo = mid
-            else: hi = mid
-        return (lo + hi) / 2
-    low = 0. if k == 0 else solve(tail_ge, a, True)
-    high = 1. if k == m else solve(tail_le, a, False)
-    return k / m, low, high
 
 # %% ../../nbs/93_mechanism_studies.ipynb #92a7ed81
 INTERVENTION_LENGTHS = (30, 60, 120)   # context lengths read from one trajectory per task (the first is the training n)
