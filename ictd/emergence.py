@@ -17,26 +17,10 @@ from .engine import PretrainConfig, PretrainResult, held_out_tasks, tuning_confi
 from .pretrain import pairwise_neu
 
 # %% auto #0
-__all__ = ['ALPHAS', 'BETAS', 'UNIFORM_BELOW', 'stack_history', 'mean_se', 'binomial_tail', 'min_successes', 'median_interval',
-           'held_out_prompts', 'msve_of', 'context_mean_values', 'certainty_equivalence_values', 'best_constant_values',
-           'theta_star_model', 'best_theta_star', 'baseline_msve', 'model_msve', 'value_gap', 'sign_pattern',
-           'ratio_interval', 'last_selective_layer', 'population_factors', 'context_update', 'neu_jackknife']
-
-# %% ../nbs/06a_emergence.ipynb #8b58a680
-def stack_history(results:list,  # runs of one configuration
-                  key:str,       # a metric recorded in `history` (e.g. "value_weights")
-                 )->torch.Tensor:# (seeds, evaluations, ...) the metric of every run
-    "One metric of every run, stacked along a leading seed dimension."
-    if not results: raise ValueError("`results` must hold at least one run")
-    if key not in results[0].history: raise ValueError(f"`key` must be one of {sorted(results[0].history)}, got {key!r}")
-    return torch.stack([r.history[key] for r in results]).double()
-
-# %% ../nbs/06a_emergence.ipynb #42992956
-def mean_se(x:torch.Tensor,  # (seeds, ...) one value per seed
-           )->tuple:         # (mean, standard error), each of shape (...)
-    "Mean over the leading seed dimension and its standard error."
-    if x.shape[0] < 2: raise ValueError(f"`x` needs at least 2 seeds along dimension 0, got {x.shape[0]}")
-    return x.mean(0), x.std(0) / math.sqrt(x.shape[0])
+__all__ = ['ALPHAS', 'BETAS', 'UNIFORM_BELOW', 'binomial_tail', 'min_successes', 'median_interval', 'context_mean_values',
+           'certainty_equivalence_values', 'best_constant_values', 'population_factors', 'stack_history', 'mean_se',
+           'held_out_prompts', 'msve_of', 'theta_star_model', 'best_theta_star', 'baseline_msve', 'model_msve',
+           'value_gap', 'sign_pattern', 'ratio_interval', 'last_selective_layer', 'context_update', 'neu_jackknife']
 
 # %% ../nbs/06a_emergence.ipynb #1b547884
 def binomial_tail(k:int,     # number of successes
@@ -63,47 +47,100 @@ def median_interval(x:torch.Tensor,  # (seeds,) one value per seed
     "The median over seeds with a distribution-free confidence interval from order statistics."
     x = torch.as_tensor(x, dtype=torch.float64).flatten().sort().values
     m = len(x)
-    j = max((j for j in range(1, m // 2 + 1) if 1 - 2 * (1 - binomial_tail(j, m, 0.5)) >= level), default=None)
-    if j is None: raise ValueError(f"`x` needs more seeds for a {level:.0%} interval for the median, got {m}")
-    return x[j - 1].item(), x.median().item() if m % 2 else x[m // 2 - 1:m // 2 + 1].mean().item(), x[m - j].item()
+    j = max((j for j in range(1, m // 2 + 1) if 1 - 2 * (1 - binomial_tail(j, m, 0.5)) >= level),
+            default=None)
+    if j is None:
+        raise ValueError(f"`x` needs more seeds for a {level:.0%} interval for the median, got {m}")
+    median = x.median().item() if m % 2 else x[m // 2 - 1:m // 2 + 1].mean().item()
+    return x[j - 1].item(), median, x[m - j].item()
 
 # %% ../nbs/06a_emergence.ipynb #11fcae18
-def held_out_prompts(config:PretrainConfig,  # the run's settings
-                    )->tuple:                # (tasks, states (B, n+1), prompts Z (B, d+2, n+1+s) with every state as a query)
-    "The held-out tasks and contexts of a run, as prompts that query every state."
-    tasks, states = held_out_tasks(config)
-    rows = torch.arange(len(tasks))[:, None]
-    return tasks, states, build_prompt(tasks.phi[rows, states], tasks.r[rows, states[:, :-1]], tasks.phi)
-
-# %% ../nbs/06a_emergence.ipynb #6a58e69f
-def msve_of(v:torch.Tensor,    # (B, s) value estimates of each task
-            tasks:TaskBatch,   # the tasks
-           )->torch.Tensor:    # (B,) MSVE of each task, sum_x d_pi(x) (v(x) - v_pi(x))^2
-    "Value error of each task's estimate, weighted by the stationary distribution."
-    return weighted_error(v, tasks.v_pi, tasks.d_pi)
-
-# %% ../nbs/06a_emergence.ipynb #1fcf7373
 def context_mean_values(tasks:TaskBatch,      # the tasks
                         states:torch.Tensor,  # (B, n+1) one context per task
-                       )->torch.Tensor:       # (B, s) the context's mean reward / (1 - gamma) at every state
+                       )->torch.Tensor:       # (B, s) mean context reward / (1 - gamma)
     "The state-blind estimate: mean context reward over one minus the discount."
     R = tasks.r[torch.arange(len(tasks))[:, None], states[:, :-1]]
     return (R.mean(-1, keepdim=True) / (1 - tasks.gamma)).expand(-1, tasks.r.shape[-1])
 
-# %% ../nbs/06a_emergence.ipynb #068fee40
+# %% ../nbs/06a_emergence.ipynb #ddcfb9d1
 def certainty_equivalence_values(tasks:TaskBatch,      # the tasks
                                  states:torch.Tensor,  # (B, n+1) one context per task
-                                )->torch.Tensor:       # (B, s) value of each context's empirical MRP
-    "`certainty_equivalence` of each context, a state never left taking the context mean reward (the state-blind guess)."
+                                )->torch.Tensor:       # (B, s) value of the context's empirical MRP
+    ("`certainty_equivalence` of each context, a state never left taking the context mean "
+     "reward (the state-blind guess).")
     R = tasks.r[torch.arange(len(tasks))[:, None], states[:, :-1]]
-    return certainty_equivalence(states, R, tasks.r.shape[-1], tasks.gamma, unvisited_reward=R.mean(-1))
+    return certainty_equivalence(states, R, tasks.r.shape[-1], tasks.gamma,
+                                 unvisited_reward=R.mean(-1))
 
 # %% ../nbs/06a_emergence.ipynb #a22ee4ad
 def best_constant_values(tasks:TaskBatch)->torch.Tensor:
     "(B, s) the oracle constant of each task, $\\sum_x d_\\pi(x) v_\\pi(x)$, at every state."
     return (tasks.d_pi * tasks.v_pi).sum(-1, keepdim=True).expand_as(tasks.v_pi)
 
-# %% ../nbs/06a_emergence.ipynb #736abe8e
+# %% ../nbs/06a_emergence.ipynb #467c6b97
+class _Population(torch.nn.Module):
+    ("A module wrapper whose forward pass is `population_predict`, so `torch.func` can "
+     "differentiate it.")
+    def __init__(self, model): super().__init__(); self.model = model
+    def forward(self, tasks): return population_predict(self.model, tasks)
+
+def population_factors(model:SoftmaxICTD,  # any parameters
+                       tasks:TaskBatch,    # tasks to average over
+                      )->tuple:            # (E[b^2], E||grad TF||^2, E[delta^2]) at n = infinity
+    ("The two factors of the bound $\\mathrm{NEU} \\le \\mathbb E[b^2]\\,\\mathbb "
+     "E\\|\\nabla_\\theta \\mathrm{TF}\\|^2$ at $n = \\infty$, and $\\mathbb E[\\delta^2]$.")
+    wrap = _Population(model)
+    params = {k: v.detach() for k, v in wrap.named_parameters()}
+    J = jacfwd(lambda p: functional_call(wrap, p, (tasks,)))(params)
+    B, s = tasks.r.shape
+    grad2 = sum(j.reshape(B, s, -1).square().sum(-1) for j in J.values())
+    with torch.no_grad(): v = population_predict(model, tasks)
+    # (B, s, s'): delta for each transition
+    delta = tasks.r[..., None] + tasks.gamma * v[:, None, :] - v[..., None]
+    avg = lambda x: (tasks.d_pi * x).sum(-1).mean().item()
+    b2, d2 = avg((tasks.P * delta).sum(-1).square()), avg((tasks.P * delta.square()).sum(-1))
+    return b2, avg(grad2), d2
+
+# %% ../nbs/06a_emergence.ipynb #faec82df
+#| code-fold: true
+def stack_history(results:list,  # runs of one configuration
+                  key:str,       # a metric recorded in `history` (e.g. "value_weights")
+                 )->torch.Tensor:# (seeds, evaluations, ...) the metric of every run
+    "One metric of every run, stacked along a leading seed dimension."
+    if not results: raise ValueError("`results` must hold at least one run")
+    if key not in results[0].history:
+        raise ValueError(f"`key` must be one of {sorted(results[0].history)}, got {key!r}")
+    return torch.stack([r.history[key] for r in results]).double()
+
+# %% ../nbs/06a_emergence.ipynb #42992956
+#| code-fold: true
+def mean_se(x:torch.Tensor,  # (seeds, ...) one value per seed
+           )->tuple:         # (mean, standard error), each of shape (...)
+    "Mean over the leading seed dimension and its standard error."
+    if x.shape[0] < 2:
+        raise ValueError(f"`x` needs at least 2 seeds along dimension 0, got {x.shape[0]}")
+    return x.mean(0), x.std(0) / math.sqrt(x.shape[0])
+
+# %% ../nbs/06a_emergence.ipynb #b8a5d5e7
+#| code-fold: true
+def held_out_prompts(config:PretrainConfig,  # the run's settings
+                    )->tuple:                # (tasks, states (B, n+1), prompts Z (B, d+2, n+1+s))
+    "The held-out tasks and contexts of a run, as prompts that query every state."
+    tasks, states = held_out_tasks(config)
+    rows = torch.arange(len(tasks))[:, None]
+    return tasks, states, build_prompt(tasks.phi[rows, states], tasks.r[rows, states[:, :-1]],
+                                       tasks.phi)
+
+# %% ../nbs/06a_emergence.ipynb #6a58e69f
+#| code-fold: true
+def msve_of(v:torch.Tensor,    # (B, s) value estimates of each task
+            tasks:TaskBatch,   # the tasks
+           )->torch.Tensor:    # (B,) MSVE of each task, sum_x d_pi(x) (v(x) - v_pi(x))^2
+    "Value error of each task's estimate, weighted by the stationary distribution."
+    return weighted_error(v, tasks.v_pi, tasks.d_pi)
+
+# %% ../nbs/06a_emergence.ipynb #f65cc066
+#| code-fold: true
 ALPHAS = (0.5, 1., 2., 3., 4., 5., 6.) # step sizes of the theta* grid
 BETAS = (0., 0.25, 0.5, 1., 2., 4.)    # kernel scales of the theta* grid (W = beta I)
 
@@ -113,9 +150,11 @@ def theta_star_model(config:PretrainConfig,  # gives d, the depth and gamma
                     )->SoftmaxICTD:
     "The constructed model $\\theta^*(\\alpha, \\beta I)$ with the depth and features of `config`."
     d = config.n_states if config.features == "onehot" else config.d
-    return SoftmaxICTD.from_theta_star(d, config.n_layers, beta * torch.eye(d, dtype=torch.float64), alpha, config.gamma, shared=True)
+    return SoftmaxICTD.from_theta_star(d, config.n_layers, beta * torch.eye(d, dtype=torch.float64),
+                                       alpha, config.gamma, shared=True)
 
 # %% ../nbs/06a_emergence.ipynb #faf82ce4
+#| code-fold: true
 def best_theta_star(config:PretrainConfig,  # the run's settings
                     alphas=ALPHAS,          # step sizes to try
                     betas=BETAS,            # kernel scales to try
@@ -123,98 +162,96 @@ def best_theta_star(config:PretrainConfig,  # the run's settings
     "Tune $\\theta^*(\\alpha, \\beta I)$ on tasks disjoint from the held-out ones."
     tasks, _, Z = held_out_prompts(tuning_config(config))
     with torch.no_grad():
-        err = {(a, b): msve_of(theta_star_model(config, alpha=a, beta=b).predict(Z, n=config.n), tasks).mean().item() for a in alphas for b in betas}
+        err = ({(a, b): msve_of(theta_star_model(config, alpha=a, beta=b).predict(Z, n=config.n),
+                                tasks).mean().item() for a in alphas for b in betas})
     return min(err, key=err.get)
 
-# %% ../nbs/06a_emergence.ipynb #4aec6837
+# %% ../nbs/06a_emergence.ipynb #a256e1bb
+#| code-fold: true
 def baseline_msve(config:PretrainConfig,  # the run's settings
-                  alpha_beta=None,        # (alpha, beta) of theta*; None: tune with `best_theta_star`
+                  alpha_beta=None,        # (alpha, beta) of theta*; None: tune them
                  )->dict:                 # name -> (B,) MSVE of each held-out task
     "MSVE of every baseline on the held-out tasks of a run."
     tasks, states, Z = held_out_prompts(config)
     alpha, beta = alpha_beta or best_theta_star(config)
-    with torch.no_grad(): star = theta_star_model(config, alpha=alpha, beta=beta).predict(Z, n=config.n)
-    return {"zero": msve_of(torch.zeros_like(tasks.v_pi), tasks), "context mean": msve_of(context_mean_values(tasks, states), tasks),
+    with torch.no_grad():
+        star = theta_star_model(config, alpha=alpha, beta=beta).predict(Z, n=config.n)
+    return {"zero": msve_of(torch.zeros_like(tasks.v_pi), tasks),
+            "context mean": msve_of(context_mean_values(tasks, states), tasks),
             f"best theta* (alpha {alpha:g}, beta {beta:g})": msve_of(star, tasks),
             "certainty equivalence": msve_of(certainty_equivalence_values(tasks, states), tasks),
             "best constant (oracle)": msve_of(best_constant_values(tasks), tasks)}
 
-# %% ../nbs/06a_emergence.ipynb #47a2cf67
+# %% ../nbs/06a_emergence.ipynb #95e8cd0e
+#| code-fold: true
 def model_msve(result:PretrainResult)->torch.Tensor:
     "(B,) MSVE of a trained model on each held-out task of its run."
     tasks, _, Z = held_out_prompts(result.config)
     with torch.no_grad(): return msve_of(result.model.predict(Z, n=result.config.n), tasks)
 
-# %% ../nbs/06a_emergence.ipynb #4fd9e0ce
+# %% ../nbs/06a_emergence.ipynb #b4400001
+#| code-fold: true
 def value_gap(result:PretrainResult,  # a trained run
               *, alpha:float, beta:float, # the theta* to compare with
-             )->float:                 # mean over held-out tasks of sum_x d_pi(x) (v_TF(x) - v_theta*(x))^2
-    "Distance between the trained model's values and those of $\\theta^*(\\alpha, \\beta I)$ on the held-out tasks."
+             )->float:                 # mean over tasks of sum_x d_pi(x) (v_TF - v_theta*)^2
+    ("Distance between the trained model's values and those of $\\theta^*(\\alpha, \\beta I)$ "
+     "on the held-out tasks.")
     tasks, _, Z = held_out_prompts(result.config)
     with torch.no_grad():
-        v_tf, v_star = result.model.predict(Z, n=result.config.n), theta_star_model(result.config, alpha=alpha, beta=beta).predict(Z, n=result.config.n)
+        star = theta_star_model(result.config, alpha=alpha, beta=beta)
+        v_tf, v_star = result.model.predict(Z, n=result.config.n), star.predict(Z,
+                                                                                n=result.config.n)
     return weighted_error(v_tf, v_star, tasks.d_pi).mean().item()
 
-# %% ../nbs/06a_emergence.ipynb #33c2352e
-def sign_pattern(value_weights:torch.Tensor,  # (..., 3) weights (reward, successor value, current value)
+# %% ../nbs/06a_emergence.ipynb #4aec6837
+#| code-fold: true
+def sign_pattern(value_weights:torch.Tensor,  # (..., 3) weights (reward, successor, current)
                 )->torch.Tensor:              # (...) True where the signs are (+, +, -)
     "Whether value-update weights show the TD sign pattern $(+, +, -)$ of $R + \\gamma v' - v$."
     w = value_weights
     return (w[..., 0] > 0) & (w[..., 1] > 0) & (w[..., 2] < 0)
 
 # %% ../nbs/06a_emergence.ipynb #991c28be
+#| code-fold: true
 def ratio_interval(runs:list,  # runs of one configuration (>= 6 seeds)
                    layer:int,  # layer index (0-based; -1: the last)
                   )->tuple:    # (low, median, high) of the final successor/current ratio over seeds
-    "Median over seeds of one layer's final successor/current ratio, with its 95% order-statistic interval."
+    ("Median over seeds of one layer's final successor/current ratio, with its 95% "
+     "order-statistic interval.")
     vw = stack_history(runs, "value_weights")[:, -1, layer]
     return median_interval(vw[:, 1] / vw[:, 2])
 
-# %% ../nbs/06a_emergence.ipynb #dffd859c
-UNIFORM_BELOW = 0.2  # a layer whose diagonality is below this (twice the uniform 1/s for s = 10) is called uniform
+# %% ../nbs/06a_emergence.ipynb #b36a861b
+#| code-fold: true
+# a layer whose diagonality is below this (twice the uniform 1/s for s = 10) is called uniform
+UNIFORM_BELOW = 0.2
 
 def last_selective_layer(diagonality:torch.Tensor,  # (seeds, L) final diagonality of every layer
-                        )->torch.Tensor:            # (seeds,) index of the last layer at or above `UNIFORM_BELOW` (0 if none)
+                        )->torch.Tensor:            # (seeds,) last layer >= `UNIFORM_BELOW`, or 0
     "The last layer of each seed whose attention is not uniform."
     L = diagonality.shape[-1]
     sel = (diagonality >= UNIFORM_BELOW) * torch.arange(1, L + 1)
     return (sel.amax(-1) - 1).clamp(min=0)
 
-# %% ../nbs/06a_emergence.ipynb #467c6b97
-class _Population(torch.nn.Module):
-    "A module wrapper whose forward pass is `population_predict`, so `torch.func` can differentiate it."
-    def __init__(self, model): super().__init__(); self.model = model
-    def forward(self, tasks): return population_predict(self.model, tasks)
-
-def population_factors(model:SoftmaxICTD,  # any parameters
-                       tasks:TaskBatch,    # tasks to average over
-                      )->tuple:            # (E[b^2], E||grad TF||^2, E[delta^2]) at n = infinity
-    "The two factors of the bound $\\mathrm{NEU} \\le \\mathbb E[b^2]\\,\\mathbb E\\|\\nabla_\\theta \\mathrm{TF}\\|^2$ at $n = \\infty$, and $\\mathbb E[\\delta^2]$."
-    wrap = _Population(model)
-    params = {k: v.detach() for k, v in wrap.named_parameters()}
-    J = jacfwd(lambda p: functional_call(wrap, p, (tasks,)))(params)
-    B, s = tasks.r.shape
-    grad2 = sum(j.reshape(B, s, -1).square().sum(-1) for j in J.values())
-    with torch.no_grad(): v = population_predict(model, tasks)
-    delta = tasks.r[..., None] + tasks.gamma * v[:, None, :] - v[..., None]     # (B, s, s'): delta for each transition
-    avg = lambda x: (tasks.d_pi * x).sum(-1).mean().item()
-    return avg((tasks.P * delta).sum(-1).square()), avg(grad2), avg((tasks.P * delta.square()).sum(-1))
-
-# %% ../nbs/06a_emergence.ipynb #0cbe3752
+# %% ../nbs/06a_emergence.ipynb #86d87b10
+#| code-fold: true
 def context_update(model:SoftmaxICTD,  # the model
                    tasks:TaskBatch,    # tasks (one context each)
                    states:torch.Tensor,# (B, n+1) one context per task
-                  )->torch.Tensor:     # (n_params,) mean over tasks of E[delta grad TF | task, context], flattened
-    "The expected update of each task and context, exact over the query and its successor, averaged over the batch."
+                  )->torch.Tensor:     # (n_params,) mean of E[delta grad TF | task, context]
+    ("The expected update of each task and context, exact over the query and its successor, "
+     "averaged over the batch.")
     n, rows = states.shape[-1] - 1, torch.arange(len(tasks))[:, None]
     Z = build_prompt(tasks.phi[rows, states], tasks.r[rows, states[:, :-1]], tasks.phi)
     v = model.predict(Z, n=n)
     with torch.no_grad(): b = tasks.r + tasks.gamma * (tasks.P @ v.unsqueeze(-1)).squeeze(-1) - v
     params = list(model.parameters())
     grads = torch.autograd.grad((tasks.d_pi * b * v).sum(-1).mean(), params, allow_unused=True)
-    return torch.cat([(g if g is not None else torch.zeros_like(p)).flatten() for g, p in zip(grads, params)])
+    return torch.cat([(g if g is not None else torch.zeros_like(p)).flatten()
+                      for g, p in zip(grads, params)])
 
 # %% ../nbs/06a_emergence.ipynb #54574fa7
+#| code-fold: true
 def neu_jackknife(model:SoftmaxICTD,  # the model
                   tasks:TaskBatch,    # tasks to draw from
                   n:int,              # context length
@@ -222,15 +259,20 @@ def neu_jackknife(model:SoftmaxICTD,  # the model
                   batch_size:int=32,  # tasks (with one context each) per batch
                   seed:int=0,         # seed of the batches
                  )->tuple:            # (unbiased NEU estimate, jackknife standard error)
-    "Unbiased NEU at context length `n` from independent batch means of `context_update`, with a jackknife standard error."
-    if int(n_batches) != n_batches or n_batches < 3: raise ValueError(f"`n_batches` must be an integer >= 3, got {n_batches}")
+    ("Unbiased NEU at context length `n` from independent batch means of `context_update`, with "
+     "a jackknife standard error.")
+    if int(n_batches) != n_batches or n_batches < 3:
+        raise ValueError(f"`n_batches` must be an integer >= 3, got {n_batches}")
     gen = torch.Generator().manual_seed(int(seed))
     def batch():
         idx = torch.randint(len(tasks), (int(batch_size),), generator=gen)
-        sub = TaskBatch(tasks.P[idx], tasks.r[idx], tasks.phi[idx], tasks.d_pi[idx], tasks.v_pi[idx], tasks.gamma)
-        return context_update(model, sub, sample_trajectories(sub.P, n, sub.d_pi, seed=gen)).detach()
+        sub = TaskBatch(tasks.P[idx], tasks.r[idx], tasks.phi[idx], tasks.d_pi[idx],
+                        tasks.v_pi[idx], tasks.gamma)
+        return context_update(model, sub,
+                              sample_trajectories(sub.P, n, sub.d_pi, seed=gen)).detach()
     return pairwise_neu(torch.stack([batch() for _ in range(int(n_batches))]))
 
-# %% ../nbs/06a_emergence.ipynb #fe77edbb
+# %% ../nbs/06a_emergence.ipynb #a239ab07
 from .boyan import check_arguments
-check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)
+# every public function refuses, naming it, an argument its annotation rules out (chapter 0)
+check_arguments(globals())

@@ -124,19 +124,27 @@ from .boyan import check_arguments
 check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)
 
 # %% ../nbs/06_pretrain.ipynb #3487233b
+#| code-fold: true
 def draw_cdf(cum:torch.Tensor, u:torch.Tensor)->torch.Tensor:
-    "Inverse-CDF draws: the index of the first entry of each row of `cum` (..., s) above `u` (...), clamped to s - 1."
+    ("Inverse-CDF draws: the index of the first entry of each row of `cum` (..., s) above `u` "
+     "(...), clamped to s - 1.")
     return torch.searchsorted(cum, u[..., None], right=True)[..., 0].clamp(max=cum.shape[-1] - 1)
 
 # %% ../nbs/06_pretrain.ipynb #60eba8b6
+#| code-fold: true
 def gather_rows(x:torch.Tensor, task:torch.Tensor, idx:torch.Tensor)->torch.Tensor:
-    "`x[i, task[i, b], idx[i, b, ...]]` for `x` (S, T, s, ...), `task` (S, B) and `idx` (S, B, ...), by one `index_select`."
+    ("`x[i, task[i, b], idx[i, b, ...]]` for `x` (S, T, s, ...), `task` (S, B) and `idx` (S, B, "
+     "...), by one `index_select`.")
     S, T, s = x.shape[:3]
-    flat = ((torch.arange(S, device=x.device)[:, None] * T + task) * s).reshape(*task.shape, *[1] * (idx.ndim - 2)) + idx
-    return x.reshape(S * T * s, *x.shape[3:]).index_select(0, flat.flatten()).reshape(*idx.shape, *x.shape[3:])
+    # (S, B) first row of each task
+    first = (torch.arange(S, device=x.device)[:, None] * T + task) * s
+    flat = first.reshape(*task.shape, *[1] * (idx.ndim - 2)) + idx
+    rows = x.reshape(S * T * s, *x.shape[3:]).index_select(0, flat.flatten())
+    return rows.reshape(*idx.shape, *x.shape[3:])
 
 # %% ../nbs/06_pretrain.ipynb #fa7496dc
-def task_features(tasks:TaskBatch,     # tasks with a leading seed axis: phi (S, T, s, d), r (S, T, s)
+#| code-fold: true
+def task_features(tasks:TaskBatch,     # tasks with a seed axis: phi (S, T, s, d), r (S, T, s)
                   task:torch.Tensor,   # (S, B) index of a task of each seed
                   states:torch.Tensor, # (S, B, ...) states of those tasks
                  )->tuple:             # features (S, B, ..., d) and rewards r(state) (S, B, ...)
@@ -144,23 +152,30 @@ def task_features(tasks:TaskBatch,     # tasks with a leading seed axis: phi (S,
     return gather_rows(tasks.phi, task, states), gather_rows(tasks.r, task, states)
 
 # %% ../nbs/06_pretrain.ipynb #a7489fa5
+#| code-fold: true
 @dataclass(eq=False)
 class TDSample:
-    "Pretraining examples of every seed as state indices into its task pool (each model family builds its own prompts)."
+    ("Pretraining examples of every seed as state indices into its task pool (each model family "
+     "builds its own prompts).")
     task:torch.Tensor       # (S, B) index of each example's task in its seed's pool
     states:torch.Tensor     # (S, B, n + 1) the context's states S_0..S_n
     query:torch.Tensor      # (S, B) the query state x_q
     successor:torch.Tensor  # (S, B) its successor x_q'
 
 # %% ../nbs/06_pretrain.ipynb #1434afab
-def stationary_examples(pool:TaskBatch,  # tasks with a leading seed axis: P (S, T, s, s), d_pi (S, T, s)
-                        u:torch.Tensor,  # (S, B, n + 4) uniforms: task, n + 1 context states, query, successor
+#| code-fold: true
+def stationary_examples(pool:TaskBatch,  # tasks with a seed axis: P (S, T, s, s), d_pi (S, T, s)
+                        u:torch.Tensor,  # (S, B, n + 4) uniforms: task, states, query, successor
                        )->TDSample:
-    "Examples from uniforms: a task of the pool, a context started from d_pi, a query from d_pi and its successor."
+    ("Examples from uniforms: a task of the pool, a context started from d_pi, a query from "
+     "d_pi and its successor.")
     (S, T, s), n = pool.P.shape[:3], u.shape[-1] - 4
     u = u.permute(2, 0, 1).contiguous()          # (n + 4, S, B): each draw's uniforms contiguous
     task = (u[0] * T).long().clamp(max=T - 1)
-    cum = gather_rows(pool.P, task, torch.arange(s, device=u.device).expand(*task.shape, s)).cumsum(-1).reshape(-1, s)  # rows of each example's task
+    # rows of each example's task
+    cum = gather_rows(pool.P, task,
+                      torch.arange(s, device=u.device).expand(*task.shape,
+                                                              s)).cumsum(-1).reshape(-1, s)
     first = torch.arange(task.numel(), device=u.device).reshape(task.shape) * s
     cum_P = lambda states: cum.index_select(0, (first + states).flatten()).reshape(*states.shape, s)
     start = gather_rows(pool.d_pi[..., None, :], task, torch.zeros_like(task)).cumsum(-1)
@@ -170,9 +185,11 @@ def stationary_examples(pool:TaskBatch,  # tasks with a leading seed axis: P (S,
     return TDSample(task, torch.stack(states, -1), query, draw_cdf(cum_P(query), u[n + 3]))
 
 # %% ../nbs/06_pretrain.ipynb #287ee559
+#| code-fold: true
 @dataclass(eq=False)
 class Contexts:
-    "Prompts of every seed before a model family encodes them: state indices of discrete tasks, or features of continuous states."
+    ("Prompts of every seed before a model family encodes them: state indices of discrete "
+     "tasks, or features of continuous states.")
     tasks:TaskBatch = None        # discrete: tasks with a leading seed axis (S, T, ...)
     task:torch.Tensor = None      # discrete: (S, B...) index of each prompt's task
     states:torch.Tensor = None    # discrete: (S, B..., n + 1) the contexts' states S_0..S_n
@@ -182,19 +199,24 @@ class Contexts:
     phi_q:torch.Tensor = None     # continuous: (S, B..., q, d) features of the queries
 
     def features(self)->tuple:
-        "(phi (S, B..., n + 1, d), rewards (S, B..., n), query features (S, B..., q, d)), looked up in the tasks when discrete."
+        ("(phi (S, B..., n + 1, d), rewards (S, B..., n), query features (S, B..., q, d)), "
+         "looked up in the tasks when discrete.")
         if self.tasks is None: return self.phi, self.r, self.phi_q
         phi, r = task_features(self.tasks, self.task, self.states)
         return phi, r[..., :-1], gather_rows(self.tasks.phi, self.task, self.queries)
 
 # %% ../nbs/06_pretrain.ipynb #11c0d87b
+#| code-fold: true
 @dataclass(eq=False)
 class TDExamples:
-    "A batch of TD examples of every seed, as a protocol supplies it: prompts, rewards at the queries, and where each successor is."
+    ("A batch of TD examples of every seed, as a protocol supplies it: prompts, rewards at the "
+     "queries, and where each successor is.")
     x:Contexts               # the prompts
     reward:torch.Tensor      # (S, B) r(x_q) of each example
-    successor:str = "query"  # "query": x_q' is query column 1 of the same prompt; "next": it is the query of the next prompt along axis 1
+    # "query": x_q' is query column 1 of the same prompt; "next": the next prompt's query (axis 1)
+    successor:str = "query"
 
 # %% ../nbs/06_pretrain.ipynb #53a431fa
 from .boyan import check_arguments
-check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)
+# every public function refuses, naming it, an argument its annotation rules out (chapter 0)
+check_arguments(globals())

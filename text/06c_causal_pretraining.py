@@ -26,6 +26,15 @@ from ictd.core import DRAW_NOTE, OKABE_ITO, plain_log_ticks, provenance, record_
 from ictd.engine import EMERGENCE
 from ictd.emergence import mean_se, min_successes
 
+
+# %%
+#| hide
+def folded_api(*docs):
+    "The API entries `docs` (`show_doc` results) in one block that the reader unfolds."
+    entries = "\n\n".join(d._repr_markdown_() for d in docs)
+    return Markdown(f"<details><summary>API entries</summary>\n\n{entries}\n\n</details>")
+
+
 # %%
 #| hide
 torch.set_num_threads(1)
@@ -62,14 +71,20 @@ torch.set_num_threads(1)
 # them back (the command is in [Implementation and tests](#the-saved-pretraining-run)).
 
 # %%
-pre = json.loads(next(p for p in (Path("data/causal_pretrain.json"), Path("nbs/data/causal_pretrain.json")) if p.exists()).read_text())
+pre = (json.loads(next(p
+                       for p in (Path("data/causal_pretrain.json"),
+                                 Path("nbs/data/causal_pretrain.json")) if p.exists()).read_text()))
 prov, seeds_pre = pre["provenance"], pre["per_seed"]
 n_pre = len(seeds_pre)
 test_eq(n_pre, 20)
-Markdown(f"Read `nbs/data/causal_pretrain.json`: {len(seeds_pre)} seeds ({pre['seeds'][0]}..{pre['seeds'][-1]}), {pre['config']['n_steps']} steps, "
-         f"learning rate {pre['config']['lr']:g}, made by commit `{prov['commit'][:10]}` on {prov['date']} in {prov['wall_s'] / 60:.0f} minutes "
-         f"on one thread (a shared machine), with {prov['command']}" + (f"; {prov['note']}." if "note" in prov else ".")
-         + (f" It was made on {prov['cpu']} with torch {prov['torch']}. " if not prov["cpu"].startswith("not recorded")
+Markdown(f"Read `nbs/data/causal_pretrain.json`: {len(seeds_pre)} seeds "
+         f"({pre['seeds'][0]}..{pre['seeds'][-1]}), {pre['config']['n_steps']} steps, "
+         f"learning rate {pre['config']['lr']:g}, made by commit `{prov['commit'][:10]}` on "
+         f"{prov['date']} in {prov['wall_s'] / 60:.0f} minutes "
+         f"on one thread (a shared machine), with {prov['command']}"
+         + (f"; {prov['note']}." if "note" in prov else ".")
+         + (f" It was made on {prov['cpu']} with torch {prov['torch']}. "
+            if not prov["cpu"].startswith("not recorded")
             else f" Its CPU was not recorded (torch {prov['torch']}). ") + DRAW_NOTE)
 
 
@@ -81,26 +96,38 @@ Markdown(f"Read `nbs/data/causal_pretrain.json`: {len(seeds_pre)} seeds ({pre['s
 # the true values, shown for scale; the other baselines see only the context.
 
 # %%
+#| code-fold: true
 def per_seed(key, sub=None):
     "One number per seed from the summary."
-    return torch.tensor([s[key][sub] if sub else (s[key][-1] if isinstance(s[key], list) else s[key]) for s in seeds_pre], dtype=torch.float64)
+    return torch.tensor([s[key][sub] if sub
+                         else (s[key][-1] if isinstance(s[key], list) else s[key])
+                         for s in seeds_pre], dtype=torch.float64)
 
-msve_rows = {"trained decoder (causal mask)": per_seed("msve_causal"), "trained non-causal model": per_seed("msve_softmax"),
+msve_rows = {"trained decoder (causal mask)": per_seed("msve_causal"),
+             "trained non-causal model": per_seed("msve_softmax"),
              "decoder construction (self-anchored, tuned)": per_seed("msve_decoder_construction"),
              **{k: per_seed("baselines", k) for k in seeds_pre[0]["baselines"]}}
-shown = {"best constant": "best constant (oracle)", "best theta*": "best theta* (tuned, non-causal)"}
+shown = {"best constant": "best constant (oracle)",
+         "best theta*": "best theta* (tuned, non-causal)"}
 Markdown(f"| predictor | MSVE, mean ± s.e. over {n_pre} seeds | range |\n|---|---|---|\n" +
-         "\n".join(f"| {shown.get(k, k)} | {v.mean():.3f} ± {mean_se(v)[1]:.3f} | {v.min():.3f} – {v.max():.3f} |" for k, v in msve_rows.items()))
+         "\n".join(f"| {shown.get(k, k)} | {v.mean():.3f} ± {mean_se(v)[1]:.3f} | {v.min():.3f} – "
+                   f"{v.max():.3f} |" for k, v in msve_rows.items()))
 
 # %%
+#| echo: false
 gap = msve_rows["trained decoder (causal mask)"] - msve_rows["trained non-causal model"]
 wins = int((gap < 0).sum())
-ratio = msve_rows["trained decoder (causal mask)"].mean() / msve_rows["trained non-causal model"].mean()
-Markdown(f"The decoder's MSVE minus the non-causal model's, per seed: mean {gap.mean():+.3f} ± {mean_se(gap)[1]:.3f} "
-         f"({gap.mean() / mean_se(gap)[1]:.1f} standard errors; the decoder's mean error is {ratio:.2f} times the non-causal model's); "
-         f"the decoder is better in {wins} of {n_pre} seeds. Against the context-mean predictor the decoder is better in "
-         f"{int((msve_rows['trained decoder (causal mask)'] < msve_rows['context mean']).sum())} of {n_pre} seeds. On the first ten seeds alone the gap is "
-         f"{gap[:10].mean():+.3f} ± {mean_se(gap[:10])[1]:.3f} ({gap[:10].mean() / mean_se(gap[:10])[1]:.1f} standard errors).")
+ratio = (msve_rows["trained decoder (causal mask)"].mean() / msve_rows["trained non-causal model"].mean())
+Markdown(f"The decoder's MSVE minus the non-causal model's, per seed: mean {gap.mean():+.3f} ± "
+         f"{mean_se(gap)[1]:.3f} "
+         f"({gap.mean() / mean_se(gap)[1]:.1f} standard errors; the decoder's mean error is "
+         f"{ratio:.2f} times the non-causal model's); "
+         f"the decoder is better in {wins} of {n_pre} seeds. Against the context-mean predictor "
+         f"the decoder is better in "
+         f"{int((msve_rows['trained decoder (causal mask)'] < msve_rows['context mean']).sum())} "
+         f"of {n_pre} seeds. On the first ten seeds alone the gap is "
+         f"{gap[:10].mean():+.3f} ± {mean_se(gap[:10])[1]:.3f} "
+         f"({gap[:10].mean() / mean_se(gap[:10])[1]:.1f} standard errors).")
 
 # %% [markdown]
 # **Result: value weights.** For the decoder, the value row of each layer has four entries that the TD
@@ -110,19 +137,24 @@ Markdown(f"The decoder's MSVE minus the non-causal model's, per seed: mean {gap.
 # three of [chapter 6](pretrain.html).
 
 # %%
+#| code-fold: true
 wc = torch.tensor([s["weights_causal"] for s in seeds_pre], dtype=torch.float64)     # (seeds, L, 4)
 ws = torch.tensor([s["weights_softmax"] for s in seeds_pre], dtype=torch.float64)    # (seeds, L, 3)
 fmt = lambda w: ", ".join(f"{m:+.2f} ± {e:.2f}" for m, e in zip(w.mean(0), mean_se(w)[1]))
 rows_c, rows_s = [], []
 for l in range(wc.shape[1]):
-    tdc = int(((wc[:, l, 0] > 0) & (wc[:, l, 1] > 0) & ((wc[:, l, 2] < 0) | (wc[:, l, 3] < 0))).sum())
+    current_negative = (wc[:, l, 2] < 0) | (wc[:, l, 3] < 0)   # in either slot
+    tdc = int(((wc[:, l, 0] > 0) & (wc[:, l, 1] > 0) & current_negative).sum())
     tds = int(((ws[:, l, 0] > 0) & (ws[:, l, 1] > 0) & (ws[:, l, 2] < 0)).sum())
     rows_c.append(f"| {l + 1} | ({fmt(wc[:, l])}) | {tdc} / {n_pre} |")
     rows_s.append(f"| {l + 1} | ({fmt(ws[:, l])}) | {tds} / {n_pre} |")
-Markdown("*Decoder*: weights on (reward, successor, current value in the previous token, own value via $U$)\n\n"
-         "| layer | weights, mean ± s.e. | seeds with (+, +, − in either) |\n|---|---|---|\n" + "\n".join(rows_c) +
+Markdown("*Decoder*: weights on (reward, successor, current value in the previous token, own value "
+         "via $U$)\n\n"
+         "| layer | weights, mean ± s.e. | seeds with (+, +, − in either) |\n|---|---|---|\n"
+         + "\n".join(rows_c) +
          "\n\n*Non-causal model*: weights on (reward, successor, current value)\n\n"
-         "| layer | weights, mean ± s.e. | seeds with (+, +, −) |\n|---|---|---|\n" + "\n".join(rows_s))
+         "| layer | weights, mean ± s.e. | seeds with (+, +, −) |\n|---|---|---|\n"
+         + "\n".join(rows_s))
 
 # %% [markdown]
 # **Result: diagonality and positional bias.** The share of each query's attention on keys whose current state is the query's
@@ -130,25 +162,33 @@ Markdown("*Decoder*: weights on (reward, successor, current value in the previou
 # The last column is the decoder's learned positional bias $\lambda$ at the end of training.
 
 # %%
-dc = torch.tensor([s["diagonality_causal"] for s in seeds_pre], dtype=torch.float64)    # (seeds, evaluations, L)
+#| code-fold: true
+# (seeds, evaluations, L)
+dc = torch.tensor([s["diagonality_causal"] for s in seeds_pre], dtype=torch.float64)
 ds = torch.tensor([s["diagonality_softmax"] for s in seeds_pre], dtype=torch.float64)
 rec = torch.tensor([s["recency"] for s in seeds_pre], dtype=torch.float64)
-Markdown("| layer | decoder: start → end | non-causal: start → end | decoder's λ |\n|---|---|---|---|\n" +
-         "\n".join(f"| {l + 1} | {dc[:, 0, l].mean():.3f} → {dc[:, -1, l].mean():.3f} ± {mean_se(dc[:, -1, l])[1]:.3f} | "
-                   f"{ds[:, 0, l].mean():.3f} → {ds[:, -1, l].mean():.3f} ± {mean_se(ds[:, -1, l])[1]:.3f} | {rec[:, l].mean():+.3f} ± {mean_se(rec[:, l])[1]:.3f} |"
+Markdown("| layer | decoder: start → end | non-causal: start → end | decoder's λ "
+         "|\n|---|---|---|---|\n" +
+         "\n".join(f"| {l + 1} | {dc[:, 0, l].mean():.3f} → {dc[:, -1, l].mean():.3f} ± "
+                   f"{mean_se(dc[:, -1, l])[1]:.3f} | "
+                   f"{ds[:, 0, l].mean():.3f} → {ds[:, -1, l].mean():.3f} ± "
+                   f"{mean_se(ds[:, -1, l])[1]:.3f} | {rec[:, l].mean():+.3f} ± "
+                   f"{mean_se(rec[:, l])[1]:.3f} |"
                    for l in range(dc.shape[-1])))
 
 # %%
 #| fig-cap: "Figure 6c.1: Under pretraining the decoder's held-out value error falls like the non-causal model's and ends a little above it."
 #| fig-alt: "Log-scale held-out value error against training step, 0 to 2000, for the decoder (solid blue) and the non-causal model (dashed orange): means over the seeds with shaded 10 to 90 percent bands; both fall steeply early and flatten, the decoder's curve a little above."
 #| code-fold: true
-fig, ax = plt.subplots(figsize=(6.5, 3.6))
+fig, ax = plt.subplots(figsize=(5.8, 3.4))
 steps_pre = np.array(seeds_pre[0]["step"])
-for name, key, color, ls in (("decoder", "msve_causal", "C0", "-"), ("non-causal", "msve_softmax", "C1", "--")):
+for name, key, color, ls in (("decoder", "msve_causal", "C0", "-"),
+                             ("non-causal", "msve_softmax", "C1", "--")):
     m = torch.tensor([s[key] for s in seeds_pre], dtype=torch.float64)
     ax.plot(steps_pre, m.mean(0), ls, color=color, label=f"{name} (mean of {n_pre} seeds)")
     ax.fill_between(steps_pre, m.quantile(0.1, 0), m.quantile(0.9, 0), color=color, alpha=0.2)
-ax.set(yscale="log", xlabel="training step", ylabel="MSVE on held-out tasks", title="Value error during pretraining")
+ax.set(yscale="log", xlabel="training step", ylabel="MSVE on held-out tasks",
+       title="Value error during pretraining")
 plain_log_ticks(ax, "y")
 ax.legend(fontsize=9)
 fig.tight_layout()
@@ -157,10 +197,11 @@ fig.tight_layout()
 #| fig-cap: "Figure 6c.2: Under pretraining the last layer's attention becomes more diagonal in both models: a larger share lands on keys that leave the query's own state."
 #| fig-alt: "Kernel diagonality of the last layer against training step, 0 to 2000, for the decoder (solid blue) and the non-causal model (dashed orange), means over the seeds; both start near 0.1 and end higher, the decoder's rising most of the way within the first 400 steps, the non-causal model's more slowly, with a shallow dip between 200 and 600 steps."
 #| code-fold: true
-fig, ax = plt.subplots(figsize=(6.5, 3.6))
+fig, ax = plt.subplots(figsize=(5.8, 3.4))
 for name, d_, color, ls in (("decoder", dc, "C0", "-"), ("non-causal", ds, "C1", "--")):
     ax.plot(steps_pre, d_[..., -1].mean(0), ls, color=color, label=f"{name}, last layer")
-ax.set(xlabel="training step", ylabel="attention share on own state", title=f"Kernel diagonality (mean of {n_pre} seeds)")
+ax.set(xlabel="training step", ylabel="attention share on own state",
+       title=f"Kernel diagonality (mean of {n_pre} seeds)")
 ax.legend(fontsize=9)
 fig.tight_layout()
 
@@ -171,25 +212,41 @@ fig.tight_layout()
 # **What it shows, and the check.** Computed from the tables above:
 
 # %%
+#| echo: false
 L_last = wc.shape[1] - 1
 own_more_negative = int((wc[:, L_last, 3] < wc[:, L_last, 2]).sum())
-td_dec = int(((wc[:, L_last, 0] > 0) & (wc[:, L_last, 1] > 0) & ((wc[:, L_last, 2] < 0) | (wc[:, L_last, 3] < 0))).sum())
+td_dec = (int(((wc[:, L_last, 0] > 0) & (wc[:, L_last, 1] > 0) & ((wc[:, L_last, 2] < 0) | (wc[:, L_last, 3] < 0))).sum()))
 td_soft = int(((ws[:, L_last, 0] > 0) & (ws[:, L_last, 1] > 0) & (ws[:, L_last, 2] < 0)).sum())
 rise_dec, rise_soft = dc[:, -1, L_last] - dc[:, 0, L_last], ds[:, -1, L_last] - ds[:, 0, L_last]
-Markdown(f"- Sign pattern: in the last layer, {td_dec} of {n_pre} decoders and {td_soft} of {n_pre} non-causal models show (+, +, −) "
-         f"(for the decoder: reward and successor positive, and a negative weight on the current value in either slot).\n"
-         f"- Where the decoder puts its current-value weight: the column's own value (through $U$, the self-anchored slot of Proposition 4a.3) is the more "
-         f"negative of the two slots in {own_more_negative} of {n_pre} seeds; the previous token's value (the slot of $\\theta^*$ under the mask) in the other {n_pre - own_more_negative}.\n"
-         f"- Diagonality of the last layer rises by {rise_dec.mean():+.3f} ± {mean_se(rise_dec)[1]:.3f} in the decoder and by {rise_soft.mean():+.3f} ± {mean_se(rise_soft)[1]:.3f} "
+Markdown(f"- Sign pattern: in the last layer, {td_dec} of {n_pre} decoders and {td_soft} of "
+         f"{n_pre} non-causal models show (+, +, −) "
+         f"(for the decoder: reward and successor positive, and a negative weight on the current "
+         f"value in either slot).\n"
+         f"- Where the decoder puts its current-value weight: the column's own value (through $U$, "
+         f"the self-anchored slot of Proposition 4a.3) is the more "
+         f"negative of the two slots in {own_more_negative} of {n_pre} seeds; the previous token's "
+         f"value (the slot of $\\theta^*$ under the mask) in the other "
+         f"{n_pre - own_more_negative}.\n"
+         f"- Diagonality of the last layer rises by {rise_dec.mean():+.3f} ± "
+         f"{mean_se(rise_dec)[1]:.3f} in the decoder and by {rise_soft.mean():+.3f} ± "
+         f"{mean_se(rise_soft)[1]:.3f} "
          f"in the non-causal model.\n"
-         f"- The learned positional bias $\\lambda$ is positive (favouring late, well-informed transitions, as chapter 4a's fix does) in "
+         f"- The learned positional bias $\\lambda$ is positive (favouring late, well-informed "
+         f"transitions, as chapter 4a's fix does) in "
          f"{', '.join(f'{int((rec[:, l] > 0).sum())} of {n_pre} seeds in layer {l + 1}' for l in range(rec.shape[1]))}.\n"
-         f"- Value error: the decoder ends at {msve_rows['trained decoder (causal mask)'].mean():.3f} ± {mean_se(msve_rows['trained decoder (causal mask)'])[1]:.3f}, "
-         f"the non-causal model at {msve_rows['trained non-causal model'].mean():.3f} ± {mean_se(msve_rows['trained non-causal model'])[1]:.3f}; "
-         f"the decoder is better in {wins} of {n_pre} seeds. Mean MSVE over the context-mean predictor's: decoder "
+         f"- Value error: the decoder ends at "
+         f"{msve_rows['trained decoder (causal mask)'].mean():.3f} ± "
+         f"{mean_se(msve_rows['trained decoder (causal mask)'])[1]:.3f}, "
+         f"the non-causal model at {msve_rows['trained non-causal model'].mean():.3f} ± "
+         f"{mean_se(msve_rows['trained non-causal model'])[1]:.3f}; "
+         f"the decoder is better in {wins} of {n_pre} seeds. Mean MSVE over the context-mean "
+         f"predictor's: decoder "
          f"{msve_rows['trained decoder (causal mask)'].mean() / msve_rows['context mean'].mean():.2f}, non-causal {msve_rows['trained non-causal model'].mean() / msve_rows['context mean'].mean():.2f}, "
-         f"certainty equivalence {msve_rows['certainty equivalence'].mean() / msve_rows['context mean'].mean():.2f}, and the decoder construction, limited to three layers "
-         f"of step at most 1, {msve_rows['decoder construction (self-anchored, tuned)'].mean() / msve_rows['context mean'].mean():.2f}.")
+         f"certainty equivalence "
+         f"{msve_rows['certainty equivalence'].mean() / msve_rows['context mean'].mean():.2f}, and "
+         f"the decoder construction, limited to three layers "
+         f"of step at most 1, "
+         f"{msve_rows['decoder construction (self-anchored, tuned)'].mean() / msve_rows['context mean'].mean():.2f}.")
 
 # %% [markdown]
 # The mask costs the construction much accuracy and the trained model a little: at this budget the
@@ -208,14 +265,28 @@ Markdown(f"- Sign pattern: in the last layer, {td_dec} of {n_pre} decoders and {
 # construction, are what a decoder can use.
 
 # %%
-ce, dec_m, soft_m = msve_rows["certainty equivalence"], msve_rows["trained decoder (causal mask)"], msve_rows["trained non-causal model"]
-k_pre = min_successes(n_pre, 1 / 2)   # seeds a one-sided sign test needs to reject a coin flip at the 5% level
-assert gap.mean() > 2 * mean_se(gap)[1] and wins < n_pre / 2, (gap, wins)   # the decoder pays for the mask: a paired gap above two standard errors
-assert int((ce < dec_m).sum()) >= k_pre and int((ce < soft_m).sum()) >= k_pre and int((dec_m < msve_rows["context mean"]).sum()) >= k_pre
-assert (msve_rows["decoder construction (self-anchored, tuned)"] > dec_m).all() and (rec[:, 1:] > 0).all() and msve_rows["best constant"].mean() < ce.mean()
+ce, dec_m, soft_m = (msve_rows["certainty equivalence"], msve_rows["trained decoder (causal mask)"],
+                     msve_rows["trained non-causal model"])
+# seeds a one-sided sign test needs to reject a coin flip at the 5% level
+k_pre = min_successes(n_pre, 1 / 2)
+# the decoder pays for the mask: a paired gap above two standard errors
+assert gap.mean() > 2 * mean_se(gap)[1] and wins < n_pre / 2, (gap, wins)
+assert (int((ce < dec_m).sum()) >= k_pre and int((ce < soft_m).sum()) >= k_pre
+        and int((dec_m < msve_rows["context mean"]).sum()) >= k_pre)
+construction = msve_rows["decoder construction (self-anchored, tuned)"]
+assert (construction > dec_m).all() and (rec[:, 1:] > 0).all(), (construction, rec)
+assert msve_rows["best constant"].mean() < ce.mean()
 assert td_dec >= k_pre and td_soft >= 1 and rise_dec.mean() > 0 and rise_soft.mean() > 0
-print(f"certainty equivalence beats the decoder on {int((ce < dec_m).sum())} of {n_pre} seeds and the non-causal model on {int((ce < soft_m).sum())} of {n_pre}; a sign test needs {k_pre}")
-_ = record_claim("pretrained-decoder", "Pretrained under a causal mask (chapter 6a's configuration, 20 seeds), the decoder's held-out error is a little above the non-causal model's (a paired gap of more than two standard errors), it learns a positive positional bias in its upper layers, and both are beaten by certainty equivalence.",
+print(f"certainty equivalence beats the decoder on {int((ce < dec_m).sum())} of {n_pre} seeds and "
+      f"the non-causal model on {int((ce < soft_m).sum())} of {n_pre}; a sign test needs {k_pre}")
+
+# %%
+#| echo: false
+_ = record_claim("pretrained-decoder",
+                 "Pretrained under a causal mask (chapter 6a's configuration, 20 seeds), the "
+                 "decoder's held-out error is a little above the non-causal model's (a paired gap "
+                 "of more than two standard errors), it learns a positive positional bias in its "
+                 "upper layers, and both are beaten by certainty equivalence.",
              "measured", "causal_pretraining", "#pretraining-a-decoder")
 
 
@@ -232,12 +303,17 @@ _ = record_claim("pretrained-decoder", "Pretrained under a causal mask (chapter 
 # on every seed through `pretrain_many`.
 
 # %%
+#| code-fold: true
 #| export
-def decoder_values(config:PretrainConfig, tasks, states, alpha:float, beta:float, lam:float)->torch.Tensor:
-    "(B, s) values of the decoder construction at every state of each task, from its context `states` (B, n + 1)."
+def decoder_values(config:PretrainConfig, tasks, states, alpha:float, beta:float,
+                   lam:float)->torch.Tensor:
+    ("(B, s) values of the decoder construction at every state of each task, from its context "
+     "`states` (B, n + 1).")
     rows, d = torch.arange(len(tasks))[:, None], tasks.phi.shape[-1]
     Z = build_causal_prompt(tasks.phi[rows, states], tasks.r[rows, states[:, :-1]], tasks.phi)
-    model = CausalSoftmaxICTD.from_theta_star(d, config.n_layers, beta * torch.eye(d, dtype=torch.float64), alpha, config.gamma, "self", recency=lam)
+    model = CausalSoftmaxICTD.from_theta_star(d, config.n_layers,
+                                              beta * torch.eye(d, dtype=torch.float64), alpha,
+                                              config.gamma, "self", recency=lam)
     with torch.no_grad(): return model.predict(Z)
 
 
@@ -246,12 +322,15 @@ from ictd.causal import prefix_softmax_td
 from ictd.tasks import random_tasks, sample_trajectories
 
 # %%
+#| code-fold: true
 tasks_r = random_tasks(8, seed=3)                       # chapter 4a's check tasks
 S_r = sample_trajectories(tasks_r.P, 20, tasks_r.d_pi, seed=3)
 rows_r = torch.arange(8)[:, None]
-phi_r, R_r, W2 = tasks_r.phi[rows_r, S_r], tasks_r.r[rows_r, S_r[:, :-1]], 2. * torch.eye(4, dtype=torch.float64)
+phi_r, R_r = tasks_r.phi[rows_r, S_r], tasks_r.r[rows_r, S_r[:, :-1]]
+W2 = 2. * torch.eye(4, dtype=torch.float64)
 v_dec = decoder_values(PretrainConfig(n=20), tasks_r, S_r, 0.5, 2., 4.)
-test_close(v_dec, prefix_softmax_td(phi_r, R_r, W2, 0.5, 0.9, 3, tasks_r.phi, current="self", recency=4.)[:, 21:], eps=1e-12)
+v_ref = prefix_softmax_td(phi_r, R_r, W2, 0.5, 0.9, 3, tasks_r.phi, current="self", recency=4.)
+test_close(v_dec, v_ref[:, 21:], eps=1e-12)
 
 
 # %% [markdown]
@@ -259,13 +338,17 @@ test_close(v_dec, prefix_softmax_td(phi_r, R_r, W2, 0.5, 0.9, 3, tasks_r.phi, cu
 # (disjoint from the tasks the run is measured on):
 
 # %%
+#| code-fold: true
 #| export
-def best_decoder(config:PretrainConfig,                 # the run's settings (depth, features, gamma)
+def best_decoder(config:PretrainConfig,                 # the run's settings (depth, gamma)
                  alphas=(0.5, 1.), betas=(0.5, 1., 2., 4.), lams=(0., 4., 9.),  # the grid
-                )->tuple:                               # (alpha, beta, lambda) of least mean MSVE on tuning tasks
+                )->tuple:                               # (alpha, beta, lambda) of least MSVE
     "Tune the self-anchored decoder construction on tasks disjoint from a run's held-out tasks."
     tasks, states = held_out_tasks(tuning_config(config))
-    err = {g: weighted_error(decoder_values(config, tasks, states, *g), tasks.v_pi, tasks.d_pi).mean().item() for g in ((a, b, l) for a in alphas for b in betas for l in lams)}
+    msve = lambda g: weighted_error(decoder_values(config, tasks, states, *g), tasks.v_pi,
+                                    tasks.d_pi)
+    err = {g: msve(g).mean().item()
+           for g in ((a, b, l) for a in alphas for b in betas for l in lams)}
     return min(err, key=err.get)
 
 
@@ -273,47 +356,76 @@ def best_decoder(config:PretrainConfig,                 # the run's settings (de
 # `causal_pretrain_summary` trains both models on every seed and records, per seed, what the saved file holds:
 
 # %%
+#| code-fold: true
 #| export
-def causal_pretrain_summary(config:PretrainConfig,  # the decoder's configuration (`attention="causal"`)
+def causal_pretrain_summary(config:PretrainConfig,  # the decoder's settings (`attention="causal"`)
                             seeds,                  # the seeds
                             progress:bool=False,
-                            cache_dir=None,         # the engine's run cache (`pretrain_many`); None: none
+                            cache_dir=None,         # the engine's run cache (`pretrain_many`)
                            )->dict:                 # plain numbers, ready for JSON
-    "Pretrain the decoder and the non-causal model on `seeds`; per seed: metrics, value weights, diagonality and baselines."
-    from ictd.pretrain import pretrain_many        # chapter 6's engine loop and 6a's baselines: imported here, by the driver only
+    ("Pretrain the decoder and the non-causal model on `seeds`; per seed: metrics, value "
+     "weights, diagonality and baselines.")
+    # chapter 6's engine loop and 6a's baselines: imported here, by the driver only
+    from ictd.pretrain import pretrain_many
     from ictd.emergence import baseline_msve
     causal = pretrain_many(config, seeds, progress, cache_dir)
-    softmax = pretrain_many(dataclasses.replace(config, attention="softmax"), seeds, progress, cache_dir)
+    softmax = pretrain_many(dataclasses.replace(config, attention="softmax"), seeds, progress,
+                            cache_dir)
     out = dict(config=dataclasses.asdict(config), seeds=list(seeds), per_seed=[])
     for c, s in zip(causal, softmax):
         tasks, states = held_out_tasks(c.config)
         base = {k.split(" (")[0]: v.mean().item() for k, v in baseline_msve(c.config).items()}
         g = best_decoder(c.config)
+        v_g = decoder_values(c.config, tasks, states, *g)
         h, hs = c.history, s.history
-        out["per_seed"].append(dict(seed=c.config.seed, msve_causal=h["msve"][:, 0].tolist(), msve_softmax=hs["msve"][:, 0].tolist(), step=h["step"][:, 0].tolist(),
-                                    weights_causal=h["value_weights"][-1].tolist(), weights_softmax=hs["value_weights"][-1].tolist(),
-                                    diagonality_causal=h["diagonality"].tolist(), diagonality_softmax=hs["diagonality"].tolist(),
-                                    recency=h["recency"][-1].tolist(), baselines=base, best_decoder=list(g),
-                                    msve_decoder_construction=weighted_error(decoder_values(c.config, tasks, states, *g), tasks.v_pi, tasks.d_pi).mean().item()))
+        out["per_seed"].append(dict(seed=c.config.seed, msve_causal=h["msve"][:, 0].tolist(),
+                                    msve_softmax=hs["msve"][:, 0].tolist(),
+                                    step=h["step"][:, 0].tolist(),
+                                    weights_causal=h["value_weights"][-1].tolist(),
+                                    weights_softmax=hs["value_weights"][-1].tolist(),
+                                    diagonality_causal=h["diagonality"].tolist(),
+                                    diagonality_softmax=hs["diagonality"].tolist(),
+                                    recency=h["recency"][-1].tolist(), baselines=base,
+                                    best_decoder=list(g),
+                                    msve_decoder_construction=weighted_error(
+                                        v_g, tasks.v_pi, tasks.d_pi).mean().item()))
     return out
 
+
+# %%
+#| echo: false
+folded_api(
+    show_doc(decoder_values),
+    show_doc(best_decoder),
+    show_doc(causal_pretrain_summary),
+)
 
 # %% [markdown]
 # The cell that wrote the file (not run when the book is built; run from the repository root):
 
 # %%
+#| code-fold: true
 #| eval: false
 t0 = time.time()
 # EMERGENCE: the training configuration of chapter 6a (ictd.pretrain), here with a causal mask
-summary = causal_pretrain_summary(dataclasses.replace(EMERGENCE, attention="causal"), list(range(20)))
-summary["provenance"] = provenance("the eval: false cell of nbs/06c_causal_pretraining.ipynb, run from the repository root with OMP_NUM_THREADS=1",
+summary = causal_pretrain_summary(dataclasses.replace(EMERGENCE, attention="causal"),
+                                  list(range(20)))
+summary["provenance"] = provenance("the eval: false cell of nbs/06c_causal_pretraining.ipynb, run "
+                                   "from the repository root with OMP_NUM_THREADS=1",
                                    wall_s=round(time.time() - t0, 1), threads=1)
 json.dump(summary, open("nbs/data/causal_pretrain.json", "w"), indent=1)
 
 # %%
+#| hide
+show_doc(decoder_values)
+show_doc(best_decoder)
+show_doc(causal_pretrain_summary)
+
+# %%
 #| export
 from ictd.boyan import check_arguments
-check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)
+# every public function refuses, naming it, an argument its annotation rules out (chapter 0)
+check_arguments(globals())
 
 # %%
 #| hide

@@ -14,46 +14,67 @@ from ..causal import CausalSoftmaxICTD, build_causal_prompt
 __all__ = ['decoder_values', 'best_decoder', 'causal_pretrain_summary']
 
 # %% ../../nbs/06c_causal_pretraining.ipynb #26fe282a
-def decoder_values(config:PretrainConfig, tasks, states, alpha:float, beta:float, lam:float)->torch.Tensor:
-    "(B, s) values of the decoder construction at every state of each task, from its context `states` (B, n + 1)."
+#| code-fold: true
+def decoder_values(config:PretrainConfig, tasks, states, alpha:float, beta:float,
+                   lam:float)->torch.Tensor:
+    ("(B, s) values of the decoder construction at every state of each task, from its context "
+     "`states` (B, n + 1).")
     rows, d = torch.arange(len(tasks))[:, None], tasks.phi.shape[-1]
     Z = build_causal_prompt(tasks.phi[rows, states], tasks.r[rows, states[:, :-1]], tasks.phi)
-    model = CausalSoftmaxICTD.from_theta_star(d, config.n_layers, beta * torch.eye(d, dtype=torch.float64), alpha, config.gamma, "self", recency=lam)
+    model = CausalSoftmaxICTD.from_theta_star(d, config.n_layers,
+                                              beta * torch.eye(d, dtype=torch.float64), alpha,
+                                              config.gamma, "self", recency=lam)
     with torch.no_grad(): return model.predict(Z)
 
 # %% ../../nbs/06c_causal_pretraining.ipynb #306ba910
-def best_decoder(config:PretrainConfig,                 # the run's settings (depth, features, gamma)
+#| code-fold: true
+def best_decoder(config:PretrainConfig,                 # the run's settings (depth, gamma)
                  alphas=(0.5, 1.), betas=(0.5, 1., 2., 4.), lams=(0., 4., 9.),  # the grid
-                )->tuple:                               # (alpha, beta, lambda) of least mean MSVE on tuning tasks
+                )->tuple:                               # (alpha, beta, lambda) of least MSVE
     "Tune the self-anchored decoder construction on tasks disjoint from a run's held-out tasks."
     tasks, states = held_out_tasks(tuning_config(config))
-    err = {g: weighted_error(decoder_values(config, tasks, states, *g), tasks.v_pi, tasks.d_pi).mean().item() for g in ((a, b, l) for a in alphas for b in betas for l in lams)}
+    msve = lambda g: weighted_error(decoder_values(config, tasks, states, *g), tasks.v_pi,
+                                    tasks.d_pi)
+    err = {g: msve(g).mean().item()
+           for g in ((a, b, l) for a in alphas for b in betas for l in lams)}
     return min(err, key=err.get)
 
 # %% ../../nbs/06c_causal_pretraining.ipynb #d0bc6d17
-def causal_pretrain_summary(config:PretrainConfig,  # the decoder's configuration (`attention="causal"`)
+#| code-fold: true
+def causal_pretrain_summary(config:PretrainConfig,  # the decoder's settings (`attention="causal"`)
                             seeds,                  # the seeds
                             progress:bool=False,
-                            cache_dir=None,         # the engine's run cache (`pretrain_many`); None: none
+                            cache_dir=None,         # the engine's run cache (`pretrain_many`)
                            )->dict:                 # plain numbers, ready for JSON
-    "Pretrain the decoder and the non-causal model on `seeds`; per seed: metrics, value weights, diagonality and baselines."
-    from ictd.pretrain import pretrain_many        # chapter 6's engine loop and 6a's baselines: imported here, by the driver only
+    ("Pretrain the decoder and the non-causal model on `seeds`; per seed: metrics, value "
+     "weights, diagonality and baselines.")
+    # chapter 6's engine loop and 6a's baselines: imported here, by the driver only
+    from ictd.pretrain import pretrain_many
     from ictd.emergence import baseline_msve
     causal = pretrain_many(config, seeds, progress, cache_dir)
-    softmax = pretrain_many(dataclasses.replace(config, attention="softmax"), seeds, progress, cache_dir)
+    softmax = pretrain_many(dataclasses.replace(config, attention="softmax"), seeds, progress,
+                            cache_dir)
     out = dict(config=dataclasses.asdict(config), seeds=list(seeds), per_seed=[])
     for c, s in zip(causal, softmax):
         tasks, states = held_out_tasks(c.config)
         base = {k.split(" (")[0]: v.mean().item() for k, v in baseline_msve(c.config).items()}
         g = best_decoder(c.config)
+        v_g = decoder_values(c.config, tasks, states, *g)
         h, hs = c.history, s.history
-        out["per_seed"].append(dict(seed=c.config.seed, msve_causal=h["msve"][:, 0].tolist(), msve_softmax=hs["msve"][:, 0].tolist(), step=h["step"][:, 0].tolist(),
-                                    weights_causal=h["value_weights"][-1].tolist(), weights_softmax=hs["value_weights"][-1].tolist(),
-                                    diagonality_causal=h["diagonality"].tolist(), diagonality_softmax=hs["diagonality"].tolist(),
-                                    recency=h["recency"][-1].tolist(), baselines=base, best_decoder=list(g),
-                                    msve_decoder_construction=weighted_error(decoder_values(c.config, tasks, states, *g), tasks.v_pi, tasks.d_pi).mean().item()))
+        out["per_seed"].append(dict(seed=c.config.seed, msve_causal=h["msve"][:, 0].tolist(),
+                                    msve_softmax=hs["msve"][:, 0].tolist(),
+                                    step=h["step"][:, 0].tolist(),
+                                    weights_causal=h["value_weights"][-1].tolist(),
+                                    weights_softmax=hs["value_weights"][-1].tolist(),
+                                    diagonality_causal=h["diagonality"].tolist(),
+                                    diagonality_softmax=hs["diagonality"].tolist(),
+                                    recency=h["recency"][-1].tolist(), baselines=base,
+                                    best_decoder=list(g),
+                                    msve_decoder_construction=weighted_error(
+                                        v_g, tasks.v_pi, tasks.d_pi).mean().item()))
     return out
 
-# %% ../../nbs/06c_causal_pretraining.ipynb #e08cf9fa
+# %% ../../nbs/06c_causal_pretraining.ipynb #0a6b1d80
 from ..boyan import check_arguments
-check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)
+# every public function refuses, naming it, an argument its annotation rules out (chapter 0)
+check_arguments(globals())
