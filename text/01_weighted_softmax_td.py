@@ -34,6 +34,10 @@ import ictd.core
 
 # %%
 #| hide
+plt.rcParams.update({"axes.titlesize": 10, "figure.titlesize": 11})
+
+# %%
+#| hide
 from ictd.wstd import (batch_linear_td, batch_tabular_td, certainty_equivalence, context_weights,
                        tabular_rate, two_head_linear_td, weighted_softmax_td)
 
@@ -249,7 +253,7 @@ states, rewards = sample_trajectory(chain, 30, seed=0)
 left = torch.bincount(states[:-1], minlength=10)
 targets = [int(left.argmax()), int(torch.nonzero(left == 2)[0]), int(torch.nonzero(left == 0)[0])]
 betas = [0, 1, 2, 4, 8, 16]
-fig, axs = plt.subplots(3, 1, figsize=(8, 7.5), sharex=True)
+fig, axs = plt.subplots(3, 1, figsize=(6.1, 6.6), sharex=True)
 for ax, x in zip(axs, targets):
     for i, beta in enumerate(betas):
         K = context_weights(chain.phi[states], beta * np.eye(10), phi_queries=chain.phi[x])[:, -1]
@@ -384,7 +388,7 @@ test_close(c_line @ K_grid, v_grid, eps=1e-12)
 #| fig-cap: "Figure 1.2: The estimate is a sum of kernel bumps, one per state the context leaves: it interpolates between those states and does not extrapolate beyond them."
 #| fig-alt: "Value against state position on [0, 1]: shaded bumps, one per state left by the context, colored from dark to light by position; a thick black curve, their sum, follows the orange dots of the true values between the visited states and departs from them at the left end, where no state is left."
 #| code-fold: true
-fig, ax = plt.subplots(figsize=(8, 4.6))
+fig, ax = plt.subplots(figsize=(6.1, 4.2))
 left_states = torch.unique(S_line[:-1])
 for i, y in enumerate(left_states):
     own = S_line[:-1] == y
@@ -883,7 +887,7 @@ _ = record_claim(
 #| fig-cap: "Figure 1.3: The distance between weighted softmax TD and batch tabular TD falls like exp(-beta) on every context."
 #| fig-alt: "Log-scale plot of the largest distance against beta from 0 to 30 for 8 contexts; all curves fall parallel to a dashed line 10 exp(-beta), down to about 1e-12."
 #| code-fold: true
-fig, ax = plt.subplots(figsize=(7, 3.8))
+fig, ax = plt.subplots(figsize=(6.1, 3.6))
 shown = beta_grid <= 30  # beyond, the distance is round-off: asserted, not drawn
 for i, gap in enumerate(gaps):
     ax.semilogy(
@@ -1339,7 +1343,7 @@ _ = record_claim(
 #| fig-cap: "Figure 1.4: At small scores the centred iteration follows linear TD for tens of iterations, then leaves it for the limit of Proposition 1.8."
 #| fig-alt: "Log-log plot over iterations 1 to 200000 for three contexts: solid curves, the gap to centred linear TD, stay small and then grow by orders of magnitude; dashed curves, the distance to the limit of Proposition 1.8, fall towards zero."
 #| code-fold: true
-fig, ax = plt.subplots(figsize=(8, 4.4))
+fig, ax = plt.subplots(figsize=(6.1, 4.2))
 for i, (seed, (ts, soft, lin, settled)) in enumerate(horizon.items()):
     S_h, phi_h, R_h, _ = horizon_context(seed)
     lim, _ = predicted_limit(S_h, R_h, phi_h, 0.03, 0.9, True)
@@ -1412,7 +1416,7 @@ print(
 #| fig-cap: "Figure 1.5: On one 1000-transition context of a Boyan chain, the iterates settle geometrically on values close to the true values."
 #| fig-alt: "Value estimate against iteration 0 to 150 for the 10 states, one solid colored curve each, with dashed horizontal lines of the same colors at the true values; the curves move fast in the first iterations, some crossing zero, then settle near their dashed lines."
 #| code-fold: true
-fig, ax = plt.subplots(figsize=(8, 4.2))
+fig, ax = plt.subplots(figsize=(4.6, 3.8))
 for x in range(10):
     c = plt.cm.viridis(x / 9)
     ax.plot(per_state[:, x], color=c, lw=1.3, label=f"state {x}")
