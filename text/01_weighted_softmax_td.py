@@ -253,7 +253,7 @@ states, rewards = sample_trajectory(chain, 30, seed=0)
 left = torch.bincount(states[:-1], minlength=10)
 targets = [int(left.argmax()), int(torch.nonzero(left == 2)[0]), int(torch.nonzero(left == 0)[0])]
 betas = [0, 1, 2, 4, 8, 16]
-fig, axs = plt.subplots(3, 1, figsize=(6.1, 6.6), sharex=True)
+fig, axs = plt.subplots(3, 1, figsize=(6.1, 5.2), sharex=True)
 for ax, x in zip(axs, targets):
     for i, beta in enumerate(betas):
         K = context_weights(chain.phi[states], beta * np.eye(10), phi_queries=chain.phi[x])[:, -1]
@@ -353,14 +353,19 @@ _ = record_claim(
 
 # %% [markdown]
 # To see the kernel functions, take a continuous state. The states of a 13-state Boyan chain sit at
-# $x = 0, \tfrac1{12}, \dots, 1$ on a line, with features $\phi(x) = (x, x^2, 1)$, and
+# $x = 0, \tfrac1{12}, \dots, 1$ on a line, with features $\phi(x) = (x, x^2, 1)$, and a
+# score matrix $W$ for which the bilinear score is a Gaussian kernel of bandwidth $h$ (folded):
 #
+# ::: {.callout-note collapse="true" title="A bilinear score that is a Gaussian kernel"}
 # $$W = \begin{pmatrix} 1/h^2 & 0 & 0 \\ 0 & 0 & -1/(2h^2) \\ 0 & 0 & 0 \end{pmatrix}, \qquad
 # \phi(y)^\top W \phi(x) = \frac{xy}{h^2} - \frac{y^2}{2h^2} = -\frac{(x - y)^2}{2h^2} + \frac{x^2}{2h^2}.$$
 #
 # The last term depends on the target $x$ only and cancels in the softmax over keys, so this
 # *bilinear* score, the kind a Transformer computes, gives exactly the Gaussian (Nadaraya-Watson)
-# weights of bandwidth $h$. The figure draws $v_T$ on the whole interval as the sum of its kernel
+# weights of bandwidth $h$.
+# :::
+#
+# The figure draws $v_T$ on the whole interval as the sum of its kernel
 # bumps, one per distinct state the context leaves (the transitions leaving the same state share
 # one bump, with the sum of their coefficients).
 
@@ -584,6 +589,7 @@ _ = record_claim(
 )
 
 # %% [markdown]
+# :::: {.callout-note collapse="true" title="Deep dive: Proposition 1.3, linear TD for any features, with two heads"}
 # The paper's abstract says that weighted softmax TD "adopts both linear TD and tabular TD as special
 # cases", without a condition; the paper's full text, which may state one, is not available to us. What this chapter can prove is the conditional form above, and
 # Proposition 1.2 shows that on the book's default features the condition fails. The condition goes
@@ -609,6 +615,7 @@ _ = record_claim(
 # The induction of Proposition 1.1 finishes the proof. The second head has a negative weight, which
 # Proposition 1.2 shows no single head with $\rho \ge 0$ can supply.
 # :::
+# ::::
 
 # %% [markdown]
 # The check repeats the test of Proposition 1.1 on features of both signs, $U(-1, 1)$ entries, where
@@ -664,6 +671,7 @@ _ = record_claim(
 # Transformer. What the constructed Transformer does have is a link to linear TD at *small* scores,
 # which this section proves.
 #
+# ::: {.callout-note collapse="true" title="Why small scores, and the centring head"}
 # **Why small scores.** At $\varepsilon = 0$ every softmax weight is $1/n$; to first order,
 # $K_k(x) \approx \frac1n + \frac{\varepsilon}{n}(g_k - \bar g)$, which is *linear* in the feature of the key. A weight
 # linear in $\phi(S_{k-1})$ is exactly what linear TD uses, so near $\varepsilon = 0$ the Transformer should
@@ -671,6 +679,7 @@ _ = record_claim(
 # uniformly to the $n$ context columns, and with the value matrices $-V^{\mathrm{cur}}, -V^{\mathrm{tgt}}$ of
 # $\theta^*$ it subtracts $\alpha \cdot \frac1n \sum_k \delta_k$, the mean TD error. [Chapter 3](dual_head.html)
 # builds that three-head layer and checks it against `weighted_softmax_td(..., centred=True)`.
+# :::
 #
 # Write the score as $\varepsilon\, g$ with $g(y, x) = \phi(y)^\top W \phi(x)$, and let
 # $g_k = g(S_{k-1}, x)$ for a fixed target $x$, $\bar g = \frac1n \sum_k g_k$, $\bar\phi = \frac1n \sum_k \phi(S_{k-1})$
@@ -764,7 +773,7 @@ assert all(abs(s_) < 0.2 for s_ in slopes_by_variant["no uniform head"]), slopes
     "no uniform head"
 ]
 for v, sl in slopes_by_variant.items():
-    print(f"{v:>18}: fitted slopes {np.round(sl, 2)}")
+    print(f"{v}: fitted slopes from {min(sl):.2f} to {max(sl):.2f} on {len(sl)} contexts")
 _ = record_claim(
     "small-scores-first-order",
     "At score scale $\\varepsilon$, centred softmax TD stays within $O(\\varepsilon^2)$ of centred"
@@ -824,6 +833,7 @@ _ = record_claim(
 # $e_t \le L_t\, \eta_\beta$ with $L_t$ independent of $\beta$.
 # :::
 #
+# ::: {.callout-note collapse="true" title="Why the hypothesis"}
 # Why the hypothesis. A target whose state is never left has uniform weights $1/n$ for *every*
 # $\beta$ (the figure above): its value moves by the mean TD error of the whole context, whereas
 # tabular TD leaves it at 0. If that target is $S_n$, its value enters the TD error of the last
@@ -831,6 +841,7 @@ _ = record_claim(
 # is harmless to the others (nobody reads it) but is itself not tabular. So the reduction is a
 # statement about trajectories in which every target state starts a transition, and that is what
 # we test; the cell after the test shows the failure when the last state is new.
+# :::
 #
 # The check measures the gap between the two iterations over a fixed, moderate number of
 # iterations, for a range of $\beta$, on contexts that satisfy the hypothesis.
@@ -873,7 +884,8 @@ for gap in gaps:
 mid = (beta_grid >= 4) & (beta_grid <= 24)
 slopes = [np.polyfit(beta_grid[mid], np.log(gap[mid]), 1)[0] for gap in gaps]
 assert all(-1.1 < s < -0.9 for s in slopes), slopes
-print("fitted d log(gap) / d beta per context:", np.round(slopes, 3))
+print(f"fitted d log(gap) / d beta from {min(slopes):.3f} to {max(slopes):.3f}"
+      f" on {len(slopes)} contexts")
 _ = record_claim(
     "tabular-limit",
     "With one-hot features and $W = \\beta I$, weighted softmax TD tends to batch tabular TD at"
@@ -928,7 +940,7 @@ while True:
     if not (S_new[:-1] == S_new[-1]).any(): break
 gap_new = tabular_gap(S_new, R_new, 8, [10, 20, 40], 0.8, 0.9, 30)
 assert gap_new.min() > 1e-2, gap_new
-gap_new
+print(f"last state new: the gap is at least {gap_new.min():.2f} at beta = 10, 20 and 40")
 
 
 # %% [markdown]
@@ -1135,10 +1147,8 @@ for S, R in contexts:
         err <= lam ** torch.arange(61, dtype=torch.float64) * ce.abs().max() * (1 + 1e-12) + 1e-13
     ).all()
     rates.append((lam, (err[1:] / err[:-1]).max().item()))
-print(
-    "bound kappa vs largest measured one-step ratio of the error:",
-    [(round(a_, 3), round(b_, 3)) for a_, b_ in rates],
-)
+print("bound kappa / largest measured one-step ratio of the error, per context: "
+      + "; ".join(f"{a_:.3f} / {b_:.3f}" for a_, b_ in rates))
 _ = record_claim(
     "tabular-convergence",
     "Above a threshold on $\\beta$, tabular-score weighted softmax TD converges geometrically to"
@@ -1156,10 +1166,15 @@ _ = record_claim(
 # $O(\varepsilon^2)$ grows like $(1 + 2\alpha(1 + \gamma))^T$. This is not an artefact of the proof. The
 # next cells run centred softmax TD and centred linear TD ($C = \varepsilon W^\top$) for up to
 # $T = 2 \cdot 10^5$ iterations on three contexts of the small-score check ($W = I$, unit-norm features,
-# $n = 20$, $\alpha = 0.5$, $\gamma = 0.9$, $\varepsilon = 0.03$, every state a query). Both iterations are
+# $n = 20$, $\alpha = 0.5$, $\gamma = 0.9$, $\varepsilon = 0.03$, every state a query).
+#
+# ::: {.callout-note collapse="true" title="How the check runs 200,000 iterations"}
+# Both iterations are
 # affine, $v \mapsto F v + f$; the cell builds the two maps from `context_weights` and the features, checks
 # them against `weighted_softmax_td(..., centred=True)` and `batch_linear_td(..., C=C, centred=True)` over the first 200 iterations, and then
 # iterates the maps themselves, which is much faster than calling the functions $2 \cdot 10^5$ times.
+# :::
+#
 
 # %%
 #| code-fold: true
@@ -2098,11 +2113,9 @@ test_eq(
     context_tensors(torch.zeros(4, 2, dtype=torch.float32), np.zeros(3))[2].dtype, torch.float32
 )
 
-# %% [markdown]
-# Each malformed context fails with the name of the culprit:
-
 # %%
 #| code-fold: true
+# Each malformed context fails with the name of the culprit:
 bad_contexts = {
     "`phi_states` must have shape (..., n+1, d)": dict(phi_states=np.zeros(4)),
     "`rewards` must have shape (..., 3)": dict(rewards=np.zeros(4)),
@@ -2158,11 +2171,10 @@ for name, kernel in kernels.items():
             eps=1e-12,
         )
 
-# %% [markdown]
-# Huge scores are harmless in both precisions, and a score that is $-\infty$ on every key is refused:
-
 # %%
 #| code-fold: true
+# Huge scores are harmless in both precisions, and a score that is $-\infty$ on every key is
+# refused:
 onehot = np.eye(4)[[0, 1, 2, 1, 3]]
 for dt in (torch.float32, torch.float64):
     K = context_weights(torch.tensor(onehot, dtype=dt), 1e4 * np.eye(4))
@@ -2193,13 +2205,11 @@ W = 3 * torch.eye(4, dtype=torch.float64)
 base = weighted_softmax_td(phi, R, W, 0.5, 0.9, 25)
 with_q = weighted_softmax_td(phi, R, W, 0.5, 0.9, 25, phi_queries=Q)
 
-# %% [markdown]
+# %%
+#| code-fold: true
 # Queries are targets only: nobody's TD error reads them. So appending queries never changes the
 # values at the trajectory states, and a query's value does not depend on the other queries.
 # `return_all` starts at $v_0 = 0$ and ends at the plain result.
-
-# %%
-#| code-fold: true
 test_eq(with_q.shape, (9 + 10,))
 test_close(with_q[:9], base, eps=1e-14)
 for i in range(10):
@@ -2214,13 +2224,11 @@ test_eq(
     weighted_softmax_td(phi, R, W, 0.5, 0.9, 0, phi_queries=Q), torch.zeros(19, dtype=torch.float64)
 )
 
-# %% [markdown]
-# The three forms of `rho` agree (a constant, a tensor per target, a function of the features),
-# and a `rho` with batch dimensions of its own broadcasts like the rest (a constant $\rho = 1/2$ is
-# the same as halving $\alpha$):
-
 # %%
 #| code-fold: true
+# The three forms of `rho` agree (a constant, a tensor per target, a function of the features),
+# and a `rho` with batch dimensions of its own broadcasts like the rest (a constant $\rho = 1/2$
+# is the same as halving $\alpha$):
 rho_fn = lambda keys, X: 1 + X[..., 0]
 a = weighted_softmax_td(phi, R, W, 0.5, 0.9, 25, Q, rho=rho_fn)
 test_close(
@@ -2233,12 +2241,10 @@ two_rhos = weighted_softmax_td(
 test_eq(two_rhos.shape, (2, 19))
 test_close(two_rhos[1], weighted_softmax_td(phi, R, W, 0.25, 0.9, 25, Q), eps=1e-14)
 
-# %% [markdown]
-# Batches: a call on a stack of contexts equals a loop of single calls, and batch dimensions
-# broadcast (one $W$ for all contexts, or one per context, or a grid of both):
-
 # %%
 #| code-fold: true
+# Batches: a call on a stack of contexts equals a loop of single calls, and batch dimensions
+# broadcast (one $W$ for all contexts, or one per context, or a grid of both):
 B = 6
 phis, Rs, Qs = map(torch.stack, zip(*[boyan_context(12, seed) for seed in range(B)]))
 Ws = torch.stack([beta * torch.eye(4, dtype=torch.float64) for beta in range(1, B + 1)])
@@ -2259,14 +2265,12 @@ grid = weighted_softmax_td(phis[None], Rs[None], Ws[:3, None], 0.5, 0.9, 20, Qs[
 test_eq(grid.shape, (3, B, 23))
 test_close(grid[2, 4], weighted_softmax_td(phis[4], Rs[4], Ws[2], 0.5, 0.9, 20, Qs[4]), eps=1e-14)
 
-# %% [markdown]
+# %%
+#| code-fold: true
 # Precision and devices: float64 in gives float64 out, float32 gives float32, on the input's
 # device, and the two precisions agree to float32 precision (relative $10^{-5}$ of the values'
 # scale after 50 iterations). Scores of $10^4$ (here $W = 2 \cdot 10^4 I$ on unit features) leave
 # every value finite in both precisions.
-
-# %%
-#| code-fold: true
 v64 = weighted_softmax_td(phis, Rs, Ws, 0.5, 0.9, 50, Qs)
 v32 = weighted_softmax_td(phis.float(), Rs.float(), Ws.float(), 0.5, 0.9, 50, Qs.float())
 test_eq((v64.dtype, v32.dtype, v32.device), (torch.float64, torch.float32, phis.device))
@@ -2280,13 +2284,11 @@ for dt in (torch.float32, torch.float64):
     ).all()
 print("float32 against float64 after 50 iterations: largest gap below 1e-5 of the values' scale")
 
-# %% [markdown]
+# %%
+#| code-fold: true
 # A case we can solve by hand: one transition ($n = 1$). Every target puts weight 1 on it, so all
 # values stay equal, $v_t(x) = u_t$, and $u_{t+1} = u_t + \alpha (R_1 + \gamma u_t - u_t)$, whence
 # $$u_t = \frac{R_1}{1 - \gamma}\Big(1 - \big(1 - \alpha (1 - \gamma)\big)^t\Big).$$
-
-# %%
-#| code-fold: true
 alpha, gamma, R1 = 0.3, 0.8, 2.5
 v = weighted_softmax_td(
     rng.standard_normal((2, 3)),
@@ -2303,18 +2305,15 @@ test_eq(v.shape, (21, 6))
 test_close(v, u[:, None].expand(21, 6), eps=1e-13)
 
 
-# %% [markdown]
-# The iteration is affine in $v$. Write the TD errors as $\delta = R + D v$, with $D$ the
-# $n \times m$ matrix whose row $k - 1$ holds $-1$ at column $k - 1$ (the state left) and
-# $+\gamma$ at column $k$ (the successor), and collect the weights in the $n \times m$ matrix $K$.
-# Then
-# $$v_{t+1} = \big(I + \alpha \operatorname{diag}(\rho)\, K^\top D\big)\, v_t + \alpha \operatorname{diag}(\rho)\, K^\top R .$$
-# With an arbitrary $W$ nothing promises convergence: this matrix can have eigenvalues outside the
-# unit disc, and values then grow geometrically. The cell checks the affine form against the
-# iterates, and finds such a $W$.
-
 # %%
 #| code-fold: true
+# The iteration is affine in $v$. Write the TD errors as $\delta = R + D v$, with $D$ the $n
+# \times m$ matrix whose row $k - 1$ holds $-1$ at column $k - 1$ (the state left) and $+\gamma$
+# at column $k$ (the successor), and collect the weights in the $n \times m$ matrix $K$. Then
+# $$v_{t+1} = \big(I + \alpha \operatorname{diag}(\rho)\, K^\top D\big)\, v_t + \alpha
+# \operatorname{diag}(\rho)\, K^\top R .$$ With an arbitrary $W$ nothing promises convergence:
+# this matrix can have eigenvalues outside the unit disc, and values then grow geometrically. The
+# cell checks the affine form against the iterates, and finds such a $W$.
 def iteration_matrix(phi, R, W, alpha, gamma, phi_queries=None, rho=None):
     "The affine map v -> M v + c of one iteration of weighted softmax TD, built entry by entry."
     K = context_weights(phi, W, phi_queries)
@@ -2400,13 +2399,11 @@ bad_args = [
 for msg, kw in bad_args:
     test_fail(lambda: weighted_softmax_td(**{**good, **kw}), contains=msg)
 
-# %% [markdown]
-# The order of the score's arguments matters as soon as $W$ is not symmetric. Reading
-# $\phi(x)^\top W \phi(y)$ target first ($g(x, S_{k-1})$) is the same algorithm as
-# our key-first convention with $W^\top$, and a different one from our convention with $W$:
-
 # %%
 #| code-fold: true
+# The order of the score's arguments matters as soon as $W$ is not symmetric. Reading
+# $\phi(x)^\top W \phi(y)$ target first ($g(x, S_{k-1})$) is the same algorithm as our key-first
+# convention with $W^\top$, and a different one from our convention with $W$:
 W_ns = torch.from_numpy(np.random.default_rng(8).uniform(-1, 1, (4, 4)))  # not symmetric
 target_first = (
     lambda keys, X: X @ W_ns @ keys.mT
@@ -2420,12 +2417,10 @@ print(
 )
 
 
-# %% [markdown]
-# In general, the vectorised iteration agrees with a direct transcription of the definition as
-# three nested loops, on random contexts with queries, a random $\rho$ and random scores:
-
 # %%
 #| code-fold: true
+# In general, the vectorised iteration agrees with a direct transcription of the definition as
+# three nested loops, on random contexts with queries, a random $\rho$ and random scores:
 def wstd_loops(phi, R, W, alpha, gamma, T, Q, rho):
     "Weighted softmax TD written as loops over iterations, targets and transitions."
     n, X = len(R), np.concatenate([phi, Q])
@@ -2466,14 +2461,13 @@ for seed in range(10):
 # above `WORK_LIMITS['bytes']`. So are `context_weights`, which returns $K$ itself, and `two_head_linear_td`,
 # whose shifted kernel is not bilinear (`batch_linear_td` is the same algorithm in $O(nd)$ memory).
 
-# %% [markdown]
-# The paths agree to $10^{-12}$ relative on random contexts of every form the function takes (queries,
-# a batch of contexts with a batch of $W$, `rho` as a tensor and as a function, `centred`, `return_all`,
-# float32), by attention (random features) and by groups (Boyan chains, with attention switched off), `'auto'`
-# switches at `DENSE_BYTES`, and what cannot be done in the memory allowed is refused:
-
 # %%
 #| code-fold: true
+# The paths agree to $10^{-12}$ relative on random contexts of every form the function takes
+# (queries, a batch of contexts with a batch of $W$, `rho` as a tensor and as a function,
+# `centred`, `return_all`, float32), by attention (random features) and by groups (Boyan chains,
+# with attention switched off), `'auto'` switches at `DENSE_BYTES`, and what cannot be done in the
+# memory allowed is refused:
 def paths_agree(phi, R, W, **kw):
     "The largest difference between the dense and the streamed path, relative to the largest value."
     dense, streamed = (
@@ -2578,12 +2572,10 @@ test_fail(
 # %% [markdown]
 # ### Tabular TD: state indices, batches and bad input
 
-# %% [markdown]
-# `check_states` is the one rule for state indices in the package (the convergence chapter uses it
-# too): integers, or floats with integer values, in range, with at least one transition.
-
 # %%
 #| code-fold: true
+# `check_states` is the one rule for state indices in the package (the convergence chapter uses it
+# too): integers, or floats with integer values, in range, with at least one transition.
 test_eq(check_states([0.0, 2.0, 1.0], 3), torch.tensor([0, 2, 1]))
 for bad, msg in {
     (0.5, 1.0): "must hold integer state indices",
@@ -2628,11 +2620,9 @@ for flag in (
         contains=f"`{flag}` must be a bool",
     )
 
-# %% [markdown]
-# Batched calls equal loops, and bad input is refused:
-
 # %%
 #| code-fold: true
+# Batched calls equal loops, and bad input is refused:
 Ss = torch.from_numpy(np.random.default_rng(2).integers(0, 6, (5, 16)))
 Rs = torch.from_numpy(np.random.default_rng(3).uniform(-1, 1, (5, 15)))
 test_eq(
@@ -2661,16 +2651,15 @@ for msg, kw in {
     test_fail(lambda: certainty_equivalence(**args), contains=msg)
     test_fail(lambda: batch_tabular_td(alpha=0.5, n_iters=3, **args), contains=msg)
 
-# %% [markdown]
-# A hand example for the tabular functions: the trajectory $0 \to 1 \to 0 \to 2$ with rewards $1, 2, 3$ leaves state 0 twice
-# (to 1 and to 2, mean reward 2) and state 1 once (to 0, reward 2); it never leaves state 2. So
-# $\hat v(2) = 0$, $\hat v(1) = 2 + \gamma \hat v(0)$ and $\hat v(0) = 2 + \frac\gamma2 (\hat v(1) + \hat v(2))$,
-# whence $\hat v(0) = (2 + \gamma)/(1 - \gamma^2/2)$. Batch tabular TD reaches it, at a rate no worse
-# than $1 - \alpha(1 - \gamma)$ per iteration (its update is $v \leftarrow (1-\alpha) v + \alpha(\hat r + \gamma \hat P v)$
-# on the states left, a contraction in the max norm), and it never moves state 2:
-
 # %%
 #| code-fold: true
+# A hand example for the tabular functions: the trajectory $0 \to 1 \to 0 \to 2$ with rewards $1,
+# 2, 3$ leaves state 0 twice (to 1 and to 2, mean reward 2) and state 1 once (to 0, reward 2); it
+# never leaves state 2. So $\hat v(2) = 0$, $\hat v(1) = 2 + \gamma \hat v(0)$ and $\hat v(0) = 2
+# + \frac\gamma2 (\hat v(1) + \hat v(2))$, whence $\hat v(0) = (2 + \gamma)/(1 - \gamma^2/2)$.
+# Batch tabular TD reaches it, at a rate no worse than $1 - \alpha(1 - \gamma)$ per iteration (its
+# update is $v \leftarrow (1-\alpha) v + \alpha(\hat r + \gamma \hat P v)$ on the states left, a
+# contraction in the max norm), and it never moves state 2:
 g = 0.5
 v0_hand = (2 + g) / (1 - g * g / 2)
 ce = certainty_equivalence([0, 1, 0, 2], [1.0, 2.0, 3.0], 3, g)
@@ -2731,12 +2720,10 @@ A = Phi[:-1].T @ (Phi[:-1] - mrp.gamma * Phi[1:]) / 400
 b = Phi[:-1].T @ R / 400
 test_close(batch_linear_td(Phi, R, 0.5, mrp.gamma, 3000), Phi @ torch.linalg.solve(A, b), eps=1e-10)
 
-# %% [markdown]
-# The same holds batched: one call on a stack of 32 contexts matches one `batch_linear_td` call,
-# and both match the loop of single calls.
-
 # %%
 #| code-fold: true
+# The same holds batched: one call on a stack of 32 contexts matches one `batch_linear_td` call,
+# and both match the loop of single calls.
 phis, Rs, Qs = (
     rng.uniform(0.1, 1, (32, 21, 4)),
     rng.uniform(-1, 1, (32, 20)),
@@ -2748,12 +2735,10 @@ test_close(v_soft, v_lin, eps=1e-12)
 for b in range(0, 32, 8):
     test_close(v_lin[b], batch_linear_td(phis[b], Rs[b], 0.1, 0.9, 80, Qs[b]), eps=1e-14)
 
-# %% [markdown]
-# The reduction is specific to this $\rho$: with $\rho = 1$ the same score gives a different
-# algorithm (normalised rather than summed TD errors), and the check fails, as it should:
-
 # %%
 #| code-fold: true
+# The reduction is specific to this $\rho$: with $\rho = 1$ the same score gives a different
+# algorithm (normalised rather than summed TD errors), and the check fails, as it should:
 test_ne(weighted_softmax_td(phis, Rs, None, 0.1, 0.9, 80, Qs, score=linear_score), v_lin)
 assert (
     weighted_softmax_td(phis, Rs, None, 0.1, 0.9, 80, Qs, score=linear_score) - v_lin
