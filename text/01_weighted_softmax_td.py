@@ -2113,8 +2113,6 @@ test_eq(
     context_tensors(torch.zeros(4, 2, dtype=torch.float32), np.zeros(3))[2].dtype, torch.float32
 )
 
-# %%
-#| code-fold: true
 # Each malformed context fails with the name of the culprit:
 bad_contexts = {
     "`phi_states` must have shape (..., n+1, d)": dict(phi_states=np.zeros(4)),
@@ -2147,9 +2145,6 @@ test_close(K.sum(0), torch.ones(9, dtype=torch.float64), eps=1e-15)
 G = np.exp(phi[:-1] @ W @ phi.T)
 test_close(K[:, :7], torch.from_numpy(G / G.sum(0)), eps=1e-15)
 
-
-# %%
-#| code-fold: true
 def nadaraya_watson(kernel, xs, ys, x):
     "Kernel regression estimate at `x` from samples `(xs[i], ys[i])`."
     k = np.array([kernel(xi, x) for xi in xs])
@@ -2171,8 +2166,6 @@ for name, kernel in kernels.items():
             eps=1e-12,
         )
 
-# %%
-#| code-fold: true
 # Huge scores are harmless in both precisions, and a score that is $-\infty$ on every key is
 # refused:
 onehot = np.eye(4)[[0, 1, 2, 1, 3]]
@@ -2205,8 +2198,6 @@ W = 3 * torch.eye(4, dtype=torch.float64)
 base = weighted_softmax_td(phi, R, W, 0.5, 0.9, 25)
 with_q = weighted_softmax_td(phi, R, W, 0.5, 0.9, 25, phi_queries=Q)
 
-# %%
-#| code-fold: true
 # Queries are targets only: nobody's TD error reads them. So appending queries never changes the
 # values at the trajectory states, and a query's value does not depend on the other queries.
 # `return_all` starts at $v_0 = 0$ and ends at the plain result.
@@ -2224,8 +2215,6 @@ test_eq(
     weighted_softmax_td(phi, R, W, 0.5, 0.9, 0, phi_queries=Q), torch.zeros(19, dtype=torch.float64)
 )
 
-# %%
-#| code-fold: true
 # The three forms of `rho` agree (a constant, a tensor per target, a function of the features),
 # and a `rho` with batch dimensions of its own broadcasts like the rest (a constant $\rho = 1/2$
 # is the same as halving $\alpha$):
@@ -2241,8 +2230,6 @@ two_rhos = weighted_softmax_td(
 test_eq(two_rhos.shape, (2, 19))
 test_close(two_rhos[1], weighted_softmax_td(phi, R, W, 0.25, 0.9, 25, Q), eps=1e-14)
 
-# %%
-#| code-fold: true
 # Batches: a call on a stack of contexts equals a loop of single calls, and batch dimensions
 # broadcast (one $W$ for all contexts, or one per context, or a grid of both):
 B = 6
@@ -2265,8 +2252,6 @@ grid = weighted_softmax_td(phis[None], Rs[None], Ws[:3, None], 0.5, 0.9, 20, Qs[
 test_eq(grid.shape, (3, B, 23))
 test_close(grid[2, 4], weighted_softmax_td(phis[4], Rs[4], Ws[2], 0.5, 0.9, 20, Qs[4]), eps=1e-14)
 
-# %%
-#| code-fold: true
 # Precision and devices: float64 in gives float64 out, float32 gives float32, on the input's
 # device, and the two precisions agree to float32 precision (relative $10^{-5}$ of the values'
 # scale after 50 iterations). Scores of $10^4$ (here $W = 2 \cdot 10^4 I$ on unit features) leave
@@ -2284,8 +2269,6 @@ for dt in (torch.float32, torch.float64):
     ).all()
 print("float32 against float64 after 50 iterations: largest gap below 1e-5 of the values' scale")
 
-# %%
-#| code-fold: true
 # A case we can solve by hand: one transition ($n = 1$). Every target puts weight 1 on it, so all
 # values stay equal, $v_t(x) = u_t$, and $u_{t+1} = u_t + \alpha (R_1 + \gamma u_t - u_t)$, whence
 # $$u_t = \frac{R_1}{1 - \gamma}\Big(1 - \big(1 - \alpha (1 - \gamma)\big)^t\Big).$$
@@ -2304,9 +2287,6 @@ u = R1 / (1 - gamma) * (1 - (1 - alpha * (1 - gamma)) ** torch.arange(21, dtype=
 test_eq(v.shape, (21, 6))
 test_close(v, u[:, None].expand(21, 6), eps=1e-13)
 
-
-# %%
-#| code-fold: true
 # The iteration is affine in $v$. Write the TD errors as $\delta = R + D v$, with $D$ the $n
 # \times m$ matrix whose row $k - 1$ holds $-1$ at column $k - 1$ (the state left) and $+\gamma$
 # at column $k$ (the successor), and collect the weights in the $n \times m$ matrix $K$. Then
@@ -2399,8 +2379,6 @@ bad_args = [
 for msg, kw in bad_args:
     test_fail(lambda: weighted_softmax_td(**{**good, **kw}), contains=msg)
 
-# %%
-#| code-fold: true
 # The order of the score's arguments matters as soon as $W$ is not symmetric. Reading
 # $\phi(x)^\top W \phi(y)$ target first ($g(x, S_{k-1})$) is the same algorithm as our key-first
 # convention with $W^\top$, and a different one from our convention with $W$:
@@ -2416,9 +2394,6 @@ print(
     f"largest |v| {v_tf.abs().max().item():.2f}; W against W^T: largest difference {order_gap:.3f}"
 )
 
-
-# %%
-#| code-fold: true
 # In general, the vectorised iteration agrees with a direct transcription of the definition as
 # three nested loops, on random contexts with queries, a random $\rho$ and random scores:
 def wstd_loops(phi, R, W, alpha, gamma, T, Q, rho):
@@ -2620,8 +2595,6 @@ for flag in (
         contains=f"`{flag}` must be a bool",
     )
 
-# %%
-#| code-fold: true
 # Batched calls equal loops, and bad input is refused:
 Ss = torch.from_numpy(np.random.default_rng(2).integers(0, 6, (5, 16)))
 Rs = torch.from_numpy(np.random.default_rng(3).uniform(-1, 1, (5, 15)))
@@ -2651,8 +2624,6 @@ for msg, kw in {
     test_fail(lambda: certainty_equivalence(**args), contains=msg)
     test_fail(lambda: batch_tabular_td(alpha=0.5, n_iters=3, **args), contains=msg)
 
-# %%
-#| code-fold: true
 # A hand example for the tabular functions: the trajectory $0 \to 1 \to 0 \to 2$ with rewards $1,
 # 2, 3$ leaves state 0 twice (to 1 and to 2, mean reward 2) and state 1 once (to 0, reward 2); it
 # never leaves state 2. So $\hat v(2) = 0$, $\hat v(1) = 2 + \gamma \hat v(0)$ and $\hat v(0) = 2
@@ -2720,8 +2691,6 @@ A = Phi[:-1].T @ (Phi[:-1] - mrp.gamma * Phi[1:]) / 400
 b = Phi[:-1].T @ R / 400
 test_close(batch_linear_td(Phi, R, 0.5, mrp.gamma, 3000), Phi @ torch.linalg.solve(A, b), eps=1e-10)
 
-# %%
-#| code-fold: true
 # The same holds batched: one call on a stack of 32 contexts matches one `batch_linear_td` call,
 # and both match the loop of single calls.
 phis, Rs, Qs = (
@@ -2735,8 +2704,6 @@ test_close(v_soft, v_lin, eps=1e-12)
 for b in range(0, 32, 8):
     test_close(v_lin[b], batch_linear_td(phis[b], Rs[b], 0.1, 0.9, 80, Qs[b]), eps=1e-14)
 
-# %%
-#| code-fold: true
 # The reduction is specific to this $\rho$: with $\rho = 1$ the same score gives a different
 # algorithm (normalised rather than summed TD errors), and the check fails, as it should:
 test_ne(weighted_softmax_td(phis, Rs, None, 0.1, 0.9, 80, Qs, score=linear_score), v_lin)
@@ -2744,8 +2711,6 @@ assert (
     weighted_softmax_td(phis, Rs, None, 0.1, 0.9, 80, Qs, score=linear_score) - v_lin
 ).abs().max() > 1e-3
 
-# %%
-#| code-fold: true
 phis_s, Rs_s, Qs_s = (
     rng.uniform(-1, 1, (32, 21, 4)),
     rng.uniform(-1, 1, (32, 20)),
