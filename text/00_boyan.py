@@ -51,14 +51,9 @@ from ictd.boyan import (
 # - The book's testbed, the random Boyan chain, drawn and solved by hand on three states in exact fractions.
 # - Trajectories, the ergodic theorem at work, and one seed giving one chain under every feature kind.
 # - The score of every estimate: the mean squared value error (MSVE).
+# - The library's code is folded where a function is introduced; helpers, input checks and tests are in
+#   [Implementation and tests](#implementation-and-tests). Symbols: [Notation](notation.html).
 # :::
-
-# %% [markdown]
-# *How to read this chapter.* First the objects (a Markov reward process, its values and its stationary
-# distribution), then the book's testbed, the random Boyan chain, with a picture of one, then a three-state chain
-# solved by hand, then trajectories and the value error. The library's code is folded where a function is
-# introduced; the helpers, the input checks and the exhaustive tests are in the last section,
-# [Implementation and tests](#implementation-and-tests). Symbols are listed once in [Notation](notation.html).
 
 # %% [markdown]
 # Everything in this book is *policy evaluation*: a fixed policy has turned a Markov decision
@@ -588,10 +583,10 @@ def msve(
 
 
 # %%
-test_eq(msve(mrp, mrp.v_pi), 0.)
-test_close(msve(mrp, np.zeros(10)), (mrp.d_pi * mrp.v_pi ** 2).sum().item(), eps=1e-15)
-test_close(msve(mrp, mrp.v_pi + 0.5), 0.25, eps=1e-14)
-test_eq(msve(mrp, torch.zeros(3, 10)).shape, (3,))
+zero = msve(mrp, np.zeros(10))
+test_close(zero, (mrp.d_pi * mrp.v_pi ** 2).sum().item(), eps=1e-15)
+print(f"MSVE: zero estimate {zero:.3f}, true values {msve(mrp, mrp.v_pi):.1f}, "
+      f"true values + 0.5 {msve(mrp, mrp.v_pi + 0.5):.2f}")
 
 
 # %% [markdown]
@@ -895,8 +890,6 @@ rep = random_boyan_chain(rewards="representable", seed=1)
 w = torch.linalg.lstsq(rep.phi, rep.v_pi.unsqueeze(1)).solution
 test_close(rep.phi @ w.squeeze(1), rep.v_pi, eps=1e-10)
 
-# %%
-#| code-fold: true
 for msg, kw in {"`n_states` must be an integer >= 2": dict(n_states=1),
                 "`d` must be a positive integer": dict(d=0),
                 "`features` must be one of": dict(features="gaussian"),
@@ -933,6 +926,10 @@ test_close(
     weighted_error(torch.tensor([1.0, 2.0]), torch.tensor([0.0, 0.0]), torch.tensor([0.25, 0.75])),
     3.25,
 )
+test_eq(msve(mrp, mrp.v_pi), 0.)
+test_close(msve(mrp, np.zeros(10)), (mrp.d_pi * mrp.v_pi ** 2).sum().item(), eps=1e-15)
+test_close(msve(mrp, mrp.v_pi + 0.5), 0.25, eps=1e-14)
+test_eq(msve(mrp, torch.zeros(3, 10)).shape, (3,))
 
 # %% [markdown]
 # ### Trajectories and the value error: shapes, seeds and bad input
@@ -948,15 +945,11 @@ test_eq(rewards, mrp.r[states[:-1]])
 test_eq(sample_trajectory(mrp, 20, seed=0)[0], states)
 test_eq(sample_trajectory(mrp, 5, start=3, seed=1)[0][0], 3)
 
-# %%
-#| code-fold: true
 for msg, kw in {"`n` must be a non-negative integer": dict(n=-1),
                 "`start` must be 'stationary'": dict(n=3, start="left"),
                 "`start` must be a state in 0..9": dict(n=3, start=10)}.items():
     test_fail(lambda: sample_trajectory(mrp, **kw), contains=msg)
 
-# %%
-#| code-fold: true
 test_fail(lambda: msve(mrp, np.zeros(9)), contains="`v_hat` must have last dimension 10")
 
 # %% [markdown]
