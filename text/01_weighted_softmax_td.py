@@ -2332,6 +2332,7 @@ assert blowup > 1e6
 print(f"W' = 3W, alpha = 1.5: spectral radius {spectral_radius:.2f}, max |v_200| = {blowup:.1e}")
 
 # %% [markdown]
+# ::: {.callout-note collapse="true" title="The order of the score's arguments"}
 # **The order of the score's arguments.** The lesson's example came first; here is the convention it used. We write $g(S_{k-1}, x)$: the key (the state the
 # transition leaves) first, the target second. Some write the score target first,
 # $g(x, S_{k-1})$. For a symmetric score the order is immaterial; for the bilinear score it is not:
@@ -2342,6 +2343,7 @@ print(f"W' = 3W, alpha = 1.5: spectral radius {spectral_radius:.2f}, max |v_200|
 # [Chapter 2](prompt.html#from-row-token-attention-to-the-books-columns) translates
 # the usual row-token attention into this convention. The check below shows that the order matters
 # for a non-symmetric $W$.
+# :::
 #
 # Bad arguments fail with their names:
 
@@ -2422,6 +2424,7 @@ for seed in range(10):
 # %% [markdown]
 # ### Long contexts in linear memory
 #
+# ::: {.callout-note collapse="true" title="How the streamed path works, and when it is taken"}
 # The dense path holds $K$, $n \times m$ numbers: at $n = 10^5$ that is tens of GiB. For the bilinear score
 # $\phi(S_{k-1})^\top W \phi(x)$ the sum $\sum_k K_k(x)\,\delta_k$ is softmax attention of the query $W\phi(x)$
 # over the keys $\phi(S_{k-1})$ with values $\delta_k$, so the path `'streamed'` computes it each iteration by fused
@@ -2435,6 +2438,7 @@ for seed in range(10):
 # would pass `DENSE_BYTES`; the dense path, asked for or needed (a `score` function), is refused with its estimate
 # above `WORK_LIMITS['bytes']`. So are `context_weights`, which returns $K$ itself, and `two_head_linear_td`,
 # whose shifted kernel is not bilinear (`batch_linear_td` is the same algorithm in $O(nd)$ memory).
+# :::
 
 # %%
 #| code-fold: true
