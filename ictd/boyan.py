@@ -9,109 +9,312 @@ import numpy as np
 import torch
 
 # %% auto #0
-__all__ = ['FEATURES', 'REWARDS', 'as_tensor', 'check_gamma', 'MRP', 'transitions_from_uniforms', 'boyan_transitions',
-           'chain_from_uniforms', 'random_boyan_chain', 'plot_chain', 'sample_trajectory', 'weighted_error', 'msve',
+__all__ = ['FEATURES', 'REWARDS', 'MRP', 'random_boyan_chain', 'plot_chain', 'sample_trajectory', 'msve', 'as_tensor',
+           'check_gamma', 'transitions_from_uniforms', 'boyan_transitions', 'chain_from_uniforms', 'weighted_error',
            'is_real_number', 'ArgumentError', 'checked', 'check_arguments']
 
-# %% ../nbs/00_boyan.ipynb #2663e971
-def _positive_strides(a:np.ndarray)->np.ndarray:
-    "`a`, copied when it is a view with a negative stride (a reversed array), which torch cannot share."
-    return a.copy() if any(st < 0 for st in a.strides) else a
-
-def as_tensor(x,                # array-like (numpy array, torch tensor, list or number)
-              name:str,         # argument name, used in error messages
-              dtype=None,       # dtype to convert to; default: keep floating tensors, else float64
-              device=None,      # device to move to; default: keep
-             )->torch.Tensor:   # finite floating tensor
-    "Convert `x` to a finite floating torch tensor, raising `ValueError` (`TypeError` for complex numbers) that names `name`."
-    if x is None: raise TypeError(f"`{name}` must be numeric array-like, got None")
-    if x.is_complex() if isinstance(x, torch.Tensor) else np.iscomplexobj(x): raise TypeError(f"`{name}` must be real, got complex numbers")
-    try: t = x if isinstance(x, torch.Tensor) else torch.as_tensor(_positive_strides(np.asarray(x, dtype=np.float64)))
-    except (TypeError, ValueError) as e: raise ValueError(f"`{name}` must be numeric array-like, got {type(x).__name__}") from e
-    if dtype is None and not t.is_floating_point(): dtype = torch.float64
-    t = t.to(dtype=dtype or t.dtype, device=device or t.device)
-    if not torch.isfinite(t).all(): raise ValueError(f"`{name}` contains NaN or inf")
-    return t
-
-# %% ../nbs/00_boyan.ipynb #6c4e0a35
-def check_gamma(gamma)->float:
-    "Return `gamma` as a float, raising `ValueError` unless it is a real number in [0, 1)."
-    from ictd.core import check_number   # the shared check (appendix A's module imports this one, so it is imported when called)
-    try: g = check_number(gamma, "gamma", 0.)
-    except ValueError: g = -1.
-    shape = tuple(getattr(gamma, "shape", ()))
-    if shape: raise ValueError(f"`gamma` must be a number in [0, 1), got an array of shape {shape} (an MRP is MRP(P, r, gamma, phi), in this order)")
-    if not 0 <= g < 1: raise ValueError(f"`gamma` must lie in [0, 1), got {gamma!r}")
-    return g
-
-# %% ../nbs/00_boyan.ipynb #1cf8056c
-def _stationary(P:np.ndarray)->np.ndarray:
-    s = len(P)
-    A = np.vstack([P.T - np.eye(s), np.ones((1, s))])
-    if np.linalg.matrix_rank(A, tol=1e-10) < s: raise ValueError("`P` has no unique stationary distribution (the chain is reducible)")
-    d = np.linalg.lstsq(A, np.r_[np.zeros(s), 1.], rcond=None)[0]
-    return np.clip(d, 0, None) / np.clip(d, 0, None).sum()
-
 # %% ../nbs/00_boyan.ipynb #31c7122d
+#| code-fold: true
+#| code-summary: "MRP"
 @dataclass(eq=False)
 class MRP:
     "A validated Markov reward process with features; `d_pi` and `v_pi` are computed on creation."
-    P:torch.Tensor      # (s, s) row-stochastic transition matrix
-    r:torch.Tensor      # (s,) expected reward on leaving each state
-    gamma:float         # discount factor in [0, 1)
-    phi:torch.Tensor    # (s, d) state features, one row per state
-    d_pi:torch.Tensor = field(init=False)  # (s,) stationary distribution
-    v_pi:torch.Tensor = field(init=False)  # (s,) true values (I - gamma P)^{-1} r
-    device:InitVar = None   # keyword: the device of every tensor; default that of `P` (the CPU for numpy input)
-    dtype:InitVar = None    # keyword: the floating dtype of every tensor; default float64 (the checks and solves run in float64 first)
+
+    P: torch.Tensor  # (s, s) row-stochastic transition matrix
+    r: torch.Tensor  # (s,) expected reward on leaving each state
+    gamma: float  # discount factor in [0, 1)
+    phi: torch.Tensor  # (s, d) state features, one row per state
+    d_pi: torch.Tensor = field(init=False)  # (s,) stationary distribution
+    v_pi: torch.Tensor = field(init=False)  # (s,) true values (I - gamma P)^{-1} r
+    device: InitVar = (
+        None  # keyword: the device of every tensor; default that of `P` (the CPU for numpy input)
+    )
+    dtype: InitVar = (
+        # keyword: the floating dtype of every tensor; default float64 (the checks and solves run in
+        # float64 first)
+        None
+    )
 
     def __post_init__(self, device, dtype):
-        self.P, self.r = as_tensor(self.P, "P", torch.float64), as_tensor(self.r, "r", torch.float64)
+        self.P, self.r = as_tensor(self.P, "P", torch.float64), as_tensor(
+            self.r, "r", torch.float64
+        )
         self.phi, self.gamma = as_tensor(self.phi, "phi", torch.float64), check_gamma(self.gamma)
         s = self.P.shape[0] if self.P.ndim == 2 else -1
-        if self.P.ndim != 2 or self.P.shape != (s, s) or s < 1: raise ValueError(f"`P` must be a square (s, s) matrix, got shape {tuple(self.P.shape)}")
-        if (self.P < 0).any(): raise ValueError("`P` has negative entries")
-        if not torch.allclose(self.P.sum(1), torch.ones(s, dtype=torch.float64), atol=1e-10): raise ValueError("`P` is not row-stochastic: every row must sum to 1")
-        if self.r.shape != (s,): raise ValueError(f"`r` must have shape ({s},) to match `P`, got {tuple(self.r.shape)}")
-        if self.phi.ndim != 2 or self.phi.shape[0] != s: raise ValueError(f"`phi` must have shape ({s}, d) to match `P`, got {tuple(self.phi.shape)}")
+        if self.P.ndim != 2 or self.P.shape != (s, s) or s < 1:
+            raise ValueError(f"`P` must be a square (s, s) matrix, got shape {tuple(self.P.shape)}")
+        if (self.P < 0).any():
+            raise ValueError("`P` has negative entries")
+        if not torch.allclose(self.P.sum(1), torch.ones(s, dtype=torch.float64), atol=1e-10):
+            raise ValueError("`P` is not row-stochastic: every row must sum to 1")
+        if self.r.shape != (s,):
+            raise ValueError(f"`r` must have shape ({s},) to match `P`, got {tuple(self.r.shape)}")
+        if self.phi.ndim != 2 or self.phi.shape[0] != s:
+            raise ValueError(
+                f"`phi` must have shape ({s}, d) to match `P`, got {tuple(self.phi.shape)}"
+            )
         self.d_pi = torch.from_numpy(_stationary(self.P.cpu().numpy())).to(self.P.device)
         I = torch.eye(s, dtype=torch.float64, device=self.P.device)
         self.v_pi = torch.linalg.solve(I - self.gamma * self.P, self.r)
-        if device is not None or dtype is not None: self._move(device, dtype)
+        if device is not None or dtype is not None:
+            self._move(device, dtype)
 
     def _move(self, device, dtype):
-        for k in ("P", "r", "phi", "d_pi", "v_pi"): setattr(self, k, getattr(self, k).to(device=device, dtype=dtype))
+        for k in ("P", "r", "phi", "d_pi", "v_pi"):
+            setattr(self, k, getattr(self, k).to(device=device, dtype=dtype))
 
-    def to(self, device=None, dtype=None)->MRP:
-        "A copy of the process with every tensor on `device` and in the floating `dtype` (None: unchanged)."
+    def to(self, device=None, dtype=None) -> MRP:
+        (
+            "A copy of the process with every tensor on `device` and in the floating `dtype` (None:"
+            " unchanged)."
+        )
         out = MRP.__new__(MRP)
         out.__dict__.update(self.__dict__)
         out._move(device, dtype)
         return out
 
     @property
-    def n_states(self)->int: return self.P.shape[0]
+    def n_states(self) -> int:
+        return self.P.shape[0]
+
     @property
-    def d(self)->int: return self.phi.shape[1]
-    def __repr__(self): return f"MRP(n_states={self.n_states}, d={self.d}, gamma={self.gamma})"
+    def d(self) -> int:
+        return self.phi.shape[1]
+
+    def __repr__(self):
+        return f"MRP(n_states={self.n_states}, d={self.d}, gamma={self.gamma})"
+
+# %% ../nbs/00_boyan.ipynb #c21067cc
+#| code-fold: true
+#| code-summary: "random_boyan_chain"
+def random_boyan_chain(
+    n_states: int = 10,  # number of states s >= 2
+    d: int = 4,  # feature dimension (one-hot chains read the s x d block too: same P, r)
+    gamma: float = 0.9,  # discount factor in [0, 1)
+    features: str = "random",  # "random" (U(-1, 1)), "onehot" or "unit" (random rows of norm 1)
+    rewards: str = "random",  # "random" (U(-1, 1)) or "representable" (v_pi in the span of phi)
+    seed=None,  # int or `numpy.random.Generator`
+) -> MRP:
+    (
+        "Draw a random Boyan chain task (the conventions of Wang et al. 2025's public code, listed "
+        "above)."
+    )
+    from ictd.core import (
+        check_choice,
+        check_int,
+    )  # the shared checks (imported when called, as in `check_gamma`)
+
+    s, d = check_int(n_states, "n_states", 2), check_int(d, "d", 1, "a positive integer")
+    check_choice(features, FEATURES, "features"), check_choice(rewards, REWARDS, "rewards")
+    if not isinstance(seed, (np.random.Generator, np.random.SeedSequence)) and seed is not None:
+        seed = check_int(seed, "seed")
+    gamma, rng = check_gamma(gamma), np.random.default_rng(seed)
+    P, phi = chain_from_uniforms(rng.random(2 * s - 2 + s * d), s, d, features)
+    if rewards == "random":
+        r = rng.uniform(-1, 1, size=s)
+    else:
+        r = (np.eye(s) - gamma * P) @ (phi @ rng.standard_normal(phi.shape[1]))
+    return MRP(P, r, gamma, phi)
+
+# %% ../nbs/00_boyan.ipynb #d9cdde86
+#| code-fold: true
+#| code-summary: "plot_chain"
+def plot_chain(mrp: MRP, ax=None):  # the chain to draw  # matplotlib axes; default: a new figure
+    (
+        "Draw a Boyan chain: states on a line, +1 jumps above and +2 jumps below, labelled with "
+        "probabilities."
+    )
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import FancyArrowPatch
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 2.6))
+    P, s = mrp.P.cpu().numpy(), mrp.n_states
+    for i in range(s):
+        ax.add_patch(plt.Circle((i, 0), 0.28, fc="white", ec="k", zorder=3))
+        ax.text(i, 0, str(i), ha="center", va="center", zorder=4)
+    for i in range(s - 1):
+        for j, rad, dy in ((i + 1, -0.8, 0.62), (i + 2, 0.45, -0.66)):
+            if j >= s or P[i, j] == 0:
+                continue
+            ax.add_patch(
+                FancyArrowPatch(
+                    (i + 0.2, 0.2 * np.sign(dy)),
+                    (j - 0.2, 0.2 * np.sign(dy)),
+                    connectionstyle=f"arc3,rad={rad}",
+                    arrowstyle="-|>",
+                    mutation_scale=12,
+                    color="C0" if j == i + 1 else "C1",
+                )
+            )
+            ax.text(
+                (i + j) / 2,
+                dy,
+                f"{P[i, j]:.2f}",
+                ha="center",
+                va="center",
+                fontsize=9,
+                color="C0" if j == i + 1 else "C1",
+            )
+    ax.plot([], [], color="C0", label="step +1")
+    ax.plot([], [], color="C1", label="step +2")
+    ax.set(
+        xlim=(-0.6, s - 0.4),
+        ylim=(-1.0, 0.95),
+        aspect="equal",
+        title="Transitions of one random Boyan chain",
+    )
+    ax.axis("off")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, 0.04), fontsize=9, ncol=2, frameon=False)
+    return ax
+
+# %% ../nbs/00_boyan.ipynb #58744dd2
+#| code-fold: true
+#| code-summary: "sample_trajectory"
+def sample_trajectory(
+    mrp: MRP,  # the process to sample
+    n: int,  # number of transitions
+    seed=None,  # int or `numpy.random.Generator`
+    start="stationary",  # "stationary" (S_0 ~ d_pi), "uniform", or a state index
+) -> tuple:  # (states (n+1,) long tensor S_0..S_n, rewards (n,) float64 tensor, rewards[k-1] = R_k)
+    "Sample a trajectory of `n` transitions from `mrp`."
+    if int(n) != n or n < 0:
+        raise ValueError(f"`n` must be a non-negative integer, got {n}")
+    rng, s = np.random.default_rng(seed), mrp.n_states
+    if isinstance(start, str) and start not in ("stationary", "uniform"):
+        raise ValueError(f"`start` must be 'stationary', 'uniform' or a state index, got {start!r}")
+    if start == "stationary":
+        s0 = rng.choice(s, p=mrp.d_pi.cpu().numpy())
+    elif start == "uniform":
+        s0 = rng.integers(s)
+    elif int(start) != start or not 0 <= start < s:
+        raise ValueError(f"`start` must be a state in 0..{s - 1}, got {start}")
+    else:
+        s0 = int(start)
+    cum, u = np.cumsum(mrp.P.cpu().numpy(), axis=1), rng.random(int(n))
+    states = np.empty(int(n) + 1, dtype=np.int64)
+    states[0] = s0
+    for t in range(int(n)):
+        states[t + 1] = min(np.searchsorted(cum[states[t]], u[t], side="right"), s - 1)
+    states = torch.from_numpy(states)
+    return states, mrp.r.cpu()[states[:-1]]
+
+# %% ../nbs/00_boyan.ipynb #b3b243d8
+#| code-fold: true
+#| code-summary: "msve"
+def msve(
+    mrp: MRP,  # the process whose true values score the estimate
+    v_hat,  # (..., s) value estimates, one per state
+) -> float:  # d_pi-weighted mean squared value error (a tensor of shape (...) when batched)
+    "Mean squared value error $\\sum_x d_\\pi(x) (\\hat v(x) - v_\\pi(x))^2$."
+    v_hat = as_tensor(v_hat, "v_hat", torch.float64)
+    if v_hat.shape[-1:] != (mrp.n_states,):
+        raise ValueError(
+            f"`v_hat` must have last dimension {mrp.n_states}, got shape {tuple(v_hat.shape)}"
+        )
+    err = weighted_error(v_hat, mrp.v_pi.to(v_hat.device), mrp.d_pi.to(v_hat.device))
+    return err.item() if err.ndim == 0 else err
+
+# %% ../nbs/00_boyan.ipynb #2663e971
+#| code-fold: true
+#| code-summary: "as_tensor"
+def _positive_strides(a: np.ndarray) -> np.ndarray:
+    (
+        "`a`, copied when it is a view with a negative stride (a reversed array), which torch"
+        " cannot share."
+    )
+    return a.copy() if any(st < 0 for st in a.strides) else a
+
+
+def as_tensor(
+    x,  # array-like (numpy array, torch tensor, list or number)
+    name: str,  # argument name, used in error messages
+    dtype=None,  # dtype to convert to; default: keep floating tensors, else float64
+    device=None,  # device to move to; default: keep
+) -> torch.Tensor:  # finite floating tensor
+    (
+        "Convert `x` to a finite floating torch tensor, raising `ValueError` (`TypeError` for"
+        " complex numbers) that names `name`."
+    )
+    if x is None:
+        raise TypeError(f"`{name}` must be numeric array-like, got None")
+    if x.is_complex() if isinstance(x, torch.Tensor) else np.iscomplexobj(x):
+        raise TypeError(f"`{name}` must be real, got complex numbers")
+    try:
+        t = (
+            x
+            if isinstance(x, torch.Tensor)
+            else torch.as_tensor(_positive_strides(np.asarray(x, dtype=np.float64)))
+        )
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"`{name}` must be numeric array-like, got {type(x).__name__}") from e
+    if dtype is None and not t.is_floating_point():
+        dtype = torch.float64
+    t = t.to(dtype=dtype or t.dtype, device=device or t.device)
+    if not torch.isfinite(t).all():
+        raise ValueError(f"`{name}` contains NaN or inf")
+    return t
+
+# %% ../nbs/00_boyan.ipynb #6c4e0a35
+#| code-fold: true
+#| code-summary: "check_gamma"
+def check_gamma(gamma) -> float:
+    "Return `gamma` as a float, raising `ValueError` unless it is a real number in [0, 1)."
+    from ictd.core import (
+        check_number,
+    )  # the shared check (appendix A's module imports this one, so it is imported when called)
+
+    try:
+        g = check_number(gamma, "gamma", 0.0)
+    except ValueError:
+        g = -1.0
+    shape = tuple(getattr(gamma, "shape", ()))
+    if shape:
+        raise ValueError(
+            f"`gamma` must be a number in [0, 1), got an array of shape {shape} (an MRP is MRP(P,"
+            " r, gamma, phi), in this order)"
+        )
+    if not 0 <= g < 1:
+        raise ValueError(f"`gamma` must lie in [0, 1), got {gamma!r}")
+    return g
+
+# %% ../nbs/00_boyan.ipynb #1cf8056c
+#| code-fold: true
+#| code-summary: "_stationary"
+def _stationary(P: np.ndarray) -> np.ndarray:
+    s = len(P)
+    A = np.vstack([P.T - np.eye(s), np.ones((1, s))])
+    if np.linalg.matrix_rank(A, tol=1e-10) < s:
+        raise ValueError("`P` has no unique stationary distribution (the chain is reducible)")
+    d = np.linalg.lstsq(A, np.r_[np.zeros(s), 1.0], rcond=None)[0]
+    return np.clip(d, 0, None) / np.clip(d, 0, None).sum()
 
 # %% ../nbs/00_boyan.ipynb #7c17fff1
+#| code-fold: true
+#| code-summary: "transitions_from_uniforms"
 FEATURES, REWARDS = ("random", "onehot", "unit"), ("random", "representable")
 
-def transitions_from_uniforms(u:np.ndarray,   # (..., 2s - 2) uniforms on [0, 1): s - 2 jump probabilities, then s last-row weights
-                              n_states:int,   # number of states s >= 2
-                             )->np.ndarray:   # (..., s, s) row-stochastic matrices
+
+def transitions_from_uniforms(
+    u: np.ndarray,  # (..., 2s - 2) uniforms: s - 2 jump probabilities, s last-row weights
+    n_states: int,  # number of states s >= 2
+) -> np.ndarray:  # (..., s, s) row-stochastic matrices
     "Boyan-chain transition matrices from uniforms: jumps of +1 or +2, and a random last row."
     s = n_states
-    if u.shape[-1] != 2 * s - 2: raise ValueError(f"`u` must have last dimension 2 * n_states - 2 = {2 * s - 2}, got shape {u.shape}")
-    p, last = 0.01 + (0.99 - 0.01) * u[..., :s - 2], 0.01 + (0.99 - 0.01) * u[..., s - 2:]
+    if u.shape[-1] != 2 * s - 2:
+        raise ValueError(
+            f"`u` must have last dimension 2 * n_states - 2 = {2 * s - 2}, got shape {u.shape}"
+        )
+    p, last = 0.01 + (0.99 - 0.01) * u[..., : s - 2], 0.01 + (0.99 - 0.01) * u[..., s - 2 :]
     P, i = np.zeros((*u.shape[:-1], s, s)), np.arange(s - 2)
     P[..., i, i + 1], P[..., i, i + 2] = p, 1 - p
-    P[..., s - 2, s - 1] = 1.
+    P[..., s - 2, s - 1] = 1.0
     P[..., s - 1, :] = last / last.sum(-1, keepdims=True)
     return P
 
 # %% ../nbs/00_boyan.ipynb #1d4aec82
+#| code-fold: true
+#| code-summary: "boyan_transitions"
 def boyan_transitions(n_states:int,                 # number of states s >= 2
                       rng:np.random.Generator,     # source of randomness
                      )->np.ndarray:                 # (s, s) row-stochastic matrix
@@ -119,163 +322,164 @@ def boyan_transitions(n_states:int,                 # number of states s >= 2
     return transitions_from_uniforms(rng.random(2 * n_states - 2), n_states)
 
 # %% ../nbs/00_boyan.ipynb #28c13c68
-def chain_from_uniforms(u:np.ndarray,   # (..., 2s - 2 + s d) uniforms on [0, 1): jump probabilities, last-row weights, feature block
-                        n_states:int,   # number of states s >= 2
-                        d:int,          # columns of the feature block (one-hot features read it too, and have s columns)
-                        features:str,   # one of `FEATURES`
-                       )->tuple:        # P (..., s, s) and phi (..., s, d), or (..., s, s) for one-hot features
-    "Transition matrices and features of Boyan chains from their uniforms, in the order every feature kind reads them."
-    if features not in FEATURES: raise ValueError(f"`features` must be one of {FEATURES}, got {features!r}")
+#| code-fold: true
+#| code-summary: "chain_from_uniforms"
+def chain_from_uniforms(
+    u: np.ndarray,  # (..., 2s - 2 + s d) uniforms: jumps, last row, feature block
+    n_states: int,  # number of states s >= 2
+    d: int,  # columns of the feature block (one-hot features read it too, and have s columns)
+    features: str,  # one of `FEATURES`
+) -> tuple:  # P (..., s, s) and phi (..., s, d), or (..., s, s) for one-hot features
+    (
+        "Transition matrices and features of Boyan chains from their uniforms, in the order every "
+        "feature kind reads them."
+    )
+    if features not in FEATURES:
+        raise ValueError(f"`features` must be one of {FEATURES}, got {features!r}")
     s, k = n_states, 2 * n_states - 2
-    if u.shape[-1] != k + s * d: raise ValueError(f"`u` must have last dimension 2 * n_states - 2 + n_states * d = {k + s * d}, got shape {u.shape}")
+    if u.shape[-1] != k + s * d:
+        raise ValueError(
+            f"`u` must have last dimension 2 * n_states - 2 + n_states * d = {k + s * d}, got shape"
+            f" {u.shape}"
+        )
     block = -1 + (1 - -1) * u[..., k:].reshape(*u.shape[:-1], s, d)
-    if features == "onehot": phi = np.broadcast_to(np.eye(s), (*u.shape[:-1], s, s)).copy()
-    else: phi = block / np.linalg.norm(block, axis=-1, keepdims=True) if features == "unit" else block
+    if features == "onehot":
+        phi = np.broadcast_to(np.eye(s), (*u.shape[:-1], s, s)).copy()
+    else:
+        phi = block / np.linalg.norm(block, axis=-1, keepdims=True) if features == "unit" else block
     return transitions_from_uniforms(u[..., :k], s), phi
 
-# %% ../nbs/00_boyan.ipynb #c21067cc
-def random_boyan_chain(n_states:int=10,           # number of states s >= 2
-                       d:int=4,                   # feature dimension; one-hot chains (s features) read the s x d block too, so they share P and r with random-feature chains of this d
-                       gamma:float=0.9,           # discount factor in [0, 1)
-                       features:str="random",     # "random" (U(-1, 1) entries), "onehot" or "unit" (random rows of norm 1)
-                       rewards:str="random",      # "random" (U(-1, 1)) or "representable" (v_pi in the span of phi)
-                       seed=None,                 # int or `numpy.random.Generator`
-                      )->MRP:
-    "Draw a random Boyan chain task (the conventions of Wang et al. 2025's public code, listed above)."
-    from ictd.core import check_choice, check_int   # the shared checks (imported when called, as in `check_gamma`)
-    s, d = check_int(n_states, "n_states", 2), check_int(d, "d", 1, "a positive integer")
-    check_choice(features, FEATURES, "features"), check_choice(rewards, REWARDS, "rewards")
-    if not isinstance(seed, (np.random.Generator, np.random.SeedSequence)) and seed is not None: seed = check_int(seed, "seed")
-    gamma, rng = check_gamma(gamma), np.random.default_rng(seed)
-    P, phi = chain_from_uniforms(rng.random(2 * s - 2 + s * d), s, d, features)
-    if rewards == "random": r = rng.uniform(-1, 1, size=s)
-    else: r = (np.eye(s) - gamma * P) @ (phi @ rng.standard_normal(phi.shape[1]))
-    return MRP(P, r, gamma, phi)
-
-# %% ../nbs/00_boyan.ipynb #d9cdde86
-def plot_chain(mrp:MRP,       # the chain to draw
-               ax=None,       # matplotlib axes; default: a new figure
-              ):
-    "Draw a Boyan chain: states on a line, +1 jumps above and +2 jumps below, labelled with probabilities."
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import FancyArrowPatch
-    if ax is None: _, ax = plt.subplots(figsize=(8, 2.6))
-    P, s = mrp.P.cpu().numpy(), mrp.n_states
-    for i in range(s):
-        ax.add_patch(plt.Circle((i, 0), 0.28, fc="white", ec="k", zorder=3))
-        ax.text(i, 0, str(i), ha="center", va="center", zorder=4)
-    for i in range(s - 1):
-        for j, rad, dy in ((i + 1, -0.8, 0.62), (i + 2, 0.45, -0.66)):
-            if j >= s or P[i, j] == 0: continue
-            ax.add_patch(FancyArrowPatch((i + 0.2, 0.2 * np.sign(dy)), (j - 0.2, 0.2 * np.sign(dy)),
-                         connectionstyle=f"arc3,rad={rad}", arrowstyle="-|>", mutation_scale=12,
-                         color="C0" if j == i + 1 else "C1"))
-            ax.text((i + j) / 2, dy, f"{P[i, j]:.2f}", ha="center", va="center", fontsize=9,
-                    color="C0" if j == i + 1 else "C1")
-    ax.plot([], [], color="C0", label="step +1"); ax.plot([], [], color="C1", label="step +2")
-    ax.set(xlim=(-0.6, s - 0.4), ylim=(-1.0, 0.95), aspect="equal", title="Transitions of one random Boyan chain")
-    ax.axis("off"); ax.legend(loc="upper center", bbox_to_anchor=(0.5, 0.04), fontsize=9, ncol=2, frameon=False)
-    return ax
-
-# %% ../nbs/00_boyan.ipynb #58744dd2
-def sample_trajectory(mrp:MRP,            # the process to sample
-                      n:int,              # number of transitions
-                      seed=None,          # int or `numpy.random.Generator`
-                      start="stationary", # "stationary" (S_0 ~ d_pi), "uniform", or a state index
-                     )->tuple:            # (states (n+1,) long tensor S_0..S_n, rewards (n,) float64 tensor, rewards[k-1] = R_k)
-    "Sample a trajectory of `n` transitions from `mrp`."
-    if int(n) != n or n < 0: raise ValueError(f"`n` must be a non-negative integer, got {n}")
-    rng, s = np.random.default_rng(seed), mrp.n_states
-    if isinstance(start, str) and start not in ("stationary", "uniform"): raise ValueError(f"`start` must be 'stationary', 'uniform' or a state index, got {start!r}")
-    if start == "stationary": s0 = rng.choice(s, p=mrp.d_pi.cpu().numpy())
-    elif start == "uniform": s0 = rng.integers(s)
-    elif int(start) != start or not 0 <= start < s: raise ValueError(f"`start` must be a state in 0..{s - 1}, got {start}")
-    else: s0 = int(start)
-    cum, u = np.cumsum(mrp.P.cpu().numpy(), axis=1), rng.random(int(n))
-    states = np.empty(int(n) + 1, dtype=np.int64)
-    states[0] = s0
-    for t in range(int(n)): states[t + 1] = min(np.searchsorted(cum[states[t]], u[t], side="right"), s - 1)
-    states = torch.from_numpy(states)
-    return states, mrp.r.cpu()[states[:-1]]
-
 # %% ../nbs/00_boyan.ipynb #e7172b7d
-def weighted_error(v_hat:torch.Tensor,   # (..., m) estimates
-                   v:torch.Tensor,       # (..., m) true values
-                   weights:torch.Tensor, # (..., m) weights (d_pi, or a quadrature rule for continuous states)
-                  )->torch.Tensor:       # (...) sum_x w(x) (v_hat(x) - v(x))^2
-    "The weighted squared error $\\sum_x w(x) (\\hat v(x) - v(x))^2$ over the last axis: the one definition of the book's MSVE."
+#| code-fold: true
+#| code-summary: "weighted_error"
+def weighted_error(
+    v_hat: torch.Tensor,  # (..., m) estimates
+    v: torch.Tensor,  # (..., m) true values
+    weights: torch.Tensor,  # (..., m) weights (d_pi, or a quadrature rule for continuous states)
+) -> torch.Tensor:  # (...) sum_x w(x) (v_hat(x) - v(x))^2
+    (
+        "The weighted squared error $\\sum_x w(x) (\\hat v(x) - v(x))^2$ over the last axis: the"
+        " one definition of the book's MSVE."
+    )
     return ((v_hat - v).square() * weights).sum(-1)
 
-# %% ../nbs/00_boyan.ipynb #b3b243d8
-def msve(mrp:MRP,    # the process whose true values score the estimate
-         v_hat,      # (..., s) value estimates, one per state
-        )->float:    # d_pi-weighted mean squared value error (a tensor of shape (...) when batched)
-    "Mean squared value error $\\sum_x d_\\pi(x) (\\hat v(x) - v_\\pi(x))^2$."
-    v_hat = as_tensor(v_hat, "v_hat", torch.float64)
-    if v_hat.shape[-1:] != (mrp.n_states,): raise ValueError(f"`v_hat` must have last dimension {mrp.n_states}, got shape {tuple(v_hat.shape)}")
-    err = weighted_error(v_hat, mrp.v_pi.to(v_hat.device), mrp.d_pi.to(v_hat.device))
-    return err.item() if err.ndim == 0 else err
-
 # %% ../nbs/00_boyan.ipynb #595fcccf
+#| code-fold: true
+#| code-summary: "check_arguments"
 import functools, inspect, types, typing
 from collections.abc import Iterable
 
-def is_real_number(x)->bool:
-    "A real number that is not a bool: a Python or numpy int or float, or a real tensor or array with no dimensions."
-    if isinstance(x, torch.Tensor): return x.ndim == 0 and not x.is_complex() and x.dtype != torch.bool
-    if isinstance(x, np.ndarray): return x.ndim == 0 and x.dtype.kind in "iuf"
-    return not isinstance(x, (bool, np.bool_)) and isinstance(x, (int, float, np.integer, np.floating))
+
+def is_real_number(x) -> bool:
+    (
+        "A real number that is not a bool: a Python or numpy int or float, or a real tensor or"
+        " array with no dimensions."
+    )
+    if isinstance(x, torch.Tensor):
+        return x.ndim == 0 and not x.is_complex() and x.dtype != torch.bool
+    if isinstance(x, np.ndarray):
+        return x.ndim == 0 and x.dtype.kind in "iuf"
+    return not isinstance(x, (bool, np.bool_)) and isinstance(
+        x, (int, float, np.integer, np.floating)
+    )
+
 
 _ARRAY_LIKE = (torch.Tensor, np.ndarray, list, tuple, int, float, np.number)
 
-def _kind(t)->tuple:
+
+def _kind(t) -> tuple:
     "(test, what was expected) for a plain annotation `t`, or None when it says nothing checkable."
-    if t is int: return is_real_number, "an integer"        # 2.5 passes: its value is the function's to refuse
-    if t is float: return is_real_number, "a number"
-    if t is bool: return (lambda x: isinstance(x, (bool, np.bool_))), "True or False"
-    if t is dict: return (lambda x: isinstance(x, dict)), "a dict"
-    if t in (list, tuple): return (lambda x: isinstance(x, Iterable) and not isinstance(x, (str, bytes, dict))), "a sequence"
-    if t is torch.Tensor: return (lambda x: isinstance(x, _ARRAY_LIKE) and not isinstance(x, bool)), "a tensor or array-like"
-    if isinstance(t, type) and (t.__module__.startswith(("ictd", "__main__")) or issubclass(t, torch.nn.Module)):
+    if t is int:
+        return is_real_number, "an integer"  # 2.5 passes: its value is the function's to refuse
+    if t is float:
+        return is_real_number, "a number"
+    if t is bool:
+        return (lambda x: isinstance(x, (bool, np.bool_))), "True or False"
+    if t is dict:
+        return (lambda x: isinstance(x, dict)), "a dict"
+    if t in (list, tuple):
+        return (
+            lambda x: isinstance(x, Iterable) and not isinstance(x, (str, bytes, dict))
+        ), "a sequence"
+    if t is torch.Tensor:
+        return (
+            lambda x: isinstance(x, _ARRAY_LIKE) and not isinstance(x, bool)
+        ), "a tensor or array-like"
+    if isinstance(t, type) and (
+        t.__module__.startswith(("ictd", "__main__")) or issubclass(t, torch.nn.Module)
+    ):
         return (lambda x: isinstance(x, t)), f"a {t.__name__}"
     return None
 
-def _annotation_check(t)->tuple:
+
+def _annotation_check(t) -> tuple:
     "(test, what was expected) for annotation `t`, unions and Optional included, or None."
     union = typing.get_origin(t) in (typing.Union, types.UnionType)
     args = typing.get_args(t) if union else (t,)
     kinds = [_kind(a) for a in args if a is not type(None)]
-    if not kinds or None in kinds: return None
+    if not kinds or None in kinds:
+        return None
     none_ok = type(None) in args
     what = " or ".join(w for _, w in kinds) + (" or None" if none_ok else "")
     return (lambda x: (none_ok and x is None) or any(test(x) for test, _ in kinds)), what
 
+
 class ArgumentError(TypeError, ValueError):
-    "An argument of the wrong kind: both a `TypeError` and a `ValueError`, as the book's own checks raise either."
+    (
+        "An argument of the wrong kind: both a `TypeError` and a `ValueError`, as the book's own "
+        "checks raise either."
+    )
+
 
 def checked(f):
-    "`f`, refusing with an `ArgumentError` that names the argument any value its annotations rule out (defaults pass)."
-    try: hints = typing.get_type_hints(f)
-    except Exception: return f                 # an annotation that cannot be resolved: leave `f` to its own checks
-    sig = inspect.signature(f, follow_wrapped=False)   # a decorated function keeps its decorator's calling convention
-    checks = {p.name: (c, p.default) for p in sig.parameters.values()
-              if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name in hints
-              and (c := _annotation_check(hints[p.name])) is not None}
-    if not checks: return f
+    (
+        "`f`, refusing with an `ArgumentError` that names the argument any value its annotations"
+        " rule out (defaults pass)."
+    )
+    try:
+        hints = typing.get_type_hints(f)
+    except Exception:
+        return f  # an annotation that cannot be resolved: leave `f` to its own checks
+    sig = inspect.signature(
+        f, follow_wrapped=False
+    )  # a decorated function keeps its decorator's calling convention
+    checks = {
+        p.name: (c, p.default)
+        for p in sig.parameters.values()
+        if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        and p.name in hints
+        and (c := _annotation_check(hints[p.name])) is not None
+    }
+    if not checks:
+        return f
+
     @functools.wraps(f)
     def with_checks(*args, **kwargs):
         for name, x in sig.bind(*args, **kwargs).arguments.items():
             if name in checks and x is not checks[name][1] and not checks[name][0][0](x):
-                raise ArgumentError(f"`{name}` must be {checks[name][0][1]}, got {type(x).__name__} {x!r}"[:300])
+                raise ArgumentError(
+                    f"`{name}` must be {checks[name][0][1]}, got {type(x).__name__} {x!r}"[:300]
+                )
         return f(*args, **kwargs)
+
     return with_checks
 
-def check_arguments(namespace:dict)->None:
-    "Wrap every public function a module defines (its `__all__`) with `checked`, the validators (`check_*`) aside."
+
+def check_arguments(namespace: dict) -> None:
+    (
+        "Wrap every public function a module defines (its `__all__`) with `checked`, the validators"
+        " (`check_*`) aside."
+    )
     for name in namespace.get("__all__", ()):
         f = namespace.get(name)
-        if inspect.isfunction(f) and f.__module__ == namespace.get("__name__") and not name.startswith("check_"):
+        if (
+            inspect.isfunction(f)
+            and f.__module__ == namespace.get("__name__")
+            and not name.startswith("check_")
+        ):
             namespace[name] = checked(f)
 
 # %% ../nbs/00_boyan.ipynb #5a078631
-check_arguments(globals())   # every public function above refuses, naming it, an argument its annotation rules out
+check_arguments(
+    globals()
+)  # every public function above refuses, naming it, an argument its annotation rules out

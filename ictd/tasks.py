@@ -7,121 +7,215 @@ from __future__ import annotations
 from dataclasses import dataclass
 import numpy as np
 import torch
-from .boyan import MRP, as_tensor, chain_from_uniforms, random_boyan_chain
+from .boyan import MRP, as_tensor, chain_from_uniforms, check_gamma, random_boyan_chain
 
 # %% auto #0
 __all__ = ['TASK_FIELDS', 'TaskBatch', 'stack_tasks', 'task_rng', 'random_tasks', 'sample_trajectories', 'task_pool', 'draw_cdf', 'gather_rows', 'task_features', 'TDSample', 'stationary_examples', 'Contexts', 'TDExamples']
 
 # %% ../nbs/00a_tasks.ipynb #ce52f8a7
-TASK_FIELDS = ("P", "r", "phi", "d_pi", "v_pi")   # a TaskBatch's tensors, in order
+#| code-fold: true
+#| code-summary: "TaskBatch"
+TASK_FIELDS = ("P", "r", "phi", "d_pi", "v_pi")  # a TaskBatch's tensors, in order
+
 
 @dataclass(eq=False)
 class TaskBatch:
-    "Tasks stacked along a leading dimension (all with the same number of states, features and discount)."
-    P:torch.Tensor      # (B, s, s) transition matrices
-    r:torch.Tensor      # (B, s) rewards
-    phi:torch.Tensor    # (B, s, d) features
-    d_pi:torch.Tensor   # (B, s) stationary distributions
-    v_pi:torch.Tensor   # (B, s) true values
-    gamma:float         # the common discount factor
+    (
+        "Tasks stacked along a leading dimension (all with the same number of states, features and "
+        "discount)."
+    )
 
-    def __len__(self): return self.P.shape[0]
+    P: torch.Tensor  # (B, s, s) transition matrices
+    r: torch.Tensor  # (B, s) rewards
+    phi: torch.Tensor  # (B, s, d) features
+    d_pi: torch.Tensor  # (B, s) stationary distributions
+    v_pi: torch.Tensor  # (B, s) true values
+    gamma: float  # the common discount factor
 
-    def to(self, device=None, dtype=None)->TaskBatch:
+    def __post_init__(self):
+        "Refuse, naming the field, a value that is not a tensor, or a `gamma` outside [0, 1)."
+        from ictd.core import check_type  # imported when called: ictd.core imports this module
+
+        for k in TASK_FIELDS:
+            check_type(getattr(self, k), torch.Tensor, k)
+        check_gamma(self.gamma)
+
+    def __len__(self):
+        return self.P.shape[0]
+
+    def to(self, device=None, dtype=None) -> TaskBatch:
         "The batch with every tensor on `device` and in the floating `dtype` (None: unchanged)."
         return self.map(lambda x: x.to(device=device, dtype=dtype))
 
     def __getitem__(self, idx):
-        "Task `idx` as an `MRP` for an integer; a `TaskBatch` of the selected tasks for a slice, a list or a tensor of indices."
-        if isinstance(idx, (int, np.integer)) or (isinstance(idx, torch.Tensor) and idx.ndim == 0 and not idx.is_floating_point()):
+        (
+            "Task `idx` as an `MRP` for an integer; a `TaskBatch` of the selected tasks for a"
+            " slice, a list or a tensor of indices."
+        )
+        if isinstance(idx, (int, np.integer)) or (
+            isinstance(idx, torch.Tensor) and idx.ndim == 0 and not idx.is_floating_point()
+        ):
             i = int(idx)
-            if not -len(self) <= i < len(self): raise IndexError(f"task {i} of a batch of {len(self)}")
-            return MRP(self.P[i], self.r[i], self.gamma, self.phi[i], device=self.P.device, dtype=self.P.dtype)
+            if not -len(self) <= i < len(self):
+                raise IndexError(f"task {i} of a batch of {len(self)}")
+            return MRP(
+                self.P[i],
+                self.r[i],
+                self.gamma,
+                self.phi[i],
+                device=self.P.device,
+                dtype=self.P.dtype,
+            )
         return self.map(lambda x: x[idx])
 
-    def map(self, fn)->TaskBatch:
-        "The batch with `fn` applied to each of its tensors (P, r, phi, d_pi, v_pi): to move it to a device, or take a slice."
+    def map(self, fn) -> TaskBatch:
+        (
+            "The batch with `fn` applied to each of its tensors (P, r, phi, d_pi, v_pi): to move it"
+            " to a device, or take a slice."
+        )
         return TaskBatch(*(fn(getattr(self, k)) for k in TASK_FIELDS), self.gamma)
 
     @classmethod
-    def stack(cls, batches:list, device=None)->TaskBatch:
-        "Task batches of equal shapes and discount stacked along a new leading axis, on `device` (default: theirs)."
+    def stack(cls, batches: list, device=None) -> TaskBatch:
+        (
+            "Task batches of equal shapes and discount stacked along a new leading axis, on"
+            " `device` (default: theirs)."
+        )
         batches = list(batches)
-        if not batches or len({b.gamma for b in batches}) > 1: raise ValueError("`batches` must be a non-empty list of TaskBatch with one discount")
-        return cls(*(torch.stack([getattr(b, k) for b in batches]).to(device) for k in TASK_FIELDS), batches[0].gamma)
+        if not batches or len({b.gamma for b in batches}) > 1:
+            raise ValueError("`batches` must be a non-empty list of TaskBatch with one discount")
+        return cls(
+            *(torch.stack([getattr(b, k) for b in batches]).to(device) for k in TASK_FIELDS),
+            batches[0].gamma,
+        )
 
 # %% ../nbs/00a_tasks.ipynb #6e3dc4dc
-def stack_tasks(mrps:list, # MRPs with equal shapes and discount
-               )->TaskBatch:
+#| code-fold: true
+#| code-summary: "stack_tasks"
+def stack_tasks(mrps: list) -> TaskBatch:  # MRPs with equal shapes and discount
     "Stack a list of MRPs into a `TaskBatch`."
     mrps = list(mrps)
-    if not mrps or not all(isinstance(m, MRP) for m in mrps): raise ValueError("`mrps` must be a non-empty list of MRP")
-    if len({(m.n_states, m.d, m.gamma) for m in mrps}) > 1: raise ValueError("`mrps` must share n_states, d and gamma")
-    return TaskBatch(*(torch.stack([getattr(m, k) for m in mrps]) for k in ("P", "r", "phi", "d_pi", "v_pi")), mrps[0].gamma)
+    if not mrps or not all(isinstance(m, MRP) for m in mrps):
+        raise ValueError("`mrps` must be a non-empty list of MRP")
+    if len({(m.n_states, m.d, m.gamma) for m in mrps}) > 1:
+        raise ValueError("`mrps` must share n_states, d and gamma")
+    return TaskBatch(
+        *(torch.stack([getattr(m, k) for m in mrps]) for k in ("P", "r", "phi", "d_pi", "v_pi")),
+        mrps[0].gamma
+    )
 
 # %% ../nbs/00a_tasks.ipynb #ae0a1a31
-def task_rng(seed:int,  # the seed of a batch of tasks
-             b:int,     # the task's index in the batch
-            )->np.random.Generator:
-    "Task `b`'s generator: `numpy.random.default_rng` on child `b` of `numpy.random.SeedSequence(seed)`, as `spawn` makes it."
-    if int(seed) != seed or seed < 0 or int(b) != b or b < 0: raise ValueError(f"`seed` and `b` must be integers >= 0, got {seed!r} and {b!r}")
+#| code-fold: true
+#| code-summary: "task_rng"
+def task_rng(
+    seed: int, b: int  # the seed of a batch of tasks  # the task's index in the batch
+) -> np.random.Generator:
+    (
+        "Task `b`'s generator: `numpy.random.default_rng` on child `b` of "
+        "`numpy.random.SeedSequence(seed)`, as `spawn` makes it."
+    )
+    if int(seed) != seed or seed < 0 or int(b) != b or b < 0:
+        raise ValueError(f"`seed` and `b` must be integers >= 0, got {seed!r} and {b!r}")
     return np.random.default_rng(np.random.SeedSequence(int(seed), spawn_key=(int(b),)))
 
 # %% ../nbs/00a_tasks.ipynb #2648cea1
-def random_tasks(n_tasks:int,  # number of random Boyan chains B
-                 seed:int=0,   # task b is `random_boyan_chain(..., seed=task_rng(seed, first + b))`
-                 first:int=0,  # index of the first task: a batch of tasks first..first + B - 1 of the seed
-                 **kwargs,     # passed to `random_boyan_chain` (n_states, d, gamma, features, rewards)
-                )->TaskBatch:
+#| code-fold: true
+#| code-summary: "random_tasks"
+def random_tasks(
+    n_tasks: int,  # number of random Boyan chains B
+    seed: int = 0,  # task b is `random_boyan_chain(..., seed=task_rng(seed, first + b))`
+    first: int = 0,  # index of the first task: a batch of tasks first..first + B - 1 of the seed
+    **kwargs,  # passed to `random_boyan_chain` (n_states, d, gamma, features, rewards)
+) -> TaskBatch:
     "A batch of random Boyan chains, task b drawn from its own child stream of `seed`."
-    if int(n_tasks) != n_tasks or n_tasks < 1: raise ValueError(f"`n_tasks` must be a positive integer, got {n_tasks}")
-    return stack_tasks(random_boyan_chain(seed=task_rng(seed, first + b), **kwargs) for b in range(int(n_tasks)))
+    if int(n_tasks) != n_tasks or n_tasks < 1:
+        raise ValueError(f"`n_tasks` must be a positive integer, got {n_tasks}")
+    return stack_tasks(
+        random_boyan_chain(seed=task_rng(seed, first + b), **kwargs) for b in range(int(n_tasks))
+    )
 
 # %% ../nbs/00a_tasks.ipynb #d54aed67
-def sample_trajectories(P,          # (B, s, s) transition matrices
-                        n:int,      # number of transitions
-                        d0,         # (B, s) distributions of S_0 (d_pi for stationary contexts)
-                        seed=None,  # int or `torch.Generator` (CPU); a torch stream, not `sample_trajectory`'s numpy one (see Seeds below)
-                       )->torch.Tensor: # (B, n+1) long tensor of states S_0..S_n, on P's device
+#| code-fold: true
+#| code-summary: "sample_trajectories"
+def sample_trajectories(
+    P,  # (B, s, s) transition matrices
+    n: int,  # number of transitions
+    d0,  # (B, s) distributions of S_0 (d_pi for stationary contexts)
+    seed=None,  # int or CPU `torch.Generator`: a torch stream, not `sample_trajectory`'s numpy one
+) -> torch.Tensor:  # (B, n+1) long tensor of states S_0..S_n, on P's device
     "Sample one trajectory per task, all tasks stepping together."
     P = as_tensor(P, "P", torch.float64)
-    if P.ndim != 3 or P.shape[-1] != P.shape[-2]: raise ValueError(f"`P` must have shape (B, s, s), got {tuple(P.shape)}")
+    if P.ndim != 3 or P.shape[-1] != P.shape[-2]:
+        raise ValueError(f"`P` must have shape (B, s, s), got {tuple(P.shape)}")
     d0 = as_tensor(d0, "d0", torch.float64, P.device)
-    if d0.shape != P.shape[:2]: raise ValueError(f"`d0` must have shape {tuple(P.shape[:2])}, got {tuple(d0.shape)}")
-    if not torch.isfinite(d0).all() or (d0 < 0).any() or not torch.allclose(d0.sum(-1), torch.ones_like(d0[:, 0]), atol=1e-10):
+    if d0.shape != P.shape[:2]:
+        raise ValueError(f"`d0` must have shape {tuple(P.shape[:2])}, got {tuple(d0.shape)}")
+    if (
+        not torch.isfinite(d0).all()
+        or (d0 < 0).any()
+        or not torch.allclose(d0.sum(-1), torch.ones_like(d0[:, 0]), atol=1e-10)
+    ):
         raise ValueError("`d0` must hold probability distributions: non-negative rows summing to 1")
-    if (P < 0).any() or not torch.allclose(P.sum(-1), torch.ones_like(P[..., 0]), atol=1e-10): raise ValueError("`P` must be row-stochastic: non-negative rows summing to 1")
-    if int(n) != n or n < 0: raise ValueError(f"`n` must be a non-negative integer, got {n}")
-    gen = seed if isinstance(seed, torch.Generator) else torch.Generator().manual_seed(np.random.SeedSequence(seed).generate_state(1)[0].item())
+    if (P < 0).any() or not torch.allclose(P.sum(-1), torch.ones_like(P[..., 0]), atol=1e-10):
+        raise ValueError("`P` must be row-stochastic: non-negative rows summing to 1")
+    if int(n) != n or n < 0:
+        raise ValueError(f"`n` must be a non-negative integer, got {n}")
+    gen = (
+        seed
+        if isinstance(seed, torch.Generator)
+        else torch.Generator().manual_seed(np.random.SeedSequence(seed).generate_state(1)[0].item())
+    )
     (B, s), n = P.shape[:2], int(n)
     u = torch.rand(n + 1, B, 1, generator=gen, dtype=torch.float64).to(P.device)
     cum, rows = P.cumsum(-1).contiguous(), torch.arange(B, device=P.device)
     S = torch.empty(n + 1, B, dtype=torch.long, device=P.device)
-    S[0] = torch.searchsorted(d0.cumsum(-1).contiguous(), u[0], right=True).squeeze(-1).clamp(max=s - 1)
-    for t in range(n): S[t + 1] = torch.searchsorted(cum[rows, S[t]], u[t + 1], right=True).squeeze(-1).clamp(max=s - 1)
+    S[0] = (
+        torch.searchsorted(d0.cumsum(-1).contiguous(), u[0], right=True)
+        .squeeze(-1)
+        .clamp(max=s - 1)
+    )
+    for t in range(n):
+        S[t + 1] = (
+            torch.searchsorted(cum[rows, S[t]], u[t + 1], right=True).squeeze(-1).clamp(max=s - 1)
+        )
     return S.T.contiguous()
 
 # %% ../nbs/00a_tasks.ipynb #4092bfbb
-def task_pool(config,                 # the task settings: n_states, d, features, gamma (e.g. a PretrainConfig)
-              n_tasks:int,            # number of tasks T
-              seed:int,               # task b draws from `task_rng(seed, first + b)`
-              first:int=0,            # index of the first task (a pool drawn in pieces)
-             )->TaskBatch:            # P (T, s, s), r (T, s), phi (T, s, d), d_pi, v_pi
-    "`random_tasks(n_tasks, seed, first, ...)` for the configuration's tasks, vectorised: one draw per task, batched solves."
-    if int(n_tasks) != n_tasks or n_tasks < 1: raise ValueError(f"`n_tasks` must be a positive integer, got {n_tasks}")
+#| code-fold: true
+#| code-summary: "task_pool"
+def task_pool(
+    config,  # the task settings: n_states, d, features, gamma (e.g. a PretrainConfig)
+    n_tasks: int,  # number of tasks T
+    seed: int,  # task b draws from `task_rng(seed, first + b)`
+    first: int = 0,  # index of the first task (a pool drawn in pieces)
+) -> TaskBatch:  # P (T, s, s), r (T, s), phi (T, s, d), d_pi, v_pi
+    (
+        "`random_tasks(n_tasks, seed, first, ...)` for the configuration's tasks, vectorised: one "
+        "draw per task, batched solves."
+    )
+    if int(n_tasks) != n_tasks or n_tasks < 1:
+        raise ValueError(f"`n_tasks` must be a positive integer, got {n_tasks}")
     s, d, g, T = config.n_states, config.d, config.gamma, int(n_tasks)
     u = np.stack([task_rng(seed, first + b).random(2 * s - 2 + s * d + s) for b in range(T)])
     P, phi = chain_from_uniforms(u[:, :-s], s, d, config.features)
-    P, phi, r = (torch.from_numpy(x) for x in (P, phi, -1 + (1 - -1) * u[:, -s:]))   # r as `rng.uniform(-1, 1)`
+    P, phi, r = (
+        torch.from_numpy(x) for x in (P, phi, -1 + (1 - -1) * u[:, -s:])
+    )  # r as `rng.uniform(-1, 1)`
     I = torch.eye(s, dtype=torch.float64)
     A = torch.cat([P.mT - I, torch.ones(T, 1, s, dtype=torch.float64)], 1)
-    e = torch.zeros(T, s + 1, 1, dtype=torch.float64); e[:, -1] = 1
+    e = torch.zeros(T, s + 1, 1, dtype=torch.float64)
+    e[:, -1] = 1
     d_pi = torch.linalg.lstsq(A, e, driver="gelsd").solution.squeeze(-1).clamp(min=0)
-    return TaskBatch(P, r, phi, d_pi / d_pi.sum(-1, keepdim=True), torch.linalg.solve(I - g * P, r), g)
+    return TaskBatch(
+        P, r, phi, d_pi / d_pi.sum(-1, keepdim=True), torch.linalg.solve(I - g * P, r), g
+    )
 
 # %% ../nbs/00a_tasks.ipynb #ee6f4c5e
 from .boyan import check_arguments
-check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)
+
+check_arguments(
+    globals()
+)  # every public function refuses, naming it, an argument its annotation rules out (chapter 0)
 
 # %% ../nbs/06_pretrain.ipynb #3487233b
 #| code-fold: true
@@ -162,6 +256,11 @@ class TDSample:
     query:torch.Tensor      # (S, B) the query state x_q
     successor:torch.Tensor  # (S, B) its successor x_q'
 
+    def __post_init__(self):
+        "Refuse, naming the field, a value that is not a tensor."
+        from ictd.core import check_type     # imported when called: ictd.core imports this module
+        for k in ("task", "states", "query", "successor"): check_type(getattr(self, k), torch.Tensor, k)
+
 # %% ../nbs/06_pretrain.ipynb #1434afab
 #| code-fold: true
 def stationary_examples(pool:TaskBatch,  # tasks with a seed axis: P (S, T, s, s), d_pi (S, T, s)
@@ -198,6 +297,13 @@ class Contexts:
     r:torch.Tensor = None         # continuous: (S, B..., n) rewards, r[..., k-1] = R_k
     phi_q:torch.Tensor = None     # continuous: (S, B..., q, d) features of the queries
 
+    def __post_init__(self):
+        "Refuse, naming the field, a `tasks` that is not a TaskBatch or a tensor field that is not a tensor."
+        from ictd.core import check_type
+        if self.tasks is not None: check_type(self.tasks, TaskBatch, "tasks")
+        for k in ("task", "states", "queries", "phi", "r", "phi_q"):
+            if getattr(self, k) is not None: check_type(getattr(self, k), torch.Tensor, k)
+
     def features(self)->tuple:
         ("(phi (S, B..., n + 1, d), rewards (S, B..., n), query features (S, B..., q, d)), "
          "looked up in the tasks when discrete.")
@@ -215,6 +321,12 @@ class TDExamples:
     reward:torch.Tensor      # (S, B) r(x_q) of each example
     # "query": x_q' is query column 1 of the same prompt; "next": the next prompt's query (axis 1)
     successor:str = "query"
+
+    def __post_init__(self):
+        "Refuse, naming the field, prompts that are not `Contexts`, rewards not a tensor, another `successor`."
+        from ictd.core import check_choice, check_type
+        check_type(self.x, Contexts, "x"), check_type(self.reward, torch.Tensor, "reward")
+        check_choice(self.successor, ("query", "next"), "successor")
 
 # %% ../nbs/06_pretrain.ipynb #53a431fa
 from .boyan import check_arguments

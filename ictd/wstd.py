@@ -8,289 +8,485 @@ import math
 import numpy as np
 import torch
 from .boyan import as_tensor, check_gamma
-from .core import check_bool, check_int, check_number, check_work, chunk_rows, memory_path, moved_to_keywords
+from ictd.core import (
+    check_bool,
+    check_int,
+    check_number,
+    check_work,
+    chunk_rows,
+    memory_path,
+    moved_to_keywords,
+)
 
 # %% auto #0
 __all__ = ['context_tensors', 'context_weights', 'weighted_softmax_td', 'batch_linear_td', 'two_head_linear_td', 'check_states',
            'batch_tabular_td', 'certainty_equivalence', 'tabular_rate']
 
 # %% ../nbs/01_weighted_softmax_td.ipynb #b9c479fa
-def _broadcast(batch:tuple, shape:tuple, name:str)->tuple:
-    try: return tuple(torch.broadcast_shapes(batch, shape))
-    except RuntimeError: raise ValueError(f"`{name}` has batch dimensions {tuple(shape)} that do not broadcast with {tuple(batch)}") from None
+#| code-fold: true
+#| code-summary: "Argument helpers"
+def _broadcast(batch: tuple, shape: tuple, name: str) -> tuple:
+    try:
+        return tuple(torch.broadcast_shapes(batch, shape))
+    except RuntimeError:
+        raise ValueError(
+            f"`{name}` has batch dimensions {tuple(shape)} that do not broadcast with"
+            f" {tuple(batch)}"
+        ) from None
 
-def _count(x, name:str)->int: return check_int(x, name, 0, "a non-negative integer")
 
-def _scalar(x, name:str)->float: return check_number(x, name, what="a real number (finite)")
+def _count(x, name: str) -> int:
+    return check_int(x, name, 0, "a non-negative integer")
+
+
+def _scalar(x, name: str) -> float:
+    return check_number(x, name, what="a real number (finite)")
 
 # %% ../nbs/01_weighted_softmax_td.ipynb #e85b02b5
-def context_tensors(phi_states,        # (..., n+1, d) features of S_0..S_n
-                    rewards=None,      # (..., n) rewards, rewards[..., k-1] = R_k, or None
-                    phi_queries=None,  # (..., q, d) query features, (..., d) for one query, or None
-                   )->tuple:           # (keys (..., n, d), targets (..., m, d), rewards (..., n) or None), m = n+1+q
-    "Validate a context: its keys $S_0..S_{n-1}$, its targets $S_0..S_n$ then the queries, and its rewards."
+#| code-fold: true
+#| code-summary: "context_tensors"
+def context_tensors(
+    phi_states,  # (..., n+1, d) features of S_0..S_n
+    rewards=None,  # (..., n) rewards, rewards[..., k-1] = R_k, or None
+    phi_queries=None,  # (..., q, d) query features, (..., d) for one query, or None
+) -> tuple:  # (keys (..., n, d), targets (..., m, d), rewards (..., n) or None), m = n+1+q
+    (
+        "Validate a context: its keys $S_0..S_{n-1}$, its targets $S_0..S_n$ then the queries, and "
+        "its rewards."
+    )
     phi = as_tensor(phi_states, "phi_states")
     dt, dev = phi.dtype, phi.device
     if phi.ndim < 2 or phi.shape[-2] < 2 or phi.shape[-1] < 1:
-        raise ValueError(f"`phi_states` must have shape (..., n+1, d) with n >= 1 and d >= 1, got {tuple(phi.shape)}")
+        raise ValueError(
+            "`phi_states` must have shape (..., n+1, d) with n >= 1 and d >= 1, got"
+            f" {tuple(phi.shape)}"
+        )
     n, d, batch, R = phi.shape[-2] - 1, phi.shape[-1], tuple(phi.shape[:-2]), None
     if rewards is not None:
         R = as_tensor(rewards, "rewards", dt, dev)
-        if R.ndim < 1 or R.shape[-1] != n: raise ValueError(f"`rewards` must have shape (..., {n}) to match `phi_states` (n = {n}), got {tuple(R.shape)}")
+        if R.ndim < 1 or R.shape[-1] != n:
+            raise ValueError(
+                f"`rewards` must have shape (..., {n}) to match `phi_states` (n = {n}), got"
+                f" {tuple(R.shape)}"
+            )
         batch = _broadcast(batch, R.shape[:-1], "rewards")
     Q = phi.new_zeros(batch + (0, d))
     if phi_queries is not None:
         Q = as_tensor(phi_queries, "phi_queries", dt, dev)
-        if Q.ndim == phi.ndim - 1: Q = Q.unsqueeze(-2)
+        if Q.ndim == phi.ndim - 1:
+            Q = Q.unsqueeze(-2)
         if Q.ndim != phi.ndim or Q.shape[-1] != d:
-            raise ValueError(f"`phi_queries` must have shape (..., q, {d}) or (..., {d}) with the batch dimensions of `phi_states` {tuple(phi.shape)}, got {tuple(Q.shape)}")
+            raise ValueError(
+                f"`phi_queries` must have shape (..., q, {d}) or (..., {d}) with the batch"
+                f" dimensions of `phi_states` {tuple(phi.shape)}, got {tuple(Q.shape)}"
+            )
         batch = _broadcast(batch, Q.shape[:-2], "phi_queries")
     phi, Q = phi.expand(batch + phi.shape[-2:]), Q.expand(batch + Q.shape[-2:])
     return phi[..., :-1, :], torch.cat([phi, Q], -2), None if R is None else R.expand(batch + (n,))
 
 # %% ../nbs/01_weighted_softmax_td.ipynb #7a241422
 #| code-fold: true
+#| code-summary: "The streamed path (long contexts)"
 def _score_matrix(W, keys):
-    "`W` validated for the keys' features: (d, d) or (..., d, d), in their dtype and on their device."
+    (
+        "`W` validated for the keys' features: (d, d) or (..., d, d), in their dtype and on their "
+        "device."
+    )
     d = keys.shape[-1]
-    if W is None: raise ValueError("`W` must be given when `score` is None")
+    if W is None:
+        raise ValueError("`W` must be given when `score` is None")
     W = as_tensor(W, "W", keys.dtype, keys.device)
     if W.ndim < 2 or W.shape[-2:] != (d, d):
         raise ValueError(f"`W` must have shape ({d}, {d}) or (..., {d}, {d}), got {tuple(W.shape)}")
     _broadcast(keys.shape[:-2], W.shape[:-2], "W")
     return W
 
-def _dense_bytes(keys, X, W, score, arrays=3)->float:
-    "Memory of the dense path: `arrays` arrays of shape (..., n, m) (scores, weights, weights times rho)."
+
+def _dense_bytes(keys, X, W, score, arrays=3) -> float:
+    (
+        "Memory of the dense path: `arrays` arrays of shape (..., n, m) (scores, weights, weights "
+        "times rho)."
+    )
     batch = keys.shape[:-2]
-    if score is None: batch = _broadcast(batch, _score_matrix(W, keys).shape[:-2], "W")
+    if score is None:
+        batch = _broadcast(batch, _score_matrix(W, keys).shape[:-2], "W")
     return arrays * math.prod(batch) * keys.shape[-2] * X.shape[-2] * keys.element_size()
 
-def _path(method, keys, X, W, score)->str:
+
+def _path(method, keys, X, W, score) -> str:
     "'dense' or 'streamed' for `weighted_softmax_td`: see `memory_path`."
     what = f"the {keys.shape[-2]} x {X.shape[-2]} weights of the dense path"
-    way_out = "pass `W` (the bilinear score) instead of a `score` function for method='streamed' (O(n) memory)"
-    return memory_path(method, _dense_bytes(keys, X, W, score), what, way_out, streamed=score is None)
+    way_out = (
+        "pass `W` (the bilinear score) instead of a `score` function for method='streamed' (O(n)"
+        " memory)"
+    )
+    return memory_path(
+        method, _dense_bytes(keys, X, W, score), what, way_out, streamed=score is None
+    )
+
 
 def _attend(keys, queries, delta):
-    "Each row $q_j$ of `queries` attends to the keys with values `delta`: the weights are never built."
+    (
+        "Each row $q_j$ of `queries` attends to the keys with values `delta`: the weights are never"
+        " built."
+    )
     n, d = keys.shape[-2:]
-    values = torch.nn.functional.pad(delta.unsqueeze(-1), (0, d - 1))   # the CPU kernel: values as wide as keys
+    values = torch.nn.functional.pad(
+        delta.unsqueeze(-1), (0, d - 1)
+    )  # the CPU kernel: values as wide as keys
     shape = torch.broadcast_shapes(keys.shape[:-2], queries.shape[:-2], delta.shape[:-1])
     flat = lambda t: t.expand(*shape, *t.shape[-2:]).reshape(-1, 1, *t.shape[-2:]).contiguous()
     Q, K, V = flat(queries), flat(keys), flat(values)
-    rows = chunk_rows(Q.shape[0] * n * Q.element_size())   # queries per call: bounded even where a backend
-    attend = torch.nn.functional.scaled_dot_product_attention   # without a fused kernel builds the scores
-    out = torch.cat([attend(Q[..., i:i + rows, :], K, V, scale=1.) for i in range(0, Q.shape[-2], rows)], -2)
+    rows = chunk_rows(
+        Q.shape[0] * n * Q.element_size()
+    )  # queries per call: bounded even where a backend
+    attend = (
+        torch.nn.functional.scaled_dot_product_attention
+    )  # without a fused kernel builds the scores
+    out = torch.cat(
+        [attend(Q[..., i : i + rows, :], K, V, scale=1.0) for i in range(0, Q.shape[-2], rows)], -2
+    )
     return out[..., 0].reshape(*shape, queries.shape[-2])
 
+
 def _grouped(keys, X, W, batch):
-    "The kernel sum through the distinct feature rows, when they are few; None when they are too many."
+    (
+        "The kernel sum through the distinct feature rows, when they are few; None when they are"
+        " too many."
+    )
     n = keys.shape[-2]
-    if keys.requires_grad or X.requires_grad or W.requires_grad: return None   # indices carry no gradient
+    if keys.requires_grad or X.requires_grad or W.requires_grad:
+        return None  # indices carry no gradient
     rows = torch.cat([keys.expand(batch + keys.shape[-2:]), X.expand(batch + X.shape[-2:])], -2)
     U, idx = torch.unique(rows.reshape(-1, rows.shape[-1]), dim=0, return_inverse=True)
     nbytes = math.prod(batch) * len(U) ** 2 * keys.element_size()
-    if 2 * len(U) > n or chunk_rows(nbytes / len(U)) < len(U): return None    # the kernel must fit one chunk
+    if 2 * len(U) > n or chunk_rows(nbytes / len(U)) < len(U):
+        return None  # the kernel must fit one chunk
     idx = idx.reshape(batch + rows.shape[-2:-1])
     key_idx, target_idx = idx[..., :n], idx[..., n:]
-    count = keys.new_zeros(batch + U.shape[:1]).scatter_add_(-1, key_idx, torch.ones_like(key_idx, dtype=keys.dtype))
-    G = (U @ W @ U.mT).expand(batch + (len(U), len(U)))       # scores between distinct rows
-    K = torch.softmax(G + count.log().unsqueeze(-1), dim=-2)   # group a's total weight c_a e^g / sum c e^g
-    per_key = lambda delta: keys.new_zeros(count.shape).scatter_add_(-1, key_idx, delta) / count.clamp(min=1)
+    count = keys.new_zeros(batch + U.shape[:1]).scatter_add_(
+        -1, key_idx, torch.ones_like(key_idx, dtype=keys.dtype)
+    )
+    G = (U @ W @ U.mT).expand(batch + (len(U), len(U)))  # scores between distinct rows
+    K = torch.softmax(
+        G + count.log().unsqueeze(-1), dim=-2
+    )  # group a's total weight c_a e^g / sum c e^g
+    per_key = lambda delta: keys.new_zeros(count.shape).scatter_add_(
+        -1, key_idx, delta
+    ) / count.clamp(min=1)
     return lambda delta: (per_key(delta).unsqueeze(-2) @ K).squeeze(-2).gather(-1, target_idx)
 
+
 def _streamed(keys, X, R, W, alpha, gamma, n_iters, rho, return_all, centred):
-    "`weighted_softmax_td` in O(n + m) memory: grouped by distinct features, else attending from $W\\phi(x)$."
+    (
+        "`weighted_softmax_td` in O(n + m) memory: grouped by distinct features, else attending"
+        " from $W\\phi(x)$."
+    )
     W = _score_matrix(W, keys)
-    queries = X @ W.mT                                      # g(phi_k, x) = phi_k . (W phi(x))
+    queries = X @ W.mT  # g(phi_k, x) = phi_k . (W phi(x))
     batch = torch.broadcast_shapes(keys.shape[:-2], queries.shape[:-2], R.shape[:-1])
     kernel_sum = _grouped(keys, X, W, batch) or (lambda delta: _attend(keys, queries, delta))
     step = alpha * _rho(rho, keys, X, batch + X.shape[-2:-1])
-    shift = 1 / keys.shape[-2] if centred else 0.              # the uniform head of `centred`
+    shift = 1 / keys.shape[-2] if centred else 0.0  # the uniform head of `centred`
     update = lambda delta: step * (kernel_sum(delta) - shift * delta.sum(-1, keepdim=True))
     return _iterate(update, X.new_zeros(batch + X.shape[-2:-1]), R, gamma, n_iters, return_all)
 
 # %% ../nbs/01_weighted_softmax_td.ipynb #2f918bac
+#| code-fold: true
+#| code-summary: "context_weights"
 def _weights(keys, X, W, score):
     n, m = keys.shape[-2], X.shape[-2]
-    if score is None: G = keys @ _score_matrix(W, keys) @ X.mT
+    if score is None:
+        G = keys @ _score_matrix(W, keys) @ X.mT
     else:
-        if not callable(score): raise ValueError(f"`score` must be a callable or None, got {type(score).__name__}")
+        if not callable(score):
+            raise ValueError(f"`score` must be a callable or None, got {type(score).__name__}")
         G = torch.as_tensor(score(keys, X), dtype=keys.dtype, device=keys.device)
-        try: G = G.expand(keys.shape[:-2] + (n, m))
-        except RuntimeError: raise ValueError(f"`score` must return shape (..., {n}, {m}), got {tuple(G.shape)}") from None
-        if torch.isnan(G).any() or (G == math.inf).any(): raise ValueError("`score` returned NaN or +inf")
-    if (G.amax(-2) == -math.inf).any(): raise ValueError("`score` is -inf on every key for some target")
+        try:
+            G = G.expand(keys.shape[:-2] + (n, m))
+        except RuntimeError:
+            raise ValueError(
+                f"`score` must return shape (..., {n}, {m}), got {tuple(G.shape)}"
+            ) from None
+        if torch.isnan(G).any() or (G == math.inf).any():
+            raise ValueError("`score` returned NaN or +inf")
+    if (G.amax(-2) == -math.inf).any():
+        raise ValueError("`score` is -inf on every key for some target")
     return torch.softmax(G, dim=-2)
 
-def context_weights(phi_states,        # (..., n+1, d) features of S_0..S_n
-                    W=None,            # (d, d) or (..., d, d) score matrix, g(x, y) = phi(x)^T W phi(y)
-                    phi_queries=None,  # (..., q, d), (..., d) or None
-                    score=None,        # callable score(phi_keys (..., n, d), phi_targets (..., m, d)) -> (..., n, m); replaces W
-                   )->torch.Tensor:    # (..., n, m): K[..., k-1, j] is the weight of transition k for target j; columns sum to 1
+
+def context_weights(
+    phi_states,  # (..., n+1, d) features of S_0..S_n
+    W=None,  # (d, d) or (..., d, d) score matrix, g(x, y) = phi(x)^T W phi(y)
+    phi_queries=None,  # (..., q, d), (..., d) or None
+    score=None,  # callable score(keys (..., n, d), targets (..., m, d)) -> (..., n, m); replaces W
+) -> torch.Tensor:  # (..., n, m): K[..., k-1, j], weight of transition k for target j
     "Softmax weights $K_k(x)$ of the $n$ transitions for each of the $m = n+1+q$ targets."
     keys, X, _ = context_tensors(phi_states, None, phi_queries)
-    check_work(_dense_bytes(keys, X, W, score, arrays=2), "bytes", f"the {keys.shape[-2]} x {X.shape[-2]} weights",
-               "`weighted_softmax_td` iterates without building them (method='streamed')")
+    check_work(
+        _dense_bytes(keys, X, W, score, arrays=2),
+        "bytes",
+        f"the {keys.shape[-2]} x {X.shape[-2]} weights",
+        "`weighted_softmax_td` iterates without building them (method='streamed')",
+    )
     return _weights(keys, X, W, score)
 
 # %% ../nbs/01_weighted_softmax_td.ipynb #9edb3a66
+#| code-fold: true
+#| code-summary: "The iteration"
 def _rho(rho, keys, X, shape):
-    "`rho` as a tensor broadcast with `shape` (..., m): from None (ones), a tensor, or a callable on the key and target features."
-    if rho is None: return X.new_ones(shape)
-    if callable(rho): rho = rho(keys, X)
+    (
+        "`rho` as a tensor broadcast with `shape` (..., m): from None (ones), a tensor, or a"
+        " callable on the key and target features."
+    )
+    if rho is None:
+        return X.new_ones(shape)
+    if callable(rho):
+        rho = rho(keys, X)
     rho = as_tensor(rho, "rho", X.dtype, X.device)
-    try: full = torch.broadcast_shapes(rho.shape, shape)
-    except RuntimeError: full = ()
-    if full[-1:] != shape[-1:]: raise ValueError(f"`rho` must broadcast to shape (..., m) = {tuple(shape)}, got {tuple(rho.shape)}")
+    try:
+        full = torch.broadcast_shapes(rho.shape, shape)
+    except RuntimeError:
+        full = ()
+    if full[-1:] != shape[-1:]:
+        raise ValueError(
+            f"`rho` must broadcast to shape (..., m) = {tuple(shape)}, got {tuple(rho.shape)}"
+        )
     return rho.expand(full)
 
+
 def _iterate(update, v0, R, gamma, n_iters, return_all):
-    "Run v <- v + update(delta(v)) from v0, with delta_k = R_k + gamma v[k] - v[k-1] on the first n+1 entries."
+    (
+        "Run v <- v + update(delta(v)) from v0, with delta_k = R_k + gamma v[k] - v[k-1] on the"
+        " first n+1 entries."
+    )
     n, v, vs = R.shape[-1], v0, [v0]
     for _ in range(n_iters):
-        v = v + update(R + gamma * v[..., 1:n + 1] - v[..., :n])
-        if return_all: vs.append(v)
+        v = v + update(R + gamma * v[..., 1 : n + 1] - v[..., :n])
+        if return_all:
+            vs.append(v)
     return torch.stack(vs, -2) if return_all else v
 
+
 def _kernel_iterate(K, R, gamma, n_iters, return_all):
-    "`_iterate` from v = 0 with the kernel update v(x) <- v(x) + sum_k K_k(x) delta_k, K of shape (..., n, m)."
+    (
+        "`_iterate` from v = 0 with the kernel update v(x) <- v(x) + sum_k K_k(x) delta_k, K of"
+        " shape (..., n, m)."
+    )
     v0 = K.new_zeros(K.shape[:-2] + K.shape[-1:])
-    return _iterate(lambda delta: (delta.unsqueeze(-2) @ K).squeeze(-2), v0, R, gamma, n_iters, return_all)
+    return _iterate(
+        lambda delta: (delta.unsqueeze(-2) @ K).squeeze(-2), v0, R, gamma, n_iters, return_all
+    )
 
 # %% ../nbs/01_weighted_softmax_td.ipynb #5f4d6fa7
-def weighted_softmax_td(phi_states,         # (..., n+1, d) features of S_0..S_n
-                        rewards,            # (..., n) rewards, rewards[..., k-1] = R_k
-                        W,                  # (d, d) or (..., d, d) score matrix (ignored, may be None, when `score` is given)
-                        alpha:float,        # step size
-                        gamma:float,        # discount factor in [0, 1)
-                        n_iters:int,        # number of iterations (layers)
-                        phi_queries=None,   # (..., q, d) query features, (..., d) for one query, or None
-                        rho=None,           # per-target weight: None (1), tensor broadcastable to (..., m), or callable rho(phi_keys, phi_targets) -> (..., m)
-                        score=None,         # callable score(phi_keys (..., n, d), phi_targets (..., m, d)) -> (..., n, m); default phi^T W phi
-                        return_all=False,   # return every iterate v_0..v_T instead of the last
-                        centred=False,      # subtract a uniform head: weights K_k(x) - 1/n (Proposition 1.4)
-                        method="auto",      # 'dense' (build K), 'streamed' (O(n) memory; needs W), 'auto': dense up to `DENSE_BYTES`
-                       )->torch.Tensor:     # (..., m) values at S_0..S_n then the queries; (..., n_iters+1, m) with `return_all`
-    "Weighted softmax TD: $v_{t+1}(x) = v_t(x) + \\alpha \\rho(x) \\sum_k K_k(x) \\delta_k^{(t)}$ from $v_0 = 0$ ($K_k(x) - 1/n$ when `centred`)."
-    keys, X, R = context_tensors(phi_states, as_tensor(rewards, "rewards"), phi_queries)   # rewards are required
+#| code-fold: true
+#| code-summary: "weighted_softmax_td"
+def weighted_softmax_td(
+    phi_states,  # (..., n+1, d) features of S_0..S_n
+    rewards,  # (..., n) rewards, rewards[..., k-1] = R_k
+    W,  # (d, d) or (..., d, d) score matrix (ignored, may be None, when `score` is given)
+    alpha: float,  # step size
+    gamma: float,  # discount factor in [0, 1)
+    n_iters: int,  # number of iterations (layers)
+    phi_queries=None,  # (..., q, d) query features, (..., d) for one query, or None
+    rho=None,  # per-target weight: None (1), a tensor (..., m), or rho(keys, targets) -> (..., m)
+    score=None,  # score(keys (..., n, d), targets (..., m, d)) -> (..., n, m); default phi^T W phi
+    return_all=False,  # return every iterate v_0..v_T instead of the last
+    centred=False,  # subtract a uniform head: weights K_k(x) - 1/n (Proposition 1.4)
+    method="auto",  # 'dense' (build K), 'streamed' (O(n) memory; needs W) or 'auto'
+) -> torch.Tensor:  # (..., m) values at S_0..S_n, queries; (..., T+1, m) `return_all`
+    (
+        "Weighted softmax TD: $v_{t+1}(x) = v_t(x) + \\alpha \\rho(x) \\sum_k K_k(x)"
+        " \\delta_k^{(t)}$ from $v_0 = 0$ ($K_k(x) - 1/n$ when `centred`)."
+    )
+    keys, X, R = context_tensors(
+        phi_states, as_tensor(rewards, "rewards"), phi_queries
+    )  # rewards are required
     alpha, gamma, n_iters = _scalar(alpha, "alpha"), check_gamma(gamma), _count(n_iters, "n_iters")
     return_all, centred = check_bool(return_all, "return_all"), check_bool(centred, "centred")
-    if _path(method, keys, X, W, score) == "streamed": return _streamed(keys, X, R, W, alpha, gamma, n_iters, rho, return_all, centred)
+    if _path(method, keys, X, W, score) == "streamed":
+        return _streamed(keys, X, R, W, alpha, gamma, n_iters, rho, return_all, centred)
     K = _weights(keys, X, W, score)
-    if centred: K = K - 1 / keys.shape[-2]
+    if centred:
+        K = K - 1 / keys.shape[-2]
     K = K * (alpha * _rho(rho, keys, X, K.shape[:-2] + K.shape[-1:])).unsqueeze(-2)
     return _kernel_iterate(K, R, gamma, n_iters, return_all)
 
 # %% ../nbs/01_weighted_softmax_td.ipynb #0e2d12f0
-def batch_linear_td(phi_states,         # (..., n+1, d) features of S_0..S_n
-                    rewards,            # (..., n) rewards, rewards[..., k-1] = R_k
-                    alpha:float,        # step size
-                    gamma:float,        # discount factor in [0, 1)
-                    n_iters:int,        # number of iterations
-                    phi_queries=None,   # (..., q, d) query features, (..., d) for one query, or None
-                    return_all=False,   # return every iterate instead of the last
-                    *,
-                    C=None,             # (d, d) or (..., d, d) preconditioner of the step; None: the identity
-                    centred=False,      # step along the centred key features phi(S_{k-1}) - mean_k phi(S_{k-1})
-                   )->torch.Tensor:     # (..., m) values phi(x)^T w_T at S_0..S_n then the queries; (..., n_iters+1, m) with `return_all`
-    "Batch linear TD(0), $w_{t+1} = w_t + \\frac{\\alpha}{n} C \\sum_k \\delta_k \\phi(S_{k-1})$ from $w_0 = 0$ (optionally centred features), read out in value space."
-    keys, X, R = context_tensors(phi_states, as_tensor(rewards, "rewards"), phi_queries)   # rewards are required
+#| code-fold: true
+#| code-summary: "batch_linear_td"
+def batch_linear_td(
+    phi_states,  # (..., n+1, d) features of S_0..S_n
+    rewards,  # (..., n) rewards, rewards[..., k-1] = R_k
+    alpha: float,  # step size
+    gamma: float,  # discount factor in [0, 1)
+    n_iters: int,  # number of iterations
+    phi_queries=None,  # (..., q, d) query features, (..., d) for one query, or None
+    return_all=False,  # return every iterate instead of the last
+    *,
+    C=None,  # (d, d) or (..., d, d) preconditioner of the step; None: the identity
+    centred=False,  # step along the centred key features phi(S_{k-1}) - mean_k phi(S_{k-1})
+) -> torch.Tensor:  # (..., m) phi(x)^T w_T at S_0..S_n, queries; (..., T+1, m) `return_all`
+    (
+        "Batch linear TD(0), $w_{t+1} = w_t + \\frac{\\alpha}{n} C \\sum_k \\delta_k"
+        " \\phi(S_{k-1})$ from $w_0 = 0$ (optionally centred features), read out in value space."
+    )
+    keys, X, R = context_tensors(
+        phi_states, as_tensor(rewards, "rewards"), phi_queries
+    )  # rewards are required
     alpha, gamma, n_iters = _scalar(alpha, "alpha"), check_gamma(gamma), _count(n_iters, "n_iters")
     return_all, centred = check_bool(return_all, "return_all"), check_bool(centred, "centred")
     d, batch = keys.shape[-1], keys.shape[:-2]
     direction = keys - keys.mean(-2, keepdim=True) if centred else keys
-    if C is None: precondition = lambda u: u
+    if C is None:
+        precondition = lambda u: u
     else:
         C = as_tensor(C, "C", keys.dtype, keys.device)
-        if C.ndim < 2 or C.shape[-2:] != (d, d): raise ValueError(f"`C` must have shape ({d}, {d}) or (..., {d}, {d}), got {tuple(C.shape)}")
+        if C.ndim < 2 or C.shape[-2:] != (d, d):
+            raise ValueError(
+                f"`C` must have shape ({d}, {d}) or (..., {d}, {d}), got {tuple(C.shape)}"
+            )
         batch = torch.broadcast_shapes(batch, C.shape[:-2])
         precondition = lambda u: (C @ u.unsqueeze(-1)).squeeze(-1)
-    step = lambda delta: alpha / R.shape[-1] * precondition((delta.unsqueeze(-2) @ direction).squeeze(-2))
+    step = (
+        lambda delta: alpha
+        / R.shape[-1]
+        * precondition((delta.unsqueeze(-2) @ direction).squeeze(-2))
+    )
     return _linear_td(keys, X, R, gamma, n_iters, keys.new_zeros(batch + (d,)), step, return_all)
 
+
 def _linear_td(keys, X, R, gamma, n_iters, w, step, return_all):
-    "Iterate $w_{t+1} = w_t + \\mathrm{step}(\\delta^{(t)})$ from `w` and read out $\\phi(x)^\\top w$ at the rows of `X`."
-    succ, ws = X[..., 1:R.shape[-1] + 1, :], [w]
+    (
+        "Iterate $w_{t+1} = w_t + \\mathrm{step}(\\delta^{(t)})$ from `w` and read out "
+        "$\\phi(x)^\\top w$ at the rows of `X`."
+    )
+    succ, ws = X[..., 1 : R.shape[-1] + 1, :], [w]
     for _ in range(n_iters):
-        delta = R + gamma * (succ @ w.unsqueeze(-1)).squeeze(-1) - (keys @ w.unsqueeze(-1)).squeeze(-1)
+        delta = (
+            R + gamma * (succ @ w.unsqueeze(-1)).squeeze(-1) - (keys @ w.unsqueeze(-1)).squeeze(-1)
+        )
         w = w + step(delta)
         ws.append(w)
-    if not return_all: return (X @ ws[-1].unsqueeze(-1)).squeeze(-1)
+    if not return_all:
+        return (X @ ws[-1].unsqueeze(-1)).squeeze(-1)
     return torch.stack(ws, -2) @ X.mT
 
 # %% ../nbs/01_weighted_softmax_td.ipynb #dc52d3b2
+#| code-fold: true
+#| code-summary: "two_head_linear_td"
 @moved_to_keywords("alpha", "gamma", "n_iters", "phi_queries", "return_all")
-def two_head_linear_td(phi_states,         # (..., n+1, d) features of S_0..S_n, any signs
-                       rewards,            # (..., n) rewards, rewards[..., k-1] = R_k
-                       *,
-                       alpha:float,        # step size
-                       gamma:float,        # discount factor in [0, 1)
-                       n_iters:int,        # number of iterations (layers)
-                       phi_queries=None,   # (..., q, d) query features, (..., d) for one query, or None
-                       return_all=False,   # return every iterate v_0..v_T instead of the last
-                      )->torch.Tensor:     # (..., m) values at S_0..S_n then the queries; (..., n_iters+1, m) with `return_all`
-    "Batch linear TD as two heads: a softmax head with the shifted kernel $c + \\phi^\\top\\phi$ and $\\rho$ = its mean, minus a uniform head of weight $c$."
-    keys, X, R = context_tensors(phi_states, as_tensor(rewards, "rewards"), phi_queries)   # rewards are required
+def two_head_linear_td(
+    phi_states,  # (..., n+1, d) features of S_0..S_n, any signs
+    rewards,  # (..., n) rewards, rewards[..., k-1] = R_k
+    *,
+    alpha: float,  # step size
+    gamma: float,  # discount factor in [0, 1)
+    n_iters: int,  # number of iterations (layers)
+    phi_queries=None,  # (..., q, d) query features, (..., d) for one query, or None
+    return_all=False,  # return every iterate v_0..v_T instead of the last
+) -> torch.Tensor:  # (..., m) values at S_0..S_n, queries; (..., T+1, m) `return_all`
+    (
+        "Batch linear TD as two heads: a softmax head with the shifted kernel $c +"
+        " \\phi^\\top\\phi$ and $\\rho$ = its mean, minus a uniform head of weight $c$."
+    )
+    keys, X, R = context_tensors(
+        phi_states, as_tensor(rewards, "rewards"), phi_queries
+    )  # rewards are required
     alpha, gamma, n_iters = _scalar(alpha, "alpha"), check_gamma(gamma), _count(n_iters, "n_iters")
     return_all = check_bool(return_all, "return_all")
-    check_work(_dense_bytes(keys, X, None, True, arrays=5), "bytes", f"the {keys.shape[-2]} x {X.shape[-2]} kernels of the two heads",
-               "`batch_linear_td` computes the same values in O(n d) memory")
-    gram = keys @ X.mT                                                   # (..., n, m) linear kernel
-    c = 1 + gram.abs().amax(-2)                                          # (..., m) shift making the kernel positive
+    check_work(
+        _dense_bytes(keys, X, None, True, arrays=5),
+        "bytes",
+        f"the {keys.shape[-2]} x {X.shape[-2]} kernels of the two heads",
+        "`batch_linear_td` computes the same values in O(n d) memory",
+    )
+    gram = keys @ X.mT  # (..., n, m) linear kernel
+    c = 1 + gram.abs().amax(-2)  # (..., m) shift making the kernel positive
     K = _weights(keys, X, None, lambda k, x: torch.log(c.unsqueeze(-2) + gram))
     K = alpha * ((c + gram.mean(-2)).unsqueeze(-2) * K - c.unsqueeze(-2) / keys.shape[-2])
     return _kernel_iterate(K, R, gamma, n_iters, return_all)
 
 # %% ../nbs/01_weighted_softmax_td.ipynb #ce026d80
-def check_states(states,          # (..., n+1) state indices S_0..S_n: integers, or integer-valued floats
-                 n_states:int,    # number of states s; indices must lie in 0..s-1
-                 device=None,     # device of the result; default that of `states`
-                )->torch.Tensor:  # (..., n+1) int64 states
-    "Integer state indices of a trajectory, or a `ValueError` naming `states` (or `n_states`) and what was expected."
+#| code-fold: true
+#| code-summary: "check_states"
+def check_states(
+    states,  # (..., n+1) state indices S_0..S_n: integers, or integer-valued floats
+    n_states: int,  # number of states s; indices must lie in 0..s-1
+    device=None,  # device of the result; default that of `states`
+) -> torch.Tensor:  # (..., n+1) int64 states
+    (
+        "Integer state indices of a trajectory, or a `ValueError` naming `states` (or `n_states`)"
+        " and what was expected."
+    )
     n_states = check_int(n_states, "n_states", low=1)
     s = states
     if not isinstance(s, torch.Tensor):
-        try: s = np.asarray(states)
-        except ValueError: s = np.asarray(None)                      # ragged lists
-        if s.dtype.kind not in "iufb": raise ValueError(f"`states` must be an integer array of shape (..., n+1), got {states!r:.60}")
+        try:
+            s = np.asarray(states)
+        except ValueError:
+            s = np.asarray(None)  # ragged lists
+        if s.dtype.kind not in "iufb":
+            raise ValueError(
+                f"`states` must be an integer array of shape (..., n+1), got {states!r:.60}"
+            )
         s = torch.as_tensor(s)
     if s.is_floating_point():
-        if not (torch.isfinite(s).all() and (s == s.round()).all()): raise ValueError("`states` must hold integer state indices")
+        if not (torch.isfinite(s).all() and (s == s.round()).all()):
+            raise ValueError("`states` must hold integer state indices")
         s = s.long()
     if s.dtype == torch.bool or s.is_complex() or s.ndim < 1 or s.shape[-1] < 2:
-        raise ValueError(f"`states` must be an integer array of shape (..., n+1) with n >= 1, got {tuple(s.shape)} {s.dtype}")
-    if ((s < 0) | (s >= n_states)).any(): raise ValueError(f"`states` must lie in 0..{n_states - 1}")
+        raise ValueError(
+            "`states` must be an integer array of shape (..., n+1) with n >= 1, got"
+            f" {tuple(s.shape)} {s.dtype}"
+        )
+    if ((s < 0) | (s >= n_states)).any():
+        raise ValueError(f"`states` must lie in 0..{n_states - 1}")
     return s.long().to(device or s.device)
+
 
 def _tabular_context(states, rewards, n_states):
     n_states = _count(n_states, "n_states")
-    if n_states < 1: raise ValueError("`n_states` must be a positive integer, got 0")
+    if n_states < 1:
+        raise ValueError("`n_states` must be a positive integer, got 0")
     S = check_states(states, n_states)
     R = as_tensor(rewards, "rewards", device=S.device)
-    if R.ndim < 1 or R.shape[-1] != S.shape[-1] - 1: raise ValueError(f"`rewards` must have shape (..., {S.shape[-1] - 1}) to match `states`, got {tuple(R.shape)}")
+    if R.ndim < 1 or R.shape[-1] != S.shape[-1] - 1:
+        raise ValueError(
+            f"`rewards` must have shape (..., {S.shape[-1] - 1}) to match `states`, got"
+            f" {tuple(R.shape)}"
+        )
     batch = _broadcast(S.shape[:-1], R.shape[:-1], "rewards")
     S, R = S.expand(batch + S.shape[-1:]), R.expand(batch + R.shape[-1:])
-    E = torch.nn.functional.one_hot(S[..., :-1], n_states).to(R.dtype)    # (..., n, s): transition k leaves state S_{k-1}
+    E = torch.nn.functional.one_hot(S[..., :-1], n_states).to(
+        R.dtype
+    )  # (..., n, s): transition k leaves state S_{k-1}
     return S, R, E, E.sum(-2)
 
 # %% ../nbs/01_weighted_softmax_td.ipynb #dc4cfe80
+#| code-fold: true
+#| code-summary: "batch_tabular_td"
 @moved_to_keywords("alpha", "gamma", "n_iters", "return_all")
-def batch_tabular_td(states,           # (..., n+1) integer states S_0..S_n
-                     rewards,          # (..., n) rewards, rewards[..., k-1] = R_k
-                     n_states:int,     # number of states s
-                     *,
-                     alpha:float,      # step size
-                     gamma:float,      # discount factor in [0, 1)
-                     n_iters:int,      # number of iterations
-                     return_all=False, # return every iterate instead of the last
-                    )->torch.Tensor:   # (..., s) values per state; (..., n_iters+1, s) with `return_all`
-    "Per-state averaged batch tabular TD: $v(x) \\mathrel{+}= \\alpha \\cdot$ (mean TD error of the transitions leaving $x$)."
+def batch_tabular_td(
+    states,  # (..., n+1) integer states S_0..S_n
+    rewards,  # (..., n) rewards, rewards[..., k-1] = R_k
+    n_states: int,  # number of states s
+    *,
+    alpha: float,  # step size
+    gamma: float,  # discount factor in [0, 1)
+    n_iters: int,  # number of iterations
+    return_all=False,  # return every iterate instead of the last
+) -> torch.Tensor:  # (..., s) values per state; (..., n_iters+1, s) with `return_all`
+    (
+        "Per-state averaged batch tabular TD: $v(x) \\mathrel{+}= \\alpha \\cdot$ (mean TD error of"
+        " the transitions leaving $x$)."
+    )
     S, R, E, N = _tabular_context(states, rewards, n_states)
     alpha, gamma, n_iters = _scalar(alpha, "alpha"), check_gamma(gamma), _count(n_iters, "n_iters")
     return_all = check_bool(return_all, "return_all")
-    A = alpha * E / N.clamp(min=1).unsqueeze(-2)     # (..., n, s): alpha / N(x) on the transitions leaving x
+    A = (
+        alpha * E / N.clamp(min=1).unsqueeze(-2)
+    )  # (..., n, s): alpha / N(x) on the transitions leaving x
     v, vs = R.new_zeros(R.shape[:-1] + (n_states,)), []
     for _ in range(n_iters + 1):
         vs.append(v)
@@ -299,44 +495,82 @@ def batch_tabular_td(states,           # (..., n+1) integer states S_0..S_n
     return torch.stack(vs, -2) if return_all else vs[-1]
 
 # %% ../nbs/01_weighted_softmax_td.ipynb #c0697a11
-def certainty_equivalence(states,           # (..., n+1) integer states S_0..S_n
-                          rewards,          # (..., n) rewards, rewards[..., k-1] = R_k
-                          n_states:int,     # number of states s
-                          gamma:float,      # discount factor in [0, 1)
-                          *,
-                          unvisited_reward=0., # reward of a state never left, which is made absorbing: a float or (...,)
-                         )->torch.Tensor:   # (..., s) values of the empirical MRP
-    "Value of the context's empirical MRP $\\hat v = \\hat r + \\gamma \\hat P \\hat v$; a state never left is absorbing with reward `unvisited_reward`."
+#| code-fold: true
+#| code-summary: "certainty_equivalence"
+def certainty_equivalence(
+    states,  # (..., n+1) integer states S_0..S_n
+    rewards,  # (..., n) rewards, rewards[..., k-1] = R_k
+    n_states: int,  # number of states s
+    gamma: float,  # discount factor in [0, 1)
+    *,
+    unvisited_reward=0.0,  # reward of a never-left state, made absorbing: float or (...,)
+) -> torch.Tensor:  # (..., s) values of the empirical MRP
+    (
+        "Value of the context's empirical MRP $\\hat v = \\hat r + \\gamma \\hat P \\hat v$; a"
+        " state never left is absorbing with reward `unvisited_reward`."
+    )
     S, R, E, N = _tabular_context(states, rewards, n_states)
     gamma = check_gamma(gamma)
     fill = as_tensor(unvisited_reward, "unvisited_reward", device=R.device).to(R.dtype)
-    if fill.ndim and fill.shape != R.shape[:-1]: raise ValueError(f"`unvisited_reward` must be a float or have shape {tuple(R.shape[:-1])}, got {tuple(fill.shape)}")
+    if fill.ndim and fill.shape != R.shape[:-1]:
+        raise ValueError(
+            f"`unvisited_reward` must be a float or have shape {tuple(R.shape[:-1])}, got"
+            f" {tuple(fill.shape)}"
+        )
     unseen = N == 0
     I = torch.eye(n_states, dtype=R.dtype, device=R.device)
     inv = 1 / N.clamp(min=1)
     F = torch.nn.functional.one_hot(S[..., 1:], n_states).to(R.dtype)
-    P_hat = torch.where(unseen.unsqueeze(-1), I, (E.mT @ F) * inv.unsqueeze(-1))           # empirical transitions; self-loop if never left
-    r_hat = torch.where(unseen, fill.unsqueeze(-1), (R.unsqueeze(-2) @ E).squeeze(-2) * inv)  # mean reward on leaving x
+    P_hat = torch.where(
+        unseen.unsqueeze(-1), I, (E.mT @ F) * inv.unsqueeze(-1)
+    )  # empirical transitions; self-loop if never left
+    r_hat = torch.where(
+        unseen, fill.unsqueeze(-1), (R.unsqueeze(-2) @ E).squeeze(-2) * inv
+    )  # mean reward on leaving x
     return torch.linalg.solve(I - gamma * P_hat, r_hat.unsqueeze(-1)).squeeze(-1)
 
 # %% ../nbs/01_weighted_softmax_td.ipynb #b8e6def0
-def tabular_rate(states,          # (n+1,) integer states S_0..S_n of one context
-                 n_states:int,    # number of states s
-                 *,               # the rest by keyword: three floats easily swapped
-                 beta:float,      # score scale: one-hot features, scores beta 1[x = y]
-                 alpha:float,     # step size in (0, 1]
-                 gamma:float,     # discount factor in [0, 1)
-                )->float:         # kappa = 1 - alpha (2 mu - 1 - gamma) < 1
-    "Proposition 1.7's rate $\\kappa$ of one one-hot context; a `ValueError` where its hypotheses fail."
+#| code-fold: true
+#| code-summary: "tabular_rate"
+def tabular_rate(
+    states,  # (n+1,) integer states S_0..S_n of one context
+    n_states: int,  # number of states s
+    *,  # the rest by keyword: three floats easily swapped
+    beta: float,  # score scale: one-hot features, scores beta 1[x = y]
+    alpha: float,  # step size in (0, 1]
+    gamma: float,  # discount factor in [0, 1)
+) -> float:  # kappa = 1 - alpha (2 mu - 1 - gamma) < 1
+    (
+        "Proposition 1.7's rate $\\kappa$ of one one-hot context; a `ValueError` where its"
+        " hypotheses fail."
+    )
     S, gamma = check_states(states, n_states), check_gamma(gamma)
-    if S.ndim != 1: raise ValueError(f"`states` must be one context of shape (n+1,), got {tuple(S.shape)}")
-    alpha = check_number(alpha, "alpha", 0., strict=True, high=1., what="a step size in (0, 1], where Proposition 1.7 holds")
-    N, n, beta = torch.bincount(S[:-1], minlength=n_states).double(), len(S) - 1, check_number(beta, "beta")
+    if S.ndim != 1:
+        raise ValueError(f"`states` must be one context of shape (n+1,), got {tuple(S.shape)}")
+    alpha = check_number(
+        alpha,
+        "alpha",
+        0.0,
+        strict=True,
+        high=1.0,
+        what="a step size in (0, 1], where Proposition 1.7 holds",
+    )
+    N, n, beta = (
+        torch.bincount(S[:-1], minlength=n_states).double(),
+        len(S) - 1,
+        check_number(beta, "beta"),
+    )
     mu = (N * math.exp(beta) / (N * math.exp(beta) + n - N))[N > 0].min().item()
     if not (S[:-1] == S[-1]).any() or mu <= (1 + gamma) / 2:
-        raise ValueError("the hypotheses of Propositions 1.5 and 1.7 fail for this context (a target state never left, or mu <= (1 + gamma) / 2)")
+        raise ValueError(
+            "the hypotheses of Propositions 1.5 and 1.7 fail for this context (a target state never"
+            " left, or mu <= (1 + gamma) / 2)"
+        )
     return 1 - alpha * (2 * mu - 1 - gamma)
 
 # %% ../nbs/01_weighted_softmax_td.ipynb #ea88633b
 from .boyan import check_arguments
-check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)
+
+check_arguments(
+    globals()
+)  # every public function refuses, naming it, an argument its annotation rules out (chapter 0)

@@ -24,6 +24,21 @@ from IPython.display import Markdown
 # %%
 from ictd.core import record_claim
 
+# %%
+#| hide
+from ictd.boyan import (
+    FEATURES,
+    REWARDS,
+    _positive_strides,
+    _stationary,
+    as_tensor,
+    boyan_transitions,
+    chain_from_uniforms,
+    check_gamma,
+    transitions_from_uniforms,
+    weighted_error,
+)
+
 
 # %% [markdown]
 # # The Boyan chain
@@ -36,16 +51,9 @@ from ictd.core import record_claim
 # - The book's testbed, the random Boyan chain, drawn and solved by hand on three states in exact fractions.
 # - Trajectories, the ergodic theorem at work, and one seed giving one chain under every feature kind.
 # - The score of every estimate: the mean squared value error (MSVE).
+# - The library's code is folded where a function is introduced; helpers, input checks and tests are in
+#   [Implementation and tests](#implementation-and-tests). Symbols: [Notation](notation.html).
 # :::
-
-# %% [markdown]
-# *How to read this chapter.* It sets up the ground truth the whole book scores against. First the
-# objects (a Markov reward process, its values and its stationary distribution), then the book's
-# testbed, the random Boyan chain, with a picture of one, then a three-state chain solved by hand, then
-# trajectories and the value error. The functions a reader calls (`random_boyan_chain`,
-# `sample_trajectory`, `msve`, `plot_chain`) are documented where they appear; the helpers, the input
-# checks and the exhaustive tests are in the last section, [Implementation and tests](#implementation-and-tests).
-# Symbols are listed once in [Notation](notation.html).
 
 # %% [markdown]
 # Everything in this book is *policy evaluation*: a fixed policy has turned a Markov decision
@@ -71,108 +79,86 @@ from ictd.core import record_claim
 # ## Markov reward processes
 #
 # `MRP` validates its inputs once and then computes the two quantities every later chapter scores
-# against: the stationary distribution $d_\pi$ and the true values $v_\pi$. (Every function of the
+# against: the stationary distribution $d_\pi$ and the true values $v_\pi$. Every function of the
 # library accepts numpy arrays or torch tensors and rejects bad input with a `ValueError` that names
-# the argument; the two small validators defined below are explained, with their tests, in
-# [Implementation and tests](#checking-inputs).)
+# the argument ([Implementation and tests](#checking-inputs)).
 
 # %%
-#| export
-def _positive_strides(a:np.ndarray)->np.ndarray:
-    "`a`, copied when it is a view with a negative stride (a reversed array), which torch cannot share."
-    return a.copy() if any(st < 0 for st in a.strides) else a
-
-def as_tensor(x,                # array-like (numpy array, torch tensor, list or number)
-              name:str,         # argument name, used in error messages
-              dtype=None,       # dtype to convert to; default: keep floating tensors, else float64
-              device=None,      # device to move to; default: keep
-             )->torch.Tensor:   # finite floating tensor
-    "Convert `x` to a finite floating torch tensor, raising `ValueError` (`TypeError` for complex numbers) that names `name`."
-    if x is None: raise TypeError(f"`{name}` must be numeric array-like, got None")
-    if x.is_complex() if isinstance(x, torch.Tensor) else np.iscomplexobj(x): raise TypeError(f"`{name}` must be real, got complex numbers")
-    try: t = x if isinstance(x, torch.Tensor) else torch.as_tensor(_positive_strides(np.asarray(x, dtype=np.float64)))
-    except (TypeError, ValueError) as e: raise ValueError(f"`{name}` must be numeric array-like, got {type(x).__name__}") from e
-    if dtype is None and not t.is_floating_point(): dtype = torch.float64
-    t = t.to(dtype=dtype or t.dtype, device=device or t.device)
-    if not torch.isfinite(t).all(): raise ValueError(f"`{name}` contains NaN or inf")
-    return t
-
-
-# %%
-#| export
-def check_gamma(gamma)->float:
-    "Return `gamma` as a float, raising `ValueError` unless it is a real number in [0, 1)."
-    from ictd.core import check_number   # the shared check (appendix A's module imports this one, so it is imported when called)
-    try: g = check_number(gamma, "gamma", 0.)
-    except ValueError: g = -1.
-    shape = tuple(getattr(gamma, "shape", ()))
-    if shape: raise ValueError(f"`gamma` must be a number in [0, 1), got an array of shape {shape} (an MRP is MRP(P, r, gamma, phi), in this order)")
-    if not 0 <= g < 1: raise ValueError(f"`gamma` must lie in [0, 1), got {gamma!r}")
-    return g
-
-
-# %% [markdown]
-# The stationary distribution is the solution of the (overdetermined, consistent) linear system
-# $\big[\,P^\top - I;\ \mathbf 1^\top\big] d = [0; 1]$, which is unique exactly when the augmented
-# matrix has full column rank; a chain with two closed classes fails that test and is rejected.
-
-# %%
-#| export
-def _stationary(P:np.ndarray)->np.ndarray:
-    s = len(P)
-    A = np.vstack([P.T - np.eye(s), np.ones((1, s))])
-    if np.linalg.matrix_rank(A, tol=1e-10) < s: raise ValueError("`P` has no unique stationary distribution (the chain is reducible)")
-    d = np.linalg.lstsq(A, np.r_[np.zeros(s), 1.], rcond=None)[0]
-    return np.clip(d, 0, None) / np.clip(d, 0, None).sum()
-
-
-# %%
+#| code-fold: true
+#| code-summary: "MRP"
 #| export
 @dataclass(eq=False)
 class MRP:
     "A validated Markov reward process with features; `d_pi` and `v_pi` are computed on creation."
-    P:torch.Tensor      # (s, s) row-stochastic transition matrix
-    r:torch.Tensor      # (s,) expected reward on leaving each state
-    gamma:float         # discount factor in [0, 1)
-    phi:torch.Tensor    # (s, d) state features, one row per state
-    d_pi:torch.Tensor = field(init=False)  # (s,) stationary distribution
-    v_pi:torch.Tensor = field(init=False)  # (s,) true values (I - gamma P)^{-1} r
-    device:InitVar = None   # keyword: the device of every tensor; default that of `P` (the CPU for numpy input)
-    dtype:InitVar = None    # keyword: the floating dtype of every tensor; default float64 (the checks and solves run in float64 first)
+
+    P: torch.Tensor  # (s, s) row-stochastic transition matrix
+    r: torch.Tensor  # (s,) expected reward on leaving each state
+    gamma: float  # discount factor in [0, 1)
+    phi: torch.Tensor  # (s, d) state features, one row per state
+    d_pi: torch.Tensor = field(init=False)  # (s,) stationary distribution
+    v_pi: torch.Tensor = field(init=False)  # (s,) true values (I - gamma P)^{-1} r
+    device: InitVar = (
+        None  # keyword: the device of every tensor; default that of `P` (the CPU for numpy input)
+    )
+    dtype: InitVar = (
+        # keyword: the floating dtype of every tensor; default float64 (the checks and solves run in
+        # float64 first)
+        None
+    )
 
     def __post_init__(self, device, dtype):
-        self.P, self.r = as_tensor(self.P, "P", torch.float64), as_tensor(self.r, "r", torch.float64)
+        self.P, self.r = as_tensor(self.P, "P", torch.float64), as_tensor(
+            self.r, "r", torch.float64
+        )
         self.phi, self.gamma = as_tensor(self.phi, "phi", torch.float64), check_gamma(self.gamma)
         s = self.P.shape[0] if self.P.ndim == 2 else -1
-        if self.P.ndim != 2 or self.P.shape != (s, s) or s < 1: raise ValueError(f"`P` must be a square (s, s) matrix, got shape {tuple(self.P.shape)}")
-        if (self.P < 0).any(): raise ValueError("`P` has negative entries")
-        if not torch.allclose(self.P.sum(1), torch.ones(s, dtype=torch.float64), atol=1e-10): raise ValueError("`P` is not row-stochastic: every row must sum to 1")
-        if self.r.shape != (s,): raise ValueError(f"`r` must have shape ({s},) to match `P`, got {tuple(self.r.shape)}")
-        if self.phi.ndim != 2 or self.phi.shape[0] != s: raise ValueError(f"`phi` must have shape ({s}, d) to match `P`, got {tuple(self.phi.shape)}")
+        if self.P.ndim != 2 or self.P.shape != (s, s) or s < 1:
+            raise ValueError(f"`P` must be a square (s, s) matrix, got shape {tuple(self.P.shape)}")
+        if (self.P < 0).any():
+            raise ValueError("`P` has negative entries")
+        if not torch.allclose(self.P.sum(1), torch.ones(s, dtype=torch.float64), atol=1e-10):
+            raise ValueError("`P` is not row-stochastic: every row must sum to 1")
+        if self.r.shape != (s,):
+            raise ValueError(f"`r` must have shape ({s},) to match `P`, got {tuple(self.r.shape)}")
+        if self.phi.ndim != 2 or self.phi.shape[0] != s:
+            raise ValueError(
+                f"`phi` must have shape ({s}, d) to match `P`, got {tuple(self.phi.shape)}"
+            )
         self.d_pi = torch.from_numpy(_stationary(self.P.cpu().numpy())).to(self.P.device)
         I = torch.eye(s, dtype=torch.float64, device=self.P.device)
         self.v_pi = torch.linalg.solve(I - self.gamma * self.P, self.r)
-        if device is not None or dtype is not None: self._move(device, dtype)
+        if device is not None or dtype is not None:
+            self._move(device, dtype)
 
     def _move(self, device, dtype):
-        for k in ("P", "r", "phi", "d_pi", "v_pi"): setattr(self, k, getattr(self, k).to(device=device, dtype=dtype))
+        for k in ("P", "r", "phi", "d_pi", "v_pi"):
+            setattr(self, k, getattr(self, k).to(device=device, dtype=dtype))
 
-    def to(self, device=None, dtype=None)->MRP:
-        "A copy of the process with every tensor on `device` and in the floating `dtype` (None: unchanged)."
+    def to(self, device=None, dtype=None) -> MRP:
+        (
+            "A copy of the process with every tensor on `device` and in the floating `dtype` (None:"
+            " unchanged)."
+        )
         out = MRP.__new__(MRP)
         out.__dict__.update(self.__dict__)
         out._move(device, dtype)
         return out
 
     @property
-    def n_states(self)->int: return self.P.shape[0]
+    def n_states(self) -> int:
+        return self.P.shape[0]
+
     @property
-    def d(self)->int: return self.phi.shape[1]
-    def __repr__(self): return f"MRP(n_states={self.n_states}, d={self.d}, gamma={self.gamma})"
+    def d(self) -> int:
+        return self.phi.shape[1]
+
+    def __repr__(self):
+        return f"MRP(n_states={self.n_states}, d={self.d}, gamma={self.gamma})"
 
 
 # %%
 show_doc(MRP)
+
 
 # %% [markdown]
 # ## The random Boyan chain
@@ -198,67 +184,36 @@ show_doc(MRP)
 # [Implementation and tests](#drawing-a-chain-from-uniforms).
 
 # %%
+#| code-fold: true
+#| code-summary: "random_boyan_chain"
 #| export
-FEATURES, REWARDS = ("random", "onehot", "unit"), ("random", "representable")
+def random_boyan_chain(
+    n_states: int = 10,  # number of states s >= 2
+    d: int = 4,  # feature dimension (one-hot chains read the s x d block too: same P, r)
+    gamma: float = 0.9,  # discount factor in [0, 1)
+    features: str = "random",  # "random" (U(-1, 1)), "onehot" or "unit" (random rows of norm 1)
+    rewards: str = "random",  # "random" (U(-1, 1)) or "representable" (v_pi in the span of phi)
+    seed=None,  # int or `numpy.random.Generator`
+) -> MRP:
+    (
+        "Draw a random Boyan chain task (the conventions of Wang et al. 2025's public code, listed "
+        "above)."
+    )
+    from ictd.core import (
+        check_choice,
+        check_int,
+    )  # the shared checks (imported when called, as in `check_gamma`)
 
-def transitions_from_uniforms(u:np.ndarray,   # (..., 2s - 2) uniforms on [0, 1): s - 2 jump probabilities, then s last-row weights
-                              n_states:int,   # number of states s >= 2
-                             )->np.ndarray:   # (..., s, s) row-stochastic matrices
-    "Boyan-chain transition matrices from uniforms: jumps of +1 or +2, and a random last row."
-    s = n_states
-    if u.shape[-1] != 2 * s - 2: raise ValueError(f"`u` must have last dimension 2 * n_states - 2 = {2 * s - 2}, got shape {u.shape}")
-    p, last = 0.01 + (0.99 - 0.01) * u[..., :s - 2], 0.01 + (0.99 - 0.01) * u[..., s - 2:]
-    P, i = np.zeros((*u.shape[:-1], s, s)), np.arange(s - 2)
-    P[..., i, i + 1], P[..., i, i + 2] = p, 1 - p
-    P[..., s - 2, s - 1] = 1.
-    P[..., s - 1, :] = last / last.sum(-1, keepdims=True)
-    return P
-
-
-# %%
-#| export
-def boyan_transitions(n_states:int,                 # number of states s >= 2
-                      rng:np.random.Generator,     # source of randomness
-                     )->np.ndarray:                 # (s, s) row-stochastic matrix
-    "Random Boyan-chain transition matrix: jumps of +1 or +2, and a random last row."
-    return transitions_from_uniforms(rng.random(2 * n_states - 2), n_states)
-
-
-# %%
-#| export
-def chain_from_uniforms(u:np.ndarray,   # (..., 2s - 2 + s d) uniforms on [0, 1): jump probabilities, last-row weights, feature block
-                        n_states:int,   # number of states s >= 2
-                        d:int,          # columns of the feature block (one-hot features read it too, and have s columns)
-                        features:str,   # one of `FEATURES`
-                       )->tuple:        # P (..., s, s) and phi (..., s, d), or (..., s, s) for one-hot features
-    "Transition matrices and features of Boyan chains from their uniforms, in the order every feature kind reads them."
-    if features not in FEATURES: raise ValueError(f"`features` must be one of {FEATURES}, got {features!r}")
-    s, k = n_states, 2 * n_states - 2
-    if u.shape[-1] != k + s * d: raise ValueError(f"`u` must have last dimension 2 * n_states - 2 + n_states * d = {k + s * d}, got shape {u.shape}")
-    block = -1 + (1 - -1) * u[..., k:].reshape(*u.shape[:-1], s, d)
-    if features == "onehot": phi = np.broadcast_to(np.eye(s), (*u.shape[:-1], s, s)).copy()
-    else: phi = block / np.linalg.norm(block, axis=-1, keepdims=True) if features == "unit" else block
-    return transitions_from_uniforms(u[..., :k], s), phi
-
-
-# %%
-#| export
-def random_boyan_chain(n_states:int=10,           # number of states s >= 2
-                       d:int=4,                   # feature dimension; one-hot chains (s features) read the s x d block too, so they share P and r with random-feature chains of this d
-                       gamma:float=0.9,           # discount factor in [0, 1)
-                       features:str="random",     # "random" (U(-1, 1) entries), "onehot" or "unit" (random rows of norm 1)
-                       rewards:str="random",      # "random" (U(-1, 1)) or "representable" (v_pi in the span of phi)
-                       seed=None,                 # int or `numpy.random.Generator`
-                      )->MRP:
-    "Draw a random Boyan chain task (the conventions of Wang et al. 2025's public code, listed above)."
-    from ictd.core import check_choice, check_int   # the shared checks (imported when called, as in `check_gamma`)
     s, d = check_int(n_states, "n_states", 2), check_int(d, "d", 1, "a positive integer")
     check_choice(features, FEATURES, "features"), check_choice(rewards, REWARDS, "rewards")
-    if not isinstance(seed, (np.random.Generator, np.random.SeedSequence)) and seed is not None: seed = check_int(seed, "seed")
+    if not isinstance(seed, (np.random.Generator, np.random.SeedSequence)) and seed is not None:
+        seed = check_int(seed, "seed")
     gamma, rng = check_gamma(gamma), np.random.default_rng(seed)
     P, phi = chain_from_uniforms(rng.random(2 * s - 2 + s * d), s, d, features)
-    if rewards == "random": r = rng.uniform(-1, 1, size=s)
-    else: r = (np.eye(s) - gamma * P) @ (phi @ rng.standard_normal(phi.shape[1]))
+    if rewards == "random":
+        r = rng.uniform(-1, 1, size=s)
+    else:
+        r = (np.eye(s) - gamma * P) @ (phi @ rng.standard_normal(phi.shape[1]))
     return MRP(P, r, gamma, phi)
 
 
@@ -279,29 +234,56 @@ mrp
 # it anywhere, is the bottom row of the transition matrix below.
 
 # %%
+#| code-fold: true
+#| code-summary: "plot_chain"
 #| export
-def plot_chain(mrp:MRP,       # the chain to draw
-               ax=None,       # matplotlib axes; default: a new figure
-              ):
-    "Draw a Boyan chain: states on a line, +1 jumps above and +2 jumps below, labelled with probabilities."
+def plot_chain(mrp: MRP, ax=None):  # the chain to draw  # matplotlib axes; default: a new figure
+    (
+        "Draw a Boyan chain: states on a line, +1 jumps above and +2 jumps below, labelled with "
+        "probabilities."
+    )
     import matplotlib.pyplot as plt
     from matplotlib.patches import FancyArrowPatch
-    if ax is None: _, ax = plt.subplots(figsize=(8, 2.6))
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(8, 2.6))
     P, s = mrp.P.cpu().numpy(), mrp.n_states
     for i in range(s):
         ax.add_patch(plt.Circle((i, 0), 0.28, fc="white", ec="k", zorder=3))
         ax.text(i, 0, str(i), ha="center", va="center", zorder=4)
     for i in range(s - 1):
         for j, rad, dy in ((i + 1, -0.8, 0.62), (i + 2, 0.45, -0.66)):
-            if j >= s or P[i, j] == 0: continue
-            ax.add_patch(FancyArrowPatch((i + 0.2, 0.2 * np.sign(dy)), (j - 0.2, 0.2 * np.sign(dy)),
-                         connectionstyle=f"arc3,rad={rad}", arrowstyle="-|>", mutation_scale=12,
-                         color="C0" if j == i + 1 else "C1"))
-            ax.text((i + j) / 2, dy, f"{P[i, j]:.2f}", ha="center", va="center", fontsize=9,
-                    color="C0" if j == i + 1 else "C1")
-    ax.plot([], [], color="C0", label="step +1"); ax.plot([], [], color="C1", label="step +2")
-    ax.set(xlim=(-0.6, s - 0.4), ylim=(-1.0, 0.95), aspect="equal", title="Transitions of one random Boyan chain")
-    ax.axis("off"); ax.legend(loc="upper center", bbox_to_anchor=(0.5, 0.04), fontsize=9, ncol=2, frameon=False)
+            if j >= s or P[i, j] == 0:
+                continue
+            ax.add_patch(
+                FancyArrowPatch(
+                    (i + 0.2, 0.2 * np.sign(dy)),
+                    (j - 0.2, 0.2 * np.sign(dy)),
+                    connectionstyle=f"arc3,rad={rad}",
+                    arrowstyle="-|>",
+                    mutation_scale=12,
+                    color="C0" if j == i + 1 else "C1",
+                )
+            )
+            ax.text(
+                (i + j) / 2,
+                dy,
+                f"{P[i, j]:.2f}",
+                ha="center",
+                va="center",
+                fontsize=9,
+                color="C0" if j == i + 1 else "C1",
+            )
+    ax.plot([], [], color="C0", label="step +1")
+    ax.plot([], [], color="C1", label="step +2")
+    ax.set(
+        xlim=(-0.6, s - 0.4),
+        ylim=(-1.0, 0.95),
+        aspect="equal",
+        title="Transitions of one random Boyan chain",
+    )
+    ax.axis("off")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, 0.04), fontsize=9, ncol=2, frameon=False)
     return ax
 
 
@@ -415,6 +397,7 @@ Markdown(
 # stationary probability distribution with every state visited.
 
 # %%
+#| code-fold: true
 for seed in range(50):
     m = random_boyan_chain(
         n_states=3 + seed % 12, features=FEATURES[seed % 3], rewards=REWARDS[seed % 2], seed=seed
@@ -453,24 +436,34 @@ ax.legend();
 # so the whole trajectory is stationary. Sampling uses inverse-CDF draws from one batch of uniforms.
 
 # %%
+#| code-fold: true
+#| code-summary: "sample_trajectory"
 #| export
-def sample_trajectory(mrp:MRP,            # the process to sample
-                      n:int,              # number of transitions
-                      seed=None,          # int or `numpy.random.Generator`
-                      start="stationary", # "stationary" (S_0 ~ d_pi), "uniform", or a state index
-                     )->tuple:            # (states (n+1,) long tensor S_0..S_n, rewards (n,) float64 tensor, rewards[k-1] = R_k)
+def sample_trajectory(
+    mrp: MRP,  # the process to sample
+    n: int,  # number of transitions
+    seed=None,  # int or `numpy.random.Generator`
+    start="stationary",  # "stationary" (S_0 ~ d_pi), "uniform", or a state index
+) -> tuple:  # (states (n+1,) long tensor S_0..S_n, rewards (n,) float64 tensor, rewards[k-1] = R_k)
     "Sample a trajectory of `n` transitions from `mrp`."
-    if int(n) != n or n < 0: raise ValueError(f"`n` must be a non-negative integer, got {n}")
+    if int(n) != n or n < 0:
+        raise ValueError(f"`n` must be a non-negative integer, got {n}")
     rng, s = np.random.default_rng(seed), mrp.n_states
-    if isinstance(start, str) and start not in ("stationary", "uniform"): raise ValueError(f"`start` must be 'stationary', 'uniform' or a state index, got {start!r}")
-    if start == "stationary": s0 = rng.choice(s, p=mrp.d_pi.cpu().numpy())
-    elif start == "uniform": s0 = rng.integers(s)
-    elif int(start) != start or not 0 <= start < s: raise ValueError(f"`start` must be a state in 0..{s - 1}, got {start}")
-    else: s0 = int(start)
+    if isinstance(start, str) and start not in ("stationary", "uniform"):
+        raise ValueError(f"`start` must be 'stationary', 'uniform' or a state index, got {start!r}")
+    if start == "stationary":
+        s0 = rng.choice(s, p=mrp.d_pi.cpu().numpy())
+    elif start == "uniform":
+        s0 = rng.integers(s)
+    elif int(start) != start or not 0 <= start < s:
+        raise ValueError(f"`start` must be a state in 0..{s - 1}, got {start}")
+    else:
+        s0 = int(start)
     cum, u = np.cumsum(mrp.P.cpu().numpy(), axis=1), rng.random(int(n))
     states = np.empty(int(n) + 1, dtype=np.int64)
     states[0] = s0
-    for t in range(int(n)): states[t + 1] = min(np.searchsorted(cum[states[t]], u[t], side="right"), s - 1)
+    for t in range(int(n)):
+        states[t + 1] = min(np.searchsorted(cum[states[t]], u[t], side="right"), s - 1)
     states = torch.from_numpy(states)
     return states, mrp.r.cpu()[states[:-1]]
 
@@ -490,6 +483,7 @@ print("S_0, ..., S_20: " + " → ".join(str(x) for x in states.tolist()))
 # chain's correlation time):
 
 # %%
+#| code-fold: true
 long_states, _ = sample_trajectory(mrp, 100_000, seed=1)
 freq = torch.bincount(long_states, minlength=mrp.n_states).double() / len(long_states)
 test_close(freq, mrp.d_pi, eps=0.01)
@@ -567,50 +561,33 @@ Markdown(
 # ## Value error
 #
 # Estimates are scored by the MSVE, the $d_\pi$-weighted squared error. The zero estimate scores
-# $\sum_x d_\pi(x) v_\pi(x)^2$, the benchmark every learner must beat.
+# $\sum_x d_\pi(x) v_\pi(x)^2$, the benchmark every learner must beat. (`msve` applies `weighted_error`, the book's one formula for
+# a weighted squared error, also used with quadrature weights for continuous states.)
 
 # %%
+#| code-fold: true
+#| code-summary: "msve"
 #| export
-def weighted_error(v_hat:torch.Tensor,   # (..., m) estimates
-                   v:torch.Tensor,       # (..., m) true values
-                   weights:torch.Tensor, # (..., m) weights (d_pi, or a quadrature rule for continuous states)
-                  )->torch.Tensor:       # (...) sum_x w(x) (v_hat(x) - v(x))^2
-    "The weighted squared error $\\sum_x w(x) (\\hat v(x) - v(x))^2$ over the last axis: the one definition of the book's MSVE."
-    return ((v_hat - v).square() * weights).sum(-1)
-
-
-# %% [markdown]
-# The weighted error is kept apart from the chain so that continuous-state chapters, whose
-# weights are a quadrature rule rather than $d_\pi$, score estimates with the same formula:
-
-# %%
-test_close(
-    weighted_error(torch.tensor([1.0, 2.0]), torch.tensor([0.0, 0.0]), torch.tensor([0.25, 0.75])),
-    3.25,
-)
-
-
-# %% [markdown]
-# For a Markov reward process the weights are its stationary distribution $d_\pi$ and the
-# truth is $v_\pi$; `msve` also accepts a batch of estimates:
-
-# %%
-#| export
-def msve(mrp:MRP,    # the process whose true values score the estimate
-         v_hat,      # (..., s) value estimates, one per state
-        )->float:    # d_pi-weighted mean squared value error (a tensor of shape (...) when batched)
+def msve(
+    mrp: MRP,  # the process whose true values score the estimate
+    v_hat,  # (..., s) value estimates, one per state
+) -> float:  # d_pi-weighted mean squared value error (a tensor of shape (...) when batched)
     "Mean squared value error $\\sum_x d_\\pi(x) (\\hat v(x) - v_\\pi(x))^2$."
     v_hat = as_tensor(v_hat, "v_hat", torch.float64)
-    if v_hat.shape[-1:] != (mrp.n_states,): raise ValueError(f"`v_hat` must have last dimension {mrp.n_states}, got shape {tuple(v_hat.shape)}")
+    if v_hat.shape[-1:] != (mrp.n_states,):
+        raise ValueError(
+            f"`v_hat` must have last dimension {mrp.n_states}, got shape {tuple(v_hat.shape)}"
+        )
     err = weighted_error(v_hat, mrp.v_pi.to(v_hat.device), mrp.d_pi.to(v_hat.device))
     return err.item() if err.ndim == 0 else err
 
 
 # %%
-test_eq(msve(mrp, mrp.v_pi), 0.)
-test_close(msve(mrp, np.zeros(10)), (mrp.d_pi * mrp.v_pi ** 2).sum().item(), eps=1e-15)
-test_close(msve(mrp, mrp.v_pi + 0.5), 0.25, eps=1e-14)
-test_eq(msve(mrp, torch.zeros(3, 10)).shape, (3,))
+zero = msve(mrp, np.zeros(10))
+test_close(zero, (mrp.d_pi * mrp.v_pi ** 2).sum().item(), eps=1e-15)
+print(f"MSVE: zero estimate {zero:.3f}, true values {msve(mrp, mrp.v_pi):.1f}, "
+      f"true values + 0.5 {msve(mrp, mrp.v_pi + 0.5):.2f}")
+
 
 # %% [markdown]
 # With the ground truth in place, [the next chapter](weighted_softmax_td.html) introduces the
@@ -628,7 +605,74 @@ test_eq(msve(mrp, torch.zeros(3, 10)).shape, (3,))
 #
 # Every public function of `ictd` accepts numpy arrays or torch tensors and returns torch tensors.
 # Bad input (a wrong shape, a NaN, a discount of 1) must fail loudly with a message that names the
-# argument, never produce a silently wrong number. These two helpers, defined at the top of the chapter, do that for the whole library.
+# argument, never produce a silently wrong number. These two helpers do that for the whole library.
+
+# %%
+#| code-fold: true
+#| code-summary: "as_tensor"
+#| export
+def _positive_strides(a: np.ndarray) -> np.ndarray:
+    (
+        "`a`, copied when it is a view with a negative stride (a reversed array), which torch"
+        " cannot share."
+    )
+    return a.copy() if any(st < 0 for st in a.strides) else a
+
+
+def as_tensor(
+    x,  # array-like (numpy array, torch tensor, list or number)
+    name: str,  # argument name, used in error messages
+    dtype=None,  # dtype to convert to; default: keep floating tensors, else float64
+    device=None,  # device to move to; default: keep
+) -> torch.Tensor:  # finite floating tensor
+    (
+        "Convert `x` to a finite floating torch tensor, raising `ValueError` (`TypeError` for"
+        " complex numbers) that names `name`."
+    )
+    if x is None:
+        raise TypeError(f"`{name}` must be numeric array-like, got None")
+    if x.is_complex() if isinstance(x, torch.Tensor) else np.iscomplexobj(x):
+        raise TypeError(f"`{name}` must be real, got complex numbers")
+    try:
+        t = (
+            x
+            if isinstance(x, torch.Tensor)
+            else torch.as_tensor(_positive_strides(np.asarray(x, dtype=np.float64)))
+        )
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"`{name}` must be numeric array-like, got {type(x).__name__}") from e
+    if dtype is None and not t.is_floating_point():
+        dtype = torch.float64
+    t = t.to(dtype=dtype or t.dtype, device=device or t.device)
+    if not torch.isfinite(t).all():
+        raise ValueError(f"`{name}` contains NaN or inf")
+    return t
+
+
+# %%
+#| code-fold: true
+#| code-summary: "check_gamma"
+#| export
+def check_gamma(gamma) -> float:
+    "Return `gamma` as a float, raising `ValueError` unless it is a real number in [0, 1)."
+    from ictd.core import (
+        check_number,
+    )  # the shared check (appendix A's module imports this one, so it is imported when called)
+
+    try:
+        g = check_number(gamma, "gamma", 0.0)
+    except ValueError:
+        g = -1.0
+    shape = tuple(getattr(gamma, "shape", ()))
+    if shape:
+        raise ValueError(
+            f"`gamma` must be a number in [0, 1), got an array of shape {shape} (an MRP is MRP(P,"
+            " r, gamma, phi), in this order)"
+        )
+    if not 0 <= g < 1:
+        raise ValueError(f"`gamma` must lie in [0, 1), got {gamma!r}")
+    return g
+
 
 # %%
 show_doc(as_tensor)
@@ -637,18 +681,44 @@ show_doc(as_tensor)
 show_doc(check_gamma)
 
 # %%
+#| code-fold: true
 test_eq(as_tensor([1, 2], "x").dtype, torch.float64)
 test_eq(as_tensor(torch.ones(2, dtype=torch.float32), "x").dtype, torch.float32)
-test_fail(lambda: as_tensor([1., float("nan")], "rewards"), contains="`rewards` contains NaN")
+test_fail(lambda: as_tensor([1.0, float("nan")], "rewards"), contains="`rewards` contains NaN")
 test_fail(lambda: as_tensor("abc", "phi"), contains="`phi` must be numeric")
 test_eq(check_gamma(0.9), 0.9)
-for g in (1, -0.1, 1.5, "0.9", None, float("nan"), 0.5j, [0.5]): test_fail(lambda: check_gamma(g), contains="`gamma` must lie in [0, 1)")
+for g in (1, -0.1, 1.5, "0.9", None, float("nan"), 0.5j, [0.5]):
+    test_fail(lambda: check_gamma(g), contains="`gamma` must lie in [0, 1)")
 test_fail(lambda: as_tensor(torch.ones(2) * 1j, "r"), contains="`r` must be real")
 test_fail(lambda: as_tensor(np.ones(2) * 1j, "r"), contains="`r` must be real")
 test_fail(lambda: as_tensor(None, "r"), contains="`r` must be numeric array-like, got None")
-for kw, msg in ((dict(seed=-1), "`seed` must be"), (dict(seed="x"), "`seed` must be"), (dict(n_states=float("inf")), "`n_states` must be"),
-                (dict(d=None), "`d` must be a positive integer"), (dict(features=None), "`features` must be one of")):
+for kw, msg in (
+    (dict(seed=-1), "`seed` must be"),
+    (dict(seed="x"), "`seed` must be"),
+    (dict(n_states=float("inf")), "`n_states` must be"),
+    (dict(d=None), "`d` must be a positive integer"),
+    (dict(features=None), "`features` must be one of"),
+):
     test_fail(lambda: random_boyan_chain(**kw), contains=msg)
+
+
+# %% [markdown]
+# The stationary distribution of `MRP`: the stationary distribution is the solution of the (overdetermined, consistent) linear system
+# $\big[\,P^\top - I;\ \mathbf 1^\top\big] d = [0; 1]$, which is unique exactly when the augmented
+# matrix has full column rank; a chain with two closed classes fails that test and is rejected.
+
+# %%
+#| code-fold: true
+#| code-summary: "_stationary"
+#| export
+def _stationary(P: np.ndarray) -> np.ndarray:
+    s = len(P)
+    A = np.vstack([P.T - np.eye(s), np.ones((1, s))])
+    if np.linalg.matrix_rank(A, tol=1e-10) < s:
+        raise ValueError("`P` has no unique stationary distribution (the chain is reducible)")
+    d = np.linalg.lstsq(A, np.r_[np.zeros(s), 1.0], rcond=None)[0]
+    return np.clip(d, 0, None) / np.clip(d, 0, None).sum()
+
 
 # %% [markdown]
 # ### Markov reward processes: a two-state example and bad input
@@ -659,6 +729,7 @@ for kw, msg in ((dict(seed=-1), "`seed` must be"), (dict(seed="x"), "`seed` must
 # $v(1) = \gamma v(0)$, so $v(0) = 1/(1-\gamma^2)$.
 
 # %%
+#| code-fold: true
 flip = MRP(P=[[0., 1.], [1., 0.]], r=[1., 0.], gamma=0.5, phi=[[1.], [0.]])
 test_close(flip.d_pi, torch.tensor([0.5, 0.5], dtype=torch.float64), eps=1e-14)
 test_close(flip.v_pi, torch.tensor([1/(1-0.25), 0.5/(1-0.25)], dtype=torch.float64), eps=1e-14)
@@ -668,6 +739,7 @@ flip
 # Each malformed input fails with the argument's name:
 
 # %%
+#| code-fold: true
 ok = dict(P=np.eye(2)[[1, 0]], r=np.zeros(2), gamma=0.9, phi=np.eye(2))
 bad_inputs = {"`P` is not row-stochastic": dict(P=[[0.5, 0.4], [1, 0]]),
               "`P` has negative entries":  dict(P=[[1.5, -0.5], [1, 0]]),
@@ -693,6 +765,72 @@ for msg, kw in bad_inputs.items(): test_fail(lambda: MRP(**{**ok, **kw}), contai
 # skipped the block, and now share their rewards with the other kinds.
 
 # %%
+#| code-fold: true
+#| code-summary: "transitions_from_uniforms"
+#| export
+FEATURES, REWARDS = ("random", "onehot", "unit"), ("random", "representable")
+
+
+def transitions_from_uniforms(
+    u: np.ndarray,  # (..., 2s - 2) uniforms: s - 2 jump probabilities, s last-row weights
+    n_states: int,  # number of states s >= 2
+) -> np.ndarray:  # (..., s, s) row-stochastic matrices
+    "Boyan-chain transition matrices from uniforms: jumps of +1 or +2, and a random last row."
+    s = n_states
+    if u.shape[-1] != 2 * s - 2:
+        raise ValueError(
+            f"`u` must have last dimension 2 * n_states - 2 = {2 * s - 2}, got shape {u.shape}"
+        )
+    p, last = 0.01 + (0.99 - 0.01) * u[..., : s - 2], 0.01 + (0.99 - 0.01) * u[..., s - 2 :]
+    P, i = np.zeros((*u.shape[:-1], s, s)), np.arange(s - 2)
+    P[..., i, i + 1], P[..., i, i + 2] = p, 1 - p
+    P[..., s - 2, s - 1] = 1.0
+    P[..., s - 1, :] = last / last.sum(-1, keepdims=True)
+    return P
+
+
+# %%
+#| code-fold: true
+#| code-summary: "boyan_transitions"
+#| export
+def boyan_transitions(n_states:int,                 # number of states s >= 2
+                      rng:np.random.Generator,     # source of randomness
+                     )->np.ndarray:                 # (s, s) row-stochastic matrix
+    "Random Boyan-chain transition matrix: jumps of +1 or +2, and a random last row."
+    return transitions_from_uniforms(rng.random(2 * n_states - 2), n_states)
+
+
+# %%
+#| code-fold: true
+#| code-summary: "chain_from_uniforms"
+#| export
+def chain_from_uniforms(
+    u: np.ndarray,  # (..., 2s - 2 + s d) uniforms: jumps, last row, feature block
+    n_states: int,  # number of states s >= 2
+    d: int,  # columns of the feature block (one-hot features read it too, and have s columns)
+    features: str,  # one of `FEATURES`
+) -> tuple:  # P (..., s, s) and phi (..., s, d), or (..., s, s) for one-hot features
+    (
+        "Transition matrices and features of Boyan chains from their uniforms, in the order every "
+        "feature kind reads them."
+    )
+    if features not in FEATURES:
+        raise ValueError(f"`features` must be one of {FEATURES}, got {features!r}")
+    s, k = n_states, 2 * n_states - 2
+    if u.shape[-1] != k + s * d:
+        raise ValueError(
+            f"`u` must have last dimension 2 * n_states - 2 + n_states * d = {k + s * d}, got shape"
+            f" {u.shape}"
+        )
+    block = -1 + (1 - -1) * u[..., k:].reshape(*u.shape[:-1], s, d)
+    if features == "onehot":
+        phi = np.broadcast_to(np.eye(s), (*u.shape[:-1], s, s)).copy()
+    else:
+        phi = block / np.linalg.norm(block, axis=-1, keepdims=True) if features == "unit" else block
+    return transitions_from_uniforms(u[..., :k], s), phi
+
+
+# %%
 show_doc(chain_from_uniforms)
 
 # %% [markdown]
@@ -703,6 +841,7 @@ show_doc(chain_from_uniforms)
 show_doc(transitions_from_uniforms)
 
 # %%
+#| code-fold: true
 P5 = transitions_from_uniforms(np.random.default_rng(0).random((2, 8)), 5)
 test_close(P5.sum(-1), np.ones((2, 5)), eps=1e-15)
 test_eq(np.triu(P5[:, :4], 1), P5[:, :4]); test_eq(P5[:, 3], np.eye(5)[[4, 4]])
@@ -716,13 +855,20 @@ test_eq(np.triu(P5[:, :4], 1), P5[:, :4]); test_eq(P5[:, 3], np.eye(5)[[4, 4]])
 show_doc(boyan_transitions)
 
 # %%
+#| code-fold: true
 u = np.random.default_rng(0).random((3, 2 * 5 - 2 + 5 * 2))
 for f in FEATURES:
     P3, phi3 = chain_from_uniforms(u, 5, 2, f)
-    for b in range(3): test_eq(chain_from_uniforms(u[b], 5, 2, f), (P3[b], phi3[b]))
+    for b in range(3):
+        test_eq(chain_from_uniforms(u[b], 5, 2, f), (P3[b], phi3[b]))
 test_eq(chain_from_uniforms(u[0], 5, 2, "random")[0], transitions_from_uniforms(u[0, :8], 5))
-test_eq(boyan_transitions(5, np.random.default_rng(4)), transitions_from_uniforms(np.random.default_rng(4).random(8), 5))
-test_fail(lambda: chain_from_uniforms(u[0, :-1], 5, 2, "random"), contains="`u` must have last dimension")
+test_eq(
+    boyan_transitions(5, np.random.default_rng(4)),
+    transitions_from_uniforms(np.random.default_rng(4).random(8), 5),
+)
+test_fail(
+    lambda: chain_from_uniforms(u[0, :-1], 5, 2, "random"), contains="`u` must have last dimension"
+)
 test_fail(lambda: chain_from_uniforms(u[0], 5, 2, "cubic"), contains="`features` must be one of")
 
 # %% [markdown]
@@ -730,17 +876,20 @@ test_fail(lambda: chain_from_uniforms(u[0], 5, 2, "cubic"), contains="`features`
 # reward variants do what they say, and bad arguments are rejected:
 
 # %%
+#| code-fold: true
 a, b = random_boyan_chain(seed=7), random_boyan_chain(seed=7)
-for k in ("P", "r", "phi", "v_pi"): test_eq(getattr(a, k), getattr(b, k))
+for k in ("P", "r", "phi", "v_pi"):
+    test_eq(getattr(a, k), getattr(b, k))
 test_ne(random_boyan_chain(seed=8).P, a.P)
 test_eq(random_boyan_chain(seed=np.random.default_rng(7)).P, a.P)
-test_eq(random_boyan_chain(n_states=6, features="onehot", seed=1).phi, torch.eye(6, dtype=torch.float64))
+test_eq(
+    random_boyan_chain(n_states=6, features="onehot", seed=1).phi, torch.eye(6, dtype=torch.float64)
+)
 test_close(random_boyan_chain(features="unit", seed=1).phi.norm(dim=1), torch.ones(10), eps=1e-12)
 rep = random_boyan_chain(rewards="representable", seed=1)
 w = torch.linalg.lstsq(rep.phi, rep.v_pi.unsqueeze(1)).solution
 test_close(rep.phi @ w.squeeze(1), rep.v_pi, eps=1e-10)
 
-# %%
 for msg, kw in {"`n_states` must be an integer >= 2": dict(n_states=1),
                 "`d` must be a positive integer": dict(d=0),
                 "`features` must be one of": dict(features="gaussian"),
@@ -748,23 +897,59 @@ for msg, kw in {"`n_states` must be an integer >= 2": dict(n_states=1),
                 "`gamma` must lie in [0, 1)": dict(gamma=1.)}.items():
     test_fail(lambda: random_boyan_chain(**kw), contains=msg)
 
+
+# %% [markdown]
+# ### The weighted error
+#
+# `weighted_error` is the one formula behind `msve`. The weighted error is kept apart from the chain so that continuous-state chapters, whose
+# weights are a quadrature rule rather than $d_\pi$, score estimates with the same formula:
+
+# %%
+#| code-fold: true
+#| code-summary: "weighted_error"
+#| export
+def weighted_error(
+    v_hat: torch.Tensor,  # (..., m) estimates
+    v: torch.Tensor,  # (..., m) true values
+    weights: torch.Tensor,  # (..., m) weights (d_pi, or a quadrature rule for continuous states)
+) -> torch.Tensor:  # (...) sum_x w(x) (v_hat(x) - v(x))^2
+    (
+        "The weighted squared error $\\sum_x w(x) (\\hat v(x) - v(x))^2$ over the last axis: the"
+        " one definition of the book's MSVE."
+    )
+    return ((v_hat - v).square() * weights).sum(-1)
+
+
+# %%
+#| code-fold: true
+test_close(
+    weighted_error(torch.tensor([1.0, 2.0]), torch.tensor([0.0, 0.0]), torch.tensor([0.25, 0.75])),
+    3.25,
+)
+test_eq(msve(mrp, mrp.v_pi), 0.)
+test_close(msve(mrp, np.zeros(10)), (mrp.d_pi * mrp.v_pi ** 2).sum().item(), eps=1e-15)
+test_close(msve(mrp, mrp.v_pi + 0.5), 0.25, eps=1e-14)
+test_eq(msve(mrp, torch.zeros(3, 10)).shape, (3,))
+
 # %% [markdown]
 # ### Trajectories and the value error: shapes, seeds and bad input
 
 # %%
+#| code-fold: true
 states, rewards = sample_trajectory(mrp, 20, seed=0)
-test_eq((states.shape, rewards.shape, states.dtype, rewards.dtype), ((21,), (20,), torch.int64, torch.float64))
+test_eq(
+    (states.shape, rewards.shape, states.dtype, rewards.dtype),
+    ((21,), (20,), torch.int64, torch.float64),
+)
 test_eq(rewards, mrp.r[states[:-1]])
 test_eq(sample_trajectory(mrp, 20, seed=0)[0], states)
 test_eq(sample_trajectory(mrp, 5, start=3, seed=1)[0][0], 3)
 
-# %%
 for msg, kw in {"`n` must be a non-negative integer": dict(n=-1),
                 "`start` must be 'stationary'": dict(n=3, start="left"),
                 "`start` must be a state in 0..9": dict(n=3, start=10)}.items():
     test_fail(lambda: sample_trajectory(mrp, **kw), contains=msg)
 
-# %%
 test_fail(lambda: msve(mrp, np.zeros(9)), contains="`v_hat` must have last dimension 10")
 
 # %% [markdown]
@@ -777,89 +962,160 @@ test_fail(lambda: msve(mrp, np.zeros(9)), contains="`v_hat` must have last dimen
 # and so are the values an annotation allows but the function does not (a negative count, say).
 
 # %%
+#| code-fold: true
+#| code-summary: "check_arguments"
 #| export
 import functools, inspect, types, typing
 from collections.abc import Iterable
 
-def is_real_number(x)->bool:
-    "A real number that is not a bool: a Python or numpy int or float, or a real tensor or array with no dimensions."
-    if isinstance(x, torch.Tensor): return x.ndim == 0 and not x.is_complex() and x.dtype != torch.bool
-    if isinstance(x, np.ndarray): return x.ndim == 0 and x.dtype.kind in "iuf"
-    return not isinstance(x, (bool, np.bool_)) and isinstance(x, (int, float, np.integer, np.floating))
+
+def is_real_number(x) -> bool:
+    (
+        "A real number that is not a bool: a Python or numpy int or float, or a real tensor or"
+        " array with no dimensions."
+    )
+    if isinstance(x, torch.Tensor):
+        return x.ndim == 0 and not x.is_complex() and x.dtype != torch.bool
+    if isinstance(x, np.ndarray):
+        return x.ndim == 0 and x.dtype.kind in "iuf"
+    return not isinstance(x, (bool, np.bool_)) and isinstance(
+        x, (int, float, np.integer, np.floating)
+    )
+
 
 _ARRAY_LIKE = (torch.Tensor, np.ndarray, list, tuple, int, float, np.number)
 
-def _kind(t)->tuple:
+
+def _kind(t) -> tuple:
     "(test, what was expected) for a plain annotation `t`, or None when it says nothing checkable."
-    if t is int: return is_real_number, "an integer"        # 2.5 passes: its value is the function's to refuse
-    if t is float: return is_real_number, "a number"
-    if t is bool: return (lambda x: isinstance(x, (bool, np.bool_))), "True or False"
-    if t is dict: return (lambda x: isinstance(x, dict)), "a dict"
-    if t in (list, tuple): return (lambda x: isinstance(x, Iterable) and not isinstance(x, (str, bytes, dict))), "a sequence"
-    if t is torch.Tensor: return (lambda x: isinstance(x, _ARRAY_LIKE) and not isinstance(x, bool)), "a tensor or array-like"
-    if isinstance(t, type) and (t.__module__.startswith(("ictd", "__main__")) or issubclass(t, torch.nn.Module)):
+    if t is int:
+        return is_real_number, "an integer"  # 2.5 passes: its value is the function's to refuse
+    if t is float:
+        return is_real_number, "a number"
+    if t is bool:
+        return (lambda x: isinstance(x, (bool, np.bool_))), "True or False"
+    if t is dict:
+        return (lambda x: isinstance(x, dict)), "a dict"
+    if t in (list, tuple):
+        return (
+            lambda x: isinstance(x, Iterable) and not isinstance(x, (str, bytes, dict))
+        ), "a sequence"
+    if t is torch.Tensor:
+        return (
+            lambda x: isinstance(x, _ARRAY_LIKE) and not isinstance(x, bool)
+        ), "a tensor or array-like"
+    if isinstance(t, type) and (
+        t.__module__.startswith(("ictd", "__main__")) or issubclass(t, torch.nn.Module)
+    ):
         return (lambda x: isinstance(x, t)), f"a {t.__name__}"
     return None
 
-def _annotation_check(t)->tuple:
+
+def _annotation_check(t) -> tuple:
     "(test, what was expected) for annotation `t`, unions and Optional included, or None."
     union = typing.get_origin(t) in (typing.Union, types.UnionType)
     args = typing.get_args(t) if union else (t,)
     kinds = [_kind(a) for a in args if a is not type(None)]
-    if not kinds or None in kinds: return None
+    if not kinds or None in kinds:
+        return None
     none_ok = type(None) in args
     what = " or ".join(w for _, w in kinds) + (" or None" if none_ok else "")
     return (lambda x: (none_ok and x is None) or any(test(x) for test, _ in kinds)), what
 
+
 class ArgumentError(TypeError, ValueError):
-    "An argument of the wrong kind: both a `TypeError` and a `ValueError`, as the book's own checks raise either."
+    (
+        "An argument of the wrong kind: both a `TypeError` and a `ValueError`, as the book's own "
+        "checks raise either."
+    )
+
 
 def checked(f):
-    "`f`, refusing with an `ArgumentError` that names the argument any value its annotations rule out (defaults pass)."
-    try: hints = typing.get_type_hints(f)
-    except Exception: return f                 # an annotation that cannot be resolved: leave `f` to its own checks
-    sig = inspect.signature(f, follow_wrapped=False)   # a decorated function keeps its decorator's calling convention
-    checks = {p.name: (c, p.default) for p in sig.parameters.values()
-              if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name in hints
-              and (c := _annotation_check(hints[p.name])) is not None}
-    if not checks: return f
+    (
+        "`f`, refusing with an `ArgumentError` that names the argument any value its annotations"
+        " rule out (defaults pass)."
+    )
+    try:
+        hints = typing.get_type_hints(f)
+    except Exception:
+        return f  # an annotation that cannot be resolved: leave `f` to its own checks
+    sig = inspect.signature(
+        f, follow_wrapped=False
+    )  # a decorated function keeps its decorator's calling convention
+    checks = {
+        p.name: (c, p.default)
+        for p in sig.parameters.values()
+        if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        and p.name in hints
+        and (c := _annotation_check(hints[p.name])) is not None
+    }
+    if not checks:
+        return f
+
     @functools.wraps(f)
     def with_checks(*args, **kwargs):
         for name, x in sig.bind(*args, **kwargs).arguments.items():
             if name in checks and x is not checks[name][1] and not checks[name][0][0](x):
-                raise ArgumentError(f"`{name}` must be {checks[name][0][1]}, got {type(x).__name__} {x!r}"[:300])
+                raise ArgumentError(
+                    f"`{name}` must be {checks[name][0][1]}, got {type(x).__name__} {x!r}"[:300]
+                )
         return f(*args, **kwargs)
+
     return with_checks
 
-def check_arguments(namespace:dict)->None:
-    "Wrap every public function a module defines (its `__all__`) with `checked`, the validators (`check_*`) aside."
+
+def check_arguments(namespace: dict) -> None:
+    (
+        "Wrap every public function a module defines (its `__all__`) with `checked`, the validators"
+        " (`check_*`) aside."
+    )
     for name in namespace.get("__all__", ()):
         f = namespace.get(name)
-        if inspect.isfunction(f) and f.__module__ == namespace.get("__name__") and not name.startswith("check_"):
+        if (
+            inspect.isfunction(f)
+            and f.__module__ == namespace.get("__name__")
+            and not name.startswith("check_")
+        ):
             namespace[name] = checked(f)
 
 
 # %%
-def _toy(n:int, x:float, config:MRP|None=None, v:torch.Tensor=None, name="free"): return n
+#| code-fold: true
+def _toy(n: int, x: float, config: MRP | None = None, v: torch.Tensor = None, name="free"):
+    return n
+
+
 toy = checked(_toy)
 test_eq(toy(3, 0.5), 3)
-test_eq(toy(3, 1, None, [1., 2.]), 3)
-test_eq(toy(2.5, 1.), 2.5)                   # a number of the wrong value is left to the function
-for kw, msg in [(dict(n="abc", x=1.), "`n` must be an integer, got str"), (dict(n=True, x=1.), "`n` must be an integer"), (dict(n=1, x="a"), "`x` must be a number"),
-                (dict(n=1, x=1., config="a"), "`config` must be a MRP or None"), (dict(n=1, x=1., v="abc"), "`v` must be a tensor")]:
+test_eq(toy(3, 1, None, [1.0, 2.0]), 3)
+test_eq(toy(2.5, 1.0), 2.5)  # a number of the wrong value is left to the function
+for kw, msg in [
+    (dict(n="abc", x=1.0), "`n` must be an integer, got str"),
+    (dict(n=True, x=1.0), "`n` must be an integer"),
+    (dict(n=1, x="a"), "`x` must be a number"),
+    (dict(n=1, x=1.0, config="a"), "`config` must be a MRP or None"),
+    (dict(n=1, x=1.0, v="abc"), "`v` must be a tensor"),
+]:
     test_fail(lambda: toy(**kw), contains=msg)
 test_eq(inspect.signature(toy), inspect.signature(_toy))
 assert issubclass(ArgumentError, TypeError) and issubclass(ArgumentError, ValueError)
-def _runs(results:list, seeds:list=None): return len(results)
+
+
+def _runs(results: list, seeds: list = None):
+    return len(results)
+
+
 test_eq(checked(_runs)(range(3), seeds=(1, 2)), 3)
 test_fail(lambda: checked(_runs)("abc"), contains="`results` must be a sequence")
 ns = dict(__name__="__main__", __all__=["_toy"], _toy=_toy)
 check_arguments(ns)
-test_fail(lambda: ns["_toy"]("abc", 1.), contains="`n` must be an integer")
+test_fail(lambda: ns["_toy"]("abc", 1.0), contains="`n` must be an integer")
 
 # %%
 #| export
-check_arguments(globals())   # every public function above refuses, naming it, an argument its annotation rules out
+check_arguments(
+    globals()
+)  # every public function above refuses, naming it, an argument its annotation rules out
 
 # %%
 #| hide

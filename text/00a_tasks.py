@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 import numpy as np
 import torch
-from ictd.boyan import MRP, as_tensor, chain_from_uniforms, random_boyan_chain
+from ictd.boyan import MRP, as_tensor, chain_from_uniforms, check_gamma, random_boyan_chain
 
 # %%
 #| hide
@@ -53,43 +53,82 @@ from ictd.core import record_claim
 # rebuilt on its own, and the batches of two seeds share no stream.
 
 # %%
+#| code-fold: true
+#| code-summary: "TaskBatch"
 #| export
-TASK_FIELDS = ("P", "r", "phi", "d_pi", "v_pi")   # a TaskBatch's tensors, in order
+TASK_FIELDS = ("P", "r", "phi", "d_pi", "v_pi")  # a TaskBatch's tensors, in order
+
 
 @dataclass(eq=False)
 class TaskBatch:
-    "Tasks stacked along a leading dimension (all with the same number of states, features and discount)."
-    P:torch.Tensor      # (B, s, s) transition matrices
-    r:torch.Tensor      # (B, s) rewards
-    phi:torch.Tensor    # (B, s, d) features
-    d_pi:torch.Tensor   # (B, s) stationary distributions
-    v_pi:torch.Tensor   # (B, s) true values
-    gamma:float         # the common discount factor
+    (
+        "Tasks stacked along a leading dimension (all with the same number of states, features and "
+        "discount)."
+    )
 
-    def __len__(self): return self.P.shape[0]
+    P: torch.Tensor  # (B, s, s) transition matrices
+    r: torch.Tensor  # (B, s) rewards
+    phi: torch.Tensor  # (B, s, d) features
+    d_pi: torch.Tensor  # (B, s) stationary distributions
+    v_pi: torch.Tensor  # (B, s) true values
+    gamma: float  # the common discount factor
 
-    def to(self, device=None, dtype=None)->TaskBatch:
+    def __post_init__(self):
+        "Refuse, naming the field, a value that is not a tensor, or a `gamma` outside [0, 1)."
+        from ictd.core import check_type  # imported when called: ictd.core imports this module
+
+        for k in TASK_FIELDS:
+            check_type(getattr(self, k), torch.Tensor, k)
+        check_gamma(self.gamma)
+
+    def __len__(self):
+        return self.P.shape[0]
+
+    def to(self, device=None, dtype=None) -> TaskBatch:
         "The batch with every tensor on `device` and in the floating `dtype` (None: unchanged)."
         return self.map(lambda x: x.to(device=device, dtype=dtype))
 
     def __getitem__(self, idx):
-        "Task `idx` as an `MRP` for an integer; a `TaskBatch` of the selected tasks for a slice, a list or a tensor of indices."
-        if isinstance(idx, (int, np.integer)) or (isinstance(idx, torch.Tensor) and idx.ndim == 0 and not idx.is_floating_point()):
+        (
+            "Task `idx` as an `MRP` for an integer; a `TaskBatch` of the selected tasks for a"
+            " slice, a list or a tensor of indices."
+        )
+        if isinstance(idx, (int, np.integer)) or (
+            isinstance(idx, torch.Tensor) and idx.ndim == 0 and not idx.is_floating_point()
+        ):
             i = int(idx)
-            if not -len(self) <= i < len(self): raise IndexError(f"task {i} of a batch of {len(self)}")
-            return MRP(self.P[i], self.r[i], self.gamma, self.phi[i], device=self.P.device, dtype=self.P.dtype)
+            if not -len(self) <= i < len(self):
+                raise IndexError(f"task {i} of a batch of {len(self)}")
+            return MRP(
+                self.P[i],
+                self.r[i],
+                self.gamma,
+                self.phi[i],
+                device=self.P.device,
+                dtype=self.P.dtype,
+            )
         return self.map(lambda x: x[idx])
 
-    def map(self, fn)->TaskBatch:
-        "The batch with `fn` applied to each of its tensors (P, r, phi, d_pi, v_pi): to move it to a device, or take a slice."
+    def map(self, fn) -> TaskBatch:
+        (
+            "The batch with `fn` applied to each of its tensors (P, r, phi, d_pi, v_pi): to move it"
+            " to a device, or take a slice."
+        )
         return TaskBatch(*(fn(getattr(self, k)) for k in TASK_FIELDS), self.gamma)
 
     @classmethod
-    def stack(cls, batches:list, device=None)->TaskBatch:
-        "Task batches of equal shapes and discount stacked along a new leading axis, on `device` (default: theirs)."
+    def stack(cls, batches: list, device=None) -> TaskBatch:
+        (
+            "Task batches of equal shapes and discount stacked along a new leading axis, on"
+            " `device` (default: theirs)."
+        )
         batches = list(batches)
-        if not batches or len({b.gamma for b in batches}) > 1: raise ValueError("`batches` must be a non-empty list of TaskBatch with one discount")
-        return cls(*(torch.stack([getattr(b, k) for b in batches]).to(device) for k in TASK_FIELDS), batches[0].gamma)
+        if not batches or len({b.gamma for b in batches}) > 1:
+            raise ValueError("`batches` must be a non-empty list of TaskBatch with one discount")
+        return cls(
+            *(torch.stack([getattr(b, k) for b in batches]).to(device) for k in TASK_FIELDS),
+            batches[0].gamma,
+        )
 
 
 # %%
@@ -102,14 +141,20 @@ show_doc(TaskBatch)
 # them (checked in [Implementation and tests](#implementation-and-tests)).
 
 # %%
+#| code-fold: true
+#| code-summary: "stack_tasks"
 #| export
-def stack_tasks(mrps:list, # MRPs with equal shapes and discount
-               )->TaskBatch:
+def stack_tasks(mrps: list) -> TaskBatch:  # MRPs with equal shapes and discount
     "Stack a list of MRPs into a `TaskBatch`."
     mrps = list(mrps)
-    if not mrps or not all(isinstance(m, MRP) for m in mrps): raise ValueError("`mrps` must be a non-empty list of MRP")
-    if len({(m.n_states, m.d, m.gamma) for m in mrps}) > 1: raise ValueError("`mrps` must share n_states, d and gamma")
-    return TaskBatch(*(torch.stack([getattr(m, k) for m in mrps]) for k in ("P", "r", "phi", "d_pi", "v_pi")), mrps[0].gamma)
+    if not mrps or not all(isinstance(m, MRP) for m in mrps):
+        raise ValueError("`mrps` must be a non-empty list of MRP")
+    if len({(m.n_states, m.d, m.gamma) for m in mrps}) > 1:
+        raise ValueError("`mrps` must share n_states, d and gamma")
+    return TaskBatch(
+        *(torch.stack([getattr(m, k) for m in mrps]) for k in ("P", "r", "phi", "d_pi", "v_pi")),
+        mrps[0].gamma
+    )
 
 
 # %%
@@ -125,12 +170,18 @@ test_eq(trio.v_pi[2], chains[2].v_pi)
 # rebuilt alone and a long pool be drawn in pieces; children of one seed never share a stream.
 
 # %%
+#| code-fold: true
+#| code-summary: "task_rng"
 #| export
-def task_rng(seed:int,  # the seed of a batch of tasks
-             b:int,     # the task's index in the batch
-            )->np.random.Generator:
-    "Task `b`'s generator: `numpy.random.default_rng` on child `b` of `numpy.random.SeedSequence(seed)`, as `spawn` makes it."
-    if int(seed) != seed or seed < 0 or int(b) != b or b < 0: raise ValueError(f"`seed` and `b` must be integers >= 0, got {seed!r} and {b!r}")
+def task_rng(
+    seed: int, b: int  # the seed of a batch of tasks  # the task's index in the batch
+) -> np.random.Generator:
+    (
+        "Task `b`'s generator: `numpy.random.default_rng` on child `b` of "
+        "`numpy.random.SeedSequence(seed)`, as `spawn` makes it."
+    )
+    if int(seed) != seed or seed < 0 or int(b) != b or b < 0:
+        raise ValueError(f"`seed` and `b` must be integers >= 0, got {seed!r} and {b!r}")
     return np.random.default_rng(np.random.SeedSequence(int(seed), spawn_key=(int(b),)))
 
 
@@ -147,15 +198,21 @@ test_fail(lambda: task_rng(3, -1), contains="`seed` and `b` must be integers >= 
 # `task_rng(seed, first + b)`, and the batch is their stack.
 
 # %%
+#| code-fold: true
+#| code-summary: "random_tasks"
 #| export
-def random_tasks(n_tasks:int,  # number of random Boyan chains B
-                 seed:int=0,   # task b is `random_boyan_chain(..., seed=task_rng(seed, first + b))`
-                 first:int=0,  # index of the first task: a batch of tasks first..first + B - 1 of the seed
-                 **kwargs,     # passed to `random_boyan_chain` (n_states, d, gamma, features, rewards)
-                )->TaskBatch:
+def random_tasks(
+    n_tasks: int,  # number of random Boyan chains B
+    seed: int = 0,  # task b is `random_boyan_chain(..., seed=task_rng(seed, first + b))`
+    first: int = 0,  # index of the first task: a batch of tasks first..first + B - 1 of the seed
+    **kwargs,  # passed to `random_boyan_chain` (n_states, d, gamma, features, rewards)
+) -> TaskBatch:
     "A batch of random Boyan chains, task b drawn from its own child stream of `seed`."
-    if int(n_tasks) != n_tasks or n_tasks < 1: raise ValueError(f"`n_tasks` must be a positive integer, got {n_tasks}")
-    return stack_tasks(random_boyan_chain(seed=task_rng(seed, first + b), **kwargs) for b in range(int(n_tasks)))
+    if int(n_tasks) != n_tasks or n_tasks < 1:
+        raise ValueError(f"`n_tasks` must be a positive integer, got {n_tasks}")
+    return stack_tasks(
+        random_boyan_chain(seed=task_rng(seed, first + b), **kwargs) for b in range(int(n_tasks))
+    )
 
 
 # %%
@@ -178,28 +235,50 @@ test_eq(random_tasks(2, seed=3, first=3, d=2).P, tasks.P[3:])
 # when a prompt grows.
 
 # %%
+#| code-fold: true
+#| code-summary: "sample_trajectories"
 #| export
-def sample_trajectories(P,          # (B, s, s) transition matrices
-                        n:int,      # number of transitions
-                        d0,         # (B, s) distributions of S_0 (d_pi for stationary contexts)
-                        seed=None,  # int or `torch.Generator` (CPU); a torch stream, not `sample_trajectory`'s numpy one (see Seeds below)
-                       )->torch.Tensor: # (B, n+1) long tensor of states S_0..S_n, on P's device
+def sample_trajectories(
+    P,  # (B, s, s) transition matrices
+    n: int,  # number of transitions
+    d0,  # (B, s) distributions of S_0 (d_pi for stationary contexts)
+    seed=None,  # int or CPU `torch.Generator`: a torch stream, not `sample_trajectory`'s numpy one
+) -> torch.Tensor:  # (B, n+1) long tensor of states S_0..S_n, on P's device
     "Sample one trajectory per task, all tasks stepping together."
     P = as_tensor(P, "P", torch.float64)
-    if P.ndim != 3 or P.shape[-1] != P.shape[-2]: raise ValueError(f"`P` must have shape (B, s, s), got {tuple(P.shape)}")
+    if P.ndim != 3 or P.shape[-1] != P.shape[-2]:
+        raise ValueError(f"`P` must have shape (B, s, s), got {tuple(P.shape)}")
     d0 = as_tensor(d0, "d0", torch.float64, P.device)
-    if d0.shape != P.shape[:2]: raise ValueError(f"`d0` must have shape {tuple(P.shape[:2])}, got {tuple(d0.shape)}")
-    if not torch.isfinite(d0).all() or (d0 < 0).any() or not torch.allclose(d0.sum(-1), torch.ones_like(d0[:, 0]), atol=1e-10):
+    if d0.shape != P.shape[:2]:
+        raise ValueError(f"`d0` must have shape {tuple(P.shape[:2])}, got {tuple(d0.shape)}")
+    if (
+        not torch.isfinite(d0).all()
+        or (d0 < 0).any()
+        or not torch.allclose(d0.sum(-1), torch.ones_like(d0[:, 0]), atol=1e-10)
+    ):
         raise ValueError("`d0` must hold probability distributions: non-negative rows summing to 1")
-    if (P < 0).any() or not torch.allclose(P.sum(-1), torch.ones_like(P[..., 0]), atol=1e-10): raise ValueError("`P` must be row-stochastic: non-negative rows summing to 1")
-    if int(n) != n or n < 0: raise ValueError(f"`n` must be a non-negative integer, got {n}")
-    gen = seed if isinstance(seed, torch.Generator) else torch.Generator().manual_seed(np.random.SeedSequence(seed).generate_state(1)[0].item())
+    if (P < 0).any() or not torch.allclose(P.sum(-1), torch.ones_like(P[..., 0]), atol=1e-10):
+        raise ValueError("`P` must be row-stochastic: non-negative rows summing to 1")
+    if int(n) != n or n < 0:
+        raise ValueError(f"`n` must be a non-negative integer, got {n}")
+    gen = (
+        seed
+        if isinstance(seed, torch.Generator)
+        else torch.Generator().manual_seed(np.random.SeedSequence(seed).generate_state(1)[0].item())
+    )
     (B, s), n = P.shape[:2], int(n)
     u = torch.rand(n + 1, B, 1, generator=gen, dtype=torch.float64).to(P.device)
     cum, rows = P.cumsum(-1).contiguous(), torch.arange(B, device=P.device)
     S = torch.empty(n + 1, B, dtype=torch.long, device=P.device)
-    S[0] = torch.searchsorted(d0.cumsum(-1).contiguous(), u[0], right=True).squeeze(-1).clamp(max=s - 1)
-    for t in range(n): S[t + 1] = torch.searchsorted(cum[rows, S[t]], u[t + 1], right=True).squeeze(-1).clamp(max=s - 1)
+    S[0] = (
+        torch.searchsorted(d0.cumsum(-1).contiguous(), u[0], right=True)
+        .squeeze(-1)
+        .clamp(max=s - 1)
+    )
+    for t in range(n):
+        S[t + 1] = (
+            torch.searchsorted(cum[rows, S[t]], u[t + 1], right=True).squeeze(-1).clamp(max=s - 1)
+        )
     return S.T.contiguous()
 
 
@@ -291,23 +370,35 @@ test_ne(
 # rounding.
 
 # %%
+#| code-fold: true
+#| code-summary: "task_pool"
 #| export
-def task_pool(config,                 # the task settings: n_states, d, features, gamma (e.g. a PretrainConfig)
-              n_tasks:int,            # number of tasks T
-              seed:int,               # task b draws from `task_rng(seed, first + b)`
-              first:int=0,            # index of the first task (a pool drawn in pieces)
-             )->TaskBatch:            # P (T, s, s), r (T, s), phi (T, s, d), d_pi, v_pi
-    "`random_tasks(n_tasks, seed, first, ...)` for the configuration's tasks, vectorised: one draw per task, batched solves."
-    if int(n_tasks) != n_tasks or n_tasks < 1: raise ValueError(f"`n_tasks` must be a positive integer, got {n_tasks}")
+def task_pool(
+    config,  # the task settings: n_states, d, features, gamma (e.g. a PretrainConfig)
+    n_tasks: int,  # number of tasks T
+    seed: int,  # task b draws from `task_rng(seed, first + b)`
+    first: int = 0,  # index of the first task (a pool drawn in pieces)
+) -> TaskBatch:  # P (T, s, s), r (T, s), phi (T, s, d), d_pi, v_pi
+    (
+        "`random_tasks(n_tasks, seed, first, ...)` for the configuration's tasks, vectorised: one "
+        "draw per task, batched solves."
+    )
+    if int(n_tasks) != n_tasks or n_tasks < 1:
+        raise ValueError(f"`n_tasks` must be a positive integer, got {n_tasks}")
     s, d, g, T = config.n_states, config.d, config.gamma, int(n_tasks)
     u = np.stack([task_rng(seed, first + b).random(2 * s - 2 + s * d + s) for b in range(T)])
     P, phi = chain_from_uniforms(u[:, :-s], s, d, config.features)
-    P, phi, r = (torch.from_numpy(x) for x in (P, phi, -1 + (1 - -1) * u[:, -s:]))   # r as `rng.uniform(-1, 1)`
+    P, phi, r = (
+        torch.from_numpy(x) for x in (P, phi, -1 + (1 - -1) * u[:, -s:])
+    )  # r as `rng.uniform(-1, 1)`
     I = torch.eye(s, dtype=torch.float64)
     A = torch.cat([P.mT - I, torch.ones(T, 1, s, dtype=torch.float64)], 1)
-    e = torch.zeros(T, s + 1, 1, dtype=torch.float64); e[:, -1] = 1
+    e = torch.zeros(T, s + 1, 1, dtype=torch.float64)
+    e[:, -1] = 1
     d_pi = torch.linalg.lstsq(A, e, driver="gelsd").solution.squeeze(-1).clamp(min=0)
-    return TaskBatch(P, r, phi, d_pi / d_pi.sum(-1, keepdim=True), torch.linalg.solve(I - g * P, r), g)
+    return TaskBatch(
+        P, r, phi, d_pi / d_pi.sum(-1, keepdim=True), torch.linalg.solve(I - g * P, r), g
+    )
 
 
 # %%
@@ -380,24 +471,45 @@ show_doc(task_rng)
 # ### Bad input
 
 # %%
+#| code-fold: true
 test_fail(lambda: random_tasks(0), contains="`n_tasks` must be a positive integer")
-test_fail(lambda: stack_tasks([random_boyan_chain(seed=0), random_boyan_chain(n_states=5, seed=0)]), contains="`mrps` must share")
+test_fail(
+    lambda: stack_tasks([random_boyan_chain(seed=0), random_boyan_chain(n_states=5, seed=0)]),
+    contains="`mrps` must share",
+)
+t5 = random_tasks(2, seed=0)
+for k in ("P", "r", "phi", "d_pi", "v_pi"):
+    test_fail(
+        lambda: TaskBatch(**{**{f: getattr(t5, f) for f in TASK_FIELDS}, k: "abc"}, gamma=0.9),
+        contains=f"`{k}` must be a Tensor",
+    )
+for g in ("abc", 1.0, -0.1):
+    test_fail(lambda: TaskBatch(*(getattr(t5, f) for f in TASK_FIELDS), g), contains="`gamma`")
 
 # %%
-for msg, f in {"`d0` must have shape (8, 10)": lambda: sample_trajectories(tasks.P, 5, tasks.d_pi[0]),
-               "`n` must be a non-negative integer": lambda: sample_trajectories(tasks.P, -2, tasks.d_pi),
-               "`P` must have shape (B, s, s)": lambda: sample_trajectories(tasks.P[0], 5, tasks.d_pi),
-               "`d0` must hold probability distributions": lambda: sample_trajectories(tasks.P, 5, 2 * tasks.d_pi - tasks.d_pi.roll(1, -1)),
-               "`P` must be row-stochastic": lambda: sample_trajectories(-tasks.P, 5, tasks.d_pi)}.items():
+#| code-fold: true
+for msg, f in {
+    "`d0` must have shape (8, 10)": lambda: sample_trajectories(tasks.P, 5, tasks.d_pi[0]),
+    "`n` must be a non-negative integer": lambda: sample_trajectories(tasks.P, -2, tasks.d_pi),
+    "`P` must have shape (B, s, s)": lambda: sample_trajectories(tasks.P[0], 5, tasks.d_pi),
+    "`d0` must hold probability distributions": lambda: sample_trajectories(
+        tasks.P, 5, 2 * tasks.d_pi - tasks.d_pi.roll(1, -1)
+    ),
+    "`P` must be row-stochastic": lambda: sample_trajectories(-tasks.P, 5, tasks.d_pi),
+}.items():
     test_fail(f, contains=msg)
 
 # %%
+#| code-fold: true
 test_fail(lambda: task_pool(cfg, 0, 7), contains="`n_tasks` must be a positive integer")
 
 # %%
 #| export
 from ictd.boyan import check_arguments
-check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)
+
+check_arguments(
+    globals()
+)  # every public function refuses, naming it, an argument its annotation rules out (chapter 0)
 
 # %%
 #| hide

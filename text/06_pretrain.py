@@ -873,6 +873,11 @@ class TDSample:
     query:torch.Tensor      # (S, B) the query state x_q
     successor:torch.Tensor  # (S, B) its successor x_q'
 
+    def __post_init__(self):
+        "Refuse, naming the field, a value that is not a tensor."
+        from ictd.core import check_type     # imported when called: ictd.core imports this module
+        for k in ("task", "states", "query", "successor"): check_type(getattr(self, k), torch.Tensor, k)
+
 
 # %% [markdown]
 # `stationary_examples` turns one row of $n + 4$ uniforms into one example: the first picks the task,
@@ -922,6 +927,13 @@ class Contexts:
     r:torch.Tensor = None         # continuous: (S, B..., n) rewards, r[..., k-1] = R_k
     phi_q:torch.Tensor = None     # continuous: (S, B..., q, d) features of the queries
 
+    def __post_init__(self):
+        "Refuse, naming the field, a `tasks` that is not a TaskBatch or a tensor field that is not a tensor."
+        from ictd.core import check_type
+        if self.tasks is not None: check_type(self.tasks, TaskBatch, "tasks")
+        for k in ("task", "states", "queries", "phi", "r", "phi_q"):
+            if getattr(self, k) is not None: check_type(getattr(self, k), torch.Tensor, k)
+
     def features(self)->tuple:
         ("(phi (S, B..., n + 1, d), rewards (S, B..., n), query features (S, B..., q, d)), "
          "looked up in the tasks when discrete.")
@@ -956,6 +968,12 @@ class TDExamples:
     reward:torch.Tensor      # (S, B) r(x_q) of each example
     # "query": x_q' is query column 1 of the same prompt; "next": the next prompt's query (axis 1)
     successor:str = "query"
+
+    def __post_init__(self):
+        "Refuse, naming the field, prompts that are not `Contexts`, rewards not a tensor, another `successor`."
+        from ictd.core import check_choice, check_type
+        check_type(self.x, Contexts, "x"), check_type(self.reward, torch.Tensor, "reward")
+        check_choice(self.successor, ("query", "next"), "successor")
 
 
 # %% [markdown]
