@@ -25,6 +25,9 @@ from ictd.tasks import random_tasks, sample_trajectories, stationary_examples
 import inspect, re
 from IPython.display import Markdown
 
+
+# %%
+#| hide
 def short_doc(o, width:int=64)->str:
     "The first sentence of `o`'s docstring, cut at a word outside maths and code to about `width` characters."
     doc = re.split(r"(?<=[.:;])\s", inspect.getdoc(o).splitlines()[0])[0].rstrip(".:;")
