@@ -12,7 +12,7 @@ from .boyan import as_tensor, check_gamma, weighted_error
 from .wstd import context_tensors
 from .prompt import build_prompt
 from .model import check_prompt, torch_generator, token_rows, xavier_param, carry_context, PromptLayer, SoftmaxICTD
-from .core import check_number, check_type, check_work, moved_to_keywords, run_stream
+from .core import check_int, check_number, check_type, check_work, moved_to_keywords, run_stream
 from .tasks import Contexts
 from .engine import Family, PretrainConfig, held_out_tasks, register_family, tuning_config
 
@@ -205,6 +205,8 @@ def causal_work(shape:tuple,    # (..., D, N) shape of the prompt
 
 def check_causal_work(Z:torch.Tensor, n:int, n_layers:int=1):
     "Refuse (a `ValueError` naming `Z`) a forward pass whose `causal_work` is above `WORK_LIMITS['multiply_adds']`."
+    Z = check_type(Z, torch.Tensor, "Z")
+    n, n_layers = check_int(n, "n", 0), check_int(n_layers, "n_layers", 1, "a positive integer")
     check_work(causal_work(tuple(Z.shape), n, n_layers), "multiply_adds",
                f"`Z` of shape {tuple(Z.shape)} with n = {n} in {n_layers} causal layer(s)",
                "use a shorter context or fewer prompts per call (hours on one CPU thread)")

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 import torch
 from torch.autograd.function import once_differentiable
-from .core import TaskBatch
+from .core import TaskBatch, check_int, check_type
 from .prompt import build_prompt
 from .tasks import task_features
 from .model import SoftmaxICTD
@@ -25,6 +25,16 @@ class StateTokens:
     log_w:torch.Tensor   # (..., s) log weight of each state among the keys (log count, or log d_pi; -inf where absent)
     succ:torch.Tensor    # (..., s, s + m) row y: the mean successor of state y's keys, as weights over the s + m columns
     q:int                # the last q columns are the queries
+
+    def __post_init__(self):
+        "Refuse fields that are not floating tensors of matching shapes, or a `q` out of range, naming the field."
+        for name in ("Z", "log_w", "succ"):
+            x = check_type(getattr(self, name), torch.Tensor, name)
+            if not x.is_floating_point(): raise TypeError(f"`{name}` must be a real floating tensor, got dtype {x.dtype}")
+        if self.Z.ndim < 2 or self.log_w.ndim < 1 or self.succ.shape[-2:] != (self.log_w.shape[-1], self.Z.shape[-1]):
+            raise ValueError(f"`succ` must have shape (..., s, s + m) = (..., {self.log_w.shape[-1] if self.log_w.ndim else '?'}, "
+                             f"{self.Z.shape[-1] if self.Z.ndim else '?'}) to match `log_w` and `Z`, got {tuple(self.succ.shape)}")
+        self.q = check_int(self.q, "q", 0, high=self.Z.shape[-1] - self.log_w.shape[-1])
 
 # %% ../nbs/03a_state_tokens.ipynb #656a29df
 def state_tokens(tasks:TaskBatch,      # tasks with a leading seed axis: P (S, T, s, s), r (S, T, s), phi (S, T, s, d)

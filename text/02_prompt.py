@@ -21,10 +21,38 @@ import numpy as np
 from ictd.boyan import random_boyan_chain, sample_trajectory
 from ictd.core import record_claim
 import math
+import inspect, re
+from IPython.display import Markdown
+
+
+# %%
+#| hide
+def short_doc(o, width:int=64)->str:
+    "The first sentence of `o`'s docstring, cut at a word outside maths and code to about `width` characters."
+    doc = re.split(r"(?<=[.:;])\s", inspect.getdoc(o).splitlines()[0])[0].rstrip(".:;")
+    if len(doc) <= width: return doc.replace("|", "\\|")
+    cuts = [m.start() for m in re.finditer(" ", doc[:width])
+            if doc[:m.start()].count("$") % 2 == 0 and doc[:m.start()].count("`") % 2 == 0]
+    return (doc[:cuts[-1]] + " ...").replace("|", "\\|") if cuts else doc.replace("|", "\\|")
+
+def api_table(*objs)->Markdown:
+    "A table of helpers: each name, with the anchor its doc links use, and its docstring in short."
+    rows = [f'| <span id="{o.__qualname__.lower()}"></span>`{o.__qualname__}` | {short_doc(o)} |' for o in objs]
+    return Markdown("| helper | what it does |\n|---|---|\n" + "\n".join(rows))
+
 
 # %% [markdown]
 # # The prompt
 # > How a trajectory and the states to evaluate become one matrix of tokens: features, reward and a value-memory slot per column.
+
+# %% [markdown]
+# ::: {.callout-note}
+# **What this chapter shows.** The prompt $Z_0$ (Definition 2.1): one column per transition, one for the last state
+# and one per query, with rows for the features, the reward and an empty value memory. Row-token attention, as code
+# usually writes it, is the book's column form transposed (checked against torch's attention in float64).
+# `build_prompt` writes a trajectory into this layout, and a figure shows one prompt. `Prompt` keeps a prompt's
+# number of transitions with the matrix.
+# :::
 
 # %% [markdown]
 # **Intuition.** A Transformer reads a matrix: one column per token, one row per embedding coordinate. To make it
@@ -89,24 +117,31 @@ import math
 
 # %%
 g_bridge = torch.Generator().manual_seed(0)
-D_tok, m_tok, n_keys, d_k = 6, 9, 6, 3                                     # embedding size, tokens, keys, head size
-Z_b = torch.randn(D_tok, m_tok, generator=g_bridge, dtype=torch.float64)   # tokens are the columns
-W_Q, W_K = (torch.randn(d_k, D_tok, generator=g_bridge, dtype=torch.float64) for _ in range(2))
-W_V = torch.randn(D_tok, D_tok, generator=g_bridge, dtype=torch.float64)
-H = Z_b.T                                                                  # row-token view: one row per token
+D_tok, m_tok, n_keys, d_k = 6, 9, 6, 3           # embedding size, tokens, keys, head size
+randn = lambda *shape: torch.randn(*shape, generator=g_bridge, dtype=torch.float64)
+Z_b = randn(D_tok, m_tok)                         # tokens are the columns
+W_Q, W_K, W_V = randn(d_k, D_tok), randn(d_k, D_tok), randn(D_tok, D_tok)
+H = Z_b.T                                         # row-token view: one row per token
 key_mask = torch.zeros(m_tok, m_tok, dtype=torch.float64)
-key_mask[:, n_keys:] = -math.inf                                           # tokens n.. are never keys
-rows = torch.nn.functional.scaled_dot_product_attention(H @ W_Q.T, H @ W_K.T, H @ W_V.T, attn_mask=key_mask)
-A_b = W_K.T @ W_Q / math.sqrt(d_k)                                         # the book's score matrix
+key_mask[:, n_keys:] = -math.inf                  # tokens n.. are never keys
+rows = torch.nn.functional.scaled_dot_product_attention(H @ W_Q.T, H @ W_K.T, H @ W_V.T,
+                                                        attn_mask=key_mask)
+A_b = W_K.T @ W_Q / math.sqrt(d_k)                # the book's score matrix
 mask_col = torch.where(torch.arange(m_tok) < n_keys, 0., -math.inf).double()
-S_b = torch.softmax(Z_b.T @ A_b @ Z_b + mask_col[:, None], dim=0)          # S[i, j]: key i, query column j
-test_close(S_b.sum(0), torch.ones(m_tok, dtype=torch.float64), eps=1e-15)  # column-stochastic
-test_eq(S_b[n_keys:], torch.zeros(m_tok - n_keys, m_tok, dtype=torch.float64))
+S_b = torch.softmax(Z_b.T @ A_b @ Z_b + mask_col[:, None], dim=0)   # S[i, j]: key i, column j
 bridge_gap = (rows.T - W_V @ Z_b @ S_b).abs().max().item()
 assert bridge_gap < 1e-12, bridge_gap
-print(f"largest |row-token attention - column form| over the {D_tok} x {m_tok} entries: below 1e-12")
-_ = record_claim("bridge", "Row-token attention $\\operatorname{softmax}(\\mathsf Q \\mathsf K^\\top/\\sqrt{d_k})\\mathsf V$ equals the book's column form $W_V Z S$ with $S$ column-stochastic and $A = W_K^\\top W_Q/\\sqrt{d_k}$.",
-             "proved", "prompt", "#from-row-token-attention-to-the-books-columns")
+print(f"largest |row-token attention - column form| over the {D_tok} x {m_tok} entries: "
+      "below 1e-12")
+_ = record_claim(
+    "bridge",
+    "Row-token attention $\\operatorname{softmax}(\\mathsf Q \\mathsf K^\\top/"
+    "\\sqrt{d_k})\\mathsf V$ equals the book's column form $W_V Z S$ with $S$ "
+    "column-stochastic and $A = W_K^\\top W_Q/\\sqrt{d_k}$.",
+    "proved",
+    "prompt",
+    "#from-row-token-attention-to-the-books-columns",
+)
 
 
 # %% [markdown]
@@ -176,24 +211,6 @@ test_eq(Z, torch.tensor([[1., 0., 1., 2., 3., 0.],
                          [0., 0., 0., 0., 0., 0.]], dtype=torch.float64))
 Z
 
-# %% [markdown]
-# On a sampled Boyan-chain trajectory, with every state of the chain as a query, the blocks land
-# where the table says:
-
-# %%
-mrp = random_boyan_chain(seed=0)
-states, rewards = sample_trajectory(mrp, 30, seed=0)
-Z = build_prompt(mrp.phi[states], rewards, mrp.phi)
-n, d, s = 30, mrp.d, mrp.n_states
-test_eq(Z.shape, (d + 2, n + 1 + s))
-test_eq(Z[:d, :n + 1], mrp.phi[states].T)
-test_eq(Z[:d, n + 1:], mrp.phi.T)
-test_eq(Z[d, :n], rewards)
-test_eq(Z[d, n:], torch.zeros(s + 1, dtype=torch.float64))
-test_eq(Z[d + 1], torch.zeros(n + 1 + s, dtype=torch.float64))
-test_eq(Z.n_context, n)
-assert not hasattr(Z[..., :-1], "n_context") and not hasattr(Z.float(), "n_context")
-
 
 # %% [markdown]
 # ## What the prompt looks like
@@ -241,7 +258,8 @@ def plot_prompt(Z:torch.Tensor,   # (d + 2, n + 1 + q) prompt
 small = random_boyan_chain(seed=3)
 st, rw = sample_trajectory(small, 12, seed=3)
 Zs = build_prompt(small.phi[st], rw, small.phi[[0, 4, 9]])
-ax = plot_prompt(Zs, n=12, title="Prompt of a 12-transition Boyan-chain context with query states 0, 4, 9")
+_, ax = plt.subplots(figsize=(5.0, 3.5))
+ax = plot_prompt(Zs, n=12, ax=ax, title="A 12-transition Boyan-chain context, query states 0, 4, 9")
 test_fig_exists(ax)
 
 # %% [markdown]
@@ -253,6 +271,29 @@ test_fig_exists(ax)
 #
 # The lesson ends above; this section documents the rules a user of `build_prompt` meets and tests
 # them: how a prompt carries its number of transitions, query shapes, dtypes, batches and bad input.
+
+# %% [markdown]
+# ### The layout on a sampled trajectory
+#
+# On a sampled Boyan-chain trajectory, with every state of the chain as a query, the blocks land
+# where the table of Definition 2.1 says; and the bridge's attention matrix is column-stochastic, zero on
+# the rows of the masked tokens:
+
+# %%
+mrp = random_boyan_chain(seed=0)
+states, rewards = sample_trajectory(mrp, 30, seed=0)
+Z = build_prompt(mrp.phi[states], rewards, mrp.phi)
+n, d, s = 30, mrp.d, mrp.n_states
+test_eq(Z.shape, (d + 2, n + 1 + s))
+test_eq(Z[:d, :n + 1], mrp.phi[states].T)
+test_eq(Z[:d, n + 1:], mrp.phi.T)
+test_eq(Z[d, :n], rewards)
+test_eq(Z[d, n:], torch.zeros(s + 1, dtype=torch.float64))
+test_eq(Z[d + 1], torch.zeros(n + 1 + s, dtype=torch.float64))
+test_eq(Z.n_context, n)
+assert not hasattr(Z[..., :-1], "n_context") and not hasattr(Z.float(), "n_context")
+test_close(S_b.sum(0), torch.ones(m_tok, dtype=torch.float64), eps=1e-15)
+test_eq(S_b[n_keys:], torch.zeros(m_tok - n_keys, m_tok, dtype=torch.float64))
 
 # %% [markdown]
 # ### The prompt carries its $n$
@@ -275,7 +316,8 @@ test_fig_exists(ax)
 # `Prompt` (below), which carries $n$ through all of these.
 
 # %%
-phi = torch.tensor([[1., 0.], [0., 1.], [1., 1.], [2., 0.]], dtype=torch.float64)  # the hand-sized example's S_0..S_3
+# the hand-sized example's S_0..S_3
+phi = torch.tensor([[1., 0.], [0., 1.], [1., 1.], [2., 0.]], dtype=torch.float64)
 R = torch.tensor([0.5, -1., 2.], dtype=torch.float64)
 Z = build_prompt(phi, R, torch.tensor([[3., 3.], [0., -1.]], dtype=torch.float64))
 
@@ -411,8 +453,15 @@ def as_prompt(Z,        # a `Prompt`, or a (..., D, N) tensor
 # %%
 show_doc(Prompt)
 
+# %% [markdown]
+# The constructors and the figure's function, in short (their checks follow):
+
 # %%
-show_doc(Prompt.build)
+api_table(Prompt.build, as_prompt, plot_prompt)
+
+# %%
+#| hide
+show_doc(Prompt.build); show_doc(as_prompt); show_doc(plot_prompt)
 
 # %% [markdown]
 # A prompt built by `Prompt.build` keeps its $n$ through a move to float32, a copy, and stacking;
@@ -477,7 +526,8 @@ for msg, args in bad.items(): test_fail(lambda: build_prompt(*args), contains=ms
 
 # %%
 test_fail(lambda: plot_prompt(Zb, n=n), contains="`Z` must be one prompt")
-for bad_n in (0, Zb.shape[-1], 2.5, "3", None): test_fail(lambda: plot_prompt(Zb[0, 0], n=bad_n), contains="`n` must be an integer in 1..")
+for bad_n in (0, Zb.shape[-1], 2.5, "3", None):
+    test_fail(lambda: plot_prompt(Zb[0, 0], n=bad_n), contains="`n` must be an integer in 1..")
 
 # %%
 #| export

@@ -28,6 +28,24 @@ from ictd.prompt import build_prompt
 from fractions import Fraction
 from IPython.display import Markdown
 from ictd.core import record_claim
+import inspect, re
+from IPython.display import Markdown
+
+
+# %%
+#| hide
+def short_doc(o, width:int=64)->str:
+    "The first sentence of `o`'s docstring, cut at a word outside maths and code to about `width` characters."
+    doc = re.split(r"(?<=[.:;])\s", inspect.getdoc(o).splitlines()[0])[0].rstrip(".:;")
+    if len(doc) <= width: return doc.replace("|", "\\|")
+    cuts = [m.start() for m in re.finditer(" ", doc[:width])
+            if doc[:m.start()].count("$") % 2 == 0 and doc[:m.start()].count("`") % 2 == 0]
+    return (doc[:cuts[-1]] + " ...").replace("|", "\\|") if cuts else doc.replace("|", "\\|")
+
+def api_table(*objs)->Markdown:
+    "A table of helpers: each name, with the anchor its doc links use, and its docstring in short."
+    rows = [f'| <span id="{o.__qualname__.lower()}"></span>`{o.__qualname__}` | {short_doc(o)} |' for o in objs]
+    return Markdown("| helper | what it does |\n|---|---|\n" + "\n".join(rows))
 
 
 # %% [markdown]
@@ -44,23 +62,15 @@ from ictd.core import record_claim
 # :::
 
 # %% [markdown]
-# The paper's central claim is that a softmax Transformer, given the prompt of the previous chapter,
-# can run temporal-difference learning in its forward pass: each layer performs one iteration of
-# weighted softmax TD. The paper names the ingredients: two attention heads that share one softmax
-# attention pattern, a *current-value* head and a *target-value* head, a shift matrix $\Pi$ to the
-# predecessor columns, and the discount $\gamma$ in the target head.
-# The paper's full text is not available to this project, so **the exact parameters $\theta^*$
-# below, Theorem 3.1 and its proof are the project's own construction**, chosen
-# to satisfy every claim the paper makes; they are checked numerically to machine precision after
-# the proof. One choice deserves a flag at once: in this chapter $\Pi$ shifts the layer's *input*
-# (the target head reads the successor's token, then attends); it can also act *after* attention,
-# on the aggregated quantities. [Chapter 4](tsm.html) builds that second form as well, proves that it
-# runs the same iteration, and compares the two.
+# The paper's central claim is that a softmax Transformer, given the prompt of the previous chapter, can
+# run TD in its forward pass, one iteration of weighted softmax TD per layer, with two heads sharing one
+# attention pattern (a *current-value* and a *target-value* head), a shift $\Pi$ to the predecessor columns
+# and $\gamma$ in the target head. The paper's full text is not available to this project, so **the exact
+# parameters $\theta^*$, Theorem 3.1 and its proof are the project's own construction**. Here $\Pi$ shifts
+# the layer's *input*; [chapter 4](tsm.html) builds the form in which it acts *after* attention.
 #
-# *How to read this chapter.* The layer and its diagram, the parameters $\theta^*$, the model, then
-# Theorem 3.1 with a two-layer example in exact fractions, its check, and two figures. The code a user
-# calls is documented where it appears; helpers, validation and exhaustive tests are in the last section,
-# [Implementation and tests](#implementation-and-tests). The [bridge box of chapter 2](prompt.html#from-row-token-attention-to-the-books-columns)
+# Helpers, validation and the library's tests are in the last section, [Implementation and
+# tests](#implementation-and-tests); the [bridge box of chapter 2](prompt.html#from-row-token-attention-to-the-books-columns)
 # translates this column convention from the usual row-token attention.
 #
 # ## The layer
@@ -84,11 +94,8 @@ from ictd.core import record_claim
 # the labels in brackets are what each box holds under the constructed parameters $\theta^*$ of
 # the section after next.
 #
-# Two things about this layer are worth saying at once. The attention is **not causal**: a context
-# column attends to every context column, later ones included, where a decoder-only Transformer
-# would let column $j$ see only columns $i \le j$. And the shift $Z\Pi$ hands column $j$ the token
-# of column $j + 1$, the *next* token. Both are measured against a causal mask at the end of
-# the chapter.
+# The attention is **not causal** (a context column attends to later ones too), and the shift hands column
+# $j$ the *next* token; [the chapter's last section](#what-a-causal-mask-changes) measures what a causal mask changes.
 
 # %%
 #| fig-cap: "Figure 3.1: One dual-head layer: both value heads are weighted by one shared attention, and the target head reads the successor token through the shift."
@@ -218,12 +225,10 @@ def attend_context(Z:torch.Tensor,  # (..., d + 2, N) prompt
 
 
 # %% [markdown]
-# `attend_context` is checked against the explicit attention matrix in
-# [Implementation and tests](#the-fused-attention). The layer itself is then one line:
-# `dual_head_update` forms the values of the $n$ keys from both heads (the target head reading the
-# next column, which is $Z\Pi$ without building $\Pi$) and adds their attention-weighted sum to every
-# column. It validates nothing, so that the model can call it layer after layer at no cost; the
-# module below validates once.
+# The layer itself is then one line: `dual_head_update` forms the values of the $n$ keys from both heads
+# (the target head reading the next column: $Z\Pi$ without building $\Pi$) and adds their attention-weighted
+# sum to every column, by fused attention (`attend_context`, [checked](#the-fused-attention) against the
+# explicit matrix). The check compares it with the formula:
 
 # %%
 #| export
@@ -239,18 +244,14 @@ def dual_head_update(Z:torch.Tensor,      # (..., d + 2, N) prompt
 
 
 # %%
+#| code-fold: true
+#| code-summary: "Code of the check"
 Zu, Au, Vcu, Vtu = torch.randn(
     2, 6, 9, generator=torch.Generator().manual_seed(0), dtype=torch.float64
 ), *torch.randn(3, 6, 6, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
 by_definition = Zu + (Vcu @ Zu + Vtu @ successor_shift(Zu, 5)) @ context_attention(Zu, Au, 5)
 test_close(dual_head_update(Zu, Au, Vcu, Vtu, 5), by_definition, eps=1e-13)
 
-
-# %% [markdown]
-# Before any of this runs, a layer validates its prompt. The prompt does not say where its context
-# ends, so `check_prompt` takes the number of context transitions $n$ from the caller or from the
-# prompt itself (`build_prompt` attaches it) and refuses a shape or an $n$ that cannot be right; why
-# $n$ is never guessed, and the refusals, are in [How the model knows $n$](#how-the-model-knows-n).
 
 # %%
 #| export
@@ -286,10 +287,6 @@ def grad_mode(grad):
     return contextlib.nullcontext() if grad is None else torch.set_grad_enabled(check_bool(grad, "grad"))
 
 
-# %% [markdown]
-# A layer's output is a new tensor, which has lost that attribute; `carry_context` puts it back, so
-# that a stack of layers can pass its prompt on without repeating $n$:
-
 # %%
 #| export
 def carry_context(Z:torch.Tensor, n:int)->torch.Tensor:
@@ -298,23 +295,13 @@ def carry_context(Z:torch.Tensor, n:int)->torch.Tensor:
     return Z
 
 
-# %%
-Zn = carry_context(torch.zeros(2, 6, 9, dtype=torch.float64), 5)
-test_eq(check_prompt(Zn, 4)[1], 5)
-test_fail(lambda: check_prompt(Zn, 4, n=4), contains="contradicts the prompt")
-
-
 # %% [markdown]
 # ## The layer as a module
 #
 # `DualHeadSoftmaxLayer` holds the three $(d+2) \times (d+2)$ matrices $A$, $V^{\mathrm{cur}}$ and
-# $V^{\mathrm{tgt}}$ as parameters. It follows its input: the parameters are cast to the prompt's
-# dtype and device on the fly, so one module evaluates float32 and float64 prompts, on CPU or CUDA,
-# and gradients still flow to the stored parameters. Random initialisation is Xavier-normal with a
-# small gain, from a seed.
-#
-# (Its tests, and the helpers it calls for seeds, token rows and initialisation, are in
-# [Implementation and tests](#seeds-token-rows-and-initialisation).)
+# $V^{\mathrm{tgt}}$ as parameters, cast to the prompt's dtype and device on the fly (gradients still flow
+# to the stored parameters); random initialisation is Xavier-normal with a small gain, from a seed. Its
+# helpers and tests are in [Implementation and tests](#seeds-token-rows-and-initialisation).
 
 # %%
 #| export
@@ -373,8 +360,8 @@ class PromptLayer(nn.Module):
 # shift-after-attention layers and chapter 4a's causal layer subclass it too): validation, the
 # attention matrix for inspection, and the value-update weights read off the parameters. A subclass
 # supplies only its update, its attention and which entries are its value weights.
-# `DualHeadSoftmaxLayer` fills them in with `dual_head_update` and `context_attention` (<code>_param</code>
-# copies a given matrix into a parameter after checking its shape).
+# `DualHeadSoftmaxLayer` fills them in with `dual_head_update` and `context_attention`; it validates its prompt once
+# (`check_prompt`, which also resolves $n$: [How the model knows $n$](#how-the-model-knows-n)).
 
 # %%
 #| export
@@ -409,10 +396,6 @@ class DualHeadSoftmaxLayer(PromptLayer):
     def params(self, like:torch.Tensor)->tuple:
         "The parameters (A, V_cur, V_tgt) cast to the dtype and device of `like`."
         return tuple(p.to(like) for p in (self.A, self.V_cur, self.V_tgt))
-
-
-# %%
-show_doc(DualHeadSoftmaxLayer)
 
 
 # %% [markdown]
@@ -510,52 +493,6 @@ print(
 
 
 # %% [markdown]
-# What each block of $\theta^*$ does, checked on a prompt rather than read back from the matrices:
-# the attention is the softmax of $\phi(S_i)^\top W \phi(x_j)$ over the context keys and does not
-# look at the reward or value rows (changing them leaves it unchanged); the feature and reward rows
-# leave the layer unchanged; and the value row's update responds to a change of the rewards and of
-# the stored values with the weights $(\alpha, \gamma\alpha, -\alpha)$ on (reward, successor value,
-# current value), recovered by least squares from the layer's output (`observed_value_weights`).
-
-# %%
-#| code-fold: true
-#| code-summary: "Code of the check"
-def observed_value_weights(layer, Z, n: int, seed: int = 0) -> torch.Tensor:
-    """(reward, successor value, current value) weights of `layer`'s value-row update, fitted to
-    its response to random reward and value rows."""
-    d, g = layer.d, torch.Generator().manual_seed(seed)
-    update = lambda Z_: layer(Z_, n)[d + 1] - Z_[d + 1]
-    fits = []
-    for row in (d, d + 1):
-        u, Z_ = torch.randn(Z.shape[-1], generator=g, dtype=Z.dtype), Z.clone()
-        Z_[row] += u
-        S = layer.attention(Z_, n)[:n]  # (n, N) weights of the context keys
-        X = torch.stack([u[:n] @ S] if row == d else [u[1 : n + 1] @ S, u[:n] @ S], -1)
-        dy = update(Z_) - update(Z)
-        w = torch.linalg.lstsq(X, dy[:, None]).solution[:, 0]
-        test_close(X @ w, dy, eps=1e-12)  # the response is exactly of this form
-        fits.append(w)
-    return torch.cat(fits)
-
-
-chain = random_boyan_chain(d=d, seed=11)
-st, rw = sample_trajectory(chain, 20, seed=11)
-Z = build_prompt(chain.phi[st], rw, chain.phi)
-S = layer.attention(Z, 20)
-test_close(S[:20], torch.softmax(chain.phi[st[:-1]] @ W @ Z[:d], 0), eps=1e-14)
-test_eq(S[20:], torch.zeros_like(S[20:]))
-Z_rv = Z.clone()
-Z_rv[d:] = torch.randn(2, Z.shape[-1], generator=g, dtype=Z.dtype)
-test_close(layer.attention(Z_rv, 20), S, eps=1e-15)
-test_eq(layer(Z, 20)[: d + 1], Z[: d + 1])
-test_close(
-    observed_value_weights(layer, Z, 20),
-    torch.tensor([alpha, gamma * alpha, -alpha], dtype=torch.float64),
-    eps=1e-12,
-)
-
-
-# %% [markdown]
 # ## The model
 #
 # `SoftmaxICTD` stacks $L$ layers, with their own parameters or one shared set (`shared=True`, the
@@ -641,12 +578,6 @@ class SoftmaxICTD(nn.Module):
 
 # %%
 show_doc(SoftmaxICTD)
-
-# %%
-show_doc(SoftmaxICTD.from_theta_star)
-
-# %%
-show_doc(SoftmaxICTD.predict)
 
 # %% [markdown]
 # ## The constructed Transformer runs weighted softmax TD
@@ -782,18 +713,12 @@ Markdown(
 # %% [markdown]
 # ## Checking Theorem 3.1
 #
-# The check runs the constructed model for $L = 50$ layers on random Boyan chains with random
-# features, random score matrices $W$, random step sizes and context lengths, and one to four query
-# columns holding random feature vectors, and compares every layer's value row with the iterates of
-# `weighted_softmax_td` of [chapter 1](weighted_softmax_td.html), at every column, in float64.
-# Nothing here is tuned to make the iteration converge, and on several of these tasks it does not:
-# weighted softmax TD with an arbitrary kernel and step size can diverge
-# ([chapter 5](convergence.html) says when it cannot), and the Transformer then diverges with it,
-# digit for digit. So the gap is measured
-# relative to the size of the values, $\max|{\rm TF} - {\rm TD}| / \max(1, \max|{\rm TD}|)$,
-# which is the absolute gap wherever the values stay below 1 in magnitude. The constructed models
-# are fixed, not trained, so their parameters are frozen with `requires_grad_(False)` and their
-# outputs carry no autograd graph.
+# The check runs the constructed model for $L = 50$ layers on random Boyan chains with random features,
+# score matrices $W$, step sizes, context lengths and one to four random query columns, and compares every
+# layer's value row with the iterates of `weighted_softmax_td` ([chapter 1](weighted_softmax_td.html)) at
+# every column, in float64. Nothing is tuned to make the iteration converge, and on several tasks it
+# diverges ([chapter 5](convergence.html) says when it cannot), the Transformer with it, digit for digit; so
+# the gap is relative to the size of the values, $\max|{\rm TF} - {\rm TD}| / \max(1, \max|{\rm TD}|)$.
 
 # %%
 #| code-fold: true
@@ -835,14 +760,10 @@ _ = record_claim(
 )
 
 # %% [markdown]
-# The largest relative gap over 12 random tasks, 4 contexts each, and 50 layers is below
-# $10^{-12}$ (asserted; its exact digits are rounding error of float64, which vary between machines,
-# so they are not printed), including on the tasks whose iterates blow up by many
-# orders of magnitude. Every layer, not only the last, matches its TD iterate.
-#
-# The feature and reward rows come out of 20 layers bit for bit unchanged (step 1 of the proof),
-# and query columns do not interact: the values at the context columns and at the first queries
-# are the same whether zero, one or four query columns are appended.
+# Every layer, not only the last, matches its TD iterate, also where the iterates blow up by many orders of
+# magnitude (the gap's digits are float64 rounding and are not printed). The feature and reward rows come out
+# of 20 layers bit for bit unchanged (step 1 of the proof), and query columns do not interact: the values at
+# the context columns and the first queries are the same with zero, one or four query columns appended.
 
 # %%
 #| code-fold: true
@@ -890,7 +811,7 @@ key_order = torch.cat(
 names = [f"$S_{{{j}}}$" for j in range(17)] + ["query 1", "query 2"]
 lab = lambda j: f"{names[j]} ({col_states[j].item()})"
 S_sorted = S6[key_order][:, col_order].numpy()
-fig, ax = plt.subplots(figsize=(6.0, 5.3))
+fig, ax = plt.subplots(figsize=(5.5, 5.0))
 masked_rows = np.arange(19)[:, None] >= 16 * np.ones((1, 19))
 im = ax.imshow(np.ma.masked_where(masked_rows, S_sorted), cmap="viridis", vmin=0)
 ax.imshow(np.where(masked_rows, 1.0, np.nan), cmap="Greys", vmin=0, vmax=3)
@@ -933,21 +854,15 @@ test_close((S6[:16] * same).sum(0), c * math.e**3 / (c * math.e**3 + 16 - c), ep
 #
 # ## Depth is iteration: error per layer
 #
-# The figure below runs the constructed model on stationary contexts of five near-tabular tasks
-# (one-hot features, $W = 8 I$, $\alpha = 1$, $\gamma = 0.9$, $n = 400$, every state as a query).
-# The gap between the Transformer and weighted softmax TD stays below $10^{-12}$ at every layer
-# (asserted and printed below: rounding error, whose exact digits we do not print). The figure shows
-# what the iteration achieves: the MSVE of the values at the query columns
-# against the true $v_\pi$ falls geometrically with depth, then settles at a floor. The context is
-# finite, so the iteration's fixed point is the value $\hat v$ of the *empirical* chain of the
-# context (the certainty-equivalence value), not $v_\pi$: with one-hot features this is
-# Proposition 1.6 of [chapter 1](weighted_softmax_td.html), whose hypothesis (the last state of the
-# context appears earlier) is checked below; see also [chapter 5](convergence.html). The floor is
-# therefore the MSVE of $\hat v$, the context's sampling error. How fast the values get there is
-# Proposition 1.7: $\max_x |v_l(x) - \hat v(x)| \le \kappa^l \max_x |\hat v(x)|$ with
-# $\kappa = 1 - \alpha(2\mu - 1 - \gamma)$, $\mu$ the smallest self-attention mass of a state. The
-# cell checks that bound at every layer, fits the per-layer rate of the distance to $\hat v$ over
-# layers 10 to 40, and checks that by layer 80 all but 1% of the initial excess over the floor is gone.
+# The constructed model runs on stationary contexts of five near-tabular tasks (one-hot features,
+# $W = 8 I$, $\alpha = 1$, $\gamma = 0.9$, $n = 400$, every state a query); its gap to weighted softmax TD
+# stays below $10^{-12}$ at every layer. The value error against $v_\pi$ falls geometrically with depth to a
+# floor: the fixed point is the value $\hat v$ of the context's *empirical* chain (Proposition 1.6 of
+# [chapter 1](weighted_softmax_td.html)), so the floor is the context's sampling error. The rate obeys
+# Proposition 1.7, $\max_x |v_l(x) - \hat v(x)| \le \kappa^l \max_x |\hat v(x)|$ with
+# $\kappa = 1 - \alpha(2\mu - 1 - \gamma)$, $\mu$ the smallest self-attention mass of a state. The cell checks
+# the bound at every layer, fits the rate over layers 10 to 40, and checks that by layer 80 all but 1% of
+# the initial excess over the floor is gone.
 
 # %%
 #| code-fold: true
@@ -1037,13 +952,10 @@ plt.tight_layout()
 
 
 # %% [markdown]
-# The gap stays at the level of rounding error through all 80 layers while the values themselves
-# travel from 0 to $\hat v$ (largest $|\hat v|$ printed above), and the value error of the Transformer
-# (lines) and of the TD iteration (dots) are the same curve. The fitted rates (table) are below
-# Proposition 1.7's bound $\kappa$, as asserted; at the tabular limit with $\alpha = 1$ the iteration
-# is value iteration on the empirical chain, whose rate is at most $\gamma = 0.9$. Whether and how fast the iteration converges is a property of the kernel, not of the
-# Transformer, and is the subject of [chapter 5](convergence.html). [The next chapter](tsm.html)
-# shows that the two heads are one ordinary head in disguise.
+# The Transformer (lines) and the TD iteration (dots) are the same curve, while the values travel from 0 to
+# $\hat v$. The fitted rates (table) are below Proposition 1.7's bound $\kappa$, as asserted. How fast the
+# iteration converges is a property of the kernel, not of the Transformer: [chapter 5](convergence.html).
+# [The next chapter](tsm.html) shows that the two heads are one ordinary head in disguise.
 
 # %% [markdown]
 # ## One more head: the centred layer
@@ -1104,14 +1016,11 @@ _ = record_claim(
 # %% [markdown]
 # ## What a causal mask changes
 #
-# A decoder-only (GPT-style) Transformer's attention is causal: column $j$ may attend only to columns $i \le j$. The layer above is not: every column
-# attends to all $n$ context columns. And its shift reads the *next* token. What would a causal
-# mask change? The query columns come after the whole context, so a causal mask takes nothing away
-# from them; at layer 1, when the value row is still zero, the query outputs are therefore
-# identical. But a context column $j$ now averages the TD errors of transitions $1, \dots, j+1$
-# only, so from layer 2 on the values at the context columns, hence the TD errors, hence the
-# queries' answers, differ. The cell runs both on the near-tabular tasks of the previous section
-# (one-hot, $W = 8I$, $\alpha = 1$, $n = 400$, every state a query), keeping the shift as it is.
+# A decoder-only (GPT-style) Transformer lets column $j$ attend only to columns $i \le j$; the layer above
+# lets every column attend to all $n$ context columns. The queries come after the whole context, so a causal
+# mask leaves their layer-1 outputs unchanged; but a context column $j$ now averages the TD errors of
+# transitions $1, \dots, j+1$ only, so from layer 2 on the values, hence the TD errors and the queries'
+# answers, differ. The cell runs both on the near-tabular tasks above, keeping the shift as it is.
 
 # %%
 #| code-fold: true
@@ -1163,30 +1072,19 @@ _ = record_claim(
     "dual_head",
     "#what-a-causal-mask-changes",
 )
-Markdown(
-    "| layer | "
-    + " | ".join(map(str, layers_cm))
-    + " |\n|---|"
-    + "---|" * len(layers_cm)
-    + "\n"
-    + "\n".join(
-        f"| MSVE, {name} attention (mean [min, max] over 5 tasks) | "
-        + " | ".join(f"{r.mean():.3f} [{r.min():.3f}, {r.max():.3f}]" for r in msve_cm[name])
-        + " |"
-        for name in msve_cm
-    )
-)
+span = lambda r: f"{r.mean():.3f} [{r.min():.3f}, {r.max():.3f}]"
+Markdown("| layer | MSVE, full attention | MSVE, causal attention |\n|---|---|---|\n"
+         + "\n".join(f"| {L} | {span(msve_cm['full'][k])} | {span(msve_cm['causal'][k])} |"
+                      for k, L in enumerate(layers_cm))
+         + "\n\n: MSVE at the queries, mean [min, max] over 5 tasks")
 
 # %% [markdown]
-# So a causal mask leaves the first layer alone and changes every later one: the construction of
-# this chapter, and Theorem 3.1, are about non-causal attention. A causal model runs a different
-# iteration, in which each context column learns from a prefix of the trajectory. On these tasks
-# the two agree closely for the first few layers; then the causal iteration's value error, after
-# falling like the non-causal one, grows again with depth (the table): with the same $\theta^*$ it
-# is not a contraction here. We have not analysed why; one candidate is that the first context
-# columns see only a handful of keys, mostly of other states, so their weights are far from
-# tabular. The shift is a second, separate
-# departure from a decoder: the target head at column $j$ reads column $j + 1$.
+# So Theorem 3.1 is about non-causal attention. A causal model runs a different iteration, in which each
+# context column learns from a prefix of the trajectory; on these tasks its value error, after falling like
+# the non-causal one, grows again with depth (the table): with the same $\theta^*$ it is not a contraction
+# here. We have not analysed why; one candidate is that the first context columns see only a handful of
+# keys, mostly of other states. The shift is a second departure from a decoder: the target head at column
+# $j$ reads column $j + 1$. [Chapter 4a](causal.html) builds causal layers that run a prefix form of TD exactly.
 
 # %% [markdown]
 # ## Implementation and tests
@@ -1194,6 +1092,30 @@ Markdown(
 # The lesson ends above. This section documents the helpers the layer is built from and tests the
 # library: the fused attention and the kernel torch runs, how a model resolves $n$, seeds, shapes,
 # batches, dtypes and bad input.
+
+# %% [markdown]
+# The layer, the model's methods and the helpers they are built from, in short:
+
+# %%
+api_table(DualHeadSoftmaxLayer, PromptLayer, PromptLayer.forward, SoftmaxICTD.from_theta_star,
+          SoftmaxICTD.forward, SoftmaxICTD.predict, SoftmaxICTD.value_weights, successor_shift,
+          context_attention, attend_context, check_prompt, carry_context, as_output, grad_mode,
+          torch_generator, token_rows, xavier_param)
+
+# %%
+#| hide
+show_doc(DualHeadSoftmaxLayer)
+show_doc(PromptLayer)
+show_doc(successor_shift)
+show_doc(context_attention)
+show_doc(attend_context)
+show_doc(check_prompt)
+show_doc(carry_context)
+show_doc(as_output)
+show_doc(grad_mode)
+show_doc(torch_generator)
+show_doc(token_rows)
+show_doc(xavier_param)
 
 # %% [markdown]
 # ### The fused attention
@@ -1205,35 +1127,35 @@ Markdown(
 # *are* the context columns, and the $N \times N$ matrix is never built, so memory grows like $N$
 # rather than $N^2$. `attend_context` is that product; it does no validation (public methods
 # validate once, at the boundary) and broadcasts over leading dimensions of `A` and `X`, so
-# parameters stacked along a seed axis run in one call.
+# parameters stacked along a seed axis run in one call. The tests check `successor_shift` against the
+# explicit matrix $\Pi$ and `context_attention` against a direct softmax over the first $n$ columns.
 
 # %%
-show_doc(successor_shift)
-
-# %%
-show_doc(context_attention)
-
-# %%
-show_doc(attend_context)
-
-# %% [markdown]
-# Both helpers are checked against their definitions: `successor_shift` against the explicit
-# matrix $\Pi$ (built here only for the test), `context_attention` against a direct softmax over
-# the first $n$ columns.
-
-# %%
+#| code-fold: true
+#| code-summary: "Tests"
 g = torch.Generator().manual_seed(0)
-Zr, Ar, n_, N_ = torch.randn(3, 6, 9, generator=g, dtype=torch.float64), torch.randn(6, 6, generator=g, dtype=torch.float64), 5, 9
+Zr, Ar, n_, N_ = (
+    torch.randn(3, 6, 9, generator=g, dtype=torch.float64),
+    torch.randn(6, 6, generator=g, dtype=torch.float64),
+    5,
+    9,
+)
 Pi = torch.zeros(N_, N_, dtype=torch.float64)
 for j in range(n_): Pi[j + 1, j] = 1.
 test_eq(successor_shift(Zr, n_), Zr @ Pi)
 S = context_attention(Zr, Ar, n_)
-test_close(S[..., :n_, :], torch.softmax((Zr.transpose(-1, -2) @ Ar @ Zr)[..., :n_, :], dim=-2), eps=1e-15)
+test_close(
+    S[..., :n_, :], torch.softmax((Zr.transpose(-1, -2) @ Ar @ Zr)[..., :n_, :], dim=-2), eps=1e-15
+)
 test_eq(S[..., n_:, :], torch.zeros(3, N_ - n_, N_, dtype=torch.float64))
 test_close(S.sum(-2), torch.ones(3, N_, dtype=torch.float64), eps=1e-14)
 Xr = torch.randn(3, 4, n_, generator=g, dtype=torch.float64)
 test_close(attend_context(Zr, Ar, Xr), Xr @ S[..., :n_, :], eps=1e-14)
-test_close(attend_context(Zr, torch.stack([Ar, 2 * Ar])[:, None], Xr), torch.stack([Xr @ S[..., :n_, :], Xr @ context_attention(Zr, 2 * Ar, n_)[..., :n_, :]]), eps=1e-14)
+test_close(
+    attend_context(Zr, torch.stack([Ar, 2 * Ar])[:, None], Xr),
+    torch.stack([Xr @ S[..., :n_, :], Xr @ context_attention(Zr, 2 * Ar, n_)[..., :n_, :]]),
+    eps=1e-14,
+)
 
 
 # %% [markdown]
@@ -1247,16 +1169,27 @@ test_close(attend_context(Zr, torch.stack([Ar, 2 * Ar])[:, None], Xr), torch.sta
 # using the fused kernel:
 
 # %%
+#| code-fold: true
+#| code-summary: "Tests"
 def sdpa_kernels(f):
     "Names of the scaled-dot-product attention kernels torch runs inside `f()`."
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof: f()
-    return sorted({e.name for e in prof.events() if "scaled_dot_product" in e.name and e.name != "aten::scaled_dot_product_attention"})
+    return sorted(
+        {
+            e.name
+            for e in prof.events()
+            if "scaled_dot_product" in e.name and e.name != "aten::scaled_dot_product_attention"
+        }
+    )
 
 Ag = Ar.clone().requires_grad_()
-Xw = torch.randn(3, 6, n_, generator=g, dtype=torch.float64)   # values as wide as the tokens, as in every layer
+Xw = torch.randn(
+    3, 6, n_, generator=g, dtype=torch.float64
+)  # values as wide as the tokens, as in every layer
 kernels = sdpa_kernels(lambda: attend_context(Zr, Ag, Xw).sum().backward())
-assert "aten::_scaled_dot_product_flash_attention_for_cpu" in kernels and not any("math" in k for k in kernels), kernels
-kernels
+assert "aten::_scaled_dot_product_flash_attention_for_cpu" in kernels, kernels
+assert not any("math" in k for k in kernels), kernels
+print("kernels run:", ", ".join(kernels))
 
 # %% [markdown]
 # ### How the model knows $n$
@@ -1266,120 +1199,170 @@ kernels
 # the argument `n`, and when `n` is not given reads it from the prompt's attribute `Z.n_context`,
 # which `build_prompt` sets. A plain tensor without the attribute and without `n` is refused, and
 # so is an `n` that contradicts the attribute. `check_prompt` validates the prompt and resolves `n`
-# once for every model of the book, and the models attach `n_context` to their outputs, so that
-# an output can be fed to the next model as it is.
+# once for every model of the book, and the models attach `n_context` to their outputs
+# (`carry_context`), so that an output can be fed to the next model as it is.
 
 # %%
-show_doc(check_prompt)
-
-# %%
-Zp = build_prompt(torch.zeros(11, 4), torch.zeros(10), torch.zeros(3, 4))      # n = 10, three queries
+#| code-fold: true
+#| code-summary: "Tests"
+Zn = carry_context(torch.zeros(2, 6, 9, dtype=torch.float64), 5)
+test_eq(check_prompt(Zn, 4)[1], 5)
+test_fail(lambda: check_prompt(Zn, 4, n=4), contains="contradicts the prompt")
+Zp = build_prompt(torch.zeros(11, 4), torch.zeros(10), torch.zeros(3, 4))  # n = 10, three queries
 test_eq(check_prompt(Zp, 4)[1], 10)
 test_eq(check_prompt(Zp, 4, n=10)[1], 10)
 test_eq(check_prompt(torch.zeros(6, 12), 4, n=7)[1], 7)
 test_eq(check_prompt(np.zeros((6, 12)), 4, n=10)[0].dtype, torch.float64)
-for msg, (Z_, n__) in {"`Z` must have shape (..., d + 2, n + 1 + q) with d + 2 = 6 rows": (torch.zeros(5, 12), 3),
-                       "`n` must be given: `Z` does not carry": (torch.zeros(6, 12), None),
-                       "`n` must be given": (Zp[..., :-1], None),
-                       "`n` = 11 contradicts the prompt, which was built with `Z.n_context` = 10": (Zp, 11),
-                       "`n` must be an integer in 1..11": (torch.zeros(6, 12), 12),
-                       "`n` must be an integer in 1..1": (torch.zeros(6, 2), 0),
-                       "`Z` contains NaN or inf": (torch.full((6, 3), float("nan")), 1),
-                       "`Z` must be a real floating tensor, got dtype torch.int64": (torch.zeros(6, 12, dtype=torch.long), 5),
-                       "`Z` must be a real floating tensor, got dtype torch.bool": (torch.zeros(6, 12, dtype=torch.bool), 5),
-                       "`n` must be an integer in 1..11 (the columns": (torch.zeros(6, 12), True)}.items():
+for msg, (Z_, n__) in {
+    "`Z` must have shape (..., d + 2, n + 1 + q) with d + 2 = 6 rows": (torch.zeros(5, 12), 3),
+    "`n` must be given: `Z` does not carry": (torch.zeros(6, 12), None),
+    "`n` must be given": (Zp[..., :-1], None),
+    "`n` = 11 contradicts the prompt, which was built with `Z.n_context` = 10": (Zp, 11),
+    "`n` must be an integer in 1..11": (torch.zeros(6, 12), 12),
+    "`n` must be an integer in 1..1": (torch.zeros(6, 2), 0),
+    "`Z` contains NaN or inf": (torch.full((6, 3), float("nan")), 1),
+    "`Z` must be a real floating tensor, got dtype torch.int64": (
+        torch.zeros(6, 12, dtype=torch.long),
+        5,
+    ),
+    "`Z` must be a real floating tensor, got dtype torch.bool": (
+        torch.zeros(6, 12, dtype=torch.bool),
+        5,
+    ),
+    "`n` must be an integer in 1..11 (the columns": (torch.zeros(6, 12), True),
+}.items():
     test_fail(lambda: check_prompt(Z_, 4, n__), contains=msg)
-for bad_n in (math.nan, "5", [5], 2.5): test_fail(lambda: check_prompt(torch.zeros(6, 12), 4, bad_n), contains="`n` must be an integer in 1..11")
+for bad_n in (math.nan, "5", [5], 2.5):
+    test_fail(
+        lambda: check_prompt(torch.zeros(6, 12), 4, bad_n),
+        contains="`n` must be an integer in 1..11",
+    )
 
 # %% [markdown]
 # ### Seeds, token rows and initialisation
 #
-# `torch_generator` turns a seed into a torch generator (a generator or `None` passes through):
+# `torch_generator` turns a seed into a torch generator (a generator or `None` passes through);
+# `token_rows` validates $d$ once for every layer of the book (tokens have $d + 2$ rows); `xavier_param` draws
+# one parameter matrix from a generator, so that a layer built twice from one seed has the same parameters,
+# and a model's layers drawn one after the other from one generator differ:
 
 # %%
-show_doc(torch_generator)
-
-# %%
+#| code-fold: true
+#| code-summary: "Tests"
 test_eq(torch_generator(3).initial_seed(), 3)
 g0 = torch.Generator().manual_seed(0)
 assert torch_generator(g0) is g0 and torch_generator(None) is None
-
-# %% [markdown]
-# Every layer of the book has tokens of $d + 2$ rows; `token_rows` validates $d$ once for all of them:
-
-# %%
-show_doc(token_rows)
-
-# %%
 test_eq(token_rows(4), 6)
 test_fail(lambda: token_rows(0), contains="`d` must be a positive integer")
-
-# %% [markdown]
-# `xavier_param` draws one parameter matrix from a generator, so that a layer built twice from one
-# seed has the same parameters, and a model's layers drawn one after the other from one generator differ:
-
-# %%
-show_doc(xavier_param)
-
-# %%
-test_eq(xavier_param(6, 6, 0.1, torch_generator(0), torch.float64).detach(), xavier_param(6, 6, 0.1, torch_generator(0), torch.float64).detach())
+test_eq(
+    xavier_param(6, 6, 0.1, torch_generator(0), torch.float64).detach(),
+    xavier_param(6, 6, 0.1, torch_generator(0), torch.float64).detach(),
+)
 g1 = torch_generator(0)
-test_ne(xavier_param(6, 6, 0.1, g1, torch.float64).detach(), xavier_param(6, 6, 0.1, g1, torch.float64).detach())
+test_ne(
+    xavier_param(6, 6, 0.1, g1, torch.float64).detach(),
+    xavier_param(6, 6, 0.1, g1, torch.float64).detach(),
+)
 
-# %% [markdown]
-# `PromptLayer` is the base class of the book's layers, and `carry_context` hands the context length $n$ on to a
-# layer's output:
-
-# %%
-show_doc(PromptLayer)
-
-# %%
-show_doc(carry_context)
 
 # %% [markdown]
 # ### The layer module and the model: seeds, shapes, bad input
 
+# %% [markdown]
+# What each block of $\theta^*$ does, checked on a prompt rather than read back from the matrices:
+# the attention is the softmax of $\phi(S_i)^\top W \phi(x_j)$ over the context keys and does not
+# look at the reward or value rows (changing them leaves it unchanged); the feature and reward rows
+# leave the layer unchanged; and the value row's update responds to a change of the rewards and of
+# the stored values with the weights $(\alpha, \gamma\alpha, -\alpha)$ on (reward, successor value,
+# current value), recovered by least squares from the layer's output (`observed_value_weights`).
+
 # %%
-show_doc(DualHeadSoftmaxLayer.forward)
+#| code-fold: true
+#| code-summary: "Code of the check"
+def observed_value_weights(layer, Z, n: int, seed: int = 0) -> torch.Tensor:
+    """(reward, successor value, current value) weights of `layer`'s value-row update, fitted to
+    its response to random reward and value rows."""
+    d, g = layer.d, torch.Generator().manual_seed(seed)
+    update = lambda Z_: layer(Z_, n)[d + 1] - Z_[d + 1]
+    fits = []
+    for row in (d, d + 1):
+        u, Z_ = torch.randn(Z.shape[-1], generator=g, dtype=Z.dtype), Z.clone()
+        Z_[row] += u
+        S = layer.attention(Z_, n)[:n]  # (n, N) weights of the context keys
+        X = torch.stack([u[:n] @ S] if row == d else [u[1 : n + 1] @ S, u[:n] @ S], -1)
+        dy = update(Z_) - update(Z)
+        w = torch.linalg.lstsq(X, dy[:, None]).solution[:, 0]
+        test_close(X @ w, dy, eps=1e-12)  # the response is exactly of this form
+        fits.append(w)
+    return torch.cat(fits)
+
+
+chain = random_boyan_chain(d=d, seed=11)
+st, rw = sample_trajectory(chain, 20, seed=11)
+Z = build_prompt(chain.phi[st], rw, chain.phi)
+S = layer.attention(Z, 20)
+test_close(S[:20], torch.softmax(chain.phi[st[:-1]] @ W @ Z[:d], 0), eps=1e-14)
+test_eq(S[20:], torch.zeros_like(S[20:]))
+Z_rv = Z.clone()
+Z_rv[d:] = torch.randn(2, Z.shape[-1], generator=g, dtype=Z.dtype)
+test_close(layer.attention(Z_rv, 20), S, eps=1e-15)
+test_eq(layer(Z, 20)[: d + 1], Z[: d + 1])
+test_close(
+    observed_value_weights(layer, Z, 20),
+    torch.tensor([alpha, gamma * alpha, -alpha], dtype=torch.float64),
+    eps=1e-12,
+)
 
 # %% [markdown]
 # Seeds reproduce initialisations, and the layer is a residual map: with zero value matrices it is
 # the identity. Both heads read one attention matrix, whose columns sum to one.
 
 # %%
+#| code-fold: true
+#| code-summary: "Tests"
 lay = DualHeadSoftmaxLayer(4, seed=0)
 test_eq(lay.A.detach(), DualHeadSoftmaxLayer(4, seed=0).A.detach())
 test_ne(lay.A.detach(), DualHeadSoftmaxLayer(4, seed=1).A.detach())
 test_eq(len(list(lay.parameters())), 3)
 Zr = torch.randn(2, 6, 11, generator=g, dtype=torch.float64)
-zero = DualHeadSoftmaxLayer.from_params(lay.A, torch.zeros(6, 6), torch.zeros(6, 6)).requires_grad_(False)
+zero = DualHeadSoftmaxLayer.from_params(lay.A, torch.zeros(6, 6), torch.zeros(6, 6)).requires_grad_(
+    False
+)
 test_eq(zero(Zr, n=9), Zr)
 test_close(lay.attention(Zr, n=9).sum(-2), torch.ones(2, 11, dtype=torch.float64), eps=1e-14)
 test_fail(lambda: DualHeadSoftmaxLayer(0), contains="`d` must be a positive integer")
-test_fail(lambda: DualHeadSoftmaxLayer.from_params(torch.eye(6), torch.eye(5), torch.eye(6)), contains="`V_cur` must have shape (6, 6)")
+test_fail(
+    lambda: DualHeadSoftmaxLayer.from_params(torch.eye(6), torch.eye(5), torch.eye(6)),
+    contains="`V_cur` must have shape (6, 6)",
+)
 
 # %%
-show_doc(SoftmaxICTD.value_weights)
-
-# %%
-show_doc(SoftmaxICTD.forward)
-
-# %%
+#| code-fold: true
+#| code-summary: "Tests"
 m_free, m_shared = SoftmaxICTD(4, 3, seed=0), SoftmaxICTD(4, 3, shared=True, seed=0)
 test_eq((len(list(m_free.parameters())), len(list(m_shared.parameters()))), (9, 3))
 assert m_shared.layer(2) is m_shared.layer(0)
 test_eq(m_free.value_weights().shape, (3, 3))
 m_star = SoftmaxICTD.from_theta_star(d, 3, W, alpha, gamma).requires_grad_(False)
 Zs = m_star(Z, n=20, return_all=True)
-test_close(torch.stack([observed_value_weights(m_star.layer(l), Zs[l], 20, seed=l) for l in range(3)]), m_star.value_weights(), eps=1e-12)
+test_close(
+    torch.stack([observed_value_weights(m_star.layer(l), Zs[l], 20, seed=l) for l in range(3)]),
+    m_star.value_weights(),
+    eps=1e-12,
+)
 test_fail(lambda: SoftmaxICTD(4, 0), contains="`n_layers` must be a positive integer")
-test_fail(lambda: m_free(torch.zeros(2, 5, 9)), contains="`Z` must have shape (..., d + 2, n + 1 + q) with d + 2 = 6 rows")
+test_fail(
+    lambda: m_free(torch.zeros(2, 5, 9)),
+    contains="`Z` must have shape (..., d + 2, n + 1 + q) with d + 2 = 6 rows",
+)
 test_fail(lambda: m_free.predict(torch.zeros(6, 9), n=9), contains="`n` must be an integer in 1..8")
 
 # %% [markdown]
 # `theta_star` refuses malformed arguments:
 
 # %%
+#| code-fold: true
+#| code-summary: "Tests"
 for msg, args in {"`W` must have shape (4, 4)": (4, torch.eye(3), 0.1, 0.9),
                   "`gamma` must lie in [0, 1)": (4, torch.eye(4), 0.1, 1.0),
                   "`alpha` must be a finite number": (4, torch.eye(4), float("inf"), 0.9),
@@ -1387,12 +1370,23 @@ for msg, args in {"`W` must have shape (4, 4)": (4, torch.eye(3), 0.1, 0.9),
                   "`W` must be real": (4, torch.eye(4) * 1j, 0.1, 0.9),
                   "`d` must be a positive integer": (0, torch.eye(4), 0.1, 0.9)}.items():
     test_fail(lambda: theta_star(*args), contains=msg)
-for msg, kw in {"`shared` must be a bool": dict(shared=1), "`seed` must be an integer >= 0": dict(seed=-1),
-                "`init_gain` must be a finite number >= 0": dict(init_gain=float("nan")), "`dtype` must be one of": dict(dtype=torch.int64),
-                "`n_layers` must be a positive integer": dict(n_layers=float("inf")), "`d` must be a positive integer": dict(d=None)}.items():
+for msg, kw in {
+    "`shared` must be a bool": dict(shared=1),
+    "`seed` must be an integer >= 0": dict(seed=-1),
+    "`init_gain` must be a finite number >= 0": dict(init_gain=float("nan")),
+    "`dtype` must be one of": dict(dtype=torch.int64),
+    "`n_layers` must be a positive integer": dict(n_layers=float("inf")),
+    "`d` must be a positive integer": dict(d=None),
+}.items():
     test_fail(lambda: SoftmaxICTD(**{"d": 4, "n_layers": 2, **kw}), contains=msg)
-_ = record_claim("sign-pattern", "The value weights $(+\\alpha, +\\gamma\\alpha, -\\alpha)$ on (reward, successor value, current value) are necessary: flipping any one sign breaks the agreement with weighted softmax TD.",
-             "measured", "dual_head", "#the-constructed-parameters-theta")
+_ = record_claim(
+    "sign-pattern",
+    "The value weights $(+\\alpha, +\\gamma\\alpha, -\\alpha)$ on (reward, successor value, current"
+    " value) are necessary: flipping any one sign breaks the agreement with weighted softmax TD.",
+    "measured",
+    "dual_head",
+    "#the-constructed-parameters-theta",
+)
 
 # %% [markdown]
 # Why $n$ is never guessed. A default of $n = m - 2$ (with $m$ the number of columns) would be right only for one query column. On
@@ -1401,26 +1395,41 @@ _ = record_claim("sign-pattern", "The value weights $(+\\alpha, +\\gamma\\alpha,
 # plain copy of the prompt without `n` is refused, and the prompt as built answers correctly:
 
 # %%
-guessed, right = model.predict(Z4.clone(), n=Z4.shape[-1] - 2)[-1].item(), model.predict(Z4)[-1].item()
-td_last = weighted_softmax_td(mrp.phi[states], rewards, W_id, 0.5, mrp.gamma, 20, phi_queries=mrp.phi[:4])[-1].item()
+#| code-fold: true
+#| code-summary: "Tests"
+guessed, right = (
+    model.predict(Z4.clone(), n=Z4.shape[-1] - 2)[-1].item(),
+    model.predict(Z4)[-1].item(),
+)
+td_last = weighted_softmax_td(
+    mrp.phi[states], rewards, W_id, 0.5, mrp.gamma, 20, phi_queries=mrp.phi[:4]
+)[-1].item()
 test_close(right, td_last, eps=1e-12)
 assert abs(guessed - right) > 1e-2
 test_fail(lambda: model.predict(Z4.clone()), contains="`n` must be given")
 test_fail(lambda: model(Z4, n=28), contains="contradicts the prompt")
-print(f"last query: with n guessed as m - 2 = {Z4.shape[-1] - 2}: {guessed:.4f}; with the prompt's n = {Z4.n_context}: {right:.4f}; "
-      f"weighted softmax TD: {td_last:.4f}")
+print(
+    f"last query: with n guessed as m - 2 = {Z4.shape[-1] - 2}: {guessed:.4f}; with the prompt's n"
+    f" = {Z4.n_context}: {right:.4f}; weighted softmax TD: {td_last:.4f}"
+)
 
 # %% [markdown]
 # Batched prompts give the prompt-by-prompt answers; float32 prompts run through the float64
 # parameters in float32 and agree with float64 to single precision; numpy prompts are accepted.
 
 # %%
+#| code-fold: true
+#| code-summary: "Tests"
 trajs = [sample_trajectory(mrp, 25, seed=k) for k in range(8)]
-Zb = torch.stack([build_prompt(mrp.phi[st], r, mrp.phi[:3]) for st, r in trajs]).reshape(2, 4, mrp.d + 2, 29)
+Zb = torch.stack([build_prompt(mrp.phi[st], r, mrp.phi[:3]) for st, r in trajs]).reshape(
+    2, 4, mrp.d + 2, 29
+)
 vb = model.predict(Zb, n=25)
 test_eq(vb.shape, (2, 4, 3))
 for k, (st, r) in enumerate(trajs):
-    test_close(vb[k // 4, k % 4], model.predict(build_prompt(mrp.phi[st], r, mrp.phi[:3]), n=25), eps=1e-14)
+    test_close(
+        vb[k // 4, k % 4], model.predict(build_prompt(mrp.phi[st], r, mrp.phi[:3]), n=25), eps=1e-14
+    )
 v32 = model.predict(Zb.float(), n=25)
 test_eq(v32.dtype, torch.float32)
 test_close(v32.double(), vb, eps=1e-4 * vb.abs().max().item())

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 import torch
 from torch.autograd.function import once_differentiable
-from ictd.core import TaskBatch
+from ictd.core import TaskBatch, check_int, check_type
 from ictd.prompt import build_prompt
 from ictd.tasks import task_features
 from ictd.model import SoftmaxICTD
@@ -22,11 +22,43 @@ from nbdev.showdoc import *
 from IPython.display import Markdown
 from ictd.core import record_claim
 from ictd.tasks import random_tasks, sample_trajectories, stationary_examples
+import inspect, re
+from IPython.display import Markdown
+
+
+# %%
+#| hide
+def short_doc(o, width:int=64)->str:
+    "The first sentence of `o`'s docstring, cut at a word outside maths and code to about `width` characters."
+    doc = re.split(r"(?<=[.:;])\s", inspect.getdoc(o).splitlines()[0])[0].rstrip(".:;")
+    if len(doc) <= width: return doc.replace("|", "\\|")
+    cuts = [m.start() for m in re.finditer(" ", doc[:width])
+            if doc[:m.start()].count("$") % 2 == 0 and doc[:m.start()].count("`") % 2 == 0]
+    return (doc[:cuts[-1]] + " ...").replace("|", "\\|") if cuts else doc.replace("|", "\\|")
+
+def api_table(*objs)->Markdown:
+    "A table of helpers: each name, with the anchor its doc links use, and its docstring in short."
+    rows = [f'| <span id="{o.__qualname__.lower()}"></span>`{o.__qualname__}` | {short_doc(o)} |' for o in objs]
+    return Markdown("| helper | what it does |\n|---|---|\n" + "\n".join(rows))
+
+def matrix_table(M, rows, cols, digits:int=2)->Markdown:
+    "A small matrix as a Markdown table with labelled rows and columns."
+    head = "| | " + " | ".join(cols) + " |\n|---|" + "---|" * len(cols) + "\n"
+    return Markdown(head + "\n".join(f"| {r} | " + " | ".join(f"{v:.{digits}f}" for v in M[i].tolist()) + " |"
+                                      for i, r in enumerate(rows)))
 
 
 # %% [markdown]
 # # The forward pass over every state and seed at once
 # > State tokens: the dual-head softmax Transformer's forward pass on one key column per state instead of one per visit, for many seeds' parameters stacked on a leading axis; exact at every context length, and its limit at an infinitely long stationary context.
+
+# %% [markdown]
+# ::: {.callout-note}
+# **What this chapter shows.** On a tabular task a context column's token depends only on its state, so the $n$ keys of
+# chapter 3's prompt collapse to one **state token** per state, with a log-count bias and mean successors: the forward
+# pass is exact and its cost no longer grows with $n$. Many seeds' models run in one batched pass, and the limit
+# $n \to \infty$ is the same pass with $d_\pi$ and $P$ in place of the counts [ours].
+# :::
 
 # %% [markdown]
 # [Chapter 3](dual_head.html) built the dual-head layer on a prompt of $n + 1 + q$ columns: $n$ keys
@@ -38,12 +70,9 @@ from ictd.tasks import random_tasks, sample_trajectories, stationary_examples
 # state, whatever $n$ is; and the parameters of $S$ independent models (one per seed) are stacked on
 # a leading axis, so that every seed's prompts go through one batched product.
 #
-# *How to read this chapter.* The idea first: why a column's token is a function of its state, what
-# replaces the keys and the successor shift, and how seeds are stacked; each definition is followed by
-# a small check. Then a worked example on one four-state chain, where the context's keys collapse to
-# one per state and the prediction does not change, for two seeds at once. Then the limit
-# $n \to \infty$, the forward pass chapter 6 uses to study its objective. The API entries and the
-# exhaustive check against chapter 3's model are in [Implementation and tests](#implementation-and-tests).
+# The idea comes first, then a worked example on one four-state chain for two seeds at once, then the limit
+# $n \to \infty$. The helpers and the exhaustive check against chapter 3's model are in
+# [Implementation and tests](#implementation-and-tests).
 
 # %% [markdown]
 # ## The idea: one column per state, one leading axis per seed
@@ -75,6 +104,16 @@ class StateTokens:
     succ:torch.Tensor    # (..., s, s + m) row y: the mean successor of state y's keys, as weights over the s + m columns
     q:int                # the last q columns are the queries
 
+    def __post_init__(self):
+        "Refuse fields that are not floating tensors of matching shapes, or a `q` out of range, naming the field."
+        for name in ("Z", "log_w", "succ"):
+            x = check_type(getattr(self, name), torch.Tensor, name)
+            if not x.is_floating_point(): raise TypeError(f"`{name}` must be a real floating tensor, got dtype {x.dtype}")
+        if self.Z.ndim < 2 or self.log_w.ndim < 1 or self.succ.shape[-2:] != (self.log_w.shape[-1], self.Z.shape[-1]):
+            raise ValueError(f"`succ` must have shape (..., s, s + m) = (..., {self.log_w.shape[-1] if self.log_w.ndim else '?'}, "
+                             f"{self.Z.shape[-1] if self.Z.ndim else '?'}) to match `log_w` and `Z`, got {tuple(self.succ.shape)}")
+        self.q = check_int(self.q, "q", 0, high=self.Z.shape[-1] - self.log_w.shape[-1])
+
 
 # %% [markdown]
 # `state_tokens` builds them from contexts given as state indices, the form in which chapter 6 draws
@@ -103,6 +142,9 @@ def state_tokens(tasks:TaskBatch,      # tasks with a leading seed axis: P (S, T
     return StateTokens(Z, counts.log(), succ.reshape(*task.shape, s, s + 1 + q) / counts.clamp(min=1)[..., None], q)
 
 
+# %%
+show_doc(state_tokens)
+
 # %% [markdown]
 # A context small enough to count by hand: three states, the context $S_0..S_4 = 0, 1, 0, 2, 0$ and one
 # query, state 1. State 0 is a key twice (at steps 0 and 2), followed once by state 1 and once by
@@ -111,12 +153,25 @@ def state_tokens(tasks:TaskBatch,      # tasks with a leading seed axis: P (S, T
 
 # %%
 three = random_tasks(1, seed=0, n_states=3, d=2)
-hand = state_tokens(TaskBatch.stack([three]), torch.zeros(1, 1, dtype=torch.long), torch.tensor([[[0, 1, 0, 2, 0]]]), torch.tensor([[[1]]]))
+hand = state_tokens(
+    TaskBatch.stack([three]),
+    torch.zeros(1, 1, dtype=torch.long),
+    torch.tensor([[[0, 1, 0, 2, 0]]]),
+    torch.tensor([[[1]]]),
+)
 test_eq(hand.log_w.exp()[0, 0], torch.tensor([2., 1., 1.], dtype=torch.float64))
-test_eq(hand.succ[0, 0], torch.tensor([[0, .5, .5, 0, 0], [1, 0, 0, 0, 0], [0, 0, 0, 1, 0]], dtype=torch.float64))
-test_eq(hand.Z[0, 0, :2], torch.cat([three.phi[0].mT, three.phi[0, [0, 1]].mT], -1))   # features: the three states, S_4 = 0, the query 1
-test_eq(hand.Z[0, 0, 2], torch.cat([three.r[0], torch.zeros(2, dtype=torch.float64)]))  # rewards on the keys only
-hand.succ[0, 0]
+test_eq(
+    hand.succ[0, 0],
+    torch.tensor([[0, 0.5, 0.5, 0, 0], [1, 0, 0, 0, 0], [0, 0, 0, 1, 0]], dtype=torch.float64),
+)
+test_eq(
+    hand.Z[0, 0, :2], torch.cat([three.phi[0].mT, three.phi[0, [0, 1]].mT], -1)
+)  # features: the three states, S_4 = 0, the query 1
+test_eq(
+    hand.Z[0, 0, 2], torch.cat([three.r[0], torch.zeros(2, dtype=torch.float64)])
+)  # rewards on the keys only
+matrix_table(hand.succ[0, 0], [f"key: state {y}" for y in range(3)],
+             ["state 0", "state 1", "state 2", "$S_4$ (last)", "query"])
 
 
 # %% [markdown]
@@ -140,8 +195,12 @@ def seed_map(W:torch.Tensor,  # (S, D, E) one matrix per seed
 
 # %%
 g = torch.Generator().manual_seed(0)
-W_s, Y_s = torch.randn(3, 4, 5, generator=g, dtype=torch.float64), torch.randn(3, 2, 6, 5, 7, generator=g, dtype=torch.float64)
-test_close(seed_map(W_s, Y_s), W_s[:, None, None] @ Y_s, eps=1e-12)   # the same as broadcasting, prompt by prompt
+W_s, Y_s = torch.randn(3, 4, 5, generator=g, dtype=torch.float64), torch.randn(
+    3, 2, 6, 5, 7, generator=g, dtype=torch.float64
+)
+test_close(
+    seed_map(W_s, Y_s), W_s[:, None, None] @ Y_s, eps=1e-12
+)  # the same as broadcasting, prompt by prompt
 test_eq(seed_map(W_s, Y_s).shape, (3, 2, 6, 4, 7))
 
 
@@ -166,17 +225,30 @@ def token_layer(Z, A, V_cur, V_tgt,       # (S, ..., D, s + m) tokens and one la
     return out + X @ att, att
 
 
+# %%
+show_doc(token_layer)
+
 # %% [markdown]
 # Each column's attention is a distribution over the $s$ keys, and a state absent from the context
 # ($\log w = -\infty$) gets none of it. On the hand-counted context with random parameters:
 
 # %%
 D3 = 2 + 2   # d + 2 token rows for d = 2
-A3, Vc3, Vt3 = torch.randn(3, 1, D3, D3, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+A3, Vc3, Vt3 = torch.randn(
+    3, 1, D3, D3, generator=torch.Generator().manual_seed(1), dtype=torch.float64
+)
 _, att3 = token_layer(hand.Z, A3, Vc3, Vt3, hand)
 test_close(att3.sum(-2), torch.ones(1, 1, 5, dtype=torch.float64), eps=1e-12)
-absent = state_tokens(TaskBatch.stack([three]), torch.zeros(1, 1, dtype=torch.long), torch.tensor([[[0, 1, 0, 1, 0]]]), torch.tensor([[[2]]]))
-test_eq(token_layer(absent.Z, A3, Vc3, Vt3, absent)[1][..., 2, :], torch.zeros(1, 1, 5, dtype=torch.float64))   # state 2 is no key
+absent = state_tokens(
+    TaskBatch.stack([three]),
+    torch.zeros(1, 1, dtype=torch.long),
+    torch.tensor([[[0, 1, 0, 1, 0]]]),
+    torch.tensor([[[2]]]),
+)
+test_eq(
+    token_layer(absent.Z, A3, Vc3, Vt3, absent)[1][..., 2, :],
+    torch.zeros(1, 1, 5, dtype=torch.float64),
+)  # state 2 is no key
 
 
 # %% [markdown]
@@ -219,7 +291,11 @@ def token_predict(params:dict, n_layers:int, x:StateTokens)->torch.Tensor:
 
 
 # %%
-params3 = {"A": A3[:, None], "V_cur": Vc3[:, None], "V_tgt": Vt3[:, None]}   # one seed, one shared layer
+params3 = {
+    "A": A3[:, None],
+    "V_cur": Vc3[:, None],
+    "V_tgt": Vt3[:, None],
+}  # one seed, one shared layer
 Zs3, atts3 = token_layers(params3, 4, hand)
 test_eq((len(Zs3), len(atts3)), (5, 4))
 test_close(token_predict(params3, 4, hand), Zs3[-1][..., -1, -1:], eps=1e-12)
@@ -245,19 +321,25 @@ def model_params(model:SoftmaxICTD)->dict:
 
 # %%
 chain = random_tasks(1, seed=0, n_states=4, d=2)
-walk = sample_trajectories(chain.P, 10, chain.d_pi, seed=0)                       # (1, n + 1): S_0..S_10
-every_state = torch.arange(4)[None, None]                                          # (S = 1, B = 1, q = 4)
-x_ex = state_tokens(TaskBatch.stack([chain]), torch.zeros(1, 1, dtype=torch.long), walk[None], every_state)
+walk = sample_trajectories(chain.P, 10, chain.d_pi, seed=0)  # (1, n + 1): S_0..S_10
+every_state = torch.arange(4)[None, None]  # (S = 1, B = 1, q = 4)
+x_ex = state_tokens(
+    TaskBatch.stack([chain]), torch.zeros(1, 1, dtype=torch.long), walk[None], every_state
+)
 Z_ex = build_prompt(chain.phi[0, walk[0]], chain.r[0, walk[0, :-1]], chain.phi[0])
-Markdown(f"Context $S_0..S_{{10}}$ = {walk[0].tolist()}; visits per state $N(y)$ = {x_ex.log_w.exp()[0, 0].int().tolist()}; "
-         f"columns: {Z_ex.shape[-1]} in the prompt, {x_ex.Z.shape[-1]} as state tokens.")
+Markdown(
+    f"Context $S_0..S_{{10}}$ = {walk[0].tolist()}; visits per state $N(y)$ ="
+    f" {x_ex.log_w.exp()[0, 0].int().tolist()}; columns: {Z_ex.shape[-1]} in the prompt,"
+    f" {x_ex.Z.shape[-1]} as state tokens."
+)
 
 # %% [markdown]
 # Row $y$ of the successor weights is the empirical distribution of what followed the visits of $y$
 # (the fifth column is the last state $S_{10}$, not a key):
 
 # %%
-x_ex.succ[0, 0, :, :5]
+matrix_table(x_ex.succ[0, 0, :, :5], [f"key: state {y}" for y in range(4)],
+             [f"state {y}" for y in range(4)] + ["$S_{10}$ (last)"])
 
 # %% [markdown]
 # Two seeds' models, one with its own three layers and one with a shared layer, go through the state
@@ -268,15 +350,19 @@ x_ex.succ[0, 0, :, :5]
 # %%
 seed_models = [SoftmaxICTD(2, 3, init_gain=1., seed=0), SoftmaxICTD(2, 3, init_gain=1., seed=1)]
 stacked = {k: torch.cat([model_params(m)[k] for m in seed_models]) for k in ("A", "V_cur", "V_tgt")}
-both_seeds = StateTokens(*(t.expand(2, *t.shape[1:]) for t in (x_ex.Z, x_ex.log_w, x_ex.succ)), x_ex.q)
+both_seeds = StateTokens(
+    *(t.expand(2, *t.shape[1:]) for t in (x_ex.Z, x_ex.log_w, x_ex.succ)), x_ex.q
+)
 with torch.no_grad():
     together = token_predict(stacked, 3, both_seeds)[:, 0]
     alone = torch.stack([m.predict(Z_ex) for m in seed_models])
 test_close(together, alone, eps=1e-12)
 gap_ex = (together - alone).abs().max().item()
 assert gap_ex < 1e-13, gap_ex
-Markdown(f"Largest difference over both seeds and four queries: below $10^{{-13}}$ (asserted); the predictions of seed 0 are "
-         f"{', '.join(f'{v:.4f}' for v in together[0].tolist())}.")
+Markdown(
+    "Largest difference over both seeds and four queries: below $10^{-13}$ (asserted); the"
+    f" predictions of seed 0 are {', '.join(f'{v:.4f}' for v in together[0].tolist())}."
+)
 
 
 # %% [markdown]
@@ -306,8 +392,15 @@ def trajectory_tokens(phi_states,    # (..., n + 1, d) features of S_0..S_n
 traj = trajectory_tokens(chain.phi[0, walk[0]], chain.r[0, walk[0, :-1]], chain.phi[0])
 test_eq(traj.Z, Z_ex)
 with torch.no_grad():
-    test_close(token_predict(model_params(seed_models[0]), 3, StateTokens(traj.Z[None], traj.log_w[None], traj.succ[None], 4))[0],
-               seed_models[0].predict(Z_ex), eps=1e-12)
+    test_close(
+        token_predict(
+            model_params(seed_models[0]),
+            3,
+            StateTokens(traj.Z[None], traj.log_w[None], traj.succ[None], 4),
+        )[0],
+        seed_models[0].predict(Z_ex),
+        eps=1e-12,
+    )
 
 
 # %% [markdown]
@@ -359,18 +452,38 @@ def population_predict(model:SoftmaxICTD,  # any parameters
 # uniform weights in place of $d_\pi$) would leave a gap that does not fall.
 
 # %%
+#| code-fold: true
+#| code-summary: "Code of the check"
 rand_model, two_tasks = SoftmaxICTD(4, 3, init_gain=1., seed=3), random_tasks(2, seed=5)
-pool2, which, every10 = TaskBatch.stack([two_tasks]), torch.arange(2)[None], torch.arange(10).expand(1, 2, 10)
+pool2, which, every10 = (
+    TaskBatch.stack([two_tasks]),
+    torch.arange(2)[None],
+    torch.arange(10).expand(1, 2, 10),
+)
 def finite_gap(n:int, seed:int)->float:
-    "Largest |prediction at n - prediction at n = infinity| over both tasks and every query, for one context per task."
+    """Largest |prediction at n - prediction at n = infinity| over both tasks and every query,
+    for one context per task."""
     S = sample_trajectories(two_tasks.P, n, two_tasks.d_pi, seed=seed)
     with torch.no_grad():
-        finite = token_predict(model_params(rand_model), 3, state_tokens(pool2, which, S[None], every10))[0]
+        finite = token_predict(
+            model_params(rand_model), 3, state_tokens(pool2, which, S[None], every10)
+        )[0]
         return (finite - population_predict(rand_model, two_tasks)).abs().max().item()
 lengths = (300, 3000, 30000)
-mean_gaps = torch.tensor([[finite_gap(n, k) for k in range(8)] for n in lengths], dtype=torch.float64).mean(-1)
-slope = torch.linalg.lstsq(torch.stack([torch.ones(3, dtype=torch.float64), torch.tensor(lengths, dtype=torch.float64).log()], -1),
-                           mean_gaps.log()[:, None]).solution[1].item()
+mean_gaps = torch.tensor(
+    [[finite_gap(n, k) for k in range(8)] for n in lengths], dtype=torch.float64
+).mean(-1)
+slope = (
+    torch.linalg.lstsq(
+        torch.stack(
+            [torch.ones(3, dtype=torch.float64), torch.tensor(lengths, dtype=torch.float64).log()],
+            -1,
+        ),
+        mean_gaps.log()[:, None],
+    )
+    .solution[1]
+    .item()
+)
 assert mean_gaps[-1] < mean_gaps[0] / 5 and -0.8 < slope < -0.3, (mean_gaps, slope)
 print("n       mean largest gap (8 contexts)")
 for n, gap in zip(lengths, mean_gaps.tolist()): print(f"{n:<7} {gap:.3f}")
@@ -404,67 +517,60 @@ def population_neu(model:SoftmaxICTD,  # any parameters
 # %%
 zero_values = SoftmaxICTD(4, 1, init_gain=1., seed=0)
 with torch.no_grad(): zero_values.layers[0].V_cur.zero_(); zero_values.layers[0].V_tgt.zero_()
-Zp = population_tokens(two_tasks).Z                               # (B, D, 2s): the s keys, then the s queries
+Zp = population_tokens(two_tasks).Z  # (B, D, 2s): the s keys, then the s queries
 keys, queries = Zp[..., :10], Zp[..., 10:]
-att = torch.softmax((zero_values.layers[0].A.detach().mT @ keys).mT @ queries + two_tasks.d_pi.log()[..., None], dim=-2)
+att = torch.softmax(
+    (zero_values.layers[0].A.detach().mT @ keys).mT @ queries + two_tasks.d_pi.log()[..., None],
+    dim=-2,
+)
 w = (two_tasks.d_pi * two_tasks.r)[..., None]                     # d_pi(x) delta(x), with delta = r
 row_cur, row_tgt = (keys @ att @ w).mean(0), (keys @ two_tasks.P.mT @ att @ w).mean(0)
-test_close(population_neu(zero_values, two_tasks), (row_cur.square().sum() + row_tgt.square().sum()).item(), eps=1e-12)
+test_close(
+    population_neu(zero_values, two_tasks),
+    (row_cur.square().sum() + row_tgt.square().sum()).item(),
+    eps=1e-12,
+)
 
 # %% [markdown]
 # ## Implementation and tests
 #
-# The API entries, then the exhaustive check: random parameters (separate layers or one shared layer,
+# The exhaustive check: random parameters (separate layers or one shared layer,
 # three layers), prompts with two queries from stationary contexts of 8 random chains, and the
 # state-token forward against chapter 3's forward on the full prompt, in float64, for the values at the
 # queries and for every layer's last columns.
 
 # %%
-show_doc(StateTokens)
-
-# %%
-show_doc(state_tokens)
-
-# %%
-show_doc(seed_map)
-
-# %%
-show_doc(token_layer)
-
-# %%
-show_doc(token_layers)
-
-# %%
-show_doc(token_predict)
-
-# %%
-show_doc(model_params)
-
-# %%
-show_doc(trajectory_tokens)
-
-# %%
-show_doc(population_tokens)
-
-# %%
-show_doc(population_predict)
-
-# %%
-show_doc(population_neu)
-
-# %%
+#| code-fold: true
+#| code-summary: "Tests"
 pool = TaskBatch.stack([random_tasks(8, seed=1)])
-ex = stationary_examples(pool, torch.rand(1, 32, 34, generator=torch.Generator().manual_seed(2), dtype=torch.float64))
+ex = stationary_examples(
+    pool, torch.rand(1, 32, 34, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+)
 pairs = torch.stack([ex.query, ex.successor], -1)
-(phi_s, r_s), phi_q = task_features(pool, ex.task, ex.states), task_features(pool, ex.task, pairs)[0]
+(phi_s, r_s), phi_q = (
+    task_features(pool, ex.task, ex.states),
+    task_features(pool, ex.task, pairs)[0],
+)
 Z_full = build_prompt(phi_s[0], r_s[0, :, :-1], phi_q[0])
 for shared in (False, True):
     model = SoftmaxICTD(4, 3, shared=shared, init_gain=1., seed=4)
     with torch.no_grad():
-        test_close(token_predict(model_params(model), 3, state_tokens(pool, ex.task, ex.states, pairs))[0], model.predict(Z_full, n=30), eps=1e-12)
-        test_close(token_layers(model_params(model), 3, state_tokens(pool, ex.task, ex.states, pairs))[0][-1][0, :, :, -2:], model(Z_full, n=30)[..., -2:], eps=1e-12)
-record_claim("state-tokens-exact", "On tabular contexts the forward pass on state tokens (one key per state, log-count bias, mean successors) "
-             "equals the dual-head Transformer's forward pass on the full prompt, for every seed of a stacked batch.",
+        test_close(
+            token_predict(model_params(model), 3, state_tokens(pool, ex.task, ex.states, pairs))[0],
+            model.predict(Z_full, n=30),
+            eps=1e-12,
+        )
+        test_close(
+            token_layers(model_params(model), 3, state_tokens(pool, ex.task, ex.states, pairs))[0][
+                -1
+            ][0, :, :, -2:],
+            model(Z_full, n=30)[..., -2:],
+            eps=1e-12,
+        )
+record_claim("state-tokens-exact",
+             "On tabular contexts the forward pass on state tokens (one key per state, "
+             "log-count bias, mean successors) equals the dual-head Transformer's forward pass "
+             "on the full prompt, for every seed of a stacked batch.",
              "proved", "state_tokens", "#a-worked-example");
 
 
@@ -564,6 +670,8 @@ def fused_token_predict(params:dict,    # A, V_cur, V_tgt: (S, L or 1, D, D) eac
 # and with every state as a query; float32 runs too, and continuous prompts take `token_predict`.
 
 # %%
+#| code-fold: true
+#| code-summary: "Tests"
 def _grads(predict, params, L, x):
     leaf = {k: v.detach().clone().requires_grad_() for k, v in params.items()}
     v = predict(leaf, L, x)
@@ -571,30 +679,63 @@ def _grads(predict, params, L, x):
     return v.detach(), [leaf[k].grad for k in ("A", "V_cur", "V_tgt")]
 
 pools2 = TaskBatch.stack([random_tasks(8, seed=s) for s in (1, 2)])
-ex2 = stationary_examples(pools2, torch.rand(2, 16, 34, generator=torch.Generator().manual_seed(3), dtype=torch.float64))
+ex2 = stationary_examples(
+    pools2, torch.rand(2, 16, 34, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+)
 every = torch.arange(10).expand(2, 16, 10)
 for L, shared in ((3, False), (4, True), (1, False)):
     models = [SoftmaxICTD(4, L, shared=shared, init_gain=1., seed=s) for s in (5, 6)]
-    theta = {k: torch.cat([model_params(m)[k] for m in models]).detach() for k in ("A", "V_cur", "V_tgt")}
+    theta = {
+        k: torch.cat([model_params(m)[k] for m in models]).detach() for k in ("A", "V_cur", "V_tgt")
+    }
     for queries in (torch.stack([ex2.query, ex2.successor], -1), every):
         x2 = state_tokens(pools2, ex2.task, ex2.states, queries)
-        (v0, g0), (v1, g1) = _grads(token_predict, theta, L, x2), _grads(fused_token_predict, theta, L, x2)
+        (v0, g0), (v1, g1) = _grads(token_predict, theta, L, x2), _grads(
+            fused_token_predict, theta, L, x2
+        )
         test_eq(v1.shape, v0.shape)
         test_close(v1, v0, eps=1e-12)
         for a, b in zip(g1, g0): test_close(a, b, eps=1e-12 * max(1., b.abs().max().item()))
 v32 = fused_token_predict({k: v.float() for k, v in theta.items()}, L, x2)
 test_eq(v32.dtype, torch.float32); test_close(v32.double(), token_predict(theta, L, x2), eps=1e-4)
-xc = trajectory_tokens(torch.randn(2, 3, 6, 4, dtype=torch.float64), torch.randn(2, 3, 5, dtype=torch.float64), torch.randn(2, 3, 2, 4, dtype=torch.float64))
+xc = trajectory_tokens(
+    torch.randn(2, 3, 6, 4, dtype=torch.float64),
+    torch.randn(2, 3, 5, dtype=torch.float64),
+    torch.randn(2, 3, 2, 4, dtype=torch.float64),
+)
 test_eq(fused_token_predict(theta, L, xc), token_predict(theta, L, xc))
 
+# %% [markdown]
+# ### The library's functions in short
+
 # %%
-show_doc(fused_token_predict)
+api_table(StateTokens, seed_map, token_layers, token_predict, model_params, trajectory_tokens,
+          population_tokens, population_predict, population_neu, fused_token_predict)
+
+# %%
+#| hide
+show_doc(StateTokens); show_doc(seed_map); show_doc(token_layers); show_doc(token_predict); show_doc(model_params); show_doc(trajectory_tokens); show_doc(population_tokens); show_doc(population_predict); show_doc(population_neu); show_doc(fused_token_predict)
 
 # %% [markdown]
-# Bad input: a model and tasks with different feature dimensions.
+# Bad input: a model and tasks with different feature dimensions; state tokens whose fields are no
+# floating tensors, do not match in shape, or count more queries than non-key columns.
 
 # %%
-test_fail(lambda: population_predict(SoftmaxICTD(3, 2, seed=0), two_tasks), contains="`tasks` have d = 4 features but the model expects d = 3")
+test_fail(lambda: population_predict(SoftmaxICTD(3, 2, seed=0), two_tasks),
+          contains="`tasks` have d = 4 features but the model expects d = 3")
+test_fail(lambda: StateTokens("abc", hand.log_w, hand.succ, 1), contains="`Z` must be a Tensor")
+test_fail(
+    lambda: StateTokens(hand.Z, hand.log_w.long(), hand.succ, 1),
+    contains="`log_w` must be a real floating",
+)
+test_fail(
+    lambda: StateTokens(hand.Z, hand.log_w, hand.succ[..., :-1], 1),
+    contains="`succ` must have shape",
+)
+test_fail(
+    lambda: StateTokens(hand.Z, hand.log_w, hand.succ, 3), contains="`q` must be an integer in 0..2"
+)
+test_eq(StateTokens(hand.Z, hand.log_w, hand.succ, 1).q, 1)
 
 # %%
 #| export

@@ -16,6 +16,24 @@ from IPython.display import Markdown
 from ictd.core import moved_to_keywords, record_claim, substream
 from ictd.model import *
 from ictd.model import torch_generator, token_rows, xavier_param, carry_context, as_output
+import inspect, re
+from IPython.display import Markdown
+
+
+# %%
+#| hide
+def short_doc(o, width:int=64)->str:
+    "The first sentence of `o`'s docstring, cut at a word outside maths and code to about `width` characters."
+    doc = re.split(r"(?<=[.:;])\s", inspect.getdoc(o).splitlines()[0])[0].rstrip(".:;")
+    if len(doc) <= width: return doc.replace("|", "\\|")
+    cuts = [m.start() for m in re.finditer(" ", doc[:width])
+            if doc[:m.start()].count("$") % 2 == 0 and doc[:m.start()].count("`") % 2 == 0]
+    return (doc[:cuts[-1]] + " ...").replace("|", "\\|") if cuts else doc.replace("|", "\\|")
+
+def api_table(*objs)->Markdown:
+    "A table of helpers: each name, with the anchor its doc links use, and its docstring in short."
+    rows = [f'| <span id="{o.__qualname__.lower()}"></span>`{o.__qualname__}` | {short_doc(o)} |' for o in objs]
+    return Markdown("| helper | what it does |\n|---|---|\n" + "\n".join(rows))
 
 
 # %% [markdown]
@@ -109,11 +127,6 @@ Pi = torch.zeros(6, 6, dtype=torch.float64)
 for j in range(3): Pi[j + 1, j] = 1.
 test_eq(temporal_shift(Zt, 3), torch.cat([Zt, Zt @ Pi]))
 test_eq(temporal_shift(Zt.expand(2, 3, 4, 6), 3, channels=3), T.expand(2, 3, 5, 6))
-for msg, args in {"`channels` must be distinct row indices in 0..3": (Zt, 3, [4]),
-                  "`channels` must be distinct": (Zt, 3, [1, 1]),
-                  "`n` must be an integer in 1..5": (Zt, 6, None),
-                  "`Z` must have shape (..., D, N)": (torch.zeros(3), 1, None)}.items():
-    test_fail(lambda: temporal_shift(*args), contains=msg)
 print("TSM keeps rows 0-3 and appends row 3 shifted one token back within the context: "
       + " ".join(f"{x:g}" for x in T[4]))
 
@@ -169,10 +182,6 @@ class SingleHeadTSMLayer(nn.Module):
         Z, n = check_prompt(Z, self.d, n)
         A, V = self.A.to(Z), self.V.to(Z)
         return as_output(Z + attend_context(Z, A, (V @ temporal_shift(Z, n, self.channels))[..., :n]), n, given)
-
-
-# %%
-show_doc(SingleHeadTSMLayer)
 
 
 # %% [markdown]
@@ -344,7 +353,7 @@ model3 = SoftmaxICTD.from_theta_star(d, 3, W, alpha, gamma).requires_grad_(False
 T3 = temporal_shift(
     model3(build_prompt(mrp.phi[st12], rw12, mrp.phi[[0, 9]]), n=12), 12, channels=[d + 1]
 )
-fig, ax = plt.subplots(figsize=(5.8, 3.3))
+fig, ax = plt.subplots(figsize=(5.2, 3.1))
 lim = T3.abs().max().item()
 im = ax.imshow(T3.numpy(), cmap="RdBu_r", vmin=-lim, vmax=lim, aspect="auto")
 row_names = [rf"$\phi_{i}$" for i in range(d)] + [
@@ -358,7 +367,7 @@ for x in (11.5, 12.5):
     ax.axvline(x, color="k", lw=1.5)
 ax.axhline(d + 1.5, color="k", lw=2)
 top = ax.secondary_xaxis("top")
-top.set_xticks([5.5, 12, 13.5], ["context", "last\nstate", "queries"], fontsize=9)
+top.set_xticks([5.5, 12, 13.5], ["context", "last\nstate", "\nqueries"], fontsize=8)
 top.tick_params(length=0)
 for j in range(12):
     ax.annotate(
@@ -473,9 +482,6 @@ class ShiftAfterAttentionICTD(SoftmaxICTD):
 
 # %%
 show_doc(theta_td_memory)
-
-# %%
-show_doc(ShiftAfterAttentionICTD)
 
 
 # %% [markdown]
@@ -675,23 +681,24 @@ print(
 # %% [markdown]
 # ## Implementation and tests
 #
-# The lesson ends above. This section documents the remaining methods of the two layers and tests the
-# shift-after-attention model's seeds, shapes and bad input.
+# The lesson ends above. This section lists the update and the classes of the shift-after-attention form and
+# the single-head layer's methods, and tests the shift-after-attention model's seeds, shapes and bad input.
 
 # %%
-show_doc(SingleHeadTSMLayer.from_dual_head)
+api_table(SingleHeadTSMLayer, shift_after_update, ShiftAfterAttentionLayer, ShiftAfterAttentionICTD,
+          SingleHeadTSMLayer.from_dual_head, SingleHeadTSMLayer.forward)
 
 # %%
-show_doc(SingleHeadTSMLayer.forward)
-
-# %%
-show_doc(ShiftAfterAttentionLayer)
+#| hide
+show_doc(SingleHeadTSMLayer); show_doc(shift_after_update); show_doc(ShiftAfterAttentionLayer); show_doc(ShiftAfterAttentionICTD)
 
 # %% [markdown]
 # The shift-after-attention model reads $n$ from the prompt like every model of the book, shares parameters on
-# request, draws its random initialisation from a seed, and refuses bad arguments:
+# request, draws its random initialisation from a seed, and refuses bad arguments; so does `temporal_shift`:
 
 # %%
+#| code-fold: true
+#| code-summary: "Tests"
 m_after = ShiftAfterAttentionICTD(4, 3, seed=0)
 test_eq(len(list(m_after.parameters())), 9)
 test_eq(len(list(ShiftAfterAttentionICTD(4, 3, shared=True, seed=0).parameters())), 3)
@@ -700,7 +707,13 @@ Zq = build_prompt(torch.zeros(11, 4), torch.ones(10), torch.zeros(3, 4))
 test_eq(m_after.predict(Zq).shape, (3,))
 test_fail(lambda: m_after.predict(Zq.clone()), contains="`n` must be given")
 test_fail(lambda: ShiftAfterAttentionICTD(4, 0), contains="`n_layers` must be a positive integer")
-test_fail(lambda: theta_td_memory(4, torch.eye(4), alpha=0.5, gamma=1.), contains="`gamma` must lie in [0, 1)")
+test_fail(lambda: theta_td_memory(4, torch.eye(4), alpha=0.5, gamma=1.),
+          contains="`gamma` must lie in [0, 1)")
+for msg, args in {"`channels` must be distinct row indices in 0..3": (Zt, 3, [4]),
+                  "`channels` must be distinct": (Zt, 3, [1, 1]),
+                  "`n` must be an integer in 1..5": (Zt, 6, None),
+                  "`Z` must have shape (..., D, N)": (torch.zeros(3), 1, None)}.items():
+    test_fail(lambda: temporal_shift(*args), contains=msg)
 
 # %%
 #| export model

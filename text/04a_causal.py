@@ -12,7 +12,7 @@ from ictd.boyan import as_tensor, check_gamma, weighted_error
 from ictd.wstd import context_tensors
 from ictd.prompt import build_prompt
 from ictd.model import check_prompt, torch_generator, token_rows, xavier_param, carry_context, PromptLayer, SoftmaxICTD
-from ictd.core import check_number, check_type, check_work, moved_to_keywords, run_stream
+from ictd.core import check_int, check_number, check_type, check_work, moved_to_keywords, run_stream
 from ictd.tasks import Contexts
 from ictd.engine import Family, PretrainConfig, held_out_tasks, register_family, tuning_config
 
@@ -33,6 +33,26 @@ from ictd.boyan import random_boyan_chain, sample_trajectory, msve
 from ictd.tasks import random_tasks, sample_trajectories
 from ictd.wstd import weighted_softmax_td, context_weights
 from ictd.core import record_claim
+import inspect, re
+from IPython.display import Markdown
+
+
+# %%
+#| hide
+def short_doc(o, width:int=64)->str:
+    """The first sentence of `o`'s docstring, cut at a word outside maths and code to about `width`
+    characters."""
+    doc = re.split(r"(?<=[.:;])\s", inspect.getdoc(o).splitlines()[0])[0].rstrip(".:;")
+    if len(doc) <= width: return doc.replace("|", "\\|")
+    cuts = [m.start() for m in re.finditer(" ", doc[:width])
+            if doc[:m.start()].count("$") % 2 == 0 and doc[:m.start()].count("`") % 2 == 0]
+    return (doc[:cuts[-1]] + " ...").replace("|", "\\|") if cuts else doc.replace("|", "\\|")
+
+def api_table(*objs)->Markdown:
+    "A table of helpers: each name, with the anchor its doc links use, and its docstring in short."
+    rows = [f'| <span id="{o.__qualname__.lower()}"></span>`{o.__qualname__}` | {short_doc(o)} |' for o in objs]
+    return Markdown("| helper | what it does |\n|---|---|\n" + "\n".join(rows))
+
 
 # %%
 #| hide
@@ -43,37 +63,22 @@ torch.set_num_threads(1)
 # > Decoder-only: a causal softmax Transformer that runs TD in context token by token, why masking the constructed parameters diverges, a construction that contracts for every kernel, and streaming with a KV cache.
 
 # %% [markdown]
-# The Transformers people train for in-context learning are decoder-only: each token attends to
-# itself and to earlier tokens, never to later ones. Descriptions of the paper call its architecture
-# decoder-only; we cannot check the full text. The construction of
-# [chapter 3](dual_head.html) is not causal: every context column attends to every other context
-# column, and its target head reads the *next* token. [Chapter 3](dual_head.html) also measured that
-# adding a causal mask to $\theta^*$ leaves the first layer unchanged but makes the value error grow
-# again with depth.
+# ::: {.callout-note}
+# **What this chapter shows** [ours]. The iteration a causal (decoder-only) layer can run, *prefix weighted softmax TD*,
+# and a causal layer whose forward pass is exactly one step of it (Theorem 4a.1, checked to $10^{-12}$); why it
+# diverges under $\theta^*$ (Proposition 4a.2) and a variant that contracts for every kernel (Proposition 4a.3); what
+# causality costs at the fixed point, a positional bias that removes most of it, and streaming with a KV cache.
+# :::
 #
-# This chapter asks what a decoder can do. **Everything in it is the project's own**: the
-# iteration a causal layer runs, its construction, the divergence theorem, the construction that
-# converges, and the experiments. The paper's text is not available to us, and nothing here
-# quotes it.
+# The Transformers trained for in-context learning are decoder-only: each token attends to itself and to earlier
+# tokens. Descriptions of the paper call its architecture decoder-only; we cannot check the full text. The
+# construction of [chapter 3](dual_head.html) is not causal, and adding a causal mask to $\theta^*$ makes the value
+# error grow again with depth (measured there). **Everything in this chapter is the project's own**; nothing here
+# quotes the paper. What pretraining finds under the mask is [chapter 6c](causal_pretraining.html).
 #
-# The plan:
-#
-# 1. the iteration a causal layer can run, *prefix weighted softmax TD*, as a plain reference function;
-# 2. a causal layer whose forward pass is exactly one step of it (Theorem 4a.1), checked to $10^{-12}$;
-# 3. why it diverges under $\theta^*$ (Proposition 4a.2: an eigenvalue $1 + \alpha\gamma$, for every kernel),
-#    a variant that contracts for every kernel (Proposition 4a.3), the bias left by causality, and a
-#    positional bias that removes most of it;
-# 4. streaming: the query's estimate as transitions arrive, with a KV cache;
-#
-# What pretraining finds under the mask is [chapter 6c](causal_pretraining.html), after the engine is built.
-#
-# *How to read this chapter.* The iteration and the layer come first, each with the statement it
-# satisfies, its proof (folded under "Proof") and the check that tests it. The three experiments
-# (what causality costs, the bias against the context length, the tuned comparison)
-# each read: the question, the setup, the result, what it shows, and the check. The functions a reader
-# calls (`prefix_softmax_td`, `build_causal_prompt`, `theta_causal`, `CausalSoftmaxICTD`,
-# `stream_values`) are documented where they appear; helpers, the engine plug-in and the input checks are in [Implementation and tests](#implementation-and-tests).
-# Symbols follow [Notation](notation.html).
+# Each statement comes with its proof (folded under "Proof") and its check; each experiment reads: the question,
+# the setup, the result, what it shows, and the check. Helpers, the engine plug-in and the input checks are in
+# [Implementation and tests](#implementation-and-tests). Symbols follow [Notation](notation.html).
 
 # %% [markdown]
 # ## Prefix weighted softmax TD
@@ -137,8 +142,14 @@ def visible_transitions(n:int,                # number of transitions
 # all. In reversed order it is the other way round, and $S_n$ sees nothing.
 
 # %%
-test_eq(visible_transitions(3, 1).int().tolist(), [[0, 0, 0], [1, 0, 0], [1, 1, 0], [1, 1, 1], [1, 1, 1]])
-test_eq(visible_transitions(3, 1, "reversed").int().tolist(), [[1, 1, 1], [0, 1, 1], [0, 0, 1], [0, 0, 0], [1, 1, 1]])
+test_eq(
+    visible_transitions(3, 1).int().tolist(),
+    [[0, 0, 0], [1, 0, 0], [1, 1, 0], [1, 1, 1], [1, 1, 1]],
+)
+test_eq(
+    visible_transitions(3, 1, "reversed").int().tolist(),
+    [[1, 1, 1], [0, 1, 1], [0, 0, 1], [0, 0, 0], [1, 1, 1]],
+)
 test_eq(visible_transitions(3, 0, "none").all(), True)
 
 
@@ -177,9 +188,13 @@ phi, W2 = mrp.phi[st], 2 * torch.eye(4, dtype=torch.float64)
 K = prefix_weights(phi, W2, mrp.phi)
 test_close(K.sum(0), torch.cat([torch.zeros(1), torch.ones(12 + 10)]).double(), eps=1e-14)
 test_eq((K != 0), visible_transitions(12, 10).T)
-test_close(prefix_weights(phi, W2, mrp.phi, order="none"), context_weights(phi, W2, mrp.phi), eps=1e-14)
+test_close(
+    prefix_weights(phi, W2, mrp.phi, order="none"), context_weights(phi, W2, mrp.phi), eps=1e-14
+)
 kernel = torch.exp(phi[:-1] @ W2 @ mrp.phi[3]) * torch.arange(1., 13, dtype=torch.float64) ** 1.5
-test_close(prefix_weights(phi, W2, mrp.phi, recency=1.5)[:, 13 + 3], kernel / kernel.sum(), eps=1e-14)
+test_close(
+    prefix_weights(phi, W2, mrp.phi, recency=1.5)[:, 13 + 3], kernel / kernel.sum(), eps=1e-14
+)
 
 
 # %%
@@ -281,15 +296,14 @@ def causal_context_length(phi_states)->int:
 
 
 # %%
-show_doc(build_causal_prompt)
-
-# %%
 Zc = build_causal_prompt(phi[:4], rw[:3], mrp.phi[7])
 test_eq(Zc.shape, (6, 5)); test_eq(check_prompt(Zc, 4)[1], 3)
 test_eq(Zc[4].tolist(), [0.] + rw[:3].tolist() + [0.])
-test_eq(Zc[:4, :4], phi[:4].T); test_eq(Zc[:4, 4], mrp.phi[7]); test_eq(Zc[5].abs().sum().item(), 0.)
+test_eq(Zc[:4, :4], phi[:4].T); test_eq(Zc[:4, 4], mrp.phi[7])
+test_eq(Zc[5].abs().sum().item(), 0.)
 Zr = build_causal_prompt(phi[:4], rw[:3], mrp.phi[7], order="reversed")
-test_eq(Zr[:4, :4], phi[:4].flip(0).T); test_eq(Zr[4].tolist(), [0.] + rw[:3].flip(0).tolist() + [0.])
+test_eq(Zr[:4, :4], phi[:4].flip(0).T)
+test_eq(Zr[4].tolist(), [0.] + rw[:3].flip(0).tolist() + [0.])
 
 
 # %% [markdown]
@@ -379,9 +393,16 @@ def _mask(N:int, n:int, dtype, device)->tuple:
 
 # %%
 gen_att = torch.Generator().manual_seed(0)
-S_att = causal_attention(torch.randn(6, 8, generator=gen_att, dtype=torch.float64), torch.randn(12, 6, generator=gen_att, dtype=torch.float64), 0.5, 5)
-test_close(S_att.sum(0), torch.tensor([0.] + [1.] * 7, dtype=torch.float64), eps=1e-12)   # every column but column 0 sums to one
-test_eq(S_att != 0, causal_keys(8, 5))                                                     # over its keys, and only them
+S_att = causal_attention(
+    torch.randn(6, 8, generator=gen_att, dtype=torch.float64),
+    torch.randn(12, 6, generator=gen_att, dtype=torch.float64),
+    0.5,
+    5,
+)
+test_close(
+    S_att.sum(0), torch.tensor([0.0] + [1.0] * 7, dtype=torch.float64), eps=1e-12
+)  # every column but column 0 sums to one
+test_eq(S_att != 0, causal_keys(8, 5))  # over its keys, and only them
 
 
 # %% [markdown]
@@ -463,6 +484,8 @@ def causal_work(shape:tuple,    # (..., D, N) shape of the prompt
 
 def check_causal_work(Z:torch.Tensor, n:int, n_layers:int=1):
     "Refuse (a `ValueError` naming `Z`) a forward pass whose `causal_work` is above `WORK_LIMITS['multiply_adds']`."
+    Z = check_type(Z, torch.Tensor, "Z")
+    n, n_layers = check_int(n, "n", 0), check_int(n_layers, "n_layers", 1, "a positive integer")
     check_work(causal_work(tuple(Z.shape), n, n_layers), "multiply_adds",
                f"`Z` of shape {tuple(Z.shape)} with n = {n} in {n_layers} causal layer(s)",
                "use a shorter context or fewer prompts per call (hours on one CPU thread)")
@@ -472,8 +495,8 @@ def check_causal_work(Z:torch.Tensor, n:int, n_layers:int=1):
 for n_w in (10 ** 3, 10 ** 5, 10 ** 6):
     work = causal_work((6, n_w + 11), n_w, 3)
     print(f"n = {n_w:.0e}: {work:.1e} multiply-adds for one prompt with 10 queries")
-Z_huge = torch.zeros(6, 1, dtype=torch.float64).expand(6, 10 ** 6 + 11)   # a view: nothing allocated
-test_fail(lambda: check_causal_work(Z_huge, 10 ** 6, 3), contains="`Z` of shape (6, 1000011) with n")
+Z_huge = torch.zeros(6, 1, dtype=torch.float64).expand(6, 10**6 + 11)  # a view: nothing allocated
+test_fail(lambda: check_causal_work(Z_huge, 10**6, 3), contains="`Z` of shape (6, 1000011) with n")
 A_0 = torch.zeros(12, 6, dtype=torch.float64)
 test_fail(lambda: causal_attention(Z_huge[:, :10 ** 5], A_0, 0., 10 ** 5 - 1),
           contains="the attention matrices of `Z` of shape (6, 100000) would need about")
@@ -601,13 +624,6 @@ class CausalSoftmaxICTD(SoftmaxICTD):
         return model
 
 
-# %%
-show_doc(CausalSoftmaxICTD)
-
-# %%
-show_doc(CausalSoftmaxICTD.from_theta_star)
-
-
 # %% [markdown]
 # ::: {.theorem}
 # **Theorem 4a.1 (ours).** On `build_causal_prompt(phi_states, rewards, phi_queries, order)`, the
@@ -636,34 +652,73 @@ show_doc(CausalSoftmaxICTD.from_theta_star)
 # every order and both currents), 6 layers each, against the reference in float64.
 
 # %%
+#| code-fold: true
+#| code-summary: "Code of the check"
 def random_instance(seed):
     "A random context, queries and parameters, all drawn from one seed."
     g = torch.Generator().manual_seed(seed)
     n, d, q = (int(x) for x in torch.randint(1, 9, (3,), generator=g))
     r = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64)
-    return dict(phi_states=r(n + 1, d), rewards=r(n), phi_queries=r(q, d), W=r(d, d), alpha=float(torch.rand(1, generator=g)) + 0.2,
-                gamma=float(torch.rand(1, generator=g)) * 0.99, recency=float(r(1)))
+    return dict(
+        phi_states=r(n + 1, d),
+        rewards=r(n),
+        phi_queries=r(q, d),
+        W=r(d, d),
+        alpha=float(torch.rand(1, generator=g)) + 0.2,
+        gamma=float(torch.rand(1, generator=g)) * 0.99,
+        recency=float(r(1)),
+    )
 
 def model_values(inst, current, order, L):
-    "Row d + 1 of Z_1..Z_L of the causal construction, reordered as the reference orders its targets."
+    """Row d + 1 of Z_1..Z_L of the causal construction, reordered as the reference orders its
+    targets."""
     d, n = inst["W"].shape[0], inst["rewards"].shape[0]
     Z = build_causal_prompt(inst["phi_states"], inst["rewards"], inst["phi_queries"], order)
-    model = CausalSoftmaxICTD.from_theta_star(d, L, inst["W"], inst["alpha"], inst["gamma"], current, order, inst["recency"])
+    model = CausalSoftmaxICTD.from_theta_star(
+        d, L, inst["W"], inst["alpha"], inst["gamma"], current, order, inst["recency"]
+    )
     v = model(Z, return_all=True)[1:, d + 1]
-    return torch.cat([v[:, :n + 1] if order == "forward" else v[:, :n + 1].flip(-1), v[:, n + 1:]], -1)
+    return torch.cat(
+        [v[:, : n + 1] if order == "forward" else v[:, : n + 1].flip(-1), v[:, n + 1 :]], -1
+    )
 
 worst = 0.
 for seed in range(40):
     inst = random_instance(seed)
     for order in ("forward", "reversed"):
         for current in CURRENTS:
-            ref = prefix_softmax_td(inst["phi_states"], inst["rewards"], inst["W"], inst["alpha"], inst["gamma"], 6, inst["phi_queries"],
-                                    current, order, inst["recency"], return_all=True)[1:]
-            worst = max(worst, ((model_values(inst, current, order, 6) - ref).abs() / ref.abs().clamp(min=1)).max().item())
+            ref = prefix_softmax_td(
+                inst["phi_states"],
+                inst["rewards"],
+                inst["W"],
+                inst["alpha"],
+                inst["gamma"],
+                6,
+                inst["phi_queries"],
+                current,
+                order,
+                inst["recency"],
+                return_all=True,
+            )[1:]
+            worst = max(
+                worst,
+                ((model_values(inst, current, order, 6) - ref).abs() / ref.abs().clamp(min=1))
+                .max()
+                .item(),
+            )
 assert worst < 1e-12
-print("largest difference to the reference (relative where |v| > 1) over 40 instances x 4 variants x 6 layers: below 1e-12")
-_ = record_claim("theorem-4a.1", "A causal softmax Transformer with the constructed parameters runs prefix weighted softmax TD exactly, column by column, in forward or reversed order (Theorem 4a.1).",
-             "proved", "causal", "#the-causal-layer")
+print(
+    "largest difference to the reference (relative where |v| > 1) over 40 instances x 4 variants x"
+    " 6 layers: below 1e-12"
+)
+_ = record_claim(
+    "theorem-4a.1",
+    "A causal softmax Transformer with the constructed parameters runs prefix weighted softmax TD"
+    " exactly, column by column, in forward or reversed order (Theorem 4a.1).",
+    "proved",
+    "causal",
+    "#the-causal-layer",
+)
 
 # %% [markdown]
 # Causality is a property of the module, whatever its parameters: an output column never depends
@@ -677,7 +732,8 @@ model_rand.layer(1).lam.fill_(0.7)
 g = torch.Generator().manual_seed(2)
 Z_a = torch.randn(5, 6, 16, generator=g, dtype=torch.float64)
 for j in range(16):
-    Z_b = Z_a.clone(); Z_b[..., j + 1:] = torch.randn(5, 6, 15 - j, generator=g, dtype=torch.float64)
+    Z_b = Z_a.clone()
+    Z_b[..., j + 1:] = torch.randn(5, 6, 15 - j, generator=g, dtype=torch.float64)
     out_a, out_b = model_rand(Z_a, n=13, return_all=True), model_rand(Z_b, n=13, return_all=True)
     test_eq(out_a[..., :j + 1], out_b[..., :j + 1])
     if j < 15: assert (out_a[..., j + 1:] - out_b[..., j + 1:]).abs().max() > 1e-3
@@ -713,16 +769,28 @@ print("columns 0..j of every layer unchanged when columns j+1.. change, for ever
 # tasks after 100 layers and after 200), so it is checked after 200 layers, to within 0.01.
 
 # %%
+#| code-fold: true
+#| code-summary: "Code of the check"
 v_div = prefix_softmax_td(phi_r, R_r, W2, 0.7, 0.9, 200, tasks_r.phi, return_all=True)
 t_ = torch.arange(201, dtype=torch.float64)
 test_close(v_div[..., 1], R_r[:, :1] * ((1 + 0.7 * 0.9) ** t_ - 1) / 0.9, eps=1e-9 * 1.63 ** 200)
-growth = lambda l: v_div[:, l].abs().amax(-1) / v_div[:, l - 1].abs().amax(-1)   # per task: the largest value's growth at layer l
+growth = lambda l: v_div[:, l].abs().amax(-1) / v_div[:, l - 1].abs().amax(
+    -1
+)  # per task: the largest value's growth at layer l
 rate, rate_100 = growth(200), growth(100)
 test_close(rate, torch.full_like(rate, 1 + 0.7 * 0.9), eps=1e-2)
-print(f"growth per layer of the largest value: {rate_100.min():.6f} .. {rate_100.max():.6f} at layer 100, "
-      f"{rate.min():.6f} .. {rate.max():.6f} at layer 200; 1 + alpha gamma = {1 + 0.7 * 0.9}")
-_ = record_claim("masked-theta-diverges", "Under a causal mask in forward order with the current value read from the previous token, the iteration diverges for every score, feature map and step size (Proposition 4a.2).",
-             "proved", "causal", "#why-theta-under-a-causal-mask-diverges")
+print(
+    f"growth per layer of the largest value: {rate_100.min():.6f} .. {rate_100.max():.6f} at layer"
+    f" 100, {rate.min():.6f} .. {rate.max():.6f} at layer 200; 1 + alpha gamma = {1 + 0.7 * 0.9}"
+)
+_ = record_claim(
+    "masked-theta-diverges",
+    "Under a causal mask in forward order with the current value read from the previous token, the"
+    " iteration diverges for every score, feature map and step size (Proposition 4a.2).",
+    "proved",
+    "causal",
+    "#why-theta-under-a-causal-mask-diverges",
+)
 
 # %% [markdown]
 # Two ways out come to mind. **Reversed order** puts the future before each state: the token of
@@ -736,7 +804,13 @@ _ = record_claim("masked-theta-diverges", "Under a causal mask in forward order 
 # what the transient TD errors summed to on the way. The check below confirms the fixed point.
 
 # %%
-x_rev = dict(phi_states=phi_r[0], rewards=R_r[0], W=torch.zeros(4, 4, dtype=torch.float64), gamma=0.9, phi_queries=tasks_r.phi[0])
+x_rev = dict(
+    phi_states=phi_r[0],
+    rewards=R_r[0],
+    W=torch.zeros(4, 4, dtype=torch.float64),
+    gamma=0.9,
+    phi_queries=tasks_r.phi[0],
+)
 v_rev = prefix_softmax_td(alpha=1., n_iters=3000, current="key", order="reversed", **x_rev)[:21]
 returns = torch.zeros(21, dtype=torch.float64)
 for j in range(19, -1, -1): returns[j] = R_r[0, j] + 0.9 * returns[j + 1]
@@ -771,12 +845,16 @@ test_close(v_rev, returns, eps=1e-8)
 # fixed point, on the three kinds of features, against $1 - \alpha(1 - \gamma)$.
 
 # %%
+#| code-fold: true
+#| code-summary: "Code of the check"
 def fixed_point_self(phi_states, rewards, W, gamma, phi_queries, order="forward", recency=0.):
-    "The fixed point of the `current='self'` iteration, by one triangular solve per context (Proposition 4a.3)."
+    """The fixed point of the `current='self'` iteration, by one triangular solve per context
+    (Proposition 4a.3)."""
     K = prefix_weights(phi_states, W, phi_queries, order, recency)
     n, m = K.shape[-2], K.shape[-1]
-    E = torch.zeros(n, m, dtype=K.dtype); E[torch.arange(n), torch.arange(1, n + 1)] = 1.   # transition k's successor is target k
-    R = rewards.unsqueeze(-2) @ K                                                             # (..., 1, m)
+    E = torch.zeros(n, m, dtype=K.dtype)
+    E[torch.arange(n), torch.arange(1, n + 1)] = 1.   # transition k's successor is target k
+    R = rewards.unsqueeze(-2) @ K  # (..., 1, m)
     I = torch.eye(m, dtype=K.dtype)
     return torch.linalg.solve(I - gamma * (E.mT @ K).mT, R.mT).squeeze(-1)
 
@@ -785,15 +863,35 @@ for feats in ("onehot", "unit", "random"):
     Sk = sample_trajectories(tk.P, 60, tk.d_pi, seed=11)
     rk = torch.arange(6)[:, None]
     Wk = 3 * torch.eye(tk.phi.shape[-1], dtype=torch.float64)
-    vs = prefix_softmax_td(tk.phi[rk, Sk], tk.r[rk, Sk[:, :-1]], Wk, 0.8, 0.9, 200, tk.phi, current="self", recency=2., return_all=True)
+    vs = prefix_softmax_td(
+        tk.phi[rk, Sk],
+        tk.r[rk, Sk[:, :-1]],
+        Wk,
+        0.8,
+        0.9,
+        200,
+        tk.phi,
+        current="self",
+        recency=2.0,
+        return_all=True,
+    )
     star = fixed_point_self(tk.phi[rk, Sk], tk.r[rk, Sk[:, :-1]], Wk, 0.9, tk.phi, recency=2.)
     err = (vs - star[:, None]).abs().amax(-1)
     test_close(vs[:, -1], star, eps=1e-5)
     ratio = (err[:, 1:101] / err[:, :100]).max().item()
     assert ratio <= (1 - 0.8 * 0.1) * (1 + 1e-9)
-    print(f"{feats:6s}: largest error ratio per layer {ratio:.6f}, bound 1 - alpha (1 - gamma) = {1 - 0.8 * 0.1:.2f}")
-_ = record_claim("self-anchored-contracts", "Reading the current value at the target itself makes the causal iteration a contraction with rate at most $1 - \\alpha(1 - \\gamma)$ for every kernel and order (Proposition 4a.3).",
-             "proved", "causal", "#why-theta-under-a-causal-mask-diverges")
+    print(
+        f"{feats:6s}: largest error ratio per layer {ratio:.6f}, bound 1 - alpha (1 - gamma) ="
+        f" {1 - 0.8 * 0.1:.2f}"
+    )
+_ = record_claim(
+    "self-anchored-contracts",
+    "Reading the current value at the target itself makes the causal iteration a contraction with"
+    " rate at most $1 - \\alpha(1 - \\gamma)$ for every kernel and order (Proposition 4a.3).",
+    "proved",
+    "causal",
+    "#why-theta-under-a-causal-mask-diverges",
+)
 
 # %% [markdown]
 # ## What causality costs: the error at the fixed point
@@ -810,28 +908,53 @@ _ = record_claim("self-anchored-contracts", "Reading the current value at the ta
 # **Result.** The value error at the queries (MSVE, mean over the 20 tasks) after $L$ layers:
 
 # %%
-FEATURES = {"onehot": 8., "unit": 8., "random": 2.}      # kernel scale beta of W = beta I for the first look
+#| code-fold: true
+#| code-summary: "Code of the check"
+FEATURES = {
+    "onehot": 8.0,
+    "unit": 8.0,
+    "random": 2.0,
+}  # kernel scale beta of W = beta I for the first look
 def eval_context(features, n, n_tasks=20, seed=100):
-    "Tasks (stream 0 of `seed`), the features and rewards of one stationary context each (stream 1), and the query features (every state)."
+    """Tasks (stream 0 of `seed`), the features and rewards of one stationary context each (stream
+    1), and the query features (every state)."""
     tk = random_tasks(n_tasks, seed=substream(seed, 0), features=features)
     Sk = sample_trajectories(tk.P, n, tk.d_pi, seed=substream(seed, 1))
     rk = torch.arange(n_tasks)[:, None]
     return tk, tk.phi[rk, Sk], tk.r[rk, Sk[:, :-1]]
 
 def query_msve(v, tasks):
-    "(..., ) mean over tasks of the MSVE at the queries (the last s targets) of iterates v (tasks, ..., m)."
+    """(..., ) mean over tasks of the MSVE at the queries (the last s targets) of iterates v (tasks,
+    ..., m)."""
     s = tasks.v_pi.shape[-1]
     shape = (len(tasks),) + (1,) * (v.ndim - 2) + (s,)
-    return ((v[..., -s:] - tasks.v_pi.reshape(shape)).square() * tasks.d_pi.reshape(shape)).sum(-1).mean(0)
+    return (
+        ((v[..., -s:] - tasks.v_pi.reshape(shape)).square() * tasks.d_pi.reshape(shape))
+        .sum(-1)
+        .mean(0)
+    )
 
 def depth_curves(features, n, runs, L=120, n_tasks=20, seed=100):
-    "MSVE at the queries after 0..L layers for each named run: name -> kwargs of `prefix_softmax_td` (W given as beta)."
+    """MSVE at the queries after 0..L layers for each named run: name -> kwargs of
+    `prefix_softmax_td` (W given as beta)."""
     tk, ph, rw_ = eval_context(features, n, n_tasks, seed)
     I = torch.eye(tk.phi.shape[-1], dtype=torch.float64)
     out = {}
     for name, kw in runs.items():
         kw = dict(kw); beta = kw.pop("beta")
-        out[name] = query_msve(prefix_softmax_td(ph, rw_, beta * I, gamma=tk.gamma, n_iters=L, phi_queries=tk.phi, return_all=True, **kw), tk)
+        out[name] = query_msve(
+            prefix_softmax_td(
+                ph,
+                rw_,
+                beta * I,
+                gamma=tk.gamma,
+                n_iters=L,
+                phi_queries=tk.phi,
+                return_all=True,
+                **kw
+            ),
+            tk,
+        )
     return out
 
 first_look = {"non-causal TD (theta*)": dict(beta=8., alpha=1., order="none"),
@@ -839,9 +962,25 @@ first_look = {"non-causal TD (theta*)": dict(beta=8., alpha=1., order="none"),
               "self-anchored decoder": dict(beta=8., alpha=1., current="self")}
 look = {n: depth_curves("onehot", n, first_look) for n in (30, 400)}
 layers_show = [1, 5, 10, 20, 40, 80, 120]
-short = {"non-causal TD (theta*)": "non-causal", "theta* under the mask": "masked theta*", "self-anchored decoder": "self-anchored"}
-Markdown("\n\n".join(f"*n = {n}*\n\n| L | " + " | ".join(short[k] for k in curves) + " |\n|---|" + "---|" * len(curves) + "\n" +
-                       "\n".join(f"| {L} | " + " | ".join(f"{c[L]:.3g}" for c in curves.values()) + " |" for L in layers_show) for n, curves in look.items()))
+short = {
+    "non-causal TD (theta*)": "non-causal",
+    "theta* under the mask": "masked theta*",
+    "self-anchored decoder": "self-anchored",
+}
+Markdown(
+    "\n\n".join(
+        f"*n = {n}*\n\n| L | "
+        + " | ".join(short[k] for k in curves)
+        + " |\n|---|"
+        + "---|" * len(curves)
+        + "\n"
+        + "\n".join(
+            f"| {L} | " + " | ".join(f"{c[L]:.3g}" for c in curves.values()) + " |"
+            for L in layers_show
+        )
+        for n, curves in look.items()
+    )
+)
 
 # %% [markdown]
 # **What it shows.** The masked $\theta^*$ explodes, as Proposition 4a.2 says. The self-anchored
@@ -855,10 +994,20 @@ Markdown("\n\n".join(f"*n = {n}*\n\n| L | " + " | ".join(short[k] for k in curve
 
 # %%
 for n, c in look.items():
-    masked, anchored, noncausal = c["theta* under the mask"], c["self-anchored decoder"], c["non-causal TD (theta*)"]
+    masked, anchored, noncausal = (
+        c["theta* under the mask"],
+        c["self-anchored decoder"],
+        c["non-causal TD (theta*)"],
+    )
     assert masked[-1] > 1e10 * masked[0] and torch.isfinite(anchored).all()
     assert abs(anchored[80] / anchored[120] - 1) < 0.01 and anchored[120] > noncausal[120]
-print(", ".join(f"n = {n}: self-anchored / non-causal at L = 120: {c['self-anchored decoder'][120] / c['non-causal TD (theta*)'][120]:.1f}" for n, c in look.items()))
+print(
+    ", ".join(
+        f"n = {n}: self-anchored / non-causal at L = 120:"
+        f" {c['self-anchored decoder'][120] / c['non-causal TD (theta*)'][120]:.1f}"
+        for n, c in look.items()
+    )
+)
 
 
 # %% [markdown]
@@ -894,14 +1043,22 @@ print(", ".join(f"n = {n}: self-anchored / non-causal at L = 120: {c['self-ancho
 # **Result.** MSVE at the fixed point, then the fitted slopes against the prediction $-2(\lambda + 1)(1 - \gamma)$:
 
 # %%
+#| code-fold: true
+#| code-summary: "Code of the check"
 def floor_vs_n(features, ns, lams, beta, n_tasks=20, seed=300):
-    "MSVE of the self-anchored fixed point for each lambda, and of non-causal TD after 300 layers, per context length."
+    """MSVE of the self-anchored fixed point for each lambda, and of non-causal TD after 300 layers,
+    per context length."""
     rows = {}
     for n in ns:
         tk, ph, rw_ = eval_context(features, n, n_tasks, seed)
         W_ = beta * torch.eye(tk.phi.shape[-1], dtype=torch.float64)
-        for lam in lams: rows.setdefault(f"decoder, lambda = {lam:g}", []).append(query_msve(fixed_point_self(ph, rw_, W_, tk.gamma, tk.phi, recency=lam), tk).item())
-        rows.setdefault("non-causal TD", []).append(query_msve(weighted_softmax_td(ph, rw_, W_, 1., tk.gamma, 300, tk.phi), tk).item())
+        for lam in lams:
+            rows.setdefault(f"decoder, lambda = {lam:g}", []).append(
+                query_msve(fixed_point_self(ph, rw_, W_, tk.gamma, tk.phi, recency=lam), tk).item()
+            )
+        rows.setdefault("non-causal TD", []).append(
+            query_msve(weighted_softmax_td(ph, rw_, W_, 1.0, tk.gamma, 300, tk.phi), tk).item()
+        )
     return {k: torch.tensor(v) for k, v in rows.items()}
 
 NS, LAMS = (25, 50, 100, 200, 400), (0., 2., 4., 9.)
@@ -909,10 +1066,19 @@ floors = floor_vs_n("onehot", NS, LAMS, 8.)
 slopes = {k: np.polyfit(np.log(NS[2:]), np.log(v[2:].numpy()), 1)[0] for k, v in floors.items()}
 predicted = {f"decoder, lambda = {lam:g}": f"{-2 * (lam + 1) * (1 - 0.9):.2f}" for lam in LAMS}
 head = {k: k.replace("decoder, lambda", "λ") for k in floors}
-Markdown("| n | " + " | ".join(head.values()) + " |\n|---|" + "---|" * len(floors) + "\n" +
-         "\n".join(f"| {n} | " + " | ".join(f"{v[i]:.3g}" for v in floors.values()) + " |" for i, n in enumerate(NS)) +
-         "\n\n| construction | slope (n >= 100) | mean-field prediction |\n|---|---|---|\n" +
-         "\n".join(f"| {k} | {slopes[k]:.2f} | {predicted.get(k, '—')} |" for k in floors))
+Markdown(
+    "| n | "
+    + " | ".join(head.values())
+    + " |\n|---|"
+    + "---|" * len(floors)
+    + "\n"
+    + "\n".join(
+        f"| {n} | " + " | ".join(f"{v[i]:.3g}" for v in floors.values()) + " |"
+        for i, n in enumerate(NS)
+    )
+    + "\n\n| construction | slope (n >= 100) | mean-field prediction |\n|---|---|---|\n"
+    + "\n".join(f"| {k} | {slopes[k]:.2f} | {predicted.get(k, '—')} |" for k in floors)
+)
 
 # %% [markdown]
 # **What it shows.** The measured slopes follow the mean-field prediction $-2(\lambda + 1)(1 - \gamma)$ for the squared
@@ -926,14 +1092,20 @@ Markdown("| n | " + " | ".join(head.values()) + " |\n|---|" + "---|" * len(floor
 # of it for $\lambda = 9$, and steeper than $-1$ there; at every $n$ the error falls at each step of $\lambda$.
 
 # %%
-gap_slope = {lam: slopes[f"decoder, lambda = {lam:g}"] + 2 * (lam + 1) * (1 - 0.9) for lam in LAMS}   # measured - predicted
+gap_slope = {
+    lam: slopes[f"decoder, lambda = {lam:g}"] + 2 * (lam + 1) * (1 - 0.9) for lam in LAMS
+}  # measured - predicted
 assert all(abs(gap_slope[lam]) < 0.15 for lam in LAMS[:-1]) and gap_slope[LAMS[-1]] > 0.15
 assert -2 * (LAMS[-1] + 1) * (1 - 0.9) < slopes[f"decoder, lambda = {LAMS[-1]:g}"] < -1
-by_lam = torch.stack([floors[f"decoder, lambda = {lam:g}"] for lam in LAMS])                      # (lambda, n)
-assert (by_lam[1:] < by_lam[:-1]).all()                                                           # each step of lambda lowers the error at every n
+by_lam = torch.stack([floors[f"decoder, lambda = {lam:g}"] for lam in LAMS])  # (lambda, n)
+assert (by_lam[1:] < by_lam[:-1]).all()  # each step of lambda lowers the error at every n
 top = floors[f"decoder, lambda = {LAMS[-1]:g}"][-1] / floors["non-causal TD"][-1]
-print("measured minus predicted slope: " + ", ".join(f"lambda = {lam:g}: {g:+.2f}" for lam, g in gap_slope.items()) +
-      f"; at n = {NS[-1]} the lambda = {LAMS[-1]:g} fixed point's MSVE is {top:.1f} times the non-causal one's")
+print(
+    "measured minus predicted slope: "
+    + ", ".join(f"lambda = {lam:g}: {g:+.2f}" for lam, g in gap_slope.items())
+    + f"; at n = {NS[-1]} the lambda = {LAMS[-1]:g} fixed point's MSVE is {top:.1f} times the"
+    " non-causal one's"
+)
 
 # %% [markdown]
 # ## The decoder against the non-causal construction, tuned
@@ -955,29 +1127,71 @@ print("measured minus predicted slope: " + ", ".join(f"lambda = {lam:g}: {g:+.2f
 # (asserted).
 
 # %%
+#| code-fold: true
+#| code-summary: "Code of the check"
 ALPHA_TD, BETA_TD = (0.5, 1.), (0.25, 0.5, 1., 2., 3., 5., 8., 16., 32., 64., 128., 256.)
-BETA_DEC, LAM_DEC = (0., 0.25, 0.5, 1., 2., 4., 8., 16., 32., 64., 128., 256.), (2., 4., 6., 9., 12., 16., 25.)
+BETA_DEC, LAM_DEC = (0.0, 0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0), (
+    2.0,
+    4.0,
+    6.0,
+    9.0,
+    12.0,
+    16.0,
+    25.0,
+)
 GRID_TD = [dict(alpha=a, beta=b, order="none") for a in ALPHA_TD for b in BETA_TD]
-GRID_DEC = [dict(alpha=1., beta=b, current="self", recency=lam) for b in BETA_DEC for lam in LAM_DEC]
+GRID_DEC = [
+    dict(alpha=1.0, beta=b, current="self", recency=lam) for b in BETA_DEC for lam in LAM_DEC
+]
 
 def tune(features, grid, n, L=80):
-    "The first setting of `grid` whose MSVE at depth L on 10 tuning tasks (seed 500) is within 1e-6 (relative) of the least, and all the MSVEs."
-    errs = np.array([depth_curves(features, n, {0: kw}, L=L, n_tasks=10, seed=500)[0][-1].item() for kw in grid])
+    """The first setting of `grid` whose MSVE at depth L on 10 tuning tasks (seed 500) is within
+    1e-6 (relative) of the least, and all the MSVEs."""
+    errs = np.array(
+        [depth_curves(features, n, {0: kw}, L=L, n_tasks=10, seed=500)[0][-1].item() for kw in grid]
+    )
     return grid[int(np.argmax(errs <= errs.min() * (1 + 1e-6)))], errs
 
 CTX = (30, 100, 400)
-tuning = {(f, n, name): tune(f, grid, n) for f in FEATURES for n in CTX for name, grid in (("TD", GRID_TD), ("decoder", GRID_DEC))}
-tuned = {(f, n): dict(TD=tuning[(f, n, "TD")][0], decoder=tuning[(f, n, "decoder")][0]) for f in FEATURES for n in CTX}
-for (f, n, name), (best, errs) in tuning.items():   # an optimum at the largest beta: how much the error still changed on the last step of the grid
+tuning = {
+    (f, n, name): tune(f, grid, n)
+    for f in FEATURES
+    for n in CTX
+    for name, grid in (("TD", GRID_TD), ("decoder", GRID_DEC))
+}
+tuned = {
+    (f, n): dict(TD=tuning[(f, n, "TD")][0], decoder=tuning[(f, n, "decoder")][0])
+    for f in FEATURES
+    for n in CTX
+}
+for (f, n, name), (
+    best,
+    errs,
+) in (
+    tuning.items()
+):  # an optimum at the largest beta: how much the error still changed on the last step of the grid
     grid = GRID_TD if name == "TD" else GRID_DEC
     if best["beta"] == grid[-1]["beta"]:
         before = errs[grid.index(dict(best, beta=grid[-1]["beta"] / 2))]
-        print(f"{f}, n = {n}, {name}: tuned beta at the grid's largest value; halving it changes the tuning MSVE by {100 * (before / errs.min() - 1):.3f}%")
+        print(
+            f"{f}, n = {n}, {name}: tuned beta at the grid's largest value; halving it changes the"
+            f" tuning MSVE by {100 * (before / errs.min() - 1):.3f}%"
+        )
 edge = lambda x, grid: f"{x:g} (edge)" if x in (min(grid), max(grid)) else f"{x:g}"
-assert not any(t["decoder"]["recency"] in (min(LAM_DEC), max(LAM_DEC)) for t in tuned.values())   # lambda's optimum is interior
-assert not any(t["TD"]["beta"] == min(BETA_TD) for t in tuned.values())                            # so is beta's lower end for TD
-Markdown("| features | n | non-causal TD: alpha, beta | decoder: beta, lambda |\n|---|---|---|---|\n" +
-         "\n".join(f"| {f} | {n} | {t['TD']['alpha']:g}, {edge(t['TD']['beta'], BETA_TD)} | {edge(t['decoder']['beta'], BETA_DEC)}, {t['decoder']['recency']:g} |" for (f, n), t in tuned.items()))
+assert not any(
+    t["decoder"]["recency"] in (min(LAM_DEC), max(LAM_DEC)) for t in tuned.values()
+)  # lambda's optimum is interior
+assert not any(
+    t["TD"]["beta"] == min(BETA_TD) for t in tuned.values()
+)  # so is beta's lower end for TD
+Markdown(
+    "| features | n | non-causal TD: alpha, beta | decoder: beta, lambda |\n|---|---|---|---|\n"
+    + "\n".join(
+        f"| {f} | {n} | {t['TD']['alpha']:g}, {edge(t['TD']['beta'], BETA_TD)} |"
+        f" {edge(t['decoder']['beta'], BETA_DEC)}, {t['decoder']['recency']:g} |"
+        for (f, n), t in tuned.items()
+    )
+)
 
 # %% [markdown]
 # **Result.** The tuned settings are in the table above; the figure shows the value error against
@@ -985,40 +1199,68 @@ Markdown("| features | n | non-causal TD: alpha, beta | decoder: beta, lambda |\
 
 # %%
 #| fig-cap: "Figure 4a.1: Tuned, the decoder falls with depth like the non-causal construction but settles on a higher floor; the gap between the two floors is wider at n = 100 and 400 than at n = 30."
-#| fig-alt: "Three log-scale panels (one-hot, unit and random features) of value error against depth 0 to 120: solid lines for the non-causal construction and dashed lines for the decoder, one color per context length 30, 100 and 400. Every curve falls steeply over the first 20 to 60 layers and then levels off, most of them after a shallow minimum (deepest for the dashed curves and for the solid ones at n = 30). Each dashed curve ends above the solid curve of its color."
+#| fig-alt: "Three log-scale panels in a two-by-two grid (one-hot, unit and random features; the legend in the fourth cell) of value error against depth 0 to 120: solid lines for the non-causal construction and dashed lines for the decoder, one color per context length 30, 100 and 400. Every curve falls steeply over the first 20 to 60 layers and then levels off, most of them after a shallow minimum (deepest for the dashed curves and for the solid ones at n = 30). Each dashed curve ends above the solid curve of its color."
 #| code-fold: true
-curves = {(f, n): depth_curves(f, n, {"non-causal TD": tuned[(f, n)]["TD"], "decoder": tuned[(f, n)]["decoder"]}) for f in FEATURES for n in CTX}
-fig, axs = plt.subplots(1, 3, figsize=(11, 3.8), sharey=True)
+curves = {
+    (f, n): depth_curves(
+        f, n, {"non-causal TD": tuned[(f, n)]["TD"], "decoder": tuned[(f, n)]["decoder"]}
+    )
+    for f in FEATURES
+    for n in CTX
+}
+fig, grid = plt.subplots(2, 2, figsize=(6, 5.2), sharey=True)
+axs, legend_ax = grid.flat[:3], grid.flat[3]
 for ax, f in zip(axs, FEATURES):
     for n, color in zip(CTX, ("C0", "C1", "C2")):
         for name, ls in (("non-causal TD", "-"), ("decoder", "--")):
             ax.plot(curves[(f, n)][name].numpy(), ls, color=color, label=f"{name}, n = {n}")
     ax.set(yscale="log", xlabel="depth L (layers)", title=f"{f} features")
     plain_log_ticks(ax, "y")
-axs[0].set_ylabel("MSVE at the queries (mean of 20 tasks)")
-fig.legend(*axs[0].get_legend_handles_labels(), loc="center right", fontsize=9)
-fig.tight_layout(rect=(0, 0, 0.82, 1))
+for ax in grid[:, 0]: ax.set_ylabel("MSVE at the queries\n(mean of 20 tasks)")
+legend_ax.axis("off")
+legend_ax.legend(*axs[0].get_legend_handles_labels(), loc="center", fontsize=9)
+fig.tight_layout()
 
 # %%
+#| code-fold: true
+#| code-summary: "Code of the check"
 floor_rows = []
 for f in FEATURES:
     for n in CTX:
         c = curves[(f, n)]
-        floor_rows.append(f"| {f} | {n} | {c['non-causal TD'][-1]:.3g} | {c['decoder'][-1]:.3g} | {c['decoder'][-1] / c['non-causal TD'][-1]:.2f} |")
+        floor_rows.append(
+            f"| {f} | {n} | {c['non-causal TD'][-1]:.3g} | {c['decoder'][-1]:.3g} |"
+            f" {c['decoder'][-1] / c['non-causal TD'][-1]:.2f} |"
+        )
 ratio = {k: (c["decoder"][-1] / c["non-causal TD"][-1]).item() for k, c in curves.items()}
 grows = [f for f in FEATURES if ratio[(f, 400)] > ratio[(f, 100)]]
-dips = {name: [k for k, c in curves.items() if c[name][-1] > 1.01 * c[name].min()] for name in ("decoder", "non-causal TD")}
+dips = {
+    name: [k for k, c in curves.items() if c[name][-1] > 1.01 * c[name].min()]
+    for name in ("decoder", "non-causal TD")
+}
 kinds = lambda fs: " and ".join(fs) if fs else "none of them"
 def which(ks):
     "The settings in `ks`, or those not in it when that list is shorter."
     rest = [k for k in curves if k not in ks]
     names = lambda kk: ", ".join(f"{f} at n = {n}" for f, n in kk)
-    return "" if not ks else " (all)" if not rest else f" (all but {names(rest)})" if len(rest) < len(ks) else f" ({names(ks)})"
-Markdown("| features | n | non-causal TD, L = 120 | decoder, L = 120 | ratio |\n|---|---|---|---|---|\n" + "\n".join(floor_rows) +
-         f"\n\nFrom $n = 100$ to $n = 400$ the ratio grows for {kinds(grows)} features and does not for "
-         f"{kinds([f for f in FEATURES if f not in grows])}. Curves whose minimum over depth is more than 1% below their value at "
-         f"$L = 120$: {len(dips['decoder'])} of {len(curves)} for the decoder{which(dips['decoder'])} and {len(dips['non-causal TD'])} of "
-         f"{len(curves)} for the non-causal construction{which(dips['non-causal TD'])}.")
+    return (
+        ""
+        if not ks
+        else (
+            " (all)"
+            if not rest
+            else f" (all but {names(rest)})" if len(rest) < len(ks) else f" ({names(ks)})"
+        )
+    )
+Markdown(
+    "| features | n | non-causal TD, L = 120 | decoder, L = 120 | ratio |\n|---|---|---|---|---|\n"
+    + "\n".join(floor_rows)
+    + f"\n\nFrom $n = 100$ to $n = 400$ the ratio grows for {kinds(grows)} features and does not"
+    f" for {kinds([f for f in FEATURES if f not in grows])}. Curves whose minimum over depth is"
+    f" more than 1% below their value at $L = 120$: {len(dips['decoder'])} of {len(curves)} for"
+    f" the decoder{which(dips['decoder'])} and {len(dips['non-causal TD'])} of {len(curves)} for"
+    f" the non-causal construction{which(dips['non-causal TD'])}."
+)
 
 # %% [markdown]
 # **What it shows.** Figure 4a.1 plots the value error at the queries against depth, for the tuned non-causal construction (solid)
@@ -1042,17 +1284,38 @@ Markdown("| features | n | non-causal TD, L = 120 | decoder, L = 120 | ratio |\n
 # largest for random features at $n = 400$, and for them it grows at each step in $n$.
 
 # %%
+#| code-fold: true
+#| code-summary: "Code of the check"
 dec1 = curves[("onehot", 400)]["decoder"]
 assert dec1[120] < 0.05 * dec1[1] and dec1[120] < dec1[10]
-print(f"decoder, one-hot, n = 400: MSVE {dec1[1]:.3f} at L = 1, {dec1[10]:.3f} at L = 10, {dec1.min():.4f} at its lowest (L = {int(dec1.argmin())}), {dec1[120]:.4f} at L = 120")
-assert all(curves[(f, 400)]["decoder"][120] < curves[(f, 30)]["decoder"][120] for f in FEATURES)   # the decoder's floor falls with n
-assert all(r > 1 for r in ratio.values())                                                        # above the non-causal floor everywhere
-assert all(ratio[(f, 30)] < min(ratio[(f, 100)], ratio[(f, 400)]) for f in FEATURES)            # the gap is wider at n = 100 and 400 than at 30
-assert ratio[("random", 30)] < ratio[("random", 100)] < ratio[("random", 400)]                  # and for random features it widens at each step
+print(
+    f"decoder, one-hot, n = 400: MSVE {dec1[1]:.3f} at L = 1, {dec1[10]:.3f} at L = 10,"
+    f" {dec1.min():.4f} at its lowest (L = {int(dec1.argmin())}), {dec1[120]:.4f} at L = 120"
+)
+assert all(
+    curves[(f, 400)]["decoder"][120] < curves[(f, 30)]["decoder"][120] for f in FEATURES
+)  # the decoder's floor falls with n
+assert all(r > 1 for r in ratio.values())  # above the non-causal floor everywhere
+assert all(
+    ratio[(f, 30)] < min(ratio[(f, 100)], ratio[(f, 400)]) for f in FEATURES
+)  # the gap is wider at n = 100 and 400 than at 30
+assert (
+    ratio[("random", 30)] < ratio[("random", 100)] < ratio[("random", 400)]
+)  # and for random features it widens at each step
 assert max(ratio, key=ratio.get) == ("random", 400)
-print("depth of the decoder's lowest point: " + "; ".join(f"{f}, n = {n}: L = {int(c['decoder'].argmin())}" for (f, n), c in curves.items()))
-_ = record_claim("decoder-floor", "Tuned on the same tasks, the self-anchored decoder settles above the non-causal construction's error floor for one-hot, unit and random features; the ratio is larger at n = 100 and 400 than at n = 30, and for random features it widens at each step (n = 30, 100, 400).",
-             "measured", "causal", "#the-decoder-against-the-non-causal-construction-tuned")
+print(
+    "depth of the decoder's lowest point: "
+    + "; ".join(f"{f}, n = {n}: L = {int(c['decoder'].argmin())}" for (f, n), c in curves.items())
+)
+_ = record_claim(
+    "decoder-floor",
+    "Tuned on the same tasks, the self-anchored decoder settles above the non-causal construction's"
+    " error floor for one-hot, unit and random features; the ratio is larger at n = 100 and 400"
+    " than at n = 30, and for random features it widens at each step (n = 30, 100, 400).",
+    "measured",
+    "causal",
+    "#the-decoder-against-the-non-causal-construction-tuned",
+)
 
 
 # %% [markdown]
@@ -1142,9 +1405,6 @@ def stream_values(model,              # a `CausalSoftmaxICTD` built for the forw
     return torch.stack(out, -2)
 
 
-# %%
-show_doc(stream_values)
-
 # %% [markdown]
 # The check: the streamed estimate after transition $t$ equals the model's forward pass on the
 # prompt of the first $t$ transitions, for every $t$, to $10^{-12}$ (here with random parameters and
@@ -1155,7 +1415,13 @@ model_s = CausalSoftmaxICTD(4, 4, seed=5, init_gain=0.5).requires_grad_(False)
 for l in range(4): model_s.layer(l).lam.fill_(0.3 * l)
 tk_s, ph_s, rw_s = eval_context("random", 25, n_tasks=3, seed=9)
 streamed = stream_values(model_s, ph_s, rw_s, tk_s.phi)
-fresh = torch.stack([model_s.predict(build_causal_prompt(ph_s[:, :t + 1], rw_s[:, :t], tk_s.phi)) for t in range(1, 26)], -2)
+fresh = torch.stack(
+    [
+        model_s.predict(build_causal_prompt(ph_s[:, : t + 1], rw_s[:, :t], tk_s.phi))
+        for t in range(1, 26)
+    ],
+    -2,
+)
 test_close(streamed, fresh, eps=1e-12)
 print("largest |streamed - fresh forward pass| over 25 lengths: below 1e-12")
 
@@ -1173,11 +1439,18 @@ print("largest |streamed - fresh forward pass| over 25 lengths: below 1e-12")
 def models_for(d, L, gamma, kw_dec, kw_td):
     "The tuned decoder and the tuned non-causal construction at depth L."
     I = torch.eye(d, dtype=torch.float64)
-    return (CausalSoftmaxICTD.from_theta_star(d, L, kw_dec["beta"] * I, 1., gamma, "self", recency=kw_dec["recency"]).requires_grad_(False),
-            SoftmaxICTD.from_theta_star(d, L, kw_td["beta"] * I, kw_td["alpha"], gamma).requires_grad_(False))
+    return (
+        CausalSoftmaxICTD.from_theta_star(
+            d, L, kw_dec["beta"] * I, 1.0, gamma, "self", recency=kw_dec["recency"]
+        ).requires_grad_(False),
+        SoftmaxICTD.from_theta_star(d, L, kw_td["beta"] * I, kw_td["alpha"], gamma).requires_grad_(
+            False
+        ),
+    )
 
 def cost_per_transition(t, L, kw_dec, kw_td, k=8, seed=31):
-    "Wall time (s) of one new transition at length t: k cached appends + queries, against one fresh forward pass of each model."
+    """Wall time (s) of one new transition at length t: k cached appends + queries, against one
+    fresh forward pass of each model."""
     tk, ph, rw_ = eval_context("onehot", t + k, n_tasks=1, seed=seed)
     dec, td = models_for(10, L, tk.gamma, kw_dec, kw_td)
     Z = build_causal_prompt(ph, rw_, tk.phi)
@@ -1194,19 +1467,55 @@ def cost_per_transition(t, L, kw_dec, kw_td, k=8, seed=31):
     return (t1 - t0) / k, (t2 - t1) / k, (t3 - t2) / k
 
 def save_stream_costs(path="data/causal_streaming.json"):
-    "Time `cost_per_transition` at t = 100..800 and save it with the commit and date (timings change from run to run, so the book shows a saved run)."
-    costs = {t_len: cost_per_transition(t_len, 10, tuned[("onehot", 400)]["decoder"], tuned[("onehot", 400)]["TD"]) for t_len in (100, 200, 400, 800)}
-    prov = provenance("save_stream_costs() in nbs/04a_causal.ipynb, run from nbs/ with OMP_NUM_THREADS=1", threads=torch.get_num_threads())
-    Path(path).write_text(json.dumps(dict(provenance=prov, seconds={str(t): list(c) for t, c in costs.items()}), indent=1))
+    """Time `cost_per_transition` at t = 100..800 and save it with the commit and date (timings
+    change from run to run, so the book shows a saved run)."""
+    costs = {
+        t_len: cost_per_transition(
+            t_len, 10, tuned[("onehot", 400)]["decoder"], tuned[("onehot", 400)]["TD"]
+        )
+        for t_len in (100, 200, 400, 800)
+    }
+    prov = provenance(
+        "save_stream_costs() in nbs/04a_causal.ipynb, run from nbs/ with OMP_NUM_THREADS=1",
+        threads=torch.get_num_threads(),
+    )
+    Path(path).write_text(
+        json.dumps(
+            dict(provenance=prov, seconds={str(t): list(c) for t, c in costs.items()}), indent=1
+        )
+    )
 
 
 # %%
-stream_costs = json.loads(next(p for p in (Path("data/causal_streaming.json"), Path("nbs/data/causal_streaming.json")) if p.exists()).read_text())
-rows_t = [f"| {t_len} | {1e3 * c:.2f} | {1e3 * s:.2f} ({s / c:.1f}x) | {1e3 * nc:.2f} ({nc / c:.1f}x) |" for t_len, (c, s, nc) in stream_costs["seconds"].items()]
-display(Markdown(provenance_note(stream_costs["provenance"], "The timings", "Seconds depend on the machine and its load, so the page "
-                                  "compares only ratios measured in the same run; the streamed values themselves are exact (checked to "
-                                  "$10^{-12}$ above) on every machine.")))
-Markdown("| t | decoder, KV cache (ms) | decoder, fresh pass (ms, × cache) | non-causal, fresh pass (ms, × cache) |\n|---|---|---|---|\n" + "\n".join(rows_t))
+#| code-fold: true
+#| code-summary: "Code of the check"
+stream_costs = json.loads(
+    next(
+        p
+        for p in (Path("data/causal_streaming.json"), Path("nbs/data/causal_streaming.json"))
+        if p.exists()
+    ).read_text()
+)
+rows_t = [
+    f"| {t_len} | {1e3 * c:.2f} | {1e3 * s:.2f} ({s / c:.1f}x) | {1e3 * nc:.2f} ({nc / c:.1f}x) |"
+    for t_len, (c, s, nc) in stream_costs["seconds"].items()
+]
+display(
+    Markdown(
+        provenance_note(
+            stream_costs["provenance"],
+            "The timings",
+            "Seconds depend on the machine and its load, so the page compares only ratios measured"
+            " in the same run; the streamed values themselves are exact (checked to $10^{-12}$"
+            " above) on every machine.",
+        )
+    )
+)
+Markdown(
+    "| t | decoder, KV cache (ms) | decoder, fresh pass (ms, × cache) | non-causal, fresh pass (ms,"
+    " × cache) |\n|---|---|---|---|\n"
+    + "\n".join(rows_t)
+)
 
 # %% [markdown]
 # **Result.** *Table: the cost of refreshing the estimates at all 10 queries when one more transition arrives, at
@@ -1215,22 +1524,40 @@ Markdown("| t | decoder, KV cache (ms) | decoder, fresh pass (ms, × cache) | no
 # lengths the cached step is dominated by fixed per-layer overhead, so its advantage grows with $t$.
 
 # %%
+#| code-fold: true
+#| code-summary: "Code of the check"
 tk_f, ph_f, rw_f = eval_context("onehot", 200, n_tasks=1, seed=31)
-dec_f, td_f = models_for(10, 80, tk_f.gamma, tuned[("onehot", 400)]["decoder"], tuned[("onehot", 400)]["TD"])
+dec_f, td_f = models_for(
+    10, 80, tk_f.gamma, tuned[("onehot", 400)]["decoder"], tuned[("onehot", 400)]["TD"]
+)
 online = stream_values(dec_f, ph_f, rw_f, tk_f.phi)[0]
-rerun = torch.stack([td_f.predict(build_prompt(ph_f[:, :t + 1], rw_f[:, :t], tk_f.phi))[0] for t in range(1, 201)])
+rerun = torch.stack(
+    [td_f.predict(build_prompt(ph_f[:, : t + 1], rw_f[:, :t], tk_f.phi))[0] for t in range(1, 201)]
+)
 err_t = lambda v: ((v - tk_f.v_pi).square() * tk_f.d_pi).sum(-1)
 assert all(err_t(v)[-1] < 0.01 * err_t(v)[0] for v in (online, rerun))
-print(", ".join(f"{name}: MSVE {err_t(v)[0]:.3g} after 1 transition, {err_t(v)[-1]:.3g} after 200" for name, v in (("decoder", online), ("non-causal", rerun))))
+print(
+    ", ".join(
+        f"{name}: MSVE {err_t(v)[0]:.3g} after 1 transition, {err_t(v)[-1]:.3g} after 200"
+        for name, v in (("decoder", online), ("non-causal", rerun))
+    )
+)
 
 # %%
 #| fig-cap: "Figure 4a.2: Streamed from a KV cache one transition at a time, the decoder's estimate learns the task as the context grows, as does the non-causal model rerun from scratch at every length."
 #| fig-alt: "Log-scale value error of the query estimates against the number of transitions seen, 1 to 200, on one one-hot task: one curve for the decoder with a KV cache and one for the non-causal model rerun at every length; both fall as the context grows."
 #| code-fold: true
-fig, ax = plt.subplots(figsize=(6.5, 3.6))
+fig, ax = plt.subplots(figsize=(6.0, 3.5))
 ax.plot(range(1, 201), err_t(online).numpy(), "-", color="C0", label="decoder, KV cache (online)")
-ax.plot(range(1, 201), err_t(rerun).numpy(), "--", color="C1", label="non-causal, rerun at every length")
-ax.set(yscale="log", xlabel="transitions seen t", ylabel="MSVE of the query estimates", title="One one-hot task, L = 80 layers")
+ax.plot(
+    range(1, 201), err_t(rerun).numpy(), "--", color="C1", label="non-causal, rerun at every length"
+)
+ax.set(
+    yscale="log",
+    xlabel="transitions seen t",
+    ylabel="MSVE of the query estimates",
+    title="One one-hot task, L = 80 layers",
+)
 plain_log_ticks(ax, "y")
 ax.legend(fontsize=9)
 fig.tight_layout()
@@ -1275,17 +1602,11 @@ fig.tight_layout()
 # ### Helpers of the lesson
 
 # %%
-show_doc(visible_transitions)
-
-# %%
-show_doc(prefix_weights)
-
-# %%
-show_doc(CausalSoftmaxLayer)
-
-# %%
 test_eq(previous_token(torch.arange(6.).reshape(2, 3)).tolist(), [[0., 0., 1.], [0., 3., 4.]])
-test_eq(causal_keys(5, 3).int().tolist(), [[0, 0, 0, 0, 0], [0, 1, 1, 1, 1], [0, 0, 1, 1, 1], [0, 0, 0, 1, 1], [0, 0, 0, 0, 0]])
+test_eq(
+    causal_keys(5, 3).int().tolist(),
+    [[0, 0, 0, 0, 0], [0, 1, 1, 1, 1], [0, 0, 1, 1, 1], [0, 0, 0, 1, 1], [0, 0, 0, 0, 0]],
+)
 
 # %% [markdown]
 # ### Bad input
@@ -1293,23 +1614,60 @@ test_eq(causal_keys(5, 3).int().tolist(), [[0, 0, 0, 0, 0], [0, 1, 1, 1, 1], [0,
 # Each bad argument fails with a `ValueError` that names it.
 
 # %%
+#| code-fold: true
+#| code-summary: "Tests"
 test_fail(lambda: visible_transitions(3, order="backward"), contains="`order` must be one of")
-test_fail(lambda: prefix_softmax_td(phi_r, R_r, W2, 0.7, 0.9, 3, current="target"), contains="`current` must be one of")
+test_fail(
+    lambda: prefix_softmax_td(phi_r, R_r, W2, 0.7, 0.9, 3, current="target"),
+    contains="`current` must be one of",
+)
 test_fail(lambda: build_causal_prompt(phi[:4], rw[:2]), contains="`rewards` must have shape")
-test_fail(lambda: build_causal_prompt(phi[:4], rw[:3], order="none"), contains="`order` must be one of")
-test_fail(lambda: prefix_softmax_td(phi_r, R_r, W2, 0.7, 0.9, -1), contains="`n_iters` must be a non-negative integer")
-test_fail(lambda: prefix_softmax_td(phi_r, R_r, W2, float("nan"), 0.9, 3), contains="`alpha` must be finite")
+test_fail(
+    lambda: build_causal_prompt(phi[:4], rw[:3], order="none"), contains="`order` must be one of"
+)
+test_fail(
+    lambda: prefix_softmax_td(phi_r, R_r, W2, 0.7, 0.9, -1),
+    contains="`n_iters` must be a non-negative integer",
+)
+test_fail(
+    lambda: prefix_softmax_td(phi_r, R_r, W2, float("nan"), 0.9, 3),
+    contains="`alpha` must be finite",
+)
 test_fail(lambda: prefix_weights(phi_r, torch.eye(3)), contains="`W` must have shape")
-test_fail(lambda: theta_causal(4, torch.eye(3), alpha=1., gamma=0.9), contains="`W` must have shape (4, 4)")
-test_fail(lambda: theta_causal(4, torch.eye(4), alpha=1., gamma=1.), contains="`gamma` must lie in [0, 1)")
-test_fail(lambda: CausalSoftmaxLayer.from_params(torch.zeros(5, 3), torch.zeros(3, 6), torch.zeros(3, 3)), contains="`A` must have shape")
+test_fail(
+    lambda: theta_causal(4, torch.eye(3), alpha=1.0, gamma=0.9),
+    contains="`W` must have shape (4, 4)",
+)
+test_fail(
+    lambda: theta_causal(4, torch.eye(4), alpha=1.0, gamma=1.0),
+    contains="`gamma` must lie in [0, 1)",
+)
+test_fail(
+    lambda: CausalSoftmaxLayer.from_params(torch.zeros(5, 3), torch.zeros(3, 6), torch.zeros(3, 3)),
+    contains="`A` must have shape",
+)
 test_fail(lambda: CausalCache(model_s, 5).prefill(torch.zeros(6, 1)), contains="`prefill` needs")
-for lam in (math.nan, math.inf, -math.inf, "1"):                       # a positional bias that is not a finite number
-    test_fail(lambda: prefix_softmax_td(phi_r, R_r, W2, 0.7, 0.9, 3, recency=lam), contains="`recency` must be a finite number")
+for lam in (math.nan, math.inf, -math.inf, "1"):  # a positional bias that is not a finite number
+    test_fail(
+        lambda: prefix_softmax_td(phi_r, R_r, W2, 0.7, 0.9, 3, recency=lam),
+        contains="`recency` must be a finite number",
+    )
 model_rev = CausalSoftmaxICTD.from_theta_star(4, 2, torch.eye(4), 1., 0.9, order="reversed")
 test_eq((model_rev.order, CausalSoftmaxICTD(4, 2, seed=0).order), ("reversed", "forward"))
-test_fail(lambda: stream_values(model_rev, ph_s, rw_s, tk_s.phi), contains="`model` must read the forward layout")
-test_fail(lambda: stream_values(SoftmaxICTD(4, 2, seed=0), ph_s, rw_s, tk_s.phi), contains="`model` must be a CausalSoftmaxICTD")
+test_fail(
+    lambda: stream_values(model_rev, ph_s, rw_s, tk_s.phi),
+    contains="`model` must read the forward layout",
+)
+test_fail(
+    lambda: stream_values(SoftmaxICTD(4, 2, seed=0), ph_s, rw_s, tk_s.phi),
+    contains="`model` must be a CausalSoftmaxICTD",
+)
+test_fail(lambda: check_causal_work("abc", 3), contains="`Z` must be a Tensor")
+test_fail(lambda: check_causal_work(torch.zeros(6, 9), "abc"), contains="`n` must be an integer")
+test_fail(
+    lambda: check_causal_work(torch.zeros(6, 9), 3, 0),
+    contains="`n_layers` must be a positive integer",
+)
 
 
 # %% [markdown]
@@ -1332,7 +1690,10 @@ def causal_init(config:PretrainConfig, seeds:list, dtype)->dict:
 # %%
 causal_cfg = PretrainConfig(n_layers=2, n=20)
 causal_params = causal_init(causal_cfg, [0, 3], torch.float64)
-test_eq({k: tuple(v.shape) for k, v in causal_params.items()}, dict(A=(2, 2, 12, 6), V=(2, 2, 6, 12), U=(2, 2, 6, 6), lam=(2, 2)))
+test_eq(
+    {k: tuple(v.shape) for k, v in causal_params.items()},
+    dict(A=(2, 2, 12, 6), V=(2, 2, 6, 12), U=(2, 2, 6, 6), lam=(2, 2)),
+)
 
 
 # %% [markdown]
@@ -1385,7 +1746,12 @@ def causal_module(config:PretrainConfig, params:dict)->CausalSoftmaxICTD:
 # %%
 Z_fam = build_causal_prompt(phi_r, R_r, tasks_r.phi)
 v_fam = causal_predict(causal_cfg, causal_params, Z_fam.expand(2, *Z_fam.shape), 20)
-for i in range(2): test_close(v_fam[i], causal_module(causal_cfg, {k: v[i] for k, v in causal_params.items()}).predict(Z_fam), eps=1e-12)
+for i in range(2):
+    test_close(
+        v_fam[i],
+        causal_module(causal_cfg, {k: v[i] for k, v in causal_params.items()}).predict(Z_fam),
+        eps=1e-12,
+    )
 
 
 # %% [markdown]
@@ -1482,17 +1848,25 @@ def fused_causal_predict(config:PretrainConfig,  # the run's settings (its depth
 # parameter, to rounding, with separate and shared layers:
 
 # %%
+#| code-fold: true
+#| code-summary: "Tests"
 def values_and_grads(predict, cfg, params, Z):
-    "Values at the queries and the gradients of a loss that reads both queries, for one prediction function."
+    """Values at the queries and the gradients of a loss that reads both queries, for one prediction
+    function."""
     leaf = {k: v.detach().clone().requires_grad_() for k, v in params.items()}
     v = predict(cfg, leaf, Z, cfg.n)
     (v[..., 0] - 0.9 * v[..., -1].square()).sum().backward()
     return v.detach(), {k: leaf[k].grad for k in leaf}
 
 for cfg_f in (causal_cfg, dataclasses.replace(causal_cfg, n_layers=3, shared=True)):
-    params_f = {k: v + 0.3 * torch.randn(v.shape, generator=torch.Generator().manual_seed(8), dtype=v.dtype)
-                for k, v in causal_init(cfg_f, [0, 3], torch.float64).items()}
-    (v0, g0), (v1, g1) = (values_and_grads(f, cfg_f, params_f, Z_fam.expand(2, *Z_fam.shape)) for f in (causal_predict, fused_causal_predict))
+    params_f = {
+        k: v + 0.3 * torch.randn(v.shape, generator=torch.Generator().manual_seed(8), dtype=v.dtype)
+        for k, v in causal_init(cfg_f, [0, 3], torch.float64).items()
+    }
+    (v0, g0), (v1, g1) = (
+        values_and_grads(f, cfg_f, params_f, Z_fam.expand(2, *Z_fam.shape))
+        for f in (causal_predict, fused_causal_predict)
+    )
     test_close(v1, v0, eps=1e-12 * v0.abs().max().item())
     for k in g0: test_close(g1[k], g0[k], eps=1e-12 * max(1., g0[k].abs().max().item()))
 
@@ -1537,6 +1911,49 @@ register_causal_family()
 # %%
 #| eval: false
 save_stream_costs()
+
+# %% [markdown]
+# ### The library's functions in short
+#
+# Besides `prefix_softmax_td` and `theta_causal`, documented in the lesson:
+
+# %%
+api_table(visible_transitions, prefix_weights, build_causal_prompt, causal_context_length,
+          previous_token, causal_keys, causal_attention, attend_keys, causal_update, causal_work,
+          check_causal_work, CausalSoftmaxLayer, CausalSoftmaxICTD,
+          CausalSoftmaxICTD.from_theta_star, CausalCache, stream_values)
+
+# %%
+plugin = (causal_init, causal_prompt, causal_layers, causal_predict, causal_module,
+          fused_causal_predict, causal_metrics, register_causal_family)
+Markdown("The engine plug-in of the section above, one function per hook of the engine: "
+         + ", ".join(f'<span id="{f.__name__}"></span>`{f.__name__}`' for f in plugin) + ".")
+
+# %%
+#| hide
+show_doc(visible_transitions)
+show_doc(prefix_weights)
+show_doc(build_causal_prompt)
+show_doc(causal_context_length)
+show_doc(previous_token)
+show_doc(causal_keys)
+show_doc(causal_attention)
+show_doc(attend_keys)
+show_doc(causal_update)
+show_doc(causal_work)
+show_doc(check_causal_work)
+show_doc(CausalSoftmaxLayer)
+show_doc(CausalSoftmaxICTD)
+show_doc(CausalCache)
+show_doc(stream_values)
+show_doc(causal_init)
+show_doc(causal_prompt)
+show_doc(causal_layers)
+show_doc(causal_predict)
+show_doc(causal_module)
+show_doc(fused_causal_predict)
+show_doc(causal_metrics)
+show_doc(register_causal_family)
 
 # %%
 #| export
