@@ -661,7 +661,7 @@ _ = record_claim(
 )
 
 # %% [markdown]
-# ## What the Transformer's score gives: linear TD to first order
+# ## What the Transformer's score gives: linear TD to first order {.deep-dive}
 #
 # Proposition 1.1 is a statement about the *algorithm*. It needs the score
 # $\log(\phi(x)^\top\phi(y))$ and a per-target weight $\rho \ne 1$, and the Transformer of
@@ -1160,7 +1160,7 @@ _ = record_claim(
 
 
 # %% [markdown]
-# ## Small scores over long horizons: where the iteration goes
+# ## Small scores over long horizons: where the iteration goes {.deep-dive}
 #
 # Proposition 1.4 is a statement at a *fixed* number of iterations $T$: the constant in its
 # $O(\varepsilon^2)$ grows like $(1 + 2\alpha(1 + \gamma))^T$. This is not an artefact of the proof. The

@@ -1030,7 +1030,7 @@ print(
 # with $\log k$ replaced by $k$); here it is a fixed function of the key's position.
 
 # %% [markdown]
-# ## The causal bias against the context length
+# ## The causal bias against the context length {.deep-dive}
 #
 # **Question.** Does the decoder's bias decay with $n$ at the rate the mean-field argument predicts,
 # and does the positional bias speed it up?
@@ -1108,7 +1108,7 @@ print(
 )
 
 # %% [markdown]
-# ## The decoder against the non-causal construction, tuned
+# ## The decoder against the non-causal construction, tuned {.deep-dive}
 #
 # **Question.** Tuned fairly, how far above the non-causal construction does the decoder's error
 # floor sit, for each kind of features, and how does the gap move with $n$?
@@ -1319,7 +1319,7 @@ _ = record_claim(
 
 
 # %% [markdown]
-# ## Streaming with a KV cache
+# ## Streaming with a KV cache {.deep-dive}
 #
 # A decoder's column $j$ depends only on columns $\le j$, and the causal prompt never rewrites a
 # token. So when transition $t$ arrives ($R_t$ and $S_t$, one new token), every earlier column of

@@ -120,7 +120,8 @@ def folded_api(*docs):
 _all_ = ["binomial_tail", "mean_se", "min_successes"]
 
 # %%
-tail_sum = lambda k, m, p: sum(math.comb(m, j) * p ** j * (1 - p) ** (m - j) for j in range(k, m + 1))
+tail_sum = lambda k, m, p: sum(math.comb(m, j) * p ** j * (1 - p) ** (m - j)
+                               for j in range(k, m + 1))
 test_close(binomial_tail(7, 10, 0.3), tail_sum(7, 10, 0.3), eps=1e-14)
 
 
@@ -501,7 +502,7 @@ fig.suptitle(rf"Parameters averaged over {len(runs)} seeds; $\theta^*$ with $W =
 # writes into the feature rows as well, which $\theta^*$ never does.
 
 # %% [markdown]
-# ## Ablations where the theory speaks
+# ## Ablations where the theory speaks {.deep-dive}
 #
 # **Question.** Where the theory predicts how the learned update should change with a setting, does it?
 #
@@ -682,7 +683,7 @@ record_claim("ablations",
 
 
 # %% [markdown]
-# ## The order of limits, made visible
+# ## The order of limits, made visible {.deep-dive}
 #
 # **Question.** The [pretraining chapter](pretrain.html) argues that $\theta^*$ minimises NEU when
 # $n \to \infty$ first and $L \to \infty$ second. Does the order matter, and where does pretraining

@@ -531,7 +531,7 @@ Markdown("| layer | A | V_cur | V_tgt |\n|---|---|---|---|\n" +
 
 
 # %% [markdown]
-# ## Zeros of the mean update, found numerically
+# ## Zeros of the mean update, found numerically {.deep-dive}
 #
 # A zero of $U$ is a root of $n$ equations in $n$ unknowns ($n = 864$ at $L = 2$, $1296$ at $L = 3$). `polish`
 # runs Levenberg-Marquardt on $U(\theta) = 0$ in float64 with the Jacobian $\partial U / \partial\theta$ by central
