@@ -361,7 +361,21 @@ def weighted_error(
         "The weighted squared error $\\sum_x w(x) (\\hat v(x) - v(x))^2$ over the last axis: the"
         " one definition of the book's MSVE."
     )
+    v, weights = as_tensor(v, "v"), as_tensor(weights, "weights")
+    v_hat = _estimates(v_hat, v)
+    for name, x in (("v_hat", v_hat), ("weights", weights)):
+        if x.shape[-1:] != v.shape[-1:]:
+            raise ValueError(f"`{name}` must have {v.shape[-1]} entries along its last axis, as `v`, "
+                             f"got shape {tuple(x.shape)}")
     return ((v_hat - v).square() * weights).sum(-1)
+
+
+def _estimates(v_hat, v):
+    "`v_hat` as a real floating tensor; NaN and inf pass (a diverged run's error is NaN)."
+    if v_hat.is_complex() if isinstance(v_hat, torch.Tensor) else np.iscomplexobj(v_hat):
+        raise TypeError("`v_hat` must be real, got complex numbers")
+    if not isinstance(v_hat, torch.Tensor): v_hat = torch.as_tensor(np.asarray(v_hat, dtype=np.float64))
+    return v_hat if v_hat.is_floating_point() else v_hat.to(v.dtype)
 
 # %% ../nbs/00_boyan.ipynb #595fcccf
 #| code-fold: true

@@ -263,6 +263,7 @@ def evaluate(model:SoftmaxICTD,  # the model
              neu_seed:int=0,     # seed of the NEU batches
             )->dict:             # metric name -> tensor
     "Every metric of the emergence experiment for the current parameters."
+    _check_evaluation(model, eval_tasks, eval_states, config, neu_seed)
     rows = torch.arange(len(eval_tasks))[:, None]
     phi, n = eval_tasks.phi, config.n
     Z = build_prompt(phi[rows, eval_states], eval_tasks.r[rows, eval_states[:, :-1]], phi)
@@ -277,6 +278,21 @@ def evaluate(model:SoftmaxICTD,  # the model
                                             dtype=torch.float64),
                 diagonality=diag, value_weights=model.value_weights(),
                 cosine=block_cosines(model, config.gamma))
+
+
+def _check_evaluation(model, eval_tasks, eval_states, config, neu_seed):
+    "Refuse, naming the argument, an evaluation whose model, tasks, contexts and settings do not fit together."
+    check_int(neu_seed, "neu_seed", 0)
+    (B, s, d), shape = eval_tasks.phi.shape, (len(eval_tasks), config.n + 1)
+    if model.d != d: raise ValueError(f"`model` must have d = {d}, the feature dimension of `eval_tasks`, got {model.d}")
+    if abs(config.gamma - float(eval_tasks.gamma)) > 1e-12:
+        raise ValueError(f"`config` must have the gamma of `eval_tasks` ({eval_tasks.gamma}), got {config.gamma}")
+    if (eval_states.is_floating_point() or eval_states.is_complex() or eval_states.dtype == torch.bool
+            or tuple(eval_states.shape) != shape):
+        raise ValueError(f"`eval_states` must be integer states of shape {shape} (a context of `config.n` + 1 states "
+                         f"per task), got {eval_states.dtype} of shape {tuple(eval_states.shape)}")
+    if eval_states.min() < 0 or eval_states.max() >= s:
+        raise ValueError(f"`eval_states` must lie in [0, {s}), the states of `eval_tasks`")
 
 # %% ../nbs/06_pretrain.ipynb #32f01d4d
 #| code-fold: true

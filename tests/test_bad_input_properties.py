@@ -95,32 +95,10 @@ COVERED = {
 CASES = [(name, arg) for name, (_, _, kinds) in COVERED.items() for arg in kinds]
 
 # (entry point, argument, kind of bad value) accepted silently today, in modules owned by other sessions: strict xfails
-_WE = "ictd.boyan.weighted_error (chapter 0, the one definition of the MSVE) checks only its arguments' kinds: "
-KNOWN_SILENT = {
-    **{("weighted_error", arg, "shape"): _WE + "a vector of the wrong length broadcasts and gives a wrong error" for arg in ("v_hat", "v", "weights")},
-    **{("weighted_error", arg, "complex"): _WE + "a complex tensor gives a complex error" for arg in ("v_hat", "v", "weights")},
-    **{("weighted_error", arg, "non-finite"): _WE + "a NaN or inf entry gives a NaN or inf error (the training metrics rely on a "
-                                               "diverged run's NaN passing through, so its owner must choose where to refuse it)"
-       for arg in ("v_hat", "v", "weights")},
-    **{("weighted_error", arg, "integer"): _WE + "a numpy integer array or a torch bool tensor raises numpy's or torch's own error, "
-                                            "naming no argument" for arg in ("v_hat", "v")},
-}
-_EV = "ictd.pretrain.evaluate (chapter 6) "
-KNOWN_SILENT.update({
-    ("evaluate", "model", "model of another d"): _EV + "refuses a model whose d is not the tasks' in the prompt check, naming `Z`, not `model`",
-    ("evaluate", "eval_tasks", "tasks of another d"): _EV + "refuses tasks whose d is not the model's in the prompt check, naming `Z`",
-    ("evaluate", "eval_states", "float states"): _EV + "indexes with `eval_states` unchecked: torch's IndexError",
-    ("evaluate", "eval_states", "bool states"): _EV + "indexes with `eval_states` unchecked: torch's IndexError",
-    ("evaluate", "eval_states", "negative state"): _EV + "accepts a negative state index: it wraps to the last state (a silent wrong answer)",
-    ("evaluate", "eval_states", "state >= n_states"): _EV + "indexes with `eval_states` unchecked: torch's IndexError",
-    ("evaluate", "eval_states", "1-d states"): _EV + "indexes with `eval_states` unchecked: torch's IndexError",
-    ("evaluate", "eval_states", "more tasks"): _EV + "indexes with `eval_states` unchecked: torch's IndexError",
-    ("evaluate", "eval_states", "shorter context"): _EV + "refuses a context shorter than `config.n` naming `n`, not `eval_states`",
-    ("evaluate", "config", "config of another n"): _EV + "refuses a config whose n is not the contexts' naming `n`, not `config`",
-    ("evaluate", "config", "config of another gamma"): _EV + "accepts a config whose gamma is not the tasks': its cosines are "
-                                                       "measured against theta* at the config's gamma (a silent wrong answer)",
-    ("evaluate", "neu_seed", "index"): _EV + "takes any `neu_seed`: -1 and 2.5 are accepted, NaN and inf give Python's own errors",
-})
+# (entry point, argument, kind of bad value) that is accepted by design, with the reason: not refused, but passed on
+BY_DESIGN = {("weighted_error", "v_hat", "non-finite"): "a diverged run's NaN or inf estimates give a NaN or inf error, which "
+                                                      "the engine records as the run's metric (chapter 6 marks the run diverged)"}
+KNOWN_SILENT = {}
 
 INT_DTYPES = [torch.int64, torch.int32, torch.bool]
 COMPLEX_DTYPES = [torch.complex64, torch.complex128]
@@ -212,6 +190,10 @@ def test_random_bad_values_are_refused_naming_an_argument(case, data):
     _, good, kinds = COVERED[name]
     what, value = data.draw(bad_values(good[arg], kinds[arg]), label=arg)
     if (name, arg, what) in KNOWN_SILENT: return   # its own strict xfail below
+    if (name, arg, what) in BY_DESIGN:
+        out = call(name, arg, value)
+        assert not torch.isfinite(torch.as_tensor(out)).all(), f"{name}({arg}=<{what}>) should pass the NaN or inf on: {out}"
+        return
     check_refused(name, arg, what, value)
 
 
@@ -243,4 +225,4 @@ def test_representative_values_are_what_the_property_test_draws():
     for name, (_, good, kinds) in COVERED.items():
         for arg, kind in kinds.items():
             for what, v in representative_bad_values(good[arg], kind):
-                if (name, arg, what) not in KNOWN_SILENT: check_refused(name, arg, what, v)
+                if (name, arg, what) not in KNOWN_SILENT and (name, arg, what) not in BY_DESIGN: check_refused(name, arg, what, v)

@@ -917,7 +917,21 @@ def weighted_error(
         "The weighted squared error $\\sum_x w(x) (\\hat v(x) - v(x))^2$ over the last axis: the"
         " one definition of the book's MSVE."
     )
+    v, weights = as_tensor(v, "v"), as_tensor(weights, "weights")
+    v_hat = _estimates(v_hat, v)
+    for name, x in (("v_hat", v_hat), ("weights", weights)):
+        if x.shape[-1:] != v.shape[-1:]:
+            raise ValueError(f"`{name}` must have {v.shape[-1]} entries along its last axis, as `v`, "
+                             f"got shape {tuple(x.shape)}")
     return ((v_hat - v).square() * weights).sum(-1)
+
+
+def _estimates(v_hat, v):
+    "`v_hat` as a real floating tensor; NaN and inf pass (a diverged run's error is NaN)."
+    if v_hat.is_complex() if isinstance(v_hat, torch.Tensor) else np.iscomplexobj(v_hat):
+        raise TypeError("`v_hat` must be real, got complex numbers")
+    if not isinstance(v_hat, torch.Tensor): v_hat = torch.as_tensor(np.asarray(v_hat, dtype=np.float64))
+    return v_hat if v_hat.is_floating_point() else v_hat.to(v.dtype)
 
 
 # %%
@@ -930,6 +944,13 @@ test_eq(msve(mrp, mrp.v_pi), 0.)
 test_close(msve(mrp, np.zeros(10)), (mrp.d_pi * mrp.v_pi ** 2).sum().item(), eps=1e-15)
 test_close(msve(mrp, mrp.v_pi + 0.5), 0.25, eps=1e-14)
 test_eq(msve(mrp, torch.zeros(3, 10)).shape, (3,))
+test_eq(weighted_error(torch.tensor([float('nan'), 0.]), torch.zeros(2), torch.ones(2)).isnan(), True)
+test_fail(lambda: weighted_error(torch.ones(3), torch.zeros(2), torch.ones(2)), contains="`v_hat` must have 2 entries")
+test_fail(lambda: weighted_error(torch.ones(2), torch.zeros(2), torch.ones(1)), contains="`weights` must have 2 entries")
+test_fail(lambda: weighted_error(torch.ones(2, dtype=torch.complex128), torch.zeros(2), torch.ones(2)),
+          contains="`v_hat` must be real")
+test_fail(lambda: weighted_error(torch.ones(2), torch.tensor([0., float('inf')]), torch.ones(2)),
+          contains="`v` contains NaN")
 
 # %% [markdown]
 # ### Trajectories and the value error: shapes, seeds and bad input
