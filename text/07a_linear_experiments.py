@@ -34,6 +34,7 @@ from ictd.model import SoftmaxICTD
 from ictd.engine import EMERGENCE, held_out_tasks
 from ictd.tasks import task_pool
 from ictd.core import record_claim
+from ictd.stats import rate_lower   # appendix J's one-sided Clopper-Pearson bound
 from ictd.experiments.emergence import check_saved_runs
 from ictd.experiments.linear import BOOK_LINEAR, BOOK_SOFTMAX, book_runs   # defined in "Implementation and tests"
 import tempfile
@@ -274,8 +275,6 @@ Markdown(reference_table({f"book run, lr {fast_linear.lr:g}": summarise_linear(l
 #   tenth of the median seed's (asserted; the seeds are named below).
 
 # %%
-from ictd.stats import rate_lower   # appendix J's one-sided Clopper-Pearson bound
-
 h_lin = aligned_history(lin)
 claims = {"IWS > 0.85": h_lin["iws"][:, -1] > 0.85, "VD < 0.05": h_lin["vd"][:, -1] < 0.05,
           "tr Q11 < 0 < tr Q12": (h_lin["trQ11"][:, -1] < 0) & (h_lin["trQ12"][:, -1] > 0),
