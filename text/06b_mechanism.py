@@ -117,11 +117,12 @@ Markdown("**The question.** What does a softmax Transformer pretrained with TD o
          "step parameters), were written down before the sweep ran, fitted to the outputs of ten "
          f"trained models and scored on the *errors* of {n_head} others. "
          f"**The answer.** The winner is {CONTEST_NAMES[winner]}:\n\n"
-         f"$$\\hat v(x) = \\lambda\\,\\frac{{\\bar R}}{{1-\\gamma}} + \\sigma\\, v_k(x), \\qquad "
-         f"v_{{t+1}}(x) = v_t(x) + \\sum_{{j=1}}^{{n}} K_j(x)\\,\\big(R_j + \\gamma v_t(S_j) - "
-         f"v_t(S_{{j-1}})\\big), \\qquad "
-         f"K_j(x) = \\mathrm{{softmax}}_j\\big(\\beta\\, \\phi(x)^\\top \\phi(S_{{j-1}})\\big), "
-         "\\quad v_0 = 0,$$\n\n"
+         f"$$\\begin{{aligned}}\\hat v(x) &= \\lambda\\,\\frac{{\\bar R}}{{1-\\gamma}} "
+         f"+ \\sigma\\, v_k(x), \\\\ "
+         f"v_{{t+1}}(x) &= v_t(x) + \\sum_{{j=1}}^{{n}} K_j(x)\\,\\big(R_j + \\gamma v_t(S_j) - "
+         f"v_t(S_{{j-1}})\\big), \\\\ "
+         f"K_j(x) &= \\mathrm{{softmax}}_j\\big(\\beta\\, \\phi(x)^\\top \\phi(S_{{j-1}})\\big), "
+         "\\quad v_0 = 0,\\end{aligned}$$\n\n"
          "with $\\bar R$ the context's mean reward and, fitted on seeds 0 to 9 of the headline "
          f"configuration, $\\lambda = {tdf['level']:.3f}$, $\\sigma = {tdf['scale']:.3f}$, "
          f"$k = {tdf['theta']['k']}$ iterates and $\\beta = {tdf['theta']['beta']:g}$: weighted "
@@ -220,26 +221,28 @@ Markdown(" ".join(provenance_note(p, f"The sums in `{f}`") for f,
 # %% [markdown]
 # ### The headline cell
 #
-# Fitted on seeds 0 to 9, scored on the thirty others: means ± standard errors over seeds, and the number of seeds
-# where the winner's residual ratio is lower than the candidate's.
+# Fitted on seeds 0 to 9, scored on the thirty others: each candidate's fitted constants, then its scores as means ±
+# standard errors over seeds, and the number of seeds where the winner's residual ratio is lower than the candidate's.
 
 # %%
 #| code-fold: true
 scored_msve = torch.tensor([st['run']['msve'] for st, s in zip(head_cell['stats'],
                             head_cell['seeds']) if s >= 10])
 fmt_theta = lambda t: ", ".join(f"${sym[a]} = {v:g}$" for a, v in t.items())
-Markdown("| candidate | fitted $\\theta$ | $\\lambda$ | $\\sigma$ | residual ratio | residual "
-         "correlation | centred $1 - R^2$ | MSVE | winner lower "
-         "|\n|---|---|---|---|---|---|---|---|---|\n" +
-         "\n".join(f"| {'**' + CONTEST_NAMES[k] + '**' if k == winner else CONTEST_NAMES[k]} | "
-                   f"{fmt_theta(v['fits'][0]['theta'])} | {v['fits'][0]['level']:.3f} | "
-                   f"{v['fits'][0]['scale']:.3f} | "
-                   + " | ".join(ms(v["scores"][s])
-                           for s in ("ratio", "correlation", "centred_1mr2", "msve")) +
-                   f" | {'—' if k == winner else f'{int((hr[winner] < hr[k]).sum())} / {n_head}'} |"
-                   for k, v in sorted(head.items(), key=lambda kv: kv[1]['scores']['ratio'].mean()))
-         + "\n| trained models | | | | | | | "
-         f"{ms(scored_msve)} | |")
+head_ranked = sorted(head.items(), key=lambda kv: kv[1]['scores']['ratio'].mean())
+head_name = lambda k: '**' + CONTEST_NAMES[k] + '**' if k == winner else CONTEST_NAMES[k]
+head_lower = lambda k: '—' if k == winner else f'{int((hr[winner] < hr[k]).sum())} / {n_head}'
+fits_table = ("| candidate | fitted $\\theta$ | $\\lambda$ | $\\sigma$ |\n|---|---|---|---|\n"
+              + "\n".join(f"| {head_name(k)} | {fmt_theta(v['fits'][0]['theta'])} | "
+                          f"{v['fits'][0]['level']:.3f} | {v['fits'][0]['scale']:.3f} |"
+                          for k, v in head_ranked))
+scores_table = ("| candidate | residual ratio | residual correlation | centred $1 - R^2$ | MSVE | "
+                "winner lower |\n|---|---|---|---|---|---|\n"
+                + "\n".join(f"| {head_name(k)} | " + " | ".join(
+                    ms(v["scores"][s]) for s in ("ratio", "correlation", "centred_1mr2", "msve"))
+                            + f" | {head_lower(k)} |" for k, v in head_ranked)
+                + f"\n| trained models | | | | {ms(scored_msve)} | |")
+Markdown(fits_table + "\n\n" + scores_table)
 
 # %%
 #| code-fold: true
@@ -289,11 +292,11 @@ Markdown("Fitted constants at an end of their grid, where a wider grid could fit
 # %%
 #| code-fold: true
 #| label: fig-contest-phase
-#| fig-cap: "Figure 6b.1. The contest's phase diagram. Left: the winning candidate in each cell of depth against training objective (colour; hatched where the paired margin over the runner-up is under two standard errors), with the residual ratio of level + TD iterates and, below it, that of the best other candidate (mean over ten seeds, forty in the headline cell, each scored with constants fitted on the other seeds). Right: the number of TD iterates k that the level + TD iterates fit uses (on all seeds of the cell), against the model's depth, per objective; the dashed line is k = L."
-#| fig-alt: "Left, a four by four grid of coloured squares, rows the objectives td, mc, supervised and td-independent, columns the depths 2, 3, 4 and 6, each square labelled with two residual ratios. Right, the fitted number of TD iterates against depth, one line per objective, with the diagonal k = L dashed."
+#| fig-cap: "Figure 6b.1. The contest's phase diagram. Top: the winning candidate in each cell of depth against training objective (colour; hatched where the paired margin over the runner-up is under two standard errors), with the residual ratio of level + TD iterates and, below it, that of the best other candidate (mean over ten seeds, forty in the headline cell, each scored with constants fitted on the other seeds). Bottom: the number of TD iterates k that the level + TD iterates fit uses (on all seeds of the cell), against the model's depth, per objective; the dashed line is k = L."
+#| fig-alt: "Top, a four by four grid of coloured squares, rows the objectives td, mc, supervised and td-independent, columns the depths 2, 3, 4 and 6, each square labelled with two residual ratios. Bottom, the fitted number of TD iterates against depth, one line per objective, with the diagonal k = L dashed."
 names = list(CONTEST_GRIDS)
 colours = dict(zip(names, OKABE_ITO))
-fig, (ax, bx) = plt.subplots(1, 2, figsize=(11, 4.4), gridspec_kw=dict(width_ratios=[1.25, 1]))
+fig, (ax, bx) = plt.subplots(2, 1, figsize=(6, 10), gridspec_kw=dict(height_ratios=[1.25, 1]))
 for i, o in enumerate(CONTEST_OBJECTIVES):
     for j, L in enumerate(CONTEST_DEPTHS):
         key = f"{o}, L = {L}"
@@ -314,7 +317,7 @@ ax.legend(handles=[plt.Rectangle((0, 0), 1, 1, color=colours[k], alpha=0.55) for
         + [plt.Rectangle((0, 0), 1, 1, facecolor="white", hatch="//", edgecolor="0.5")],
           labels=[CONTEST_NAMES[k] for k in names] + ["no clear winner (margin under 2 s.e.)"],
           fontsize=8,
-          loc="upper left", bbox_to_anchor=(0, -0.16), ncol=2, frameon=False)
+          loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
 for o, marker in zip(CONTEST_OBJECTIVES, "osD^"):
     Ls = [L for L in CONTEST_DEPTHS if f"{o}, L = {L}" in k_fit]
     bx.plot(Ls, [k_fit[f"{o}, L = {L}"]["k"] for L in Ls], marker=marker, label=o)
@@ -324,25 +327,29 @@ bx.set(xlabel="depth L of the trained model", ylabel="fitted TD iterates k", xti
 bx.legend(fontsize=8); fig.tight_layout()
 
 # %% [markdown]
-# One factor at a time around the headline cell (TD, $L = 3$): the winner, the residual ratio of level + TD iterates
-# and of the best other candidate, the winner's margin over the runner-up (paired, mean ± s.e. over seeds) and the
+# One factor at a time around the headline cell (TD, $L = 3$), in two tables: the winner and the runner-up with
+# their residual ratios; then the residual ratio of level + TD iterates, the winner's margin over the runner-up (paired, mean ± s.e. over seeds) and the
 # fitted $k$ and $\beta$.
 
 # %%
 #| code-fold: true
 factor_rows = ["td, L = 3"] + [k for k in CONTEST_FACTORS if k in summaries]
-Markdown("| cell | seeds | winner | its residual ratio | runner-up | level + TD iterates | margin "
-         "over the runner-up | winner lower | TD fit: $k$, $\\beta$ "
-         "|\n|---|---|---|---|---|---|---|---|---|\n" +
-         "\n".join(f"| {'headline (' + k + ')' if k == 'td, L = 3' else k} | "
-                   f"{len(summaries[k]['td']['seeds'])} | {CONTEST_NAMES[winners[k][0]]} | "
-                   f"{ms(summaries[k][winners[k][0]]['scores']['ratio'])} | "
-                   f"{CONTEST_NAMES[winners[k][1]]}: "
-                   f"{ms(summaries[k][winners[k][1]]['scores']['ratio'])} | "
-                   f"{ms(summaries[k]['td']['scores']['ratio'])} | {winners[k][2]:.3f} ± "
-                   f"{winners[k][3]:.3f} | "
-                   f"{winners[k][4]} / {len(summaries[k]['td']['seeds'])} | {k_fit[k]['k']}, "
-                   f"{k_fit[k]['beta']:g} |" for k in factor_rows))
+factor_name = lambda k: 'headline (' + k + ')' if k == 'td, L = 3' else k
+winners_table = ("| cell | seeds | winner | its residual ratio | runner-up |\n"
+                 "|---|---|---|---|---|\n"
+                 + "\n".join(f"| {factor_name(k)} | {len(summaries[k]['td']['seeds'])} | "
+                             f"{CONTEST_NAMES[winners[k][0]]} | "
+                             f"{ms(summaries[k][winners[k][0]]['scores']['ratio'])} | "
+                             f"{CONTEST_NAMES[winners[k][1]]}: "
+                             f"{ms(summaries[k][winners[k][1]]['scores']['ratio'])} |"
+                             for k in factor_rows))
+td_table = ("| cell | level + TD iterates | margin over the runner-up | winner lower | "
+            "TD fit: $k$, $\\beta$ |\n|---|---|---|---|---|\n"
+            + "\n".join(f"| {factor_name(k)} | {ms(summaries[k]['td']['scores']['ratio'])} | "
+                        f"{winners[k][2]:.3f} ± {winners[k][3]:.3f} | "
+                        f"{winners[k][4]} / {len(summaries[k]['td']['seeds'])} | "
+                        f"{k_fit[k]['k']}, {k_fit[k]['beta']:g} |" for k in factor_rows))
+Markdown(winners_table + "\n\n" + td_table)
 
 # %%
 #| code-fold: true
@@ -980,9 +987,9 @@ Markdown(f"Where the uniform layer is layer 3 ({int(last.sum())} seeds), patchin
 # %%
 #| code-fold: true
 #| label: fig-contest-interventions
-#| fig-cap: "Figure 6b.2. Test-time interventions on the thirty scored seeds. Left: the change ratio of each frozen candidate (0: it predicts the models' change of shape exactly; 1: it predicts no change) under shuffled successors and at n = 120. Middle: the value error of the trained models and of each frozen candidate against the context length; training used n = 30 (dotted). Right: the share of the winner's level moved by patching the uniform layer's writes from another task, by which layer is uniform and which rows are patched. Bars and bands: mean ± one standard error over seeds."
-#| fig-alt: "Three panels. Left, grouped bars of the change ratio per candidate for two interventions, level + TD iterates lowest in both. Middle, MSVE against context length 30, 60, 120 on a log axis for the trained models and the five candidates; the models' curve follows level + TD iterates. Right, bars of the level share moved by the patch, grouped by the uniform layer's position, for three choices of patched rows."
-fig, axs = plt.subplots(1, 3, figsize=(14, 4.3))
+#| fig-cap: "Figure 6b.2. Test-time interventions on the thirty scored seeds. Top: the change ratio of each frozen candidate (0: it predicts the models' change of shape exactly; 1: it predicts no change) under shuffled successors and at n = 120. Middle: the value error of the trained models and of each frozen candidate against the context length; training used n = 30 (dotted). Bottom: the share of the winner's level moved by patching the uniform layer's writes from another task, by which layer is uniform and which rows are patched. Bars and bands: mean ± one standard error over seeds."
+#| fig-alt: "Three panels, stacked. Top, grouped bars of the change ratio per candidate for two interventions, level + TD iterates lowest in both. Middle, MSVE against context length 30, 60, 120 on a log axis for the trained models and the five candidates; the models' curve follows level + TD iterates. Bottom, bars of the level share moved by the patch, grouped by the uniform layer's position, for three choices of patched rows."
+fig, axs = plt.subplots(3, 1, figsize=(6, 11.5))
 se = lambda x: (x.std() / math.sqrt(len(x))).item()
 for i, (lab, cr) in enumerate((("shuffled successors", sh_cr), (f"n = {lengths[-1]}", ln_cr))):
     xs = torch.arange(len(names_iv)) + (i - 0.5) * 0.38
@@ -1189,9 +1196,9 @@ Markdown("| constant | from the fit (per seed) | from the weights | |\n|---|---|
 # %%
 #| code-fold: true
 #| label: fig-contest-weights
-#| fig-cap: "Figure 6b.3. The algorithm read off the weights, forty models of the headline cell. Left: the level sensitivity read off the weights (attention frozen) against the one fitted to each seed's outputs, by which layer is uniform; the dashed line is equality. Middle: the anisotropy of each layer's feature block of A (0: an isotropic kernel), selective layers against the uniform one. Right: the discount a_v'/(-a_v) of each selective layer's value-row weights (a TD step has 0.9, dotted), clipped to [-3, 3]."
-#| fig-alt: "Three panels. Left, a scatter of the level read from the weights against the fitted level, points on the diagonal, coloured by the uniform layer's position. Middle, strip plots of the anisotropy: selective layers near 0.1, uniform layers spread up to 1. Right, a strip plot of the value-row discounts of the selective layers, scattered widely around and beyond 0.9."
-fig, axs = plt.subplots(1, 3, figsize=(13.5, 4.1))
+#| fig-cap: "Figure 6b.3. The algorithm read off the weights, forty models of the headline cell. Top: the level sensitivity read off the weights (attention frozen) against the one fitted to each seed's outputs, by which layer is uniform; the dashed line is equality. Middle: the anisotropy of each layer's feature block of A (0: an isotropic kernel), selective layers against the uniform one. Bottom: the discount a_v'/(-a_v) of each selective layer's value-row weights (a TD step has 0.9, dotted), clipped to [-3, 3]."
+#| fig-alt: "Three panels, stacked. Top, a scatter of the level read from the weights against the fitted level, points on the diagonal, coloured by the uniform layer's position. Middle, strip plots of the anisotropy: selective layers near 0.1, uniform layers spread up to 1. Bottom, a strip plot of the value-row discounts of the selective layers, scattered widely around and beyond 0.9."
+fig, axs = plt.subplots(3, 1, figsize=(6, 10.5))
 for l in range(3):
     k_ = W["u"] == l
     axs[0].scatter(W["fit"][k_], W["weights"][k_], color=OKABE_ITO[l], s=28, label=f"layer {l + 1} "

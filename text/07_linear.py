@@ -884,7 +884,7 @@ test_eq(LinearICTD.from_td(4, 3, 0.1).predict(Zb.float(), n=30).dtype, torch.flo
 
 # %%
 def linear_paths_agree(model, Z, n):
-    "The largest difference between the dense and the streamed forward pass, relative to the largest entry."
+    "Largest gap between the dense and the streamed forward pass, relative to the largest entry."
     dense, streamed = (model(Z, n, method=m) for m in ("dense", "streamed"))
     return ((dense - streamed).abs().max() / dense.abs().max()).item()
 

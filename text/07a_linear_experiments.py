@@ -34,6 +34,7 @@ from ictd.model import SoftmaxICTD
 from ictd.engine import EMERGENCE, held_out_tasks
 from ictd.tasks import task_pool
 from ictd.core import record_claim
+from ictd.stats import rate_lower   # appendix J's one-sided Clopper-Pearson bound
 from ictd.experiments.emergence import check_saved_runs
 from ictd.experiments.linear import BOOK_LINEAR, BOOK_SOFTMAX, book_runs   # defined in "Implementation and tests"
 import tempfile
@@ -153,13 +154,13 @@ def plot_linear_pretraining(results:list,          # runs of the sliding protoco
         band_plot(ax, x, m, m - 2 * se, m + 2 * se, label, style)
         if reference and entries: ax.plot(reference["tasks"], reference[key], "*", color=style[0], mec="k", ms=11)
     if entries:
-        fig, ax = plt.subplots(figsize=(7.5, 3.6))
+        fig, ax = plt.subplots(figsize=(6.2, 4))
         for (key, label), style in zip(ENTRY_LABELS.items(), METHOD_STYLES): band(ax, key, label, style)
         ax.axhline(0, color="0.5", lw=0.8)
         ax.set(xlabel="tasks seen", ylabel="entry or trace", title=title or f"Learned V and A, sign-aligned: mean and 2 s.e. over {S} seeds")
-        ax.legend(fontsize=9, loc="center left", bbox_to_anchor=(1.01, 0.5))
+        ax.legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3)
     else:
-        fig, axs = plt.subplots(1, 2, figsize=(8, 3.4))
+        fig, axs = plt.subplots(2, 1, figsize=(6.2, 6), sharex=True)
         for ax, key, style in zip(axs, ("iws", "vd"), METHOD_STYLES): band(ax, key, f"mean of {S} seeds, 2 s.e.", style)
         if reference:
             axs[0].plot(reference["tasks"], reference["iws"], "k*", ms=9, label="published, 30 seeds")
@@ -167,7 +168,8 @@ def plot_linear_pretraining(results:list,          # runs of the sliding protoco
         axs[0].set(ylabel="cosine", ylim=(-0.05, 1.05), title="implicit weight similarity")
         axs[1].set(yscale="log", ylabel="squared return units", title="value difference to batch TD")
         plain_log_ticks(axs[1], "y")
-        for ax in axs: ax.set_xlabel("tasks seen"); ax.legend(fontsize=9)
+        axs[1].set_xlabel("tasks seen")
+        for ax in axs: ax.legend(fontsize=9)
         fig.suptitle(title or f"Linear Transformer, sliding-window TD pretraining, {S} seeds", fontsize=10)
     fig.tight_layout()
     return fig
@@ -185,11 +187,12 @@ def plot_pq(P:torch.Tensor,   # (S, 2d+1, 2d+1) one layer's P per seed
     import matplotlib.pyplot as plt
     S = P.shape[0]
     P, Q = (m.mean(0).numpy() for m in align_signs(P, Q))
-    fig, axs = plt.subplots(1, 2, figsize=(8, 3.6))
+    fig, axs = plt.subplots(1, 2, figsize=(6.2, 2.9))
     for ax, M, name in zip(axs, (P, Q), ("V (code P)", "A (code Q)")):
         lim = abs(M).max()
         im = ax.imshow(M, cmap="RdBu_r", vmin=-lim, vmax=lim)
-        ax.set(title=f"mean {name}, {S} seeds", xlabel="column", ylabel="row")
+        ax.set(xlabel="column", ylabel="row")
+        ax.set_title(f"mean {name}, {S} seeds", fontsize=10)
         fig.colorbar(im, ax=ax, shrink=0.85)
     fig.tight_layout()
     return fig
@@ -257,7 +260,6 @@ def reference_table(summaries:dict,             # label -> output of `summarise_
 # %%
 Markdown(reference_table({f"book run, lr {fast_linear.lr:g}": summarise_linear(lin)}))
 
-
 # %% [markdown]
 # **What it shows.** What the run shows, as statements about seeds (each seed is one independent run, so the number of
 # seeds with a property is binomial; we print a one-sided 95% Clopper-Pearson lower bound on the
@@ -273,14 +275,6 @@ Markdown(reference_table({f"book run, lr {fast_linear.lr:g}": summarise_linear(l
 #   tenth of the median seed's (asserted; the seeds are named below).
 
 # %%
-def lower_bound(k:int, n:int, level:float=0.95)->float:
-    "One-sided Clopper-Pearson lower confidence bound on a success probability after k successes in n trials."
-    tail = lambda p: sum(math.comb(n, j) * p ** j * (1 - p) ** (n - j) for j in range(k, n + 1))
-    lo, hi = 0., 1.
-    for _ in range(60): lo, hi = ((lo + hi) / 2,
-                                  hi) if tail((lo + hi) / 2) < 1 - level else (lo, (lo + hi) / 2)
-    return lo if k else 0.
-
 h_lin = aligned_history(lin)
 claims = {"IWS > 0.85": h_lin["iws"][:, -1] > 0.85, "VD < 0.05": h_lin["vd"][:, -1] < 0.05,
           "tr Q11 < 0 < tr Q12": (h_lin["trQ11"][:, -1] < 0) & (h_lin["trQ12"][:, -1] > 0),
@@ -292,7 +286,8 @@ assert (counts["IWS > 0.85"] >= 6 and counts["VD < 0.05"] >= 6
 assert counts["tr Q11 < 0 < tr Q12"] >= 9, counts
 no_signs = ~claims["tr Q11 < 0 < tr Q12"]
 # the seeds without the signs are the slow ones
-assert (h_lin["P_last"][no_signs, -1].abs() < 0.1 * h_lin["P_last"][:, -1].median()).all(), h_lin["P_last"][:, -1]
+v_last = h_lin["P_last"][:, -1]
+assert (v_last[no_signs].abs() < 0.1 * v_last.median()).all(), v_last
 print(f"seeds without the sign pattern: {no_signs.nonzero().flatten().tolist()}, V[-1,-1] "
       f"{[round(v, 3) for v in h_lin['P_last'][no_signs, -1].tolist()]} against the median seed's "
       f"{h_lin['P_last'][:, -1].median():.3f}")
@@ -300,7 +295,7 @@ record_claim("short-run-finds-td",
              "In the shortened sliding-window run (10 seeds, 400 tasks), most linear Transformers "
              "end near batch TD (IWS > 0.85, VD < 0.05) with the construction's sign pattern in V "
              "and A (code P and Q).", "measured", "linear_experiments", "#the-books-run")
-{k: f"{c} of 10 seeds (p >= {lower_bound(c, 10):.2f})" for k, c in counts.items()}
+{k: f"{c} of 10 seeds (p >= {rate_lower(c, 10):.2f})" for k, c in counts.items()}
 
 
 # %% [markdown]
@@ -374,14 +369,16 @@ full_linear = reproduce_iclr(out="data/iclr_linear_30seeds.json")
 
 # %%
 saved, files = {}, sorted(Path("data").glob("iclr_linear_*seeds.json"))
-assert (Path("data/iclr_linear_30seeds.json") in files), f"the 30-seed summary is missing from data/ (found {[f.name for f in files]})"
+missing = f"the 30-seed summary is missing from data/ (found {[f.name for f in files]})"
+assert Path("data/iclr_linear_30seeds.json") in files, missing
 for f in files:
     js = json.loads(f.read_text())
     saved[f"full protocol, lr {js['config']['lr']:g}, {len(js['seeds'])} seeds"] = js
     summary = {k: dict(mean=v[-1], se=js["se"][k][-1])
                for k, v in js["mean"].items()} | dict(seeds=len(js["seeds"]),
                                                       tasks=int(js["tasks"][-1]))
-    display(Markdown(f"Saved by `{js['produced_by']}`. " + provenance_note(js["provenance"]) + "\n\n" + reference_table({f.name: summary})))
+    display(Markdown(f"Saved by `{js['produced_by']}`. " + provenance_note(js["provenance"])
+                     + "\n\n" + reference_table({f.name: summary})))
 
 # %% [markdown]
 # Against the published values, the saved full-protocol runs (asserted below; the 30-seed file must
@@ -407,12 +404,13 @@ for label, js in saved.items():
     S = len(js["seeds"])
     assert signs.sum() >= 0.8 * S, (label, int(signs.sum()))
     # the seeds without the signs are the slow ones
-    assert (final["P_last"][~signs].abs() < 0.1 * final["P_last"].median()).all(), (label, final["P_last"][~signs])
+    slow = final["P_last"][~signs]
+    assert (slow.abs() < 0.1 * final["P_last"].median()).all(), (label, slow)
     z_iws = (js["mean"]["iws"][-1] - ICLR_REFERENCE["iws"]) / js["se"]["iws"][-1]
     print(f"{label}: IWS {js['mean']['iws'][-1]:.3f} +- {js['se']['iws'][-1]:.3f}, {z_iws:.1f} "
           f"s.e. from the published {ICLR_REFERENCE['iws']}; "
           f"the construction's signs in {int(signs.sum())} of {S} seeds (share >= "
-          f"{lower_bound(int(signs.sum()), S):.2f} at 95%)")
+          f"{rate_lower(int(signs.sum()), S):.2f} at 95%)")
     keys = ("iws", "vd", "P_last", "trQ11", "trQ12")
     display(Markdown(f"{label}, each seed's final values:\n\n| seed | IWS | VD | $V[-1,-1]$ | tr "
                      f"$A_{{11}}$ | tr $A_{{12}}$ |\n" + "|---" * 6 + "|\n"
@@ -632,7 +630,7 @@ def plot_side_by_side(curves:dict,   # the output of `side_by_side`
                      ):              # the matplotlib figure
     "Median and quartiles of MSVE against depth for each construction, one colour and line style each."
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    fig, ax = plt.subplots(figsize=(6.2, 4.2))
     for (label, c), style in zip(curves.items(), METHOD_STYLES):
         band_plot(ax, range(c.shape[1]), *(c.quantile(q, dim=0).numpy() for q in (0.5, 0.25, 0.75)), label, style)
     ax.set(yscale="log", xlabel="depth $L$ (layers = TD iterations)", ylabel="MSVE (squared return units)",
@@ -816,7 +814,7 @@ def plot_tuned_side_by_side(results:dict,  # features label -> output of `tuned_
                            ):              # the matplotlib figure
     "Median and quartiles of MSVE against depth of every tuned method, one panel per kind of features, one colour and line style per method."
     import matplotlib.pyplot as plt
-    fig, axs = plt.subplots(1, len(results), figsize=(8, 4.2), sharey=True, squeeze=False)
+    fig, axs = plt.subplots(1, len(results), figsize=(6.2, 4.4), sharey=True, squeeze=False)
     for ax, (label, res) in zip(axs[0], results.items()):
         for (method, r), style in zip(res.items(), METHOD_STYLES):
             c = r["curves"].clamp(max=1e6)
@@ -883,21 +881,26 @@ final = {feat: {m: r["curves"][:, -1] for m, r in res.items()} for feat, res in 
 lin1, soft1, abl1 = final["one-hot"].values()
 lin4, soft4, abl4 = final["4 random"].values()
 def paired(better, worse, n_boot=2000, seed=0):
-    "Chains where `better` is lower, the one-sided sign-test p-value, median(worse) / median(better), and the median per-chain ratio worse / better with a 95% bootstrap interval over chains."
+    """Chains where `better` is lower, the one-sided sign-test p-value,
+    median(worse) / median(better), and the median per-chain ratio worse / better with a 95%
+    bootstrap interval over chains."""
     wins, k = int((better < worse).sum()), len(better)
     p = sum(math.comb(k, j) for j in range(wins, k + 1)) / 2 ** k
     ratio = worse / better
     idx = torch.randint(0, k, (n_boot, k), generator=torch.Generator().manual_seed(seed))
     boot = ratio[idx].median(1).values.quantile(torch.tensor([0.025, 0.975], dtype=better.dtype))
-    return wins, p, (worse.median() / better.median()).item(), ratio.median().item(), boot[0].item(), boot[1].item()
+    of_medians = (worse.median() / better.median()).item()
+    return wins, p, of_medians, ratio.median().item(), boot[0].item(), boot[1].item()
 assert fair["one-hot"]["linear attention"]["params"]["alpha"] > 1
 stats1, stats4 = paired(soft1, lin1), paired(soft4, lin4)
-# one-hot: softmax ahead on most chains, by a per-chain factor above 1 and below the random-feature one
+# one-hot: softmax ahead on most chains, by a per-chain factor above 1
+# and below the random-feature one
 assert (stats1[0] >= 60 and stats1[1] < 0.01 and stats1[4] > 1
         and stats1[5] < stats4[4]), (stats1, stats4)
 # random features: an order of magnitude
 assert stats4[0] >= 90 and stats4[2] > 10 and stats4[4] > 5, stats4
-assert (soft1 < abl1).sum() >= 95 and (soft4 < abl4).sum() >= 95, ((soft1 < abl1).sum(), (soft4 < abl4).sum())
+soft_wins = ((soft1 < abl1).sum(), (soft4 < abl4).sum())
+assert soft_wins[0] >= 95 and soft_wins[1] >= 95, soft_wins
 record_claim("tuned-side-by-side",
              "With each construction's parameters tuned, softmax stays ahead of linear in-context "
              "TD at depth 40: on one-hot features by a modest factor (ahead on most chains, the "
@@ -905,18 +908,22 @@ record_claim("tuned-side-by-side",
              "features; the query-normalised variant is worse than softmax on nearly every chain.",
              "measured", "linear_experiments", "#a-fair-side-by-side")
 for feat, (wins, p, of_medians, ratio, lo, hi) in zip(final, (stats1, stats4)):
-    print(f"{feat}: softmax below linear on {wins} of 100 chains (sign test p {f'= {p:.1e}' if p > 1e-10 else '< 1e-10'}); median MSVE linear / median MSVE softmax = {of_medians:.2f}; "
+    p_text = f'= {p:.1e}' if p > 1e-10 else '< 1e-10'
+    print(f"{feat}: softmax below linear on {wins} of 100 chains (sign test p {p_text}); "
+          f"median MSVE linear / median MSVE softmax = {of_medians:.2f}; "
           f"per-chain MSVE ratio linear / softmax: median {ratio:.2f}, 95% interval [{lo:.2f}, "
           f"{hi:.2f}]")
 for feat, f in fair.items():
-    lin, abl, zero = f["linear attention"]["curves"][:, -1], f["query-normalised softmax (ablation)"]["curves"][:, -1], f["linear attention"]["curves"][:, 0]
+    lin, zero = f["linear attention"]["curves"][:, -1], f["linear attention"]["curves"][:, 0]
+    abl = f["query-normalised softmax (ablation)"]["curves"][:, -1]
     print(f"{feat}: ablation worse than linear on {int((abl > lin).sum())} of 100 chains, below "
           f"the zero predictor on {int((abl < zero).sum())}; "
           f"zero predictor median MSVE {zero.median():.3f}")
 # same chains, same v_pi
 assert torch.equal(fair["one-hot"]["linear attention"]["curves"][:, 0],
                    fair["4 random"]["linear attention"]["curves"][:, 0])
-assert (abl1 > lin1).sum() >= 90 and 30 <= (abl4 > lin4).sum() <= 70, ((abl1 > lin1).sum(), (abl4 > lin4).sum())
+abl_loses = ((abl1 > lin1).sum(), (abl4 > lin4).sum())
+assert abl_loses[0] >= 90 and 30 <= abl_loses[1] <= 70, abl_loses
 
 # %% [markdown]
 # The softmax construction pays for its speed and expressiveness with a condition: its contraction
@@ -1003,9 +1010,8 @@ def book_runs(data_dir="nbs/data")->tuple:  # ("linear"/"softmax" -> runs (`Pret
 # %%
 def same_chain(a, b, S_a, S_b):
     "Whether two chains and their contexts agree in everything but the features."
-    return all(torch.equal(getattr(a, k), getattr(b, k))
-               for k in ("P", "r", "d_pi",
-                         "v_pi")) and a.gamma == b.gamma and all(torch.equal(x, y) for x, y in zip(S_a, S_b))
+    same_task = all(torch.equal(getattr(a, k), getattr(b, k)) for k in ("P", "r", "d_pi", "v_pi"))
+    return same_task and a.gamma == b.gamma and all(torch.equal(x, y) for x, y in zip(S_a, S_b))
 # the chains and contexts of `side_by_side(seed=0)`
 for b in range(100):
     one, rnd = (random_boyan_chain(features=f, seed=task_rng(substream(0, 0), b))

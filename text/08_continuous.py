@@ -428,7 +428,8 @@ noise_free_ar = GaussianAR1(sigma=1e-9)
 z = {"rotation, square reward": mc_z_scores(rot, starts_rot, rot.v_pi(starts_rot), seed=10),
      "rotation, cos reward": mc_z_scores(cosine, starts_rot, cosine.v_pi(starts_rot), seed=11),
      "AR(1), cubic reward": mc_z_scores(ar, starts_ar, ar.v_pi(starts_ar), seed=12),
-     "rotation, cos reward, WRONG (noise-free) value": mc_z_scores(cosine, starts_rot, no_noise.v_pi(starts_rot), seed=11),
+     "rotation, cos reward, WRONG (noise-free) value":
+         mc_z_scores(cosine, starts_rot, no_noise.v_pi(starts_rot), seed=11),
      "AR(1), WRONG (noise-free) value": mc_z_scores(ar, starts_ar, noise_free_ar.v_pi(starts_ar),
                                                     seed=12)}
 for k, zk in z.items():
@@ -525,7 +526,8 @@ by_hand = torch.tensor([math.e ** 2, 1., math.e ** -2, 1.],
 w_ex = context_weights(rot.features(S_ex), rot.score_matrix(2.),
                        rot.features(torch.zeros(1, dtype=torch.float64)))[:, -1]
 test_close(w_ex, by_hand, eps=1e-12)
-Markdown("| key $S_{k-1}$ | score $2\\cos(0 - S_{k-1})$ | weight $K_k(0)$ |\n|---|---|---|\n" + "\n".join(
+header = "| key $S_{k-1}$ | score $2\\cos(0 - S_{k-1})$ | weight $K_k(0)$ |\n|---|---|---|\n"
+Markdown(header + "\n".join(
     f"| ${a}$ | {g:g} | {w:.4f} |" for a, g, w in zip(["0", "\\pi/2", "\\pi", "3\\pi/2"],
                                                       [2, 0, -2, 0], w_ex.tolist())))
 
@@ -569,9 +571,9 @@ def direct_weights(kernel, keys, targets):
     K = kernel(keys[:, None] - targets[None, :])
     return K / K.sum(0)
 
-for proc, kernel in [(rot,
-                      lambda u: torch.exp(8. * torch.cos(u))), (ar,
-                                                                lambda u: torch.exp(-8. * u ** 2 / 2))]:
+von_mises_8 = lambda u: torch.exp(8. * torch.cos(u))
+gaussian_8 = lambda u: torch.exp(-8. * u ** 2 / 2)
+for proc, kernel in [(rot, von_mises_8), (ar, gaussian_8)]:
     S, R = proc.sample_trajectory(300, seed=2)
     queries = proc.grid(16)[0]
     lib = context_weights(proc.features(S), proc.score_matrix(8.), proc.features(queries))
@@ -700,7 +702,7 @@ for proc in (cosine, ar):
     x, _ = proc.grid(64)
     test_close(proc.population_values(10., 1., 2000, x)[-1], proc.v_pi(x), eps=1e-9)
 def grid_recursion(proc, beta, alpha, L, m=2048):
-    "The population recursion on the circle with P and M discretised as m x m matrices (no Fourier series)."
+    "The population recursion on the circle, P and M as m x m matrices (no Fourier series)."
     # off the reward's jumps at 0 and pi
     x = proc.grid(m)[0] + math.pi / m
     u = (x[None, :] - x[:, None] + math.pi) % (2 * math.pi) - math.pi      # y - x, wrapped
@@ -716,10 +718,12 @@ nodes, hw = np.polynomial.hermite_e.hermegauss(40)
 b, s2 = 2., ar.std ** 2
 c_m, tau = b * s2 / (1 + b * s2), math.sqrt(s2 / (1 + b * s2))
 x = torch.linspace(-2, 2, 5, dtype=torch.float64)
-Mr = (ar.reward(c_m * x[:, None] + tau * torch.from_numpy(nodes)) * torch.from_numpy(hw / hw.sum())).sum(1)
+quad_states = c_m * x[:, None] + tau * torch.from_numpy(nodes)
+quad_weights = torch.from_numpy(hw / hw.sum())
+Mr = (ar.reward(quad_states) * quad_weights).sum(1)
 test_close(ar.population_values(b, 0.7, 1, x)[1], 0.7 * Mr, eps=1e-12)
-f_rot = (1 - von_mises_harmonics(10.,
-                                 3)[1:] * (1 - 0.9 * rot.transition_eigenvalues(torch.arange(1., 4.)))).abs()
+mu_rot = von_mises_harmonics(10., 3)[1:]
+f_rot = (1 - mu_rot * (1 - 0.9 * rot.transition_eigenvalues(torch.arange(1., 4.)))).abs()
 order = ["first", "second", "third"]
 fastest, slowest = order[f_rot.argmin()], order[f_rot.argmax()]
 record_claim("population-limit",
@@ -788,7 +792,8 @@ f_1.item()
 
 # %%
 S_gram = rot.sample_trajectory(30, seed=3)[0][:-1]
-gram_cond = ({b: torch.linalg.cond(torch.exp(b * (torch.cos(S_gram[:, None] - S_gram[None, :]) - 1))).item() for b in (1., 10., 100., 1000.)})
+gram_gap = torch.cos(S_gram[:, None] - S_gram[None, :]) - 1
+gram_cond = {b: torch.linalg.cond(torch.exp(b * gram_gap)).item() for b in (1., 10., 100., 1000.)}
 assert gram_cond[1.] > 1e12 and gram_cond[1000.] < 1e6, gram_cond
 record_claim("return-chain",
              "On a context of distinct states, every fixed point of weighted softmax TD with a "

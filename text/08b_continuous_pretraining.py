@@ -4,7 +4,7 @@
 # %%
 #| export
 from __future__ import annotations
-import json, math, time
+import json, math, time, warnings
 from pathlib import Path
 import numpy as np
 import torch
@@ -12,6 +12,7 @@ from ictd.boyan import as_tensor, weighted_error
 from ictd.state_tokens import token_predict, trajectory_tokens
 from ictd.pretrain import pretrain_many
 from ictd.engine import stack_results
+from ictd.stats import rate_lower
 from ictd.continuous import GaussianAR1, GaussianAR1Family, NoisyRotation, RotationFamily, TaskFamily, family_config, kernel_td, population_msve
 from ictd.core import atomic_savefig, atomic_write_text, check_choice
 from ictd.experiments.continuous_sweeps import (LINE_STYLES, best_beta, bootstrap_slope, compare_methods, error_sweep, plot_depth,
@@ -208,12 +209,9 @@ def tune_kernel(family:TaskFamily, ctx:dict, *, n_layers:int, alphas:list, betas
 # %%
 #| export
 def binomial_lower(k:int, N:int, level:float=0.95)->float:
-    "One-sided Clopper-Pearson lower bound on a probability from k successes in N trials."
-    if k == 0: return 0.
-    tail = lambda p: sum(math.comb(N, j) * p ** j * (1 - p) ** (N - j) for j in range(k, N + 1))   # P(X >= k)
-    lo, hi = 0., 1.
-    for _ in range(60): lo, hi = ((lo + hi) / 2, hi) if tail((lo + hi) / 2) < 1 - level else (lo, (lo + hi) / 2)
-    return lo
+    "Deprecated alias of `ictd.stats.rate_lower` (appendix J), kept for one release."
+    warnings.warn("binomial_lower is deprecated: use ictd.stats.rate_lower", DeprecationWarning, stacklevel=3)
+    return rate_lower(k, N, level)
 
 
 # %%
@@ -300,16 +298,16 @@ def plot_learned_kernel(family:TaskFamily, A, xs:list, u, xlabel:str):
     g, beta = learned_scores(family, A, torch.tensor(xs, dtype=torch.float64), u), kernel_fit(family, A)["beta"].median(0).values
     f0, W1 = family.features(torch.zeros(1, dtype=torch.float64))[0], family.base.score_matrix(1.)
     ref = family.features(u) @ W1 @ f0 - f0 @ W1 @ f0                        # Proposition 8.1's kernel at scale 1, relative to u = 0
-    fig, axes = plt.subplots(1, L, figsize=(5 * L, 4), sharey=True)
-    for l, ax in enumerate(np.atleast_1d(axes)):
+    fig, axes = plt.subplots(L, 1, figsize=(6, 3.2 * L), sharex=True, sharey=True, squeeze=False)
+    for l, ax in enumerate(axes[:, 0]):
         for i, x in enumerate(xs):
             q = torch.quantile(g[:, l, i], torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64), dim=0)
             ax.plot(u, q[1], color=f"C{i}", ls=LINE_STYLES[i % len(LINE_STYLES)], label=f"learned, query $x = {x:.2f}$")
             ax.fill_between(u, q[0], q[2], color=f"C{i}", alpha=0.15)
         ax.plot(u, beta[l] * ref, "k", lw=2.5, alpha=0.6, label=rf"Prop. 8.1, $\hat\beta = {beta[l]:.2f}$")
-        ax.set(xlabel=xlabel, title=f"layer {l + 1}")
-        ax.legend(fontsize=9)
-    np.atleast_1d(axes)[0].set_ylabel(r"score $g(x + u, x) - g(x, x)$")
+        ax.set(ylabel=r"score $g(x + u, x) - g(x, x)$", title=f"layer {l + 1}")
+        ax.legend(fontsize=8, loc="lower center")
+    axes[-1, 0].set_xlabel(xlabel)
     fig.tight_layout()
     return fig
 
@@ -358,7 +356,7 @@ def seed_claims(claims:dict,    # statement -> (S,) bool tensor, one entry per s
     rows = ["| statement | seeds | 95% lower bound on P(seed satisfies it) |", "|---|---|---|"]
     for name, ok in claims.items():
         k, N = int(ok.sum()), len(ok)
-        rows.append(f"| {name} | {k} of {N} | {binomial_lower(k, N):.2f} |")
+        rows.append(f"| {name} | {k} of {N} | {rate_lower(k, N):.2f} |")
     return "\n".join(rows)
 
 
@@ -465,7 +463,9 @@ for name, ok in claims_rot.items(): assert ok.sum() >= 9, (name, ok)
 record_claim("rotation-pretraining",
              "Pretrained on random noisy rotations, the score block learns the von Mises kernel "
              "and the models beat the tuned constructed Transformer at the same depth, but the "
-             "value rows match $\\theta^*$ only in sign (9 or more of 10 seeds for each statement).", "partial", "continuous_pretraining", "#the-rotation-family-ten-seeds")
+             "value rows match $\\theta^*$ only in sign (9 or more of 10 seeds for each "
+             "statement).",
+             "partial", "continuous_pretraining", "#the-rotation-family-ten-seeds")
 Markdown(seed_claims(claims_rot) + f"\n\nThe current weight is negative in {current_negative:.0%} "
                                    f"of the layers $2..L$ over all seeds.")
 
@@ -611,9 +611,9 @@ def continuous_full_scale(out,                 # folder for the figures and resu
     res["comparison"] = {f"{k}_n{n}": compare_methods(p, n, cfg["l_beta"], sizes, alphas, kalphas, bs, seed=seed)
                          for n in cfg["ns_cmp"] for k, p, sizes, bs in [("rotation", rot, [1, 2, 4, 8, 16], [3., 10., 30., 100., 300.]),
                                                                         ("ar1", ar, [1, 2, 3, 5, 8], [0.25, 0.5, 1., 2., 4.])]}
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7))
-    plot_estimates(rot, beta=ROT_B, alpha=A, ns=[cfg["ns_depth"][0], cfg["ns_depth"][-1]], depths=[2, 10, 30], seed=stream_seed(seed, "estimates"), axes=axes[0])
-    plot_estimates(ar, beta=AR_B, alpha=A, ns=[cfg["ns_depth"][0], cfg["ns_depth"][-1]], depths=[2, 10, 30], seed=stream_seed(seed, "estimates"), axes=axes[1])
+    fig, axes = plt.subplots(4, 1, figsize=(6.2, 14))
+    plot_estimates(rot, beta=ROT_B, alpha=A, ns=[cfg["ns_depth"][0], cfg["ns_depth"][-1]], depths=[2, 10, 30], seed=stream_seed(seed, "estimates"), axes=axes[:2])
+    plot_estimates(ar, beta=AR_B, alpha=A, ns=[cfg["ns_depth"][0], cfg["ns_depth"][-1]], depths=[2, 10, 30], seed=stream_seed(seed, "estimates"), axes=axes[2:])
     fig.tight_layout(); save(fig, "estimates.png")
     long = error_sweep(rot, [200], cfg["long_betas"], A, cfg["long_depth"], cfg["n_tasks"], stream_seed(seed, "long_depth"), progress=progress)[0]
     save(plot_long_depth(cfg["long_betas"], long, 200), "long_depth.png")
@@ -660,7 +660,8 @@ rot_last, ar_last = pre["rotation"]["value_weights_mean"][-1], pre["ar1"]["value
 assert rot_last[1] > 2 * abs(rot_last[2]) and rot_last[2] < 0, rot_last
 assert (np.median(pre["ar1"]["msve_trained"]) < 1.15 * pre["ar1"]["msve_constructed"]
         and ar_last[0] > 0.3 and max(abs(ar_last[1]), abs(ar_last[2])) < 0.15), ar_last
-full["bandwidth"]["best_beta"], full["bandwidth"]["exponent"], full["bandwidth"]["exponent_ci"], {k: v["claims"] for k, v in pre.items()}
+bw = full["bandwidth"]
+bw["best_beta"], bw["exponent"], bw["exponent_ci"], {k: v["claims"] for k, v in pre.items()}
 
 # %% [markdown]
 # ## Implementation and tests
@@ -703,18 +704,23 @@ test_eq(kernel_msve(fam_rot, ctx_check, alpha=best_check[0], beta=best_check[1],
 test_eq(mean_reward_msve(fam_rot, ctx_check).shape, (6,))
 
 # %% [markdown]
-# The Clopper-Pearson lower bound of the claims tables, at its two closed-form cases:
+# The Clopper-Pearson lower bound of the claims tables (appendix J's `rate_lower`), at its two closed-form cases, and
+# the deprecated alias `binomial_lower`, which warns and gives the same bound:
 
 # %%
-test_close(binomial_lower(10, 10), 0.05 ** 0.1, eps=1e-9)
-test_eq(binomial_lower(0, 10), 0.)
+test_close(rate_lower(10, 10), 0.05 ** 0.1, eps=1e-9)
+test_eq(rate_lower(0, 10), 0.)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    test_eq(binomial_lower(9, 10), rate_lower(9, 10))
+test_eq([w.category for w in caught], [DeprecationWarning])
 
 # %% [markdown]
 # `learned_scores` of $\theta^*$ is the kernel of Proposition 8.1 itself, on both families:
 
 # %%
-u_check, x_check = torch.linspace(-2, 2, 9,
-                                  dtype=torch.float64), torch.tensor([-1., 0., 0.7], dtype=torch.float64)
+u_check = torch.linspace(-2, 2, 9, dtype=torch.float64)
+x_check = torch.tensor([-1., 0., 0.7], dtype=torch.float64)
 for fam, ref in [(fam_rot, 3. * (torch.cos(u_check) - 1)), (fam_ar, -3. * u_check ** 2 / 2)]:
     test_close(learned_scores(fam, theta_star(fam.d, fam.base.score_matrix(3.), 1., 0.9)[0],
                               x_check, u_check), ref.expand(3, -1), eps=1e-12)

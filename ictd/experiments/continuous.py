@@ -4,7 +4,7 @@
 
 # %% ../../nbs/08b_continuous_pretraining.ipynb #eaaae0d2
 from __future__ import annotations
-import json, math, time
+import json, math, time, warnings
 from pathlib import Path
 import numpy as np
 import torch
@@ -12,6 +12,7 @@ from ..boyan import as_tensor, weighted_error
 from ..state_tokens import token_predict, trajectory_tokens
 from ..pretrain import pretrain_many
 from ..engine import stack_results
+from ..stats import rate_lower
 from ..continuous import GaussianAR1, GaussianAR1Family, NoisyRotation, RotationFamily, TaskFamily, family_config, kernel_td, population_msve
 from ..core import atomic_savefig, atomic_write_text, check_choice
 from .continuous_sweeps import (LINE_STYLES, best_beta, bootstrap_slope, compare_methods, error_sweep, plot_depth,
@@ -85,12 +86,9 @@ def tune_kernel(family:TaskFamily, ctx:dict, *, n_layers:int, alphas:list, betas
 
 # %% ../../nbs/08b_continuous_pretraining.ipynb #b743e349
 def binomial_lower(k:int, N:int, level:float=0.95)->float:
-    "One-sided Clopper-Pearson lower bound on a probability from k successes in N trials."
-    if k == 0: return 0.
-    tail = lambda p: sum(math.comb(N, j) * p ** j * (1 - p) ** (N - j) for j in range(k, N + 1))   # P(X >= k)
-    lo, hi = 0., 1.
-    for _ in range(60): lo, hi = ((lo + hi) / 2, hi) if tail((lo + hi) / 2) < 1 - level else (lo, (lo + hi) / 2)
-    return lo
+    "Deprecated alias of `ictd.stats.rate_lower` (appendix J), kept for one release."
+    warnings.warn("binomial_lower is deprecated: use ictd.stats.rate_lower", DeprecationWarning, stacklevel=3)
+    return rate_lower(k, N, level)
 
 # %% ../../nbs/08b_continuous_pretraining.ipynb #b8fbd653
 def learned_scores(family:TaskFamily,  # the family (its features)
@@ -169,16 +167,16 @@ def plot_learned_kernel(family:TaskFamily, A, xs:list, u, xlabel:str):
     g, beta = learned_scores(family, A, torch.tensor(xs, dtype=torch.float64), u), kernel_fit(family, A)["beta"].median(0).values
     f0, W1 = family.features(torch.zeros(1, dtype=torch.float64))[0], family.base.score_matrix(1.)
     ref = family.features(u) @ W1 @ f0 - f0 @ W1 @ f0                        # Proposition 8.1's kernel at scale 1, relative to u = 0
-    fig, axes = plt.subplots(1, L, figsize=(5 * L, 4), sharey=True)
-    for l, ax in enumerate(np.atleast_1d(axes)):
+    fig, axes = plt.subplots(L, 1, figsize=(6, 3.2 * L), sharex=True, sharey=True, squeeze=False)
+    for l, ax in enumerate(axes[:, 0]):
         for i, x in enumerate(xs):
             q = torch.quantile(g[:, l, i], torch.tensor([0.1, 0.5, 0.9], dtype=torch.float64), dim=0)
             ax.plot(u, q[1], color=f"C{i}", ls=LINE_STYLES[i % len(LINE_STYLES)], label=f"learned, query $x = {x:.2f}$")
             ax.fill_between(u, q[0], q[2], color=f"C{i}", alpha=0.15)
         ax.plot(u, beta[l] * ref, "k", lw=2.5, alpha=0.6, label=rf"Prop. 8.1, $\hat\beta = {beta[l]:.2f}$")
-        ax.set(xlabel=xlabel, title=f"layer {l + 1}")
-        ax.legend(fontsize=9)
-    np.atleast_1d(axes)[0].set_ylabel(r"score $g(x + u, x) - g(x, x)$")
+        ax.set(ylabel=r"score $g(x + u, x) - g(x, x)$", title=f"layer {l + 1}")
+        ax.legend(fontsize=8, loc="lower center")
+    axes[-1, 0].set_xlabel(xlabel)
     fig.tight_layout()
     return fig
 
@@ -221,7 +219,7 @@ def seed_claims(claims:dict,    # statement -> (S,) bool tensor, one entry per s
     rows = ["| statement | seeds | 95% lower bound on P(seed satisfies it) |", "|---|---|---|"]
     for name, ok in claims.items():
         k, N = int(ok.sum()), len(ok)
-        rows.append(f"| {name} | {k} of {N} | {binomial_lower(k, N):.2f} |")
+        rows.append(f"| {name} | {k} of {N} | {rate_lower(k, N):.2f} |")
     return "\n".join(rows)
 
 # %% ../../nbs/08b_continuous_pretraining.ipynb #57109526
@@ -311,9 +309,9 @@ def continuous_full_scale(out,                 # folder for the figures and resu
     res["comparison"] = {f"{k}_n{n}": compare_methods(p, n, cfg["l_beta"], sizes, alphas, kalphas, bs, seed=seed)
                          for n in cfg["ns_cmp"] for k, p, sizes, bs in [("rotation", rot, [1, 2, 4, 8, 16], [3., 10., 30., 100., 300.]),
                                                                         ("ar1", ar, [1, 2, 3, 5, 8], [0.25, 0.5, 1., 2., 4.])]}
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7))
-    plot_estimates(rot, beta=ROT_B, alpha=A, ns=[cfg["ns_depth"][0], cfg["ns_depth"][-1]], depths=[2, 10, 30], seed=stream_seed(seed, "estimates"), axes=axes[0])
-    plot_estimates(ar, beta=AR_B, alpha=A, ns=[cfg["ns_depth"][0], cfg["ns_depth"][-1]], depths=[2, 10, 30], seed=stream_seed(seed, "estimates"), axes=axes[1])
+    fig, axes = plt.subplots(4, 1, figsize=(6.2, 14))
+    plot_estimates(rot, beta=ROT_B, alpha=A, ns=[cfg["ns_depth"][0], cfg["ns_depth"][-1]], depths=[2, 10, 30], seed=stream_seed(seed, "estimates"), axes=axes[:2])
+    plot_estimates(ar, beta=AR_B, alpha=A, ns=[cfg["ns_depth"][0], cfg["ns_depth"][-1]], depths=[2, 10, 30], seed=stream_seed(seed, "estimates"), axes=axes[2:])
     fig.tight_layout(); save(fig, "estimates.png")
     long = error_sweep(rot, [200], cfg["long_betas"], A, cfg["long_depth"], cfg["n_tasks"], stream_seed(seed, "long_depth"), progress=progress)[0]
     save(plot_long_depth(cfg["long_betas"], long, 200), "long_depth.png")

@@ -74,8 +74,8 @@ def plot_depth(curves:dict,      # title -> (errors (len(ns), n_tasks, L + 1), p
               ):                 # the matplotlib figure
     "MSVE against depth: mean over contexts (with 2 standard errors) for each n, and the population curve."
     import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, len(curves), figsize=(5.5 * len(curves), 4))
-    for ax, (title, (err, pop)) in zip(np.atleast_1d(axes), curves.items()):
+    fig, axes = plt.subplots(len(curves), 1, figsize=(6.2, 4 * len(curves)), squeeze=False)
+    for ax, (title, (err, pop)) in zip(axes[:, 0], curves.items()):
         L = np.arange(err.shape[-1])
         for i, n in enumerate(ns):
             mean, se = err[i].mean(0), err[i].std(0) / math.sqrt(err.shape[1])
@@ -133,7 +133,7 @@ def plot_tradeoff(betas:torch.Tensor,  # (k,) kernel scales
                  ):                    # the figure
     "MSVE against beta for each n (best beta marked), and best beta against n with the fitted power law."
     import matplotlib.pyplot as plt
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+    fig, (a1, a2) = plt.subplots(2, 1, figsize=(6.2, 8))
     for i, n in enumerate(ns):
         mean, se = sweep[i].mean(-1), sweep[i].std(-1) / math.sqrt(sweep.shape[-1])
         a1.errorbar(betas, mean, yerr=2 * se, color=f"C{i}", ls=LINE_STYLES[i % len(LINE_STYLES)], marker="o", ms=3, capsize=2, label=f"$n = {n}$")
@@ -217,7 +217,7 @@ def plot_estimates(process,        # a process of this chapter
     "The true value and the in-context estimates at several depths, across the state space, for one context per n."
     import matplotlib.pyplot as plt
     x = process.grid(m)[0]
-    if axes is None: _, axes = plt.subplots(1, len(ns), figsize=(5.5 * len(ns), 3.6))
+    if axes is None: _, axes = plt.subplots(len(ns), 1, figsize=(6.2, 3.6 * len(ns)))
     for ax, n in zip(np.atleast_1d(axes), ns):
         S, R = process.sample_trajectory(n, seed)
         v = kernel_td(process, S, R, beta=beta, alpha=alpha, n_layers=max(depths), queries=x, return_all=True)
@@ -226,7 +226,9 @@ def plot_estimates(process,        # a process of this chapter
         ax.plot(S, np.full(len(S), ax.get_ylim()[0]), "|", color="grey", alpha=0.3, ms=8)
         name = "angle $x$ (radians)" if isinstance(process, NoisyRotation) else "state $x$"
         ax.set(xlabel=name, ylabel="value (return units)", title=f"{type(process).__name__}, $n = {n}$, $\\beta = {beta:g}$")
-        ax.legend(fontsize=9, loc="lower left" if isinstance(process, NoisyRotation) else "upper right")
+        rot = isinstance(process, NoisyRotation)
+        ax.legend(fontsize=8 if rot else 9, loc="upper center" if rot else "upper right", ncol=2 if rot else 1,
+                  bbox_to_anchor=(0.6, 1) if rot else None)
     return axes
 
 # %% ../../nbs/08a_continuous_experiments.ipynb #c2157d14
@@ -236,11 +238,12 @@ def plot_long_depth(betas:torch.Tensor,   # (k,) kernel scales
                    ):                     # the figure
     "MSVE against depth far beyond the floor, one curve per kernel scale."
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(6.2, 4))
     for i, (b, e) in enumerate(zip(betas, errors)):
         ax.plot(e.mean(0), color=f"C{i}", ls=LINE_STYLES[i % len(LINE_STYLES)], label=rf"$\beta = {b:g}$")
     ax.set(yscale="log", xlabel="depth $L$ (layers)", ylabel="MSVE (squared return units)",
            title=f"Past its best depth the estimate drifts to the return chain ($n = {n}$)")
+    ax.title.set_fontsize(10)
     ax.legend()
     plain_log_ticks(ax)
     return fig

@@ -30,7 +30,7 @@ def plot_head_to_head(data:dict, # output of `head_to_head`
                      ):          # the matplotlib figure
     "Each seed's held-out MSVE, linear and softmax joined by a line, with the baselines' means."
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(8, 4.2))
+    fig, ax = plt.subplots(figsize=(6.2, 5))
     lin, soft = (torch.tensor(data["families"][f]["msve"]) for f in ("linear", "softmax"))
     for a, b in zip(lin, soft): ax.plot([0, 1], [a, b], color="0.6", lw=0.8)
     for x, v, f, c in ((0, lin, "linear", "#0072B2"), (1, soft, "softmax", "#D55E00")):
@@ -40,7 +40,7 @@ def plot_head_to_head(data:dict, # output of `head_to_head`
     ax.set(xticks=[0, 1], xticklabels=["linear attention", "softmax attention"], xlim=(-0.4, 1.4), yscale="log",
            ylabel="held-out MSVE (squared return units)", title=f"Same tasks, seeds and budget: {len(lin)} seeds")
     plain_log_ticks(ax, "y")
-    ax.legend(fontsize=9, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    ax.legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2)
     fig.tight_layout()
     return fig
 

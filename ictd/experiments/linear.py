@@ -76,13 +76,13 @@ def plot_linear_pretraining(results:list,          # runs of the sliding protoco
         band_plot(ax, x, m, m - 2 * se, m + 2 * se, label, style)
         if reference and entries: ax.plot(reference["tasks"], reference[key], "*", color=style[0], mec="k", ms=11)
     if entries:
-        fig, ax = plt.subplots(figsize=(7.5, 3.6))
+        fig, ax = plt.subplots(figsize=(6.2, 4))
         for (key, label), style in zip(ENTRY_LABELS.items(), METHOD_STYLES): band(ax, key, label, style)
         ax.axhline(0, color="0.5", lw=0.8)
         ax.set(xlabel="tasks seen", ylabel="entry or trace", title=title or f"Learned V and A, sign-aligned: mean and 2 s.e. over {S} seeds")
-        ax.legend(fontsize=9, loc="center left", bbox_to_anchor=(1.01, 0.5))
+        ax.legend(fontsize=9, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3)
     else:
-        fig, axs = plt.subplots(1, 2, figsize=(8, 3.4))
+        fig, axs = plt.subplots(2, 1, figsize=(6.2, 6), sharex=True)
         for ax, key, style in zip(axs, ("iws", "vd"), METHOD_STYLES): band(ax, key, f"mean of {S} seeds, 2 s.e.", style)
         if reference:
             axs[0].plot(reference["tasks"], reference["iws"], "k*", ms=9, label="published, 30 seeds")
@@ -90,7 +90,8 @@ def plot_linear_pretraining(results:list,          # runs of the sliding protoco
         axs[0].set(ylabel="cosine", ylim=(-0.05, 1.05), title="implicit weight similarity")
         axs[1].set(yscale="log", ylabel="squared return units", title="value difference to batch TD")
         plain_log_ticks(axs[1], "y")
-        for ax in axs: ax.set_xlabel("tasks seen"); ax.legend(fontsize=9)
+        axs[1].set_xlabel("tasks seen")
+        for ax in axs: ax.legend(fontsize=9)
         fig.suptitle(title or f"Linear Transformer, sliding-window TD pretraining, {S} seeds", fontsize=10)
     fig.tight_layout()
     return fig
@@ -103,11 +104,12 @@ def plot_pq(P:torch.Tensor,   # (S, 2d+1, 2d+1) one layer's P per seed
     import matplotlib.pyplot as plt
     S = P.shape[0]
     P, Q = (m.mean(0).numpy() for m in align_signs(P, Q))
-    fig, axs = plt.subplots(1, 2, figsize=(8, 3.6))
+    fig, axs = plt.subplots(1, 2, figsize=(6.2, 2.9))
     for ax, M, name in zip(axs, (P, Q), ("V (code P)", "A (code Q)")):
         lim = abs(M).max()
         im = ax.imshow(M, cmap="RdBu_r", vmin=-lim, vmax=lim)
-        ax.set(title=f"mean {name}, {S} seeds", xlabel="column", ylabel="row")
+        ax.set(xlabel="column", ylabel="row")
+        ax.set_title(f"mean {name}, {S} seeds", fontsize=10)
         fig.colorbar(im, ax=ax, shrink=0.85)
     fig.tight_layout()
     return fig
@@ -225,7 +227,7 @@ def plot_side_by_side(curves:dict,   # the output of `side_by_side`
                      ):              # the matplotlib figure
     "Median and quartiles of MSVE against depth for each construction, one colour and line style each."
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7.5, 4.2))
+    fig, ax = plt.subplots(figsize=(6.2, 4.2))
     for (label, c), style in zip(curves.items(), METHOD_STYLES):
         band_plot(ax, range(c.shape[1]), *(c.quantile(q, dim=0).numpy() for q in (0.5, 0.25, 0.75)), label, style)
     ax.set(yscale="log", xlabel="depth $L$ (layers = TD iterations)", ylabel="MSVE (squared return units)",
@@ -315,7 +317,7 @@ def plot_tuned_side_by_side(results:dict,  # features label -> output of `tuned_
                            ):              # the matplotlib figure
     "Median and quartiles of MSVE against depth of every tuned method, one panel per kind of features, one colour and line style per method."
     import matplotlib.pyplot as plt
-    fig, axs = plt.subplots(1, len(results), figsize=(8, 4.2), sharey=True, squeeze=False)
+    fig, axs = plt.subplots(1, len(results), figsize=(6.2, 4.4), sharey=True, squeeze=False)
     for ax, (label, res) in zip(axs[0], results.items()):
         for (method, r), style in zip(res.items(), METHOD_STYLES):
             c = r["curves"].clamp(max=1e6)
