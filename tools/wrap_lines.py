@@ -92,6 +92,7 @@ def parenthesise(line, tokens, start_stack):
     parentheses, so that the next round can break inside them; or None."""
     if start_stack or not tokens: return None
     code = [t for t in tokens if t[1] not in (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE)]
+    if len(code) < 3 or line.rstrip().endswith('\\'): return None
     depth, first, last = 0, None, None
     if code[0][2] == 'assert': first = code[1][0]
     elif len(code) > 2 and code[0][1] == tokenize.NAME and code[1][2] == '=': first = code[2][0]
