@@ -944,10 +944,14 @@ test_eq(msve(mrp, mrp.v_pi), 0.)
 test_close(msve(mrp, np.zeros(10)), (mrp.d_pi * mrp.v_pi ** 2).sum().item(), eps=1e-15)
 test_close(msve(mrp, mrp.v_pi + 0.5), 0.25, eps=1e-14)
 test_eq(msve(mrp, torch.zeros(3, 10)).shape, (3,))
-test_eq(weighted_error(torch.tensor([float('nan'), 0.]), torch.zeros(2), torch.ones(2)).isnan(), True)
-test_fail(lambda: weighted_error(torch.ones(3), torch.zeros(2), torch.ones(2)), contains="`v_hat` must have 2 entries")
-test_fail(lambda: weighted_error(torch.ones(2), torch.zeros(2), torch.ones(1)), contains="`weights` must have 2 entries")
-test_fail(lambda: weighted_error(torch.ones(2, dtype=torch.complex128), torch.zeros(2), torch.ones(2)),
+test_eq(weighted_error(torch.tensor([float('nan'), 0.]), torch.zeros(2), torch.ones(2)).isnan(),
+        True)
+test_fail(lambda: weighted_error(torch.ones(3), torch.zeros(2), torch.ones(2)),
+          contains="`v_hat` must have 2 entries")
+test_fail(lambda: weighted_error(torch.ones(2), torch.zeros(2), torch.ones(1)),
+          contains="`weights` must have 2 entries")
+test_fail(lambda: weighted_error(torch.ones(2, dtype=torch.complex128), torch.zeros(2),
+                                 torch.ones(2)),
           contains="`v_hat` must be real")
 test_fail(lambda: weighted_error(torch.ones(2), torch.tensor([0., float('inf')]), torch.ones(2)),
           contains="`v` contains NaN")

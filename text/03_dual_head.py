@@ -695,18 +695,19 @@ rows += [
     ("$\\delta^{(1)}$ at key $i$", [str(x) for x in delta1_h] + ["", "", ""]),
     ("$v_2(x_j)$", [str(x) for x in v2_h]),
 ]
-Markdown(
-    "| | "
-    + " | ".join(cols)
-    + " |\n|---|"
-    + "---|" * 6
-    + "\n"
-    + "\n".join(f"| {name} | " + " | ".join(vals) + " |" for name, vals in rows)
-)
+def hand_table(js):
+    "The worked example's rows at columns `js` (a row empty there is left out)."
+    head = "| | " + " | ".join(cols[j] for j in js) + " |\n|---|" + "---|" * len(js) + "\n"
+    return head + "\n".join(f"| {name} | " + " | ".join(vals[j] for j in js) + " |"
+                            for name, vals in rows if any(vals[j] for j in js))
+
+
+Markdown("**The context's columns**\n\n" + hand_table(range(4))
+         + "\n\n**The queries**\n\n" + hand_table([4, 5]))
 
 
 # %% [markdown]
-# Reading the table: column $S_3$ is the last state, a target but not a key, and its value
+# Reading the tables: column $S_3$ is the last state, a target but not a key, and its value
 # enters the TD error of key 2 at layer 2. The second query, $(0, -1)$, scores $0, -1, -1$ against
 # the keys, so it weighs transition 1 twice as much as the others.
 
@@ -1366,7 +1367,7 @@ test_fail(lambda: m_free.predict(torch.zeros(6, 9), n=9), contains="`n` must be 
 for msg, args in {"`W` must have shape (4, 4)": (4, torch.eye(3), 0.1, 0.9),
                   "`gamma` must lie in [0, 1)": (4, torch.eye(4), 0.1, 1.0),
                   "`alpha` must be a finite number": (4, torch.eye(4), float("inf"), 0.9),
-                  "`alpha` must be a finite number ": (4, torch.eye(4), "0.1", 0.9),
+                  "`alpha` must be a finite number, got '0.1'": (4, torch.eye(4), "0.1", 0.9),
                   "`W` must be real": (4, torch.eye(4) * 1j, 0.1, 0.9),
                   "`d` must be a positive integer": (0, torch.eye(4), 0.1, 0.9)}.items():
     test_fail(lambda: theta_star(*args), contains=msg)

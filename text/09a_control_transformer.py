@@ -66,11 +66,11 @@ from ictd.linear import linear_attention
 # (row $d+1$, $Q_0 = 0$), the **backup** memory (row $d+2$, zero at first) and a constant 1
 # (row $d+3$, which lets a bilinear score read the value row). The $N = n + (n + q)A$ columns are:
 #
-# | columns | what they stand for | features | reward | value | backup | one |
-# |---|---|---|---|---|---|---|
-# | $j = 0..n-1$ (context) | pair $(S_j, A_j)$ of transition $j + 1$ | $\phi(S_j, A_j)$ | $R_{j+1}$ | 0 | 0 | 1 |
-# | block $b = 0..n-1$, column $n + bA + a$ | successor $S_{b+1}$ with action $a$ | $\phi(S_{b+1}, a)$ | 0 | 0 | 0 | 1 |
-# | block $b = n..n+q-1$, column $n + bA + a$ | query state $s_{b-n}$ with action $a$ | $\phi(s_{b-n}, a)$ | 0 | 0 | 0 | 1 |
+# | columns | what they stand for | features | reward | value, backup, one |
+# |---|---|---|---|---|
+# | $j = 0..n-1$ (context) | pair $(S_j, A_j)$ of transition $j + 1$ | $\phi(S_j, A_j)$ | $R_{j+1}$ | 0, 0, 1 |
+# | block $b = 0..n-1$, column $n + bA + a$ | successor $S_{b+1}$ with action $a$ | $\phi(S_{b+1}, a)$ | 0 | 0, 0, 1 |
+# | block $b = n..n+q-1$, column $n + bA + a$ | query state $s_{b-n}$ with action $a$ | $\phi(s_{b-n}, a)$ | 0 | 0, 0, 1 |
 #
 # Each column is **assigned a block**: context column $j$ is assigned block $j$ (its successor's), and
 # a column of a block is assigned its own block. The backup head of each column attends only to its

@@ -12,7 +12,7 @@ import argparse, ast, io, json, re, sys, tokenize
 from pathlib import Path
 
 LIMIT = 100
-HIDDEN = re.compile(r'^#\|\s*(hide|echo:\s*false|include:\s*false|export\s*$|exporti|export_to|exports?\s*$)', re.M)
+HIDDEN = re.compile(r'^#\|\s*(hide|echo:\s*false|include:\s*false|export(\s+[\w.]+)?\s*$|exporti|export_to)', re.M)
 OPEN, CLOSE = '([{', ')]}'
 
 
@@ -92,6 +92,9 @@ def parenthesise(line, tokens, start_stack):
     parentheses, so that the next round can break inside them; or None."""
     if start_stack or not tokens: return None
     code = [t for t in tokens if t[1] not in (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE)]
+    if len(code) == 1 and code[0][1] == tokenize.STRING and not line.rstrip().endswith('\\'):   # a docstring alone
+        col, end = code[0][0], code[0][3]
+        return [line[:col] + '(' + line[col:end] + ')' + line[end:]]
     if len(code) < 3 or line.rstrip().endswith('\\'): return None
     depth, first, last = 0, None, None
     if code[0][2] == 'assert': first = code[1][0]
