@@ -426,7 +426,7 @@ Markdown(f"In {n_pos} of the {len(zs)} comparisons the TD account fits the TD-tr
          "measured, the kernel-smoothed reward.")
 
 # %% [markdown]
-# ### Linear attention on the same contest
+# ### Linear attention on the same contest {.deep-dive}
 #
 # Is the winner a property of softmax attention? Chapter 7's linear-attention Transformer is the architecture for which
 # Wang et al. (2025) constructed TD: one layer is one iteration of batch linear TD, whose update at a state $x$ weighs
@@ -705,7 +705,7 @@ Markdown(f"**Measurement.** The models' values move by {ms(shift_t['model'])} ag
 
 
 # %% [markdown]
-# ### Three more interventions: shuffled successors, longer contexts, a patched uniform layer
+# ### Three more interventions: shuffled successors, longer contexts, a patched uniform layer {.deep-dive}
 #
 # The contest scored the candidates on prompts like those the models were trained on. Three interventions move the
 # prompt, or the inside of a model, to where the candidates disagree. Each candidate's prediction is computed from its
@@ -1050,7 +1050,7 @@ for key, claim in iv_claims.items():
 
 
 # %% [markdown]
-# ### Reading the algorithm off the weights
+# ### Reading the algorithm off the weights {.deep-dive}
 #
 # The contest and the interventions describe the models from outside. Here the same constants are read from the
 # parameters, in the spirit of reading a gradient step off trained linear attention [von Oswald et al. 2023]. A layer

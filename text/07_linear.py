@@ -960,6 +960,53 @@ test_eq(sorted(runs[0].history),
         sorted(["step", "loss", "msve", "neu", "iws", "vd", "ss", "P_last", "trQ11", "trQ12"]))
 assert not torch.equal(runs[0].model.layers[0].P, LinearICTD(4, 3, seed=3).layers[0].P)
 
+# %% [markdown]
+# ### API entries of the page's other functions
+#
+# The functions the lesson uses but does not teach (the engine's plug-ins, measures, tables and plots), documented here:
+
+# %%
+show_doc(moment_predict)
+
+# %%
+show_doc(query_each_state)
+
+# %%
+show_doc(values_and_gradients)
+
+# %%
+show_doc(value_difference)
+
+# %%
+show_doc(implicit_weight_similarity)
+
+# %%
+show_doc(sensitivity_similarity)
+
+# %%
+show_doc(pq_summary)
+
+# %%
+show_doc(align_signs)
+
+# %%
+show_doc(linear_init)
+
+# %%
+show_doc(linear_prompt)
+
+# %%
+show_doc(linear_predict)
+
+# %%
+show_doc(linear_module)
+
+# %%
+show_doc(linear_measures)
+
+# %%
+show_doc(linear_metrics)
+
 # %%
 #| export
 from ictd.boyan import check_arguments

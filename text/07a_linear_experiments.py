@@ -299,7 +299,7 @@ record_claim("short-run-finds-td",
 
 
 # %% [markdown]
-# ### The full protocol
+# ### The full protocol {.deep-dive}
 #
 # `reproduce_iclr` runs `ICLR_LINEAR` (by default for 30 seeds) and writes a small JSON summary:
 # the sign-aligned mean and standard error of every measure at every evaluation, each seed's final
@@ -551,7 +551,7 @@ record_claim("softmax-measures",
 
 
 # %% [markdown]
-# ## Side by side
+# ## Side by side {.deep-dive}
 #
 # **Question.** Given the constructed parameters, how fast does each construction's in-context TD
 # approach the true values as layers are added, on the same chains?

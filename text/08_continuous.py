@@ -806,7 +806,7 @@ Markdown("Condition number of the Gram matrix at $n = 30$: " + "; ".join(
 
 
 # %% [markdown]
-# ## Continuous task families for pretraining
+# ## Continuous task families for pretraining {.deep-dive}
 #
 # ::: {.callout-note}
 # **This section is the project's own construction [ours].** The paper pretrains on Boyan chains
@@ -1197,6 +1197,38 @@ def basis(self:GaussianAR1, states, size:int)->torch.Tensor:
     for j in range(1, check_int(size, "size", 1)): H.append(x * H[j] - j * H[j - 1])
     return torch.stack([h / math.sqrt(math.factorial(j)) for j, h in enumerate(H[:size + 1])], -1)
 
+
+# %% [markdown]
+# ### API entries of the page's other functions
+#
+# The functions the lesson uses but does not teach (the engine's plug-ins, measures, tables and plots), documented here:
+
+# %%
+show_doc(gaussian_moment)
+
+# %%
+show_doc(gaussian_operator)
+
+# %%
+show_doc(polyval)
+
+# %%
+show_doc(mc_z_scores)
+
+# %%
+show_doc(population_msve)
+
+# %%
+show_doc(TaskFamily)
+
+# %%
+show_doc(GaussianAR1Family)
+
+# %%
+show_doc(task_process)
+
+# %%
+show_doc(family_protocol)
 
 # %%
 #| export

@@ -516,7 +516,7 @@ Markdown(f"Square wave: kernel TD {kernel_rot['msve']:.4f}, the next best method
 
 
 # %% [markdown]
-# ## What the estimates look like
+# ## What the estimates look like {.deep-dive}
 #
 # What does the Transformer's estimate look like across the state space, and what do depth and the
 # context length change? One context each, the closed-form value against the estimate at three depths

@@ -194,7 +194,7 @@ test_close(family_msve(theta, 4, fam_rot, ctx_check)[0],
 #| export
 def mean_reward_msve(family:TaskFamily, ctx:dict)->torch.Tensor:
     "(E,) MSVE of the baseline that predicts the context's mean reward / (1 - gamma) everywhere."
-    v = ctx["rewards"].mean(-1, keepdim=True) / (1 - family.gamma)
+    v = (ctx["rewards"].mean(-1, keepdim=True) / (1 - family.gamma)).expand_as(ctx["v"])
     return weighted_error(v, ctx["v"], ctx["w"])
 
 
@@ -470,7 +470,7 @@ Markdown(seed_claims(claims_rot) + f"\n\nThe current weight is negative in {curr
                                    f"of the layers $2..L$ over all seeds.")
 
 # %% [markdown]
-# ### The AR(1) family, ten seeds
+# ### The AR(1) family, ten seeds {.deep-dive}
 #
 # Does the same happen on the line? The same experiment, with features $(x, x^2, 1)$ and 300 steps. Here the kernel of Proposition 8.1 is
 # $W_\beta$, and the learned score against $y - x$ can depend on the query $x$ (a quadratic in $y$
@@ -727,6 +727,53 @@ for fam, ref in [(fam_rot, 3. * (torch.cos(u_check) - 1)), (fam_ar, -3. * u_chec
 
 # %%
 show_doc(plot_learned_kernel)
+
+# %% [markdown]
+# ### API entries of the page's other functions
+#
+# The functions the lesson uses but does not teach (the engine's plug-ins, measures, tables and plots), documented here:
+
+# %%
+show_doc(value_weights)
+
+# %%
+show_doc(family_msve)
+
+# %%
+show_doc(mean_reward_msve)
+
+# %%
+show_doc(tune_kernel)
+
+# %%
+show_doc(binomial_lower)
+
+# %%
+show_doc(learned_scores)
+
+# %%
+show_doc(pretraining_table)
+
+# %%
+show_doc(plot_family_training)
+
+# %%
+show_doc(error_table)
+
+# %%
+show_doc(seed_claims)
+
+# %%
+show_doc(curve_lines)
+
+# %%
+show_doc(rotation_claims)
+
+# %%
+show_doc(ar1_claims)
+
+# %%
+show_doc(pretraining_summary)
 
 # %%
 #| export

@@ -75,7 +75,7 @@ def family_msve(params:dict,     # stacked parameters (S, L or 1, D, D)
 # %% ../../nbs/08b_continuous_pretraining.ipynb #3969fe80
 def mean_reward_msve(family:TaskFamily, ctx:dict)->torch.Tensor:
     "(E,) MSVE of the baseline that predicts the context's mean reward / (1 - gamma) everywhere."
-    v = ctx["rewards"].mean(-1, keepdim=True) / (1 - family.gamma)
+    v = (ctx["rewards"].mean(-1, keepdim=True) / (1 - family.gamma)).expand_as(ctx["v"])
     return weighted_error(v, ctx["v"], ctx["w"])
 
 # %% ../../nbs/08b_continuous_pretraining.ipynb #060a9774
