@@ -94,8 +94,8 @@ def test_preconditioned_linear_td_matches_loops(seed, n, d, gamma, centred):
     assert np.abs(got - want).max() < 1e-10 * max(1., np.abs(want).max())
 
 def slug(heading):
-    "Pandoc's identifier of a heading: maths and punctuation dropped, lowercase, spaces to hyphens."
-    text = re.sub(r"[\\$^*{}]", "", heading).lower()
+    "Pandoc's identifier of a heading: its attributes (`{.deep-dive}`), maths and punctuation dropped, lowercase, spaces to hyphens."
+    text = re.sub(r"[\\$^*{}]", "", re.sub(r"\s*\{[.#][^}]*\}\s*$", "", heading)).lower()
     return re.sub(r"\s+", "-", re.sub(r"[^a-z0-9 _.-]", "", text).strip())
 
 @pytest.mark.book
