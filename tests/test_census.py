@@ -115,9 +115,11 @@ def test_strings_are_refused_naming_an_argument(name, scratch):
 
 
 def test_census_counts():
-    "The census's totals: every status is used, and each control chapter's entry point is probed, covered or exempt (none is a known failure)."
+    """The census's totals: every public callable is classified, and none is a known failure any more (issue 33: every
+    public function refuses bad input naming the argument); a new one that cannot yet is fixed, not listed."""
     counts = {s: sum(e['status'] == s for e in CENSUS.values()) for s in STATUSES}
-    assert sum(counts.values()) == len(PUBLIC) and all(counts.values()), counts
+    assert sum(counts.values()) == len(PUBLIC) and all(counts[s] for s in STATUSES if s != 'known-failure'), counts
+    assert counts['known-failure'] == 0, [n for n, e in CENSUS.items() if e['status'] == 'known-failure']
     owned = [n for n, e in CENSUS.items() if n.startswith(('control', 'experiments.control_pretraining')) and e['status'] == 'known-failure']
     assert not owned, owned
 
