@@ -40,6 +40,12 @@ import ictd.core
 # > The prior construction for in-context TD with linear attention (Wang et al., ICLR 2025): the prompt, the layer and its batch-TD parameters checked against batch linear TD, the predecessor's measures, and the linear family plugged into the pretraining engine.
 
 # %% [markdown]
+# ::: {.callout-tip title="What this page shows"}
+# - The linear-attention construction of Wang et al. (2025): a linear Transformer whose $L$ layers are $L$ iterations
+#   of batch linear TD (Proposition 7.1, proved and checked), and the layer as one small matrix (Proposition 7.2).
+# - The predecessor's measures of "did training find TD", and the linear family plugged into the pretraining engine.
+# :::
+#
 # Before softmax attention, the theory of in-context TD was built on **linear** attention, where the
 # softmax is replaced by the identity. Wang, Blaser, Daneshmand and Zhang (ICLR 2025,
 # arXiv 2405.13861), *the predecessor* in this book, showed that a linear Transformer's forward pass

@@ -44,6 +44,12 @@ import tempfile
 # > The predecessor's pretraining experiment for linear Transformers reproduced over many seeds, its measures applied to pretrained softmax Transformers, and linear and softmax in-context TD side by side with each method tuned.
 
 # %% [markdown]
+# ::: {.callout-tip title="What this page shows"}
+# - The predecessor's pretraining experiment for linear Transformers, reproduced over seeds against their numbers.
+# - Their measures of "did training find TD" applied to pretrained softmax Transformers.
+# - Linear and softmax in-context TD on the same tasks and features, each method tuned, with the tuned values shown.
+# :::
+#
 # The [previous chapter](linear.html) built the linear-attention construction of Wang et al. (2025)
 # (*the predecessor*), their measures and their [data protocol](sliding.html), and plugged the linear family into the
 # pretraining engine. This chapter runs three experiments:

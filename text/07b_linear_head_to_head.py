@@ -33,6 +33,12 @@ from ictd.emergence import best_theta_star
 # > Pretrained linear against pretrained softmax Transformers, head to head: the same tasks, seeds and budget, each family with its own tuned learning rate, scored on held-out tasks against the strongest simple baselines.
 
 # %% [markdown]
+# ::: {.callout-tip title="What this page shows"}
+# - Pretrained linear and pretrained softmax Transformers head to head: the same tasks, seeds and training budget,
+#   each family with its own tuned learning rate.
+# - Both scored on held-out tasks against the strongest simple baselines, with paired tests over seeds.
+# :::
+#
 # The [experiments](linear_experiments.html) of chapter 7a compare *constructions*: linear and
 # softmax in-context TD with their parameters set by hand or tuned. This page asks the question a
 # reader asks next, about *training*.
