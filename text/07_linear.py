@@ -648,7 +648,7 @@ v_r, g_r = values_and_gradients(lambda Z: moment_predict(P_r.detach()[None], Q_r
                                                          30, 3), Zc, mrp.phi)
 test_close(implicit_weight_similarity(v_r, mrp.phi, mrp.d_pi, g_td[0]),
            sensitivity_similarity(g_r, g_td, mrp.d_pi), eps=1e-10)
-iws_p, vd_p, ss_p
+print(f"IWS {iws_p:.3f}, VD {vd_p:.3f}, SS {ss_p:.3f}")
 
 # %% [markdown]
 # ## Pretraining the linear Transformer

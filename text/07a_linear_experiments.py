@@ -301,7 +301,8 @@ record_claim("short-run-finds-td",
              "In the shortened sliding-window run (10 seeds, 400 tasks), most linear Transformers "
              "end near batch TD (IWS > 0.85, VD < 0.05) with the construction's sign pattern in V "
              "and A (code P and Q).", "measured", "linear_experiments", "#the-books-run")
-{k: f"{c} of 10 seeds (p >= {rate_lower(c, 10):.2f})" for k, c in counts.items()}
+Markdown("| measure | seeds (95% lower bound on the rate) |\n|---|---|\n"
+         + "\n".join(f"| {k} | {c} of 10 (p >= {rate_lower(c, 10):.2f}) |" for k, c in counts.items()))
 
 
 # %% [markdown]
@@ -535,7 +536,8 @@ soft_cfg, soft_runs = BOOK_SOFTMAX, saved_runs["softmax"]
 soft_m = [softmax_measures(r.model, *held_out_tasks(r.config)) for r in soft_runs]
 soft_tab = {k: torch.tensor([m[k] for m in soft_m]) for k in soft_m[0]}
 soft_tab["vd / vd_zero"] = soft_tab["vd"] / soft_tab["vd_zero"]
-{k: f"{v.mean():.3g} ({v.std() / 10 ** 0.5:.2g})" for k, v in soft_tab.items()}
+Markdown("| measure | mean over 10 seeds (standard error) |\n|---|---|\n"
+         + "\n".join(f"| {k} | {v.mean():.3g} ({v.std() / 10 ** 0.5:.2g}) |" for k, v in soft_tab.items()))
 
 # %% [markdown]
 # **What it shows**, asserted below as counts of seeds: the
@@ -684,7 +686,8 @@ record_claim("equal-settings",
              "At equal step size on one-hot features softmax in-context TD converges in depth much "
              "faster than linear, to the same fixed point; on 4 random features linear TD stalls "
              "at its projection.", "measured", "linear_experiments", "#side-by-side")
-onehot_lin[40].item(), onehot_soft[40].item(), rand_lin[-1].item()
+print(f"one-hot, 40 layers: linear {onehot_lin[40].item():.3f}, softmax {onehot_soft[40].item():.4f}; "
+      f"random features, last layer: linear {rand_lin[-1].item():.3f}")
 
 
 # %% [markdown]
@@ -1033,7 +1036,7 @@ for stream, count in ((0, 20), (2, 100)):
                                            seed=substream(0, stream + 1))],
                       [sample_trajectories(batch_rnd.P, 100, batch_rnd.d_pi,
                                            seed=substream(0, stream + 1))]), stream
-batch_one.phi.shape, batch_rnd.phi.shape
+print(f"features: one-hot {tuple(batch_one.phi.shape)}, random {tuple(batch_rnd.phi.shape)}")
 
 # %%
 #| export

@@ -219,7 +219,8 @@ seed_counts = {
     "softmax above certainty equivalence": f"{int((soft_h > base[strongest]).sum())} of {S} seeds"}
 least_shares = {f"smallest level share of the {f} MSVE": f"{v.min():.2f}"
                 for f, v in level_share.items()}
-seed_counts | least_shares
+Markdown("| statement | seeds or value |\n|---|---|\n"
+         + "\n".join(f"| {k} | {v} |" for k, v in (seed_counts | least_shares).items()))
 
 
 # %% [markdown]
@@ -311,7 +312,7 @@ test_close(small_scores["best theta* (tuned per seed)"],
            torch.stack([baseline_msve(dataclasses.replace(small, seed=s),
                                       t)[f"best theta* (alpha {t[0]:g}, beta {t[1]:g})"].mean()
                         for s, t in enumerate(tunings)]), eps=1e-12)
-tunings
+print("tuned (alpha, beta) of theta* per seed: " + ", ".join(f"({a:g}, {b:g})" for a, b in tunings))
 
 
 # %% [markdown]

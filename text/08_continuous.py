@@ -366,7 +366,7 @@ test_close((w * x ** 2).sum().item(), ar.std ** 2, eps=1e-3)
 test_eq(ar.features(torch.tensor([2.])), torch.tensor([[2., 4., 1.]], dtype=torch.float64))
 test_close(GaussianAR1(reward=(1., 2.)).value_coef,
            torch.tensor([(1 / 0.1), 2 / (1 - 0.9 * 0.8)], dtype=torch.float64), eps=1e-12)
-ar, ar.value_coef
+print(f"{ar}: value coefficients {[round(c, 4) for c in ar.value_coef.tolist()]}")
 
 
 # %% [markdown]
@@ -439,7 +439,8 @@ record_claim("closed-forms",
              "The closed-form values of the noisy rotation and of the Gaussian AR(1) agree with "
              "Monte Carlo returns (every z-score below 4.5), and wrong formulas are rejected.",
              "measured", "continuous", "#checking-the-closed-forms-against-monte-carlo")
-{k: round(v.max().item(), 2) for k, v in z.items()}
+Markdown("| process and value | largest z-score |\n|---|---|\n"
+         + "\n".join(f"| {k} | {v.max().item():.2f} |" for k, v in z.items()))
 
 
 # %% [markdown]

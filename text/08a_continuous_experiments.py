@@ -207,8 +207,8 @@ ar_rate = (pop_ar[DEPTH] / pop_ar[DEPTH - 10]) ** (1 / 20)
 test_close(ar_rate.item(), f_ar[1::2].abs().max().item(), eps=0.01)
 rot_rates = (pop_rot[1:] / pop_rot[:-1]) ** 0.5
 assert rot_rates[-1] > rot_rates[5] + 0.01
-{k: [round(x, 4) for x in v.tolist()]
- for k, v in floors.items()}, round(ar_rate.item(), 4), f_ar.tolist()
+print("floors: " + "; ".join(f"{k} {[round(x, 4) for x in v.tolist()]}" for k, v in floors.items())
+      + f"; AR(1) rate {ar_rate.item():.4f}, f {[round(x, 4) for x in f_ar.tolist()]}")
 
 
 # %% [markdown]
@@ -256,7 +256,8 @@ record_claim("floor-falls",
              "At a fixed bandwidth, the error floor of kernel TD falls with the context length on "
              "both processes (bootstrap interval of the log-log slope below zero).", "measured",
              "continuous_experiments", "#the-floor-against-the-context-length")
-floor_slopes
+print("; ".join(f"{k}: slope {m:.3f} (95% bootstrap interval {lo:.3f} to {hi:.3f})"
+                for k, (m, (lo, hi)) in floor_slopes.items()))
 
 
 # %% [markdown]
@@ -296,7 +297,8 @@ best = [best_beta(BETAS, beta_sweep[i]) for i in range(len(NS_BETA))]
 beta_slope, beta_ci = bootstrap_slope(NS_BETA, beta_sweep.numpy(),
                                       statistic=lambda s: best_beta(BETAS, s),
                                       seed=stream_seed(SEED, "bootstrap"))
-[round(b, 1) for b in best], round(beta_slope, 3), tuple(round(c, 3) for c in beta_ci)
+print(f"best beta per context length {[round(b, 1) for b in best]}; log-log slope {beta_slope:.3f} "
+      f"(95% interval {beta_ci[0]:.3f} to {beta_ci[1]:.3f})")
 
 
 # %%
@@ -620,7 +622,7 @@ record_claim("depth-regularises",
              "return chain), and the best depth comes no later as $\\beta$ grows: depth and "
              "bandwidth are tuned together.", "measured", "continuous_experiments",
              "#depth-regularises")
-best_depth.tolist(), [round(r, 2) for r in ratio.tolist()]
+print(f"best depth {best_depth.tolist()}; ratios {[round(r, 2) for r in ratio.tolist()]}")
 
 # %% [markdown]
 # The output above gives, per $\beta$, the best depth and the error at 300 layers over the error at
