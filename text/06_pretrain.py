@@ -1133,7 +1133,8 @@ test_close(reps[:, 0].mean().item(), 4 * 0.3 ** 2,
            eps=4 * reps[:, 0].std().item() / math.sqrt(2000))
 test_close(reps[:, 1].mean().item() / reps[:, 0].std().item(), 1., eps=0.12)
 est, se = reps[:, 0], reps[:, 1]
-print(f"over 2000 batches: mean estimate {est.mean().item():.3f}, its spread {est.std().item():.3f}, "
+print(f"over 2000 batches: mean estimate {est.mean().item():.3f}, "
+      f"its spread {est.std().item():.3f}, "
       f"the mean jackknife standard error {se.mean().item():.3f}")
 
 

@@ -302,7 +302,8 @@ record_claim("short-run-finds-td",
              "end near batch TD (IWS > 0.85, VD < 0.05) with the construction's sign pattern in V "
              "and A (code P and Q).", "measured", "linear_experiments", "#the-books-run")
 Markdown("| measure | seeds (95% lower bound on the rate) |\n|---|---|\n"
-         + "\n".join(f"| {k} | {c} of 10 (p >= {rate_lower(c, 10):.2f}) |" for k, c in counts.items()))
+         + "\n".join(f"| {k} | {c} of 10 (p >= {rate_lower(c, 10):.2f}) |"
+                     for k, c in counts.items()))
 
 
 # %% [markdown]
@@ -537,7 +538,8 @@ soft_m = [softmax_measures(r.model, *held_out_tasks(r.config)) for r in soft_run
 soft_tab = {k: torch.tensor([m[k] for m in soft_m]) for k in soft_m[0]}
 soft_tab["vd / vd_zero"] = soft_tab["vd"] / soft_tab["vd_zero"]
 Markdown("| measure | mean over 10 seeds (standard error) |\n|---|---|\n"
-         + "\n".join(f"| {k} | {v.mean():.3g} ({v.std() / 10 ** 0.5:.2g}) |" for k, v in soft_tab.items()))
+         + "\n".join(f"| {k} | {v.mean():.3g} ({v.std() / 10 ** 0.5:.2g}) |"
+                     for k, v in soft_tab.items()))
 
 # %% [markdown]
 # **What it shows**, asserted below as counts of seeds: the
@@ -686,7 +688,8 @@ record_claim("equal-settings",
              "At equal step size on one-hot features softmax in-context TD converges in depth much "
              "faster than linear, to the same fixed point; on 4 random features linear TD stalls "
              "at its projection.", "measured", "linear_experiments", "#side-by-side")
-print(f"one-hot, 40 layers: linear {onehot_lin[40].item():.3f}, softmax {onehot_soft[40].item():.4f}; "
+print(f"one-hot, 40 layers: linear {onehot_lin[40].item():.3f}, softmax "
+      f"{onehot_soft[40].item():.4f}; "
       f"random features, last layer: linear {rand_lin[-1].item():.3f}")
 
 
