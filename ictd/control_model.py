@@ -110,8 +110,6 @@ def masked_attention(Z:torch.Tensor,     # (..., D, N) tokens
                "use `streamed_pair_update`, which never builds them")
     return _weights(Z.mT @ A @ Z + mask, -2, check_bool(hard, "hard"))
 
-
-
 # %% ../nbs/09a_control_transformer.ipynb #832368d7
 def control_pair_update(Z:torch.Tensor,  # (..., d + 4, N) tokens
                         params:tuple,    # (A_b, V_b, A, V_cur, V_tgt), each (d + 4, d + 4)
@@ -149,8 +147,6 @@ def control_theta_star(d:int,        # feature dimension
     A[:d, :d] = W
     V_cur[d + 1, d], V_cur[d + 1, d + 1], V_tgt[d + 1, d + 2] = alpha, -alpha, gamma * alpha
     return A_b, V_b, A, V_cur, V_tgt
-
-
 
 # %% ../nbs/09a_control_transformer.ipynb #b41355f0
 def _td_attend(Z, A, V, n:int)->torch.Tensor:
@@ -191,8 +187,6 @@ def streamed_pair_update(Z:torch.Tensor,  # (..., d + 4, N) tokens
     A_b, V_b, A, V_cur, V_tgt = _pair(params)
     Z = Z + _backup_attend(Z, A_b, V_b, n, n_actions, q, check_bool(hard, "hard"))
     return Z + _td_attend(Z, A, V_cur + V_tgt, n)
-
-
 
 # %% ../nbs/09a_control_transformer.ipynb #b550f419
 class ControlICTD(nn.Module):
@@ -258,8 +252,6 @@ class ControlICTD(nn.Module):
 def _dense_bytes(Z:torch.Tensor)->float:
     "Memory of the dense path: the two (N, N) masks, and per prompt its logits, masked logits, weights."
     return (2 + 3 * math.prod(Z.shape[:-2])) * Z.shape[-1] ** 2 * 8
-
-
 
 # %% ../nbs/09a_control_transformer.ipynb #8b93aa34
 from .boyan import check_arguments

@@ -119,7 +119,6 @@ def check_fields(obj):
             raise ArgumentError(f"`{f.name}` must be {checks[f.name][1]}, got {type(x).__name__} {x!r}"[:300])
     return obj
 
-
 # %% ../nbs/90_core.ipynb #850b80cc
 def moved_to_keywords(*names:str):
     "Decorator: the keyword-only `names` (in their old positional order) may still be passed by position for one release, with a `DeprecationWarning` naming the new form."

@@ -303,9 +303,6 @@ def corrupted_rewards(seeds,                 # the seeds whose rewards are corru
         return dataclasses.replace(b, reward=b.reward * scale.view(-1, *[1] * (b.reward.dim() - 1)))
     return Protocol(sample=sample, eval_set=inner.eval_set, data=data, loss_scale=inner.loss_scale)
 
-
-
-
 # %% ../nbs/91_engine.ipynb #07acd801
 def eval_set(config:PretrainConfig, seeds:list, device=None)->EvalSet:
     "The evaluation set of `config.protocol` for `seeds`."

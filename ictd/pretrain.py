@@ -342,8 +342,6 @@ def perturb(params:dict, scale:float, seeds:list)->dict:
                               for g in gens]) for k, v in params.items()})
     return {k: (v.double() + scale * noise[k]).to(v.dtype) for k, v in params.items()}
 
-
-
 # %% ../nbs/06_pretrain.ipynb #d9e47e71
 #| code-fold: true
 # a loss or parameter entry above this in absolute value (or not finite) stops a run

@@ -44,3 +44,12 @@ def test_in_process_rendering_is_the_command_line_one():
     "The rendering above equals `jupytext --to py:percent` with the project's jupytext.toml (catches a config the library call ignores)."
     nb = ROOT / 'nbs' / '02_prompt.ipynb'
     assert _percent(nb) == run('jupytext', '--to', 'py:percent', '--output', '-', nb).stdout
+
+def test_no_cell_ends_with_a_newline():
+    """A cell whose source ends with a newline does not survive the py:percent round trip: on a fresh clone, where
+    `jupytext --sync` may take the twin as the newer file, it comes back with a blank line, and the exported module
+    no longer matches (found by the fresh-clone check: a cell of chapter A did this)."""
+    import json
+    bad = {p.name: [i for i, c in enumerate(json.loads(p.read_text())['cells']) if ''.join(c['source']).endswith('\n')]
+           for p in sorted((ROOT / 'nbs').glob('*.ipynb'))}
+    assert not {k: v for k, v in bad.items() if v}, bad

@@ -1174,7 +1174,6 @@ _ = record_claim(
 # them against `weighted_softmax_td(..., centred=True)` and `batch_linear_td(..., C=C, centred=True)` over the first 200 iterations, and then
 # iterates the maps themselves, which is much faster than calling the functions $2 \cdot 10^5$ times.
 # :::
-#
 
 # %%
 #| code-fold: true

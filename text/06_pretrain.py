@@ -1397,7 +1397,6 @@ def perturb(params:dict, scale:float, seeds:list)->dict:
     return {k: (v.double() + scale * noise[k]).to(v.dtype) for k, v in params.items()}
 
 
-
 # %%
 #| code-fold: true
 zero_params = {"A": torch.zeros(2, 1, 3, 3, dtype=torch.float64)}

@@ -129,7 +129,6 @@ def error_sweep(process,              # a process of this chapter
     return out
 
 
-
 # %% [markdown]
 # ## Error against depth
 #

@@ -217,7 +217,6 @@ def masked_attention(Z:torch.Tensor,     # (..., D, N) tokens
     return _weights(Z.mT @ A @ Z + mask, -2, check_bool(hard, "hard"))
 
 
-
 # %% [markdown]
 # One iteration is the two layers in turn. The parameters of a pair are five $(d+4) \times (d+4)$
 # matrices $(A_b, V_b, A, V^{\mathrm{cur}}, V^{\mathrm{tgt}})$; `control_theta_star` builds them.
@@ -260,7 +259,6 @@ def control_theta_star(d:int,        # feature dimension
     A[:d, :d] = W
     V_cur[d + 1, d], V_cur[d + 1, d + 1], V_tgt[d + 1, d + 2] = alpha, -alpha, gamma * alpha
     return A_b, V_b, A, V_cur, V_tgt
-
 
 
 # %% [markdown]
@@ -313,7 +311,6 @@ def streamed_pair_update(Z:torch.Tensor,  # (..., d + 4, N) tokens
     A_b, V_b, A, V_cur, V_tgt = _pair(params)
     Z = Z + _backup_attend(Z, A_b, V_b, n, n_actions, q, check_bool(hard, "hard"))
     return Z + _td_attend(Z, A, V_cur + V_tgt, n)
-
 
 
 # %% [markdown]
@@ -386,7 +383,6 @@ class ControlICTD(nn.Module):
 def _dense_bytes(Z:torch.Tensor)->float:
     "Memory of the dense path: the two (N, N) masks, and per prompt its logits, masked logits, weights."
     return (2 + 3 * math.prod(Z.shape[:-2])) * Z.shape[-1] ** 2 * 8
-
 
 
 # %% [markdown]

@@ -171,7 +171,6 @@ def check_fields(obj):
     return obj
 
 
-
 # %% [markdown]
 # The library's conventions (`CONTRIBUTING.md`) make the step
 # size, the discount, the depth and the context length keyword-only. A function that moves a name behind the `*`

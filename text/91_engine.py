@@ -533,8 +533,6 @@ def corrupted_rewards(seeds,                 # the seeds whose rewards are corru
     return Protocol(sample=sample, eval_set=inner.eval_set, data=data, loss_scale=inner.loss_scale)
 
 
-
-
 # %%
 _forced = corrupted_rewards([7], 2, factor=10.)
 _base, _cfg = get_protocol("stationary"), PretrainConfig(n_tasks=8, eval_tasks=2, n=5, batch_size=4)

@@ -63,8 +63,6 @@ def error_sweep(process,              # a process of this chapter
     bar.close()
     return out
 
-
-
 # %% ../../nbs/08a_continuous_experiments.ipynb #6b603702
 LINE_STYLES = ("-", "--", "-.", (0, (1, 1)))   # one per curve, so that curves differ without colour
 
