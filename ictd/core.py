@@ -445,6 +445,36 @@ def plain_log_ticks(ax,               # matplotlib axes
         digits = "2346" if hi < 15 * lo else "25" if hi < 100 * lo else ""     # which minor ticks get a label
         axis.set_minor_formatter(FuncFormatter(lambda v, _, digits=digits: number(v) if f"{v:.0e}"[0] in digits else "") if digits else NullFormatter())
 
+# %% ../nbs/90_core.ipynb #2f1f48b3
+def short_doc(o, width:int=64)->str:
+    "The first sentence of `o`'s docstring, cut at a word outside maths and code to about `width` characters."
+    import re
+    doc = re.split(r"(?<=[.:;])\s", inspect.getdoc(o).splitlines()[0])[0].rstrip(".:;")
+    if len(doc) <= width: return doc.replace("|", "\\|")
+    cuts = [m.start() for m in re.finditer(" ", doc[:width])
+            if doc[:m.start()].count("$") % 2 == 0 and doc[:m.start()].count("`") % 2 == 0]
+    return (doc[:cuts[-1]] + " ...").replace("|", "\\|") if cuts else doc.replace("|", "\\|")
+
+def api_table(*objs):
+    "A table of helpers: each name, with the anchor its doc links use, and its docstring in short."
+    from IPython.display import Markdown
+    rows = [f'| <span id="{o.__qualname__.lower()}"></span>`{o.__qualname__}` | {short_doc(o)} |' for o in objs]
+    return Markdown("| helper | what it does |\n|---|---|\n" + "\n".join(rows))
+
+def folded_docs(*fs, summary:str):
+    "The `show_doc` entries of `fs` in one folded block: the page shows `summary` until it is opened."
+    import re
+    from IPython.display import Markdown
+    from nbdev.showdoc import show_doc
+    docs = [re.sub(r"^\[source\]\(.*\n", "", show_doc(f)._repr_markdown_(), flags=re.M) for f in fs]
+    return Markdown(f"<details>\n<summary>{summary}</summary>\n\n" + "\n\n".join(docs) + "\n\n</details>")
+
+def folded_api(*docs):
+    "The API entries `docs` (`show_doc` results) in one block that the reader unfolds."
+    from IPython.display import Markdown
+    entries = "\n\n".join(d._repr_markdown_() for d in docs)
+    return Markdown(f"<details><summary>API entries</summary>\n\n{entries}\n\n</details>")
+
 # %% ../nbs/90_core.ipynb #34f2d09d
 from .boyan import check_arguments
 check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)

@@ -19,21 +19,9 @@ from ictd.model import torch_generator, token_rows, xavier_param, carry_context,
 import inspect, re
 from IPython.display import Markdown
 
-
 # %%
 #| hide
-def short_doc(o, width:int=64)->str:
-    "The first sentence of `o`'s docstring, cut at a word outside maths and code to about `width` characters."
-    doc = re.split(r"(?<=[.:;])\s", inspect.getdoc(o).splitlines()[0])[0].rstrip(".:;")
-    if len(doc) <= width: return doc.replace("|", "\\|")
-    cuts = [m.start() for m in re.finditer(" ", doc[:width])
-            if doc[:m.start()].count("$") % 2 == 0 and doc[:m.start()].count("`") % 2 == 0]
-    return (doc[:cuts[-1]] + " ...").replace("|", "\\|") if cuts else doc.replace("|", "\\|")
-
-def api_table(*objs)->Markdown:
-    "A table of helpers: each name, with the anchor its doc links use, and its docstring in short."
-    rows = [f'| <span id="{o.__qualname__.lower()}"></span>`{o.__qualname__}` | {short_doc(o)} |' for o in objs]
-    return Markdown("| helper | what it does |\n|---|---|\n" + "\n".join(rows))
+from ictd.core import api_table, short_doc   # the helper tables of appendix A
 
 
 # %% [markdown]

@@ -30,14 +30,9 @@ from ictd.core import record_claim
 from ictd.tasks import task_rng
 from ictd.wstd import weighted_softmax_td
 
-
 # %%
 #| hide
-def folded_docs(*fs, summary:str):
-    "The `show_doc` entries of `fs` in one folded block: the page shows `summary` until it is opened."
-    docs = [re.sub(r"^\[source\]\(.*\n", "", show_doc(f)._repr_markdown_(), flags=re.M) for f in fs]
-    body = "\n\n".join(docs)
-    return Markdown(f"<details>\n<summary>{summary}</summary>\n\n{body}\n\n</details>")
+from ictd.core import folded_docs   # the folded API entries of appendix A
 
 
 # %% [markdown]

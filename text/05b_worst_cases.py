@@ -36,14 +36,9 @@ from IPython.display import Markdown
 from ictd.convergence import circulant_limit
 from ictd.core import record_claim
 
-
 # %%
 #| hide
-def folded_docs(*fs, summary:str):
-    "The `show_doc` entries of `fs` in one folded block: the page shows `summary` until it is opened."
-    docs = [re.sub(r"^\[source\]\(.*\n", "", show_doc(f)._repr_markdown_(), flags=re.M) for f in fs]
-    body = "\n\n".join(docs)
-    return Markdown(f"<details>\n<summary>{summary}</summary>\n\n{body}\n\n</details>")
+from ictd.core import folded_docs   # the folded API entries of appendix A
 
 
 # %% [markdown]

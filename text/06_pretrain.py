@@ -47,14 +47,9 @@ from ictd.pretrain import (exact_neu_small, plot_diagonality, plot_value_error, 
                            # "Implementation and tests"
                            plot_value_weights, pretrain, pretrain_many, td_batch)
 
-
 # %%
 #| hide
-def folded_api(*docs):
-    "The API entries `docs` (`show_doc` results) in one block that the reader unfolds."
-    entries = "\n\n".join(d._repr_markdown_() for d in docs)
-    return Markdown(f"<details><summary>API entries</summary>\n\n{entries}\n\n</details>")
-
+from ictd.core import folded_api   # the folded API entries of appendix A
 
 # %% [markdown]
 # # Pretraining and emergence

@@ -45,14 +45,9 @@ from ictd.emergence import (ALPHAS, best_theta_star, baseline_msve, mean_se,  # 
                             # "Implementation and tests"
                             neu_jackknife, ratio_interval, stack_history)
 
-
 # %%
 #| hide
-def folded_api(*docs):
-    "The API entries `docs` (`show_doc` results) in one block that the reader unfolds."
-    entries = "\n\n".join(d._repr_markdown_() for d in docs)
-    return Markdown(f"<details><summary>API entries</summary>\n\n{entries}\n\n</details>")
-
+from ictd.core import folded_api   # the folded API entries of appendix A
 
 # %% [markdown]
 # # Emergence over seeds

@@ -26,14 +26,9 @@ from ictd.core import DRAW_NOTE, OKABE_ITO, plain_log_ticks, provenance, record_
 from ictd.engine import EMERGENCE
 from ictd.emergence import mean_se, min_successes
 
-
 # %%
 #| hide
-def folded_api(*docs):
-    "The API entries `docs` (`show_doc` results) in one block that the reader unfolds."
-    entries = "\n\n".join(d._repr_markdown_() for d in docs)
-    return Markdown(f"<details><summary>API entries</summary>\n\n{entries}\n\n</details>")
-
+from ictd.core import folded_api   # the folded API entries of appendix A
 
 # %%
 #| hide

@@ -934,6 +934,53 @@ with tempfile.TemporaryDirectory() as tmp, working_directory(tmp):
     record_claim("x", "y", "proved", "z", folder="claims")
     test_eq([c["key"] for c in load_claims("claims")], ["x"])
 
+
+# %% [markdown]
+# ## Helpers of the book's pages
+#
+# The lesson pages keep the API entries of their internals out of the reader's way: a table of names and short
+# docstrings (`api_table`, with the anchors doc links use), or the entries themselves in one folded block
+# (`folded_docs` from the functions, `folded_api` from `show_doc` results). They are internal (`exporti`): the
+# chapters use them, a user has no need to.
+
+# %%
+#| exporti
+def short_doc(o, width:int=64)->str:
+    "The first sentence of `o`'s docstring, cut at a word outside maths and code to about `width` characters."
+    import re
+    doc = re.split(r"(?<=[.:;])\s", inspect.getdoc(o).splitlines()[0])[0].rstrip(".:;")
+    if len(doc) <= width: return doc.replace("|", "\\|")
+    cuts = [m.start() for m in re.finditer(" ", doc[:width])
+            if doc[:m.start()].count("$") % 2 == 0 and doc[:m.start()].count("`") % 2 == 0]
+    return (doc[:cuts[-1]] + " ...").replace("|", "\\|") if cuts else doc.replace("|", "\\|")
+
+def api_table(*objs):
+    "A table of helpers: each name, with the anchor its doc links use, and its docstring in short."
+    from IPython.display import Markdown
+    rows = [f'| <span id="{o.__qualname__.lower()}"></span>`{o.__qualname__}` | {short_doc(o)} |' for o in objs]
+    return Markdown("| helper | what it does |\n|---|---|\n" + "\n".join(rows))
+
+def folded_docs(*fs, summary:str):
+    "The `show_doc` entries of `fs` in one folded block: the page shows `summary` until it is opened."
+    import re
+    from IPython.display import Markdown
+    from nbdev.showdoc import show_doc
+    docs = [re.sub(r"^\[source\]\(.*\n", "", show_doc(f)._repr_markdown_(), flags=re.M) for f in fs]
+    return Markdown(f"<details>\n<summary>{summary}</summary>\n\n" + "\n\n".join(docs) + "\n\n</details>")
+
+def folded_api(*docs):
+    "The API entries `docs` (`show_doc` results) in one block that the reader unfolds."
+    from IPython.display import Markdown
+    entries = "\n\n".join(d._repr_markdown_() for d in docs)
+    return Markdown(f"<details><summary>API entries</summary>\n\n{entries}\n\n</details>")
+
+
+# %%
+test_eq(short_doc(api_table), "A table of helpers")
+test_eq(short_doc(short_doc, width=20), "The first sentence ...")   # cut at a word, at most 20 characters
+assert '<span id="folded_docs"></span>`folded_docs`' in api_table(folded_docs).data
+assert folded_docs(short_doc, summary="two").data.startswith("<details>\n<summary>two</summary>")
+
 # %%
 #| export
 from ictd.boyan import check_arguments
