@@ -982,6 +982,18 @@ assert '<span id="folded_docs"></span>`folded_docs`' in api_table(folded_docs).d
 assert folded_docs(short_doc, summary="two").data.startswith("<details>\n<summary>two</summary>")
 
 # %%
+show_doc(short_doc)
+
+# %%
+show_doc(api_table)
+
+# %%
+show_doc(folded_docs)
+
+# %%
+show_doc(folded_api)
+
+# %%
 #| export
 from ictd.boyan import check_arguments
 check_arguments(globals())   # every public function refuses, naming it, an argument its annotation rules out (chapter 0)
