@@ -169,7 +169,7 @@ def float32_effect(seeds, n_steps):
 def linear_reproduction(seed_counts=(3, 30), steps=50):
     "The predecessor's protocol (`ICLR_LINEAR`) through the engine against the side loop it replaced, seconds per seed-step, and the 30-seed reproduction extrapolated."
     c = ICLR_LINEAR
-    fitted_td_step(c.n, c.n_layers, c.gamma, c.n_states, c.feature_dim)          # cached: neither loop pays for the fit
+    fitted_td_step(n=c.n, n_layers=c.n_layers, gamma=c.gamma, n_states=c.n_states, d=c.feature_dim)          # cached: neither loop pays for the fit
     cfg = dataclasses.replace(c, n_tasks=steps // 5, n_steps=steps, eval_every=10**9)   # 5 mini-batches per task, as ICLR_LINEAR
     out = {}
     for S in seed_counts:

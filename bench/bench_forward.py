@@ -18,7 +18,7 @@ from ictd.wstd import weighted_softmax_td
 def prompts(batch, n, device):
     "A batch of prompts (one query each) from random one-hot Boyan chains, and their trajectories."
     mrps = [random_boyan_chain(features="onehot", seed=b) for b in range(batch)]
-    trajs = [sample_trajectory(m, n, seed=b) for b, m in enumerate(mrps)]
+    trajs = [sample_trajectory(m, n=n, seed=b) for b, m in enumerate(mrps)]
     phi_S = torch.stack([m.phi[S] for m, (S, _) in zip(mrps, trajs)]).to(device)
     R = torch.stack([R for _, R in trajs]).to(device)
     phi_q = torch.stack([m.phi[0] for m in mrps]).to(device)
@@ -46,14 +46,14 @@ def main(argv=None):
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     a = ap.parse_args(argv)
     d, W = 10, 15. * torch.eye(10, dtype=torch.float64)
-    model = SoftmaxICTD.from_theta_star(d, a.layers, W, 1., 0.9).to(a.device).requires_grad_(False)
+    model = SoftmaxICTD.from_theta_star(d, W, n_layers=a.layers, alpha=1., gamma=0.9).to(a.device).requires_grad_(False)
     print(f"device {a.device}, batch {a.batch}, {a.layers} layers, float64, torch {torch.__version__}, {torch.get_num_threads()} threads")
     print(f"{'n':>6} {'model ms':>10} {'dense-Pi ms':>12} {'wstd ms':>9} {'dense/model':>12} {'wstd/model':>11}")
     for n in a.n:
         Z, phi_S, R, phi_q = prompts(a.batch, n, a.device)
         ours = median_seconds(lambda: model(Z, n))
         dense = median_seconds(lambda: dense_shift_forward(model, Z, n))
-        algo = median_seconds(lambda: weighted_softmax_td(phi_S, R, W.to(a.device), 1., 0.9, a.layers, phi_queries=phi_q))
+        algo = median_seconds(lambda: weighted_softmax_td(phi_S, R, W.to(a.device), alpha=1., gamma=0.9, n_iters=a.layers, phi_queries=phi_q))
         assert torch.allclose(model(Z, n), dense_shift_forward(model, Z, n), atol=1e-12)
         print(f"{n:>6} {ours * 1e3:>10.2f} {dense * 1e3:>12.2f} {algo * 1e3:>9.2f} {dense / ours:>12.2f} {algo / ours:>11.2f}")
 

@@ -20,7 +20,7 @@ def _task_kwargs(config): return dict(n_states=config.n_states, d=config.d, gamm
 
 def held_out_tasks(config):
     tasks = random_tasks(config.eval_tasks, seed=run_stream(config.seed, "eval_pool"), **_task_kwargs(config))
-    return tasks, sample_trajectories(tasks.P, config.n, tasks.d_pi, seed=run_stream(config.seed, "eval_contexts"))
+    return tasks, sample_trajectories(tasks.P, tasks.d_pi, n=config.n, seed=run_stream(config.seed, "eval_contexts"))
 
 def expected_update(model, batch, gamma):
     params = [p for p in model.parameters()]
@@ -61,7 +61,7 @@ def kernel_diagonality_per_layer(model, Z, states, n):
     return torch.stack([(model.layer(l).attention(Zs[:, l], n=n)[:, :n, n + 1:] * same).sum(1).mean() for l in range(model.n_layers)])
 
 def block_cosines(model, gamma):
-    star = theta_star(model.d, torch.eye(model.d, dtype=torch.float64), 1., gamma)
+    star = theta_star(model.d, torch.eye(model.d, dtype=torch.float64), alpha=1., gamma=gamma)
     cos = lambda a, b: (a.flatten() @ b.flatten() / (a.norm() * b.norm()).clamp(min=1e-300)).item()
     return torch.tensor([[cos(p.detach().double(), t) for p, t in zip((lay.A, lay.V_cur, lay.V_tgt), star)]
                          for lay in (model.layer(l) for l in range(model.n_layers))], dtype=torch.float64)
@@ -82,7 +82,7 @@ def one_seed_pretrain(config, n_steps=None, callback=None):
     "The pre-engine loop: returns (model, history); `n_steps` overrides the configuration's, `callback(step)` follows each step (for timing)."
     n_steps = config.n_steps if n_steps is None else n_steps
     d = config.n_states if config.features == "onehot" else config.d
-    model = SoftmaxICTD(d, config.n_layers, shared=config.shared, init_gain=config.init_gain, seed=run_stream(config.seed, "init"))
+    model = SoftmaxICTD(d, n_layers=config.n_layers, shared=config.shared, init_gain=config.init_gain, seed=run_stream(config.seed, "init"))
     with torch.no_grad():   # the rounding nudge of ICTD_PERTURB, drawn as the engine draws it (a no-op when unset)
         for j, k in enumerate(sorted(("A", "V_cur", "V_tgt"))):
             for lay, w in zip(model.layers, nudged(torch.stack([getattr(lay, k) for lay in model.layers]), config.seed, j)): getattr(lay, k).copy_(w)
@@ -108,7 +108,7 @@ def one_seed_pretrain(config, n_steps=None, callback=None):
 def predecessor_pretrain(config, n_steps, callback=None):
     "The unbatched style of the predecessor's public code: one prompt per forward and backward pass, gradients summed over the batch."
     d = config.n_states if config.features == "onehot" else config.d
-    model = SoftmaxICTD(d, config.n_layers, shared=config.shared, init_gain=config.init_gain, seed=run_stream(config.seed, "init"))
+    model = SoftmaxICTD(d, n_layers=config.n_layers, shared=config.shared, init_gain=config.init_gain, seed=run_stream(config.seed, "init"))
     with torch.no_grad():   # the rounding nudge of ICTD_PERTURB, drawn as the engine draws it (a no-op when unset)
         for j, k in enumerate(sorted(("A", "V_cur", "V_tgt"))):
             for lay, w in zip(model.layers, nudged(torch.stack([getattr(lay, k) for lay in model.layers]), config.seed, j)): getattr(lay, k).copy_(w)

@@ -16,7 +16,7 @@ def held_out_linear(config, seeds):
     out = []
     for s in seeds:
         tasks, gen = task_pool(config, config.eval_tasks, run_stream(s, "eval_pool")), torch.Generator().manual_seed(run_stream(s, "eval_contexts"))
-        states = sample_trajectories(tasks.P, config.n, start_distributions(config.eval_tasks, config.n_states, gen), seed=gen)
+        states = sample_trajectories(tasks.P, start_distributions(config.eval_tasks, config.n_states, gen), n=config.n, seed=gen)
         rows = torch.arange(config.eval_tasks)[:, None]
         phi, r = tasks.phi[rows, states], tasks.r[rows, states]
         Zc = build_linear_prompt(phi, r[..., :-1], phi[..., :1, :], config.gamma)[..., :config.n]
@@ -29,7 +29,7 @@ def _trajectories(config, seeds, gens, first_task, count, per_task):
     for s, g in zip(seeds, gens):
         tasks = task_pool(config, count, run_stream(s, "train_pool"), first=first_task)
         mu = start_distributions(count, config.n_states, g).repeat_interleave(per_task, 0)
-        states.append(sample_trajectories(tasks.P.repeat_interleave(per_task, 0), T, mu, seed=g).unflatten(0, (count, per_task)))
+        states.append(sample_trajectories(tasks.P.repeat_interleave(per_task, 0), mu, n=T, seed=g).unflatten(0, (count, per_task)))
         phi.append(tasks.phi); r.append(tasks.r)
     return torch.stack(phi), torch.stack(r), torch.stack(states)
 
@@ -39,7 +39,7 @@ def pretrain_linear_many(config, seeds=(0,), chunk=25, callback=None):
     params = {k: v.requires_grad_(True) for k, v in linear_init(config, seeds).items()}
     opt = torch.optim.Adam(params.values(), lr=config.lr, weight_decay=config.weight_decay)
     gens = [torch.Generator().manual_seed(run_stream(s, "data")) for s in seeds]
-    alpha, (held, Zc) = fitted_td_step(n, L, config.gamma, config.n_states, config.feature_dim), held_out_linear(config, seeds)
+    alpha, (held, Zc) = fitted_td_step(n=n, n_layers=L, gamma=config.gamma, n_states=config.n_states, d=config.feature_dim), held_out_linear(config, seeds)
     history = {}
     def record(step):
         for k, v in dict(step=torch.full((len(seeds),), float(step)), tasks=torch.full((len(seeds),), step / per_task),
@@ -52,7 +52,7 @@ def pretrain_linear_many(config, seeds=(0,), chunk=25, callback=None):
         for t in range(phi.shape[1]):
             for b in range(per_task):
                 Z, rw = sliding_windows(phi[:, t], r[:, t], states[:, t, b], n, config.gamma)
-                loss = sliding_td_loss(linear_predict(config, params, Z, n)[..., 0], rw, config.gamma).sum()
+                loss = sliding_td_loss(linear_predict(config, params, Z, n)[..., 0], rw, gamma=config.gamma).sum()
                 opt.zero_grad(); loss.backward(); opt.step()
                 step += 1
                 if callback is not None: callback(step)

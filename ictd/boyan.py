@@ -9,9 +9,59 @@ import numpy as np
 import torch
 
 # %% auto #0
-__all__ = ['FEATURES', 'REWARDS', 'MRP', 'random_boyan_chain', 'plot_chain', 'sample_trajectory', 'msve', 'as_tensor',
-           'check_gamma', 'transitions_from_uniforms', 'boyan_transitions', 'chain_from_uniforms', 'weighted_error',
-           'is_real_number', 'ArgumentError', 'checked', 'check_arguments']
+__all__ = ['FEATURES', 'REWARDS', 'moved_to_keywords', 'reordered_positionals', 'MRP', 'random_boyan_chain', 'plot_chain',
+           'sample_trajectory', 'msve', 'as_tensor', 'check_gamma', 'transitions_from_uniforms', 'boyan_transitions',
+           'chain_from_uniforms', 'weighted_error', 'is_real_number', 'ArgumentError', 'checked', 'check_arguments']
+
+# %% ../nbs/00_boyan.ipynb #53e9a5f1
+import functools, inspect, warnings
+
+def moved_to_keywords(*names:str):
+    "Decorator: the keyword-only `names` (in their old positional order) may still be passed by position for one release, with a `DeprecationWarning` naming the new form."
+    def wrap(fn):
+        params = inspect.signature(fn).parameters.values()
+        n_pos = sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            if len(args) > n_pos:
+                extra = args[n_pos:]
+                if len(extra) > len(names): raise TypeError(f"{fn.__name__}() takes {n_pos} positional arguments and the keywords {names}, got {len(args)} positional")
+                moved = dict(zip(names, extra))
+                if set(moved) & set(kwargs): raise TypeError(f"{fn.__name__}() got {sorted(set(moved) & set(kwargs))} both by position and by keyword")
+                _warn_moved(fn, moved)
+                args, kwargs = args[:n_pos], {**kwargs, **moved}
+            return call.__wrapped__(*args, **kwargs)
+        call.moves_positionals = True   # `ictd.boyan.checked` checks the arguments it passes on
+        return call
+    return wrap
+
+def _warn_moved(fn, moved:dict):
+    new = ", ".join(f"{k}=..." for k in moved)
+    warnings.warn(f"{fn.__name__}: pass {new} by keyword; the positional form is deprecated and goes in the next release",
+                  DeprecationWarning, stacklevel=3)
+
+def reordered_positionals(old:tuple,  # every parameter's name in the old positional order (with `self`/`cls` first if any)
+                         is_old,      # is_old(args) -> True when a call's positional `args` are in the old order
+                        ):
+    "Decorator: a call whose positional arguments `is_old` says are in the `old` order is mapped onto the names, for one release, with a `DeprecationWarning` naming the new form."
+    if not isinstance(old, tuple) or not all(isinstance(k, str) for k in old): raise TypeError(f"`old` must be a tuple of parameter names, got {old!r}")
+    if not callable(is_old): raise TypeError(f"`is_old` must be callable, got {type(is_old).__name__}")
+    def wrap(fn):
+        params = inspect.signature(fn).parameters.values()
+        n_pos = sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            if not is_old(args): return call.__wrapped__(*args, **kwargs)
+            if len(args) > len(old): raise TypeError(f"{fn.__name__}() takes at most {len(old)} positional arguments in its old form, got {len(args)}")
+            named = dict(zip(old, args))
+            if set(named) & set(kwargs): raise TypeError(f"{fn.__name__}() got {sorted(set(named) & set(kwargs))} both by position and by keyword")
+            keep = [p.name for p in params][:n_pos]
+            _warn_moved(fn, {k: v for k, v in named.items() if k not in keep})
+            args = [named.pop(k) for k in keep if k in named]
+            return call.__wrapped__(*args, **named, **kwargs)
+        call.moves_positionals = True
+        return call
+    return wrap
 
 # %% ../nbs/00_boyan.ipynb #31c7122d
 #| code-fold: true
@@ -87,9 +137,11 @@ class MRP:
 # %% ../nbs/00_boyan.ipynb #c21067cc
 #| code-fold: true
 #| code-summary: "random_boyan_chain"
+@moved_to_keywords("gamma", "features", "rewards", "seed")
 def random_boyan_chain(
     n_states: int = 10,  # number of states s >= 2
     d: int = 4,  # feature dimension (one-hot chains read the s x d block too: same P, r)
+    *,
     gamma: float = 0.9,  # discount factor in [0, 1)
     features: str = "random",  # "random" (U(-1, 1)), "onehot" or "unit" (random rows of norm 1)
     rewards: str = "random",  # "random" (U(-1, 1)) or "representable" (v_pi in the span of phi)
@@ -171,8 +223,10 @@ def plot_chain(mrp: MRP, ax=None):  # the chain to draw  # matplotlib axes; defa
 # %% ../nbs/00_boyan.ipynb #58744dd2
 #| code-fold: true
 #| code-summary: "sample_trajectory"
+@moved_to_keywords("n", "seed", "start")
 def sample_trajectory(
     mrp: MRP,  # the process to sample
+    *,
     n: int,  # number of transitions
     seed=None,  # int or `numpy.random.Generator`
     start="stationary",  # "stationary" (S_0 ~ d_pi), "uniform", or a state index
@@ -450,6 +504,9 @@ def checked(f):
         "`f`, refusing with an `ArgumentError` that names the argument any value its annotations"
         " rule out (defaults pass)."
     )
+    if getattr(f, "moves_positionals", False):  # a deprecation shim: check the arguments it passes on
+        f.__wrapped__ = checked(f.__wrapped__)
+        return f
     try:
         hints = typing.get_type_hints(f)
     except Exception:

@@ -12,6 +12,8 @@ from .boyan import as_tensor, check_gamma, weighted_error
 from .wstd import context_tensors
 from .prompt import build_prompt
 from .model import check_prompt, torch_generator, token_rows, xavier_param, carry_context, PromptLayer, SoftmaxICTD
+from .model import _old_theta_star_call
+from .boyan import reordered_positionals
 from .core import check_int, check_number, check_type, check_work, moved_to_keywords, run_stream
 from .tasks import Contexts
 from .engine import Family, PretrainConfig, held_out_tasks, register_family, tuning_config
@@ -64,9 +66,11 @@ def prefix_weights(phi_states,         # (..., n + 1, d) features of S_0..S_n
     return torch.softmax(G.masked_fill(~seen, -math.inf), dim=-2).nan_to_num(0.)
 
 # %% ../nbs/04a_causal.ipynb #faa9ff9b
+@moved_to_keywords("alpha", "gamma", "n_iters", "phi_queries", "current", "order", "recency", "return_all")
 def prefix_softmax_td(phi_states,          # (..., n + 1, d) features of S_0..S_n
                       rewards,             # (..., n) rewards, rewards[..., k - 1] = R_k
                       W,                   # (d, d) or (..., d, d) score matrix
+                      *,
                       alpha:float,         # step size
                       gamma:float,         # discount factor in [0, 1)
                       n_iters:int,         # number of iterations (layers)
@@ -291,14 +295,17 @@ class CausalSoftmaxICTD(SoftmaxICTD):
                    ):
         "The model whose every layer carries (A, V, U, lam) (copied)."
         first = CausalSoftmaxLayer.from_params(A, V, U, lam)
-        model = cls(first.d, n_layers, shared, seed=0, dtype=first.A.dtype)
+        model = cls(first.d, n_layers=n_layers, shared=shared, seed=0, dtype=first.A.dtype)
         model.layers = nn.ModuleList([first] + [CausalSoftmaxLayer.from_params(A, V, U, lam) for _ in model.layers[1:]])
         return model
 
     @classmethod
+    @reordered_positionals(("cls", "d", "n_layers", "W", "alpha", "gamma", "current", "order", "recency", "shared"),
+                           _old_theta_star_call)
     def from_theta_star(cls, d:int,          # feature dimension
-                        n_layers:int,        # number of layers L
                         W,                   # (d, d) score matrix
+                        *,
+                        n_layers:int,        # number of layers L
                         alpha:float,         # step size
                         gamma:float,         # discount factor in [0, 1)
                         current:str="key",    # "key": theta* under a causal mask (TD); "self": the contracting variant
@@ -380,7 +387,7 @@ def stream_values(model,              # a `CausalSoftmaxICTD` built for the forw
 # %% ../nbs/04a_causal.ipynb #4ca017f4
 def causal_init(config:PretrainConfig, seeds:list, dtype)->dict:
     "Each seed's `CausalSoftmaxICTD` initialisation, stacked: A (S, L', 2D, D), V (S, L', D, 2D), U (S, L', D, D), lam (S, L')."
-    models = [CausalSoftmaxICTD(config.feature_dim, config.n_layers, config.shared, config.init_gain, seed=run_stream(s, "init")) for s in seeds]
+    models = [CausalSoftmaxICTD(config.feature_dim, n_layers=config.n_layers, shared=config.shared, init_gain=config.init_gain, seed=run_stream(s, "init")) for s in seeds]
     return {k: torch.stack([torch.stack([getattr(lay, k).detach() for lay in m.layers]) for m in models]).to(dtype) for k in ("A", "V", "U", "lam")}
 
 # %% ../nbs/04a_causal.ipynb #10108d0f
@@ -408,7 +415,7 @@ def causal_predict(config:PretrainConfig, params:dict, Z:torch.Tensor, n:int)->t
 # %% ../nbs/04a_causal.ipynb #0c5ce0bf
 def causal_module(config:PretrainConfig, params:dict)->CausalSoftmaxICTD:
     "A `CausalSoftmaxICTD` carrying one seed's parameters."
-    model = CausalSoftmaxICTD(config.feature_dim, config.n_layers, config.shared, seed=0, dtype=params["A"].dtype)
+    model = CausalSoftmaxICTD(config.feature_dim, n_layers=config.n_layers, shared=config.shared, seed=0, dtype=params["A"].dtype)
     model.load_state_dict({f"layers.{l}.{k}": params[k][l] for l in range(params["A"].shape[0]) for k in ("A", "V", "U", "lam")})
     return model
 

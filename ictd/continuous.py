@@ -235,7 +235,7 @@ def kernel_td(process:ContinuousProcess, # a process of this chapter
     if Q.ndim == 2 and phi.ndim > 2: Q = Q.expand(phi.shape[:-2] + Q.shape)
     n = phi.shape[-2] - 1
     W = process.score_matrix(beta).to(phi)
-    return weighted_softmax_td(phi, R, W, alpha, process.gamma, n_layers, phi_queries=Q, return_all=return_all)[..., n + 1:]
+    return weighted_softmax_td(phi, R, W, alpha=alpha, gamma=process.gamma, n_iters=n_layers, phi_queries=Q, return_all=return_all)[..., n + 1:]
 
 # %% ../nbs/08_continuous.ipynb #59f5b4d0
 def von_mises_harmonics(beta:float,    # concentration

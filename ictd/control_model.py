@@ -11,7 +11,8 @@ from torch import nn
 from .boyan import as_tensor, check_gamma
 from .core import (check_bool, check_floating, check_int, check_number, check_type, check_work,
                        chunk_rows, memory_path)
-from .model import token_rows, torch_generator, xavier_param
+from .model import token_rows, torch_generator, xavier_param, _old_theta_star_call
+from .boyan import moved_to_keywords, reordered_positionals
 from .control import _check_beta
 
 # %% auto #0
@@ -191,7 +192,9 @@ def streamed_pair_update(Z:torch.Tensor,  # (..., d + 4, N) tokens
 # %% ../nbs/09a_control_transformer.ipynb #b550f419
 class ControlICTD(nn.Module):
     "A stack of L (backup layer, TD layer) pairs on control prompts; values are read from row d+1."
+    @moved_to_keywords("n_layers", "init_gain", "seed", "hard")
     def __init__(self, d:int,            # feature dimension; tokens have d + 4 rows
+                 *,
                  n_layers:int,           # number of layer pairs L (2L attention layers)
                  init_gain:float=0.1,    # gain of the Xavier-normal initialisation
                  seed=None,              # int or `torch.Generator`
@@ -205,17 +208,18 @@ class ControlICTD(nn.Module):
                                       for _ in range(5 * self.n_layers))
 
     @classmethod
+    @reordered_positionals(("cls", "d", "n_layers", "W"), _old_theta_star_call)
     def from_theta_star(cls, d:int,      # feature dimension
-                        n_layers:int,    # number of layer pairs L, one iteration each
                         W,               # (d, d) score matrix
                         *,
+                        n_layers:int,    # number of layer pairs L, one iteration each
                         alpha:float,     # step size > 0
                         gamma:float,     # discount factor in [0, 1)
                         beta:float,      # inverse temperature of the backup in [0, inf]
                        ):
         "Every pair of layers carrying `control_theta_star(d, W, alpha, gamma, beta)`."
         params = control_theta_star(d, W, alpha, gamma, beta)
-        model = cls(d, n_layers, seed=0, hard=_check_beta(beta) == math.inf)
+        model = cls(d, n_layers=n_layers, seed=0, hard=_check_beta(beta) == math.inf)
         with torch.no_grad():
             for l in range(model.n_layers):
                 for i, p in enumerate(params): model.pairs[5 * l + i].copy_(p)

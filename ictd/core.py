@@ -15,11 +15,12 @@ from .tasks import TaskBatch
 # %% auto #0
 __all__ = ['WORK_LIMITS', 'DENSE_BYTES', 'CHUNK_BYTES', 'MEMORY_PATHS', 'RUN_STREAMS', 'NUDGE_VAR', 'CLAIM_STATUSES', 'DRAW_NOTE',
            'OKABE_ITO', 'check_int', 'check_number', 'check_floating', 'check_choice', 'check_seeds', 'check_type',
-           'check_bool', 'check_broadcast', 'check_device', 'check_fields', 'moved_to_keywords', 'check_work',
-           'memory_path', 'chunk_rows', 'substream', 'stream_generator', 'run_stream', 'nudge_scale', 'nudged', 'nudge',
-           'atomic_write_bytes', 'atomic_write_text', 'atomic_savefig', 'checksum_path', 'tensors_only', 'save_checked',
-           'load_checked', 'remove_checked', 'check_writable', 'check_name', 'load_json', 'record_claim', 'load_claims',
-           'jsonable', 'cpu_model', 'provenance', 'provenance_note', 'plain_log_ticks']
+           'check_bool', 'check_broadcast', 'check_device', 'check_fields', 'check_work', 'memory_path', 'chunk_rows',
+           'substream', 'stream_generator', 'run_stream', 'nudge_scale', 'nudged', 'nudge', 'atomic_write_bytes',
+           'atomic_write_text', 'atomic_savefig', 'checksum_path', 'tensors_only', 'save_checked', 'load_checked',
+           'remove_checked', 'check_writable', 'check_name', 'load_json', 'record_claim', 'load_claims', 'jsonable',
+           'cpu_model', 'provenance', 'provenance_note', 'plain_log_ticks', 'moved_to_keywords',
+           'reordered_positionals']
 
 # %% ../nbs/90_core.ipynb #5c70a449
 _is_number = is_real_number   # chapter 0's test of a real number that is not a bool
@@ -120,25 +121,8 @@ def check_fields(obj):
     return obj
 
 # %% ../nbs/90_core.ipynb #850b80cc
-def moved_to_keywords(*names:str):
-    "Decorator: the keyword-only `names` (in their old positional order) may still be passed by position for one release, with a `DeprecationWarning` naming the new form."
-    def wrap(fn):
-        params = inspect.signature(fn).parameters.values()
-        n_pos = sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
-        @functools.wraps(fn)
-        def call(*args, **kwargs):
-            if len(args) > n_pos:
-                extra = args[n_pos:]
-                if len(extra) > len(names): raise TypeError(f"{fn.__name__}() takes {n_pos} positional arguments and the keywords {names}, got {len(args)} positional")
-                moved = dict(zip(names, extra))
-                if set(moved) & set(kwargs): raise TypeError(f"{fn.__name__}() got {sorted(set(moved) & set(kwargs))} both by position and by keyword")
-                new = ", ".join(f"{k}=..." for k in moved)
-                warnings.warn(f"{fn.__name__}: pass {new} by keyword; the positional form is deprecated and goes in the next release",
-                              DeprecationWarning, stacklevel=2)
-                args, kwargs = args[:n_pos], {**kwargs, **moved}
-            return fn(*args, **kwargs)
-        return call
-    return wrap
+from .boyan import moved_to_keywords, reordered_positionals   # defined first thing in chapter 0, which uses them
+_all_ = ["moved_to_keywords", "reordered_positionals"]
 
 # %% ../nbs/90_core.ipynb #4184cf38
 WORK_LIMITS = dict(bytes=4 * 2**30, steps=10**7, multiply_adds=10**12)   # the most memory (bytes), sequential steps and multiply-adds (hours on one CPU thread) a call plans before it refuses

@@ -56,7 +56,7 @@ def certainty_equivalence_values(tasks:TaskBatch,      # the tasks
     ("`certainty_equivalence` of each context, a state never left taking the context mean "
      "reward (the state-blind guess).")
     R = tasks.r[torch.arange(len(tasks))[:, None], states[:, :-1]]
-    return certainty_equivalence(states, R, tasks.r.shape[-1], tasks.gamma,
+    return certainty_equivalence(states, R, tasks.r.shape[-1], gamma=tasks.gamma,
                                  unvisited_reward=R.mean(-1))
 
 # %% ../nbs/06a_emergence.ipynb #a22ee4ad
@@ -128,8 +128,7 @@ def theta_star_model(config:PretrainConfig,  # gives d, the depth and gamma
                     )->SoftmaxICTD:
     "The constructed model $\\theta^*(\\alpha, \\beta I)$ with the depth and features of `config`."
     d = config.n_states if config.features == "onehot" else config.d
-    return SoftmaxICTD.from_theta_star(d, config.n_layers, beta * torch.eye(d, dtype=torch.float64),
-                                       alpha, config.gamma, shared=True)
+    return SoftmaxICTD.from_theta_star(d, beta * torch.eye(d, dtype=torch.float64), n_layers=config.n_layers, alpha=alpha, gamma=config.gamma, shared=True)
 
 # %% ../nbs/06a_emergence.ipynb #faf82ce4
 #| code-fold: true
@@ -247,7 +246,7 @@ def neu_jackknife(model:SoftmaxICTD,  # the model
         sub = TaskBatch(tasks.P[idx], tasks.r[idx], tasks.phi[idx], tasks.d_pi[idx],
                         tasks.v_pi[idx], tasks.gamma)
         return context_update(model, sub,
-                              sample_trajectories(sub.P, n, sub.d_pi, seed=gen)).detach()
+                              sample_trajectories(sub.P, sub.d_pi, n=n, seed=gen)).detach()
     return pairwise_neu(torch.stack([batch() for _ in range(int(n_batches))]))
 
 # %% ../nbs/06a_emergence.ipynb #a239ab07

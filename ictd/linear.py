@@ -10,6 +10,7 @@ from torch import nn
 from .boyan import as_tensor, check_gamma, weighted_error
 from .core import check_bool, check_broadcast, check_floating, check_int, check_number, chunk_rows, memory_path, run_stream
 from .model import carry_context, token_rows, torch_generator, xavier_param
+from .boyan import moved_to_keywords
 from .tasks import Contexts, TaskBatch
 from .engine import Family, PretrainConfig, register_family
 from .sliding import fitted_td_step
@@ -133,7 +134,9 @@ def td_parameters(d:int,       # feature dimension
 # %% ../nbs/07_linear.ipynb #522f7d4b
 class LinearICTD(nn.Module):
     "A stack of linear-attention layers reading out the negated last row at the query columns."
+    @moved_to_keywords("n_layers", "shared", "init_gain", "seed", "dtype", "softmax")
     def __init__(self, d:int,          # feature dimension
+                 *,
                  n_layers:int,         # number of layers L
                  shared:bool=True,     # one (P, Q) pair for every layer, or one per layer
                  init_gain:float=0.1,  # gain of the Xavier-normal initialisation
@@ -168,14 +171,16 @@ class LinearICTD(nn.Module):
         return torch.stack([l.P for l in self.layers]), torch.stack([l.Q for l in self.layers])
 
     @classmethod
+    @moved_to_keywords("n_layers", "alpha", "C", "dtype")
     def from_td(cls, d:int,            # feature dimension
+                *,
                 n_layers:int,          # number of layers = TD iterations
                 alpha:float,           # TD step size (any real value, above 1 included)
                 C=None,                # (d, d) preconditioner, default identity
                 dtype=torch.float64):
         "The construction whose forward pass is `n_layers` iterations of (preconditioned) batch linear TD."
         P, Q = td_parameters(d, check_number(alpha, "alpha"), C, dtype)
-        model = cls(d, n_layers, shared=True, seed=0, dtype=dtype)
+        model = cls(d, n_layers=n_layers, shared=True, seed=0, dtype=dtype)
         with torch.no_grad(): model.layers[0].P.copy_(P); model.layers[0].Q.copy_(Q)
         return model
 
@@ -270,7 +275,7 @@ ICLR_LINEAR = PretrainConfig(attention="linear", protocol="sliding", shared=True
 def linear_init(config:PretrainConfig, seeds:list, dtype=torch.float64)->dict:
     "Each seed's `LinearICTD` initialisation, stacked: P and Q of shape (S, L or 1, 2d+1, 2d+1)."
     if config.init != "xavier": raise ValueError(f"`init` must be 'xavier' for the linear family, got {config.init!r}")
-    models = [LinearICTD(config.feature_dim, config.n_layers, config.shared, config.init_gain, seed=run_stream(s, "init")) for s in seeds]
+    models = [LinearICTD(config.feature_dim, n_layers=config.n_layers, shared=config.shared, init_gain=config.init_gain, seed=run_stream(s, "init")) for s in seeds]
     return {k: torch.stack([torch.stack([getattr(lay, k).detach() for lay in m.layers]) for m in models]).to(dtype) for k in ("P", "Q")}
 
 # %% ../nbs/07_linear.ipynb #21a75adf
@@ -287,7 +292,7 @@ def linear_predict(config:PretrainConfig, params:dict, Z:torch.Tensor, n:int)->t
 # %% ../nbs/07_linear.ipynb #6ec1953d
 def linear_module(config:PretrainConfig, params:dict)->LinearICTD:
     "A `LinearICTD` carrying one seed's parameters (L or 1, 2d+1, 2d+1)."
-    model = LinearICTD(config.feature_dim, config.n_layers, config.shared, seed=0, dtype=params["P"].dtype)
+    model = LinearICTD(config.feature_dim, n_layers=config.n_layers, shared=config.shared, seed=0, dtype=params["P"].dtype)
     model.load_state_dict({f"layers.{l}.{k}": params[k][l] for l in range(params["P"].shape[0]) for k in ("P", "Q")})
     return model
 
@@ -312,7 +317,7 @@ def linear_measures(P:torch.Tensor,   # (S, L', 2d+1, 2d+1) stacked parameters
 # %% ../nbs/07_linear.ipynb #ed722ede
 def linear_metrics(config:PretrainConfig, params:dict, ev)->dict:
     "The engine's hook: `linear_measures` on the engine's held-out contexts, each (S, 1)."
-    alpha = fitted_td_step(config.n, config.n_layers, config.gamma, config.n_states, config.feature_dim)
+    alpha = fitted_td_step(n=config.n, n_layers=config.n_layers, gamma=config.gamma, n_states=config.n_states, d=config.feature_dim)
     out = linear_measures(params["P"], params["Q"], ev.tasks, ev.x[..., :config.n], alpha, config.n_layers)
     return {k: v[:, None] for k, v in out.items() if k != "msve"}
 

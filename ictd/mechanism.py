@@ -454,7 +454,7 @@ def sampled_jacobians(model:SoftmaxICTD,  # the parameters at which to linearise
     for _ in range(int(n_batches)):
         idx = torch.randint(len(tasks), (int(batch_size),), generator=gen)
         sub = TaskBatch(tasks.P[idx], tasks.r[idx], tasks.phi[idx], tasks.d_pi[idx], tasks.v_pi[idx], tasks.gamma)
-        out.append(update_jacobian(model, sub, sample_trajectories(sub.P, n, sub.d_pi, seed=gen)))
+        out.append(update_jacobian(model, sub, sample_trajectories(sub.P, sub.d_pi, n=n, seed=gen)))
     return torch.stack([g for g, _ in out]), torch.stack([J for _, J in out])
 
 # %% ../nbs/93_mechanism_studies.ipynb #f42a84b8
@@ -521,7 +521,7 @@ def _td_candidate(tasks, states, k_max, beta):
     "(k_max, B, s): iterates 1..k_max of weighted softmax TD (alpha = 1, W = beta I) at every state."
     R, phi = _context(tasks, states)
     W = beta * torch.eye(phi.shape[-1], dtype=phi.dtype)
-    v = weighted_softmax_td(phi, R, W, 1., tasks.gamma, k_max, phi_queries=tasks.phi, return_all=True)
+    v = weighted_softmax_td(phi, R, W, alpha=1., gamma=tasks.gamma, n_iters=k_max, phi_queries=tasks.phi, return_all=True)
     return v[:, 1:, -tasks.r.shape[-1]:].movedim(1, 0)
 
 def _lookahead_candidate(tasks, states, beta, c):
@@ -739,7 +739,7 @@ class LearnedAlgorithm:
             raise ValueError(f"`states` must be a (B, n+1) tensor with B = {len(tasks)}, got {getattr(states, 'shape', type(states).__name__)}")
         if tasks.phi.shape[-1] != config.feature_dim: raise ValueError(f"`config` has {config.feature_dim} features but `tasks` have {tasks.phi.shape[-1]}")
         R, phi = _context(tasks, states)
-        v = weighted_softmax_td(phi, R, self.beta * torch.eye(phi.shape[-1], dtype=phi.dtype), self.alpha, tasks.gamma, self.k, phi_queries=tasks.phi)
+        v = weighted_softmax_td(phi, R, self.beta * torch.eye(phi.shape[-1], dtype=phi.dtype), alpha=self.alpha, gamma=tasks.gamma, n_iters=self.k, phi_queries=tasks.phi)
         return self.level * context_mean_values(tasks, states) + self.scale * v[:, -tasks.r.shape[-1]:]
 
 def fit_learned_algorithm(results:list,      # `PretrainResult`s (or (config, model) pairs) of one configuration

@@ -10,6 +10,7 @@ from torch import nn
 import torch.nn.functional as F
 from .boyan import as_tensor, check_gamma
 from .core import check_bool, check_choice, check_device, check_floating, check_int, check_number, check_type, moved_to_keywords
+from .boyan import reordered_positionals
 from .prompt import Prompt
 
 # %% auto #0
@@ -174,8 +175,10 @@ class DualHeadSoftmaxLayer(PromptLayer):
         return tuple(p.to(like) for p in (self.A, self.V_cur, self.V_tgt))
 
 # %% ../nbs/03_dual_head.ipynb #6aef5b53
+@moved_to_keywords("alpha", "gamma")
 def theta_star(d:int,         # feature dimension
                W,             # (d, d) score matrix of g(x, y) = phi(x)^T W phi(y)
+               *,
                alpha:float,   # step size of the TD iteration
                gamma:float,   # discount factor in [0, 1)
               )->tuple:       # (A, V_cur, V_tgt), each (d + 2, d + 2), in the dtype of `W`
@@ -189,11 +192,17 @@ def theta_star(d:int,         # feature dimension
     return A, V_cur, V_tgt
 
 # %% ../nbs/03_dual_head.ipynb #2dbbef02
+def _old_theta_star_call(args:tuple)->bool:
+    "Is `from_theta_star(cls, d, n_layers, W, ...)` called in its old order (the depth second, where `W` now goes)?"
+    return len(args) > 3 or len(args) == 3 and isinstance(args[2], int)
+
 class SoftmaxICTD(nn.Module):
     "A stack of `n_layers` dual-head softmax layers reading values from the last row of its prompt."
     Layer, update = DualHeadSoftmaxLayer, staticmethod(dual_head_update)   # the layer module and its unvalidated update
     construction = staticmethod(theta_star)   # the parameters `from_theta_star` gives every layer
+    @moved_to_keywords("n_layers", "shared", "init_gain", "seed", "dtype", "device")
     def __init__(self, d:int,              # feature dimension; prompts have d + 2 rows
+                 *,
                  n_layers:int,             # number of layers L
                  shared:bool=False,        # one parameter set for all layers
                  init_gain:float=0.1,      # gain of the Xavier-normal initialisation
@@ -213,9 +222,11 @@ class SoftmaxICTD(nn.Module):
         return self.layers[0 if self.shared else l]
 
     @classmethod
+    @reordered_positionals(("cls", "d", "n_layers", "W", "alpha", "gamma", "shared"), _old_theta_star_call)
     def from_theta_star(cls, d:int,          # feature dimension
-                        n_layers:int,        # number of layers L
                         W,                   # (d, d) score matrix of g(x, y) = phi(x)^T W phi(y)
+                        *,
+                        n_layers:int,        # number of layers L
                         alpha:float,         # step size
                         gamma:float,         # discount factor in [0, 1)
                         shared:bool=False,   # store one parameter set instead of L copies
@@ -230,7 +241,7 @@ class SoftmaxICTD(nn.Module):
                    ):
         "The model whose every layer carries the same `params` (copied)."
         first = cls.Layer.from_params(*params)               # validates the matrices
-        model = cls(first.d, n_layers, shared, seed=0)        # validates n_layers
+        model = cls(first.d, n_layers=n_layers, shared=shared, seed=0)        # validates n_layers
         model.layers = nn.ModuleList([first] + [cls.Layer.from_params(*params) for _ in model.layers[1:]])
         return model
 
@@ -332,7 +343,7 @@ def theta_td_memory(d:int,         # feature dimension
                     gamma:float,   # discount factor in [0, 1)
                    )->tuple:       # (A, V_cur, V_tgt), each (d + 2, d + 2), in the dtype of `W`
     "Parameters under which each shift-after-attention layer is one weighted softmax TD step, with row d as TD-error memory."
-    A, V_cur, V_tgt = theta_star(d, W, alpha, gamma)
+    A, V_cur, V_tgt = theta_star(d, W, alpha=alpha, gamma=gamma)
     alpha, gamma, d = float(alpha), check_gamma(gamma), A.shape[0] - 2
     V_cur.zero_(); V_tgt.zero_()
     V_cur[d + 1, d], V_cur[d, d], V_tgt[d, d] = alpha, -alpha, gamma * alpha

@@ -247,7 +247,7 @@ def kernel_diagonality_per_layer(model:SoftmaxICTD,  # the model
 #| code-fold: true
 def block_cosines(model:SoftmaxICTD, gamma:float)->torch.Tensor:
     "(L, 3) cosine similarity of each layer's (A, V_cur, V_tgt) to theta*(W = I, alpha = 1)."
-    star = theta_star(model.d, torch.eye(model.d, dtype=torch.float64), 1., gamma)
+    star = theta_star(model.d, torch.eye(model.d, dtype=torch.float64), alpha=1., gamma=gamma)
     cos = lambda a, b: (a.flatten() @ b.flatten() / (a.norm() * b.norm()).clamp(min=1e-300)).item()
     return torch.tensor([[cos(p.detach().double(), t)
                           for p, t in zip((lay.A, lay.V_cur, lay.V_tgt), star)]

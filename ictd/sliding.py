@@ -8,6 +8,7 @@ import functools, math
 import numpy as np
 import torch
 from .core import check_type, run_stream, substream
+from .boyan import moved_to_keywords
 from .tasks import Contexts, TaskBatch, TDExamples, random_tasks, sample_trajectories, task_features, task_pool
 from .engine import EvalSet, PretrainConfig, Protocol, register_protocol, task_eval_set
 from .pretrain import stack_pools
@@ -27,17 +28,21 @@ def start_distributions(n_tasks:int,   # number of tasks
     return mu / mu.sum(-1, keepdim=True)
 
 # %% ../nbs/92_sliding.ipynb #c39f81d5
+@moved_to_keywords("gamma")
 def sliding_td_loss(v:torch.Tensor,       # (..., W) values of consecutive windows
                     rewards:torch.Tensor, # (..., W-1) reward of each window's query state
+                    *,
                     gamma:float,          # discount factor
                    )->torch.Tensor:       # (...) mean squared TD error, successor's value held fixed
     "The predecessor's loss: mean over windows of $(r + \\gamma\\,\\mathrm{TF}(Z^{(k+1)}) - \\mathrm{TF}(Z^{(k)}))^2$, the first term detached."
     return (rewards + gamma * v[..., 1:].detach() - v[..., :-1]).square().mean(-1)
 
 # %% ../nbs/92_sliding.ipynb #dd7f1c1d
+@moved_to_keywords("n", "gamma", "n_layers")
 def sliding_td_coefficients(phi:torch.Tensor,    # (..., s, d) features of each trajectory's task
                             r:torch.Tensor,      # (..., s) rewards
                             states:torch.Tensor, # (..., T) trajectories
+                            *,
                             n:int,               # context length
                             gamma:float,         # discount factor
                             n_layers:int,        # depth L
@@ -58,8 +63,10 @@ def sliding_td_coefficients(phi:torch.Tensor,    # (..., s, d) features of each 
     return torch.stack(coef, -1), r_S[..., n + 1:T - 1]
 
 # %% ../nbs/92_sliding.ipynb #94cc2bec
+@moved_to_keywords("gamma")
 def td_semigradient_poly(coef:torch.Tensor,     # (..., W, L+1) value coefficients of consecutive windows
                          rewards:torch.Tensor,  # (..., W-1) reward of each window's query
+                         *,
                          gamma:float,           # discount factor
                         )->np.polynomial.Polynomial: # g(alpha) = mean of delta_k * dv_k/dalpha
     "The expected semi-gradient of the sliding-window TD loss in alpha, as a polynomial (mean over all windows given)."
@@ -94,12 +101,13 @@ def td_semigradient_chunks(n:int, n_layers:int, gamma:float, n_states:int=10, d:
     for first in range(0, n_tasks, FIT_CHUNK):
         tasks = random_tasks(min(FIT_CHUNK, n_tasks - first), seed=substream(FIT_SEED, 0), first=first, n_states=n_states, d=d, gamma=gamma)
         gen = torch.Generator().manual_seed(substream(FIT_SEED, 1, first // FIT_CHUNK))
-        states = sample_trajectories(rep(tasks.P), n + FIT_STEPS, rep(start_distributions(len(tasks), n_states, gen)), seed=gen)
-        polys.append(td_semigradient_poly(*sliding_td_coefficients(rep(tasks.phi), rep(tasks.r), states, n, gamma, n_layers), gamma))
+        states = sample_trajectories(rep(tasks.P), rep(start_distributions(len(tasks), n_states, gen)), n=n + FIT_STEPS, seed=gen)
+        polys.append(td_semigradient_poly(*sliding_td_coefficients(rep(tasks.phi), rep(tasks.r), states, n=n, gamma=gamma, n_layers=n_layers), gamma=gamma))
     return tuple(polys)
 
 # %% ../nbs/92_sliding.ipynb #19b786cb
-def fitted_td_step(n:int, n_layers:int, gamma:float, n_states:int=10, d:int=4, n_tasks:int=1024)->float:
+@moved_to_keywords("n", "n_layers", "gamma", "n_states", "d", "n_tasks")
+def fitted_td_step(*, n:int, n_layers:int, gamma:float, n_states:int=10, d:int=4, n_tasks:int=1024)->float:
     "The batch-TD Transformer's step size fitted by the sliding-window TD loss on `n_tasks` fresh tasks."
     polys = td_semigradient_chunks(n, n_layers, gamma, n_states, d, n_tasks)
     return fit_td_step(sum(polys[1:], polys[0]) / len(polys))
@@ -119,7 +127,7 @@ def sliding_chunk(config:PretrainConfig, seeds:list, gens:list, first:int)->dict
     for s, g in zip(seeds, gens):
         pools.append(task_pool(config, count, run_stream(s, "train_pool"), first=first))
         mu = start_distributions(count, config.n_states, g).repeat_interleave(per_task, 0)
-        states.append(sample_trajectories(pools[-1].P.repeat_interleave(per_task, 0), T, mu, seed=g).unflatten(0, (count, per_task)))
+        states.append(sample_trajectories(pools[-1].P.repeat_interleave(per_task, 0), mu, n=T, seed=g).unflatten(0, (count, per_task)))
     pool = stack_pools(pools)
     return dict(P=pool.P, r=pool.r, phi=pool.phi, d_pi=pool.d_pi, v_pi=pool.v_pi, states=torch.stack(states))
 
@@ -142,7 +150,7 @@ def sliding_eval_set(config:PretrainConfig, seeds:list, device=None)->EvalSet:
     for s in seeds:
         pools.append(task_pool(config, config.eval_tasks, run_stream(s, "eval_pool")))
         gen = torch.Generator().manual_seed(run_stream(s, "eval_contexts"))
-        states.append(sample_trajectories(pools[-1].P, config.n, start_distributions(config.eval_tasks, config.n_states, gen), seed=gen))
+        states.append(sample_trajectories(pools[-1].P, start_distributions(config.eval_tasks, config.n_states, gen), n=config.n, seed=gen))
     return task_eval_set(config, stack_pools(pools, device), torch.stack(states).to(device))
 
 register_protocol("sliding", Protocol(sample=sliding_sample, eval_set=sliding_eval_set, loss_scale=1.,

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from .boyan import MRP, as_tensor, chain_from_uniforms, check_gamma, random_boyan_chain
+from .boyan import reordered_positionals
 
 # %% auto #0
 __all__ = ['TASK_FIELDS', 'TaskBatch', 'stack_tasks', 'task_rng', 'random_tasks', 'sample_trajectories', 'task_pool', 'draw_cdf', 'gather_rows', 'task_features', 'TDSample', 'stationary_examples', 'Contexts', 'TDExamples']
@@ -137,10 +138,12 @@ def random_tasks(
 # %% ../nbs/00a_tasks.ipynb #d54aed67
 #| code-fold: true
 #| code-summary: "sample_trajectories"
+@reordered_positionals(("P", "n", "d0", "seed"), lambda args: len(args) > 2 or len(args) == 2 and isinstance(args[1], int))
 def sample_trajectories(
     P,  # (B, s, s) transition matrices
-    n: int,  # number of transitions
     d0,  # (B, s) distributions of S_0 (d_pi for stationary contexts)
+    *,
+    n: int,  # number of transitions
     seed=None,  # int or CPU `torch.Generator`: a torch stream, not `sample_trajectory`'s numpy one
 ) -> torch.Tensor:  # (B, n+1) long tensor of states S_0..S_n, on P's device
     "Sample one trajectory per task, all tasks stepping together."

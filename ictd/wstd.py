@@ -281,10 +281,12 @@ def _kernel_iterate(K, R, gamma, n_iters, return_all):
 # %% ../nbs/01_weighted_softmax_td.ipynb #5f4d6fa7
 #| code-fold: true
 #| code-summary: "weighted_softmax_td"
+@moved_to_keywords("alpha", "gamma", "n_iters", "phi_queries", "rho", "score", "return_all", "centred", "method")
 def weighted_softmax_td(
     phi_states,  # (..., n+1, d) features of S_0..S_n
     rewards,  # (..., n) rewards, rewards[..., k-1] = R_k
     W,  # (d, d) or (..., d, d) score matrix (ignored, may be None, when `score` is given)
+    *,
     alpha: float,  # step size
     gamma: float,  # discount factor in [0, 1)
     n_iters: int,  # number of iterations (layers)
@@ -315,15 +317,16 @@ def weighted_softmax_td(
 # %% ../nbs/01_weighted_softmax_td.ipynb #0e2d12f0
 #| code-fold: true
 #| code-summary: "batch_linear_td"
+@moved_to_keywords("alpha", "gamma", "n_iters", "phi_queries", "return_all")
 def batch_linear_td(
     phi_states,  # (..., n+1, d) features of S_0..S_n
     rewards,  # (..., n) rewards, rewards[..., k-1] = R_k
+    *,
     alpha: float,  # step size
     gamma: float,  # discount factor in [0, 1)
     n_iters: int,  # number of iterations
     phi_queries=None,  # (..., q, d) query features, (..., d) for one query, or None
     return_all=False,  # return every iterate instead of the last
-    *,
     C=None,  # (d, d) or (..., d, d) preconditioner of the step; None: the identity
     centred=False,  # step along the centred key features phi(S_{k-1}) - mean_k phi(S_{k-1})
 ) -> torch.Tensor:  # (..., m) phi(x)^T w_T at S_0..S_n, queries; (..., T+1, m) `return_all`
@@ -497,12 +500,13 @@ def batch_tabular_td(
 # %% ../nbs/01_weighted_softmax_td.ipynb #c0697a11
 #| code-fold: true
 #| code-summary: "certainty_equivalence"
+@moved_to_keywords("gamma")
 def certainty_equivalence(
     states,  # (..., n+1) integer states S_0..S_n
     rewards,  # (..., n) rewards, rewards[..., k-1] = R_k
     n_states: int,  # number of states s
-    gamma: float,  # discount factor in [0, 1)
     *,
+    gamma: float,  # discount factor in [0, 1)
     unvisited_reward=0.0,  # reward of a never-left state, made absorbing: float or (...,)
 ) -> torch.Tensor:  # (..., s) values of the empirical MRP
     (

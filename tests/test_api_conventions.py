@@ -16,7 +16,6 @@ MODULES = ("boyan", "tasks", "wstd", "prompt", "model", "state_tokens", "causal"
 DATACLASS = ("a dataclass or config whose fields are its arguments in field order (MRP(P, r, gamma, phi), TaskBatch(..., gamma), PretrainConfig(...), Prompt(Z, n)); positional construction is used across the book and by saved runs' configs")
 CHECKER = ('a checker or converter whose data *is* the named value (check_gamma(gamma), mc_horizon(gamma), check_prompt(Z, d, n), as_prompt(Z, n), carry_context/as_output(Z, n, ...))')
 KERNEL = ("an unvalidated inner kernel of a layer or of the engine's family protocol, called as update(Z, *params, n) or predict(config, params, Z, n) by code that passes n positionally in a tight loop; its signature is the protocol's (`ictd.engine.Family`), changed only with the protocol")
-MIGRATE = ('called positionally (d, W, alpha, gamma / phi, r, W, alpha, gamma, n_iters / d, n_layers) in chapters and tests owned by other sessions this round (6*, 7*, 9*, 93-95); moving these names behind `*` needs those call sites updated in the same change, with a DeprecationWarning shim for one release: next round')
 
 ALLOWED = {   # "module.name": (the names it still takes positionally, the reason)
     'ictd.boyan.MRP': (['gamma'], DATACLASS),
@@ -46,23 +45,6 @@ ALLOWED = {   # "module.name": (the names it still takes positionally, the reaso
     'ictd.state_tokens.token_predict': (['n_layers'], KERNEL),
     'ictd.causal.causal_work': (['n', 'n_layers'], KERNEL),
     'ictd.causal.check_causal_work': (['n', 'n_layers'], KERNEL),
-    'ictd.model.theta_star': (['alpha', 'gamma'], MIGRATE),
-    'ictd.causal.prefix_softmax_td': (['alpha', 'gamma', 'n_iters'], MIGRATE),
-    'ictd.wstd.weighted_softmax_td': (['alpha', 'gamma', 'n_iters'], MIGRATE),
-    'ictd.wstd.batch_linear_td': (['alpha', 'gamma', 'n_iters'], MIGRATE),
-    'ictd.wstd.certainty_equivalence': (['gamma'], MIGRATE),
-    'ictd.model.SoftmaxICTD': (['n_layers'], MIGRATE),
-    'ictd.model.ShiftAfterAttentionICTD': (['n_layers'], MIGRATE),
-    'ictd.causal.CausalSoftmaxICTD': (['n_layers'], MIGRATE),
-    'ictd.linear.LinearICTD': (['n_layers'], MIGRATE),
-    'ictd.control_model.ControlICTD': (['n_layers'], MIGRATE),
-    'ictd.boyan.random_boyan_chain': (['gamma'], MIGRATE),
-    'ictd.boyan.sample_trajectory': (['n'], MIGRATE),
-    'ictd.tasks.sample_trajectories': (['n'], MIGRATE),
-    'ictd.sliding.fitted_td_step': (['n', 'n_layers', 'gamma'], MIGRATE),
-    'ictd.sliding.sliding_td_coefficients': (['n', 'gamma', 'n_layers'], MIGRATE),
-    'ictd.sliding.sliding_td_loss': (['gamma'], MIGRATE),
-    'ictd.sliding.td_semigradient_poly': (['gamma'], MIGRATE),
 }
 
 
@@ -122,10 +104,28 @@ def test_moved_names_keep_their_old_positional_call_for_one_release():
              (theta_td_memory, (3, W, 0.5, 0.9), (3, W), dict(alpha=0.5, gamma=0.9), "alpha=..., gamma=..."),
              (two_head_linear_td, (phi, R, 0.1, 0.9, 20), (phi, R), dict(alpha=0.1, gamma=0.9, n_iters=20), "n_iters=..."),
              (batch_tabular_td, (S, R, 4, 0.5, 0.9, 30), (S, R, 4), dict(alpha=0.5, gamma=0.9, n_iters=30), "n_iters=...")]
+    from ictd.boyan import random_boyan_chain, sample_trajectory
+    from ictd.model import SoftmaxICTD, theta_star
+    from ictd.sliding import sliding_td_loss
+    from ictd.tasks import sample_trajectories
+    from ictd.wstd import weighted_softmax_td
+    mrp = random_boyan_chain(4, 3, seed=0)
+    cases += [(theta_star, (3, W, 0.5, 0.9), (3, W), dict(alpha=0.5, gamma=0.9), "alpha=..., gamma=..."),
+              (weighted_softmax_td, (phi, R, W, 0.5, 0.9, 4), (phi, R, W), dict(alpha=0.5, gamma=0.9, n_iters=4), "n_iters=..."),
+              (random_boyan_chain, (4, 3, 0.8, "onehot", "random", 5), (4, 3), dict(gamma=0.8, features="onehot", seed=5), "gamma=..., features=..."),
+              (sample_trajectory, (mrp, 7, 2), (mrp,), dict(n=7, seed=2), "n=..., seed=..."),
+              (sample_trajectories, (mrp.P[None], 7, mrp.d_pi[None], 2), (mrp.P[None], mrp.d_pi[None]), dict(n=7, seed=2), "n=..."),
+              (sliding_td_loss, (R[None], R[None, 1:], 0.9), (R[None], R[None, 1:]), dict(gamma=0.9), "gamma=..."),
+              (SoftmaxICTD.from_theta_star, (3, 2, W, 0.5, 0.9), (3, W), dict(n_layers=2, alpha=0.5, gamma=0.9), "n_layers=..., alpha=..., gamma=...")]
     for fn, old, new, kw, named in cases:
         with pytest.warns(DeprecationWarning, match=f"{fn.__name__}: pass .*{re.escape(named)}.* by keyword"): before = fn(*old)
         after = fn(*new, **kw)
+        if isinstance(before, torch.nn.Module): before, after = tuple(before.parameters()), tuple(after.parameters())
+        if hasattr(before, "P"): before, after = (before.P, before.r, before.phi), (after.P, after.r, after.phi)
         for a, b in zip(before if isinstance(before, tuple) else (before,), after if isinstance(after, tuple) else (after,)): assert torch.equal(a, b)
+    assert SoftmaxICTD(3, n_layers=2, seed=1).n_layers == 2
+    with pytest.warns(DeprecationWarning, match="SoftmaxICTD|__init__: pass n_layers=..."): old_model = SoftmaxICTD(3, 2, seed=1)
+    assert all(torch.equal(a, b) for a, b in zip(old_model.parameters(), SoftmaxICTD(3, n_layers=2, seed=1).parameters()))
     import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("error")                                         # the keyword form warns nothing

@@ -15,7 +15,7 @@ pytestmark = pytest.mark.unit
 
 def _context(seed=11, n=17, q=4):
     mrp = random_boyan_chain(seed=seed)
-    states, rewards = sample_trajectory(mrp, n, seed=seed)
+    states, rewards = sample_trajectory(mrp, n=n, seed=seed)
     return mrp.phi[states], rewards, mrp.phi[:q]
 
 
@@ -43,10 +43,10 @@ def test_prompt_survives_to_double_and_stack():
 def _models():
     g = torch.Generator().manual_seed(5)
     W = torch.randn(4, 4, generator=g, dtype=torch.float64)
-    yield "softmax", SoftmaxICTD(4, 3, seed=1), build_prompt
-    yield "theta*", SoftmaxICTD.from_theta_star(4, 5, W, 0.7, 0.9), build_prompt
-    yield "shift-after", ShiftAfterAttentionICTD(4, 2, seed=2), build_prompt
-    yield "causal", CausalSoftmaxICTD(4, 3, seed=3), build_causal_prompt
+    yield "softmax", SoftmaxICTD(4, n_layers=3, seed=1), build_prompt
+    yield "theta*", SoftmaxICTD.from_theta_star(4, W, n_layers=5, alpha=0.7, gamma=0.9), build_prompt
+    yield "shift-after", ShiftAfterAttentionICTD(4, n_layers=2, seed=2), build_prompt
+    yield "causal", CausalSoftmaxICTD(4, n_layers=3, seed=3), build_causal_prompt
 
 
 @pytest.mark.parametrize("name,model,build", list(_models()), ids=[m[0] for m in _models()])
@@ -86,18 +86,18 @@ def test_mrp_and_taskbatch_devices_dtypes():
 
 def test_model_and_prompt_dtypes_and_devices():
     "SoftmaxICTD(device=, dtype=) and build_prompt(device=, dtype=) place their tensors; the output follows the input."
-    model = SoftmaxICTD(4, 2, seed=0, dtype=torch.float32, device="cpu")
+    model = SoftmaxICTD(4, n_layers=2, seed=0, dtype=torch.float32, device="cpu")
     assert {p.dtype for p in model.parameters()} == {torch.float32} and {p.device.type for p in model.parameters()} == {"cpu"}
     phi, r, phi_q = _context()
     Z32 = build_prompt(phi, r, phi_q, dtype=torch.float32, device="cpu")
     assert Z32.dtype == torch.float32 and model.predict(Z32).dtype == torch.float32
-    assert SoftmaxICTD(4, 2, seed=0).predict(Z32).dtype == torch.float32     # float64 parameters follow the prompt
+    assert SoftmaxICTD(4, n_layers=2, seed=0).predict(Z32).dtype == torch.float32     # float64 parameters follow the prompt
     from ictd import weighted_softmax_td
     W = torch.eye(4)
-    v32 = weighted_softmax_td(phi.float(), r.float(), W, 0.5, 0.9, 3, phi_queries=phi_q.float())
-    v64 = weighted_softmax_td(phi, r, W.double(), 0.5, 0.9, 3, phi_queries=phi_q)
+    v32 = weighted_softmax_td(phi.float(), r.float(), W, alpha=0.5, gamma=0.9, n_iters=3, phi_queries=phi_q.float())
+    v64 = weighted_softmax_td(phi, r, W.double(), alpha=0.5, gamma=0.9, n_iters=3, phi_queries=phi_q)
     assert v32.dtype == torch.float32 and v64.dtype == torch.float64 and torch.allclose(v32.double(), v64, atol=1e-5)
-    meta = SoftmaxICTD(4, 2, seed=0, device="meta")
+    meta = SoftmaxICTD(4, n_layers=2, seed=0, device="meta")
     assert {p.device.type for p in meta.parameters()} == {"meta"}
     from ictd.core import check_device
     assert check_device(None) == torch.device("cpu")                          # CUDA only when asked
@@ -123,7 +123,7 @@ def test_history_schema_documents_every_recorded_entry():
             assert name in (result.__class__.__doc__ or "") or name.startswith("param.")
         if attention != "linear":
             mrp = result.held_out[0]
-            states, rewards = sample_trajectory(mrp, c.n, seed=1)
+            states, rewards = sample_trajectory(mrp, n=c.n, seed=1)
             build = build_causal_prompt if attention == "causal" else build_prompt
             p = Prompt(build(mrp.phi[states], rewards, mrp.phi).clone(), c.n)
             v = result.predict(p)

@@ -39,15 +39,15 @@ W2 = torch.tensor([[1., 0.2], [0.2, 0.5]], dtype=torch.float64)
 P3 = torch.tensor([[0.5, 0.5, 0.], [0., 0.5, 0.5], [0.5, 0., 0.5]], dtype=torch.float64)
 R3, PHI3 = torch.tensor([1., 0., -1.], dtype=torch.float64), torch.eye(3, 2, dtype=torch.float64) + 0.1
 MRP3 = MRP(P3, R3, 0.9, PHI3)
-SOFTMAX = SoftmaxICTD.from_theta_star(2, 3, W2, 0.5, 0.9)
-LINEAR = LinearICTD.from_td(2, 3, 0.5)
+SOFTMAX = SoftmaxICTD.from_theta_star(2, W2, n_layers=3, alpha=0.5, gamma=0.9)
+LINEAR = LinearICTD.from_td(2, n_layers=3, alpha=0.5)
 Z_SOFTMAX = torch.as_tensor(build_prompt(CTX, REW, QRY)).contiguous()  # (d + 2, n + 1 + q) = (4, 9)
 Z_LINEAR = build_linear_prompt(CTX, REW, QRY, 0.9).contiguous()       # (2d + 1, n + q) = (5, 8), a plain tensor
 ROTATION = NoisyRotation(reward="cos")
 ANGLES = torch.linspace(0, 6, 6, dtype=torch.float64)
 SMALL = PretrainConfig(n_states=4, d=2, n=5, n_layers=1, eval_tasks=2)              # evaluate: two held-out tasks, n = 5
 TASKS, STATES = held_out_tasks(SMALL)                                                 # STATES: (2, 6) state indices
-ONE_LAYER = SoftmaxICTD(2, 1, seed=0)
+ONE_LAYER = SoftmaxICTD(2, n_layers=1, seed=0)
 def _with(x, value, at=(0, 1)):
     "`x` with entry `at` set to `value`."
     x = x.clone(); x[at] = value; return x
@@ -79,7 +79,7 @@ COVERED = {
     "SoftmaxICTD.forward": (SOFTMAX, dict(Z=Z_SOFTMAX, n=5), dict(Z=TENSOR(-2), n=("count",))),
     "LinearICTD.forward": (LINEAR, dict(Z=Z_LINEAR, n=5), dict(Z=TENSOR(-2), n=("count",))),
     "evaluate": (evaluate, dict(model=ONE_LAYER, eval_tasks=TASKS, eval_states=STATES, config=SMALL, neu_seed=0),
-                 dict(model=("one_of", {"string": "model", "None": None, "model of another d": SoftmaxICTD(3, 1, seed=0)}),
+                 dict(model=("one_of", {"string": "model", "None": None, "model of another d": SoftmaxICTD(3, n_layers=1, seed=0)}),
                       eval_tasks=("one_of", {"string": "tasks", "None": None, "tasks of another d": held_out_tasks(dataclasses.replace(SMALL, d=3))[0]}),
                       eval_states=("one_of", {"string": "abc", "float states": STATES.double(), "bool states": STATES.bool(),
                                               "negative state": _with(STATES, -1), "state >= n_states": _with(STATES, 4),

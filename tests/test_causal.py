@@ -23,7 +23,7 @@ def instance(seed, n=None, d=None, q=None):
 
 def model_iterates(x, current, order, L):
     d, n = x["W"].shape[0], x["R"].shape[0]
-    model = CausalSoftmaxICTD.from_theta_star(d, L, x["W"], x["alpha"], x["gamma"], current, order, x["lam"])
+    model = CausalSoftmaxICTD.from_theta_star(d, x["W"], n_layers=L, alpha=x["alpha"], gamma=x["gamma"], current=current, order=order, recency=x["lam"])
     with torch.no_grad(): v = model(build_causal_prompt(x["phi"], x["R"], x["Q"], order), return_all=True)[1:, d + 1]
     return torch.cat([v[:, :n + 1] if order == "forward" else v[:, :n + 1].flip(-1), v[:, n + 1:]], -1)
 
@@ -33,20 +33,20 @@ def model_iterates(x, current, order, L):
 def test_model_equals_reference(seed, order, current):
     "Theorem 4a.1: the construction's value row after every layer is the prefix iteration (catches a misplaced parameter or a wrong key set)."
     x = instance(seed)
-    ref = prefix_softmax_td(x["phi"], x["R"], x["W"], x["alpha"], x["gamma"], 5, x["Q"], current, order, x["lam"], return_all=True)[1:]
+    ref = prefix_softmax_td(x["phi"], x["R"], x["W"], alpha=x["alpha"], gamma=x["gamma"], n_iters=5, phi_queries=x["Q"], current=current, order=order, recency=x["lam"], return_all=True)[1:]
     assert ((model_iterates(x, current, order, 5) - ref).abs() / ref.abs().clamp(min=1)).max() < 1e-12
 
 @pytest.mark.unit
 def test_unmasked_reference_is_weighted_softmax_td():
     x = instance(77, n=15, d=3, q=4)
-    a = prefix_softmax_td(x["phi"], x["R"], x["W"], 0.6, 0.8, 12, x["Q"], order="none")
-    assert (a - weighted_softmax_td(x["phi"], x["R"], x["W"], 0.6, 0.8, 12, x["Q"])).abs().max() < 1e-12
+    a = prefix_softmax_td(x["phi"], x["R"], x["W"], alpha=0.6, gamma=0.8, n_iters=12, phi_queries=x["Q"], order="none")
+    assert (a - weighted_softmax_td(x["phi"], x["R"], x["W"], alpha=0.6, gamma=0.8, n_iters=12, phi_queries=x["Q"])).abs().max() < 1e-12
 
 @pytest.mark.unit
 @pytest.mark.parametrize("seed", [11, 12, 13])
 def test_module_is_causal(seed):
     "Every output column of every layer is unchanged, exactly, when later columns change (random parameters, positional bias)."
-    model = CausalSoftmaxICTD(3, 3, seed=seed, init_gain=1.).requires_grad_(False)
+    model = CausalSoftmaxICTD(3, n_layers=3, seed=seed, init_gain=1.).requires_grad_(False)
     for l in range(3): model.layer(l).lam.fill_(0.5 * (l - 1))
     g = torch.Generator().manual_seed(seed)
     Z = torch.randn(2, 5, 12, generator=g, dtype=torch.float64)
@@ -57,7 +57,7 @@ def test_module_is_causal(seed):
 @pytest.mark.unit
 def test_causality_check_detects_a_non_causal_model():
     "The same check fails for the non-causal model of chapter 3, so it can fail."
-    model = SoftmaxICTD(3, 2, seed=0, init_gain=1.).requires_grad_(False)
+    model = SoftmaxICTD(3, n_layers=2, seed=0, init_gain=1.).requires_grad_(False)
     Z = torch.randn(5, 12, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     Zb = Z.clone(); Zb[:, 5:] += 1.
     assert not torch.equal(model(Z, n=9)[:, :5], model(Zb, n=9)[:, :5])
@@ -67,7 +67,7 @@ def test_causality_check_detects_a_non_causal_model():
 def test_masked_theta_star_diverges_at_rate_one_plus_alpha_gamma(seed):
     "Proposition 4a.2: v_t[1] = R_1((1 + alpha gamma)^t - 1)/gamma exactly, for any W (catches a claim of convergence under the mask)."
     x = instance(seed, n=12, d=4, q=2)
-    v = prefix_softmax_td(x["phi"], x["R"], x["W"], x["alpha"], x["gamma"], 30, x["Q"], return_all=True)
+    v = prefix_softmax_td(x["phi"], x["R"], x["W"], alpha=x["alpha"], gamma=x["gamma"], n_iters=30, phi_queries=x["Q"], return_all=True)
     t = torch.arange(31, dtype=torch.float64)
     expect = x["R"][0] * ((1 + x["alpha"] * x["gamma"]) ** t - 1) / x["gamma"]
     assert ((v[:, 1] - expect).abs() / expect.abs().clamp(min=1)).max() < 1e-10
@@ -79,7 +79,7 @@ def test_masked_theta_star_diverges_at_rate_one_plus_alpha_gamma(seed):
 def test_self_anchored_contracts_for_every_kernel(seed, order):
     "Proposition 4a.3: the max-norm error to the limit shrinks by at least 1 - alpha(1 - gamma) per layer, for random W, features, lambda."
     x = instance(seed, n=10, d=3, q=2)
-    v = prefix_softmax_td(x["phi"], x["R"], 3 * x["W"], x["alpha"], x["gamma"], 400, x["Q"], "self", order, x["lam"], return_all=True)
+    v = prefix_softmax_td(x["phi"], x["R"], 3 * x["W"], alpha=x["alpha"], gamma=x["gamma"], n_iters=400, phi_queries=x["Q"], current="self", order=order, recency=x["lam"], return_all=True)
     err = (v[:60] - v[-1]).abs().amax(-1)
     rate = 1 - x["alpha"] * (1 - x["gamma"])
     ok = err[:-1] > 1e-9
@@ -90,7 +90,7 @@ def test_self_anchored_contracts_for_every_kernel(seed, order):
 def test_reversed_key_variant_converges_to_truncated_returns(seed):
     "Reversed order with current='key': every TD error is driven to zero, so the trajectory values are the truncated discounted returns."
     x = instance(seed, n=12, d=3, q=2)
-    v = prefix_softmax_td(x["phi"], x["R"], 0.1 * x["W"], 1., 0.8, 4000, x["Q"], "key", "reversed")[:13]
+    v = prefix_softmax_td(x["phi"], x["R"], 0.1 * x["W"], alpha=1., gamma=0.8, n_iters=4000, phi_queries=x["Q"], current="key", order="reversed")[:13]
     G = torch.zeros(13, dtype=torch.float64)
     for j in range(11, -1, -1): G[j] = x["R"][j] + 0.8 * G[j + 1]
     assert (v - G).abs().max() < 1e-8
@@ -99,7 +99,7 @@ def test_reversed_key_variant_converges_to_truncated_returns(seed):
 @pytest.mark.parametrize("seed", [31, 32])
 def test_streaming_equals_fresh_forward(seed):
     "The KV cache (token by token, and prefill then append) gives the forward pass on every prefix."
-    model = CausalSoftmaxICTD(3, 3, seed=seed, init_gain=0.7).requires_grad_(False)
+    model = CausalSoftmaxICTD(3, n_layers=3, seed=seed, init_gain=0.7).requires_grad_(False)
     for l in range(3): model.layer(l).lam.fill_(0.4 * l)
     x = instance(seed, n=14, d=3, q=3)
     fresh = torch.stack([model.predict(build_causal_prompt(x["phi"][:t + 1], x["R"][:t], x["Q"])) for t in range(1, 15)])
@@ -114,7 +114,7 @@ def test_streaming_equals_fresh_forward(seed):
 @pytest.mark.unit
 def test_gradients_are_finite():
     "Column 0 has no key: its masked softmax must not put NaN into the gradients of training."
-    model = CausalSoftmaxICTD(3, 2, seed=3)
+    model = CausalSoftmaxICTD(3, n_layers=2, seed=3)
     x = instance(3, n=8, d=3, q=2)
     model.predict(build_causal_prompt(x["phi"], x["R"], x["Q"])).sum().backward()
     assert all(torch.isfinite(p.grad).all() for p in model.parameters())
@@ -124,10 +124,10 @@ def test_gradients_are_finite():
 def test_bad_arguments_name_themselves():
     x = instance(4, n=5, d=2, q=1)
     for kwargs, msg in ((dict(order="backwards"), "`order`"), (dict(current="target"), "`current`")):
-        with pytest.raises(ValueError, match=msg): prefix_softmax_td(x["phi"], x["R"], x["W"], 0.5, 0.9, 2, **kwargs)
+        with pytest.raises(ValueError, match=msg): prefix_softmax_td(x["phi"], x["R"], x["W"], alpha=0.5, gamma=0.9, n_iters=2, **kwargs)
     with pytest.raises(ValueError, match="`W`"): theta_causal(2, torch.eye(3, dtype=torch.float64), alpha=0.5, gamma=0.9)
     with pytest.raises(ValueError, match="`order`"): build_causal_prompt(x["phi"], x["R"], order="none")
-    with pytest.raises(ValueError, match="`n_layers`"): CausalSoftmaxICTD(2, 0)
+    with pytest.raises(ValueError, match="`n_layers`"): CausalSoftmaxICTD(2, n_layers=0)
 
 @pytest.mark.claims
 def test_positional_bias_removes_most_of_the_causal_bias():
@@ -136,9 +136,9 @@ def test_positional_bias_removes_most_of_the_causal_bias():
     tasks = random_tasks(20, seed=9000, features="onehot")
     W = 8 * torch.eye(10, dtype=torch.float64)
     def floor(n, lam):
-        S = sample_trajectories(tasks.P, n, tasks.d_pi, seed=9001)
+        S = sample_trajectories(tasks.P, tasks.d_pi, n=n, seed=9001)
         rows = torch.arange(20)[:, None]
-        v = prefix_softmax_td(tasks.phi[rows, S], tasks.r[rows, S[:, :-1]], W, 1., 0.9, 250, tasks.phi, "self", recency=lam)[:, -10:]
+        v = prefix_softmax_td(tasks.phi[rows, S], tasks.r[rows, S[:, :-1]], W, alpha=1., gamma=0.9, n_iters=250, phi_queries=tasks.phi, current="self", recency=lam)[:, -10:]
         return ((v - tasks.v_pi).square() * tasks.d_pi).sum(-1).mean().item()
     f0 = [floor(n, 0.) for n in (100, 400)]
     slope = math.log(f0[1] / f0[0]) / math.log(4)
@@ -247,7 +247,7 @@ def test_forward_is_the_dense_formula_in_linear_memory():
     " operator of the forward sees a tensor of N x N entries (catches a fall-back to torch's O(N^2) attention kernel)."
     from torch.profiler import profile
     from ictd.causal import causal_attention, previous_token
-    model = CausalSoftmaxICTD(3, 2, seed=81, init_gain=0.8).requires_grad_(False)
+    model = CausalSoftmaxICTD(3, n_layers=2, seed=81, init_gain=0.8).requires_grad_(False)
     for l in range(2): model.layer(l).lam.fill_(0.6 * l + 0.3)
     n, N = 2000, 2004
     Z = build_causal_prompt(*(torch.randn(*s, generator=torch.Generator().manual_seed(82), dtype=torch.float64) for s in ((n + 1, 3), (n,), (3, 3))))
@@ -272,6 +272,6 @@ def test_absurd_sizes_are_refused_before_any_work():
     assert causal_work((6, 10 ** 5 + 11), 10 ** 5, 3) < limit < causal_work((6, 10 ** 6 + 11), 10 ** 6, 3)
     Z = torch.zeros(6, 1, dtype=torch.float64).expand(6, 10 ** 6 + 11)
     with pytest.raises(ValueError, match=r"`Z` of shape \(6, 1000011\) with n = 1000000 .*WORK_LIMITS\['multiply_adds'\].*use a shorter"):
-        CausalSoftmaxICTD(4, 3, seed=0).predict(Z, n=10 ** 6)
+        CausalSoftmaxICTD(4, n_layers=3, seed=0).predict(Z, n=10 ** 6)
     with pytest.raises(ValueError, match=r"attention matrices of `Z` of shape \(6, 100000\) would need about .* GiB.*WORK_LIMITS\['bytes'\]"):
         causal_attention(Z[:, :10 ** 5], torch.zeros(12, 6, dtype=torch.float64), 0., 10 ** 5 - 1)

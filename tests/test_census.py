@@ -170,7 +170,7 @@ TYPED = {
     'streamed_pair_update': (streamed_pair_update, dict(Z=X3.Z, params=PAIR3, n=X3.n, n_actions=2, q=1),
                              dict(Z='tensor', n='count', n_actions='count', q='index', hard='flag')),
     'ControlICTD': (ControlICTD, dict(d=2, n_layers=2, seed=0), dict(d='count', n_layers='count', init_gain='number', hard='flag')),
-    'ControlICTD.forward': (ControlICTD(M3.d, 2, seed=0), dict(x=X3), dict(x='object', method='choice', return_all='flag')),
+    'ControlICTD.forward': (ControlICTD(M3.d, n_layers=2, seed=0), dict(x=X3), dict(x='object', method='choice', return_all='flag')),
     'ControlPretrainConfig': (ControlPretrainConfig, {}, dict(n_states='count', n_actions='count', gamma='number', n='count', n_layers='count')),
     'mdp_pool': (mdp_pool, dict(config=ControlPretrainConfig(), size=2, seed=0), dict(config='object', size='count', seed='index')),
 }

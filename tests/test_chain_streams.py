@@ -114,7 +114,7 @@ RECORDED = {
 def test_chain_draws_unchanged(key):
     "Random- and unit-feature chains (both reward kinds) are bit-identical to the draws recorded before the change."
     _, features, rewards, s, d, seed = key.split("/")
-    m = random_boyan_chain(int(s), int(d), 0.9, features, rewards, int(seed))
+    m = random_boyan_chain(int(s), int(d), gamma=0.9, features=features, rewards=rewards, seed=int(seed))
     assert h(m.P) + h(m.r) + h(m.phi) == RECORDED[key]
 
 @pytest.mark.parametrize("key", [k for k in RECORDED if k.startswith("pool/")])
@@ -129,9 +129,9 @@ def test_trajectory_draws_unchanged():
     m, tb = random_boyan_chain(seed=3), random_tasks(8, seed=3)
     for seed in (0, 5):
         for start in ("stationary", "uniform", 2):
-            S, R = sample_trajectory(m, 50, seed=seed, start=start)
+            S, R = sample_trajectory(m, n=50, seed=seed, start=start)
             assert h(S) + h(R) == RECORDED[f"traj/{seed}/{start}"]
-        assert h(sample_trajectories(tb.P, 50, tb.d_pi, seed=seed)) == RECORDED[f"trajs/{seed}"]
+        assert h(sample_trajectories(tb.P, tb.d_pi, n=50, seed=seed)) == RECORDED[f"trajs/{seed}"]
 
 def test_default_chain_literal_values():
     "A few entries of the default chain of seed 0, exactly (the predecessor's generator's values, recorded before the change)."
@@ -153,7 +153,7 @@ def assert_same_mrp_but_phi(chains):
 def test_kinds_share_the_mrp(s, d):
     "For several seeds and sizes, every feature kind of one seed is the same MRP; only phi differs."
     for seed in range(12):
-        assert_same_mrp_but_phi({f: random_boyan_chain(s, d, 0.9, f, "random", seed) for f in FEATURES})
+        assert_same_mrp_but_phi({f: random_boyan_chain(s, d, gamma=0.9, features=f, rewards="random", seed=seed) for f in FEATURES})
 
 def test_pools_share_the_mrp_and_match_random_tasks():
     "The batched pool of each kind shares P, r, d_pi, v_pi with the other kinds, and equals `random_tasks` task by task."
@@ -167,13 +167,13 @@ def test_pools_share_the_mrp_and_match_random_tasks():
 
 def test_representable_rewards_share_P():
     "Representable rewards depend on phi by construction (v = phi w), but P and d_pi are still shared across kinds."
-    chains = [random_boyan_chain(8, 3, 0.9, f, "representable", 4) for f in FEATURES]
+    chains = [random_boyan_chain(8, 3, gamma=0.9, features=f, rewards="representable", seed=4) for f in FEATURES]
     for m in chains[1:]: assert torch.equal(m.P, chains[0].P) and torch.equal(m.d_pi, chains[0].d_pi)
 
 @given(seed=st.integers(0, 2**32 - 1), s=st.integers(2, 25), d=st.integers(1, 12))
 def test_kinds_share_the_mrp_property(seed, s, d):
     "Property: for any seed, number of states and feature dimension, the kinds of one seed are one MRP."
-    assert_same_mrp_but_phi({f: random_boyan_chain(s, d, 0.5, f, "random", seed) for f in FEATURES})
+    assert_same_mrp_but_phi({f: random_boyan_chain(s, d, gamma=0.5, features=f, rewards="random", seed=seed) for f in FEATURES})
 
 @given(seed=st.integers(0, 2**32 - 1), s=st.integers(2, 12), d=st.integers(1, 5), T=st.integers(1, 4))
 def test_batched_uniforms_equal_single(seed, s, d, T):
@@ -195,6 +195,6 @@ def test_side_by_side_draws_identical_contexts():
     "Chapter 7's side-by-sides draw one-hot and random-feature tasks and contexts with the same seeds: they get the same chains and the same trajectories."
     for b in range(10):
         a, o = (random_boyan_chain(features=f, seed=b) for f in ("random", "onehot"))
-        for x, y in zip(sample_trajectory(a, 200, seed=b), sample_trajectory(o, 200, seed=b)): assert torch.equal(x, y)
+        for x, y in zip(sample_trajectory(a, n=200, seed=b), sample_trajectory(o, n=200, seed=b)): assert torch.equal(x, y)
     ta, to = (random_tasks(20, seed=100_000, features=f) for f in ("random", "onehot"))
-    assert torch.equal(sample_trajectories(ta.P, 100, ta.d_pi, seed=100_000), sample_trajectories(to.P, 100, to.d_pi, seed=100_000))
+    assert torch.equal(sample_trajectories(ta.P, ta.d_pi, n=100, seed=100_000), sample_trajectories(to.P, to.d_pi, n=100, seed=100_000))

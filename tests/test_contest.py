@@ -32,7 +32,7 @@ def test_learned_algorithm_is_level_plus_td_iterates():
     tasks, states, _ = held_out_prompts(SMALL)
     rows = torch.arange(len(tasks))[:, None]
     algo = LearnedAlgorithm(k=3, beta=2., level=0.4, scale=1.2)
-    td = weighted_softmax_td(tasks.phi[rows, states], tasks.r[rows, states[:, :-1]], 2. * torch.eye(4, dtype=torch.float64), 1., 0.9, 3, phi_queries=tasks.phi)
+    td = weighted_softmax_td(tasks.phi[rows, states], tasks.r[rows, states[:, :-1]], 2. * torch.eye(4, dtype=torch.float64), alpha=1., gamma=0.9, n_iters=3, phi_queries=tasks.phi)
     assert torch.allclose(algo.values(SMALL, tasks, states), 0.4 * context_mean_values(tasks, states) + 1.2 * td[:, -10:], atol=1e-12)
     with pytest.raises(TypeError, match="`tasks` must be a TaskBatch"): algo.values(SMALL, tasks.r, states)
     with pytest.raises(ValueError, match="`states` must be"): algo.values(SMALL, tasks, states[:3])
@@ -82,7 +82,7 @@ def test_bayes_posterior_mean_beats_certainty_equivalence():
     tasks = random_tasks(8, seed=11)
     err = {}
     for n in (30, 300):
-        states = sample_trajectories(tasks.P, n, tasks.d_pi, seed=5)
+        states = sample_trajectories(tasks.P, tasks.d_pi, n=n, seed=5)
         v, ce = bayes_values(tasks, states, (0.9,), n_samples=64, seed=1)[0], _smoothed_ce(tasks, states, 0.9, 0.01)
         err[n] = [(tasks.d_pi * (x - tasks.v_pi) ** 2).sum(-1).mean().item() for x in (v, ce)]
     assert err[30][0] < err[30][1] / 2 and err[300][0] < err[30][0] / 2 and err[300][0] < 1.5 * err[300][1], err

@@ -59,7 +59,7 @@ def test_transformer_runs_kernel_td(proc):
     S, R = proc.sample_trajectory(150, seed=31)
     q = proc.grid(9)[0]
     for L in (2, 12):
-        tf = SoftmaxICTD.from_theta_star(proc.d, L, proc.score_matrix(3.), 0.6, proc.gamma)
+        tf = SoftmaxICTD.from_theta_star(proc.d, proc.score_matrix(3.), n_layers=L, alpha=0.6, gamma=proc.gamma)
         got = tf.predict(build_prompt(proc.features(S), R, proc.features(q)), n=150)
         assert torch.allclose(got, kernel_td(proc, S, R, beta=3., alpha=0.6, n_layers=L, queries=q), atol=1e-11, rtol=0)
 
@@ -119,7 +119,7 @@ def test_named_streams_are_distinct():
 def test_lstd_is_the_limit_of_batch_linear_td(proc, size):
     S, R = proc.sample_trajectory(300, seed=12)
     phi, q = proc.basis(S, size), proc.basis(proc.grid(7)[0], size)
-    deep = batch_linear_td(phi, R, 0.5, proc.gamma, 4000, phi_queries=q)[..., 301:]
+    deep = batch_linear_td(phi, R, alpha=0.5, gamma=proc.gamma, n_iters=4000, phi_queries=q)[..., 301:]
     assert torch.allclose(deep, lstd(phi, R, q, proc.gamma), atol=1e-6, rtol=0)
 
 @pytest.mark.unit

@@ -36,7 +36,7 @@ def test_trajectory_tokens_are_the_full_prompt(seed, n, L, q, ar1):
     fam = AR if ar1 else ROT
     t, S, _, _ = fam.sample(2, n, torch.Generator().manual_seed(seed))
     R, x = fam.reward(t, S[:, :-1]), fam.base.grid(q)[0]
-    model = SoftmaxICTD(fam.d, L, init_gain=0.7, seed=seed)
+    model = SoftmaxICTD(fam.d, n_layers=L, init_gain=0.7, seed=seed)
     Q = fam.features(x).expand(2, q, fam.d)
     want = model.predict(build_prompt(fam.features(S), R, Q), n=n)
     got = token_predict(model_params(model), L, trajectory_tokens(fam.features(S)[None], R[None], Q[None]))[0]
@@ -44,22 +44,22 @@ def test_trajectory_tokens_are_the_full_prompt(seed, n, L, q, ar1):
 
 @given(beta=st.floats(0.05, 50), shift=st.lists(st.floats(-5, 5), min_size=3, max_size=3))
 def test_kernel_fit_recovers_the_scale_and_ignores_query_only_terms(beta, shift):
-    A = theta_star(3, AR.base.score_matrix(beta), 1., 0.9)[0]
+    A = theta_star(3, AR.base.score_matrix(beta), alpha=1., gamma=0.9)[0]
     A[2, :3] += torch.tensor(shift, dtype=torch.float64)      # the key's constant feature: the same for every key of a query
     A[2, 3:] += 1.                                             # ... against the query's reward and value rows
     fit = kernel_fit(AR, A)
     torch.testing.assert_close(torch.stack([fit["beta"], fit["cosine"], fit["share"]]), torch.tensor([beta, 1., 1.], dtype=torch.float64))
-    rot = kernel_fit(ROT, theta_star(2, ROT.base.score_matrix(beta), 1., 0.9)[0])
+    rot = kernel_fit(ROT, theta_star(2, ROT.base.score_matrix(beta), alpha=1., gamma=0.9)[0])
     torch.testing.assert_close(rot["beta"], torch.tensor(beta, dtype=torch.float64))
 
 def test_learned_scores_of_the_constructed_kernels():
     u, x = torch.linspace(-2, 2, 9, dtype=torch.float64), torch.tensor([-1., 0., 0.7], dtype=torch.float64)
     for fam, ref in [(ROT, 3. * (torch.cos(u) - 1)), (AR, -3. * u ** 2 / 2)]:
-        g = learned_scores(fam, theta_star(fam.d, fam.base.score_matrix(3.), 1., 0.9)[0], x, u)
+        g = learned_scores(fam, theta_star(fam.d, fam.base.score_matrix(3.), alpha=1., gamma=0.9)[0], x, u)
         torch.testing.assert_close(g, ref.expand(3, -1), rtol=0, atol=1e-12)
 
 def test_value_weights_read_theta_star():
-    A, Vc, Vt = theta_star(3, AR.base.score_matrix(1.), 0.7, 0.8)
+    A, Vc, Vt = theta_star(3, AR.base.score_matrix(1.), alpha=0.7, gamma=0.8)
     torch.testing.assert_close(value_weights(dict(V_cur=Vc, V_tgt=Vt)), torch.tensor([0.7, 0.56, -0.7], dtype=torch.float64))
 
 @pytest.mark.parametrize("k,N", [(10, 10), (9, 10), (8, 10), (27, 30), (1, 5)])
@@ -114,5 +114,5 @@ def test_engine_held_out_set_is_the_family_held_out_tasks():
 @pytest.mark.unit
 def test_family_msve_of_theta_star_is_kernel_td():
     ctx = AR.contexts(5, 20, which="test")
-    theta = {k: v[None, None] for k, v in zip(("A", "V_cur", "V_tgt"), theta_star(3, AR.base.score_matrix(2.), 0.6, 0.9))}
+    theta = {k: v[None, None] for k, v in zip(("A", "V_cur", "V_tgt"), theta_star(3, AR.base.score_matrix(2.), alpha=0.6, gamma=0.9))}
     torch.testing.assert_close(family_msve(theta, 3, AR, ctx)[0], kernel_msve(AR, ctx, alpha=0.6, beta=2., n_layers=3), rtol=1e-9, atol=1e-12)

@@ -190,7 +190,7 @@ def test_sarsa_is_weighted_softmax_td_on_pairs(seed, beta):
         phi_queries=m.phi[0],
         next_actions=A[1:],
     )
-    ref = weighted_softmax_td(m.phi[S, A], R, W, 0.5, m.gamma, 6, phi_queries=m.phi[0])
+    ref = weighted_softmax_td(m.phi[S, A], R, W, alpha=0.5, gamma=m.gamma, n_iters=6, phi_queries=m.phi[0])
     torch.testing.assert_close(got, torch.cat([ref[:n], ref[n + 1 :]]), atol=1e-12, rtol=1e-12)
 
 
@@ -265,7 +265,7 @@ def test_theorem_9a1_every_pair_is_one_iteration(seed, beta):
     alpha = float(rng.uniform(0.1, 1)) * (
         1 + 1e-9 * rng.standard_normal()
     )  # nudged: nothing at an edge
-    model = ControlICTD.from_theta_star(m.d, 10, W, alpha=alpha, gamma=m.gamma, beta=beta)
+    model = ControlICTD.from_theta_star(m.d, W, n_layers=10, alpha=alpha, gamma=m.gamma, beta=beta)
     Zs = model(build_control_prompt(f, R, fn, qs), return_all=True)[:, m.d + 1]
     ref = kernel_q_iteration(
         f,
@@ -544,7 +544,7 @@ def _rel(a, b): return ((a - b).abs().max() / b.abs().max()).item()
 def test_streamed_control_path_equals_the_dense_one(hard):
     "At 9d's training shapes (a batch of prompts, 3 pairs, free parameters): values and every parameter's gradient agree to 1e-12 relative."
     cfg, x = _training_prompts(9001)
-    model = ControlICTD(cfg.d, cfg.n_layers, init_gain=0.5, seed=9001, hard=hard)
+    model = ControlICTD(cfg.d, n_layers=cfg.n_layers, init_gain=0.5, seed=9001, hard=hard)
     outs, grads = {}, {}
     for method in ("dense", "streamed"):
         model.zero_grad()
@@ -564,12 +564,12 @@ def test_streamed_control_path_keeps_theorem_9a1_with_ties():
     x = build_control_prompt(f, Rt, fn, m.phi[[0, 2]])
     ref = kernel_q_iteration(f, Rt, fn, W, alpha=0.6, gamma=m.gamma, beta=math.inf, n_iters=5, phi_queries=m.phi[[0, 2]].flatten(0, 1))
     for beta in (math.inf, 3.):
-        model = ControlICTD.from_theta_star(m.d, 5, W, alpha=0.6, gamma=m.gamma, beta=beta)
+        model = ControlICTD.from_theta_star(m.d, W, n_layers=5, alpha=0.6, gamma=m.gamma, beta=beta)
         dense, streamed = model(x, method="dense"), model(x, method="streamed")
         assert _rel(streamed, dense) < 1e-12, beta
     assert (model.predict(x, method="streamed").flatten() - kernel_q_iteration(
         f, Rt, fn, W, alpha=0.6, gamma=m.gamma, beta=3., n_iters=5, phi_queries=m.phi[[0, 2]].flatten(0, 1))[15:]).abs().max() < 1e-11
-    hard = ControlICTD.from_theta_star(m.d, 5, W, alpha=0.6, gamma=m.gamma, beta=math.inf)
+    hard = ControlICTD.from_theta_star(m.d, W, n_layers=5, alpha=0.6, gamma=m.gamma, beta=math.inf)
     assert (hard.predict(x, method="streamed").flatten() - ref[15:]).abs().max() < 1e-11
 
 
@@ -577,7 +577,7 @@ def test_streamed_control_path_keeps_theorem_9a1_with_ties():
 def test_auto_takes_the_streamed_control_path_above_dense_bytes(monkeypatch):
     "'auto' is the dense path for 9d's prompts and the streamed one once the dense estimate passes DENSE_BYTES; the pair functions agree."
     cfg, x = _training_prompts(9002, B=2)
-    model = ControlICTD(cfg.d, 2, init_gain=0.5, seed=3)
+    model = ControlICTD(cfg.d, n_layers=2, init_gain=0.5, seed=3)
     dense, streamed = model(x, method="dense"), model(x, method="streamed")
     assert not torch.equal(dense, streamed)                      # the two paths round differently, so the choice shows
     assert torch.equal(model(x), dense)
@@ -594,7 +594,7 @@ def test_the_dense_control_path_is_refused_at_n_1e5():
     "n = 1e5: the dense path, the masks and masked_attention refuse with the sizes and the way out; the prompt and its checks cost O(N)."
     n = 10**5
     x = ControlPrompt(torch.zeros(12, n + (n + 1) * 2, dtype=F64), n, 2, 1)
-    model = ControlICTD(8, 1, seed=0)
+    model = ControlICTD(8, n_layers=1, seed=0)
     with pytest.raises(ValueError, match=r"the 300002 x 300002 masks and attention weights .*n = 100000, A = 2, q = 1.* would need about 3.35e\+03 GiB.*method='streamed'"):
         model.predict(x, method="dense")
     with pytest.raises(ValueError, match=r"the two 300002 x 300002 masks .* would need about 1.34e\+03 GiB.*streamed_pair_update"):

@@ -96,7 +96,7 @@ def test_fast_forward_equals_the_masked_transformer(seed):
     ref = kernel_q_iteration(f_sa, Rt, f_next, W, alpha=0.7, gamma=m.gamma, beta=2.0, n_iters=4, phi_queries=m.phi.flatten(0, 1))
     got = control_forward(star, x.Z, n, A, S)
     assert torch.allclose(got.flatten(), ref[n:], rtol=0, atol=1e-11)
-    free = ControlICTD(m.d, 3, init_gain=0.5, seed=seed)
+    free = ControlICTD(m.d, n_layers=3, init_gain=0.5, seed=seed)
     stacked = torch.stack([p.detach() for p in free.pairs])
     assert torch.allclose(control_forward(stacked, x.Z, n, A, S), free.predict(x), rtol=0, atol=1e-12)
 

@@ -47,8 +47,8 @@ def test_recursion_is_the_transformer_iteration(seed, n, beta, alpha):
     "Aggregating weighted softmax TD by state is exact for any context, features and score matrix."
     mrp = random_boyan_chain(n_states=6, d=3, features="unit", seed=seed)
     W = beta * torch.from_numpy(np.random.default_rng(seed).normal(size=(3, 3)))
-    states, rewards = sample_trajectory(mrp, n, seed=seed)
-    v_tf = weighted_softmax_td(mrp.phi[states], rewards, W, alpha, mrp.gamma, 8, phi_queries=mrp.phi, return_all=True)
+    states, rewards = sample_trajectory(mrp, n=n, seed=seed)
+    v_tf = weighted_softmax_td(mrp.phi[states], rewards, W, alpha=alpha, gamma=mrp.gamma, n_iters=8, phi_queries=mrp.phi, return_all=True)
     _, P_hat, r_hat = empirical_mrp(states, rewards, 6)
     v = td_recursion(empirical_attention(mrp.phi, W, states), P_hat, r_hat, gamma=mrp.gamma, alpha=alpha, n_iters=8)
     torch.testing.assert_close(v_tf[:, -6:], v, rtol=0, atol=1e-12 * max(1., v.abs().max().item()))
@@ -58,7 +58,7 @@ def test_recursion_is_the_transformer_iteration(seed, n, beta, alpha):
 def test_fixed_point_solves_the_empirical_bellman_equation_on_keys(seed, n, beta):
     "At the fixed point the update M (r + gamma P v - v) vanishes, and the Bellman residual is zero on key states."
     mrp = random_boyan_chain(n_states=7, features="onehot", seed=seed)
-    states, rewards = sample_trajectory(mrp, n, seed=seed)
+    states, rewards = sample_trajectory(mrp, n=n, seed=seed)
     N, P_hat, r_hat = empirical_mrp(states, rewards, 7)
     M = empirical_attention(mrp.phi, beta * torch.eye(7, dtype=torch.float64), states)
     v = fixed_point(M, P_hat, r_hat, mrp.gamma, N)
@@ -118,7 +118,7 @@ def test_interior_cap_is_one_on_one_hot_and_unit_features():
 def test_count_lemma_and_floor_identity(seed, n, beta):
     "Lemma 5.1 for any kernel, and Proposition 5.3's floor identity on contexts whose keys cover every state."
     mrp = random_boyan_chain(n_states=6, d=3, features="unit", seed=seed)
-    states, rewards = sample_trajectory(mrp, n, seed=seed)
+    states, rewards = sample_trajectory(mrp, n=n, seed=seed)
     N, P_hat, r_hat = empirical_mrp(states, rewards, 6)
     W = beta * torch.from_numpy(np.random.default_rng(seed).normal(size=(3, 3)))
     eps = count_deviation(N, mrp.d_pi)

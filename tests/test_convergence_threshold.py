@@ -107,7 +107,7 @@ def test_high_probability_floor_bounds_hold():
     from ictd.tasks import random_tasks, sample_trajectories
     tb = random_tasks(300, seed=9100, features="onehot")
     n = 150
-    S = sample_trajectories(tb.P, n, tb.d_pi, seed=9100)
+    S = sample_trajectories(tb.P, tb.d_pi, n=n, seed=9100)
     N, P_hat, r_hat = empirical_mrp(S, tb.r.gather(1, S[:, :-1]), 10)
     keys = (N > 0).all(-1)
     v_fix = fixed_point(kernel_attention(tb.phi, 15 * torch.eye(10, dtype=torch.float64), N), P_hat, r_hat, tb.gamma, N)

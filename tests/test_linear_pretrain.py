@@ -35,14 +35,14 @@ def test_seed_axis_is_exact():
 def test_stacked_predict_matches_modules():
     "linear_predict on stacked initialisations equals each seed's LinearICTD, shared or not."
     mrp = random_boyan_chain(seed=9)
-    S, R = sample_trajectory(mrp, 20, seed=9)
+    S, R = sample_trajectory(mrp, n=20, seed=9)
     Z = build_linear_prompt(mrp.phi[S], R, mrp.phi, mrp.gamma)
     for shared in (True, False):
         cfg = dataclasses.replace(ICLR_LINEAR, shared=shared, init_gain=0.7)
         params = linear_init(cfg, [1, 2, 3])
         v = linear_predict(cfg, params, Z[None, None].expand(3, 1, *Z.shape), 20)
         for i, s in enumerate([1, 2, 3]):
-            assert (v[i, 0] - LinearICTD(4, 3, shared, 0.7, seed=run_stream(s, "init")).predict(Z, n=20)).abs().max() < 1e-12
+            assert (v[i, 0] - LinearICTD(4, n_layers=3, shared=shared, init_gain=0.7, seed=run_stream(s, "init")).predict(Z, n=20)).abs().max() < 1e-12
 
 @pytest.mark.claims
 def test_softmax_measures_on_unseen_seeds():
@@ -64,10 +64,10 @@ def test_step_polynomial_equals_batch_td_at_any_step():
     from ictd.tasks import sample_trajectories
     mrp = random_boyan_chain(seed=31)
     gen = torch.Generator().manual_seed(31)
-    states = sample_trajectories(mrp.P[None], 20, start_distributions(1, 10, gen), seed=gen)[0]
+    states = sample_trajectories(mrp.P[None], start_distributions(1, 10, gen), n=20, seed=gen)[0]
     Z, _ = sliding_windows(mrp.phi, mrp.r, states, 12, mrp.gamma)
-    coef, _ = sliding_td_coefficients(mrp.phi, mrp.r, states, 12, mrp.gamma, 4)
+    coef, _ = sliding_td_coefficients(mrp.phi, mrp.r, states, n=12, gamma=mrp.gamma, n_layers=4)
     for alpha in (0.3, 1.7, 5.):
-        v = LinearICTD.from_td(4, 4, alpha).predict(Z, n=12)[..., 0].detach()
+        v = LinearICTD.from_td(4, n_layers=4, alpha=alpha).predict(Z, n=12)[..., 0].detach()
         poly = (coef * alpha ** torch.arange(5, dtype=torch.float64)).sum(-1)
         assert torch.allclose(poly, v, rtol=1e-9, atol=1e-9), alpha

@@ -12,10 +12,10 @@ def test_one_hot_and_random_chains_of_one_seed_share_p_r_and_context():
     for seed in (123, 4567):
         one, rnd = random_boyan_chain(features="onehot", seed=seed), random_boyan_chain(features="random", seed=seed)
         for k in ("P", "r", "d_pi", "v_pi"): assert torch.equal(getattr(one, k), getattr(rnd, k)), k
-        for a, b in zip(sample_trajectory(one, 50, seed=seed), sample_trajectory(rnd, 50, seed=seed)): assert torch.equal(torch.as_tensor(a), torch.as_tensor(b))
+        for a, b in zip(sample_trajectory(one, n=50, seed=seed), sample_trajectory(rnd, n=50, seed=seed)): assert torch.equal(torch.as_tensor(a), torch.as_tensor(b))
     one, rnd = random_tasks(8, seed=999, features="onehot"), random_tasks(8, seed=999, features="random")
     assert torch.equal(one.P, rnd.P) and torch.equal(one.r, rnd.r) and not torch.equal(one.phi[..., :4], rnd.phi)
-    assert torch.equal(sample_trajectories(one.P, 40, one.d_pi, seed=5), sample_trajectories(rnd.P, 40, rnd.d_pi, seed=5))
+    assert torch.equal(sample_trajectories(one.P, one.d_pi, n=40, seed=5), sample_trajectories(rnd.P, rnd.d_pi, n=40, seed=5))
 
 @pytest.mark.claims
 def test_tuned_softmax_ahead_of_linear_on_one_hot():

@@ -27,14 +27,14 @@ def test_centred_msve_ignores_the_level_and_floors_constants():
 @pytest.mark.unit
 def test_learned_kernel_of_theta_star_is_the_population_attention():
     t = random_tasks(5, seed=8)
-    K = learned_kernel(SoftmaxICTD.from_theta_star(4, 2, 3. * torch.eye(4, dtype=torch.float64), 1., 0.9), t)
+    K = learned_kernel(SoftmaxICTD.from_theta_star(4, 3. * torch.eye(4, dtype=torch.float64), n_layers=2, alpha=1., gamma=0.9), t)
     ref = torch.softmax(3. * t.phi @ t.phi.mT + t.d_pi.log()[:, None, :], -1)
     assert K.dtype == torch.float64 and K.shape == (2, 5, 10, 10)
     assert torch.allclose(K, ref.expand(2, -1, -1, -1), atol=1e-12)
 
 @pytest.mark.unit
 def test_identity_knockout_skips_the_layer():
-    m = SoftmaxICTD(4, 3, init_gain=1., seed=1)
+    m = SoftmaxICTD(4, n_layers=3, init_gain=1., seed=1)
     _, _, Z = held_out_prompts(dataclasses.replace(EMERGENCE, eval_tasks=4))
     assert torch.allclose(layer_values(knockout(m, 2, "identity"), Z, 30)[3], layer_values(m, Z, 30)[2], atol=1e-12)
     with pytest.raises(ValueError, match="`mode` must be"): knockout(m, 0, "zero")

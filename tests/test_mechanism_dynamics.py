@@ -33,8 +33,8 @@ def test_settled_step_fires_after_the_decay_and_never_on_a_drift():
 def test_update_jacobian_at_contexts_is_the_derivative_of_the_context_update():
     "Catches a finite-n Jacobian that is not the derivative of the expected update it is reported for."
     t = random_tasks(2, seed=4, d=2)
-    m = SoftmaxICTD(2, 1, init_gain=0.5, seed=3)
-    st = sample_trajectories(t.P, 6, t.d_pi, seed=1)
+    m = SoftmaxICTD(2, n_layers=1, init_gain=0.5, seed=3)
+    st = sample_trajectories(t.P, t.d_pi, n=6, seed=1)
     g, J = update_jacobian(m, t, st)
     assert torch.allclose(g.norm(), context_update(m, t, st).norm(), atol=1e-12)
     flat = torch.cat([v.flatten() for v in model_params(m).values()])
@@ -52,7 +52,7 @@ def test_update_jacobian_at_contexts_is_the_derivative_of_the_context_update():
 @pytest.mark.unit
 def test_shared_recursion_of_theta_star_is_chapter_5s_and_the_models():
     "Catches a prediction for the iterated layer that is not chapter 5's recursion, or a population iterate that differs from it."
-    m = SoftmaxICTD.from_theta_star(4, 1, 3. * torch.eye(4, dtype=torch.float64), 0.5, 0.8, shared=True)
+    m = SoftmaxICTD.from_theta_star(4, 3. * torch.eye(4, dtype=torch.float64), n_layers=1, alpha=0.5, gamma=0.8, shared=True)
     t = random_tasks(4, seed=21, gamma=0.8)
     rec = shared_recursion(m, t, 5)
     assert torch.allclose(rec, td_recursion(learned_kernel(m, t)[0], t.P, t.r, gamma=0.8, alpha=0.5, n_iters=5).movedim(-2, 0), atol=1e-12)
@@ -64,7 +64,7 @@ def test_theta_star_is_unstable_at_the_training_context_on_fresh_contexts():
     "Catches 'theta* is an attractor of the mean TD dynamics at n = 30' (the book's primary dynamics claim), on other contexts."
     tasks = held_out_prompts(dataclasses.replace(EMERGENCE, seed=2000))[0]
     (beta, alpha) = star_points()["theta* (beta 1, alpha 1)"]
-    m = SoftmaxICTD.from_theta_star(4, 3, beta * torch.eye(4, dtype=torch.float64), alpha, 0.9)
+    m = SoftmaxICTD.from_theta_star(4, beta * torch.eye(4, dtype=torch.float64), n_layers=3, alpha=alpha, gamma=0.9)
     r = jacobian_spectrum(*sampled_jacobians(m, tasks, 30, n_batches=4, batch_size=6, seed=7))
     assert r["max_real"] > 2 * r["max_real_se"] and r["neu"] > 2 * r["neu_se"], r
 
@@ -76,7 +76,7 @@ def _leaves(config, seeds):
     from ictd.pretrain import pretrain_many
     from ictd.experiments.mechanism import study_summary
     runs = pretrain_many(config, seeds, progress=False)
-    star = torch.stack([torch.stack(theta_star(4, config.init_beta * torch.eye(4, dtype=torch.float64), config.init_alpha, config.gamma))] * config.n_layers)
+    star = torch.stack([torch.stack(theta_star(4, config.init_beta * torch.eye(4, dtype=torch.float64), alpha=config.init_alpha, gamma=config.gamma))] * config.n_layers)
     p = [model_params(r.model) for r in runs]
     dist = torch.tensor([(torch.stack([q[k][0] for k in ("A", "V_cur", "V_tgt")], 1).detach().double() - star).norm() / star.norm() for q in p])
     msve = torch.stack([r.history["msve"][[0, -1], 0] for r in runs]).double()

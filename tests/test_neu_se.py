@@ -13,7 +13,7 @@ from ictd.tasks import random_tasks
 @pytest.mark.claims
 def test_neu_with_se_matches_the_spread_of_repeated_estimates():
     torch.set_num_threads(1)
-    model, tasks = SoftmaxICTD(3, 1, init_gain=1., seed=11), random_tasks(32, seed=12, d=3)
+    model, tasks = SoftmaxICTD(3, n_layers=1, init_gain=1., seed=11), random_tasks(32, seed=12, d=3)
     reps = torch.tensor([neu(model, tasks, 5, n_batches=8, batch_size=16, seed=1000 + k, with_se=True) for k in range(120)], dtype=torch.float64)
     est, se = reps.T
     assert est[0].item() == neu(model, tasks, 5, n_batches=8, batch_size=16, seed=1000)   # the estimate does not change with `with_se`
@@ -23,4 +23,4 @@ def test_neu_with_se_matches_the_spread_of_repeated_estimates():
 @pytest.mark.unit
 def test_pairwise_neu_checks_its_input():
     with pytest.raises(ValueError, match="`g` must be"): pairwise_neu(torch.zeros(1, 3))
-    with pytest.raises(ValueError, match="`n_batches` must be"): neu(SoftmaxICTD(3, 1, seed=0), random_tasks(4, seed=0, d=3), 5, n_batches=2, with_se=True)
+    with pytest.raises(ValueError, match="`n_batches` must be"): neu(SoftmaxICTD(3, n_layers=1, seed=0), random_tasks(4, seed=0, d=3), 5, n_batches=2, with_se=True)

@@ -93,7 +93,7 @@ def test_every_objective_trains_with_the_same_data_and_measures(objective):
 def test_theta_star_init_is_from_theta_star(shared):
     "init='theta_star' starts every seed at SoftmaxICTD.from_theta_star(d, L, init_beta I, init_alpha, gamma)."
     config = PretrainConfig(n_tasks=8, eval_tasks=4, n_steps=0, eval_every=1, init='theta_star', init_beta=2.5, init_alpha=0.7, shared=shared, gamma=0.8)
-    star = SoftmaxICTD.from_theta_star(4, 3, 2.5 * torch.eye(4, dtype=torch.float64), 0.7, 0.8, shared=shared)
+    star = SoftmaxICTD.from_theta_star(4, 2.5 * torch.eye(4, dtype=torch.float64), n_layers=3, alpha=0.7, gamma=0.8, shared=shared)
     for r in pretrain_many(config, [0, 3], progress=False):
         assert r.model.state_dict().keys() == star.state_dict().keys()
         for k, v in star.state_dict().items(): assert torch.equal(r.model.state_dict()[k], v), k

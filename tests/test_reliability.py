@@ -257,14 +257,14 @@ def test_cli_options_are_checked_before_any_training(tmp_path, monkeypatch, caps
 # ---- silent wrong answers ---------------------------------------------------------------------------------------------
 
 LIN_MRP = random_boyan_chain(n_states=10, d=4, seed=11)
-LIN_S, LIN_R = sample_trajectory(LIN_MRP, 20, seed=11)
+LIN_S, LIN_R = sample_trajectory(LIN_MRP, n=20, seed=11)
 LIN_Z = build_linear_prompt(LIN_MRP.phi[LIN_S], LIN_R, LIN_MRP.phi, LIN_MRP.gamma)     # n = 20 transitions, 10 queries
 
 def test_linear_predict_reads_n_from_the_prompt():
     "10 queries: LinearICTD.predict returns 10 values equal to batch TD (1e-12), with n read from the prompt; a prompt that does not carry n, or contradicts it, is refused naming `n`."
-    model = LinearICTD.from_td(4, 3, 0.5)
+    model = LinearICTD.from_td(4, n_layers=3, alpha=0.5)
     v = model.predict(LIN_Z)
-    td = batch_linear_td(LIN_MRP.phi[LIN_S], LIN_R, 0.5, LIN_MRP.gamma, 3, phi_queries=LIN_MRP.phi)[..., 21:]
+    td = batch_linear_td(LIN_MRP.phi[LIN_S], LIN_R, alpha=0.5, gamma=LIN_MRP.gamma, n_iters=3, phi_queries=LIN_MRP.phi)[..., 21:]
     assert v.shape == (10,) and (v - td).abs().max() < 1e-12
     assert torch.equal(model(LIN_Z)[..., -1, 20:], model(LIN_Z, n=20)[..., -1, 20:])
     with pytest.raises(ValueError, match='`n` must be given'): model.predict(LIN_Z.clone())      # a plain tensor: no guess from its shape
@@ -273,7 +273,7 @@ def test_linear_predict_reads_n_from_the_prompt():
 def test_linear_refuses_integer_prompts_instead_of_casting_its_parameters():
     "An integer prompt used to cast alpha = 0.5 to 0 (all-zero values): it is refused with a TypeError naming `Z`; the float prompt of the same numbers works."
     Z = torch.randint(-3, 4, (9, 12), generator=torch.Generator().manual_seed(0))
-    model = LinearICTD.from_td(4, 2, 0.5)
+    model = LinearICTD.from_td(4, n_layers=2, alpha=0.5)
     with pytest.raises(TypeError, match='`Z` must be a real floating tensor'): model.predict(Z, n=10)
     with pytest.raises(TypeError, match='`Z` must be a real floating tensor'): model.layers[0](Z, n=10)
     assert model.predict(Z.double(), n=10).abs().max() > 0
@@ -282,8 +282,8 @@ def test_a_reversed_layout_model_is_refused_by_the_kv_cache():
     "stream_values on a model built for reversed prompts used to return wrong estimates: a ValueError naming `model`; the forward-built model streams as before."
     W, phi = torch.eye(4, dtype=torch.float64), LIN_MRP.phi[LIN_S][None]
     with pytest.raises(ValueError, match='`model` must read the forward layout'):
-        stream_values(CausalSoftmaxICTD.from_theta_star(4, 2, W, 1., 0.9, order='reversed'), phi, LIN_R[None], LIN_MRP.phi[None])
-    fwd = CausalSoftmaxICTD.from_theta_star(4, 2, W, 1., 0.9)
+        stream_values(CausalSoftmaxICTD.from_theta_star(4, W, n_layers=2, alpha=1., gamma=0.9, order='reversed'), phi, LIN_R[None], LIN_MRP.phi[None])
+    fwd = CausalSoftmaxICTD.from_theta_star(4, W, n_layers=2, alpha=1., gamma=0.9)
     assert fwd.order == 'forward' and stream_values(fwd, phi, LIN_R[None], LIN_MRP.phi[None]).shape == (1, 20, 10)
 
 def test_family_config_refuses_a_gamma_that_is_not_the_family_s():
@@ -323,7 +323,7 @@ def test_weighted_softmax_td_has_a_streamed_path_equal_to_the_dense_one():
     phi, R, W, Q = (torch.randn(*s, dtype=torch.float64, generator=g) for s in ((4, 26, 3), (4, 25), (4, 3, 3), (4, 5, 3)))
     rho = torch.rand(31, dtype=torch.float64, generator=g) * 2
     for kw in (dict(phi_queries=Q, rho=rho), dict(centred=True, return_all=True), dict(phi_queries=Q, rho=lambda k, x: 1 + x[..., 0].tanh())):
-        dense, streamed = (weighted_softmax_td(phi, R, W, 0.4, 0.9, 10, method=m, **kw) for m in ('dense', 'streamed'))
+        dense, streamed = (weighted_softmax_td(phi, R, W, alpha=0.4, gamma=0.9, n_iters=10, method=m, **kw) for m in ('dense', 'streamed'))
         assert relative_gap(streamed, dense) < 1e-12, kw
 
 def test_the_streamed_path_groups_repeated_features(monkeypatch):
@@ -332,51 +332,51 @@ def test_the_streamed_path_groups_repeated_features(monkeypatch):
     def never(*args): raise AssertionError('the grouped path must not attend')
     monkeypatch.setattr(ictd.wstd, '_attend', never)
     chains = [random_boyan_chain(n_states=5, d=3, features='unit', seed=s) for s in (1, 2)]
-    runs = [sample_trajectory(c, 30, seed=7) for c in chains]
+    runs = [sample_trajectory(c, n=30, seed=7) for c in chains]
     phi, R = torch.stack([c.phi[S] for c, (S, _) in zip(chains, runs)]), torch.stack([R for _, R in runs])
     Q, W = torch.stack([c.phi for c in chains]), torch.randn(2, 3, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
     for kw in (dict(phi_queries=Q), dict(centred=True, return_all=True)):
-        dense, streamed = (weighted_softmax_td(phi, R, W, 0.4, 0.9, 10, method=m, **kw) for m in ('dense', 'streamed'))
+        dense, streamed = (weighted_softmax_td(phi, R, W, alpha=0.4, gamma=0.9, n_iters=10, method=m, **kw) for m in ('dense', 'streamed'))
         assert relative_gap(streamed, dense) < 1e-12, kw
 
 def test_the_streamed_path_keeps_gradients_with_repeated_features():
     "Gradients through the streamed path (query features that require grad, repeated features) equal the dense path's to 1e-12."
     chain = random_boyan_chain(n_states=5, d=3, features='unit', seed=4)
-    S, R = sample_trajectory(chain, 30, seed=4)
+    S, R = sample_trajectory(chain, n=30, seed=4)
     grads = []
     for method in ('dense', 'streamed'):
         Q = chain.phi.clone().requires_grad_(True)
-        weighted_softmax_td(chain.phi[S], R, 2 * torch.eye(3, dtype=torch.float64), 0.5, 0.9, 5, phi_queries=Q, method=method)[-5:].sum().backward()
+        weighted_softmax_td(chain.phi[S], R, 2 * torch.eye(3, dtype=torch.float64), alpha=0.5, gamma=0.9, n_iters=5, phi_queries=Q, method=method)[-5:].sum().backward()
         grads.append(Q.grad)
     assert grads[0].abs().max() > 1e-3 and relative_gap(grads[1], grads[0]) < 1e-12
 
 def test_weighted_softmax_td_chooses_the_streamed_path_above_dense_bytes(monkeypatch):
     "method='auto' (the default) is the dense path up to `DENSE_BYTES` and the streamed path above it."
     phi, R, W = CTX, CTX[:-1, 0], W2
-    dense, streamed = (weighted_softmax_td(phi, R, W, 0.5, 0.9, 4, phi_queries=PHI, method=m) for m in ('dense', 'streamed'))
+    dense, streamed = (weighted_softmax_td(phi, R, W, alpha=0.5, gamma=0.9, n_iters=4, phi_queries=PHI, method=m) for m in ('dense', 'streamed'))
     assert not torch.equal(dense, streamed)                      # the two paths round differently, so the choice shows
     monkeypatch.setattr(core, 'DENSE_BYTES', 3 * 5 * 9 * 8 - 1)   # just under the dense path's three 5 x 9 arrays
-    assert torch.equal(weighted_softmax_td(phi, R, W, 0.5, 0.9, 4, phi_queries=PHI), streamed)
+    assert torch.equal(weighted_softmax_td(phi, R, W, alpha=0.5, gamma=0.9, n_iters=4, phi_queries=PHI), streamed)
     monkeypatch.setattr(core, 'DENSE_BYTES', 3 * 5 * 9 * 8)
-    assert torch.equal(weighted_softmax_td(phi, R, W, 0.5, 0.9, 4, phi_queries=PHI), dense)
+    assert torch.equal(weighted_softmax_td(phi, R, W, alpha=0.5, gamma=0.9, n_iters=4, phi_queries=PHI), dense)
 
 def test_dense_work_at_n_1e5_is_refused_with_its_estimate_and_the_way_out():
     "At n = 1e5 the calls that must build an n x n matrix refuse before allocating it: the estimate in GiB and what to do instead."
     I2 = torch.eye(2, dtype=torch.float64)
     with pytest.raises(ValueError, match=r'would need about 224 GiB, above the limit of 4 GiB .*method=.streamed'):
-        weighted_softmax_td(BIG_PHI, BIG_PHI[1:, 0], I2, 0.5, 0.9, 1, method='dense')
+        weighted_softmax_td(BIG_PHI, BIG_PHI[1:, 0], I2, alpha=0.5, gamma=0.9, n_iters=1, method='dense')
     with pytest.raises(ValueError, match='instead of a `score` function'):
-        weighted_softmax_td(BIG_PHI, BIG_PHI[1:, 0], None, 0.5, 0.9, 1, score=lambda k, x: k @ x.mT)
+        weighted_softmax_td(BIG_PHI, BIG_PHI[1:, 0], None, alpha=0.5, gamma=0.9, n_iters=1, score=lambda k, x: k @ x.mT)
     with pytest.raises(ValueError, match=r'would need about 149 GiB.*method=.streamed'): context_weights(BIG_PHI, I2)
     with pytest.raises(ValueError, match='`batch_linear_td` computes the same values'): two_head_linear_td(BIG_PHI, BIG_PHI[1:, 0], alpha=0.5, gamma=0.9, n_iters=1)
     Z = torch.zeros(5, BIG_N + 1, dtype=torch.float64)
     with pytest.raises(ValueError, match=r'attention scores of the dense layer would need about 149 GiB'):
-        LinearICTD.from_td(2, 1, 0.5).predict(Z, BIG_N, method='dense')
+        LinearICTD.from_td(2, n_layers=1, alpha=0.5).predict(Z, BIG_N, method='dense')
 
 def test_linear_ictd_has_a_streamed_path_equal_to_the_dense_one(monkeypatch):
     "LinearICTD's O(n) path (second moments; chunks of keys with softmax) equals the dense layers to 1e-12 relative, and 'auto' takes it above `DENSE_BYTES`."
     for softmax in (False, True):
-        model = LinearICTD(4, 3, shared=False, init_gain=0.5, seed=1, softmax=softmax)
+        model = LinearICTD(4, n_layers=3, shared=False, init_gain=0.5, seed=1, softmax=softmax)
         dense = model(LIN_Z, method='dense')
         assert relative_gap(model(LIN_Z, method='streamed'), dense) < 1e-12
         monkeypatch.setattr(core, 'CHUNK_BYTES', 3 * 30 * 8)        # chunks of 3 keys (30 columns)
@@ -391,12 +391,12 @@ def test_linear_ictd_runs_n_1e5_in_linear_memory():
     g = torch.Generator().manual_seed(5)
     phi, R = torch.randn(BIG_N + 1, 2, dtype=torch.float64, generator=g) / 4, torch.randn(BIG_N, dtype=torch.float64, generator=g)
     Z = build_linear_prompt(phi, R, phi[:3], 0.9)
-    v = LinearICTD.from_td(2, 3, 0.5).predict(Z)
-    assert relative_gap(v, batch_linear_td(phi, R, 0.5, 0.9, 3, phi_queries=phi[:3])[-3:]) < 1e-10
+    v = LinearICTD.from_td(2, n_layers=3, alpha=0.5).predict(Z)
+    assert relative_gap(v, batch_linear_td(phi, R, alpha=0.5, gamma=0.9, n_iters=3, phi_queries=phi[:3])[-3:]) < 1e-10
 
 def test_check_prompt_refuses_integer_prompts_and_non_integer_n():
     "An integer prompt used to be cast silently, and n = True read as 1: TypeError naming `Z`, ValueError naming `n`."
-    model = SoftmaxICTD.from_theta_star(2, 2, W2, 0.5, 0.9)
+    model = SoftmaxICTD.from_theta_star(2, W2, n_layers=2, alpha=0.5, gamma=0.9)
     with pytest.raises(TypeError, match='`Z` must be a real floating tensor'): model(torch.ones(4, 8, dtype=torch.long), n=5)
     with pytest.raises(TypeError, match='`Z` must be a real floating tensor'): check_prompt(torch.ones(4, 8, dtype=torch.bool), 2, 5)
     for n in (True, math.nan, '5', [5]):
@@ -456,13 +456,13 @@ COVERED = {
 LIN_BAD_Z = not_a_matrix((9, 30), (8, 30), (9,), (10, 30)) + [torch.ones(9, 30, dtype=torch.int64), torch.ones(9, 30, dtype=torch.bool),
                                                             np.ones((9, 30), dtype=np.int32)]
 COVERED.update({
-    'LinearICTD.predict': (LinearICTD.from_td(4, 3, 0.5).predict, dict(Z=LIN_Z, n=20),
+    'LinearICTD.predict': (LinearICTD.from_td(4, n_layers=3, alpha=0.5).predict, dict(Z=LIN_Z, n=20),
                            dict(Z=LIN_BAD_Z, n=NOT_A_COUNT[1:] + [0, 31, 25])),
-    'LinearICTD.forward': (LinearICTD.from_td(4, 3, 0.5), dict(Z=LIN_Z, n=20), dict(Z=LIN_BAD_Z, n=NOT_A_COUNT[1:] + [0, 31])),
+    'LinearICTD.forward': (LinearICTD.from_td(4, n_layers=3, alpha=0.5), dict(Z=LIN_Z, n=20), dict(Z=LIN_BAD_Z, n=NOT_A_COUNT[1:] + [0, 31])),
     'prefix_softmax_td': (prefix_softmax_td, dict(phi_states=CTX, rewards=CTX[:-1, 0], W=W2, alpha=0.5, gamma=0.9, n_iters=3, phi_queries=PHI),
                           dict(recency=NOT_A_NUMBER)),
-    'stream_values': (stream_values, dict(model=CausalSoftmaxICTD(2, 2, seed=0), phi_states=CTX, rewards=CTX[:-1, 0], phi_queries=PHI),
-                      dict(model=[CausalSoftmaxICTD.from_theta_star(2, 2, W2, 1., 0.9, order='reversed'), SoftmaxICTD(2, 2, seed=0), None, 'model'])),
+    'stream_values': (stream_values, dict(model=CausalSoftmaxICTD(2, n_layers=2, seed=0), phi_states=CTX, rewards=CTX[:-1, 0], phi_queries=PHI),
+                      dict(model=[CausalSoftmaxICTD.from_theta_star(2, W2, n_layers=2, alpha=1., gamma=0.9, order='reversed'), SoftmaxICTD(2, n_layers=2, seed=0), None, 'model'])),
     'tabular_rate': (tabular_rate, dict(states=[0, 0, 0, 1, 0], n_states=2, beta=8., alpha=1., gamma=0.5),
                      dict(alpha=NOT_A_NUMBER + [0., -5., 5., 1.5, -1e-9], beta=NOT_A_NUMBER, gamma=NOT_A_GAMMA)),
     'family_config': (family_config, dict(family=GaussianAR1Family(), n_steps=4), dict(gamma=[0.5, 0.], d=[7, 1])),
@@ -487,7 +487,7 @@ COVERED.update({
                                                                  init_gain=NOT_A_NUMBER + [-1.], seed=['x', -1, 2.5], dtype=['float64', torch.int64, None])),
     'LinearICTD.from_td': (LinearICTD.from_td, dict(d=2, n_layers=2, alpha=0.5),
                            dict(d=NOT_A_COUNT + [0], n_layers=NOT_A_COUNT + [0], alpha=NOT_A_NUMBER, C=not_a_matrix((2, 2), (3, 3), (2,))[1:])),
-    'SoftmaxICTD.forward': (SoftmaxICTD(2, 2, seed=0), dict(Z=PROMPT, n=5),
+    'SoftmaxICTD.forward': (SoftmaxICTD(2, n_layers=2, seed=0), dict(Z=PROMPT, n=5),
                             dict(Z=not_a_matrix((4, 9), (5, 9), (4,)) + [torch.ones(4, 9, dtype=torch.int64), torch.ones(4, 9, dtype=torch.bool),
                                                                         np.ones((4, 9), dtype=np.int32)],
                                  n=NOT_A_COUNT[1:] + [0, 9, 3])),

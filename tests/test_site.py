@@ -353,7 +353,7 @@ def test_wstd_js_matches_library(front):
     rng, worst = np.random.default_rng(20261130), 0.
     for _ in range(40):
         phi, R, W, alpha, gamma, L, Q = random_context(rng)
-        py = weighted_softmax_td(torch.tensor(phi), torch.tensor(R), torch.tensor(W), alpha, gamma, L, torch.tensor(Q) if len(Q) else None).numpy()
+        py = weighted_softmax_td(torch.tensor(phi), torch.tensor(R), torch.tensor(W), alpha=alpha, gamma=gamma, n_iters=L, phi_queries=torch.tensor(Q) if len(Q) else None).numpy()
         js = np.array(front.evaluate('a => window.ictd.weightedSoftmaxTD(...a)', [phi.tolist(), R.tolist(), W.tolist(), alpha, gamma, L, Q.tolist()]))
         assert js.shape == py.shape == (len(phi) + len(Q),)
         worst = max(worst, np.abs(js - py).max() / max(1., np.abs(py).max()))
@@ -376,7 +376,7 @@ def library_msve(p):
     mrp = random_boyan_chain(n_states=explorable_data.N_STATES, d=explorable_data.D, gamma=explorable_data.GAMMA, features=p['kind'], seed=p['seed'])
     states, rewards = sample_trajectory(mrp, n=explorable_data.N_MAX, seed=p['seed'])
     n, W = p['n'], p['beta'] * torch.eye(mrp.d, dtype=torch.float64)
-    return msve(mrp, weighted_softmax_td(mrp.phi[states[:n + 1]], rewards[:n], W, p['alpha'], mrp.gamma, p['depth'], phi_queries=mrp.phi)[n + 1:])
+    return msve(mrp, weighted_softmax_td(mrp.phi[states[:n + 1]], rewards[:n], W, alpha=p['alpha'], gamma=mrp.gamma, n_iters=p['depth'], phi_queries=mrp.phi)[n + 1:])
 
 
 # Each control, a new value for it, and the panels that must change with it.

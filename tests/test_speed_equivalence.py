@@ -20,7 +20,7 @@ def values_and_grads(predict, theta, L, x):
 def test_fused_pass_equals_token_predict(L, shared, d):
     pools = TaskBatch.stack([random_tasks(6, d=d, seed=s) for s in (17, 23, 29)])
     ex = stationary_examples(pools, torch.rand(3, 20, 24, generator=torch.Generator().manual_seed(31), dtype=torch.float64))
-    theta = {k: torch.cat([model_params(SoftmaxICTD(d, L, shared=shared, init_gain=1.5, seed=s))[k] for s in (41, 43, 47)]).detach()
+    theta = {k: torch.cat([model_params(SoftmaxICTD(d, n_layers=L, shared=shared, init_gain=1.5, seed=s))[k] for s in (41, 43, 47)]).detach()
              for k in ("A", "V_cur", "V_tgt")}
     for queries in (torch.stack([ex.query, ex.successor], -1), torch.arange(10).expand(3, 20, 10)):
         x = state_tokens(pools, ex.task, ex.states, queries)

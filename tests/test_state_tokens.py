@@ -23,7 +23,7 @@ def examples(seed:int, n_states:int, d:int, n:int, B:int=6):
 def test_state_tokens_equal_the_full_forward(seed, n_states, d, n, shared):
     "Values at the queries and every layer's query columns equal chapter 3's forward pass (a wrong count, successor or bias would not)."
     pool, ex, pairs, Z = examples(seed, n_states, d, n)
-    model = SoftmaxICTD(d, 3, shared=shared, init_gain=1., seed=seed)
+    model = SoftmaxICTD(d, n_layers=3, shared=shared, init_gain=1., seed=seed)
     x = state_tokens(pool, ex.task, ex.states, pairs)
     with torch.no_grad():
         torch.testing.assert_close(token_predict(model_params(model), 3, x)[0], model.predict(Z, n=n), atol=1e-12, rtol=0)
@@ -33,7 +33,7 @@ def test_state_tokens_equal_the_full_forward(seed, n_states, d, n, shared):
 @pytest.mark.unit
 def test_seeds_stacked_equal_each_alone():
     "Three seeds' parameters and prompts through one pass give each seed's own values (a pass that mixed seeds would not)."
-    models = [SoftmaxICTD(3, 2, init_gain=1., seed=s) for s in (201, 202, 203)]
+    models = [SoftmaxICTD(3, n_layers=2, init_gain=1., seed=s) for s in (201, 202, 203)]
     tasks = [examples(s, 7, 3, 20) for s in (211, 212, 213)]
     xs = [state_tokens(pool, ex.task, ex.states, pairs) for pool, ex, pairs, _ in tasks]
     params = {k: torch.cat([model_params(m)[k] for m in models]) for k in ("A", "V_cur", "V_tgt")}
@@ -48,7 +48,7 @@ def test_trajectory_tokens_equal_the_full_forward():
     "Every context column its own key: the same values as the full prompt, also for continuous-valued features."
     g = torch.Generator().manual_seed(301)
     phi, r, phi_q = torch.randn(4, 16, 3, generator=g, dtype=torch.float64), torch.randn(4, 15, generator=g, dtype=torch.float64), torch.randn(4, 2, 3, generator=g, dtype=torch.float64)
-    model = SoftmaxICTD(3, 3, init_gain=1., seed=302)
+    model = SoftmaxICTD(3, n_layers=3, init_gain=1., seed=302)
     x = trajectory_tokens(phi[None], r[None], phi_q[None])
     with torch.no_grad():
         torch.testing.assert_close(token_predict(model_params(model), 3, x)[0], model.predict(build_prompt(phi, r, phi_q), n=15), atol=1e-12, rtol=0)
@@ -60,18 +60,18 @@ def test_population_predict_of_theta_star_is_the_population_recursion():
     W = 6. * torch.eye(10, dtype=torch.float64)
     M_pi = torch.softmax(tasks.phi @ W @ tasks.phi.mT + tasks.d_pi.log()[:, None, :], dim=-1)
     rec = td_recursion(M_pi, tasks.P, tasks.r, gamma=tasks.gamma, alpha=0.7, n_iters=9)[..., -1, :]
-    model = SoftmaxICTD.from_theta_star(10, 9, W, 0.7, tasks.gamma)
+    model = SoftmaxICTD.from_theta_star(10, W, n_layers=9, alpha=0.7, gamma=tasks.gamma)
     with torch.no_grad(): torch.testing.assert_close(population_predict(model, tasks), rec, atol=1e-12, rtol=0)
 
 @pytest.mark.unit
 def test_population_predict_is_the_limit_of_long_contexts():
     "The gap to a finite stationary context falls about like n^(-1/2) (a wrong limit would leave a gap that stays)."
-    model, tasks = SoftmaxICTD(4, 2, init_gain=1., seed=501), random_tasks(3, seed=502)
+    model, tasks = SoftmaxICTD(4, n_layers=2, init_gain=1., seed=501), random_tasks(3, seed=502)
     pool, which, every = TaskBatch.stack([tasks]), torch.arange(3)[None], torch.arange(10).expand(1, 3, 10)
     with torch.no_grad():
         limit = population_predict(model, tasks)
         def gap(n):
-            return torch.tensor([(token_predict(model_params(model), 2, state_tokens(pool, which, sample_trajectories(tasks.P, n, tasks.d_pi, seed=k)[None], every))[0]
+            return torch.tensor([(token_predict(model_params(model), 2, state_tokens(pool, which, sample_trajectories(tasks.P, tasks.d_pi, n=n, seed=k)[None], every))[0]
                                   - limit).abs().max() for k in range(503, 511)]).mean()
         short, long = gap(200), gap(20000)
     assert long < short / 4, (short, long)
@@ -79,7 +79,7 @@ def test_population_predict_is_the_limit_of_long_contexts():
 @pytest.mark.unit
 def test_population_neu_with_zero_value_heads():
     "With zero value heads v = 0 and delta = r: NEU is the squared norm of the value rows' gradients, in closed form."
-    tasks, model = random_tasks(3, seed=601), SoftmaxICTD(4, 1, init_gain=1., seed=602)
+    tasks, model = random_tasks(3, seed=601), SoftmaxICTD(4, n_layers=1, init_gain=1., seed=602)
     with torch.no_grad(): model.layers[0].V_cur.zero_(); model.layers[0].V_tgt.zero_()
     Z = population_tokens(tasks).Z
     keys, queries = Z[..., :10], Z[..., 10:]
@@ -91,4 +91,4 @@ def test_population_neu_with_zero_value_heads():
 @pytest.mark.unit
 def test_population_predict_refuses_mismatched_features():
     with pytest.raises(ValueError, match="`tasks` have d = 4 features but the model expects d = 2"):
-        population_predict(SoftmaxICTD(2, 1, seed=0), random_tasks(2, seed=0))
+        population_predict(SoftmaxICTD(2, n_layers=1, seed=0), random_tasks(2, seed=0))

@@ -16,7 +16,7 @@ from ictd.state_tokens import population_neu
 SAVED = ROOT / "nbs" / "data" / "stationary_points.json"
 
 def _model(p):
-    m = SoftmaxICTD(p.shape[-1] - 2, p.shape[0], seed=0)
+    m = SoftmaxICTD(p.shape[-1] - 2, n_layers=p.shape[0], seed=0)
     with torch.no_grad():
         for l, lay in enumerate(m.layers):
             for i, k in enumerate(("A", "V_cur", "V_tgt")): getattr(lay, k).copy_(p[l, i])
@@ -64,7 +64,7 @@ def test_the_update_at_zero_moves_only_value_rows_and_the_same_in_every_layer(fe
 def test_mean_update_is_the_gradient_of_population_neu_and_its_jacobian_is_exact():
     "Catches a mean update or finite-difference Jacobian that is not the one chapters 6 and 6b define."
     tasks = random_tasks(3, seed=8, n_states=3, features="onehot")
-    m = SoftmaxICTD(3, 2, init_gain=0.7, seed=9)
+    m = SoftmaxICTD(3, n_layers=2, init_gain=0.7, seed=9)
     p = layer_stack(m)
     assert abs(update_norm(p, tasks) ** 2 - population_neu(m, tasks)) < 1e-13
     g, J = update_jacobian(m, tasks)
@@ -107,7 +107,7 @@ def test_a_saved_zero_at_two_layers_is_a_saddle():
 def test_polish_reaches_a_zero_from_a_small_init_on_a_small_problem():
     "Catches a search that stops short of the tolerance or reports a norm the point does not have."
     tasks = random_tasks(4, seed=13, n_states=4, features="onehot")
-    p, hist = polish(layer_stack(SoftmaxICTD(4, 2, init_gain=0.1, seed=21)), tasks, max_jacobians=10)
+    p, hist = polish(layer_stack(SoftmaxICTD(4, n_layers=2, init_gain=0.1, seed=21)), tasks, max_jacobians=10)
     assert hist[-1] < 1e-10 and update_norm(p, tasks) < 1e-10
 
 @pytest.mark.unit
@@ -116,7 +116,7 @@ def test_bad_input_names_the_argument():
     with pytest.raises(ValueError, match="`p` must be"): mean_updates(torch.zeros(1, 3, 4, 4, dtype=torch.float64), tasks)
     with pytest.raises(TypeError, match="`tasks`"): mean_updates(torch.zeros(1, 3, 12, 12, dtype=torch.float64), "tasks")
     with pytest.raises(ValueError, match="`features`"): study_tasks("unit")
-    with pytest.raises(ValueError, match="`model`"): layer_stack(SoftmaxICTD(4, 2, shared=True, seed=0))
+    with pytest.raises(ValueError, match="`model`"): layer_stack(SoftmaxICTD(4, n_layers=2, shared=True, seed=0))
     with pytest.raises(ValueError, match="`tol`"): polish(torch.zeros(1, 3, 12, 12, dtype=torch.float64), tasks, tol=0.)
 
 @pytest.mark.claims

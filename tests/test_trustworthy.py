@@ -42,9 +42,9 @@ def test_changed_source_recomputes(tmp_path):
 @pytest.mark.parametrize('make, field', [
     (lambda: PretrainConfig(features='cubic', n=-3), '`n`'),
     (lambda: PretrainConfig(features='cubic'), '`features`'),
-    (lambda: LinearICTD(4, 0), '`n_layers`'),
-    (lambda: LinearICTD.from_td(4, 2, alpha=math.nan), '`alpha`'),
-    (lambda: sample_trajectories(random_tasks(2).P, 5, torch.tensor([[1.5, -0.5] + [0.] * 8] * 2)), '`d0`'),
+    (lambda: LinearICTD(4, n_layers=0), '`n_layers`'),
+    (lambda: LinearICTD.from_td(4, n_layers=2, alpha=math.nan), '`alpha`'),
+    (lambda: sample_trajectories(random_tasks(2).P, torch.tensor([[1.5, -0.5] + [0.] * 8] * 2), n=5), '`d0`'),
 ])
 def test_bad_configurations_and_inputs_raise(make, field):
     "Bad settings are refused with a ValueError naming the argument (each was accepted silently before)."

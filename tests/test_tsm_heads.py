@@ -15,7 +15,7 @@ from ictd.model import (SoftmaxICTD, SingleHeadTSMLayer, DualHeadSoftmaxLayer, S
 
 def context(seed, n=25, d=3):
     mrp = random_boyan_chain(n_states=8, d=d, seed=seed)
-    S, R = sample_trajectory(mrp, n, seed=seed)
+    S, R = sample_trajectory(mrp, n=n, seed=seed)
     W = torch.from_numpy(np.random.default_rng(seed).normal(size=(d, d)))
     return mrp, S, R, W
 
@@ -24,10 +24,10 @@ def context(seed, n=25, d=3):
 def test_heads_split_the_td_error(seed):
     mrp, S, R, W = context(seed)
     d, n, alpha, gamma = mrp.d, len(R), 0.4, mrp.gamma
-    A, V_cur, V_tgt = theta_star(d, W, alpha, gamma)
+    A, V_cur, V_tgt = theta_star(d, W, alpha=alpha, gamma=gamma)
     Z0 = build_prompt(mrp.phi[S], R, mrp.phi)
-    Z = SoftmaxICTD.from_theta_star(d, 4, W, alpha, gamma).requires_grad_(False)(Z0, n=n)
-    v = weighted_softmax_td(mrp.phi[S], R, W, alpha, gamma, 4, phi_queries=mrp.phi)
+    Z = SoftmaxICTD.from_theta_star(d, W, n_layers=4, alpha=alpha, gamma=gamma).requires_grad_(False)(Z0, n=n)
+    v = weighted_softmax_td(mrp.phi[S], R, W, alpha=alpha, gamma=gamma, n_iters=4, phi_queries=mrp.phi)
     delta = R + gamma * v[1:n + 1] - v[:n]
     cur, tgt = (V_cur @ Z[:, :n])[d + 1], (V_tgt @ Z[:, 1:n + 1])[d + 1]
     single = SingleHeadTSMLayer.from_dual_head(DualHeadSoftmaxLayer.from_params(A, V_cur, V_tgt), channels=[d + 1])
@@ -49,7 +49,7 @@ def test_theta_delta_attention_and_sign_flips(seed):
     probe[:, d, :n] = torch.eye(n, dtype=torch.float64)
     S_read = attend_context(probe, A, probe[..., :n])[:, d]
     torch.testing.assert_close(S_read, context_weights(mrp.phi[S], W, phi_queries=mrp.phi), rtol=0, atol=1e-13)
-    td = weighted_softmax_td(mrp.phi[S], R, W, alpha, gamma, 8, phi_queries=mrp.phi)[-mrp.n_states:]
+    td = weighted_softmax_td(mrp.phi[S], R, W, alpha=alpha, gamma=gamma, n_iters=8, phi_queries=mrp.phi)[-mrp.n_states:]
     good = ShiftAfterAttentionICTD.from_params(8, A, V_cur, V_tgt).requires_grad_(False).predict(Z0, n=n)
     torch.testing.assert_close(good, td, rtol=0, atol=1e-12)
     for k, (V, i, j) in enumerate([(V_cur, d + 1, d), (V_cur, d, d), (V_tgt, d, d)]):

@@ -13,12 +13,12 @@ pytestmark = pytest.mark.unit
 def test_theta_star_runs_weighted_softmax_td_on_a_random_chain():
     "Task 1: the model under theta* predicts what weighted softmax TD computes, at every query, in float64."
     chain = random_boyan_chain(n_states=7, d=3, gamma=0.8, seed=5)
-    states, rewards = sample_trajectory(chain, 25, seed=5)
+    states, rewards = sample_trajectory(chain, n=25, seed=5)
     W, alpha, L = 2.0 * torch.eye(3, dtype=torch.float64), 0.7, 4
-    model = SoftmaxICTD.from_theta_star(3, L, W, alpha, chain.gamma)
-    assert all(torch.equal(a, b) for a, b in zip((model.layer(0).A, model.layer(0).V_cur, model.layer(0).V_tgt), theta_star(3, W, alpha, chain.gamma)))
+    model = SoftmaxICTD.from_theta_star(3, W, n_layers=L, alpha=alpha, gamma=chain.gamma)
+    assert all(torch.equal(a, b) for a, b in zip((model.layer(0).A, model.layer(0).V_cur, model.layer(0).V_tgt), theta_star(3, W, alpha=alpha, gamma=chain.gamma)))
     Z = build_prompt(chain.phi[states], rewards, chain.phi)
-    expected = weighted_softmax_td(chain.phi[states], rewards, W, alpha, chain.gamma, L, phi_queries=chain.phi)
+    expected = weighted_softmax_td(chain.phi[states], rewards, W, alpha=alpha, gamma=chain.gamma, n_iters=L, phi_queries=chain.phi)
     torch.testing.assert_close(model.predict(Z), expected[26:], rtol=1e-12, atol=1e-12)
 
 
@@ -28,7 +28,7 @@ def test_pretrain_evaluate_and_probe_a_small_model(tmp_path):
     runs = pretrain_many(config, seeds=[0, 1], progress=False, cache_dir=tmp_path)
     assert len(runs) == 2 and all(torch.isfinite(torch.as_tensor(r.history["msve"])).all() for r in runs)
     chain = random_boyan_chain(seed=9)
-    states, rewards = sample_trajectory(chain, config.n, seed=9)
+    states, rewards = sample_trajectory(chain, n=config.n, seed=9)
     values = runs[0].predict(build_prompt(chain.phi[states], rewards, chain.phi), config.n)
     assert values.shape == (chain.n_states,) and not values.requires_grad and torch.isfinite(values).all()
     assert msve(chain, values) >= 0
@@ -44,21 +44,21 @@ def test_a_users_own_mrp():
     r, phi = torch.tensor([1., 0.], dtype=torch.float64), torch.eye(2, dtype=torch.float64)
     mrp = MRP(P, r, gamma=0.5, phi=phi)
     torch.testing.assert_close(mrp.v_pi, torch.tensor([4 / 3, 2 / 3], dtype=torch.float64))   # v = r + 0.5 P v
-    states, rewards = sample_trajectory(mrp, 40, seed=0)
-    values = weighted_softmax_td(phi[states], rewards, 30 * torch.eye(2, dtype=torch.float64), 1.0, 0.5, 60,
+    states, rewards = sample_trajectory(mrp, n=40, seed=0)
+    values = weighted_softmax_td(phi[states], rewards, 30 * torch.eye(2, dtype=torch.float64), alpha=1.0, gamma=0.5, n_iters=60,
                                  phi_queries=phi)[41:]
     assert msve(mrp, values) < 1e-10, 'a deterministic cycle: tabular TD recovers v_pi from its context'
 
 
 def test_device_and_dtype_options():
     "Task 5: the model, the chain and the prompt take `device=` and `dtype=`, and the CPU is the default."
-    model = SoftmaxICTD(4, 2, seed=0, dtype=torch.float32, device="cpu")
+    model = SoftmaxICTD(4, n_layers=2, seed=0, dtype=torch.float32, device="cpu")
     assert {p.dtype for p in model.parameters()} == {torch.float32}
     chain = random_boyan_chain(seed=1).to(dtype=torch.float32)
-    states, rewards = sample_trajectory(chain, 10, seed=1)
+    states, rewards = sample_trajectory(chain, n=10, seed=1)
     Z = build_prompt(chain.phi[states], rewards, chain.phi, dtype=torch.float32, device="cpu")
     assert Z.dtype == torch.float32 and Z.device.type == "cpu" and model.predict(Z).dtype == torch.float32
-    assert next(SoftmaxICTD(4, 2, seed=0).parameters()).device.type == "cpu"
+    assert next(SoftmaxICTD(4, n_layers=2, seed=0).parameters()).device.type == "cpu"
 
 
 # Runs in a fresh interpreter: each module's public classes are listed right after the module itself has run, then

@@ -31,18 +31,18 @@ def test_two_head_linear_td_any_signs(seed, n, d, q, gamma, step):
     rng = np.random.default_rng(seed)
     phi, R, Q = rng.uniform(-1, 1, (n + 1, d)), rng.uniform(-1, 1, n), rng.uniform(-1, 1, (q, d))
     two = two_head_linear_td(phi, R, alpha=step / d, gamma=gamma, n_iters=60, phi_queries=Q, return_all=True)
-    lin = batch_linear_td(phi, R, step / d, gamma, 60, Q, return_all=True)
+    lin = batch_linear_td(phi, R, alpha=step / d, gamma=gamma, n_iters=60, phi_queries=Q, return_all=True)
     assert rel_gap(two, lin) < 1e-12
 
 @pytest.mark.unit
 def test_log_score_refused_on_signed_features():
     "Proposition 1's score log(phi^T phi) is undefined when an inner product is negative: an error, not NaN values."
     chain = random_boyan_chain(seed=123)
-    S, R = sample_trajectory(chain, 25, seed=123)
+    S, R = sample_trajectory(chain, n=25, seed=123)
     phi = chain.phi[S]
     assert ((phi[:-1] @ phi.T) < 0).any()
     with pytest.raises(ValueError, match="NaN or"):
-        weighted_softmax_td(phi, R, None, 0.1, 0.9, 3, score=lambda k, x: torch.log(k @ x.mT),
+        weighted_softmax_td(phi, R, None, alpha=0.1, gamma=0.9, n_iters=3, score=lambda k, x: torch.log(k @ x.mT),
                             rho=lambda k, x: (k @ x.mT).mean(-2))
 
 @pytest.mark.unit
@@ -56,15 +56,15 @@ def test_no_single_head_matches_linear_td_on_a_negative_pair(seed, n, d):
     assume((G < -1e-3).any())
     j, x = map(int, np.argwhere(G < -1e-3)[0])
     R = np.eye(n)[j]
-    lin = batch_linear_td(phi, R, 0.3, 0.9, 1)[x].item()
+    lin = batch_linear_td(phi, R, alpha=0.3, gamma=0.9, n_iters=1)[x].item()
     score = torch.from_numpy(rng.normal(scale=3, size=(n, n + 1)))
     rho = torch.from_numpy(rng.uniform(0, 5, n + 1))
-    soft = weighted_softmax_td(phi, R, None, 0.3, 0.9, 1, score=lambda k, X: score, rho=rho)[x].item()
+    soft = weighted_softmax_td(phi, R, None, alpha=0.3, gamma=0.9, n_iters=1, score=lambda k, X: score, rho=rho)[x].item()
     assert lin < 0 <= soft
 
 def boyan_context(seed, n=20, n_states=10):
     chain = random_boyan_chain(n_states=n_states, features="unit", seed=seed)
-    S, R = sample_trajectory(chain, n, seed=seed)
+    S, R = sample_trajectory(chain, n=n, seed=seed)
     return S, chain.phi[S], R, chain.phi
 
 @pytest.mark.unit
@@ -73,8 +73,8 @@ def test_small_score_gap_grows_with_horizon(seed):
     "Proposition 1b is fixed-horizon: at eps = 0.03 the gap to centred linear TD at T = 20000 is > 30x the gap at T = 10."
     _, phi, R, Q = boyan_context(seed)
     W = 0.03 * torch.eye(4, dtype=torch.float64)
-    soft = weighted_softmax_td(phi, R, W, 0.5, 0.9, 20_000, Q, return_all=True, centred=True)[[10, 20_000]]
-    lin = batch_linear_td(phi, R, 0.5, 0.9, 20_000, Q, return_all=True, C=W, centred=True)[[10, 20_000]]
+    soft = weighted_softmax_td(phi, R, W, alpha=0.5, gamma=0.9, n_iters=20_000, phi_queries=Q, return_all=True, centred=True)[[10, 20_000]]
+    lin = batch_linear_td(phi, R, alpha=0.5, gamma=0.9, n_iters=20_000, phi_queries=Q, return_all=True, C=W, centred=True)[[10, 20_000]]
     gap = (soft - lin).abs().amax(-1)
     assert gap[0] < 1e-3 and gap[1] > 30 * gap[0], gap
 
@@ -87,7 +87,7 @@ def prop5_limit(S, R, phi, W, gamma, centred, n_states=10):
     col = [int(np.nonzero(S == x)[0][0]) for x in U]
     N = np.array([(S[:-1] == y).sum() for y in U])
     B = N[None, :] * (K[np.ix_(key, col)].T - centred / n)
-    ce = certainty_equivalence(S, R, n_states, gamma).numpy()[U]
+    ce = certainty_equivalence(S, R, n_states, gamma=gamma).numpy()[U]
     if centred:
         ell = np.linalg.svd(B)[0][:, -1]
         ce = ce - ell @ ce / ell.sum()
@@ -103,7 +103,7 @@ def test_long_run_limit_is_certainty_equivalence(seed, centred):
     W = 2 * torch.eye(4, dtype=torch.float64)
     lim, sv = prop5_limit(S, R, phi, W, 0.9, centred)
     assert sv[-2 if centred else -1] > 1e-6
-    v = weighted_softmax_td(phi, R, W, 0.5, 0.9, 4000, centred=centred).numpy()
+    v = weighted_softmax_td(phi, R, W, alpha=0.5, gamma=0.9, n_iters=4000, centred=centred).numpy()
     assert np.abs(v - lim).max() < 1e-8, np.abs(v - lim).max()
-    lin = batch_linear_td(phi, R, 0.5, 0.9, 4000).numpy()
+    lin = batch_linear_td(phi, R, alpha=0.5, gamma=0.9, n_iters=4000).numpy()
     assert np.abs(lin - lim).max() > 1e-2

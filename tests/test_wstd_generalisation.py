@@ -18,16 +18,16 @@ def tasks(s, n, rewards, n_tasks, seed):
     for child in np.random.SeedSequence(seed).spawn(n_tasks):
         rng = np.random.default_rng(child)
         mrp = random_boyan_chain(n_states=s, rewards=rewards, seed=rng)
-        S, R = sample_trajectory(mrp, n, seed=rng)
+        S, R = sample_trajectory(mrp, n=n, seed=rng)
         seen = torch.zeros(s, dtype=torch.bool); seen[S] = True
         out.append((mrp.phi[S], R, mrp.phi, mrp.v_pi, seen))
     return [torch.stack(x) for x in zip(*out)]
 
 def soft(phi, R, Q, beta, alpha):
-    return weighted_softmax_td(phi, R, beta * torch.eye(phi.shape[-1], dtype=torch.float64), alpha, 0.9, T, Q)[..., -Q.shape[-2]:]
+    return weighted_softmax_td(phi, R, beta * torch.eye(phi.shape[-1], dtype=torch.float64), alpha=alpha, gamma=0.9, n_iters=T, phi_queries=Q)[..., -Q.shape[-2]:]
 
 def lin(phi, R, Q, alpha):
-    return batch_linear_td(phi, R, alpha, 0.9, T, Q)[..., -Q.shape[-2]:]
+    return batch_linear_td(phi, R, alpha=alpha, gamma=0.9, n_iters=T, phi_queries=Q)[..., -Q.shape[-2]:]
 
 def mse(pred, v):
     return torch.nan_to_num(((pred - v) ** 2).mean(), nan=math.inf).item()

@@ -69,7 +69,7 @@ def test_centred_wstd_matches_loops(seed, n, d, gamma):
     "`weighted_softmax_td(centred=True)` is the centred update written out, not the plain one."
     rng = np.random.default_rng(seed)
     phi, R, W = rng.uniform(-1, 1, (n + 1, d)), rng.uniform(-1, 1, n), rng.normal(size=(d, d))
-    got = weighted_softmax_td(phi, R, W, 0.4, gamma, 8, centred=True).numpy()
+    got = weighted_softmax_td(phi, R, W, alpha=0.4, gamma=gamma, n_iters=8, centred=True).numpy()
     assert np.abs(got - loops_centred(phi, R, W, 0.4, gamma, 8)).max() < 1e-12
 
 def loops_linear(phi, R, alpha, gamma, T, C, centred):
@@ -89,7 +89,7 @@ def test_preconditioned_linear_td_matches_loops(seed, n, d, gamma, centred):
     "`batch_linear_td(C=..., centred=...)` is the preconditioned (centred) update written out."
     rng = np.random.default_rng(seed)
     phi, R, C = rng.uniform(-1, 1, (n + 1, d)), rng.uniform(-1, 1, n), rng.normal(scale=0.5, size=(d, d))
-    got = batch_linear_td(phi, R, 0.3, gamma, 10, C=C, centred=centred).numpy()
+    got = batch_linear_td(phi, R, alpha=0.3, gamma=gamma, n_iters=10, C=C, centred=centred).numpy()
     want = loops_linear(phi, R, 0.3, gamma, 10, C, centred)
     assert np.abs(got - want).max() < 1e-10 * max(1., np.abs(want).max())
 

@@ -26,9 +26,9 @@ def test_linear_td_reduction(seed, n, d, q, gamma, step, n_iters):
     rng = np.random.default_rng(seed)
     phi, R, Q = rng.uniform(0.1, 1, (n + 1, d)), rng.uniform(-1, 1, n), rng.uniform(0.1, 1, (q, d))
     alpha = step / d
-    soft = weighted_softmax_td(phi, R, None, alpha, gamma, n_iters, Q, return_all=True,
+    soft = weighted_softmax_td(phi, R, None, alpha=alpha, gamma=gamma, n_iters=n_iters, phi_queries=Q, return_all=True,
                                score=lambda k, x: torch.log(k @ x.mT), rho=lambda k, x: (k @ x.mT).mean(-2))
-    lin = batch_linear_td(phi, R, alpha, gamma, n_iters, Q, return_all=True)
+    lin = batch_linear_td(phi, R, alpha=alpha, gamma=gamma, n_iters=n_iters, phi_queries=Q, return_all=True)
     assert rel_gap(soft, lin) < 1e-12
 
 def visiting_context(rng, n_states, n):
@@ -42,7 +42,7 @@ def visiting_context(rng, n_states, n):
 def test_tabular_fixed_point_any_beta(seed, n_states, n, gamma, beta):
     "With scores beta 1[x=y], beta > 0, the certainty-equivalence value zeroes every target's weighted TD error."
     S, R = visiting_context(np.random.default_rng(seed), n_states, n)
-    v = certainty_equivalence(S, R, n_states, gamma)[S]
+    v = certainty_equivalence(S, R, n_states, gamma=gamma)[S]
     delta = R + gamma * v[1:] - v[:-1]
     K = context_weights(torch.eye(n_states, dtype=torch.float64)[S], beta * torch.eye(n_states, dtype=torch.float64))
     assert (delta @ K).abs().max() < 1e-12 * max(1., v.abs().max().item())
@@ -53,7 +53,7 @@ def test_certainty_equivalence_is_empirical_bellman(seed, n_states, n, gamma):
     "The mean TD error of the transitions leaving each state vanishes; states never left have value 0."
     rng = np.random.default_rng(seed)
     S, R = torch.from_numpy(rng.integers(0, n_states, n + 1)), torch.from_numpy(rng.uniform(-1, 1, n))
-    v = certainty_equivalence(S, R, n_states, gamma)
+    v = certainty_equivalence(S, R, n_states, gamma=gamma)
     delta = R + gamma * v[S[1:]] - v[S[:-1]]
     for x in range(n_states):
         leaving = S[:-1] == x
@@ -66,7 +66,7 @@ def test_tabular_td_contracts_to_certainty_equivalence(seed, n_states, n, gamma,
     "Batch tabular TD's max-norm error to the CE value shrinks by at least 1 - alpha (1 - gamma) per iteration."
     rng = np.random.default_rng(seed)
     S, R = torch.from_numpy(rng.integers(0, n_states, n + 1)), torch.from_numpy(rng.uniform(-1, 1, n))
-    err = (batch_tabular_td(S, R, n_states, alpha=alpha, gamma=gamma, n_iters=40, return_all=True) - certainty_equivalence(S, R, n_states, gamma)).abs().amax(-1)
+    err = (batch_tabular_td(S, R, n_states, alpha=alpha, gamma=gamma, n_iters=40, return_all=True) - certainty_equivalence(S, R, n_states, gamma=gamma)).abs().amax(-1)
     assert (err[1:] <= (1 - alpha * (1 - gamma)) * err[:-1] + 1e-13).all()
 
 def random_context(rng, n, d, q):
@@ -78,10 +78,10 @@ def test_queries_are_targets_only(seed, n, d, q, gamma):
     "Appending or permuting queries changes neither the trajectory values nor any query's value."
     rng = np.random.default_rng(seed)
     phi, R, Q, W = random_context(rng, n, d, q)
-    base = weighted_softmax_td(phi, R, W, 0.3, gamma, 10)
-    full = weighted_softmax_td(phi, R, W, 0.3, gamma, 10, Q)
+    base = weighted_softmax_td(phi, R, W, alpha=0.3, gamma=gamma, n_iters=10)
+    full = weighted_softmax_td(phi, R, W, alpha=0.3, gamma=gamma, n_iters=10, phi_queries=Q)
     perm = rng.permutation(q)
-    shuffled = weighted_softmax_td(phi, R, W, 0.3, gamma, 10, Q[perm])
+    shuffled = weighted_softmax_td(phi, R, W, alpha=0.3, gamma=gamma, n_iters=10, phi_queries=Q[perm])
     assert rel_gap(full[:n + 1], base) < 1e-13
     assert rel_gap(shuffled[n + 1:], full[n + 1:][perm]) < 1e-13
 
@@ -92,12 +92,12 @@ def test_batch_equals_loop(seed, B, n, d, q, gamma):
     rng = np.random.default_rng(seed)
     phis, Rs, Qs, Ws = (np.stack(a) for a in zip(*[random_context(rng, n, d, q) for _ in range(B)]))
     S = rng.integers(0, 5, (B, n + 1))
-    out = weighted_softmax_td(phis, Rs, Ws, 0.3, gamma, 8, Qs, return_all=True)
-    lin = batch_linear_td(phis, Rs, 0.1, gamma, 8, Qs)
+    out = weighted_softmax_td(phis, Rs, Ws, alpha=0.3, gamma=gamma, n_iters=8, phi_queries=Qs, return_all=True)
+    lin = batch_linear_td(phis, Rs, alpha=0.1, gamma=gamma, n_iters=8, phi_queries=Qs)
     tab = batch_tabular_td(S, Rs, 5, alpha=0.5, gamma=gamma, n_iters=8)
     for b in range(B):
-        assert rel_gap(out[b], weighted_softmax_td(phis[b], Rs[b], Ws[b], 0.3, gamma, 8, Qs[b], return_all=True)) < 1e-13
-        assert rel_gap(lin[b], batch_linear_td(phis[b], Rs[b], 0.1, gamma, 8, Qs[b])) < 1e-13
+        assert rel_gap(out[b], weighted_softmax_td(phis[b], Rs[b], Ws[b], alpha=0.3, gamma=gamma, n_iters=8, phi_queries=Qs[b], return_all=True)) < 1e-13
+        assert rel_gap(lin[b], batch_linear_td(phis[b], Rs[b], alpha=0.1, gamma=gamma, n_iters=8, phi_queries=Qs[b])) < 1e-13
         assert rel_gap(tab[b], batch_tabular_td(S[b], Rs[b], 5, alpha=0.5, gamma=gamma, n_iters=8)) < 1e-13
 
 @SETTINGS
@@ -107,9 +107,9 @@ def test_score_callable_and_shift_invariance(seed, n, d, shift):
     rng = np.random.default_rng(seed)
     phi, R, Q, W = random_context(rng, n, d, 2)
     Wt = torch.from_numpy(W)
-    ref = weighted_softmax_td(phi, R, W, 0.3, 0.9, 10, Q)
-    same = weighted_softmax_td(phi, R, None, 0.3, 0.9, 10, Q, score=lambda k, x: k @ Wt @ x.mT)
-    shifted = weighted_softmax_td(phi, R, None, 0.3, 0.9, 10, Q, score=lambda k, x: k @ Wt @ x.mT + shift * x[..., 0])
+    ref = weighted_softmax_td(phi, R, W, alpha=0.3, gamma=0.9, n_iters=10, phi_queries=Q)
+    same = weighted_softmax_td(phi, R, None, alpha=0.3, gamma=0.9, n_iters=10, phi_queries=Q, score=lambda k, x: k @ Wt @ x.mT)
+    shifted = weighted_softmax_td(phi, R, None, alpha=0.3, gamma=0.9, n_iters=10, phi_queries=Q, score=lambda k, x: k @ Wt @ x.mT + shift * x[..., 0])
     assert rel_gap(same, ref) < 1e-13
     assert rel_gap(shifted, ref) < 1e-9
 
@@ -120,7 +120,7 @@ def test_huge_scores_stay_finite(seed, n, d, scale):
     rng = np.random.default_rng(seed)
     phi, R, Q, W = random_context(rng, n, d, 2)
     for dt in (torch.float32, torch.float64):
-        v = weighted_softmax_td(torch.tensor(phi, dtype=dt), R, scale * W, 0.3, 0.9, 10, Q)
+        v = weighted_softmax_td(torch.tensor(phi, dtype=dt), R, scale * W, alpha=0.3, gamma=0.9, n_iters=10, phi_queries=Q)
         assert v.dtype == dt and torch.isfinite(v).all()
 
 @SETTINGS
@@ -141,8 +141,8 @@ def test_centred_wstd_is_linear_to_first_order(seed, n, d, q, gamma):
     "Halving eps divides the gap between centred softmax TD (eps W) and centred linear TD (C = eps W^T) by at least about 4 (O(eps^2); a first-order error would give 2)."
     rng = np.random.default_rng(seed)
     phi, R, Q, W = random_context(rng, n, d, q)
-    gap = lambda eps: (weighted_softmax_td(phi, R, eps * W, 0.5, gamma, 5, Q, return_all=True, centred=True)
-                       - batch_linear_td(phi, R, 0.5, gamma, 5, Q, return_all=True, C=eps * W.T, centred=True)).abs().max().item()
+    gap = lambda eps: (weighted_softmax_td(phi, R, eps * W, alpha=0.5, gamma=gamma, n_iters=5, phi_queries=Q, return_all=True, centred=True)
+                       - batch_linear_td(phi, R, alpha=0.5, gamma=gamma, n_iters=5, phi_queries=Q, return_all=True, C=eps * W.T, centred=True)).abs().max().item()
     g1, g2 = gap(2e-3), gap(1e-3)
     assert g2 <= 1e-13 or g1 / g2 > 3.3, (g1, g2)
 
@@ -160,5 +160,5 @@ def test_tabular_fixed_point_unique_on_state_consistent_vectors(seed, n_states, 
     first = torch.tensor([int(torch.nonzero(S == x)[0]) for x in states])
     M, b = (K.T @ D @ E)[first], (-K.T @ R)[first]
     assert torch.linalg.matrix_rank(M) == len(states)
-    v = certainty_equivalence(S, R, n_states, gamma)[states]
+    v = certainty_equivalence(S, R, n_states, gamma=gamma)[states]
     assert (torch.linalg.solve(M, b) - v).abs().max() < 1e-9 * max(1., v.abs().max().item())

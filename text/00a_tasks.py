@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 from ictd.boyan import MRP, as_tensor, chain_from_uniforms, check_gamma, random_boyan_chain
+from ictd.boyan import reordered_positionals
 
 # %%
 #| hide
@@ -238,10 +239,12 @@ test_eq(random_tasks(2, seed=3, first=3, d=2).P, tasks.P[3:])
 #| code-fold: true
 #| code-summary: "sample_trajectories"
 #| export
+@reordered_positionals(("P", "n", "d0", "seed"), lambda args: len(args) > 2 or len(args) == 2 and isinstance(args[1], int))
 def sample_trajectories(
     P,  # (B, s, s) transition matrices
-    n: int,  # number of transitions
     d0,  # (B, s) distributions of S_0 (d_pi for stationary contexts)
+    *,
+    n: int,  # number of transitions
     seed=None,  # int or CPU `torch.Generator`: a torch stream, not `sample_trajectory`'s numpy one
 ) -> torch.Tensor:  # (B, n+1) long tensor of states S_0..S_n, on P's device
     "Sample one trajectory per task, all tasks stepping together."
@@ -293,10 +296,10 @@ show_doc(sample_trajectories)
 
 # %%
 small = random_tasks(3, seed=0, n_states=4)
-S_small = sample_trajectories(small.P, 8, small.d_pi, seed=0)
+S_small = sample_trajectories(small.P, small.d_pi, n=8, seed=0)
 steps = S_small[:, 1:] - S_small[:, :-1]
 assert ((steps == 1) | (steps == 2) | (S_small[:, :-1] == 3)).all()
-test_eq(sample_trajectories(small.P, 5, small.d_pi, seed=0), S_small[:, :6])
+test_eq(sample_trajectories(small.P, small.d_pi, n=5, seed=0), S_small[:, :6])
 for b, row in enumerate(S_small.tolist()):
     print(f"task {b}: " + " → ".join(map(str, row)))
 
@@ -309,10 +312,10 @@ for b, row in enumerate(S_small.tolist()):
 #| code-fold: true
 #| code-summary: "Code of the check"
 tasks = random_tasks(8, seed=10, features="onehot")
-S = sample_trajectories(tasks.P, 20_000, tasks.d_pi, seed=0)
+S = sample_trajectories(tasks.P, tasks.d_pi, n=20_000, seed=0)
 test_eq(S.shape, (8, 20_001))
-test_eq(sample_trajectories(tasks.P, 50, tasks.d_pi, seed=0), S[:, :51])
-test_ne(sample_trajectories(tasks.P, 50, tasks.d_pi, seed=1), S[:, :51])
+test_eq(sample_trajectories(tasks.P, tasks.d_pi, n=50, seed=0), S[:, :51])
+test_ne(sample_trajectories(tasks.P, tasks.d_pi, n=50, seed=1), S[:, :51])
 pairs = S[:, :-1] * 10 + S[:, 1:]
 joint = torch.stack([torch.bincount(p, minlength=100) for p in pairs]).reshape(8, 10, 10) / 20_000
 assert (joint[tasks.P == 0] == 0).all()
@@ -353,8 +356,8 @@ test_eq(
     one.P[0], random_boyan_chain(seed=task_rng(k, 0)).P
 )  # the same chain, sampled both ways with the same integer seed:
 test_ne(
-    sample_trajectories(one.P, 30, one.d_pi, seed=k)[0],
-    sample_trajectory(random_boyan_chain(seed=task_rng(k, 0)), 30, seed=k)[0],
+    sample_trajectories(one.P, one.d_pi, n=30, seed=k)[0],
+    sample_trajectory(random_boyan_chain(seed=task_rng(k, 0)), n=30, seed=k)[0],
 )
 
 
@@ -489,13 +492,13 @@ for g in ("abc", 1.0, -0.1):
 # %%
 #| code-fold: true
 for msg, f in {
-    "`d0` must have shape (8, 10)": lambda: sample_trajectories(tasks.P, 5, tasks.d_pi[0]),
-    "`n` must be a non-negative integer": lambda: sample_trajectories(tasks.P, -2, tasks.d_pi),
-    "`P` must have shape (B, s, s)": lambda: sample_trajectories(tasks.P[0], 5, tasks.d_pi),
+    "`d0` must have shape (8, 10)": lambda: sample_trajectories(tasks.P, tasks.d_pi[0], n=5),
+    "`n` must be a non-negative integer": lambda: sample_trajectories(tasks.P, tasks.d_pi, n=-2),
+    "`P` must have shape (B, s, s)": lambda: sample_trajectories(tasks.P[0], tasks.d_pi, n=5),
     "`d0` must hold probability distributions": lambda: sample_trajectories(
-        tasks.P, 5, 2 * tasks.d_pi - tasks.d_pi.roll(1, -1)
+        tasks.P, 2 * tasks.d_pi - tasks.d_pi.roll(1, -1), n=5
     ),
-    "`P` must be row-stochastic": lambda: sample_trajectories(-tasks.P, 5, tasks.d_pi),
+    "`P` must be row-stochastic": lambda: sample_trajectories(-tasks.P, tasks.d_pi, n=5),
 }.items():
     test_fail(f, contains=msg)
 

@@ -178,7 +178,8 @@ print("v_1 at the targets:", "  ".join(frac(x) for x in v1_ex))
 test_close(K_ex[:, 0], torch.tensor([4, 1, 4], dtype=torch.float64) / 9, eps=1e-15)
 test_close(K_ex[:, 3], torch.full((3,), 1 / 3, dtype=torch.float64), eps=1e-15)
 test_close(v1_ex, torch.tensor([2 / 3, 1 / 4, 2 / 3, 1 / 2], dtype=torch.float64), eps=1e-15)
-test_close(weighted_softmax_td(phi_ex, R_ex, W_ex, 0.5, 0.9, 1), v1_ex, eps=1e-15)
+test_close(weighted_softmax_td(phi_ex, R_ex, W_ex, alpha=0.5, gamma=0.9, n_iters=1), v1_ex,
+           eps=1e-15)
 
 
 # %% [markdown]
@@ -195,7 +196,7 @@ def boyan_context(n, seed, n_states=10):
         " rewards, and the features of every state."
     )
     chain = random_boyan_chain(n_states=n_states, features="unit", seed=seed)
-    S, R = sample_trajectory(chain, n, seed=seed)
+    S, R = sample_trajectory(chain, n=n, seed=seed)
     return chain.phi[S], R, chain.phi
 
 
@@ -205,7 +206,8 @@ W = 3 * torch.eye(4, dtype=torch.float64)
 # %%
 #| code-fold: true
 gaps = [
-    (softmax_td(p, R_, W, 0.5, 0.9, 40) - weighted_softmax_td(p, R_, W, 0.5, 0.9, 40)).abs().max()
+    (softmax_td(p, R_, W, 0.5, 0.9, 40) - weighted_softmax_td(p, R_, W, alpha=0.5, gamma=0.9,
+                                                              n_iters=40)).abs().max()
     for p, R_, _ in (boyan_context(30, seed) for seed in range(10))
 ]
 assert max(gaps) < 1e-12
@@ -249,7 +251,7 @@ print("softmax_td and weighted_softmax_td: largest difference below 1e-12 on 10 
 #| fig-alt: "Three stacked panels of softmax weight against transition index 1 to 30, one curve per beta from 0 to 16; in the first two panels the weights rise to 1/N on the transitions leaving the target state and fall to 0 elsewhere; in the third panel, for a state never left, all curves lie flat at 1/30."
 #| code-fold: true
 chain = random_boyan_chain(n_states=10, features="onehot", seed=0)
-states, rewards = sample_trajectory(chain, 30, seed=0)
+states, rewards = sample_trajectory(chain, n=30, seed=0)
 left = torch.bincount(states[:-1], minlength=10)
 targets = [int(left.argmax()), int(torch.nonzero(left == 2)[0]), int(torch.nonzero(left == 0)[0])]
 betas = [0, 1, 2, 4, 8, 16]
@@ -330,14 +332,14 @@ def kernel_coefficients(phi, R, W, alpha, gamma, n_iters):
         "the trajectory alone."
     )
     v = weighted_softmax_td(
-        phi, R, W, alpha, gamma, n_iters - 1, return_all=True
+        phi, R, W, alpha=alpha, gamma=gamma, n_iters=n_iters - 1, return_all=True
     )  # v_0..v_{T-1} at S_0..S_n
     delta = torch.as_tensor(R) + gamma * v[:, 1:] - v[:, :-1]
     return alpha * delta.sum(0)
 
 
-base = weighted_softmax_td(phi, R, W, 0.5, 0.9, 25)
-with_q = weighted_softmax_td(phi, R, W, 0.5, 0.9, 25, phi_queries=Q)
+base = weighted_softmax_td(phi, R, W, alpha=0.5, gamma=0.9, n_iters=25)
+with_q = weighted_softmax_td(phi, R, W, alpha=0.5, gamma=0.9, n_iters=25, phi_queries=Q)
 c_T = kernel_coefficients(phi, R, W, 0.5, 0.9, 25)
 K_new = context_weights(phi, W, phi_queries=Q)[:, -len(Q) :]  # K_k(x) at the 10 query states
 test_close(c_T @ K_new, with_q[-len(Q) :], eps=1e-13)
@@ -377,7 +379,7 @@ line = random_boyan_chain(n_states=s_line, seed=3)
 pos = torch.linspace(0, 1, s_line, dtype=torch.float64)
 feat = lambda x: torch.stack([x, x**2, torch.ones_like(x)], -1)
 W_gauss = torch.tensor([[1, 0, 0], [0, 0, -0.5], [0, 0, 0]], dtype=torch.float64) / h_bump**2
-S_line, R_line = sample_trajectory(line, 40, seed=3)
+S_line, R_line = sample_trajectory(line, n=40, seed=3)
 x_grid = torch.linspace(-0.05, 1.05, 400, dtype=torch.float64)
 K_grid = context_weights(feat(pos[S_line]), W_gauss, phi_queries=feat(x_grid))[:, -400:]
 gauss = torch.exp(-((pos[S_line[:-1], None] - x_grid[None]) ** 2) / (2 * h_bump**2))
@@ -385,7 +387,8 @@ test_close(K_grid, gauss / gauss.sum(0), eps=1e-12)  # the bilinear score is a G
 T_bump = 30
 c_line = kernel_coefficients(feat(pos[S_line]), R_line, W_gauss, 0.7, line.gamma, T_bump)
 v_grid = weighted_softmax_td(
-    feat(pos[S_line]), R_line, W_gauss, 0.7, line.gamma, T_bump, phi_queries=feat(x_grid)
+    feat(pos[S_line]), R_line, W_gauss, alpha=0.7, gamma=line.gamma, n_iters=T_bump,
+                             phi_queries=feat(x_grid)
 )[-400:]
 test_close(c_line @ K_grid, v_grid, eps=1e-12)
 
@@ -443,7 +446,8 @@ ax.legend(fontsize=8, loc="lower right");
 #| code-fold: true
 never_left = [int(x) for x in range(s_line) if x not in left_states]
 v_at_states = weighted_softmax_td(
-    feat(pos[S_line]), R_line, W_gauss, 0.7, line.gamma, T_bump, phi_queries=feat(pos)
+    feat(pos[S_line]), R_line, W_gauss, alpha=0.7, gamma=line.gamma, n_iters=T_bump,
+                                  phi_queries=feat(pos)
 )[-s_line:]
 for x in never_left:
     print(
@@ -512,9 +516,10 @@ for seed in range(100):
     phi, R, Q = r.uniform(0.1, 1, (n + 1, d)), r.uniform(-1, 1, n), r.uniform(0.1, 1, (q, d))
     a, g = r.uniform(0.05, 1) / d, r.uniform(0, 0.99)
     v_soft = weighted_softmax_td(
-        phi, R, None, a, g, 60, Q, rho=linear_rho, score=linear_score, return_all=True
+        phi, R, None, alpha=a, gamma=g, n_iters=60, phi_queries=Q, rho=linear_rho,
+                                 score=linear_score, return_all=True
     )
-    v_lin = batch_linear_td(phi, R, a, g, 60, Q, return_all=True)
+    v_lin = batch_linear_td(phi, R, alpha=a, gamma=g, n_iters=60, phi_queries=Q, return_all=True)
     test_close(v_soft, v_lin, eps=1e-12)
     worst, largest = max(worst, (v_soft - v_lin).abs().max().item()), max(
         largest, v_lin.abs().max().item()
@@ -560,18 +565,20 @@ _ = record_claim(
 #| code-fold: true
 chain_u = random_boyan_chain(seed=4)  # features U(-1, 1), d = 4
 gram = chain_u.phi @ chain_u.phi.T
-S_u, R_u = sample_trajectory(chain_u, 30, seed=4)
+S_u, R_u = sample_trajectory(chain_u, n=30, seed=4)
 phi_u = chain_u.phi[S_u]
 neg_share = (gram < 0).double().mean().item()
 assert neg_share > 0.2
 test_fail(
-    lambda: weighted_softmax_td(phi_u, R_u, None, 0.1, 0.9, 5, rho=linear_rho, score=linear_score),
+    lambda: weighted_softmax_td(phi_u, R_u, None, alpha=0.1, gamma=0.9, n_iters=5, rho=linear_rho,
+                                score=linear_score),
     contains="NaN or +inf",
 )
 abs_score = lambda keys, X: torch.log((keys @ X.mT).abs())
 abs_rho = lambda keys, X: (keys @ X.mT).abs().mean(-2)
-v_abs = weighted_softmax_td(phi_u, R_u, None, 0.1, 0.9, 30, rho=abs_rho, score=abs_score)
-v_lin_u = batch_linear_td(phi_u, R_u, 0.1, 0.9, 30)
+v_abs = weighted_softmax_td(phi_u, R_u, None, alpha=0.1, gamma=0.9, n_iters=30, rho=abs_rho,
+                            score=abs_score)
+v_lin_u = batch_linear_td(phi_u, R_u, alpha=0.1, gamma=0.9, n_iters=30)
 abs_gap = (v_abs - v_lin_u).abs().max().item()
 assert abs_gap > 0.1 * v_lin_u.abs().max().item()
 print(
@@ -638,12 +645,13 @@ for r in map(
     phi, R, Q = r.uniform(-1, 1, (n + 1, d)), r.uniform(-1, 1, n), r.uniform(-1, 1, (q, d))
     a, g = r.uniform(0.05, 1) / d, r.uniform(0, 0.99)
     v_two = two_head_linear_td(phi, R, alpha=a, gamma=g, n_iters=60, phi_queries=Q, return_all=True)
-    v_lin = batch_linear_td(phi, R, a, g, 60, Q, return_all=True)
+    v_lin = batch_linear_td(phi, R, alpha=a, gamma=g, n_iters=60, phi_queries=Q, return_all=True)
     test_close(v_two, v_lin, eps=1e-12)
     worst2, largest2 = max(worst2, (v_two - v_lin).abs().max().item()), max(
         largest2, v_lin.abs().max().item()
     )
-    one_head = weighted_softmax_td(phi, R, None, a, g, 60, Q, **first_head)
+    one_head = weighted_softmax_td(phi, R, None, alpha=a, gamma=g, n_iters=60, phi_queries=Q,
+                                   **first_head)
     without.append((one_head - v_lin[-1]).abs().max().item() / max(v_lin.abs().max().item(), 1e-12))
 assert largest2 < 1e3 and np.median(without) > 0.1
 assert worst2 < 1e-12
@@ -741,21 +749,26 @@ def small_score_gaps(seed, variant="centred"):
     out = []
     for eps in eps_grid:
         lin = batch_linear_td(
-            phi_s, R_s, 0.5, 0.9, 10, Q_s, return_all=True, C=eps * W_s.T, centred=True
+            phi_s, R_s, alpha=0.5, gamma=0.9, n_iters=10, phi_queries=Q_s, return_all=True,
+                              C=eps * W_s.T, centred=True
         )
         if variant == "centred":
             soft = weighted_softmax_td(
-                phi_s, R_s, eps * W_s, 0.5, 0.9, 10, Q_s, return_all=True, centred=True
+                phi_s, R_s, eps * W_s, alpha=0.5, gamma=0.9, n_iters=10, phi_queries=Q_s,
+                                       return_all=True, centred=True
             )
         elif variant == "W not transposed":
             soft = weighted_softmax_td(
-                phi_s, R_s, eps * W_s, 0.5, 0.9, 10, Q_s, return_all=True, centred=True
+                phi_s, R_s, eps * W_s, alpha=0.5, gamma=0.9, n_iters=10, phi_queries=Q_s,
+                                       return_all=True, centred=True
             )
             lin = batch_linear_td(
-                phi_s, R_s, 0.5, 0.9, 10, Q_s, return_all=True, C=eps * W_s, centred=True
+                phi_s, R_s, alpha=0.5, gamma=0.9, n_iters=10, phi_queries=Q_s, return_all=True,
+                                  C=eps * W_s, centred=True
             )
         else:
-            soft = weighted_softmax_td(phi_s, R_s, eps * W_s, 0.5, 0.9, 10, Q_s, return_all=True)
+            soft = weighted_softmax_td(phi_s, R_s, eps * W_s, alpha=0.5, gamma=0.9, n_iters=10,
+                                       phi_queries=Q_s, return_all=True)
         out.append((soft - lin).abs().max().item())
     return np.array(out)
 
@@ -857,7 +870,8 @@ def tabular_gap(states, rewards, n_states, betas, alpha, gamma, n_iters):
     Ws = (
         torch.as_tensor(betas, dtype=torch.float64)[:, None, None] * I
     )  # one W per beta: a batch of 1 context and len(betas) score matrices
-    soft = weighted_softmax_td(I[states], rewards, Ws, alpha, gamma, n_iters, return_all=True)
+    soft = weighted_softmax_td(I[states], rewards, Ws, alpha=alpha, gamma=gamma, n_iters=n_iters,
+                               return_all=True)
     tab = batch_tabular_td(
         states, rewards, n_states, alpha=alpha, gamma=gamma, n_iters=n_iters, return_all=True
     )
@@ -868,7 +882,7 @@ def context_leaving_every_target(mrp, n, seed):
     "Sample trajectories until one also leaves its last state (the hypothesis of Proposition 1.5)."
     rng = np.random.default_rng(seed)
     while True:
-        S, R = sample_trajectory(mrp, n, seed=rng)
+        S, R = sample_trajectory(mrp, n=n, seed=rng)
         if (S[:-1] == S[-1]).any():
             return S, R
 
@@ -936,7 +950,7 @@ ax.legend(fontsize=9);
 mrp8 = random_boyan_chain(n_states=8, features="onehot", seed=0)
 rng_new = np.random.default_rng(5)
 while True:
-    S_new, R_new = sample_trajectory(mrp8, 12, seed=rng_new)
+    S_new, R_new = sample_trajectory(mrp8, n=12, seed=rng_new)
     if not (S_new[:-1] == S_new[-1]).any(): break
 gap_new = tabular_gap(S_new, R_new, 8, [10, 20, 40], 0.8, 0.9, 30)
 assert gap_new.min() > 1e-2, gap_new
@@ -1016,7 +1030,7 @@ for S, R in contexts:
     q_st = [int(S[3]), int(S[7])]  # two queries, in states the context leaves
     for beta in (0.5, 3.0, 10.0):
         M_full, b, M_sub, b_sub, states = fixed_point_systems(S, R, 8, beta, 0.9, q_st)
-        ce = certainty_equivalence(S, R, 8, 0.9)
+        ce = certainty_equivalence(S, R, 8, gamma=0.9)
         sv = torch.linalg.svdvals(M_sub)
         sub_sv.append((sv.min() / sv.max()).item())
         test_close(torch.linalg.solve(M_sub, b_sub), ce[states], eps=1e-10)
@@ -1058,12 +1072,13 @@ _ = record_claim(
 # %%
 #| code-fold: true
 for S, R in contexts:
-    ce = certainty_equivalence(S, R, 8, 0.9)
+    ce = certainty_equivalence(S, R, 8, gamma=0.9)
     phi = torch.eye(8, dtype=torch.float64)[S]
     Ws = torch.tensor([3.0, 40.0], dtype=torch.float64)[:, None, None] * torch.eye(
         8, dtype=torch.float64
     )
-    test_close(weighted_softmax_td(phi, R, Ws, 0.8, 0.9, 600), ce[S].expand(2, -1), eps=1e-10)
+    test_close(weighted_softmax_td(phi, R, Ws, alpha=0.8, gamma=0.9, n_iters=600),
+               ce[S].expand(2, -1), eps=1e-10)
     test_close(batch_tabular_td(S, R, 8, alpha=0.8, gamma=0.9, n_iters=600)[S], ce[S], eps=1e-10)
 
 # %% [markdown]
@@ -1076,7 +1091,7 @@ for S, R in contexts:
 # %%
 #| code-fold: true
 I8 = torch.eye(8, dtype=torch.float64)
-v_long = weighted_softmax_td(I8[S_new], R_new, 40 * I8, 0.8, 0.9, 1000)
+v_long = weighted_softmax_td(I8[S_new], R_new, 40 * I8, alpha=0.8, gamma=0.9, n_iters=1000)
 c = v_long[-1]
 E, F = (torch.nn.functional.one_hot(x, 8).double() for x in (S_new[:-1], S_new[1:]))
 N = E.sum(0).clamp(min=1)
@@ -1088,7 +1103,7 @@ last = int(S_new[-1])
 A[last], b[last] = I8[last], c  # ... except S_n, pinned to the value the iteration reached
 test_close(v_long, torch.linalg.solve(A, b)[S_new], eps=1e-12)
 ce_new = certainty_equivalence(
-    S_new, R_new, 8, 0.9
+    S_new, R_new, 8, gamma=0.9
 )  # the fixed point with v(S_n) = 0 (S_n absorbing, reward 0)
 off_ce = (v_long - ce_new[S_new]).abs().max().item()
 assert off_ce > 0.1, off_ce  # the iteration did not settle on the certainty-equivalence value
@@ -1137,9 +1152,10 @@ for S, R in contexts:
     beta = math.log((1.9 * (n_ctx - N_min)) / (0.1 * N_min)) + 1
     lam = tabular_rate(S, 8, beta=beta, alpha=0.8, gamma=0.9)
     assert lam < 1
-    ce = certainty_equivalence(S, R, 8, 0.9)[S]
+    ce = certainty_equivalence(S, R, 8, gamma=0.9)[S]
     err = (
-        (weighted_softmax_td(I8[S], R, beta * I8, 0.8, 0.9, 60, return_all=True) - ce)
+        (weighted_softmax_td(I8[S], R, beta * I8, alpha=0.8, gamma=0.9, n_iters=60,
+                             return_all=True) - ce)
         .abs()
         .amax(-1)
     )
@@ -1183,7 +1199,7 @@ def horizon_context(seed, n=20):
         "features of every state."
     )
     chain = random_boyan_chain(n_states=10, features="unit", seed=seed)
-    S, R = sample_trajectory(chain, n, seed=seed)
+    S, R = sample_trajectory(chain, n=n, seed=seed)
     return S, chain.phi[S], R, chain.phi
 
 
@@ -1229,8 +1245,10 @@ for seed in horizon_seeds:  # the maps are the functions' iterations
     _, phi_h, R_h, Q_h = horizon_context(seed)
     (M, c), (Mw, cw, X) = centred_maps(phi_h, R_h, Q_h, 0.03, 0.5, 0.9)
     W_h = 0.03 * torch.eye(4, dtype=torch.float64)
-    soft = weighted_softmax_td(phi_h, R_h, W_h, 0.5, 0.9, 200, Q_h, centred=True).numpy()
-    lin = batch_linear_td(phi_h, R_h, 0.5, 0.9, 200, Q_h, C=W_h, centred=True).numpy()
+    soft = weighted_softmax_td(phi_h, R_h, W_h, alpha=0.5, gamma=0.9, n_iters=200, phi_queries=Q_h,
+                               centred=True).numpy()
+    lin = batch_linear_td(phi_h, R_h, alpha=0.5, gamma=0.9, n_iters=200, phi_queries=Q_h, C=W_h,
+                          centred=True).numpy()
     v, w = np.zeros(len(c)), np.zeros(4)
     for t in range(200):
         v, w = M @ v + c, Mw @ w + cw
@@ -1310,7 +1328,7 @@ def predicted_limit(S, R, phi, eps, gamma, centred):
     col = [int(np.nonzero(S == x)[0][0]) for x in U]  # one target column in state x
     N = np.array([(S[:-1] == y).sum() for y in U])
     B = N[None, :] * (K[np.ix_(key, col)].T - centred / n)  # B[x, y]
-    ce = certainty_equivalence(S, R, 10, gamma).numpy()[U]
+    ce = certainty_equivalence(S, R, 10, gamma=gamma).numpy()[U]
     sv = np.linalg.svd(B, compute_uv=False)
     if centred:
         ell = np.linalg.svd(B)[0][:, -1]  # left null vector
@@ -1409,15 +1427,16 @@ ax.legend(fontsize=8, loc="lower right");
 # %%
 #| code-fold: true
 boyan = random_boyan_chain(n_states=10, features="onehot", seed=0)
-S, R = sample_trajectory(boyan, 1000, seed=0)
+S, R = sample_trajectory(boyan, n=1000, seed=0)
 assert (S[:-1] == S[-1]).any()
 W_tab = 40 * torch.eye(10, dtype=torch.float64)
-V = weighted_softmax_td(boyan.phi[S], R, W_tab, 1.0, boyan.gamma, 150, return_all=True)
+V = weighted_softmax_td(boyan.phi[S], R, W_tab, alpha=1.0, gamma=boyan.gamma, n_iters=150,
+                        return_all=True)
 first = torch.tensor([int(torch.nonzero(S == x)[0]) for x in range(10)])
 per_state = V[:, first]
 for x in range(10):
     test_close(V[:, S == x], per_state[:, x : x + 1].expand(-1, int((S == x).sum())), eps=1e-12)
-ce = certainty_equivalence(S, R, 10, boyan.gamma)
+ce = certainty_equivalence(S, R, 10, gamma=boyan.gamma)
 errs = (per_state - ce).abs().max(1).values
 assert (errs[1:] <= boyan.gamma * errs[:-1] + 1e-12).all()
 test_close(per_state[-1], ce, eps=1e-6)
@@ -1768,10 +1787,12 @@ def _kernel_iterate(K, R, gamma, n_iters, return_all):
 #| code-fold: true
 #| code-summary: "weighted_softmax_td"
 #| export
+@moved_to_keywords("alpha", "gamma", "n_iters", "phi_queries", "rho", "score", "return_all", "centred", "method")
 def weighted_softmax_td(
     phi_states,  # (..., n+1, d) features of S_0..S_n
     rewards,  # (..., n) rewards, rewards[..., k-1] = R_k
     W,  # (d, d) or (..., d, d) score matrix (ignored, may be None, when `score` is given)
+    *,
     alpha: float,  # step size
     gamma: float,  # discount factor in [0, 1)
     n_iters: int,  # number of iterations (layers)
@@ -1808,15 +1829,16 @@ show_doc(weighted_softmax_td)
 #| code-fold: true
 #| code-summary: "batch_linear_td"
 #| export
+@moved_to_keywords("alpha", "gamma", "n_iters", "phi_queries", "return_all")
 def batch_linear_td(
     phi_states,  # (..., n+1, d) features of S_0..S_n
     rewards,  # (..., n) rewards, rewards[..., k-1] = R_k
+    *,
     alpha: float,  # step size
     gamma: float,  # discount factor in [0, 1)
     n_iters: int,  # number of iterations
     phi_queries=None,  # (..., q, d) query features, (..., d) for one query, or None
     return_all=False,  # return every iterate instead of the last
-    *,
     C=None,  # (d, d) or (..., d, d) preconditioner of the step; None: the identity
     centred=False,  # step along the centred key features phi(S_{k-1}) - mean_k phi(S_{k-1})
 ) -> torch.Tensor:  # (..., m) phi(x)^T w_T at S_0..S_n, queries; (..., T+1, m) `return_all`
@@ -2010,12 +2032,13 @@ def batch_tabular_td(
 #| code-fold: true
 #| code-summary: "certainty_equivalence"
 #| export
+@moved_to_keywords("gamma")
 def certainty_equivalence(
     states,  # (..., n+1) integer states S_0..S_n
     rewards,  # (..., n) rewards, rewards[..., k-1] = R_k
     n_states: int,  # number of states s
-    gamma: float,  # discount factor in [0, 1)
     *,
+    gamma: float,  # discount factor in [0, 1)
     unvisited_reward=0.0,  # reward of a never-left state, made absorbing: float or (...,)
 ) -> torch.Tensor:  # (..., s) values of the empirical MRP
     (
@@ -2194,8 +2217,8 @@ test_fail(lambda: context_weights(onehot), contains="`W` must be given")
 #| code-fold: true
 phi, R, Q = boyan_context(8, seed=0)
 W = 3 * torch.eye(4, dtype=torch.float64)
-base = weighted_softmax_td(phi, R, W, 0.5, 0.9, 25)
-with_q = weighted_softmax_td(phi, R, W, 0.5, 0.9, 25, phi_queries=Q)
+base = weighted_softmax_td(phi, R, W, alpha=0.5, gamma=0.9, n_iters=25)
+with_q = weighted_softmax_td(phi, R, W, alpha=0.5, gamma=0.9, n_iters=25, phi_queries=Q)
 
 # Queries are targets only: nobody's TD error reads them. So appending queries never changes the
 # values at the trajectory states, and a query's value does not depend on the other queries.
@@ -2204,59 +2227,75 @@ test_eq(with_q.shape, (9 + 10,))
 test_close(with_q[:9], base, eps=1e-14)
 for i in range(10):
     test_close(
-        weighted_softmax_td(phi, R, W, 0.5, 0.9, 25, phi_queries=Q[i])[9], with_q[9 + i], eps=1e-14
+        weighted_softmax_td(phi, R, W, alpha=0.5, gamma=0.9, n_iters=25, phi_queries=Q[i])[9],
+               with_q[9 + i], eps=1e-14
     )
-allv = weighted_softmax_td(phi, R, W, 0.5, 0.9, 25, phi_queries=Q, return_all=True)
+allv = weighted_softmax_td(phi, R, W, alpha=0.5, gamma=0.9, n_iters=25, phi_queries=Q,
+                           return_all=True)
 test_eq(allv.shape, (26, 19))
 test_eq(allv[0], torch.zeros(19, dtype=torch.float64))
 test_eq(allv[-1], with_q)
 test_eq(
-    weighted_softmax_td(phi, R, W, 0.5, 0.9, 0, phi_queries=Q), torch.zeros(19, dtype=torch.float64)
+    weighted_softmax_td(phi, R, W, alpha=0.5, gamma=0.9, n_iters=0, phi_queries=Q),
+        torch.zeros(19, dtype=torch.float64)
 )
 
 # The three forms of `rho` agree (a constant, a tensor per target, a function of the features),
 # and a `rho` with batch dimensions of its own broadcasts like the rest (a constant $\rho = 1/2$
 # is the same as halving $\alpha$):
 rho_fn = lambda keys, X: 1 + X[..., 0]
-a = weighted_softmax_td(phi, R, W, 0.5, 0.9, 25, Q, rho=rho_fn)
+a = weighted_softmax_td(phi, R, W, alpha=0.5, gamma=0.9, n_iters=25, phi_queries=Q, rho=rho_fn)
 test_close(
-    weighted_softmax_td(phi, R, W, 0.5, 0.9, 25, Q, rho=1 + torch.cat([phi, Q])[:, 0]), a, eps=1e-14
+    weighted_softmax_td(phi, R, W, alpha=0.5, gamma=0.9, n_iters=25, phi_queries=Q,
+                        rho=1 + torch.cat([phi, Q])[:, 0]), a, eps=1e-14
 )
-test_close(weighted_softmax_td(phi, R, W, 0.5, 0.9, 25, Q, rho=1.0), with_q, eps=1e-14)
+test_close(weighted_softmax_td(phi, R, W, alpha=0.5, gamma=0.9, n_iters=25, phi_queries=Q, rho=1.0),
+           with_q, eps=1e-14)
 two_rhos = weighted_softmax_td(
-    phi, R, W, 0.5, 0.9, 25, Q, rho=torch.tensor([[1.0], [0.5]], dtype=torch.float64)
+    phi, R, W, alpha=0.5, gamma=0.9, n_iters=25, phi_queries=Q,
+                               rho=torch.tensor([[1.0], [0.5]], dtype=torch.float64)
 )
 test_eq(two_rhos.shape, (2, 19))
-test_close(two_rhos[1], weighted_softmax_td(phi, R, W, 0.25, 0.9, 25, Q), eps=1e-14)
+test_close(two_rhos[1],
+           weighted_softmax_td(phi, R, W, alpha=0.25, gamma=0.9, n_iters=25, phi_queries=Q),
+           eps=1e-14)
 
 # Batches: a call on a stack of contexts equals a loop of single calls, and batch dimensions
 # broadcast (one $W$ for all contexts, or one per context, or a grid of both):
 B = 6
 phis, Rs, Qs = map(torch.stack, zip(*[boyan_context(12, seed) for seed in range(B)]))
 Ws = torch.stack([beta * torch.eye(4, dtype=torch.float64) for beta in range(1, B + 1)])
-batched = weighted_softmax_td(phis, Rs, Ws, 0.5, 0.9, 20, Qs, return_all=True)
+batched = weighted_softmax_td(phis, Rs, Ws, alpha=0.5, gamma=0.9, n_iters=20, phi_queries=Qs,
+                              return_all=True)
 test_eq(batched.shape, (B, 21, 13 + 10))
 for b in range(B):
     test_close(
         batched[b],
-        weighted_softmax_td(phis[b], Rs[b], Ws[b], 0.5, 0.9, 20, Qs[b], return_all=True),
+        weighted_softmax_td(phis[b], Rs[b], Ws[b], alpha=0.5, gamma=0.9, n_iters=20,
+                            phi_queries=Qs[b], return_all=True),
         eps=1e-14,
     )
-shared_W = weighted_softmax_td(phis, Rs, Ws[0], 0.5, 0.9, 20, Qs)
+shared_W = weighted_softmax_td(phis, Rs, Ws[0], alpha=0.5, gamma=0.9, n_iters=20, phi_queries=Qs)
 for b in range(B):
     test_close(
-        shared_W[b], weighted_softmax_td(phis[b], Rs[b], Ws[0], 0.5, 0.9, 20, Qs[b]), eps=1e-14
+        shared_W[b],
+               weighted_softmax_td(phis[b], Rs[b], Ws[0], alpha=0.5, gamma=0.9, n_iters=20,
+                                   phi_queries=Qs[b]), eps=1e-14
     )
-grid = weighted_softmax_td(phis[None], Rs[None], Ws[:3, None], 0.5, 0.9, 20, Qs[None])
+grid = weighted_softmax_td(phis[None], Rs[None], Ws[:3, None], alpha=0.5, gamma=0.9, n_iters=20,
+                           phi_queries=Qs[None])
 test_eq(grid.shape, (3, B, 23))
-test_close(grid[2, 4], weighted_softmax_td(phis[4], Rs[4], Ws[2], 0.5, 0.9, 20, Qs[4]), eps=1e-14)
+test_close(grid[2, 4],
+           weighted_softmax_td(phis[4], Rs[4], Ws[2], alpha=0.5, gamma=0.9, n_iters=20,
+                               phi_queries=Qs[4]), eps=1e-14)
 
 # Precision and devices: float64 in gives float64 out, float32 gives float32, on the input's
 # device, and the two precisions agree to float32 precision (relative $10^{-5}$ of the values'
 # scale after 50 iterations). Scores of $10^4$ (here $W = 2 \cdot 10^4 I$ on unit features) leave
 # every value finite in both precisions.
-v64 = weighted_softmax_td(phis, Rs, Ws, 0.5, 0.9, 50, Qs)
-v32 = weighted_softmax_td(phis.float(), Rs.float(), Ws.float(), 0.5, 0.9, 50, Qs.float())
+v64 = weighted_softmax_td(phis, Rs, Ws, alpha=0.5, gamma=0.9, n_iters=50, phi_queries=Qs)
+v32 = weighted_softmax_td(phis.float(), Rs.float(), Ws.float(), alpha=0.5, gamma=0.9, n_iters=50,
+                          phi_queries=Qs.float())
 test_eq((v64.dtype, v32.dtype, v32.device), (torch.float64, torch.float32, phis.device))
 rel32 = ((v32.double() - v64).abs().max() / v64.abs().max()).item()
 assert rel32 < 1e-5, rel32
@@ -2264,7 +2303,8 @@ for dt in (torch.float32, torch.float64):
     W_huge = 2e4 * torch.eye(4, dtype=dt)
     assert (phis.to(dt) @ W_huge @ phis.to(dt).mT).abs().max() >= 1e4
     assert torch.isfinite(
-        weighted_softmax_td(phis.to(dt), Rs.to(dt), W_huge, 0.5, 0.9, 50, Qs.to(dt))
+        weighted_softmax_td(phis.to(dt), Rs.to(dt), W_huge, alpha=0.5, gamma=0.9, n_iters=50,
+                            phi_queries=Qs.to(dt))
     ).all()
 print("float32 against float64 after 50 iterations: largest gap below 1e-5 of the values' scale")
 
@@ -2276,9 +2316,9 @@ v = weighted_softmax_td(
     rng.standard_normal((2, 3)),
     [R1],
     rng.standard_normal((3, 3)),
-    alpha,
-    gamma,
-    20,
+    alpha=alpha,
+    gamma=gamma,
+    n_iters=20,
     phi_queries=rng.standard_normal((4, 3)),
     return_all=True,
 )
@@ -2318,7 +2358,8 @@ phi_m, R_m, Q_m, W_m, rho_m = (
     r.uniform(0, 2, 11),
 )
 M_it, c_it = iteration_matrix(phi_m, R_m, W_m, 0.4, 0.9, Q_m, rho_m)
-iterates = weighted_softmax_td(phi_m, R_m, W_m, 0.4, 0.9, 5, Q_m, rho=rho_m, return_all=True)
+iterates = weighted_softmax_td(phi_m, R_m, W_m, alpha=0.4, gamma=0.9, n_iters=5, phi_queries=Q_m,
+                               rho=rho_m, return_all=True)
 for t in range(5):
     test_close(
         iterates[t + 1], M_it @ iterates[t] + c_it, eps=1e-13 * iterates[t + 1].abs().max().item()
@@ -2326,7 +2367,8 @@ for t in range(5):
 M_big, _ = iteration_matrix(phi_m, R_m, 3 * W_m, 1.5, 0.9)
 spectral_radius = torch.linalg.eigvals(M_big).abs().max().item()
 assert spectral_radius > 1
-blowup = weighted_softmax_td(phi_m, R_m, 3 * W_m, 1.5, 0.9, 200).abs().max().item()
+blowup = weighted_softmax_td(phi_m, R_m, 3 * W_m, alpha=1.5, gamma=0.9,
+                             n_iters=200).abs().max().item()
 assert blowup > 1e6
 print(f"W' = 3W, alpha = 1.5: spectral radius {spectral_radius:.2f}, max |v_200| = {blowup:.1e}")
 
@@ -2387,9 +2429,13 @@ W_ns = torch.from_numpy(np.random.default_rng(8).uniform(-1, 1, (4, 4)))  # not 
 target_first = (
     lambda keys, X: X @ W_ns @ keys.mT
 )  # g(target, key) = phi(target)^T W phi(key), as (..., n, m)
-v_tf = weighted_softmax_td(phi, R, None, 0.5, 0.9, 25, Q, score=lambda k, x: target_first(k, x).mT)
-test_close(v_tf, weighted_softmax_td(phi, R, W_ns.T, 0.5, 0.9, 25, Q), eps=1e-13)
-order_gap = (v_tf - weighted_softmax_td(phi, R, W_ns, 0.5, 0.9, 25, Q)).abs().max().item()
+v_tf = weighted_softmax_td(phi, R, None, alpha=0.5, gamma=0.9, n_iters=25, phi_queries=Q,
+                           score=lambda k, x: target_first(k, x).mT)
+test_close(v_tf,
+           weighted_softmax_td(phi, R, W_ns.T, alpha=0.5, gamma=0.9, n_iters=25, phi_queries=Q),
+           eps=1e-13)
+order_gap = (v_tf - weighted_softmax_td(phi, R, W_ns, alpha=0.5, gamma=0.9, n_iters=25,
+                                        phi_queries=Q)).abs().max().item()
 assert order_gap > 1e-2, order_gap
 print(
     f"largest |v| {v_tf.abs().max().item():.2f}; W against W^T: largest difference {order_gap:.3f}"
@@ -2416,7 +2462,8 @@ for seed in range(10):
     phi, R = r.standard_normal((n + 1, d)), r.standard_normal(n)
     W, Q = r.standard_normal((d, d)), r.standard_normal((q, d))
     rho = r.uniform(0, 2, n + 1 + q)
-    test_close(weighted_softmax_td(phi, R, W, 0.4, 0.9, 15, Q, rho=rho),
+    test_close(weighted_softmax_td(phi, R, W, alpha=0.4, gamma=0.9, n_iters=15, phi_queries=Q,
+                                   rho=rho),
                torch.from_numpy(wstd_loops(phi, R, W, 0.4, 0.9, 15, Q, rho)), eps=1e-12)
 
 
@@ -2449,7 +2496,8 @@ for seed in range(10):
 def paths_agree(phi, R, W, **kw):
     "The largest difference between the dense and the streamed path, relative to the largest value."
     dense, streamed = (
-        weighted_softmax_td(phi, R, W, 0.4, 0.9, 12, method=m, **kw) for m in ("dense", "streamed")
+        weighted_softmax_td(phi, R, W, alpha=0.4, gamma=0.9, n_iters=12, method=m, **kw)
+                       for m in ("dense", "streamed")
     )
     return ((dense - streamed).abs().max() / dense.abs().max()).item()
 
@@ -2492,7 +2540,7 @@ with unittest.mock.patch.dict(
         chains = [
             random_boyan_chain(n_states=6, features="unit", seed=seed + 10 * b) for b in range(3)
         ]
-        paths = [sample_trajectory(c, 40, seed=seed) for c in chains]
+        paths = [sample_trajectory(c, n=40, seed=seed) for c in chains]
         phi_g, R_g = torch.stack([c.phi[S] for c, (S, _) in zip(chains, paths)]), torch.stack(
             [R for _, R in paths]
         )
@@ -2518,23 +2566,27 @@ I4 = torch.eye(4, dtype=torch.float64)
 size = 3 * 30 * (31 + 10) * 8  # bytes of the dense path's three 30 x 41 arrays
 with unittest.mock.patch.object(ictd.core, "DENSE_BYTES", size - 1):
     test_eq(
-        weighted_softmax_td(phi_a, R_a, 3 * I4, 0.5, 0.9, 5, Q_a),
-        weighted_softmax_td(phi_a, R_a, 3 * I4, 0.5, 0.9, 5, Q_a, method="streamed"),
+        weighted_softmax_td(phi_a, R_a, 3 * I4, alpha=0.5, gamma=0.9, n_iters=5, phi_queries=Q_a),
+        weighted_softmax_td(phi_a, R_a, 3 * I4, alpha=0.5, gamma=0.9, n_iters=5, phi_queries=Q_a,
+                            method="streamed"),
     )
 with unittest.mock.patch.object(ictd.core, "DENSE_BYTES", size):
     test_eq(
-        weighted_softmax_td(phi_a, R_a, 3 * I4, 0.5, 0.9, 5, Q_a),
-        weighted_softmax_td(phi_a, R_a, 3 * I4, 0.5, 0.9, 5, Q_a, method="dense"),
+        weighted_softmax_td(phi_a, R_a, 3 * I4, alpha=0.5, gamma=0.9, n_iters=5, phi_queries=Q_a),
+        weighted_softmax_td(phi_a, R_a, 3 * I4, alpha=0.5, gamma=0.9, n_iters=5, phi_queries=Q_a,
+                            method="dense"),
     )
 big = torch.zeros(
     10**5 + 1, 4, dtype=torch.float64
 )  # n = 10^5: the dense weights are far above the limit
 test_fail(
-    lambda: weighted_softmax_td(big, big[1:, 0], I4, 0.5, 0.9, 1, method="dense"),
+    lambda: weighted_softmax_td(big, big[1:, 0], I4, alpha=0.5, gamma=0.9, n_iters=1,
+                                method="dense"),
     contains="weights of the dense path would need about",
 )
 test_fail(
-    lambda: weighted_softmax_td(big, big[1:, 0], None, 0.5, 0.9, 1, score=lambda k, x: k @ x.mT),
+    lambda: weighted_softmax_td(big, big[1:, 0], None, alpha=0.5, gamma=0.9, n_iters=1,
+                                score=lambda k, x: k @ x.mT),
     contains="instead of a `score` function",
 )
 test_fail(lambda: context_weights(big, I4), contains="method='streamed'")
@@ -2543,7 +2595,7 @@ test_fail(
     contains="`batch_linear_td` computes the same values",
 )
 test_fail(
-    lambda: weighted_softmax_td(phi_a, R_a, I4, 0.5, 0.9, 1, method="sparse"),
+    lambda: weighted_softmax_td(phi_a, R_a, I4, alpha=0.5, gamma=0.9, n_iters=1, method="sparse"),
     contains="`method` must be one of",
 )
 
@@ -2590,11 +2642,12 @@ for flag in (
     "centred",
 ):  # a string such as "False" is truthy: refused rather than read as True
     test_fail(
-        lambda: weighted_softmax_td(phi_l3, R_l3, I3, 0.5, 0.9, 2, **{flag: "False"}),
+        lambda: weighted_softmax_td(phi_l3, R_l3, I3, alpha=0.5, gamma=0.9, n_iters=2,
+                                    **{flag: "False"}),
         contains=f"`{flag}` must be a bool",
     )
     test_fail(
-        lambda: batch_linear_td(phi_l3, R_l3, 0.5, 0.9, 2, **{flag: "False"}),
+        lambda: batch_linear_td(phi_l3, R_l3, alpha=0.5, gamma=0.9, n_iters=2, **{flag: "False"}),
         contains=f"`{flag}` must be a bool",
     )
 
@@ -2611,8 +2664,8 @@ for b in range(5):
         eps=1e-14,
     )
     test_close(
-        certainty_equivalence(Ss, Rs, 6, 0.9)[b],
-        certainty_equivalence(Ss[b], Rs[b], 6, 0.9),
+        certainty_equivalence(Ss, Rs, 6, gamma=0.9)[b],
+        certainty_equivalence(Ss[b], Rs[b], 6, gamma=0.9),
         eps=1e-13,
     )
 for msg, kw in {
@@ -2636,18 +2689,19 @@ for msg, kw in {
 # contraction in the max norm), and it never moves state 2:
 g = 0.5
 v0_hand = (2 + g) / (1 - g * g / 2)
-ce = certainty_equivalence([0, 1, 0, 2], [1.0, 2.0, 3.0], 3, g)
+ce = certainty_equivalence([0, 1, 0, 2], [1.0, 2.0, 3.0], 3, gamma=g)
 test_close(ce, torch.tensor([v0_hand, 2 + g * v0_hand, 0.0], dtype=torch.float64), eps=1e-14)
 tab = batch_tabular_td(
     [0, 1, 0, 2], [1.0, 2.0, 3.0], 3, alpha=0.7, gamma=g, n_iters=200, return_all=True
 )
 test_close(tab[-1], ce, eps=1e-14)
 test_eq(tab[:, 2], torch.zeros(201, dtype=torch.float64))
-absorbing = certainty_equivalence([0, 1, 0, 2], [1.0, 2.0, 3.0], 3, g, unvisited_reward=1.0)
+absorbing = certainty_equivalence([0, 1, 0, 2], [1.0, 2.0, 3.0], 3, gamma=g, unvisited_reward=1.0)
 test_close(absorbing[2], 1 / (1 - g), eps=1e-14)
 test_close(absorbing[1], 2 + g * absorbing[0], eps=1e-14)
 test_fail(
-    lambda: certainty_equivalence([0, 1, 0, 2], [1.0, 2.0, 3.0], 3, g, unvisited_reward=[1.0, 2.0]),
+    lambda: certainty_equivalence([0, 1, 0, 2], [1.0, 2.0, 3.0], 3, gamma=g,
+                                  unvisited_reward=[1.0, 2.0]),
     contains="`unvisited_reward`",
 )
 err = (tab[:60] - ce).abs().max(1).values
@@ -2664,17 +2718,19 @@ assert (err[1:] <= (1 - 0.7 * (1 - g)) * err[:-1] + 1e-15).all()
 #| code-fold: true
 phi_l, R_l, Q_l = boyan_context(12, seed=3)
 I4 = torch.eye(4, dtype=torch.float64)
-plain = batch_linear_td(phi_l, R_l, 0.5, 0.9, 30, Q_l)
-test_close(batch_linear_td(phi_l, R_l, 0.5, 0.9, 30, Q_l, C=I4), plain, eps=1e-14)
-assert (batch_linear_td(phi_l, R_l, 0.5, 0.9, 30, Q_l, centred=True) - plain).abs().max() > 1e-3
+plain = batch_linear_td(phi_l, R_l, alpha=0.5, gamma=0.9, n_iters=30, phi_queries=Q_l)
+test_close(batch_linear_td(phi_l, R_l, alpha=0.5, gamma=0.9, n_iters=30, phi_queries=Q_l, C=I4),
+           plain, eps=1e-14)
+assert (batch_linear_td(phi_l, R_l, alpha=0.5, gamma=0.9, n_iters=30, phi_queries=Q_l,
+                        centred=True) - plain).abs().max() > 1e-3
 Cs = torch.stack([I4, 0.5 * I4])
 test_close(
-    batch_linear_td(phi_l, R_l, 0.5, 0.9, 30, Q_l, C=Cs)[1],
-    batch_linear_td(phi_l, R_l, 0.25, 0.9, 30, Q_l),
+    batch_linear_td(phi_l, R_l, alpha=0.5, gamma=0.9, n_iters=30, phi_queries=Q_l, C=Cs)[1],
+    batch_linear_td(phi_l, R_l, alpha=0.25, gamma=0.9, n_iters=30, phi_queries=Q_l),
     eps=1e-14,
 )
 test_fail(
-    lambda: batch_linear_td(phi_l, R_l, 0.5, 0.9, 3, C=torch.eye(3)),
+    lambda: batch_linear_td(phi_l, R_l, alpha=0.5, gamma=0.9, n_iters=3, C=torch.eye(3)),
     contains="`C` must have shape (4, 4)",
 )
 
@@ -2688,11 +2744,12 @@ test_fail(
 # %%
 #| code-fold: true
 mrp = random_boyan_chain(seed=1)
-S, R = sample_trajectory(mrp, 400, seed=1)
+S, R = sample_trajectory(mrp, n=400, seed=1)
 Phi = mrp.phi[S]
 A = Phi[:-1].T @ (Phi[:-1] - mrp.gamma * Phi[1:]) / 400
 b = Phi[:-1].T @ R / 400
-test_close(batch_linear_td(Phi, R, 0.5, mrp.gamma, 3000), Phi @ torch.linalg.solve(A, b), eps=1e-10)
+test_close(batch_linear_td(Phi, R, alpha=0.5, gamma=mrp.gamma, n_iters=3000),
+           Phi @ torch.linalg.solve(A, b), eps=1e-10)
 
 # The same holds batched: one call on a stack of 32 contexts matches one `batch_linear_td` call,
 # and both match the loop of single calls.
@@ -2701,17 +2758,22 @@ phis, Rs, Qs = (
     rng.uniform(-1, 1, (32, 20)),
     rng.uniform(0.1, 1, (32, 2, 4)),
 )
-v_soft = weighted_softmax_td(phis, Rs, None, 0.1, 0.9, 80, Qs, rho=linear_rho, score=linear_score)
-v_lin = batch_linear_td(phis, Rs, 0.1, 0.9, 80, Qs)
+v_soft = weighted_softmax_td(phis, Rs, None, alpha=0.1, gamma=0.9, n_iters=80, phi_queries=Qs,
+                             rho=linear_rho, score=linear_score)
+v_lin = batch_linear_td(phis, Rs, alpha=0.1, gamma=0.9, n_iters=80, phi_queries=Qs)
 test_close(v_soft, v_lin, eps=1e-12)
 for b in range(0, 32, 8):
-    test_close(v_lin[b], batch_linear_td(phis[b], Rs[b], 0.1, 0.9, 80, Qs[b]), eps=1e-14)
+    test_close(v_lin[b],
+               batch_linear_td(phis[b], Rs[b], alpha=0.1, gamma=0.9, n_iters=80, phi_queries=Qs[b]),
+               eps=1e-14)
 
 # The reduction is specific to this $\rho$: with $\rho = 1$ the same score gives a different
 # algorithm (normalised rather than summed TD errors), and the check fails, as it should:
-test_ne(weighted_softmax_td(phis, Rs, None, 0.1, 0.9, 80, Qs, score=linear_score), v_lin)
+test_ne(weighted_softmax_td(phis, Rs, None, alpha=0.1, gamma=0.9, n_iters=80, phi_queries=Qs,
+                            score=linear_score), v_lin)
 assert (
-    weighted_softmax_td(phis, Rs, None, 0.1, 0.9, 80, Qs, score=linear_score) - v_lin
+    weighted_softmax_td(phis, Rs, None, alpha=0.1, gamma=0.9, n_iters=80, phi_queries=Qs,
+                        score=linear_score) - v_lin
 ).abs().max() > 1e-3
 
 phis_s, Rs_s, Qs_s = (
@@ -2721,7 +2783,7 @@ phis_s, Rs_s, Qs_s = (
 )
 test_close(
     two_head_linear_td(phis_s, Rs_s, alpha=0.1, gamma=0.9, n_iters=80, phi_queries=Qs_s),
-    batch_linear_td(phis_s, Rs_s, 0.1, 0.9, 80, Qs_s),
+    batch_linear_td(phis_s, Rs_s, alpha=0.1, gamma=0.9, n_iters=80, phi_queries=Qs_s),
     eps=1e-12,
 )
 test_fail(

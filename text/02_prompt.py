@@ -243,7 +243,7 @@ def plot_prompt(Z:torch.Tensor,   # (d + 2, n + 1 + q) prompt
 #| fig-cap: "Figure 2.1: The prompt stacks features, reward and value memory as rows, and the context, the last state and the queries as columns; the value row starts empty."
 #| fig-alt: "Heat map of a 6-row, 16-column matrix: four feature rows with entries of both signs, a reward row filled for the first 12 columns and zero after, and an all-zero value-memory row; vertical lines separate the 12 context columns, the last-state column and three query columns."
 small = random_boyan_chain(seed=3)
-st, rw = sample_trajectory(small, 12, seed=3)
+st, rw = sample_trajectory(small, n=12, seed=3)
 Zs = build_prompt(small.phi[st], rw, small.phi[[0, 4, 9]])
 _, ax = plt.subplots(figsize=(5.0, 3.5))
 ax = plot_prompt(Zs, n=12, ax=ax, title="A 12-transition Boyan-chain context, query states 0, 4, 9")
@@ -268,7 +268,7 @@ test_fig_exists(ax)
 
 # %%
 mrp = random_boyan_chain(seed=0)
-states, rewards = sample_trajectory(mrp, 30, seed=0)
+states, rewards = sample_trajectory(mrp, n=30, seed=0)
 Z = build_prompt(mrp.phi[states], rewards, mrp.phi)
 n, d, s = 30, mrp.d, mrp.n_states
 test_eq(Z.shape, (d + 2, n + 1 + s))
@@ -486,7 +486,7 @@ test_eq(build_prompt(phi.float(), R.float(), torch.ones(2)).dtype, torch.float32
 # each prompt of a batch is the prompt of its own context.
 
 # %%
-trajs = [sample_trajectory(mrp, n, seed=k) for k in range(5)]
+trajs = [sample_trajectory(mrp, n=n, seed=k) for k in range(5)]
 phis = torch.stack([mrp.phi[st] for st, _ in trajs]).reshape(5, 1, n + 1, d).expand(5, 3, n + 1, d)
 rews = torch.stack([r for _, r in trajs]).reshape(5, 1, n).expand(5, 3, n)
 Zb = build_prompt(phis, rews, mrp.phi[:2])

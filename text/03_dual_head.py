@@ -10,6 +10,7 @@ from torch import nn
 import torch.nn.functional as F
 from ictd.boyan import as_tensor, check_gamma
 from ictd.core import check_bool, check_choice, check_device, check_floating, check_int, check_number, check_type, moved_to_keywords
+from ictd.boyan import reordered_positionals
 from ictd.prompt import Prompt
 
 # %%
@@ -406,8 +407,10 @@ class DualHeadSoftmaxLayer(PromptLayer):
 
 # %%
 #| export
+@moved_to_keywords("alpha", "gamma")
 def theta_star(d:int,         # feature dimension
                W,             # (d, d) score matrix of g(x, y) = phi(x)^T W phi(y)
+               *,
                alpha:float,   # step size of the TD iteration
                gamma:float,   # discount factor in [0, 1)
               )->tuple:       # (A, V_cur, V_tgt), each (d + 2, d + 2), in the dtype of `W`
@@ -440,7 +443,7 @@ show_doc(theta_star)
 g = torch.Generator().manual_seed(0)
 alpha, gamma, d = 0.3, 0.9, 4
 W = torch.randn(d, d, generator=g, dtype=torch.float64)
-A, V_cur, V_tgt = theta_star(d, W, alpha, gamma)
+A, V_cur, V_tgt = theta_star(d, W, alpha=alpha, gamma=gamma)
 layer = DualHeadSoftmaxLayer.from_params(A, V_cur, V_tgt).requires_grad_(False)
 
 
@@ -448,12 +451,13 @@ def layer_vs_td(A, V_cur, V_tgt, n_layers=6) -> float:
     """Largest gap, over layers and columns, between a layer applied `n_layers` times and weighted
     softmax TD with theta*'s W, alpha, gamma."""
     chain = random_boyan_chain(d=d, seed=11)
-    st, rw = sample_trajectory(chain, 20, seed=11)
+    st, rw = sample_trajectory(chain, n=20, seed=11)
     Z, lay = build_prompt(chain.phi[st], rw, chain.phi), DualHeadSoftmaxLayer.from_params(
         A, V_cur, V_tgt
     ).requires_grad_(False)
     td = weighted_softmax_td(
-        chain.phi[st], rw, W, alpha, gamma, n_layers, phi_queries=chain.phi, return_all=True
+        chain.phi[st], rw, W, alpha=alpha, gamma=gamma, n_iters=n_layers, phi_queries=chain.phi,
+                             return_all=True
     )
     gaps = []
     for l in range(1, n_layers + 1):
@@ -490,11 +494,17 @@ print(
 
 # %%
 #| export
+def _old_theta_star_call(args:tuple)->bool:
+    "Is `from_theta_star(cls, d, n_layers, W, ...)` called in its old order (the depth second, where `W` now goes)?"
+    return len(args) > 3 or len(args) == 3 and isinstance(args[2], int)
+
 class SoftmaxICTD(nn.Module):
     "A stack of `n_layers` dual-head softmax layers reading values from the last row of its prompt."
     Layer, update = DualHeadSoftmaxLayer, staticmethod(dual_head_update)   # the layer module and its unvalidated update
     construction = staticmethod(theta_star)   # the parameters `from_theta_star` gives every layer
+    @moved_to_keywords("n_layers", "shared", "init_gain", "seed", "dtype", "device")
     def __init__(self, d:int,              # feature dimension; prompts have d + 2 rows
+                 *,
                  n_layers:int,             # number of layers L
                  shared:bool=False,        # one parameter set for all layers
                  init_gain:float=0.1,      # gain of the Xavier-normal initialisation
@@ -514,9 +524,11 @@ class SoftmaxICTD(nn.Module):
         return self.layers[0 if self.shared else l]
 
     @classmethod
+    @reordered_positionals(("cls", "d", "n_layers", "W", "alpha", "gamma", "shared"), _old_theta_star_call)
     def from_theta_star(cls, d:int,          # feature dimension
-                        n_layers:int,        # number of layers L
                         W,                   # (d, d) score matrix of g(x, y) = phi(x)^T W phi(y)
+                        *,
+                        n_layers:int,        # number of layers L
                         alpha:float,         # step size
                         gamma:float,         # discount factor in [0, 1)
                         shared:bool=False,   # store one parameter set instead of L copies
@@ -531,7 +543,7 @@ class SoftmaxICTD(nn.Module):
                    ):
         "The model whose every layer carries the same `params` (copied)."
         first = cls.Layer.from_params(*params)               # validates the matrices
-        model = cls(first.d, n_layers, shared, seed=0)        # validates n_layers
+        model = cls(first.d, n_layers=n_layers, shared=shared, seed=0)        # validates n_layers
         model.layers = nn.ModuleList([first] + [cls.Layer.from_params(*params) for _ in model.layers[1:]])
         return model
 
@@ -668,7 +680,7 @@ Z_h = build_prompt(
     torch.tensor(phi_h[4:], dtype=torch.float64),
 )
 tf_h = SoftmaxICTD.from_theta_star(
-    2, 2, math.log(2) * torch.eye(2, dtype=torch.float64), 1.0, 0.5
+    2, math.log(2) * torch.eye(2, dtype=torch.float64), n_layers=2, alpha=1.0, gamma=0.5
 ).requires_grad_(False)(Z_h, return_all=True)
 test_close(tf_h[1, 3], torch.tensor([float(x) for x in v1_h], dtype=torch.float64), eps=1e-14)
 test_close(tf_h[2, 3], torch.tensor([float(x) for x in v2_h], dtype=torch.float64), eps=1e-14)
@@ -720,13 +732,15 @@ def theorem1_gap(seed: int, n_layers: int = 50, n_contexts: int = 4) -> tuple:
     n, q, d = int(rng.integers(1, 40)), int(rng.integers(1, 5)), mrp.d
     W = torch.from_numpy(rng.normal(scale=2 / np.sqrt(d), size=(d, d)))
     alpha = rng.uniform(0.05, 1)
-    trajs = [sample_trajectory(mrp, n, seed=rng) for _ in range(n_contexts)]
+    trajs = [sample_trajectory(mrp, n=n, seed=rng) for _ in range(n_contexts)]
     phi, rewards = torch.stack([mrp.phi[st] for st, _ in trajs]), torch.stack([r for _, r in trajs])
     phi_q = torch.from_numpy(rng.uniform(-1, 1, size=(n_contexts, q, d)))
-    model = SoftmaxICTD.from_theta_star(d, n_layers, W, alpha, mrp.gamma).requires_grad_(False)
+    model = SoftmaxICTD.from_theta_star(d, W, n_layers=n_layers, alpha=alpha,
+                                        gamma=mrp.gamma).requires_grad_(False)
     tf = model(build_prompt(phi, rewards, phi_q), n=n, return_all=True)[..., d + 1, :]
     td = weighted_softmax_td(
-        phi, rewards, W, alpha, mrp.gamma, n_layers, phi_queries=phi_q, return_all=True
+        phi, rewards, W, alpha=alpha, gamma=mrp.gamma, n_iters=n_layers, phi_queries=phi_q,
+                             return_all=True
     )
     return ((tf - td).abs().max() / td.abs().max().clamp(min=1)).item(), td.abs().max().item()
 
@@ -758,9 +772,10 @@ _ = record_claim(
 #| code-fold: true
 #| code-summary: "Code of the check"
 mrp = random_boyan_chain(seed=1)
-states, rewards = sample_trajectory(mrp, 25, seed=1)
+states, rewards = sample_trajectory(mrp, n=25, seed=1)
 W_id = torch.eye(mrp.d, dtype=torch.float64)
-model = SoftmaxICTD.from_theta_star(mrp.d, 20, W_id, 0.5, mrp.gamma).requires_grad_(False)
+model = SoftmaxICTD.from_theta_star(mrp.d, W_id, n_layers=20, alpha=0.5,
+                                    gamma=mrp.gamma).requires_grad_(False)
 Z4 = build_prompt(mrp.phi[states], rewards, mrp.phi[:4])
 out4 = model(Z4, n=25)
 test_eq(out4[:mrp.d + 1], Z4[:mrp.d + 1])   # feature and reward rows never change
@@ -787,9 +802,10 @@ test_eq(model.predict(Z4[:, :27], n=25).shape, (1,))
 #| fig-cap: "Figure 3.2: With one-hot features and W = 3I, each column attends mostly to the keys in its own state; the last state and the queries are never keys."
 #| fig-alt: "Heat map of attention weights, keys as rows and query columns as columns, both sorted by state: bright blocks where key and column share a state, a dim floor elsewhere, uniform weight in the column of the first query whose state no key shares, and three grey masked rows at the bottom."
 tab = random_boyan_chain(n_states=6, features="onehot", seed=4)
-st6, rw6 = sample_trajectory(tab, 16, seed=4)
+st6, rw6 = sample_trajectory(tab, n=16, seed=4)
 W3 = 3 * torch.eye(6, dtype=torch.float64)
-tab_model = SoftmaxICTD.from_theta_star(6, 1, W3, 0.5, tab.gamma).requires_grad_(False)
+tab_model = SoftmaxICTD.from_theta_star(6, W3, n_layers=1, alpha=0.5,
+                                        gamma=tab.gamma).requires_grad_(False)
 Z6 = build_prompt(tab.phi[st6], rw6, tab.phi[[0, 5]])
 S6 = tab_model.layer(0).attention(Z6)
 col_states = torch.cat([st6, torch.tensor([0, 5])])  # the state of each of the 19 columns
@@ -862,18 +878,20 @@ def depth_curves(
     """Per layer and near-tabular task (one per seed): |Transformer - weighted softmax TD|, MSVEs,
     distance to the certainty-equivalence value."""
     mrps = [random_boyan_chain(features="onehot", seed=seed) for seed in seeds]
-    trajs = [sample_trajectory(m, n, seed=seed) for m, seed in zip(mrps, seeds)]
+    trajs = [sample_trajectory(m, n=n, seed=seed) for m, seed in zip(mrps, seeds)]
     phi = torch.stack([m.phi[st] for m, (st, _) in zip(mrps, trajs)])
     rewards = torch.stack([r for _, r in trajs])
     phi_q, s = torch.stack([m.phi for m in mrps]), mrps[0].n_states
     W, gamma = beta * torch.eye(s, dtype=torch.float64), mrps[0].gamma
-    model = SoftmaxICTD.from_theta_star(s, n_layers, W, alpha, gamma).requires_grad_(False)
+    model = SoftmaxICTD.from_theta_star(s, W, n_layers=n_layers, alpha=alpha,
+                                        gamma=gamma).requires_grad_(False)
     tf = model(build_prompt(phi, rewards, phi_q), n=n, return_all=True)[..., s + 1, :]
     td = weighted_softmax_td(
-        phi, rewards, W, alpha, gamma, n_layers, phi_queries=phi_q, return_all=True
+        phi, rewards, W, alpha=alpha, gamma=gamma, n_iters=n_layers, phi_queries=phi_q,
+                             return_all=True
     )
     err = lambda v: torch.stack([msve(m, v[k, :, n + 1 :]) for k, m in enumerate(mrps)])
-    ce = torch.stack([certainty_equivalence(st, r, s, gamma) for st, r in trajs])
+    ce = torch.stack([certainty_equivalence(st, r, s, gamma=gamma) for st, r in trajs])
     return dict(
         gap=(tf - td).abs().amax(-1),
         err_tf=err(tf),
@@ -970,17 +988,17 @@ def centred_layer(Z, A, V_cur, V_tgt, n):
 
 
 mrp_c = random_boyan_chain(seed=6)
-st_c, rw_c = sample_trajectory(mrp_c, 30, seed=6)
+st_c, rw_c = sample_trajectory(mrp_c, n=30, seed=6)
 W_c = 0.1 * torch.from_numpy(np.random.default_rng(6).standard_normal((4, 4)))
 Zc_ = build_prompt(mrp_c.phi[st_c], rw_c, mrp_c.phi)
-params_c = theta_star(4, W_c, 0.5, mrp_c.gamma)
+params_c = theta_star(4, W_c, alpha=0.5, gamma=mrp_c.gamma)
 td_c = weighted_softmax_td(
     mrp_c.phi[st_c],
     rw_c,
     W_c,
-    0.5,
-    mrp_c.gamma,
-    10,
+    alpha=0.5,
+    gamma=mrp_c.gamma,
+    n_iters=10,
     phi_queries=mrp_c.phi,
     return_all=True,
     centred=True,
@@ -990,7 +1008,8 @@ for l in range(1, 11):
     test_close(Zc_[5], td_c[l], eps=1e-13)
 test_ne(
     td_c[-1],
-    weighted_softmax_td(mrp_c.phi[st_c], rw_c, W_c, 0.5, mrp_c.gamma, 10, phi_queries=mrp_c.phi),
+    weighted_softmax_td(mrp_c.phi[st_c], rw_c, W_c, alpha=0.5, gamma=mrp_c.gamma, n_iters=10,
+                        phi_queries=mrp_c.phi),
 )
 _ = record_claim(
     "centred-layer",
@@ -1029,14 +1048,14 @@ def causal_forward(model, Z, n):
 
 
 mrps_c = [random_boyan_chain(features="onehot", seed=seed) for seed in range(5)]
-trajs_c = [sample_trajectory(m, 400, seed=seed) for seed, m in enumerate(mrps_c)]
+trajs_c = [sample_trajectory(m, n=400, seed=seed) for seed, m in enumerate(mrps_c)]
 Z_cm = build_prompt(
     torch.stack([m.phi[st] for m, (st, _) in zip(mrps_c, trajs_c)]),
     torch.stack([r for _, r in trajs_c]),
     torch.stack([m.phi for m in mrps_c]),
 )
 model_cm = SoftmaxICTD.from_theta_star(
-    10, 80, 8 * torch.eye(10, dtype=torch.float64), 1.0, 0.9
+    10, 8 * torch.eye(10, dtype=torch.float64), n_layers=80, alpha=1.0, gamma=0.9
 ).requires_grad_(False)
 full_cm = model_cm(Z_cm, return_all=True)[..., 11, 401:]
 causal_cm = causal_forward(model_cm, Z_cm, 400)[..., 11, 401:]
@@ -1287,7 +1306,7 @@ def observed_value_weights(layer, Z, n: int, seed: int = 0) -> torch.Tensor:
 
 
 chain = random_boyan_chain(d=d, seed=11)
-st, rw = sample_trajectory(chain, 20, seed=11)
+st, rw = sample_trajectory(chain, n=20, seed=11)
 Z = build_prompt(chain.phi[st], rw, chain.phi)
 S = layer.attention(Z, 20)
 test_close(S[:20], torch.softmax(chain.phi[st[:-1]] @ W @ Z[:d], 0), eps=1e-14)
@@ -1328,18 +1347,20 @@ test_fail(
 # %%
 #| code-fold: true
 #| code-summary: "Tests"
-m_free, m_shared = SoftmaxICTD(4, 3, seed=0), SoftmaxICTD(4, 3, shared=True, seed=0)
+m_free, m_shared = SoftmaxICTD(4, n_layers=3,
+                               seed=0), SoftmaxICTD(4, n_layers=3, shared=True, seed=0)
 test_eq((len(list(m_free.parameters())), len(list(m_shared.parameters()))), (9, 3))
 assert m_shared.layer(2) is m_shared.layer(0)
 test_eq(m_free.value_weights().shape, (3, 3))
-m_star = SoftmaxICTD.from_theta_star(d, 3, W, alpha, gamma).requires_grad_(False)
+m_star = SoftmaxICTD.from_theta_star(d, W, n_layers=3, alpha=alpha,
+                                     gamma=gamma).requires_grad_(False)
 Zs = m_star(Z, n=20, return_all=True)
 test_close(
     torch.stack([observed_value_weights(m_star.layer(l), Zs[l], 20, seed=l) for l in range(3)]),
     m_star.value_weights(),
     eps=1e-12,
 )
-test_fail(lambda: SoftmaxICTD(4, 0), contains="`n_layers` must be a positive integer")
+test_fail(lambda: SoftmaxICTD(4, n_layers=0), contains="`n_layers` must be a positive integer")
 test_fail(
     lambda: m_free(torch.zeros(2, 5, 9)),
     contains="`Z` must have shape (..., d + 2, n + 1 + q) with d + 2 = 6 rows",
@@ -1391,7 +1412,7 @@ guessed, right = (
     model.predict(Z4)[-1].item(),
 )
 td_last = weighted_softmax_td(
-    mrp.phi[states], rewards, W_id, 0.5, mrp.gamma, 20, phi_queries=mrp.phi[:4]
+    mrp.phi[states], rewards, W_id, alpha=0.5, gamma=mrp.gamma, n_iters=20, phi_queries=mrp.phi[:4]
 )[-1].item()
 test_close(right, td_last, eps=1e-12)
 assert abs(guessed - right) > 1e-2
@@ -1409,7 +1430,7 @@ print(
 # %%
 #| code-fold: true
 #| code-summary: "Tests"
-trajs = [sample_trajectory(mrp, 25, seed=k) for k in range(8)]
+trajs = [sample_trajectory(mrp, n=25, seed=k) for k in range(8)]
 Zb = torch.stack([build_prompt(mrp.phi[st], r, mrp.phi[:3]) for st, r in trajs]).reshape(
     2, 4, mrp.d + 2, 29
 )

@@ -312,7 +312,7 @@ def model_params(model:SoftmaxICTD)->dict:
 
 # %%
 chain = random_tasks(1, seed=0, n_states=4, d=2)
-walk = sample_trajectories(chain.P, 10, chain.d_pi, seed=0)  # (1, n + 1): S_0..S_10
+walk = sample_trajectories(chain.P, chain.d_pi, n=10, seed=0)  # (1, n + 1): S_0..S_10
 every_state = torch.arange(4)[None, None]  # (S = 1, B = 1, q = 4)
 x_ex = state_tokens(
     TaskBatch.stack([chain]), torch.zeros(1, 1, dtype=torch.long), walk[None], every_state
@@ -339,7 +339,8 @@ matrix_table(x_ex.succ[0, 0, :, :5], [f"key: state {y}" for y in range(4)],
 # rounding error:
 
 # %%
-seed_models = [SoftmaxICTD(2, 3, init_gain=1., seed=0), SoftmaxICTD(2, 3, init_gain=1., seed=1)]
+seed_models = [SoftmaxICTD(2, n_layers=3, init_gain=1., seed=0),
+               SoftmaxICTD(2, n_layers=3, init_gain=1., seed=1)]
 stacked = {k: torch.cat([model_params(m)[k] for m in seed_models]) for k in ("A", "V_cur", "V_tgt")}
 both_seeds = StateTokens(
     *(t.expand(2, *t.shape[1:]) for t in (x_ex.Z, x_ex.log_w, x_ex.succ)), x_ex.q
@@ -445,7 +446,7 @@ def population_predict(model:SoftmaxICTD,  # any parameters
 # %%
 #| code-fold: true
 #| code-summary: "Code of the check"
-rand_model, two_tasks = SoftmaxICTD(4, 3, init_gain=1., seed=3), random_tasks(2, seed=5)
+rand_model, two_tasks = SoftmaxICTD(4, n_layers=3, init_gain=1., seed=3), random_tasks(2, seed=5)
 pool2, which, every10 = (
     TaskBatch.stack([two_tasks]),
     torch.arange(2)[None],
@@ -454,7 +455,7 @@ pool2, which, every10 = (
 def finite_gap(n:int, seed:int)->float:
     """Largest |prediction at n - prediction at n = infinity| over both tasks and every query,
     for one context per task."""
-    S = sample_trajectories(two_tasks.P, n, two_tasks.d_pi, seed=seed)
+    S = sample_trajectories(two_tasks.P, two_tasks.d_pi, n=n, seed=seed)
     with torch.no_grad():
         finite = token_predict(
             model_params(rand_model), 3, state_tokens(pool2, which, S[None], every10)
@@ -506,7 +507,7 @@ def population_neu(model:SoftmaxICTD,  # any parameters
 # $x$, and the row of $V^{\mathrm{tgt}}$ the same with each key's mean successor $Z_{\text{keys}} P^\top$.
 
 # %%
-zero_values = SoftmaxICTD(4, 1, init_gain=1., seed=0)
+zero_values = SoftmaxICTD(4, n_layers=1, init_gain=1., seed=0)
 with torch.no_grad(): zero_values.layers[0].V_cur.zero_(); zero_values.layers[0].V_tgt.zero_()
 Zp = population_tokens(two_tasks).Z  # (B, D, 2s): the s keys, then the s queries
 keys, queries = Zp[..., :10], Zp[..., 10:]
@@ -544,7 +545,7 @@ pairs = torch.stack([ex.query, ex.successor], -1)
 )
 Z_full = build_prompt(phi_s[0], r_s[0, :, :-1], phi_q[0])
 for shared in (False, True):
-    model = SoftmaxICTD(4, 3, shared=shared, init_gain=1., seed=4)
+    model = SoftmaxICTD(4, n_layers=3, shared=shared, init_gain=1., seed=4)
     with torch.no_grad():
         test_close(
             token_predict(model_params(model), 3, state_tokens(pool, ex.task, ex.states, pairs))[0],
@@ -675,7 +676,7 @@ ex2 = stationary_examples(
 )
 every = torch.arange(10).expand(2, 16, 10)
 for L, shared in ((3, False), (4, True), (1, False)):
-    models = [SoftmaxICTD(4, L, shared=shared, init_gain=1., seed=s) for s in (5, 6)]
+    models = [SoftmaxICTD(4, n_layers=L, shared=shared, init_gain=1., seed=s) for s in (5, 6)]
     theta = {
         k: torch.cat([model_params(m)[k] for m in models]).detach() for k in ("A", "V_cur", "V_tgt")
     }
@@ -712,7 +713,7 @@ show_doc(StateTokens); show_doc(seed_map); show_doc(token_layers); show_doc(toke
 # floating tensors, do not match in shape, or count more queries than non-key columns.
 
 # %%
-test_fail(lambda: population_predict(SoftmaxICTD(3, 2, seed=0), two_tasks),
+test_fail(lambda: population_predict(SoftmaxICTD(3, n_layers=2, seed=0), two_tasks),
           contains="`tasks` have d = 4 features but the model expects d = 3")
 test_fail(lambda: StateTokens("abc", hand.log_w, hand.succ, 1), contains="`Z` must be a Tensor")
 test_fail(

@@ -278,7 +278,7 @@ test_close(single(Zr, n=26), one(Zr, n=26), eps=1e-12)
 #| code-summary: "Code of the check"
 alpha, gamma = 0.4, 0.9
 W = torch.from_numpy(rng.normal(size=(d, d)))
-A, V_cur, V_tgt = theta_star(d, W, alpha, gamma)
+A, V_cur, V_tgt = theta_star(d, W, alpha=alpha, gamma=gamma)
 dual_star = DualHeadSoftmaxLayer.from_params(A, V_cur, V_tgt)
 single = SingleHeadTSMLayer.from_dual_head(dual_star, channels=[d + 1])
 e = torch.zeros(d + 2, 1, dtype=torch.float64); e[d + 1] = 1.
@@ -286,9 +286,9 @@ test_eq(single.V.detach(), torch.cat([V_cur, gamma * alpha * e], dim=1))
 test_eq(single.A.detach(), A)
 
 mrp = random_boyan_chain(seed=2)
-states, rewards = sample_trajectory(mrp, 40, seed=2)
+states, rewards = sample_trajectory(mrp, n=40, seed=2)
 Z0 = build_prompt(mrp.phi[states], rewards, mrp.phi)
-model = SoftmaxICTD.from_theta_star(d, 30, W, alpha, gamma)
+model = SoftmaxICTD.from_theta_star(d, W, n_layers=30, alpha=alpha, gamma=gamma)
 Zl = Z0
 for _ in range(30): Zl = single(Zl, n=40)
 test_close(Zl, model(Z0, n=40), eps=1e-12)
@@ -306,8 +306,10 @@ test_close(Zl, model(Z0, n=40), eps=1e-12)
 #| code-fold: true
 #| code-summary: "Code of the check"
 n40 = 40
-Z3c = SoftmaxICTD.from_theta_star(d, 3, W, alpha, gamma).requires_grad_(False)(Z0, n=n40)
-v3 = weighted_softmax_td(mrp.phi[states], rewards, W, alpha, gamma, 3, phi_queries=mrp.phi)
+Z3c = SoftmaxICTD.from_theta_star(d, W, n_layers=3, alpha=alpha,
+                                  gamma=gamma).requires_grad_(False)(Z0, n=n40)
+v3 = weighted_softmax_td(mrp.phi[states], rewards, W, alpha=alpha, gamma=gamma, n_iters=3,
+                         phi_queries=mrp.phi)
 delta3 = rewards + gamma * v3[1 : n40 + 1] - v3[:n40]
 cur_value = (V_cur @ Z3c[:, :n40])[d + 1]  # current head, at the keys
 tgt_value = (V_tgt @ Z3c[:, 1 : n40 + 1])[d + 1]  # target head: the successor's token
@@ -336,8 +338,9 @@ print(
 # %%
 #| fig-cap: "Figure 4.1: The single head reads the prompt plus one shifted channel: at context column j, the value memory of column j + 1, the successor state value."
 #| fig-alt: "Heat map of the input of layer 4: feature rows, reward row, value-memory row and, below a thick line, a shifted-value row; arrows run from each value entry at column j + 1 down-left to the shifted row at column j, for the 12 context columns; the shifted row is zero at the last-state and query columns."
-st12, rw12 = sample_trajectory(mrp, 12, seed=5)
-model3 = SoftmaxICTD.from_theta_star(d, 3, W, alpha, gamma).requires_grad_(False)
+st12, rw12 = sample_trajectory(mrp, n=12, seed=5)
+model3 = SoftmaxICTD.from_theta_star(d, W, n_layers=3, alpha=alpha,
+                                     gamma=gamma).requires_grad_(False)
 T3 = temporal_shift(
     model3(build_prompt(mrp.phi[st12], rw12, mrp.phi[[0, 9]]), n=12), 12, channels=[d + 1]
 )
@@ -430,7 +433,7 @@ def theta_td_memory(d:int,         # feature dimension
                     gamma:float,   # discount factor in [0, 1)
                    )->tuple:       # (A, V_cur, V_tgt), each (d + 2, d + 2), in the dtype of `W`
     "Parameters under which each shift-after-attention layer is one weighted softmax TD step, with row d as TD-error memory."
-    A, V_cur, V_tgt = theta_star(d, W, alpha, gamma)
+    A, V_cur, V_tgt = theta_star(d, W, alpha=alpha, gamma=gamma)
     alpha, gamma, d = float(alpha), check_gamma(gamma), A.shape[0] - 2
     V_cur.zero_(); V_tgt.zero_()
     V_cur[d + 1, d], V_cur[d, d], V_tgt[d, d] = alpha, -alpha, gamma * alpha
@@ -473,7 +476,7 @@ show_doc(theta_td_memory)
 
 
 # %% [markdown]
-# `ShiftAfterAttentionICTD.from_theta_td_memory(d, n_layers, W, alpha, gamma, shared=False)` is the constructor `SoftmaxICTD.from_theta_star` of [chapter 3](dual_head.html) with this class's `construction`, `theta_td_memory`: every layer carries $\theta^{\delta}$.
+# `ShiftAfterAttentionICTD.from_theta_td_memory(d, W, n_layers=..., alpha=..., gamma=..., shared=False)` is the constructor `SoftmaxICTD.from_theta_star` of [chapter 3](dual_head.html) with this class's `construction`, `theta_td_memory`: every layer carries $\theta^{\delta}$.
 
 # %% [markdown]
 # ::: {.theorem}
@@ -518,19 +521,21 @@ def theorem3_gaps(seed: int, n_layers: int = 50, n_contexts: int = 4) -> tuple:
     n, q, d_ = int(rng.integers(1, 40)), int(rng.integers(1, 5)), mrp_.d
     W_ = torch.from_numpy(rng.normal(scale=2 / np.sqrt(d_), size=(d_, d_)))
     a_ = rng.uniform(0.05, 1)
-    trajs = [sample_trajectory(mrp_, n, seed=rng) for _ in range(n_contexts)]
+    trajs = [sample_trajectory(mrp_, n=n, seed=rng) for _ in range(n_contexts)]
     phi, rw = torch.stack([mrp_.phi[st] for st, _ in trajs]), torch.stack([r for _, r in trajs])
     phi_q = torch.from_numpy(rng.uniform(-1, 1, size=(n_contexts, q, d_)))
     Z0_ = build_prompt(phi, rw, phi_q)
     td = weighted_softmax_td(
-        phi, rw, W_, a_, mrp_.gamma, n_layers, phi_queries=phi_q, return_all=True
+        phi, rw, W_, alpha=a_, gamma=mrp_.gamma, n_iters=n_layers, phi_queries=phi_q,
+                             return_all=True
     )
     delta = rw[:, None] + mrp_.gamma * td[..., 1 : n + 1] - td[..., :n]  # delta^(l) at the keys
     td_row = torch.cat([delta, -td[..., n:]], -1)  # what row d must hold
     after = ShiftAfterAttentionICTD.from_theta_td_memory(
-        d_, n_layers, W_, a_, mrp_.gamma
+        d_, W_, n_layers=n_layers, alpha=a_, gamma=mrp_.gamma
     ).requires_grad_(False)(Z0_, return_all=True)
-    before = SoftmaxICTD.from_theta_star(d_, n_layers, W_, a_, mrp_.gamma).requires_grad_(False)(
+    before = SoftmaxICTD.from_theta_star(d_, W_, n_layers=n_layers, alpha=a_,
+                                         gamma=mrp_.gamma).requires_grad_(False)(
         Z0_, return_all=True
     )
     scale = td.abs().max().clamp(min=1)
@@ -578,15 +583,16 @@ form_gap = (layer_after(Zr3, n=20) - layer_before(Zr3, n=20)).abs().max().item()
 assert form_gap > 1e-2
 
 mrp5 = random_boyan_chain(seed=5)
-st5, rw5 = sample_trajectory(mrp5, 30, seed=5)
+st5, rw5 = sample_trajectory(mrp5, n=30, seed=5)
 W5 = torch.eye(4, dtype=torch.float64)
-td5 = weighted_softmax_td(mrp5.phi[st5], rw5, W5, 0.5, mrp5.gamma, 10, phi_queries=mrp5.phi)[-10:]
+td5 = weighted_softmax_td(mrp5.phi[st5], rw5, W5, alpha=0.5, gamma=mrp5.gamma, n_iters=10,
+                          phi_queries=mrp5.phi)[-10:]
 Z5 = build_prompt(mrp5.phi[st5], rw5, mrp5.phi)
 cross = {}
 for name, params, layer_cls in (
     (
         "theta* in the shift-after form",
-        theta_star(4, W5, 0.5, mrp5.gamma),
+        theta_star(4, W5, alpha=0.5, gamma=mrp5.gamma),
         ShiftAfterAttentionLayer,
     ),
     (
@@ -687,14 +693,16 @@ show_doc(SingleHeadTSMLayer); show_doc(shift_after_update); show_doc(ShiftAfterA
 # %%
 #| code-fold: true
 #| code-summary: "Tests"
-m_after = ShiftAfterAttentionICTD(4, 3, seed=0)
+m_after = ShiftAfterAttentionICTD(4, n_layers=3, seed=0)
 test_eq(len(list(m_after.parameters())), 9)
-test_eq(len(list(ShiftAfterAttentionICTD(4, 3, shared=True, seed=0).parameters())), 3)
-test_eq(m_after.layer(1).A.detach(), ShiftAfterAttentionICTD(4, 3, seed=0).layer(1).A.detach())
+test_eq(len(list(ShiftAfterAttentionICTD(4, n_layers=3, shared=True, seed=0).parameters())), 3)
+test_eq(m_after.layer(1).A.detach(),
+        ShiftAfterAttentionICTD(4, n_layers=3, seed=0).layer(1).A.detach())
 Zq = build_prompt(torch.zeros(11, 4), torch.ones(10), torch.zeros(3, 4))
 test_eq(m_after.predict(Zq).shape, (3,))
 test_fail(lambda: m_after.predict(Zq.clone()), contains="`n` must be given")
-test_fail(lambda: ShiftAfterAttentionICTD(4, 0), contains="`n_layers` must be a positive integer")
+test_fail(lambda: ShiftAfterAttentionICTD(4, n_layers=0),
+          contains="`n_layers` must be a positive integer")
 test_fail(lambda: theta_td_memory(4, torch.eye(4), alpha=0.5, gamma=1.),
           contains="`gamma` must lie in [0, 1)")
 for msg, args in {"`channels` must be distinct row indices in 0..3": (Zt, 3, [4]),

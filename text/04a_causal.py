@@ -12,6 +12,8 @@ from ictd.boyan import as_tensor, check_gamma, weighted_error
 from ictd.wstd import context_tensors
 from ictd.prompt import build_prompt
 from ictd.model import check_prompt, torch_generator, token_rows, xavier_param, carry_context, PromptLayer, SoftmaxICTD
+from ictd.model import _old_theta_star_call
+from ictd.boyan import reordered_positionals
 from ictd.core import check_int, check_number, check_type, check_work, moved_to_keywords, run_stream
 from ictd.tasks import Contexts
 from ictd.engine import Family, PretrainConfig, held_out_tasks, register_family, tuning_config
@@ -169,7 +171,7 @@ def prefix_weights(phi_states,         # (..., n + 1, d) features of S_0..S_n
 
 # %%
 mrp = random_boyan_chain(seed=0)
-st, rw = sample_trajectory(mrp, 12, seed=0)
+st, rw = sample_trajectory(mrp, n=12, seed=0)
 phi, W2 = mrp.phi[st], 2 * torch.eye(4, dtype=torch.float64)
 K = prefix_weights(phi, W2, mrp.phi)
 test_close(K.sum(0), torch.cat([torch.zeros(1), torch.ones(12 + 10)]).double(), eps=1e-14)
@@ -185,9 +187,11 @@ test_close(
 
 # %%
 #| export
+@moved_to_keywords("alpha", "gamma", "n_iters", "phi_queries", "current", "order", "recency", "return_all")
 def prefix_softmax_td(phi_states,          # (..., n + 1, d) features of S_0..S_n
                       rewards,             # (..., n) rewards, rewards[..., k - 1] = R_k
                       W,                   # (d, d) or (..., d, d) score matrix
+                      *,
                       alpha:float,         # step size
                       gamma:float,         # discount factor in [0, 1)
                       n_iters:int,         # number of iterations (layers)
@@ -225,18 +229,21 @@ show_doc(prefix_softmax_td)
 
 # %%
 tasks_r = random_tasks(8, seed=3)
-S_r = sample_trajectories(tasks_r.P, 20, tasks_r.d_pi, seed=3)
+S_r = sample_trajectories(tasks_r.P, tasks_r.d_pi, n=20, seed=3)
 rows_r = torch.arange(8)[:, None]
 phi_r, R_r = tasks_r.phi[rows_r, S_r], tasks_r.r[rows_r, S_r[:, :-1]]
-test_close(prefix_softmax_td(phi_r, R_r, W2, 0.7, 0.9, 15, tasks_r.phi, order="none"),
-           weighted_softmax_td(phi_r, R_r, W2, 0.7, 0.9, 15, tasks_r.phi), eps=1e-12)
-v_r = prefix_softmax_td(phi_r, R_r, W2, 0.7, 0.9, 15, tasks_r.phi, return_all=True)
+test_close(prefix_softmax_td(phi_r, R_r, W2, alpha=0.7, gamma=0.9, n_iters=15,
+                             phi_queries=tasks_r.phi, order="none"),
+           weighted_softmax_td(phi_r, R_r, W2, alpha=0.7, gamma=0.9, n_iters=15,
+                               phi_queries=tasks_r.phi), eps=1e-12)
+v_r = prefix_softmax_td(phi_r, R_r, W2, alpha=0.7, gamma=0.9, n_iters=15, phi_queries=tasks_r.phi,
+                        return_all=True)
 test_eq(v_r[..., 0].abs().max().item(), 0.)
 R_late = R_r.clone(); R_late[:, 12:] += 5.
 phi_late = phi_r.clone(); phi_late[:, 13:] *= -1
 for cur in CURRENTS:
-    a = prefix_softmax_td(phi_r, R_r, W2, 0.7, 0.9, 15, current=cur)
-    b = prefix_softmax_td(phi_late, R_late, W2, 0.7, 0.9, 15, current=cur)
+    a = prefix_softmax_td(phi_r, R_r, W2, alpha=0.7, gamma=0.9, n_iters=15, current=cur)
+    b = prefix_softmax_td(phi_late, R_late, W2, alpha=0.7, gamma=0.9, n_iters=15, current=cur)
     test_eq(a[:, :13], b[:, :13])
     assert (a[:, 13:] - b[:, 13:]).abs().max() > 0.1
 
@@ -590,14 +597,17 @@ class CausalSoftmaxICTD(SoftmaxICTD):
                    ):
         "The model whose every layer carries (A, V, U, lam) (copied)."
         first = CausalSoftmaxLayer.from_params(A, V, U, lam)
-        model = cls(first.d, n_layers, shared, seed=0, dtype=first.A.dtype)
+        model = cls(first.d, n_layers=n_layers, shared=shared, seed=0, dtype=first.A.dtype)
         model.layers = nn.ModuleList([first] + [CausalSoftmaxLayer.from_params(A, V, U, lam) for _ in model.layers[1:]])
         return model
 
     @classmethod
+    @reordered_positionals(("cls", "d", "n_layers", "W", "alpha", "gamma", "current", "order", "recency", "shared"),
+                           _old_theta_star_call)
     def from_theta_star(cls, d:int,          # feature dimension
-                        n_layers:int,        # number of layers L
                         W,                   # (d, d) score matrix
+                        *,
+                        n_layers:int,        # number of layers L
                         alpha:float,         # step size
                         gamma:float,         # discount factor in [0, 1)
                         current:str="key",    # "key": theta* under a causal mask (TD); "self": the contracting variant
@@ -613,7 +623,7 @@ class CausalSoftmaxICTD(SoftmaxICTD):
 # %% [markdown]
 # ::: {.theorem}
 # **Theorem 4a.1 (ours).** On `build_causal_prompt(phi_states, rewards, phi_queries, order)`, the
-# model `CausalSoftmaxICTD.from_theta_star(d, L, W, alpha, gamma, current, order, recency)` holds in
+# model `CausalSoftmaxICTD.from_theta_star(d, W, n_layers=L, alpha=..., gamma=..., current=..., order=..., recency=...)` holds in
 # row $d + 1$ after layer $l$ the iterate $v_l$ of `prefix_softmax_td` with the same arguments, at
 # every column (column $j$ holds $v_l[j]$ in forward order, $v_l[n - j]$ in reversed order; the
 # queries last), for every $l$.
@@ -661,7 +671,8 @@ def model_values(inst, current, order, L):
     d, n = inst["W"].shape[0], inst["rewards"].shape[0]
     Z = build_causal_prompt(inst["phi_states"], inst["rewards"], inst["phi_queries"], order)
     model = CausalSoftmaxICTD.from_theta_star(
-        d, L, inst["W"], inst["alpha"], inst["gamma"], current, order, inst["recency"]
+        d, inst["W"], n_layers=L, alpha=inst["alpha"], gamma=inst["gamma"], current=current,
+                                              order=order, recency=inst["recency"]
     )
     v = model(Z, return_all=True)[1:, d + 1]
     return torch.cat(
@@ -677,13 +688,13 @@ for seed in range(40):
                 inst["phi_states"],
                 inst["rewards"],
                 inst["W"],
-                inst["alpha"],
-                inst["gamma"],
-                6,
-                inst["phi_queries"],
-                current,
-                order,
-                inst["recency"],
+                alpha=inst["alpha"],
+                gamma=inst["gamma"],
+                n_iters=6,
+                phi_queries=inst["phi_queries"],
+                current=current,
+                order=order,
+                recency=inst["recency"],
                 return_all=True,
             )[1:]
             worst = max(
@@ -713,7 +724,7 @@ _ = record_claim(
 # $0..j$ of every layer's output to be *exactly* equal.
 
 # %%
-model_rand = CausalSoftmaxICTD(4, 3, seed=1, init_gain=1.).requires_grad_(False)
+model_rand = CausalSoftmaxICTD(4, n_layers=3, seed=1, init_gain=1.).requires_grad_(False)
 model_rand.layer(1).lam.fill_(0.7)
 g = torch.Generator().manual_seed(2)
 Z_a = torch.randn(5, 6, 16, generator=g, dtype=torch.float64)
@@ -757,7 +768,8 @@ print("columns 0..j of every layer unchanged when columns j+1.. change, for ever
 # %%
 #| code-fold: true
 #| code-summary: "Code of the check"
-v_div = prefix_softmax_td(phi_r, R_r, W2, 0.7, 0.9, 200, tasks_r.phi, return_all=True)
+v_div = prefix_softmax_td(phi_r, R_r, W2, alpha=0.7, gamma=0.9, n_iters=200,
+                          phi_queries=tasks_r.phi, return_all=True)
 t_ = torch.arange(201, dtype=torch.float64)
 test_close(v_div[..., 1], R_r[:, :1] * ((1 + 0.7 * 0.9) ** t_ - 1) / 0.9, eps=1e-9 * 1.63 ** 200)
 growth = lambda l: v_div[:, l].abs().amax(-1) / v_div[:, l - 1].abs().amax(
@@ -846,17 +858,17 @@ def fixed_point_self(phi_states, rewards, W, gamma, phi_queries, order="forward"
 
 for feats in ("onehot", "unit", "random"):
     tk = random_tasks(6, seed=11, features=feats)
-    Sk = sample_trajectories(tk.P, 60, tk.d_pi, seed=11)
+    Sk = sample_trajectories(tk.P, tk.d_pi, n=60, seed=11)
     rk = torch.arange(6)[:, None]
     Wk = 3 * torch.eye(tk.phi.shape[-1], dtype=torch.float64)
     vs = prefix_softmax_td(
         tk.phi[rk, Sk],
         tk.r[rk, Sk[:, :-1]],
         Wk,
-        0.8,
-        0.9,
-        200,
-        tk.phi,
+        alpha=0.8,
+        gamma=0.9,
+        n_iters=200,
+        phi_queries=tk.phi,
         current="self",
         recency=2.0,
         return_all=True,
@@ -905,7 +917,7 @@ def eval_context(features, n, n_tasks=20, seed=100):
     """Tasks (stream 0 of `seed`), the features and rewards of one stationary context each (stream
     1), and the query features (every state)."""
     tk = random_tasks(n_tasks, seed=substream(seed, 0), features=features)
-    Sk = sample_trajectories(tk.P, n, tk.d_pi, seed=substream(seed, 1))
+    Sk = sample_trajectories(tk.P, tk.d_pi, n=n, seed=substream(seed, 1))
     rk = torch.arange(n_tasks)[:, None]
     return tk, tk.phi[rk, Sk], tk.r[rk, Sk[:, :-1]]
 
@@ -1043,7 +1055,8 @@ def floor_vs_n(features, ns, lams, beta, n_tasks=20, seed=300):
                 query_msve(fixed_point_self(ph, rw_, W_, tk.gamma, tk.phi, recency=lam), tk).item()
             )
         rows.setdefault("non-causal TD", []).append(
-            query_msve(weighted_softmax_td(ph, rw_, W_, 1.0, tk.gamma, 300, tk.phi), tk).item()
+            query_msve(weighted_softmax_td(ph, rw_, W_, alpha=1.0, gamma=tk.gamma, n_iters=300,
+                                           phi_queries=tk.phi), tk).item()
         )
     return {k: torch.tensor(v) for k, v in rows.items()}
 
@@ -1397,7 +1410,7 @@ def stream_values(model,              # a `CausalSoftmaxICTD` built for the forw
 # a positional bias, not only the construction).
 
 # %%
-model_s = CausalSoftmaxICTD(4, 4, seed=5, init_gain=0.5).requires_grad_(False)
+model_s = CausalSoftmaxICTD(4, n_layers=4, seed=5, init_gain=0.5).requires_grad_(False)
 for l in range(4): model_s.layer(l).lam.fill_(0.3 * l)
 tk_s, ph_s, rw_s = eval_context("random", 25, n_tasks=3, seed=9)
 streamed = stream_values(model_s, ph_s, rw_s, tk_s.phi)
@@ -1427,9 +1440,11 @@ def models_for(d, L, gamma, kw_dec, kw_td):
     I = torch.eye(d, dtype=torch.float64)
     return (
         CausalSoftmaxICTD.from_theta_star(
-            d, L, kw_dec["beta"] * I, 1.0, gamma, "self", recency=kw_dec["recency"]
+            d, kw_dec["beta"] * I, n_layers=L, alpha=1.0, gamma=gamma, current="self",
+                                          recency=kw_dec["recency"]
         ).requires_grad_(False),
-        SoftmaxICTD.from_theta_star(d, L, kw_td["beta"] * I, kw_td["alpha"], gamma).requires_grad_(
+        SoftmaxICTD.from_theta_star(d, kw_td["beta"] * I, n_layers=L, alpha=kw_td["alpha"],
+                                    gamma=gamma).requires_grad_(
             False
         ),
     )
@@ -1604,7 +1619,7 @@ test_eq(
 #| code-summary: "Tests"
 test_fail(lambda: visible_transitions(3, order="backward"), contains="`order` must be one of")
 test_fail(
-    lambda: prefix_softmax_td(phi_r, R_r, W2, 0.7, 0.9, 3, current="target"),
+    lambda: prefix_softmax_td(phi_r, R_r, W2, alpha=0.7, gamma=0.9, n_iters=3, current="target"),
     contains="`current` must be one of",
 )
 test_fail(lambda: build_causal_prompt(phi[:4], rw[:2]), contains="`rewards` must have shape")
@@ -1612,11 +1627,11 @@ test_fail(
     lambda: build_causal_prompt(phi[:4], rw[:3], order="none"), contains="`order` must be one of"
 )
 test_fail(
-    lambda: prefix_softmax_td(phi_r, R_r, W2, 0.7, 0.9, -1),
+    lambda: prefix_softmax_td(phi_r, R_r, W2, alpha=0.7, gamma=0.9, n_iters=-1),
     contains="`n_iters` must be a non-negative integer",
 )
 test_fail(
-    lambda: prefix_softmax_td(phi_r, R_r, W2, float("nan"), 0.9, 3),
+    lambda: prefix_softmax_td(phi_r, R_r, W2, alpha=float("nan"), gamma=0.9, n_iters=3),
     contains="`alpha` must be finite",
 )
 test_fail(lambda: prefix_weights(phi_r, torch.eye(3)), contains="`W` must have shape")
@@ -1635,17 +1650,18 @@ test_fail(
 test_fail(lambda: CausalCache(model_s, 5).prefill(torch.zeros(6, 1)), contains="`prefill` needs")
 for lam in (math.nan, math.inf, -math.inf, "1"):  # a positional bias that is not a finite number
     test_fail(
-        lambda: prefix_softmax_td(phi_r, R_r, W2, 0.7, 0.9, 3, recency=lam),
+        lambda: prefix_softmax_td(phi_r, R_r, W2, alpha=0.7, gamma=0.9, n_iters=3, recency=lam),
         contains="`recency` must be a finite number",
     )
-model_rev = CausalSoftmaxICTD.from_theta_star(4, 2, torch.eye(4), 1., 0.9, order="reversed")
-test_eq((model_rev.order, CausalSoftmaxICTD(4, 2, seed=0).order), ("reversed", "forward"))
+model_rev = CausalSoftmaxICTD.from_theta_star(4, torch.eye(4), n_layers=2, alpha=1., gamma=0.9,
+                                              order="reversed")
+test_eq((model_rev.order, CausalSoftmaxICTD(4, n_layers=2, seed=0).order), ("reversed", "forward"))
 test_fail(
     lambda: stream_values(model_rev, ph_s, rw_s, tk_s.phi),
     contains="`model` must read the forward layout",
 )
 test_fail(
-    lambda: stream_values(SoftmaxICTD(4, 2, seed=0), ph_s, rw_s, tk_s.phi),
+    lambda: stream_values(SoftmaxICTD(4, n_layers=2, seed=0), ph_s, rw_s, tk_s.phi),
     contains="`model` must be a CausalSoftmaxICTD",
 )
 test_fail(lambda: check_causal_work("abc", 3), contains="`Z` must be a Tensor")
@@ -1669,7 +1685,7 @@ test_fail(
 #| export
 def causal_init(config:PretrainConfig, seeds:list, dtype)->dict:
     "Each seed's `CausalSoftmaxICTD` initialisation, stacked: A (S, L', 2D, D), V (S, L', D, 2D), U (S, L', D, D), lam (S, L')."
-    models = [CausalSoftmaxICTD(config.feature_dim, config.n_layers, config.shared, config.init_gain, seed=run_stream(s, "init")) for s in seeds]
+    models = [CausalSoftmaxICTD(config.feature_dim, n_layers=config.n_layers, shared=config.shared, init_gain=config.init_gain, seed=run_stream(s, "init")) for s in seeds]
     return {k: torch.stack([torch.stack([getattr(lay, k).detach() for lay in m.layers]) for m in models]).to(dtype) for k in ("A", "V", "U", "lam")}
 
 
@@ -1724,7 +1740,7 @@ def causal_predict(config:PretrainConfig, params:dict, Z:torch.Tensor, n:int)->t
 #| export
 def causal_module(config:PretrainConfig, params:dict)->CausalSoftmaxICTD:
     "A `CausalSoftmaxICTD` carrying one seed's parameters."
-    model = CausalSoftmaxICTD(config.feature_dim, config.n_layers, config.shared, seed=0, dtype=params["A"].dtype)
+    model = CausalSoftmaxICTD(config.feature_dim, n_layers=config.n_layers, shared=config.shared, seed=0, dtype=params["A"].dtype)
     model.load_state_dict({f"layers.{l}.{k}": params[k][l] for l in range(params["A"].shape[0]) for k in ("A", "V", "U", "lam")})
     return model
 

@@ -201,7 +201,7 @@ print(
 # %%
 task = random_boyan_chain(seed=3)
 W_rand = torch.from_numpy(np.random.default_rng(0).normal(size=(4, 4)))
-states, rewards = sample_trajectory(task, 50, seed=1)
+states, rewards = sample_trajectory(task, n=50, seed=1)
 # (n, s): weight of key k for query state x
 K = context_weights(task.phi[states], W_rand, phi_queries=task.phi)[:, -s:]
 E = torch.nn.functional.one_hot(states[:-1], s).double()  # (n, s): state of key k
@@ -265,7 +265,7 @@ def count_deviation(counts,  # (..., s) key counts N of a context
 #| code-fold: true
 #| code-summary: "Code of the check"
 M_pop = population_attention(task, W_rand)
-long_states, _ = sample_trajectory(task, 20_000, seed=2)
+long_states, _ = sample_trajectory(task, n=20_000, seed=2)
 lemma = []
 for n in (200, 2000, 20_000):
     eps = count_deviation(key_counts(long_states[: n + 1], s), task.d_pi).item()
@@ -404,9 +404,10 @@ for seed in range(5):
         n_states=6 + seed, features=("random", "unit", "onehot")[seed % 3], seed=seed
     )
     W = torch.from_numpy(np.random.default_rng(seed).normal(size=(task.d, task.d)))
-    states, rewards = sample_trajectory(task, 40 + 10 * seed, seed=seed)
+    states, rewards = sample_trajectory(task, n=40 + 10 * seed, seed=seed)
     v_tf = weighted_softmax_td(
-        task.phi[states], rewards, W, alpha, task.gamma, L, phi_queries=task.phi, return_all=True
+        task.phi[states], rewards, W, alpha=alpha, gamma=task.gamma, n_iters=L,
+                               phi_queries=task.phi, return_all=True
     )
     N, P_hat, r_hat = empirical_mrp(states, rewards, task.n_states)
     v_rec = td_recursion(
@@ -886,7 +887,7 @@ show_doc(fixed_point)
 mrp = random_boyan_chain(features="onehot", seed=4)
 W = 15 * I_s
 for n in (5, 40, 400):
-    states, rewards = sample_trajectory(mrp, n, seed=n)
+    states, rewards = sample_trajectory(mrp, n=n, seed=n)
     N, P_hat, r_hat = empirical_mrp(states, rewards, s)
     M_hat = empirical_attention(mrp.phi, W, states)
     v_far = td_recursion(M_hat, P_hat, r_hat, gamma=mrp.gamma, alpha=1.0, n_iters=1500)[-1]
@@ -894,7 +895,7 @@ for n in (5, 40, 400):
     test_close(v_far, v_fix, eps=1e-10)
     print(f"n = {n}: {int((N == 0).sum())} states never a key")
     if (N > 0).all():
-        test_close(v_fix, certainty_equivalence(states, rewards, s, mrp.gamma), eps=1e-10)
+        test_close(v_fix, certainty_equivalence(states, rewards, s, gamma=mrp.gamma), eps=1e-10)
 test_close(fixed_point(population_attention(mrp, W), mrp.P, mrp.r, mrp.gamma), mrp.v_pi, eps=1e-10)
 tb = random_tasks(200, seed=1000, features="random")
 M3 = kernel_attention(tb.phi, 3 * torch.eye(4, dtype=torch.float64), tb.d_pi)
@@ -972,7 +973,7 @@ def floor_bound(P_hat,        # (..., s, s) empirical transitions of a context w
 # %%
 #| code-fold: true
 #| code-summary: "Code of the check"
-states, rewards = sample_trajectory(mrp, 400, seed=400)
+states, rewards = sample_trajectory(mrp, n=400, seed=400)
 N, P_hat, r_hat = empirical_mrp(states, rewards, s)
 M_hat = empirical_attention(mrp.phi, W, states)
 assert (N > 0).all()
@@ -1014,7 +1015,7 @@ layers = torch.arange(L_fig + 1)
 fig, ax = plt.subplots(figsize=(6.2, 4.2))
 checks = []
 for n, colour in ((300, "C0"), (3000, "C1")):
-    states, rewards = sample_trajectory(mrp, n, seed=n)
+    states, rewards = sample_trajectory(mrp, n=n, seed=n)
     N, P_hat, r_hat = empirical_mrp(states, rewards, s)
     M_hat = empirical_attention(mrp.phi, W_fig, states)
     vs = td_recursion(M_hat, P_hat, r_hat, gamma=mrp.gamma, alpha=1.0, n_iters=L_fig)
@@ -1755,7 +1756,7 @@ test_close(off_diagonal, torch.zeros_like(H0), eps=1e-9)
 task_v = random_boyan_chain(seed=3)
 W_v = torch.from_numpy(np.random.default_rng(0).normal(size=(4, 4)))
 M_v = population_attention(task_v, W_v)
-states_v, _ = sample_trajectory(task_v, 200, seed=2)
+states_v, _ = sample_trajectory(task_v, n=200, seed=2)
 for msg, f in {
     "`W` must have shape (4, 4)": lambda: population_attention(task_v, torch.eye(3)),
     "`mrp` must be an MRP": lambda: population_attention(task_v.P, W_v),

@@ -180,7 +180,7 @@ def expected_update(model:SoftmaxICTD,  # the model whose parameters are updated
 # minus the gradient of the mean TD loss $\frac12\delta_q^2$ with the target detached, to rounding in float64:
 
 # %%
-model0 = SoftmaxICTD(4, 3, init_gain=1., seed=0)
+model0 = SoftmaxICTD(4, n_layers=3, init_gain=1., seed=0)
 params0 = list(model0.parameters())
 v0 = model0.predict(b.Z).squeeze(-1)
 target0 = b.reward + 0.9 * model0.predict(b.Z_next).squeeze(-1).detach()
@@ -225,7 +225,7 @@ def neu(model:SoftmaxICTD,     # the model
 # %%
 two = MRP(P=[[0.3, 0.7], [0.6, 0.4]], r=[1., -0.5], gamma=0.9,
           phi=torch.eye(2, dtype=torch.float64))
-small_model = SoftmaxICTD(2, 2, init_gain=1., seed=0)
+small_model = SoftmaxICTD(2, n_layers=2, init_gain=1., seed=0)
 one_task = stack_tasks([two])
 exact = exact_neu_small(small_model, two)
 estimates = torch.tensor([neu(small_model, one_task, n=1, n_batches=8, batch_size=256, seed=k)
@@ -282,7 +282,7 @@ print(f"exact NEU {exact:.3g}; unbiased estimate, mean of 20: {estimates.mean():
 # %%
 onehot_tasks = random_tasks(256, seed=10_000, features="onehot")
 W15 = 15. * torch.eye(10, dtype=torch.float64)
-star20 = SoftmaxICTD.from_theta_star(10, 20, W15, 1., 0.9, shared=True)
+star20 = SoftmaxICTD.from_theta_star(10, W15, n_layers=20, alpha=1., gamma=0.9, shared=True)
 M_pi = torch.softmax(onehot_tasks.phi @ W15 @ onehot_tasks.phi.mT
                      + onehot_tasks.d_pi.log()[:, None, :], dim=-1)
 recursion = td_recursion(M_pi, onehot_tasks.P, onehot_tasks.r, gamma=0.9, alpha=1.,
@@ -300,9 +300,11 @@ test_close(population_predict(star20, onehot_tasks), recursion, eps=1e-12)
 
 # %%
 depths = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-def star(L): return SoftmaxICTD.from_theta_star(10, L, W15, 1., 0.9, shared=True)
+def star(L): return SoftmaxICTD.from_theta_star(10, W15, n_layers=L, alpha=1., gamma=0.9,
+                                                shared=True)
 neu_star = torch.tensor([population_neu(star(L), onehot_tasks) for L in depths])
-neu_random = torch.tensor([population_neu(SoftmaxICTD(10, L, shared=True, seed=1), onehot_tasks)
+neu_random = torch.tensor([population_neu(SoftmaxICTD(10, n_layers=L, shared=True, seed=1),
+                                          onehot_tasks)
                            for L in depths[:6]])
 depths_n30 = (1, 2, 4, 64)
 batches_n30 = (128, 128, 128, 16)   # fewer at L = 64: a batch costs 64 forward and backward passes
@@ -702,7 +704,7 @@ chains64 = random_tasks(64, seed=10_000, features="onehot")
 def fixed_point_msve(b, L=300):
     ("MSVE after L shared layers of theta* (W = 15 I, alpha = 1) with the successor-value "
      "weight a_v' set to b, population limit.")
-    A, V_cur, V_tgt = theta_star(10, W15, 1., 0.9)
+    A, V_cur, V_tgt = theta_star(10, W15, alpha=1., gamma=0.9)
     V_tgt = V_tgt.clone(); V_tgt[11, 11] = b
     v = population_predict(SoftmaxICTD.from_params(L, A, V_cur, V_tgt, shared=True), chains64)
     return weighted_error(v, chains64.v_pi, chains64.d_pi).mean().item()
@@ -1234,7 +1236,7 @@ def kernel_diagonality_per_layer(model:SoftmaxICTD,  # the model
 #| export
 def block_cosines(model:SoftmaxICTD, gamma:float)->torch.Tensor:
     "(L, 3) cosine similarity of each layer's (A, V_cur, V_tgt) to theta*(W = I, alpha = 1)."
-    star = theta_star(model.d, torch.eye(model.d, dtype=torch.float64), 1., gamma)
+    star = theta_star(model.d, torch.eye(model.d, dtype=torch.float64), alpha=1., gamma=gamma)
     cos = lambda a, b: (a.flatten() @ b.flatten() / (a.norm() * b.norm()).clamp(min=1e-300)).item()
     return torch.tensor([[cos(p.detach().double(), t)
                           for p, t in zip((lay.A, lay.V_cur, lay.V_tgt), star)]
@@ -1244,8 +1246,8 @@ def block_cosines(model:SoftmaxICTD, gamma:float)->torch.Tensor:
 
 # %%
 #| code-fold: true
-test_close(block_cosines(SoftmaxICTD.from_theta_star(4, 2, 3 * torch.eye(4, dtype=torch.float64),
-                                                     0.5, 0.9), 0.9),
+test_close(block_cosines(SoftmaxICTD.from_theta_star(4, 3 * torch.eye(4, dtype=torch.float64),
+                                                     n_layers=2, alpha=0.5, gamma=0.9), 0.9),
            torch.ones(2, 3, dtype=torch.float64), eps=1e-12)
 
 
@@ -1310,7 +1312,7 @@ folded_api(
 # %%
 #| code-fold: true
 small = PretrainConfig(eval_tasks=32)
-models = [SoftmaxICTD(4, 3, init_gain=0.5, seed=s) for s in (3, 8)]
+models = [SoftmaxICTD(4, n_layers=3, init_gain=0.5, seed=s) for s in (3, 8)]
 together = evaluate_many(small,
                          {k: torch.cat([model_params(m)[k] for m in models])
                           for k in ("A", "V_cur", "V_tgt")}, eval_set(small, [3, 8]))
@@ -1616,7 +1618,8 @@ test_fail(lambda: pretrain_many(dataclasses.replace(tiny, attention="cubic"), [1
 # %%
 #| code-fold: true
 at_star = dataclasses.replace(tiny, n_steps=0, init="theta_star", init_beta=2., init_alpha=0.5)
-star = SoftmaxICTD.from_theta_star(4, 3, 2 * torch.eye(4, dtype=torch.float64), 0.5, 0.9)
+star = SoftmaxICTD.from_theta_star(4, 2 * torch.eye(4, dtype=torch.float64), n_layers=3, alpha=0.5,
+                                   gamma=0.9)
 r0, r1 = pretrain_many(at_star, [0],
                        progress=False)[0], pretrain_many(dataclasses.replace(at_star,
                                                                              init_scale=0.01), [0],

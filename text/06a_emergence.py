@@ -208,7 +208,7 @@ def certainty_equivalence_values(tasks:TaskBatch,      # the tasks
     ("`certainty_equivalence` of each context, a state never left taking the context mean "
      "reward (the state-blind guess).")
     R = tasks.r[torch.arange(len(tasks))[:, None], states[:, :-1]]
-    return certainty_equivalence(states, R, tasks.r.shape[-1], tasks.gamma,
+    return certainty_equivalence(states, R, tasks.r.shape[-1], gamma=tasks.gamma,
                                  unvisited_reward=R.mean(-1))
 
 
@@ -752,12 +752,12 @@ def population_factors(model:SoftmaxICTD,  # any parameters
 # %%
 limit_tasks = random_tasks(16, seed=20_000, features="onehot")
 W15 = 15. * torch.eye(10, dtype=torch.float64)
-for m in (SoftmaxICTD(10, 2, init_gain=1., seed=4),
-          SoftmaxICTD.from_theta_star(10, 4, W15, 1., 0.9, shared=True)):
+for m in (SoftmaxICTD(10, n_layers=2, init_gain=1., seed=4),
+          SoftmaxICTD.from_theta_star(10, W15, n_layers=4, alpha=1., gamma=0.9, shared=True)):
     b2, g2, d2 = population_factors(m, limit_tasks)
     neu_m = population_neu(m, limit_tasks)
     assert neu_m <= b2 * g2 * (1 + 1e-12) and b2 <= d2, (neu_m, b2, g2, d2)
-star_deep = SoftmaxICTD.from_theta_star(10, 200, W15, 1., 0.9, shared=True)
+star_deep = SoftmaxICTD.from_theta_star(10, W15, n_layers=200, alpha=1., gamma=0.9, shared=True)
 with torch.no_grad():
     test_close(population_predict(star_deep, limit_tasks), limit_tasks.v_pi, eps=1e-6)
 
@@ -772,13 +772,14 @@ with torch.no_grad():
 limit_depths = (1, 2, 4, 8, 16, 32)
 def star_model(L, beta):
     "theta* with W = beta I and alpha = 1, one layer shared L times, one-hot features (s = 10)."
-    return SoftmaxICTD.from_theta_star(10, L, beta * torch.eye(10, dtype=torch.float64), 1., 0.9,
-                                       shared=True)
+    return SoftmaxICTD.from_theta_star(10, beta * torch.eye(10, dtype=torch.float64), n_layers=L,
+                                       alpha=1., gamma=0.9, shared=True)
 factors = {beta: torch.tensor([population_factors(star_model(L, beta), limit_tasks)
                                for L in limit_depths], dtype=torch.float64) for beta in (15., 3.)}
 neu_limit = {beta: torch.tensor([population_neu(star_model(L, beta), limit_tasks)
                                  for L in limit_depths]) for beta in (15., 3.)}
-neu_random = torch.tensor([[population_neu(SoftmaxICTD(10, L, shared=True, seed=k), limit_tasks)
+neu_random = torch.tensor([[population_neu(SoftmaxICTD(10, n_layers=L, shared=True, seed=k),
+                                           limit_tasks)
                             for L in limit_depths] for k in range(10)])
 
 # %%
@@ -1070,7 +1071,7 @@ test_close(msve_of(toy_tasks.v_pi + 0.5, toy_tasks), torch.full((4,), 0.25, dtyp
 #| code-fold: true
 reference = PretrainConfig()
 ce_tasks = random_tasks(64, seed=123)
-long_states = sample_trajectories(ce_tasks.P, 20_000, ce_tasks.d_pi, seed=1)
+long_states = sample_trajectories(ce_tasks.P, ce_tasks.d_pi, n=20_000, seed=1)
 test_close(certainty_equivalence_values(ce_tasks, long_states), ce_tasks.v_pi, eps=0.25)
 flat = TaskBatch(ce_tasks.P[:1], torch.full((1, 10), 0.3, dtype=torch.float64), ce_tasks.phi[:1],
                  ce_tasks.d_pi[:1],
@@ -1091,8 +1092,7 @@ def theta_star_model(config:PretrainConfig,  # gives d, the depth and gamma
                     )->SoftmaxICTD:
     "The constructed model $\\theta^*(\\alpha, \\beta I)$ with the depth and features of `config`."
     d = config.n_states if config.features == "onehot" else config.d
-    return SoftmaxICTD.from_theta_star(d, config.n_layers, beta * torch.eye(d, dtype=torch.float64),
-                                       alpha, config.gamma, shared=True)
+    return SoftmaxICTD.from_theta_star(d, beta * torch.eye(d, dtype=torch.float64), n_layers=config.n_layers, alpha=alpha, gamma=config.gamma, shared=True)
 
 
 # %%
@@ -1289,7 +1289,7 @@ def neu_jackknife(model:SoftmaxICTD,  # the model
         sub = TaskBatch(tasks.P[idx], tasks.r[idx], tasks.phi[idx], tasks.d_pi[idx],
                         tasks.v_pi[idx], tasks.gamma)
         return context_update(model, sub,
-                              sample_trajectories(sub.P, n, sub.d_pi, seed=gen)).detach()
+                              sample_trajectories(sub.P, sub.d_pi, n=n, seed=gen)).detach()
     return pairwise_neu(torch.stack([batch() for _ in range(int(n_batches))]))
 
 

@@ -763,7 +763,7 @@ def shuffle_context(states:torch.Tensor,  # (B, n+1) contexts S_0..S_n
 # holds the same states, in another order.
 
 # %%
-toy = SoftmaxICTD(4, 3, init_gain=1., seed=3)
+toy = SoftmaxICTD(4, n_layers=3, init_gain=1., seed=3)
 toy_tasks, toy_states, toy_Z = held_out_prompts(dataclasses.replace(EMERGENCE, eval_tasks=8))
 _sh = shuffle_context(toy_states, 0)
 test_eq(_sh.sort(-1).values, toy_states.sort(-1).values)
@@ -1106,7 +1106,8 @@ def weight_level(model:SoftmaxICTD,   # the model
 
 
 # %%
-_star3 = SoftmaxICTD.from_theta_star(4, 3, 2. * torch.eye(4, dtype=torch.float64), 1., 0.9)
+_star3 = SoftmaxICTD.from_theta_star(4, 2. * torch.eye(4, dtype=torch.float64), n_layers=3,
+                                     alpha=1., gamma=0.9)
 test_close(weight_level(_star3, toy_tasks, toy_states), 1 - 0.9 ** 3, eps=1e-9)
 test_close(weight_level(_star3, toy_tasks, toy_states, 0, [5]), 1 - 0.9 ** 3, eps=1e-9)
 test_close(weight_level(_star3, toy_tasks, toy_states, 0, [0, 1, 2, 3, 4]), 1 - 0.9 ** 2, eps=1e-9)

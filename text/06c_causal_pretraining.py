@@ -306,9 +306,7 @@ def decoder_values(config:PretrainConfig, tasks, states, alpha:float, beta:float
      "`states` (B, n + 1).")
     rows, d = torch.arange(len(tasks))[:, None], tasks.phi.shape[-1]
     Z = build_causal_prompt(tasks.phi[rows, states], tasks.r[rows, states[:, :-1]], tasks.phi)
-    model = CausalSoftmaxICTD.from_theta_star(d, config.n_layers,
-                                              beta * torch.eye(d, dtype=torch.float64), alpha,
-                                              config.gamma, "self", recency=lam)
+    model = CausalSoftmaxICTD.from_theta_star(d, beta * torch.eye(d, dtype=torch.float64), n_layers=config.n_layers, alpha=alpha, gamma=config.gamma, current="self", recency=lam)
     with torch.no_grad(): return model.predict(Z)
 
 
@@ -319,12 +317,13 @@ from ictd.tasks import random_tasks, sample_trajectories
 # %%
 #| code-fold: true
 tasks_r = random_tasks(8, seed=3)                       # chapter 4a's check tasks
-S_r = sample_trajectories(tasks_r.P, 20, tasks_r.d_pi, seed=3)
+S_r = sample_trajectories(tasks_r.P, tasks_r.d_pi, n=20, seed=3)
 rows_r = torch.arange(8)[:, None]
 phi_r, R_r = tasks_r.phi[rows_r, S_r], tasks_r.r[rows_r, S_r[:, :-1]]
 W2 = 2. * torch.eye(4, dtype=torch.float64)
 v_dec = decoder_values(PretrainConfig(n=20), tasks_r, S_r, 0.5, 2., 4.)
-v_ref = prefix_softmax_td(phi_r, R_r, W2, 0.5, 0.9, 3, tasks_r.phi, current="self", recency=4.)
+v_ref = prefix_softmax_td(phi_r, R_r, W2, alpha=0.5, gamma=0.9, n_iters=3, phi_queries=tasks_r.phi,
+                          current="self", recency=4.)
 test_close(v_dec, v_ref[:, 21:], eps=1e-12)
 
 

@@ -126,8 +126,8 @@ def update_norm(p, tasks)->float:
 # %%
 chk_tasks = random_tasks(16, seed=1, features="onehot")
 W3 = 3 * torch.eye(10, dtype=torch.float64)
-for chk_model in (SoftmaxICTD.from_theta_star(10, 3, W3, 1., 0.9),
-                  SoftmaxICTD(10, 2, init_gain=1., seed=0)):
+for chk_model in (SoftmaxICTD.from_theta_star(10, W3, n_layers=3, alpha=1., gamma=0.9),
+                  SoftmaxICTD(10, n_layers=2, init_gain=1., seed=0)):
     neu_here = update_norm(layer_stack(chk_model), chk_tasks) ** 2
     test_close(neu_here, population_neu(chk_model, chk_tasks), eps=1e-12)
 
@@ -225,7 +225,7 @@ def level_td_stack(d:int,          # feature dimension
     first = torch.zeros(3, D, D, dtype=torch.float64)
     first[1, D - 1, d] = check_number(level, "level") / (1 - gamma)
     W = check_number(beta, "beta") * torch.eye(d, dtype=torch.float64)
-    td = torch.stack(theta_star(d, W, alpha, gamma))
+    td = torch.stack(theta_star(d, W, alpha=alpha, gamma=gamma))
     return torch.stack([first] + [td] * (n_layers - 1))
 
 def warm_td_values(tasks:TaskBatch, n_layers:int, level:float, beta:float, alpha:float)->torch.Tensor:
@@ -255,7 +255,7 @@ def level_td_grid(tasks:TaskBatch, n_layers:int, grid:dict=LEVEL_TD_GRID)->list:
 # %%
 def as_model(p:torch.Tensor)->SoftmaxICTD:
     "A `SoftmaxICTD` carrying the parameter set p (L, 3, D, D)."
-    m = SoftmaxICTD(p.shape[-1] - 2, p.shape[0], seed=0)
+    m = SoftmaxICTD(p.shape[-1] - 2, n_layers=p.shape[0], seed=0)
     with torch.no_grad():
         for l, lay in enumerate(m.layers):
             for i, k in enumerate(HEADS): getattr(lay, k).copy_(p[l, i])
@@ -638,7 +638,8 @@ fresh = random_tasks(256, seed=777, features="onehot")
 fresh_at = {r["name"]: update_norm(torch.tensor(r["params"], dtype=torch.float64), fresh)
             for r in zeros}
 b2 = best[2]
-theta_b2 = torch.stack(theta_star(10, b2[1] * torch.eye(10, dtype=torch.float64), b2[2], 0.9))
+theta_b2 = torch.stack(theta_star(10, b2[1] * torch.eye(10, dtype=torch.float64), alpha=b2[2],
+                                  gamma=0.9))
 start_fresh = update_norm(theta_b2.expand(2, 3, 12, 12), fresh)
 assert min(fresh_at.values()) > 1e-3, fresh_at
 
@@ -715,7 +716,7 @@ def update_jacobian_fd(p:torch.Tensor,    # (L, 3, D, D) one parameter set
 
 # %%
 small = random_tasks(4, seed=3, n_states=4, features="onehot")
-small_model = SoftmaxICTD(4, 2, init_gain=0.5, seed=1)
+small_model = SoftmaxICTD(4, n_layers=2, init_gain=0.5, seed=1)
 g_exact, J_exact = update_jacobian(small_model, small)
 order = torch.arange(2 * 3 * 36).reshape(2, 3, 6, 6).permute(1, 0, 2, 3).flatten()
 J_fd = update_jacobian_fd(layer_stack(small_model), small)
@@ -758,7 +759,7 @@ def polish(p:torch.Tensor,         # (L, 3, D, D) the start
 # reaches the tolerance, and the update there is below it when recomputed.
 
 # %%
-p_small, hist_small = polish(layer_stack(SoftmaxICTD(4, 2, init_gain=0.1, seed=2)), small,
+p_small, hist_small = polish(layer_stack(SoftmaxICTD(4, n_layers=2, init_gain=0.1, seed=2)), small,
                              max_jacobians=8)
 test_eq(hist_small[-1] < 1e-10, True)
 test_eq(update_norm(p_small, small) < 1e-10, True)
@@ -798,10 +799,10 @@ test_eq(2 in uniform_positions([run0])[0], True)
 #| export
 def _starts(tasks:TaskBatch, L:int, flow_end:torch.Tensor, trained:list)->dict:
     d, best = tasks.phi.shape[-1], min(level_td_grid(tasks, L), key=lambda r: r[3])
-    out = {"theta*": torch.stack(theta_star(d, best[1] * torch.eye(d, dtype=torch.float64), best[2], tasks.gamma)).expand(L, 3, d + 2, d + 2).clone()}
+    out = {"theta*": torch.stack(theta_star(d, best[1] * torch.eye(d, dtype=torch.float64), alpha=best[2], gamma=tasks.gamma)).expand(L, 3, d + 2, d + 2).clone()}
     out["level + TD"] = level_td_stack(d, L, *best[:3], tasks.gamma)
     out["mean flow from zero"] = flow_end
-    for seed in (L, L + 10): out[f"small random init (seed {seed})"] = layer_stack(SoftmaxICTD(d, L, init_gain=0.1, seed=seed))
+    for seed in (L, L + 10): out[f"small random init (seed {seed})"] = layer_stack(SoftmaxICTD(d, n_layers=L, init_gain=0.1, seed=seed))
     for i, p in enumerate(trained): out[f"trained (one-hot cell, seed {i})"] = p
     return out
 
@@ -851,7 +852,7 @@ def run_batch_check(out_dir="nbs/data",       # folder of the JSON file
                    )->Path:                   # the file written, `stationary_batch.json`
     "One Levenberg-Marquardt search per batch size from the same start, and the update at each zero on fresh tasks."
     fresh, out = random_tasks(256, seed=fresh_seed, features="onehot"), []
-    start = layer_stack(SoftmaxICTD(10, 2, init_gain=0.1, seed=start_seed))
+    start = layer_stack(SoftmaxICTD(10, n_layers=2, init_gain=0.1, seed=start_seed))
     for B in sizes:
         t1 = time.time()
         p, hist = polish(start, study_tasks("onehot", n_tasks=B), max_jacobians=max_jacobians)
@@ -870,7 +871,7 @@ zeros_p = lambda D: torch.zeros(2, 3, D, D, dtype=torch.float64)
 test_fail(lambda: mean_updates(zeros_p(5), tasks), contains="`p` must be (S, L, 3, D, D)")
 test_fail(lambda: mean_updates(zeros_p(12), None), contains="`tasks` must be a TaskBatch")
 test_fail(lambda: study_tasks("unit"), contains="`features` must be 'onehot' or 'random'")
-test_fail(lambda: layer_stack(SoftmaxICTD(4, 2, shared=True, seed=0)),
+test_fail(lambda: layer_stack(SoftmaxICTD(4, n_layers=2, shared=True, seed=0)),
           contains="`model` must have separate layers")
 test_fail(lambda: level_td_stack(10, 1, 1., 3., 1., 0.9), contains="`n_layers`")
 

@@ -10,6 +10,7 @@ from torch import nn
 from ictd.boyan import as_tensor, check_gamma, weighted_error
 from ictd.core import check_bool, check_broadcast, check_floating, check_int, check_number, chunk_rows, memory_path, run_stream
 from ictd.model import carry_context, token_rows, torch_generator, xavier_param
+from ictd.boyan import moved_to_keywords
 from ictd.tasks import Contexts, TaskBatch
 from ictd.engine import Family, PretrainConfig, register_family
 from ictd.sliding import fitted_td_step
@@ -296,7 +297,9 @@ def td_parameters(d:int,       # feature dimension
 #| export
 class LinearICTD(nn.Module):
     "A stack of linear-attention layers reading out the negated last row at the query columns."
+    @moved_to_keywords("n_layers", "shared", "init_gain", "seed", "dtype", "softmax")
     def __init__(self, d:int,          # feature dimension
+                 *,
                  n_layers:int,         # number of layers L
                  shared:bool=True,     # one (P, Q) pair for every layer, or one per layer
                  init_gain:float=0.1,  # gain of the Xavier-normal initialisation
@@ -331,14 +334,16 @@ class LinearICTD(nn.Module):
         return torch.stack([l.P for l in self.layers]), torch.stack([l.Q for l in self.layers])
 
     @classmethod
+    @moved_to_keywords("n_layers", "alpha", "C", "dtype")
     def from_td(cls, d:int,            # feature dimension
+                *,
                 n_layers:int,          # number of layers = TD iterations
                 alpha:float,           # TD step size (any real value, above 1 included)
                 C=None,                # (d, d) preconditioner, default identity
                 dtype=torch.float64):
         "The construction whose forward pass is `n_layers` iterations of (preconditioned) batch linear TD."
         P, Q = td_parameters(d, check_number(alpha, "alpha"), C, dtype)
-        model = cls(d, n_layers, shared=True, seed=0, dtype=dtype)
+        model = cls(d, n_layers=n_layers, shared=True, seed=0, dtype=dtype)
         with torch.no_grad(): model.layers[0].P.copy_(P); model.layers[0].Q.copy_(Q)
         return model
 
@@ -362,7 +367,7 @@ show_doc(LinearICTD.from_td)
 Z_hand = build_linear_prompt(torch.tensor([[1.], [2.], [1.]], dtype=torch.float64),
                              torch.tensor([1., 0.], dtype=torch.float64),
                              torch.tensor([[2.]], dtype=torch.float64), gamma=0.5)
-Z_hand_1 = LinearICTD.from_td(1, 1, alpha=0.5)(Z_hand, n=2).detach()
+Z_hand_1 = LinearICTD.from_td(1, n_layers=1, alpha=0.5)(Z_hand, n=2).detach()
 # the first 2d rows never change
 test_eq(Z_hand_1[:2], Z_hand[:2])
 test_close(Z_hand_1[-1], torch.tensor([1., -3 / 8, -1 / 2], dtype=torch.float64), eps=1e-15)
@@ -399,20 +404,22 @@ print("prompt (rows phi, gamma phi', R; columns: 2 transitions, 1 query):\n", Z_
 worst = 0.
 for seed in range(20):
     mrp = random_boyan_chain(n_states=10, d=4, seed=seed)
-    S, R = sample_trajectory(mrp, 40, seed=seed)
+    S, R = sample_trajectory(mrp, n=40, seed=seed)
     L, alpha = [1, 5, 20, 50][seed % 4], 0.2
     Z = build_linear_prompt(mrp.phi[S], R, mrp.phi, mrp.gamma)
-    tf = LinearICTD.from_td(4, L, alpha).predict(Z, n=40)
-    td = batch_linear_td(mrp.phi[S], R, alpha, mrp.gamma, L, phi_queries=mrp.phi)[..., 41:]
+    tf = LinearICTD.from_td(4, n_layers=L, alpha=alpha).predict(Z, n=40)
+    td = batch_linear_td(mrp.phi[S], R, alpha=alpha, gamma=mrp.gamma, n_iters=L,
+                         phi_queries=mrp.phi)[..., 41:]
     worst = max(worst, ((tf - td).abs().max() / td.abs().max().clamp(min=1)).item())
-    test_close(LinearICTD.from_td(4, L, 1.,
+    test_close(LinearICTD.from_td(4, n_layers=L, alpha=1.,
                                   C=alpha * torch.eye(4, dtype=torch.float64)).predict(Z, n=40), tf,
                eps=1e-12)
 test_close(worst, 0., eps=1e-12)
-P_td, Q_td = LinearICTD.from_td(4, 3, 2.5).stacked_params()
+P_td, Q_td = LinearICTD.from_td(4, n_layers=3, alpha=2.5).stacked_params()
 test_eq(((P_td != 0).sum().item(), (Q_td != 0).sum().item()), (1, 8))
-test_close(LinearICTD.from_td(4, 3, 2.5).predict(Z, n=40),
-           batch_linear_td(mrp.phi[S], R, 2.5, mrp.gamma, 3, phi_queries=mrp.phi)[..., 41:],
+test_close(LinearICTD.from_td(4, n_layers=3, alpha=2.5).predict(Z, n=40),
+           batch_linear_td(mrp.phi[S], R, alpha=2.5, gamma=mrp.gamma, n_iters=3,
+                           phi_queries=mrp.phi)[..., 41:],
            eps=1e-9)
 record_claim("construction",
              "L layers of the constructed linear Transformer are L iterations of batch linear TD "
@@ -470,10 +477,11 @@ def moment_predict(P:torch.Tensor,  # (..., L', 2d+1, 2d+1), L' = 1 (shared) or 
 
 # %%
 mrps = [random_boyan_chain(seed=s) for s in range(6)]
-trajs = [sample_trajectory(m, 30, seed=s) for s, m in enumerate(mrps)]
+trajs = [sample_trajectory(m, n=30, seed=s) for s, m in enumerate(mrps)]
 Zb = torch.stack([build_linear_prompt(m.phi[S], R, m.phi, m.gamma)
                   for m, (S, R) in zip(mrps, trajs)])
-seeds_models = [LinearICTD(4, 3, shared=s % 2 == 0, init_gain=0.5, seed=s) for s in range(4)]
+seeds_models = [LinearICTD(4, n_layers=3, shared=s % 2 == 0, init_gain=0.5, seed=s)
+                for s in range(4)]
 for m in seeds_models:
     P_s, Q_s = m.stacked_params()
     test_close(moment_predict(P_s, Q_s, Zb, 30, 3), m.predict(Zb, n=30), eps=1e-12)
@@ -624,7 +632,7 @@ def align_signs(P:torch.Tensor, Q:torch.Tensor)->tuple:
 
 # %%
 mrp = random_boyan_chain(seed=3)
-S, R = sample_trajectory(mrp, 30, seed=3)
+S, R = sample_trajectory(mrp, n=30, seed=3)
 Zc = build_linear_prompt(mrp.phi[S], R, mrp.phi[0], mrp.gamma)[..., :30]
 P_td, Q_td = td_parameters(4, 0.7)
 td_fn = lambda Z: moment_predict(P_td[None], Q_td[None], Z, 30, 3)
@@ -643,7 +651,7 @@ iws_p, vd_p, ss_p = scores(P_td + noise[0], Q_td + noise[1])
 assert iws_p < 0.99 and vd_p > 1e-3 and ss_p < 0.99, (iws_p, vd_p, ss_p)
 test_close(torch.stack(list(pq_summary(P_td, Q_td).values())),
            torch.tensor([1., -2.8, 2.8], dtype=torch.float64), eps=1e-12)
-P_r, Q_r = LinearICTD(4, 3, init_gain=0.5, seed=4).stacked_params()
+P_r, Q_r = LinearICTD(4, n_layers=3, init_gain=0.5, seed=4).stacked_params()
 v_r, g_r = values_and_gradients(lambda Z: moment_predict(P_r.detach()[None], Q_r.detach()[None], Z,
                                                          30, 3), Zc, mrp.phi)
 test_close(implicit_weight_similarity(v_r, mrp.phi, mrp.d_pi, g_td[0]),
@@ -685,7 +693,7 @@ ICLR_LINEAR = PretrainConfig(attention="linear", protocol="sliding", shared=True
 def linear_init(config:PretrainConfig, seeds:list, dtype=torch.float64)->dict:
     "Each seed's `LinearICTD` initialisation, stacked: P and Q of shape (S, L or 1, 2d+1, 2d+1)."
     if config.init != "xavier": raise ValueError(f"`init` must be 'xavier' for the linear family, got {config.init!r}")
-    models = [LinearICTD(config.feature_dim, config.n_layers, config.shared, config.init_gain, seed=run_stream(s, "init")) for s in seeds]
+    models = [LinearICTD(config.feature_dim, n_layers=config.n_layers, shared=config.shared, init_gain=config.init_gain, seed=run_stream(s, "init")) for s in seeds]
     return {k: torch.stack([torch.stack([getattr(lay, k).detach() for lay in m.layers]) for m in models]).to(dtype) for k in ("P", "Q")}
 
 
@@ -717,7 +725,7 @@ def linear_predict(config:PretrainConfig, params:dict, Z:torch.Tensor, n:int)->t
 #| export
 def linear_module(config:PretrainConfig, params:dict)->LinearICTD:
     "A `LinearICTD` carrying one seed's parameters (L or 1, 2d+1, 2d+1)."
-    model = LinearICTD(config.feature_dim, config.n_layers, config.shared, seed=0, dtype=params["P"].dtype)
+    model = LinearICTD(config.feature_dim, n_layers=config.n_layers, shared=config.shared, seed=0, dtype=params["P"].dtype)
     model.load_state_dict({f"layers.{l}.{k}": params[k][l] for l in range(params["P"].shape[0]) for k in ("P", "Q")})
     return model
 
@@ -752,7 +760,7 @@ def linear_measures(P:torch.Tensor,   # (S, L', 2d+1, 2d+1) stacked parameters
 #| export
 def linear_metrics(config:PretrainConfig, params:dict, ev)->dict:
     "The engine's hook: `linear_measures` on the engine's held-out contexts, each (S, 1)."
-    alpha = fitted_td_step(config.n, config.n_layers, config.gamma, config.n_states, config.feature_dim)
+    alpha = fitted_td_step(n=config.n, n_layers=config.n_layers, gamma=config.gamma, n_states=config.n_states, d=config.feature_dim)
     out = linear_measures(params["P"], params["Q"], ev.tasks, ev.x[..., :config.n], alpha, config.n_layers)
     return {k: v[:, None] for k, v in out.items() if k != "msve"}
 
@@ -795,7 +803,7 @@ show_doc(sliding_windows)
 mrp = random_boyan_chain(seed=5)
 gen = torch.Generator().manual_seed(0)
 mu = start_distributions(1, 10, gen)
-states = sample_trajectories(mrp.P[None], 12, mu, seed=gen)[0]
+states = sample_trajectories(mrp.P[None], mu, n=12, seed=gen)[0]
 Zw, rw = sliding_windows(mrp.phi, mrp.r, states, 8, mrp.gamma)
 test_eq((Zw.shape, rw.shape), ((4, 9, 9), (3,)))
 for k in range(4):
@@ -834,8 +842,9 @@ test_fail(lambda: build_linear_prompt(phi_s, R_, torch.tensor(1.), 0.5),
 test_fail(lambda: td_parameters(4, "0.5"), contains="`alpha` must be a finite number")
 test_fail(lambda: td_parameters(4, torch.tensor([0.5, math.nan])), contains="`alpha` contains NaN")
 test_eq(td_parameters(4, torch.tensor([0.5, 0.25]))[1].shape, (2, 9, 9))
-test_fail(lambda: LinearICTD(4, 2.5), contains="`n_layers` must be a positive integer")
-test_fail(lambda: LinearICTD.from_td(4, 3, "0.5"), contains="`alpha` must be a finite number")
+test_fail(lambda: LinearICTD(4, n_layers=2.5), contains="`n_layers` must be a positive integer")
+test_fail(lambda: LinearICTD.from_td(4, n_layers=3, alpha="0.5"),
+          contains="`alpha` must be a finite number")
 
 # %%
 lay = LinearAttentionLayer(4, seed=0)
@@ -849,7 +858,7 @@ test_fail(lambda: LinearAttentionLayer(0), contains="`d` must be a positive inte
 # Batched prompts run at once, each query's answer ignores the other queries, and malformed prompts are rejected:
 
 # %%
-model = LinearICTD.from_td(4, 10, 0.3)
+model = LinearICTD.from_td(4, n_layers=10, alpha=0.3)
 batched = model.predict(Zb, n=30)
 test_eq(batched.shape, (6, 10))
 for b in range(6):
@@ -859,7 +868,7 @@ test_fail(lambda: model.predict(Zb[:, :5], n=30), contains="`Z` must have 9 rows
 test_fail(lambda: model.predict(Zb, n=50), contains="`n` must be an integer in 1..40")
 test_fail(lambda: model.predict(Zb), contains="`n` must be given")
 mrp_v = random_boyan_chain(n_states=10, d=4, seed=3)
-S_v, R_v = sample_trajectory(mrp_v, 40, seed=3)
+S_v, R_v = sample_trajectory(mrp_v, n=40, seed=3)
 # 10 queries: n = 40 is read from the prompt
 Z1 = build_linear_prompt(mrp_v.phi[S_v], R_v, mrp_v.phi, mrp_v.gamma)
 test_eq(model.predict(Z1).detach(), model.predict(Z1, n=40).detach())
@@ -869,9 +878,9 @@ test_fail(lambda: model.predict(Z1.long(), n=40), contains="`Z` must be a real f
 test_fail(lambda: model.predict(Z1 * 1j, n=40), contains="`Z` must be a real floating tensor")
 Z_nan = Z1.clone(); Z_nan[0, 3] = math.nan
 test_fail(lambda: model.predict(Z_nan, n=40), contains="`Z` contains NaN or inf")
-test_fail(lambda: LinearICTD.from_td(4, 3, 0.1, C=torch.eye(3)),
+test_fail(lambda: LinearICTD.from_td(4, n_layers=3, alpha=0.1, C=torch.eye(3)),
           contains="`C` must have shape (4, 4)")
-test_eq(LinearICTD.from_td(4, 3, 0.1).predict(Zb.float(), n=30).dtype, torch.float32)
+test_eq(LinearICTD.from_td(4, n_layers=3, alpha=0.1).predict(Zb.float(), n=30).dtype, torch.float32)
 
 
 # %% [markdown]
@@ -895,18 +904,20 @@ def linear_paths_agree(model, Z, n):
     return ((dense - streamed).abs().max() / dense.abs().max()).item()
 
 for s, softmax in enumerate((False, True, False, True)):
-    m_p = LinearICTD(4, 3, shared=s < 2, init_gain=0.5, seed=s, softmax=softmax)
+    m_p = LinearICTD(4, n_layers=3, shared=s < 2, init_gain=0.5, seed=s, softmax=softmax)
     assert linear_paths_agree(m_p, Zb, 30) < 1e-12
     for rows in (1, 7):                                  # chunks of 1 and 7 keys (n = 30)
         with unittest.mock.patch.object(ictd.core, "CHUNK_BYTES", rows * 40 * 6 * 8):
             assert linear_paths_agree(m_p, Zb, 30) < 1e-12
-test_close(LinearICTD.from_td(4, 5, 0.3).predict(Zb, 30, method="streamed"), batch_linear_td(
+test_close(LinearICTD.from_td(4, n_layers=5, alpha=0.3).predict(Zb, 30, method="streamed"),
+           batch_linear_td(
     torch.stack([m.phi[S]
-                 for m, (S, _) in zip(mrps, trajs)]), torch.stack([R for _, R in trajs]), 0.3,
-    mrps[0].gamma, 5, phi_queries=torch.stack([m.phi for m in mrps]))[..., 31:], eps=1e-12)
+                 for m, (S, _) in zip(mrps, trajs)]), torch.stack([R for _, R in trajs]), alpha=0.3,
+    gamma=mrps[0].gamma, n_iters=5, phi_queries=torch.stack([m.phi for m in mrps]))[..., 31:],
+           eps=1e-12)
 # the dense layer's two 30 x 40 arrays, 6 prompts
 size = 2 * 6 * 30 * 40 * 8
-m_auto = LinearICTD(4, 3, seed=0)
+m_auto = LinearICTD(4, n_layers=3, seed=0)
 with unittest.mock.patch.object(ictd.core, "DENSE_BYTES", size - 1):
     test_eq(m_auto.predict(Zb, 30).detach(), m_auto.predict(Zb, 30, method="streamed").detach())
 with unittest.mock.patch.object(ictd.core, "DENSE_BYTES", size):
@@ -927,12 +938,12 @@ test_fail(lambda: m_auto.predict(Zb, 30, method="sparse"), contains="`method` mu
 def output_gradient_norm(model):
     model.zero_grad(); model.predict(Zb, n=30).sum().backward()
     return sum(p.grad.norm() ** 2 for p in model.parameters()).sqrt().item()
-zero_model = LinearICTD(4, 3, seed=0)
+zero_model = LinearICTD(4, n_layers=3, seed=0)
 with torch.no_grad():
     for p in zero_model.parameters(): p.zero_()
 test_eq(output_gradient_norm(zero_model), 0.)
-assert output_gradient_norm(LinearICTD(4, 3, seed=0)) > 1e-3
-output_gradient_norm(LinearICTD(4, 3, seed=0))
+assert output_gradient_norm(LinearICTD(4, n_layers=3, seed=0)) > 1e-3
+output_gradient_norm(LinearICTD(4, n_layers=3, seed=0))
 
 # %% [markdown]
 # ### The measures and the windows: bad input
@@ -953,9 +964,9 @@ cfg_stat = PretrainConfig(attention="linear", shared=True, n_steps=20, eval_ever
                           eval_tasks=8, batch_size=16)
 runs = pretrain_many(cfg_stat, [3, 4], progress=False)
 test_eq(linear_init(cfg_stat, [4])["P"][0, 0],
-        LinearICTD(4, 3, seed=run_stream(4, "init")).layers[0].P.detach())
+        LinearICTD(4, n_layers=3, seed=run_stream(4, "init")).layers[0].P.detach())
 mrp_s = random_boyan_chain(seed=21)
-S_s, R_s = sample_trajectory(mrp_s, 25, seed=21)
+S_s, R_s = sample_trajectory(mrp_s, n=25, seed=21)
 Zs = build_linear_prompt(mrp_s.phi[S_s], R_s, mrp_s.phi, mrp_s.gamma)
 for r in runs:
     test_eq(type(r.model), LinearICTD)
@@ -964,7 +975,7 @@ for r in runs:
                eps=1e-12)
 test_eq(sorted(runs[0].history),
         sorted(["step", "loss", "msve", "neu", "iws", "vd", "ss", "P_last", "trQ11", "trQ12"]))
-assert not torch.equal(runs[0].model.layers[0].P, LinearICTD(4, 3, seed=3).layers[0].P)
+assert not torch.equal(runs[0].model.layers[0].P, LinearICTD(4, n_layers=3, seed=3).layers[0].P)
 
 # %% [markdown]
 # ### API entries of the page's other functions

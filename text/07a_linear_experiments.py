@@ -120,7 +120,7 @@ def summarise_linear(results:list)->dict:
     h, c = aligned_history(results), results[0].config
     S = h["iws"].shape[0]
     return {k: dict(mean=v[:, -1].mean().item(), se=(v[:, -1].std().item() / S ** 0.5 if S > 1 else math.nan))
-            for k, v in h.items() if k not in ("tasks", "step")} | dict(tasks=int(h["tasks"][0, -1]), seeds=S, alpha_td=fitted_td_step(c.n, c.n_layers, c.gamma, c.n_states, c.feature_dim))
+            for k, v in h.items() if k not in ("tasks", "step")} | dict(tasks=int(h["tasks"][0, -1]), seeds=S, alpha_td=fitted_td_step(n=c.n, n_layers=c.n_layers, gamma=c.gamma, n_states=c.n_states, d=c.feature_dim))
 
 
 # %% [markdown]
@@ -506,7 +506,7 @@ def softmax_measures(model,             # a `SoftmaxICTD`
     phi_S, R, I = tasks.phi[rows, states], tasks.r[rows, states[:, :-1]], torch.eye(tasks.phi.shape[-1], dtype=torch.float64)
     v_tf, g_tf = softmax_in_context(lambda Z: model.predict(Z, n=n), phi_S, R, tasks.phi)
     def star(alpha, beta):
-        return softmax_in_context(lambda Z: weighted_softmax_td(Z[..., :-2, :n + 1].mT, Z[..., -2, :n], beta * I, alpha, gamma, L,
+        return softmax_in_context(lambda Z: weighted_softmax_td(Z[..., :-2, :n + 1].mT, Z[..., -2, :n], beta * I, alpha=alpha, gamma=gamma, n_iters=L,
                                                                 phi_queries=Z[..., :-2, n + 1:].mT)[..., n + 1:], phi_S, R, tasks.phi)
     fits = {(a, b): star(a, b) for a in grid["alpha"] for b in grid["beta"]}
     (a, b), (v_st, g_st) = min(fits.items(), key=lambda kv: value_difference(v_tf, kv[1][0], tasks.d_pi).mean().item())
@@ -520,8 +520,9 @@ def softmax_measures(model,             # a `SoftmaxICTD`
 
 # %%
 held_tasks = task_pool(PretrainConfig(), 16, 777)
-held_states = sample_trajectories(held_tasks.P, 30, held_tasks.d_pi, seed=777)
-star_model = SoftmaxICTD.from_theta_star(4, 3, 4. * torch.eye(4, dtype=torch.float64), 0.5, 0.9)
+held_states = sample_trajectories(held_tasks.P, held_tasks.d_pi, n=30, seed=777)
+star_model = SoftmaxICTD.from_theta_star(4, 4. * torch.eye(4, dtype=torch.float64), n_layers=3,
+                                         alpha=0.5, gamma=0.9)
 m = softmax_measures(star_model, held_tasks, held_states)
 test_close((m["vd"], m["ss"]), (0., 1.), eps=1e-10)
 test_eq((m["alpha"], m["beta"]), (0.5, 4.))
@@ -618,13 +619,13 @@ def side_by_side(n_tasks:int=100,    # random Boyan chains (task b from `task_rn
                  seed:int=0,         # the experiment's seed (the context of task b from `substream(seed, 1, b)`)
                 )->dict:             # label -> (n_tasks, depth + 1) MSVE at every depth
     "MSVE against depth of linear and softmax in-context TD, each on its own kind of features, on the same chains."
-    def linear(phi_s, R, phi_q, gamma): return batch_linear_td(phi_s, R, alpha, gamma, depth, phi_queries=phi_q, return_all=True)[..., n + 1:]
+    def linear(phi_s, R, phi_q, gamma): return batch_linear_td(phi_s, R, alpha=alpha, gamma=gamma, n_iters=depth, phi_queries=phi_q, return_all=True)[..., n + 1:]
     def softmax(phi_s, R, phi_q, gamma):
         W = beta * torch.eye(phi_s.shape[-1], dtype=phi_s.dtype)
-        return weighted_softmax_td(phi_s, R, W, alpha, gamma, depth, phi_queries=phi_q, return_all=True)[..., n + 1:]
+        return weighted_softmax_td(phi_s, R, W, alpha=alpha, gamma=gamma, n_iters=depth, phi_queries=phi_q, return_all=True)[..., n + 1:]
     def curve(features, values_fn):
         tasks = [random_boyan_chain(features=features, seed=task_rng(substream(seed, 0), b)) for b in range(n_tasks)]
-        return msve_against_depth(tasks, [sample_trajectory(m, n, seed=substream(seed, 1, b)) for b, m in enumerate(tasks)], values_fn)
+        return msve_against_depth(tasks, [sample_trajectory(m, n=n, seed=substream(seed, 1, b)) for b, m in enumerate(tasks)], values_fn)
     return {"linear attention, one-hot features": curve("onehot", linear),
             "softmax attention, one-hot features": curve("onehot", softmax),
             "linear attention, 4 random features": curve("random", linear)}
@@ -679,10 +680,11 @@ onehot_lin, onehot_soft, rand_lin = (c.median(0).values for c in curves.values()
 assert onehot_soft[40] < onehot_lin[40] / 3, (onehot_soft[40], onehot_lin[40])
 assert rand_lin[-1] > 3 * onehot_soft[-1], (rand_lin[-1], onehot_soft[-1])
 mrp = random_boyan_chain(features="onehot", seed=0)
-S, R = sample_trajectory(mrp, n_ctx, seed=0)
-far_lin = batch_linear_td(mrp.phi[S], R, 1., mrp.gamma, 3000, phi_queries=mrp.phi)[n_ctx + 1:]
-far_soft = weighted_softmax_td(mrp.phi[S], R, 20. * torch.eye(10, dtype=torch.float64), 1.,
-                               mrp.gamma, 300, phi_queries=mrp.phi)[n_ctx + 1:]
+S, R = sample_trajectory(mrp, n=n_ctx, seed=0)
+far_lin = batch_linear_td(mrp.phi[S], R, alpha=1., gamma=mrp.gamma, n_iters=3000,
+                          phi_queries=mrp.phi)[n_ctx + 1:]
+far_soft = weighted_softmax_td(mrp.phi[S], R, 20. * torch.eye(10, dtype=torch.float64), alpha=1.,
+                               gamma=mrp.gamma, n_iters=300, phi_queries=mrp.phi)[n_ctx + 1:]
 test_close(far_lin, far_soft, eps=1e-6)
 record_claim("equal-settings",
              "At equal step size on one-hot features softmax in-context TD converges in depth much "
@@ -742,8 +744,8 @@ def query_softmax_td(phi_states,        # (..., n+1, d) features of S_0..S_n
 
 # %%
 mrp = random_boyan_chain(seed=7)
-S, R = sample_trajectory(mrp, 25, seed=7)
-variant = LinearICTD(4, 6, softmax=True, seed=0)
+S, R = sample_trajectory(mrp, n=25, seed=7)
+variant = LinearICTD(4, n_layers=6, softmax=True, seed=0)
 P_v, Q_v = td_parameters(4, 3.)
 with torch.no_grad(): variant.layers[0].P.copy_(2. * P_v); variant.layers[0].Q.copy_(Q_v)
 one_query_each = torch.stack([build_linear_prompt(mrp.phi[S], R, mrp.phi[x], mrp.gamma)
@@ -779,10 +781,10 @@ TUNING_GRIDS = {
 def _method_values(method:str, phi_s, R, phi_q, gamma, depth, alpha, beta=None):
     "Values at the queries at every depth 0..depth for one method at one grid point."
     n = R.shape[-1]
-    if method == "linear attention": return batch_linear_td(phi_s, R, alpha, gamma, depth, phi_queries=phi_q, return_all=True)[..., n + 1:]
+    if method == "linear attention": return batch_linear_td(phi_s, R, alpha=alpha, gamma=gamma, n_iters=depth, phi_queries=phi_q, return_all=True)[..., n + 1:]
     if method == "softmax attention":
         W = beta * torch.eye(phi_s.shape[-1], dtype=phi_s.dtype)
-        return weighted_softmax_td(phi_s, R, W, alpha, gamma, depth, phi_queries=phi_q, return_all=True)[..., n + 1:]
+        return weighted_softmax_td(phi_s, R, W, alpha=alpha, gamma=gamma, n_iters=depth, phi_queries=phi_q, return_all=True)[..., n + 1:]
     return query_softmax_td(phi_s, R, phi_q, alpha=alpha, beta=beta, gamma=gamma, n_iters=depth, return_all=True)
 
 def _msve_curves(method, tasks, states, depth, **params)->torch.Tensor:
@@ -805,7 +807,7 @@ def tuned_side_by_side(features:str="random",  # "random" (d = 4) or "onehot" fe
     grids = TUNING_GRIDS if grids is None else grids
     def draw(stream, count):
         tasks = random_tasks(count, seed=substream(seed, stream), features=features)
-        return tasks, sample_trajectories(tasks.P, n, tasks.d_pi, seed=substream(seed, stream + 1))
+        return tasks, sample_trajectories(tasks.P, tasks.d_pi, n=n, seed=substream(seed, stream + 1))
     tune, test = draw(0, n_tune), draw(2, n_tasks)
     out = {}
     for method, grid in grids.items():
@@ -1028,16 +1030,16 @@ def same_chain(a, b, S_a, S_b):
 for b in range(100):
     one, rnd = (random_boyan_chain(features=f, seed=task_rng(substream(0, 0), b))
                 for f in ("onehot", "random"))
-    assert same_chain(one, rnd, sample_trajectory(one, n_ctx, seed=substream(0, 1, b)),
-                      sample_trajectory(rnd, n_ctx, seed=substream(0, 1, b))), b
+    assert same_chain(one, rnd, sample_trajectory(one, n=n_ctx, seed=substream(0, 1, b)),
+                      sample_trajectory(rnd, n=n_ctx, seed=substream(0, 1, b))), b
 # the tuning and test tasks of `tuned_side_by_side(seed=0)`
 for stream, count in ((0, 20), (2, 100)):
     batch_one, batch_rnd = (random_tasks(count, seed=substream(0, stream), features=f)
                             for f in ("onehot", "random"))
     assert same_chain(batch_one, batch_rnd,
-                      [sample_trajectories(batch_one.P, 100, batch_one.d_pi,
+                      [sample_trajectories(batch_one.P, batch_one.d_pi, n=100,
                                            seed=substream(0, stream + 1))],
-                      [sample_trajectories(batch_rnd.P, 100, batch_rnd.d_pi,
+                      [sample_trajectories(batch_rnd.P, batch_rnd.d_pi, n=100,
                                            seed=substream(0, stream + 1))]), stream
 print(f"features: one-hot {tuple(batch_one.phi.shape)}, random {tuple(batch_rnd.phi.shape)}")
 

@@ -553,7 +553,7 @@ def kernel_td(process:ContinuousProcess, # a process of this chapter
     if Q.ndim == 2 and phi.ndim > 2: Q = Q.expand(phi.shape[:-2] + Q.shape)
     n = phi.shape[-2] - 1
     W = process.score_matrix(beta).to(phi)
-    return weighted_softmax_td(phi, R, W, alpha, process.gamma, n_layers, phi_queries=Q, return_all=return_all)[..., n + 1:]
+    return weighted_softmax_td(phi, R, W, alpha=alpha, gamma=process.gamma, n_iters=n_layers, phi_queries=Q, return_all=return_all)[..., n + 1:]
 
 
 # %%
@@ -580,7 +580,8 @@ for proc, kernel in [(rot, von_mises_8), (ar, gaussian_8)]:
     lib = context_weights(proc.features(S), proc.score_matrix(8.), proc.features(queries))
     test_close(lib, direct_weights(kernel, S[:-1], torch.cat([S, queries])), eps=1e-12)
     for L in (1, 7, 30):
-        tf = SoftmaxICTD.from_theta_star(proc.d, L, proc.score_matrix(8.), 0.8, proc.gamma)
+        tf = SoftmaxICTD.from_theta_star(proc.d, proc.score_matrix(8.), n_layers=L, alpha=0.8,
+                                         gamma=proc.gamma)
         Z = build_prompt(proc.features(S), R, proc.features(queries))
         test_close(tf.predict(Z, n=300),
                    kernel_td(proc, S, R, beta=8., alpha=0.8, n_layers=L, queries=queries),
@@ -1085,7 +1086,7 @@ show_doc(family_config)
 # %%
 S, R = rot.sample_trajectory(40, seed=0)
 x_q = rot.grid(8)[0]
-model = SoftmaxICTD(2, 3, init_gain=0.5, seed=3)
+model = SoftmaxICTD(2, n_layers=3, init_gain=0.5, seed=3)
 tokens = trajectory_tokens(rot.features(S)[None], R[None], rot.features(x_q)[None])
 test_close(token_predict(model_params(model), 3, tokens)[0],
            model.predict(build_prompt(rot.features(S), R, rot.features(x_q)), n=40), eps=1e-13)

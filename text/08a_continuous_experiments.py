@@ -416,7 +416,8 @@ def lstd(phi_states,          # (..., n + 1, d) features of S_0..S_n
 # %%
 S_l, R_l = ar.sample_trajectory(400, seed=6)
 phi_l, q_l = ar.basis(S_l, 3), ar.basis(ar.grid(11)[0], 3)
-deep = batch_linear_td(phi_l, R_l, 0.5, ar.gamma, 3000, phi_queries=q_l)[..., 401:]
+deep = batch_linear_td(phi_l, R_l, alpha=0.5, gamma=ar.gamma, n_iters=3000,
+                       phi_queries=q_l)[..., 401:]
 test_close(deep, lstd(phi_l, R_l, q_l, ar.gamma), eps=1e-6)
 
 
@@ -438,7 +439,7 @@ def compare_methods(process,           # a process of this chapter
     x, g = process.grid(m)[0], process.gamma
     tune, test = sample_contexts(process, n, n_tune, stream_seed(seed, "tune")), sample_contexts(process, n, n_eval, stream_seed(seed, "evaluate"))
     def linear(feat):
-        return lambda S, R, a: batch_linear_td(feat(S), R, a, g, n_layers, phi_queries=feat(x).expand(S.shape[:-1] + (m, -1)))[..., n + 1:]
+        return lambda S, R, a: batch_linear_td(feat(S), R, alpha=a, gamma=g, n_iters=n_layers, phi_queries=feat(x).expand(S.shape[:-1] + (m, -1)))[..., n + 1:]
     methods = [("kernel TD (softmax Transformer)", process.d, lambda S, R, ab: kernel_td(process, S, R, beta=ab[1], alpha=ab[0], n_layers=n_layers, queries=x), [(a, b) for a in kernel_alphas for b in betas])]
     methods.append(("linear TD, same features", process.d, linear(process.features), alphas))
     for size in sizes:

@@ -121,7 +121,7 @@ def value_weights(params:dict,   # (…, L, D, D) tensors "V_cur", "V_tgt"
 
 # %%
 test_close(value_weights(dict(zip(("A", "V_cur", "V_tgt"),
-                                  theta_star(2, rot.score_matrix(1.), 0.5, 0.9)))),
+                                  theta_star(2, rot.score_matrix(1.), alpha=0.5, gamma=0.9)))),
            torch.tensor([0.5, 0.45, -0.5], dtype=torch.float64), eps=1e-15)
 
 
@@ -144,9 +144,10 @@ def kernel_fit(family:TaskFamily,  # the family (its base process gives the patt
 show_doc(kernel_fit)
 
 # %%
-test_close(kernel_fit(fam_rot, theta_star(2, rot.score_matrix(7.), 1., 0.9)[0])["beta"], 7.,
+test_close(kernel_fit(fam_rot, theta_star(2, rot.score_matrix(7.), alpha=1., gamma=0.9)[0])["beta"],
+           7.,
            eps=1e-12)
-W_ar = theta_star(3, ar.score_matrix(2.), 1., 0.9)[0]
+W_ar = theta_star(3, ar.score_matrix(2.), alpha=1., gamma=0.9)[0]
 # query-only terms: same kernel
 W_ar[2, :3] += torch.tensor([5., -1., 2.], dtype=torch.float64)
 fit = kernel_fit(fam_ar, W_ar)
@@ -185,7 +186,8 @@ def family_msve(params:dict,     # stacked parameters (S, L or 1, D, D)
 # %%
 ctx_check = fam_rot.contexts(6, 25)
 theta = {k: v[None, None]
-         for k, v in zip(("A", "V_cur", "V_tgt"), theta_star(2, rot.score_matrix(3.), 0.7, 0.9))}
+         for k, v in zip(("A", "V_cur", "V_tgt"),
+                         theta_star(2, rot.score_matrix(3.), alpha=0.7, gamma=0.9))}
 test_close(family_msve(theta, 4, fam_rot, ctx_check)[0],
            kernel_msve(fam_rot, ctx_check, alpha=0.7, beta=3., n_layers=4), eps=1e-10)
 
@@ -722,7 +724,8 @@ test_eq([w.category for w in caught], [DeprecationWarning])
 u_check = torch.linspace(-2, 2, 9, dtype=torch.float64)
 x_check = torch.tensor([-1., 0., 0.7], dtype=torch.float64)
 for fam, ref in [(fam_rot, 3. * (torch.cos(u_check) - 1)), (fam_ar, -3. * u_check ** 2 / 2)]:
-    test_close(learned_scores(fam, theta_star(fam.d, fam.base.score_matrix(3.), 1., 0.9)[0],
+    test_close(learned_scores(fam,
+                              theta_star(fam.d, fam.base.score_matrix(3.), alpha=1., gamma=0.9)[0],
                               x_check, u_check), ref.expand(3, -1), eps=1e-12)
 
 # %%

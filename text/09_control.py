@@ -529,7 +529,8 @@ test_close(kernel_q_iteration(f_sa, R1, f_next, W1, beta=0., **common),
 # %%
 pairs = small.phi[S1, A1]                                                       # (n + 1, d)
 sarsa = kernel_q_iteration(f_sa, R1, f_next, W1, beta=0., next_actions=A1[1:], **common)
-wstd = weighted_softmax_td(pairs, R1, W1, 0.4, small.gamma, 6, phi_queries=f_q)  # S_0..S_n, queries
+# S_0..S_n, queries
+wstd = weighted_softmax_td(pairs, R1, W1, alpha=0.4, gamma=small.gamma, n_iters=6, phi_queries=f_q)
 test_close(sarsa, torch.cat([wstd[:15], wstd[16:]]), eps=1e-12)
 
 # %% [markdown]
@@ -861,7 +862,8 @@ g2, n2 = context_features(one, S2, A2)
 for b in (0., 2., math.inf):
     ours = kernel_q_iteration(g2, R2, n2, W1, alpha=0.5, gamma=0.9, beta=b, n_iters=7,
                               phi_queries=one.phi[:, 0])
-    ref = weighted_softmax_td(one.phi[S2, 0], R2, W1, 0.5, 0.9, 7, phi_queries=one.phi[:, 0])
+    ref = weighted_softmax_td(one.phi[S2, 0], R2, W1, alpha=0.5, gamma=0.9, n_iters=7,
+                              phi_queries=one.phi[:, 0])
     test_close(ours, torch.cat([ref[:20], ref[21:]]), eps=1e-12)
 Ws3 = torch.randn(3, 3, 3, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
 batched = kernel_q_iteration(f_sa, R1, f_next, Ws3, beta=2., **common)

@@ -11,7 +11,8 @@ from torch import nn
 from ictd.boyan import as_tensor, check_gamma
 from ictd.core import (check_bool, check_floating, check_int, check_number, check_type, check_work,
                        chunk_rows, memory_path)
-from ictd.model import token_rows, torch_generator, xavier_param
+from ictd.model import token_rows, torch_generator, xavier_param, _old_theta_star_call
+from ictd.boyan import moved_to_keywords, reordered_positionals
 from ictd.control import _check_beta
 
 # %%
@@ -322,7 +323,9 @@ def streamed_pair_update(Z:torch.Tensor,  # (..., d + 4, N) tokens
 #| export
 class ControlICTD(nn.Module):
     "A stack of L (backup layer, TD layer) pairs on control prompts; values are read from row d+1."
+    @moved_to_keywords("n_layers", "init_gain", "seed", "hard")
     def __init__(self, d:int,            # feature dimension; tokens have d + 4 rows
+                 *,
                  n_layers:int,           # number of layer pairs L (2L attention layers)
                  init_gain:float=0.1,    # gain of the Xavier-normal initialisation
                  seed=None,              # int or `torch.Generator`
@@ -336,17 +339,18 @@ class ControlICTD(nn.Module):
                                       for _ in range(5 * self.n_layers))
 
     @classmethod
+    @reordered_positionals(("cls", "d", "n_layers", "W"), _old_theta_star_call)
     def from_theta_star(cls, d:int,      # feature dimension
-                        n_layers:int,    # number of layer pairs L, one iteration each
                         W,               # (d, d) score matrix
                         *,
+                        n_layers:int,    # number of layer pairs L, one iteration each
                         alpha:float,     # step size > 0
                         gamma:float,     # discount factor in [0, 1)
                         beta:float,      # inverse temperature of the backup in [0, inf]
                        ):
         "Every pair of layers carrying `control_theta_star(d, W, alpha, gamma, beta)`."
         params = control_theta_star(d, W, alpha, gamma, beta)
-        model = cls(d, n_layers, seed=0, hard=_check_beta(beta) == math.inf)
+        model = cls(d, n_layers=n_layers, seed=0, hard=_check_beta(beta) == math.inf)
         with torch.no_grad():
             for l in range(model.n_layers):
                 for i, p in enumerate(params): model.pairs[5 * l + i].copy_(p)
@@ -447,7 +451,8 @@ def theorem_gap(seed:int, beta:float, n_iters:int=12)->float:
     f_q = m.phi[torch.from_numpy(rng.integers(0, S, size=q))]
     W = torch.from_numpy(rng.normal(scale=2 / np.sqrt(m.d), size=(m.d, m.d)))
     alpha = rng.uniform(0.1, 1)
-    model = ControlICTD.from_theta_star(m.d, n_iters, W, alpha=alpha, gamma=m.gamma, beta=beta)
+    model = ControlICTD.from_theta_star(m.d, W, n_layers=n_iters, alpha=alpha, gamma=m.gamma,
+                                        beta=beta)
     Zs = model(build_control_prompt(f_sa, Rt, f_next, f_q), return_all=True)
     every_block = torch.cat([f_next.flatten(0, 1), f_q.flatten(0, 1)])
     ref = kernel_q_iteration(f_sa, Rt, f_next, W, alpha=alpha, gamma=m.gamma, beta=beta,
@@ -488,8 +493,8 @@ Markdown(f"On {thm_gaps.shape[0]} random tasks (all three feature kinds) and {th
 # mass on the two actions of its assigned block.
 
 # %%
-tiny_model = ControlICTD.from_theta_star(6, 2, 3. * torch.eye(6, dtype=torch.float64), alpha=1.,
-                                         gamma=0.9, beta=4.)
+tiny_model = ControlICTD.from_theta_star(6, 3. * torch.eye(6, dtype=torch.float64), n_layers=2,
+                                         alpha=1., gamma=0.9, beta=4.)
 Z1 = tiny_model(x_tiny, return_all=True)[1]
 params_t = control_theta_star(6, 3. * torch.eye(6, dtype=torch.float64), 1., 0.9, 4.)
 masks_t = control_masks(3, 2, 1)
@@ -747,7 +752,7 @@ m5 = random_mdp(5, 3, features="random", d=4, seed=7)
 S5, A5, R5 = sample_mdp_trajectory(m5, 30, seed=7)
 g5, n5 = context_features(m5, S5, A5)
 W5 = torch.randn(4, 4, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
-model5 = ControlICTD.from_theta_star(4, 8, W5, alpha=0.6, gamma=0.9, beta=2.)
+model5 = ControlICTD.from_theta_star(4, W5, n_layers=8, alpha=0.6, gamma=0.9, beta=2.)
 pred = model5.predict(build_control_prompt(g5, R5, n5, m5.phi[[1, 3, 4]]))
 ref5 = kernel_q_iteration(g5, R5, n5, W5, alpha=0.6, gamma=0.9, beta=2., n_iters=8,
                           phi_queries=m5.phi[[1, 3, 4]].flatten(0, 1))
@@ -769,7 +774,7 @@ test_fail(lambda: build_control_prompt(g5, R5, n5[:-1]), contains="`phi_next` mu
 test_fail(lambda: build_control_prompt(g5, R5[:-1], n5), contains="`rewards` must have shape")
 test_fail(lambda: build_control_prompt(g5, R5, n5, m5.phi[:, :2]),
           contains="`phi_queries` must have shape")
-test_fail(lambda: ControlICTD(4, 0), contains="`n_layers` must be an integer >= 1")
+test_fail(lambda: ControlICTD(4, n_layers=0), contains="`n_layers` must be an integer >= 1")
 test_fail(lambda: model5(build_control_prompt(g5[:, :3], R5, n5[..., :3])),
           contains="the model expects 8")
 
@@ -778,9 +783,9 @@ test_fail(lambda: model5(build_control_prompt(g5[:, :3], R5, n5[..., :3])),
 # model is ready for the training of a later page):
 
 # %%
-free = ControlICTD(4, 2, init_gain=0.5, seed=1)
+free = ControlICTD(4, n_layers=2, init_gain=0.5, seed=1)
 test_eq([p.detach() for p in free.pairs],
-        [p.detach() for p in ControlICTD(4, 2, init_gain=0.5, seed=1).pairs])
+        [p.detach() for p in ControlICTD(4, n_layers=2, init_gain=0.5, seed=1).pairs])
 free.predict(build_control_prompt(g5, R5, n5, m5.phi[[1]])).sum().backward()
 assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in free.pairs)
 
@@ -808,7 +813,7 @@ def path_gap(model, x)->tuple:
     return rel(out["streamed"], out["dense"]), rel(grad["streamed"], grad["dense"])
 
 x3 = build_control_prompt(*two_contexts, m5.phi[[1, 3, 4]])
-gaps = {hard: path_gap(ControlICTD(4, 3, init_gain=0.5, seed=2, hard=hard), x3)
+gaps = {hard: path_gap(ControlICTD(4, n_layers=3, init_gain=0.5, seed=2, hard=hard), x3)
         for hard in (False, True)}
 assert all(g < 1e-12 for pair in gaps.values() for g in pair), gaps
 Markdown("Tokens and gradients, streamed against dense: below $10^{-12}$ relative for the softmax "

@@ -123,7 +123,7 @@ for seed in range(6):
         fast = pair_token_q_iteration(m.phi, S_, A_, R_, W_, **kw)
         full = kernel_q_iteration(f, R_, fn, W_, phi_queries=m.phi.flatten(0, 1), **kw)
         full = full[40:].reshape(5, 3)
-        model = ControlICTD.from_theta_star(m.d, 10, W_, alpha=0.7, gamma=m.gamma, beta=b)
+        model = ControlICTD.from_theta_star(m.d, W_, n_layers=10, alpha=0.7, gamma=m.gamma, beta=b)
         tf = model.predict(build_control_prompt(f, R_, fn, m.phi))
         checks.append(max((fast - full).abs().max().item(), (tf - fast).abs().max().item()))
     kw = dict(alpha=0.7, gamma=m.gamma, beta=0., n_iters=10)
@@ -413,7 +413,8 @@ Markdown("\n\n".join(grid_table(kind) for kind in MDP_REWARDS))
 m5 = random_mdp(seed=5)
 S_l, A_l, R_l = sample_mdp_trajectories(m5.P[None], m5.r[None], 40, seed=5)
 I30 = torch.eye(30, dtype=torch.float64)
-ref_lin = batch_linear_td(I30[S_l[0] * 3 + A_l[0]], R_l[0], 4., 0.9, 12, phi_queries=I30)[41:]
+ref_lin = batch_linear_td(I30[S_l[0] * 3 + A_l[0]], R_l[0], alpha=4., gamma=0.9, n_iters=12,
+                          phi_queries=I30)[41:]
 test_close(linear_sarsa(S_l, A_l, R_l, 4., 12)[0, -1], ref_lin, eps=1e-12)
 rows, at_edge = [], 0
 for kind in MDP_REWARDS:

@@ -81,9 +81,9 @@ from ictd.wstd import weighted_softmax_td, batch_linear_td, context_weights, cer
 
 # %%
 chain = random_boyan_chain(n_states=13, seed=3)
-S, R = sample_trajectory(chain, 60, seed=3)
+S, R = sample_trajectory(chain, n=60, seed=3)
 assert set(S.tolist()) <= set(S[:-1].tolist())   # every target state is left
-ce = certainty_equivalence(S, R, 13, chain.gamma)[S]
+ce = certainty_equivalence(S, R, 13, gamma=chain.gamma)[S]
 
 def kbrl(phi, R, gamma, n_iters=None, **kw):
     """Ormoneit-Sen kernel-based policy evaluation on the context:
@@ -102,7 +102,8 @@ def kbrl(phi, R, gamma, n_iters=None, **kw):
 onehot = torch.eye(13, dtype=torch.float64)[S]
 W40 = 40 * torch.eye(13, dtype=torch.float64)
 tab_kbrl = kbrl(onehot, R, chain.gamma, 100, W=W40)
-tab_wstd = weighted_softmax_td(onehot, R, W40, 1.0, chain.gamma, 100, return_all=True)[1:]
+tab_wstd = weighted_softmax_td(onehot, R, W40, alpha=1.0, gamma=chain.gamma, n_iters=100,
+                               return_all=True)[1:]
 test_close(tab_wstd, tab_kbrl, eps=1e-12)
 print("tabular limit (beta = 40, alpha = 1): "
       "largest gap over 100 iterations below 1e-12 (checked above)")
@@ -110,7 +111,8 @@ print("tabular limit (beta = 40, alpha = 1): "
 pos = torch.linspace(0, 1, 13, dtype=torch.float64)[S][:, None]   # states on a line
 for h in (0.03, 0.08):
     gauss = lambda k, x: -torch.cdist(k, x) ** 2 / (2 * h * h)
-    v_far = weighted_softmax_td(pos, R, None, 0.5, chain.gamma, 6000, score=gauss)
+    v_far = weighted_softmax_td(pos, R, None, alpha=0.5, gamma=chain.gamma, n_iters=6000,
+                                score=gauss)
     u_fix = kbrl(pos, R, chain.gamma, score=gauss)
     test_close(v_far, ce, eps=1e-10)
     assert (u_fix - ce).abs().max() > 1e-2
@@ -253,7 +255,7 @@ def task_batch(s, n, rewards, n_tasks, seed):
     for child in np.random.SeedSequence(seed).spawn(n_tasks):
         rng = np.random.default_rng(child)
         mrp = random_boyan_chain(n_states=s, rewards=rewards, seed=rng)
-        S_t, R_t = sample_trajectory(mrp, n, seed=rng)
+        S_t, R_t = sample_trajectory(mrp, n=n, seed=rng)
         seen = torch.zeros(s, dtype=torch.bool)
         seen[S_t] = True
         out.append((mrp.phi[S_t], R_t, mrp.phi, mrp.v_pi, seen))
@@ -264,11 +266,13 @@ def softmax_values(phi, R, Q, alpha, betas):
     one row per beta: (len(betas), tasks, s)."""
     eye = torch.eye(phi.shape[-1], dtype=torch.float64)
     W = torch.tensor(betas, dtype=torch.float64)[:, None, None, None] * eye
-    return weighted_softmax_td(phi, R, W, alpha, 0.9, T_ITERS, Q)[..., -Q.shape[-2]:]
+    return weighted_softmax_td(phi, R, W, alpha=alpha, gamma=0.9, n_iters=T_ITERS,
+                               phi_queries=Q)[..., -Q.shape[-2]:]
 
 def linear_values(phi, R, Q, alpha):
     "Batch linear TD after T_ITERS iterations at every state: (tasks, s)."
-    return batch_linear_td(phi, R, alpha, 0.9, T_ITERS, Q)[..., -Q.shape[-2]:]
+    return batch_linear_td(phi, R, alpha=alpha, gamma=0.9, n_iters=T_ITERS,
+                           phi_queries=Q)[..., -Q.shape[-2]:]
 
 def group_errors(pred, v, seen):
     "Per-task MSE over the seen and over the unseen states (NaN where a task has none)."

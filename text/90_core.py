@@ -179,25 +179,14 @@ def check_fields(obj):
 
 # %%
 #| export
-def moved_to_keywords(*names:str):
-    "Decorator: the keyword-only `names` (in their old positional order) may still be passed by position for one release, with a `DeprecationWarning` naming the new form."
-    def wrap(fn):
-        params = inspect.signature(fn).parameters.values()
-        n_pos = sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) for p in params)
-        @functools.wraps(fn)
-        def call(*args, **kwargs):
-            if len(args) > n_pos:
-                extra = args[n_pos:]
-                if len(extra) > len(names): raise TypeError(f"{fn.__name__}() takes {n_pos} positional arguments and the keywords {names}, got {len(args)} positional")
-                moved = dict(zip(names, extra))
-                if set(moved) & set(kwargs): raise TypeError(f"{fn.__name__}() got {sorted(set(moved) & set(kwargs))} both by position and by keyword")
-                new = ", ".join(f"{k}=..." for k in moved)
-                warnings.warn(f"{fn.__name__}: pass {new} by keyword; the positional form is deprecated and goes in the next release",
-                              DeprecationWarning, stacklevel=2)
-                args, kwargs = args[:n_pos], {**kwargs, **moved}
-            return fn(*args, **kwargs)
-        return call
-    return wrap
+from ictd.boyan import moved_to_keywords, reordered_positionals   # defined first thing in chapter 0, which uses them
+_all_ = ["moved_to_keywords", "reordered_positionals"]
+
+# %%
+show_doc(moved_to_keywords)
+
+# %%
+show_doc(reordered_positionals)
 
 
 # %%
@@ -211,6 +200,12 @@ test_eq([str(w.message)[:40] for w in caught], ["_step: pass alpha=... by keywor
 test_fail(lambda: _step(1., 2., 0.25, 3.), contains="takes 1 positional arguments")
 test_fail(lambda: _step(1., 2., alpha=2.), contains="both by position and by keyword")
 test_eq(list(inspect.signature(_step).parameters), ["x", "alpha", "gamma"])
+
+@reordered_positionals(("P", "n", "d0"), lambda args: len(args) > 2)
+def _walk(P, d0, *, n): return (P, d0, n)
+test_eq(_walk("P", "d", n=3), ("P", "d", 3))
+test_warns(lambda: test_eq(_walk("P", 3, "d"), ("P", "d", 3)))
+test_fail(lambda: _walk("P", 3, "d", n=4), contains="both by position and by keyword")
 
 # %% [markdown]
 # Some work grows with its arguments faster than a reader expects: an attention matrix of $n \times m$ entries

@@ -447,7 +447,7 @@ for seed in range(3):   # the sampler's walk draws exactly what chapter 6's `sta
 def held_out_tasks(config:PretrainConfig)->tuple:
     "The held-out tasks of a run (its stream `eval_pool`, apart from its training pool) and one context per task (its stream `eval_contexts`)."
     tasks = task_pool(config, config.eval_tasks, run_stream(config.seed, "eval_pool"))
-    return tasks, sample_trajectories(tasks.P, config.n, tasks.d_pi, seed=run_stream(config.seed, "eval_contexts"))
+    return tasks, sample_trajectories(tasks.P, tasks.d_pi, n=config.n, seed=run_stream(config.seed, "eval_contexts"))
 
 
 # %%
@@ -698,8 +698,8 @@ def softmax_init(config:PretrainConfig, seeds:list, dtype)->dict:
     d = config.feature_dim
     if config.init == "theta_star":
         W = config.init_beta * torch.eye(d, dtype=torch.float64)
-        models = [SoftmaxICTD.from_theta_star(d, config.n_layers, W, config.init_alpha, config.gamma, shared=config.shared)] * len(seeds)
-    else: models = [SoftmaxICTD(d, config.n_layers, config.shared, config.init_gain, seed=run_stream(s, "init")) for s in seeds]
+        models = [SoftmaxICTD.from_theta_star(d, W, n_layers=config.n_layers, alpha=config.init_alpha, gamma=config.gamma, shared=config.shared)] * len(seeds)
+    else: models = [SoftmaxICTD(d, n_layers=config.n_layers, shared=config.shared, init_gain=config.init_gain, seed=run_stream(s, "init")) for s in seeds]
     return {k: torch.stack([torch.stack([getattr(lay, k).detach() for lay in m.layers]) for m in models]).to(dtype) for k in ("A", "V_cur", "V_tgt")}
 
 
@@ -707,7 +707,7 @@ def softmax_init(config:PretrainConfig, seeds:list, dtype)->dict:
 cfg = PretrainConfig(n_layers=2)
 params = softmax_init(cfg, [0, 3], torch.float64)
 test_eq(params["A"].shape, (2, 2, 6, 6))
-test_eq(params["V_tgt"][1, 1], SoftmaxICTD(4, 2, seed=run_stream(3, "init")).layers[1].V_tgt.detach())   # seed 3's slice: seed 3's own model
+test_eq(params["V_tgt"][1, 1], SoftmaxICTD(4, n_layers=2, seed=run_stream(3, "init")).layers[1].V_tgt.detach())   # seed 3's slice: seed 3's own model
 
 
 # %% [markdown]
@@ -717,7 +717,7 @@ test_eq(params["V_tgt"][1, 1], SoftmaxICTD(4, 2, seed=run_stream(3, "init")).lay
 #| export
 def softmax_module(config:PretrainConfig, params:dict)->SoftmaxICTD:
     "A `SoftmaxICTD` carrying one seed's parameters (L or 1, D, D)."
-    model = SoftmaxICTD(config.feature_dim, config.n_layers, config.shared, seed=0, dtype=params["A"].dtype)
+    model = SoftmaxICTD(config.feature_dim, n_layers=config.n_layers, shared=config.shared, seed=0, dtype=params["A"].dtype)
     model.load_state_dict({f"layers.{l}.{k}": params[k][l] for l in range(params["A"].shape[0]) for k in ("A", "V_cur", "V_tgt")})
     return model
 
@@ -769,7 +769,7 @@ def softmax_metrics(config:PretrainConfig, params:dict, ev)->dict:
     "Value weights (S, L, 3) and block cosines (S, L, 3) of every seed; on discrete tasks also population NEU (S, 1) and diagonality (S, L)."
     L, d, Lp = config.n_layers, config.feature_dim, params["A"].shape[1]
     with torch.no_grad():
-        star = theta_star(d, torch.eye(d, dtype=torch.float64, device=params["A"].device), 1., config.gamma)
+        star = theta_star(d, torch.eye(d, dtype=torch.float64, device=params["A"].device), alpha=1., gamma=config.gamma)
         blocks = [params[k][:, [l % Lp for l in range(L)]] for k in ("A", "V_cur", "V_tgt")]       # (S, L, D, D)
         cos = torch.stack([(b * t).sum((-2, -1)) / (b.flatten(-2).norm(dim=-1) * t.norm()).clamp(min=1e-300) for b, t in zip(blocks, star)], -1)
         V_cur, V_tgt = blocks[1], blocks[2]

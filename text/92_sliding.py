@@ -8,6 +8,7 @@ import functools, math
 import numpy as np
 import torch
 from ictd.core import check_type, run_stream, substream
+from ictd.boyan import moved_to_keywords
 from ictd.tasks import Contexts, TaskBatch, TDExamples, random_tasks, sample_trajectories, task_features, task_pool
 from ictd.engine import EvalSet, PretrainConfig, Protocol, register_protocol, task_eval_set
 from ictd.pretrain import stack_pools
@@ -96,8 +97,10 @@ test_eq(mu, start_distributions(3, 10, torch.Generator().manual_seed(0)))
 
 # %%
 #| export
+@moved_to_keywords("gamma")
 def sliding_td_loss(v:torch.Tensor,       # (..., W) values of consecutive windows
                     rewards:torch.Tensor, # (..., W-1) reward of each window's query state
+                    *,
                     gamma:float,          # discount factor
                    )->torch.Tensor:       # (...) mean squared TD error, successor's value held fixed
     "The predecessor's loss: mean over windows of $(r + \\gamma\\,\\mathrm{TF}(Z^{(k+1)}) - \\mathrm{TF}(Z^{(k)}))^2$, the first term detached."
@@ -110,7 +113,7 @@ def sliding_td_loss(v:torch.Tensor,       # (..., W) values of consecutive windo
 
 # %%
 v_demo = torch.tensor([1., 2., 3.], requires_grad=True)
-loss = sliding_td_loss(v_demo, torch.tensor([0.5, -1.]), 0.5)
+loss = sliding_td_loss(v_demo, torch.tensor([0.5, -1.]), gamma=0.5)
 loss.backward()
 test_close(loss.item(), ((0.5 + 1 - 1) ** 2 + (-1 + 1.5 - 2) ** 2) / 2, eps=1e-12)
 test_close(v_demo.grad, torch.tensor([-0.5, 1.5, 0.]), eps=1e-12)
@@ -153,9 +156,11 @@ test_close(v_demo.grad, torch.tensor([-0.5, 1.5, 0.]), eps=1e-12)
 
 # %%
 #| export
+@moved_to_keywords("n", "gamma", "n_layers")
 def sliding_td_coefficients(phi:torch.Tensor,    # (..., s, d) features of each trajectory's task
                             r:torch.Tensor,      # (..., s) rewards
                             states:torch.Tensor, # (..., T) trajectories
+                            *,
                             n:int,               # context length
                             gamma:float,         # discount factor
                             n_layers:int,        # depth L
@@ -181,8 +186,10 @@ def sliding_td_coefficients(phi:torch.Tensor,    # (..., s, d) features of each 
 
 # %%
 #| export
+@moved_to_keywords("gamma")
 def td_semigradient_poly(coef:torch.Tensor,     # (..., W, L+1) value coefficients of consecutive windows
                          rewards:torch.Tensor,  # (..., W-1) reward of each window's query
+                         *,
                          gamma:float,           # discount factor
                         )->np.polynomial.Polynomial: # g(alpha) = mean of delta_k * dv_k/dalpha
     "The expected semi-gradient of the sliding-window TD loss in alpha, as a polynomial (mean over all windows given)."
@@ -229,16 +236,16 @@ test_fail(lambda: fit_td_step([-2., 1.]), contains="`g` must be a Polynomial")
 # %%
 mrp = random_boyan_chain(seed=11)
 gen = torch.Generator().manual_seed(1)
-states = sample_trajectories(mrp.P[None].expand(3, 10, 10), 40, start_distributions(3, 10, gen), seed=gen)
+states = sample_trajectories(mrp.P[None].expand(3, 10, 10), start_distributions(3, 10, gen), n=40, seed=gen)
 phi3, r3 = mrp.phi.expand(3, 10, 4), mrp.r.expand(3, 10)
 Zw, rw = sliding_windows(phi3, r3, states, 30, mrp.gamma)
-coef, rw2 = sliding_td_coefficients(phi3, r3, states, 30, mrp.gamma, 3)
+coef, rw2 = sliding_td_coefficients(phi3, r3, states, n=30, gamma=mrp.gamma, n_layers=3)
 test_eq(rw2, rw)
 a = torch.tensor(2.7, dtype=torch.float64, requires_grad=True)
 v = moment_predict(*(t[None] for t in td_parameters(4, a)), Zw, 30, 3)[..., 0]
 test_close((coef * 2.7 ** torch.arange(4, dtype=torch.float64)).sum(-1), v.detach(), eps=1e-10)
 auto, = torch.autograd.grad(((rw + mrp.gamma * v[..., 1:] - v[..., :-1]).detach() * v[..., :-1]).mean(), a)
-test_close(td_semigradient_poly(coef, rw, mrp.gamma)(2.7), auto.item(), eps=1e-10)
+test_close(td_semigradient_poly(coef, rw, gamma=mrp.gamma)(2.7), auto.item(), eps=1e-10)
 
 # %%
 #| export
@@ -260,8 +267,8 @@ def td_semigradient_chunks(n:int, n_layers:int, gamma:float, n_states:int=10, d:
     for first in range(0, n_tasks, FIT_CHUNK):
         tasks = random_tasks(min(FIT_CHUNK, n_tasks - first), seed=substream(FIT_SEED, 0), first=first, n_states=n_states, d=d, gamma=gamma)
         gen = torch.Generator().manual_seed(substream(FIT_SEED, 1, first // FIT_CHUNK))
-        states = sample_trajectories(rep(tasks.P), n + FIT_STEPS, rep(start_distributions(len(tasks), n_states, gen)), seed=gen)
-        polys.append(td_semigradient_poly(*sliding_td_coefficients(rep(tasks.phi), rep(tasks.r), states, n, gamma, n_layers), gamma))
+        states = sample_trajectories(rep(tasks.P), rep(start_distributions(len(tasks), n_states, gen)), n=n + FIT_STEPS, seed=gen)
+        polys.append(td_semigradient_poly(*sliding_td_coefficients(rep(tasks.phi), rep(tasks.r), states, n=n, gamma=gamma, n_layers=n_layers), gamma=gamma))
     return tuple(polys)
 
 
@@ -270,7 +277,8 @@ def td_semigradient_chunks(n:int, n_layers:int, gamma:float, n_states:int=10, d:
 
 # %%
 #| export
-def fitted_td_step(n:int, n_layers:int, gamma:float, n_states:int=10, d:int=4, n_tasks:int=1024)->float:
+@moved_to_keywords("n", "n_layers", "gamma", "n_states", "d", "n_tasks")
+def fitted_td_step(*, n:int, n_layers:int, gamma:float, n_states:int=10, d:int=4, n_tasks:int=1024)->float:
     "The batch-TD Transformer's step size fitted by the sliding-window TD loss on `n_tasks` fresh tasks."
     polys = td_semigradient_chunks(n, n_layers, gamma, n_states, d, n_tasks)
     return fit_td_step(sum(polys[1:], polys[0]) / len(polys))
@@ -285,10 +293,10 @@ show_doc(fitted_td_step)
 # tasks fitted separately (the counts below are read from the code's defaults and a sampled trajectory):
 
 # %%
-alpha_td = fitted_td_step(30, 3, 0.9)
+alpha_td = fitted_td_step(n=30, n_layers=3, gamma=0.9)
 chunks = td_semigradient_chunks(30, 3, 0.9)
 n_fit_tasks = inspect.signature(td_semigradient_chunks).parameters["n_tasks"].default
-probe = sample_trajectories(mrp.P[None], 30 + FIT_STEPS, start_distributions(1, 10, gen), seed=gen)
+probe = sample_trajectories(mrp.P[None], start_distributions(1, 10, gen), n=30 + FIT_STEPS, seed=gen)
 n_windows = sliding_windows(mrp.phi[None], mrp.r[None], probe, 30, mrp.gamma)[0].shape[-3]
 n_td_errors = n_fit_tasks * FIT_TRAJECTORIES * (n_windows - 1)
 test_eq(len(chunks), -(-n_fit_tasks // FIT_CHUNK))
@@ -336,7 +344,7 @@ def sliding_chunk(config:PretrainConfig, seeds:list, gens:list, first:int)->dict
     for s, g in zip(seeds, gens):
         pools.append(task_pool(config, count, run_stream(s, "train_pool"), first=first))
         mu = start_distributions(count, config.n_states, g).repeat_interleave(per_task, 0)
-        states.append(sample_trajectories(pools[-1].P.repeat_interleave(per_task, 0), T, mu, seed=g).unflatten(0, (count, per_task)))
+        states.append(sample_trajectories(pools[-1].P.repeat_interleave(per_task, 0), mu, n=T, seed=g).unflatten(0, (count, per_task)))
     pool = stack_pools(pools)
     return dict(P=pool.P, r=pool.r, phi=pool.phi, d_pi=pool.d_pi, v_pi=pool.v_pi, states=torch.stack(states))
 
@@ -369,7 +377,7 @@ def sliding_eval_set(config:PretrainConfig, seeds:list, device=None)->EvalSet:
     for s in seeds:
         pools.append(task_pool(config, config.eval_tasks, run_stream(s, "eval_pool")))
         gen = torch.Generator().manual_seed(run_stream(s, "eval_contexts"))
-        states.append(sample_trajectories(pools[-1].P, config.n, start_distributions(config.eval_tasks, config.n_states, gen), seed=gen))
+        states.append(sample_trajectories(pools[-1].P, start_distributions(config.eval_tasks, config.n_states, gen), n=config.n, seed=gen))
     return task_eval_set(config, stack_pools(pools, device), torch.stack(states).to(device))
 
 register_protocol("sliding", Protocol(sample=sliding_sample, eval_set=sliding_eval_set, loss_scale=1.,

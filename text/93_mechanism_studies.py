@@ -796,7 +796,7 @@ def run_jacobian_study(out_dir="nbs/data",       # folder of the JSON file
     tasks = held_out_prompts(dataclasses.replace(c, seed=1000))[0]
     out = {}
     for name, (beta, alpha) in star_points(c).items():
-        m = SoftmaxICTD.from_theta_star(c.feature_dim, c.n_layers, beta * torch.eye(c.feature_dim, dtype=torch.float64), alpha, c.gamma)
+        m = SoftmaxICTD.from_theta_star(c.feature_dim, beta * torch.eye(c.feature_dim, dtype=torch.float64), n_layers=c.n_layers, alpha=alpha, gamma=c.gamma)
         g, J = update_jacobian(m, tasks_inf)
         gs, Js = sampled_jacobians(m, tasks, c.n, n_batches, batch_size, seed)
         out[name] = {"n = infinity": dict(jacobian_spectrum(g[None], J[None]), real_parts=sorted(torch.linalg.eigvals(J).real.tolist())),
@@ -1027,7 +1027,7 @@ def lengthen_intervention(config:PretrainConfig, model, fits:dict, eval_tasks:in
                          )->dict:                        # per length: residual ratios, MSVE of the model and of each candidate, changes from the first
     "One trajectory per task, read at every length of `lengths`: the model against the frozen candidates."
     c, tasks, _, _, preds = _setting(config, fits, eval_tasks)
-    long = sample_trajectories(tasks.P, max(lengths), tasks.d_pi, seed=2000 + c.seed)
+    long = sample_trajectories(tasks.P, tasks.d_pi, n=max(lengths), seed=2000 + c.seed)
     ys, ps = {}, {}
     for L in lengths:
         with torch.no_grad(): ys[L] = model.predict(context_prompt(tasks, long[:, :L + 1]), n=L)
@@ -1187,7 +1187,7 @@ from ictd.linear import LinearICTD, build_linear_prompt
 
 # %%
 _lt, _ls, _lZ = held_out_prompts(dataclasses.replace(LINEAR_CONTEST, eval_tasks=3))
-_lm = LinearICTD(4, 3, shared=False, seed=1)
+_lm = LinearICTD(4, n_layers=3, shared=False, seed=1)
 _rows = torch.arange(3)[:, None]
 _direct = _lm.predict(build_linear_prompt(_lt.phi[_rows, _ls], _lt.r[_rows, _ls[:, :-1]], _lt.phi, 0.9), n=30)
 test_close(LinearOnStateTokens(_lm, 0.9).predict(_lZ, n=30), _direct, eps=1e-12)
@@ -1239,7 +1239,7 @@ from ictd.mechanism import _wmean, _context
 # chapter 6b's intervention checks):
 
 # %%
-toy = SoftmaxICTD(4, 3, init_gain=1., seed=3)
+toy = SoftmaxICTD(4, n_layers=3, init_gain=1., seed=3)
 toy_tasks, toy_states, toy_Z = held_out_prompts(dataclasses.replace(EMERGENCE, eval_tasks=8))
 
 
@@ -1317,7 +1317,7 @@ def row_writes(model:SoftmaxICTD,  # the model
 # $\theta^*$ writes only the value row (the last of the six rows), so its first five rows show no writes:
 
 # %%
-star1 = SoftmaxICTD.from_theta_star(4, 2, torch.eye(4, dtype=torch.float64), 1., 0.9)
+star1 = SoftmaxICTD.from_theta_star(4, torch.eye(4, dtype=torch.float64), n_layers=2, alpha=1., gamma=0.9)
 test_eq((row_writes(star1, toy_Z, 30)[:, :5] == 0).all(), True)
 
 
@@ -1472,7 +1472,7 @@ show_doc(learned_kernel)
 
 # %%
 kt = random_tasks(6, seed=11)
-K_star = learned_kernel(SoftmaxICTD.from_theta_star(4, 3, 2. * torch.eye(4, dtype=torch.float64), 1., 0.9), kt)
+K_star = learned_kernel(SoftmaxICTD.from_theta_star(4, 2. * torch.eye(4, dtype=torch.float64), n_layers=3, alpha=1., gamma=0.9), kt)
 test_eq(K_star.shape, (3, 6, 10, 10))
 test_close(K_star.sum(-1), torch.ones(3, 6, 10, dtype=torch.float64), eps=1e-12)
 ref = torch.softmax(2. * kt.phi @ kt.phi.mT + kt.d_pi.log()[:, None, :], -1)
@@ -1508,7 +1508,7 @@ def kernel_condition(model:SoftmaxICTD,  # a trained model
 
 
 # %%
-kc = kernel_condition(SoftmaxICTD.from_theta_star(10, 2, 50. * torch.eye(10, dtype=torch.float64), 1., 0.9), random_tasks(4, seed=1, features="onehot"))
+kc = kernel_condition(SoftmaxICTD.from_theta_star(10, 50. * torch.eye(10, dtype=torch.float64), n_layers=2, alpha=1., gamma=0.9), random_tasks(4, seed=1, features="onehot"))
 test_eq(kc["share_meeting"], [1., 1.])
 test_close(torch.tensor(kc["span_td"]), torch.full((2,), 0.9, dtype=torch.float64), eps=1e-6)
 
@@ -1877,7 +1877,7 @@ def sampled_jacobians(model:SoftmaxICTD,  # the parameters at which to linearise
     for _ in range(int(n_batches)):
         idx = torch.randint(len(tasks), (int(batch_size),), generator=gen)
         sub = TaskBatch(tasks.P[idx], tasks.r[idx], tasks.phi[idx], tasks.d_pi[idx], tasks.v_pi[idx], tasks.gamma)
-        out.append(update_jacobian(model, sub, sample_trajectories(sub.P, n, sub.d_pi, seed=gen)))
+        out.append(update_jacobian(model, sub, sample_trajectories(sub.P, sub.d_pi, n=n, seed=gen)))
     return torch.stack([g for g, _ in out]), torch.stack([J for _, J in out])
 
 
@@ -1949,7 +1949,7 @@ def shared_recursion(model:SoftmaxICTD,  # a model with one shared layer
 # population kernel, and the iterated model at $n = \infty$ follows it exactly.
 
 # %%
-_shared_star = SoftmaxICTD.from_theta_star(4, 1, 2. * torch.eye(4, dtype=torch.float64), 0.7, 0.9, shared=True)
+_shared_star = SoftmaxICTD.from_theta_star(4, 2. * torch.eye(4, dtype=torch.float64), n_layers=1, alpha=0.7, gamma=0.9, shared=True)
 _st = random_tasks(3, seed=11)
 _rec = shared_recursion(_shared_star, _st, 6)
 test_close(_rec, td_recursion(learned_kernel(_shared_star, _st)[0], _st.P, _st.r, gamma=0.9, alpha=0.7, n_iters=6).movedim(-2, 0), eps=1e-12)
@@ -2027,7 +2027,7 @@ show_doc(update_jacobian)
 
 # %%
 jt = random_tasks(2, seed=2, d=2)
-jm = SoftmaxICTD(2, 2, init_gain=0.5, seed=6)
+jm = SoftmaxICTD(2, n_layers=2, init_gain=0.5, seed=6)
 g0, J0 = update_jacobian(jm, jt)
 test_close(g0.square().sum(), torch.tensor(population_neu(jm, jt), dtype=torch.float64), eps=1e-12)
 def _with_flat(model, flat):
@@ -2063,7 +2063,7 @@ def _td_candidate(tasks, states, k_max, beta):
     "(k_max, B, s): iterates 1..k_max of weighted softmax TD (alpha = 1, W = beta I) at every state."
     R, phi = _context(tasks, states)
     W = beta * torch.eye(phi.shape[-1], dtype=phi.dtype)
-    v = weighted_softmax_td(phi, R, W, 1., tasks.gamma, k_max, phi_queries=tasks.phi, return_all=True)
+    v = weighted_softmax_td(phi, R, W, alpha=1., gamma=tasks.gamma, n_iters=k_max, phi_queries=tasks.phi, return_all=True)
     return v[:, 1:, -tasks.r.shape[-1]:].movedim(1, 0)
 
 def _lookahead_candidate(tasks, states, beta, c):
@@ -2295,7 +2295,7 @@ class LearnedAlgorithm:
             raise ValueError(f"`states` must be a (B, n+1) tensor with B = {len(tasks)}, got {getattr(states, 'shape', type(states).__name__)}")
         if tasks.phi.shape[-1] != config.feature_dim: raise ValueError(f"`config` has {config.feature_dim} features but `tasks` have {tasks.phi.shape[-1]}")
         R, phi = _context(tasks, states)
-        v = weighted_softmax_td(phi, R, self.beta * torch.eye(phi.shape[-1], dtype=phi.dtype), self.alpha, tasks.gamma, self.k, phi_queries=tasks.phi)
+        v = weighted_softmax_td(phi, R, self.beta * torch.eye(phi.shape[-1], dtype=phi.dtype), alpha=self.alpha, gamma=tasks.gamma, n_iters=self.k, phi_queries=tasks.phi)
         return self.level * context_mean_values(tasks, states) + self.scale * v[:, -tasks.r.shape[-1]:]
 
 def fit_learned_algorithm(results:list,      # `PretrainResult`s (or (config, model) pairs) of one configuration
@@ -2565,7 +2565,7 @@ assert (cond["span_td"] > 1).all() and (cond["span_own"] >= 1 - 1e-9).all(), con
 # the same tasks, with the same four random features?
 
 # %%
-star_cond = {b: kernel_condition(SoftmaxICTD.from_theta_star(4, 1, b * torch.eye(4, dtype=torch.float64), 1., 0.9), held_out_prompts(fit_runs[0][0])[0])
+star_cond = {b: kernel_condition(SoftmaxICTD.from_theta_star(4, b * torch.eye(4, dtype=torch.float64), n_layers=1, alpha=1., gamma=0.9), held_out_prompts(fit_runs[0][0])[0])
              for b in (1., 4., 15.)}
 star_share = {b: max(r["share_meeting"]) for b, r in star_cond.items()}
 Markdown(f"$\\theta^*(W = \\beta I)$ meets it on {', '.join(f'{v:.0%} of the tasks at β = {b:g}' for b, v in star_share.items())}. "
@@ -2898,9 +2898,9 @@ star_points = {"theta* (beta 1, alpha 1)": (1., 1.)} | {"best-fit theta* (beta {
 jac_tasks = held_out_prompts(dataclasses.replace(EMERGENCE, eval_tasks=8, seed=1000))[0]
 at_star = {}
 for name, (beta, alpha) in star_points.items():
-    g, J = update_jacobian(SoftmaxICTD.from_theta_star(4, 3, beta * torch.eye(4, dtype=torch.float64), alpha, 0.9), jac_tasks)
+    g, J = update_jacobian(SoftmaxICTD.from_theta_star(4, beta * torch.eye(4, dtype=torch.float64), n_layers=3, alpha=alpha, gamma=0.9), jac_tasks)
     ev = torch.linalg.eigvals(J)
-    neu30, neu30_se = neu_jackknife(SoftmaxICTD.from_theta_star(4, 3, beta * torch.eye(4, dtype=torch.float64), alpha, 0.9), held_out_prompts(EMERGENCE)[0], 30, n_batches=32, batch_size=64, seed=5)
+    neu30, neu30_se = neu_jackknife(SoftmaxICTD.from_theta_star(4, beta * torch.eye(4, dtype=torch.float64), n_layers=3, alpha=alpha, gamma=0.9), held_out_prompts(EMERGENCE)[0], 30, n_batches=32, batch_size=64, seed=5)
     at_star[name] = dict(neu=g.square().sum().item(), max_real=ev.real.max().item(), n_unstable=int((ev.real > 1e-8).sum()), n_params=len(g), neu_n30=neu30, neu_n30_se=neu30_se)
 assert all(r["neu"] > 1e-4 and r["n_unstable"] > 0 and r["neu_n30"] > 2 * r["neu_n30_se"] for r in at_star.values()), at_star
 Markdown("| point | NEU at $n = \\infty$ | largest real part | eigenvalues with positive real part | NEU at $n = 30$ |\n|---|---|---|---|---|\n"
@@ -2979,7 +2979,7 @@ fig.tight_layout(rect=(0, 0.12, 1, 1)); fig.legend(*axs[0].get_legend_handles_la
 # %%
 def _distance(run):
     c = PretrainConfig(**run["config"])
-    star = torch.stack([torch.stack(theta_star(4, c.init_beta * torch.eye(4, dtype=torch.float64), c.init_alpha, c.gamma))] * c.n_layers)   # (L, 3, D, D)
+    star = torch.stack([torch.stack(theta_star(4, c.init_beta * torch.eye(4, dtype=torch.float64), alpha=c.init_alpha, gamma=c.gamma))] * c.n_layers)   # (L, 3, D, D)
     final = torch.stack([torch.tensor(run["params"][k], dtype=torch.float64) for k in ("A", "V_cur", "V_tgt")], 1)
     return ((final - star).norm() / star.norm()).item()
 dyn_moves = {k: dict(distance=torch.tensor([_distance(r) for r in st["runs"]], dtype=torch.float64),

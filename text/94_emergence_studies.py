@@ -277,7 +277,7 @@ def plot_blocks(results:list,  # runs of one configuration
     import matplotlib.pyplot as plt
     c, blocks = results[0].config, mean_blocks(results)
     d = blocks.shape[-1] - 2
-    rows = list(blocks[:1] if c.shared else blocks) + [torch.stack(theta_star(d, torch.eye(d, dtype=torch.float64), 1., c.gamma))]
+    rows = list(blocks[:1] if c.shared else blocks) + [torch.stack(theta_star(d, torch.eye(d, dtype=torch.float64), alpha=1., gamma=c.gamma))]
     names = ["shared layer" if c.shared else f"layer {l + 1}" for l in range(len(rows) - 1)] + [r"$\theta^*$"]
     fig, axs = plt.subplots(len(rows), 3, figsize=(11, 3.2 * len(rows)), squeeze=False, layout="constrained")
     labels = [f"$\\phi_{i}$" for i in range(d)] + ["r", "v"]

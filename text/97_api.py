@@ -70,11 +70,11 @@ import torch
 
 # %%
 chain = random_boyan_chain(seed=1)
-S, R = sample_trajectory(chain, 30, seed=2)
+S, R = sample_trajectory(chain, n=30, seed=2)
 W = torch.eye(chain.phi.shape[1], dtype=torch.float64)
-model = SoftmaxICTD.from_theta_star(chain.phi.shape[1], 4, W, 0.5, chain.gamma)
+model = SoftmaxICTD.from_theta_star(chain.phi.shape[1], W, n_layers=4, alpha=0.5, gamma=chain.gamma)
 v_model = model.predict(Prompt.build(chain.phi[S], R, chain.phi), grad=False)
-v_algo = weighted_softmax_td(chain.phi[S], R, W, 0.5, chain.gamma, 4, phi_queries=chain.phi)[31:]
+v_algo = weighted_softmax_td(chain.phi[S], R, W, alpha=0.5, gamma=chain.gamma, n_iters=4, phi_queries=chain.phi)[31:]
 print(f"largest difference between the Transformer and the algorithm: {(v_model.detach() - v_algo).abs().max().item():.1e}")
 assert (v_model.detach() - v_algo).abs().max() < 1e-12
 

@@ -186,7 +186,7 @@ chain = random_boyan_chain(n_states=10, d=4, gamma=0.9, features="onehot", seed=
 states, rewards = sample_trajectory(chain, n=400, seed=0)
 n, beta, alpha, L = 200, 5.0, 0.5, 30
 W = beta * torch.eye(chain.d, dtype=torch.float64)
-values = weighted_softmax_td(chain.phi[states[:n + 1]], rewards[:n], W, alpha, chain.gamma, L,
+values = weighted_softmax_td(chain.phi[states[:n + 1]], rewards[:n], W, alpha=alpha, gamma=chain.gamma, n_iters=L,
                              phi_queries=chain.phi)
 print(f"MSVE after L = {L} layers: {msve(chain, values[n + 1:]):.4g}")
 

@@ -21,9 +21,7 @@ def decoder_values(config:PretrainConfig, tasks, states, alpha:float, beta:float
      "`states` (B, n + 1).")
     rows, d = torch.arange(len(tasks))[:, None], tasks.phi.shape[-1]
     Z = build_causal_prompt(tasks.phi[rows, states], tasks.r[rows, states[:, :-1]], tasks.phi)
-    model = CausalSoftmaxICTD.from_theta_star(d, config.n_layers,
-                                              beta * torch.eye(d, dtype=torch.float64), alpha,
-                                              config.gamma, "self", recency=lam)
+    model = CausalSoftmaxICTD.from_theta_star(d, beta * torch.eye(d, dtype=torch.float64), n_layers=config.n_layers, alpha=alpha, gamma=config.gamma, current="self", recency=lam)
     with torch.no_grad(): return model.predict(Z)
 
 # %% ../../nbs/06c_causal_pretraining.ipynb #306ba910

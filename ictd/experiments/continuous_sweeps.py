@@ -178,7 +178,7 @@ def compare_methods(process,           # a process of this chapter
     x, g = process.grid(m)[0], process.gamma
     tune, test = sample_contexts(process, n, n_tune, stream_seed(seed, "tune")), sample_contexts(process, n, n_eval, stream_seed(seed, "evaluate"))
     def linear(feat):
-        return lambda S, R, a: batch_linear_td(feat(S), R, a, g, n_layers, phi_queries=feat(x).expand(S.shape[:-1] + (m, -1)))[..., n + 1:]
+        return lambda S, R, a: batch_linear_td(feat(S), R, alpha=a, gamma=g, n_iters=n_layers, phi_queries=feat(x).expand(S.shape[:-1] + (m, -1)))[..., n + 1:]
     methods = [("kernel TD (softmax Transformer)", process.d, lambda S, R, ab: kernel_td(process, S, R, beta=ab[1], alpha=ab[0], n_layers=n_layers, queries=x), [(a, b) for a in kernel_alphas for b in betas])]
     methods.append(("linear TD, same features", process.d, linear(process.features), alphas))
     for size in sizes:

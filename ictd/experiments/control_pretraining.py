@@ -175,7 +175,7 @@ def init_params(config:ControlPretrainConfig, seeds:list)->torch.Tensor:
     ("(S, 5 L, D, D) float64: seed s's slice is `ControlICTD(d, L, init_gain, "
      "seed=run_stream(s, 'init'))`, nudged if `ICTD_PERTURB` asks.")
     config, seeds = _config(config), check_seeds(seeds)
-    model = lambda s: ControlICTD(config.d, config.n_layers, config.init_gain,
+    model = lambda s: ControlICTD(config.d, n_layers=config.n_layers, init_gain=config.init_gain,
                                   seed=run_stream(s, "init"))
     ps = torch.stack([torch.stack([p.detach() for p in model(s).pairs]) for s in seeds])
     return nudge(dict(pairs=ps), seeds)["pairs"]

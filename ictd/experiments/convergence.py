@@ -31,7 +31,7 @@ def depth_sweep(tasks:TaskBatch,  # the tasks, B of them
     "Sup-norm error of the $L$-layer Transformer for every task, context length and depth, with its floor, the floor's bound and the population bound."
     ns = [int(n) for n in ns]
     if not ns or min(ns) < 1 or ns != sorted(ns): raise ValueError(f"`ns` must be increasing positive integers, got {ns}")
-    S = sample_trajectories(tasks.P, ns[-1], tasks.d_pi, seed)
+    S = sample_trajectories(tasks.P, tasks.d_pi, n=ns[-1], seed=seed)
     cols = {k: [] for k in ("errors", "depth_terms", "floors", "key_floors", "floor_bounds", "all_keys", "min_counts")}
     for n in ns:
         states = S[:, :n + 1]
@@ -358,7 +358,7 @@ def leaky_experiment(n_tasks:int=100,       # random unit-norm Boyan chains
     out = dict(beta=beta, min_diag=kernel_diagonality(M)[1], rates=measured_rate(err, fit_start), rho=rate_bound(M, gamma=tasks.gamma, alpha=alpha),
                spectral=spectral_radius(M, tasks.P, gamma=tasks.gamma, alpha=alpha), span=span_rate(M, tasks.P, gamma=tasks.gamma, alpha=alpha),
                lam=1 - alpha * (1 - tasks.gamma), gamma=tasks.gamma, ns=[int(n) for n in ns])
-    S = sample_trajectories(tasks.P, max(ns), tasks.d_pi, substream(seed, 2))
+    S = sample_trajectories(tasks.P, tasks.d_pi, n=max(ns), seed=substream(seed, 2))
     cols = {k: [] for k in ("ctx_rates", "rho_hat", "span_hat", "eps", "all_keys", "min_diag_hat")}
     for n in out["ns"]:
         states = S[:, :n + 1]

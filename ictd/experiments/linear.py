@@ -48,7 +48,7 @@ def summarise_linear(results:list)->dict:
     h, c = aligned_history(results), results[0].config
     S = h["iws"].shape[0]
     return {k: dict(mean=v[:, -1].mean().item(), se=(v[:, -1].std().item() / S ** 0.5 if S > 1 else math.nan))
-            for k, v in h.items() if k not in ("tasks", "step")} | dict(tasks=int(h["tasks"][0, -1]), seeds=S, alpha_td=fitted_td_step(c.n, c.n_layers, c.gamma, c.n_states, c.feature_dim))
+            for k, v in h.items() if k not in ("tasks", "step")} | dict(tasks=int(h["tasks"][0, -1]), seeds=S, alpha_td=fitted_td_step(n=c.n, n_layers=c.n_layers, gamma=c.gamma, n_states=c.n_states, d=c.feature_dim))
 
 # %% ../../nbs/07a_linear_experiments.ipynb #9cca699f
 METHOD_STYLES = tuple(zip((OKABE_ITO[i] for i in (0, 5, 2, 3)), ("-", "--", ":", "-.")))   # Okabe-Ito colours, one line style each
@@ -186,7 +186,7 @@ def softmax_measures(model,             # a `SoftmaxICTD`
     phi_S, R, I = tasks.phi[rows, states], tasks.r[rows, states[:, :-1]], torch.eye(tasks.phi.shape[-1], dtype=torch.float64)
     v_tf, g_tf = softmax_in_context(lambda Z: model.predict(Z, n=n), phi_S, R, tasks.phi)
     def star(alpha, beta):
-        return softmax_in_context(lambda Z: weighted_softmax_td(Z[..., :-2, :n + 1].mT, Z[..., -2, :n], beta * I, alpha, gamma, L,
+        return softmax_in_context(lambda Z: weighted_softmax_td(Z[..., :-2, :n + 1].mT, Z[..., -2, :n], beta * I, alpha=alpha, gamma=gamma, n_iters=L,
                                                                 phi_queries=Z[..., :-2, n + 1:].mT)[..., n + 1:], phi_S, R, tasks.phi)
     fits = {(a, b): star(a, b) for a in grid["alpha"] for b in grid["beta"]}
     (a, b), (v_st, g_st) = min(fits.items(), key=lambda kv: value_difference(v_tf, kv[1][0], tasks.d_pi).mean().item())
@@ -210,13 +210,13 @@ def side_by_side(n_tasks:int=100,    # random Boyan chains (task b from `task_rn
                  seed:int=0,         # the experiment's seed (the context of task b from `substream(seed, 1, b)`)
                 )->dict:             # label -> (n_tasks, depth + 1) MSVE at every depth
     "MSVE against depth of linear and softmax in-context TD, each on its own kind of features, on the same chains."
-    def linear(phi_s, R, phi_q, gamma): return batch_linear_td(phi_s, R, alpha, gamma, depth, phi_queries=phi_q, return_all=True)[..., n + 1:]
+    def linear(phi_s, R, phi_q, gamma): return batch_linear_td(phi_s, R, alpha=alpha, gamma=gamma, n_iters=depth, phi_queries=phi_q, return_all=True)[..., n + 1:]
     def softmax(phi_s, R, phi_q, gamma):
         W = beta * torch.eye(phi_s.shape[-1], dtype=phi_s.dtype)
-        return weighted_softmax_td(phi_s, R, W, alpha, gamma, depth, phi_queries=phi_q, return_all=True)[..., n + 1:]
+        return weighted_softmax_td(phi_s, R, W, alpha=alpha, gamma=gamma, n_iters=depth, phi_queries=phi_q, return_all=True)[..., n + 1:]
     def curve(features, values_fn):
         tasks = [random_boyan_chain(features=features, seed=task_rng(substream(seed, 0), b)) for b in range(n_tasks)]
-        return msve_against_depth(tasks, [sample_trajectory(m, n, seed=substream(seed, 1, b)) for b, m in enumerate(tasks)], values_fn)
+        return msve_against_depth(tasks, [sample_trajectory(m, n=n, seed=substream(seed, 1, b)) for b, m in enumerate(tasks)], values_fn)
     return {"linear attention, one-hot features": curve("onehot", linear),
             "softmax attention, one-hot features": curve("onehot", softmax),
             "linear attention, 4 random features": curve("random", linear)}
@@ -275,10 +275,10 @@ TUNING_GRIDS = {
 def _method_values(method:str, phi_s, R, phi_q, gamma, depth, alpha, beta=None):
     "Values at the queries at every depth 0..depth for one method at one grid point."
     n = R.shape[-1]
-    if method == "linear attention": return batch_linear_td(phi_s, R, alpha, gamma, depth, phi_queries=phi_q, return_all=True)[..., n + 1:]
+    if method == "linear attention": return batch_linear_td(phi_s, R, alpha=alpha, gamma=gamma, n_iters=depth, phi_queries=phi_q, return_all=True)[..., n + 1:]
     if method == "softmax attention":
         W = beta * torch.eye(phi_s.shape[-1], dtype=phi_s.dtype)
-        return weighted_softmax_td(phi_s, R, W, alpha, gamma, depth, phi_queries=phi_q, return_all=True)[..., n + 1:]
+        return weighted_softmax_td(phi_s, R, W, alpha=alpha, gamma=gamma, n_iters=depth, phi_queries=phi_q, return_all=True)[..., n + 1:]
     return query_softmax_td(phi_s, R, phi_q, alpha=alpha, beta=beta, gamma=gamma, n_iters=depth, return_all=True)
 
 def _msve_curves(method, tasks, states, depth, **params)->torch.Tensor:
@@ -301,7 +301,7 @@ def tuned_side_by_side(features:str="random",  # "random" (d = 4) or "onehot" fe
     grids = TUNING_GRIDS if grids is None else grids
     def draw(stream, count):
         tasks = random_tasks(count, seed=substream(seed, stream), features=features)
-        return tasks, sample_trajectories(tasks.P, n, tasks.d_pi, seed=substream(seed, stream + 1))
+        return tasks, sample_trajectories(tasks.P, tasks.d_pi, n=n, seed=substream(seed, stream + 1))
     tune, test = draw(0, n_tune), draw(2, n_tasks)
     out = {}
     for method, grid in grids.items():

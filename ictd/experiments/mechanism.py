@@ -402,7 +402,7 @@ def run_jacobian_study(out_dir="nbs/data",       # folder of the JSON file
     tasks = held_out_prompts(dataclasses.replace(c, seed=1000))[0]
     out = {}
     for name, (beta, alpha) in star_points(c).items():
-        m = SoftmaxICTD.from_theta_star(c.feature_dim, c.n_layers, beta * torch.eye(c.feature_dim, dtype=torch.float64), alpha, c.gamma)
+        m = SoftmaxICTD.from_theta_star(c.feature_dim, beta * torch.eye(c.feature_dim, dtype=torch.float64), n_layers=c.n_layers, alpha=alpha, gamma=c.gamma)
         g, J = update_jacobian(m, tasks_inf)
         gs, Js = sampled_jacobians(m, tasks, c.n, n_batches, batch_size, seed)
         out[name] = {"n = infinity": dict(jacobian_spectrum(g[None], J[None]), real_parts=sorted(torch.linalg.eigvals(J).real.tolist())),
@@ -556,7 +556,7 @@ def lengthen_intervention(config:PretrainConfig, model, fits:dict, eval_tasks:in
                          )->dict:                        # per length: residual ratios, MSVE of the model and of each candidate, changes from the first
     "One trajectory per task, read at every length of `lengths`: the model against the frozen candidates."
     c, tasks, _, _, preds = _setting(config, fits, eval_tasks)
-    long = sample_trajectories(tasks.P, max(lengths), tasks.d_pi, seed=2000 + c.seed)
+    long = sample_trajectories(tasks.P, tasks.d_pi, n=max(lengths), seed=2000 + c.seed)
     ys, ps = {}, {}
     for L in lengths:
         with torch.no_grad(): ys[L] = model.predict(context_prompt(tasks, long[:, :L + 1]), n=L)

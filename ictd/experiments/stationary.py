@@ -87,7 +87,7 @@ def level_td_stack(d:int,          # feature dimension
     first = torch.zeros(3, D, D, dtype=torch.float64)
     first[1, D - 1, d] = check_number(level, "level") / (1 - gamma)
     W = check_number(beta, "beta") * torch.eye(d, dtype=torch.float64)
-    td = torch.stack(theta_star(d, W, alpha, gamma))
+    td = torch.stack(theta_star(d, W, alpha=alpha, gamma=gamma))
     return torch.stack([first] + [td] * (n_layers - 1))
 
 def warm_td_values(tasks:TaskBatch, n_layers:int, level:float, beta:float, alpha:float)->torch.Tensor:
@@ -207,10 +207,10 @@ def spectrum_summary(J:torch.Tensor,       # (n, n) Jacobian of the mean update 
 # %% ../../nbs/06d_stationary_points.ipynb #cbfe864a
 def _starts(tasks:TaskBatch, L:int, flow_end:torch.Tensor, trained:list)->dict:
     d, best = tasks.phi.shape[-1], min(level_td_grid(tasks, L), key=lambda r: r[3])
-    out = {"theta*": torch.stack(theta_star(d, best[1] * torch.eye(d, dtype=torch.float64), best[2], tasks.gamma)).expand(L, 3, d + 2, d + 2).clone()}
+    out = {"theta*": torch.stack(theta_star(d, best[1] * torch.eye(d, dtype=torch.float64), alpha=best[2], gamma=tasks.gamma)).expand(L, 3, d + 2, d + 2).clone()}
     out["level + TD"] = level_td_stack(d, L, *best[:3], tasks.gamma)
     out["mean flow from zero"] = flow_end
-    for seed in (L, L + 10): out[f"small random init (seed {seed})"] = layer_stack(SoftmaxICTD(d, L, init_gain=0.1, seed=seed))
+    for seed in (L, L + 10): out[f"small random init (seed {seed})"] = layer_stack(SoftmaxICTD(d, n_layers=L, init_gain=0.1, seed=seed))
     for i, p in enumerate(trained): out[f"trained (one-hot cell, seed {i})"] = p
     return out
 
@@ -253,7 +253,7 @@ def run_batch_check(out_dir="nbs/data",       # folder of the JSON file
                    )->Path:                   # the file written, `stationary_batch.json`
     "One Levenberg-Marquardt search per batch size from the same start, and the update at each zero on fresh tasks."
     fresh, out = random_tasks(256, seed=fresh_seed, features="onehot"), []
-    start = layer_stack(SoftmaxICTD(10, 2, init_gain=0.1, seed=start_seed))
+    start = layer_stack(SoftmaxICTD(10, n_layers=2, init_gain=0.1, seed=start_seed))
     for B in sizes:
         t1 = time.time()
         p, hist = polish(start, study_tasks("onehot", n_tasks=B), max_jacobians=max_jacobians)
