@@ -35,9 +35,9 @@ def moved_to_keywords(*names:str):
         return call
     return wrap
 
-def _warn_moved(fn, moved:dict):
-    new = ", ".join(f"{k}=..." for k in moved)
-    warnings.warn(f"{fn.__name__}: pass {new} by keyword; the positional form is deprecated and goes in the next release",
+def _warn_moved(fn, moved:dict, order:list=None):
+    new = f"pass {', '.join(f'{k}=...' for k in moved)} by keyword" if moved else f"the positional order is now ({', '.join(order)})"
+    warnings.warn(f"{fn.__name__}: {new}; the old form is deprecated and goes in the next release",
                   DeprecationWarning, stacklevel=3)
 
 def reordered_positionals(old:tuple,  # every parameter's name in the old positional order (with `self`/`cls` first if any)
@@ -56,7 +56,7 @@ def reordered_positionals(old:tuple,  # every parameter's name in the old positi
             named = dict(zip(old, args))
             if set(named) & set(kwargs): raise TypeError(f"{fn.__name__}() got {sorted(set(named) & set(kwargs))} both by position and by keyword")
             keep = [p.name for p in params][:n_pos]
-            _warn_moved(fn, {k: v for k, v in named.items() if k not in keep})
+            _warn_moved(fn, {k: v for k, v in named.items() if k not in keep}, [k for k in keep if k not in ("self", "cls")])
             args = [named.pop(k) for k in keep if k in named]
             return call.__wrapped__(*args, **named, **kwargs)
         call.moves_positionals = True
@@ -256,18 +256,24 @@ def sample_trajectory(
 # %% ../nbs/00_boyan.ipynb #b3b243d8
 #| code-fold: true
 #| code-summary: "msve"
+def _task_first(args:tuple)->bool:
+    "Is `msve(task, v_hat)` called in its old order (the task first)?"
+    return len(args) == 2 and hasattr(args[0], "v_pi") and not hasattr(args[1], "v_pi")
+
+
+@reordered_positionals(("task", "v_hat"), _task_first)
 def msve(
-    mrp: MRP,  # the process whose true values score the estimate
     v_hat,  # (..., s) value estimates, one per state
-) -> float:  # d_pi-weighted mean squared value error (a tensor of shape (...) when batched)
+    task,  # whose true values score them: an `MRP`, or B tasks (a `TaskBatch`, with `v_hat` of shape (B, s))
+) -> torch.Tensor:  # (...) float64 tensor: the d_pi-weighted mean squared value error (0-dim for one estimate)
     "Mean squared value error $\\sum_x d_\\pi(x) (\\hat v(x) - v_\\pi(x))^2$."
+    if not (hasattr(task, "v_pi") and hasattr(task, "d_pi")):
+        raise TypeError(f"`task` must be an MRP or a TaskBatch, got {type(task).__name__}")
     v_hat = as_tensor(v_hat, "v_hat", torch.float64)
-    if v_hat.shape[-1:] != (mrp.n_states,):
-        raise ValueError(
-            f"`v_hat` must have last dimension {mrp.n_states}, got shape {tuple(v_hat.shape)}"
-        )
-    err = weighted_error(v_hat, mrp.v_pi.to(v_hat.device), mrp.d_pi.to(v_hat.device))
-    return err.item() if err.ndim == 0 else err
+    s = task.v_pi.shape[-1]
+    if v_hat.shape[-1:] != (s,):
+        raise ValueError(f"`v_hat` must have last dimension {s}, got shape {tuple(v_hat.shape)}")
+    return weighted_error(v_hat, task.v_pi.to(v_hat.device), task.d_pi.to(v_hat.device))
 
 # %% ../nbs/00_boyan.ipynb #2663e971
 #| code-fold: true

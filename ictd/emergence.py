@@ -4,14 +4,18 @@
 
 # %% ../nbs/06a_emergence.ipynb #f1910c52
 from __future__ import annotations
-import dataclasses, math
+import dataclasses, math, warnings
 import torch
 from torch.func import functional_call, jacfwd
 from .prompt import build_prompt
-from .model import SoftmaxICTD
+from .model import DualHeadSoftmaxLayer, ShiftAfterAttentionICTD, SoftmaxICTD
+from .causal import CausalSoftmaxICTD
+from .core import check_number, check_type
+from .wstd import check_states
+from .state_tokens import model_params, population_tokens, token_layers
 from .tasks import TaskBatch, sample_trajectories
 from .wstd import certainty_equivalence
-from .boyan import weighted_error
+from .boyan import msve, weighted_error
 from .state_tokens import population_predict
 from .engine import PretrainConfig, PretrainResult, held_out_tasks, tuning_config
 from .pretrain import pairwise_neu
@@ -20,9 +24,9 @@ from .stats import binomial_tail, mean_se, min_successes
 # %% auto #0
 __all__ = ['ALPHAS', 'BETAS', 'UNIFORM_BELOW', 'median_interval', 'context_mean_values', 'certainty_equivalence_values',
            'best_constant_values', 'population_factors', 'stack_history', 'held_out_prompts', 'msve_of',
-           'theta_star_model', 'best_theta_star', 'baseline_msve', 'model_msve', 'value_gap', 'sign_pattern',
-           'ratio_interval', 'last_selective_layer', 'context_update', 'neu_jackknife', 'binomial_tail', 'mean_se',
-           'min_successes']
+           'theta_star_model', 'best_theta_star', 'BaselineMSVE', 'baseline_msve', 'model_msve', 'value_gap',
+           'diagonality', 'sign_pattern', 'ratio_interval', 'last_selective_layer', 'context_update', 'neu_jackknife',
+           'binomial_tail', 'mean_se', 'min_successes']
 
 # %% ../nbs/06a_emergence.ipynb #1b547884
 _all_ = ["binomial_tail", "mean_se", "min_successes"]
@@ -113,9 +117,10 @@ def held_out_prompts(config:PretrainConfig,  # the run's settings
 #| code-fold: true
 def msve_of(v:torch.Tensor,    # (B, s) value estimates of each task
             tasks:TaskBatch,   # the tasks
-           )->torch.Tensor:    # (B,) MSVE of each task, sum_x d_pi(x) (v(x) - v_pi(x))^2
-    "Value error of each task's estimate, weighted by the stationary distribution."
-    return weighted_error(v, tasks.v_pi, tasks.d_pi)
+           )->torch.Tensor:    # (B,) MSVE of each task
+    "Deprecated alias of `msve(v, tasks)` (chapter 0), kept for one release."
+    warnings.warn("msve_of is deprecated and goes in the next release: use msve(v, tasks)", DeprecationWarning, stacklevel=2)
+    return msve(v, tasks)
 
 # %% ../nbs/06a_emergence.ipynb #f65cc066
 #| code-fold: true
@@ -139,32 +144,38 @@ def best_theta_star(config:PretrainConfig,  # the run's settings
     "Tune $\\theta^*(\\alpha, \\beta I)$ on tasks disjoint from the held-out ones."
     tasks, _, Z = held_out_prompts(tuning_config(config))
     with torch.no_grad():
-        err = ({(a, b): msve_of(theta_star_model(config, alpha=a, beta=b).predict(Z, n=config.n),
+        err = ({(a, b): msve(theta_star_model(config, alpha=a, beta=b).predict(Z, n=config.n),
                                 tasks).mean().item() for a in alphas for b in betas})
     return min(err, key=err.get)
 
 # %% ../nbs/06a_emergence.ipynb #a256e1bb
 #| code-fold: true
+class BaselineMSVE(dict):
+    "Baseline name -> (B,) MSVE of each held-out task, under stable names; the tuned theta*'s (alpha, beta) in their own fields."
+    def __init__(self, errors:dict, alpha:float, beta:float):
+        super().__init__(check_type(errors, dict, "errors"))
+        self.alpha, self.beta = check_number(alpha, "alpha"), check_number(beta, "beta")
+
 def baseline_msve(config:PretrainConfig,  # the run's settings
                   alpha_beta=None,        # (alpha, beta) of theta*; None: tune them
-                 )->dict:                 # name -> (B,) MSVE of each held-out task
+                 )->BaselineMSVE:         # name -> (B,) MSVE of each held-out task; `.alpha`, `.beta` of "best theta*"
     "MSVE of every baseline on the held-out tasks of a run."
     tasks, states, Z = held_out_prompts(config)
     alpha, beta = alpha_beta or best_theta_star(config)
     with torch.no_grad():
         star = theta_star_model(config, alpha=alpha, beta=beta).predict(Z, n=config.n)
-    return {"zero": msve_of(torch.zeros_like(tasks.v_pi), tasks),
-            "context mean": msve_of(context_mean_values(tasks, states), tasks),
-            f"best theta* (alpha {alpha:g}, beta {beta:g})": msve_of(star, tasks),
-            "certainty equivalence": msve_of(certainty_equivalence_values(tasks, states), tasks),
-            "best constant (oracle)": msve_of(best_constant_values(tasks), tasks)}
+    return BaselineMSVE({"zero": msve(torch.zeros_like(tasks.v_pi), tasks),
+                         "context mean": msve(context_mean_values(tasks, states), tasks),
+                         "best theta*": msve(star, tasks),
+                         "certainty equivalence": msve(certainty_equivalence_values(tasks, states), tasks),
+                         "best constant (oracle)": msve(best_constant_values(tasks), tasks)}, alpha, beta)
 
 # %% ../nbs/06a_emergence.ipynb #95e8cd0e
 #| code-fold: true
 def model_msve(result:PretrainResult)->torch.Tensor:
     "(B,) MSVE of a trained model on each held-out task of its run."
     tasks, _, Z = held_out_prompts(result.config)
-    with torch.no_grad(): return msve_of(result.model.predict(Z, n=result.config.n), tasks)
+    with torch.no_grad(): return msve(result.model.predict(Z, n=result.config.n), tasks)
 
 # %% ../nbs/06a_emergence.ipynb #b4400001
 #| code-fold: true
@@ -179,6 +190,42 @@ def value_gap(result:PretrainResult,  # a trained run
         v_tf, v_star = result.model.predict(Z, n=result.config.n), star.predict(Z,
                                                                                 n=result.config.n)
     return weighted_error(v_tf, v_star, tasks.d_pi).mean().item()
+
+# %% ../nbs/06a_emergence.ipynb #bd8b3445
+def _diagonality_at_contexts(model, tasks, states:torch.Tensor)->torch.Tensor:
+    "(L,) own-state attention share on the dense prompts of `states`, every state a query."
+    rows, n, s = torch.arange(len(tasks))[:, None], states.shape[-1] - 1, tasks.P.shape[-1]
+    Z = build_prompt(tasks.phi[rows, states], tasks.r[rows, states[:, :-1]], tasks.phi).to(next(model.parameters()).dtype)
+    same = (states[:, :n, None] == torch.arange(s)).to(Z.dtype)                      # (B, n, s): key k is in state x
+    with torch.no_grad():
+        Zs = model(Z, n=n, return_all=True)
+        return torch.stack([(model.layer(l).attention(Zs[:, l], n=n)[:, :n, n + 1:] * same).sum(1).mean()
+                            for l in range(model.n_layers)])
+
+def _diagonality_at_infinity(model, tasks)->torch.Tensor:
+    "(L,) own-state attention share at n = infinity: attention over state tokens weighted by d_pi."
+    s = tasks.P.shape[-1]
+    with torch.no_grad():
+        atts = token_layers(model_params(model), model.n_layers, population_tokens(tasks.map(lambda x: x[None])))[1]
+        return torch.stack([a[0, ..., -s:].diagonal(dim1=-2, dim2=-1).mean() for a in atts])
+
+def diagonality(model,             # a dual-head `SoftmaxICTD` (or `ShiftAfterAttentionICTD` when `states` are given)
+                tasks:TaskBatch,   # B tasks with discrete states
+                states=None,       # (B, n + 1) contexts' states S_0..S_n; None: the limit n = infinity
+               )->torch.Tensor:    # (L,) per layer, the mean over tasks and query states
+    "Per layer, the mean share of a query state's attention on keys of its own state, on `states` or at $n = \\infty$."
+    if not isinstance(model, SoftmaxICTD) or isinstance(model, CausalSoftmaxICTD):
+        raise TypeError(f"`model` must be a SoftmaxICTD or ShiftAfterAttentionICTD, got {type(model).__name__}")
+    tasks = check_type(tasks, TaskBatch, "tasks")
+    if tasks.phi.shape[-1] != model.d: raise ValueError(f"`tasks` have d = {tasks.phi.shape[-1]} features but the model expects d = {model.d}")
+    if states is None:
+        if model.Layer is not DualHeadSoftmaxLayer:
+            raise ValueError("`states` = None (n = infinity) needs a dual-head model, whose state tokens are exact; pass contexts")
+        return _diagonality_at_infinity(model, tasks)
+    states = check_states(states, tasks.P.shape[-1])
+    if states.ndim != 2 or states.shape[0] != len(tasks) or states.shape[1] < 2:
+        raise ValueError(f"`states` must have shape (B, n + 1) = ({len(tasks)}, n + 1) with n >= 1, got {tuple(states.shape)}")
+    return _diagonality_at_contexts(model, tasks, states)
 
 # %% ../nbs/06a_emergence.ipynb #4aec6837
 #| code-fold: true

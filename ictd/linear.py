@@ -9,7 +9,8 @@ import torch
 from torch import nn
 from .boyan import as_tensor, check_gamma, weighted_error
 from .core import check_bool, check_broadcast, check_floating, check_int, check_number, chunk_rows, memory_path, run_stream
-from .model import carry_context, token_rows, torch_generator, xavier_param
+from .model import carry_context, grad_mode, token_rows, torch_generator, xavier_param
+from .prompt import Prompt
 from .boyan import moved_to_keywords
 from .tasks import Contexts, TaskBatch
 from .engine import Family, PretrainConfig, register_family
@@ -64,12 +65,13 @@ def _streamed_attention(P, Q, Z, n, softmax):
     return Z + sum(chunk(i) for i in range(0, n, rows)) / n
 
 # %% ../nbs/07_linear.ipynb #8b788b4f
-def _linear_prompt(Z,           # (..., 2d+1, n+q) prompt
+def _linear_prompt(Z,           # (..., 2d+1, n+q) prompt, or a `Prompt` whose `n` is its number of context columns
                    d:int,       # the model's feature dimension
-                   n=None,      # number of context columns; default `Z.n_context`, set by `build_linear_prompt`
+                   n=None,      # number of context columns; default the `Prompt`'s (or `Z.n_context`, set by `build_linear_prompt`)
                   )->tuple:     # (Z as a finite floating tensor, n as an int)
     "Validate a linear-attention prompt and resolve its number `n` of context columns (never guessed from its shape)."
-    carried = getattr(Z, "n_context", None)
+    if isinstance(Z, Prompt): Z, carried = Z.Z, Z.n
+    else: carried = getattr(Z, "n_context", None)
     Z = check_floating(Z, "Z")
     if Z.ndim < 2 or Z.shape[-2] != 2 * d + 1: raise ValueError(f"`Z` must have {2 * d + 1} rows (2d+1 with d = {d}), got shape {tuple(Z.shape)}")
     if n is None and carried is None:
@@ -150,21 +152,24 @@ class LinearICTD(nn.Module):
         self.shared = check_bool(shared, "shared")
         self.layers = nn.ModuleList([LinearAttentionLayer(d, init_gain, g, dtype, softmax) for _ in range(1 if shared else self.n_layers)])
 
-    def forward(self, Z:torch.Tensor, n:int=None, method="auto")->torch.Tensor:
-        "Run all L layers on the prompt `Z` with `n` context columns (default `Z.n_context`, set by `build_linear_prompt`)."
+    def forward(self, Z, n:int=None, method="auto"):
+        "Run all L layers on the prompt `Z` (a tensor, or a `Prompt`, then returned as one) with `n` context columns (default the `Prompt`'s, or `Z.n_context`)."
+        given = Z
         Z, n = _linear_prompt(Z, self.d, n)
         for l in range(self.n_layers):
             layer = self.layers[0 if self.shared else l]
             Z = linear_attention(layer.P.to(Z), layer.Q.to(Z), Z, n, layer.softmax, method)
-        return carry_context(Z, n)
+        return Prompt._of(Z, n) if isinstance(given, Prompt) else carry_context(Z, n)
 
-    def predict(self, Z:torch.Tensor,  # (..., 2d+1, n+q) prompt
-                n:int=None,            # number of context columns; default `Z.n_context` (set by `build_linear_prompt`)
+    def predict(self, Z,               # (..., 2d+1, n+q) prompt, or a `Prompt` of it
+                n:int=None,            # number of context columns; default the `Prompt`'s (or `Z.n_context`, set by `build_linear_prompt`)
                 method="auto",         # the memory path of `linear_attention`: 'auto', 'dense' or 'streamed'
+                *,
+                grad=None,             # None: autograd as the caller has it; False: under `torch.no_grad()`; True: with a graph
                )->torch.Tensor:        # (..., q) value estimates at the query columns
         "Value estimates at the query columns: the negated last row of $Z_L$."
         Z, n = _linear_prompt(Z, self.d, n)
-        return -self(Z, n, method)[..., -1, n:]
+        with grad_mode(grad): return -self(Z, n, method)[..., -1, n:]
 
     def stacked_params(self)->tuple:
         "(P, Q), each (L', 2d+1, 2d+1) with L' = 1 when shared, else L."

@@ -296,7 +296,8 @@ def weighted_softmax_td(
     return_all=False,  # return every iterate v_0..v_T instead of the last
     centred=False,  # subtract a uniform head: weights K_k(x) - 1/n (Proposition 1.4)
     method="auto",  # 'dense' (build K), 'streamed' (O(n) memory; needs W) or 'auto'
-) -> torch.Tensor:  # (..., m) values at S_0..S_n, queries; (..., T+1, m) `return_all`
+    queries_only=False,  # return the values at the queries only, as a model's `predict` does
+) -> torch.Tensor:  # (..., m) values at S_0..S_n, queries (the queries only with `queries_only`); (..., T+1, m) `return_all`
     (
         "Weighted softmax TD: $v_{t+1}(x) = v_t(x) + \\alpha \\rho(x) \\sum_k K_k(x)"
         " \\delta_k^{(t)}$ from $v_0 = 0$ ($K_k(x) - 1/n$ when `centred`)."
@@ -306,13 +307,23 @@ def weighted_softmax_td(
     )  # rewards are required
     alpha, gamma, n_iters = _scalar(alpha, "alpha"), check_gamma(gamma), _count(n_iters, "n_iters")
     return_all, centred = check_bool(return_all, "return_all"), check_bool(centred, "centred")
+    first_query = _first_query(keys, phi_queries, queries_only)
     if _path(method, keys, X, W, score) == "streamed":
-        return _streamed(keys, X, R, W, alpha, gamma, n_iters, rho, return_all, centred)
+        return _streamed(keys, X, R, W, alpha, gamma, n_iters, rho, return_all, centred)[..., first_query:]
     K = _weights(keys, X, W, score)
     if centred:
         K = K - 1 / keys.shape[-2]
     K = K * (alpha * _rho(rho, keys, X, K.shape[:-2] + K.shape[-1:])).unsqueeze(-2)
-    return _kernel_iterate(K, R, gamma, n_iters, return_all)
+    return _kernel_iterate(K, R, gamma, n_iters, return_all)[..., first_query:]
+
+
+def _first_query(keys, phi_queries, queries_only) -> int:
+    "The first output column to return: 0, or the first query's (n + 1, for n keys) with `queries_only`."
+    if not check_bool(queries_only, "queries_only"):
+        return 0
+    if phi_queries is None:
+        raise ValueError("`queries_only` needs `phi_queries`: without queries there is nothing to return")
+    return keys.shape[-2] + 1
 
 # %% ../nbs/01_weighted_softmax_td.ipynb #0e2d12f0
 #| code-fold: true
@@ -329,7 +340,8 @@ def batch_linear_td(
     return_all=False,  # return every iterate instead of the last
     C=None,  # (d, d) or (..., d, d) preconditioner of the step; None: the identity
     centred=False,  # step along the centred key features phi(S_{k-1}) - mean_k phi(S_{k-1})
-) -> torch.Tensor:  # (..., m) phi(x)^T w_T at S_0..S_n, queries; (..., T+1, m) `return_all`
+    queries_only=False,  # return the values at the queries only, as a model's `predict` does
+) -> torch.Tensor:  # (..., m) phi(x)^T w_T at S_0..S_n, queries (the queries only with `queries_only`); (..., T+1, m) `return_all`
     (
         "Batch linear TD(0), $w_{t+1} = w_t + \\frac{\\alpha}{n} C \\sum_k \\delta_k"
         " \\phi(S_{k-1})$ from $w_0 = 0$ (optionally centred features), read out in value space."
@@ -356,7 +368,8 @@ def batch_linear_td(
         / R.shape[-1]
         * precondition((delta.unsqueeze(-2) @ direction).squeeze(-2))
     )
-    return _linear_td(keys, X, R, gamma, n_iters, keys.new_zeros(batch + (d,)), step, return_all)
+    first_query = _first_query(keys, phi_queries, queries_only)
+    return _linear_td(keys, X, R, gamma, n_iters, keys.new_zeros(batch + (d,)), step, return_all)[..., first_query:]
 
 
 def _linear_td(keys, X, R, gamma, n_iters, w, step, return_all):

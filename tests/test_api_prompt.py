@@ -131,3 +131,28 @@ def test_history_schema_documents_every_recorded_entry():
             with torch.no_grad(): assert torch.equal(v, result.model.predict(p))
     assert set(HISTORY_SCHEMA) >= {"step", "loss", "msve", "neu"}
     with pytest.raises(ValueError, match="`name` must be one of"): history_schema("accuracy")
+
+
+def test_linear_model_takes_a_prompt_and_control_prompts_move():
+    "LinearICTD's `predict`/`forward` give the same values from a Prompt (n = its context columns) as from (Z, n); a"
+    " ControlPrompt keeps its layout through `.to`, `.float`, `.double` and `ControlPrompt.stack`."
+    from ictd.linear import LinearICTD, build_linear_prompt
+    from ictd.control_model import ControlICTD, ControlPrompt
+    phi, r, phi_q = _context()
+    Z = build_linear_prompt(phi, r, phi_q, gamma=0.9).clone()               # a plain tensor: no n attached
+    model = LinearICTD(4, n_layers=3, seed=2)
+    p = Prompt(Z, 17)
+    assert torch.equal(model.predict(p), model.predict(Z, n=17)) and model.predict(p).shape == (4,)
+    out = model(p)
+    assert isinstance(out, Prompt) and out.n == 17 and torch.equal(out.Z, model(Z, n=17))
+    with pytest.raises(ValueError, match="contradicts the prompt"): model.predict(p, n=16)
+    assert model.predict(p, grad=False).grad_fn is None and model.predict(p, grad=True).grad_fn is not None
+    g = torch.Generator().manual_seed(4)
+    x = ControlPrompt(torch.randn(8, 5 + 6 * 2, generator=g, dtype=torch.float64), n=5, n_actions=2, q=1)
+    for moved, dtype in ((x.to(torch.float32), torch.float32), (x.float().double(), torch.float64), (x.to("cpu"), torch.float64)):
+        assert isinstance(moved, ControlPrompt) and (moved.n, moved.n_actions, moved.q) == (5, 2, 1) and moved.Z.dtype == dtype
+    both = ControlPrompt.stack([x, x.to("cpu")])
+    assert both.Z.shape == (2, 8, 17) and (both.n, both.n_actions, both.q) == (5, 2, 1)
+    cm = ControlICTD(4, n_layers=1, seed=0)
+    assert torch.equal(cm.predict(both)[1], cm.predict(x))
+    with pytest.raises(ValueError, match="share one layout"): ControlPrompt.stack([x, ControlPrompt(x.Z[..., :15], n=5, n_actions=2, q=0)])

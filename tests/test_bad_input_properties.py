@@ -70,7 +70,7 @@ COVERED = {
     "SoftmaxICTD.predict": (SOFTMAX.predict, dict(Z=Z_SOFTMAX, n=5), dict(Z=TENSOR(-2), n=("count",))),
     "LinearICTD.predict": (LINEAR.predict, dict(Z=Z_LINEAR, n=5), dict(Z=TENSOR(-2), n=("count",))),
     "MRP": (MRP, dict(P=P3, r=R3, gamma=0.9, phi=PHI3), dict(P=TENSOR(-2, -1), r=TENSOR(-1), gamma=("gamma",), phi=TENSOR(-2))),
-    "msve": (msve, dict(mrp=MRP3, v_hat=R3), dict(v_hat=TENSOR(-1))),
+    "msve": (msve, dict(v_hat=R3, task=MRP3), dict(v_hat=TENSOR(-1))),
     "weighted_error": (weighted_error, dict(v_hat=R3, v=MRP3.v_pi, weights=MRP3.d_pi), dict(v_hat=TENSOR(-1), v=TENSOR(-1), weights=TENSOR(-1))),
     "two_head_linear_td": (two_head_linear_td, dict(phi_states=CTX, rewards=REW, alpha=0.5, gamma=0.9, n_iters=3, phi_queries=QRY),
                            dict(phi_states=TENSOR(-2, -1), rewards=TENSOR(-1), alpha=("number",), gamma=("gamma",), n_iters=("index",),

@@ -176,10 +176,11 @@ def test_pretrained_decoder_on_seeds_the_book_does_not_show(shared_runs):
 
 def _decoder_measures(dec, soft)->tuple:
     "Final held-out MSVE of a decoder run and of its non-causal twin, and of certainty equivalence and the context mean on its tasks."
-    from ictd.emergence import certainty_equivalence_values, context_mean_values, msve_of
+    from ictd.emergence import certainty_equivalence_values, context_mean_values
+    from ictd.boyan import msve
     from ictd.engine import held_out_tasks
     tasks, states = held_out_tasks(dec.config)
-    base = [msve_of(f(tasks, states), tasks).mean().item() for f in (certainty_equivalence_values, context_mean_values)]
+    base = [msve(f(tasks, states), tasks).mean().item() for f in (certainty_equivalence_values, context_mean_values)]
     return dec.history["msve"][-1, 0].item(), soft.history["msve"][-1, 0].item(), *base
 
 @pytest.mark.unit

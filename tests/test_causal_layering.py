@@ -37,11 +37,12 @@ def test_module_and_tuning_import_only_lower_chapters():
 @pytest.mark.parametrize("seed", [5, 6])
 def test_best_decoder_equals_the_emergence_route(seed):
     "The tuning errors through `held_out_prompts`/`msve_of` (the old route) equal the new ones bit for bit, so the tuned point is the same (catches a changed task stream or error weighting)."
-    from ictd.emergence import held_out_prompts, msve_of
+    from ictd.emergence import held_out_prompts
+    from ictd.boyan import msve
     config = PretrainConfig(eval_tasks=24, n_layers=2, seed=seed)
     grid = dict(alphas=(0.5, 1.), betas=(1., 4.), lams=(0., 9.))
     tasks, states, _ = held_out_prompts(dataclasses.replace(config, seed=run_stream(seed, "tuning")))
-    old = {(a, b, l): msve_of(decoder_values(config, tasks, states, a, b, l), tasks).mean().item()
+    old = {(a, b, l): msve(decoder_values(config, tasks, states, a, b, l), tasks).mean().item()
            for a in grid["alphas"] for b in grid["betas"] for l in grid["lams"]}
     assert len(set(old.values())) == len(old)          # no ties: the argmin is one point
     assert best_decoder(config, **grid) == min(old, key=old.get)

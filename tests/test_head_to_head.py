@@ -5,7 +5,8 @@ import pytest
 import torch
 from conftest import ROOT
 from ictd.experiments.head_to_head import H2H_CONFIG, held_out_values, paired_test, seed_scores
-from ictd.emergence import certainty_equivalence_values, msve_of
+from ictd.emergence import certainty_equivalence_values
+from ictd.boyan import msve
 from ictd.engine import held_out_tasks
 from ictd.pretrain import pretrain_many
 
@@ -49,6 +50,6 @@ def test_softmax_beats_linear_on_fresh_seeds():
     msve = {f: seed_scores(pretrain_many(dataclasses.replace(short, attention=f, lr=r["lr"]), FRESH, progress=False))["msve"]
             for f, r in js["families"].items()}
     held = [held_out_tasks(dataclasses.replace(short, seed=s)) for s in FRESH]
-    ce = torch.stack([msve_of(certainty_equivalence_values(tasks, states), tasks).mean() for tasks, states in held])
+    ce = torch.stack([msve(certainty_equivalence_values(tasks, states), tasks).mean() for tasks, states in held])
     assert (msve["softmax"] < msve["linear"]).sum() >= 9, msve
     assert (msve["linear"] > ce).sum() >= 9, (msve["linear"], ce)

@@ -376,7 +376,7 @@ def library_msve(p):
     mrp = random_boyan_chain(n_states=explorable_data.N_STATES, d=explorable_data.D, gamma=explorable_data.GAMMA, features=p['kind'], seed=p['seed'])
     states, rewards = sample_trajectory(mrp, n=explorable_data.N_MAX, seed=p['seed'])
     n, W = p['n'], p['beta'] * torch.eye(mrp.d, dtype=torch.float64)
-    return msve(mrp, weighted_softmax_td(mrp.phi[states[:n + 1]], rewards[:n], W, alpha=p['alpha'], gamma=mrp.gamma, n_iters=p['depth'], phi_queries=mrp.phi)[n + 1:])
+    return msve(weighted_softmax_td(mrp.phi[states[:n + 1]], rewards[:n], W, alpha=p['alpha'], gamma=mrp.gamma, n_iters=p['depth'], phi_queries=mrp.phi)[n + 1:], mrp)
 
 
 # Each control, a new value for it, and the panels that must change with it.

@@ -55,5 +55,5 @@ def test_boyan_rows_are_distributions_on_the_documented_support(s, seed):
 def test_msve_is_the_d_pi_weighted_error_of_each_estimate():
     mrp = random_boyan_chain(7, 3, seed=np.random.default_rng(123))
     v = torch.from_numpy(np.random.default_rng(5).standard_normal((4, 7)))
-    torch.testing.assert_close(msve(mrp, v), torch.stack([weighted_error(x, mrp.v_pi, mrp.d_pi) for x in v]), rtol=0, atol=0)
-    assert math.isclose(msve(mrp, v[0]), float(((v[0] - mrp.v_pi) ** 2 * mrp.d_pi).sum()), rel_tol=1e-14)
+    torch.testing.assert_close(msve(v, mrp), torch.stack([weighted_error(x, mrp.v_pi, mrp.d_pi) for x in v]), rtol=0, atol=0)
+    assert math.isclose(msve(v[0], mrp), float(((v[0] - mrp.v_pi) ** 2 * mrp.d_pi).sum()), rel_tol=1e-14)

@@ -31,7 +31,7 @@ def test_pretrain_evaluate_and_probe_a_small_model(tmp_path):
     states, rewards = sample_trajectory(chain, n=config.n, seed=9)
     values = runs[0].predict(build_prompt(chain.phi[states], rewards, chain.phi), config.n)
     assert values.shape == (chain.n_states,) and not values.requires_grad and torch.isfinite(values).all()
-    assert msve(chain, values) >= 0
+    assert msve(values, chain) >= 0
     model = runs[0].model
     assert model.value_weights().shape == (config.n_layers, 3)
     A = model.layer(0).A   # the score matrix of the first layer (chapter 3's names: A, V_cur, V_tgt)
@@ -47,7 +47,7 @@ def test_a_users_own_mrp():
     states, rewards = sample_trajectory(mrp, n=40, seed=0)
     values = weighted_softmax_td(phi[states], rewards, 30 * torch.eye(2, dtype=torch.float64), alpha=1.0, gamma=0.5, n_iters=60,
                                  phi_queries=phi)[41:]
-    assert msve(mrp, values) < 1e-10, 'a deterministic cycle: tabular TD recovers v_pi from its context'
+    assert msve(values, mrp) < 1e-10, 'a deterministic cycle: tabular TD recovers v_pi from its context'
 
 
 def test_device_and_dtype_options():

@@ -32,9 +32,9 @@ def moved_to_keywords(*names:str):
         return call
     return wrap
 
-def _warn_moved(fn, moved:dict):
-    new = ", ".join(f"{k}=..." for k in moved)
-    warnings.warn(f"{fn.__name__}: pass {new} by keyword; the positional form is deprecated and goes in the next release",
+def _warn_moved(fn, moved:dict, order:list=None):
+    new = f"pass {', '.join(f'{k}=...' for k in moved)} by keyword" if moved else f"the positional order is now ({', '.join(order)})"
+    warnings.warn(f"{fn.__name__}: {new}; the old form is deprecated and goes in the next release",
                   DeprecationWarning, stacklevel=3)
 
 def reordered_positionals(old:tuple,  # every parameter's name in the old positional order (with `self`/`cls` first if any)
@@ -53,7 +53,7 @@ def reordered_positionals(old:tuple,  # every parameter's name in the old positi
             named = dict(zip(old, args))
             if set(named) & set(kwargs): raise TypeError(f"{fn.__name__}() got {sorted(set(named) & set(kwargs))} both by position and by keyword")
             keep = [p.name for p in params][:n_pos]
-            _warn_moved(fn, {k: v for k, v in named.items() if k not in keep})
+            _warn_moved(fn, {k: v for k, v in named.items() if k not in keep}, [k for k in keep if k not in ("self", "cls")])
             args = [named.pop(k) for k in keep if k in named]
             return call.__wrapped__(*args, **named, **kwargs)
         call.moves_positionals = True
@@ -625,25 +625,31 @@ Markdown(
 #| code-fold: true
 #| code-summary: "msve"
 #| export
+def _task_first(args:tuple)->bool:
+    "Is `msve(task, v_hat)` called in its old order (the task first)?"
+    return len(args) == 2 and hasattr(args[0], "v_pi") and not hasattr(args[1], "v_pi")
+
+
+@reordered_positionals(("task", "v_hat"), _task_first)
 def msve(
-    mrp: MRP,  # the process whose true values score the estimate
     v_hat,  # (..., s) value estimates, one per state
-) -> float:  # d_pi-weighted mean squared value error (a tensor of shape (...) when batched)
+    task,  # whose true values score them: an `MRP`, or B tasks (a `TaskBatch`, with `v_hat` of shape (B, s))
+) -> torch.Tensor:  # (...) float64 tensor: the d_pi-weighted mean squared value error (0-dim for one estimate)
     "Mean squared value error $\\sum_x d_\\pi(x) (\\hat v(x) - v_\\pi(x))^2$."
+    if not (hasattr(task, "v_pi") and hasattr(task, "d_pi")):
+        raise TypeError(f"`task` must be an MRP or a TaskBatch, got {type(task).__name__}")
     v_hat = as_tensor(v_hat, "v_hat", torch.float64)
-    if v_hat.shape[-1:] != (mrp.n_states,):
-        raise ValueError(
-            f"`v_hat` must have last dimension {mrp.n_states}, got shape {tuple(v_hat.shape)}"
-        )
-    err = weighted_error(v_hat, mrp.v_pi.to(v_hat.device), mrp.d_pi.to(v_hat.device))
-    return err.item() if err.ndim == 0 else err
+    s = task.v_pi.shape[-1]
+    if v_hat.shape[-1:] != (s,):
+        raise ValueError(f"`v_hat` must have last dimension {s}, got shape {tuple(v_hat.shape)}")
+    return weighted_error(v_hat, task.v_pi.to(v_hat.device), task.d_pi.to(v_hat.device))
 
 
 # %%
-zero = msve(mrp, np.zeros(10))
+zero = msve(np.zeros(10), mrp)
 test_close(zero, (mrp.d_pi * mrp.v_pi ** 2).sum().item(), eps=1e-15)
-print(f"MSVE: zero estimate {zero:.3f}, true values {msve(mrp, mrp.v_pi):.1f}, "
-      f"true values + 0.5 {msve(mrp, mrp.v_pi + 0.5):.2f}")
+print(f"MSVE: zero estimate {zero:.3f}, true values {msve(mrp.v_pi, mrp):.1f}, "
+      f"true values + 0.5 {msve(mrp.v_pi + 0.5, mrp):.2f}")
 
 
 # %% [markdown]
@@ -997,10 +1003,10 @@ test_close(
     weighted_error(torch.tensor([1.0, 2.0]), torch.tensor([0.0, 0.0]), torch.tensor([0.25, 0.75])),
     3.25,
 )
-test_eq(msve(mrp, mrp.v_pi), 0.)
-test_close(msve(mrp, np.zeros(10)), (mrp.d_pi * mrp.v_pi ** 2).sum().item(), eps=1e-15)
-test_close(msve(mrp, mrp.v_pi + 0.5), 0.25, eps=1e-14)
-test_eq(msve(mrp, torch.zeros(3, 10)).shape, (3,))
+test_eq(msve(mrp.v_pi, mrp), 0.)
+test_close(msve(np.zeros(10), mrp), (mrp.d_pi * mrp.v_pi ** 2).sum().item(), eps=1e-15)
+test_close(msve(mrp.v_pi + 0.5, mrp), 0.25, eps=1e-14)
+test_eq(msve(torch.zeros(3, 10), mrp).shape, (3,))
 test_eq(weighted_error(torch.tensor([float('nan'), 0.]), torch.zeros(2), torch.ones(2)).isnan(),
         True)
 test_fail(lambda: weighted_error(torch.ones(3), torch.zeros(2), torch.ones(2)),
@@ -1032,7 +1038,7 @@ for msg, kw in {"`n` must be a non-negative integer": dict(n=-1),
                 "`start` must be a state in 0..9": dict(n=3, start=10)}.items():
     test_fail(lambda: sample_trajectory(mrp, **kw), contains=msg)
 
-test_fail(lambda: msve(mrp, np.zeros(9)), contains="`v_hat` must have last dimension 10")
+test_fail(lambda: msve(np.zeros(9), mrp), contains="`v_hat` must have last dimension 10")
 
 # %% [markdown]
 # ### Arguments checked against their annotations

@@ -1441,8 +1441,8 @@ errs = (per_state - ce).abs().max(1).values
 assert (errs[1:] <= boyan.gamma * errs[:-1] + 1e-12).all()
 test_close(per_state[-1], ce, eps=1e-6)
 print(
-    f"MSVE: zero estimate {msve(boyan, torch.zeros(10)):.3f}, after 150 iterations"
-    f" {msve(boyan, per_state[-1]):.4f}, certainty equivalence {msve(boyan, ce):.4f}"
+    f"MSVE: zero estimate {msve(torch.zeros(10), boyan):.3f}, after 150 iterations"
+    f" {msve(per_state[-1], boyan):.4f}, certainty equivalence {msve(ce, boyan):.4f}"
 )
 
 # %%
@@ -1489,7 +1489,6 @@ print(
     f" iteration {int(torch.nonzero(wrong_side.any(1))[-1]) + 1} on"
 )
 
-
 # %% [markdown]
 # Everything here ran on 1001 numbers, the values at the trajectory
 # states; the chain's transition matrix was never formed. The next chapters build
@@ -1508,6 +1507,23 @@ print(
 # A context is the features of $S_0, \dots, S_n$, the rewards $R_1, \dots, R_n$ and optional query features.
 # Queries come as `(..., q, d)`, or as `(..., d)` for a single query per context; leading batch dimensions
 # broadcast, and everything is converted to the dtype and device of `phi_states`.
+
+# %% [markdown]
+# With `queries_only=True` the algorithms return what a model's `predict` returns, the values at the queries:
+
+# %%
+ch_q = random_boyan_chain(seed=4)
+st_q, rw_q = sample_trajectory(ch_q, n=12, seed=4)
+kw_q = dict(alpha=0.5, gamma=ch_q.gamma, n_iters=3, phi_queries=ch_q.phi[:3])
+full_q = weighted_softmax_td(ch_q.phi[st_q], rw_q, torch.eye(4, dtype=torch.float64), **kw_q)
+test_eq(weighted_softmax_td(ch_q.phi[st_q], rw_q, torch.eye(4, dtype=torch.float64), **kw_q,
+                            queries_only=True), full_q[13:])
+test_eq(batch_linear_td(ch_q.phi[st_q], rw_q, **kw_q, queries_only=True, return_all=True),
+        batch_linear_td(ch_q.phi[st_q], rw_q, **kw_q, return_all=True)[..., 13:])
+test_fail(lambda: batch_linear_td(ch_q.phi[st_q], rw_q, alpha=0.5, gamma=0.9, n_iters=2,
+                                  queries_only=True),
+          contains="`queries_only` needs `phi_queries`")
+
 
 # %%
 #| code-fold: true
@@ -1802,7 +1818,8 @@ def weighted_softmax_td(
     return_all=False,  # return every iterate v_0..v_T instead of the last
     centred=False,  # subtract a uniform head: weights K_k(x) - 1/n (Proposition 1.4)
     method="auto",  # 'dense' (build K), 'streamed' (O(n) memory; needs W) or 'auto'
-) -> torch.Tensor:  # (..., m) values at S_0..S_n, queries; (..., T+1, m) `return_all`
+    queries_only=False,  # return the values at the queries only, as a model's `predict` does
+) -> torch.Tensor:  # (..., m) values at S_0..S_n, queries (the queries only with `queries_only`); (..., T+1, m) `return_all`
     (
         "Weighted softmax TD: $v_{t+1}(x) = v_t(x) + \\alpha \\rho(x) \\sum_k K_k(x)"
         " \\delta_k^{(t)}$ from $v_0 = 0$ ($K_k(x) - 1/n$ when `centred`)."
@@ -1812,13 +1829,23 @@ def weighted_softmax_td(
     )  # rewards are required
     alpha, gamma, n_iters = _scalar(alpha, "alpha"), check_gamma(gamma), _count(n_iters, "n_iters")
     return_all, centred = check_bool(return_all, "return_all"), check_bool(centred, "centred")
+    first_query = _first_query(keys, phi_queries, queries_only)
     if _path(method, keys, X, W, score) == "streamed":
-        return _streamed(keys, X, R, W, alpha, gamma, n_iters, rho, return_all, centred)
+        return _streamed(keys, X, R, W, alpha, gamma, n_iters, rho, return_all, centred)[..., first_query:]
     K = _weights(keys, X, W, score)
     if centred:
         K = K - 1 / keys.shape[-2]
     K = K * (alpha * _rho(rho, keys, X, K.shape[:-2] + K.shape[-1:])).unsqueeze(-2)
-    return _kernel_iterate(K, R, gamma, n_iters, return_all)
+    return _kernel_iterate(K, R, gamma, n_iters, return_all)[..., first_query:]
+
+
+def _first_query(keys, phi_queries, queries_only) -> int:
+    "The first output column to return: 0, or the first query's (n + 1, for n keys) with `queries_only`."
+    if not check_bool(queries_only, "queries_only"):
+        return 0
+    if phi_queries is None:
+        raise ValueError("`queries_only` needs `phi_queries`: without queries there is nothing to return")
+    return keys.shape[-2] + 1
 
 
 # %%
@@ -1841,7 +1868,8 @@ def batch_linear_td(
     return_all=False,  # return every iterate instead of the last
     C=None,  # (d, d) or (..., d, d) preconditioner of the step; None: the identity
     centred=False,  # step along the centred key features phi(S_{k-1}) - mean_k phi(S_{k-1})
-) -> torch.Tensor:  # (..., m) phi(x)^T w_T at S_0..S_n, queries; (..., T+1, m) `return_all`
+    queries_only=False,  # return the values at the queries only, as a model's `predict` does
+) -> torch.Tensor:  # (..., m) phi(x)^T w_T at S_0..S_n, queries (the queries only with `queries_only`); (..., T+1, m) `return_all`
     (
         "Batch linear TD(0), $w_{t+1} = w_t + \\frac{\\alpha}{n} C \\sum_k \\delta_k"
         " \\phi(S_{k-1})$ from $w_0 = 0$ (optionally centred features), read out in value space."
@@ -1868,7 +1896,8 @@ def batch_linear_td(
         / R.shape[-1]
         * precondition((delta.unsqueeze(-2) @ direction).squeeze(-2))
     )
-    return _linear_td(keys, X, R, gamma, n_iters, keys.new_zeros(batch + (d,)), step, return_all)
+    first_query = _first_query(keys, phi_queries, queries_only)
+    return _linear_td(keys, X, R, gamma, n_iters, keys.new_zeros(batch + (d,)), step, return_all)[..., first_query:]
 
 
 def _linear_td(keys, X, R, gamma, n_iters, w, step, return_all):

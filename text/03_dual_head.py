@@ -890,14 +890,14 @@ def depth_curves(
         phi, rewards, W, alpha=alpha, gamma=gamma, n_iters=n_layers, phi_queries=phi_q,
                              return_all=True
     )
-    err = lambda v: torch.stack([msve(m, v[k, :, n + 1 :]) for k, m in enumerate(mrps)])
+    err = lambda v: torch.stack([msve(v[k, :, n + 1 :], m) for k, m in enumerate(mrps)])
     ce = torch.stack([certainty_equivalence(st, r, s, gamma=gamma) for st, r in trajs])
     return dict(
         gap=(tf - td).abs().amax(-1),
         err_tf=err(tf),
         err_td=err(td),
         dist=(tf[..., n + 1 :] - ce[:, None]).abs().amax(-1),
-        floor=torch.tensor([float(msve(m, v)) for m, v in zip(mrps, ce)], dtype=torch.float64),
+        floor=torch.tensor([float(msve(v, m)) for m, v in zip(mrps, ce)], dtype=torch.float64),
         kappa=torch.tensor(
             [tabular_rate(st, s, beta=beta, alpha=alpha, gamma=gamma) for st, _ in trajs],
             dtype=torch.float64,
@@ -1068,7 +1068,7 @@ print(
 )
 layers_cm = [1, 5, 10, 20, 40, 80]
 msve_cm = {
-    name: torch.tensor([[float(msve(m, v[k, L])) for k, m in enumerate(mrps_c)] for L in layers_cm])
+    name: torch.tensor([[float(msve(v[k, L], m)) for k, m in enumerate(mrps_c)] for L in layers_cm])
     for name, v in (("full", full_cm), ("causal", causal_cm))
 }
 assert (msve_cm["causal"][-1] > 10 * msve_cm["full"][-1]).sum() >= 3

@@ -4,14 +4,18 @@
 # %%
 #| export
 from __future__ import annotations
-import dataclasses, math
+import dataclasses, math, warnings
 import torch
 from torch.func import functional_call, jacfwd
 from ictd.prompt import build_prompt
-from ictd.model import SoftmaxICTD
+from ictd.model import DualHeadSoftmaxLayer, ShiftAfterAttentionICTD, SoftmaxICTD
+from ictd.causal import CausalSoftmaxICTD
+from ictd.core import check_number, check_type
+from ictd.wstd import check_states
+from ictd.state_tokens import model_params, population_tokens, token_layers
 from ictd.tasks import TaskBatch, sample_trajectories
 from ictd.wstd import certainty_equivalence
-from ictd.boyan import weighted_error
+from ictd.boyan import msve, weighted_error
 from ictd.state_tokens import population_predict
 from ictd.engine import PretrainConfig, PretrainResult, held_out_tasks, tuning_config
 from ictd.pretrain import pairwise_neu
@@ -242,8 +246,10 @@ reference = PretrainConfig()
 reference_baselines = baseline_msve(reference)
 zero, cmean, star_b, ce, const = (v.mean().item() for v in reference_baselines.values())
 assert const < ce < cmean < zero and star_b < cmean, (const, ce, cmean, zero, star_b)
+tuned = f" (alpha {reference_baselines.alpha:g}, beta {reference_baselines.beta:g})"
 Markdown("| baseline | mean MSVE, held-out tasks of seed 0 |\n|---|---|\n"
-         + "\n".join(f"| {k} | {v.mean():.3f} |" for k, v in reference_baselines.items()))
+         + "\n".join(f"| {k}{tuned if k == 'best theta*' else ''} | {v.mean():.3f} |"
+                      for k, v in reference_baselines.items()))
 
 # %% [markdown]
 # Knowing nothing (zero) is far off; one number per task read from the context's rewards (the context mean) removes most
@@ -1043,23 +1049,25 @@ test_eq((toy_states.shape, toy_Z.shape), ((4, 31), (4, 6, 41)))
 
 
 # %% [markdown]
-# Every baseline is scored by the same error, the $d_\pi$-weighted squared error of each task (chapter 0's
-# `weighted_error`):
+# Every baseline is scored by the same error, the $d_\pi$-weighted squared error of each task: chapter 0's `msve`,
+# which takes a batch of tasks as well as one (`msve(v, tasks)`, (B,) errors for (B, s) estimates).
 
 # %%
 #| code-fold: true
 #| export
 def msve_of(v:torch.Tensor,    # (B, s) value estimates of each task
             tasks:TaskBatch,   # the tasks
-           )->torch.Tensor:    # (B,) MSVE of each task, sum_x d_pi(x) (v(x) - v_pi(x))^2
-    "Value error of each task's estimate, weighted by the stationary distribution."
-    return weighted_error(v, tasks.v_pi, tasks.d_pi)
+           )->torch.Tensor:    # (B,) MSVE of each task
+    "Deprecated alias of `msve(v, tasks)` (chapter 0), kept for one release."
+    warnings.warn("msve_of is deprecated and goes in the next release: use msve(v, tasks)", DeprecationWarning, stacklevel=2)
+    return msve(v, tasks)
 
 
 # %%
 #| code-fold: true
-test_eq(msve_of(toy_tasks.v_pi, toy_tasks), torch.zeros(4, dtype=torch.float64))
-test_close(msve_of(toy_tasks.v_pi + 0.5, toy_tasks), torch.full((4,), 0.25, dtype=torch.float64),
+test_eq(msve(toy_tasks.v_pi, toy_tasks), torch.zeros(4, dtype=torch.float64))
+test_warns(lambda: test_eq(msve_of(toy_tasks.v_pi, toy_tasks), msve(toy_tasks.v_pi, toy_tasks)))
+test_close(msve(toy_tasks.v_pi + 0.5, toy_tasks), torch.full((4,), 0.25, dtype=torch.float64),
            eps=1e-12)
 
 # %% [markdown]
@@ -1078,7 +1086,7 @@ flat = TaskBatch(ce_tasks.P[:1], torch.full((1, 10), 0.3, dtype=torch.float64), 
                  torch.full((1, 10), 3., dtype=torch.float64), 0.9)
 test_close(context_mean_values(flat, long_states[:1, :50]), flat.v_pi, eps=1e-12)
 shifts = torch.linspace(-0.5, 0.5, 11, dtype=torch.float64)[:, None, None]
-assert (msve_of(best_constant_values(ce_tasks) + shifts, ce_tasks).mean(-1).argmin() == 5)
+assert (msve(best_constant_values(ce_tasks) + shifts, ce_tasks).mean(-1).argmin() == 5)
 
 # %%
 #| code-fold: true
@@ -1116,7 +1124,7 @@ def best_theta_star(config:PretrainConfig,  # the run's settings
     "Tune $\\theta^*(\\alpha, \\beta I)$ on tasks disjoint from the held-out ones."
     tasks, _, Z = held_out_prompts(tuning_config(config))
     with torch.no_grad():
-        err = ({(a, b): msve_of(theta_star_model(config, alpha=a, beta=b).predict(Z, n=config.n),
+        err = ({(a, b): msve(theta_star_model(config, alpha=a, beta=b).predict(Z, n=config.n),
                                 tasks).mean().item() for a in alphas for b in betas})
     return min(err, key=err.get)
 
@@ -1124,19 +1132,25 @@ def best_theta_star(config:PretrainConfig,  # the run's settings
 # %%
 #| code-fold: true
 #| export
+class BaselineMSVE(dict):
+    "Baseline name -> (B,) MSVE of each held-out task, under stable names; the tuned theta*'s (alpha, beta) in their own fields."
+    def __init__(self, errors:dict, alpha:float, beta:float):
+        super().__init__(check_type(errors, dict, "errors"))
+        self.alpha, self.beta = check_number(alpha, "alpha"), check_number(beta, "beta")
+
 def baseline_msve(config:PretrainConfig,  # the run's settings
                   alpha_beta=None,        # (alpha, beta) of theta*; None: tune them
-                 )->dict:                 # name -> (B,) MSVE of each held-out task
+                 )->BaselineMSVE:         # name -> (B,) MSVE of each held-out task; `.alpha`, `.beta` of "best theta*"
     "MSVE of every baseline on the held-out tasks of a run."
     tasks, states, Z = held_out_prompts(config)
     alpha, beta = alpha_beta or best_theta_star(config)
     with torch.no_grad():
         star = theta_star_model(config, alpha=alpha, beta=beta).predict(Z, n=config.n)
-    return {"zero": msve_of(torch.zeros_like(tasks.v_pi), tasks),
-            "context mean": msve_of(context_mean_values(tasks, states), tasks),
-            f"best theta* (alpha {alpha:g}, beta {beta:g})": msve_of(star, tasks),
-            "certainty equivalence": msve_of(certainty_equivalence_values(tasks, states), tasks),
-            "best constant (oracle)": msve_of(best_constant_values(tasks), tasks)}
+    return BaselineMSVE({"zero": msve(torch.zeros_like(tasks.v_pi), tasks),
+                         "context mean": msve(context_mean_values(tasks, states), tasks),
+                         "best theta*": msve(star, tasks),
+                         "certainty equivalence": msve(certainty_equivalence_values(tasks, states), tasks),
+                         "best constant (oracle)": msve(best_constant_values(tasks), tasks)}, alpha, beta)
 
 
 # %%
@@ -1145,7 +1159,7 @@ def baseline_msve(config:PretrainConfig,  # the run's settings
 def model_msve(result:PretrainResult)->torch.Tensor:
     "(B,) MSVE of a trained model on each held-out task of its run."
     tasks, _, Z = held_out_prompts(result.config)
-    with torch.no_grad(): return msve_of(result.model.predict(Z, n=result.config.n), tasks)
+    with torch.no_grad(): return msve(result.model.predict(Z, n=result.config.n), tasks)
 
 
 # %%
@@ -1178,6 +1192,75 @@ folded_api(
     show_doc(model_msve),
     show_doc(value_gap),
 )
+
+
+# %% [markdown]
+# ### A trained model's diagonality
+#
+# Chapter 5's condition is a property of an attention matrix. A trained model's layers each carry one, so
+# `diagonality(model, tasks, states)` gives, per layer, the mean share of a query state's attention on the keys of its
+# own state: on the contexts `states` when given, and in the limit $n = \infty$ of stationary contexts (state tokens
+# weighted by $d_\pi$, chapter 3a) when not. It is the one function the book and the library use for this number.
+
+# %%
+#| export
+def _diagonality_at_contexts(model, tasks, states:torch.Tensor)->torch.Tensor:
+    "(L,) own-state attention share on the dense prompts of `states`, every state a query."
+    rows, n, s = torch.arange(len(tasks))[:, None], states.shape[-1] - 1, tasks.P.shape[-1]
+    Z = build_prompt(tasks.phi[rows, states], tasks.r[rows, states[:, :-1]], tasks.phi).to(next(model.parameters()).dtype)
+    same = (states[:, :n, None] == torch.arange(s)).to(Z.dtype)                      # (B, n, s): key k is in state x
+    with torch.no_grad():
+        Zs = model(Z, n=n, return_all=True)
+        return torch.stack([(model.layer(l).attention(Zs[:, l], n=n)[:, :n, n + 1:] * same).sum(1).mean()
+                            for l in range(model.n_layers)])
+
+def _diagonality_at_infinity(model, tasks)->torch.Tensor:
+    "(L,) own-state attention share at n = infinity: attention over state tokens weighted by d_pi."
+    s = tasks.P.shape[-1]
+    with torch.no_grad():
+        atts = token_layers(model_params(model), model.n_layers, population_tokens(tasks.map(lambda x: x[None])))[1]
+        return torch.stack([a[0, ..., -s:].diagonal(dim1=-2, dim2=-1).mean() for a in atts])
+
+def diagonality(model,             # a dual-head `SoftmaxICTD` (or `ShiftAfterAttentionICTD` when `states` are given)
+                tasks:TaskBatch,   # B tasks with discrete states
+                states=None,       # (B, n + 1) contexts' states S_0..S_n; None: the limit n = infinity
+               )->torch.Tensor:    # (L,) per layer, the mean over tasks and query states
+    "Per layer, the mean share of a query state's attention on keys of its own state, on `states` or at $n = \\infty$."
+    if not isinstance(model, SoftmaxICTD) or isinstance(model, CausalSoftmaxICTD):
+        raise TypeError(f"`model` must be a SoftmaxICTD or ShiftAfterAttentionICTD, got {type(model).__name__}")
+    tasks = check_type(tasks, TaskBatch, "tasks")
+    if tasks.phi.shape[-1] != model.d: raise ValueError(f"`tasks` have d = {tasks.phi.shape[-1]} features but the model expects d = {model.d}")
+    if states is None:
+        if model.Layer is not DualHeadSoftmaxLayer:
+            raise ValueError("`states` = None (n = infinity) needs a dual-head model, whose state tokens are exact; pass contexts")
+        return _diagonality_at_infinity(model, tasks)
+    states = check_states(states, tasks.P.shape[-1])
+    if states.ndim != 2 or states.shape[0] != len(tasks) or states.shape[1] < 2:
+        raise ValueError(f"`states` must have shape (B, n + 1) = ({len(tasks)}, n + 1) with n >= 1, got {tuple(states.shape)}")
+    return _diagonality_at_contexts(model, tasks, states)
+
+
+# %%
+g_diag = torch.Generator().manual_seed(0)
+from ictd.tasks import random_tasks
+tasks_diag = random_tasks(6, seed=21, features="onehot")
+star_diag = SoftmaxICTD.from_theta_star(10, 3. * torch.eye(10, dtype=torch.float64), n_layers=2,
+                                        alpha=0.5, gamma=0.9)
+long_diag = sample_trajectories(tasks_diag.P, tasks_diag.d_pi, n=4000, seed=21)
+at_inf, at_n = diagonality(star_diag, tasks_diag), diagonality(star_diag, tasks_diag, long_diag)
+test_eq(at_inf.shape, (2,))
+# long stationary contexts approach the limit
+test_close(at_n, at_inf, eps=0.02)
+sharper = SoftmaxICTD.from_theta_star(10, 6. * torch.eye(10, dtype=torch.float64), n_layers=2,
+                                      alpha=0.5, gamma=0.9)
+# a larger beta puts more weight on the own state
+assert (diagonality(sharper, tasks_diag) > at_inf).all()
+test_fail(lambda: diagonality(star_diag, tasks_diag, long_diag[:3]),
+          contains="`states` must have shape (B, n + 1)")
+test_fail(lambda: diagonality("model", tasks_diag), contains="`model` must be")
+test_fail(lambda: diagonality(ShiftAfterAttentionICTD(10, n_layers=2, seed=0), tasks_diag),
+          contains="needs a dual-head model")
+print(f"theta*(3I), L = 2: diagonality {at_inf[0]:.3f} at n = infinity, {at_n[0]:.3f} at n = 4000")
 
 
 # %% [markdown]

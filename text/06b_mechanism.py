@@ -9,7 +9,7 @@ import torch
 from ictd.model import SoftmaxICTD
 from ictd.tasks import TaskBatch
 from ictd.convergence import span_rate
-from ictd.boyan import weighted_error
+from ictd.boyan import msve, weighted_error
 from ictd.state_tokens import (model_params, population_predict, population_tokens, token_layers,
                                token_predict)
 from ictd.engine import PretrainConfig, get_family
@@ -18,7 +18,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from ictd.prompt import build_prompt
 from ictd.tasks import sample_trajectories
 from ictd.emergence import (ALPHAS, BETAS, certainty_equivalence_values, context_mean_values,
-                            held_out_prompts, msve_of, theta_star_model)
+                            held_out_prompts, theta_star_model)
 import math
 import numpy as np
 from ictd.wstd import weighted_softmax_td

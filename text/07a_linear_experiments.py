@@ -603,7 +603,7 @@ def msve_against_depth(tasks:list,         # MRPs, all with the same number of s
                        values_fn,          # callable(phi_states, rewards, phi_queries, gamma) -> (n_iters+1, s) estimates per depth
                       )->torch.Tensor:     # (n_tasks, n_iters+1) MSVE of each task's estimate at each depth
     "MSVE at every depth of an in-context estimator run on each task's own context, all states as queries."
-    return torch.stack([msve(m, values_fn(m.phi[S], R, m.phi, m.gamma)) for m, (S, R) in zip(tasks, contexts)])
+    return torch.stack([msve(values_fn(m.phi[S], R, m.phi, m.gamma), m) for m, (S, R) in zip(tasks, contexts)])
 
 
 # %% [markdown]

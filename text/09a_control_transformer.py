@@ -98,6 +98,22 @@ class ControlPrompt:
                              f"for n = {self.n}, A = {self.n_actions}, q = {self.q}), "
                              f"got {tuple(self.Z.shape)}")
 
+    def to(self, *args, **kwargs)->ControlPrompt:
+        "The prompt with `Z.to(*args, **kwargs)` (a device, a floating dtype, or both) and the same layout."
+        return ControlPrompt(self.Z.to(*args, **kwargs), self.n, self.n_actions, self.q)
+    def double(self)->ControlPrompt: return self.to(torch.float64)
+    def float(self)->ControlPrompt: return self.to(torch.float32)
+
+    @classmethod
+    def stack(cls, prompts, dim:int=0)->ControlPrompt:
+        "Prompts of one layout stacked along a new batch axis `dim`."
+        prompts = list(prompts)
+        if not prompts or not all(isinstance(p, ControlPrompt) for p in prompts): raise TypeError("`prompts` must be a non-empty list of ControlPrompt")
+        if len({(p.n, p.n_actions, p.q) for p in prompts}) > 1: raise ValueError("`prompts` must share one layout (n, n_actions, q)")
+        if isinstance(dim, bool) or not isinstance(dim, int) or not 0 <= dim <= prompts[0].Z.ndim - 2:
+            raise ValueError(f"`dim` must be a batch axis in 0..{prompts[0].Z.ndim - 2}, got {dim!r}")
+        return ControlPrompt(torch.stack([p.Z for p in prompts], dim), prompts[0].n, prompts[0].n_actions, prompts[0].q)
+
 def build_control_prompt(phi_sa,            # (..., n, d) features of the pairs (S_{k-1}, A_{k-1})
                          rewards,           # (..., n) rewards, rewards[..., k-1] = R_k
                          phi_next,          # (..., n, A, d) each successor with every action

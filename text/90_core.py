@@ -196,7 +196,7 @@ test_eq(_step(1., alpha=2., gamma=0.25), 1.5)
 test_warns(lambda: test_eq(_step(1., 2., 0.25), 1.5))
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always"); _step(1., 2.)
-test_eq([str(w.message)[:40] for w in caught], ["_step: pass alpha=... by keyword; the po"])
+test_eq([str(w.message)[:40] for w in caught], ["_step: pass alpha=... by keyword; the ol"])
 test_fail(lambda: _step(1., 2., 0.25, 3.), contains="takes 1 positional arguments")
 test_fail(lambda: _step(1., 2., alpha=2.), contains="both by position and by keyword")
 test_eq(list(inspect.signature(_step).parameters), ["x", "alpha", "gamma"])

@@ -11,8 +11,8 @@ from ictd.model import SoftmaxICTD
 from ictd.state_tokens import model_params
 from ictd.engine import EMERGENCE, PretrainConfig, get_family
 from ictd.pretrain import DIVERGED, DivergenceError, pretrain_many
-from ictd.emergence import UNIFORM_BELOW, context_mean_values, held_out_prompts, msve_of, sign_pattern
-from ictd.boyan import check_gamma
+from ictd.emergence import UNIFORM_BELOW, context_mean_values, held_out_prompts, sign_pattern
+from ictd.boyan import check_gamma, msve
 from ictd.core import atomic_write_text, check_type, provenance
 from ictd.stats import binomial_tail, normal_greater, rate_interval
 from ictd.tasks import sample_trajectories
@@ -1037,7 +1037,7 @@ def lengthen_intervention(config:PretrainConfig, model, fits:dict, eval_tasks:in
     for L in lengths:
         ch = _changes(d, tasks.v_pi, ys[L], ps[L], ys[L0], ps[L0]) if L != L0 else \
              dict(ratio={k: _wsq(d, _centred(d, ys[L]) - _centred(d, v)) / _wsq(d, _centred(d, ys[L]) - _centred(d, tasks.v_pi)) for k, v in ps[L].items()})
-        out[str(L)] = dict(ch, msve=msve_of(ys[L], tasks).mean().item(), msve_candidates={k: msve_of(v, tasks).mean().item() for k, v in ps[L].items()})
+        out[str(L)] = dict(ch, msve=msve(ys[L], tasks).mean().item(), msve_candidates={k: msve(v, tasks).mean().item() for k, v in ps[L].items()})
     return out
 
 def patch_intervention(config:PretrainConfig, model:SoftmaxICTD, eval_tasks:int=128,
@@ -1222,7 +1222,7 @@ from torch.func import functional_call
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from ictd.prompt import build_prompt
 from ictd.tasks import sample_trajectories
-from ictd.emergence import ALPHAS, BETAS, certainty_equivalence_values, context_mean_values, held_out_prompts, msve_of, theta_star_model
+from ictd.emergence import ALPHAS, BETAS, certainty_equivalence_values, context_mean_values, held_out_prompts, theta_star_model
 import math
 import numpy as np
 from ictd.wstd import weighted_softmax_td
@@ -1521,7 +1521,7 @@ def layer_anatomy(config:PretrainConfig,  # the run's settings
                  )->dict:                 # per layer (lists of L) probes, and the intact MSVE
     "Every per-layer probe of one trained model on its held-out prompts (knockouts as ratios of MSVE, and of centred MSVE under `centred_`)."
     tasks, states, Z = held_out_prompts(config)
-    err = lambda m: msve_of(m.predict(Z, n=config.n).detach(), tasks).mean().item()
+    err = lambda m: msve(m.predict(Z, n=config.n).detach(), tasks).mean().item()
     cerr = lambda m: centred_msve(m.predict(Z, n=config.n).detach(), tasks).mean().item()
     base, cbase, L = err(model), cerr(model), model.n_layers
     diag = learned_kernel(model, tasks).diagonal(dim1=-2, dim2=-1).mean((-2, -1))
@@ -1795,8 +1795,8 @@ def prediction_errors(fitted:dict,  # output of `fit_estimators`
             p = estimator_values(k, f, c)
             out.setdefault(k, []).append(1 - weighted_r2(v.flatten(), p.flatten(), w.flatten()))
             out.setdefault(f"{k}, centred", []).append(1 - weighted_r2(centre(v).flatten(), centre(p).flatten(), w.flatten()))
-            out.setdefault(f"{k}, MSVE", []).append(msve_of(p, tasks).mean().item())
-        out.setdefault("trained, MSVE", []).append(msve_of(v, tasks).mean().item())
+            out.setdefault(f"{k}, MSVE", []).append(msve(p, tasks).mean().item())
+        out.setdefault("trained, MSVE", []).append(msve(v, tasks).mean().item())
     return {k: torch.tensor(v, dtype=torch.float64) for k, v in out.items()}
 
 
@@ -1810,7 +1810,7 @@ def gap_measures(config:PretrainConfig,  # the run's settings
     with torch.no_grad(): v = model.predict(Z, n=config.n)
     preds = {"trained": v, "context mean": context_mean_values(tasks, states), "certainty equivalence": certainty_equivalence_values(tasks, states),
              "best constant": (tasks.d_pi * tasks.v_pi).sum(-1, keepdim=True).expand_as(tasks.v_pi)}
-    out = {f"msve {k}": msve_of(p, tasks).mean().item() for k, p in preds.items()}
+    out = {f"msve {k}": msve(p, tasks).mean().item() for k, p in preds.items()}
     out.update({f"cmsve {k}": centred_msve(p, tasks).mean().item() for k, p in preds.items()})
     out["value_weights"] = model.value_weights().tolist()
     return out
@@ -1971,12 +1971,12 @@ def iterate_shared(config:PretrainConfig,  # the run's settings (shared=True)
     tasks, _, Z = held_out_prompts(config)
     params = {k: v[0].double() for k, v in model_params(model).items()}
     pred = shared_recursion(model, tasks, max(depths))
-    out = dict(depth=list(depths), msve_n=[], msve_inf=[], msve_predicted=[msve_of(pred[K], tasks).mean().item() for K in depths])
+    out = dict(depth=list(depths), msve_n=[], msve_inf=[], msve_predicted=[msve(pred[K], tasks).mean().item() for K in depths])
     for K in depths:
         m = get_family(config.attention).module(dataclasses.replace(config, n_layers=K), params)
         with torch.no_grad():
-            out["msve_n"].append(msve_of(m.predict(Z, n=config.n), tasks).mean().item())
-            out["msve_inf"].append(msve_of(population_predict(m, tasks), tasks).mean().item())
+            out["msve_n"].append(msve(m.predict(Z, n=config.n), tasks).mean().item())
+            out["msve_inf"].append(msve(population_predict(m, tasks), tasks).mean().item())
     return out
 
 
@@ -2205,7 +2205,7 @@ def contest_stats(config:PretrainConfig,  # the run's settings
     m = context_mean_values(tasks, states)[:, 0]
     cy, cp, my, mp = cen(y), cen(vp), _wmean(y, d), _wmean(vp, d)
     out = dict(run=dict(Syy=(d * cy * cy).sum().item(), Syp=(d * cy * cp).sum().item(), Spp=(d * cp * cp).sum().item(), Lmm=(m * m).sum().item(),
-                        Lmy=(m * my).sum().item(), Lmp=(m * mp).sum().item(), Lpp=(mp * mp).sum().item(), B=len(tasks), msve=msve_of(y, tasks).mean().item()),
+                        Lmy=(m * my).sum().item(), Lmp=(m * mp).sum().item(), Lpp=(mp * mp).sum().item(), B=len(tasks), msve=msve(y, tasks).mean().item()),
                candidates={})
     for name in names:
         _, u = candidate_grid(name, config, tasks, states)

@@ -43,7 +43,7 @@ from nbdev.showdoc import *
 PUBLIC = dict(MRP="boyan", random_boyan_chain="boyan", sample_trajectory="boyan", msve="boyan",
               random_tasks="tasks", sample_trajectories="tasks", weighted_softmax_td="wstd", build_prompt="prompt", Prompt="prompt",
               SoftmaxICTD="model", theta_star="model", PretrainConfig="engine", EMERGENCE="engine",
-              pretrain_many="pretrain", LinearICTD="linear",
+              pretrain_many="pretrain", diagonality="emergence", LinearICTD="linear",
               kernel_q_iteration="control", ControlICTD="control_model")   # name -> the module (under `ictd`) that defines it
 __all__ = ["__version__", *PUBLIC]
 

@@ -188,7 +188,7 @@ n, beta, alpha, L = 200, 5.0, 0.5, 30
 W = beta * torch.eye(chain.d, dtype=torch.float64)
 values = weighted_softmax_td(chain.phi[states[:n + 1]], rewards[:n], W, alpha=alpha, gamma=chain.gamma, n_iters=L,
                              phi_queries=chain.phi)
-print(f"MSVE after L = {L} layers: {msve(chain, values[n + 1:]):.4g}")
+print(f"MSVE after L = {L} layers: {msve(values[n + 1:], chain):.4g}")
 
 # %% [markdown]
 # ## A note on sources

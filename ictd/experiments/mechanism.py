@@ -11,8 +11,8 @@ from ..model import SoftmaxICTD
 from ..state_tokens import model_params
 from ..engine import EMERGENCE, PretrainConfig, get_family
 from ..pretrain import DIVERGED, DivergenceError, pretrain_many
-from ..emergence import UNIFORM_BELOW, context_mean_values, held_out_prompts, msve_of, sign_pattern
-from ..boyan import check_gamma
+from ..emergence import UNIFORM_BELOW, context_mean_values, held_out_prompts, sign_pattern
+from ..boyan import check_gamma, msve
 from ..core import atomic_write_text, check_type, provenance
 from ..stats import binomial_tail, normal_greater, rate_interval
 from ..tasks import sample_trajectories
@@ -566,7 +566,7 @@ def lengthen_intervention(config:PretrainConfig, model, fits:dict, eval_tasks:in
     for L in lengths:
         ch = _changes(d, tasks.v_pi, ys[L], ps[L], ys[L0], ps[L0]) if L != L0 else \
              dict(ratio={k: _wsq(d, _centred(d, ys[L]) - _centred(d, v)) / _wsq(d, _centred(d, ys[L]) - _centred(d, tasks.v_pi)) for k, v in ps[L].items()})
-        out[str(L)] = dict(ch, msve=msve_of(ys[L], tasks).mean().item(), msve_candidates={k: msve_of(v, tasks).mean().item() for k, v in ps[L].items()})
+        out[str(L)] = dict(ch, msve=msve(ys[L], tasks).mean().item(), msve_candidates={k: msve(v, tasks).mean().item() for k, v in ps[L].items()})
     return out
 
 def patch_intervention(config:PretrainConfig, model:SoftmaxICTD, eval_tasks:int=128,
