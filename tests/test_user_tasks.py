@@ -4,8 +4,8 @@ offers every registered model family."""
 import subprocess, sys, textwrap
 import pytest
 import torch
-from ictd import (MRP, PretrainConfig, SoftmaxICTD, build_prompt, msve, pretrain_many, random_boyan_chain,
-                  sample_trajectory, theta_star, weighted_softmax_td)
+from ictd import (MRP, PretrainConfig, SoftmaxICTD, build_prompt, diagonality, msve, pretrain_many, random_boyan_chain,
+                  random_tasks, sample_trajectories, sample_trajectory, theta_star, weighted_softmax_td)
 
 pytestmark = pytest.mark.unit
 
@@ -18,8 +18,9 @@ def test_theta_star_runs_weighted_softmax_td_on_a_random_chain():
     model = SoftmaxICTD.from_theta_star(3, W, n_layers=L, alpha=alpha, gamma=chain.gamma)
     assert all(torch.equal(a, b) for a, b in zip((model.layer(0).A, model.layer(0).V_cur, model.layer(0).V_tgt), theta_star(3, W, alpha=alpha, gamma=chain.gamma)))
     Z = build_prompt(chain.phi[states], rewards, chain.phi)
-    expected = weighted_softmax_td(chain.phi[states], rewards, W, alpha=alpha, gamma=chain.gamma, n_iters=L, phi_queries=chain.phi)
-    torch.testing.assert_close(model.predict(Z), expected[26:], rtol=1e-12, atol=1e-12)
+    expected = weighted_softmax_td(chain.phi[states], rewards, W, alpha=alpha, gamma=chain.gamma, n_iters=L, phi_queries=chain.phi,
+                                   queries_only=True)
+    torch.testing.assert_close(model.predict(Z), expected, rtol=1e-12, atol=1e-12)
 
 
 def test_pretrain_evaluate_and_probe_a_small_model(tmp_path):
@@ -36,6 +37,11 @@ def test_pretrain_evaluate_and_probe_a_small_model(tmp_path):
     assert model.value_weights().shape == (config.n_layers, 3)
     A = model.layer(0).A   # the score matrix of the first layer (chapter 3's names: A, V_cur, V_tgt)
     assert A.shape == (config.d + 2, config.d + 2) and not torch.equal(A, runs[1].model.layer(0).A)
+    tasks = random_tasks(8, seed=3, d=config.d)
+    contexts = sample_trajectories(tasks.P, tasks.d_pi, n=config.n, seed=3)
+    for share in (diagonality(model, tasks), diagonality(model, tasks, contexts)):   # n = infinity, then n = 30
+        assert share.shape == (config.n_layers,) and ((share > 0) & (share < 1)).all()
+    assert msve(torch.zeros(8, tasks.P.shape[-1], dtype=torch.float64), tasks).shape == (8,)
 
 
 def test_a_users_own_mrp():

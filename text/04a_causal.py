@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from torch.autograd.function import once_differentiable
 from ictd.boyan import as_tensor, check_gamma, weighted_error
-from ictd.wstd import context_tensors
+from ictd.wstd import _first_query, context_tensors
 from ictd.prompt import build_prompt
 from ictd.model import check_prompt, torch_generator, token_rows, xavier_param, carry_context, PromptLayer, SoftmaxICTD
 from ictd.model import _old_theta_star_call
@@ -200,13 +200,15 @@ def prefix_softmax_td(phi_states,          # (..., n + 1, d) features of S_0..S_
                       order:str="forward", # "forward", "reversed" or "none" (no mask: weighted softmax TD)
                       recency:float=0.,    # lambda of the positional bias lambda log p_k
                       return_all:bool=False, # return every iterate v_0..v_T
-                     )->torch.Tensor:      # (..., m) values at S_0..S_n then the queries; (..., n_iters + 1, m) with `return_all`
+                      queries_only:bool=False, # return the values at the queries only, as a model's `predict` does
+                     )->torch.Tensor:      # (..., m) values at S_0..S_n then the queries (the queries only with `queries_only`); (..., n_iters + 1, m) with `return_all`
     "Prefix weighted softmax TD: every target updates with the softmax-weighted TD errors of the transitions it sees."
     keys, X, R = context_tensors(phi_states, rewards, phi_queries)
     alpha, gamma, n_iters = float(alpha), check_gamma(gamma), int(n_iters)
     if not math.isfinite(alpha): raise ValueError(f"`alpha` must be finite, got {alpha}")
     if n_iters < 0: raise ValueError(f"`n_iters` must be a non-negative integer, got {n_iters}")
     _choice(current, CURRENTS, "current")
+    first_query = _first_query(keys, phi_queries, queries_only)
     K = alpha * prefix_weights(phi_states, W, phi_queries, order, recency)
     K = K.expand(torch.broadcast_shapes(R.shape[:-1], K.shape[:-2]) + K.shape[-2:])
     n, anchor = R.shape[-1], K.sum(-2)                  # anchor[j] = alpha, or 0 where target j sees nothing
@@ -216,7 +218,7 @@ def prefix_softmax_td(phi_states,          # (..., n + 1, d) features of S_0..S_
         if current == "key": v = v + ((R + gamma * v[..., 1:n + 1] - v[..., :n]).unsqueeze(-2) @ K).squeeze(-2)
         else: v = v + ((R + gamma * v[..., 1:n + 1]).unsqueeze(-2) @ K).squeeze(-2) - anchor * v
         vs.append(v)
-    return torch.stack(vs, -2) if return_all else v
+    return (torch.stack(vs, -2) if return_all else v)[..., first_query:]
 
 
 # %%
@@ -236,6 +238,12 @@ test_close(prefix_softmax_td(phi_r, R_r, W2, alpha=0.7, gamma=0.9, n_iters=15,
                              phi_queries=tasks_r.phi, order="none"),
            weighted_softmax_td(phi_r, R_r, W2, alpha=0.7, gamma=0.9, n_iters=15,
                                phi_queries=tasks_r.phi), eps=1e-12)
+test_close(prefix_softmax_td(phi_r, R_r, W2, alpha=0.7, gamma=0.9, n_iters=15,
+                             phi_queries=tasks_r.phi,
+                             order="none", queries_only=True),
+           weighted_softmax_td(phi_r, R_r, W2, alpha=0.7, gamma=0.9, n_iters=15,
+                               phi_queries=tasks_r.phi,
+                               queries_only=True), eps=1e-12)
 v_r = prefix_softmax_td(phi_r, R_r, W2, alpha=0.7, gamma=0.9, n_iters=15, phi_queries=tasks_r.phi,
                         return_all=True)
 test_eq(v_r[..., 0].abs().max().item(), 0.)
