@@ -15,11 +15,11 @@ from .tasks import TaskBatch
 # %% auto #0
 __all__ = ['WORK_LIMITS', 'DENSE_BYTES', 'CHUNK_BYTES', 'MEMORY_PATHS', 'RUN_STREAMS', 'NUDGE_VAR', 'CLAIM_STATUSES', 'DRAW_NOTE',
            'OKABE_ITO', 'check_int', 'check_number', 'check_floating', 'check_choice', 'check_seeds', 'check_type',
-           'check_bool', 'check_broadcast', 'check_device', 'check_fields', 'check_work', 'memory_path', 'chunk_rows',
-           'substream', 'stream_generator', 'run_stream', 'nudge_scale', 'nudged', 'nudge', 'atomic_write_bytes',
-           'atomic_write_text', 'atomic_savefig', 'checksum_path', 'tensors_only', 'save_checked', 'load_checked',
-           'remove_checked', 'check_writable', 'check_name', 'load_json', 'record_claim', 'load_claims', 'jsonable',
-           'cpu_model', 'provenance', 'provenance_note', 'plain_log_ticks', 'moved_to_keywords',
+           'check_bool', 'check_broadcast', 'check_device', 'default_dtype', 'check_fields', 'check_work',
+           'memory_path', 'chunk_rows', 'substream', 'stream_generator', 'run_stream', 'nudge_scale', 'nudged', 'nudge',
+           'atomic_write_bytes', 'atomic_write_text', 'atomic_savefig', 'checksum_path', 'tensors_only', 'save_checked',
+           'load_checked', 'remove_checked', 'check_writable', 'check_name', 'load_json', 'record_claim', 'load_claims',
+           'jsonable', 'cpu_model', 'provenance', 'provenance_note', 'plain_log_ticks', 'moved_to_keywords',
            'reordered_positionals']
 
 # %% ../nbs/90_core.ipynb #5c70a449
@@ -100,6 +100,15 @@ def check_device(device)->torch.device:
     except (RuntimeError, TypeError) as e: raise ValueError(f"`device` must be a torch device such as 'cpu' or 'cuda', got {device!r}") from None
     if dev.type == "cuda" and not torch.cuda.is_available(): raise ValueError(f"`device` is {device!r} but torch sees no CUDA GPU here")
     return dev
+
+def default_dtype(device=None,  # a torch device (None: the CPU)
+                  dtype=None,   # a floating torch dtype asked for, or None: the device's default
+                 )->torch.dtype:
+    "`dtype` if given, else the book's default for `device`: float64 on the CPU (exact checks), float32 on CUDA (whose float64 is slow on most GPUs)."
+    if dtype is not None:
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point: raise ValueError(f"`dtype` must be a floating torch dtype, got {dtype!r}")
+        return dtype
+    return torch.float32 if check_device(device).type == "cuda" else torch.float64
 
 @functools.lru_cache(maxsize=None)
 def _field_checks(cls:type)->dict:

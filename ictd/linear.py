@@ -8,7 +8,7 @@ import math
 import torch
 from torch import nn
 from .boyan import as_tensor, check_gamma, weighted_error
-from .core import check_bool, check_broadcast, check_floating, check_int, check_number, chunk_rows, memory_path, run_stream
+from .core import check_bool, check_broadcast, check_device, check_floating, check_int, check_number, chunk_rows, default_dtype, memory_path, run_stream
 from .model import carry_context, grad_mode, token_rows, torch_generator, xavier_param
 from .prompt import Prompt
 from .boyan import moved_to_keywords
@@ -143,14 +143,16 @@ class LinearICTD(nn.Module):
                  shared:bool=True,     # one (P, Q) pair for every layer, or one per layer
                  init_gain:float=0.1,  # gain of the Xavier-normal initialisation
                  seed=None,            # int or `torch.Generator` for the initialisation
-                 dtype=torch.float64,
+                 dtype=None,           # dtype of the parameters; default float64, float32 on CUDA (`default_dtype`)
                  softmax:bool=False,   # the predecessor's softmax over target columns (an ablation)
+                 device=None,          # device of the parameters; default the CPU (drawn there, then moved)
                 ):
         super().__init__()
-        g = torch_generator(seed)
+        g, dtype = torch_generator(seed), default_dtype(device, dtype)
         self.d, self.n_layers = d, check_int(n_layers, "n_layers", 1, "a positive integer")
         self.shared = check_bool(shared, "shared")
         self.layers = nn.ModuleList([LinearAttentionLayer(d, init_gain, g, dtype, softmax) for _ in range(1 if shared else self.n_layers)])
+        if device is not None: self.to(check_device(device))
 
     def forward(self, Z, n:int=None, method="auto"):
         "Run all L layers on the prompt `Z` (a tensor, or a `Prompt`, then returned as one) with `n` context columns (default the `Prompt`'s, or `Z.n_context`)."

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 from .boyan import as_tensor, check_gamma
-from .core import check_bool, check_choice, check_device, check_floating, check_int, check_number, check_type, moved_to_keywords
+from .core import check_bool, check_choice, check_device, check_floating, check_int, check_number, check_type, default_dtype, moved_to_keywords
 from .boyan import reordered_positionals
 from .prompt import Prompt
 
@@ -207,12 +207,12 @@ class SoftmaxICTD(nn.Module):
                  shared:bool=False,        # one parameter set for all layers
                  init_gain:float=0.1,      # gain of the Xavier-normal initialisation
                  seed=None,                # int or `torch.Generator` for the initialisation
-                 dtype=torch.float64,      # dtype of the stored parameters
+                 dtype=None,               # dtype of the stored parameters; default float64, float32 on CUDA (`default_dtype`)
                  device=None,              # device of the stored parameters; default the CPU (drawn there, then moved: one seed, one model)
                 ):
         super().__init__()
         n_layers, shared = check_int(n_layers, "n_layers", 1, "a positive integer"), check_type(shared, bool, "shared")
-        g = torch_generator(seed)
+        g, dtype = torch_generator(seed), default_dtype(device, dtype)
         self.d, self.n_layers, self.shared = token_rows(d) - 2, n_layers, shared
         self.layers = nn.ModuleList(self.Layer(d, init_gain, g, dtype) for _ in range(1 if shared else n_layers))
         if device is not None: self.to(check_device(device))

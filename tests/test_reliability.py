@@ -447,7 +447,7 @@ COVERED = {
                                          gamma=NOT_A_GAMMA, shared=[1, 'yes', None])),
     'SoftmaxICTD': (SoftmaxICTD, dict(d=2, n_layers=2, init_gain=0.1, seed=0),
                     dict(d=NOT_A_COUNT + [0], n_layers=NOT_A_COUNT + [0], init_gain=NOT_A_NUMBER + [-1.], seed=['x', -1, 2.5],
-                         shared=[1, 'yes', None], dtype=['float64', torch.int64, None])),
+                         shared=[1, 'yes', None], dtype=['float64', torch.int64])),
     'pretrain_many': (pretrain_many, dict(config=dataclasses.replace(TINY, n_steps=0), seeds=[0], progress=False),
                       dict(config=[None, {}, 'EMERGENCE', 3], seeds=[None, [], [1, 1], [-1], [0.5], 'a', math.nan, [math.nan], [None]],
                            cache_dir=[3, 2.5, object()], device=['gpu', 3.5, 'cuda:x'], checkpoint_every=NOT_A_COUNT[1:] + [0],

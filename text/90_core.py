@@ -151,6 +151,15 @@ def check_device(device)->torch.device:
     if dev.type == "cuda" and not torch.cuda.is_available(): raise ValueError(f"`device` is {device!r} but torch sees no CUDA GPU here")
     return dev
 
+def default_dtype(device=None,  # a torch device (None: the CPU)
+                  dtype=None,   # a floating torch dtype asked for, or None: the device's default
+                 )->torch.dtype:
+    "`dtype` if given, else the book's default for `device`: float64 on the CPU (exact checks), float32 on CUDA (whose float64 is slow on most GPUs)."
+    if dtype is not None:
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point: raise ValueError(f"`dtype` must be a floating torch dtype, got {dtype!r}")
+        return dtype
+    return torch.float32 if check_device(device).type == "cuda" else torch.float64
+
 @functools.lru_cache(maxsize=None)
 def _field_checks(cls:type)->dict:
     "Field name -> (test, what was expected) for the annotated fields of the dataclass `cls` that say something checkable."
@@ -864,6 +873,9 @@ test_eq(check_device(None), torch.device("cpu"))   # CUDA only when asked, even 
 test_fail(lambda: check_device("gpu"), contains="`device` must be a torch device")
 test_fail(lambda: check_device(3.5), contains="`device` must be a torch device")
 if not torch.cuda.is_available(): test_fail(lambda: check_device("cuda"), contains="no CUDA GPU")
+test_eq(default_dtype(), torch.float64); test_eq(default_dtype("cpu", torch.float32), torch.float32)
+test_fail(lambda: default_dtype(None, torch.int64), contains="`dtype` must be a floating torch dtype")
+if torch.cuda.is_available(): test_eq(default_dtype("cuda"), torch.float32)
 
 @dataclasses.dataclass
 class _Toy:

@@ -187,8 +187,8 @@ states, rewards = sample_trajectory(chain, n=400, seed=0)
 n, beta, alpha, L = 200, 5.0, 0.5, 30
 W = beta * torch.eye(chain.d, dtype=torch.float64)
 values = weighted_softmax_td(chain.phi[states[:n + 1]], rewards[:n], W, alpha=alpha, gamma=chain.gamma, n_iters=L,
-                             phi_queries=chain.phi)
-print(f"MSVE after L = {L} layers: {msve(values[n + 1:], chain):.4g}")
+                             phi_queries=chain.phi, queries_only=True)
+print(f"MSVE after L = {L} layers: {msve(values, chain):.4g}")
 
 # %% [markdown]
 # ## A note on sources
@@ -225,6 +225,17 @@ from ictd import random_boyan_chain, sample_trajectory
 mrp = random_boyan_chain(n_states=10, d=4, gamma=0.9, seed=0)
 states, rewards = sample_trajectory(mrp, n=30, seed=0)
 mrp, states[:8].tolist(), rewards[:3].tolist()
+
+# %% [markdown]
+# then build the constructed Transformer $\theta^*$ of chapter 3, read its values off a prompt, and score them:
+
+# %%
+from ictd import Prompt, SoftmaxICTD, msve
+
+# %%
+model = SoftmaxICTD.from_theta_star(4, 2 * torch.eye(4, dtype=torch.float64), n_layers=3, alpha=0.5, gamma=mrp.gamma)
+v_model = model.predict(Prompt.build(mrp.phi[states], rewards, mrp.phi), grad=False)   # one value per state
+print(f"MSVE of theta* (L = 3) on this context: {msve(v_model, mrp):.3f}")
 
 # %% [markdown]
 # ## Build the book and run the tests
