@@ -484,7 +484,7 @@ COVERED.update({
                                  gamma=NOT_A_GAMMA)),
     'td_parameters': (td_parameters, dict(d=2, alpha=0.5), dict(d=NOT_A_COUNT + [0], alpha=NOT_A_STEP, C=not_a_matrix((2, 2), (3, 3), (2,))[1:])),
     'LinearICTD': (LinearICTD, dict(d=2, n_layers=2, seed=0), dict(d=NOT_A_COUNT + [0], n_layers=NOT_A_COUNT + [0],
-                                                                 init_gain=NOT_A_NUMBER + [-1.], seed=['x', -1, 2.5], dtype=['float64', torch.int64, None])),
+                                                                 init_gain=NOT_A_NUMBER + [-1.], seed=['x', -1, 2.5], dtype=['float64', torch.int64])),
     'LinearICTD.from_td': (LinearICTD.from_td, dict(d=2, n_layers=2, alpha=0.5),
                            dict(d=NOT_A_COUNT + [0], n_layers=NOT_A_COUNT + [0], alpha=NOT_A_NUMBER, C=not_a_matrix((2, 2), (3, 3), (2,))[1:])),
     'SoftmaxICTD.forward': (SoftmaxICTD(2, n_layers=2, seed=0), dict(Z=PROMPT, n=5),
