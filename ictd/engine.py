@@ -18,16 +18,28 @@ from .state_tokens import StateTokens, fused_token_predict, population_tokens, s
 from .tasks import Contexts, TDExamples, TDSample, draw_cdf, gather_rows, sample_trajectories, stationary_examples, task_features, task_pool
 
 # %% auto #0
-__all__ = ['DTYPES', 'FEATURES', 'OBJECTIVES', 'INITS', 'EMERGENCE', 'HISTORY_SCHEMA', 'FAMILIES', 'PROTOCOLS', 'PLUGINS',
-           'source_hash', 'PretrainConfig', 'history_schema', 'PretrainResult', 'stack_results', 'Family', 'Protocol',
-           'register_family', 'register_protocol', 'load_plugins', 'get_family', 'get_protocol', 'EvalSet',
-           'stationary_pools', 'stationary_sampler', 'held_out_tasks', 'tuning_config', 'task_eval_set',
-           'stationary_eval_set', 'corrupted_rewards', 'eval_set', 'td_values', 'sampled_neu', 'mc_horizon',
-           'rollout_returns', 'stationary_draws', 'objective_values', 'softmax_init', 'softmax_module',
-           'softmax_prompt', 'population_neu_many', 'softmax_metrics']
+__all__ = ['DTYPES', 'DEFAULT_DTYPE', 'FEATURES', 'OBJECTIVES', 'INITS', 'EMERGENCE', 'HISTORY_SCHEMA', 'FAMILIES', 'PROTOCOLS',
+           'PLUGINS', 'DefaultDtype', 'training_dtype', 'source_hash', 'PretrainConfig', 'history_schema',
+           'PretrainResult', 'stack_results', 'Family', 'Protocol', 'register_family', 'register_protocol',
+           'load_plugins', 'get_family', 'get_protocol', 'EvalSet', 'stationary_pools', 'stationary_sampler',
+           'held_out_tasks', 'tuning_config', 'task_eval_set', 'stationary_eval_set', 'corrupted_rewards', 'eval_set',
+           'td_values', 'sampled_neu', 'mc_horizon', 'rollout_returns', 'stationary_draws', 'objective_values',
+           'softmax_init', 'softmax_module', 'softmax_prompt', 'population_neu_many', 'softmax_metrics']
 
 # %% ../nbs/91_engine.ipynb #4dd2b0ca
 DTYPES = dict(float64=torch.float64, float32=torch.float32)
+
+class DefaultDtype(str):
+    "The `dtype` a configuration has when none was asked for: 'float64' (it equals that string, in keys and saved files), trained in float32 on CUDA."
+    def __deepcopy__(self, memo): return str(self)   # `asdict` (saved files, keys) writes a plain str
+DEFAULT_DTYPE = DefaultDtype("float64")
+
+def training_dtype(config, device=None)->str:
+    "The dtype `config` trains in on `device`: its `dtype`, but float32 on CUDA when it has the default (`DEFAULT_DTYPE`), float64 on request."
+    if not hasattr(config, "dtype"): raise TypeError(f"`config` must be a PretrainConfig, got {type(config).__name__}")
+    try: cuda = torch.device("cpu" if device is None else device).type == "cuda"
+    except (RuntimeError, TypeError): raise ValueError(f"`device` must be a torch device such as 'cpu' or 'cuda', got {device!r}") from None
+    return "float32" if isinstance(config.dtype, DefaultDtype) and cuda else str(config.dtype)
 FEATURES = ("random", "unit", "onehot")
 OBJECTIVES = ("td", "mc", "supervised", "td-independent")   # the training targets (see "Four objectives" below)
 INITS = ("xavier", "theta_star")
@@ -64,7 +76,7 @@ class PretrainConfig:
     seed:int = 0                # seeds the model, the task pools and the data stream
     attention:str = "softmax"   # model family: a registered name ("softmax"; "linear" from chapter 7)
     protocol:str = "stationary" # data protocol: a registered name ("stationary"; "sliding" from appendix C)
-    dtype:str = "float64"       # "float64" or "float32" for the parameters and the training passes (metrics in float64)
+    dtype:str = DEFAULT_DTYPE   # "float64" or "float32" for the parameters and the training passes (metrics in float64); default float64, float32 on CUDA
     objective:str = "td"        # training target at the query: one of `OBJECTIVES` ("td", "mc", "supervised", "td-independent")
     init:str = "xavier"         # "xavier" (gain `init_gain`) or "theta_star" (every layer theta*(W = init_beta I, init_alpha))
     init_scale:float = 0.       # std of a Gaussian perturbation added to every initial parameter (0: none)

@@ -19,7 +19,7 @@ from .model import SoftmaxICTD, theta_star
 from .state_tokens import population_neu
 from .tasks import stationary_examples, task_features
 from .engine import (DTYPES, EvalSet, PretrainConfig, PretrainResult, eval_set, get_family,
-                         get_protocol, objective_values, sampled_neu, source_hash)
+                         get_protocol, objective_values, sampled_neu, source_hash, training_dtype)
 from .core import (atomic_write_text, check_writable, load_checked, load_json, nudge,
                        remove_checked, save_checked)
 
@@ -421,6 +421,8 @@ def pretrain_many(config:PretrainConfig,     # every setting but the seed
     ("Pretrain one model per seed, all seeds in one batched forward and backward pass; run i "
      "equals `pretrain` with seed `seeds[i]`.")
     seeds, device = check_seeds(seeds), check_device(device)
+    if isinstance(config, PretrainConfig) and training_dtype(config, device) != config.dtype:
+        config = dataclasses.replace(config, dtype=training_dtype(config, device))   # CUDA, no dtype asked: float32
     check_type(config, PretrainConfig, "config"), check_type(cache_dir, (str, Path, type(None)),
                                                              "cache_dir")
     checkpoint_every = None if checkpoint_every is None else check_int(checkpoint_every,

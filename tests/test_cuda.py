@@ -10,7 +10,8 @@ from ictd.pretrain import pretrain_many
 pytestmark = [pytest.mark.unit, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")]
 
 def assert_same_runs(config, seeds=(0, 1), tol=1e-8):
-    "`config` trained on CUDA and on the CPU: same final parameters and same recorded metrics, to `tol` relative."
+    "`config` trained on CUDA and on the CPU, both in float64 (asked for: CUDA's default is float32): same final parameters and same recorded metrics, to `tol` relative."
+    config = dataclasses.replace(config, dtype="float64")
     gpu, cpu = pretrain_many(config, list(seeds), progress=False, device="cuda"), pretrain_many(config, list(seeds), progress=False, device="cpu")
     for g, c in zip(gpu, cpu):
         for k, v in c.params.items():
@@ -47,3 +48,17 @@ def test_causal_decoder_on_cuda_equals_cpu():
 def test_continuous_family_on_cuda_equals_cpu():
     from ictd.continuous import RotationFamily, family_config
     assert_same_runs(family_config(RotationFamily(), n_steps=30, eval_every=10, eval_tasks=16, dtype="float64"))
+
+def test_cuda_defaults_to_float32_and_keeps_float64_on_request():
+    "No dtype asked: float32 on CUDA, for the engine and the constructors; float64 when asked; the CPU keeps float64."
+    from ictd.linear import LinearICTD
+    from ictd.model import SoftmaxICTD
+    config = dataclasses.replace(EMERGENCE, n_steps=4, eval_every=2, n_tasks=16, eval_tasks=8)
+    run = pretrain_many(config, [0], progress=False, device="cuda")[0]
+    assert run.config.dtype == "float32" and {p.dtype for p in run.params.values()} == {torch.float32}
+    asked = pretrain_many(dataclasses.replace(config, dtype="float64"), [0], progress=False, device="cuda")[0]
+    assert asked.config.dtype == "float64" and {p.dtype for p in asked.params.values()} == {torch.float64}
+    for cls in (SoftmaxICTD, LinearICTD):
+        assert {p.dtype for p in cls(4, n_layers=2, seed=0, device="cuda").parameters()} == {torch.float32}
+        assert {p.dtype for p in cls(4, n_layers=2, seed=0, device="cuda", dtype=torch.float64).parameters()} == {torch.float64}
+        assert {p.dtype for p in cls(4, n_layers=2, seed=0).parameters()} == {torch.float64}
