@@ -8,7 +8,7 @@ import dataclasses, math, warnings
 import torch
 from torch.func import functional_call, jacfwd
 from .prompt import build_prompt
-from .model import DualHeadSoftmaxLayer, ShiftAfterAttentionICTD, SoftmaxICTD
+from .model import DualHeadSoftmaxLayer, SoftmaxICTD
 from .causal import CausalSoftmaxICTD
 from .core import check_number, check_type
 from .wstd import check_states
@@ -18,7 +18,7 @@ from .wstd import certainty_equivalence
 from .boyan import msve, weighted_error
 from .state_tokens import population_predict
 from .engine import PretrainConfig, PretrainResult, held_out_tasks, tuning_config
-from .pretrain import pairwise_neu
+from .pretrain import _own_state_share, pairwise_neu
 from .stats import binomial_tail, mean_se, min_successes
 
 # %% auto #0
@@ -191,16 +191,12 @@ def value_gap(result:PretrainResult,  # a trained run
                                                                                 n=result.config.n)
     return weighted_error(v_tf, v_star, tasks.d_pi).mean().item()
 
-# %% ../nbs/06a_emergence.ipynb #bd8b3445
+# %% ../nbs/06a_emergence.ipynb #9f99afc2
 def _diagonality_at_contexts(model, tasks, states:torch.Tensor)->torch.Tensor:
     "(L,) own-state attention share on the dense prompts of `states`, every state a query."
-    rows, n, s = torch.arange(len(tasks))[:, None], states.shape[-1] - 1, tasks.P.shape[-1]
+    rows, n = torch.arange(len(tasks))[:, None], states.shape[-1] - 1
     Z = build_prompt(tasks.phi[rows, states], tasks.r[rows, states[:, :-1]], tasks.phi).to(next(model.parameters()).dtype)
-    same = (states[:, :n, None] == torch.arange(s)).to(Z.dtype)                      # (B, n, s): key k is in state x
-    with torch.no_grad():
-        Zs = model(Z, n=n, return_all=True)
-        return torch.stack([(model.layer(l).attention(Zs[:, l], n=n)[:, :n, n + 1:] * same).sum(1).mean()
-                            for l in range(model.n_layers)])
+    return _own_state_share(model, Z, states, n)
 
 def _diagonality_at_infinity(model, tasks)->torch.Tensor:
     "(L,) own-state attention share at n = infinity: attention over state tokens weighted by d_pi."

@@ -4,7 +4,7 @@
 # %%
 #| export
 from __future__ import annotations
-import dataclasses, hashlib, json, math
+import dataclasses, hashlib, json, math, warnings
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -1212,19 +1212,25 @@ def evaluate_many(config:PretrainConfig, params:dict, ev:EvalSet)->dict:
 # %%
 #| code-fold: true
 #| export
+def _own_state_share(model, Z:torch.Tensor, states:torch.Tensor, n:int)->torch.Tensor:
+    "(L,) mean share of each query column's attention on context keys of the query's own state, on prompts `Z` of `states`."
+    s = Z.shape[-1] - n - 1
+    same = (states[:, :n, None] == torch.arange(s, device=states.device)).to(Z.dtype)   # (B, n, s): key k is in state x
+    with torch.no_grad():
+        Zs = model(Z, n=n, return_all=True)
+        return torch.stack([(model.layer(l).attention(Zs[:, l], n=n)[:, :n, n + 1:] * same).sum(1).mean()
+                            for l in range(model.n_layers)])
+
+
 def kernel_diagonality_per_layer(model:SoftmaxICTD,  # the model
                                  Z:torch.Tensor,     # (B, d+2, n+1+s) prompts, every state a query
                                  states:torch.Tensor,# (B, n+1) the contexts' states
                                  n:int,              # context length
                                 )->torch.Tensor:     # (L,) mean attention share on the own state
-    ("Mean share of each query column's softmax mass on context keys of the query's own state, "
-     "per layer.")
-    B, s = states.shape[0], Z.shape[-1] - n - 1
-    same = (states[:, :n, None] == torch.arange(s, device=states.device)).to(Z.dtype)   # (B, n, s)
-    Zs = model(Z, n=n, return_all=True)
-    return torch.stack([(model.layer(l).attention(Zs[:, l],
-                                                  n=n)[:, :n, n + 1:] * same).sum(1).mean()
-                        for l in range(model.n_layers)])
+    "Deprecated, kept for one release: `diagonality(model, tasks, states)` (chapter 6a), which builds the prompts itself."
+    warnings.warn("kernel_diagonality_per_layer is deprecated and goes in the next release: use diagonality(model, tasks, states)",
+                  DeprecationWarning, stacklevel=2)
+    return _own_state_share(model, Z, states, n)
 
 
 # %% [markdown]
@@ -1272,7 +1278,7 @@ def evaluate(model:SoftmaxICTD,  # the model
     with torch.no_grad():
         v = model.predict(Z, n=n)
         msve = weighted_error(v, eval_tasks.v_pi, eval_tasks.d_pi).mean()
-        diag = kernel_diagonality_per_layer(model, Z, eval_states, n)
+        diag = _own_state_share(model, Z, eval_states, n)
     return dict(msve=msve.reshape(1),
                 neu=torch.tensor([neu(model, eval_tasks, n, n_batches=4, batch_size=64,
                                       seed=neu_seed)], dtype=torch.float64),

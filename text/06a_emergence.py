@@ -8,7 +8,7 @@ import dataclasses, math, warnings
 import torch
 from torch.func import functional_call, jacfwd
 from ictd.prompt import build_prompt
-from ictd.model import DualHeadSoftmaxLayer, ShiftAfterAttentionICTD, SoftmaxICTD
+from ictd.model import DualHeadSoftmaxLayer, SoftmaxICTD
 from ictd.causal import CausalSoftmaxICTD
 from ictd.core import check_number, check_type
 from ictd.wstd import check_states
@@ -18,7 +18,7 @@ from ictd.wstd import certainty_equivalence
 from ictd.boyan import msve, weighted_error
 from ictd.state_tokens import population_predict
 from ictd.engine import PretrainConfig, PretrainResult, held_out_tasks, tuning_config
-from ictd.pretrain import pairwise_neu
+from ictd.pretrain import _own_state_share, pairwise_neu
 from ictd.stats import binomial_tail, mean_se, min_successes
 
 # %%
@@ -1197,7 +1197,7 @@ folded_api(
 # %% [markdown]
 # ### A trained model's diagonality
 #
-# Chapter 5's condition is a property of an attention matrix. A trained model's layers each carry one, so
+# Chapter 5's convergence condition is a property of an attention matrix. A trained model's layers each carry one, so
 # `diagonality(model, tasks, states)` gives, per layer, the mean share of a query state's attention on the keys of its
 # own state: on the contexts `states` when given, and in the limit $n = \infty$ of stationary contexts (state tokens
 # weighted by $d_\pi$, chapter 3a) when not. It is the one function the book and the library use for this number.
@@ -1206,13 +1206,9 @@ folded_api(
 #| export
 def _diagonality_at_contexts(model, tasks, states:torch.Tensor)->torch.Tensor:
     "(L,) own-state attention share on the dense prompts of `states`, every state a query."
-    rows, n, s = torch.arange(len(tasks))[:, None], states.shape[-1] - 1, tasks.P.shape[-1]
+    rows, n = torch.arange(len(tasks))[:, None], states.shape[-1] - 1
     Z = build_prompt(tasks.phi[rows, states], tasks.r[rows, states[:, :-1]], tasks.phi).to(next(model.parameters()).dtype)
-    same = (states[:, :n, None] == torch.arange(s)).to(Z.dtype)                      # (B, n, s): key k is in state x
-    with torch.no_grad():
-        Zs = model(Z, n=n, return_all=True)
-        return torch.stack([(model.layer(l).attention(Zs[:, l], n=n)[:, :n, n + 1:] * same).sum(1).mean()
-                            for l in range(model.n_layers)])
+    return _own_state_share(model, Z, states, n)
 
 def _diagonality_at_infinity(model, tasks)->torch.Tensor:
     "(L,) own-state attention share at n = infinity: attention over state tokens weighted by d_pi."
@@ -1242,7 +1238,7 @@ def diagonality(model,             # a dual-head `SoftmaxICTD` (or `ShiftAfterAt
 
 # %%
 g_diag = torch.Generator().manual_seed(0)
-from ictd.tasks import random_tasks
+from ictd.tasks import random_tasks, sample_trajectories
 tasks_diag = random_tasks(6, seed=21, features="onehot")
 star_diag = SoftmaxICTD.from_theta_star(10, 3. * torch.eye(10, dtype=torch.float64), n_layers=2,
                                         alpha=0.5, gamma=0.9)
@@ -1258,6 +1254,7 @@ assert (diagonality(sharper, tasks_diag) > at_inf).all()
 test_fail(lambda: diagonality(star_diag, tasks_diag, long_diag[:3]),
           contains="`states` must have shape (B, n + 1)")
 test_fail(lambda: diagonality("model", tasks_diag), contains="`model` must be")
+from ictd.model import ShiftAfterAttentionICTD
 test_fail(lambda: diagonality(ShiftAfterAttentionICTD(10, n_layers=2, seed=0), tasks_diag),
           contains="needs a dual-head model")
 print(f"theta*(3I), L = 2: diagonality {at_inf[0]:.3f} at n = infinity, {at_n[0]:.3f} at n = 4000")
