@@ -1379,12 +1379,12 @@ for msg, args in {"`W` must have shape (4, 4)": (4, torch.eye(3), 0.1, 0.9),
                   "`alpha` must be a finite number, got '0.1'": (4, torch.eye(4), "0.1", 0.9),
                   "`W` must be real": (4, torch.eye(4) * 1j, 0.1, 0.9),
                   "`d` must be a positive integer": (0, torch.eye(4), 0.1, 0.9)}.items():
-    test_fail(lambda: theta_star(*args), contains=msg)
+    test_fail(lambda: theta_star(*args[:2], alpha=args[2], gamma=args[3]), contains=msg)
 for msg, kw in {
     "`shared` must be a bool": dict(shared=1),
     "`seed` must be an integer >= 0": dict(seed=-1),
     "`init_gain` must be a finite number >= 0": dict(init_gain=float("nan")),
-    "`dtype` must be one of": dict(dtype=torch.int64),
+    "`dtype` must be a floating torch dtype": dict(dtype=torch.int64),
     "`n_layers` must be a positive integer": dict(n_layers=float("inf")),
     "`d` must be a positive integer": dict(d=None),
 }.items():
