@@ -21,7 +21,7 @@ from .experiments.head_to_head import run_head_to_head
 from .experiments.emergence import ABLATION_BASE, emergence_report, run_ablations, save_ablations
 from .experiments.mechanism import (CONVERGE_LRS, DEEP_DEPTHS, run_contest, run_contest_linear, run_contest_runs, run_control_study, run_converge_study, run_depth_sweep, run_jacobian_study, run_shared_study, run_gap_map, run_mechanism_study, run_theta_star_dynamics)
 from .core import atomic_savefig, atomic_write_text, check_device, jsonable, provenance, save_checked, tensors_only
-from .engine import DTYPES, FAMILIES, INITS, OBJECTIVES, PROTOCOLS, PretrainConfig, load_plugins
+from .engine import DTYPES, FAMILIES, INITS, OBJECTIVES, PROTOCOLS, PretrainConfig, load_plugins, training_dtype
 from .pretrain import plot_emergence, pretrain_many, run_folder
 from .sweep import expand_spec, load_spec, measure_overheads, run_sweep, start_client, stop_client, write_sweep
 
@@ -85,7 +85,8 @@ def _add_pretrain_options(p:argparse.ArgumentParser):
         elif f.name == "seed": p.add_argument("--seeds", "--seed", type=seed_list, nargs="+", default=[[0, 1, 2]], dest="seeds",
                                               help="seeds, one run each, e.g. 0-29 or 0,3,5; " + docs[f.name])
         else: p.add_argument(_option(f.name), type=PRETRAIN_TYPES[f.name], default=default, help=docs[f.name])
-    p.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda (default: the CPU)")
+    p.add_argument("--device", default=None, help="torch device, e.g. cpu or cuda (default: the CPU; on CUDA the default --dtype is float32)")
+    p.add_argument("--compile", action="store_true", help="compile the training step (torch.compile; on CUDA, CUDA graphs); objectives td and supervised")
     p.add_argument("--threads", type=positive_int, default=1, help="torch intra-op threads of this process")
     p.add_argument("--checkpoint-every", type=positive_int, default=500, help="steps between checkpoints of the whole run")
     p.add_argument("--force", action="store_true", help="retrain even if the folder holds results of this configuration")
@@ -343,11 +344,12 @@ def run_pretrain(args)->list:
     torch.set_num_threads(args.threads)
     seeds, cache = _seeds(args), args.cache_dir or args.out
     config = PretrainConfig(**{f.name: getattr(args, f.name) for f in fields(PretrainConfig) if f.name != "seed"})
+    config = replace(config, dtype=training_dtype(config, args.device))   # on CUDA, float32 unless --dtype asked
     folder = run_folder(args.out, config)
     cached = [s for s in seeds if (run_folder(cache, config) / f"seed-{s}.pt").exists()]
     if cached and not args.force: print(f"seeds {seed_ranges(cached)}: loading the cached runs from {run_folder(cache, config)}", flush=True)
     results = pretrain_many(config, seeds, progress=not args.no_progress, cache_dir=cache, device=args.device,
-                            checkpoint_every=args.checkpoint_every, force=args.force)
+                            checkpoint_every=args.checkpoint_every, force=args.force, compile=args.compile)
     paths = []
     for r in results:
         h = r.history

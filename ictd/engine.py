@@ -12,19 +12,19 @@ import torch
 from torch import nn
 import ictd
 from .boyan import check_gamma
-from .core import TaskBatch, check_bool, check_choice, check_fields, check_int, check_number, check_seeds, check_work, nudge_scale, run_stream
+from .core import TaskBatch, check_bool, check_choice, check_device, check_fields, check_int, check_number, check_seeds, check_type, check_work, nudge_scale, run_stream
 from .model import SoftmaxICTD, theta_star
 from .state_tokens import StateTokens, fused_token_predict, population_tokens, state_tokens, token_layers, token_predict, trajectory_tokens
 from .tasks import Contexts, TDExamples, TDSample, draw_cdf, gather_rows, sample_trajectories, stationary_examples, task_features, task_pool
 
 # %% auto #0
 __all__ = ['DTYPES', 'DEFAULT_DTYPE', 'FEATURES', 'OBJECTIVES', 'INITS', 'EMERGENCE', 'HISTORY_SCHEMA', 'FAMILIES', 'PROTOCOLS',
-           'PLUGINS', 'DefaultDtype', 'training_dtype', 'source_hash', 'PretrainConfig', 'history_schema',
+           'PLUGINS', 'COMPILABLE', 'DefaultDtype', 'training_dtype', 'source_hash', 'PretrainConfig', 'history_schema',
            'PretrainResult', 'stack_results', 'Family', 'Protocol', 'register_family', 'register_protocol',
            'load_plugins', 'get_family', 'get_protocol', 'EvalSet', 'stationary_pools', 'stationary_sampler',
            'held_out_tasks', 'tuning_config', 'task_eval_set', 'stationary_eval_set', 'corrupted_rewards', 'eval_set',
            'td_values', 'sampled_neu', 'mc_horizon', 'rollout_returns', 'stationary_draws', 'objective_values',
-           'softmax_init', 'softmax_module', 'softmax_prompt', 'population_neu_many', 'softmax_metrics']
+           'step_loss', 'softmax_init', 'softmax_module', 'softmax_prompt', 'population_neu_many', 'softmax_metrics']
 
 # %% ../nbs/91_engine.ipynb #4dd2b0ca
 DTYPES = dict(float64=torch.float64, float32=torch.float32)
@@ -379,6 +379,25 @@ def objective_values(config:PretrainConfig, params:dict, b:TDExamples, gens:list
     v = family.predict(config, params, family.prompt(config, dataclasses.replace(x, queries=x.queries[..., :1])), config.n)[..., 0]
     if config.objective == "supervised": return v, gather_rows(x.tasks.v_pi, x.task, query).to(v.dtype)
     return v, rollout_returns(x.tasks, x.task, query, uniforms(mc_horizon(config.gamma) - 1)).to(v.dtype)
+
+# %% ../nbs/91_engine.ipynb #3813770a
+COMPILABLE = ("td", "supervised")   # the objectives whose targets draw nothing: a compiled step is the same function
+
+def step_loss(config:PretrainConfig,  # the run's settings
+              protocol,               # its data protocol (`get_protocol(config.protocol)`)
+              target_gens:list,       # one generator per seed, for what the objective draws
+              compile:bool=False,     # compile with `torch.compile`: on CUDA in 'reduce-overhead' mode (CUDA graphs)
+              device=None,            # where the run trains
+             ):                       # loss(params, batch) -> (S,) one loss per seed
+    "The training loss of a step as a function of the parameters and the batch, compiled when asked."
+    def loss(params, batch):
+        v, target = objective_values(config, params, batch, target_gens)   # (S, B); target fixed
+        return protocol.loss_scale * (target - v).square().mean(-1)        # (S,): a loss per seed
+    if not check_type(compile, bool, "compile"): return loss
+    if config.objective not in COMPILABLE:
+        raise ValueError(f"`compile` needs an objective whose targets draw nothing, one of {COMPILABLE}; got {config.objective!r}")
+    cuda = check_device(device).type == "cuda"
+    return torch.compile(loss, mode="reduce-overhead" if cuda else "default", dynamic=False)
 
 # %% ../nbs/91_engine.ipynb #c15ed138
 def softmax_init(config:PretrainConfig, seeds:list, dtype)->dict:

@@ -19,7 +19,7 @@ from ictd.model import SoftmaxICTD, theta_star
 from ictd.state_tokens import population_neu
 from ictd.tasks import stationary_examples, task_features
 from ictd.engine import (DTYPES, EvalSet, PretrainConfig, PretrainResult, eval_set, get_family,
-                         get_protocol, objective_values, sampled_neu, source_hash, training_dtype)
+                         get_protocol, objective_values, sampled_neu, source_hash, step_loss, training_dtype)
 from ictd.core import (atomic_write_text, check_writable, load_checked, load_json, nudge,
                        remove_checked, save_checked)
 
@@ -442,6 +442,7 @@ def train_loop(config:PretrainConfig,     # every setting but the seed
                checkpoint_every:int=None, # steps between checkpoints (needs `folder`)
                force:bool=False,          # ignore a checkpoint in `folder`
                callback=None,             # called as `callback(step)` after each optimiser step
+               compile:bool=False,        # compile the step's loss (`step_loss`); on CUDA, replayed as CUDA graphs
               )->list:                    # one PretrainResult per seed
     ("The engine: train one model per seed, all seeds in one batched pass per step, resumed "
      "from a checkpoint in `folder` if there is one.")
@@ -467,6 +468,7 @@ def train_loop(config:PretrainConfig,     # every setting but the seed
     saved = None if checkpoint is None or force else _load(checkpoint, expect)
     if saved is not None: run = _restore(saved, params, opt, gens + target_gens)
     kept = checkpoint if checkpoint_every else None
+    loss_of = step_loss(config, protocol, target_gens, compile, device)    # (params, batch) -> (S,)
     for step in tqdm(range(run["step"], config.n_steps + 1), initial=run["step"],
                      total=config.n_steps + 1, disable=not progress,
                      desc=f"pretrain {config.key()}, {len(seeds)} seeds"):
@@ -481,8 +483,7 @@ def train_loop(config:PretrainConfig,     # every setting but the seed
             _record(config, run, params, ev, step)
         if step == config.n_steps: break
         batch = protocol.sample(config, data, gens, step, run["protocol"])  # every seed's examples
-        v, target = objective_values(config, params, batch, target_gens)    # (S, B); target fixed
-        loss = protocol.loss_scale * (target - v).square().mean(-1)         # (S,): a loss per seed
+        loss = loss_of(params, batch)                                       # (S,): a loss per seed
         check_divergence(config, seeds, step, loss, checkpoint=kept)        # the loss, every step
         opt.zero_grad(); loss.sum().backward(); opt.step()  # no interaction: Adam is entrywise
         run["losses"].append(loss.detach())
@@ -1545,6 +1546,7 @@ def pretrain_many(config:PretrainConfig,     # every setting but the seed
                   checkpoint_every:int=None, # steps between checkpoints (needs `cache_dir`)
                   force:bool=False,          # recompute even if results or a checkpoint exist
                   callback=None,             # called as `callback(step)` after each optimiser step
+                  compile:bool=False,        # compile the step (`step_loss`): CUDA graphs on a GPU; no gain measured on the CPU
                  )->list:                    # one PretrainResult per seed, in the order of `seeds`
     ("Pretrain one model per seed, all seeds in one batched forward and backward pass; run i "
      "equals `pretrain` with seed `seeds[i]`.")
@@ -1573,7 +1575,7 @@ def pretrain_many(config:PretrainConfig,     # every setting but the seed
     if todo:
         done.update(zip(todo,
                         train_loop(config, todo, progress, folder, device, checkpoint_every, force,
-                                   callback)))
+                                   callback, compile)))
     return [done[s] for s in seeds]
 
 

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 import ictd
 from ictd.boyan import check_gamma
-from ictd.core import TaskBatch, check_bool, check_choice, check_fields, check_int, check_number, check_seeds, check_work, nudge_scale, run_stream
+from ictd.core import TaskBatch, check_bool, check_choice, check_device, check_fields, check_int, check_number, check_seeds, check_type, check_work, nudge_scale, run_stream
 from ictd.model import SoftmaxICTD, theta_star
 from ictd.state_tokens import StateTokens, fused_token_predict, population_tokens, state_tokens, token_layers, token_predict, trajectory_tokens
 from ictd.tasks import Contexts, TDExamples, TDSample, draw_cdf, gather_rows, sample_trajectories, stationary_examples, task_features, task_pool
@@ -703,6 +703,27 @@ def objective_values(config:PretrainConfig, params:dict, b:TDExamples, gens:list
     v = family.predict(config, params, family.prompt(config, dataclasses.replace(x, queries=x.queries[..., :1])), config.n)[..., 0]
     if config.objective == "supervised": return v, gather_rows(x.tasks.v_pi, x.task, query).to(v.dtype)
     return v, rollout_returns(x.tasks, x.task, query, uniforms(mc_horizon(config.gamma) - 1)).to(v.dtype)
+
+
+# %%
+#| export
+COMPILABLE = ("td", "supervised")   # the objectives whose targets draw nothing: a compiled step is the same function
+
+def step_loss(config:PretrainConfig,  # the run's settings
+              protocol,               # its data protocol (`get_protocol(config.protocol)`)
+              target_gens:list,       # one generator per seed, for what the objective draws
+              compile:bool=False,     # compile with `torch.compile`: on CUDA in 'reduce-overhead' mode (CUDA graphs)
+              device=None,            # where the run trains
+             ):                       # loss(params, batch) -> (S,) one loss per seed
+    "The training loss of a step as a function of the parameters and the batch, compiled when asked."
+    def loss(params, batch):
+        v, target = objective_values(config, params, batch, target_gens)   # (S, B); target fixed
+        return protocol.loss_scale * (target - v).square().mean(-1)        # (S,): a loss per seed
+    if not check_type(compile, bool, "compile"): return loss
+    if config.objective not in COMPILABLE:
+        raise ValueError(f"`compile` needs an objective whose targets draw nothing, one of {COMPILABLE}; got {config.objective!r}")
+    cuda = check_device(device).type == "cuda"
+    return torch.compile(loss, mode="reduce-overhead" if cuda else "default", dynamic=False)
 
 
 # %% [markdown]
