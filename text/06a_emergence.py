@@ -35,6 +35,7 @@ from ictd.state_tokens import population_neu
 from ictd.engine import EMERGENCE
 from ictd.pretrain import pretrain_many
 from ictd.tasks import random_tasks
+from ictd.model import ShiftAfterAttentionICTD
 from ictd.core import plain_log_ticks
 from ictd.experiments.emergence import (ablation_claims, ablation_rows, ablation_table,
                                         baseline_comparison, comparison_table,
@@ -1237,8 +1238,6 @@ def diagonality(model,             # a dual-head `SoftmaxICTD` (or `ShiftAfterAt
 
 
 # %%
-g_diag = torch.Generator().manual_seed(0)
-from ictd.tasks import random_tasks, sample_trajectories
 tasks_diag = random_tasks(6, seed=21, features="onehot")
 star_diag = SoftmaxICTD.from_theta_star(10, 3. * torch.eye(10, dtype=torch.float64), n_layers=2,
                                         alpha=0.5, gamma=0.9)
@@ -1254,7 +1253,6 @@ assert (diagonality(sharper, tasks_diag) > at_inf).all()
 test_fail(lambda: diagonality(star_diag, tasks_diag, long_diag[:3]),
           contains="`states` must have shape (B, n + 1)")
 test_fail(lambda: diagonality("model", tasks_diag), contains="`model` must be")
-from ictd.model import ShiftAfterAttentionICTD
 test_fail(lambda: diagonality(ShiftAfterAttentionICTD(10, n_layers=2, seed=0), tasks_diag),
           contains="needs a dual-head model")
 print(f"theta*(3I), L = 2: diagonality {at_inf[0]:.3f} at n = infinity, {at_n[0]:.3f} at n = 4000")
