@@ -5,6 +5,7 @@
 # %% ../nbs/03a_state_tokens.ipynb #324538d4
 from __future__ import annotations
 from dataclasses import dataclass
+import numpy as np
 import torch
 from torch.autograd.function import once_differentiable
 from .core import TaskBatch, check_int, check_type
@@ -13,9 +14,8 @@ from .tasks import task_features
 from .model import SoftmaxICTD
 
 # %% auto #0
-__all__ = ['FAST_PRODUCT', 'StateTokens', 'state_tokens', 'seed_map', 'token_layer', 'token_layers', 'token_predict',
-           'model_params', 'trajectory_tokens', 'population_tokens', 'population_predict', 'population_neu',
-           'fused_token_predict']
+__all__ = ['StateTokens', 'state_tokens', 'seed_map', 'token_layer', 'token_layers', 'token_predict', 'model_params',
+           'trajectory_tokens', 'population_tokens', 'population_predict', 'population_neu', 'fused_token_predict']
 
 # %% ../nbs/03a_state_tokens.ipynb #5cba008d
 @dataclass(eq=False)
@@ -147,59 +147,60 @@ def population_neu(model:SoftmaxICTD,  # any parameters
     return sum(g.square().sum() for g in grads if g is not None).item()
 
 # %% ../nbs/03a_state_tokens.ipynb #4f0a1223
-def _rows(W, T):
-    "T (S, B, R, D) times a per-seed matrix W (S, D, E) on the right, one product per seed: (S, B, R, E)."
-    S, B, R, D = T.shape
-    return (T.reshape(S, B * R, D) @ W).reshape(S, B, R, W.shape[-1])
-
-FAST_PRODUCT = 400   # torch's CPU batched product switches to a scalar loop below this many multiply-adds per matrix
+def _mm(a, b, out=None):
+    "The batched product a @ b (written into `out` when given); on the CPU through numpy's matmul."
+    if a.device.type == "cpu":   # numpy's loop over stacks of tiny matrices costs about half of torch's
+        r = np.matmul(a.numpy(), b.numpy(), out=None if out is None else out.numpy())
+        return torch.from_numpy(r) if out is None else out
+    return torch.matmul(a, b) if out is None else out.copy_(torch.matmul(a, b))
 
 class _FusedTokens(torch.autograd.Function):
-    """`token_predict` as one autograd node: A, V_cur, V_tgt (S, L or 1, D, D); Z (S, B, D, C), log_w (S, B, s), succ (S, B, s, C) contiguous.
-    Each layer's keys are its first s token rows and their mean successors one product with `succ`; its values and A-scaled keys come
-    from one product per seed with W = [[V_cur^T, A], [V_tgt^T, 0]]."""
+    """`token_predict` as one autograd node: A, V_cur, V_tgt (S, L or 1, D, D); T (S, B, C, D) the tokens as rows,
+    log_w (S, B, s), succ (S, B, s, C). Per layer one product per seed, P = T [V_cur^T, A, V_tgt^T], gives every
+    row's value, A-scaled key and successor value; the keys' values are P's first block plus `succ` times its last."""
     @staticmethod
-    def forward(ctx, A, V_cur, V_tgt, Z, log_w, succ, n_layers, q):
-        S, B, D, C = Z.shape
-        s, saved = log_w.shape[-1], []
-        succ = succ.reshape(S * B, s, C)
-        W = torch.cat([torch.cat([V_cur.mT, A], -1), torch.cat([V_tgt.mT, torch.zeros_like(A)], -1)], -2)   # (S, Lp, 2D, 2D)
-        bias = log_w.reshape(S * B, s, 1)
+    def forward(ctx, A, V_cur, V_tgt, T, log_w, succ, n_layers, q):
+        S, B, C, D = T.shape
+        s, N, saved = log_w.shape[-1], S * B, []
+        K = s + 1 if not succ[..., s + 1:].any() else C       # the columns a key's successor can be
+        succ = succ.detach().reshape(N, s, C)[..., :K]
+        W = torch.cat([V_cur.mT, A, V_tgt.mT], -1).detach()   # (S, Lp, D, 3D)
+        bias, T = log_w.detach().reshape(N, s, 1), T.detach().reshape(N, C, D)
         for l in range(n_layers):
-            c = min(C, max(q, -(-FAST_PRODUCT // (s * D)))) if l == n_layers - 1 else C   # columns updated
-            T = Z.mT.reshape(S * B, C, D)                                            # the tokens as rows
-            KY = torch.cat([T[:, :s], succ @ T], -1).reshape(S, B, s, 2 * D)         # row k: key k, its mean successor
-            XG = _rows(W[:, l % W.shape[1]], KY).reshape(S * B, s, 2 * D)            # row k: value of key k, key k times A
-            O = (Z[..., C - c:].contiguous() if c < C else Z).reshape(S * B, D, c)
-            att = torch.softmax(torch.baddbmm(bias, XG[..., D:], O), dim=-2)         # (S B, s, c)
-            saved += [T, KY, XG, O, att]
-            Z = torch.baddbmm(O, XG[..., :D].mT, att).reshape(S, B, D, c)
-        ctx.n_layers, ctx.q, ctx.shape = n_layers, q, (S, B, D, C, s)
+            c = q if l == n_layers - 1 else C                  # rows updated: the last layer's queries
+            P = _mm(T.view(S, B * C, D), W[:, l % W.shape[1]]).view(N, C, 3 * D)
+            X = _mm(succ, P[:, :K, 2 * D:]).add_(P[:, :s, :D])  # (N, s, D) row k: the value of key k
+            Tc = T[:, C - c:]
+            att = torch.softmax(_mm(P[:, :s, D:2 * D], Tc.mT).add_(bias), dim=-2)   # (N, s, c)
+            saved += [T, P, X, att]
+            T = _mm(att.mT, X).add_(Tc)
+        ctx.n_layers, ctx.q, ctx.shape = n_layers, q, (S, B, C, D, s, K)
         ctx.save_for_backward(W, succ, *saved)
-        return Z[..., -1, -q:]
+        return T[..., -1].reshape(S, B, q)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):
         W, succ, *saved = ctx.saved_tensors
-        L, q, (S, B, D, C, s) = ctx.n_layers, ctx.q, ctx.shape
-        dW = torch.zeros_like(W)
-        g = grad.new_zeros(S * B, D, saved[-1].shape[-1])
-        g.view(S, B, D, -1)[..., -1, -q:] = grad                                 # d value / d the last layer's output columns
+        L, q, (S, B, C, D, s, K) = ctx.n_layers, ctx.q, ctx.shape
+        N, Lp = S * B, W.shape[1]
+        dW, dP = torch.zeros_like(W), grad.new_zeros(N, C, 3 * D)
+        g = grad.new_zeros(N, q, D)                            # d value / d the last layer's output rows
+        g[..., -1] = grad.reshape(N, q)
         for l in reversed(range(L)):
-            T, KY, XG, O, att = saved[5 * l: 5 * l + 5]
+            T, P, X, att = saved[4 * l: 4 * l + 4]
             c = att.shape[-1]
-            dX = att @ g.mT.contiguous()                                         # (S B, s, D)
-            dE = torch._softmax_backward_data(XG[..., :D] @ g, att, -2, att.dtype)
-            dG = dE @ T[:, C - c:]                                               # (S B, s, D)
-            dO = torch.baddbmm(g, XG[..., D:].mT, dE)                            # (S B, D, c)
-            dXG = torch.cat([dX, dG], -1).reshape(S, B * s, 2 * D)
-            dW[:, l % W.shape[1]] += KY.reshape(S, B * s, 2 * D).mT @ dXG
-            dKY = (dXG @ W[:, l % W.shape[1]].mT).reshape(S * B, s, 2 * D)       # row k: d key k, d its mean successor
-            g = dKY[..., D:].mT @ succ                                           # (S B, D, C)
-            g[..., :s] += dKY[..., :D].mT
-            g[..., C - c:] += dO
-        return dW[..., :D, D:], dW[..., :D, :D].mT, dW[..., D:, :D].mT, None, None, None, None, None
+            dX = _mm(att, g, out=dP[:, :s, :D])
+            dE = torch._softmax_backward_data(_mm(X, g.mT), att, -2, att.dtype)
+            _mm(dE, T[:, C - c:], out=dP[:, :s, D:2 * D])      # d the A-scaled keys
+            _mm(succ.mT, dX, out=dP[:, :K, 2 * D:])            # d the successor values
+            dW[:, l % Lp] += _mm(T.view(S, B * C, D).mT, dP.view(S, B * C, 3 * D))
+            if l == 0: break                                   # the prompt needs no gradient
+            dT = _mm(dP.view(S, B * C, 3 * D), W[:, l % Lp].mT).view(N, C, D)
+            dT[:, C - c:] += g
+            dT[:, C - c:] += _mm(dE.mT, P[:, :s, D:2 * D])
+            g = dT
+        return dW[..., D:2 * D], dW[..., :D].mT, dW[..., 2 * D:].mT, None, None, None, None, None
 
 # %% ../nbs/03a_state_tokens.ipynb #ff0a3b49
 def fused_token_predict(params:dict,    # A, V_cur, V_tgt: (S, L or 1, D, D) each
@@ -212,7 +213,7 @@ def fused_token_predict(params:dict,    # A, V_cur, V_tgt: (S, L or 1, D, D) eac
     if Z.ndim < 3 or x.log_w.shape[:-1] != batch or x.succ.shape[:-2] != batch: return token_predict(params, n_layers, x)
     dt, S, (D, C) = params["A"].dtype, batch[0], Z.shape[-2:]
     flat = lambda t, *tail: t.to(dt).reshape(S, -1, *tail).contiguous()
-    v = _FusedTokens.apply(params["A"], params["V_cur"], params["V_tgt"], flat(Z, D, C), flat(x.log_w, x.log_w.shape[-1]),
+    v = _FusedTokens.apply(params["A"], params["V_cur"], params["V_tgt"], flat(Z.mT, C, D), flat(x.log_w, x.log_w.shape[-1]),
                            flat(x.succ, *x.succ.shape[-2:]), n_layers, x.q)
     return v.reshape(*batch, x.q)
 
