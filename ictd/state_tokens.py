@@ -147,9 +147,11 @@ def population_neu(model:SoftmaxICTD,  # any parameters
     return sum(g.square().sum() for g in grads if g is not None).item()
 
 # %% ../nbs/03a_state_tokens.ipynb #4f0a1223
+_NUMPY_ON_CPU = True   # the fused pass's stacks of tiny products through numpy on the CPU (False: torch's, as elsewhere)
+
 def _mm(a, b, out=None):
     "The batched product a @ b (written into `out` when given); on the CPU through numpy's matmul."
-    if a.device.type == "cpu":   # numpy's loop over stacks of tiny matrices costs about half of torch's
+    if a.device.type == "cpu" and _NUMPY_ON_CPU:   # numpy's loop over stacks of tiny matrices costs about half of torch's
         r = np.matmul(a.numpy(), b.numpy(), out=None if out is None else out.numpy())
         return torch.from_numpy(r) if out is None else out
     return torch.matmul(a, b) if out is None else out.copy_(torch.matmul(a, b))
@@ -165,13 +167,14 @@ class _FusedTokens(torch.autograd.Function):
         K = s + 1 if not succ[..., s + 1:].any() else C       # the columns a key's successor can be
         succ = succ.detach().reshape(N, s, C)[..., :K]
         W = torch.cat([V_cur.mT, A, V_tgt.mT], -1).detach()   # (S, Lp, D, 3D)
-        bias, T = log_w.detach().reshape(N, s, 1), T.detach().reshape(N, C, D)
+        bias, T = log_w.detach().reshape(N, s).T.reshape(s, N, 1), T.detach().reshape(N, C, D)
         for l in range(n_layers):
             c = q if l == n_layers - 1 else C                  # rows updated: the last layer's queries
             P = _mm(T.view(S, B * C, D), W[:, l % W.shape[1]]).view(N, C, 3 * D)
             X = _mm(succ, P[:, :K, 2 * D:]).add_(P[:, :s, :D])  # (N, s, D) row k: the value of key k
-            Tc = T[:, C - c:]
-            att = torch.softmax(_mm(P[:, :s, D:2 * D], Tc.mT).add_(bias), dim=-2)   # (N, s, c)
+            Tc, E = T[:, C - c:], T.new_empty(s, N, c)          # scores laid out key-major: a faster softmax
+            _mm(P[:, :s, D:2 * D], Tc.mT, out=E.permute(1, 0, 2))
+            att = torch.softmax(E.add_(bias), dim=0).permute(1, 0, 2)   # (N, s, c)
             saved += [T, P, X, att]
             T = _mm(att.mT, X).add_(Tc)
         ctx.n_layers, ctx.q, ctx.shape = n_layers, q, (S, B, C, D, s, K)
@@ -191,7 +194,9 @@ class _FusedTokens(torch.autograd.Function):
             T, P, X, att = saved[4 * l: 4 * l + 4]
             c = att.shape[-1]
             dX = _mm(att, g, out=dP[:, :s, :D])
-            dE = torch._softmax_backward_data(_mm(X, g.mT), att, -2, att.dtype)
+            datt = att.new_empty(s, N, c)
+            _mm(X, g.mT, out=datt.permute(1, 0, 2))
+            dE = torch._softmax_backward_data(datt, att.permute(1, 0, 2), 0, att.dtype).permute(1, 0, 2)
             _mm(dE, T[:, C - c:], out=dP[:, :s, D:2 * D])      # d the A-scaled keys
             _mm(succ.mT, dX, out=dP[:, :K, 2 * D:])            # d the successor values
             dW[:, l % Lp] += _mm(T.view(S, B * C, D).mT, dP.view(S, B * C, 3 * D))
