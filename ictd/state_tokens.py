@@ -169,17 +169,18 @@ class _FusedTokens(torch.autograd.Function):
         W = torch.cat([V_cur.mT, A, V_tgt.mT], -1).detach()   # (S, Lp, D, 3D)
         bias, T = log_w.detach().reshape(N, s).T.reshape(s, N, 1), T.detach().reshape(N, C, D)
         for l in range(n_layers):
-            c = q if l == n_layers - 1 else C                  # rows updated: the last layer's queries
+            last = l == n_layers - 1                           # the last layer: the queries' values alone
+            c, v = (q, slice(D - 1, D)) if last else (C, slice(0, D))   # rows updated, their entries computed
             P = _mm(T.view(S, B * C, D), W[:, l % W.shape[1]]).view(N, C, 3 * D)
-            X = _mm(succ, P[:, :K, 2 * D:]).add_(P[:, :s, :D])  # (N, s, D) row k: the value of key k
+            X = _mm(succ, P[:, :K, 2 * D:][..., v]).add_(P[:, :s, v])   # (N, s, D or 1) row k: the value of key k
             Tc, E = T[:, C - c:], T.new_empty(s, N, c)          # scores laid out key-major: a faster softmax
             _mm(P[:, :s, D:2 * D], Tc.mT, out=E.permute(1, 0, 2))
             att = torch.softmax(E.add_(bias), dim=0).permute(1, 0, 2)   # (N, s, c)
             saved += [T, P, X, att]
-            T = _mm(att.mT, X).add_(Tc)
+            T = _mm(att.mT, X).add_(Tc[..., v])
         ctx.n_layers, ctx.q, ctx.shape = n_layers, q, (S, B, C, D, s, K)
         ctx.save_for_backward(W, succ, *saved)
-        return T[..., -1].reshape(S, B, q)
+        return T.reshape(S, B, q)
 
     @staticmethod
     @once_differentiable
@@ -188,21 +189,20 @@ class _FusedTokens(torch.autograd.Function):
         L, q, (S, B, C, D, s, K) = ctx.n_layers, ctx.q, ctx.shape
         N, Lp = S * B, W.shape[1]
         dW, dP = torch.zeros_like(W), grad.new_zeros(N, C, 3 * D)
-        g = grad.new_zeros(N, q, D)                            # d value / d the last layer's output rows
-        g[..., -1] = grad.reshape(N, q)
+        g = grad.reshape(N, q, 1)                              # d value / d the last layer's outputs
         for l in reversed(range(L)):
             T, P, X, att = saved[4 * l: 4 * l + 4]
-            c = att.shape[-1]
-            dX = _mm(att, g, out=dP[:, :s, :D])
-            datt = att.new_empty(s, N, c)
-            _mm(X, g.mT, out=datt.permute(1, 0, 2))
+            c, v = att.shape[-1], slice(D - X.shape[-1], D)
+            dX = _mm(att, g, out=dP[:, :s, v])
+            if l == L - 1: datt = X.permute(1, 0, 2) * g.reshape(N, c)   # (s, N, q): an outer product
+            else: datt = att.new_empty(s, N, c); _mm(X, g.mT, out=datt.permute(1, 0, 2))
             dE = torch._softmax_backward_data(datt, att.permute(1, 0, 2), 0, att.dtype).permute(1, 0, 2)
             _mm(dE, T[:, C - c:], out=dP[:, :s, D:2 * D])      # d the A-scaled keys
-            _mm(succ.mT, dX, out=dP[:, :K, 2 * D:])            # d the successor values
+            _mm(succ.mT, dX, out=dP[:, :K, 2 * D:][..., v])    # d the successor values
             dW[:, l % Lp] += _mm(T.view(S, B * C, D).mT, dP.view(S, B * C, 3 * D))
             if l == 0: break                                   # the prompt needs no gradient
             dT = _mm(dP.view(S, B * C, 3 * D), W[:, l % Lp].mT).view(N, C, D)
-            dT[:, C - c:] += g
+            dT[:, C - c:, v] += g
             dT[:, C - c:] += _mm(dE.mT, P[:, :s, D:2 * D])
             g = dT
         return dW[..., D:2 * D], dW[..., :D].mT, dW[..., 2 * D:].mT, None, None, None, None, None
