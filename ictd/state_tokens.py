@@ -159,7 +159,16 @@ def _mm(a, b, out=None):
 class _FusedTokens(torch.autograd.Function):
     """`token_predict` as one autograd node: A, V_cur, V_tgt (S, L or 1, D, D); T (S, B, C, D) the tokens as rows,
     log_w (S, B, s), succ (S, B, s, C). Per layer one product per seed, P = T [V_cur^T, A, V_tgt^T], gives every
-    row's value, A-scaled key and successor value; the keys' values are P's first block plus `succ` times its last."""
+    row's value, A-scaled key and successor value; the keys' values are P's first block plus `succ` times its last.
+    The last layer computes the queries' values alone: the value blocks shrink to their last column."""
+    @staticmethod
+    def _layer(W, l, n_layers):
+        "Layer l's columns of W (S, D, 2w + D), their indices among its 3D (None: all), and w: the value entries computed."
+        D, W = W.shape[-2], W[:, l % W.shape[1]]
+        if l < n_layers - 1: return W, None, D
+        idx = torch.tensor([D - 1, *range(D, 2 * D), 3 * D - 1], device=W.device)   # the last layer: values' last entry
+        return W.index_select(-1, idx), idx, 1
+
     @staticmethod
     def forward(ctx, A, V_cur, V_tgt, T, log_w, succ, n_layers, q):
         S, B, C, D = T.shape
@@ -169,15 +178,15 @@ class _FusedTokens(torch.autograd.Function):
         W = torch.cat([V_cur.mT, A, V_tgt.mT], -1).detach()   # (S, Lp, D, 3D)
         bias, T = log_w.detach().reshape(N, s).T.reshape(s, N, 1), T.detach().reshape(N, C, D)
         for l in range(n_layers):
-            last = l == n_layers - 1                           # the last layer: the queries' values alone
-            c, v = (q, slice(D - 1, D)) if last else (C, slice(0, D))   # rows updated, their entries computed
-            P = _mm(T.view(S, B * C, D), W[:, l % W.shape[1]]).view(N, C, 3 * D)
-            X = _mm(succ, P[:, :K, 2 * D:][..., v]).add_(P[:, :s, v])   # (N, s, D or 1) row k: the value of key k
+            Wl, _, w = _FusedTokens._layer(W, l, n_layers)
+            c = q if l == n_layers - 1 else C                  # rows updated: the last layer's queries
+            P = _mm(T.view(S, B * C, D), Wl).view(N, C, 2 * w + D)
+            X = _mm(succ, P[:, :K, w + D:]).add_(P[:, :s, :w])  # (N, s, w) row k: the value of key k
             Tc, E = T[:, C - c:], T.new_empty(s, N, c)          # scores laid out key-major: a faster softmax
-            _mm(P[:, :s, D:2 * D], Tc.mT, out=E.permute(1, 0, 2))
+            _mm(P[:, :s, w:w + D], Tc.mT, out=E.permute(1, 0, 2))
             att = torch.softmax(E.add_(bias), dim=0).permute(1, 0, 2)   # (N, s, c)
             saved += [T, P, X, att]
-            T = _mm(att.mT, X).add_(Tc[..., v])
+            T = _mm(att.mT, X).add_(Tc[..., D - w:])
         ctx.n_layers, ctx.q, ctx.shape = n_layers, q, (S, B, C, D, s, K)
         ctx.save_for_backward(W, succ, *saved)
         return T.reshape(S, B, q)
@@ -187,23 +196,25 @@ class _FusedTokens(torch.autograd.Function):
     def backward(ctx, grad):
         W, succ, *saved = ctx.saved_tensors
         L, q, (S, B, C, D, s, K) = ctx.n_layers, ctx.q, ctx.shape
-        N, Lp = S * B, W.shape[1]
-        dW, dP = torch.zeros_like(W), grad.new_zeros(N, C, 3 * D)
+        N, Lp, dW = S * B, W.shape[1], torch.zeros_like(W)
         g = grad.reshape(N, q, 1)                              # d value / d the last layer's outputs
         for l in reversed(range(L)):
             T, P, X, att = saved[4 * l: 4 * l + 4]
-            c, v = att.shape[-1], slice(D - X.shape[-1], D)
-            dX = _mm(att, g, out=dP[:, :s, v])
+            (Wl, idx, w), c = _FusedTokens._layer(W, l, L), att.shape[-1]
+            if l >= L - 2: dP = grad.new_zeros(N, C, 2 * w + D)   # zero where no product writes
+            dX = _mm(att, g, out=dP[:, :s, :w])
             if l == L - 1: datt = X.permute(1, 0, 2) * g.reshape(N, c)   # (s, N, q): an outer product
             else: datt = att.new_empty(s, N, c); _mm(X, g.mT, out=datt.permute(1, 0, 2))
             dE = torch._softmax_backward_data(datt, att.permute(1, 0, 2), 0, att.dtype).permute(1, 0, 2)
-            _mm(dE, T[:, C - c:], out=dP[:, :s, D:2 * D])      # d the A-scaled keys
-            _mm(succ.mT, dX, out=dP[:, :K, 2 * D:][..., v])    # d the successor values
-            dW[:, l % Lp] += _mm(T.view(S, B * C, D).mT, dP.view(S, B * C, 3 * D))
+            _mm(dE, T[:, C - c:], out=dP[:, :s, w:w + D])      # d the A-scaled keys
+            _mm(succ.mT, dX, out=dP[:, :K, w + D:])            # d the successor values
+            dWl = _mm(T.view(S, B * C, D).mT, dP.view(S, B * C, 2 * w + D))
+            if idx is None: dW[:, l % Lp] += dWl
+            else: dW[:, l % Lp].index_add_(-1, idx, dWl)
             if l == 0: break                                   # the prompt needs no gradient
-            dT = _mm(dP.view(S, B * C, 3 * D), W[:, l % Lp].mT).view(N, C, D)
-            dT[:, C - c:, v] += g
-            dT[:, C - c:] += _mm(dE.mT, P[:, :s, D:2 * D])
+            dT = _mm(dP.view(S, B * C, 2 * w + D), Wl.mT).view(N, C, D)
+            dT[:, C - c:, D - w:] += g
+            dT[:, C - c:] += _mm(dE.mT, P[:, :s, w:w + D])
             g = dT
         return dW[..., D:2 * D], dW[..., :D].mT, dW[..., 2 * D:].mT, None, None, None, None, None
 
