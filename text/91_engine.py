@@ -8,6 +8,7 @@ import dataclasses, functools, hashlib, importlib, json, math
 from dataclasses import dataclass, asdict, field
 from pathlib import Path
 from typing import Callable
+import numpy as np
 import torch
 from torch import nn
 import ictd
@@ -408,8 +409,8 @@ test_eq(pools.v_pi[1], task_pool(cfg, 3, run_stream(1, "train_pool")).v_pi)
 
 # %%
 #| export
-def _walk_examples(pool:TaskBatch, u:torch.Tensor)->TDSample:
-    "`stationary_examples(pool, u)`, draw for draw, with fewer operations per transition: each example's rows of P gathered and summed once, a last entry of +inf in place of the clamp."
+def _walk_examples(pool:TaskBatch, u:torch.Tensor, host:bool=None)->TDSample:
+    "`stationary_examples(pool, u)`, draw for draw, with fewer operations per transition: each example's rows of P gathered and summed once, a last entry of +inf in place of the clamp; the walk in numpy on the CPU (`host`, default: there), else in torch."
     (S, T, s), n = pool.P.shape[:3], u.shape[-1] - 4
     u = u.permute(2, 0, 1).contiguous()                                             # (n + 4, S, B)
     task = (u[0] * T).long().clamp(max=T - 1)
@@ -417,13 +418,25 @@ def _walk_examples(pool:TaskBatch, u:torch.Tensor)->TDSample:
     cum = pool.P.reshape(S * T, s, s).index_select(0, rows).cumsum(-1)
     start = pool.d_pi.reshape(S * T, s).index_select(0, rows).cumsum(-1)
     cum[..., -1] = start[..., -1] = torch.inf                                        # a uniform never passes the last entry: no clamp
-    cum, base, us = cum.reshape(-1, s), torch.arange(len(rows), device=u.device) * s, u[1:].reshape(n + 3, -1, 1)
-    states = torch.empty(n + 1, len(rows), dtype=torch.long, device=u.device)
+    N, out = len(rows), lambda x: x.reshape(S, -1, *x.shape[1:])
+    if host if host is not None else u.device.type == "cpu":   # a draw is the count of entries below its uniform
+        cols, first = cum.reshape(N * s, s).T.contiguous().numpy(), start.T.contiguous().numpy()   # (s, N s), (s, N)
+        us, base = u[1:].reshape(n + 3, N).numpy(), np.arange(N) * s
+        draw = lambda table, u: np.count_nonzero(table < u, axis=0)
+        states = np.empty((n + 1, N), dtype=np.int64)
+        states[0] = draw(first, us[0])
+        for t in range(n): states[t + 1] = draw(cols.take(base + states[t], axis=1), us[t + 1])
+        query = draw(first, us[n + 1])
+        successor = draw(cols.take(base + query, axis=1), us[n + 2])
+        states, query, successor = (torch.from_numpy(x) for x in (states.T, query, successor))
+        return TDSample(task, out(states), out(query), out(successor))
+    cum, base, us = cum.reshape(-1, s), torch.arange(N, device=u.device) * s, u[1:].reshape(n + 3, -1, 1)
+    states = torch.empty(n + 1, N, dtype=torch.long, device=u.device)
     states[0] = torch.searchsorted(start, us[0])[:, 0]
     for t in range(n): states[t + 1] = torch.searchsorted(cum.index_select(0, base + states[t]), us[t + 1])[:, 0]
     query = torch.searchsorted(start, us[n + 1])[:, 0]
     successor = torch.searchsorted(cum.index_select(0, base + query), us[n + 2])[:, 0]
-    return TDSample(task, states.T.reshape(S, -1, n + 1), query.reshape(S, -1), successor.reshape(S, -1))
+    return TDSample(task, out(states.T), out(query), out(successor))
 
 def stationary_sampler(config:PretrainConfig, pool:TaskBatch, gens:list, step:int, state:dict)->TDExamples:
     "The stationary protocol: seed i's examples are those of `td_batch(pool[i], batch_size, n, gens[i])`, drawn for all seeds at once."
@@ -438,8 +451,10 @@ test_eq((b.x.states.shape, b.x.queries.shape, b.reward.shape), ((2, 64, 31), (2,
 test_eq(b.reward, pools.r[torch.arange(2)[:, None], b.x.task, b.x.queries[..., 0]])
 for seed in range(3):   # the sampler's walk draws exactly what chapter 6's `stationary_examples` draws from the same uniforms
     u = torch.rand(2, 64, 34, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-    ref, fast = stationary_examples(pools, u), _walk_examples(pools, u)
-    for k in ("task", "states", "query", "successor"): assert torch.equal(getattr(ref, k), getattr(fast, k)), k
+    ref = stationary_examples(pools, u)
+    for host in (True, False):   # the walk in numpy and in torch
+        fast = _walk_examples(pools, u, host)
+        for k in ("task", "states", "query", "successor"): assert torch.equal(getattr(ref, k), getattr(fast, k)), (host, k)
 
 
 # %%
