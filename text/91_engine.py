@@ -401,7 +401,6 @@ pools = stationary_pools(cfg, [0, 1])
 test_eq(pools.P.shape, (2, 3, 10, 10))
 test_eq(pools.v_pi[1], task_pool(cfg, 3, run_stream(1, "train_pool")).v_pi)
 
-
 # %% [markdown]
 # A step's examples: for each seed, `batch_size` prompts, each a random task of its pool, a context from its
 # stationary distribution and a query with its successor, both as queries of the one prompt (so the context is
@@ -409,6 +408,8 @@ test_eq(pools.v_pi[1], task_pool(cfg, 3, run_stream(1, "train_pool")).v_pi)
 
 # %%
 #| export
+_BYTE_SUM = np.uint64(0x0101010101010101)   # times a word of eight 0/1 bytes: their sum in the top byte
+
 def _walk_examples(pool:TaskBatch, u:torch.Tensor, host:bool=None)->TDSample:
     "`stationary_examples(pool, u)`, draw for draw, with fewer operations per transition: each example's rows of P gathered and summed once, a last entry of +inf in place of the clamp; the walk in numpy on the CPU (`host`, default: there), else in torch."
     (S, T, s), n = pool.P.shape[:3], u.shape[-1] - 4
@@ -419,15 +420,18 @@ def _walk_examples(pool:TaskBatch, u:torch.Tensor, host:bool=None)->TDSample:
     start = pool.d_pi.reshape(S * T, s).index_select(0, rows).cumsum(-1)
     cum[..., -1] = start[..., -1] = torch.inf                                        # a uniform never passes the last entry: no clamp
     N, out = len(rows), lambda x: x.reshape(S, -1, *x.shape[1:])
-    if host if host is not None else u.device.type == "cpu":   # a draw is the count of entries below its uniform
-        cols, first = cum.reshape(N * s, s).T.contiguous().numpy(), start.T.contiguous().numpy()   # (s, N s), (s, N)
-        us, base = u[1:].reshape(n + 3, N).numpy(), np.arange(N) * s
-        draw = lambda table, u: np.count_nonzero(table < u, axis=0)
+    if host if host is not None else u.device.type == "cpu":   # a draw: the count of a row's entries below its uniform
+        table = cum.new_full((N, s + 1, -(-s // 8) * 8), torch.inf)                   # rows padded to words of 8 flags
+        table[:, :s, :s], table[:, s, :s] = cum, start                               # row s of an example: d_pi's
+        table, us, first = table.reshape(N * (s + 1), -1).numpy(), u[1:].reshape(n + 3, N, 1).numpy(), np.arange(N) * (s + 1)
+        def draw(at, u):
+            words = (table.take(at, axis=0) < u).view(np.uint64) * _BYTE_SUM >> np.uint64(56)   # (N, words) flag counts
+            return sum(words[:, k] for k in range(words.shape[1])).astype(np.int64)
         states = np.empty((n + 1, N), dtype=np.int64)
-        states[0] = draw(first, us[0])
-        for t in range(n): states[t + 1] = draw(cols.take(base + states[t], axis=1), us[t + 1])
-        query = draw(first, us[n + 1])
-        successor = draw(cols.take(base + query, axis=1), us[n + 2])
+        states[0] = draw(first + s, us[0])
+        for t in range(n): states[t + 1] = draw(first + states[t], us[t + 1])
+        query = draw(first + s, us[n + 1])
+        successor = draw(first + query, us[n + 2])
         states, query, successor = (torch.from_numpy(x) for x in (states.T, query, successor))
         return TDSample(task, out(states), out(query), out(successor))
     cum, base, us = cum.reshape(-1, s), torch.arange(N, device=u.device) * s, u[1:].reshape(n + 3, -1, 1)
