@@ -151,7 +151,8 @@ _NUMPY_ON_CPU = True   # the fused pass's stacks of tiny products through numpy 
 
 def _mm(a, b, out=None):
     "The batched product a @ b (written into `out` when given); on the CPU through numpy's matmul."
-    if a.device.type == "cpu" and _NUMPY_ON_CPU:   # numpy's loop over stacks of tiny matrices costs about half of torch's
+    if a.device.type == "cpu" and _NUMPY_ON_CPU and a.dtype in (torch.float32, torch.float64):
+        # numpy's loop over stacks of tiny matrices costs about half of torch's
         r = np.matmul(a.numpy(), b.numpy(), out=None if out is None else out.numpy())
         return torch.from_numpy(r) if out is None else out
     return torch.matmul(a, b) if out is None else out.copy_(torch.matmul(a, b))
