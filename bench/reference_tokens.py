@@ -3,7 +3,8 @@
 `pick`, whose rows 2k and 2k + 1 are the identity's row k and state k's successor weights."""
 import torch
 from torch.autograd.function import once_differentiable
-from ictd.state_tokens import FAST_PRODUCT, StateTokens, _rows, token_predict
+from ictd.state_tokens import StateTokens, token_predict
+from reference_step import FAST_PRODUCT, _rows
 
 class _FusedTokens(torch.autograd.Function):
     """`token_predict` as one autograd node: A, V_cur, V_tgt (S, L or 1, D, D); Z (S, B, D, C), log_w (S, B, s), succ (S, B, s, C) contiguous.

@@ -13,13 +13,14 @@ from .boyan import ArgumentError, _annotation_check, as_tensor, is_real_number, 
 from .tasks import TaskBatch
 
 # %% auto #0
-__all__ = ['WORK_LIMITS', 'DENSE_BYTES', 'CHUNK_BYTES', 'MEMORY_PATHS', 'RUN_STREAMS', 'NUDGE_VAR', 'CLAIM_STATUSES', 'DRAW_NOTE',
-           'OKABE_ITO', 'check_int', 'check_number', 'check_floating', 'check_choice', 'check_seeds', 'check_type',
-           'check_bool', 'check_broadcast', 'check_device', 'default_dtype', 'check_fields', 'check_work',
-           'memory_path', 'chunk_rows', 'substream', 'stream_generator', 'run_stream', 'nudge_scale', 'nudged', 'nudge',
-           'atomic_write_bytes', 'atomic_write_text', 'atomic_savefig', 'checksum_path', 'tensors_only', 'save_checked',
-           'load_checked', 'remove_checked', 'check_writable', 'check_name', 'load_json', 'record_claim', 'load_claims',
-           'jsonable', 'cpu_model', 'provenance', 'provenance_note', 'plain_log_ticks', 'moved_to_keywords',
+__all__ = ['DEFAULT_DTYPE', 'WORK_LIMITS', 'DENSE_BYTES', 'CHUNK_BYTES', 'MEMORY_PATHS', 'RUN_STREAMS', 'NUDGE_VAR',
+           'CLAIM_STATUSES', 'DRAW_NOTE', 'OKABE_ITO', 'check_int', 'check_number', 'check_floating', 'check_choice',
+           'check_seeds', 'check_type', 'check_bool', 'check_broadcast', 'check_device', 'default_dtype',
+           'DefaultDtype', 'training_dtype', 'check_fields', 'check_work', 'memory_path', 'chunk_rows', 'substream',
+           'stream_generator', 'run_stream', 'nudge_scale', 'nudged', 'nudge', 'atomic_write_bytes',
+           'atomic_write_text', 'atomic_savefig', 'checksum_path', 'tensors_only', 'save_checked', 'load_checked',
+           'remove_checked', 'check_writable', 'check_name', 'load_json', 'record_claim', 'load_claims', 'jsonable',
+           'cpu_model', 'provenance', 'provenance_note', 'plain_log_ticks', 'moved_to_keywords',
            'reordered_positionals']
 
 # %% ../nbs/90_core.ipynb #5c70a449
@@ -109,6 +110,20 @@ def default_dtype(device=None,  # a torch device (None: the CPU)
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point: raise ValueError(f"`dtype` must be a floating torch dtype, got {dtype!r}")
         return dtype
     return torch.float32 if check_device(device).type == "cuda" else torch.float64
+
+class DefaultDtype(str):
+    "The `dtype` a configuration has when none was asked for: 'float64' (it equals that string, in keys and saved files), trained in float32 on CUDA."
+    def __deepcopy__(self, memo): return str(self)   # `asdict` (saved files, keys) writes a plain str
+DEFAULT_DTYPE = DefaultDtype("float64")
+
+def training_dtype(config,      # a `PretrainConfig` (anything with a `dtype` field)
+                   device=None, # where it trains
+                  )->str:
+    "The dtype `config` trains in on `device`: its `dtype`, but float32 on CUDA when it has the default (`DEFAULT_DTYPE`), float64 on request."
+    if not hasattr(config, "dtype"): raise TypeError(f"`config` must be a PretrainConfig, got {type(config).__name__}")
+    try: cuda = torch.device("cpu" if device is None else device).type == "cuda"
+    except (RuntimeError, TypeError): raise ValueError(f"`device` must be a torch device such as 'cpu' or 'cuda', got {device!r}") from None
+    return "float32" if isinstance(config.dtype, DefaultDtype) and cuda else str(config.dtype)
 
 @functools.lru_cache(maxsize=None)
 def _field_checks(cls:type)->dict:

@@ -5,6 +5,7 @@
 # %% ../nbs/03a_state_tokens.ipynb #324538d4
 from __future__ import annotations
 from dataclasses import dataclass
+import numpy as np
 import torch
 from torch.autograd.function import once_differentiable
 from .core import TaskBatch, check_int, check_type
@@ -13,9 +14,8 @@ from .tasks import task_features
 from .model import SoftmaxICTD
 
 # %% auto #0
-__all__ = ['FAST_PRODUCT', 'StateTokens', 'state_tokens', 'seed_map', 'token_layer', 'token_layers', 'token_predict',
-           'model_params', 'trajectory_tokens', 'population_tokens', 'population_predict', 'population_neu',
-           'fused_token_predict']
+__all__ = ['StateTokens', 'state_tokens', 'seed_map', 'token_layer', 'token_layers', 'token_predict', 'model_params',
+           'trajectory_tokens', 'population_tokens', 'population_predict', 'population_neu', 'fused_token_predict']
 
 # %% ../nbs/03a_state_tokens.ipynb #5cba008d
 @dataclass(eq=False)
@@ -147,59 +147,77 @@ def population_neu(model:SoftmaxICTD,  # any parameters
     return sum(g.square().sum() for g in grads if g is not None).item()
 
 # %% ../nbs/03a_state_tokens.ipynb #4f0a1223
-def _rows(W, T):
-    "T (S, B, R, D) times a per-seed matrix W (S, D, E) on the right, one product per seed: (S, B, R, E)."
-    S, B, R, D = T.shape
-    return (T.reshape(S, B * R, D) @ W).reshape(S, B, R, W.shape[-1])
+_NUMPY_ON_CPU = True   # the fused pass's stacks of tiny products through numpy on the CPU (False: torch's, as elsewhere)
 
-FAST_PRODUCT = 400   # torch's CPU batched product switches to a scalar loop below this many multiply-adds per matrix
+def _mm(a, b, out=None):
+    "The batched product a @ b (written into `out` when given); on the CPU through numpy's matmul."
+    if a.device.type == "cpu" and _NUMPY_ON_CPU and a.dtype in (torch.float32, torch.float64):
+        # numpy's loop over stacks of tiny matrices costs about half of torch's
+        r = np.matmul(a.numpy(), b.numpy(), out=None if out is None else out.numpy())
+        return torch.from_numpy(r) if out is None else out
+    return torch.matmul(a, b) if out is None else out.copy_(torch.matmul(a, b))
 
 class _FusedTokens(torch.autograd.Function):
-    """`token_predict` as one autograd node: A, V_cur, V_tgt (S, L or 1, D, D); Z (S, B, D, C), log_w (S, B, s), succ (S, B, s, C) contiguous.
-    Each layer's keys are its first s token rows and their mean successors one product with `succ`; its values and A-scaled keys come
-    from one product per seed with W = [[V_cur^T, A], [V_tgt^T, 0]]."""
+    """`token_predict` as one autograd node: A, V_cur, V_tgt (S, L or 1, D, D); T (S, B, C, D) the tokens as rows,
+    log_w (S, B, s), succ (S, B, s, C). Per layer one product per seed, P = T [V_cur^T, A, V_tgt^T], gives every
+    row's value, A-scaled key and successor value; the keys' values are P's first block plus `succ` times its last.
+    The last layer computes the queries' values alone: the value blocks shrink to their last column."""
     @staticmethod
-    def forward(ctx, A, V_cur, V_tgt, Z, log_w, succ, n_layers, q):
-        S, B, D, C = Z.shape
-        s, saved = log_w.shape[-1], []
-        succ = succ.reshape(S * B, s, C)
-        W = torch.cat([torch.cat([V_cur.mT, A], -1), torch.cat([V_tgt.mT, torch.zeros_like(A)], -1)], -2)   # (S, Lp, 2D, 2D)
-        bias = log_w.reshape(S * B, s, 1)
+    def _layer(W, l, n_layers):
+        "Layer l's columns of W (S, D, 2w + D), their indices among its 3D (None: all), and w: the value entries computed."
+        D, W = W.shape[-2], W[:, l % W.shape[1]]
+        if l < n_layers - 1: return W, None, D
+        idx = torch.tensor([D - 1, *range(D, 2 * D), 3 * D - 1], device=W.device)   # the last layer: values' last entry
+        return W.index_select(-1, idx), idx, 1
+
+    @staticmethod
+    def forward(ctx, A, V_cur, V_tgt, T, log_w, succ, n_layers, q):
+        S, B, C, D = T.shape
+        s, N, saved = log_w.shape[-1], S * B, []
+        K = s + 1 if not succ[..., s + 1:].any() else C       # the columns a key's successor can be
+        succ = succ.detach().reshape(N, s, C)[..., :K]
+        W = torch.cat([V_cur.mT, A, V_tgt.mT], -1).detach()   # (S, Lp, D, 3D)
+        bias, T = log_w.detach().reshape(N, s).T.reshape(s, N, 1), T.detach().reshape(N, C, D)
         for l in range(n_layers):
-            c = min(C, max(q, -(-FAST_PRODUCT // (s * D)))) if l == n_layers - 1 else C   # columns updated
-            T = Z.mT.reshape(S * B, C, D)                                            # the tokens as rows
-            KY = torch.cat([T[:, :s], succ @ T], -1).reshape(S, B, s, 2 * D)         # row k: key k, its mean successor
-            XG = _rows(W[:, l % W.shape[1]], KY).reshape(S * B, s, 2 * D)            # row k: value of key k, key k times A
-            O = (Z[..., C - c:].contiguous() if c < C else Z).reshape(S * B, D, c)
-            att = torch.softmax(torch.baddbmm(bias, XG[..., D:], O), dim=-2)         # (S B, s, c)
-            saved += [T, KY, XG, O, att]
-            Z = torch.baddbmm(O, XG[..., :D].mT, att).reshape(S, B, D, c)
-        ctx.n_layers, ctx.q, ctx.shape = n_layers, q, (S, B, D, C, s)
+            Wl, _, w = _FusedTokens._layer(W, l, n_layers)
+            c = q if l == n_layers - 1 else C                  # rows updated: the last layer's queries
+            P = _mm(T.view(S, B * C, D), Wl).view(N, C, 2 * w + D)
+            X = _mm(succ, P[:, :K, w + D:]).add_(P[:, :s, :w])  # (N, s, w) row k: the value of key k
+            Tc, E = T[:, C - c:], T.new_empty(s, N, c)          # scores laid out key-major: a faster softmax
+            _mm(P[:, :s, w:w + D], Tc.mT, out=E.permute(1, 0, 2))
+            att = torch.softmax(E.add_(bias), dim=0).permute(1, 0, 2)   # (N, s, c)
+            saved += [T, P, X, att]
+            T = _mm(att.mT, X).add_(Tc[..., D - w:])
+        ctx.n_layers, ctx.q, ctx.shape = n_layers, q, (S, B, C, D, s, K)
         ctx.save_for_backward(W, succ, *saved)
-        return Z[..., -1, -q:]
+        return T.reshape(S, B, q)
 
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):
         W, succ, *saved = ctx.saved_tensors
-        L, q, (S, B, D, C, s) = ctx.n_layers, ctx.q, ctx.shape
-        dW = torch.zeros_like(W)
-        g = grad.new_zeros(S * B, D, saved[-1].shape[-1])
-        g.view(S, B, D, -1)[..., -1, -q:] = grad                                 # d value / d the last layer's output columns
+        L, q, (S, B, C, D, s, K) = ctx.n_layers, ctx.q, ctx.shape
+        N, Lp, dW = S * B, W.shape[1], torch.zeros_like(W)
+        g = grad.reshape(N, q, 1)                              # d value / d the last layer's outputs
         for l in reversed(range(L)):
-            T, KY, XG, O, att = saved[5 * l: 5 * l + 5]
-            c = att.shape[-1]
-            dX = att @ g.mT.contiguous()                                         # (S B, s, D)
-            dE = torch._softmax_backward_data(XG[..., :D] @ g, att, -2, att.dtype)
-            dG = dE @ T[:, C - c:]                                               # (S B, s, D)
-            dO = torch.baddbmm(g, XG[..., D:].mT, dE)                            # (S B, D, c)
-            dXG = torch.cat([dX, dG], -1).reshape(S, B * s, 2 * D)
-            dW[:, l % W.shape[1]] += KY.reshape(S, B * s, 2 * D).mT @ dXG
-            dKY = (dXG @ W[:, l % W.shape[1]].mT).reshape(S * B, s, 2 * D)       # row k: d key k, d its mean successor
-            g = dKY[..., D:].mT @ succ                                           # (S B, D, C)
-            g[..., :s] += dKY[..., :D].mT
-            g[..., C - c:] += dO
-        return dW[..., :D, D:], dW[..., :D, :D].mT, dW[..., D:, :D].mT, None, None, None, None, None
+            T, P, X, att = saved[4 * l: 4 * l + 4]
+            (Wl, idx, w), c = _FusedTokens._layer(W, l, L), att.shape[-1]
+            if l >= L - 2: dP = grad.new_zeros(N, C, 2 * w + D)   # zero where no product writes
+            dX = _mm(att, g, out=dP[:, :s, :w])
+            if l == L - 1: datt = X.permute(1, 0, 2) * g.reshape(N, c)   # (s, N, q): an outer product
+            else: datt = att.new_empty(s, N, c); _mm(X, g.mT, out=datt.permute(1, 0, 2))
+            dE = torch._softmax_backward_data(datt, att.permute(1, 0, 2), 0, att.dtype).permute(1, 0, 2)
+            _mm(dE, T[:, C - c:], out=dP[:, :s, w:w + D])      # d the A-scaled keys
+            _mm(succ.mT, dX, out=dP[:, :K, w + D:])            # d the successor values
+            dWl = _mm(T.view(S, B * C, D).mT, dP.view(S, B * C, 2 * w + D))
+            if idx is None: dW[:, l % Lp] += dWl
+            else: dW[:, l % Lp].index_add_(-1, idx, dWl)
+            if l == 0: break                                   # the prompt needs no gradient
+            dT = _mm(dP.view(S, B * C, 2 * w + D), Wl.mT).view(N, C, D)
+            dT[:, C - c:, D - w:] += g
+            dT[:, C - c:] += _mm(dE.mT, P[:, :s, w:w + D])
+            g = dT
+        return dW[..., D:2 * D], dW[..., :D].mT, dW[..., 2 * D:].mT, None, None, None, None, None
 
 # %% ../nbs/03a_state_tokens.ipynb #ff0a3b49
 def fused_token_predict(params:dict,    # A, V_cur, V_tgt: (S, L or 1, D, D) each
@@ -212,7 +230,7 @@ def fused_token_predict(params:dict,    # A, V_cur, V_tgt: (S, L or 1, D, D) eac
     if Z.ndim < 3 or x.log_w.shape[:-1] != batch or x.succ.shape[:-2] != batch: return token_predict(params, n_layers, x)
     dt, S, (D, C) = params["A"].dtype, batch[0], Z.shape[-2:]
     flat = lambda t, *tail: t.to(dt).reshape(S, -1, *tail).contiguous()
-    v = _FusedTokens.apply(params["A"], params["V_cur"], params["V_tgt"], flat(Z, D, C), flat(x.log_w, x.log_w.shape[-1]),
+    v = _FusedTokens.apply(params["A"], params["V_cur"], params["V_tgt"], flat(Z.mT, C, D), flat(x.log_w, x.log_w.shape[-1]),
                            flat(x.succ, *x.succ.shape[-2:]), n_layers, x.q)
     return v.reshape(*batch, x.q)
 

@@ -124,7 +124,7 @@ def test_moved_names_keep_their_old_positional_call_for_one_release():
         if hasattr(before, "P"): before, after = (before.P, before.r, before.phi), (after.P, after.r, after.phi)
         for a, b in zip(before if isinstance(before, tuple) else (before,), after if isinstance(after, tuple) else (after,)): assert torch.equal(a, b)
     assert SoftmaxICTD(3, n_layers=2, seed=1).n_layers == 2
-    with pytest.warns(DeprecationWarning, match="SoftmaxICTD|__init__: pass n_layers=..."): old_model = SoftmaxICTD(3, 2, seed=1)
+    with pytest.warns(DeprecationWarning, match="SoftmaxICTD|__init__: pass n_layers=..."): old_model = SoftmaxICTD(*(3, 2), seed=1)   # the old form, on purpose
     assert all(torch.equal(a, b) for a, b in zip(old_model.parameters(), SoftmaxICTD(3, n_layers=2, seed=1).parameters()))
     import warnings
     with warnings.catch_warnings():

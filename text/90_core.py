@@ -160,6 +160,20 @@ def default_dtype(device=None,  # a torch device (None: the CPU)
         return dtype
     return torch.float32 if check_device(device).type == "cuda" else torch.float64
 
+class DefaultDtype(str):
+    "The `dtype` a configuration has when none was asked for: 'float64' (it equals that string, in keys and saved files), trained in float32 on CUDA."
+    def __deepcopy__(self, memo): return str(self)   # `asdict` (saved files, keys) writes a plain str
+DEFAULT_DTYPE = DefaultDtype("float64")
+
+def training_dtype(config,      # a `PretrainConfig` (anything with a `dtype` field)
+                   device=None, # where it trains
+                  )->str:
+    "The dtype `config` trains in on `device`: its `dtype`, but float32 on CUDA when it has the default (`DEFAULT_DTYPE`), float64 on request."
+    if not hasattr(config, "dtype"): raise TypeError(f"`config` must be a PretrainConfig, got {type(config).__name__}")
+    try: cuda = torch.device("cpu" if device is None else device).type == "cuda"
+    except (RuntimeError, TypeError): raise ValueError(f"`device` must be a torch device such as 'cpu' or 'cuda', got {device!r}") from None
+    return "float32" if isinstance(config.dtype, DefaultDtype) and cuda else str(config.dtype)
+
 @functools.lru_cache(maxsize=None)
 def _field_checks(cls:type)->dict:
     "Field name -> (test, what was expected) for the annotated fields of the dataclass `cls` that say something checkable."

@@ -8,11 +8,12 @@ import dataclasses, functools, hashlib, importlib, json, math
 from dataclasses import dataclass, asdict, field
 from pathlib import Path
 from typing import Callable
+import numpy as np
 import torch
 from torch import nn
 import ictd
 from ictd.boyan import check_gamma
-from ictd.core import TaskBatch, check_bool, check_choice, check_device, check_fields, check_int, check_number, check_seeds, check_type, check_work, nudge_scale, run_stream
+from ictd.core import DEFAULT_DTYPE, DefaultDtype, TaskBatch, check_bool, check_choice, check_device, check_fields, check_int, check_number, check_seeds, check_type, check_work, nudge_scale, run_stream, training_dtype
 from ictd.model import SoftmaxICTD, theta_star
 from ictd.state_tokens import StateTokens, fused_token_predict, population_tokens, state_tokens, token_layers, token_predict, trajectory_tokens
 from ictd.tasks import Contexts, TDExamples, TDSample, draw_cdf, gather_rows, sample_trajectories, stationary_examples, task_features, task_pool
@@ -50,17 +51,6 @@ from ictd.state_tokens import population_neu
 #| export
 DTYPES = dict(float64=torch.float64, float32=torch.float32)
 
-class DefaultDtype(str):
-    "The `dtype` a configuration has when none was asked for: 'float64' (it equals that string, in keys and saved files), trained in float32 on CUDA."
-    def __deepcopy__(self, memo): return str(self)   # `asdict` (saved files, keys) writes a plain str
-DEFAULT_DTYPE = DefaultDtype("float64")
-
-def training_dtype(config, device=None)->str:
-    "The dtype `config` trains in on `device`: its `dtype`, but float32 on CUDA when it has the default (`DEFAULT_DTYPE`), float64 on request."
-    if not hasattr(config, "dtype"): raise TypeError(f"`config` must be a PretrainConfig, got {type(config).__name__}")
-    try: cuda = torch.device("cpu" if device is None else device).type == "cuda"
-    except (RuntimeError, TypeError): raise ValueError(f"`device` must be a torch device such as 'cpu' or 'cuda', got {device!r}") from None
-    return "float32" if isinstance(config.dtype, DefaultDtype) and cuda else str(config.dtype)
 FEATURES = ("random", "unit", "onehot")
 OBJECTIVES = ("td", "mc", "supervised", "td-independent")   # the training targets (see "Four objectives" below)
 INITS = ("xavier", "theta_star")
@@ -424,7 +414,6 @@ pools = stationary_pools(cfg, [0, 1])
 test_eq(pools.P.shape, (2, 3, 10, 10))
 test_eq(pools.v_pi[1], task_pool(cfg, 3, run_stream(1, "train_pool")).v_pi)
 
-
 # %% [markdown]
 # A step's examples: for each seed, `batch_size` prompts, each a random task of its pool, a context from its
 # stationary distribution and a query with its successor, both as queries of the one prompt (so the context is
@@ -432,8 +421,10 @@ test_eq(pools.v_pi[1], task_pool(cfg, 3, run_stream(1, "train_pool")).v_pi)
 
 # %%
 #| export
-def _walk_examples(pool:TaskBatch, u:torch.Tensor)->TDSample:
-    "`stationary_examples(pool, u)`, draw for draw, with fewer operations per transition: each example's rows of P gathered and summed once, a last entry of +inf in place of the clamp."
+_BYTE_SUM = np.uint64(0x0101010101010101)   # times a word of eight 0/1 bytes: their sum in the top byte
+
+def _walk_examples(pool:TaskBatch, u:torch.Tensor, host:bool=None)->TDSample:
+    "`stationary_examples(pool, u)`, draw for draw, with fewer operations per transition: each example's rows of P gathered and summed once, a last entry of +inf in place of the clamp; the walk in numpy on the CPU (`host`, default: there), else in torch."
     (S, T, s), n = pool.P.shape[:3], u.shape[-1] - 4
     u = u.permute(2, 0, 1).contiguous()                                             # (n + 4, S, B)
     task = (u[0] * T).long().clamp(max=T - 1)
@@ -441,13 +432,28 @@ def _walk_examples(pool:TaskBatch, u:torch.Tensor)->TDSample:
     cum = pool.P.reshape(S * T, s, s).index_select(0, rows).cumsum(-1)
     start = pool.d_pi.reshape(S * T, s).index_select(0, rows).cumsum(-1)
     cum[..., -1] = start[..., -1] = torch.inf                                        # a uniform never passes the last entry: no clamp
-    cum, base, us = cum.reshape(-1, s), torch.arange(len(rows), device=u.device) * s, u[1:].reshape(n + 3, -1, 1)
-    states = torch.empty(n + 1, len(rows), dtype=torch.long, device=u.device)
+    N, out = len(rows), lambda x: x.reshape(S, -1, *x.shape[1:])
+    if host if host is not None else u.device.type == "cpu":   # a draw: the count of a row's entries below its uniform
+        table = cum.new_full((N, s + 1, -(-s // 8) * 8), torch.inf)                   # rows padded to words of 8 flags
+        table[:, :s, :s], table[:, s, :s] = cum, start                               # row s of an example: d_pi's
+        table, us, first = table.reshape(N * (s + 1), -1).numpy(), u[1:].reshape(n + 3, N, 1).numpy(), np.arange(N) * (s + 1)
+        def draw(at, u):
+            words = (table.take(at, axis=0) < u).view(np.uint64) * _BYTE_SUM >> np.uint64(56)   # (N, words) flag counts
+            return sum(words[:, k] for k in range(words.shape[1])).astype(np.int64)
+        states = np.empty((n + 1, N), dtype=np.int64)
+        states[0] = draw(first + s, us[0])
+        for t in range(n): states[t + 1] = draw(first + states[t], us[t + 1])
+        query = draw(first + s, us[n + 1])
+        successor = draw(first + query, us[n + 2])
+        states, query, successor = (torch.from_numpy(x) for x in (states.T, query, successor))
+        return TDSample(task, out(states), out(query), out(successor))
+    cum, base, us = cum.reshape(-1, s), torch.arange(N, device=u.device) * s, u[1:].reshape(n + 3, -1, 1)
+    states = torch.empty(n + 1, N, dtype=torch.long, device=u.device)
     states[0] = torch.searchsorted(start, us[0])[:, 0]
     for t in range(n): states[t + 1] = torch.searchsorted(cum.index_select(0, base + states[t]), us[t + 1])[:, 0]
     query = torch.searchsorted(start, us[n + 1])[:, 0]
     successor = torch.searchsorted(cum.index_select(0, base + query), us[n + 2])[:, 0]
-    return TDSample(task, states.T.reshape(S, -1, n + 1), query.reshape(S, -1), successor.reshape(S, -1))
+    return TDSample(task, out(states.T), out(query), out(successor))
 
 def stationary_sampler(config:PretrainConfig, pool:TaskBatch, gens:list, step:int, state:dict)->TDExamples:
     "The stationary protocol: seed i's examples are those of `td_batch(pool[i], batch_size, n, gens[i])`, drawn for all seeds at once."
@@ -462,8 +468,10 @@ test_eq((b.x.states.shape, b.x.queries.shape, b.reward.shape), ((2, 64, 31), (2,
 test_eq(b.reward, pools.r[torch.arange(2)[:, None], b.x.task, b.x.queries[..., 0]])
 for seed in range(3):   # the sampler's walk draws exactly what chapter 6's `stationary_examples` draws from the same uniforms
     u = torch.rand(2, 64, 34, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-    ref, fast = stationary_examples(pools, u), _walk_examples(pools, u)
-    for k in ("task", "states", "query", "successor"): assert torch.equal(getattr(ref, k), getattr(fast, k)), k
+    ref = stationary_examples(pools, u)
+    for host in (True, False):   # the walk in numpy and in torch
+        fast = _walk_examples(pools, u, host)
+        for k in ("task", "states", "query", "successor"): assert torch.equal(getattr(ref, k), getattr(fast, k)), (host, k)
 
 
 # %%
