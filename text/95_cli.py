@@ -120,7 +120,11 @@ def bench_report(b):
     fwd = table(["n", "dtype", "autograd", "seconds", "peak memory of the process (MB)", "attention kernel"],
                 [(f"{r['n']:,}", r["dtype"], r["grad"], f"{r['seconds']:.2f}", f"{r['peak_mb']:.0f}", ", ".join(k.replace("aten::_scaled_dot_product_", "") for k in r["kernels"]))
                  if "error" not in r else (f"{r['n']:,}", r["dtype"], r["grad"], "failed", "", r["error"][:80]) for r in b["forward"]])
-    return Markdown(f"""Measured {b['date']} with ictd {b['ictd']}, torch {b['torch']}, {b['threads']} thread, {b['cpus']} CPUs, load average {b['load_before'][0]:.1f} before and {b['load_after'][0]:.1f} after.
+    head, pv = b["headline"], b["provenance"]
+    f64 = head.get("float64", head)
+    return Markdown(f"""Measured {b['date']} on {pv['cpu']} ({pv.get('torch_cpu_capability', '?')} kernels; host `{b['host']}`), commit `{pv['commit'][:10]}`, ictd {b['ictd']}, torch {b['torch']}, {b['threads']} thread, {b['cpus']} CPUs, load average {b['load_before'][0]:.1f} before and {b['load_after'][0]:.1f} after.
+
+**Headline:** at 30 seeds the engine's {head.get('dtype', 'float64')} step takes {head['engine_ms_per_seed_step']:.3g} ms per seed-step against {head['incontexttd_ms_per_seed_step']:.3g} ms for InContextTD's training step, re-implemented (it trains in float32): {head['speed_up']:.0f}x (goal {head['goal']:.0f}x); in float64, the book's default, {f64['speed_up']:.0f}x; against the stricter (a'), {head['speed_up_without_hard_transformer']:.0f}x.
 
 {steps}
 
