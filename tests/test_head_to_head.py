@@ -47,9 +47,9 @@ def test_softmax_beats_linear_on_fresh_seeds():
     "The book's head-to-head claim on 10 seeds it does not show, at a shorter budget, each family at its saved tuned learning rate: softmax has the lower held-out MSVE on >= 9 of 10 seeds, and linear stays above certainty equivalence on >= 9."
     js = saved()
     short = dataclasses.replace(H2H_CONFIG, n_steps=400, eval_every=400, eval_tasks=64)
-    msve = {f: seed_scores(pretrain_many(dataclasses.replace(short, attention=f, lr=r["lr"]), FRESH, progress=False))["msve"]
-            for f, r in js["families"].items()}
+    scores = {f: seed_scores(pretrain_many(dataclasses.replace(short, attention=f, lr=r["lr"]), FRESH, progress=False))["msve"]
+              for f, r in js["families"].items()}
     held = [held_out_tasks(dataclasses.replace(short, seed=s)) for s in FRESH]
     ce = torch.stack([msve(certainty_equivalence_values(tasks, states), tasks).mean() for tasks, states in held])
-    assert (msve["softmax"] < msve["linear"]).sum() >= 9, msve
-    assert (msve["linear"] > ce).sum() >= 9, (msve["linear"], ce)
+    assert (scores["softmax"] < scores["linear"]).sum() >= 9, scores
+    assert (scores["linear"] > ce).sum() >= 9, (scores["linear"], ce)

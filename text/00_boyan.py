@@ -651,7 +651,6 @@ test_close(zero, (mrp.d_pi * mrp.v_pi ** 2).sum().item(), eps=1e-15)
 print(f"MSVE: zero estimate {zero:.3f}, true values {msve(mrp.v_pi, mrp):.1f}, "
       f"true values + 0.5 {msve(mrp.v_pi + 0.5, mrp):.2f}")
 
-
 # %% [markdown]
 # With the ground truth in place, [the next chapter](weighted_softmax_td.html) introduces the
 # algorithm a softmax Transformer runs on such trajectories: weighted softmax TD.
@@ -662,6 +661,19 @@ print(f"MSVE: zero estimate {zero:.3f}, true values {msve(mrp.v_pi, mrp):.1f}, "
 # The lesson ends above. This section holds what a user of the library needs and what keeps the
 # chapter honest: input validation, the order in which a chain reads its random numbers, and the
 # exhaustive checks. Every cell runs when the book is built.
+
+# %% [markdown]
+# ### Keeping old calls working
+#
+# Two decorators, defined in this chapter's first cell because its own functions use them, keep a call in an old
+# form working for one release, with a `DeprecationWarning` that names the new form (appendix A tests them):
+
+# %%
+show_doc(moved_to_keywords)
+
+# %%
+show_doc(reordered_positionals)
+
 
 # %% [markdown]
 # ### Checking inputs

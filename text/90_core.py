@@ -205,11 +205,6 @@ def check_fields(obj):
 from ictd.boyan import moved_to_keywords, reordered_positionals   # defined first thing in chapter 0, which uses them
 _all_ = ["moved_to_keywords", "reordered_positionals"]
 
-# %%
-show_doc(moved_to_keywords)
-
-# %%
-show_doc(reordered_positionals)
 
 
 # %%
