@@ -148,8 +148,6 @@ def check_fields(obj):
 from .boyan import moved_to_keywords, reordered_positionals   # defined first thing in chapter 0, which uses them
 _all_ = ["moved_to_keywords", "reordered_positionals"]
 
-
-
 # %% ../nbs/90_core.ipynb #4184cf38
 WORK_LIMITS = dict(bytes=4 * 2**30, steps=10**7, multiply_adds=10**12)   # the most memory (bytes), sequential steps and multiply-adds (hours on one CPU thread) a call plans before it refuses
 DENSE_BYTES = 2**30                                  # above this a dense n x m matrix makes `method='auto'` take the O(n) path

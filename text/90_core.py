@@ -206,7 +206,6 @@ from ictd.boyan import moved_to_keywords, reordered_positionals   # defined firs
 _all_ = ["moved_to_keywords", "reordered_positionals"]
 
 
-
 # %%
 @moved_to_keywords("alpha", "gamma")
 def _step(x, *, alpha, gamma=0.5): return x + alpha * gamma
