@@ -227,12 +227,16 @@ states, rewards = sample_trajectory(mrp, n=30, seed=0)
 mrp, states[:8].tolist(), rewards[:3].tolist()
 
 # %% [markdown]
-# then build the constructed Transformer $\theta^*$ of chapter 3, read its values off a prompt, and score them:
+# and, in a snippet that runs on its own, build the constructed Transformer $\theta^*$ of chapter 3, read its values
+# off a prompt of that context, and score them:
 
 # %%
-from ictd import Prompt, SoftmaxICTD, msve
+import torch
+from ictd import Prompt, SoftmaxICTD, msve, random_boyan_chain, sample_trajectory
 
 # %%
+mrp = random_boyan_chain(n_states=10, d=4, gamma=0.9, seed=0)
+states, rewards = sample_trajectory(mrp, n=30, seed=0)
 model = SoftmaxICTD.from_theta_star(4, 2 * torch.eye(4, dtype=torch.float64), n_layers=3, alpha=0.5, gamma=mrp.gamma)
 v_model = model.predict(Prompt.build(mrp.phi[states], rewards, mrp.phi), grad=False)   # one value per state
 print(f"MSVE of theta* (L = 3) on this context: {msve(v_model, mrp):.3f}")
