@@ -70,7 +70,8 @@ OTHER_KERNELS = $(BIN)/python -c "import torch; print('avx2' if torch.backends.c
 test-other-kernels: setup
 	ATEN_CPU_CAPABILITY=$$($(OTHER_KERNELS)) OMP_NUM_THREADS=1 $(BIN)/python -m pytest -n auto -q tests/test_rebuild.py
 
-# Both README commands on a fresh clone of the committed HEAD, in a temporary folder, with their wall times.
+# On a fresh clone of the committed HEAD, in a temporary folder, with wall times: what CI runs (.ci/run; `make test`
+# first, on the committed files as they are), then `make docs`, which must leave the tracked files unchanged.
 fresh-clone:
 	bash tools/fresh_clone_check.sh
 

@@ -277,7 +277,7 @@ Markdown(f"`make docs` took {fresh['make docs']['seconds'] / 60:.0f} min and `ma
 # than the machine's default (AVX2 on an AVX-512 CPU, unvectorised ones on an AVX2 CPU), so a printed digit that depends
 # on the kernels' rounding fails; figures are compared as pixels, where such rounding can flip the anti-aliasing of a few
 # of them. The chapters that train in the page say so where their digits are draws: on another CPU type `make docs` may
-# rewrite those digits (and a few pixels), within the statistics' standard errors. `make fresh-clone` runs both commands
-# above on a fresh clone. CI runs `make test`, `make test-perturbed` and `make test-other-kernels`.
+# rewrite those digits (and a few pixels), within the statistics' standard errors. `make fresh-clone` runs, on a fresh clone, what CI
+# runs and then `make docs`, which must leave the committed files unchanged. CI runs `make test`, `make test-perturbed` and `make test-other-kernels`.
 # The project uses nbdev 2 (configured by `settings.ini`); moving to nbdev 3 is
 # `nbdev-migrate-config` plus its renamed commands (`nbdev-test`, ...).
