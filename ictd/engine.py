@@ -404,7 +404,8 @@ def step_loss(config:PretrainConfig,  # the run's settings
     if config.objective not in COMPILABLE:
         raise ValueError(f"`compile` needs an objective whose targets draw nothing, one of {COMPILABLE}; got {config.objective!r}")
     cuda = check_device(device).type == "cuda"
-    return torch.compile(loss, mode="reduce-overhead" if cuda else "default", dynamic=False)
+    compiled = torch.compile(loss, mode="reduce-overhead" if cuda else "default", dynamic=False)
+    return (lambda params, batch: compiled(params, batch).clone()) if cuda else compiled   # a replay overwrites the last one's output
 
 # %% ../nbs/91_engine.ipynb #c15ed138
 def softmax_init(config:PretrainConfig, seeds:list, dtype)->dict:
