@@ -6,7 +6,7 @@ What is timed, at the specification's shapes (d = 4, n = 30, L = 3, batch 64, Ad
     eager and with `compile=True` (torch.compile in 'reduce-overhead' mode: the loss's forward and backward replayed as
     CUDA graphs; Adam's update and the per-step divergence check stay eager);
   - the share of a step spent drawing the batch (`stationary_sampler`: one CPU generator per seed draws the uniforms,
-    the walk runs on the GPU), timed alone;
+    in threads at 256 seeds and more (`ictd.core.stacked_uniforms`), and the walk runs on the GPU), timed alone;
   - the floating-point work of one seed-step (torch's FlopCounterMode on the GPU path, forward and backward), and from it
     the fraction of the GPU's float32 throughput used: against a float32 matrix product measured in the same run (TF32 off,
     as in the engine) and against the datasheet's 67 TFLOP/s for an H200's float32 (non-tensor) units.
@@ -122,6 +122,7 @@ def main(argv=None):
         for S in seeds:
             steps, warm = (60, 10) if S <= 100 else (30, 6) if S <= 1000 else (14, 4)
             if left() < 0: rows["skipped"].append(dict(seeds=S, compiled=compiled)); continue
+            if compiled: torch._dynamo.reset()   # a fresh compile per seed count (each is its own shape), not a recompile past dynamo's limit
             r = seconds_per_seed_step(S, a.device, steps, warm, compile=compiled)
             r["seed_steps_per_s"] = 1 / r["per_seed_step"]
             r["flops_share_of_matmul"] = out["flops_per_seed_step"] * r["seed_steps_per_s"] / out["matmul_float32_flops_per_s"] if out["matmul_float32_flops_per_s"] else None

@@ -17,7 +17,7 @@ __all__ = ['DEFAULT_DTYPE', 'WORK_LIMITS', 'DENSE_BYTES', 'CHUNK_BYTES', 'MEMORY
            'CLAIM_STATUSES', 'DRAW_NOTE', 'OKABE_ITO', 'check_int', 'check_number', 'check_floating', 'check_choice',
            'check_seeds', 'check_type', 'check_bool', 'check_broadcast', 'check_device', 'default_dtype',
            'DefaultDtype', 'training_dtype', 'check_fields', 'check_work', 'memory_path', 'chunk_rows', 'substream',
-           'stream_generator', 'run_stream', 'nudge_scale', 'nudged', 'nudge', 'atomic_write_bytes',
+           'stream_generator', 'run_stream', 'stacked_uniforms', 'nudge_scale', 'nudged', 'nudge', 'atomic_write_bytes',
            'atomic_write_text', 'atomic_savefig', 'checksum_path', 'tensors_only', 'save_checked', 'load_checked',
            'remove_checked', 'check_writable', 'check_name', 'load_json', 'record_claim', 'load_claims', 'jsonable',
            'cpu_model', 'provenance', 'provenance_note', 'plain_log_ticks', 'moved_to_keywords',
@@ -210,6 +210,27 @@ def run_stream(seed:int,  # the run's seed
               )->int:     # a 64-bit seed
     "The seed of a training run's stream `name`: `substream(seed, RUN_STREAMS.index(name))`."
     return substream(seed, RUN_STREAMS.index(check_choice(name, RUN_STREAMS, "name")))
+
+# %% ../nbs/90_core.ipynb #adc37ef7
+_DRAW_THREADS = {}   # thread pools by size, made once
+
+def stacked_uniforms(gens:list,        # one CPU `torch.Generator` per row
+                     shape:tuple,      # the shape of each row's draw
+                     device=None,      # where the result goes (default the CPU)
+                     threads:int=None, # threads drawing rows; None: 8 for a CUDA device and at least 256 rows, else 1
+                    )->torch.Tensor:   # (len(gens), *shape) float64 uniforms
+    "Row i is `torch.rand(shape, generator=gens[i])`, the same numbers in any number of threads (torch's kernels release the GIL)."
+    from concurrent.futures import ThreadPoolExecutor
+    for g in check_type(gens, list, "gens"): check_type(g, torch.Generator, "gens")
+    shape, device = tuple(check_type(shape, (tuple, list), "shape")), check_device(device)
+    if threads is None: threads = 8 if device.type == "cuda" and len(gens) >= 256 else 1
+    check_int(threads, "threads", low=1)
+    out = torch.empty(len(gens), *shape, dtype=torch.float64, pin_memory=device.type == "cuda" and torch.cuda.is_available())
+    def fill(rows):
+        for i in rows: torch.rand(shape, generator=gens[i], dtype=torch.float64, out=out[i])
+    if threads == 1: fill(range(len(gens)))
+    else: list(_DRAW_THREADS.setdefault(threads, ThreadPoolExecutor(threads)).map(fill, [range(k, len(gens), threads) for k in range(threads)]))
+    return out.to(device, non_blocking=True)
 
 # %% ../nbs/90_core.ipynb #a2ae1a83
 NUDGE_VAR = "ICTD_PERTURB"   # the environment variable that asks for the rounding nudge

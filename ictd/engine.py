@@ -13,7 +13,7 @@ import torch
 from torch import nn
 import ictd
 from .boyan import check_gamma
-from .core import DEFAULT_DTYPE, DefaultDtype, TaskBatch, check_bool, check_choice, check_device, check_fields, check_int, check_number, check_seeds, check_type, check_work, nudge_scale, run_stream, training_dtype
+from .core import DEFAULT_DTYPE, DefaultDtype, TaskBatch, check_bool, check_choice, check_device, check_fields, check_int, check_number, check_seeds, check_type, check_work, nudge_scale, run_stream, stacked_uniforms, training_dtype
 from .model import SoftmaxICTD, theta_star
 from .state_tokens import StateTokens, fused_token_predict, population_tokens, state_tokens, token_layers, token_predict, trajectory_tokens
 from .tasks import Contexts, TDExamples, TDSample, draw_cdf, gather_rows, sample_trajectories, stationary_examples, task_features, task_pool
@@ -275,8 +275,8 @@ def _walk_examples(pool:TaskBatch, u:torch.Tensor, host:bool=None)->TDSample:
 
 def stationary_sampler(config:PretrainConfig, pool:TaskBatch, gens:list, step:int, state:dict)->TDExamples:
     "The stationary protocol: seed i's examples are those of `td_batch(pool[i], batch_size, n, gens[i])`, drawn for all seeds at once."
-    u = torch.stack([torch.rand(config.batch_size, config.n + 4, generator=g, dtype=torch.float64) for g in gens])
-    b = _walk_examples(pool, u.to(pool.P.device))
+    u = stacked_uniforms(gens, (config.batch_size, config.n + 4), pool.P.device)   # row i from gens[i]
+    b = _walk_examples(pool, u)
     return TDExamples(Contexts(pool, b.task, b.states, torch.stack([b.query, b.successor], -1)), task_features(pool, b.task, b.query)[1])
 
 # %% ../nbs/91_engine.ipynb #cb44baf7

@@ -921,6 +921,7 @@ FEATURES = {
     "unit": 8.0,
     "random": 2.0,
 }  # kernel scale beta of W = beta I for the first look
+@functools.lru_cache(maxsize=None)   # the tuning below asks for the same contexts hundreds of times
 def eval_context(features, n, n_tasks=20, seed=100):
     """Tasks (stream 0 of `seed`), the features and rewards of one stationary context each (stream
     1), and the query features (every state)."""

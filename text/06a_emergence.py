@@ -1241,11 +1241,12 @@ def diagonality(model,             # a dual-head `SoftmaxICTD` (or `ShiftAfterAt
 tasks_diag = random_tasks(6, seed=21, features="onehot")
 star_diag = SoftmaxICTD.from_theta_star(10, 3. * torch.eye(10, dtype=torch.float64), n_layers=2,
                                         alpha=0.5, gamma=0.9)
-long_diag = sample_trajectories(tasks_diag.P, tasks_diag.d_pi, n=4000, seed=21)
+n_diag = 1500   # attention at a context costs n^2; at n = 1500 the gap is far inside the tolerance
+long_diag = sample_trajectories(tasks_diag.P, tasks_diag.d_pi, n=n_diag, seed=21)
 at_inf, at_n = diagonality(star_diag, tasks_diag), diagonality(star_diag, tasks_diag, long_diag)
 test_eq(at_inf.shape, (2,))
 # long stationary contexts approach the limit
-test_close(at_n, at_inf, eps=0.02)
+test_close(at_n, at_inf, eps=0.005)
 sharper = SoftmaxICTD.from_theta_star(10, 6. * torch.eye(10, dtype=torch.float64), n_layers=2,
                                       alpha=0.5, gamma=0.9)
 # a larger beta puts more weight on the own state
@@ -1255,7 +1256,8 @@ test_fail(lambda: diagonality(star_diag, tasks_diag, long_diag[:3]),
 test_fail(lambda: diagonality("model", tasks_diag), contains="`model` must be")
 test_fail(lambda: diagonality(ShiftAfterAttentionICTD(10, n_layers=2, seed=0), tasks_diag),
           contains="needs a dual-head model")
-print(f"theta*(3I), L = 2: diagonality {at_inf[0]:.3f} at n = infinity, {at_n[0]:.3f} at n = 4000")
+print(f"theta*(3I), L = 2: diagonality {at_inf[0]:.3f} at n = infinity,",
+      f"{at_n[0]:.3f} at n = {n_diag}")
 
 
 # %% [markdown]

@@ -356,6 +356,44 @@ test_eq(substream(7, 2, 5), int(np.random.SeedSequence(7).spawn(3)[2].spawn(6)[5
 test_fail(lambda: substream(7, 2, -1), contains="`stream`")
 
 # %% [markdown]
+# A training step draws each seed's uniforms from the seed's own generator, so that a seed's run does not depend on
+# which seeds train beside it. `stacked_uniforms` makes those draws for every seed at once. On a GPU run the CPU
+# does nothing else, and at thousands of seeds the one-generator-at-a-time loop was half of a step (appendix F):
+# there the rows are drawn by a pool of threads, each generator still drawing its own row.
+
+# %%
+#| export
+_DRAW_THREADS = {}   # thread pools by size, made once
+
+def stacked_uniforms(gens:list,        # one CPU `torch.Generator` per row
+                     shape:tuple,      # the shape of each row's draw
+                     device=None,      # where the result goes (default the CPU)
+                     threads:int=None, # threads drawing rows; None: 8 for a CUDA device and at least 256 rows, else 1
+                    )->torch.Tensor:   # (len(gens), *shape) float64 uniforms
+    "Row i is `torch.rand(shape, generator=gens[i])`, the same numbers in any number of threads (torch's kernels release the GIL)."
+    from concurrent.futures import ThreadPoolExecutor
+    for g in check_type(gens, list, "gens"): check_type(g, torch.Generator, "gens")
+    shape, device = tuple(check_type(shape, (tuple, list), "shape")), check_device(device)
+    if threads is None: threads = 8 if device.type == "cuda" and len(gens) >= 256 else 1
+    check_int(threads, "threads", low=1)
+    out = torch.empty(len(gens), *shape, dtype=torch.float64, pin_memory=device.type == "cuda" and torch.cuda.is_available())
+    def fill(rows):
+        for i in rows: torch.rand(shape, generator=gens[i], dtype=torch.float64, out=out[i])
+    if threads == 1: fill(range(len(gens)))
+    else: list(_DRAW_THREADS.setdefault(threads, ThreadPoolExecutor(threads)).map(fill, [range(k, len(gens), threads) for k in range(threads)]))
+    return out.to(device, non_blocking=True)
+
+
+# %%
+gens_a, gens_b = ([torch.Generator().manual_seed(s) for s in range(300)] for _ in range(2))
+loop = torch.stack([torch.rand(4, 5, generator=g, dtype=torch.float64) for g in [torch.Generator().manual_seed(s) for s in range(300)]])
+test_eq(stacked_uniforms(gens_a, (4, 5)), loop)
+test_eq(stacked_uniforms(gens_b, (4, 5), threads=4), loop)                         # threads draw the same rows
+test_eq(stacked_uniforms(gens_a, (4, 5), threads=3), stacked_uniforms(gens_b, (4, 5)))   # and leave each stream where a loop would
+test_fail(lambda: stacked_uniforms([1], (2,)), contains="`gens`")
+test_fail(lambda: stacked_uniforms(gens_a, (2,), threads=0), contains="`threads`")
+
+# %% [markdown]
 # ## The rounding nudge: claims that survive another CPU
 #
 # The last bits of a float64 computation differ between CPU types (AVX2 and AVX-512 kernels, fused
