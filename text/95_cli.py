@@ -159,6 +159,42 @@ bench_report(bench) if bench else Markdown("No `bench/results.json` yet: run `ma
 # two processes each with half of the seeds, use both cores.
 
 # %% [markdown]
+# ## Speed on a GPU
+#
+# `bench/gpu_check.sh` runs every CUDA test and then `bench/bench_gpu.py` on a machine with a GPU, in about
+# five minutes; the book keeps its last results in `bench/results-gpu.json`. The bench trains the specification's
+# shapes in float32 (CUDA's default) at 10 to 10,000 seeds, eagerly and with the loss's forward and backward pass
+# captured as CUDA graphs (`compile=True`). Beside the GPU it times, on the same machine's CPU and on one thread,
+# InContextTD's training step and the engine. It also measures the share of each step spent drawing the batch, and
+# the share of the GPU's float32 throughput the step uses. That share is computed from the matrix products of one
+# seed-step (torch's `FlopCounterMode`) and a large float32 matrix product timed in the same run.
+
+# %%
+#| code-fold: true
+#| code-summary: "Code of the GPU report"
+gpu_file = Path("../bench/results-gpu.json")
+gpu = json.loads(gpu_file.read_text()) if gpu_file.exists() else None
+def gpu_report(g):
+    "The GPU bench's table and what it shows, from `bench/results-gpu.json`."
+    rows, pv = g["rows"], g["provenance"]
+    a, cpu30 = rows["incontexttd_cpu"], rows["cpu"]["30"]["per_seed_step"]
+    eager, captured = rows["gpu"], rows["captured"]
+    body = table(["seeds", "eager µs per seed-step", "seed-steps per second", "x InContextTD", "captured µs per seed-step",
+                  "drawing the batch", "share of float32 throughput", "GPU memory (GB)"],
+                 [(f"{int(S):,}", f"{r['per_seed_step'] * 1e6:.1f}", f"{r['seed_steps_per_s']:,.0f}", f"{a / r['per_seed_step']:,.0f}x",
+                   f"{captured[S]['per_seed_step'] * 1e6:.1f}" if S in captured else "-", f"{r['share']:.0%}",
+                   f"{r['flops_share_of_matmul']:.2%}", f"{r['peak_memory_gb']:.1f}") for S, r in eager.items()])
+    top = max(eager, key=lambda S: eager[S]["seed_steps_per_s"])
+    best = eager[top]
+    ratio = [captured[S]["per_seed_step"] / eager[S]["per_seed_step"] for S in captured]
+    return Markdown(f"""Measured {pv['date'][:10]} on an {pv['gpu']} with {pv['cpu']} ({pv['torch_cpu_capability']} kernels), commit `{pv['commit']}`, torch {pv['torch']}, by `bash bench/gpu_check.sh {pv['commit']}`. On that machine's CPU, on one thread, InContextTD's step took {a * 1e3:.1f} ms and the engine {cpu30 * 1e3:.3f} ms per seed-step at 30 seeds in float32 ({a / cpu30:.0f}x).
+
+{body}
+
+At {int(top):,} seeds the GPU trains {best['seed_steps_per_s']:,.0f} seed-steps per second: {cpu30 / best['per_seed_step']:.0f} times the CPU engine's rate on one core and {a / best['per_seed_step']:,.0f} times InContextTD's. That is still {best['flops_share_of_matmul']:.2%} of the float32 throughput of a large matrix product on the same GPU ({g['matmul_float32_flops_per_s'] / 1e12:.0f} TFLOP/s), since a seed-step is only {g['flops_per_seed_step'] / 1e6:.1f} MFLOP of tiny matrix products. Two things bound the step. Drawing the batch takes {best['share']:.0%} of it: each seed's uniforms come from its own CPU generator, which is what keeps a GPU run equal to the CPU run, seed by seed. The rest is not arithmetic either: it goes to the step's many small operations, and capturing the loss's forward and backward pass as CUDA graphs did not shorten it (a captured seed-step took {min(ratio):.2f} to {max(ratio):.2f} times an eager one; Adam's update, the divergence check and the sampler stay outside the graph).""")
+gpu_report(gpu) if gpu else Markdown("No `bench/results-gpu.json` yet: run `bash bench/gpu_check.sh` on a machine with a GPU.")
+
+# %% [markdown]
 # ## Full scale
 #
 # In a terminal (these cells are not run when the book is built). On two CPU cores, `ictd chain`
