@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every CUDA check of the project in one short script for a GPU machine (issue 35): the CUDA tests, then the GPU bench
-# (bench/bench_gpu.py). About 8 minutes on one H200. Results go to $OUT (default: bench/gpu-out/).
+# (bench/bench_gpu.py). About four minutes on one H200. Results go to $OUT (default: bench/gpu-out/).
 # Usage: bash bench/gpu_check.sh COMMIT   (the commit measured: the device's copy of the tree has no .git)
 # Where a package is missing (fastcore), put it under .gpu/site: it goes on PYTHONPATH.
 set -o pipefail
