@@ -13,6 +13,7 @@ from .wstd import _first_query, context_tensors
 from .prompt import build_prompt
 from .model import check_prompt, torch_generator, token_rows, xavier_param, carry_context, PromptLayer, SoftmaxICTD
 from .model import _old_theta_star_call
+from .state_tokens import _mm
 from .boyan import reordered_positionals
 from .core import check_int, check_number, check_type, check_work, moved_to_keywords, run_stream
 from .tasks import Contexts
@@ -445,12 +446,12 @@ class _FusedCausal(torch.autograd.Function):
             last = l == n_layers - 1
             c = min(N - 1, max(q, -(-FAST_COLUMNS // (n * D)))) if last else N - 1       # the columns N - c..N - 1 attend
             T = torch.cat([Y, nn.functional.pad(Y[:, :, :-1], (0, 0, 1, 0))], -1)
-            P = (T.reshape(S, B * N, 2 * D) @ W[:, l % Lp]).reshape(S, B, N, 3 * D)
+            P = _mm(T.reshape(S, B * N, 2 * D), W[:, l % Lp]).reshape(S, B, N, 3 * D)
             K, X, Yc = P[:, :, 1:n + 1, :D], P[:, :, 1:n + 1, D:2 * D], Y[:, :, N - c:]
-            G = Yc @ K.mT
+            G = _mm(Yc, K.mT)
             G += lam[:, l % Lp, None, None, None] * logpos + mask[N - c:]
             att = torch.softmax(G, -1)
-            Y_next = Yc + att @ X + P[:, :, N - c:, 2 * D:]
+            Y_next = Yc + _mm(att, X) + P[:, :, N - c:, 2 * D:]
             Y = Y_next if last else torch.cat([Y[:, :, :1] + P[:, :, :1, 2 * D:], Y_next], 2)   # column 0: its per-token map only
             saved += [T, P, att]
         ctx.dims = n_layers, n, q
@@ -471,17 +472,17 @@ class _FusedCausal(torch.autograd.Function):
             T, P, att = saved[3 * l: 3 * l + 3]
             c, rest = att.shape[-2], g.shape[2] - att.shape[-2]                    # rest: column 0, below the last layer
             gc, K, X, Yc = g[:, :, rest:], P[:, :, 1:n + 1, :D], P[:, :, 1:n + 1, D:2 * D], T[:, :, N - c:, :D]
-            dG = torch._softmax_backward_data(gc @ X.mT, att, -1, att.dtype)
+            dG = torch._softmax_backward_data(_mm(gc, X.mT), att, -1, att.dtype)
             dlam[:, l % Lp] += dG.sum((1, 2)) @ logpos
             dP = P.new_zeros(S, B, N, 3 * D)                                        # d (key, value, per-token map) of every column
-            dP[:, :, 1:n + 1, :D], dP[:, :, 1:n + 1, D:2 * D] = dG.mT @ Yc, att.mT @ gc
+            dP[:, :, 1:n + 1, :D], dP[:, :, 1:n + 1, D:2 * D] = _mm(dG.mT, Yc), _mm(att.mT, gc)
             dP[:, :, N - c - rest:, 2 * D:] = g
-            dW[:, l % Lp] += T.reshape(S, B * N, D2).mT @ dP.reshape(S, B * N, 3 * D)
+            dW[:, l % Lp] += _mm(T.reshape(S, B * N, D2).mT, dP.reshape(S, B * N, 3 * D))
             if l == 0: break
-            dT = (dP.reshape(S, B * N, 3 * D) @ W[:, l % Lp].mT).reshape(S, B, N, D2)
+            dT = _mm(dP.reshape(S, B * N, 3 * D), W[:, l % Lp].mT).reshape(S, B, N, D2)
             dY = dT[..., :D] + nn.functional.pad(dT[:, :, 1:, D:], (0, 0, 0, 1))    # through the token and the next one's shift
             dY[:, :, N - c - rest:] += g                                             # the residual
-            dY[:, :, N - c:] += dG @ K                                               # the updated columns' scores
+            dY[:, :, N - c:] += _mm(dG, K)                                               # the updated columns' scores
             g = dY
         return dW[..., :D], dW[..., D:2 * D].mT, dW[..., :D, 2 * D:].mT, dlam, None, None, None
 
