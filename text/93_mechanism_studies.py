@@ -2524,7 +2524,7 @@ Markdown(f"In {anat['one_uniform_layer']} of {anat['n_seeds']} seeds exactly one
          f"(layer 1, 2, 3 in {u_pos[1]}, {u_pos[2]}, {u_pos[3]} seeds), so no claim about a fixed layer position can hold. That layer's value-row write is nearly the same number at every state of a task "
          f"(constancy at least {anat['uniform_constancy_min']:.3f}, {cons_txt}): it adds "
          f"a context-wide baseline, a weighted sum of the context's mean reward and mean values. Making it uniform changes the error by at most "
-         f"{anat['uniform_knockout_max']:.1%} (it already is uniform), and moving weight $\Delta a = 1/2$ between its successor and current heads changes the error by at most "
+         f"{anat['uniform_knockout_max']:.1%} (it already is uniform), and moving weight $\\Delta a = 1/2$ between its successor and current heads changes the error by at most "
          f"{anat['swap_uniform_max']:.1%}, against a median {anat['swap_selective_median']:.1%} (and up to {swap_sel.max():.0%}) for the selective layers after the first: in a uniform layer "
          f"the successor and current weights are not separately determined, only their sum is. Removing any layer outright multiplies the error by at least "
          f"{anat['identity_min']:.2f}; removing the uniform layer costs the most in {anat['uniform_removal_worst']} of {anat['n_seeds']} seeds: the baseline it "
