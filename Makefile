@@ -12,15 +12,14 @@ STAMP := $(VENV)/.installed
 setup: $(STAMP)
 
 # torch 2.13.0 first: on the project's machines that release is a CPU build on local disk; a bare
-# `torch` requirement would pull a multi-GB CUDA build. `--no-compile`: Python compiles a module when it is first
-# imported, so pip need not byte-compile all of torch (its install took 36 s with that and 13 s without, here).
+# `torch` requirement would pull a multi-GB CUDA build.
 # The site needs KaTeX, Observable Plot and d3 from the npm registry (package-lock.json); the browser test needs Debian's
 # chromium, installed with apt-get when we are root (elsewhere the test says how and is skipped).
 $(STAMP): settings.ini setup.py package.json package-lock.json
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q --no-compile torch==2.13.0
-	$(BIN)/python -m pip install -q --no-compile -e ".[dev]"
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e ".[dev]"
 	if command -v npm >/dev/null; then npm ci --no-audit --no-fund --loglevel=error; else echo "npm not found: install Node.js to build the site (KaTeX)"; fi
 	if [ ! -x /usr/bin/chromium ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  apt-get update -q && apt-get install -y -q chromium; fi
