@@ -12,7 +12,7 @@ from ictd.experiments.causal_pretraining import best_decoder, decoder_values
 from ictd.core import run_stream
 from ictd.engine import PretrainConfig
 
-LOWER = {"ictd.boyan", "ictd.wstd", "ictd.prompt", "ictd.model", "ictd.core", "ictd.tasks", "ictd.engine"}
+LOWER = {"ictd.boyan", "ictd.wstd", "ictd.prompt", "ictd.model", "ictd.state_tokens", "ictd.core", "ictd.tasks", "ictd.engine"}
 
 def _imports(node)->set:
     "Every ictd module a piece of `ictd/causal.py` imports (relative imports read as `ictd.<name>`)."
