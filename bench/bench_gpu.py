@@ -15,7 +15,7 @@ about 5 CPU-minutes, which is set-up, not the step; a step's work depends on the
 The CPU rows run the engine in float32 on one torch thread, and InContextTD's step (bench/incontexttd.py, row (a) of
 bench_engine.py), on this machine's CPU.
 Writes a JSON file (default bench/results-gpu.json) with the host, CPU, GPU, torch build and commit.
-Usage: python bench/bench_gpu.py [--seeds 10 100 1000 10000] [--compiled-seeds 10 100 1000] [--budget 360] [--out F] [--commit SHA]
+Usage: python bench/bench_gpu.py [--seeds 10 100 1000 10000] [--compiled-seeds 10 100 1000 10000] [--cpu-seeds 10 30] [--budget 360] [--out F] [--commit SHA]
 """
 import argparse, dataclasses, json, os, sys, time
 from pathlib import Path

@@ -166,7 +166,7 @@ def test_pretrained_decoder_on_seeds_the_book_does_not_show(shared_runs):
     from ictd.engine import EMERGENCE
     from ictd.emergence import min_successes
     seeds = list(range(100, 110))
-    # the decoder evaluated at the start and the end only (the claim reads the end; its evaluations cost 5x the step's)
+    # the decoder evaluated at the start and the end only (the claim reads the end; a decoder evaluation costs ~6x a softmax one)
     soft, dec = shared_runs(EMERGENCE, seeds), shared_runs(dataclasses.replace(EMERGENCE, attention="causal", eval_every=EMERGENCE.n_steps), seeds)
     d, s, ce, cm = (torch.tensor(x, dtype=torch.float64) for x in zip(*(_decoder_measures(r, q) for r, q in zip(dec, soft))))
     k = min_successes(10, 1 / 2)
