@@ -161,8 +161,8 @@ bench_report(bench) if bench else Markdown("No `bench/results.json` yet: run `ma
 # %% [markdown]
 # ## Speed on a GPU
 #
-# `bench/gpu_check.sh` runs every CUDA test and then `bench/bench_gpu.py` on a machine with a GPU, in about
-# five minutes; the book keeps its last results in `bench/results-gpu.json`. The bench trains the specification's
+# `bench/gpu_check.sh` runs every CUDA test and then `bench/bench_gpu.py` on a machine with a GPU; the book
+# keeps its last results in `bench/results-gpu.json`. The bench trains the specification's
 # shapes in float32 (CUDA's default) at 10 to 10,000 seeds, eagerly and with the loss's forward and backward pass
 # captured as CUDA graphs (`compile=True`). Beside the GPU it times, on the same machine's CPU and on one thread,
 # InContextTD's training step and the engine. It also measures the share of each step spent drawing the batch, and
@@ -191,7 +191,7 @@ def gpu_report(g):
 
 {body}
 
-At {int(top):,} seeds the GPU trains {best['seed_steps_per_s']:,.0f} seed-steps per second: {cpu30 / best['per_seed_step']:.0f} times the CPU engine's rate on one core and {a / best['per_seed_step']:,.0f} times InContextTD's. That is still {best['flops_share_of_matmul']:.2%} of the float32 throughput of a large matrix product on the same GPU ({g['matmul_float32_flops_per_s'] / 1e12:.0f} TFLOP/s), since a seed-step is only {g['flops_per_seed_step'] / 1e6:.1f} MFLOP of tiny matrix products. Two things bound the step. Drawing the batch takes {best['share']:.0%} of it: each seed's uniforms come from its own CPU generator, which is what keeps a GPU run equal to the CPU run, seed by seed. The rest is not arithmetic either: it goes to the step's many small operations, and capturing the loss's forward and backward pass as CUDA graphs did not shorten it (a captured seed-step took {min(ratio):.2f} to {max(ratio):.2f} times an eager one; Adam's update, the divergence check and the sampler stay outside the graph).""")
+At {int(top):,} seeds the GPU trains {best['seed_steps_per_s']:,.0f} seed-steps per second: {cpu30 / best['per_seed_step']:.0f} times the CPU engine's rate on one core and {a / best['per_seed_step']:,.0f} times InContextTD's. That is still {best['flops_share_of_matmul']:.2%} of the float32 throughput of a large matrix product on the same GPU ({g['matmul_float32_flops_per_s'] / 1e12:.0f} TFLOP/s), since a seed-step is only {g['flops_per_seed_step'] / 1e6:.1f} MFLOP of tiny matrix products. Two things bound the step. Drawing the batch takes {best['share']:.0%} of it: each seed's uniforms come from its own CPU generator, which is what keeps a GPU run equal to the CPU run, seed by seed. The rest is not arithmetic either, at that many FLOP per seed-step; we did not profile it further. Capturing the loss's forward and backward pass as CUDA graphs did not shorten it (a captured seed-step took {min(ratio):.2f} to {max(ratio):.2f} times an eager one; Adam's update, the divergence check and the sampler stay outside the graph).""")
 gpu_report(gpu) if gpu else Markdown("No `bench/results-gpu.json` yet: run `bash bench/gpu_check.sh` on a machine with a GPU.")
 
 # %% [markdown]
